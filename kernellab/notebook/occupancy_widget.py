@@ -1,0 +1,111 @@
+"""An occupancy explorer for notebooks: sliders for block size, registers and shared memory, live numbers and graphs.
+
+The numbers and the limiter follow every slider move (one occupancy() call, microseconds). The graphs are
+rendered to PNG into an ipywidgets.Image (any matplotlib backend, and headless tests work); a render takes about
+0.2 s, so inside a running kernel it is debounced, as in the ipywidgets "Widget Events" docs: it happens once the
+slider has rested for `debounce_s`. Without an event loop (scripts, tests) it happens at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+
+import ipywidgets as widgets
+
+from kernellab.analysis.arch import ARCHS, get_arch
+from kernellab.analysis.occupancy import Occupancy, occupancy
+from kernellab.notebook.occupancy_plots import plot_occupancy
+
+_CARVEOUTS = [("default", None), ("0% (max L1)", 0), ("25%", 25), ("50%", 50), ("75%", 75), ("100% (max shared)", 100)]
+
+
+class OccupancyExplorer(widgets.VBox):
+    """The explorer: sliders on top, the verdict and its reasons, then the three graphs; `result` is the current Occupancy."""
+
+    def __init__(self, block_size=256, registers=32, shared_bytes=0, arch="sm_90", *, carveout=None, dpi=72,
+                 debounce_s=0.15):
+        spec = get_arch(arch)
+        self._dpi = dpi
+        self._debounce_s = debounce_s
+        self._pending = None  # the scheduled graph render, if any
+        self._rescaling = False
+        style = {"description_width": "150px"}
+        layout = widgets.Layout(width="560px")
+        self.arch_dropdown = widgets.Dropdown(options=list(ARCHS), value=spec.name, description="architecture",
+                                              style=style)
+        self.carveout_dropdown = widgets.Dropdown(options=_CARVEOUTS, value=carveout, description="smem carveout",
+                                                  style=style)
+        self.block_size_slider = widgets.IntSlider(value=block_size, min=1, max=spec.max_threads_per_block, step=1,
+                                                   description="threads/block", style=style, layout=layout)
+        self.registers_slider = widgets.IntSlider(value=registers, min=0, max=spec.max_registers_per_thread,
+                                                  description="registers/thread", style=style, layout=layout)
+        self.shared_slider = widgets.IntSlider(value=shared_bytes, min=0,
+                                               max=spec.shared_memory_per_block_optin_bytes,
+                                               step=spec.shared_memory_allocation_unit_bytes,
+                                               description="shared bytes/block", style=style, layout=layout)
+        self.summary = widgets.HTML()
+        self.image = widgets.Image(format="png")
+        self.result: Occupancy = occupancy(block_size, registers, shared_bytes, spec, carveout=carveout)
+        for w in (self.block_size_slider, self.registers_slider, self.shared_slider, self.carveout_dropdown):
+            w.observe(self._on_change, names="value")
+        self.arch_dropdown.observe(self._on_arch, names="value")
+        super().__init__([widgets.HBox([self.arch_dropdown, self.carveout_dropdown]), self.block_size_slider,
+                          self.registers_slider, self.shared_slider, self.summary, self.image])
+        self.summary.value = self.result._repr_html_()
+        self._render_graphs()
+
+    def _on_arch(self, change):
+        """Rescale the sliders to the new architecture's limits, then recompute."""
+        spec = get_arch(change["new"])
+        self._rescaling = True  # clamping a slider's value below must not redraw for an arch it doesn't fit yet
+        try:
+            self.block_size_slider.max = spec.max_threads_per_block
+            self.registers_slider.max = spec.max_registers_per_thread
+            self.shared_slider.step = spec.shared_memory_allocation_unit_bytes
+            self.shared_slider.max = spec.shared_memory_per_block_optin_bytes  # clamps the value if it was larger
+        finally:
+            self._rescaling = False
+        self._on_change(None)
+
+    def _on_change(self, change):
+        if self._rescaling:
+            return
+        self.result = occupancy(self.block_size_slider.value, self.registers_slider.value, self.shared_slider.value,
+                                self.arch_dropdown.value, carveout=self.carveout_dropdown.value)
+        self.summary.value = self.result._repr_html_()
+        self._schedule_graphs()
+
+    def _schedule_graphs(self):
+        """Render the graphs once the sliders rest (debounced) inside a running event loop, else now."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._render_graphs()
+            return
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = loop.call_later(self._debounce_s, self._render_graphs)
+
+    def _render_graphs(self):
+        self._pending = None
+        fig = plot_occupancy(self.result)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=self._dpi)
+        self.image.value = buf.getvalue()
+
+
+def occupancy_explorer(block_size=256, registers=32, shared_bytes=0, arch="sm_90", *, carveout=None) -> OccupancyExplorer:
+    """Sliders for block size, registers and shared memory with the occupancy, its limiter and graphs updating live.
+
+    The first argument may instead be a kernel (anything with `.resources.registers`, `.resources.shared_bytes`
+    and `.resources.arch`): its registers, static shared memory and architecture are the starting point and the
+    block size starts at 256.
+    """
+    res = getattr(block_size, "resources", None)
+    if res is not None:
+        registers, shared_bytes, arch = res.registers, res.shared_bytes, res.arch
+        block_size = 256
+    return OccupancyExplorer(block_size, registers, shared_bytes, arch, carveout=carveout)
+
+
+__all__ = ["OccupancyExplorer", "occupancy_explorer"]
