@@ -1,0 +1,51 @@
+"""kernellab: write CUDA kernels in notebook cells, and see what they cost, whether they are right and how fast they are.
+
+`%load_ext kernellab` registers the `%%cuda` (and `%%numba`) cell magics. The library works without IPython:
+`compile_cuda`, `occupancy`, `bank_wavefronts`, `check`, `bench`, `roofline`.
+"""
+from ._version import __version__
+from .errors import ArgumentError, CompileError, Diagnostic, KernellabError, LaunchError, NoGPUError
+
+# Public names, imported on first use so that `import kernellab` stays light (no torch, no IPython).
+_LAZY = {
+    "compile_cuda": ("kernellab.kernel", "compile_cuda"),
+    "Kernel": ("kernellab.kernel", "Kernel"),
+    "Module": ("kernellab.kernel", "Module"),
+    "Resources": ("kernellab.kernel", "Resources"),
+    "occupancy": ("kernellab.analysis.occupancy", "occupancy"),
+    "Occupancy": ("kernellab.analysis.occupancy", "Occupancy"),
+    "bank_wavefronts": ("kernellab.analysis.banks", "bank_wavefronts"),
+    "check": ("kernellab.run.check", "check"),
+    "CheckReport": ("kernellab.run.check", "CheckReport"),
+    "bench": ("kernellab.run.bench", "bench"),
+    "sweep": ("kernellab.run.bench", "sweep"),
+    "BenchResult": ("kernellab.run.bench", "BenchResult"),
+    "roofline": ("kernellab.notebook.bench_plots", "roofline"),
+    "has_gpu": ("kernellab.run.device", "has_gpu"),
+    "compile_numba": ("kernellab.compile.numba_backend", "compile_numba"),
+}
+
+__all__ = ["__version__", "ArgumentError", "CompileError", "Diagnostic", "KernellabError", "LaunchError",
+           "NoGPUError", "load_ipython_extension", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        value = getattr(importlib.import_module(mod), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kernellab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def load_ipython_extension(ipython):
+    """`%load_ext kernellab`: register the cell magics."""
+    from .notebook import load_ipython_extension as _load
+
+    _load(ipython)

@@ -1,0 +1,1 @@
+"""Source text -> compiled kernels with resources, PTX and SASS (NVRTC for CUDA C++, Numba for Python)."""

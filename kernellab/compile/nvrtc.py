@@ -1,0 +1,185 @@
+"""CUDA C++ source -> cubin + PTX through NVRTC (cuda.bindings), with the ptxas resource report parsed."""
+from __future__ import annotations
+
+import functools
+import re
+import time
+from dataclasses import dataclass, field
+
+from ..errors import CompileError, Diagnostic
+from . import toolkit
+
+DEFAULT_ARCH = "sm_90"
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    """What ptxas said about one entry function (`--ptxas-options=-v`)."""
+
+    registers: int = 0
+    barriers: int = 0
+    shared_bytes: int = 0       # static smem, as ptxas counts it (no system reservation)
+    constant_bytes: int = 0     # cmem[0]: parameters and driver constants
+    stack_bytes: int = 0        # per-thread stack frame (local memory)
+    spill_store_bytes: int = 0
+    spill_load_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CompileOutput:
+    """Everything one NVRTC compile produced."""
+
+    arch: str
+    options: tuple[str, ...]
+    cubin: bytes
+    ptx: str
+    log: str
+    diagnostics: tuple[Diagnostic, ...]
+    reports: dict = field(default_factory=dict)  # entry symbol -> PtxasReport
+    compile_ms: float = 0.0
+    nvrtc_version: tuple[int, int] = (0, 0)
+
+
+def normalize_arch(arch) -> str:
+    """'sm_90', '90', 90, (9, 0), 'compute_90', 'sm_90a' -> 'sm_90' / 'sm_90a'."""
+    if isinstance(arch, tuple):
+        return f"sm_{arch[0]}{arch[1]}"
+    text = str(arch).strip().lower()
+    m = re.fullmatch(r"(?:sm_|compute_|sm)?(\d{2,3})([af]?)", text)
+    if not m:
+        raise ValueError(f"arch {arch!r} is not an architecture name; expected e.g. 'sm_90', 'sm_80' or 90")
+    return f"sm_{m.group(1)}{m.group(2)}"
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> tuple[int, int]:
+    """The NVRTC library's (major, minor)."""
+    from cuda.bindings import nvrtc
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    return (major, minor)
+
+
+_DIAG = re.compile(r"^(?P<file>.*?)\((?P<line>\d+)\): (?P<sev>catastrophic error|error|warning|remark)"
+                   r"(?: #(?P<code>[\w-]+))?: (?P<msg>.*)$")
+_PTXAS_ERR = re.compile(r"^ptxas (?P<sev>error|fatal|warning)\s*: (?P<msg>.*)$")
+
+
+def parse_log(log: str, filename: str) -> tuple[Diagnostic, ...]:
+    """Diagnostics from an NVRTC log; columns come from the caret line under the echoed source."""
+    lines = log.splitlines()
+    out = []
+    i = 0
+    while i < len(lines):
+        m = _DIAG.match(lines[i])
+        if m and m.group("file").endswith(filename):
+            column = None
+            msg = m.group("msg").strip()
+            # NVRTC echoes the source line indented by two spaces, then a caret line.
+            if i + 2 < len(lines) and lines[i + 2].strip() == "^":
+                column = lines[i + 2].index("^") - 2 + 1
+                i += 2
+            sev = "error" if m.group("sev") == "catastrophic error" else m.group("sev")
+            out.append(Diagnostic(int(m.group("line")), column if column and column > 0 else None, sev, msg,
+                                  m.group("code")))
+        else:
+            p = _PTXAS_ERR.match(lines[i].strip())
+            if p:
+                sev = "error" if p.group("sev") in ("error", "fatal") else "warning"
+                out.append(Diagnostic(None, None, sev, "ptxas: " + p.group("msg").strip()))
+        i += 1
+    return tuple(out)
+
+
+_ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
+_PROPS = re.compile(r"(?P<stack>\d+) bytes stack frame, (?P<st>\d+) bytes spill stores, (?P<ld>\d+) bytes spill loads")
+_USED = re.compile(r"Used (?P<regs>\d+) registers")
+
+
+def parse_ptxas(log: str) -> dict[str, PtxasReport]:
+    """Per-entry resource reports from ptxas's verbose output."""
+    reports: dict[str, dict] = {}
+    current = None
+    for line in log.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            current = m.group("name")
+            reports[current] = {}
+            continue
+        if current is None:
+            continue
+        p = _PROPS.search(line)
+        if p:
+            reports[current].update(stack_bytes=int(p.group("stack")), spill_store_bytes=int(p.group("st")),
+                                    spill_load_bytes=int(p.group("ld")))
+        u = _USED.search(line)
+        if u:
+            r = reports[current]
+            r["registers"] = int(u.group("regs"))
+            for key, pat in (("barriers", r"used (\d+) barriers"), ("shared_bytes", r"(\d+) bytes smem"),
+                             ("constant_bytes", r"(\d+) bytes cmem\[0\]")):
+                mm = re.search(pat, line)
+                if mm:
+                    r[key] = int(mm.group(1))
+    return {k: PtxasReport(**v) for k, v in reports.items()}
+
+
+def build_options(arch: str, options=()) -> tuple[str, ...]:
+    """The full NVRTC option list for a compile: the user's options plus ours."""
+    opts = [f"--gpu-architecture={arch}", "--ptxas-options=-v", "-lineinfo"]
+    if not any(o.startswith(("-std", "--std")) for o in options):
+        opts.append("--std=c++17")
+    opts += [f"-I{d}" for d in toolkit.include_dirs()]
+    opts += list(options)
+    return tuple(opts)
+
+
+def compile_source(source: str, arch: str = DEFAULT_ARCH, options=(), *, filename: str = "kernel.cu",
+                   first_line: int = 1) -> CompileOutput:
+    """Compile with NVRTC; raise CompileError (diagnostics numbered from `first_line`) on failure."""
+    from cuda.bindings import nvrtc
+
+    arch = normalize_arch(arch)
+    # Leading newlines make NVRTC's line numbers (and -lineinfo) count as the user's editor does.
+    text = "\n" * (first_line - 1) + source
+    all_opts = build_options(arch, tuple(options))
+    t0 = time.perf_counter()
+    err, prog = nvrtc.nvrtcCreateProgram(text.encode(), filename.encode(), 0, [], [])
+    _check(nvrtc, err, "nvrtcCreateProgram")
+    try:
+        enc = [o.encode() for o in all_opts]
+        (status,) = nvrtc.nvrtcCompileProgram(prog, len(enc), enc)
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = buf.replace(b"\0", b"").decode(errors="replace")
+        diags = parse_log(log, filename)
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            if not any(d.severity == "error" for d in diags):
+                diags = diags + (Diagnostic(None, None, "error", _first_meaningful(log) or str(status)),)
+            raise CompileError(diags, log, source, all_opts, first_line=first_line, filename=filename)
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(nvrtc, err, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+        err, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(prog, ptx)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    ms = (time.perf_counter() - t0) * 1e3
+    return CompileOutput(arch=arch, options=tuple(options), cubin=bytes(cubin), ptx=ptx.rstrip(b"\0").decode(),
+                         log=log, diagnostics=diags, reports=parse_ptxas(log), compile_ms=ms,
+                         nvrtc_version=nvrtc_version())
+
+
+def _first_meaningful(log: str) -> str:
+    for line in log.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _check(nvrtc, err, what):
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err}")

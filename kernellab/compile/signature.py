@@ -1,0 +1,311 @@
+"""Kernel signatures: C parameter types parsed from the source and from mangled C++ names."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import re
+from dataclasses import dataclass
+
+# C scalar spelling -> (dtype name, size in bytes). dtype names follow NumPy/torch ("bfloat16" included).
+SCALAR_TYPES: dict[str, tuple[str, int]] = {
+    "float": ("float32", 4), "double": ("float64", 8),
+    "__half": ("float16", 2), "half": ("float16", 2),
+    "__nv_bfloat16": ("bfloat16", 2), "nv_bfloat16": ("bfloat16", 2),
+    "bool": ("bool", 1),
+    "char": ("int8", 1), "signed char": ("int8", 1), "unsigned char": ("uint8", 1),
+    "short": ("int16", 2), "short int": ("int16", 2), "signed short": ("int16", 2),
+    "unsigned short": ("uint16", 2), "unsigned short int": ("uint16", 2),
+    "int": ("int32", 4), "signed": ("int32", 4), "signed int": ("int32", 4),
+    "unsigned": ("uint32", 4), "unsigned int": ("uint32", 4),
+    "long": ("int64", 8), "long int": ("int64", 8), "signed long": ("int64", 8),
+    "unsigned long": ("uint64", 8), "unsigned long int": ("uint64", 8),
+    "long long": ("int64", 8), "long long int": ("int64", 8), "signed long long": ("int64", 8),
+    "unsigned long long": ("uint64", 8), "unsigned long long int": ("uint64", 8),
+    "int8_t": ("int8", 1), "uint8_t": ("uint8", 1), "int16_t": ("int16", 2), "uint16_t": ("uint16", 2),
+    "int32_t": ("int32", 4), "uint32_t": ("uint32", 4), "int64_t": ("int64", 8), "uint64_t": ("uint64", 8),
+    "size_t": ("uint64", 8), "ptrdiff_t": ("int64", 8),
+}
+# CUDA vector types: pointer to float4 takes a float32 tensor whose data is 16-byte aligned.
+VECTOR_TYPES: dict[str, tuple[str, int, int]] = {
+    f"{base}{n}": (SCALAR_TYPES[c][0], n, SCALAR_TYPES[c][1] * n)
+    for base, c in (("float", "float"), ("double", "double"), ("int", "int"), ("uint", "unsigned int"),
+                    ("char", "char"), ("uchar", "unsigned char"), ("short", "short"), ("ushort", "unsigned short"),
+                    ("longlong", "long long"), ("ulonglong", "unsigned long long"))
+    for n in (1, 2, 3, 4)
+} | {"__half2": ("float16", 2, 4), "half2": ("float16", 2, 4), "__nv_bfloat162": ("bfloat16", 2, 4)}
+
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct", "__grid_constant__"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter: its C type and what a launch must pass for it."""
+
+    name: str
+    ctype: str            # as written (normalised spacing), e.g. "const float* __restrict__"
+    base: str             # the type with qualifiers and pointers stripped, e.g. "float"
+    pointer: bool
+    const: bool
+    dtype: str | None     # element dtype for pointers, value dtype for scalars; None when unknown
+    vector_width: int = 1  # float4* -> 4
+    size_bytes: int = 8    # bytes the parameter takes in the launch (8 for pointers)
+
+    @property
+    def supported(self) -> bool:
+        return self.dtype is not None or (self.pointer and self.base == "void")
+
+    def __str__(self) -> str:
+        return f"{self.ctype} {self.name}".strip()
+
+
+def parse_param(text: str, index: int) -> Param:
+    """Parse one parameter declaration such as 'const float* __restrict__ x'."""
+    text = " ".join(text.replace("*", " * ").replace("&", " & ").split())
+    if "[" in text:  # float x[] is a pointer
+        text = re.sub(r"\[[^\]]*\]", "", text).strip() + " *"
+    tokens = text.split()
+    stars = tokens.count("*")
+    ref = "&" in tokens
+    const = "const" in tokens
+    words = [t for t in tokens if t not in ("*", "&")]
+    name = f"arg{index}"
+    core = [w for w in words if w not in _QUALIFIERS]
+    # The last identifier is the name when more than one word remains and it is not part of a type.
+    if len(core) >= 2 and not _is_type_word(core[-1], core[:-1]):
+        name = core[-1]
+        core = core[:-1]
+        words = words[:len(words) - 1 - words[::-1].index(name)] + words[len(words) - words[::-1].index(name):]
+    base = " ".join(core)
+    base = re.sub(r"^(std::|::)", "", base)
+    ctype = " ".join(w for w in text.split() if w != name or w in core)
+    ctype = ctype.replace(" *", "*").replace(" &", "&")
+    dtype, width, size = None, 1, 8
+    if ref:
+        dtype = None
+    elif stars >= 1:
+        if stars == 1:
+            if base in SCALAR_TYPES:
+                dtype = SCALAR_TYPES[base][0]
+            elif base in VECTOR_TYPES:
+                dtype, width, _ = VECTOR_TYPES[base]
+    else:
+        if base in SCALAR_TYPES:
+            dtype, size = SCALAR_TYPES[base]
+    return Param(name=name, ctype=ctype, base=base, pointer=stars >= 1, const=const, dtype=dtype,
+                 vector_width=width, size_bytes=size)
+
+
+def _is_type_word(word: str, before: list[str]) -> bool:
+    """Whether `word` continues a type spelled by `before` (e.g. 'int' after 'unsigned')."""
+    if not before:
+        return True
+    joined = " ".join(before + [word])
+    return joined in SCALAR_TYPES and " ".join(before) not in SCALAR_TYPES | VECTOR_TYPES or \
+        (joined in SCALAR_TYPES and before[-1] in ("unsigned", "signed", "long", "short"))
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside (), <>, [] and {}."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "(<[{":
+            depth += 1
+        elif ch in ")>]}":
+            depth -= 1
+        if ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def parse_params(param_list: str) -> tuple[Param, ...]:
+    """Parse the text between a kernel's parentheses."""
+    items = [p for p in split_top_level(param_list) if p and p != "void"]
+    return tuple(parse_param(re.sub(r"=.*$", "", p).strip(), i) for i, p in enumerate(items))
+
+
+def strip_comments_and_strings(source: str) -> str:
+    """Blank out comments and string/char literals, keeping line structure and offsets."""
+    out = []
+    i, n = 0, len(source)
+    while i < n:
+        c = source[i]
+        if source.startswith("//", i):
+            j = source.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif source.startswith("/*", i):
+            j = source.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("".join(ch if ch == "\n" else " " for ch in source[i:j]))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and source[j] != c:
+                j += 2 if source[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append(c + " " * (j - i - 2) + (c if j - i >= 2 else ""))
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class SourceKernel:
+    """A `__global__` function as found in the source text."""
+
+    name: str
+    params: tuple[Param, ...]
+    line: int
+    template: bool
+
+
+def find_kernels(source: str) -> tuple[SourceKernel, ...]:
+    """Every __global__ function declared or defined in `source` (names as written)."""
+    text = strip_comments_and_strings(source)
+    found = []
+    for m in re.finditer(r"\b__global__\b", text):
+        start = m.end()
+        # Skip attribute-like calls: __launch_bounds__(...), __attribute__((...)), alignas(...)
+        i = start
+        name = None
+        while i < len(text):
+            mm = re.compile(r"\s*([A-Za-z_][\w:]*)\s*(\(|<)?").match(text, i)
+            if not mm:
+                i += 1
+                continue
+            word, bracket = mm.group(1), mm.group(2)
+            if bracket == "(" and word not in ("__launch_bounds__", "__attribute__", "alignas", "__cluster_dims__",
+                                               "__maxnreg__", "__declspec"):
+                name = word
+                i = mm.end() - 1
+                break
+            if bracket == "(":
+                i = _match(text, mm.end() - 1, "(", ")") + 1
+                continue
+            if bracket == "<":
+                i = _match(text, mm.end() - 1, "<", ">") + 1
+                continue
+            i = mm.end()
+        if not name:
+            continue
+        close = _match(text, i, "(", ")")
+        params = parse_params(text[i + 1:close])
+        prefix = text[max(0, m.start() - 400):m.start()]
+        template = bool(re.search(r"template\s*<[^;{}]*>\s*$", prefix))
+        line = text.count("\n", 0, m.start()) + 1
+        found.append(SourceKernel(name=name.split("::")[-1], params=params, line=line, template=template))
+    # A declaration followed by a definition: keep the first with parameter names.
+    unique = {}
+    for k in found:
+        key = (k.name, len(k.params), tuple(p.base for p in k.params))
+        if key not in unique or all(p.name.startswith("arg") for p in unique[key].params):
+            unique[key] = k
+    return tuple(unique.values())
+
+
+def _match(text: str, i: int, open_ch: str, close_ch: str) -> int:
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == open_ch:
+            depth += 1
+        elif text[j] == close_ch:
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(text) - 1
+
+
+@functools.lru_cache(maxsize=None)
+def _cxa_demangle():
+    for name in ("stdc++", "c++"):
+        path = ctypes.util.find_library(name)
+        for candidate in ([path] if path else []) + ["libstdc++.so.6"]:
+            try:
+                lib = ctypes.CDLL(candidate)
+                fn = lib.__cxa_demangle
+                fn.restype = ctypes.c_void_p
+                fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t),
+                               ctypes.POINTER(ctypes.c_int)]
+                return fn
+            except (OSError, AttributeError):
+                continue
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def demangle(symbol: str) -> str | None:
+    """The C++ spelling of an Itanium-mangled name (`_Z...`), or None where it cannot be demangled."""
+    if not symbol.startswith("_Z"):
+        return None
+    fn = _cxa_demangle()
+    if fn is None:
+        return None
+    status = ctypes.c_int()
+    ptr = fn(symbol.encode(), None, None, ctypes.byref(status))
+    if status.value != 0 or not ptr:
+        return None
+    try:
+        return ctypes.string_at(ptr).decode()
+    finally:
+        ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What the compiled entry point is called and what it takes."""
+
+    symbol: str          # the entry name in the cubin (mangled for C++ kernels)
+    name: str            # the short name users type: 'vadd', 'transpose'
+    display: str         # 'transpose<32>' for template instances, else name
+    params: tuple[Param, ...]
+    line: int | None     # where __global__ stands in the source (as given), when found
+
+    def __str__(self) -> str:
+        return f"{self.display}({', '.join(str(p) for p in self.params)})"
+
+
+def signature_for(symbol: str, source_kernels: tuple[SourceKernel, ...]) -> KernelSignature:
+    """Resolve a cubin entry symbol to its signature, using the demangler and the source."""
+    text = demangle(symbol)
+    if text is None:
+        name = symbol
+        matches = [k for k in source_kernels if k.name == name]
+        if matches:
+            k = matches[0]
+            return KernelSignature(symbol, name, name, k.params, k.line)
+        return KernelSignature(symbol, name, name, (), None)
+    close = text.rfind(")")
+    depth, open_ = 0, -1
+    for j in range(close, -1, -1):
+        if text[j] == ")":
+            depth += 1
+        elif text[j] == "(":
+            depth -= 1
+            if depth == 0:
+                open_ = j
+                break
+    head = text[:open_]
+    params = parse_params(text[open_ + 1:close])
+    # head may be "void ns::tk<3>" for template instances (return type first): keep the last top-level word
+    words = split_top_level(head, " ")
+    display = words[-1] if words else head
+    display = display.split("::")[-1] if "<" not in display else display[display.rfind("::", 0, display.find("<")) + 2
+                                                                          if "::" in display[:display.find("<")] else 0:]
+    name = display.split("<")[0]
+    # Borrow parameter names from the source declaration with the same name and arity.
+    for k in source_kernels:
+        if k.name == name and len(k.params) == len(params):
+            params = tuple(Param(name=sp.name, ctype=p.ctype, base=p.base, pointer=p.pointer, const=p.const,
+                                 dtype=p.dtype, vector_width=p.vector_width, size_bytes=p.size_bytes)
+                           for p, sp in zip(params, k.params))
+            return KernelSignature(symbol, name, display, params, k.line)
+    return KernelSignature(symbol, name, display, params, None)

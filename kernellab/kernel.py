@@ -1,0 +1,387 @@
+"""`Module` and `Kernel`: what `compile_cuda` and the `%%cuda` magic hand back to the user."""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from . import report
+from .compile import cache as _cache
+from .compile.cubin import read_cubin
+from .compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
+from .compile.signature import KernelSignature, find_kernels, signature_for
+from .errors import ArgumentError, KernellabError
+from .run import device as _device
+
+REGISTER_FILE = 65536          # 32-bit registers per SM (and per block) on every arch kernellab knows
+REGISTER_ALLOC_UNIT = 256      # registers are granted per warp in units of 256
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one compiled kernel costs, as the compiler reports it."""
+
+    registers: int              # per thread
+    shared_bytes: int           # static shared memory per block (ptxas's figure: no 1 KiB system reservation)
+    local_bytes: int            # per-thread stack frame in local memory
+    spill_store_bytes: int
+    spill_load_bytes: int
+    max_threads_per_block: int  # the most threads a block may have (launch bounds, registers, arch)
+    arch: str
+    constant_bytes: int = 0     # cmem[0]: parameters and driver constants
+    barriers: int = 0           # named barriers used
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.spill_store_bytes or self.spill_load_bytes)
+
+    def __str__(self) -> str:
+        spill = (f", spills {self.spill_store_bytes} B stored / {self.spill_load_bytes} B loaded" if self.spills
+                 else ", no spills")
+        return (f"{self.registers} registers, {self.shared_bytes} B static smem, {self.local_bytes} B local"
+                f"{spill}, max {self.max_threads_per_block} threads/block ({self.arch})")
+
+
+def max_threads_for(registers: int, launch_bounds: tuple[int, int, int] | None, arch_max: int = 1024) -> int:
+    """The largest block the driver accepts: launch bounds, then what the register file holds, in whole warps."""
+    limit = arch_max
+    if launch_bounds:
+        limit = min(limit, launch_bounds[0] * launch_bounds[1] * launch_bounds[2])
+    if registers > 0:
+        per_warp = -(-registers * 32 // REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
+        limit = min(limit, (REGISTER_FILE // per_warp) * 32)
+    return limit
+
+
+class Kernel:
+    """One `__global__` function, compiled: inspect it (resources, ptx, sass, occupancy) and launch it with k[grid, block](...)."""
+
+    backend = "cuda"
+
+    def __init__(self, module: "Module", signature: KernelSignature, resources: Resources):
+        self.module = module
+        self.signature = signature
+        self.resources = resources
+        self._functions: dict[int, object] = {}
+        self._sass: str | None = None
+
+    # -- identity -------------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.signature.name
+
+    @property
+    def symbol(self) -> str:
+        return self.signature.symbol
+
+    @property
+    def params(self):
+        return self.signature.params
+
+    @property
+    def arch(self) -> str:
+        return self.resources.arch
+
+    def __repr__(self) -> str:
+        return f"<kernellab.Kernel {self.signature} [{self.arch}]: {self.resources.registers} regs>"
+
+    # -- inspection -----------------------------------------------------------------------------------------
+    @property
+    def ptx(self) -> str:
+        """This kernel's PTX (its `.entry`, with the module's directives)."""
+        return _ptx_entry(self.module.ptx, self.symbol)
+
+    @property
+    def sass(self) -> str:
+        """This kernel's SASS (disassembled with cuobjdump from the CUDA wheels; no GPU needed)."""
+        if self._sass is None:
+            from .compile.disasm import sass
+
+            self._sass = sass(self.module.cubin, self.symbol)
+        return self._sass
+
+    def occupancy(self, block, shared_bytes: int = 0, arch: str | None = None):
+        """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block."""
+        from .analysis.occupancy import occupancy
+
+        threads = block if isinstance(block, int) else int(__import__("math").prod(block))
+        return occupancy(threads, self.resources.registers, self.resources.shared_bytes + shared_bytes,
+                         arch or _base_arch(self.arch))
+
+    def best_block_sizes(self, shared_bytes: int = 0, top: int = 3):
+        """Block sizes (multiples of 32) that give this kernel the highest theoretical occupancy."""
+        from .analysis.occupancy import best_block_sizes
+
+        return best_block_sizes(self.resources.registers, self.resources.shared_bytes + shared_bytes,
+                                _base_arch(self.arch), top=top)
+
+    # -- launching ------------------------------------------------------------------------------------------
+    def __getitem__(self, config) -> "_Launcher":
+        if not isinstance(config, tuple) or len(config) not in (2, 3):
+            raise ArgumentError(f"launch as {self.name}[grid, block](args...) or {self.name}[grid, block, "
+                                f"shared_bytes](args...); got {self.name}[{config!r}]")
+        return _Launcher(self, *config)
+
+    def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool = True):
+        """Check the arguments against the signature and launch on the current GPU."""
+        _device.require_gpu(f"launching {self.name}")
+        from .run.launch import launch, make_config, marshal_args
+
+        dev = _device.device_info()
+        self._check_arch(dev)
+        cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
+                          static_shared_bytes=self.resources.shared_bytes, device=dev)
+        values = marshal_args(self.params, args, dev, str(self.signature))
+        fn = self._function(dev.index)
+        if cfg.shared_bytes > dev.shared_per_block_bytes - self.resources.shared_bytes:
+            fn.max_dynamic_shared_size_bytes = cfg.shared_bytes  # opt in above 48 KiB
+        launch(fn.kernel if hasattr(fn, "kernel") else fn, cfg, values, args, stream=stream, sync=sync,
+               kernel_name=self.name)
+
+    def _check_arch(self, dev) -> None:
+        want = _base_arch(self.arch)
+        if want != dev.arch:
+            raise ArgumentError(f"{self.name} was compiled for {self.arch} but the GPU is {dev.name} ({dev.arch}); "
+                                f"recompile with arch='{dev.arch}' (or arch=None for the current GPU)")
+
+    def _function(self, index: int):
+        fn = self._functions.get(index)
+        if fn is None:
+            import cupy
+
+            with cupy.cuda.Device(index):
+                mod = self.module._loaded(index)
+                fn = mod.get_function(self.symbol)
+            self._functions[index] = fn
+        return fn
+
+    # -- reports --------------------------------------------------------------------------------------------
+    def to_json(self, block_size: int = 256) -> dict:
+        r = self.resources
+        d = {"name": self.name, "display": self.signature.display, "symbol": self.symbol,
+             "signature": str(self.signature), "registers": r.registers, "shared_bytes": r.shared_bytes,
+             "local_bytes": r.local_bytes, "spill_store_bytes": r.spill_store_bytes,
+             "spill_load_bytes": r.spill_load_bytes, "max_threads_per_block": r.max_threads_per_block,
+             "arch": r.arch}
+        try:
+            occ = self.occupancy(min(block_size, r.max_threads_per_block))
+            d["occupancy"] = {"block_size": occ.block_size, "ratio": occ.ratio, "limiter": occ.limiter,
+                              "blocks_per_sm": occ.blocks_per_sm}
+            d["best_block_sizes"] = list(self.best_block_sizes())
+        except (ImportError, KernellabError, ValueError):
+            pass
+        return d
+
+
+class _Launcher:
+    """`kernel[grid, block]`: call it with the kernel's arguments."""
+
+    def __init__(self, kernel: Kernel, grid, block, shared_bytes: int = 0):
+        self.kernel, self.grid, self.block, self.shared_bytes = kernel, grid, block, shared_bytes
+
+    def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool = True):
+        return self.kernel.launch(self.grid, self.block, *args,
+                                  shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
+                                  stream=stream, sync=sync)
+
+
+class Module:
+    """The kernels of one compiled source: `module['name']` or `module.name` gives a Kernel."""
+
+    def __init__(self, output: CompileOutput, source: str, *, name: str | None, first_line: int, filename: str,
+                 cache_state: str, wall_ms: float, notes=()):
+        self.output = output
+        self.source = source
+        self.name = name
+        self.first_line = first_line
+        self.filename = filename
+        self.cache_state = cache_state      # "miss", "memory" or "disk"
+        self.wall_ms = wall_ms
+        self.notes = tuple(notes)
+        self._loaded_modules: dict[int, object] = {}
+        facts = read_cubin(output.cubin)
+        src_kernels = find_kernels("\n" * (first_line - 1) + source)
+        self.kernels: tuple[Kernel, ...] = tuple(
+            Kernel(self, signature_for(sym, src_kernels), _resources(output, sym, facts.get(sym)))
+            for sym in _entry_order(output, facts))
+
+    arch = property(lambda self: self.output.arch)
+    options = property(lambda self: self.output.options)
+    cubin = property(lambda self: self.output.cubin)
+    ptx = property(lambda self: self.output.ptx)
+    log = property(lambda self: self.output.log)
+    compile_ms = property(lambda self: self.output.compile_ms)
+
+    @property
+    def cache_hit(self) -> bool:
+        return self.cache_state != "miss"
+
+    @property
+    def warnings(self):
+        return tuple(d for d in self.output.diagnostics if d.severity == "warning")
+
+    def __getitem__(self, name: str) -> Kernel:
+        exact = [k for k in self.kernels if name in (k.symbol, k.signature.display)]
+        if len(exact) == 1:
+            return exact[0]
+        short = [k for k in self.kernels if k.name == name]
+        if len(short) == 1:
+            return short[0]
+        if len(short) > 1:
+            raise KeyError(f"{name!r} names {len(short)} kernels ({', '.join(str(k.signature) for k in short)}); "
+                           f"pick one by its display name or symbol")
+        known = ", ".join(k.signature.display for k in self.kernels) or "none"
+        raise KeyError(f"no kernel {name!r} in this module; its kernels: {known}")
+
+    def __getattr__(self, name: str) -> Kernel:
+        if name.startswith("_") or name in ("kernels", "output"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError as exc:
+            raise AttributeError(str(exc)) from None
+
+    def __iter__(self):
+        return iter(self.kernels)
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def __dir__(self):
+        return list(super().__dir__()) + [k.name for k in self.kernels]
+
+    def _loaded(self, index: int):
+        mod = self._loaded_modules.get(index)
+        if mod is None:
+            import cupy
+
+            mod = cupy.cuda.function.Module()
+            mod.load(self.output.cubin)
+            self._loaded_modules[index] = mod
+        return mod
+
+    # -- reports --------------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"kind": "compile", "version": 1, "ok": True,
+                "title": f"{self.name or 'cuda'}: {len(self.kernels)} kernel{'s' if len(self.kernels) != 1 else ''}",
+                "arch": self.arch, "cache": "hit" if self.cache_hit else "miss", "cache_source": self.cache_state,
+                "compile_ms": round(self.compile_ms, 2), "wall_ms": round(self.wall_ms, 2),
+                "notes": list(self.notes), "kernels": [k.to_json() for k in self.kernels],
+                "diagnostics": [{"line": d.line, "column": d.column, "severity": d.severity, "message": d.message}
+                                for d in self.output.diagnostics]}
+
+    def __str__(self) -> str:
+        j = self.to_json()
+        rows = []
+        for k in j["kernels"]:
+            occ = k.get("occupancy")
+            rows.append([k["display"], k["registers"], k["shared_bytes"], k["local_bytes"],
+                         f"{k['spill_store_bytes']}/{k['spill_load_bytes']}",
+                         f"{occ['ratio']:.0%} @{occ['block_size']} ({occ['limiter']})" if occ else "-"])
+        head = (f"{j['title']} | {self.arch} | compiled in {self.compile_ms:.1f} ms "
+                f"| cache {'hit (' + self.cache_state + ')' if self.cache_hit else 'miss'}")
+        parts = [head, report.text_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy"], rows)]
+        parts += [f"warning: line {d.line}: {d.message}" for d in self.warnings]
+        parts += [f"note: {n}" for n in self.notes]
+        return "\n".join(parts)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        j = self.to_json()
+        rows = []
+        for k in j["kernels"]:
+            occ = k.get("occupancy")
+            spill = f"{k['spill_store_bytes']}/{k['spill_load_bytes']}"
+            spill_cell = report.Raw(f"<span style='color:#c00;font-weight:bold'>{spill}</span>", spill) \
+                if k["spill_store_bytes"] or k["spill_load_bytes"] else spill
+            rows.append([report.Raw(f"<b>{report.esc(k['display'])}</b>", k["display"]), k["registers"],
+                         k["shared_bytes"], k["local_bytes"], spill_cell,
+                         f"{occ['ratio']:.0%} @ {occ['block_size']} ({occ['limiter']})" if occ else "-",
+                         ", ".join(map(str, k.get("best_block_sizes", []))) or "-"])
+        cache = f"cache hit ({self.cache_state})" if self.cache_hit else "cache miss"
+        cap = f"{j['title']} · {self.arch} · {self.compile_ms:.1f} ms compile · {cache}"
+        out = [report.html_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy", "best blocks"],
+                                 rows, caption=cap)]
+        for d in self.warnings:
+            out.append(f"<div style='color:#a60'>warning, line {d.line}: {report.esc(d.message)}</div>")
+        for n in self.notes:
+            out.append(f"<div style='color:#666'>note: {report.esc(n)}</div>")
+        return "".join(out)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return report.mimebundle(self, include, exclude)
+
+
+def _base_arch(arch: str) -> str:
+    return re.sub(r"[af]$", "", arch)
+
+
+def _entry_order(output: CompileOutput, facts: dict) -> list[str]:
+    """Entry symbols in source order where ptxas reported them, else as the cubin lists them."""
+    names = list(output.reports) or list(facts)
+    return list(reversed(names)) if output.reports else names
+
+
+def _resources(output: CompileOutput, symbol: str, facts) -> Resources:
+    rep = output.reports.get(symbol)
+    regs = rep.registers if rep else (facts.registers if facts and facts.registers is not None else 0)
+    bounds = facts.max_threads if facts else None
+    return Resources(registers=regs, shared_bytes=rep.shared_bytes if rep else 0,
+                     local_bytes=rep.stack_bytes if rep else 0,
+                     spill_store_bytes=rep.spill_store_bytes if rep else 0,
+                     spill_load_bytes=rep.spill_load_bytes if rep else 0,
+                     max_threads_per_block=max_threads_for(regs, bounds), arch=output.arch,
+                     constant_bytes=rep.constant_bytes if rep else 0, barriers=rep.barriers if rep else 0)
+
+
+def _ptx_entry(ptx: str, symbol: str) -> str:
+    """The module's header directives plus the `.entry` block of `symbol`."""
+    lines = ptx.splitlines()
+    header = [l for l in lines[:40] if l.startswith((".version", ".target", ".address_size"))]
+    start = next((i for i, l in enumerate(lines) if re.search(rf"\.entry\s+{re.escape(symbol)}\s*\(", l)), None)
+    if start is None:
+        return ptx
+    depth, end = 0, len(lines)
+    seen_body = False
+    for i in range(start, len(lines)):
+        depth += lines[i].count("{") - lines[i].count("}")
+        seen_body = seen_body or "{" in lines[i]
+        if seen_body and depth == 0:
+            end = i + 1
+            break
+    return "\n".join(header + [""] + lines[start:end]) + "\n"
+
+
+def compile_cuda(source: str, arch: str | None = None, options=(), name: str | None = None, *,
+                 first_line: int = 1, filename: str = "kernel.cu") -> Module:
+    """Compile CUDA C++ with NVRTC to a cubin (no GPU needed) and return its kernels as a Module.
+
+    arch=None means the current GPU's arch, or sm_90 (with a note) where there is no GPU.
+    `first_line` numbers the source's first line (2 in a `%%cuda` cell) so diagnostics match the editor.
+    """
+    if not isinstance(source, str) or not source.strip():
+        raise KernellabError("compile_cuda needs CUDA C++ source text with at least one __global__ function")
+    t0 = time.perf_counter()
+    notes = []
+    if arch is None:
+        arch, note = _device.current_arch()
+        if note:
+            notes.append(note)
+    arch = normalize_arch(arch)
+    if isinstance(options, str):
+        options = tuple(options.split())
+    options = tuple(options)
+    key = _cache.make_key(source=source, options=options, arch=arch, nvrtc=nvrtc_version(), first_line=first_line,
+                          filename=filename)
+    output, state = _cache.get(key)
+    if output is None:
+        output = compile_source(source, arch, options, filename=filename, first_line=first_line)
+        _cache.put(key, output)
+        state = "miss"
+    module = Module(output, source, name=name, first_line=first_line, filename=filename, cache_state=state,
+                    wall_ms=(time.perf_counter() - t0) * 1e3, notes=notes)
+    if not module.kernels:
+        notes.append("no __global__ kernel was emitted (templates must be instantiated to be compiled)")
+        module.notes = tuple(notes)
+    return module

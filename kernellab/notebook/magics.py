@@ -1,0 +1,103 @@
+"""The `%%cuda` cell magic: compile the cell, bind its kernels, show one card. Thin: the library does the work."""
+from __future__ import annotations
+
+import shlex
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import HTML, display
+from traitlets import Unicode
+
+from .. import report
+from ..errors import CompileError, KernellabError
+
+
+def _options(values) -> tuple[str, ...]:
+    """Flatten repeated -O/--options values, each possibly holding several space-separated options."""
+    out = []
+    for v in values or ():
+        v = v.strip().lstrip("=").strip()
+        if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":  # IPython keeps the quotes of -O "..."
+            v = v[1:-1]
+        out += shlex.split(v)
+    return tuple(out)
+
+
+def bind_kernels(shell, module, name: str | None) -> list[str]:
+    """Put each kernel (and the module, under --name) into the user namespace; return the names bound."""
+    bound = []
+    counts: dict[str, int] = {}
+    for k in module.kernels:
+        counts[k.name] = counts.get(k.name, 0) + 1
+    for k in module.kernels:
+        if counts[k.name] == 1 and k.name.isidentifier():
+            shell.user_ns[k.name] = k
+            bound.append(k.name)
+    if name:
+        shell.user_ns[name] = module
+        bound.append(name)
+    return bound
+
+
+def show_code(module, ptx: bool, sass: bool) -> None:
+    """Display each kernel's PTX and/or SASS as collapsible blocks (text in terminals)."""
+    for k in module.kernels:
+        for flag, label, text_of in ((ptx, "PTX", lambda k: k.ptx), (sass, "SASS", lambda k: k.sass)):
+            if not flag:
+                continue
+            text = text_of(k)
+            display({"text/plain": f"--- {label} of {k.signature.display} ---\n{text}",
+                     "text/html": f"<details><summary>{label} of <code>{report.esc(k.signature.display)}</code>"
+                                  f" ({text.count(chr(10))} lines)</summary><pre>{report.esc(text)}</pre></details>"},
+                    raw=True)
+
+
+def compile_error_usage(exc: CompileError, display_report: bool = True) -> UsageError:
+    """Show a compile error's report (for the JupyterLab gutter) and return the one-screen UsageError."""
+    if display_report:
+        data = {"text/plain": "", report.REPORT_MIME: exc.to_json()}
+        display(data, raw=True)
+    return UsageError(str(exc))
+
+
+@magics_class
+class KernellabMagics(Magics):
+    """kernellab's cell magics. Defaults are configurable: `%config KernellabMagics.default_arch = 'sm_80'`."""
+
+    default_arch = Unicode(None, allow_none=True, config=True,
+                           help="Architecture for %%cuda cells without --arch (None: the current GPU's, or sm_90).")
+
+    @magic_arguments()
+    @argument("--arch", default=None, help="Target architecture, e.g. sm_90 or sm_80 (default: the current GPU's, "
+                                           "or sm_90 with a note where there is no GPU).")
+    @argument("-O", "--options", action="append", default=[], metavar="OPTS",
+              help="NVRTC options, e.g. --options=--use_fast_math or -O \"--use_fast_math -maxrregcount=64\" "
+                   "(repeatable).")
+    @argument("--name", default=None, help="Also bind the compiled module under this name.")
+    @argument("--ptx", action="store_true", help="Show each kernel's PTX.")
+    @argument("--sass", action="store_true", help="Show each kernel's SASS.")
+    @cell_magic
+    def cuda(self, line: str, cell: str):
+        """Compile the cell's CUDA C++ (NVRTC) and bind each __global__ kernel in the namespace by its name.
+
+        Launch a kernel with k[grid, block](args...) on torch tensors, CuPy arrays or numbers. The cell's card
+        shows registers, shared memory, spills and occupancy per kernel; compile errors point at cell lines.
+        """
+        try:
+            args = parse_argstring(self.cuda, line)
+        except Exception as exc:  # argparse's own message, one line
+            raise UsageError(f"%%cuda {line}: {exc}") from None
+        from ..kernel import compile_cuda
+
+        try:
+            module = compile_cuda(cell, arch=args.arch or self.default_arch, options=_options(args.options),
+                                  name=args.name, first_line=2, filename="cell.cu")
+        except CompileError as exc:
+            raise compile_error_usage(exc) from None
+        except (KernellabError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+        bind_kernels(self.shell, module, args.name)
+        if args.ptx or args.sass:
+            show_code(module, args.ptx, args.sass)
+        return module

@@ -1,0 +1,89 @@
+"""The GPU this process can use: whether there is one, and its properties (through CuPy)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ..errors import NoGPUError
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The launch-relevant properties of one GPU (tests build fake ones)."""
+
+    index: int
+    name: str
+    arch: str                          # 'sm_90'
+    multiprocessors: int
+    max_threads_per_block: int = 1024
+    max_block_dims: tuple[int, int, int] = (1024, 1024, 64)
+    max_grid_dims: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
+    shared_per_block_bytes: int = 48 * 1024          # without opt-in
+    shared_per_block_optin_bytes: int = 48 * 1024    # with cudaFuncAttributeMaxDynamicSharedMemorySize
+    shared_per_sm_bytes: int = 64 * 1024
+    l2_bytes: int = 0
+    memory_bytes: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.arch}, {self.multiprocessors} SMs, {self.memory_bytes / 2**30:.0f} GiB)"
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_status() -> tuple[bool, str]:
+    """(usable, reason): whether a CUDA GPU can be used from this process, and why not."""
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except ImportError:
+        return False, "CuPy is not installed (pip install cupy-cuda13x)"
+    except Exception as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return False, f"no CUDA driver or GPU is visible ({text})"
+    if n == 0:
+        return False, "the CUDA driver reports no GPU"
+    return True, f"{n} GPU(s)"
+
+
+def has_gpu() -> bool:
+    """True when a CUDA GPU is usable here."""
+    return gpu_status()[0]
+
+
+def require_gpu(what: str = "launching a kernel") -> None:
+    """Raise NoGPUError explaining that `what` needs a GPU and what still works without one."""
+    ok, reason = gpu_status()
+    if not ok:
+        raise NoGPUError(f"{what} needs a CUDA GPU, and none is usable here: {reason}. Compiling, resources, "
+                         "PTX/SASS, occupancy, bank and roofline analysis all work without one; run on a GPU "
+                         "machine to launch, check or time kernels.")
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(index: int | None = None) -> DeviceInfo:
+    """Properties of GPU `index` (default: the current CuPy device)."""
+    require_gpu("reading device properties")
+    import cupy
+
+    if index is None:
+        index = cupy.cuda.runtime.getDevice()
+    props = cupy.cuda.runtime.getDeviceProperties(index)
+    attrs = cupy.cuda.Device(index).attributes
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return DeviceInfo(
+        index=index, name=name, arch=f"sm_{props['major']}{props['minor']}",
+        multiprocessors=props["multiProcessorCount"],
+        max_threads_per_block=props["maxThreadsPerBlock"],
+        max_block_dims=tuple(props["maxThreadsDim"]), max_grid_dims=tuple(props["maxGridSize"]),
+        shared_per_block_bytes=props["sharedMemPerBlock"],
+        shared_per_block_optin_bytes=attrs.get("MaxSharedMemoryPerBlockOptin", props["sharedMemPerBlock"]),
+        shared_per_sm_bytes=props["sharedMemPerMultiprocessor"], l2_bytes=props["l2CacheSize"],
+        memory_bytes=props["totalGlobalMem"],
+    )
+
+
+def current_arch(default: str = "sm_90") -> tuple[str, str | None]:
+    """(arch, note): the current GPU's arch, or `default` with a note saying no GPU was found."""
+    if has_gpu():
+        return device_info().arch, None
+    return default, f"no GPU here: compiled for {default} (pass arch= for another); launching needs a GPU"
