@@ -521,3 +521,18 @@ def test_golden_device_properties_sm90():
     assert checked <= set(props), f"device_sm90.json lacks {checked - set(props)}"
     if "_optin_shared_per_block" in props:
         assert props["_optin_shared_per_block"] == spec.shared_memory_per_block_optin_bytes
+
+
+def test_golden_max_threads_per_block_sm90():
+    """The register model also predicts each recorded kernel's CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: the largest
+    warp-multiple block that can launch (0 blocks beyond it), capped by __launch_bounds__."""
+    path = GOLDEN / "kernel_attrs_sm90.csv"
+    if not path.is_file():
+        pytest.skip("golden table not recorded yet")
+    with path.open() as fh:
+        rows = list(csv.DictReader(line for line in fh if not line.startswith("#") and line.strip()))
+    assert rows
+    for r in rows:
+        regs, bounds = int(r["registers"]), int(r["launch_bounds"])
+        fits = max(b for b in range(32, 1025, 32) if occupancy(b, regs, 0, "sm_90").blocks_per_sm > 0)
+        assert min(bounds, fits) == int(r["max_threads_per_block"]), r
