@@ -331,6 +331,8 @@ def test_report_formats():
     bundle = o._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html", REPORT_MIME}
     assert bundle[REPORT_MIME] == j and bundle["text/plain"] == text
+    assert set(o._repr_mimebundle_(include={REPORT_MIME})) == {REPORT_MIME}
+    assert set(o._repr_mimebundle_(exclude={"text/html"})) == {"text/plain", REPORT_MIME}
 
 
 def test_analysis_layer_imports_no_plotting_or_widgets():

@@ -215,7 +215,8 @@ class Occupancy:
         }
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return {"text/plain": str(self), "text/html": self._repr_html_(), REPORT_MIME: self.to_json()}
+        data = {"text/plain": str(self), "text/html": self._repr_html_(), REPORT_MIME: self.to_json()}
+        return {k: v for k, v in data.items() if (not include or k in include) and (not exclude or k not in exclude)}
 
 
 def _blocks(n: int) -> str:
