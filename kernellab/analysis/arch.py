@@ -17,17 +17,12 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-try:  # the project-wide error base; until kernellab.errors exists the errors here are plain ValueErrors
-    from kernellab.errors import KernellabError
-
-    _ERROR_BASES: tuple[type, ...] = (KernellabError, ValueError)
-except ImportError:  # pragma: no cover - depends on what has been merged
-    _ERROR_BASES = (ValueError,)
+from kernellab.errors import KernellabError
 
 KIB = 1024
 
 
-class UnknownArchError(*_ERROR_BASES):
+class UnknownArchError(KernellabError, ValueError):
     """An architecture that has no table here."""
 
 

@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernellab.analysis.arch import _ERROR_BASES, KIB, ArchSpec, get_arch
+from kernellab.analysis.arch import KIB, ArchSpec, get_arch
+from kernellab.errors import KernellabError
+from kernellab.report import REPORT_MIME, mimebundle
 
 UNLIMITED = 2**31 - 1  # the block count for a resource the kernel does not use (the driver's INT_MAX)
 LIMITERS = ("warps", "registers", "shared_memory", "blocks")  # in the driver's order of limiting-factor bits
-REPORT_MIME = "application/vnd.kernellab.report+json"
 
 
-class OccupancyInputError(*_ERROR_BASES):
+class OccupancyInputError(KernellabError, ValueError):
     """A block size, register count, shared-memory size or carveout outside what the architecture allows."""
 
 
@@ -215,8 +216,7 @@ class Occupancy:
         }
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        data = {"text/plain": str(self), "text/html": self._repr_html_(), REPORT_MIME: self.to_json()}
-        return {k: v for k, v in data.items() if (not include or k in include) and (not exclude or k not in exclude)}
+        return mimebundle(self, include, exclude)
 
 
 def _blocks(n: int) -> str:
