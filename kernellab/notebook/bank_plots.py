@@ -68,7 +68,7 @@ def plot_bank_access(access: WarpAccess | Sequence[int | None], access_bytes: in
 
 def plot_shared_trace(trace: SharedTrace, ax=None):
     """Bar chart per source line of a `SharedTrace`: wavefronts taken against the conflict-free count."""
-    fig, ax = _figure(ax, (max(4.0, 1.2 * len(trace.lines) + 2.0), 3.8))
+    fig, ax = _figure(ax, (max(5.0, 1.2 * len(trace.lines) + 2.0), 4.0))
     labels = [f"line {s.line}\n{s.kind}" for s in trace.lines]
     x = np.arange(len(trace.lines))
     taken = [s.wavefronts for s in trace.lines]
@@ -87,8 +87,8 @@ def plot_shared_trace(trace: SharedTrace, ax=None):
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("shared wavefronts")
     ax.set_title(
-        f"{trace.kernel_name}: {trace.wavefronts} wavefronts for {trace.instructions} accesses "
-        f"(ideal {trace.ideal_wavefronts})",
+        f"{trace.kernel_name}: {trace.wavefronts} wavefronts for {trace.instructions} accesses\n"
+        f"(ideal {trace.ideal_wavefronts}, worst {trace.ways}-way)",
         fontsize=10,
     )
     ax.margins(y=0.15)
