@@ -1,0 +1,738 @@
+"""Check a candidate against a reference on fresh random inputs: `check(candidate, reference, inputs)`.
+
+How a check runs, trial by trial (trial t draws its inputs from `torch.Generator().manual_seed(seed + t)`):
+1. `inputs(generator)` makes the argument tuple; it is kept untouched as the snapshot.
+2. The reference runs on a float64 copy (floating tensors upcast) where it accepts one, and on a copy in the
+   inputs' own dtypes, which fixes the expected output count, shapes and dtypes.
+3. The candidate runs on its own copy. Arguments it writes its results into (found by the tensors it returns,
+   or named with `outputs=`) are filled with NaN first, so elements it never writes fail.
+4. Each output is compared elementwise: |yours - ref| <= atol + rtol * |ref|, with defaults chosen by the
+   output's precision and atol scaled by the reference's RMS, so an all-zero output cannot pass. NaN or Inf
+   where the reference is finite always fails. An argument the candidate changed but did not return fails.
+The check stops at the first failing trial and keeps that trial's errors; a passing check keeps the trial
+with the largest error.
+"""
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from kernellab.errors import KernellabError
+from kernellab.report import mimebundle
+
+# Default tolerances per arithmetic precision: (rtol, atol as a multiple of the reference's RMS).
+# u is the unit roundoff 2**-(mantissa bits + 1). Summing in a different order, fused multiply-adds and
+# fast intrinsics move results by a few u times sqrt(terms); wrong indexing moves them by O(1) x RMS.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-7),      # u = 1.1e-16: loose, so float64 candidates never fail on summation order
+    "float32": (1e-4, 1e-4),      # u = 6.0e-8: ~1,700 u, a different order over reductions of ~10^6 terms
+    "tf32": (5e-3, 5e-3),         # inputs rounded to 10 mantissa bits (u = 4.9e-4), fp32 accumulation
+    "bfloat16": (1.6e-2, 1.6e-2),  # u = 3.9e-3: the output's own rounding plus fp32 accumulation
+    "float16": (2e-3, 2e-3),      # u = 4.9e-4: the output's own rounding plus fp32 accumulation
+    "exact": (0.0, 0.0),          # integer and boolean outputs
+}
+_WORST_COUNT = 8          # elements kept for the "yours vs reference" table
+_MAP_SHAPE = (64, 128)    # the error heatmap is max-pooled down to at most this many rows and columns
+
+
+class CheckError(KernellabError, ValueError):
+    """`check` was called with arguments it cannot use (the report covers everything that fails later)."""
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """The outcome of `check`: pass or fail, the errors of the trial shown, and where they sit."""
+
+    passed: bool
+    trials: int                          # trials run (a failing check stops at its first failing trial)
+    max_abs_error: float                 # over every trial run and every output
+    max_rel_error: float                 # |yours - ref| / |ref| over elements whose reference is non-zero
+    mismatches: int                      # elements out of tolerance in the first failing trial (0 when passed)
+    worst: tuple[tuple[int, ...], ...]   # indices of the largest errors (relative to the tolerance), largest first
+    rtol: float
+    atol: float                          # the absolute tolerance used in the trial shown
+    precision: str                       # the row of TOLERANCES used, or "explicit"
+    tolerance: str                       # the rule, in words, with the numbers filled in
+    message: str                         # one line: why it failed, or a summary when it passed
+    seed: int                            # trial t used seed + t
+    failing_trial: int | None = None
+    failing_seed: int | None = None
+    output_index: int | None = None      # the output shown (failing, or with the largest error)
+    output_count: int = 0
+    shape: tuple[int, ...] | None = None  # of the output shown
+    dtype: str | None = None             # of the output shown, candidate's
+    reference_precision: str | None = None  # dtype the reference was computed in, e.g. "float64"
+    reference_own_error: float | None = None  # max abs error of the reference run in the inputs' dtypes
+    worst_values: tuple[tuple[tuple[int, ...], float, float, float], ...] = ()  # (index, yours, ref, error/tolerance)
+    mutated_inputs: tuple[str, ...] = ()  # arguments the candidate changed without returning them
+    output_arguments: tuple[int, ...] = ()  # arguments filled with NaN before each candidate run
+    exception: str | None = None         # "ValueError: ..." when the candidate, reference or inputs raised
+    traceback: str = field(default="", repr=False, compare=False)
+    generator_device: str = "cpu"
+    error_map: Any = field(default=None, repr=False, compare=False)  # 2-D NumPy array, error/tolerance pooled
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    @property
+    def reproduce(self) -> str | None:
+        """A line that rebuilds the failing trial's arguments, or None when it passed."""
+        if self.failing_seed is None:
+            return None
+        gen = "" if self.generator_device == "cpu" else repr(self.generator_device)
+        return f"args = inputs(torch.Generator({gen}).manual_seed({self.failing_seed}))"
+
+    def __str__(self) -> str:
+        verdict = "PASSED" if self.passed else "FAILED"
+        lines = [f"check {verdict}: {self.message}"]
+        if self.dtype is not None:
+            lines.append(f"  max abs error {_fmt(self.max_abs_error)}, max rel error {_fmt(self.max_rel_error)}"
+                         f" over {self.trials} trial{'s' if self.trials != 1 else ''} (seeds {self.seed}.."
+                         f"{self.seed + self.trials - 1})")
+            lines.append(f"  tolerance: {self.tolerance}")
+            if self.reference_precision:
+                ref = f"  reference computed in {self.reference_precision}"
+                if self.reference_own_error is not None and self.reference_precision != self.dtype:
+                    ref += f"; the reference run in the inputs' dtypes is off by up to {_fmt(self.reference_own_error)}"
+                lines.append(ref)
+        if self.output_arguments:
+            lines.append(f"  output arguments filled with NaN before each run: {_arg_list(self.output_arguments)}")
+        out_of_tolerance = [w for w in self.worst_values if w[3] > 1]
+        if not self.passed and out_of_tolerance:
+            lines.append("  worst elements (index: yours vs reference, error / tolerance):")
+            for idx, yours, ref, ratio in out_of_tolerance:
+                lines.append(f"    {_index(idx)}: {_fmt(yours)} vs {_fmt(ref)}, {_fmt(ratio)}")
+        elif self.worst_values and self.max_abs_error > 0:
+            idx, yours, ref, ratio = self.worst_values[0]
+            lines.append(f"  largest error at {_index(idx)}: {_fmt(yours)} vs {_fmt(ref)}, "
+                         f"{_fmt(ratio)} of the tolerance")
+        if self.exception:
+            lines.append(f"  {self.exception}")
+        if self.reproduce:
+            lines.append(f"  reproduce: {self.reproduce}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        from kernellab.notebook.check_display import check_report_html
+
+        return check_report_html(self)
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return mimebundle(self, include, exclude)
+
+    def to_json(self) -> dict:
+        """{"kind": "check", "version": 1, "title", "passed", "trials", "max_abs_error", "max_rel_error",
+        "mismatches", "worst" (index lists), "worst_values" ([index, yours, reference, error/tolerance]),
+        "rtol", "atol",
+        "precision", "tolerance", "message", "seed", "failing_trial", "failing_seed", "reproduce",
+        "output_index", "output_count", "shape", "dtype", "reference_precision", "reference_own_error",
+        "mutated_inputs", "output_arguments", "exception", "error_map" (rows of error/tolerance, pooled)}.
+        Non-finite numbers are the strings "inf", "-inf" and "nan"."""
+        return {
+            "kind": "check", "version": 1,
+            "title": f"check {'passed' if self.passed else 'failed'}",
+            "passed": self.passed, "trials": self.trials,
+            "max_abs_error": _json_num(self.max_abs_error), "max_rel_error": _json_num(self.max_rel_error),
+            "mismatches": self.mismatches, "worst": [list(i) for i in self.worst],
+            "worst_values": [[list(i), _json_num(y), _json_num(r), _json_num(q)] for i, y, r, q in self.worst_values],
+            "rtol": self.rtol, "atol": _json_num(self.atol), "precision": self.precision,
+            "tolerance": self.tolerance, "message": self.message, "seed": self.seed,
+            "failing_trial": self.failing_trial, "failing_seed": self.failing_seed, "reproduce": self.reproduce,
+            "output_index": self.output_index, "output_count": self.output_count,
+            "shape": list(self.shape) if self.shape is not None else None, "dtype": self.dtype,
+            "reference_precision": self.reference_precision,
+            "reference_own_error": _json_num(self.reference_own_error),
+            "mutated_inputs": list(self.mutated_inputs), "output_arguments": list(self.output_arguments),
+            "exception": self.exception,
+            "error_map": None if self.error_map is None else
+            [[_json_num(v) for v in row] for row in np.asarray(self.error_map).tolist()],
+        }
+
+
+def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials: int = 5,
+          atol: float | None = None, rtol: float | None = None, seed: int = 0,
+          precision: str | None = None, outputs: tuple[int, ...] | None = None,
+          generator_device: str = "cpu") -> CheckReport:
+    """Compare `candidate(*args)` with `reference(*args)` on `trials` fresh argument sets from `inputs(generator)`.
+
+    `precision` picks the default tolerances ("float64", "float32", "tf32", "bfloat16", "float16"; default:
+    the output's dtype; say "tf32" for fp32 outputs computed on TF32 tensor cores). `outputs` names the
+    arguments the candidate writes its results into (default: found from the tensors it returns; `()` turns
+    the NaN fill off). `generator_device` is where the generator handed to `inputs` lives ("cuda" to draw
+    GPU tensors directly; the default "cpu" gives the same numbers on every machine).
+    """
+    _validate(candidate, reference, inputs, trials, atol, rtol, precision, outputs)
+    import torch
+
+    state = _CheckState(candidate, reference, inputs, atol, rtol, precision, outputs, seed, generator_device)
+    for trial in range(trials):
+        failure = state.run_trial(trial)
+        if failure is not None:
+            return failure
+    return state.passed_report(trials)
+
+
+# --- the trial loop -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Compared:
+    """One output of one trial, compared."""
+
+    index: int
+    max_abs: float
+    max_rel: float
+    max_ratio: float        # largest error / tolerance (> 1 is out of tolerance)
+    mismatches: int
+    atol: float
+    rtol: float
+    precision: str
+    tolerance: str
+    worst: tuple
+    worst_values: tuple
+    error_map: Any
+    shape: tuple
+    dtype: str
+    ref_own_error: float | None
+
+
+class _CheckState:
+    """What carries from trial to trial: the reference's precision, the output arguments, the worst so far."""
+
+    def __init__(self, candidate, reference, inputs, atol, rtol, precision, outputs, seed, generator_device):
+        self.candidate, self.reference, self.inputs = candidate, reference, inputs
+        self.atol, self.rtol, self.precision = atol, rtol, precision
+        self.outputs = None if outputs is None else tuple(outputs)
+        self.seed, self.generator_device = seed, generator_device
+        self.upcast_reference = True       # becomes False if the reference refuses float64 arguments
+        self.reference_precision = None
+        self.max_abs, self.max_rel = 0.0, 0.0
+        self.shown: _Compared | None = None  # the output with the largest error/tolerance so far
+        self.output_count = 0
+
+    # one trial ------------------------------------------------------------------------------------------------
+    def run_trial(self, trial: int) -> CheckReport | None:
+        """Run one trial; a report when it fails, None when it passes."""
+        import torch
+
+        seed = self.seed + trial
+        gen = torch.Generator(device=self.generator_device).manual_seed(seed)
+        try:
+            args = self.inputs(gen)
+        except Exception as exc:
+            return self._raised("inputs(generator)", exc, trial)
+        if isinstance(args, torch.Tensor):
+            args = (args,)
+        if not isinstance(args, (tuple, list)):
+            raise CheckError(f"inputs(generator) returned a {type(args).__name__}; expected a tuple of arguments "
+                             f"for candidate(*args), e.g. `lambda g: (torch.randn(1000, generator=g),)`")
+        args = tuple(args)
+        if self.outputs is not None:
+            bad = [i for i in self.outputs if not (-len(args) <= i < len(args))
+                   or not isinstance(args[i], torch.Tensor)]
+            if bad:
+                raise CheckError(f"outputs={self.outputs} names argument(s) {bad}, but inputs(generator) returned "
+                                 f"{len(args)} arguments and those are not tensors; name tensor arguments only")
+            self.outputs = tuple(i % len(args) for i in self.outputs)
+
+        # The reference: in the inputs' dtypes (the contract), and in float64 (the values) where it allows.
+        try:
+            ref_native = self._call_reference(args)
+        except _OutputTypeError as exc:
+            return self._failed(str(exc), trial)
+        except Exception as exc:
+            return self._raised("the reference", exc, trial)
+        ref_values = ref_native
+        if self.upcast_reference and _has_low_precision_float(args):
+            try:
+                ref_values = self._call_reference(args, upcast=True)
+            except Exception:
+                self.upcast_reference = False   # e.g. it mixes in float32 weights: compare with its own dtypes
+        if self.reference_precision is None:
+            self.reference_precision = _reference_precision(ref_values)
+
+        # The candidate, on its own copy, with its output arguments filled with NaN.
+        if self.outputs is None:
+            discovered = self._discover_outputs(args, ref_native, trial)
+            if isinstance(discovered, CheckReport):
+                return discovered
+            self.outputs = discovered
+        cand_args = _clone(args)
+        for i in self.outputs:
+            _poison_(cand_args[i])
+        try:
+            returned = self.candidate(*cand_args)
+        except Exception as exc:
+            return self._raised("the candidate", exc, trial)
+        if returned is None and self.outputs:
+            returned = tuple(cand_args[i] for i in self.outputs)
+        try:
+            cand = _as_outputs(returned, "candidate")
+        except _OutputTypeError as exc:
+            return self._failed(str(exc), trial)
+        if cand is None:
+            return self._failed("the candidate returned None: return the output tensor(s), or name the arguments "
+                                "it writes with outputs=(i, ...)", trial)
+        if ref_native is None:
+            return self._failed("the reference returned None: return the expected tensor(s)", trial)
+
+        # The contract: count, shape, dtype.
+        self.output_count = len(ref_native)
+        if len(cand) != len(ref_native):
+            return self._failed(f"the candidate returned {_count(len(cand))} but the reference returned "
+                                f"{_count(len(ref_native))}", trial)
+        for j, (c, r) in enumerate(zip(cand, ref_native)):
+            if tuple(c.shape) != tuple(r.shape):
+                return self._failed(f"output {j}: the candidate's shape is {tuple(c.shape)} but the reference's "
+                                    f"is {tuple(r.shape)}", trial)
+            if c.dtype != r.dtype:
+                return self._failed(f"output {j}: the candidate's dtype is {_dtype(c.dtype)} but the reference's "
+                                    f"is {_dtype(r.dtype)}", trial)
+
+        # Inputs the candidate changed without returning them.
+        mutated = _mutations(args, cand_args, set(self.outputs) | _aliased(cand, cand_args))
+        if mutated:
+            names = tuple(m[0] for m in mutated)
+            detail = "; ".join(f"{name} at {n:,} element{'s' if n != 1 else ''}, first at {_index(idx)}"
+                               for name, n, idx in mutated)
+            return self._failed(f"the candidate changed its inputs without returning them: {detail}", trial,
+                                mutated=names)
+
+        # The values.
+        for j, (c, r_nat, r_val) in enumerate(zip(cand, ref_native, ref_values)):
+            comp = _compare(j, c, r_val, r_nat, self.atol, self.rtol, self.precision)
+            self.max_abs = max(self.max_abs, comp.max_abs)
+            self.max_rel = max(self.max_rel, comp.max_rel)
+            if self.shown is None or comp.max_ratio > self.shown.max_ratio:
+                self.shown = comp
+            if comp.mismatches:
+                self.shown = comp
+                return self._mismatch_report(comp, trial)
+        return None
+
+    def _call_reference(self, args, upcast: bool = False):
+        """The reference's outputs on a copy of `args`; its output arguments where it returns None."""
+        ref_args = _clone(args, upcast=upcast)
+        out = _as_outputs(self.reference(*ref_args), "reference")
+        if out is None and self.outputs:
+            out = tuple(ref_args[i] for i in self.outputs)
+        return out
+
+    def _discover_outputs(self, args, ref_native, trial):
+        """Arguments the candidate returns and whose old contents the reference does not read."""
+        import torch
+
+        probe_args = _clone(args)
+        try:
+            returned = self.candidate(*probe_args)
+        except Exception as exc:
+            return self._raised("the candidate", exc, trial)
+        try:
+            probe = _as_outputs(returned, "candidate")
+        except _OutputTypeError:
+            return ()
+        if probe is None or ref_native is None:
+            return ()
+        found = []
+        for i in sorted(_aliased(probe, probe_args)):
+            if not isinstance(args[i], torch.Tensor) or not _poisonable(args[i]):
+                continue
+            poisoned = _clone(args)
+            _poison_(poisoned[i])
+            try:
+                ref_poisoned = _as_outputs(self.reference(*poisoned), "reference")
+            except Exception:
+                continue                       # the reference cares about its contents: an input too
+            if ref_poisoned is not None and len(ref_poisoned) == len(ref_native) and all(
+                    _identical(a, b) for a, b in zip(ref_poisoned, ref_native)):
+                found.append(i)
+        return tuple(found)
+
+    # reports --------------------------------------------------------------------------------------------------
+    def _base(self, trial: int, passed: bool) -> dict:
+        s = self.shown
+        rtol, atol, prec, tol = self._tolerance_fields()
+        return dict(
+            passed=passed, trials=trial + 1 if not passed else trial, max_abs_error=self.max_abs,
+            max_rel_error=self.max_rel, mismatches=0, worst=s.worst if s else (), rtol=rtol, atol=atol,
+            precision=prec, tolerance=tol, seed=self.seed,
+            failing_trial=None if passed else trial, failing_seed=None if passed else self.seed + trial,
+            output_index=s.index if s else None, output_count=self.output_count,
+            shape=s.shape if s else None, dtype=s.dtype if s else None,
+            reference_precision=self.reference_precision, reference_own_error=s.ref_own_error if s else None,
+            worst_values=s.worst_values if s else (), output_arguments=tuple(self.outputs or ()),
+            generator_device=str(self.generator_device), error_map=s.error_map if s else None)
+
+    def _tolerance_fields(self):
+        if self.shown is not None:
+            s = self.shown
+            return s.rtol, s.atol, s.precision, s.tolerance
+        rtol = self.rtol if self.rtol is not None else float("nan")
+        atol = self.atol if self.atol is not None else float("nan")
+        return rtol, atol, self.precision or "unknown", "not reached"
+
+    def _raised(self, who: str, exc: Exception, trial: int) -> CheckReport:
+        seed = self.seed + trial
+        fields = self._base(trial, passed=False)
+        fields.update(message=f"{who} raised in trial {trial} (seed {seed})",
+                      exception=f"{type(exc).__name__}: {exc}",
+                      traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return CheckReport(**fields)
+
+    def _failed(self, why: str, trial: int, mutated: tuple[str, ...] = ()) -> CheckReport:
+        fields = self._base(trial, passed=False)
+        fields.update(message=f"trial {trial} (seed {self.seed + trial}): {why}", mutated_inputs=mutated)
+        return CheckReport(**fields)
+
+    def _mismatch_report(self, comp: _Compared, trial: int) -> CheckReport:
+        fields = self._base(trial, passed=False)
+        total = math.prod(comp.shape)
+        where = f"output {comp.index} " if self.output_count > 1 else ""
+        hint = ""
+        if comp.precision == "float32" and comp.max_ratio < 100:
+            hint = " (if it computes on TF32 tensor cores, pass precision='tf32')"
+        fields.update(mismatches=comp.mismatches,
+                      message=f"trial {trial} (seed {self.seed + trial}): {comp.mismatches:,} of {total:,} elements "
+                              f"of {where}({comp.dtype}, shape {comp.shape}) out of tolerance{hint}")
+        return CheckReport(**fields)
+
+    def passed_report(self, trials: int) -> CheckReport:
+        fields = self._base(trials, passed=True)
+        s = self.shown
+        outs = f"{_count(self.output_count)}" + (f" ({s.dtype}, shape {s.shape})" if s and self.output_count == 1 else "")
+        fields.update(message=f"{trials} trial{'s' if trials != 1 else ''}, {outs} within tolerance")
+        return CheckReport(**fields)
+
+
+# --- comparing one output -----------------------------------------------------------------------------------
+
+
+def _compare(j, cand, ref_values, ref_native, atol, rtol, precision) -> _Compared:
+    """Compare one candidate output with the reference's values, elementwise, in float64."""
+    import torch
+
+    prec = precision or _precision_of(cand.dtype)
+    d_rtol, d_atol_scale = TOLERANCES["exact" if prec == "exact" else prec]
+    complex_out = cand.is_complex() or ref_values.is_complex()
+    wide = torch.complex128 if complex_out else torch.float64
+    r = ref_values.detach().to(wide)
+    c = cand.detach().to(device=r.device, dtype=wide)
+
+    r_abs = r.abs()
+    finite_ref = torch.isfinite(r)
+    rms = float(r_abs[finite_ref].pow(2).mean().sqrt()) if bool(finite_ref.any()) else 0.0
+    use_rtol = d_rtol if rtol is None else float(rtol)
+    if atol is not None:
+        use_atol = float(atol)
+        label = "explicit" if rtol is not None else f"{prec} rtol, explicit atol"
+        rule = f"|yours - ref| <= atol + rtol*|ref| with rtol={use_rtol:.3g}, atol={use_atol:.3g}"
+    else:
+        tiny = float(torch.finfo(_finfo_dtype(prec)).tiny) if prec != "exact" else 0.0
+        use_atol = d_atol_scale * rms if rms > 0 else tiny
+        label = prec if rtol is None else f"explicit rtol, {prec} atol"
+        rule = (f"|yours - ref| <= atol + rtol*|ref| with rtol={use_rtol:.3g}, "
+                f"atol={d_atol_scale:.3g} x rms(ref) = {use_atol:.3g}")
+    if rtol is None and atol is None:
+        rule = f"{prec} defaults: " + rule
+
+    diff = (c - r).abs()
+    allowed = use_atol + use_rtol * r_abs
+    finite_cand = torch.isfinite(c)
+    both_nan = torch.isnan(r) & torch.isnan(c)
+    # A finite reference: within tolerance and finite. A non-finite one: the same Inf, or NaN for NaN.
+    ok = torch.where(finite_ref, (diff <= allowed) & finite_cand, (c == r) | both_nan)
+    err = torch.where(finite_ref & finite_cand, diff, torch.where(ok, 0.0, math.inf))
+    ratio = err / allowed.clamp_min(1e-300)   # <= 1 within tolerance; 0/inf (Inf reference) gives 0
+    ratio = torch.where(ok, ratio.nan_to_num(nan=0.0, posinf=math.inf), ratio.nan_to_num(nan=math.inf, posinf=math.inf))
+    nonzero_ref = finite_ref & (r_abs > 0)
+    rel = torch.where(nonzero_ref, err / r_abs.clamp_min(1e-300), 0.0)
+
+    mismatches = int((~ok).sum())
+    max_abs = float(err.max()) if err.numel() else 0.0
+    max_rel = float(rel.max()) if rel.numel() else 0.0
+    max_ratio = float(ratio.max()) if ratio.numel() else 0.0
+
+    worst, worst_values = _worst(ratio, c, r)
+    own = None
+    if ref_native is not ref_values and not complex_out:
+        own_diff = (ref_native.detach().to(device=r.device, dtype=wide) - r).abs()
+        own = float(own_diff[finite_ref].max()) if bool(finite_ref.any()) else 0.0
+    return _Compared(index=j, max_abs=max_abs, max_rel=max_rel, max_ratio=max_ratio, mismatches=mismatches,
+                     atol=use_atol, rtol=use_rtol, precision=label, tolerance=rule, worst=worst,
+                     worst_values=worst_values, error_map=_error_map(ratio), shape=tuple(cand.shape),
+                     dtype=_dtype(cand.dtype), ref_own_error=own)
+
+
+def _worst(ratio, c, r):
+    """Indices (largest error/tolerance first) and (index, yours, reference, error/tolerance) of the worst elements."""
+    import torch
+
+    n = ratio.numel()
+    if n == 0:
+        return (), ()
+    k = min(_WORST_COUNT, n)
+    flat = ratio.reshape(-1)
+    top = torch.topk(flat, k).indices.cpu().numpy()
+    shape = tuple(ratio.shape)
+    idxs = [tuple(int(v) for v in np.unravel_index(int(t), shape)) if shape else () for t in top]
+    cf, rf = c.reshape(-1), r.reshape(-1)
+    values = tuple((idx, _scalar(cf[int(t)]), _scalar(rf[int(t)]), _scalar(flat[int(t)])) for idx, t in zip(idxs, top))
+    return tuple(idxs), values
+
+
+def _error_map(ratio):
+    """error/tolerance as a 2-D NumPy array, max-pooled to at most _MAP_SHAPE (higher ranks: flattened rows)."""
+    import torch
+
+    if ratio.numel() == 0:
+        return np.zeros((0, 0))
+    if ratio.dim() == 0:
+        grid = ratio.reshape(1, 1)
+    elif ratio.dim() == 1:
+        grid = ratio.reshape(1, -1)
+    else:
+        grid = ratio.reshape(-1, ratio.shape[-1])
+    rows, cols = grid.shape
+    out = (min(rows, _MAP_SHAPE[0]), min(cols, _MAP_SHAPE[1]))
+    if out != (rows, cols):
+        finite = torch.nan_to_num(grid, posinf=1e300)  # adaptive_max_pool2d keeps the worst cell of each block
+        grid = torch.nn.functional.adaptive_max_pool2d(finite[None, None], out)[0, 0]
+        grid = torch.where(grid >= 1e300, math.inf, grid)
+    return grid.detach().cpu().numpy().astype(np.float64)
+
+
+# --- argument helpers -----------------------------------------------------------------------------------------
+
+
+class _OutputTypeError(Exception):
+    """A callable returned something that is not a tensor (or a tuple of tensors)."""
+
+
+def _as_outputs(value, who: str):
+    """A tuple of tensors from a tensor, a tuple/list of tensors, NumPy arrays or scalars; None for None."""
+    import torch
+
+    if value is None:
+        return None
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    out = []
+    for k, v in enumerate(items):
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, np.ndarray):
+            out.append(torch.from_numpy(v))
+        elif isinstance(v, (bool, int, float, complex, np.generic)):
+            out.append(torch.tensor(v))
+        else:
+            raise _OutputTypeError(f"the {who} returned a {type(v).__name__} as output {k}; expected tensors")
+    return tuple(out)
+
+
+def _clone(args, upcast: bool = False):
+    """A deep copy of the arguments' tensors (floating ones in float64 when `upcast`), other values as they are."""
+    import torch
+
+    def one(v):
+        if isinstance(v, torch.Tensor):
+            t = v.detach().clone()
+            if upcast and t.is_floating_point() and t.dtype != torch.float64:
+                t = t.to(torch.float64)
+            elif upcast and t.is_complex() and t.dtype != torch.complex128:
+                t = t.to(torch.complex128)
+            return t
+        if isinstance(v, (list, tuple)):
+            return type(v)(one(x) for x in v)
+        if isinstance(v, dict):
+            return {k: one(x) for k, x in v.items()}
+        return v
+
+    return tuple(one(v) for v in args)
+
+
+def _has_low_precision_float(args) -> bool:
+    import torch
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            return (v.is_floating_point() and v.dtype != torch.float64) or (v.is_complex() and v.dtype != torch.complex128)
+        if isinstance(v, (list, tuple)):
+            return any(walk(x) for x in v)
+        if isinstance(v, dict):
+            return any(walk(x) for x in v.values())
+        return False
+
+    return any(walk(v) for v in args)
+
+
+def _reference_precision(outputs) -> str | None:
+    if not outputs:
+        return None
+    for t in outputs:
+        if t.is_floating_point() or t.is_complex():
+            return _dtype(t.dtype)
+    return _dtype(outputs[0].dtype)
+
+
+def _poisonable(t) -> bool:
+    import torch
+
+    return t.dtype != torch.bool and t.numel() > 0
+
+
+def _poison_(t) -> None:
+    """Fill an output argument with a value no correct kernel leaves there: NaN, or the integer maximum."""
+    import torch
+
+    if not _poisonable(t):
+        return
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(math.nan)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
+
+
+def _identical(a, b) -> bool:
+    """Same shape, dtype and elements, NaN equal to NaN."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.device != b.device:
+        b = b.to(a.device)
+    same = a == b
+    if a.is_floating_point() or a.is_complex():
+        same = same | (torch.isnan(a) & torch.isnan(b))
+    return bool(same.all())
+
+
+def _storage_ptr(t) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _aliased(outputs, args) -> set[int]:
+    """Indices of top-level tensor arguments whose memory a returned tensor shares."""
+    import torch
+
+    ptrs = {_storage_ptr(o) for o in outputs if o.numel() > 0}
+    return {i for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor) and a.numel() > 0 and _storage_ptr(a) in ptrs}
+
+
+def _mutations(before, after, skip: set[int]):
+    """(name, changed elements, first changed index) for each tensor argument that differs."""
+    import torch
+
+    found = []
+
+    def walk(name, b, a):
+        if isinstance(b, torch.Tensor):
+            if not isinstance(a, torch.Tensor) or a.shape != b.shape:
+                found.append((name, b.numel(), ()))
+                return
+            a2 = a.detach().to(b.device)
+            same = (a2 == b)
+            if b.is_floating_point() or b.is_complex():
+                same = same | (torch.isnan(a2) & torch.isnan(b))
+            changed = ~same
+            n = int(changed.sum())
+            if n:
+                first = torch.nonzero(changed)[0].tolist() if changed.dim() else []
+                found.append((name, n, tuple(int(v) for v in first)))
+        elif isinstance(b, (list, tuple)) and isinstance(a, (list, tuple)):
+            for k, (bb, aa) in enumerate(zip(b, a)):
+                walk(f"{name}[{k}]", bb, aa)
+        elif isinstance(b, dict) and isinstance(a, dict):
+            for k in b:
+                walk(f"{name}[{k!r}]", b[k], a.get(k))
+
+    for i, (b, a) in enumerate(zip(before, after)):
+        if i not in skip:
+            walk(f"argument {i}", b, a)
+    return found
+
+
+# --- small formatting and validation helpers ----------------------------------------------------------------
+
+
+def _validate(candidate, reference, inputs, trials, atol, rtol, precision, outputs) -> None:
+    for name, f in (("candidate", candidate), ("reference", reference), ("inputs", inputs)):
+        if not callable(f):
+            raise CheckError(f"{name} must be callable, got {type(f).__name__}; "
+                             f"e.g. check(my_add, torch.add, lambda g: (torch.randn(1000, generator=g),) * 2)")
+    if not isinstance(trials, int) or trials < 1:
+        raise CheckError(f"trials must be a positive integer, got {trials!r}")
+    for name, v in (("atol", atol), ("rtol", rtol)):
+        if v is not None and not (isinstance(v, (int, float)) and v >= 0):
+            raise CheckError(f"{name} must be a non-negative number or None (for the default), got {v!r}")
+    if precision is not None and precision not in TOLERANCES:
+        raise CheckError(f"precision={precision!r} has no default tolerances; expected one of "
+                         f"{', '.join(TOLERANCES)}")
+    if outputs is not None and not (isinstance(outputs, (tuple, list)) and all(isinstance(i, int) for i in outputs)):
+        raise CheckError(f"outputs must be a tuple of argument indices, e.g. outputs=(2,), got {outputs!r}")
+
+
+def _precision_of(dtype) -> str:
+    import torch
+
+    if dtype in (torch.float64, torch.complex128):
+        return "float64"
+    if dtype in (torch.float32, torch.complex64):
+        return "float32"
+    if dtype == torch.bfloat16:
+        return "bfloat16"
+    if dtype in (torch.float16, torch.complex32):
+        return "float16"
+    if dtype.is_floating_point:        # float8 and friends: as loose as the coarsest row we have
+        return "bfloat16"
+    return "exact"
+
+
+def _finfo_dtype(precision: str):
+    import torch
+
+    return {"float64": torch.float64, "float32": torch.float32, "tf32": torch.float32,
+            "bfloat16": torch.bfloat16, "float16": torch.float16}[precision]
+
+
+def _dtype(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _scalar(t) -> float:
+    v = t.item()
+    return float(v.real) if isinstance(v, complex) else float(v)
+
+
+def _count(n: int) -> str:
+    return f"{n} output{'s' if n != 1 else ''}"
+
+
+def _arg_list(idx) -> str:
+    return ", ".join(f"argument {i}" for i in idx)
+
+
+def _index(idx) -> str:
+    return "(" + ", ".join(str(i) for i in idx) + ("," if len(idx) == 1 else "") + ")"
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return str(v)
+    return f"{v:.4g}"
+
+
+def _json_num(v):
+    if v is None:
+        return None
+    v = float(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
