@@ -1,0 +1,640 @@
+"""Time GPU work honestly: `bench(fn, inputs)` for one function and its baselines, `sweep` over sizes or configs.
+
+The method, and the way of lying each step prevents:
+- CUDA events around every call, read after one synchronize: GPU time, not Python time.
+- The L2 cache is flushed before every repetition by writing a buffer twice its size (the size comes from the
+  device), so no call finds the previous call's data still in L2.
+- The GPU is kept behind the CPU: a GPU-side spin (`torch.cuda._sleep`) is queued before each batch of
+  repetitions, long enough for the CPU to queue the whole batch, so no event waits on a Python launch and launch
+  overhead stays out of the numbers.
+- Warm-up by time (`warmup_ms`), after a first call that may compile or autotune.
+- Repetitions by time (`rep_ms`), in rounds that alternate between `fn` and its baselines, so clock and thermal
+  drift hit them alike; each speed-up is the median of the per-round ratios, with their range as the spread.
+- Where one input set fits in L2, several sets are made and used in turn, so that even without a flush
+  (`flush_l2=False`, or between the calls inside one CUDA-graph replay) data comes from DRAM.
+- Median and quantiles, not the mean: one preempted repetition does not move the answer.
+- Optional CUDA-graph replay (`cuda_graph=True`) for kernels of a few microseconds, whose launch costs more than
+  they do: many calls are captured into one graph and each replay's time is divided among them.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from kernellab.errors import KernellabError, NoGPUError
+from kernellab.report import mimebundle
+_MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
+_SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
+
+
+class BenchError(KernellabError, ValueError):
+    """`bench` cannot time this: the function, its inputs or the options are not something it can measure."""
+
+
+# --- results ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """How many times faster the benchmarked function is than one baseline (> 1: faster)."""
+
+    baseline: str
+    ratio: float            # median over rounds of baseline-round-median / fn-round-median
+    low: float              # the smallest per-round ratio
+    high: float             # the largest per-round ratio
+    rounds: int
+
+    def __str__(self) -> str:
+        return f"{self.ratio:.3g}x vs {self.baseline} ({self.low:.3g}-{self.high:.3g} over {self.rounds} rounds)"
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """GPU time of one function (median and quantiles over its repetitions), with its baselines and rates."""
+
+    name: str
+    median_ms: float
+    min_ms: float
+    mean_ms: float
+    quantiles_ms: tuple[tuple[float, float], ...]   # (q, ms) for each quantile asked for
+    reps: int
+    rounds: int
+    device: str
+    method: str                                     # one line: how these numbers were taken
+    flops: float | None = None                      # per call, as declared
+    bytes_moved: float | None = None                # per call: declared, or measured (see bytes_source)
+    bytes_source: str = "declared"                  # "declared", or the measurement, e.g. "ncu dram__bytes.sum"
+    l2_flush_bytes: int = 0                         # 0: no flush
+    input_sets: int = 1                             # argument sets used in turn
+    cuda_graph: bool = False
+    calls_per_replay: int = 1
+    baselines: tuple[BenchResult, ...] = ()
+    speedups: tuple[Speedup, ...] = ()
+    times_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)   # every repetition, in order
+    round_medians_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)
+
+    # rates ------------------------------------------------------------------------------------------------
+    @property
+    def tflops(self) -> float | None:
+        """Achieved TFLOP/s at the median time (None without `flops`)."""
+        return None if self.flops is None else self.flops / (self.median_ms * 1e-3) / 1e12
+
+    @property
+    def gbps(self) -> float | None:
+        """Achieved GB/s at the median time (None without `bytes`)."""
+        return None if self.bytes_moved is None else self.bytes_moved / (self.median_ms * 1e-3) / 1e9
+
+    @property
+    def intensity(self) -> float | None:
+        """Arithmetic intensity, FLOP per byte (None without both `flops` and `bytes`)."""
+        if self.flops is None or not self.bytes_moved:
+            return None
+        return self.flops / self.bytes_moved
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median: the run-to-run noise of one repetition."""
+        return (self.quantile(0.75) - self.quantile(0.25)) / self.median_ms if self.median_ms else 0.0
+
+    def quantile(self, q: float) -> float:
+        """Any quantile of the repetition times, in ms."""
+        for qq, v in self.quantiles_ms:
+            if qq == q:
+                return v
+        if not self.times_ms:
+            raise BenchError(f"quantile {q} was not kept and the repetition times were dropped")
+        return float(np.quantile(np.asarray(self.times_ms), q))
+
+    def speedup(self, baseline: str) -> Speedup:
+        """The speed-up against the baseline of that name."""
+        for s in self.speedups:
+            if s.baseline == baseline:
+                return s
+        raise KeyError(f"no baseline {baseline!r}; this result has {[s.baseline for s in self.speedups]}")
+
+    def with_bytes(self, bytes_moved: float, source: str) -> BenchResult:
+        """A copy whose bytes (and so intensity and GB/s) come from a measurement, e.g. ncu's DRAM bytes."""
+        return replace(self, bytes_moved=float(bytes_moved), bytes_source=source)
+
+    # display ----------------------------------------------------------------------------------------------
+    def _rates(self) -> str:
+        parts = []
+        if self.tflops is not None:
+            parts.append(f"{self.tflops:.4g} TFLOP/s")
+        if self.gbps is not None:
+            parts.append(f"{self.gbps:.4g} GB/s" + ("" if self.bytes_source == "declared" else f" ({self.bytes_source})"))
+        return ", ".join(parts)
+
+    def summary(self) -> str:
+        """One line: name, median, interquartile range, rates."""
+        line = (f"{self.name}: {_ms(self.median_ms)} median ({_ms(self.quantile(0.25))}-{_ms(self.quantile(0.75))} "
+                f"interquartile, {self.reps} reps)")
+        rates = self._rates()
+        return line + (f", {rates}" if rates else "")
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        for b in self.baselines:
+            lines.append("  baseline " + b.summary())
+        for s in self.speedups:
+            lines.append(f"  speed-up {s}")
+        lines.append(f"  {self.device}: {self.method}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        from kernellab.notebook.bench_plots import bench_result_html
+
+        return bench_result_html(self)
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return mimebundle(self, include, exclude)
+
+    def to_json(self) -> dict:
+        """{"kind": "bench", "version": 1, "title", "name", "device", "method", "median_ms", "min_ms", "mean_ms",
+        "quantiles_ms" ({q: ms}), "reps", "rounds", "flops", "bytes", "bytes_source", "tflops", "gbps",
+        "intensity", "l2_flush_bytes", "input_sets", "cuda_graph", "calls_per_replay",
+        "baselines" (the same, without "kind"), "speedups" ([{baseline, ratio, low, high, rounds}])}."""
+        return {"kind": "bench", "version": 1, "title": f"bench {self.name}", **self._fields_json()}
+
+    def _fields_json(self) -> dict:
+        return {
+            "name": self.name, "device": self.device, "method": self.method,
+            "median_ms": self.median_ms, "min_ms": self.min_ms, "mean_ms": self.mean_ms,
+            "quantiles_ms": {str(q): v for q, v in self.quantiles_ms}, "reps": self.reps, "rounds": self.rounds,
+            "flops": self.flops, "bytes": self.bytes_moved, "bytes_source": self.bytes_source,
+            "tflops": self.tflops, "gbps": self.gbps, "intensity": self.intensity,
+            "l2_flush_bytes": self.l2_flush_bytes, "input_sets": self.input_sets, "cuda_graph": self.cuda_graph,
+            "calls_per_replay": self.calls_per_replay,
+            "baselines": [b._fields_json() for b in self.baselines],
+            "speedups": [{"baseline": s.baseline, "ratio": s.ratio, "low": s.low, "high": s.high,
+                          "rounds": s.rounds} for s in self.speedups],
+        }
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """`bench` over a list of sizes or configurations: a table; its notebook view adds a plot like `perf_report`
+    (`kernellab.notebook.bench_plots.sweep_plot` draws it on your own axes)."""
+
+    x_name: str
+    xs: tuple
+    results: tuple[BenchResult, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The function's name, then each baseline's."""
+        first = self.results[0] if self.results else None
+        return () if first is None else (first.name, *(b.name for b in first.baselines))
+
+    def series(self, name: str, metric: str = "ms") -> list[float | None]:
+        """One line of the plot: `metric` ("ms", "tflops", "gbps") of function `name` at each x."""
+        if metric not in ("ms", "tflops", "gbps"):
+            raise BenchError(f"metric must be 'ms', 'tflops' or 'gbps', got {metric!r}")
+        out = []
+        for r in self.results:
+            one = r if r.name == name else next((b for b in r.baselines if b.name == name), None)
+            if one is None:
+                raise KeyError(f"no function {name!r}; this sweep has {list(self.names)}")
+            out.append({"ms": one.median_ms, "tflops": one.tflops, "gbps": one.gbps}[metric])
+        return out
+
+    def table(self) -> list[dict]:
+        """One row per x: median ms of every function, speed-ups, and rates where flops/bytes were given."""
+        rows = []
+        for x, r in zip(self.xs, self.results):
+            row = {self.x_name: x, f"{r.name} ms": r.median_ms}
+            for b in r.baselines:
+                row[f"{b.name} ms"] = b.median_ms
+            for s in r.speedups:
+                row[f"vs {s.baseline}"] = s.ratio
+            if r.tflops is not None:
+                row[f"{r.name} TFLOP/s"] = r.tflops
+            if r.gbps is not None:
+                row[f"{r.name} GB/s"] = r.gbps
+            rows.append(row)
+        return rows
+
+    def __str__(self) -> str:
+        rows = self.table()
+        if not rows:
+            return "sweep: no points"
+        cols = list(rows[0])
+        cells = [[_cell(row.get(c)) for c in cols] for row in rows]
+        widths = [max(len(c), *(len(r[k]) for r in cells)) for k, c in enumerate(cols)]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+        lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+        lines.append(f"{self.results[0].device}: {self.results[0].method}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        from kernellab.notebook.bench_plots import sweep_html
+
+        return sweep_html(self)
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return mimebundle(self, include, exclude)
+
+    def to_json(self) -> dict:
+        """{"kind": "bench", "version": 1, "title", "sweep": {"x_name", "xs" (as strings where not numbers),
+        "points" ([one BenchResult's fields per x])}}."""
+        xs = [x if isinstance(x, (int, float)) else str(x) for x in self.xs]
+        return {"kind": "bench", "version": 1, "title": f"sweep over {self.x_name}",
+                "sweep": {"x_name": self.x_name, "xs": xs, "points": [r._fields_json() for r in self.results]}}
+
+
+# --- the clock ----------------------------------------------------------------------------------------------
+
+
+class Clock(Protocol):
+    """What `bench` needs from a timer: the CUDA one below, or a fake one in tests."""
+
+    device: str
+    l2_bytes: int            # the L2 size; input rotation and the flush are sized by it
+    flush_bytes: int         # bytes written before each repetition (0: no flush)
+
+    def check_measurable(self, name: str, returned: Any, args: tuple) -> None: ...
+
+    def time_calls(self, calls: Sequence[Callable[[], Any]]) -> list[float]: ...
+
+    def graph(self, calls: Sequence[Callable[[], Any]]) -> Callable[[], Any]: ...
+
+    def describe(self) -> str: ...
+
+
+class CudaClock:
+    """CUDA-event timing on one device, with an L2 flush before each call and the CPU kept ahead of the GPU."""
+
+    def __init__(self, device=None, flush_l2: bool = True):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise NoGPUError("bench times GPU work with CUDA events, and torch sees no CUDA GPU here; "
+                             "run it on a machine with one (kernellab.check works on the CPU)")
+        self.torch = torch
+        self.dev = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index or 0)
+        props = torch.cuda.get_device_properties(self.dev)
+        self.device = props.name
+        self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0) or 64 * 2**20
+        self.flush_bytes = 2 * self.l2_bytes if flush_l2 else 0
+        self._flush_buffer = (torch.empty(self.flush_bytes, dtype=torch.int8, device=self.dev)
+                              if self.flush_bytes else None)
+        self._cpu_ms_per_call = 0.05          # refined by every batch: how long the CPU takes to queue one call
+        self._cycles_per_ms = self._calibrate_sleep()
+
+    def _calibrate_sleep(self) -> float | None:
+        """Clock cycles per millisecond of `torch.cuda._sleep`, or None where it is missing."""
+        torch = self.torch
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is None:
+            return None
+        with torch.cuda.device(self.dev):
+            sleep(1000)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            cycles = 2_000_000
+            start.record()
+            sleep(cycles)
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        return cycles / ms if ms > 0 else None
+
+    def check_measurable(self, name: str, returned: Any, args: tuple) -> None:
+        check_measurable(name, returned, args)
+
+    def time_calls(self, calls: Sequence[Callable[[], Any]]) -> list[float]:
+        """GPU milliseconds of each call, flushing L2 before each; batches queued behind a GPU spin."""
+        torch = self.torch
+        times: list[float] = []
+        with torch.cuda.device(self.dev):
+            i = 0
+            while i < len(calls):
+                batch = max(1, int(_SLEEP_CAP_MS / 2 / max(self._cpu_ms_per_call, 1e-3)))
+                chunk = calls[i:i + batch]
+                starts = [torch.cuda.Event(enable_timing=True) for _ in chunk]
+                ends = [torch.cuda.Event(enable_timing=True) for _ in chunk]
+                if self._cycles_per_ms:
+                    ahead_ms = min(_SLEEP_CAP_MS, 2 * self._cpu_ms_per_call * len(chunk))
+                    torch.cuda._sleep(int(ahead_ms * self._cycles_per_ms))
+                t0 = time.perf_counter()
+                for call, s, e in zip(chunk, starts, ends):
+                    if self._flush_buffer is not None:
+                        self._flush_buffer.zero_()
+                    s.record()
+                    call()
+                    e.record()
+                queued_ms = (time.perf_counter() - t0) * 1e3
+                ends[-1].synchronize()
+                # A call that waits for the GPU also waits out the spin: count only the time beyond it.
+                if self._cycles_per_ms and queued_ms >= ahead_ms:
+                    queued_ms -= ahead_ms
+                self._cpu_ms_per_call = max(queued_ms / len(chunk), 1e-3)
+                times.extend(s.elapsed_time(e) for s, e in zip(starts, ends))
+                i += len(chunk)
+        return times
+
+    def graph(self, calls: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
+        """A zero-argument replay of one CUDA graph holding `calls` in order."""
+        torch = self.torch
+        with torch.cuda.device(self.dev):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):          # warm on a side stream, as capture requires
+                for call in calls[:3]:
+                    call()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for call in calls:
+                    call()
+            torch.cuda.synchronize(self.dev)
+        return g.replay
+
+    def describe(self) -> str:
+        flush = (f"L2 ({_mib(self.l2_bytes)}) flushed by writing {_mib(self.flush_bytes)} before each repetition"
+                 if self.flush_bytes else "no L2 flush (warm cache)")
+        ahead = "the GPU kept behind the CPU by a queued spin" if self._cycles_per_ms else "no GPU spin (torch.cuda._sleep missing)"
+        return f"CUDA events, {flush}, {ahead}"
+
+
+def check_measurable(name: str, returned: Any, args: tuple) -> None:
+    """Refuse a function whose first call shows no GPU work to time."""
+    import torch
+
+    def on_cuda(v) -> bool:
+        if isinstance(v, torch.Tensor):
+            return v.is_cuda
+        if hasattr(v, "__cuda_array_interface__"):
+            return True
+        if isinstance(v, (list, tuple)):
+            return any(on_cuda(x) for x in v)
+        return False
+
+    def on_cpu(v) -> bool:
+        if isinstance(v, torch.Tensor):
+            return not v.is_cuda
+        if isinstance(v, np.ndarray):
+            return True
+        if isinstance(v, (list, tuple)):
+            return any(on_cpu(x) for x in v)
+        return False
+
+    if on_cpu(returned) or (returned is None and on_cpu(args) and not on_cuda(args)):
+        raise BenchError(f"{name} runs on the CPU (it {'returned' if returned is not None else 'got'} CPU "
+                         f"tensors), and bench times GPU work with CUDA events; make its inputs with "
+                         f"device='cuda' (or .cuda()) and time CPU code with %timeit")
+    if returned is None and not on_cuda(args):
+        raise BenchError(f"{name} returned None and got no CUDA tensors, so there is nothing on the GPU to time; "
+                         f"return the output tensor, or pass the CUDA tensors it writes as inputs")
+    if returned is not None and not on_cuda(returned):
+        raise BenchError(f"{name} returned a {type(returned).__name__}, nothing measurable on the GPU (a Python "
+                         f"number means it already waited for the GPU); return the output tensor(s) instead")
+
+
+# --- bench and sweep ----------------------------------------------------------------------------------------
+
+
+def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = None, flops=None, bytes=None,
+          warmup_ms: float = 25.0, rep_ms: float = 100.0, rounds: int = 10, min_reps: int = 20,
+          max_reps: int = 10_000, quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9),
+          flush_l2: bool = True, rotate: bool = True, cuda_graph: bool = False, seed: int = 0,
+          generator_device: str = "cpu", name: str | None = None, device=None,
+          timer: Clock | None = None) -> BenchResult:
+    """GPU time of `fn(*args)` (and of each `baselines` callable, on the same arguments, in the same run).
+
+    `inputs` is the argument tuple, or `inputs(generator)` returning one (then fresh sets can be made for
+    rotation). `flops` and `bytes` (per call) are numbers or callables of the arguments; with them the result
+    gives TFLOP/s, GB/s and a point on `kernellab.roofline`. `timer` replaces the CUDA clock (tests).
+    """
+    _validate_options(fn, baselines, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles)
+    clock = timer if timer is not None else CudaClock(device, flush_l2=flush_l2)
+    arg_sets = _input_sets(inputs, clock.l2_bytes, rotate, seed, generator_device)
+    work = {"flops": _per_call(flops, "flops", arg_sets[0]), "bytes": _per_call(bytes, "bytes", arg_sets[0])}
+
+    default_name = getattr(fn, "__name__", "fn")
+    funcs = {name or ("fn" if default_name == "<lambda>" else default_name): fn}
+    if funcs.keys() & (baselines or {}).keys():
+        raise BenchError(f"a baseline has the function's own name {next(iter(funcs))!r}; give it another name")
+    funcs.update(baselines or {})
+
+    # First call (compiles, autotunes) and the refusal of what cannot be timed.
+    for fname, f in funcs.items():
+        clock.check_measurable(fname, f(*arg_sets[0]), arg_sets[0])
+
+    # Each function becomes a list of zero-argument calls, one per input set (or one graph replay each).
+    # A graph holds enough calls for about 0.5 ms of work, and every input set at least once.
+    per_call: dict[str, list[Callable[[], Any]]] = {}
+    per_replay = {fname: 1 for fname in funcs}
+    for fname, f in funcs.items():
+        calls = [_bind(f, a) for a in arg_sets]
+        if cuda_graph:
+            est = statistics.median(clock.time_calls(calls[:1] * 5))
+            per_replay[fname] = max(len(calls), _clamp(math.ceil(0.5 / max(est, 1e-4)), 1, 1000))
+            calls = [clock.graph(_cycle(calls, per_replay[fname]))]
+        per_call[fname] = calls
+
+    # Warm-up by time, then the number of repetitions from the warmed-up time.
+    reps: dict[str, int] = {}
+    for fname, calls in per_call.items():
+        est = statistics.median(clock.time_calls(_cycle(calls, 3)))
+        warm = clock.time_calls(_cycle(calls, _clamp(math.ceil(warmup_ms / max(est, 1e-6)), 1, max_reps)))
+        est = statistics.median(warm[len(warm) // 2:])
+        reps[fname] = _clamp(round(rep_ms / max(est, 1e-6)), max(min_reps, rounds), max_reps)
+
+    # Rounds alternate between the functions; each keeps its own rotation position.
+    times = {f: [] for f in funcs}
+    round_medians = {f: [] for f in funcs}
+    for r in range(rounds):
+        for fname, calls in per_call.items():
+            n = reps[fname] // rounds + (1 if r < reps[fname] % rounds else 0)
+            start = len(times[fname])
+            batch = [calls[(start + k) % len(calls)] for k in range(n)]
+            t = [ms / per_replay[fname] for ms in clock.time_calls(batch)]
+            times[fname].extend(t)
+            round_medians[fname].append(statistics.median(t))
+
+    method = (f"{clock.describe()}; warm-up {warmup_ms:g} ms; {rounds} rounds alternating "
+              f"{'the function and its baselines' if len(funcs) > 1 else 'repetitions'}")
+    if len(arg_sets) > 1:
+        method += f"; {len(arg_sets)} input sets in turn"
+    if cuda_graph:
+        method += "; CUDA-graph replays of many calls, each replay's time divided among its calls"
+    results = {f: _result(f, times[f], round_medians[f], rounds, quantiles, clock, method, work,
+                          len(arg_sets), cuda_graph, per_replay[f]) for f in funcs}
+    main_name = next(iter(funcs))
+    main = results.pop(main_name)
+    speedups = tuple(_speedup(b, round_medians[b], round_medians[main_name]) for b in results)
+    return replace(main, baselines=tuple(results.values()), speedups=speedups)
+
+
+def sweep(fn: Callable, xs: Sequence, inputs: Callable, *, baselines: dict[str, Callable] | None = None,
+          flops=None, bytes=None, x_name: str = "x", progress: bool = True, **options) -> SweepResult:
+    """`bench` at each x in `xs`, with `inputs(x, generator)` giving the arguments there.
+
+    For a sweep over configurations, let `inputs` put the configuration among the arguments, e.g.
+    `inputs=lambda block, g: (x, y, out, block)` and `fn=lambda x, y, out, block: ...`.
+    `options` go to `bench` (warmup_ms, rep_ms, flush_l2, cuda_graph, timer, ...).
+    """
+    if not callable(inputs):
+        raise BenchError("sweep needs inputs(x, generator) -> argument tuple, e.g. "
+                         "lambda n, g: (torch.randn(n, generator=g).cuda(),)")
+    xs = tuple(xs)
+    if not xs:
+        raise BenchError("sweep needs at least one x")
+    results = []
+    for x in _progress(xs, progress, x_name):
+        results.append(bench(fn, _inputs_at(inputs, x), baselines=baselines, flops=flops, bytes=bytes, **options))
+    return SweepResult(x_name=x_name, xs=xs, results=tuple(results))
+
+
+# --- helpers --------------------------------------------------------------------------------------------------
+
+
+def _inputs_at(inputs, x):
+    return lambda g: inputs(x, g)
+
+
+def _bind(f, args):
+    return lambda: f(*args)
+
+
+def _cycle(calls, n):
+    return [calls[k % len(calls)] for k in range(n)]
+
+
+def _clamp(v, lo, hi):
+    return max(lo, min(hi, v))
+
+
+def _result(name, times, round_medians, rounds, quantiles, clock, method, work, input_sets, cuda_graph,
+            calls_per_replay) -> BenchResult:
+    arr = np.asarray(times, dtype=np.float64)
+    return BenchResult(
+        name=name, median_ms=float(np.median(arr)), min_ms=float(arr.min()), mean_ms=float(arr.mean()),
+        quantiles_ms=tuple((float(q), float(np.quantile(arr, q))) for q in quantiles), reps=len(times),
+        rounds=rounds, device=clock.device, method=method, flops=work["flops"], bytes_moved=work["bytes"],
+        l2_flush_bytes=clock.flush_bytes, input_sets=input_sets, cuda_graph=cuda_graph,
+        calls_per_replay=calls_per_replay, times_ms=tuple(float(t) for t in times),
+        round_medians_ms=tuple(round_medians))
+
+
+def _speedup(baseline: str, base_rounds: list[float], fn_rounds: list[float]) -> Speedup:
+    ratios = [b / f for b, f in zip(base_rounds, fn_rounds) if f > 0]
+    if not ratios:
+        return Speedup(baseline, math.nan, math.nan, math.nan, 0)
+    return Speedup(baseline, float(statistics.median(ratios)), float(min(ratios)), float(max(ratios)), len(ratios))
+
+
+def _input_sets(inputs, l2_bytes: int, rotate: bool, seed: int, generator_device: str) -> list[tuple]:
+    """The argument sets used in turn: one, or enough that together they are twice the L2 size."""
+    import torch
+
+    def make(k: int) -> tuple:
+        if callable(inputs):
+            args = inputs(torch.Generator(device=generator_device).manual_seed(seed + k))
+        elif k == 0:
+            args = inputs
+        else:
+            args = _clone_tensors(inputs)
+        if isinstance(args, torch.Tensor):
+            args = (args,)
+        if not isinstance(args, (tuple, list)):
+            raise BenchError(f"inputs must be an argument tuple or inputs(generator) returning one; got a "
+                             f"{type(args).__name__}")
+        return tuple(args)
+
+    first = make(0)
+    size = _tensor_bytes(first)
+    if not rotate or size == 0 or size >= l2_bytes:
+        return [first]
+    count = min(_MAX_INPUT_SETS, math.ceil(2 * l2_bytes / size))
+    return [first] + [make(k) for k in range(1, count)]
+
+
+def _tensor_bytes(v) -> int:
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return v.numel() * v.element_size()
+    if isinstance(v, (list, tuple)):
+        return sum(_tensor_bytes(x) for x in v)
+    if isinstance(v, dict):
+        return sum(_tensor_bytes(x) for x in v.values())
+    return 0
+
+
+def _clone_tensors(v):
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_clone_tensors(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _clone_tensors(x) for k, x in v.items()}
+    return v
+
+
+def _per_call(value, what: str, args: tuple) -> float | None:
+    if value is None:
+        return None
+    v = value(*args) if callable(value) else value
+    if not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) or v < 0:
+        raise BenchError(f"{what} must be a non-negative number per call (or a callable of the arguments "
+                         f"giving one), got {v!r}")
+    return float(v)
+
+
+def _validate_options(fn, baselines, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles) -> None:
+    if not callable(fn):
+        raise BenchError(f"fn must be callable, got {type(fn).__name__}")
+    if baselines is not None:
+        if not isinstance(baselines, dict):
+            raise BenchError("baselines must map names to callables, e.g. {'torch': torch.add}")
+        for k, v in baselines.items():
+            if not callable(v):
+                raise BenchError(f"baseline {k!r} must be callable, got {type(v).__name__}")
+    for what, v in (("warmup_ms", warmup_ms), ("rep_ms", rep_ms)):
+        if not isinstance(v, (int, float)) or v < 0:
+            raise BenchError(f"{what} must be a non-negative number of milliseconds, got {v!r}")
+    for what, v in (("rounds", rounds), ("min_reps", min_reps), ("max_reps", max_reps)):
+        if not isinstance(v, int) or v < 1:
+            raise BenchError(f"{what} must be a positive integer, got {v!r}")
+    if max_reps < rounds:
+        raise BenchError(f"max_reps ({max_reps}) must be at least rounds ({rounds}): every round needs a repetition")
+    if any(not (0 <= q <= 1) for q in quantiles):
+        raise BenchError(f"quantiles must lie in [0, 1], got {tuple(quantiles)}")
+
+
+def _progress(xs, enabled: bool, label: str):
+    if not enabled:
+        return xs
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:        # tqdm is optional: no bar
+        return xs
+    return tqdm(xs, desc=f"sweep {label}", leave=False)
+
+
+def _ms(v: float) -> str:
+    if v >= 1:
+        return f"{v:.4g} ms"
+    if v >= 1e-3:
+        return f"{v * 1e3:.4g} us"
+    return f"{v * 1e6:.4g} ns"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

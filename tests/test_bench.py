@@ -1,0 +1,458 @@
+"""bench, sweep and the roofline without a GPU: a fake clock stands in for CUDA events."""
+import dataclasses
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kernellab.analysis import roofline as rl  # noqa: E402
+from kernellab.errors import NoGPUError  # noqa: E402
+from kernellab.notebook.bench_plots import RooflineError, roofline, sweep_plot  # noqa: E402
+from kernellab.report import REPORT_MIME  # noqa: E402
+from kernellab.run import ceilings as ceil_mod  # noqa: E402
+from kernellab.run.bench import BenchError, BenchResult, SweepResult, bench, check_measurable, sweep  # noqa: E402
+
+
+class FakeClock:
+    """Runs each call and reports the time its return value asks for (`ms_of(returned)`)."""
+
+    device = "NVIDIA H200"
+    flush_bytes = 2 * 2**20
+
+    def __init__(self, ms_of, l2_bytes=2**20, noise=0.0, seed=0):
+        self.ms_of, self.l2_bytes, self.noise = ms_of, l2_bytes, noise
+        self.rng = np.random.default_rng(seed)
+        self.batches = []
+        self.graphs = []
+
+    def check_measurable(self, name, returned, args):
+        pass
+
+    def time_calls(self, calls):
+        self.batches.append(len(calls))
+        out = []
+        for call in calls:
+            ms = self.ms_of(call())
+            out.append(ms * (1 + self.noise * self.rng.standard_normal()))
+        return out
+
+    def graph(self, calls):
+        self.graphs.append(len(calls))
+
+        def replay():
+            return [call() for call in calls][-1]
+        return replay
+
+    def describe(self):
+        return "fake clock"
+
+
+def ms_from_tensor(t):
+    """The fake kernel takes t[0] milliseconds."""
+    return float(t.reshape(-1)[0])
+
+
+def const_inputs(ms):
+    return lambda g: (torch.full((4,), float(ms)),)
+
+
+# --- bench ------------------------------------------------------------------------------------------------------
+
+
+def test_median_quantiles_and_rates_from_the_clock():
+    r = bench(lambda x: x.clone(), const_inputs(2.0), flops=4e9, bytes=lambda x: 8e9,
+              timer=FakeClock(ms_from_tensor), name="k")
+    assert r.name == "k" and r.median_ms == 2.0 and r.min_ms == 2.0
+    assert r.quantile(0.25) == 2.0 and r.quantile(0.33) == 2.0
+    assert r.tflops == pytest.approx(2.0)           # 4e9 FLOP in 2 ms
+    assert r.gbps == pytest.approx(4000.0)          # 8e9 bytes in 2 ms
+    assert r.intensity == pytest.approx(0.5)
+    assert r.bytes_source == "declared" and r.device == "NVIDIA H200"
+    assert "fake clock" in r.method and "warm-up 25 ms" in r.method
+
+
+def test_repetitions_follow_rep_ms_within_limits():
+    r = bench(lambda x: x.clone(), const_inputs(1.0), rep_ms=100, timer=FakeClock(ms_from_tensor), rotate=False)
+    assert r.reps == 100 and r.rounds == 10
+    few = bench(lambda x: x.clone(), const_inputs(50.0), rep_ms=100, timer=FakeClock(ms_from_tensor))
+    assert few.reps == 20                           # min_reps
+    many = bench(lambda x: x.clone(), const_inputs(0.001), rep_ms=100, max_reps=500, timer=FakeClock(ms_from_tensor))
+    assert many.reps == 500                         # max_reps
+
+
+def test_warm_up_is_by_time():
+    clock = FakeClock(ms_from_tensor)
+    bench(lambda x: x.clone(), const_inputs(0.5), warmup_ms=25, rep_ms=10, timer=clock)
+    assert clock.batches[0] == 3 and clock.batches[1] == 50   # estimate, then 25 ms / 0.5 ms of warm-up
+
+
+def test_quantiles_of_noisy_times():
+    r = bench(lambda x: x.clone(), const_inputs(1.0), rep_ms=2000, max_reps=2000,
+              timer=FakeClock(ms_from_tensor, noise=0.05, seed=1))
+    times = np.asarray(r.times_ms)
+    assert r.median_ms == pytest.approx(np.median(times))
+    assert dict(r.quantiles_ms)[0.9] == pytest.approx(np.quantile(times, 0.9))
+    assert r.quantile(0.9) > r.median_ms > r.quantile(0.1)
+    assert 0.04 < r.spread < 0.1                    # interquartile range of N(1, 0.05) is 0.067
+
+
+def test_baselines_alternate_with_the_function_in_rounds():
+    log = []
+
+    def mine(x):
+        log.append("mine")
+        return x.clone()
+
+    def theirs(x):
+        log.append("theirs")
+        return x * 3                                # three times slower on the fake clock
+
+    r = bench(mine, const_inputs(1.0), baselines={"theirs": theirs}, rounds=4, min_reps=8, rep_ms=8,
+              timer=FakeClock(ms_from_tensor))
+    timed = log[-(8 + 8):]                          # the measured rounds come last: 2 calls each, alternating
+    assert timed == ["mine", "mine", "theirs", "theirs"] * 4
+    assert [b.name for b in r.baselines] == ["theirs"]
+    s = r.speedup("theirs")
+    assert (s.ratio, s.low, s.high, s.rounds) == (3.0, 3.0, 3.0, 4)
+    assert "3x vs theirs" in str(r)
+
+
+def test_speedup_spread_comes_from_per_round_ratios():
+    r = bench(lambda x: x.clone(), const_inputs(1.0), baselines={"b": lambda x: x * 2},
+              timer=FakeClock(ms_from_tensor, noise=0.02, seed=3))
+    s = r.speedups[0]
+    ratios = [b / f for b, f in zip(r.baselines[0].round_medians_ms, r.round_medians_ms)]
+    assert s.ratio == pytest.approx(float(np.median(ratios)))
+    assert s.low == min(ratios) and s.high == max(ratios) and s.low < s.ratio < s.high
+    assert s.ratio == pytest.approx(2.0, rel=0.05)
+
+
+def test_small_inputs_rotate_through_enough_sets_to_exceed_l2():
+    seen = set()
+
+    def fn(x):
+        seen.add(float(x[1]))
+        return torch.ones(1)
+
+    clock = FakeClock(lambda t: 1.0, l2_bytes=2**20)
+    r = bench(fn, lambda g: (torch.randn(1000, generator=g),), rep_ms=300, timer=clock)  # 4000 B: fits 262 times
+    assert r.input_sets == 256                      # the cap; 2 MiB / 4000 B would be 525
+    assert len(seen) == 256 and "256 input sets in turn" in r.method
+    big = bench(fn, lambda g: (torch.randn(300_000, generator=g),), timer=clock)
+    assert big.input_sets == 1                      # 1.2 MB does not fit a 1 MiB L2
+    off = bench(fn, lambda g: (torch.randn(1000, generator=g),), rotate=False, timer=clock)
+    assert off.input_sets == 1
+
+
+def test_a_fixed_argument_tuple_is_cloned_for_rotation():
+    x = torch.zeros(100)
+    ids = set()
+
+    def fn(t):
+        ids.add(t.data_ptr())
+        return t
+
+    r = bench(fn, (x,), timer=FakeClock(lambda t: 1.0, l2_bytes=4000))
+    assert r.input_sets == 20 and len(ids) == 20    # ceil(2 x 4000 / 400)
+
+
+def test_cuda_graph_replays_divide_time_among_calls():
+    clock = FakeClock(lambda t: 0.01 if t.numel() == 1 else float("nan"))
+    r = bench(lambda x: torch.ones(1), (torch.zeros(10**6),), cuda_graph=True, timer=clock)
+    assert r.cuda_graph and r.calls_per_replay == 50   # 0.5 ms of 0.01 ms calls
+    assert clock.graphs == [50]
+    assert r.median_ms == pytest.approx(0.01 / 50)     # the fake replay reports one call's time
+    assert "CUDA-graph replays" in r.method
+
+
+def test_flops_and_bytes_may_be_callables_of_the_arguments():
+    r = bench(lambda a, b: a @ b, lambda g: (torch.ones(3, 5), torch.ones(5, 7)),
+              flops=lambda a, b: 2 * a.shape[0] * a.shape[1] * b.shape[1],
+              bytes=lambda a, b: 4 * (a.numel() + b.numel() + a.shape[0] * b.shape[1]),
+              timer=FakeClock(lambda t: 1.0))
+    assert r.flops == 210 and r.bytes_moved == 4 * (15 + 35 + 21)
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(fn=3), "fn must be callable"),
+    (dict(baselines=[torch.neg]), "baselines must map"),
+    (dict(baselines={"b": 3}), "baseline 'b' must be callable"),
+    (dict(baselines={"fn": torch.neg}), "own name"),
+    (dict(rep_ms=-1), "rep_ms"),
+    (dict(rounds=0), "rounds"),
+    (dict(max_reps=5), "max_reps"),
+    (dict(quantiles=(0.5, 1.5)), "quantiles"),
+    (dict(flops="many"), "flops must be"),
+    (dict(bytes=-4), "bytes must be"),
+    (dict(inputs=lambda g: "x"), "inputs must be"),
+])
+def test_bad_options_raise_bench_error(kwargs, words):
+    args = dict(fn=lambda x: x, inputs=(torch.ones(3),), timer=FakeClock(lambda t: 1.0), name="fn")
+    args.update(kwargs)
+    with pytest.raises(BenchError, match=words):
+        bench(args.pop("fn"), args.pop("inputs"), **args)
+
+
+class CudaArrayLike:
+    __cuda_array_interface__ = {"shape": (1,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+def test_check_measurable_refuses_cpu_work_and_nothing_to_time():
+    cpu = torch.ones(3)
+    with pytest.raises(BenchError, match="runs on the CPU"):
+        check_measurable("f", cpu, (cpu,))
+    with pytest.raises(BenchError, match="runs on the CPU"):
+        check_measurable("f", None, (cpu,))
+    with pytest.raises(BenchError, match="nothing on the GPU to time"):
+        check_measurable("f", None, (3, "x"))
+    with pytest.raises(BenchError, match="returned a float"):
+        check_measurable("f", 1.5, (CudaArrayLike(),))
+    check_measurable("f", CudaArrayLike(), ())            # a CuPy/Numba device array is GPU work
+    check_measurable("f", None, (CudaArrayLike(),))       # writes into a device array it was given
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_bench_without_a_gpu_says_so():
+    with pytest.raises(NoGPUError, match="no CUDA GPU"):
+        bench(lambda x: x, (torch.ones(3),))
+
+
+# --- the result --------------------------------------------------------------------------------------------------
+
+
+def _result():
+    return bench(lambda x: x.clone(), const_inputs(1.0), baselines={"eager": lambda x: x * 2}, flops=1e9, bytes=2e9,
+                 timer=FakeClock(ms_from_tensor), name="mine")
+
+
+def test_result_is_frozen_and_serialises():
+    r = _result()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.median_ms = 0.0
+    data = r.to_json()
+    assert data["kind"] == "bench" and data["version"] == 1 and data["name"] == "mine"
+    assert data["speedups"][0]["baseline"] == "eager" and data["baselines"][0]["name"] == "eager"
+    json.dumps(data, allow_nan=False)
+    assert set(r._repr_mimebundle_()) == {"text/plain", "text/html", REPORT_MIME}
+    page = r._repr_html_()
+    assert "mine" in page and "eager" in page and "speed-up" in page
+    text = str(r)
+    assert text.startswith("mine: 1 ms median") and "TFLOP/s" in text and "baseline eager" in text
+
+
+def test_with_bytes_replaces_declared_bytes_by_a_measurement():
+    r = _result().with_bytes(4e9, "ncu dram__bytes.sum")
+    assert r.bytes_moved == 4e9 and r.bytes_source == "ncu dram__bytes.sum"
+    assert r.gbps == pytest.approx(4000) and r.intensity == pytest.approx(0.25)
+    assert "(ncu dram__bytes.sum)" in r.summary()
+
+
+# --- sweep -------------------------------------------------------------------------------------------------------
+
+
+def _sweep(**kw):
+    return sweep(lambda x: x.clone(), [1000, 10_000, 100_000], lambda n, g: (torch.full((n,), n / 1e4),),
+                 baselines={"twice": lambda x: x * 2}, flops=lambda x: float(x.numel()),
+                 bytes=lambda x: 8.0 * x.numel(), x_name="n", timer=FakeClock(ms_from_tensor), **kw)
+
+
+def test_sweep_table_and_text():
+    s = _sweep(progress=False)
+    assert isinstance(s, SweepResult) and s.xs == (1000, 10_000, 100_000) and s.names == ("fn", "twice")
+    rows = s.table()
+    assert [row["n"] for row in rows] == [1000, 10_000, 100_000]
+    assert rows[1]["fn ms"] == pytest.approx(1.0) and rows[1]["twice ms"] == pytest.approx(2.0)
+    assert rows[2]["vs twice"] == pytest.approx(2.0)
+    assert rows[0]["fn TFLOP/s"] == pytest.approx(1000 / 0.1e-3 / 1e12)
+    text = str(s).splitlines()
+    assert text[0].split() == ["n", "fn", "ms", "twice", "ms", "vs", "twice", "fn", "TFLOP/s", "fn", "GB/s"]
+    assert s.series("twice", "ms") == pytest.approx([0.2, 2.0, 20.0])
+    data = s.to_json()
+    assert data["kind"] == "bench" and data["sweep"]["xs"] == [1000, 10_000, 100_000]
+    json.dumps(data, allow_nan=False)
+
+
+def test_sweep_progress_bar_is_optional(monkeypatch):
+    assert _sweep(progress=True).xs                       # tqdm is installed here
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)   # ...and where it is not, no bar
+    assert _sweep(progress=True).xs
+
+
+def test_sweep_over_configurations_passes_them_as_arguments():
+    s = sweep(lambda x, block: x * block, [(64, "a"), (128, "b")], lambda cfg, g: (torch.ones(2), cfg[0]),
+              x_name="config", timer=FakeClock(lambda t: float(t[0]) / 64), progress=False)
+    assert [r.median_ms for r in s.results] == [1.0, 2.0]
+    fig = sweep_plot(s)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["(64, 'a')", "(128, 'b')"]
+
+
+def test_sweep_plot_draws_every_function_and_uses_given_axes():
+    import matplotlib.pyplot as plt
+
+    s = _sweep(progress=False)
+    fig = sweep_plot(s)
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["fn", "twice"]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    _, own = plt.subplots()
+    assert sweep_plot(s, metric="tflops", ax=own) is own.figure
+    assert own.get_ylabel() == "TFLOP/s"
+    assert "data:image/png;base64," in s._repr_html_()
+    plt.close("all")
+
+
+def test_sweep_needs_a_callable_and_points():
+    with pytest.raises(BenchError, match="inputs"):
+        sweep(torch.neg, [1], (torch.ones(1),))
+    with pytest.raises(BenchError, match="at least one"):
+        sweep(torch.neg, [], lambda n, g: (torch.ones(n),))
+
+
+# --- roofline math -----------------------------------------------------------------------------------------------
+
+
+def test_roofline_math():
+    assert rl.arithmetic_intensity(2e12, 1e12) == 2.0
+    assert rl.ridge_point(67.0, 3350.0) == pytest.approx(20.0)
+    assert rl.attainable_tflops(1.0, 67.0, 3350.0) == pytest.approx(3.35)
+    assert rl.attainable_tflops(100.0, 67.0, 3350.0) == 67.0
+    np.testing.assert_allclose(rl.attainable_tflops(np.array([1.0, 20.0, 40.0]), 67.0, 3350.0), [3.35, 67.0, 67.0])
+    assert rl.bound(19.9, 67.0, 3350.0) == "memory" and rl.bound(20.0, 67.0, 3350.0) == "compute"
+    assert rl.fraction_of_roof(1.0, 1.675, 67.0, 3350.0) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="positive"):
+        rl.arithmetic_intensity(1.0, 0)
+    with pytest.raises(ValueError, match="positive"):
+        rl.ridge_point(0.0, 100.0)
+
+
+@pytest.mark.parametrize("name,key", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA H200 NVL", "H200 NVL"),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"), ("NVIDIA A100-SXM4-40GB", "A100 SXM 40GB"),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB"), ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB"),
+    ("NVIDIA L4", "L4"), ("NVIDIA L40S", "L40S"), ("NVIDIA A10", "A10"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("Tesla T4", "T4"), ("Tesla V100-SXM2-16GB", "V100 SXM2"),
+])
+def test_datasheet_lookup_by_driver_name(name, key):
+    assert rl.datasheet_ceilings(name) is rl.DATASHEETS[key]
+
+
+def test_datasheet_lookup_of_an_unknown_gpu_is_none():
+    assert rl.datasheet_ceilings("Radeon RX 7900") is None
+
+
+def test_every_datasheet_row_is_consistent():
+    for key, c in rl.DATASHEETS.items():
+        assert c.source == "datasheet" and c.reference and c.dram_gbps > 0 and c.fp32_tflops > 0, key
+        assert rl.datasheet_ceilings(c.device) is c, key     # the row's own name finds it
+        roofs = c.roofs()
+        assert [v for _, v in roofs] == sorted(v for _, v in roofs)
+
+
+def test_ceilings_roundtrip_and_ridge():
+    h200 = rl.DATASHEETS["H200 SXM"]
+    assert rl.DeviceCeilings.from_json(json.loads(json.dumps(h200.to_json()))) == h200
+    assert h200.ridge_point("bf16") == pytest.approx(989.4e12 / 4.8e12)
+    assert rl.DATASHEETS["T4"].peak_tflops("bf16") is None
+    with pytest.raises(ValueError, match="no bf16 roof"):
+        rl.DATASHEETS["T4"].ridge_point("bf16")
+
+
+# --- roofline chart ----------------------------------------------------------------------------------------------
+
+
+def _point(name, flops, nbytes, ms, device="NVIDIA H200"):
+    r = bench(lambda x: x.clone(), const_inputs(ms), flops=flops, bytes=nbytes, name=name,
+              timer=FakeClock(ms_from_tensor))
+    return dataclasses.replace(r, device=device)
+
+
+def test_roofline_places_results_at_intensity_and_rate():
+    copy = _point("copy", 1e6, 2e9, 0.5)                # intensity 5e-4, 0.002 TFLOP/s
+    gemm = _point("gemm", 2 * 4096**3, 3 * 2 * 4096**2, 0.2)
+    fig = roofline([copy, gemm], ceilings="datasheet")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    offsets = {c.get_label(): tuple(c.get_offsets()[0]) for c in ax.collections if not c.get_label().startswith("_")}
+    assert offsets["copy"] == pytest.approx((copy.intensity, copy.tflops))
+    assert offsets["gemm"] == pytest.approx((gemm.intensity, gemm.tflops))
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "DRAM 4,800 GB/s" in texts and "ridge" in texts and "bf16/fp16 tensor core 989.4/989.4 TFLOP/s" in texts
+    assert "datasheet ceilings" in ax.get_title() and "hollow: declared bytes" in ax.get_title()
+
+
+def test_roofline_with_measured_ceilings_adds_dashed_datasheet_lines_and_filled_measured_points():
+    measured = dataclasses.replace(rl.DATASHEETS["H200 SXM"], device="NVIDIA H200", dram_gbps=4300.0,
+                                   source="measured", reference="test")
+    r = _point("k", 1e9, 1e9, 1.0).with_bytes(5e8, "ncu dram__bytes.sum")
+    fig = roofline(r, measured)
+    ax = fig.axes[0]
+    assert any(line.get_linestyle() == "--" for line in ax.get_lines())
+    assert "DRAM 4,300 GB/s" in " ".join(t.get_text() for t in ax.texts)
+    dot = next(c for c in ax.collections if c.get_label() == "k")
+    assert dot.get_facecolors()[0][3] > 0             # filled: bytes were measured
+    assert "filled: measured DRAM bytes" in ax.get_title()
+
+
+def test_roofline_takes_sweeps_and_baselines_and_given_axes():
+    import matplotlib.pyplot as plt
+
+    s = _sweep(progress=False)
+    s = dataclasses.replace(s, results=tuple(dataclasses.replace(r, device="NVIDIA H200") for r in s.results))
+    _, ax = plt.subplots()
+    fig = roofline(s, ceilings=rl.DATASHEETS["H200 SXM"], ax=ax)
+    assert fig is ax.figure
+    labels = [c.get_label() for c in ax.collections if not c.get_label().startswith("_")]
+    assert "fn n=1000" in labels and "twice (fn n=1000)" in labels and len(labels) == 6
+    only_mine = roofline(s, ceilings="datasheet", include_baselines=False)
+    assert len([c for c in only_mine.axes[0].collections if not c.get_label().startswith("_")]) == 3
+    plt.close("all")
+
+
+def test_roofline_refuses_results_without_flops_or_bytes():
+    r = bench(lambda x: x.clone(), const_inputs(1.0), timer=FakeClock(ms_from_tensor), name="bare")
+    with pytest.raises(RooflineError, match="bare: no flops or bytes"):
+        roofline(r, ceilings="datasheet")
+
+
+def test_roofline_without_a_gpu_falls_back_to_the_datasheet_of_the_results_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fig = roofline(_point("k", 1e9, 1e9, 1.0))
+    assert "NVIDIA H200 SXM" in fig.axes[0].get_title()
+    with pytest.raises(RooflineError, match="no datasheet ceilings"):
+        roofline(_point("k", 1e9, 1e9, 1.0, device="Mystery GPU"))
+
+
+# --- ceilings cache ----------------------------------------------------------------------------------------------
+
+
+def test_ceilings_are_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    calls = []
+
+    def fake_measure(device=None):
+        calls.append(device)
+        return dataclasses.replace(rl.DATASHEETS["H200 SXM"], device="NVIDIA H200", source="measured",
+                                   dram_gbps=4000.0 + len(calls), measured_on="2026-11-22")
+
+    monkeypatch.setattr(ceil_mod, "measure_ceilings", fake_measure)
+    path = ceil_mod.cache_path("NVIDIA H200")
+    assert path == tmp_path / "ceilings" / "NVIDIA_H200.json"
+    first = ceil_mod.device_ceilings()
+    assert path.exists() and first.dram_gbps == 4001.0
+    assert ceil_mod.device_ceilings() == first and len(calls) == 1           # from the cache
+    assert ceil_mod.device_ceilings(remeasure=True).dram_gbps == 4002.0
+    path.write_text("{not json")
+    assert ceil_mod.device_ceilings().dram_gbps == 4003.0                    # a damaged cache is measured again
+
+
+def test_ceilings_cache_defaults_to_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("KERNELLAB_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert ceil_mod.cache_dir() == tmp_path / "kernellab" / "ceilings"
+    assert math.isfinite(rl.DATASHEETS["H100 SXM"].ridge_point())
