@@ -125,7 +125,7 @@ class Kernel:
     def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool = True):
         """Check the arguments against the signature and launch on the current GPU."""
         _device.require_gpu(f"launching {self.name}")
-        from .run.launch import launch, make_config, marshal_args
+        from .run.launch import allow_dynamic_shared, launch, make_config, marshal_args
 
         dev = _device.device_info()
         self._check_arch(dev)
@@ -134,9 +134,8 @@ class Kernel:
         values = marshal_args(self.params, args, dev, str(self.signature))
         fn = self._function(dev.index)
         if cfg.shared_bytes > dev.shared_per_block_bytes - self.resources.shared_bytes:
-            fn.max_dynamic_shared_size_bytes = cfg.shared_bytes  # opt in above 48 KiB
-        launch(fn.kernel if hasattr(fn, "kernel") else fn, cfg, values, args, stream=stream, sync=sync,
-               kernel_name=self.name)
+            allow_dynamic_shared(fn, cfg.shared_bytes)  # opt in above 48 KiB
+        launch(fn, cfg, values, args, stream=stream, sync=sync, kernel_name=self.name)
 
     def _check_arch(self, dev) -> None:
         want = _base_arch(self.arch)

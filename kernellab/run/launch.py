@@ -207,6 +207,35 @@ def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | No
     return out
 
 
+# CUfunction_attribute values (CUDA driver API)
+FUNC_ATTRIBUTES = {"max_threads_per_block": 0, "shared_size_bytes": 1, "const_size_bytes": 2, "local_size_bytes": 3,
+                   "num_regs": 4, "ptx_version": 5, "binary_version": 6, "max_dynamic_shared_size_bytes": 8}
+
+
+def function_attributes(function) -> dict[str, int]:
+    """What the driver says about a loaded kernel (a cupy.cuda.function.Function)."""
+    from cupy.cuda import driver
+
+    return {name: driver.funcGetAttribute(code, function.ptr) for name, code in FUNC_ATTRIBUTES.items()}
+
+
+def allow_dynamic_shared(function, shared_bytes: int) -> None:
+    """Opt a kernel in to more than 48 KiB of dynamic shared memory."""
+    from cupy.cuda import driver
+
+    driver.funcSetAttribute(function.ptr, FUNC_ATTRIBUTES["max_dynamic_shared_size_bytes"], int(shared_bytes))
+
+
+def _external_stream(handle: int):
+    import warnings
+
+    import cupy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle)
+
+
 def _stream_for(args) -> object:
     """The stream to launch on: torch's current stream when torch tensors are involved, else CuPy's."""
     import cupy
@@ -215,7 +244,7 @@ def _stream_for(args) -> object:
         if type(x).__module__.split(".")[0] == "torch" and getattr(x, "is_cuda", False):
             import torch
 
-            return cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream)
+            return _external_stream(torch.cuda.current_stream(x.device).cuda_stream)
     return cupy.cuda.get_current_stream()
 
 
@@ -233,9 +262,9 @@ def launch(function, config: LaunchConfig, values: list, args: tuple, *, stream=
     if stream is None:
         s = _stream_for(args)
     elif isinstance(stream, int):
-        s = cupy.cuda.ExternalStream(stream)
+        s = _external_stream(stream)
     elif type(stream).__module__.split(".")[0] == "torch":
-        s = cupy.cuda.ExternalStream(stream.cuda_stream)
+        s = _external_stream(stream.cuda_stream)
     else:
         s = stream
     try:

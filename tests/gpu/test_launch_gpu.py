@@ -88,12 +88,14 @@ def test_dynamic_shared_memory_above_48k_is_opted_in(mod):
 
 
 def test_resources_agree_with_the_driver(mod):
+    from kernellab.run.launch import function_attributes
+
     for k in mod.kernels:
-        fn = k._function(0)
-        assert fn.num_regs == k.resources.registers
-        assert fn.shared_size_bytes == k.resources.shared_bytes
-        assert fn.local_size_bytes == k.resources.local_bytes
-        assert fn.max_threads_per_block == k.resources.max_threads_per_block
+        attrs = function_attributes(k._function(0))
+        assert attrs["num_regs"] == k.resources.registers
+        assert attrs["shared_size_bytes"] == k.resources.shared_bytes
+        assert attrs["local_size_bytes"] == k.resources.local_bytes
+        assert attrs["max_threads_per_block"] == k.resources.max_threads_per_block
 
 
 def test_runs_on_torchs_current_stream(mod):
