@@ -65,6 +65,22 @@ def main():
             kernellab.compile_cuda(SRC, arch="sm_90")
 
         rows.append(("warm (disk cache)",) + median_ms(disk, a.runs))
+        try:
+            from IPython.core.interactiveshell import InteractiveShell
+        except ImportError:
+            InteractiveShell = None
+        if InteractiveShell is not None:
+            ip = InteractiveShell.instance()
+            ip.run_line_magic("load_ext", "kernellab")
+            cell = "%%cuda --arch sm_90\n" + SRC
+            ip.run_cell(cell, silent=True)
+
+            def magic():
+                r = ip.run_cell(cell, silent=True)
+                assert r.success, r.error_in_exec
+                r.result._repr_mimebundle_()  # the card: text, HTML and report JSON
+
+            rows.append(("warm %%cuda cell (IPython, card built)",) + median_ms(magic, a.runs))
         nvcc = toolkit.find_tool("nvcc")
         if nvcc:
             cu = os.path.join(tmp, "cell.cu")
