@@ -1,0 +1,4 @@
+// jsdom has no DragEvent, which @lumino/dragdrop subclasses when it loads.
+if (typeof globalThis.DragEvent === 'undefined') {
+  globalThis.DragEvent = class DragEvent extends MouseEvent {};
+}
