@@ -456,3 +456,48 @@ def test_ceilings_cache_defaults_to_the_user_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert ceil_mod.cache_dir() == tmp_path / "kernellab" / "ceilings"
     assert math.isfinite(rl.DATASHEETS["H100 SXM"].ridge_point())
+
+
+# --- the validation script's ncu parsing ---------------------------------------------------------------------------
+
+
+def _validate_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_bench.py"
+    spec = importlib.util.spec_from_file_location("validate_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+NCU_CSV = '''==PROF== Connected to process 7 (/usr/bin/python3.12)
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"1","7","python3.12","h","gemm_reduce","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","us","2.50"
+"0","7","python3.12","h","sm90_gemm","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","msecond","1.40"
+"2","7","python3.12","h","sm90_gemm","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","1,410,000"
+"3","7","python3.12","h","gemm_reduce","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","2,600"
+==PROF== Disconnected from process 7
+'''
+
+
+def test_ncu_csv_is_parsed_in_launch_order_with_units_and_grouped_per_call():
+    v = _validate_module()
+    kernels = v.parse_ncu_csv(NCU_CSV)
+    assert [k for k, _ in kernels] == ["sm90_gemm", "gemm_reduce", "sm90_gemm", "gemm_reduce"]
+    assert [ms for _, ms in kernels] == pytest.approx([1.4, 0.0025, 1.41, 0.0026])
+    assert v.per_call_ms(kernels, 2) == pytest.approx([1.4025, 1.4126])
+    with pytest.raises(ValueError, match="evenly"):
+        v.per_call_ms(kernels, 3)
+
+
+def test_ncu_csv_captured_on_the_gpu_machine_parses():
+    from pathlib import Path
+
+    captured = Path(__file__).resolve().parent / "fixtures" / "captured" / "ncu_metrics_details.csv"
+    if not captured.exists():
+        pytest.skip("tests/fixtures/captured/ncu_metrics_details.csv is not in this checkout")
+    kernels = _validate_module().parse_ncu_csv(captured.read_text())
+    assert kernels and all(ms > 0 for _, ms in kernels)
+    assert ("transpose_naive", pytest.approx(9568e-6)) in [(k, ms) for k, ms in kernels]

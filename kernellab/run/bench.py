@@ -30,6 +30,7 @@ from kernellab.errors import KernellabError, NoGPUError
 from kernellab.report import mimebundle
 _MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
 _SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
+_SLEEP_MIN_MS = 5.0        # the shortest: a first call that takes longer on the CPU is taken to wait for the GPU
 
 
 class BenchError(KernellabError, ValueError):
@@ -284,6 +285,7 @@ class CudaClock:
         self._flush_buffer = (torch.empty(self.flush_bytes, dtype=torch.int8, device=self.dev)
                               if self.flush_bytes else None)
         self._cpu_ms_per_call = 0.05          # refined by every batch: how long the CPU takes to queue one call
+        self._waiting: set[int] = set()       # ids of calls seen waiting for the GPU (e.g. they call .item())
         self._cycles_per_ms = self._calibrate_sleep()
 
     def _calibrate_sleep(self) -> float | None:
@@ -313,26 +315,31 @@ class CudaClock:
         with torch.cuda.device(self.dev):
             i = 0
             while i < len(calls):
-                batch = max(1, int(_SLEEP_CAP_MS / 2 / max(self._cpu_ms_per_call, 1e-3)))
-                chunk = calls[i:i + batch]
+                spin = self._cycles_per_ms is not None and id(calls[i]) not in self._waiting
+                n = max(1, int(_SLEEP_CAP_MS / (2 * self._cpu_ms_per_call))) if spin else len(calls) - i
+                chunk = calls[i:i + n]
                 starts = [torch.cuda.Event(enable_timing=True) for _ in chunk]
                 ends = [torch.cuda.Event(enable_timing=True) for _ in chunk]
-                if self._cycles_per_ms:
-                    ahead_ms = min(_SLEEP_CAP_MS, 2 * self._cpu_ms_per_call * len(chunk))
-                    torch.cuda._sleep(int(ahead_ms * self._cycles_per_ms))
+                spin_done = None
+                if spin:   # long enough for the CPU to queue the whole batch twice over
+                    spin_ms = min(_SLEEP_CAP_MS, max(_SLEEP_MIN_MS, 2 * self._cpu_ms_per_call * len(chunk)))
+                    torch.cuda._sleep(int(spin_ms * self._cycles_per_ms))
+                    spin_done = torch.cuda.Event()
+                    spin_done.record()
                 t0 = time.perf_counter()
-                for call, s, e in zip(chunk, starts, ends):
+                for k, (call, s, e) in enumerate(zip(chunk, starts, ends)):
                     if self._flush_buffer is not None:
                         self._flush_buffer.zero_()
                     s.record()
                     call()
                     e.record()
+                    if k == 0 and spin_done is not None and spin_done.query():
+                        # The first call already waited out the spin: it synchronizes, and no spin can help it.
+                        self._waiting.update(id(c) for c in chunk)
                 queued_ms = (time.perf_counter() - t0) * 1e3
                 ends[-1].synchronize()
-                # A call that waits for the GPU also waits out the spin: count only the time beyond it.
-                if self._cycles_per_ms and queued_ms >= ahead_ms:
-                    queued_ms -= ahead_ms
-                self._cpu_ms_per_call = max(queued_ms / len(chunk), 1e-3)
+                if id(chunk[0]) not in self._waiting:
+                    self._cpu_ms_per_call = max(queued_ms / len(chunk), 1e-3)
                 times.extend(s.elapsed_time(e) for s, e in zip(starts, ends))
                 i += len(chunk)
         return times
@@ -357,7 +364,12 @@ class CudaClock:
     def describe(self) -> str:
         flush = (f"L2 ({_mib(self.l2_bytes)}) flushed by writing {_mib(self.flush_bytes)} before each repetition"
                  if self.flush_bytes else "no L2 flush (warm cache)")
-        ahead = "the GPU kept behind the CPU by a queued spin" if self._cycles_per_ms else "no GPU spin (torch.cuda._sleep missing)"
+        if not self._cycles_per_ms:
+            ahead = "no GPU spin (torch.cuda._sleep missing): launch overhead may be included"
+        else:
+            ahead = "the GPU kept behind the CPU by a queued spin, so launch overhead stays out"
+            if self._waiting:
+                ahead += " (except for calls that wait for the GPU themselves)"
         return f"CUDA events, {flush}, {ahead}"
 
 

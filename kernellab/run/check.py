@@ -166,8 +166,6 @@ def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials:
     GPU tensors directly; the default "cpu" gives the same numbers on every machine).
     """
     _validate(candidate, reference, inputs, trials, atol, rtol, precision, outputs)
-    import torch
-
     state = _CheckState(candidate, reference, inputs, atol, rtol, precision, outputs, seed, generator_device)
     for trial in range(trials):
         failure = state.run_trial(trial)
@@ -251,7 +249,11 @@ class _CheckState:
             try:
                 ref_values = self._call_reference(args, upcast=True)
             except Exception:
-                self.upcast_reference = False   # e.g. it mixes in float32 weights: compare with its own dtypes
+                ref_values = None               # e.g. it mixes in float32 weights: compare with its own dtypes
+            if ref_values is None or ref_native is None or len(ref_values) != len(ref_native) or any(
+                    v.shape != n.shape for v, n in zip(ref_values, ref_native)):
+                self.upcast_reference = False
+                ref_values = ref_native
         if self.reference_precision is None:
             self.reference_precision = _reference_precision(ref_values)
 

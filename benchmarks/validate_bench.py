@@ -1,0 +1,210 @@
+"""Does kernellab.bench tell the truth? The same torch matmul and copy timed three ways, and bench against itself.
+
+Method, per workload: "matmul", a bf16 8192x8192x8192 torch.matmul; "copy", 1 GiB copied by a torch elementwise
+kernel (torch.mul(src, 1.0, out=dst)); "memcpy", the same 1 GiB by dst.copy_(src), which torch does with
+cudaMemcpyAsync: Nsight Compute times kernels only, so that row is compared with triton alone.
+- kernellab.bench, 5 separate runs (defaults: L2 flushed before each repetition, warm-up 25 ms, 100 ms of reps);
+  the run-to-run spread is (max - min) / median of the 5 medians.
+- triton.testing.do_bench(..., return_mode="median"), 5 runs (it flushes L2 by zeroing 256 MB before each call).
+- Nsight Compute's gpu__time_duration.sum: this script re-runs itself under
+  `ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum`; the child warms up,
+  then calls the workload 20 times between cudaProfilerStart/Stop. ncu flushes caches before each kernel by
+  default (--cache-control all). Kernels are grouped per call (a call may launch several) and summed.
+Compared: the median of each column; the difference of kernellab's from the others in percent.
+Criteria from issue 5: |difference| < 3 % to both, spread < 2 %. Exit status 1 when one fails.
+
+Usage (on the GPU machine, from the repository root):
+    python3 benchmarks/validate_bench.py --out validate_bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = 5
+NCU_CALLS = 20
+NCU_UNITS_MS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0,
+                "s": 1e3, "second": 1e3}
+
+
+def workload(name: str):
+    """(fn, args, flops, bytes) of one workload, on the GPU."""
+    import torch
+
+    if name == "matmul":
+        n = 8192
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        return torch.matmul, (a, b), 2 * n**3, 3 * 2 * n * n
+    if name in ("copy", "memcpy"):
+        n = 2**30 // 4
+        src, dst = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
+        if name == "copy":
+            return (lambda s, d: torch.mul(s, 1.0, out=d)), (src, dst), None, 2 * 4 * n
+        return (lambda s, d: d.copy_(s)), (src, dst), None, 2 * 4 * n
+    raise SystemExit(f"unknown workload {name!r}; expected matmul, copy or memcpy")
+
+
+def ncu_child(name: str, calls: int) -> None:
+    """Run under ncu: warm up outside the profiled range, then `calls` calls inside it."""
+    import torch
+
+    fn, args, _, _ = workload(name)
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for _ in range(calls):
+        fn(*args)
+        torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def parse_ncu_csv(text: str) -> list[tuple[str, float]]:
+    """(kernel name, gpu__time_duration in ms) per profiled kernel, in launch order, from `ncu --csv` output."""
+    rows = [line for line in text.splitlines() if line.startswith('"')]
+    if not rows:
+        return []
+    out = []
+    for row in csv.DictReader(rows):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        unit = row.get("Metric Unit", "").strip()
+        if unit not in NCU_UNITS_MS:
+            raise ValueError(f"unexpected unit {unit!r} for gpu__time_duration.sum")
+        value = float(row["Metric Value"].replace(",", ""))
+        out.append((int(row["ID"]), row["Kernel Name"], value * NCU_UNITS_MS[unit]))
+    out.sort()
+    return [(k, ms) for _, k, ms in out]
+
+
+def per_call_ms(kernels: list[tuple[str, float]], calls: int) -> list[float]:
+    """Kernel times summed per call: `calls` equal consecutive groups."""
+    if not kernels or len(kernels) % calls:
+        raise ValueError(f"{len(kernels)} kernels cannot be split evenly into {calls} calls")
+    k = len(kernels) // calls
+    return [sum(ms for _, ms in kernels[i * k:(i + 1) * k]) for i in range(calls)]
+
+
+def ncu_times(name: str) -> dict:
+    """Per-call GPU times from Nsight Compute, or the reason there are none."""
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        return {"error": "ncu is not on PATH"}
+    cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv",
+           "--metrics", "gpu__time_duration.sum", sys.executable, str(Path(__file__).resolve()),
+           "--ncu-child", name, "--calls", str(NCU_CALLS)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        return {"error": f"ncu exited with {proc.returncode}: {(proc.stderr or proc.stdout)[-600:]}"}
+    try:
+        kernels = parse_ncu_csv(proc.stdout)
+        calls = per_call_ms(kernels, NCU_CALLS)
+    except ValueError as exc:
+        return {"error": str(exc), "output_tail": proc.stdout[-600:]}
+    return {"command": " ".join(cmd[:8]) + " ...", "kernels_per_call": len(kernels) // NCU_CALLS,
+            "kernel_names": sorted({k for k, _ in kernels}), "per_call_ms": calls,
+            "median_ms": statistics.median(calls)}
+
+
+def measure(name: str) -> dict:
+    """kernellab.bench (5 runs), triton do_bench (5 runs) and ncu for one workload."""
+    import torch
+
+    from kernellab.run.bench import bench
+
+    fn, args, flops, nbytes = workload(name)
+    runs = [bench(fn, args, flops=flops, bytes=nbytes, name=name) for _ in range(RUNS)]
+    medians = [r.median_ms for r in runs]
+    row = {"workload": name, "kernellab_ms": medians, "kernellab_median_ms": statistics.median(medians),
+           "spread_pct": 100 * (max(medians) - min(medians)) / statistics.median(medians),
+           "reps": [r.reps for r in runs], "method": runs[0].method,
+           "tflops": runs[0].tflops, "gbps": runs[0].gbps}
+    try:
+        from triton.testing import do_bench
+
+        tri = [do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median") for _ in range(RUNS)]
+        row.update(triton_ms=tri, triton_median_ms=statistics.median(tri))
+    except ImportError as exc:
+        row["triton_error"] = f"triton not importable: {exc}"
+    del fn, args
+    torch.cuda.empty_cache()
+    row["ncu"] = ncu_times(name) if name != "memcpy" else {"error": "not a kernel: ncu does not time memcpys"}
+    if "median_ms" in row["ncu"]:
+        row["ncu_median_ms"] = row["ncu"]["median_ms"]
+    kl = row["kernellab_median_ms"]
+    for other in ("triton", "ncu"):
+        if f"{other}_median_ms" in row:
+            row[f"vs_{other}_pct"] = 100 * (kl - row[f"{other}_median_ms"]) / row[f"{other}_median_ms"]
+    needed = ("vs_triton_pct",) if name == "memcpy" else ("vs_triton_pct", "vs_ncu_pct")
+    row["pass"] = row["spread_pct"] < 2.0 and all(k in row and abs(row[k]) < 3.0 for k in needed)
+    return row
+
+
+def _fmt(v, unit=""):
+    return "-" if v is None else f"{v:.4g}{unit}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown, ready for docs/RESULTS.md."""
+    head = ("| workload | kernellab median (5 runs) | spread of the 5 medians | triton do_bench | ncu gpu__time_duration "
+            "| kernellab vs triton | kernellab vs ncu | pass |\n|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {_fmt(r['kernellab_median_ms'], ' ms')} | {_fmt(r['spread_pct'], ' %')} "
+                     f"| {_fmt(r.get('triton_median_ms'), ' ms')} | {_fmt(r.get('ncu_median_ms'), ' ms')} "
+                     f"| {_fmt(r.get('vs_triton_pct'), ' %')} | {_fmt(r.get('vs_ncu_pct'), ' %')} "
+                     f"| {'yes' if r['pass'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument("--workloads", default="matmul,copy,memcpy")
+    ap.add_argument("--ncu-child", help=argparse.SUPPRESS)
+    ap.add_argument("--calls", type=int, default=NCU_CALLS, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.ncu_child:
+        ncu_child(a.ncu_child, a.calls)
+        return 0
+
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    rows = [measure(w) for w in a.workloads.split(",")]
+    info = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__, "python": sys.version.split()[0],
+            "command": "python3 benchmarks/validate_bench.py " + " ".join(sys.argv[1:])}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    print(f"{info['device']}, {info['date']}, torch {info['torch']}, triton {info.get('triton', '-')}")
+    print(table(rows))
+    for r in rows:
+        if "error" in r["ncu"]:
+            print(f"{r['workload']}: ncu: {r['ncu']['error']}")
+        if "triton_error" in r:
+            print(f"{r['workload']}: {r['triton_error']}")
+    print(f"method: {rows[0]['method']}")
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps({**info, "rows": rows}, indent=1))
+    return 0 if all(r["pass"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
