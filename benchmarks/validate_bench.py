@@ -157,8 +157,9 @@ def _fmt(v, unit=""):
 
 def table(rows: list[dict]) -> str:
     """Markdown, ready for docs/RESULTS.md."""
-    head = ("| workload | kernellab median (5 runs) | spread of the 5 medians | triton do_bench | ncu gpu__time_duration "
-            "| kernellab vs triton | kernellab vs ncu | pass |\n|---|---|---|---|---|---|---|---|")
+    head = ("| workload | kernellab median (5 runs) | spread of the 5 medians | triton do_bench "
+            "| ncu gpu__time_duration | kernellab vs triton | kernellab vs ncu | pass |\n"
+            "|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         lines.append(f"| {r['workload']} | {_fmt(r['kernellab_median_ms'], ' ms')} | {_fmt(r['spread_pct'], ' %')} "

@@ -501,3 +501,116 @@ def test_ncu_csv_captured_on_the_gpu_machine_parses():
     kernels = _validate_module().parse_ncu_csv(captured.read_text())
     assert kernels and all(ms > 0 for _, ms in kernels)
     assert ("transpose_naive", pytest.approx(9568e-6)) in [(k, ms) for k, ms in kernels]
+
+
+# --- CudaClock's batching against a simulated GPU timeline ----------------------------------------------------------
+
+
+class SimulatedGPU:
+    """One in-order stream: an op starts when queued and when the one before it ends. Times in ms."""
+
+    def __init__(self):
+        self.cpu = 0.0          # the CPU's clock (advanced by the Python work the calls model)
+        self.free = 0.0         # when the stream finishes what is queued
+
+    def enqueue(self, ms):
+        self.cpu += 0.004                                   # a launch costs the CPU 4 us
+        start = max(self.cpu, self.free)
+        self.free = start + ms
+        return self.free
+
+    def torch(self):
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = gpu.enqueue(0.0)
+
+            def query(self):
+                return self.t <= gpu.cpu
+
+            def synchronize(self):
+                gpu.cpu = max(gpu.cpu, self.t)
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        class Cuda:
+            @staticmethod
+            def device(dev):
+                import contextlib
+                return contextlib.nullcontext()
+
+            @staticmethod
+            def _sleep(cycles):
+                gpu.enqueue(cycles / 1e6)
+
+        Cuda.Event = Event
+        return type("FakeTorch", (), {"cuda": Cuda})
+
+    def flush_buffer(self):
+        gpu = self
+        return type("Buf", (), {"zero_": lambda self: gpu.enqueue(0.03)})()
+
+    def call(self, python_ms, kernel_ms, waits=False):
+        def run():
+            self.cpu += python_ms
+            self.enqueue(kernel_ms)
+            if waits:                                       # e.g. .item(): the CPU waits for the stream
+                self.cpu = max(self.cpu, self.free)
+        return run
+
+
+def _simulated_clock(gpu, spin=True):
+    from kernellab.run.bench import CudaClock
+
+    clock = object.__new__(CudaClock)   # what __init__ would set up on a real device
+    clock.torch, clock.dev, clock.device = gpu.torch(), None, "simulated"
+    clock.l2_bytes, clock.flush_bytes, clock._flush_buffer = 2**20, 2**21, gpu.flush_buffer()
+    clock._cpu_ms_per_call, clock._waiting = 0.05, set()
+    clock._cycles_per_ms = 1e6 if spin else None
+    return clock
+
+
+def test_the_spin_keeps_launch_overhead_out(monkeypatch):
+    from kernellab.run import bench as bench_mod
+
+    gpu = SimulatedGPU()
+    monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
+    clock = _simulated_clock(gpu)
+    call = gpu.call(python_ms=0.2, kernel_ms=0.002)         # 200 us of Python before a 2 us kernel
+    clock.time_calls([call] * 3)                            # the first batch learns the CPU's pace
+    times = clock.time_calls([call] * 500)
+    assert max(times) == pytest.approx(0.002)               # the kernel alone: no Python, no launch
+    assert clock._cpu_ms_per_call == pytest.approx(0.2 + 4 * 0.004)
+    assert "launch overhead stays out" in clock.describe()
+
+
+def test_without_the_spin_python_time_leaks_into_the_events(monkeypatch):
+    from kernellab.run import bench as bench_mod
+
+    gpu = SimulatedGPU()
+    monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
+    clock = _simulated_clock(gpu, spin=False)
+    times = clock.time_calls([gpu.call(python_ms=0.2, kernel_ms=0.002)] * 50)
+    assert min(times) > 0.15              # what a plain event timer reports: most of the Python time
+    assert "launch overhead may be included" in clock.describe()
+
+
+def test_calls_that_wait_for_the_gpu_are_not_spun_for(monkeypatch):
+    from kernellab.run import bench as bench_mod
+
+    gpu = SimulatedGPU()
+    monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
+    clock = _simulated_clock(gpu)
+    waiting = gpu.call(python_ms=0.01, kernel_ms=0.5, waits=True)
+    clock.time_calls([waiting] * 3)
+    assert id(waiting) in clock._waiting
+    before = gpu.cpu
+    times = clock.time_calls([waiting] * 200)
+    assert gpu.cpu - before < 200 * 0.6                     # no 5-20 ms spin per batch any more
+    assert min(times) == pytest.approx(0.5 + 0.004, abs=0.01)
+    assert "except for calls that wait" in clock.describe()

@@ -44,7 +44,9 @@ def _heatmap_html(report) -> str:
     else:
         layout = f"shape {shape}"
     full = (1, max(1, math.prod(shape))) if len(shape) < 2 else (math.prod(shape[:-1]), shape[-1])
-    pooled = "" if (rows, cols) == tuple(full) else f", each cell the worst of about {math.ceil(full[0] / rows)} x {math.ceil(full[1] / cols)} elements"
+    pooled = ""
+    if (rows, cols) != tuple(full):
+        pooled = f", each cell the worst of about {math.ceil(full[0] / rows)} x {math.ceil(full[1] / cols)} elements"
     caption = (f"where the errors sit: error / tolerance, {layout}{pooled}; "
                f"green is well within, yellow at the tolerance, red out of it")
     return (f'<div style="margin-top:6px"><img alt="error heatmap" src="data:image/png;base64,{png}" '

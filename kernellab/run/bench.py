@@ -128,7 +128,8 @@ class BenchResult:
         if self.tflops is not None:
             parts.append(f"{self.tflops:.4g} TFLOP/s")
         if self.gbps is not None:
-            parts.append(f"{self.gbps:.4g} GB/s" + ("" if self.bytes_source == "declared" else f" ({self.bytes_source})"))
+            source = "" if self.bytes_source == "declared" else f" ({self.bytes_source})"
+            parts.append(f"{self.gbps:.4g} GB/s{source}")
         return ", ".join(parts)
 
     def summary(self) -> str:
@@ -277,7 +278,7 @@ class CudaClock:
             raise NoGPUError("bench times GPU work with CUDA events, and torch sees no CUDA GPU here; "
                              "run it on a machine with one (kernellab.check works on the CPU)")
         self.torch = torch
-        self.dev = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index or 0)
+        self.dev = cuda_device(device)
         props = torch.cuda.get_device_properties(self.dev)
         self.device = props.name
         self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0) or 64 * 2**20
@@ -371,6 +372,16 @@ class CudaClock:
             if self._waiting:
                 ahead += " (except for calls that wait for the GPU themselves)"
         return f"CUDA events, {flush}, {ahead}"
+
+
+def cuda_device(device=None):
+    """`device` (an index, "cuda:1", a torch.device) as a torch.device; None is the current CUDA device."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 def check_measurable(name: str, returned: Any, args: tuple) -> None:

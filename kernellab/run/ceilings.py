@@ -70,9 +70,9 @@ def measure_ceilings(device=None) -> DeviceCeilings:
     """Measure DRAM bandwidth and the fp32, tf32, bf16 and fp16 peaks of one GPU now (no cache)."""
     import torch
 
-    from kernellab.run.bench import bench
+    from kernellab.run.bench import bench, cuda_device
 
-    dev = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index or 0)
+    dev = cuda_device(device)
     name = torch.cuda.get_device_name(dev)
     opts = dict(warmup_ms=50, rep_ms=200, rounds=5, min_reps=10, device=dev)
 

@@ -405,7 +405,9 @@ class _CheckState:
     def passed_report(self, trials: int) -> CheckReport:
         fields = self._base(trials, passed=True)
         s = self.shown
-        outs = f"{_count(self.output_count)}" + (f" ({s.dtype}, shape {s.shape})" if s and self.output_count == 1 else "")
+        outs = _count(self.output_count)
+        if s and self.output_count == 1:
+            outs += f" ({s.dtype}, shape {s.shape})"
         fields.update(message=f"{trials} trial{'s' if trials != 1 else ''}, {outs} within tolerance")
         return CheckReport(**fields)
 
@@ -560,7 +562,8 @@ def _has_low_precision_float(args) -> bool:
 
     def walk(v):
         if isinstance(v, torch.Tensor):
-            return (v.is_floating_point() and v.dtype != torch.float64) or (v.is_complex() and v.dtype != torch.complex128)
+            return ((v.is_floating_point() and v.dtype != torch.float64)
+                    or (v.is_complex() and v.dtype != torch.complex128))
         if isinstance(v, (list, tuple)):
             return any(walk(x) for x in v)
         if isinstance(v, dict):

@@ -148,7 +148,7 @@ def test_ceilings_are_measured_and_cached(torch, datasheet, tmp_path, monkeypatc
 def test_roofline_of_real_results_with_measured_ceilings(torch, tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELLAB_CACHE_DIR", str(tmp_path))
     n = 4099
-    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     gemm = bench(torch.matmul, (a, b), flops=2 * n**3, bytes=3 * 2 * n * n, name="bf16 matmul")
     src = torch.randn(64 * MIB + 1, device="cuda")
     copy = bench(lambda s: s.clone(), (src,), flops=0 + 1, bytes=8 * src.numel(), name="clone")
