@@ -466,7 +466,7 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
         est = statistics.median(clock.time_calls(_cycle(calls, 3)))
         warm = clock.time_calls(_cycle(calls, _clamp(math.ceil(warmup_ms / max(est, 1e-6)), 1, max_reps)))
         est = statistics.median(warm[len(warm) // 2:])
-        reps[fname] = _clamp(round(rep_ms / max(est, 1e-6)), max(min_reps, rounds), max_reps)
+        reps[fname] = _clamp(round(rep_ms / max(est, 1e-6)), min(max(min_reps, rounds), max_reps), max_reps)
 
     # Rounds alternate between the functions; each keeps its own rotation position.
     times = {f: [] for f in funcs}
