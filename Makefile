@@ -5,28 +5,56 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kernellab-installed
 PYTEST_ARGS ?=
 
-.PHONY: lab test test-fast gpu-test install clean
+.PHONY: lab test test-fast test-browser gpu-test install extension browser-deps clean
+
+# The JupyterLab extension: extension/ (TypeScript) builds into kernellab/labextension, which the venv sees through a
+# symlink (so a rebuild needs no reinstall) and wheels ship as share/jupyter/labextensions/kernellab-jupyter.
+LABEXT    := kernellab/labextension
+EXT_BUILT := $(LABEXT)/package.json
+EXT_SRC   := $(shell find extension/src extension/style -type f 2>/dev/null) $(addprefix extension/,package.json yarn.lock tsconfig.json)
+EXT_LINK  := $(VENV)/share/jupyter/labextensions/kernellab-jupyter
+JLPM      := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" jlpm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Reinstall only when the package metadata changes.
-$(STAMP): $(PY) pyproject.toml
+# Reinstall only when the package metadata changes (the extension is built first: the wheel ships it).
+$(STAMP): $(PY) pyproject.toml | $(EXT_BUILT)
 	$(PY) -m pip install -q "torch==2.13.0" -e ".[torch,lab,test]"
+	mkdir -p $(dir $(EXT_LINK)) && rm -rf $(EXT_LINK) && ln -s $(CURDIR)/$(LABEXT) $(EXT_LINK)
 	touch $(STAMP)
 
-install: $(STAMP)
+# Rebuild the extension when its sources change (jlpm comes with jupyter_builder, which jupyterlab installs).
+$(EXT_BUILT): $(EXT_SRC) | $(PY)
+	test -x $(VENV)/bin/jlpm || $(PY) -m pip install -q "jupyter_builder>=1.3"
+	cd extension && $(JLPM) install --immutable && $(JLPM) build:prod
+	touch $(EXT_BUILT)
 
-lab: $(STAMP)
+extension: $(EXT_BUILT)
+
+install: $(STAMP) $(EXT_BUILT)
+
+lab: $(STAMP) $(EXT_BUILT)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
 
-test: $(STAMP)
+test: $(STAMP) $(EXT_BUILT) browser-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Unit tests only (no notebooks, no browser): the quick loop while editing.
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(EXT_BUILT)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The extension's tests: jest (TypeScript units) and Playwright driving Chromium against a real `jupyter lab`.
+test-browser: $(STAMP) $(EXT_BUILT) browser-deps
+	$(PY) -m pytest tests/test_extension_packaging.py tests/browser $(PYTEST_ARGS)
+
+# Debian's Chromium for the browser tests: installed when missing and we are root (CI), else a hint.
+browser-deps:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	  else echo "Chromium is missing: sudo apt-get install chromium (the browser tests skip without it)"; fi; }
 
 # On a GPU machine whose Python already has torch/cupy/numba (IPython and Jupyter may be missing):
 # runs the GPU tests with the interpreter on PATH, no venv. See tools/gpu-test.sh.
@@ -34,4 +62,4 @@ gpu-test:
 	bash tools/gpu-test.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache extension/node_modules extension/lib $(LABEXT)
