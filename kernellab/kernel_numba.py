@@ -1,0 +1,612 @@
+"""`NumbaKernel` and `NumbaModule`: Numba `@cuda.jit` kernels as kernellab Kernels, on a GPU or in the simulator.
+
+A NumbaKernel is a `kernellab.Kernel`: `resources`, `ptx`, `sass`, `occupancy`, `best_block_sizes`, `to_json` and
+`k[grid, block](args)`. Its signature (Numba argument types) is given, or taken from its first launch; until then it
+is "pending" and has no resources. Resources come from the PTX numba-cuda writes, assembled with ptxas for `arch`
+(`kernellab.compile.numba_backend`), so they need no GPU.
+
+Launches: with a GPU, through numba-cuda's own launcher, on torch CUDA tensors, CuPy arrays or Numba device arrays
+(zero copy, through `__cuda_array_interface__`). With `simulate=True` (the default where there is no GPU), in Numba's
+CUDA simulator on NumPy arrays and torch tensors (`kernellab.run.numba_sim`); the kernel is compiled for the real
+target as well, so code that the simulator runs but the compiler rejects is reported. Both modes check the arguments
+against the signature first and name the argument that does not fit.
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import numpy as np
+
+from . import report
+from .compile import numba_backend as nb
+from .compile.nvrtc import normalize_arch
+from .compile.signature import KernelSignature
+from .errors import ArgumentError, KernellabError
+from .kernel import Kernel, Resources, max_threads_for
+from .run import device as _device
+
+TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take about 13 s
+
+
+class NumbaKernel(Kernel):
+    """A Numba `@cuda.jit` kernel as a kernellab Kernel: inspect it and launch it with k[grid, block](...)."""
+
+    backend = "numba"
+
+    def __init__(self, kernel, *, signature=None, arch: str | None = None, simulate: bool | None = None,
+                 name: str | None = None, module: "NumbaModule | None" = None, source: str | None = None,
+                 first_line: int = 1, line_label: str = "line"):
+        fn = nb.kernel_function(kernel)
+        self.dispatcher = kernel if nb.is_kernel_dispatcher(kernel) else nb.as_kernel(fn)
+        self.py_func = fn
+        self.module = module
+        self._name = name or fn.__name__
+        self.notes: list[str] = []
+        if arch is None:
+            arch, note = _default_arch()
+            if note:
+                self.notes.append(note)
+        self._arch = normalize_arch(arch)
+        self._sim_reason = "simulate=True"
+        if simulate is None:
+            simulate = not _device.has_gpu()
+            self._sim_reason = "no GPU here"
+        self.simulate = bool(simulate)
+        self._source, self._first_line, self._line_label = source, first_line, line_label
+        self._compiled: nb.NumbaCompileOutput | None = None
+        self._argtypes: tuple | None = None   # set with or without a real compile (NUMBA_ENABLE_CUDASIM)
+        self._sass: str | None = None
+        self._noticed = False
+        self.trace_next = False               # the next launch runs in the simulator and returns its SharedTrace
+        self.last_trace = None
+        self.can_compile, why = nb.numba_available()
+        if not self.can_compile:
+            self.simulate = True
+            self._sim_reason = why
+            self.notes.append(f"{self._name}: simulator only, no resources: {why}")
+        if signature is None:
+            sigs = nb.dispatcher_signatures(kernel)
+            if len(sigs) > 1:
+                self.notes.append(f"{self._name} names {len(sigs)} signatures; kernellab uses the first "
+                                  f"({sigs[0]}); {self._name}.with_signature(...) gives the others")
+            signature = sigs[0] if sigs else None
+        if signature is not None:
+            self._set_types(nb.numba_types(signature))
+
+    # -- identity -------------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def arch(self) -> str:
+        return self._arch
+
+    @property
+    def compiled(self) -> "nb.NumbaCompileOutput | None":
+        """The real compile (PTX, cubin, ptxas report), or None while the signature is pending."""
+        return self._compiled
+
+    @property
+    def pending(self) -> bool:
+        """True until a signature is known (given, or taken from the first launch)."""
+        return self._argtypes is None
+
+    @property
+    def symbol(self) -> str:
+        return self._compiled.symbol if self._compiled else self._name
+
+    @property
+    def numba_signature(self) -> str | None:
+        """The Numba argument types, e.g. 'float32[::1], float32[::1], int32'; None while pending."""
+        return None if self._argtypes is None else nb.signature_text(self._argtypes)
+
+    @property
+    def params(self):
+        if self._argtypes is not None:
+            return nb.params_for(self.py_func, self._argtypes)
+        return tuple(nb.NumbaParam(name=n, ctype="", base="", pointer=False, const=False, dtype=None)
+                     for n in nb.param_names(self.py_func))
+
+    @property
+    def signature(self) -> KernelSignature:
+        return KernelSignature(symbol=self.symbol, name=self._name, display=self._name, params=self.params,
+                               line=self.py_func.__code__.co_firstlineno)
+
+    @property
+    def extensions(self):
+        return list((getattr(self.dispatcher, "targetoptions", None) or {}).get("extensions") or ())
+
+    def __repr__(self) -> str:
+        if self._compiled is None:
+            state = "signature pending" if self.pending else "simulator only"
+            return f"<kernellab.NumbaKernel {self._name}({', '.join(p.name for p in self.params)}) [{state}]>"
+        return (f"<kernellab.NumbaKernel {self.signature} [{self.arch}]: {self._compiled.registers} regs"
+                f"{', simulated' if self.simulate else ''}>")
+
+    # -- compiling ------------------------------------------------------------------------------------------
+    def _set_types(self, argtypes: tuple) -> None:
+        names = nb.param_names(self.py_func)
+        if len(argtypes) != len(names):
+            raise KernellabError(f"{self._name} takes {len(names)} arguments ({', '.join(names)}) but the signature "
+                                 f"has {len(argtypes)}: {nb.signature_text(argtypes)}")
+        if self.can_compile:
+            self._compiled = nb.compile_kernel(self.dispatcher, argtypes, self._arch, source=self._source,
+                                               first_line=self._first_line)
+            self._sass = None
+            self.notes.extend(n for n in self._compiled.notes if n not in self.notes)
+        self._argtypes = tuple(argtypes)
+
+    def with_signature(self, signature) -> "NumbaKernel":
+        """The same kernel compiled for another signature (a new NumbaKernel)."""
+        k = NumbaKernel(self.dispatcher, signature=signature, arch=self._arch, simulate=self.simulate,
+                        name=self._name, module=self.module, source=self._source, first_line=self._first_line,
+                        line_label=self._line_label)
+        k._sim_reason = self._sim_reason
+        return k
+
+    def _require_compiled(self, what: str) -> "nb.NumbaCompileOutput":
+        if self._compiled is not None:
+            return self._compiled
+        if self._argtypes is not None:
+            raise KernellabError(f"{self._name} has no {what}: {self._sim_reason}")
+        raise KernellabError(
+            f"{self._name} has no signature yet, so it has not been compiled and has no {what}. Launch it once (its "
+            f"argument types become the signature), or give one: %%numba --signature '{self._name}: float32[::1], "
+            f"int32' or {self._name} = {self._name}.with_signature('float32[::1], int32')")
+
+    # -- inspection -----------------------------------------------------------------------------------------
+    @property
+    def resources(self) -> Resources:
+        """Registers, shared and local memory and spills, as ptxas reports them for this kernel's arch."""
+        c = self._require_compiled("resources")
+        r = c.report
+        bounds = (int(c.launch_bounds[0]), 1, 1) if c.launch_bounds else None
+        return Resources(registers=r.registers, shared_bytes=r.shared_bytes, local_bytes=r.stack_bytes,
+                         spill_store_bytes=r.spill_store_bytes, spill_load_bytes=r.spill_load_bytes,
+                         max_threads_per_block=max_threads_for(r.registers, bounds), arch=c.arch,
+                         constant_bytes=r.constant_bytes, barriers=r.barriers)
+
+    @property
+    def ptx(self) -> str:
+        """The PTX numba-cuda wrote for this kernel and signature."""
+        return self._require_compiled("PTX").ptx
+
+    @property
+    def cubin(self) -> bytes:
+        return self._require_compiled("cubin").cubin
+
+    @property
+    def sass(self) -> str:
+        """SASS of the cubin ptxas made (cuobjdump from the CUDA wheels; no GPU needed)."""
+        if self._sass is None:
+            from .compile.disasm import sass
+
+            c = self._require_compiled("SASS")
+            self._sass = sass(c.cubin, c.symbol)
+        return self._sass
+
+    # -- launching ------------------------------------------------------------------------------------------
+    def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool = True,
+               isolate: bool | None = None, timeout_s: float | None = None):
+        """Check the arguments, then launch on the GPU, or in the simulator when `simulate` is set.
+
+        Returns None, or the SharedTrace when `trace_next` was set (that launch runs in the simulator). A simulated
+        launch cannot fault the GPU, so `isolate` matters only on the GPU, where Numba kernels do not run isolated yet.
+        """
+        if self.trace_next:
+            self.trace_next = False
+            return self.trace_banks(grid, block, *args, shared_bytes=shared_bytes)
+        if self.simulate:
+            self._simulate(grid, block, args, shared_bytes)
+            return None
+        if isolate:
+            self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
+        self._launch_gpu(grid, block, args, shared_bytes, stream, sync)
+        return None
+
+    def _not_yet(self, what: str):
+        return KernellabError(f"{what} is not available for Numba kernels yet (it launches compiled C ABI kernels). "
+                              f"To find a bad access in {self._name}, run the launch in the simulator on a small "
+                              f"problem ({self._name}.simulate = True): it names the thread, the block and the line.")
+
+    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None):
+        """Not available for Numba kernels yet: raises, saying what to do instead."""
+        raise self._not_yet("An isolated launch (isolate=True)")
+
+    def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
+        """Not available for Numba kernels yet: raises, saying what to do instead."""
+        raise self._not_yet("compute-sanitizer through kernel.sanitize")
+
+    def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False, **kw):
+        """Not available for Numba kernels yet: raises, saying what to do instead."""
+        raise self._not_yet("Nsight Compute through kernel.profile")
+
+    def _types_for(self, args) -> tuple:
+        """The signature's types, taken from `args` on the first launch (compiling then)."""
+        names = nb.param_names(self.py_func)
+        if len(args) != len(names):
+            raise ArgumentError(f"{self._name}({', '.join(names)}) takes {len(names)} argument"
+                                f"{'s' if len(names) != 1 else ''}, got {len(args)}")
+        if self._argtypes is None:
+            try:
+                types = nb.infer_types(args, names)
+            except ArgumentError:
+                raise
+            except KernellabError as exc:
+                raise ArgumentError(str(exc)) from None
+            self._set_types(types)
+        return self._argtypes
+
+    def _config(self, grid, block, shared_bytes, device):
+        from .run.launch import make_config
+
+        res = self.resources if self._compiled is not None else None
+        return make_config(grid, block, shared_bytes,
+                           max_threads_per_block=res.max_threads_per_block if res else 1024,
+                           static_shared_bytes=res.shared_bytes if res else 0, device=device)
+
+    def _simulate(self, grid, block, args, shared_bytes):
+        from .run import numba_sim
+
+        self._types_for(args)
+        values = _check_args(self.params, args, self.numba_signature, host_ok=True)
+        cfg = self._config(grid, block, shared_bytes, None)
+        if not self._noticed:
+            numba_sim.notice(self._name, self._sim_reason)
+            self._noticed = True
+        seconds = numba_sim.estimated_seconds(cfg.grid, cfg.block)
+        if seconds > 30:
+            threads = math.prod(cfg.grid) * math.prod(cfg.block)
+            warnings.warn(f"kernellab: this simulated launch of {self._name} runs {threads:,} threads, about "
+                          f"{seconds:.0f} s; try a smaller problem", numba_sim.SimulatorNotice,
+                          stacklevel=numba_sim.caller_stacklevel())
+        numba_sim.simulate(self, cfg.grid, cfg.block, values, shared_bytes=cfg.shared_bytes,
+                           line_label=self._line_label)
+
+    def trace_banks(self, grid, block, *args, shared_bytes: int = 0, max_threads: int = TRACE_MAX_THREADS):
+        """Run this launch in the simulator, recording shared memory, and return its bank-conflict SharedTrace.
+
+        Results are written back into the arguments as for any simulated launch. Lines are the kernel's source lines
+        (cell lines for `%%numba` kernels). Trace a small launch: every thread is simulated.
+        """
+        from .run import numba_sim
+
+        self._types_for(args)
+        values = _check_args(self.params, args, self.numba_signature, host_ok=True)
+        cfg = self._config(grid, block, shared_bytes, None)
+        threads = math.prod(cfg.grid) * math.prod(cfg.block)
+        if threads > max_threads:
+            raise ArgumentError(f"tracing {self._name} simulates every thread: this launch has {threads:,} threads "
+                                f"(about {threads / numba_sim.SIMULATED_THREADS_PER_S:.0f} s); trace a launch of at "
+                                f"most {max_threads:,} threads (one or a few blocks show the pattern), or pass "
+                                f"max_threads=")
+        trace = numba_sim.simulate(self, cfg.grid, cfg.block, values, shared_bytes=cfg.shared_bytes, trace=True,
+                                   line_label=self._line_label)
+        self.last_trace = trace
+        return trace
+
+    def _launch_gpu(self, grid, block, args, shared_bytes, stream, sync):
+        _device.require_gpu(f"launching {self._name} on a GPU (set {self._name}.simulate = True to use the simulator)")
+        from .run.launch import _launch_error
+
+        argtypes = self._types_for(args)
+        dev = _device.device_info()
+        values = _check_args(self.params, args, self.numba_signature, host_ok=False, device=dev)
+        cfg = self._config(grid, block, shared_bytes, dev)
+        kernel = self.dispatcher.compile(argtypes)   # numba-cuda compiles for this GPU (once per signature)
+        s = _numba_stream(stream, args)
+        try:
+            kernel.launch(values, cfg.grid, cfg.block, s, cfg.shared_bytes)
+        except Exception as exc:
+            raise _launch_error(exc, self._name, cfg, during="launch") from None
+        if sync:
+            try:
+                s.synchronize()
+            except Exception as exc:
+                raise _launch_error(exc, self._name, cfg, during="run") from None
+
+    # -- reports --------------------------------------------------------------------------------------------
+    def to_json(self, block_size: int = 256) -> dict:
+        base = {"name": self._name, "display": self._name, "symbol": self.symbol, "backend": "numba",
+                "signature": str(self.signature), "numba_signature": self.numba_signature,
+                "simulate": self.simulate, "pending": self.pending, "arch": self._arch}
+        if self._compiled is None:
+            return base | {"registers": None, "shared_bytes": None, "local_bytes": None, "spill_store_bytes": None,
+                           "spill_load_bytes": None, "max_threads_per_block": None}
+        return super().to_json(block_size) | {k: v for k, v in base.items() if k not in ("signature",)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Argument checks against the Numba signature
+
+
+def _array_info(x):
+    """(dtype name, shape, byte strides, on the GPU, device index) of an array-like argument, or None."""
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch" and hasattr(x, "dim"):
+        size = x.element_size()
+        return (str(x.dtype).replace("torch.", ""), tuple(x.shape), tuple(s * size for s in x.stride()), x.is_cuda,
+                x.device.index if x.is_cuda else None)
+    if mod == "cupy" and hasattr(x, "device"):
+        return str(x.dtype), tuple(x.shape), tuple(x.strides), True, x.device.id
+    if isinstance(x, np.ndarray):
+        return x.dtype.name, x.shape, x.strides, False, None
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        dtype = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides") or tuple(
+            int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
+        return dtype.name, shape, tuple(strides), True, None
+    return None
+
+
+def _check_args(params, args, signature_text: str | None, *, host_ok: bool, device=None) -> list:
+    """Check `args` against the typed parameters; return them with scalars as exact-width NumPy scalars."""
+    from .run.launch import _describe, _scalar_of
+
+    sig = f" (signature {signature_text})" if signature_text else ""
+    out = []
+    for pos, (p, x) in enumerate(zip(params, args)):
+        where = f"argument {pos} ('{p.name}', {p.ctype})"
+        if not p.pointer:
+            if p.dtype is None:
+                out.append(x)           # a type kernellab does not check (tuples, records): numba checks it
+            elif p.dtype.startswith("complex"):
+                if not isinstance(x, (int, float, complex, np.number)):
+                    raise ArgumentError(f"{where} expects a number, got {_describe(x)}")
+                out.append(np.dtype(p.dtype).type(x))
+            else:
+                out.append(_scalar_of(p, x, pos))
+            continue
+        info = _array_info(x)
+        if info is None:
+            raise ArgumentError(f"{where} is an array parameter but got {_describe(x)}; pass a "
+                                f"{'NumPy array or torch tensor' if host_ok else 'CUDA torch tensor or CuPy array'}")
+        dtype, shape, strides, on_gpu, index = info
+        if p.dtype is not None and dtype != p.dtype:
+            raise ArgumentError(f"{where} expects {p.dtype} elements but got a {_describe(x)}{sig}; convert it "
+                                f"(torch: .to(torch.{p.dtype}); NumPy/CuPy: .astype('{p.dtype}')) or change the "
+                                f"signature")
+        if len(shape) != p.ndim:
+            raise ArgumentError(f"{where} expects a {p.ndim}-D array but got shape {shape}{sig}; reshape it or "
+                                f"change the signature")
+        itemsize = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
+        if p.layout in ("C", "F") and not nb.contiguous(shape, strides, itemsize, p.layout):
+            want = "C-contiguous" if p.layout == "C" else "Fortran-contiguous"
+            raise ArgumentError(f"{where} needs a {want} array, but this one has strides {strides} bytes{sig}; pass "
+                                f"x.contiguous() (torch) or np.ascontiguousarray(x), or write the type with [:] "
+                                f"(any strides)")
+        if not host_ok:
+            if not on_gpu:
+                raise ArgumentError(f"{where} got a {_describe(x)}; the kernel runs on the GPU: pass a CUDA torch "
+                                    f"tensor (x.cuda()) or a CuPy array. Host arrays work in the simulator "
+                                    f"(%%numba --sim, or kernel.simulate = True)")
+            if device is not None and index is not None and index != device.index:
+                raise ArgumentError(f"{where} is on GPU {index} but the kernel launches on GPU {device.index}; move "
+                                    f"it with .to('cuda:{device.index}')")
+        out.append(x)
+    return out
+
+
+def _numba_stream(stream, args):
+    """A numba Stream for `stream` (None: torch's current stream when torch tensors are passed, else CuPy's)."""
+    from numba import cuda
+
+    ptr = None
+    if stream is None:
+        for x in args:
+            mod = type(x).__module__.split(".")[0]
+            if mod == "torch" and getattr(x, "is_cuda", False):
+                import torch
+
+                ptr = torch.cuda.current_stream(x.device).cuda_stream
+                break
+            if mod == "cupy":
+                import cupy
+
+                ptr = cupy.cuda.get_current_stream().ptr
+                break
+        ptr = ptr or 0
+    elif isinstance(stream, int):
+        ptr = stream
+    elif type(stream).__module__.split(".")[0] == "torch":
+        ptr = stream.cuda_stream
+    elif type(stream).__module__.split(".")[0] == "cupy":
+        ptr = stream.ptr
+    else:
+        return stream                 # a numba Stream already
+    return cuda.default_stream() if ptr == 0 else cuda.external_stream(ptr)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A cell's kernels
+
+
+class NumbaModule:
+    """The kernels of one `%%numba` cell or source: `module['name']` or `module.name` gives a NumbaKernel."""
+
+    def __init__(self, kernels, *, name: str | None = None, arch: str, simulate: bool, notes=(), wall_ms: float = 0.0,
+                 filename: str = "", source: str = "", first_line: int = 1):
+        self.kernels: tuple[NumbaKernel, ...] = tuple(kernels)
+        self.name = name
+        self.arch = arch
+        self.simulate = simulate
+        self.notes = tuple(notes)
+        self.wall_ms = wall_ms
+        self.filename = filename
+        self.source = source
+        self.first_line = first_line
+        for k in self.kernels:
+            k.module = self
+
+    @property
+    def compile_ms(self) -> float:
+        """numba typing + NVVM + ptxas, summed over the kernels compiled so far."""
+        return sum(k.compiled.compile_ms for k in self.kernels if k.compiled is not None)
+
+    def __getitem__(self, name: str) -> NumbaKernel:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        known = ", ".join(k.name for k in self.kernels) or "none"
+        raise KeyError(f"no kernel {name!r} in this cell; its kernels: {known}")
+
+    def __getattr__(self, name: str) -> NumbaKernel:
+        if name.startswith("_") or name == "kernels":
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError as exc:
+            raise AttributeError(str(exc)) from None
+
+    def __iter__(self):
+        return iter(self.kernels)
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def __dir__(self):
+        return list(super().__dir__()) + [k.name for k in self.kernels]
+
+    # -- reports --------------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        """`{"kind": "compile", "version": 1, "ok": true, "backend": "numba", "title", "arch", "simulate",
+        "compile_ms", "wall_ms", "notes": [str], "diagnostics": [], "kernels": [NumbaKernel.to_json()]}`; a pending
+        kernel has `"pending": true` and null resource fields."""
+        n = len(self.kernels)
+        return {"kind": "compile", "version": 1, "ok": True, "backend": "numba",
+                "title": f"{self.name or 'numba'}: {n} kernel{'s' if n != 1 else ''}", "arch": self.arch,
+                "simulate": self.simulate, "compile_ms": round(self.compile_ms, 2), "wall_ms": round(self.wall_ms, 2),
+                "notes": list(self.notes) + [n for k in self.kernels for n in k.notes if n not in self.notes],
+                "diagnostics": [], "kernels": [k.to_json() for k in self.kernels]}
+
+    def _rows(self, html: bool):
+        rows = []
+        for k in self.to_json()["kernels"]:
+            sig = k["numba_signature"] or "(from its first launch)"
+            if k["registers"] is None:
+                rows.append([k["display"], sig, "-", "-", "-", "-", "-"] + ([] if not html else ["-"]))
+                continue
+            occ = k.get("occupancy")
+            spill = f"{k['spill_store_bytes']}/{k['spill_load_bytes']}"
+            occ_text = f"{occ['ratio']:.0%} @{'' if not html else ' '}{occ['block_size']} ({occ['limiter']})" if occ \
+                else "-"
+            if html:
+                spill = report.Raw(f"<span style='color:#c00;font-weight:bold'>{spill}</span>", spill) \
+                    if k["spill_store_bytes"] or k["spill_load_bytes"] else spill
+                rows.append([report.Raw(f"<b>{report.esc(k['display'])}</b>", k["display"]), sig, k["registers"],
+                             k["shared_bytes"], k["local_bytes"], spill, occ_text,
+                             ", ".join(map(str, k.get("best_block_sizes", []))) or "-"])
+            else:
+                rows.append([k["display"], sig, k["registers"], k["shared_bytes"], k["local_bytes"], spill, occ_text])
+        return rows
+
+    def _mode(self) -> str:
+        return "runs in the simulator" if self.simulate else "runs on the GPU"
+
+    def __str__(self) -> str:
+        j = self.to_json()
+        head = f"{j['title']} | {self.arch} | compiled in {self.compile_ms:.1f} ms | {self._mode()}"
+        parts = [head, report.text_table(["kernel", "signature", "regs", "smem B", "local B", "spill st/ld B",
+                                          "occupancy"], self._rows(False))]
+        parts += [f"note: {n}" for n in j["notes"]]
+        return "\n".join(parts)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        j = self.to_json()
+        cap = f"{j['title']} · {self.arch} · {self.compile_ms:.1f} ms compile · {self._mode()}"
+        out = [report.html_table(["kernel", "signature", "regs", "smem B", "local B", "spill st/ld B", "occupancy",
+                                  "best blocks"], self._rows(True), caption=cap)]
+        for n in j["notes"]:
+            out.append(f"<div style='color:#666'>note: {report.esc(n)}</div>")
+        return "".join(out)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return report.mimebundle(self, include, exclude)
+
+
+def _default_arch() -> tuple[str, str | None]:
+    """The current GPU's arch, or sm_90 with a note where there is no GPU."""
+    if _device.has_gpu():
+        return _device.device_info().arch, None
+    return nb.DEFAULT_ARCH, f"no GPU here: resources are for {nb.DEFAULT_ARCH} (--arch or arch= for another)"
+
+
+def numba_kernel(kernel, signature=None, *, arch: str | None = None, simulate: bool | None = None) -> NumbaKernel:
+    """A `@cuda.jit` kernel (or a plain function) as a kernellab Kernel; `signature` like 'float32[::1], int32'."""
+    return NumbaKernel(kernel, signature=signature, arch=arch, simulate=simulate)
+
+
+def numba_module(source: str, *, signatures=None, arch: str | None = None, simulate: bool | None = None,
+                 name: str | None = None, namespace: dict | None = None, filename: str | None = None,
+                 first_line: int = 1, kernels=(), line_label: str = "line") -> NumbaModule:
+    """Run Numba source (in `namespace`) and wrap each `@cuda.jit` kernel it defines as a NumbaKernel.
+
+    `signatures` maps kernel names to Numba signatures (a key None: the only kernel); `kernels` names plain functions
+    to treat as kernels. Kernels are bound in `namespace` as NumbaKernels while the source runs, so a launch in the
+    same source is checked too. A compile error raises CompileError at the source line (numbered from `first_line`).
+    """
+    t0 = time.perf_counter()
+    ns = {"__name__": "__kernellab_numba__"} if namespace is None else namespace
+    filename = filename or f"<numba-{abs(hash(source)) % 10**10}>"
+    signatures = dict(signatures or {})
+    notes = []
+    if arch is None:
+        arch, note = _default_arch()
+        if note:
+            notes.append(note)
+    arch = normalize_arch(arch)
+    if simulate is None:
+        sim_reason = "no GPU here"
+        simulate = not _device.has_gpu()
+    else:
+        sim_reason = "--sim" if simulate else ""
+    made: list[NumbaKernel] = []
+
+    def wrap(dispatcher):
+        fn = nb.kernel_function(dispatcher)
+        sig = signatures.get(fn.__name__)
+        if sig is None and None in signatures and not made:
+            sig = signatures[None]
+        k = NumbaKernel(dispatcher, signature=sig, arch=arch, simulate=simulate, source=source,
+                        first_line=first_line, line_label=line_label)
+        k._sim_reason = sim_reason or k._sim_reason
+        made.append(k)
+        return k
+
+    before = dict(ns)
+    nb.exec_source(source, ns, filename, first_line, on_kernel=wrap)
+    # Kernels the decorator did not make (NUMBA_ENABLE_CUDASIM, or marked plain functions): wrap them now.
+    for var, obj in nb.find_kernels(ns, filename, before, marked=tuple(kernels)):
+        if not isinstance(obj, NumbaKernel):
+            ns[var] = wrap(obj)
+    bound = {id(v): var for var, v in ns.items() if isinstance(v, NumbaKernel)}
+    ordered = sorted(made, key=lambda k: k.py_func.__code__.co_firstlineno)
+    unknown = {s for s in signatures if s is not None} - {k.py_func.__name__ for k in ordered}
+    if unknown:
+        raise KernellabError(f"--signature names {', '.join(sorted(unknown))}, which the cell does not define as a "
+                             f"kernel; its kernels: {', '.join(k.name for k in ordered) or 'none'}")
+    if None in signatures and len(ordered) != 1:
+        raise KernellabError(f"a signature without a kernel name fits a cell with one kernel; this one has "
+                             f"{len(ordered)}: write --signature 'NAME: TYPES'")
+    for k in ordered:   # the name the cell bound it to, where it differs from the function's
+        k._name = bound.get(id(k), k._name)
+    if simulate:
+        notes.append(f"launches run in Numba's CUDA simulator ({sim_reason}): about 5,000 threads per second, so "
+                     f"keep sizes small; resources are what ptxas reports for {arch}")
+    pending = [k.name for k in ordered if k.pending]
+    if pending:
+        notes.append(f"{', '.join(pending)}: no signature yet; compiled (and resources shown) at the first launch, "
+                     f"or give --signature 'NAME: float32[::1], int32'")
+    if not ordered:
+        notes.append("no @cuda.jit kernel in this cell (device functions are compiled into the kernels that call "
+                     "them; mark plain functions with --kernel NAME)")
+    return NumbaModule(ordered, name=name, arch=arch, simulate=bool(simulate), notes=notes,
+                       wall_ms=(time.perf_counter() - t0) * 1e3, filename=filename, source=source,
+                       first_line=first_line)

@@ -1,0 +1,239 @@
+"""Numba kernels in the CUDA simulator, next to the real numba.cuda: host copies in and out, and errors that name the
+thread, the block and the source line.
+
+How the simulator and the real `numba.cuda` share one process (checked with numba 0.68 + numba-cuda 0.30.4):
+- `numba.cuda.simulator` is an ordinary subpackage. Importing it does not need `NUMBA_ENABLE_CUDASIM`; that variable
+  only decides what `numba.cuda` *is* (with it set, `numba.cuda` is the simulator and `compile_ptx` is None). So
+  kernellab never sets it: `numba.cuda` stays real (compiling to PTX needs no GPU) and the simulator is used directly.
+- `FakeCUDAKernel(py_func)` runs the very Python function behind a real `@cuda.jit` kernel. During a launch the
+  simulator swaps every global of the function's module that *is* the real `numba.cuda` (under any name) for a fake
+  module holding threadIdx, blockIdx, shared arrays and atomics, and puts it back afterwards. A notebook cell's globals
+  are the user namespace, so `cuda` there is briefly the fake during a simulated launch.
+- Real device functions (`@cuda.jit(device=True)`) named in those globals are swapped for simulated ones for the launch
+  (`kernellab.run.simtrace`, which also records shared-memory traffic for the bank model).
+- What does not carry over: names imported from numba.cuda one by one (`from numba.cuda import grid`) stay the real,
+  GPU-only stubs; write `cuda.grid(1)`. Each CUDA thread is a Python thread, one block at a time, not in warp lockstep;
+  about 5,000 threads run per second. Only one simulated launch runs at a time (the simulator keeps one global kernel
+  context), so launches here take simtrace's lock.
+- With `NUMBA_ENABLE_CUDASIM=1` the same code works (kernels are then the simulator's own), but nothing can be
+  compiled for a real GPU in that process.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import sys
+import threading
+import warnings
+
+import numpy as np
+
+from ..errors import KernellabError
+
+SIMULATED_THREADS_PER_S = 5000   # measured on the CPU machine (2 cores): a 64x64 transpose, 32x32 tiles, about 1 s
+_fallback_lock = threading.Lock()
+
+
+class SimulatorNotice(UserWarning):
+    """A kernel ran in Numba's CUDA simulator rather than on a GPU."""
+
+
+class SimulatedKernelError(KernellabError):
+    """A Python exception inside a simulated kernel: which thread, which block, which source line."""
+
+    def __init__(self, message: str, *, kernel: str, exception: str, detail: str, thread, block, filename: str | None,
+                 line: int | None, source: str, original: BaseException | None = None):
+        self.kernel = kernel
+        self.exception = exception            # e.g. "IndexError"
+        self.detail = detail                  # the exception's own message, without the thread prefix
+        self.thread = thread                  # threadIdx (x, y, z), or None where unknown
+        self.block = block                    # blockIdx (x, y, z), or None
+        self.filename = filename
+        self.line = line
+        self.source = source                  # the source line, stripped
+        self.original = original
+        super().__init__(message)
+
+    def _render_traceback_(self):
+        """IPython shows this instead of a traceback through the simulator's and kernellab's frames."""
+        return [f"{type(self).__name__}: {self}"]
+
+
+def _simulator_lock():
+    try:
+        from . import simtrace
+
+        return getattr(simtrace, "_launch_lock", _fallback_lock)
+    except ImportError:
+        return _fallback_lock
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments: device and tensor memory as host NumPy arrays, written back after the launch
+
+
+def to_host(args) -> tuple[list, list]:
+    """(host arguments, write-backs): NumPy arrays the simulator can use, and what copies results back.
+
+    NumPy arrays and torch CPU tensors are used in place (the simulator copies in and back itself); torch CUDA tensors,
+    CuPy arrays and other `__cuda_array_interface__` arrays are copied to the host and back after the launch.
+    """
+    host, back = [], []
+    for x in args:
+        mod = type(x).__module__.split(".")[0]
+        if mod == "torch" and hasattr(x, "dim"):
+            if x.is_cuda:
+                h = x.detach().cpu().numpy()
+                back.append(_torch_back(x, h))
+            else:
+                h = x.detach().numpy()
+            host.append(h)
+        elif mod == "cupy" and hasattr(x, "get"):
+            h = x.get()
+            back.append(_cupy_back(x, h))
+            host.append(h)
+        elif not isinstance(x, np.ndarray) and hasattr(x, "__cuda_array_interface__") and hasattr(x, "copy_to_host"):
+            h = x.copy_to_host()
+            back.append(lambda x=x, h=h: x.copy_to_device(h))
+            host.append(h)
+        else:
+            host.append(x)
+    return host, back
+
+
+def _torch_back(t, h):
+    def write():
+        import torch
+
+        with torch.no_grad():
+            t.copy_(torch.from_numpy(h))
+    return write
+
+
+def _cupy_back(x, h):
+    def write():
+        import cupy
+
+        x[...] = cupy.asarray(h)
+    return write
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Launching
+
+
+def simulate(kernel, grid, block, args, *, shared_bytes: int = 0, trace: bool = False, line_offset: int = 0,
+             line_label: str = "line"):
+    """Run `kernel[grid, block, 0, shared_bytes](*args)` in Numba's CUDA simulator; with `trace`, return the trace.
+
+    `kernel` is a real or simulated `@cuda.jit` kernel or its Python function; `args` may hold NumPy arrays, torch
+    tensors (CPU or CUDA), CuPy arrays and numbers; results are written back into them. A Python exception in a
+    simulated thread raises SimulatedKernelError naming the thread, the block and the `line_label` line.
+    """
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    from .simtrace import _python_function, _simulated_device_functions, trace_shared
+
+    py_func = _python_function(kernel)
+    grid3, block3 = _dim3(grid), _dim3(block)
+    host, back = to_host(args)
+    try:
+        if trace:
+            result = trace_shared(kernel, grid3, block3, *host, line_offset=line_offset,
+                                  dynamic_smem_bytes=shared_bytes)
+        else:
+            sim = sim_kernel.FakeCUDAKernel(py_func, device=False, extensions=getattr(kernel, "extensions", ()) or ())
+            with _simulator_lock(), _simulated_device_functions(py_func):
+                sim[grid3, block3, 0, shared_bytes](*host)
+            result = None
+    except SimulatedKernelError:
+        raise
+    except Exception as exc:
+        raise _kernel_error(exc, py_func, grid3, block3, line_offset, line_label) from None
+    for write in back:
+        write()
+    return result
+
+
+def estimated_seconds(grid, block) -> float:
+    """About how long the simulator takes for this launch."""
+    g, b = _dim3(grid), _dim3(block)
+    return int(np.prod(g)) * int(np.prod(b)) / SIMULATED_THREADS_PER_S
+
+
+def notice(kernel_name: str, reason: str) -> None:
+    """Warn (once per kernel and reason) that launches of `kernel_name` run in the simulator."""
+    warnings.warn(f"kernellab: {kernel_name} runs in Numba's CUDA simulator ({reason}): results are right or wrong "
+                  f"as on a GPU, but about {SIMULATED_THREADS_PER_S:,} threads run per second, so keep sizes small, "
+                  f"and times mean nothing.", SimulatorNotice, stacklevel=caller_stacklevel())
+
+
+def caller_stacklevel() -> int:
+    """The `stacklevel` for a warning raised here that points at the first caller outside kernellab."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    level, frame = 2, sys._getframe(2)  # 1: the function calling warn; 2: its caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _dim3(value) -> tuple[int, int, int]:
+    dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Errors
+
+_PREFIX = re.compile(r"^tid=\[(?P<tid>[-\d, ]+)\] ctaid=\[(?P<cta>[-\d, ]+)\](?::\s?(?P<rest>.*))?$", re.S)
+_HINTS = {
+    "IndexError": ("an index outside the array: on a GPU this reads or writes memory that is not the array's (wrong "
+                   "results, or an illegal-address fault that ends the CUDA context); guard it, e.g. `if i < n:`, or "
+                   "launch no more threads than elements"),
+    "ZeroDivisionError": "on a GPU an integer division by zero gives garbage and a float one inf or nan",
+    "NameError": "names in a kernel must be defined when it runs (module globals are frozen at compile time on a GPU)",
+}
+
+
+def _kernel_error(exc: BaseException, py_func, grid, block, line_offset: int, label: str) -> BaseException:
+    text = str(exc)
+    m = _PREFIX.match(text)
+    if m is None:  # not from a simulated thread (bad arguments to the simulator, say): pass it on unchanged
+        return exc
+    thread = tuple(int(v) for v in m.group("tid").split(","))
+    block_idx = tuple(int(v) for v in m.group("cta").split(","))
+    detail = (m.group("rest") or "").strip()
+    filename, line = _user_line(exc, py_func)
+    shown = line + line_offset if (line is not None and filename == py_func.__code__.co_filename) else line
+    source = linecache.getline(filename, line).strip() if filename and line else ""
+    where = f"{label} {shown}" if shown else "an unknown line"
+    if filename and filename != py_func.__code__.co_filename and shown:
+        where = f"line {shown} of {filename}"
+    kind = type(exc).__name__
+    msg = (f"{py_func.__name__} raised {kind} in thread {thread} of block {block_idx} (threadIdx, blockIdx), at "
+           f"{where}" + (f": {source}" if source else "") + (f"\n  {kind}: {detail}" if detail else "")
+           + f"\n  simulated launch: grid {grid}, block {block}")
+    hint = _HINTS.get(kind)
+    if hint:
+        msg += f"\n  hint: {hint}"
+    return SimulatedKernelError(msg, kernel=py_func.__name__, exception=kind, detail=detail, thread=thread,
+                                block=block_idx, filename=filename, line=shown, source=source, original=exc)
+
+
+def _user_line(exc: BaseException, py_func) -> tuple[str | None, int | None]:
+    """The innermost traceback frame in the kernel's own file, else the innermost outside numba, NumPy and threading."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    own = py_func.__code__.co_filename
+    for filename, line in reversed(frames):
+        if filename == own:
+            return filename, line
+    skip = tuple(os.path.dirname(p) for p in (np.__file__, threading.__file__, __file__))
+    for filename, line in reversed(frames):
+        if "numba" not in filename and not filename.startswith(skip):
+            return filename, line
+    return None, None

@@ -1,0 +1,513 @@
+"""Numba as a backend, without a GPU: compile-only resources (numba-cuda PTX + ptxas), simulated launches, argument
+checks, errors naming thread, block and line, and the %%numba magic in a real IPython shell. Sizes stay tiny: the
+simulator runs about 5,000 threads per second."""
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+numba_cuda = pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
+torch = pytest.importorskip("torch", reason="torch is needed for the simulator tests")
+
+import kernellab  # noqa: E402
+from kernellab.compile import numba_backend as nb  # noqa: E402
+from kernellab.compile.nvrtc import parse_ptxas  # noqa: E402
+from kernellab.compile.toolkit import find_tool  # noqa: E402
+from kernellab.errors import ArgumentError, CompileError, KernellabError  # noqa: E402
+from kernellab.kernel_numba import NumbaKernel, _check_args, numba_kernel, numba_module  # noqa: E402
+from kernellab.run.numba_sim import SimulatedKernelError, SimulatorNotice  # noqa: E402
+
+from numba import cuda, float32  # noqa: E402
+
+needs_ptxas = pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas (nvidia-cuda-nvcc wheel) is not installed")
+pytestmark = [needs_ptxas, pytest.mark.filterwarnings("ignore::kernellab.run.numba_sim.SimulatorNotice")]
+
+SOURCE = """from numba import cuda, float32
+
+@cuda.jit(device=True)
+def square(x):
+    return x * x
+
+@cuda.jit
+def vadd(a, b, c, n):
+    i = cuda.grid(1)
+    if i < n:
+        c[i] = square(a[i]) + b[i]
+
+@cuda.jit("void(float32[:, ::1], float32[:, ::1])")
+def transpose(a, out):
+    tile = cuda.shared.array((32, 33), float32)
+    x, y = cuda.threadIdx.x, cuda.threadIdx.y
+    bx, by = cuda.blockIdx.x * 32, cuda.blockIdx.y * 32
+    tile[y, x] = a[by + y, bx + x]
+    cuda.syncthreads()
+    out[bx + y, by + x] = tile[x, y]
+
+@cuda.jit(max_registers=32)
+def local_sum(a, out):
+    buf = cuda.local.array(64, float32)
+    i = cuda.grid(1)
+    for j in range(64):
+        buf[j] = a[(i + j * 7) % a.size]
+    s = 0.0
+    for j in range(64):
+        s += buf[(j * 13 + i) % 64]
+    out[i] = s
+"""
+VADD_SIG = "float32[::1], float32[::1], float32[::1], int32"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return kernellab.compile_numba(SOURCE, {"vadd": VADD_SIG, "local_sum": "float32[::1], float32[::1]"})
+
+
+def _ptxas_directly(ptx, *flags):
+    """ptxas -v on the PTX, run here by hand: what compile_numba's resources must agree with."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as fh:
+            fh.write(ptx)
+        proc = subprocess.run([find_tool("ptxas"), "-v", "-arch=sm_90", *flags, path, "-o", os.path.join(tmp, "k.o")],
+                              capture_output=True, text=True, check=True)
+    (report,) = parse_ptxas(proc.stdout + proc.stderr).values()
+    return report
+
+
+# -- compile only ---------------------------------------------------------------------------------------------------
+
+
+def test_compile_numba_source_gives_every_kernel_in_source_order(compiled):
+    assert list(compiled) == ["vadd", "transpose", "local_sum"]
+    assert compiled["transpose"].signature == "float32[:, ::1], float32[:, ::1]"  # from the decorator, deferred
+    assert compiled["vadd"].arch == "sm_90"
+    assert ".entry " in compiled["vadd"].ptx and compiled["vadd"].symbol in compiled["vadd"].ptx
+    assert compiled["vadd"].cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("name", ["vadd", "transpose", "local_sum"])
+def test_resources_agree_with_ptxas_run_by_hand(compiled, name):
+    out = compiled[name]
+    flags = ("-maxrregcount=32",) if name == "local_sum" else ()
+    by_hand = _ptxas_directly(out.ptx, *flags)
+    assert out.report.registers == by_hand.registers > 0
+    assert out.report.shared_bytes == by_hand.shared_bytes
+    assert out.report.stack_bytes == by_hand.stack_bytes
+
+
+def test_shared_tile_matches_the_same_tile_in_cuda_cpp(compiled):
+    cpp = kernellab.compile_cuda("__global__ void t(float* a) { __shared__ float tile[32][33]; "
+                                 "tile[threadIdx.y][threadIdx.x] = a[threadIdx.x]; __syncthreads(); "
+                                 "a[threadIdx.y] = tile[threadIdx.x][threadIdx.y]; }", arch="sm_90")
+    assert compiled["transpose"].shared_bytes == cpp.t.resources.shared_bytes == 32 * 33 * 4
+
+
+def test_local_array_and_max_registers_are_honoured(compiled):
+    out = compiled["local_sum"]
+    assert out.local_bytes >= 64 * 4  # the local array lives in the stack frame
+    assert out.registers <= 32 and "-maxrregcount=32" in out.options
+    free = kernellab.compile_numba(cuda.jit(_fn("local_sum")), "float32[::1], float32[::1]")
+    assert free.registers > 32  # without the cap it takes more
+
+
+def test_launch_bounds_limit_the_block():
+    k = numba_kernel(cuda.jit(launch_bounds=128)(_fn("vadd")), VADD_SIG, arch="sm_90", simulate=True)
+    assert ".maxntid 128" in k.ptx and k.resources.max_threads_per_block == 128
+    with pytest.raises(ArgumentError, match="max_threads_per_block = 128"):
+        k[1, 256](*(np.zeros(4, np.float32),) * 3, 4)
+
+
+def test_signature_spellings():
+    t = nb.numba_types
+    assert t("float32[::1], int32") == t("void(float32[::1], int32)") == t(["float32[::1]", "int32"])
+    assert nb.signature_text(t("float32[::1]")) == "float32[::1]"
+    assert nb.signature_text(t("f8[:, :], float32[::1, :]")) == "float64[:, :], float32[::1, :]"
+    with pytest.raises(KernellabError, match="not a Numba signature"):
+        t("floot32[::1]")
+    with pytest.raises(KernellabError, match="returns"):
+        t("int32(float32[::1])")
+
+
+def test_compile_error_points_at_the_source_line():
+    src = "from numba import cuda\n@cuda.jit\ndef bad(a, n):\n    i = cuda.grid(1)\n    a[i] = 'text'\n"
+    with pytest.raises(CompileError) as info:
+        kernellab.compile_numba(src, "float32[::1], int32", first_line=2)
+    (diag,) = info.value.diagnostics
+    assert diag.line == 6  # 'a[i] = ...' is the source's line 5, numbered from 2
+    assert "setitem" in diag.message and "bad(float32[::1], int32)" in diag.message
+    assert "a[i] = 'text'" in str(info.value)
+
+
+@pytest.mark.parametrize("body, line", [("    a[0] = undefined_name + 1\n", 4),
+                                         ("    xs = [1, 2, 3]\n    a[0] = xs[0]\n", 4)])
+def test_name_error_and_unsupported_python_point_at_their_lines(body, line):
+    src = "from numba import cuda\n@cuda.jit\ndef k(a):\n" + body
+    with pytest.raises(CompileError) as info:
+        kernellab.compile_numba(src, "float32[::1]")
+    assert info.value.diagnostics[0].line == line, info.value
+
+
+def test_compile_numba_on_a_function_needs_a_signature():
+    @cuda.jit
+    def k(a):
+        a[0] = 1
+    with pytest.raises(KernellabError, match="needs a signature"):
+        kernellab.compile_numba(k)
+    out = kernellab.compile_numba(k, "int32[::1]", arch="sm_80")
+    assert out.arch == "sm_80" and out.params[0].dtype == "int32" and out.params[0].name == "a"
+
+
+def test_kernel_inspection(compiled):
+    k = numba_kernel(cuda.jit(_fn("vadd")), VADD_SIG, arch="sm_90", simulate=True)
+    assert isinstance(k, kernellab.Kernel) and k.backend == "numba"
+    assert str(k.signature) == "vadd(float32[::1] a, float32[::1] b, float32[::1] c, int32 n)"
+    assert ".entry" in k.ptx
+    assert "Function : " in k.sass
+    occ = k.occupancy(256)
+    assert occ.block_size == 256 and 0 < occ.ratio <= 1
+    assert k.best_block_sizes()
+    j = k.to_json()
+    assert j["registers"] == k.resources.registers and j["numba_signature"] == VADD_SIG and not j["pending"]
+
+
+def _fn(name):
+    """The Python function of one of SOURCE's kernels (decorator signatures deferred: no GPU here)."""
+    ns = {}
+    nb.exec_source(SOURCE, ns, "<test-numba-source>")
+    return ns[name].py_func
+
+
+# -- simulated launches ---------------------------------------------------------------------------------------------
+
+
+def _vadd_kernel(**kw):
+    mod = numba_module(SOURCE, signatures=kw.pop("signatures", {}), arch="sm_90", simulate=True)
+    return mod
+
+
+def test_signature_from_the_first_launch():
+    mod = _vadd_kernel()
+    k = mod.vadd
+    assert k.pending and mod.to_json()["kernels"][0]["registers"] is None
+    with pytest.raises(KernellabError, match="no signature yet"):
+        k.resources
+    a, b, c = np.arange(40, dtype=np.float32), np.ones(40, np.float32), np.zeros(40, np.float32)
+    with pytest.warns(SimulatorNotice, match="simulator"):
+        k[2, 32](a, b, c, 40)
+    np.testing.assert_array_equal(c, a * a + 1)
+    assert k.numba_signature == "float32[::1], float32[::1], float32[::1], int64"  # a Python int is int64
+    assert k.resources.registers > 0 and not k.pending
+
+
+def test_simulated_launch_on_torch_cpu_tensors_checks_out():
+    mod = _vadd_kernel(signatures={"vadd": VADD_SIG})
+    n = 70
+
+    def candidate(a, b):
+        c = torch.empty_like(a)
+        mod.vadd[(n + 31) // 32, 32](a, b, c, n)
+        return c
+
+    report = kernellab.check(candidate, lambda a, b: a * a + b,
+                             lambda g: (torch.randn(n, generator=g), torch.randn(n, generator=g)), trials=2)
+    assert report.passed, report
+
+
+def test_check_catches_a_wrong_simulated_kernel():
+    mod = numba_module("@cuda.jit\ndef off(a, c, n):\n    i = cuda.grid(1)\n    if i < n - 1:\n        c[i] = a[i]\n",
+                       arch="sm_90", simulate=True)
+
+    def candidate(a):
+        c = torch.empty_like(a)
+        mod.off[1, 32](a, c, 32)
+        return c
+
+    report = kernellab.check(candidate, lambda a: a.clone(), lambda g: (torch.randn(32, generator=g),), trials=1)
+    assert not report.passed and report.mismatches == 1
+
+
+def test_exception_in_a_simulated_kernel_names_thread_block_and_line():
+    src = "@cuda.jit\ndef unguarded(a, c):\n    i = cuda.grid(1)\n    c[i] = a[i] * 2\n"
+    mod = numba_module(src, arch="sm_90", simulate=True, first_line=2, line_label="cell line")
+    a = np.zeros(63, np.float32)  # 64 threads: only thread 31 of block 1 reads past the end
+    with pytest.raises(SimulatedKernelError) as info:
+        mod.unguarded[2, 32](a, a.copy())
+    e = info.value
+    assert e.exception == "IndexError" and e.block == (1, 0, 0) and e.thread == (31, 0, 0)
+    assert e.line == 5 and e.source == "c[i] = a[i] * 2"
+    text = str(e)
+    assert "thread (31, 0, 0) of block (1, 0, 0)" in text and "cell line 5" in text and "if i < n" in text
+
+
+def test_code_the_simulator_runs_but_the_compiler_rejects_is_reported():
+    src = "@cuda.jit\ndef uses_list(a):\n    xs = [1.0, 2.0]\n    a[cuda.grid(1)] = xs[0]\n"
+    mod = numba_module(src, arch="sm_90", simulate=True)
+    a = np.zeros(4, np.float32)
+    with pytest.raises(CompileError) as info:
+        mod.uses_list[1, 4](a)
+    assert info.value.diagnostics[0].line == 3
+    assert not a.any()  # nothing ran
+
+
+def test_device_function_and_2d_launch_in_the_simulator():
+    mod = numba_module(SOURCE, arch="sm_90", simulate=True)
+    a = np.arange(64 * 32, dtype=np.float32).reshape(32, 64)
+    out = np.zeros((64, 32), np.float32)
+    mod.transpose[(2, 1), (32, 32)](a, out)
+    np.testing.assert_array_equal(out, a.T)
+
+
+def test_dynamic_shared_memory_in_the_simulator():
+    src = ("@cuda.jit\ndef block_sum(x, out):\n    buf = cuda.shared.array(0, float32)\n    t = cuda.threadIdx.x\n"
+           "    buf[t] = x[cuda.grid(1)]\n    cuda.syncthreads()\n    if t == 0:\n        s = 0.0\n"
+           "        for j in range(cuda.blockDim.x):\n            s += buf[j]\n        out[cuda.blockIdx.x] = s\n")
+    mod = numba_module("from numba import float32\n" + src, arch="sm_90", simulate=True)
+    x = torch.arange(2 * 16, dtype=torch.float32)
+    out = torch.zeros(2)
+    mod.block_sum[2, 16, 16 * 4](x, out)
+    torch.testing.assert_close(out, x.view(2, 16).sum(1))
+    assert mod.block_sum.resources.shared_bytes == 0  # dynamic shared memory is not static
+
+
+# -- argument checks ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def typed():
+    return numba_module(SOURCE, signatures={"vadd": VADD_SIG}, arch="sm_90", simulate=True)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((np.zeros(4, np.float32),) * 3, r"takes 4 arguments, got 3"),
+    ((np.zeros(4, np.float64), np.zeros(4, np.float32), np.zeros(4, np.float32), 4),
+     r"argument 0 \('a', float32\[::1\]\) expects float32 elements but got a NumPy array \(dtype float64"),
+    ((np.zeros(4, np.float32), np.zeros((2, 2), np.float32), np.zeros(4, np.float32), 4),
+     r"argument 1 \('b', float32\[::1\]\) expects a 1-D array"),
+    ((np.zeros(4, np.float32), np.zeros(8, np.float32)[::2], np.zeros(4, np.float32), 4),
+     r"argument 1 \('b', float32\[::1\]\) needs a C-contiguous array"),
+    ((np.zeros(4, np.float32),) * 3 + (2**40,), r"argument 3 \('n', int32\) is int32"),
+    ((np.zeros(4, np.float32),) * 3 + (1.5,), r"argument 3 \('n', int32\) is an integer parameter"),
+    ((np.zeros(4, np.float32), 3.0, np.zeros(4, np.float32), 4), r"argument 1 \('b', float32\[::1\]\) is an array"),
+])
+def test_argument_errors_name_the_argument(typed, args, match):
+    with pytest.raises(ArgumentError, match=match):
+        typed.vadd[1, 32](*args)
+
+
+def test_launch_configuration_is_checked(typed):
+    a = np.zeros(4, np.float32)
+    with pytest.raises(ArgumentError, match="more than this kernel's max_threads_per_block"):
+        typed.vadd[1, 2048](a, a, a, 4)
+    with pytest.raises(ArgumentError, match="launch as vadd"):
+        typed.vadd[1](a, a, a, 4)
+
+
+def test_gpu_launches_refuse_host_memory(typed):
+    params = typed.vadd.params
+    arrays = (np.zeros(4, np.float32),) * 3
+    with pytest.raises(ArgumentError, match=r"argument 0 \('a'.*runs on the GPU.*simulator"):
+        _check_args(params, arrays + (4,), VADD_SIG, host_ok=False)
+    with pytest.raises(ArgumentError, match="torch tensor"):
+        _check_args(params, (torch.zeros(4),) * 3 + (4,), VADD_SIG, host_ok=False)
+    values = _check_args(params, arrays + (4,), VADD_SIG, host_ok=True)
+    assert values[3].dtype == np.int32
+
+
+def test_first_launch_rejects_what_numba_cannot_type():
+    mod = _vadd_kernel()
+    with pytest.raises(ArgumentError, match="bfloat16"):
+        mod.vadd[1, 4](*(torch.zeros(4, dtype=torch.bfloat16),) * 3, 4)
+    assert mod.vadd.pending
+
+
+def test_without_a_gpu_a_real_launch_says_how_to_simulate():
+    if kernellab.has_gpu():
+        pytest.skip("this machine has a GPU")
+    k = numba_kernel(cuda.jit(_fn("vadd")), VADD_SIG, arch="sm_90", simulate=False)
+    with pytest.raises(kernellab.NoGPUError, match="simulate = True"):
+        k[1, 4](*(np.zeros(4, np.float32),) * 3, 4)
+
+
+# -- shared-memory traces -------------------------------------------------------------------------------------------
+
+
+TRANSPOSE_TILE = """@cuda.jit
+def tile_t(a, out):
+    tile = cuda.shared.array((32, {width}), float32)
+    x, y = cuda.threadIdx.x, cuda.threadIdx.y
+    tile[y, x] = a[y, x]
+    cuda.syncthreads()
+    out[y, x] = tile[x, y]
+"""
+
+
+@pytest.mark.parametrize("width, ways", [(32, 32), (33, 1)])
+def test_bank_trace_per_source_line(width, ways):
+    mod = numba_module("from numba import float32\n" + TRANSPOSE_TILE.format(width=width), arch="sm_90",
+                       simulate=True)
+    a = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)
+    out = np.zeros_like(a)
+    trace = mod.tile_t.trace_banks(1, (32, 32), a, out)
+    np.testing.assert_array_equal(out, a.T)  # a traced launch is a launch
+    load = trace.line(8, kind="load")         # out[y, x] = tile[x, y]
+    assert load.ways == ways and load.instructions == 32
+    assert trace.line(6, kind="store").ways == 1
+    assert mod.tile_t.last_trace is trace
+
+
+def test_trace_refuses_big_launches():
+    mod = numba_module("from numba import float32\n" + TRANSPOSE_TILE.format(width=33), arch="sm_90", simulate=True)
+    a = np.zeros((32, 32), np.float32)
+    with pytest.raises(ArgumentError, match="simulates every thread"):
+        mod.tile_t.trace_banks(100, (32, 32), a, a)
+
+
+# -- the %%numba magic ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "kernellab")
+    yield shell
+
+
+def _run(ip, cell):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SimulatorNotice)
+        return ip.run_cell(cell)
+
+
+def test_magic_binds_kernels_and_shows_a_card(ip):
+    result = _run(ip, f"%%numba --arch sm_90 --sim --signature 'vadd: {VADD_SIG}' --name mod\n" + SOURCE)
+    assert result.success, result.error_in_exec
+    mod = ip.user_ns["mod"]
+    assert result.result is mod
+    for name in ("vadd", "transpose", "local_sum"):
+        assert isinstance(ip.user_ns[name], kernellab.Kernel)
+    assert ip.user_ns["vadd"].numba_signature == VADD_SIG
+    assert ip.user_ns["local_sum"].pending
+    assert callable(ip.user_ns["square"].py_func)  # device functions stay numba dispatchers
+    text, html = str(mod), mod._repr_html_()
+    assert "runs in the simulator" in text and "(from its first launch)" in text and "vadd" in html
+    bundle = mod._repr_mimebundle_()
+    from kernellab.report import REPORT_MIME
+
+    j = bundle[REPORT_MIME]
+    assert j["kind"] == "compile" and j["backend"] == "numba" and len(j["kernels"]) == 3
+    ip.user_ns.update(a=np.ones(8, np.float32), c=np.zeros(8, np.float32))
+    result = _run(ip, "vadd[1, 8](a, a, c, 8)\nc")
+    assert result.success and (result.result == 2).all()
+
+
+def test_magic_help_lists_options(ip):
+    doc = ip.find_cell_magic("numba").__doc__
+    for opt in ("--arch", "--signature", "--sim", "--name", "--ptx", "--sass", "--banks", "--kernel"):
+        assert opt in doc
+
+
+def test_magic_compile_error_is_a_usage_error_at_the_cell_line(ip, capsys):
+    from IPython.core.error import UsageError
+
+    cell = "%%numba --arch sm_90 --sim -s 'bad: float32[::1]'\n@cuda.jit\ndef bad(a):\n    a[0] = 'x'\n"
+    result = _run(ip, cell)
+    assert isinstance(result.error_in_exec, UsageError)
+    out = capsys.readouterr()
+    assert "line 4" in out.out + out.err  # the %%numba line is line 1
+
+
+def test_magic_syntax_error_is_a_usage_error(ip):
+    from IPython.core.error import UsageError
+
+    result = _run(ip, "%%numba --sim\n@cuda.jit\ndef k(a)\n    pass\n")
+    assert isinstance(result.error_in_exec, UsageError) and "line 3" in str(result.error_in_exec)
+
+
+def test_magic_kernel_error_names_the_cell_line(ip):
+    assert _run(ip, "%%numba --sim\n@cuda.jit\ndef boom(a):\n    i = cuda.grid(1)\n    a[i + 1] = 1\n").success
+    ip.user_ns["buf"] = np.zeros(4, np.float32)
+    result = _run(ip, "boom[1, 4](buf)")
+    e = result.error_in_exec
+    assert isinstance(e, SimulatedKernelError)
+    assert e.thread == (3, 0, 0) and e.block == (0, 0, 0) and e.line == 5 and "cell line 5" in str(e)
+    assert e._render_traceback_()[0].startswith("SimulatedKernelError: boom raised IndexError")
+
+
+def test_magic_launches_in_the_same_cell_are_kernellab_launches(ip):
+    ip.user_ns["np"] = np
+    cell = ("%%numba --sim\n@cuda.jit\ndef fill(a, v):\n    a[cuda.grid(1)] = v\n\n"
+            "out = np.zeros(6, np.int32)\nfill[2, 3](out, 7)\n")
+    result = _run(ip, cell)
+    assert result.success, result.error_in_exec
+    assert isinstance(ip.user_ns["fill"], NumbaKernel) and (ip.user_ns["out"] == 7).all()
+    assert ip.user_ns["fill"].numba_signature == "int32[::1], int64"
+
+
+def test_magic_marks_plain_functions_as_kernels(ip):
+    result = _run(ip, "%%numba --sim --kernel fill2,fill3\ndef fill2(a, v):\n    a[cuda.grid(1)] = v\n"
+                      "def fill3(a):\n    a[cuda.grid(1)] = 3\n")
+    assert result.success, result.error_in_exec
+    assert [k.name for k in result.result] == ["fill2", "fill3"]
+    out = np.zeros(4, np.float32)
+    ip.user_ns["fill2"][1, 4](out, 2.5)
+    assert (out == 2.5).all()
+
+
+def test_magic_banks_traces_a_launch_per_cell_line(ip, capsys):
+    ip.user_ns.update(ta=np.arange(1024, dtype=np.float32).reshape(32, 32), tout=np.zeros((32, 32), np.float32))
+    cell = ("%%numba --sim --banks 'tile_t[1, (32, 32)](ta, tout)'\nfrom numba import float32\n"
+            + TRANSPOSE_TILE.format(width=32))
+    result = _run(ip, cell)
+    assert result.success, result.error_in_exec
+    trace = ip.user_ns["tile_t"].last_trace
+    assert trace.line(9, kind="load").ways == 32  # the %%numba line is 1: `out[y, x] = tile[x, y]` is line 9
+    assert "32-way" in capsys.readouterr().out
+    # --banks alone: the next launch returns its trace
+    assert _run(ip, "%%numba --sim --banks\nfrom numba import float32\n" + TRANSPOSE_TILE.format(width=33)).success
+    result = _run(ip, "tile_t[1, (32, 32)](ta, tout)")
+    assert result.result.line(9, kind="load").ways == 1
+    assert _run(ip, "tile_t[1, (32, 32)](ta, tout)").result is None  # only the next one
+
+
+def test_magic_ptx_and_sass(ip, capsys):
+    result = _run(ip, f"%%numba --sim --ptx --sass -s 'vadd: {VADD_SIG}'\n" + SOURCE)
+    assert result.success
+    out = capsys.readouterr().out
+    assert ".entry" in out and "Function : " in out
+
+
+def test_magic_usage_errors(ip):
+    from IPython.core.error import UsageError
+
+    for line, match in (("--signature 'nope: int32'", "nope"), ("--kernel missing", "missing"),
+                        ("--signature 'vadd: floot[:]'", "not a Numba signature")):
+        result = _run(ip, f"%%numba --sim {line}\n" + SOURCE)
+        assert isinstance(result.error_in_exec, UsageError), line
+        assert match in str(result.error_in_exec)
+
+
+# -- NUMBA_ENABLE_CUDASIM=1 -----------------------------------------------------------------------------------------
+
+
+def test_with_numba_enable_cudasim_kernels_simulate_without_resources():
+    code = textwrap.dedent("""
+        import warnings, numpy as np
+        warnings.simplefilter("ignore")
+        from kernellab.kernel_numba import numba_module
+        mod = numba_module("@cuda.jit\\ndef k(a):\\n    a[cuda.grid(1)] += 1\\n", arch="sm_90")
+        a = np.zeros(4, np.float32)
+        mod.k[1, 4](a)
+        print(a.tolist(), mod.k.simulate, mod.k.compiled is None, "NUMBA_ENABLE_CUDASIM" in str(mod))
+    """)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[1.0,", "1.0,", "1.0,", "1.0]", "True", "True", "True"]
