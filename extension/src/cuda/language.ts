@@ -96,10 +96,22 @@ export function cudaLanguage(cpp: Language): Language {
   return new Language(cpp.data, new CudaCellParser(cpp.parser, top), [], CUDA_LANGUAGE_NAME);
 }
 
-/** The scan of the editor's current text, kept up to date on every change (cells are short). */
+/** Whether a document's first non-blank line is a CUDA cell magic (reads only the start of the document). */
+function wantsCuda(doc: Text): boolean {
+  return isCudaCell(doc.sliceString(0, Math.min(doc.length, 2000)));
+}
+
+const NO_SCAN = scanCudaCell('');
+
+/** The scan of a document: a rescan per change for CUDA cells (they are short); other documents are not read. */
+function scanDoc(doc: Text): ICudaScan {
+  return wantsCuda(doc) ? scanCudaCell(doc.toString()) : NO_SCAN;
+}
+
+/** The scan of the editor's current text, kept up to date on every change. */
 export const cudaScanField = StateField.define<ICudaScan>({
-  create: state => scanCudaCell(state.doc.toString()),
-  update: (scan, tr) => (tr.docChanged ? scanCudaCell(tr.state.doc.toString()) : scan)
+  create: state => scanDoc(state.doc),
+  update: (scan, tr) => (tr.docChanged ? scanDoc(tr.state.doc) : scan)
 });
 
 /** Whether the editor holds a `%%cuda` cell. */
@@ -129,11 +141,6 @@ function cudaMarks(scan: ICudaScan): DecorationSet {
     builder.add(m.from, m.to, m.value);
   }
   return builder.finish();
-}
-
-/** Whether a document's first non-blank line is a CUDA cell magic (reads only the start of the document). */
-function wantsCuda(doc: Text): boolean {
-  return isCudaCell(doc.sliceString(0, Math.min(doc.length, 2000)));
 }
 
 /**
