@@ -296,10 +296,14 @@ class NumbaKernel(Kernel):
         dev = _device.device_info()
         values = _check_args(self.params, args, self.numba_signature, host_ok=False, device=dev)
         cfg = self._config(grid, block, shared_bytes, dev)
-        kernel = self.dispatcher.compile(argtypes)   # numba-cuda compiles for this GPU (once per signature)
+        # What numba-cuda's dispatcher does for k[grid, block, stream, shared](...), minus its choice of overload:
+        # compile (once) for exactly this signature, for this GPU, and launch that. Arrays pass by their
+        # __cuda_array_interface__ (no copy); scalars as Python numbers of the checked value.
+        kernel = self.dispatcher.compile(argtypes)
+        values = [v.item() if isinstance(v, np.generic) else v for v in values]
         s = _numba_stream(stream, args)
         try:
-            kernel.launch(values, cfg.grid, cfg.block, s, cfg.shared_bytes)
+            kernel.launch(values, cfg.grid, cfg.block, _core_stream(s), cfg.shared_bytes)
         except Exception as exc:
             raise _launch_error(exc, self._name, cfg, during="launch") from None
         if sync:
@@ -420,6 +424,14 @@ def _numba_stream(stream, args):
     else:
         return stream                 # a numba Stream already
     return cuda.default_stream() if ptr == 0 else cuda.external_stream(ptr)
+
+
+def _core_stream(stream):
+    """The stream object numba-cuda's kernel launch takes (cuda.core's, in numba-cuda 0.30)."""
+    from numba.cuda.cudadrv import driver
+
+    convert = getattr(driver, "_to_core_stream", None)
+    return convert(stream) if convert is not None else stream
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -334,6 +334,55 @@ def test_without_a_gpu_a_real_launch_says_how_to_simulate():
         k[1, 4](*(np.zeros(4, np.float32),) * 3, 4)
 
 
+class _FakeDeviceArray:
+    """Device memory as Numba sees it: only __cuda_array_interface__ (no GPU needed to hold one)."""
+
+    def __init__(self, n, typestr="<f4", strides=None):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (0x7000_0000, False),
+                                         "strides": strides, "version": 3}
+
+
+def test_gpu_launch_path_with_a_stand_in_device(monkeypatch):
+    """The real-launch code path, with the GPU, numba's compiled kernel and its stream replaced by stand-ins."""
+    import kernellab.kernel_numba as kn
+    from kernellab.run import device
+    from kernellab.run.device import DeviceInfo
+
+    dev = DeviceInfo(index=0, name="stand-in H100", arch="sm_90", multiprocessors=132)
+    monkeypatch.setattr(device, "require_gpu", lambda what="": None)
+    monkeypatch.setattr(device, "device_info", lambda index=None: dev)
+    launched, synced = [], []
+
+    class Compiled:
+        def launch(self, args, grid, block, stream, shared):
+            if shared == 13:
+                raise RuntimeError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")
+            launched.append((args, grid, block, stream, shared))
+
+    class Stream:
+        def synchronize(self):
+            synced.append(True)
+
+    stream = Stream()
+    monkeypatch.setattr(kn, "_numba_stream", lambda s, args: stream)
+    monkeypatch.setattr(kn, "_core_stream", lambda s: s)
+    k = numba_kernel(cuda.jit(_fn("vadd")), VADD_SIG, arch="sm_90", simulate=False)
+    monkeypatch.setattr(k.dispatcher, "compile", lambda argtypes: Compiled())
+    a = _FakeDeviceArray(8)
+    assert k[(2,), 4](a, a, a, 8) is None
+    ((args, grid, block, s, shared),) = launched
+    assert args == [a, a, a, 8] and type(args[3]) is int and grid == (2, 1, 1) and block == (4, 1, 1)
+    assert s is stream and shared == 0 and synced == [True]
+    with pytest.raises(ArgumentError, match=r"argument 2 \('c', float32\[::1\]\) needs a C-contiguous"):
+        k[1, 4](a, a, _FakeDeviceArray(8, strides=(8,)), 8)
+    with pytest.raises(ArgumentError, match=r"argument 1 \('b', float32\[::1\]\) expects float32 elements"):
+        k[1, 4](a, _FakeDeviceArray(8, "<f8"), a, 8)
+    with pytest.raises(kernellab.LaunchError, match="vadd failed at launch.*fewer threads per block"):
+        k[1, 4, 13](a, a, a, 8)
+    with pytest.raises(KernellabError, match="not available for Numba kernels yet"):
+        k[1, 4](a, a, a, 8, isolate=True)
+
+
 # -- shared-memory traces -------------------------------------------------------------------------------------------
 
 
