@@ -325,7 +325,9 @@ def test_first_line_2_makes_lineinfo_count_cell_lines():
 @pytest.fixture
 def no_gpu_launch_checks(monkeypatch):
     """profile_banks as on a GPU: the device checks pass; the job and ncu are real files and processes."""
-    from kernellab.run import device, worker
+    pytest.importorskip("kernellab.run.job", reason="profile_banks runs a kernellab.run.job KernelJob")
+    worker = pytest.importorskip("kernellab.run.worker", reason="profile_banks checks the launch with run.worker")
+    from kernellab.run import device
 
     monkeypatch.setattr(device, "require_gpu", lambda what="": None)
     monkeypatch.setattr(worker, "_sync_caller", lambda: None)
