@@ -68,14 +68,11 @@ def parse_param(text: str, index: int) -> Param:
     stars = tokens.count("*")
     ref = "&" in tokens
     const = "const" in tokens
-    words = [t for t in tokens if t not in ("*", "&")]
+    core = [t for t in tokens if t not in ("*", "&") and t not in _QUALIFIERS]
     name = f"arg{index}"
-    core = [w for w in words if w not in _QUALIFIERS]
-    # The last identifier is the name when more than one word remains and it is not part of a type.
-    if len(core) >= 2 and not _is_type_word(core[-1], core[:-1]):
-        name = core[-1]
-        core = core[:-1]
-        words = words[:len(words) - 1 - words[::-1].index(name)] + words[len(words) - words[::-1].index(name):]
+    # "unsigned int" is a type alone; "unsigned int n" and "float x" end with the parameter's name.
+    if len(core) >= 2 and " ".join(core) not in SCALAR_TYPES:
+        name = core.pop()
     base = " ".join(core)
     base = re.sub(r"^(std::|::)", "", base)
     ctype = " ".join(w for w in text.split() if w != name or w in core)
@@ -94,15 +91,6 @@ def parse_param(text: str, index: int) -> Param:
             dtype, size = SCALAR_TYPES[base]
     return Param(name=name, ctype=ctype, base=base, pointer=stars >= 1, const=const, dtype=dtype,
                  vector_width=width, size_bytes=size)
-
-
-def _is_type_word(word: str, before: list[str]) -> bool:
-    """Whether `word` continues a type spelled by `before` (e.g. 'int' after 'unsigned')."""
-    if not before:
-        return True
-    joined = " ".join(before + [word])
-    return joined in SCALAR_TYPES and " ".join(before) not in SCALAR_TYPES | VECTOR_TYPES or \
-        (joined in SCALAR_TYPES and before[-1] in ("unsigned", "signed", "long", "short"))
 
 
 def split_top_level(text: str, sep: str = ",") -> list[str]:
