@@ -7,6 +7,11 @@ from dataclasses import dataclass
 class KernellabError(Exception):
     """Base class of every error kernellab raises on purpose."""
 
+    def _render_traceback_(self) -> list[str]:
+        """In IPython: the message alone. It says what happened and how to fix it; kernellab's frames add nothing."""
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {line}" if i == 0 else line
+                for i, line in enumerate(str(self).splitlines() or [""])]
+
 
 @dataclass(frozen=True)
 class Diagnostic:
