@@ -122,9 +122,18 @@ class Kernel:
                                 f"shared_bytes](args...); got {self.name}[{config!r}]")
         return _Launcher(self, *config)
 
-    def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool = True):
-        """Check the arguments against the signature and launch on the current GPU."""
+    def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool = True,
+               isolate: bool | None = None, timeout_s: float | None = None):
+        """Check the arguments against the signature and launch on the current GPU.
+
+        isolate=True runs it in a worker process (see run_isolated); None follows the notebook-wide setting.
+        """
+        from .run import worker as _worker
+
+        if _worker.settings.isolate if isolate is None else isolate:
+            return self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
         _device.require_gpu(f"launching {self.name}")
+        from .errors import LaunchError
         from .run.launch import allow_dynamic_shared, launch, make_config, marshal_args
 
         dev = _device.device_info()
@@ -135,7 +144,35 @@ class Kernel:
         fn = self._function(dev.index)
         if cfg.shared_bytes > dev.shared_per_block_bytes - self.resources.shared_bytes:
             allow_dynamic_shared(fn, cfg.shared_bytes)  # opt in above 48 KiB
-        launch(fn, cfg, values, args, stream=stream, sync=sync, kernel_name=self.name)
+        try:
+            launch(fn, cfg, values, args, stream=stream, sync=sync, kernel_name=self.name)
+        except LaunchError as exc:
+            if exc.sticky and exc.job is None:  # keep the launch (shapes and scalars) for sanitize_last()
+                from .run.job import KernelJob
+
+                try:
+                    exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes")
+                except Exception:
+                    pass
+            raise
+
+    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None):
+        """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
+        from .run.worker import run_isolated
+
+        return run_isolated(self, grid, block, args, shared_bytes=shared_bytes, timeout_s=timeout_s)
+
+    def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
+        """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process."""
+        from .run.sanitize import sanitize_launch
+
+        return sanitize_launch(self, grid, block, args, shared_bytes=shared_bytes, tool=tool, **kw)
+
+    def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False, **kw):
+        """Run this launch under Nsight Compute (a small metric set, or full=True for `--set full`) in a new process."""
+        from .run.profile import profile_launch
+
+        return profile_launch(self, grid, block, args, shared_bytes=shared_bytes, metrics=metrics, full=full, **kw)
 
     def _check_arch(self, dev) -> None:
         want = _base_arch(self.arch)
@@ -178,10 +215,11 @@ class _Launcher:
     def __init__(self, kernel: Kernel, grid, block, shared_bytes: int = 0):
         self.kernel, self.grid, self.block, self.shared_bytes = kernel, grid, block, shared_bytes
 
-    def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool = True):
+    def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool = True,
+                 isolate: bool | None = None, timeout_s: float | None = None):
         return self.kernel.launch(self.grid, self.block, *args,
                                   shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
-                                  stream=stream, sync=sync)
+                                  stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s)
 
 
 class Module:

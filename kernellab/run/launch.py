@@ -283,8 +283,12 @@ def _launch_error(exc, kernel_name, config, during, job=None) -> LaunchError:
     if is_sticky(exc):
         msg = (f"{kernel_name} faulted while running ({text}) with {config}. This error is sticky: the CUDA context "
                f"of this process is lost, and every later CUDA call here (CuPy and torch alike) will fail. Save what "
-               f"you need and restart the notebook kernel. To find the faulty access without losing the session, run "
-               f"the same launch isolated (isolate=True) or under compute-sanitizer with kernel.sanitize(...).")
+               f"you need and restart the notebook kernel. To see the faulting line now, from this session: "
+               f"`kernellab.run.sanitize.sanitize_last()` re-runs this launch (same shapes and scalars, tensors "
+               f"zero-filled) under compute-sanitizer in a new process. After the restart, "
+               f"`{kernel_name}.sanitize({config.grid}, {config.block}, *args)` runs it on your data, and "
+               f"`{kernel_name}[grid, block](*args, isolate=True)` (or `%config KernellabRun.isolate = True`) keeps "
+               f"faults out of this process.")
         return LaunchError(msg, sticky=True, cuda_error=text, job=job)
     hint = ""
     if "OUT_OF_RESOURCES" in text or "TooManyResources" in text:

@@ -1,0 +1,709 @@
+"""A kernel job: one launch as a serializable value that runs in-process, in a worker, under ncu or compute-sanitizer.
+
+A `KernelJob` holds everything a fresh process needs to repeat a launch: the backend, the source (for line
+numbers), the compiled image (cubin, or PTX for Numba) or the compile options to rebuild it, the kernel's symbol,
+grid, block, dynamic shared memory, and the arguments as `ArgSpec`s: tensors saved with their data, tensors to
+regenerate from a fill spec, tensors shared through a CUDA IPC handle, scalars with their exact C type.
+
+The wire and file format is `to_bytes()`: an 8-byte magic, the header length, a JSON header and the tensors' bytes
+after it. No pickle: a job file is safe to load. `python -m kernellab.run.job JOBFILE [--out RESULTFILE]` runs one
+job and writes a `JobResult`; that is what compute-sanitizer and ncu run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..errors import ArgumentError, KernellabError
+
+JOB_MAGIC = b"KLJOB01\n"
+RESULT_MAGIC = b"KLRES01\n"
+FORMAT_VERSION = 1
+
+# Element sizes of the dtypes kernellab passes to kernels; bfloat16 travels as raw 16-bit words.
+ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
+            "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8, "complex128": 16}
+FILLS = ("zeros", "ones", "full", "arange", "randn", "rand", "empty")
+
+
+def storage_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype that holds `dtype`'s bits (bfloat16 as uint16)."""
+    return np.dtype("uint16" if dtype == "bfloat16" else dtype)
+
+
+# --- arguments ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One kernel argument: a tensor (data, fill spec or IPC handle), a scalar of an exact C type, or a null pointer."""
+
+    kind: str                          # "tensor", "scalar" or "null"
+    name: str = ""                     # the parameter's name, for messages
+    dtype: str = ""                    # "float32", "bfloat16", "int32", ... (element type for tensors)
+    shape: tuple[int, ...] = ()
+    value: int | float | bool | None = None  # scalars: the value as passed (bfloat16: its 16-bit pattern)
+    data: bytes | None = field(default=None, repr=False)  # tensors: the elements in C order
+    fill: str | None = None            # tensors without data: one of FILLS
+    fill_value: float = 0.0            # for fill="full"
+    seed: int = 0                      # for fill="randn"/"rand"
+    writes: bool = True                # a non-const pointer: its contents come back after the launch
+    ipc_handle: bytes | None = field(default=None, repr=False)  # the allocation's cudaIpcMemHandle (shared)
+    ipc_offset: int = 0                # bytes from the allocation's base to the tensor's first element
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * ITEMSIZE.get(self.dtype, 1)
+
+    @property
+    def shared(self) -> bool:
+        return self.ipc_handle is not None
+
+    def describe(self) -> str:
+        """'c: float32[4096]' or 'n = 4096'."""
+        if self.kind == "scalar":
+            return f"{self.name} = {self.value!r}" if self.name else repr(self.value)
+        if self.kind == "null":
+            return f"{self.name}: null" if self.name else "null"
+        dims = ", ".join(map(str, self.shape))
+        how = "shared" if self.shared else ("data" if self.data is not None else (self.fill or "empty"))
+        return f"{self.name + ': ' if self.name else ''}{self.dtype}[{dims}] ({how})"
+
+    def host_array(self) -> np.ndarray:
+        """This tensor's elements as a host array in its storage dtype (bfloat16 as uint16): data, or the fill."""
+        if self.kind != "tensor":
+            raise KernellabError(f"argument {self.name or '?'} is a {self.kind}, not a tensor")
+        st = storage_dtype(self.dtype)
+        if self.data is not None:
+            if len(self.data) != self.nbytes:
+                raise KernellabError(f"argument {self.name}: {len(self.data)} bytes of data for {self.describe()}, "
+                                     f"expected {self.nbytes}")
+            return np.frombuffer(self.data, dtype=st).reshape(self.shape).copy()
+        fill = self.fill or "empty"
+        if fill in ("zeros", "empty"):
+            return np.zeros(self.shape, dtype=st)
+        if fill == "ones":
+            values = np.ones(self.shape, dtype=np.float64)
+        elif fill == "full":
+            values = np.full(self.shape, self.fill_value, dtype=np.float64)
+        elif fill == "arange":
+            values = np.arange(self.numel, dtype=np.float64).reshape(self.shape)
+        elif fill in ("randn", "rand"):
+            rng = np.random.default_rng(self.seed)
+            values = rng.standard_normal(self.shape) if fill == "randn" else rng.random(self.shape)
+        else:
+            raise KernellabError(f"argument {self.name}: unknown fill {fill!r}; expected one of {', '.join(FILLS)}")
+        return _from_float64(values, self.dtype)
+
+
+def _from_float64(values: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        bits = values.astype(np.float32).view(np.uint32)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16     # round to nearest even
+        out = rounded.astype(np.uint16)
+        out[np.isnan(values)] = 0x7FC0
+        return out
+    return values.astype(np.dtype(dtype))
+
+
+def tensor_spec(x, name: str = "", *, writes: bool = True, data: str = "copy") -> ArgSpec:
+    """An ArgSpec for a torch tensor, CuPy array or NumPy array: with its bytes (data='copy') or zero-filled ('shapes')."""
+    dtype, shape = _dtype_name(x), tuple(int(s) for s in x.shape)
+    if data == "shapes":
+        return ArgSpec("tensor", name, dtype, shape, fill="zeros", writes=writes)
+    return ArgSpec("tensor", name, dtype, shape, data=_tensor_bytes(x), writes=writes)
+
+
+def _framework(x) -> str:
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("torch", "cupy") or isinstance(x, np.ndarray):
+        return mod if mod in ("torch", "cupy") else "numpy"
+    return "cai" if hasattr(x, "__cuda_array_interface__") else ""
+
+
+def _dtype_name(x) -> str:
+    if _framework(x) == "torch":
+        return str(x.dtype).replace("torch.", "")
+    if _framework(x) == "cai":
+        return str(np.dtype(x.__cuda_array_interface__["typestr"]))
+    return str(x.dtype)
+
+
+def _tensor_bytes(x) -> bytes:
+    """The elements of a contiguous tensor, copied to the host."""
+    fw = _framework(x)
+    if fw == "torch":
+        import torch
+
+        t = x.detach().contiguous().reshape(-1)
+        return t.view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b""
+    if fw == "cupy":
+        import cupy
+
+        return cupy.ascontiguousarray(x).get().tobytes()
+    if fw == "numpy":
+        return np.ascontiguousarray(x).tobytes()
+    if fw == "cai":
+        import cupy
+
+        return cupy.asarray(x).get().tobytes()
+    raise ArgumentError(f"cannot read the data of a {type(x).__name__}")
+
+
+def _device_pointer(x) -> int | None:
+    """The device address of a CUDA tensor, or None for host data."""
+    fw = _framework(x)
+    if fw == "torch":
+        return int(x.data_ptr()) if x.is_cuda else None
+    if fw == "cupy":
+        return int(x.data.ptr)
+    if fw == "cai":
+        return int(x.__cuda_array_interface__["data"][0])
+    return None
+
+
+# --- CUDA IPC: lending a caller's allocation to a worker -------------------------------------------------------
+
+SHARE_SLACK_BYTES = 1 << 20   # torch and CuPy do not split a cached block whose remainder is at most 1 MiB
+
+
+def ipc_export(x) -> tuple[bytes, int] | None:
+    """(handle, offset) to share `x`'s memory with another process, or None where sharing would not be safe.
+
+    Safe means: `x` is a CUDA tensor that starts its allocation and fills it up to SHARE_SLACK_BYTES, so a kernel
+    that writes out of bounds in the worker cannot reach another of the caller's tensors. Allocations IPC cannot
+    export (torch's expandable segments, VMM) are copied instead.
+    """
+    ptr = _device_pointer(x)
+    if ptr is None:
+        return None
+    nbytes = math.prod(x.shape) * ITEMSIZE.get(_dtype_name(x), 1)
+    try:
+        from cuda.bindings import driver
+
+        err, base, size = driver.cuMemGetAddressRange(ptr)
+        if int(err) != 0:
+            return None
+        base, size = int(base), int(size)
+        if base != ptr or size - nbytes > SHARE_SLACK_BYTES:
+            return None
+        import cupy
+
+        return bytes(cupy.cuda.runtime.ipcGetMemHandle(base)), ptr - base
+    except Exception:  # no cuda.bindings, no IPC on this platform, a VMM allocation: copy instead
+        return None
+
+
+# --- the job ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelJob:
+    """One launch of one kernel, with its arguments: serializable with to_bytes() and runnable anywhere."""
+
+    symbol: str                        # the entry's name in the image (mangled for C++ kernels)
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple[ArgSpec, ...]
+    source: str = ""                   # for line numbers and excerpts; compiled when there is no image
+    backend: str = "cuda"              # "cuda" (C++ through NVRTC) or "numba"
+    name: str = ""                     # for messages: the kernel's short name
+    signature: str = ""                # the C signature, for messages
+    arch: str = "sm_90"
+    options: tuple[str, ...] = ()      # the user's NVRTC options (kernellab adds -lineinfo and the arch)
+    shared_bytes: int = 0              # dynamic shared memory per block
+    static_shared_bytes: int = 0
+    first_line: int = 1                # the number of the source's first line (2 in a %%cuda cell)
+    filename: str = "kernel.cu"        # the name line numbers refer to ("cell.cu" for %%cuda cells)
+    image: bytes | None = field(default=None, repr=False)  # the compiled module; None: compile `source`
+    image_format: str | None = None    # "cubin" or "ptx"
+    device: int | None = None          # the GPU ordinal to run on (None: the current one)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.symbol
+
+    @property
+    def threads(self) -> int:
+        return math.prod(self.grid) * math.prod(self.block)
+
+    def describe(self) -> str:
+        """'vadd[(16, 1, 1), (256, 1, 1)](a: float32[4096] (data), ..., n = 4096)'."""
+        cfg = f"{self.grid}, {self.block}" + (f", {self.shared_bytes}" if self.shared_bytes else "")
+        return f"{self.label}[{cfg}]({', '.join(a.describe() for a in self.args)})"
+
+    def __str__(self) -> str:
+        return f"KernelJob {self.describe()} [{self.backend}, {self.arch}]"
+
+    def line(self, number: int) -> str | None:
+        """The text of source line `number` (numbered as the user sees it), or None."""
+        lines = self.source.splitlines()
+        idx = number - self.first_line
+        return lines[idx] if 0 <= idx < len(lines) else None
+
+    def with_data(self) -> "KernelJob":
+        """This job without IPC handles: fill specs stay; shared tensors become zero-filled (their data was lent)."""
+        args = tuple(replace(a, ipc_handle=None, ipc_offset=0, fill=a.fill or "zeros") if a.shared else a
+                     for a in self.args)
+        return replace(self, args=args)
+
+    # -- building -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_launch(cls, kernel, grid, block, args, shared_bytes: int = 0, *, data: str = "copy",
+                    share_min_bytes: int | None = None, device: int | None = None) -> "KernelJob":
+        """The job for kernel[grid, block](*args) with a compiled `kernellab.Kernel`.
+
+        data='copy' saves every tensor's elements (host or device); 'shapes' keeps shapes and dtypes only and
+        fills with zeros (for a launch whose data is unreachable, e.g. after a sticky fault); 'share' lends
+        CUDA tensors of at least `share_min_bytes` through CUDA IPC where that is safe (see ipc_export) and
+        copies the rest. Arguments are checked against the signature as Kernel.launch does.
+        """
+        from .launch import _dims, _scalar_of
+
+        if data not in ("copy", "shapes", "share"):
+            raise ValueError(f"data must be 'copy', 'shapes' or 'share', got {data!r}")
+        params = kernel.params
+        if len(args) != len(params):
+            raise ArgumentError(f"{kernel.signature} takes {len(params)} argument{'s' if len(params) != 1 else ''}, "
+                                f"got {len(args)}")
+        specs = []
+        for pos, (p, x) in enumerate(zip(params, args)):
+            if not p.pointer:
+                v = _scalar_of(p, x, pos)
+                specs.append(ArgSpec("scalar", p.name, p.dtype or "", value=v.item()))
+                continue
+            if x is None:
+                specs.append(ArgSpec("null", p.name))
+                continue
+            if not _framework(x):
+                raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) is a pointer parameter but got a "
+                                    f"{type(x).__name__}; pass a CUDA torch tensor, a CuPy array or None")
+            dt = _dtype_name(x)
+            if p.dtype is not None and dt != p.dtype:
+                raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) expects {p.dtype} elements but got "
+                                    f"{dt}; convert it or change the parameter type")
+            writes = not p.const
+            lent = None
+            if data == "share" and share_min_bytes is not None:
+                nbytes = math.prod(x.shape) * ITEMSIZE.get(dt, 1)
+                lent = ipc_export(x) if nbytes >= share_min_bytes else None
+            if lent is not None:
+                specs.append(ArgSpec("tensor", p.name, dt, tuple(int(s) for s in x.shape), writes=writes,
+                                     ipc_handle=lent[0], ipc_offset=lent[1]))
+            else:
+                specs.append(tensor_spec(x, p.name, writes=writes, data="shapes" if data == "shapes" else "copy"))
+        module = kernel.module
+        cubin = getattr(module, "cubin", None)
+        resources = getattr(kernel, "resources", None)
+        return cls(symbol=kernel.symbol, grid=_dims(grid, "grid"), block=_dims(block, "block"), args=tuple(specs),
+                   source=getattr(module, "source", "") or "", backend=getattr(kernel, "backend", "cuda"),
+                   name=kernel.name, signature=str(getattr(kernel, "signature", "")), arch=kernel.arch,
+                   options=tuple(getattr(module, "options", ()) or ()), shared_bytes=int(shared_bytes),
+                   static_shared_bytes=getattr(resources, "shared_bytes", 0) if resources else 0,
+                   first_line=getattr(module, "first_line", 1), filename=getattr(module, "filename", "kernel.cu"),
+                   image=cubin if cubin else None, image_format="cubin" if cubin else None, device=device)
+
+    # -- serialization --------------------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """The job as bytes: magic, header length, JSON header, then the tensors' data and the image."""
+        blobs: list[bytes] = []
+
+        def blob(b: bytes | None):
+            if b is None:
+                return None
+            blobs.append(b)
+            return len(blobs) - 1
+
+        head = {"version": FORMAT_VERSION, "symbol": self.symbol, "grid": list(self.grid), "block": list(self.block),
+                "source": self.source, "backend": self.backend, "name": self.name, "signature": self.signature,
+                "arch": self.arch, "options": list(self.options), "shared_bytes": self.shared_bytes,
+                "static_shared_bytes": self.static_shared_bytes, "first_line": self.first_line,
+                "filename": self.filename, "image": blob(self.image), "image_format": self.image_format,
+                "device": self.device,
+                "args": [{"kind": a.kind, "name": a.name, "dtype": a.dtype, "shape": list(a.shape), "value": a.value,
+                          "data": blob(a.data), "fill": a.fill, "fill_value": a.fill_value, "seed": a.seed,
+                          "writes": a.writes, "ipc_handle": a.ipc_handle.hex() if a.ipc_handle else None,
+                          "ipc_offset": a.ipc_offset} for a in self.args]}
+        return _pack(JOB_MAGIC, head, blobs)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "KernelJob":
+        head, blob = _unpack(JOB_MAGIC, raw, "kernel job")
+        args = tuple(ArgSpec(kind=a["kind"], name=a["name"], dtype=a["dtype"], shape=tuple(a["shape"]),
+                             value=a["value"], data=blob(a["data"]), fill=a["fill"], fill_value=a["fill_value"],
+                             seed=a["seed"], writes=a["writes"],
+                             ipc_handle=bytes.fromhex(a["ipc_handle"]) if a["ipc_handle"] else None,
+                             ipc_offset=a["ipc_offset"]) for a in head["args"])
+        return cls(symbol=head["symbol"], grid=tuple(head["grid"]), block=tuple(head["block"]), args=args,
+                   source=head["source"], backend=head["backend"], name=head["name"], signature=head["signature"],
+                   arch=head["arch"], options=tuple(head["options"]), shared_bytes=head["shared_bytes"],
+                   static_shared_bytes=head["static_shared_bytes"], first_line=head["first_line"],
+                   filename=head["filename"], image=blob(head["image"]), image_format=head["image_format"],
+                   device=head["device"])
+
+    def save(self, path) -> str:
+        """Write the job to `path` (atomically) and return the path."""
+        path = os.fspath(path)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(self.to_bytes())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path) -> "KernelJob":
+        with open(path, "rb") as fh:
+            return cls.from_bytes(fh.read())
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What running a job produced: a status, the written arguments' bytes, timing, notes and captured output."""
+
+    status: str                        # "ok", "fault" (sticky CUDA error), "launch_error", "error",
+                                       # "timeout" or "crashed" (the last two are made by the caller)
+    message: str = ""
+    cuda_error: str | None = None
+    poisoned: bool = False             # the process's CUDA context is unusable: the worker must be replaced
+    outputs: tuple[tuple[int, bytes], ...] = field(default=(), repr=False)  # (argument index, bytes) per copy-back
+    kernel_ms: float | None = None     # CUDA events around the launch
+    notes: tuple[str, ...] = ()        # e.g. NaN found in an output
+    stdout: str = ""                   # the process's output during the job (device printf included)
+    pid: int | None = None
+    device: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def output(self, index: int) -> bytes | None:
+        return dict(self.outputs).get(index)
+
+    def to_bytes(self) -> bytes:
+        blobs = [b for _, b in self.outputs]
+        head = {"version": FORMAT_VERSION, "status": self.status, "message": self.message,
+                "cuda_error": self.cuda_error, "poisoned": self.poisoned,
+                "outputs": [i for i, _ in self.outputs], "kernel_ms": self.kernel_ms, "notes": list(self.notes),
+                "stdout": self.stdout, "pid": self.pid, "device": self.device}
+        return _pack(RESULT_MAGIC, head, blobs)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "JobResult":
+        head, blob = _unpack(RESULT_MAGIC, raw, "job result")
+        return cls(status=head["status"], message=head["message"], cuda_error=head["cuda_error"],
+                   poisoned=head["poisoned"], outputs=tuple((i, blob(k)) for k, i in enumerate(head["outputs"])),
+                   kernel_ms=head["kernel_ms"], notes=tuple(head["notes"]), stdout=head["stdout"], pid=head["pid"],
+                   device=head["device"])
+
+
+def _pack(magic: bytes, head: dict, blobs: list[bytes]) -> bytes:
+    head = dict(head, blobs=[len(b) for b in blobs])
+    text = json.dumps(head, separators=(",", ":")).encode()
+    return b"".join([magic, struct.pack("<Q", len(text)), text, *blobs])
+
+
+def _unpack(magic: bytes, raw: bytes, what: str):
+    if raw[:len(magic)] != magic:
+        raise KernellabError(f"not a kernellab {what}: it starts with {raw[:8]!r}, expected {magic!r} "
+                             f"(written by a different kernellab version?)")
+    (n,) = struct.unpack_from("<Q", raw, len(magic))
+    start = len(magic) + 8
+    head = json.loads(raw[start:start + n])
+    if head.get("version") != FORMAT_VERSION:
+        raise KernellabError(f"{what} format version {head.get('version')}, this kernellab reads {FORMAT_VERSION}")
+    offsets, pos = [], start + n
+    for size in head["blobs"]:
+        offsets.append((pos, pos + size))
+        pos += size
+    if pos != len(raw):
+        raise KernellabError(f"{what} is truncated or padded: {len(raw)} bytes, the header describes {pos}")
+    mem = memoryview(raw)
+
+    def blob(index):
+        if index is None:
+            return None
+        a, b = offsets[index]
+        return bytes(mem[a:b])
+
+    return head, blob
+
+
+# --- running a job (on a GPU, through CuPy) --------------------------------------------------------------------
+
+
+def job_image(job: KernelJob) -> tuple[bytes, str]:
+    """(image, 'cubin' | 'ptx'): the job's own image, or its source compiled with NVRTC through the compile cache."""
+    if job.image is not None:
+        return job.image, job.image_format or "cubin"
+    if job.backend != "cuda" or not job.source:
+        raise KernellabError(f"job {job.label} has no compiled image and no CUDA C++ source to compile")
+    from ..compile import cache
+    from ..compile.nvrtc import compile_source, nvrtc_version
+
+    key = cache.make_key(source=job.source, options=job.options, arch=job.arch, nvrtc=nvrtc_version(),
+                         first_line=job.first_line, filename=job.filename)
+    output, _ = cache.get(key)
+    if output is None:
+        output = compile_source(job.source, job.arch, job.options, filename=job.filename, first_line=job.first_line)
+        cache.put(key, output)
+    return output.cubin, "cubin"
+
+
+def init_worker(device: int | None = None) -> dict:
+    """Create this process's CUDA context on `device` and describe it (called once when a worker starts)."""
+    import cupy
+
+    if device is not None:
+        cupy.cuda.Device(device).use()
+    cupy.empty(1, dtype=cupy.uint8)          # creates the context now, not at the first launch
+    index = cupy.cuda.runtime.getDevice()
+    props = cupy.cuda.runtime.getDeviceProperties(index)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return {"device": name, "index": index, "arch": f"sm_{props['major']}{props['minor']}", "pid": os.getpid()}
+
+
+def run_job(job: KernelJob, state: dict | None = None, *, scan: bool = True) -> JobResult:
+    """Run `job` on this process's GPU and return its result; never raises for CUDA errors.
+
+    `state` carries loaded modules and opened IPC handles between jobs of one worker. `scan` counts NaN and Inf
+    in the outputs (it launches a few CuPy kernels, so the tool runs leave it off).
+    """
+    state = {} if state is None else state
+    try:
+        import cupy
+
+        if job.device is not None and cupy.cuda.runtime.getDevice() != job.device:
+            cupy.cuda.Device(job.device).use()
+        fn = _function(job, state)
+    except Exception as exc:
+        return _failure(job, exc, "loading the kernel")
+    try:
+        arrays, values = _materialize(job, state)
+    except Exception as exc:
+        return _failure(job, exc, "preparing the arguments")
+    stream = state.get("stream")
+    if stream is None:
+        stream = state["stream"] = cupy.cuda.Stream(non_blocking=True)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    try:
+        start.record(stream)
+        fn(job.grid, job.block, tuple(values), shared_mem=job.shared_bytes, stream=stream)
+        stop.record(stream)
+        stream.synchronize()
+    except Exception as exc:
+        return _failure(job, exc, "running")
+    kernel_ms = cupy.cuda.get_elapsed_time(start, stop)
+    outputs, notes = [], []
+    try:
+        for i, (spec, arr) in enumerate(zip(job.args, arrays)):
+            if arr is None or not spec.writes:
+                continue
+            if scan and spec.dtype in ("float16", "bfloat16", "float32", "float64"):
+                note = nonfinite_note(spec, arr, cupy)
+                if note:
+                    notes.append(note)
+            if not spec.shared:
+                outputs.append((i, arr.get().tobytes()))
+    except Exception as exc:
+        return _failure(job, exc, "reading the outputs")
+    _trim_pool(cupy)
+    return JobResult("ok", outputs=tuple(outputs), kernel_ms=kernel_ms, notes=tuple(notes), pid=os.getpid(),
+                     device=state.get("device_name", ""))
+
+
+def run_in_process(job: KernelJob) -> JobResult:
+    """Run `job` in this process (a fault here poisons this process's context: prefer a worker)."""
+    return run_job(job, {})
+
+
+def _function(job: KernelJob, state: dict):
+    import cupy
+
+    image, fmt = job_image(job)
+    key = (hash(image), job.symbol, job.device)
+    cache = state.setdefault("functions", {})
+    fn = cache.get(key)
+    if fn is None:
+        mod = cupy.cuda.function.Module()
+        mod.load(image + b"\0" if fmt == "ptx" and not image.endswith(b"\0") else image)
+        fn = mod.get_function(job.symbol)
+        state.setdefault("modules", []).append(mod)          # keep the module loaded
+        if len(cache) > 256:
+            cache.clear()
+        cache[key] = fn
+    if job.shared_bytes + job.static_shared_bytes > 48 * 1024:
+        from .launch import allow_dynamic_shared
+
+        allow_dynamic_shared(fn, job.shared_bytes)            # opt in above 48 KiB
+    return fn
+
+
+def _materialize(job: KernelJob, state: dict):
+    """Device arrays (None for scalars and nulls) and the launch values, in argument order."""
+    import cupy
+
+    arrays, values = [], []
+    for spec in job.args:
+        if spec.kind == "scalar":
+            arrays.append(None)
+            values.append(scalar_value(spec))
+        elif spec.kind == "null":
+            arrays.append(None)
+            values.append(np.uint64(0))
+        elif spec.shared:
+            ptr = _ipc_open(state, spec.ipc_handle) + spec.ipc_offset
+            mem = cupy.cuda.UnownedMemory(ptr, spec.nbytes, owner=None)
+            arr = cupy.ndarray(spec.shape, dtype=storage_dtype(spec.dtype), memptr=cupy.cuda.MemoryPointer(mem, 0))
+            arrays.append(arr)
+            values.append(np.uint64(ptr))
+        else:
+            st = storage_dtype(spec.dtype)
+            arr = cupy.empty(spec.shape, dtype=st)
+            if spec.data is not None:
+                arr.set(np.frombuffer(spec.data, dtype=st).reshape(spec.shape))
+            elif (spec.fill or "empty") != "empty":
+                arr.set(spec.host_array())
+            arrays.append(arr)
+            values.append(np.uint64(arr.data.ptr if arr.size else 0))
+    return arrays, values
+
+
+def scalar_value(spec: ArgSpec):
+    """The exact-width NumPy scalar for a scalar argument."""
+    if spec.dtype == "bfloat16":
+        return np.uint16(spec.value)
+    if spec.dtype == "bool":
+        return np.bool_(spec.value)
+    return np.dtype(spec.dtype).type(spec.value)
+
+
+_IPC_OPEN_MAX = 32
+
+
+def _ipc_open(state: dict, handle: bytes) -> int:
+    """The base address of a shared allocation in this process (opened once, closed when evicted)."""
+    import cupy
+
+    opened = state.setdefault("ipc", {})
+    ptr = opened.pop(handle, None)
+    if ptr is None:
+        ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle)
+        while len(opened) >= _IPC_OPEN_MAX:
+            old = next(iter(opened))
+            try:
+                cupy.cuda.runtime.ipcCloseMemHandle(opened.pop(old))
+            except Exception:
+                pass
+    opened[handle] = ptr                      # most recently used last
+    return ptr
+
+
+def nonfinite_note(spec: ArgSpec, arr, xp) -> str | None:
+    """'c (float32[4096]): 4,096 NaN, first at index 0' when an output holds NaN or Inf, else None."""
+    if spec.dtype == "bfloat16":
+        bits = arr.view(xp.uint16) if arr.dtype != xp.uint16 else arr
+        top = (bits & 0x7F80) == 0x7F80
+        if not bool(top.any()):                      # the common case: one reduction, one sync
+            return None
+        nan, inf = top & ((bits & 0x7F) != 0), top & ((bits & 0x7F) == 0)
+    else:
+        finite = xp.isfinite(arr)
+        if bool(finite.all()):
+            return None
+        nan = xp.isnan(arr)
+        inf = ~finite & ~nan
+    n_nan, n_inf = int(xp.count_nonzero(nan)), int(xp.count_nonzero(inf))
+    if not (n_nan or n_inf):
+        return None
+    bad = (nan | inf).ravel()
+    first = int(xp.argmax(bad))
+    where = np.unravel_index(first, spec.shape) if spec.shape else ()
+    index = ", ".join(map(str, (int(i) for i in where))) if len(spec.shape) > 1 else str(first)
+    parts = ([f"{n_nan:,} NaN"] if n_nan else []) + ([f"{n_inf:,} Inf"] if n_inf else [])
+    dims = ", ".join(map(str, spec.shape))
+    return (f"{spec.name or 'output'} ({spec.dtype}[{dims}]) holds {' and '.join(parts)} of {spec.numel:,} elements "
+            f"after the launch, the first at index {index}")
+
+
+def _failure(job: KernelJob, exc: BaseException, during: str) -> JobResult:
+    from .launch import is_sticky
+
+    text = f"{type(exc).__name__}: {exc}".strip()
+    cuda_like = type(exc).__module__.split(".")[0] in ("cupy", "cupy_backends", "cuda") or "cuda" in text.lower()
+    sticky = is_sticky(exc)
+    poisoned = sticky or (cuda_like and not _context_healthy())
+    if sticky:
+        status = "fault"
+    elif cuda_like and during == "running":
+        status = "launch_error"
+    else:
+        status = "error"
+    return JobResult(status, message=f"{job.label}: {during} failed: {text}", cuda_error=text if cuda_like else None,
+                     poisoned=poisoned, pid=os.getpid())
+
+
+def _context_healthy() -> bool:
+    try:
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
+        cupy.empty(1, dtype=cupy.uint8)
+        return True
+    except Exception:
+        return False
+
+
+def _trim_pool(cupy) -> None:
+    """Give cached device memory back once it passes 1 GiB, so an idle worker does not hold the GPU's memory."""
+    pool = cupy.get_default_memory_pool()
+    if pool.total_bytes() > (1 << 30):
+        pool.free_all_blocks()
+
+
+# --- the command line: what runs under compute-sanitizer and ncu ------------------------------------------------
+
+
+def main(argv=None) -> int:
+    """`python -m kernellab.run.job JOBFILE [--out RESULTFILE]`: run one job in this process."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m kernellab.run.job", description=main.__doc__)
+    ap.add_argument("jobfile")
+    ap.add_argument("--out", default=None, help="write the JobResult here")
+    ap.add_argument("--scan", action="store_true", help="count NaN/Inf in the outputs (launches CuPy kernels)")
+    ns = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        job = KernelJob.load(ns.jobfile)
+    except (OSError, KernellabError) as exc:
+        print(f"kernellab.run.job: cannot read {ns.jobfile}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import cupy
+
+        # One cudaMalloc per argument, so that compute-sanitizer knows each tensor's exact bounds.
+        cupy.cuda.set_allocator(None)
+        result = run_job(job.with_data(), {}, scan=ns.scan)
+    except Exception as exc:  # no CuPy, no GPU: say so in the result
+        result = JobResult("error", message=f"{type(exc).__name__}: {exc}", pid=os.getpid())
+    if ns.out:
+        with open(ns.out, "wb") as fh:
+            fh.write(result.to_bytes())
+    print(f"kernellab.run.job: {job.label}: {result.status} in {(time.perf_counter() - t0) * 1e3:.0f} ms"
+          + (f": {result.message}" if result.message else ""), file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,536 @@
+"""compute-sanitizer on one kernel job, in a separate process: findings with kernel, thread, block and cell line.
+
+`sanitize(job, tool)` writes the job to a file, runs
+`compute-sanitizer --tool <tool> --print-limit N --show-backtrace no python -m kernellab.run.job JOBFILE`
+and parses the text report. Each finding keeps the tool's headline ("Invalid __global__ write of size 4 bytes"),
+the function, the source file and line (cell lines for %%cuda cells: kernellab always compiles with -lineinfo and
+numbers lines as the editor does), the first thread and block that hit it, the address, and how many times the
+same finding was reported (deduplicated by kind and location). The job runs with CuPy's memory pool off, so every
+argument is its own allocation and memcheck knows each tensor's exact bounds.
+
+The parser reads the formats compute-sanitizer has printed since CUDA 11 ("at kernel+0x70 in cell.cu:4" and the
+older "at 0x70 in cell.cu:4:kernel"), and keeps the raw text in the report for anything it does not recognise.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .. import report
+from ..errors import KernellabError
+from .job import JobResult, KernelJob
+
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+DEFAULT_PRINT_LIMIT = 100
+
+
+class ToolNotFoundError(KernellabError):
+    """An NVIDIA command-line tool (compute-sanitizer, ncu) is not installed where kernellab looks."""
+
+
+# --- results ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where an access happened: function, PC offset, source file and line (and the cell's text of that line)."""
+
+    function: str = ""
+    pc: int | None = None
+    file: str | None = None
+    line: int | None = None
+    cell_line: int | None = None       # the line in the user's cell/source, when the file is the job's source
+    source_line: str | None = None
+
+    def __str__(self) -> str:
+        if self.cell_line is not None:
+            text = f"line {self.cell_line}"
+            if self.source_line:
+                text += f": {self.source_line.strip()}"
+            return text
+        if self.file and self.line:
+            return f"{os.path.basename(self.file)}:{self.line}"
+        return f"{self.function}+{self.pc:#x}" if self.pc is not None else (self.function or "?")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One distinct problem the sanitizer reported (its first occurrence, and how many times it was reported)."""
+
+    tool: str
+    kind: str                          # "invalid_write", "invalid_read", "misaligned", "race", "uninitialized_read",
+                                       # "barrier", "hardware_exception", or the headline as a slug
+    message: str                       # the tool's headline, e.g. "Invalid __global__ write of size 4 bytes"
+    where: Location
+    thread: tuple[int, int, int] | None = None
+    block: tuple[int, int, int] | None = None
+    address: str | None = None
+    size_bytes: int | None = None
+    detail: str = ""                   # e.g. "out of bounds; 4 bytes after the nearest allocation ... of size 4096"
+    other: Location | None = None      # races: the other access
+    other_access: str | None = None    # races: "Read", "Write"
+    access: str | None = None          # races: the first access's kind
+    other_thread: tuple[int, int, int] | None = None  # races: the thread of the other access
+    count: int = 1
+
+    @property
+    def function(self) -> str:
+        return self.where.function
+
+    def describe(self) -> str:
+        """Two lines: what and where, then who (thread, block) and the details.
+
+        'Invalid __global__ write of size 4 bytes at line 4: x[i + n] = 1.0f;'
+        '    by thread (0,0,0) in block (4,0,0); out of bounds; 1 bytes after ... [reported 20 times]'
+        """
+        head = f"{self.message} at {self.where}"
+        if self.other is not None:
+            head = (f"{self.message}: {self.access or 'access'} at {self.where}\n    and {self.other_access or 'access'}"
+                    f" at {self.other}")
+        who = []
+        if self.thread is not None:
+            threads = f"threads {_dim(self.thread)} and {_dim(self.other_thread)}" if self.other_thread else \
+                f"thread {_dim(self.thread)}"
+            who.append(f"by {threads}" + (f" in block {_dim(self.block)}" if self.block else ""))
+        elif self.block is not None:
+            who.append(f"in block {_dim(self.block)}")
+        if self.detail:
+            who.append(self.detail)
+        if self.count > 1:
+            who.append(f"reported {self.count:,} times")
+        return head + ("\n    " + "; ".join(who) if who else "")
+
+    def to_json(self) -> dict:
+        def loc(l):
+            return None if l is None else {"function": l.function, "pc": l.pc, "file": l.file, "line": l.line,
+                                           "cell_line": l.cell_line, "source_line": l.source_line}
+
+        return {"tool": self.tool, "kind": self.kind, "message": self.message, "where": loc(self.where),
+                "thread": list(self.thread) if self.thread else None, "block": list(self.block) if self.block else None,
+                "address": self.address, "size_bytes": self.size_bytes, "detail": self.detail,
+                "other": loc(self.other), "access": self.access, "other_access": self.other_access,
+                "other_thread": list(self.other_thread) if self.other_thread else None, "count": self.count}
+
+
+def _dim(t) -> str:
+    return "(" + ",".join(map(str, t)) + ")"
+
+
+@dataclass(frozen=True)
+class SanitizerReport:
+    """What compute-sanitizer found in one launch: deduplicated findings, its error count and notes."""
+
+    tool: str                          # "memcheck", ... or several joined by "+"
+    kernel: str
+    findings: tuple[Finding, ...]
+    error_count: int | None = None     # the tool's own summary (before deduplication and print limits)
+    notes: tuple[str, ...] = ()        # API errors, the job's own status, timeouts
+    timed_out: bool = False
+    exit_code: int | None = None
+    job_status: str | None = None      # how the job itself ended under the tool ("ok", "fault", ...)
+    command: tuple[str, ...] = ()
+    wall_ms: float = 0.0
+    raw: str = field(default="", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """No findings, no errors counted, and the run finished."""
+        return not self.findings and not self.error_count and not self.timed_out
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def headline(self) -> str:
+        if self.timed_out:
+            return f"{self.tool}: {self.kernel} did not finish under compute-sanitizer (timed out)"
+        if self.ok:
+            return f"{self.tool}: no problems found in {self.kernel}"
+        n = len(self.findings)
+        errs = f" ({self.error_count:,} reported)" if self.error_count is not None else ""
+        return f"{self.tool}: {n} distinct problem{'s' if n != 1 else ''} in {self.kernel}{errs}"
+
+    def summary(self, limit: int | None = None) -> str:
+        """The findings, one per line (at most `limit`)."""
+        shown = self.findings if limit is None else self.findings[:limit]
+        lines = ["  " + f.describe().replace("\n", "\n  ") for f in shown]
+        if limit is not None and len(self.findings) > limit:
+            lines.append(f"  ... and {len(self.findings) - limit} more")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        parts = [self.headline()]
+        if self.findings:
+            parts.append(self.summary())
+        parts += [f"  note: {n}" for n in self.notes]
+        return "\n".join(parts)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        color = "#080" if self.ok else "#c00"
+        out = [f"<div style='color:{color};font-weight:bold'>{report.esc(self.headline())}</div>"]
+        if self.findings:
+            rows = []
+            for f in self.findings:
+                where = str(f.where) if f.other is None else f"{f.access} {f.where} / {f.other_access} {f.other}"
+                rows.append([f.message, report.Raw(f"<code>{report.esc(where)}</code>", where),
+                             _dim(f.thread) if f.thread else "-", _dim(f.block) if f.block else "-",
+                             f.detail or "-", f.count])
+            out.append(report.html_table(["problem", "where", "thread", "block", "detail", "times"], rows))
+        out += [f"<div style='color:#666'>note: {report.esc(n)}</div>" for n in self.notes]
+        return "".join(out)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return report.mimebundle(self, include, exclude)
+
+    def to_json(self) -> dict:
+        """{"kind": "sanitize", "version": 1, "title", "tool", "kernel", "ok", "error_count", "timed_out",
+        "exit_code", "job_status", "findings" (Finding.to_json each: tool, kind, message, where {function, pc,
+        file, line, cell_line, source_line}, thread, block, address, size_bytes, detail, other, access,
+        other_access, other_thread, count), "notes", "command"}."""
+        return {"kind": "sanitize", "version": 1, "title": self.headline(), "tool": self.tool, "kernel": self.kernel,
+                "ok": self.ok, "error_count": self.error_count, "timed_out": self.timed_out,
+                "exit_code": self.exit_code, "job_status": self.job_status,
+                "findings": [f.to_json() for f in self.findings], "notes": list(self.notes),
+                "command": list(self.command)}
+
+
+# --- parsing ------------------------------------------------------------------------------------------------
+
+_PREFIX = re.compile(r"^=========(?P<rest>.*)$")
+_THREAD_BLOCK = re.compile(r"by thread \((\d+),\s*(\d+),\s*(\d+)\) in block \((\d+),\s*(\d+),\s*(\d+)\)")
+_ADDRESS = re.compile(r"^(?:Address|Access at|Access to)\s+(0x[0-9a-fA-F]+)(?:\s+(?:is\s+)?(?P<what>.*))?$")
+_NEAREST = re.compile(r"^and is (?P<what>.*)$")
+_SIZE = re.compile(r"of size (\d+) bytes?")
+_HAZARD = re.compile(r"Potential (?P<type>RAW|WAR|WAW) hazard detected at (?P<space>__\w+__) (?P<addr>0x[0-9a-fA-F]+)"
+                     r"(?: in block \((?P<b>[\d,\s]+)\))?", re.I)
+_HAZARD_ACCESS = re.compile(r"^(?P<access>Write|Read|Atomic)\s+Thread\s+\((?P<t>[\d,\s]+)\)\s+at\s+(?P<loc>.+)$")
+_RACE = re.compile(r"Race reported between (?P<a>\w+) access at (?P<loc>.+)$")
+_RACE_AND = re.compile(r"^and (?P<b>\w+) access at (?P<loc>.+?)(?:\s+\[(?P<n>[\d,]+) hazards?\])?$")
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY:\s*([\d,]+) errors?\s*$")
+_NOT_PRINTED = re.compile(r"ERROR SUMMARY:\s*([\d,]+) errors? (?:was|were) not printed")
+_RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*([\d,]+) hazards? displayed \(([\d,]+) errors?, ([\d,]+) warnings?\)")
+_SKIP_HEAD = ("COMPUTE-SANITIZER", "LEAK SUMMARY", "Saved host backtrace", "Host Frame", "Device Frame",
+              "Target application returned")
+_NOTE_HEAD = ("Program hit", "Target application returned", "Cuda API error")
+
+# "<func>+0x70 in <file>:<line>", "<func>+0x70", "0x70 in <file>:<line>:<func>", "0x70 in <func>"
+_LOC_NEW = re.compile(r"^(?P<func>.*?)\+0x(?P<pc>[0-9a-fA-F]+)(?:\s+in\s+(?P<file>.+?):(?P<line>\d+))?\s*$")
+_LOC_OLD = re.compile(r"^0x(?P<pc>[0-9a-fA-F]+)\s+in\s+(?:(?P<file>[^:]+?):(?P<line>\d+):)?(?P<func>.+?)\s*$")
+
+
+def parse_location(text: str, job: KernelJob | None = None) -> Location:
+    """A Location from the text after 'at' in a sanitizer report."""
+    text = text.strip()
+    if text.startswith("at "):
+        text = text[3:].strip()
+    m = _LOC_OLD.match(text) or _LOC_NEW.match(text)
+    if not m:
+        return Location(function=text)
+    line = int(m.group("line")) if m.group("line") else None
+    file = m.group("file")
+    cell_line = source = None
+    if job is not None and file and line and os.path.basename(file) == os.path.basename(job.filename):
+        cell_line, source = line, job.line(line)
+    return Location(function=m.group("func").strip(), pc=int(m.group("pc"), 16), file=file, line=line,
+                    cell_line=cell_line, source_line=source)
+
+
+def _triple(text: str) -> tuple[int, int, int]:
+    return tuple(int(v) for v in text.replace(" ", "").split(","))[:3]
+
+
+def _entries(text: str):
+    """(headline, [detail lines]) blocks and the top-level lines, from the '=========' lines of a report."""
+    blocks, current = [], None
+    for raw in text.splitlines():
+        m = _PREFIX.match(raw)
+        if not m:
+            continue
+        rest = m.group("rest")
+        body = rest.strip()
+        if not body:
+            current = None
+            continue
+        indent = len(rest) - len(rest.lstrip(" "))
+        if indent <= 1:
+            current = [body, []]
+            blocks.append(current)
+        elif current is not None:
+            current[1].append(body)
+    return blocks
+
+
+def _kind(head: str, details: list[str]) -> tuple[str, int | None]:
+    m = re.match(r"Invalid (__\w+__ )?(?P<op>read|write|atomic)\w* of size (?P<n>\d+)", head, re.I)
+    if m:
+        misaligned = any(re.search(r"is misaligned", d) for d in details)
+        return ("misaligned" if misaligned else f"invalid_{m.group('op').lower()}"), int(m.group("n"))
+    m = re.match(r"Uninitialized (__\w+__ )?memory read of size (?P<n>\d+)", head, re.I)
+    if m:
+        return "uninitialized_read", int(m.group("n"))
+    if head.lower().startswith("barrier error"):
+        return "barrier", None
+    if re.match(r"(Warp|Lane) (Illegal|Misaligned|Out-of-range|Hardware|Invalid)", head) or "trap" in head.lower():
+        return "hardware_exception", None
+    slug = re.sub(r"[^a-z0-9]+", "_", head.lower()).strip("_")[:40]
+    return slug or "problem", None
+
+
+def parse_report(text: str, tool: str = "memcheck", job: KernelJob | None = None) -> tuple[list, int | None, list]:
+    """(findings deduplicated, the tool's error count, notes) from compute-sanitizer's text output."""
+    findings: dict = {}
+    races: list[Finding] = []
+    notes: list[str] = []
+    error_count = None
+    for head, details in _entries(text):
+        p = _NOT_PRINTED.search(head)
+        if p:
+            notes.append(f"{p.group(1)} further reports were not printed (print limit); the same lines repeat")
+            continue
+        s = _ERROR_SUMMARY.search(head)
+        if s:
+            error_count = int(s.group(1).replace(",", ""))
+            continue
+        r = _RACE_SUMMARY.search(head)
+        if r:
+            error_count = (error_count or 0) + int(r.group(2).replace(",", ""))
+            if int(r.group(3).replace(",", "")):
+                notes.append(f"racecheck: {r.group(3)} warning(s) (hazards that may be benign, e.g. warp-synchronous)")
+            continue
+        if head.startswith(_NOTE_HEAD):
+            note = head + (" " + " ".join(details) if details and head.startswith("Cuda API") else "")
+            if note not in notes:
+                notes.append(note)
+            continue
+        if head.startswith(_SKIP_HEAD):
+            continue
+        body = re.sub(r"^(Error|WARN|Warning|INFO)\s*:\s*(\([^)]*\)\s*)?", "", head)
+        f = _race(body, details, tool, job) or _hazard(body, details, tool, job) or _access(body, details, tool, job)
+        if f is None:
+            continue
+        if f.kind == "race":
+            races.append(f)             # merged by line pair below: hazards and the analysis describe the same race
+            continue
+        key = (f.kind, f.message, f.where.file, f.where.line, f.where.function)
+        if key in findings:
+            old = findings[key]
+            findings[key] = Finding(**{**old.__dict__, "count": old.count + f.count,
+                                       "thread": old.thread or f.thread, "block": old.block or f.block})
+        else:
+            findings[key] = f
+    return list(findings.values()) + _merge_races(races), error_count, notes
+
+
+def _access(head, details, tool, job) -> Finding | None:
+    kind, size = _kind(head, details)
+    where = thread = block = address = None
+    detail = []
+    for d in details:
+        if d.startswith("at "):
+            if where is None:
+                where = parse_location(d, job)
+            continue
+        tb = _THREAD_BLOCK.search(d)
+        if tb:
+            v = [int(x) for x in tb.groups()]
+            thread, block = tuple(v[:3]), tuple(v[3:])
+            continue
+        a = _ADDRESS.match(d)
+        if a:
+            address = a.group(1)
+            detail.append((a.group("what") or "").strip())
+            continue
+        n = _NEAREST.match(d)
+        if n:
+            detail.append(n.group("what").strip().replace(" the nearest allocation", " the nearest allocation"))
+    if where is None and thread is None:
+        return None            # a banner or something this parser does not know: it stays in report.raw
+    return Finding(tool=tool, kind=kind, message=head.rstrip(" :."), where=where or Location(), thread=thread,
+                   block=block, address=address, size_bytes=size, detail="; ".join(x for x in detail if x))
+
+
+def _race(head, details, tool, job) -> Finding | None:
+    m = _RACE.search(head)
+    if not m:
+        return None
+    first = parse_location(m.group("loc"), job)
+    other = other_access = None
+    count = 1
+    for d in details:
+        a = _RACE_AND.match(d)
+        if a:
+            other, other_access = parse_location(a.group("loc"), job), a.group("b")
+            if a.group("n"):
+                count = int(a.group("n").replace(",", ""))
+    return Finding(tool=tool, kind="race", message="shared-memory data race", where=first, access=m.group("a"),
+                   other=other, other_access=other_access, count=count,
+                   detail="no __syncthreads() orders these accesses")
+
+
+def _hazard(head, details, tool, job) -> Finding | None:
+    m = _HAZARD.search(head)
+    if not m:
+        return None
+    block = _triple(m.group("b")) if m.group("b") else None
+    accesses = []
+    for d in details:
+        a = _HAZARD_ACCESS.match(d)
+        if a:
+            accesses.append((a.group("access"), _triple(a.group("t")), parse_location(a.group("loc"), job)))
+    if not accesses:
+        return None
+    (acc1, t1, l1), rest = accesses[0], accesses[1:]
+    acc2, t2, l2 = rest[0] if rest else (None, None, None)
+    return Finding(tool=tool, kind="race", message=f"shared-memory data race ({m.group('type').upper()} hazard)",
+                   where=l1, thread=t1, block=block, address=m.group("addr"), access=acc1, other=l2,
+                   other_access=acc2, other_thread=t2, detail="no __syncthreads() orders these accesses")
+
+
+def _merge_races(races: list[Finding]) -> list[Finding]:
+    """One finding per racing pair of lines: the hazards give a thread and block, the analysis line the total."""
+    groups: dict = {}
+    for f in races:
+        lines = tuple(sorted((f.where.line or 0, f.other.line if f.other else 0)))
+        groups.setdefault((f.where.function, lines), []).append(f)
+    out = []
+    for group in groups.values():
+        hazards = [f for f in group if f.thread is not None]
+        analysis = [f for f in group if f.thread is None]
+        first = hazards[0] if hazards else analysis[0]
+        count = max(f.count for f in analysis) if analysis else len(hazards)
+        where, other = (analysis[0].where, analysis[0].other) if analysis else (first.where, first.other)
+        access = analysis[0].access if analysis else first.access
+        other_access = analysis[0].other_access if analysis else first.other_access
+        out.append(Finding(**{**first.__dict__, "where": where, "other": other, "access": access,
+                              "other_access": other_access, "count": count}))
+    return out
+
+
+def report_from_text(text: str, *, tool: str, job: KernelJob | None = None, kernel: str | None = None,
+                     **extra) -> SanitizerReport:
+    """A SanitizerReport from a captured compute-sanitizer output (what `sanitize` does after running it)."""
+    findings, error_count, notes = parse_report(text, tool, job)
+    if error_count and not findings:
+        notes.append(f"{tool} counted {error_count} error(s) that kernellab could not parse; see report.raw")
+    return SanitizerReport(tool=tool, kernel=kernel or (job.label if job else "?"), findings=tuple(findings),
+                           error_count=error_count, notes=tuple(notes + list(extra.pop("notes", ()))), raw=text,
+                           **extra)
+
+
+# --- running ------------------------------------------------------------------------------------------------
+
+
+def sanitizer_path() -> str:
+    """compute-sanitizer's path, or ToolNotFoundError saying where it was looked for."""
+    from ..compile.toolkit import find_tool
+
+    path = find_tool("compute-sanitizer")
+    if not path:
+        raise ToolNotFoundError("compute-sanitizer was not found (looked in the CUDA wheels, $CUDA_HOME/bin, "
+                                "/usr/local/cuda/bin and PATH); it ships with the CUDA toolkit")
+    return path
+
+
+def tool_env() -> dict:
+    """The environment for a tool's child Python: this kernellab importable, output unbuffered."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0,
+             print_limit: int = DEFAULT_PRINT_LIMIT, extra_args=(), executable: str | None = None) -> SanitizerReport:
+    """Run `job` under compute-sanitizer `tool` ('memcheck', 'racecheck', 'synccheck', 'initcheck' or 'all')."""
+    tools = TOOLS if tool == "all" else tuple(t.strip() for t in str(tool).split("+"))
+    bad = [t for t in tools if t not in TOOLS]
+    if bad:
+        raise ValueError(f"unknown compute-sanitizer tool {bad[0]!r}; use one of {', '.join(TOOLS)} or 'all'")
+    if len(tools) > 1:
+        reports = [sanitize(job, t, timeout_s=timeout_s, print_limit=print_limit, extra_args=extra_args,
+                            executable=executable) for t in tools]
+        return combine(reports)
+    tool = tools[0]
+    exe = executable or sanitizer_path()
+    with tempfile.TemporaryDirectory(prefix="kernellab-sanitize-") as tmp:
+        jobfile = job.with_data().save(os.path.join(tmp, "job.kljob"))
+        resfile = os.path.join(tmp, "result.klres")
+        cmd = [exe, "--tool", tool, "--print-limit", str(print_limit), "--show-backtrace", "no"]
+        if tool == "racecheck":
+            cmd += ["--racecheck-report", "all"]
+        cmd += list(extra_args) + [sys.executable, "-m", "kernellab.run.job", jobfile, "--out", resfile]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=tool_env(),
+                                  start_new_session=True)
+            out, code, timed_out = proc.stdout + proc.stderr, proc.returncode, False
+        except subprocess.TimeoutExpired as exc:
+            out = _text(exc.stdout) + _text(exc.stderr)
+            code, timed_out = None, True
+        wall = (time.perf_counter() - t0) * 1e3
+        notes, status = [], None
+        if os.path.exists(resfile):
+            with open(resfile, "rb") as fh:
+                res = JobResult.from_bytes(fh.read())
+            status = res.status
+            if not res.ok and res.status != "fault":
+                notes.append(f"the launch itself: {res.message}")
+        elif not timed_out:
+            notes.append("the job did not write a result; see report.raw for the process's output")
+        if timed_out:
+            notes.append(f"stopped after {timeout_s:g} s: the kernel may not terminate (an endless loop?)")
+    return report_from_text(out, tool=tool, job=job, timed_out=timed_out, exit_code=code, job_status=status,
+                            command=tuple(cmd), wall_ms=wall, notes=notes)
+
+
+def combine(reports: list[SanitizerReport]) -> SanitizerReport:
+    """Several tools' reports as one."""
+    counts = [r.error_count for r in reports if r.error_count is not None]
+    return SanitizerReport(tool="+".join(r.tool for r in reports), kernel=reports[0].kernel,
+                           findings=tuple(f for r in reports for f in r.findings),
+                           error_count=sum(counts) if counts else None,
+                           notes=tuple(f"{r.tool}: {n}" for r in reports for n in r.notes),
+                           timed_out=any(r.timed_out for r in reports),
+                           exit_code=max((r.exit_code or 0) for r in reports),
+                           job_status=reports[-1].job_status,
+                           command=reports[0].command, wall_ms=sum(r.wall_ms for r in reports),
+                           raw="\n".join(r.raw for r in reports))
+
+
+def _text(b) -> str:
+    if b is None:
+        return ""
+    return b.decode(errors="replace") if isinstance(b, bytes) else b
+
+
+def sanitize_launch(kernel, grid, block, args, *, shared_bytes: int = 0, tool: str = "memcheck",
+                    timeout_s: float = 300.0, **kw) -> SanitizerReport:
+    """kernel[grid, block](*args) under compute-sanitizer, in a separate process; `args` are not modified."""
+    from .worker import _sync_caller, check_launch
+
+    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
+    _sync_caller()
+    job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
+                                device=dev.index)
+    return sanitize(job, tool, timeout_s=timeout_s, **kw)
+
+
+def sanitize_last(tool: str = "memcheck", error: BaseException | None = None, **kw) -> SanitizerReport:
+    """Re-run the launch behind the last LaunchError (sys.last_value) under compute-sanitizer, in a new process.
+
+    Works after a sticky fault too: the job keeps the arguments' shapes and dtypes (filled with zeros where
+    their data sat on the lost context) and its scalars, and the tool runs in a process with a fresh context.
+    """
+    exc = error or getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    job = getattr(exc, "job", None)
+    if job is None:
+        raise KernellabError("no failed launch to re-run: sanitize_last() uses the job attached to the last "
+                             "LaunchError; use kernel.sanitize(grid, block, *args) instead")
+    return sanitize(job, tool, **kw)

@@ -1,0 +1,638 @@
+"""Isolated launches: a warm worker process runs the kernel, so a fault cannot poison the caller's CUDA context.
+
+How a launch goes (`run_isolated`):
+1. The caller checks the launch as Kernel.launch does (grid, block, shared memory, every argument's type), waits
+   for its GPU work, and builds a `KernelJob`. Large CUDA tensors that own their allocation are lent to the worker
+   through CUDA IPC (no copy); the rest travel as bytes.
+2. The worker (`python -m kernellab.run.worker`, started with subprocess: a fresh interpreter, never a fork of a
+   process holding a CUDA context) runs the job on its own context and sends back the written arguments' bytes.
+3. The caller copies them into its tensors. A sticky fault poisons only the worker's context: the worker exits,
+   a fresh one starts at once, and the caller gets a LaunchError naming the fault (and, with `diagnose`, the
+   faulting line from compute-sanitizer). A kernel that runs past its timeout is killed the same way.
+
+Requests and replies are length-prefixed frames on two dedicated pipes; the worker's stdout and stderr (device
+printf included) go to a file the caller reads after each job. Workers live in a pool per GPU, shut down at exit.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import math
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .. import report
+from ..errors import KernellabError, LaunchError
+from .job import JobResult, KernelJob
+
+DEFAULT_RUNNER = "kernellab.run.job:run_job"
+DEFAULT_INIT = "kernellab.run.job:init_worker"
+
+
+@dataclass
+class IsolationSettings:
+    """The notebook-wide defaults for launches (`set_isolation`, or `%config KernellabRun.isolate = True`)."""
+
+    isolate: bool = False              # every launch runs in the worker unless it says isolate=False
+    timeout_s: float = 60.0            # a launch running longer is killed (a hung kernel, not a slow one)
+    diagnose: bool = True              # after a fault, re-run the job under compute-sanitizer memcheck
+    share_min_bytes: int = 1 << 20     # CUDA tensors this large are lent through IPC instead of copied
+    start_timeout_s: float = 120.0     # a worker that is not ready by then is reported as failed
+
+
+settings = IsolationSettings()
+
+
+def set_isolation(on: bool = True, *, timeout_s: float | None = None, diagnose: bool | None = None) -> None:
+    """Make every launch run isolated in a worker (on=True) or in this process (on=False)."""
+    settings.isolate = bool(on)
+    if timeout_s is not None:
+        settings.timeout_s = float(timeout_s)
+    if diagnose is not None:
+        settings.diagnose = bool(diagnose)
+
+
+@contextlib.contextmanager
+def isolation(on: bool = True):
+    """`with isolation(False): ...` sets the notebook-wide isolation for a block (e.g. while timing in-process)."""
+    before = settings.isolate
+    settings.isolate = bool(on)
+    try:
+        yield
+    finally:
+        settings.isolate = before
+
+
+class WorkerError(KernellabError):
+    """A worker could not be started or stopped answering for a reason other than the kernel."""
+
+
+class IsolatedLaunchError(LaunchError):
+    """The kernel failed in the worker; this process's CUDA context is untouched (`sticky` is False)."""
+
+    def __init__(self, message: str, *, status: str, cuda_error: str | None = None, job=None, diagnosis=None):
+        super().__init__(message, sticky=False, cuda_error=cuda_error, job=job)
+        self.status = status               # "fault", "launch_error", "error", "timeout" or "crashed"
+        self.diagnosis = diagnosis         # a SanitizerReport when the fault was diagnosed
+
+
+# --- frames ---------------------------------------------------------------------------------------------------
+
+_LEN = struct.Struct("<Q")
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _Closed(Exception):
+    pass
+
+
+def _write_frame(fd: int, payload: bytes) -> None:
+    data = memoryview(_LEN.pack(len(payload)) + payload)
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Timeout()
+            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+            if not ready:
+                continue
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            raise _Closed()
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_frame(fd: int, deadline: float | None = None) -> bytes:
+    (n,) = _LEN.unpack(_read_exact(fd, _LEN.size, deadline))
+    return _read_exact(fd, n, deadline)
+
+
+def _big_pipe(fd: int) -> None:
+    with contextlib.suppress(Exception):
+        fcntl.fcntl(fd, 1031, 1 << 20)     # F_SETPIPE_SZ: 1 MiB pipes move tensors in fewer wakeups
+
+
+# --- one worker process -----------------------------------------------------------------------------------------
+
+
+class Worker:
+    """One worker process: start it, send it jobs with a timeout, kill it."""
+
+    def __init__(self, device: int | None = None, *, runner: str = DEFAULT_RUNNER, init: str | None = DEFAULT_INIT,
+                 env: dict | None = None):
+        self.device, self.runner, self.init, self.extra_env = device, runner, init, dict(env or {})
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}
+        self.jobs = 0
+        self.started_at = 0.0
+        self.ready_ms: float | None = None   # from start() to the worker's hello
+        self._to_worker = self._from_worker = None
+        self._log = None
+        self._log_pos = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> "Worker":
+        """Start the process (returns at once; `wait_ready` waits for its CUDA context)."""
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        for fd in (req_r, req_w, rep_r, rep_w):
+            _big_pipe(fd)
+        self._log = tempfile.TemporaryFile(prefix="kernellab-worker-")
+        fcntl.fcntl(self._log.fileno(), fcntl.F_SETFL, fcntl.fcntl(self._log.fileno(), fcntl.F_GETFL) | os.O_APPEND)
+        cmd = [sys.executable, "-m", "kernellab.run.worker", "--fd-in", str(req_r), "--fd-out", str(rep_w),
+               "--runner", self.runner]
+        if self.init:
+            cmd += ["--init", self.init]
+        if self.device is not None:
+            cmd += ["--device", str(self.device)]
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        env.update(self.extra_env)
+        self.started_at = time.perf_counter()
+        # A new session: a notebook interrupt (SIGINT to the kernel's process group) does not reach the worker;
+        # the caller kills it instead, see WorkerPool.run.
+        self.proc = subprocess.Popen(cmd, pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
+        os.close(req_r)
+        os.close(rep_w)
+        self._to_worker, self._from_worker = req_w, rep_r
+        return self
+
+    def wait_ready(self, timeout_s: float) -> dict:
+        """Wait for the worker's hello (its CUDA context is up); raise WorkerError if it fails or takes too long."""
+        if self.ready_ms is not None:
+            return self.info
+        try:
+            hello = _read_frame(self._from_worker, time.monotonic() + timeout_s)
+        except (_Timeout, _Closed) as exc:
+            why = "did not become ready within %.0f s" % timeout_s if isinstance(exc, _Timeout) else "exited"
+            log = self.take_output()
+            self.kill()
+            raise WorkerError(f"the kernellab worker process {why} while starting"
+                              + (f"; its output:\n{log[-3000:]}" if log.strip() else "")) from None
+        import json
+
+        self.info = json.loads(hello[1:]) if hello[:1] == b"H" else {}
+        if hello[:1] != b"H":
+            log = self.take_output()
+            self.kill()
+            raise WorkerError(f"the kernellab worker could not start: {hello[1:].decode(errors='replace')}"
+                              + (f"\n{log[-3000:]}" if log.strip() else ""))
+        self.ready_ms = (time.perf_counter() - self.started_at) * 1e3
+        return self.info
+
+    def request(self, job_bytes: bytes, timeout_s: float) -> JobResult:
+        """Send one job and wait for its result; raises _Timeout or _Closed (the pool turns them into results)."""
+        try:
+            _write_frame(self._to_worker, b"R" + job_bytes)
+        except (BrokenPipeError, OSError):
+            raise _Closed() from None
+        reply = _read_frame(self._from_worker, time.monotonic() + timeout_s)
+        self.jobs += 1
+        return JobResult.from_bytes(reply)
+
+    def take_output(self) -> str:
+        """What the worker printed since the last call (stdout and stderr, device printf included)."""
+        if self._log is None:
+            return ""
+        self._log.seek(self._log_pos)
+        data = self._log.read()
+        self._log_pos += len(data)
+        return data.decode(errors="replace")
+
+    def kill(self) -> None:
+        """Stop the process now (SIGKILL) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                self.proc.wait(timeout=30)
+        self._close_fds()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask the worker to exit; kill it if it does not."""
+        if self.alive:
+            with contextlib.suppress(Exception):
+                _write_frame(self._to_worker, b"Q")
+                self.proc.wait(timeout=timeout_s)
+        self.kill()
+
+    def _close_fds(self) -> None:
+        for name in ("_to_worker", "_from_worker"):
+            fd = getattr(self, name)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, name, None)
+
+
+class WorkerPool:
+    """The warm worker of one GPU: replaces it after a fault, a timeout or a crash, and starts the next one early."""
+
+    def __init__(self, device: int | None = None, *, runner: str = DEFAULT_RUNNER, init: str | None = DEFAULT_INIT,
+                 env: dict | None = None, start_timeout_s: float | None = None):
+        self.device, self.runner, self.init, self.env = device, runner, init, env
+        self.start_timeout_s = start_timeout_s
+        self.worker: Worker | None = None
+        self.replaced = 0                      # workers discarded after a fault, timeout or crash
+        self.last_ready_ms: float | None = None
+        self._lock = threading.Lock()
+
+    def _spawn(self) -> Worker:
+        self.worker = Worker(self.device, runner=self.runner, init=self.init, env=self.env).start()
+        return self.worker
+
+    def ensure(self) -> tuple[Worker, bool]:
+        """(worker, cold): a ready worker, and whether this call had to wait for it to start."""
+        w = self.worker if self.worker is not None and self.worker.alive else None
+        if w is None:
+            if self.worker is not None:
+                self.worker.kill()
+            w = self._spawn()
+        cold = w.ready_ms is None
+        w.wait_ready(self.start_timeout_s or settings.start_timeout_s)
+        if cold:
+            self.last_ready_ms = w.ready_ms
+        return w, cold
+
+    def run(self, job: KernelJob, timeout_s: float | None = None) -> tuple[JobResult, dict]:
+        """Run `job` in the worker: (result, facts). Timeouts and crashes come back as results, never raise."""
+        timeout_s = settings.timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            w, cold = self.ensure()
+            facts = {"pid": w.pid, "cold": cold, "ready_ms": w.ready_ms if cold else None,
+                     "device": w.info.get("device", "")}
+            try:
+                result = w.request(job.to_bytes(), timeout_s)
+            except _Timeout:
+                out = w.take_output()
+                self._replace(w)
+                return JobResult("timeout", message=f"{job.label} did not finish within {timeout_s:g} s",
+                                 stdout=out, pid=facts["pid"]), facts
+            except _Closed:
+                w.kill()
+                code = w.proc.returncode if w.proc else None
+                out = w.take_output()
+                self._replace(w)
+                return JobResult("crashed", message=f"the worker process exited ({_exit_text(code)}) while running "
+                                                    f"{job.label}", stdout=out, pid=facts["pid"]), facts
+            except BaseException:                     # KeyboardInterrupt: the kernel may be hung, replace the worker
+                self._replace(w)
+                raise
+            out = w.take_output()
+            if out:
+                result = _with_stdout(result, out)
+            if result.poisoned or result.status == "fault":
+                self._replace(w)
+            return result, facts
+
+    def _replace(self, w: Worker) -> None:
+        w.kill()
+        self.replaced += 1
+        self._spawn()                # the next worker starts now, while the caller reads the error
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self.worker is not None:
+                self.worker.close()
+                self.worker = None
+
+
+def _with_stdout(result: JobResult, out: str) -> JobResult:
+    from dataclasses import replace
+
+    return replace(result, stdout=(result.stdout + out) if result.stdout else out)
+
+
+def _exit_text(code) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+_pools: dict = {}
+_pools_lock = threading.Lock()
+
+
+def default_pool(device: int | None = None) -> WorkerPool:
+    """The shared pool of GPU `device` (created on first use)."""
+    with _pools_lock:
+        pool = _pools.get(device)
+        if pool is None:
+            pool = _pools[device] = WorkerPool(device)
+        return pool
+
+
+def shutdown() -> None:
+    """Stop every worker this process started (also runs at exit)."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for p in pools:
+        with contextlib.suppress(Exception):
+            p.shutdown()
+
+
+atexit.register(shutdown)
+
+
+# --- the caller's side of an isolated launch ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IsolatedRun:
+    """One isolated launch that finished: where it ran, how long it took, what it noticed."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    kernel_ms: float | None            # CUDA events in the worker, around the launch alone
+    wall_ms: float                     # the caller's whole round trip (checks, transfers, the launch)
+    pid: int | None
+    device: str
+    cold: bool                         # this launch waited for a worker to start
+    ready_ms: float | None             # how long that start took
+    shared: tuple[str, ...] = ()       # arguments lent through CUDA IPC
+    copied: tuple[str, ...] = ()       # arguments that travelled as bytes
+    notes: tuple[str, ...] = ()
+    stdout: str = field(default="", repr=False)
+
+    def __str__(self) -> str:
+        ms = f"{self.kernel_ms:.3f} ms kernel, " if self.kernel_ms is not None else ""
+        start = f" (started a worker in {self.ready_ms:.0f} ms)" if self.cold and self.ready_ms else ""
+        lines = [f"{self.kernel}[{self.grid}, {self.block}] ran isolated in worker {self.pid} on {self.device}: "
+                 f"{ms}{self.wall_ms:.2f} ms round trip{start}"]
+        if self.shared:
+            lines.append(f"  shared with the worker (CUDA IPC): {', '.join(self.shared)}")
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.stdout:
+            lines.append("  output:\n" + "\n".join("    " + l for l in self.stdout.rstrip().splitlines()))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        rows = [["kernel", f"{self.kernel}[{self.grid}, {self.block}]"], ["worker", f"pid {self.pid} on {self.device}"],
+                ["kernel time", f"{self.kernel_ms:.3f} ms" if self.kernel_ms is not None else "-"],
+                ["round trip", f"{self.wall_ms:.2f} ms" + (f" (cold start {self.ready_ms:.0f} ms)" if self.cold
+                                                           and self.ready_ms else "")]]
+        if self.shared:
+            rows.append(["shared (IPC)", ", ".join(self.shared)])
+        out = [report.html_table(["isolated launch", ""], rows)]
+        out += [f"<div style='color:#a60'>note: {report.esc(n)}</div>" for n in self.notes]
+        if self.stdout:
+            out.append(f"<pre>{report.esc(self.stdout)}</pre>")
+        return "".join(out)
+
+
+def _sync_caller() -> None:
+    """Wait for this process's queued GPU work, so the worker sees the arguments' final values."""
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    if "cupy" in sys.modules:
+        sys.modules["cupy"].cuda.runtime.deviceSynchronize()
+
+
+def check_launch(kernel, grid, block, args, shared_bytes: int = 0):
+    """Check a launch as Kernel.launch does (device, arch, config, every argument) and return (config, device)."""
+    import re
+
+    from . import device as _device
+    from .launch import make_config, marshal_args
+
+    _device.require_gpu(f"launching {kernel.name}")
+    dev = _device.device_info()
+    if re.sub(r"[af]$", "", kernel.arch) != dev.arch:
+        from ..errors import ArgumentError
+
+        raise ArgumentError(f"{kernel.name} was compiled for {kernel.arch} but the GPU is {dev.name} ({dev.arch}); "
+                            f"recompile with arch='{dev.arch}' (or arch=None for the current GPU)")
+    cfg = make_config(grid, block, shared_bytes, max_threads_per_block=kernel.resources.max_threads_per_block,
+                      static_shared_bytes=kernel.resources.shared_bytes, device=dev)
+    marshal_args(kernel.params, tuple(args), dev, str(kernel.signature))
+    return cfg, dev
+
+
+def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s: float | None = None,
+                 diagnose: bool | None = None, pool: WorkerPool | None = None) -> IsolatedRun:
+    """Launch `kernel` in the GPU's warm worker; copy its results into `args`; raise IsolatedLaunchError on failure."""
+    t0 = time.perf_counter()
+    args = tuple(args)
+    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
+    _sync_caller()
+    job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, args, cfg.shared_bytes, data="share",
+                                share_min_bytes=settings.share_min_bytes, device=dev.index)
+    pool = pool or default_pool(dev.index)
+    result, facts = pool.run(job, timeout_s)
+    if not result.ok:
+        raise isolated_error(result, job, kernel=kernel, args=args,
+                             diagnose=settings.diagnose if diagnose is None else diagnose)
+    apply_outputs(args, job, result)
+    return IsolatedRun(kernel=job.label, grid=job.grid, block=job.block, kernel_ms=result.kernel_ms,
+                       wall_ms=(time.perf_counter() - t0) * 1e3, pid=facts["pid"], device=facts["device"],
+                       cold=facts["cold"], ready_ms=facts["ready_ms"],
+                       shared=tuple(a.name for a in job.args if a.shared),
+                       copied=tuple(a.name for a in job.args if a.kind == "tensor" and not a.shared),
+                       notes=result.notes, stdout=result.stdout)
+
+
+def apply_outputs(args, job: KernelJob, result: JobResult) -> None:
+    """Copy the worker's written arguments back into the caller's tensors (shared ones were written in place)."""
+    import numpy as np
+
+    from .job import storage_dtype
+
+    for index, data in result.outputs:
+        target, spec = args[index], job.args[index]
+        mod = type(target).__module__.split(".")[0]
+        if mod == "torch":
+            import torch
+
+            if target.numel():
+                src = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                with torch.no_grad():
+                    target.view(-1).view(torch.uint8).copy_(src.to(target.device))
+        elif mod == "cupy":
+            target.set(np.frombuffer(data, dtype=storage_dtype(spec.dtype)).reshape(spec.shape))
+        elif isinstance(target, np.ndarray):
+            np.copyto(target, np.frombuffer(data, dtype=target.dtype).reshape(target.shape))
+        else:
+            import cupy
+
+            cupy.asarray(target).set(np.frombuffer(data, dtype=storage_dtype(spec.dtype)).reshape(spec.shape))
+
+
+def isolated_error(result: JobResult, job: KernelJob, *, kernel=None, args=None,
+                   diagnose: bool = False) -> IsolatedLaunchError:
+    """The error for a job that did not finish well in a worker: what happened, that the session is fine, what next."""
+    cfg = f"grid={job.grid}, block={job.block}" + (f", shared_bytes={job.shared_bytes}" if job.shared_bytes else "")
+    name = job.label
+    call = f"{name}.sanitize({job.grid}, {job.block}, *args)"
+    shared = [a.name for a in job.args if a.shared and a.writes]
+    partial = (f" The arguments lent to the worker ({', '.join(shared)}) may hold partial results." if shared else "")
+    diagnosis = None
+    if result.status == "fault":
+        head = (f"{name} faulted in the isolated worker: {result.cuda_error or result.message} ({cfg}). "
+                f"Your session is unaffected: the worker's CUDA context was discarded and a fresh worker is starting."
+                + partial)
+        if diagnose and kernel is not None and args is not None:
+            diagnosis, text = _diagnose(kernel, job, args)
+            head += "\n" + text
+        else:
+            head += f"\nFind the faulting line with {call} (compute-sanitizer memcheck)."
+    elif result.status == "timeout":
+        head = (f"{result.message} in the isolated worker ({cfg}): it was killed and a fresh worker is starting; your session is unaffected.{partial} "
+                f"An endless loop, a barrier not every thread reaches, or a grid far larger than intended? If the "
+                f"kernel is just slow, pass a larger timeout_s.")
+    elif result.status == "crashed":
+        head = (f"{result.message} ({cfg}); a fresh worker is starting and your session is unaffected.")
+    elif result.status == "launch_error":
+        text = result.cuda_error or result.message
+        hint = ""
+        if "OUT_OF_RESOURCES" in text or "TooManyResources" in text:
+            hint = " The block asks for more registers or shared memory than an SM has: use fewer threads per block."
+        head = f"{name} failed to launch in the isolated worker: {text} ({cfg}).{hint}"
+    else:
+        head = f"{name} could not run in the isolated worker: {result.message}"
+    if result.stdout.strip():
+        head += "\nworker output:\n" + "\n".join("  " + l for l in result.stdout.rstrip().splitlines()[-20:])
+    return IsolatedLaunchError(head, status=result.status, cuda_error=result.cuda_error, job=job,
+                               diagnosis=diagnosis)
+
+
+def _diagnose(kernel, job: KernelJob, args) -> tuple[object, str]:
+    """Re-run the faulting launch under compute-sanitizer memcheck and summarize where it faulted."""
+    try:
+        from .sanitize import sanitize
+
+        copy = KernelJob.from_launch(kernel, job.grid, job.block, args, job.shared_bytes, data="copy",
+                                     device=job.device)
+        rep = sanitize(copy, tool="memcheck", timeout_s=max(settings.timeout_s, 120.0))
+    except Exception as exc:  # no compute-sanitizer here: say how to look by hand
+        return None, (f"(compute-sanitizer could not diagnose it here: {exc}). Find the faulting line with "
+                      f"{job.label}.sanitize({job.grid}, {job.block}, *args).")
+    if rep.findings:
+        return rep, "compute-sanitizer memcheck, on the same launch:\n" + rep.summary(limit=3)
+    return rep, ("compute-sanitizer memcheck found no invalid access on the same launch (" + rep.headline() +
+                 "); the fault may be a trap, an assert or an illegal instruction.")
+
+
+def run_job_isolated(job: KernelJob, *, timeout_s: float | None = None, pool: WorkerPool | None = None) -> JobResult:
+    """Run a prepared job in a worker and return its JobResult as is (no checks, no copy-back)."""
+    pool = pool or default_pool(job.device)
+    return pool.run(job, timeout_s)[0]
+
+
+# --- the worker's side ----------------------------------------------------------------------------------------
+
+
+def _load(spec: str):
+    import importlib
+
+    mod, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG: go when the caller goes
+
+
+def _flush_c_stdio() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)              # device printf goes through C stdio
+
+
+def serve(fd_in: int, fd_out: int, runner: str, init: str | None, device: int | None) -> int:
+    """The worker's loop: hello, then one job per request until quit or EOF. A poisoned context ends it."""
+    import json
+    import traceback
+
+    _die_with_parent()
+    state: dict = {}
+    try:
+        info = _load(init)(device) if init else {"pid": os.getpid()}
+        run = _load(runner)
+    except Exception as exc:
+        _write_frame(fd_out, b"E" + f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}".encode())
+        return 1
+    state["device_name"] = info.get("device", "")
+    _write_frame(fd_out, b"H" + json.dumps(info).encode())
+    while True:
+        try:
+            frame = _read_frame(fd_in)
+        except _Closed:
+            return 0
+        if frame[:1] == b"Q":
+            return 0
+        if frame[:1] != b"R":
+            continue
+        try:
+            job = KernelJob.from_bytes(frame[1:])
+            result = run(job, state)
+        except Exception as exc:
+            result = JobResult("error", message=f"{type(exc).__name__}: {exc}", pid=os.getpid())
+        _flush_c_stdio()
+        _write_frame(fd_out, result.to_bytes())
+        if result.poisoned or result.status == "fault":
+            os._exit(3)                               # a poisoned context: leave, the caller starts a new worker
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m kernellab.run.worker",
+                                 description="kernellab's GPU worker (started by kernellab.run.worker.Worker)")
+    ap.add_argument("--fd-in", type=int, required=True)
+    ap.add_argument("--fd-out", type=int, required=True)
+    ap.add_argument("--runner", default=DEFAULT_RUNNER)
+    ap.add_argument("--init", default=None)
+    ap.add_argument("--device", type=int, default=None)
+    ns = ap.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return serve(ns.fd_in, ns.fd_out, ns.runner, ns.init, ns.device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

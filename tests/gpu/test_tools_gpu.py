@@ -1,0 +1,225 @@
+"""Isolated launches, compute-sanitizer and Nsight Compute on a real GPU, on small kernels with known faults.
+
+Run on a GPU machine: tools/gpu-test.sh, or `pytest -m gpu tests/gpu/test_tools_gpu.py`. With $KERNELLAB_ARTIFACTS
+set, every raw tool output is saved there (sanitize_*.txt, ncu_*.csv) to replace the hand-written fixtures in
+tests/fixtures/, and worker_timings.txt records the isolated-launch timings seen here.
+"""
+import os
+import pathlib
+import time
+
+import pytest
+
+import kernellab
+from kernellab.run import worker as W
+from kernellab.run.worker import IsolatedLaunchError
+
+pytestmark = pytest.mark.gpu
+
+# Cell-style source: line 1 would be the %%cuda line, so the first line of SRC is line 2.
+SRC = r"""extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+extern "C" __global__ void oob_write(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    x[i + n] = 1.0f;
+}
+extern "C" __global__ void misaligned(float* x) {
+    float* p = (float*)((char*)x + 2);
+    p[threadIdx.x] = 1.0f;
+}
+extern "C" __global__ void spin(int* flag) {
+    while (atomicAdd(flag, 0) == 0) { }
+}
+extern "C" __global__ void racy_reverse(const float* x, float* y) {
+    __shared__ float tile[64];
+    tile[threadIdx.x] = x[blockIdx.x * 64 + threadIdx.x];
+    y[blockIdx.x * 64 + threadIdx.x] = tile[63 - threadIdx.x];
+}
+extern "C" __global__ void divergent_barrier(float* x) {
+    if (threadIdx.x < 16) __syncthreads();
+    x[threadIdx.x] = 1.0f;
+}
+extern "C" __global__ void reads_scratch(const float* scratch, float* y) {
+    y[threadIdx.x] = scratch[threadIdx.x] + 1.0f;
+}
+extern "C" __global__ void transpose32(const float* in, float* out, int n) {
+    __shared__ float tile[32][32];
+    int x = blockIdx.x * 32 + threadIdx.x, y = blockIdx.y * 32 + threadIdx.y;
+    tile[threadIdx.y][threadIdx.x] = in[y * n + x];
+    __syncthreads();
+    x = blockIdx.y * 32 + threadIdx.x; y = blockIdx.x * 32 + threadIdx.y;
+    out[y * n + x] = tile[threadIdx.x][threadIdx.y];
+}
+"""
+LINE = {text.strip(): i + 2 for i, text in enumerate(SRC.splitlines())}
+
+
+def line_of(fragment: str) -> int:
+    return next(n for text, n in LINE.items() if fragment in text)
+
+
+def save(name: str, text: str) -> None:
+    out = os.environ.get("KERNELLAB_ARTIFACTS")
+    if out:
+        pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(out) / name).write_text(text)
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return kernellab.compile_cuda(SRC, first_line=2, filename="cell.cu")
+
+
+@pytest.fixture(scope="module")
+def torch():
+    import torch
+
+    return torch
+
+
+@pytest.fixture(autouse=True)
+def _settings():
+    yield
+    W.settings = W.IsolationSettings()
+
+
+def test_isolated_launch_copies_small_and_shares_large_outputs(mod, torch):
+    n = 4096
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    c = torch.full_like(a, float("nan"))
+    run = mod.vadd[(n + 255) // 256, 256](a, b, c, n, isolate=True)
+    torch.testing.assert_close(c, a + b, rtol=0, atol=0)
+    assert run.pid != os.getpid() and run.copied == ("a", "b", "c") and not run.shared and not run.notes
+    big = 16 * 2**20                                              # 64 MiB each: lent through CUDA IPC
+    torch.cuda.empty_cache()                                      # fresh allocations, each its own segment
+    A, B = torch.randn(big, device="cuda"), torch.randn(big, device="cuda")
+    C = torch.zeros_like(A)
+    run2 = mod.vadd.run_isolated((big + 255) // 256, 256, A, B, C, big)
+    torch.testing.assert_close(C, A + B, rtol=0, atol=0)
+    assert run2.pid == run.pid and not run2.cold                   # the same warm worker
+    save("worker_ipc.txt", f"{run2}\n")
+    assert set(run2.shared) == {"a", "b", "c"}, f"large CUDA tensors were copied, not shared: {run2}"
+
+
+def test_isolated_fault_leaves_this_process_working_and_names_the_line(mod, torch):
+    x = torch.zeros(1024, device="cuda")
+    keep = torch.arange(10.0, device="cuda")
+    first = mod.vadd.run_isolated(1, 32, keep, keep, torch.empty_like(keep), 10)
+    with pytest.raises(IsolatedLaunchError) as info:
+        mod.oob_write.run_isolated(4, 256, x, 1 << 28, timeout_s=60)
+    err = info.value
+    save("isolated_fault.txt", str(err))
+    assert err.status == "fault" and not err.sticky
+    assert "illegal" in str(err).lower() and "session is unaffected" in str(err)
+    assert err.diagnosis is not None and err.diagnosis.findings, str(err)
+    f = err.diagnosis.findings[0]
+    assert f.where.cell_line == line_of("x[i + n] = 1.0f;") and f.thread is not None and f.block is not None
+    assert f"line {line_of('x[i + n] = 1.0f;')}: x[i + n] = 1.0f;" in str(err)
+    assert keep.sum().item() == 45.0                                # this process's context is fine
+    again = mod.vadd.run_isolated(1, 32, keep, keep, torch.empty_like(keep), 10)
+    assert again.pid != first.pid                                   # a new worker replaced the poisoned one
+
+
+def test_misaligned_access_in_a_worker(mod, torch):
+    x = torch.zeros(256, device="cuda")
+    with pytest.raises(IsolatedLaunchError) as info:
+        mod.misaligned.run_isolated(1, 32, x)
+    assert info.value.status == "fault" and "misaligned" in str(info.value).lower()
+
+
+def test_endless_kernel_is_killed_at_the_timeout(mod, torch):
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    t0 = time.perf_counter()
+    with pytest.raises(IsolatedLaunchError) as info:
+        mod.spin.run_isolated(1, 1, flag, timeout_s=3)
+    took = time.perf_counter() - t0
+    assert info.value.status == "timeout" and "did not finish within 3 s" in str(info.value) and took < 30
+    assert flag.item() == 0                                          # this process still works
+    c = torch.empty(8, device="cuda")
+    mod.vadd.run_isolated(1, 32, torch.ones(8, device="cuda"), torch.ones(8, device="cuda"), c, 8)
+    assert c.sum().item() == 16.0
+    save("worker_timings.txt", f"timeout kill and report: {took:.2f} s for timeout_s=3\n")
+
+
+def test_nan_output_is_noted(mod, torch):
+    a = torch.full((64,), float("inf"), device="cuda")
+    c = torch.zeros(64, device="cuda")
+    run = mod.vadd.run_isolated(1, 64, a, -a, c, 64)               # inf + -inf = NaN
+    assert run.notes == ("c (float32[64]) holds 64 NaN of 64 elements after the launch, the first at index 0",)
+
+
+def test_memcheck_finds_the_out_of_bounds_write(mod, torch):
+    x = torch.zeros(1000, device="cuda")
+    rep = mod.oob_write.sanitize(1, 32, x, 1000)                    # one element past the end: no crash without it
+    save("sanitize_memcheck_oob.txt", rep.raw)
+    assert not rep.ok and rep.findings, rep.raw[-3000:]
+    f = rep.findings[0]
+    assert f.kind == "invalid_write" and f.size_bytes == 4 and f.function == "oob_write"
+    assert f.where.cell_line == line_of("x[i + n] = 1.0f;") and f.where.source_line.strip() == "x[i + n] = 1.0f;"
+    assert f.thread == (0, 0, 0) and f.block == (0, 0, 0) and "after the nearest allocation" in f.detail
+    assert x.sum().item() == 0                                       # the caller's tensor is untouched
+    clean = mod.vadd.sanitize(1, 32, x, x, torch.zeros_like(x), 32)
+    save("sanitize_memcheck_clean.txt", clean.raw)
+    assert clean.ok and clean.error_count == 0, clean.raw[-3000:]
+
+
+def test_memcheck_misaligned(mod, torch):
+    rep = mod.misaligned.sanitize(1, 32, torch.zeros(256, device="cuda"))
+    save("sanitize_memcheck_misaligned.txt", rep.raw)
+    assert rep.findings and rep.findings[0].kind == "misaligned", rep.raw[-3000:]
+    assert rep.findings[0].where.cell_line == line_of("p[threadIdx.x] = 1.0f;")
+
+
+def test_racecheck_synccheck_initcheck(mod, torch):
+    x, y = torch.randn(128, device="cuda"), torch.zeros(128, device="cuda")
+    race = mod.racy_reverse.sanitize(2, 64, x, y, tool="racecheck")
+    save("sanitize_racecheck.txt", race.raw)
+    assert race.findings and race.findings[0].kind == "race", race.raw[-3000:]
+    lines = {race.findings[0].where.cell_line, race.findings[0].other.cell_line}
+    assert lines == {line_of("tile[threadIdx.x] = x["), line_of("= tile[63 - threadIdx.x];")}
+    sync = mod.divergent_barrier.sanitize(1, 64, y, tool="synccheck")
+    save("sanitize_synccheck.txt", sync.raw)
+    assert sync.findings and sync.findings[0].kind == "barrier", sync.raw[-3000:]
+    assert sync.findings[0].where.cell_line == line_of("if (threadIdx.x < 16) __syncthreads();")
+    # initcheck: a job whose scratch tensor is never initialised (fill="empty"), as a kernel's own scratch would be
+    from dataclasses import replace
+
+    from kernellab.run.job import KernelJob
+    from kernellab.run.sanitize import sanitize
+
+    job = KernelJob.from_launch(mod.reads_scratch, 1, 32, (x, y))
+    job = replace(job, args=(replace(job.args[0], data=None, fill="empty"), job.args[1]))
+    init = sanitize(job, "initcheck")
+    save("sanitize_initcheck.txt", init.raw)
+    assert init.findings and init.findings[0].kind == "uninitialized_read", init.raw[-3000:]
+    assert init.findings[0].where.cell_line == line_of("scratch[threadIdx.x] + 1.0f")
+
+
+def test_profile_default_metrics_and_full_set(mod, torch):
+    n = 1024
+    a, b = torch.randn(n, n, device="cuda"), torch.empty(n, n, device="cuda")
+    rep = mod.transpose32.profile((n // 32, n // 32), (32, 32), a, b, n)
+    save("ncu_default.csv", rep.raw)
+    if rep.permission_denied:
+        pytest.skip("GPU performance counters are not permitted here: " + str(rep))
+    assert rep.ok, rep.raw[-3000:]
+    assert rep.duration_ms and rep.duration_ms > 0 and rep.device
+    assert rep.shared_wavefronts_per_request("ld") == pytest.approx(32.0, rel=0.05)   # the [32][32] tile
+    assert rep.shared_wavefronts_per_request("st") == pytest.approx(1.0, rel=0.05)
+    for label in ("achieved occupancy", "DRAM throughput", "SM throughput", "L1 hit rate", "L2 hit rate",
+                  "shared load bank conflicts"):
+        assert rep.get(label) is not None, label
+    full = mod.transpose32.profile((n // 32, n // 32), (32, 32), a, b, n, full=True)
+    save("ncu_full.csv", full.raw)
+    assert full.ok and full.section_set == "full" and any(m.section == "Occupancy" for m in full.metrics)
+    assert any("SharedMemoryConflicts" in note or "UncoalescedSharedAccess" in note for note in full.notes)
+
+
+def test_profile_of_a_cpp_kernel_matches_its_mangled_symbol(torch):
+    m = kernellab.compile_cuda("__global__ void twice(float* x) { x[threadIdx.x] *= 2; }\n")
+    rep = m.twice.profile(1, 32, torch.ones(32, device="cuda"))
+    if rep.permission_denied:
+        pytest.skip("counters not permitted")
+    assert rep.ok and rep.duration_ms > 0, rep.raw[-3000:]

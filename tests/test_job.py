@@ -1,0 +1,187 @@
+"""KernelJob and ArgSpec without a GPU: building a job from a compiled kernel, its byte and file forms, fills, the CLI.
+
+Running a job needs a GPU (tests/gpu/test_faults_gpu.py, tests/gpu/test_tools_gpu.py); everything before the launch
+is checked here: argument specs for NumPy and CPU torch data (bfloat16 included), scalars of exact C types, the
+image or the recompile from source through the compile cache, and the error paths.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kernellab
+from kernellab.errors import ArgumentError, KernellabError
+from kernellab.run.job import (ArgSpec, JobResult, KernelJob, JOB_MAGIC, job_image, nonfinite_note, scalar_value,
+                               storage_dtype, tensor_spec)
+
+SRC = r"""#include <cuda_bf16.h>
+extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+__global__ void scale(__nv_bfloat16* x, __nv_bfloat16 s, double alpha, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) * __bfloat162float(s) * (float)alpha);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return kernellab.compile_cuda(SRC, arch="sm_90", options=("--use_fast_math",), first_line=2, filename="cell.cu")
+
+
+def test_from_launch_records_source_image_and_arguments(mod):
+    a = np.arange(1000, dtype=np.float32)
+    b = np.ones(1000, dtype=np.float32)
+    c = np.zeros(1000, dtype=np.float32)
+    job = KernelJob.from_launch(mod.vadd, (1000 + 255) // 256, 256, (a, b, c, 1000))
+    assert job.symbol == "vadd" and job.name == "vadd" and job.backend == "cuda"
+    assert job.grid == (4, 1, 1) and job.block == (256, 1, 1) and job.shared_bytes == 0
+    assert job.source == SRC and job.first_line == 2 and job.filename == "cell.cu"
+    assert job.options == ("--use_fast_math",) and job.arch == "sm_90"
+    assert job.image == mod.cubin and job.image_format == "cubin"
+    a_spec, b_spec, c_spec, n_spec = job.args
+    assert (a_spec.kind, a_spec.name, a_spec.dtype, a_spec.shape, a_spec.writes) == ("tensor", "a", "float32", (1000,),
+                                                                                       False)
+    assert c_spec.writes and not b_spec.writes                          # const pointers do not come back
+    assert np.array_equal(a_spec.host_array(), a)
+    assert (n_spec.kind, n_spec.dtype, n_spec.value) == ("scalar", "int32", 1000)
+    assert scalar_value(n_spec).dtype == np.int32
+    assert "vadd[(4, 1, 1), (256, 1, 1)](a: float32[1000] (data)" in job.describe()
+    assert job.line(5) == "    if (i < n) c[i] = a[i] + b[i];"        # cell line 5 (the %%cuda line is 1)
+
+
+def test_bfloat16_and_exact_scalars_round_trip(mod):
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([1.5, -2.0, 3.25, float("nan")], dtype=torch.bfloat16)
+    job = KernelJob.from_launch(mod.scale, 1, 32, (x, 0.5, 2.0, 4))
+    spec, s, alpha, n = job.args
+    assert spec.dtype == "bfloat16" and spec.data == x.view(torch.int16).numpy().tobytes()
+    assert storage_dtype("bfloat16") == np.uint16
+    assert (s.dtype, s.value) == ("bfloat16", 0x3F00)                  # 0.5 as its bfloat16 bits
+    assert scalar_value(s) == np.uint16(0x3F00) and scalar_value(alpha).dtype == np.float64
+    assert (n.dtype, n.value) == ("int64", 4) and scalar_value(n).dtype == np.int64
+    back = KernelJob.from_bytes(job.to_bytes())
+    assert back == job
+    bits = back.args[0].host_array()
+    assert torch.equal(torch.from_numpy(bits.astype(np.int16)).view(torch.bfloat16)[:3], x[:3])
+
+
+def test_bytes_and_file_forms(mod, tmp_path):
+    a = np.random.default_rng(0).standard_normal(77).astype(np.float32)
+    job = KernelJob.from_launch(mod.vadd, 1, 128, (a, a, np.zeros_like(a), 77), shared_bytes=0)
+    raw = job.to_bytes()
+    assert raw.startswith(JOB_MAGIC)
+    (n,) = struct.unpack_from("<Q", raw, len(JOB_MAGIC))
+    head = json.loads(raw[len(JOB_MAGIC) + 8:len(JOB_MAGIC) + 8 + n])
+    assert head["symbol"] == "vadd" and head["args"][3]["value"] == 77   # the header is plain JSON
+    assert KernelJob.from_bytes(raw) == job
+    path = job.save(tmp_path / "vadd.kljob")
+    assert KernelJob.load(path) == job
+    with pytest.raises(KernellabError, match="not a kernellab kernel job"):
+        KernelJob.from_bytes(b"PK\x03\x04" + raw)
+    with pytest.raises(KernellabError, match="truncated"):
+        KernelJob.from_bytes(raw[:-3])
+
+
+def test_shapes_only_job_keeps_scalars_and_zero_fills(mod):
+    a = np.ones(10, dtype=np.float32)
+    job = KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 10), data="shapes")
+    assert all(s.data is None and s.fill == "zeros" for s in job.args[:3])
+    assert job.args[3].value == 10
+    assert np.array_equal(job.args[0].host_array(), np.zeros(10, np.float32))
+    assert len(job.to_bytes()) < len(KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 10)).to_bytes())
+
+
+def test_fills_are_reproducible_and_typed():
+    spec = ArgSpec("tensor", "x", "float32", (4, 8), fill="randn", seed=3)
+    assert np.array_equal(spec.host_array(), spec.host_array())
+    assert spec.host_array().shape == (4, 8) and spec.host_array().dtype == np.float32
+    assert np.array_equal(ArgSpec("tensor", "i", "int32", (5,), fill="arange").host_array(), np.arange(5, dtype=np.int32))
+    full = ArgSpec("tensor", "h", "bfloat16", (3,), fill="full", fill_value=1.0).host_array()
+    assert full.dtype == np.uint16 and list(full) == [0x3F80] * 3        # 1.0 in bfloat16
+    with pytest.raises(KernellabError, match="unknown fill"):
+        ArgSpec("tensor", "x", "float32", (2,), fill="gaussian").host_array()
+    with pytest.raises(KernellabError, match="bytes of data"):
+        ArgSpec("tensor", "x", "float32", (4,), data=b"\0" * 12).host_array()
+
+
+def test_argument_errors_name_the_parameter(mod):
+    a = np.ones(10, dtype=np.float32)
+    with pytest.raises(ArgumentError, match="takes 4 arguments, got 3"):
+        KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a))
+    with pytest.raises(ArgumentError, match=r"argument 1 \('b'.*expects float32 elements but got float64"):
+        KernelJob.from_launch(mod.vadd, 1, 32, (a, a.astype(np.float64), a, 10))
+    with pytest.raises(ArgumentError, match=r"argument 3 \('n'.*integer parameter but got the float 2.5"):
+        KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 2.5))
+    with pytest.raises(ArgumentError, match="pointer parameter but got a list"):
+        KernelJob.from_launch(mod.vadd, 1, 32, ([1.0], a, a, 10))
+    with pytest.raises(ArgumentError, match="grid"):
+        KernelJob.from_launch(mod.vadd, 0, 32, (a, a, a, 10))
+
+
+def test_null_pointer_and_with_data():
+    job = KernelJob("k", (1, 1, 1), (32, 1, 1), (ArgSpec("null", "p"),
+                                                 ArgSpec("tensor", "x", "float32", (8,), ipc_handle=b"\1" * 64,
+                                                         ipc_offset=256)))
+    assert KernelJob.from_bytes(job.to_bytes()) == job
+    plain = job.with_data()
+    assert plain.args[1].ipc_handle is None and plain.args[1].fill == "zeros" and not plain.args[1].shared
+    assert plain.args[0] == job.args[0]
+
+
+def test_job_without_image_compiles_from_source_through_the_cache(mod, tmp_cache):
+    a = np.ones(4, dtype=np.float32)
+    job = KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 4))
+    cubin, fmt = job_image(job)
+    assert (cubin, fmt) == (mod.cubin, "cubin")
+    from dataclasses import replace
+
+    rebuilt, fmt = job_image(replace(job, image=None, image_format=None))
+    assert fmt == "cubin" and rebuilt[:4] == b"\x7fELF"
+    again, _ = job_image(replace(job, image=None, image_format=None))
+    assert again == rebuilt                                            # the second compile is a cache hit
+    with pytest.raises(KernellabError, match="no compiled image"):
+        job_image(replace(job, image=None, source=""))
+
+
+def test_tensor_spec_and_nonfinite_note():
+    x = np.array([[1.0, np.nan], [np.inf, 2.0]], dtype=np.float32)
+    spec = tensor_spec(x, "c")
+    note = nonfinite_note(spec, x, np)
+    assert note == "c (float32[2, 2]) holds 1 NaN and 1 Inf of 4 elements after the launch, the first at index 0, 1"
+    assert nonfinite_note(spec, np.zeros((2, 2), np.float32), np) is None
+    bits = np.array([0x3F80, 0x7FC0, 0xFF80], dtype=np.uint16)       # 1.0, NaN, -Inf in bfloat16
+    bf = ArgSpec("tensor", "y", "bfloat16", (3,))
+    assert nonfinite_note(bf, bits, np) == "y (bfloat16[3]) holds 1 NaN and 1 Inf of 3 elements after the launch, " \
+                                           "the first at index 1"
+
+
+def test_result_round_trip():
+    r = JobResult("ok", outputs=((2, b"\1\2\3\4"), (5, b"")), kernel_ms=0.25, notes=("n",), stdout="hi\n", pid=42,
+                  device="H200")
+    back = JobResult.from_bytes(r.to_bytes())
+    assert back == r and back.output(2) == b"\1\2\3\4" and back.output(3) is None and back.ok
+    with pytest.raises(KernellabError, match="not a kernellab job result"):
+        JobResult.from_bytes(KernelJob("k", (1, 1, 1), (1, 1, 1), ()).to_bytes())
+
+
+def test_cli_reports_a_missing_gpu_in_its_result(mod, tmp_path):
+    a = np.ones(4, dtype=np.float32)
+    path = KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 4)).save(tmp_path / "j.kljob")
+    out = tmp_path / "r.klres"
+    proc = subprocess.run([sys.executable, "-m", "kernellab.run.job", path, "--out", str(out)], capture_output=True,
+                          text=True, timeout=120)
+    if kernellab.has_gpu():
+        pytest.skip("this machine has a GPU: the job ran (tests/gpu covers that)")
+    assert proc.returncode == 1, proc.stderr
+    res = JobResult.from_bytes(out.read_bytes())
+    assert res.status == "error" and res.message and "vadd" in proc.stderr
+    bad = subprocess.run([sys.executable, "-m", "kernellab.run.job", str(tmp_path / "missing")], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr

@@ -1,0 +1,518 @@
+"""Isolated launches, compute-sanitizer and Nsight Compute without a GPU.
+
+- The worker protocol runs real worker processes with a stand-in GPU (tests/fixtures/fake_gpu.py): warm reuse,
+  outputs copied back, a hung kernel killed at its timeout and replaced, a poisoned context replaced, a crash,
+  printf capture, interrupts.
+- The sanitizer and profiler parsers read real captures from an H200 (tests/fixtures/captured/) and hand-written
+  samples in the tools' documented formats for the cases the captures lack (see tests/fixtures/README.md); the
+  subprocess plumbing runs against stand-in `compute-sanitizer` and `ncu` scripts.
+- %launch is driven through a real IPython shell; the Kernel hooks are checked to dispatch.
+"""
+import os
+import pathlib
+import signal
+import stat
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kernellab
+from kernellab.run import worker as W
+from kernellab.run.job import ArgSpec, JobResult, KernelJob
+from kernellab.run.profile import (DEFAULT_METRICS, ProfileReport, format_value, parse_csv, profile,
+                                   report_from_output)
+from kernellab.run.sanitize import (SanitizerReport, ToolNotFoundError, parse_location, report_from_text, sanitize,
+                                    sanitize_last)
+
+HERE = pathlib.Path(__file__).resolve().parent
+FIXTURES = HERE / "fixtures"
+CAPTURED = FIXTURES / "captured"
+ROOT = HERE.parent
+FAKE_ENV = {"PYTHONPATH": os.pathsep.join([str(FIXTURES), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def fake_job(behaviour: str, n: int = 8) -> KernelJob:
+    """A job for the stand-in GPU: `behaviour` is what its 'kernel' does (see fixtures/fake_gpu.py)."""
+    x = np.arange(n, dtype=np.float32)
+    return KernelJob(symbol=behaviour, name=behaviour, grid=(1, 1, 1), block=(32, 1, 1),
+                     args=(ArgSpec("tensor", "x", "float32", (n,), data=x.tobytes(), writes=True),
+                           ArgSpec("tensor", "y", "float32", (n,), data=x.tobytes(), writes=False),
+                           ArgSpec("scalar", "n", "int32", value=n)))
+
+
+@pytest.fixture
+def pool():
+    p = W.WorkerPool(runner="fake_gpu:run", init="fake_gpu:init", env=FAKE_ENV, start_timeout_s=60)
+    yield p
+    p.shutdown()
+
+
+# --- the worker protocol --------------------------------------------------------------------------------------
+
+
+def test_warm_worker_runs_jobs_and_returns_outputs(pool):
+    result, facts = pool.run(fake_job("double"), timeout_s=30)
+    assert result.ok and facts["cold"] and facts["ready_ms"] > 0 and facts["device"] == "Fake GPU"
+    assert np.array_equal(np.frombuffer(result.output(0), np.float32), np.arange(8) * 2)
+    assert result.output(1) is None                                  # const arguments do not come back
+    pid = facts["pid"]
+    again, facts2 = pool.run(fake_job("double"), timeout_s=30)
+    assert facts2["pid"] == pid and not facts2["cold"]               # the same warm process
+    assert again.notes == (f"job 2 in pid {pid}",)                   # and its state carried over
+
+
+def test_outputs_are_copied_into_the_callers_arrays(pool):
+    x = np.arange(8, dtype=np.float32)
+    y = np.arange(8, dtype=np.float32)
+    job = fake_job("double")
+    result, _ = pool.run(job, timeout_s=30)
+    W.apply_outputs((x, y, 8), job, result)
+    assert np.array_equal(x, np.arange(8) * 2) and np.array_equal(y, np.arange(8))
+
+
+def test_large_payloads_cross_the_pipe(pool):
+    result, _ = pool.run(fake_job("double", n=3_000_000), timeout_s=60)   # 12 MB each way
+    out = np.frombuffer(result.output(0), np.float32)
+    assert out.shape == (3_000_000,) and out[-1] == 2 * 2_999_999
+
+
+def test_hung_kernel_is_killed_at_the_timeout_and_replaced(pool):
+    _, facts = pool.run(fake_job("double"), timeout_s=30)
+    old = pool.worker
+    t0 = time.perf_counter()
+    result, _ = pool.run(fake_job("hang"), timeout_s=1.0)
+    assert result.status == "timeout" and "did not finish within 1 s" in result.message
+    assert time.perf_counter() - t0 < 10
+    assert not old.alive and old.proc.returncode == -signal.SIGKILL
+    assert pool.worker is not old and pool.replaced == 1            # a fresh worker was started at once
+    ok, facts2 = pool.run(fake_job("double"), timeout_s=30)
+    assert ok.ok and facts2["pid"] != facts["pid"]
+    err = W.isolated_error(result, fake_job("hang"))
+    assert err.status == "timeout" and not err.sticky
+    assert "killed" in str(err) and "session is unaffected" in str(err) and "timeout_s" in str(err)
+
+
+def test_poisoned_context_is_replaced(pool):
+    _, facts = pool.run(fake_job("double"), timeout_s=30)
+    old = pool.worker
+    result, _ = pool.run(fake_job("sticky"), timeout_s=30)
+    assert result.status == "fault" and result.poisoned and "illegal memory access" in result.cuda_error
+    assert not old.alive and pool.worker is not old
+    ok, facts2 = pool.run(fake_job("double"), timeout_s=30)
+    assert ok.ok and facts2["pid"] != facts["pid"]
+    err = W.isolated_error(result, fake_job("sticky"))
+    text = str(err)
+    assert isinstance(err, kernellab.LaunchError) and not err.sticky and err.status == "fault"
+    assert "sticky" in text and "illegal memory access" in text and "fresh worker" in text
+    assert "sticky.sanitize((1, 1, 1), (32, 1, 1), *args)" in text   # the exact call to find the line
+
+
+def test_non_sticky_launch_error_keeps_the_worker(pool):
+    _, facts = pool.run(fake_job("double"), timeout_s=30)
+    result, facts2 = pool.run(fake_job("launch_error"), timeout_s=30)
+    assert result.status == "launch_error" and facts2["pid"] == facts["pid"] and pool.replaced == 0
+    assert "fewer threads per block" in str(W.isolated_error(result, fake_job("launch_error")))
+
+
+def test_crash_is_reported_and_replaced(pool):
+    result, facts = pool.run(fake_job("crash"), timeout_s=30)
+    assert result.status == "crashed" and "exit code 7" in result.message
+    ok, facts2 = pool.run(fake_job("double"), timeout_s=30)
+    assert ok.ok and facts2["pid"] != facts["pid"]
+
+
+def test_runner_exception_becomes_an_error_result(pool):
+    result, _ = pool.run(fake_job("raise"), timeout_s=30)
+    assert result.status == "error" and "the runner itself failed" in result.message
+    assert pool.replaced == 0
+
+
+def test_worker_output_is_captured_per_job(pool):
+    result, _ = pool.run(fake_job("print"), timeout_s=30)
+    assert result.stdout == "hello from the fake device\n"
+    quiet, _ = pool.run(fake_job("double"), timeout_s=30)
+    assert quiet.stdout == ""
+
+
+def test_nan_note_travels_back(pool):
+    result, _ = pool.run(fake_job("nan"), timeout_s=30)
+    assert result.notes == ("x (float32[8]) holds 8 NaN of 8 elements after the launch, the first at index 0",)
+
+
+def test_interrupt_kills_the_worker_and_propagates(pool):
+    pool.run(fake_job("double"), timeout_s=30)
+    old = pool.worker
+    timer = threading.Timer(0.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(fake_job("hang"), timeout_s=60)
+    assert not old.alive and pool.worker is not old
+
+
+def test_failed_start_says_why():
+    p = W.WorkerPool(runner="fake_gpu:run", init="fake_gpu:init", env=dict(FAKE_ENV, FAKE_GPU_INIT="fail"),
+                     start_timeout_s=60)
+    with pytest.raises(W.WorkerError, match="could not start: RuntimeError: no CUDA-capable device"):
+        p.run(fake_job("double"))
+    p.shutdown()
+
+
+def test_shutdown_stops_every_worker(pool):
+    pool.run(fake_job("double"), timeout_s=30)
+    w = pool.worker
+    pool.shutdown()
+    assert not w.alive and pool.worker is None
+
+
+def test_settings_and_isolation_context():
+    before = W.settings.isolate
+    with W.isolation(True):
+        assert W.settings.isolate
+    assert W.settings.isolate == before
+    W.set_isolation(True, timeout_s=5, diagnose=False)
+    try:
+        assert (W.settings.isolate, W.settings.timeout_s, W.settings.diagnose) == (True, 5.0, False)
+    finally:
+        W.settings = W.IsolationSettings()
+
+
+def test_isolated_run_reads_well():
+    run = W.IsolatedRun(kernel="vadd", grid=(4, 1, 1), block=(256, 1, 1), kernel_ms=0.0123, wall_ms=1.4, pid=123,
+                        device="NVIDIA H200", cold=True, ready_ms=812.0, shared=("a",), copied=("b", "c"),
+                        notes=("c (float32[4]) holds 4 NaN of 4 elements after the launch, the first at index 0",),
+                        stdout="hi\n")
+    text = str(run)
+    assert "ran isolated in worker 123 on NVIDIA H200" in text and "started a worker in 812 ms" in text
+    assert "note: c (float32[4]) holds 4 NaN" in text and "hi" in text
+    assert "<table" in run._repr_html_()
+
+
+# --- compute-sanitizer reports --------------------------------------------------------------------------------
+
+
+def _cell_job(source: str, name: str, filename: str = "cell.cu") -> KernelJob:
+    return KernelJob(symbol=name, name=name, grid=(1, 1, 1), block=(32, 1, 1), args=(), source=source, first_line=2,
+                     filename=filename)
+
+
+def test_memcheck_capture_is_deduplicated_with_thread_block_and_line():
+    text = (CAPTURED / "sanitizer_memcheck.txt").read_text()
+    src = "\n" * 10 + "    out[i + 256] = 1.0f;  // one block too far\n"
+    job = _cell_job(src, "oob_write", filename="749ae013bc3d2d5994ad1e260bc34586cb6400c5.cubin.cu")
+    rep = report_from_text(text, tool="memcheck", job=job)
+    assert rep.error_count == 259 and not rep.ok
+    assert len(rep.findings) == 1                                    # 20 printed reports, one distinct problem
+    f = rep.findings[0]
+    assert f.kind == "invalid_write" and f.size_bytes == 4 and f.count == 20
+    assert f.message == "Invalid __global__ write of size 4 bytes" and f.function == "oob_write"
+    assert (f.thread, f.block) == ((0, 0, 0), (0, 0, 0))
+    assert f.address == "0x7f5c94800400" and "1 bytes after the nearest allocation" in f.detail
+    assert f.where.line == 12 and f.where.cell_line == 12 and f.where.source_line.strip().startswith("out[i + 256]")
+    assert any("not printed" in n for n in rep.notes) and any("Target application returned" in n for n in rep.notes)
+    text = f.describe()
+    assert text.splitlines()[0] == ("Invalid __global__ write of size 4 bytes at line 12: out[i + 256] = 1.0f;  "
+                                    "// one block too far")
+    assert "by thread (0,0,0) in block (0,0,0); out of bounds; 1 bytes after" in text
+    assert text.endswith("reported 20 times")
+
+
+def test_racecheck_capture_becomes_one_race():
+    rep = report_from_text((CAPTURED / "sanitizer_racecheck.txt").read_text(), tool="racecheck")
+    assert len(rep.findings) == 1
+    f = rep.findings[0]
+    assert f.kind == "race" and "WAW" in f.message and f.block == (0, 0, 0) and f.thread == (32, 0, 0)
+    assert f.where.line == 16 and f.other.line == 16 and f.access == "Write" and f.other_access == "Write"
+
+
+def test_synccheck_and_initcheck_captures():
+    sync = report_from_text((CAPTURED / "sanitizer_synccheck.txt").read_text(), tool="synccheck")
+    assert [f.kind for f in sync.findings] == ["barrier"] and sync.findings[0].where.line == 21
+    assert sync.findings[0].message.startswith("Barrier error detected. Divergent thread(s) in warp")
+    init = report_from_text((CAPTURED / "sanitizer_initcheck.txt").read_text(), tool="initcheck")
+    f = init.findings[0]
+    assert len(init.findings) == 1 and f.kind == "uninitialized_read" and f.size_bytes == 4
+    assert f.where.function == "uninit" and f.where.line == 19 and f.address == "0x7fdb34800000" and f.count > 1
+
+
+def test_hand_written_formats():
+    src = "__global__ void oob_read(const float* x, float* y) {\n    y[threadIdx.x] = x[threadIdx.x + 1024];\n}\n"
+    job = _cell_job("\n" * 2 + src, "oob_read")                      # line 5 of the cell is the read
+    legacy = report_from_text((FIXTURES / "sanitizer_memcheck_legacy.txt").read_text(), tool="memcheck", job=job)
+    f = legacy.findings[0]
+    assert (f.kind, f.where.function, f.where.line, f.where.pc) == ("invalid_read", "oob_read", 5, 0x70)
+    assert f.where.source_line.strip() == "y[threadIdx.x] = x[threadIdx.x + 1024];" and f.block == (3, 0, 0)
+    mis = report_from_text((FIXTURES / "sanitizer_memcheck_misaligned.txt").read_text(), tool="memcheck")
+    assert mis.findings[0].kind == "misaligned" and "misaligned" in mis.findings[0].detail
+    assert any("cudaErrorMisalignedAddress" in n for n in mis.notes)
+    race = report_from_text((FIXTURES / "sanitizer_racecheck.txt").read_text(), tool="racecheck")
+    assert len(race.findings) == 1 and race.error_count == 1
+    r = race.findings[0]
+    assert (r.where.line, r.other.line, r.access, r.other_access) == (5, 6, "Write", "Read")
+    assert r.thread == (1, 0, 0) and r.block == (0, 0, 0) and r.count == 248
+
+
+def test_locations_in_every_format():
+    assert parse_location("at vadd+0x90 in cell.cu:4").line == 4
+    loc = parse_location("racy(const float *, float *)+0x1d0 in /tmp/x/cell.cu:5")
+    assert (loc.function, loc.pc, loc.file, loc.line) == ("racy(const float *, float *)", 0x1D0, "/tmp/x/cell.cu", 5)
+    assert parse_location("at gkyl_kernel+0x330").line is None and parse_location("at gkyl_kernel+0x330").pc == 0x330
+    old = parse_location("at 0x000000c8 in /src/my.cuh:75:void proj<double>(double*, int)")
+    assert (old.file, old.line, old.function) == ("/src/my.cuh", 75, "void proj<double>(double*, int)")
+    assert parse_location("at 0x3b0 in void boot<2048>(unsigned long*)").function == "void boot<2048>(unsigned long*)"
+
+
+def test_clean_report_and_reprs():
+    rep = report_from_text("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n", tool="memcheck",
+                           kernel="vadd")
+    assert rep.ok and bool(rep) and str(rep) == "memcheck: no problems found in vadd"
+    bad = report_from_text((CAPTURED / "sanitizer_memcheck.txt").read_text(), tool="memcheck", kernel="oob_write")
+    j = bad.to_json()
+    assert j["kind"] == "sanitize" and j["version"] == 1 and j["findings"][0]["thread"] == [0, 0, 0]
+    bundle = bad._repr_mimebundle_()
+    assert "application/vnd.kernellab.report+json" in bundle and "<table" in bundle["text/html"]
+    assert "Invalid __global__ write of size 4 bytes" in str(bad)
+
+
+def _script(tmp_path, name, body) -> str:
+    path = tmp_path / name
+    path.write_text("#!" + sys.executable + "\n" + textwrap.dedent(body))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_sanitize_runs_the_tool_on_a_job_file(tmp_path):
+    log = tmp_path / "argv.txt"
+    fake = _script(tmp_path, "compute-sanitizer", f"""
+        import sys
+        open({str(log)!r}, "w").write("\\n".join(sys.argv[1:]))
+        sys.stdout.write(open({str(CAPTURED / 'sanitizer_memcheck.txt')!r}).read())
+        sys.exit(1)
+    """)
+    rep = sanitize(fake_job("oob"), "memcheck", executable=fake)
+    argv = log.read_text().splitlines()
+    assert argv[:6] == ["--tool", "memcheck", "--print-limit", "100", "--show-backtrace", "no"]
+    assert argv[-5:-3] == ["-m", "kernellab.run.job"] and argv[-2] == "--out"
+    assert rep.findings and rep.exit_code == 1 and rep.error_count == 259
+    assert any("did not write a result" in n for n in rep.notes)      # the stand-in never ran the job
+    race = sanitize(fake_job("oob"), "racecheck", executable=fake)
+    assert "--racecheck-report" in log.read_text()
+    both = sanitize(fake_job("oob"), "memcheck+initcheck", executable=fake)
+    assert both.tool == "memcheck+initcheck" and len(both.findings) == 2
+    with pytest.raises(ValueError, match="unknown compute-sanitizer tool 'leakcheck'"):
+        sanitize(fake_job("oob"), "leakcheck", executable=fake)
+
+
+def test_sanitize_timeout(tmp_path):
+    fake = _script(tmp_path, "compute-sanitizer", "import time\ntime.sleep(60)\n")
+    rep = sanitize(fake_job("hang"), "memcheck", executable=fake, timeout_s=1)
+    assert rep.timed_out and not rep.ok and "did not finish" in rep.headline()
+
+
+def test_sanitize_last_uses_the_job_of_the_last_error():
+    with pytest.raises(kernellab.KernellabError, match="no failed launch"):
+        sanitize_last(error=ValueError("x"))
+
+
+def test_sanitizer_missing_says_where_it_looked(monkeypatch):
+    from kernellab.compile import toolkit
+
+    monkeypatch.setattr(toolkit, "find_tool", lambda name: None)
+    with pytest.raises(ToolNotFoundError, match="compute-sanitizer was not found"):
+        sanitize(fake_job("x"))
+
+
+# --- Nsight Compute reports -------------------------------------------------------------------------------------
+
+
+def test_default_metrics_capture():
+    rep = report_from_output((CAPTURED / "ncu_metrics_details.csv").read_text(), kernel="transpose_naive")
+    assert rep.ok and rep.grid == "(32, 32, 1)" and rep.block == "(32, 32, 1)"
+    assert rep["duration"] == pytest.approx(9.568e-6) and rep.duration_ms == pytest.approx(9.568e-3)
+    assert rep["achieved occupancy"] == pytest.approx(86.76)
+    assert rep["shared load wavefronts"] == 1_048_686 and rep["shared load bank conflicts"] == 1_015_918
+    assert rep.shared_wavefronts_per_request("ld") == pytest.approx(32.0, rel=1e-3)
+    assert rep.shared_wavefronts_per_request("st") == pytest.approx(1.0)
+    text = str(rep)
+    assert "duration" in text and "9.57 us" in text and "86.8 %" in text and "32.0-way" in text
+    assert "no bank conflicts" in text
+    labels = [m.label for m in rep.metrics]
+    assert labels.index("duration") < labels.index("L2 hit rate")     # the default set's order
+    j = rep.to_json()
+    assert j["kind"] == "profile" and j["shared_wavefronts_per_request"]["ld"] == pytest.approx(32.0, rel=1e-3)
+
+
+def test_raw_page_and_full_set_captures():
+    metrics, facts = parse_csv((CAPTURED / "ncu_metrics_raw.csv").read_text())
+    by = {m.name: m for m in metrics}
+    assert by["gpu__time_duration.sum"].value == pytest.approx(by["gpu__time_duration.sum"].value) and facts["kernels"]
+    assert by["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"].value > 1e6
+    full = report_from_output((CAPTURED / "ncu_full_details.csv").read_text(), kernel="transpose_naive",
+                              section_set="full")
+    assert full.ok and full["L2 Hit Rate"] == pytest.approx(54.17) and full["Registers Per Thread"] == 16
+    assert full["Cluster Scheduling Policy"] == "PolicySpread"
+    assert any(m.section == "Occupancy" for m in full.metrics) and "section" in str(full).splitlines()[1]
+    assert any("ncu: Unable to access the following 6 metrics" in n for n in full.notes)
+
+
+def test_permission_and_no_kernel_outputs():
+    denied = report_from_output((FIXTURES / "ncu_permission.txt").read_text(), kernel="vadd")
+    assert denied.permission_denied and not denied.ok
+    text = str(denied)
+    assert "not permitted" in text and "NVreg_RestrictProfilingToAdminUsers=0" in text
+    assert "kernel.occupancy(block)" in text and "bank_wavefronts" in text
+    none = report_from_output((FIXTURES / "ncu_no_kernels.txt").read_text(), kernel="vadd")
+    assert not none.ok and "no launch of vadd was profiled" in none.error
+    bad = report_from_output("==ERROR== Failed to find metric sm__bogus.sum\n", kernel="vadd")
+    assert "rejected the metric list" in bad.error
+
+
+def test_value_formats():
+    assert format_value(9.568e-6, "second") == "9.57 us"
+    assert format_value(4 * 2**20, "byte") == "4.00 MiB"
+    assert format_value(63.25, "%") == "63.2 %"
+    assert format_value(1048576.0, "") == "1,048,576"
+    assert format_value(None, "%") == "n/a"
+    assert format_value(1.97e9, "hz") == "1.97 GHz"
+
+
+def test_profile_runs_ncu_on_a_job_file(tmp_path):
+    log = tmp_path / "argv.txt"
+    fake = _script(tmp_path, "ncu", f"""
+        import sys
+        open({str(log)!r}, "w").write("\\n".join(sys.argv[1:]))
+        sys.stdout.write(open({str(CAPTURED / 'ncu_metrics_details.csv')!r}).read())
+    """)
+    rep = profile(fake_job("transpose_naive"), executable=fake)
+    argv = log.read_text().splitlines()
+    assert argv[:2] == ["--clock-control", "none"] and "--csv" in argv
+    assert argv[argv.index("-k") + 1] == "regex:^transpose_naive$" and argv[argv.index("-c") + 1] == "1"
+    assert argv[argv.index("--metrics") + 1].split(",") == [m for m, _ in DEFAULT_METRICS]
+    assert rep.ok and rep["shared load bank conflicts"] == 1_015_918
+    profile(fake_job("t"), section_set="full", executable=fake)
+    argv = log.read_text().splitlines()
+    assert argv[argv.index("--set") + 1] == "full" and "--metrics" not in argv
+    with pytest.raises(ValueError, match="unknown ncu section set"):
+        profile(fake_job("t"), section_set="everything", executable=fake)
+
+
+# --- %launch and the Kernel hooks ----------------------------------------------------------------------------
+
+SRC = """extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "kernellab")
+    shell.run_line_magic("load_ext", "kernellab.notebook.run_magics")
+    return shell
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Record what %launch dispatches to, instead of running it."""
+    seen = []
+    import kernellab.run.profile as P
+    import kernellab.run.sanitize as S
+
+    monkeypatch.setattr(W, "run_isolated", lambda *a, **k: seen.append(("isolated", a, k)) or "isolated-run")
+    monkeypatch.setattr(S, "sanitize_launch", lambda *a, **k: seen.append(("sanitize", a, k)) or "sanitizer-report")
+    monkeypatch.setattr(P, "profile_launch", lambda *a, **k: seen.append(("profile", a, k)) or "profile-report")
+    yield seen
+    W.settings = W.IsolationSettings()
+
+
+def test_launch_magic_dispatches(ip, calls, tmp_cache):
+    ip.run_cell("%%cuda --arch sm_90\n" + SRC)
+    ip.user_ns.update(a=np.ones(4, np.float32), c=np.zeros(4, np.float32), n=4)
+    assert ip.run_line_magic("launch", "--isolate vadd[1, 32](a, a, c, n)") == "isolated-run"
+    kind, (kernel, grid, block, args), kw = calls[-1]
+    assert kind == "isolated" and kernel is ip.user_ns["vadd"] and (grid, block) == (1, 32) and args[3] == 4
+    assert kw == {"shared_bytes": 0, "timeout_s": None}
+    assert ip.run_line_magic("launch", "--sanitize vadd[(1,), (32,)](*[a, a, c], n)") == "sanitizer-report"
+    assert calls[-1][2]["tool"] == "memcheck" and calls[-1][1][3][2] is ip.user_ns["c"]
+    ip.run_line_magic("launch", "--sanitize=racecheck vadd[1, 32, 128](a, a, c, n)")
+    assert calls[-1][2] == {"shared_bytes": 128, "tool": "racecheck"}
+    ip.run_line_magic("launch", "--profile=full vadd[1, 32](a, a, c, n)")
+    assert calls[-1][0] == "profile" and calls[-1][2]["section_set"] == "full"
+    ip.run_line_magic("launch", "--profile --metrics gpu__time_duration.sum,dram__bytes.sum vadd[1, 32](a, a, c, n)")
+    assert calls[-1][2]["section_set"] is None and calls[-1][2]["metrics"] == ["gpu__time_duration.sum",
+                                                                               "dram__bytes.sum"]
+    ip.run_line_magic("launch", "--isolate --timeout 2.5 vadd[1, 32](a, a, c, n, shared_bytes=64)")
+    assert calls[-1][2] == {"shared_bytes": 64, "timeout_s": 2.5}
+
+
+def test_launch_magic_usage_errors(ip, calls, tmp_cache):
+    from IPython.core.error import UsageError
+
+    ip.run_cell("%%cuda --arch sm_90\n" + SRC)
+    for line, msg in (("", "kernel\\[grid, block\\]\\(args...\\)"),
+                      ("vadd(1, 2)", "got 'vadd\\(1, 2\\)'"),
+                      ("vadd[1, 32](a, b", "is not Python"),
+                      ("--isolate --sanitize vadd[1, 32](1)", "choose one of"),
+                      ("--bogus vadd[1, 32](1)", "unrecognized arguments"),
+                      ("vadd[1, 32](1, stream=0)", "only shared_bytes="),
+                      ("len[1, 2](3)", "object is not subscriptable|not a kernel launch"),
+                      ("vadd[1](1)", "launch as vadd\\[grid, block\\]")):
+        with pytest.raises((UsageError, TypeError), match=msg):
+            ip.run_line_magic("launch", line)
+
+
+def test_config_sets_the_notebook_wide_isolation(ip, calls):
+    ip.run_line_magic("config", "KernellabRun.isolate = True")
+    ip.run_line_magic("config", "KernellabRun.timeout_s = 7.5")
+    assert W.settings.isolate and W.settings.timeout_s == 7.5
+    ip.run_line_magic("config", "KernellabRun.isolate = False")
+    assert not W.settings.isolate
+    assert "--sanitize" in ip.find_line_magic("launch").__doc__
+
+
+def test_kernel_launch_follows_the_isolation_setting(monkeypatch, tmp_cache):
+    mod = kernellab.compile_cuda(SRC, arch="sm_90")
+    seen = []
+    monkeypatch.setattr(W, "run_isolated", lambda *a, **k: seen.append((a, k)) or "ran")
+    a = np.ones(4, np.float32)
+    assert mod.vadd[1, 32](a, a, a, 4, isolate=True, timeout_s=3) == "ran"
+    (kernel, grid, block, args), kw = seen[-1]
+    assert kernel is mod.vadd and args[3] == 4 and kw == {"shared_bytes": 0, "timeout_s": 3}
+    with W.isolation(True):
+        mod.vadd[2, 64, 256](a, a, a, 4)
+    assert seen[-1][1]["shared_bytes"] == 256 and len(seen) == 2
+    if not kernellab.has_gpu():
+        with pytest.raises(kernellab.NoGPUError):          # isolate=False: in-process, needs a GPU here
+            mod.vadd[1, 32](a, a, a, 4, isolate=False)
+
+
+def test_kernel_sanitize_and_profile_hooks(monkeypatch, tmp_cache):
+    import kernellab.run.profile as P
+    import kernellab.run.sanitize as S
+
+    mod = kernellab.compile_cuda(SRC, arch="sm_90")
+    monkeypatch.setattr(S, "sanitize_launch", lambda *a, **k: ("s", a, k))
+    monkeypatch.setattr(P, "profile_launch", lambda *a, **k: ("p", a, k))
+    assert mod.vadd.sanitize(1, 32, 1, 2, 3, 4, tool="racecheck")[2] == {"shared_bytes": 0, "tool": "racecheck"}
+    assert mod.vadd.profile(1, 32, 1, 2, 3, 4, full=True)[2] == {"shared_bytes": 0, "metrics": None, "full": True}
+
+
+def test_in_process_sticky_error_names_the_sanitize_call():
+    from kernellab.run.launch import LaunchConfig, _launch_error
+
+    class IllegalAddress(Exception):
+        pass
+
+    err = _launch_error(IllegalAddress("cudaErrorIllegalAddress: an illegal memory access was encountered"), "vadd",
+                        LaunchConfig((4, 1, 1), (256, 1, 1)), during="run")
+    text = str(err)
+    assert err.sticky and "context of this process is lost" in text and "restart" in text
+    assert "kernellab.run.sanitize.sanitize_last()" in text and "vadd.sanitize((4, 1, 1), (256, 1, 1), *args)" in text
+    assert "isolate=True" in text
