@@ -61,6 +61,16 @@ def compile_error_usage(exc: CompileError, display_report: bool = True) -> Usage
     return UsageError(str(exc))
 
 
+def refresh_status() -> None:
+    """Refresh the GPU status item (memory in use changes as cells run); never fails a cell."""
+    try:
+        from .status import publish_status
+
+        publish_status(update=True)
+    except Exception:
+        pass
+
+
 @magics_class
 class KernellabMagics(Magics):
     """kernellab's cell magics. Defaults are configurable: `%config KernellabMagics.default_arch = 'sm_80'`."""
@@ -100,4 +110,5 @@ class KernellabMagics(Magics):
         bind_kernels(self.shell, module, args.name)
         if args.ptx or args.sass:
             show_code(module, args.ptx, args.sass)
+        refresh_status()
         return module

@@ -10,7 +10,7 @@ from IPython.display import display
 from traitlets import Bool, Unicode
 
 from ..errors import CompileError, KernellabError
-from .magics import compile_error_usage, show_code
+from .magics import compile_error_usage, refresh_status, show_code
 
 
 def _unquote(text: str) -> str:
@@ -114,6 +114,7 @@ class NumbaMagics(Magics):
                                  "shared-memory trace (bank conflicts per cell line)",)
             else:
                 display(self._traced_launch(module, launch))
+        refresh_status()
         return module
 
     def _cell_filename(self, line: str, cell: str) -> str:
