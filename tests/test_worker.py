@@ -168,6 +168,47 @@ def test_shutdown_stops_every_worker(pool):
     assert not w.alive and pool.worker is None
 
 
+FAKE_SRC = """extern "C" __global__ void ipc_once(float* x, const float* y, int n) { x[threadIdx.x] += y[0]; }
+extern "C" __global__ void sticky(float* x, const float* y, int n) { x[threadIdx.x] += y[0]; }
+"""
+
+
+@pytest.fixture
+def fake_launch(monkeypatch, tmp_cache):
+    """run_isolated's caller side with the GPU checks stood in: kernels compiled for real, NumPy arguments."""
+    from kernellab.run.device import DeviceInfo
+    from kernellab.run.launch import make_config
+
+    dev = DeviceInfo(0, "Fake GPU", "sm_90", 132)
+    monkeypatch.setattr(W, "check_launch", lambda k, g, b, a, s=0: (make_config(
+        g, b, s, max_threads_per_block=1024, static_shared_bytes=0, device=dev), dev))
+    monkeypatch.setattr(W, "_sync_caller", lambda: None)
+    monkeypatch.setattr(W, "_ipc_state", {"broken": None})
+    return kernellab.compile_cuda(FAKE_SRC, arch="sm_90")
+
+
+def test_run_isolated_copies_back_and_falls_back_from_ipc(pool, fake_launch):
+    x, y = np.arange(8, dtype=np.float32), np.ones(8, dtype=np.float32)
+    run = W.run_isolated(fake_launch.ipc_once, 1, 32, (x, y, 8), pool=pool)
+    assert W._ipc_state["broken"] and "CUDA IPC is not available" in W._ipc_state["broken"]
+    assert np.array_equal(x, np.arange(8) * 2) and np.array_equal(y, np.ones(8))   # the fake 'kernel' doubles x
+    assert run.kernel == "ipc_once" and run.copied == ("x", "y") and run.shared == () and run.device == "Fake GPU"
+    assert run.cold and run.ready_ms > 0 and run.grid == (1, 1, 1) and run.block == (32, 1, 1)
+
+
+def test_run_isolated_fault_without_a_sanitizer_says_how_to_look(pool, fake_launch, monkeypatch):
+    from kernellab.compile import toolkit
+
+    monkeypatch.setattr(toolkit, "find_tool", lambda name: None)
+    x = np.zeros(8, dtype=np.float32)
+    with pytest.raises(W.IsolatedLaunchError) as info:
+        W.run_isolated(fake_launch.sticky, 4, 32, (x, x, 8), pool=pool)
+    text = str(info.value)
+    assert info.value.status == "fault" and info.value.diagnosis is None
+    assert "compute-sanitizer could not diagnose it here" in text and "sticky.sanitize((4, 1, 1), (32, 1, 1)" in text
+    assert np.array_equal(x, np.zeros(8))                                          # no copy-back after a fault
+
+
 def test_settings_and_isolation_context():
     before = W.settings.isolate
     with W.isolation(True):

@@ -562,7 +562,10 @@ def _materialize(job: KernelJob, state: dict):
             arrays.append(None)
             values.append(np.uint64(0))
         elif spec.shared:
-            ptr = _ipc_open(state, spec.ipc_handle) + spec.ipc_offset
+            try:
+                ptr = _ipc_open(state, spec.ipc_handle) + spec.ipc_offset
+            except Exception as exc:
+                raise IpcUnavailable(f"CUDA IPC is not available here ({type(exc).__name__}: {exc})") from None
             mem = cupy.cuda.UnownedMemory(ptr, spec.nbytes, owner=None)
             arr = cupy.ndarray(spec.shape, dtype=storage_dtype(spec.dtype), memptr=cupy.cuda.MemoryPointer(mem, 0))
             arrays.append(arr)
@@ -589,6 +592,10 @@ def scalar_value(spec: ArgSpec):
 
 
 _IPC_OPEN_MAX = 32
+
+
+class IpcUnavailable(KernellabError):
+    """A lent tensor could not be opened in this process: the caller should copy instead."""
 
 
 def _ipc_open(state: dict, handle: bytes) -> int:

@@ -1,11 +1,12 @@
 """Nsight Compute on one kernel job, in a separate process: a small table of the counters that explain a kernel.
 
 `profile(job)` writes the job to a file and runs
-`ncu --clock-control none --print-units base --csv --kernel-name-base mangled -k regex:^<symbol>$ -c 1
+`ncu --clock-control none --csv --kernel-name-base mangled -k regex:^<symbol>$ -c 1
  --metrics <DEFAULT_METRICS>
  python -m kernellab.run.job JOBFILE`
 (`--set <name>` instead of `--metrics` for `section_set=`, e.g. "full"), then parses the CSV (one row per metric:
-"ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value", ...).
+"ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value", ...); values come back in base
+units (seconds, bytes) whatever scale ncu chose.
 `--clock-control none` keeps the GPU at its normal clocks, so durations match what bench measures.
 
 Where the driver does not let this user read performance counters (ERR_NVGPUCTRPERM), the report says so plainly
@@ -334,7 +335,7 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
     with tempfile.TemporaryDirectory(prefix="kernellab-profile-") as tmp:
         jobfile = job.with_data().save(os.path.join(tmp, "job.kljob"))
         resfile = os.path.join(tmp, "result.klres")
-        cmd = [exe, "--clock-control", "none", "--print-units", "base", "--csv", "--kernel-name-base", "mangled",
+        cmd = [exe, "--clock-control", "none", "--csv", "--kernel-name-base", "mangled",
                "-k", f"regex:^{re.escape(job.symbol)}$", "-c", "1"]
         cmd += ["--set", section_set] if section_set else ["--metrics", ",".join(names)]
         cmd += list(extra_args) + [sys.executable, "-m", "kernellab.run.job", jobfile, "--out", resfile]

@@ -418,6 +418,9 @@ class IsolatedRun:
         return "".join(out)
 
 
+_ipc_state = {"broken": None}   # why lending tensors failed in this session, once it has
+
+
 def _sync_caller() -> None:
     """Wait for this process's queued GPU work, so the worker sees the arguments' final values."""
     if "torch" in sys.modules:
@@ -455,10 +458,18 @@ def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s:
     args = tuple(args)
     cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
     _sync_caller()
+    share = None if _ipc_state["broken"] else settings.share_min_bytes
     job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, args, cfg.shared_bytes, data="share",
-                                share_min_bytes=settings.share_min_bytes, device=dev.index)
+                                share_min_bytes=share, device=dev.index)
     pool = pool or default_pool(dev.index)
     result, facts = pool.run(job, timeout_s)
+    if result.status == "error" and "CUDA IPC is not available" in result.message:
+        _ipc_state["broken"] = result.message          # copy from now on (e.g. a VM without IPC)
+        job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, args, cfg.shared_bytes, data="copy",
+                                    device=dev.index)
+        first = facts
+        result, facts = pool.run(job, timeout_s)
+        facts = dict(facts, cold=first["cold"] or facts["cold"], ready_ms=first["ready_ms"] or facts["ready_ms"])
     if not result.ok:
         raise isolated_error(result, job, kernel=kernel, args=args,
                              diagnose=settings.diagnose if diagnose is None else diagnose)
