@@ -22,6 +22,10 @@ _LAZY = {
     "BenchResult": ("kernellab.run.bench", "BenchResult"),
     "roofline": ("kernellab.notebook.bench_plots", "roofline"),
     "has_gpu": ("kernellab.run.device", "has_gpu"),
+    "set_isolation": ("kernellab.run.worker", "set_isolation"),
+    "isolation": ("kernellab.run.worker", "isolation"),
+    "numba_kernel": ("kernellab.kernel_numba", "numba_kernel"),
+    "NumbaKernel": ("kernellab.kernel_numba", "NumbaKernel"),
     "compile_numba": ("kernellab.compile.numba_backend", "compile_numba"),
 }
 

@@ -64,6 +64,7 @@ class Kernel:
         self.resources = resources
         self._functions: dict[int, object] = {}
         self._sass: str | None = None
+        self.isolate: bool | None = None   # None: follow the notebook-wide setting (kernellab.set_isolation)
 
     # -- identity -------------------------------------------------------------------------------------------
     @property
@@ -130,7 +131,9 @@ class Kernel:
         """
         from .run import worker as _worker
 
-        if _worker.settings.isolate if isolate is None else isolate:
+        if isolate is None:
+            isolate = self.isolate if self.isolate is not None else _worker.settings.isolate
+        if isolate:
             return self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
         _device.require_gpu(f"launching {self.name}")
         from .errors import LaunchError

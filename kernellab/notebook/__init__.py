@@ -12,6 +12,9 @@ def load_ipython_extension(ipython):
         NumbaMagics = None
     if NumbaMagics is not None:
         ipython.register_magics(NumbaMagics)
+    from . import run_magics
+
+    run_magics.load_ipython_extension(ipython)
     try:
         from .status import publish_status
     except ImportError:

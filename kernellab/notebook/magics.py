@@ -85,6 +85,8 @@ class KernellabMagics(Magics):
               help="NVRTC options, e.g. --options=--use_fast_math or -O \"--use_fast_math -maxrregcount=64\" "
                    "(repeatable).")
     @argument("--name", default=None, help="Also bind the compiled module under this name.")
+    @argument("--isolate", action="store_true", help="Launch this cell's kernels in a worker process, so that a "
+                                                      "faulty kernel cannot poison the notebook's CUDA context.")
     @argument("--ptx", action="store_true", help="Show each kernel's PTX.")
     @argument("--sass", action="store_true", help="Show each kernel's SASS.")
     @cell_magic
@@ -107,6 +109,9 @@ class KernellabMagics(Magics):
             raise compile_error_usage(exc) from None
         except (KernellabError, ValueError) as exc:
             raise UsageError(str(exc)) from None
+        if args.isolate:
+            for k in module.kernels:
+                k.isolate = True
         bind_kernels(self.shell, module, args.name)
         if args.ptx or args.sass:
             show_code(module, args.ptx, args.sass)

@@ -426,14 +426,30 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
           max_reps: int = 10_000, quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9),
           flush_l2: bool = True, rotate: bool = True, cuda_graph: bool = False, seed: int = 0,
           generator_device: str = "cpu", name: str | None = None, device=None,
-          timer: Clock | None = None) -> BenchResult:
+          timer: Clock | None = None, isolate: bool | None = None) -> BenchResult:
     """GPU time of `fn(*args)` (and of each `baselines` callable, on the same arguments, in the same run).
 
     `inputs` is the argument tuple, or `inputs(generator)` returning one (then fresh sets can be made for
     rotation). `flops` and `bytes` (per call) are numbers or callables of the arguments; with them the result
     gives TFLOP/s, GB/s and a point on `kernellab.roofline`. `timer` replaces the CUDA clock (tests).
+    isolate=True (or the notebook-wide isolation setting) first runs `fn` once with its kernels in a worker
+    process, so that a faulty kernel is caught there; the timing itself always runs in this process, where
+    CUDA events can see the kernels.
     """
     _validate_options(fn, baselines, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles)
+    from . import worker as _worker
+
+    if (_worker.settings.isolate if isolate is None else isolate) and timer is None:
+        with _worker.isolation(True):
+            probe = _input_sets(inputs, 0, False, seed, generator_device)[0]
+            fn(*probe)
+    with _worker.isolation(False):
+        return _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles,
+                      flush_l2, rotate, cuda_graph, seed, generator_device, name, device, timer)
+
+
+def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles, flush_l2,
+           rotate, cuda_graph, seed, generator_device, name, device, timer) -> BenchResult:
     clock = timer if timer is not None else CudaClock(device, flush_l2=flush_l2)
     arg_sets = _input_sets(inputs, clock.l2_bytes, rotate, seed, generator_device)
     work = {"flops": _per_call(flops, "flops", arg_sets[0]), "bytes": _per_call(bytes, "bytes", arg_sets[0])}

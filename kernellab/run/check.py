@@ -156,21 +156,26 @@ class CheckReport:
 def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials: int = 5,
           atol: float | None = None, rtol: float | None = None, seed: int = 0,
           precision: str | None = None, outputs: tuple[int, ...] | None = None,
-          generator_device: str = "cpu") -> CheckReport:
+          generator_device: str = "cpu", isolate: bool | None = None) -> CheckReport:
     """Compare `candidate(*args)` with `reference(*args)` on `trials` fresh argument sets from `inputs(generator)`.
 
     `precision` picks the default tolerances ("float64", "float32", "tf32", "bfloat16", "float16"; default:
     the output's dtype; say "tf32" for fp32 outputs computed on TF32 tensor cores). `outputs` names the
     arguments the candidate writes its results into (default: found from the tensors it returns; `()` turns
     the NaN fill off). `generator_device` is where the generator handed to `inputs` lives ("cuda" to draw
-    GPU tensors directly; the default "cpu" gives the same numbers on every machine).
+    GPU tensors directly; the default "cpu" gives the same numbers on every machine). `isolate=True` runs the
+    candidate's kernel launches in a worker process (None: the notebook-wide setting), so that a faulty kernel
+    fails its trial instead of poisoning this process.
     """
     _validate(candidate, reference, inputs, trials, atol, rtol, precision, outputs)
+    from . import worker as _worker
+
     state = _CheckState(candidate, reference, inputs, atol, rtol, precision, outputs, seed, generator_device)
-    for trial in range(trials):
-        failure = state.run_trial(trial)
-        if failure is not None:
-            return failure
+    with _worker.isolation(_worker.settings.isolate if isolate is None else isolate):
+        for trial in range(trials):
+            failure = state.run_trial(trial)
+            if failure is not None:
+                return failure
     return state.passed_report(trials)
 
 
