@@ -427,6 +427,154 @@ def test_roofline_without_a_gpu_falls_back_to_the_datasheet_of_the_results_devic
         roofline(_point("k", 1e9, 1e9, 1.0, device="Mystery GPU"))
 
 
+def _h200_measured():
+    return rl.DeviceCeilings(device="NVIDIA H200", dram_gbps=4247.0, fp32_tflops=59.9, tf32_tflops=371.0,
+                             bf16_tflops=687.0, fp16_tflops=671.0, source="measured", reference="test")
+
+
+def _h200_case(clone_flops=None):
+    """A bf16 matmul (8192^3 in 1.43 ms), a vadd at 1/12 FLOP/byte, and a 1 GiB copy with bytes but no FLOPs."""
+    n, vadd_n = 8192, 2**26
+    return [_point("bf16 matmul", 2 * n**3, 3 * 2 * n * n, 1.43),
+            _point("vadd", vadd_n, 12 * vadd_n, 12 * vadd_n / 3.9e9),
+            _point("clone", clone_flops, 2 * 2**30, 2 * 2**30 / 4.235e9)]
+
+
+def _placed(ax):
+    return {c.get_label(): tuple(c.get_offsets()[0]) for c in ax.collections if not c.get_label().startswith("_")}
+
+
+def _boxes(fig, texts):
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return [t.get_window_extent(renderer) for t in texts]
+
+
+@pytest.mark.parametrize("clone_flops", [None, 0, 2.0])    # 2 FLOP per 2 GiB: intensity 1e-9, as good as none
+def test_roofline_limits_hold_the_placed_points_and_leave_out_a_copy_without_flops(clone_flops):
+    import matplotlib.pyplot as plt
+
+    fig = roofline(_h200_case(clone_flops), _h200_measured())
+    ax = fig.axes[0]
+    placed = _placed(ax)
+    assert set(placed) == {"bf16 matmul", "vadd"}
+    (x_lo, x_hi), (y_lo, y_hi) = ax.get_xlim(), ax.get_ylim()
+    assert x_lo == pytest.approx(1 / 16)                      # the vadd at 1/12 needs nothing further left
+    ridge = _h200_measured().ridge_point("bf16")
+    assert max(x for x, _ in placed.values()) < x_hi <= 8 * max(ridge, max(x for x, _ in placed.values()))
+    assert all(y_lo < y < y_hi for _, y in placed.values())
+    assert y_lo > 0.05 and y_hi < 10 * 989.4                 # not the 1e-9 TFLOP/s of the copy
+    assert y_hi > 989.4                                      # the dashed datasheet roof is in view
+    reason = {None: "no FLOPs declared", 0: "0 FLOPs", 2.0: "9.3e-10 FLOP/byte, as good as none"}[clone_flops]
+    assert any(f"clone: 4,235 GB/s, 100% of DRAM ({reason}; not placed)" in t.get_text() for t in ax.texts)
+    plt.close(fig)
+
+
+def test_roofline_goes_left_of_one_sixteenth_only_for_a_point_there():
+    import matplotlib.pyplot as plt
+
+    fig = roofline([_point("scan", 1e6, 2e9, 0.5), _point("k", 1e9, 1e9, 1.0)], ceilings="datasheet")
+    x_lo = fig.axes[0].get_xlim()[0]
+    assert 5e-4 / 4 < x_lo < 5e-4
+    plt.close(fig)
+
+
+def test_roofline_notes_results_without_flops_by_their_bandwidth():
+    import matplotlib.pyplot as plt
+
+    case = _h200_case() + [_point("memset", 0, 2**30, 2**30 / 3.0e9)]
+    fig = roofline(case, _h200_measured())
+    ax = fig.axes[0]
+    assert "clone" not in _placed(ax) and "memset" not in _placed(ax)
+    note = next(t.get_text() for t in ax.texts if "not placed" in t.get_text())
+    assert "clone: 4,235 GB/s, 100% of DRAM (no FLOPs declared; not placed)" in note
+    assert "memset: 3,000 GB/s, 71% of DRAM (0 FLOPs; not placed)" in note
+    frame = ax.get_window_extent()
+    (box,) = _boxes(fig, [next(t for t in ax.texts if "not placed" in t.get_text())])
+    assert frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
+    only = roofline(case[2], _h200_measured())               # nothing to place: the roofs and the note
+    assert not _placed(only.axes[0]) and any("clone: 4,235 GB/s" in t.get_text() for t in only.axes[0].texts)
+    plt.close("all")
+
+
+def test_roofline_still_refuses_flops_without_bytes():
+    r = bench(lambda x: x.clone(), const_inputs(1.0), timer=FakeClock(ms_from_tensor), name="k", flops=1e9)
+    with pytest.raises(RooflineError, match="k: flops but no bytes"):
+        roofline(r, ceilings="datasheet")
+
+
+def test_roofline_labels_neither_overlap_nor_leave_the_axes():
+    import matplotlib.pyplot as plt
+
+    fig = roofline(_h200_case(), _h200_measured())
+    ax = fig.axes[0]
+    texts = list(ax.texts)
+    words = [t.get_text() for t in texts]
+    # bf16 and fp16 are within 5 %: one label; tf32 and fp32 have their own.
+    roof_labels = [w for w in words if "TFLOP/s, ridge" in w]
+    assert len(roof_labels) == 3
+    assert any(w.startswith("bf16/fp16 tensor core 687/671 TFLOP/s") for w in roof_labels)
+    assert any(w.startswith("tf32 tensor core 371 TFLOP/s") for w in roof_labels)
+    assert any("bf16 matmul (769 TFLOP/s)" in w for w in words) and any(w.startswith("vadd (") for w in words)
+    boxes = _boxes(fig, texts)
+    frame = ax.get_window_extent()
+    for word, box in zip(words, boxes):
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, word
+    for i in range(len(texts)):
+        for j in range(i + 1, len(texts)):
+            if words[i].startswith("DRAM") or words[j].startswith("DRAM"):
+                continue                                     # rotated: its bounding box is not its outline
+            assert not boxes[i].overlaps(boxes[j]), (words[i], words[j])
+    # The bf16/fp16 and tf32 labels, 0.27 decades apart, sit at least a text height apart on screen.
+    tops = sorted(box.y0 for w, box in zip(words, boxes) if "TFLOP/s, ridge" in w)
+    assert min(b - a for a, b in zip(tops, tops[1:])) >= min(box.height for box in boxes)
+    plt.close(fig)
+
+
+def test_roofline_writes_dram_along_its_slope_near_the_left():
+    import matplotlib.pyplot as plt
+
+    ceil = _h200_measured()
+    fig = roofline(_h200_case(), ceil)
+    ax = fig.axes[0]
+    dram = next(t for t in ax.texts if t.get_text().startswith("DRAM 4,247 GB/s"))
+    assert "datasheet 4,800" in dram.get_text()
+    x, y = dram.xy
+    assert y == pytest.approx(x * ceil.dram_gbps / 1e3)      # anchored on the slope
+    assert x < ceil.ridge_point("fp32")                      # left of the first ridge
+    (x0, y0), (x1, y1) = ax.transData.transform([(0.1, 0.1 * 4.247), (10, 10 * 4.247)])
+    assert dram.get_rotation() == pytest.approx(math.degrees(math.atan2(y1 - y0, x1 - x0)), abs=0.5)
+    plt.close(fig)
+
+
+def test_roofline_keeps_ridge_ticks_and_dashed_datasheet_roofs():
+    import matplotlib.pyplot as plt
+
+    ceil = _h200_measured()
+    fig = roofline(_h200_case(), ceil)
+    ax = fig.axes[0]
+    ticks = {tuple(np.round(c.get_offsets()[0], 6)) for c in ax.collections if c.get_label().startswith("_")}
+    for precision, peak in ceil.roofs():
+        assert (round(ceil.ridge_point(precision), 6), round(peak, 6)) in ticks
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert {line.get_ydata()[-1] for line in dashed} >= {67.0, 494.7, 989.4}
+    plt.close(fig)
+
+
+def test_roofline_with_many_points_uses_a_legend_outside_the_axes():
+    import matplotlib.pyplot as plt
+
+    many = [_point(f"k{i}", 1e9 * 2**i, 1e9, 1.0) for i in range(10)]
+    fig = roofline(many, _h200_measured())
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    assert legend is not None and len(legend.get_texts()) == 10
+    assert not any(t.get_text().startswith("k0 (") for t in ax.texts)
+    fig.canvas.draw()
+    assert legend.get_window_extent().x0 >= ax.get_window_extent().x1
+    plt.close(fig)
+
+
 # --- ceilings cache ----------------------------------------------------------------------------------------------
 
 
