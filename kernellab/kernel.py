@@ -177,6 +177,16 @@ class Kernel:
 
         return profile_launch(self, grid, block, args, shared_bytes=shared_bytes, metrics=metrics, full=full, **kw)
 
+    def profile_banks(self, grid, block, *args, shared_bytes: int = 0, strict: bool = False):
+        """Shared-memory instructions, wavefronts and bank conflicts per source line, measured by Nsight Compute.
+
+        Where counters are not permitted, the report says so (strict=True raises instead); the bank model
+        (kernellab.analysis.banks) and the simulator trace work everywhere.
+        """
+        from .run.ncu_source import profile_banks
+
+        return profile_banks(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict)
+
     def _check_arch(self, dev) -> None:
         want = _base_arch(self.arch)
         if want != dev.arch:

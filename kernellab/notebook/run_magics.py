@@ -6,6 +6,7 @@
     %launch --sanitize=racecheck tile[g, b](x, y)                # or synccheck, initcheck, all
     %launch --profile vadd[grid, block](a, b, c, n)             # ncu, the default metric set
     %launch --profile=full vadd[grid, block](a, b, c, n)        # ncu --set full
+    %launch --banks transpose[grid, block](x, y, n)             # ncu: shared-memory wavefronts per cell line
 
 The notebook-wide default: `%config KernellabRun.isolate = True` (also `timeout_s`, `diagnose`), the same as
 `kernellab.run.worker.set_isolation(True)`. Load with `%load_ext kernellab.notebook.run_magics`.
@@ -101,6 +102,9 @@ class KernellabRun(Magics):
                    "(--sanitize=racecheck). Reports each problem with its cell line, thread and block.")
     @argument("--profile", nargs="?", const="default", default=None, metavar="SET",
               help="Run under Nsight Compute: the default metric set, or a section set (--profile=full).")
+    @argument("--banks", action="store_true", help="Run under Nsight Compute's source counters: shared-memory "
+                                                    "instructions, wavefronts and bank conflicts per cell line "
+                                                    "(falls back to the model where counters are not permitted).")
     @argument("--metrics", default=None, help="With --profile: comma-separated ncu metric names instead.")
     @argument("--timeout", type=float, default=None, help="Seconds before an isolated launch is killed.")
     @argument("launch", nargs="*", help="kernel[grid, block](args...), evaluated in the notebook's namespace.")
@@ -118,14 +122,16 @@ class KernellabRun(Magics):
             ns = parse_argstring(self.launch, " ".join(opts))
         except Exception as exc:
             raise UsageError(f"%launch {line}: {exc}") from None
-        if sum(bool(x) for x in (ns.isolate, ns.in_process, ns.sanitize, ns.profile)) > 1:
-            raise UsageError("%launch: choose one of --isolate, --in-process, --sanitize and --profile")
+        if sum(bool(x) for x in (ns.isolate, ns.in_process, ns.sanitize, ns.profile, ns.banks)) > 1:
+            raise UsageError("%launch: choose one of --isolate, --in-process, --sanitize, --profile and --banks")
         kernel, grid, block, shared, args = parse_launch(expr, self.shell.user_ns)
         try:
             if ns.sanitize:
                 from ..run.sanitize import sanitize_launch
 
                 return sanitize_launch(kernel, grid, block, args, shared_bytes=shared, tool=ns.sanitize)
+            if ns.banks:
+                return kernel.profile_banks(grid, block, *args, shared_bytes=shared)
             if ns.profile:
                 from ..run.profile import profile_launch
 
