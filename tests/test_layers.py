@@ -67,3 +67,10 @@ def test_import_kernellab_pulls_no_heavy_modules():
             "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_every_public_name_resolves():
+    import kernellab
+
+    for name in kernellab.__all__:
+        assert getattr(kernellab, name) is not None, name
