@@ -378,12 +378,13 @@ def test_explorer_builds_and_reacts_to_sliders():
     from kernellab.notebook.occupancy_widget import OccupancyExplorer, occupancy_explorer
     ex = occupancy_explorer(256, 40, 0, "sm_90")
     assert isinstance(ex, OccupancyExplorer)
+    ex._debounce_s = 0     # draw at once: another test may have left an event loop running in this thread
     assert ex.result.blocks_per_sm == 6 and "registers" in ex.summary.value
-    first_png = ex.image.value
+    first_png = bytes(ex.image.value)
     assert first_png[:4] == b"\x89PNG"
     ex.registers_slider.value = 64
     assert ex.result.registers == 64 and ex.result.blocks_per_sm == 4
-    assert ex.image.value != first_png
+    assert bytes(ex.image.value) != first_png
     ex.shared_slider.value = 100 * KIB
     assert ex.result.limiter == "shared_memory" and "shared memory" in ex.summary.value
     ex.block_size_slider.value = 1024

@@ -80,6 +80,8 @@ class OccupancyExplorer(widgets.VBox):
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
+            loop = None
+        if loop is None or self._debounce_s <= 0:
             self._render_graphs()
             return
         if self._pending is not None:
