@@ -2,15 +2,19 @@
 
 Method: wall clock (time.perf_counter) around each launch call as a user makes it, synchronous (the call returns
 after the kernel finished and, isolated, after the outputs are back in the caller's tensors); median and 10th/90th
-percentiles over --runs calls after --warmup calls. The kernel itself takes a few microseconds, so the numbers are
-the overhead. Three argument sizes:
+percentiles over up to --runs calls after a few warm-up calls, each case stopping early once it has used its share
+of --budget seconds (at least 3 timed calls). The kernel itself takes microseconds, so the numbers are the overhead.
+Three argument sizes:
 - small: n = 4,096 floats (16 KiB per tensor): copied to the worker and back;
-- large, shared: n = 16M floats (64 MiB per tensor), each its own allocation: lent through CUDA IPC, no copy;
+- large, lent: n = 16M floats (64 MiB per tensor), each its own allocation: lent through CUDA IPC, no copy
+  (where IPC is unavailable they are copied, and the table says why);
 - large, copied: the same with sharing turned off (share_min_bytes above the size), for comparison.
 Cold start: a new worker pool's first launch (process start, imports, CUDA context, module load), --cold times.
-Usage (GPU machine): python benchmarks/worker_overhead.py [--runs 200] [--cold 3] [--out table.md]
+Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/worker_overhead.py [--runs 200] [--cold 2]
+[--budget 40] [--out table.md]. About 40 s on an H200.
 """
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -26,14 +30,17 @@ extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n)
 """
 
 
-def timed(fn, runs: int, warmup: int) -> list[float]:
+def timed(fn, runs: int, warmup: int, budget_s: float) -> list[float]:
+    """Wall-clock ms of up to `runs` calls after `warmup` calls; stops after `budget_s` (at least 3 calls)."""
     for _ in range(warmup):
         fn()
-    out = []
+    out, t_end = [], time.perf_counter() + budget_s
     for _ in range(runs):
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1e3)
+        if len(out) >= 3 and t0 > t_end:
+            break
     return out
 
 
@@ -42,69 +49,95 @@ def stats(ms: list[float]) -> tuple[float, float, float]:
     return statistics.median(ms), q[0], q[-1]
 
 
+def cell(ms: list[float]) -> str:
+    med, p10, p90 = stats(ms)
+    return f"{med:.3f} [{p10:.3f}-{p90:.3f}]"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--cold", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=200, help="timed calls per case at most (large cases: a tenth)")
+    ap.add_argument("--cold", type=int, default=2, help="cold worker starts to time")
+    ap.add_argument("--budget", type=float, default=40.0, help="seconds of timed calls in all (cold starts aside)")
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
     a = ap.parse_args()
+    t_start = time.perf_counter()
 
+    import cupy
     import torch
 
+    dev = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(dev)
+    device = (f"{props.name} (sm_{props.major}{props.minor}, driver {cupy.cuda.runtime.driverGetVersion()}, "
+              f"torch {torch.__version__}, cupy {cupy.__version__})")
     vadd = kernellab.compile_cuda(SRC).vadd
-    pool = W.WorkerPool(torch.cuda.current_device())
-    rows = []
+    pool = W.WorkerPool(dev)
+    pool.ensure()                                     # the warm worker: its start is timed below, not here
+    rows, notes = [], []
+    share_default = W.IsolationSettings().share_min_bytes
+    pools = []                                        # private pools live as long as their tensors
 
-    def case(label, n, runs, share_min_bytes=W.settings.share_min_bytes):
+    def own_segments():
+        """Each allocation its own segment (a private pool): lendable, whatever the caching allocator holds."""
+        if hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool"):
+            pools.append(torch.cuda.MemPool())
+            return torch.cuda.use_mem_pool(pools[-1])
         torch.cuda.empty_cache()
-        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
-        z = torch.empty_like(x)
+        return contextlib.nullcontext()
+
+    def case(label, n, runs, budget_s, share_min_bytes=share_default):
+        with own_segments():
+            x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+            z = torch.empty_like(x)
         grid = (n + 255) // 256
-        inproc = timed(lambda: vadd[grid, 256](x, y, z, n, isolate=False), runs, a.warmup)
+        inproc = timed(lambda: vadd[grid, 256](x, y, z, n, isolate=False), runs, 10, budget_s / 3)
         W.settings.share_min_bytes = share_min_bytes
         last = {}
 
         def isolated():
             last["run"] = W.run_isolated(vadd, grid, 256, (x, y, z, n), pool=pool)
 
-        iso = timed(isolated, runs, min(a.warmup, 5))
-        W.settings.share_min_bytes = W.IsolationSettings().share_min_bytes
+        try:
+            iso = timed(isolated, runs, 2, budget_s * 2 / 3)
+        finally:
+            W.settings.share_min_bytes = share_default
         torch.testing.assert_close(z, x + y, rtol=0, atol=0)
-        how = ("shared: " + ",".join(last["run"].shared)) if last["run"].shared else "copied"
-        m_in, m_iso = stats(inproc)[0], stats(iso)[0]
-        rows.append([label, f"{n:,}", how, *(f"{v:.3f}" for v in stats(inproc)), *(f"{v:.3f}" for v in stats(iso)),
-                     f"{m_iso - m_in:.3f}"])
+        run = last["run"]
+        how = ("lent (CUDA IPC): " + ", ".join(run.shared)) if run.shared else "copied"
+        notes.extend(f"{label}: {note}" for note in run.notes)
+        size = f"{n * 4 / 2**20:g} MiB" if n * 4 >= 2**20 else f"{n * 4 / 1024:g} KiB"
+        rows.append([label, f"{n:,}", size, cell(inproc), cell(iso), f"{stats(iso)[0] - stats(inproc)[0]:.3f}", how,
+                     f"{len(inproc)}/{len(iso)}"])
 
-    case("small", 4096, a.runs)
-    case("large, shared", 16 * 2**20, max(a.runs // 10, 10))
-    case("large, copied", 16 * 2**20, max(a.runs // 20, 5), share_min_bytes=1 << 62)
+    case("small", 4096, a.runs, a.budget * 0.2)
+    case("large, lent", 16 * 2**20, max(a.runs // 10, 5), a.budget * 0.4)
+    case("large, copied", 16 * 2**20, max(a.runs // 20, 3), a.budget * 0.4, share_min_bytes=1 << 62)
+    worker_device = pool.worker.info.get("device", "?") if pool.worker else "?"
     pool.shutdown()
 
     cold = []
     for _ in range(a.cold):
-        p = W.WorkerPool(torch.cuda.current_device())
+        p = W.WorkerPool(dev)
         x = torch.ones(4096, device="cuda")
         t0 = time.perf_counter()
         W.run_isolated(vadd, 16, 256, (x, x, torch.empty_like(x), 4096), pool=p)
-        cold.append(((time.perf_counter() - t0) * 1e3, p.last_ready_ms))
+        cold.append(((time.perf_counter() - t0) * 1e3, p.last_ready_ms or float("nan")))
         p.shutdown()
 
-    heads = ["arguments", "n", "isolated args", "in-process ms", "p10", "p90", "isolated ms", "p10", "p90",
-             "overhead ms"]
-    table = report.text_table(heads, rows)
-    name = torch.cuda.get_device_name()
-    lines = [f"worker_overhead on {name} (torch {torch.__version__}), median of {a.runs} synchronous launches "
-             f"(large: fewer), wall clock per call", table, "",
-             "cold start (new worker: spawn, imports, CUDA context, then the first launch): " +
-             ", ".join(f"{t:.0f} ms (worker ready after {r:.0f} ms)" for t, r in cold)]
-    text = "\n".join(lines)
-    print(text)
+    heads = ["vadd arguments", "n", "per tensor", "in-process ms", "warm worker ms", "overhead ms", "tensors",
+             "calls"]
+    title = (f"worker_overhead on {device}; worker on {worker_device}. Wall clock per synchronous launch, "
+             f"median [p10-p90] ms")
+    cold_line = ("cold start (a new worker: spawn, imports, CUDA context, module load, then the launch): " +
+                 "; ".join(f"{t:,.0f} ms, worker ready after {r:,.0f} ms" for t, r in cold))
+    lines = [title, report.text_table(heads, rows), "", cold_line]
+    lines += [f"note: {n}" for n in notes]
+    lines.append(f"({time.perf_counter() - t_start:.0f} s in all)")
+    print("\n".join(lines))
     if a.out:
-        md = [f"worker_overhead on {name}: median (p10-p90) ms per synchronous launch", "",
-              "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+        md = [title, "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
         md += ["| " + " | ".join(r) + " |" for r in rows]
-        md += ["", lines[-1]]
+        md += ["", cold_line] + [f"- note: {n}" for n in notes]
         with open(a.out, "w") as fh:
             fh.write("\n".join(md) + "\n")
 

@@ -2,10 +2,14 @@
 
 Running a job needs a GPU (tests/gpu/test_faults_gpu.py, tests/gpu/test_tools_gpu.py); everything before the launch
 is checked here: argument specs for NumPy and CPU torch data (bfloat16 included), scalars of exact C types, the
-image or the recompile from source through the compile cache, and the error paths.
+image or the recompile from source through the compile cache, and the error paths. `run_job` itself runs on a
+stand-in cupy that keeps CUDA's stream-ordering rules (tests/fixtures/fake_cupy), and `lend` (CUDA IPC or a copy,
+and why) with the driver calls stood in.
 """
+import importlib.util
 import json
 import os
+import pathlib
 import struct
 import subprocess
 import sys
@@ -15,8 +19,11 @@ import pytest
 
 import kernellab
 from kernellab.errors import ArgumentError, KernellabError
-from kernellab.run.job import (ArgSpec, JobResult, KernelJob, JOB_MAGIC, job_image, nonfinite_note, scalar_value,
-                               storage_dtype, tensor_spec)
+from kernellab.run import job as J
+from kernellab.run.job import (ArgSpec, JobResult, KernelJob, JOB_MAGIC, job_image, lend, nonfinite_note, run_job,
+                               scalar_value, storage_dtype, tensor_spec)
+
+FAKE_CUPY = pathlib.Path(__file__).resolve().parent / "fixtures" / "fake_cupy" / "cupy" / "__init__.py"
 
 SRC = r"""#include <cuda_bf16.h>
 extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
@@ -185,3 +192,108 @@ def test_cli_reports_a_missing_gpu_in_its_result(mod, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kernellab.run.job", str(tmp_path / "missing")], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
+
+
+# --- run_job on a stand-in GPU that keeps CUDA's stream-ordering rules ------------------------------------------
+
+
+@pytest.fixture
+def stand_in_cupy(monkeypatch):
+    """tests/fixtures/fake_cupy as `cupy` for this test: uploads land late unless the launch's stream waits for them."""
+    spec = importlib.util.spec_from_file_location("cupy", FAKE_CUPY)
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return fake
+
+
+def test_run_job_uploads_launches_and_scans_on_one_stream(mod, stand_in_cupy):
+    a, c = np.full(64, np.inf, dtype=np.float32), np.zeros(64, dtype=np.float32)
+    state: dict = {}
+    res = run_job(KernelJob.from_launch(mod.vadd, 1, 64, (a, -a, c, 64)), state)   # inf + -inf = NaN
+    assert res.ok, res.message
+    assert res.notes == ("c (float32[64]) holds 64 NaN of 64 elements after the launch, the first at index 0",)
+    assert np.isnan(np.frombuffer(res.output(2), np.float32)).all()
+    assert res.output(0) is None and res.output(1) is None                   # const inputs do not come back
+    x = np.arange(64, dtype=np.float32)
+    again = run_job(KernelJob.from_launch(mod.vadd, 1, 64, (x, x, c, 64)), state)  # the same stream, warm
+    assert again.ok and again.notes == () and np.array_equal(np.frombuffer(again.output(2), np.float32), 2 * x)
+    assert {e[-1] for e in stand_in_cupy.log} == {"stream"}                 # nothing on the legacy default stream
+    assert [e[0] for e in stand_in_cupy.log][:4] == ["copy", "copy", "copy", "kernel"]
+
+
+def test_stand_in_reproduces_uploads_racing_a_non_blocking_stream(mod, stand_in_cupy):
+    """What run_job did before: uploads on the (legacy) current stream, the launch on a non-blocking one."""
+    cupy = stand_in_cupy
+    a, c = np.full(64, np.inf, dtype=np.float32), np.zeros(64, dtype=np.float32)
+    job = KernelJob.from_launch(mod.vadd, 1, 64, (a, -a, c, 64))
+    arrays, values = J._materialize(job, {})                                 # no stream: the current one
+    stream = cupy.cuda.Stream(non_blocking=True)
+    J._function(job, {})(job.grid, job.block, tuple(values), shared_mem=0, stream=stream)
+    stream.synchronize()
+    assert nonfinite_note(job.args[2], arrays[2], cupy) is None              # the kernel read stale inputs
+    assert not np.isnan(arrays[2].get()).any()                               # and c's upload landed after it
+
+
+# --- lending CUDA tensors (CUDA IPC) or copying them, and saying why ---------------------------------------------
+
+
+class CudaArray:
+    """A device array as the CUDA array interface describes one (no GPU needed to look at it)."""
+
+    def __init__(self, ptr: int, n: int):
+        self.shape = (n,)
+        self.__cuda_array_interface__ = {"data": (ptr, False), "typestr": "<f4", "shape": (n,), "version": 3}
+
+
+def test_lend_shares_a_whole_allocation_and_says_why_not_otherwise(monkeypatch):
+    mib = 1 << 20
+    ranges = {}
+    monkeypatch.setattr(J, "_address_range", lambda ptr: ranges[ptr])
+    monkeypatch.setattr(J, "_ipc_get_handle", lambda base: b"H" * 64)
+    whole = CudaArray(0x10000000, 16 * mib // 4)                            # 16 MiB in its own 16 MiB allocation
+    ranges[0x10000000] = (0x10000000, 16 * mib)
+    assert lend(whole) == (b"H" * 64, 0) and J.ipc_export(whole) == (b"H" * 64, 0)
+    rounded = CudaArray(0x20000000, (16 * mib - 4096) // 4)                  # rounded up a little: still its own
+    ranges[0x20000000] = (0x20000000, 16 * mib)
+    assert lend(rounded) == (b"H" * 64, 0)
+    inner = CudaArray(0x30000000 + 4 * mib, mib)                             # a block inside a 20 MiB segment
+    ranges[0x30000000 + 4 * mib] = (0x30000000, 20 * mib)
+    assert lend(inner) == ("it starts 4.0 MiB into a 20.0 MiB allocation that holds other data (a view, or a block "
+                           "carved from a caching allocator's segment); lending it would let the worker's kernel "
+                           "reach that data") and J.ipc_export(inner) is None
+    head = CudaArray(0x40000000, mib)                                        # 4 MiB at the start of 20 MiB
+    ranges[0x40000000] = (0x40000000, 20 * mib)
+    assert lend(head) == ("its allocation is 20.0 MiB for 4.0 MiB of data (a caching allocator's segment shared "
+                          "with other tensors); lending it would let the worker's kernel reach them")
+    pieces = CudaArray(0x50000000, 16 * mib)                                 # 64 MiB mapped in 20 MiB pieces
+    ranges[0x50000000] = (0x50000000, 20 * mib)
+    assert "span more than one allocation" in lend(pieces) and "expandable_segments" in lend(pieces)
+    assert lend(CudaArray(0x60000000, 4)).startswith("cuMemGetAddressRange failed on its address (KeyError")
+    assert lend(np.zeros(4, np.float32)) == "it is host memory"
+    assert lend(whole, disabled="IPC is off") == "IPC is off"
+
+    def refuse(base):
+        raise RuntimeError("cudaErrorInvalidValue: invalid argument")
+
+    monkeypatch.setattr(J, "_ipc_get_handle", refuse)
+    assert lend(whole).startswith("cudaIpcGetMemHandle failed (RuntimeError: cudaErrorInvalidValue: invalid "
+                                  "argument); memory from cudaMallocAsync pools or VMM")
+
+
+def test_from_launch_records_why_each_large_tensor_is_copied(mod, monkeypatch):
+    big = np.zeros(1 << 18, dtype=np.float32)                                 # 1 MiB
+    small = np.zeros(4, dtype=np.float32)
+    why: dict = {}
+    job = KernelJob.from_launch(mod.vadd, 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
+                                not_shared=why)
+    assert why == {"a": "it is host memory", "c": "it is host memory"}      # b is below share_min_bytes
+    assert not any(s.shared for s in job.args) and job.args[0].data is not None
+    monkeypatch.setattr(J, "lend", lambda x, disabled=None: disabled or (b"\1" * 64, 0))
+    why = {}
+    job = KernelJob.from_launch(mod.vadd, 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
+                                not_shared=why)
+    assert why == {} and [s.shared for s in job.args[:3]] == [True, False, True] and job.args[0].data is None
+    job = KernelJob.from_launch(mod.vadd, 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
+                                not_shared=why, share_disabled="IPC failed before")
+    assert why == {"a": "IPC failed before", "c": "IPC failed before"} and not any(s.shared for s in job.args)

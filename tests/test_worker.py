@@ -2,10 +2,13 @@
 
 - The worker protocol runs real worker processes with a stand-in GPU (tests/fixtures/fake_gpu.py): warm reuse,
   outputs copied back, a hung kernel killed at its timeout and replaced, a poisoned context replaced, a crash,
-  printf capture, interrupts.
-- The sanitizer and profiler parsers read real captures from an H200 (tests/fixtures/captured/) and hand-written
-  samples in the tools' documented formats for the cases the captures lack (see tests/fixtures/README.md); the
-  subprocess plumbing runs against stand-in `compute-sanitizer` and `ncu` scripts.
+  printf capture, interrupts. Isolated launches say why each large tensor was copied instead of lent.
+- The real worker runner (kernellab.run.job.run_job) runs in a worker on a stand-in cupy that keeps CUDA's
+  stream-ordering rules (tests/fixtures/fake_cupy): results and NaN notes of warm-worker launches.
+- The sanitizer and profiler parsers read real captures from an H200 (tests/fixtures/captured/, and the
+  sanitizer_memcheck_misaligned/racecheck captures of the tool GPU tests in tests/fixtures/) and hand-written samples
+  in the tools' documented formats for the cases no capture covers (see tests/fixtures/README.md); the subprocess
+  plumbing runs against stand-in `compute-sanitizer` and `ncu` scripts.
 - %launch is driven through a real IPython shell; the Kernel hooks are checked to dispatch.
 """
 import os
@@ -170,6 +173,10 @@ def test_shutdown_stops_every_worker(pool):
 
 FAKE_SRC = """extern "C" __global__ void ipc_once(float* x, const float* y, int n) { x[threadIdx.x] += y[0]; }
 extern "C" __global__ void sticky(float* x, const float* y, int n) { x[threadIdx.x] += y[0]; }
+extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
 """
 
 
@@ -187,13 +194,60 @@ def fake_launch(monkeypatch, tmp_cache):
     return kernellab.compile_cuda(FAKE_SRC, arch="sm_90")
 
 
-def test_run_isolated_copies_back_and_falls_back_from_ipc(pool, fake_launch):
+def test_run_isolated_copies_back_and_falls_back_from_ipc(pool, fake_launch, monkeypatch):
+    from kernellab.run import job as J
+
+    monkeypatch.setattr(W.settings, "share_min_bytes", 32)
+    monkeypatch.setattr(J, "lend", lambda x, disabled=None: disabled or (b"\1" * 64, 0))   # as a CUDA tensor would
     x, y = np.arange(8, dtype=np.float32), np.ones(8, dtype=np.float32)
-    run = W.run_isolated(fake_launch.ipc_once, 1, 32, (x, y, 8), pool=pool)
+    run = W.run_isolated(fake_launch.ipc_once, 1, 32, (x, y, 8), pool=pool)       # the worker cannot open them
     assert W._ipc_state["broken"] and "CUDA IPC is not available" in W._ipc_state["broken"]
     assert np.array_equal(x, np.arange(8) * 2) and np.array_equal(y, np.ones(8))   # the fake 'kernel' doubles x
     assert run.kernel == "ipc_once" and run.copied == ("x", "y") and run.shared == () and run.device == "Fake GPU"
     assert run.cold and run.ready_ms > 0 and run.grid == (1, 1, 1) and run.block == (32, 1, 1)
+    assert run.notes[0] == ("x, y copied, not shared: the worker could not open it through CUDA IPC (IpcUnavailable: "
+                            "CUDA IPC is not available here (cudaErrorNotSupported)); isolated launches copy from now "
+                            "on in this session")
+    again = W.run_isolated(fake_launch.ipc_once, 1, 32, (x, y, 8), pool=pool)     # later launches say so too
+    assert again.shared == () and again.notes[0] == (
+        "x, y copied, not shared: CUDA IPC failed earlier in this session, so isolated launches copy "
+        "(IpcUnavailable: CUDA IPC is not available here (cudaErrorNotSupported))")
+    assert "note: x, y copied, not shared" in str(again) and "copied as bytes: x, y" in str(again)
+
+
+def test_run_isolated_says_why_a_large_tensor_is_copied(pool, fake_launch, monkeypatch):
+    monkeypatch.setattr(W.settings, "share_min_bytes", 32)
+    a, b, c = np.arange(8, dtype=np.float32), np.ones(4, dtype=np.float32), np.ones(8, dtype=np.float32)
+    run = W.run_isolated(fake_launch.vadd, 1, 32, (a, b, c, 8), pool=pool)       # 32, 16 and 32 bytes
+    assert run.copied == ("a", "b", "c") and run.notes[0] == "a, c copied, not shared: it is host memory"
+    assert not any("b copied" in n or "b, " in n for n in run.notes)              # below share_min_bytes: no note
+    monkeypatch.setattr(W.settings, "share_min_bytes", 1 << 20)
+    assert not any("copied" in n for n in W.run_isolated(fake_launch.vadd, 1, 32, (a, b, c, 8), pool=pool).notes)
+
+
+STREAM_ENV = {"PYTHONPATH": os.pathsep.join([str(FIXTURES / "fake_cupy"), str(ROOT)])}
+
+
+@pytest.fixture
+def stream_pool():
+    """Workers running the real runner (kernellab.run.job.run_job) on the stream-ordered stand-in cupy."""
+    p = W.WorkerPool(env=STREAM_ENV, start_timeout_s=60)
+    yield p
+    p.shutdown()
+
+
+def test_warm_worker_reads_this_launchs_inputs_and_notes_nan(stream_pool, fake_launch):
+    vadd = fake_launch.vadd
+    ones, c = np.ones(64, dtype=np.float32), np.zeros(64, dtype=np.float32)
+    first = W.run_isolated(vadd, 1, 64, (ones, ones, c, 64), pool=stream_pool)
+    assert first.cold and first.device == "Stand-in GPU (stream-ordered)" and np.array_equal(c, np.full(64, 2.0))
+    a = np.full(64, np.inf, dtype=np.float32)
+    run = W.run_isolated(vadd, 1, 64, (a, -a, c, 64), pool=stream_pool)              # inf + -inf = NaN
+    assert not run.cold and run.pid == first.pid and np.isnan(c).all()
+    assert run.notes == ("c (float32[64]) holds 64 NaN of 64 elements after the launch, the first at index 0",)
+    x = np.arange(64, dtype=np.float32)
+    W.run_isolated(vadd, 1, 64, (x, ones, c, 64), pool=stream_pool)
+    assert np.array_equal(c, x + 1)
 
 
 def test_run_isolated_fault_without_a_sanitizer_says_how_to_look(pool, fake_launch, monkeypatch):
@@ -279,21 +333,77 @@ def test_synccheck_and_initcheck_captures():
     assert f.where.function == "uninit" and f.where.line == 19 and f.address == "0x7fdb34800000" and f.count > 1
 
 
-def test_hand_written_formats():
+# The lines of tests/gpu/test_tools_gpu.py's SRC that the H200 captures in tests/fixtures/ point at (cell lines).
+H200_CELL = {12: "    p[threadIdx.x] = 1.0f;", 19: "    tile[threadIdx.x] = x[blockIdx.x * 64 + threadIdx.x];",
+             20: "    y[blockIdx.x * 64 + threadIdx.x] = tile[63 - threadIdx.x];"}
+
+
+def _h200_cell_job(name: str) -> KernelJob:
+    lines = [H200_CELL.get(n, "") for n in range(2, max(H200_CELL) + 1)]
+    return _cell_job("\n".join(lines) + "\n", name)
+
+
+def test_misaligned_capture_from_the_h200_run():
+    text = (FIXTURES / "sanitizer_memcheck_misaligned.txt").read_text()
+    mis = report_from_text(text, tool="memcheck", job=_h200_cell_job("misaligned"))
+    assert mis.error_count == 43 and not mis.ok and len(mis.findings) == 1     # 32 accesses + 11 API errors
+    f = mis.findings[0]
+    assert (f.kind, f.message, f.size_bytes, f.count) == ("misaligned", "Invalid __global__ write of size 4 bytes", 4,
+                                                           32)
+    assert (f.where.function, f.where.pc, f.where.file, f.where.line) == ("misaligned", 0x60, "cell.cu", 12)
+    assert f.where.cell_line == 12 and f.where.source_line == "    p[threadIdx.x] = 1.0f;"
+    assert (f.thread, f.block, f.address) == ((0, 0, 0), (0, 0, 0), "0x7f41f0800002")
+    assert f.detail == "misaligned; inside the nearest allocation at 0x7f41f0800000 of size 1,024 bytes"
+    # under compute-sanitizer the fault surfaces as an unspecified launch failure, not cudaErrorMisalignedAddress
+    assert mis.notes[0] == ('Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on '
+                            'CUDA API call to cudaStreamSynchronize.')
+    assert len(mis.notes) == 7 and mis.notes[-1] == "Target application returned an error"
+    assert not any("cudaErrorMisalignedAddress" in n for n in mis.notes)
+    assert str(mis).splitlines()[1] == "  Invalid __global__ write of size 4 bytes at line 12: p[threadIdx.x] = 1.0f;"
+
+
+def test_racecheck_capture_from_the_h200_run():
+    text = (FIXTURES / "sanitizer_racecheck.txt").read_text()
+    race = report_from_text(text, tool="racecheck", job=_h200_cell_job("racy_reverse"))
+    assert race.error_count == 513 and not race.ok and race.notes == ()
+    assert len(race.findings) == 1                                            # 100 printed hazards, one race
+    r = race.findings[0]
+    assert (r.kind, r.message, r.count) == ("race", "shared-memory data race (RAW hazard)", 100)
+    assert (r.where.function, r.where.pc, r.where.line, r.access) == ("racy_reverse", 0x100, 19, "Write")
+    assert (r.other.function, r.other.pc, r.other.line, r.other_access) == ("racy_reverse", 0x110, 20, "Read")
+    assert (r.thread, r.other_thread, r.block, r.address) == ((31, 0, 0), (32, 0, 0), (0, 0, 0), "0x47c")
+    assert r.where.source_line == H200_CELL[19] and r.other.source_line == H200_CELL[20]
+
+
+def test_racecheck_analysis_lines_are_merged_with_the_hazards():
+    """Hand-written in compute-sanitizer's documented analysis format ("Race reported between ..."): no capture has
+    shown these lines yet (CUDA 13's --racecheck-report all printed hazards only on the H200)."""
+    text = """========= COMPUTE-SANITIZER
+========= Error: Potential RAW hazard detected at __shared__ 0x4 in block (0,0,0) :
+=========     Write Thread (1,0,0) at racy_reverse(const float *, float *)+0x1d0 in cell.cu:5
+=========     Read Thread (62,0,0) at racy_reverse(const float *, float *)+0x210 in cell.cu:6
+=========     Current Value : 0, Incoming Value : 1065353216
+=========
+========= Error: Race reported between Write access at racy_reverse(const float *, float *)+0x1d0 in cell.cu:5
+=========     and Read access at racy_reverse(const float *, float *)+0x210 in cell.cu:6 [248 hazards]
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+    race = report_from_text(text, tool="racecheck")
+    assert len(race.findings) == 1 and race.error_count == 1
+    r = race.findings[0]
+    assert (r.where.line, r.other.line, r.access, r.other_access) == (5, 6, "Write", "Read")
+    assert r.thread == (1, 0, 0) and r.block == (0, 0, 0) and r.count == 248
+
+
+def test_legacy_location_format():
+    """tests/fixtures/sanitizer_memcheck_legacy.txt is hand-written (CUDA 11's "at 0xPC in file:line:function")."""
     src = "__global__ void oob_read(const float* x, float* y) {\n    y[threadIdx.x] = x[threadIdx.x + 1024];\n}\n"
     job = _cell_job("\n" * 2 + src, "oob_read")                      # line 5 of the cell is the read
     legacy = report_from_text((FIXTURES / "sanitizer_memcheck_legacy.txt").read_text(), tool="memcheck", job=job)
     f = legacy.findings[0]
     assert (f.kind, f.where.function, f.where.line, f.where.pc) == ("invalid_read", "oob_read", 5, 0x70)
     assert f.where.source_line.strip() == "y[threadIdx.x] = x[threadIdx.x + 1024];" and f.block == (3, 0, 0)
-    mis = report_from_text((FIXTURES / "sanitizer_memcheck_misaligned.txt").read_text(), tool="memcheck")
-    assert mis.findings[0].kind == "misaligned" and "misaligned" in mis.findings[0].detail
-    assert any("cudaErrorMisalignedAddress" in n for n in mis.notes)
-    race = report_from_text((FIXTURES / "sanitizer_racecheck.txt").read_text(), tool="racecheck")
-    assert len(race.findings) == 1 and race.error_count == 1
-    r = race.findings[0]
-    assert (r.where.line, r.other.line, r.access, r.other_access) == (5, 6, "Write", "Read")
-    assert r.thread == (1, 0, 0) and r.block == (0, 0, 0) and r.count == 248
 
 
 def test_locations_in_every_format():

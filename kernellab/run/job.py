@@ -178,31 +178,69 @@ def _device_pointer(x) -> int | None:
 SHARE_SLACK_BYTES = 1 << 20   # torch and CuPy do not split a cached block whose remainder is at most 1 MiB
 
 
-def ipc_export(x) -> tuple[bytes, int] | None:
-    """(handle, offset) to share `x`'s memory with another process, or None where sharing would not be safe.
+def _size_text(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB" if nbytes >= 2**20 else f"{nbytes:,} bytes"
+
+
+def _address_range(ptr: int) -> tuple[int, int]:
+    """(base, size) of the CUDA allocation holding device address `ptr` (cuMemGetAddressRange)."""
+    from cuda.bindings import driver
+
+    err, base, size = driver.cuMemGetAddressRange(ptr)
+    if int(err) != 0:
+        name = getattr(err, "name", None) or str(err)
+        raise RuntimeError(f"{name} ({int(err)})")
+    return int(base), int(size)
+
+
+def _ipc_get_handle(base: int) -> bytes:
+    """The cudaIpcMemHandle (64 bytes) of the allocation starting at `base`."""
+    import cupy
+
+    return bytes(cupy.cuda.runtime.ipcGetMemHandle(base))
+
+
+def lend(x, *, disabled: str | None = None) -> tuple[bytes, int] | str:
+    """(handle, offset) to share `x`'s memory with another process, or the reason it cannot be shared (a str).
 
     Safe means: `x` is a CUDA tensor that starts its allocation and fills it up to SHARE_SLACK_BYTES, so a kernel
-    that writes out of bounds in the worker cannot reach another of the caller's tensors. Allocations IPC cannot
-    export (torch's expandable segments, VMM) are copied instead.
+    that writes out of bounds in the worker cannot reach another of the caller's tensors. `disabled` is the reason
+    to copy a tensor that could be lent, without trying (CUDA IPC failed earlier in this session).
     """
     ptr = _device_pointer(x)
     if ptr is None:
-        return None
+        return "it is host memory"
     nbytes = math.prod(x.shape) * ITEMSIZE.get(_dtype_name(x), 1)
     try:
-        from cuda.bindings import driver
+        base, size = _address_range(ptr)
+    except Exception as exc:  # no cuda.bindings, a pointer the driver does not know
+        return f"cuMemGetAddressRange failed on its address ({type(exc).__name__}: {exc})"
+    if base != ptr:
+        return (f"it starts {_size_text(ptr - base)} into a {_size_text(size)} allocation that holds other data (a "
+                f"view, or a block carved from a caching allocator's segment); lending it would let the worker's "
+                f"kernel reach that data")
+    if size < nbytes:
+        return (f"its {_size_text(nbytes)} span more than one allocation (the first is {_size_text(size)}): "
+                f"memory mapped piecewise, e.g. torch's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+                f"expandable_segments:True), which cudaIpcGetMemHandle cannot export")
+    if size - nbytes > SHARE_SLACK_BYTES:
+        return (f"its allocation is {_size_text(size)} for {_size_text(nbytes)} of data (a caching allocator's "
+                f"segment shared with other tensors); lending it would let the worker's kernel reach them")
+    if disabled:
+        return disabled
+    try:
+        handle = _ipc_get_handle(base)
+    except Exception as exc:  # a VMM or cudaMallocAsync allocation, a platform without IPC
+        return (f"cudaIpcGetMemHandle failed ({type(exc).__name__}: {exc}); memory from cudaMallocAsync pools or "
+                f"VMM (torch's expandable segments) cannot be exported this way")
+    return handle, ptr - base
 
-        err, base, size = driver.cuMemGetAddressRange(ptr)
-        if int(err) != 0:
-            return None
-        base, size = int(base), int(size)
-        if base != ptr or size - nbytes > SHARE_SLACK_BYTES:
-            return None
-        import cupy
 
-        return bytes(cupy.cuda.runtime.ipcGetMemHandle(base)), ptr - base
-    except Exception:  # no cuda.bindings, no IPC on this platform, a VMM allocation: copy instead
-        return None
+def ipc_export(x) -> tuple[bytes, int] | None:
+    """(handle, offset) to share `x`'s memory with another process, or None where sharing would not be safe
+    (`lend` says why)."""
+    lent = lend(x)
+    return None if isinstance(lent, str) else lent
 
 
 # --- the job ------------------------------------------------------------------------------------------------
@@ -261,13 +299,16 @@ class KernelJob:
     # -- building -------------------------------------------------------------------------------------------
     @classmethod
     def from_launch(cls, kernel, grid, block, args, shared_bytes: int = 0, *, data: str = "copy",
-                    share_min_bytes: int | None = None, device: int | None = None) -> "KernelJob":
+                    share_min_bytes: int | None = None, device: int | None = None, not_shared: dict | None = None,
+                    share_disabled: str | None = None) -> "KernelJob":
         """The job for kernel[grid, block](*args) with a compiled `kernellab.Kernel`.
 
         data='copy' saves every tensor's elements (host or device); 'shapes' keeps shapes and dtypes only and
         fills with zeros (for a launch whose data is unreachable, e.g. after a sticky fault); 'share' lends
-        CUDA tensors of at least `share_min_bytes` through CUDA IPC where that is safe (see ipc_export) and
-        copies the rest. Arguments are checked against the signature as Kernel.launch does.
+        CUDA tensors of at least `share_min_bytes` through CUDA IPC where that is safe (see `lend`) and
+        copies the rest; `not_shared` (a dict) receives {name: why} for each tensor of that size that is copied
+        instead, and `share_disabled` is the reason to copy those that could be lent (IPC failed earlier). Arguments
+        are checked against the signature as Kernel.launch does.
         """
         from .launch import _dims, _scalar_of
 
@@ -297,7 +338,12 @@ class KernelJob:
             lent = None
             if data == "share" and share_min_bytes is not None:
                 nbytes = math.prod(x.shape) * ITEMSIZE.get(dt, 1)
-                lent = ipc_export(x) if nbytes >= share_min_bytes else None
+                if nbytes >= share_min_bytes:
+                    lent = lend(x, disabled=share_disabled)
+                    if isinstance(lent, str):
+                        if not_shared is not None:
+                            not_shared[p.name or f"argument {pos}"] = lent
+                        lent = None
             if lent is not None:
                 specs.append(ArgSpec("tensor", p.name, dt, tuple(int(s) for s in x.shape), writes=writes,
                                      ipc_handle=lent[0], ipc_offset=lent[1]))
@@ -478,6 +524,10 @@ def run_job(job: KernelJob, state: dict | None = None, *, scan: bool = True) -> 
 
     `state` carries loaded modules and opened IPC handles between jobs of one worker. `scan` counts NaN and Inf
     in the outputs (it launches a few CuPy kernels, so the tool runs leave it off).
+
+    Every step (uploads, the launch, the scan, downloads) runs on one stream, the job's: CuPy copies and kernels go
+    to the *current* stream, and the legacy default stream does not order work on a non-blocking stream, so an
+    upload left there may still be in flight when the kernel starts (it then reads the previous job's memory).
     """
     state = {} if state is None else state
     try:
@@ -488,35 +538,38 @@ def run_job(job: KernelJob, state: dict | None = None, *, scan: bool = True) -> 
         fn = _function(job, state)
     except Exception as exc:
         return _failure(job, exc, "loading the kernel")
-    try:
-        arrays, values = _materialize(job, state)
-    except Exception as exc:
-        return _failure(job, exc, "preparing the arguments")
     stream = state.get("stream")
     if stream is None:
         stream = state["stream"] = cupy.cuda.Stream(non_blocking=True)
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    try:
-        start.record(stream)
-        fn(job.grid, job.block, tuple(values), shared_mem=job.shared_bytes, stream=stream)
-        stop.record(stream)
-        stream.synchronize()
-    except Exception as exc:
-        return _failure(job, exc, "running")
-    kernel_ms = cupy.cuda.get_elapsed_time(start, stop)
-    outputs, notes = [], []
-    try:
-        for i, (spec, arr) in enumerate(zip(job.args, arrays)):
-            if arr is None or not spec.writes:
-                continue
-            if scan and spec.dtype in ("float16", "bfloat16", "float32", "float64"):
-                note = nonfinite_note(spec, arr, cupy)
-                if note:
-                    notes.append(note)
-            if not spec.shared:
-                outputs.append((i, arr.get().tobytes()))
-    except Exception as exc:
-        return _failure(job, exc, "reading the outputs")
+    with stream:
+        try:
+            arrays, values = _materialize(job, state, stream)
+        except Exception as exc:
+            return _failure(job, exc, "preparing the arguments")
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        try:
+            start.record(stream)
+            fn(job.grid, job.block, tuple(values), shared_mem=job.shared_bytes, stream=stream)
+            stop.record(stream)
+            stream.synchronize()
+        except Exception as exc:
+            return _failure(job, exc, "running")
+        kernel_ms = cupy.cuda.get_elapsed_time(start, stop)
+        outputs, notes = [], []
+        try:
+            for i, (spec, arr) in enumerate(zip(job.args, arrays)):
+                if arr is None or not spec.writes:
+                    continue
+                if scan and spec.dtype in ("float16", "bfloat16", "float32", "float64"):
+                    note = nonfinite_note(spec, arr, cupy)
+                    if note:
+                        notes.append(note)
+                if not spec.shared:
+                    outputs.append((i, arr.get(stream=stream)))
+            stream.synchronize()
+            outputs = [(i, host.tobytes()) for i, host in outputs]
+        except Exception as exc:
+            return _failure(job, exc, "reading the outputs")
     _trim_pool(cupy)
     return JobResult("ok", outputs=tuple(outputs), kernel_ms=kernel_ms, notes=tuple(notes), pid=os.getpid(),
                      device=state.get("device_name", ""))
@@ -549,8 +602,8 @@ def _function(job: KernelJob, state: dict):
     return fn
 
 
-def _materialize(job: KernelJob, state: dict):
-    """Device arrays (None for scalars and nulls) and the launch values, in argument order."""
+def _materialize(job: KernelJob, state: dict, stream=None):
+    """Device arrays (None for scalars and nulls) and the launch values, in argument order; uploads go to `stream`."""
     import cupy
 
     arrays, values = [], []
@@ -574,9 +627,9 @@ def _materialize(job: KernelJob, state: dict):
             st = storage_dtype(spec.dtype)
             arr = cupy.empty(spec.shape, dtype=st)
             if spec.data is not None:
-                arr.set(np.frombuffer(spec.data, dtype=st).reshape(spec.shape))
+                arr.set(np.frombuffer(spec.data, dtype=st).reshape(spec.shape), stream=stream)
             elif (spec.fill or "empty") != "empty":
-                arr.set(spec.host_array())
+                arr.set(spec.host_array(), stream=stream)
             arrays.append(arr)
             values.append(np.uint64(arr.data.ptr if arr.size else 0))
     return arrays, values

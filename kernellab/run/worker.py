@@ -397,6 +397,8 @@ class IsolatedRun:
                  f"{ms}{self.wall_ms:.2f} ms round trip{start}"]
         if self.shared:
             lines.append(f"  shared with the worker (CUDA IPC): {', '.join(self.shared)}")
+        if self.copied:
+            lines.append(f"  copied as bytes: {', '.join(self.copied)}")
         lines += [f"  note: {n}" for n in self.notes]
         if self.stdout:
             lines.append("  output:\n" + "\n".join("    " + l for l in self.stdout.rstrip().splitlines()))
@@ -411,6 +413,8 @@ class IsolatedRun:
                                                            and self.ready_ms else "")]]
         if self.shared:
             rows.append(["shared (IPC)", ", ".join(self.shared)])
+        if self.copied:
+            rows.append(["copied", ", ".join(self.copied)])
         out = [report.html_table(["isolated launch", ""], rows)]
         out += [f"<div style='color:#a60'>note: {report.esc(n)}</div>" for n in self.notes]
         if self.stdout:
@@ -453,18 +457,30 @@ def check_launch(kernel, grid, block, args, shared_bytes: int = 0):
 
 def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s: float | None = None,
                  diagnose: bool | None = None, pool: WorkerPool | None = None) -> IsolatedRun:
-    """Launch `kernel` in the GPU's warm worker; copy its results into `args`; raise IsolatedLaunchError on failure."""
+    """Launch `kernel` in the GPU's warm worker; copy its results into `args`; raise IsolatedLaunchError on failure.
+
+    CUDA tensors of at least settings.share_min_bytes are lent through CUDA IPC; each one copied instead gets a
+    note saying why (an allocation shared with other tensors, IPC unavailable here, ...).
+    """
     t0 = time.perf_counter()
     args = tuple(args)
     cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
     _sync_caller()
-    share = None if _ipc_state["broken"] else settings.share_min_bytes
+    not_shared: dict[str, str] = {}
+    broken = _ipc_state["broken"]
+    disabled = f"CUDA IPC failed earlier in this session, so isolated launches copy ({broken})" if broken else None
     job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, args, cfg.shared_bytes, data="share",
-                                share_min_bytes=share, device=dev.index)
+                                share_min_bytes=settings.share_min_bytes, device=dev.index, not_shared=not_shared,
+                                share_disabled=disabled)
     pool = pool or default_pool(dev.index)
     result, facts = pool.run(job, timeout_s)
     if result.status == "error" and "CUDA IPC is not available" in result.message:
-        _ipc_state["broken"] = result.message          # copy from now on (e.g. a VM without IPC)
+        why = result.message.split(" failed: ", 1)[-1]
+        _ipc_state["broken"] = why                     # copy from now on (e.g. a VM without IPC)
+        for pos, a in enumerate(job.args):
+            if a.shared:
+                not_shared[a.name or f"argument {pos}"] = (f"the worker could not open it through CUDA IPC ({why}); "
+                                                           f"isolated launches copy from now on in this session")
         job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, args, cfg.shared_bytes, data="copy",
                                     device=dev.index)
         first = facts
@@ -479,7 +495,15 @@ def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s:
                        cold=facts["cold"], ready_ms=facts["ready_ms"],
                        shared=tuple(a.name for a in job.args if a.shared),
                        copied=tuple(a.name for a in job.args if a.kind == "tensor" and not a.shared),
-                       notes=result.notes, stdout=result.stdout)
+                       notes=not_shared_notes(not_shared) + tuple(result.notes), stdout=result.stdout)
+
+
+def not_shared_notes(not_shared: dict) -> tuple[str, ...]:
+    """'a, b copied, not shared: <why>': one note per reason, from {name: why}."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in not_shared.items():
+        by_reason.setdefault(why, []).append(name)
+    return tuple(f"{', '.join(names)} copied, not shared: {why}" for why, names in by_reason.items())
 
 
 def apply_outputs(args, job: KernelJob, result: JobResult) -> None:

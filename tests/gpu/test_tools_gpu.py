@@ -2,8 +2,10 @@
 
 Run on a GPU machine: tools/gpu-test.sh, or `pytest -m gpu tests/gpu/test_tools_gpu.py`. With $KERNELLAB_ARTIFACTS
 set, every raw tool output is saved there (sanitize_*.txt, ncu_*.csv) to replace the hand-written fixtures in
-tests/fixtures/, and worker_timings.txt records the isolated-launch timings seen here.
+tests/fixtures/, worker_ipc.txt records whether CUDA IPC was used (and why not), and worker_timings.txt records the
+isolated-launch timings seen here.
 """
+import contextlib
 import os
 import pathlib
 import time
@@ -85,6 +87,53 @@ def _settings():
     W.settings = W.IsolationSettings()
 
 
+def ipc_probe(t) -> tuple[bool, str]:
+    """Whether a spawned process can open `t`'s allocation through CUDA IPC (CuPy's calls, without kernellab)."""
+    import subprocess
+    import sys
+
+    import cupy
+
+    try:
+        handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(t.data_ptr()))
+    except Exception as exc:
+        return False, f"cudaIpcGetMemHandle in this process: {type(exc).__name__}: {exc}"
+    code = ("import sys, cupy\n"
+            "p = cupy.cuda.runtime.ipcOpenMemHandle(bytes.fromhex(sys.argv[1]))\n"
+            "x = cupy.ndarray((1,), cupy.float32, cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(p, 4, None), 0))\n"
+            "print(repr(float(x.get()[0])))\n"
+            "cupy.cuda.runtime.ipcCloseMemHandle(p)\n")
+    proc = subprocess.run([sys.executable, "-c", code, handle.hex()], capture_output=True, text=True, timeout=120)
+    out = (proc.stdout + proc.stderr).strip()
+    try:
+        ok = proc.returncode == 0 and float(proc.stdout.split()[-1]) == t[0].item()
+    except (ValueError, IndexError):
+        ok = False
+    return ok, out[-800:]
+
+
+def copied_with_a_reason(run) -> set:
+    """The arguments a 'x, y copied, not shared: <why>' note names."""
+    return {name for n in run.notes if " copied, not shared: " in n
+            for name in n.split(" copied, not shared: ")[0].split(", ")}
+
+
+@contextlib.contextmanager
+def own_segments(torch):
+    """Each torch allocation made inside gets its own cudaMalloc segment: a private memory pool, empty at first.
+
+    torch.cuda.empty_cache() does not ensure that: a block that stays alive pins its whole segment, and new tensors
+    are carved from the segment's free rest. cuBLAS/cuBLASLt workspaces are such blocks (empty_cache never frees
+    them), so after any matmul in the session (the bench tests run before these) a 64 MiB tensor may start deep
+    inside a 1 GiB segment, which kernellab does not lend (a kernel in the worker could reach the rest).
+    """
+    if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        pytest.skip(f"torch {torch.__version__} has no torch.cuda.MemPool/use_mem_pool to get fresh segments")
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        yield pool
+
+
 def test_isolated_launch_copies_small_and_shares_large_outputs(mod, torch):
     n = 4096
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
@@ -93,14 +142,48 @@ def test_isolated_launch_copies_small_and_shares_large_outputs(mod, torch):
     torch.testing.assert_close(c, a + b, rtol=0, atol=0)
     assert run.pid != os.getpid() and run.copied == ("a", "b", "c") and not run.shared and not run.notes
     big = 16 * 2**20                                              # 64 MiB each: lent through CUDA IPC
-    torch.cuda.empty_cache()                                      # fresh allocations, each its own segment
-    A, B = torch.randn(big, device="cuda"), torch.randn(big, device="cuda")
-    C = torch.zeros_like(A)
+    with own_segments(torch) as pool:                             # each its own allocation (see own_segments)
+        A, B = torch.randn(big, device="cuda"), torch.randn(big, device="cuda")
+        C = torch.zeros_like(A)
+    works, probe = ipc_probe(A)
     run2 = mod.vadd.run_isolated((big + 255) // 256, 256, A, B, C, big)
-    torch.testing.assert_close(C, A + B, rtol=0, atol=0)
+    torch.testing.assert_close(C, A + B, rtol=0, atol=0)          # shared or copied, the results are right
     assert run2.pid == run.pid and not run2.cold                   # the same warm worker
-    save("worker_ipc.txt", f"{run2}\n")
-    assert set(run2.shared) == {"a", "b", "c"}, f"large CUDA tensors were copied, not shared: {run2}"
+    save("worker_ipc.txt", f"{run2}\n\nCUDA IPC probe (a spawned process opens A's handle): "
+                           f"{'works' if works else 'fails'}\n{probe}\n")
+    if works:
+        assert set(run2.shared) == {"a", "b", "c"} and not copied_with_a_reason(run2), \
+            f"CUDA IPC works here (a spawned process opened A), yet kernellab copied: {run2}"
+    else:                                                          # no IPC here: copied, and the notes say why
+        assert run2.copied == ("a", "b", "c") and copied_with_a_reason(run2) == {"a", "b", "c"}, f"{run2}\n{probe}"
+    del A, B, C, pool
+
+
+def test_tensors_inside_a_larger_allocation_are_copied_and_the_note_says_why(mod, torch):
+    n = 4 * 2**20                                                  # 16 MiB per tensor
+    with own_segments(torch) as pool:
+        seg = torch.randn(3 * n, device="cuda")                    # one 48 MiB allocation
+        c = torch.zeros(n, device="cuda")                          # its own 16 MiB allocation
+    a, b = seg[:n], seg[n:2 * n]                                   # at its start; 16 MiB into it
+    works, probe = ipc_probe(c)
+    run = mod.vadd.run_isolated((n + 255) // 256, 256, a, b, c, n)
+    torch.testing.assert_close(c, a + b, rtol=0, atol=0)
+    save("worker_ipc_views.txt", f"{run}\n")
+    assert ("a copied, not shared: its allocation is 48.0 MiB for 16.0 MiB of data (a caching allocator's segment "
+            "shared with other tensors); lending it would let the worker's kernel reach them") in run.notes, str(run)
+    assert any(x.startswith("b copied, not shared: it starts 16.0 MiB into a 48.0 MiB allocation") for x in run.notes)
+    assert run.shared == (("c",) if works else ()), f"{run}\n{probe}"
+    del seg, a, b, c, pool
+
+
+def test_warm_worker_uses_each_launchs_own_inputs(mod, torch):
+    """Copied inputs must land before the kernel runs, in a warm worker too (its memory holds the last job's data)."""
+    c = torch.empty(4096, device="cuda")
+    for k in range(8):
+        a, b = torch.randn(4096, device="cuda"), torch.full((4096,), float(k), device="cuda")
+        run = mod.vadd.run_isolated(16, 256, a, b, c, 4096)
+        torch.testing.assert_close(c, a + b, rtol=0, atol=0, msg=lambda m: f"launch {k} in worker {run.pid}: {m}")
+    assert not run.cold
 
 
 def test_isolated_fault_leaves_this_process_working_and_names_the_line(mod, torch):
@@ -147,6 +230,7 @@ def test_nan_output_is_noted(mod, torch):
     a = torch.full((64,), float("inf"), device="cuda")
     c = torch.zeros(64, device="cuda")
     run = mod.vadd.run_isolated(1, 64, a, -a, c, 64)               # inf + -inf = NaN
+    assert torch.isnan(c).all(), f"c = {c[:4].tolist()}...: the kernel did not see this launch's inputs ({run})"
     assert run.notes == ("c (float32[64]) holds 64 NaN of 64 elements after the launch, the first at index 0",)
 
 
