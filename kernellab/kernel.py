@@ -235,7 +235,28 @@ class _Launcher:
                                   stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s)
 
 
-class Module:
+class KernelCollection:
+    """Attribute access, iteration and len() over `self.kernels`, given `__getitem__` by name."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name in ("kernels", "output"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError as exc:
+            raise AttributeError(str(exc)) from None
+
+    def __iter__(self):
+        return iter(self.kernels)
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def __dir__(self):
+        return list(super().__dir__()) + [k.name for k in self.kernels]
+
+
+class Module(KernelCollection):
     """The kernels of one compiled source: `module['name']` or `module.name` gives a Kernel."""
 
     def __init__(self, output: CompileOutput, source: str, *, name: str | None, first_line: int, filename: str,
@@ -282,23 +303,6 @@ class Module:
                            f"pick one by its display name or symbol")
         known = ", ".join(k.signature.display for k in self.kernels) or "none"
         raise KeyError(f"no kernel {name!r} in this module; its kernels: {known}")
-
-    def __getattr__(self, name: str) -> Kernel:
-        if name.startswith("_") or name in ("kernels", "output"):
-            raise AttributeError(name)
-        try:
-            return self[name]
-        except KeyError as exc:
-            raise AttributeError(str(exc)) from None
-
-    def __iter__(self):
-        return iter(self.kernels)
-
-    def __len__(self) -> int:
-        return len(self.kernels)
-
-    def __dir__(self):
-        return list(super().__dir__()) + [k.name for k in self.kernels]
 
     def _loaded(self, index: int):
         mod = self._loaded_modules.get(index)

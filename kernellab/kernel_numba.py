@@ -24,7 +24,7 @@ from .compile import numba_backend as nb
 from .compile.nvrtc import normalize_arch
 from .compile.signature import KernelSignature
 from .errors import ArgumentError, KernellabError
-from .kernel import Kernel, Resources, max_threads_for
+from .kernel import Kernel, KernelCollection, Resources, max_threads_for
 from .run import device as _device
 
 TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take about 13 s
@@ -438,7 +438,7 @@ def _core_stream(stream):
 # A cell's kernels
 
 
-class NumbaModule:
+class NumbaModule(KernelCollection):
     """The kernels of one `%%numba` cell or source: `module['name']` or `module.name` gives a NumbaKernel."""
 
     def __init__(self, kernels, *, name: str | None = None, arch: str, simulate: bool, notes=(), wall_ms: float = 0.0,
@@ -466,23 +466,6 @@ class NumbaModule:
                 return k
         known = ", ".join(k.name for k in self.kernels) or "none"
         raise KeyError(f"no kernel {name!r} in this cell; its kernels: {known}")
-
-    def __getattr__(self, name: str) -> NumbaKernel:
-        if name.startswith("_") or name == "kernels":
-            raise AttributeError(name)
-        try:
-            return self[name]
-        except KeyError as exc:
-            raise AttributeError(str(exc)) from None
-
-    def __iter__(self):
-        return iter(self.kernels)
-
-    def __len__(self) -> int:
-        return len(self.kernels)
-
-    def __dir__(self):
-        return list(super().__dir__()) + [k.name for k in self.kernels]
 
     # -- reports --------------------------------------------------------------------------------------------
     def to_json(self) -> dict:

@@ -15,6 +15,15 @@ def esc(x) -> str:
     return html.escape(str(x))
 
 
+def fmt_cell(v) -> str:
+    """A table cell: '-' for None, 4 significant digits for floats."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
 def html_table(headers, rows, *, caption: str | None = None) -> str:
     """A compact HTML table; cells are escaped unless wrapped in Raw."""
     cell = "padding: 1px 8px; text-align: right; border-bottom: 1px solid #ddd"

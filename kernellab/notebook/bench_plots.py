@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from kernellab.analysis.roofline import ROOF_LABELS, DeviceCeilings, datasheet_ceilings, ridge_point
 from kernellab.errors import KernellabError
-from kernellab.report import esc, html_table
+from kernellab.report import esc, fmt_cell, html_table
 
 _METRIC_LABELS = {"ms": "median time (ms)", "tflops": "TFLOP/s", "gbps": "GB/s"}
 
@@ -78,7 +78,7 @@ def sweep_html(sweep) -> str:
     if not rows:
         return "<div>sweep: no points</div>"
     cols = list(rows[0])
-    table = html_table(cols, [[_cell(row.get(c)) for c in cols] for row in rows])
+    table = html_table(cols, [[fmt_cell(row.get(c)) for c in cols] for row in rows])
     method = esc(f"{sweep.results[0].device}: {sweep.results[0].method}")
     return (f'<div class="kernellab-sweep">{table}{_figure_png(sweep_plot(sweep))}'
             f'<div style="font-size:85%;color:#555">{method}</div></div>')
@@ -87,7 +87,7 @@ def sweep_html(sweep) -> str:
 def bench_result_html(result) -> str:
     """One benchmark for the notebook: the numbers, speed-ups with their spread, and how they were taken."""
     rows = [(r.name, f"{r.median_ms:.4g}", f"{r.quantile(0.25):.4g}-{r.quantile(0.75):.4g}", r.reps,
-             _cell(r.tflops), _cell(r.gbps)) for r in (result, *result.baselines)]
+             fmt_cell(r.tflops), fmt_cell(r.gbps)) for r in (result, *result.baselines)]
     table = html_table(("function", "median ms", "25%-75% ms", "reps", "TFLOP/s", "GB/s"), rows)
     speed = "".join(f"<div>speed-up {esc(s)}</div>" for s in result.speedups)
     return (f'<div class="kernellab-bench">{table}{speed}'
@@ -514,9 +514,3 @@ def _figure_png(fig) -> str:
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode("ascii")}"/>'
 
 
-def _cell(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from kernellab.errors import KernellabError, NoGPUError
-from kernellab.report import mimebundle
+from kernellab.report import fmt_cell, mimebundle
 _MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
 _SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
 _SLEEP_MIN_MS = 5.0        # the shortest: a first call that takes longer on the CPU is taken to wait for the GPU
@@ -226,7 +226,7 @@ class SweepResult:
         if not rows:
             return "sweep: no points"
         cols = list(rows[0])
-        cells = [[_cell(row.get(c)) for c in cols] for row in rows]
+        cells = [[fmt_cell(row.get(c)) for c in cols] for row in rows]
         widths = [max(len(c), *(len(r[k]) for r in cells)) for k, c in enumerate(cols)]
         lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
         lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
@@ -671,9 +671,3 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-def _cell(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
