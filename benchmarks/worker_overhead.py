@@ -4,14 +4,18 @@ Method: wall clock (time.perf_counter) around each launch call as a user makes i
 after the kernel finished and, isolated, after the outputs are back in the caller's tensors); median and 10th/90th
 percentiles over up to --runs calls after a few warm-up calls, each case stopping early once it has used its share
 of --budget seconds (at least 3 timed calls). The kernel itself takes microseconds, so the numbers are the overhead.
-Three argument sizes:
-- small: n = 4,096 floats (16 KiB per tensor): copied to the worker and back;
-- large, lent: n = 16M floats (64 MiB per tensor), each its own allocation: lent through CUDA IPC, no copy
-  (where IPC is unavailable they are copied, and the table says why);
-- large, copied: the same with sharing turned off (share_min_bytes above the size), for comparison.
+Five cases, each path a tensor can take to the worker (the "tensors" column says which one it took):
+- small, staged: n = 4,096 floats (16 KiB per tensor, from torch's caching allocator): copied on the GPU into the
+  worker's staging buffers and back (the default for CUDA tensors, settings.stage_min_bytes = 0);
+- small, copied: the same with staging turned off (stage_min_bytes above the size): bytes through the pipe;
+- large, lent: n = 16M floats (64 MiB per tensor), each its own allocation: lent through CUDA IPC, no copy;
+- large, staged: 64 MiB views carved from the inside of one segment, as a notebook's tensors usually are (after
+  any matmul cuBLAS's workspace pins a segment): kernellab does not lend them, it stages them;
+- large, copied: the same carved views with staging turned off, for comparison (what they cost before staging).
+Where CUDA IPC is unavailable, lent and staged tensors are copied, and the notes say why.
 Cold start: a new worker pool's first launch (process start, imports, CUDA context, module load), --cold times.
 Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/worker_overhead.py [--runs 200] [--cold 2]
-[--budget 40] [--out table.md]. About 40 s on an H200.
+[--budget 40] [--out table.md]. About a minute on an H200 (most of it the large, copied case).
 """
 import argparse
 import contextlib
@@ -74,7 +78,6 @@ def main():
     pool = W.WorkerPool(dev)
     pool.ensure()                                     # the warm worker: its start is timed below, not here
     rows, notes = [], []
-    share_default = W.IsolationSettings().share_min_bytes
     pools = []                                        # private pools live as long as their tensors
 
     def own_segments():
@@ -85,33 +88,45 @@ def main():
         torch.cuda.empty_cache()
         return contextlib.nullcontext()
 
-    def case(label, n, runs, budget_s, share_min_bytes=share_default):
+    def tensors(n, carve):
+        """x, y, z of n floats: each its own allocation, or views from the inside of one segment (carve)."""
         with own_segments():
-            x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
-            z = torch.empty_like(x)
+            if not carve:
+                x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+                return x, y, torch.empty_like(x)
+            seg = torch.randn(5 * n, device="cuda")
+        return seg[n:2 * n], seg[2 * n:3 * n], seg[3 * n:4 * n]
+
+    def case(label, n, runs, budget_s, carve=False, warmup=2, **overrides):
+        x, y, z = tensors(n, carve)
         grid = (n + 255) // 256
         inproc = timed(lambda: vadd[grid, 256](x, y, z, n, isolate=False), runs, 10, budget_s / 3)
-        W.settings.share_min_bytes = share_min_bytes
+        before = W.settings
+        W.settings = W.IsolationSettings(**overrides)
         last = {}
 
         def isolated():
             last["run"] = W.run_isolated(vadd, grid, 256, (x, y, z, n), pool=pool)
 
         try:
-            iso = timed(isolated, runs, 2, budget_s * 2 / 3)
+            iso = timed(isolated, runs, warmup, budget_s * 2 / 3)
         finally:
-            W.settings.share_min_bytes = share_default
+            W.settings = before
         torch.testing.assert_close(z, x + y, rtol=0, atol=0)
         run = last["run"]
-        how = ("lent (CUDA IPC): " + ", ".join(run.shared)) if run.shared else "copied"
+        how = "; ".join(f"{path}: {', '.join(names)}" for path, names in
+                        (("lent (CUDA IPC)", run.shared), ("staged", run.staged), ("copied", run.copied)) if names)
         notes.extend(f"{label}: {note}" for note in run.notes)
         size = f"{n * 4 / 2**20:g} MiB" if n * 4 >= 2**20 else f"{n * 4 / 1024:g} KiB"
         rows.append([label, f"{n:,}", size, cell(inproc), cell(iso), f"{stats(iso)[0] - stats(inproc)[0]:.3f}", how,
                      f"{len(inproc)}/{len(iso)}"])
 
-    case("small", 4096, a.runs, a.budget * 0.2)
-    case("large, lent", 16 * 2**20, max(a.runs // 10, 5), a.budget * 0.4)
-    case("large, copied", 16 * 2**20, max(a.runs // 20, 3), a.budget * 0.4, share_min_bytes=1 << 62)
+    big, off = 16 * 2**20, 1 << 62
+    case("small, staged", 4096, a.runs, a.budget * 0.15)
+    case("small, copied", 4096, a.runs, a.budget * 0.15, stage_min_bytes=off)
+    case("large, lent", big, max(a.runs // 10, 5), a.budget * 0.2)
+    case("large, staged", big, max(a.runs // 10, 5), a.budget * 0.2, carve=True)
+    case("large, copied", big, max(a.runs // 20, 3), a.budget * 0.3, carve=True, warmup=1, stage_min_bytes=off)
     worker_device = pool.worker.info.get("device", "?") if pool.worker else "?"
     pool.shutdown()
 

@@ -4,7 +4,8 @@ Running a job needs a GPU (tests/gpu/test_faults_gpu.py, tests/gpu/test_tools_gp
 is checked here: argument specs for NumPy and CPU torch data (bfloat16 included), scalars of exact C types, the
 image or the recompile from source through the compile cache, and the error paths. `run_job` itself runs on a
 stand-in cupy that keeps CUDA's stream-ordering rules (tests/fixtures/fake_cupy), and `lend` (CUDA IPC or a copy,
-and why) with the driver calls stood in.
+and why) with the driver calls stood in. Staging: which tensors from_launch stages (once per distinct tensor), the
+worker's `stage_buffers` (plain cudaMalloc per slot, regrown, freed) and run_job on staged arguments.
 """
 import importlib.util
 import json
@@ -297,3 +298,66 @@ def test_from_launch_records_why_each_large_tensor_is_copied(mod, monkeypatch):
     job = KernelJob.from_launch(mod.vadd, 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
                                 not_shared=why, share_disabled="IPC failed before")
     assert why == {"a": "IPC failed before", "c": "IPC failed before"} and not any(s.shared for s in job.args)
+
+
+# --- staging: CUDA tensors copied on the device into the worker's own buffers ------------------------------------
+
+
+def test_from_launch_stages_cuda_tensors_once_each(mod, monkeypatch):
+    a, b, c = (np.zeros(64, dtype=np.float32) for _ in range(3))
+    host = np.zeros(64, dtype=np.float32)
+    device = {id(a): 0x1000, id(b): 0x2000, id(c): 0x3000}
+    monkeypatch.setattr(J, "_device_pointer", lambda x: device.get(id(x)))
+    job = KernelJob.from_launch(mod.vadd, 1, 64, (a, b, a, 64), data="share", stage_min_bytes=0, device=0)
+    assert [s.stage_slot for s in job.args] == [0, 1, 0, None] and job.args[0].data is None    # a: once
+    assert job.args[0].staged and not job.args[0].shared and "a: float32[64] (staged)" in job.describe()
+    assert KernelJob.from_bytes(job.to_bytes()) == job
+    plain = job.with_data()
+    assert not any(s.staged for s in plain.args) and plain.args[0].fill == "zeros"
+    mixed = KernelJob.from_launch(mod.vadd, 1, 64, (a, host, c, 64), data="share", stage_min_bytes=0)
+    assert [s.staged for s in mixed.args[:3]] == [True, False, True] and mixed.args[1].data is not None
+    why: dict = {}
+    off = KernelJob.from_launch(mod.vadd, 1, 64, (a, host, c, 64), data="share", stage_min_bytes=0,
+                                stage_disabled="IPC failed before", not_staged=why)
+    assert why == {"a": "IPC failed before", "c": "IPC failed before"} and not any(s.staged for s in off.args)
+    above = KernelJob.from_launch(mod.vadd, 1, 64, (a, b, c, 64), data="share", stage_min_bytes=257)
+    assert not any(s.staged for s in above.args)                              # 256 bytes each: below the threshold
+    assert not any(s.staged for s in KernelJob.from_launch(mod.vadd, 1, 64, (a, b, c, 64)).args)   # data='copy'
+    raw = job.to_bytes()                                                       # a job file from before staging:
+    (n,) = struct.unpack_from("<Q", raw, len(JOB_MAGIC))                       # no "stage_slot" keys
+    head = json.loads(raw[len(JOB_MAGIC) + 8:len(JOB_MAGIC) + 8 + n])
+    assert head["args"][0]["stage_slot"] == 0
+    for arg in head["args"]:
+        del arg["stage_slot"]
+    text = json.dumps(head).encode()
+    older = KernelJob.from_bytes(JOB_MAGIC + struct.pack("<Q", len(text)) + text + raw[len(JOB_MAGIC) + 8 + n:])
+    assert not any(s.staged for s in older.args) and older.symbol == job.symbol
+
+
+def test_stage_buffers_and_run_job_on_staged_arguments(mod, stand_in_cupy, monkeypatch, tmp_path):
+    monkeypatch.setenv("FAKE_CUPY_IPC_DIR", str(tmp_path))
+    state: dict = {}
+    got = J.stage_buffers({"sizes": {"0": 256, "1": 256, "2": 256}}, state)
+    assert sorted(got["slots"]) == ["0", "1", "2"] and got["slots"]["0"]["bytes"] == J.STAGE_GRANULE_BYTES
+    assert bytes.fromhex(got["slots"]["0"]["handle"]).startswith(b"file:") and len(list(tmp_path.iterdir())) == 3
+    buf = {int(k): stand_in_cupy._buffer(state["staging"][int(k)][0], 256).view(np.float32) for k in got["slots"]}
+    buf[0][:], buf[1][:], buf[2][:] = np.inf, -np.inf, 0.0                   # what the caller copied in
+    a = np.zeros(64, dtype=np.float32)
+    spec = lambda name, slot, writes: ArgSpec("tensor", name, "float32", (64,), writes=writes, stage_slot=slot)
+    job = KernelJob.from_launch(mod.vadd, 1, 64, (a, a, a, 64))
+    job = KernelJob(job.symbol, job.grid, job.block, (spec("a", 0, False), spec("b", 1, False), spec("c", 2, True),
+                                                      job.args[3]), image=job.image, image_format="cubin")
+    res = run_job(job, state)
+    assert res.ok and res.outputs == () and np.isnan(buf[2]).all()             # written in place, nothing to send
+    assert res.notes == ("c (float32[64]) holds 64 NaN of 64 elements after the launch, the first at index 0",)
+    assert {e[-1] for e in stand_in_cupy.log} == {"stream"}
+    grown = J.stage_buffers({"sizes": {"1": 3 << 20}}, state)                  # regrow: the old one is freed
+    assert grown["slots"]["1"]["bytes"] == 4 << 20 and len(list(tmp_path.iterdir())) == 3
+    missing = run_job(KernelJob(job.symbol, job.grid, job.block, (spec("a", 7, False),) + job.args[1:],
+                                image=job.image, image_format="cubin"), state)
+    assert missing.status == "error" and "staged in buffer 7 of this worker, which does not exist" in missing.message
+    J.stage_buffers({"free": "all"}, state)
+    assert state["staging"] == {} and list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("FAKE_CUPY_MALLOC", "fail")
+    with pytest.raises(Exception, match="cudaErrorMemoryAllocation"):
+        J.stage_buffers({"sizes": {"0": 16}}, state)

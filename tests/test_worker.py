@@ -5,6 +5,10 @@
   printf capture, interrupts. Isolated launches say why each large tensor was copied instead of lent.
 - The real worker runner (kernellab.run.job.run_job) runs in a worker on a stand-in cupy that keeps CUDA's
   stream-ordering rules (tests/fixtures/fake_cupy): results and NaN notes of warm-worker launches.
+- Staging buffers run for real across processes: the stand-in cupy's cudaMalloc maps a file, the caller maps the
+  same file (fixtures/fake_gpu.py's FileStagingIO), and NumPy arrays stand in for CUDA tensors carved from a
+  caching allocator's segment. Results, NaN notes, reuse and growth, aliasing, a fault and a timeout mid-run (the
+  caller's segment untouched, the staging maps closed and reopened for the next worker), the fallbacks to bytes.
 - The sanitizer and profiler parsers read real captures from an H200 (tests/fixtures/captured/, and the
   sanitizer_memcheck_misaligned/racecheck captures of the tool GPU tests in tests/fixtures/) and hand-written samples
   in the tools' documented formats for the cases no capture covers (see tests/fixtures/README.md); the subprocess
@@ -173,6 +177,8 @@ def test_shutdown_stops_every_worker(pool):
 
 FAKE_SRC = """extern "C" __global__ void ipc_once(float* x, const float* y, int n) { x[threadIdx.x] += y[0]; }
 extern "C" __global__ void sticky(float* x, const float* y, int n) { x[threadIdx.x] += y[0]; }
+extern "C" __global__ void scribble(float* x, int n) { x[threadIdx.x] = -1.0f; x[threadIdx.x + n] = -1.0f; }
+extern "C" __global__ void spin(float* x, int n) { while (x[0] == 0.0f) { } }
 extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) c[i] = a[i] + b[i];
@@ -263,6 +269,190 @@ def test_run_isolated_fault_without_a_sanitizer_says_how_to_look(pool, fake_laun
     assert np.array_equal(x, np.zeros(8))                                          # no copy-back after a fault
 
 
+# --- staging buffers: carved CUDA tensors copied on the device through the worker's own memory -------------------
+
+
+def _load_fake_gpu():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fake_gpu", FIXTURES / "fake_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Segments:
+    """NumPy arrays standing in for a caching allocator's segments (each 2 MiB larger than the array, as a segment
+    with free space left): views of them are carved CUDA tensors, which kernellab does not lend."""
+
+    def __init__(self):
+        self.ranges = []
+
+    def new(self, values) -> np.ndarray:
+        seg = np.array(values, dtype=np.float32)
+        self.ranges.append((seg.ctypes.data, seg.nbytes + (2 << 20), seg))
+        return seg
+
+    def pointer(self, x):
+        """The 'device address' of x: inside a segment, else None (host memory)."""
+        if isinstance(x, np.ndarray) and any(b <= x.ctypes.data < b + seg.nbytes for b, _, seg in self.ranges):
+            return x.ctypes.data
+        return None
+
+    def address_range(self, ptr):
+        for base, size, _ in self.ranges:
+            if base <= ptr < base + size:
+                return base, size
+        raise RuntimeError("CUDA_ERROR_INVALID_VALUE: not device memory")
+
+
+@pytest.fixture
+def staging(monkeypatch, tmp_path, fake_launch):
+    """Workers on the stand-in cupy with real cross-process staging buffers (files in tmp_path); NumPy arrays are
+    'CUDA tensors' (their host address as device address) whose allocations are the Segments registered."""
+    from kernellab.run import job as J
+
+    io = _load_fake_gpu().FileStagingIO()
+    segs = Segments()
+    monkeypatch.setattr(W, "staging_io", io)
+    monkeypatch.setattr(J, "_device_pointer", segs.pointer)
+    monkeypatch.setattr(J, "_address_range", segs.address_range)
+    monkeypatch.setattr(W, "settings", W.IsolationSettings(share_min_bytes=64))   # lend is asked, and refuses
+    env = dict(STREAM_ENV, FAKE_CUPY_IPC_DIR=str(tmp_path))
+    pools = []
+
+    def make_pool(**extra_env):
+        pools.append(W.WorkerPool(env=dict(env, **extra_env), start_timeout_s=60))
+        return pools[-1]
+
+    import types
+
+    yield types.SimpleNamespace(io=io, segs=segs, pool=make_pool(), make_pool=make_pool, k=fake_launch,
+                                files=lambda: sorted(tmp_path.glob("fake-cudamalloc-*")))
+    for p in pools:
+        p.shutdown()
+
+
+def test_carved_tensors_are_staged_and_the_results_come_back(staging):
+    vadd, io, n = staging.k.vadd, staging.io, 64
+    seg = staging.segs.new(np.concatenate([np.arange(2 * n), np.full(n, np.nan)]))
+    a, b, c = seg[:n], seg[n:2 * n], seg[2 * n:]                           # carved: none owns its allocation
+    run = W.run_isolated(vadd, 1, n, (a, b, c, n), pool=staging.pool)
+    assert np.array_equal(c, np.arange(n) + np.arange(n, 2 * n)) and np.array_equal(seg[:2 * n], np.arange(2 * n))
+    assert (run.staged, run.shared, run.copied, run.notes) == (("a", "b", "c"), (), (), ())
+    assert run.paths == {"a": "staged", "b": "staged", "c": "staged"}
+    assert dict(run.not_shared)["b"].startswith("it starts 256 bytes into a 2.0 MiB allocation")
+    assert dict(run.not_shared)["a"].startswith("its allocation is 2.0 MiB for 256 bytes of data")
+    assert "staged (GPU copies through the worker's own buffers): a, b, c" in str(run)
+    assert "staged (GPU copies)" in run._repr_html_() and len(io.opened) == 3 and len(staging.files()) == 3
+    # a warm worker reuses its buffers: no new maps; the NaN scan reads the staged output
+    a[:], b[:] = np.inf, -np.inf
+    again = W.run_isolated(vadd, 1, n, (a, b, c, n), pool=staging.pool)
+    assert again.pid == run.pid and len(io.opened) == 3 and np.isnan(c).all()
+    assert again.notes == ("c (float32[64]) holds 64 NaN of 64 elements after the launch, the first at index 0",)
+    # a tensor passed twice is staged once: two copies in, one back
+    a[:] = np.arange(n)
+    before = len(io.copies)
+    W.run_isolated(vadd, 1, n, (a, a, c, n), pool=staging.pool)
+    assert np.array_equal(c, 2 * np.arange(n)) and len(io.copies) - before == 3
+    # larger arguments: the buffers grow (this process unmaps the old ones first), the results stay exact
+    big = 1 << 20                                                           # 4 MiB: more than a 2 MiB buffer
+    seg2 = staging.segs.new(np.arange(3 * big) % 1000)
+    x, y, z = seg2[:big], seg2[big:2 * big], seg2[2 * big:]
+    grown = W.run_isolated(vadd, big // 256, 256, (x, y, z, big), pool=staging.pool)
+    assert grown.staged == ("a", "b", "c") and np.array_equal(z, x + y) and z.any()
+    assert len(io.opened) == 6 and sorted(io.closed) == sorted(io.opened[:3]) and len(io.mapped) == 3
+    assert len(staging.files()) == 3                                        # the worker freed the small ones
+
+
+def test_fault_mid_run_leaves_the_callers_segment_untouched_and_reopens_staging(staging):
+    n, pool, io = 64, staging.pool, staging.io
+    seg = staging.segs.new(np.arange(4 * n))
+    keep = seg.copy()
+    x = seg[n:2 * n]                                                        # carved from the middle of the segment
+    first = W.run_isolated(staging.k.vadd, 1, n, (seg[:n], seg[:n], seg[3 * n:], n), pool=pool)
+    keep[3 * n:] = 2 * np.arange(n)
+    mapped = io.mapped
+    assert first.staged == ("a", "b", "c") and len(mapped) == 2
+    with pytest.raises(W.IsolatedLaunchError) as info:                     # writes -1 into x, then faults
+        W.run_isolated(staging.k.scribble, 1, n, (x, n), pool=pool, diagnose=False)
+    assert info.value.status == "fault" and "illegal memory access" in str(info.value)
+    assert np.array_equal(seg, keep)                                        # x and its neighbours: untouched
+    assert io.mapped == [] and sorted(io.closed) == sorted(mapped)          # unmapped before the next worker
+    assert pool.replaced == 1
+    again = W.run_isolated(staging.k.vadd, 1, n, (x, x, seg[:n], n), pool=pool)
+    assert again.pid != first.pid and np.array_equal(seg[:n], 2 * keep[n:2 * n])
+    assert len(io.mapped) == 2 and not set(io.mapped) & set(mapped)        # the new worker's buffers
+
+
+def test_timeout_mid_run_leaves_the_callers_tensor_untouched(staging):
+    seg = staging.segs.new(np.zeros(128))
+    x = seg[64:]
+    with pytest.raises(W.IsolatedLaunchError) as info:                     # writes x[0] = -1, then never ends
+        W.run_isolated(staging.k.spin, 1, 1, (x, 64), pool=staging.pool, timeout_s=1)
+    assert info.value.status == "timeout" and not seg.any()
+    assert staging.io.mapped == [] and len(staging.io.closed) == 1
+
+
+def test_staging_falls_back_to_bytes_when_this_process_cannot_map_it(staging):
+    staging.io.fail = "cudaErrorNotSupported: operation not supported"
+    vadd, n = staging.k.vadd, 64
+    seg = staging.segs.new(np.arange(3 * n))
+    a, b, c = seg[:n], seg[n:2 * n], seg[2 * n:]
+    run = W.run_isolated(vadd, 1, n, (a, b, c, n), pool=staging.pool)
+    assert np.array_equal(c, np.arange(n) + np.arange(n, 2 * n)) and run.copied == ("a", "b", "c") and not run.staged
+    why = ("cudaIpcOpenMemHandle failed here on the worker's buffer (RuntimeError: cudaErrorNotSupported: operation "
+           "not supported)")
+    assert run.notes == (f"a, b, c copied, not staged: {why}; isolated launches copy from now on in this session",)
+    assert W._ipc_state["broken"] == why and staging.files() == []          # the worker freed what it allocated
+    later = W.run_isolated(vadd, 1, n, (a, b, c, n), pool=staging.pool)
+    assert later.notes == (f"a, b, c copied, not staged: CUDA IPC failed earlier in this session, so isolated "
+                           f"launches copy ({why})",) and later.pid == run.pid
+
+
+def test_worker_out_of_memory_for_staging_copies_that_launch(staging):
+    pool = staging.make_pool(FAKE_CUPY_MALLOC="fail")
+    n = 64
+    seg = staging.segs.new(np.arange(3 * n))
+    run = W.run_isolated(staging.k.vadd, 1, n, (seg[:n], seg[n:2 * n], seg[2 * n:], n), pool=pool)
+    assert np.array_equal(seg[2 * n:], np.arange(n) + np.arange(n, 2 * n)) and run.copied == ("a", "b", "c")
+    assert run.notes == ("a, b, c copied, not staged: the worker could not allocate its staging buffers: "
+                         "CUDARuntimeError: cudaErrorMemoryAllocation: out of memory",)
+    assert W._ipc_state["broken"] is None and run.cold                     # not a lasting verdict
+
+
+def test_staging_is_released_above_the_limit_and_at_shutdown(staging):
+    n, pool, io = 64, staging.pool, staging.io
+    seg = staging.segs.new(np.arange(3 * n))
+    args = (seg[:n], seg[n:2 * n], seg[2 * n:], n)
+    W.run_isolated(staging.k.vadd, 1, n, args, pool=pool)
+    assert len(io.mapped) == 3 and pool.worker.staging_bytes == 3 * (2 << 20)
+    pool.release_staging()
+    assert io.mapped == [] and staging.files() == [] and pool.worker.staging == {}
+    W.settings.stage_keep_bytes = 4 << 20                                   # less than three 2 MiB buffers
+    W.run_isolated(staging.k.vadd, 1, n, args, pool=pool)
+    assert io.mapped == [] and staging.files() == [] and len(io.opened) == 6
+    W.settings.stage_keep_bytes = 2 << 30
+    W.run_isolated(staging.k.vadd, 1, n, args, pool=pool)
+    assert len(io.mapped) == 3
+    pool.shutdown()
+    assert io.mapped == [] and len(io.closed) == len(io.opened) == 9
+
+
+def test_staging_threshold_and_host_data(staging):
+    n = 64
+    seg = staging.segs.new(np.arange(2 * n))
+    host = np.zeros(n, dtype=np.float32)                                    # not 'device' memory: bytes
+    W.settings.stage_min_bytes = 1 << 20                                    # above these tensors: bytes too
+    run = W.run_isolated(staging.k.vadd, 1, n, (seg[:n], seg[n:], host, n), pool=staging.pool)
+    assert run.copied == ("a", "b", "c") and len(run.notes) == 3 and run.notes[2] == (
+        "c copied, not shared: it is host memory")
+    assert run.notes[1].startswith("b copied, not shared: it starts 256 bytes into a 2.0 MiB allocation")
+    W.settings.stage_min_bytes = 0
+    run = W.run_isolated(staging.k.vadd, 1, n, (seg[:n], seg[n:], host, n), pool=staging.pool)
+    assert (run.staged, run.copied) == (("a", "b"), ("c",)) and np.array_equal(host, np.arange(n) * 2 + n)
+
+
 def test_settings_and_isolation_context():
     before = W.settings.isolate
     with W.isolation(True):
@@ -277,13 +467,17 @@ def test_settings_and_isolation_context():
 
 def test_isolated_run_reads_well():
     run = W.IsolatedRun(kernel="vadd", grid=(4, 1, 1), block=(256, 1, 1), kernel_ms=0.0123, wall_ms=1.4, pid=123,
-                        device="NVIDIA H200", cold=True, ready_ms=812.0, shared=("a",), copied=("b", "c"),
+                        device="NVIDIA H200", cold=True, ready_ms=812.0, shared=("a",), staged=("b",), copied=("c",),
                         notes=("c (float32[4]) holds 4 NaN of 4 elements after the launch, the first at index 0",),
                         stdout="hi\n")
     text = str(run)
     assert "ran isolated in worker 123 on NVIDIA H200" in text and "started a worker in 812 ms" in text
     assert "note: c (float32[4]) holds 4 NaN" in text and "hi" in text
-    assert "<table" in run._repr_html_()
+    assert "shared with the worker (CUDA IPC, no copy): a" in text and "copied as bytes: c" in text
+    assert "staged (GPU copies through the worker's own buffers): b" in text
+    assert run.paths == {"a": "shared", "b": "staged", "c": "copied"}
+    html = run._repr_html_()
+    assert "<table" in html and "staged (GPU copies)" in html and "copied as bytes" in html
 
 
 # --- compute-sanitizer reports --------------------------------------------------------------------------------

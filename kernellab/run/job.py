@@ -3,7 +3,8 @@
 A `KernelJob` holds everything a fresh process needs to repeat a launch: the backend, the source (for line
 numbers), the compiled image (cubin, or PTX for Numba) or the compile options to rebuild it, the kernel's symbol,
 grid, block, dynamic shared memory, and the arguments as `ArgSpec`s: tensors saved with their data, tensors to
-regenerate from a fill spec, tensors shared through a CUDA IPC handle, scalars with their exact C type.
+regenerate from a fill spec, tensors shared through a CUDA IPC handle, tensors staged in one of the worker's own
+buffers (the caller copies them in and out on the GPU), scalars with their exact C type.
 
 The wire and file format is `to_bytes()`: an 8-byte magic, the header length, a JSON header and the tensors' bytes
 after it. No pickle: a job file is safe to load. `python -m kernellab.run.job JOBFILE [--out RESULTFILE]` runs one
@@ -57,6 +58,7 @@ class ArgSpec:
     writes: bool = True                # a non-const pointer: its contents come back after the launch
     ipc_handle: bytes | None = field(default=None, repr=False)  # the allocation's cudaIpcMemHandle (shared)
     ipc_offset: int = 0                # bytes from the allocation's base to the tensor's first element
+    stage_slot: int | None = None      # staged: the worker's staging buffer that holds it (see stage_buffers)
 
     @property
     def numel(self) -> int:
@@ -70,6 +72,10 @@ class ArgSpec:
     def shared(self) -> bool:
         return self.ipc_handle is not None
 
+    @property
+    def staged(self) -> bool:
+        return self.stage_slot is not None
+
     def describe(self) -> str:
         """'c: float32[4096]' or 'n = 4096'."""
         if self.kind == "scalar":
@@ -77,7 +83,8 @@ class ArgSpec:
         if self.kind == "null":
             return f"{self.name}: null" if self.name else "null"
         dims = ", ".join(map(str, self.shape))
-        how = "shared" if self.shared else ("data" if self.data is not None else (self.fill or "empty"))
+        how = ("shared" if self.shared else "staged" if self.staged else
+               "data" if self.data is not None else (self.fill or "empty"))
         return f"{self.name + ': ' if self.name else ''}{self.dtype}[{dims}] ({how})"
 
     def host_array(self) -> np.ndarray:
@@ -291,23 +298,29 @@ class KernelJob:
         return lines[idx] if 0 <= idx < len(lines) else None
 
     def with_data(self) -> "KernelJob":
-        """This job without IPC handles: fill specs stay; shared tensors become zero-filled (their data was lent)."""
-        args = tuple(replace(a, ipc_handle=None, ipc_offset=0, fill=a.fill or "zeros") if a.shared else a
-                     for a in self.args)
+        """This job without IPC handles or staging: fill specs stay; shared and staged tensors become zero-filled
+        (their data stayed on the GPU)."""
+        args = tuple(replace(a, ipc_handle=None, ipc_offset=0, stage_slot=None, fill=a.fill or "zeros")
+                     if a.shared or a.staged else a for a in self.args)
         return replace(self, args=args)
 
     # -- building -------------------------------------------------------------------------------------------
     @classmethod
     def from_launch(cls, kernel, grid, block, args, shared_bytes: int = 0, *, data: str = "copy",
                     share_min_bytes: int | None = None, device: int | None = None, not_shared: dict | None = None,
-                    share_disabled: str | None = None) -> "KernelJob":
+                    share_disabled: str | None = None, stage_min_bytes: int | None = None,
+                    stage_disabled: str | None = None, not_staged: dict | None = None) -> "KernelJob":
         """The job for kernel[grid, block](*args) with a compiled `kernellab.Kernel`.
 
         data='copy' saves every tensor's elements (host or device); 'shapes' keeps shapes and dtypes only and
         fills with zeros (for a launch whose data is unreachable, e.g. after a sticky fault); 'share' lends
-        CUDA tensors of at least `share_min_bytes` through CUDA IPC where that is safe (see `lend`) and
-        copies the rest; `not_shared` (a dict) receives {name: why} for each tensor of that size that is copied
-        instead, and `share_disabled` is the reason to copy those that could be lent (IPC failed earlier). Arguments
+        CUDA tensors of at least `share_min_bytes` through CUDA IPC where that is safe (see `lend`), stages the
+        other CUDA tensors of at least `stage_min_bytes` (None: none) in the worker's own buffers, and copies the
+        rest. `not_shared` (a dict) receives {name: why} for each tensor of `share_min_bytes` or more that is not
+        lent, and `share_disabled` is the reason to copy those that could be lent (IPC failed earlier);
+        `not_staged` receives {name: stage_disabled} for each tensor that would be staged but is copied because
+        staging is disabled. Staged tensors get slot numbers 0, 1, ... in order, one per distinct (address, size),
+        so a tensor passed twice is staged once; the worker pool maps them to its buffers (StagingPlan). Arguments
         are checked against the signature as Kernel.launch does.
         """
         from .launch import _dims, _scalar_of
@@ -319,6 +332,7 @@ class KernelJob:
             raise ArgumentError(f"{kernel.signature} takes {len(params)} argument{'s' if len(params) != 1 else ''}, "
                                 f"got {len(args)}")
         specs = []
+        stage_keys: dict[tuple[int, int], int] = {}
         for pos, (p, x) in enumerate(zip(params, args)):
             if not p.pointer:
                 v = _scalar_of(p, x, pos)
@@ -335,18 +349,28 @@ class KernelJob:
                 raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) expects {p.dtype} elements but got "
                                     f"{dt}; convert it or change the parameter type")
             writes = not p.const
-            lent = None
-            if data == "share" and share_min_bytes is not None:
-                nbytes = math.prod(x.shape) * ITEMSIZE.get(dt, 1)
-                if nbytes >= share_min_bytes:
-                    lent = lend(x, disabled=share_disabled)
-                    if isinstance(lent, str):
-                        if not_shared is not None:
-                            not_shared[p.name or f"argument {pos}"] = lent
-                        lent = None
+            name = p.name or f"argument {pos}"
+            nbytes = math.prod(x.shape) * ITEMSIZE.get(dt, 1)
+            lent = slot = None
+            if data == "share" and share_min_bytes is not None and nbytes >= share_min_bytes:
+                lent = lend(x, disabled=share_disabled)
+                if isinstance(lent, str):
+                    if not_shared is not None:
+                        not_shared[name] = lent
+                    lent = None
+            if data == "share" and lent is None and stage_min_bytes is not None and nbytes >= max(stage_min_bytes, 1):
+                ptr = _device_pointer(x)
+                if ptr is not None and stage_disabled:
+                    if not_staged is not None:
+                        not_staged[name] = stage_disabled
+                elif ptr is not None:
+                    slot = stage_keys.setdefault((ptr, nbytes), len(stage_keys))
             if lent is not None:
                 specs.append(ArgSpec("tensor", p.name, dt, tuple(int(s) for s in x.shape), writes=writes,
                                      ipc_handle=lent[0], ipc_offset=lent[1]))
+            elif slot is not None:
+                specs.append(ArgSpec("tensor", p.name, dt, tuple(int(s) for s in x.shape), writes=writes,
+                                     stage_slot=slot))
             else:
                 specs.append(tensor_spec(x, p.name, writes=writes, data="shapes" if data == "shapes" else "copy"))
         module = kernel.module
@@ -380,7 +404,7 @@ class KernelJob:
                 "args": [{"kind": a.kind, "name": a.name, "dtype": a.dtype, "shape": list(a.shape), "value": a.value,
                           "data": blob(a.data), "fill": a.fill, "fill_value": a.fill_value, "seed": a.seed,
                           "writes": a.writes, "ipc_handle": a.ipc_handle.hex() if a.ipc_handle else None,
-                          "ipc_offset": a.ipc_offset} for a in self.args]}
+                          "ipc_offset": a.ipc_offset, "stage_slot": a.stage_slot} for a in self.args]}
         return _pack(JOB_MAGIC, head, blobs)
 
     @classmethod
@@ -390,7 +414,7 @@ class KernelJob:
                              value=a["value"], data=blob(a["data"]), fill=a["fill"], fill_value=a["fill_value"],
                              seed=a["seed"], writes=a["writes"],
                              ipc_handle=bytes.fromhex(a["ipc_handle"]) if a["ipc_handle"] else None,
-                             ipc_offset=a["ipc_offset"]) for a in head["args"])
+                             ipc_offset=a["ipc_offset"], stage_slot=a.get("stage_slot")) for a in head["args"])
         return cls(symbol=head["symbol"], grid=tuple(head["grid"]), block=tuple(head["block"]), args=args,
                    source=head["source"], backend=head["backend"], name=head["name"], signature=head["signature"],
                    arch=head["arch"], options=tuple(head["options"]), shared_bytes=head["shared_bytes"],
@@ -522,8 +546,9 @@ def init_worker(device: int | None = None) -> dict:
 def run_job(job: KernelJob, state: dict | None = None, *, scan: bool = True) -> JobResult:
     """Run `job` on this process's GPU and return its result; never raises for CUDA errors.
 
-    `state` carries loaded modules and opened IPC handles between jobs of one worker. `scan` counts NaN and Inf
-    in the outputs (it launches a few CuPy kernels, so the tool runs leave it off).
+    `state` carries loaded modules, opened IPC handles and the staging buffers between jobs of one worker. `scan`
+    counts NaN and Inf in the outputs, staged and shared ones included (it launches a few CuPy kernels, so the
+    tool runs leave it off).
 
     Every step (uploads, the launch, the scan, downloads) runs on one stream, the job's: CuPy copies and kernels go
     to the *current* stream, and the legacy default stream does not order work on a non-blocking stream, so an
@@ -564,7 +589,7 @@ def run_job(job: KernelJob, state: dict | None = None, *, scan: bool = True) -> 
                     note = nonfinite_note(spec, arr, cupy)
                     if note:
                         notes.append(note)
-                if not spec.shared:
+                if not (spec.shared or spec.staged):       # those were written in place
                     outputs.append((i, arr.get(stream=stream)))
             stream.synchronize()
             outputs = [(i, host.tobytes()) for i, host in outputs]
@@ -619,9 +644,16 @@ def _materialize(job: KernelJob, state: dict, stream=None):
                 ptr = _ipc_open(state, spec.ipc_handle) + spec.ipc_offset
             except Exception as exc:
                 raise IpcUnavailable(f"CUDA IPC is not available here ({type(exc).__name__}: {exc})") from None
-            mem = cupy.cuda.UnownedMemory(ptr, spec.nbytes, owner=None)
-            arr = cupy.ndarray(spec.shape, dtype=storage_dtype(spec.dtype), memptr=cupy.cuda.MemoryPointer(mem, 0))
-            arrays.append(arr)
+            arrays.append(_device_view(cupy, ptr, spec))
+            values.append(np.uint64(ptr))
+        elif spec.staged:
+            ptr, capacity = state.get("staging", {}).get(spec.stage_slot, (None, 0))
+            if ptr is None or capacity < spec.nbytes:
+                have = f"holds {capacity:,} bytes" if ptr is not None else "does not exist"
+                raise KernellabError(f"argument {spec.name or '?'} ({spec.nbytes:,} bytes) is staged in buffer "
+                                     f"{spec.stage_slot} of this worker, which {have}: the caller's view of the "
+                                     f"staging buffers is out of date")
+            arrays.append(_device_view(cupy, ptr, spec))
             values.append(np.uint64(ptr))
         else:
             st = storage_dtype(spec.dtype)
@@ -633,6 +665,58 @@ def _materialize(job: KernelJob, state: dict, stream=None):
             arrays.append(arr)
             values.append(np.uint64(arr.data.ptr if arr.size else 0))
     return arrays, values
+
+
+def _device_view(cupy, ptr: int, spec: ArgSpec):
+    """A CuPy array over `spec.nbytes` of device memory at `ptr` that this process does not own."""
+    mem = cupy.cuda.UnownedMemory(ptr, spec.nbytes, owner=None)
+    return cupy.ndarray(spec.shape, dtype=storage_dtype(spec.dtype), memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+# --- staging buffers: the worker's own device memory, mapped by the caller -------------------------------------
+
+STAGE_GRANULE_BYTES = 2 << 20   # staging buffers are whole 2 MiB pages (cudaMalloc's granule for large sizes)
+
+
+def stage_capacity(nbytes: int) -> int:
+    """The size of the staging buffer allocated for `nbytes` of argument."""
+    return max(1, -(-int(nbytes) // STAGE_GRANULE_BYTES)) * STAGE_GRANULE_BYTES
+
+
+def stage_buffers(request: dict, state: dict) -> dict:
+    """The worker's side of staging: free the slots in request["free"] (a list, or "all"), (re)allocate
+    request["sizes"] ({slot: bytes}), each with its own plain cudaMalloc, and export their CUDA IPC handles.
+
+    Returns {"slots": {slot: {"handle": hex, "bytes": capacity}}} for the allocated slots. The caller unmaps a slot
+    before it asks for it to be freed or regrown. A kernel that writes out of bounds of a staged argument can only
+    reach this worker's memory: the caller's tensors are copied in before the launch and the written ones copied
+    back after a clean finish.
+    """
+    import cupy
+
+    rt = cupy.cuda.runtime
+    staging = state.setdefault("staging", {})          # slot -> (device address, capacity)
+    free = request.get("free", ())
+    for slot in list(staging) if free == "all" else free:
+        old = staging.pop(int(slot), None)
+        if old is not None:
+            rt.free(old[0])
+    out = {}
+    for slot, nbytes in request.get("sizes", {}).items():
+        slot = int(slot)
+        old = staging.pop(slot, None)
+        if old is not None:
+            rt.free(old[0])
+        capacity = stage_capacity(nbytes)
+        ptr = rt.malloc(capacity)
+        try:
+            handle = bytes(rt.ipcGetMemHandle(ptr))
+        except Exception:
+            rt.free(ptr)
+            raise
+        staging[slot] = (ptr, capacity)
+        out[str(slot)] = {"handle": handle.hex(), "bytes": capacity}
+    return {"slots": out}
 
 
 def scalar_value(spec: ArgSpec):

@@ -2,13 +2,21 @@
 
 How a launch goes (`run_isolated`):
 1. The caller checks the launch as Kernel.launch does (grid, block, shared memory, every argument's type), waits
-   for its GPU work, and builds a `KernelJob`. Large CUDA tensors that own their allocation are lent to the worker
-   through CUDA IPC (no copy); the rest travel as bytes.
+   for its GPU work, and builds a `KernelJob`. Each tensor takes one of three paths:
+   - shared: a large CUDA tensor that owns its whole allocation is lent through CUDA IPC (no copy); a kernel that
+     writes out of bounds can reach nothing else of the caller's;
+   - staged: any other CUDA tensor (a view, a block carved from a caching allocator's segment) is copied device to
+     device into one of the worker's own staging buffers (plain cudaMalloc, one per argument, kept and grown across
+     jobs, mapped here through CUDA IPC), and the written ones are copied back after a clean finish. The worker
+     never sees the caller's memory, so a faulty kernel can only corrupt its own buffers;
+   - copied: host data, and every tensor when CUDA IPC is unavailable, travels as bytes through the pipe (slow
+     for large data: each such copy gets a note saying why).
 2. The worker (`python -m kernellab.run.worker`, started with subprocess: a fresh interpreter, never a fork of a
-   process holding a CUDA context) runs the job on its own context and sends back the written arguments' bytes.
-3. The caller copies them into its tensors. A sticky fault poisons only the worker's context: the worker exits,
-   a fresh one starts at once, and the caller gets a LaunchError naming the fault (and, with `diagnose`, the
-   faulting line from compute-sanitizer). A kernel that runs past its timeout is killed the same way.
+   process holding a CUDA context) runs the job on its own context and sends back the copied arguments' bytes.
+3. The caller copies the results into its tensors. A sticky fault poisons only the worker's context: the worker
+   exits, the caller unmaps its staging buffers, a fresh worker starts at once, and the caller gets a LaunchError
+   naming the fault (and, with `diagnose`, the faulting line from compute-sanitizer). A kernel that runs past its
+   timeout is killed the same way. Neither copies anything back.
 
 Requests and replies are length-prefixed frames on two dedicated pipes; the worker's stdout and stderr (device
 printf included) go to a file the caller reads after each job. Workers live in a pool per GPU, shut down at exit.
@@ -36,6 +44,7 @@ from .job import JobResult, KernelJob
 
 DEFAULT_RUNNER = "kernellab.run.job:run_job"
 DEFAULT_INIT = "kernellab.run.job:init_worker"
+DEFAULT_STAGE = "kernellab.run.job:stage_buffers"
 
 
 @dataclass
@@ -45,7 +54,9 @@ class IsolationSettings:
     isolate: bool = False              # every launch runs in the worker unless it says isolate=False
     timeout_s: float = 60.0            # a launch running longer is killed (a hung kernel, not a slow one)
     diagnose: bool = True              # after a fault, re-run the job under compute-sanitizer memcheck
-    share_min_bytes: int = 1 << 20     # CUDA tensors this large are lent through IPC instead of copied
+    share_min_bytes: int = 1 << 20     # CUDA tensors this large that own their allocation are lent through IPC
+    stage_min_bytes: int = 0           # other CUDA tensors this large go through the worker's staging buffers
+    stage_keep_bytes: int = 2 << 30    # a worker keeps at most this much staging memory between launches
     start_timeout_s: float = 120.0     # a worker that is not ready by then is reported as failed
 
 
@@ -74,6 +85,18 @@ def isolation(on: bool = True):
 
 class WorkerError(KernellabError):
     """A worker could not be started or stopped answering for a reason other than the kernel."""
+
+
+class StagingUnavailable(KernellabError):
+    """The worker's staging buffers could not be used for this launch: copy its tensors instead.
+
+    `permanent`: CUDA IPC does not work between this process and the worker (copy from now on); otherwise the
+    worker could not allocate them this time (e.g. out of memory).
+    """
+
+    def __init__(self, reason: str, *, permanent: bool, facts: dict | None = None):
+        super().__init__(reason)
+        self.reason, self.permanent, self.facts = reason, permanent, facts or {}
 
 
 class IsolatedLaunchError(LaunchError):
@@ -140,8 +163,11 @@ class Worker:
     """One worker process: start it, send it jobs with a timeout, kill it."""
 
     def __init__(self, device: int | None = None, *, runner: str = DEFAULT_RUNNER, init: str | None = DEFAULT_INIT,
-                 env: dict | None = None):
+                 env: dict | None = None, stage: str | None = DEFAULT_STAGE):
         self.device, self.runner, self.init, self.extra_env = device, runner, init, dict(env or {})
+        self.stage_fn = stage
+        self.staging: dict[int, _Slot] = {}    # the worker's staging buffers, as this process knows and maps them
+        self._staging_io = None                # what mapped them (closes them too)
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
         self.jobs = 0
@@ -171,6 +197,8 @@ class Worker:
                "--runner", self.runner]
         if self.init:
             cmd += ["--init", self.init]
+        if self.stage_fn:
+            cmd += ["--stage", self.stage_fn]
         if self.device is not None:
             cmd += ["--device", str(self.device)]
         env = dict(os.environ)
@@ -220,6 +248,93 @@ class Worker:
         self.jobs += 1
         return JobResult.from_bytes(reply)
 
+    # -- staging buffers ----------------------------------------------------------------------------------------
+    @property
+    def staging_bytes(self) -> int:
+        """Device memory held in this worker's staging buffers."""
+        return sum(slot.nbytes for slot in self.staging.values())
+
+    def stage(self, sizes: list[int], io, timeout_s: float) -> list[tuple[int, int]]:
+        """(slot, address in this process) of a staging buffer for each of `sizes` (bytes), all distinct.
+
+        Reuses the worker's buffers (the smallest that fits each, largest arguments first); grows or adds the
+        others in one request, unmapping here first what the worker is about to free; maps new ones through CUDA
+        IPC with `io`. Raises StagingUnavailable when the worker cannot allocate them or they cannot be mapped,
+        _Timeout or _Closed when the worker does not answer.
+        """
+        if self._staging_io is not None and self._staging_io is not io:
+            self.close_staging()                            # mapped by another io (tests swap it): start over
+        self._staging_io = io
+        free = dict(self.staging)
+        chosen: list[int | None] = [None] * len(sizes)
+        largest_first = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+        for i in largest_first:
+            fits = [s for s, slot in free.items() if slot.nbytes >= sizes[i]]
+            if fits:
+                chosen[i] = min(fits, key=lambda s: (free[s].nbytes, s))
+                del free[chosen[i]]
+        grow: dict[int, int] = {}
+        new_slot = max(self.staging, default=-1) + 1
+        for i in largest_first:
+            if chosen[i] is None:
+                if free:                                    # regrow one this launch does not use
+                    s = max(free, key=lambda k: (free[k].nbytes, -k))
+                    del free[s]
+                else:
+                    s, new_slot = new_slot, new_slot + 1
+                chosen[i], grow[s] = s, sizes[i]
+        if grow:
+            for s in grow:
+                self._unmap(s)
+            reply = self._ask_stage({"sizes": {str(s): n for s, n in grow.items()}}, timeout_s)
+            for s, info in reply.get("slots", {}).items():
+                self.staging[int(s)] = _Slot(bytes.fromhex(info["handle"]), int(info["bytes"]))
+            missing = [s for s in grow if s not in self.staging]
+            if missing:
+                raise StagingUnavailable(f"the worker did not return staging buffer(s) {missing}", permanent=True)
+        for s in set(chosen):
+            slot = self.staging[s]
+            if slot.ptr is None:
+                try:
+                    slot.ptr = int(io.open(slot.handle, self.device))
+                except Exception as exc:
+                    raise StagingUnavailable(f"cudaIpcOpenMemHandle failed here on the worker's buffer "
+                                             f"({type(exc).__name__}: {exc})", permanent=True) from None
+        return [(s, self.staging[s].ptr) for s in chosen]
+
+    def free_staging(self, timeout_s: float = 30.0) -> None:
+        """Unmap the staging buffers here, then have the worker free them."""
+        self.close_staging()
+        if self.alive:
+            self._ask_stage({"free": "all"}, timeout_s)
+
+    def close_staging(self) -> None:
+        """Unmap the worker's staging buffers from this process (before it is replaced or stopped)."""
+        for s in list(self.staging):
+            self._unmap(s)
+
+    def _unmap(self, s: int) -> None:
+        slot = self.staging.pop(s, None)
+        if slot is not None and slot.ptr is not None and self._staging_io is not None:
+            with contextlib.suppress(Exception):             # a dead worker's memory: nothing left to do
+                self._staging_io.close(slot.ptr, self.device)
+
+    def _ask_stage(self, request: dict, timeout_s: float) -> dict:
+        import json
+
+        try:
+            _write_frame(self._to_worker, b"S" + json.dumps(request).encode())
+        except (BrokenPipeError, OSError, TypeError):
+            raise _Closed() from None
+        reply = _read_frame(self._from_worker, time.monotonic() + timeout_s)
+        if reply[:1] == b"S":
+            return json.loads(reply[1:])
+        text = reply[1:].decode(errors="replace").strip()
+        transient = any(s in text for s in ("MemoryAllocation", "out of memory", "OUT_OF_MEMORY"))
+        raise StagingUnavailable(f"the worker could not allocate its staging buffers: {text}" if transient
+                                 else f"the worker could not provide staging buffers: {text}",
+                                 permanent=not transient)
+
     def take_output(self) -> str:
         """What the worker printed since the last call (stdout and stderr, device printf included)."""
         if self._log is None:
@@ -230,7 +345,8 @@ class Worker:
         return data.decode(errors="replace")
 
     def kill(self) -> None:
-        """Stop the process now (SIGKILL) and reap it."""
+        """Unmap its staging buffers here, stop the process now (SIGKILL) and reap it."""
+        self.close_staging()
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
@@ -241,6 +357,7 @@ class Worker:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not."""
+        self.close_staging()
         if self.alive:
             with contextlib.suppress(Exception):
                 _write_frame(self._to_worker, b"Q")
@@ -256,12 +373,21 @@ class Worker:
                 setattr(self, name, None)
 
 
+@dataclass
+class _Slot:
+    """One of a worker's staging buffers, as the caller knows it."""
+
+    handle: bytes                      # its cudaIpcMemHandle
+    nbytes: int                        # its capacity
+    ptr: int | None = None             # where this process mapped it (None: not yet)
+
+
 class WorkerPool:
     """The warm worker of one GPU: replaces it after a fault, a timeout or a crash, and starts the next one early."""
 
     def __init__(self, device: int | None = None, *, runner: str = DEFAULT_RUNNER, init: str | None = DEFAULT_INIT,
-                 env: dict | None = None, start_timeout_s: float | None = None):
-        self.device, self.runner, self.init, self.env = device, runner, init, env
+                 env: dict | None = None, start_timeout_s: float | None = None, stage: str | None = DEFAULT_STAGE):
+        self.device, self.runner, self.init, self.env, self.stage = device, runner, init, env, stage
         self.start_timeout_s = start_timeout_s
         self.worker: Worker | None = None
         self.replaced = 0                      # workers discarded after a fault, timeout or crash
@@ -269,7 +395,7 @@ class WorkerPool:
         self._lock = threading.Lock()
 
     def _spawn(self) -> Worker:
-        self.worker = Worker(self.device, runner=self.runner, init=self.init, env=self.env).start()
+        self.worker = Worker(self.device, runner=self.runner, init=self.init, env=self.env, stage=self.stage).start()
         return self.worker
 
     def ensure(self) -> tuple[Worker, bool]:
@@ -285,15 +411,29 @@ class WorkerPool:
             self.last_ready_ms = w.ready_ms
         return w, cold
 
-    def run(self, job: KernelJob, timeout_s: float | None = None) -> tuple[JobResult, dict]:
-        """Run `job` in the worker: (result, facts). Timeouts and crashes come back as results, never raise."""
+    def run(self, job: KernelJob, timeout_s: float | None = None, staging: "StagingPlan | None" = None
+            ) -> tuple[JobResult, dict]:
+        """Run `job` in the worker: (result, facts). Timeouts and crashes come back as results, never raise.
+
+        With `staging` (the job's staged tensors), they are copied into the worker's staging buffers first and the
+        written ones copied back after a clean finish; StagingUnavailable (nothing ran) when that is not possible.
+        """
         timeout_s = settings.timeout_s if timeout_s is None else timeout_s
         with self._lock:
             w, cold = self.ensure()
             facts = {"pid": w.pid, "cold": cold, "ready_ms": w.ready_ms if cold else None,
                      "device": w.info.get("device", "")}
             try:
+                if staging:
+                    job = staging.upload(w, job, timeout_s)
                 result = w.request(job.to_bytes(), timeout_s)
+            except StagingUnavailable as exc:
+                exc.facts = facts
+                try:
+                    w.free_staging(timeout_s)         # the copies that follow may need that memory
+                except (_Timeout, _Closed, StagingUnavailable):
+                    self._replace(w)
+                raise
             except _Timeout:
                 out = w.take_output()
                 self._replace(w)
@@ -313,8 +453,24 @@ class WorkerPool:
             if out:
                 result = _with_stdout(result, out)
             if result.poisoned or result.status == "fault":
-                self._replace(w)
+                self._replace(w)                      # unmaps its staging buffers first; nothing is copied back
+            elif result.ok and staging:
+                try:
+                    staging.download()
+                    if w.staging_bytes > settings.stage_keep_bytes:
+                        w.free_staging(timeout_s)
+                except (_Timeout, _Closed, StagingUnavailable):
+                    self._replace(w)
             return result, facts
+
+    def release_staging(self) -> None:
+        """Free the warm worker's staging buffers (they are allocated again by the next launch that needs them)."""
+        with self._lock:
+            if self.worker is not None and self.worker.alive:
+                try:
+                    self.worker.free_staging()
+                except (_Timeout, _Closed, StagingUnavailable):
+                    self._replace(self.worker)
 
     def _replace(self, w: Worker) -> None:
         w.kill()
@@ -372,6 +528,106 @@ atexit.register(shutdown)
 # --- the caller's side of an isolated launch ------------------------------------------------------------------
 
 
+class CudaStagingIO:
+    """The caller's CUDA calls for staging: map a worker's buffer (CUDA IPC), copy device to device, unmap."""
+
+    def open(self, handle: bytes, device: int | None) -> int:
+        import cupy
+
+        with self.device(device):
+            return int(cupy.cuda.runtime.ipcOpenMemHandle(handle))
+
+    def close(self, ptr: int, device: int | None) -> None:
+        import cupy
+
+        with self.device(device):
+            cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+
+    def device(self, device: int | None):
+        if device is None:
+            return contextlib.nullcontext()
+        import cupy
+
+        return cupy.cuda.Device(device)
+
+    def stream(self, x) -> int:
+        """The caller's current stream for `x`: torch's for torch tensors, else CuPy's."""
+        if type(x).__module__.split(".")[0] == "torch":
+            import torch
+
+            return int(torch.cuda.current_stream(x.device).cuda_stream)
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        import cupy
+
+        cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, stream)     # cudaMemcpyDefault: device to device (UVA)
+
+    def synchronize(self, stream: int) -> None:
+        import cupy
+
+        cupy.cuda.runtime.streamSynchronize(stream)
+
+
+staging_io = CudaStagingIO()
+
+
+class StagingPlan:
+    """The staged tensors of one isolated launch: one worker buffer per distinct tensor, filled device to device
+    before the launch; the written ones are copied back after a clean finish (never after a fault or a timeout).
+
+    The copies run on the caller's current torch (or CuPy) stream, which is then synchronized: the worker's kernel
+    sees the data, and the caller's tensors hold the results when run_isolated returns.
+    """
+
+    def __init__(self, job: KernelJob, args, io=None):
+        from . import job as _job
+
+        self.io = io if io is not None else staging_io
+        self.device = job.device
+        items: dict[int, list] = {}                          # the job's slot -> [tensor, bytes, written]
+        for spec, x in zip(job.args, args):
+            if spec.staged:
+                item = items.setdefault(spec.stage_slot, [x, 0, False])
+                item[1] = max(item[1], spec.nbytes)
+                item[2] = item[2] or spec.writes
+        self.slots = sorted(items)
+        self.items = [(x, n, w, _job._device_pointer(x)) for x, n, w in (items[k] for k in self.slots)]
+        self.ptrs: list[int] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def upload(self, worker: "Worker", job: KernelJob, timeout_s: float) -> KernelJob:
+        """Copy the tensors into `worker`'s staging buffers; the job, its staged arguments pointing at them."""
+        from dataclasses import replace
+
+        placed = worker.stage([n for _, n, _, _ in self.items], self.io, timeout_s)
+        self.ptrs = [ptr for _, ptr in placed]
+        self._copy(((ptr, src, n, x) for (x, n, _, src), ptr in zip(self.items, self.ptrs)))
+        where = {k: s for k, (s, _) in zip(self.slots, placed)}
+        return replace(job, args=tuple(replace(a, stage_slot=where[a.stage_slot]) if a.staged else a
+                                       for a in job.args))
+
+    def download(self) -> None:
+        """Copy the written tensors back from the staging buffers."""
+        self._copy(((dst, ptr, n, x) for (x, n, w, dst), ptr in zip(self.items, self.ptrs) if w))
+
+    def _copy(self, copies) -> None:
+        io, streams = self.io, {}
+        with io.device(self.device):
+            for dst, src, n, x in copies:
+                stream = streams.setdefault(id(x), io.stream(x))
+                io.copy(dst, src, n, stream)
+            for stream in set(streams.values()):
+                io.synchronize(stream)
+
+
+# --- the caller's side of an isolated launch ------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class IsolatedRun:
     """One isolated launch that finished: where it ran, how long it took, what it noticed."""
@@ -385,10 +641,18 @@ class IsolatedRun:
     device: str
     cold: bool                         # this launch waited for a worker to start
     ready_ms: float | None             # how long that start took
-    shared: tuple[str, ...] = ()       # arguments lent through CUDA IPC
+    shared: tuple[str, ...] = ()       # arguments lent through CUDA IPC (no copy)
+    staged: tuple[str, ...] = ()       # copied device to device through the worker's staging buffers
     copied: tuple[str, ...] = ()       # arguments that travelled as bytes
     notes: tuple[str, ...] = ()
     stdout: str = field(default="", repr=False)
+    not_shared: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # (name, why) of large staged tensors
+
+    @property
+    def paths(self) -> dict[str, str]:
+        """{argument: "shared" | "staged" | "copied"} for each tensor argument."""
+        return {**{n: "copied" for n in self.copied}, **{n: "staged" for n in self.staged},
+                **{n: "shared" for n in self.shared}}
 
     def __str__(self) -> str:
         ms = f"{self.kernel_ms:.3f} ms kernel, " if self.kernel_ms is not None else ""
@@ -396,7 +660,9 @@ class IsolatedRun:
         lines = [f"{self.kernel}[{self.grid}, {self.block}] ran isolated in worker {self.pid} on {self.device}: "
                  f"{ms}{self.wall_ms:.2f} ms round trip{start}"]
         if self.shared:
-            lines.append(f"  shared with the worker (CUDA IPC): {', '.join(self.shared)}")
+            lines.append(f"  shared with the worker (CUDA IPC, no copy): {', '.join(self.shared)}")
+        if self.staged:
+            lines.append(f"  staged (GPU copies through the worker's own buffers): {', '.join(self.staged)}")
         if self.copied:
             lines.append(f"  copied as bytes: {', '.join(self.copied)}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -412,9 +678,11 @@ class IsolatedRun:
                 ["round trip", f"{self.wall_ms:.2f} ms" + (f" (cold start {self.ready_ms:.0f} ms)" if self.cold
                                                            and self.ready_ms else "")]]
         if self.shared:
-            rows.append(["shared (IPC)", ", ".join(self.shared)])
+            rows.append(["shared (CUDA IPC, no copy)", ", ".join(self.shared)])
+        if self.staged:
+            rows.append(["staged (GPU copies)", ", ".join(self.staged)])
         if self.copied:
-            rows.append(["copied", ", ".join(self.copied)])
+            rows.append(["copied as bytes", ", ".join(self.copied)])
         out = [report.html_table(["isolated launch", ""], rows)]
         out += [f"<div style='color:#a60'>note: {report.esc(n)}</div>" for n in self.notes]
         if self.stdout:
@@ -459,51 +727,96 @@ def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s:
                  diagnose: bool | None = None, pool: WorkerPool | None = None) -> IsolatedRun:
     """Launch `kernel` in the GPU's warm worker; copy its results into `args`; raise IsolatedLaunchError on failure.
 
-    CUDA tensors of at least settings.share_min_bytes are lent through CUDA IPC; each one copied instead gets a
-    note saying why (an allocation shared with other tensors, IPC unavailable here, ...).
-    """
+    CUDA tensors of at least settings.share_min_bytes that own their allocation are lent through CUDA IPC; other
+    CUDA tensors of at least settings.stage_min_bytes are staged (GPU copies through the worker's own buffers); the
+    rest travel as bytes. Each tensor of share_min_bytes or more copied as bytes, and each CUDA tensor that could
+    not be staged, gets a note saying why (host memory, CUDA IPC unavailable here, the worker out of memory for
+    staging, ...). The run says which path each argument took (shared, staged, copied)."""
     t0 = time.perf_counter()
     args = tuple(args)
     cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
     _sync_caller()
     not_shared: dict[str, str] = {}
-    broken = _ipc_state["broken"]
-    disabled = f"CUDA IPC failed earlier in this session, so isolated launches copy ({broken})" if broken else None
-    job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, args, cfg.shared_bytes, data="share",
-                                share_min_bytes=settings.share_min_bytes, device=dev.index, not_shared=not_shared,
-                                share_disabled=disabled)
+    not_staged: dict[str, str] = {}
+
+    def build(data: str = "share", stage: bool = True) -> KernelJob:
+        broken = _ipc_state["broken"]
+        disabled = f"CUDA IPC failed earlier in this session, so isolated launches copy ({broken})" if broken else None
+        return KernelJob.from_launch(kernel, cfg.grid, cfg.block, args, cfg.shared_bytes, data=data, device=dev.index,
+                                     share_min_bytes=settings.share_min_bytes, not_shared=not_shared,
+                                     share_disabled=disabled, not_staged=not_staged, stage_disabled=disabled,
+                                     stage_min_bytes=settings.stage_min_bytes if stage else None)
+
+    def names(job: KernelJob, path: str) -> list[str]:
+        return [_arg_name(a, pos) for pos, a in enumerate(job.args) if a.kind == "tensor" and _path(a) == path]
+
+    job = build()
     pool = pool or default_pool(dev.index)
-    result, facts = pool.run(job, timeout_s)
+    first = None
+    try:
+        result, facts = pool.run(job, timeout_s, staging=StagingPlan(job, args))
+    except StagingUnavailable as exc:              # nothing ran: copy the staged tensors instead
+        first = exc.facts
+        if exc.permanent:
+            _ipc_state["broken"] = exc.reason          # copy from now on (e.g. a VM without IPC)
+            why = f"{exc.reason}; isolated launches copy from now on in this session"
+            not_staged.update(dict.fromkeys(names(job, "staged"), why))
+            not_shared.update(dict.fromkeys(names(job, "shared"), why))
+            job = build(data="copy")
+        else:
+            not_staged.update(dict.fromkeys(names(job, "staged"), exc.reason))
+            job = build(stage=False)
+        result, facts = pool.run(job, timeout_s)
     if result.status == "error" and "CUDA IPC is not available" in result.message:
         why = result.message.split(" failed: ", 1)[-1]
         _ipc_state["broken"] = why                     # copy from now on (e.g. a VM without IPC)
-        for pos, a in enumerate(job.args):
-            if a.shared:
-                not_shared[a.name or f"argument {pos}"] = (f"the worker could not open it through CUDA IPC ({why}); "
-                                                           f"isolated launches copy from now on in this session")
-        job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, args, cfg.shared_bytes, data="copy",
-                                    device=dev.index)
-        first = facts
+        not_shared.update(dict.fromkeys(names(job, "shared"), f"the worker could not open it through CUDA IPC "
+                                                              f"({why}); isolated launches copy from now on in this "
+                                                              f"session"))
+        not_staged.update(dict.fromkeys(names(job, "staged"), f"CUDA IPC failed in the worker ({why}); isolated "
+                                                              f"launches copy from now on in this session"))
+        job = build(data="copy")
+        first = first or facts
         result, facts = pool.run(job, timeout_s)
+    if first:
         facts = dict(facts, cold=first["cold"] or facts["cold"], ready_ms=first["ready_ms"] or facts["ready_ms"])
     if not result.ok:
         raise isolated_error(result, job, kernel=kernel, args=args,
                              diagnose=settings.diagnose if diagnose is None else diagnose)
     apply_outputs(args, job, result)
+    staged = names(job, "staged")
     return IsolatedRun(kernel=job.label, grid=job.grid, block=job.block, kernel_ms=result.kernel_ms,
                        wall_ms=(time.perf_counter() - t0) * 1e3, pid=facts["pid"], device=facts["device"],
-                       cold=facts["cold"], ready_ms=facts["ready_ms"],
-                       shared=tuple(a.name for a in job.args if a.shared),
-                       copied=tuple(a.name for a in job.args if a.kind == "tensor" and not a.shared),
-                       notes=not_shared_notes(not_shared) + tuple(result.notes), stdout=result.stdout)
+                       cold=facts["cold"], ready_ms=facts["ready_ms"], shared=tuple(names(job, "shared")),
+                       staged=tuple(staged), copied=tuple(names(job, "copied")),
+                       notes=copy_notes(names(job, "copied"), not_shared, not_staged) + tuple(result.notes),
+                       stdout=result.stdout, not_shared=tuple((n, not_shared[n]) for n in staged if n in not_shared))
 
 
-def not_shared_notes(not_shared: dict) -> tuple[str, ...]:
-    """'a, b copied, not shared: <why>': one note per reason, from {name: why}."""
-    by_reason: dict[str, list[str]] = {}
-    for name, why in not_shared.items():
-        by_reason.setdefault(why, []).append(name)
-    return tuple(f"{', '.join(names)} copied, not shared: {why}" for why, names in by_reason.items())
+def _arg_name(spec, pos: int) -> str:
+    return spec.name or f"argument {pos}"
+
+
+def _path(spec) -> str:
+    return "shared" if spec.shared else "staged" if spec.staged else "copied"
+
+
+def copy_notes(copied, not_shared: dict, not_staged: dict) -> tuple[str, ...]:
+    """'a, b copied, not shared: <why>', 'c copied, not staged: <why>': one note per reason, for the copied arguments
+    that have one (not lent: `not_shared`, not staged: `not_staged`, both {name: why})."""
+    by_reason: dict[str, tuple[list[str], set[str]]] = {}
+    for name in copied:
+        if name in not_staged and not_shared.get(name) != not_staged[name]:
+            how, why = "staged", not_staged[name]
+        elif name in not_shared:
+            how, why = "shared", not_shared[name]
+        else:
+            continue
+        names, hows = by_reason.setdefault(why, ([], set()))
+        names.append(name)
+        hows.add(how)
+    return tuple(f"{', '.join(names)} copied, not {' or '.join(sorted(hows))}: {why}"
+                 for why, (names, hows) in by_reason.items())
 
 
 def apply_outputs(args, job: KernelJob, result: JobResult) -> None:
@@ -619,8 +932,13 @@ def _flush_c_stdio() -> None:
         ctypes.CDLL(None).fflush(None)              # device printf goes through C stdio
 
 
-def serve(fd_in: int, fd_out: int, runner: str, init: str | None, device: int | None) -> int:
-    """The worker's loop: hello, then one job per request until quit or EOF. A poisoned context ends it."""
+def serve(fd_in: int, fd_out: int, runner: str, init: str | None, device: int | None,
+          stage: str | None = None) -> int:
+    """The worker's loop: hello, then one request at a time until quit or EOF. A poisoned context ends it.
+
+    Requests: b"R" + a job (the reply is its JobResult), b"S" + JSON for the staging buffers (`stage(request,
+    state)`; the reply is b"S" + its JSON answer, or b"E" + what failed), b"Q" (quit).
+    """
     import json
     import traceback
 
@@ -629,6 +947,7 @@ def serve(fd_in: int, fd_out: int, runner: str, init: str | None, device: int | 
     try:
         info = _load(init)(device) if init else {"pid": os.getpid()}
         run = _load(runner)
+        stager = _load(stage) if stage else None
     except Exception as exc:
         _write_frame(fd_out, b"E" + f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}".encode())
         return 1
@@ -641,6 +960,15 @@ def serve(fd_in: int, fd_out: int, runner: str, init: str | None, device: int | 
             return 0
         if frame[:1] == b"Q":
             return 0
+        if frame[:1] == b"S":
+            try:
+                if stager is None:
+                    raise KernellabError("this worker was started without staging buffers (--stage)")
+                reply = b"S" + json.dumps(stager(json.loads(frame[1:]), state)).encode()
+            except Exception as exc:
+                reply = b"E" + f"{type(exc).__name__}: {exc}".encode()
+            _write_frame(fd_out, reply)
+            continue
         if frame[:1] != b"R":
             continue
         try:
@@ -663,10 +991,11 @@ def main(argv=None) -> int:
     ap.add_argument("--fd-out", type=int, required=True)
     ap.add_argument("--runner", default=DEFAULT_RUNNER)
     ap.add_argument("--init", default=None)
+    ap.add_argument("--stage", default=None)
     ap.add_argument("--device", type=int, default=None)
     ns = ap.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return serve(ns.fd_in, ns.fd_out, ns.runner, ns.init, ns.device)
+    return serve(ns.fd_in, ns.fd_out, ns.runner, ns.init, ns.device, ns.stage)
 
 
 if __name__ == "__main__":

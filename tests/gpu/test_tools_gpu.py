@@ -2,8 +2,8 @@
 
 Run on a GPU machine: tools/gpu-test.sh, or `pytest -m gpu tests/gpu/test_tools_gpu.py`. With $KERNELLAB_ARTIFACTS
 set, every raw tool output is saved there (sanitize_*.txt, ncu_*.csv) to replace the hand-written fixtures in
-tests/fixtures/, worker_ipc.txt records whether CUDA IPC was used (and why not), and worker_timings.txt records the
-isolated-launch timings seen here.
+tests/fixtures/, worker_ipc.txt records whether CUDA IPC was used (and why not), worker_staging.txt the staged
+round trips of carved 64 MiB tensors, and worker_timings.txt the isolated-launch timings seen here.
 """
 import contextlib
 import os
@@ -45,6 +45,10 @@ extern "C" __global__ void divergent_barrier(float* x) {
 }
 extern "C" __global__ void reads_scratch(const float* scratch, float* y) {
     y[threadIdx.x] = scratch[threadIdx.x] + 1.0f;
+}
+extern "C" __global__ void scale2(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = 2.0f * x[i];
 }
 extern "C" __global__ void transpose32(const float* in, float* out, int n) {
     __shared__ float tile[32][32];
@@ -134,22 +138,26 @@ def own_segments(torch):
         yield pool
 
 
-def test_isolated_launch_copies_small_and_shares_large_outputs(mod, torch):
-    n = 4096
-    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
-    c = torch.full_like(a, float("nan"))
-    run = mod.vadd[(n + 255) // 256, 256](a, b, c, n, isolate=True)
-    torch.testing.assert_close(c, a + b, rtol=0, atol=0)
-    assert run.pid != os.getpid() and run.copied == ("a", "b", "c") and not run.shared and not run.notes
+def test_isolated_launch_stages_small_and_shares_large_outputs(mod, torch):
     big = 16 * 2**20                                              # 64 MiB each: lent through CUDA IPC
     with own_segments(torch) as pool:                             # each its own allocation (see own_segments)
         A, B = torch.randn(big, device="cuda"), torch.randn(big, device="cuda")
         C = torch.zeros_like(A)
     works, probe = ipc_probe(A)
+    n = 4096
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    c = torch.full_like(a, float("nan"))
+    run = mod.vadd[(n + 255) // 256, 256](a, b, c, n, isolate=True)
+    torch.testing.assert_close(c, a + b, rtol=0, atol=0)
+    assert run.pid != os.getpid()
+    if works:                                                      # small CUDA tensors: GPU copies, no notes
+        assert run.staged == ("a", "b", "c") and not run.copied and not run.shared and not run.notes, str(run)
+    else:
+        assert run.copied == ("a", "b", "c") and all("not staged" in n for n in run.notes), f"{run}\n{probe}"
     run2 = mod.vadd.run_isolated((big + 255) // 256, 256, A, B, C, big)
     torch.testing.assert_close(C, A + B, rtol=0, atol=0)          # shared or copied, the results are right
     assert run2.pid == run.pid and not run2.cold                   # the same warm worker
-    save("worker_ipc.txt", f"{run2}\n\nCUDA IPC probe (a spawned process opens A's handle): "
+    save("worker_ipc.txt", f"{run}\n\n{run2}\n\nCUDA IPC probe (a spawned process opens A's handle): "
                            f"{'works' if works else 'fails'}\n{probe}\n")
     if works:
         assert set(run2.shared) == {"a", "b", "c"} and not copied_with_a_reason(run2), \
@@ -159,7 +167,7 @@ def test_isolated_launch_copies_small_and_shares_large_outputs(mod, torch):
     del A, B, C, pool
 
 
-def test_tensors_inside_a_larger_allocation_are_copied_and_the_note_says_why(mod, torch):
+def test_tensors_inside_a_larger_allocation_are_staged_and_the_run_says_why(mod, torch):
     n = 4 * 2**20                                                  # 16 MiB per tensor
     with own_segments(torch) as pool:
         seg = torch.randn(3 * n, device="cuda")                    # one 48 MiB allocation
@@ -168,12 +176,81 @@ def test_tensors_inside_a_larger_allocation_are_copied_and_the_note_says_why(mod
     works, probe = ipc_probe(c)
     run = mod.vadd.run_isolated((n + 255) // 256, 256, a, b, c, n)
     torch.testing.assert_close(c, a + b, rtol=0, atol=0)
-    save("worker_ipc_views.txt", f"{run}\n")
-    assert ("a copied, not shared: its allocation is 48.0 MiB for 16.0 MiB of data (a caching allocator's segment "
-            "shared with other tensors); lending it would let the worker's kernel reach them") in run.notes, str(run)
-    assert any(x.startswith("b copied, not shared: it starts 16.0 MiB into a 48.0 MiB allocation") for x in run.notes)
-    assert run.shared == (("c",) if works else ()), f"{run}\n{probe}"
+    save("worker_ipc_views.txt", f"{run}\n" + "".join(f"  {k} not lent: {v}\n" for k, v in run.not_shared))
+    if not works:
+        assert run.copied == ("a", "b", "c") and copied_with_a_reason(run) == {"a", "b", "c"}, f"{run}\n{probe}"
+        return
+    assert run.staged == ("a", "b") and run.shared == ("c",) and not run.copied and not run.notes, str(run)
+    why = dict(run.not_shared)
+    assert why["a"] == ("its allocation is 48.0 MiB for 16.0 MiB of data (a caching allocator's segment shared "
+                        "with other tensors); lending it would let the worker's kernel reach them"), str(why)
+    assert why["b"].startswith("it starts 16.0 MiB into a 48.0 MiB allocation"), str(why)
     del seg, a, b, c, pool
+
+
+def carved(torch, n: int, parts: int):
+    """A segment of (parts + 2) * n floats in its own allocation, and `parts` views of n floats from its inside."""
+    with own_segments(torch) as pool:
+        seg = torch.randn((parts + 2) * n, device="cuda")
+    return pool, seg, [seg[(k + 1) * n:(k + 2) * n] for k in range(parts)]
+
+
+def test_carved_large_tensors_are_staged_exact_and_fast(mod, torch):
+    n = 16 * 2**20                                                 # 64 MiB per tensor, like worker_overhead
+    pool, seg, (a, b, c) = carved(torch, n, 3)
+    edges = (seg[:n].clone(), seg[4 * n:].clone())
+    ms, runs = [], []
+    for k in range(6):
+        a.add_(1.0)                                                # new inputs every launch
+        t0 = time.perf_counter()
+        runs.append(mod.vadd.run_isolated((n + 255) // 256, 256, a, b, c, n))
+        ms.append((time.perf_counter() - t0) * 1e3)
+        torch.testing.assert_close(c, a + b, rtol=0, atol=0, msg=lambda m: f"launch {k}: {m}")
+    run = runs[-1]
+    warm = sorted(ms[1:])[len(ms[1:]) // 2]
+    save("worker_staging.txt", f"{run}\n\nround trips (ms, the first allocates the staging buffers): "
+                               + ", ".join(f"{t:.2f}" for t in ms) + f"\nwarm median {warm:.2f} ms\n"
+                               + "".join(f"  {k} not lent: {v}\n" for k, v in run.not_shared))
+    if run.copied:
+        pytest.skip(f"CUDA IPC is unavailable here, so carved tensors are copied as bytes: {run}")
+    assert run.staged == ("a", "b", "c") and not run.notes, str(run)
+    assert torch.equal(seg[:n], edges[0]) and torch.equal(seg[4 * n:], edges[1])   # the neighbours: untouched
+    assert warm < 100, f"staged 3 x 64 MiB round trip {warm:.1f} ms (bytes through the pipe took ~2,000 ms): {ms}"
+    del pool, seg, a, b, c
+
+
+def test_fault_on_a_carved_tensor_leaves_the_callers_segment_intact(mod, torch):
+    n = 4 * 2**20                                                  # 16 MiB: a whole number of 2 MiB pages
+    pool, seg, (x,) = carved(torch, n, 1)
+    before = seg.clone()
+    ok = W.run_isolated(mod.scale2, (n + 255) // 256, 256, (x, n))
+    if not ok.staged:
+        pytest.skip(f"CUDA IPC is unavailable here, so nothing is staged: {ok}")
+    before[n:2 * n] *= 2
+    assert torch.equal(seg, before)
+    workers = W.default_pool(torch.cuda.current_device())
+    old = workers.worker
+    assert old.staging and all(slot.ptr for slot in old.staging.values())
+    # 1. one block past x's end: in-process this overwrites seg[2n:2n + 256]; here it hits the worker's memory
+    try:
+        small = W.run_isolated(mod.oob_write, 1, 256, (x, n), diagnose=False)
+        outcome = f"finished: {small}"
+    except IsolatedLaunchError as exc:
+        outcome = f"faulted: {exc.status}"
+    assert torch.equal(seg, before), f"the caller's segment changed ({outcome})"
+    # 2. far out of bounds: a sticky fault in the worker
+    old = workers.worker
+    with pytest.raises(IsolatedLaunchError) as info:
+        W.run_isolated(mod.oob_write, 4, 256, (x, 1 << 28), diagnose=False)
+    assert info.value.status == "fault" and "session is unaffected" in str(info.value)
+    assert old.staging == {} and not old.alive                     # its staging buffers were unmapped here
+    assert torch.equal(seg, before) and (torch.ones(3, device="cuda") * 2).sum().item() == 6.0
+    again = W.run_isolated(mod.scale2, (n + 255) // 256, 256, (x, n))
+    before[n:2 * n] *= 2
+    assert again.pid != ok.pid and again.staged == ("x",) and torch.equal(seg, before)
+    save("worker_staging_fault.txt", f"one block out of bounds: {outcome}\nfar out of bounds: {info.value}\n"
+                                     f"after: {again}\n")
+    del pool, seg, x
 
 
 def test_warm_worker_uses_each_launchs_own_inputs(mod, torch):

@@ -10,12 +10,13 @@ Prints, step by step, each with its result or its error:
     processes (the child *spawned*, never forked), three ways: torch's own IPC (a CUDA tensor through a
     torch.multiprocessing spawn queue), CuPy's cudaIpcGetMemHandle/cudaIpcOpenMemHandle on the torch tensor, and
     the same on a plain cudaMalloc (CuPy, no pool), which separates "no IPC on this machine" from "torch's memory";
- b. kernellab's worker path on those tensors: run.shared, run.copied, run.notes, the session's IPC state, and
-    whether C == A + B;
- c. one warm-worker round trip (median ms) with 4 KiB and with 3 x 64 MiB arguments, lent and copied;
+ b. kernellab's worker path on those tensors: run.shared, run.staged, run.copied, run.notes, the session's IPC
+    state, and whether C == A + B;
+ c. one warm-worker round trip (median ms) with 4 KiB and with 3 x 64 MiB arguments, lent, staged (GPU copies
+    through the worker's own buffers) and copied as bytes;
  d. where a new 64 MiB tensor lands after cuBLAS work, as in a pytest session after the bench tests:
     torch.cuda.empty_cache() does not free cuBLAS workspaces, so their segment stays and new tensors are carved
-    from its free rest (kernellab then copies them, and says so).
+    from its free rest (kernellab does not lend them; it stages them), and the path an isolated launch on it takes.
 """
 import argparse
 import os
@@ -216,7 +217,7 @@ def worker_path(torch, vadd, A, B, C, W):
                show=lambda r: "returned")
     if run is not None:
         say("  " + str(run).replace("\n", "\n  "))
-        say(f"  run.shared = {run.shared}, run.copied = {run.copied}")
+        say(f"  run.shared = {run.shared}, run.staged = {run.staged}, run.copied = {run.copied}")
         for n in run.notes:
             say(f"  note: {n}")
         say(f"  C == A + B: {bool(torch.equal(C, A + B))}")
@@ -227,6 +228,9 @@ def timings(torch, cupy, vadd, A, B, C, W, reps_small: int, reps_big: int):
     say("c. one warm-worker round trip, median of a few (ms, wall clock around run_isolated)")
     n_small = 1024                                                      # 4 KiB per tensor
     rows = []
+
+    def setting(**kw):
+        W.settings = W.IsolationSettings(**kw)
 
     def median_ms(args, n, reps):
         grid = (n + 255) // 256
@@ -239,27 +243,33 @@ def timings(torch, cupy, vadd, A, B, C, W, reps_small: int, reps_big: int):
                 ms.append((time.perf_counter() - t0) * 1e3)
         except Exception as exc:
             return float("nan"), f"FAILED {type(exc).__name__}: {str(exc)[:300]}", ""
-        how = f"shared {','.join(last.shared)}" if last.shared else "copied"
-        why = next((n for n in last.notes if "not shared" in n), "")
+        how = "; ".join(f"{path} {','.join(names)}" for path, names in
+                        (("shared", last.shared), ("staged", last.staged), ("copied", last.copied)) if names)
+        why = next((n for n in last.notes if "copied, not" in n), "")
         return statistics.median(ms), how, why
 
     ta, tb, tc = (torch.randn(n_small, device="cuda") for _ in range(3))
-    rows.append(("3 x 4 KiB torch", "default (below share_min_bytes)", *median_ms((ta, tb, tc, n_small), n_small,
-                                                                                reps_small)))
+    rows.append(("3 x 4 KiB torch", "default (staged)", *median_ms((ta, tb, tc, n_small), n_small, reps_small)))
     cupy.cuda.set_allocator(None)                                       # one exact cudaMalloc per array: lendable
     try:
         ca, cb, cc = (cupy.random.standard_normal(n_small, dtype=cupy.float32) for _ in range(3))
     finally:
         cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
-    W.settings.share_min_bytes = 0
+    setting(stage_min_bytes=1 << 62)
+    rows.append(("3 x 4 KiB torch", "stage_min_bytes = 2**62 (copy)", *median_ms((ta, tb, tc, n_small), n_small,
+                                                                                reps_small)))
+    setting(share_min_bytes=0)
     rows.append(("3 x 4 KiB cupy cudaMalloc", "share_min_bytes = 0", *median_ms((ca, cb, cc, n_small), n_small,
                                                                             reps_small)))
-    W.settings.share_min_bytes = W.IsolationSettings().share_min_bytes
+    setting()
     rows.append(("3 x 64 MiB torch", "default (lend)", *median_ms((A, B, C, N_BIG), N_BIG, reps_big)))
-    W.settings.share_min_bytes = 1 << 62
-    rows.append(("3 x 64 MiB torch", "share_min_bytes = 2**62 (copy)", *median_ms((A, B, C, N_BIG), N_BIG,
-                                                                                  max(1, reps_big // 2))))
-    W.settings.share_min_bytes = W.IsolationSettings().share_min_bytes
+    setting(share_min_bytes=1 << 62)
+    rows.append(("3 x 64 MiB torch", "share_min_bytes = 2**62 (stage)", *median_ms((A, B, C, N_BIG), N_BIG,
+                                                                                   reps_big)))
+    setting(share_min_bytes=1 << 62, stage_min_bytes=1 << 62)
+    rows.append(("3 x 64 MiB torch", "both = 2**62 (copy)", *median_ms((A, B, C, N_BIG), N_BIG,
+                                                                       max(1, reps_big // 2))))
+    setting()
     say(f"  {'arguments':26} {'setting':34} {'median ms':>10}  how")
     for what, setting, ms, how, why in rows:
         say(f"  {what:26} {setting:34} {ms:10.2f}  {how}")
@@ -267,7 +277,7 @@ def timings(torch, cupy, vadd, A, B, C, W, reps_small: int, reps_big: int):
             say(f"  {'':26} {'':34} {'':10}  ({why})")
 
 
-def after_cublas(torch, W):
+def after_cublas(torch, W, vadd):
     say("d. after cuBLAS work: 1 GiB freed to the cache, a matmul (its workspace comes from the cache), "
         "empty_cache(), then a new 64 MiB tensor")
     torch.cuda.empty_cache()                      # only the 1 GiB block below is cached when the matmul runs
@@ -283,7 +293,15 @@ def after_cublas(torch, W):
         for s in torch.cuda.memory_snapshot()))
     D = torch.randn(N_BIG, device="cuda")
     describe_tensor("D", D, torch)
-    del D
+    expect = D + D
+    run = step("run_isolated(vadd, D, D, D)", lambda: W.run_isolated(vadd, (N_BIG + 255) // 256, 256,
+                                                                      (D, D, D, N_BIG)),
+               show=lambda r: f"shared {r.shared}, staged {r.staged}, copied {r.copied}, {r.wall_ms:.2f} ms")
+    if run is not None:
+        say(f"  D == 2 D before: {bool(torch.equal(D, expect))}")
+        for n in run.notes:
+            say(f"  note: {n}")
+    del D, expect
 
 
 def main():
@@ -311,7 +329,7 @@ def main():
     worker_path(torch, vadd, A, B, C, W)
     timings(torch, cupy, vadd, A, B, C, W, a.reps, a.reps_big)
     del A, B, C
-    step("d", lambda: after_cublas(torch, W), show=lambda r: "done")
+    step("d", lambda: after_cublas(torch, W, vadd), show=lambda r: "done")
     W.shutdown()
     say(f"done in {time.perf_counter() - t_start:.0f} s")
     if a.out:
