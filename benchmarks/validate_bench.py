@@ -154,7 +154,7 @@ class ClockSampler:
                 "power_w": statistics.median(p for _, p in self.samples), "samples": len(self.samples)}
 
 
-def measure(name: str) -> dict:
+def measure(name: str, warmup_ms: float = 25.0) -> dict:
     """kernellab.bench and triton do_bench, 5 runs each, interleaved (with the SM clock sampled), then ncu."""
     import torch
 
@@ -169,15 +169,15 @@ def measure(name: str) -> dict:
     for _ in range(RUNS):  # interleaved, each after a rest, so that both start from the same power state
         time.sleep(REST_S)
         with ClockSampler() as c:
-            runs.append(bench(fn, args, flops=flops, bytes=nbytes, name=name))
+            runs.append(bench(fn, args, flops=flops, bytes=nbytes, name=name, warmup_ms=warmup_ms))
         kl_clocks.append(c.summary())
         if do_bench is not None:
             time.sleep(REST_S)
             with ClockSampler() as c:
-                tri.append(do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median"))
+                tri.append(do_bench(lambda: fn(*args), warmup=warmup_ms, rep=100, return_mode="median"))
             tri_clocks.append(c.summary())
     medians = [r.median_ms for r in runs]
-    row = {"workload": name, "kernellab_ms": medians, "kernellab_median_ms": statistics.median(medians),
+    row = {"workload": name if warmup_ms == 25.0 else f"{name} (warm-up {warmup_ms:g} ms)", "kernellab_ms": medians, "kernellab_median_ms": statistics.median(medians),
            "spread_pct": 100 * (max(medians) - min(medians)) / statistics.median(medians),
            "reps": [r.reps for r in runs], "method": runs[0].method,
            "tflops": runs[0].tflops, "gbps": runs[0].gbps, "kernellab_clocks": kl_clocks}
@@ -221,6 +221,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--workloads", default="matmul,copy,memcpy")
+    ap.add_argument("--warmups", default="25", help="warm-up times (ms) for both timers, e.g. 25,250: a row each")
     ap.add_argument("--ncu-child", help=argparse.SUPPRESS)
     ap.add_argument("--calls", type=int, default=NCU_CALLS, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -231,7 +232,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    rows = [measure(w) for w in a.workloads.split(",")]
+    rows = [measure(w, float(ms)) for w in a.workloads.split(",") for ms in a.warmups.split(",")]
     info = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
             "torch": torch.__version__, "python": sys.version.split()[0],
             "command": "python3 benchmarks/validate_bench.py " + " ".join(sys.argv[1:])}
