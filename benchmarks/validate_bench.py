@@ -154,7 +154,7 @@ class ClockSampler:
                 "power_w": statistics.median(p for _, p in self.samples), "samples": len(self.samples)}
 
 
-def measure(name: str, warmup_ms: float = 25.0) -> dict:
+def measure(name: str, warmup_ms: float = 25.0, sustained: bool = False) -> dict:
     """kernellab.bench and triton do_bench, 5 runs each, interleaved (with the SM clock sampled), then ncu."""
     import torch
 
@@ -169,7 +169,7 @@ def measure(name: str, warmup_ms: float = 25.0) -> dict:
     for _ in range(RUNS):  # interleaved, each after a rest, so that both start from the same power state
         time.sleep(REST_S)
         with ClockSampler() as c:
-            runs.append(bench(fn, args, flops=flops, bytes=nbytes, name=name, warmup_ms=warmup_ms))
+            runs.append(bench(fn, args, flops=flops, bytes=nbytes, name=name, warmup_ms=warmup_ms, sustained=sustained))
         kl_clocks.append(c.summary())
         if do_bench is not None:
             time.sleep(REST_S)
@@ -177,7 +177,8 @@ def measure(name: str, warmup_ms: float = 25.0) -> dict:
                 tri.append(do_bench(lambda: fn(*args), warmup=warmup_ms, rep=100, return_mode="median"))
             tri_clocks.append(c.summary())
     medians = [r.median_ms for r in runs]
-    row = {"workload": name if warmup_ms == 25.0 else f"{name} (warm-up {warmup_ms:g} ms)", "kernellab_ms": medians, "kernellab_median_ms": statistics.median(medians),
+    label = name if warmup_ms == 25.0 else f"{name} (warm-up {warmup_ms:g} ms)"
+    row = {"workload": label + (", sustained" if sustained else ""), "kernellab_ms": medians, "kernellab_median_ms": statistics.median(medians),
            "spread_pct": 100 * (max(medians) - min(medians)) / statistics.median(medians),
            "reps": [r.reps for r in runs], "method": runs[0].method,
            "tflops": runs[0].tflops, "gbps": runs[0].gbps, "kernellab_clocks": kl_clocks}
@@ -222,6 +223,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--workloads", default="matmul,copy,memcpy")
     ap.add_argument("--warmups", default="25", help="warm-up times (ms) for both timers, e.g. 25,250: a row each")
+    ap.add_argument("--modes", default="burst", help="kernellab modes: burst (default), sustained, or both: a row each")
     ap.add_argument("--ncu-child", help=argparse.SUPPRESS)
     ap.add_argument("--calls", type=int, default=NCU_CALLS, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -232,7 +234,8 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    rows = [measure(w, float(ms)) for w in a.workloads.split(",") for ms in a.warmups.split(",")]
+    rows = [measure(w, float(ms), mode == "sustained") for w in a.workloads.split(",") for ms in a.warmups.split(",")
+            for mode in a.modes.split(",")]
     info = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
             "torch": torch.__version__, "python": sys.version.split()[0],
             "command": "python3 benchmarks/validate_bench.py " + " ".join(sys.argv[1:])}

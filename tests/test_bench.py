@@ -84,6 +84,12 @@ def test_repetitions_follow_rep_ms_within_limits():
     assert many.reps == 500                         # max_reps
 
 
+def test_sustained_mode_warms_up_for_at_least_half_a_second():
+    clock = FakeClock(ms_from_tensor)
+    bench(lambda x: x.clone(), const_inputs(0.5), warmup_ms=25, rep_ms=10, timer=clock, sustained=True)
+    assert clock.batches[1] == 1000                            # 500 ms / 0.5 ms: long enough to reach the power cap
+
+
 def test_warm_up_is_by_time():
     clock = FakeClock(ms_from_tensor)
     bench(lambda x: x.clone(), const_inputs(0.5), warmup_ms=25, rep_ms=10, timer=clock)
@@ -720,6 +726,7 @@ def _simulated_clock(gpu, spin=True):
     clock.l2_bytes, clock.flush_bytes, clock._flush_buffer = 2**20, 2**21, gpu.flush_buffer()
     clock._cpu_ms_per_call, clock._waiting = 0.05, set()
     clock._cycles_per_ms = 1e6 if spin else None
+    clock.sustained = False
     return clock
 
 

@@ -271,7 +271,7 @@ class Clock(Protocol):
 class CudaClock:
     """CUDA-event timing on one device, with an L2 flush before each call and the CPU kept ahead of the GPU."""
 
-    def __init__(self, device=None, flush_l2: bool = True):
+    def __init__(self, device=None, flush_l2: bool = True, spin: bool = True):
         import torch
 
         if not torch.cuda.is_available():
@@ -287,7 +287,8 @@ class CudaClock:
                               if self.flush_bytes else None)
         self._cpu_ms_per_call = 0.05          # refined by every batch: how long the CPU takes to queue one call
         self._waiting: set[int] = set()       # ids of calls seen waiting for the GPU (e.g. they call .item())
-        self._cycles_per_ms = self._calibrate_sleep()
+        self.sustained = not spin
+        self._cycles_per_ms = self._calibrate_sleep() if spin else None
 
     def _calibrate_sleep(self) -> float | None:
         """Clock cycles per millisecond of `torch.cuda._sleep`, or None where it is missing."""
@@ -365,7 +366,10 @@ class CudaClock:
     def describe(self) -> str:
         flush = (f"L2 ({_mib(self.l2_bytes)}) flushed by writing {_mib(self.flush_bytes)} before each repetition"
                  if self.flush_bytes else "no L2 flush (warm cache)")
-        if not self._cycles_per_ms:
+        if self.sustained:
+            ahead = ("sustained: calls back to back with no idle GPU between them, so the figure is the GPU's "
+                     "under continuous load (power- and clock-limited)")
+        elif not self._cycles_per_ms:
             ahead = "no GPU spin (torch.cuda._sleep missing): launch overhead may be included"
         else:
             ahead = "the GPU kept behind the CPU by a queued spin, so launch overhead stays out"
@@ -426,7 +430,7 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
           max_reps: int = 10_000, quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9),
           flush_l2: bool = True, rotate: bool = True, cuda_graph: bool = False, seed: int = 0,
           generator_device: str = "cpu", name: str | None = None, device=None,
-          timer: Clock | None = None, isolate: bool | None = None) -> BenchResult:
+          timer: Clock | None = None, isolate: bool | None = None, sustained: bool = False) -> BenchResult:
     """GPU time of `fn(*args)` (and of each `baselines` callable, on the same arguments, in the same run).
 
     `inputs` is the argument tuple, or `inputs(generator)` returning one (then fresh sets can be made for
@@ -435,6 +439,10 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
     isolate=True (or the notebook-wide isolation setting) first runs `fn` once with its kernels in a worker
     process, so that a faulty kernel is caught there; the timing itself always runs in this process, where
     CUDA events can see the kernels.
+    By default the GPU idles briefly between batches of calls (a queued spin keeps launch overhead out), so a
+    heavy kernel is timed as it runs in bursts, the state Nsight Compute measures. `sustained=True` times calls
+    back to back after a warm-up of at least 500 ms, as a long training loop sees them: a power-hungry kernel
+    (a bf16 matmul on an H200) then runs ~15 % slower because the GPU reaches its power cap.
     """
     _validate_options(fn, baselines, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles)
     from . import worker as _worker
@@ -445,12 +453,14 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
             fn(*probe)
     with _worker.isolation(False):
         return _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles,
-                      flush_l2, rotate, cuda_graph, seed, generator_device, name, device, timer)
+                      flush_l2, rotate, cuda_graph, seed, generator_device, name, device, timer, sustained)
 
 
 def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles, flush_l2,
-           rotate, cuda_graph, seed, generator_device, name, device, timer) -> BenchResult:
-    clock = timer if timer is not None else CudaClock(device, flush_l2=flush_l2)
+           rotate, cuda_graph, seed, generator_device, name, device, timer, sustained=False) -> BenchResult:
+    clock = timer if timer is not None else CudaClock(device, flush_l2=flush_l2, spin=not sustained)
+    if sustained:
+        warmup_ms = max(warmup_ms, 500.0)
     arg_sets = _input_sets(inputs, clock.l2_bytes, rotate, seed, generator_device)
     work = {"flops": _per_call(flops, "flops", arg_sets[0]), "bytes": _per_call(bytes, "bytes", arg_sets[0])}
 
