@@ -3,27 +3,22 @@
 The kernel is the tutorial's own: the `%%cuda` cell of notebooks/03-fused-attention.py, compiled as the magic
 compiles it (first_line=2). The reference is SDPA in float64 (kernellab.check upcasts); tolerances are fp16's.
 """
-import pathlib
 
 import pytest
 
 import kernellab
+from notebook_cells import cuda_cell as notebook_cuda_cell
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / "notebooks" / "03-fused-attention.py"
 BLOCK_M, BLOCK_N, HEAD_DIM = 64, 16, 64   # as in the cell
 
 
 def cuda_cell() -> str:
     """The notebook's `%%cuda` cell without its magic line: what the magic hands to compile_cuda."""
-    text = NOTEBOOK.read_text()
-    start = text.index("\n# %%cuda") + 1
-    body = text[text.index("\n", start) + 1:]
-    end = body.find("\n# %%")
-    return body[: end if end >= 0 else None].rstrip() + "\n"
+    return notebook_cuda_cell("03-fused-attention.py")
 
 
 @pytest.fixture(scope="module")

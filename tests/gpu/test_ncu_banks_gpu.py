@@ -5,7 +5,6 @@ job under ncu). The kernels are the tutorial's own: the `%%cuda` cell of noteboo
 the magic compiles it (first_line=2), so the line numbers checked here are the notebook cell's.
 """
 import functools
-import pathlib
 
 import pytest
 
@@ -16,8 +15,8 @@ pytestmark = pytest.mark.gpu
 pytest.importorskip("kernellab.run.job", reason="profile_banks needs kernellab.run.job (KernelJob), not present here")
 
 from kernellab.run.ncu_source import profile_banks  # noqa: E402
+from notebook_cells import cuda_cell as notebook_cuda_cell
 
-NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / "notebooks" / "02-transpose-banks.py"
 TILE, ROWS = 32, 8
 BLOCK = (TILE, ROWS)  # warp w of a block is threadIdx.y == w; its lanes are threadIdx.x
 LAYOUTS = {  # word offset of tile element (row, col) in each kernel's shared array
@@ -29,11 +28,7 @@ LAYOUTS = {  # word offset of tile element (row, col) in each kernel's shared ar
 
 def cuda_cell() -> str:
     """The notebook's `%%cuda` cell without its magic line: what the magic hands to compile_cuda."""
-    text = NOTEBOOK.read_text()
-    start = text.index("\n# %%cuda") + 1
-    body = text[text.index("\n", start) + 1:]
-    end = body.find("\n# %%")
-    return body[: end if end >= 0 else None].rstrip() + "\n"
+    return notebook_cuda_cell("02-transpose-banks.py")
 
 
 @pytest.fixture(scope="module")
