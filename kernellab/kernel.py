@@ -1,6 +1,7 @@
 """`Module` and `Kernel`: what `compile_cuda` and the `%%cuda` magic hand back to the user."""
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -105,7 +106,7 @@ class Kernel:
         """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block."""
         from .analysis.occupancy import occupancy
 
-        threads = block if isinstance(block, int) else int(__import__("math").prod(block))
+        threads = block if isinstance(block, int) else int(math.prod(block))
         return occupancy(threads, self.resources.registers, self.resources.shared_bytes + shared_bytes,
                          arch or _base_arch(self.arch))
 
@@ -272,9 +273,11 @@ class Module(KernelCollection):
         self._loaded_modules: dict[int, object] = {}
         facts = read_cubin(output.cubin)
         src_kernels = find_kernels("\n" * (first_line - 1) + source)
-        self.kernels: tuple[Kernel, ...] = tuple(
-            Kernel(self, signature_for(sym, src_kernels), _resources(output, sym, facts.get(sym)))
-            for sym in _entry_order(output, facts))
+        kernels = [Kernel(self, signature_for(sym, src_kernels), _resources(output, sym, facts.get(sym)))
+                   for sym in (output.reports or facts)]
+        # Source order (ptxas reports entries in no promised order); kernels not found in the source go last.
+        self.kernels: tuple[Kernel, ...] = tuple(sorted(
+            kernels, key=lambda k: (k.signature.line is None, k.signature.line or 0, k.symbol)))
 
     arch = property(lambda self: self.output.arch)
     options = property(lambda self: self.output.options)
@@ -369,12 +372,6 @@ class Module(KernelCollection):
 
 def _base_arch(arch: str) -> str:
     return re.sub(r"[af]$", "", arch)
-
-
-def _entry_order(output: CompileOutput, facts: dict) -> list[str]:
-    """Entry symbols in source order where ptxas reported them, else as the cubin lists them."""
-    names = list(output.reports) or list(facts)
-    return list(reversed(names)) if output.reports else names
 
 
 def _resources(output: CompileOutput, symbol: str, facts) -> Resources:

@@ -137,11 +137,12 @@ def _pointer_of(param: Param, x, device: DeviceInfo | None, pos: int) -> int:
         raise ArgumentError(f"{where} got a non-contiguous {_describe(x)}; the kernel indexes memory densely: pass "
                             f"x.contiguous()")
     if param.vector_width > 1:
-        align = param.vector_width * int(np.dtype("float16" if param.dtype == "bfloat16" else param.dtype).itemsize)
+        itemsize = 2 if param.dtype == "bfloat16" else np.dtype(param.dtype).itemsize  # NumPy has no bfloat16
+        align = param.vector_width * itemsize
         align = 16 if align == 12 else align
         if ptr % align:
             raise ArgumentError(f"{where} needs {align}-byte aligned data, but the address is {ptr:#x}")
-        elems = nbytes // int(np.dtype("float16" if param.dtype == "bfloat16" else param.dtype).itemsize)
+        elems = nbytes // itemsize
         if elems % param.vector_width:
             raise ArgumentError(f"{where} views elements as {param.base}; the tensor has {elems} elements, not a "
                                 f"multiple of {param.vector_width}")
