@@ -126,3 +126,17 @@ def test_launch_without_gpu_says_so(tmp_cache):
         m.k[1, 32](None)
     with pytest.raises(kernellab.ArgumentError, match=r"k\[grid, block\]"):
         m.k[1](None)
+
+
+def test_a_torch_stream_reaches_cupy_without_the_deprecated_external_stream():
+    """CuPy 14 deprecates ExternalStream (its warning filled the GPU logs); torch's stream handle goes through
+    Stream.from_external and the CUDA stream protocol, with no warning."""
+    import warnings
+
+    cupy = pytest.importorskip("cupy")
+    from kernellab.run.launch import _external_stream
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream = _external_stream(0x1234)
+    assert isinstance(stream, cupy.cuda.Stream) and stream.ptr == 0x1234

@@ -7,6 +7,10 @@ The method, and the way of lying each step prevents:
 - The GPU is kept behind the CPU: a GPU-side spin (`torch.cuda._sleep`) is queued before each batch of
   repetitions, long enough for the CPU to queue the whole batch, so no event waits on a Python launch and launch
   overhead stays out of the numbers.
+- The GPU's power state is held steady: a batch holds at most 5 ms of GPU work and the GPU idles between batches
+  so that it is busy at most half the time. Back-to-back work drives a big GPU into its power cap (an H200 running
+  a bf16 matmul slows by ~15 % within ~100 ms), and a bench that sometimes does and sometimes does not get there
+  gives a different answer each run. `sustained=True` times the capped state on purpose.
 - Warm-up by time (`warmup_ms`), after a first call that may compile or autotune.
 - Repetitions by time (`rep_ms`), in rounds that alternate between `fn` and its baselines, so clock and thermal
   drift hit them alike; each speed-up is the median of the per-round ratios, with their range as the spread.
@@ -31,6 +35,13 @@ from kernellab.report import fmt_cell, mimebundle
 _MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
 _SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
 _SLEEP_MIN_MS = 5.0        # the shortest: a first call that takes longer on the CPU is taken to wait for the GPU
+# Burst mode (the default) keeps a power-hungry kernel below the GPU's power cap: at most _BATCH_GPU_MS of GPU work
+# behind one spin, and the GPU busy at most _DUTY of the time. Measured on an H200 (tools/gpu/diag_first_run.py,
+# docs/RESULTS.md), a bf16 8192^3 matmul: with batches as long as the CPU could queue (up to 200 calls) the medians
+# of six benches spread 0.5-1 % and one in five was 3 % slow after a power transient; with 5 ms and 50 % they spread
+# 0.03-0.07 %, at 1.5x the wall time.
+_BATCH_GPU_MS = 5.0
+_DUTY = 0.5
 
 
 class BenchError(KernellabError, ValueError):
@@ -271,7 +282,8 @@ class Clock(Protocol):
 class CudaClock:
     """CUDA-event timing on one device, with an L2 flush before each call and the CPU kept ahead of the GPU."""
 
-    def __init__(self, device=None, flush_l2: bool = True, spin: bool = True):
+    def __init__(self, device=None, flush_l2: bool = True, spin: bool = True, batch_gpu_ms: float | None = None,
+                 duty: float | None = None):
         import torch
 
         if not torch.cuda.is_available():
@@ -285,10 +297,25 @@ class CudaClock:
         self.flush_bytes = 2 * self.l2_bytes if flush_l2 else 0
         self._flush_buffer = (torch.empty(self.flush_bytes, dtype=torch.int8, device=self.dev)
                               if self.flush_bytes else None)
+        self._init_state(spin, batch_gpu_ms, duty)
+        if self._flush_buffer is not None:
+            # The flush kernel's first launch loads its module (lazy loading: milliseconds of CPU); done here, it
+            # cannot make the first batch's first call look as if it waited for the GPU.
+            with torch.cuda.device(self.dev):
+                self._flush_buffer.zero_()
+                torch.cuda.synchronize(self.dev)
+        self._cycles_per_ms = self._calibrate_sleep() if spin else None
+
+    def _init_state(self, spin: bool, batch_gpu_ms: float | None, duty: float | None) -> None:
+        """The batching state, apart from the device (tests build a clock on a simulated GPU with it)."""
         self._cpu_ms_per_call = 0.05          # refined by every batch: how long the CPU takes to queue one call
         self._waiting: set[int] = set()       # ids of calls seen waiting for the GPU (e.g. they call .item())
+        self._strikes = 0                     # batches in a row whose first call found the spin already over
+        self._gpu_ms: dict[int, float] = {}   # the last GPU time of each call, by id: sizes the next batches
         self.sustained = not spin
-        self._cycles_per_ms = self._calibrate_sleep() if spin else None
+        self.batch_gpu_ms = _BATCH_GPU_MS if batch_gpu_ms is None else batch_gpu_ms
+        self.duty = _DUTY if duty is None else duty
+        self._cycles_per_ms = None
 
     def _calibrate_sleep(self) -> float | None:
         """Clock cycles per millisecond of `torch.cuda._sleep`, or None where it is missing."""
@@ -314,15 +341,16 @@ class CudaClock:
         """GPU milliseconds of each call, flushing L2 before each; batches queued behind a GPU spin."""
         torch = self.torch
         times: list[float] = []
+        recent_ms = None          # the median GPU time of this call list's last batch
         with torch.cuda.device(self.dev):
             i = 0
             while i < len(calls):
                 spin = self._cycles_per_ms is not None and id(calls[i]) not in self._waiting
-                n = max(1, int(_SLEEP_CAP_MS / (2 * self._cpu_ms_per_call))) if spin else len(calls) - i
+                n = self._batch_size(calls[i], recent_ms) if spin else len(calls) - i
                 chunk = calls[i:i + n]
                 starts = [torch.cuda.Event(enable_timing=True) for _ in chunk]
                 ends = [torch.cuda.Event(enable_timing=True) for _ in chunk]
-                spin_done = None
+                spin_done, spin_ms, late = None, 0.0, False
                 if spin:   # long enough for the CPU to queue the whole batch twice over
                     spin_ms = min(_SLEEP_CAP_MS, max(_SLEEP_MIN_MS, 2 * self._cpu_ms_per_call * len(chunk)))
                     torch.cuda._sleep(int(spin_ms * self._cycles_per_ms))
@@ -336,15 +364,44 @@ class CudaClock:
                     call()
                     e.record()
                     if k == 0 and spin_done is not None and spin_done.query():
-                        # The first call already waited out the spin: it synchronizes, and no spin can help it.
-                        self._waiting.update(id(c) for c in chunk)
+                        late = True       # the first call outlasted the spin on the CPU
                 queued_ms = (time.perf_counter() - t0) * 1e3
                 ends[-1].synchronize()
-                if id(chunk[0]) not in self._waiting:
-                    self._cpu_ms_per_call = max(queued_ms / len(chunk), 1e-3)
-                times.extend(s.elapsed_time(e) for s, e in zip(starts, ends))
+                batch = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+                self._after_batch(chunk, batch, queued_ms, late)
+                if spin and self.duty < 1.0:
+                    # Idle so that the GPU is busy at most `duty` of the time: without it a power-hungry kernel
+                    # brings the GPU to its power cap within ~100 ms and runs slower (sustained=True times that).
+                    rest_ms = sum(batch) * (1.0 / self.duty - 1.0) - spin_ms
+                    if rest_ms > 0:
+                        time.sleep(rest_ms / 1e3)
+                times.extend(batch)
+                recent_ms = statistics.median(batch)
                 i += len(chunk)
         return times
+
+    def _batch_size(self, first: Callable[[], Any], recent_ms: float | None) -> int:
+        """How many calls to queue behind one spin: what the CPU can queue in time, and no more GPU work than
+        `batch_gpu_ms` (one call while its GPU time is unknown)."""
+        n = max(1, int(_SLEEP_CAP_MS / (2 * self._cpu_ms_per_call)))
+        if self.batch_gpu_ms > 0:
+            gpu_ms = self._gpu_ms.get(id(first), recent_ms)
+            n = min(n, 1 if gpu_ms is None else max(1, int(self.batch_gpu_ms / max(gpu_ms, 1e-6))))
+        return n
+
+    def _after_batch(self, chunk, batch_ms: list[float], queued_ms: float, late: bool) -> None:
+        """Learn from one batch: the CPU's pace, each call's GPU time, and which calls wait for the GPU.
+
+        A first call that outlasts the spin on the CPU either waits for the GPU itself (`.item()`, a synchronize)
+        or was slow once (a module loaded, an allocation, the OS): only two such batches in a row mark the calls
+        as waiting, so that a one-off does not take the spin away for the rest of the run."""
+        for call, ms in zip(chunk, batch_ms):
+            self._gpu_ms[id(call)] = ms
+        self._strikes = self._strikes + 1 if late else 0
+        if self._strikes >= 2:
+            self._waiting.update(id(c) for c in chunk)
+        if id(chunk[0]) not in self._waiting:   # a one-off only overstates the pace, for one batch: smaller batches
+            self._cpu_ms_per_call = max(queued_ms / len(chunk), 1e-3)
 
     def graph(self, calls: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
         """A zero-argument replay of one CUDA graph holding `calls` in order."""
@@ -373,6 +430,9 @@ class CudaClock:
             ahead = "no GPU spin (torch.cuda._sleep missing): launch overhead may be included"
         else:
             ahead = "the GPU kept behind the CPU by a queued spin, so launch overhead stays out"
+            if self.batch_gpu_ms > 0 or self.duty < 1.0:
+                ahead += (f"; batches of at most {self.batch_gpu_ms:g} ms of GPU work, the GPU busy at most "
+                          f"{100 * self.duty:.0f} % of the time (below its power cap)")
             if self._waiting:
                 ahead += " (except for calls that wait for the GPU themselves)"
         return f"CUDA events, {flush}, {ahead}"
@@ -439,8 +499,9 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
     isolate=True (or the notebook-wide isolation setting) first runs `fn` once with its kernels in a worker
     process, so that a faulty kernel is caught there; the timing itself always runs in this process, where
     CUDA events can see the kernels.
-    By default the GPU idles briefly between batches of calls (a queued spin keeps launch overhead out), so a
-    heavy kernel is timed as it runs in bursts, the state Nsight Compute measures. `sustained=True` times calls
+    By default calls run in batches of at most 5 ms of GPU work with the GPU idle at least half the time (a queued
+    spin keeps launch overhead out), so a heavy kernel is timed below the GPU's power cap, the state Nsight Compute
+    measures, and the same way every run. `sustained=True` times calls
     back to back after a warm-up of at least 500 ms, as a long training loop sees them: a power-hungry kernel
     (a bf16 matmul on an H200) then runs ~15 % slower because the GPU reaches its power cap.
     """

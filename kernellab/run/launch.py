@@ -227,14 +227,24 @@ def allow_dynamic_shared(function, shared_bytes: int) -> None:
     driver.funcSetAttribute(function.ptr, FUNC_ATTRIBUTES["max_dynamic_shared_size_bytes"], int(shared_bytes))
 
 
-def _external_stream(handle: int):
-    import warnings
+class _StreamHandle:
+    """A raw cudaStream_t in the CUDA stream protocol, as `cupy.cuda.Stream.from_external` takes it."""
 
+    def __init__(self, handle: int):
+        self.handle = int(handle)
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def _external_stream(handle: int):
+    """A CuPy stream object for a stream that another library (torch) owns."""
     import cupy
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return cupy.cuda.ExternalStream(handle)
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:           # CuPy 14: ExternalStream is deprecated
+        return from_external(_StreamHandle(handle))
+    return cupy.cuda.ExternalStream(handle)
 
 
 def _stream_for(args) -> object:
