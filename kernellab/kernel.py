@@ -124,11 +124,12 @@ class Kernel:
                                 f"shared_bytes](args...); got {self.name}[{config!r}]")
         return _Launcher(self, *config)
 
-    def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool = True,
+    def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool | None = None,
                isolate: bool | None = None, timeout_s: float | None = None):
         """Check the arguments against the signature and launch on the current GPU.
 
-        isolate=True runs it in a worker process (see run_isolated); None follows the notebook-wide setting.
+        sync (default: yes, except while `kernellab.bench` times the call) waits for the kernel, so that a fault is
+        reported here, at this launch, not at some later CUDA call. isolate=True runs it in a worker process (see run_isolated); None follows the notebook-wide setting.
         """
         from .run import worker as _worker
 
@@ -229,7 +230,7 @@ class _Launcher:
     def __init__(self, kernel: Kernel, grid, block, shared_bytes: int = 0):
         self.kernel, self.grid, self.block, self.shared_bytes = kernel, grid, block, shared_bytes
 
-    def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool = True,
+    def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
                  isolate: bool | None = None, timeout_s: float | None = None):
         return self.kernel.launch(self.grid, self.block, *args,
                                   shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,

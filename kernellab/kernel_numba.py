@@ -189,7 +189,7 @@ class NumbaKernel(Kernel):
         return self._sass
 
     # -- launching ------------------------------------------------------------------------------------------
-    def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool = True,
+    def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool | None = None,
                isolate: bool | None = None, timeout_s: float | None = None):
         """Check the arguments, then launch on the GPU, or in the simulator when `simulate` is set.
 
@@ -290,7 +290,7 @@ class NumbaKernel(Kernel):
 
     def _launch_gpu(self, grid, block, args, shared_bytes, stream, sync):
         _device.require_gpu(f"launching {self._name} on a GPU (set {self._name}.simulate = True to use the simulator)")
-        from .run.launch import _launch_error
+        from .run.launch import _launch_error, resolve_sync
 
         argtypes = self._types_for(args)
         dev = _device.device_info()
@@ -306,7 +306,7 @@ class NumbaKernel(Kernel):
             kernel.launch(values, cfg.grid, cfg.block, _core_stream(s), cfg.shared_bytes)
         except Exception as exc:
             raise _launch_error(exc, self._name, cfg, during="launch") from None
-        if sync:
+        if resolve_sync(sync):
             try:
                 s.synchronize()
             except Exception as exc:

@@ -849,3 +849,52 @@ def test_idle_time_is_added_where_the_spin_is_too_short_for_the_duty(monkeypatch
     call = gpu.call(python_ms=0.03, kernel_ms=4.0)          # one call per batch: 4 ms busy, 12 ms idle wanted
     clock.time_calls([call] * 4)
     assert slept and all(ms == pytest.approx(4.0 * 3 - 5.0) for ms in slept)   # the 5 ms spin counts as idle
+
+
+# --- kernels do not wait for themselves while bench times them ------------------------------------------------------
+
+
+def test_launches_wait_for_their_kernel_except_while_bench_times_them():
+    """A kernellab launch synchronizes by default (a fault is reported at its line), but inside bench's timing that
+    would add launch overhead to every repetition: a vector add once measured 0.6x of torch.add on an H200."""
+    from kernellab.run.launch import deferred_sync, resolve_sync
+
+    assert resolve_sync(None) is True and resolve_sync(False) is False
+    with deferred_sync():
+        assert resolve_sync(None) is False and resolve_sync(True) is True
+    assert resolve_sync(None) is True
+
+    seen = []
+
+    def fn(x):
+        seen.append(resolve_sync(None))
+        return x.clone()
+
+    bench(fn, const_inputs(1.0), timer=FakeClock(ms_from_tensor))
+    assert seen[0] is True                  # the first call waits: a fault is caught there, with its line
+    assert len(seen) > 20 and not any(seen[1:])
+    assert resolve_sync(None) is True       # and the default is back after the bench
+
+
+def test_a_fault_in_a_later_repetition_is_named_not_a_bare_cuda_error():
+    from kernellab.errors import LaunchError
+
+    class FaultingClock(FakeClock):
+        def time_calls(self, calls):
+            if len(self.batches) == 2:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered (cudaErrorIllegalAddress)")
+            return super().time_calls(calls)
+
+    with pytest.raises(LaunchError) as info:
+        bench(lambda x: x.clone(), const_inputs(1.0), timer=FaultingClock(ms_from_tensor), name="scatter")
+    assert info.value.sticky and "cudaErrorIllegalAddress" in info.value.cuda_error
+    assert "while bench timed scatter" in str(info.value) and "first call of each ran clean" in str(info.value)
+
+
+def test_other_errors_in_the_timed_calls_pass_through():
+    class Broken(FakeClock):
+        def time_calls(self, calls):
+            raise ValueError("not a CUDA fault")
+
+    with pytest.raises(ValueError, match="not a CUDA fault"):
+        bench(lambda x: x.clone(), const_inputs(1.0), timer=Broken(ms_from_tensor))

@@ -11,6 +11,9 @@ The method, and the way of lying each step prevents:
   so that it is busy at most half the time. Back-to-back work drives a big GPU into its power cap (an H200 running
   a bf16 matmul slows by ~15 % within ~100 ms), and a bench that sometimes does and sometimes does not get there
   gives a different answer each run. `sustained=True` times the capped state on purpose.
+- kernellab kernels do not wait for themselves while timed: `k[grid, block](...)` normally synchronizes so that a
+  fault is reported at its line, which here would put launch overhead into every repetition. The first call
+  still waits (a fault is caught there, by name); a fault in a later repetition is reported as such.
 - Warm-up by time (`warmup_ms`), after a first call that may compile or autotune.
 - Repetitions by time (`rep_ms`), in rounds that alternate between `fn` and its baselines, so clock and thermal
   drift hit them alike; each speed-up is the median of the per-round ratios, with their range as the spread.
@@ -22,6 +25,7 @@ The method, and the way of lying each step prevents:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -32,6 +36,7 @@ import numpy as np
 
 from kernellab.errors import KernellabError, NoGPUError
 from kernellab.report import fmt_cell, mimebundle
+from kernellab.run.launch import deferred_sync
 _MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
 _SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
 _SLEEP_MIN_MS = 5.0        # the shortest: a first call that takes longer on the CPU is taken to wait for the GPU
@@ -535,37 +540,40 @@ def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_r
     for fname, f in funcs.items():
         clock.check_measurable(fname, f(*arg_sets[0]), arg_sets[0])
 
-    # Each function becomes a list of zero-argument calls, one per input set (or one graph replay each).
-    # A graph holds enough calls for about 0.5 ms of work, and every input set at least once.
-    per_call: dict[str, list[Callable[[], Any]]] = {}
-    per_replay = {fname: 1 for fname in funcs}
-    for fname, f in funcs.items():
-        calls = [_bind(f, a) for a in arg_sets]
-        if cuda_graph:
-            est = statistics.median(clock.time_calls(calls[:1] * 5))
-            per_replay[fname] = max(len(calls), _clamp(math.ceil(0.5 / max(est, 1e-4)), 1, 1000))
-            calls = [clock.graph(_cycle(calls, per_replay[fname]))]
-        per_call[fname] = calls
+    # From here on, kernellab kernels launched by the calls do not wait for their kernel (that would put launch
+    # overhead into every repetition, and is illegal during graph capture); the first call above did wait.
+    with deferred_sync(), _faults_named(list(funcs)):
+        # Each function becomes a list of zero-argument calls, one per input set (or one graph replay each).
+        # A graph holds enough calls for about 0.5 ms of work, and every input set at least once.
+        per_call: dict[str, list[Callable[[], Any]]] = {}
+        per_replay = {fname: 1 for fname in funcs}
+        for fname, f in funcs.items():
+            calls = [_bind(f, a) for a in arg_sets]
+            if cuda_graph:
+                est = statistics.median(clock.time_calls(calls[:1] * 5))
+                per_replay[fname] = max(len(calls), _clamp(math.ceil(0.5 / max(est, 1e-4)), 1, 1000))
+                calls = [clock.graph(_cycle(calls, per_replay[fname]))]
+            per_call[fname] = calls
 
-    # Warm-up by time, then the number of repetitions from the warmed-up time.
-    reps: dict[str, int] = {}
-    for fname, calls in per_call.items():
-        est = statistics.median(clock.time_calls(_cycle(calls, 3)))
-        warm = clock.time_calls(_cycle(calls, _clamp(math.ceil(warmup_ms / max(est, 1e-6)), 1, max_reps)))
-        est = statistics.median(warm[len(warm) // 2:])
-        reps[fname] = _clamp(round(rep_ms / max(est, 1e-6)), min(max(min_reps, rounds), max_reps), max_reps)
-
-    # Rounds alternate between the functions; each keeps its own rotation position.
-    times = {f: [] for f in funcs}
-    round_medians = {f: [] for f in funcs}
-    for r in range(rounds):
+        # Warm-up by time, then the number of repetitions from the warmed-up time.
+        reps: dict[str, int] = {}
         for fname, calls in per_call.items():
-            n = reps[fname] // rounds + (1 if r < reps[fname] % rounds else 0)
-            start = len(times[fname])
-            batch = [calls[(start + k) % len(calls)] for k in range(n)]
-            t = [ms / per_replay[fname] for ms in clock.time_calls(batch)]
-            times[fname].extend(t)
-            round_medians[fname].append(statistics.median(t))
+            est = statistics.median(clock.time_calls(_cycle(calls, 3)))
+            warm = clock.time_calls(_cycle(calls, _clamp(math.ceil(warmup_ms / max(est, 1e-6)), 1, max_reps)))
+            est = statistics.median(warm[len(warm) // 2:])
+            reps[fname] = _clamp(round(rep_ms / max(est, 1e-6)), min(max(min_reps, rounds), max_reps), max_reps)
+
+        # Rounds alternate between the functions; each keeps its own rotation position.
+        times = {f: [] for f in funcs}
+        round_medians = {f: [] for f in funcs}
+        for r in range(rounds):
+            for fname, calls in per_call.items():
+                n = reps[fname] // rounds + (1 if r < reps[fname] % rounds else 0)
+                start = len(times[fname])
+                batch = [calls[(start + k) % len(calls)] for k in range(n)]
+                t = [ms / per_replay[fname] for ms in clock.time_calls(batch)]
+                times[fname].extend(t)
+                round_medians[fname].append(statistics.median(t))
 
     method = (f"{clock.describe()}; warm-up {warmup_ms:g} ms; {rounds} rounds alternating "
               f"{'the function and its baselines' if len(funcs) > 1 else 'repetitions'}")
@@ -602,6 +610,29 @@ def sweep(fn: Callable, xs: Sequence, inputs: Callable, *, baselines: dict[str, 
 
 
 # --- helpers --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _faults_named(names: list[str]):
+    """A kernel that faults in a later repetition (the first call ran clean and waited) surfaces at an event's
+    synchronize as a bare CUDA error: say what happened and what it means for this process."""
+    from kernellab.errors import LaunchError
+
+    from .launch import is_sticky
+
+    try:
+        yield
+    except KernellabError:
+        raise
+    except Exception as exc:
+        if not is_sticky(exc):
+            raise
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LaunchError(
+            f"a kernel faulted while bench timed {', '.join(names)} ({text}); the first call of each ran clean, so "
+            f"the fault depends on the data or on timing (a race). The error is sticky: this process's CUDA context "
+            f"is lost; restart the notebook kernel, then find the fault with `kernel.sanitize(grid, block, *args)` "
+            f"(compute-sanitizer, in a new process) on the data that faulted", sticky=True, cuda_error=text) from None
 
 
 def _inputs_at(inputs, x):

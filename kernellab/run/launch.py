@@ -1,6 +1,8 @@
 """Launching compiled kernels through CuPy, with every argument checked against the C signature first."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import struct
 from dataclasses import dataclass
@@ -227,6 +229,25 @@ def allow_dynamic_shared(function, shared_bytes: int) -> None:
     driver.funcSetAttribute(function.ptr, FUNC_ATTRIBUTES["max_dynamic_shared_size_bytes"], int(shared_bytes))
 
 
+_DEFER_SYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("kernellab_defer_sync", default=False)
+
+
+@contextlib.contextmanager
+def deferred_sync():
+    """Kernel launches inside do not wait for their kernel (unless they ask to): `bench` times them with CUDA
+    events, and a launch that synchronizes would put its own launch overhead into every repetition."""
+    token = _DEFER_SYNC.set(True)
+    try:
+        yield
+    finally:
+        _DEFER_SYNC.reset(token)
+
+
+def resolve_sync(sync: bool | None) -> bool:
+    """A launch's `sync`: as given, or by default yes, except inside `deferred_sync()`."""
+    return (not _DEFER_SYNC.get()) if sync is None else bool(sync)
+
+
 class _StreamHandle:
     """A raw cudaStream_t in the CUDA stream protocol, as `cupy.cuda.Stream.from_external` takes it."""
 
@@ -265,7 +286,7 @@ def is_sticky(exc: BaseException) -> bool:
     return any(s in text for s in STICKY_ERRORS)
 
 
-def launch(function, config: LaunchConfig, values: list, args: tuple, *, stream=None, sync: bool = True,
+def launch(function, config: LaunchConfig, values: list, args: tuple, *, stream=None, sync: bool | None = None,
            kernel_name: str = "kernel", job=None) -> None:
     """Launch a cupy Function; raise LaunchError for launch failures and, with sync, for faults in the kernel."""
     import cupy
@@ -282,7 +303,7 @@ def launch(function, config: LaunchConfig, values: list, args: tuple, *, stream=
         function(config.grid, config.block, tuple(values), shared_mem=config.shared_bytes, stream=s)
     except Exception as exc:  # cupy raises CUDADriverError for bad launches
         raise _launch_error(exc, kernel_name, config, during="launch", job=job) from None
-    if sync:
+    if resolve_sync(sync):
         try:
             s.synchronize()
         except Exception as exc:

@@ -93,6 +93,31 @@ def test_launch_overhead_stays_out_of_the_timing(torch):
     assert r.median_ms < 0.05, str(r)                         # GPU time only: the spin kept the GPU behind
 
 
+_VADD = r"""
+extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+"""
+
+
+def test_a_kernellab_kernel_is_timed_without_its_launch_wait(torch):
+    """k[grid, block](...) waits for its kernel (so a fault names its line), except while bench times it: with the
+    wait, launch overhead went into every repetition and this add measured 0.6x of torch.add on an H200."""
+    k = kernellab.compile_cuda(_VADD).vadd
+    n = 2**24 + 7
+    a, b, c = (torch.randn(n, device="cuda") for _ in range(3))
+    grid = (n + 255) // 256
+
+    r = bench(lambda a, b, c: k[grid, 256](a, b, c, n), (a, b, c), name="vadd",
+              baselines={"torch.add": lambda a, b, c: torch.add(a, b, out=c)}, bytes=12 * n)
+    assert "except for calls that wait" not in r.method, r.method
+    assert 0.85 < r.speedup("torch.add").ratio < 1.2, str(r)
+    assert torch.equal(c, a + b)
+    graph = bench(lambda a, b, c: k[grid, 256](a, b, c, n), (a, b, c), cuda_graph=True, name="vadd graph")
+    assert graph.cuda_graph and 0.8 < graph.median_ms / r.median_ms < 1.25, (str(graph), str(r))
+
+
 def test_cuda_graph_replay_for_a_tiny_kernel(torch):
     x = torch.zeros(4097, device="cuda")
     events = bench(lambda t: t.add_(1), (x,), rotate=False, name="events")
