@@ -898,3 +898,16 @@ def test_other_errors_in_the_timed_calls_pass_through():
 
     with pytest.raises(ValueError, match="not a CUDA fault"):
         bench(lambda x: x.clone(), const_inputs(1.0), timer=Broken(ms_from_tensor))
+
+
+def test_validate_table_shows_triton_s_own_spread():
+    """The reference harness's run-to-run spread goes beside kernellab's: a ~15 % spread in triton's matmul medians
+    is why one figure cannot agree with triton and ncu at once."""
+    row = {"workload": "matmul", "kernellab_median_ms": 1.381, "spread_pct": 0.04, "triton_median_ms": 1.509,
+           "triton_spread_pct": 13.8, "ncu_median_ms": 1.383, "vs_triton_pct": -8.5, "vs_ncu_pct": -0.11,
+           "pass": False}
+    lines = _validate_module().table([row]).splitlines()
+    assert lines[0].split("|")[5].strip() == "triton's spread"
+    cells = [c.strip() for c in lines[2].split("|")[1:-1]]
+    assert cells == ["matmul", "1.381 ms", "0.04 %", "1.509 ms", "13.8 %", "1.383 ms", "-8.5 %", "-0.11 %", "NO"]
+    assert len(lines[1].split("|")) == len(lines[0].split("|"))
