@@ -193,8 +193,8 @@ class NumbaKernel(Kernel):
                isolate: bool | None = None, timeout_s: float | None = None):
         """Check the arguments, then launch on the GPU, or in the simulator when `simulate` is set.
 
-        Returns None, or the SharedTrace when `trace_next` was set (that launch runs in the simulator). A simulated
-        launch cannot fault the GPU, so `isolate` matters only on the GPU, where Numba kernels do not run isolated yet.
+        Returns None, the SharedTrace when `trace_next` was set (that launch runs in the simulator), or the
+        IsolatedRun of an isolated launch (isolate=True, or the notebook-wide setting when isolate is None).
         """
         if self.trace_next:
             self.trace_next = False
@@ -202,27 +202,83 @@ class NumbaKernel(Kernel):
         if self.simulate:
             self._simulate(grid, block, args, shared_bytes)
             return None
+        if isolate is None:
+            from .run import worker as _worker
+
+            own = getattr(self, "isolate", None)
+            isolate = own if own is not None else _worker.settings.isolate
         if isolate:
-            self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
+            return self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
         self._launch_gpu(grid, block, args, shared_bytes, stream, sync)
         return None
 
-    def _not_yet(self, what: str):
-        return KernellabError(f"{what} is not available for Numba kernels yet (it launches compiled C ABI kernels). "
-                              f"To find a bad access in {self._name}, run the launch in the simulator on a small "
-                              f"problem ({self._name}.simulate = True): it names the thread, the block and the line.")
+    # -- the same launch in another process: a worker, compute-sanitizer, Nsight Compute ---------------------
+    def job_fields(self) -> dict:
+        """How a fresh process loads this kernel (KernelJob): the cubin ptxas made, the cell's source and line
+        numbers (the cubin's line table refers to them), and Numba's kernel ABI for the arguments."""
+        c = self._require_compiled("GPU image")
+        if "-c" in c.options:
+            raise KernellabError(f"{self._name} links extra files (link=...), so its cubin is relocatable and cannot "
+                                 f"be loaded on its own in another process: launch it in this process, or test the "
+                                 f"bad access in the simulator ({self._name}.simulate = True)")
+        if self._source is not None:
+            source, first_line = self._source, self._first_line
+        else:                                   # a kernel from a .py file: its line table numbers the file's lines
+            import linecache
+
+            source, first_line = "".join(linecache.getlines(c.filename)), 1
+        return {"source": source, "options": c.options, "first_line": first_line, "filename": c.filename,
+                "image": c.cubin, "image_format": "cubin", "abi": "numba"}
+
+    def check_launch_args(self, args, device) -> None:
+        """The argument checks of a GPU launch (for launches in another process, whose arrays travel C-contiguous)."""
+        _check_args(self.params, tuple(args), self.numba_signature, host_ok=False, device=device)
+        for pos, (p, x) in enumerate(zip(self.params, args)):
+            info = _array_info(x) if p.pointer else None
+            if info is None:
+                continue
+            dtype, shape, strides, _, _ = info
+            if p.layout == "F" and len(shape) > 1:
+                raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) is Fortran-ordered; launches in another "
+                                    f"process pass C-contiguous arrays: use a C-ordered signature, or launch in "
+                                    f"this process")
+            itemsize = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
+            if not nb.contiguous(shape, strides, itemsize, "C"):
+                raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) has strides {strides} bytes; launches in "
+                                    f"another process take C-contiguous arrays: pass x.contiguous() (torch) or "
+                                    f"cupy.ascontiguousarray(x)")
+            if type(x).__module__.split(".")[0] not in ("torch", "cupy"):
+                raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) is a {type(x).__name__}; launches in "
+                                    f"another process take CUDA torch tensors and CuPy arrays (wrap a Numba device "
+                                    f"array with cupy.asarray(x))")
+
+    def _ready_for(self, args) -> None:
+        """Compile for these arguments' types if no signature is known yet (as the first launch does)."""
+        if self.simulate:
+            raise KernellabError(f"{self._name} runs in the simulator ({self._sim_reason}); isolated, sanitized and "
+                                 f"profiled launches run on a GPU: set {self._name}.simulate = False there")
+        self._types_for(args)
 
     def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None):
-        """Not available for Numba kernels yet: raises, saying what to do instead."""
-        raise self._not_yet("An isolated launch (isolate=True)")
+        """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
+        self._ready_for(args)
+        return super().run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
 
     def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
-        """Not available for Numba kernels yet: raises, saying what to do instead."""
-        raise self._not_yet("compute-sanitizer through kernel.sanitize")
+        """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new
+        process; findings name the cell line through the cubin's line table."""
+        self._ready_for(args)
+        return super().sanitize(grid, block, *args, shared_bytes=shared_bytes, tool=tool, **kw)
 
     def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False, **kw):
-        """Not available for Numba kernels yet: raises, saying what to do instead."""
-        raise self._not_yet("Nsight Compute through kernel.profile")
+        """Run this launch under Nsight Compute (a small metric set, or full=True for `--set full`) in a new process."""
+        self._ready_for(args)
+        return super().profile(grid, block, *args, shared_bytes=shared_bytes, metrics=metrics, full=full, **kw)
+
+    def profile_banks(self, grid, block, *args, shared_bytes: int = 0, strict: bool = False):
+        """Shared-memory wavefronts and conflicts per source line, measured by Nsight Compute (see Kernel)."""
+        self._ready_for(args)
+        return super().profile_banks(grid, block, *args, shared_bytes=shared_bytes, strict=strict)
 
     def _types_for(self, args) -> tuple:
         """The signature's types, taken from `args` on the first launch (compiling then)."""

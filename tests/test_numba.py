@@ -379,8 +379,9 @@ def test_gpu_launch_path_with_a_stand_in_device(monkeypatch):
         k[1, 4](a, _FakeDeviceArray(8, "<f8"), a, 8)
     with pytest.raises(kernellab.LaunchError, match="vadd failed at launch.*fewer threads per block"):
         k[1, 4, 13](a, a, a, 8)
-    with pytest.raises(KernellabError, match="not available for Numba kernels yet"):
-        k[1, 4](a, a, a, 8, isolate=True)
+    with pytest.raises(ArgumentError, match=r"argument 0 \('a', float32\[::1\]\) is a _FakeDeviceArray; launches "
+                                            r"in another process take CUDA torch tensors and CuPy arrays"):
+        k[1, 4](a, a, a, 8, isolate=True)                      # checked before any worker starts
 
 
 # -- shared-memory traces -------------------------------------------------------------------------------------------
@@ -560,3 +561,80 @@ def test_with_numba_enable_cudasim_kernels_simulate_without_resources():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[1.0,", "1.0,", "1.0,", "1.0]", "True", "True", "True"]
+
+
+ABI_SOURCE = """from numba import cuda
+
+@cuda.jit
+def scale_t(a, out, n, alpha, flip):
+    r, c = cuda.grid(2)
+    if r < a.shape[0] and c < a.shape[1]:
+        out[c, r] = a[r, c] * alpha if flip else a[r, c]
+"""
+ABI_SIG = "float32[:, ::1], float32[:, ::1], int32, float64, boolean"
+_PTX_BYTES = {"64": 8, "32": 4, "16": 2, "8": 1}
+
+
+def test_an_isolated_numba_job_passes_arrays_as_numba_does():
+    """Jobs (worker, compute-sanitizer, ncu) pass each array as numba-cuda's dispatcher does: the members of its
+    array struct. Count, order and widths must match the kernel's own PTX parameters, scalars included."""
+    import re
+
+    import torch
+
+    from kernellab.run.job import KernelJob, numba_array_values, scalar_value
+
+    k = numba_module(ABI_SOURCE, signatures={"scale_t": ABI_SIG}, arch="sm_90", simulate=False).scale_t
+    a, out = torch.zeros(3, 5), torch.zeros(5, 3)
+    job = KernelJob.from_launch(k, (1, 1), (8, 8), (a, out, 7, 0.5, True))
+    assert job.abi == "numba" and job.image == k.cubin and job.image_format == "cubin"
+    again = KernelJob.from_bytes(job.to_bytes())
+    assert again.abi == "numba" and again.image == k.cubin
+
+    values = []
+    for spec in job.args:
+        values += numba_array_values(spec, 0x7000) if spec.kind == "tensor" else [scalar_value(spec)]
+    entry = k.ptx[k.ptx.index(".entry"):]
+    entry = entry[:entry.index(")")]
+    ptx_widths = [_PTX_BYTES[bits] for bits in re.findall(r"\.param\s+\.[a-z]+?(\d+)\s", entry)]
+    assert [np.asarray(v).itemsize for v in values] == ptx_widths
+    assert len(values) == 2 * (5 + 2 * 2) + 3
+    assert [int(v) for v in values[:9]] == [0, 0, 15, 4, 0x7000, 3, 5, 20, 4]     # a: [3, 5], C strides in bytes
+    assert [int(v) for v in values[9:18]] == [0, 0, 15, 4, 0x7000, 5, 3, 12, 4]   # out: [5, 3]
+    assert values[18:] == [np.int32(7), np.float64(0.5), np.bool_(True)]
+
+
+def test_an_isolated_numba_job_keeps_the_cell_lines():
+    """Sanitizer findings name the cell line: the cubin's line table uses the kernel's file name and the job
+    quotes the cell's lines by the same numbers."""
+    import torch
+
+    from kernellab.run.job import KernelJob
+
+    k = numba_module(ABI_SOURCE, signatures={"scale_t": ABI_SIG}, arch="sm_90", simulate=False,
+                     first_line=2).scale_t
+    job = KernelJob.from_launch(k, 1, 32, (torch.zeros(3, 5), torch.zeros(5, 3), 7, 0.5, True))
+    import re
+
+    files = re.findall(r'\.file\s+1\s+"([^"]+)"', k.ptx)
+    assert job.filename == k.compiled.filename and [os.path.basename(f) for f in files] == [job.filename]
+    assert re.search(r"\.loc\s+1\s+8\s", k.ptx)              # the line table numbers lines as the cell shows them
+    assert job.first_line == 2 and job.line(8).strip().startswith("out[c, r] = a[r, c] * alpha")
+
+
+def test_numba_launches_in_another_process_take_c_contiguous_torch_or_cupy_arrays(monkeypatch):
+    import torch
+
+    from kernellab.run.device import DeviceInfo
+
+    k = numba_module(ABI_SOURCE, signatures={"scale_t": ABI_SIG}, arch="sm_90", simulate=False).scale_t
+    dev = DeviceInfo(index=0, name="stand-in H100", arch="sm_90", multiprocessors=132)
+    monkeypatch.setattr(kernellab.kernel_numba, "_array_info",
+                        lambda x: (str(x.dtype).replace("torch.", ""), tuple(x.shape),
+                                   tuple(s * 4 for s in x.stride()), True, 0))
+    a = torch.zeros(3, 5)
+    k.check_launch_args((a, torch.zeros(5, 3), 7, 0.5, True), dev)
+    with pytest.raises(ArgumentError, match=r"argument 1 \('out'.*needs a C-contiguous"):
+        k.check_launch_args((a, torch.zeros(3, 5).t(), 7, 0.5, True), dev)
+    with pytest.raises(ArgumentError, match=r"argument 2 \('n', int32\) expects a number"):
+        k.check_launch_args((a, torch.zeros(5, 3), "7", 0.5, True), dev)

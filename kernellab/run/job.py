@@ -274,6 +274,7 @@ class KernelJob:
     image: bytes | None = field(default=None, repr=False)  # the compiled module; None: compile `source`
     image_format: str | None = None    # "cubin" or "ptx"
     device: int | None = None          # the GPU ordinal to run on (None: the current one)
+    abi: str = "c"                     # "c": one value per parameter; "numba": arrays as Numba's struct members
 
     @property
     def label(self) -> str:
@@ -373,16 +374,27 @@ class KernelJob:
                                      stage_slot=slot))
             else:
                 specs.append(tensor_spec(x, p.name, writes=writes, data="shapes" if data == "shapes" else "copy"))
-        module = kernel.module
-        cubin = getattr(module, "cubin", None)
+        fields = getattr(kernel, "job_fields", None)
+        if fields is not None:                  # a kernel that says how a fresh process loads it (Numba)
+            where = fields()
+        else:
+            module = kernel.module
+            cubin = getattr(module, "cubin", None)
+            where = {"source": getattr(module, "source", "") or "", "options": tuple(getattr(module, "options", ())
+                                                                                     or ()),
+                     "first_line": getattr(module, "first_line", 1),
+                     "filename": getattr(module, "filename", "kernel.cu"), "image": cubin if cubin else None,
+                     "image_format": "cubin" if cubin else None, "abi": "c"}
+        if where["abi"] == "numba":
+            for p, spec in zip(params, specs):
+                if p.pointer and spec.kind == "null":
+                    raise ArgumentError(f"{p.name} is a Numba array parameter and cannot be None")
         resources = getattr(kernel, "resources", None)
         return cls(symbol=kernel.symbol, grid=_dims(grid, "grid"), block=_dims(block, "block"), args=tuple(specs),
-                   source=getattr(module, "source", "") or "", backend=getattr(kernel, "backend", "cuda"),
-                   name=kernel.name, signature=str(getattr(kernel, "signature", "")), arch=kernel.arch,
-                   options=tuple(getattr(module, "options", ()) or ()), shared_bytes=int(shared_bytes),
-                   static_shared_bytes=getattr(resources, "shared_bytes", 0) if resources else 0,
-                   first_line=getattr(module, "first_line", 1), filename=getattr(module, "filename", "kernel.cu"),
-                   image=cubin if cubin else None, image_format="cubin" if cubin else None, device=device)
+                   backend=getattr(kernel, "backend", "cuda"), name=kernel.name,
+                   signature=str(getattr(kernel, "signature", "")), arch=kernel.arch, shared_bytes=int(shared_bytes),
+                   static_shared_bytes=getattr(resources, "shared_bytes", 0) if resources else 0, device=device,
+                   **where)
 
     # -- serialization --------------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -400,7 +412,7 @@ class KernelJob:
                 "arch": self.arch, "options": list(self.options), "shared_bytes": self.shared_bytes,
                 "static_shared_bytes": self.static_shared_bytes, "first_line": self.first_line,
                 "filename": self.filename, "image": blob(self.image), "image_format": self.image_format,
-                "device": self.device,
+                "device": self.device, "abi": self.abi,
                 "args": [{"kind": a.kind, "name": a.name, "dtype": a.dtype, "shape": list(a.shape), "value": a.value,
                           "data": blob(a.data), "fill": a.fill, "fill_value": a.fill_value, "seed": a.seed,
                           "writes": a.writes, "ipc_handle": a.ipc_handle.hex() if a.ipc_handle else None,
@@ -420,7 +432,7 @@ class KernelJob:
                    arch=head["arch"], options=tuple(head["options"]), shared_bytes=head["shared_bytes"],
                    static_shared_bytes=head["static_shared_bytes"], first_line=head["first_line"],
                    filename=head["filename"], image=blob(head["image"]), image_format=head["image_format"],
-                   device=head["device"])
+                   device=head["device"], abi=head.get("abi", "c"))
 
     def save(self, path) -> str:
         """Write the job to `path` (atomically) and return the path."""
@@ -628,7 +640,10 @@ def _function(job: KernelJob, state: dict):
 
 
 def _materialize(job: KernelJob, state: dict, stream=None):
-    """Device arrays (None for scalars and nulls) and the launch values, in argument order; uploads go to `stream`."""
+    """Device arrays (None for scalars and nulls) and the launch values, in argument order; uploads go to `stream`.
+
+    In the C ABI each argument is one value (a tensor its address); in Numba's, a tensor is its array struct's
+    members (numba_array_values)."""
     import cupy
 
     arrays, values = [], []
@@ -639,32 +654,49 @@ def _materialize(job: KernelJob, state: dict, stream=None):
         elif spec.kind == "null":
             arrays.append(None)
             values.append(np.uint64(0))
-        elif spec.shared:
-            try:
-                ptr = _ipc_open(state, spec.ipc_handle) + spec.ipc_offset
-            except Exception as exc:
-                raise IpcUnavailable(f"CUDA IPC is not available here ({type(exc).__name__}: {exc})") from None
-            arrays.append(_device_view(cupy, ptr, spec))
-            values.append(np.uint64(ptr))
-        elif spec.staged:
-            ptr, capacity = state.get("staging", {}).get(spec.stage_slot, (None, 0))
-            if ptr is None or capacity < spec.nbytes:
-                have = f"holds {capacity:,} bytes" if ptr is not None else "does not exist"
-                raise KernellabError(f"argument {spec.name or '?'} ({spec.nbytes:,} bytes) is staged in buffer "
-                                     f"{spec.stage_slot} of this worker, which {have}: the caller's view of the "
-                                     f"staging buffers is out of date")
-            arrays.append(_device_view(cupy, ptr, spec))
-            values.append(np.uint64(ptr))
         else:
-            st = storage_dtype(spec.dtype)
-            arr = cupy.empty(spec.shape, dtype=st)
-            if spec.data is not None:
-                arr.set(np.frombuffer(spec.data, dtype=st).reshape(spec.shape), stream=stream)
-            elif (spec.fill or "empty") != "empty":
-                arr.set(spec.host_array(), stream=stream)
+            arr, ptr = _tensor_on_device(cupy, spec, state, stream)
             arrays.append(arr)
-            values.append(np.uint64(arr.data.ptr if arr.size else 0))
+            values.extend(numba_array_values(spec, ptr) if job.abi == "numba" else [np.uint64(ptr)])
     return arrays, values
+
+
+def _tensor_on_device(cupy, spec: ArgSpec, state: dict, stream):
+    """(device array, its address) for a tensor argument: opened through IPC, in a staging buffer, or uploaded."""
+    if spec.shared:
+        try:
+            ptr = _ipc_open(state, spec.ipc_handle) + spec.ipc_offset
+        except Exception as exc:
+            raise IpcUnavailable(f"CUDA IPC is not available here ({type(exc).__name__}: {exc})") from None
+        return _device_view(cupy, ptr, spec), ptr
+    if spec.staged:
+        ptr, capacity = state.get("staging", {}).get(spec.stage_slot, (None, 0))
+        if ptr is None or capacity < spec.nbytes:
+            have = f"holds {capacity:,} bytes" if ptr is not None else "does not exist"
+            raise KernellabError(f"argument {spec.name or '?'} ({spec.nbytes:,} bytes) is staged in buffer "
+                                 f"{spec.stage_slot} of this worker, which {have}: the caller's view of the "
+                                 f"staging buffers is out of date")
+        return _device_view(cupy, ptr, spec), ptr
+    st = storage_dtype(spec.dtype)
+    arr = cupy.empty(spec.shape, dtype=st)
+    if spec.data is not None:
+        arr.set(np.frombuffer(spec.data, dtype=st).reshape(spec.shape), stream=stream)
+    elif (spec.fill or "empty") != "empty":
+        arr.set(spec.host_array(), stream=stream)
+    return arr, (arr.data.ptr if arr.size else 0)
+
+
+def numba_array_values(spec: ArgSpec, ptr: int) -> list:
+    """The launch values of one array in numba-cuda's kernel ABI: the members of its array struct (meminfo, parent,
+    nitems, itemsize, data, shape..., strides... in bytes), as numba-cuda's dispatcher passes them. The job's arrays
+    are C-contiguous."""
+    itemsize = ITEMSIZE.get(spec.dtype, 1)
+    strides, step = [], itemsize
+    for n in reversed(spec.shape):
+        strides.append(step)
+        step *= int(n)
+    return ([np.uint64(0), np.uint64(0), np.int64(spec.numel), np.int64(itemsize), np.uint64(ptr)]
+            + [np.int64(n) for n in spec.shape] + [np.int64(s) for s in reversed(strides)])
 
 
 def _device_view(cupy, ptr: int, spec: ArgSpec):

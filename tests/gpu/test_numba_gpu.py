@@ -217,3 +217,100 @@ def test_magic_on_the_gpu():
     ip.user_ns.update(a=torch.ones(100, device="cuda"), c=torch.zeros(100, device="cuda"))
     result = ip.run_cell("vadd[1, 128](a, a, c, 100)\nc.sum().item()")
     assert result.success and result.result == 200
+
+
+# --- Numba kernels in another process: the warm worker, compute-sanitizer, Nsight Compute -----------------------------
+
+FAULTS = """from numba import cuda
+
+@cuda.jit
+def oob_write(x, n):
+    i = cuda.grid(1)
+    x[i + n] = 1.0                           # n past the end
+"""
+
+
+def _line(source: str, fragment: str, first_line: int = 1) -> int:
+    return next(k for k, text in enumerate(source.splitlines(), start=first_line) if fragment in text)
+
+
+@pytest.fixture(scope="module")
+def faults():
+    from kernellab.kernel_numba import numba_module
+
+    return numba_module(FAULTS, signatures={"oob_write": "float32[::1], int64"}, first_line=2)
+
+
+def _save(name: str, text: str) -> None:
+    import os
+
+    out = os.environ.get("KERNELLAB_ARTIFACTS")
+    if out:
+        with open(os.path.join(out, name), "w") as fh:
+            fh.write(text)
+
+
+def test_isolated_numba_launches_copy_results_back(mod):
+    import torch
+
+    n = 1000
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    c = torch.full((n,), float("nan"), device="cuda")
+    run = mod.vadd[(n + 255) // 256, 256](a, b, c, n, isolate=True)
+    assert run is not None and run.pid != __import__("os").getpid()
+    torch.testing.assert_close(c, a + b)
+    x = torch.randn(45, 70, device="cuda")                        # 2-D: shape and strides travel as Numba's struct
+    out = torch.full((70, 45), float("nan"), device="cuda")
+    mod.transpose[(3, 2), (32, 32)](x, out, isolate=True)
+    torch.testing.assert_close(out, x.t())
+    kernellab.set_isolation(True)                                # the notebook-wide setting applies to Numba too
+    try:
+        c.fill_(float("nan"))
+        assert mod.vadd[(n + 255) // 256, 256](a, b, c, n) is not None
+    finally:
+        kernellab.set_isolation(False)
+    torch.testing.assert_close(c, a + b)
+
+
+def test_isolated_numba_fault_leaves_this_process_working_and_names_the_line(faults):
+    import torch
+
+    from kernellab.run.worker import IsolatedLaunchError
+
+    keep = torch.arange(10.0, device="cuda")
+    x = torch.zeros(1024, device="cuda")
+    with pytest.raises(IsolatedLaunchError) as info:
+        faults.oob_write.run_isolated(4, 256, x, 1 << 28, timeout_s=60)
+    err = info.value
+    _save("numba_isolated_fault.txt", str(err))
+    assert err.status == "fault" and "session is unaffected" in str(err), str(err)
+    line = _line(FAULTS, "x[i + n] = 1.0", first_line=2)
+    assert err.diagnosis is not None and err.diagnosis.findings, str(err)
+    assert err.diagnosis.findings[0].where.cell_line == line, str(err)
+    assert keep.sum().item() == 45.0                              # this process's context is fine
+
+
+def test_numba_memcheck_names_the_cell_line(faults):
+    import torch
+
+    x = torch.zeros(1000, device="cuda")
+    rep = faults.oob_write.sanitize(1, 32, x, 1000)                # one element past the end
+    _save("numba_memcheck_oob.txt", rep.raw)
+    assert not rep.ok and rep.findings, rep.raw[-3000:]
+    f = rep.findings[0]
+    assert f.kind == "invalid_write" and f.size_bytes == 4
+    assert f.where.cell_line == _line(FAULTS, "x[i + n] = 1.0", first_line=2), rep.raw[-3000:]
+    assert f.where.source_line.strip().startswith("x[i + n] = 1.0")
+    assert x.sum().item() == 0
+
+
+def test_numba_kernel_under_nsight_compute(mod):
+    import torch
+
+    n = 1 << 20
+    a, b, c = (torch.randn(n, device="cuda") for _ in range(3))
+    rep = mod.vadd.profile(n // 256, 256, a, b, c, n)
+    _save("numba_ncu.csv", rep.raw)
+    if rep.permission_denied:
+        pytest.skip("GPU performance counters are not permitted here: " + str(rep))
+    assert rep.ok and rep.duration_ms and rep.duration_ms > 0, rep.raw[-3000:]
