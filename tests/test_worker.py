@@ -861,3 +861,24 @@ def test_in_process_sticky_error_names_the_sanitize_call():
     assert err.sticky and "context of this process is lost" in text and "restart" in text
     assert "kernellab.run.sanitize.sanitize_last()" in text and "vadd.sanitize((4, 1, 1), (256, 1, 1), *args)" in text
     assert "isolate=True" in text
+
+
+def test_worker_output_drops_cupy_destructor_noise_after_a_fault():
+    """Captured from a real H200 run (tests/gpu/test_tools_gpu.py, isolated_fault.txt): after a fault, each CuPy
+    event freed in the dead context printed a traceback into the error message."""
+    from kernellab.run.worker import worker_output_lines
+
+    noise = """Exception ignored in: <cyfunction Event.__del__ at 0x7fb25e3cd640>
+Traceback (most recent call last):
+  File "cupy/cuda/stream.pyx", line 135, in cupy.cuda.stream.Event.__del__
+  File "cupy_backends/cuda/api/runtime.pyx", line 1065, in cupy_backends.cuda.api.runtime.eventDestroy
+  File "cupy_backends/cuda/api/runtime.pyx", line 146, in cupy_backends.cuda.api.runtime.check_status
+cupy_backends.cuda.api.runtime.CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was encountered
+"""
+    text = "printf from thread 3: i = 7\n" + noise + noise + "Exception ignored in: <function f at 0x1>\nValueError: mine\n"
+    assert worker_output_lines(text) == [
+        "printf from thread 3: i = 7",
+        "Exception ignored in: <function f at 0x1>",          # not a destructor of a dead context: kept
+        "ValueError: mine",
+        "(2 errors from CuPy objects freed in the dead CUDA context omitted)"]
+    assert worker_output_lines("") == [] and worker_output_lines("just output\n") == ["just output"]

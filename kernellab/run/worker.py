@@ -881,10 +881,33 @@ def isolated_error(result: JobResult, job: KernelJob, *, kernel=None, args=None,
         head = f"{name} failed to launch in the isolated worker: {text} ({cfg}).{hint}"
     else:
         head = f"{name} could not run in the isolated worker: {result.message}"
-    if result.stdout.strip():
-        head += "\nworker output:\n" + "\n".join("  " + l for l in result.stdout.rstrip().splitlines()[-20:])
+    shown = worker_output_lines(result.stdout)
+    if shown:
+        head += "\nworker output:\n" + "\n".join("  " + l for l in shown[-20:])
     return IsolatedLaunchError(head, status=result.status, cuda_error=result.cuda_error, job=job,
                                diagnosis=diagnosis)
+
+
+def worker_output_lines(text: str) -> list[str]:
+    """The worker's output, less the "Exception ignored in ... __del__" tracebacks that CuPy objects (events,
+    memory) print when they are freed in a context a fault has already killed: they repeat the fault, not news."""
+    lines = text.rstrip().splitlines()
+    out, dropped, i = [], 0, 0
+    while i < len(lines):
+        if lines[i].startswith("Exception ignored in:") and "__del__" in lines[i]:
+            j = i + 1
+            while j < len(lines) and (lines[j].startswith((" ", "\t", "Traceback"))):
+                j += 1
+            if j < len(lines) and "cuda" in lines[j].lower():
+                dropped += 1
+                i = j + 1
+                continue
+        out.append(lines[i])
+        i += 1
+    if dropped:
+        out.append(f"({dropped} error{'s' if dropped != 1 else ''} from CuPy objects freed in the dead CUDA context "
+                   f"omitted)")
+    return out
 
 
 def _diagnose(kernel, job: KernelJob, args) -> tuple[object, str]:
