@@ -911,3 +911,21 @@ def test_validate_table_shows_triton_s_own_spread():
     cells = [c.strip() for c in lines[2].split("|")[1:-1]]
     assert cells == ["matmul", "1.381 ms", "0.04 %", "1.509 ms", "13.8 %", "1.383 ms", "-8.5 %", "-0.11 %", "NO"]
     assert len(lines[1].split("|")) == len(lines[0].split("|"))
+
+
+def test_sleep_calibration_waits_for_the_clock_to_ramp_up(monkeypatch):
+    """A GPU idling at 345 MHz that reaches 2 GHz after 5 ms of work: calibrated at the idle clock, every spin would
+    be ~6x shorter than intended and the CPU would fall behind the GPU."""
+    from kernellab.run import bench as bench_mod
+
+    class RampGPU(SimulatedGPU):
+        def duration(self, start, ms, busy):
+            if busy:
+                return ms
+            cycles = ms * 1e6                       # SimulatedGPU queues a spin of n cycles as n / 1e6 ms
+            return cycles / (0.345e6 if start < 5.0 else 2.0e6)
+
+    gpu = RampGPU()
+    monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
+    clock = _simulated_clock(gpu)
+    assert clock._calibrate_sleep() == pytest.approx(2.0e6, rel=0.01)

@@ -361,3 +361,28 @@ def test_stage_buffers_and_run_job_on_staged_arguments(mod, stand_in_cupy, monke
     monkeypatch.setenv("FAKE_CUPY_MALLOC", "fail")
     with pytest.raises(Exception, match="cudaErrorMemoryAllocation"):
         J.stage_buffers({"sizes": {"0": 16}}, state)
+
+
+def test_allocations_opened_through_ipc_are_closed_when_the_job_ends(mod, stand_in_cupy, monkeypatch):
+    """The caller may free a lent tensor as soon as the launch returns (torch.cuda.empty_cache() gives segments back
+    to the driver); CUDA leaves freeing memory another process has open undefined, so the worker keeps none open."""
+    from dataclasses import replace
+
+    cupy = stand_in_cupy
+    rt = cupy.cuda.runtime
+    n = 64
+    ptr = rt.malloc(n * 4)
+    handle = rt.ipcGetMemHandle(ptr)
+    opened, closed = [], []
+    monkeypatch.setattr(rt, "ipcOpenMemHandle", lambda h, flags=1: (opened.append(h), ptr)[1])
+    monkeypatch.setattr(rt, "ipcCloseMemHandle", closed.append)
+    a = np.arange(n, dtype=np.float32)
+    job = KernelJob.from_launch(mod.vadd, 1, 64, (a, a, np.zeros(n, np.float32), n))
+    lent = ArgSpec("tensor", "c", "float32", (n,), ipc_handle=handle)
+    job = replace(job, args=(*job.args[:2], lent, job.args[3]))
+    state: dict = {}
+    for k in (1, 2):
+        res = run_job(job, state)
+        assert res.ok, res.message
+        assert opened == [handle] * k and closed == [ptr] * k and "ipc" not in state
+    assert np.array_equal(J._device_view(cupy, ptr, lent).get(), 2 * a)     # written in place, through the handle

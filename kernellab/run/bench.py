@@ -328,16 +328,22 @@ class CudaClock:
         sleep = getattr(torch.cuda, "_sleep", None)
         if sleep is None:
             return None
+        rates = []
         with torch.cuda.device(self.dev):
-            sleep(1000)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            cycles = 2_000_000
-            start.record()
-            sleep(cycles)
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        return cycles / ms if ms > 0 else None
+            # A GPU that idles at a low clock counts fewer cycles per ms until it ramps up: spin ~5 ms (at full
+            # clock) first, then keep the fastest of two readings, so that spins are never shorter than intended.
+            sleep(10_000_000)
+            for _ in range(2):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                cycles = 2_000_000
+                start.record()
+                sleep(cycles)
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end)
+                if ms > 0:
+                    rates.append(cycles / ms)
+        return max(rates) if rates else None
 
     def check_measurable(self, name: str, returned: Any, args: tuple) -> None:
         check_measurable(name, returned, args)

@@ -558,15 +558,22 @@ def init_worker(device: int | None = None) -> dict:
 def run_job(job: KernelJob, state: dict | None = None, *, scan: bool = True) -> JobResult:
     """Run `job` on this process's GPU and return its result; never raises for CUDA errors.
 
-    `state` carries loaded modules, opened IPC handles and the staging buffers between jobs of one worker. `scan`
-    counts NaN and Inf in the outputs, staged and shared ones included (it launches a few CuPy kernels, so the
-    tool runs leave it off).
+    `state` carries loaded modules and the staging buffers between jobs of one worker; allocations opened through
+    CUDA IPC are closed when the job ends (close_ipc). `scan` counts NaN and Inf in the outputs, staged and shared
+    ones included (it launches a few CuPy kernels, so the tool runs leave it off).
 
     Every step (uploads, the launch, the scan, downloads) runs on one stream, the job's: CuPy copies and kernels go
     to the *current* stream, and the legacy default stream does not order work on a non-blocking stream, so an
     upload left there may still be in flight when the kernel starts (it then reads the previous job's memory).
     """
     state = {} if state is None else state
+    try:
+        return _run_job(job, state, scan)
+    finally:
+        close_ipc(state)
+
+
+def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
     try:
         import cupy
 
@@ -760,29 +767,35 @@ def scalar_value(spec: ArgSpec):
     return np.dtype(spec.dtype).type(spec.value)
 
 
-_IPC_OPEN_MAX = 32
-
-
 class IpcUnavailable(KernellabError):
     """A lent tensor could not be opened in this process: the caller should copy instead."""
 
 
 def _ipc_open(state: dict, handle: bytes) -> int:
-    """The base address of a shared allocation in this process (opened once, closed when evicted)."""
+    """The base address of a shared allocation in this process, open until the job ends."""
     import cupy
 
     opened = state.setdefault("ipc", {})
-    ptr = opened.pop(handle, None)
+    ptr = opened.get(handle)
     if ptr is None:
-        ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle)
-        while len(opened) >= _IPC_OPEN_MAX:
-            old = next(iter(opened))
-            try:
-                cupy.cuda.runtime.ipcCloseMemHandle(opened.pop(old))
-            except Exception:
-                pass
-    opened[handle] = ptr                      # most recently used last
+        ptr = opened[handle] = cupy.cuda.runtime.ipcOpenMemHandle(handle)
     return ptr
+
+
+def close_ipc(state: dict) -> None:
+    """Close the allocations the job opened through CUDA IPC. The caller may free its tensors as soon as the launch
+    returns (torch.cuda.empty_cache() hands segments back to the driver), and CUDA leaves freeing memory that
+    another process still has open undefined; a worker that kept handles open also kept that memory reserved."""
+    opened = state.pop("ipc", None) or {}
+    if not opened:
+        return
+    import cupy
+
+    for ptr in opened.values():
+        try:
+            cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+        except Exception:       # a context a fault has killed: the worker is discarded anyway
+            pass
 
 
 def nonfinite_note(spec: ArgSpec, arr, xp) -> str | None:
