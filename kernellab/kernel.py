@@ -129,7 +129,8 @@ class Kernel:
         """Check the arguments against the signature and launch on the current GPU.
 
         sync (default: yes, except while `kernellab.bench` times the call) waits for the kernel, so that a fault is
-        reported here, at this launch, not at some later CUDA call. isolate=True runs it in a worker process (see run_isolated); None follows the notebook-wide setting.
+        reported here, at this launch, not at some later CUDA call. isolate=True runs it in a worker process (see
+        run_isolated); None follows the notebook-wide setting.
         """
         from .run import worker as _worker
 
