@@ -172,7 +172,7 @@ def test_cuda_graph_replays_divide_time_among_calls():
     assert r.cuda_graph and r.calls_per_replay == 50   # 0.5 ms of 0.01 ms calls
     assert clock.graphs == [50]
     assert r.median_ms == pytest.approx(0.01 / 50)     # the fake replay reports one call's time
-    assert "CUDA-graph replays" in r.method
+    assert "CUDA-graph replays" in r.method and "not between the calls inside it" in r.method
 
 
 def test_flops_and_bytes_may_be_callables_of_the_arguments():

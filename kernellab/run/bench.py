@@ -586,7 +586,8 @@ def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_r
     if len(arg_sets) > 1:
         method += f"; {len(arg_sets)} input sets in turn"
     if cuda_graph:
-        method += "; CUDA-graph replays of many calls, each replay's time divided among its calls"
+        method += ("; CUDA-graph replays of many calls, each replay's time divided among its calls (L2 is flushed "
+                   "before each replay, not between the calls inside it)")
     results = {f: _result(f, times[f], round_medians[f], rounds, quantiles, clock, method, work,
                           len(arg_sets), cuda_graph, per_replay[f]) for f in funcs}
     main_name = next(iter(funcs))
