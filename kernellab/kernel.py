@@ -162,6 +162,20 @@ class Kernel:
                     pass
             raise
 
+    # -- the same launch in another process: a worker, compute-sanitizer, Nsight Compute ---------------------
+    def job_fields(self) -> dict:
+        """How a fresh process loads this kernel (KernelJob): the module's cubin, source and line numbering."""
+        m = self.module
+        return {"source": m.source or "", "options": tuple(m.options or ()), "first_line": m.first_line,
+                "filename": m.filename, "image": m.cubin or None, "image_format": "cubin" if m.cubin else None,
+                "abi": "c"}
+
+    def check_launch_args(self, args, device) -> None:
+        """The argument checks of a launch, for launches in another process."""
+        from .run.launch import marshal_args
+
+        marshal_args(self.params, tuple(args), device, str(self.signature))
+
     def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None):
         """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
         from .run.worker import run_isolated

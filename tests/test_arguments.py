@@ -134,9 +134,9 @@ def test_a_torch_stream_reaches_cupy_without_the_deprecated_external_stream():
     import warnings
 
     cupy = pytest.importorskip("cupy")
-    from kernellab.run.launch import _external_stream
+    from kernellab.run.launch import external_stream
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        stream = _external_stream(0x1234)
+        stream = external_stream(0x1234)
     assert isinstance(stream, cupy.cuda.Stream) and stream.ptr == 0x1234

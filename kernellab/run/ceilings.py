@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from kernellab.analysis.roofline import DeviceCeilings
-from kernellab.run.launch import _external_stream
+from kernellab.run.launch import external_stream
 
 _COPY_BYTES = 2**30
 _MATMUL_N = 8192
@@ -123,7 +123,7 @@ def _fma_peak(dev, opts) -> tuple[float, str]:
             out = cupy.zeros(threads * blocks, dtype=cupy.float32)
 
             def run():  # on torch's current stream, where bench records its events
-                with _external_stream(torch.cuda.current_stream(dev).cuda_stream):
+                with external_stream(torch.cuda.current_stream(dev).cuda_stream):
                     kernel((blocks,), (threads,), (out, cupy.float32(0.999), cupy.float32(0.001),
                                                    cupy.int32(_FMA_ITERS)))
                 return out

@@ -374,17 +374,7 @@ class KernelJob:
                                      stage_slot=slot))
             else:
                 specs.append(tensor_spec(x, p.name, writes=writes, data="shapes" if data == "shapes" else "copy"))
-        fields = getattr(kernel, "job_fields", None)
-        if fields is not None:                  # a kernel that says how a fresh process loads it (Numba)
-            where = fields()
-        else:
-            module = kernel.module
-            cubin = getattr(module, "cubin", None)
-            where = {"source": getattr(module, "source", "") or "", "options": tuple(getattr(module, "options", ())
-                                                                                     or ()),
-                     "first_line": getattr(module, "first_line", 1),
-                     "filename": getattr(module, "filename", "kernel.cu"), "image": cubin if cubin else None,
-                     "image_format": "cubin" if cubin else None, "abi": "c"}
+        where = kernel.job_fields()             # how a fresh process loads the kernel
         if where["abi"] == "numba":
             for p, spec in zip(params, specs):
                 if p.pointer and spec.kind == "null":

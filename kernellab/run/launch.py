@@ -258,7 +258,7 @@ class _StreamHandle:
         return (0, self.handle)
 
 
-def _external_stream(handle: int):
+def external_stream(handle: int):
     """A CuPy stream object for a stream that another library (torch) owns."""
     import cupy
 
@@ -276,7 +276,7 @@ def _stream_for(args) -> object:
         if type(x).__module__.split(".")[0] == "torch" and getattr(x, "is_cuda", False):
             import torch
 
-            return _external_stream(torch.cuda.current_stream(x.device).cuda_stream)
+            return external_stream(torch.cuda.current_stream(x.device).cuda_stream)
     return cupy.cuda.get_current_stream()
 
 
@@ -294,9 +294,9 @@ def launch(function, config: LaunchConfig, values: list, args: tuple, *, stream=
     if stream is None:
         s = _stream_for(args)
     elif isinstance(stream, int):
-        s = _external_stream(stream)
+        s = external_stream(stream)
     elif type(stream).__module__.split(".")[0] == "torch":
-        s = _external_stream(stream.cuda_stream)
+        s = external_stream(stream.cuda_stream)
     else:
         s = stream
     try:

@@ -708,7 +708,7 @@ def check_launch(kernel, grid, block, args, shared_bytes: int = 0):
     import re
 
     from . import device as _device
-    from .launch import make_config, marshal_args
+    from .launch import make_config
 
     _device.require_gpu(f"launching {kernel.name}")
     dev = _device.device_info()
@@ -719,11 +719,7 @@ def check_launch(kernel, grid, block, args, shared_bytes: int = 0):
                             f"recompile with arch='{dev.arch}' (or arch=None for the current GPU)")
     cfg = make_config(grid, block, shared_bytes, max_threads_per_block=kernel.resources.max_threads_per_block,
                       static_shared_bytes=kernel.resources.shared_bytes, device=dev)
-    own_checks = getattr(kernel, "check_launch_args", None)       # Numba kernels check their own way
-    if own_checks is not None:
-        own_checks(tuple(args), dev)
-    else:
-        marshal_args(kernel.params, tuple(args), dev, str(kernel.signature))
+    kernel.check_launch_args(tuple(args), dev)
     return cfg, dev
 
 

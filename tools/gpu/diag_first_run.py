@@ -50,7 +50,6 @@ def child(mode: str, rest_s: float) -> dict:
             super().__init__(*a, **k)
 
         def time_calls(self, calls):
-            before = len(self.batches)
             t = super().time_calls(calls)
             self.batches.append((len(calls), round(self._cpu_ms_per_call, 4), round(statistics.median(t), 4)))
             return t
