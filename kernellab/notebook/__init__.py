@@ -6,6 +6,9 @@ def load_ipython_extension(ipython):
     from .magics import KernellabMagics
 
     ipython.register_magics(KernellabMagics)
+    from .gpu_magic import GpuMagics
+
+    ipython.register_magics(GpuMagics)
     try:
         from .numba_magics import NumbaMagics
     except ImportError:

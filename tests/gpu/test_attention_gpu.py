@@ -1,6 +1,6 @@
 """Tutorial 03's fused attention kernel against PyTorch's scaled_dot_product_attention, on awkward shapes.
 
-The kernel is the tutorial's own: the `%%cuda` cell of notebooks/03-fused-attention.py, compiled as the magic
+The kernel is the tutorial's own: the `%%cuda` cell of notebooks/07-fused-attention.py, compiled as the magic
 compiles it (first_line=2). The reference is SDPA in float64 (kernellab.check upcasts); tolerances are fp16's.
 """
 
@@ -18,7 +18,7 @@ BLOCK_M, BLOCK_N, HEAD_DIM = 64, 16, 64   # as in the cell
 
 def cuda_cell() -> str:
     """The notebook's `%%cuda` cell without its magic line: what the magic hands to compile_cuda."""
-    return notebook_cuda_cell("03-fused-attention.py")
+    return notebook_cuda_cell("07-fused-attention.py")
 
 
 @pytest.fixture(scope="module")

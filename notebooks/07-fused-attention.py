@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -12,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 03 · Fused attention: a FlashAttention-style forward kernel
+# # 07 · Fused attention: a FlashAttention-style forward kernel
 #
 # **What you will learn**
 # - why textbook attention (`S = Q K^T`, `P = softmax(S)`, `O = P V`) is limited by the bytes of the `N x N` matrices it

@@ -1,0 +1,72 @@
+"""`%%gpu`: a cell that needs a GPU runs as Python where there is one, and is skipped in one line where there is none.
+
+    %%gpu
+    vadd[grid, 256](a, b, c, n)
+    kernellab.bench(...)
+
+Run All on a laptop then reaches the end of a tutorial: every cell that compiles, draws or analyses still runs, and
+each GPU cell says in one line that it was skipped and why. `%%gpu --skip-note "figures below are from an H100"`
+adds a sentence to that line.
+"""
+from __future__ import annotations
+
+import ast
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+SKIP_MIME = "application/vnd.kernellab.skipped+json"
+
+
+def skipped_bundle(reason: str, note: str | None = None) -> dict:
+    """The one-line display of a skipped GPU cell (plain text, HTML and a JSON MIME type tests can find)."""
+    from .. import report
+
+    text = f"skipped: this cell needs a CUDA GPU ({reason})"
+    if note:
+        text += f". {note}"
+    return {"text/plain": text,
+            "text/html": f"<div style='color:#777;font-style:italic'>&#9197; {report.esc(text)}</div>",
+            SKIP_MIME: {"reason": reason, "note": note}}
+
+
+def run_python(shell, cell: str):
+    """Run `cell` (IPython syntax: %magics allowed) in the user namespace; return its last expression's value."""
+    source = shell.transform_cell(cell)
+    tree = ast.parse(source, filename="<gpu cell>")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    ns = shell.user_ns
+    if tree.body:
+        exec(compile(tree, "<gpu cell>", "exec"), ns)
+    if last is not None:
+        return eval(compile(last, "<gpu cell>", "eval"), ns)
+    return None
+
+
+@magics_class
+class GpuMagics(Magics):
+    """`%%gpu`: run the cell where a GPU is usable, skip it with a one-line note where none is."""
+
+    @magic_arguments()
+    @argument("--skip-note", default=None, help="A sentence added to the skip line (e.g. where recorded figures are).")
+    @cell_magic
+    def gpu(self, line: str, cell: str):
+        """Run this cell as Python if a CUDA GPU is usable; otherwise show one line saying it was skipped."""
+        try:
+            args = parse_argstring(self.gpu, line)
+        except Exception as exc:
+            raise UsageError(f"%%gpu {line}: {exc}") from None
+        from ..run.device import gpu_status
+
+        note = args.skip_note
+        if note and len(note) >= 2 and note[0] == note[-1] and note[0] in "\"'":  # IPython keeps the quotes
+            note = note[1:-1]
+        ok, reason = gpu_status()
+        if not ok:
+            display(skipped_bundle(reason, note), raw=True)
+            return None
+        return run_python(self.shell, cell)
