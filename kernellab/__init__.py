@@ -1,7 +1,8 @@
 """kernellab: write CUDA kernels in notebook cells, and see what they cost, whether they are right and how fast they are.
 
 `%load_ext kernellab` registers the `%%cuda` (and `%%numba`) cell magics. The library works without IPython:
-`compile_cuda`, `occupancy`, `bank_wavefronts`, `check`, `bench`, `roofline`.
+`compile_cuda`, `occupancy`, `bank_wavefronts`, `check`, `bench`, `roofline`, and the graded exercises of the
+tutorials: `exercises()`, `grade(id, kernel)`.
 """
 from ._version import __version__
 from .errors import ArgumentError, CompileError, Diagnostic, KernellabError, LaunchError, NoGPUError
@@ -35,6 +36,10 @@ _LAZY = {
     "numba_kernel": ("kernellab.kernel_numba", "numba_kernel"),
     "NumbaKernel": ("kernellab.kernel_numba", "NumbaKernel"),
     "compile_numba": ("kernellab.compile.numba_backend", "compile_numba"),
+    "exercises": ("kernellab.teach", "exercises"),
+    "grade": ("kernellab.teach", "grade"),
+    "GradeResult": ("kernellab.teach", "GradeResult"),
+    "Exercise": ("kernellab.teach", "Exercise"),
 }
 
 __all__ = ["__version__", "ArgumentError", "CompileError", "Diagnostic", "KernellabError", "LaunchError",
