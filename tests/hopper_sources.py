@@ -99,7 +99,7 @@ TMA_COPY = r"""
 #define BOX_COLS 32
 #endif
 __global__ void tma_copy(const __grid_constant__ CUtensorMap tmap, float* out, int rows, int cols) {
-    __shared__ alignas(128) float tile[BOX_ROWS][BOX_COLS];
+    __shared__ alignas(1024) float tile[BOX_ROWS][BOX_COLS];   // 1024: the 128B swizzle pattern repeats every 8 rows of 128 B
     __shared__ alignas(8) unsigned long long bar;
     unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
     unsigned tile_addr = static_cast<unsigned>(__cvta_generic_to_shared(&tile[0][0]));
