@@ -125,8 +125,11 @@ class Kernel:
         return _Launcher(self, *config)
 
     def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool | None = None,
-               isolate: bool | None = None, timeout_s: float | None = None):
+               isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
         """Check the arguments against the signature and launch on the current GPU.
+
+        cluster=(x, y, z) launches thread-block clusters of that shape (sm_90 on; the grid a whole number of them),
+        through cuLaunchKernelEx.
 
         sync (default: yes, except while `kernellab.bench` times the call) waits for the kernel, so that a fault is
         reported here, at this launch, not at some later CUDA call. isolate=True runs it in a worker process (see
@@ -137,7 +140,8 @@ class Kernel:
         if isolate is None:
             isolate = self.isolate if self.isolate is not None else _worker.settings.isolate
         if isolate:
-            return self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
+            return self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s,
+                                     cluster=cluster)
         _device.require_gpu(f"launching {self.name}")
         from .errors import LaunchError
         from .run.launch import allow_dynamic_shared, launch, make_config, marshal_args
@@ -145,7 +149,7 @@ class Kernel:
         dev = _device.device_info()
         self._check_arch(dev)
         cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
-                          static_shared_bytes=self.resources.shared_bytes, device=dev)
+                          static_shared_bytes=self.resources.shared_bytes, device=dev, cluster=cluster)
         values = marshal_args(self.params, args, dev, str(self.signature))
         fn = self._function(dev.index)
         if cfg.shared_bytes > dev.shared_per_block_bytes - self.resources.shared_bytes:
@@ -157,7 +161,8 @@ class Kernel:
                 from .run.job import KernelJob
 
                 try:
-                    exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes")
+                    exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes",
+                                                    cluster=cfg.cluster)
                 except Exception:
                     pass
             raise
@@ -176,11 +181,12 @@ class Kernel:
 
         marshal_args(self.params, tuple(args), device, str(self.signature))
 
-    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None):
+    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None, cluster=None):
         """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
         from .run.worker import run_isolated
 
-        return run_isolated(self, grid, block, args, shared_bytes=shared_bytes, timeout_s=timeout_s)
+        return run_isolated(self, grid, block, args, shared_bytes=shared_bytes, timeout_s=timeout_s,
+                            cluster=cluster)
 
     def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process."""
@@ -246,10 +252,11 @@ class _Launcher:
         self.kernel, self.grid, self.block, self.shared_bytes = kernel, grid, block, shared_bytes
 
     def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
-                 isolate: bool | None = None, timeout_s: float | None = None):
+                 isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
+        extra = {"cluster": cluster} if cluster is not None else {}     # CUDA C++ kernels take clusters
         return self.kernel.launch(self.grid, self.block, *args,
                                   shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
-                                  stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s)
+                                  stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s, **extra)
 
 
 class KernelCollection:
@@ -294,6 +301,13 @@ class Module(KernelCollection):
         # Source order (ptxas reports entries in no promised order); kernels not found in the source go last.
         self.kernels: tuple[Kernel, ...] = tuple(sorted(
             kernels, key=lambda k: (k.signature.line is None, k.signature.line or 0, k.symbol)))
+        for k in self.kernels:
+            for p in k.params:
+                if p.tensor_map and k.signature.line is not None and not p.grid_constant:
+                    self.notes += (f"{k.name}: parameter '{p.name}' is a CUtensorMap without __grid_constant__: "
+                                   f"declare it `const __grid_constant__ CUtensorMap {p.name}`, or the kernel may "
+                                   f"copy the map to local memory, where the tensor memory accelerator cannot read "
+                                   f"it",)
 
     arch = property(lambda self: self.output.arch)
     options = property(lambda self: self.output.options)

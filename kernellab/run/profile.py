@@ -361,13 +361,13 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
 
 
 def profile_launch(kernel, grid, block, args, *, shared_bytes: int = 0, metrics=None, full: bool = False,
-                   section_set: str | None = None, **kw) -> ProfileReport:
+                   section_set: str | None = None, cluster=None, **kw) -> ProfileReport:
     """kernel[grid, block](*args) under Nsight Compute, in a separate process; `args` are not modified."""
     from .worker import _sync_caller, check_launch
 
-    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
+    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
     _sync_caller()
     job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
-                                device=dev.index)
+                                device=dev.index, cluster=cfg.cluster)
     rep = profile(job, metrics=metrics, section_set="full" if full and section_set is None else section_set, **kw)
     return replace(rep, device=dev.name)

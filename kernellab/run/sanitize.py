@@ -511,14 +511,14 @@ def _text(b) -> str:
 
 
 def sanitize_launch(kernel, grid, block, args, *, shared_bytes: int = 0, tool: str = "memcheck",
-                    timeout_s: float = 300.0, **kw) -> SanitizerReport:
+                    timeout_s: float = 300.0, cluster=None, **kw) -> SanitizerReport:
     """kernel[grid, block](*args) under compute-sanitizer, in a separate process; `args` are not modified."""
     from .worker import _sync_caller, check_launch
 
-    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
+    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
     _sync_caller()
     job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
-                                device=dev.index)
+                                device=dev.index, cluster=cfg.cluster)
     return sanitize(job, tool, timeout_s=timeout_s, **kw)
 
 
