@@ -105,11 +105,13 @@ class Kernel:
     def instruction_summary(self):
         """Static counts of this kernel's SASS instructions by kind (tensor cores, TMA, async copies, loads and stores
         by width, FFMA, MUFU, barriers, local memory): which path the compiler took. See compile/sass_summary.py."""
-        if self._instructions is None:
-            from .compile.sass_summary import summarize
+        from .compile.sass_summary import summarize
 
-            self._instructions = summarize(self.sass)
-        return self._instructions
+        sass = self.sass
+        cached = getattr(self, "_instructions", None)     # (the SASS it was made from, the summary)
+        if cached is None or cached[0] is not sass:
+            cached = self._instructions = (sass, summarize(sass))
+        return cached[1]
 
     def occupancy(self, block, shared_bytes: int = 0, arch: str | None = None):
         """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block."""
