@@ -65,6 +65,7 @@ class Kernel:
         self.resources = resources
         self._functions: dict[int, object] = {}
         self._sass: str | None = None
+        self._instructions = None
         self.isolate: bool | None = None   # None: follow the notebook-wide setting (kernellab.set_isolation)
 
     # -- identity -------------------------------------------------------------------------------------------
@@ -97,10 +98,20 @@ class Kernel:
     def sass(self) -> str:
         """This kernel's SASS (disassembled with cuobjdump from the CUDA wheels; no GPU needed)."""
         if self._sass is None:
-            from .compile.disasm import sass
-
-            self._sass = sass(self.module.cubin, self.symbol)
+            self._sass = self.module._sass_of(self.symbol)
         return self._sass
+
+    @property
+    def instruction_summary(self):
+        """Static counts of this kernel's SASS instructions by kind (tensor cores, TMA, async copies, loads and stores
+        by width, FFMA, MUFU, barriers, local memory): which path the compiler took. See compile/sass_summary.py."""
+        from .compile.sass_summary import summarize
+
+        sass = self.sass
+        cached = getattr(self, "_instructions", None)     # (the SASS it was made from, the summary)
+        if cached is None or cached[0] is not sass:
+            cached = self._instructions = (sass, summarize(sass))
+        return cached[1]
 
     def occupancy(self, block, shared_bytes: int = 0, arch: str | None = None):
         """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block."""
@@ -242,6 +253,10 @@ class Kernel:
             d["best_block_sizes"] = list(self.best_block_sizes())
         except (ImportError, KernellabError, ValueError):
             pass
+        try:
+            d["instructions"] = self.instruction_summary.to_json()
+        except (KernellabError, OSError, ValueError):   # no cuobjdump: the card goes without
+            pass
         return d
 
 
@@ -294,6 +309,7 @@ class Module(KernelCollection):
         self.wall_ms = wall_ms
         self.notes = tuple(notes)
         self._loaded_modules: dict[int, object] = {}
+        self._sass_split: dict[str, str] | None = None
         facts = read_cubin(output.cubin)
         src_kernels = find_kernels("\n" * (first_line - 1) + source)
         kernels = [Kernel(self, signature_for(sym, src_kernels), _resources(output, sym, facts.get(sym)))
@@ -337,6 +353,29 @@ class Module(KernelCollection):
         known = ", ".join(k.signature.display for k in self.kernels) or "none"
         raise KeyError(f"no kernel {name!r} in this module; its kernels: {known}")
 
+    def _sass_of(self, symbol: str) -> str:
+        """One kernel's SASS, out of one disassembly of the whole cubin (kept in the compile cache by its hash)."""
+        if self._sass_split is None:
+            import hashlib
+
+            from .compile.disasm import sass
+            from .compile.sass_summary import split_functions
+
+            key = _cache.make_key(kind="sass", cubin=hashlib.sha256(self.cubin).hexdigest())
+            text, _ = _cache.get(key)
+            if text is None:
+                text = sass(self.cubin)
+                _cache.put(key, text)
+            parts = split_functions(text)
+            head = text[:text.find("Function :")].lstrip("\n") if parts else ""
+            self._sass_split = {sym: head + body for sym, body in parts.items()}
+        found = self._sass_split.get(symbol)
+        if found is None:                               # not in the dump as expected: ask for the one function
+            from .compile.disasm import sass
+
+            return sass(self.cubin, symbol)
+        return found
+
     def _loaded(self, index: int):
         mod = self._loaded_modules.get(index)
         if mod is None:
@@ -368,6 +407,8 @@ class Module(KernelCollection):
         head = (f"{j['title']} | {self.arch} | compiled in {self.compile_ms:.1f} ms "
                 f"| cache {'hit (' + self.cache_state + ')' if self.cache_hit else 'miss'}")
         parts = [head, report.text_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy"], rows)]
+        parts += [f"SASS {k['display']}: {k['instructions']['headline']}" for k in j["kernels"]
+                  if k.get("instructions", {}).get("headline")]
         parts += [f"warning: line {d.line}: {d.message}" for d in self.warnings]
         parts += [f"note: {n}" for n in self.notes]
         return "\n".join(parts)
@@ -390,6 +431,11 @@ class Module(KernelCollection):
         cap = f"{j['title']} · {self.arch} · {self.compile_ms:.1f} ms compile · {cache}"
         out = [report.html_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy", "best blocks"],
                                  rows, caption=cap)]
+        for k in j["kernels"]:
+            headline = k.get("instructions", {}).get("headline")
+            if headline:
+                out.append(f"<div style='font-size:90%'>SASS of <b>{report.esc(k['display'])}</b> (static counts): "
+                           f"{report.esc(headline)}</div>")
         for d in self.warnings:
             out.append(f"<div style='color:#a60'>warning, line {d.line}: {report.esc(d.message)}</div>")
         for n in self.notes:
