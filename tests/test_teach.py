@@ -448,3 +448,92 @@ def test_gpu_grading_reports_a_race_with_its_lines(fake_gpu, monkeypatch):
     assert f.kind == "race" and f.message.startswith("race at cell line 16, between threads (write / write"), str(r)
     assert f.hint == ex.hints["race"]
     assert {"memcheck", "racecheck", "synccheck"} <= {c.what for c in r.checks}
+
+
+# --- a Numba exercise with a shared tile: compile-level checks after the first launch, the simulator's racecheck ----
+
+TILE_NUMBA = '''
+import numba
+from numba import cuda
+
+
+@cuda.jit
+def tposed(inp, out):
+    tile = cuda.shared.array((32, 33), numba.float32)
+    rows, cols = inp.shape
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c, r = cuda.blockIdx.x * 32 + tx, cuda.blockIdx.y * 32 + ty
+    for j in range(0, 32, 8):
+        if r + j < rows and c < cols:
+            tile[ty + j, tx] = inp[r + j, c]
+    cuda.syncthreads()
+    c, r = cuda.blockIdx.y * 32 + tx, cuda.blockIdx.x * 32 + ty
+    for j in range(0, 32, 8):
+        if r + j < cols and c < rows:
+            out[r + j, c] = tile[tx, ty + j]
+'''
+
+
+@pytest.fixture
+def numba_tile():
+    base = exercise("02-transpose-naive")
+
+    def grid(shape, block):
+        return ceil_div(shape[1], 32), ceil_div(shape[0], 32)
+
+    ex = register(Exercise(id="t-tile-numba", tutorial="99-test", title="tile (Numba)", tests="t", kind="numba",
+                           kernel="tposed", signature="inp, out",
+                           make_args=lambda s, rng: base.make_args(s, rng)[:2], outputs=(1,),
+                           reference=lambda x, out: (x.T.copy(),), launch=Launch(grid=grid, blocks=((32, 8),)),
+                           shapes=((1, 1), (31, 33), (1000, 777)), sim_shapes=((1, 1), (31, 33), (33, 31)),
+                           needs_shared=True, needs_barrier=True))
+    yield ex
+    unregister(ex.id)
+
+
+def _numba_cell(src: str, name: str):
+    import linecache
+
+    filename = f"<cell-{abs(hash(src))}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    ns = {}
+    exec(compile(src, filename, "exec"), ns)
+    return ns[name]
+
+
+def test_numba_tile_is_checked_in_its_sass_after_the_simulated_runs(numba_tile):
+    r = kernellab.grade("t-tile-numba", _numba_cell(TILE_NUMBA, "tposed"))
+    assert r.passed and r.complete, str(r)
+    whats = [c.what for c in r.checks]
+    assert "goes through shared memory (STS and LDS)" in whats and "has a barrier (BAR.SYNC)" in whats
+    no_barrier = _numba_cell(TILE_NUMBA.replace("    cuda.syncthreads()\n", ""), "tposed")
+    r = kernellab.grade("t-tile-numba", no_barrier)
+    assert "missing_barrier" in [f.kind for f in r.findings], str(r)
+
+
+def test_the_simulators_racecheck_is_used_through_sanitize_where_kernellab_has_it(numba_tile, monkeypatch):
+    """Until the simulator has a race detector, sanitize() refuses a simulated kernel: the grade notes it. Once it
+    returns a report, its races are findings with both lines."""
+    from kernellab.kernel_numba import NumbaKernel
+    from kernellab.run.sanitize import Finding as SanFinding
+    from kernellab.run.sanitize import Location, SanitizerReport
+
+    k = kernellab.numba_kernel(_numba_cell(TILE_NUMBA, "tposed"), simulate=True)
+    r = kernellab.grade("t-tile-numba", k)
+    assert r.passed and any(n.startswith("racecheck was not run") for n in r.notes), r.notes
+
+    calls = []
+
+    def sanitize(self, grid, block, *args, shared_bytes=0, tool="memcheck", **kw):
+        calls.append((tool, grid, block))
+        race = SanFinding(tool="racecheck", kind="race", message="shared-memory data race", where=Location(
+            function="tposed", line=13, cell_line=13), other=Location(function="tposed", line=17, cell_line=17),
+            access="Write", other_access="Read")
+        return SanitizerReport(tool="racecheck", kernel="tposed", findings=(race,))
+
+    monkeypatch.setattr(NumbaKernel, "sanitize", sanitize)
+    r = kernellab.grade("t-tile-numba", k)
+    [f] = r.findings
+    assert f.kind == "race" and f.message.startswith("race between cell line 13 and line 17 (write / read")
+    assert f.cell_line == 13 and "(simulator)" in f.where
+    assert calls == [("racecheck", (2, 1, 1), (32, 8, 1))]      # the sanitizer shape 31 x 33: 2 x 1 tiles
