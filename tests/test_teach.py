@@ -156,7 +156,7 @@ def test_grade_result_is_frozen_and_displays_everywhere():
     assert f.hint == exercise("01-reverse").hints["missing_guard"]
     assert f.cell_line == 4             # the `extern "C"` line: numbered from 2 as in a %%cuda cell, after two comments
     assert "FAILED" in bundle["text/plain"] and "hint: guard `i < n`" in bundle["text/plain"]
-    assert "missing_guard" in bundle["text/html"] and "guard `i &lt; n`" in bundle["text/html"]
+    assert "missing_guard" in bundle["text/html"] and "guard <code>i &lt; n</code>" in bundle["text/html"]
 
 
 def test_grade_never_raises_for_a_wrong_kernel():
