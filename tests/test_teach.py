@@ -2,6 +2,7 @@
 every exercise the reference solution passing and each wrong variant failing with its finding (compile-level findings
 for %%cuda exercises, everything for Numba exercises in the simulator)."""
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from kernellab.teach.grader import DEFAULT_HINTS
 
 GPU = kernellab.has_gpu()
 IDS = exercises().ids
-TUTORIALS = ("01-first-kernel",)
+TUTORIALS = ("01-first-kernel", "02-transpose-banks")
 
 
 # --- the registry --------------------------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ def test_grade_result_is_frozen_and_displays_everywhere():
     assert f.hint == exercise("01-reverse").hints["missing_guard"]
     assert f.cell_line == 4             # the `extern "C"` line: numbered from 2 as in a %%cuda cell, after two comments
     assert "FAILED" in bundle["text/plain"] and "hint: guard `i < n`" in bundle["text/plain"]
-    assert "missing_guard" in bundle["text/html"] and "guard `i &lt; n`" in bundle["text/html"]
+    assert "missing_guard" in bundle["text/html"] and "guard <code>i &lt; n</code>" in bundle["text/html"]
 
 
 def test_grade_never_raises_for_a_wrong_kernel():
@@ -310,3 +311,229 @@ def test_a_grader_bug_is_a_failed_verdict_not_an_exception(numba_reverse, monkey
     good = _numba("@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.grid(1)\n    if i < n:\n        out[i] = inp[n - 1 - i]\n")
     r = kernellab.grade("t-reverse-numba", good)
     assert not r.passed and r.findings[-1].kind == "internal" and "boom" in r.findings[-1].message
+
+
+# --- the GPU path with a fake GPU: launches emulated in NumPy, compute-sanitizer reports from captured text -------
+
+MEMCHECK_OOB = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at reverse+0xb0 in cell.cu:6
+=========     by thread (1,0,0) in block (8,0,0)
+=========     Access to 0x7f5c94800404 is out of bounds
+=========     and is 0 bytes after the nearest allocation at 0x7f5c94800000 of size 1,028 bytes
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A usable "GPU": arrays stay NumPy, and the test gives the kernel's launch and sanitize."""
+    from kernellab.run import device
+    from kernellab.teach import grader
+
+    monkeypatch.setattr(device, "gpu_status", lambda: (True, "1 GPU(s) (fake)"))
+    monkeypatch.setattr(grader, "_to_device", lambda args: tuple(args))
+    monkeypatch.setattr(grader, "_to_host", lambda a: a)
+
+    def make(emulate, reports=None):
+        """The reverse solution's Kernel, launching `emulate(grid, block, *args)` and sanitizing to `reports`."""
+        from kernellab.run.sanitize import report_from_text
+
+        k = _kernel("01-reverse")
+        launches = []
+
+        def launch(grid, block, *args, shared_bytes=0, isolate=None, timeout_s=None, **kw):
+            launches.append((grid, block, isolate))
+            emulate(grid, block, *args)
+
+        def sanitize(grid, block, *args, shared_bytes=0, tool="memcheck", **kw):
+            return report_from_text((reports or {}).get(tool, "========= ERROR SUMMARY: 0 errors\n"), tool=tool,
+                                    kernel="reverse")
+
+        k.launch, k.sanitize, k.launches = launch, sanitize, launches
+        return k
+    return make
+
+
+def _reverse_threads(base):
+    """A reverse kernel as NumPy: thread i = base(block index, blockDim) + threadIdx, guarded by i < n."""
+    def emulate(grid, block, x, out, n):
+        for b in range(grid[0]):
+            for t in range(block[0]):
+                i = base(b, block[0]) + t
+                if i < n:
+                    out[i] = x[n - 1 - i]
+    return emulate
+
+
+def test_gpu_grading_runs_every_config_isolated_and_passes_a_right_kernel(fake_gpu):
+    k = fake_gpu(_reverse_threads(lambda b, dim: b * dim))
+    ex = exercise("01-reverse")
+    ex_small = Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-small", "shapes": (1, 31, 257)})
+    register(ex_small)
+    try:
+        r = kernellab.grade("t-rev-small", k)
+    finally:
+        unregister("t-rev-small")
+    assert r.passed and r.complete and not r.needs_gpu, str(r)
+    assert len(k.launches) == 3 * 4 and all(iso is True for _, _, iso in k.launches)   # 3 shapes x 4 blocks
+    assert [c.what for c in r.checks][-1] == "memcheck"
+
+
+def test_gpu_grading_turns_sanitizer_reports_into_findings_at_cell_lines(fake_gpu):
+    k = fake_gpu(_reverse_threads(lambda b, dim: b * dim),
+                 reports={"memcheck": MEMCHECK_OOB})
+    ex = exercise("01-reverse")
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-small", "shapes": (1, 31, 257)}))
+    try:
+        r = kernellab.grade("t-rev-small", k, seed=1)
+    finally:
+        unregister("t-rev-small")
+    [f] = r.findings
+    assert f.kind == "out_of_bounds" and f.cell_line == 6 and f.message.startswith("out of bounds write at cell line 6")
+    assert "(thread (1, 0, 0) of block (8, 0, 0))" in f.message and f.hint == exercise("01-reverse").hints[
+        "out_of_bounds"]
+    assert not r.passed and r.complete
+
+
+def test_gpu_grading_names_a_block_size_assumption(fake_gpu):
+    k = fake_gpu(_reverse_threads(lambda b, dim: b * 256))
+    ex = exercise("01-reverse")
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-small", "shapes": (1, 31, 257, 1000)}))
+    try:
+        r = kernellab.grade("t-rev-small", k)
+    finally:
+        unregister("t-rev-small")
+    kinds = {f.kind: f for f in r.findings}
+    # a 1024-thread block covers every shape up to 1000 with its block 0, where the assumption does no harm
+    assert kinds["launch_config"].message == "right with block 256, 1024 on every shape, but wrong with block 32, 96"
+    assert "unwritten" in kinds
+
+
+def test_gpu_grading_stops_at_the_first_fault(fake_gpu):
+    from kernellab.run.worker import IsolatedLaunchError
+
+    def fault(grid, block, *args):
+        raise IsolatedLaunchError("reverse faulted in the isolated worker: an illegal memory access", status="fault")
+
+    k = fake_gpu(fault, reports={"memcheck": MEMCHECK_OOB})
+    r = kernellab.grade("01-reverse", k)
+    assert [f.kind for f in r.findings] == ["fault", "out_of_bounds"], str(r)
+    assert len(k.launches) == 1 and any("stopped at the first fault" in n for n in r.notes)
+
+
+def test_gpu_grading_reports_a_race_with_its_lines(fake_gpu, monkeypatch):
+    from kernellab.teach import grader
+
+    race = (pathlib.Path(__file__).parent / "fixtures" / "captured" / "sanitizer_racecheck.txt").read_text()
+    ex = exercise("02-transpose-batched")
+    k = load_kernel(ex, solution_path(ex.id))
+    monkeypatch.setattr(k, "launch", lambda grid, block, x, out, b, r_, c, **kw: out.__setitem__(
+        slice(None), np.ascontiguousarray(x.transpose(0, 2, 1))), raising=False)
+    from kernellab.run import device
+    from kernellab.run.sanitize import report_from_text
+
+    monkeypatch.setattr(device, "gpu_status", lambda: (True, "fake"))
+    monkeypatch.setattr(grader, "_to_device", lambda args: tuple(args))
+    monkeypatch.setattr(grader, "_to_host", lambda a: a)
+    monkeypatch.setattr(k, "sanitize", lambda *a, tool="memcheck", **kw: report_from_text(
+        race if tool == "racecheck" else "", tool=tool, kernel=k.name), raising=False)
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-batched-small", "shapes": ex.shapes[:3]}))
+    try:
+        r = kernellab.grade("t-batched-small", k, speed=False)
+    finally:
+        unregister("t-batched-small")
+    [f] = r.findings
+    assert f.kind == "race" and f.message.startswith("race at cell line 16, between threads (write / write"), str(r)
+    assert f.hint == ex.hints["race"]
+    assert {"memcheck", "racecheck", "synccheck"} <= {c.what for c in r.checks}
+
+
+# --- a Numba exercise with a shared tile: compile-level checks after the first launch, the simulator's racecheck ----
+
+TILE_NUMBA = '''
+import numba
+from numba import cuda
+
+
+@cuda.jit
+def tposed(inp, out):
+    tile = cuda.shared.array((32, 33), numba.float32)
+    rows, cols = inp.shape
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c, r = cuda.blockIdx.x * 32 + tx, cuda.blockIdx.y * 32 + ty
+    for j in range(0, 32, 8):
+        if r + j < rows and c < cols:
+            tile[ty + j, tx] = inp[r + j, c]
+    cuda.syncthreads()
+    c, r = cuda.blockIdx.y * 32 + tx, cuda.blockIdx.x * 32 + ty
+    for j in range(0, 32, 8):
+        if r + j < cols and c < rows:
+            out[r + j, c] = tile[tx, ty + j]
+'''
+
+
+@pytest.fixture
+def numba_tile():
+    base = exercise("02-transpose-naive")
+
+    def grid(shape, block):
+        return ceil_div(shape[1], 32), ceil_div(shape[0], 32)
+
+    ex = register(Exercise(id="t-tile-numba", tutorial="99-test", title="tile (Numba)", tests="t", kind="numba",
+                           kernel="tposed", signature="inp, out",
+                           make_args=lambda s, rng: base.make_args(s, rng)[:2], outputs=(1,),
+                           reference=lambda x, out: (x.T.copy(),), launch=Launch(grid=grid, blocks=((32, 8),)),
+                           shapes=((1, 1), (31, 33), (1000, 777)), sim_shapes=((1, 1), (31, 33), (33, 31)),
+                           needs_shared=True, needs_barrier=True))
+    yield ex
+    unregister(ex.id)
+
+
+def _numba_cell(src: str, name: str):
+    import linecache
+
+    filename = f"<cell-{abs(hash(src))}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    ns = {}
+    exec(compile(src, filename, "exec"), ns)
+    return ns[name]
+
+
+def test_numba_tile_is_checked_in_its_sass_after_the_simulated_runs(numba_tile):
+    r = kernellab.grade("t-tile-numba", _numba_cell(TILE_NUMBA, "tposed"))
+    assert r.passed and r.complete, str(r)
+    whats = [c.what for c in r.checks]
+    assert "goes through shared memory (STS and LDS)" in whats and "has a barrier (BAR.SYNC)" in whats
+    no_barrier = _numba_cell(TILE_NUMBA.replace("    cuda.syncthreads()\n", ""), "tposed")
+    r = kernellab.grade("t-tile-numba", no_barrier)
+    assert "missing_barrier" in [f.kind for f in r.findings], str(r)
+
+
+def test_the_simulators_racecheck_is_used_through_sanitize_where_kernellab_has_it(numba_tile, monkeypatch):
+    """Until the simulator has a race detector, sanitize() refuses a simulated kernel: the grade notes it. Once it
+    returns a report, its races are findings with both lines."""
+    from kernellab.kernel_numba import NumbaKernel
+    from kernellab.run.sanitize import Finding as SanFinding
+    from kernellab.run.sanitize import Location, SanitizerReport
+
+    k = kernellab.numba_kernel(_numba_cell(TILE_NUMBA, "tposed"), simulate=True)
+    r = kernellab.grade("t-tile-numba", k)
+    assert r.passed and any(n.startswith("racecheck was not run") for n in r.notes), r.notes
+
+    calls = []
+
+    def sanitize(self, grid, block, *args, shared_bytes=0, tool="memcheck", **kw):
+        calls.append((tool, grid, block))
+        race = SanFinding(tool="racecheck", kind="race", message="shared-memory data race", where=Location(
+            function="tposed", line=13, cell_line=13), other=Location(function="tposed", line=17, cell_line=17),
+            access="Write", other_access="Read")
+        return SanitizerReport(tool="racecheck", kernel="tposed", findings=(race,))
+
+    monkeypatch.setattr(NumbaKernel, "sanitize", sanitize)
+    r = kernellab.grade("t-tile-numba", k)
+    [f] = r.findings
+    assert f.kind == "race" and f.message.startswith("race between cell line 13 and line 17 (write / read")
+    assert f.cell_line == 13 and "(simulator)" in f.where
+    assert calls == [("racecheck", (2, 1, 1), (32, 8, 1))]      # the sanitizer shape 31 x 33: 2 x 1 tiles

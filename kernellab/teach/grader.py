@@ -133,6 +133,9 @@ class _Grading:
         simulated = ex.kind == "numba" and bool(getattr(k, "simulate", False))
         if ex.kind == "cuda":
             self.static_checks(k)
+            if any(f.kind == "no_store" for f in self.findings):
+                self.notes.append("not launched: a kernel that stores nothing has nothing to check yet")
+                return
         if simulated:
             self.run_all(k, simulated=True)
             self.numba_static_checks(k)
@@ -297,7 +300,14 @@ class _Grading:
                 args = tuple(ex.make_args(shape, rng))
                 expected = _as_tuple(ex.reference(*_copy(args)))
                 where = f"{_shape_text(ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
-                ok = self.run_one(k, args, expected, grid, block, where, simulated)
+                try:
+                    ok = self.run_one(k, args, expected, grid, block, where, simulated)
+                except _RunFailed as exc:
+                    self.check(f"launches on {len(shapes)} shapes ({'simulator' if simulated else 'GPU'})", False,
+                               f"stopped at the first {exc.kind}: {where}")
+                    self.notes.append(f"the launches stopped at the first {exc.kind} ({where}); each one costs a "
+                                      f"fresh worker process")
+                    return False
                 ran += 1
                 if block not in tried:
                     tried.append(block)
@@ -322,6 +332,8 @@ class _Grading:
             outs = self._launch_sim(k, args, grid, block) if simulated else self._launch_gpu(k, args, grid, block)
         except _RunFailed as exc:
             self.add(exc.kind, exc.message, cell_line=exc.cell_line, where=where)
+            if exc.kind in ("fault", "timeout"):
+                raise                           # each costs a fresh worker: one is enough, the sanitizer says where
             return False
         ok = True
         for j, (i, out) in enumerate(zip(ex.outputs, outs)):
@@ -360,7 +372,7 @@ class _Grading:
             raise _RunFailed(kind, str(exc).splitlines()[0]) from None
         except KernellabError as exc:
             raise _RunFailed("fault", str(exc).splitlines()[0]) from None
-        return [dev[i].cpu().numpy() for i in self.ex.outputs]
+        return [_to_host(dev[i]) for i in self.ex.outputs]
 
     # -- sanitizers -------------------------------------------------------------------------------------------
     def sanitizer_tools(self) -> tuple[str, ...]:
@@ -435,7 +447,10 @@ class _Grading:
             elif f.kind == "race":
                 other = getattr(f, "other", None)
                 oline = (getattr(other, "cell_line", None) or getattr(other, "line", None)) if other else None
-                pair = f"between cell line {line} and line {oline}" if line and oline else at.strip() or "in shared memory"
+                if line and oline and line != oline:
+                    pair = f"between cell line {line} and line {oline}"
+                else:
+                    pair = f"at cell line {line}, between threads" if line else "in shared memory"
                 self.add("race", f"race {pair} ({(f.access or 'access').lower()} / "
                                  f"{(f.other_access or 'access').lower()} of the same shared-memory word)",
                          cell_line=line, where=where)
@@ -539,6 +554,11 @@ def _to_device(args) -> tuple:
     import torch
 
     return tuple(torch.from_numpy(np.ascontiguousarray(a)).cuda() if isinstance(a, np.ndarray) else a for a in args)
+
+
+def _to_host(t) -> np.ndarray:
+    """A CUDA torch tensor's contents as a NumPy array."""
+    return t.cpu().numpy()
 
 
 def _dim(t) -> str:

@@ -1,9 +1,24 @@
 """What `kernellab.grade` and `kernellab.exercises` return: a verdict with its findings, and the list of exercises."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .. import report
+
+_CELL = "padding: 2px 8px; text-align: left; vertical-align: top; border-bottom: 1px solid #ddd"
+
+
+def _code(text: str) -> str:
+    """HTML-escaped text with its `backticked` spans as <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", report.esc(text))
+
+
+def _table(headers, rows) -> str:
+    """A left-aligned HTML table of already-escaped cells (prose reads better left-aligned than report's tables)."""
+    head = "".join(f"<th style='{_CELL}'>{report.esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td style='{_CELL}'>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table style='{report.STYLE}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 @dataclass(frozen=True)
@@ -114,20 +129,17 @@ class GradeResult:
         mark = "&#10004;" if self.passed else "&#10008;"
         out = [f"<div style='color:{color};font-weight:bold'>{mark} {report.esc(self.headline())}</div>"]
         if self.findings:
-            rows = []
-            for f in self.findings:
-                line = "-" if f.cell_line is None else f.cell_line
-                rows.append([f.kind, report.Raw(report.esc(f.message) + (
-                    f"<br><span style='color:#666'>{report.esc(f.where)}</span>" if f.where else ""), f.message),
-                    line, report.Raw(f"<i>{report.esc(f.hint)}</i>", f.hint)])
-            out.append(report.html_table(["finding", "what the grader saw", "cell line", "hint"], rows))
+            rows = [[f"<b>{report.esc(f.kind)}</b>",
+                     _code(f.message) + (f"<br><span style='color:#666'>{report.esc(f.where)}</span>" if f.where else ""),
+                     "-" if f.cell_line is None else str(f.cell_line), f"<i>{_code(f.hint)}</i>"]
+                    for f in self.findings]
+            out.append(_table(["finding", "what the grader saw", "cell line", "hint"], rows))
         if self.checks:
-            rows = [[report.Raw("<span style='color:#080'>&#10004;</span>" if c.passed else
-                                "<span style='color:#c00'>&#10008;</span>", "ok" if c.passed else "x"),
-                     c.what, c.detail or ""] for c in self.checks]
+            rows = [["<span style='color:#080'>&#10004;</span>" if c.passed else "<span style='color:#c00'>&#10008;</span>",
+                     report.esc(c.what), _code(c.detail)] for c in self.checks]
             out.append("<details><summary style='color:#666'>what was checked "
-                       f"({sum(c.passed for c in self.checks)}/{len(self.checks)} held)</summary>"
-                       + report.html_table(["", "check", "detail"], rows) + "</details>")
+                       f"({sum(c.passed for c in self.checks)} of {len(self.checks)} held)</summary>"
+                       + _table(["", "check", "detail"], rows) + "</details>")
         if self.needs_gpu:
             out.append(f"<div style='color:#a60'>needs a GPU: {report.esc(self.needs_gpu)}</div>")
         if self.speed is not None:
@@ -167,14 +179,19 @@ class ExerciseTable:
         return tuple(r[0] for r in self.rows)
 
     def __str__(self) -> str:
-        return report.text_table(["id", "tutorial", "title", "tests", "kind"], self.rows)
+        widths = [max(len(str(r[i])) for r in (("id", "tutorial", "title", "tests", "kind"), *self.rows))
+                  for i in range(5)]
+        lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()
+                 for r in (("id", "tutorial", "title", "tests", "kind"), tuple("-" * w for w in widths), *self.rows)]
+        return "\n".join(lines)
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        rows = [[report.Raw(f"<code>{report.esc(r[0])}</code>", r[0]), *r[1:]] for r in self.rows]
-        return report.html_table(["id", "tutorial", "title", "tests", "kind"], rows,
-                                 caption=f"{len(self.rows)} exercises: kernellab.grade(id, kernel) grades one")
+        rows = [[f"<code>{report.esc(r[0])}</code>", *(report.esc(v) for v in r[1:])] for r in self.rows]
+        caption = (f"<div style='font-weight:bold'>{len(self.rows)} exercises: "
+                   f"<code>kernellab.grade(id, kernel)</code> grades one</div>")
+        return caption + _table(["id", "tutorial", "title", "tests", "kind"], rows)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return report.mimebundle(self, include, exclude)

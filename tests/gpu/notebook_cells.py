@@ -4,10 +4,19 @@ import pathlib
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 
 
-def cuda_cell(notebook: str) -> str:
-    """The first `%%cuda` cell of notebooks/<notebook> without its magic line."""
+def cuda_cells(notebook: str) -> list[str]:
+    """Every `%%cuda` cell of notebooks/<notebook>, without its magic line, in order."""
     text = (NOTEBOOKS / notebook).read_text()
-    start = text.index("\n# %%cuda") + 1
-    body = text[text.index("\n", start) + 1:]
-    end = body.find("\n# %%")
-    return body[: end if end >= 0 else None].rstrip() + "\n"
+    cells, start = [], text.find("\n# %%cuda")
+    while start >= 0:
+        body = text[text.index("\n", start + 1) + 1:]
+        end = body.find("\n# %%")
+        cells.append(body[: end if end >= 0 else None].rstrip() + "\n")
+        start = text.find("\n# %%cuda", start + 1)
+    return cells
+
+
+def cuda_cell(notebook: str) -> str:
+    """The first `%%cuda` cell of notebooks/<notebook> that is the tutorial's own (not an exercise's stub, whose first
+    line is `// exercise: <id>`), without its magic line."""
+    return next(c for c in cuda_cells(notebook) if not c.lstrip().startswith("// exercise:"))
