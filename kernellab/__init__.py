@@ -35,6 +35,10 @@ _LAZY = {
     "numba_kernel": ("kernellab.kernel_numba", "numba_kernel"),
     "NumbaKernel": ("kernellab.kernel_numba", "NumbaKernel"),
     "compile_numba": ("kernellab.compile.numba_backend", "compile_numba"),
+    "autotune": ("kernellab.kernel", "autotune"),
+    "AutotuneResult": ("kernellab.run.autotune", "AutotuneResult"),
+    "autotune_plot": ("kernellab.notebook.autotune_plots", "autotune_plot"),
+    "grade_many": ("kernellab.run.grading", "grade_many"),
 }
 
 __all__ = ["__version__", "ArgumentError", "CompileError", "Diagnostic", "KernellabError", "LaunchError",
