@@ -659,7 +659,12 @@ class KernelSpec:
     def get(self):
         if self.kernel is None:
             if self.factory is not None:
-                self.kernel = self.factory(self.config)
+                from .numba_sim import simulator_lock
+
+                # A simulated launch in another thread (a threaded Dask worker) swaps numba.cuda for the simulator's
+                # module in the kernels' modules; building (and compiling) a Numba kernel then would see it.
+                with simulator_lock():
+                    self.kernel = self.factory(self.config)
             else:
                 module = self.build(self.output, self.source, name=self.name, first_line=self.first_line,
                                     filename=self.filename, cache_state="memory", wall_ms=0.0)
