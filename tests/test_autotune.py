@@ -375,7 +375,9 @@ def test_dask_cluster_runs_the_compile_stage_and_simulated_numba_jobs(dask_clien
     assert biased.check.startswith("failed: trial 0 (seed 0): 100 of 100 elements")
     assert huge.pruned.startswith("threads: a block of 2048 threads")
     assert {row.worker for row in r.rows} <= workers and not any(row.timed for row in r.rows)
-    assert any("checked in the simulator" in note for note in r.notes)
+    assert t32.note == "not timed: it ran in the simulator" and t32.status == "not run"
+    assert r.counts() == {"timed": 0, "pruned": 1, "failed": 2, "not run": 2, "error": 0}
+    assert any("checked in the simulator; timing needs a GPU" in note for note in r.notes)
 
 
 def test_a_process_pool_cannot_take_lambdas_and_says_so(tmp_cache, no_gpu):

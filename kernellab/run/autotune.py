@@ -99,6 +99,7 @@ class AutotuneRow:
     error: str | None = field(default=None, repr=False)   # the whole compiler message, fault or exception
     check_report: Any = field(default=None, repr=False, compare=False)  # kernellab.CheckReport
     bench: Any = field(default=None, repr=False, compare=False)          # kernellab.BenchResult
+    note: str | None = None                 # why a row that passed was not timed (no GPU, the simulator, ...)
     cached: bool = False                    # read from the cache, not run in this call
 
     @property
@@ -116,7 +117,8 @@ class AutotuneRow:
 
     @property
     def status(self) -> str:
-        """'timed', 'pruned', 'failed' (check or fault), 'not run' or 'error'."""
+        """'timed', 'pruned', 'failed' (the check failed or the kernel faulted), 'error' (something else raised) or
+        'not run' (no GPU here, or not timed: see `note`)."""
         if self.pruned:
             return "pruned"
         if self.timed:
@@ -135,7 +137,7 @@ class AutotuneRow:
                 "limiter": self.limiter, "pruned": self.pruned, "check": self.check, "median_ms": self.median_ms,
                 "spread": self.spread, "speedups": {s.baseline: s.ratio for s in self.speedups},
                 "device": self.device, "gpu": self.gpu, "worker": self.worker, "symbol": self.symbol,
-                "status": self.status, "error": self.error, "cached": self.cached}
+                "status": self.status, "note": self.note, "error": self.error, "cached": self.cached}
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,9 @@ class AutotuneResult:
         smem = None if r.shared_bytes is None else r.shared_bytes + (r.dynamic_shared_bytes or 0)
         occ = f"{r.occupancy:.0%} ({r.limiter})" if r.occupancy is not None else "-"
         block = _block_text(r.block)
-        verdict = f"pruned: {r.pruned}" if r.pruned else (r.check or ("-" if r.timed else "not run"))
+        verdict = f"pruned: {r.pruned}" if r.pruned else (r.check or ("-" if r.timed else r.note or "not run"))
+        if r.check == "passed" and r.note:
+            verdict = f"passed, {r.note}"
         cells = [("* " if best is not None and r is best else "") + r.label, _cell(r.registers), _cell(smem), block,
                  occ, _short(verdict, 70), _cell(r.median_ms), f"{r.spread:.1%}" if r.spread is not None else "-"]
         for b in self.baselines:
@@ -829,7 +833,7 @@ def measure(task: MeasureTask) -> Outcome:
             f.update(_resource_fields(_resources(k)))
     timer = task.bench_options.get("timer")
     if not (here.gpu_ok and not simulated) and timer is None:
-        f["timing"] = f"not timed: {'simulated' if simulated else 'no GPU'} ({here.reason})"
+        f["note"] = "not timed: " + ("it ran in the simulator" if simulated else "no GPU")
         return out
     from ..errors import LaunchError
     from .bench import bench
@@ -847,7 +851,7 @@ def measure(task: MeasureTask) -> Outcome:
         out.context_lost = bool(exc.sticky)
         return out
     except Exception as exc:
-        f.update(error=f"{type(exc).__name__}: {exc}", timing=f"timing failed: {_first_line(exc)}")
+        f.update(error=f"{type(exc).__name__}: {exc}", note=f"timing failed: {_first_line(exc)}")
         return out
     f.update(median_ms=result.median_ms, spread=result.spread, speedups=result.speedups,
              baseline_ms=tuple((b.name, b.median_ms) for b in result.baselines), bench=result,
@@ -1133,9 +1137,7 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
             fields[i].update(check=f"not run: the CUDA context was lost when {lost} faulted while timed",
                              device=here.device, gpu=here.gpu)
         else:
-            fields[i].update({k: v for k, v in got.fields.items() if k != "timing"})
-            if "timing" in got.fields and got.fields["timing"]:
-                fields[i].setdefault("error", got.fields["timing"])
+            fields[i].update(got.fields)
             if got.context_lost and executor is None:
                 lost = config_label(configs[i])
                 notes.append(f"{lost} faulted while being timed, after its check ran clean (a fault that depends on "
@@ -1224,7 +1226,7 @@ def _stage_notes(rows, here: Where, executor, reference, bench_options) -> list[
         checked = any(r.check == "passed" or (r.check or "").startswith(("failed", "fault")) for r in rows)
         notes.append(f"no GPU {'here' if executor is None else 'on the workers'} ({here.reason}): compiled, "
                      f"resources read and pruned{', checked in the simulator' if checked else ''}; "
-                     f"{'' if checked else 'checking and '}timing need a GPU")
+                     f"{'timing needs' if checked else 'checking and timing need'} a GPU")
     if reference is None:
         notes.append("no reference: the configurations were timed without checking their outputs")
     gpus = {}
