@@ -11,6 +11,7 @@
   kernels in the simulator (a fault, a wrong answer and a pruned block among them).
 - grade_many with an injected grader, here and on the cluster.
 """
+import json
 import os
 import pathlib
 import types
@@ -154,6 +155,8 @@ def test_no_gpu_compiles_prunes_and_says_what_it_did_not_run(tmp_cache, no_gpu):
     text = str(r)
     assert "pruned: threads: a block of 4096" in text and "not run: no GPU" in text
     assert "pruned: compile error" in r._repr_html_()
+    j = json.loads(json.dumps(r.to_json()))
+    assert j["kind"] == "autotune" and j["rows"][3]["status"] == "pruned" and j["best"] is None
 
     floor = kernellab.autotune(SGEMM, CONFIGS[:3], kernel="sgemm", launch=sgemm_launch, inputs=sgemm_inputs,
                                progress=False, min_occupancy=0.99)
@@ -375,7 +378,7 @@ def test_dask_cluster_runs_the_compile_stage_and_simulated_numba_jobs(dask_clien
     assert biased.check.startswith("failed: trial 0 (seed 0): 100 of 100 elements")
     assert huge.pruned.startswith("threads: a block of 2048 threads")
     assert {row.worker for row in r.rows} <= workers and not any(row.timed for row in r.rows)
-    assert t32.note == "not timed: it ran in the simulator" and t32.status == "not run"
+    assert t32.note == "not timed: a simulated kernel" and t32.status == "not run"
     assert r.counts() == {"timed": 0, "pruned": 1, "failed": 2, "not run": 2, "error": 0}
     assert any("checked in the simulator; timing needs a GPU" in note for note in r.notes)
 
@@ -478,3 +481,17 @@ def test_grade_many_finds_kernellab_teach_by_name():
     with ThreadPoolExecutor(1) as ex:                 # on a worker: a row that says why, not an exception
         table = kernellab.grade_many("ex-1", ["a"], progress=False, executor=ex)
     assert table.rows[0].status == "error" and "kernellab.teach" in table.rows[0].error
+
+
+def test_the_threads_prune_names_what_limits_the_block(tmp_cache, no_gpu):
+    src = r"""
+__global__ void __launch_bounds__(BOUND) copy(const float* x, float* y) { y[threadIdx.x] = x[threadIdx.x]; }
+"""
+    configs = [{"BOUND": 128, "THREADS": 256}, {"BOUND": 1024, "THREADS": 2048}, {"BOUND": 256, "THREADS": 256}]
+    r = kernellab.autotune(src, configs, kernel="copy", launch=lambda k, c, x, y: k[1, c["THREADS"]](x, y),
+                           inputs=lambda g: (torch.zeros(2048), torch.zeros(2048)), progress=False)
+    bounded, arch, fits = r.rows
+    assert bounded.pruned == "threads: a block of 256 threads, more than the 128 this kernel allows " \
+                             "(its __launch_bounds__)"
+    assert arch.pruned.endswith("more than the 1024 this kernel allows (sm_90)")
+    assert fits.pruned is None and fits.block == (256, 1, 1)

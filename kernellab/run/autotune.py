@@ -589,7 +589,11 @@ def prune_by_launch(res, shapes: list[LaunchShape], arch: str, rules: PruneRules
         threads = s.threads
         limit = min(res.max_threads_per_block, spec.max_threads_per_block)
         if threads > limit:
-            why = f"{res.registers} registers per thread" if limit < spec.max_threads_per_block else f"{base}"
+            per_warp = -(-res.registers * spec.warp_size // spec.register_allocation_unit) * \
+                spec.register_allocation_unit
+            by_registers = (spec.max_registers_per_block // per_warp) * spec.warp_size if res.registers else None
+            why = (f"{res.registers} registers per thread" if limit == by_registers else
+                   "its __launch_bounds__" if limit < spec.max_threads_per_block else base)
             return None, None, f"threads: a block of {threads} threads, more than the {limit} this kernel allows ({why})"
         smem = res.shared_bytes + s.shared_bytes
         if smem > spec.shared_memory_per_block_optin_bytes:
@@ -833,7 +837,7 @@ def measure(task: MeasureTask) -> Outcome:
             f.update(_resource_fields(_resources(k)))
     timer = task.bench_options.get("timer")
     if not (here.gpu_ok and not simulated) and timer is None:
-        f["note"] = "not timed: " + ("it ran in the simulator" if simulated else "no GPU")
+        f["note"] = "not timed: " + ("a simulated kernel" if simulated else "no GPU")
         return out
     from ..errors import LaunchError
     from .bench import bench
@@ -957,7 +961,8 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
     source: CUDA C++ text, or a callable `source(config)` returning a kernellab Kernel (e.g. a Numba kernel made for
         that configuration; it is built where it runs).
     configs: a list of dicts; each entry becomes `-D NAME=VALUE`, or a template argument where `kernel` is a template
-        with a parameter of that name.
+        with a parameter of that name. Defines are macros for the whole source, CUDA's headers included: prefer
+        distinctive names (a define named T breaks a header's `template <class T>`).
     launch(k, config, *args): launches one configuration (and returns its output tensor(s) for the check).
     inputs(generator): the argument tuple; reference(*args): the expected output(s) (kernellab.check).
     baselines: {name: callable(*args)} timed in the same run as each configuration, on the same GPU.
@@ -1143,6 +1148,10 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
                 notes.append(f"{lost} faulted while being timed, after its check ran clean (a fault that depends on "
                              f"the data or on timing); this process's CUDA context is lost: the later configurations "
                              f"were not run. Restart the kernel and find the fault with k.sanitize(...)")
+            elif got.context_lost:
+                notes.append(f"{config_label(configs[i])} faulted while being timed on {got.fields.get('worker')}, "
+                             f"after its check ran clean: that worker's CUDA context is lost and the configurations "
+                             f"it ran later failed; restart the workers (client.restart()) before the next sweep")
         ms = fields[i].get("median_ms")
         if ms is not None and ms < best_ms:
             best_ms = ms
@@ -1193,7 +1202,7 @@ def _compile_all(tasks: dict, executor, workers: int | None, notes: list):
         i = order[0]
         yield i, compile_task(pending[i])
         return
-    pool = executor or fanout.process_pool(min(workers or fanout.cpu_count(), len(pending)))
+    pool = executor or fanout.process_pool(workers or fanout.cpu_count())     # its processes start as needed
     for j, got in fanout.stream(pool, compile_task, [pending[i] for i in order]):
         if not isinstance(got, BaseException) and got.output is not None:
             _cache.put(pending[order[j]].cache_key(), got.output)       # the pool wrote its own process's cache

@@ -29,7 +29,8 @@ def cpu_count() -> int:
 
 def process_pool(workers: int | None = None, preload: Sequence[str] = ("kernellab.run.autotune",)
                  ) -> ProcessPoolExecutor:
-    """A process pool of `workers` (default: one per core), kept warm between calls and shut down at exit.
+    """A process pool of up to `workers` (default: one per core; processes start as tasks need them), kept warm
+    between calls and shut down at exit.
 
     Its processes come from a fork server: a notebook's process may hold a CUDA context and threads, which a plain
     fork would copy into each child half-alive; the fork server is a clean process started once, with `preload`
