@@ -258,6 +258,11 @@ def test_fingerprint_follows_the_numbers_a_function_reads():
     assert A.fingerprint(make) != before                       # a closure variable
     assert A.fingerprint(lambda x: x + 1) != A.fingerprint(lambda x: x + 2)
     assert A.fingerprint(torch.zeros(3, 4)) == "Tensor[torch.float32](3, 4)"
+    sizes = types.SimpleNamespace(m=64)
+    read = lambda g: torch.zeros(sizes.m)                       # noqa: E731
+    small = A.fingerprint(read)
+    sizes.m = 128
+    assert A.fingerprint(read) != small                        # an attribute of a namespace it reads
 
 
 # --- a faulting configuration, isolated in kernellab's worker (the stand-in GPU) ---------------------------------

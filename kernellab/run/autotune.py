@@ -883,7 +883,8 @@ def _call_inputs(inputs: Callable, seed: int) -> tuple:
 def fingerprint(obj, _depth: int = 0) -> str:
     """What decides what a callable computes, as text: its code and constants, and the values of the globals and
     closure variables it reads (numbers, strings and tuples as they are; arrays and tensors by dtype and shape;
-    functions followed three levels deep; modules by name). Two runs of a cell with the same shapes agree."""
+    dataclasses and namespaces by their fields; functions followed three levels deep; modules by name). Two runs of
+    a cell with the same shapes agree; a change of shape changes it."""
     if _depth > 3:
         return "..."
     if obj is None or isinstance(obj, (bool, int, float, str, bytes, complex)):
@@ -923,8 +924,10 @@ def fingerprint(obj, _depth: int = 0) -> str:
     kind = type(obj)
     if isinstance(obj, type) or callable(obj) and kind.__module__ in ("builtins", "torch", "numpy"):
         return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
-    if dataclasses.is_dataclass(obj):
-        return fingerprint(dataclasses.asdict(obj), _depth + 1)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return f"{kind.__qualname__}{fingerprint(dataclasses.asdict(obj), _depth + 1)}"
+    if not callable(obj) and isinstance(getattr(obj, "__dict__", None), dict):   # a namespace of sizes, say
+        return f"{kind.__qualname__}{fingerprint(vars(obj), _depth + 1)}"
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
