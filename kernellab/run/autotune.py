@@ -1079,12 +1079,12 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
     bar.describe(f"autotune {kernel}: prune")
     local_args, args_error = None, None
     for i in todo:
-        if i in outputs or not is_cuda:
-            spec = KernelSpec(configs[i], build=build, output=outputs.get(i), source=source if is_cuda else None,
-                              symbol=outputs[i].lowered(tasks[i].name_expression) if i in outputs and
-                              tasks[i].name_expression else None, name=kernel, filename=filename,
+        if is_cuda and i not in outputs:
+            continue                   # it did not compile
+        expr = tasks[i].name_expression if is_cuda else None
+        specs[i] = KernelSpec(configs[i], build=build, output=outputs.get(i), source=source if is_cuda else None,
+                              symbol=outputs[i].lowered(expr) if expr else None, name=kernel, filename=filename,
                               first_line=first_line, factory=None if is_cuda else source)
-            specs[i] = spec
     shapes: dict[int, list] = {}
     if is_cuda:
         for i, spec in specs.items():
@@ -1119,6 +1119,7 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
                              occupancy=occ, limiter=limiter)
             if why:
                 fields[i]["pruned"] = why
+        local_args = None              # the check and the timing make their own inputs
         if args_error:
             notes.append(f"inputs(generator) cannot run here ({args_error}), so the launches were not recorded: "
                          f"block sizes, occupancy and the pruning that needs them wait for a GPU")

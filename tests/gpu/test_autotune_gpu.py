@@ -116,7 +116,8 @@ def test_a_faulting_configuration_is_a_row_and_this_process_lives_on(torch, tmp_
 
 def _cluster():
     """A Dask cluster of one worker on GPU 0, and what it is."""
-    distributed = pytest.importorskip("distributed")
+    import distributed
+
     try:
         from dask_cuda import LocalCUDACluster
 
@@ -129,8 +130,8 @@ def _cluster():
 
 @pytest.fixture(scope="module")
 def dask_client():
+    distributed = pytest.importorskip("distributed", reason="Dask is not installed (tools/gpu/wheels.sh with DASK=1)")
     import cloudpickle
-    import distributed
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])     # the workers cannot import this test module
     cloudpickle.register_pickle_by_value(demo)
