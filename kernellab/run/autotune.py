@@ -278,7 +278,8 @@ class AutotuneResult:
 
     def __str__(self) -> str:
         best = self.best.row if self.best else None
-        lines = [self.headline(), report.text_table(self._columns(), [self._cells(r, best) for r in self._display_rows()])]
+        table = report.text_table(self._columns(), [self._cells(r, best) for r in self._display_rows()])
+        lines = [self.headline(), table]
         if self.best:
             lines.append(str(self.best))
         if self.parameter:
@@ -409,7 +410,8 @@ def _value_text(v) -> str:
     return str(v)
 
 
-def compile_plan(kernel: str, config: dict, tparams: tuple[TemplateParam, ...] | None) -> tuple[tuple[str, ...], str | None]:
+def compile_plan(kernel: str, config: dict, tparams: tuple[TemplateParam, ...] | None
+                 ) -> tuple[tuple[str, ...], str | None]:
     """(-D options, name expression or None) for one configuration: entries named like a template parameter become
     template arguments, the others `-DNAME=VALUE`."""
     defines, args = [], []
@@ -594,7 +596,8 @@ def prune_by_launch(res, shapes: list[LaunchShape], arch: str, rules: PruneRules
             by_registers = (spec.max_registers_per_block // per_warp) * spec.warp_size if res.registers else None
             why = (f"{res.registers} registers per thread" if limit == by_registers else
                    "its __launch_bounds__" if limit < spec.max_threads_per_block else base)
-            return None, None, f"threads: a block of {threads} threads, more than the {limit} this kernel allows ({why})"
+            return None, None, (f"threads: a block of {threads} threads, more than the {limit} this kernel allows "
+                                f"({why})")
         smem = res.shared_bytes + s.shared_bytes
         if smem > spec.shared_memory_per_block_optin_bytes:
             return None, None, (f"shared memory: {smem:,} B per block ({res.shared_bytes:,} static + {s.shared_bytes:,}"
