@@ -42,6 +42,10 @@ _LAZY = {
     "grade": ("kernellab.teach", "grade"),
     "GradeResult": ("kernellab.teach", "GradeResult"),
     "Exercise": ("kernellab.teach", "Exercise"),
+    "autotune": ("kernellab.kernel", "autotune"),
+    "AutotuneResult": ("kernellab.run.autotune", "AutotuneResult"),
+    "autotune_plot": ("kernellab.notebook.autotune_plots", "autotune_plot"),
+    "grade_many": ("kernellab.run.grading", "grade_many"),
 }
 
 __all__ = ["__version__", "ArgumentError", "CompileError", "Diagnostic", "KernellabError", "LaunchError",

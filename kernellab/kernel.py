@@ -512,3 +512,17 @@ def compile_cuda(source: str, arch: str | None = None, options=(), name: str | N
         notes.append("no __global__ kernel was emitted (templates must be instantiated to be compiled)")
         module.notes = tuple(notes)
     return module
+
+
+def autotune(source, configs, *, kernel: str, launch, inputs, reference=None, arch=None, baselines=None,
+             executor=None, **options):
+    """Compile, prune, check and time every configuration of a kernel (see kernellab.run.autotune.autotune).
+
+    `configs` entries become `-D NAME=VALUE` defines, or template arguments where `kernel` is a template;
+    `launch(k, config, *args)` launches one configuration and `inputs(generator)` gives the arguments. Returns an
+    AutotuneResult: `.rows`, `.best` (config and kernel), `kernellab.autotune_plot(result)`.
+    """
+    from .run.autotune import autotune as _autotune
+
+    return _autotune(source, configs, kernel=kernel, launch=launch, inputs=inputs, reference=reference, arch=arch,
+                     baselines=baselines, executor=executor, build=Module, **options)

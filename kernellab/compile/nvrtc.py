@@ -38,6 +38,11 @@ class CompileOutput:
     reports: dict = field(default_factory=dict)  # entry symbol -> PtxasReport
     compile_ms: float = 0.0
     nvrtc_version: tuple[int, int] = (0, 0)
+    lowered_names: tuple[tuple[str, str], ...] = ()  # (name expression, its mangled symbol), e.g. ("k<4>", "_Z1kILi4EEvPf")
+
+    def lowered(self, expression: str) -> str | None:
+        """The entry symbol NVRTC gave a name expression passed to the compile (a template instance), or None."""
+        return dict(self.lowered_names).get(expression)
 
 
 def normalize_arch(arch) -> str:
@@ -196,8 +201,12 @@ def build_options(arch: str, options=()) -> tuple[str, ...]:
 
 
 def compile_source(source: str, arch: str = DEFAULT_ARCH, options=(), *, filename: str = "kernel.cu",
-                   first_line: int = 1) -> CompileOutput:
-    """Compile with NVRTC; raise CompileError (diagnostics numbered from `first_line`) on failure."""
+                   first_line: int = 1, name_expressions=()) -> CompileOutput:
+    """Compile with NVRTC; raise CompileError (diagnostics numbered from `first_line`) on failure.
+
+    `name_expressions` (e.g. "sgemm<64, 64, 8>") instantiate template kernels without an explicit instantiation in
+    the source; the output's `lowered(expression)` gives each one's entry symbol.
+    """
     from cuda.bindings import nvrtc
 
     arch = normalize_arch(arch)
@@ -208,6 +217,9 @@ def compile_source(source: str, arch: str = DEFAULT_ARCH, options=(), *, filenam
     err, prog = nvrtc.nvrtcCreateProgram(text.encode(), filename.encode(), 0, [], [])
     _check(nvrtc, err, "nvrtcCreateProgram")
     try:
+        for expr in name_expressions:
+            (err,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode())
+            _check(nvrtc, err, f"nvrtcAddNameExpression({expr!r})")
         enc = [o.encode() for o in all_opts]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(enc), enc)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
@@ -226,12 +238,17 @@ def compile_source(source: str, arch: str = DEFAULT_ARCH, options=(), *, filenam
         cubin = b" " * size
         nvrtc.nvrtcGetCUBIN(prog, cubin)
         ptx = _ptx_text(nvrtc, prog)
+        lowered = []
+        for expr in name_expressions:
+            err, name = nvrtc.nvrtcGetLoweredName(prog, expr.encode())
+            _check(nvrtc, err, f"nvrtcGetLoweredName({expr!r})")
+            lowered.append((expr, name.decode() if isinstance(name, bytes) else str(name)))
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     ms = (time.perf_counter() - t0) * 1e3
     return CompileOutput(arch=arch, options=tuple(options), cubin=bytes(cubin), ptx=ptx,
                          log=log, diagnostics=diags, reports=parse_ptxas(log), compile_ms=ms,
-                         nvrtc_version=nvrtc_version())
+                         nvrtc_version=nvrtc_version(), lowered_names=tuple(lowered))
 
 
 def _ptx_text(nvrtc, prog) -> str:

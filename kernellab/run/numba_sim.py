@@ -60,6 +60,12 @@ class SimulatedKernelError(KernellabError):
         return [f"{type(self).__name__}: {self}"]
 
 
+def simulator_lock():
+    """The lock every simulated launch in this process holds. The simulator swaps module globals (numba.cuda) while
+    it runs, so code that builds or compiles Numba kernels in another thread of this process takes it too."""
+    return _simulator_lock()
+
+
 def _simulator_lock():
     try:
         from . import simtrace
