@@ -127,33 +127,46 @@ def simulate(kernel, grid, block, args, *, shared_bytes: int = 0, trace: bool = 
              line_label: str = "line"):
     """Run `kernel[grid, block, 0, shared_bytes](*args)` in Numba's CUDA simulator; with `trace`, return the trace.
 
-    `kernel` is a real or simulated `@cuda.jit` kernel or its Python function; `args` may hold NumPy arrays, torch
+    `kernel` is a real or simulated `@cuda.jit` kernel or its Python function (or a kernellab NumbaKernel, whose
+    kernel factory, if it has one, is called with the simulator's `cuda`); `args` may hold NumPy arrays, torch
     tensors (CPU or CUDA), CuPy arrays and numbers; results are written back into them. A Python exception in a
     simulated thread raises SimulatedKernelError naming the thread, the block and the `line_label` line.
     """
-    from numba.cuda.simulator import kernel as sim_kernel
-
-    from .simtrace import _python_function, _simulated_device_functions, trace_shared
+    from . import simsched
+    from .simtrace import _python_function, _simulated_device_functions, _trace
 
     py_func = _python_function(kernel)
+    function_for = factory_call(kernel)
     grid3, block3 = _dim3(grid), _dim3(block)
     host, back = to_host(args)
     try:
         if trace:
-            result = trace_shared(kernel, grid3, block3, *host, line_offset=line_offset,
-                                  dynamic_smem_bytes=shared_bytes)
+            result = _trace(kernel, grid3, block3, host, line_offset=line_offset, dynamic_smem_bytes=shared_bytes,
+                            function_for=function_for)
         else:
-            sim = sim_kernel.FakeCUDAKernel(py_func, device=False, extensions=getattr(kernel, "extensions", ()) or ())
             with _simulator_lock(), _simulated_device_functions(py_func):
-                sim[grid3, block3, 0, shared_bytes](*host)
+                simsched.launch(py_func, grid3, block3, host, dynamic_smem_bytes=shared_bytes,
+                                extensions=getattr(kernel, "extensions", ()) or (), function_for=function_for)
             result = None
-    except SimulatedKernelError:
+    except (SimulatedKernelError, simsched.SimulatedDeadlockError):
         raise
     except Exception as exc:
-        raise _kernel_error(exc, py_func, grid3, block3, line_offset, line_label) from None
+        raise kernel_error(exc, py_func, grid3, block3, line_offset, line_label) from None
     for write in back:
         write()
     return result
+
+
+def factory_call(kernel):
+    """For a kernel made by a factory (`def k(cuda): ...; return kernel`): module -> the kernel function to run."""
+    factory = getattr(kernel, "factory", None)
+    if factory is None:
+        return None
+
+    def function_for(module):
+        fn = factory(module)
+        return getattr(fn, "py_func", fn)
+    return function_for
 
 
 def estimated_seconds(grid, block) -> float:
@@ -196,7 +209,8 @@ _HINTS = {
 }
 
 
-def _kernel_error(exc: BaseException, py_func, grid, block, line_offset: int, label: str) -> BaseException:
+def kernel_error(exc: BaseException, py_func, grid, block, line_offset: int, label: str) -> BaseException:
+    """A SimulatedKernelError from an exception a simulated thread raised (others pass unchanged)."""
     text = str(exc)
     m = _PREFIX.match(text)
     if m is None:  # not from a simulated thread (bad arguments to the simulator, say): pass it on unchanged
