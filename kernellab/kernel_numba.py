@@ -264,11 +264,39 @@ class NumbaKernel(Kernel):
         self._ready_for(args)
         return super().run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
 
-    def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
+    def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", sim: bool | None = None,
+                 **kw):
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new
-        process; findings name the cell line through the cubin's line table."""
+        process; findings name the cell line through the cubin's line table.
+
+        In the simulator (`sim=True`, or by default where this kernel simulates, e.g. with no GPU here), racecheck
+        and synccheck need no GPU: the launch runs in Numba's CUDA simulator with every shared-memory access and
+        barrier watched (kernellab.run.simrace), and the findings come back as the same SanitizerReport, marked
+        `simulated`. The arguments are not modified. `max_threads` bounds the simulated launch's size.
+        """
+        if sim is None:
+            sim = self.simulate
+        if sim:
+            return self._sanitize_simulated(grid, block, args, shared_bytes, tool, kw.pop("max_threads",
+                                                                                          TRACE_MAX_THREADS))
         self._ready_for(args)
         return super().sanitize(grid, block, *args, shared_bytes=shared_bytes, tool=tool, **kw)
+
+    def _sanitize_simulated(self, grid, block, args, shared_bytes, tool, max_threads):
+        from .run import numba_sim, simrace
+
+        simrace.sim_tools(tool)                      # an unknown or GPU-only tool fails before anything runs
+        self._types_for(args)
+        values = _check_args(self.params, tuple(args), self.numba_signature, host_ok=True)
+        cfg = self._config(grid, block, shared_bytes, None)
+        threads = math.prod(cfg.grid) * math.prod(cfg.block)
+        if threads > max_threads:
+            raise ArgumentError(f"checking {self._name} in the simulator runs every thread: this launch has "
+                                f"{threads:,} threads (about {numba_sim.estimated_seconds(cfg.grid, cfg.block):.0f} "
+                                f"s); check a launch of at most {max_threads:,} threads (races show in one or a few "
+                                f"blocks), or pass max_threads=")
+        return simrace.sanitize_simulated(self, cfg.grid, cfg.block, values, tool=tool, shared_bytes=cfg.shared_bytes,
+                                          line_label=self._line_label, name=self._name)
 
     def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False, **kw):
         """Run this launch under Nsight Compute (a small metric set, or full=True for `--set full`) in a new process."""

@@ -87,6 +87,10 @@ class _GreenletFiber:
     def suspend(self):
         self._g.parent.switch()
 
+    def frame(self):
+        """The innermost frame of the suspended fiber."""
+        return self._g.gr_frame
+
     def kill(self):
         if self._g and not self._g.dead:
             try:
@@ -129,6 +133,10 @@ class _ThreadFiber:
         self._go.acquire()
         if self._killed:
             raise _Killed
+
+    def frame(self):
+        """The innermost frame of the suspended fiber."""
+        return sys._current_frames().get(self._thread.ident) if self._thread is not None else None
 
     def kill(self):
         if self._thread is not None and not self._finished:
@@ -345,6 +353,12 @@ class BlockScheduler:
         warp_waiters = [t for t in live if t.state is _WARP]
         block_waiters = [t for t in live if t.state is _BLOCK]
         w, b = warp_waiters[0], block_waiters[0] if block_waiters else None
+        for t in (w, b):
+            if t is not None and t.site is None:
+                frame = t.fiber.frame()
+                while frame is not None and _internal(frame.f_code.co_filename):
+                    frame = frame.f_back
+                t.site = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
         name = {"syncwarp": "syncwarp()"}.get(w.op, f"{w.op}()")
         where = f" at line {w.site[1]}" if w.site else ""
         text = (f"thread {tuple(w.threadIdx)} of block {tuple(w.blockIdx)} waits in {name}{where} for lanes of its "
@@ -407,13 +421,22 @@ _THIS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _sim_dirs: list[str] = []
 
 
+_internal_files: dict[str, bool] = {}
+
+
 def _internal(filename: str) -> bool:
+    """Whether a frame of `filename` is kernellab's run/ layer or numba-cuda's simulator (not the user's code)."""
+    known = _internal_files.get(filename)
+    if known is not None:
+        return known
     if not _sim_dirs:
         from numba.cuda.simulator import kernel as sim_kernel
 
         _sim_dirs.append(os.path.dirname(os.path.abspath(sim_kernel.__file__)) + os.sep)
     path = os.path.abspath(filename)
-    return path.startswith(_THIS_DIR) or path.startswith(_sim_dirs[0])
+    known = _internal_files[filename] = (path.startswith(_THIS_DIR) or path.startswith(_sim_dirs[0])
+                                         or path == os.path.abspath(threading.__file__))
+    return known
 
 
 def user_frame(depth: int = 2):

@@ -249,8 +249,6 @@ def trace_shared(kernel, grid, block, *args, line_offset: int = 0, dynamic_smem_
     (to match a notebook cell or a source string's numbering). See the module docstring for how the simulator differs
     from hardware.
     """
-    from numba.cuda.simulator import kernel as sim_kernel  # works with or without NUMBA_ENABLE_CUDASIM
-
     from . import numba_sim
 
     py_func = _python_function(kernel)
