@@ -13,6 +13,7 @@ against the signature first and name the argument that does not fit.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -30,6 +31,16 @@ from .run import device as _device
 TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take about 13 s
 
 
+class GlobalsChanged(UserWarning):
+    """A global a compiled Numba kernel reads was rebound, so the kernel was compiled again with its new value."""
+
+
+def _caller_stacklevel() -> int:
+    from .run.numba_sim import caller_stacklevel
+
+    return caller_stacklevel()
+
+
 class NumbaKernel(Kernel):
     """A Numba `@cuda.jit` kernel as a kernellab Kernel: inspect it and launch it with k[grid, block](...)."""
 
@@ -38,8 +49,14 @@ class NumbaKernel(Kernel):
     def __init__(self, kernel, *, signature=None, arch: str | None = None, simulate: bool | None = None,
                  name: str | None = None, module: "NumbaModule | None" = None, source: str | None = None,
                  first_line: int = 1, line_label: str = "line"):
-        fn = nb.kernel_function(kernel)
-        self.dispatcher = kernel if nb.is_kernel_dispatcher(kernel) else nb.as_kernel(fn)
+        self.factory = None                   # a kernel factory: def k(cuda): ...; return kernel_function
+        if nb.is_kernel_factory(kernel):
+            self.factory = kernel
+            self.dispatcher, fn = nb.kernel_from_factory(kernel)   # with the real numba.cuda, for the compiler
+            name = name or kernel.__name__
+        else:
+            fn = nb.kernel_function(kernel)
+            self.dispatcher = kernel if nb.is_kernel_dispatcher(kernel) else nb.as_kernel(fn)
         self.py_func = fn
         self.module = module
         self._name = name or fn.__name__
@@ -56,6 +73,7 @@ class NumbaKernel(Kernel):
         self.simulate = bool(simulate)
         self._source, self._first_line, self._line_label = source, first_line, line_label
         self._compiled: nb.NumbaCompileOutput | None = None
+        self._globals: dict | None = None     # the globals' values it was compiled with (nb.global_values)
         self._argtypes: tuple | None = None   # set with or without a real compile (NUMBA_ENABLE_CUDASIM)
         self._sass: str | None = None
         self._noticed = False
@@ -133,15 +151,36 @@ class NumbaKernel(Kernel):
             raise KernellabError(f"{self._name} takes {len(names)} arguments ({', '.join(names)}) but the signature "
                                  f"has {len(argtypes)}: {nb.signature_text(argtypes)}")
         if self.can_compile:
+            self._globals = nb.global_values(self.py_func, self.factory)
             self._compiled = nb.compile_kernel(self.dispatcher, argtypes, self._arch, source=self._source,
                                                first_line=self._first_line)
             self._sass = None
             self.notes.extend(n for n in self._compiled.notes if n not in self.notes)
         self._argtypes = tuple(argtypes)
 
+    def _refresh_globals(self) -> None:
+        """Recompile if a module global (or closure variable) the kernel reads was rebound since it was compiled.
+
+        Numba bakes such values into the compiled kernel while the simulator reads them live; recompiling keeps the
+        GPU, the resources and the simulator on the same values. A warning (GlobalsChanged) names what changed.
+        """
+        if self._compiled is None or self._globals is None:
+            return
+        changed = nb.changed_globals(self._globals, nb.global_values(self.py_func, self.factory))
+        if not changed:
+            return
+        warnings.warn(f"kernellab: {self._name} was compiled with other values of {', '.join(changed)}; recompiling "
+                      f"it, so that the GPU, its resources and the simulator all use the new value"
+                      f"{'s' if len(changed) > 1 else ''}", GlobalsChanged, stacklevel=_caller_stacklevel())
+        if self.factory is not None:
+            self.dispatcher, self.py_func = nb.kernel_from_factory(self.factory)
+        else:
+            self.dispatcher = nb.fresh_dispatcher(self.dispatcher)
+        self._set_types(self._argtypes)
+
     def with_signature(self, signature) -> "NumbaKernel":
         """The same kernel compiled for another signature (a new NumbaKernel)."""
-        k = NumbaKernel(self.dispatcher, signature=signature, arch=self._arch, simulate=self.simulate,
+        k = NumbaKernel(self.factory or self.dispatcher, signature=signature, arch=self._arch, simulate=self.simulate,
                         name=self._name, module=self.module, source=self._source, first_line=self._first_line,
                         line_label=self._line_label)
         k._sim_reason = self._sim_reason
@@ -196,6 +235,7 @@ class NumbaKernel(Kernel):
         Returns None, the SharedTrace when `trace_next` was set (that launch runs in the simulator), or the
         IsolatedRun of an isolated launch (isolate=True, or the notebook-wide setting when isolate is None).
         """
+        self._refresh_globals()
         if self.trace_next:
             self.trace_next = False
             return self.trace_banks(grid, block, *args, shared_bytes=shared_bytes)
@@ -261,6 +301,7 @@ class NumbaKernel(Kernel):
 
     def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None):
         """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
+        self._refresh_globals()
         self._ready_for(args)
         return super().run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
 
@@ -274,6 +315,7 @@ class NumbaKernel(Kernel):
         barrier watched (kernellab.run.simrace), and the findings come back as the same SanitizerReport, marked
         `simulated`. The arguments are not modified. `max_threads` bounds the simulated launch's size.
         """
+        self._refresh_globals()
         if sim is None:
             sim = self.simulate
         if sim:
@@ -300,11 +342,13 @@ class NumbaKernel(Kernel):
 
     def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False, **kw):
         """Run this launch under Nsight Compute (a small metric set, or full=True for `--set full`) in a new process."""
+        self._refresh_globals()
         self._ready_for(args)
         return super().profile(grid, block, *args, shared_bytes=shared_bytes, metrics=metrics, full=full, **kw)
 
     def profile_banks(self, grid, block, *args, shared_bytes: int = 0, strict: bool = False):
         """Shared-memory wavefronts and conflicts per source line, measured by Nsight Compute (see Kernel)."""
+        self._refresh_globals()
         self._ready_for(args)
         return super().profile_banks(grid, block, *args, shared_bytes=shared_bytes, strict=strict)
 
@@ -358,6 +402,7 @@ class NumbaKernel(Kernel):
         """
         from .run import numba_sim
 
+        self._refresh_globals()
         self._types_for(args)
         values = _check_args(self.params, args, self.numba_signature, host_ok=True)
         cfg = self._config(grid, block, shared_bytes, None)
@@ -369,6 +414,8 @@ class NumbaKernel(Kernel):
                                 f"max_threads=")
         trace = numba_sim.simulate(self, cfg.grid, cfg.block, values, shared_bytes=cfg.shared_bytes, trace=True,
                                    line_label=self._line_label)
+        if trace.kernel_name != self._name:       # a factory's inner function, or a cell's other binding
+            trace = dataclasses.replace(trace, kernel_name=self._name)
         self.last_trace = trace
         return trace
 
@@ -661,10 +708,13 @@ def numba_module(source: str, *, signatures=None, arch: str | None = None, simul
 
     before = dict(ns)
     nb.exec_source(source, ns, filename, first_line, on_kernel=wrap)
-    # Kernels the decorator did not make (NUMBA_ENABLE_CUDASIM, or marked plain functions): wrap them now.
+    # Kernels the decorator did not make (NUMBA_ENABLE_CUDASIM, or marked plain functions): wrap them now; and
+    # kernel factories (`def k(cuda): ...; return kernel`), called with the right `cuda` for each use.
     for var, obj in nb.find_kernels(ns, filename, before, marked=tuple(kernels)):
         if not isinstance(obj, NumbaKernel):
             ns[var] = wrap(obj)
+    for var, obj in nb.find_factories(ns, filename, before):
+        ns[var] = wrap(obj)
     bound = {id(v): var for var, v in ns.items() if isinstance(v, NumbaKernel)}
     ordered = sorted(made, key=lambda k: k.py_func.__code__.co_firstlineno)
     unknown = {s for s in signatures if s is not None} - {k.py_func.__name__ for k in ordered}

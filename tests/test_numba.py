@@ -418,6 +418,100 @@ def test_trace_refuses_big_launches():
         mod.tile_t.trace_banks(100, (32, 32), a, a)
 
 
+# -- kernel factories and globals -----------------------------------------------------------------------------------
+
+
+def map_test(cuda):
+    def call(out, a):
+        local_i = cuda.threadIdx.x
+        out[local_i] = a[local_i] + 10
+    return call
+
+
+def test_a_kernel_factory_runs_in_the_simulator_and_compiles_with_the_real_cuda():
+    """GPU-Puzzles' style: the function takes the cuda module and returns the kernel."""
+    k = numba_kernel(map_test, simulate=True)
+    assert k.factory is map_test and k.name == "map_test" and k.pending
+    a, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    k[1, 4](out, a)
+    np.testing.assert_array_equal(out, a + 10)
+    assert "%tid.x" in k.ptx and k.resources.registers > 0            # compiled with numba.cuda, not the fake
+    assert k.trace_banks(1, 4, out, a).kernel_name == "map_test"
+    assert k.sanitize(1, 4, out, a, tool="racecheck").ok
+    again = k.with_signature("float32[::1], float32[::1]")
+    assert again.factory is map_test and not again.pending
+
+
+FACTORY_CELL = """%%numba --sim
+TPB = 4
+def shared_test(cuda):
+    def call(out, a, size):
+        shared = cuda.shared.array(TPB, numba.float32)
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        local_i = cuda.threadIdx.x
+        if i < size:
+            shared[local_i] = a[i]
+        {sync}
+        if i < size:
+            out[i] = shared[(local_i + 1) % TPB] + 10
+    return call
+import numba
+"""
+
+
+def test_a_kernel_factory_in_a_numba_cell(ip):
+    assert _run(ip, FACTORY_CELL.format(sync="cuda.syncthreads()")).success
+    k = ip.user_ns["shared_test"]
+    assert isinstance(k, NumbaKernel) and k.factory is not None
+    a, out = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    k[2, 4](out, a, 8)
+    np.testing.assert_array_equal(out, a.reshape(2, 4)[:, [1, 2, 3, 0]].ravel() + 10)
+    assert k.sanitize(2, 4, out, a, 8, tool="racecheck").ok
+    assert _run(ip, FACTORY_CELL.format(sync="pass")).success
+    (race,) = ip.user_ns["shared_test"].sanitize(2, 4, out, a, 8, tool="racecheck").findings
+    assert race.lines == (9, 12)                    # cell lines: the store, and the load of a neighbour's slot
+
+
+def test_rebinding_a_global_recompiles_the_kernel(ip):
+    from kernellab.kernel_numba import GlobalsChanged
+
+    assert _run(ip, FACTORY_CELL.format(sync="cuda.syncthreads()").replace("TPB = 4", "TPB = 3")).success
+    k = ip.user_ns["shared_test"]
+    a, out = np.arange(6, dtype=np.float32), np.zeros(6, np.float32)
+    k[2, 3](out, a, 6)
+    assert k.resources.shared_bytes == 3 * 4
+    ip.user_ns["TPB"] = 4
+    a, out = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    with pytest.warns(GlobalsChanged, match=r"shared_test was compiled with other values of TPB \(3, now 4\)"):
+        k[2, 4](out, a, 8)
+    np.testing.assert_array_equal(out, a.reshape(2, 4)[:, [1, 2, 3, 0]].ravel() + 10)
+    assert k.resources.shared_bytes == 4 * 4                    # the compiled kernel has the new size too
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GlobalsChanged)
+        k[2, 4](out, a, 8)                                      # unchanged since: no second compile
+
+
+def test_a_global_read_by_a_plain_kernel_and_by_a_factory_body():
+    from kernellab.kernel_numba import GlobalsChanged
+
+    ns = {}
+    nb.exec_source("SCALE = 2.0\n@cuda.jit\ndef scale(out, a):\n    out[cuda.threadIdx.x] = a[cuda.threadIdx.x] * SCALE\n"
+                   "def scale_f(cuda):\n    s = SCALE\n    def call(out, a):\n        out[cuda.threadIdx.x] = a[cuda.threadIdx.x] * s\n"
+                   "    return call\n", ns, "<test-globals>")
+    for k in (numba_kernel(ns["scale"], "float32[::1], float32[::1]", simulate=True),
+              numba_kernel(ns["scale_f"], "float32[::1], float32[::1]", simulate=True)):
+        ns["SCALE"] = 2.0
+        k._refresh_globals()
+        a, out = np.ones(4, np.float32), np.zeros(4, np.float32)
+        k[1, 4](out, a)
+        assert (out == 2).all()
+        ptx = k.ptx
+        ns["SCALE"] = 3.0
+        with pytest.warns(GlobalsChanged, match=r"SCALE \(2.0, now 3.0\)"):
+            k[1, 4](out, a)
+        assert (out == 3).all() and k.ptx != ptx
+
+
 # -- the %%numba magic ----------------------------------------------------------------------------------------------
 
 
