@@ -28,7 +28,7 @@ from .errors import ArgumentError, KernellabError
 from .kernel import Kernel, KernelCollection, Resources, max_threads_for
 from .run import device as _device
 
-TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take about 13 s
+TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take some seconds
 
 
 class GlobalsChanged(UserWarning):
@@ -76,7 +76,6 @@ class NumbaKernel(Kernel):
         self._globals: dict | None = None     # the globals' values it was compiled with (nb.global_values)
         self._argtypes: tuple | None = None   # set with or without a real compile (NUMBA_ENABLE_CUDASIM)
         self._sass: str | None = None
-        self._noticed = False
         self.trace_next = False               # the next launch runs in the simulator and returns its SharedTrace
         self.last_trace = None
         self.can_compile, why = nb.numba_available()
@@ -334,7 +333,7 @@ class NumbaKernel(Kernel):
         threads = math.prod(cfg.grid) * math.prod(cfg.block)
         if threads > max_threads:
             raise ArgumentError(f"checking {self._name} in the simulator runs every thread: this launch has "
-                                f"{threads:,} threads (about {numba_sim.estimated_seconds(cfg.grid, cfg.block):.0f} "
+                                f"{threads:,} threads (about {numba_sim.estimated_seconds(cfg.grid, cfg.block, self):.0f} "
                                 f"s); check a launch of at most {max_threads:,} threads (races show in one or a few "
                                 f"blocks), or pass max_threads=")
         return simrace.sanitize_simulated(self, cfg.grid, cfg.block, values, tool=tool, shared_bytes=cfg.shared_bytes,
@@ -382,15 +381,14 @@ class NumbaKernel(Kernel):
         self._types_for(args)
         values = _check_args(self.params, args, self.numba_signature, host_ok=True)
         cfg = self._config(grid, block, shared_bytes, None)
-        if not self._noticed:
-            numba_sim.notice(self._name, self._sim_reason)
-            self._noticed = True
-        seconds = numba_sim.estimated_seconds(cfg.grid, cfg.block)
+        numba_sim.notice(self._name, self._sim_reason)
+        seconds = numba_sim.estimated_seconds(cfg.grid, cfg.block, self)
         if seconds > 30:
             threads = math.prod(cfg.grid) * math.prod(cfg.block)
+            rate = numba_sim.threads_per_second(self)
             warnings.warn(f"kernellab: this simulated launch of {self._name} runs {threads:,} threads, about "
-                          f"{seconds:.0f} s; try a smaller problem", numba_sim.SimulatorNotice,
-                          stacklevel=numba_sim.caller_stacklevel())
+                          f"{seconds:.0f} s at {rate:,.0f} threads per second; try a smaller problem",
+                          numba_sim.SimulatorNotice, stacklevel=numba_sim.caller_stacklevel())
         numba_sim.simulate(self, cfg.grid, cfg.block, values, shared_bytes=cfg.shared_bytes,
                            line_label=self._line_label)
 
@@ -409,7 +407,7 @@ class NumbaKernel(Kernel):
         threads = math.prod(cfg.grid) * math.prod(cfg.block)
         if threads > max_threads:
             raise ArgumentError(f"tracing {self._name} simulates every thread: this launch has {threads:,} threads "
-                                f"(about {threads / numba_sim.SIMULATED_THREADS_PER_S:.0f} s); trace a launch of at "
+                                f"(about {numba_sim.estimated_seconds(cfg.grid, cfg.block, self):.0f} s); trace a launch of at "
                                 f"most {max_threads:,} threads (one or a few blocks show the pattern), or pass "
                                 f"max_threads=")
         trace = numba_sim.simulate(self, cfg.grid, cfg.block, values, shared_bytes=cfg.shared_bytes, trace=True,
@@ -727,8 +725,10 @@ def numba_module(source: str, *, signatures=None, arch: str | None = None, simul
     for k in ordered:   # the name the cell bound it to, where it differs from the function's
         k._name = bound.get(id(k), k._name)
     if simulate:
-        notes.append(f"launches run in Numba's CUDA simulator ({sim_reason}): about 5,000 threads per second, so "
-                     f"keep sizes small; resources are what ptxas reports for {arch}")
+        from .run.numba_sim import SIMULATED_THREADS_PER_S
+
+        notes.append(f"launches run in Numba's CUDA simulator ({sim_reason}): some {SIMULATED_THREADS_PER_S:,} "
+                     f"threads per second, so keep sizes small; resources are what ptxas reports for {arch}")
     pending = [k.name for k in ordered if k.pending]
     if pending:
         notes.append(f"{', '.join(pending)}: no signature yet; compiled (and resources shown) at the first launch, "

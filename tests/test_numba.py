@@ -191,7 +191,10 @@ def _vadd_kernel(**kw):
     return mod
 
 
-def test_signature_from_the_first_launch():
+def test_signature_from_the_first_launch(monkeypatch):
+    from kernellab.run import numba_sim
+
+    monkeypatch.setattr(numba_sim, "_notice_shown", False)          # as in a fresh session
     mod = _vadd_kernel()
     k = mod.vadd
     assert k.pending and mod.to_json()["kernels"][0]["registers"] is None
@@ -203,6 +206,33 @@ def test_signature_from_the_first_launch():
     np.testing.assert_array_equal(c, a * a + 1)
     assert k.numba_signature == "float32[::1], float32[::1], float32[::1], int64"  # a Python int is int64
     assert k.resources.registers > 0 and not k.pending
+
+
+def test_the_simulator_notice_is_shown_once_per_session(monkeypatch):
+    from kernellab.run import numba_sim
+
+    monkeypatch.setattr(numba_sim, "_notice_shown", False)
+    a = np.zeros(4, np.float32)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):                       # two cells, two kernels, two launches each
+            mod = _vadd_kernel(signatures={"vadd": VADD_SIG})
+            mod.vadd[1, 4](a, a, a, 4)
+            mod.vadd[1, 4](a, a, a, 4)
+    notices = [w for w in seen if issubclass(w.category, SimulatorNotice)]
+    assert len(notices) == 1 and "(Shown once.)" in str(notices[0].message)
+
+
+def test_the_slow_launch_warning_uses_the_kernels_measured_rate(monkeypatch):
+    from kernellab.run import numba_sim
+
+    k = _vadd_kernel(signatures={"vadd": VADD_SIG}).vadd
+    assert numba_sim.threads_per_second(k) == numba_sim.SIMULATED_THREADS_PER_S      # not measured yet
+    monkeypatch.setitem(numba_sim._rates, k.py_func.__code__, 10.0)                   # a slow kernel
+    assert numba_sim.estimated_seconds(1, 400, k) == pytest.approx(40.0)
+    a = np.zeros(400, np.float32)
+    with pytest.warns(SimulatorNotice, match=r"runs 400 threads, about 40 s at 10 threads per second"):
+        k[1, 400](a, a, a, 400)
 
 
 def test_simulated_launch_on_torch_cpu_tensors_checks_out():
@@ -409,6 +439,23 @@ def test_bank_trace_per_source_line(width, ways):
     assert load.ways == ways and load.instructions == 32
     assert trace.line(6, kind="store").ways == 1
     assert mod.tile_t.last_trace is trace
+
+
+def test_trace_shared_errors_name_thread_block_and_line():
+    """kernellab.trace_shared wraps a simulated thread's exception as k.trace_banks does."""
+    ns = {}
+    nb.exec_source("from numba import float32\n@cuda.jit\ndef oob(a, out):\n    s = cuda.shared.array(8, float32)\n"
+                   "    s[cuda.threadIdx.x] = a[cuda.threadIdx.x]\n    out[cuda.threadIdx.x] = s[cuda.threadIdx.x]\n",
+                   ns, "<test-trace-error>")
+    a = torch.arange(4, dtype=torch.float32)                     # torch CPU tensors work as in a launch
+    with pytest.raises(SimulatedKernelError) as info:
+        kernellab.trace_shared(ns["oob"], 1, 8, a, torch.zeros(8))
+    e = info.value
+    assert (e.exception, e.thread, e.block, e.line) == ("IndexError", (4, 0, 0), (0, 0, 0), 5)
+    assert "oob raised IndexError in thread (4, 0, 0)" in str(e) and "hint:" in str(e)
+    out = torch.zeros(4)
+    trace = kernellab.trace_shared(ns["oob"], 1, 4, a, out)
+    assert (out == a).all() and trace.line(5, kind="store").instructions == 1
 
 
 def test_trace_refuses_big_launches():
