@@ -295,6 +295,10 @@ class BlockScheduler:
             if all(m.done or m.state is _WARP for m in members):
                 self._release_warp(lanes, members)
                 released += lanes
+        if not released:                   # activemask() waits for no one: the lanes that reached it meet
+            for lanes in self._warps_waiting([t for t in live if t.op == "activemask"]).values():
+                self._release_warp(lanes, lanes)
+                released += lanes
         if released:
             released.sort(key=lambda t: t.thread_id)
             return released
@@ -407,6 +411,8 @@ def _collective(t: SimThread, by_lane: dict) -> object:
         return sum(1 << x.lane for x in lanes if x.value)
     if op == "match_any":
         return sum(1 << x.lane for x in lanes if x.value == t.value)
+    if op == "activemask":
+        return sum(1 << x.lane for x in by_lane.values() if x.op == "activemask")
     if op == "match_all":
         same = all(v == t.value for v in values)
         return (sum(1 << x.lane for x in lanes) if same else 0), int(same)
@@ -581,10 +587,8 @@ def module_class():
             return self._vote("match_all", mask, value)
 
         def activemask(self):
-            t = _current
-            base = t.warp * WARP_SIZE
-            threads = t.scheduler.threads
-            return sum(1 << k for k in range(WARP_SIZE) if base + k < len(threads) and not threads[base + k].done)
+            """The lanes of the warp that reach this activemask() together (those that did not return first)."""
+            return self._vote("activemask", FULL_MASK, None)
 
         def lanemask_lt(self):
             return (1 << _current.lane) - 1
