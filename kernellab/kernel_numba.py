@@ -9,7 +9,14 @@ Launches: with a GPU, through numba-cuda's own launcher, on torch CUDA tensors, 
 (zero copy, through `__cuda_array_interface__`). With `simulate=True` (the default where there is no GPU), in Numba's
 CUDA simulator on NumPy arrays and torch tensors (`kernellab.run.numba_sim`); the kernel is compiled for the real
 target as well, so code that the simulator runs but the compiler rejects is reported. Both modes check the arguments
-against the signature first and name the argument that does not fit.
+against the signature first and name the argument that does not fit. `k.sanitize(..., tool="racecheck")` (or
+"synccheck") of a simulated kernel checks the launch for shared-memory races and divergent barriers in the simulator
+(`kernellab.run.simrace`), with no GPU.
+
+A kernel may also be a factory, GPU-Puzzles' style: a function whose only parameter is `cuda` and which returns the
+kernel function. It is called with the real `numba.cuda` to compile, and with the simulator's module for each
+simulated launch. Numba bakes the module globals a kernel reads into the compiled code while the simulator reads
+them live, so a kernel whose globals were rebound is compiled again at its next launch (GlobalsChanged says which).
 """
 from __future__ import annotations
 
@@ -663,7 +670,8 @@ def _default_arch() -> tuple[str, str | None]:
 
 
 def numba_kernel(kernel, signature=None, *, arch: str | None = None, simulate: bool | None = None) -> NumbaKernel:
-    """A `@cuda.jit` kernel (or a plain function) as a kernellab Kernel; `signature` like 'float32[::1], int32'."""
+    """A `@cuda.jit` kernel, a plain function or a kernel factory (`def k(cuda): ...; return kernel`) as a kernellab
+    Kernel; `signature` like 'float32[::1], int32'."""
     return NumbaKernel(kernel, signature=signature, arch=arch, simulate=simulate)
 
 
