@@ -720,7 +720,14 @@ def numba_module(source: str, *, signatures=None, arch: str | None = None, simul
         if not isinstance(obj, NumbaKernel):
             ns[var] = wrap(obj)
     for var, obj in nb.find_factories(ns, filename, before):
-        ns[var] = wrap(obj)
+        try:
+            ns[var] = wrap(obj)
+        except Exception as exc:             # a function of `cuda` that is not a kernel factory: leave it be
+            if var in kernels:
+                raise
+            notes.append(f"{var} takes `cuda` but {var}(cuda) did not make a kernel, so it stays a function "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); mark it with "
+                         f"--kernel {var} to see the error")
     bound = {id(v): var for var, v in ns.items() if isinstance(v, NumbaKernel)}
     ordered = sorted(made, key=lambda k: k.py_func.__code__.co_firstlineno)
     unknown = {s for s in signatures if s is not None} - {k.py_func.__name__ for k in ordered}

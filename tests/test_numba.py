@@ -519,6 +519,15 @@ def test_a_kernel_factory_in_a_numba_cell(ip):
     assert race.lines == (9, 12)                    # cell lines: the store, and the load of a neighbour's slot
 
 
+def test_a_function_of_cuda_that_is_no_factory_stays_a_function(ip):
+    result = _run(ip, "%%numba --sim\ndef helper(cuda):\n    return cuda.threadIdx\n")
+    assert result.success, result.error_in_exec
+    assert callable(ip.user_ns["helper"]) and not isinstance(ip.user_ns["helper"], NumbaKernel)
+    assert "helper takes `cuda` but helper(cuda) did not make a kernel" in str(result.result)
+    marked = _run(ip, "%%numba --sim --kernel helper\ndef helper(cuda):\n    return cuda.threadIdx\n")
+    assert "a kernel factory returns the kernel function" in str(marked.error_in_exec)
+
+
 def test_rebinding_a_global_recompiles_the_kernel(ip):
     from kernellab.kernel_numba import GlobalsChanged
 

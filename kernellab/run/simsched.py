@@ -3,7 +3,7 @@
 numba-cuda's simulator (numba/cuda/simulator) runs every CUDA thread as an OS thread, and a block manager polls them
 until all wait in `syncthreads()`; under the GIL each barrier costs milliseconds (a 9x9 tiled matmul with two
 barriers per tile took 0.8 s). Here each CUDA thread is a greenlet (where greenlet is missing, an OS thread that runs
-only while it holds the turn), and the block scheduler hands the turn over: a thread runs until it reaches a barrier,
+only while it holds the turn; KERNELLAB_SIM_THREADS=1 forces these), and the block scheduler hands the turn over: a thread runs until it reaches a barrier,
 a warp-level function or its end, then the next thread runs. A barrier is a hand-off, not a wait. Everything else
 is numba-cuda's: its `FakeCUDAModule` (subclassed here so that threadIdx, blockIdx, laneid and the barriers read the
 scheduler's current thread), its shared, local and constant arrays, atomics, argument copies and the swapping of the
