@@ -322,11 +322,11 @@ class NumbaKernel(Kernel):
         `simulated`. The arguments are not modified. `max_threads` bounds the simulated launch's size.
         """
         self._refresh_globals()
+        max_threads = kw.pop("max_threads", TRACE_MAX_THREADS)
         if sim is None:
             sim = self.simulate
         if sim:
-            return self._sanitize_simulated(grid, block, args, shared_bytes, tool, kw.pop("max_threads",
-                                                                                          TRACE_MAX_THREADS))
+            return self._sanitize_simulated(grid, block, args, shared_bytes, tool, max_threads)
         self._ready_for(args)
         return super().sanitize(grid, block, *args, shared_bytes=shared_bytes, tool=tool, **kw)
 
