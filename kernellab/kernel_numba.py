@@ -339,10 +339,10 @@ class NumbaKernel(Kernel):
         cfg = self._config(grid, block, shared_bytes, None)
         threads = math.prod(cfg.grid) * math.prod(cfg.block)
         if threads > max_threads:
+            seconds = numba_sim.estimated_seconds(cfg.grid, cfg.block, self)
             raise ArgumentError(f"checking {self._name} in the simulator runs every thread: this launch has "
-                                f"{threads:,} threads (about {numba_sim.estimated_seconds(cfg.grid, cfg.block, self):.0f} "
-                                f"s); check a launch of at most {max_threads:,} threads (races show in one or a few "
-                                f"blocks), or pass max_threads=")
+                                f"{threads:,} threads (about {seconds:.0f} s); check a launch of at most "
+                                f"{max_threads:,} threads (races show in one or a few blocks), or pass max_threads=")
         return simrace.sanitize_simulated(self, cfg.grid, cfg.block, values, tool=tool, shared_bytes=cfg.shared_bytes,
                                           line_label=self._line_label, name=self._name)
 

@@ -369,7 +369,7 @@ def is_kernel_factory(obj) -> bool:
 
 
 def kernel_from_factory(factory, cuda_module=None):
-    """(kernel dispatcher, its Python function) from a kernel factory called with `cuda_module` (default: numba.cuda)."""
+    """(kernel dispatcher, its Python function) from a kernel factory called with `cuda_module` (numba.cuda)."""
     if cuda_module is None:
         from numba import cuda as cuda_module
     made = factory(cuda_module)

@@ -247,11 +247,11 @@ class BlockScheduler:
                     break
                 queue.extend(self._release(live))
         finally:
+            if self.observer is not None:
+                self.observer.block_done(self)
             for t in threads:
                 if not t.done:
                     t.fiber.kill()
-        if self.observer is not None:
-            self.observer.block_done(self)
 
     def _body(self, t: SimThread):
         function, args = self.function, self.args
