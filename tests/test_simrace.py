@@ -17,7 +17,7 @@ from kernellab.errors import ArgumentError, KernellabError  # noqa: E402
 from kernellab.run.sanitize import SanitizerReport  # noqa: E402
 from kernellab.run.simrace import sanitize_simulated  # noqa: E402
 
-from numba import cuda, float32  # noqa: E402
+from numba import cuda  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "racecheck_sm90.csv"
