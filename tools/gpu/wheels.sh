@@ -10,6 +10,7 @@
 #   ipython          the %%cuda / %%numba magics and their tests (tests drive a real InteractiveShell)
 #   ipykernel, nbclient, nbformat, jupytext   executing the tutorial notebooks headlessly
 #   ipywidgets       the occupancy explorer widget
+#   greenlet         the Numba simulator's block scheduler (without it, OS threads take turns: slower, same results)
 # and their dependencies, resolved by pip for CPython 3.12 on manylinux x86-64.
 #
 # DASK=1 adds what the autotune and grading fan-out needs there (tests/gpu/test_autotune_gpu.py,
@@ -40,6 +41,7 @@ REQUIREMENTS=(
   "nbformat>=5.10"
   "ipywidgets>=8.1"
   "jupytext>=1.16"
+  "greenlet>=3.0"
 )
 # Dependencies not needed at run time there, dropped after the check below to save space:
 #   debugpy (3.9 MB)  ipykernel imports it only for the Jupyter debugger and runs without it.
