@@ -512,15 +512,16 @@ def test_numba_tile_is_checked_in_its_sass_after_the_simulated_runs(numba_tile):
 
 
 def test_the_simulators_racecheck_is_used_through_sanitize_where_kernellab_has_it(numba_tile, monkeypatch):
-    """Until the simulator has a race detector, sanitize() refuses a simulated kernel: the grade notes it. Once it
-    returns a report, its races are findings with both lines."""
+    """The simulator's race detector (kernellab.run.simrace) grades a simulated kernel's barriers: a clean kernel's
+    grade says racecheck ran clean; a report with races becomes findings with both lines."""
     from kernellab.kernel_numba import NumbaKernel
     from kernellab.run.sanitize import Finding as SanFinding
     from kernellab.run.sanitize import Location, SanitizerReport
 
     k = kernellab.numba_kernel(_numba_cell(TILE_NUMBA, "tposed"), simulate=True)
     r = kernellab.grade("t-tile-numba", k)
-    assert r.passed and any(n.startswith("racecheck was not run") for n in r.notes), r.notes
+    assert r.passed and not any(n.startswith("racecheck was not run") for n in r.notes), r.notes
+    assert "racecheck: clean" in str(r), str(r)
 
     calls = []
 
