@@ -250,6 +250,8 @@ def golden_rows():
 @pytest.mark.skipif(not GOLDEN.exists(), reason="tests/golden/racecheck_sm90.csv is not recorded yet: run "
                                                 "tools/gpu/record_racecheck.py on a GPU")
 def test_simulator_agrees_with_compute_sanitizer():
+    """The same verdict and findings as compute-sanitizer on every case; where the GPU's report stopped at its print
+    limit (`complete` 'no'), the pairs of lines it printed are a lower bound: the simulator must find each of them."""
     mismatches, rows = [], golden_rows()
     assert {r["kernel"] for r in rows} == {c.name for c in corpus.CASES}, "re-record the golden table"
     for row in rows:
@@ -257,6 +259,33 @@ def test_simulator_agrees_with_compute_sanitizer():
         report = run_case(c, row["tool"])
         mine = (corpus.verdict(report), corpus.describe(c, report))
         gpu = (row["verdict"], row["findings"])
-        if mine != gpu:
+        if row.get("complete", "yes") == "no":
+            shown = set(filter(None, row["findings"].split(";")))
+            same = mine[0] == gpu[0] and shown <= set(mine[1].split(";"))
+        else:
+            same = mine == gpu
+        if not same:
             mismatches.append(f"{c.name} {row['tool']}: compute-sanitizer {gpu}, simulator {mine}")
     assert not mismatches, "\n".join(mismatches)
+
+
+def test_a_report_cut_at_the_print_limit_says_so():
+    """compute-sanitizer counts every hazard but prints --print-limit of them: the 2026-11-23 recording of
+    matmul_no_sync_after_compute printed 100 of 1,794 (all la-mac), so its lb-mac pair was missing."""
+    from kernellab.run.sanitize import PRINT_LIMIT_NOTE, report_from_text
+
+    hazard = ("========= Error: Potential WAR hazard detected at __shared__ 0x400 in block (0,1,0) :\n"
+              "=========     Read Thread (0,7,0) at k+0x5e0 in race_corpus.py:286\n"
+              "=========     Write Thread (0,0,0) at k+0x700 in race_corpus.py:282\n"
+              "=========     Current Value : 108, Incoming Value : 254\n=========\n")
+    cut = report_from_text("========= COMPUTE-SANITIZER\n" + hazard * 100 + "========= RACECHECK SUMMARY: "
+                           "100 hazards displayed (513 errors, 1281 warnings)\n", tool="racecheck")
+    (f,) = cut.findings
+    assert f.lines == (286, 282) and (f.access, f.other_access) == ("Read", "Write") and cut.error_count == 513
+    assert any(PRINT_LIMIT_NOTE in n and "printed 100 of 1,794 hazards" in n for n in cut.notes), cut.notes
+    whole = report_from_text("========= COMPUTE-SANITIZER\n" + hazard * 9 + "========= RACECHECK SUMMARY: "
+                             "9 hazards displayed (9 errors, 0 warnings)\n", tool="racecheck")
+    assert not any(PRINT_LIMIT_NOTE in n for n in whole.notes), whole.notes
+    rows = {(r["kernel"], r["tool"]): r for r in golden_rows()}
+    assert rows[("matmul_no_sync_after_compute", "racecheck")]["complete"] == "no"
+    assert rows[("histogram_init_racy", "racecheck")]["complete"] == "yes"   # 0 hazards: nothing was cut
