@@ -117,7 +117,7 @@ class CheckReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        from kernellab.notebook.check_display import check_report_html
+        from kernellab.render.check_html import check_report_html
 
         return check_report_html(self)
 
