@@ -31,6 +31,7 @@ class Resources:
     arch: str
     constant_bytes: int = 0     # cmem[0]: parameters and driver constants
     barriers: int = 0           # named barriers used
+    launch_bounds_threads: int | None = None  # threads per block that __launch_bounds__ allows (None: not given)
 
     @property
     def spills(self) -> bool:
@@ -103,19 +104,37 @@ class Kernel:
         return self._sass
 
     def occupancy(self, block, shared_bytes: int = 0, arch: str | None = None):
-        """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block."""
+        """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block.
+
+        Raises ArgumentError for a block above the kernel's max_threads_per_block: it could not launch.
+        """
         from .analysis.occupancy import occupancy
 
         threads = block if isinstance(block, int) else int(math.prod(block))
-        return occupancy(threads, self.resources.registers, self.resources.shared_bytes + shared_bytes,
-                         arch or _base_arch(self.arch))
+        res = self.resources
+        if threads > res.max_threads_per_block:
+            raise ArgumentError(f"{self.name} cannot launch a block of {threads} threads: its max_threads_per_block "
+                                f"is {res.max_threads_per_block} ({_limit_reason(res)}); ask for the occupancy of a "
+                                f"block of at most {res.max_threads_per_block} threads")
+        return occupancy(threads, res.registers, res.shared_bytes + shared_bytes, arch or _base_arch(self.arch))
 
     def best_block_sizes(self, shared_bytes: int = 0, top: int = 3):
-        """Block sizes (multiples of 32) that give this kernel the highest theoretical occupancy."""
+        """Block sizes (multiples of 32, at most max_threads_per_block) that give this kernel the highest occupancy."""
         from .analysis.occupancy import best_block_sizes
 
         return best_block_sizes(self.resources.registers, self.resources.shared_bytes + shared_bytes,
-                                _base_arch(self.arch), top=top)
+                                _base_arch(self.arch), top=top, max_threads=self.resources.max_threads_per_block)
+
+    def card_block_size(self) -> tuple[int, str]:
+        """(threads, why): the block size the card shows occupancy at: the launch bounds where the kernel gives
+        them, else its best block size."""
+        res = self.resources
+        if res.launch_bounds_threads:
+            return min(res.launch_bounds_threads, res.max_threads_per_block), "launch bounds"
+        best = self.best_block_sizes(top=1)
+        if best:
+            return best[0], "best block"
+        return min(256, res.max_threads_per_block), "default"
 
     # -- launching ------------------------------------------------------------------------------------------
     def __getitem__(self, config) -> "_Launcher":
@@ -222,17 +241,24 @@ class Kernel:
         return fn
 
     # -- reports --------------------------------------------------------------------------------------------
-    def to_json(self, block_size: int = 256) -> dict:
+    def to_json(self, block_size: int | None = None) -> dict:
+        """The card's fields; "occupancy" is at `block_size`, or (None) at card_block_size(), with "block_source"
+        saying which: "launch bounds", "best block", "default" or "requested"."""
         r = self.resources
         d = {"name": self.name, "display": self.signature.display, "symbol": self.symbol,
              "signature": str(self.signature), "registers": r.registers, "shared_bytes": r.shared_bytes,
              "local_bytes": r.local_bytes, "spill_store_bytes": r.spill_store_bytes,
              "spill_load_bytes": r.spill_load_bytes, "max_threads_per_block": r.max_threads_per_block,
-             "arch": r.arch}
+             "launch_bounds_threads": r.launch_bounds_threads, "arch": r.arch}
         try:
-            occ = self.occupancy(min(block_size, r.max_threads_per_block))
-            d["occupancy"] = {"block_size": occ.block_size, "ratio": occ.ratio, "limiter": occ.limiter,
-                              "blocks_per_sm": occ.blocks_per_sm}
+            if block_size is None:
+                threads, source = self.card_block_size()
+            else:
+                threads, source = min(block_size, r.max_threads_per_block), "requested"
+            occ = self.occupancy(threads)
+            d["occupancy"] = {"block_size": occ.block_size, "block_source": source, "ratio": occ.ratio,
+                              "limiter": occ.limiter, "blocks_per_sm": occ.blocks_per_sm,
+                              "warps_per_sm": occ.warps_per_sm}
             d["best_block_sizes"] = list(self.best_block_sizes())
         except (ImportError, KernellabError, ValueError):
             pass
@@ -343,6 +369,12 @@ class Module(KernelCollection):
                 "diagnostics": [{"line": d.line, "column": d.column, "severity": d.severity, "message": d.message}
                                 for d in self.output.diagnostics]}
 
+    def _timing(self) -> str:
+        """'compiled in 27.1 ms (cache miss)', or for a hit its own time: 'cache hit (memory) in 0.2 ms'."""
+        if self.cache_hit:
+            return f"cache hit ({self.cache_state}) in {self.wall_ms:.1f} ms (compiled in {self.compile_ms:.0f} ms)"
+        return f"compiled in {self.compile_ms:.1f} ms (cache miss)"
+
     def __str__(self) -> str:
         j = self.to_json()
         rows = []
@@ -350,9 +382,8 @@ class Module(KernelCollection):
             occ = k.get("occupancy")
             rows.append([k["display"], k["registers"], k["shared_bytes"], k["local_bytes"],
                          f"{k['spill_store_bytes']}/{k['spill_load_bytes']}",
-                         f"{occ['ratio']:.0%} @{occ['block_size']} ({occ['limiter']})" if occ else "-"])
-        head = (f"{j['title']} | {self.arch} | compiled in {self.compile_ms:.1f} ms "
-                f"| cache {'hit (' + self.cache_state + ')' if self.cache_hit else 'miss'}")
+                         occupancy_text(occ) if occ else "-"])
+        head = f"{j['title']} | {self.arch} | {self._timing()}"
         parts = [head, report.text_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy"], rows)]
         parts += [f"warning: line {d.line}: {d.message}" for d in self.warnings]
         parts += [f"note: {n}" for n in self.notes]
@@ -370,10 +401,9 @@ class Module(KernelCollection):
                 if k["spill_store_bytes"] or k["spill_load_bytes"] else spill
             rows.append([report.Raw(f"<b>{report.esc(k['display'])}</b>", k["display"]), k["registers"],
                          k["shared_bytes"], k["local_bytes"], spill_cell,
-                         f"{occ['ratio']:.0%} @ {occ['block_size']} ({occ['limiter']})" if occ else "-",
+                         occupancy_text(occ) if occ else "-",
                          ", ".join(map(str, k.get("best_block_sizes", []))) or "-"])
-        cache = f"cache hit ({self.cache_state})" if self.cache_hit else "cache miss"
-        cap = f"{j['title']} · {self.arch} · {self.compile_ms:.1f} ms compile · {cache}"
+        cap = f"{j['title']} · {self.arch} · {self._timing()}"
         out = [report.html_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy", "best blocks"],
                                  rows, caption=cap)]
         for d in self.warnings:
@@ -390,6 +420,21 @@ def _base_arch(arch: str) -> str:
     return re.sub(r"[af]$", "", arch)
 
 
+def _limit_reason(res: Resources) -> str:
+    """What sets a kernel's max_threads_per_block, in words."""
+    if res.launch_bounds_threads and res.max_threads_per_block == res.launch_bounds_threads:
+        return f"__launch_bounds__({res.launch_bounds_threads})"
+    if res.max_threads_per_block < 1024:
+        return f"{res.registers} registers per thread fill the register file at {res.max_threads_per_block} threads"
+    return "the architecture's limit"
+
+
+def occupancy_text(occ: dict) -> str:
+    """A card's occupancy cell: '50% @ 64 (warps; launch bounds)'."""
+    source = occ.get("block_source")
+    return f"{occ['ratio']:.0%} @ {occ['block_size']} ({occ['limiter']}{'; ' + source if source else ''})"
+
+
 def _resources(output: CompileOutput, symbol: str, facts) -> Resources:
     rep = output.reports.get(symbol)
     regs = rep.registers if rep else (facts.registers if facts and facts.registers is not None else 0)
@@ -399,7 +444,8 @@ def _resources(output: CompileOutput, symbol: str, facts) -> Resources:
                      spill_store_bytes=rep.spill_store_bytes if rep else 0,
                      spill_load_bytes=rep.spill_load_bytes if rep else 0,
                      max_threads_per_block=max_threads_for(regs, bounds), arch=output.arch,
-                     constant_bytes=rep.constant_bytes if rep else 0, barriers=rep.barriers if rep else 0)
+                     constant_bytes=rep.constant_bytes if rep else 0, barriers=rep.barriers if rep else 0,
+                     launch_bounds_threads=math.prod(bounds) if bounds else None)
 
 
 def _ptx_entry(ptx: str, symbol: str) -> str:

@@ -24,7 +24,7 @@ from .compile import numba_backend as nb
 from .compile.nvrtc import normalize_arch
 from .compile.signature import KernelSignature
 from .errors import ArgumentError, KernellabError
-from .kernel import Kernel, KernelCollection, Resources, max_threads_for
+from .kernel import Kernel, KernelCollection, Resources, max_threads_for, occupancy_text
 from .run import device as _device
 
 TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take about 13 s
@@ -167,7 +167,8 @@ class NumbaKernel(Kernel):
         return Resources(registers=r.registers, shared_bytes=r.shared_bytes, local_bytes=r.stack_bytes,
                          spill_store_bytes=r.spill_store_bytes, spill_load_bytes=r.spill_load_bytes,
                          max_threads_per_block=max_threads_for(r.registers, bounds), arch=c.arch,
-                         constant_bytes=r.constant_bytes, barriers=r.barriers)
+                         constant_bytes=r.constant_bytes, barriers=r.barriers,
+                         launch_bounds_threads=bounds[0] if bounds else None)
 
     @property
     def ptx(self) -> str:
@@ -369,7 +370,7 @@ class NumbaKernel(Kernel):
                 raise _launch_error(exc, self._name, cfg, during="run") from None
 
     # -- reports --------------------------------------------------------------------------------------------
-    def to_json(self, block_size: int = 256) -> dict:
+    def to_json(self, block_size: int | None = None) -> dict:
         base = {"name": self._name, "display": self._name, "symbol": self.symbol, "backend": "numba",
                 "signature": str(self.signature), "numba_signature": self.numba_signature,
                 "simulate": self.simulate, "pending": self.pending, "arch": self._arch}
@@ -544,8 +545,7 @@ class NumbaModule(KernelCollection):
                 continue
             occ = k.get("occupancy")
             spill = f"{k['spill_store_bytes']}/{k['spill_load_bytes']}"
-            occ_text = f"{occ['ratio']:.0%} @{'' if not html else ' '}{occ['block_size']} ({occ['limiter']})" if occ \
-                else "-"
+            occ_text = occupancy_text(occ) if occ else "-"
             if html:
                 spill = report.Raw(f"<span style='color:#c00;font-weight:bold'>{spill}</span>", spill) \
                     if k["spill_store_bytes"] or k["spill_load_bytes"] else spill
