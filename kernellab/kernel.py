@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -11,7 +12,7 @@ from .compile import cache as _cache
 from .compile.cubin import read_cubin
 from .compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
 from .compile.signature import KernelSignature, find_kernels, signature_for
-from .errors import ArgumentError, KernellabError
+from .errors import ArgumentError, KernellabError, LaunchError
 from .run import device as _device
 
 REGISTER_FILE = 65536          # 32-bit registers per SM (and per block) on every arch kernellab knows
@@ -59,6 +60,7 @@ class Kernel:
     """One `__global__` function, compiled: inspect it (resources, ptx, sass, occupancy) and launch it with k[grid, block](...)."""
 
     backend = "cuda"
+    _path = None                           # run.launch.LaunchPath, made at the first launch in this process
 
     def __init__(self, module: "Module", signature: KernelSignature, resources: Resources):
         self.module = module
@@ -66,6 +68,7 @@ class Kernel:
         self.resources = resources
         self._functions: dict[int, object] = {}
         self._sass: str | None = None
+        self._launchers: dict = {}         # k[grid, block] objects, per configuration
         self.isolate: bool | None = None   # None: follow the notebook-wide setting (kernellab.set_isolation)
 
     # -- identity -------------------------------------------------------------------------------------------
@@ -138,48 +141,81 @@ class Kernel:
 
     # -- launching ------------------------------------------------------------------------------------------
     def __getitem__(self, config) -> "_Launcher":
+        try:
+            return self._launchers[config]      # kept per configuration: a launch in a loop makes none
+        except (KeyError, TypeError):
+            pass
         if not isinstance(config, tuple) or len(config) not in (2, 3):
             raise ArgumentError(f"launch as {self.name}[grid, block](args...) or {self.name}[grid, block, "
                                 f"shared_bytes](args...); got {self.name}[{config!r}]")
-        return _Launcher(self, *config)
+        launcher = _Launcher(self, *config)
+        try:
+            if len(self._launchers) >= 256:
+                self._launchers.clear()
+            self._launchers[config] = launcher
+        except TypeError:                        # a list for grid or block
+            pass
+        return launcher
 
     def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool | None = None,
                isolate: bool | None = None, timeout_s: float | None = None):
         """Check the arguments against the signature and launch on the current GPU.
 
         sync (default: yes, except while `kernellab.bench` times the call) waits for the kernel, so that a fault is
-        reported here, at this launch, not at some later CUDA call. isolate=True runs it in a worker process (see
-        run_isolated); None follows the notebook-wide setting.
+        reported here, at this launch, not at some later CUDA call; under CUDA graph capture it records the launch
+        and does not wait. isolate=True runs it in a worker process (see run_isolated); None follows the
+        notebook-wide setting.
         """
-        from .run import worker as _worker
-
         if isolate is None:
-            isolate = self.isolate if self.isolate is not None else _worker.settings.isolate
+            isolate = self.isolate if self.isolate is not None else _isolation_default()
         if isolate:
             return self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
-        _device.require_gpu(f"launching {self.name}")
-        from .errors import LaunchError
-        from .run.launch import allow_dynamic_shared, launch, make_config, marshal_args
+        path = self._path
+        if path is None:
+            path = self._launch_path(grid, block, shared_bytes, args)
+        cfg = path.config(grid, block, shared_bytes)
+        try:
+            path.run(cfg, args, stream, sync)
+        except LaunchError as exc:
+            self._keep_job(exc, cfg, args)
+            raise
 
+    def _keep_job(self, exc: LaunchError, cfg, args) -> None:
+        """After a sticky fault, keep the launch (shapes and scalars) on the error for sanitize_last()."""
+        if exc.sticky and exc.job is None:
+            from .run.job import KernelJob
+
+            try:
+                exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes")
+            except Exception:
+                pass
+
+    def check_args(self, *args) -> None:
+        """Check `args` against the signature as a launch would: their count, pointer or scalar, dtype, contiguity,
+        vector alignment and scalar ranges. Needs no GPU: CPU (and meta) tensors and NumPy arrays stand in for GPU
+        memory. Raises ArgumentError naming the argument."""
+        from .run.launch import marshal_args
+
+        marshal_args(self.params, tuple(args), None, str(self.signature), any_device=True)
+
+    def _launch_path(self, grid, block, shared_bytes, args):
+        """The first launch: with no GPU, check what can be checked and say why not; else load the kernel on the
+        current GPU and keep its LaunchPath."""
+        from .run.launch import LaunchPath, allow_dynamic_shared, make_config
+
+        if not _device.has_gpu():
+            make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
+                        static_shared_bytes=self.resources.shared_bytes, device=None)
+            self.check_args(*args)              # the argument error, if any, comes before "no GPU"
+        _device.require_gpu(f"launching {self.name}")
         dev = _device.device_info()
         self._check_arch(dev)
-        cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
-                          static_shared_bytes=self.resources.shared_bytes, device=dev)
-        values = marshal_args(self.params, args, dev, str(self.signature))
         fn = self._function(dev.index)
-        if cfg.shared_bytes > dev.shared_per_block_bytes - self.resources.shared_bytes:
-            allow_dynamic_shared(fn, cfg.shared_bytes)  # opt in above 48 KiB
-        try:
-            launch(fn, cfg, values, args, stream=stream, sync=sync, kernel_name=self.name)
-        except LaunchError as exc:
-            if exc.sticky and exc.job is None:  # keep the launch (shapes and scalars) for sanitize_last()
-                from .run.job import KernelJob
-
-                try:
-                    exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes")
-                except Exception:
-                    pass
-            raise
+        self._path = LaunchPath(fn.ptr, self.params, dev, name=self.name, signature=str(self.signature),
+                                max_threads_per_block=self.resources.max_threads_per_block,
+                                static_shared_bytes=self.resources.shared_bytes,
+                                opt_in=lambda nbytes: allow_dynamic_shared(fn, nbytes))
+        return self._path
 
     # -- the same launch in another process: a worker, compute-sanitizer, Nsight Compute ---------------------
     def job_fields(self) -> dict:
@@ -268,14 +304,30 @@ class Kernel:
 class _Launcher:
     """`kernel[grid, block]`: call it with the kernel's arguments."""
 
+    __slots__ = ("kernel", "grid", "block", "shared_bytes", "_path", "_config")
+
     def __init__(self, kernel: Kernel, grid, block, shared_bytes: int = 0):
         self.kernel, self.grid, self.block, self.shared_bytes = kernel, grid, block, shared_bytes
+        self._path = self._config = None        # the checked LaunchConfig, once launched in this process
 
     def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
                  isolate: bool | None = None, timeout_s: float | None = None):
-        return self.kernel.launch(self.grid, self.block, *args,
-                                  shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
-                                  stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s)
+        k = self.kernel
+        path = k._path
+        # The common case, a launch in this process as configured: straight to the launch path.
+        if (path is not None and path is self._path and shared_bytes is None and isolate is None
+                and k.isolate is None and not _isolation_default()):
+            try:
+                return path.run(self._config, args, stream, sync)
+            except LaunchError as exc:
+                k._keep_job(exc, self._config, args)
+                raise
+        result = k.launch(self.grid, self.block, *args,
+                          shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
+                          stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s)
+        if k._path is not None and shared_bytes is None and self._path is not k._path:
+            self._config, self._path = k._path.config(self.grid, self.block, self.shared_bytes), k._path
+        return result
 
 
 class KernelCollection:
@@ -414,6 +466,12 @@ class Module(KernelCollection):
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return report.mimebundle(self, include, exclude)
+
+
+def _isolation_default() -> bool:
+    """The notebook-wide isolation setting (kernellab.set_isolation), read without importing the worker until set."""
+    worker = sys.modules.get("kernellab.run.worker")
+    return bool(worker is not None and worker.settings.isolate)
 
 
 def _base_arch(arch: str) -> str:

@@ -59,6 +59,7 @@ class NumbaKernel(Kernel):
         self._argtypes: tuple | None = None   # set with or without a real compile (NUMBA_ENABLE_CUDASIM)
         self._sass: str | None = None
         self._noticed = False
+        self._launchers: dict = {}            # k[grid, block] objects, per configuration
         self.trace_next = False               # the next launch runs in the simulator and returns its SharedTrace
         self.last_trace = None
         self.can_compile, why = nb.numba_available()
@@ -252,6 +253,17 @@ class NumbaKernel(Kernel):
                 raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) is a {type(x).__name__}; launches in "
                                     f"another process take CUDA torch tensors and CuPy arrays (wrap a Numba device "
                                     f"array with cupy.asarray(x))")
+
+    def check_args(self, *args) -> None:
+        """Check `args` against the Numba signature as a launch would (count, array or scalar, dtype, dimensions,
+        layout, scalar ranges), with host arrays and CPU tensors standing in for GPU ones; before a signature is
+        known, only the count. Needs no GPU."""
+        names = nb.param_names(self.py_func)
+        if len(args) != len(names):
+            raise ArgumentError(f"{self._name}({', '.join(names)}) takes {len(names)} argument"
+                                f"{'s' if len(names) != 1 else ''}, got {len(args)}")
+        if self._argtypes is not None:
+            _check_args(self.params, args, self.numba_signature, host_ok=True)
 
     def _ready_for(self, args) -> None:
         """Compile for these arguments' types if no signature is known yet (as the first launch does)."""
