@@ -62,7 +62,7 @@ class FakeDriver:
         self.sizes, self.capturing, self.fail = sizes, capturing, fail
         self.launches, self.syncs = [], []
 
-    def launch(self, function, grid, block, shared_bytes, stream, params):
+    def launch(self, function, grid, block, shared_bytes, stream, params, device_index=0):
         if self.fail:
             raise RuntimeError(self.fail)
         pointers = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)) if params else None

@@ -12,6 +12,7 @@ import functools
 import sys
 
 CUDA_SUCCESS = 0
+CUDA_ERROR_INVALID_CONTEXT = 201
 CUDA_ERROR_NOT_READY = 600
 CU_STREAM_CAPTURE_STATUS_NONE = 0
 
@@ -36,8 +37,10 @@ def _lib():
     lib.cuLaunchKernel.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
     lib.cuStreamSynchronize.argtypes = [p]
     lib.cuStreamIsCapturing.argtypes = [p, ctypes.POINTER(i)]
+    lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(p), i]
+    lib.cuCtxSetCurrent.argtypes = [p]
     for f in (lib.cuDriverGetVersion, lib.cuInit, lib.cuGetErrorName, lib.cuGetErrorString, lib.cuLaunchKernel,
-              lib.cuStreamSynchronize, lib.cuStreamIsCapturing):
+              lib.cuStreamSynchronize, lib.cuStreamIsCapturing, lib.cuDevicePrimaryCtxRetain, lib.cuCtxSetCurrent):
         f.restype = i
     return lib
 
@@ -91,10 +94,28 @@ class Driver:
         self._sync = lib.cuStreamSynchronize
         self._capturing = lib.cuStreamIsCapturing
 
-    def launch(self, function: int, grid, block, shared_bytes: int, stream: int, params: int) -> None:
-        """cuLaunchKernel(function, grid, block, shared_bytes, stream, params (a void** address), extra=NULL)."""
+    def launch(self, function: int, grid, block, shared_bytes: int, stream: int, params: int,
+               device_index: int = 0) -> None:
+        """cuLaunchKernel(function, grid, block, shared_bytes, stream, params (a void** address), extra=NULL).
+
+        A thread that has not touched CUDA yet has no current context: then the device's primary context (the one
+        torch and CuPy use, where the kernel was loaded) is made current and the launch tried again."""
         rc = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes, stream,
                           params, None)
+        if rc == CUDA_ERROR_INVALID_CONTEXT:
+            self.make_current(device_index)
+            rc = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
+                              stream, params, None)
+        if rc:
+            raise CudaDriverError(rc)
+
+    def make_current(self, device_index: int) -> None:
+        """Make `device_index`'s primary context current in this thread."""
+        lib = _lib()
+        ctx = ctypes.c_void_p()
+        rc = lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device_index)
+        if rc == CUDA_SUCCESS:
+            rc = lib.cuCtxSetCurrent(ctx)
         if rc:
             raise CudaDriverError(rc)
 

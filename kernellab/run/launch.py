@@ -561,7 +561,7 @@ class LaunchPath:
                 self._pack_numpy(checked)
             try:
                 self.driver.launch(self.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, handle,
-                                   self.params_address)
+                                   self.params_address, self.device.index)
             except Exception as exc:
                 raise _launch_error(exc, self.name, cfg, during="launch") from None
         if (not _DEFER_SYNC.get()) if sync is None else sync:
