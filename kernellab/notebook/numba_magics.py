@@ -100,6 +100,10 @@ class NumbaMagics(Magics):
             raise compile_error_usage(exc) from None
         except (KernellabError, ValueError) as exc:
             raise UsageError(str(exc)) from None
+        if module.simulate:
+            from .status import note_simulator
+
+            note_simulator()
         if args.name:
             self.shell.user_ns[args.name] = module
         if args.ptx or args.sass:
