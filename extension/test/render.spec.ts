@@ -139,6 +139,13 @@ describe('check report', () => {
     expect(text(node.querySelector('.kl-Report-footer'))).toContain('reproduce: args = inputs(');
   });
 
+  it('says why the reference is not in float64, and says nothing when it is', () => {
+    expect(renderReport(FIXTURES.check_passed).querySelector('.kl-Note--warn')).toBeNull();
+    const report = copy(FIXTURES.check_passed);
+    report.reference_note = 'the reference could not run in float64 (it raised OutOfMemoryError: CUDA out of memory)';
+    expect(text(renderReport(report).querySelector('.kl-Note--warn'))).toBe(`note: ${report.reference_note}`);
+  });
+
   it('accepts worst elements given as objects, and non-finite numbers as strings', () => {
     const node = renderReport({
       kind: 'check', version: 1, title: 't', passed: false, max_abs_error: 'inf', mismatches: 1,

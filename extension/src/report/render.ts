@@ -464,6 +464,8 @@ function renderCheck(report: IReport): HTMLElement {
     : null;
   const extra = [str(report.tolerance), str(report.exception), str(report.reproduce) ? `reproduce: ${report.reproduce}` : null]
     .filter((x): x is string => Boolean(x));
+  // Why the reference is not in float64 (out of memory, an op without float64): said, not silently fallen back from.
+  const referenceNote = str(report.reference_note);
   return frame(
     report,
     chips,
@@ -477,6 +479,7 @@ function renderCheck(report: IReport): HTMLElement {
       stat('atol', formatValue(report.atol, 3)),
       stat('rtol', formatValue(report.rtol, 3))
     ),
+    referenceNote ? h('div', 'kl-Note kl-Note--warn', `note: ${referenceNote}`) : null,
     worstTable,
     extra.length ? h('div', 'kl-Report-footer', ...extra.map(t => h('div', null, t))) : null
   );
