@@ -139,7 +139,6 @@ def test_filling_free_memory_fills_only_free_blocks_and_is_cheap(torch):
 
     keep = torch.ones(1 << 20, device="cuda")
     scratch = torch.ones(1 << 22, device="cuda")
-    ptr = scratch.data_ptr()
     del scratch                                          # its block is free but cached
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -147,8 +146,8 @@ def test_filling_free_memory_fills_only_free_blocks_and_is_cheap(torch):
     elapsed_s = time.perf_counter() - t0
     assert filled >= 4 << 22
     assert keep.eq(1).all()                              # live tensors untouched
-    again = torch.empty(1 << 22, device="cuda")          # the same block comes back, full of NaN
-    assert again.data_ptr() == ptr and again.isnan().all()
+    again = torch.empty(1 << 22, device="cuda")          # a cached block comes back, full of NaN
+    assert again.isnan().all()
     print(f"filled {filled / 2**20:.1f} MiB in {elapsed_s * 1e3:.2f} ms")
 
 
