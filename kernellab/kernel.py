@@ -68,6 +68,7 @@ class Kernel:
         self.resources = resources
         self._functions: dict[int, object] = {}
         self._sass: str | None = None
+        self._source_view = None
         self._launchers: dict = {}         # k[grid, block] objects, per configuration
         self.isolate: bool | None = None   # None: follow the notebook-wide setting (kernellab.set_isolation)
 
@@ -105,6 +106,36 @@ class Kernel:
 
             self._sass = sass(self.module.cubin, self.symbol)
         return self._sass
+
+    def source_view(self):
+        """Each line of the kernel's source beside the SASS (and PTX) compiled from it, with per-line counts of
+        global, shared and local loads and stores, FFMA, HMMA/HGMMA, barriers and branches (a SourceView; in a
+        notebook, two columns in the cell's line numbering). From the cubin's line information; no GPU needed."""
+        if self._source_view is None:
+            from .compile.sass_lines import ptx_lines, sass_instructions
+            from .compile.source_view import build_source_view
+
+            source, first_line, filename, cubin, module_ptx = self._view_inputs()
+            instructions = sass_instructions(cubin, self.symbol, filename)
+            self._source_view = build_source_view(
+                kernel=self.signature.display, arch=self.arch, source=source, first_line=first_line,
+                filename=filename, instructions=instructions, ptx=ptx_lines(module_ptx, self.ptx, filename))
+        return self._source_view
+
+    def _view_inputs(self) -> tuple[str, int, str, bytes, str]:
+        """(source, its first line's number, filename, cubin, the module's PTX) for source_view."""
+        m = self.module
+        return m.source or "", m.first_line, m.filename, m.cubin, m.ptx
+
+    def profile_lines(self, grid, block, *args, shared_bytes: int = 0, strict: bool = False, **kw):
+        """source_view() with what Nsight Compute measured per line over this launch: instructions executed, warp
+        stall samples and their reasons, global memory traffic, shared wavefronts and bank conflicts.
+
+        The launch runs in a new process under ncu (the arguments are copied; yours are not modified). Where ncu
+        cannot read the counters the view says why (`profile_note`); strict=True raises instead."""
+        from .run.ncu_source import profile_lines
+
+        return profile_lines(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict, **kw)
 
     def occupancy(self, block, shared_bytes: int = 0, arch: str | None = None):
         """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block.

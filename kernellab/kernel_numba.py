@@ -58,6 +58,7 @@ class NumbaKernel(Kernel):
         self._compiled: nb.NumbaCompileOutput | None = None
         self._argtypes: tuple | None = None   # set with or without a real compile (NUMBA_ENABLE_CUDASIM)
         self._sass: str | None = None
+        self._source_view = None
         self._noticed = False
         self._launchers: dict = {}            # k[grid, block] objects, per configuration
         self.trace_next = False               # the next launch runs in the simulator and returns its SharedTrace
@@ -136,7 +137,7 @@ class NumbaKernel(Kernel):
         if self.can_compile:
             self._compiled = nb.compile_kernel(self.dispatcher, argtypes, self._arch, source=self._source,
                                                first_line=self._first_line)
-            self._sass = None
+            self._sass = self._source_view = None
             self.notes.extend(n for n in self._compiled.notes if n not in self.notes)
         self._argtypes = tuple(argtypes)
 
@@ -189,6 +190,18 @@ class NumbaKernel(Kernel):
             c = self._require_compiled("SASS")
             self._sass = sass(c.cubin, c.symbol)
         return self._sass
+
+    def _view_inputs(self) -> tuple[str, int, str, bytes, str]:
+        """(source, its first line's number, filename, cubin, PTX) for source_view: the cell (or the function's
+        file) and the line numbers Numba's line information uses."""
+        import inspect
+
+        c = self._require_compiled("SASS")
+        filename = self.py_func.__code__.co_filename
+        if self._source is not None:
+            return self._source, self._first_line, filename, c.cubin, c.ptx
+        lines, start = inspect.getsourcelines(self.py_func)
+        return "".join(lines), start, filename, c.cubin, c.ptx
 
     # -- launching ------------------------------------------------------------------------------------------
     def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool | None = None,
