@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.kernellab-installed
 PYTEST_ARGS ?=
 # `make lab LAB_ARGS="--port 8899 --no-browser"` passes options to `jupyter lab`; WORK is the folder Lab opens on.
 LAB_ARGS ?=
-WORK     ?= work
+WORK     ?= lab-work
 # Jupyter refuses to run as root (containers, most cloud GPU machines) unless told it may.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 

@@ -40,9 +40,9 @@ def test_make_lab_command_line(tmp_path):
 
 
 def test_the_working_folder_is_ignored_by_git():
-    out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-v", "work/Untitled.ipynb"], capture_output=True,
+    out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-v", "lab-work/Untitled.ipynb"], capture_output=True,
                          text=True)
-    assert out.returncode == 0, "work/ must be git-ignored: notebooks made in Lab land there"
+    assert out.returncode == 0, "lab-work/ must be git-ignored: notebooks made in Lab land there"
 
 
 def _free_port() -> int:

@@ -18,7 +18,7 @@ from kernellab.notebook.occupancy_plots import plot_occupancy
 
 # Dropdown values are never None: ipywidgets shows a None value as an empty (blank) dropdown.
 DEFAULT_CARVEOUT = "default"
-_CARVEOUTS = [("default (the driver's)", DEFAULT_CARVEOUT), ("0% (max L1)", 0), ("25%", 25), ("50%", 50), ("75%", 75),
+_CARVEOUTS = [("default", DEFAULT_CARVEOUT), ("0% (max L1)", 0), ("25%", 25), ("50%", 50), ("75%", 75),
               ("100% (max shared)", 100)]
 
 

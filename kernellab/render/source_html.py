@@ -34,7 +34,8 @@ def _profile_cells(p) -> str:
     bank = f"{excess:,} ({p.conflict_ways:g}-way)" if excess else ("0" if p.shared_wavefronts else "")
     gbytes = f"{p.global_bytes:,}" if p.global_sectors else ""
     return (f"<td style='{_CELL}; text-align:right'>{p.instructions_executed:,}</td>"
-            f"<td style='{_CELL}'>{p.stall_samples:,}{'<br><small>' + stalls + '</small>' if stalls else ''}</td>"
+            f"<td style='{_CELL}; text-align:left'>{p.stall_samples:,}"
+            f"{'<br><small>' + stalls + '</small>' if stalls else ''}</td>"
             f"<td style='{_CELL}; text-align:right'>{gbytes}</td>"
             f"<td style='{_CELL}; text-align:right{';color:#cf222e' if excess else ''}'>{bank}</td>")
 
@@ -55,8 +56,8 @@ def source_view_html(view) -> str:
             ptx = (f"<details><summary style='color:#6e7781'>PTX ({len(r.ptx)})</summary>"
                    f"<div style='color:#6e7781'>{''.join(f'<div>{esc(p)}</div>' for p in r.ptx)}</div></details>")
         cells = [f"<td style='{_CELL}; text-align:right; color:#6e7781'>{r.line}</td>",
-                 f"<td style='{_CELL}; white-space:pre'>{esc(r.source)}</td>",
-                 f"<td style='{_CELL}; white-space:nowrap'>{_counts_html(r.counts, classes)}"
+                 f"<td style='{_CELL}; text-align:left; white-space:pre'>{esc(r.source)}</td>",
+                 f"<td style='{_CELL}; text-align:left; white-space:nowrap'>{_counts_html(r.counts, classes)}"
                  f"{_sass_html(r.sass, instruction_class)}{ptx}</td>"]
         if view.profiled:
             cells.append(_profile_cells(r.profile))
