@@ -181,7 +181,8 @@ def test_the_view_renders_as_two_columns_text_html_and_json(view):
     assert "__syncthreads();" in row and "BAR.SYNC" in row
     assert "&lt;cuda_fp16.h&gt;" in html                                   # escaped
     bundle = v._repr_mimebundle_()
-    j = bundle[REPORT_MIME]
+    assert set(bundle) == {"text/plain", "text/html"} and REPORT_MIME not in bundle   # Lab shows the HTML
+    j = v.to_json()
     assert j["kind"] == "source" and j["rows"][line - 2]["counts"]["barriers"] == 1 and j["profiled"] is False
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..report import mimebundle
+from ..report import REPORT_MIME, mimebundle
 from .sass_lines import CLASSES, count_classes, instruction_class
 
 
@@ -141,7 +141,11 @@ class SourceView:
         return source_view_html(self)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        return mimebundle(self, include, exclude)
+        """text/plain and text/html only: the JupyterLab extension has no panel for this kind, and its generic
+        one (every field) would take the place of the two-column HTML. to_json() gives the data."""
+        data = mimebundle(self, include, exclude)
+        data.pop(REPORT_MIME, None)
+        return data
 
     def to_json(self) -> dict:
         """{"kind": "source", "version": 1, "title", "kernel", "arch", "filename", "classes" ({class: label}),
