@@ -236,6 +236,14 @@ def test_scalars_only_launch_on_cupys_stream():
     assert driver.launches[-1]["params"] == [np.int32(3).tobytes(), np.float32(1.0).tobytes()]
 
 
+def test_a_parameter_python_cannot_pass_is_an_argument_error_not_a_crash():
+    params = find_kernels("struct S { int a; float b; };\n__global__ void s(S v, float* x) {}")[0].params
+    path, driver = make_path(params)
+    with pytest.raises(ArgumentError, match="parameters of type 'S' cannot be passed from Python"):
+        path.launch(1, 32, 0, (3, FakeCudaTensor()), sync=False)
+    assert not driver.launches
+
+
 def test_no_parameters_pass_null():
     params = find_kernels("__global__ void z() {}")[0].params
     path, driver = make_path(params)

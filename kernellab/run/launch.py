@@ -317,12 +317,14 @@ def _layout(params: tuple[Param, ...]) -> tuple[str, tuple[int, ...], int]:
     """(struct format, byte offset of each parameter, total bytes): each parameter at its natural alignment."""
     fmt, offsets, off = "<", [], 0
     for p in params:
-        size = 8 if p.pointer else np.dtype(p.dtype if p.dtype not in ("bfloat16",) else "uint16").itemsize
+        scalar = not p.pointer and p.dtype in _SCALAR_STRUCT
+        # A parameter Python cannot pass (a struct) keeps an 8-byte slot: marshal_args refuses it before any packing.
+        size = np.dtype("uint16" if p.dtype == "bfloat16" else p.dtype).itemsize if scalar else 8
         pad = -off % size
         fmt += "x" * pad
         off += pad
         offsets.append(off)
-        fmt += "Q" if p.pointer else _SCALAR_STRUCT[p.dtype]
+        fmt += _SCALAR_STRUCT[p.dtype] if scalar else "Q"
         off += size
     return fmt, tuple(offsets), off
 
