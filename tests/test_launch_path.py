@@ -519,15 +519,6 @@ def test_the_cluster_launch_config_is_cuda_hs_struct():
     assert D.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION == 4
 
 
-def test_cuda_pythons_launch_ex_refuses_none_for_extra():
-    """Why main's cuda-python cluster launch failed with "TypeError: an integer is required": cuLaunchKernelEx's
-    `extra` is a `void_ptr`, and None is not one (kernellab now calls the driver through ctypes)."""
-    driver = pytest.importorskip("cuda.bindings.driver")
-    cfg = driver.CUlaunchConfig()
-    with pytest.raises(TypeError, match="an integer is required"):
-        driver.cuLaunchKernelEx(cfg, driver.CUfunction(0), 0, None)
-
-
 def test_kernel_cluster_launches_take_the_packed_path(fake_gpu, monkeypatch):
     from kernellab.run import cudriver
 
