@@ -86,6 +86,15 @@ def test_clusters_take_their_size_from_the_cubin_and_share_memory(mod):
     assert y.tolist() == [1, 2, 3, 0, 5, 6, 7, 4]
 
 
+def test_two_libraries_keep_their_own_shared_memory(mod):
+    """Inline and template thread_locals must not be unified across libraries (they were, once: DSMEM broke)."""
+    other = compile_host(SOURCE + "\n// a second library\n")
+    for k in (other["neighbours"], mod["neighbours"]):
+        y = torch.full((8,), float("nan"))
+        k[8, 64](torch.arange(8, dtype=torch.float32), y)
+        assert y.tolist() == [1, 2, 3, 0, 5, 6, 7, 4]
+
+
 def test_a_barrier_not_every_thread_reaches_is_a_deadlock_not_a_hang(mod):
     with pytest.raises(RuntimeError, match="deadlock"):
         mod["mismatched_barriers"][1, 32](torch.zeros(32))

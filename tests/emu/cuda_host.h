@@ -357,6 +357,8 @@ inline void run_block(Block& b) {
         }
     }
 done:
+    if (!b.error.empty() && std::getenv("KERNELLAB_EMU_DEBUG"))
+        std::fprintf(stderr, "emu: block %u: %s\n", b.bid.x, b.error.c_str());
     for (auto& f : b.fibers) munmap(f.stack, kStack);
     b.fibers.clear();
     g_block = nullptr;

@@ -70,14 +70,18 @@ def compile_host(source: str, arch: str = "sm_90"):
         call = k.signature.display
         args = ", ".join(f"*reinterpret_cast<{_param_type(p)}*>(args[{j}])" for j, p in enumerate(k.params))
         wrappers.append(
-            f'extern "C" const char* kl_launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,'
+            f'extern "C" __attribute__((visibility("default"))) const char* kl_launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,'
             f' unsigned bz, int cluster, void** args) {{\n'
             f'    static thread_local std::string err;\n'
             f'    try {{ err = kl::launch(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, cluster, [&] {{ {call}({args}); }}); }}\n'
             f'    catch (const std::exception& e) {{ err = e.what(); }}\n'
             f'    return err.c_str();\n}}\n')
     text = f'#include "{HEADER}"\n#line 1 "kernel.cu"\n' + host_source(source) + "\n" + "\n".join(wrappers)
-    key = hashlib.sha256((text + HEADER.read_text()).encode()).hexdigest()[:20]
+    # Each library keeps its own inline and template thread_locals (the __shared__ variables and the scheduler's
+    # state): unified across libraries, they would break distributed shared memory.
+    flags = ["-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique"]
+    opt = os.environ.get("KERNELLAB_EMU_OPT", "-O1 -g0").split()       # e.g. "-O0 -g" to debug under gdb
+    key = hashlib.sha256("\0".join([text, HEADER.read_text(), *opt, *flags]).encode()).hexdigest()[:20]
     build = pathlib.Path(os.environ.get("KERNELLAB_EMU_DIR", pathlib.Path(tempfile.gettempdir()) / "kernellab-emu"))
     build.mkdir(parents=True, exist_ok=True)
     lib = build / f"{key}.so"
@@ -85,7 +89,7 @@ def compile_host(source: str, arch: str = "sm_90"):
         src = build / f"{key}.cpp"
         src.write_text(text)
         tmp = build / f"{key}.{os.getpid()}.so"
-        proc = subprocess.run([cxx, "-std=c++17", "-O1", "-g0", "-shared", "-fPIC", "-w", "-pthread", "-o", str(tmp),
+        proc = subprocess.run([cxx, "-std=c++17", *opt, "-shared", "-fPIC", "-w", "-pthread", *flags, "-o", str(tmp),
                                str(src)], capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"host compile failed:\n{proc.stderr[-4000:]}")
