@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -562,6 +564,7 @@ __global__ void softmax_online(const T* __restrict__ x, T* __restrict__ y, int c
 
 template __global__ void softmax_three_pass<float>(const float*, float*, int);
 template __global__ void softmax_three_pass<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int);
+template __global__ void softmax_three_pass<__half>(const __half*, __half*, int);
 template __global__ void softmax_online<float>(const float*, float*, int);
 template __global__ void softmax_online<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int);
 template __global__ void softmax_online<__half>(const __half*, __half*, int);

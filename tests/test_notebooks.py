@@ -9,6 +9,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 import kernellab
+from kernellab.notebook.gpu_magic import SKIP_MIME
+from kernellab.report import REPORT_MIME
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]-*.py"))
 
@@ -28,7 +30,8 @@ def test_ipynb_matches_its_jupytext_source(py):
 @pytest.mark.slow
 @pytest.mark.parametrize("py", NOTEBOOKS, ids=lambda p: p.stem)
 def test_tutorial_runs(py, tmp_path):
-    """On a GPU: top to bottom. Without one: every cell up to the first launch, which stops with a clear note."""
+    """On a GPU: top to bottom. Without one: to the end where GPU cells are marked %%gpu (they are skipped in one
+    line each), else every cell up to the first launch, which stops with a clear note."""
     nb = jupytext.read(py)
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(py.parent)}})
     if kernellab.has_gpu():
@@ -36,6 +39,16 @@ def test_tutorial_runs(py, tmp_path):
         artifacts = os.environ.get("KERNELLAB_ARTIFACTS")
         if artifacts:  # keep the executed notebook (real outputs from the GPU) for docs and review
             nbformat.write(nb, os.path.join(artifacts, py.stem + ".ipynb"))
+        return
+    if "# %%gpu" in py.read_text():
+        # Tutorials whose GPU cells are marked %%gpu run to the end: each GPU cell says in one line it was skipped.
+        client.execute()
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(c.get("execution_count") for c in code), "every code cell should have run"
+        skipped = [c for c in code if any(SKIP_MIME in o.get("data", {}) for o in c.outputs)]
+        assert skipped and all(c.source.startswith("%%gpu") for c in skipped)
+        assert all(c in skipped for c in code if c.source.startswith("%%gpu"))
+        assert any(REPORT_MIME in o.get("data", {}) for c in code for o in c.outputs), "no %%cuda card shown"
         return
     with pytest.raises(CellExecutionError) as info:
         client.execute()
