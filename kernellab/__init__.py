@@ -1,7 +1,8 @@
 """kernellab: write CUDA kernels in notebook cells, and see what they cost, whether they are right and how fast they are.
 
 `%load_ext kernellab` registers the `%%cuda` (and `%%numba`) cell magics. The library works without IPython:
-`compile_cuda`, `occupancy`, `bank_wavefronts`, `check`, `bench`, `roofline`.
+`compile_cuda`, `occupancy`, `bank_wavefronts`, `check`, `bench`, `roofline`, `tensor_map` (TMA descriptors), and the
+graded exercises of the tutorials: `exercises()`, `grade(id, kernel)`.
 """
 from ._version import __version__
 from .errors import ArgumentError, CompileError, Diagnostic, KernellabError, LaunchError, NoGPUError
@@ -30,11 +31,21 @@ _LAZY = {
     "BenchResult": ("kernellab.run.bench", "BenchResult"),
     "roofline": ("kernellab.notebook.bench_plots", "roofline"),
     "has_gpu": ("kernellab.run.device", "has_gpu"),
+    "tensor_map": ("kernellab.run.tensor_map", "tensor_map"),
+    "TensorMap": ("kernellab.run.tensor_map", "TensorMap"),
     "set_isolation": ("kernellab.run.worker", "set_isolation"),
     "isolation": ("kernellab.run.worker", "isolation"),
     "numba_kernel": ("kernellab.kernel_numba", "numba_kernel"),
     "NumbaKernel": ("kernellab.kernel_numba", "NumbaKernel"),
     "compile_numba": ("kernellab.compile.numba_backend", "compile_numba"),
+    "exercises": ("kernellab.teach", "exercises"),
+    "grade": ("kernellab.teach", "grade"),
+    "GradeResult": ("kernellab.teach", "GradeResult"),
+    "Exercise": ("kernellab.teach", "Exercise"),
+    "autotune": ("kernellab.kernel", "autotune"),
+    "AutotuneResult": ("kernellab.run.autotune", "AutotuneResult"),
+    "autotune_plot": ("kernellab.notebook.autotune_plots", "autotune_plot"),
+    "grade_many": ("kernellab.run.grading", "grade_many"),
 }
 
 __all__ = ["__version__", "ArgumentError", "CompileError", "Diagnostic", "KernellabError", "LaunchError",

@@ -53,8 +53,9 @@ class CompileError(KernellabError):
     """The compiler rejected the source; `.diagnostics` locates each problem."""
 
     def __init__(self, diagnostics, log: str, source: str, options=(), first_line: int = 1,
-                 filename: str = "<cuda>"):
+                 filename: str = "<cuda>", hint: str | None = None):
         self.diagnostics = tuple(diagnostics)
+        self.hint = hint            # what to do about it, when kernellab knows (e.g. compile for sm_90a)
         self.log = log
         self.source = source
         self.options = tuple(options)
@@ -83,13 +84,15 @@ class CompileError(KernellabError):
                 parts.append(excerpt)
         if not self.diagnostics:
             parts.append(self.log.strip())
+        if self.hint:
+            parts.append(f"hint: {self.hint}")
         return "\n".join(parts)
 
     def to_json(self) -> dict:
         return {"kind": "compile", "version": 1, "title": "compile failed", "ok": False,
                 "diagnostics": [{"line": d.line, "column": d.column, "severity": d.severity,
                                  "message": d.message} for d in self.diagnostics],
-                "log": self.log, "kernels": [], "notes": []}
+                "log": self.log, "kernels": [], "notes": [self.hint] if self.hint else []}
 
 
 class NoGPUError(KernellabError):

@@ -65,6 +65,7 @@ class Kernel:
         self.resources = resources
         self._functions: dict[int, object] = {}
         self._sass: str | None = None
+        self._instructions = None
         self.isolate: bool | None = None   # None: follow the notebook-wide setting (kernellab.set_isolation)
 
     # -- identity -------------------------------------------------------------------------------------------
@@ -97,10 +98,20 @@ class Kernel:
     def sass(self) -> str:
         """This kernel's SASS (disassembled with cuobjdump from the CUDA wheels; no GPU needed)."""
         if self._sass is None:
-            from .compile.disasm import sass
-
-            self._sass = sass(self.module.cubin, self.symbol)
+            self._sass = self.module._sass_of(self.symbol)
         return self._sass
+
+    @property
+    def instruction_summary(self):
+        """Static counts of this kernel's SASS instructions by kind (tensor cores, TMA, async copies, loads and stores
+        by width, FFMA, MUFU, barriers, local memory): which path the compiler took. See compile/sass_summary.py."""
+        from .compile.sass_summary import summarize
+
+        sass = self.sass
+        cached = getattr(self, "_instructions", None)     # (the SASS it was made from, the summary)
+        if cached is None or cached[0] is not sass:
+            cached = self._instructions = (sass, summarize(sass))
+        return cached[1]
 
     def occupancy(self, block, shared_bytes: int = 0, arch: str | None = None):
         """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block."""
@@ -125,8 +136,11 @@ class Kernel:
         return _Launcher(self, *config)
 
     def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool | None = None,
-               isolate: bool | None = None, timeout_s: float | None = None):
+               isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
         """Check the arguments against the signature and launch on the current GPU.
+
+        cluster=(x, y, z) launches thread-block clusters of that shape (sm_90 on; the grid a whole number of them),
+        through cuLaunchKernelEx.
 
         sync (default: yes, except while `kernellab.bench` times the call) waits for the kernel, so that a fault is
         reported here, at this launch, not at some later CUDA call. isolate=True runs it in a worker process (see
@@ -137,7 +151,8 @@ class Kernel:
         if isolate is None:
             isolate = self.isolate if self.isolate is not None else _worker.settings.isolate
         if isolate:
-            return self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
+            return self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s,
+                                     cluster=cluster)
         _device.require_gpu(f"launching {self.name}")
         from .errors import LaunchError
         from .run.launch import allow_dynamic_shared, launch, make_config, marshal_args
@@ -145,7 +160,7 @@ class Kernel:
         dev = _device.device_info()
         self._check_arch(dev)
         cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
-                          static_shared_bytes=self.resources.shared_bytes, device=dev)
+                          static_shared_bytes=self.resources.shared_bytes, device=dev, cluster=cluster)
         values = marshal_args(self.params, args, dev, str(self.signature))
         fn = self._function(dev.index)
         if cfg.shared_bytes > dev.shared_per_block_bytes - self.resources.shared_bytes:
@@ -157,7 +172,8 @@ class Kernel:
                 from .run.job import KernelJob
 
                 try:
-                    exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes")
+                    exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes",
+                                                    cluster=cfg.cluster)
                 except Exception:
                     pass
             raise
@@ -176,11 +192,12 @@ class Kernel:
 
         marshal_args(self.params, tuple(args), device, str(self.signature))
 
-    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None):
+    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None, cluster=None):
         """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
         from .run.worker import run_isolated
 
-        return run_isolated(self, grid, block, args, shared_bytes=shared_bytes, timeout_s=timeout_s)
+        return run_isolated(self, grid, block, args, shared_bytes=shared_bytes, timeout_s=timeout_s,
+                            cluster=cluster)
 
     def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process."""
@@ -236,6 +253,10 @@ class Kernel:
             d["best_block_sizes"] = list(self.best_block_sizes())
         except (ImportError, KernellabError, ValueError):
             pass
+        try:
+            d["instructions"] = self.instruction_summary.to_json()
+        except (KernellabError, OSError, ValueError):   # no cuobjdump: the card goes without
+            pass
         return d
 
 
@@ -246,10 +267,11 @@ class _Launcher:
         self.kernel, self.grid, self.block, self.shared_bytes = kernel, grid, block, shared_bytes
 
     def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
-                 isolate: bool | None = None, timeout_s: float | None = None):
+                 isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
+        extra = {"cluster": cluster} if cluster is not None else {}     # CUDA C++ kernels take clusters
         return self.kernel.launch(self.grid, self.block, *args,
                                   shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
-                                  stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s)
+                                  stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s, **extra)
 
 
 class KernelCollection:
@@ -287,6 +309,7 @@ class Module(KernelCollection):
         self.wall_ms = wall_ms
         self.notes = tuple(notes)
         self._loaded_modules: dict[int, object] = {}
+        self._sass_split: dict[str, str] | None = None
         facts = read_cubin(output.cubin)
         src_kernels = find_kernels("\n" * (first_line - 1) + source)
         kernels = [Kernel(self, signature_for(sym, src_kernels), _resources(output, sym, facts.get(sym)))
@@ -294,6 +317,13 @@ class Module(KernelCollection):
         # Source order (ptxas reports entries in no promised order); kernels not found in the source go last.
         self.kernels: tuple[Kernel, ...] = tuple(sorted(
             kernels, key=lambda k: (k.signature.line is None, k.signature.line or 0, k.symbol)))
+        for k in self.kernels:
+            for p in k.params:
+                if p.tensor_map and k.signature.line is not None and not p.grid_constant:
+                    self.notes += (f"{k.name}: parameter '{p.name}' is a CUtensorMap without __grid_constant__: "
+                                   f"declare it `const __grid_constant__ CUtensorMap {p.name}`, or the kernel may "
+                                   f"copy the map to local memory, where the tensor memory accelerator cannot read "
+                                   f"it",)
 
     arch = property(lambda self: self.output.arch)
     options = property(lambda self: self.output.options)
@@ -322,6 +352,29 @@ class Module(KernelCollection):
                            f"pick one by its display name or symbol")
         known = ", ".join(k.signature.display for k in self.kernels) or "none"
         raise KeyError(f"no kernel {name!r} in this module; its kernels: {known}")
+
+    def _sass_of(self, symbol: str) -> str:
+        """One kernel's SASS, out of one disassembly of the whole cubin (kept in the compile cache by its hash)."""
+        if self._sass_split is None:
+            import hashlib
+
+            from .compile.disasm import sass
+            from .compile.sass_summary import split_functions
+
+            key = _cache.make_key(kind="sass", cubin=hashlib.sha256(self.cubin).hexdigest())
+            text, _ = _cache.get(key)
+            if text is None:
+                text = sass(self.cubin)
+                _cache.put(key, text)
+            parts = split_functions(text)
+            head = text[:text.find("Function :")].lstrip("\n") if parts else ""
+            self._sass_split = {sym: head + body for sym, body in parts.items()}
+        found = self._sass_split.get(symbol)
+        if found is None:                               # not in the dump as expected: ask for the one function
+            from .compile.disasm import sass
+
+            return sass(self.cubin, symbol)
+        return found
 
     def _loaded(self, index: int):
         mod = self._loaded_modules.get(index)
@@ -354,6 +407,8 @@ class Module(KernelCollection):
         head = (f"{j['title']} | {self.arch} | compiled in {self.compile_ms:.1f} ms "
                 f"| cache {'hit (' + self.cache_state + ')' if self.cache_hit else 'miss'}")
         parts = [head, report.text_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy"], rows)]
+        parts += [f"SASS {k['display']}: {k['instructions']['headline']}" for k in j["kernels"]
+                  if k.get("instructions", {}).get("headline")]
         parts += [f"warning: line {d.line}: {d.message}" for d in self.warnings]
         parts += [f"note: {n}" for n in self.notes]
         return "\n".join(parts)
@@ -376,6 +431,11 @@ class Module(KernelCollection):
         cap = f"{j['title']} · {self.arch} · {self.compile_ms:.1f} ms compile · {cache}"
         out = [report.html_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy", "best blocks"],
                                  rows, caption=cap)]
+        for k in j["kernels"]:
+            headline = k.get("instructions", {}).get("headline")
+            if headline:
+                out.append(f"<div style='font-size:90%'>SASS of <b>{report.esc(k['display'])}</b> (static counts): "
+                           f"{report.esc(headline)}</div>")
         for d in self.warnings:
             out.append(f"<div style='color:#a60'>warning, line {d.line}: {report.esc(d.message)}</div>")
         for n in self.notes:
@@ -452,3 +512,17 @@ def compile_cuda(source: str, arch: str | None = None, options=(), name: str | N
         notes.append("no __global__ kernel was emitted (templates must be instantiated to be compiled)")
         module.notes = tuple(notes)
     return module
+
+
+def autotune(source, configs, *, kernel: str, launch, inputs, reference=None, arch=None, baselines=None,
+             executor=None, **options):
+    """Compile, prune, check and time every configuration of a kernel (see kernellab.run.autotune.autotune).
+
+    `configs` entries become `-D NAME=VALUE` defines, or template arguments where `kernel` is a template;
+    `launch(k, config, *args)` launches one configuration and `inputs(generator)` gives the arguments. Returns an
+    AutotuneResult: `.rows`, `.best` (config and kernel), `kernellab.autotune_plot(result)`.
+    """
+    from .run.autotune import autotune as _autotune
+
+    return _autotune(source, configs, kernel=kernel, launch=launch, inputs=inputs, reference=reference, arch=arch,
+                     baselines=baselines, executor=executor, build=Module, **options)

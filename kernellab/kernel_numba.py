@@ -9,10 +9,18 @@ Launches: with a GPU, through numba-cuda's own launcher, on torch CUDA tensors, 
 (zero copy, through `__cuda_array_interface__`). With `simulate=True` (the default where there is no GPU), in Numba's
 CUDA simulator on NumPy arrays and torch tensors (`kernellab.run.numba_sim`); the kernel is compiled for the real
 target as well, so code that the simulator runs but the compiler rejects is reported. Both modes check the arguments
-against the signature first and name the argument that does not fit.
+against the signature first and name the argument that does not fit. `k.sanitize(..., tool="racecheck")` (or
+"synccheck") of a simulated kernel checks the launch for shared-memory races and divergent barriers in the simulator
+(`kernellab.run.simrace`), with no GPU.
+
+A kernel may also be a factory, GPU-Puzzles' style: a function whose only parameter is `cuda` and which returns the
+kernel function. It is called with the real `numba.cuda` to compile, and with the simulator's module for each
+simulated launch. Numba bakes the module globals a kernel reads into the compiled code while the simulator reads
+them live, so a kernel whose globals were rebound is compiled again at its next launch (GlobalsChanged says which).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -27,7 +35,17 @@ from .errors import ArgumentError, KernellabError
 from .kernel import Kernel, KernelCollection, Resources, max_threads_for
 from .run import device as _device
 
-TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take about 13 s
+TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take some seconds
+
+
+class GlobalsChanged(UserWarning):
+    """A global a compiled Numba kernel reads was rebound, so the kernel was compiled again with its new value."""
+
+
+def _caller_stacklevel() -> int:
+    from .run.numba_sim import caller_stacklevel
+
+    return caller_stacklevel()
 
 
 class NumbaKernel(Kernel):
@@ -38,8 +56,14 @@ class NumbaKernel(Kernel):
     def __init__(self, kernel, *, signature=None, arch: str | None = None, simulate: bool | None = None,
                  name: str | None = None, module: "NumbaModule | None" = None, source: str | None = None,
                  first_line: int = 1, line_label: str = "line"):
-        fn = nb.kernel_function(kernel)
-        self.dispatcher = kernel if nb.is_kernel_dispatcher(kernel) else nb.as_kernel(fn)
+        self.factory = None                   # a kernel factory: def k(cuda): ...; return kernel_function
+        if nb.is_kernel_factory(kernel):
+            self.factory = kernel
+            self.dispatcher, fn = nb.kernel_from_factory(kernel)   # with the real numba.cuda, for the compiler
+            name = name or kernel.__name__
+        else:
+            fn = nb.kernel_function(kernel)
+            self.dispatcher = kernel if nb.is_kernel_dispatcher(kernel) else nb.as_kernel(fn)
         self.py_func = fn
         self.module = module
         self._name = name or fn.__name__
@@ -56,9 +80,9 @@ class NumbaKernel(Kernel):
         self.simulate = bool(simulate)
         self._source, self._first_line, self._line_label = source, first_line, line_label
         self._compiled: nb.NumbaCompileOutput | None = None
+        self._globals: dict | None = None     # the globals' values it was compiled with (nb.global_values)
         self._argtypes: tuple | None = None   # set with or without a real compile (NUMBA_ENABLE_CUDASIM)
         self._sass: str | None = None
-        self._noticed = False
         self.trace_next = False               # the next launch runs in the simulator and returns its SharedTrace
         self.last_trace = None
         self.can_compile, why = nb.numba_available()
@@ -133,15 +157,36 @@ class NumbaKernel(Kernel):
             raise KernellabError(f"{self._name} takes {len(names)} arguments ({', '.join(names)}) but the signature "
                                  f"has {len(argtypes)}: {nb.signature_text(argtypes)}")
         if self.can_compile:
+            self._globals = nb.global_values(self.py_func, self.factory)
             self._compiled = nb.compile_kernel(self.dispatcher, argtypes, self._arch, source=self._source,
                                                first_line=self._first_line)
             self._sass = None
             self.notes.extend(n for n in self._compiled.notes if n not in self.notes)
         self._argtypes = tuple(argtypes)
 
+    def _refresh_globals(self) -> None:
+        """Recompile if a module global (or closure variable) the kernel reads was rebound since it was compiled.
+
+        Numba bakes such values into the compiled kernel while the simulator reads them live; recompiling keeps the
+        GPU, the resources and the simulator on the same values. A warning (GlobalsChanged) names what changed.
+        """
+        if self._compiled is None or self._globals is None:
+            return
+        changed = nb.changed_globals(self._globals, nb.global_values(self.py_func, self.factory))
+        if not changed:
+            return
+        warnings.warn(f"kernellab: {self._name} was compiled with other values of {', '.join(changed)}; recompiling "
+                      f"it, so that the GPU, its resources and the simulator all use the new value"
+                      f"{'s' if len(changed) > 1 else ''}", GlobalsChanged, stacklevel=_caller_stacklevel())
+        if self.factory is not None:
+            self.dispatcher, self.py_func = nb.kernel_from_factory(self.factory)
+        else:
+            self.dispatcher = nb.fresh_dispatcher(self.dispatcher)
+        self._set_types(self._argtypes)
+
     def with_signature(self, signature) -> "NumbaKernel":
         """The same kernel compiled for another signature (a new NumbaKernel)."""
-        k = NumbaKernel(self.dispatcher, signature=signature, arch=self._arch, simulate=self.simulate,
+        k = NumbaKernel(self.factory or self.dispatcher, signature=signature, arch=self._arch, simulate=self.simulate,
                         name=self._name, module=self.module, source=self._source, first_line=self._first_line,
                         line_label=self._line_label)
         k._sim_reason = self._sim_reason
@@ -196,6 +241,7 @@ class NumbaKernel(Kernel):
         Returns None, the SharedTrace when `trace_next` was set (that launch runs in the simulator), or the
         IsolatedRun of an isolated launch (isolate=True, or the notebook-wide setting when isolate is None).
         """
+        self._refresh_globals()
         if self.trace_next:
             self.trace_next = False
             return self.trace_banks(grid, block, *args, shared_bytes=shared_bytes)
@@ -261,22 +307,54 @@ class NumbaKernel(Kernel):
 
     def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None):
         """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
+        self._refresh_globals()
         self._ready_for(args)
         return super().run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
 
-    def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
+    def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", sim: bool | None = None,
+                 **kw):
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new
-        process; findings name the cell line through the cubin's line table."""
+        process; findings name the cell line through the cubin's line table.
+
+        In the simulator (`sim=True`, or by default where this kernel simulates, e.g. with no GPU here), racecheck
+        and synccheck need no GPU: the launch runs in Numba's CUDA simulator with every shared-memory access and
+        barrier watched (kernellab.run.simrace), and the findings come back as the same SanitizerReport, marked
+        `simulated`. The arguments are not modified. `max_threads` bounds the simulated launch's size.
+        """
+        self._refresh_globals()
+        max_threads = kw.pop("max_threads", TRACE_MAX_THREADS)
+        if sim is None:
+            sim = self.simulate
+        if sim:
+            return self._sanitize_simulated(grid, block, args, shared_bytes, tool, max_threads)
         self._ready_for(args)
         return super().sanitize(grid, block, *args, shared_bytes=shared_bytes, tool=tool, **kw)
 
+    def _sanitize_simulated(self, grid, block, args, shared_bytes, tool, max_threads):
+        from .run import numba_sim, simrace
+
+        simrace.sim_tools(tool)                      # an unknown or GPU-only tool fails before anything runs
+        self._types_for(args)
+        values = _check_args(self.params, tuple(args), self.numba_signature, host_ok=True)
+        cfg = self._config(grid, block, shared_bytes, None)
+        threads = math.prod(cfg.grid) * math.prod(cfg.block)
+        if threads > max_threads:
+            seconds = numba_sim.estimated_seconds(cfg.grid, cfg.block, self)
+            raise ArgumentError(f"checking {self._name} in the simulator runs every thread: this launch has "
+                                f"{threads:,} threads (about {seconds:.0f} s); check a launch of at most "
+                                f"{max_threads:,} threads (races show in one or a few blocks), or pass max_threads=")
+        return simrace.sanitize_simulated(self, cfg.grid, cfg.block, values, tool=tool, shared_bytes=cfg.shared_bytes,
+                                          line_label=self._line_label, name=self._name)
+
     def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False, **kw):
         """Run this launch under Nsight Compute (a small metric set, or full=True for `--set full`) in a new process."""
+        self._refresh_globals()
         self._ready_for(args)
         return super().profile(grid, block, *args, shared_bytes=shared_bytes, metrics=metrics, full=full, **kw)
 
     def profile_banks(self, grid, block, *args, shared_bytes: int = 0, strict: bool = False):
         """Shared-memory wavefronts and conflicts per source line, measured by Nsight Compute (see Kernel)."""
+        self._refresh_globals()
         self._ready_for(args)
         return super().profile_banks(grid, block, *args, shared_bytes=shared_bytes, strict=strict)
 
@@ -310,15 +388,14 @@ class NumbaKernel(Kernel):
         self._types_for(args)
         values = _check_args(self.params, args, self.numba_signature, host_ok=True)
         cfg = self._config(grid, block, shared_bytes, None)
-        if not self._noticed:
-            numba_sim.notice(self._name, self._sim_reason)
-            self._noticed = True
-        seconds = numba_sim.estimated_seconds(cfg.grid, cfg.block)
+        numba_sim.notice(self._name, self._sim_reason)
+        seconds = numba_sim.estimated_seconds(cfg.grid, cfg.block, self)
         if seconds > 30:
             threads = math.prod(cfg.grid) * math.prod(cfg.block)
+            rate = numba_sim.threads_per_second(self)
             warnings.warn(f"kernellab: this simulated launch of {self._name} runs {threads:,} threads, about "
-                          f"{seconds:.0f} s; try a smaller problem", numba_sim.SimulatorNotice,
-                          stacklevel=numba_sim.caller_stacklevel())
+                          f"{seconds:.0f} s at {rate:,.0f} threads per second; try a smaller problem",
+                          numba_sim.SimulatorNotice, stacklevel=numba_sim.caller_stacklevel())
         numba_sim.simulate(self, cfg.grid, cfg.block, values, shared_bytes=cfg.shared_bytes,
                            line_label=self._line_label)
 
@@ -330,17 +407,20 @@ class NumbaKernel(Kernel):
         """
         from .run import numba_sim
 
+        self._refresh_globals()
         self._types_for(args)
         values = _check_args(self.params, args, self.numba_signature, host_ok=True)
         cfg = self._config(grid, block, shared_bytes, None)
         threads = math.prod(cfg.grid) * math.prod(cfg.block)
         if threads > max_threads:
             raise ArgumentError(f"tracing {self._name} simulates every thread: this launch has {threads:,} threads "
-                                f"(about {threads / numba_sim.SIMULATED_THREADS_PER_S:.0f} s); trace a launch of at "
+                                f"(about {numba_sim.estimated_seconds(cfg.grid, cfg.block, self):.0f} s); trace a launch of at "
                                 f"most {max_threads:,} threads (one or a few blocks show the pattern), or pass "
                                 f"max_threads=")
         trace = numba_sim.simulate(self, cfg.grid, cfg.block, values, shared_bytes=cfg.shared_bytes, trace=True,
                                    line_label=self._line_label)
+        if trace.kernel_name != self._name:       # a factory's inner function, or a cell's other binding
+            trace = dataclasses.replace(trace, kernel_name=self._name)
         self.last_trace = trace
         return trace
 
@@ -590,7 +670,8 @@ def _default_arch() -> tuple[str, str | None]:
 
 
 def numba_kernel(kernel, signature=None, *, arch: str | None = None, simulate: bool | None = None) -> NumbaKernel:
-    """A `@cuda.jit` kernel (or a plain function) as a kernellab Kernel; `signature` like 'float32[::1], int32'."""
+    """A `@cuda.jit` kernel, a plain function or a kernel factory (`def k(cuda): ...; return kernel`) as a kernellab
+    Kernel; `signature` like 'float32[::1], int32'."""
     return NumbaKernel(kernel, signature=signature, arch=arch, simulate=simulate)
 
 
@@ -633,10 +714,20 @@ def numba_module(source: str, *, signatures=None, arch: str | None = None, simul
 
     before = dict(ns)
     nb.exec_source(source, ns, filename, first_line, on_kernel=wrap)
-    # Kernels the decorator did not make (NUMBA_ENABLE_CUDASIM, or marked plain functions): wrap them now.
+    # Kernels the decorator did not make (NUMBA_ENABLE_CUDASIM, or marked plain functions): wrap them now; and
+    # kernel factories (`def k(cuda): ...; return kernel`), called with the right `cuda` for each use.
     for var, obj in nb.find_kernels(ns, filename, before, marked=tuple(kernels)):
         if not isinstance(obj, NumbaKernel):
             ns[var] = wrap(obj)
+    for var, obj in nb.find_factories(ns, filename, before):
+        try:
+            ns[var] = wrap(obj)
+        except Exception as exc:             # a function of `cuda` that is not a kernel factory: leave it be
+            if var in kernels:
+                raise
+            notes.append(f"{var} takes `cuda` but {var}(cuda) did not make a kernel, so it stays a function "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); mark it with "
+                         f"--kernel {var} to see the error")
     bound = {id(v): var for var, v in ns.items() if isinstance(v, NumbaKernel)}
     ordered = sorted(made, key=lambda k: k.py_func.__code__.co_firstlineno)
     unknown = {s for s in signatures if s is not None} - {k.py_func.__name__ for k in ordered}
@@ -649,8 +740,10 @@ def numba_module(source: str, *, signatures=None, arch: str | None = None, simul
     for k in ordered:   # the name the cell bound it to, where it differs from the function's
         k._name = bound.get(id(k), k._name)
     if simulate:
-        notes.append(f"launches run in Numba's CUDA simulator ({sim_reason}): about 5,000 threads per second, so "
-                     f"keep sizes small; resources are what ptxas reports for {arch}")
+        from .run.numba_sim import SIMULATED_THREADS_PER_S
+
+        notes.append(f"launches run in Numba's CUDA simulator ({sim_reason}): some {SIMULATED_THREADS_PER_S:,} "
+                     f"threads per second, so keep sizes small; resources are what ptxas reports for {arch}")
     pending = [k.name for k in ordered if k.pending]
     if pending:
         notes.append(f"{', '.join(pending)}: no signature yet; compiled (and resources shown) at the first launch, "

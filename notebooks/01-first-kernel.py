@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -18,10 +20,13 @@
 # - write a CUDA C++ kernel in a `%%cuda` cell and read its card: registers, shared memory, spills, occupancy;
 # - launch it on PyTorch tensors with `kernel[grid, block](...)`, and why the grid is rounded up;
 # - check it against PyTorch on awkward sizes, and what the check guards against;
-# - time it against PyTorch and read the number as a fraction of the memory bandwidth.
+# - time it against PyTorch and read the number as a fraction of the memory bandwidth;
+# - write two kernels yourself (exercises 01-reverse and 01-vadd4), each checked by `kernellab.grade`.
 #
-# Everything up to the first launch works on a machine without a GPU: compiling, the resource card and the
-# occupancy analysis need only the compiler. The launch cells need a GPU and say so clearly where there is none.
+# Without a GPU, Run All still reaches the end: compiling, the resource card, the occupancy analysis and the
+# compile-level half of each exercise's grading need only the compiler, and each cell marked `%%gpu` (launching,
+# checking, timing) says in one line that it needs a GPU and is skipped. The numbers quoted in the text were
+# measured on an H200.
 
 # %%
 # %load_ext kernellab
@@ -75,18 +80,47 @@ vadd.occupancy(256)
 # %% [markdown]
 # ## Launch it
 #
-# `vadd[grid, block](a, b, c, n)` checks each argument against the C signature before launching: a float16
-# tensor for `const float*`, a CPU tensor, a non-contiguous view or a wrong count is a clear error naming the
-# argument, never silent garbage. The launch runs on PyTorch's current stream.
+# The grid is the number of blocks: `n / block` rounded *up*, so that every element has a thread.
 
 # %%
-block = 256
-a, b = torch.randn(n), torch.randn(n)
-if GPU:
-    a, b = a.cuda(), b.cuda()
-c = torch.empty_like(a)
-vadd[(n + block - 1) // block, block](a, b, c, n)      # needs a GPU: without one this says so and stops here
+block = 256                                  # threads per block
+grid = (n + block - 1) // block              # blocks, rounded up: the last one may hang over the end
+print(f"{grid:,} blocks x {block} threads = {grid * block:,} threads for n = {n:,} "
+      f"({grid * block - n} past the end)")
+
+# %% [markdown]
+# `vadd[grid, block](a, b, c, n)` checks each argument against the C signature before launching: a float16
+# tensor for `const float*`, a CPU tensor, a non-contiguous view or a wrong count is a clear error naming the
+# argument, never silent garbage. The launch runs on PyTorch's current stream. This cell and the others marked
+# `%%gpu` need a GPU; without one they say so in a line and the notebook goes on.
+
+# %%
+# %%gpu
+a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")   # [n] each
+c = torch.empty_like(a)                                                # [n]
+vadd[grid, block](a, b, c, n)
 print("max |c - (a + b)| =", (c - (a + b)).abs().max().item())
+
+# %% [markdown]
+# ### Exercise 01-reverse · Reverse an array
+#
+# Your turn. Write `reverse` so that `out[i] = in[n - 1 - i]` for every `i < n`, one thread per element. The
+# grader launches `ceil(n / block)` blocks of 32, 96, 256 and 1024 threads (so use `blockDim.x`, not 256) on
+# sizes 1, 31, 257, 1000, 100,003 and 4,194,307, with fresh random inputs and `out` filled with NaN first (an
+# element no thread writes shows), and runs compute-sanitizer's memcheck: a thread past the end that reads or
+# writes is named with its line. Both ends of the index matter: `out[0]` is `in[n - 1]`. Without a GPU the grader
+# checks what the compiler can tell (it compiles for sm_90, it stores something, it reads `n`) and says that the
+# rest needs a GPU. The solution is not in this notebook.
+
+# %%
+# %%cuda
+// exercise: 01-reverse
+extern "C" __global__ void reverse(const float* in, float* out, int n) {
+    // TODO: one thread per element: out[i] = in[n - 1 - i]; threads past n do nothing
+}
+
+# %%
+kernellab.grade("01-reverse", reverse)
 
 # %% [markdown]
 # ## Check it on awkward shapes
@@ -104,6 +138,8 @@ def vadd_torch(a, b, c):
     return c
 
 
+# %%
+# %%gpu
 for size in (1, 255, 257, 100_003):
     report = kernellab.check(vadd_torch, lambda a, b, c: a + b,
                              lambda g, size=size: tuple(torch.randn(size, generator=g).cuda() for _ in range(3)),
@@ -119,6 +155,7 @@ report
 # `a + b` is measured in the same run as the baseline.
 
 # %%
+# %%gpu --skip-note "On an H200 (2026-11-22): vadd 65.5 us = 3.07 TB/s, torch.add 52.7 us = 3.82 TB/s, a speed-up of 0.80x."
 result = kernellab.bench(lambda a, b, c: vadd_torch(a, b, c), (a, b, c),
                          baselines={"torch a + b": lambda a, b, c: torch.add(a, b, out=c)},
                          bytes=bytes_moved, flops=flops, name="vadd")
@@ -134,6 +171,27 @@ result
 # load two 4-byte floats, so even a full SM (2,048 threads) has only 16 KB in flight; PyTorch's elementwise
 # kernel (`vectorized_elementwise_kernel<4, ...>` in Nsight Compute) loads four floats per 16-byte access.
 #
-# Things to try: make each thread handle four elements through `float4` loads (with a scalar tail for `n % 4`)
-# and rerun the benchmark; change `block` to 32 or 1024 (occupancy changes, and with it the bytes in flight);
-# drop the `if (i < n)` guard and watch the check on size 257 fail; make `a` a float16 tensor and read the error.
+# ### Exercise 01-vadd4 · Vector add, four floats per thread
+#
+# Put four times the bytes in flight per thread: write `vadd4`, in which thread `t` handles elements `4t .. 4t + 3`.
+# Load `a[4t .. 4t + 3]` and `b[4t .. 4t + 3]` as one `float4` each (`reinterpret_cast<const float4*>(a)[t]`:
+# one 16-byte load, `LDG.E.128` in the SASS), store `c` the same way, and let one thread add the last `n % 4`
+# elements one float at a time. A `float4` access is only legal where all four elements exist, so guard it with
+# `4t + 3 < n`. The grader launches `ceil(ceil(n / 4) / block)` blocks of 128 and 256 threads on sizes 1, 3, 4, 5,
+# 257, 1001, 100,003 and 4,194,307; without a GPU it checks that the SASS has the 16-byte loads and that the
+# kernel reads `n`. On a GPU it also times your kernel beside `torch.add` (the bar: 90 % of its speed; reported,
+# not required).
+
+# %%
+# %%cuda
+// exercise: 01-vadd4
+extern "C" __global__ void vadd4(const float* a, const float* b, float* c, int n) {
+    // TODO: thread t adds elements 4t .. 4t + 3 through float4 loads and a float4 store; one thread does the n % 4 tail
+}
+
+# %%
+kernellab.grade("01-vadd4", vadd4)
+
+# %% [markdown]
+# Things to try: change `block` to 32 or 1024 (occupancy changes, and with it the bytes in flight); drop the
+# `if (i < n)` guard of `vadd` and watch the check on size 257 fail; make `a` a float16 tensor and read the error.

@@ -414,3 +414,38 @@ def test_numba_kernel_in_the_simulator():
     assert result["ok"] is True and result["bad"] is False
     assert result["outputs"] == [2]
     assert sorted(map(tuple, result["worst"])) == [(517,), (999,)] and result["mismatches"] == 2
+
+
+def test_numpy_outputs_are_filled_with_nan_too():
+    """A kernel that forgets the zeros of a ReLU passes when its output starts at zero, as np.zeros inputs do; the
+    check fills output arguments with NaN first, NumPy arrays as well as tensors, and leaves the inputs alone."""
+    import numpy as np
+
+    snapshot = []
+
+    def inputs(g):
+        a = torch.randn(N, generator=g).numpy()
+        snapshot.append(a.copy())
+        return a, np.zeros(N, np.float32)
+
+    def relu_forgets_zeros(a, out):      # writes the positive elements only
+        out[a > 0] = a[a > 0]
+        return out
+
+    def relu(a, out):
+        np.maximum(a, 0, out=out)
+        return out
+
+    def reference(a, out):
+        return np.maximum(a, 0)
+
+    good = check(relu, reference, inputs, trials=2)
+    assert good.passed and good.output_arguments == (1,), good
+    bad = check(relu_forgets_zeros, reference, inputs, trials=1)
+    assert not bad.passed and bad.output_arguments == (1,) and bad.mismatches == int((snapshot[-1] <= 0).sum())
+    ints = check(lambda a, out: out, lambda a, out: np.zeros(N, np.int32),
+                 lambda g: (np.arange(N, dtype=np.int32), np.zeros(N, np.int32)), trials=1, outputs=(1,))
+    assert not ints.passed and ints.mismatches == N                   # the integer maximum, not the zeros
+    changed = check(lambda a, out: a.__setitem__(0, 5) or out.__setitem__(slice(None), a) or out,
+                    lambda a, out: a.copy(), lambda g: (np.zeros(N, np.float32), np.zeros(N, np.float32)), trials=1)
+    assert not changed.passed and "changed its inputs" in str(changed)

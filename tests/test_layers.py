@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "kernellab"
-ORDER = ["analysis", "compile", "run", "kernel", "notebook"]  # lower index = lower layer
+ORDER = ["analysis", "compile", "run", "kernel", "teach", "notebook"]  # lower index = lower layer
 FORBIDDEN_IN_ANALYSIS = {"torch", "cupy", "numba", "IPython", "ipywidgets", "cuda", "matplotlib", "triton"}
 
 
@@ -74,3 +74,11 @@ def test_every_public_name_resolves():
 
     for name in kernellab.__all__:
         assert getattr(kernellab, name) is not None, name
+
+
+def test_listing_the_exercises_stays_light():
+    """kernellab.exercises() imports the exercise modules: NumPy only, no torch, IPython, numba or CuPy."""
+    code = ("import sys, kernellab; kernellab.exercises(); bad = [m for m in ('torch', 'IPython', 'matplotlib', "
+            "'numba', 'cupy') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"

@@ -13,7 +13,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "gpu"))
 sys.path.insert(0, str(HERE / "emu"))
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
-from notebook_cells import cuda_cells, launcher_cells, load_tutorial  # noqa: E402
+from notebook_cells import launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
 
 import kernellab  # noqa: E402
 
@@ -21,13 +21,13 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 T03, T04 = "03-reductions-softmax.py", "04-layernorm.py"
-CELLS = [(nb, name) for nb in (T03, T04) for name in cuda_cells(nb)]
+CELLS = [(nb, name) for nb in (T03, T04) for name in named_cuda_cells(nb)]
 ROW_KERNELS = ("softmax_rows", "softmax_rows_cluster", "layernorm_rows", "layernorm_rows_cluster", "rmsnorm_rows",
                "rmsnorm_rows_cluster")
 
 
 def compile_cell(nb, name):
-    return kernellab.compile_cuda(cuda_cells(nb)[name], arch="sm_90", first_line=2, filename="cell.cu")
+    return kernellab.compile_cuda(named_cuda_cells(nb)[name], arch="sm_90", first_line=2, filename="cell.cu")
 
 
 @pytest.fixture(scope="module")

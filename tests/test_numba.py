@@ -191,7 +191,10 @@ def _vadd_kernel(**kw):
     return mod
 
 
-def test_signature_from_the_first_launch():
+def test_signature_from_the_first_launch(monkeypatch):
+    from kernellab.run import numba_sim
+
+    monkeypatch.setattr(numba_sim, "_notice_shown", False)          # as in a fresh session
     mod = _vadd_kernel()
     k = mod.vadd
     assert k.pending and mod.to_json()["kernels"][0]["registers"] is None
@@ -203,6 +206,33 @@ def test_signature_from_the_first_launch():
     np.testing.assert_array_equal(c, a * a + 1)
     assert k.numba_signature == "float32[::1], float32[::1], float32[::1], int64"  # a Python int is int64
     assert k.resources.registers > 0 and not k.pending
+
+
+def test_the_simulator_notice_is_shown_once_per_session(monkeypatch):
+    from kernellab.run import numba_sim
+
+    monkeypatch.setattr(numba_sim, "_notice_shown", False)
+    a = np.zeros(4, np.float32)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):                       # two cells, two kernels, two launches each
+            mod = _vadd_kernel(signatures={"vadd": VADD_SIG})
+            mod.vadd[1, 4](a, a, a, 4)
+            mod.vadd[1, 4](a, a, a, 4)
+    notices = [w for w in seen if issubclass(w.category, SimulatorNotice)]
+    assert len(notices) == 1 and "(Shown once.)" in str(notices[0].message)
+
+
+def test_the_slow_launch_warning_uses_the_kernels_measured_rate(monkeypatch):
+    from kernellab.run import numba_sim
+
+    k = _vadd_kernel(signatures={"vadd": VADD_SIG}).vadd
+    assert numba_sim.threads_per_second(k) == numba_sim.SIMULATED_THREADS_PER_S      # not measured yet
+    monkeypatch.setitem(numba_sim._rates, k.py_func.__code__, 10.0)                   # a slow kernel
+    assert numba_sim.estimated_seconds(1, 400, k) == pytest.approx(40.0)
+    a = np.zeros(400, np.float32)
+    with pytest.warns(SimulatorNotice, match=r"runs 400 threads, about 40 s at 10 threads per second"):
+        k[1, 400](a, a, a, 400)
 
 
 def test_simulated_launch_on_torch_cpu_tensors_checks_out():
@@ -411,11 +441,131 @@ def test_bank_trace_per_source_line(width, ways):
     assert mod.tile_t.last_trace is trace
 
 
+def test_trace_shared_errors_name_thread_block_and_line():
+    """kernellab.trace_shared wraps a simulated thread's exception as k.trace_banks does."""
+    ns = {}
+    nb.exec_source("from numba import float32\n@cuda.jit\ndef oob(a, out):\n    s = cuda.shared.array(8, float32)\n"
+                   "    s[cuda.threadIdx.x] = a[cuda.threadIdx.x]\n    out[cuda.threadIdx.x] = s[cuda.threadIdx.x]\n",
+                   ns, "<test-trace-error>")
+    a = torch.arange(4, dtype=torch.float32)                     # torch CPU tensors work as in a launch
+    with pytest.raises(SimulatedKernelError) as info:
+        kernellab.trace_shared(ns["oob"], 1, 8, a, torch.zeros(8))
+    e = info.value
+    assert (e.exception, e.thread, e.block, e.line) == ("IndexError", (4, 0, 0), (0, 0, 0), 5)
+    assert "oob raised IndexError in thread (4, 0, 0)" in str(e) and "hint:" in str(e)
+    out = torch.zeros(4)
+    trace = kernellab.trace_shared(ns["oob"], 1, 4, a, out)
+    assert (out == a).all() and trace.line(5, kind="store").instructions == 1
+
+
 def test_trace_refuses_big_launches():
     mod = numba_module("from numba import float32\n" + TRANSPOSE_TILE.format(width=33), arch="sm_90", simulate=True)
     a = np.zeros((32, 32), np.float32)
     with pytest.raises(ArgumentError, match="simulates every thread"):
         mod.tile_t.trace_banks(100, (32, 32), a, a)
+
+
+# -- kernel factories and globals -----------------------------------------------------------------------------------
+
+
+def map_test(cuda):
+    def call(out, a):
+        local_i = cuda.threadIdx.x
+        out[local_i] = a[local_i] + 10
+    return call
+
+
+def test_a_kernel_factory_runs_in_the_simulator_and_compiles_with_the_real_cuda():
+    """GPU-Puzzles' style: the function takes the cuda module and returns the kernel."""
+    k = numba_kernel(map_test, simulate=True)
+    assert k.factory is map_test and k.name == "map_test" and k.pending
+    a, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    k[1, 4](out, a)
+    np.testing.assert_array_equal(out, a + 10)
+    assert "%tid.x" in k.ptx and k.resources.registers > 0            # compiled with numba.cuda, not the fake
+    assert k.trace_banks(1, 4, out, a).kernel_name == "map_test"
+    assert k.sanitize(1, 4, out, a, tool="racecheck").ok
+    again = k.with_signature("float32[::1], float32[::1]")
+    assert again.factory is map_test and not again.pending
+
+
+FACTORY_CELL = """%%numba --sim
+TPB = 4
+def shared_test(cuda):
+    def call(out, a, size):
+        shared = cuda.shared.array(TPB, numba.float32)
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        local_i = cuda.threadIdx.x
+        if i < size:
+            shared[local_i] = a[i]
+        {sync}
+        if i < size:
+            out[i] = shared[(local_i + 1) % TPB] + 10
+    return call
+import numba
+"""
+
+
+def test_a_kernel_factory_in_a_numba_cell(ip):
+    assert _run(ip, FACTORY_CELL.format(sync="cuda.syncthreads()")).success
+    k = ip.user_ns["shared_test"]
+    assert isinstance(k, NumbaKernel) and k.factory is not None
+    a, out = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    k[2, 4](out, a, 8)
+    np.testing.assert_array_equal(out, a.reshape(2, 4)[:, [1, 2, 3, 0]].ravel() + 10)
+    assert k.sanitize(2, 4, out, a, 8, tool="racecheck").ok
+    assert _run(ip, FACTORY_CELL.format(sync="pass")).success
+    (race,) = ip.user_ns["shared_test"].sanitize(2, 4, out, a, 8, tool="racecheck").findings
+    assert race.lines == (9, 12)                    # cell lines: the store, and the load of a neighbour's slot
+
+
+def test_a_function_of_cuda_that_is_no_factory_stays_a_function(ip):
+    result = _run(ip, "%%numba --sim\ndef helper(cuda):\n    return cuda.threadIdx\n")
+    assert result.success, result.error_in_exec
+    assert callable(ip.user_ns["helper"]) and not isinstance(ip.user_ns["helper"], NumbaKernel)
+    assert "helper takes `cuda` but helper(cuda) did not make a kernel" in str(result.result)
+    marked = _run(ip, "%%numba --sim --kernel helper\ndef helper(cuda):\n    return cuda.threadIdx\n")
+    assert "a kernel factory returns the kernel function" in str(marked.error_in_exec)
+
+
+def test_rebinding_a_global_recompiles_the_kernel(ip):
+    from kernellab.kernel_numba import GlobalsChanged
+
+    assert _run(ip, FACTORY_CELL.format(sync="cuda.syncthreads()").replace("TPB = 4", "TPB = 3")).success
+    k = ip.user_ns["shared_test"]
+    a, out = np.arange(6, dtype=np.float32), np.zeros(6, np.float32)
+    k[2, 3](out, a, 6)
+    assert k.resources.shared_bytes == 3 * 4
+    ip.user_ns["TPB"] = 4
+    a, out = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    with pytest.warns(GlobalsChanged, match=r"shared_test was compiled with other values of TPB \(3, now 4\)"):
+        k[2, 4](out, a, 8)
+    np.testing.assert_array_equal(out, a.reshape(2, 4)[:, [1, 2, 3, 0]].ravel() + 10)
+    assert k.resources.shared_bytes == 4 * 4                    # the compiled kernel has the new size too
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GlobalsChanged)
+        k[2, 4](out, a, 8)                                      # unchanged since: no second compile
+
+
+def test_a_global_read_by_a_plain_kernel_and_by_a_factory_body():
+    from kernellab.kernel_numba import GlobalsChanged
+
+    ns = {}
+    nb.exec_source("SCALE = 2.0\n@cuda.jit\ndef scale(out, a):\n    out[cuda.threadIdx.x] = a[cuda.threadIdx.x] * SCALE\n"
+                   "def scale_f(cuda):\n    s = SCALE\n    def call(out, a):\n        out[cuda.threadIdx.x] = a[cuda.threadIdx.x] * s\n"
+                   "    return call\n", ns, "<test-globals>")
+    for k in (numba_kernel(ns["scale"], "float32[::1], float32[::1]", simulate=True),
+              numba_kernel(ns["scale_f"], "float32[::1], float32[::1]", simulate=True)):
+        ns["SCALE"] = 2.0
+        k._refresh_globals()
+        a, out = np.ones(4, np.float32), np.zeros(4, np.float32)
+        k[1, 4](out, a)
+        assert (out == 2).all()
+        ptx = k.ptx
+        ns["SCALE"] = 3.0
+        with pytest.warns(GlobalsChanged, match=r"SCALE \(2.0, now 3.0\)"):
+            k[1, 4](out, a)
+        assert (out == 3).all() and k.ptx != ptx
 
 
 # -- the %%numba magic ----------------------------------------------------------------------------------------------

@@ -193,8 +193,8 @@ def fake_launch(monkeypatch, tmp_cache):
     from kernellab.run.launch import make_config
 
     dev = DeviceInfo(0, "Fake GPU", "sm_90", 132)
-    monkeypatch.setattr(W, "check_launch", lambda k, g, b, a, s=0: (make_config(
-        g, b, s, max_threads_per_block=1024, static_shared_bytes=0, device=dev), dev))
+    monkeypatch.setattr(W, "check_launch", lambda k, g, b, a, s=0, cluster=None: (make_config(
+        g, b, s, max_threads_per_block=1024, static_shared_bytes=0, device=dev, cluster=cluster), dev))
     monkeypatch.setattr(W, "_sync_caller", lambda: None)
     monkeypatch.setattr(W, "_ipc_state", {"broken": None})
     return kernellab.compile_cuda(FAKE_SRC, arch="sm_90")
@@ -829,7 +829,7 @@ def test_kernel_launch_follows_the_isolation_setting(monkeypatch, tmp_cache):
     a = np.ones(4, np.float32)
     assert mod.vadd[1, 32](a, a, a, 4, isolate=True, timeout_s=3) == "ran"
     (kernel, grid, block, args), kw = seen[-1]
-    assert kernel is mod.vadd and args[3] == 4 and kw == {"shared_bytes": 0, "timeout_s": 3}
+    assert kernel is mod.vadd and args[3] == 4 and kw == {"shared_bytes": 0, "timeout_s": 3, "cluster": None}
     with W.isolation(True):
         mod.vadd[2, 64, 256](a, a, a, 4)
     assert seen[-1][1]["shared_bytes"] == 256 and len(seen) == 2

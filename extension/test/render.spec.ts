@@ -44,6 +44,24 @@ describe('compile report', () => {
     expect(node.querySelector('.kl-Stat--warn')?.textContent).toBe('Local96 B');
   });
 
+  it('summarises the SASS by kind, marking tensor cores and local memory', () => {
+    const vadd = renderReport(FIXTURES.compile).querySelector('.kl-Kernel')!;
+    expect(text(vadd.querySelector('.kl-Instructions summary'))).toBe('SASS no tensor cores, fp32: 1 FADD; local memory: none');
+    expect(all(vadd, '.kl-Instr-group')).toEqual(['global memory', 'local memory', 'fp32']);
+    const report = copy(FIXTURES.compile);
+    const kernel = (report.kernels as Record<string, unknown>[])[0];
+    kernel.instructions = {
+      total: 9,
+      headline: 'tensor cores: 4 HMMA.16816.F32.BF16; local memory: 2 LDL.32',
+      lines: [['tensor cores', '4 HMMA.16816.F32.BF16'], ['local memory', '2 LDL.32']]
+    };
+    const marked = renderReport(report).querySelector('.kl-Kernel')!;
+    expect(marked.querySelector('.kl-Instr--good')?.textContent).toBe('tensor cores');
+    expect(marked.querySelector('.kl-Instr--warn')?.textContent).toBe('local memory');
+    delete kernel.instructions;
+    expect(renderReport(report).querySelector('.kl-Kernel')!.querySelector('.kl-Instructions')).toBeNull();
+  });
+
   it('lists diagnostics and reveals their cell line on click', () => {
     const revealed: number[] = [];
     const node = renderReport(FIXTURES.compile_failed, { revealDiagnostic: d => revealed.push(d.line) });

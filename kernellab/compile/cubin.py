@@ -53,6 +53,30 @@ def _attrs(data: bytes, sec: dict):
             yield attr, struct.pack("<H", val)
 
 
+def cubin_arch(data: bytes) -> str | None:
+    """The target a cubin was assembled for, 'a'/'f' suffix included ('sm_90a'), or None where it does not say.
+
+    The ELF header's flags and `.note.nv.cuinfo` hold only the SM number (90 for sm_90 and sm_90a alike); the
+    suffix is in the ptxas command line that `.note.nv.tkinfo` records ("-arch sm_90a").
+    """
+    import re
+
+    secs = _sections(data)
+    sm = None
+    for s in secs:
+        body = data[s["offset"]:s["offset"] + s["size"]]
+        if s["name"] == ".note.nv.tkinfo":
+            m = re.search(rb"-arch\s+(sm_\d+[af]?)\b", body)
+            if m:
+                return m.group(1).decode()
+        elif s["name"] == ".note.nv.cuinfo" and len(body) >= 28:
+            namesz, = struct.unpack_from("<I", body, 0)
+            desc = 12 + -(-namesz // 4) * 4            # the note's descriptor: u16 version, u16 SM number, ...
+            if len(body) >= desc + 4:
+                sm = struct.unpack_from("<H", body, desc + 2)[0]
+    return f"sm_{sm}" if sm else None
+
+
 def read_cubin(data: bytes) -> dict[str, CubinKernel]:
     """Map each entry symbol to what the cubin says about it."""
     secs = _sections(data)

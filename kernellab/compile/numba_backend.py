@@ -339,6 +339,8 @@ def find_kernels(namespace: dict, filename: str, before: dict | None = None, mar
             if not callable(value):
                 raise KernellabError(f"{name!r} was marked as a kernel but is a {type(value).__name__}; mark a "
                                      f"function defined in the cell")
+            if is_kernel_factory(value):
+                continue                   # wrapped as a factory by the caller (find_factories)
             if not is_kernel_dispatcher(value):
                 value = as_kernel(value)
                 namespace[name] = value
@@ -355,6 +357,42 @@ def find_kernels(namespace: dict, filename: str, before: dict | None = None, mar
     return found
 
 
+def is_kernel_factory(obj) -> bool:
+    """A plain function whose only parameter is `cuda`: it takes the cuda module and returns the kernel function
+    (the GPU-Puzzles style, `def map_test(cuda): def call(out, a): ...; return call`)."""
+    if not inspect.isfunction(obj) or is_kernel_dispatcher(obj):
+        return False
+    try:
+        return tuple(inspect.signature(obj).parameters) == ("cuda",)
+    except (TypeError, ValueError):
+        return False
+
+
+def kernel_from_factory(factory, cuda_module=None):
+    """(kernel dispatcher, its Python function) from a kernel factory called with `cuda_module` (numba.cuda)."""
+    if cuda_module is None:
+        from numba import cuda as cuda_module
+    made = factory(cuda_module)
+    if is_kernel_dispatcher(made):
+        return made, kernel_function(made)
+    if not inspect.isfunction(made):
+        raise KernellabError(f"{factory.__name__}(cuda) returned a {type(made).__name__}; a kernel factory returns the "
+                             f"kernel function: def {factory.__name__}(cuda):\n    def call(out, a): ...\n    "
+                             f"return call")
+    return as_kernel(made), made
+
+
+def find_factories(namespace: dict, filename: str, before: dict | None = None) -> list[tuple[str, object]]:
+    """(name, factory) for each kernel factory (see is_kernel_factory) that `filename`'s code bound in `namespace`."""
+    found = []
+    for name, value in list(namespace.items()):
+        if before is not None and before.get(name, None) is value:
+            continue
+        if is_kernel_factory(value) and os.path.normcase(value.__code__.co_filename) == os.path.normcase(filename):
+            found.append((name, value))
+    return found
+
+
 def as_kernel(fn):
     """A plain Python function as a lazy `@cuda.jit` kernel (a simulator kernel where numba.cuda is the simulator)."""
     from numba import cuda
@@ -363,6 +401,104 @@ def as_kernel(fn):
         raise KernellabError(f"{getattr(fn, '__name__', fn)!r} is a {type(fn).__name__}, not a Python function; "
                              f"a kernel is a `def` that uses cuda.threadIdx, cuda.blockIdx, ...")
     return cuda.jit(fn)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Globals a kernel reads: numba freezes them at compile time, the simulator reads them live
+
+
+_names_read: dict = {}
+
+
+def _read_names(code) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(global names, closure names) that `code` and the code nested in it load."""
+    hit = _names_read.get(code)
+    if hit is not None:
+        return hit
+    import dis
+    import types as pytypes
+
+    glob, free = [], []
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval not in glob:
+                glob.append(ins.argval)
+            elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval not in free:
+                free.append(ins.argval)
+        todo += [k for k in c.co_consts if isinstance(k, pytypes.CodeType)]
+    hit = _names_read[code] = (tuple(glob), tuple(free))
+    return hit
+
+
+def _fingerprint(value):
+    """What decides whether a global's value changed, as numba would see it: values of numbers, strings, tuples and
+    arrays (numba freezes arrays as constants), the identity of anything else; None for modules (not tracked)."""
+    import types as pytypes
+
+    import numpy as np
+
+    if isinstance(value, pytypes.ModuleType):
+        return None
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
+        return ("value", type(value).__name__, value)
+    if isinstance(value, tuple):
+        return ("tuple",) + tuple(_fingerprint(v) for v in value)
+    if isinstance(value, np.ndarray):
+        data = value.tobytes() if value.nbytes <= 1 << 20 else id(value)
+        return ("array", value.dtype.str, value.shape, hash(data))
+    return ("id", id(value))
+
+
+def global_values(py_func, factory=None) -> dict[str, tuple]:
+    """{name: (fingerprint, short text of the value)} for the module globals and closure variables that a kernel
+    (and the device functions and the kernel factory it comes from) reads; modules are left out."""
+    out: dict[str, tuple] = {}
+    seen: set[int] = set()
+    todo = [py_func] + ([factory] if factory is not None else [])
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen or not hasattr(fn, "__code__"):
+            continue
+        seen.add(id(fn))
+        glob, free = _read_names(fn.__code__)
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+        found = [(n, fn.__globals__[n]) for n in glob if n in fn.__globals__]
+        for n in free:
+            try:
+                found.append((n, cells[n].cell_contents))
+            except (KeyError, ValueError):
+                continue
+        for name, value in found:
+            fp = _fingerprint(value)
+            if fp is None:
+                continue
+            text = repr(value)
+            out.setdefault(name, (fp, text if len(text) <= 40 else text[:37] + "..."))
+            inner = getattr(value, "py_func", None)
+            if inner is not None and (getattr(value, "targetoptions", None) or {}).get("device"):
+                todo.append(inner)          # a device function: numba compiles its globals in too
+    return out
+
+
+def changed_globals(before: dict, now: dict) -> list[str]:
+    """'TPB (3, now 4)' for each global whose value differs between two global_values() results."""
+    out = []
+    for name in sorted(set(before) | set(now)):
+        old, new = before.get(name), now.get(name)
+        if (old and old[0]) != (new and new[0]):
+            out.append(f"{name} ({old[1] if old else 'unset'}, now {new[1] if new else 'unset'})")
+    return out
+
+
+def fresh_dispatcher(dispatcher):
+    """A new dispatcher for the same function and options: it compiles again, with the globals' current values."""
+    new = type(dispatcher)(dispatcher.py_func, dict(dispatcher.targetoptions))
+    sigs = getattr(dispatcher, SIGNATURES_ATTR, None)
+    if sigs:
+        setattr(new, SIGNATURES_ATTR, sigs)
+    return new
 
 
 def dispatcher_signatures(obj) -> tuple:
@@ -545,7 +681,8 @@ def compile_kernel(kernel, argtypes: tuple, arch: str = DEFAULT_ARCH, *, fastmat
         launch_bounds = (launch_bounds,)
     links = tuple(topts.get("link") or ())
     argtypes = tuple(argtypes)
-    key = (py_func, argtypes, arch, fastmath, debug, opt, max_registers, launch_bounds, links)
+    frozen = tuple(sorted((n, v[0]) for n, v in global_values(py_func).items()))  # numba bakes these values in
+    key = (py_func, argtypes, arch, fastmath, debug, opt, max_registers, launch_bounds, links, frozen)
     hit = _memo.get(key)
     if hit is not None:
         return hit

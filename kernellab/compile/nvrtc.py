@@ -38,6 +38,11 @@ class CompileOutput:
     reports: dict = field(default_factory=dict)  # entry symbol -> PtxasReport
     compile_ms: float = 0.0
     nvrtc_version: tuple[int, int] = (0, 0)
+    lowered_names: tuple[tuple[str, str], ...] = ()  # (name expression, its mangled symbol), e.g. ("k<4>", "_Z1kILi4EEvPf")
+
+    def lowered(self, expression: str) -> str | None:
+        """The entry symbol NVRTC gave a name expression passed to the compile (a template instance), or None."""
+        return dict(self.lowered_names).get(expression)
 
 
 def normalize_arch(arch) -> str:
@@ -63,10 +68,18 @@ def nvrtc_version() -> tuple[int, int]:
 _DIAG = re.compile(r"^(?P<file>.*?)\((?P<line>\d+)\): (?P<sev>catastrophic error|error|warning|remark)"
                    r"(?: #(?P<code>[\w-]+))?: (?P<msg>.*)$")
 _PTXAS_ERR = re.compile(r"^ptxas (?P<sev>error|fatal|warning)\s*: (?P<msg>.*)$")
+# ptxas on a line of the generated PTX: "ptxas application ptx input, line 34; error   : Instruction ..."
+_PTXAS_LINE = re.compile(r"^ptxas application ptx input, line (?P<ptx>\d+); (?P<sev>error|fatal|warning)\s*: "
+                         r"(?P<msg>.*)$")
+_PTXAS_ABORTED = "Ptx assembly aborted due to errors"
 
 
-def parse_log(log: str, filename: str) -> tuple[Diagnostic, ...]:
-    """Diagnostics from an NVRTC log; columns come from the caret line under the echoed source."""
+def parse_log(log: str, filename: str, ptx: str = "") -> tuple[Diagnostic, ...]:
+    """Diagnostics from an NVRTC log; columns come from the caret line under the echoed source.
+
+    ptxas messages about a PTX line are placed on the source line that the PTX's `.loc` directives give it
+    (given `ptx`, compiled with -lineinfo); ptxas's closing "assembly aborted" is dropped when it said why.
+    """
     lines = log.splitlines()
     out = []
     i = 0
@@ -83,12 +96,65 @@ def parse_log(log: str, filename: str) -> tuple[Diagnostic, ...]:
             out.append(Diagnostic(int(m.group("line")), column if column and column > 0 else None, sev, msg,
                                   m.group("code")))
         else:
-            p = _PTXAS_ERR.match(lines[i].strip())
+            p = _PTXAS_LINE.match(lines[i].strip()) or _PTXAS_ERR.match(lines[i].strip())
             if p:
                 sev = "error" if p.group("sev") in ("error", "fatal") else "warning"
-                out.append(Diagnostic(None, None, sev, "ptxas: " + p.group("msg").strip()))
+                line = ptx_source_line(ptx, int(p.group("ptx")), filename) if "ptx" in p.groupdict() else None
+                out.append(Diagnostic(line, None, sev, "ptxas: " + p.group("msg").strip()))
         i += 1
+    if any(d.message.startswith("ptxas: ") and _PTXAS_ABORTED not in d.message and d.severity == "error"
+           for d in out):
+        out = [d for d in out if _PTXAS_ABORTED not in d.message]
     return tuple(out)
+
+
+_LOC = re.compile(r"^\s*\.loc\s+(?P<file>\d+)\s+(?P<line>\d+)\s")
+_FILE = re.compile(r'^\s*\.file\s+(?P<file>\d+)\s+"(?P<name>[^"]*)"')
+
+
+def ptx_source_line(ptx: str, ptx_line: int, filename: str) -> int | None:
+    """The source line (of `filename`) that PTX line `ptx_line` (1-based) came from, by the last `.loc` before it."""
+    if not ptx:
+        return None
+    lines = ptx.splitlines()
+    files = {m.group("file") for m in map(_FILE.match, lines) if m and m.group("name").endswith(filename)}
+    for text in reversed(lines[:ptx_line]):
+        m = _LOC.match(text)
+        if m:
+            return int(m.group("line")) if m.group("file") in files and int(m.group("line")) > 0 else None
+    return None
+
+
+# Instructions that exist only on an arch-specific ('a') target, by PTX opcode prefix -> the targets that have them.
+ARCH_SPECIFIC_PTX = {
+    "wgmma": "sm_90a",
+    "setmaxnreg": "sm_90a or sm_100a",
+    "tcgen05": "sm_100a",
+}
+_NOT_ON_TARGET = re.compile(r"Instruction '(?P<insn>[\w.:]+)' not supported on \.target '(?P<target>sm_\d+[af]?)'")
+
+
+def arch_hint(diagnostics) -> str | None:
+    """What to do when ptxas rejected an instruction that the compile's target lacks (e.g. wgmma on plain sm_90)."""
+    for d in diagnostics:
+        m = _NOT_ON_TARGET.search(d.message)
+        if not m:
+            continue
+        insn, target = m.group("insn"), m.group("target")
+        root = insn.split(".")[0]
+        where = f" (line {d.line})" if d.line else ""
+        if root in ARCH_SPECIFIC_PTX:
+            want = ARCH_SPECIFIC_PTX[root]
+            first = want.split()[0]
+            return (f"'{insn}'{where} is an arch-specific instruction: it exists on {want}, not on plain {target}. "
+                    f"Compile with arch=\"{first}\" (`%%cuda --arch {first}`); an {first} kernel runs only on a GPU "
+                    f"of exactly that compute capability.")
+        if not target.endswith(("a", "f")):
+            return (f"'{insn}'{where} is not available on {target}. If it is an arch-specific feature, compile for the "
+                    f"'a' target, e.g. arch=\"{target}a\" (`%%cuda --arch {target}a`); otherwise it needs a newer "
+                    f"architecture.")
+        return f"'{insn}'{where} is not available on {target}; it needs another architecture."
+    return None
 
 
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
@@ -135,8 +201,12 @@ def build_options(arch: str, options=()) -> tuple[str, ...]:
 
 
 def compile_source(source: str, arch: str = DEFAULT_ARCH, options=(), *, filename: str = "kernel.cu",
-                   first_line: int = 1) -> CompileOutput:
-    """Compile with NVRTC; raise CompileError (diagnostics numbered from `first_line`) on failure."""
+                   first_line: int = 1, name_expressions=()) -> CompileOutput:
+    """Compile with NVRTC; raise CompileError (diagnostics numbered from `first_line`) on failure.
+
+    `name_expressions` (e.g. "sgemm<64, 64, 8>") instantiate template kernels without an explicit instantiation in
+    the source; the output's `lowered(expression)` gives each one's entry symbol.
+    """
     from cuda.bindings import nvrtc
 
     arch = normalize_arch(arch)
@@ -147,30 +217,48 @@ def compile_source(source: str, arch: str = DEFAULT_ARCH, options=(), *, filenam
     err, prog = nvrtc.nvrtcCreateProgram(text.encode(), filename.encode(), 0, [], [])
     _check(nvrtc, err, "nvrtcCreateProgram")
     try:
+        for expr in name_expressions:
+            (err,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode())
+            _check(nvrtc, err, f"nvrtcAddNameExpression({expr!r})")
         enc = [o.encode() for o in all_opts]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(enc), enc)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         buf = b" " * size
         nvrtc.nvrtcGetProgramLog(prog, buf)
         log = buf.replace(b"\0", b"").decode(errors="replace")
-        diags = parse_log(log, filename)
-        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        failed = status != nvrtc.nvrtcResult.NVRTC_SUCCESS
+        diags = parse_log(log, filename, _ptx_text(nvrtc, prog) if "ptxas application ptx input" in log else "")
+        if failed:
             if not any(d.severity == "error" for d in diags):
                 diags = diags + (Diagnostic(None, None, "error", _first_meaningful(log) or str(status)),)
-            raise CompileError(diags, log, source, all_opts, first_line=first_line, filename=filename)
+            raise CompileError(diags, log, source, all_opts, first_line=first_line, filename=filename,
+                               hint=arch_hint(diags))
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(nvrtc, err, "nvrtcGetCUBINSize")
         cubin = b" " * size
         nvrtc.nvrtcGetCUBIN(prog, cubin)
-        err, size = nvrtc.nvrtcGetPTXSize(prog)
-        ptx = b" " * size
-        nvrtc.nvrtcGetPTX(prog, ptx)
+        ptx = _ptx_text(nvrtc, prog)
+        lowered = []
+        for expr in name_expressions:
+            err, name = nvrtc.nvrtcGetLoweredName(prog, expr.encode())
+            _check(nvrtc, err, f"nvrtcGetLoweredName({expr!r})")
+            lowered.append((expr, name.decode() if isinstance(name, bytes) else str(name)))
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     ms = (time.perf_counter() - t0) * 1e3
-    return CompileOutput(arch=arch, options=tuple(options), cubin=bytes(cubin), ptx=ptx.rstrip(b"\0").decode(),
+    return CompileOutput(arch=arch, options=tuple(options), cubin=bytes(cubin), ptx=ptx,
                          log=log, diagnostics=diags, reports=parse_ptxas(log), compile_ms=ms,
-                         nvrtc_version=nvrtc_version())
+                         nvrtc_version=nvrtc_version(), lowered_names=tuple(lowered))
+
+
+def _ptx_text(nvrtc, prog) -> str:
+    """The program's PTX ("" where there is none); NVRTC keeps it even when ptxas then failed."""
+    err, size = nvrtc.nvrtcGetPTXSize(prog)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not size:
+        return ""
+    buf = b" " * size
+    nvrtc.nvrtcGetPTX(prog, buf)
+    return buf.rstrip(b"\0").decode(errors="replace")
 
 
 def _first_meaningful(log: str) -> str:

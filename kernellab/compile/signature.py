@@ -35,6 +35,12 @@ VECTOR_TYPES: dict[str, tuple[str, int, int]] = {
     for n in (1, 2, 3, 4)
 } | {"__half2": ("float16", 2, 4), "half2": ("float16", 2, 4), "__nv_bfloat162": ("bfloat16", 2, 4)}
 
+# The TMA descriptor type (<cuda.h>): passed by value as `const __grid_constant__ CUtensorMap`, 128 bytes,
+# 64-byte aligned. A C++ kernel's mangled name spells it by its struct tag.
+TENSOR_MAP_TYPES = ("CUtensorMap", "CUtensorMap_st")
+TENSOR_MAP_BYTES = 128
+TENSOR_MAP_ALIGN_BYTES = 64
+
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct", "__grid_constant__"}
 
 
@@ -52,8 +58,23 @@ class Param:
     size_bytes: int = 8    # bytes the parameter takes in the launch (8 for pointers)
 
     @property
+    def tensor_map(self) -> bool:
+        """A `CUtensorMap` passed by value: the launch takes a kernellab.TensorMap for it."""
+        return not self.pointer and self.base in TENSOR_MAP_TYPES
+
+    @property
+    def grid_constant(self) -> bool:
+        """Declared `__grid_constant__` (known only where the source was parsed)."""
+        return "__grid_constant__" in self.ctype.split()
+
+    @property
+    def align_bytes(self) -> int:
+        """The parameter's alignment in the launch's parameter buffer."""
+        return TENSOR_MAP_ALIGN_BYTES if self.tensor_map else self.size_bytes
+
+    @property
     def supported(self) -> bool:
-        return self.dtype is not None or (self.pointer and self.base == "void")
+        return self.dtype is not None or (self.pointer and self.base == "void") or self.tensor_map
 
     def __str__(self) -> str:
         return f"{self.ctype} {self.name}".strip()
@@ -89,6 +110,8 @@ def parse_param(text: str, index: int) -> Param:
     else:
         if base in SCALAR_TYPES:
             dtype, size = SCALAR_TYPES[base]
+        elif base in TENSOR_MAP_TYPES:
+            size = TENSOR_MAP_BYTES
     return Param(name=name, ctype=ctype, base=base, pointer=stars >= 1, const=const, dtype=dtype,
                  vector_width=width, size_bytes=size)
 
@@ -292,7 +315,9 @@ def signature_for(symbol: str, source_kernels: tuple[SourceKernel, ...]) -> Kern
     # Borrow parameter names from the source declaration with the same name and arity.
     for k in source_kernels:
         if k.name == name and len(k.params) == len(params):
-            params = tuple(Param(name=sp.name, ctype=p.ctype, base=p.base, pointer=p.pointer, const=p.const,
+            # A tensor map keeps the source's spelling ("const __grid_constant__ CUtensorMap", not the struct tag).
+            params = tuple(Param(name=sp.name, ctype=sp.ctype if p.tensor_map and sp.tensor_map else p.ctype,
+                                 base=p.base, pointer=p.pointer, const=p.const or (p.tensor_map and sp.const),
                                  dtype=p.dtype, vector_width=p.vector_width, size_bytes=p.size_bytes)
                            for p, sp in zip(params, k.params))
             return KernelSignature(symbol, name, display, params, k.line)

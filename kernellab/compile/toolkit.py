@@ -26,14 +26,22 @@ def _cuda_homes() -> list[str]:
     return [h for h in homes if h and os.path.isdir(h)]
 
 
+# kernellab's own headers for NVRTC, searched first: a device-side <cuda.h> (the toolkit's is host-only).
+NVRTC_INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvrtc_include")
+
+
 @functools.lru_cache(maxsize=None)
 def include_dirs() -> tuple[str, ...]:
-    """Directories holding cuda_runtime.h / cuda_fp16.h for NVRTC's -I."""
-    out = []
+    """NVRTC's -I directories: kernellab's device <cuda.h>, then the toolkit's (cuda_fp16.h, mma.h, ...) and CCCL's
+    (<cuda/barrier>, <cuda/ptx>, <cuda/std/...>)."""
+    out = [NVRTC_INCLUDE]
     for root in _wheel_roots() + _cuda_homes():
         inc = os.path.join(root, "include")
         if os.path.isfile(os.path.join(inc, "cuda_fp16.h")) and inc not in out:
             out.append(inc)
+            cccl = os.path.join(inc, "cccl")
+            if os.path.isdir(os.path.join(cccl, "cuda")) and not any(o.endswith(os.sep + "cccl") for o in out):
+                out.append(cccl)
     return tuple(out)
 
 

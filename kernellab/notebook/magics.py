@@ -79,8 +79,9 @@ class KernellabMagics(Magics):
                            help="Architecture for %%cuda cells without --arch (None: the current GPU's, or sm_90).")
 
     @magic_arguments()
-    @argument("--arch", default=None, help="Target architecture, e.g. sm_90 or sm_80 (default: the current GPU's, "
-                                           "or sm_90 with a note where there is no GPU).")
+    @argument("--arch", default=None, help="Target architecture, e.g. sm_90, sm_90a (for wgmma and setmaxnreg) or "
+                                           "sm_80 (default: the current GPU's, or sm_90 with a note where there is "
+                                           "no GPU).")
     @argument("-O", "--options", action="append", default=[], metavar="OPTS",
               help="NVRTC options, e.g. --options=--use_fast_math or -O \"--use_fast_math -maxrregcount=64\" "
                    "(repeatable).")

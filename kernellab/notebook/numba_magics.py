@@ -81,7 +81,11 @@ class NumbaMagics(Magics):
         torch CUDA tensors or CuPy arrays (zero copy), in the simulator (no GPU, or --sim) with NumPy arrays or torch
         tensors. The card shows registers, shared memory, spills and occupancy per kernel (for --arch, from ptxas).
         Compile errors point at cell lines (this line is line 1); exceptions in simulated kernels name the thread,
-        the block and the cell line.
+        the block and the cell line. A function whose only parameter is `cuda` is a kernel factory (GPU-Puzzles'
+        style: `def map_test(cuda): def call(out, a): ...; return call`): it is bound as a kernel, compiled with
+        numba.cuda and simulated with the simulator's module. In the simulator, `k.sanitize(grid, block, *args,
+        tool="racecheck")` (or "synccheck", or `%launch --sanitize=racecheck ...`) finds shared-memory races and
+        divergent barriers without a GPU.
         """
         try:
             args = parse_argstring(self.numba, line)

@@ -4,6 +4,7 @@
     %launch --isolate vadd[grid, block](a, b, c, n)             # in the warm worker process
     %launch --sanitize vadd[grid, block](a, b, c, n)            # compute-sanitizer memcheck
     %launch --sanitize=racecheck tile[g, b](x, y)                # or synccheck, initcheck, all
+                                                                 # (a simulated Numba kernel: in the simulator)
     %launch --profile vadd[grid, block](a, b, c, n)             # ncu, the default metric set
     %launch --profile=full vadd[grid, block](a, b, c, n)        # ncu --set full
     %launch --banks transpose[grid, block](x, y, n)             # ncu: shared-memory wavefronts per cell line
@@ -126,10 +127,8 @@ class KernellabRun(Magics):
             raise UsageError("%launch: choose one of --isolate, --in-process, --sanitize, --profile and --banks")
         kernel, grid, block, shared, args = parse_launch(expr, self.shell.user_ns)
         try:
-            if ns.sanitize:
-                from ..run.sanitize import sanitize_launch
-
-                return sanitize_launch(kernel, grid, block, args, shared_bytes=shared, tool=ns.sanitize)
+            if ns.sanitize:   # a Numba kernel that simulates checks racecheck/synccheck in the simulator
+                return kernel.sanitize(grid, block, *args, shared_bytes=shared, tool=ns.sanitize)
             if ns.banks:
                 return kernel.profile_banks(grid, block, *args, shared_bytes=shared)
             if ns.profile:

@@ -5,7 +5,8 @@ How a check runs, trial by trial (trial t draws its inputs from `torch.Generator
 2. The reference runs on a float64 copy (floating tensors upcast) where it accepts one, and on a copy in the
    inputs' own dtypes, which fixes the expected output count, shapes and dtypes.
 3. The candidate runs on its own copy. Arguments it writes its results into (found by the tensors it returns,
-   or named with `outputs=`) are filled with NaN first, so elements it never writes fail.
+   or named with `outputs=`) are filled with NaN first, so elements it never writes fail; torch tensors and NumPy
+   arrays alike (integer outputs get the integer maximum).
 4. Each output is compared elementwise: |yours - ref| <= atol + rtol * |ref|, with defaults chosen by the
    output's precision and atol scaled by the reference's RMS, so an all-zero output cannot pass. NaN or Inf
    where the reference is finite always fails. An argument the candidate changed but did not return fails.
@@ -228,7 +229,7 @@ class _CheckState:
             args = self.inputs(gen)
         except Exception as exc:
             return self._raised("inputs(generator)", exc, trial)
-        if isinstance(args, torch.Tensor):
+        if isinstance(args, (torch.Tensor, np.ndarray)):
             args = (args,)
         if not isinstance(args, (tuple, list)):
             raise CheckError(f"inputs(generator) returned a {type(args).__name__}; expected a tuple of arguments "
@@ -236,7 +237,7 @@ class _CheckState:
         args = tuple(args)
         if self.outputs is not None:
             bad = [i for i in self.outputs if not (-len(args) <= i < len(args))
-                   or not isinstance(args[i], torch.Tensor)]
+                   or not _is_array(args[i])]
             if bad:
                 raise CheckError(f"outputs={self.outputs} names argument(s) {bad}, but inputs(generator) returned "
                                  f"{len(args)} arguments and those are not tensors; name tensor arguments only")
@@ -346,7 +347,7 @@ class _CheckState:
             return ()
         found = []
         for i in sorted(_aliased(probe, probe_args)):
-            if not isinstance(args[i], torch.Tensor) or not _poisonable(args[i]):
+            if not _is_array(args[i]) or not _poisonable(args[i]):
                 continue
             poisoned = _clone(args)
             _poison_(poisoned[i])
@@ -546,6 +547,12 @@ def _clone(args, upcast: bool = False):
     import torch
 
     def one(v):
+        if isinstance(v, np.ndarray):
+            if upcast and v.dtype.kind == "f" and v.dtype != np.float64:
+                return v.astype(np.float64)
+            if upcast and v.dtype.kind == "c" and v.dtype != np.complex128:
+                return v.astype(np.complex128)
+            return v.copy()
         if isinstance(v, torch.Tensor):
             t = v.detach().clone()
             if upcast and t.is_floating_point() and t.dtype != torch.float64:
@@ -566,6 +573,8 @@ def _has_low_precision_float(args) -> bool:
     import torch
 
     def walk(v):
+        if isinstance(v, np.ndarray):
+            return v.dtype.kind in "fc" and v.dtype not in (np.float64, np.complex128)
         if isinstance(v, torch.Tensor):
             return ((v.is_floating_point() and v.dtype != torch.float64)
                     or (v.is_complex() and v.dtype != torch.complex128))
@@ -587,9 +596,18 @@ def _reference_precision(outputs) -> str | None:
     return _dtype(outputs[0].dtype)
 
 
+def _is_array(v) -> bool:
+    """A torch tensor or a NumPy array (both are arguments the check copies, fills and compares)."""
+    import torch
+
+    return isinstance(v, (torch.Tensor, np.ndarray))
+
+
 def _poisonable(t) -> bool:
     import torch
 
+    if isinstance(t, np.ndarray):
+        return t.dtype != np.bool_ and t.size > 0 and t.dtype.kind in "fciu"
     return t.dtype != torch.bool and t.numel() > 0
 
 
@@ -599,7 +617,9 @@ def _poison_(t) -> None:
 
     if not _poisonable(t):
         return
-    if t.is_floating_point() or t.is_complex():
+    if isinstance(t, np.ndarray):
+        t.fill(math.nan if t.dtype.kind in "fc" else np.iinfo(t.dtype).max)
+    elif t.is_floating_point() or t.is_complex():
         t.fill_(math.nan)
     else:
         t.fill_(torch.iinfo(t.dtype).max)
@@ -624,12 +644,17 @@ def _storage_ptr(t) -> int:
 
 
 def _aliased(outputs, args) -> set[int]:
-    """Indices of top-level tensor arguments whose memory a returned tensor shares."""
+    """Indices of top-level tensor (or NumPy array) arguments whose memory a returned tensor shares."""
     import torch
 
-    ptrs = {_storage_ptr(o) for o in outputs if o.numel() > 0}
-    return {i for i, a in enumerate(args)
-            if isinstance(a, torch.Tensor) and a.numel() > 0 and _storage_ptr(a) in ptrs}
+    ptrs = {_storage_ptr(o) for o in outputs if o.numel() > 0} | {o.data_ptr() for o in outputs if o.numel() > 0}
+    found = set()
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.numel() > 0 and _storage_ptr(a) in ptrs:
+            found.add(i)
+        elif isinstance(a, np.ndarray) and a.size > 0 and a.__array_interface__["data"][0] in ptrs:
+            found.add(i)
+    return found
 
 
 def _mutations(before, after, skip: set[int]):
@@ -639,6 +664,8 @@ def _mutations(before, after, skip: set[int]):
     found = []
 
     def walk(name, b, a):
+        if isinstance(b, np.ndarray) and isinstance(a, np.ndarray) and b.dtype.kind in "fciub":
+            b, a = torch.from_numpy(np.ascontiguousarray(b)), torch.from_numpy(np.ascontiguousarray(a))
         if isinstance(b, torch.Tensor):
             if not isinstance(a, torch.Tensor) or a.shape != b.shape:
                 found.append((name, b.numel(), ()))

@@ -59,6 +59,7 @@ class ArgSpec:
     ipc_handle: bytes | None = field(default=None, repr=False)  # the allocation's cudaIpcMemHandle (shared)
     ipc_offset: int = 0                # bytes from the allocation's base to the tensor's first element
     stage_slot: int | None = None      # staged: the worker's staging buffer that holds it (see stage_buffers)
+    tensor_map: dict | None = None     # a CUtensorMap over this tensor: the worker encodes it (TensorMap.job_params)
 
     @property
     def numel(self) -> int:
@@ -85,7 +86,10 @@ class ArgSpec:
         dims = ", ".join(map(str, self.shape))
         how = ("shared" if self.shared else "staged" if self.staged else
                "data" if self.data is not None else (self.fill or "empty"))
-        return f"{self.name + ': ' if self.name else ''}{self.dtype}[{dims}] ({how})"
+        what = f"{self.dtype}[{dims}]"
+        if self.tensor_map:
+            what = f"CUtensorMap over {what}, box [{', '.join(map(str, self.tensor_map['box']))}]"
+        return f"{self.name + ': ' if self.name else ''}{what} ({how})"
 
     def host_array(self) -> np.ndarray:
         """This tensor's elements as a host array in its storage dtype (bfloat16 as uint16): data, or the fill."""
@@ -130,6 +134,13 @@ def tensor_spec(x, name: str = "", *, writes: bool = True, data: str = "copy") -
     if data == "shapes":
         return ArgSpec("tensor", name, dtype, shape, fill="zeros", writes=writes)
     return ArgSpec("tensor", name, dtype, shape, data=_tensor_bytes(x), writes=writes)
+
+
+def tensor_of(x):
+    """The tensor behind an argument: a TensorMap's tensor, else the argument itself."""
+    from .tensor_map import TensorMap
+
+    return x.tensor if isinstance(x, TensorMap) else x
 
 
 def _framework(x) -> str:
@@ -275,6 +286,7 @@ class KernelJob:
     image_format: str | None = None    # "cubin" or "ptx"
     device: int | None = None          # the GPU ordinal to run on (None: the current one)
     abi: str = "c"                     # "c": one value per parameter; "numba": arrays as Numba's struct members
+    cluster: tuple[int, int, int] | None = None  # thread-block cluster shape (cuLaunchKernelEx); None: none
 
     @property
     def label(self) -> str:
@@ -287,6 +299,7 @@ class KernelJob:
     def describe(self) -> str:
         """'vadd[(16, 1, 1), (256, 1, 1)](a: float32[4096] (data), ..., n = 4096)'."""
         cfg = f"{self.grid}, {self.block}" + (f", {self.shared_bytes}" if self.shared_bytes else "")
+        cfg += f", cluster={self.cluster}" if self.cluster else ""
         return f"{self.label}[{cfg}]({', '.join(a.describe() for a in self.args)})"
 
     def __str__(self) -> str:
@@ -310,7 +323,8 @@ class KernelJob:
     def from_launch(cls, kernel, grid, block, args, shared_bytes: int = 0, *, data: str = "copy",
                     share_min_bytes: int | None = None, device: int | None = None, not_shared: dict | None = None,
                     share_disabled: str | None = None, stage_min_bytes: int | None = None,
-                    stage_disabled: str | None = None, not_staged: dict | None = None) -> "KernelJob":
+                    stage_disabled: str | None = None, not_staged: dict | None = None,
+                    cluster=None) -> "KernelJob":
         """The job for kernel[grid, block](*args) with a compiled `kernellab.Kernel`.
 
         data='copy' saves every tensor's elements (host or device); 'shapes' keeps shapes and dtypes only and
@@ -323,8 +337,12 @@ class KernelJob:
         staging is disabled. Staged tensors get slot numbers 0, 1, ... in order, one per distinct (address, size),
         so a tensor passed twice is staged once; the worker pool maps them to its buffers (StagingPlan). Arguments
         are checked against the signature as Kernel.launch does.
+
+        A tensor map travels as its tensor (copied, lent or staged like any other) plus how to encode it: the worker
+        builds the same map over its own view of the tensor, since the map's address is only valid in the process
+        that made it. That needs a C-contiguous tensor. The tensor comes back after the launch (TMA may store).
         """
-        from .launch import _dims, _scalar_of
+        from .launch import _dims, _scalar_of, _tensor_map_of, cluster_dims
 
         if data not in ("copy", "shapes", "share"):
             raise ValueError(f"data must be 'copy', 'shapes' or 'share', got {data!r}")
@@ -335,7 +353,17 @@ class KernelJob:
         specs = []
         stage_keys: dict[tuple[int, int], int] = {}
         for pos, (p, x) in enumerate(zip(params, args)):
-            if not p.pointer:
+            tmap = None
+            if getattr(p, "tensor_map", False):
+                _tensor_map_of(p, x, None, pos)                  # a TensorMap, or the error a launch gives
+                if not x.contiguous:
+                    raise ArgumentError(
+                        f"argument {pos} ('{p.name}'): {x.describe()} maps a tensor that is not C-contiguous "
+                        f"(strides {x.strides_bytes} bytes); a launch in another process (isolate=True, sanitize, "
+                        f"profile) rebuilds the map over a copy of the tensor, which is supported for contiguous "
+                        f"tensors only so far: map a contiguous tensor, or launch in this process")
+                tmap, x = x, x.tensor
+            elif not p.pointer:
                 v = _scalar_of(p, x, pos)
                 specs.append(ArgSpec("scalar", p.name, p.dtype or "", value=v.item()))
                 continue
@@ -346,10 +374,10 @@ class KernelJob:
                 raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) is a pointer parameter but got a "
                                     f"{type(x).__name__}; pass a CUDA torch tensor, a CuPy array or None")
             dt = _dtype_name(x)
-            if p.dtype is not None and dt != p.dtype:
+            if tmap is None and p.dtype is not None and dt != p.dtype:
                 raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) expects {p.dtype} elements but got "
                                     f"{dt}; convert it or change the parameter type")
-            writes = not p.const
+            writes = not p.const or tmap is not None
             name = p.name or f"argument {pos}"
             nbytes = math.prod(x.shape) * ITEMSIZE.get(dt, 1)
             lent = slot = None
@@ -374,6 +402,8 @@ class KernelJob:
                                      stage_slot=slot))
             else:
                 specs.append(tensor_spec(x, p.name, writes=writes, data="shapes" if data == "shapes" else "copy"))
+            if tmap is not None:
+                specs[-1] = replace(specs[-1], tensor_map=tmap.job_params())
         where = kernel.job_fields()             # how a fresh process loads the kernel
         if where["abi"] == "numba":
             for p, spec in zip(params, specs):
@@ -384,7 +414,7 @@ class KernelJob:
                    backend=getattr(kernel, "backend", "cuda"), name=kernel.name,
                    signature=str(getattr(kernel, "signature", "")), arch=kernel.arch, shared_bytes=int(shared_bytes),
                    static_shared_bytes=getattr(resources, "shared_bytes", 0) if resources else 0, device=device,
-                   **where)
+                   cluster=cluster_dims(cluster, _dims(grid, "grid")), **where)
 
     # -- serialization --------------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -402,11 +432,12 @@ class KernelJob:
                 "arch": self.arch, "options": list(self.options), "shared_bytes": self.shared_bytes,
                 "static_shared_bytes": self.static_shared_bytes, "first_line": self.first_line,
                 "filename": self.filename, "image": blob(self.image), "image_format": self.image_format,
-                "device": self.device, "abi": self.abi,
+                "device": self.device, "abi": self.abi, "cluster": list(self.cluster) if self.cluster else None,
                 "args": [{"kind": a.kind, "name": a.name, "dtype": a.dtype, "shape": list(a.shape), "value": a.value,
                           "data": blob(a.data), "fill": a.fill, "fill_value": a.fill_value, "seed": a.seed,
                           "writes": a.writes, "ipc_handle": a.ipc_handle.hex() if a.ipc_handle else None,
-                          "ipc_offset": a.ipc_offset, "stage_slot": a.stage_slot} for a in self.args]}
+                          "ipc_offset": a.ipc_offset, "stage_slot": a.stage_slot, "tensor_map": a.tensor_map}
+                         for a in self.args]}
         return _pack(JOB_MAGIC, head, blobs)
 
     @classmethod
@@ -416,13 +447,15 @@ class KernelJob:
                              value=a["value"], data=blob(a["data"]), fill=a["fill"], fill_value=a["fill_value"],
                              seed=a["seed"], writes=a["writes"],
                              ipc_handle=bytes.fromhex(a["ipc_handle"]) if a["ipc_handle"] else None,
-                             ipc_offset=a["ipc_offset"], stage_slot=a.get("stage_slot")) for a in head["args"])
+                             ipc_offset=a["ipc_offset"], stage_slot=a.get("stage_slot"),
+                             tensor_map=a.get("tensor_map")) for a in head["args"])
         return cls(symbol=head["symbol"], grid=tuple(head["grid"]), block=tuple(head["block"]), args=args,
                    source=head["source"], backend=head["backend"], name=head["name"], signature=head["signature"],
                    arch=head["arch"], options=tuple(head["options"]), shared_bytes=head["shared_bytes"],
                    static_shared_bytes=head["static_shared_bytes"], first_line=head["first_line"],
                    filename=head["filename"], image=blob(head["image"]), image_format=head["image_format"],
-                   device=head["device"], abi=head.get("abi", "c"))
+                   device=head["device"], abi=head.get("abi", "c"),
+                   cluster=tuple(head["cluster"]) if head.get("cluster") else None)
 
     def save(self, path) -> str:
         """Write the job to `path` (atomically) and return the path."""
@@ -583,7 +616,12 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         try:
             start.record(stream)
-            fn(job.grid, job.block, tuple(values), shared_mem=job.shared_bytes, stream=stream)
+            if job.cluster:
+                from .launch import LaunchConfig, launch_cluster
+
+                launch_cluster(fn, LaunchConfig(job.grid, job.block, job.shared_bytes, job.cluster), values, stream)
+            else:
+                fn(job.grid, job.block, tuple(values), shared_mem=job.shared_bytes, stream=stream)
             stop.record(stream)
             stream.synchronize()
         except Exception as exc:
@@ -654,7 +692,12 @@ def _materialize(job: KernelJob, state: dict, stream=None):
         else:
             arr, ptr = _tensor_on_device(cupy, spec, state, stream)
             arrays.append(arr)
-            values.extend(numba_array_values(spec, ptr) if job.abi == "numba" else [np.uint64(ptr)])
+            if spec.tensor_map is not None:
+                from .tensor_map import encode_for_job
+
+                values.append(encode_for_job(spec, ptr))
+            else:
+                values.extend(numba_array_values(spec, ptr) if job.abi == "numba" else [np.uint64(ptr)])
     return arrays, values
 
 

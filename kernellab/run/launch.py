@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import re
 import struct
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ import numpy as np
 from ..compile.signature import Param
 from ..errors import ArgumentError, LaunchError
 from .device import DeviceInfo
+from .tensor_map import TensorMap
 
 # CUDA errors after which the context is unusable until the process ends.
 STICKY_ERRORS = ("ILLEGAL_ADDRESS", "IllegalAddress", "MISALIGNED_ADDRESS", "MisalignedAddress", "LAUNCH_FAILED",
@@ -30,13 +32,37 @@ class LaunchConfig:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int = 0
+    cluster: tuple[int, int, int] | None = None   # blocks per thread-block cluster (sm_90 on); None: no cluster
 
     @property
     def threads_per_block(self) -> int:
         return self.block[0] * self.block[1] * self.block[2]
 
     def __str__(self) -> str:
-        return f"grid={self.grid}, block={self.block}, shared_bytes={self.shared_bytes}"
+        return (f"grid={self.grid}, block={self.block}, shared_bytes={self.shared_bytes}"
+                + (f", cluster={self.cluster}" if self.cluster else ""))
+
+
+MAX_CLUSTER_BLOCKS = 8   # the portable cluster size; 16 needs the non-portable opt-in, which kernellab does not set
+
+
+def cluster_dims(cluster, grid: tuple[int, int, int], device: DeviceInfo | None = None) -> tuple[int, int, int] | None:
+    """Validate a thread-block cluster shape against the grid (and the device): None, or a 3-tuple."""
+    if cluster is None:
+        return None
+    c = _dims(cluster, "cluster")
+    blocks = c[0] * c[1] * c[2]
+    if blocks > MAX_CLUSTER_BLOCKS:
+        raise ArgumentError(f"cluster {c} has {blocks} blocks; at most {MAX_CLUSTER_BLOCKS} blocks per cluster (the "
+                            f"portable limit) are supported")
+    for axis, (g, n) in enumerate(zip(grid, c)):
+        if g % n:
+            raise ArgumentError(f"grid {grid} is not a whole number of clusters {c}: grid {'xyz'[axis]} = {g} is not a "
+                                f"multiple of {n}; round the grid up to a multiple of the cluster shape")
+    if device is not None and int(re.sub(r"\D", "", device.arch) or 0) < 90:
+        raise ArgumentError(f"thread-block clusters need compute capability 9.0 or newer; {device.name} is "
+                            f"{device.arch}")
+    return c
 
 
 def _dims(value, what: str) -> tuple[int, int, int]:
@@ -54,13 +80,13 @@ def _dims(value, what: str) -> tuple[int, int, int]:
 
 
 def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, static_shared_bytes: int,
-                device: DeviceInfo | None) -> LaunchConfig:
-    """Validate grid, block and dynamic shared memory against the kernel and the device."""
+                device: DeviceInfo | None, cluster=None) -> LaunchConfig:
+    """Validate grid, block, dynamic shared memory (and a cluster shape) against the kernel and the device."""
     g, b = _dims(grid, "grid"), _dims(block, "block")
     if not isinstance(shared_bytes, (int, np.integer)) or shared_bytes < 0:
         raise ArgumentError(f"shared_bytes must be a non-negative int (dynamic shared memory per block), "
                             f"got {shared_bytes!r}")
-    cfg = LaunchConfig(g, b, int(shared_bytes))
+    cfg = LaunchConfig(g, b, int(shared_bytes), cluster_dims(cluster, g, device))
     threads = cfg.threads_per_block
     if threads > max_threads_per_block:
         raise ArgumentError(
@@ -193,13 +219,40 @@ def _scalar_of(param: Param, x, pos: int):
                         f"supported scalar type (int, float, double, ...) or a pointer")
 
 
+def _tensor_map_of(param: Param, x, device: DeviceInfo | None, pos: int) -> np.ndarray:
+    """The 128 bytes of a TensorMap for a `CUtensorMap` parameter, after checking it is one and on the right GPU."""
+    where = f"argument {pos} ('{param.name}', {param.ctype})"
+    if isinstance(x, TensorMap):
+        if device is not None and x.device is not None and x.device != device.index:
+            raise ArgumentError(f"{where} maps a tensor on GPU {x.device} but the kernel launches on GPU "
+                                f"{device.index}; build the map from a tensor on cuda:{device.index}")
+        return x.kernel_arg()
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("torch", "cupy") or isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__"):
+        raise ArgumentError(f"{where} takes a tensor map, but got a {_describe(x)}; build one with "
+                            f"kernellab.tensor_map(x, box=(rows, cols)) (the tile each copy moves) and pass that")
+    raise ArgumentError(f"{where} takes a tensor map (kernellab.tensor_map(tensor, box)), got a {_describe(x)}")
+
+
 def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | None, signature: str = "") -> list:
-    """Check `args` against the parameters and return what to hand CuPy (NumPy scalars)."""
+    """Check `args` against the parameters and return what to hand CuPy (NumPy scalars; a tensor map's 128 bytes
+    as a one-element array, which CuPy passes by value)."""
     if len(args) != len(params):
         raise ArgumentError(f"{signature or 'the kernel'} takes {len(params)} argument"
                             f"{'s' if len(params) != 1 else ''}, got {len(args)}")
     out = []
     for pos, (param, x) in enumerate(zip(params, args)):
+        if param.tensor_map:
+            out.append(_tensor_map_of(param, x, device, pos))
+            continue
+        if param.pointer and param.base in ("CUtensorMap", "CUtensorMap_st"):
+            raise ArgumentError(f"argument {pos} ('{param.name}', {param.ctype}): a tensor map is passed by value, "
+                                f"not by pointer; declare it `const __grid_constant__ CUtensorMap {param.name}` and "
+                                f"pass kernellab.tensor_map(tensor, box)")
+        if isinstance(x, TensorMap):
+            raise ArgumentError(f"argument {pos} ('{param.name}', {param.ctype}) got a tensor map, but the parameter "
+                                f"is not a CUtensorMap; declare it `const __grid_constant__ CUtensorMap "
+                                f"{param.name}` (#include <cuda.h>), or pass the tensor itself")
         if param.pointer:
             if param.dtype is None and param.base != "void":
                 raise ArgumentError(f"argument {pos} ('{param.name}'): pointers to '{param.base}' are not supported "
@@ -212,7 +265,8 @@ def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | No
 
 # CUfunction_attribute values (CUDA driver API)
 FUNC_ATTRIBUTES = {"max_threads_per_block": 0, "shared_size_bytes": 1, "const_size_bytes": 2, "local_size_bytes": 3,
-                   "num_regs": 4, "ptx_version": 5, "binary_version": 6, "max_dynamic_shared_size_bytes": 8}
+                   "num_regs": 4, "ptx_version": 5, "binary_version": 6, "max_dynamic_shared_size_bytes": 8,
+                   "preferred_shared_memory_carveout": 9}
 
 
 def function_attributes(function) -> dict[str, int]:
@@ -223,10 +277,16 @@ def function_attributes(function) -> dict[str, int]:
 
 
 def allow_dynamic_shared(function, shared_bytes: int) -> None:
-    """Opt a kernel in to more than 48 KiB of dynamic shared memory."""
+    """Opt a kernel in to more than 48 KiB of dynamic shared memory, with the L1/shared split at most shared.
+
+    Without the carveout preference the driver may pick a split that holds fewer blocks than the shared memory
+    allows (seen on an H100: one 80 KiB block per SM where 228 KiB hold two), which is not what
+    `kernellab.occupancy` predicts.
+    """
     from cupy.cuda import driver
 
     driver.funcSetAttribute(function.ptr, FUNC_ATTRIBUTES["max_dynamic_shared_size_bytes"], int(shared_bytes))
+    driver.funcSetAttribute(function.ptr, FUNC_ATTRIBUTES["preferred_shared_memory_carveout"], 100)
 
 
 _DEFER_SYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("kernellab_defer_sync", default=False)
@@ -300,7 +360,10 @@ def launch(function, config: LaunchConfig, values: list, args: tuple, *, stream=
     else:
         s = stream
     try:
-        function(config.grid, config.block, tuple(values), shared_mem=config.shared_bytes, stream=s)
+        if config.cluster:
+            launch_cluster(function, config, values, s)
+        else:
+            function(config.grid, config.block, tuple(values), shared_mem=config.shared_bytes, stream=s)
     except Exception as exc:  # cupy raises CUDADriverError for bad launches
         raise _launch_error(exc, kernel_name, config, during="launch", job=job) from None
     if resolve_sync(sync):
@@ -308,6 +371,34 @@ def launch(function, config: LaunchConfig, values: list, args: tuple, *, stream=
             s.synchronize()
         except Exception as exc:
             raise _launch_error(exc, kernel_name, config, during="run", job=job) from None
+
+
+class ClusterLaunchError(RuntimeError):
+    """cuLaunchKernelEx returned an error (its CUresult name is in the message)."""
+
+
+def launch_cluster(function, config: LaunchConfig, values: list, stream) -> None:
+    """Launch a cupy Function with a thread-block cluster shape, through the driver's cuLaunchKernelEx (cuda-python);
+    `values` as marshal_args makes them (NumPy scalars, one-element arrays for by-value structs)."""
+    import ctypes
+
+    from cuda.bindings import driver
+
+    held = [np.array(v).reshape(-1)[:1].copy() for v in values]       # each value's bytes, alive until the launch
+    pointers = (ctypes.c_void_p * max(1, len(held)))(*[h.ctypes.data for h in held])
+    cfg = driver.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = config.grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = config.block
+    cfg.sharedMemBytes = config.shared_bytes
+    cfg.hStream = driver.CUstream(int(getattr(stream, "ptr", 0) or 0))
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = config.cluster
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    (err,) = driver.cuLaunchKernelEx(cfg, driver.CUfunction(int(function.ptr)), ctypes.addressof(pointers), None)
+    if int(err) != 0:
+        raise ClusterLaunchError(f"cuLaunchKernelEx: {getattr(err, 'name', err)}")
 
 
 def _launch_error(exc, kernel_name, config, during, job=None) -> LaunchError:

@@ -12,9 +12,10 @@ How the simulator and the real `numba.cuda` share one process (checked with numb
 - Real device functions (`@cuda.jit(device=True)`) named in those globals are swapped for simulated ones for the launch
   (`kernellab.run.simtrace`, which also records shared-memory traffic for the bank model).
 - What does not carry over: names imported from numba.cuda one by one (`from numba.cuda import grid`) stay the real,
-  GPU-only stubs; write `cuda.grid(1)`. Each CUDA thread is a Python thread, one block at a time, not in warp lockstep;
-  about 5,000 threads run per second. Only one simulated launch runs at a time (the simulator keeps one global kernel
-  context), so launches here take simtrace's lock.
+  GPU-only stubs; write `cuda.grid(1)`. Blocks run one at a time, and a block's threads take turns (kernellab.run.
+  simsched: each runs until its next barrier, not in warp lockstep); some 10,000 to 40,000 threads run per second,
+  barriers included. Only one simulated launch runs at a time (the simulator keeps one global kernel context), so
+  launches here take simtrace's lock.
 - With `NUMBA_ENABLE_CUDASIM=1` the same code works (kernels are then the simulator's own), but nothing can be
   compiled for a real GPU in that process.
 """
@@ -25,13 +26,19 @@ import os
 import re
 import sys
 import threading
+import time
 import warnings
 
 import numpy as np
 
 from ..errors import KernellabError
 
-SIMULATED_THREADS_PER_S = 5000   # measured on the CPU machine (2 cores): a 64x64 transpose, 32x32 tiles, about 1 s
+# Threads per second before a kernel's own rate is known: benchmarks/simulator_speed.py on the 2-core CI machine
+# measured 8,000 to 38,000 with kernellab's scheduler (a vector add fastest, an 18x18 tiled matmul slowest); numba-cuda's
+# own scheduler ran 90 to 5,000. Each kernel's simulated launches measure its own rate (see estimated_seconds).
+SIMULATED_THREADS_PER_S = 20000
+_rates: dict = {}                 # kernel code object -> threads per second of its last long-enough simulated launch
+_notice_shown = False             # the simulator notice is shown once per session
 _fallback_lock = threading.Lock()
 
 
@@ -58,6 +65,12 @@ class SimulatedKernelError(KernellabError):
     def _render_traceback_(self):
         """IPython shows this instead of a traceback through the simulator's and kernellab's frames."""
         return [f"{type(self).__name__}: {self}"]
+
+
+def simulator_lock():
+    """The lock every simulated launch in this process holds. The simulator swaps module globals (numba.cuda) while
+    it runs, so code that builds or compiles Numba kernels in another thread of this process takes it too."""
+    return _simulator_lock()
 
 
 def _simulator_lock():
@@ -127,46 +140,81 @@ def simulate(kernel, grid, block, args, *, shared_bytes: int = 0, trace: bool = 
              line_label: str = "line"):
     """Run `kernel[grid, block, 0, shared_bytes](*args)` in Numba's CUDA simulator; with `trace`, return the trace.
 
-    `kernel` is a real or simulated `@cuda.jit` kernel or its Python function; `args` may hold NumPy arrays, torch
+    `kernel` is a real or simulated `@cuda.jit` kernel or its Python function (or a kernellab NumbaKernel, whose
+    kernel factory, if it has one, is called with the simulator's `cuda`); `args` may hold NumPy arrays, torch
     tensors (CPU or CUDA), CuPy arrays and numbers; results are written back into them. A Python exception in a
     simulated thread raises SimulatedKernelError naming the thread, the block and the `line_label` line.
     """
-    from numba.cuda.simulator import kernel as sim_kernel
-
-    from .simtrace import _python_function, _simulated_device_functions, trace_shared
+    from . import simsched
+    from .simtrace import _python_function, _simulated_device_functions, _trace
 
     py_func = _python_function(kernel)
+    function_for = factory_call(kernel)
     grid3, block3 = _dim3(grid), _dim3(block)
     host, back = to_host(args)
     try:
         if trace:
-            result = trace_shared(kernel, grid3, block3, *host, line_offset=line_offset,
-                                  dynamic_smem_bytes=shared_bytes)
+            result = _trace(kernel, grid3, block3, host, line_offset=line_offset, dynamic_smem_bytes=shared_bytes,
+                            function_for=function_for)
         else:
-            sim = sim_kernel.FakeCUDAKernel(py_func, device=False, extensions=getattr(kernel, "extensions", ()) or ())
             with _simulator_lock(), _simulated_device_functions(py_func):
-                sim[grid3, block3, 0, shared_bytes](*host)
+                t0 = time.perf_counter()
+                simsched.launch(py_func, grid3, block3, host, dynamic_smem_bytes=shared_bytes,
+                                extensions=getattr(kernel, "extensions", ()) or (), function_for=function_for)
+                seconds = time.perf_counter() - t0
+            if seconds >= 0.02:
+                _rates[py_func.__code__] = int(np.prod(grid3)) * int(np.prod(block3)) / seconds
             result = None
-    except SimulatedKernelError:
+    except (SimulatedKernelError, simsched.SimulatedDeadlockError):
         raise
     except Exception as exc:
-        raise _kernel_error(exc, py_func, grid3, block3, line_offset, line_label) from None
+        raise kernel_error(exc, py_func, grid3, block3, line_offset, line_label) from None
     for write in back:
         write()
     return result
 
 
-def estimated_seconds(grid, block) -> float:
-    """About how long the simulator takes for this launch."""
+def factory_call(kernel):
+    """For a kernel made by a factory (`def k(cuda): ...; return kernel`): module -> the kernel function to run."""
+    factory = getattr(kernel, "factory", None)
+    if factory is None:
+        return None
+
+    def function_for(module):
+        fn = factory(module)
+        return getattr(fn, "py_func", fn)
+    return function_for
+
+
+def estimated_seconds(grid, block, kernel=None) -> float:
+    """About how long the simulator takes for this launch: at `kernel`'s own measured rate where it ran before (in
+    this session, for at least 20 ms), else at SIMULATED_THREADS_PER_S."""
     g, b = _dim3(grid), _dim3(block)
-    return int(np.prod(g)) * int(np.prod(b)) / SIMULATED_THREADS_PER_S
+    return int(np.prod(g)) * int(np.prod(b)) / threads_per_second(kernel)
+
+
+def threads_per_second(kernel=None) -> float:
+    """The simulator's measured rate for `kernel` (threads per second), else the benchmark's typical rate."""
+    if kernel is not None:
+        try:
+            from .simtrace import _python_function
+
+            return _rates.get(_python_function(kernel).__code__, SIMULATED_THREADS_PER_S)
+        except TypeError:
+            pass
+    return SIMULATED_THREADS_PER_S
 
 
 def notice(kernel_name: str, reason: str) -> None:
-    """Warn (once per kernel and reason) that launches of `kernel_name` run in the simulator."""
-    warnings.warn(f"kernellab: {kernel_name} runs in Numba's CUDA simulator ({reason}): results are right or wrong "
-                  f"as on a GPU, but about {SIMULATED_THREADS_PER_S:,} threads run per second, so keep sizes small, "
-                  f"and times mean nothing.", SimulatorNotice, stacklevel=caller_stacklevel())
+    """Warn, once per session, that kernels run in the simulator (the first one to run names itself)."""
+    global _notice_shown
+    if _notice_shown:
+        return
+    _notice_shown = True
+    warnings.warn(f"kernellab: {kernel_name} runs in Numba's CUDA simulator ({reason}), as simulated kernels do from "
+                  f"now on: results are right or wrong as on a GPU, but some {SIMULATED_THREADS_PER_S:,} threads run "
+                  f"per second, so keep sizes small, and times mean nothing. (Shown once.)", SimulatorNotice,
+                  stacklevel=caller_stacklevel())
 
 
 def caller_stacklevel() -> int:
@@ -196,7 +244,8 @@ _HINTS = {
 }
 
 
-def _kernel_error(exc: BaseException, py_func, grid, block, line_offset: int, label: str) -> BaseException:
+def kernel_error(exc: BaseException, py_func, grid, block, line_offset: int, label: str) -> BaseException:
+    """A SimulatedKernelError from an exception a simulated thread raised (others pass unchanged)."""
     text = str(exc)
     m = _PREFIX.match(text)
     if m is None:  # not from a simulated thread (bad arguments to the simulator, say): pass it on unchanged

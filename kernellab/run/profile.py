@@ -29,7 +29,12 @@ from .. import report
 from .job import JobResult, KernelJob
 from .sanitize import ToolNotFoundError, _text, tool_env
 
-# (metric, label): what a first look at a kernel needs. Names checked on sm_90 (H100/H200) with ncu 2025.
+# The tensor pipe: the share of cycles it was busy, for mma.sync (HMMA) and for Hopper's wgmma (GMMA).
+TENSOR_HMMA_PCT = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+TENSOR_GMMA_PCT = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
+
+# (metric, label): what a first look at a kernel needs. Names checked on sm_90 (H100/H200) with ncu 2025, except
+# the tensor-pipe ones (not yet captured): a device or ncu without one of them leaves it out (see `profile`).
 DEFAULT_METRICS: tuple[tuple[str, str], ...] = (
     ("gpu__time_duration.sum", "duration"),
     ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy"),
@@ -45,6 +50,10 @@ DEFAULT_METRICS: tuple[tuple[str, str], ...] = (
     ("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum", "shared store wavefronts"),
     ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", "shared store bank conflicts"),
     ("launch__registers_per_thread", "registers per thread"),
+    (TENSOR_HMMA_PCT, "tensor pipe active, HMMA (mma.sync)"),
+    (TENSOR_GMMA_PCT, "tensor pipe active, GMMA (wgmma)"),
+    ("sm__inst_executed_pipe_tensor_op_hmma.sum", "HMMA instructions executed"),
+    ("sm__inst_executed_pipe_tensor_op_gmma.sum", "GMMA instructions executed"),
 )
 LABELS = dict(DEFAULT_METRICS)
 SECTION_SETS = ("basic", "detailed", "full", "roofline", "source", "nvlink", "pmsampling")
@@ -107,6 +116,17 @@ class ProfileReport:
         v = self.get("gpu__time_duration.sum")
         return v * 1e3 if isinstance(v, float) else None
 
+    @property
+    def tensor_pipe_pct(self) -> dict[str, float]:
+        """{"hmma": %, "gmma": %}: how busy the tensor pipe was (of its peak, over the SM's active cycles), for the
+        metrics this device reported."""
+        out = {}
+        for key, name in (("hmma", TENSOR_HMMA_PCT), ("gmma", TENSOR_GMMA_PCT)):
+            v = self.get(name)
+            if isinstance(v, float):
+                out[key] = v
+        return out
+
     def shared_wavefronts_per_request(self, op: str = "ld") -> float | None:
         """Shared-memory wavefronts per shared instruction (1.0: no bank conflicts; 32: a 32-way conflict)."""
         inst = self.get(f"smsp__sass_inst_executed_op_shared_{op}.sum")
@@ -160,7 +180,8 @@ class ProfileReport:
     def to_json(self) -> dict:
         """{"kind": "profile", "version": 1, "title", "kernel", "device", "grid", "block", "section_set", "ok",
         "permission_denied", "error", "timed_out", "metrics" ([{name, label, value (base units), unit, section}]),
-        "duration_ms", "shared_wavefronts_per_request" ({"ld", "st"}), "notes", "command"}."""
+        "duration_ms", "shared_wavefronts_per_request" ({"ld", "st"}), "tensor_pipe_pct" ({"hmma", "gmma"}), "notes",
+        "command"}."""
         return {"kind": "profile", "version": 1, "title": self.headline(), "kernel": self.kernel,
                 "device": self.device, "grid": self.grid, "block": self.block, "section_set": self.section_set,
                 "ok": self.ok, "permission_denied": self.permission_denied, "error": self.error,
@@ -169,6 +190,7 @@ class ProfileReport:
                              "section": m.section} for m in self.metrics],
                 "duration_ms": self.duration_ms,
                 "shared_wavefronts_per_request": {op: self.shared_wavefronts_per_request(op) for op in ("ld", "st")},
+                "tensor_pipe_pct": self.tensor_pipe_pct,
                 "notes": list(self.notes), "command": list(self.command)}
 
 
@@ -314,6 +336,24 @@ def report_from_output(text: str, *, kernel: str, section_set: str | None = None
                          error=error, notes=tuple(notes), raw=text, **extra)
 
 
+_UNKNOWN_METRIC = re.compile(r"Failed to find metric\s+(?:regex:\^?)?(?P<name>[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)"
+                             r"(?P<family>\\\.)?")
+# Metrics an ncu on a GPU did not know, per (ncu, GPU ordinal): later profiles leave them out at once.
+_unknown_metrics: dict[tuple[str, int | None], set[str]] = {}
+
+
+def unknown_metrics(text: str, names) -> list[str]:
+    """The names in `names` that ncu's output says it does not know ("Failed to find metric NAME", or a
+    "regex:^BASE\\.(sum|avg|...)$" for a name without its rollup)."""
+    bad = []
+    for m in _UNKNOWN_METRIC.finditer(text):
+        token = m.group("name")
+        for n in names:
+            if n not in bad and (n == token or (m.group("family") and n.startswith(token + "."))):
+                bad.append(n)
+    return bad
+
+
 def ncu_path() -> str:
     """ncu's path, or ToolNotFoundError."""
     from ..compile.toolkit import find_tool
@@ -328,26 +368,43 @@ def ncu_path() -> str:
 def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, timeout_s: float = 600.0,
             extra_args=(), executable: str | None = None) -> ProfileReport:
     """Run `job` under Nsight Compute: `metrics` (ncu names; default DEFAULT_METRICS) or a `section_set`."""
+    """Run `job` under Nsight Compute: `metrics` (ncu names; default DEFAULT_METRICS) or a `section_set`.
+
+    A metric this ncu does not know on this GPU (ncu stops with "Failed to find metric") is left out and the
+    profile runs again without it, with a note; later profiles in this process leave it out at once.
+    """
     if section_set is not None and section_set not in SECTION_SETS:
         raise ValueError(f"unknown ncu section set {section_set!r}; use one of {', '.join(SECTION_SETS)}")
     names = list(metrics) if metrics else [m for m, _ in DEFAULT_METRICS]
     exe = executable or ncu_path()
+    known_bad = _unknown_metrics.setdefault((exe, job.device), set())
+    skipped = [n for n in names if n in known_bad]
+    names = [n for n in names if n not in known_bad] or names
     with tempfile.TemporaryDirectory(prefix="kernellab-profile-") as tmp:
         jobfile = job.with_data().save(os.path.join(tmp, "job.kljob"))
         resfile = os.path.join(tmp, "result.klres")
-        cmd = [exe, "--clock-control", "none", "--csv", "--kernel-name-base", "mangled",
-               "-k", f"regex:^{re.escape(job.symbol)}$", "-c", "1"]
-        cmd += ["--set", section_set] if section_set else ["--metrics", ",".join(names)]
-        cmd += list(extra_args) + [sys.executable, "-m", "kernellab.run.job", jobfile, "--out", resfile]
         t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=tool_env(),
-                                  start_new_session=True)
-            out, timed_out = proc.stdout + proc.stderr, False
-        except subprocess.TimeoutExpired as exc:
-            out, timed_out = _text(exc.stdout) + _text(exc.stderr), True
+        while True:
+            cmd = [exe, "--clock-control", "none", "--csv", "--kernel-name-base", "mangled",
+                   "-k", f"regex:^{re.escape(job.symbol)}$", "-c", "1"]
+            cmd += ["--set", section_set] if section_set else ["--metrics", ",".join(names)]
+            cmd += list(extra_args) + [sys.executable, "-m", "kernellab.run.job", jobfile, "--out", resfile]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=tool_env(),
+                                      start_new_session=True)
+                out, timed_out = proc.stdout + proc.stderr, False
+            except subprocess.TimeoutExpired as exc:
+                out, timed_out = _text(exc.stdout) + _text(exc.stderr), True
+            bad = [] if section_set or timed_out else unknown_metrics(out, names)
+            if not bad or len(bad) == len(names):
+                break
+            known_bad.update(bad)
+            skipped += bad
+            names = [n for n in names if n not in bad]
         wall = (time.perf_counter() - t0) * 1e3
         notes = []
+        if skipped:
+            notes.append(f"ncu on this GPU does not know {', '.join(skipped)}: left out")
         if os.path.exists(resfile):
             with open(resfile, "rb") as fh:
                 res = JobResult.from_bytes(fh.read())
@@ -361,13 +418,13 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
 
 
 def profile_launch(kernel, grid, block, args, *, shared_bytes: int = 0, metrics=None, full: bool = False,
-                   section_set: str | None = None, **kw) -> ProfileReport:
+                   section_set: str | None = None, cluster=None, **kw) -> ProfileReport:
     """kernel[grid, block](*args) under Nsight Compute, in a separate process; `args` are not modified."""
     from .worker import _sync_caller, check_launch
 
-    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
+    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
     _sync_caller()
     job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
-                                device=dev.index)
+                                device=dev.index, cluster=cfg.cluster)
     rep = profile(job, metrics=metrics, section_set="full" if full and section_set is None else section_set, **kw)
     return replace(rep, device=dev.name)

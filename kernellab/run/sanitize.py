@@ -82,6 +82,20 @@ class Finding:
     def function(self) -> str:
         return self.where.function
 
+    @property
+    def hazard(self) -> str | None:
+        """A race's hazard type: 'RAW', 'WAR' or 'WAW' (None for other findings, or a race the tool did not type)."""
+        m = re.search(r"\b(RAW|WAR|WAW) hazard", self.message)
+        return m.group(1) if m else None
+
+    @property
+    def lines(self) -> tuple:
+        """The source line(s) of the finding: (line,) or, for a race, (line, other line); cell lines where known."""
+        def line(loc):
+            return loc.cell_line if loc.cell_line is not None else loc.line
+
+        return (line(self.where),) if self.other is None else (line(self.where), line(self.other))
+
     def describe(self) -> str:
         """Two lines: what and where, then who (thread, block) and the details.
 
@@ -136,6 +150,7 @@ class SanitizerReport:
     command: tuple[str, ...] = ()
     wall_ms: float = 0.0
     raw: str = field(default="", repr=False)
+    simulated: bool = False            # found in the Numba simulator (kernellab.run.simrace), not by compute-sanitizer
 
     @property
     def ok(self) -> bool:
@@ -146,13 +161,14 @@ class SanitizerReport:
         return self.ok
 
     def headline(self) -> str:
+        tool = f"{self.tool} (simulator)" if self.simulated else self.tool
         if self.timed_out:
-            return f"{self.tool}: {self.kernel} did not finish under compute-sanitizer (timed out)"
+            return f"{tool}: {self.kernel} did not finish under compute-sanitizer (timed out)"
         if self.ok:
-            return f"{self.tool}: no problems found in {self.kernel}"
+            return f"{tool}: no problems found in {self.kernel}"
         n = len(self.findings)
         errs = f" ({self.error_count:,} reported)" if self.error_count is not None else ""
-        return f"{self.tool}: {n} distinct problem{'s' if n != 1 else ''} in {self.kernel}{errs}"
+        return f"{tool}: {n} distinct problem{'s' if n != 1 else ''} in {self.kernel}{errs}"
 
     def summary(self, limit: int | None = None) -> str:
         """The findings, one per line (at most `limit`)."""
@@ -192,12 +208,12 @@ class SanitizerReport:
         """{"kind": "sanitize", "version": 1, "title", "tool", "kernel", "ok", "error_count", "timed_out",
         "exit_code", "job_status", "findings" (Finding.to_json each: tool, kind, message, where {function, pc,
         file, line, cell_line, source_line}, thread, block, address, size_bytes, detail, other, access,
-        other_access, other_thread, count), "notes", "command"}."""
+        other_access, other_thread, count), "notes", "command", "simulated"}."""
         return {"kind": "sanitize", "version": 1, "title": self.headline(), "tool": self.tool, "kernel": self.kernel,
                 "ok": self.ok, "error_count": self.error_count, "timed_out": self.timed_out,
                 "exit_code": self.exit_code, "job_status": self.job_status,
                 "findings": [f.to_json() for f in self.findings], "notes": list(self.notes),
-                "command": list(self.command)}
+                "command": list(self.command), "simulated": self.simulated}
 
 
 # --- parsing ------------------------------------------------------------------------------------------------
@@ -501,7 +517,7 @@ def combine(reports: list[SanitizerReport]) -> SanitizerReport:
                            exit_code=max((r.exit_code or 0) for r in reports),
                            job_status=reports[-1].job_status,
                            command=reports[0].command, wall_ms=sum(r.wall_ms for r in reports),
-                           raw="\n".join(r.raw for r in reports))
+                           raw="\n".join(r.raw for r in reports), simulated=all(r.simulated for r in reports))
 
 
 def _text(b) -> str:
@@ -511,14 +527,14 @@ def _text(b) -> str:
 
 
 def sanitize_launch(kernel, grid, block, args, *, shared_bytes: int = 0, tool: str = "memcheck",
-                    timeout_s: float = 300.0, **kw) -> SanitizerReport:
+                    timeout_s: float = 300.0, cluster=None, **kw) -> SanitizerReport:
     """kernel[grid, block](*args) under compute-sanitizer, in a separate process; `args` are not modified."""
     from .worker import _sync_caller, check_launch
 
-    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
+    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
     _sync_caller()
     job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
-                                device=dev.index)
+                                device=dev.index, cluster=cfg.cluster)
     return sanitize(job, tool, timeout_s=timeout_s, **kw)
 
 

@@ -13,13 +13,13 @@ written against the real `numba.cuda` runs unchanged. Real `@cuda.jit(device=Tru
 module globals name (and theirs, in turn) are swapped for simulated ones for the launch. No environment variable is
 needed and none is changed; with `NUMBA_ENABLE_CUDASIM=1` (where `numba.cuda` is the simulator) it works the same.
 
-How it hooks the simulator: for the launch, `numba.cuda.simulator.kernel.FakeCUDAModule` is wrapped so that the fake
-`cuda` module it builds hands out recording shared arrays (and records shared atomics once each). This relies on
+How it hooks the simulator: the launch runs with kernellab.run.simsched's block scheduler, whose fake `cuda` module
+hands out recording shared arrays (and records shared atomics once each) for the launch. This relies on
 numba-cuda's simulator internals (checked with numba-cuda 0.30). Launches are serialised by a lock, as the simulator
 requires.
 
 Where the simulator differs from hardware, and so where a trace can mislead:
-- Threads are not run in warp lockstep: each CUDA thread is a Python thread. Warp accesses are rebuilt by pairing each
+- Threads are not run in warp lockstep: each CUDA thread runs until its next barrier. Warp accesses are rebuilt by pairing each
   thread's n-th shared access on a source line with the other lanes' n-th access on that line. Loops whose trip count
   differs between lanes, or divergent branches that touch shared memory a different number of times on one line, can
   misgroup (lanes of different iterations are then modelled as one access).
@@ -28,7 +28,7 @@ Where the simulator differs from hardware, and so where a trace can mislead:
   compiler's; conflicts within one array do not depend on it). 1- and 2-byte elements are modelled as their 4-byte
   word; widths other than 1, 2, 4, 8 and 16 bytes are counted but not modelled.
 - Stores and atomics are modelled with the load rules (the measured golden table covers loads).
-- The simulator runs about 5,000 threads per second: trace small problems (one or a few blocks).
+- The simulator runs some ten thousand threads per second: trace small problems (one or a few blocks).
 """
 from __future__ import annotations
 
@@ -249,16 +249,36 @@ def trace_shared(kernel, grid, block, *args, line_offset: int = 0, dynamic_smem_
     (to match a notebook cell or a source string's numbering). See the module docstring for how the simulator differs
     from hardware.
     """
+    from . import numba_sim
+
+    py_func = _python_function(kernel)
+    grid3, block3 = _dim3(grid, "grid"), _dim3(block, "block")
+    host, back = numba_sim.to_host(args)
+    try:
+        trace = _trace(kernel, grid3, block3, host, line_offset=line_offset, dynamic_smem_bytes=dynamic_smem_bytes)
+    except numba_sim.SimulatedKernelError:
+        raise
+    except Exception as exc:
+        raise numba_sim.kernel_error(exc, py_func, grid3, block3, line_offset, "line") from None
+    for write in back:
+        write()
+    return trace
+
+
+def _trace(kernel, grid3, block3, args, *, line_offset: int = 0, dynamic_smem_bytes: int = 0,
+           function_for=None) -> SharedTrace:
+    """trace_shared without the argument copies and error wrapping (kernellab.run.numba_sim adds its own)."""
+    from . import simsched
     from numba.cuda.simulator import kernel as sim_kernel  # works with or without NUMBA_ENABLE_CUDASIM
 
     if not _internal_dirs:
         _internal_dirs.append(os.path.normcase(os.path.dirname(os.path.abspath(sim_kernel.__file__))) + os.sep)
     py_func = _python_function(kernel)
-    grid3, block3 = _dim3(grid, "grid"), _dim3(block, "block")
     recorder = _Recorder()
-    sim = sim_kernel.FakeCUDAKernel(py_func, device=False, extensions=getattr(kernel, "extensions", ()))
-    with _launch_lock, _simulated_device_functions(py_func), _recording_module(sim_kernel, recorder):
-        sim[grid3, block3, 0, dynamic_smem_bytes](*args)
+    with _launch_lock, _simulated_device_functions(py_func):
+        simsched.launch(py_func, grid3, block3, args, dynamic_smem_bytes=dynamic_smem_bytes,
+                        extensions=getattr(kernel, "extensions", ()) or (), function_for=function_for,
+                        module_hook=lambda module: install_recorder(module, recorder))
     return _summarise(recorder, py_func, grid3, block3, line_offset)
 
 
@@ -273,7 +293,6 @@ class _Recorder:
         self.events: list[tuple] = []
         self.allocations: list[tuple] = []  # (filename, line, shape, dtype, base, nbytes, dynamic)
         self._next_base = 0
-        self._local = threading.local()
         self._lock = threading.Lock()
 
     def allocate(self, nbytes: int, where: tuple[str, int], shape, dtype, dynamic: bool) -> int:
@@ -284,14 +303,13 @@ class _Recorder:
         return base
 
     def record(self, kind: str, width: int, address: int) -> None:
+        from .simsched import current
+
         frame = _user_frame()
         where = (frame.f_code.co_filename, frame.f_lineno)
-        counts = getattr(self._local, "counts", None)
-        if counts is None:
-            counts = self._local.counts = defaultdict(int)
-        ordinal = counts[where]
-        counts[where] += 1
-        t = threading.current_thread()
+        t = current()
+        ordinal = t.counts.get(where, 0)
+        t.counts[where] = ordinal + 1
         self.events.append((tuple(t.blockIdx), t.thread_id, where[0], where[1], ordinal, kind, width, address))
 
 
@@ -430,29 +448,10 @@ class _RecordingAtomic:
         return atomic
 
 
-class _recording_module:
-    """Context manager: the simulator's fake `cuda` modules built during the launch hand out recording arrays."""
-
-    def __init__(self, sim_kernel, recorder: _Recorder):
-        self._sim_kernel = sim_kernel
-        self._recorder = recorder
-
-    def __enter__(self):
-        original = self._original = self._sim_kernel.FakeCUDAModule
-        recorder = self._recorder
-
-        def make_module(grid_dim, block_dim, dynshared_size):
-            module = original(grid_dim, block_dim, dynshared_size)
-            module._shared = _RecordingShared(recorder, dynshared_size)
-            module._atomic = _RecordingAtomic(recorder, module._atomic)
-            return module
-
-        self._sim_kernel.FakeCUDAModule = make_module
-        return self
-
-    def __exit__(self, *exc):
-        self._sim_kernel.FakeCUDAModule = self._original
-        return False
+def install_recorder(module, recorder: _Recorder) -> None:
+    """Make a launch's fake `cuda` module hand out recording shared arrays and record shared atomics once each."""
+    module._shared = _RecordingShared(recorder, module._shared._dynshared_size)
+    module._atomic = _RecordingAtomic(recorder, module._atomic)
 
 
 class _simulated_device_functions:

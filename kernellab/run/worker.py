@@ -590,6 +590,7 @@ class StagingPlan:
         items: dict[int, list] = {}                          # the job's slot -> [tensor, bytes, written]
         for spec, x in zip(job.args, args):
             if spec.staged:
+                x = _job.tensor_of(x)                        # a tensor map's tensor
                 item = items.setdefault(spec.stage_slot, [x, 0, False])
                 item[1] = max(item[1], spec.nbytes)
                 item[2] = item[2] or spec.writes
@@ -703,7 +704,7 @@ def _sync_caller() -> None:
         sys.modules["cupy"].cuda.runtime.deviceSynchronize()
 
 
-def check_launch(kernel, grid, block, args, shared_bytes: int = 0):
+def check_launch(kernel, grid, block, args, shared_bytes: int = 0, cluster=None):
     """Check a launch as Kernel.launch does (device, arch, config, every argument) and return (config, device)."""
     import re
 
@@ -718,13 +719,13 @@ def check_launch(kernel, grid, block, args, shared_bytes: int = 0):
         raise ArgumentError(f"{kernel.name} was compiled for {kernel.arch} but the GPU is {dev.name} ({dev.arch}); "
                             f"recompile with arch='{dev.arch}' (or arch=None for the current GPU)")
     cfg = make_config(grid, block, shared_bytes, max_threads_per_block=kernel.resources.max_threads_per_block,
-                      static_shared_bytes=kernel.resources.shared_bytes, device=dev)
+                      static_shared_bytes=kernel.resources.shared_bytes, device=dev, cluster=cluster)
     kernel.check_launch_args(tuple(args), dev)
     return cfg, dev
 
 
 def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s: float | None = None,
-                 diagnose: bool | None = None, pool: WorkerPool | None = None) -> IsolatedRun:
+                 diagnose: bool | None = None, pool: WorkerPool | None = None, cluster=None) -> IsolatedRun:
     """Launch `kernel` in the GPU's warm worker; copy its results into `args`; raise IsolatedLaunchError on failure.
 
     CUDA tensors of at least settings.share_min_bytes that own their allocation are lent through CUDA IPC; other
@@ -734,7 +735,7 @@ def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s:
     staging, ...). The run says which path each argument took (shared, staged, copied)."""
     t0 = time.perf_counter()
     args = tuple(args)
-    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)
+    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
     _sync_caller()
     not_shared: dict[str, str] = {}
     not_staged: dict[str, str] = {}
@@ -745,7 +746,8 @@ def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s:
         return KernelJob.from_launch(kernel, cfg.grid, cfg.block, args, cfg.shared_bytes, data=data, device=dev.index,
                                      share_min_bytes=settings.share_min_bytes, not_shared=not_shared,
                                      share_disabled=disabled, not_staged=not_staged, stage_disabled=disabled,
-                                     stage_min_bytes=settings.stage_min_bytes if stage else None)
+                                     stage_min_bytes=settings.stage_min_bytes if stage else None,
+                                     cluster=cfg.cluster)
 
     def names(job: KernelJob, path: str) -> list[str]:
         return [_arg_name(a, pos) for pos, a in enumerate(job.args) if a.kind == "tensor" and _path(a) == path]
@@ -823,10 +825,10 @@ def apply_outputs(args, job: KernelJob, result: JobResult) -> None:
     """Copy the worker's written arguments back into the caller's tensors (shared ones were written in place)."""
     import numpy as np
 
-    from .job import storage_dtype
+    from .job import storage_dtype, tensor_of
 
     for index, data in result.outputs:
-        target, spec = args[index], job.args[index]
+        target, spec = tensor_of(args[index]), job.args[index]
         mod = type(target).__module__.split(".")[0]
         if mod == "torch":
             import torch

@@ -13,8 +13,9 @@ READS = {
     "compile": {
         "": ["kind", "version", "title", "arch", "cache", "compile_ms", "notes", "kernels", "diagnostics"],
         "kernels[]": ["name", "signature", "registers", "shared_bytes", "local_bytes", "spill_store_bytes",
-                      "spill_load_bytes", "max_threads_per_block", "occupancy", "best_block_sizes"],
+                      "spill_load_bytes", "max_threads_per_block", "occupancy", "best_block_sizes", "instructions"],
         "kernels[].occupancy": ["block_size", "ratio", "limiter", "blocks_per_sm"],
+        "kernels[].instructions": ["lines", "headline", "total"],
     },
     "compile_failed": {
         "": ["kind", "title", "ok", "diagnostics", "log"],

@@ -1,7 +1,8 @@
 """Read a tutorial's cells out of its jupytext source, as the notebook would run them.
 
-- `cuda_cell(notebook, name=None)`: a `%%cuda` cell's source without its magic line (the first one, or the one
-  with `--name name`), what the magic hands to compile_cuda (with first_line=2).
+- `cuda_cell(notebook, name=None)`: a `%%cuda` cell's source without its magic line: the tutorial's first own cell
+  (not an exercise's stub, whose first line is `// exercise: <id>`), or the one with `--name name`. This is what
+  the magic hands to compile_cuda (with first_line=2).
 - `launcher_cells(notebook)`: the Python cells whose first line starts with `# launchers`: the host code that
   plans and launches a tutorial's kernels.
 - `load_tutorial(notebook, compile=...)`: every named `%%cuda` cell compiled and bound under its name, then the
@@ -21,23 +22,27 @@ def _cells(notebook: str) -> list[str]:
     return parts[1:]
 
 
-def cuda_cells(notebook: str) -> dict[str | None, str]:
-    """Every `%%cuda` cell, by its --name (None for unnamed), without the magic line."""
+def cuda_cells(notebook: str) -> list[str]:
+    """Every `%%cuda` cell of notebooks/<notebook>, without its magic line, in order."""
+    return [cell.partition("\n")[2].rstrip() + "\n" for cell in _cells(notebook) if cell.startswith("# %%cuda")]
+
+
+def named_cuda_cells(notebook: str) -> dict[str, str]:
+    """The `%%cuda --name NAME` cells, by name, without the magic line."""
     found = {}
     for cell in _cells(notebook):
         first, _, body = cell.partition("\n")
-        if first.startswith("# %%cuda"):
-            m = re.search(r"--name[ =](\S+)", first)
-            found[m.group(1) if m else None] = body.rstrip() + "\n"
+        m = re.match(r"# %%cuda\b.*--name[ =](\S+)", first)
+        if m:
+            found[m.group(1)] = body.rstrip() + "\n"
     return found
 
 
 def cuda_cell(notebook: str, name: str | None = None) -> str:
-    """The first `%%cuda` cell of notebooks/<notebook> (or the one named `name`) without its magic line."""
-    cells = cuda_cells(notebook)
-    if name is None:
-        return next(iter(cells.values()))
-    return cells[name]
+    """The `%%cuda` cell named `name`, or the first that is the tutorial's own (not an exercise's stub)."""
+    if name is not None:
+        return named_cuda_cells(notebook)[name]
+    return next(c for c in cuda_cells(notebook) if not c.lstrip().startswith("// exercise:"))
 
 
 def launcher_cells(notebook: str) -> list[str]:
@@ -53,13 +58,13 @@ def load_tutorial(notebook: str, compile=None) -> dict:
         def compile(source):
             return kernellab.compile_cuda(source, first_line=2, filename="cell.cu")
     ns: dict = {"__name__": f"tutorial_{pathlib.Path(notebook).stem.replace('-', '_')}"}
-    for name, source in cuda_cells(notebook).items():
-        if name:
-            ns[name] = compile(source)
+    for name, source in named_cuda_cells(notebook).items():
+        ns[name] = compile(source)
     for cell in launcher_cells(notebook):
         exec(compile_python(cell, notebook), ns)
     return ns
 
 
 def compile_python(cell: str, notebook: str):
+    """A launcher cell as a code object, named after its notebook in tracebacks."""
     return compile(cell, f"{notebook}:launchers", "exec")

@@ -315,3 +315,50 @@ def test_numba_kernel_under_nsight_compute(mod):
     if rep.permission_denied:
         pytest.skip("GPU performance counters are not permitted here: " + str(rep))
     assert rep.ok and rep.duration_ms and rep.duration_ms > 0, rep.raw[-3000:]
+
+
+FACTORY_SOURCE = """
+TPB = 4
+
+def shift_add(cuda):
+    def call(out, a, size):
+        shared = cuda.shared.array(TPB, numba.float32)
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if i < size:
+            shared[cuda.threadIdx.x] = a[i]
+        cuda.syncthreads()
+        if i < size:
+            out[i] = shared[(cuda.threadIdx.x + 1) % TPB] + 10
+    return call
+
+import numba
+"""
+
+
+def test_a_kernel_factory_on_the_gpu_and_a_rebound_global():
+    """The factory style (the function takes `cuda`) on a GPU, and a rebound global: the kernel is compiled again,
+    so the GPU and the simulator agree on the new value."""
+    import torch
+
+    from kernellab.kernel_numba import GlobalsChanged, numba_module
+
+    ns = {}
+    k = numba_module(FACTORY_SOURCE, namespace=ns).shift_add
+    assert not k.simulate and k.factory is not None
+
+    def expect(a, tpb):
+        return (a.view(-1, tpb)[:, [(j + 1) % tpb for j in range(tpb)]].reshape(-1) + 10)
+
+    a = torch.arange(8, dtype=torch.float32, device="cuda")
+    out = torch.zeros(8, device="cuda")
+    k[2, 4](out, a, 8)
+    torch.testing.assert_close(out, expect(a, 4))
+    ns["TPB"] = 2
+    with pytest.warns(GlobalsChanged, match="TPB"):
+        k[4, 2](out, a, 8)
+    torch.testing.assert_close(out, expect(a, 2))
+    assert k.resources.shared_bytes == 2 * 4
+    host = np.zeros(8, np.float32)
+    k.simulate = True
+    k[4, 2](host, a.cpu().numpy(), 8)
+    np.testing.assert_array_equal(host, expect(a, 2).cpu().numpy())

@@ -10,9 +10,17 @@
 #   ipython          the %%cuda / %%numba magics and their tests (tests drive a real InteractiveShell)
 #   ipykernel, nbclient, nbformat, jupytext   executing the tutorial notebooks headlessly
 #   ipywidgets       the occupancy explorer widget
+#   greenlet         the Numba simulator's block scheduler (without it, OS threads take turns: slower, same results)
 # and their dependencies, resolved by pip for CPython 3.12 on manylinux x86-64.
 #
+# DASK=1 adds what the autotune and grading fan-out needs there (tests/gpu/test_autotune_gpu.py,
+# benchmarks/autotune_demo.py, benchmarks/autotune_multigpu.py):
+#   distributed      Dask's executor, which the fan-out runs on
+#   dask-cuda        LocalCUDACluster: one worker per GPU (it brings cuda-core and nvidia-ml-py, which the machine
+#                    lacks, and pins dask and distributed through rapids-dask-dependency)
+#
 # Usage: tools/gpu/wheels.sh            (replaces .whl/ with a fresh, checked set)
+#        DASK=1 tools/gpu/wheels.sh     (the same set plus Dask and dask-cuda)
 #        WHEEL_DIR=/tmp/w tools/gpu/wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,10 +41,19 @@ REQUIREMENTS=(
   "nbformat>=5.10"
   "ipywidgets>=8.1"
   "jupytext>=1.16"
+  "greenlet>=3.0"
 )
 # Dependencies not needed at run time there, dropped after the check below to save space:
 #   debugpy (3.9 MB)  ipykernel imports it only for the Jupyter debugger and runs without it.
 DROP=(debugpy)
+if [ "${DASK:-0}" = 1 ]; then
+  REQUIREMENTS+=("distributed>=2024.1" "dask-cuda>=25.2")
+  # bokeh (6.4 MB) serves Dask's dashboard only; pandas (12 MB) is for dask.dataframe, which dask-cuda lists but
+  # LocalCUDACluster does not import; the others come with them alone (pillow and contourpy are matplotlib's too,
+  # and the machine has matplotlib).
+  DROP+=(bokeh pandas narwhals xyzservices pillow contourpy)
+  LIMIT_MB=${LIMIT_MB_DASK:-48}
+fi
 # manylinux tags pip matches exactly (no "at least"): the GPU machine's glibc takes all of these.
 TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
         --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64

@@ -228,8 +228,32 @@ function kernelCard(k: Record<string, unknown>): HTMLElement {
       stat('Max threads', formatCount(k.max_threads_per_block), undefined, 'max threads per block for this kernel')
     ),
     occ ? occupancyBlock(occ) : null,
-    bestBlockSizes(k.best_block_sizes)
+    bestBlockSizes(k.best_block_sizes),
+    instructionsBlock(k.instructions)
   );
+}
+
+/** The kernel's SASS counted by kind (static: in the code, not executed): which path the compiler took. */
+function instructionsBlock(x: unknown): HTMLElement | null {
+  if (typeof x !== 'object' || x === null) {
+    return null;
+  }
+  const summary = x as Record<string, unknown>;
+  const lines = (Array.isArray(summary.lines) ? summary.lines : []).filter(
+    (l): l is [string, string] => Array.isArray(l) && l.length === 2 && l.every(v => typeof v === 'string')
+  );
+  if (lines.length === 0) {
+    return null;
+  }
+  const rows = lines.map(([group, counts]) => {
+    const tone = group === 'local memory' && counts !== 'none' ? 'warn' : group === 'tensor cores' ? 'good' : null;
+    return [h('span', tone ? `kl-Instr-group kl-Instr--${tone}` : 'kl-Instr-group', group), h('code', null, counts)];
+  });
+  const total = num(summary.total);
+  const headline = str(summary.headline);
+  const title = h('summary', null, h('span', 'kl-Instructions-label', 'SASS'), headline ? ` ${headline}` : '');
+  title.title = `${total !== null ? `${formatCount(total)} instructions; ` : ''}counted in the code, not as executed`;
+  return h('details', 'kl-Instructions', title, table('kl-Instructions-table', ['kind', 'count'], rows, 2));
 }
 
 /** Compiler messages from a report, with defaults for missing fields (line 1, severity error). */

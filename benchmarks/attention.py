@@ -1,0 +1,244 @@
+"""Fused attention forward: tutorial 07's kernels against PyTorch's SDPA backends, checked and timed in one run.
+
+Method. Kernels come from the `%%cuda` cells of notebooks/07-fused-attention.py (or `--source FILE`), compiled by
+kernellab as the magic does. Correctness: `kernellab.check` on awkward shapes (N = 1, 63, 65, 1000, 1031, 4097),
+both dtypes, head dims 64 and 128, causal and not; the reference is SDPA computed in float64; the table gives our
+max error beside SDPA's own error (SDPA run in the input dtype against the same float64 reference). Speed: the
+FlashAttention-3 paper's shapes (B * N = 16k, H * d = 2048, N = 1k..16k), FLOPs counted as 4 B H N^2 d (halved
+for causal), every function timed by `kernellab.bench` in the same run (CUDA events, L2 flushed, medians over
+alternating rounds); ratios are against SDPA's FLASH backend (FlashAttention-2) and CUDNN backend measured there.
+
+    python benchmarks/attention.py                   # everything (about 4 minutes on an H100)
+    python benchmarks/attention.py --quick           # N = 4096 only, fewer checks
+    python benchmarks/attention.py --source dev.cu   # kernels from a file instead of the notebook
+Logs go to $OUT (if set) as attention.json; the table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import kernellab  # noqa: E402
+
+NOTEBOOK = ROOT / "notebooks" / "07-fused-attention.py"
+CHECK_N = (1, 63, 65, 1000, 1031, 4097)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cuda_cells(path: pathlib.Path) -> list[str]:
+    """Every `%%cuda` cell of a jupytext notebook, without its magic line."""
+    text = path.read_text()
+    cells, pos = [], 0
+    while (start := text.find("\n# %%cuda", pos)) >= 0:
+        body_start = text.index("\n", start + 1) + 1
+        end = text.find("\n# %%", body_start)
+        cells.append(text[body_start: end if end >= 0 else None].rstrip() + "\n")
+        pos = body_start
+    return cells
+
+
+def load_families(source: str | None, arch: str | None, options=()) -> dict:
+    """{family: {entry name: Kernel}} from the notebook's cells (or one file); families by entry-name prefix."""
+    texts = [pathlib.Path(source).read_text()] if source else cuda_cells(NOTEBOOK)
+    families: dict[str, dict] = {}
+    for text in texts:
+        wants_90a = "wgmma" in text or "setmaxnreg" in text
+        mod = kernellab.compile_cuda(text, arch=("sm_90a" if wants_90a else arch), options=tuple(options),
+                                     first_line=2, filename="cell.cu")
+        for k in mod.kernels:
+            family = k.name.split("_")[0]
+            families.setdefault(family, {})[k.name] = k
+    return families
+
+
+def block_m(kernel) -> int:
+    """Query rows per block: each entry says so in its launch bounds (threads) and name; 16 rows per warp."""
+    return kernel.resources.max_threads_per_block // 32 * 16
+
+
+def smem_bytes(kernel, d: int, block_n: int) -> int:
+    return (block_m(kernel) + 4 * block_n) * d * 2
+
+
+def make_launcher(family: dict, block_n: dict):
+    """attention(q, k, v, out, causal) through the family's entry for (dtype, d, causal)."""
+    prefix = next(iter(family)).split("_")[0]
+
+    def attention(q, k, v, out, causal=False):
+        B, H, N, d = q.shape
+        dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
+        kern = family[f"{prefix}_{dt}_d{d}{'_causal' if causal else ''}"]
+        bm = block_m(kern)
+        grid = (math.ceil(N / bm), B * H)
+        kern[grid, kern.resources.max_threads_per_block, smem_bytes(kern, d, block_n[d])](q, k, v, out, N, d ** -0.5)
+        return out
+    return attention
+
+
+def sdpa(backend):
+    def f(q, k, v, out, causal=False):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return f
+
+
+def naive(q, k, v, out, causal=False):
+    s = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)                 # [B, H, N, N]
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def inputs_for(B, H, N, d, dtype):
+    def make(g):
+        q, k, v = (torch.randn(B, H, N, d, generator=g).to(dtype).cuda() for _ in range(3))
+        return q, k, v, torch.empty_like(q)
+    return make
+
+
+def run_checks(name, attention, quick, log):
+    rows = []
+    ns = (1, 65, 1031) if quick else CHECK_N
+    for dname, dtype in DTYPES.items():
+        for d in (64, 128):
+            for causal in (False, True):
+                for N in ns:
+                    B, H = (1, 2) if N > 2000 else (2, 3)
+                    try:
+                        rep = kernellab.check(lambda q, k, v, o: attention(q, k, v, o, causal),
+                                              lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v,
+                                                                                                is_causal=causal),
+                                              inputs_for(B, H, N, d, dtype), trials=2, precision=dname.replace(
+                                                  "bf16", "bfloat16").replace("fp16", "float16"))
+                        own = rep.reference_own_error
+                        ok = rep.passed and (own is None or rep.max_abs_error <= 2 * max(own, 1e-6) + 1e-3)
+                        rows.append(dict(kernel=name, dtype=dname, d=d, causal=causal, N=N, passed=rep.passed,
+                                         err=rep.max_abs_error, sdpa_err=own, within_2x=ok, message=rep.message))
+                    except Exception as exc:
+                        rows.append(dict(kernel=name, dtype=dname, d=d, causal=causal, N=N, passed=False,
+                                         err=None, sdpa_err=None, within_2x=False,
+                                         message=f"{type(exc).__name__}: {exc}"[:300]))
+                        log.write(traceback.format_exc())
+    return rows
+
+
+def run_bench(ours: dict, quick, log, dtypes=("bf16",)):
+    rows = []
+    ns = (4096,) if quick else (1024, 2048, 4096, 8192, 16384)
+    baselines_all = {"FLASH": sdpa(SDPBackend.FLASH_ATTENTION), "CUDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
+                     "EFFICIENT": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        for d in (64, 128):
+            for causal in (False, True):
+                for N in ns:
+                    B, H = 16384 // N, 2048 // d
+                    flops = 4 * B * H * N * N * d / (2 if causal else 1)
+                    fns = {f"{k}": (lambda f: (lambda q, kk, v, o: f(q, kk, v, o, causal)))(f) for k, f in ours.items()}
+                    base = {k: (lambda f: (lambda q, kk, v, o: f(q, kk, v, o, causal)))(f)
+                            for k, f in baselines_all.items()}
+                    if N <= 4096 and not quick:
+                        base["MATH"] = lambda q, kk, v, o: sdpa(SDPBackend.MATH)(q, kk, v, o, causal)
+                        base["naive"] = lambda q, kk, v, o: naive(q, kk, v, o, causal)
+                    # baselines that cannot run on this device/shape are dropped, and the row says so
+                    probe = inputs_for(B, H, N, d, dtype)(torch.Generator().manual_seed(0))
+                    dropped = []
+                    for bname in list(base):
+                        try:
+                            base[bname](*probe)
+                            torch.cuda.synchronize()
+                        except Exception as exc:
+                            dropped.append(f"{bname}: {type(exc).__name__}")
+                            base.pop(bname)
+                    del probe
+                    first, *rest = fns
+                    try:
+                        res = kernellab.bench(fns[first], inputs_for(B, H, N, d, dtype),
+                                              baselines={**{r: fns[r] for r in rest}, **base}, flops=flops,
+                                              name=first, rounds=6 if quick else 8, rep_ms=60, warmup_ms=20)
+                    except Exception as exc:
+                        log.write(traceback.format_exc())
+                        rows.append(dict(dtype=dname, d=d, causal=causal, N=N, B=B, H=H, error=str(exc)[:300]))
+                        continue
+                    all_res = {first: res, **{b.name: b for b in res.baselines}}
+                    row = dict(dtype=dname, d=d, causal=causal, N=N, B=B, H=H, dropped=dropped,
+                               ms={k: r.median_ms for k, r in all_res.items()},
+                               tflops={k: r.tflops for k, r in all_res.items()})
+                    rows.append(row)
+                    log.write(json.dumps(row) + "\n")
+                    log.flush()
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--source", default=None, help="a .cu file instead of the notebook's %%cuda cells")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--fp16-bench", action="store_true", help="time fp16 as well as bf16")
+    ap.add_argument("-D", dest="defines", action="append", default=[], help="-D NAME=VALUE for the source")
+    ap.add_argument("--block-n", default="64:128,128:64", help="BLOCK_N per head dim, as the source sets it")
+    args = ap.parse_args(argv)
+    out = pathlib.Path(os.environ.get("OUT", "."))
+    log = open(out / "attention.log", "w")
+    dev = torch.cuda.get_device_name()
+    block_n = {int(a): int(b) for a, b in (x.split(":") for x in args.block_n.split(","))}
+    t0 = time.time()
+    families = load_families(args.source, None, [f"-D{d}" for d in args.defines])
+    for fam, ks in families.items():
+        for k in ks.values():
+            print(f"{k.name:24s} {k.resources}")
+    ours = {fam: make_launcher(ks, block_n) for fam, ks in families.items()}
+    checks = []
+    if not args.no_check:
+        for fam, att in ours.items():
+            checks += run_checks(fam, att, args.quick, log)
+    bench_rows = [] if args.no_bench else run_bench(ours, args.quick, log,
+                                                    ("bf16", "fp16") if args.fp16_bench else ("bf16",))
+    (out / "attention.json").write_text(json.dumps({"device": dev, "checks": checks, "bench": bench_rows},
+                                                   indent=1, default=str))
+    print(f"\n{dev} · {time.strftime('%Y-%m-%d')} · {time.time() - t0:.0f} s")
+    if checks:
+        bad = [c for c in checks if not (c["passed"] and c["within_2x"])]
+        print(f"checks: {len(checks) - len(bad)}/{len(checks)} passed (error within 2x SDPA's own)")
+        for c in bad[:20]:
+            print("  FAIL", c)
+        worst = {}
+        for c in checks:
+            key = (c["kernel"], c["dtype"])
+            if c["err"] is not None and c["err"] > worst.get(key, (0,))[0]:
+                worst[key] = (c["err"], c["sdpa_err"])
+        for (fam, dt), (e, s) in worst.items():
+            print(f"  {fam} {dt}: max |err| {e:.2e} vs float64 (SDPA's own: {s if s is None else f'{s:.2e}'})")
+    names = list(ours) + ["FLASH", "CUDNN", "EFFICIENT", "MATH", "naive"]
+    print(f"\n{'dtype':5s} {'d':>4s} {'causal':6s} {'N':>6s} | " + " ".join(f"{n:>9s}" for n in names)
+          + " | TFLOP/s; " + " ".join(f"{o}/FLASH {o}/CUDNN" for o in ours))
+    for r in bench_rows:
+        if "error" in r:
+            print(f"{r['dtype']:5s} {r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | error: {r['error']}")
+            continue
+        tf = r["tflops"]
+        cells = " ".join(f"{tf[n]:9.1f}" if n in tf else f"{'-':>9s}" for n in names)
+        ratios = " ".join(f"{tf[o] / tf['FLASH']:8.2f}x {tf[o] / tf['CUDNN']:8.2f}x" if "FLASH" in tf and "CUDNN" in tf
+                          else f"{tf[o] / tf['FLASH']:8.2f}x {'-':>9s}" if "FLASH" in tf else "-" for o in ours)
+        print(f"{r['dtype']:5s} {r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | {cells} | {ratios}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,572 @@
+"""The grader: what `kernellab.grade(id, kernel)` runs, and how it turns what it sees into findings with hints.
+
+In order, stopping early only where nothing further can run:
+1. The kernel object: a Kernel (or the cell's module holding it) of the exercise's kind, with the expected parameters.
+2. What the compiler says, no GPU needed: compiled for the tutorial's arch, no spills, no local memory, and in its
+   SASS a global store, shared loads and stores where the task needs a tile (LDS/STS), a barrier where it needs one
+   (BAR.SYNC), and the exercise's own instructions (e.g. LDG.E.128); the PTX reads each guard parameter (`n`).
+3. Running it, on a GPU (each launch isolated in a worker, so a fault cannot end the notebook's CUDA context) or, for
+   Numba kernels without one, in the simulator: fresh random inputs for every problem shape and launch configuration,
+   the outputs filled with a marked NaN so that unwritten elements show, each output compared with the reference.
+4. On a GPU, compute-sanitizer on one awkward shape: memcheck, and racecheck and synccheck where the task has shared
+   memory or barriers; in the simulator, the racecheck of `k.sanitize(..., tool="racecheck")` where kernellab has it.
+5. The optional speed bar (GPU only), once everything else passed.
+Before all that, the spec's own sanity: on the same shapes, an all-zero answer and an input-copy answer must fail.
+A wrong kernel never raises: every problem becomes a finding, and the verdict is failed.
+"""
+from __future__ import annotations
+
+import re
+import secrets
+import traceback
+import warnings
+
+import numpy as np
+
+from ..errors import KernellabError, NoGPUError
+from . import compare as _cmp
+from .result import Check, Finding, GradeResult, Speed
+from .spec import Exercise, dim3
+
+# Hints by finding kind: what usually causes it and how to fix it. An exercise's own hints take precedence.
+DEFAULT_HINTS = {
+    "no_kernel": "run the exercise's %%cuda cell (or its Numba cell) first, then pass the kernel it defines",
+    "wrong_kind": "this exercise wants the kernel its stub cell defines: keep the stub's magic and kernel name",
+    "signature": "keep the stub's parameter list: the grader launches the kernel with those arguments",
+    "arch": "compile for the tutorial's arch: %%cuda --arch sm_90 (the default where there is no GPU)",
+    "spills": "registers spill to local memory: fewer live values per thread, or a smaller unrolled loop",
+    "local_memory": "a per-thread array indexed at run time lives in (slow) local memory: index it with constants "
+                    "or keep the values in registers",
+    "no_store": "the kernel never writes its output: replace the `// TODO` with the body",
+    "missing_guard": "the grid is rounded up to whole blocks, so some threads fall past the end: guard them",
+    "no_shared": "the task goes through a `__shared__` tile: stage the data there and read it back",
+    "missing_barrier": "a `__syncthreads()` is missing between the shared-memory write and the read: without it a "
+                       "thread may read a tile element before the thread that writes it has",
+    "out_of_bounds": "guard the access: threads past the end of the data must not read or write",
+    "misaligned": "a wide (vector) access needs an address aligned to its size: handle the unaligned tail with "
+                  "scalar accesses",
+    "race": "a `__syncthreads()` is missing between the shared-memory write and the read",
+    "barrier": "every thread of the block must reach each `__syncthreads()`: do not put it inside a branch that "
+               "only some threads take (guard the memory accesses instead)",
+    "fault": "the kernel faulted: the memcheck finding beside this one names the line",
+    "timeout": "the kernel did not finish: an endless loop, or a barrier not every thread reaches?",
+    "unwritten": "every output element needs one thread that writes it: check the index covers the whole output "
+                 "(and the grid covers every element)",
+    "wrong_values": "compare your index arithmetic with the reference on a small shape by hand",
+    "off_by_one": "check the index at both ends: the first and the last element",
+    "zero_output": "the output is all zeros: is the result stored to the output argument?",
+    "input_copy": "the output is the input unchanged: the index mapping is missing",
+    "launch_config": "the kernel must work for every block size the grader tries: use blockDim, not a constant",
+    "error": "the kernel raised in the simulator: the line is named above",
+    "spec": "this is a bug in the exercise, not in your kernel: please report it",
+    "internal": "this is a bug in the grader, not (necessarily) in your kernel: please report it",
+}
+
+_STORE = re.compile(r"\b(STG|RED|ATOMG|ATOM|ST)\.")
+_LOCAL = re.compile(r"\b(LDL|STL)\b")
+_SHARED_STORE = re.compile(r"\bSTS\b")
+_SHARED_LOAD = re.compile(r"\b(LDS|LDSM)\b")
+_BARRIER = re.compile(r"\bBAR\.(SYNC|RED|ARV)")
+
+
+class ExerciseError(KernellabError, KeyError):
+    """No exercise of that id: the message lists the ids there are."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; this one is a sentence
+        return self.args[0] if self.args else ""
+
+
+def grade(ex: Exercise, kernel, *, seed: int | None = None, speed: bool = True) -> GradeResult:
+    """Grade `kernel` against exercise `ex` (see the module docstring); never raises for a wrong kernel."""
+    g = _Grading(ex, seed)
+    try:
+        g.run(kernel, speed)
+    except Exception as exc:   # a grader bug: a failed verdict that says so, never a stopped notebook
+        g.add("internal", f"the grader failed: {type(exc).__name__}: {exc}")
+        g.notes.append("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-2000:])
+    return g.result()
+
+
+class _Grading:
+    """The state of one grading: findings (one per kind), checks, notes."""
+
+    def __init__(self, ex: Exercise, seed: int | None):
+        self.ex = ex
+        self.seed = secrets.randbits(31) if seed is None else int(seed)
+        self.findings: list[Finding] = []
+        self.checks: list[Check] = []
+        self.notes: list[str] = []
+        self.kernel_name = ex.kernel
+        self.complete = True
+        self.needs_gpu = ""
+        self.speed: Speed | None = None
+
+    # -- recording ------------------------------------------------------------------------------------------
+    def add(self, kind: str, message: str, *, cell_line: int | None = None, where: str = "") -> None:
+        """A finding, unless one of this kind is there already (the first is the clearest)."""
+        if any(f.kind == kind for f in self.findings):
+            return
+        hint = self.ex.hints.get(kind, DEFAULT_HINTS.get(kind, ""))
+        self.findings.append(Finding(kind=kind, message=message, hint=hint, cell_line=cell_line, where=where))
+
+    def check(self, what: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append(Check(what=what, passed=bool(ok), detail=detail))
+        return bool(ok)
+
+    def result(self) -> GradeResult:
+        return GradeResult(exercise=self.ex.id, title=self.ex.title, kernel=self.kernel_name,
+                           passed=not self.findings, findings=tuple(self.findings), checks=tuple(self.checks),
+                           complete=self.complete and not self.needs_gpu, needs_gpu=self.needs_gpu, speed=self.speed,
+                           seed=self.seed, notes=tuple(self.notes))
+
+    # -- the steps --------------------------------------------------------------------------------------------
+    def run(self, kernel, want_speed: bool) -> None:
+        ex = self.ex
+        for problem in spec_problems(ex):
+            self.add("spec", problem)
+        k = self.resolve(kernel)
+        if k is None or not self.signature_fits(k):
+            return
+        from ..run.device import gpu_status
+
+        gpu, reason = gpu_status()
+        simulated = ex.kind == "numba" and bool(getattr(k, "simulate", False))
+        if ex.kind == "cuda":
+            self.static_checks(k)
+            if any(f.kind == "no_store" for f in self.findings):
+                self.notes.append("not launched: a kernel that stores nothing has nothing to check yet")
+                return
+        if simulated:
+            self.run_all(k, simulated=True)
+            self.numba_static_checks(k)
+            self.sim_racecheck(k)
+        elif gpu:
+            ran_ok = self.run_all(k, simulated=False)
+            if ex.kind == "numba":
+                self.numba_static_checks(k)
+            self.sanitizers(k)
+            if want_speed and ex.speed is not None and ran_ok and not self.findings:
+                self.measure_speed(k)
+        else:
+            tools = ", ".join(self.sanitizer_tools())
+            shapes = ex.shapes
+            configs = sum(len(ex.launch.configs(s)) for s in shapes)
+            self.needs_gpu = (f"running it ({configs} launches on {len(shapes)} problem shapes with fresh random "
+                              f"inputs and NaN-filled outputs, compute-sanitizer {tools}) needs a CUDA GPU: {reason}")
+            self.complete = False
+
+    def resolve(self, kernel):
+        """The Kernel to grade, from a Kernel, a cell's module, or (Numba) a @cuda.jit function; None with a finding."""
+        ex = self.ex
+        if kernel is None:
+            self.add("no_kernel", f"no kernel was given: pass the `{ex.kernel}` that the exercise's cell defines")
+            return None
+        from ..kernel import Kernel, KernelCollection
+
+        if isinstance(kernel, KernelCollection):
+            try:
+                kernel = kernel[ex.kernel]
+            except KeyError:
+                names = ", ".join(k.name for k in kernel.kernels) or "none"
+                self.add("no_kernel", f"the cell defines no kernel named `{ex.kernel}` (it has: {names})")
+                return None
+        if ex.kind == "numba" and not isinstance(kernel, Kernel):
+            from ..compile import numba_backend as nb
+
+            try:
+                nb.kernel_function(kernel)
+            except Exception:
+                self.add("wrong_kind", f"expected the Numba kernel `{ex.kernel}` (a @cuda.jit function), got a "
+                                       f"{type(kernel).__name__}")
+                return None
+            from ..kernel_numba import numba_kernel
+
+            kernel = numba_kernel(kernel)
+        if not isinstance(kernel, Kernel):
+            self.add("wrong_kind", f"expected the kernel `{ex.kernel}` that the exercise's cell defines, got a "
+                                   f"{type(kernel).__name__}")
+            return None
+        if kernel.backend != ex.kind:
+            want = "a %%cuda (CUDA C++)" if ex.kind == "cuda" else "a Numba (@cuda.jit)"
+            self.add("wrong_kind", f"this exercise wants {want} kernel; `{kernel.name}` is a {kernel.backend} kernel")
+            return None
+        self.kernel_name = kernel.name
+        return kernel
+
+    def signature_fits(self, k) -> bool:
+        ex = self.ex
+        want = ex.signature
+        if ex.kind == "numba":
+            from ..compile import numba_backend as nb
+
+            have = nb.param_names(k.py_func)
+            n = len(ex.names)
+            ok = len(have) == n
+            detail = f"{k.name}({', '.join(have)})"
+            if not self.check(f"takes {n} parameters ({want})", ok, detail):
+                self.add("signature", f"`{k.name}` takes {len(have)} parameters ({', '.join(have)}); the exercise "
+                                      f"passes {n}: ({want})")
+            return ok
+        from ..compile.signature import parse_param
+
+        expected = [parse_param(p, i) for i, p in enumerate(s.strip() for s in want.split(","))]
+        have = list(k.params)
+        problems = []
+        if len(have) != len(expected):
+            problems.append(f"it takes {len(have)} parameters, the exercise passes {len(expected)}")
+        else:
+            for i, (h, e) in enumerate(zip(have, expected)):
+                if (h.base, h.pointer) != (e.base, e.pointer):
+                    problems.append(f"parameter {i} is `{h}`, the exercise passes `{e}`")
+        ok = not problems
+        if not self.check(f"signature ({want})", ok, str(k.signature)):
+            self.add("signature", f"`{k.signature}` does not fit: {'; '.join(problems)}",
+                     cell_line=k.signature.line)
+        return ok
+
+    # -- what the compiler says -------------------------------------------------------------------------------
+    def static_checks(self, k) -> None:
+        ex = self.ex
+        res = k.resources
+        base = re.sub(r"[af]$", "", res.arch)
+        if self.check(f"compiles for {ex.arch}", base == ex.arch, res.arch) is False:
+            self.add("arch", f"`{k.name}` was compiled for {res.arch}; the tutorial's arch is {ex.arch}")
+        if not self.check("no spills", not res.spills,
+                          f"{res.spill_store_bytes} B stored / {res.spill_load_bytes} B loaded"):
+            self.add("spills", f"registers spill: {res.spill_store_bytes} bytes stored to and {res.spill_load_bytes} "
+                               f"loaded from local memory per thread")
+        try:
+            sass = k.sass
+        except Exception as exc:
+            sass = None
+            self.notes.append(f"the SASS could not be read here ({type(exc).__name__}: {exc}); its checks were skipped")
+        local = res.local_bytes > 0 or bool(sass and _LOCAL.search(sass))
+        if not self.check("no local memory", not local, f"{res.local_bytes} B stack frame"):
+            self.add("local_memory", f"`{k.name}` uses local memory ({res.local_bytes} B per thread"
+                                     f"{', LDL/STL in its SASS' if sass and _LOCAL.search(sass) else ''})")
+        if sass is not None:
+            stores = bool(_STORE.search(sass))
+            if not self.check("stores to global memory (STG)", stores):
+                self.add("no_store", f"`{k.name}` never stores to global memory (no STG in its SASS): its output "
+                                     f"stays unwritten")
+                return                  # an empty stub: the checks below would only repeat that it does nothing
+            if ex.needs_shared:
+                ok = bool(_SHARED_STORE.search(sass) and _SHARED_LOAD.search(sass))
+                if not self.check("goes through shared memory (STS and LDS)", ok):
+                    self.add("no_shared", f"`{k.name}` has no shared-memory {'stores (STS)' if not _SHARED_STORE.search(sass) else 'loads (LDS)'} "
+                                          f"in its SASS, and the task needs a shared-memory tile")
+            if ex.needs_barrier:
+                if not self.check("has a barrier (BAR.SYNC)", _BARRIER.search(sass)):
+                    self.add("missing_barrier", f"`{k.name}` has no `__syncthreads()` (no BAR.SYNC in its SASS)")
+            for rule in ex.sass:
+                if not self.check(f"SASS has {rule.pattern}", re.search(rule.pattern, sass)):
+                    self.add(rule.kind, f"`{k.name}`: {rule.message}")
+        if ex.kind == "cuda" and ex.guards:
+            self.guard_checks(k)
+
+    def numba_static_checks(self, k) -> None:
+        """A Numba kernel is compiled at its first launch (the arguments give the types): check it after the runs."""
+        if getattr(k, "compiled", None) is not None:
+            self.static_checks(k)
+        else:
+            self.notes.append("the Numba kernel was not compiled for a GPU here, so its resources and SASS were not "
+                              "checked")
+
+    def guard_checks(self, k) -> None:
+        """Each guard parameter is read somewhere (its ld.param is in the PTX): else nothing bounds the threads."""
+        ptx = k.ptx
+        expected = self.ex.names
+        for name in self.ex.guards:
+            if name not in expected:
+                continue
+            i = expected.index(name)
+            learner_name = k.params[i].name if i < len(k.params) else name
+            read = re.search(rf"\[{re.escape(k.symbol)}_param_{i}\]", ptx) is not None
+            if not self.check(f"reads `{learner_name}` (guards the threads)", read):
+                self.add("missing_guard", f"`{k.name}` never reads `{learner_name}`, so nothing stops the threads "
+                                          f"past the end from reading and writing out of bounds",
+                         cell_line=k.signature.line)
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def run_all(self, k, *, simulated: bool) -> bool:
+        """Every shape and launch configuration; True when every run matched the reference."""
+        ex = self.ex
+        shapes = ex.shapes_for(simulated)
+        ran, failed = 0, []
+        tried, failing = [], set()                 # blocks tried, and those that failed on some shape
+        for si, shape in enumerate(shapes):
+            for ci, (grid, block) in enumerate(ex.launch.configs(shape)):
+                rng = np.random.default_rng([self.seed, si, ci])
+                args = tuple(ex.make_args(shape, rng))
+                expected = _as_tuple(ex.reference(*_copy(args)))
+                where = f"{_shape_text(ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
+                try:
+                    ok = self.run_one(k, args, expected, grid, block, where, simulated)
+                except _RunFailed as exc:
+                    self.check(f"launches on {len(shapes)} shapes ({'simulator' if simulated else 'GPU'})", False,
+                               f"stopped at the first {exc.kind}: {where}")
+                    self.notes.append(f"the launches stopped at the first {exc.kind} ({where}); each one costs a "
+                                      f"fresh worker process")
+                    return False
+                ran += 1
+                if block not in tried:
+                    tried.append(block)
+                if not ok:
+                    failing.add(block)
+                    failed.append(where)
+        self.check(f"{ran} launches on {len(shapes)} shapes ({'simulator' if simulated else 'GPU'})", not failed,
+                   f"{len(failed)} failed, first: {failed[0]}" if failed else "all matched the reference")
+        good = [b for b in tried if b not in failing]
+        if not ex.launch.fixed and failing and good:
+            self.add("launch_config", f"right with block {', '.join(_dim(b) for b in good)} on every shape, but "
+                                      f"wrong with block {', '.join(_dim(b) for b in tried if b in failing)}")
+        return not failed
+
+    def run_one(self, k, args, expected, grid, block, where, simulated) -> bool:
+        ex = self.ex
+        for i in ex.outputs:
+            _cmp.poison_(args[i])
+        inputs = {ex.arg_name(i): a for i, a in enumerate(args)
+                  if isinstance(a, np.ndarray) and i not in ex.outputs}
+        try:
+            outs = self._launch_sim(k, args, grid, block) if simulated else self._launch_gpu(k, args, grid, block)
+        except _RunFailed as exc:
+            self.add(exc.kind, exc.message, cell_line=exc.cell_line, where=where)
+            if exc.kind in ("fault", "timeout"):
+                raise                           # each costs a fresh worker: one is enough, the sanitizer says where
+            return False
+        ok = True
+        for j, (i, out) in enumerate(zip(ex.outputs, outs)):
+            for p in _cmp.compare(out, expected[j], ex.arg_name(i), rtol=ex.rtol, atol=ex.atol, inputs=inputs):
+                self.add(p.kind, p.message, where=where)
+                ok = False
+        return ok
+
+    def _launch_sim(self, k, args, grid, block):
+        from ..run.numba_sim import SimulatedKernelError, SimulatorNotice
+
+        try:
+            with warnings.catch_warnings():       # the result says it ran in the simulator
+                warnings.simplefilter("ignore", SimulatorNotice)
+                k.launch(grid, block, *args, shared_bytes=self.ex.launch.shared_bytes)
+        except SimulatedKernelError as exc:
+            at = f" at cell line {exc.line}" if exc.line else ""
+            code = f": `{exc.source}`" if exc.source else ""
+            who = f"thread {_dim(exc.thread)} of block {_dim(exc.block)}" if exc.thread and exc.block else ""
+            if exc.exception == "IndexError":
+                raise _RunFailed("out_of_bounds", f"out of bounds{at}{code} ({who}: {exc.detail})",
+                                 exc.line) from None
+            raise _RunFailed("error", f"{exc.exception}{at}{code} ({who}): {exc.detail}", exc.line) from None
+        except KernellabError as exc:
+            raise _RunFailed("error", str(exc).splitlines()[0]) from None
+        return [args[i] for i in self.ex.outputs]
+
+    def _launch_gpu(self, k, args, grid, block):
+        from ..run.worker import IsolatedLaunchError
+
+        dev = _to_device(args)
+        try:
+            k.launch(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, isolate=True, timeout_s=30)
+        except IsolatedLaunchError as exc:
+            kind = "timeout" if exc.status == "timeout" else "fault"
+            raise _RunFailed(kind, str(exc).splitlines()[0]) from None
+        except KernellabError as exc:
+            raise _RunFailed("fault", str(exc).splitlines()[0]) from None
+        return [_to_host(dev[i]) for i in self.ex.outputs]
+
+    # -- sanitizers -------------------------------------------------------------------------------------------
+    def sanitizer_tools(self) -> tuple[str, ...]:
+        ex = self.ex
+        tools = ["memcheck"]
+        if ex.needs_shared or ex.needs_barrier:
+            tools.append("racecheck")
+        if ex.needs_barrier:
+            tools.append("synccheck")
+        return tuple(tools)
+
+    def _sanitize_launch(self):
+        ex = self.ex
+        shape = ex.shape_for_sanitizer()
+        grid, block = ex.launch.configs(shape)[0]
+        args = tuple(ex.make_args(shape, np.random.default_rng([self.seed, 999])))
+        for i in ex.outputs:
+            _cmp.poison_(args[i])
+        return shape, grid, block, args
+
+    def sanitizers(self, k) -> None:
+        from ..run.sanitize import ToolNotFoundError
+
+        shape, grid, block, args = self._sanitize_launch()
+        dev = _to_device(args)
+        where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
+        for tool in self.sanitizer_tools():
+            try:
+                rep = k.sanitize(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, tool=tool,
+                                 timeout_s=120)
+            except ToolNotFoundError as exc:
+                self.notes.append(f"{tool} was not run: {exc}")
+                continue
+            self.sanitizer_findings(rep, tool, where)
+
+    def sim_racecheck(self, k) -> None:
+        """The simulator's race detector, through the public `k.sanitize(tool="racecheck")`, where kernellab has it."""
+        if not (self.ex.needs_shared or self.ex.needs_barrier):
+            return
+        shape, grid, block, args = self._sanitize_launch()
+        if shape not in self.ex.shapes_for(True):
+            shape = self.ex.shapes_for(True)[min(1, len(self.ex.shapes_for(True)) - 1)]
+            grid, block = self.ex.launch.configs(shape)[0]
+            args = tuple(self.ex.make_args(shape, np.random.default_rng([self.seed, 999])))
+        try:
+            rep = k.sanitize(grid, block, *args, shared_bytes=self.ex.launch.shared_bytes, tool="racecheck")
+        except (NotImplementedError, NoGPUError, KernellabError) as exc:
+            self.notes.append(f"racecheck was not run (the simulator's race detector is not in this kernellab: "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+            return
+        self.sanitizer_findings(rep, "racecheck", f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block "
+                                                  f"{_dim(block)} (simulator)")
+
+    def sanitizer_findings(self, rep, tool: str, where: str) -> None:
+        findings = tuple(getattr(rep, "findings", ()) or ())
+        timed_out = bool(getattr(rep, "timed_out", False))
+        self.check(tool, not findings and not timed_out and getattr(rep, "ok", True),
+                   f"{len(findings)} problem{'s' if len(findings) != 1 else ''}" if findings else "clean")
+        if timed_out:
+            self.add("timeout", f"the kernel did not finish under {tool}", where=where)
+        for f in findings:
+            line = getattr(f.where, "cell_line", None) or getattr(f.where, "line", None)
+            src = (getattr(f.where, "source_line", None) or "").strip()
+            at = f" at cell line {line}" if line else ""
+            code = f": `{src}`" if src else ""
+            who = f" (thread {_dim(f.thread)} of block {_dim(f.block)})" if f.thread and f.block else ""
+            if f.kind in ("invalid_write", "invalid_read"):
+                access = "write" if f.kind == "invalid_write" else "read"
+                self.add("out_of_bounds", f"out of bounds {access}{at}{code}{who}", cell_line=line, where=where)
+            elif f.kind == "misaligned":
+                self.add("misaligned", f"misaligned access{at}{code}{who}", cell_line=line, where=where)
+            elif f.kind == "race":
+                other = getattr(f, "other", None)
+                oline = (getattr(other, "cell_line", None) or getattr(other, "line", None)) if other else None
+                if line and oline and line != oline:
+                    pair = f"between cell line {line} and line {oline}"
+                else:
+                    pair = f"at cell line {line}, between threads" if line else "in shared memory"
+                self.add("race", f"race {pair} ({(f.access or 'access').lower()} / "
+                                 f"{(f.other_access or 'access').lower()} of the same shared-memory word)",
+                         cell_line=line, where=where)
+            elif f.kind == "barrier":
+                self.add("barrier", f"barrier error{at}{code}: {f.message}", cell_line=line, where=where)
+            elif f.kind == "uninitialized_read":
+                self.add("uninitialized", f"read of memory never written{at}{code}", cell_line=line, where=where)
+            else:
+                self.add("fault", f"{f.message}{at}{code}{who}", cell_line=line, where=where)
+
+    # -- speed ------------------------------------------------------------------------------------------------
+    def measure_speed(self, k) -> None:
+        from ..run.bench import bench
+
+        bar = self.ex.speed
+        shape = tuple(bar.shape)
+        grid, block = self.ex.launch.configs(shape)[0]
+        args = tuple(self.ex.make_args(shape, np.random.default_rng([self.seed, 1000])))
+        dev = _to_device(args)
+        shared = self.ex.launch.shared_bytes
+
+        def yours(*a):
+            k.launch(grid, block, *a, shared_bytes=shared)
+
+        yours.__name__ = k.name
+        try:
+            result = bench(yours, dev, baselines={bar.baseline: bar.run_baseline},
+                           bytes=bar.bytes(shape) if bar.bytes else None, name=k.name, rounds=5, rep_ms=50)
+        except Exception as exc:
+            self.notes.append(f"the speed bar was not measured: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            return
+        base = result.baselines[0]
+        self.speed = Speed(bar=bar.describe(), fraction=bar.fraction, ratio=result.speedup(bar.baseline).ratio,
+                           kernel_ms=result.median_ms, baseline_ms=base.median_ms, gbps=result.gbps, shape=shape)
+
+
+class _RunFailed(Exception):
+    def __init__(self, kind: str, message: str, cell_line: int | None = None):
+        super().__init__(message)
+        self.kind, self.message, self.cell_line = kind, message, cell_line
+
+
+# --- the spec's own sanity ------------------------------------------------------------------------------------
+
+_SPEC_CHECKED: dict[tuple[str, int], tuple[str, ...]] = {}
+
+
+def _spec_problems(ex: Exercise) -> tuple[str, ...]:
+    problems = []
+    rejected = {"an all-zero answer": False, "an input-copy answer": False}
+    tried = {"an all-zero answer": False, "an input-copy answer": False}
+    for si, shape in enumerate(sorted(set(ex.shapes) | set(ex.sim_shapes or ()), key=lambda s: int(np.prod(s)))):
+        if int(np.prod(shape)) > 1 << 20:
+            continue            # the big shapes say nothing the small ones do not, and cost memory
+        args = tuple(ex.make_args(shape, np.random.default_rng([0, si])))
+        expected = _as_tuple(ex.reference(*_copy(args)))
+        if len(expected) != len(ex.outputs):
+            return (f"the reference returns {len(expected)} outputs but the exercise names {len(ex.outputs)}",)
+        inputs = [a for i, a in enumerate(args) if isinstance(a, np.ndarray) and i not in ex.outputs]
+        for j, i in enumerate(ex.outputs):
+            out, ref = args[i], np.asarray(expected[j])
+            if out.shape != ref.shape:
+                return (f"output `{ex.arg_name(i)}` has shape {out.shape} but the reference returns {ref.shape} "
+                        f"(shape {shape})",)
+            answers = {"an all-zero answer": np.zeros_like(out)}
+            src = next((a for a in inputs if a.dtype == out.dtype and a.size >= out.size), None)
+            if src is not None:
+                answers["an input-copy answer"] = src.reshape(-1)[:out.size].reshape(out.shape).copy()
+            for label, answer in answers.items():
+                tried[label] = True
+                bad = _cmp.mismatches(answer, ref, ex.rtol, ex.atol).any()
+                rejected[label] |= bool(bad)
+                if not bad and not np.array_equal(answer, ref):
+                    problems.append(f"the reference accepts {label} for `{ex.arg_name(i)}` at shape {shape}")
+    for label, was in rejected.items():
+        if tried[label] and not was:
+            problems.append(f"{label} passes on every shape: the comparison cannot tell it from a solution")
+    return tuple(problems)
+
+
+def spec_problems(ex: Exercise) -> tuple[str, ...]:
+    """What is wrong with the exercise itself: an all-zero or input-copy answer it would accept (empty: sound)."""
+    key = (ex.id, id(ex))
+    if key not in _SPEC_CHECKED:
+        _SPEC_CHECKED[key] = _spec_problems(ex)
+    return _SPEC_CHECKED[key]
+
+
+# --- small helpers ---------------------------------------------------------------------------------------------
+
+def _as_tuple(v) -> tuple:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,)
+
+
+def _copy(args) -> tuple:
+    return tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+
+
+def _to_device(args) -> tuple:
+    """NumPy arrays as CUDA torch tensors (numbers as they are)."""
+    import torch
+
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)).cuda() if isinstance(a, np.ndarray) else a for a in args)
+
+
+def _to_host(t) -> np.ndarray:
+    """A CUDA torch tensor's contents as a NumPy array."""
+    return t.cpu().numpy()
+
+
+def _dim(t) -> str:
+    t = dim3(t)
+    while len(t) > 1 and t[-1] == 1:
+        t = t[:-1]
+    return "(" + ", ".join(map(str, t)) + ")" if len(t) > 1 else str(t[0])
+
+
+def _shape_text(ex: Exercise, shape) -> str:
+    return f"shape {'x'.join(map(str, shape))}"

@@ -1,0 +1,1 @@
+"""Reference solutions and wrong variants of the tutorials' exercises, and helpers to load and grade them."""

@@ -1,0 +1,540 @@
+"""Graded exercises on the CPU: the registry, the comparison's words, the result's displays, the spec's sanity, and for
+every exercise the reference solution passing and each wrong variant failing with its finding (compile-level findings
+for %%cuda exercises, everything for Numba exercises in the simulator)."""
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import kernellab
+from exercises.solutions_lib import load_kernel, solution_path, variants
+from kernellab import report
+from kernellab.teach import (Exercise, ExerciseError, GradeResult, Launch, ceil_div, exercise, exercises, register,
+                             spec_problems, unregister)
+from kernellab.teach import compare as cmp
+from kernellab.teach.grader import DEFAULT_HINTS
+
+GPU = kernellab.has_gpu()
+IDS = exercises().ids
+TUTORIALS = ("01-first-kernel", "02-transpose-banks")
+
+
+# --- the registry --------------------------------------------------------------------------------------------------
+
+def test_exercises_lists_at_least_two_per_converted_tutorial():
+    table = exercises()
+    for tutorial in TUTORIALS:
+        rows = [r for r in table if r[1] == tutorial]
+        assert len(rows) >= 2, (tutorial, rows)
+        assert all(r[0].startswith(tutorial[:3]) for r in rows)
+    assert len(set(table.ids)) == len(table.ids)
+    assert exercises("01").ids == exercises("01-first-kernel").ids
+    assert set(exercises("01").ids) <= set(table.ids) and "01-reverse" in exercises("01").ids
+
+
+def test_exercise_table_displays_as_text_html_and_report_json():
+    table = exercises()
+    bundle = table._repr_mimebundle_()
+    j = bundle[report.REPORT_MIME]
+    assert j["kind"] == "exercises" and [e["id"] for e in j["exercises"]] == list(table.ids)
+    assert all(e["tests"] and e["title"] for e in j["exercises"])
+    assert "01-reverse" in bundle["text/plain"] and "<code>01-reverse</code>" in bundle["text/html"]
+
+
+def test_unknown_id_names_the_known_ones():
+    with pytest.raises(ExerciseError, match="no exercise 'nope'.*01-reverse"):
+        kernellab.grade("nope", None)
+
+
+def test_registering_an_id_twice_is_an_error():
+    ex = exercise("01-reverse")
+    assert register(ex) is ex                      # the same object again is fine
+    clone = Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "title": "another"})
+    with pytest.raises(ExerciseError, match="registered twice"):
+        register(clone)
+
+
+@pytest.mark.parametrize("ex_id", IDS)
+def test_every_exercise_is_sound(ex_id):
+    """Its reference rejects an all-zero and an input-copy answer; its shapes start at 1 and its task is stated."""
+    ex = exercise(ex_id)
+    assert spec_problems(ex) == ()
+    assert ex.task and ex.tests and ex.title and ex.kernel in ex.task + ex.kernel
+    assert int(np.prod(ex.shapes[0])) == 1, "start with a single element"
+    assert any(int(np.prod(s)) > 100_000 for s in ex.shapes), "end with a large shape"
+    for shape in ex.shapes:
+        assert ex.launch.configs(shape)
+
+
+def test_a_spec_that_accepts_zeros_is_caught():
+    ex = Exercise(id="t-lax", tutorial="99-test", title="lax", tests="t", kind="cuda", kernel="k",
+                  signature="const float* x, float* y, int n",
+                  make_args=lambda s, rng: (rng.standard_normal(s[0], dtype=np.float32), np.empty(s[0], np.float32),
+                                            s[0]),
+                  outputs=(1,), reference=lambda x, y, n: (x,), launch=Launch(grid=lambda s, b: 1), shapes=(1, 5),
+                  atol=100.0)
+    problems = spec_problems(ex)
+    assert any("all-zero answer passes on every shape" in p for p in problems), problems
+
+
+# --- the comparison's words -------------------------------------------------------------------------------------
+
+def _poisoned(shape):
+    return cmp.poison_(np.empty(shape, np.float32))
+
+
+def test_unwritten_rows_and_columns_are_named():
+    ref = np.arange(40 * 33, dtype=np.float32).reshape(40, 33) + 1
+    out = ref.copy()
+    out[17:32] = _poisoned((15, 33))
+    [p] = cmp.compare(out, ref, "out", rtol=1e-5, atol=1e-6)
+    assert p.kind == "unwritten" and p.message.startswith("rows 17..31 of `out` were never written"), p.message
+    out = ref.copy()
+    out[:, 32] = _poisoned(40)
+    [p] = cmp.compare(out, ref, "out", rtol=1e-5, atol=1e-6)
+    assert p.message.startswith("column 32 of `out` was never written"), p.message
+
+
+def test_unwritten_elements_of_a_vector_are_named_by_run():
+    ref = np.ones(1000, np.float32)
+    out = ref.copy()
+    out[256:] = _poisoned(744)
+    [p] = cmp.compare(out, ref, "c", rtol=1e-5, atol=1e-6)
+    assert p.message == "elements 256..999 of `c` (744 of 1,000) were never written"
+    [p] = cmp.compare(_poisoned(1), np.ones(1, np.float32), "c", rtol=1e-5, atol=1e-6)
+    assert p.message.startswith("no element of `c` was written")
+
+
+def test_a_nan_the_kernel_wrote_is_wrong_not_unwritten():
+    out = np.full(4, np.nan, np.float32)           # an ordinary NaN, not the grader's marked one
+    [p] = cmp.compare(out, np.ones(4, np.float32), "c", rtol=1e-5, atol=1e-6)
+    assert p.kind == "wrong_values"
+
+
+def test_wrong_answers_are_named_by_their_pattern():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(50).astype(np.float32)
+    ref = x[::-1].copy()
+    shifted = np.concatenate([[0], ref[:-1]]).astype(np.float32)
+    assert [p.kind for p in cmp.compare(shifted, ref, "out", rtol=1e-5, atol=1e-6)] == ["off_by_one"]
+    assert [p.kind for p in cmp.compare(np.zeros(50, np.float32), ref, "out", rtol=1e-5, atol=1e-6)] == ["zero_output"]
+    [p] = cmp.compare(x.copy(), ref, "out", rtol=1e-5, atol=1e-6, inputs={"in": x})
+    assert p.kind == "input_copy" and "copy of `in`" in p.message
+    bad = ref.copy()
+    bad[7] += 1
+    [p] = cmp.compare(bad, ref, "out", rtol=1e-5, atol=1e-6)
+    assert p.kind == "wrong_values" and "1 of 50 elements" in p.message and "first at 7" in p.message
+
+
+def test_unwritten_matrices_of_a_batch_are_named():
+    ref = np.ones((4, 3, 5), np.float32)
+    out = ref.copy()
+    out[1:] = _poisoned((3, 3, 5))
+    [p] = cmp.compare(out, ref, "out", rtol=1e-5, atol=1e-6)
+    assert p.message.startswith("matrices 1..3 (along the first axis) of `out` were never written"), p.message
+
+
+# --- the result -------------------------------------------------------------------------------------------------
+
+def _kernel(ex_id, name=None):
+    ex = exercise(ex_id)
+    return load_kernel(ex, solution_path(ex_id) if name is None else
+                       next(v.path for v in variants(ex_id) if v.name == name))
+
+
+def test_grade_result_is_frozen_and_displays_everywhere():
+    r = kernellab.grade("01-reverse", _kernel("01-reverse", "unguarded_read"))
+    assert isinstance(r, GradeResult) and not r.passed and not bool(r)
+    with pytest.raises(Exception):
+        r.passed = True
+    bundle = r._repr_mimebundle_()
+    j = bundle[report.REPORT_MIME]
+    assert j["kind"] == "grade" and j["passed"] is False and j["verdict"] == "failed"
+    assert json.loads(json.dumps(j)) == j
+    [f] = [f for f in r.findings if f.kind == "missing_guard"]
+    assert f.hint == exercise("01-reverse").hints["missing_guard"]
+    assert f.cell_line == 4             # the `extern "C"` line: numbered from 2 as in a %%cuda cell, after two comments
+    assert "FAILED" in bundle["text/plain"] and "hint: guard `i < n`" in bundle["text/plain"]
+    assert "missing_guard" in bundle["text/html"] and "guard <code>i &lt; n</code>" in bundle["text/html"]
+
+
+def test_grade_never_raises_for_a_wrong_kernel():
+    r = kernellab.grade("01-reverse", None)
+    assert not r.passed and r.findings[0].kind == "no_kernel"
+    r = kernellab.grade("01-reverse", 42)
+    assert not r.passed and r.findings[0].kind == "wrong_kind"
+    module = kernellab.compile_cuda('extern "C" __global__ void other(float* x) { x[0] = 1; }', arch="sm_90")
+    r = kernellab.grade("01-reverse", module)
+    assert [f.kind for f in r.findings] == ["no_kernel"] and "other" in r.findings[0].message
+    r = kernellab.grade("01-reverse", module.other)
+    assert [f.kind for f in r.findings] == ["signature"], r
+
+
+def test_a_module_holding_the_kernel_is_graded_as_the_kernel():
+    ex = exercise("01-reverse")
+    module = kernellab.compile_cuda(solution_path("01-reverse").read_text(), arch="sm_90", first_line=2)
+    r = kernellab.grade("01-reverse", module)
+    assert r.kernel == ex.kernel and r.passed
+
+
+def test_a_kernel_for_another_arch_is_a_finding():
+    module = kernellab.compile_cuda(solution_path("01-reverse").read_text(), arch="sm_80", first_line=2)
+    r = kernellab.grade("01-reverse", module.reverse)
+    assert "arch" in [f.kind for f in r.findings]
+
+
+# --- every exercise: the solution passes, the stub and each wrong variant fail with their finding ----------------
+
+CUDA_IDS = [i for i in IDS if exercise(i).kind == "cuda"]
+
+
+@pytest.mark.parametrize("ex_id", IDS)
+def test_every_exercise_has_a_solution_and_three_wrong_variants(ex_id):
+    assert solution_path(ex_id).read_text().splitlines()[0].split()[:3] == ["//", "exercise:", ex_id] or \
+        solution_path(ex_id).read_text().splitlines()[0].split()[:3] == ["#", "exercise:", ex_id]
+    found = variants(ex_id)
+    assert len(found) >= 3, f"{ex_id}: {len(found)} wrong variants in tests/exercises/solutions"
+    for v in found:
+        assert all(k in DEFAULT_HINTS or k in exercise(ex_id).hints for k in v.kinds), v
+
+
+@pytest.mark.parametrize("ex_id", IDS)
+def test_the_reference_solution_passes(ex_id):
+    ex = exercise(ex_id)
+    r = kernellab.grade(ex_id, load_kernel(ex, solution_path(ex_id)), speed=False)
+    assert r.passed, r
+    if ex.kind == "cuda" and not GPU:
+        assert not r.complete and "needs a CUDA GPU" in r.needs_gpu
+        assert r.verdict == "passed as far as it can be graded without a GPU"
+
+
+CPU_VARIANTS = [v for v in variants() if v.where == "cpu" or exercise(v.exercise).kind == "numba"]
+GPU_ONLY_VARIANTS = [v for v in variants() if v.where == "gpu" and exercise(v.exercise).kind == "cuda"]
+
+
+@pytest.mark.parametrize("variant", CPU_VARIANTS, ids=str)
+def test_a_wrong_variant_fails_with_its_finding(variant):
+    ex = exercise(variant.exercise)
+    r = kernellab.grade(variant.exercise, load_kernel(ex, variant.path), speed=False)
+    kinds = [f.kind for f in r.findings]
+    assert not r.passed and set(variant.kinds) <= set(kinds), (variant, str(r))
+    assert "internal" not in kinds and "spec" not in kinds
+
+
+@pytest.mark.skipif(GPU, reason="with a GPU these run in full: tests/gpu/test_exercises_gpu.py")
+@pytest.mark.parametrize("variant", GPU_ONLY_VARIANTS, ids=str)
+def test_a_variant_only_a_gpu_can_catch_raises_no_false_alarm_here(variant):
+    """Compile-level checks do not fail what they cannot see: the verdict waits for a GPU."""
+    ex = exercise(variant.exercise)
+    r = kernellab.grade(variant.exercise, load_kernel(ex, variant.path), speed=False)
+    assert r.passed and not r.complete, str(r)
+
+
+@pytest.mark.parametrize("ex_id", CUDA_IDS)
+def test_the_untouched_stub_fails(ex_id):
+    """The stub as the notebook has it (solution signature, empty body) fails: nothing is stored."""
+    ex = exercise(ex_id)
+    src = solution_path(ex_id).read_text()
+    head = src[: src.index("{") + 1]
+    stub = head + "\n    // TODO\n}\n"
+    r = kernellab.grade(ex_id, kernellab.compile_cuda(stub, arch=ex.arch, first_line=2)[ex.kernel])
+    assert not r.passed and [f.kind for f in r.findings] == ["no_store"], str(r)
+
+
+# --- the grader's run loop, in the simulator (what a GPU runs the same way) ---------------------------------------
+
+@pytest.fixture
+def numba_reverse():
+    """A Numba version of 01-reverse, registered for the test."""
+    base = exercise("01-reverse")
+    ex = register(Exercise(id="t-reverse-numba", tutorial="99-test", title="reverse (Numba)", tests="t",
+                           kind="numba", kernel="rev", signature="inp, out, n", make_args=base.make_args,
+                           outputs=(1,), reference=base.reference,
+                           launch=Launch(grid=lambda s, b: ceil_div(s[0], b), blocks=(32, 96)),
+                           shapes=(1, 31, 257, 100_003), sim_shapes=(1, 31, 257), hints=dict(base.hints)))
+    yield ex
+    unregister(ex.id)
+
+
+def _numba(src: str):
+    """The kernel `rev` of a Numba cell; its lines are in linecache, as IPython keeps a cell's."""
+    import linecache
+
+    src = "from numba import cuda\n" + src
+    name = f"<cell-{abs(hash(src))}>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    ns = {}
+    exec(compile(src, name, "exec"), ns)
+    return ns["rev"]
+
+
+def test_simulator_grading_names_each_cause(numba_reverse):
+    good = _numba("@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.grid(1)\n    if i < n:\n        out[i] = inp[n - 1 - i]\n")
+    r = kernellab.grade("t-reverse-numba", good)
+    assert r.passed and r.complete, str(r)
+    assert any("launches on 3 shapes (simulator)" in c.what for c in r.checks)
+
+    no_guard = _numba("@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.grid(1)\n    out[i] = inp[n - 1 - i]\n")
+    r = kernellab.grade("t-reverse-numba", no_guard)
+    [f] = r.findings
+    assert f.kind == "out_of_bounds" and f.cell_line == 5 and "out[i] = inp[n - 1 - i]" in f.message
+    assert f.hint.startswith("guard `i < n`")
+
+    fixed = _numba("@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.blockIdx.x * 32 + cuda.threadIdx.x\n"
+                   "    if i < n:\n        out[i] = inp[n - 1 - i]\n")
+    r = kernellab.grade("t-reverse-numba", fixed)
+    kinds = {f.kind: f for f in r.findings}
+    assert kinds["launch_config"].message == "right with block 32 on every shape, but wrong with block 96"
+    assert "elements 160..256 of `out`" in kinds["unwritten"].message
+
+    off = _numba("@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.grid(1)\n    if i < n - 1:\n"
+                 "        out[i] = inp[n - 2 - i]\n")
+    r = kernellab.grade("t-reverse-numba", off)
+    assert {"off_by_one", "unwritten"} <= {f.kind for f in r.findings}, str(r)
+
+
+def test_fresh_inputs_each_grading_and_a_seed_reproduces(numba_reverse):
+    good = _numba("@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.grid(1)\n    if i < n:\n        out[i] = inp[n - 1 - i]\n")
+    a, b = kernellab.grade("t-reverse-numba", good), kernellab.grade("t-reverse-numba", good)
+    assert a.seed != b.seed
+    assert kernellab.grade("t-reverse-numba", good, seed=7).seed == 7
+
+
+def test_a_grader_bug_is_a_failed_verdict_not_an_exception(numba_reverse, monkeypatch):
+    from kernellab.teach import grader
+
+    def boom(self, k, simulated):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(grader._Grading, "run_all", boom)
+    good = _numba("@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.grid(1)\n    if i < n:\n        out[i] = inp[n - 1 - i]\n")
+    r = kernellab.grade("t-reverse-numba", good)
+    assert not r.passed and r.findings[-1].kind == "internal" and "boom" in r.findings[-1].message
+
+
+# --- the GPU path with a fake GPU: launches emulated in NumPy, compute-sanitizer reports from captured text -------
+
+MEMCHECK_OOB = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at reverse+0xb0 in cell.cu:6
+=========     by thread (1,0,0) in block (8,0,0)
+=========     Access to 0x7f5c94800404 is out of bounds
+=========     and is 0 bytes after the nearest allocation at 0x7f5c94800000 of size 1,028 bytes
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A usable "GPU": arrays stay NumPy, and the test gives the kernel's launch and sanitize."""
+    from kernellab.run import device
+    from kernellab.teach import grader
+
+    monkeypatch.setattr(device, "gpu_status", lambda: (True, "1 GPU(s) (fake)"))
+    monkeypatch.setattr(grader, "_to_device", lambda args: tuple(args))
+    monkeypatch.setattr(grader, "_to_host", lambda a: a)
+
+    def make(emulate, reports=None):
+        """The reverse solution's Kernel, launching `emulate(grid, block, *args)` and sanitizing to `reports`."""
+        from kernellab.run.sanitize import report_from_text
+
+        k = _kernel("01-reverse")
+        launches = []
+
+        def launch(grid, block, *args, shared_bytes=0, isolate=None, timeout_s=None, **kw):
+            launches.append((grid, block, isolate))
+            emulate(grid, block, *args)
+
+        def sanitize(grid, block, *args, shared_bytes=0, tool="memcheck", **kw):
+            return report_from_text((reports or {}).get(tool, "========= ERROR SUMMARY: 0 errors\n"), tool=tool,
+                                    kernel="reverse")
+
+        k.launch, k.sanitize, k.launches = launch, sanitize, launches
+        return k
+    return make
+
+
+def _reverse_threads(base):
+    """A reverse kernel as NumPy: thread i = base(block index, blockDim) + threadIdx, guarded by i < n."""
+    def emulate(grid, block, x, out, n):
+        for b in range(grid[0]):
+            for t in range(block[0]):
+                i = base(b, block[0]) + t
+                if i < n:
+                    out[i] = x[n - 1 - i]
+    return emulate
+
+
+def test_gpu_grading_runs_every_config_isolated_and_passes_a_right_kernel(fake_gpu):
+    k = fake_gpu(_reverse_threads(lambda b, dim: b * dim))
+    ex = exercise("01-reverse")
+    ex_small = Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-small", "shapes": (1, 31, 257)})
+    register(ex_small)
+    try:
+        r = kernellab.grade("t-rev-small", k)
+    finally:
+        unregister("t-rev-small")
+    assert r.passed and r.complete and not r.needs_gpu, str(r)
+    assert len(k.launches) == 3 * 4 and all(iso is True for _, _, iso in k.launches)   # 3 shapes x 4 blocks
+    assert [c.what for c in r.checks][-1] == "memcheck"
+
+
+def test_gpu_grading_turns_sanitizer_reports_into_findings_at_cell_lines(fake_gpu):
+    k = fake_gpu(_reverse_threads(lambda b, dim: b * dim),
+                 reports={"memcheck": MEMCHECK_OOB})
+    ex = exercise("01-reverse")
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-small", "shapes": (1, 31, 257)}))
+    try:
+        r = kernellab.grade("t-rev-small", k, seed=1)
+    finally:
+        unregister("t-rev-small")
+    [f] = r.findings
+    assert f.kind == "out_of_bounds" and f.cell_line == 6 and f.message.startswith("out of bounds write at cell line 6")
+    assert "(thread (1, 0, 0) of block (8, 0, 0))" in f.message and f.hint == exercise("01-reverse").hints[
+        "out_of_bounds"]
+    assert not r.passed and r.complete
+
+
+def test_gpu_grading_names_a_block_size_assumption(fake_gpu):
+    k = fake_gpu(_reverse_threads(lambda b, dim: b * 256))
+    ex = exercise("01-reverse")
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-small", "shapes": (1, 31, 257, 1000)}))
+    try:
+        r = kernellab.grade("t-rev-small", k)
+    finally:
+        unregister("t-rev-small")
+    kinds = {f.kind: f for f in r.findings}
+    # a 1024-thread block covers every shape up to 1000 with its block 0, where the assumption does no harm
+    assert kinds["launch_config"].message == "right with block 256, 1024 on every shape, but wrong with block 32, 96"
+    assert "unwritten" in kinds
+
+
+def test_gpu_grading_stops_at_the_first_fault(fake_gpu):
+    from kernellab.run.worker import IsolatedLaunchError
+
+    def fault(grid, block, *args):
+        raise IsolatedLaunchError("reverse faulted in the isolated worker: an illegal memory access", status="fault")
+
+    k = fake_gpu(fault, reports={"memcheck": MEMCHECK_OOB})
+    r = kernellab.grade("01-reverse", k)
+    assert [f.kind for f in r.findings] == ["fault", "out_of_bounds"], str(r)
+    assert len(k.launches) == 1 and any("stopped at the first fault" in n for n in r.notes)
+
+
+def test_gpu_grading_reports_a_race_with_its_lines(fake_gpu, monkeypatch):
+    from kernellab.teach import grader
+
+    race = (pathlib.Path(__file__).parent / "fixtures" / "captured" / "sanitizer_racecheck.txt").read_text()
+    ex = exercise("02-transpose-batched")
+    k = load_kernel(ex, solution_path(ex.id))
+    monkeypatch.setattr(k, "launch", lambda grid, block, x, out, b, r_, c, **kw: out.__setitem__(
+        slice(None), np.ascontiguousarray(x.transpose(0, 2, 1))), raising=False)
+    from kernellab.run import device
+    from kernellab.run.sanitize import report_from_text
+
+    monkeypatch.setattr(device, "gpu_status", lambda: (True, "fake"))
+    monkeypatch.setattr(grader, "_to_device", lambda args: tuple(args))
+    monkeypatch.setattr(grader, "_to_host", lambda a: a)
+    monkeypatch.setattr(k, "sanitize", lambda *a, tool="memcheck", **kw: report_from_text(
+        race if tool == "racecheck" else "", tool=tool, kernel=k.name), raising=False)
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-batched-small", "shapes": ex.shapes[:3]}))
+    try:
+        r = kernellab.grade("t-batched-small", k, speed=False)
+    finally:
+        unregister("t-batched-small")
+    [f] = r.findings
+    assert f.kind == "race" and f.message.startswith("race at cell line 16, between threads (write / write"), str(r)
+    assert f.hint == ex.hints["race"]
+    assert {"memcheck", "racecheck", "synccheck"} <= {c.what for c in r.checks}
+
+
+# --- a Numba exercise with a shared tile: compile-level checks after the first launch, the simulator's racecheck ----
+
+TILE_NUMBA = '''
+import numba
+from numba import cuda
+
+
+@cuda.jit
+def tposed(inp, out):
+    tile = cuda.shared.array((32, 33), numba.float32)
+    rows, cols = inp.shape
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c, r = cuda.blockIdx.x * 32 + tx, cuda.blockIdx.y * 32 + ty
+    for j in range(0, 32, 8):
+        if r + j < rows and c < cols:
+            tile[ty + j, tx] = inp[r + j, c]
+    cuda.syncthreads()
+    c, r = cuda.blockIdx.y * 32 + tx, cuda.blockIdx.x * 32 + ty
+    for j in range(0, 32, 8):
+        if r + j < cols and c < rows:
+            out[r + j, c] = tile[tx, ty + j]
+'''
+
+
+@pytest.fixture
+def numba_tile():
+    base = exercise("02-transpose-naive")
+
+    def grid(shape, block):
+        return ceil_div(shape[1], 32), ceil_div(shape[0], 32)
+
+    ex = register(Exercise(id="t-tile-numba", tutorial="99-test", title="tile (Numba)", tests="t", kind="numba",
+                           kernel="tposed", signature="inp, out",
+                           make_args=lambda s, rng: base.make_args(s, rng)[:2], outputs=(1,),
+                           reference=lambda x, out: (x.T.copy(),), launch=Launch(grid=grid, blocks=((32, 8),)),
+                           shapes=((1, 1), (31, 33), (1000, 777)), sim_shapes=((1, 1), (31, 33), (33, 31)),
+                           needs_shared=True, needs_barrier=True))
+    yield ex
+    unregister(ex.id)
+
+
+def _numba_cell(src: str, name: str):
+    import linecache
+
+    filename = f"<cell-{abs(hash(src))}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    ns = {}
+    exec(compile(src, filename, "exec"), ns)
+    return ns[name]
+
+
+def test_numba_tile_is_checked_in_its_sass_after_the_simulated_runs(numba_tile):
+    r = kernellab.grade("t-tile-numba", _numba_cell(TILE_NUMBA, "tposed"))
+    assert r.passed and r.complete, str(r)
+    whats = [c.what for c in r.checks]
+    assert "goes through shared memory (STS and LDS)" in whats and "has a barrier (BAR.SYNC)" in whats
+    no_barrier = _numba_cell(TILE_NUMBA.replace("    cuda.syncthreads()\n", ""), "tposed")
+    r = kernellab.grade("t-tile-numba", no_barrier)
+    assert "missing_barrier" in [f.kind for f in r.findings], str(r)
+
+
+def test_the_simulators_racecheck_is_used_through_sanitize_where_kernellab_has_it(numba_tile, monkeypatch):
+    """The simulator's race detector (kernellab.run.simrace) grades a simulated kernel's barriers: a clean kernel's
+    grade says racecheck ran clean; a report with races becomes findings with both lines."""
+    from kernellab.kernel_numba import NumbaKernel
+    from kernellab.run.sanitize import Finding as SanFinding
+    from kernellab.run.sanitize import Location, SanitizerReport
+
+    k = kernellab.numba_kernel(_numba_cell(TILE_NUMBA, "tposed"), simulate=True)
+    r = kernellab.grade("t-tile-numba", k)
+    assert r.passed and not any(n.startswith("racecheck was not run") for n in r.notes), r.notes
+    assert "racecheck: clean" in str(r), str(r)
+
+    calls = []
+
+    def sanitize(self, grid, block, *args, shared_bytes=0, tool="memcheck", **kw):
+        calls.append((tool, grid, block))
+        race = SanFinding(tool="racecheck", kind="race", message="shared-memory data race", where=Location(
+            function="tposed", line=13, cell_line=13), other=Location(function="tposed", line=17, cell_line=17),
+            access="Write", other_access="Read")
+        return SanitizerReport(tool="racecheck", kernel="tposed", findings=(race,))
+
+    monkeypatch.setattr(NumbaKernel, "sanitize", sanitize)
+    r = kernellab.grade("t-tile-numba", k)
+    [f] = r.findings
+    assert f.kind == "race" and f.message.startswith("race between cell line 13 and line 17 (write / read")
+    assert f.cell_line == 13 and "(simulator)" in f.where
+    assert calls == [("racecheck", (2, 1, 1), (32, 8, 1))]      # the sanitizer shape 31 x 33: 2 x 1 tiles
