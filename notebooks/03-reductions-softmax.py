@@ -24,7 +24,8 @@
 # - choosing one warp, one block or a cluster of blocks per row from the row length *and the row count*, and what
 #   to do when 3 rows cannot fill 132 SMs;
 # - checking on awkward shapes, reading the card, occupancy and banks, and timing against PyTorch eager and
-#   `torch.compile` in the same run.
+#   `torch.compile` in the same run;
+# - write two kernels yourself (exercises 03-block-sum and 03-softmax-warp), each checked by `kernellab.grade`.
 #
 # Cells that need a GPU start with `%%gpu`: without one they are skipped in one line, and Run All still reaches
 # the end. Everything else (compiling, the cards, the bank model, the launch plans, the numerics on the CPU) runs
@@ -402,6 +403,26 @@ print(f"16-byte loads, 4 in flight: {t['sum_vec4']:.0f} µs, {t['sum_shuffle'] /
       f"shuffles on one float per thread (predicted about 50 µs)")
 print(f"single pass {t['sum_single_pass']:.0f} µs vs two launches {t['sum_vec4']:.0f} µs; torch.sum "
       f"{t['torch.sum']:.0f} µs: {t['torch.sum'] / t['sum_single_pass']:.2f}x")
+
+# %% [markdown]
+# ### Exercise 03-block-sum · A block's sum with warp shuffles
+#
+# Write `block_sum`: `partial[b]` is the sum of `x[256 b .. 256 b + 255]` (elements past `n` count 0). The grader
+# launches blocks of 256 threads, `ceil(n / 256)` of them. Thread `i = blockIdx.x * 256 + threadIdx.x` loads
+# `x[i]` (0 past `n`); each warp adds its 32 values with `__shfl_xor_sync` (five steps, offsets 16 to 1); lane 0 of
+# each warp puts the warp's sum in a `__shared__ float[8]`; after a `__syncthreads()` the first warp adds the 8
+# and thread 0 writes `partial[blockIdx.x]`. Sizes 1, 31, 255, 256, 257, 1000, 100,003 and 4,194,307. Without a GPU
+# the grader checks the SASS for shuffles (`SHFL`), shared memory and the barrier, and that the kernel reads `n`.
+
+# %%
+# %%cuda
+// exercise: 03-block-sum
+extern "C" __global__ void block_sum(const float* x, float* partial, int n) {
+    // TODO: load x[i] (0 past n), add across the warp with shuffles, meet the other warps in shared memory
+}
+
+# %%
+kernellab.grade("03-block-sum", block_sum)
 
 # %% [markdown]
 # ## Part 2 · Row softmax
@@ -995,6 +1016,26 @@ for name, fn in SOFTMAXES.items():
             assert report.passed, (name, dtype, r, c, report)
     print(f"{name:20s} passed: float32, bfloat16, float16 at {', '.join(f'{r}x{c}' for r, c in CHECK_SHAPES)}")
 report
+
+# %% [markdown]
+# ### Exercise 03-softmax-warp · Softmax with one warp per row
+#
+# Write `softmax_warp`, the warp-per-row plan by hand for rows of up to 1024 floats (one float at a time, to keep it
+# short): blocks of 128 threads take 4 rows each (`ceil(rows / 4)` blocks); warp `w` of block `b` takes row
+# `4b + w` if it exists. Lane `l` holds `x[row][l + 32k]` for `k = 0..31` in a register array (`-inf` past `cols`;
+# index it only in fully unrolled loops, or it moves to local memory), finds the row's max with `__shfl_xor_sync`,
+# then the sum of `exp(x - max)`, and writes `exp(x - max) / sum`. The grader's rows are N(0, 20), so `exp(x)`
+# without the max overflows, and one row is fully masked: its answer is NaN, as torch gives.
+
+# %%
+# %%cuda
+// exercise: 03-softmax-warp
+extern "C" __global__ void softmax_warp(const float* x, float* y, int rows, int cols) {
+    // TODO: one warp per row: the row in registers, the max and the sum by warp shuffles, then the output
+}
+
+# %%
+kernellab.grade("03-softmax-warp", softmax_warp)
 
 # %% [markdown]
 # ### Predictions, then the softmax ladder at 4096 x 4096 (float32)

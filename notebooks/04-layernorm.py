@@ -23,7 +23,8 @@
 # - a one-pass LayerNorm with the row in registers, 16-byte loads, fp32 statistics for fp32 and bf16 data, the
 #   affine weight and bias fused; RMSNorm as its simpler sibling;
 # - the same launch plans as tutorial 03 (a warp, a block or a cluster per row), checked on awkward shapes and
-#   timed against PyTorch eager and `torch.compile`.
+#   timed against PyTorch eager and `torch.compile`;
+# - write two kernels yourself (exercises 04-rmsnorm-block and 04-layernorm-block), each checked by `kernellab.grade`.
 #
 # As in tutorial 03, cells that need a GPU start with `%%gpu` and are skipped in one line without one; the
 # numerics, the kernels' cards and the launch plans run anywhere.
@@ -244,6 +245,45 @@ template __global__ void layernorm_sumsq<__nv_bfloat16>(const __nv_bfloat16*, co
 template __global__ void layernorm_welford<float>(const float*, const float*, const float*, float*, int, float);
 template __global__ void layernorm_welford<__nv_bfloat16>(const __nv_bfloat16*, const __nv_bfloat16*,
                                                           const __nv_bfloat16*, __nv_bfloat16*, int, float);
+
+# %% [markdown]
+# ### Exercise 04-rmsnorm-block · RMSNorm, one block per row
+#
+# Write `rmsnorm_block`: `y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w`. Block `r` (256 threads; the grader launches
+# `rows` blocks) takes row `r`: each thread adds the squares of `x[r][t]`, `x[r][t + 256]`, ...; the block's sum
+# goes through warp shuffles, a `__shared__ float[8]` and a `__syncthreads()`, so that every thread has it; then
+# each thread writes its elements of `y[r]`. One of the grader's rows is all zeros: `eps` keeps its answer 0.
+
+# %%
+# %%cuda
+// exercise: 04-rmsnorm-block
+extern "C" __global__ void rmsnorm_block(const float* x, const float* w, float* y, int rows, int cols, float eps) {
+    // TODO: the row's sum of squares across the block, then y = x * rsqrt(mean + eps) * w
+}
+
+# %%
+kernellab.grade("04-rmsnorm-block", rmsnorm_block)
+
+# %% [markdown]
+# ### Exercise 04-layernorm-block · LayerNorm that survives a large mean
+#
+# Write `layernorm_block`: `y[r] = (x[r] - mean) / sqrt(var + eps) * w + b`, biased variance, float32, block `r`
+# (256 threads, `rows` blocks) on row `r`. Half the grader's rows have a mean of 10,000 and a spread of 1: the
+# sum of squares fails there (the table above says by how much). Either keep Welford triples per thread and merge
+# them with Chan's formula, or make two passes over the row: the mean first (a block-wide sum), then the sum of
+# `(x - mean)^2` (another). Reusing one shared array for both sums needs a barrier between them. Tolerance:
+# 5e-3 absolute, what float32 resolves near 10,000.
+
+# %%
+# %%cuda
+// exercise: 04-layernorm-block
+extern "C" __global__ void layernorm_block(const float* x, const float* w, const float* b, float* y, int rows,
+                                           int cols, float eps) {
+    // TODO: the row's mean and variance without cancellation, then y = (x - mean) * rstd * w + b
+}
+
+# %%
+kernellab.grade("04-layernorm-block", layernorm_block)
 
 # %% [markdown]
 # ## One pass, the row in registers
