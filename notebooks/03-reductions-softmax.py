@@ -1024,7 +1024,7 @@ report
 # short): blocks of 128 threads take 4 rows each (`ceil(rows / 4)` blocks); warp `w` of block `b` takes row
 # `4b + w` if it exists. Lane `l` holds `x[row][l + 32k]` for `k = 0..31` in a register array (`-inf` past `cols`;
 # index it only in fully unrolled loops, or it moves to local memory), finds the row's max with `__shfl_xor_sync`,
-# then the sum of `exp(x - max)`, and writes `exp(x - max) / sum`. The grader's rows are N(0, 20), so `exp(x)`
+# then the sum of `exp(x - max)`, and writes `exp(x - max) / sum`. The grader's rows are N(0, 40), so `exp(x)`
 # without the max overflows, and one row is fully masked: its answer is NaN, as torch gives.
 
 # %%

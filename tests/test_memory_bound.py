@@ -13,6 +13,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "gpu"))
 sys.path.insert(0, str(HERE / "emu"))
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
+sys.path.insert(0, str(HERE))
 from notebook_cells import launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
 
 import kernellab  # noqa: E402
@@ -272,3 +273,43 @@ def test_the_benchmark_script_runs_its_checks_and_table(t03, t04, monkeypatch, c
     assert len(table) == 6 and all(r["check"] == "passed" for r in table)
     assert {r["op"] for r in run.records if r["section"] == "ladder"} == {"sum", "softmax", "layernorm"}
     assert "large mean (1e4): layernorm_sumsq failed" in out and "layernorm_welford passed" in out
+
+
+# --- the exercises' solutions and the variants only a GPU can catch, run on the emulator ------------------------
+
+EXERCISES = ("03-block-sum", "03-softmax-warp", "04-rmsnorm-block", "04-layernorm-block")
+
+
+@needs_cxx
+@pytest.mark.parametrize("ex_id", EXERCISES)
+def test_exercise_solution_passes_and_gpu_variants_fail_on_the_emulator(ex_id):
+    """What tests/gpu/test_exercises_gpu.py grades on a GPU, here on the emulated kernels: the reference solution
+    matches on every small shape, and each `on gpu` wrong variant shows the finding it promises."""
+    import numpy as np
+
+    from exercises.solutions_lib import solution_path, variants
+    from kernellab.teach import compare, exercise
+
+    ex = exercise(ex_id)
+
+    def findings(path):
+        kernel = emulate.compile_host(path.read_text())[ex.kernel]
+        found = set()
+        for si, shape in enumerate(ex.shapes):
+            if np.prod(shape) > 100_000:
+                continue
+            for grid, block in ex.launch.configs(shape):
+                args = list(ex.make_args(shape, np.random.default_rng([7, si])))
+                expected = ex.reference(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])
+                for i in ex.outputs:
+                    compare.poison_(args[i])
+                kernel[grid[0], block[0]](*[torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in args])
+                for j, i in enumerate(ex.outputs):
+                    found |= {p.kind for p in compare.compare(args[i], expected[j], ex.arg_name(i), rtol=ex.rtol,
+                                                              atol=ex.atol)}
+        return found
+
+    assert findings(solution_path(ex_id)) == set()
+    for v in variants(ex_id):
+        if v.where == "gpu":
+            assert set(v.kinds) <= findings(v.path), v
