@@ -497,7 +497,9 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // A running (max, sum of exp(x - max)) pair; merging two rescales both sums to the larger max.
@@ -644,7 +646,9 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <typename T> __device__ __forceinline__ T neg_inf() { return from_float<T>(NEG_INF); }
 
@@ -982,8 +986,10 @@ HTML(html_table(["shape", "dtype", "plan", "kernel", "block", "grid", "registers
 # %% [markdown]
 # Every kernel stays at or under 64 registers, what a 1024-thread block allows (`__launch_bounds__(1024)`), and
 # none spills: 32 values per thread is the budget, which is why bf16 packs (8 values) stop at 4 per thread where
-# float packs (4 values) go to 8. The smallest grids (3 x 100003: 24 blocks) leave most SMs empty whatever the
-# plan; every other shape has more than 100 KB in flight per SM.
+# float packs (4 values) go to 8. That caps occupancy at 50 %, and it does not matter here: the large shapes have
+# 64-128 KB of loads in flight per SM, several times the 20 KB or so that Little's law asks for. The small grids
+# (1000 x 1031: 250-500 blocks; 3 x 100003: 24) leave SMs with one block or none, whatever the plan: there the
+# whole input is in flight at once, and the time is a few DRAM round trips.
 #
 # ### Check on awkward shapes
 #

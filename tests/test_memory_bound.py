@@ -251,6 +251,7 @@ def test_sums_on_the_emulator(t03):
 
 
 @needs_cxx
+@pytest.mark.slow
 def test_the_benchmark_script_runs_its_checks_and_table(t03, t04, monkeypatch, capsys):
     import memory_bound as mb
     from test_bench import FakeClock

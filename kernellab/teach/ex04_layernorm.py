@@ -63,7 +63,7 @@ register(Exercise(
 ))
 
 
-# --- 04-layernorm-block: statistics that survive a large mean ----------------------------------------------------------
+# --- 04-layernorm-block: statistics that survive a large mean ------------------------------------------------------
 
 def _ln_args(shape, rng):
     rows, cols = shape

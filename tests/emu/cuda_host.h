@@ -46,7 +46,12 @@ struct __nv_bfloat16 { unsigned short bits; };
 struct __half { unsigned short bits; };
 typedef __nv_bfloat16 nv_bfloat16;
 typedef __half half;
-inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = uint32_t(h.bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+inline float __bfloat162float(__nv_bfloat16 h) {
+    uint32_t u = uint32_t(h.bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     uint32_t u; std::memcpy(&u, &f, 4);
     if (std::isnan(f)) return {0x7FC0};
@@ -156,14 +161,6 @@ inline void yield(Wait w) {
     throw std::runtime_error(why);
 }
 
-struct Dim3Ref {   // threadIdx / blockIdx / blockDim / gridDim, read through the current fiber
-    int which;
-    unsigned get(int axis) const {
-        const dim3& d = which == 0 ? self().tid : which == 1 ? g_block->bid : which == 2 ? g_block->bdim : g_block->gdim;
-        return axis == 0 ? d.x : axis == 1 ? d.y : d.z;
-    }
-};
-
 }  // namespace kl
 
 #define threadIdx (::kl::self().tid)
@@ -211,9 +208,12 @@ template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned d, int w
     return kl::shuffle(v, src);
 }
 
-inline float atomicAdd(float* p, float v) { std::lock_guard<std::mutex> g(kl::atomic_lock()); float o = *p; *p = o + v; return o; }
-inline int atomicAdd(int* p, int v) { std::lock_guard<std::mutex> g(kl::atomic_lock()); int o = *p; *p = o + v; return o; }
-inline unsigned atomicAdd(unsigned* p, unsigned v) { std::lock_guard<std::mutex> g(kl::atomic_lock()); unsigned o = *p; *p = o + v; return o; }
+template <typename T> inline T atomicAdd(T* p, T v) {   // float, int, unsigned: one lock for all atomics
+    std::lock_guard<std::mutex> g(kl::atomic_lock());
+    T o = *p;
+    *p = o + v;
+    return o;
+}
 inline unsigned atomicInc(unsigned* p, unsigned lim) {
     std::lock_guard<std::mutex> g(kl::atomic_lock()); unsigned o = *p; *p = o >= lim ? 0 : o + 1; return o;
 }
@@ -242,7 +242,8 @@ inline void wait_cluster() {
 template <typename T> inline T* map_rank(T* p, unsigned rank) {
     Cluster* c = g_block->cluster;
     if (!c) { if (rank != 0) fail("mapa to another rank outside a cluster"); return p; }
-    if (rank >= unsigned(c->size)) fail("mapa to rank " + std::to_string(rank) + " of a cluster of " + std::to_string(c->size));
+    if (rank >= unsigned(c->size))
+        fail("mapa to rank " + std::to_string(rank) + " of a cluster of " + std::to_string(c->size));
     char* mine = g_block->tls_anchor;
     char* theirs = c->blocks[rank]->tls_anchor;
     return reinterpret_cast<T*>(reinterpret_cast<char*>(p) - mine + theirs);

@@ -47,7 +47,8 @@ def host_source(source: str) -> str:
                 if depth == 0:
                     break
                 i += 1
-            text = text[:m.start()] + "/* " + name + ": emulated */" + "\n" * text.count("\n", m.start(), i) + text[i + 1:]
+            newlines = "\n" * text.count("\n", m.start(), i)          # keep the line numbers
+            text = text[:m.start()] + "/* " + name + ": emulated */" + newlines + text[i + 1:]
     return text
 
 
@@ -56,27 +57,34 @@ def _param_type(p) -> str:
     return " ".join(t.split())
 
 
-def compile_host(source: str, arch: str = "sm_90"):
-    """Compile `source` with NVRTC (for the signatures) and with the host C++ compiler; a HostModule."""
+def compile_host(source: str, arch: str = "sm_90", first_line: int = 2, filename: str = "cell.cu"):
+    """Compile `source` with NVRTC (for the signatures) and with the host C++ compiler; a HostModule.
+
+    first_line and filename are those of a `%%cuda` cell by default, so the NVRTC compile shares kernellab's cache
+    with the tests that compile the same cell for its resources."""
     import kernellab
 
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no host C++ compiler (g++) to build the CPU emulation with")
-    module = kernellab.compile_cuda(source, arch=arch)
+    module = kernellab.compile_cuda(source, arch=arch, first_line=first_line, filename=filename)
     kernels = list(module.kernels)
     wrappers = []
     for i, k in enumerate(kernels):
         call = k.signature.display
         args = ", ".join(f"*reinterpret_cast<{_param_type(p)}*>(args[{j}])" for j, p in enumerate(k.params))
         wrappers.append(
-            f'extern "C" __attribute__((visibility("default"))) const char* kl_launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,'
-            f' unsigned bz, int cluster, void** args) {{\n'
+            f'extern "C" __attribute__((visibility("default"))) const char* kl_launch_{i}(\n'
+            f'        unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, int cluster,\n'
+            f'        void** args) {{\n'
             f'    static thread_local std::string err;\n'
-            f'    try {{ err = kl::launch(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, cluster, [&] {{ {call}({args}); }}); }}\n'
+            f'    try {{\n'
+            f'        err = kl::launch(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, cluster, [&] {{ {call}({args}); }});\n'
+            f'    }}\n'
             f'    catch (const std::exception& e) {{ err = e.what(); }}\n'
             f'    return err.c_str();\n}}\n')
-    text = f'#include "{HEADER}"\n#line 1 "kernel.cu"\n' + host_source(source) + "\n" + "\n".join(wrappers)
+    text = (f'#include "{HEADER}"\n#line {first_line} "{filename}"\n' + host_source(source) + "\n"
+            + "\n".join(wrappers))
     # Each library keeps its own inline and template thread_locals (the __shared__ variables and the scheduler's
     # state): unified across libraries, they would break distributed shared memory.
     flags = ["-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique"]
