@@ -1147,16 +1147,17 @@ print(f"bf16 sweep: at worst {worst_eager:.2f}x torch eager and {worst_compile:.
 
 # %% [markdown]
 # What the numbers depend on, to read them well:
-# - **The large shapes** are a stream: with more than 100 KB in flight per SM the kernel is as close to the copy
+# - **The large shapes** are a stream: with 64-128 KB in flight per SM the kernel is as close to the copy
 #   bandwidth as the phases of each block allow (load everything, reduce, store everything). The cluster plans
 #   pay two cluster barriers per block; at 1024 x 262144 each block holds 128 KB, so they are small against the
 #   block's time.
-# - **1000 x 1031** moves 8 MB: about 3 µs of bandwidth against a couple of microseconds of fixed costs. Here the
-#   comparison with `torch.compile` is about who wastes less of the fixed part; the rows are misaligned, so every
-#   row has edge elements loaded one by one, by a few threads, alongside the packs.
+# - **1000 x 1031** moves 4 MB in bf16 (8 in float32): 1.4 µs of bandwidth against a couple of microseconds of
+#   fixed costs (launch, the first DRAM round trip, draining the stores). Here the comparison with
+#   `torch.compile` is about who wastes less of the fixed part; the rows are misaligned, so every row has edge
+#   elements loaded one by one, by a few threads, alongside the packs.
 # - **3 x 100003** is latency: 24 blocks each issue all their loads at once, wait one DRAM round trip, merge
 #   across their cluster and store. PyTorch's eager kernel gives each of the 3 rows one block, which then streams
-#   400 KB at one SM's pace.
+#   its 200 KB (400 in float32) at one SM's pace.
 #
 # Things to try: force `plan_rows` to one block per row for 4096 x 1024 and see what the barrier and the
 # smaller rows-per-block cost; give `sum_vec4` one load in flight instead of four; make `softmax_rows` read
