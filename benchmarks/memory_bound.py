@@ -106,7 +106,7 @@ def load(run):
 
 
 def bench_opts(quick):
-    return dict(warmup_ms=10, rep_ms=25 if quick else 40, max_reps=1500)
+    return dict(warmup_ms=10, rep_ms=25 if quick else 30, max_reps=1000)
 
 
 def compiled(torch, fn, name, run, *args):
