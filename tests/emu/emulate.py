@@ -152,9 +152,11 @@ class HostKernel:
     def __init__(self, kernel, fn, cluster: int):
         self.kernel, self.fn, self.cluster = kernel, fn, cluster
 
-    @property
-    def name(self) -> str:
-        return self.kernel.name
+    def __getattr__(self, name):
+        """Everything else (name, signature, resources, occupancy, sass) is the NVRTC-compiled kernel's."""
+        if name == "kernel":
+            raise AttributeError(name)
+        return getattr(self.kernel, name)
 
     def __getitem__(self, config):
         grid, block = config[:2]
