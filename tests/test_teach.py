@@ -17,7 +17,7 @@ from kernellab.teach.grader import DEFAULT_HINTS
 
 GPU = kernellab.has_gpu()
 IDS = exercises().ids
-TUTORIALS = ("01-first-kernel", "02-transpose-banks")
+TUTORIALS = ("00-puzzles", "01-first-kernel", "02-transpose-banks")
 
 
 # --- the registry --------------------------------------------------------------------------------------------------
@@ -182,6 +182,15 @@ def test_a_kernel_for_another_arch_is_a_finding():
     module = kernellab.compile_cuda(solution_path("01-reverse").read_text(), arch="sm_80", first_line=2)
     r = kernellab.grade("01-reverse", module.reverse)
     assert "arch" in [f.kind for f in r.findings]
+
+
+def test_a_kernel_that_stores_only_through_global_atomics_stores():
+    """sm_90 writes an atomicAdd whose result is unused as REDG: a global store, not "stores nothing"."""
+    from kernellab.teach import grader
+
+    k = kernellab.compile_cuda('extern "C" __global__ void count(int* c) { atomicAdd(c + threadIdx.x % 4, 1); }',
+                               arch="sm_90").count
+    assert "REDG" in k.sass and grader._STORE.search(k.sass)
 
 
 # --- every exercise: the solution passes, the stub and each wrong variant fail with their finding ----------------

@@ -62,7 +62,7 @@ DEFAULT_HINTS = {
     "internal": "this is a bug in the grader, not (necessarily) in your kernel: please report it",
 }
 
-_STORE = re.compile(r"\b(STG|RED|ATOMG|ATOM|ST)\.")
+_STORE = re.compile(r"\b(STG|REDG|RED|ATOMG|ATOM|ST)\.")   # REDG: sm_90's global reduction (atomicAdd, result unused)
 _LOCAL = re.compile(r"\b(LDL|STL)\b")
 _SHARED_STORE = re.compile(r"\bSTS\b")
 _SHARED_LOAD = re.compile(r"\b(LDS|LDSM)\b")
