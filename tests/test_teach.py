@@ -106,6 +106,12 @@ def test_unwritten_elements_of_a_vector_are_named_by_run():
     assert p.message.startswith("no element of `c` was written")
 
 
+def test_an_unwritten_integer_output_names_its_marker_not_a_nan():
+    counts = cmp.poison_(np.empty(16, np.int32))
+    [p] = cmp.compare(counts, np.arange(16, dtype=np.int32), "counts", rtol=1e-5, atol=1e-6)
+    assert p.kind == "unwritten" and "the largest int32 (2,147,483,647) the grader put there" in p.message, p.message
+
+
 def test_a_nan_the_kernel_wrote_is_wrong_not_unwritten():
     out = np.full(4, np.nan, np.float32)           # an ordinary NaN, not the grader's marked one
     [p] = cmp.compare(out, np.ones(4, np.float32), "c", rtol=1e-5, atol=1e-6)
