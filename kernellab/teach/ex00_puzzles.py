@@ -222,6 +222,13 @@ _puzzle(
 
 # --- 00-dot: a reduction in shared memory, with barriers ------------------------------------------------------------
 
+def _dot_args(shape, rng):
+    """Whole numbers 1..4: every product counts (a partial sum left out always changes the total)."""
+    (n,) = shape
+    a, b = (rng.integers(1, 5, size=n).astype(np.float32) for _ in range(2))
+    return a, b, np.empty(1, np.float32), n
+
+
 _puzzle(
     id="00-dot", title="Dot product: a tree reduction",
     tests="a per-thread partial sum, a tree reduction in shared memory, a barrier after every level",
@@ -230,7 +237,7 @@ _puzzle(
          "i = t, t + 32, t + 64, ... into a register, stores it to a shared array of 32 floats, and the block adds "
          "them up in a tree (16 threads add pairs, then 8, 4, 2, 1) with a barrier after each level; thread 0 "
          "writes the total. The grader launches 1 block of 32 threads.",
-    make_args=lambda shape, rng: (_whole(rng, shape[0]), _whole(rng, shape[0]), np.empty(1, np.float32), shape[0]),
+    make_args=_dot_args,
     outputs=(2,),
     reference=lambda a, b, out, n: (np.array([np.dot(a.astype(np.float64), b)], np.float32),),
     launch=Launch(grid=lambda shape, block: 1, blocks=(TPB,)),
@@ -261,9 +268,9 @@ _puzzle(
     shapes=(1, 7, 32, 100, 100_003), sim_shapes=(1, 7, 32, 100), sanitize_shape=100,
     needs_shared=True, needs_barrier=True, atol=0.0, rtol=0.0,
     hints={
-        "race": "a scan step needs two barriers: one after every thread has read tile[t - step] (before any "
-                "writes), one after the writes (before the next step reads); and one before the next chunk "
-                "overwrites the tile that tile[31] is read from",
+        "race": "a scan step needs two `cuda.syncthreads()`: one after every thread has read tile[t - step] "
+                "(before any writes), one after the writes (before the next step reads); and one more before the "
+                "next chunk's loads overwrite the tile that tile[31] was read from",
         "wrong_values": "each chunk's values add the carry: the sum of all the chunks before it",
         "unwritten": "the block walks every chunk: `for start in range(0, n, 32):`",
     },
@@ -339,8 +346,8 @@ _puzzle(
     needs_shared=True, needs_barrier=True,
     hints={
         "race": "counters are added to with cuda.atomic.add(h, x[i], 1), never h[x[i]] += 1 (a read, then a "
-                "write: two threads can both read the old count); and a barrier separates zeroing, adding and "
-                "copying out",
+                "write: two threads can both read the old count); and a `cuda.syncthreads()` separates zeroing, "
+                "adding and copying out",
         "wrong_values": "zero the 16 shared counters first; then every value adds 1 to its counter; then copy the "
                         "counters out",
     },
@@ -373,8 +380,8 @@ _puzzle(
     sim_shapes=((1, 1, 1), (5, 9, 3), (9, 17, 10), (16, 8, 16)), sanitize_shape=(9, 17, 10),
     needs_shared=True, needs_barrier=True, atol=0.0, rtol=0.0,
     hints={
-        "race": "two barriers per step along k: after loading the tiles (before any thread uses them), and after "
-                "using them (before the next step's loads overwrite them)",
+        "race": "two `cuda.syncthreads()` per step along k: after loading the tiles (before any thread uses "
+                "them), and after using them (before the next step's loads overwrite them)",
         "out_of_bounds": "edge tiles run past the matrices: load 0 where the row, the column or the k index is "
                          "outside, and store only where row < m and col < n",
         "wrong_values": "the last step along k is partial when k is not a multiple of 8: zero-fill it rather than "

@@ -3,8 +3,8 @@
 import numba
 from numba import cuda
 
-TPB = 32   # columns per block (threadIdx.x)
-ROWS = 4   # threads per column (threadIdx.y)
+TPB = 32   # columns per block, along threadIdx.x
+ROWS = 4   # threads per column, along threadIdx.y
 
 
 @cuda.jit
