@@ -35,9 +35,10 @@
 # element, sizes that are not a multiple of the block), with fresh random inputs every time and the outputs filled
 # with NaN first, so that an element no thread writes shows up as *never written* rather than as a lucky zero. It
 # compares every output with the spec. Where the puzzle uses shared memory it also runs the simulator's race
-# detector (`kernel.sanitize(..., tool="racecheck")`), which reports a missing `cuda.syncthreads()` as a race
-# between the two lines involved, and it compiles the kernel for a real GPU (sm_90) to check that the machine code
-# holds shared-memory accesses and a barrier. A wrong kernel gets a FAILED verdict with findings and hints, never
+# detector and barrier check (`kernel.sanitize(..., tool="racecheck+synccheck")`), which report a missing
+# `cuda.syncthreads()` as a race between the two lines involved and a barrier that only some threads reach as a
+# barrier error, and it compiles the kernel for a real GPU (sm_90) to check that the machine code holds
+# shared-memory accesses and a barrier. A wrong kernel gets a FAILED verdict with findings and hints, never
 # an exception, so Run All always reaches the end. The solutions are not in this notebook.
 #
 # The simulator runs some 20,000 threads a second: when you try things out yourself, keep the arrays small.
@@ -209,8 +210,8 @@ kernellab.grade("00-grid-stride", relu)
 # %% [markdown]
 # ## Shared memory and the barrier
 #
-# Each block has a small, fast memory of its own (up to 227 KB per block on an H100), visible to its threads
-# and to no other block: `cuda.shared.array(shape, dtype)`. Threads use it to hand data to each other, and that
+# Each block has a small, fast memory of its own, visible to its threads and to no other block: shared memory,
+# `cuda.shared.array(shape, dtype)` (up to 48 KB per block declared this way; an H100 has 228 KB per SM). Threads use it to hand data to each other, and that
 # needs an order: a thread may read an element only after the thread that writes it has written it. Nothing
 # orders two threads by itself. `cuda.syncthreads()` is the *barrier*: no thread of the block goes past it until
 # every thread has reached it.
@@ -280,7 +281,7 @@ rotate.sanitize(1, W, x, out, tool="racecheck")
 rotate.trace_banks(1, W, x, out)
 
 # %% [markdown]
-# The grader runs the race detector on every puzzle from here on.
+# The grader runs the race detector (and the barrier check) on every shared-memory puzzle from here on.
 #
 # ## 5 · Shared memory: flip each chunk of 32
 #
@@ -460,8 +461,9 @@ kernellab.grade("00-row-sums", row_sums)
 # `32 b .. 32 b + 31`, and the four threads of a column, `ty = 0..3`, split its rows: `ty, ty + 4, ty + 8, ...`.
 # Each stores its partial sum at `part[ty, tx]` of a shared `(4, 32)` array; after a barrier, the threads with
 # `ty == 0` add their column's four partial sums and write `out[c]`. Guard the column `c < cols` around the reads
-# and the write, but not around the barrier: every thread of a block must reach each `cuda.syncthreads()`, or the
-# block hangs on a GPU (`tool="synccheck"` finds such a barrier in the simulator).
+# and the write, but not around the barrier: every thread of a block must reach each `cuda.syncthreads()`. A
+# barrier that some threads of a warp wait at while the others have gone past it is undefined behaviour on a GPU
+# (it may hang, or release too early); the grader's barrier check (synccheck) reports it with the line.
 
 # %%
 # %%numba --sim
@@ -577,5 +579,5 @@ for ex_id, k in puzzles.items():
 # Tutorial 01 writes kernels in CUDA C++ (`%%cuda`) and times them on a GPU against PyTorch; tutorial 02 is about
 # shared-memory banks, the reason a tile is often declared 32 x 33. Things to try here: give `rotate_racy` a
 # `cuda.syncwarp()` where `rotate` has its barrier (one warp: that is enough) and run its racecheck again; launch
-# your `dot` as `dot[1, 64](...)` and read what the simulator says about a kernel written for 32 threads; run
-# `col_sums.sanitize(..., tool="synccheck")` on a version that puts its barrier inside `if c < cols:`.
+# your `dot` as `dot[1, 64](...)` and read what the simulator says about a kernel written for 32 threads; put the
+# barrier of your `col_sums` inside `if c < cols:` and grade it again.

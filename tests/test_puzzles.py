@@ -99,11 +99,12 @@ def test_every_puzzle_with_shared_memory_is_race_checked_and_complete_in_the_sim
         checks = {c.what: c for c in r.checks}
         assert any(w.endswith("(simulator)") and "launches on" in w for w in checks), checks
         if ex.needs_shared:
-            assert checks["racecheck"].passed and checks["racecheck"].detail == "clean", str(r)
+            for tool in ("racecheck", "synccheck"):
+                assert checks[tool].passed and checks[tool].detail == "clean", str(r)
             assert checks["goes through shared memory (STS and LDS)"].passed
             assert checks["has a barrier (BAR.SYNC)"].passed
         else:
-            assert "racecheck" not in checks
+            assert "racecheck" not in checks and "synccheck" not in checks
 
 
 @pytest.mark.parametrize("ex_id", IDS)
@@ -114,4 +115,5 @@ def test_simulated_launches_stay_small(ex_id):
         for grid, block in ex.launch.configs(shape):
             assert math.prod(grid) * math.prod(block) <= SIM_THREADS_MAX, (shape, grid, block)
     assert set(ex.sim_shapes) < set(ex.shapes)
+    assert ex.sanitize_shape in ex.sim_shapes, "the race detector runs on a shape the launches ran on"
     assert max(math.prod(s) for s in ex.shapes) > 100 * max(math.prod(s) for s in ex.sim_shapes)
