@@ -27,7 +27,8 @@
 #
 # **How it works.** Each puzzle is a kernel you write in Python with Numba's `@cuda.jit`, in a `%%numba --sim`
 # cell: `--sim` runs it in Numba's CUDA simulator, which executes every thread of the launch on the CPU, so you
-# need no GPU (and on a machine with one, everyone is graded the same way). A puzzle is four things: the *spec*,
+# need no GPU (and where there is one, the puzzles still run and are graded in the simulator, the same for
+# everyone; the last cell grades them on the GPU too). A puzzle is four things: the *spec*,
 # a few lines of NumPy that say what the kernel must compute; what it teaches; a *stub* cell with the kernel's
 # signature, a `# TODO` and how many lines the body takes; and a *grader* cell, `kernellab.grade("00-...", kernel)`.
 #
@@ -211,9 +212,9 @@ kernellab.grade("00-grid-stride", relu)
 # ## Shared memory and the barrier
 #
 # Each block has a small, fast memory of its own, visible to its threads and to no other block: shared memory,
-# `cuda.shared.array(shape, dtype)` (up to 48 KB per block declared this way; an H100 has 228 KB per SM). Threads use it to hand data to each other, and that
-# needs an order: a thread may read an element only after the thread that writes it has written it. Nothing
-# orders two threads by itself. `cuda.syncthreads()` is the *barrier*: no thread of the block goes past it until
+# `cuda.shared.array(shape, dtype)` (up to 48 KB per block declared this way; an H100 has 228 KB per SM). Threads
+# use it to hand data to each other, and that needs an order: a thread may read an element only after the thread
+# that writes it has written it. Nothing orders two threads by itself. `cuda.syncthreads()` is the *barrier*: no thread of the block goes past it until
 # every thread has reached it.
 #
 # Here is a kernel that gets this wrong. Each of 32 threads stores its element in a shared tile and reads its
