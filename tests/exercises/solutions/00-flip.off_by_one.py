@@ -1,5 +1,5 @@
 # exercise: 00-flip
-# expect: out_of_bounds on cpu
+# expect: wrong_values on cpu
 import numba
 from numba import cuda
 
