@@ -1,5 +1,6 @@
 # exercise: 00-histogram
-# expect: race on cpu
+# expect: wrong_values on cpu
+# (a plain store against atomics is not a racecheck hazard on an H100: the lost adds show as wrong counts)
 import numba
 from numba import cuda
 
