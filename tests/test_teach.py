@@ -17,7 +17,7 @@ from kernellab.teach.grader import DEFAULT_HINTS
 
 GPU = kernellab.has_gpu()
 IDS = exercises().ids
-TUTORIALS = ("01-first-kernel", "02-transpose-banks")
+TUTORIALS = ("01-first-kernel", "02-transpose-banks", "07-fused-attention")
 
 
 # --- the registry --------------------------------------------------------------------------------------------------
