@@ -129,6 +129,37 @@ print("softmax:", softmax @ v_rows)
 assert np.allclose(a / l, softmax @ v_rows)
 
 # %% [markdown]
+# ### Exercise 07-online-softmax: a row's `(m, l)` in one pass, one warp per row
+#
+# Here is that bookkeeping alone, on a `[rows, n]` fp32 matrix of scores, with the work spread the way step 2 spreads
+# it: over the lanes of a warp. Write `softmax_stats` so that `m[r] = max_j x[r][j]` and
+# `l[r] = sum_j exp(x[r][j] - m[r])`, reading each row once:
+# - warp `threadIdx.y` of block `blockIdx.x` owns row `blockIdx.x * blockDim.y + threadIdx.y`, and lane `threadIdx.x`
+#   walks keys `lane, lane + 32, ...`, keeping its own running `(m, l)` with the online update above;
+# - the warp then merges its 32 states with `__shfl_xor_sync(0xffffffff, v, offset)` for offsets 16, 8, 4, 2, 1. Two
+#   states merge as a new block of keys does: `m = max(m_a, m_b)`, `l = l_a exp(m_a - m) + l_b exp(m_b - m)`;
+# - masked keys are `-inf`. A lane that has seen only `-inf` holds `(m, l) = (-inf, 0)` and must still hold it after
+#   another `-inf` (or another such state) arrives, but `exp(-inf - (-inf))` is NaN: that case needs its own branch.
+#   A fully masked row's answer is `m = -inf`, `l = 0`.
+#
+# Use `expf` (or `__expf`, or `exp2f` with `log2(e)` folded in). The grader launches blocks of 32 x 1, 32 x 4 and
+# 32 x 8 threads, `ceil(rows / blockDim.y)` of them, on rows of 1 to 100,003 keys holding large scores (where `exp(x)`
+# itself overflows), masked keys, windows of keys, fully masked rows and ties, and times a solution beside
+# `torch.logsumexp` over the same rows (an optional bar: half its speed). Without a GPU it checks what the compiler
+# shows: a warp shuffle, `MUFU.EX2`, and that `rows` and `n` are read.
+
+# %%
+# %%cuda
+// exercise: 07-online-softmax
+#include <math_constants.h>   // CUDART_INF_F
+extern "C" __global__ void softmax_stats(const float* x, float* m, float* l, int rows, int n) {
+    // TODO: each lane's running (m, l) over keys lane, lane + 32, ...; then merge the 32 states across the warp
+}
+
+# %%
+kernellab.grade("07-online-softmax", softmax_stats)
+
+# %% [markdown]
 # ## The kernel
 #
 # **Who does what.** `blockIdx.y` picks the (batch, head); `blockIdx.x` picks `BLOCK_M = 64` query rows, and thread
@@ -535,6 +566,55 @@ step1
 #    `p = exp2(s - m) <= 256`, harmless in fp32 and in bf16/fp16, and skip the `O *= alpha` multiplies when no row of the
 #    warp moved. The result is exact (`O` and `l` share the same stale max); predicted a few % at `d = 64` and more at
 #    `d = 128`, where rescaling is `2 x 16 x 4 = 128` FMULs per tile: measured +1 % and +8 %.
+
+# %% [markdown]
+# ### Exercise 07-ldmatrix-swizzle: `A` fragments through `ldmatrix.x4` from a swizzled tile
+#
+# First the piece everything above rests on: one warp turning a tile of `Q` in shared memory into the `A` fragments
+# of `mma.sync`. `q` holds `tiles` tiles of 16 rows x 64 bf16 values (as their 16-bit patterns, `unsigned short`,
+# row-major: 2 KB a tile, one warp's m16 tile at `d = 64`). Write `ldmatrix_frags` so that warp
+# `w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32` takes tile `w` and
+# 1. copies it into its own `__shared__` tile (`__shared__ uint4 smem[4][128]` holds one per warp, at most 4 warps a
+#    block) in the swizzled layout: 16-byte chunk `c` of row `r` at byte `r * 128 + 16 * (c ^ (r % 8))`;
+# 2. after a `__syncwarp()` (lanes read what other lanes wrote), loads for each `kc = 0 .. 3` the `A` fragment of
+#    columns `16 kc .. 16 kc + 15` with one `ldmatrix.x4`, and stores lane `l`'s four registers to
+#    `frag[((w * 4 + kc) * 32 + l) * 4 + 0 .. 3]`;
+# 3. copies its shared tile out, byte for byte, to the 2 KB of `image` at tile `w`, so that the grader sees the layout.
+#
+# Warps past the last tile return at once. Which value goes where: with `g = l / 4` and `t = l % 4`, lane `l`'s register
+# `a0` holds row `g`, columns `2t` and `2t + 1` of the 16 x 16 piece (the lower column in the low 16 bits), `a1` row
+# `g + 8` at the same columns, `a2` row `g` at columns `2t + 8` and `2t + 9`, `a3` row `g + 8` at those. `ldmatrix.x4`
+# loads four 8 x 8 matrices of 16-bit values: lanes `8i .. 8i + 7` each give the shared address of one 16-byte row of
+# matrix `i`, and lane `l` receives in register `i` row `l / 4`, columns `2 (l % 4)` and `2 (l % 4) + 1` of matrix `i`.
+# Work out from the two which row and which chunk each lane points at, then swizzle that address exactly as the tile
+# was written. The instruction, with `addr` the lane's row as a shared-memory address
+# (`static_cast<unsigned>(__cvta_generic_to_shared(p))`):
+#
+# ```
+# asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+#              : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(addr));
+# ```
+#
+# The grader launches blocks of 32, 96 and 128 threads and checks every register of every lane against the PTX ISA's
+# fragment table, and `image` against the swizzle. Without a GPU it checks that the compiler emitted `LDSM`, shared
+# stores and loads, and that `tiles` is read.
+
+# %%
+# %%cuda
+// exercise: 07-ldmatrix-swizzle
+extern "C" __global__ void ldmatrix_frags(const unsigned short* q, unsigned int* frag, unsigned short* image,
+                                          int tiles) {
+    // TODO: tile w into a swizzled __shared__ tile; four ldmatrix.x4 into frag; the shared tile out to image
+}
+
+# %%
+kernellab.grade("07-ldmatrix-swizzle", ldmatrix_frags)
+
+# %% [markdown]
+# ### The kernel
+#
+# Its `Q` fragments come from exactly the loads of the exercise (`qv_row` and `q_col` below); `K` uses the other lane
+# order, since a `B` fragment pairs the matrices differently, and `V` goes through `ldmatrix.trans`.
 
 # %%
 # %%cuda
