@@ -37,7 +37,7 @@
 import math
 
 import torch
-from IPython.display import HTML
+from IPython.display import HTML, display
 from matplotlib.figure import Figure
 
 import kernellab
