@@ -98,6 +98,8 @@ def prepare(source: str) -> str:
                 blank[j] = " "
     text = "".join(keep)
     text = re.sub(r"(?m)^\s*#\s*include\s*[<\"].*$", "", text)
+    strings = dict(re.findall(r'(?m)^\s*#\s*define\s+(\w+)\s+("[^\n]*")\s*$', text))   # PTX text in a macro
+    text = re.sub(r"(?m)^\s*#\s*define\s+(\w+)\(([^)]*)\)\s+.*\basm\b.*$", lambda m: _ptx_macro(m, strings), text)
     # cuda_emu.h has its own CUtensorMap (the emulator's encoding): drop the source's definition of the opaque struct
     text = re.sub(r"(typedef\s+)?struct\s+(alignas\s*\(\s*\d+\s*\)\s+)?CUtensorMap\w*\s*\{[^{}]*\}\s*\w*\s*;", "", text)
 
@@ -132,6 +134,17 @@ def prepare(source: str) -> str:
     text = re.sub(r"\bextern\s+__shared__\s+([^;]*);", dynamic, text)
     text = re.sub(r"\b__shared__\s+([^;]*);", static, text)
     return text
+
+
+def _ptx_macro(m, strings: dict) -> str:
+    """A `#define NAME(d, a, b) asm volatile(...)` one-liner of PTX, as the emulator's call (mma.sync only); the PTX
+    text may be a string macro of its own (`asm volatile(MMA_PTX : ...)`)."""
+    line, name, params = m.group(0), m.group(1), m.group(2)
+    line = re.sub(r"\b\w+\b", lambda w: strings.get(w.group(0), w.group(0)), line)
+    for dtype, ctype in (("bf16", "__nv_bfloat16"), ("f16", "__half")):
+        if "mma.sync" in line and f".{dtype}.{dtype}" in line:
+            return f"#define {name}({params}) emu::mma_16816<{ctype}>({params})"
+    raise EmulationError(f"inline PTX in macro {name} is not one the emulator knows: {line.strip()[:80]}")
 
 
 def _split_align(decl: str) -> tuple[int | None, str]:
@@ -214,6 +227,29 @@ def _call(kernel) -> str:
     return f"{kernel.name}({', '.join(parts)})"
 
 
+_FLAGS = ("-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing", "-w")
+
+
+def _precompiled_header() -> Path:
+    """cuda_emu.h copied into the cache with its precompiled .gch beside it (once per header version): g++ then
+    parses the C++ library headers once instead of in every build."""
+    text = (HERE / "cuda_emu.h").read_text()
+    digest = hashlib.sha256((text + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    header = CACHE / f"cuda_emu-{digest}.h"
+    gch = Path(str(header) + ".gch")
+    if not gch.exists():
+        header.write_text(text)
+        tmp = Path(str(gch) + f".{os.getpid()}.tmp")
+        r = subprocess.run(["g++", *_FLAGS, "-x", "c++-header", str(header), "-o", str(tmp)], capture_output=True,
+                           text=True)
+        if r.returncode == 0:
+            os.replace(tmp, gch)        # without it, g++ parses the header itself: slower, same program
+    elif not header.exists():
+        header.write_text(text)
+    return header
+
+
 def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, object]:
     """Compile `kernel` of `source` for the emulator (cached by content); returns (binary, its SourceKernel)."""
     found = [k for k in find_kernels(source) if k.name == kernel]
@@ -221,16 +257,14 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, 
         raise EmulationError(f"no __global__ {kernel} in the source")
     k = found[0]
     head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
-    program = (f'#include "{HERE / "cuda_emu.h"}"\n{head}\n{prepare(source)}\n'
-               + _MAIN.replace("CALL", _call(k)))
+    header = _precompiled_header()
+    program = (f'#include "{header}"\n{head}\n{prepare(source)}\n' + _MAIN.replace("CALL", _call(k)))
     digest = hashlib.sha256((program + (HERE / "cuda_emu.h").read_text()).encode()).hexdigest()[:20]
-    CACHE.mkdir(parents=True, exist_ok=True)
     binary = CACHE / f"{kernel}-{digest}"
     if not binary.exists():
         cpp = CACHE / f"{kernel}-{digest}.cpp"
         cpp.write_text(program)
-        cmd = ["g++", "-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing", "-w", str(cpp), "-o",
-               str(binary) + ".tmp"]
+        cmd = ["g++", *_FLAGS, str(cpp), "-o", str(binary) + ".tmp"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise EmulationError(f"g++ failed on {cpp}:\n{r.stderr[-4000:]}")

@@ -1,5 +1,5 @@
 // exercise: 06-mma-fragments
-// expect: wrong_values on gpu
+// expect: unwritten on gpu
 #include <cuda_fp16.h>
 #define MMA_PTX "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
 #define MMA_16816(d, a, b) asm volatile(MMA_PTX : MMA_OUT(d) : MMA_IN(a, b))
