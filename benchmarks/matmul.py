@@ -3,7 +3,7 @@ PyTorch (cuBLAS) in the same run, with a small sweep of tile configurations for 
 
     python3 benchmarks/matmul.py                 # everything: about 3-4 minutes on an H100
     python3 benchmarks/matmul.py --quick         # the last step of each ladder, default tiles: under 90 s
-    python3 benchmarks/matmul.py --only sgemm    # one family: sgemm (tutorial 05), tc (06, mma.sync), hopper (06, wgmma)
+    python3 benchmarks/matmul.py --only sgemm    # one family: sgemm (05), tc (06, mma.sync), hopper (06, wgmma)
     python3 benchmarks/matmul.py --compile-only  # no GPU needed: compile every variant, print resources and SASS
 
 Method. The kernels are the tutorials' own `%%cuda` cells, read from notebooks/05-matmul.py and 06-tensor-cores.py;
@@ -85,6 +85,7 @@ class Variant:
     smem: int = 0
     slow: bool = False             # seconds per call at 4096^3: few repetitions
     tensor_maps: tuple | None = None   # (box of A, box of B) for the wgmma kernel
+    cluster: tuple | None = None       # thread-block cluster shape, (2, 1, 1) for the wgmma kernel's pairs
 
     @property
     def label(self) -> str:
@@ -94,8 +95,8 @@ class Variant:
 def sgemm_variants(quick: bool) -> list[Variant]:
     g32 = lambda M, N: (cdiv(N, 32), cdiv(M, 32))  # noqa: E731
     steps = [
-        Variant("sgemm", "sgemm_naive", "default", {"fp32": "sgemm_naive"}, grid=lambda M, N: (cdiv(M, 32), cdiv(N, 32)),
-                block=(32, 32), slow=True),
+        Variant("sgemm", "sgemm_naive", "default", {"fp32": "sgemm_naive"},
+                grid=lambda M, N: (cdiv(M, 32), cdiv(N, 32)), block=(32, 32), slow=True),
         Variant("sgemm", "sgemm_coalesced", "default", {"fp32": "sgemm_coalesced"}, grid=g32, block=(32, 32),
                 slow=True),
         Variant("sgemm", "sgemm_smem", "default", {"fp32": "sgemm_smem"}, grid=g32, block=(32, 32)),
@@ -136,16 +137,82 @@ def tc_variants(quick: bool) -> list[Variant]:
 
 
 def hopper_variants(quick: bool, sms: int) -> list[Variant]:
-    configs = [("default", {}), ("3 stages", {"STAGES": 3}), ("GROUP_M=16", {"GROUP_M": 16}),
-               ("GROUP_M=1 (row order)", {"GROUP_M": 1}), ("BN=128 6 stages", {"BN": 128, "STAGES": 6}),
-               ("BN=128 4 stages", {"BN": 128, "STAGES": 4})]
+    configs = [("default", {}), ("no cluster", {"CLUSTER_M": 1}), ("3 stages", {"STAGES": 3}),
+               ("GROUP_M=16", {"GROUP_M": 16}), ("GROUP_M=1 (row order)", {"GROUP_M": 1}),
+               ("BN=128 6 stages", {"BN": 128, "STAGES": 6}), ("BN=128 no cluster", {"BN": 128, "STAGES": 6,
+                                                                                    "CLUSTER_M": 1})]
     out = []
     for config, d in configs:
-        bn, st = d.get("BN", 256), d.get("STAGES", 4)
+        bn, st, cm = d.get("BN", 256), d.get("STAGES", 4), d.get("CLUSTER_M", 2)
+
+        def grid(M, N, bn=bn, cm=cm):            # persistent: at most one block per SM, whole clusters
+            return cm * min(cdiv(cdiv(M, 128), cm) * cdiv(N, bn), sms // cm)
         out.append(Variant("hopper", "wgmma", config, {"bf16": "wgmma_bf16", "fp16": "wgmma_f16"}, dict(d),
-                           grid=lambda M, N, bn=bn: min(cdiv(M, 128) * cdiv(N, bn), sms), block=384,
-                           smem=st * (128 + bn) * 64 * 2 + 16 * st + 1024, tensor_maps=((128, 64), (bn, 64))))
+                           grid=grid, block=384, smem=st * (128 + bn) * 64 * 2 + 16 * st + 1024,
+                           tensor_maps=((128, 64), (bn // cm, 64)), cluster=(cm, 1, 1) if cm > 1 else None))
     return out[:1] if quick else out
+
+
+# --- the variants as functions of torch tensors (also used by tests/gpu/test_matmul_gpu.py) ------------------------
+
+def variant_function(v: Variant, module, dtype_name: str):
+    """(run(A, B, C) -> C, the kernel) for one variant and dtype: the tutorials' launch geometry; for the tensor-core
+    kernels K is padded with zero columns to a multiple of 8 (16-byte rows), and the wgmma kernel gets its tensor maps
+    and its cluster."""
+    import torch
+
+    kernel = module[v.kernels[dtype_name]]
+    F = torch.nn.functional
+    cache = {}
+
+    def run(A, B, C):
+        if v.family == "sgemm":
+            (M, K), N = A.shape, B.shape[1]
+            kernel[v.grid(M, N), v.block, v.smem](A, B, C, M, N, K)
+            return C
+        M, N, K = A.shape[0], B.shape[0], A.shape[1]
+        if K % 8:                                           # 16-byte rows: zero columns add nothing
+            A, B = F.pad(A, (0, -K % 8)), F.pad(B, (0, -K % 8))
+            K += -K % 8
+        first = (A, B)
+        if v.tensor_maps:
+            key = (A.data_ptr(), B.data_ptr(), tuple(A.shape), tuple(B.shape))
+            if key not in cache:
+                cache.clear()
+                cache[key] = (kernellab.tensor_map(A, v.tensor_maps[0], swizzle="128B"),
+                              kernellab.tensor_map(B, v.tensor_maps[1], swizzle="128B"))
+            first = cache[key]
+        kernel[v.grid(M, N), v.block, v.smem](*first, C, M, N, K, **({"cluster": v.cluster} if v.cluster else {}))
+        return C
+    run.__name__ = v.label
+    return run, kernel
+
+
+def inputs(family: str, dtype, M: int, N: int, K: int):
+    """inputs(generator): fp32 A [M, K], B [K, N] for sgemm; A [M, K], B [N, K] in dtype for the others; and C."""
+    import torch
+
+    def make(g):
+        if family == "sgemm":
+            return (torch.randn(M, K, generator=g, device="cuda"), torch.randn(K, N, generator=g, device="cuda"),
+                    torch.empty(M, N, device="cuda"))
+        return (torch.randn(M, K, generator=g, device="cuda").to(dtype),
+                torch.randn(N, K, generator=g, device="cuda").to(dtype), torch.empty(M, N, device="cuda", dtype=dtype))
+    return make
+
+
+def reference(family: str):
+    """What each family computes: A B (sgemm) or A B^T (the tensor-core kernels, both operands K-major)."""
+    return (lambda A, B, C: A @ B) if family == "sgemm" else (lambda A, B, C: A @ B.T)
+
+
+def baseline(family: str):
+    """torch doing the same: torch.mm (TF32 off in main) or torch.matmul(A, B.T) on the same operands."""
+    import torch
+
+    if family == "sgemm":
+        return lambda A, B, C: torch.mm(A, B, out=C)
+    return lambda A, B, C: torch.matmul(A, B.T, out=C)
 
 
 # --- running one variant ---------------------------------------------------------------------------------------
@@ -177,54 +244,16 @@ class Runner:
         return self.modules[key]
 
     def function(self, v: Variant, module, dtype_name: str):
-        """The variant as run(A, B, C) -> C."""
-        torch = self.torch
-        kernel = module[v.kernels[dtype_name]]
-        F = torch.nn.functional
-        cache = {}
-
-        def run(A, B, C):
-            if v.family == "sgemm":
-                (M, K), N = A.shape, B.shape[1]
-                kernel[v.grid(M, N), v.block, v.smem](A, B, C, M, N, K)
-                return C
-            M, N, K = A.shape[0], B.shape[0], A.shape[1]
-            if K % 8:                                           # 16-byte rows: zero columns add nothing
-                A, B = F.pad(A, (0, -K % 8)), F.pad(B, (0, -K % 8))
-                K += -K % 8
-            first = (A, B)
-            if v.tensor_maps:
-                key = (A.data_ptr(), B.data_ptr(), tuple(A.shape), tuple(B.shape))
-                if key not in cache:
-                    cache.clear()
-                    cache[key] = (kernellab.tensor_map(A, v.tensor_maps[0], swizzle="128B"),
-                                  kernellab.tensor_map(B, v.tensor_maps[1], swizzle="128B"))
-                first = cache[key]
-            kernel[v.grid(M, N), v.block, v.smem](*first, C, M, N, K)
-            return C
-        run.__name__ = v.label
-        return run, kernel
+        return variant_function(v, module, dtype_name)
 
     def inputs(self, family: str, dtype, M: int, N: int, K: int):
-        torch = self.torch
-
-        def make(g):
-            if family == "sgemm":
-                return (torch.randn(M, K, generator=g, device="cuda"), torch.randn(K, N, generator=g, device="cuda"),
-                        torch.empty(M, N, device="cuda"))
-            return (torch.randn(M, K, generator=g, device="cuda").to(dtype),
-                    torch.randn(N, K, generator=g, device="cuda").to(dtype),
-                    torch.empty(M, N, device="cuda", dtype=dtype))
-        return make
+        return inputs(family, dtype, M, N, K)
 
     def reference(self, family: str):
-        return (lambda A, B, C: A @ B) if family == "sgemm" else (lambda A, B, C: A @ B.T)
+        return reference(family)
 
     def baseline(self, family: str):
-        torch = self.torch
-        if family == "sgemm":
-            return lambda A, B, C: torch.mm(A, B, out=C)
-        return lambda A, B, C: torch.matmul(A, B.T, out=C)
+        return baseline(family)
 
     def check(self, v: Variant, fn, dtype_name: str, shapes, isolate=False) -> str:
         dtype = {"fp32": self.torch.float32, "bf16": self.torch.bfloat16, "fp16": self.torch.float16}[dtype_name]
@@ -251,8 +280,8 @@ class Runner:
                "torch_ms": r.baselines[0].median_ms, "torch_tflops": r.baselines[0].tflops, "ratio": ratio,
                "spread": r.spread, "device": r.device}
         self.log_row(row, r)
-        print(f"    {dtype_name} {M}x{N}x{K}: {r.median_ms:8.3f} ms {r.tflops:7.1f} TFLOP/s | torch {r.baselines[0].median_ms:8.3f} ms"
-              f" {r.baselines[0].tflops:7.1f} | {ratio:6.1%} of torch", flush=True)
+        print(f"    {dtype_name} {M}x{N}x{K}: {r.median_ms:8.3f} ms {r.tflops:7.1f} TFLOP/s | torch "
+              f"{r.baselines[0].median_ms:8.3f} ms {r.baselines[0].tflops:7.1f} | {ratio:6.1%} of torch", flush=True)
         return r
 
     def variant(self, v: Variant, cell: Cell, checks: dict, sizes: list, dtypes: list) -> dict:
@@ -354,8 +383,9 @@ def compile_only(families) -> int:
                 k, r = module[name], module[name].resources
                 bad = r.spills or r.local_bytes
                 failed += bool(bad)
-                print(f"{'FAIL' if bad else 'ok  '} {v.label:38s} {name:16s} {r.registers:3d} regs {r.local_bytes:4d} B local "
-                      f"smem {r.shared_bytes + v.smem:6d} B | {k.instruction_summary.headline()}")
+                print(f"{'FAIL' if bad else 'ok  '} {v.label:38s} {name:16s} {r.registers:3d} regs "
+                      f"{r.local_bytes:4d} B local smem {r.shared_bytes + v.smem:6d} B | "
+                      f"{k.instruction_summary.headline()}")
         except Exception as exc:          # noqa: BLE001
             failed += 1
             print(f"FAIL {v.label}: {type(exc).__name__}: {str(exc).splitlines()[0]}")

@@ -18,8 +18,8 @@
 #
 # **What you will learn**
 # - why `C = A B` is compute-bound by its byte and FLOP counts, and why a naive kernel behaves as if it were not;
-# - seven kernels, one idea each: naive → coalesced → shared-memory tiles → 1-D register tiles → 2-D register tiles →
-#   16-byte loads with a transposed A tile → warp tiles with double buffering, and a written prediction before each;
+# - seven kernels, one idea each: naive → coalesced → shared-memory tiles → 1-D register tiles → 2-D register
+#   tiles → 16-byte loads with a transposed A tile → warp tiles with double buffering, with a prediction before each;
 # - how to read a kernel's SASS for the ratio that decides this ladder: multiply-adds (`FFMA`) per load;
 # - the shared-memory banks of the tile loads, in the bank model and in Nsight Compute's per-line wavefronts;
 # - the occupancy trade-off of register tiling, with the occupancy explorer;
@@ -819,8 +819,9 @@ sweep = kernellab.sweep(warp, [1024, 2048, 4096, 8192], lambda n, g: mm_inputs(n
 for n, r in zip(sweep.xs, sweep.results):
     print(f"{n:5d}: {r.median_ms:8.3f} ms {r.tflops:6.1f} TFLOP/s, cuBLAS {r.baselines[0].tflops:6.1f}: "
           f"{r.speedup('cuBLAS').ratio:.1%}")
-awkward = kernellab.bench(warp, mm_inputs(4095, 4097, 1023), baselines={"cuBLAS": lambda A, B, C: torch.mm(A, B, out=C)},
-                          flops=mm_flops, bytes=mm_bytes, generator_device="cuda", name="sgemm_warptile 4095x4097x1023")
+awkward = kernellab.bench(warp, mm_inputs(4095, 4097, 1023),
+                          baselines={"cuBLAS": lambda A, B, C: torch.mm(A, B, out=C)}, flops=mm_flops,
+                          bytes=mm_bytes, generator_device="cuda", name="sgemm_warptile 4095x4097x1023")
 print(f"4095 x 4097 x 1023: {awkward.median_ms:.3f} ms, {awkward.speedup('cuBLAS').ratio:.1%} of cuBLAS "
       f"(scalar loads: K and N are not multiples of 4)")
 sweep
@@ -837,8 +838,9 @@ fig = Figure(figsize=(7.5, 5), layout="constrained")
 kernellab.roofline([results[k.name] for k in STEPS if k.name in results], ax=fig.subplots(), include_baselines=False)
 table = [[name, f"{r.median_ms:.3f}", f"{r.tflops:.2f}", f"{r.speedup('cuBLAS').ratio:.1%}"]
          for name, r in results.items()]
+device = next(iter(results.values())).device
 display(HTML(html_table(["step", "ms", "TFLOP/s", "of cuBLAS"], table,
-                        caption=f"{SIZE}^3 float32 on {next(iter(results.values())).device}; cuBLAS = torch.mm, TF32 off")))
+                        caption=f"{SIZE}^3 float32 on {device}; cuBLAS = torch.mm, TF32 off")))
 final = results["sgemm_warptile"].speedup("cuBLAS").ratio
 print(f"final kernel: {final:.1%} of cuBLAS at {SIZE}^3; target 90 %: "
       + ("met" if final >= 0.9 else f"missed by {0.9 - final:.1%}"))

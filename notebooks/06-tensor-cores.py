@@ -89,8 +89,10 @@ def mm_bytes(A, B, *_):
 
 
 flops, least_bytes = 2 * SIZE**3, 2 * 3 * SIZE**2
-print(f"{SIZE}^3 bf16: {flops / 1e9:.0f} GFLOP, at least {least_bytes / 1e6:.0f} MB: {flops / least_bytes:.0f} FLOP/byte")
-print(f"floors on {PEAK.device}: bf16 tensor cores {PEAK.bf16_tflops} TFLOP/s -> {flops / PEAK.bf16_tflops / 1e9:.3f} ms; "
+print(f"{SIZE}^3 bf16: {flops / 1e9:.0f} GFLOP, at least {least_bytes / 1e6:.0f} MB: "
+      f"{flops / least_bytes:.0f} FLOP/byte")
+print(f"floors on {PEAK.device}: bf16 tensor cores {PEAK.bf16_tflops} TFLOP/s -> "
+      f"{flops / PEAK.bf16_tflops / 1e9:.3f} ms; "
       f"{PEAK.dram_gbps / 1e3:.2f} TB/s -> {least_bytes / PEAK.dram_gbps / 1e6:.3f} ms; "
       f"the FP32 cores would need {flops / PEAK.fp32_tflops / 1e9:.2f} ms")
 
@@ -119,14 +121,15 @@ def padded_k(A, B):
     return A, B, K + pad
 
 
-def launcher(kernels, grid, block, shared_bytes=0, args=None):
-    """kernels: {dtype: Kernel} -> run(A, B, C) computing C = A B^T; grid(M, N) gives the grid."""
+def launcher(kernels, grid, block, shared_bytes=0, args=None, cluster=None):
+    """kernels: {dtype: Kernel} -> run(A, B, C) computing C = A B^T; grid(M, N) gives the grid; `args(A, B)` what the
+    kernel takes for A and B (tensor maps for the Hopper kernel); `cluster` the thread-block cluster shape."""
     def run(A, B, C):
         M, N = A.shape[0], B.shape[0]
         A, B, K = padded_k(A, B)
         kernel = kernels[A.dtype]
         first = args(A, B) if args else (A, B)
-        kernel[grid(M, N), block, shared_bytes](*first, C, M, N, K)
+        kernel[grid(M, N), block, shared_bytes](*first, C, M, N, K, **({"cluster": cluster} if cluster else {}))
         return C
     run.__name__ = next(iter(kernels.values())).name.rsplit("_", 1)[0]
     return run
@@ -758,15 +761,22 @@ compare("mma_pipe", "mma", (0.55, 0.75))
 # The block is three warpgroups:
 # - **the producer** (warpgroup 0) gives back registers (`setmaxnreg.dec` to 40) and one of its threads loops over
 #   the tiles and slices: wait until a stage is free (`empty` barrier), announce its bytes on the stage's `full`
-#   barrier, issue the two TMA copies;
+#   barrier, issue the TMA copies;
 # - **two consumers** take the registers (`setmaxnreg.inc` to 232); each owns 64 rows of the 128 x 256 tile and per
 #   slice waits on `full`, issues four `wgmma m64n256k16` (128 fp32 accumulators per thread), and frees the
 #   *previous* stage once its products are done (`wgmma.wait_group 1`), so one slice of products is always in
 #   flight behind the next one's issue;
 # - the grid is **persistent**, one block per SM, each walking tiles `blockIdx.x, + gridDim.x, ...`, in an order that
-#   sweeps `GROUP_M = 8` tile rows column by column: the 132 tiles running at once share 8 row panels of A and about
-#   16 column panels of B, so most loads hit L2. While the consumers write a tile's `C`, the producer already fills
-#   the stages of the next.
+#   sweeps `GROUP_M = 8` tile rows column by column: the tiles running at once share a few row panels of A and
+#   column panels of B, so most loads hit L2. While the consumers write a tile's `C`, the producer already fills
+#   the stages of the next;
+# - blocks come in **clusters of two** along M (`CLUSTER_M = 2`, launched with `cluster=(2, 1, 1)`). The two CTAs
+#   compute vertically adjacent tiles, so they need the same B tile: each loads its own A and *half* of B, and TMA
+#   *multicasts* that half into the shared memory of both. Why it matters: at 128 x 256 x 64 per slice an SM pulls
+#   48 KiB from L2 for 4.2 MFLOP, about 11 TB/s across the chip at the full tensor rate, more than L2 delivers;
+#   sharing B cuts that by a third. The price: a stage is free only when the consumers of *both* CTAs have released
+#   it, so each consumer warp arrives on the `empty` barrier of every CTA in its cluster (`mapa` gives the other
+#   CTA's address), and the two CTAs meet at a cluster barrier before they start and before they leave.
 #
 # The descriptor of a K-major tile with the 128-byte swizzle: start address (advanced by 32 bytes per 16 of `k`),
 # stride byte offset 1024 (8 rows of 128 bytes), swizzle mode 1; the tiles start on 1 KiB boundaries.
@@ -781,13 +791,20 @@ print(f"a stage: {stage4 // 1024} KiB (A {BM4}x{BK4}, B {BN4}x{BK4} bf16); {STAG
 print(f"registers: 384 threads start with {ARCH.registers_per_sm // 384 // 8 * 8}; the producer keeps 40, so each "
       f"consumer thread can have {(ARCH.registers_per_sm - 128 * 40) // 256 // 8 * 8}: 128 accumulators + descriptors "
       f"and addresses (setmaxnreg 232)")
+CLUSTER = 2                                                    # CTAs per cluster along M (the cell's CLUSTER_M)
 tiles = cdiv(SIZE, BM4) * cdiv(SIZE, BN4)
 print(f"{SIZE}^2: {tiles} tiles over {SMS} persistent blocks = {tiles / SMS:.2f} waves")
+flop_per_slice, bytes_per_slice = 2 * BM4 * BN4 * BK4, stage4
+for c in (1, CLUSTER):
+    from_l2 = BM4 * BK4 * 2 + BN4 * BK4 * 2 / c                # A alone, B shared by the cluster's c CTAs
+    print(f"cluster of {c}: {from_l2 / 1024:.0f} KiB from L2 per slice per SM; at {PEAK.bf16_tflops:.0f} TFLOP/s that "
+          f"is {PEAK.bf16_tflops * 1e12 / flop_per_slice * from_l2 / 1e12:.1f} TB/s of L2 reads")
 
 # %% [markdown]
 # **Prediction.** `wgmma` lifts the tensor-core ceiling from `mma.sync`'s to the full rate, and TMA takes the copy
-# work and its address arithmetic off the threads. With four stages, a producer running ahead and the epilogue of
-# one tile overlapping the loads of the next, expect 90-105 % of cuBLAS at 4096³ and 8192³ (target 95 %). What
+# work and its address arithmetic off the threads. With four stages, a producer running ahead, the epilogue of one
+# tile overlapping the loads of the next and B multicast across the cluster, expect 90-105 % of cuBLAS at 4096³ and
+# 8192³ (target 95 %). What
 # separates it from cuBLAS then: the last partial wave (3.9 waves at 4096²) and the epilogue's direct stores.
 
 # %%
@@ -806,13 +823,18 @@ print(f"{SIZE}^2: {tiles} tiles over {SMS} persistent blocks = {tiles / SMS:.2f}
 #ifndef GROUP_M
 #define GROUP_M 8                 // tile order: GROUP_M rows of tiles are swept together (L2 reuse)
 #endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 2               // CTAs per cluster along M: each loads its own A and half of the shared B tile,
+#endif                            // which TMA multicasts to both (half the L2 traffic for B); 1: no cluster
 #define BM 128                    // 2 consumer warpgroups x 64 rows
 #define BK 64                     // 128-byte rows: what the 128-byte swizzle of TMA and wgmma expects
 #define CONSUMERS 2
 #define NTHREADS (128 * (CONSUMERS + 1))    // warpgroup 0 produces (TMA), 1 and 2 consume (wgmma)
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
+#define B_PART_BYTES (B_BYTES / CLUSTER_M)     // the part of a B tile each CTA of a cluster loads and multicasts
 static_assert(BN == 128 || BN == 256, "one wgmma m64nBNk16 per consumer per 16 of k");
+static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "clusters of 1 or 2 CTAs along M");
 
 // --- mbarrier: a shared-memory barrier that counts arrivals and, for TMA, bytes ------------------------------------
 __device__ __forceinline__ void mbarrier_init(unsigned bar, int count) {
@@ -831,31 +853,61 @@ __device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
 __device__ __forceinline__ void mbarrier_wait(unsigned bar, int parity) {
     unsigned done;
     do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
 }
 // --- TMA: one instruction copies a whole box of a 2-D tensor into smem and counts its bytes on an mbarrier --------
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap* map, int c0, int c1, unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 // --- wgmma: a warpgroup's asynchronous 64 x N x 16 product from smem, fp32 accumulators in registers ---------------
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Keeps the compiler from moving reads of the accumulators across a wgmma_wait (they change behind its back).
 template <int N>
 __device__ __forceinline__ void fence_acc(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// --- clusters: CTAs that see each other's shared memory -----------------------------------------------------------
+__device__ __forceinline__ unsigned cluster_ctarank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {            // every thread of every CTA of the cluster
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned mapa_shared(unsigned smem_addr, unsigned cta) {   // the same offset in CTA `cta`
+    unsigned out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(smem_addr), "r"(cta));
+    return out;
+}
+__device__ __forceinline__ void mbarrier_arrive_cluster(unsigned cluster_bar) {      // an mbarrier of any CTA
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+}
+// TMA into the same smem offset of every CTA in `mask`, counting the bytes on each one's mbarrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const CUtensorMap* map, int c0, int c1,
+                                                      unsigned bar, unsigned short mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
 template <int R>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
-__device__ __forceinline__ void wgmma_256(float (&d)[128], unsigned long long desc_a, unsigned long long desc_b, __nv_bfloat16) {
+__device__ __forceinline__ void wgmma_256(float (&d)[128], unsigned long long desc_a,
+                                          unsigned long long desc_b, __nv_bfloat16) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -867,25 +919,29 @@ __device__ __forceinline__ void wgmma_256(float (&d)[128], unsigned long long de
                  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
                  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
                  "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+                   "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+                   "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                   "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+                   "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+                   "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
+                   "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),
+                   "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+                   "+f"(d[126]), "+f"(d[127])
                  : "l"(desc_a), "l"(desc_b), "r"(1));
 }
-__device__ __forceinline__ void wgmma_256(float (&d)[128], unsigned long long desc_a, unsigned long long desc_b, __half) {
+__device__ __forceinline__ void wgmma_256(float (&d)[128], unsigned long long desc_a,
+                                          unsigned long long desc_b, __half) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -897,25 +953,29 @@ __device__ __forceinline__ void wgmma_256(float (&d)[128], unsigned long long de
                  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
                  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
                  "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+                   "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+                   "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                   "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+                   "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+                   "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
+                   "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),
+                   "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+                   "+f"(d[126]), "+f"(d[127])
                  : "l"(desc_a), "l"(desc_b), "r"(1));
 }
-__device__ __forceinline__ void wgmma_128(float (&d)[64], unsigned long long desc_a, unsigned long long desc_b, __nv_bfloat16) {
+__device__ __forceinline__ void wgmma_128(float (&d)[64], unsigned long long desc_a,
+                                          unsigned long long desc_b, __nv_bfloat16) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -923,17 +983,20 @@ __device__ __forceinline__ void wgmma_128(float (&d)[64], unsigned long long des
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
                  "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
                  : "l"(desc_a), "l"(desc_b), "r"(1));
 }
-__device__ __forceinline__ void wgmma_128(float (&d)[64], unsigned long long desc_a, unsigned long long desc_b, __half) {
+__device__ __forceinline__ void wgmma_128(float (&d)[64], unsigned long long desc_a,
+                                          unsigned long long desc_b, __half) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -941,14 +1004,16 @@ __device__ __forceinline__ void wgmma_128(float (&d)[64], unsigned long long des
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
                  "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
                  : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
@@ -980,6 +1045,17 @@ __device__ __forceinline__ void store2(__half* C, int row, int col, int M, int N
     }
 }
 
+// A consumer warp frees a stage: one arrival on that stage's `empty` barrier in every CTA of the cluster (each CTA's
+// producer writes into all of them).
+__device__ __forceinline__ void release(unsigned empty_bar) {
+    if (CLUSTER_M == 1) {
+        mbarrier_arrive(empty_bar);
+    } else {
+#pragma unroll
+        for (unsigned cta = 0; cta < CLUSTER_M; ++cta) mbarrier_arrive_cluster(mapa_shared(empty_bar, cta));
+    }
+}
+
 // Tile t of the persistent loop -> (tile row m, tile column n): GROUP_M tile rows at a time, column by column, so
 // the blocks running at once share A's row panels and B's column panels in L2.
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& m, int& n) {
@@ -996,29 +1072,38 @@ __device__ void wgmma_gemm(const CUtensorMap* tmA, const CUtensorMap* tmB, T* __
     const unsigned sA = base, sB = base + STAGES * A_BYTES;
     const unsigned full = sB + STAGES * B_BYTES, empty = full + 8 * STAGES;          // STAGES mbarriers each
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const unsigned rank = CLUSTER_M > 1 ? cluster_ctarank() : 0;                       // this CTA in its cluster
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, slices = (K + BK - 1) / BK;
+    // The persistent loop walks cluster tiles: CLUSTER_M tile rows (one per CTA) by one tile column.
+    const int cluster_rows = (tiles_m + CLUSTER_M - 1) / CLUSTER_M, cluster_tiles = cluster_rows * tiles_n;
+    const int first = blockIdx.x / CLUSTER_M, stride = gridDim.x / CLUSTER_M;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + 8 * s, 1);                   // the producer's arrive (plus the bytes TMA brings)
-            mbarrier_init(empty + 8 * s, CONSUMERS * 4);      // one arrive per consumer warp
+            mbarrier_init(full + 8 * s, 1);                            // this CTA's producer (plus TMA's bytes)
+            mbarrier_init(empty + 8 * s, CONSUMERS * 4 * CLUSTER_M);   // every consumer warp of the cluster
         }
         fence_barrier_init();
     }
-    __syncthreads();
+    if (CLUSTER_M > 1) cluster_sync(); else __syncthreads();     // the barriers exist before anyone uses them
 
     if (wg == 0) {                                            // producer: one thread issues every TMA load
         setmaxnreg_dec<40>();
         if (t == 0) {
             int it = 0;                                       // k-slices issued so far, over all tiles
-            for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
-                int m, n;
-                tile_coords(tile, tiles_m, tiles_n, m, n);
+            for (int ct = first; ct < cluster_tiles; ct += stride) {
+                int mc, n;
+                tile_coords(ct, cluster_rows, tiles_n, mc, n);
+                const int m = mc * CLUSTER_M + rank;          // this CTA's tile row (may lie past M: TMA reads zeros)
                 for (int k = 0; k < slices; ++k, ++it) {
                     const int s = it % STAGES, phase = (it / STAGES) & 1;
-                    mbarrier_wait(empty + 8 * s, phase ^ 1);  // the consumers have released this stage
+                    mbarrier_wait(empty + 8 * s, phase ^ 1);  // every CTA's consumers have released this stage
                     mbarrier_arrive_expect_tx(full + 8 * s, A_BYTES + B_BYTES);
                     tma_load_2d(sA + s * A_BYTES, tmA, k * BK, m * BM, full + 8 * s);   // coordinates: {k, row}
-                    tma_load_2d(sB + s * B_BYTES, tmB, k * BK, n * BN, full + 8 * s);
+                    if (CLUSTER_M == 1)
+                        tma_load_2d(sB + s * B_BYTES, tmB, k * BK, n * BN, full + 8 * s);
+                    else                                      // my part of B, into every CTA of the cluster
+                        tma_load_2d_multicast(sB + s * B_BYTES + rank * B_PART_BYTES, tmB, k * BK,
+                                              n * BN + rank * (BN / CLUSTER_M), full + 8 * s, (1 << CLUSTER_M) - 1);
                 }
             }
         }
@@ -1027,9 +1112,10 @@ __device__ void wgmma_gemm(const CUtensorMap* tmA, const CUtensorMap* tmB, T* __
         const int half = wg - 1, warp = t / 32, lane = t % 32;
         float acc[BN / 2];
         int it = 0;
-        for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
-            int m, n;
-            tile_coords(tile, tiles_m, tiles_n, m, n);
+        for (int ct = first; ct < cluster_tiles; ct += stride) {
+            int mc, n;
+            tile_coords(ct, cluster_rows, tiles_n, mc, n);
+            const int m = mc * CLUSTER_M + rank;
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
             for (int k = 0; k < slices; ++k, ++it) {
@@ -1045,11 +1131,11 @@ __device__ void wgmma_gemm(const CUtensorMap* tmA, const CUtensorMap* tmB, T* __
                 }
                 wgmma_commit();
                 wgmma_wait<1>();                              // the previous slice's products are done ...
-                if (k > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));   // ... free its stage
+                if (k > 0 && lane == 0) release(empty + 8 * ((it - 1) % STAGES));   // ... free its stage
             }
             wgmma_wait<0>();
             fence_acc(acc);
-            if (slices > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
+            if (slices > 0 && lane == 0) release(empty + 8 * ((it - 1) % STAGES));
             // acc[4 j + q]: row 16 warp + lane / 4 (+ 8 for q >= 2), column 8 j + 2 (lane % 4) (+ 1 for odd q)
             const int row = m * BM + half * 64 + 16 * warp + lane / 4, col0 = n * BN + 2 * (lane % 4);
 #pragma unroll
@@ -1059,6 +1145,7 @@ __device__ void wgmma_gemm(const CUtensorMap* tmA, const CUtensorMap* tmB, T* __
             }
         }
     }
+    if (CLUSTER_M > 1) cluster_sync();       // no CTA leaves while another may still write its smem or barriers
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
@@ -1078,17 +1165,24 @@ _maps = {}
 
 
 def tensor_maps(A, B):
-    """TMA maps for A (boxes of 128 x 64) and B (256 x 64), cached per tensor (encoding costs a host call)."""
+    """TMA maps for A (boxes of 128 x 64) and B (each CTA of a cluster loads 256 / CLUSTER rows of the 256 x 64 B
+    tile), cached per tensor (encoding is a host call)."""
     key = (A.data_ptr(), tuple(A.shape), B.data_ptr(), tuple(B.shape))
     if key not in _maps:
         _maps.clear()
         _maps[key] = (kernellab.tensor_map(A, (BM4, BK4), swizzle="128B"),
-                      kernellab.tensor_map(B, (BN4, BK4), swizzle="128B"))
+                      kernellab.tensor_map(B, (BN4 // CLUSTER, BK4), swizzle="128B"))
     return _maps[key]
 
 
-wgmma = launcher({torch.bfloat16: wgmma_bf16, torch.float16: wgmma_f16},
-                 lambda M, N: min(cdiv(M, BM4) * cdiv(N, BN4), SMS), 384, WG_SMEM, args=tensor_maps)
+def wgmma_grid(M, N):
+    """Persistent: as many clusters as there are cluster tiles, at most one block per SM."""
+    cluster_tiles = cdiv(cdiv(M, BM4), CLUSTER) * cdiv(N, BN4)
+    return CLUSTER * min(cluster_tiles, SMS // CLUSTER)
+
+
+wgmma = launcher({torch.bfloat16: wgmma_bf16, torch.float16: wgmma_f16}, wgmma_grid, 384, WG_SMEM, args=tensor_maps,
+                 cluster=(CLUSTER, 1, 1))
 
 # %%
 # %%gpu
@@ -1143,7 +1237,8 @@ profiles = {
     "mma_pipe": mma_pipe_bf16.profile((cdiv(n, BN3), cdiv(n, BM3)), 256, A, B, C, n, n, n, shared_bytes=PIPE_SMEM),
 }
 if HOPPER:
-    profiles["wgmma"] = wgmma_bf16.profile(SMS, 384, *tensor_maps(A, B), C, n, n, n, shared_bytes=WG_SMEM)
+    profiles["wgmma"] = wgmma_bf16.profile(wgmma_grid(n, n), 384, *tensor_maps(A, B), C, n, n, n,
+                                           shared_bytes=WG_SMEM, cluster=(CLUSTER, 1, 1))
 for name, p in profiles.items():
     pct = p.tensor_pipe_pct if p.ok else None
     print(f"{name:9s} tensor pipe busy: {'-' if pct is None else f'{pct:.0f} %'}" + ("" if p.ok else f" ({p.error})"))
@@ -1196,9 +1291,11 @@ fig
 #
 # Where the Hopper kernel misses its target (the lines above say by how much), the usual suspects: the epilogue
 # writes `C` straight from registers with 4-byte stores while the tensor cores idle (staging through shared memory
-# and a TMA store would overlap it); the last partial wave; and cuBLAS's use of clusters with TMA multicast, which
-# halves the L2 traffic of the operands. `benchmarks/matmul.py` sweeps stages, tile widths and the tile order.
+# and a TMA store would overlap it); the last partial wave (3.9 waves at 4096²); and L2 bandwidth, which the
+# cluster only halves for B. `benchmarks/matmul.py` sweeps the cluster (1 or 2), stages, tile widths and the tile
+# order, and says which configuration was fastest on the GPU it ran on.
 #
-# Things to try: set `GROUP_M` to 1 (plain row-major tile order) and compare at 8192³; replace `wgmma_wait<1>` with
+# Things to try: set `CLUSTER_M` to 1 (no multicast; launch without a cluster and with full-height B boxes) and
+# compare at 8192³; set `GROUP_M` to 1 (plain row-major tile order); replace `wgmma_wait<1>` with
 # `wgmma_wait<0>` (release each stage at once) and watch the time; in step 3, swap the swizzle for padding and read
 # the wavefronts in Nsight Compute (`profile_banks`).

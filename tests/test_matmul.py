@@ -141,7 +141,8 @@ def run_variant(v, cell, M, N, K, dtype, grid=None):
             else [A, B]
         args = first + [C, M, N, K]
     block = v.block if isinstance(v.block, tuple) else (v.block,)
-    emulate(cell.source, name, grid_dims(grid or v.grid(M, N)), block, args, v.smem, defines=v.defines)
+    emulate(cell.source, name, grid_dims(grid or v.grid(M, N)), block, args, v.smem, defines=v.defines,
+            cluster=v.cluster or (1,))
     return C, ref
 
 
@@ -190,26 +191,27 @@ def test_mma_pipe_configs_in_the_emulator(config):
 
 @pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_wgmma_in_the_emulator(dtype):
-    """Persistent blocks over more tiles than blocks, more slices than stages, a K tail for TMA to zero-fill."""
+    """Two clusters of two: B multicast to both CTAs, more cluster tiles than clusters, more slices than stages, a K
+    tail for TMA to zero-fill, a CTA whose tile row lies past M."""
     v, cell = pick("wgmma")
-    C, ref = run_variant(v, cell, 200, 300, 136, dtype, grid=3)
+    C, ref = run_variant(v, cell, 300, 520, 136, dtype, grid=4)
     assert_close(C, ref, 8e-3 if dtype == "bf16" else 1e-3)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["3 stages", "GROUP_M=16", "GROUP_M=1 (row order)", "BN=128 6 stages",
-                                    "BN=128 4 stages"])
+@pytest.mark.parametrize("config", ["no cluster", "3 stages", "GROUP_M=16", "GROUP_M=1 (row order)",
+                                    "BN=128 6 stages", "BN=128 no cluster"])
 def test_wgmma_configs_in_the_emulator(config):
     v, cell = pick("wgmma", config)
-    C, ref = run_variant(v, cell, 300, 520, 264, "bf16", grid=2)   # one block walks many tiles: phases wrap
+    C, ref = run_variant(v, cell, 300, 520, 264, "bf16", grid=v.cluster[0] if v.cluster else 1)   # phases wrap
     assert_close(C, ref, 8e-3)
 
 
 @pytest.mark.slow
-def test_wgmma_single_block_walks_every_tile():
-    """grid = 1: one persistent block does all 3 x 2 tiles, its stages' phases wrapping many times."""
+def test_wgmma_single_cluster_walks_every_tile():
+    """grid = one cluster: it does all 2 x 2 cluster tiles, its stages' phases wrapping many times."""
     v, cell = pick("wgmma")
-    C, ref = run_variant(v, cell, 300, 300, 200, "fp16", grid=1)
+    C, ref = run_variant(v, cell, 300, 300, 200, "fp16", grid=2)
     assert_close(C, ref, 1e-3)
 
 
@@ -231,10 +233,12 @@ def test_emulator_catches_a_cp_async_read_before_its_wait():
 def test_emulator_catches_a_stage_released_before_its_wgmma_finished():
     v, cell = pick("wgmma")
     bad = mutated(cell, "                wgmma_wait<1>();                              // the previous slice",
-                  "                if (lane == 0) mbarrier_arrive(empty + 8 * s);     // too early\n"
+                  "                if (lane == 0) release(empty + 8 * s);            // too early\n"
                   "                wgmma_wait<1>();                              // the previous slice")
-    bad = mutated(bad, "if (k > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));", "")
-    bad = mutated(bad, "if (slices > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));", "")
+    bad = mutated(bad, "if (k > 0 && lane == 0) release(empty + 8 * ((it - 1) % STAGES));", "")
+    bad = mutated(bad, "if (slices > 0 && lane == 0) release(empty + 8 * ((it - 1) % STAGES));", "")
+    bad = mutated(bad, "#define CLUSTER_M 2 ", "#define CLUSTER_M 1 ")
+    v = pick("wgmma", "no cluster")[0]
     C, ref = run_variant(v, bad, 128, 256, 640, "bf16", grid=1)
     assert np.abs(as_float(C) - ref).max() > 1.0
 
@@ -250,7 +254,8 @@ def test_emulator_catches_a_wrong_fragment():
 def test_emulator_catches_a_missing_barrier():
     """Without the barrier after the compute loop, fast threads overwrite the tile slow ones still read."""
     v, cell = pick("sgemm_smem")
-    bad = mutated(cell, "        __syncthreads();                         // everyone is done with them before the next slice\n", "")
+    bad = mutated(cell, "        __syncthreads();                         // everyone is done with them before the next"
+                  " slice\n", "")
     wrong = 0
     for _ in range(3):                  # a race: not every schedule shows it, so a few tries
         C, ref = run_variant(v, bad, 64, 64, 256, "fp32")

@@ -1,7 +1,9 @@
 // cuda_emu.h: run a tutorial's CUDA C++ kernel on the CPU, one OS thread per CUDA thread, to test it without a GPU.
 //
 // What is emulated, and how faithfully (tests/emu/emulate.py prepares the source; see its docstring):
-// - threadIdx/blockIdx/blockDim/gridDim; blocks run one after another, the threads of a block all at once.
+// - threadIdx/blockIdx/blockDim/gridDim; blocks run one after another, the threads of a block all at once; the CTAs
+//   of a thread-block cluster run at once, each with its own shared memory: mapa, cluster barriers, mbarrier
+//   arrivals on another CTA, and TMA multicast.
 // - __syncthreads() is a barrier of the block's threads; __syncwarp() of the warp's. A thread that returns drops out.
 // - Shared memory is one arena, filled with 0xFF bytes (NaN as float, bf16 and fp16) before every block, so a read of
 //   an element nothing wrote shows up as NaN in the result. Shared addresses (__cvta_generic_to_shared) are offsets
@@ -122,9 +124,13 @@ inline thread_local dim3 tl_threadIdx, tl_blockIdx;
 inline dim3 g_blockDim, g_gridDim;
 constexpr size_t kArenaBytes = 1u << 20;                     // 256 KiB dynamic + static shared arrays after it
 constexpr size_t kDynamicBytes = 256u * 1024;
-alignas(4096) inline unsigned char arena[kArenaBytes];
+constexpr int kMaxCluster = 4;                               // CTAs of one cluster run at once, an arena each
+alignas(4096) inline unsigned char arenas[kMaxCluster][kArenaBytes];
 inline size_t static_used = kDynamicBytes;
 inline std::mutex static_mutex;
+// Shared addresses: an offset into the running CTA's arena; mapa's cluster addresses carry the CTA's rank + 1 in
+// bits 24 and up, so `(rank + 1) << 24 | offset` names shared memory of any CTA of the cluster.
+constexpr uint32_t kRankShift = 24;
 
 struct Block {
     explicit Block(int threads)
@@ -142,17 +148,20 @@ struct Block {
     // per-warp scratch for collectives: 32 lanes x 16 words
     std::vector<std::array<uint64_t, 32 * 16>> scratch = std::vector<std::array<uint64_t, 32 * 16>>(64);
 };
-inline Block* g_block = nullptr;
+inline thread_local Block* tl_block = nullptr;
+inline thread_local int tl_cta = 0;                          // this CTA's rank in its cluster
+inline std::barrier<>* g_cluster_bar = nullptr;
+inline unsigned char* cur_arena() { return arenas[tl_cta]; }
 
 inline int linear_tid() {
     return int(tl_threadIdx.x + g_blockDim.x * (tl_threadIdx.y + g_blockDim.y * tl_threadIdx.z));
 }
 inline int lane_id() { return linear_tid() % 32; }
 inline int warp_id() { return linear_tid() / 32; }
-inline void syncthreads() { g_block->bar.arrive_and_wait(); }
-inline void syncwarp() { g_block->warps[warp_id()]->arrive_and_wait(); }
-inline void sync_warpgroup() { g_block->warpgroups[warp_id() / 4]->arrive_and_wait(); }
-inline uint64_t* warp_scratch() { return g_block->scratch[warp_id()].data(); }
+inline void syncthreads() { tl_block->bar.arrive_and_wait(); }
+inline void syncwarp() { tl_block->warps[warp_id()]->arrive_and_wait(); }
+inline void sync_warpgroup() { tl_block->warpgroups[warp_id() / 4]->arrive_and_wait(); }
+inline uint64_t* warp_scratch() { return tl_block->scratch[warp_id()].data(); }
 
 [[noreturn]] inline void fail(const char* what) {
     std::fprintf(stderr, "emu: %s (block %u,%u thread %u,%u)\n", what, tl_blockIdx.x, tl_blockIdx.y,
@@ -162,64 +171,88 @@ inline uint64_t* warp_scratch() { return g_block->scratch[warp_id()].data(); }
 }
 
 inline uint32_t smem_addr(const void* p) {
-    auto d = reinterpret_cast<const unsigned char*>(p) - arena;
-    if (d < 0 || size_t(d) >= kArenaBytes) fail("a shared-memory address outside shared memory");
+    auto d = reinterpret_cast<const unsigned char*>(p) - cur_arena();
+    if (d < 0 || size_t(d) >= kArenaBytes) fail("a shared-memory address outside this CTA's shared memory");
     return uint32_t(d);
 }
 // The dynamic part starts 16 bytes into the arena, as it may on a GPU after static shared memory: a kernel that needs
 // more alignment must round its base up itself (and ask for the slack in shared_bytes).
 constexpr uint32_t kDynamicOffset = 16;
 inline size_t g_dynamic_bytes = 0;
+inline int g_cluster_size = 1;
+inline int rank_of(uint32_t a) { return (a >> kRankShift) ? int(a >> kRankShift) - 1 : tl_cta; }
+inline uint32_t offset_of(uint32_t a) { return a & ((1u << kRankShift) - 1); }
 inline unsigned char* smem_ptr(uint32_t a) {
-    if (a >= kArenaBytes) fail("a shared address past the end of shared memory");
-    if (a < kDynamicBytes && a >= kDynamicOffset + g_dynamic_bytes)
+    int rank = rank_of(a);
+    uint32_t off = offset_of(a);
+    if (rank >= g_cluster_size) fail("a cluster shared address of a CTA outside the cluster");
+    if (off >= kArenaBytes) fail("a shared address past the end of shared memory");
+    if (off < kDynamicBytes && off >= kDynamicOffset + g_dynamic_bytes)
         fail("a dynamic shared-memory access past the launch's shared_bytes");
-    return arena + a;
+    return arenas[rank] + off;
 }
-inline void* dynamic_smem() { return arena + kDynamicOffset; }
+inline void* dynamic_smem() { return cur_arena() + kDynamicOffset; }
 
 template <class T, size_t Align, int Site>
 T* shared_alloc() {                                          // one slot per declaration site (template instance)
-    static T* slot = [] {
+    static size_t offset = [] {
         std::lock_guard<std::mutex> lock(static_mutex);
         size_t off = (static_used + Align - 1) / Align * Align;
         static_used = off + sizeof(T);
         if (static_used > kArenaBytes) fail("static shared memory exceeds the emulator's arena");
-        return reinterpret_cast<T*>(arena + off);
+        return off;
     }();
-    return slot;
+    return reinterpret_cast<T*>(cur_arena() + offset);
 }
 
 void run_pending_cp_async(int keep);                          // defined below
 void run_pending_wgmma(int keep);
 void check_no_pending();
 
-inline void launch(dim3 grid, dim3 block, size_t dynamic_bytes, const std::function<void()>& body) {
+// Clusters run one after another; the CTAs of one cluster run at once (their threads together).
+inline void launch(dim3 grid, dim3 block, size_t dynamic_bytes, dim3 cluster,
+                   const std::function<void()>& body) {
     if (dynamic_bytes + kDynamicOffset > kDynamicBytes) { std::fprintf(stderr, "emu: dynamic smem too large\n"); std::_Exit(3); }
+    int csize = int(cluster.x * cluster.y * cluster.z);
+    if (csize > kMaxCluster || grid.x % cluster.x || grid.y % cluster.y || grid.z % cluster.z) {
+        std::fprintf(stderr, "emu: bad cluster shape\n");
+        std::_Exit(3);
+    }
     g_blockDim = block;
     g_gridDim = grid;
     g_dynamic_bytes = dynamic_bytes;
+    g_cluster_size = csize;
     int threads = int(block.x * block.y * block.z);
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) {
-                std::memset(arena, 0xff, kArenaBytes);
-                Block b(threads);
-                g_block = &b;
+    for (unsigned cz = 0; cz < grid.z; cz += cluster.z)
+        for (unsigned cy = 0; cy < grid.y; cy += cluster.y)
+            for (unsigned cx = 0; cx < grid.x; cx += cluster.x) {
+                std::vector<std::unique_ptr<Block>> blocks;
+                for (int r = 0; r < csize; ++r) {
+                    std::memset(arenas[r], 0xff, kArenaBytes);
+                    blocks.push_back(std::make_unique<Block>(threads));
+                }
+                std::barrier<> cluster_bar(csize * threads);
+                g_cluster_bar = &cluster_bar;
                 std::vector<std::thread> ts;
-                ts.reserve(threads);
-                for (int t = 0; t < threads; ++t)
-                    ts.emplace_back([&, t] {
-                        tl_blockIdx = dim3(bx, by, bz);
-                        tl_threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
-                        body();
-                        check_no_pending();
-                        g_block->bar.arrive_and_drop();
-                        g_block->warps[t / 32]->arrive_and_drop();
-                        g_block->warpgroups[t / 128]->arrive_and_drop();
-                    });
+                ts.reserve(csize * threads);
+                for (int r = 0; r < csize; ++r)
+                    for (int t = 0; t < threads; ++t)
+                        ts.emplace_back([&, r, t] {
+                            // rank r: x fastest within the cluster, as %cluster_ctarank counts
+                            unsigned rx = r % cluster.x, ry = (r / cluster.x) % cluster.y, rz = r / (cluster.x * cluster.y);
+                            tl_cta = r;
+                            tl_block = blocks[r].get();
+                            tl_blockIdx = dim3(cx + rx, cy + ry, cz + rz);
+                            tl_threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+                            body();
+                            check_no_pending();
+                            tl_block->bar.arrive_and_drop();
+                            tl_block->warps[t / 32]->arrive_and_drop();
+                            tl_block->warpgroups[t / 128]->arrive_and_drop();
+                            g_cluster_bar->arrive_and_drop();
+                        });
                 for (auto& th : ts) th.join();
-                g_block = nullptr;
+                g_cluster_bar = nullptr;
             }
 }
 }  // namespace emu
@@ -351,6 +384,7 @@ inline std::map<uint32_t, std::unique_ptr<MBarrier>> g_mbars;
 inline MBarrier& mbar(uint32_t addr, bool create = false) {
     std::lock_guard<std::mutex> lock(g_mbar_mutex);
     if (addr % 8) fail("mbarrier not 8-byte aligned");
+    addr = (uint32_t(rank_of(addr) + 1) << kRankShift) | offset_of(addr);     // one key per CTA and offset
     auto it = g_mbars.find(addr);
     if (it == g_mbars.end()) {
         if (!create) fail("mbarrier used before mbarrier.init");
@@ -359,7 +393,7 @@ inline MBarrier& mbar(uint32_t addr, bool create = false) {
     return *it->second;
 }
 }  // namespace emu
-inline void mbarrier_init(uint32_t addr, int count) {
+inline void mbarrier_init(uint32_t addr, int count) {  // (or re-init)
     auto& b = emu::mbar(addr, true);
     std::lock_guard<std::mutex> lock(b.m);
     b.expected = b.pending = count;
@@ -442,8 +476,8 @@ inline void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, ui
     emu::TensorMap2D t;
     std::memcpy(&t, map, sizeof t);
     uint32_t row_bytes = t.box0 * t.elem_bytes;
-    if (dst % 128) emu::fail("TMA destination not 128-byte aligned");
-    if (t.swizzle_bytes == 128 && (row_bytes != 128 || dst % 1024)) emu::fail("128B swizzle needs 128-byte rows, 1 KiB alignment");
+    if (emu::offset_of(dst) % 128) emu::fail("TMA destination not 128-byte aligned");
+    if (t.swizzle_bytes == 128 && (row_bytes != 128 || emu::offset_of(dst) % 1024)) emu::fail("128B swizzle needs 128-byte rows, 1 KiB alignment");
     for (uint32_t r = 0; r < t.box1; ++r)
         for (uint32_t e = 0; e < t.box0; ++e) {
             uint64_t i0 = uint64_t(int64_t(c0) + e), i1 = uint64_t(int64_t(c1) + r);
@@ -456,6 +490,19 @@ inline void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, ui
                 std::memcpy(d, t.base + i1 * t.stride1_bytes + i0 * t.elem_bytes, t.elem_bytes);
         }
     emu_mbarrier_complete_tx(mbar_addr, int(t.box0 * t.box1 * t.elem_bytes));
+}
+
+// ---- clusters ------------------------------------------------------------------------------------------------------
+inline unsigned cluster_ctarank() { return unsigned(emu::tl_cta); }
+inline void cluster_sync() { emu::g_cluster_bar->arrive_and_wait(); }
+inline unsigned mapa_shared(unsigned smem_addr, unsigned cta) {
+    return ((cta + 1) << emu::kRankShift) | emu::offset_of(smem_addr);
+}
+inline void mbarrier_arrive_cluster(unsigned cluster_bar) { mbarrier_arrive(cluster_bar); }
+inline void tma_load_2d_multicast(unsigned dst, const CUtensorMap* map, int c0, int c1, unsigned bar,
+                                  unsigned short mask) {
+    for (int r = 0; r < emu::g_cluster_size; ++r)
+        if (mask & (1u << r)) tma_load_2d(mapa_shared(dst, r), map, c0, c1, mapa_shared(bar, r));
 }
 
 // ---- wgmma: queued at issue, computed at wgmma.wait_group ---------------------------------------------------------

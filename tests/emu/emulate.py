@@ -117,8 +117,8 @@ def prepare(source: str) -> str:
     def static(m):
         decl = m.group(1)
         align, rest = _split_align(decl)
-        mm = re.fullmatch(r"\s*((?:const\s+)?[A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)\s+(\w+\s*(?:\[[^\]]+\]\s*)+(?:,.*)?)",
-                          rest, re.S)
+        mm = re.fullmatch(r"\s*((?:const\s+)?[A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)"
+                          r"\s+(\w+\s*(?:\[[^\]]+\]\s*)+(?:,.*)?)", rest, re.S)
         if not mm:
             raise EmulationError(f"cannot parse __shared__ declaration: {decl}")
         typ, declarators = mm.group(1), mm.group(2)
@@ -179,8 +179,8 @@ struct Arg { std::vector<unsigned char> data; long long i = 0; double f = 0; CUt
 int main(int argc, char** argv) {
     std::string dir = argv[1];
     std::ifstream in(dir + "/args.txt");
-    unsigned gx, gy, gz, bx, by, bz; size_t shared;
-    in >> gx >> gy >> gz >> bx >> by >> bz >> shared;
+    unsigned gx, gy, gz, bx, by, bz, cx, cy, cz; size_t shared;
+    in >> gx >> gy >> gz >> bx >> by >> bz >> shared >> cx >> cy >> cz;
     int n; in >> n;
     std::vector<emu_main::Arg> a(n);
     std::vector<std::string> kinds(n);
@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
             a[k].map = emu::make_tensor_map(a[k].data.data(), d0, d1, s1, b0, b1, eb, sw);
         }
     }
-    emu::launch(dim3(gx, gy, gz), dim3(bx, by, bz), shared, [&] { CALL; });
+    emu::launch(dim3(gx, gy, gz), dim3(bx, by, bz), shared, dim3(cx, cy, cz), [&] { CALL; });
     for (int k = 0; k < n; ++k)
         if (kinds[k] == "buf") {
             std::ofstream f(dir + "/out" + std::to_string(k) + ".bin", std::ios::binary);
@@ -273,15 +273,17 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, 
 
 
 def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, *, defines: dict | None = None,
-            timeout_s: float = 300.0) -> list:
-    """Launch `kernel`<<<grid, block, shared_bytes>>>(args) in the emulator; numpy arrays in `args` are updated."""
+            cluster=(1, 1, 1), timeout_s: float = 300.0) -> list:
+    """Launch `kernel`<<<grid, block, shared_bytes>>>(args) (in clusters of `cluster`) in the emulator; numpy arrays
+    in `args` are updated."""
     binary, k = build(source, kernel, defines)
     if len(args) != len(k.params):
         raise EmulationError(f"{kernel} takes {len(k.params)} arguments, got {len(args)}")
     grid = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
     block = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
     with tempfile.TemporaryDirectory() as d:
-        lines = [" ".join(map(str, grid + block + (shared_bytes,))), str(len(args))]
+        cluster = tuple(cluster) + (1,) * (3 - len(tuple(cluster)))
+        lines = [" ".join(map(str, grid + block + (shared_bytes,) + cluster)), str(len(args))]
         for i, (a, p) in enumerate(zip(args, k.params)):
             if isinstance(a, np.ndarray):
                 if not p.pointer:
