@@ -35,7 +35,6 @@
 # %%
 # %load_ext kernellab
 # %matplotlib inline
-import math
 
 import torch
 import torch.nn.functional as F
@@ -152,12 +151,13 @@ CHECK_SHAPES = [(1, 1, 1), (15, 17, 33), (130, 270, 40), (255, 129, 200), (4095,
 results = {}          # step name -> BenchResult (bf16, SIZE^3)
 
 
-def check_step(fn, shapes=CHECK_SHAPES):
-    """Check fn in bf16 and fp16 against a float64 reference on every shape; stop at the first failure."""
+def check_step(fn, shapes=CHECK_SHAPES, isolate=False):
+    """Check fn in bf16 and fp16 against a float64 reference on every shape; stop at the first failure. isolate=True
+    runs the kernels in a worker process, which is killed if a launch hangs (a wrong mbarrier phase does that)."""
     for name, dtype in DTYPES.items():
         for M, N, K in shapes:
             report = kernellab.check(fn, lambda A, B, C: A @ B.T, tc_inputs(M, N, K, dtype), trials=2,
-                                     generator_device="cuda")
+                                     generator_device="cuda", isolate=isolate)
             if not report.passed:
                 print(f"{fn.__name__} FAILS in {name} at {M} x {N} x {K}")
                 return report
@@ -1189,7 +1189,7 @@ wgmma = launcher({torch.bfloat16: wgmma_bf16, torch.float16: wgmma_f16}, wgmma_g
 if not HOPPER:
     print(f"step 4 needs an sm_90 GPU (H100/H200): this is {ARCH.name}; skipped")
 else:
-    check_step(wgmma)
+    check_step(wgmma, CHECK_SHAPES + [(2304, 2304, 264)], isolate=True)   # 81 cluster tiles: clusters walk several
     bench_step(wgmma)
     compare("wgmma", "mma_pipe", (0.90, 1.05))
 
@@ -1240,8 +1240,9 @@ if HOPPER:
     profiles["wgmma"] = wgmma_bf16.profile(wgmma_grid(n, n), 384, *tensor_maps(A, B), C, n, n, n,
                                            shared_bytes=WG_SMEM, cluster=(CLUSTER, 1, 1))
 for name, p in profiles.items():
-    pct = p.tensor_pipe_pct if p.ok else None
-    print(f"{name:9s} tensor pipe busy: {'-' if pct is None else f'{pct:.0f} %'}" + ("" if p.ok else f" ({p.error})"))
+    pipes = p.tensor_pipe_pct if p.ok else {}          # {"hmma": % of peak, "gmma": % of peak}, as ncu reported them
+    busy = ", ".join(f"{pipe.upper()} {pct:.0f} %" for pipe, pct in pipes.items()) or "-"
+    print(f"{name:9s} tensor pipe busy: {busy}" + ("" if p.ok else f" ({p.error})"))
 
 # %% [markdown]
 # ## Across sizes, both dtypes, and the roofline
