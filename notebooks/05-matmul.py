@@ -666,9 +666,10 @@ sgemm_warptile(const float* __restrict__ A, const float* __restrict__ B, float* 
 #   `65536 / (2 x 256) = 128`. 16 x 8 would need about 170, one block per SM.
 # - **Shared memory.** Two stages of `(BM + 4 + BN) x BK` floats per block: 16.5 KiB at 128 x 128 x 8, far inside
 #   the SM's budget even at two blocks; shared memory is not what limits this kernel.
-# - **Loads per FFMA.** Per `k`, a lane does `TM x TN` FFMAs for `(TM + TN) / 4` `LDS.128`; the SM issues one
-#   `LDS.128` wavefront per clock against 4 warp-wide FFMAs, so `TM x TN / ((TM + TN) / 4) >= 16` keeps shared memory
-#   off the critical path: 8 x 8 gives exactly 16.
+# - **Loads per FFMA.** Per `k`, a warp issues `TM x TN` FFMAs and `(TM + TN) / 4` `LDS.128` of one wavefront each.
+#   An SM retires 4 warp-wide FFMAs per clock (one per scheduler) but serves one shared wavefront, so shared memory
+#   keeps up while `TM x TN / ((TM + TN) / 4) >= 4`. 8 x 8 gives 16: a fourfold margin, which the loads' latency and
+#   the global-to-shared stores use up.
 # - **Waves.** At 4096², 128 x 128 tiles make 1,024 blocks; with two per SM the GPU runs them in
 #   `1024 / (2 x SMs)` waves, and a last partial wave idles part of the chip.
 
@@ -695,8 +696,8 @@ HTML(html_table(list(configs[0]), [list(c.values()) for c in configs],
                 caption="warptile configurations against this device's budgets"))
 
 # %% [markdown]
-# 128 x 128 x 8 is the smallest tile that reaches 16 FFMAs per shared load within the two-block register cap, and
-# the first row is what the cell above compiles. The others are the benchmark's sweep: `BK = 16` halves the
+# 128 x 128 x 8 is the smallest tile with that fourfold margin within the two-block register cap, and the first row
+# is what the cell above compiles. The others are the benchmark's sweep: `BK = 16` halves the
 # barriers per FLOP, 128 x 256 trades occupancy for a 16 x 8 thread tile, 64 x 128 trades FFMAs per load for a third
 # block per SM and more, smaller waves.
 
