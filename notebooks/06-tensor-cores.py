@@ -203,8 +203,8 @@ def sass_line(*kernels):
 # (rows padded by 16 bytes); each warp owns 32 x 64 of `C`, 2 x 4 fragments. The accumulator layout being opaque, the
 # epilogue goes through a 16 x 16 fp32 staging tile per warp to convert and guard the stores.
 #
-# **Prediction.** Per 32-wide slice a warp loads 6 fragments and issues 8 `mma_sync`s (each two `HMMA.16816`), with
-# the loads of the next slice not started until this one is done: nothing overlaps the global-memory latency but
+# **Prediction.** Per 16 of `k` a warp loads 6 fragments and issues 8 `mma_sync`s (each two `HMMA.16816`), and the
+# loads of the next slice do not start until this one is done: nothing overlaps the global-memory latency but
 # other warps (two blocks per SM at most). Expect 20-40 % of cuBLAS.
 
 # %%
@@ -516,7 +516,7 @@ kernellab.grade("06-mma-fragments", mma_fragments)
 #   power-of-two sized, which is what the hardware's own swizzle on Hopper (next step) is, and costs no memory.
 #
 # The tile grows to 128 x 256 with 8 warps of 64 x 64 (128 fp32 accumulators per thread): per 16 of `k`, 4 + 4
-# `ldmatrix.x4` feed 32 `mma.sync`, twice the reuse of step 2.
+# `ldmatrix.x4` feed 32 `mma.sync` (4 per `ldmatrix`, against 2.7 in step 2).
 
 # %% [markdown]
 # **The banks, before and after.** An `ldmatrix` reads 8 rows of 16 bytes per matrix, a quarter-warp's worth of
