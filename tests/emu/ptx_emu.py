@@ -1,14 +1,16 @@
-"""Run a tutorial's CUDA C++ kernel on the CPU (tests only): compile it with g++ against cuda_emu.h and launch it.
+"""Run a tutorial's CUDA C++ kernel on the CPU, tensor-core PTX included (tests only): compile it with g++ against
+ptx_emu.h and launch it. (emulate.py beside it is the general emulator: fibers, cluster helpers, torch tensors; this
+one models the instructions tutorials 05 and 06 use: ldmatrix, mma.sync, cp.async, TMA and mbarriers, wgmma.)
 
     out = emulate(source, "sgemm_naive", grid, block, [A, B, C, M, N, K])   # numpy arrays are copied back
 
 Each CUDA thread is an OS thread and blocks run one after another, so keep the problems small (a few blocks of a
-few hundred threads). What the emulator models, and what it does not, is listed at the top of cuda_emu.h. The
+few hundred threads). What the emulator models, and what it does not, is listed at the top of ptx_emu.h. The
 source is prepared first:
-- `#include` lines go (cuda_emu.h provides the types and intrinsics), and so does a definition of `CUtensorMap`
+- `#include` lines go (ptx_emu.h provides the types and intrinsics), and so does a definition of `CUtensorMap`
   (the emulator encodes its own tensor maps);
-- every top-level `__device__` helper whose body holds inline PTX (`asm`) goes, and cuda_emu.h's emulation of the
-  helper of the same name takes its place: the helpers' names and signatures are a contract (see cuda_emu.h);
+- every top-level `__device__` helper whose body holds inline PTX (`asm`) goes, and ptx_emu.h's emulation of the
+  helper of the same name takes its place: the helpers' names and signatures are a contract (see ptx_emu.h);
 - `__shared__` arrays become references into one shared-memory arena, `extern __shared__` ones its dynamic part.
 A kernel whose own body holds `asm` cannot be emulated: move the PTX into a named helper.
 """
@@ -31,7 +33,7 @@ CACHE = Path(os.environ.get("KERNELLAB_EMU_CACHE", Path(tempfile.gettempdir()) /
 
 
 class EmulationError(RuntimeError):
-    """The emulated kernel failed: it did not build, crashed, hung, or broke a rule cuda_emu.h checks."""
+    """The emulated kernel failed: it did not build, crashed, hung, or broke a rule ptx_emu.h checks."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,7 +81,7 @@ def _top_level_blocks(text: str):
 
 
 def prepare(source: str) -> str:
-    """The kernel source as cuda_emu.h compiles it (see the module docstring)."""
+    """The kernel source as ptx_emu.h compiles it (see the module docstring)."""
     clean = strip_comments_and_strings(source)
     keep = list(source)
     blank = list(clean)
@@ -100,7 +102,7 @@ def prepare(source: str) -> str:
     text = re.sub(r"(?m)^\s*#\s*include\s*[<\"].*$", "", text)
     strings = dict(re.findall(r'(?m)^\s*#\s*define\s+(\w+)\s+("[^\n]*")\s*$', text))   # PTX text in a macro
     text = re.sub(r"(?m)^\s*#\s*define\s+(\w+)\(([^)]*)\)\s+.*\basm\b.*$", lambda m: _ptx_macro(m, strings), text)
-    # cuda_emu.h has its own CUtensorMap (the emulator's encoding): drop the source's definition of the opaque struct
+    # ptx_emu.h has its own CUtensorMap (the emulator's encoding): drop the source's definition of the opaque struct
     text = re.sub(r"(typedef\s+)?struct\s+(alignas\s*\(\s*\d+\s*\)\s+)?CUtensorMap\w*\s*\{[^{}]*\}\s*\w*\s*;", "", text)
 
     counter = iter(range(1, 1 << 30))
@@ -231,12 +233,12 @@ _FLAGS = ("-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing", "-w")
 
 
 def _precompiled_header() -> Path:
-    """cuda_emu.h copied into the cache with its precompiled .gch beside it (once per header version): g++ then
+    """ptx_emu.h copied into the cache with its precompiled .gch beside it (once per header version): g++ then
     parses the C++ library headers once instead of in every build."""
-    text = (HERE / "cuda_emu.h").read_text()
+    text = (HERE / "ptx_emu.h").read_text()
     digest = hashlib.sha256((text + " ".join(_FLAGS)).encode()).hexdigest()[:16]
     CACHE.mkdir(parents=True, exist_ok=True)
-    header = CACHE / f"cuda_emu-{digest}.h"
+    header = CACHE / f"ptx_emu-{digest}.h"
     gch = Path(str(header) + ".gch")
     if not gch.exists():
         header.write_text(text)
@@ -259,7 +261,7 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, 
     head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
     header = _precompiled_header()
     program = (f'#include "{header}"\n{head}\n{prepare(source)}\n' + _MAIN.replace("CALL", _call(k)))
-    digest = hashlib.sha256((program + (HERE / "cuda_emu.h").read_text()).encode()).hexdigest()[:20]
+    digest = hashlib.sha256((program + (HERE / "ptx_emu.h").read_text()).encode()).hexdigest()[:20]
     binary = CACHE / f"{kernel}-{digest}"
     if not binary.exists():
         cpp = CACHE / f"{kernel}-{digest}.cpp"
