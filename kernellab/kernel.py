@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -11,7 +12,7 @@ from .compile import cache as _cache
 from .compile.cubin import read_cubin
 from .compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
 from .compile.signature import KernelSignature, find_kernels, signature_for
-from .errors import ArgumentError, KernellabError
+from .errors import ArgumentError, KernellabError, LaunchError
 from .run import device as _device
 
 REGISTER_FILE = 65536          # 32-bit registers per SM (and per block) on every arch kernellab knows
@@ -31,6 +32,7 @@ class Resources:
     arch: str
     constant_bytes: int = 0     # cmem[0]: parameters and driver constants
     barriers: int = 0           # named barriers used
+    launch_bounds_threads: int | None = None  # threads per block that __launch_bounds__ allows (None: not given)
 
     @property
     def spills(self) -> bool:
@@ -58,6 +60,7 @@ class Kernel:
     """One `__global__` function, compiled: inspect it (resources, ptx, sass, occupancy) and launch it with k[grid, block](...)."""
 
     backend = "cuda"
+    _path = None                           # run.launch.LaunchPath, made at the first launch in this process
 
     def __init__(self, module: "Module", signature: KernelSignature, resources: Resources):
         self.module = module
@@ -66,6 +69,8 @@ class Kernel:
         self._functions: dict[int, object] = {}
         self._sass: str | None = None
         self._instructions = None
+        self._source_view = None
+        self._launchers: dict = {}         # k[grid, block] objects, per configuration
         self.isolate: bool | None = None   # None: follow the notebook-wide setting (kernellab.set_isolation)
 
     # -- identity -------------------------------------------------------------------------------------------
@@ -113,27 +118,86 @@ class Kernel:
             cached = self._instructions = (sass, summarize(sass))
         return cached[1]
 
+    def source_view(self):
+        """Each line of the kernel's source beside the SASS (and PTX) compiled from it, with per-line counts of
+        global, shared and local loads and stores, FFMA, HMMA/HGMMA, barriers and branches (a SourceView; in a
+        notebook, two columns in the cell's line numbering). From the cubin's line information; no GPU needed."""
+        if self._source_view is None:
+            from .compile.sass_lines import ptx_lines, sass_instructions
+            from .compile.source_view import build_source_view
+
+            source, first_line, filename, cubin, module_ptx = self._view_inputs()
+            instructions = sass_instructions(cubin, self.symbol, filename)
+            self._source_view = build_source_view(
+                kernel=self.signature.display, arch=self.arch, source=source, first_line=first_line,
+                filename=filename, instructions=instructions, ptx=ptx_lines(module_ptx, self.ptx, filename))
+        return self._source_view
+
+    def _view_inputs(self) -> tuple[str, int, str, bytes, str]:
+        """(source, its first line's number, filename, cubin, the module's PTX) for source_view."""
+        m = self.module
+        return m.source or "", m.first_line, m.filename, m.cubin, m.ptx
+
+    def profile_lines(self, grid, block, *args, shared_bytes: int = 0, strict: bool = False, **kw):
+        """source_view() with what Nsight Compute measured per line over this launch: instructions executed, warp
+        stall samples and their reasons, global memory traffic, shared wavefronts and bank conflicts.
+
+        The launch runs in a new process under ncu (the arguments are copied; yours are not modified). Where ncu
+        cannot read the counters the view says why (`profile_note`); strict=True raises instead."""
+        from .run.ncu_source import profile_lines
+
+        return profile_lines(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict, **kw)
+
     def occupancy(self, block, shared_bytes: int = 0, arch: str | None = None):
-        """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block."""
+        """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block.
+
+        Raises ArgumentError for a block above the kernel's max_threads_per_block: it could not launch.
+        """
         from .analysis.occupancy import occupancy
 
         threads = block if isinstance(block, int) else int(math.prod(block))
-        return occupancy(threads, self.resources.registers, self.resources.shared_bytes + shared_bytes,
-                         arch or _base_arch(self.arch))
+        res = self.resources
+        if threads > res.max_threads_per_block:
+            raise ArgumentError(f"{self.name} cannot launch a block of {threads} threads: its max_threads_per_block "
+                                f"is {res.max_threads_per_block} ({_limit_reason(res)}); ask for the occupancy of a "
+                                f"block of at most {res.max_threads_per_block} threads")
+        return occupancy(threads, res.registers, res.shared_bytes + shared_bytes, arch or _base_arch(self.arch))
 
     def best_block_sizes(self, shared_bytes: int = 0, top: int = 3):
-        """Block sizes (multiples of 32) that give this kernel the highest theoretical occupancy."""
+        """Block sizes (multiples of 32, at most max_threads_per_block) that give this kernel the highest occupancy."""
         from .analysis.occupancy import best_block_sizes
 
         return best_block_sizes(self.resources.registers, self.resources.shared_bytes + shared_bytes,
-                                _base_arch(self.arch), top=top)
+                                _base_arch(self.arch), top=top, max_threads=self.resources.max_threads_per_block)
+
+    def card_block_size(self) -> tuple[int, str]:
+        """(threads, why): the block size the card shows occupancy at: the launch bounds where the kernel gives
+        them, else its best block size."""
+        res = self.resources
+        if res.launch_bounds_threads:
+            return min(res.launch_bounds_threads, res.max_threads_per_block), "launch bounds"
+        best = self.best_block_sizes(top=1)
+        if best:
+            return best[0], "best block"
+        return min(256, res.max_threads_per_block), "default"
 
     # -- launching ------------------------------------------------------------------------------------------
     def __getitem__(self, config) -> "_Launcher":
+        try:
+            return self._launchers[config]      # kept per configuration: a launch in a loop makes none
+        except (KeyError, TypeError):
+            pass
         if not isinstance(config, tuple) or len(config) not in (2, 3):
             raise ArgumentError(f"launch as {self.name}[grid, block](args...) or {self.name}[grid, block, "
                                 f"shared_bytes](args...); got {self.name}[{config!r}]")
-        return _Launcher(self, *config)
+        launcher = _Launcher(self, *config)
+        try:
+            if len(self._launchers) >= 256:
+                self._launchers.clear()
+            self._launchers[config] = launcher
+        except TypeError:                        # a list for grid or block
+            pass
+        return launcher
 
     def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool | None = None,
                isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
@@ -143,40 +207,62 @@ class Kernel:
         through cuLaunchKernelEx.
 
         sync (default: yes, except while `kernellab.bench` times the call) waits for the kernel, so that a fault is
-        reported here, at this launch, not at some later CUDA call. isolate=True runs it in a worker process (see
-        run_isolated); None follows the notebook-wide setting.
+        reported here, at this launch, not at some later CUDA call; under CUDA graph capture it records the launch
+        and does not wait. isolate=True runs it in a worker process (see run_isolated); None follows the
+        notebook-wide setting.
         """
-        from .run import worker as _worker
-
         if isolate is None:
-            isolate = self.isolate if self.isolate is not None else _worker.settings.isolate
+            isolate = self.isolate if self.isolate is not None else _isolation_default()
         if isolate:
             return self.run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s,
                                      cluster=cluster)
-        _device.require_gpu(f"launching {self.name}")
-        from .errors import LaunchError
-        from .run.launch import allow_dynamic_shared, launch, make_config, marshal_args
+        path = self._path
+        if path is None:
+            path = self._launch_path(grid, block, shared_bytes, args, cluster)
+        cfg = path.config(grid, block, shared_bytes, cluster)
+        try:
+            path.run(cfg, args, stream, sync)
+        except LaunchError as exc:
+            self._keep_job(exc, cfg, args)
+            raise
 
+    def _keep_job(self, exc: LaunchError, cfg, args) -> None:
+        """After a sticky fault, keep the launch (shapes and scalars) on the error for sanitize_last()."""
+        if exc.sticky and exc.job is None:
+            from .run.job import KernelJob
+
+            try:
+                exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes",
+                                                cluster=cfg.cluster)
+            except Exception:
+                pass
+
+    def check_args(self, *args) -> None:
+        """Check `args` against the signature as a launch would: their count, pointer or scalar, dtype, contiguity,
+        vector alignment and scalar ranges. Needs no GPU: CPU (and meta) tensors and NumPy arrays stand in for GPU
+        memory. Raises ArgumentError naming the argument."""
+        from .run.launch import marshal_args
+
+        marshal_args(self.params, tuple(args), None, str(self.signature), any_device=True)
+
+    def _launch_path(self, grid, block, shared_bytes, args, cluster=None):
+        """The first launch: with no GPU, check what can be checked and say why not; else load the kernel on the
+        current GPU and keep its LaunchPath."""
+        from .run.launch import LaunchPath, allow_dynamic_shared, make_config
+
+        if not _device.has_gpu():
+            make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
+                        static_shared_bytes=self.resources.shared_bytes, device=None, cluster=cluster)
+            self.check_args(*args)              # the argument error, if any, comes before "no GPU"
+        _device.require_gpu(f"launching {self.name}")
         dev = _device.device_info()
         self._check_arch(dev)
-        cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
-                          static_shared_bytes=self.resources.shared_bytes, device=dev, cluster=cluster)
-        values = marshal_args(self.params, args, dev, str(self.signature))
         fn = self._function(dev.index)
-        if cfg.shared_bytes > dev.shared_per_block_bytes - self.resources.shared_bytes:
-            allow_dynamic_shared(fn, cfg.shared_bytes)  # opt in above 48 KiB
-        try:
-            launch(fn, cfg, values, args, stream=stream, sync=sync, kernel_name=self.name)
-        except LaunchError as exc:
-            if exc.sticky and exc.job is None:  # keep the launch (shapes and scalars) for sanitize_last()
-                from .run.job import KernelJob
-
-                try:
-                    exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes",
-                                                    cluster=cfg.cluster)
-                except Exception:
-                    pass
-            raise
+        self._path = LaunchPath(fn.ptr, self.params, dev, name=self.name, signature=str(self.signature),
+                                max_threads_per_block=self.resources.max_threads_per_block,
+                                static_shared_bytes=self.resources.shared_bytes,
+                                opt_in=lambda nbytes: allow_dynamic_shared(fn, nbytes))
+        return self._path
 
     # -- the same launch in another process: a worker, compute-sanitizer, Nsight Compute ---------------------
     def job_fields(self) -> dict:
@@ -239,17 +325,24 @@ class Kernel:
         return fn
 
     # -- reports --------------------------------------------------------------------------------------------
-    def to_json(self, block_size: int = 256) -> dict:
+    def to_json(self, block_size: int | None = None) -> dict:
+        """The card's fields; "occupancy" is at `block_size`, or (None) at card_block_size(), with "block_source"
+        saying which: "launch bounds", "best block", "default" or "requested"."""
         r = self.resources
         d = {"name": self.name, "display": self.signature.display, "symbol": self.symbol,
              "signature": str(self.signature), "registers": r.registers, "shared_bytes": r.shared_bytes,
              "local_bytes": r.local_bytes, "spill_store_bytes": r.spill_store_bytes,
              "spill_load_bytes": r.spill_load_bytes, "max_threads_per_block": r.max_threads_per_block,
-             "arch": r.arch}
+             "launch_bounds_threads": r.launch_bounds_threads, "arch": r.arch}
         try:
-            occ = self.occupancy(min(block_size, r.max_threads_per_block))
-            d["occupancy"] = {"block_size": occ.block_size, "ratio": occ.ratio, "limiter": occ.limiter,
-                              "blocks_per_sm": occ.blocks_per_sm}
+            if block_size is None:
+                threads, source = self.card_block_size()
+            else:
+                threads, source = min(block_size, r.max_threads_per_block), "requested"
+            occ = self.occupancy(threads)
+            d["occupancy"] = {"block_size": occ.block_size, "block_source": source, "ratio": occ.ratio,
+                              "limiter": occ.limiter, "blocks_per_sm": occ.blocks_per_sm,
+                              "warps_per_sm": occ.warps_per_sm}
             d["best_block_sizes"] = list(self.best_block_sizes())
         except (ImportError, KernellabError, ValueError):
             pass
@@ -263,15 +356,31 @@ class Kernel:
 class _Launcher:
     """`kernel[grid, block]`: call it with the kernel's arguments."""
 
+    __slots__ = ("kernel", "grid", "block", "shared_bytes", "_path", "_config")
+
     def __init__(self, kernel: Kernel, grid, block, shared_bytes: int = 0):
         self.kernel, self.grid, self.block, self.shared_bytes = kernel, grid, block, shared_bytes
+        self._path = self._config = None        # the checked LaunchConfig, once launched in this process
 
     def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
                  isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
+        k = self.kernel
+        path = k._path
+        # The common case, a launch in this process as configured: straight to the launch path.
+        if (path is not None and path is self._path and shared_bytes is None and isolate is None and cluster is None
+                and k.isolate is None and not _isolation_default()):
+            try:
+                return path.run(self._config, args, stream, sync)
+            except LaunchError as exc:
+                k._keep_job(exc, self._config, args)
+                raise
         extra = {"cluster": cluster} if cluster is not None else {}     # CUDA C++ kernels take clusters
-        return self.kernel.launch(self.grid, self.block, *args,
-                                  shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
-                                  stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s, **extra)
+        result = k.launch(self.grid, self.block, *args,
+                          shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
+                          stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s, **extra)
+        if k._path is not None and shared_bytes is None and cluster is None and self._path is not k._path:
+            self._config, self._path = k._path.config(self.grid, self.block, self.shared_bytes), k._path
+        return result
 
 
 class KernelCollection:
@@ -396,6 +505,12 @@ class Module(KernelCollection):
                 "diagnostics": [{"line": d.line, "column": d.column, "severity": d.severity, "message": d.message}
                                 for d in self.output.diagnostics]}
 
+    def _timing(self) -> str:
+        """'compiled in 27.1 ms (cache miss)', or for a hit its own time: 'cache hit (memory) in 0.2 ms'."""
+        if self.cache_hit:
+            return f"cache hit ({self.cache_state}) in {self.wall_ms:.1f} ms (compiled in {self.compile_ms:.0f} ms)"
+        return f"compiled in {self.compile_ms:.1f} ms (cache miss)"
+
     def __str__(self) -> str:
         j = self.to_json()
         rows = []
@@ -403,9 +518,8 @@ class Module(KernelCollection):
             occ = k.get("occupancy")
             rows.append([k["display"], k["registers"], k["shared_bytes"], k["local_bytes"],
                          f"{k['spill_store_bytes']}/{k['spill_load_bytes']}",
-                         f"{occ['ratio']:.0%} @{occ['block_size']} ({occ['limiter']})" if occ else "-"])
-        head = (f"{j['title']} | {self.arch} | compiled in {self.compile_ms:.1f} ms "
-                f"| cache {'hit (' + self.cache_state + ')' if self.cache_hit else 'miss'}")
+                         occupancy_text(occ) if occ else "-"])
+        head = f"{j['title']} | {self.arch} | {self._timing()}"
         parts = [head, report.text_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy"], rows)]
         parts += [f"SASS {k['display']}: {k['instructions']['headline']}" for k in j["kernels"]
                   if k.get("instructions", {}).get("headline")]
@@ -425,10 +539,9 @@ class Module(KernelCollection):
                 if k["spill_store_bytes"] or k["spill_load_bytes"] else spill
             rows.append([report.Raw(f"<b>{report.esc(k['display'])}</b>", k["display"]), k["registers"],
                          k["shared_bytes"], k["local_bytes"], spill_cell,
-                         f"{occ['ratio']:.0%} @ {occ['block_size']} ({occ['limiter']})" if occ else "-",
+                         occupancy_text(occ) if occ else "-",
                          ", ".join(map(str, k.get("best_block_sizes", []))) or "-"])
-        cache = f"cache hit ({self.cache_state})" if self.cache_hit else "cache miss"
-        cap = f"{j['title']} · {self.arch} · {self.compile_ms:.1f} ms compile · {cache}"
+        cap = f"{j['title']} · {self.arch} · {self._timing()}"
         out = [report.html_table(["kernel", "regs", "smem B", "local B", "spill st/ld B", "occupancy", "best blocks"],
                                  rows, caption=cap)]
         for k in j["kernels"]:
@@ -446,8 +559,29 @@ class Module(KernelCollection):
         return report.mimebundle(self, include, exclude)
 
 
+def _isolation_default() -> bool:
+    """The notebook-wide isolation setting (kernellab.set_isolation), read without importing the worker until set."""
+    worker = sys.modules.get("kernellab.run.worker")
+    return bool(worker is not None and worker.settings.isolate)
+
+
 def _base_arch(arch: str) -> str:
     return re.sub(r"[af]$", "", arch)
+
+
+def _limit_reason(res: Resources) -> str:
+    """What sets a kernel's max_threads_per_block, in words."""
+    if res.launch_bounds_threads and res.max_threads_per_block == res.launch_bounds_threads:
+        return f"__launch_bounds__({res.launch_bounds_threads})"
+    if res.max_threads_per_block < 1024:
+        return f"{res.registers} registers per thread fill the register file at {res.max_threads_per_block} threads"
+    return "the architecture's limit"
+
+
+def occupancy_text(occ: dict) -> str:
+    """A card's occupancy cell: '50% @ 64 (warps; launch bounds)'."""
+    source = occ.get("block_source")
+    return f"{occ['ratio']:.0%} @ {occ['block_size']} ({occ['limiter']}{'; ' + source if source else ''})"
 
 
 def _resources(output: CompileOutput, symbol: str, facts) -> Resources:
@@ -459,7 +593,8 @@ def _resources(output: CompileOutput, symbol: str, facts) -> Resources:
                      spill_store_bytes=rep.spill_store_bytes if rep else 0,
                      spill_load_bytes=rep.spill_load_bytes if rep else 0,
                      max_threads_per_block=max_threads_for(regs, bounds), arch=output.arch,
-                     constant_bytes=rep.constant_bytes if rep else 0, barriers=rep.barriers if rep else 0)
+                     constant_bytes=rep.constant_bytes if rep else 0, barriers=rep.barriers if rep else 0,
+                     launch_bounds_threads=math.prod(bounds) if bounds else None)
 
 
 def _ptx_entry(ptx: str, symbol: str) -> str:

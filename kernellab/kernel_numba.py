@@ -32,7 +32,7 @@ from .compile import numba_backend as nb
 from .compile.nvrtc import normalize_arch
 from .compile.signature import KernelSignature
 from .errors import ArgumentError, KernellabError
-from .kernel import Kernel, KernelCollection, Resources, max_threads_for
+from .kernel import Kernel, KernelCollection, Resources, max_threads_for, occupancy_text
 from .run import device as _device
 
 TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take some seconds
@@ -83,6 +83,8 @@ class NumbaKernel(Kernel):
         self._globals: dict | None = None     # the globals' values it was compiled with (nb.global_values)
         self._argtypes: tuple | None = None   # set with or without a real compile (NUMBA_ENABLE_CUDASIM)
         self._sass: str | None = None
+        self._source_view = None
+        self._launchers: dict = {}            # k[grid, block] objects, per configuration
         self.trace_next = False               # the next launch runs in the simulator and returns its SharedTrace
         self.last_trace = None
         self.can_compile, why = nb.numba_available()
@@ -160,7 +162,7 @@ class NumbaKernel(Kernel):
             self._globals = nb.global_values(self.py_func, self.factory)
             self._compiled = nb.compile_kernel(self.dispatcher, argtypes, self._arch, source=self._source,
                                                first_line=self._first_line)
-            self._sass = None
+            self._sass = self._source_view = None
             self.notes.extend(n for n in self._compiled.notes if n not in self.notes)
         self._argtypes = tuple(argtypes)
 
@@ -212,7 +214,8 @@ class NumbaKernel(Kernel):
         return Resources(registers=r.registers, shared_bytes=r.shared_bytes, local_bytes=r.stack_bytes,
                          spill_store_bytes=r.spill_store_bytes, spill_load_bytes=r.spill_load_bytes,
                          max_threads_per_block=max_threads_for(r.registers, bounds), arch=c.arch,
-                         constant_bytes=r.constant_bytes, barriers=r.barriers)
+                         constant_bytes=r.constant_bytes, barriers=r.barriers,
+                         launch_bounds_threads=bounds[0] if bounds else None)
 
     @property
     def ptx(self) -> str:
@@ -232,6 +235,18 @@ class NumbaKernel(Kernel):
             c = self._require_compiled("SASS")
             self._sass = sass(c.cubin, c.symbol)
         return self._sass
+
+    def _view_inputs(self) -> tuple[str, int, str, bytes, str]:
+        """(source, its first line's number, filename, cubin, PTX) for source_view: the cell (or the function's
+        file) and the line numbers Numba's line information uses."""
+        import inspect
+
+        c = self._require_compiled("SASS")
+        filename = self.py_func.__code__.co_filename
+        if self._source is not None:
+            return self._source, self._first_line, filename, c.cubin, c.ptx
+        lines, start = inspect.getsourcelines(self.py_func)
+        return "".join(lines), start, filename, c.cubin, c.ptx
 
     # -- launching ------------------------------------------------------------------------------------------
     def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool | None = None,
@@ -297,6 +312,17 @@ class NumbaKernel(Kernel):
                 raise ArgumentError(f"argument {pos} ('{p.name}', {p.ctype}) is a {type(x).__name__}; launches in "
                                     f"another process take CUDA torch tensors and CuPy arrays (wrap a Numba device "
                                     f"array with cupy.asarray(x))")
+
+    def check_args(self, *args) -> None:
+        """Check `args` against the Numba signature as a launch would (count, array or scalar, dtype, dimensions,
+        layout, scalar ranges), with host arrays and CPU tensors standing in for GPU ones; before a signature is
+        known, only the count. Needs no GPU."""
+        names = nb.param_names(self.py_func)
+        if len(args) != len(names):
+            raise ArgumentError(f"{self._name}({', '.join(names)}) takes {len(names)} argument"
+                                f"{'s' if len(names) != 1 else ''}, got {len(args)}")
+        if self._argtypes is not None:
+            _check_args(self.params, args, self.numba_signature, host_ok=True)
 
     def _ready_for(self, args) -> None:
         """Compile for these arguments' types if no signature is known yet (as the first launch does)."""
@@ -449,7 +475,7 @@ class NumbaKernel(Kernel):
                 raise _launch_error(exc, self._name, cfg, during="run") from None
 
     # -- reports --------------------------------------------------------------------------------------------
-    def to_json(self, block_size: int = 256) -> dict:
+    def to_json(self, block_size: int | None = None) -> dict:
         base = {"name": self._name, "display": self._name, "symbol": self.symbol, "backend": "numba",
                 "signature": str(self.signature), "numba_signature": self.numba_signature,
                 "simulate": self.simulate, "pending": self.pending, "arch": self._arch}
@@ -624,8 +650,7 @@ class NumbaModule(KernelCollection):
                 continue
             occ = k.get("occupancy")
             spill = f"{k['spill_store_bytes']}/{k['spill_load_bytes']}"
-            occ_text = f"{occ['ratio']:.0%} @{'' if not html else ' '}{occ['block_size']} ({occ['limiter']})" if occ \
-                else "-"
+            occ_text = occupancy_text(occ) if occ else "-"
             if html:
                 spill = report.Raw(f"<span style='color:#c00;font-weight:bold'>{spill}</span>", spill) \
                     if k["spill_store_bytes"] or k["spill_load_bytes"] else spill

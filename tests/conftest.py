@@ -12,8 +12,13 @@ def _gpu_reason():
         import cupy
 
         n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no libcuda, no device
-        return f"no CUDA GPU: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    except Exception as exc:  # no driver, no libcuda, no device: say which (the runtime blames the driver for all)
+        try:
+            from kernellab.run.device import _runtime_version, why_no_gpu
+
+            return f"no CUDA GPU: {why_no_gpu(str(exc).splitlines()[0] if str(exc) else '', _runtime_version())}"
+        except Exception:
+            return f"no CUDA GPU: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None if n > 0 else "no CUDA GPU: device count is 0"
 
 

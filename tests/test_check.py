@@ -132,6 +132,32 @@ def test_unwritten_elements_fail_even_when_the_buffer_happens_to_hold_the_answer
     assert not r.passed and r.mismatches == N - 500
 
 
+def test_free_blocks_are_the_default_pools_inactive_ones():
+    """What fill_free_memory fills, from a torch.cuda.memory_snapshot()-shaped list (a GPU test fills real ones)."""
+    from kernellab.run.check import free_blocks
+
+    snapshot = [
+        {"device": 0, "address": 0x1000, "segment_pool_id": (0, 0), "blocks": [
+            {"size": 512, "state": "active_allocated", "address": 0x1000},
+            {"size": 1536, "state": "inactive", "address": 0x1200},
+            {"size": 2048, "state": "active_pending_free", "address": 0x1800}]},
+        {"device": 0, "address": 0x9000, "blocks": [          # older torch: no pool id, no block addresses
+            {"size": 256, "state": "inactive"}, {"size": 256, "state": "active_allocated"},
+            {"size": 1024, "state": "inactive"}]},
+        {"device": 0, "address": 0x20000, "segment_pool_id": (1, 0), "blocks": [   # a CUDA graph's private pool
+            {"size": 4096, "state": "inactive", "address": 0x20000}]},
+        {"device": 1, "address": 0x40000, "segment_pool_id": (0, 0), "blocks": [
+            {"size": 8192, "state": "inactive", "address": 0x40000}]},
+    ]
+    assert free_blocks(snapshot, 0) == [(0x1200, 1536), (0x9000, 256), (0x9200, 1024)]
+    assert free_blocks(snapshot, 1) == [(0x40000, 8192)]
+
+
+def test_no_gpu_no_fill_and_the_report_says_nothing_of_it():
+    r = check(lambda x: x * 2, lambda x: x * 2, lambda g: (torch.randn(N, generator=g),))
+    assert r.free_memory_filled_bytes == 0 and "free GPU memory" not in str(r)
+
+
 def test_named_outputs_for_a_candidate_that_returns_nothing():
     def candidate(x, y, out):
         out[1:] = x[1:] + y[1:]      # returns None, like a raw kernel launch
@@ -235,6 +261,34 @@ def test_a_reference_that_refuses_float64_is_run_in_the_inputs_dtype():
 
     r = check(lambda x: x * w, reference, lambda g: (torch.randn(N, generator=g),))
     assert r.passed and r.reference_precision == "float32"
+    # ... and the report says so, and why, instead of falling back silently.
+    assert r.reference_note.startswith("the reference could not run in float64 (it raised RuntimeError: expected "
+                                       "float32)")
+    assert "inputs' dtypes (float32)" in r.reference_note
+    assert f"note: {r.reference_note}" in str(r) and "could not run in float64" in r._repr_html_()
+    assert r.to_json()["reference_note"] == r.reference_note
+
+
+def test_a_float64_reference_that_runs_out_of_memory_is_named():
+    def reference(x):
+        if x.dtype == torch.float64:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+        return x * 2
+
+    r = check(lambda x: x * 2, reference, lambda g: (torch.randn(N, generator=g).half(),))
+    assert r.passed and r.reference_precision == "float16"
+    assert "(it raised OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB)" in r.reference_note
+
+
+def test_a_float64_reference_with_other_shapes_is_named():
+    r = check(lambda x: x * 2, lambda x: x[None] * 2 if x.dtype == torch.float64 else x * 2,
+              lambda g: (torch.randn(N, generator=g).half(),))
+    assert r.passed and "returned other outputs (count or shapes)" in r.reference_note
+
+
+def test_no_note_when_the_float64_reference_ran():
+    r = check(lambda x: x * 2, lambda x: x * 2, lambda g: (torch.randn(N, generator=g).half(),))
+    assert r.reference_precision == "float64" and r.reference_note is None
 
 
 # --- bad input ---------------------------------------------------------------------------------------------------

@@ -89,24 +89,49 @@ def test_status_bundle_without_a_gpu(monkeypatch):
     from kernellab.notebook import status
 
     monkeypatch.setattr(status, "_gpu", lambda: (None, None, None))
+    monkeypatch.setattr(status, "_simulator_used", False)
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
     bundle = status.status_bundle()
     assert bundle == {
         "application/vnd.kernellab.status+json": {"gpu": None, "memory_used_bytes": None, "memory_total_bytes": None,
-                                                  "mode": "compile-only"},
+                                                  "mode": "compile-only", "simulator": False},
         "text/plain": "kernellab: no GPU (compile-only)",
     }
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
     assert status.status()["mode"] == "simulator"
 
 
+def test_status_says_simulator_after_a_simulated_numba_cell(monkeypatch, tmp_cache):
+    """`%%numba --sim` runs its kernels in the simulator without NUMBA_ENABLE_CUDASIM: the status follows the cell."""
+    pytest.importorskip("numba")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from kernellab.notebook import status
+
+    monkeypatch.setattr(status, "_gpu", lambda: (None, None, None))
+    monkeypatch.setattr(status, "_simulator_used", False)
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "kernellab")
+    assert status.status()["mode"] == "compile-only"
+    result = shell.run_cell("%%numba --sim\n@cuda.jit\ndef one(x):\n    x[cuda.grid(1)] = 1\n")
+    assert result.success, result.error_in_exec
+    assert status.status()["mode"] == "simulator" and status.status()["simulator"] is True
+    monkeypatch.setattr(status, "_gpu", lambda: ("NVIDIA H200", 0, 140 * 2**30))
+    payload = status.status()
+    assert payload["mode"] == "gpu" and payload["simulator"] is True
+    assert status.status_text(payload).endswith("(and the simulator)")
+
+
 def test_status_bundle_with_a_gpu(monkeypatch):
     from kernellab.notebook import status
 
     monkeypatch.setattr(status, "_gpu", lambda: ("NVIDIA H200", 3 * 2**30, 140 * 2**30))
+    monkeypatch.setattr(status, "_simulator_used", False)
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
     payload = status.status_bundle()
     assert payload[status.STATUS_MIME] == {"gpu": "NVIDIA H200", "memory_used_bytes": 3 * 2**30,
-                                           "memory_total_bytes": 140 * 2**30, "mode": "gpu"}
+                                           "memory_total_bytes": 140 * 2**30, "mode": "gpu", "simulator": False}
     assert payload["text/plain"] == "kernellab: NVIDIA H200, 3.0 of 140.0 GiB in use"
 
 

@@ -1,4 +1,6 @@
 """The %%cuda magic in a real IPython shell: binding, cards, options, errors as UsageError at cell lines."""
+import re
+
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -48,7 +50,8 @@ def test_ptx_and_sass_are_shown(ip, tmp_cache, capsys):
     result = ip.run_cell("%%cuda --arch sm_90 --ptx --sass\n" + CELL)
     assert result.success
     out = capsys.readouterr().out
-    assert ".entry vadd(" in out and "Function : vadd" in out
+    assert ".entry vadd(" in out and "vadd (sm_90):" in out and "LDG" not in out.split("vadd (sm_90):")[0]
+    assert re.search(r"^\s*4\s+if \(i < n\) c\[i\] = a\[i\] \+ b\[i\];\s+\d+\s+2\s+1", out, re.M)
 
 
 def test_compile_error_is_a_usage_error_at_the_cell_line(ip, tmp_cache, capsys):

@@ -681,7 +681,12 @@ def test_magic_ptx_and_sass(ip, capsys):
     result = _run(ip, f"%%numba --sim --ptx --sass -s 'vadd: {VADD_SIG}'\n" + SOURCE)
     assert result.success
     out = capsys.readouterr().out
-    assert ".entry" in out and "Function : " in out
+    assert ".entry" in out and "vadd (sm_90):" in out
+    # The SASS beside the cell's lines: `c[i] = square(a[i]) + b[i]` is cell line 12 (the magic is line 1).
+    row = next(line for line in out.splitlines() if line.strip().startswith("12 ") and "c[i] = square" in line)
+    header = next(line for line in out.splitlines() if line.split()[:3] == ["line", "source", "SASS"])
+    assert header.split()[3:] == ["global", "ld", "global", "st", "FFMA"]
+    assert row.split("c[i] = square(a[i]) + b[i]")[1].split()[1:] == ["2", "1", "1"]   # SASS count, then the classes
 
 
 def test_magic_usage_errors(ip):

@@ -391,10 +391,34 @@ def test_explorer_builds_and_reacts_to_sliders():
     assert ex.result.block_size == 1024
     ex.carveout_dropdown.value = 50
     assert ex.result.carveout == 50
+    ex.carveout_dropdown.value = "default"
+    assert ex.result.carveout is None
     # A smaller architecture clamps the sliders to its limits.
     ex.arch_dropdown.value = "sm_86"
     assert ex.result.arch == "sm_86" and ex.shared_slider.max == 99 * KIB
     assert ex.result.shared_bytes <= 99 * KIB
+
+
+def test_explorer_carveout_shows_its_default_and_blocks_move_by_warps():
+    """ipywidgets draws a Dropdown whose value is None as blank: the default carveout is a labelled option."""
+    from kernellab.notebook.occupancy_widget import occupancy_explorer
+    ex = occupancy_explorer(256, 40, 0, "sm_90")
+    dropdown = ex.carveout_dropdown
+    assert dropdown.value is not None and dropdown.index == 0 and dropdown.label.startswith("default")
+    assert ex.carveout is None and ex.result.carveout is None
+    assert (ex.block_size_slider.min, ex.block_size_slider.step, ex.block_size_slider.max) == (32, 32, 1024)
+    assert occupancy_explorer(256, 40, 0, "sm_90", carveout=25).carveout_dropdown.label == "25%"
+
+
+def test_explorer_from_a_kernel_respects_its_launch_bounds(tmp_cache):
+    import kernellab
+    from kernellab.notebook.occupancy_widget import occupancy_explorer
+    k = kernellab.compile_cuda("__global__ void __launch_bounds__(128) k(float* x) { x[threadIdx.x] = 1; }",
+                               arch="sm_90").k
+    ex = occupancy_explorer(k)
+    assert ex.block_size_slider.max == 128 and ex.result.block_size == 128
+    ex.arch_dropdown.value = "sm_80"
+    assert ex.block_size_slider.max == 128
 
 
 def test_explorer_takes_a_kernel():

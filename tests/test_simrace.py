@@ -15,7 +15,7 @@ pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
 import kernellab  # noqa: E402
 from kernellab.errors import ArgumentError, KernellabError  # noqa: E402
 from kernellab.run.sanitize import SanitizerReport  # noqa: E402
-from kernellab.run.simrace import sanitize_simulated  # noqa: E402
+from kernellab.run.simrace import UNREPORTED_BARRIER, UNREPORTED_RACE, sanitize_simulated  # noqa: E402
 
 from numba import cuda  # noqa: E402
 
@@ -60,6 +60,11 @@ def test_corpus_verdicts_and_line_pairs(c):
     assert report.job_status == "ok", report
     assert verdict(report) == corpus.expected(c), report
     assert report.simulated and report.ok == (not c.races and not c.barriers)
+    unreported = [n for n in report.notes if n.startswith((UNREPORTED_RACE, UNREPORTED_BARRIER))]
+    m = corpus.markers(c.kernel)
+    assert bool(unreported) == bool(c.unreported), report
+    for name in c.unreported:              # the bug the GPU's tools do not report is still named, in a note
+        assert any(f"line {m[name]}" in n for n in unreported), (name, report)
 
 
 def test_every_hazard_kind_is_named_with_its_accesses():
@@ -70,8 +75,6 @@ def test_every_hazard_kind_is_named_with_its_accesses():
     waw = run_case(corpus.case("same_slot_racy"), "racecheck").findings[0]
     assert (waw.hazard, waw.access, waw.other_access) == ("WAW", "Write", "Write")
     assert waw.thread[0] % 32 == waw.other_thread[0] % 32 and waw.thread != waw.other_thread   # t and t + 32
-    atomic = run_case(corpus.case("histogram_init_racy"), "racecheck").findings[0]
-    assert (atomic.hazard, atomic.access, atomic.other_access) == ("WAW", "Write", "Atomic")
 
 
 def test_a_finding_names_threads_block_address_and_element():
@@ -96,7 +99,26 @@ def test_threads_of_one_warp_race_without_syncwarp():
 
 def test_atomics_do_not_race_with_each_other():
     report = run_case(corpus.case("histogram_ok"), "racecheck")
-    assert report.ok, report
+    assert report.ok and not any(n.startswith(UNREPORTED_RACE) for n in report.notes), report
+
+
+def test_a_plain_store_against_an_atomic_is_a_note_not_a_finding():
+    """racecheck does not report it (the golden table's histogram_init_racy); the simulator says so, and why."""
+    c = corpus.case("histogram_init_racy")
+    report = run_case(c, "racecheck")
+    m = corpus.markers(c.kernel)
+    (note,) = [n for n in report.notes if n.startswith(UNREPORTED_RACE)]
+    assert report.ok and not report.findings and report.error_count == 0
+    assert f"Write at line {m['init']}" in note and f"Atomic at line {m['add']}" in note and "h[" in note
+    assert "still a data race" in note
+    # the same stores racing with plain reads instead are a finding (the atomics stay out of the shadow)
+    src = ("def k(x, out):\n    h = cuda.shared.array(8, int32)\n    t = cuda.threadIdx.x\n    if t < 8:\n"
+           "        h[t] = 0\n    cuda.atomic.add(h, t % 8, 1)\n    out[t] = h[t % 8]\n")
+    ns = {"cuda": cuda, "int32": corpus.int32}
+    exec(compile(src, "<atomic-mix>", "exec"), ns)
+    mixed = sanitize_simulated(ns["k"], 1, 64, (np.zeros(64, np.int32), np.zeros(64, np.int32)), tool="racecheck")
+    assert {f.lines for f in mixed.findings} == {(5, 7)} and mixed.findings[0].other_access == "Read", mixed
+    assert any(n.startswith(UNREPORTED_RACE) for n in mixed.notes)
 
 
 def test_clean_kernels_have_no_findings_on_awkward_launches():
@@ -124,14 +146,46 @@ def test_divergent_barrier_in_a_warp_counts_each_waiting_thread():
 
 
 def test_block_level_barrier_placement():
-    """A whole warp skipping a barrier the other waits at; a barrier every thread reaches is fine anywhere."""
-    (f,) = run_case(corpus.case("divergent_block_barrier"), "synccheck").findings
-    assert f.message.endswith("Divergent thread(s) in block") and f.count == 32
+    """Warps waiting at different barriers are divergent; a warp that skips a barrier and exits counts as arrived (on
+    sm_90 synccheck does not report it: a note says so); a barrier every thread reaches is fine anywhere."""
+    src = ("def k(x):\n    t = cuda.threadIdx.x\n    if t < 32:\n        cuda.syncthreads()\n    else:\n"
+           "        cuda.syncthreads()\n    x[t] = 1.0\n")
+    ns = {"cuda": cuda}
+    exec(compile(src, "<two-warps>", "exec"), ns)
+    report = sanitize_simulated(ns["k"], 1, 64, (np.zeros(64, np.float32),), tool="synccheck")
+    assert sorted((f.lines[0], f.count) for f in report.findings) == [(4, 32), (6, 32)]
+    assert all(f.message.endswith("Divergent thread(s) in block") for f in report.findings)
+    skipped = run_case(corpus.case("divergent_block_barrier"), "synccheck")
+    (note,) = [n for n in skipped.notes if n.startswith(UNREPORTED_BARRIER)]
+    assert skipped.ok and "threads 32-63 returned at line" in note and "threads 0-31 wait at" in note
     src = ("@cuda.jit\ndef k(x):\n    t = cuda.threadIdx.x\n    if t < 64:\n        cuda.syncthreads()\n"
            "    x[t] = 1.0\n")
     ns = {"cuda": cuda}
     exec(compile(src, "<barrier-placement>", "exec"), ns)
-    assert sanitize_simulated(ns["k"], 1, 64, (np.zeros(64, np.float32),), tool="synccheck").ok
+    every = sanitize_simulated(ns["k"], 1, 64, (np.zeros(64, np.float32),), tool="synccheck")
+    assert every.ok and not any(n.startswith(UNREPORTED_BARRIER) for n in every.notes)
+
+
+def test_lanes_leaving_a_loop_around_a_barrier_count_as_arrived():
+    """loop_trip_barrier is clean on the GPU (ptxas waits for the warp's lanes before a loop's barrier, so the lanes
+    that left have exited); a barrier in an `if` inside the loop is predicated, and lanes that skip it diverge."""
+    report = run_case(corpus.case("loop_trip_barrier"), "synccheck")
+    (note,) = [n for n in report.notes if n.startswith(UNREPORTED_BARRIER)]
+    assert report.ok and "threads 0, 2, 4" in note and "in a loop" in note
+    src = ("def k(x):\n    t = cuda.threadIdx.x\n    for i in range(2):\n        if i == 0 or t < 16:\n"
+           "            cuda.syncthreads()\n    x[t] = 1.0\n"
+           "def none_or_once(x):\n    t = cuda.threadIdx.x\n    for _ in range(t % 2):\n        cuda.syncthreads()\n"
+           "    x[t] = 1.0\n")
+    import linecache
+
+    linecache.cache["<loops>"] = (len(src), None, src.splitlines(True), "<loops>")
+    ns = {"cuda": cuda}
+    exec(compile(src, "<loops>", "exec"), ns)
+    in_if = sanitize_simulated(ns["k"], 1, 32, (np.zeros(32, np.float32),), tool="synccheck")
+    (f,) = in_if.findings                                   # the second time round, lanes 16-31 skip it
+    assert f.lines == (5,) and f.message.endswith("in warp") and f.count == 16, in_if
+    once = sanitize_simulated(ns["none_or_once"], 1, 32, (np.zeros(32, np.float32),), tool="synccheck")
+    assert once.ok and any(n.startswith(UNREPORTED_BARRIER) for n in once.notes), once
 
 
 def test_barriers_at_different_lines_in_one_warp():
@@ -250,6 +304,8 @@ def golden_rows():
 @pytest.mark.skipif(not GOLDEN.exists(), reason="tests/golden/racecheck_sm90.csv is not recorded yet: run "
                                                 "tools/gpu/record_racecheck.py on a GPU")
 def test_simulator_agrees_with_compute_sanitizer():
+    """The same verdict and findings as compute-sanitizer on every case; where the GPU's report stopped at its print
+    limit (`complete` 'no'), the pairs of lines it printed are a lower bound: the simulator must find each of them."""
     mismatches, rows = [], golden_rows()
     assert {r["kernel"] for r in rows} == {c.name for c in corpus.CASES}, "re-record the golden table"
     for row in rows:
@@ -257,6 +313,33 @@ def test_simulator_agrees_with_compute_sanitizer():
         report = run_case(c, row["tool"])
         mine = (corpus.verdict(report), corpus.describe(c, report))
         gpu = (row["verdict"], row["findings"])
-        if mine != gpu:
+        if row.get("complete", "yes") == "no":
+            shown = set(filter(None, row["findings"].split(";")))
+            same = mine[0] == gpu[0] and shown <= set(mine[1].split(";"))
+        else:
+            same = mine == gpu
+        if not same:
             mismatches.append(f"{c.name} {row['tool']}: compute-sanitizer {gpu}, simulator {mine}")
     assert not mismatches, "\n".join(mismatches)
+
+
+def test_a_report_cut_at_the_print_limit_says_so():
+    """compute-sanitizer counts every hazard but prints --print-limit of them: the 2026-11-23 recording of
+    matmul_no_sync_after_compute printed 100 of 1,794 (all la-mac), so its lb-mac pair was missing."""
+    from kernellab.run.sanitize import PRINT_LIMIT_NOTE, report_from_text
+
+    hazard = ("========= Error: Potential WAR hazard detected at __shared__ 0x400 in block (0,1,0) :\n"
+              "=========     Read Thread (0,7,0) at k+0x5e0 in race_corpus.py:286\n"
+              "=========     Write Thread (0,0,0) at k+0x700 in race_corpus.py:282\n"
+              "=========     Current Value : 108, Incoming Value : 254\n=========\n")
+    cut = report_from_text("========= COMPUTE-SANITIZER\n" + hazard * 100 + "========= RACECHECK SUMMARY: "
+                           "100 hazards displayed (513 errors, 1281 warnings)\n", tool="racecheck")
+    (f,) = cut.findings
+    assert f.lines == (286, 282) and (f.access, f.other_access) == ("Read", "Write") and cut.error_count == 513
+    assert any(PRINT_LIMIT_NOTE in n and "printed 100 of 1,794 hazards" in n for n in cut.notes), cut.notes
+    whole = report_from_text("========= COMPUTE-SANITIZER\n" + hazard * 9 + "========= RACECHECK SUMMARY: "
+                             "9 hazards displayed (9 errors, 0 warnings)\n", tool="racecheck")
+    assert not any(PRINT_LIMIT_NOTE in n for n in whole.notes), whole.notes
+    rows = {(r["kernel"], r["tool"]): r for r in golden_rows()}
+    assert rows[("matmul_no_sync_after_compute", "racecheck")]["complete"] == "no"
+    assert rows[("histogram_init_racy", "racecheck")]["complete"] == "yes"   # 0 hazards: nothing was cut

@@ -17,7 +17,7 @@ from kernellab.teach.grader import DEFAULT_HINTS
 
 GPU = kernellab.has_gpu()
 IDS = exercises().ids
-TUTORIALS = ("01-first-kernel", "02-transpose-banks")
+TUTORIALS = ("00-puzzles", "01-first-kernel", "02-transpose-banks", "03-reductions-softmax", "04-layernorm")
 
 
 # --- the registry --------------------------------------------------------------------------------------------------
@@ -106,6 +106,12 @@ def test_unwritten_elements_of_a_vector_are_named_by_run():
     assert p.message.startswith("no element of `c` was written")
 
 
+def test_an_unwritten_integer_output_names_its_marker_not_a_nan():
+    counts = cmp.poison_(np.empty(16, np.int32))
+    [p] = cmp.compare(counts, np.arange(16, dtype=np.int32), "counts", rtol=1e-5, atol=1e-6)
+    assert p.kind == "unwritten" and "the largest int32 (2,147,483,647) the grader put there" in p.message, p.message
+
+
 def test_a_nan_the_kernel_wrote_is_wrong_not_unwritten():
     out = np.full(4, np.nan, np.float32)           # an ordinary NaN, not the grader's marked one
     [p] = cmp.compare(out, np.ones(4, np.float32), "c", rtol=1e-5, atol=1e-6)
@@ -182,6 +188,15 @@ def test_a_kernel_for_another_arch_is_a_finding():
     module = kernellab.compile_cuda(solution_path("01-reverse").read_text(), arch="sm_80", first_line=2)
     r = kernellab.grade("01-reverse", module.reverse)
     assert "arch" in [f.kind for f in r.findings]
+
+
+def test_a_kernel_that_stores_only_through_global_atomics_stores():
+    """sm_90 writes an atomicAdd whose result is unused as REDG: a global store, not "stores nothing"."""
+    from kernellab.teach import grader
+
+    k = kernellab.compile_cuda('extern "C" __global__ void count(int* c) { atomicAdd(c + threadIdx.x % 4, 1); }',
+                               arch="sm_90").count
+    assert "REDG" in k.sass and grader._STORE.search(k.sass)
 
 
 # --- every exercise: the solution passes, the stub and each wrong variant fail with their finding ----------------
@@ -512,16 +527,17 @@ def test_numba_tile_is_checked_in_its_sass_after_the_simulated_runs(numba_tile):
 
 
 def test_the_simulators_racecheck_is_used_through_sanitize_where_kernellab_has_it(numba_tile, monkeypatch):
-    """The simulator's race detector (kernellab.run.simrace) grades a simulated kernel's barriers: a clean kernel's
-    grade says racecheck ran clean; a report with races becomes findings with both lines."""
+    """The simulator's race detector and barrier check (kernellab.run.simrace) grade a simulated kernel's barriers in
+    one simulated launch, as racecheck and synccheck do on a GPU: a clean kernel's grade says both ran clean; a report
+    with a race and a divergent barrier becomes a race finding with both lines and a barrier finding."""
     from kernellab.kernel_numba import NumbaKernel
     from kernellab.run.sanitize import Finding as SanFinding
-    from kernellab.run.sanitize import Location, SanitizerReport
+    from kernellab.run.sanitize import Location, SanitizerReport, combine
 
     k = kernellab.numba_kernel(_numba_cell(TILE_NUMBA, "tposed"), simulate=True)
     r = kernellab.grade("t-tile-numba", k)
-    assert r.passed and not any(n.startswith("racecheck was not run") for n in r.notes), r.notes
-    assert "racecheck: clean" in str(r), str(r)
+    assert r.passed and not any("was not run" in n or "were not run" in n for n in r.notes), r.notes
+    assert "racecheck: clean" in str(r) and "synccheck: clean" in str(r), str(r)
 
     calls = []
 
@@ -530,11 +546,29 @@ def test_the_simulators_racecheck_is_used_through_sanitize_where_kernellab_has_i
         race = SanFinding(tool="racecheck", kind="race", message="shared-memory data race", where=Location(
             function="tposed", line=13, cell_line=13), other=Location(function="tposed", line=17, cell_line=17),
             access="Write", other_access="Read")
-        return SanitizerReport(tool="racecheck", kernel="tposed", findings=(race,))
+        sync = SanFinding(tool="synccheck", kind="barrier", message="Divergent thread(s) in warp",
+                          where=Location(function="tposed", line=14, cell_line=14))
+        return combine([SanitizerReport(tool="racecheck", kernel="tposed", findings=(race,), error_count=1),
+                        SanitizerReport(tool="synccheck", kernel="tposed", findings=(sync,), error_count=1)])
 
     monkeypatch.setattr(NumbaKernel, "sanitize", sanitize)
     r = kernellab.grade("t-tile-numba", k)
+    race, barrier = r.findings
+    assert race.kind == "race" and race.message.startswith("race between cell line 13 and line 17 (write / read")
+    assert race.cell_line == 13 and "(simulator)" in race.where
+    assert barrier.kind == "barrier" and barrier.cell_line == 14 and "Divergent thread(s) in warp" in barrier.message
+    assert {c.what: c.detail for c in r.checks if c.what in ("racecheck", "synccheck")} == \
+        {"racecheck": "1 problem", "synccheck": "1 problem"}
+    assert calls == [("racecheck+synccheck", (2, 1, 1), (32, 8, 1))]   # the sanitizer shape 31 x 33: 2 x 1 tiles
+
+
+def test_a_barrier_only_some_threads_reach_fails_in_the_simulator():
+    """synccheck in the simulator: a col_sums whose barrier sits inside `if c < cols:` computes the right sums there,
+    yet the threads past the last column skip a barrier the others of their warp wait at."""
+    ex = exercise("00-col-sums")
+    [v] = [v for v in variants("00-col-sums") if v.name == "barrier_in_if"]
+    r = kernellab.grade("00-col-sums", load_kernel(ex, v.path), seed=0)
+    assert any(c.what.startswith("4 launches") and c.passed for c in r.checks), str(r)
     [f] = r.findings
-    assert f.kind == "race" and f.message.startswith("race between cell line 13 and line 17 (write / read")
-    assert f.cell_line == 13 and "(simulator)" in f.where
-    assert calls == [("racecheck", (2, 1, 1), (32, 8, 1))]      # the sanitizer shape 31 x 33: 2 x 1 tiles
+    assert f.kind == "barrier" and "Divergent thread(s) in warp" in f.message and "cuda.syncthreads()" in f.message
+    assert f.hint == ex.hints["barrier"]

@@ -178,6 +178,59 @@ def test_without_libcuda_the_encode_says_what_is_missing():
         tensor_map(DeviceArray((64, 64)), (16, 32))
 
 
+class CudaArray(DeviceArray):
+    """A CuPy-like array on GPU `index` (the module name is what _device_tensor looks at)."""
+
+    def __init__(self, index, shape=(64, 64)):
+        super().__init__(shape)
+        self.dtype, self.strides, self.device = np.dtype(np.float32), (shape[1] * 4, 4), type("D", (), {"id": index})
+        self.data = type("P", (), {"ptr": 0x7F0000000000})()
+
+
+CudaArray.__module__ = "cupy.fake"
+
+
+@pytest.mark.parametrize("current,tensor,pushed", [
+    (None, CudaArray(1), [1]),               # a thread with no context: the tensor's GPU's primary context
+    (0xC0, CudaArray(1), [1]),               # a context is current, but the tensor is on GPU 1: push its own
+    (None, DeviceArray((64, 64)), [0]),      # GPU unknown (CUDA array interface), none current: GPU 0's
+    (0xC0, DeviceArray((64, 64)), []),       # GPU unknown, one current: encode in it
+])
+def test_the_encode_runs_with_a_current_context(monkeypatch, current, tensor, pushed):
+    """cuTensorMapEncodeTiled fails with CUDA_ERROR_INVALID_CONTEXT where no context is current (a fresh process, a
+    new thread): kernellab.tensor_map pushes the tensor's GPU's primary context around the call."""
+    import contextlib
+
+    from kernellab.run import cudriver
+
+    log = []
+
+    @contextlib.contextmanager
+    def pushed_ctx(index):
+        log.append(("push", index))
+        yield
+        log.append(("pop", index))
+
+    monkeypatch.setattr(cudriver, "current_context", lambda: current)
+    monkeypatch.setattr(cudriver, "context_on", pushed_ctx)
+    monkeypatch.setattr(T, "encode_tiled", lambda **kw: log.append("encode") or bytes(128))
+    tensor_map(tensor, (16, 32))
+    want = [("push", pushed[0]), "encode", ("pop", pushed[0])] if pushed else ["encode"]
+    assert log == want
+
+
+def test_no_driver_no_context_the_encode_says_why(monkeypatch):
+    from kernellab.run import cudriver
+
+    def unavailable(*a):
+        raise cudriver.DriverUnavailable("libcuda.so.1 cannot be loaded")
+
+    monkeypatch.setattr(cudriver, "current_context", unavailable)
+    monkeypatch.setattr(T, "encode_tiled", lambda **kw: (_ for _ in ()).throw(NoGPUError("needs libcuda")))
+    with pytest.raises(NoGPUError, match="needs libcuda"):
+        tensor_map(DeviceArray((64, 64)), (16, 32))
+
+
 # --- launch arguments -------------------------------------------------------------------------------------------
 
 def _map(tensor=None, **over):
@@ -279,19 +332,31 @@ def test_cluster_shapes_are_checked():
 
 
 def test_run_job_launches_a_cluster_through_cuLaunchKernelEx(tma, monkeypatch, fake_encoder):
-    """The worker's runner takes the cluster launch (cuLaunchKernelEx, stood in here) when the job has a cluster."""
-    from kernellab.run import launch as L
+    """The worker's runner takes the cluster launch (run/cudriver.py's cuLaunchKernelEx, a fake driver here) when
+    the job has a cluster, with each value's bytes behind kernelParams: the re-encoded map's 128 first."""
+    import ctypes
+    import types
+
+    from kernellab.run import cudriver
 
     spec = importlib.util.spec_from_file_location("cupy", FAKE_CUPY)
     fake = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fake)
     monkeypatch.setitem(sys.modules, "cupy", fake)
     seen = []
-    monkeypatch.setattr(L, "launch_cluster", lambda fn, cfg, values, stream: seen.append((cfg, len(values), stream)))
-    monkeypatch.setattr(J, "_function", lambda job, state: "the loaded kernel")   # the stand-in knows no TMA kernel
+
+    class Driver:
+        def launch(self, function, grid, block, shared_bytes, stream, params, device_index=0, cluster=None):
+            p = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+            seen.append((function, grid, block, cluster, stream, ctypes.string_at(p[0], 128),
+                         ctypes.string_at(p[2], 4)))
+
+    monkeypatch.setattr(cudriver, "driver", lambda: Driver())
+    monkeypatch.setattr(J, "_function", lambda job, state: types.SimpleNamespace(ptr=0xF00))
     x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
     job = KernelJob.from_launch(tma, (2, 4), 128, (_map(x), np.zeros((64, 64), np.float32), 64, 64), cluster=2)
     res = J.run_job(job, {}, scan=False)
     assert res.ok, res.message
-    ((cfg, n, stream),) = seen
-    assert (cfg.grid, cfg.block, cfg.cluster, n) == ((2, 4, 1), (128, 1, 1), (2, 1, 1), 4) and stream is not None
+    ((function, grid, block, cluster, stream, tmap, rows),) = seen
+    assert (function, grid, block, cluster) == (0xF00, (2, 4, 1), (128, 1, 1), (2, 1, 1)) and stream != 0
+    assert tmap == bytes(range(128)) and rows == np.int32(64).tobytes()

@@ -36,6 +36,26 @@ describe('compile report', () => {
     expect(all(node, '.kl-Report-chips .kl-Chip')).toContain('sm_90');
   });
 
+  it('shows occupancy at the block size that matters, and says which', () => {
+    const node = renderReport(FIXTURES.compile);
+    const [vadd, tileSum] = [...node.querySelectorAll('.kl-Kernel')];
+    expect(text(vadd.querySelector('.kl-Occupancy-at'))).toBe('at 1,024 threads/block (its best block size)');
+    expect(text(tileSum.querySelector('.kl-Occupancy-at'))).toBe('at 256 threads/block (its __launch_bounds__)');
+    // tile_sum has __launch_bounds__(256): no best block size above it.
+    expect(all(tileSum, '.kl-BestBlocks .kl-Chip')).toEqual(['256', '128', '64']);
+  });
+
+  it("shows a cache hit's own time, and the compile time of a miss", () => {
+    const hit = copy(FIXTURES.compile);
+    Object.assign(hit, { cache: 'hit', cache_source: 'memory', compile_ms: 104, wall_ms: 0.23 });
+    const hitChips = all(renderReport(hit), '.kl-Report-chips .kl-Chip');
+    expect(hitChips).toContain('cache hit · 0.23 ms');
+    expect(hitChips.join(' ')).not.toContain('104');
+    const missChips = all(renderReport(Object.assign(copy(FIXTURES.compile), { cache: 'miss', compile_ms: 49.8 })),
+      '.kl-Report-chips .kl-Chip');
+    expect(missChips).toEqual(expect.arrayContaining(['cache miss', formatMs(49.8)]));
+  });
+
   it('flags spills and local memory', () => {
     const report = copy(FIXTURES.compile);
     Object.assign((report.kernels as Record<string, unknown>[])[0], { spill_store_bytes: 64, spill_load_bytes: 32, local_bytes: 96 });
@@ -66,6 +86,9 @@ describe('compile report', () => {
     const revealed: number[] = [];
     const node = renderReport(FIXTURES.compile_failed, { revealDiagnostic: d => revealed.push(d.line) });
     expect(text(node.querySelector('.kl-Chip--bad'))).toBe('failed');
+    // The header says what failed once: the title counts the errors, the chip says failed (not "compile failed · failed").
+    expect(text(node.querySelector('.kl-Report-title'))).toBe('cell.cu: 1 error, 1 warning');
+    expect(node.dataset.failed).toBe('true');
     const rows = node.querySelectorAll<HTMLButtonElement>('button.kl-Diag');
     expect(rows).toHaveLength(2);
     expect(rows[0].classList).toContain('kl-Diag--error');
@@ -132,6 +155,13 @@ describe('check report', () => {
     expect(all(node, '.kl-Worst tbody td:first-child')).toEqual(['[17]', '[400]']);
     expect(text(node.querySelector('.kl-Worst .kl-Bad'))).toMatch(/×$/);
     expect(text(node.querySelector('.kl-Report-footer'))).toContain('reproduce: args = inputs(');
+  });
+
+  it('says why the reference is not in float64, and says nothing when it is', () => {
+    expect(renderReport(FIXTURES.check_passed).querySelector('.kl-Note--warn')).toBeNull();
+    const report = copy(FIXTURES.check_passed);
+    report.reference_note = 'the reference could not run in float64 (it raised OutOfMemoryError: CUDA out of memory)';
+    expect(text(renderReport(report).querySelector('.kl-Note--warn'))).toBe(`note: ${report.reference_note}`);
   });
 
   it('accepts worst elements given as objects, and non-finite numbers as strings', () => {

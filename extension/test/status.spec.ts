@@ -21,9 +21,25 @@ describe('GPU status', () => {
     expect(sim.title).toContain('simulator');
   });
 
+  it('says when cells run in the simulator, with or without a GPU', () => {
+    // kernellab/notebook/status.py after a %%numba --sim cell: mode "simulator" without a GPU, a flag with one.
+    const afterSim = describeStatus(parseStatus({ ...NONE, mode: 'simulator', simulator: true })!);
+    expect(afterSim.text).toBe('no GPU: simulator');
+    const gpuSim = describeStatus(parseStatus({ ...H200, simulator: true })!);
+    expect(gpuSim.text).toBe('GPU: NVIDIA H200 · 1.5 GiB / 140 GiB · + simulator');
+    expect(gpuSim.title).toContain('%%numba --sim');
+    expect(parseStatus(H200)!.simulator).toBe(false);
+  });
+
   it('validates payloads', () => {
     expect(parseStatus(null)).toBeNull();
-    expect(parseStatus({ gpu: 'A100' })).toEqual({ gpu: 'A100', memory_used_bytes: null, memory_total_bytes: null, mode: 'gpu' });
+    expect(parseStatus({ gpu: 'A100' })).toEqual({
+      gpu: 'A100',
+      memory_used_bytes: null,
+      memory_total_bytes: null,
+      mode: 'gpu',
+      simulator: false
+    });
     expect(parseStatus({ mode: 'warp-drive' })!.mode).toBe('compile-only');
   });
 
@@ -58,6 +74,9 @@ describe('GPU status', () => {
     expect(model.current).toBeNull();
     session.iopubMessage.emit(message('update_display_data', { [STATUS_MIME]: NONE }));
     expect(item.node.textContent).toBe('no GPU: compile-only');
+    // A %%numba --sim cell's update moves the bar off "compile-only".
+    session.iopubMessage.emit(message('update_display_data', { [STATUS_MIME]: { ...NONE, mode: 'simulator', simulator: true } }));
+    expect(item.node.textContent).toBe('no GPU: simulator');
     session.kernelChanged.emit({});
     expect(model.current).toBeNull();
   });

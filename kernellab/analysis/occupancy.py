@@ -363,15 +363,18 @@ def occupancy_sweep(block_sizes=None, registers=32, shared_bytes=0, arch="sm_90"
     )
 
 
-def best_block_sizes(registers: int, shared_bytes=0, arch="sm_90", *, top: int = 5, carveout=None) -> list[int]:
+def best_block_sizes(registers: int, shared_bytes=0, arch="sm_90", *, top: int = 5, carveout=None,
+                     max_threads: int | None = None) -> list[int]:
     """The `top` block sizes (multiples of the warp size) with the highest occupancy, best first.
 
     `shared_bytes` may be a number or a function of the block size (bytes per block), as with
     cudaOccupancyMaxPotentialBlockSizeVariableSMem. Equal occupancy ranks the larger block first, as the
-    driver's cuOccupancyMaxPotentialBlockSize prefers it. Block sizes that cannot launch are left out.
+    driver's cuOccupancyMaxPotentialBlockSize prefers it. Block sizes that cannot launch are left out, and so are
+    those above `max_threads` (a kernel's max_threads_per_block: its launch bounds and registers).
     """
     spec = get_arch(arch)
-    sizes = np.arange(spec.warp_size, spec.max_threads_per_block + 1, spec.warp_size)
+    limit = spec.max_threads_per_block if max_threads is None else min(int(max_threads), spec.max_threads_per_block)
+    sizes = np.arange(spec.warp_size, limit + 1, spec.warp_size)
     smem = np.array([shared_bytes(int(n)) for n in sizes]) if callable(shared_bytes) else shared_bytes
     sweep = occupancy_sweep(sizes, registers, smem, spec, carveout=carveout)
     order = np.lexsort((-sizes, -sweep.warps_per_sm))  # most warps first, then the larger block

@@ -41,16 +41,18 @@ def bind_kernels(shell, module, name: str | None) -> list[str]:
 
 
 def show_code(module, ptx: bool, sass: bool) -> None:
-    """Display each kernel's PTX and/or SASS as collapsible blocks (text in terminals)."""
+    """Display each kernel's PTX as a collapsible block, and its SASS beside the cell's lines (Kernel.source_view:
+    text in terminals)."""
     for k in module.kernels:
-        for flag, label, text_of in ((ptx, "PTX", lambda k: k.ptx), (sass, "SASS", lambda k: k.sass)):
-            if not flag:
-                continue
-            text = text_of(k)
-            display({"text/plain": f"--- {label} of {k.signature.display} ---\n{text}",
-                     "text/html": f"<details><summary>{label} of <code>{report.esc(k.signature.display)}</code>"
+        if ptx:
+            text = k.ptx
+            display({"text/plain": f"--- PTX of {k.signature.display} ---\n{text}",
+                     "text/html": f"<details><summary>PTX of <code>{report.esc(k.signature.display)}</code>"
                                   f" ({text.count(chr(10))} lines)</summary><pre>{report.esc(text)}</pre></details>"},
                     raw=True)
+        if sass:
+            view = k.source_view()
+            display({"text/plain": str(view), "text/html": view._repr_html_()}, raw=True)
 
 
 def compile_error_usage(exc: CompileError, display_report: bool = True) -> UsageError:
@@ -89,7 +91,8 @@ class KernellabMagics(Magics):
     @argument("--isolate", action="store_true", help="Launch this cell's kernels in a worker process, so that a "
                                                       "faulty kernel cannot poison the notebook's CUDA context.")
     @argument("--ptx", action="store_true", help="Show each kernel's PTX.")
-    @argument("--sass", action="store_true", help="Show each kernel's SASS.")
+    @argument("--sass", action="store_true",
+              help="Show each kernel's SASS beside the cell's lines, with counts per line (Kernel.source_view).")
     @cell_magic
     def cuda(self, line: str, cell: str):
         """Compile the cell's CUDA C++ (NVRTC) and bind each __global__ kernel in the namespace by its name.

@@ -68,7 +68,8 @@ class NumbaMagics(Magics):
                    "(repeatable, or comma-separated).")
     @argument("--name", default=None, help="Also bind the cell's kernels, as a module, under this name.")
     @argument("--ptx", action="store_true", help="Show each compiled kernel's PTX.")
-    @argument("--sass", action="store_true", help="Show each compiled kernel's SASS.")
+    @argument("--sass", action="store_true",
+              help="Show each compiled kernel's SASS beside the cell's lines (Kernel.source_view).")
     @argument("--banks", nargs="?", const="", default=None, metavar="LAUNCH",
               help="Bank conflicts per cell line from the simulator's shared-memory trace. Alone: the next launch of "
                    "each kernel runs in the simulator and returns its trace. With a launch, e.g. --banks "
@@ -104,6 +105,10 @@ class NumbaMagics(Magics):
             raise compile_error_usage(exc) from None
         except (KernellabError, ValueError) as exc:
             raise UsageError(str(exc)) from None
+        if module.simulate:
+            from .status import note_simulator
+
+            note_simulator()
         if args.name:
             self.shell.user_ns[args.name] = module
         if args.ptx or args.sass:

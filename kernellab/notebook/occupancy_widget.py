@@ -16,15 +16,19 @@ from kernellab.analysis.arch import ARCHS, get_arch
 from kernellab.analysis.occupancy import Occupancy, occupancy
 from kernellab.notebook.occupancy_plots import plot_occupancy
 
-_CARVEOUTS = [("default", None), ("0% (max L1)", 0), ("25%", 25), ("50%", 50), ("75%", 75), ("100% (max shared)", 100)]
+# Dropdown values are never None: ipywidgets shows a None value as an empty (blank) dropdown.
+DEFAULT_CARVEOUT = "default"
+_CARVEOUTS = [("default", DEFAULT_CARVEOUT), ("0% (max L1)", 0), ("25%", 25), ("50%", 50), ("75%", 75),
+              ("100% (max shared)", 100)]
 
 
 class OccupancyExplorer(widgets.VBox):
     """The explorer: sliders on top, the verdict and its reasons, then the three graphs; `result` is the current Occupancy."""
 
     def __init__(self, block_size=256, registers=32, shared_bytes=0, arch="sm_90", *, carveout=None, dpi=72,
-                 debounce_s=0.15):
+                 debounce_s=0.15, max_threads: int | None = None):
         spec = get_arch(arch)
+        self._max_threads = max_threads          # a kernel's max_threads_per_block, when explored from one
         self._dpi = dpi
         self._debounce_s = debounce_s
         self._pending = None  # the scheduled graph render, if any
@@ -33,9 +37,11 @@ class OccupancyExplorer(widgets.VBox):
         layout = widgets.Layout(width="560px")
         self.arch_dropdown = widgets.Dropdown(options=list(ARCHS), value=spec.name, description="architecture",
                                               style=style)
-        self.carveout_dropdown = widgets.Dropdown(options=_CARVEOUTS, value=carveout, description="smem carveout",
-                                                  style=style)
-        self.block_size_slider = widgets.IntSlider(value=block_size, min=1, max=spec.max_threads_per_block, step=1,
+        self.carveout_dropdown = widgets.Dropdown(options=_CARVEOUTS,
+                                                  value=DEFAULT_CARVEOUT if carveout is None else carveout,
+                                                  description="smem carveout", style=style)
+        warp = spec.warp_size                      # blocks are granted in whole warps: the slider moves by one
+        self.block_size_slider = widgets.IntSlider(value=block_size, min=warp, max=self._block_max(spec), step=warp,
                                                    description="threads/block", style=style, layout=layout)
         self.registers_slider = widgets.IntSlider(value=registers, min=0, max=spec.max_registers_per_thread,
                                                   description="registers/thread", style=style, layout=layout)
@@ -54,12 +60,23 @@ class OccupancyExplorer(widgets.VBox):
         self.summary.value = self.result._repr_html_()
         self._render_graphs()
 
+    @property
+    def carveout(self) -> int | None:
+        """The carveout picked: a percentage, or None for the driver's default."""
+        value = self.carveout_dropdown.value
+        return None if value == DEFAULT_CARVEOUT else value
+
+    def _block_max(self, spec) -> int:
+        """The largest block: the architecture's, or the kernel's max_threads_per_block when smaller."""
+        limit = spec.max_threads_per_block
+        return limit if self._max_threads is None else min(limit, self._max_threads)
+
     def _on_arch(self, change):
         """Rescale the sliders to the new architecture's limits, then recompute."""
         spec = get_arch(change["new"])
         self._rescaling = True  # clamping a slider's value below must not redraw for an arch it doesn't fit yet
         try:
-            self.block_size_slider.max = spec.max_threads_per_block
+            self.block_size_slider.max = self._block_max(spec)
             self.registers_slider.max = spec.max_registers_per_thread
             self.shared_slider.step = spec.shared_memory_allocation_unit_bytes
             self.shared_slider.max = spec.shared_memory_per_block_optin_bytes  # clamps the value if it was larger
@@ -71,7 +88,7 @@ class OccupancyExplorer(widgets.VBox):
         if self._rescaling:
             return
         self.result = occupancy(self.block_size_slider.value, self.registers_slider.value, self.shared_slider.value,
-                                self.arch_dropdown.value, carveout=self.carveout_dropdown.value)
+                                self.arch_dropdown.value, carveout=self.carveout)
         self.summary.value = self.result._repr_html_()
         self._schedule_graphs()
 
@@ -100,14 +117,19 @@ def occupancy_explorer(block_size=256, registers=32, shared_bytes=0, arch="sm_90
     """Sliders for block size, registers and shared memory with the occupancy, its limiter and graphs updating live.
 
     The first argument may instead be a kernel (anything with `.resources.registers`, `.resources.shared_bytes`
-    and `.resources.arch`): its registers, static shared memory and architecture are the starting point and the
-    block size starts at 256.
+    and `.resources.arch`): its registers, static shared memory and architecture are the starting point, the block
+    size starts where its card shows occupancy (launch bounds or best block; else 256), and the block slider stops
+    at its max_threads_per_block. The block slider moves in whole warps.
     """
     res = getattr(block_size, "resources", None)
+    max_threads = None
     if res is not None:
+        kernel = block_size
         registers, shared_bytes, arch = res.registers, res.shared_bytes, res.arch
-        block_size = 256
-    return OccupancyExplorer(block_size, registers, shared_bytes, arch, carveout=carveout)
+        max_threads = getattr(res, "max_threads_per_block", None)
+        card = getattr(kernel, "card_block_size", None)
+        block_size = card()[0] if card is not None else min(256, max_threads or 256)
+    return OccupancyExplorer(block_size, registers, shared_bytes, arch, carveout=carveout, max_threads=max_threads)
 
 
 __all__ = ["OccupancyExplorer", "occupancy_explorer"]

@@ -28,16 +28,35 @@ def _gpu() -> tuple[str | None, int | None, int | None]:
         return None, None, None
 
 
+_simulator_used = False
+
+
+def note_simulator() -> None:
+    """A cell's kernels run in Numba's CUDA simulator (`%%numba --sim`, or no GPU): the status says so from now on."""
+    global _simulator_used
+    _simulator_used = True
+
+
+def simulator_in_use() -> bool:
+    """Whether kernels in this kernel session run in the simulator (NUMBA_ENABLE_CUDASIM, or a simulated cell)."""
+    return _simulator_used or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
 def status() -> dict:
-    """The status payload: {"gpu", "memory_used_bytes", "memory_total_bytes", "mode"}."""
+    """The status payload: {"gpu", "memory_used_bytes", "memory_total_bytes", "mode", "simulator"}.
+
+    mode: "gpu" with a GPU; without one, "simulator" once a cell's kernels run in Numba's simulator, else
+    "compile-only". simulator: whether any do (on a GPU machine too, after `%%numba --sim`)."""
     name, used_bytes, total_bytes = _gpu()
+    sim = simulator_in_use()
     if name is not None:
         mode = "gpu"
-    elif os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    elif sim:
         mode = "simulator"
     else:
         mode = "compile-only"
-    return {"gpu": name, "memory_used_bytes": used_bytes, "memory_total_bytes": total_bytes, "mode": mode}
+    return {"gpu": name, "memory_used_bytes": used_bytes, "memory_total_bytes": total_bytes, "mode": mode,
+            "simulator": sim}
 
 
 def status_text(payload: dict) -> str:
@@ -45,9 +64,10 @@ def status_text(payload: dict) -> str:
     if payload["gpu"] is None:
         return f"kernellab: no GPU ({payload['mode']})"
     used, total = payload["memory_used_bytes"], payload["memory_total_bytes"]
+    sim = " (and the simulator)" if payload.get("simulator") else ""
     if used is None or total is None:
-        return f"kernellab: {payload['gpu']}"
-    return f"kernellab: {payload['gpu']}, {used / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
+        return f"kernellab: {payload['gpu']}{sim}"
+    return f"kernellab: {payload['gpu']}, {used / 2**30:.1f} of {total / 2**30:.1f} GiB in use{sim}"
 
 
 def status_bundle() -> dict:

@@ -165,7 +165,7 @@ class BenchResult:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        from kernellab.notebook.bench_plots import bench_result_html
+        from kernellab.render.bench_html import bench_result_html
 
         return bench_result_html(self)
 
@@ -197,7 +197,7 @@ class BenchResult:
 @dataclass(frozen=True)
 class SweepResult:
     """`bench` over a list of sizes or configurations: a table; its notebook view adds a plot like `perf_report`
-    (`kernellab.notebook.bench_plots.sweep_plot` draws it on your own axes)."""
+    (`kernellab.sweep_plot` draws it on your own axes)."""
 
     x_name: str
     xs: tuple
@@ -250,7 +250,7 @@ class SweepResult:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        from kernellab.notebook.bench_plots import sweep_html
+        from kernellab.render.bench_html import sweep_html
 
         return sweep_html(self)
 

@@ -75,6 +75,8 @@ class CheckReport:
     traceback: str = field(default="", repr=False, compare=False)
     generator_device: str = "cpu"
     error_map: Any = field(default=None, repr=False, compare=False)  # 2-D NumPy array, error/tolerance pooled
+    reference_note: str | None = None    # why the reference is not in float64 where it was asked to be
+    free_memory_filled_bytes: int = 0    # free GPU memory of torch's caching allocator filled with NaN (largest trial)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -100,8 +102,13 @@ class CheckReport:
                 if self.reference_own_error is not None and self.reference_precision != self.dtype:
                     ref += f"; the reference run in the inputs' dtypes is off by up to {_fmt(self.reference_own_error)}"
                 lines.append(ref)
+        if self.reference_note:
+            lines.append(f"  note: {self.reference_note}")
         if self.output_arguments:
             lines.append(f"  output arguments filled with NaN before each run: {_arg_list(self.output_arguments)}")
+        if self.free_memory_filled_bytes:
+            lines.append(f"  free GPU memory filled with NaN before each run (torch's caching allocator, up to "
+                         f"{_mib(self.free_memory_filled_bytes)}): results in torch.empty memory must be written")
         out_of_tolerance = [w for w in self.worst_values if w[3] > 1]
         if not self.passed and out_of_tolerance:
             lines.append("  worst elements (index: yours vs reference, error / tolerance):")
@@ -118,7 +125,7 @@ class CheckReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        from kernellab.notebook.check_display import check_report_html
+        from kernellab.render.check_html import check_report_html
 
         return check_report_html(self)
 
@@ -131,8 +138,8 @@ class CheckReport:
         "rtol", "atol",
         "precision", "tolerance", "message", "seed", "failing_trial", "failing_seed", "reproduce",
         "output_index", "output_count", "shape", "dtype", "reference_precision", "reference_own_error",
-        "mutated_inputs", "output_arguments", "exception", "error_map" (rows of error/tolerance, pooled)}.
-        Non-finite numbers are the strings "inf", "-inf" and "nan"."""
+        "mutated_inputs", "output_arguments", "exception", "error_map" (rows of error/tolerance, pooled),
+        "reference_note", "free_memory_filled_bytes"}. Non-finite numbers are the strings "inf", "-inf" and "nan"."""
         return {
             "kind": "check", "version": 1,
             "title": f"check {'passed' if self.passed else 'failed'}",
@@ -151,13 +158,14 @@ class CheckReport:
             "exception": self.exception,
             "error_map": None if self.error_map is None else
             [[_json_num(v) for v in row] for row in np.asarray(self.error_map).tolist()],
+            "reference_note": self.reference_note, "free_memory_filled_bytes": self.free_memory_filled_bytes,
         }
 
 
 def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials: int = 5,
           atol: float | None = None, rtol: float | None = None, seed: int = 0,
           precision: str | None = None, outputs: tuple[int, ...] | None = None,
-          generator_device: str = "cpu", isolate: bool | None = None) -> CheckReport:
+          generator_device: str = "cpu", isolate: bool | None = None, fill_free_memory: bool = True) -> CheckReport:
     """Compare `candidate(*args)` with `reference(*args)` on `trials` fresh argument sets from `inputs(generator)`.
 
     `precision` picks the default tolerances ("float64", "float32", "tf32", "bfloat16", "float16"; default:
@@ -166,12 +174,15 @@ def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials:
     the NaN fill off). `generator_device` is where the generator handed to `inputs` lives ("cuda" to draw
     GPU tensors directly; the default "cpu" gives the same numbers on every machine). `isolate=True` runs the
     candidate's kernel launches in a worker process (None: the notebook-wide setting), so that a faulty kernel
-    fails its trial instead of poisoning this process.
+    fails its trial instead of poisoning this process. `fill_free_memory` (default on) fills the free blocks of
+    torch's CUDA caching allocator with NaN before each candidate run, so that a result the candidate allocates
+    with torch.empty holds NaN, not a recycled right answer, where the kernel writes nothing.
     """
     _validate(candidate, reference, inputs, trials, atol, rtol, precision, outputs)
     from . import worker as _worker
 
     state = _CheckState(candidate, reference, inputs, atol, rtol, precision, outputs, seed, generator_device)
+    state.fill_free_memory = bool(fill_free_memory)
     with _worker.isolation(_worker.settings.isolate if isolate is None else isolate):
         for trial in range(trials):
             failure = state.run_trial(trial)
@@ -213,7 +224,10 @@ class _CheckState:
         self.outputs = None if outputs is None else tuple(outputs)
         self.seed, self.generator_device = seed, generator_device
         self.upcast_reference = True       # becomes False if the reference refuses float64 arguments
+        self.reference_note = None         # ... and why
         self.reference_precision = None
+        self.fill_free_memory = True
+        self.filled_bytes = 0
         self.max_abs, self.max_rel = 0.0, 0.0
         self.shown: _Compared | None = None  # the output with the largest error/tolerance so far
         self.output_count = 0
@@ -252,14 +266,22 @@ class _CheckState:
             return self._raised("the reference", exc, trial)
         ref_values = ref_native
         if self.upcast_reference and _has_low_precision_float(args):
+            why = None
             try:
                 ref_values = self._call_reference(args, upcast=True)
-            except Exception:
-                ref_values = None               # e.g. it mixes in float32 weights: compare with its own dtypes
-            if ref_values is None or ref_native is None or len(ref_values) != len(ref_native) or any(
-                    v.shape != n.shape for v, n in zip(ref_values, ref_native)):
+            except Exception as exc:            # out of memory, an op without float64, float32 weights mixed in
+                ref_values, why = None, f"it raised {type(exc).__name__}: {_first_line(exc)}"
+            if why is None and ref_native is not None and (
+                    ref_values is None or len(ref_values) != len(ref_native)
+                    or any(v.shape != n.shape for v, n in zip(ref_values, ref_native))):
+                why = "on float64 arguments it returned other outputs (count or shapes) than in the inputs' dtypes"
+            if why is not None:
                 self.upcast_reference = False
                 ref_values = ref_native
+                native = _reference_precision(ref_native) if ref_native else None
+                self.reference_note = (f"the reference could not run in float64 ({why}); the values are checked "
+                                       f"against the reference in the inputs' dtypes ({native or 'as returned'}), "
+                                       f"whose own rounding errors count against you")
         if self.reference_precision is None:
             self.reference_precision = _reference_precision(ref_values)
 
@@ -272,6 +294,8 @@ class _CheckState:
         cand_args = _clone(args)
         for i in self.outputs:
             _poison_(cand_args[i])
+        if self.fill_free_memory:
+            self.filled_bytes = max(self.filled_bytes, fill_free_memory(_cuda_devices(args)))
         try:
             returned = self.candidate(*cand_args)
         except Exception as exc:
@@ -373,7 +397,8 @@ class _CheckState:
             shape=s.shape if s else None, dtype=s.dtype if s else None,
             reference_precision=self.reference_precision, reference_own_error=s.ref_own_error if s else None,
             worst_values=s.worst_values if s else (), output_arguments=tuple(self.outputs or ()),
-            generator_device=str(self.generator_device), error_map=s.error_map if s else None)
+            generator_device=str(self.generator_device), error_map=s.error_map if s else None,
+            reference_note=self.reference_note, free_memory_filled_bytes=self.filled_bytes)
 
     def _tolerance_fields(self):
         if self.shown is not None:
@@ -625,6 +650,84 @@ def _poison_(t) -> None:
         t.fill_(torch.iinfo(t.dtype).max)
 
 
+# Every byte 0xFF is a NaN in every floating format (float64/32/16, bfloat16; -1 in integers).
+FREE_MEMORY_BYTE = 0xFF
+
+
+def free_blocks(snapshot, device: int) -> list[tuple[int, int]]:
+    """(address, bytes) of each free block that torch's caching allocator keeps on `device`, from
+    torch.cuda.memory_snapshot(): blocks in state "inactive" of the default pool (private pools belong to CUDA graphs,
+    whose replays may rely on what they left there)."""
+    out = []
+    for seg in snapshot:
+        if seg.get("device", 0) != device or tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0):
+            continue
+        addr = seg["address"]
+        for block in seg.get("blocks", ()):
+            start = block.get("address", addr)
+            if block.get("state") == "inactive" and block["size"] > 0:
+                out.append((start, block["size"]))
+            addr = start + block["size"]
+    return out
+
+
+class _RawBytes:
+    """`bytes` bytes of device memory at `address`, in the CUDA array interface (torch.as_tensor wraps it)."""
+
+    def __init__(self, address: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
+                                         "version": 3, "strides": None}
+
+
+def fill_free_memory(devices) -> int:
+    """Fill the free blocks of torch's caching allocator on `devices` with NaN bytes; return the bytes filled.
+
+    A candidate that allocates its result with torch.empty gets one of these blocks; where its kernel writes nothing
+    the result then holds NaN, not whatever an earlier run left there (often the right answer: the reference's
+    result, or the candidate's own from the previous call). Costs one memory snapshot and one fill per free block
+    (at DRAM bandwidth), then a device synchronisation so that no stream reuses a block before its fill.
+    """
+    import torch
+
+    if not devices or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0
+    snapshot = torch.cuda.memory_snapshot()
+    total = 0
+    for device in sorted(set(devices)):
+        blocks = free_blocks(snapshot, device)
+        with torch.cuda.device(device):
+            for address, nbytes in blocks:
+                torch.as_tensor(_RawBytes(address, nbytes), device=f"cuda:{device}").fill_(FREE_MEMORY_BYTE)
+                total += nbytes
+            if blocks:
+                torch.cuda.synchronize(device)
+    return total
+
+
+def _cuda_devices(args) -> set[int]:
+    """The CUDA devices of the arguments' tensors (with torch's current device once CUDA is in use)."""
+    import torch
+
+    found: set[int] = set()
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            if v.is_cuda:
+                found.add(v.device.index)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    for a in args:
+        walk(a)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        found.add(torch.cuda.current_device())
+    return found
+
+
 def _identical(a, b) -> bool:
     """Same shape, dtype and elements, NaN equal to NaN."""
     import torch
@@ -742,6 +845,15 @@ def _dtype(dtype) -> str:
 def _scalar(t) -> float:
     v = t.item()
     return float(v.real) if isinstance(v, complex) else float(v)
+
+
+def _first_line(exc: BaseException, width: int = 160) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
 def _count(n: int) -> str:

@@ -39,10 +39,44 @@ def gpu_status() -> tuple[bool, str]:
         return False, "CuPy is not installed (pip install cupy-cuda13x)"
     except Exception as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return False, f"no CUDA driver or GPU is visible ({text})"
+        return False, why_no_gpu(text, _runtime_version())
     if n == 0:
         return False, "the CUDA driver reports no GPU"
     return True, f"{n} GPU(s)"
+
+
+def _runtime_version() -> int | None:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.runtimeGetVersion())
+    except Exception:
+        return None
+
+
+def why_no_gpu(error: str, runtime_version: int | None) -> str:
+    """Which of 'no driver', 'driver too old' and 'no device' it is, asked of libcuda itself: CUDA's runtime says
+    "driver version is insufficient" for all of them when it cannot load a driver."""
+    from . import cudriver
+
+    try:
+        have = cudriver.driver_version()
+    except cudriver.DriverUnavailable as exc:
+        return (f"no NVIDIA driver is installed on this machine ({exc}); CUDA kernels need a machine with an NVIDIA "
+                f"GPU and its driver")
+    except Exception as exc:
+        return f"the CUDA driver does not answer ({exc}; the runtime said: {error})"
+    if runtime_version and have < runtime_version:
+        return (f"the NVIDIA driver is too old: it supports CUDA {cudriver.version_text(have)}, and CuPy's CUDA "
+                f"runtime needs CUDA {cudriver.version_text(runtime_version)}; update the driver, or install the CuPy "
+                f"build for CUDA {have // 1000} (cupy-cuda{have // 1000}x)")
+    try:
+        init = cudriver.init_error()
+    except Exception as exc:
+        init = str(exc)
+    if init:
+        return f"the NVIDIA driver (CUDA {cudriver.version_text(have)}) finds no usable GPU: {init}"
+    return f"the NVIDIA driver (CUDA {cudriver.version_text(have)}) is installed but CUDA failed: {error}"
 
 
 def has_gpu() -> bool:

@@ -616,10 +616,11 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         try:
             start.record(stream)
-            if job.cluster:
-                from .launch import LaunchConfig, launch_cluster
+            if job.cluster:                  # cuLaunchKernelEx with the cluster shape, through run/cudriver.py
+                from .launch import LaunchConfig, launch_values
 
-                launch_cluster(fn, LaunchConfig(job.grid, job.block, job.shared_bytes, job.cluster), values, stream)
+                launch_values(fn.ptr, LaunchConfig(job.grid, job.block, job.shared_bytes, job.cluster), values,
+                              stream.ptr, cupy.cuda.runtime.getDevice())
             else:
                 fn(job.grid, job.block, tuple(values), shared_mem=job.shared_bytes, stream=stream)
             stop.record(stream)
@@ -695,7 +696,7 @@ def _materialize(job: KernelJob, state: dict, stream=None):
             if spec.tensor_map is not None:
                 from .tensor_map import encode_for_job
 
-                values.append(encode_for_job(spec, ptr))
+                values.append(encode_for_job(spec, ptr, job.device))
             else:
                 values.extend(numba_array_values(spec, ptr) if job.abi == "numba" else [np.uint64(ptr)])
     return arrays, values

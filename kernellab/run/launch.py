@@ -1,4 +1,5 @@
-"""Launching compiled kernels through CuPy, with every argument checked against the C signature first."""
+"""Launching compiled kernels through the driver (run/cudriver.py), with every argument checked against the C
+signature first."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compile.signature import Param
+from ..compile.signature import TENSOR_MAP_ALIGN_BYTES, TENSOR_MAP_BYTES, Param
 from ..errors import ArgumentError, LaunchError
 from .device import DeviceInfo
 from .tensor_map import TensorMap
@@ -126,22 +127,30 @@ def _torch_dtype_name(t) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def _pointer_of(param: Param, x, device: DeviceInfo | None, pos: int) -> int:
-    """Device address for a pointer parameter, after checking dtype, device and layout."""
+def _pointer_of(param: Param, x, device: DeviceInfo | None, pos: int, any_device: bool = False) -> int:
+    """Device address for a pointer parameter, after checking dtype, device and layout.
+
+    any_device=True checks everything that does not depend on where the memory is: host (CPU torch, NumPy) and meta
+    tensors stand in for GPU ones, and alignment is judged by the element offset (allocations are aligned).
+    """
     where = f"argument {pos} ('{param.name}', {param.ctype})"
     if x is None:
         return 0
     mod = type(x).__module__.split(".")[0]
+    offset_bytes = None                        # the address's offset from an aligned allocation, where known
     if mod == "torch" and hasattr(x, "data_ptr"):
-        if not x.is_cuda:
+        if not x.is_cuda and not any_device:
             raise ArgumentError(f"{where} got a torch tensor on {x.device}; the kernel needs GPU memory: pass "
                                 f"x.cuda() (or create it with device='cuda')")
-        if device is not None and x.device.index not in (None, device.index):
+        if not any_device and device is not None and x.device.index not in (None, device.index):
             raise ArgumentError(f"{where} is on {x.device} but the kernel launches on cuda:{device.index}; "
                                 f"move it with .to('cuda:{device.index}')")
-        dtype, contiguous, ptr, nbytes = _torch_dtype_name(x), x.is_contiguous(), x.data_ptr(), x.numel() * x.element_size()
+        dtype, contiguous, nbytes = _torch_dtype_name(x), x.is_contiguous(), x.numel() * x.element_size()
+        if any_device and hasattr(x, "storage_offset"):
+            offset_bytes = x.storage_offset() * x.element_size()
+        ptr = 0 if getattr(x, "is_meta", False) else x.data_ptr()
     elif mod == "cupy" and hasattr(x, "data"):
-        if device is not None and x.device.id != device.index:
+        if not any_device and device is not None and x.device.id != device.index:
             raise ArgumentError(f"{where} is on GPU {x.device.id} but the kernel launches on GPU {device.index}")
         dtype, contiguous, ptr, nbytes = str(x.dtype), x.flags.c_contiguous, x.data.ptr, x.nbytes
     elif hasattr(x, "__cuda_array_interface__"):
@@ -152,6 +161,8 @@ def _pointer_of(param: Param, x, device: DeviceInfo | None, pos: int) -> int:
             int(np.prod(cai["shape"][i + 1:])) * np.dtype(cai["typestr"]).itemsize for i in range(len(cai["shape"])))
         ptr = cai["data"][0]
         nbytes = int(np.prod(cai["shape"])) * np.dtype(cai["typestr"]).itemsize
+    elif any_device and isinstance(x, np.ndarray):
+        dtype, contiguous, ptr, nbytes = str(x.dtype), x.flags.c_contiguous, x.ctypes.data, x.nbytes
     elif isinstance(x, np.ndarray) or (mod == "torch"):
         raise ArgumentError(f"{where} got a {_describe(x)}; the kernel needs device memory: use a CUDA torch tensor "
                             f"or a CuPy array")
@@ -168,7 +179,12 @@ def _pointer_of(param: Param, x, device: DeviceInfo | None, pos: int) -> int:
         itemsize = 2 if param.dtype == "bfloat16" else np.dtype(param.dtype).itemsize  # NumPy has no bfloat16
         align = param.vector_width * itemsize
         align = 16 if align == 12 else align
-        if ptr % align:
+        if offset_bytes is not None:
+            if offset_bytes % align:
+                raise ArgumentError(f"{where} needs {align}-byte aligned data, but the tensor starts {offset_bytes} "
+                                    f"bytes into its storage (a view): pass x.clone() or a view at a multiple of "
+                                    f"{align // itemsize} elements")
+        elif ptr % align:
             raise ArgumentError(f"{where} needs {align}-byte aligned data, but the address is {ptr:#x}")
         elems = nbytes // itemsize
         if elems % param.vector_width:
@@ -234,16 +250,20 @@ def _tensor_map_of(param: Param, x, device: DeviceInfo | None, pos: int) -> np.n
     raise ArgumentError(f"{where} takes a tensor map (kernellab.tensor_map(tensor, box)), got a {_describe(x)}")
 
 
-def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | None, signature: str = "") -> list:
-    """Check `args` against the parameters and return what to hand CuPy (NumPy scalars; a tensor map's 128 bytes
-    as a one-element array, which CuPy passes by value)."""
+def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | None, signature: str = "", *,
+                 any_device: bool = False) -> list:
+    """Check `args` against the parameters and return the exact-width NumPy values to launch with (a tensor map's
+    128 bytes as a one-element array).
+
+    any_device=True (Kernel.check_args) accepts host and meta tensors in place of GPU ones: see _pointer_of.
+    """
     if len(args) != len(params):
         raise ArgumentError(f"{signature or 'the kernel'} takes {len(params)} argument"
                             f"{'s' if len(params) != 1 else ''}, got {len(args)}")
     out = []
     for pos, (param, x) in enumerate(zip(params, args)):
         if param.tensor_map:
-            out.append(_tensor_map_of(param, x, device, pos))
+            out.append(_tensor_map_of(param, x, None if any_device else device, pos))
             continue
         if param.pointer and param.base in ("CUtensorMap", "CUtensorMap_st"):
             raise ArgumentError(f"argument {pos} ('{param.name}', {param.ctype}): a tensor map is passed by value, "
@@ -257,7 +277,7 @@ def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | No
             if param.dtype is None and param.base != "void":
                 raise ArgumentError(f"argument {pos} ('{param.name}'): pointers to '{param.base}' are not supported "
                                     f"from Python; use a pointer to a scalar type (float*, int*, ...) or void*")
-            out.append(np.uint64(_pointer_of(param, x, device, pos)))
+            out.append(np.uint64(_pointer_of(param, x, device, pos, any_device)))
         else:
             out.append(_scalar_of(param, x, pos))
     return out
@@ -328,77 +348,341 @@ def external_stream(handle: int):
     return cupy.cuda.ExternalStream(handle)
 
 
-def _stream_for(args) -> object:
-    """The stream to launch on: torch's current stream when torch tensors are involved, else CuPy's."""
-    import cupy
-
-    for x in args:
-        if type(x).__module__.split(".")[0] == "torch" and getattr(x, "is_cuda", False):
-            import torch
-
-            return external_stream(torch.cuda.current_stream(x.device).cuda_stream)
-    return cupy.cuda.get_current_stream()
-
-
 def is_sticky(exc: BaseException) -> bool:
     """Whether a CUDA error leaves the context unusable (illegal address, trap, ...)."""
     text = f"{type(exc).__name__} {exc}"
     return any(s in text for s in STICKY_ERRORS)
 
 
-def launch(function, config: LaunchConfig, values: list, args: tuple, *, stream=None, sync: bool | None = None,
-           kernel_name: str = "kernel", job=None) -> None:
-    """Launch a cupy Function; raise LaunchError for launch failures and, with sync, for faults in the kernel."""
+# --- the launch path ------------------------------------------------------------------------------------------
+# A launch checks every argument against the signature, packs the values into one parameter buffer and calls
+# cuLaunchKernel (run/cudriver.py). What depends only on the signature and the arguments' types (which dtype a
+# tensor must have, the integer range of a scalar, how to pack it, where the stream comes from) is worked out once
+# per type combination: an ArgPlan. Each call then runs the plan's checks, in one pass, on what can change from call
+# to call (dtype, device, contiguity, alignment, the value of a scalar). Anything the plan cannot settle (an
+# argument that fails a check, or a type without a plan) goes through marshal_args, which raises the precise error
+# or handles the rarer case.
+
+_SCALAR_STRUCT = {"bool": "?", "int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I",
+                  "int64": "q", "uint64": "Q", "float16": "e", "bfloat16": "H", "float32": "f", "float64": "d"}
+
+
+class _Fallback(Exception):
+    """An argument the plan cannot settle: marshal_args decides (and raises the precise error if it is wrong)."""
+
+
+_FALLBACK = _Fallback()
+
+
+def _layout(params: tuple[Param, ...]) -> tuple[str, tuple[int, ...], int]:
+    """(struct format, byte offset of each parameter, total bytes) of the host-side parameter buffer: each value at
+    its natural alignment, a CUtensorMap (PTX `.param .align 64 .b8 tmap[128]`) as 128 bytes at a multiple of 64.
+
+    The launch passes kernelParams, one pointer per parameter, and the driver copies each value's bytes (the size
+    the cubin's EIATTR_KPARAM_INFO gives) to the kernel's own offset, so these offsets need not be the kernel's. They
+    are not: the 64-byte alignment is of the address in constant bank 0, where parameters start at 0x210 on sm_90,
+    so after a pointer a map sits at parameter offset 0x30, not 0x40 (tests/test_launch_path.py reads KPARAM_INFO).
+    An `extra` CU_LAUNCH_PARAM_BUFFER_POINTER buffer would have to follow KPARAM_INFO instead."""
+    fmt, offsets, off = "<", [], 0
+    for p in params:
+        scalar = not p.pointer and p.dtype in _SCALAR_STRUCT
+        if p.tensor_map:
+            size, align, code = TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN_BYTES, f"{TENSOR_MAP_BYTES}s"
+        elif scalar:
+            size = np.dtype("uint16" if p.dtype == "bfloat16" else p.dtype).itemsize
+            align, code = size, _SCALAR_STRUCT[p.dtype]
+        else:
+            # A parameter Python cannot pass (a struct) keeps an 8-byte slot: marshal_args refuses it first.
+            size, align, code = 8, 8, "Q"
+        pad = -off % align
+        fmt += "x" * pad
+        off += pad
+        offsets.append(off)
+        fmt += code
+        off += size
+    return fmt, tuple(offsets), off
+
+
+def _torch_dtype(name: str | None):
+    import torch
+
+    return getattr(torch, name, None) if name else None
+
+
+def _pointer_code(param: Param, typ: type, i: int, ns: dict) -> tuple[list[str], str] | None:
+    """(lines that check argument a<i>, the expression of its address) for pointer arguments of type `typ`."""
+    a, width = f"a{i}", param.vector_width
+    if typ is type(None):
+        return [], "0"
+    mod = typ.__module__.split(".")[0]
+    if mod == "torch" and hasattr(typ, "data_ptr"):
+        ns[f"D{i}"] = _torch_dtype(param.dtype)
+        if param.dtype is not None and ns[f"D{i}"] is None:
+            return None
+        dtype = f"{a}.dtype is not D{i} or " if param.dtype is not None else ""
+        lines = [f"if {dtype}{a}.get_device() != DEV or not {a}.is_contiguous(): raise FALLBACK"]
+        if width == 1:
+            return lines, f"{a}.data_ptr()"
+        itemsize = 2 if param.dtype == "bfloat16" else np.dtype(param.dtype).itemsize
+        ns[f"A{i}"] = 16 if width * itemsize == 12 else width * itemsize
+        lines += [f"p{i} = {a}.data_ptr()", f"if p{i} % A{i} or {a}.numel() % {width}: raise FALLBACK"]
+        return lines, f"p{i}"
+    if mod == "cupy" and hasattr(typ, "data") and width == 1 and param.dtype != "bfloat16":
+        dtype = ""
+        if param.dtype is not None:
+            ns[f"D{i}"] = np.dtype(param.dtype)
+            dtype = f"{a}.dtype != D{i} or "
+        return [f"if {dtype}{a}.device.id != DEV or not {a}.flags.c_contiguous: raise FALLBACK"], f"{a}.data.ptr"
+    return None
+
+
+def _scalar_code(param: Param, typ: type, i: int, ns: dict) -> tuple[list[str], str] | None:
+    """(lines that check argument a<i>, the expression struct packs) for scalar arguments of Python type `typ`."""
+    a, dt = f"a{i}", param.dtype
+    if dt in _INT_RANGES and typ is int:
+        ns[f"L{i}"], ns[f"H{i}"] = (int(v) for v in _INT_RANGES[dt])
+        return [f"if not L{i} <= {a} <= H{i}: raise FALLBACK"], a
+    if dt in ("float16", "float32", "float64") and typ in (float, int):
+        return [], a                           # struct rounds as NumPy does; beyond the range it raises: fall back
+    if dt == "bfloat16" and typ in (float, int):
+        ns["BF16"] = _bf16_bits
+        return [], f"BF16(float({a}))"
+    if dt == "bool" and typ is bool:
+        return [], a
+    return None
+
+
+def _tensor_map_code(param: Param, typ: type, i: int, ns: dict) -> tuple[list[str], str] | None:
+    """(lines that check argument a<i>, the expression of its 128 bytes) for a CUtensorMap parameter."""
+    if typ is not TensorMap:
+        return None                            # marshal_args says what to pass instead
+    a = f"a{i}"
+    ns["TMB"] = TENSOR_MAP_BYTES
+    return [f"m{i} = {a}.encoded",
+            f"if len(m{i}) != TMB or ({a}.device is not None and {a}.device != DEV): raise FALLBACK"], f"m{i}"
+
+
+@dataclass(frozen=True)
+class ArgPlan:
+    """The checks for one combination of argument types, as one generated function (see the section comment)."""
+
+    check: object            # check(*args) -> the values to pack, in order; raises _Fallback
+    source: str              # check's Python source, for reading
+    torch_index: int | None  # the first torch tensor: its device's current stream is the launch's stream
+    cupy_index: int | None   # else the first CuPy array: CuPy's current stream
+
+
+def make_plan(params: tuple[Param, ...], types: tuple[type, ...], device_index: int) -> ArgPlan | None:
+    """The ArgPlan for arguments of these types, or None where marshal_args must handle every call."""
+    if len(types) != len(params):
+        return None
+    ns = {"FALLBACK": _FALLBACK, "DEV": device_index}
+    body, values, torch_index, cupy_index = [], [], None, None
+    for i, (p, typ) in enumerate(zip(params, types)):
+        if p.tensor_map:
+            code = _tensor_map_code(p, typ, i, ns)
+        elif typ is TensorMap:
+            code = None                        # a map where none is expected: marshal_args's error
+        elif p.pointer:
+            code = None if p.dtype is None and p.base != "void" else _pointer_code(p, typ, i, ns)
+            mod = typ.__module__.split(".")[0]
+            torch_index = i if torch_index is None and mod == "torch" else torch_index
+            cupy_index = i if cupy_index is None and mod == "cupy" else cupy_index
+        else:
+            code = _scalar_code(p, typ, i, ns) if p.dtype in _SCALAR_STRUCT else None
+        if code is None:
+            return None
+        lines, value = code
+        body += [f"# a{i}: {p} ({typ.__module__}.{typ.__qualname__})"] + lines
+        values.append(value)
+    names = ", ".join(f"a{i}" for i in range(len(params)))
+    source = "\n".join([f"def check({names}):"] + [f"    {line}" for line in body]
+                       + [f"    return ({', '.join(values)}{',' if len(values) == 1 else ''})"]) + "\n"
+    exec(compile(source, f"<kernellab argument plan {types}>", "exec"), ns)
+    return ArgPlan(ns["check"], source, torch_index, cupy_index if torch_index is None else None)
+
+
+def torch_stream_handle(device_index: int) -> int:
+    """torch's current stream on a device, as a raw cudaStream_t (under graph capture: the capturing stream)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def cupy_stream_handle() -> int:
+    """CuPy's current stream, as a raw cudaStream_t."""
     import cupy
 
-    if stream is None:
-        s = _stream_for(args)
-    elif isinstance(stream, int):
-        s = external_stream(stream)
-    elif type(stream).__module__.split(".")[0] == "torch":
-        s = external_stream(stream.cuda_stream)
-    else:
-        s = stream
-    try:
-        if config.cluster:
-            launch_cluster(function, config, values, s)
-        else:
-            function(config.grid, config.block, tuple(values), shared_mem=config.shared_bytes, stream=s)
-    except Exception as exc:  # cupy raises CUDADriverError for bad launches
-        raise _launch_error(exc, kernel_name, config, during="launch", job=job) from None
-    if resolve_sync(sync):
+    return cupy.cuda.get_current_stream().ptr
+
+
+def stream_handle(stream) -> int:
+    """A raw cudaStream_t from what a launch's `stream=` may be: an int, a torch or CuPy stream, a numba stream, or
+    any object in the CUDA stream protocol (`__cuda_stream__`)."""
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):        # torch.cuda.Stream, cupy.cuda.Stream
+        value = getattr(stream, attr, None)
+        if isinstance(value, int):
+            return value
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        return int(protocol()[1])
+    handle = getattr(stream, "handle", None)  # numba's Stream: a ctypes c_void_p
+    if handle is not None:
+        return int(getattr(handle, "value", handle) or 0)
+    raise ArgumentError(f"stream= takes a torch or CuPy stream, a raw cudaStream_t (int) or an object with "
+                        f"__cuda_stream__, got {type(stream).__name__}")
+
+
+class LaunchPath:
+    """One kernel's launches on one GPU: the cached plans and launch configurations, the parameter buffer, and the
+    call into the driver. `driver` is run/cudriver.py's Driver (tests pass a fake)."""
+
+    MAX_CACHED = 256                           # configurations and plans kept per kernel
+
+    def __init__(self, function_handle: int, params: tuple[Param, ...], device: DeviceInfo, *, name: str,
+                 signature: str, max_threads_per_block: int, static_shared_bytes: int, driver=None,
+                 opt_in=None):
+        import ctypes
+        import threading
+
+        self.function_handle, self.params, self.device = int(function_handle), tuple(params), device
+        self.name, self.signature = name, signature
+        self.max_threads_per_block, self.static_shared_bytes = max_threads_per_block, static_shared_bytes
+        if driver is None:
+            from .cudriver import driver as _driver
+
+            driver = _driver()
+        self.driver = driver
+        self._opt_in = opt_in                  # shared_bytes -> None: raise the function's dynamic smem limit
+        self._opted_in_bytes = device.shared_per_block_bytes - static_shared_bytes
+        fmt, offsets, size = _layout(self.params)
+        self._struct = struct.Struct(fmt)
+        # The buffer starts at a multiple of 64 bytes, so each value sits at its alignment (a CUtensorMap at 64).
+        self._buffer = (ctypes.c_char * (max(size, 1) + TENSOR_MAP_ALIGN_BYTES))()
+        self._base = -ctypes.addressof(self._buffer) % TENSOR_MAP_ALIGN_BYTES
+        self.offsets = tuple(self._base + o for o in offsets)
+        base = ctypes.addressof(self._buffer)
+        self._pointers = (ctypes.c_void_p * max(len(self.params), 1))(*[base + o for o in self.offsets])
+        self.params_address = ctypes.addressof(self._pointers) if self.params else None
+        self._configs: dict = {}
+        self._plans: dict = {}
+        self._lock = threading.Lock()
+
+    def config(self, grid, block, shared_bytes, cluster=None) -> LaunchConfig:
+        """The checked LaunchConfig (cached per grid, block, shared_bytes and cluster shape)."""
         try:
-            s.synchronize()
-        except Exception as exc:
-            raise _launch_error(exc, kernel_name, config, during="run", job=job) from None
+            key = (grid, block, shared_bytes, cluster)
+            cfg = self._configs.get(key)
+        except TypeError:                       # a list for grid or block: not hashable, not cached
+            key, cfg = None, None
+        if cfg is None:
+            cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.max_threads_per_block,
+                              static_shared_bytes=self.static_shared_bytes, device=self.device, cluster=cluster)
+            if cfg.shared_bytes > self._opted_in_bytes and self._opt_in is not None:
+                self._opt_in(cfg.shared_bytes)   # opt in above 48 KiB
+                self._opted_in_bytes = cfg.shared_bytes
+            if key is not None:
+                if len(self._configs) >= self.MAX_CACHED:
+                    self._configs.clear()
+                self._configs[key] = cfg
+        return cfg
+
+    def plan(self, args: tuple) -> ArgPlan | None:
+        """The ArgPlan for these arguments' types (made once per combination; None: marshal_args every time)."""
+        types = tuple(map(type, args))
+        plan = self._plans.get(types, False)
+        if plan is False:
+            plan = make_plan(self.params, types, self.device.index)
+            if len(self._plans) >= self.MAX_CACHED:
+                self._plans.clear()
+            self._plans[types] = plan
+        return plan
+
+    def _pack_numpy(self, values: list) -> None:
+        """marshal_args's NumPy values into the parameter buffer (the caller holds the lock)."""
+        view = memoryview(self._buffer).cast("B")
+        for off, v in zip(self.offsets, values):
+            raw = v.tobytes()
+            view[off:off + len(raw)] = raw
+
+    def stream_for(self, args: tuple, plan: ArgPlan | None, stream) -> int:
+        """The stream to launch on: `stream` as given, else torch's current stream where torch tensors are passed,
+        else CuPy's."""
+        if stream is not None:
+            return stream_handle(stream)
+        if plan is not None:
+            if plan.torch_index is not None:
+                return torch_stream_handle(self.device.index)
+            return cupy_stream_handle()
+        for x in args:
+            if type(x).__module__.split(".")[0] == "torch" and getattr(x, "is_cuda", False):
+                return torch_stream_handle(x.device.index)
+        return cupy_stream_handle()
+
+    def launch(self, grid, block, shared_bytes, args: tuple, *, stream=None, sync: bool | None = None,
+               cluster=None) -> None:
+        """Check the configuration and the arguments, pack and launch (see run)."""
+        self.run(self.config(grid, block, shared_bytes, cluster), args, stream, sync)
+
+    def run(self, cfg: LaunchConfig, args: tuple, stream=None, sync: bool | None = None) -> None:
+        """Check the arguments (the plan's pass, or marshal_args), pack them and launch with `cfg`; raise LaunchError
+        for launch failures and, with sync, for faults in the kernel.
+
+        A synchronous launch on a stream that is being captured into a CUDA graph (torch.cuda.graph) does not wait:
+        the kernel is recorded, not run, and waiting would end the capture. A configuration with a cluster shape
+        launches through cuLaunchKernelEx."""
+        plan = self.plan(args)
+        values = checked = None
+        if plan is not None:
+            try:
+                values = plan.check(*args)
+            except (_Fallback, TypeError, AttributeError, ValueError, OverflowError):
+                pass
+        if values is None:                      # marshal_args decides: the precise error, or a rarer case
+            checked, plan = marshal_args(self.params, args, self.device, self.signature), None
+        handle = self.stream_for(args, plan, stream)
+        with self._lock:
+            if checked is None:
+                try:
+                    self._struct.pack_into(self._buffer, self._base, *values)
+                except (struct.error, OverflowError):   # a float NumPy rounds to inf and struct refuses
+                    checked = marshal_args(self.params, args, self.device, self.signature)
+            if checked is not None:
+                self._pack_numpy(checked)
+            extra = {"cluster": cfg.cluster} if cfg.cluster else {}
+            try:
+                self.driver.launch(self.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, handle,
+                                   self.params_address, self.device.index, **extra)
+            except Exception as exc:
+                raise _launch_error(exc, self.name, cfg, during="launch") from None
+        if (not _DEFER_SYNC.get()) if sync is None else sync:
+            try:
+                if not self.driver.is_capturing(handle):
+                    self.driver.synchronize(handle)
+            except Exception as exc:
+                raise _launch_error(exc, self.name, cfg, during="run") from None
 
 
-class ClusterLaunchError(RuntimeError):
-    """cuLaunchKernelEx returned an error (its CUresult name is in the message)."""
-
-
-def launch_cluster(function, config: LaunchConfig, values: list, stream) -> None:
-    """Launch a cupy Function with a thread-block cluster shape, through the driver's cuLaunchKernelEx (cuda-python);
-    `values` as marshal_args makes them (NumPy scalars, one-element arrays for by-value structs)."""
+def launch_values(function_handle: int, config: LaunchConfig, values: list, stream: int, device_index: int = 0,
+                  driver=None) -> None:
+    """Launch with marshal_args-style values (NumPy scalars, a tensor map's bytes) through run/cudriver.py:
+    cuLaunchKernel, or cuLaunchKernelEx where `config` has a cluster shape (a worker's launches)."""
     import ctypes
 
-    from cuda.bindings import driver
+    if driver is None:
+        from .cudriver import driver as _driver
 
-    held = [np.array(v).reshape(-1)[:1].copy() for v in values]       # each value's bytes, alive until the launch
+        driver = _driver()
+    held = [np.ascontiguousarray(v) for v in values]        # each value's bytes, alive until the launch returns
     pointers = (ctypes.c_void_p * max(1, len(held)))(*[h.ctypes.data for h in held])
-    cfg = driver.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = config.grid
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = config.block
-    cfg.sharedMemBytes = config.shared_bytes
-    cfg.hStream = driver.CUstream(int(getattr(stream, "ptr", 0) or 0))
-    attr = driver.CUlaunchAttribute()
-    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = config.cluster
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
-    (err,) = driver.cuLaunchKernelEx(cfg, driver.CUfunction(int(function.ptr)), ctypes.addressof(pointers), None)
-    if int(err) != 0:
-        raise ClusterLaunchError(f"cuLaunchKernelEx: {getattr(err, 'name', err)}")
+    extra = {"cluster": config.cluster} if config.cluster else {}
+    driver.launch(int(function_handle), config.grid, config.block, config.shared_bytes, int(stream),
+                  ctypes.addressof(pointers) if held else None, device_index, **extra)
 
 
 def _launch_error(exc, kernel_name, config, during, job=None) -> LaunchError:

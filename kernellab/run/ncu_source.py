@@ -444,11 +444,26 @@ def profile_banks(kernel, grid, block, *args, shared_bytes: int = 0, strict: boo
     are the kernel module's: a `%%cuda` cell's own. Where ncu cannot read counters the report says why (`measured`
     is False); `strict=True` raises `NcuUnavailableError` instead.
     """
+    def measure(target, job):
+        return run_ncu_banks(target, kernel.symbol, source=job.source, first_line=job.first_line,
+                             filename=job.filename, ncu=ncu, timeout_s=timeout_s, env=_tool_env(), strict=strict)
+
+    return _under_ncu(kernel, grid, block, args, shared_bytes, measure)
+
+
+def _tool_env():
+    from kernellab.run.sanitize import tool_env
+
+    return tool_env()
+
+
+def _under_ncu(kernel, grid, block, args, shared_bytes, measure):
+    """Write the launch as a job and call measure(target argv, job) with a child process that runs it; where ncu
+    profiled nothing because the launch itself failed, say that instead."""
     from kernellab.run import device
 
     device.require_gpu(f"profiling {kernel.name} with Nsight Compute")
     from kernellab.run.job import JobResult, KernelJob
-    from kernellab.run.sanitize import tool_env
     from kernellab.run.worker import _sync_caller, check_launch
 
     cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)   # the checks Kernel.launch makes
@@ -460,8 +475,7 @@ def profile_banks(kernel, grid, block, *args, shared_bytes: int = 0, strict: boo
         resfile = os.path.join(tmp, "result.klres")
         target = [sys.executable, "-m", "kernellab.run.job", jobfile, "--out", resfile]
         try:
-            return run_ncu_banks(target, kernel.symbol, source=job.source, first_line=job.first_line,
-                                 filename=job.filename, ncu=ncu, timeout_s=timeout_s, env=tool_env(), strict=strict)
+            return measure(target, job)
         except NcuError as exc:
             if isinstance(exc, NcuUnavailableError) or not os.path.exists(resfile):
                 raise
@@ -470,3 +484,104 @@ def profile_banks(kernel, grid, block, *args, shared_bytes: int = 0, strict: boo
             if result.ok:
                 raise
             raise NcuError(f"{kernel.name}'s launch failed under ncu ({result.status}): {result.message}") from exc
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every source line: Kernel.profile_lines
+
+# ncu's stall columns (stall_<name>), as its Source page names the reasons.
+STALL_NAMES = {"long_sb": "long scoreboard", "short_sb": "short scoreboard", "lg": "LG throttle",
+               "mio": "MIO throttle", "tex": "tex throttle", "imc": "IMC miss", "no_inst": "no instruction",
+               "branch_resolving": "branch resolving", "not_selected": "not selected", "sleeping": "sleeping"}
+
+
+def parse_line_profiles(text: str, *, symbol: str | None = None, filename: str | None = None,
+                        line_offset: int = 0) -> dict:
+    """{line: LineProfile} for the first profiled launch (of `symbol`, where given) in ncu's source-page CSV.
+
+    Each source row of the page sums its SASS rows; with `--print-source cuda` alone there are no SASS rows, and the
+    source rows are all there is. Only the block of the file named like `filename` counts (the cell's own lines;
+    code inlined from headers is in other blocks), or the only block. Lines are ncu's plus `line_offset`.
+    """
+    from kernellab.compile.source_view import LineProfile
+
+    launches = _launches(_blocks(text))
+    chosen = [launch for launch in launches if symbol is None or launch[0] == symbol] or launches
+    if not chosen:
+        return {}
+    files = chosen[0][1]
+    own = [f for f in files if filename and os.path.basename(f[0]) == os.path.basename(filename)]
+    out: dict = {}
+    for file, header, rows in (own or files[:1]):
+        col = {name: i for i, name in reversed(list(enumerate(header)))}
+
+        def get(row, name):
+            i = col.get(name)
+            return row[i] if i is not None and i < len(row) else ""
+
+        stall_cols = [(name[len("stall_"):], i) for i, name in enumerate(header)
+                      if name.startswith("stall_") and not name.endswith("(Not Issued)")]
+        for row in rows:
+            if not row[0].strip():
+                continue                                  # a SASS row: its source row already sums it
+            stalls = sorted(((STALL_NAMES.get(n, n.replace("_", " ")), _int(row[i])) for n, i in stall_cols
+                             if _int(row[i])), key=lambda s: -s[1])
+            out[int(row[0]) + line_offset] = LineProfile(
+                instructions_executed=_int(get(row, "Instructions Executed")),
+                thread_instructions_executed=_int(get(row, "Thread Instructions Executed")),
+                stall_samples=_int(get(row, "Warp Stall Sampling (All Samples)")),
+                stalls=tuple(stalls),
+                global_sectors=_int(get(row, "L2 Theoretical Sectors Global")),
+                shared_wavefronts=_int(get(row, "L1 Wavefronts Shared")),
+                shared_ideal_wavefronts=_int(get(row, "L1 Wavefronts Shared Ideal")),
+                conflict_ways=_num(get(row, "L1 Conflicts Shared N-Way")))
+    return out
+
+
+def lines_from_output(view, stdout: str, stderr: str, returncode: int, symbol: str, *, cmd: Sequence[str] = (),
+                      strict: bool = False):
+    """`view` (a SourceView) with the per-line figures of one ncu run, or saying why there are none."""
+    from dataclasses import replace
+
+    reason = unavailable_reason(stdout + "\n" + stderr)
+    if reason:
+        if strict:
+            raise NcuUnavailableError(reason, stderr)
+        return replace(view, profile_note=reason)
+    profiles = parse_line_profiles(stdout, symbol=symbol, filename=view.filename)
+    if not profiles:
+        tail = "\n".join((stdout + "\n" + stderr).strip().splitlines()[-15:])
+        raise NcuError(f"ncu profiled no launch of {symbol} (exit code {returncode}); was it launched? "
+                       f"command: {' '.join(cmd)}\n{tail}")
+    return view.with_profile(profiles)
+
+
+def profile_lines(kernel, grid, block, *args, shared_bytes: int = 0, strict: bool = False, timeout_s: float = 600,
+                  ncu: str | None = None):
+    """kernel.source_view() with Nsight Compute's per-line figures for one launch of kernel[grid, block](*args):
+    instructions executed, warp stall samples by reason, global traffic (L2 sectors), shared wavefronts and bank
+    conflicts. The launch runs in a child process (see profile_banks); where ncu cannot read counters, the view's
+    `profile_note` says why (strict=True raises NcuUnavailableError)."""
+    view = kernel.source_view()
+    ncu = ncu or find_ncu()
+    if ncu is None:
+        reason = ("Nsight Compute (ncu) was not found (looked in the CUDA wheels, $CUDA_HOME/bin, /usr/local/cuda/bin "
+                  "and PATH); it ships with the CUDA toolkit, or pass ncu=PATH")
+        if strict:
+            raise NcuUnavailableError(reason)
+        from dataclasses import replace
+
+        return replace(view, profile_note=reason)
+
+    def measure(target, job):
+        cmd = ncu_bank_command(target, kernel.symbol, ncu=ncu)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_tool_env(),
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired as exc:
+            raise NcuError(f"ncu did not finish in {timeout_s:g} s: {' '.join(cmd)}; profile a smaller launch or "
+                           "raise timeout_s") from exc
+        return lines_from_output(view, proc.stdout, proc.stderr, proc.returncode, kernel.symbol, cmd=cmd,
+                                 strict=strict)
+
+    return _under_ncu(kernel, grid, block, args, shared_bytes, measure)

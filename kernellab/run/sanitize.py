@@ -27,6 +27,7 @@ from .job import JobResult, KernelJob
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 DEFAULT_PRINT_LIMIT = 100
+PRINT_LIMIT_NOTE = "(print limit)"      # in a report's notes when the tool stopped printing: findings may be missing
 
 
 class ToolNotFoundError(KernellabError):
@@ -307,7 +308,8 @@ def parse_report(text: str, tool: str = "memcheck", job: KernelJob | None = None
     for head, details in _entries(text):
         p = _NOT_PRINTED.search(head)
         if p:
-            notes.append(f"{p.group(1)} further reports were not printed (print limit); the same lines repeat")
+            notes.append(f"{p.group(1)} further reports were not printed {PRINT_LIMIT_NOTE}: lines past the limit "
+                         f"are missing from the findings; pass a larger print_limit to see them all")
             continue
         s = _ERROR_SUMMARY.search(head)
         if s:
@@ -315,9 +317,13 @@ def parse_report(text: str, tool: str = "memcheck", job: KernelJob | None = None
             continue
         r = _RACE_SUMMARY.search(head)
         if r:
-            error_count = (error_count or 0) + int(r.group(2).replace(",", ""))
-            if int(r.group(3).replace(",", "")):
+            shown, errors, warns = (int(g.replace(",", "")) for g in r.groups())
+            error_count = (error_count or 0) + errors
+            if warns:
                 notes.append(f"racecheck: {r.group(3)} warning(s) (hazards that may be benign, e.g. warp-synchronous)")
+            if shown < errors + warns:       # hazards and the race analysis past the limit were counted, not printed
+                notes.append(f"racecheck printed {shown:,} of {errors + warns:,} hazards {PRINT_LIMIT_NOTE}: line "
+                             f"pairs past the limit are missing from the findings; pass a larger print_limit")
             continue
         if head.startswith(_NOTE_HEAD):
             note = head + (" " + " ".join(details) if details and head.startswith("Cuda API") else "")

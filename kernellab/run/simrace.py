@@ -16,32 +16,57 @@ What counts as a race (racecheck), as compute-sanitizer's racecheck defines a ha
   reads from, and a write with the write and the reads it replaces;
 - not ordered by a barrier: no `syncthreads()` (or `_count`/`_and`/`_or`) between them, and, for two threads of the
   same warp, no `syncwarp()` that both took part in between them. Threads of one warp are not assumed to run in
-  lockstep (since Volta they need not: compute-sanitizer reports such hazards too, and `syncwarp()` silences them);
-  warp shuffles and votes do not order shared-memory accesses;
-- two atomics never race with each other; an atomic and a plain read or write of the same element do.
+  lockstep (since Volta they need not: compute-sanitizer reports such hazards too, as "(Warp Level Programming)"
+  warnings, and `syncwarp()` silences them); warp shuffles and votes do not order shared-memory accesses;
+- atomics are left out: racecheck reported no hazard between the plain stores `h[t] = 0` and the `atomic.add`s on the
+  same bins of histogram_init_racy (0 hazards, 0 warnings), so the shadow holds plain accesses only. That race is
+  real (an add from another warp can land before the store of 0 and be lost): the simulator still finds plain
+  accesses that conflict with an atomic, and says so in a note, not a finding. What racecheck does with other mixes
+  of atomics and plain accesses was not measured.
 The hazard's name follows the order in which the simulator ran the two accesses (threads take turns access by
 access, close to a warp's lockstep): a write then a read is RAW, a read then a write WAR, two writes WAW. On a GPU
 the order, and so the name, can differ between runs; the pair of lines does not. One finding per pair of lines
 (as kernellab merges the GPU tool's hazards), with the first example's threads and address and the number of
-hazardous (byte, thread pair) combinations of that pair as its count.
+hazardous (byte, thread pair) combinations of that pair as its count. compute-sanitizer prints at most
+`--print-limit` hazards (100 by default) and drops the rest, pairs of lines included: compare with a report that
+printed everything (kernellab.run.sanitize notes a cut one).
 
-What counts as a barrier error (synccheck):
+What counts as a barrier error (synccheck). A GPU releases a `syncthreads()` when every thread of the block that has
+not exited has arrived, and synccheck on sm_90, as the golden table shows it, flags a warp whose still-running lanes
+do not all take part in the barrier, and a block whose threads wait at different barriers:
 - a `syncthreads()` that some threads of a warp wait at while others of that warp are elsewhere: at another barrier
-  line, or past the barrier (returned at a later line) — "Divergent thread(s) in warp", one per waiting thread as
-  compute-sanitizer counts them;
-- a `syncthreads()` that whole warps of the block skip while others wait at it — "Divergent thread(s) in block";
+  line, or past the barrier without having reached it (they skipped it and returned at a later line) — "Divergent
+  thread(s) in warp", one per waiting thread as compute-sanitizer counts them (divergent_warp_barrier: ptxas
+  predicates the barrier of a short `if`, `@!P0 BAR.SYNC`, so the lanes that skip it are still running when the
+  others arrive; SASS read from numba-cuda 0.30.4 and ptxas 13.0, the GPU machine's versions);
+- threads of the block waiting at different `syncthreads()` lines at once — "Divergent thread(s) in block";
 - a `syncwarp()` whose mask names a lane that went past it and returned;
 - threads waiting in `syncwarp()` for lanes that wait in `syncthreads()` (the simulator reports the deadlock and
   goes on; on a GPU it hangs).
-A thread that returned *before* the barrier's line (an early `return`, or an `if` around the whole body) is not
-divergent: a GPU counts threads that exited as arrived. Which of the two a thread did is read from the line it
-returned at, compared with the barrier's line in the kernel's own body.
+A thread that returned counts as arrived, with no finding, when
+- it returned before the barrier's line (an early `return`, or an `if` around the whole body): early_exit_ok;
+- its whole warp returned, no lane of it waiting at the barrier: divergent_block_barrier, clean on the GPU;
+- the barrier lies directly in the body of a `for` or `while` loop (not in an `if` inside it) that it left sooner
+  than other lanes of its warp: loop_trip_barrier, clean on the GPU. ptxas reaches a loop's barrier through a
+  branch and `WARPSYNC.ALL`, which holds the lanes going round again until the lanes that left have exited.
+The last two break CUDA's rule for a conditional `syncthreads()` (its condition must be the same for the whole
+block), and the report says so in a note. Which case a thread is in is read from the line it returned at, compared
+with the barrier's line in the kernel's own body, and from the source around the barrier. The GPU's verdict on lanes
+that skip a barrier and exit follows the code ptxas made (a predicated barrier, or a branch and `WARPSYNC.ALL`),
+which the simulator does not see: a barrier in a long `if` (ptxas branches around it and adds `WARPSYNC.ALL`) is
+flagged here where the GPU may well stay clean (not measured), and a barrier in a device function counts as not
+in a loop.
+
+The corpus tests/fixtures/race_corpus.py holds the evidence: tests/golden/racecheck_sm90.csv records
+compute-sanitizer's verdicts on every case (tools/gpu/record_racecheck.py), and tests/test_simrace.py checks that
+this module gives the same ones.
 
 Limits: only what this launch did is seen (as with compute-sanitizer), global memory is not checked, and addresses
 are the simulator's layout (arrays at 128-byte-aligned offsets in creation order), not the GPU's.
 """
 from __future__ import annotations
 
+import ast
 import linecache
 import math
 import re
@@ -59,6 +84,9 @@ SIM_TOOLS = ("racecheck", "synccheck")
 NOTE = ("found by kernellab's simulator checks (Numba CUDA simulator, no GPU): every shared-memory access and barrier "
         "of this launch, in compute-sanitizer's terms; see kernellab.run.simrace for the rules")
 _ACCESS = {"load": "Read", "store": "Write", "atomic": "Atomic"}
+_GOLDEN = "compute-sanitizer 2025.3.1 on an H100, checked on kernellab's race corpus"
+UNREPORTED_RACE = f"a race racecheck does not report ({_GOLDEN}), so neither does this check"
+UNREPORTED_BARRIER = f"a barrier misuse synccheck does not report on sm_90 ({_GOLDEN}), so neither does this check"
 _SHARED_NAME = re.compile(r"(\w+)\s*=\s*cuda\.shared\.array\s*\(")
 
 
@@ -111,20 +139,23 @@ def sanitize_simulated(kernel, grid, block, args, *, tool: str = "racecheck", sh
         notes.append(f"the launch itself: {str(err).splitlines()[0]}")
     wall_ms = (time.perf_counter() - t0) * 1e3
     places = _Places(py_func, name or py_func.__name__, line_offset, recorder.allocations)
-    reports = []
+    reports, unreported_by = [], {}
     for t in tools:
         if t == "racecheck":
-            findings = _races(recorder.events, observer.warp_syncs, block3, places)
+            findings, unreported = _races(recorder.events, observer.warp_syncs, block3, places)
         else:
-            findings = observer.findings(places)
+            findings, unreported = observer.findings(places), observer.unreported()
+        unreported_by[t] = unreported
         count = sum(f.count for f in findings)
         reports.append(SanitizerReport(tool=t, kernel=places.kernel, findings=tuple(findings), error_count=count,
-                                       notes=tuple([NOTE] + notes), exit_code=None, job_status=status,
-                                       wall_ms=wall_ms, simulated=True))
+                                       notes=tuple([NOTE] + notes + unreported), exit_code=None,
+                                       job_status=status, wall_ms=wall_ms, simulated=True))
     if len(reports) == 1:
         return reports[0]
     both = combine(reports)
-    return SanitizerReport(**{**both.__dict__, "notes": reports[0].notes, "exit_code": None})
+    shared = len(reports[0].notes) - len(unreported_by[reports[0].tool])    # NOTE and the launch's notes
+    return SanitizerReport(**{**both.__dict__, "notes": reports[0].notes[:shared] + tuple(
+        n for r in reports for n in unreported_by[r.tool]), "exit_code": None})
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -151,6 +182,8 @@ class _BarrierObserver:
         self.block3 = block3
         self.warp_syncs: dict[tuple, list[int]] = {}      # (block, thread id) -> syncwarp() meeting ids
         self._found: dict[tuple, dict] = {}                 # (kind, message, file, line) -> finding fields
+        self._unreported: dict[tuple, str] = {}             # (what, file, line) -> note: misuse synccheck misses
+        self._loops: dict[tuple, bool] = {}                 # barrier site -> whether a loop's body holds it
 
     # hooks called by kernellab.run.simsched
     def block_barrier(self, scheduler, waiting) -> None:
@@ -165,6 +198,12 @@ class _BarrierObserver:
             sites = {t.site for t in lanes}
             line = min((t.kernel_line for t in lanes if t.kernel_line is not None), default=None)
             away = [m for m in members if m.done and _went_past(m, line)]
+            if away and len(sites) == 1 and self._in_loop(lanes[0].site):
+                self._note("left", sites, f"{_who(away, 'thread')} of warp {w} returned at line "
+                           f"{_returned_at(away)} while {_who(lanes, 'thread')} wait at the syncthreads() of line "
+                           f"{lanes[0].site[1]}, in a loop that they go round more often (ptxas puts WARPSYNC.ALL "
+                           f"before a loop's barrier: the lanes that left have exited when the others arrive)")
+                away = []
             if len(sites) == 1 and not away:
                 continue
             warp_level = True
@@ -176,13 +215,24 @@ class _BarrierObserver:
         if warp_level:
             return
         sites = {t.site for t in waiting}
-        skipped = [t for t in threads if t.done and _went_past(t, first_line)]
-        if len(sites) > 1 or skipped:
+        if len(sites) > 1:
             for site in sorted(sites, key=lambda s: s[1]):
                 at = [t for t in waiting if t.site == site]
                 others = [t for t in threads if t not in at]
                 self._add("barrier", "Barrier error detected. Divergent thread(s) in block", site, at[:1], scheduler,
                           f"{_who(at, 'thread')} wait at this syncthreads(); {_elsewhere(others)}", count=len(at))
+            return
+        skipped = [t for t in threads if t.done and t.warp not in warps and _went_past(t, first_line)]
+        if skipped:
+            self._note("skipped", sites, f"{_elsewhere(skipped)} while {_who(waiting, 'thread')} wait at the "
+                       f"syncthreads() of line {waiting[0].site[1]} (a GPU counts threads that exited as arrived)")
+
+    def _in_loop(self, site) -> bool:
+        """Whether the barrier at `site` (file, line) sits directly in the body of a `for` or `while` loop."""
+        known = self._loops.get(site)
+        if known is None:
+            known = self._loops[site] = _in_loop_body(*site) if site else False
+        return known
 
     def warp_barrier(self, scheduler, lanes, members) -> None:
         line = min((t.kernel_line for t in lanes if t.kernel_line is not None), default=None)
@@ -203,6 +253,18 @@ class _BarrierObserver:
                 self.warp_syncs[(scheduler.block_idx, t.thread_id)] = t.warp_syncs
 
     # findings
+    def _note(self, what, sites, text) -> None:
+        """Keep the first note of its kind per barrier: a barrier misuse that synccheck does not report."""
+        site = min(sites, key=lambda s: (s or ("", 0))[1]) or ("", 0)
+        self._unreported.setdefault((what,) + tuple(site), text)
+
+    def unreported(self) -> list[str]:
+        """Notes on barriers that break CUDA's rule (every thread of the block reaches a syncthreads() or none) in ways
+        compute-sanitizer's synccheck does not report on sm_90."""
+        return [f"{UNREPORTED_BARRIER}: {text}; CUDA allows syncthreads() in conditional code only where the "
+                f"condition is the same for the whole block" for _key, text in sorted(self._unreported.items(),
+                                                                                       key=lambda kv: kv[0][2])]
+
     def _add(self, kind, message, site, threads, scheduler, detail, count=None) -> None:
         key = (kind, message) + tuple(site or ("", 0))
         entry = self._found.get(key)
@@ -221,6 +283,34 @@ class _BarrierObserver:
             out.append(Finding(tool="synccheck", kind=e["kind"], message=e["message"], where=where,
                                thread=e["thread"], block=e["block"], detail=e["detail"], count=e["count"]))
         return out
+
+
+def _in_loop_body(filename: str, line: int) -> bool:
+    """Whether the statement at `line` of `filename` lies directly in a `for` or `while` body (not in an `if` in it);
+    False where the source cannot be read or parsed."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return False
+
+    def holder(node):
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            for stmt in getattr(node, field, None) or ():
+                if not isinstance(stmt, ast.AST) or not stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+                    continue
+                inner = holder(stmt)
+                if inner is not None:
+                    return inner
+                return (node, field) if stmt.lineno == line or not hasattr(stmt, "body") else None
+        return None
+
+    found = holder(tree)
+    return found is not None and isinstance(found[0], (ast.For, ast.While)) and found[1] == "body"
+
+
+def _returned_at(threads) -> str:
+    lines = sorted({t.frame.f_lineno for t in threads if t.frame is not None})
+    return ", ".join(str(n) for n in lines) or "?"
 
 
 def _went_past(t, line) -> bool:
@@ -276,10 +366,11 @@ def _ranges(ids) -> str:
 # Races
 
 
-def _races(events, warp_syncs, block3, places: "_Places") -> list[Finding]:
-    """One Finding per pair of source lines with unordered conflicting accesses (see the module docstring)."""
+def _races(events, warp_syncs, block3, places: "_Places") -> tuple[list[Finding], list[str]]:
+    """One Finding per pair of source lines with unordered conflicting accesses (see the module docstring), and a
+    note per pair of lines where a plain access and an atomic conflict (a race that racecheck does not report)."""
     if not events:
-        return []
+        return [], []
     unit = 0
     for e in events:
         unit = math.gcd(unit, e[5])
@@ -287,37 +378,46 @@ def _races(events, warp_syncs, block3, places: "_Places") -> list[Finding]:
     for i, (blk, _tid, epoch, _wc, _kind, width, addr, _f, _l) in enumerate(events):
         for u in range(addr // unit, (addr + width) // unit):
             groups[(blk, epoch, u)].append(i)
-    found: dict[tuple, dict] = {}
+    found: dict[tuple, dict] = {}            # pairs of lines racecheck reports
+    unreported: dict[tuple, dict] = {}       # pairs of lines where a plain access races with an atomic
 
-    def check(a, b, unit_address):
+    def check(a, b, unit_address, into):
         if a[1] == b[1]:
             return
         same_warp = a[1] // 32 == b[1] // 32
         if same_warp and _ordered(a, b, warp_syncs):
             return
         lines = tuple(sorted(((a[7], a[8]), (b[7], b[8]))))
-        entry = found.get(lines)
+        entry = into.get(lines)
         if entry is None:
-            found[lines] = {"first": a, "second": b, "address": unit_address, "count": 1, "same_warp": same_warp}
+            into[lines] = {"first": a, "second": b, "address": unit_address, "count": 1, "same_warp": same_warp}
         else:
             entry["count"] += 1
 
-    for (_blk, _epoch, u), idxs in groups.items():
-        if len(idxs) < 2:
-            continue
-        last_write, reads = None, []          # the byte's shadow: its last write and the reads since
+    def shadow(idxs, u, keep):
+        """Each access against the byte's shadow (its last write and the reads since); `keep(a, b)` picks pairs."""
+        last_write, reads = None, []
         for i in idxs:
             e = events[i]
             if e[4] == "load":
                 if last_write is not None:
-                    check(last_write, e, u * unit)
+                    keep(last_write, e, u * unit)
                 reads.append(e)
                 continue
             if last_write is not None and not (last_write[4] == "atomic" and e[4] == "atomic"):
-                check(last_write, e, u * unit)
+                keep(last_write, e, u * unit)
             for r in reads:
-                check(r, e, u * unit)
+                keep(r, e, u * unit)
             last_write, reads = e, []
+
+    for (_blk, _epoch, u), idxs in groups.items():
+        if len(idxs) < 2:
+            continue
+        plain = [i for i in idxs if events[i][4] != "atomic"]
+        shadow(plain, u, lambda a, b, addr: check(a, b, addr, found))
+        if len(plain) < len(idxs) and plain:
+            shadow(idxs, u, lambda a, b, addr: check(a, b, addr, unreported)
+                   if "atomic" in (a[4], b[4]) and a[4] != b[4] else None)
     out = []
     for lines, e in sorted(found.items(), key=lambda kv: (kv[0][0][1], kv[0][1][1])):
         a, b = e["first"], e["second"]
@@ -330,7 +430,14 @@ def _races(events, warp_syncs, block3, places: "_Places") -> list[Finding]:
                            other_thread=_thread_idx(b[1], block3), block=tuple(a[0]), address=hex(e["address"]),
                            size_bytes=a[5], detail=f"{places.element(e['address'], a[5])}; {order}",
                            count=e["count"]))
-    return out
+    notes = []
+    for lines, e in sorted(unreported.items(), key=lambda kv: (kv[0][0][1], kv[0][1][1])):
+        a, b = e["first"], e["second"]
+        notes.append(f"{UNREPORTED_RACE}: {_ACCESS[a[4]]} at {places.location(a[7], a[8])} and {_ACCESS[b[4]]} at "
+                     f"{places.location(b[7], b[8])} touch {places.element(e['address'], a[5])} with no "
+                     f"syncthreads() between them ({e['count']:,} times); a plain access racing with an atomic is "
+                     f"still a data race")
+    return out, notes
 
 
 def _ordered(a, b, warp_syncs) -> bool:

@@ -230,7 +230,7 @@ def tensor_map(tensor, box, *, swizzle: str | None = "128B", interleave: str | N
                   MAX_ELEMENT_STRIDE)
     check_layout(dtype, shape, strides, address, box, interleave, swizzle, oob_fill)
     encoded = encode(DATA_TYPES[dtype], address, shape, strides, box, steps, interleave, swizzle, l2_promotion,
-                     oob_fill)
+                     oob_fill, device=device)
     return TensorMap(tensor=tensor, shape=shape, dtype=dtype, box=box, strides_bytes=strides, swizzle=swizzle,
                      interleave=interleave, l2_promotion=l2_promotion, oob_fill=oob_fill, element_strides=steps,
                      global_address=address, device=device, encoded=encoded)
@@ -302,16 +302,37 @@ def encode_args(data_type: str, address: int, shape, strides_bytes, box, element
 
 
 def encode(data_type: str, address: int, shape, strides_bytes, box, element_strides, interleave: str = "none",
-           swizzle: str = "128B", l2_promotion: str = "256B", oob_fill: str = "zero") -> bytes:
-    """The 128 bytes of a CUtensorMap, from the driver (shapes outermost first; see encode_args)."""
-    return encode_tiled(**encode_args(data_type, address, shape, strides_bytes, box, element_strides, interleave,
-                                      swizzle, l2_promotion, oob_fill))
+           swizzle: str = "128B", l2_promotion: str = "256B", oob_fill: str = "zero", *,
+           device: int | None = None) -> bytes:
+    """The 128 bytes of a CUtensorMap, from the driver (shapes outermost first; see encode_args), with a context
+    current: GPU `device`'s primary context (or, for device=None, the thread's own, else GPU 0's)."""
+    kw = encode_args(data_type, address, shape, strides_bytes, box, element_strides, interleave, swizzle,
+                     l2_promotion, oob_fill)
+    with _context_for(device):
+        return encode_tiled(**kw)
+
+
+def _context_for(device: int | None):
+    """cuTensorMapEncodeTiled needs a current context (without one: CUDA_ERROR_INVALID_CONTEXT, e.g. in a thread
+    that has not touched CUDA, or a process that has only cuInit): push the device's primary context, the one
+    torch and CuPy use. Where the driver is missing or has no GPU, nothing: encode_tiled says why."""
+    import contextlib
+
+    from .cudriver import CudaDriverError, DriverUnavailable, context_on, current_context
+
+    try:
+        if device is None and current_context() is not None:
+            return contextlib.nullcontext()
+        return context_on(0 if device is None else device)
+    except (DriverUnavailable, CudaDriverError):
+        return contextlib.nullcontext()
 
 
 def encode_tiled(**kw) -> bytes:
     """Call the driver's cuTensorMapEncodeTiled (cuda-python) with encode_args' arguments; return the 128 bytes.
 
-    It needs the CUDA driver library (libcuda) but no context: on a machine without one, NoGPUError.
+    It needs the CUDA driver library (libcuda) and a current context (encode makes one current): on a machine
+    without libcuda, NoGPUError.
     """
     import ctypes
 
@@ -340,11 +361,12 @@ def encode_tiled(**kw) -> bytes:
     return ctypes.string_at(tmap.getPtr(), TENSOR_MAP_BYTES)
 
 
-def encode_for_job(spec, address: int) -> np.ndarray:
-    """In a worker: the kernel argument for a tensor-map ArgSpec whose (C-contiguous) tensor is at `address`."""
+def encode_for_job(spec, address: int, device: int | None = None) -> np.ndarray:
+    """In a worker: the kernel argument for a tensor-map ArgSpec whose (C-contiguous) tensor is at `address` on GPU
+    `device` (None: the worker's current one)."""
     p = spec.tensor_map
     dtype = spec.dtype
     strides = contiguous_strides_bytes(spec.shape, ITEMSIZE[dtype])
     raw = encode(DATA_TYPES[dtype], address, spec.shape, strides, tuple(p["box"]), tuple(p["element_strides"]),
-                 p["interleave"], p["swizzle"], p["l2_promotion"], p["oob_fill"])
+                 p["interleave"], p["swizzle"], p["l2_promotion"], p["oob_fill"], device=device)
     return np.frombuffer(raw, dtype=np.dtype((np.void, TENSOR_MAP_BYTES))).copy()

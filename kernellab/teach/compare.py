@@ -64,19 +64,22 @@ def compare(out: np.ndarray, ref: np.ndarray, name: str, *, rtol: float, atol: f
     problems = []
     never = unwritten(out) & bad
     if never.any():
-        problems.append(Problem("unwritten", describe_unwritten(never, name)))
+        problems.append(Problem("unwritten", describe_unwritten(never, name, out.dtype)))
     wrong = bad & ~never
     if wrong.any() or not never.any():
         problems.append(_wrong(out, ref, wrong, name, rtol, atol, inputs or {}))
     return problems
 
 
-def describe_unwritten(mask: np.ndarray, name: str) -> str:
-    """"rows 17..31 of `out` were never written", "elements 256..999 (744 of 1,000) of `c` ...", ..."""
+def describe_unwritten(mask: np.ndarray, name: str, dtype=None) -> str:
+    """"rows 17..31 of `out` were never written", "elements 256..999 (744 of 1,000) of `c` ...", ...; `dtype` (the
+    output's) names the poison value: a NaN, or for integers their largest value."""
     total, n = mask.size, int(mask.sum())
     if n == total:
         held = "element still holds" if total == 1 else f"{total:,} elements still hold"
-        return f"no element of `{name}` was written (its {held} the NaN the grader put there)"
+        poison = "NaN" if dtype is None or not np.issubdtype(dtype, np.integer) else \
+            f"largest {np.dtype(dtype).name} ({np.iinfo(dtype).max:,})"
+        return f"no element of `{name}` was written (its {held} the {poison} the grader put there)"
     if mask.ndim == 1:
         return f"{_runs(np.flatnonzero(mask), 'element')} of `{name}` ({n:,} of {total:,}) were never written"
     if mask.ndim == 2:

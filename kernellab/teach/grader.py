@@ -9,13 +9,15 @@ In order, stopping early only where nothing further can run:
    Numba kernels without one, in the simulator: fresh random inputs for every problem shape and launch configuration,
    the outputs filled with a marked NaN so that unwritten elements show, each output compared with the reference.
 4. On a GPU, compute-sanitizer on one awkward shape: memcheck, and racecheck and synccheck where the task has shared
-   memory or barriers; in the simulator, the racecheck of `k.sanitize(..., tool="racecheck")` where kernellab has it.
+   memory or barriers; in the simulator, its race detector and barrier check (`k.sanitize(...,
+   tool="racecheck+synccheck")`, kernellab.run.simrace) where the task has them.
 5. The optional speed bar (GPU only), once everything else passed.
 Before all that, the spec's own sanity: on the same shapes, an all-zero answer and an input-copy answer must fail.
 A wrong kernel never raises: every problem becomes a finding, and the verdict is failed.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import traceback
@@ -62,7 +64,7 @@ DEFAULT_HINTS = {
     "internal": "this is a bug in the grader, not (necessarily) in your kernel: please report it",
 }
 
-_STORE = re.compile(r"\b(STG|RED|ATOMG|ATOM|ST)\.")
+_STORE = re.compile(r"\b(STG|REDG|RED|ATOMG|ATOM|ST)\.")   # REDG: sm_90's global reduction (atomicAdd, result unused)
 _LOCAL = re.compile(r"\b(LDL|STL)\b")
 _SHARED_STORE = re.compile(r"\bSTS\b")
 _SHARED_LOAD = re.compile(r"\b(LDS|LDSM)\b")
@@ -409,22 +411,31 @@ class _Grading:
             self.sanitizer_findings(rep, tool, where)
 
     def sim_racecheck(self, k) -> None:
-        """The simulator's race detector, through the public `k.sanitize(tool="racecheck")`, where kernellab has it."""
+        """The simulator's race detector, and its barrier check where the task needs a barrier (as a GPU runs
+        racecheck and synccheck), through the public `k.sanitize(tool="racecheck+synccheck")`: one simulated launch."""
         if not (self.ex.needs_shared or self.ex.needs_barrier):
             return
+        tools = tuple(t for t in self.sanitizer_tools() if t != "memcheck")     # racecheck[, synccheck]
         shape, grid, block, args = self._sanitize_launch()
         if shape not in self.ex.shapes_for(True):
             shape = self.ex.shapes_for(True)[min(1, len(self.ex.shapes_for(True)) - 1)]
             grid, block = self.ex.launch.configs(shape)[0]
             args = tuple(self.ex.make_args(shape, np.random.default_rng([self.seed, 999])))
         try:
-            rep = k.sanitize(grid, block, *args, shared_bytes=self.ex.launch.shared_bytes, tool="racecheck")
+            rep = k.sanitize(grid, block, *args, shared_bytes=self.ex.launch.shared_bytes, tool="+".join(tools))
         except (NotImplementedError, NoGPUError, KernellabError) as exc:
-            self.notes.append(f"racecheck was not run (the simulator's race detector is not in this kernellab: "
+            self.notes.append(f"{' and '.join(tools)} {'was' if len(tools) == 1 else 'were'} not run (the "
+                              f"simulator's race detector is not in this kernellab: "
                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
             return
-        self.sanitizer_findings(rep, "racecheck", f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block "
-                                                  f"{_dim(block)} (simulator)")
+        where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)} (simulator)"
+        for tool in tools:
+            part = rep
+            if len(tools) > 1:      # the combined report's findings, by the tool that found them
+                mine = tuple(f for f in getattr(rep, "findings", ()) or () if getattr(f, "tool", tool) == tool)
+                part = dataclasses.replace(rep, tool=tool, findings=mine,
+                                           error_count=sum(getattr(f, "count", 1) or 1 for f in mine))
+            self.sanitizer_findings(part, tool, where)
 
     def sanitizer_findings(self, rep, tool: str, where: str) -> None:
         findings = tuple(getattr(rep, "findings", ()) or ())
@@ -454,7 +465,7 @@ class _Grading:
                 self.add("race", f"race {pair} ({(f.access or 'access').lower()} / "
                                  f"{(f.other_access or 'access').lower()} of the same shared-memory word)",
                          cell_line=line, where=where)
-            elif f.kind == "barrier":
+            elif f.kind in ("barrier", "deadlock"):
                 self.add("barrier", f"barrier error{at}{code}: {f.message}", cell_line=line, where=where)
             elif f.kind == "uninitialized_read":
                 self.add("uninitialized", f"read of memory never written{at}{code}", cell_line=line, where=where)

@@ -124,6 +124,8 @@ def test_cuda_cell_highlighting_report_and_diagnostics(page, lab, artifacts):
     report.wait_for()
     assert report.locator(".kl-Kernel-name").inner_text() == "vadd"
     assert report.locator(".kl-Occupancy-value").inner_text().endswith("%")
+    # Occupancy at the block size that matters, saying which (vadd has no launch bounds: its best block).
+    assert report.locator(".kl-Occupancy-at").inner_text() == "at 1,024 threads/block (its best block size)"
     assert report.locator(".kl-Stat", has_text="Registers").count() == 1
     cell.screenshot(path=str(artifacts / "cuda-cell-report.png"))
 
@@ -136,6 +138,14 @@ def test_cuda_cell_highlighting_report_and_diagnostics(page, lab, artifacts):
     error = cell.locator(".kl-Diag--error")
     error.wait_for()
     assert "factor" in error.inner_text()
+    # Shown once: the panel; the cell's UsageError (which makes it fail) is there but hidden. No "failed · failed".
+    visible = cell.locator(".jp-OutputArea-child").evaluate_all(
+        "nodes => nodes.filter(n => n.offsetParent !== null).map(n => n.innerText)")
+    assert len(visible) == 1 and "diagnostics" in visible[0].lower(), visible
+    stderr = cell.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    assert stderr.count() == 1 and "UsageError" in stderr.inner_text() and not stderr.is_visible()
+    header = cell.locator(".kl-Report--compile .kl-Report-header").inner_text()
+    assert "cell.cu: 1 error, 1 warning" in header and header.count("failed") == 1, header
     line = int(error.get_attribute("data-line"))
     assert line == 4                                       # %%cuda is line 1
     marker = cell.locator(".kl-cm-diagnosticMarker--error")
@@ -171,3 +181,95 @@ def test_occupancy_check_and_bench_panels(page, lab, artifacts):
     bench = cell.locator(".kl-Report--bench")
     assert bench.locator(".kl-Bench-name").all_inner_texts() == ["saxpy", "torch"]
     assert "vs torch" in bench.locator(".kl-Speedups").inner_text()
+
+
+def _open_with_cells(page, lab, name: str, sources: list[str]):
+    """Open a notebook whose code cells hold `sources` (written to disk first: no typing)."""
+    base, token, root = lab
+    cells = [{"cell_type": "code", "source": src, "metadata": {}, "outputs": [], "execution_count": None}
+             for src in sources]
+    nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}
+    (root / name).write_text(json.dumps(nb))
+    page.goto(f"{base}/lab/workspaces/{name.removesuffix('.ipynb')}/tree/{name}?reset&token={token}")
+    page.locator(".jp-NotebookPanel .jp-Cell").nth(len(sources) - 1).wait_for()
+    _wait_idle(page)
+
+
+def _command(page, label: str):
+    """Run a JupyterLab command from the command palette."""
+    page.keyboard.press("Control+Shift+C")
+    palette = page.locator(".lm-CommandPalette-input")
+    palette.wait_for()
+    palette.fill(label)
+    page.locator(".lm-CommandPalette-item", has_text=label).first.click()
+
+
+def test_run_all_stops_at_a_compile_error_shown_once(page, lab, artifacts):
+    _open_with_cells(page, lab, "runall.ipynb", ["%load_ext kernellab", "%%cuda\n" + BROKEN.rstrip(),
+                                                  "print('ran after the error')"])
+    _cell(page, 0).locator(".cm-content").click()
+    _command(page, "Run All Cells")
+    broken = _cell(page, 1)
+    broken.locator(".kl-Diag--error").wait_for(timeout=90_000)
+    _wait_idle(page)
+    page.wait_for_timeout(1000)                      # give a (wrongly) queued third cell time to run
+    after = _cell(page, 2)
+    assert after.locator(".jp-OutputArea-output").count() == 0, after.locator(".jp-OutputArea").inner_text()
+    assert after.locator(".jp-InputArea-prompt").inner_text().strip() in ("[ ]:", "[ ]")
+    assert broken.locator(".jp-OutputArea-child").evaluate_all(
+        "nodes => nodes.filter(n => n.offsetParent !== null).length") == 1
+    page.screenshot(path=str(artifacts / "run-all-stops.png"))
+
+
+EXPLORER = """import kernellab
+m = kernellab.compile_cuda('__global__ void __launch_bounds__(128) k(float* x) { x[threadIdx.x] *= 2; }',
+                           arch="sm_90")
+kernellab.occupancy_explorer(m.k)"""
+
+SIM = """%%numba --sim
+@cuda.jit
+def twice(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] *= 2"""
+
+SASS_CELL = """%%cuda --sass
+extern "C" __global__ void add(const float* a, float* b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) b[i] += a[i];
+}"""
+
+
+def test_explorer_source_view_and_the_simulator_status(page, lab, artifacts):
+    _open_with_cells(page, lab, "explore.ipynb", ["%load_ext kernellab", EXPLORER, SASS_CELL, SIM])
+    status = page.locator(".kl-GpuStatus")
+    _run(page, _cell(page, 0), 1)
+    status.get_by_text("no GPU: compile-only").wait_for()
+
+    # The explorer: the carveout dropdown reads "default", the block slider stops at the kernel's 128 threads
+    # and moves a warp at a time.
+    cell = _cell(page, 1)
+    _run(page, cell, 2)
+    dropdown = cell.locator(".widget-dropdown", has_text="smem carveout").locator("select")
+    dropdown.wait_for()
+    assert dropdown.evaluate("s => s.options[s.selectedIndex].text").startswith("default")
+    slider = cell.locator(".widget-slider").first
+    readout = slider.locator(".widget-readout")
+    assert readout.inner_text().strip() == "128"
+    slider.locator(".noUi-handle").first.focus()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("el => el.innerText.trim() === '96'", arg=readout.element_handle(), timeout=10_000)
+    cell.screenshot(path=str(artifacts / "occupancy-explorer.png"))
+
+    # %%cuda --sass: each cell line beside its SASS.
+    cell = _cell(page, 2)
+    _run(page, cell, 3)
+    row = cell.locator(".kernellab-source tr[data-line='4']")
+    row.wait_for()
+    assert "b[i] += a[i]" in row.inner_text() and "LDG" in row.inner_text() and "STG" in row.inner_text()
+    cell.screenshot(path=str(artifacts / "sass-source-view.png"))
+
+    # A %%numba --sim cell: the status bar leaves "compile-only".
+    _run(page, _cell(page, 3), 4)
+    status.get_by_text("no GPU: simulator").wait_for()

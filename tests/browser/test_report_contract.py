@@ -11,10 +11,11 @@ from .report_fixtures import FIXTURES, reports
 # Field -> what the panel does with it. Nested: "kernels[]" is each element of the list "kernels".
 READS = {
     "compile": {
-        "": ["kind", "version", "title", "arch", "cache", "compile_ms", "notes", "kernels", "diagnostics"],
+        "": ["kind", "version", "title", "arch", "cache", "cache_source", "compile_ms", "wall_ms", "notes", "kernels",
+             "diagnostics"],
         "kernels[]": ["name", "signature", "registers", "shared_bytes", "local_bytes", "spill_store_bytes",
                       "spill_load_bytes", "max_threads_per_block", "occupancy", "best_block_sizes", "instructions"],
-        "kernels[].occupancy": ["block_size", "ratio", "limiter", "blocks_per_sm"],
+        "kernels[].occupancy": ["block_size", "block_source", "ratio", "limiter", "blocks_per_sm"],
         "kernels[].instructions": ["lines", "headline", "total"],
     },
     "compile_failed": {

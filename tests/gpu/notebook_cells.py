@@ -1,22 +1,70 @@
-"""Read a tutorial's `%%cuda` cell out of its jupytext source, as the magic would hand it to compile_cuda."""
+"""Read a tutorial's cells out of its jupytext source, as the notebook would run them.
+
+- `cuda_cell(notebook, name=None)`: a `%%cuda` cell's source without its magic line: the tutorial's first own cell
+  (not an exercise's stub, whose first line is `// exercise: <id>`), or the one with `--name name`. This is what
+  the magic hands to compile_cuda (with first_line=2).
+- `launcher_cells(notebook)`: the Python cells whose first line starts with `# launchers`: the host code that
+  plans and launches a tutorial's kernels.
+- `load_tutorial(notebook, compile=...)`: every named `%%cuda` cell compiled and bound under its name, then the
+  launcher cells run in that namespace; returns the namespace. `compile(source)` defaults to kernellab's NVRTC
+  (for a GPU); tests on the CPU pass tests/emu's compile_host instead.
+"""
 import pathlib
+import re
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 
 
+def _cells(notebook: str) -> list[str]:
+    """The jupytext percent cells of notebooks/<notebook>, each without its `# %%` header line."""
+    text = (NOTEBOOKS / notebook).read_text()
+    parts = re.split(r"^# %%(?: .*)?\n", text, flags=re.M)     # "# %%" or "# %% [markdown]", not "# %%cuda"
+    return parts[1:]
+
+
 def cuda_cells(notebook: str) -> list[str]:
     """Every `%%cuda` cell of notebooks/<notebook>, without its magic line, in order."""
-    text = (NOTEBOOKS / notebook).read_text()
-    cells, start = [], text.find("\n# %%cuda")
-    while start >= 0:
-        body = text[text.index("\n", start + 1) + 1:]
-        end = body.find("\n# %%")
-        cells.append(body[: end if end >= 0 else None].rstrip() + "\n")
-        start = text.find("\n# %%cuda", start + 1)
-    return cells
+    return [cell.partition("\n")[2].rstrip() + "\n" for cell in _cells(notebook) if cell.startswith("# %%cuda")]
 
 
-def cuda_cell(notebook: str) -> str:
-    """The first `%%cuda` cell of notebooks/<notebook> that is the tutorial's own (not an exercise's stub, whose first
-    line is `// exercise: <id>`), without its magic line."""
+def named_cuda_cells(notebook: str) -> dict[str, str]:
+    """The `%%cuda --name NAME` cells, by name, without the magic line."""
+    found = {}
+    for cell in _cells(notebook):
+        first, _, body = cell.partition("\n")
+        m = re.match(r"# %%cuda\b.*--name[ =](\S+)", first)
+        if m:
+            found[m.group(1)] = body.rstrip() + "\n"
+    return found
+
+
+def cuda_cell(notebook: str, name: str | None = None) -> str:
+    """The `%%cuda` cell named `name`, or the first that is the tutorial's own (not an exercise's stub)."""
+    if name is not None:
+        return named_cuda_cells(notebook)[name]
     return next(c for c in cuda_cells(notebook) if not c.lstrip().startswith("// exercise:"))
+
+
+def launcher_cells(notebook: str) -> list[str]:
+    """The Python cells that start with `# launchers`, in order."""
+    return [cell for cell in _cells(notebook) if cell.startswith("# launchers")]
+
+
+def load_tutorial(notebook: str, compile=None) -> dict:
+    """The namespace a tutorial's launchers run in: its named %%cuda modules, then the launcher cells' names."""
+    if compile is None:
+        import kernellab
+
+        def compile(source):
+            return kernellab.compile_cuda(source, first_line=2, filename="cell.cu")
+    ns: dict = {"__name__": f"tutorial_{pathlib.Path(notebook).stem.replace('-', '_')}"}
+    for name, source in named_cuda_cells(notebook).items():
+        ns[name] = compile(source)
+    for cell in launcher_cells(notebook):
+        exec(compile_python(cell, notebook), ns)
+    return ns
+
+
+def compile_python(cell: str, notebook: str):
+    """A launcher cell as a code object, named after its notebook in tracebacks."""
+    return compile(cell, f"{notebook}:launchers", "exec")

@@ -109,3 +109,60 @@ def test_input_mutation_on_the_gpu(torch):
 
     r = check(candidate, lambda x: x * 2, lambda g: (torch.randn(1000, generator=g).cuda(),))
     assert not r.passed and r.mutated_inputs == ("argument 0",)
+
+
+def test_a_result_in_recycled_torch_empty_memory_must_be_written(torch):
+    """The candidate allocates its result with torch.empty and skips its tail: the block it gets back from torch's
+    caching allocator last held the right answer (its own probe run on the same inputs, a moment earlier). Filling
+    the free blocks with NaN before each run makes the unwritten elements fail."""
+    mod = kernellab.compile_cuda(VADD)
+    n = 1_000_003
+
+    def candidate(a, b):
+        c = torch.empty_like(a)
+        mod.vadd_no_tail[(n + 255) // 256, 256](a, b, c, n)
+        return c
+
+    def inputs(g):
+        return torch.randn(n, generator=g).cuda(), torch.randn(n, generator=g).cuda()
+
+    r = check(candidate, torch.add, inputs)
+    assert not r.passed and r.mismatches == n % 256
+    assert all(v != v for _, v, _, _ in r.worst_values)       # the unwritten elements hold NaN
+    assert r.free_memory_filled_bytes > 0 and "free GPU memory filled with NaN" in str(r)
+
+
+def test_filling_free_memory_fills_only_free_blocks_and_is_cheap(torch):
+    import time
+
+    from kernellab.run.check import fill_free_memory
+
+    keep = torch.ones(1 << 20, device="cuda")
+    scratch = torch.ones(1 << 22, device="cuda")
+    del scratch                                          # its block is free but cached
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    filled = fill_free_memory({0})
+    elapsed_s = time.perf_counter() - t0
+    assert filled >= 4 << 22
+    assert keep.eq(1).all()                              # live tensors untouched
+    again = torch.empty(1 << 22, device="cuda")          # a cached block comes back, full of NaN
+    assert again.isnan().all()
+    print(f"filled {filled / 2**20:.1f} MiB in {elapsed_s * 1e3:.2f} ms")
+
+
+def test_the_float64_reference_out_of_memory_is_said(torch):
+    """A reference whose workspace fits in float16 but not in float64 on the device: the check still runs, against
+    the reference in the inputs' dtype, and the report says why."""
+    free_bytes, _ = torch.cuda.mem_get_info()
+    scratch_elems = int(free_bytes * 0.4) // 2           # 0.4 of free memory in float16, 1.6 in float64
+
+    def reference(a):
+        scratch = torch.empty(scratch_elems, dtype=a.dtype, device=a.device)
+        scratch[:1] = 0
+        return a * 2
+
+    r = check(lambda a: a * 2, reference, lambda g: (torch.randn(1024, generator=g).half().cuda(),), trials=2)
+    torch.cuda.empty_cache()
+    assert r.passed and r.reference_precision == "float16"
+    assert "could not run in float64 (it raised OutOfMemoryError" in r.reference_note

@@ -90,16 +90,38 @@ def test_a_tensor_where_a_map_is_expected(copy):
         copy[(3, 3), 128](x, x, 48, 96)
 
 
-def test_encode_needs_the_driver_but_no_context():
-    """cuTensorMapEncodeTiled in a fresh process with no CUDA context (cuInit only)."""
+def test_encode_from_a_fresh_process_and_a_thread_without_a_context():
+    """cuTensorMapEncodeTiled needs a current context (else CUDA_ERROR_INVALID_CONTEXT): in a fresh process before
+    anything made one, and in a new thread (CUDA contexts are current per thread), kernellab.tensor_map pushes the
+    tensor's GPU's primary context first."""
     code = textwrap.dedent("""
+        import threading
+        from kernellab.run import cudriver
         from kernellab.run.tensor_map import encode
+        assert cudriver.current_context() is None                # nothing has made a context yet
         raw = encode("FLOAT32", 0x10000, (64, 64), (256, 4), (16, 32), (1, 1), "none", "none", "none", "zero")
-        print(len(raw), raw != bytes(128))
+        print(len(raw), raw != bytes(128), cudriver.current_context() is None)
+        import torch
+        import kernellab
+        x = torch.randn(64, 64, device="cuda")
+        main = kernellab.tensor_map(x, (16, 32), swizzle="none")
+        got = []
+        def in_thread():
+            try:
+                got.append((cudriver.current_context() is None, kernellab.tensor_map(x, (16, 32), swizzle="none")))
+            except Exception as exc:
+                got.append(exc)
+        t = threading.Thread(target=in_thread)
+        t.start()
+        t.join()
+        fresh, tm = got[0]
+        print(len(tm.encoded), tm.encoded == main.encoded)
+        print("the thread had no context:", fresh)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["128", "True"]
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["128", "True", "True"] and lines[1].split() == ["128", "True"], proc.stdout
 
 
 @pytest.fixture(scope="module")

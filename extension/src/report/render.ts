@@ -146,11 +146,20 @@ function frame(report: IReport, chips: Child[], ...body: Child[]): HTMLElement {
   return node;
 }
 
+/** Why the card shows occupancy at its block size (kernellab.Kernel.card_block_size). */
+const BLOCK_SOURCE: Record<string, string> = {
+  'launch bounds': 'its __launch_bounds__',
+  'best block': 'its best block size',
+  default: 'default',
+  requested: 'as asked'
+};
+
 /** The occupancy meter with its numbers and limiter. */
 function occupancyBlock(occ: Record<string, unknown>): HTMLElement {
   const ratio = num(occ.ratio);
   const limiter = str(occ.limiter);
   const blockSize = num(occ.block_size);
+  const source = str(occ.block_source);
   return h(
     'div',
     'kl-Occupancy',
@@ -159,7 +168,9 @@ function occupancyBlock(occ: Record<string, unknown>): HTMLElement {
       'kl-Occupancy-head',
       h('span', 'kl-Occupancy-label', 'Occupancy'),
       h('span', 'kl-Occupancy-value', formatPercent(ratio)),
-      blockSize !== null ? h('span', 'kl-Occupancy-at', `at ${formatCount(blockSize)} threads/block`) : null
+      blockSize !== null
+        ? h('span', 'kl-Occupancy-at', `at ${formatCount(blockSize)} threads/block${source ? ` (${BLOCK_SOURCE[source] ?? source})` : ''}`)
+        : null
     ),
     meter(ratio, 'occupancy'),
     h(
@@ -303,19 +314,42 @@ function notesBlock(x: unknown): HTMLElement | null {
   return notes.length ? section('Notes', h('ul', 'kl-Notes', ...notes.map(n => h('li', null, n)))) : null;
 }
 
+/**
+ * The cache and the time this cell took: a hit shows its own (lookup) time, with the original compile time on hover;
+ * a miss shows the compile time.
+ */
+export function timingChips(report: IReport): HTMLElement[] {
+  const cache = str(report.cache);
+  const compileMs = num(report.compile_ms);
+  const wallMs = num(report.wall_ms);
+  if (cache === 'hit') {
+    const from = str(report.cache_source);
+    const title = `served from the ${from ? `${from} ` : ''}compile cache${
+      compileMs !== null ? `; compiling it took ${formatMs(compileMs)}` : ''
+    }`;
+    return [chip(wallMs !== null ? `cache hit · ${formatMs(wallMs)}` : 'cache hit', 'good', title)];
+  }
+  const chips: HTMLElement[] = [];
+  if (cache) {
+    chips.push(chip(`cache ${cache}`, undefined, 'compile cache'));
+  }
+  if (compileMs !== null) {
+    chips.push(chip(formatMs(compileMs), undefined, 'compile time'));
+  }
+  return chips;
+}
+
 function renderCompile(report: IReport, context: IRenderContext): HTMLElement {
   const kernels = records(report.kernels);
   const diagnostics = records(report.diagnostics);
   const failed = report.ok === false || diagnostics.some(d => d.severity !== 'warning');
   const log = str(report.log);
-  const cache = str(report.cache);
   const chips: Child[] = [
     failed ? chip('failed', 'bad') : null,
     str(report.arch) ? chip(str(report.arch)!, undefined, 'target architecture') : null,
-    cache ? chip(`cache ${cache}`, cache === 'hit' ? 'good' : undefined, 'compile cache') : null,
-    num(report.compile_ms) !== null ? chip(formatMs(report.compile_ms), undefined, 'compile time (when compiled)') : null
+    ...timingChips(report)
   ];
-  return frame(
+  const node = frame(
     report,
     chips,
     diagnosticsBlock(report.diagnostics, context),
@@ -323,6 +357,11 @@ function renderCompile(report: IReport, context: IRenderContext): HTMLElement {
     notesBlock(report.notes),
     failed && log ? h('details', 'kl-Log', h('summary', null, 'Compiler log'), h('pre', null, log)) : null
   );
+  if (failed) {
+    // The cell also raises (so that Run All stops); style/base.css hides that repeat of this panel.
+    node.dataset.failed = 'true';
+  }
+  return node;
 }
 
 /** Blocks per SM that each resource allows: `limits` {warps, registers, shared_memory, blocks} or `blocks_limit_*`. */
@@ -449,6 +488,8 @@ function renderCheck(report: IReport): HTMLElement {
     : null;
   const extra = [str(report.tolerance), str(report.exception), str(report.reproduce) ? `reproduce: ${report.reproduce}` : null]
     .filter((x): x is string => Boolean(x));
+  // Why the reference is not in float64 (out of memory, an op without float64): said, not silently fallen back from.
+  const referenceNote = str(report.reference_note);
   return frame(
     report,
     chips,
@@ -462,6 +503,7 @@ function renderCheck(report: IReport): HTMLElement {
       stat('atol', formatValue(report.atol, 3)),
       stat('rtol', formatValue(report.rtol, 3))
     ),
+    referenceNote ? h('div', 'kl-Note kl-Note--warn', `note: ${referenceNote}`) : null,
     worstTable,
     extra.length ? h('div', 'kl-Report-footer', ...extra.map(t => h('div', null, t))) : null
   );

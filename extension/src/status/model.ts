@@ -16,6 +16,8 @@ export interface IGpuStatus {
   memory_total_bytes: number | null;
   /** `gpu`: kernels run on the device; `simulator`: Numba's CUDA simulator; `compile-only`: no device at all. */
   mode: 'gpu' | 'simulator' | 'compile-only';
+  /** Some cell's kernels run in the simulator (`%%numba --sim`), on a GPU machine too. */
+  simulator: boolean;
 }
 
 /** How the status bar shows a status. */
@@ -43,7 +45,8 @@ export function parseStatus(data: unknown): IGpuStatus | null {
     gpu,
     memory_used_bytes: nullableNumber(d.memory_used_bytes),
     memory_total_bytes: nullableNumber(d.memory_total_bytes),
-    mode
+    mode,
+    simulator: d.simulator === true || mode === 'simulator'
   };
 }
 
@@ -54,8 +57,10 @@ export function describeStatus(status: IGpuStatus): IStatusView {
     const total = status.memory_total_bytes;
     const memory = used !== null ? ` · ${formatBytes(used)}${total !== null ? ` / ${formatBytes(total)}` : ''}` : '';
     return {
-      text: `GPU: ${status.gpu}${memory}`,
-      title: `kernellab: kernels run on ${status.gpu}${used !== null ? `; ${formatBytes(used)} of device memory in use` : ''}`,
+      text: `GPU: ${status.gpu}${memory}${status.simulator ? ' · + simulator' : ''}`,
+      title:
+        `kernellab: kernels run on ${status.gpu}${used !== null ? `; ${formatBytes(used)} of device memory in use` : ''}` +
+        (status.simulator ? '. Kernels of %%numba --sim cells run in the CUDA simulator.' : ''),
       tone: 'gpu'
     };
   }

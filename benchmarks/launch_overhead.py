@@ -1,0 +1,206 @@
+"""What one kernel launch costs the host: kernellab's `k[grid, block](...)` against CuPy's RawKernel and a torch op.
+
+Method: one block of 32 threads running `y[i] = a * x[i] + b` on 32 floats (the kernel takes well under the launch
+time, so the GPU keeps up and the host's cost is what is timed). Each case is a loop of --launches calls between two
+time.perf_counter() readings, the stream synchronised before the first reading and after the last; the table shows
+the median over --rounds loops of (loop time / launches), in microseconds, and the 10th-90th percentile spread.
+Asynchronous cases are compared with CuPy's RawKernel called the same way; synchronous ones with RawKernel followed
+by a stream synchronisation (what kernellab's default launch adds is that wait). Target (issue 17): kernellab with
+sync=False at most 1.25x RawKernel, the synchronous launch about RawKernel + synchronise.
+
+Cases: kernellab with torch tensors (sync=False, and the default sync), kernellab with CuPy arrays (sync=False),
+CuPy RawKernel on CuPy arrays (asynchronous, and + stream.synchronize()), torch's in-place `y.add_(1.0)`.
+`--python-only` needs no GPU: it times kernellab's Python path (checks, packing, the launch path's bookkeeping) with a
+stand-in driver and CPU tensors posing as the device's, to see where host time goes.
+
+Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/launch_overhead.py [--launches 2000]
+[--rounds 15] [--out table.md]. Takes about 10 s.
+"""
+import argparse
+import statistics
+import time
+
+import kernellab
+
+SRC = r"""
+extern "C" __global__ void axpb(const float* x, float* y, float a, float b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + b;
+}
+"""
+N = 32
+
+
+def per_launch_us(loop, launches: int, rounds: int, sync) -> list[float]:
+    """µs per launch of `loop(launches)`, one figure per round (after one warm-up round)."""
+    loop(min(launches, 100))
+    sync()
+    out = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        loop(launches)
+        sync()
+        out.append((time.perf_counter() - t0) / launches * 1e6)
+    return out
+
+
+def spread(us: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(us, n=10) if len(us) >= 10 else [min(us)] * 9 + [max(us)]
+    return statistics.median(us), q[0], q[-1]
+
+
+def gpu_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
+    """(case, µs per launch each round, baseline case) for every case."""
+    import cupy
+    import torch
+
+    k = kernellab.compile_cuda(SRC).axpb
+    raw = cupy.RawKernel(SRC, "axpb")
+    x, y = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
+    cx, cy = cupy.random.rand(N, dtype=cupy.float32), cupy.empty(N, dtype=cupy.float32)
+    a, b = cupy.float32(2.0), cupy.float32(1.0)
+    n32 = cupy.int32(N)
+    stream = cupy.cuda.get_current_stream()
+    torch_sync = torch.cuda.synchronize
+
+    def both_sync():
+        torch.cuda.synchronize()
+        stream.synchronize()
+
+    def kl_async(m):
+        launch = k[1, 32]
+        for _ in range(m):
+            launch(x, y, 2.0, 1.0, N, sync=False)
+
+    def kl_sync(m):
+        launch = k[1, 32]
+        for _ in range(m):
+            launch(x, y, 2.0, 1.0, N)
+
+    def kl_cupy(m):
+        launch = k[1, 32]
+        for _ in range(m):
+            launch(cx, cy, 2.0, 1.0, N, sync=False)
+
+    def raw_async(m):
+        for _ in range(m):
+            raw((1,), (32,), (cx, cy, a, b, n32))
+
+    def raw_sync(m):
+        for _ in range(m):
+            raw((1,), (32,), (cx, cy, a, b, n32))
+            stream.synchronize()
+
+    def torch_add(m):
+        for _ in range(m):
+            y.add_(1.0)
+
+    k[1, 32](x, y, 2.0, 1.0, N)                        # compile, load and check once before timing
+    torch.testing.assert_close(y, 2 * x + 1)
+    return [
+        ("CuPy RawKernel", per_launch_us(raw_async, launches, rounds, both_sync), "CuPy RawKernel"),
+        ("kernellab, sync=False (torch tensors)", per_launch_us(kl_async, launches, rounds, torch_sync),
+         "CuPy RawKernel"),
+        ("kernellab, sync=False (CuPy arrays)", per_launch_us(kl_cupy, launches, rounds, both_sync), "CuPy RawKernel"),
+        ("torch y.add_(1.0)", per_launch_us(torch_add, launches, rounds, torch_sync), "CuPy RawKernel"),
+        ("CuPy RawKernel + synchronize", per_launch_us(raw_sync, launches, rounds, both_sync),
+         "CuPy RawKernel + synchronize"),
+        ("kernellab, default sync (torch tensors)", per_launch_us(kl_sync, launches, rounds, torch_sync),
+         "CuPy RawKernel + synchronize"),
+    ]
+
+
+def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
+    """kernellab's host path with a stand-in driver (no GPU): CPU tensors pose as device index -1's."""
+    import torch
+
+    from kernellab.run import launch as L
+    from kernellab.run.device import DeviceInfo
+
+    class NullDriver:
+        def launch(self, *a):
+            pass
+
+        def synchronize(self, stream):
+            pass
+
+        def is_capturing(self, stream):
+            return False
+
+    k = kernellab.compile_cuda(SRC, arch="sm_90").axpb
+    dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132)
+    k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
+                           max_threads_per_block=k.resources.max_threads_per_block,
+                           static_shared_bytes=k.resources.shared_bytes, driver=NullDriver())
+    L.torch_stream_handle = lambda index: 0
+    x, y = torch.randn(N), torch.empty(N)
+
+    def kl_async(m):
+        launch = k[1, 32]
+        for _ in range(m):
+            launch(x, y, 2.0, 1.0, N, sync=False)
+
+    def kl_sync(m):
+        launch = k[1, 32]
+        for _ in range(m):
+            launch(x, y, 2.0, 1.0, N)
+
+    def checks_only(m):
+        values = k._path.plan((x, y, 2.0, 1.0, N)).check
+        for _ in range(m):
+            values(x, y, 2.0, 1.0, N)
+
+    def marshal(m):
+        for _ in range(m):
+            L.marshal_args(k.params, (x, y, 2.0, 1.0, N), None, any_device=True)
+
+    kl_async(1)
+    assert k._path.plan((x, y, 2.0, 1.0, N)) is not None
+    none = lambda: None  # noqa: E731
+    return [
+        ("kernellab, sync=False, null driver", per_launch_us(kl_async, launches, rounds, none),
+         "kernellab, sync=False, null driver"),
+        ("kernellab, default sync, null driver", per_launch_us(kl_sync, launches, rounds, none),
+         "kernellab, sync=False, null driver"),
+        ("the plan's checks alone", per_launch_us(checks_only, launches, rounds, none),
+         "kernellab, sync=False, null driver"),
+        ("marshal_args (the slow path's checks)", per_launch_us(marshal, launches, rounds, none),
+         "kernellab, sync=False, null driver"),
+    ]
+
+
+def table(cases, title: str) -> str:
+    medians = {name: spread(us)[0] for name, us, _ in cases}
+    lines = [f"{title}", "", "| case | µs per launch | 10-90 % | ratio to baseline | baseline |",
+             "|---|---|---|---|---|"]
+    for name, us, base in cases:
+        med, p10, p90 = spread(us)
+        lines.append(f"| {name} | {med:.2f} | {p10:.2f}-{p90:.2f} | {med / medians[base]:.2f}x | {base} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--launches", type=int, default=2000, help="launches per timed loop")
+    ap.add_argument("--rounds", type=int, default=15, help="timed loops per case")
+    ap.add_argument("--python-only", action="store_true", help="no GPU: time the host path with a stand-in driver")
+    ap.add_argument("--out", help="also write the table to this file")
+    args = ap.parse_args(argv)
+    if args.python_only:
+        text = table(python_only_cases(args.launches, args.rounds),
+                     "kernellab's host path, stand-in driver (no GPU)")
+    else:
+        import torch
+
+        text = table(gpu_cases(args.launches, args.rounds),
+                     f"launch overhead on {torch.cuda.get_device_name()} (one 32-thread block, {args.launches} "
+                     f"launches x {args.rounds} rounds)")
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

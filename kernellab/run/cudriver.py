@@ -1,0 +1,244 @@
+"""The CUDA driver (libcuda) through ctypes: why there is no GPU, and the few calls a fast launch needs.
+
+A kernel launch through CuPy's `Function.__call__` costs about as much as CuPy's RawKernel; kernellab's launch path
+checks the arguments in Python, packs them into one buffer and calls `cuLaunchKernel` here directly, so that the
+checks are not paid on top of CuPy's own marshalling. Modules and functions are still loaded through CuPy (the
+primary context torch and CuPy share); only the launch (cuLaunchKernelEx with a CUlaunchConfig for thread-block
+clusters), the stream synchronisation, the capture query and making a primary context current come here.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import sys
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_NOT_READY = 600
+CU_STREAM_CAPTURE_STATUS_NONE = 0
+
+_LIBRARY = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+
+
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+
+
+class _ClusterDim(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class CUlaunchAttributeValue(ctypes.Union):
+    """cuda.h's CUlaunchAttributeValue: a 64-byte union (8-byte aligned: some members hold pointers); kernellab sets
+    only clusterDim."""
+
+    _fields_ = [("pad", ctypes.c_char * 64), ("clusterDim", _ClusterDim), ("_align", ctypes.c_uint64)]
+
+
+class CUlaunchAttribute(ctypes.Structure):
+    """cuda.h's CUlaunchAttribute: the id, padding to 8 bytes, the value (72 bytes in all)."""
+
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", CUlaunchAttributeValue)]
+
+
+class CUlaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig, cuLaunchKernelEx's first argument."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(CUlaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def cluster_launch_config(grid, block, shared_bytes: int, stream: int, cluster) -> tuple[CUlaunchConfig, object]:
+    """(the CUlaunchConfig, the attribute array it points at: keep both alive until the launch returns) for a launch
+    with a thread-block cluster shape."""
+    attrs = (CUlaunchAttribute * 1)()
+    attrs[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attrs[0].value.clusterDim.x, attrs[0].value.clusterDim.y, attrs[0].value.clusterDim.z = (int(c) for c in cluster)
+    cfg = CUlaunchConfig(int(grid[0]), int(grid[1]), int(grid[2]), int(block[0]), int(block[1]), int(block[2]),
+                         int(shared_bytes), int(stream) or None, attrs, 1)
+    return cfg, attrs
+
+
+class DriverUnavailable(RuntimeError):
+    """libcuda could not be loaded: no NVIDIA driver on this machine."""
+
+
+@functools.lru_cache(maxsize=1)
+def _lib():
+    try:
+        lib = ctypes.CDLL(_LIBRARY)
+    except OSError as exc:
+        raise DriverUnavailable(f"{_LIBRARY} cannot be loaded") from None
+    p, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+    lib.cuDriverGetVersion.argtypes = [ctypes.POINTER(i)]
+    lib.cuInit.argtypes = [u]
+    lib.cuGetErrorName.argtypes = [i, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cuGetErrorString.argtypes = [i, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cuLaunchKernel.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
+    lib.cuStreamSynchronize.argtypes = [p]
+    lib.cuStreamIsCapturing.argtypes = [p, ctypes.POINTER(i)]
+    lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(p), i]
+    lib.cuDeviceGet.argtypes = [ctypes.POINTER(i), i]
+    lib.cuCtxSetCurrent.argtypes = [p]
+    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(p)]
+    lib.cuCtxPushCurrent_v2.argtypes = [p]
+    lib.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(p)]
+    fns = [lib.cuDriverGetVersion, lib.cuInit, lib.cuGetErrorName, lib.cuGetErrorString, lib.cuLaunchKernel,
+           lib.cuStreamSynchronize, lib.cuStreamIsCapturing, lib.cuDevicePrimaryCtxRetain, lib.cuDeviceGet,
+           lib.cuCtxSetCurrent, lib.cuCtxGetCurrent, lib.cuCtxPushCurrent_v2, lib.cuCtxPopCurrent_v2]
+    try:                                       # CUDA 12.0 on; an older driver launches clusters with an error
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(CUlaunchConfig), p, p, p]
+        fns.append(lib.cuLaunchKernelEx)
+    except AttributeError:
+        pass
+    for f in fns:
+        f.restype = i
+    return lib
+
+
+def driver_version() -> int:
+    """The CUDA version the installed driver supports, as 1000 * major + 10 * minor (13000 for CUDA 13.0).
+
+    Raises DriverUnavailable where libcuda cannot be loaded. Needs no GPU and no cuInit."""
+    v = ctypes.c_int(0)
+    rc = _lib().cuDriverGetVersion(ctypes.byref(v))
+    if rc != CUDA_SUCCESS:
+        raise RuntimeError(error_text(rc))
+    return v.value
+
+
+def init_error() -> str | None:
+    """None when cuInit(0) succeeds, else its error ('CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected')."""
+    rc = _lib().cuInit(0)
+    return None if rc == CUDA_SUCCESS else error_text(rc)
+
+
+def error_text(rc: int) -> str:
+    """'CUDA_ERROR_NAME: description' for a CUresult, as CuPy writes driver errors."""
+    lib = _lib()
+    name, desc = ctypes.c_char_p(), ctypes.c_char_p()
+    lib.cuGetErrorName(rc, ctypes.byref(name))
+    lib.cuGetErrorString(rc, ctypes.byref(desc))
+    n = name.value.decode() if name.value else f"CUDA error {rc}"
+    return f"{n}: {desc.value.decode()}" if desc.value else n
+
+
+def version_text(v: int) -> str:
+    """13020 -> '13.2'."""
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+class CudaDriverError(RuntimeError):
+    """A CUresult other than CUDA_SUCCESS, with CuPy's wording ('CUDA_ERROR_X: description')."""
+
+    def __init__(self, rc: int):
+        self.rc = rc
+        super().__init__(error_text(rc))
+
+
+@functools.lru_cache(maxsize=None)
+def primary_context(device_index: int) -> int:
+    """The CUcontext handle of a GPU's primary context (the one torch and CuPy use), retained once per process
+    (cuInit first), as the CUDA runtime keeps it: alive until the process ends."""
+    lib = _lib()
+    rc = lib.cuInit(0)
+    dev, ctx = ctypes.c_int(0), ctypes.c_void_p()
+    if rc == CUDA_SUCCESS:
+        rc = lib.cuDeviceGet(ctypes.byref(dev), int(device_index))
+    if rc == CUDA_SUCCESS:
+        rc = lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev.value)
+    if rc:
+        raise CudaDriverError(rc)
+    return ctx.value
+
+
+def current_context() -> int | None:
+    """The calling thread's current CUcontext, or None where it has none."""
+    ctx = ctypes.c_void_p()
+    rc = _lib().cuCtxGetCurrent(ctypes.byref(ctx))
+    if rc not in (CUDA_SUCCESS, CUDA_ERROR_NOT_INITIALIZED):   # no cuInit yet: no context either
+        raise CudaDriverError(rc)
+    return ctx.value or None
+
+
+def context_on(device_index: int):
+    """A context manager inside which `device_index`'s primary context is current in this thread (pushed, and popped
+    on the way out), for driver calls that need a context (cuTensorMapEncodeTiled) in a thread or process that has
+    none yet. Raises DriverUnavailable or CudaDriverError now, not on entry, where there is no such context."""
+    return _pushed(primary_context(device_index))
+
+
+@contextlib.contextmanager
+def _pushed(ctx: int):
+    lib = _lib()
+    rc = lib.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx))
+    if rc:
+        raise CudaDriverError(rc)
+    try:
+        yield
+    finally:
+        lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+
+
+class Driver:
+    """The launch-path calls: cuLaunchKernel, cuLaunchKernelEx (clusters), cuStreamSynchronize, cuStreamIsCapturing
+    (tests substitute fakes)."""
+
+    def __init__(self):
+        lib = _lib()
+        self._launch = lib.cuLaunchKernel
+        self._launch_ex = getattr(lib, "cuLaunchKernelEx", None)
+        self._sync = lib.cuStreamSynchronize
+        self._capturing = lib.cuStreamIsCapturing
+
+    def launch(self, function: int, grid, block, shared_bytes: int, stream: int, params: int,
+               device_index: int = 0, cluster=None) -> None:
+        """cuLaunchKernel(function, grid, block, shared_bytes, stream, params (a void** address), extra=NULL), or
+        with a cluster shape cuLaunchKernelEx with the CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION attribute.
+
+        A thread that has not touched CUDA yet has no current context: then the device's primary context (the one
+        torch and CuPy use, where the kernel was loaded) is made current and the launch tried again."""
+        rc = self._call(function, grid, block, shared_bytes, stream, params, cluster)
+        if rc == CUDA_ERROR_INVALID_CONTEXT:
+            self.make_current(device_index)
+            rc = self._call(function, grid, block, shared_bytes, stream, params, cluster)
+        if rc:
+            raise CudaDriverError(rc)
+
+    def _call(self, function: int, grid, block, shared_bytes: int, stream: int, params, cluster) -> int:
+        if not cluster:
+            return self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
+                                stream, params, None)
+        if self._launch_ex is None:
+            raise RuntimeError(f"cluster launches need cuLaunchKernelEx (CUDA 12.0 or newer); this driver supports "
+                               f"CUDA {version_text(driver_version())}")
+        cfg, _attrs = cluster_launch_config(grid, block, shared_bytes, stream, cluster)
+        return self._launch_ex(ctypes.byref(cfg), function, params, None)
+
+    def make_current(self, device_index: int) -> None:
+        """Make `device_index`'s primary context current in this thread."""
+        rc = _lib().cuCtxSetCurrent(ctypes.c_void_p(primary_context(device_index)))
+        if rc:
+            raise CudaDriverError(rc)
+
+    def synchronize(self, stream: int) -> None:
+        rc = self._sync(stream)
+        if rc:
+            raise CudaDriverError(rc)
+
+    def is_capturing(self, stream: int) -> bool:
+        """Whether `stream` is being captured into a CUDA graph (then nothing on it may be waited for)."""
+        status = ctypes.c_int(0)
+        rc = self._capturing(stream, ctypes.byref(status))
+        if rc:
+            raise CudaDriverError(rc)
+        return status.value != CU_STREAM_CAPTURE_STATUS_NONE
+
+
+@functools.lru_cache(maxsize=1)
+def driver() -> Driver:
+    """The process's Driver (libcuda loaded once)."""
+    return Driver()

@@ -1,0 +1,436 @@
+// Run CUDA C++ kernels on the CPU, for tests on machines without a GPU: every CUDA thread is a fiber (ucontext), a
+// block's fibers run on one OS thread and switch at barriers (__syncthreads, __syncwarp, warp shuffles), and the
+// blocks of a cluster run on their own OS threads so that cluster barriers and distributed shared memory work.
+// `__shared__` becomes `static thread_local`: one copy per block. What this is not: a model of timing, of the memory
+// model between blocks (atomics are plain read-modify-writes under one lock), or of undefined behaviour. It catches
+// wrong indexing, missing guards, barrier mismatches (a deadlock is reported, not hung), shuffles that read a lane
+// that has exited, and arithmetic mistakes. Used by tests/emu/emulate.py.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __cluster_dims__(...)
+#define __shared__ static thread_local
+#define __constant__ static
+
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+
+// ---- bf16 and fp16 as their bits, with round-to-nearest-even conversions --------------------------------------
+struct __nv_bfloat16 { unsigned short bits; };
+struct __half { unsigned short bits; };
+typedef __nv_bfloat16 nv_bfloat16;
+typedef __half half;
+inline float __bfloat162float(__nv_bfloat16 h) {
+    uint32_t u = uint32_t(h.bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    if (std::isnan(f)) return {0x7FC0};
+    u += 0x7FFF + ((u >> 16) & 1);
+    return {static_cast<unsigned short>(u >> 16)};
+}
+inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+inline float __half2float(__half h) {
+    uint32_t s = (h.bits >> 15) & 1, e = (h.bits >> 10) & 0x1F, m = h.bits & 0x3FF;
+    float v;
+    if (e == 0) v = std::ldexp(float(m), -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = std::ldexp(float(m | 0x400), int(e) - 25);
+    return s ? -v : v;
+}
+inline __half __float2half_rn(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    uint16_t sign = (u >> 16) & 0x8000;
+    if (std::isnan(f)) return {static_cast<unsigned short>(0x7E00)};
+    float a = std::fabs(f);
+    if (a >= 65520.0f) return {static_cast<unsigned short>(sign | 0x7C00)};
+    if (a < std::ldexp(1.0f, -14)) {                           // subnormal: multiples of 2^-24
+        float q = std::nearbyint(a * 16777216.0f);                // ties to even in the default rounding mode
+        return {static_cast<unsigned short>(sign | uint16_t(q))};
+    }
+    int e; float m = std::frexp(a, &e);                           // a = m * 2^e, m in [0.5, 1)
+    float q = std::nearbyint(std::ldexp(m, 11));                  // 11 significant bits
+    if (q >= 2048.0f) { q /= 2; e += 1; }
+    uint16_t bits = uint16_t(((e + 14) << 10) | (uint16_t(q) & 0x3FF));
+    return {static_cast<unsigned short>(sign | bits)};
+}
+inline __half __float2half(float f) { return __float2half_rn(f); }
+
+using std::max;
+using std::min;
+
+// ---- math intrinsics -----------------------------------------------------------------------------------------
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __saturatef(float x) { return std::min(1.0f, std::max(0.0f, x)); }
+template <typename T> inline T __ldg(const T* p) { return *p; }
+template <typename T> inline T __ldcg(const T* p) { return *p; }
+template <typename T> inline T __ldcs(const T* p) { return *p; }
+template <typename T> inline T __ldlu(const T* p) { return *p; }
+template <typename T> inline void __stcs(T* p, T v) { *p = v; }
+template <typename T> inline void __stcg(T* p, T v) { *p = v; }
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+[[noreturn]] inline void __trap() { std::fprintf(stderr, "emu: __trap()\n"); std::abort(); }
+
+namespace kl {
+
+std::mutex& atomic_lock();
+
+// ---- fibers --------------------------------------------------------------------------------------------------
+enum class Wait { none, block, warp, cluster, done };
+
+struct Fiber {
+    ucontext_t ctx;
+    void* stack = nullptr;
+    dim3 tid;
+    int linear = 0;          // threadIdx as one number
+    Wait wait = Wait::none;
+    int arrived_phase = 0;   // cluster barrier phases this thread has arrived at
+    int waiting_phase = 0;   // the phase it waits for
+};
+
+struct Cluster;
+
+struct Block {
+    dim3 bid, bdim, gdim;
+    std::vector<Fiber> fibers;
+    ucontext_t sched;
+    Fiber* cur = nullptr;
+    std::function<void()> body;
+    std::vector<unsigned long long> shfl;   // one exchange slot per thread
+    Cluster* cluster = nullptr;
+    int rank = 0;
+    char* tls_anchor = nullptr;
+    std::string error;
+};
+
+struct Cluster {
+    int size = 1;
+    std::vector<Block*> blocks;
+    std::mutex m;
+    std::condition_variable cv;
+    std::vector<int> arrivals;               // per phase: threads arrived, over the whole cluster
+    int threads = 0;                         // live threads in the cluster
+    bool failed = false;
+};
+
+inline thread_local Block* g_block = nullptr;
+inline thread_local char tls_anchor_byte = 0;
+
+inline Fiber& self() { return *g_block->cur; }
+inline void yield(Wait w) {
+    Fiber& f = self();
+    f.wait = w;
+    swapcontext(&f.ctx, &g_block->sched);
+}
+
+[[noreturn]] inline void fail(const std::string& why) {
+    throw std::runtime_error(why);
+}
+
+}  // namespace kl
+
+#define threadIdx (::kl::self().tid)
+#define blockIdx (::kl::g_block->bid)
+#define blockDim (::kl::g_block->bdim)
+#define gridDim (::kl::g_block->gdim)
+
+inline void __syncthreads() { kl::yield(kl::Wait::block); }
+inline void __syncwarp(unsigned = 0xffffffffu) { kl::yield(kl::Wait::warp); }
+
+namespace kl {
+template <typename T> inline T shuffle(T v, int src_lane) {
+    static_assert(sizeof(T) <= 8, "shuffle of a value wider than 8 bytes");
+    Fiber& f = self();
+    int warp0 = f.linear & ~31;
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    g_block->shfl[f.linear] = bits;
+    yield(Wait::warp);                       // every lane has written its value
+    int src = warp0 + (src_lane & 31);
+    if (src >= int(g_block->fibers.size()) || g_block->fibers[src].wait == Wait::done)
+        fail("a warp shuffle read lane " + std::to_string(src_lane & 31) + ", which has exited or does not exist");
+    unsigned long long got = g_block->shfl[src];
+    yield(Wait::warp);                       // every lane has read before anyone writes again
+    T out;
+    std::memcpy(&out, &got, sizeof(T));
+    return out;
+}
+}  // namespace kl
+
+template <typename T> inline T __shfl_sync(unsigned, T v, int lane, int width = 32) {
+    int me = kl::self().linear & 31;
+    return kl::shuffle(v, (me & ~(width - 1)) + (lane & (width - 1)));
+}
+template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+    int me = kl::self().linear & 31;
+    int src = me ^ mask;
+    if ((src & ~(width - 1)) != (me & ~(width - 1))) src = me;
+    return kl::shuffle(v, src);
+}
+template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
+    int me = kl::self().linear & 31;
+    int src = me + int(d);
+    if ((src & ~(width - 1)) != (me & ~(width - 1))) src = me;
+    return kl::shuffle(v, src);
+}
+
+template <typename T> inline T atomicAdd(T* p, T v) {   // float, int, unsigned: one lock for all atomics
+    std::lock_guard<std::mutex> g(kl::atomic_lock());
+    T o = *p;
+    *p = o + v;
+    return o;
+}
+inline unsigned atomicInc(unsigned* p, unsigned lim) {
+    std::lock_guard<std::mutex> g(kl::atomic_lock()); unsigned o = *p; *p = o >= lim ? 0 : o + 1; return o;
+}
+
+// ---- clusters: what the kernels' own PTX helpers do ---------------------------------------------------------
+namespace kl {
+inline unsigned cluster_rank() { return unsigned(g_block->rank); }
+inline unsigned cluster_size() { return unsigned(g_block->cluster ? g_block->cluster->size : 1); }
+inline void arrive() {
+    Fiber& f = self();
+    Cluster* c = g_block->cluster;
+    int phase = f.arrived_phase++;
+    if (!c) return;
+    std::lock_guard<std::mutex> g(c->m);
+    if (int(c->arrivals.size()) <= phase) c->arrivals.resize(phase + 1, 0);
+    if (++c->arrivals[phase] == c->threads) c->cv.notify_all();
+}
+inline void wait_cluster() {
+    Fiber& f = self();
+    f.waiting_phase = f.arrived_phase - 1;
+    if (f.waiting_phase < 0) fail("barrier.cluster.wait without an arrive");
+    if (!g_block->cluster) return;
+    yield(Wait::cluster);
+}
+// The address `p` (this block's shared memory) has in the block of cluster rank `rank`.
+template <typename T> inline T* map_rank(T* p, unsigned rank) {
+    Cluster* c = g_block->cluster;
+    if (!c) { if (rank != 0) fail("mapa to another rank outside a cluster"); return p; }
+    if (rank >= unsigned(c->size))
+        fail("mapa to rank " + std::to_string(rank) + " of a cluster of " + std::to_string(c->size));
+    char* mine = g_block->tls_anchor;
+    char* theirs = c->blocks[rank]->tls_anchor;
+    return reinterpret_cast<T*>(reinterpret_cast<char*>(p) - mine + theirs);
+}
+}  // namespace kl
+
+// ---- the scheduler ---------------------------------------------------------------------------------------------
+namespace kl {
+
+constexpr size_t kStack = 64 * 1024;
+
+inline void fiber_entry(unsigned lo, unsigned hi) {
+    Block* b = reinterpret_cast<Block*>((uintptr_t(hi) << 32) | uintptr_t(lo));
+    try {
+        b->body();
+    } catch (const std::exception& e) {
+        if (b->error.empty()) b->error = e.what();
+    }
+    b->cur->wait = Wait::done;
+    if (b->cluster) {   // an exited thread no longer counts in cluster barriers
+        std::lock_guard<std::mutex> g(b->cluster->m);
+        b->cluster->threads--;
+        b->cluster->cv.notify_all();
+    }
+    swapcontext(&b->cur->ctx, &b->sched);
+}
+
+// Run one block to completion on this OS thread.
+inline void run_block(Block& b) {
+    g_block = &b;
+    b.tls_anchor = &tls_anchor_byte;
+    int n = int(b.bdim.x * b.bdim.y * b.bdim.z);
+    b.fibers.assign(n, Fiber{});
+    b.shfl.assign(n, 0);
+    for (int i = 0; i < n; ++i) {
+        Fiber& f = b.fibers[i];
+        f.linear = i;
+        f.tid = dim3{unsigned(i % b.bdim.x), unsigned((i / b.bdim.x) % b.bdim.y), unsigned(i / (b.bdim.x * b.bdim.y))};
+        f.stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack;
+        f.ctx.uc_stack.ss_size = kStack;
+        f.ctx.uc_link = nullptr;
+        uintptr_t p = reinterpret_cast<uintptr_t>(&b);
+        makecontext(&f.ctx, reinterpret_cast<void (*)()>(fiber_entry), 2, unsigned(p & 0xffffffffu), unsigned(p >> 32));
+    }
+    auto describe = [&]() {
+        std::string s;
+        int counts[5] = {0, 0, 0, 0, 0};
+        for (auto& f : b.fibers) counts[int(f.wait)]++;
+        s += "running " + std::to_string(counts[0]) + ", at __syncthreads " + std::to_string(counts[1]) +
+             ", at a warp barrier/shuffle " + std::to_string(counts[2]) + ", at a cluster barrier " +
+             std::to_string(counts[3]) + ", exited " + std::to_string(counts[4]);
+        return s;
+    };
+    while (true) {
+        // Run every runnable fiber until it waits or exits.
+        bool ran = false;
+        for (auto& f : b.fibers) {
+            if (f.wait != Wait::none) continue;
+            b.cur = &f;
+            swapcontext(&b.sched, &f.ctx);
+            ran = true;
+            if (!b.error.empty()) goto done;
+        }
+        if (ran) continue;
+        {
+            int live = 0, at_block = 0, at_cluster = 0;
+            for (auto& f : b.fibers) {
+                if (f.wait == Wait::done) continue;
+                live++;
+                at_block += f.wait == Wait::block;
+                at_cluster += f.wait == Wait::cluster;
+            }
+            if (live == 0) break;
+            bool released = false;
+            // Warps whose live lanes all wait at a warp barrier go on.
+            for (int w0 = 0; w0 < n; w0 += 32) {
+                int lanes = 0, waiting = 0;
+                for (int i = w0; i < std::min(n, w0 + 32); ++i) {
+                    if (b.fibers[i].wait == Wait::done) continue;
+                    lanes++;
+                    waiting += b.fibers[i].wait == Wait::warp;
+                }
+                if (lanes && waiting == lanes) {
+                    for (int i = w0; i < std::min(n, w0 + 32); ++i)
+                        if (b.fibers[i].wait == Wait::warp) b.fibers[i].wait = Wait::none;
+                    released = true;
+                }
+            }
+            if (released) continue;
+            if (at_block == live) {
+                for (auto& f : b.fibers) if (f.wait == Wait::block) f.wait = Wait::none;
+                continue;
+            }
+            if (at_cluster == live && b.cluster) {
+                Cluster* c = b.cluster;
+                std::unique_lock<std::mutex> g(c->m);
+                for (auto& f : b.fibers) {
+                    if (f.wait != Wait::cluster) continue;
+                    int ph = f.waiting_phase;
+                    c->cv.wait(g, [&] {
+                        return c->failed || (int(c->arrivals.size()) > ph && c->arrivals[ph] >= c->threads);
+                    });
+                    if (c->failed) { b.error = "another block of the cluster failed"; goto done; }
+                    f.wait = Wait::none;
+                }
+                continue;
+            }
+            b.error = "deadlock: no thread can go on (" + describe() + "); a barrier is not reached by every thread";
+            goto done;
+        }
+    }
+done:
+    if (!b.error.empty() && std::getenv("KERNELLAB_EMU_DEBUG"))
+        std::fprintf(stderr, "emu: block %u: %s\n", b.bid.x, b.error.c_str());
+    for (auto& f : b.fibers) munmap(f.stack, kStack);
+    b.fibers.clear();
+    g_block = nullptr;
+}
+
+// Launch: blocks in order; the blocks of one cluster (consecutive blockIdx.x) together, each on an OS thread.
+inline std::string launch(dim3 grid, dim3 block, int cluster_size, const std::function<void()>& body) {
+    if (cluster_size < 1 || grid.x % cluster_size) return "grid.x must be a multiple of the cluster size";
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x0 = 0; x0 < grid.x; x0 += cluster_size) {
+                if (cluster_size == 1) {
+                    Block b;
+                    b.bid = dim3{x0, y, z}; b.bdim = block; b.gdim = grid; b.body = body;
+                    run_block(b);
+                    if (!b.error.empty()) return "block (" + std::to_string(x0) + ", " + std::to_string(y) + ", " +
+                                                 std::to_string(z) + "): " + b.error;
+                    continue;
+                }
+                Cluster c;
+                c.size = cluster_size;
+                c.threads = cluster_size * int(block.x * block.y * block.z);
+                std::vector<Block> blocks(cluster_size);
+                std::vector<std::atomic<bool>> ready(cluster_size);
+                for (auto& r : ready) r = false;
+                for (int r = 0; r < cluster_size; ++r) {
+                    Block& b = blocks[r];
+                    b.bid = dim3{x0 + unsigned(r), y, z}; b.bdim = block; b.gdim = grid; b.body = body;
+                    b.cluster = &c; b.rank = r;
+                    c.blocks.push_back(&b);
+                }
+                // Each block's thread publishes its TLS anchor before any fiber runs (mapa needs them all).
+                std::vector<std::thread> threads;
+                std::mutex start_m; std::condition_variable start_cv; int published = 0;
+                for (int r = 0; r < cluster_size; ++r) {
+                    threads.emplace_back([&, r] {
+                        blocks[r].tls_anchor = &tls_anchor_byte;
+                        {
+                            std::unique_lock<std::mutex> g(start_m);
+                            published++;
+                            start_cv.notify_all();
+                            start_cv.wait(g, [&] { return published == cluster_size; });
+                        }
+                        run_block(blocks[r]);
+                        if (!blocks[r].error.empty()) {
+                            std::lock_guard<std::mutex> g(c.m);
+                            c.failed = true;
+                            c.cv.notify_all();
+                        }
+                    });
+                }
+                for (auto& t : threads) t.join();
+                for (int r = 0; r < cluster_size; ++r)
+                    if (!blocks[r].error.empty())
+                        return "cluster block " + std::to_string(x0 + r) + ": " + blocks[r].error;
+            }
+    return "";
+}
+
+inline std::mutex& atomic_lock() { static std::mutex m; return m; }
+
+}  // namespace kl
+
+// The kernels' own cluster helpers (inline PTX on the GPU) are cut out of the source and replaced by these.
+inline unsigned cluster_ctarank() { return kl::cluster_rank(); }
+inline unsigned cluster_nctarank() { return kl::cluster_size(); }
+inline void cluster_arrive() { kl::arrive(); }
+inline void cluster_wait() { kl::wait_cluster(); }
+inline void cluster_sync() { kl::arrive(); kl::wait_cluster(); }
+template <typename T> inline T* cluster_map(T* p, unsigned rank) { return kl::map_rank(p, rank); }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }

@@ -1,0 +1,21 @@
+# exercise: 00-blur
+# expect: wrong_values on cpu
+import numba
+from numba import cuda
+
+TPB = 32
+HALO = TPB + 2
+
+
+@cuda.jit
+def blur(x, out, n):
+    tile = cuda.shared.array(HALO, numba.float32)
+    t = cuda.threadIdx.x
+    i = cuda.blockIdx.x * TPB + t
+    tile[t + 1] = x[i] if i < n else 0.0
+    if t == 0:                           # pads every block with zeros, not only the array's ends
+        tile[0] = 0.0
+        tile[TPB + 1] = 0.0
+    cuda.syncthreads()
+    if i < n:
+        out[i] = 0.25 * tile[t] + 0.5 * tile[t + 1] + 0.25 * tile[t + 2]

@@ -1,0 +1,11 @@
+# exercise: 00-broadcast
+# expect: out_of_bounds on cpu
+from numba import cuda
+
+
+@cuda.jit
+def affine(x, scale, bias, out):
+    c, r = cuda.grid(2)
+    rows, cols = x.shape
+    if r < rows and c < cols:
+        out[r, c] = x[r, c] * scale[c] + bias[r]

@@ -1,0 +1,19 @@
+# exercise: 00-flip
+# expect: race missing_barrier on cpu
+import numba
+from numba import cuda
+
+TPB = 32
+
+
+@cuda.jit
+def flip(x, out, n):
+    tile = cuda.shared.array(TPB, numba.float32)
+    t = cuda.threadIdx.x
+    start = cuda.blockIdx.x * TPB
+    i = start + t
+    if i < n:
+        tile[t] = x[i]
+    length = min(TPB, n - start)
+    if t < length:
+        out[i] = tile[length - 1 - t]

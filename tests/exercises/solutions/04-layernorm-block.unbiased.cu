@@ -1,0 +1,26 @@
+// exercise: 04-layernorm-block
+// expect: wrong_values on gpu
+extern "C" __global__ void layernorm_block(const float* x, const float* w, const float* b, float* y, int rows,
+                                           int cols, float eps) {
+    __shared__ float part[8];
+    const float* in = x + (size_t)blockIdx.x * cols;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += in[c];
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+    __syncthreads();
+    s = 0.0f;
+    for (int k = 0; k < 8; ++k) s += part[k];
+    float mean = s / cols;
+    __syncthreads();
+    float m2 = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m2 += (in[c] - mean) * (in[c] - mean);
+    for (int o = 16; o > 0; o /= 2) m2 += __shfl_xor_sync(0xffffffffu, m2, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = m2;
+    __syncthreads();
+    m2 = 0.0f;
+    for (int k = 0; k < 8; ++k) m2 += part[k];
+    float rstd = rsqrtf(m2 / (cols - 1) + eps);            // the unbiased variance: LayerNorm divides by cols
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        y[(size_t)blockIdx.x * cols + c] = (in[c] - mean) * rstd * w[c] + b[c];
+}

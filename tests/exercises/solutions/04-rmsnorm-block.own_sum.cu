@@ -1,0 +1,13 @@
+// exercise: 04-rmsnorm-block
+// expect: wrong_values on gpu
+extern "C" __global__ void rmsnorm_block(const float* x, const float* w, float* y, int rows, int cols, float eps) {
+    __shared__ float warp_sums[8];
+    const float* in = x + (size_t)blockIdx.x * cols;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += in[c] * in[c];
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float rstd = rsqrtf(warp_sums[threadIdx.x / 32] / cols + eps);   // its own warp's sum, not the block's
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) y[(size_t)blockIdx.x * cols + c] = in[c] * rstd * w[c];
+}

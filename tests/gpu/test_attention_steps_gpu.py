@@ -1,0 +1,56 @@
+"""Tutorial 07's steps 2 (mma.sync) and 3 (wgmma + TMA) against SDPA on awkward shapes, as the notebook launches them.
+
+Every (step, dtype, head dim, mask) on N = 1, 63, 65, 1000, 1031, 4097: `kernellab.check` against SDPA in float64,
+with the tutorial's tolerance, and our error at most 2x SDPA's own error on the same inputs.
+"""
+import sys
+import pathlib
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from attention_steps import attention_benchmark  # noqa: E402
+
+A = attention_benchmark()
+
+
+@pytest.fixture(scope="module")
+def launchers():
+    families, configs = A.load_families(None, None)
+    return {fam: A.launcher(ks, configs[fam]) for fam, ks in families.items()}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("step", ["fa2", "fa3"])
+def test_step_matches_sdpa_within_twice_its_own_error(launchers, step, dtype, d, causal):
+    if step == "fa3" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("step 3 uses wgmma and TMA: sm_90 only")
+    attention = launchers[step]
+    rows = [r for r in A.run_checks(step, attention, quick=False, log=open("/dev/null", "w"),
+                                    dtypes=(dtype,), dims=(d,), masks=(causal,))]
+    assert len(rows) == len(A.CHECK_N)
+    bad = [r for r in rows if not (r["passed"] and r["within_2x"])]
+    assert not bad, bad
+
+
+def test_peaky_scores_exercise_lazy_rescaling(launchers):
+    """Scores of tens: the running max jumps by more than the lazy-rescaling threshold from tile to tile."""
+    import kernellab
+
+    F = torch.nn.functional
+    for step, attention in launchers.items():
+        def inputs(g):
+            q, k, v = (torch.randn(1, 2, 1500, 64, generator=g) for _ in range(3))
+            q = 6 * q + torch.linspace(0, 8, 1500).view(1, 1, 1500, 1)     # growing scores along the keys too
+            return q.bfloat16().cuda(), (k * 3).bfloat16().cuda(), v.bfloat16().cuda(), torch.empty(
+                1, 2, 1500, 64, dtype=torch.bfloat16, device="cuda")
+        for causal in (False, True):
+            rep = kernellab.check(lambda q, k, v, o: attention(q, k, v, o, causal),
+                                  lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                  inputs, trials=2, atol=A.TOL["bf16"], rtol=A.TOL["bf16"])
+            own = rep.reference_own_error or 0.0
+            assert rep.passed and rep.max_abs_error <= 2 * own + 1e-6, (step, causal, rep)

@@ -1,0 +1,57 @@
+"""Tutorial 07 without a GPU: every step compiles for its arch, with the instructions its text promises, and the
+Hopper step's tensor-map parameters are what kernellab.tensor_map feeds."""
+import pytest
+
+pytest.importorskip("torch")   # benchmarks/attention.py imports torch at the top (it times against SDPA)
+
+from attention_steps import attention_benchmark  # noqa: E402
+
+A = attention_benchmark()
+
+
+@pytest.fixture(scope="module")
+def steps():
+    return A.load_families(None, None)
+
+
+def test_the_notebook_has_steps_2_and_3_for_both_dtypes_head_dims_and_masks(steps):
+    families, configs = steps
+    assert set(families) == {"fa2", "fa3"}
+    for fam in ("fa2", "fa3"):
+        assert sorted(families[fam]) == sorted(f"{fam}_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128)
+                                                for c in ("", "_causal"))
+    assert configs["fa2"]["MT"] == 2 and configs["fa2"]["NWARPS"] == 4 and configs["fa3"]["WG64"] == 3
+
+
+@pytest.mark.parametrize("name", ["fa2_bf16_d64", "fa2_f16_d128_causal"])
+def test_step2_is_mma_sync_with_ldmatrix_and_cp_async(steps, name):
+    k = steps[0]["fa2"][name]
+    assert k.arch == "sm_90" and k.resources.max_threads_per_block == 128
+    s = k.instruction_summary
+    text = str(s)
+    assert "HMMA.16816.F32" in text and "LDSM" in text and "LDGSTS" in text and "HGMMA" not in text, text
+    assert k.resources.spill_store_bytes <= 64, k.resources       # d = 128 spills a few bytes, d = 64 none
+    assert [p.name for p in k.params] == ["q", "k", "v", "o", "n", "scale"]
+
+
+@pytest.mark.parametrize("name", ["fa3_bf16_d64", "fa3_f16_d128_causal"])
+def test_step3_is_wgmma_fed_by_tma(steps, name):
+    k = steps[0]["fa3"][name]
+    assert k.arch == "sm_90a"
+    text = str(k.instruction_summary)
+    assert "HGMMA.64x128x16.F32" in text and "UTMALDG" in text and "HMMA.16816" not in text, text
+    assert not k.resources.spills and k.resources.local_bytes == 0, k.resources
+    maps = [p for p in k.params if p.ctype.endswith("CUtensorMap")]
+    assert [p.name for p in maps] == ["tq", "tk", "tv"] and all(p.size_bytes == 128 for p in maps)
+    threads = 128 * ((3 if "d64" in name else 2) + 1)                 # producer + consumer warpgroups
+    assert k.resources.max_threads_per_block == threads
+
+
+def test_step3_needs_sm90a(steps):
+    """The Hopper cell compiled for plain sm_90 fails with the hint to use sm_90a."""
+    import kernellab
+
+    src = next(iter(steps[0]["fa3"].values())).module.source
+    with pytest.raises(kernellab.CompileError) as info:
+        kernellab.compile_cuda(src, arch="sm_90")
+    assert "sm_90a" in str(info.value)

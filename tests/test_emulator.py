@@ -1,0 +1,111 @@
+"""tests/emu: CUDA C++ kernels run on the CPU (threads as fibers), and the mistakes the emulation reports."""
+import sys
+import pathlib
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "emu"))
+from emulate import compile_host, compiler, host_source  # noqa: E402
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (g++) for the CPU emulation")
+
+SOURCE = r"""
+__device__ __forceinline__ unsigned cluster_ctarank() {     // replaced by the emulation
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+template <typename T>                                        // replaced too
+__device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
+    unsigned long long in = reinterpret_cast<unsigned long long>(p), out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(in), "r"(rank));
+    return reinterpret_cast<const T*>(out);
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// y[block] = sum of x over the block, through shuffles and shared memory
+extern "C" __global__ void block_sums(const float* x, float* y, int n) {
+    __shared__ float part[32];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = i < n ? x[i] : 0.0f;
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int w = 0; w < blockDim.x / 32; ++w) s += part[w];
+        y[blockIdx.x] = s;
+    }
+}
+
+// each block of a cluster of 4 reads its right neighbour's value through distributed shared memory
+extern "C" __global__ void __cluster_dims__(4, 1, 1) neighbours(const float* x, float* y) {
+    __shared__ float mine;
+    if (threadIdx.x == 0) mine = x[blockIdx.x];
+    cluster_sync();
+    if (threadIdx.x == 0) y[blockIdx.x] = *cluster_map(&mine, (cluster_ctarank() + 1) % 4);
+    cluster_sync();
+}
+
+extern "C" __global__ void mismatched_barriers(float* y) {
+    float v = 1.0f;
+    if (threadIdx.x < 16) v = __shfl_xor_sync(0xffffffffu, v, 1);   // waits for lanes 16..31, which...
+    else __syncthreads();                                          // ...wait here for lanes 0..15
+    y[threadIdx.x] = v;
+}
+
+extern "C" __global__ void early_exit_shuffle(float* y) {
+    if (threadIdx.x >= 16) return;                       // lanes 16..31 have left
+    y[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 16);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return compile_host(SOURCE)
+
+
+def test_a_reduction_runs_and_is_right(mod):
+    x = torch.randn(1000)
+    y = torch.full((4,), float("nan"))
+    mod["block_sums"][4, 256](x, y, 1000)
+    expected = torch.stack([x[k * 256:(k + 1) * 256].sum() for k in range(4)])
+    assert torch.allclose(y, expected, atol=1e-4)
+
+
+def test_clusters_take_their_size_from_the_cubin_and_share_memory(mod):
+    k = mod["neighbours"]
+    assert k.cluster == 4
+    x = torch.arange(8, dtype=torch.float32)
+    y = torch.full((8,), float("nan"))
+    k[8, 64](x, y)
+    assert y.tolist() == [1, 2, 3, 0, 5, 6, 7, 4]
+
+
+def test_two_libraries_keep_their_own_shared_memory(mod):
+    """Inline and template thread_locals must not be unified across libraries (they were, once: DSMEM broke)."""
+    other = compile_host(SOURCE + "\n// a second library\n")
+    for k in (other["neighbours"], mod["neighbours"]):
+        y = torch.full((8,), float("nan"))
+        k[8, 64](torch.arange(8, dtype=torch.float32), y)
+        assert y.tolist() == [1, 2, 3, 0, 5, 6, 7, 4]
+
+
+def test_a_barrier_not_every_thread_reaches_is_a_deadlock_not_a_hang(mod):
+    with pytest.raises(RuntimeError, match="deadlock"):
+        mod["mismatched_barriers"][1, 32](torch.zeros(32))
+
+
+def test_a_shuffle_from_an_exited_lane_is_reported(mod):
+    with pytest.raises(RuntimeError, match="exited"):
+        mod["early_exit_shuffle"][1, 32](torch.zeros(32))
+
+
+def test_the_ptx_helpers_are_cut_out_of_the_host_source():
+    text = host_source(SOURCE)
+    assert "asm" not in text and "cluster_map: emulated" in text
+    assert text.count("\n") == SOURCE.count("\n")        # line numbers in host compile errors still match

@@ -1,0 +1,546 @@
+"""The launch path without a GPU: per-type argument plans against marshal_args, the parameter buffer, the launch
+configuration cache, sync and graph capture, streams, `Kernel.check_args` on any device, and why there is no GPU."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import kernellab
+from kernellab.compile.signature import find_kernels
+from kernellab.errors import ArgumentError, LaunchError, NoGPUError
+from kernellab.run import launch as L
+from kernellab.run.device import DeviceInfo
+
+torch = pytest.importorskip("torch")
+
+H200 = DeviceInfo(index=0, name="Fake H200", arch="sm_90", multiprocessors=132,
+                  shared_per_block_optin_bytes=227 * 1024, shared_per_sm_bytes=228 * 1024)
+
+SRC = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void k(const float* __restrict__ x, __half* h, float4* v, int n, float alpha, double beta,
+                             unsigned char u, long long big, void* raw, __nv_bfloat16 bf, __half hs, bool flag) {}
+"""
+PARAMS = find_kernels(SRC)[0].params
+
+
+class FakeCudaTensor:
+    """A CUDA tensor as the launch path reads one: real torch dtypes, an address, a device index."""
+
+    def __init__(self, dtype=torch.float32, index=0, contiguous=True, ptr=0x7F0000000000, numel=64):
+        self.dtype, self.is_cuda, self._index = dtype, True, index
+        self.device = torch.device("cuda", index)
+        self._contig, self._ptr, self._numel = contiguous, ptr, numel
+        self.shape = (numel,)
+
+    def get_device(self):
+        return self._index
+
+    def is_contiguous(self):
+        return self._contig
+
+    def data_ptr(self):
+        return self._ptr
+
+    def numel(self):
+        return self._numel
+
+    def element_size(self):
+        return torch.empty(0, dtype=self.dtype).element_size()
+
+    def dim(self):
+        return 1
+
+
+FakeCudaTensor.__module__ = "torch.fake"
+
+
+class FakeDriver:
+    """Records each launch with the bytes each parameter pointer points at; `capturing` and `fail` steer it."""
+
+    def __init__(self, sizes=(), capturing=False, fail=None):
+        self.sizes, self.capturing, self.fail = sizes, capturing, fail
+        self.launches, self.syncs = [], []
+
+    def launch(self, function, grid, block, shared_bytes, stream, params, device_index=0):
+        if self.fail:
+            raise RuntimeError(self.fail)
+        pointers = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)) if params else None
+        raw = [ctypes.string_at(pointers[i], n) for i, n in enumerate(self.sizes)]
+        self.launches.append(dict(function=function, grid=grid, block=block, shared_bytes=shared_bytes,
+                                  stream=stream, params=raw))
+
+    def synchronize(self, stream):
+        self.syncs.append(stream)
+
+    def is_capturing(self, stream):
+        return self.capturing
+
+
+def sizes(params):
+    return [8 if p.pointer else (2 if p.dtype == "bfloat16" else np.dtype(p.dtype).itemsize) for p in params]
+
+
+def make_path(params=PARAMS, device=H200, **kw):
+    driver = kw.pop("driver", None) or FakeDriver(sizes(params))
+    return L.LaunchPath(0xF00, params, device, name="k", signature="k(...)", max_threads_per_block=1024,
+                        static_shared_bytes=0, driver=driver, **kw), driver
+
+
+def good_args(**over):
+    args = dict(x=FakeCudaTensor(), h=FakeCudaTensor(torch.float16), v=FakeCudaTensor(numel=64), n=10, alpha=0.5,
+                beta=2.0, u=255, big=2**40, raw=FakeCudaTensor(torch.int32), bf=1.5, hs=-0.333, flag=True)
+    args.update(over)
+    return tuple(args.values())
+
+
+@pytest.fixture(autouse=True)
+def fake_streams(monkeypatch):
+    monkeypatch.setattr(L, "torch_stream_handle", lambda index: 0x5000 + index)
+    monkeypatch.setattr(L, "cupy_stream_handle", lambda: 0xC0)
+
+
+@pytest.mark.parametrize("args", [
+    good_args(),
+    good_args(n=-2**31, big=-1, u=0, alpha=3, beta=-1e300, flag=False, raw=None),
+    good_args(alpha=1e-46, hs=65504.0, bf=-0.0),
+])
+def test_the_plan_packs_exactly_what_marshal_args_packs(args):
+    path, driver = make_path()
+    path.launch(4, 256, 0, args, sync=False)
+    plan = path.plan(args)
+    assert plan is not None                            # the plan's pass, not marshal_args
+    want = [v.tobytes() for v in L.marshal_args(PARAMS, args, H200)]
+    assert driver.launches[-1]["params"] == want
+    assert driver.launches[-1]["grid"] == (4, 1, 1) and driver.launches[-1]["block"] == (256, 1, 1)
+    assert driver.launches[-1]["stream"] == 0x5000     # torch's current stream on the tensors' device
+
+
+def test_the_plan_is_made_once_per_type_combination_and_reads_as_code():
+    path, _ = make_path()
+    path.launch(1, 32, 0, good_args(), sync=False)
+    path.launch(1, 32, 0, good_args(n=11, alpha=0.25), sync=False)
+    assert len(path._plans) == 1
+    path.launch(1, 32, 0, good_args(n=np.int32(3)), sync=False)    # another type: another plan (here: none)
+    assert len(path._plans) == 2 and path.plan(good_args(n=np.int32(3))) is None
+    src = path.plan(good_args()).source
+    for check in ("a0.dtype is not D0", "a0.get_device() != DEV", "a0.is_contiguous()", "p2 % A2 or a2.numel() % 4",
+                  "L3 <= a3 <= H3", "BF16(float(a9))"):
+        assert check in src, src
+    assert "a8.dtype" not in src                       # void*: any dtype
+
+
+# Every argument the plan must refuse: the launch raises marshal_args's own error and launches nothing.
+BAD = [
+    ("x", FakeCudaTensor(torch.float16), r"argument 0 \('x'.*expects float32 elements"),
+    ("x", FakeCudaTensor(index=1), r"'x'.*cuda:1 but the kernel launches on cuda:0"),
+    ("x", FakeCudaTensor(contiguous=False), r"'x'.*non-contiguous"),
+    ("x", np.zeros(4, np.float32), r"'x'.*NumPy array.*device memory"),
+    ("x", 5, r"'x'.*pointer parameter but got a int"),
+    ("x", "a string", r"'x'.*pointer parameter but got a str"),
+    ("n", FakeCudaTensor(), r"'n'.*scalar parameter but got a torch tensor"),
+    ("n", 2.5, r"'n'.*integer parameter but got the float 2.5"),
+    ("n", 2**31, r"'n'.*int32: 2147483648 is outside"),
+    ("u", -1, r"'u'.*uint8: -1 is outside"),
+    ("alpha", "0.5", r"'alpha'.*expects a number"),
+    ("v", FakeCudaTensor(ptr=0x7F0000000004), r"'v'.*16-byte aligned"),
+    ("v", FakeCudaTensor(numel=63), r"'v'.*63 elements, not a multiple of 4"),
+]
+
+
+@pytest.mark.parametrize("field,value,match", BAD)
+def test_every_bad_argument_gives_marshal_args_error(field, value, match):
+    path, driver = make_path()
+    path.launch(1, 32, 0, good_args(), sync=False)     # the plan for the good types exists
+    with pytest.raises(ArgumentError, match=match):
+        path.launch(1, 32, 0, good_args(**{field: value}), sync=False)
+    assert len(driver.launches) == 1
+
+
+def test_count_is_checked():
+    path, driver = make_path()
+    with pytest.raises(ArgumentError, match="takes 12 arguments, got 11"):
+        path.launch(1, 32, 0, good_args()[:-1], sync=False)
+    assert not driver.launches
+
+
+def test_a_half_beyond_its_range_rounds_as_numpy_does():
+    path, driver = make_path()
+    with np.errstate(over="ignore"):
+        path.launch(1, 32, 0, good_args(hs=1e6), sync=False)   # struct refuses; NumPy gives inf
+    assert driver.launches[-1]["params"][10] == np.float16(np.inf).tobytes()
+
+
+def test_launch_configurations_are_checked_once_and_cached():
+    opted = []
+    path, _ = make_path(opt_in=opted.append)
+    cfg = path.config((8, 2), (16, 16), 0)
+    assert path.config((8, 2), (16, 16), 0) is cfg and cfg.grid == (8, 2, 1)
+    with pytest.raises(ArgumentError, match="1025 threads"):
+        path.config(1, 1025, 0)
+    path.config(1, 32, 100 * 1024)
+    path.config(1, 64, 100 * 1024)
+    path.config(1, 32, 64 * 1024)
+    assert opted == [100 * 1024]                        # opt in above 48 KiB once, for the largest yet
+    assert path.config([4], [32], 0).grid == (4, 1, 1)  # lists work, uncached
+
+
+def test_sync_waits_except_when_deferred_asked_not_to_or_capturing():
+    path, driver = make_path()
+    path.launch(1, 32, 0, good_args())
+    assert driver.syncs == [0x5000]
+    path.launch(1, 32, 0, good_args(), sync=False)
+    with L.deferred_sync():
+        path.launch(1, 32, 0, good_args())
+    assert driver.syncs == [0x5000]
+    driver.capturing = True                             # torch.cuda.graph: recorded, not run; waiting would break it
+    path.launch(1, 32, 0, good_args())
+    assert driver.syncs == [0x5000] and len(driver.launches) == 4
+
+
+def test_driver_errors_become_launch_errors_sticky_ones_say_so():
+    path, _ = make_path(driver=FakeDriver(sizes(PARAMS), fail="CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory "
+                                                                "access was encountered"))
+    with pytest.raises(LaunchError, match="sticky") as info:
+        path.launch(1, 32, 0, good_args())
+    assert info.value.sticky and "ILLEGAL_ADDRESS" in info.value.cuda_error
+    path, _ = make_path(driver=FakeDriver(sizes(PARAMS), fail="CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many"))
+    with pytest.raises(LaunchError, match="fewer threads per block") as info:
+        path.launch(1, 32, 0, good_args())
+    assert not info.value.sticky
+
+
+class _Protocol:
+    def __cuda_stream__(self):
+        return (0, 0xABC)
+
+
+@pytest.mark.parametrize("stream,handle", [
+    (0x77, 0x77),
+    (type("TorchStream", (), {"cuda_stream": 0x88})(), 0x88),
+    (type("CupyStream", (), {"ptr": 0x99})(), 0x99),
+    (_Protocol(), 0xABC),
+    (type("NumbaStream", (), {"handle": ctypes.c_void_p(0x55)})(), 0x55),
+])
+def test_streams_in_every_form(stream, handle):
+    path, driver = make_path()
+    path.launch(1, 32, 0, good_args(), stream=stream, sync=True)
+    assert driver.launches[-1]["stream"] == handle and driver.syncs == [handle]
+
+
+def test_scalars_only_launch_on_cupys_stream():
+    params = find_kernels("__global__ void s(int n, float a) {}")[0].params
+    path, driver = make_path(params)
+    path.launch(1, 32, 0, (3, 1.0), sync=False)
+    assert driver.launches[-1]["stream"] == 0xC0
+    assert driver.launches[-1]["params"] == [np.int32(3).tobytes(), np.float32(1.0).tobytes()]
+
+
+def test_a_parameter_python_cannot_pass_is_an_argument_error_not_a_crash():
+    params = find_kernels("struct S { int a; float b; };\n__global__ void s(S v, float* x) {}")[0].params
+    path, driver = make_path(params)
+    with pytest.raises(ArgumentError, match="parameters of type 'S' cannot be passed from Python"):
+        path.launch(1, 32, 0, (3, FakeCudaTensor()), sync=False)
+    assert not driver.launches
+
+
+def test_no_parameters_pass_null():
+    params = find_kernels("__global__ void z() {}")[0].params
+    path, driver = make_path(params)
+    path.launch(1, 32, 0, (), sync=False)
+    assert path.params_address is None and driver.launches[-1]["params"] == []
+
+
+# -- through Kernel: k[grid, block](...) with a fake GPU ---------------------------------------------------------
+
+VADD = r"""extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}"""
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_cache):
+    from kernellab.kernel import Kernel
+    from kernellab.run import cudriver, device
+
+    driver = FakeDriver([8, 8, 8, 4])
+    monkeypatch.setattr(device, "gpu_status", lambda: (True, "1 GPU(s)"))
+    monkeypatch.setattr(device, "device_info", lambda index=None: H200)
+    monkeypatch.setattr(cudriver, "driver", lambda: driver)
+    monkeypatch.setattr(Kernel, "_function", lambda self, index: type("Fn", (), {"ptr": 0xF00})())
+    return driver
+
+
+def test_kernel_launches_go_through_one_cached_path(fake_gpu):
+    k = kernellab.compile_cuda(VADD, arch="sm_90").vadd
+    a, b, c = FakeCudaTensor(ptr=0x1000), FakeCudaTensor(ptr=0x2000), FakeCudaTensor(ptr=0x3000)
+    for n in (10, 11, 12):
+        k[(n + 255) // 256, 256](a, b, c, n)
+    assert k[1, 256] is k[1, 256]                       # the launcher is kept per configuration
+    assert [l["params"][3] for l in fake_gpu.launches] == [np.int32(n).tobytes() for n in (10, 11, 12)]
+    assert fake_gpu.launches[0]["params"][:3] == [np.uint64(p).tobytes() for p in (0x1000, 0x2000, 0x3000)]
+    assert len(fake_gpu.syncs) == 3 and len(k._path._plans) == 1
+    with pytest.raises(ArgumentError, match="expects float32 elements"):
+        k[1, 256](a, b, FakeCudaTensor(torch.float64), 3)
+    with pytest.raises(ArgumentError, match="1025 threads"):
+        k[1, 1025](a, b, c, 3)
+    k.launch(1, 128, a, b, c, 5, sync=False)            # the method form shares the path
+    assert fake_gpu.launches[-1]["block"] == (128, 1, 1) and len(fake_gpu.syncs) == 3
+
+
+def test_a_sticky_fault_keeps_the_launch_for_sanitize_last(fake_gpu):
+    k = kernellab.compile_cuda(VADD, arch="sm_90").vadd
+    args = (FakeCudaTensor(), FakeCudaTensor(), FakeCudaTensor(), 4)
+    k[1, 32](*args)                                      # the launcher now takes the short way
+    fake_gpu.fail = "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered"
+    with pytest.raises(LaunchError) as info:
+        k[1, 32](*args)
+    assert info.value.sticky and info.value.job is not None and info.value.job.grid == (1, 1, 1)
+
+
+# -- Kernel.check_args: on any device ---------------------------------------------------------------------------
+
+CHECK_SRC = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void f(const float* x, float4* v, __half* h, int n, float a) {}
+"""
+
+
+@pytest.fixture
+def f(tmp_cache):
+    return kernellab.compile_cuda(CHECK_SRC, arch="sm_90").f
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_check_args_takes_cpu_and_meta_tensors_as_stand_ins(f, device):
+    x, v, h = (torch.zeros(64, device=device), torch.zeros(64, device=device),
+               torch.zeros(8, dtype=torch.float16, device=device))
+    f.check_args(x, v, h, 64, 0.5)
+    with pytest.raises(ArgumentError, match=r"argument 0 \('x'.*expects float32 elements but got a torch tensor "
+                                            r"\(dtype float16"):
+        f.check_args(h, v, h, 64, 0.5)
+    with pytest.raises(ArgumentError, match="takes 5 arguments, got 4"):
+        f.check_args(x, v, h, 64)
+    with pytest.raises(ArgumentError, match=r"'a'.*expects a number, got str"):
+        f.check_args(x, v, h, 64, "0.5")
+    with pytest.raises(ArgumentError, match=r"'x'.*non-contiguous"):
+        f.check_args(torch.zeros(8, 8, device=device).t(), v, h, 64, 0.5)
+    with pytest.raises(ArgumentError, match=r"'v'.*16-byte aligned data, but the tensor starts 4 bytes into its "
+                                            r"storage"):
+        f.check_args(x, torch.zeros(65, device=device)[1:], h, 64, 0.5)
+    with pytest.raises(ArgumentError, match=r"'v'.*63 elements, not a multiple of 4"):
+        f.check_args(x, torch.zeros(63, device=device), h, 64, 0.5)
+    with pytest.raises(ArgumentError, match=r"'n'.*scalar parameter"):
+        f.check_args(x, v, h, x, 0.5)
+    f.check_args(np.zeros(4, np.float32), torch.zeros(64)[4:], None, np.int64(3), 1)   # NumPy, an aligned view, null
+
+
+def test_without_a_gpu_the_argument_error_comes_first(f):
+    if kernellab.has_gpu():
+        pytest.skip("a GPU is present")
+    x, v, h = torch.zeros(64), torch.zeros(64), torch.zeros(8, dtype=torch.float16)
+    with pytest.raises(ArgumentError, match="expects float32 elements"):
+        f[1, 32](h, v, h, 64, 0.5)
+    with pytest.raises(ArgumentError, match="takes 5 arguments"):
+        f[1, 32](x, v, h)
+    with pytest.raises(ArgumentError, match="2048 threads"):
+        f[1, 2048](x, v, h, 64, 0.5)
+    with pytest.raises(NoGPUError, match="launching f needs a CUDA GPU"):
+        f[1, 32](x, v, h, 64, 0.5)
+
+
+# -- why there is no GPU ----------------------------------------------------------------------------------------
+
+def test_why_no_gpu_names_the_cause(monkeypatch):
+    from kernellab.run import cudriver, device
+
+    runtime_says = "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"
+
+    def no_driver():
+        raise cudriver.DriverUnavailable("libcuda.so.1 cannot be loaded")
+
+    monkeypatch.setattr(cudriver, "driver_version", no_driver)
+    text = device.why_no_gpu(runtime_says, 13000)
+    assert text.startswith("no NVIDIA driver is installed on this machine (libcuda.so.1 cannot be loaded)")
+    assert "insufficient" not in text
+
+    monkeypatch.setattr(cudriver, "driver_version", lambda: 12020)
+    text = device.why_no_gpu(runtime_says, 13000)
+    assert "the NVIDIA driver is too old: it supports CUDA 12.2, and CuPy's CUDA runtime needs CUDA 13.0" in text
+    assert "cupy-cuda12x" in text
+
+    monkeypatch.setattr(cudriver, "driver_version", lambda: 13000)
+    monkeypatch.setattr(cudriver, "init_error", lambda: "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected")
+    text = device.why_no_gpu("cudaErrorNoDevice: no CUDA-capable device is detected", 13000)
+    assert text == ("the NVIDIA driver (CUDA 13.0) finds no usable GPU: CUDA_ERROR_NO_DEVICE: no CUDA-capable device "
+                    "is detected")
+
+
+def test_this_machines_no_gpu_reason_is_the_right_one():
+    from kernellab.run import cudriver, device
+
+    if kernellab.has_gpu():
+        pytest.skip("a GPU is present")
+    try:
+        cudriver.driver_version()
+    except cudriver.DriverUnavailable:
+        assert "no NVIDIA driver is installed" in device.gpu_status()[1]
+    else:
+        assert "no NVIDIA driver" not in device.gpu_status()[1]
+
+
+# -- tensor maps and clusters on the packed path ----------------------------------------------------------------
+
+TMA_SRC = r"""
+#include <cuda.h>
+extern "C" __global__ void t(float* out, const __grid_constant__ CUtensorMap tmap, int n) {
+    if (n < 0) out[0] = (float)(size_t)&tmap;
+}
+"""
+TMA_PARAMS = find_kernels(TMA_SRC)[0].params
+MAP_BYTES = bytes(range(7, 135))
+
+
+def a_map(device=0, encoded=MAP_BYTES):
+    from kernellab.run.tensor_map import TensorMap
+
+    return TensorMap(tensor=None, shape=(64, 64), dtype="float32", box=(16, 32), strides_bytes=(256, 4),
+                     element_strides=(1, 1), global_address=0x7F0000000000, device=device, encoded=encoded)
+
+
+class RecordingDriver:
+    """A driver that keeps, per launch, the address and bytes behind each kernelParams pointer and the cluster."""
+
+    def __init__(self, sizes):
+        self.sizes, self.launches, self.syncs = sizes, [], []
+
+    def launch(self, function, grid, block, shared_bytes, stream, params, device_index=0, cluster=None):
+        p = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        self.launches.append(dict(grid=grid, cluster=cluster, addresses=[p[i] for i in range(len(self.sizes))],
+                                  params=[ctypes.string_at(p[i], n) for i, n in enumerate(self.sizes)]))
+
+    def synchronize(self, stream):
+        self.syncs.append(stream)
+
+    def is_capturing(self, stream):
+        return False
+
+
+def test_a_tensor_map_is_packed_as_its_128_bytes_at_a_64_byte_aligned_address():
+    driver = RecordingDriver([8, 128, 4])
+    path, _ = make_path(TMA_PARAMS, driver=driver)
+    args = (FakeCudaTensor(ptr=0x1000), a_map(), 48)
+    path.launch(2, 128, 0, args, sync=False)
+    assert path.plan(args) is not None and "m1 = a1.encoded" in path.plan(args).source   # the plan's pass
+    (launch,) = driver.launches
+    assert launch["params"] == [np.uint64(0x1000).tobytes(), MAP_BYTES, np.int32(48).tobytes()]
+    assert launch["params"] == [v.tobytes() for v in L.marshal_args(TMA_PARAMS, args, H200)]
+    assert launch["addresses"][1] % 64 == 0 and launch["addresses"][0] % 8 == 0
+
+
+@pytest.mark.parametrize("value,match", [
+    (a_map(device=1), "maps a tensor on GPU 1 but the kernel launches on GPU 0"),
+    (a_map(encoded=b"short"), "holds 5 encoded bytes, not 128"),
+    (FakeCudaTensor(), "takes a tensor map, but got a torch tensor"),
+])
+def test_a_map_the_plan_refuses_gets_marshal_args_error(value, match):
+    driver = RecordingDriver([8, 128, 4])
+    path, _ = make_path(TMA_PARAMS, driver=driver)
+    path.launch(1, 32, 0, (FakeCudaTensor(), a_map(), 1), sync=False)
+    with pytest.raises(ArgumentError, match=match):
+        path.launch(1, 32, 0, (FakeCudaTensor(), value, 1), sync=False)
+    with pytest.raises(ArgumentError, match="got a tensor map, but the parameter is not a CUtensorMap"):
+        path.launch(1, 32, 0, (a_map(), a_map(), 1), sync=False)
+    assert len(driver.launches) == 1
+
+
+def test_the_driver_copies_exactly_the_bytes_packed(tmp_cache):
+    """The cubin's EIATTR_KPARAM_INFO: each parameter's size is what the path packs behind its pointer. The offsets
+    are the kernel's own: a map after a pointer at 0x30 (64-byte aligned in constant bank 0, which parameters enter
+    at 0x210), so kernelParams, not a packed `extra` buffer in the host layout, is the way to pass them."""
+    import re
+    import subprocess
+
+    from kernellab.compile import toolkit
+
+    tool = toolkit.find_tool("cuobjdump")
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    k = kernellab.compile_cuda(TMA_SRC, arch="sm_90").t
+    cubin = tmp_cache / "t.cubin"
+    cubin.write_bytes(k.module.cubin)
+    elf = subprocess.run([tool, "-elf", str(cubin)], capture_output=True, text=True, check=True).stdout
+    info = {int(o, 16): (int(off, 16), int(n, 16)) for o, off, n in
+            re.findall(r"Ordinal : 0x(\w+)\s+Offset\s+: 0x(\w+)\s+Size\s+: 0x(\w+)", elf)}
+    assert info == {0: (0, 8), 1: (0x30, 128), 2: (0xB0, 4)}
+    fmt, offsets, total = L._layout(k.params)
+    assert [info[i][1] for i in range(3)] == [8, 128, 4] and offsets == (0, 64, 192)
+    assert re.search(r"\.param \.align 64 \.b8 t_param_1\[128\]", k.ptx)
+
+
+def test_a_cluster_launch_goes_to_the_driver_with_its_shape():
+    driver = RecordingDriver([8, 128, 4])
+    path, _ = make_path(TMA_PARAMS, driver=driver)
+    args = (FakeCudaTensor(), a_map(), 1)
+    path.launch(8, 32, 0, args, sync=False, cluster=2)
+    path.launch(8, 32, 0, args, sync=False)
+    assert [l["cluster"] for l in driver.launches] == [(2, 1, 1), None]
+    assert path.config(8, 32, 0, 2).cluster == (2, 1, 1) and path.config(8, 32, 0) is not path.config(8, 32, 0, 2)
+    with pytest.raises(ArgumentError, match="grid x = 7 is not a multiple of 2"):
+        path.launch(7, 32, 0, args, sync=False, cluster=(2, 1, 1))
+    assert len(driver.launches) == 2
+
+
+def test_the_cluster_launch_config_is_cuda_hs_struct():
+    """CUlaunchConfig and CUlaunchAttribute as cuda.h lays them out (sizes and offsets checked against the header
+    with a C compiler), and what Driver hands cuLaunchKernelEx."""
+    from kernellab.run import cudriver as D
+
+    assert (ctypes.sizeof(D.CUlaunchAttributeValue), ctypes.sizeof(D.CUlaunchAttribute),
+            ctypes.sizeof(D.CUlaunchConfig)) == (64, 72, 56)
+    assert (D.CUlaunchConfig.hStream.offset, D.CUlaunchConfig.attrs.offset, D.CUlaunchConfig.numAttrs.offset,
+            D.CUlaunchAttribute.value.offset) == (32, 40, 48, 8)
+    seen = []
+
+    def launch_ex(cfg_ref, function, params, extra):
+        cfg = ctypes.cast(cfg_ref, ctypes.POINTER(D.CUlaunchConfig)).contents
+        a = cfg.attrs[0]
+        seen.append(((cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ), (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ),
+                     cfg.sharedMemBytes, cfg.hStream, cfg.numAttrs, a.id,
+                     (a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z), function, params, extra))
+        return 0
+
+    drv = object.__new__(D.Driver)
+    drv._launch, drv._launch_ex = (lambda *a: pytest.fail("cuLaunchKernel for a cluster launch")), launch_ex
+    drv.launch(0xF00, (8, 2, 1), (128, 1, 1), 1024, 0x5000, 0x1234, 0, cluster=(2, 2, 1))
+    assert seen == [((8, 2, 1), (128, 1, 1), 1024, 0x5000, 1, D.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (2, 2, 1),
+                     0xF00, 0x1234, None)]
+    assert D.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION == 4
+
+
+def test_kernel_cluster_launches_take_the_packed_path(fake_gpu, monkeypatch):
+    from kernellab.run import cudriver
+
+    driver = RecordingDriver([8, 128, 4])
+    monkeypatch.setattr(cudriver, "driver", lambda: driver)
+    k = kernellab.compile_cuda(TMA_SRC, arch="sm_90").t
+    args = (FakeCudaTensor(), a_map(), 3)
+    k[8, 32](*args)
+    k[8, 32](*args, cluster=(4, 1, 1))
+    k[8, 32](*args)                                      # the launcher's short way: no cluster
+    assert [l["cluster"] for l in driver.launches] == [None, (4, 1, 1), None]
+    assert all(l["params"][1] == MAP_BYTES for l in driver.launches)
+    with pytest.raises(ArgumentError, match="16 blocks; at most 8"):
+        k[16, 32](*args, cluster=16)
+
+
+def test_without_a_gpu_a_bad_cluster_shape_comes_first(tmp_cache):
+    if kernellab.has_gpu():
+        pytest.skip("a GPU is present")
+    k = kernellab.compile_cuda(VADD, arch="sm_90").vadd
+    x = torch.zeros(8)
+    with pytest.raises(ArgumentError, match="not a whole number of clusters"):
+        k[7, 32](x, x, x, 8, cluster=2)
+    with pytest.raises(NoGPUError):
+        k[8, 32](x, x, x, 8, cluster=2)

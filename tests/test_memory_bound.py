@@ -1,0 +1,316 @@
+"""Tutorials 03 and 04 without a GPU: every kernel compiles to what was meant (registers, no local memory,
+16-byte accesses, cluster barriers), the launch plans cover every row, and the tutorials' own launchers, run on
+the CPU emulation of their kernels (tests/emu), match PyTorch on awkward shapes, -inf rows and a large mean.
+benchmarks/memory_bound.py's table and ladders run too, on the emulated kernels with a fake clock."""
+import pathlib
+import re
+import sys
+from dataclasses import astuple
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "gpu"))
+sys.path.insert(0, str(HERE / "emu"))
+sys.path.insert(0, str(HERE.parent / "benchmarks"))
+sys.path.insert(0, str(HERE))
+from notebook_cells import launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
+
+import kernellab  # noqa: E402
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+T03, T04 = "03-reductions-softmax.py", "04-layernorm.py"
+CELLS = [(nb, name) for nb in (T03, T04) for name in named_cuda_cells(nb)]
+ROW_KERNELS = ("softmax_rows", "softmax_rows_cluster", "layernorm_rows", "layernorm_rows_cluster", "rmsnorm_rows",
+               "rmsnorm_rows_cluster")
+
+
+def compile_cell(nb, name):
+    return kernellab.compile_cuda(named_cuda_cells(nb)[name], arch="sm_90", first_line=2, filename="cell.cu")
+
+
+@pytest.fixture(scope="module")
+def modules():
+    return {name: compile_cell(nb, name) for nb, name in CELLS}
+
+
+_SASS: dict[bytes, dict[str, str]] = {}
+
+
+def function_sass(kernel) -> str:
+    """A kernel's SASS, from one disassembly of its module's cubin (one cuobjdump per module, not per kernel)."""
+    from kernellab.compile.disasm import sass
+
+    cubin = kernel.module.cubin
+    if cubin not in _SASS:
+        parts = re.split(r"\n\s*Function : (\S+)\n", sass(cubin))
+        _SASS[cubin] = dict(zip(parts[1::2], parts[2::2]))
+    return _SASS[cubin][kernel.symbol]
+
+
+def sass_ops(kernel):
+    """Opcode counts of a kernel's SASS (the first word of each instruction, predicates dropped)."""
+    ops = {}
+    for line in function_sass(kernel).splitlines():
+        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if m:
+            ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    return ops
+
+
+def test_every_cell_is_named_and_compiles(modules):
+    assert set(modules) == {"reductions", "softmax_simple", "softmax_kernels", "layernorm_simple", "norm_kernels"}
+    assert all(m.kernels for m in modules.values())
+
+
+@pytest.mark.parametrize("nb,name", CELLS, ids=[n for _, n in CELLS])
+def test_no_spills_and_no_local_memory(modules, nb, name):
+    for k in modules[name].kernels:
+        r = k.resources
+        assert not r.spills and r.local_bytes == 0, (k.signature.display, r)
+        ops = sass_ops(k)
+        assert not any(op.startswith(("LDL", "STL")) for op in ops), (k.signature.display, ops)
+
+
+def test_row_kernels_use_16_byte_loads_and_stores_within_64_registers(modules):
+    row = [k for name in ("softmax_kernels", "norm_kernels") for k in modules[name].kernels]
+    assert {k.name for k in row} == set(ROW_KERNELS)
+    for k in row:
+        ops = sass_ops(k)
+        assert ops.get("LDG.E.128.CONSTANT", 0) + ops.get("LDG.E.128", 0) >= 1, (k.signature.display, ops)
+        assert ops.get("STG.E.128", 0) >= 1, (k.signature.display, ops)
+        assert k.resources.registers <= 64 and k.resources.max_threads_per_block == 1024, k.resources
+        clustered = k.name.endswith("_cluster")
+        assert (ops.get("UCGABAR_ARV", 0) > 0) == clustered and (ops.get("UCGABAR_WAIT", 0) > 0) == clustered
+
+
+def test_packs_per_thread_hold_32_values(modules):
+    """float packs (4 values) go to 8 per thread, bf16/fp16 packs (8 values) to 4: 32 fp32 registers of data."""
+    for name in ("softmax_kernels", "norm_kernels"):
+        for k in modules[name].kernels:
+            m = re.fullmatch(r"\w+<(\w+), (\d+)>", k.signature.display)
+            if not k.name.endswith("_cluster"):
+                per_pack = 4 if m.group(1) == "float" else 8
+                assert int(m.group(2)) * per_pack <= 32, k.signature.display
+
+
+def test_layernorm_reads_w_and_b_in_16_byte_packs_too(modules):
+    ops = sass_ops(modules["norm_kernels"]["layernorm_rows<float, 8>"])
+    loads = ops.get("LDG.E.128.CONSTANT", 0) + ops.get("LDG.E.128", 0)
+    assert loads >= 3 * 8, ops       # 8 packs of x, and 8 of each of w and b on the aligned path
+
+
+def test_sum_ladder_kernels(modules):
+    m = modules["reductions"]
+    for name in ("sum_vec4", "sum_single_pass"):
+        k = m[name]
+        ops = sass_ops(k)
+        assert ops.get("LDG.E.128.CONSTANT", 0) + ops.get("LDG.E.128", 0) >= 4, ops   # four loads in flight
+        assert k.occupancy(256).blocks_per_sm == 8, k.resources     # __launch_bounds__(256, 8): one wave is 8/SM
+    assert any(op.startswith(("RED", "ATOM")) for op in sass_ops(m["sum_atomic"]))
+    assert m["sum_tree_interleaved"].resources.shared_bytes == 1024
+    assert "SHFL.BFLY" in sass_ops(m["sum_shuffle"])
+
+
+# --- the launch plans ------------------------------------------------------------------------------------------
+
+
+def plans():
+    """plan_rows of both tutorials (their launcher cells, without kernels)."""
+    out = []
+    for nb in (T03, T04):
+        ns = {}
+        exec(compile(launcher_cells(nb)[-1], nb, "exec"), ns)
+        out.append(ns["plan_rows"])
+    return out
+
+
+SHAPES = [(r, c) for r in (1, 3, 40, 1000, 4096) for c in (1, 7, 127, 128, 1024, 1031, 2049, 4096, 16384, 16385,
+                                                             32768, 100003, 131072, 262144, 262147, 524288, 600000)]
+
+
+@pytest.mark.parametrize("itemsize", [4, 2])
+def test_plans_cover_every_row_and_the_two_tutorials_agree(itemsize):
+    plan03, plan04 = plans()
+    vec = 16 // itemsize
+    for r, c in SHAPES:
+        p, p04 = plan03(r, c, itemsize), plan04(r, c, itemsize)
+        assert (p is None and p04 is None) or astuple(p) == astuple(p04), (r, c)
+        whole = c // vec
+        if p is None:
+            assert whole > 8 * 1024 * 32 // vec, (r, c)            # only rows beyond a cluster's registers
+            continue
+        assert p.row_threads * p.vpt * p.cluster >= whole, (r, c, p)
+        assert p.vpt * vec <= 32 and p.block <= 1024 and p.block % p.row_threads == 0, (r, c, p)
+        assert p.row_threads >= 32 and p.row_threads & (p.row_threads - 1) == 0, (r, c, p)
+        if p.cluster == 1:
+            assert p.grid * (p.block // p.row_threads) >= r > (p.grid - 1) * (p.block // p.row_threads), (r, c, p)
+        else:
+            assert p.cluster in (2, 4, 8) and p.block == p.row_threads and p.grid == r * p.cluster, (r, c, p)
+
+
+def test_few_long_rows_are_spread_over_a_cluster():
+    plan03, _ = plans()
+    assert plan03(3, 100003, 4).cluster == 8 and plan03(3, 100003, 2).cluster == 8
+    assert plan03(4096, 1024, 4).row_threads == 32                   # a warp per row
+    assert plan03(4096, 100003, 4).cluster == 8                      # long rows need 8 blocks anyway
+    assert plan03(4096, 4096, 4).cluster == 1                        # enough rows: one block each
+
+
+# --- the kernels, run on the CPU --------------------------------------------------------------------------------
+
+emulate = pytest.importorskip("emulate")
+needs_cxx = pytest.mark.skipif(emulate.compiler() is None, reason="no host C++ compiler (g++) for the emulation")
+
+
+@pytest.fixture(scope="module")
+def t03():
+    return load_tutorial(T03, compile=emulate.compile_host)
+
+
+@pytest.fixture(scope="module")
+def t04():
+    return load_tutorial(T04, compile=emulate.compile_host)
+
+
+def with_specials(rows, cols, dtype):
+    """inputs(g) for softmax: N(0, 3), then a fully masked row, a half-masked row, huge and very negative rows."""
+    def make(g):
+        x = 3 * torch.randn(rows, cols, generator=g)
+        for i, fill in enumerate([lambda r: r.fill_(float("-inf")), lambda r: r[::2].fill_(float("-inf")),
+                                  lambda r: r.mul_(1e37), lambda r: r.sub_(1e30)][:max(0, rows - 1)]):
+            fill(x[i + 1])
+        return x.to(dtype), torch.empty(rows, cols, dtype=dtype)
+    return make
+
+
+EMU_SHAPES = [(1, 1), (3, 7), (6, 1031), (5, 4099), (3, 9000), (2, 40000)]   # warp, block, clusters of 4 and 8
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_softmax_on_the_emulator(t03, dtype):
+    for name, fn in t03["SOFTMAXES"].items():
+        for r, c in EMU_SHAPES + ([(2, 300007)] if name == "softmax" and dtype == torch.float32 else []):
+            report = kernellab.check(fn, lambda x, y: torch.softmax(x, -1), with_specials(r, c, dtype), trials=1)
+            assert report.passed, (name, r, c, report)
+
+
+@needs_cxx
+def test_a_fully_masked_row_is_nan_as_in_torch(t03):
+    x = torch.randn(3, 1031)
+    x[1] = float("-inf")
+    y = t03["softmax"](x)
+    assert torch.isnan(y[1]).all() and torch.isnan(torch.softmax(x, -1)[1]).all()
+    assert not torch.isnan(y[0]).any() and not torch.isnan(y[2]).any()
+
+
+def ln_inputs(rows, cols, dtype, mean=0.0):
+    def make(g):
+        x = (2 * torch.randn(rows, cols, generator=g) + mean).to(dtype)
+        w = (1 + 0.5 * torch.randn(cols, generator=g)).to(dtype)
+        return x, w, torch.randn(cols, generator=g).to(dtype), torch.empty(rows, cols, dtype=dtype)
+    return make
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layernorm_and_rmsnorm_on_the_emulator(t04, dtype):
+    for name, fn in t04["LAYERNORMS"].items():
+        for r, c in EMU_SHAPES:
+            report = kernellab.check(lambda x, w, b, y, fn=fn: fn(x, w, b, y, 1e-5),
+                                     lambda x, w, b, y: F.layer_norm(x, (x.shape[1],), w, b, 1e-5),
+                                     ln_inputs(r, c, dtype), trials=1)
+            assert report.passed, (name, r, c, report)
+    for r, c in EMU_SHAPES:
+        report = kernellab.check(lambda x, w, b, y: t04["rmsnorm"](x, w, y, 1e-5),
+                                 lambda x, w, b, y: F.rms_norm(x, (x.shape[1],), w, 1e-5),
+                                 ln_inputs(r, c, dtype, mean=1.0), trials=1)
+        assert report.passed, ("rmsnorm", r, c, report)
+
+
+@needs_cxx
+def test_only_the_sum_of_squares_fails_on_a_large_mean(t04):
+    results = {name: kernellab.check(lambda x, w, b, y, fn=fn: fn(x, w, b, y, 1e-5),
+                                     lambda x, w, b, y: F.layer_norm(x, (x.shape[1],), w, b, 1e-5),
+                                     ln_inputs(4, 4096, torch.float32, mean=1e4), trials=1, atol=5e-3, rtol=0)
+               for name, fn in t04["LAYERNORMS"].items()}
+    assert not results["layernorm_sumsq"].passed and results["layernorm_sumsq"].max_abs_error > 1
+    assert results["layernorm_welford"].passed and results["layernorm"].passed
+
+
+@needs_cxx
+def test_sums_on_the_emulator(t03):
+    for name, fn in t03["SUMS"].items():
+        for n in (1, 255, 257, 10_003):
+            report = kernellab.check(fn, lambda x: x.sum().reshape(1), lambda g, n=n: (torch.randn(n, generator=g),),
+                                     trials=1, atol=5e-5 * n ** 0.5, rtol=0)
+            assert report.passed, (name, n, report)
+
+
+@needs_cxx
+@pytest.mark.slow
+def test_the_benchmark_script_runs_its_checks_and_table(t03, t04, monkeypatch, capsys):
+    import memory_bound as mb
+    from test_bench import FakeClock
+
+    monkeypatch.setattr(mb, "DEVICE", "cpu")
+    monkeypatch.setattr(mb, "SUM_N", 3000)
+    monkeypatch.setattr(mb, "SUM_CHECK_SIZES", (257, 3001))
+    monkeypatch.setattr(mb, "LADDER_SHAPE", (8, 1031))
+    monkeypatch.setattr(mb, "compiled", lambda torch, fn, name, run, *args: fn)   # no Inductor on the CPU here
+    run = mb.Run(None)
+    opts = dict(warmup_ms=1, rep_ms=3, rounds=3, min_reps=3, timer=FakeClock(lambda out: 1.0))
+    for ladder, ns in ((mb.sum_ladder, t03), (mb.softmax_ladder, t03), (mb.layernorm_ladder, t04)):
+        ladder(run, ns, 3000.0, opts)
+    mb.table(run, t03, t04, 3000.0, opts, [(5, 1031), (2, 9000)], (torch.bfloat16,),
+             ["softmax", "layernorm", "rmsnorm"])
+    mb.summary(run, 3000.0, "fake")
+    out = capsys.readouterr().out
+    assert "NOT AS EXPECTED" not in out and "FAILED" not in out and "!" not in out, out
+    table = [r for r in run.records if r["section"] == "table"]
+    assert len(table) == 6 and all(r["check"] == "passed" for r in table)
+    assert {r["op"] for r in run.records if r["section"] == "ladder"} == {"sum", "softmax", "layernorm"}
+    assert "large mean (1e4): layernorm_sumsq failed" in out and "layernorm_welford passed" in out
+
+
+# --- the exercises' solutions and the variants only a GPU can catch, run on the emulator ------------------------
+
+EXERCISES = ("03-block-sum", "03-softmax-warp", "04-rmsnorm-block", "04-layernorm-block")
+
+
+@needs_cxx
+@pytest.mark.parametrize("ex_id", EXERCISES)
+def test_exercise_solution_passes_and_gpu_variants_fail_on_the_emulator(ex_id):
+    """What tests/gpu/test_exercises_gpu.py grades on a GPU, here on the emulated kernels: the reference solution
+    matches on every small shape, and each `on gpu` wrong variant shows the finding it promises."""
+    import numpy as np
+
+    from exercises.solutions_lib import solution_path, variants
+    from kernellab.teach import compare, exercise
+
+    ex = exercise(ex_id)
+
+    def findings(path):
+        kernel = emulate.compile_host(path.read_text())[ex.kernel]
+        found = set()
+        for si, shape in enumerate(ex.shapes):
+            if np.prod(shape) > 100_000:
+                continue
+            for grid, block in ex.launch.configs(shape):
+                args = list(ex.make_args(shape, np.random.default_rng([7, si])))
+                expected = ex.reference(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])
+                for i in ex.outputs:
+                    compare.poison_(args[i])
+                kernel[grid[0], block[0]](*[torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in args])
+                for j, i in enumerate(ex.outputs):
+                    found |= {p.kind for p in compare.compare(args[i], expected[j], ex.arg_name(i), rtol=ex.rtol,
+                                                              atol=ex.atol)}
+        return found
+
+    assert findings(solution_path(ex_id)) == set()
+    for v in variants(ex_id):
+        if v.where == "gpu":
+            assert set(v.kinds) <= findings(v.path), v
