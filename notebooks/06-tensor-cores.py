@@ -1,0 +1,1302 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Tensor cores: from WMMA to wgmma
+#
+# **What you will learn**
+# - what a tensor core computes (a small matrix product per instruction, bf16 or fp16 in, fp32 accumulate) and why a
+#   matmul on them is bound by feeding them: bytes from global memory, wavefronts from shared memory, latency;
+# - four kernels for `C = A Bᵀ`, each a step: WMMA (the C++ fragment API) → `mma.sync` m16n8k16 with fragments from
+#   `ldmatrix` → a `cp.async` pipeline several stages deep with a swizzled shared layout → on Hopper, `wgmma` fed
+#   by the tensor memory accelerator (TMA) with `mbarrier`s, a producer warpgroup and two consumers, and a tile order
+#   that keeps L2 warm;
+# - which instructions each step's SASS holds (`HMMA` or `HGMMA`, `LDSM`, `LDGSTS` or `UTMALDG`), the banks of the
+#   shared tiles before and after the swizzle, and what Nsight Compute says the tensor pipe does;
+# - on a GPU: check every step in both dtypes on awkward shapes and time it against `torch.matmul` (cuBLAS) in the
+#   same run: the `mma.sync` pipeline should reach 60 % of cuBLAS, the Hopper kernel 95 % (100 % the goal);
+# - write a WMMA tile and an `mma.sync` fragment load yourself (exercises 06-wmma-tile and 06-mma-fragments).
+#
+# Without a GPU, Run All still reaches the end: compiling (the Hopper kernel for `sm_90a`), the cards, the SASS, the
+# bank model and the tile-size arithmetic all run; each cell marked `%%gpu` says in one line that it was skipped.
+
+# %%
+# %load_ext kernellab
+# %matplotlib inline
+
+import torch
+import torch.nn.functional as F
+from IPython.display import HTML, display
+from matplotlib.figure import Figure
+
+import kernellab
+from kernellab.analysis.arch import get_arch
+from kernellab.analysis.banks import analyze_access
+from kernellab.analysis.roofline import datasheet_ceilings
+from kernellab.compile.sass_summary import opcode_of
+from kernellab.report import html_table
+from kernellab.run.device import device_info
+
+GPU = kernellab.has_gpu()
+DEVICE = torch.cuda.get_device_name() if GPU else "NVIDIA H100 SXM (assumed: no GPU here)"
+ARCH = get_arch(device_info().arch if GPU else "sm_90")
+SMS = device_info().multiprocessors if GPU else 132
+SMEM_OPTIN = device_info().shared_per_block_optin_bytes if GPU else ARCH.shared_memory_per_block_optin_bytes
+HOPPER = ARCH.compute_capability == (9, 0)         # wgmma and TMA: sm_90 only (the kernel is built for sm_90a)
+print("GPU:", DEVICE, f"({ARCH.name}, {SMS} SMs, {SMEM_OPTIN // 1024} KiB smem per block with opt-in)")
+
+# %% [markdown]
+# ## Bytes and FLOPs, and the layout
+#
+# In bf16 a 4096³ product is the same 137 GFLOP as in tutorial 05, on half the bytes (2 per element): at least
+# 101 MB, 1,365 FLOP per byte. The tensor cores of an H100 do about 990 TFLOP/s dense in bf16 and fp16 (15 times the
+# FP32 rate), so the arithmetic floor drops to 0.14 ms while memory needs 0.03 ms: still compute-bound, but now a
+# kernel has to move operands 15 times faster to keep up. Everything in this tutorial is about feeding the
+# tensor cores.
+#
+# **Layout.** A tensor-core instruction takes A as rows of `k` and B as *columns* of `k` (the `.row.col` of
+# `mma.sync`): both operands contiguous along `k`. So `B` here is stored as `[N, K]`, the layout of an `nn.Linear`
+# weight, and the kernels compute `C = A Bᵀ`; the baseline is `torch.matmul(A, B.T)`, which cuBLAS runs as the same
+# "TN" product. `C` is bf16 (or fp16) like the inputs, accumulated in fp32.
+
+# %%
+SIZE = 4096
+PEAK = datasheet_ceilings(DEVICE) or datasheet_ceilings("H100 SXM")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def mm_flops(A, B, *_):
+    """FLOPs of C = A B^T: a multiply and an add per term."""
+    return 2 * A.shape[0] * B.shape[0] * A.shape[1]
+
+
+def mm_bytes(A, B, *_):
+    """The fewest bytes: A and B read once, C written once."""
+    return A.element_size() * (A.shape[0] * A.shape[1] + B.shape[0] * B.shape[1] + A.shape[0] * B.shape[0])
+
+
+flops, least_bytes = 2 * SIZE**3, 2 * 3 * SIZE**2
+print(f"{SIZE}^3 bf16: {flops / 1e9:.0f} GFLOP, at least {least_bytes / 1e6:.0f} MB: "
+      f"{flops / least_bytes:.0f} FLOP/byte")
+print(f"floors on {PEAK.device}: bf16 tensor cores {PEAK.bf16_tflops} TFLOP/s -> "
+      f"{flops / PEAK.bf16_tflops / 1e9:.3f} ms; "
+      f"{PEAK.dram_gbps / 1e3:.2f} TB/s -> {least_bytes / PEAK.dram_gbps / 1e6:.3f} ms; "
+      f"the FP32 cores would need {flops / PEAK.fp32_tflops / 1e9:.2f} ms")
+
+# %% [markdown]
+# ## The harness
+#
+# Each step's cell defines a bf16 and an fp16 kernel with the signature `(A, B, C, M, N, K)`. The launcher picks
+# the one for the tensors' dtype. The kernels load 16-byte chunks of 8 elements along `k`, so rows must start on
+# 16 bytes: `K % 8 == 0`. For any other `K` the launcher pads `A` and `B` with zero columns (zeros add nothing to
+# the dot products); `M` and `N` can be anything. `check_step` runs each dtype on shapes chosen to break it against
+# a float64 reference, with the output poisoned with NaN; `bench_step` times bf16 at 4096³ against cuBLAS in the
+# same run.
+
+# %%
+def cdiv(a, b):
+    """Blocks needed to cover a with tiles of b."""
+    return (a + b - 1) // b
+
+
+def padded_k(A, B):
+    """A [M, K] and B [N, K] with K padded by zero columns to a multiple of 8 (16-byte rows); the new K."""
+    K = A.shape[1]
+    pad = -K % 8
+    if pad:
+        A, B = F.pad(A, (0, pad)), F.pad(B, (0, pad))
+    return A, B, K + pad
+
+
+def launcher(kernels, grid, block, shared_bytes=0, args=None, cluster=None):
+    """kernels: {dtype: Kernel} -> run(A, B, C) computing C = A B^T; grid(M, N) gives the grid; `args(A, B)` what the
+    kernel takes for A and B (tensor maps for the Hopper kernel); `cluster` the thread-block cluster shape."""
+    def run(A, B, C):
+        M, N = A.shape[0], B.shape[0]
+        A, B, K = padded_k(A, B)
+        kernel = kernels[A.dtype]
+        first = args(A, B) if args else (A, B)
+        kernel[grid(M, N), block, shared_bytes](*first, C, M, N, K, **({"cluster": cluster} if cluster else {}))
+        return C
+    run.__name__ = next(iter(kernels.values())).name.rsplit("_", 1)[0]
+    return run
+
+
+def tc_inputs(M, N, K, dtype):
+    """inputs(generator): A [M, K], B [N, K] ~ N(0, 1) and C [M, N], all in dtype on the GPU."""
+    def make(g):
+        return (torch.randn(M, K, generator=g, device="cuda").to(dtype),
+                torch.randn(N, K, generator=g, device="cuda").to(dtype), torch.empty(M, N, device="cuda", dtype=dtype))
+    return make
+
+
+def cublas(A, B, C):
+    """The baseline: cuBLAS through torch.matmul, on the same K-major operands."""
+    return torch.matmul(A, B.T, out=C)
+
+
+CHECK_SHAPES = [(1, 1, 1), (15, 17, 33), (130, 270, 40), (255, 129, 200), (4095, 4097, 1023)]
+results = {}          # step name -> BenchResult (bf16, SIZE^3)
+
+
+def check_step(fn, shapes=CHECK_SHAPES, isolate=False):
+    """Check fn in bf16 and fp16 against a float64 reference on every shape; stop at the first failure. isolate=True
+    runs the kernels in a worker process, which is killed if a launch hangs (a wrong mbarrier phase does that)."""
+    for name, dtype in DTYPES.items():
+        for M, N, K in shapes:
+            report = kernellab.check(fn, lambda A, B, C: A @ B.T, tc_inputs(M, N, K, dtype), trials=2,
+                                     generator_device="cuda", isolate=isolate)
+            if not report.passed:
+                print(f"{fn.__name__} FAILS in {name} at {M} x {N} x {K}")
+                return report
+    print(f"{fn.__name__}: correct in bf16 and fp16 on {', '.join(f'{m}x{n}x{k}' for m, n, k in shapes)}")
+    return report
+
+
+def bench_step(fn, dtype=torch.bfloat16, size=SIZE, keep=True):
+    """Time fn at size^3 against cuBLAS in the same run."""
+    r = kernellab.bench(fn, tc_inputs(size, size, size, dtype), baselines={"cuBLAS": cublas}, flops=mm_flops,
+                        bytes=mm_bytes, generator_device="cuda")
+    if keep:
+        results[fn.__name__] = r
+    print(f"{r.name} {str(dtype)[6:]} {size}^3: {r.median_ms:.3f} ms, {r.tflops:.0f} TFLOP/s = "
+          f"{r.speedup('cuBLAS').ratio:.1%} of cuBLAS ({r.baselines[0].median_ms:.3f} ms, "
+          f"{r.baselines[0].tflops:.0f} TFLOP/s), {r.device}")
+    return r
+
+
+def compare(name, previous, predicted):
+    """One line: the step against the previous one and against the prediction (a fraction of cuBLAS)."""
+    r, p = results[name], results.get(previous)
+    ratio, (lo, hi) = r.speedup("cuBLAS").ratio, predicted
+    verdict = "inside" if lo <= ratio <= hi else ("above" if ratio > hi else "below")
+    step = f"{p.median_ms / r.median_ms:.2f}x faster than {previous}; " if p else ""
+    print(f"{name}: {step}{ratio:.1%} of cuBLAS, {verdict} the predicted {lo:.0%}-{hi:.0%}")
+
+
+def sass_line(*kernels):
+    """Each kernel's SASS headline: tensor-core instructions, async copies, matrix loads, local memory."""
+    for k in kernels:
+        print(f"{k.name:16s} {k.resources.registers:3d} regs, {k.resources.local_bytes} B local | "
+              f"{k.instruction_summary.headline()}")
+
+
+# %% [markdown]
+# ## Step 1: WMMA
+#
+# `nvcuda::wmma` is the C++ face of the tensor cores: a warp loads 16 x 16 fragments of A and B
+# (`load_matrix_sync`), multiplies them into a 16 x 16 fp32 accumulator (`mma_sync`) and stores it
+# (`store_matrix_sync`); which lane holds which element is not specified. The kernel is tutorial 05's step 3 with
+# fragments: a block of 8 warps computes a 128 x 128 tile, walking `K` in slices of 32 staged in shared memory
+# (rows padded by 16 bytes); each warp owns 32 x 64 of `C`, 2 x 4 fragments. The accumulator layout being opaque, the
+# epilogue goes through a 16 x 16 fp32 staging tile per warp to convert and guard the stores.
+#
+# **Prediction.** Per 16 of `k` a warp loads 6 fragments and issues 8 `mma_sync`s (each two `HMMA.16816`), and the
+# loads of the next slice do not start until this one is done: nothing overlaps the global-memory latency but
+# other warps (two blocks per SM at most). Expect 20-40 % of cuBLAS.
+
+# %%
+# %%cuda --name wmma_cell
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+using namespace nvcuda;
+
+// C[M, N] = A[M, K] B[N, K]^T: A and B both K-major (B as nn.Linear stores its weight), fp32 accumulation.
+#define BM 128
+#define BN 128
+#define BK 32
+#define PAD 8                      // 16 bytes per smem row: 80-byte rows keep every 16-row fragment 32-byte aligned
+#define NTHREADS 256               // 8 warps, 4 (M) x 2 (N), each a 32 x 64 tile = 2 x 4 WMMA 16x16 tiles
+
+__device__ __forceinline__ __nv_bfloat16 from_float(float x, __nv_bfloat16) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __half from_float(float x, __half) { return __float2half_rn(x); }
+
+// A row-major [rows, K] tile of 16-bit elements into smem [128][BK + PAD], 16 bytes per thread per step; zeros
+// past the last row or the last column. K % 8 == 0 (the launcher pads K), so a 16-byte chunk is all in or all out.
+template <typename T>
+__device__ __forceinline__ void load_tile(T (*dst)[BK + PAD], const T* __restrict__ src, int row0, int rows, int k0,
+                                          int K) {
+    for (int i = threadIdx.x; i < 128 * BK / 8; i += NTHREADS) {
+        int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (row0 + r < rows && k0 + c < K) v = *reinterpret_cast<const uint4*>(&src[(size_t)(row0 + r) * K + k0 + c]);
+        *reinterpret_cast<uint4*>(&dst[r][c]) = v;
+    }
+}
+
+template <typename T>
+__device__ void wmma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K) {
+    __shared__ __align__(128) T As[BM][BK + PAD];         // As[m][k]
+    __shared__ __align__(128) T Bs[BN][BK + PAD];         // Bs[n][k]: a col-major K x N fragment source
+    __shared__ __align__(128) float Cs[NTHREADS / 32][16][16];   // one 16x16 fp32 staging tile per warp
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm0 = (warp / 2) * 32, wn0 = (warp % 2) * 64;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4];
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        load_tile(As, A, bm, M, k0, K);
+        load_tile(Bs, B, bn, N, k0, K);
+        __syncthreads();
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[4];
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &As[wm0 + 16 * i][kk], BK + PAD);
+            for (int j = 0; j < 4; ++j) wmma::load_matrix_sync(b[j], &Bs[wn0 + 16 * j][kk], BK + PAD);
+            for (int i = 0; i < 2; ++i)
+                for (int j = 0; j < 4; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    // The accumulator layout is opaque: store each tile to smem, then write it out converted, with guards.
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            int r = lane / 2, c0 = (lane % 2) * 8;             // each lane: 8 elements of one row
+            int row = bm + wm0 + 16 * i + r;
+            for (int c = c0; c < c0 + 8; ++c) {
+                int col = bn + wn0 + 16 * j + c;
+                if (row < M && col < N) C[(size_t)row * N + col] = from_float(Cs[warp][r][c], T());
+            }
+            __syncwarp();
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+wmma_bf16(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K) {
+    wmma_gemm(A, B, C, M, N, K);
+}
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+wmma_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {
+    wmma_gemm(A, B, C, M, N, K);
+}
+
+# %%
+sass_line(wmma_bf16, wmma_f16)
+wmma = launcher({torch.bfloat16: wmma_bf16, torch.float16: wmma_f16}, lambda M, N: (cdiv(N, 128), cdiv(M, 128)), 256)
+
+# %% [markdown]
+# The SASS says something the source does not: for fp16 the fragments come through `LDSM` (`ldmatrix`), for bf16
+# through generic 4-byte loads (`LD.E`), which cannot know the address is in shared memory. WMMA leaves the
+# instruction choice to the header; the next step takes it.
+
+# %%
+# %%gpu
+check_step(wmma)
+bench_step(wmma)
+compare("wmma", None, (0.20, 0.40))
+
+# %% [markdown]
+# ### Exercise 06-wmma-tile · One warp, one 16 x 16 tile
+#
+# Write `wmma_tile(A, B, C, M, N, K)`: fp16 `A` (`M x K`) and `B` (`N x K`), both row-major, and `C = A Bᵀ` in
+# fp32 (`M x N`). `M`, `N` and `K` are multiples of 16. One warp per block (32 threads) computes the 16 x 16 tile of
+# `C` at row `blockIdx.y * 16`, column `blockIdx.x * 16`, loading its fragments straight from global memory: a
+# `matrix_a` fragment `row_major` from `A` (leading dimension `K`), a `matrix_b` fragment from `B`, whose rows are the
+# columns of `Bᵀ` (so `col_major`, leading dimension `K`), `mma_sync` over `K` in steps of 16, then
+# `store_matrix_sync` into `C` (leading dimension `N`). The grader checks the SASS for `HMMA` without a GPU, and on
+# a GPU runs shapes from one tile (16 x 16 x 16) to 512 x 1024 x 1024.
+
+# %%
+# %%cuda
+// exercise: 06-wmma-tile
+#include <cuda_fp16.h>
+#include <mma.h>
+using namespace nvcuda;
+extern "C" __global__ void wmma_tile(const __half* A, const __half* B, float* C, int M, int N, int K) {
+    // TODO: fragments of A (row_major) and B (col_major), mma_sync over K in steps of 16, store_matrix_sync to C
+}
+
+# %%
+kernellab.grade("06-wmma-tile", wmma_tile)
+
+# %% [markdown]
+# ## Step 2: `mma.sync` m16n8k16 with `ldmatrix`
+#
+# The same tiles, written against the instructions themselves, through three one-line PTX helpers:
+# - `ldmatrix.x4`: the warp reads four 8 x 8 matrices of 16-bit elements from shared memory; lane `l` gives the
+#   address of row `l % 8` of matrix `l / 8` and receives, of each matrix, row `l / 4`, elements `2 (l % 4)` and
+#   `2 (l % 4) + 1`: exactly the register layout `mma.sync` wants.
+# - `mma.sync.m16n8k16`: `D (16 x 8, fp32) += A (16 x 16) B (16 x 8)`; lane `l` holds A's rows `l / 4` and `l / 4 + 8`,
+#   columns `2 (l % 4)` and `+ 8` (four registers), B's column `l / 4` (two), and D's rows `l / 4` and `l / 4 + 8`,
+#   columns `2 (l % 4)` and `+ 1` (four floats).
+# - for B stored `[N, K]`, one `ldmatrix.x4` at rows `n0 + (l % 8) + 8 (l / 16)`, column `k0 + 8 ((l / 8) % 2)`
+#   yields the two registers of two adjacent n8 tiles.
+#
+# 8 warps as 2 x 4, each a 64 x 32 tile: per 16 of `k`, 4 `ldmatrix.x4` for A, 2 for B and 16 `mma.sync`.
+#
+# **Prediction.** The bf16 path now uses `LDSM` like fp16 did, and the accumulators are plain registers (no staging
+# tile in the epilogue): 1.2-1.6x over WMMA in bf16. The structure (load, barrier, compute, barrier) is unchanged,
+# so it stays far from cuBLAS: 30-50 %.
+
+# %%
+# %%cuda --name mma_cell
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define BM 128
+#define BN 128
+#define BK 32
+#define PAD 8                      // 80-byte smem rows: the 8 rows one ldmatrix reads land in 8 different bank groups
+#define NTHREADS 256               // 8 warps, 2 (M) x 4 (N): each warp a 64 x 32 tile = 4 x 4 mma tiles of 16 x 8
+#define WM 64
+#define WN 32
+
+// --- the PTX this kernel needs, one instruction per helper ---------------------------------------------------------
+// ldmatrix: the warp reads four 8x8 matrices of 16-bit elements; lane l gives the address of row l % 8 of matrix
+// l / 8 and gets, of each matrix i, row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1, packed in r[i].
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr));
+}
+// d (16 x 8, fp32) += a (16 x 16, row-major) * b (16 x 8, column-major), in the fragment layouts of the PTX ISA.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                                          __nv_bfloat16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], __half) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Two fp32 results into C as the 16-bit type, guarded; a 4-byte store when both fit and are aligned.
+__device__ __forceinline__ void store2(__nv_bfloat16* C, int row, int col, int M, int N, float x, float y) {
+    if (row >= M) return;
+    if (col + 1 < N && N % 2 == 0) {
+        *reinterpret_cast<__nv_bfloat162*>(&C[(size_t)row * N + col]) = __floats2bfloat162_rn(x, y);
+    } else {
+        if (col < N) C[(size_t)row * N + col] = __float2bfloat16_rn(x);
+        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2bfloat16_rn(y);
+    }
+}
+__device__ __forceinline__ void store2(__half* C, int row, int col, int M, int N, float x, float y) {
+    if (row >= M) return;
+    if (col + 1 < N && N % 2 == 0) {
+        *reinterpret_cast<__half2*>(&C[(size_t)row * N + col]) = __floats2half2_rn(x, y);
+    } else {
+        if (col < N) C[(size_t)row * N + col] = __float2half_rn(x);
+        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2half_rn(y);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void load_tile(T (*dst)[BK + PAD], const T* __restrict__ src, int row0, int rows, int k0,
+                                          int K) {
+    for (int i = threadIdx.x; i < 128 * BK / 8; i += NTHREADS) {
+        int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (row0 + r < rows && k0 + c < K) v = *reinterpret_cast<const uint4*>(&src[(size_t)(row0 + r) * K + k0 + c]);
+        *reinterpret_cast<uint4*>(&dst[r][c]) = v;
+    }
+}
+
+template <typename T>
+__device__ void mma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K) {
+    __shared__ __align__(128) T As[BM][BK + PAD];
+    __shared__ __align__(128) T Bs[BN][BK + PAD];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    float acc[WM / 16][WN / 8][4] = {};
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        load_tile(As, A, bm, M, k0, K);
+        load_tile(Bs, B, bn, N, k0, K);
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            unsigned a[WM / 16][4], b[WN / 8][2];
+#pragma unroll
+            for (int i = 0; i < WM / 16; ++i)      // rows 0-15 and k 0-7 | 8-15 of a 16 x 16 tile: a0..a3
+                ldmatrix_x4(a[i], smem_u32(&As[wm0 + 16 * i + lane % 16][kk + (lane / 16) * 8]));
+#pragma unroll
+            for (int j = 0; j < WN / 16; ++j) {    // two n8 tiles per ldmatrix: b0, b1 of tile 2j, then of 2j + 1
+                unsigned r[4];
+                ldmatrix_x4(r, smem_u32(&Bs[wn0 + 16 * j + lane % 8 + (lane / 16) * 8][kk + ((lane / 8) % 2) * 8]));
+                b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+                for (int j = 0; j < WN / 8; ++j) mma_16816(acc[i][j], a[i], b[j], T());
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) {        // c0, c1 at (lane / 4, 2 (lane % 4) + 0, 1); c2, c3 eight rows down
+            int row = bm + wm0 + 16 * i + lane / 4, col = bn + wn0 + 8 * j + 2 * (lane % 4);
+            store2(C, row, col, M, N, acc[i][j][0], acc[i][j][1]);
+            store2(C, row + 8, col, M, N, acc[i][j][2], acc[i][j][3]);
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+mma_bf16(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K) {
+    mma_gemm(A, B, C, M, N, K);
+}
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+mma_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {
+    mma_gemm(A, B, C, M, N, K);
+}
+
+# %%
+sass_line(mma_bf16, mma_f16)
+mma = launcher({torch.bfloat16: mma_bf16, torch.float16: mma_f16}, lambda M, N: (cdiv(N, 128), cdiv(M, 128)), 256)
+
+# %%
+# %%gpu
+check_step(mma)
+bench_step(mma)
+compare("mma", "wmma", (0.30, 0.50))
+
+# %% [markdown]
+# ### Exercise 06-mma-fragments · Fragments by hand
+#
+# Write `mma_fragments(A, B, C, M, N, K)`: fp16 `A` (`M x K`), `B` (`N x K`), fp32 `C = A Bᵀ` (`M x N`), `M` a
+# multiple of 16, `N` of 8, `K` of 16. One warp per block computes the 16 x 8 tile of `C` at row
+# `blockIdx.y * 16`, column `blockIdx.x * 8`, with one `mma.sync.m16n8k16` per 16 of `k` (the `MMA_16816` macro
+# below), loading its registers straight from global memory by the layout above: with `g = lane / 4`,
+# `t = lane % 4`, `a[0]` holds `A[g][2t, 2t + 1]`, `a[1]` `A[g + 8][2t, 2t + 1]`, `a[2]` `A[g][2t + 8, 2t + 9]`,
+# `a[3]` `A[g + 8][2t + 8, 2t + 9]` (two halves in one 32-bit register, the lower column in the low half: one
+# 4-byte load), `b[0]` holds `B[g][2t, 2t + 1]` and `b[1]` `B[g][2t + 8, 2t + 9]` (rows of `B` are columns of
+# `Bᵀ`), all relative to the tile's corner and `k`; `d[0], d[1]` go to `C[g][2t, 2t + 1]` and `d[2], d[3]` to
+# `C[g + 8][2t, 2t + 1]`. The grader checks the SASS for `HMMA` without a GPU; on a GPU it runs shapes from one
+# tile (16 x 8 x 16) to 512 x 512 x 1024.
+
+# %%
+# %%cuda
+// exercise: 06-mma-fragments
+#include <cuda_fp16.h>
+#define MMA_PTX "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+#define MMA_16816(d, a, b) asm volatile(MMA_PTX : MMA_OUT(d) : MMA_IN(a, b))
+#define MMA_OUT(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#define MMA_IN(a, b) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])
+extern "C" __global__ void mma_fragments(const __half* A, const __half* B, float* C, int M, int N, int K) {
+    // TODO: unsigned a[4], b[2] loaded by the fragment layout per 16 of k; MMA_16816(d, a, b); d[0..3] into C
+}
+
+# %%
+kernellab.grade("06-mma-fragments", mma_fragments)
+
+# %% [markdown]
+# ## Step 3: a `cp.async` pipeline and a swizzled layout
+#
+# Two changes, both about keeping the tensor cores busy while data moves.
+# - **`cp.async`** copies 16 bytes from global to shared memory without passing through registers and without
+#   waiting: a thread issues the copies of a later slice, commits them as a group, and computes on an earlier one;
+#   `cp.async.wait_group n` waits until at most `n` groups are still in flight. With `STAGES` buffers, `STAGES - 1`
+#   slices are always on their way, and one barrier per slice orders it all (the stage refilled at slice `t` is the one
+#   computed at `t - 1`, and every thread has passed that barrier).
+# - **A swizzled layout** instead of padding: the 16-byte chunk `c` of smem row `r` is stored at chunk
+#   `c ^ s(r)`. Padding (80-byte rows) would also avoid conflicts, but swizzling keeps rows dense and
+#   power-of-two sized, which is what the hardware's own swizzle on Hopper (next step) is, and costs no memory.
+#
+# The tile grows to 128 x 256 with 8 warps of 64 x 64 (128 fp32 accumulators per thread): per 16 of `k`, 4 + 4
+# `ldmatrix.x4` feed 32 `mma.sync` (4 per `ldmatrix`, against 2.7 in step 2).
+
+# %% [markdown]
+# **The banks, before and after.** An `ldmatrix` reads 8 rows of 16 bytes per matrix, a quarter-warp's worth of
+# 16-byte reads, so the bank model's `LDS.128` rules apply. With 64-byte rows (`BK = 32` halves) and no padding,
+# the 8 rows of a matrix are 64 bytes apart: rows `r` and `r + 2` land on the same four banks.
+
+# %%
+CHUNKS = 4                                   # BK = 32 halves = 64-byte rows = 4 chunks of 16 bytes
+
+
+def ldmatrix_rows(offset):
+    """Byte addresses of one ldmatrix.x4 of the A tile at (row 0, k 0): lane l reads row l % 16, chunk l // 16."""
+    return [offset(lane % 16, lane // 16) for lane in range(32)]
+
+
+LAYOUTS = {
+    "dense 64-byte rows": lambda r, c: r * 64 + c * 16,
+    "padded to 80 bytes (step 2)": lambda r, c: r * 80 + c * 16,
+    "swizzled: chunk c ^ (r / 2) % 4": lambda r, c: r * 64 + (c ^ ((r // 2) % CHUNKS)) * 16,
+}
+rows = []
+for name, offset in LAYOUTS.items():
+    access = analyze_access(ldmatrix_rows(offset), 16)
+    cp_async = analyze_access([offset(i // CHUNKS, i % CHUNKS) for i in range(32)], 16)   # a warp's 32 copies
+    rows.append([name, access.wavefronts, cp_async.wavefronts, "yes" if "padded" in name else "no"])
+HTML(html_table(["layout", "ldmatrix.x4 wavefronts (ideal 4)", "cp.async stores (ideal 4)", "extra memory"], rows,
+                caption="one warp's shared accesses in the bank model"))
+
+# %% [markdown]
+# Dense rows put the rows of a matrix four to a bank group: 16 wavefronts where 4 would do. Padding to 80 bytes fixes
+# the reads but not the writes: a warp's 32 `cp.async` chunks (8 rows of 4) now straddle bank groups and take twice
+# the wavefronts. The swizzle permutes chunks *within* a row, so writes of whole rows stay dense and reads of
+# 8 rows spread over all 8 bank groups: ideal on both sides.
+
+# %% [markdown]
+# The tile sizes from the device's limits: a stage is `(BM + BN) x BK` halves; the stages must fit the per-block
+# shared memory with opt-in, the 128 accumulators of a 64 x 64 warp tile plus fragments must fit the 255-register
+# limit at 256 threads (one block per SM: `65536 / 256 = 256` registers each), and four stages hide a global-memory
+# latency of about a microsecond at the rate one SM consumes slices.
+
+# %%
+BM3, BN3, BK3, STAGES3 = 128, 256, 32, 4
+stage_bytes = (BM3 + BN3) * BK3 * 2
+print(f"a stage: {stage_bytes // 1024} KiB; the opt-in limit fits {SMEM_OPTIN // stage_bytes} stages; using "
+      f"{STAGES3} ({STAGES3 * stage_bytes // 1024} KiB)")
+flops_per_slice = 2 * BM3 * BN3 * BK3
+sm_rate = PEAK.bf16_tflops * 1e12 / 132                        # FLOP/s of one SM at the datasheet rate
+print(f"one slice is {flops_per_slice / sm_rate * 1e9:.0f} ns of tensor-core work per SM: {STAGES3 - 1} slices in "
+      f"flight cover {(STAGES3 - 1) * flops_per_slice / sm_rate * 1e6:.2f} us of latency")
+print(f"registers: 64 x 64 warp tile = {64 * 64 // 32} fp32 accumulators per thread + 32 for fragments; "
+      f"{ARCH.registers_per_sm // 256} available per thread at 256 threads")
+
+# %% [markdown]
+# **Prediction.** Loads overlap compute, each slice needs half the shared-memory reads per MMA of step 2, and the
+# `ldmatrix` reads are conflict-free. On an H100, `mma.sync` itself tops out well under `wgmma`'s rate (the
+# Hopper tensor cores are fed at full speed only by the asynchronous warpgroup instructions), so expect 55-75 % of
+# cuBLAS; the target is 60 %.
+
+# %%
+# %%cuda --name mma_pipe_cell
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+// Tile sizes: defaults below; benchmarks/matmul.py sweeps others with -D options.
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 256
+#endif
+#ifndef BK
+#define BK 32                      // 64-byte rows: 4 chunks of 16 bytes
+#endif
+#ifndef STAGES
+#define STAGES 4                   // k-slices in flight: STAGES - 1 loading while one is computed
+#endif
+#ifndef WARPS_M
+#define WARPS_M 2
+#endif
+#ifndef WARPS_N
+#define WARPS_N 4
+#endif
+#define NTHREADS (WARPS_M * WARPS_N * 32)
+#define WM (BM / WARPS_M)          // warp tile: WM x WN, (WM / 16) x (WN / 8) mma tiles
+#define WN (BN / WARPS_N)
+#define CHUNKS (BK / 8)            // 16-byte chunks per smem row
+static_assert(WM % 16 == 0 && WN % 16 == 0 && (CHUNKS == 2 || CHUNKS == 4 || CHUNKS == 8), "tile shapes");
+static_assert((BM * CHUNKS) % NTHREADS == 0 && (BN * CHUNKS) % NTHREADS == 0, "whole chunks per thread");
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr));
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                                          __nv_bfloat16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], __half) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// cp.async: copy 16 bytes global -> shared without passing through registers; src_bytes < 16 zero-fills the rest.
+__device__ __forceinline__ void cp_async_16(unsigned smem_addr, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void store2(__nv_bfloat16* C, int row, int col, int M, int N, float x, float y) {
+    if (row >= M) return;
+    if (col + 1 < N && N % 2 == 0) {
+        *reinterpret_cast<__nv_bfloat162*>(&C[(size_t)row * N + col]) = __floats2bfloat162_rn(x, y);
+    } else {
+        if (col < N) C[(size_t)row * N + col] = __float2bfloat16_rn(x);
+        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2bfloat16_rn(y);
+    }
+}
+__device__ __forceinline__ void store2(__half* C, int row, int col, int M, int N, float x, float y) {
+    if (row >= M) return;
+    if (col + 1 < N && N % 2 == 0) {
+        *reinterpret_cast<__half2*>(&C[(size_t)row * N + col]) = __floats2half2_rn(x, y);
+    } else {
+        if (col < N) C[(size_t)row * N + col] = __float2half_rn(x);
+        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2half_rn(y);
+    }
+}
+
+// The swizzle: 16-byte chunk c of smem row r is stored at chunk c ^ s(r). s(r) takes every value 0..CHUNKS-1 on
+// any 8 consecutive rows that share their position in a 128-byte line, so the 8 rows of an ldmatrix (and a warp's
+// cp.async stores) hit 8 different 16-byte bank groups.
+__device__ __forceinline__ int swz(int r, int c) { return c ^ ((r / (8 / CHUNKS)) % CHUNKS); }
+// Byte offset of element (r, k) of a [rows][BK] swizzled tile (k a multiple of 8: the start of a chunk).
+__device__ __forceinline__ unsigned tile_off(int r, int k) { return (r * BK + swz(r, k / 8) * 8) * 2; }
+
+// Issue the cp.async copies of one k-slice: rows [row0, row0 + rows_tile) of a [rows, K] matrix into a tile.
+template <typename T>
+__device__ __forceinline__ void load_async(unsigned tile, const T* __restrict__ src, int row0, int rows_tile, int rows,
+                                           int k0, int K) {
+    for (int i = threadIdx.x; i < rows_tile * CHUNKS; i += NTHREADS) {
+        int r = i / CHUNKS, c = i % CHUNKS;
+        bool in = row0 + r < rows && k0 + c * 8 < K;            // K % 8 == 0: a chunk is all in or all out
+        const T* g = in ? &src[(size_t)(row0 + r) * K + k0 + c * 8] : src;
+        cp_async_16(tile + tile_off(r, c * 8), g, in ? 16 : 0);
+    }
+}
+
+template <typename T>
+__device__ void mma_pipe_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N,
+                              int K) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const unsigned sA = (unsigned)__cvta_generic_to_shared(smem);        // STAGES tiles [BM][BK], then
+    const unsigned sB = sA + STAGES * BM * BK * 2;                        // STAGES tiles [BN][BK]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    const int slices = (K + BK - 1) / BK;
+    float acc[WM / 16][WN / 8][4] = {};
+
+    // Prologue: the first STAGES - 1 slices in flight, one commit group each (empty groups keep the count).
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < slices) {
+            load_async(sA + s * BM * BK * 2, A, bm, BM, M, s * BK, K);
+            load_async(sB + s * BN * BK * 2, B, bn, BN, N, s * BK, K);
+        }
+        cp_async_commit();
+    }
+    for (int t = 0; t < slices; ++t) {
+        cp_async_wait<STAGES - 2>();      // this thread's copies of slice t have landed ...
+        __syncthreads();                  // ... and everyone's; and everyone is done computing slice t - 1
+        const int next = t + STAGES - 1;  // refill the stage slice t - 1 used
+        if (next < slices) {
+            load_async(sA + (next % STAGES) * BM * BK * 2, A, bm, BM, M, next * BK, K);
+            load_async(sB + (next % STAGES) * BN * BK * 2, B, bn, BN, N, next * BK, K);
+        }
+        cp_async_commit();
+        const unsigned tA = sA + (t % STAGES) * BM * BK * 2, tB = sB + (t % STAGES) * BN * BK * 2;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            unsigned a[WM / 16][4], b[WN / 8][2];
+#pragma unroll
+            for (int i = 0; i < WM / 16; ++i)
+                ldmatrix_x4(a[i], tA + tile_off(wm0 + 16 * i + lane % 16, kk + (lane / 16) * 8));
+#pragma unroll
+            for (int j = 0; j < WN / 16; ++j) {
+                unsigned r[4];
+                ldmatrix_x4(r, tB + tile_off(wn0 + 16 * j + lane % 8 + (lane / 16) * 8, kk + ((lane / 8) % 2) * 8));
+                b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+                for (int j = 0; j < WN / 8; ++j) mma_16816(acc[i][j], a[i], b[j], T());
+        }
+    }
+    cp_async_wait<0>();                   // nothing may be left in flight when the block exits
+#pragma unroll
+    for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) {
+            int row = bm + wm0 + 16 * i + lane / 4, col = bn + wn0 + 8 * j + 2 * (lane % 4);
+            store2(C, row, col, M, N, acc[i][j][0], acc[i][j][1]);
+            store2(C, row + 8, col, M, N, acc[i][j][2], acc[i][j][3]);
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+mma_pipe_bf16(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K) {
+    mma_pipe_gemm(A, B, C, M, N, K);
+}
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+mma_pipe_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {
+    mma_pipe_gemm(A, B, C, M, N, K);
+}
+
+# %%
+PIPE_SMEM = STAGES3 * (BM3 + BN3) * BK3 * 2
+sass_line(mma_pipe_bf16, mma_pipe_f16)
+mma_pipe = launcher({torch.bfloat16: mma_pipe_bf16, torch.float16: mma_pipe_f16},
+                    lambda M, N: (cdiv(N, BN3), cdiv(M, BM3)), 256, PIPE_SMEM)
+
+# %%
+# %%gpu
+check_step(mma_pipe)
+bench_step(mma_pipe)
+compare("mma_pipe", "mma", (0.55, 0.75))
+
+# %% [markdown]
+# ## Step 4 (Hopper, sm_90): `wgmma`, TMA, warp specialisation
+#
+# Hopper's tensor cores are fastest through `wgmma.mma_async`: a *warpgroup* (4 warps) issues one 64 x N x 16
+# product whose operands are read straight from shared memory, described by 64-bit matrix descriptors, and which
+# runs asynchronously until `wgmma.wait_group`. The operands get there by TMA: one thread issues
+# `cp.async.bulk.tensor` with a tensor map (`kernellab.tensor_map`), the copy engine moves a whole 2-D box, writes it
+# with the 128-byte swizzle that `wgmma`'s descriptors expect, and counts the bytes on an `mbarrier`.
+#
+# The block is three warpgroups:
+# - **the producer** (warpgroup 0) gives back registers (`setmaxnreg.dec` to 40) and one of its threads loops over
+#   the tiles and slices: wait until a stage is free (`empty` barrier), announce its bytes on the stage's `full`
+#   barrier, issue the TMA copies;
+# - **two consumers** take the registers (`setmaxnreg.inc` to 232); each owns 64 rows of the 128 x 256 tile and per
+#   slice waits on `full`, issues four `wgmma m64n256k16` (128 fp32 accumulators per thread), and frees the
+#   *previous* stage once its products are done (`wgmma.wait_group 1`), so one slice of products is always in
+#   flight behind the next one's issue;
+# - the grid is **persistent**, one block per SM, each walking tiles `blockIdx.x, + gridDim.x, ...`, in an order that
+#   sweeps `GROUP_M = 8` tile rows column by column: the tiles running at once share a few row panels of A and
+#   column panels of B, so most loads hit L2. While the consumers write a tile's `C`, the producer already fills
+#   the stages of the next;
+# - blocks come in **clusters of two** along M (`CLUSTER_M = 2`, launched with `cluster=(2, 1, 1)`). The two CTAs
+#   compute vertically adjacent tiles, so they need the same B tile: each loads its own A and *half* of B, and TMA
+#   *multicasts* that half into the shared memory of both. Why it matters: at 128 x 256 x 64 per slice an SM pulls
+#   48 KiB from L2 for 4.2 MFLOP, about 11 TB/s across the chip at the full tensor rate, more than L2 delivers;
+#   sharing B cuts that by a third. The price: a stage is free only when the consumers of *both* CTAs have released
+#   it, so each consumer warp arrives on the `empty` barrier of every CTA in its cluster (`mapa` gives the other
+#   CTA's address), and the two CTAs meet at a cluster barrier before they start and before they leave.
+#
+# The descriptor of a K-major tile with the 128-byte swizzle: start address (advanced by 32 bytes per 16 of `k`),
+# stride byte offset 1024 (8 rows of 128 bytes), swizzle mode 1; the tiles start on 1 KiB boundaries.
+
+# %%
+BM4, BN4, BK4 = 128, 256, 64
+stage4 = (BM4 + BN4) * BK4 * 2
+STAGES4 = min(4, (SMEM_OPTIN - 1024 - 128) // stage4)          # 1 KiB alignment slack, barriers
+WG_SMEM = STAGES4 * stage4 + 16 * STAGES4 + 1024
+print(f"a stage: {stage4 // 1024} KiB (A {BM4}x{BK4}, B {BN4}x{BK4} bf16); {STAGES4} stages = {WG_SMEM / 1024:.1f} KiB "
+      f"of {SMEM_OPTIN / 1024:.0f}")
+print(f"registers: 384 threads start with {ARCH.registers_per_sm // 384 // 8 * 8}; the producer keeps 40, so each "
+      f"consumer thread can have {(ARCH.registers_per_sm - 128 * 40) // 256 // 8 * 8}: 128 accumulators + descriptors "
+      f"and addresses (setmaxnreg 232)")
+CLUSTER = 2                                                    # CTAs per cluster along M (the cell's CLUSTER_M)
+tiles = cdiv(SIZE, BM4) * cdiv(SIZE, BN4)
+print(f"{SIZE}^2: {tiles} tiles over {SMS} persistent blocks = {tiles / SMS:.2f} waves")
+flop_per_slice, bytes_per_slice = 2 * BM4 * BN4 * BK4, stage4
+for c in (1, CLUSTER):
+    from_l2 = BM4 * BK4 * 2 + BN4 * BK4 * 2 / c                # A alone, B shared by the cluster's c CTAs
+    print(f"cluster of {c}: {from_l2 / 1024:.0f} KiB from L2 per slice per SM; at {PEAK.bf16_tflops:.0f} TFLOP/s that "
+          f"is {PEAK.bf16_tflops * 1e12 / flop_per_slice * from_l2 / 1e12:.1f} TB/s of L2 reads")
+
+# %% [markdown]
+# **Prediction.** `wgmma` lifts the tensor-core ceiling from `mma.sync`'s to the full rate, and TMA takes the copy
+# work and its address arithmetic off the threads. With four stages, a producer running ahead, the epilogue of one
+# tile overlapping the loads of the next and B multicast across the cluster, expect 90-105 % of cuBLAS at 4096³ and
+# 8192³ (target 95 %). What
+# separates it from cuBLAS then: the last partial wave (3.9 waves at 4096²) and the epilogue's direct stores.
+
+# %%
+# %%cuda --arch sm_90a --name wgmma_cell
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cuda.h>                 // CUtensorMap: the 128-byte tensor map kernellab.tensor_map encodes
+
+#ifndef BN
+#define BN 256                    // block tile BM x BN; each consumer warpgroup: 64 x BN with one wgmma m64nBNk16
+#endif
+#ifndef STAGES
+#define STAGES 4                  // smem stages of (A: BM x 64, B: BN x 64) bf16: 48 KiB each at BN = 256
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8                 // tile order: GROUP_M rows of tiles are swept together (L2 reuse)
+#endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 2               // CTAs per cluster along M: each loads its own A and half of the shared B tile,
+#endif                            // which TMA multicasts to both (half the L2 traffic for B); 1: no cluster
+#define BM 128                    // 2 consumer warpgroups x 64 rows
+#define BK 64                     // 128-byte rows: what the 128-byte swizzle of TMA and wgmma expects
+#define CONSUMERS 2
+#define NTHREADS (128 * (CONSUMERS + 1))    // warpgroup 0 produces (TMA), 1 and 2 consume (wgmma)
+#define A_BYTES (BM * BK * 2)
+#define B_BYTES (BN * BK * 2)
+#define B_PART_BYTES (B_BYTES / CLUSTER_M)     // the part of a B tile each CTA of a cluster loads and multicasts
+static_assert(BN == 128 || BN == 256, "one wgmma m64nBNk16 per consumer per 16 of k");
+static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "clusters of 1 or 2 CTAs along M");
+
+// --- mbarrier: a shared-memory barrier that counts arrivals and, for TMA, bytes ------------------------------------
+__device__ __forceinline__ void mbarrier_init(unsigned bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void fence_barrier_init() {      // make the inits visible to the TMA unit
+    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Wait until the phase with this parity has completed (a fresh barrier's "previous" phase, parity 1, has).
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, int parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// --- TMA: one instruction copies a whole box of a 2-D tensor into smem and counts its bytes on an mbarrier --------
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap* map, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+// --- wgmma: a warpgroup's asynchronous 64 x N x 16 product from smem, fp32 accumulators in registers ---------------
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads of the accumulators across a wgmma_wait (they change behind its back).
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// --- clusters: CTAs that see each other's shared memory -----------------------------------------------------------
+__device__ __forceinline__ unsigned cluster_ctarank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {            // every thread of every CTA of the cluster
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned mapa_shared(unsigned smem_addr, unsigned cta) {   // the same offset in CTA `cta`
+    unsigned out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(smem_addr), "r"(cta));
+    return out;
+}
+__device__ __forceinline__ void mbarrier_arrive_cluster(unsigned cluster_bar) {      // an mbarrier of any CTA
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+}
+// TMA into the same smem offset of every CTA in `mask`, counting the bytes on each one's mbarrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const CUtensorMap* map, int c0, int c1,
+                                                      unsigned bar, unsigned short mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+__device__ __forceinline__ void wgmma_256(float (&d)[128], unsigned long long desc_a,
+                                          unsigned long long desc_b, __nv_bfloat16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+                   "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+                   "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                   "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+                   "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+                   "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
+                   "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),
+                   "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+                   "+f"(d[126]), "+f"(d[127])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_256(float (&d)[128], unsigned long long desc_a,
+                                          unsigned long long desc_b, __half) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+                   "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+                   "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                   "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+                   "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+                   "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
+                   "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),
+                   "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+                   "+f"(d[126]), "+f"(d[127])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_128(float (&d)[64], unsigned long long desc_a,
+                                          unsigned long long desc_b, __nv_bfloat16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_128(float (&d)[64], unsigned long long desc_a,
+                                          unsigned long long desc_b, __half) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+// The smem matrix descriptor of a K-major tile written by TMA with the 128-byte swizzle: rows of 128 bytes, 8-row
+// groups 1024 bytes apart (the stride byte offset). Advancing the start address by 32 bytes moves 16 elements along k.
+__device__ __forceinline__ unsigned long long make_desc(unsigned smem_addr) {
+    return (unsigned long long)((smem_addr & 0x3FFFF) >> 4)   // bits 0-13: start address / 16
+           | (1ull << 16)                                     // bits 16-29: leading byte offset (unused when swizzled)
+           | ((unsigned long long)(1024 >> 4) << 32)          // bits 32-45: stride byte offset / 16
+           | (1ull << 62);                                    // bits 62-63: 1 = 128-byte swizzle
+}
+
+__device__ __forceinline__ void store2(__nv_bfloat16* C, int row, int col, int M, int N, float x, float y) {
+    if (row >= M) return;
+    if (col + 1 < N && N % 2 == 0) {
+        *reinterpret_cast<__nv_bfloat162*>(&C[(size_t)row * N + col]) = __floats2bfloat162_rn(x, y);
+    } else {
+        if (col < N) C[(size_t)row * N + col] = __float2bfloat16_rn(x);
+        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2bfloat16_rn(y);
+    }
+}
+__device__ __forceinline__ void store2(__half* C, int row, int col, int M, int N, float x, float y) {
+    if (row >= M) return;
+    if (col + 1 < N && N % 2 == 0) {
+        *reinterpret_cast<__half2*>(&C[(size_t)row * N + col]) = __floats2half2_rn(x, y);
+    } else {
+        if (col < N) C[(size_t)row * N + col] = __float2half_rn(x);
+        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2half_rn(y);
+    }
+}
+
+// A consumer warp frees a stage: one arrival on that stage's `empty` barrier in every CTA of the cluster (each CTA's
+// producer writes into all of them).
+__device__ __forceinline__ void release(unsigned empty_bar) {
+    if (CLUSTER_M == 1) {
+        mbarrier_arrive(empty_bar);
+    } else {
+#pragma unroll
+        for (unsigned cta = 0; cta < CLUSTER_M; ++cta) mbarrier_arrive_cluster(mapa_shared(empty_bar, cta));
+    }
+}
+
+// Tile t of the persistent loop -> (tile row m, tile column n): GROUP_M tile rows at a time, column by column, so
+// the blocks running at once share A's row panels and B's column panels in L2.
+__device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& m, int& n) {
+    int group = t / (GROUP_M * tiles_n), first_m = group * GROUP_M;
+    int rows = min(tiles_m - first_m, GROUP_M), in_group = t % (GROUP_M * tiles_n);
+    m = first_m + in_group % rows;
+    n = in_group / rows;
+}
+
+template <typename T>
+__device__ void wgmma_gemm(const CUtensorMap* tmA, const CUtensorMap* tmB, T* __restrict__ C, int M, int N, int K) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const unsigned base = ((unsigned)__cvta_generic_to_shared(smem) + 1023) & ~1023u;   // swizzle atoms: 1 KiB
+    const unsigned sA = base, sB = base + STAGES * A_BYTES;
+    const unsigned full = sB + STAGES * B_BYTES, empty = full + 8 * STAGES;          // STAGES mbarriers each
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const unsigned rank = CLUSTER_M > 1 ? cluster_ctarank() : 0;                       // this CTA in its cluster
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, slices = (K + BK - 1) / BK;
+    // The persistent loop walks cluster tiles: CLUSTER_M tile rows (one per CTA) by one tile column.
+    const int cluster_rows = (tiles_m + CLUSTER_M - 1) / CLUSTER_M, cluster_tiles = cluster_rows * tiles_n;
+    const int first = blockIdx.x / CLUSTER_M, stride = gridDim.x / CLUSTER_M;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(full + 8 * s, 1);                            // this CTA's producer (plus TMA's bytes)
+            mbarrier_init(empty + 8 * s, CONSUMERS * 4 * CLUSTER_M);   // every consumer warp of the cluster
+        }
+        fence_barrier_init();
+    }
+    if (CLUSTER_M > 1) cluster_sync(); else __syncthreads();     // the barriers exist before anyone uses them
+
+    if (wg == 0) {                                            // producer: one thread issues every TMA load
+        setmaxnreg_dec<40>();
+        if (t == 0) {
+            int it = 0;                                       // k-slices issued so far, over all tiles
+            for (int ct = first; ct < cluster_tiles; ct += stride) {
+                int mc, n;
+                tile_coords(ct, cluster_rows, tiles_n, mc, n);
+                const int m = mc * CLUSTER_M + rank;          // this CTA's tile row (may lie past M: TMA reads zeros)
+                for (int k = 0; k < slices; ++k, ++it) {
+                    const int s = it % STAGES, phase = (it / STAGES) & 1;
+                    mbarrier_wait(empty + 8 * s, phase ^ 1);  // every CTA's consumers have released this stage
+                    mbarrier_arrive_expect_tx(full + 8 * s, A_BYTES + B_BYTES);
+                    tma_load_2d(sA + s * A_BYTES, tmA, k * BK, m * BM, full + 8 * s);   // coordinates: {k, row}
+                    if (CLUSTER_M == 1)
+                        tma_load_2d(sB + s * B_BYTES, tmB, k * BK, n * BN, full + 8 * s);
+                    else                                      // my part of B, into every CTA of the cluster
+                        tma_load_2d_multicast(sB + s * B_BYTES + rank * B_PART_BYTES, tmB, k * BK,
+                                              n * BN + rank * (BN / CLUSTER_M), full + 8 * s, (1 << CLUSTER_M) - 1);
+                }
+            }
+        }
+    } else {                                                  // consumers: warpgroup wg - 1 owns rows 64 (wg - 1)..
+        setmaxnreg_inc<232>();
+        const int half = wg - 1, warp = t / 32, lane = t % 32;
+        float acc[BN / 2];
+        int it = 0;
+        for (int ct = first; ct < cluster_tiles; ct += stride) {
+            int mc, n;
+            tile_coords(ct, cluster_rows, tiles_n, mc, n);
+            const int m = mc * CLUSTER_M + rank;
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+            for (int k = 0; k < slices; ++k, ++it) {
+                const int s = it % STAGES, phase = (it / STAGES) & 1;
+                mbarrier_wait(full + 8 * s, phase);           // TMA has delivered this stage's bytes
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; ++kk) {        // 4 x (64 x BN x 16), 32 bytes further along k each
+                    unsigned long long da = make_desc(sA + s * A_BYTES + half * 64 * 128 + kk * 32);
+                    unsigned long long db = make_desc(sB + s * B_BYTES + kk * 32);
+                    if constexpr (BN == 256) wgmma_256(acc, da, db, T());
+                    else wgmma_128(acc, da, db, T());
+                }
+                wgmma_commit();
+                wgmma_wait<1>();                              // the previous slice's products are done ...
+                if (k > 0 && lane == 0) release(empty + 8 * ((it - 1) % STAGES));   // ... free its stage
+            }
+            wgmma_wait<0>();
+            fence_acc(acc);
+            if (slices > 0 && lane == 0) release(empty + 8 * ((it - 1) % STAGES));
+            // acc[4 j + q]: row 16 warp + lane / 4 (+ 8 for q >= 2), column 8 j + 2 (lane % 4) (+ 1 for odd q)
+            const int row = m * BM + half * 64 + 16 * warp + lane / 4, col0 = n * BN + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                store2(C, row, col0 + 8 * j, M, N, acc[4 * j], acc[4 * j + 1]);
+                store2(C, row + 8, col0 + 8 * j, M, N, acc[4 * j + 2], acc[4 * j + 3]);
+            }
+        }
+    }
+    if (CLUSTER_M > 1) cluster_sync();       // no CTA leaves while another may still write its smem or barriers
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+wgmma_bf16(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB, __nv_bfloat16* C,
+           int M, int N, int K) {
+    wgmma_gemm(&tmA, &tmB, C, M, N, K);
+}
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+wgmma_f16(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB, __half* C,
+          int M, int N, int K) {
+    wgmma_gemm(&tmA, &tmB, C, M, N, K);
+}
+
+# %%
+sass_line(wgmma_bf16, wgmma_f16)
+_maps = {}
+
+
+def tensor_maps(A, B):
+    """TMA maps for A (boxes of 128 x 64) and B (each CTA of a cluster loads 256 / CLUSTER rows of the 256 x 64 B
+    tile), cached per tensor (encoding is a host call)."""
+    key = (A.data_ptr(), tuple(A.shape), B.data_ptr(), tuple(B.shape))
+    if key not in _maps:
+        _maps.clear()
+        _maps[key] = (kernellab.tensor_map(A, (BM4, BK4), swizzle="128B"),
+                      kernellab.tensor_map(B, (BN4 // CLUSTER, BK4), swizzle="128B"))
+    return _maps[key]
+
+
+def wgmma_grid(M, N):
+    """Persistent: as many clusters as there are cluster tiles, at most one block per SM."""
+    cluster_tiles = cdiv(cdiv(M, BM4), CLUSTER) * cdiv(N, BN4)
+    return CLUSTER * min(cluster_tiles, SMS // CLUSTER)
+
+
+wgmma = launcher({torch.bfloat16: wgmma_bf16, torch.float16: wgmma_f16}, wgmma_grid, 384, WG_SMEM, args=tensor_maps,
+                 cluster=(CLUSTER, 1, 1))
+
+# %%
+# %%gpu
+if not HOPPER:
+    print(f"step 4 needs an sm_90 GPU (H100/H200): this is {ARCH.name}; skipped")
+else:
+    check_step(wgmma, CHECK_SHAPES + [(2304, 2304, 264)], isolate=True)   # 81 cluster tiles: clusters walk several
+    bench_step(wgmma)
+    compare("wgmma", "mma_pipe", (0.90, 1.05))
+
+# %% [markdown]
+# ## What the SASS holds, step by step
+#
+# From the compiler's output alone: the tensor-core instruction each step uses, how operands reach shared memory
+# (plain stores, `LDGSTS` for `cp.async`, `UTMALDG` for TMA) and how they leave it for the tensor cores (`LDSM` for
+# `ldmatrix`, generic loads, or nothing: `wgmma` reads shared memory itself).
+
+# %%
+STEPS = [wmma_bf16, mma_bf16, mma_pipe_bf16, wgmma_bf16]
+KEYS = ["LDG.128", "STS.128", "LDGSTS", "UTMALDG", "LDSM", "LDS"]
+
+
+def generic_loads(kernel):
+    """Generic-address loads (LD, not LDG or LDS): the compiler could not tell which memory they read."""
+    return sum(1 for line in kernel.sass.splitlines() if (opcode_of(line) or "").split(".")[0] == "LD")
+
+
+rows = []
+for k in STEPS:
+    mix = k.instruction_summary
+    tc = ", ".join(f"{n} {op}" for op, n in mix.variants.items())
+    rows.append([k.name, k.resources.registers, k.resources.local_bytes, tc, *(mix[key] for key in KEYS),
+                 generic_loads(k)])
+HTML(html_table(["kernel", "regs", "local B", "tensor-core instructions", *KEYS, "LD (generic)"], rows,
+                caption="static SASS counts (bf16 kernels), from Kernel.instruction_summary"))
+
+# %% [markdown]
+# ## What Nsight Compute says
+#
+# The profile's tensor-pipe utilisation (the share of cycles the HMMA or GMMA pipe was busy) at 4096³ in bf16 tells
+# the story of the ladder in one number per step: the first steps keep the tensor cores idle most of the time, the
+# Hopper kernel keeps them near full.
+
+# %%
+# %%gpu
+n = 4096
+A, B = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+C = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+profiles = {
+    "wmma": wmma_bf16.profile((cdiv(n, 128), cdiv(n, 128)), 256, A, B, C, n, n, n),
+    "mma": mma_bf16.profile((cdiv(n, 128), cdiv(n, 128)), 256, A, B, C, n, n, n),
+    "mma_pipe": mma_pipe_bf16.profile((cdiv(n, BN3), cdiv(n, BM3)), 256, A, B, C, n, n, n, shared_bytes=PIPE_SMEM),
+}
+if HOPPER:
+    profiles["wgmma"] = wgmma_bf16.profile(wgmma_grid(n, n), 384, *tensor_maps(A, B), C, n, n, n,
+                                           shared_bytes=WG_SMEM, cluster=(CLUSTER, 1, 1))
+for name, p in profiles.items():
+    pipes = p.tensor_pipe_pct if p.ok else {}          # {"hmma": % of peak, "gmma": % of peak}, as ncu reported them
+    busy = ", ".join(f"{pipe.upper()} {pct:.0f} %" for pipe, pct in pipes.items()) or "-"
+    print(f"{name:9s} tensor pipe busy: {busy}" + ("" if p.ok else f" ({p.error})"))
+
+# %% [markdown]
+# ## Across sizes, both dtypes, and the roofline
+#
+# The Hopper kernel (or, on another GPU, the `mma.sync` pipeline) against cuBLAS from 1024³ to 8192³ in bf16, and
+# at the target sizes in fp16.
+
+# %%
+# %%gpu
+final = wgmma if HOPPER else mma_pipe
+sweep = kernellab.sweep(final, [1024, 2048, 4096, 8192], lambda n, g: tc_inputs(n, n, n, torch.bfloat16)(g),
+                        baselines={"cuBLAS": cublas}, flops=mm_flops, bytes=mm_bytes, x_name="M = N = K",
+                        generator_device="cuda", progress=False)
+for n, r in zip(sweep.xs, sweep.results):
+    print(f"bf16 {n:5d}: {r.median_ms:7.3f} ms {r.tflops:5.0f} TFLOP/s, cuBLAS {r.baselines[0].tflops:5.0f}: "
+          f"{r.speedup('cuBLAS').ratio:.1%}")
+for n in (4096, 8192):
+    bench_step(final, torch.float16, n, keep=False)
+targets = {n: r.speedup("cuBLAS").ratio for n, r in zip(sweep.xs, sweep.results) if n in (4096, 8192)}
+for n, ratio in targets.items():
+    print(f"{final.__name__} at {n}^3: {ratio:.1%} of cuBLAS; target 95 %: "
+          + ("met" if ratio >= 0.95 else f"missed by {0.95 - ratio:.1%}") + ("; goal 100 % met" if ratio >= 1 else ""))
+sweep
+
+# %%
+# %%gpu
+fig = Figure(figsize=(7.5, 5), layout="constrained")
+kernellab.roofline(list(results.values()), ax=fig.subplots(), include_baselines=False)
+table = [[name, f"{r.median_ms:.3f}", f"{r.tflops:.0f}", f"{r.speedup('cuBLAS').ratio:.1%}"]
+         for name, r in results.items()]
+display(HTML(html_table(["step", "ms", "TFLOP/s", "of cuBLAS"], table,
+                        caption=f"{SIZE}^3 bf16 on {next(iter(results.values())).device}; cuBLAS = torch.matmul")))
+mma_ratio = results["mma_pipe"].speedup("cuBLAS").ratio
+print(f"mma.sync pipeline: {mma_ratio:.1%} of cuBLAS; target 60 %: "
+      + ("met" if mma_ratio >= 0.6 else f"missed by {0.6 - mma_ratio:.1%}"))
+fig
+
+# %% [markdown]
+# ## Discussion
+#
+# The ladder's steps are the same questions as tutorial 05's, one level up. WMMA and the first `mma.sync` kernel do
+# the arithmetic on tensor cores but feed them like a CUDA-core kernel: a synchronous load, a barrier, a burst of
+# MMAs, a barrier. The pipeline keeps slices in flight and the swizzle keeps `ldmatrix` conflict-free; on Hopper the
+# remaining gap is the instruction itself, which is why the last step changes almost everything: `wgmma` reads its
+# operands from shared memory asynchronously, TMA moves whole tiles with one instruction, and the warps specialise
+# so that loading and computing never wait for each other.
+#
+# Where the Hopper kernel misses its target (the lines above say by how much), the usual suspects: the epilogue
+# writes `C` straight from registers with 4-byte stores while the tensor cores idle (staging through shared memory
+# and a TMA store would overlap it); the last partial wave (3.9 waves at 4096²); and L2 bandwidth, which the
+# cluster only halves for B. `benchmarks/matmul.py` sweeps the cluster (1 or 2), stages, tile widths and the tile
+# order, and says which configuration was fastest on the GPU it ran on.
+#
+# Things to try: set `CLUSTER_M` to 1 (no multicast; launch without a cluster and with full-height B boxes) and
+# compare at 8192³; set `GROUP_M` to 1 (plain row-major tile order); replace `wgmma_wait<1>` with
+# `wgmma_wait<0>` (release each stage at once) and watch the time; in step 3, swap the swizzle for padding and read
+# the wavefronts in Nsight Compute (`profile_banks`).

@@ -1,0 +1,315 @@
+"""Run a tutorial's CUDA C++ kernel on the CPU, tensor-core PTX included (tests only): compile it with g++ against
+ptx_emu.h and launch it. (emulate.py beside it is the general emulator: fibers, cluster helpers, torch tensors; this
+one models the instructions tutorials 05 and 06 use: ldmatrix, mma.sync, cp.async, TMA and mbarriers, wgmma.)
+
+    out = emulate(source, "sgemm_naive", grid, block, [A, B, C, M, N, K])   # numpy arrays are copied back
+
+Each CUDA thread is an OS thread and blocks run one after another, so keep the problems small (a few blocks of a
+few hundred threads). What the emulator models, and what it does not, is listed at the top of ptx_emu.h. The
+source is prepared first:
+- `#include` lines go (ptx_emu.h provides the types and intrinsics), and so does a definition of `CUtensorMap`
+  (the emulator encodes its own tensor maps);
+- every top-level `__device__` helper whose body holds inline PTX (`asm`) goes, and ptx_emu.h's emulation of the
+  helper of the same name takes its place: the helpers' names and signatures are a contract (see ptx_emu.h);
+- `__shared__` arrays become references into one shared-memory arena, `extern __shared__` ones its dynamic part.
+A kernel whose own body holds `asm` cannot be emulated: move the PTX into a named helper.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kernellab.compile.signature import find_kernels, strip_comments_and_strings
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("KERNELLAB_EMU_CACHE", Path(tempfile.gettempdir()) / "kernellab-emu"))
+
+
+class EmulationError(RuntimeError):
+    """The emulated kernel failed: it did not build, crashed, hung, or broke a rule ptx_emu.h checks."""
+
+
+@dataclass(frozen=True, eq=False)
+class TensorMap:
+    """A 2-D TMA tensor map (a `CUtensorMap` argument) over `array` [dim1, dim0]: box [box1, box0], swizzle 0 or 128."""
+
+    array: np.ndarray
+    box0: int
+    box1: int
+    swizzle_bytes: int = 128
+
+
+def bf16_bits(x) -> np.ndarray:
+    """float32 values -> bfloat16 bit patterns (uint16), rounded to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_values(bits) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32 values."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+# --- preparing the source ------------------------------------------------------------------------------------------
+
+def _top_level_blocks(text: str):
+    """(header_start, body_open, body_close) of each top-level {...} block of comment-free `text`."""
+    depth, start, header = 0, 0, 0
+    out = []
+    for i, ch in enumerate(text):
+        if ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                out.append((header, start, i))
+                header = i + 1
+        elif depth == 0 and ch == ";":
+            header = i + 1
+        elif depth == 0 and ch == "\n" and text[header:i].lstrip().startswith("#"):
+            header = i + 1          # a preprocessor line ends a header
+    return out
+
+
+def prepare(source: str) -> str:
+    """The kernel source as ptx_emu.h compiles it (see the module docstring)."""
+    clean = strip_comments_and_strings(source)
+    keep = list(source)
+    blank = list(clean)
+    for header, open_, close in _top_level_blocks(clean):
+        body = clean[open_:close + 1]
+        head = clean[header:open_]
+        if not re.search(r"\basm\b", body):
+            continue
+        if "__global__" in head:
+            raise EmulationError("a __global__ function holds inline PTX itself; move it into a __device__ helper")
+        if re.search(r"\bstruct\b|\bclass\b|\bnamespace\b", head):
+            raise EmulationError(f"inline PTX inside a type or namespace cannot be emulated: {head.strip()[:60]}")
+        for j in range(header, close + 1):
+            if keep[j] != "\n":
+                keep[j] = " "
+                blank[j] = " "
+    text = "".join(keep)
+    text = re.sub(r"(?m)^\s*#\s*include\s*[<\"].*$", "", text)
+    strings = dict(re.findall(r'(?m)^\s*#\s*define\s+(\w+)\s+("[^\n]*")\s*$', text))   # PTX text in a macro
+    text = re.sub(r"(?m)^\s*#\s*define\s+(\w+)\(([^)]*)\)\s+.*\basm\b.*$", lambda m: _ptx_macro(m, strings), text)
+    # ptx_emu.h has its own CUtensorMap (the emulator's encoding): drop the source's definition of the opaque struct
+    text = re.sub(r"(typedef\s+)?struct\s+(alignas\s*\(\s*\d+\s*\)\s+)?CUtensorMap\w*\s*\{[^{}]*\}\s*\w*\s*;", "", text)
+
+    counter = iter(range(1, 1 << 30))
+
+    def dynamic(m):
+        decl = m.group(1)
+        align, rest = _split_align(decl)
+        mm = re.fullmatch(r"\s*(.+?)\s*\b(\w+)\s*\[\s*\]\s*", rest)
+        if not mm:
+            raise EmulationError(f"cannot parse extern __shared__ declaration: {decl}")
+        typ, name = mm.group(1), mm.group(2)
+        return f"{typ}* {name} = reinterpret_cast<{typ}*>(emu::dynamic_smem());"
+
+    def static(m):
+        decl = m.group(1)
+        align, rest = _split_align(decl)
+        mm = re.fullmatch(r"\s*((?:const\s+)?[A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)"
+                          r"\s+(\w+\s*(?:\[[^\]]+\]\s*)+(?:,.*)?)", rest, re.S)
+        if not mm:
+            raise EmulationError(f"cannot parse __shared__ declaration: {decl}")
+        typ, declarators = mm.group(1), mm.group(2)
+        out = []
+        for d in _split_commas(declarators):
+            dm = re.fullmatch(r"\s*(\w+)\s*((?:\[[^\]]+\]\s*)+)", d)
+            if not dm:
+                raise EmulationError(f"cannot parse __shared__ declarator: {d}")
+            name, dims = dm.group(1), re.sub(r"\s+", "", dm.group(2))
+            out.append(f"auto& {name} = *emu::shared_alloc<{typ}{dims}, {align or 16}, {next(counter)}>();")
+        return " ".join(out)
+
+    text = re.sub(r"\bextern\s+__shared__\s+([^;]*);", dynamic, text)
+    text = re.sub(r"\b__shared__\s+([^;]*);", static, text)
+    return text
+
+
+def _ptx_macro(m, strings: dict) -> str:
+    """A `#define NAME(d, a, b) asm volatile(...)` one-liner of PTX, as the emulator's call (mma.sync only); the PTX
+    text may be a string macro of its own (`asm volatile(MMA_PTX : ...)`)."""
+    line, name, params = m.group(0), m.group(1), m.group(2)
+    line = re.sub(r"\b\w+\b", lambda w: strings.get(w.group(0), w.group(0)), line)
+    for dtype, ctype in (("bf16", "__nv_bfloat16"), ("f16", "__half")):
+        if "mma.sync" in line and f".{dtype}.{dtype}" in line:
+            return f"#define {name}({params}) emu::mma_16816<{ctype}>({params})"
+    raise EmulationError(f"inline PTX in macro {name} is not one the emulator knows: {line.strip()[:80]}")
+
+
+def _split_align(decl: str) -> tuple[int | None, str]:
+    m = re.search(r"__align__\s*\(\s*(\d+)\s*\)|alignas\s*\(\s*(\d+)\s*\)", decl)
+    if not m:
+        return None, decl
+    return int(m.group(1) or m.group(2)), decl[:m.start()] + " " + decl[m.end():]
+
+
+def _split_commas(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "[(<"
+        depth -= ch in "])>"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur]
+
+
+# --- building and running ------------------------------------------------------------------------------------------
+
+_MAIN = r"""
+#include <fstream>
+#include <sstream>
+#include <string>
+namespace emu_main {
+struct Arg { std::vector<unsigned char> data; long long i = 0; double f = 0; CUtensorMap map{}; };
+}
+int main(int argc, char** argv) {
+    std::string dir = argv[1];
+    std::ifstream in(dir + "/args.txt");
+    unsigned gx, gy, gz, bx, by, bz, cx, cy, cz; size_t shared;
+    in >> gx >> gy >> gz >> bx >> by >> bz >> shared >> cx >> cy >> cz;
+    int n; in >> n;
+    std::vector<emu_main::Arg> a(n);
+    std::vector<std::string> kinds(n);
+    for (int k = 0; k < n; ++k) {
+        std::string kind; in >> kind; kinds[k] = kind;
+        if (kind == "buf") {
+            size_t bytes; in >> bytes;
+            a[k].data.resize(bytes + 64);
+            std::ifstream f(dir + "/arg" + std::to_string(k) + ".bin", std::ios::binary);
+            f.read(reinterpret_cast<char*>(a[k].data.data()), bytes);
+        } else if (kind == "int") { in >> a[k].i; }
+        else if (kind == "float") { in >> a[k].f; }
+        else if (kind == "tmap") {                                   // the tensor's bytes, then the map
+            size_t bytes; unsigned long long d0, d1, s1; unsigned b0, b1, eb, sw;
+            in >> bytes >> d0 >> d1 >> s1 >> b0 >> b1 >> eb >> sw;
+            a[k].data.resize(bytes + 64);
+            std::ifstream f(dir + "/arg" + std::to_string(k) + ".bin", std::ios::binary);
+            f.read(reinterpret_cast<char*>(a[k].data.data()), bytes);
+            a[k].map = emu::make_tensor_map(a[k].data.data(), d0, d1, s1, b0, b1, eb, sw);
+        }
+    }
+    emu::launch(dim3(gx, gy, gz), dim3(bx, by, bz), shared, dim3(cx, cy, cz), [&] { CALL; });
+    for (int k = 0; k < n; ++k)
+        if (kinds[k] == "buf") {
+            std::ofstream f(dir + "/out" + std::to_string(k) + ".bin", std::ios::binary);
+            f.write(reinterpret_cast<const char*>(a[k].data.data()), a[k].data.size() - 64);
+        }
+    return 0;
+}
+"""
+
+
+def _call(kernel) -> str:
+    parts = []
+    for k, p in enumerate(kernel.params):
+        if p.pointer:
+            parts.append(f"reinterpret_cast<{p.base}*>(a[{k}].data.data())")
+        elif p.base == "CUtensorMap":
+            parts.append(f"a[{k}].map")
+        elif p.base in ("float", "double"):
+            parts.append(f"({p.base})a[{k}].f")
+        else:
+            parts.append(f"({p.base})a[{k}].i")
+    return f"{kernel.name}({', '.join(parts)})"
+
+
+_FLAGS = ("-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing", "-w")
+
+
+def _precompiled_header() -> Path:
+    """ptx_emu.h copied into the cache with its precompiled .gch beside it (once per header version): g++ then
+    parses the C++ library headers once instead of in every build."""
+    text = (HERE / "ptx_emu.h").read_text()
+    digest = hashlib.sha256((text + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    header = CACHE / f"ptx_emu-{digest}.h"
+    gch = Path(str(header) + ".gch")
+    if not gch.exists():
+        header.write_text(text)
+        tmp = Path(str(gch) + f".{os.getpid()}.tmp")
+        r = subprocess.run(["g++", *_FLAGS, "-x", "c++-header", str(header), "-o", str(tmp)], capture_output=True,
+                           text=True)
+        if r.returncode == 0:
+            os.replace(tmp, gch)        # without it, g++ parses the header itself: slower, same program
+    elif not header.exists():
+        header.write_text(text)
+    return header
+
+
+def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, object]:
+    """Compile `kernel` of `source` for the emulator (cached by content); returns (binary, its SourceKernel)."""
+    found = [k for k in find_kernels(source) if k.name == kernel]
+    if not found:
+        raise EmulationError(f"no __global__ {kernel} in the source")
+    k = found[0]
+    head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
+    header = _precompiled_header()
+    program = (f'#include "{header}"\n{head}\n{prepare(source)}\n' + _MAIN.replace("CALL", _call(k)))
+    digest = hashlib.sha256((program + (HERE / "ptx_emu.h").read_text()).encode()).hexdigest()[:20]
+    binary = CACHE / f"{kernel}-{digest}"
+    if not binary.exists():
+        cpp = CACHE / f"{kernel}-{digest}.cpp"
+        cpp.write_text(program)
+        cmd = ["g++", *_FLAGS, str(cpp), "-o", str(binary) + ".tmp"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise EmulationError(f"g++ failed on {cpp}:\n{r.stderr[-4000:]}")
+        os.replace(str(binary) + ".tmp", binary)
+    return binary, k
+
+
+def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, *, defines: dict | None = None,
+            cluster=(1, 1, 1), timeout_s: float = 300.0) -> list:
+    """Launch `kernel`<<<grid, block, shared_bytes>>>(args) (in clusters of `cluster`) in the emulator; numpy arrays
+    in `args` are updated."""
+    binary, k = build(source, kernel, defines)
+    if len(args) != len(k.params):
+        raise EmulationError(f"{kernel} takes {len(k.params)} arguments, got {len(args)}")
+    grid = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (grid, 1, 1)
+    block = tuple(block) + (1,) * (3 - len(block)) if isinstance(block, tuple) else (block, 1, 1)
+    with tempfile.TemporaryDirectory() as d:
+        cluster = tuple(cluster) + (1,) * (3 - len(tuple(cluster)))
+        lines = [" ".join(map(str, grid + block + (shared_bytes,) + cluster)), str(len(args))]
+        for i, (a, p) in enumerate(zip(args, k.params)):
+            if isinstance(a, np.ndarray):
+                if not p.pointer:
+                    raise EmulationError(f"argument {i} ({p}) is not a pointer but got an array")
+                np.ascontiguousarray(a).tofile(f"{d}/arg{i}.bin")
+                lines.append(f"buf {a.nbytes}")
+            elif isinstance(a, TensorMap):
+                buf = np.ascontiguousarray(a.array)
+                dim1, dim0 = buf.shape
+                buf.tofile(f"{d}/arg{i}.bin")
+                lines.append(f"tmap {buf.nbytes} {dim0} {dim1} {buf.strides[0]} {a.box0} {a.box1} {buf.itemsize} "
+                             f"{a.swizzle_bytes}")
+            elif isinstance(a, (int, np.integer)):
+                lines.append(f"int {int(a)}")
+            else:
+                lines.append(f"float {float(a)!r}")
+        Path(f"{d}/args.txt").write_text("\n".join(lines) + "\n")
+        try:
+            r = subprocess.run([str(binary), d], capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise EmulationError(f"{kernel} did not finish within {timeout_s} s in the emulator (a hang?)") from None
+        if r.returncode:
+            raise EmulationError(f"{kernel} failed in the emulator (exit {r.returncode}): {r.stderr[-2000:]}")
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray):
+                a[...] = np.fromfile(f"{d}/out{i}.bin", dtype=a.dtype).reshape(a.shape)
+    return list(args)
