@@ -68,7 +68,7 @@ def test_tensor_pipe_in_the_report(tmp_path, monkeypatch):
     rep = profile(_job(), executable=exe)
     assert rep.ok and len(_calls(log)) == 1
     assert rep.tensor_pipe_pct == {"hmma": 63.25, "gmma": 71.5}
-    assert rep["HMMA instructions executed"] == 1024 and rep["GMMA instructions executed"] == 256
+    assert rep["tensor-pipe instructions executed (HMMA and HGMMA, per warp)"] == 1024 and rep["GMMA instructions executed"] == 256
     assert "tensor pipe active, GMMA (wgmma)" in str(rep) and "71.5 %" in str(rep)
     assert rep.to_json()["tensor_pipe_pct"] == {"hmma": 63.25, "gmma": 71.5}
     assert rep["shared load bank conflicts"] == 1_015_918               # the rest of the set is still there

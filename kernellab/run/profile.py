@@ -29,7 +29,9 @@ from .. import report
 from .job import JobResult, KernelJob
 from .sanitize import ToolNotFoundError, _text, tool_env
 
-# The tensor pipe: the share of cycles it was busy, for mma.sync (HMMA) and for Hopper's wgmma (GMMA).
+# The tensor pipe: the share of cycles it was busy. Seen on an H100 with ncu 2025.3 (2026-11-23): the "hmma" metrics
+# count Hopper's wgmma too (a wgmma-only kernel showed 63 % active and as many "hmma" as "gmma" instructions), and the
+# "gmma" cycles metric does not exist there; so the first is the tensor pipe as a whole.
 TENSOR_HMMA_PCT = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
 TENSOR_GMMA_PCT = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
 
@@ -50,9 +52,9 @@ DEFAULT_METRICS: tuple[tuple[str, str], ...] = (
     ("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum", "shared store wavefronts"),
     ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", "shared store bank conflicts"),
     ("launch__registers_per_thread", "registers per thread"),
-    (TENSOR_HMMA_PCT, "tensor pipe active, HMMA (mma.sync)"),
+    (TENSOR_HMMA_PCT, "tensor pipe active (mma.sync and wgmma)"),
     (TENSOR_GMMA_PCT, "tensor pipe active, GMMA (wgmma)"),
-    ("sm__inst_executed_pipe_tensor_op_hmma.sum", "HMMA instructions executed"),
+    ("sm__inst_executed_pipe_tensor_op_hmma.sum", "tensor-pipe instructions executed (HMMA and HGMMA, per warp)"),
     ("sm__inst_executed_pipe_tensor_op_gmma.sum", "GMMA instructions executed"),
 )
 LABELS = dict(DEFAULT_METRICS)

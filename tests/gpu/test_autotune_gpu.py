@@ -24,6 +24,7 @@ SIZE = 2048
 def _load_demo():
     spec = importlib.util.spec_from_file_location("autotune_demo", ROOT / "benchmarks" / "autotune_demo.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod       # cloudpickle pickles by value only modules it can find in sys.modules
     spec.loader.exec_module(mod)
     return mod
 
@@ -99,10 +100,10 @@ def test_a_faulting_configuration_is_a_row_and_this_process_lives_on(torch, tmp_
     n = 1 << 20
 
     def launch(k, c, x, y):
-        k[(n + c["T"] - 1) // c["T"], c["T"]](x, y, n)
+        k[(n + c["THREADS"] - 1) // c["THREADS"], c["THREADS"]](x, y, n)
         return y
 
-    r = kernellab.autotune(FAULTY, [{"BAD": 0, "T": 256}, {"BAD": 1, "T": 256}, {"BAD": 0, "T": 512}],
+    r = kernellab.autotune(FAULTY, [{"BAD": 0, "THREADS": 256}, {"BAD": 1, "THREADS": 256}, {"BAD": 0, "THREADS": 512}],
                            kernel="scale", launch=launch, bench_options=QUICK,
                            inputs=lambda g: (torch.randn(n, generator=g).cuda(), torch.empty(n, device="cuda")),
                            reference=lambda x, y: 2 * x)
