@@ -27,31 +27,21 @@ import traceback
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))      # notebook_cells: the tutorials' cells, as the tests read them
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import kernellab  # noqa: E402
+from notebook_cells import cuda_cells  # noqa: E402
 
-NOTEBOOK = ROOT / "notebooks" / "07-fused-attention.py"
+NOTEBOOK = "07-fused-attention.py"
 CHECK_N = (1, 63, 65, 1000, 1031, 4097)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Twice kernellab.check's elementwise tolerance for the dtype: attention rounds twice (P to 16 bits before P V, then O),
 # as SDPA's own kernels do. The gate that matters is the second: our error within 2x SDPA's own error.
 TOL = {"bf16": 3.2e-2, "fp16": 4e-3}
-
-
-def cuda_cells(path: pathlib.Path) -> list[str]:
-    """Every `%%cuda` cell of a jupytext notebook, without its magic line."""
-    text = path.read_text()
-    cells, pos = [], 0
-    while (start := text.find("\n# %%cuda", pos)) >= 0:
-        body_start = text.index("\n", start + 1) + 1
-        end = text.find("\n# %%", body_start)
-        cells.append(text[body_start: end if end >= 0 else None].rstrip() + "\n")
-        pos = body_start
-    return cells
 
 
 ENTRY = re.compile(r"^(?P<family>[a-z0-9]+)_(?:bf16|f16)_d\d+(?:_causal)?$")
@@ -65,7 +55,8 @@ def load_families(source: str | None, arch: str | None, options=()) -> tuple[dic
     tutorial's CUDA-core kernel) are left out. Each family's tile configuration is read from its `#define FA<n>_...`
     lines, so the launch here always matches the source.
     """
-    texts = [pathlib.Path(source).read_text()] if source else cuda_cells(NOTEBOOK)
+    texts = ([pathlib.Path(source).read_text()] if source else
+             [c for c in cuda_cells(NOTEBOOK) if not c.lstrip().startswith("// exercise:")])
     families: dict[str, dict] = {}
     configs: dict[str, dict] = {}
     for text in texts:
@@ -95,24 +86,25 @@ def smem_bytes(kernel, d: int, block_n: int, mt: int = 1) -> int:
 
 def launcher(family: dict, config: dict):
     """attention(q, k, v, out, causal) for a family, its tiles as its `#define`s say."""
+    block_n = {d: config[f"BN{d}"] for d in (64, 128)}
     if any(p.ctype.endswith("CUtensorMap") for p in next(iter(family.values())).params):
-        return make_tma_launcher(family, {d: config[f"BN{d}"] for d in (64, 128)},
-                                 {d: config.get(f"ST{d}", 2) for d in (64, 128)})
-    return make_launcher(family, {d: config[f"BN{d}"] for d in (64, 128)}, mt=config.get("MT", 1))
+        return make_tma_launcher(family, block_n, {d: config.get(f"ST{d}", 2) for d in (64, 128)})
+    return make_launcher(family, block_n, mt=config.get("MT", 1))
 
 
-def make_launcher(family: dict, block_n: dict, stages: dict | None = None, mt: int = 1):
-    """attention(q, k, v, out, causal) through the family's entry for (dtype, d, causal)."""
+def entry(family: dict, q, causal: bool):
+    """The family's kernel for q's dtype and head dim, causal or not (fa2_bf16_d64_causal, ...)."""
     prefix = next(iter(family)).split("_")[0]
-    if any(p.ctype.endswith("CUtensorMap") for p in next(iter(family.values())).params):
-        return make_tma_launcher(family, block_n, stages or {64: 2, 128: 2})
+    dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
+    return family[f"{prefix}_{dt}_d{q.shape[-1]}{'_causal' if causal else ''}"]
 
+
+def make_launcher(family: dict, block_n: dict, mt: int = 1):
+    """attention(q, k, v, out, causal) for kernels taking pointers: Q tile, two K and two V tiles in shared memory."""
     def attention(q, k, v, out, causal=False):
         B, H, N, d = q.shape
-        dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
-        kern = family[f"{prefix}_{dt}_d{d}{'_causal' if causal else ''}"]
-        bm = block_m(kern, mt)
-        grid = (math.ceil(N / bm), B * H)
+        kern = entry(family, q, causal)
+        grid = (math.ceil(N / block_m(kern, mt)), B * H)
         kern[grid, kern.resources.max_threads_per_block, smem_bytes(kern, d, block_n[d], mt)](q, k, v, out, N,
                                                                                             d ** -0.5)
         return out
@@ -121,12 +113,9 @@ def make_launcher(family: dict, block_n: dict, stages: dict | None = None, mt: i
 
 def make_tma_launcher(family: dict, block_n: dict, stages: dict):
     """attention(q, k, v, out, causal) for kernels that read Q, K, V through tensor maps ([BH, N, d], 64-column boxes)."""
-    prefix = next(iter(family)).split("_")[0]
-
     def attention(q, k, v, out, causal=False):
         B, H, N, d = q.shape
-        dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
-        kern = family[f"{prefix}_{dt}_d{d}{'_causal' if causal else ''}"]
+        kern = entry(family, q, causal)
         threads = kern.resources.max_threads_per_block          # one producer + consumer warpgroups of 64 rows
         bm, bn = 64 * (threads // 128 - 1), block_n[d]
         maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64)) for x, rows in ((q, bm), (k, bn), (v, bn))]
@@ -158,7 +147,7 @@ def inputs_for(B, H, N, d, dtype):
     return make
 
 
-def run_checks(name, attention, quick, log, dtypes=tuple(DTYPES), dims=(64, 128), masks=(False, True)):
+def run_checks(name, attention, quick, log=None, dtypes=tuple(DTYPES), dims=(64, 128), masks=(False, True)):
     """kernellab.check on each (dtype, d, causal, N); one row each, our error beside SDPA's own."""
     rows = []
     ns = (1, 65, 1031) if quick else CHECK_N
@@ -182,7 +171,8 @@ def run_checks(name, attention, quick, log, dtypes=tuple(DTYPES), dims=(64, 128)
                         rows.append(dict(kernel=name, dtype=dname, d=d, causal=causal, N=N, passed=False,
                                          err=None, sdpa_err=None, within_2x=False,
                                          message=f"{type(exc).__name__}: {exc}"[:300]))
-                        log.write(traceback.format_exc())
+                        if log is not None:
+                            log.write(traceback.format_exc())
     return rows
 
 
