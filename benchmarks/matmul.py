@@ -32,11 +32,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))     # notebook_cells: the tutorials' cells, as the tests read them
 
 import kernellab  # noqa: E402
 from kernellab.compile.signature import find_kernels  # noqa: E402
 
-NOTEBOOKS = ROOT / "notebooks"
 
 
 # --- the kernels: the notebooks' %%cuda cells ------------------------------------------------------------------
@@ -50,15 +50,13 @@ class Cell:
 
 def cuda_cells(notebook: str) -> list[Cell]:
     """Every %%cuda cell of a jupytext notebook that is the tutorial's own (exercise stubs left out)."""
-    text = (NOTEBOOKS / notebook).read_text()
+    from notebook_cells import cuda_cells_with_flags
+
     cells = []
-    for m in re.finditer(r"^# %%cuda(?P<flags>.*)$", text, re.M):
-        body = text[m.end() + 1:]
-        end = body.find("\n# %%")
-        body = body[: end if end >= 0 else None].rstrip() + "\n"
+    for flags, body in cuda_cells_with_flags(notebook):
         if body.lstrip().startswith("// exercise:"):
             continue
-        arch = re.search(r"--arch[= ](\S+)", m.group("flags"))
+        arch = re.search(r"--arch[= ](\S+)", flags)
         cells.append(Cell(body, arch.group(1) if arch else None, tuple(k.name for k in find_kernels(body))))
     return cells
 

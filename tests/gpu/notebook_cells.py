@@ -24,7 +24,17 @@ def _cells(notebook: str) -> list[str]:
 
 def cuda_cells(notebook: str) -> list[str]:
     """Every `%%cuda` cell of notebooks/<notebook>, without its magic line, in order."""
-    return [cell.partition("\n")[2].rstrip() + "\n" for cell in _cells(notebook) if cell.startswith("# %%cuda")]
+    return [body for _, body in cuda_cells_with_flags(notebook)]
+
+
+def cuda_cells_with_flags(notebook: str) -> list[tuple[str, str]]:
+    """(the magic's options, e.g. "--arch sm_90a", the cell without its magic line) for every `%%cuda` cell."""
+    out = []
+    for cell in _cells(notebook):
+        if cell.startswith("# %%cuda"):
+            first, _, body = cell.partition("\n")
+            out.append((first[len("# %%cuda"):].strip(), body.rstrip() + "\n"))
+    return out
 
 
 def named_cuda_cells(notebook: str) -> dict[str, str]:
