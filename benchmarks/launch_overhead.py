@@ -111,6 +111,76 @@ def gpu_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
     ]
 
 
+def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
+    """Where a sync=False launch's host time goes on the GPU: each stage of kernellab's path timed alone."""
+    import ctypes
+
+    import torch
+
+    from kernellab.run import launch as L
+    from kernellab.run.cudriver import _lib
+
+    k = kernellab.compile_cuda(SRC).axpb
+    x, y = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
+    launcher = k[1, 32]
+    launcher(x, y, 2.0, 1.0, N)
+    path, cfg, args = k._path, launcher._config, (x, y, 2.0, 1.0, N)
+    plan = path.plan(args)
+    assert plan is not None and cfg is not None
+    index, handle = path.device.index, L.torch_stream_handle(path.device.index)
+    lib = _lib()
+    fn, params = path.function_handle, path.params_address
+    c_fn, c_params, c_stream = ctypes.c_void_p(fn), ctypes.c_void_p(params), ctypes.c_void_p(handle)
+    bare = ctypes.CDLL(lib._name).cuLaunchKernel           # the same symbol without argtypes: no conversions
+
+    def full(m):
+        for _ in range(m):
+            launcher(x, y, 2.0, 1.0, N, sync=False)
+
+    def run_only(m):
+        for _ in range(m):
+            path.run(cfg, args, None, False)
+
+    def checks(m):
+        for _ in range(m):
+            plan.check(*args)
+
+    def stream(m):
+        for _ in range(m):
+            L.torch_stream_handle(index)
+
+    def pack(m):
+        values = plan.check(*args)
+        for _ in range(m):
+            path._struct.pack_into(path._buffer, path._base, *values)
+
+    def driver_launch(m):
+        d = path.driver
+        for _ in range(m):
+            d.launch(fn, cfg.grid, cfg.block, cfg.shared_bytes, handle, params, index)
+
+    def ctypes_launch(m):
+        f = lib.cuLaunchKernel
+        for _ in range(m):
+            f(fn, 1, 1, 1, 32, 1, 1, 0, handle, params, None)
+
+    def ctypes_bare(m):
+        one, t32, zero = ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_uint(0)
+        for _ in range(m):
+            bare(c_fn, one, one, one, t32, one, one, zero, c_stream, c_params, None)
+
+    base = "kernellab, sync=False (full)"
+    sync = torch.cuda.synchronize
+    return [(base, per_launch_us(full, launches, rounds, sync), base),
+            ("LaunchPath.run (no launcher)", per_launch_us(run_only, launches, rounds, sync), base),
+            ("plan.check alone", per_launch_us(checks, launches, rounds, sync), base),
+            ("torch stream handle alone", per_launch_us(stream, launches, rounds, sync), base),
+            ("struct.pack_into alone", per_launch_us(pack, launches, rounds, sync), base),
+            ("Driver.launch (packed)", per_launch_us(driver_launch, launches, rounds, sync), base),
+            ("ctypes cuLaunchKernel, argtypes", per_launch_us(ctypes_launch, launches, rounds, sync), base),
+            ("ctypes cuLaunchKernel, pre-made c_ args", per_launch_us(ctypes_bare, launches, rounds, sync), base)]
+
+
 def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
     """kernellab's host path with a stand-in driver (no GPU): CPU tensors pose as device index -1's."""
     import torch
@@ -185,11 +255,17 @@ def main(argv=None):
     ap.add_argument("--launches", type=int, default=2000, help="launches per timed loop")
     ap.add_argument("--rounds", type=int, default=15, help="timed loops per case")
     ap.add_argument("--python-only", action="store_true", help="no GPU: time the host path with a stand-in driver")
+    ap.add_argument("--breakdown", action="store_true", help="GPU: time each stage of the launch path alone")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
     if args.python_only:
         text = table(python_only_cases(args.launches, args.rounds),
                      "kernellab's host path, stand-in driver (no GPU)")
+    elif args.breakdown:
+        import torch
+
+        text = table(breakdown_cases(args.launches, args.rounds),
+                     f"where a launch's host time goes on {torch.cuda.get_device_name()}")
     else:
         import torch
 

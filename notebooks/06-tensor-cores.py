@@ -892,7 +892,7 @@ __device__ __forceinline__ unsigned mapa_shared(unsigned smem_addr, unsigned cta
     return out;
 }
 __device__ __forceinline__ void mbarrier_arrive_cluster(unsigned cluster_bar) {      // an mbarrier of any CTA
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
 }
 // TMA into the same smem offset of every CTA in `mask`, counting the bytes on each one's mbarrier at `bar`'s offset.
 __device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const CUtensorMap* map, int c0, int c1,
