@@ -176,14 +176,14 @@ def run_checks(name, attention, quick, log=None, dtypes=tuple(DTYPES), dims=(64,
     return rows
 
 
-def run_bench(ours: dict, quick, log, dtypes=("bf16",)):
+def run_bench(ours: dict, quick, log, dtypes=("bf16",), ns=None, dims=(64, 128)):
     rows = []
-    ns = (4096,) if quick else (1024, 2048, 4096, 8192, 16384)
+    ns = ns or ((4096,) if quick else (1024, 2048, 4096, 8192, 16384))
     baselines_all = {"FLASH": sdpa(SDPBackend.FLASH_ATTENTION), "CUDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
                      "EFFICIENT": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
     for dname in dtypes:
         dtype = DTYPES[dname]
-        for d in (64, 128):
+        for d in dims:
             for causal in (False, True):
                 for N in ns:
                     B, H = 16384 // N, 2048 // d
@@ -232,6 +232,8 @@ def main(argv=None):
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--fp16-bench", action="store_true", help="time fp16 as well as bf16")
+    ap.add_argument("--ns", default=None, help="sequence lengths to time, comma-separated (default 1k-16k)")
+    ap.add_argument("--dims", default="64,128", help="head dims to time, comma-separated")
     ap.add_argument("-D", dest="defines", action="append", default=[], help="-D NAME=VALUE for the source")
     args = ap.parse_args(argv)
     out = pathlib.Path(os.environ.get("OUT", "."))
@@ -247,8 +249,10 @@ def main(argv=None):
     if not args.no_check:
         for fam, att in ours.items():
             checks += run_checks(fam, att, args.quick, log)
+    ns = tuple(int(n) for n in args.ns.split(",")) if args.ns else None
     bench_rows = [] if args.no_bench else run_bench(ours, args.quick, log,
-                                                    ("bf16", "fp16") if args.fp16_bench else ("bf16",))
+                                                    ("bf16", "fp16") if args.fp16_bench else ("bf16",), ns=ns,
+                                                    dims=tuple(int(d) for d in args.dims.split(",")))
     (out / "attention.json").write_text(json.dumps({"device": dev, "checks": checks, "bench": bench_rows},
                                                    indent=1, default=str))
     print(f"\n{dev} · {time.strftime('%Y-%m-%d')} · {time.time() - t0:.0f} s")
