@@ -1290,6 +1290,14 @@ fig
 # operands from shared memory asynchronously, TMA moves whole tiles with one instruction, and the warps specialise
 # so that loading and computing never wait for each other.
 #
+# One line of this kernel is worth a second look: the consumers free a stage on both CTAs of the cluster with
+# `mbarrier.arrive.shared::cluster`, without the `.release.cluster` qualifier. With the qualifier, ptxas puts
+# `MEMBAR.ALL.GPU` (a GPU-wide memory fence) before every such arrive, once per warp per k-slice; the first version
+# of this kernel did that and ran at 40 % of cuBLAS on an H100, the same kernel without it at 89 % (4096³) and 96 %
+# (8192³). The fence was not needed: the stage's bytes were read by `wgmma`, which `wgmma.wait_group` has already
+# waited for, and the next writer is TMA, which waits on the barrier itself. `wgmma_bf16.sass` shows the difference
+# (search for `MEMBAR`): read the SASS of the synchronisation, not only of the arithmetic.
+#
 # Where the Hopper kernel misses its target (the lines above say by how much), the usual suspects: the epilogue
 # writes `C` straight from registers with 4-byte stores while the tensor cores idle (staging through shared memory
 # and a TMA store would overlap it); the last partial wave (3.9 waves at 4096²); and L2 bandwidth, which the
