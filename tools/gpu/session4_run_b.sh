@@ -1,0 +1,20 @@
+# Session 4, GPU run B: the tuning candidates (mma.sync pipeline, SGEMM, LayerNorm/RMSNorm), attention at small N
+# with 2 or 3 consumer warpgroups at d = 64, and the launch path after its fast-path rewrite.
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD
+mkdir -p /tmp/b
+T0=$(date +%s)
+step() { local name=$1 limit=$2; shift 2; timeout $limit "$@" > /tmp/b/$name.txt 2>&1; echo "$name rc=$? $(( $(date +%s) - T0 )) s"; }
+step launch 30 python3 benchmarks/launch_overhead.py --launches 1000 --rounds 11
+step breakdown 30 python3 benchmarks/launch_overhead.py --breakdown --launches 1000 --rounds 11
+step mma 125 python3 tools/gpu/try_mma.py
+step sgemm 125 python3 tools/gpu/try_sgemm.py
+step norms 125 python3 tools/gpu/try_norms.py
+OUT=/tmp/b step attn_wg3 70 python3 benchmarks/attention.py --quick --no-check --ns 1024,2048 --dims 64
+mv /tmp/b/attention.log /tmp/b/attention_wg3.log 2>/dev/null
+OUT=/tmp/b step attn_wg2 70 python3 benchmarks/attention.py --quick --no-check --ns 1024,2048 --dims 64 -D FA3_WG64=2
+tar czf $OUT/b.tgz -C /tmp b
+for f in launch breakdown; do tail -11 /tmp/b/$f.txt; done
+for f in mma sgemm norms; do echo "== $f"; grep -v "Warning\|warn" /tmp/b/$f.txt | tail -22; done
+for f in attn_wg3 attn_wg2; do echo "== $f"; tail -6 /tmp/b/$f.txt; done
