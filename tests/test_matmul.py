@@ -164,7 +164,8 @@ def test_sgemm_step_in_the_emulator(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["default", "BK=16", "128x256 w64x64 1 block/SM", "64x128", "w64x32 BK=16"])
+@pytest.mark.parametrize("config", ["default", "128x256 1 block/SM", "w32x128 (8x16 per lane)",
+                                    "w32x64 (8x8, 256 threads)"])
 def test_sgemm_warptile_configs_in_the_emulator(config):
     v, cell = pick("sgemm_warptile", config)
     for M, N, K in ((130, 132, 36), (200, 300, 44)):          # aligned (float4 path) with edge tiles

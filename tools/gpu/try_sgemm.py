@@ -1,0 +1,203 @@
+"""One short GPU call for tutorial 05's last step: check, then time, sgemm_warptile as it was at HEAD (with its sweep
+configurations) beside the notebook's current kernel and candidate tile configurations, against torch.mm in the same
+run. Under 120 s on an H100.
+
+    PYTHONPATH=$PWD python3 tools/gpu/try_sgemm.py               # GPU: check, time at 4096^3 (and 8192^3 for the best)
+    PYTHONPATH=$PWD python3 tools/gpu/try_sgemm.py --sass        # no GPU: registers and the main loop's instruction mix
+
+Method. Each variant is a source and -D options: "head" is tools/gpu/sgemm_variants/warptile_head.cu (step 7 before
+issue 13's tuning), "now" is the sgemm_warptile cell of notebooks/05-matmul.py. Every variant is checked with
+kernellab.check against a float64 reference on awkward shapes (1x1x1 up to 4095x4097x1023, K and N odd so the scalar
+path runs too) and a NaN-poisoned C, then timed with kernellab.bench at 4096^3 against torch.mm (TF32 off), the two
+alternating in the same run, L2 flushed between calls, medians of 5 rounds. The three fastest at 4096^3 are timed at
+8192^3 as well while the run is under 80 s. "loop" is the static instruction count of the main loop (the backward
+branch holding the most FFMAs, the float4 instance): its FFMA share bounds the FFMA pipe's utilisation.
+With $OUT set, the table also goes to $OUT/try_sgemm.txt.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+import kernellab  # noqa: E402
+
+HEAD = (ROOT / "tools" / "gpu" / "sgemm_variants" / "warptile_head.cu").read_text()
+
+
+def notebook_source() -> str:
+    """The sgemm_warptile %%cuda cell of notebooks/05-matmul.py, as benchmarks/matmul.py reads it."""
+    from notebook_cells import cuda_cells_with_flags
+
+    return next(body for _, body in cuda_cells_with_flags("05-matmul.py") if "sgemm_warptile(" in body)
+
+
+def variants() -> list[tuple[str, str, dict]]:
+    """(label, source, -D options) of every variant: HEAD's step 7 with its sweep, then the notebook's cell."""
+    now = notebook_source()
+    head = [("head default 128x128x8 w32x64", {}), ("head BK=16", {"BK": 16}),
+            ("head 128x256 w64x64 1 blk/SM", {"BN": 256, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}),
+            ("head 64x128", {"BM": 64, "BN": 128}), ("head w64x32 BK=16", {"WM": 64, "WN": 32, "BK": 16}),
+            ("head w64x64 (128 thr)", {"WM": 64, "WN": 64})]
+    new = [("now default (128x128x8 w64x64)", {}),
+           ("now 128x256 w64x64 1 blk/SM", {"BN": 256, "MIN_BLOCKS": 1}),
+           ("now w32x128 (128 thr, 8x16)", {"WM": 32, "WN": 128}),
+           ("now w32x64 (256 thr, 8x8)", {"WM": 32, "WN": 64})]
+    return [(label, HEAD, d) for label, d in head] + [(label, now, d) for label, d in new]
+
+
+def compile_variant(src: str, d: dict):
+    return kernellab.compile_cuda(src, arch="sm_90", options=tuple(f"-D{k}={v}" for k, v in d.items()),
+                                  filename="sgemm_warptile.cu")["sgemm_warptile"]
+
+
+def warp_tile(src: str, d: dict) -> tuple[int, int]:
+    """(WM, WN): the -D option, else the source's default."""
+    def default(name):
+        return int(re.search(rf"#define {name} (\d+)", src).group(1))
+    return d.get("WM", default("WM")), d.get("WN", default("WN"))
+
+
+def loop_mix(sass: str) -> collections.Counter:
+    """Static instruction counts of the main loop: the backward branch range with the most FFMAs (ties: LDG.128)."""
+    ins = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+    def op(text):
+        name = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+        if name.split(".")[0] in ("LDS", "LDG", "STS", "STG"):
+            return re.sub(r"\.(E|CONSTANT|64|SYS|STRONG\.\w+)\b", "", name)
+        return name.split(".")[0]
+    best = collections.Counter()
+    for addr, text in ins:
+        m = re.match(r"(@!?P\w+\s+)?BRA\b.*?0x([0-9a-f]+)", text)
+        if not m or int(m.group(2), 16) >= addr:
+            continue
+        c = collections.Counter(op(t) for a, t in ins if int(m.group(2), 16) <= a <= addr)
+        if (c["FFMA"], c["LDG.128"]) > (best["FFMA"], best["LDG.128"]):
+            best = c
+    return best
+
+
+def describe(k, threads) -> dict:
+    r, mix = k.resources, loop_mix(k.sass)
+    total = sum(mix.values()) or 1
+    return {"regs": r.registers, "spill B": r.spill_store_bytes + r.spill_load_bytes,
+            "blocks/SM": k.occupancy(threads).blocks_per_sm if kernellab.has_gpu() else None,
+            "loop": f"{total} instr, FFMA {mix['FFMA'] / total:.1%}, LDS.128 {mix['LDS.128']}, "
+                    f"other {total - mix['FFMA'] - mix['LDS.128']}"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sass", action="store_true", help="no GPU: compile every variant, print regs and the loop mix")
+    args = ap.parse_args()
+    t0 = time.time()
+    rows = []
+    if args.sass or not kernellab.has_gpu():
+        for label, src, d in variants():
+            wm, wn = warp_tile(src, d)
+            bm, bn = d.get("BM", 128), d.get("BN", 128)
+            threads = (bm // wm) * (bn // wn) * 32
+            try:
+                info = describe(compile_variant(src, d), threads)
+                print(f"{label:32s} {threads:3d} thr {info['regs']:3d} regs spill {info['spill B']:3d} B | "
+                      f"{info['loop']}")
+            except Exception as exc:  # noqa: BLE001
+                print(f"{label:32s} COMPILE FAILED: {str(exc).splitlines()[-1][:200]}")
+        if not args.sass:
+            print("no GPU here: the table above is compile-only")
+        return 0
+
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False     # cuBLAS's FP32 path
+    torch.backends.cudnn.allow_tf32 = False
+    kernellab.set_isolation(False)
+    from kernellab.run.device import device_info
+    dev = device_info()
+    print(f"device: {dev} | torch {torch.__version__} | {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+
+    def inputs(M, N, K):
+        def make(g):
+            return (torch.randn(M, K, generator=g, device="cuda"), torch.randn(K, N, generator=g, device="cuda"),
+                    torch.empty(M, N, device="cuda"))
+        return make
+
+    def cdiv(a, b):
+        return (a + b - 1) // b
+
+    shapes = [(1, 1, 1), (31, 33, 17), (129, 127, 65), (130, 260, 36), (257, 129, 1024), (4095, 4097, 1023),
+              (4096, 4096, 4096 - 4)]
+    timed = {}
+    for label, src, d in variants():
+        wm, wn = warp_tile(src, d)
+        bm, bn = d.get("BM", 128), d.get("BN", 128)
+        threads = (bm // wm) * (bn // wn) * 32
+        row = {"variant": label, "regs": None, "blocks/SM": None, "check": "-", "ms": None, "tflops": None,
+               "ratio": None, "ms8k": None, "ratio8k": None, "loop": ""}
+        rows.append(row)
+        try:
+            k = compile_variant(src, d)
+            row.update(describe(k, threads))
+
+            def fn(A, B, C, k=k, bm=bm, bn=bn, threads=threads):
+                (M, K), N = A.shape, B.shape[1]
+                k[(cdiv(N, bn), cdiv(M, bm)), threads](A, B, C, M, N, K)
+                return C
+            fn.__name__ = label
+            row["check"] = "ok"
+            for M, N, K in shapes:
+                rep = kernellab.check(fn, lambda A, B, C: A @ B, inputs(M, N, K), trials=1, generator_device="cuda")
+                if not rep.passed:
+                    row["check"] = f"FAIL {M}x{N}x{K}"
+                    break
+            if row["check"] == "ok":
+                r = kernellab.bench(fn, inputs(4096, 4096, 4096), baselines={"torch": lambda A, B, C: torch.mm(
+                    A, B, out=C)}, flops=2 * 4096**3, generator_device="cuda", name=label, rep_ms=40.0,
+                    warmup_ms=10.0, rounds=5)
+                row.update(ms=r.median_ms, tflops=r.tflops, ratio=r.speedup("torch").ratio,
+                           torch_ms=r.baselines[0].median_ms)
+                timed[label] = fn
+        except Exception as exc:  # noqa: BLE001
+            row["check"] = f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
+        print(f"{label:32s} regs {row['regs']} blocks/SM {row['blocks/SM']} {row['check']:10s} "
+              f"{row['ms'] or 0:7.3f} ms {row['tflops'] or 0:5.1f} TFLOP/s {row['ratio'] or 0:6.1%} of torch "
+              f"({row.get('torch_ms') or 0:.3f} ms) | {row['loop']} [{time.time() - t0:.0f} s]", flush=True)
+
+    best3 = sorted((r for r in rows if r["ratio"]), key=lambda r: -r["ratio"])[:3]
+    for row in best3:
+        if time.time() - t0 > 80:
+            print("8192^3 skipped: over 80 s")
+            break
+        r = kernellab.bench(timed[row["variant"]], inputs(8192, 8192, 8192), baselines={
+            "torch": lambda A, B, C: torch.mm(A, B, out=C)}, flops=2 * 8192**3, generator_device="cuda",
+            name=row["variant"], rep_ms=60.0, warmup_ms=10.0, rounds=3, min_reps=2)
+        row.update(ms8k=r.median_ms, ratio8k=r.speedup("torch").ratio)
+
+    def fmt(x, f):
+        return "-" if x is None else format(x, f)
+    head = ["variant", "regs", "blk/SM", "check", "ms 4096", "TFLOP/s", "% torch", "ms 8192", "% torch 8k",
+            "main loop (static)"]
+    lines = [[r["variant"], fmt(r["regs"], "d"), fmt(r["blocks/SM"], "d"), r["check"][:40], fmt(r["ms"], ".3f"),
+              fmt(r["tflops"], ".1f"), fmt(r["ratio"], ".1%"), fmt(r["ms8k"], ".3f"), fmt(r["ratio8k"], ".1%"),
+              r["loop"]] for r in rows]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
+    text = "\n".join(["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in [head] + lines])
+    text = (f"\n=== sgemm_warptile variants on {dev.name}, fp32, torch.mm TF32 off; % torch = torch time / kernel "
+            f"time; target >= 90 % at 4096^3; {time.time() - t0:.0f} s ===\n{text}")
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        (Path(os.environ["OUT"]) / "try_sgemm.txt").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
