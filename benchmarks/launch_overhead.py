@@ -181,11 +181,33 @@ def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], 
             ("ctypes cuLaunchKernel, pre-made c_ args", per_launch_us(ctypes_bare, launches, rounds, sync), base)]
 
 
+def standin_lib():
+    """libcuda's launch-path entry points played by libc's abs() with the same ctypes argtypes: each call pays what a
+    real one pays in ctypes (the conversions, the foreign call) and returns 0 for function handle 0 and stream 0."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    p, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+
+    class Lib:
+        pass
+
+    lib = Lib()
+    for name, argtypes in (("cuLaunchKernel", [p, u, u, u, u, u, u, u, p, p, p]), ("cuStreamSynchronize", [p]),
+                           ("cuStreamIsCapturing", [p, ctypes.POINTER(i)])):
+        fn = libc["abs"]                                 # a new function object each time: its own argtypes
+        fn.argtypes, fn.restype = argtypes, i
+        setattr(lib, name, fn)
+    return lib
+
+
 def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
-    """kernellab's host path with a stand-in driver (no GPU): CPU tensors pose as device index -1's."""
+    """kernellab's host path with a stand-in driver (no GPU): CPU tensors pose as device index -1's, and the
+    Driver's calls go to libc's abs() through ctypes (standin_lib), so the ctypes conversions are timed."""
     import torch
 
     from kernellab.run import launch as L
+    from kernellab.run.cudriver import Driver
     from kernellab.run.device import DeviceInfo
 
     class NullDriver:
@@ -198,13 +220,27 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
         def is_capturing(self, stream):
             return False
 
+    class CallDriver(Driver):
+        """The same stand-in, with a C builtin (min of the 11 ints: 0) in place of the ctypes cuLaunchKernel: about
+        what CuPy's Cython launchKernel costs on top of the driver."""
+
+        def __init__(self, lib):
+            super().__init__(lib)
+            self.launch_kernel = min
+
     k = kernellab.compile_cuda(SRC, arch="sm_90").axpb
     dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132)
-    k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
-                           max_threads_per_block=k.resources.max_threads_per_block,
-                           static_shared_bytes=k.resources.shared_bytes, driver=NullDriver())
+    lib = standin_lib()
     L.torch_stream_handle = lambda index: 0
+    L.torch_stream_function = lambda: (0).__mul__           # a C callable, as torch._C._cuda_getCurrentRawStream
     x, y = torch.randn(N), torch.empty(N)
+    args = (x, y, 2.0, 1.0, N)
+
+    def with_driver(driver):
+        k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
+                               max_threads_per_block=k.resources.max_threads_per_block,
+                               static_shared_bytes=k.resources.shared_bytes, driver=driver)
+        k._launchers.clear()
 
     def kl_async(m):
         launch = k[1, 32]
@@ -216,28 +252,45 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
         for _ in range(m):
             launch(x, y, 2.0, 1.0, N)
 
+    def run_only(m):
+        path, cfg = k._path, k[1, 32]._config
+        for _ in range(m):
+            path.run(cfg, args, None, False)
+
     def checks_only(m):
-        values = k._path.plan((x, y, 2.0, 1.0, N)).check
+        values = k._path.plan(args).check
         for _ in range(m):
             values(x, y, 2.0, 1.0, N)
 
     def marshal(m):
         for _ in range(m):
-            L.marshal_args(k.params, (x, y, 2.0, 1.0, N), None, any_device=True)
+            L.marshal_args(k.params, args, None, any_device=True)
 
-    kl_async(1)
-    assert k._path.plan((x, y, 2.0, 1.0, N)) is not None
+    def ctypes_call(m):
+        f = lib.cuLaunchKernel
+        for _ in range(m):
+            f(0, 1, 1, 1, 32, 1, 1, 0, 0, 12345678, 0)
+
+    def timed(driver, fn):
+        with_driver(driver)
+        kl_async(2)
+        assert driver is None or k[1, 32]._fast is not None or not hasattr(driver, "launch_kernel")
+        return per_launch_us(fn, launches, rounds, none)
+
     none = lambda: None  # noqa: E731
-    return [
-        ("kernellab, sync=False, null driver", per_launch_us(kl_async, launches, rounds, none),
-         "kernellab, sync=False, null driver"),
-        ("kernellab, default sync, null driver", per_launch_us(kl_sync, launches, rounds, none),
-         "kernellab, sync=False, null driver"),
-        ("the plan's checks alone", per_launch_us(checks_only, launches, rounds, none),
-         "kernellab, sync=False, null driver"),
-        ("marshal_args (the slow path's checks)", per_launch_us(marshal, launches, rounds, none),
-         "kernellab, sync=False, null driver"),
+    base = "generated launch, sync=False (ctypes stand-in)"
+    cases = [
+        (base, timed(Driver(lib), kl_async), base),
+        ("generated launch, default sync (ctypes stand-in)", timed(Driver(lib), kl_sync), base),
+        ("generated launch, sync=False (C-call stand-in, as CuPy's launchKernel)", timed(CallDriver(lib), kl_async),
+         base),
+        ("LaunchPath.run, sync=False (ctypes stand-in)", timed(Driver(lib), run_only), base),
+        ("LaunchPath.run, sync=False, null driver (no ctypes)", timed(NullDriver(), kl_async), base),
+        ("stand-in cuLaunchKernel alone (ctypes, 11 args)", per_launch_us(ctypes_call, launches, rounds, none), base),
+        ("the plan's checks alone", per_launch_us(checks_only, launches, rounds, none), base),
+        ("marshal_args (the slow path's checks)", per_launch_us(marshal, launches, rounds, none), base),
     ]
+    return cases
 
 
 def table(cases, title: str) -> str:

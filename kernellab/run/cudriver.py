@@ -187,12 +187,25 @@ class Driver:
     """The launch-path calls: cuLaunchKernel, cuLaunchKernelEx (clusters), cuStreamSynchronize, cuStreamIsCapturing
     (tests substitute fakes)."""
 
-    def __init__(self):
-        lib = _lib()
+    def __init__(self, lib=None, cupy_launch: bool | None = None):
+        lib = _lib() if lib is None else lib
         self._launch = lib.cuLaunchKernel
         self._launch_ex = getattr(lib, "cuLaunchKernelEx", None)
         self._sync = lib.cuStreamSynchronize
         self._capturing = lib.cuStreamIsCapturing
+        # What the launch path's generated code calls (run/launch.py, LaunchPath.fast): the raw cuLaunchKernel, with
+        # extra as 0; the raw cuStreamIsCapturing (stream, a pointer to a c_int status) and cuStreamSynchronize, each
+        # returning the CUresult. CuPy's Cython launchKernel costs a fraction of a ctypes call with 11 conversions;
+        # it raises launch_error_type (with .status) where ctypes returns the CUresult.
+        self.launch_kernel, self.launch_error_type = self._launch, None
+        cupy_fn = _cupy_launch_kernel() if cupy_launch is not False and lib is _lib_or_none() else None
+        if cupy_fn is not None:
+            self.launch_kernel, self.launch_error_type = cupy_fn
+        self.stream_is_capturing, self.stream_synchronize = self._capturing, self._sync
+
+    def error(self, rc: int) -> Exception:
+        """The exception for a CUresult (CudaDriverError, CuPy's wording)."""
+        return CudaDriverError(rc)
 
     def launch(self, function: int, grid, block, shared_bytes: int, stream: int, params: int,
                device_index: int = 0, cluster=None) -> None:
@@ -236,6 +249,28 @@ class Driver:
         if rc:
             raise CudaDriverError(rc)
         return status.value != CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _lib_or_none():
+    try:
+        return _lib()
+    except DriverUnavailable:
+        return None
+
+
+def _cupy_launch_kernel():
+    """(cupy.cuda.driver.launchKernel, CUDADriverError) where CuPy is importable and has them, else None.
+
+    launchKernel(f, gx, gy, gz, bx, by, bz, shared_bytes, stream, kernel_params, extra) takes ints (intptr_t,
+    unsigned int), calls cuLaunchKernel of the process's one libcuda without the GIL, and raises CUDADriverError (its
+    .status the CUresult) on failure."""
+    try:
+        import cupy.cuda
+    except Exception:
+        return None
+    d = getattr(cupy.cuda, "driver", None)
+    fn, err = getattr(d, "launchKernel", None), getattr(d, "CUDADriverError", None)
+    return (fn, err) if fn is not None and err is not None else None
 
 
 @functools.lru_cache(maxsize=1)
