@@ -11,10 +11,12 @@ sync=False at most 1.25x RawKernel, the synchronous launch about RawKernel + syn
 Cases: kernellab with torch tensors (sync=False, and the default sync), kernellab with CuPy arrays (sync=False),
 CuPy RawKernel on CuPy arrays (asynchronous, and + stream.synchronize()), torch's in-place `y.add_(1.0)`.
 `--python-only` needs no GPU: it times kernellab's Python path (checks, packing, the launch path's bookkeeping) with a
-stand-in driver and CPU tensors posing as the device's, to see where host time goes.
+stand-in driver (libc's abs() behind libcuda's ctypes argtypes, so ctypes' conversions are paid) and CPU tensors
+posing as the device's, to see where host time goes. `--breakdown` (GPU) times the launcher, the generated launch
+(LaunchPath.fast: CuPy's Cython launchKernel, and ctypes), the general path (LaunchPath.run) and each piece alone.
 
 Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/launch_overhead.py [--launches 2000]
-[--rounds 15] [--out table.md]. Takes about 10 s.
+[--rounds 15] [--out table.md] [--breakdown]. Takes about 10 s.
 """
 import argparse
 import statistics
@@ -112,47 +114,83 @@ def gpu_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
 
 
 def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
-    """Where a sync=False launch's host time goes on the GPU: each stage of kernellab's path timed alone."""
+    """Where a launch's host time goes on the GPU: the launcher, the generated launch (LaunchPath.fast) and each of its
+    pieces timed alone, the general path (LaunchPath.run), and the raw driver calls: CuPy's Cython launchKernel (what
+    the generated launch calls where CuPy is importable) against ctypes."""
     import ctypes
+    import threading
 
     import torch
 
     from kernellab.run import launch as L
-    from kernellab.run.cudriver import _lib
+    from kernellab.run.cudriver import Driver, _cupy_launch_kernel, _lib
 
     k = kernellab.compile_cuda(SRC).axpb
     x, y = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
     launcher = k[1, 32]
     launcher(x, y, 2.0, 1.0, N)
+    launcher(x, y, 2.0, 1.0, N)
     path, cfg, args = k._path, launcher._config, (x, y, 2.0, 1.0, N)
-    plan = path.plan(args)
-    assert plan is not None and cfg is not None
+    plan, fast = path.plan(args), launcher._fast
+    assert plan is not None and cfg is not None and fast, "the launcher did not take the generated launch"
     index, handle = path.device.index, L.torch_stream_handle(path.device.index)
+    raw_stream = L.torch_stream_function()
     lib = _lib()
     fn, params = path.function_handle, path.params_address
-    c_fn, c_params, c_stream = ctypes.c_void_p(fn), ctypes.c_void_p(params), ctypes.c_void_p(handle)
-    bare = ctypes.CDLL(lib._name).cuLaunchKernel           # the same symbol without argtypes: no conversions
+    cupy_launch = _cupy_launch_kernel()
+    # The same kernel through a second launch path whose generated launch calls ctypes' cuLaunchKernel.
+    ctypes_path = L.LaunchPath(fn, path.params, path.device, name=k.name, signature=path.signature,
+                               max_threads_per_block=path.max_threads_per_block,
+                               static_shared_bytes=path.static_shared_bytes, driver=Driver(cupy_launch=False))
+    ctypes_fast = ctypes_path.fast(cfg, tuple(map(type, args)))
+    status = ctypes.c_int(0)
+    status_p = ctypes.pointer(status)
 
     def full(m):
         for _ in range(m):
             launcher(x, y, 2.0, 1.0, N, sync=False)
+
+    def full_sync(m):
+        for _ in range(m):
+            launcher(x, y, 2.0, 1.0, N)
+
+    def generated(m):
+        for _ in range(m):
+            fast(args, None, False)
+
+    def generated_ctypes(m):
+        for _ in range(m):
+            ctypes_fast(args, None, False)
 
     def run_only(m):
         for _ in range(m):
             path.run(cfg, args, None, False)
 
     def checks(m):
+        check = plan.check
         for _ in range(m):
-            plan.check(*args)
+            check(x, y, 2.0, 1.0, N)
 
     def stream(m):
         for _ in range(m):
-            L.torch_stream_handle(index)
+            raw_stream(index)
 
     def pack(m):
-        values = plan.check(*args)
+        values, pack_into, buf, base = plan.check(*args), path._struct.pack_into, path._buffer, path._base
         for _ in range(m):
-            path._struct.pack_into(path._buffer, path._base, *values)
+            pack_into(buf, base, *values)
+
+    def lock(m):
+        lk = threading.Lock()
+        acquire, release = lk.acquire, lk.release
+        for _ in range(m):
+            acquire()
+            release()
+
+    def capture_query(m):
+        q = lib.cuStreamIsCapturing
+        for _ in range(m):
+            q(handle, status_p)
 
     def driver_launch(m):
         d = path.driver
@@ -164,21 +202,31 @@ def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], 
         for _ in range(m):
             f(fn, 1, 1, 1, 32, 1, 1, 0, handle, params, None)
 
-    def ctypes_bare(m):
-        one, t32, zero = ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_uint(0)
+    def cupy_raw(m):
+        f = cupy_launch[0]
         for _ in range(m):
-            bare(c_fn, one, one, one, t32, one, one, zero, c_stream, c_params, None)
+            f(fn, 1, 1, 1, 32, 1, 1, 0, handle, params, 0)
 
     base = "kernellab, sync=False (full)"
     sync = torch.cuda.synchronize
-    return [(base, per_launch_us(full, launches, rounds, sync), base),
-            ("LaunchPath.run (no launcher)", per_launch_us(run_only, launches, rounds, sync), base),
-            ("plan.check alone", per_launch_us(checks, launches, rounds, sync), base),
-            ("torch stream handle alone", per_launch_us(stream, launches, rounds, sync), base),
-            ("struct.pack_into alone", per_launch_us(pack, launches, rounds, sync), base),
-            ("Driver.launch (packed)", per_launch_us(driver_launch, launches, rounds, sync), base),
-            ("ctypes cuLaunchKernel, argtypes", per_launch_us(ctypes_launch, launches, rounds, sync), base),
-            ("ctypes cuLaunchKernel, pre-made c_ args", per_launch_us(ctypes_bare, launches, rounds, sync), base)]
+    none = lambda: None  # noqa: E731
+    cases = [(base, per_launch_us(full, launches, rounds, sync), base),
+             ("kernellab, default sync (full)", per_launch_us(full_sync, launches, rounds, sync), base),
+             (f"generated launch alone ({'CuPy launchKernel' if cupy_launch else 'ctypes'})",
+              per_launch_us(generated, launches, rounds, sync), base),
+             ("generated launch alone, ctypes cuLaunchKernel", per_launch_us(generated_ctypes, launches, rounds, sync),
+              base),
+             ("LaunchPath.run (the general path)", per_launch_us(run_only, launches, rounds, sync), base),
+             ("plan.check alone", per_launch_us(checks, launches, rounds, none), base),
+             ("torch raw stream alone", per_launch_us(stream, launches, rounds, none), base),
+             ("struct.pack_into alone", per_launch_us(pack, launches, rounds, none), base),
+             ("lock acquire + release alone", per_launch_us(lock, launches, rounds, none), base),
+             ("cuStreamIsCapturing (ctypes) alone", per_launch_us(capture_query, launches, rounds, none), base),
+             ("Driver.launch (packed, ctypes)", per_launch_us(driver_launch, launches, rounds, sync), base),
+             ("ctypes cuLaunchKernel, argtypes", per_launch_us(ctypes_launch, launches, rounds, sync), base)]
+    if cupy_launch:
+        cases.append(("cupy.cuda.driver.launchKernel direct", per_launch_us(cupy_raw, launches, rounds, sync), base))
+    return cases
 
 
 def standin_lib():
@@ -210,15 +258,13 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
     from kernellab.run.cudriver import Driver
     from kernellab.run.device import DeviceInfo
 
-    class NullDriver:
-        def launch(self, *a):
-            pass
+    class RunDriver(Driver):
+        """The same stand-in without the raw calls: every launch through LaunchPath.run and Driver.launch (the path
+        before the generated launch, and today's for what the generated one hands back)."""
 
-        def synchronize(self, stream):
-            pass
-
-        def is_capturing(self, stream):
-            return False
+        def __init__(self, lib):
+            super().__init__(lib)
+            self.launch_kernel = None
 
     class CallDriver(Driver):
         """The same stand-in, with a C builtin (min of the 11 ints: 0) in place of the ctypes cuLaunchKernel: about
@@ -274,7 +320,7 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
     def timed(driver, fn):
         with_driver(driver)
         kl_async(2)
-        assert driver is None or k[1, 32]._fast is not None or not hasattr(driver, "launch_kernel")
+        assert bool(k[1, 32]._fast) == (driver.launch_kernel is not None)
         return per_launch_us(fn, launches, rounds, none)
 
     none = lambda: None  # noqa: E731
@@ -284,8 +330,11 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
         ("generated launch, default sync (ctypes stand-in)", timed(Driver(lib), kl_sync), base),
         ("generated launch, sync=False (C-call stand-in, as CuPy's launchKernel)", timed(CallDriver(lib), kl_async),
          base),
-        ("LaunchPath.run, sync=False (ctypes stand-in)", timed(Driver(lib), run_only), base),
-        ("LaunchPath.run, sync=False, null driver (no ctypes)", timed(NullDriver(), kl_async), base),
+        ("launcher -> LaunchPath.run -> Driver.launch, sync=False (ctypes stand-in)", timed(RunDriver(lib), kl_async),
+         base),
+        ("launcher -> LaunchPath.run -> Driver.launch, default sync (ctypes stand-in)", timed(RunDriver(lib), kl_sync),
+         base),
+        ("LaunchPath.run alone, sync=False (ctypes stand-in)", timed(RunDriver(lib), run_only), base),
         ("stand-in cuLaunchKernel alone (ctypes, 11 args)", per_launch_us(ctypes_call, launches, rounds, none), base),
         ("the plan's checks alone", per_launch_us(checks_only, launches, rounds, none), base),
         ("marshal_args (the slow path's checks)", per_launch_us(marshal, launches, rounds, none), base),

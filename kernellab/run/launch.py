@@ -540,8 +540,11 @@ def cupy_stream_handle() -> int:
 
 
 def cupy_stream_function():
-    """A callable () -> CuPy's current raw stream (what cupy_stream_handle returns)."""
-    return cupy_stream_handle
+    """A callable () -> CuPy's current raw stream (what cupy_stream_handle returns), with CuPy's lookup bound."""
+    import cupy
+
+    current = cupy.cuda.get_current_stream
+    return lambda: current().ptr
 
 
 def stream_handle(stream) -> int:
