@@ -663,9 +663,10 @@ def test_the_generated_launch_waits_unless_asked_not_to_or_capturing():
 
 
 def test_the_generated_launch_uses_cupys_stream_for_cupy_style_arguments():
-    class FakeCupyArray:                                 # what the plan reads of a cupy.ndarray
-        dtype, device = np.dtype("float32"), type("Device", (), {"id": 0})()
-        flags, data = type("Flags", (), {"c_contiguous": True})(), type("Memory", (), {"ptr": 0xBEEF00})()
+    class FakeCupyArray:                                 # what the plan and marshal_args read of a cupy.ndarray
+        dtype, device, nbytes, shape = np.dtype("float32"), type("Device", (), {"id": 0})(), 256, (64,)
+        flags, _c_contiguous = type("Flags", (), {"c_contiguous": True})(), True
+        data = type("Memory", (), {"ptr": 0xBEEF00, "device_id": 0})()
 
     FakeCupyArray.__module__ = "cupy.fake"
     params = find_kernels(VADD)[0].params
@@ -674,6 +675,13 @@ def test_the_generated_launch_uses_cupys_stream_for_cupy_style_arguments():
     _, fast = fast_for(path, args)
     assert fast(args, None, False)
     assert driver.raw[0]["stream"] == 0xC0 and driver.raw[0]["params"][0] == np.uint64(0xBEEF00).tobytes()
+    assert driver.raw[0]["params"] == [v.tobytes() for v in L.marshal_args(params, args, H200)]
+    strided = FakeCupyArray()
+    strided._c_contiguous = False
+    assert fast((strided,) + args[1:], None, False) is False and len(driver.raw) == 1
+    with pytest.raises(ArgumentError, match="non-contiguous"):
+        strided.flags = type("Flags", (), {"c_contiguous": False})()
+        path.run(path.config(1, 32, 0), (strided,) + args[1:])
 
 
 @pytest.mark.parametrize("error_type", [None, CupyStyleError])

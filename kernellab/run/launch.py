@@ -434,7 +434,10 @@ def _pointer_code(param: Param, typ: type, i: int, ns: dict) -> tuple[list[str],
         if param.dtype is not None:
             ns[f"D{i}"] = np.dtype(param.dtype)
             dtype = f"{a}.dtype != D{i} or "
-        return [f"if {dtype}{a}.device.id != DEV or not {a}.flags.c_contiguous: raise FALLBACK"], f"{a}.data.ptr"
+        # The memory pointer's device_id and CuPy's own _c_contiguous flag: no Device or Flags object per call (were
+        # _c_contiguous gone, AttributeError sends every call to marshal_args, which reads x.flags).
+        return [f"m{i} = {a}.data",
+                f"if {dtype}m{i}.device_id != DEV or not {a}._c_contiguous: raise FALLBACK"], f"m{i}.ptr"
     return None
 
 
