@@ -1,10 +1,12 @@
 """The CUDA driver (libcuda) through ctypes: why there is no GPU, and the few calls a fast launch needs.
 
 A kernel launch through CuPy's `Function.__call__` costs about as much as CuPy's RawKernel; kernellab's launch path
-checks the arguments in Python, packs them into one buffer and calls `cuLaunchKernel` here directly, so that the
-checks are not paid on top of CuPy's own marshalling. Modules and functions are still loaded through CuPy (the
-primary context torch and CuPy share); only the launch (cuLaunchKernelEx with a CUlaunchConfig for thread-block
-clusters), the stream synchronisation, the capture query and making a primary context current come here.
+checks the arguments in Python, packs them into one buffer and calls `cuLaunchKernel` directly, so that the checks
+are not paid on top of CuPy's own marshalling. Modules and functions are still loaded through CuPy (the primary
+context torch and CuPy share); only the launch (cuLaunchKernelEx with a CUlaunchConfig for thread-block clusters),
+the stream synchronisation, the capture query and making a primary context current come here. The generated launch
+(run/launch.py, LaunchPath.fast) calls `Driver.launch_kernel`: CuPy's Cython launchKernel where CuPy imports (one
+C call, where ctypes converts 11 arguments one by one), else this module's ctypes cuLaunchKernel.
 """
 from __future__ import annotations
 
