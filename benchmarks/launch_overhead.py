@@ -203,7 +203,7 @@ def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], 
             f(fn, 1, 1, 1, 32, 1, 1, 0, handle, params, None)
 
     def cupy_raw(m):
-        f = cupy_launch[0]
+        f = cupy_launch
         for _ in range(m):
             f(fn, 1, 1, 1, 32, 1, 1, 0, handle, params, 0)
 

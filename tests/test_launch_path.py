@@ -559,18 +559,22 @@ class RawDriver(FakeDriver):
     def __init__(self, sizes=(), capturing=False, rcs=(), error_type=None, sync_rc=0):
         super().__init__(sizes, capturing)
         self.clusters = []
-        self.rcs, self.launch_error_type, self.sync_rc = list(rcs), error_type, sync_rc
+        self.rcs, self.error_type, self.sync_rc = list(rcs), error_type, sync_rc
         self.raw, self.queries, self.made_current = [], [], []
 
     def launch_kernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         rc = self.rcs.pop(0) if self.rcs else 0
+        if isinstance(rc, Exception):                   # what a launch function may raise besides CUresults
+            raise rc
         if rc == 0:
             pointers = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
             self.raw.append(dict(function=f, grid=(gx, gy, gz), block=(bx, by, bz), shared_bytes=smem, stream=stream,
                                  extra=extra, params=[ctypes.string_at(pointers[i], n)
                                                       for i, n in enumerate(self.sizes)]))
-        if rc and self.launch_error_type is not None:
-            raise self.launch_error_type(rc)
+        if self.error_type is not None:                 # as CuPy's launchKernel: None, or the exception
+            if rc:
+                raise self.error_type(rc)
+            return None
         return rc
 
     def launch(self, function, grid, block, shared_bytes, stream, params, device_index=0, cluster=None):
@@ -696,6 +700,10 @@ def test_a_failed_generated_launch_retries_once_for_a_new_thread_else_says_why(e
         fast(good_args(), None, False)
     assert "ILLEGAL_ADDRESS" in info.value.cuda_error and not path._lock.locked()
     assert len(driver.launches) == 1                     # not launched again
+    driver.rcs = [OverflowError("can't convert negative int to unsigned")]
+    with pytest.raises(LaunchError, match="failed at launch .*convert negative int") as info:
+        fast(good_args(), None, False)
+    assert not info.value.sticky and not path._lock.locked() and len(driver.launches) == 1
 
 
 def test_kernel_launchers_take_the_generated_launch_after_the_first_call(fake_gpu, monkeypatch):
@@ -743,7 +751,7 @@ def test_the_generated_calls_fit_the_ctypes_argtypes_of_the_real_driver(monkeypa
     lib = _abs_lib()
     monkeypatch.setattr(D, "_lib_or_none", lambda: None)           # no libcuda: the given lib, ctypes calls
     drv = D.Driver(lib)
-    assert drv.launch_kernel is lib.cuLaunchKernel and drv.launch_error_type is None
+    assert drv.launch_kernel is lib.cuLaunchKernel
     monkeypatch.setattr(L, "torch_stream_function", lambda: (0).__mul__)      # stream 0 (C callable, as torch's)
     path = L.LaunchPath(0, PARAMS, H200, name="k", signature="k(...)", max_threads_per_block=1024,
                         static_shared_bytes=0, driver=drv)
@@ -756,13 +764,13 @@ def test_cupys_launchkernel_is_offered_with_the_signature_the_generated_launch_c
     cupy_cuda = pytest.importorskip("cupy.cuda")
     from kernellab.run import cudriver as D
 
-    fn, err = D._cupy_launch_kernel()
-    assert fn is cupy_cuda.driver.launchKernel and err is cupy_cuda.driver.CUDADriverError
+    fn = D._cupy_launch_kernel()
+    assert fn is cupy_cuda.driver.launchKernel
     assert fn.__doc__.splitlines()[0].replace(" ", "") == (
         "launchKernel(intptr_tf,unsignedintgrid_dim_x,unsignedintgrid_dim_y,unsignedintgrid_dim_z,unsignedint"
         "block_dim_x,unsignedintblock_dim_y,unsignedintblock_dim_z,unsignedintshared_mem_bytes,intptr_tstream,"
         "intptr_tkernel_params,intptr_textra)")
     lib = _abs_lib()
     monkeypatch.setattr(D, "_lib_or_none", lambda: lib)            # this lib is the process's libcuda
-    assert D.Driver(lib).launch_kernel is fn and D.Driver(lib).launch_error_type is err
+    assert D.Driver(lib).launch_kernel is fn
     assert D.Driver(lib, cupy_launch=False).launch_kernel is lib.cuLaunchKernel

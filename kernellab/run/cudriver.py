@@ -198,11 +198,9 @@ class Driver:
         # What the launch path's generated code calls (run/launch.py, LaunchPath.fast): the raw cuLaunchKernel, with
         # extra as 0; the raw cuStreamIsCapturing (stream, a pointer to a c_int status) and cuStreamSynchronize, each
         # returning the CUresult. CuPy's Cython launchKernel costs a fraction of a ctypes call with 11 conversions;
-        # it raises launch_error_type (with .status) where ctypes returns the CUresult.
-        self.launch_kernel, self.launch_error_type = self._launch, None
+        # it returns None, or raises CUDADriverError with the CUresult as .status, where ctypes returns the CUresult.
         cupy_fn = _cupy_launch_kernel() if cupy_launch is not False and lib is _lib_or_none() else None
-        if cupy_fn is not None:
-            self.launch_kernel, self.launch_error_type = cupy_fn
+        self.launch_kernel = self._launch if cupy_fn is None else cupy_fn
         self.stream_is_capturing, self.stream_synchronize = self._capturing, self._sync
 
     def error(self, rc: int) -> Exception:
@@ -261,7 +259,7 @@ def _lib_or_none():
 
 
 def _cupy_launch_kernel():
-    """(cupy.cuda.driver.launchKernel, CUDADriverError) where CuPy is importable and has them, else None.
+    """cupy.cuda.driver.launchKernel where CuPy is importable and has it, else None.
 
     launchKernel(f, gx, gy, gz, bx, by, bz, shared_bytes, stream, kernel_params, extra) takes ints (intptr_t,
     unsigned int), calls cuLaunchKernel of the process's one libcuda without the GIL, and raises CUDADriverError (its
@@ -270,9 +268,7 @@ def _cupy_launch_kernel():
         import cupy.cuda
     except Exception:
         return None
-    d = getattr(cupy.cuda, "driver", None)
-    fn, err = getattr(d, "launchKernel", None), getattr(d, "CUDADriverError", None)
-    return (fn, err) if fn is not None and err is not None else None
+    return getattr(getattr(cupy.cuda, "driver", None), "launchKernel", None)
 
 
 @functools.lru_cache(maxsize=1)

@@ -662,23 +662,22 @@ class LaunchPath:
         ns.update({f"T{i}": t for i, t in enumerate(types)})
         ns.update(FALLBACK_ERRORS=(_Fallback, TypeError, AttributeError, ValueError, OverflowError),
                   PACK_ERRORS=(struct.error, OverflowError), PACK=self._struct.pack_into, BUF=self._buffer,
-                  BASE=self._base, LAUNCH=launch, LAUNCH_ERROR=self.driver.launch_error_type,
-                  FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
+                  BASE=self._base, LAUNCH=launch, FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
                   RELEASE=self._lock.release, DEFER=_DEFER_SYNC.get, CAPTURING=self.driver.stream_is_capturing,
                   STATUS=self._status, STATUS_P=self._status_pointer, SYNC=self.driver.stream_synchronize,
                   FAILED=functools.partial(self._failed, cfg), RAISE=functools.partial(self._raise, cfg),
                   STREAM_OF=stream_handle, DEFAULT_STREAM=(torch_stream_function() if torch_index is not None
                                                           else cupy_stream_function()))
-        source = _fast_source(body, values, cfg, torch_index is not None, ns["LAUNCH_ERROR"] is not None)
+        source = _fast_source(body, values, cfg, torch_index is not None)
         exec(compile(source, f"<kernellab launch {cfg} {types}>", "exec"), ns)
         fn = ns["launch"]
         fn.source = source
         return fn
 
     def _failed(self, cfg: LaunchConfig, error, stream: int) -> None:
-        """A generated launch's failure (a CUresult, or the exception of a launch function that raises), with the lock
-        held: for CUDA_ERROR_INVALID_CONTEXT (a thread new to CUDA) make the primary context current and launch again
-        through the driver, else raise the LaunchError."""
+        """A generated launch's failure (a CUresult, or what the launch function raised: CuPy's CUDADriverError has
+        the CUresult as .status), with the lock held: for CUDA_ERROR_INVALID_CONTEXT (a thread new to CUDA) make the
+        primary context current and launch again through the driver, else raise the LaunchError."""
         rc = getattr(error, "status", error)
         try:
             if rc != CUDA_ERROR_INVALID_CONTEXT:
@@ -758,7 +757,7 @@ class LaunchPath:
                 raise _launch_error(exc, self.name, cfg, during="run") from None
 
 
-def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_stream: bool, raises: bool) -> str:
+def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_stream: bool) -> str:
     """The source of one generated launch: launch(args, stream, sync) -> True once launched (and waited for), False,
     having launched nothing, where the call is not for it (other types or count) or an argument fails a check
     (`run` then decides, through marshal_args's precise error where it is wrong).
@@ -773,11 +772,11 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
     unpack = [f"    {names} = args"] if n else ["    if args:", "        return False"]
     types = " or ".join(f"type(a{i}) is not T{i}" for i in range(n)) or "False"
     (gx, gy, gz), (bx, by, bz) = cfg.grid, cfg.block
-    call = f"LAUNCH(FN, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {cfg.shared_bytes}, s, PARAMS, 0)"
-    if raises:                                  # CuPy's launchKernel: an exception, not a CUresult
-        launch = ["        try:", f"            {call}", "        except LAUNCH_ERROR as exc:", "            FAILED(exc, s)"]
-    else:
-        launch = [f"        rc = {call}", "        if rc:", "            FAILED(rc, s)"]
+    # ctypes returns the CUresult; CuPy's launchKernel returns None or raises (CUDADriverError, its .status the
+    # CUresult); either way, and for a value the call refuses, FAILED decides.
+    launch = ["        try:", f"            rc = LAUNCH(FN, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {cfg.shared_bytes}, s, "
+              f"PARAMS, 0)", "        except Exception as exc:", "            rc = exc", "        if rc:",
+              "            FAILED(rc, s)"]
     lines = (["def launch(args, stream, sync):", "    try:"] + ["    " + line for line in unpack]
              + ["    except (ValueError, TypeError):", "        return False",
                 f"    if {types}:", "        return False", "    try:"]
