@@ -11,10 +11,12 @@ sync=False at most 1.25x RawKernel, the synchronous launch about RawKernel + syn
 Cases: kernellab with torch tensors (sync=False, and the default sync), kernellab with CuPy arrays (sync=False),
 CuPy RawKernel on CuPy arrays (asynchronous, and + stream.synchronize()), torch's in-place `y.add_(1.0)`.
 `--python-only` needs no GPU: it times kernellab's Python path (checks, packing, the launch path's bookkeeping) with a
-stand-in driver and CPU tensors posing as the device's, to see where host time goes.
+stand-in driver (libc's abs() behind libcuda's ctypes argtypes, so ctypes' conversions are paid) and CPU tensors
+posing as the device's, to see where host time goes. `--breakdown` (GPU) times the launcher, the generated launch
+(LaunchPath.fast: CuPy's Cython launchKernel, and ctypes), the general path (LaunchPath.run) and each piece alone.
 
 Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/launch_overhead.py [--launches 2000]
-[--rounds 15] [--out table.md]. Takes about 10 s.
+[--rounds 15] [--out table.md] [--breakdown]. Takes about 10 s.
 """
 import argparse
 import statistics
@@ -112,47 +114,83 @@ def gpu_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
 
 
 def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
-    """Where a sync=False launch's host time goes on the GPU: each stage of kernellab's path timed alone."""
+    """Where a launch's host time goes on the GPU: the launcher, the generated launch (LaunchPath.fast) and each of its
+    pieces timed alone, the general path (LaunchPath.run), and the raw driver calls: CuPy's Cython launchKernel (what
+    the generated launch calls where CuPy is importable) against ctypes."""
     import ctypes
+    import threading
 
     import torch
 
     from kernellab.run import launch as L
-    from kernellab.run.cudriver import _lib
+    from kernellab.run.cudriver import Driver, _cupy_launch_kernel, _lib
 
     k = kernellab.compile_cuda(SRC).axpb
     x, y = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
     launcher = k[1, 32]
     launcher(x, y, 2.0, 1.0, N)
+    launcher(x, y, 2.0, 1.0, N)
     path, cfg, args = k._path, launcher._config, (x, y, 2.0, 1.0, N)
-    plan = path.plan(args)
-    assert plan is not None and cfg is not None
+    plan, fast = path.plan(args), launcher._fast
+    assert plan is not None and cfg is not None and fast, "the launcher did not take the generated launch"
     index, handle = path.device.index, L.torch_stream_handle(path.device.index)
+    raw_stream = L.torch_stream_function()
     lib = _lib()
     fn, params = path.function_handle, path.params_address
-    c_fn, c_params, c_stream = ctypes.c_void_p(fn), ctypes.c_void_p(params), ctypes.c_void_p(handle)
-    bare = ctypes.CDLL(lib._name).cuLaunchKernel           # the same symbol without argtypes: no conversions
+    cupy_launch = _cupy_launch_kernel()
+    # The same kernel through a second launch path whose generated launch calls ctypes' cuLaunchKernel.
+    ctypes_path = L.LaunchPath(fn, path.params, path.device, name=k.name, signature=path.signature,
+                               max_threads_per_block=path.max_threads_per_block,
+                               static_shared_bytes=path.static_shared_bytes, driver=Driver(cupy_launch=False))
+    ctypes_fast = ctypes_path.fast(cfg, tuple(map(type, args)))
+    status = ctypes.c_int(0)
+    status_p = ctypes.pointer(status)
 
     def full(m):
         for _ in range(m):
             launcher(x, y, 2.0, 1.0, N, sync=False)
+
+    def full_sync(m):
+        for _ in range(m):
+            launcher(x, y, 2.0, 1.0, N)
+
+    def generated(m):
+        for _ in range(m):
+            fast(args, None, False)
+
+    def generated_ctypes(m):
+        for _ in range(m):
+            ctypes_fast(args, None, False)
 
     def run_only(m):
         for _ in range(m):
             path.run(cfg, args, None, False)
 
     def checks(m):
+        check = plan.check
         for _ in range(m):
-            plan.check(*args)
+            check(x, y, 2.0, 1.0, N)
 
     def stream(m):
         for _ in range(m):
-            L.torch_stream_handle(index)
+            raw_stream(index)
 
     def pack(m):
-        values = plan.check(*args)
+        values, pack_into, buf, base = plan.check(*args), path._struct.pack_into, path._buffer, path._base
         for _ in range(m):
-            path._struct.pack_into(path._buffer, path._base, *values)
+            pack_into(buf, base, *values)
+
+    def lock(m):
+        lk = threading.Lock()
+        acquire, release = lk.acquire, lk.release
+        for _ in range(m):
+            acquire()
+            release()
+
+    def capture_query(m):
+        q = lib.cuStreamIsCapturing
+        for _ in range(m):
+            q(handle, status_p)
 
     def driver_launch(m):
         d = path.driver
@@ -164,47 +202,91 @@ def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], 
         for _ in range(m):
             f(fn, 1, 1, 1, 32, 1, 1, 0, handle, params, None)
 
-    def ctypes_bare(m):
-        one, t32, zero = ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_uint(0)
+    def cupy_raw(m):
+        f = cupy_launch
         for _ in range(m):
-            bare(c_fn, one, one, one, t32, one, one, zero, c_stream, c_params, None)
+            f(fn, 1, 1, 1, 32, 1, 1, 0, handle, params, 0)
 
     base = "kernellab, sync=False (full)"
     sync = torch.cuda.synchronize
-    return [(base, per_launch_us(full, launches, rounds, sync), base),
-            ("LaunchPath.run (no launcher)", per_launch_us(run_only, launches, rounds, sync), base),
-            ("plan.check alone", per_launch_us(checks, launches, rounds, sync), base),
-            ("torch stream handle alone", per_launch_us(stream, launches, rounds, sync), base),
-            ("struct.pack_into alone", per_launch_us(pack, launches, rounds, sync), base),
-            ("Driver.launch (packed)", per_launch_us(driver_launch, launches, rounds, sync), base),
-            ("ctypes cuLaunchKernel, argtypes", per_launch_us(ctypes_launch, launches, rounds, sync), base),
-            ("ctypes cuLaunchKernel, pre-made c_ args", per_launch_us(ctypes_bare, launches, rounds, sync), base)]
+    none = lambda: None  # noqa: E731
+    cases = [(base, per_launch_us(full, launches, rounds, sync), base),
+             ("kernellab, default sync (full)", per_launch_us(full_sync, launches, rounds, sync), base),
+             (f"generated launch alone ({'CuPy launchKernel' if cupy_launch else 'ctypes'})",
+              per_launch_us(generated, launches, rounds, sync), base),
+             ("generated launch alone, ctypes cuLaunchKernel", per_launch_us(generated_ctypes, launches, rounds, sync),
+              base),
+             ("LaunchPath.run (the general path)", per_launch_us(run_only, launches, rounds, sync), base),
+             ("plan.check alone", per_launch_us(checks, launches, rounds, none), base),
+             ("torch raw stream alone", per_launch_us(stream, launches, rounds, none), base),
+             ("struct.pack_into alone", per_launch_us(pack, launches, rounds, none), base),
+             ("lock acquire + release alone", per_launch_us(lock, launches, rounds, none), base),
+             ("cuStreamIsCapturing (ctypes) alone", per_launch_us(capture_query, launches, rounds, none), base),
+             ("Driver.launch (packed, ctypes)", per_launch_us(driver_launch, launches, rounds, sync), base),
+             ("ctypes cuLaunchKernel, argtypes", per_launch_us(ctypes_launch, launches, rounds, sync), base)]
+    if cupy_launch:
+        cases.append(("cupy.cuda.driver.launchKernel direct", per_launch_us(cupy_raw, launches, rounds, sync), base))
+    return cases
+
+
+def standin_lib():
+    """libcuda's launch-path entry points played by libc's abs() with the same ctypes argtypes: each call pays what a
+    real one pays in ctypes (the conversions, the foreign call) and returns 0 for function handle 0 and stream 0."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    p, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+
+    class Lib:
+        pass
+
+    lib = Lib()
+    for name, argtypes in (("cuLaunchKernel", [p, u, u, u, u, u, u, u, p, p, p]), ("cuStreamSynchronize", [p]),
+                           ("cuStreamIsCapturing", [p, ctypes.POINTER(i)])):
+        fn = libc["abs"]                                 # a new function object each time: its own argtypes
+        fn.argtypes, fn.restype = argtypes, i
+        setattr(lib, name, fn)
+    return lib
 
 
 def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
-    """kernellab's host path with a stand-in driver (no GPU): CPU tensors pose as device index -1's."""
+    """kernellab's host path with a stand-in driver (no GPU): CPU tensors pose as device index -1's, and the
+    Driver's calls go to libc's abs() through ctypes (standin_lib), so the ctypes conversions are timed."""
     import torch
 
     from kernellab.run import launch as L
+    from kernellab.run.cudriver import Driver
     from kernellab.run.device import DeviceInfo
 
-    class NullDriver:
-        def launch(self, *a):
-            pass
+    class RunDriver(Driver):
+        """The same stand-in without the raw calls: every launch through LaunchPath.run and Driver.launch (the path
+        before the generated launch, and today's for what the generated one hands back)."""
 
-        def synchronize(self, stream):
-            pass
+        def __init__(self, lib):
+            super().__init__(lib)
+            self.launch_kernel = None
 
-        def is_capturing(self, stream):
-            return False
+    class CallDriver(Driver):
+        """The same stand-in, with a C builtin (min of the 11 ints: 0) in place of the ctypes cuLaunchKernel: about
+        what CuPy's Cython launchKernel costs on top of the driver."""
+
+        def __init__(self, lib):
+            super().__init__(lib)
+            self.launch_kernel = min
 
     k = kernellab.compile_cuda(SRC, arch="sm_90").axpb
     dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132)
-    k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
-                           max_threads_per_block=k.resources.max_threads_per_block,
-                           static_shared_bytes=k.resources.shared_bytes, driver=NullDriver())
+    lib = standin_lib()
     L.torch_stream_handle = lambda index: 0
+    L.torch_stream_function = lambda: (0).__mul__           # a C callable, as torch._C._cuda_getCurrentRawStream
     x, y = torch.randn(N), torch.empty(N)
+    args = (x, y, 2.0, 1.0, N)
+
+    def with_driver(driver):
+        k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
+                               max_threads_per_block=k.resources.max_threads_per_block,
+                               static_shared_bytes=k.resources.shared_bytes, driver=driver)
+        k._launchers.clear()
 
     def kl_async(m):
         launch = k[1, 32]
@@ -216,28 +298,48 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
         for _ in range(m):
             launch(x, y, 2.0, 1.0, N)
 
+    def run_only(m):
+        path, cfg = k._path, k[1, 32]._config
+        for _ in range(m):
+            path.run(cfg, args, None, False)
+
     def checks_only(m):
-        values = k._path.plan((x, y, 2.0, 1.0, N)).check
+        values = k._path.plan(args).check
         for _ in range(m):
             values(x, y, 2.0, 1.0, N)
 
     def marshal(m):
         for _ in range(m):
-            L.marshal_args(k.params, (x, y, 2.0, 1.0, N), None, any_device=True)
+            L.marshal_args(k.params, args, None, any_device=True)
 
-    kl_async(1)
-    assert k._path.plan((x, y, 2.0, 1.0, N)) is not None
+    def ctypes_call(m):
+        f = lib.cuLaunchKernel
+        for _ in range(m):
+            f(0, 1, 1, 1, 32, 1, 1, 0, 0, 12345678, 0)
+
+    def timed(driver, fn):
+        with_driver(driver)
+        kl_async(2)
+        assert bool(k[1, 32]._fast) == (driver.launch_kernel is not None)
+        return per_launch_us(fn, launches, rounds, none)
+
     none = lambda: None  # noqa: E731
-    return [
-        ("kernellab, sync=False, null driver", per_launch_us(kl_async, launches, rounds, none),
-         "kernellab, sync=False, null driver"),
-        ("kernellab, default sync, null driver", per_launch_us(kl_sync, launches, rounds, none),
-         "kernellab, sync=False, null driver"),
-        ("the plan's checks alone", per_launch_us(checks_only, launches, rounds, none),
-         "kernellab, sync=False, null driver"),
-        ("marshal_args (the slow path's checks)", per_launch_us(marshal, launches, rounds, none),
-         "kernellab, sync=False, null driver"),
+    base = "generated launch, sync=False (ctypes stand-in)"
+    cases = [
+        (base, timed(Driver(lib), kl_async), base),
+        ("generated launch, default sync (ctypes stand-in)", timed(Driver(lib), kl_sync), base),
+        ("generated launch, sync=False (C-call stand-in, as CuPy's launchKernel)", timed(CallDriver(lib), kl_async),
+         base),
+        ("launcher -> LaunchPath.run -> Driver.launch, sync=False (ctypes stand-in)", timed(RunDriver(lib), kl_async),
+         base),
+        ("launcher -> LaunchPath.run -> Driver.launch, default sync (ctypes stand-in)", timed(RunDriver(lib), kl_sync),
+         base),
+        ("LaunchPath.run alone, sync=False (ctypes stand-in)", timed(RunDriver(lib), run_only), base),
+        ("stand-in cuLaunchKernel alone (ctypes, 11 args)", per_launch_us(ctypes_call, launches, rounds, none), base),
+        ("the plan's checks alone", per_launch_us(checks_only, launches, rounds, none), base),
+        ("marshal_args (the slow path's checks)", per_launch_us(marshal, launches, rounds, none), base),
     ]
+    return cases
 
 
 def table(cases, title: str) -> str:

@@ -356,30 +356,40 @@ class Kernel:
 class _Launcher:
     """`kernel[grid, block]`: call it with the kernel's arguments."""
 
-    __slots__ = ("kernel", "grid", "block", "shared_bytes", "_path", "_config")
+    __slots__ = ("kernel", "grid", "block", "shared_bytes", "_path", "_config", "_fast")
 
     def __init__(self, kernel: Kernel, grid, block, shared_bytes: int = 0):
         self.kernel, self.grid, self.block, self.shared_bytes = kernel, grid, block, shared_bytes
         self._path = self._config = None        # the checked LaunchConfig, once launched in this process
+        self._fast = None                       # LaunchPath.fast for the last launch's argument types
 
     def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
                  isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
         k = self.kernel
         path = k._path
-        # The common case, a launch in this process as configured: straight to the launch path.
-        if (path is not None and path is self._path and shared_bytes is None and isolate is None and cluster is None
+        # The common case, a launch in this process as configured: the generated launch for these argument types
+        # (it returns False, having launched nothing, where run must decide), else straight to the launch path.
+        if (path is self._path and shared_bytes is None and isolate is None and cluster is None and path is not None
                 and k.isolate is None and not _isolation_default()):
+            fast = self._fast
             try:
-                return path.run(self._config, args, stream, sync)
+                if fast and fast(args, stream, sync):
+                    return None
+                path.run(self._config, args, stream, sync)
             except LaunchError as exc:
                 k._keep_job(exc, self._config, args)
                 raise
+            if fast is not False:               # False: this path has no generated launches (its driver's choice)
+                self._fast = path.fast(self._config, tuple(map(type, args))) if path.fast_launches else False
+            return None
         extra = {"cluster": cluster} if cluster is not None else {}     # CUDA C++ kernels take clusters
         result = k.launch(self.grid, self.block, *args,
                           shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
                           stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s, **extra)
         if k._path is not None and shared_bytes is None and cluster is None and self._path is not k._path:
-            self._config, self._path = k._path.config(self.grid, self.block, self.shared_bytes), k._path
+            path = self._path = k._path
+            self._config = path.config(self.grid, self.block, self.shared_bytes)
+            self._fast = path.fast(self._config, tuple(map(type, args))) if path.fast_launches else False
         return result
 
 

@@ -98,6 +98,8 @@ def good_args(**over):
 def fake_streams(monkeypatch):
     monkeypatch.setattr(L, "torch_stream_handle", lambda index: 0x5000 + index)
     monkeypatch.setattr(L, "cupy_stream_handle", lambda: 0xC0)
+    monkeypatch.setattr(L, "torch_stream_function", lambda: (lambda index: 0x5000 + index))
+    monkeypatch.setattr(L, "cupy_stream_function", lambda: (lambda: 0xC0))
 
 
 @pytest.mark.parametrize("args", [
@@ -544,3 +546,231 @@ def test_without_a_gpu_a_bad_cluster_shape_comes_first(tmp_cache):
         k[7, 32](x, x, x, 8, cluster=2)
     with pytest.raises(NoGPUError):
         k[8, 32](x, x, x, 8, cluster=2)
+
+
+# --- the generated launch (LaunchPath.fast) ------------------------------------------------------------------
+
+
+class RawDriver(FakeDriver):
+    """A FakeDriver with the raw calls the generated launch makes: launch_kernel records each launch (the bytes behind
+    each pointer) and returns the next CUresult of `rcs` (0 when none is left), or raises `error_type` as CuPy's
+    launchKernel does; stream_is_capturing writes `capturing` through the status pointer."""
+
+    def __init__(self, sizes=(), capturing=False, rcs=(), error_type=None, sync_rc=0):
+        super().__init__(sizes, capturing)
+        self.clusters = []
+        self.rcs, self.error_type, self.sync_rc = list(rcs), error_type, sync_rc
+        self.raw, self.queries, self.made_current = [], [], []
+
+    def launch_kernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        rc = self.rcs.pop(0) if self.rcs else 0
+        if isinstance(rc, Exception):                   # what a launch function may raise besides CUresults
+            raise rc
+        if rc == 0:
+            pointers = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+            self.raw.append(dict(function=f, grid=(gx, gy, gz), block=(bx, by, bz), shared_bytes=smem, stream=stream,
+                                 extra=extra, params=[ctypes.string_at(pointers[i], n)
+                                                      for i, n in enumerate(self.sizes)]))
+        if self.error_type is not None:                 # as CuPy's launchKernel: None, or the exception
+            if rc:
+                raise self.error_type(rc)
+            return None
+        return rc
+
+    def launch(self, function, grid, block, shared_bytes, stream, params, device_index=0, cluster=None):
+        self.clusters.append(cluster)
+        super().launch(function, grid, block, shared_bytes, stream, params, device_index)
+
+    def stream_is_capturing(self, stream, status_pointer):
+        self.queries.append(stream)
+        status_pointer.contents.value = 1 if self.capturing else 0
+        return 0
+
+    def stream_synchronize(self, stream):
+        self.syncs.append(stream)
+        return self.sync_rc
+
+    def error(self, rc):
+        return RuntimeError({700: "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered",
+                             201: "CUDA_ERROR_INVALID_CONTEXT: invalid device context"}.get(rc, f"CUDA error {rc}"))
+
+    def make_current(self, index):
+        self.made_current.append(index)
+
+
+class CupyStyleError(RuntimeError):
+    def __init__(self, status):
+        self.status = status
+        super().__init__(RawDriver().error(status))
+
+
+def fast_for(path, args, grid=4, block=256, shared_bytes=0):
+    cfg = path.config(grid, block, shared_bytes)
+    return cfg, path.fast(cfg, tuple(map(type, args)))
+
+
+@pytest.mark.parametrize("args", [
+    good_args(),
+    good_args(n=-2**31, big=-1, u=0, alpha=3, beta=-1e300, flag=False, raw=None),
+    good_args(alpha=1e-46, hs=65504.0, bf=-0.0),
+])
+def test_the_generated_launch_packs_what_marshal_args_packs(args):
+    path, driver = make_path(driver=RawDriver(sizes(PARAMS)))
+    cfg, fast = fast_for(path, args, grid=(4, 2), block=(64, 2), shared_bytes=512)
+    assert fast is not None and fast is path.fast(cfg, tuple(map(type, args)))     # made once
+    assert fast(args, None, False) is True
+    want = [v.tobytes() for v in L.marshal_args(PARAMS, args, H200)]
+    assert driver.raw == [dict(function=0xF00, grid=(4, 2, 1), block=(64, 2, 1), shared_bytes=512, stream=0x5000,
+                               extra=0, params=want)]
+    assert driver.launches == [] and driver.queries == [] and driver.syncs == []    # sync=False: no query, no wait
+    assert "LAUNCH(FN, 4, 2, 1, 64, 2, 1, 512, s, PARAMS, 0)" in fast.source
+
+
+def test_the_generated_launch_hands_back_what_it_cannot_settle_having_launched_nothing():
+    path, driver = make_path(driver=RawDriver(sizes(PARAMS)))
+    cfg, fast = fast_for(path, good_args())
+    for args in (good_args(x=FakeCudaTensor(torch.float64)),          # wrong dtype
+                 good_args(x=FakeCudaTensor(index=1)),                 # another GPU
+                 good_args(x=FakeCudaTensor(contiguous=False)),
+                 good_args(v=FakeCudaTensor(ptr=0x7F0000000004)),      # float4* not 16-byte aligned
+                 good_args(n=2**31),                                   # out of int's range
+                 good_args(alpha=1e39),                                # struct refuses: float32 overflows
+                 good_args(n=np.int32(3)),                             # another type: another plan
+                 good_args()[:-1], 5):                                 # too few arguments; not a tuple
+        assert fast(args, None, False) is False, args
+        assert not path._lock.locked()
+    assert driver.raw == []
+    with pytest.raises(ArgumentError, match="expects float32 elements"):         # run: the precise error
+        path.run(cfg, good_args(x=FakeCudaTensor(torch.float64)))
+    with pytest.raises(ArgumentError, match=r"is int32: 2147483648 is outside"):
+        path.run(cfg, good_args(n=2**31))
+    assert path.fast(path.config(1, 32, 0, cluster=(1, 1, 1)), tuple(map(type, good_args()))) is None
+    assert path.fast(cfg, tuple(map(type, good_args(n=np.int32(3))))) is None      # no plan for these types
+
+
+def test_the_generated_launch_waits_unless_asked_not_to_or_capturing():
+    path, driver = make_path(driver=RawDriver(sizes(PARAMS)))
+    _, fast = fast_for(path, good_args())
+    assert fast(good_args(), None, None) and driver.queries == [0x5000] and driver.syncs == [0x5000]
+    driver.capturing = True                              # torch.cuda.graph: recorded, not waited for
+    assert fast(good_args(), None, True) and driver.queries == [0x5000] * 2 and driver.syncs == [0x5000]
+    driver.capturing = False
+    with L.deferred_sync():                              # kernellab.bench times it: no wait
+        assert fast(good_args(), None, None)
+    assert fast(good_args(), 0xABC, None) and driver.syncs == [0x5000, 0xABC]       # stream= as given
+    assert fast(good_args(), _Protocol(), False) and driver.raw[-1]["stream"] == 0xABC
+    assert len(driver.raw) == 5
+    driver.sync_rc = 700                                 # a fault in the kernel, reported at this launch
+    with pytest.raises(LaunchError, match="sticky") as info:
+        fast(good_args(), None, True)
+    assert info.value.sticky and not path._lock.locked()
+
+
+def test_the_generated_launch_uses_cupys_stream_for_cupy_style_arguments():
+    class FakeCupyArray:                                 # what the plan and marshal_args read of a cupy.ndarray
+        dtype, device, nbytes, shape = np.dtype("float32"), type("Device", (), {"id": 0})(), 256, (64,)
+        flags, _c_contiguous = type("Flags", (), {"c_contiguous": True})(), True
+        data = type("Memory", (), {"ptr": 0xBEEF00, "device_id": 0})()
+
+    FakeCupyArray.__module__ = "cupy.fake"
+    params = find_kernels(VADD)[0].params
+    path, driver = make_path(params, driver=RawDriver([8, 8, 8, 4]))
+    args = (FakeCupyArray(), FakeCupyArray(), FakeCupyArray(), 7)
+    _, fast = fast_for(path, args)
+    assert fast(args, None, False)
+    assert driver.raw[0]["stream"] == 0xC0 and driver.raw[0]["params"][0] == np.uint64(0xBEEF00).tobytes()
+    assert driver.raw[0]["params"] == [v.tobytes() for v in L.marshal_args(params, args, H200)]
+    strided = FakeCupyArray()
+    strided._c_contiguous = False
+    assert fast((strided,) + args[1:], None, False) is False and len(driver.raw) == 1
+    with pytest.raises(ArgumentError, match="non-contiguous"):
+        strided.flags = type("Flags", (), {"c_contiguous": False})()
+        path.run(path.config(1, 32, 0), (strided,) + args[1:])
+
+
+@pytest.mark.parametrize("error_type", [None, CupyStyleError])
+def test_a_failed_generated_launch_retries_once_for_a_new_thread_else_says_why(error_type):
+    path, driver = make_path(driver=RawDriver(sizes(PARAMS), rcs=[201], error_type=error_type))
+    _, fast = fast_for(path, good_args())
+    assert fast(good_args(), None, False)                # INVALID_CONTEXT: made current, launched through launch
+    assert driver.made_current == [0] and len(driver.launches) == 1 and driver.raw == []
+    assert driver.launches[0]["params"] == [v.tobytes() for v in L.marshal_args(PARAMS, good_args(), H200)]
+    driver.rcs = [700]
+    with pytest.raises(LaunchError, match="sticky") as info:
+        fast(good_args(), None, False)
+    assert "ILLEGAL_ADDRESS" in info.value.cuda_error and not path._lock.locked()
+    assert len(driver.launches) == 1                     # not launched again
+    driver.rcs = [OverflowError("can't convert negative int to unsigned")]
+    with pytest.raises(LaunchError, match="failed at launch .*convert negative int") as info:
+        fast(good_args(), None, False)
+    assert not info.value.sticky and not path._lock.locked() and len(driver.launches) == 1
+
+
+def test_kernel_launchers_take_the_generated_launch_after_the_first_call(fake_gpu, monkeypatch):
+    from kernellab.run import cudriver
+
+    driver = RawDriver([8, 8, 8, 4])
+    monkeypatch.setattr(cudriver, "driver", lambda: driver)
+    k = kernellab.compile_cuda(VADD, arch="sm_90").vadd
+    a, b, c = FakeCudaTensor(ptr=0x1000), FakeCudaTensor(ptr=0x2000), FakeCudaTensor(ptr=0x3000)
+    for n in (10, 11, 12):
+        k[1, 256](a, b, c, n, sync=False)
+    assert len(driver.launches) == 1 and len(driver.raw) == 2      # the first through run, then generated
+    assert [r["params"][3] for r in driver.raw] == [np.int32(n).tobytes() for n in (11, 12)]
+    with pytest.raises(ArgumentError, match="expects float32 elements"):
+        k[1, 256](a, b, FakeCudaTensor(torch.float64), 3)
+    k[1, 256](a, b, c, 13, cluster=(1, 1, 1))             # a cluster: through run and Driver.launch
+    assert len(driver.launches) == 2 and len(driver.raw) == 2 and driver.clusters == [None, (1, 1, 1)]
+    k[1, 256](a, b, c, 14)
+    assert len(driver.raw) == 3 and driver.syncs == [0x5000, 0x5000]     # the cluster launch waited too
+    driver.rcs = [700]
+    with pytest.raises(LaunchError, match="sticky"):
+        k[1, 256](a, b, c, 15)
+    assert len(driver.raw) == 3 and not k._path._lock.locked()
+
+
+def _abs_lib():
+    """libcuda's launch-path calls played by libc's abs() with libcuda's argtypes: 0 for function 0 and stream 0."""
+    from kernellab.run import cudriver as D
+
+    libc = ctypes.CDLL(None)
+    p, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+    lib = type("Lib", (), {})()
+    for name, argtypes in (("cuLaunchKernel", [p, u, u, u, u, u, u, u, p, p, p]), ("cuStreamSynchronize", [p]),
+                           ("cuStreamIsCapturing", [p, ctypes.POINTER(i)]),
+                           ("cuLaunchKernelEx", [ctypes.POINTER(D.CUlaunchConfig), p, p, p])):
+        fn = libc["abs"]
+        fn.argtypes, fn.restype = argtypes, i
+        setattr(lib, name, fn)
+    return lib
+
+
+def test_the_generated_calls_fit_the_ctypes_argtypes_of_the_real_driver(monkeypatch):
+    from kernellab.run import cudriver as D
+
+    lib = _abs_lib()
+    monkeypatch.setattr(D, "_lib_or_none", lambda: None)           # no libcuda: the given lib, ctypes calls
+    drv = D.Driver(lib)
+    assert drv.launch_kernel is lib.cuLaunchKernel
+    monkeypatch.setattr(L, "torch_stream_function", lambda: (0).__mul__)      # stream 0 (C callable, as torch's)
+    path = L.LaunchPath(0, PARAMS, H200, name="k", signature="k(...)", max_threads_per_block=1024,
+                        static_shared_bytes=0, driver=drv)
+    _, fast = fast_for(path, good_args())
+    assert fast(good_args(), None, True) is True                   # launch, capture query, wait: each rc 0
+    assert fast(good_args(), 0, False) is True
+
+
+def test_cupys_launchkernel_is_offered_with_the_signature_the_generated_launch_calls(monkeypatch):
+    cupy_cuda = pytest.importorskip("cupy.cuda")
+    from kernellab.run import cudriver as D
+
+    fn = D._cupy_launch_kernel()
+    assert fn is cupy_cuda.driver.launchKernel
+    assert fn.__doc__.splitlines()[0].replace(" ", "") == (
+        "launchKernel(intptr_tf,unsignedintgrid_dim_x,unsignedintgrid_dim_y,unsignedintgrid_dim_z,unsignedint"
+        "block_dim_x,unsignedintblock_dim_y,unsignedintblock_dim_z,unsignedintshared_mem_bytes,intptr_tstream,"
+        "intptr_tkernel_params,intptr_textra)")
+    lib = _abs_lib()
+    monkeypatch.setattr(D, "_lib_or_none", lambda: lib)            # this lib is the process's libcuda
+    assert D.Driver(lib).launch_kernel is fn
+    assert D.Driver(lib, cupy_launch=False).launch_kernel is lib.cuLaunchKernel

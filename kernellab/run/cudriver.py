@@ -1,10 +1,12 @@
 """The CUDA driver (libcuda) through ctypes: why there is no GPU, and the few calls a fast launch needs.
 
 A kernel launch through CuPy's `Function.__call__` costs about as much as CuPy's RawKernel; kernellab's launch path
-checks the arguments in Python, packs them into one buffer and calls `cuLaunchKernel` here directly, so that the
-checks are not paid on top of CuPy's own marshalling. Modules and functions are still loaded through CuPy (the
-primary context torch and CuPy share); only the launch (cuLaunchKernelEx with a CUlaunchConfig for thread-block
-clusters), the stream synchronisation, the capture query and making a primary context current come here.
+checks the arguments in Python, packs them into one buffer and calls `cuLaunchKernel` directly, so that the checks
+are not paid on top of CuPy's own marshalling. Modules and functions are still loaded through CuPy (the primary
+context torch and CuPy share); only the launch (cuLaunchKernelEx with a CUlaunchConfig for thread-block clusters),
+the stream synchronisation, the capture query and making a primary context current come here. The generated launch
+(run/launch.py, LaunchPath.fast) calls `Driver.launch_kernel`: CuPy's Cython launchKernel where CuPy imports (one
+C call, where ctypes converts 11 arguments one by one), else this module's ctypes cuLaunchKernel.
 """
 from __future__ import annotations
 
@@ -187,12 +189,23 @@ class Driver:
     """The launch-path calls: cuLaunchKernel, cuLaunchKernelEx (clusters), cuStreamSynchronize, cuStreamIsCapturing
     (tests substitute fakes)."""
 
-    def __init__(self):
-        lib = _lib()
+    def __init__(self, lib=None, cupy_launch: bool | None = None):
+        lib = _lib() if lib is None else lib
         self._launch = lib.cuLaunchKernel
         self._launch_ex = getattr(lib, "cuLaunchKernelEx", None)
         self._sync = lib.cuStreamSynchronize
         self._capturing = lib.cuStreamIsCapturing
+        # What the launch path's generated code calls (run/launch.py, LaunchPath.fast): the raw cuLaunchKernel, with
+        # extra as 0; the raw cuStreamIsCapturing (stream, a pointer to a c_int status) and cuStreamSynchronize, each
+        # returning the CUresult. CuPy's Cython launchKernel costs a fraction of a ctypes call with 11 conversions;
+        # it returns None, or raises CUDADriverError with the CUresult as .status, where ctypes returns the CUresult.
+        cupy_fn = _cupy_launch_kernel() if cupy_launch is not False and lib is _lib_or_none() else None
+        self.launch_kernel = self._launch if cupy_fn is None else cupy_fn
+        self.stream_is_capturing, self.stream_synchronize = self._capturing, self._sync
+
+    def error(self, rc: int) -> Exception:
+        """The exception for a CUresult (CudaDriverError, CuPy's wording)."""
+        return CudaDriverError(rc)
 
     def launch(self, function: int, grid, block, shared_bytes: int, stream: int, params: int,
                device_index: int = 0, cluster=None) -> None:
@@ -236,6 +249,26 @@ class Driver:
         if rc:
             raise CudaDriverError(rc)
         return status.value != CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _lib_or_none():
+    try:
+        return _lib()
+    except DriverUnavailable:
+        return None
+
+
+def _cupy_launch_kernel():
+    """cupy.cuda.driver.launchKernel where CuPy is importable and has it, else None.
+
+    launchKernel(f, gx, gy, gz, bx, by, bz, shared_bytes, stream, kernel_params, extra) takes ints (intptr_t,
+    unsigned int), calls cuLaunchKernel of the process's one libcuda without the GIL, and raises CUDADriverError (its
+    .status the CUresult) on failure."""
+    try:
+        import cupy.cuda
+    except Exception:
+        return None
+    return getattr(getattr(cupy.cuda, "driver", None), "launchKernel", None)
 
 
 @functools.lru_cache(maxsize=1)

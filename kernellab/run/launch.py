@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 import re
 import struct
@@ -13,6 +14,7 @@ import numpy as np
 
 from ..compile.signature import TENSOR_MAP_ALIGN_BYTES, TENSOR_MAP_BYTES, Param
 from ..errors import ArgumentError, LaunchError
+from .cudriver import CUDA_ERROR_INVALID_CONTEXT
 from .device import DeviceInfo
 from .tensor_map import TensorMap
 
@@ -432,7 +434,10 @@ def _pointer_code(param: Param, typ: type, i: int, ns: dict) -> tuple[list[str],
         if param.dtype is not None:
             ns[f"D{i}"] = np.dtype(param.dtype)
             dtype = f"{a}.dtype != D{i} or "
-        return [f"if {dtype}{a}.device.id != DEV or not {a}.flags.c_contiguous: raise FALLBACK"], f"{a}.data.ptr"
+        # The memory pointer's device_id and CuPy's own _c_contiguous flag: no Device or Flags object per call (were
+        # _c_contiguous gone, AttributeError sends every call to marshal_args, which reads x.flags).
+        return [f"m{i} = {a}.data",
+                f"if {dtype}m{i}.device_id != DEV or not {a}._c_contiguous: raise FALLBACK"], f"m{i}.ptr"
     return None
 
 
@@ -474,6 +479,20 @@ class ArgPlan:
 
 def make_plan(params: tuple[Param, ...], types: tuple[type, ...], device_index: int) -> ArgPlan | None:
     """The ArgPlan for arguments of these types, or None where marshal_args must handle every call."""
+    code = _plan_code(params, types, device_index)
+    if code is None:
+        return None
+    body, values, ns, torch_index, cupy_index = code
+    names = ", ".join(f"a{i}" for i in range(len(params)))
+    source = "\n".join([f"def check({names}):"] + [f"    {line}" for line in body]
+                       + [f"    return ({', '.join(values)}{',' if len(values) == 1 else ''})"]) + "\n"
+    exec(compile(source, f"<kernellab argument plan {types}>", "exec"), ns)
+    return ArgPlan(ns["check"], source, torch_index, cupy_index if torch_index is None else None)
+
+
+def _plan_code(params: tuple[Param, ...], types: tuple[type, ...], device_index: int):
+    """(check lines, value expressions, their namespace, torch_index, cupy_index) for arguments a0, a1, ... of these
+    types, or None where marshal_args must handle every call."""
     if len(types) != len(params):
         return None
     ns = {"FALLBACK": _FALLBACK, "DEV": device_index}
@@ -495,11 +514,7 @@ def make_plan(params: tuple[Param, ...], types: tuple[type, ...], device_index: 
         lines, value = code
         body += [f"# a{i}: {p} ({typ.__module__}.{typ.__qualname__})"] + lines
         values.append(value)
-    names = ", ".join(f"a{i}" for i in range(len(params)))
-    source = "\n".join([f"def check({names}):"] + [f"    {line}" for line in body]
-                       + [f"    return ({', '.join(values)}{',' if len(values) == 1 else ''})"]) + "\n"
-    exec(compile(source, f"<kernellab argument plan {types}>", "exec"), ns)
-    return ArgPlan(ns["check"], source, torch_index, cupy_index if torch_index is None else None)
+    return body, values, ns, torch_index, cupy_index
 
 
 def torch_stream_handle(device_index: int) -> int:
@@ -512,11 +527,27 @@ def torch_stream_handle(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
+def torch_stream_function():
+    """The cheapest callable device_index -> torch's current raw stream (what torch_stream_handle returns): torch's
+    own C function where this torch has it."""
+    import torch
+
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None) or torch_stream_handle
+
+
 def cupy_stream_handle() -> int:
     """CuPy's current stream, as a raw cudaStream_t."""
     import cupy
 
     return cupy.cuda.get_current_stream().ptr
+
+
+def cupy_stream_function():
+    """A callable () -> CuPy's current raw stream (what cupy_stream_handle returns), with CuPy's lookup bound."""
+    import cupy
+
+    current = cupy.cuda.get_current_stream
+    return lambda: current().ptr
 
 
 def stream_handle(stream) -> int:
@@ -571,7 +602,11 @@ class LaunchPath:
         self.params_address = ctypes.addressof(self._pointers) if self.params else None
         self._configs: dict = {}
         self._plans: dict = {}
+        self._fast: dict = {}
+        self.fast_launches = getattr(driver, "launch_kernel", None) is not None   # see fast
         self._lock = threading.Lock()
+        self._status = ctypes.c_int(0)         # cuStreamIsCapturing's answer, written with the lock held
+        self._status_pointer = ctypes.pointer(self._status)
 
     def config(self, grid, block, shared_bytes, cluster=None) -> LaunchConfig:
         """The checked LaunchConfig (cached per grid, block, shared_bytes and cluster shape)."""
@@ -602,6 +637,60 @@ class LaunchPath:
                 self._plans.clear()
             self._plans[types] = plan
         return plan
+
+    def fast(self, cfg: LaunchConfig, types: tuple[type, ...]):
+        """The generated launch function for `cfg` and arguments of exactly these types (made once per pair), or None
+        where `run` handles every call: a cluster shape, a driver without the raw calls (`launch_kernel`), types
+        without a plan. See _fast_source for what it does and when it hands the call back."""
+        key = (cfg, types)
+        fn = self._fast.get(key, False)
+        if fn is False:
+            fn = self._make_fast(cfg, types)
+            if len(self._fast) >= self.MAX_CACHED:
+                self._fast.clear()
+            self._fast[key] = fn
+        return fn
+
+    def _make_fast(self, cfg: LaunchConfig, types: tuple[type, ...]):
+        launch = getattr(self.driver, "launch_kernel", None)
+        if cfg.cluster or launch is None or not self.fast_launches:
+            return None
+        code = _plan_code(self.params, types, self.device.index)
+        if code is None:
+            return None
+        body, values, ns, torch_index, _ = code
+        ns.update({f"T{i}": t for i, t in enumerate(types)})
+        ns.update(FALLBACK_ERRORS=(_Fallback, TypeError, AttributeError, ValueError, OverflowError),
+                  PACK_ERRORS=(struct.error, OverflowError), PACK=self._struct.pack_into, BUF=self._buffer,
+                  BASE=self._base, LAUNCH=launch, FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
+                  RELEASE=self._lock.release, DEFER=_DEFER_SYNC.get, CAPTURING=self.driver.stream_is_capturing,
+                  STATUS=self._status, STATUS_P=self._status_pointer, SYNC=self.driver.stream_synchronize,
+                  FAILED=functools.partial(self._failed, cfg), RAISE=functools.partial(self._raise, cfg),
+                  STREAM_OF=stream_handle, DEFAULT_STREAM=(torch_stream_function() if torch_index is not None
+                                                          else cupy_stream_function()))
+        source = _fast_source(body, values, cfg, torch_index is not None)
+        exec(compile(source, f"<kernellab launch {cfg} {types}>", "exec"), ns)
+        fn = ns["launch"]
+        fn.source = source
+        return fn
+
+    def _failed(self, cfg: LaunchConfig, error, stream: int) -> None:
+        """A generated launch's failure (a CUresult, or what the launch function raised: CuPy's CUDADriverError has
+        the CUresult as .status), with the lock held: for CUDA_ERROR_INVALID_CONTEXT (a thread new to CUDA) make the
+        primary context current and launch again through the driver, else raise the LaunchError."""
+        rc = getattr(error, "status", error)
+        try:
+            if rc != CUDA_ERROR_INVALID_CONTEXT:
+                raise error if isinstance(error, BaseException) else self.driver.error(rc)
+            self.driver.make_current(self.device.index)
+            self.driver.launch(self.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, stream,
+                               self.params_address, self.device.index)
+        except Exception as exc:
+            raise _launch_error(exc, self.name, cfg, during="launch") from None
+
+    def _raise(self, cfg: LaunchConfig, rc: int) -> None:
+        """A generated launch's failed capture query or synchronisation: the LaunchError (a fault in the kernel)."""
+        raise _launch_error(self.driver.error(rc), self.name, cfg, during="run")
 
     def _pack_numpy(self, values: list) -> None:
         """marshal_args's NumPy values into the parameter buffer (the caller holds the lock)."""
@@ -666,6 +755,47 @@ class LaunchPath:
                     self.driver.synchronize(handle)
             except Exception as exc:
                 raise _launch_error(exc, self.name, cfg, during="run") from None
+
+
+def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_stream: bool) -> str:
+    """The source of one generated launch: launch(args, stream, sync) -> True once launched (and waited for), False,
+    having launched nothing, where the call is not for it (other types or count) or an argument fails a check
+    (`run` then decides, through marshal_args's precise error where it is wrong).
+
+    Inline, in this order: the argument types, the plan's checks, the stream (torch's or CuPy's current one, else
+    `stream=` as given), then with the lock held the packing into the parameter buffer, the raw cuLaunchKernel with
+    the grid, block and shared bytes as constants, and for a synchronous launch the capture query; the lock released,
+    the wait. A failed launch goes to FAILED (INVALID_CONTEXT's retry, the LaunchError), a failed query or wait to
+    RAISE."""
+    n = len(values)
+    names = "".join(f"a{i}, " for i in range(n))
+    unpack = [f"    {names} = args"] if n else ["    if args:", "        return False"]
+    types = " or ".join(f"type(a{i}) is not T{i}" for i in range(n)) or "False"
+    (gx, gy, gz), (bx, by, bz) = cfg.grid, cfg.block
+    # ctypes returns the CUresult; CuPy's launchKernel returns None or raises (CUDADriverError, its .status the
+    # CUresult); either way, and for a value the call refuses, FAILED decides.
+    launch = ["        try:", f"            rc = LAUNCH(FN, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {cfg.shared_bytes}, s, "
+              f"PARAMS, 0)", "        except Exception as exc:", "            rc = exc", "        if rc:",
+              "            FAILED(rc, s)"]
+    lines = (["def launch(args, stream, sync):", "    try:"] + ["    " + line for line in unpack]
+             + ["    except (ValueError, TypeError):", "        return False",
+                f"    if {types}:", "        return False", "    try:"]
+             + [f"        {line}" for line in body]
+             + [f"        v{i} = {v}" for i, v in enumerate(values)]
+             + ["    except FALLBACK_ERRORS:", "        return False",
+                f"    s = {'DEFAULT_STREAM(DEV)' if torch_stream else 'DEFAULT_STREAM()'} if stream is None "
+                f"else STREAM_OF(stream)",
+                "    wait = (not DEFER()) if sync is None else sync",
+                "    ACQUIRE()", "    try:", "        try:",
+                f"            PACK(BUF, BASE, {', '.join(f'v{i}' for i in range(n))})",
+                "        except PACK_ERRORS:", "            return False"]
+             + launch
+             + ["        if wait:", "            rc = CAPTURING(s, STATUS_P)", "            if rc:",
+                "                RAISE(rc)", "            wait = not STATUS.value",
+                "    finally:", "        RELEASE()",
+                "    if wait:", "        rc = SYNC(s)", "        if rc:", "            RAISE(rc)",
+                "    return True"])
+    return "\n".join(lines) + "\n"
 
 
 def launch_values(function_handle: int, config: LaunchConfig, values: list, stream: int, device_index: int = 0,

@@ -125,3 +125,30 @@ def test_the_plan_is_used_and_errors_stay_precise(mod):
         mod.axpb[1, 256](x, y, 1.0, 0.0, 2**40)
     torch.cuda.synchronize()
     torch.testing.assert_close(y, x)
+
+
+def test_the_generated_launch_is_taken_through_cupys_launchkernel(mod):
+    """After a launcher's first call, its calls go through the generated launch (LaunchPath.fast), which calls CuPy's
+    launchKernel; torch tensors and CuPy arrays (CuPy's current stream) both get the right values."""
+    import cupy
+    import torch
+
+    from kernellab.run.cudriver import driver
+
+    n = 256
+    x, y = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
+    launcher = mod.axpb[1, 256]
+    launcher(x, y, 1.0, 0.0, n)
+    assert launcher._fast and driver().launch_kernel is cupy.cuda.driver.launchKernel
+    for a in (3.0, -1.5):
+        launcher(x, y, a, 0.5, n, sync=False)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, a * x + 0.5)
+    cx, cy = cupy.random.rand(n, dtype=cupy.float32), cupy.empty(n, dtype=cupy.float32)
+    launcher(cx, cy, 2.0, 1.0, n)
+    assert "_c_contiguous" in launcher._fast.source
+    cy.fill(0)
+    launcher(cx, cy, 2.0, 1.0, n)
+    cupy.testing.assert_allclose(cy, 2 * cx + 1, rtol=1e-6)
+    with pytest.raises(kernellab.ArgumentError, match=r"'y'.*non-contiguous"):
+        launcher(cx, cupy.empty((n, 2), dtype=cupy.float32)[:, 0], 2.0, 1.0, n)
