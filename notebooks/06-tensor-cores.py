@@ -36,6 +36,9 @@
 # %load_ext kernellab
 # %matplotlib inline
 
+import re
+from collections import Counter
+
 import torch
 import torch.nn.functional as F
 from IPython.display import HTML, display
@@ -505,7 +508,7 @@ kernellab.grade("06-mma-fragments", mma_fragments)
 # %% [markdown]
 # ## Step 3: a `cp.async` pipeline and a swizzled layout
 #
-# Two changes, both about keeping the tensor cores busy while data moves.
+# Three changes, all about keeping the tensor cores busy.
 # - **`cp.async`** copies 16 bytes from global to shared memory without passing through registers and without
 #   waiting: a thread issues the copies of a later slice, commits them as a group, and computes on an earlier one;
 #   `cp.async.wait_group n` waits until at most `n` groups are still in flight. With `STAGES` buffers, `STAGES - 1`
@@ -514,9 +517,17 @@ kernellab.grade("06-mma-fragments", mma_fragments)
 # - **A swizzled layout** instead of padding: the 16-byte chunk `c` of smem row `r` is stored at chunk
 #   `c ^ s(r)`. Padding (80-byte rows) would also avoid conflicts, but swizzling keeps rows dense and
 #   power-of-two sized, which is what the hardware's own swizzle on Hopper (next step) is, and costs no memory.
+# - **A tight main loop.** A warp issues at most one instruction per cycle, and `mma.sync` needs one instruction per
+#   m16n8k16 product, so every address computation, bounds check and branch in the loop takes an issue slot from
+#   an `HMMA`. Everything that does not change from slice to slice is computed once: each thread's swizzled smem
+#   offsets (a stage or a k-step moves them by a constant), its global pointers (advanced by `BK` per slice, not
+#   recomputed), and whether its block is an interior tile (then no copy is checked at all; only the edge tiles run
+#   the guarded copy of the loop). The fragments of the next 16 of `k` are loaded (`ldmatrix`) before the
+#   `mma.sync` of the current ones, so the loads' latency hides behind 32 products.
 #
 # The tile grows to 128 x 256 with 8 warps of 64 x 64 (128 fp32 accumulators per thread): per 16 of `k`, 4 + 4
-# `ldmatrix.x4` feed 32 `mma.sync` (4 per `ldmatrix`, against 2.7 in step 2).
+# `ldmatrix.x4` feed 32 `mma.sync` (4 per `ldmatrix`, against 2.7 in step 2). The result goes out through shared
+# memory: each warp writes its tile there, then copies it to `C` 16 bytes per lane, whole 32-byte sectors.
 
 # %% [markdown]
 # **The banks, before and after.** An `ldmatrix` reads 8 rows of 16 bytes per matrix, a quarter-warp's worth of
@@ -566,14 +577,26 @@ flops_per_slice = 2 * BM3 * BN3 * BK3
 sm_rate = PEAK.bf16_tflops * 1e12 / 132                        # FLOP/s of one SM at the datasheet rate
 print(f"one slice is {flops_per_slice / sm_rate * 1e9:.0f} ns of tensor-core work per SM: {STAGES3 - 1} slices in "
       f"flight cover {(STAGES3 - 1) * flops_per_slice / sm_rate * 1e6:.2f} us of latency")
-print(f"registers: 64 x 64 warp tile = {64 * 64 // 32} fp32 accumulators per thread + 32 for fragments; "
-      f"{ARCH.registers_per_sm // 256} available per thread at 256 threads")
+print(f"registers: 64 x 64 warp tile = {64 * 64 // 32} fp32 accumulators per thread + 2 x 32 for two k-steps' "
+      f"fragments; {ARCH.registers_per_sm // 256} available per thread at 256 threads")
+ldsm_bytes = (BM3 // 64) * (BN3 // 64) * 8 * 512    # per 16 of k: 8 warps x (4 + 4) ldmatrix.x4 of 512 bytes
+copy_bytes = (BM3 + BN3) * 16 * 2                     # ... and the cp.async writes of that 16 of k
+tc_cycles = 2 * BM3 * BN3 * 16 / 4096                # Hopper: 4096 bf16 FLOP/cycle/SM (989 TFLOP/s, 132 SMs, 1.83 GHz)
+print(f"shared memory per 16 of k: {ldsm_bytes // 1024} KiB of ldmatrix + {copy_bytes // 1024} KiB of cp.async = "
+      f"{(ldsm_bytes + copy_bytes) / 128:.0f} cycles at 128 B/cycle, against {tc_cycles:.0f} cycles of tensor work at "
+      f"the datasheet rate")
 
 # %% [markdown]
 # **Prediction.** Loads overlap compute, each slice needs half the shared-memory reads per MMA of step 2, and the
-# `ldmatrix` reads are conflict-free. On an H100, `mma.sync` itself tops out well under `wgmma`'s rate (the
-# Hopper tensor cores are fed at full speed only by the asynchronous warpgroup instructions), so expect 55-75 % of
-# cuBLAS; the target is 60 %.
+# `ldmatrix` reads are conflict-free. Shared memory caps this tiling at about three quarters of the datasheet rate
+# (the line above), and on an H100 `mma.sync` itself tops out well under `wgmma`'s rate (the Hopper tensor cores are
+# fed at full speed only by the asynchronous warpgroup instructions), so expect 55-75 % of cuBLAS; the target is 60 %.
+#
+# **How tight is tight?** A first version of this step computed each copy's row, chunk, swizzle and bounds inside
+# the loop, and the fragment addresses per `ldmatrix`: on an H100 it ran at 28 % of cuBLAS, and Nsight Compute
+# counted 5.8 instructions executed per `HMMA`, the issue slots 32 % busy, and "fixed latency execution dependency"
+# (waiting on integer arithmetic) as the top stall. The loop below issues under 2 per `HMMA` (`main_loop` counts it
+# in the SASS after the cell); a good `mma.sync` GEMM is at 1.5-2.5.
 
 # %%
 # %%cuda --name mma_pipe_cell
@@ -817,6 +840,31 @@ mma_pipe_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {
 # %%
 PIPE_SMEM = STAGES3 * (BM3 + BN3) * BK3 * 2
 sass_line(mma_pipe_bf16, mma_pipe_f16)
+
+
+def main_loop(kernel):
+    """Opcode counts of one trip of the kernel's main loop: the SASS loop (a branch back to a lower address) with
+    the most HMMAs, the shortest of equals (the unguarded copy)."""
+    code = []                                      # (address, opcode without modifiers, branch target or None)
+    for line in kernel.sass.splitlines():
+        if op := opcode_of(line):
+            target = re.search(r"\bBRA\b[^;]*0x([0-9a-f]+)", line)
+            code.append((int(re.search(r"/\*([0-9a-f]{4,})\*/", line).group(1), 16), op.split(".")[0],
+                         int(target.group(1), 16) if target else None))
+    best = Counter()
+    for end, op, start in code:
+        if start is not None and start < end:
+            body = Counter(o for a, o, _ in code if start <= a <= end)
+            if (body["HMMA"], -sum(body.values())) > (best["HMMA"], -sum(best.values())):
+                best = body
+    return best
+
+
+loop = main_loop(mma_pipe_bf16)
+n = sum(loop.values())
+print(f"main loop, one {BK3}-wide slice per warp: {n} instructions = {loop['HMMA']} HMMA + {loop['LDSM']} LDSM + "
+      f"{loop['LDGSTS']} LDGSTS + {loop['BAR']} BAR + {n - loop['HMMA'] - loop['LDSM'] - loop['LDGSTS'] - loop['BAR']} "
+      f"other: {n / loop['HMMA']:.2f} per HMMA")
 mma_pipe = launcher({torch.bfloat16: mma_pipe_bf16, torch.float16: mma_pipe_f16},
                     lambda M, N: (cdiv(N, BN3), cdiv(M, BM3)), 256, PIPE_SMEM)
 
