@@ -517,9 +517,9 @@ kernellab.grade("06-mma-fragments", mma_fragments)
 # - **A swizzled layout** instead of padding: the 16-byte chunk `c` of smem row `r` is stored at chunk
 #   `c ^ s(r)`. Padding (80-byte rows) would also avoid conflicts, but swizzling keeps rows dense and
 #   power-of-two sized, which is what the hardware's own swizzle on Hopper (next step) is, and costs no memory.
-# - **A tight main loop.** A warp issues at most one instruction per cycle, and `mma.sync` needs one instruction per
-#   m16n8k16 product, so every address computation, bounds check and branch in the loop takes an issue slot from
-#   an `HMMA`. Everything that does not change from slice to slice is computed once: each thread's swizzled smem
+# - **A tight main loop.** Each of an SM's four schedulers issues one instruction per cycle, and `mma.sync` takes
+#   one instruction per m16n8k16 product, so every address computation, bounds check and branch in the loop takes
+#   an issue slot an `HMMA` could have had. Everything that does not change from slice to slice is computed once: each thread's swizzled smem
 #   offsets (a stage or a k-step moves them by a constant), its global pointers (advanced by `BK` per slice, not
 #   recomputed), and whether its block is an interior tile (then no copy is checked at all; only the edge tiles run
 #   the guarded copy of the loop). The fragments of the next 16 of `k` are loaded (`ldmatrix`) before the

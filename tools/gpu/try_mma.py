@@ -147,10 +147,13 @@ def main():
             continue
         times = {}
         if not isinstance(ok, str):
-            for n in SIZES:
-                if time.time() - t0 > 100:                      # stay under two minutes
-                    break
-                times[n] = time_ms(run_fn(kb, d), inputs[n])
+            try:
+                for n in SIZES:
+                    if time.time() - t0 > 100:                  # stay under two minutes
+                        break
+                    times[n] = time_ms(run_fn(kb, d), inputs[n])
+            except Exception as exc:  # noqa: BLE001
+                ok = f"FAILED timing: {type(exc).__name__}: {str(exc)[:120]}"
         rows.append((label, regs, f"{ratio:.2f}" if ratio else "?", ok if isinstance(ok, str) else f"ok {ok:.1e}",
                      times))
         print(f"[{time.time() - t0:5.1f} s] {label}: {regs} regs, {rows[-1][3]}, "
