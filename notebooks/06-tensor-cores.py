@@ -36,6 +36,9 @@
 # %load_ext kernellab
 # %matplotlib inline
 
+import re
+from collections import Counter
+
 import torch
 import torch.nn.functional as F
 from IPython.display import HTML, display
@@ -505,7 +508,7 @@ kernellab.grade("06-mma-fragments", mma_fragments)
 # %% [markdown]
 # ## Step 3: a `cp.async` pipeline and a swizzled layout
 #
-# Two changes, both about keeping the tensor cores busy while data moves.
+# Three changes, all about keeping the tensor cores busy.
 # - **`cp.async`** copies 16 bytes from global to shared memory without passing through registers and without
 #   waiting: a thread issues the copies of a later slice, commits them as a group, and computes on an earlier one;
 #   `cp.async.wait_group n` waits until at most `n` groups are still in flight. With `STAGES` buffers, `STAGES - 1`
@@ -514,9 +517,17 @@ kernellab.grade("06-mma-fragments", mma_fragments)
 # - **A swizzled layout** instead of padding: the 16-byte chunk `c` of smem row `r` is stored at chunk
 #   `c ^ s(r)`. Padding (80-byte rows) would also avoid conflicts, but swizzling keeps rows dense and
 #   power-of-two sized, which is what the hardware's own swizzle on Hopper (next step) is, and costs no memory.
+# - **A tight main loop.** Each of an SM's four schedulers issues one instruction per cycle, and `mma.sync` takes
+#   one instruction per m16n8k16 product, so every address computation, bounds check and branch in the loop takes
+#   an issue slot an `HMMA` could have had. Everything that does not change from slice to slice is computed once: each thread's swizzled smem
+#   offsets (a stage or a k-step moves them by a constant), its global pointers (advanced by `BK` per slice, not
+#   recomputed), and whether its block is an interior tile (then no copy is checked at all; only the edge tiles run
+#   the guarded copy of the loop). The fragments of the next 16 of `k` are loaded (`ldmatrix`) before the
+#   `mma.sync` of the current ones, so the loads' latency hides behind 32 products.
 #
 # The tile grows to 128 x 256 with 8 warps of 64 x 64 (128 fp32 accumulators per thread): per 16 of `k`, 4 + 4
-# `ldmatrix.x4` feed 32 `mma.sync` (4 per `ldmatrix`, against 2.7 in step 2).
+# `ldmatrix.x4` feed 32 `mma.sync` (4 per `ldmatrix`, against 2.7 in step 2). The result goes out through shared
+# memory: each warp writes its tile there, then copies it to `C` 16 bytes per lane, whole 32-byte sectors.
 
 # %% [markdown]
 # **The banks, before and after.** An `ldmatrix` reads 8 rows of 16 bytes per matrix, a quarter-warp's worth of
@@ -566,14 +577,26 @@ flops_per_slice = 2 * BM3 * BN3 * BK3
 sm_rate = PEAK.bf16_tflops * 1e12 / 132                        # FLOP/s of one SM at the datasheet rate
 print(f"one slice is {flops_per_slice / sm_rate * 1e9:.0f} ns of tensor-core work per SM: {STAGES3 - 1} slices in "
       f"flight cover {(STAGES3 - 1) * flops_per_slice / sm_rate * 1e6:.2f} us of latency")
-print(f"registers: 64 x 64 warp tile = {64 * 64 // 32} fp32 accumulators per thread + 32 for fragments; "
-      f"{ARCH.registers_per_sm // 256} available per thread at 256 threads")
+print(f"registers: 64 x 64 warp tile = {64 * 64 // 32} fp32 accumulators per thread + 2 x 32 for two k-steps' "
+      f"fragments; {ARCH.registers_per_sm // 256} available per thread at 256 threads")
+ldsm_bytes = (BM3 // 64) * (BN3 // 64) * 8 * 512    # per 16 of k: 8 warps x (4 + 4) ldmatrix.x4 of 512 bytes
+copy_bytes = (BM3 + BN3) * 16 * 2                     # ... and the cp.async writes of that 16 of k
+tc_cycles = 2 * BM3 * BN3 * 16 / 4096                # Hopper: 4096 bf16 FLOP/cycle/SM (989 TFLOP/s, 132 SMs, 1.83 GHz)
+print(f"shared memory per 16 of k: {ldsm_bytes // 1024} KiB of ldmatrix + {copy_bytes // 1024} KiB of cp.async = "
+      f"{(ldsm_bytes + copy_bytes) / 128:.0f} cycles at 128 B/cycle, against {tc_cycles:.0f} cycles of tensor work at "
+      f"the datasheet rate")
 
 # %% [markdown]
 # **Prediction.** Loads overlap compute, each slice needs half the shared-memory reads per MMA of step 2, and the
-# `ldmatrix` reads are conflict-free. On an H100, `mma.sync` itself tops out well under `wgmma`'s rate (the
-# Hopper tensor cores are fed at full speed only by the asynchronous warpgroup instructions), so expect 55-75 % of
-# cuBLAS; the target is 60 %.
+# `ldmatrix` reads are conflict-free. Shared memory caps this tiling at about three quarters of the datasheet rate
+# (the line above), and on an H100 `mma.sync` itself tops out well under `wgmma`'s rate (the Hopper tensor cores are
+# fed at full speed only by the asynchronous warpgroup instructions), so expect 55-75 % of cuBLAS; the target is 60 %.
+#
+# **How tight is tight?** A first version of this step computed each copy's row, chunk, swizzle and bounds inside
+# the loop, and the fragment addresses per `ldmatrix`: on an H100 it ran at 28 % of cuBLAS, and Nsight Compute
+# counted 5.8 instructions executed per `HMMA`, the issue slots 32 % busy, and "fixed latency execution dependency"
+# (waiting on integer arithmetic) as the top stall. The loop below issues under 2 per `HMMA` (`main_loop` counts it
+# in the SASS after the cell); a good `mma.sync` GEMM is at 1.5-2.5.
 
 # %%
 # %%cuda --name mma_pipe_cell
@@ -588,7 +611,7 @@ print(f"registers: 64 x 64 warp tile = {64 * 64 // 32} fp32 accumulators per thr
 #define BN 256
 #endif
 #ifndef BK
-#define BK 32                      // 64-byte rows: 4 chunks of 16 bytes
+#define BK 32                      // 64-byte rows: 4 chunks of 16 bytes; 32 or 64
 #endif
 #ifndef STAGES
 #define STAGES 4                   // k-slices in flight: STAGES - 1 loading while one is computed
@@ -603,8 +626,12 @@ print(f"registers: 64 x 64 warp tile = {64 * 64 // 32} fp32 accumulators per thr
 #define WM (BM / WARPS_M)          // warp tile: WM x WN, (WM / 16) x (WN / 8) mma tiles
 #define WN (BN / WARPS_N)
 #define CHUNKS (BK / 8)            // 16-byte chunks per smem row
-static_assert(WM % 16 == 0 && WN % 16 == 0 && (CHUNKS == 2 || CHUNKS == 4 || CHUNKS == 8), "tile shapes");
-static_assert((BM * CHUNKS) % NTHREADS == 0 && (BN * CHUNKS) % NTHREADS == 0, "whole chunks per thread");
+#define LD_ROWS (NTHREADS / CHUNKS)                   // rows one pass of the block's cp.async covers
+#define A_STAGE (BM * BK * 2)                         // bytes of one stage's A tile [BM][BK], then B's [BN][BK]
+#define B_STAGE (BN * BK * 2)
+static_assert(WM % 16 == 0 && WN % 16 == 0 && (BK == 32 || BK == 64), "tile shapes: an even number of k-steps");
+static_assert(BM % LD_ROWS == 0 && BN % LD_ROWS == 0 && LD_ROWS % 8 == 0, "whole passes; the swizzle repeats");
+static_assert(BM * BN <= STAGES * (BM + BN) * BK, "the C tile fits in the stages' smem for the epilogue");
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -631,115 +658,213 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void store2(__nv_bfloat16* C, int row, int col, int M, int N, float x, float y) {
-    if (row >= M) return;
-    if (col + 1 < N && N % 2 == 0) {
-        *reinterpret_cast<__nv_bfloat162*>(&C[(size_t)row * N + col]) = __floats2bfloat162_rn(x, y);
-    } else {
-        if (col < N) C[(size_t)row * N + col] = __float2bfloat16_rn(x);
-        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2bfloat16_rn(y);
-    }
+__device__ __forceinline__ unsigned pack2(float x, float y, __nv_bfloat16) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<unsigned*>(&h);
 }
-__device__ __forceinline__ void store2(__half* C, int row, int col, int M, int N, float x, float y) {
+__device__ __forceinline__ unsigned pack2(float x, float y, __half) {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+// C[row][col, col + 1] = x, y, for the edge tiles: each element guarded, a 4-byte store where the pair is aligned.
+template <typename T>
+__device__ __forceinline__ void store2(T* C, int row, int col, int M, int N, float x, float y) {
     if (row >= M) return;
     if (col + 1 < N && N % 2 == 0) {
-        *reinterpret_cast<__half2*>(&C[(size_t)row * N + col]) = __floats2half2_rn(x, y);
+        *reinterpret_cast<unsigned*>(&C[(size_t)row * N + col]) = pack2(x, y, T());
     } else {
-        if (col < N) C[(size_t)row * N + col] = __float2half_rn(x);
-        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2half_rn(y);
+        unsigned p = pack2(x, y, T());
+        if (col < N) reinterpret_cast<unsigned short*>(C)[(size_t)row * N + col] = p & 0xFFFF;
+        if (col + 1 < N) reinterpret_cast<unsigned short*>(C)[(size_t)row * N + col + 1] = p >> 16;
     }
 }
 
 // The swizzle: 16-byte chunk c of smem row r is stored at chunk c ^ s(r). s(r) takes every value 0..CHUNKS-1 on
 // any 8 consecutive rows that share their position in a 128-byte line, so the 8 rows of an ldmatrix (and a warp's
-// cp.async stores) hit 8 different 16-byte bank groups.
+// cp.async stores) hit 8 different 16-byte bank groups. s has period 8 in r.
 __device__ __forceinline__ int swz(int r, int c) { return c ^ ((r / (8 / CHUNKS)) % CHUNKS); }
 // Byte offset of element (r, k) of a [rows][BK] swizzled tile (k a multiple of 8: the start of a chunk).
 __device__ __forceinline__ unsigned tile_off(int r, int k) { return (r * BK + swz(r, k / 8) * 8) * 2; }
 
-// Issue the cp.async copies of one k-slice: rows [row0, row0 + rows_tile) of a [rows, K] matrix into a tile.
-template <typename T>
-__device__ __forceinline__ void load_async(unsigned tile, const T* __restrict__ src, int row0, int rows_tile, int rows,
-                                           int k0, int K) {
-    for (int i = threadIdx.x; i < rows_tile * CHUNKS; i += NTHREADS) {
-        int r = i / CHUNKS, c = i % CHUNKS;
-        bool in = row0 + r < rows && k0 + c * 8 < K;            // K % 8 == 0: a chunk is all in or all out
-        const T* g = in ? &src[(size_t)(row0 + r) * K + k0 + c * 8] : src;
-        cp_async_16(tile + tile_off(r, c * 8), g, in ? 16 : 0);
+// Issue one k-slice of ROWS rows of a [rows, K] matrix: this thread's chunks are rows row + i LD_ROWS, read at
+// g + i LD_ROWS K, written at tile + i LD_ROWS BK 2 (the swizzle repeats every 8 rows). Only edge tiles (GUARD) check.
+template <int ROWS, bool GUARD, typename T>
+__device__ __forceinline__ void load_slice(unsigned tile, const T* g, const T* base, int row, int rows, int k, int K) {
+#pragma unroll
+    for (int i = 0; i < ROWS / LD_ROWS; ++i) {
+        const T* p = g + (size_t)i * LD_ROWS * K;
+        if (!GUARD) {
+            cp_async_16(tile + i * LD_ROWS * BK * 2, p, 16);
+        } else {                                       // K % 8 == 0: a chunk is all in or all out
+            bool in = row + i * LD_ROWS < rows && k < K;
+            cp_async_16(tile + i * LD_ROWS * BK * 2, in ? p : base, in ? 16 : 0);
+        }
     }
 }
 
-template <typename T>
-__device__ void mma_pipe_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N,
-                              int K) {
+// One k-step's fragments from the tiles at tA, tB (the k-step's offset already added): mma tile i of A is rows +16 i,
+// a pair of n-tiles of B rows +16 j; both are whole swizzle periods away, so they are immediate offsets.
+__device__ __forceinline__ void load_fragments(unsigned (&a)[WM / 16][4], unsigned (&b)[WN / 8][2], unsigned tA,
+                                               unsigned tB) {
+#pragma unroll
+    for (int i = 0; i < WM / 16; ++i) ldmatrix_x4(a[i], tA + i * 16 * BK * 2);
+#pragma unroll
+    for (int j = 0; j < WN / 16; ++j) {
+        unsigned r[4];
+        ldmatrix_x4(r, tB + j * 16 * BK * 2);
+        b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
+    }
+}
+
+// GUARD: an edge tile (past M or N, or K not a multiple of BK): every copy and store checks its bounds.
+template <typename T, bool GUARD>
+__device__ __forceinline__ void mma_pipe_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
+                                              int M, int N, int K) {
     extern __shared__ __align__(128) unsigned char smem[];
     const unsigned sA = (unsigned)__cvta_generic_to_shared(smem);        // STAGES tiles [BM][BK], then
-    const unsigned sB = sA + STAGES * BM * BK * 2;                        // STAGES tiles [BN][BK]
+    const unsigned sB = sA + STAGES * A_STAGE;                            // STAGES tiles [BN][BK]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
     const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
     const int slices = (K + BK - 1) / BK;
+
+    // cp.async: this thread copies chunk ld_c of rows ld_row + i LD_ROWS; its pointers advance by BK per slice.
+    const int ld_row = threadIdx.x / CHUNKS, ld_c = threadIdx.x % CHUNKS;
+    const unsigned ld_off = tile_off(ld_row, ld_c * 8);
+    const T* gA = A + (size_t)(bm + ld_row) * K + ld_c * 8;             // [M, K]: row bm + ld_row, column 8 ld_c
+    const T* gB = B + (size_t)(bn + ld_row) * K + ld_c * 8;             // [N, K]
+    // ldmatrix: lane reads row lane % 16 (A) or lane % 8 + (lane / 16) 8 (B) at chunk lane / 16 (A), (lane / 8) % 2
+    // (B). The chunk of k-step kk is c + kk / 8 = c ^ kk / 8 (c < 2, kk / 8 even): byte offset ^ 2 kk.
+    const unsigned a_off = tile_off(wm0 + lane % 16, (lane / 16) * 8);
+    const unsigned b_off = tile_off(wn0 + lane % 8 + (lane / 16) * 8, ((lane / 8) % 2) * 8);
+
     float acc[WM / 16][WN / 8][4] = {};
+    unsigned a[2][WM / 16][4], b[2][WN / 8][2];      // two k-steps' fragments: one loads while the other computes
 
     // Prologue: the first STAGES - 1 slices in flight, one commit group each (empty groups keep the count).
+#pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < slices) {
-            load_async(sA + s * BM * BK * 2, A, bm, BM, M, s * BK, K);
-            load_async(sB + s * BN * BK * 2, B, bn, BN, N, s * BK, K);
+            load_slice<BM, GUARD>(sA + s * A_STAGE + ld_off, gA, A, bm + ld_row, M, s * BK + ld_c * 8, K);
+            load_slice<BN, GUARD>(sB + s * B_STAGE + ld_off, gB, B, bn + ld_row, N, s * BK + ld_c * 8, K);
         }
+        gA += BK, gB += BK;
         cp_async_commit();
     }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    int rd = 0, wr = STAGES - 1;                      // the stage computed, the stage refilled
+    load_fragments(a[0], b[0], sA + a_off, sB + b_off);
+
     for (int t = 0; t < slices; ++t) {
-        cp_async_wait<STAGES - 2>();      // this thread's copies of slice t have landed ...
-        __syncthreads();                  // ... and everyone's; and everyone is done computing slice t - 1
-        const int next = t + STAGES - 1;  // refill the stage slice t - 1 used
-        if (next < slices) {
-            load_async(sA + (next % STAGES) * BM * BK * 2, A, bm, BM, M, next * BK, K);
-            load_async(sB + (next % STAGES) * BN * BK * 2, B, bn, BN, N, next * BK, K);
-        }
-        cp_async_commit();
-        const unsigned tA = sA + (t % STAGES) * BM * BK * 2, tB = sB + (t % STAGES) * BN * BK * 2;
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            unsigned a[WM / 16][4], b[WN / 8][2];
-#pragma unroll
-            for (int i = 0; i < WM / 16; ++i)
-                ldmatrix_x4(a[i], tA + tile_off(wm0 + 16 * i + lane % 16, kk + (lane / 16) * 8));
-#pragma unroll
-            for (int j = 0; j < WN / 16; ++j) {
-                unsigned r[4];
-                ldmatrix_x4(r, tB + tile_off(wn0 + 16 * j + lane % 8 + (lane / 16) * 8, kk + ((lane / 8) % 2) * 8));
-                b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
+        for (int s = 0; s < BK / 16; ++s) {           // k-step s of slice t: k = t BK + 16 s
+            if (s == 0) {                             // refill the stage slice t - 1 used with slice t + STAGES - 1
+                const int next = t + STAGES - 1;
+                if (next < slices) {
+                    int k = next * BK + ld_c * 8;
+                    load_slice<BM, GUARD>(sA + wr * A_STAGE + ld_off, gA, A, bm + ld_row, M, k, K);
+                    load_slice<BN, GUARD>(sB + wr * B_STAGE + ld_off, gB, B, bn + ld_row, N, k, K);
+                }
+                gA += BK, gB += BK;
+                cp_async_commit();
+                wr = wr + 1 == STAGES ? 0 : wr + 1;
             }
+            if (s == BK / 16 - 1) {                   // the next k-step is slice t + 1's first:
+                cp_async_wait<STAGES - 2>();          // its copies have landed, this thread's ...
+                __syncthreads();                      // ... and everyone's; everyone is done reading slice t
+                rd = rd + 1 == STAGES ? 0 : rd + 1;
+            }
+            const int kn = (s + 1) % (BK / 16) * 16;  // the next k-step's k within its slice
+            load_fragments(a[(s + 1) % 2], b[(s + 1) % 2], sA + rd * A_STAGE + (a_off ^ (2 * kn)),
+                           sB + rd * B_STAGE + (b_off ^ (2 * kn)));
 #pragma unroll
             for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
-                for (int j = 0; j < WN / 8; ++j) mma_16816(acc[i][j], a[i], b[j], T());
+                for (int j = 0; j < WN / 8; ++j) mma_16816(acc[i][j], a[s % 2][i], b[s % 2][j], T());
         }
     }
     cp_async_wait<0>();                   // nothing may be left in flight when the block exits
+    __syncthreads();                      // everyone is done with the stages: they hold C now
+
+    if (!GUARD && N % 8 == 0) {
+        // Through smem: each warp writes its WM x WN tile as [WM][WN] halves, 16-byte chunk c of row r at c ^ r % 8
+        // (the 8 rows of a fragment store hit 8 bank groups), then copies it out 16 bytes per lane: whole sectors.
+        unsigned char* tile = smem + warp * WM * WN * 2;
 #pragma unroll
-    for (int i = 0; i < WM / 16; ++i)
+        for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
-        for (int j = 0; j < WN / 8; ++j) {
-            int row = bm + wm0 + 16 * i + lane / 4, col = bn + wn0 + 8 * j + 2 * (lane % 4);
-            store2(C, row, col, M, N, acc[i][j][0], acc[i][j][1]);
-            store2(C, row + 8, col, M, N, acc[i][j][2], acc[i][j][3]);
+            for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {         // rows 16 i + lane / 4 (+ 8), columns 8 j + 2 (lane % 4)
+                    int r = 16 * i + lane / 4 + 8 * h;
+                    *reinterpret_cast<unsigned*>(tile + r * WN * 2 + ((j ^ (r % 8)) * 16) + (lane % 4) * 4) =
+                        pack2(acc[i][j][2 * h], acc[i][j][2 * h + 1], T());
+                }
+        __syncwarp();
+#pragma unroll
+        for (int q0 = 0; q0 < WM * WN / 8; q0 += 32) {        // chunk q of the tile: row q / (WN / 8), q % (WN / 8)
+            int q = q0 + lane, r = q / (WN / 8), c = q % (WN / 8);
+            uint4 v = *reinterpret_cast<const uint4*>(tile + r * WN * 2 + ((c ^ (r % 8)) * 16));
+            *reinterpret_cast<uint4*>(&C[(size_t)(bm + wm0 + r) * N + bn + wn0 + c * 8]) = v;
         }
+    } else {
+#pragma unroll
+        for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+            for (int j = 0; j < WN / 8; ++j) {
+                int row = bm + wm0 + 16 * i + lane / 4, col = bn + wn0 + 8 * j + 2 * (lane % 4);
+                store2(C, row, col, M, N, acc[i][j][0], acc[i][j][1]);
+                store2(C, row + 8, col, M, N, acc[i][j][2], acc[i][j][3]);
+            }
+    }
 }
 
+// Interior tiles run the loop without a single bounds check; the edge tiles run the guarded copy of it.
+template <typename T>
+__device__ __forceinline__ void mma_pipe(const T* A, const T* B, T* C, int M, int N, int K) {
+    if ((blockIdx.y + 1) * BM <= M && (blockIdx.x + 1) * BN <= N && K % BK == 0)
+        mma_pipe_gemm<T, false>(A, B, C, M, N, K);
+    else
+        mma_pipe_gemm<T, true>(A, B, C, M, N, K);
+}
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 mma_pipe_bf16(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K) {
-    mma_pipe_gemm(A, B, C, M, N, K);
+    mma_pipe(A, B, C, M, N, K);
 }
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 mma_pipe_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {
-    mma_pipe_gemm(A, B, C, M, N, K);
+    mma_pipe(A, B, C, M, N, K);
 }
 
 # %%
 PIPE_SMEM = STAGES3 * (BM3 + BN3) * BK3 * 2
 sass_line(mma_pipe_bf16, mma_pipe_f16)
+
+
+def main_loop(kernel):
+    """Opcode counts of one trip of the kernel's main loop: the SASS loop (a branch back to a lower address) with
+    the most HMMAs, the shortest of equals (the unguarded copy)."""
+    code = []                                      # (address, opcode without modifiers, branch target or None)
+    for line in kernel.sass.splitlines():
+        if op := opcode_of(line):
+            target = re.search(r"\bBRA\b[^;]*0x([0-9a-f]+)", line)
+            code.append((int(re.search(r"/\*([0-9a-f]{4,})\*/", line).group(1), 16), op.split(".")[0],
+                         int(target.group(1), 16) if target else None))
+    best = Counter()
+    for end, op, start in code:
+        if start is not None and start < end:
+            body = Counter(o for a, o, _ in code if start <= a <= end)
+            if (body["HMMA"], -sum(body.values())) > (best["HMMA"], -sum(best.values())):
+                best = body
+    return best
+
+
+loop = main_loop(mma_pipe_bf16)
+n = sum(loop.values())
+print(f"main loop, one {BK3}-wide slice per warp: {n} instructions = {loop['HMMA']} HMMA + {loop['LDSM']} LDSM + "
+      f"{loop['LDGSTS']} LDGSTS + {loop['BAR']} BAR + {n - loop['HMMA'] - loop['LDSM'] - loop['LDGSTS'] - loop['BAR']} "
+      f"other: {n / loop['HMMA']:.2f} per HMMA")
 mma_pipe = launcher({torch.bfloat16: mma_pipe_bf16, torch.float16: mma_pipe_f16},
                     lambda M, N: (cdiv(N, BN3), cdiv(M, BM3)), 256, PIPE_SMEM)
 

@@ -183,10 +183,20 @@ def test_mma_sync_steps_in_the_emulator(name, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["128x128 2x2 warps", "BK=64 3 stages", "128x128 BK=64", "256x128 4x2 warps"])
+@pytest.mark.parametrize("config", ["128x128 2x2 warps", "BK=64 3 stages", "BK=64 4 stages", "128x128 BK=64",
+                                    "256x128 4x2 warps"])
 def test_mma_pipe_configs_in_the_emulator(config):
     v, cell = pick("mma_pipe", config)
-    C, ref = run_variant(v, cell, 260, 140, 200, "bf16")          # more slices than stages
+    for M, N, K in ((260, 140, 200), (260, 270, 320)):           # a K tail; interior tiles too; more slices than stages
+        C, ref = run_variant(v, cell, M, N, K, "bf16")
+        assert_close(C, ref, 8e-3)
+
+
+def test_mma_pipe_interior_and_edge_tiles_in_the_emulator():
+    """Four interior tiles (the unguarded loop and the 16-byte epilogue through smem) beside five edge tiles, with
+    more slices than stages: both copies of the main loop and both epilogues."""
+    v, cell = pick("mma_pipe")
+    C, ref = run_variant(v, cell, 300, 520, 256, "bf16")
     assert_close(C, ref, 8e-3)
 
 
