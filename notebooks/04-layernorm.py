@@ -319,7 +319,28 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 }
 
 // ---- a thread's share of a row: VPT packs of 16 bytes in registers, and one edge element ----------------------
-template <typename T> struct alignas(16) Pack { T v[16 / sizeof(T)]; };
+// A pack is kept as its four 32-bit words, so that 8 bf16 values take 4 registers (an array of 8 __nv_bfloat16
+// would take 8); get(k) widens value k to fp32 where it is used, from_floats packs VEC results.
+template <typename T> struct alignas(16) Pack {
+    unsigned u[4];
+    __device__ __forceinline__ float get(int k) const;
+};
+template <> __device__ __forceinline__ float Pack<float>::get(int k) const { return __uint_as_float(u[k]); }
+template <> __device__ __forceinline__ float Pack<__nv_bfloat16>::get(int k) const {
+    return __uint_as_float(k % 2 ? u[k / 2] & 0xffff0000u : u[k / 2] << 16);    // a bf16 is an fp32's top half
+}
+__device__ __forceinline__ unsigned bf16_bits(float v) {
+    __nv_bfloat16 h = __float2bfloat16_rn(v);
+    return *reinterpret_cast<const unsigned short*>(&h);
+}
+template <typename T, int VEC = 16 / sizeof(T)>
+__device__ __forceinline__ Pack<T> from_floats(const float (&f)[VEC]) {
+    Pack<T> p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        p.u[i] = sizeof(T) == 4 ? __float_as_uint(f[i]) : bf16_bits(f[2 * i]) | bf16_bits(f[2 * i + 1]) << 16;
+    return p;
+}
 
 // Where a row's elements are. The row starts `head` elements past a 16-byte boundary (head = start % VEC).
 // Elements 0 .. lead-1 come before the first 16-byte boundary inside the row, then `whole` packs of VEC elements
@@ -338,11 +359,10 @@ struct RowLayout {
 };
 
 // Packs first, first + stride, ... of the row, one 16-byte load each, all VPT in flight before any is used;
-// packs past the row's last whole pack read as `fill`.
+// packs past the row's last whole pack read as zeros.
 template <typename T, int VPT>
 __device__ __forceinline__ void load_packs(Pack<T> (&pk)[VPT], const T* __restrict__ row, RowLayout L, int first,
-                                           int stride, T fill) {
-    constexpr int VEC = 16 / sizeof(T);
+                                           int stride) {
     const Pack<T>* packs = reinterpret_cast<const Pack<T>*>(row + L.lead);      // 16-byte aligned
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
@@ -351,7 +371,7 @@ __device__ __forceinline__ void load_packs(Pack<T> (&pk)[VPT], const T* __restri
             pk[j] = packs[q];
         } else {
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) pk[j].v[k] = fill;
+            for (int i = 0; i < 4; ++i) pk[j].u[i] = 0u;                    // 0.0 in float and in bf16
         }
     }
 }
@@ -365,21 +385,6 @@ __device__ __forceinline__ void store_packs(const Pack<T> (&pk)[VPT], T* __restr
         int q = first + j * stride;
         if (q < L.whole) packs[q] = pk[j];
     }
-}
-
-template <typename T, int VPT, int VEC = 16 / sizeof(T)>
-__device__ __forceinline__ void unpack(const Pack<T> (&pk)[VPT], float (&v)[VPT * VEC]) {
-#pragma unroll
-    for (int j = 0; j < VPT; ++j)
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[j * VEC + k] = to_float(pk[j].v[k]);
-}
-template <typename T, int VPT, int VEC = 16 / sizeof(T)>
-__device__ __forceinline__ void pack(const float (&v)[VPT * VEC], Pack<T> (&pk)[VPT]) {
-#pragma unroll
-    for (int j = 0; j < VPT; ++j)
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) pk[j].v[k] = from_float<T>(v[j * VEC + k]);
 }
 
 // ---- clusters: PTX for what cooperative_groups would do ------------------------------------------------------
@@ -448,14 +453,53 @@ __device__ __forceinline__ S row_merge(S v, S zero, int row_warps) {
 }
 
 // ---- the normalisations of this thread's values ---------------------------------------------------------------
+// The values stay in their 16-byte packs (bf16: 16 registers for 32 values, not 32) and are widened to fp32 where
+// they are used: with x, w and b packs all held, that is what lets w and b load before the reduction.
+template <typename T, int VPT>
+__device__ __forceinline__ float at(const Pack<T> (&pk)[VPT], int i) {
+    return pk[i / (16 / sizeof(T))].get(i % (16 / sizeof(T)));
+}
+
+// w and b are read before the reduction, next to x, when their packs fit beside x's in 32 (w, RMSNorm's or
+// LayerNorm's) or 48 registers (w and b: LayerNorm with at most 2 packs of x) with no spill under the 64 registers
+// a 1024-thread block allows, and the row starts on a 16-byte boundary (so its packs are 16-byte aligned in w and b
+// too): their L2 round trip then overlaps x's DRAM one instead of following the reduction. Otherwise (float with
+// 8 packs, b beside 4 packs, misaligned rows) they are read pack by pack at the store.
+template <int VPT, int VECTORS>
+struct Early { static constexpr bool value = VECTORS * VPT * 16 <= (VECTORS == 2 ? 128 : 96); };
+
+// This thread's packs of w (or b), 16-byte loads: rows that start on a 16-byte boundary only.
+template <typename T, int VPT>
+__device__ __forceinline__ void load_vector(Pack<T> (&pk)[VPT], const T* __restrict__ w, RowLayout L, int first,
+                                            int stride) {
+    const Pack<T>* packs = reinterpret_cast<const Pack<T>*>(w);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        int q = first + j * stride;
+        if (q < L.whole) pk[j] = packs[q];
+    }
+}
+
+// One pack of w (or b) at the store: a 16-byte load where the row's packs are 16-byte aligned in w (lead == 0),
+// element loads otherwise.
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack(const T* __restrict__ w, RowLayout L, int e) {
+    if (L.lead == 0) return *reinterpret_cast<const Pack<T>*>(w + e);
+    float f[16 / sizeof(T)];
+#pragma unroll
+    for (int k = 0; k < 16 / (int)sizeof(T); ++k) f[k] = to_float(w[e + k]);
+    return from_floats<T>(f);
+}
+
 // LayerNorm's statistics from this thread's values: its own mean first, then squared deviations from it (the
 // values are in registers, so two passes cost nothing), then Chan's merge across the row. `valid` counts packs.
-template <int CLUSTER, int VPT, int VEC>
-__device__ __forceinline__ Welford layernorm_stats(const float (&v)[VPT * VEC], int valid, bool edge_ok, float edge,
+template <int CLUSTER, typename T, int VPT>
+__device__ __forceinline__ Welford layernorm_stats(const Pack<T> (&pk)[VPT], int valid, bool edge_ok, float edge,
                                                    int row_warps) {
+    constexpr int VEC = 16 / sizeof(T);
     float s = edge_ok ? edge : 0.0f;                      // packs past the row were loaded as 0
 #pragma unroll
-    for (int i = 0; i < VPT * VEC; ++i) s += v[i];
+    for (int i = 0; i < VPT * VEC; ++i) s += at(pk, i);
     float n = valid * VEC + (edge_ok ? 1.0f : 0.0f);
     float mean = n > 0.0f ? s / n : 0.0f;
     float m2 = edge_ok ? (edge - mean) * (edge - mean) : 0.0f;
@@ -463,62 +507,63 @@ __device__ __forceinline__ Welford layernorm_stats(const float (&v)[VPT * VEC], 
     for (int j = 0; j < VPT; ++j)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-            float d = v[j * VEC + k] - mean;
+            float d = at(pk, j * VEC + k) - mean;
             m2 += j < valid ? d * d : 0.0f;
         }
     return row_merge<CLUSTER>(Welford{n, mean, m2}, Welford{0.0f, 0.0f, 0.0f}, row_warps);
 }
 
-// y = (x - mean) * rstd * w + b for this thread's packs (w, b packs: 16-byte loads where the row's packs are
-// 16-byte aligned in w too, that is when the row starts on a boundary; element loads otherwise), then the store.
+// The packs of w (or b) not read early: up to 4 packs all in flight together before the first is used (one L2
+// round trip, not one per pack); 8 packs (float) one at a time in the store loop, where registers allow.
 template <typename T, int VPT>
-__device__ __forceinline__ void affine_store(const float (&v)[VPT * (16 / sizeof(T))], float mean, float rstd,
+__device__ __forceinline__ void load_late(Pack<T> (&wk)[VPT], bool early, const T* __restrict__ w, RowLayout L,
+                                          int first, int stride, int only = -1) {
+    if (early || (VPT > 4) != (only >= 0)) return;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        int q = first + j * stride;
+        if (q < L.whole && (only < 0 || j == only)) wk[j] = load_pack(w, L, L.lead + q * (16 / (int)sizeof(T)));
+    }
+}
+
+// y = (x - mean) * rstd * w + b for this thread's packs, then the store. early_w, early_b: w, b are already in
+// wk, bk; otherwise they are loaded here first.
+template <typename T, int VPT>
+__device__ __forceinline__ void affine_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk)[VPT], Pack<T> (&bk)[VPT],
+                                             bool early_w, bool early_b, float mean, float rstd,
                                              const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ row,
                                              RowLayout L, int first, int stride) {
     constexpr int VEC = 16 / sizeof(T);
+    load_late(wk, early_w, w, L, first, stride);
+    load_late(bk, early_b, b, L, first, stride);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
         int q = first + j * stride;
         if (q >= L.whole) continue;
-        int e = L.lead + q * VEC;                        // the pack's first row element
-        Pack<T> wk, bk, out;
-        if (L.lead == 0) {
-            wk = *reinterpret_cast<const Pack<T>*>(w + e);
-            bk = *reinterpret_cast<const Pack<T>*>(b + e);
-        } else {
+        load_late(wk, early_w, w, L, first, stride, j);
+        load_late(bk, early_b, b, L, first, stride, j);
+        float out[VEC];
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                wk.v[k] = w[e + k];
-                bk.v[k] = b[e + k];
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < VEC; ++k)
-            out.v[k] = from_float<T>(fmaf((v[j * VEC + k] - mean) * rstd, to_float(wk.v[k]), to_float(bk.v[k])));
-        *reinterpret_cast<Pack<T>*>(row + e) = out;
+        for (int k = 0; k < VEC; ++k) out[k] = fmaf((at(pk, j * VEC + k) - mean) * rstd, wk[j].get(k), bk[j].get(k));
+        *reinterpret_cast<Pack<T>*>(row + L.lead + q * VEC) = from_floats<T>(out);
     }
 }
 
 template <typename T, int VPT>
-__device__ __forceinline__ void rms_store(const float (&v)[VPT * (16 / sizeof(T))], float rstd,
+__device__ __forceinline__ void rms_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk)[VPT], bool early, float rstd,
                                           const T* __restrict__ w, T* __restrict__ row, RowLayout L, int first,
                                           int stride) {
     constexpr int VEC = 16 / sizeof(T);
+    load_late(wk, early, w, L, first, stride);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
         int q = first + j * stride;
         if (q >= L.whole) continue;
-        int e = L.lead + q * VEC;
-        Pack<T> wk, out;
-        if (L.lead == 0) {
-            wk = *reinterpret_cast<const Pack<T>*>(w + e);
-        } else {
+        load_late(wk, early, w, L, first, stride, j);
+        float out[VEC];
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) wk.v[k] = w[e + k];
-        }
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(v[j * VEC + k] * rstd * to_float(wk.v[k]));
-        *reinterpret_cast<Pack<T>*>(row + e) = out;
+        for (int k = 0; k < VEC; ++k) out[k] = at(pk, j * VEC + k) * rstd * wk[j].get(k);
+        *reinterpret_cast<Pack<T>*>(row + L.lead + q * VEC) = from_floats<T>(out);
     }
 }
 
@@ -530,18 +575,19 @@ __device__ __forceinline__ void layernorm_row(const T* __restrict__ x, const T* 
                                               int head, int first, int stride, int edge_t, int row_warps, float eps) {
     constexpr int VEC = 16 / sizeof(T);
     RowLayout L(live ? cols : 0, head, VEC);
-    Pack<T> pk[VPT];
-    load_packs(pk, x, L, first, stride, from_float<T>(0.0f));
+    bool early_w = Early<VPT, 2>::value && L.lead == 0, early_b = Early<VPT, 3>::value && L.lead == 0;
+    Pack<T> pk[VPT], wk[VPT], bk[VPT];
+    load_packs(pk, x, L, first, stride);
+    if (early_w) load_vector(wk, w, L, first, stride);  // in flight with x's loads
+    if (early_b) load_vector(bk, b, L, first, stride);
     int e = L.edge(edge_t, live ? cols : 0);
     float edge = e >= 0 ? to_float(x[e]) : 0.0f;
-    float v[VPT * VEC];
-    unpack(pk, v);
     int valid = min(VPT, max(0, (L.whole - first + stride - 1) / stride));   // packs j with first + j*stride < whole
-    Welford st = layernorm_stats<CLUSTER, VPT, VEC>(v, valid, e >= 0, edge, row_warps);
+    Welford st = layernorm_stats<CLUSTER>(pk, valid, e >= 0, edge, row_warps);
     float rstd = rsqrtf(st.m2 / cols + eps);
     if (!live) return;
     if (e >= 0) y[e] = from_float<T>(fmaf((edge - st.mean) * rstd, to_float(w[e]), to_float(b[e])));
-    affine_store<T, VPT>(v, st.mean, rstd, w, b, y, L, first, stride);
+    affine_store(pk, wk, bk, early_w, early_b, st.mean, rstd, w, b, y, L, first, stride);
 }
 
 template <typename T, int VPT, int CLUSTER>
@@ -550,24 +596,25 @@ __device__ __forceinline__ void rmsnorm_row(const T* __restrict__ x, const T* __
                                             int row_warps, float eps) {
     constexpr int VEC = 16 / sizeof(T);
     RowLayout L(live ? cols : 0, head, VEC);
-    Pack<T> pk[VPT];
-    load_packs(pk, x, L, first, stride, from_float<T>(0.0f));
+    bool early = Early<VPT, 2>::value && L.lead == 0;
+    Pack<T> pk[VPT], wk[VPT];
+    load_packs(pk, x, L, first, stride);
+    if (early) load_vector(wk, w, L, first, stride);
     int e = L.edge(edge_t, live ? cols : 0);
     float edge = e >= 0 ? to_float(x[e]) : 0.0f;
-    float v[VPT * VEC];
-    unpack(pk, v);
     float ss = edge * edge;                              // packs past the row hold 0
 #pragma unroll
-    for (int i = 0; i < VPT * VEC; ++i) ss += v[i] * v[i];
+    for (int i = 0; i < VPT * VEC; ++i) ss += at(pk, i) * at(pk, i);
     ss = row_merge<CLUSTER>(ss, 0.0f, row_warps);
     float rstd = rsqrtf(ss / cols + eps);
     if (!live) return;
     if (e >= 0) y[e] = from_float<T>(edge * rstd * to_float(w[e]));
-    rms_store<T, VPT>(v, rstd, w, y, L, first, stride);
+    rms_store(pk, wk, early, rstd, w, y, L, first, stride);
 }
 
 // ---- the kernels: rows that fit in a block (row_threads threads per row, blockDim.x / row_threads rows per
-// block; grid = ceil(rows / rows per block)), and rows split over a cluster (grid = rows * CLUSTER) ----------
+// block; grid = ceil(rows / rows per block)), and rows split over a cluster of CLUSTER blocks of VPT packs per
+// thread (grid = rows * CLUSTER) -------------------------------------------------------------------------------
 template <typename T, int VPT>
 __global__ void __launch_bounds__(1024) layernorm_rows(const T* __restrict__ x, const T* __restrict__ w,
                                                        const T* __restrict__ b, T* __restrict__ y, int rows,
@@ -580,11 +627,10 @@ __global__ void __launch_bounds__(1024) layernorm_rows(const T* __restrict__ x, 
                              t, row_threads / 32, eps);
 }
 
-template <typename T, int CLUSTER>
+template <typename T, int CLUSTER, int VPT>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(1024)
 layernorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                        T* __restrict__ y, int rows, int cols, float eps) {
-    constexpr int VPT = 32 / (16 / sizeof(T));
     size_t start = (size_t)(blockIdx.x / CLUSTER) * cols;
     int first = cluster_ctarank() * blockDim.x * VPT + threadIdx.x;
     layernorm_row<T, VPT, CLUSTER>(x + start, w, b, y + start, cols, true, (int)(start % (16 / sizeof(T))), first,
@@ -604,11 +650,10 @@ __global__ void __launch_bounds__(1024) rmsnorm_rows(const T* __restrict__ x, co
                            row_threads / 32, eps);
 }
 
-template <typename T, int CLUSTER>
+template <typename T, int CLUSTER, int VPT>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(1024)
 rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int rows, int cols,
                      float eps) {
-    constexpr int VPT = 32 / (16 / sizeof(T));
     size_t start = (size_t)(blockIdx.x / CLUSTER) * cols;
     int first = cluster_ctarank() * blockDim.x * VPT + threadIdx.x;
     rmsnorm_row<T, VPT, CLUSTER>(x + start, w, y + start, cols, true, (int)(start % (16 / sizeof(T))), first,
@@ -616,24 +661,22 @@ rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __rest
     cluster_wait();
 }
 
-#define NORMS(T)                                                                                              \
-    template __global__ void layernorm_rows<T, 1>(const T*, const T*, const T*, T*, int, int, int, float);   \
-    template __global__ void layernorm_rows<T, 2>(const T*, const T*, const T*, T*, int, int, int, float);   \
-    template __global__ void layernorm_rows<T, 4>(const T*, const T*, const T*, T*, int, int, int, float);   \
-    template __global__ void layernorm_rows_cluster<T, 2>(const T*, const T*, const T*, T*, int, int, float); \
-    template __global__ void layernorm_rows_cluster<T, 4>(const T*, const T*, const T*, T*, int, int, float); \
-    template __global__ void layernorm_rows_cluster<T, 8>(const T*, const T*, const T*, T*, int, int, float); \
-    template __global__ void rmsnorm_rows<T, 1>(const T*, const T*, T*, int, int, int, float);               \
-    template __global__ void rmsnorm_rows<T, 2>(const T*, const T*, T*, int, int, int, float);               \
-    template __global__ void rmsnorm_rows<T, 4>(const T*, const T*, T*, int, int, int, float);               \
-    template __global__ void rmsnorm_rows_cluster<T, 2>(const T*, const T*, T*, int, int, float);            \
-    template __global__ void rmsnorm_rows_cluster<T, 4>(const T*, const T*, T*, int, int, float);            \
-    template __global__ void rmsnorm_rows_cluster<T, 8>(const T*, const T*, T*, int, int, float);
-NORMS(float)
-NORMS(__nv_bfloat16)
-template __global__ void layernorm_rows<float, 8>(const float*, const float*, const float*, float*, int, int, int,
-                                                  float);       // 32 values per thread
-template __global__ void rmsnorm_rows<float, 8>(const float*, const float*, float*, int, int, int, float);
+// Instantiated: 1-8 packs per thread in a block (8 for float only: 32 values), and clusters of 2, 4, 8 blocks
+// with 32 values per thread (plan_rows' choice) or 16 (the same row over twice the threads).
+#define NORM_ROWS(T, VPT)                                                                                    \
+    template __global__ void layernorm_rows<T, VPT>(const T*, const T*, const T*, T*, int, int, int, float); \
+    template __global__ void rmsnorm_rows<T, VPT>(const T*, const T*, T*, int, int, int, float);
+#define NORM_CLUSTER(T, C, VPT)                                                                                   \
+    template __global__ void layernorm_rows_cluster<T, C, VPT>(const T*, const T*, const T*, T*, int, int, float); \
+    template __global__ void rmsnorm_rows_cluster<T, C, VPT>(const T*, const T*, T*, int, int, float);
+#define NORMS(T, VPT32)                                                                                       \
+    NORM_ROWS(T, 1) NORM_ROWS(T, 2) NORM_ROWS(T, 4)                                                           \
+    NORM_CLUSTER(T, 2, VPT32) NORM_CLUSTER(T, 4, VPT32) NORM_CLUSTER(T, 8, VPT32)                             \
+    NORM_CLUSTER(T, 2, VPT32 / 2) NORM_CLUSTER(T, 4, VPT32 / 2) NORM_CLUSTER(T, 8, VPT32 / 2)
+NORMS(float, 8)
+NORMS(__nv_bfloat16, 4)
+NORM_ROWS(float, 8)
+NORM_CLUSTER(__nv_bfloat16, 8, 8)      // 64 values per thread: rows of 262144 bf16 over 8 blocks of 512, two blocks to an SM
 
 # %% [markdown]
 # ## The launchers
@@ -706,7 +749,7 @@ def norm_kernel_for(kind, rows, cols, dtype):
     if plan is None:
         return None, None
     name = (f"{kind}_rows<{CTYPE[dtype]}, {plan.vpt}>" if plan.cluster == 1
-            else f"{kind}_rows_cluster<{CTYPE[dtype]}, {plan.cluster}>")
+            else f"{kind}_rows_cluster<{CTYPE[dtype]}, {plan.cluster}, {plan.vpt}>")
     return norm_kernels[name], plan
 
 
