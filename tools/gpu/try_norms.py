@@ -76,6 +76,26 @@ CASES = {
 }
 
 
+STREAM_LOAD = """
+// x read with ld.global.nc.L1::no_allocate: x streams past L1, which then keeps w and b from one row to the next
+template <typename T>
+__device__ __forceinline__ Pack<T> load_stream(const Pack<T>* p) {
+    Pack<T> r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.u[0]), "=r"(r.u[1]), "=r"(r.u[2]), "=r"(r.u[3]) : "l"(p));
+    return r;
+}
+"""
+
+
+def stream_variant(source):
+    """The notebook's cell with x's 16-byte loads (load_packs only) made L1::no_allocate."""
+    anchor = "// Packs first, first + stride, ... of the row"
+    load = "            pk[j] = packs[q];\n"
+    assert source.count(anchor) == 1 and source.count(load) == 1, "norm_kernels changed: update stream_variant"
+    return source.replace(anchor, STREAM_LOAD + anchor).replace(load, "            pk[j] = load_stream(&packs[q]);\n")
+
+
 def make_launcher(module, kind, ctype, spec, cluster_names_vpt):
     """fn(x, w, b, y) (LayerNorm) or fn(x, w, y) (RMSNorm) launching `module`'s kernel with `spec`."""
     if spec.cluster == 1:
@@ -125,6 +145,8 @@ def main(argv=None):
     t04 = load_tutorial("04-layernorm.py", compile=compile_new)
     old = compile_old(OLD_SOURCE.read_text())
     new = t04["norm_kernels"]
+    from notebook_cells import named_cuda_cells
+    stream = None if args.emulate else compile_new(stream_variant(named_cuda_cells("04-layernorm.py")["norm_kernels"]))
     plan_rows, ctypes = t04["plan_rows"], t04["CTYPE"]
     print(f"compiled old and new kernels in {time.time() - t0:.1f} s", flush=True)
 
@@ -166,9 +188,13 @@ def main(argv=None):
         base_spec = Spec(base.row_threads, base.vpt, base.cluster, base.block)
         variants = {f"old   {base_spec.text()}": make_launcher(old, kind, ctype, base_spec, False),
                     f"new   {base_spec.text()}": make_launcher(new, kind, ctype, base_spec, True)}
+        if stream is not None:
+            variants[f"new+nc {base_spec.text()}"] = make_launcher(stream, kind, ctype, base_spec, True)
         for s in alts:
             if s.covers(cols, item) and s != base_spec:
                 variants[f"new   {s.text()}"] = make_launcher(new, kind, ctype, s, True)
+                if stream is not None and s is alts[0]:
+                    variants[f"new+nc {s.text()}"] = make_launcher(stream, kind, ctype, s, True)
         ref = ((lambda x, w, b, y: ln(x, w, b)) if kind == "layernorm" else (lambda x, w, y: rms(x, w)))
         check_rows = min(rows, 3 if args.emulate else 64)
         passed = {}
