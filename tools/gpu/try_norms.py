@@ -27,6 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "tests" / "emu"))
 OLD_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_kernels_old.cu"
+PERSISTENT_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_persistent.cu"
 EPS = 1e-5
 
 
@@ -38,6 +39,7 @@ class Spec:
     vpt: int
     cluster: int = 1
     block: int = 0          # 0: row_threads (clusters), max(row_threads, 128) (blocks)
+    persistent: bool = False
 
     def grid(self, rows):
         if self.cluster > 1:
@@ -49,12 +51,20 @@ class Spec:
         return self.block or (self.row_threads if self.cluster > 1 else max(self.row_threads, 128))
 
     def text(self):
+        p = " persist" if self.persistent else ""
         if self.cluster > 1:
-            return f"c{self.cluster} x {self.row_threads} x {self.vpt}"
-        return f"{self.row_threads} x {self.vpt} / {self.threads}"
+            return f"c{self.cluster} x {self.row_threads} x {self.vpt}{p}"
+        return f"{self.row_threads} x {self.vpt} / {self.threads}{p}"
 
     def covers(self, cols, itemsize):
-        return self.row_threads * self.vpt * self.cluster >= cols // (16 // itemsize)
+        vec = 16 // itemsize
+        return (self.row_threads * self.vpt * self.cluster >= cols // vec
+                and (not self.persistent or cols % vec == 0))
+
+
+def P(row_threads, vpt, cluster=1, block=0):
+    """A persistent plan (tools/gpu/norm_variants/norm_persistent.cu)."""
+    return Spec(row_threads, vpt, cluster, block, True)
 
 
 # (op, dtype name, rows, cols) -> other plans for the new kernels, beside the notebook's own (plan_rows). Ordered
@@ -62,18 +72,24 @@ class Spec:
 B = "bfloat16"
 F32 = "float32"
 CASES = {
-    ("layernorm", B, 4096, 32768): [Spec(1024, 2, 2), Spec(512, 2, 4), Spec(256, 4, 4), Spec(256, 2, 8)],
+    ("layernorm", B, 4096, 32768): [Spec(1024, 2, 2), Spec(512, 2, 4), Spec(256, 4, 4), Spec(256, 2, 8),
+                                    P(1024, 2, 2), P(512, 2, 4)],
     ("layernorm", B, 1024, 262144): [Spec(512, 8, 8)],
-    ("layernorm", B, 4096, 1024): [Spec(64, 2, 1, 128), Spec(64, 2, 1, 256), Spec(32, 4, 1, 256), Spec(128, 1)],
-    ("layernorm", B, 4096, 4096): [Spec(256, 2, 1, 256), Spec(128, 4, 1, 256), Spec(512, 1, 1, 512)],
-    ("rmsnorm", B, 4096, 32768): [Spec(1024, 2, 2), Spec(512, 2, 4), Spec(256, 4, 4)],
-    ("layernorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), Spec(256, 8, 4)],
+    ("layernorm", B, 4096, 1024): [Spec(64, 2, 1, 128), Spec(64, 2, 1, 256), Spec(32, 4, 1, 256), Spec(128, 1),
+                                   P(64, 2, 1, 256), P(128, 1, 1, 256)],
+    ("layernorm", B, 4096, 4096): [Spec(256, 2, 1, 256), Spec(128, 4, 1, 256), Spec(512, 1, 1, 512),
+                                   P(256, 2, 1, 256), P(512, 1, 1, 512)],
+    ("rmsnorm", B, 4096, 32768): [Spec(1024, 2, 2), Spec(512, 2, 4), Spec(256, 4, 4), P(1024, 2, 2), P(512, 2, 4)],
+    ("layernorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), Spec(256, 8, 4), P(1024, 2, 4)],
     ("layernorm", F32, 3, 100003): [Spec(1024, 4, 8)],
-    ("layernorm", F32, 4096, 1024): [Spec(64, 4, 1, 128), Spec(64, 4, 1, 256), Spec(128, 2, 1, 128)],
-    ("rmsnorm", F32, 4096, 1024): [Spec(64, 4, 1, 128), Spec(64, 4, 1, 256), Spec(128, 2, 1, 128)],
+    ("layernorm", F32, 4096, 1024): [Spec(64, 4, 1, 128), Spec(64, 4, 1, 256), Spec(128, 2, 1, 128),
+                                     P(128, 2, 1, 256)],
+    ("rmsnorm", F32, 4096, 1024): [Spec(64, 4, 1, 128), Spec(64, 4, 1, 256), Spec(128, 2, 1, 128),
+                                   P(128, 2, 1, 256)],
     ("rmsnorm", F32, 1000, 1031): [Spec(128, 4, 1, 128), Spec(128, 4, 1, 256), Spec(64, 8, 1, 64)],
-    ("rmsnorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4)],
+    ("rmsnorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), P(1024, 4, 2), P(1024, 2, 4)],
 }
+SMS = 132
 
 
 STREAM_LOAD = """
@@ -96,8 +112,18 @@ def stream_variant(source):
     return source.replace(anchor, STREAM_LOAD + anchor).replace(load, "            pk[j] = load_stream(&packs[q]);\n")
 
 
-def make_launcher(module, kind, ctype, spec, cluster_names_vpt):
+def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None):
     """fn(x, w, b, y) (LayerNorm) or fn(x, w, y) (RMSNorm) launching `module`'s kernel with `spec`."""
+    if spec.persistent:
+        kernel = module[f"{kind}_persistent<{ctype}, {spec.vpt}, {spec.cluster}>"]
+        per_group = 1 if spec.cluster > 1 else spec.threads // spec.row_threads
+
+        def launch(x, *rest):
+            rows, cols = x.shape
+            groups = min(-(-rows // per_group), max_groups or SMS * max(1, 1024 // spec.threads) // spec.cluster)
+            kernel[groups * spec.cluster, spec.threads](x, *rest, rows, cols, spec.row_threads, EPS)
+            return rest[-1]
+        return launch
     if spec.cluster == 1:
         kernel = module[f"{kind}_rows<{ctype}, {spec.vpt}>"]
     elif cluster_names_vpt:
@@ -142,11 +168,20 @@ def main(argv=None):
 
         def compile_old(src):
             return kernellab.compile_cuda(src, first_line=1, filename="norm_kernels_old.cu")
-    t04 = load_tutorial("04-layernorm.py", compile=compile_new)
-    old = compile_old(OLD_SOURCE.read_text())
-    new = t04["norm_kernels"]
+    from concurrent.futures import ThreadPoolExecutor
+
     from notebook_cells import named_cuda_cells
-    stream = None if args.emulate else compile_new(stream_variant(named_cuda_cells("04-layernorm.py")["norm_kernels"]))
+    cell = named_cuda_cells("04-layernorm.py")["norm_kernels"]
+    with ThreadPoolExecutor(4) as pool:                   # NVRTC compiles side by side
+        futures = [pool.submit(compile_old, OLD_SOURCE.read_text()),
+                   pool.submit(compile_new, cell + PERSISTENT_SOURCE.read_text()),
+                   None if args.emulate else pool.submit(compile_new, stream_variant(cell))]
+        t04 = load_tutorial("04-layernorm.py", compile=compile_new)
+        old, persistent, stream = (f.result() if f else None for f in futures)
+    new = t04["norm_kernels"]
+    if not args.emulate:
+        global SMS
+        SMS = torch.cuda.get_device_properties(0).multi_processor_count
     plan_rows, ctypes = t04["plan_rows"], t04["CTYPE"]
     print(f"compiled old and new kernels in {time.time() - t0:.1f} s", flush=True)
 
@@ -191,7 +226,10 @@ def main(argv=None):
         if stream is not None:
             variants[f"new+nc {base_spec.text()}"] = make_launcher(stream, kind, ctype, base_spec, True)
         for s in alts:
-            if s.covers(cols, item) and s != base_spec:
+            if s.persistent and s.covers(cols, item):        # the emulation: one group loops over every row
+                variants[f"new   {s.text()}"] = make_launcher(persistent, kind, ctype, s, True,
+                                                              1 if args.emulate else None)
+            elif s.covers(cols, item) and s != base_spec:
                 variants[f"new   {s.text()}"] = make_launcher(new, kind, ctype, s, True)
                 if stream is not None and s is alts[0]:
                     variants[f"new+nc {s.text()}"] = make_launcher(stream, kind, ctype, s, True)
@@ -199,7 +237,8 @@ def main(argv=None):
         check_rows = min(rows, 3 if args.emulate else 64)
         passed = {}
         for name, fn in variants.items():
-            rep = kernellab.check(fn, ref, inputs(kind, check_rows, cols, dtype), trials=1)
+            n = check_rows if not (args.emulate and "persist" in name) else min(rows, 9)   # several loop turns
+            rep = kernellab.check(fn, ref, inputs(kind, n, cols, dtype), trials=1)
             passed[name] = rep.passed
             if not rep.passed:
                 print(f"  ! {label} {name}: check FAILED ({rep.max_abs_error:.3g}); not timed", flush=True)
@@ -227,7 +266,8 @@ def main(argv=None):
                               max_reps=400, baselines={**{n: timed[n] for n in others}, **baselines})
         us = {res.name: res.median_ms * 1e3, **{r.name: r.median_ms * 1e3 for r in res.baselines}}
         e_us, c_us = us["torch eager"], us.get("torch.compile")
-        print(f"{label}: eager {e_us:.1f} us, compile {'n/a' if c_us is None else f'{c_us:.1f} us'}, "
+        print(f"[{time.time() - t0:5.1f} s] {label}: eager {e_us:.1f} us, "
+              f"compile {'n/a' if c_us is None else f'{c_us:.1f} us'}, "
               f"copy-op {us['copy-op']:.1f} us ({nbytes / (us['copy-op'] * 1e-6) / 1e9 / copy_gbps:.0%} of copy)",
               flush=True)
         for name in timed:
