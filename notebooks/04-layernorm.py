@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -301,7 +303,18 @@ kernellab.grade("04-layernorm-block", layernorm_block)
 #
 # `w` and `b` are read per pack with 16-byte loads where the row's packs are 16-byte aligned in `w` too (rows
 # whose start is on a boundary: `cols` a multiple of the pack); misaligned rows read them element by element.
-# They come from L1 or L2: every row reads the same `cols` values.
+# They come from L1 or L2 (every row reads the same `cols` values), so a load of `w` is an L2 round trip of about
+# half a microsecond under load. Read after the reduction, that round trip would follow x's DRAM one and the
+# reduction's barriers, with nothing else in flight for the thread; read next to `x`, it hides under x's. Two
+# details make room for that in the 64 registers a 1024-thread block allows:
+# - a pack stays as its four 32-bit words until each value is used: 8 bf16 values take 4 registers (an array of
+#   8 `__nv_bfloat16` takes 8, one per value), widened to fp32 (a shift) where they are added or scaled;
+# - `w`'s packs are loaded early when they fit beside x's (up to 4 packs a thread), `b`'s too for LayerNorm with up
+#   to 2 packs; the rest are loaded after the reduction, all at once (one round trip, not one per pack).
+#
+# The first GPU run of the previous version, which read `w` and `b` after the reduction with bf16 values one to a
+# register, left bf16 LayerNorm at 48-68 % of the copy bandwidth and 0.69-0.95x `torch.compile`, against 89-97 %
+# for float32 at the same widths (benchmarks/NOTES-memory-bound.md has the table).
 
 # %%
 # %%cuda --name norm_kernels
@@ -924,6 +937,14 @@ HTML(html_table(["kernel", "median µs", "TB/s", "of copy bandwidth", "x the flo
 
 # %% [markdown]
 # ## Against PyTorch at every shape (bf16)
+#
+# Predictions for this version (H100; the previous version's first run in brackets): 4096 x 4096 at 80-90 % of
+# the copy bandwidth [68 %] and 1.0-1.1x `torch.compile` [0.95x]; 4096 x 32768 at 75-85 % [63 %], 0.85-0.95x
+# compile [0.69x]: `w` now arrives with `x`, but `b` and the cluster's two barriers still follow the reduction;
+# 1024 x 262144 at 55-65 % [48 %]: one 1024-thread block per SM, so nothing overlaps the reduction there;
+# 4096 x 1024 at 55-65 % [49 %], about 1.0x compile [0.94x]: at 11 µs fixed costs are a third of the time.
+# RMSNorm, with one vector to read and its sums merged with one shuffle each, gains less: it was at 82-85 % on
+# the wide shapes.
 
 # %%
 # %%gpu
@@ -991,9 +1012,11 @@ for label, sweep in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # %% [markdown]
 # LayerNorm reads two more vectors than softmax, `w` and `b`. They cost no DRAM bandwidth after the first rows,
 # but every row reads them again from L1 or L2: for rows of 32,768 and more, a block's share of `w` and `b` is
-# larger than L1 keeps, and the L2 serves twice the bytes DRAM does. If the large shapes fall short of softmax's
-# numbers, that is the place to look (Nsight Compute's L2 throughput, `%launch --profile`), and the next step is
-# a persistent grid whose blocks keep their slice of `w` and `b` in shared memory across rows.
+# larger than L1 keeps, and the L2 serves twice the bytes DRAM does; and a block has nothing in flight while it
+# reduces. Reading `w` and `b` next to `x` (above) hides their round trip; it removes neither the re-reads nor
+# the idle reduction. The next step is a persistent grid: each block keeps its columns' `w` and `b` in registers
+# for every row it takes, and loads its next row's `x` before reducing the current one (tools/gpu/try_norms.py
+# times such a variant, `norm_persistent.cu`, against these kernels).
 #
 # Things to try: give `layernorm_rows` the sum of squares instead of Welford and run the large-mean check; make
 # RMSNorm's plan one block per row for 4096 x 1024 and compare; print the SASS of `layernorm_rows<float, 8>` and

@@ -191,7 +191,6 @@ def main(argv=None):
         from kernellab.run.ceilings import device_ceilings
         copy_gbps, device = device_ceilings().dram_gbps, torch.cuda.get_device_name()
         torch._dynamo.config.recompile_limit = 64
-        torch._dynamo.config.cache_size_limit = 64
     print(f"{device}, torch {torch.__version__}; copy bandwidth {copy_gbps / 1e3:.2f} TB/s", flush=True)
 
     def ln(x, w, b):
