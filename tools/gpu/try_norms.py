@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "tests" / "emu"))
 OLD_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_kernels_old.cu"
-PERSISTENT_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_persistent.cu"
+PERSISTENT_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_persistent.cu"   # appended to the cell
 EPS = 1e-5
 
 
@@ -72,14 +72,15 @@ def P(row_threads, vpt, cluster=1, block=0):
 B = "bfloat16"
 F32 = "float32"
 CASES = {
-    ("layernorm", B, 4096, 32768): [Spec(1024, 2, 2), Spec(512, 2, 4), Spec(256, 4, 4), Spec(256, 2, 8),
-                                    P(1024, 2, 2), P(512, 2, 4)],
-    ("layernorm", B, 1024, 262144): [Spec(512, 8, 8)],
+    ("layernorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(1024, 2, 2), Spec(512, 2, 4), Spec(256, 4, 4),
+                                    Spec(256, 2, 8), P(1024, 2, 2), P(512, 2, 4)],
+    ("layernorm", B, 1024, 262144): [Spec(512, 8, 8), Spec(1024, 8, 4)],
     ("layernorm", B, 4096, 1024): [Spec(64, 2, 1, 128), Spec(64, 2, 1, 256), Spec(32, 4, 1, 256), Spec(128, 1),
                                    P(64, 2, 1, 256), P(128, 1, 1, 256)],
-    ("layernorm", B, 4096, 4096): [Spec(256, 2, 1, 256), Spec(128, 4, 1, 256), Spec(512, 1, 1, 512),
-                                   P(256, 2, 1, 256), P(512, 1, 1, 512)],
-    ("rmsnorm", B, 4096, 32768): [Spec(1024, 2, 2), Spec(512, 2, 4), Spec(256, 4, 4), P(1024, 2, 2), P(512, 2, 4)],
+    ("layernorm", B, 4096, 4096): [Spec(64, 8, 1, 128), Spec(64, 8, 1, 256), Spec(256, 2, 1, 256),
+                                   Spec(128, 4, 1, 256), Spec(512, 1, 1, 512), P(256, 2, 1, 256), P(512, 1, 1, 512)],
+    ("rmsnorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(1024, 2, 2), Spec(512, 2, 4), Spec(256, 4, 4),
+                                  P(1024, 2, 2), P(512, 2, 4)],
     ("layernorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), Spec(256, 8, 4), P(1024, 2, 4)],
     ("layernorm", F32, 3, 100003): [Spec(1024, 4, 8)],
     ("layernorm", F32, 4096, 1024): [Spec(64, 4, 1, 128), Spec(64, 4, 1, 256), Spec(128, 2, 1, 128),
@@ -177,7 +178,7 @@ def main(argv=None):
                    pool.submit(compile_new, cell + PERSISTENT_SOURCE.read_text()),
                    None if args.emulate else pool.submit(compile_new, stream_variant(cell))]
         t04 = load_tutorial("04-layernorm.py", compile=compile_new)
-        old, persistent, stream = (f.result() if f else None for f in futures)
+        old, extra, stream = (f.result() if f else None for f in futures)
     new = t04["norm_kernels"]
     if not args.emulate:
         global SMS
@@ -226,10 +227,10 @@ def main(argv=None):
             variants[f"new+nc {base_spec.text()}"] = make_launcher(stream, kind, ctype, base_spec, True)
         for s in alts:
             if s.persistent and s.covers(cols, item):        # the emulation: one group loops over every row
-                variants[f"new   {s.text()}"] = make_launcher(persistent, kind, ctype, s, True,
+                variants[f"new   {s.text()}"] = make_launcher(extra, kind, ctype, s, True,
                                                               1 if args.emulate else None)
-            elif s.covers(cols, item) and s != base_spec:
-                variants[f"new   {s.text()}"] = make_launcher(new, kind, ctype, s, True)
+            elif s.covers(cols, item) and s != base_spec:          # the cell's kernels, and a few more
+                variants[f"new   {s.text()}"] = make_launcher(extra, kind, ctype, s, True)
                 if stream is not None and s is alts[0]:
                     variants[f"new+nc {s.text()}"] = make_launcher(stream, kind, ctype, s, True)
         ref = ((lambda x, w, b, y: ln(x, w, b)) if kind == "layernorm" else (lambda x, w, y: rms(x, w)))

@@ -1,5 +1,5 @@
 
-// ---- persistent variant (tools/gpu/try_norms.py appends this to the notebook's norm_kernels cell) ------------
+// ---- extra variants: tools/gpu/try_norms.py appends this file to the notebook's norm_kernels cell ---------------
 // A persistent grid: each block (or cluster) keeps its columns' w and b packs in registers, read once, and loops
 // over rows group, group + groups, ...; the next row's x packs are loaded before the current row is reduced, so
 // a thread always has a row's loads in flight. Needs cols % VEC == 0 (every row starts on a 16-byte boundary:
@@ -133,3 +133,15 @@ PERSISTENT(__nv_bfloat16, 2, 4)
 PERSISTENT(float, 2, 1)
 PERSISTENT(float, 2, 4)
 PERSISTENT_RMS(float, 4, 2)       // LayerNorm's would spill: x twice, w and b, 4 packs each
+
+// ---- 64 bf16 values per thread (8 packs, as float's 32 values are 8 packs): twice the bytes in flight per thread
+// for the same fixed costs per row; rows of 32768 in one 512-thread block, no cluster ----------------------------
+template __global__ void layernorm_rows<__nv_bfloat16, 8>(const __nv_bfloat16*, const __nv_bfloat16*,
+                                                          const __nv_bfloat16*, __nv_bfloat16*, int, int, int, float);
+template __global__ void rmsnorm_rows<__nv_bfloat16, 8>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
+                                                        int, int, int, float);
+template __global__ void layernorm_rows_cluster<__nv_bfloat16, 4, 8>(const __nv_bfloat16*, const __nv_bfloat16*,
+                                                                     const __nv_bfloat16*, __nv_bfloat16*, int, int,
+                                                                     float);
+template __global__ void rmsnorm_rows_cluster<__nv_bfloat16, 4, 8>(const __nv_bfloat16*, const __nv_bfloat16*,
+                                                                   __nv_bfloat16*, int, int, float);
