@@ -26,6 +26,7 @@ from dataclasses import dataclass
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "tests" / "emu"))
+sys.path.insert(0, str(ROOT / "tests"))              # test_bench's FakeClock, for --smoke
 OLD_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_kernels_old.cu"
 PERSISTENT_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_persistent.cu"   # appended to the cell
 EPS = 1e-5
@@ -143,6 +144,7 @@ def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None)
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--emulate", action="store_true", help="check every variant on the CPU emulation; no timing")
+    ap.add_argument("--smoke", action="store_true", help="with --emulate: the table too, on a fake clock, 3 rows")
     ap.add_argument("--rep-ms", type=float, default=15.0, help="kernellab.bench rep_ms per function")
     ap.add_argument("--budget-s", type=float, default=100.0, help="no new torch.compile past this many seconds")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
@@ -210,9 +212,7 @@ def main(argv=None):
             return tuple(a.to(dev) for a in t)
         return make
 
-    table = []
-    header = (f"{'op':9s} {'dtype':8s} {'shape':>13s} {'variant':26s} {'us':>8s} {'of copy':>7s} {'vs eager':>8s} "
-              f"{'vs compile':>10s}")
+    table, best = [], []
     for (kind, dname, rows, cols), alts in CASES.items():
         label = f"{kind} {dname} {rows}x{cols}"
         if args.only and args.only not in label:
@@ -238,32 +238,53 @@ def main(argv=None):
         passed = {}
         for name, fn in variants.items():
             n = check_rows if not (args.emulate and "persist" in name) else min(rows, 9)   # several loop turns
-            rep = kernellab.check(fn, ref, inputs(kind, n, cols, dtype), trials=1)
+            try:
+                rep = kernellab.check(fn, ref, inputs(kind, n, cols, dtype), trials=1)
+            except Exception as exc:                     # a launch error: report it, go on (unless sticky)
+                print(f"  ! {label} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                passed[name] = False
+                if sticky(exc):
+                    return finish(table, best, t0, device, f"stopped: {label} {name} poisoned the context")
+                continue
             passed[name] = rep.passed
             if not rep.passed:
                 print(f"  ! {label} {name}: check FAILED ({rep.max_abs_error:.3g}); not timed", flush=True)
+        timing = {}
         if args.emulate:
             print(f"{label}: " + ", ".join(f"{n.split()[0]} {' '.join(n.split()[1:])} "
                                            f"{'passed' if ok else 'FAILED'}" for n, ok in passed.items()), flush=True)
-            continue
+            if not args.smoke:
+                continue
+            from test_bench import FakeClock
+            rows, timing = check_rows, dict(timer=FakeClock(lambda out: 1.0), rounds=2, min_reps=2)
 
         nbytes = (2 * rows * cols + (2 if kind == "layernorm" else 1) * cols) * item
         a = inputs(kind, rows, cols, dtype)(torch.Generator().manual_seed(rows * 7919 + cols))
         nin = len(a) - 1
         eager = ln if kind == "layernorm" else rms
         baselines = {"torch eager": lambda *t: eager(*t[:nin])}
-        if not args.no_compile and time.time() - t0 < args.budget_s:
-            comp = torch.compile(eager, dynamic=False)
-            comp(*a[:nin])
-            torch.cuda.synchronize()
-            baselines["torch.compile"] = lambda *t, comp=comp: comp(*t[:nin])
+        if not args.no_compile and not args.emulate and time.time() - t0 < args.budget_s:
+            try:
+                comp = torch.compile(eager, dynamic=False)
+                comp(*a[:nin])
+                torch.cuda.synchronize()
+                baselines["torch.compile"] = lambda *t, comp=comp: comp(*t[:nin])
+            except Exception as exc:
+                print(f"  ! torch.compile of {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         baselines["copy-op"] = lambda *t: t[-1].copy_(t[0])
         timed = {n: f for n, f in variants.items() if passed[n]}
         if not timed:
             continue
         first, *others = timed
-        res = kernellab.bench(timed[first], a, bytes=nbytes, name=first, warmup_ms=5, rep_ms=args.rep_ms,
-                              max_reps=400, baselines={**{n: timed[n] for n in others}, **baselines})
+        try:
+            res = kernellab.bench(timed[first], a, bytes=nbytes, name=first, warmup_ms=5, rep_ms=args.rep_ms,
+                                  max_reps=400, baselines={**{n: timed[n] for n in others}, **baselines},
+                                  **timing)
+        except Exception as exc:
+            print(f"  ! bench {label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            if sticky(exc):
+                return finish(table, best, t0, device, f"stopped: bench of {label} poisoned the context")
+            continue
         us = {res.name: res.median_ms * 1e3, **{r.name: r.median_ms * 1e3 for r in res.baselines}}
         e_us, c_us = us["torch eager"], us.get("torch.compile")
         print(f"[{time.time() - t0:5.1f} s] {label}: eager {e_us:.1f} us, "
@@ -272,20 +293,47 @@ def main(argv=None):
               flush=True)
         for name in timed:
             t = us[name]
-            table.append(f"{kind:9s} {dname:8s} {f'{rows}x{cols}':>13s} {name:26s} {t:8.1f} "
+            table.append(f"{kind:9s} {dname:8s} {f'{rows}x{cols}':>13s} {name:28s} {t:8.1f} "
                          f"{nbytes / (t * 1e-6) / 1e9 / copy_gbps:7.0%} {e_us / t:7.2f}x "
                          + (f"{c_us / t:9.2f}x" if c_us else f"{'n/a':>10s}"))
         for name in ("torch eager", "torch.compile", "copy-op"):
             if name in us:
-                table.append(f"{kind:9s} {dname:8s} {f'{rows}x{cols}':>13s} {name:26s} {us[name]:8.1f} "
+                table.append(f"{kind:9s} {dname:8s} {f'{rows}x{cols}':>13s} {name:28s} {us[name]:8.1f} "
                              f"{nbytes / (us[name] * 1e-6) / 1e9 / copy_gbps:7.0%}")
         table.append("")
+        win = min(timed, key=lambda n: us[n])
+        t = us[win]
+        of_copy = nbytes / (t * 1e-6) / 1e9 / copy_gbps
+        met = (e_us / t >= 1.0 and (c_us is None or c_us / t >= 1.0)
+               and (of_copy >= 0.9 or rows * cols < 4096 * 1024))
+        best.append(f"{label:32s} {win:28s} {t:8.1f} us {of_copy:5.0%} {e_us / t:6.2f}x eager "
+                    + (f"{c_us / t:5.2f}x compile" if c_us else "  n/a compile")
+                    + f"  (old {us[first]:.1f} us)  targets {'met' if met else 'MISSED'}")
         del a, res
-        torch.cuda.empty_cache()
+        if not args.emulate:
+            torch.cuda.empty_cache()
+    finish(table, best, t0, device)
 
+
+def sticky(exc) -> bool:
+    """A CUDA error after which this process's context is unusable."""
+    text = f"{type(exc).__name__} {exc}"
+    return any(s in text for s in ("illegal memory access", "ILLEGAL_ADDRESS", "misaligned address",
+                                   "unspecified launch failure", "LAUNCH_FAILED"))
+
+
+def finish(table, best, t0, device, note=""):
+    """The table, then the fastest variant of each case against the targets."""
+    header = (f"{'op':9s} {'dtype':8s} {'shape':>13s} {'variant':28s} {'us':>8s} {'of copy':>7s} "
+              f"{'vs eager':>8s} {'vs compile':>10s}")
     if table:
         print("\n" + header)
         print("\n".join(table))
+    if best:
+        print("fastest variant per case (targets: >= 1.0x eager and compile; >= 90 % of copy from 4096x1024 up):")
+        print("\n".join(best))
+    if note:
+        print(note)
     print(f"done in {time.time() - t0:.0f} s ({device})")
 
 
