@@ -467,17 +467,17 @@ __device__ __forceinline__ S row_merge(S v, S zero, int row_warps) {
 
 // ---- the normalisations of this thread's values ---------------------------------------------------------------
 // The values stay in their 16-byte packs (bf16: 16 registers for 32 values, not 32) and are widened to fp32 where
-// they are used: with x, w and b packs all held, that is what lets w and b load before the reduction.
+// they are used: the registers saved are what lets w (and b) load before the reduction.
 template <typename T, int VPT>
 __device__ __forceinline__ float at(const Pack<T> (&pk)[VPT], int i) {
     return pk[i / (16 / sizeof(T))].get(i % (16 / sizeof(T)));
 }
 
-// w and b are read before the reduction, next to x, when their packs fit beside x's in 32 (w, RMSNorm's or
-// LayerNorm's) or 48 registers (w and b: LayerNorm with at most 2 packs of x) with no spill under the 64 registers
-// a 1024-thread block allows, and the row starts on a 16-byte boundary (so its packs are 16-byte aligned in w and b
-// too): their L2 round trip then overlaps x's DRAM one instead of following the reduction. Otherwise (float with
-// 8 packs, b beside 4 packs, misaligned rows) they are read pack by pack at the store.
+// w and b are read before the reduction, next to x, when the row starts on a 16-byte boundary (so its packs are
+// 16-byte aligned in w and b too) and their packs fit beside x's without a spill under the 64 registers a
+// 1024-thread block allows: w with up to 4 packs of x (32 registers of x and w), b too with up to 2 (LayerNorm: 3
+// vectors in 24). Their L2 round trip then overlaps x's DRAM one instead of following the reduction. The others
+// (float with 8 packs, LayerNorm's b beside 4, misaligned rows) are read after the reduction (load_late).
 template <int VPT, int VECTORS>
 struct Early { static constexpr bool value = VECTORS * VPT * 16 <= (VECTORS == 2 ? 128 : 96); };
 
