@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -301,7 +303,18 @@ kernellab.grade("04-layernorm-block", layernorm_block)
 #
 # `w` and `b` are read per pack with 16-byte loads where the row's packs are 16-byte aligned in `w` too (rows
 # whose start is on a boundary: `cols` a multiple of the pack); misaligned rows read them element by element.
-# They come from L1 or L2: every row reads the same `cols` values.
+# They come from L1 or L2 (every row reads the same `cols` values), so a load of `w` is an L2 round trip of about
+# half a microsecond under load. Read after the reduction, that round trip would follow x's DRAM one and the
+# reduction's barriers, with nothing else in flight for the thread; read next to `x`, it hides under x's. Two
+# details make room for that in the 64 registers a 1024-thread block allows:
+# - a pack stays as its four 32-bit words until each value is used: 8 bf16 values take 4 registers (an array of
+#   8 `__nv_bfloat16` takes 8, one per value), widened to fp32 (a shift) where they are added or scaled;
+# - `w`'s packs are loaded early when they fit beside x's (up to 4 packs a thread), `b`'s too for LayerNorm with up
+#   to 2 packs; the rest are loaded after the reduction, all at once (one round trip, not one per pack).
+#
+# The first GPU run of the previous version, which read `w` and `b` after the reduction with bf16 values one to a
+# register, left bf16 LayerNorm at 48-68 % of the copy bandwidth and 0.69-0.95x `torch.compile`, against 89-97 %
+# for float32 at the same widths (benchmarks/NOTES-memory-bound.md has the table).
 
 # %%
 # %%cuda --name norm_kernels
@@ -319,7 +332,28 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 }
 
 // ---- a thread's share of a row: VPT packs of 16 bytes in registers, and one edge element ----------------------
-template <typename T> struct alignas(16) Pack { T v[16 / sizeof(T)]; };
+// A pack is kept as its four 32-bit words, so that 8 bf16 values take 4 registers (an array of 8 __nv_bfloat16
+// would take 8); get(k) widens value k to fp32 where it is used, from_floats packs VEC results.
+template <typename T> struct alignas(16) Pack {
+    unsigned u[4];
+    __device__ __forceinline__ float get(int k) const;
+};
+template <> __device__ __forceinline__ float Pack<float>::get(int k) const { return __uint_as_float(u[k]); }
+template <> __device__ __forceinline__ float Pack<__nv_bfloat16>::get(int k) const {
+    return __uint_as_float(k % 2 ? u[k / 2] & 0xffff0000u : u[k / 2] << 16);    // a bf16 is an fp32's top half
+}
+__device__ __forceinline__ unsigned bf16_bits(float v) {
+    __nv_bfloat16 h = __float2bfloat16_rn(v);
+    return *reinterpret_cast<const unsigned short*>(&h);
+}
+template <typename T, int VEC = 16 / sizeof(T)>
+__device__ __forceinline__ Pack<T> from_floats(const float (&f)[VEC]) {
+    Pack<T> p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        p.u[i] = sizeof(T) == 4 ? __float_as_uint(f[i]) : bf16_bits(f[2 * i]) | bf16_bits(f[2 * i + 1]) << 16;
+    return p;
+}
 
 // Where a row's elements are. The row starts `head` elements past a 16-byte boundary (head = start % VEC).
 // Elements 0 .. lead-1 come before the first 16-byte boundary inside the row, then `whole` packs of VEC elements
@@ -338,11 +372,10 @@ struct RowLayout {
 };
 
 // Packs first, first + stride, ... of the row, one 16-byte load each, all VPT in flight before any is used;
-// packs past the row's last whole pack read as `fill`.
+// packs past the row's last whole pack read as zeros.
 template <typename T, int VPT>
 __device__ __forceinline__ void load_packs(Pack<T> (&pk)[VPT], const T* __restrict__ row, RowLayout L, int first,
-                                           int stride, T fill) {
-    constexpr int VEC = 16 / sizeof(T);
+                                           int stride) {
     const Pack<T>* packs = reinterpret_cast<const Pack<T>*>(row + L.lead);      // 16-byte aligned
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
@@ -351,7 +384,7 @@ __device__ __forceinline__ void load_packs(Pack<T> (&pk)[VPT], const T* __restri
             pk[j] = packs[q];
         } else {
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) pk[j].v[k] = fill;
+            for (int i = 0; i < 4; ++i) pk[j].u[i] = 0u;                    // 0.0 in float and in bf16
         }
     }
 }
@@ -365,21 +398,6 @@ __device__ __forceinline__ void store_packs(const Pack<T> (&pk)[VPT], T* __restr
         int q = first + j * stride;
         if (q < L.whole) packs[q] = pk[j];
     }
-}
-
-template <typename T, int VPT, int VEC = 16 / sizeof(T)>
-__device__ __forceinline__ void unpack(const Pack<T> (&pk)[VPT], float (&v)[VPT * VEC]) {
-#pragma unroll
-    for (int j = 0; j < VPT; ++j)
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[j * VEC + k] = to_float(pk[j].v[k]);
-}
-template <typename T, int VPT, int VEC = 16 / sizeof(T)>
-__device__ __forceinline__ void pack(const float (&v)[VPT * VEC], Pack<T> (&pk)[VPT]) {
-#pragma unroll
-    for (int j = 0; j < VPT; ++j)
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) pk[j].v[k] = from_float<T>(v[j * VEC + k]);
 }
 
 // ---- clusters: PTX for what cooperative_groups would do ------------------------------------------------------
@@ -448,14 +466,53 @@ __device__ __forceinline__ S row_merge(S v, S zero, int row_warps) {
 }
 
 // ---- the normalisations of this thread's values ---------------------------------------------------------------
+// The values stay in their 16-byte packs (bf16: 16 registers for 32 values, not 32) and are widened to fp32 where
+// they are used: the registers saved are what lets w (and b) load before the reduction.
+template <typename T, int VPT>
+__device__ __forceinline__ float at(const Pack<T> (&pk)[VPT], int i) {
+    return pk[i / (16 / sizeof(T))].get(i % (16 / sizeof(T)));
+}
+
+// w and b are read before the reduction, next to x, when the row starts on a 16-byte boundary (so its packs are
+// 16-byte aligned in w and b too) and their packs fit beside x's without a spill under the 64 registers a
+// 1024-thread block allows: w with up to 4 packs of x (32 registers of x and w), b too with up to 2 (LayerNorm: 3
+// vectors in 24). Their L2 round trip then overlaps x's DRAM one instead of following the reduction. The others
+// (float with 8 packs, LayerNorm's b beside 4, misaligned rows) are read after the reduction (load_late).
+template <int VPT, int VECTORS>
+struct Early { static constexpr bool value = VECTORS * VPT * 16 <= (VECTORS == 2 ? 128 : 96); };
+
+// This thread's packs of w (or b), 16-byte loads: rows that start on a 16-byte boundary only.
+template <typename T, int VPT>
+__device__ __forceinline__ void load_vector(Pack<T> (&pk)[VPT], const T* __restrict__ w, RowLayout L, int first,
+                                            int stride) {
+    const Pack<T>* packs = reinterpret_cast<const Pack<T>*>(w);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        int q = first + j * stride;
+        if (q < L.whole) pk[j] = packs[q];
+    }
+}
+
+// One pack of w (or b) at the store: a 16-byte load where the row's packs are 16-byte aligned in w (lead == 0),
+// element loads otherwise.
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack(const T* __restrict__ w, RowLayout L, int e) {
+    if (L.lead == 0) return *reinterpret_cast<const Pack<T>*>(w + e);
+    float f[16 / sizeof(T)];
+#pragma unroll
+    for (int k = 0; k < 16 / (int)sizeof(T); ++k) f[k] = to_float(w[e + k]);
+    return from_floats<T>(f);
+}
+
 // LayerNorm's statistics from this thread's values: its own mean first, then squared deviations from it (the
 // values are in registers, so two passes cost nothing), then Chan's merge across the row. `valid` counts packs.
-template <int CLUSTER, int VPT, int VEC>
-__device__ __forceinline__ Welford layernorm_stats(const float (&v)[VPT * VEC], int valid, bool edge_ok, float edge,
+template <int CLUSTER, typename T, int VPT>
+__device__ __forceinline__ Welford layernorm_stats(const Pack<T> (&pk)[VPT], int valid, bool edge_ok, float edge,
                                                    int row_warps) {
+    constexpr int VEC = 16 / sizeof(T);
     float s = edge_ok ? edge : 0.0f;                      // packs past the row were loaded as 0
 #pragma unroll
-    for (int i = 0; i < VPT * VEC; ++i) s += v[i];
+    for (int i = 0; i < VPT * VEC; ++i) s += at(pk, i);
     float n = valid * VEC + (edge_ok ? 1.0f : 0.0f);
     float mean = n > 0.0f ? s / n : 0.0f;
     float m2 = edge_ok ? (edge - mean) * (edge - mean) : 0.0f;
@@ -463,62 +520,63 @@ __device__ __forceinline__ Welford layernorm_stats(const float (&v)[VPT * VEC], 
     for (int j = 0; j < VPT; ++j)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-            float d = v[j * VEC + k] - mean;
+            float d = at(pk, j * VEC + k) - mean;
             m2 += j < valid ? d * d : 0.0f;
         }
     return row_merge<CLUSTER>(Welford{n, mean, m2}, Welford{0.0f, 0.0f, 0.0f}, row_warps);
 }
 
-// y = (x - mean) * rstd * w + b for this thread's packs (w, b packs: 16-byte loads where the row's packs are
-// 16-byte aligned in w too, that is when the row starts on a boundary; element loads otherwise), then the store.
+// The packs of w (or b) not read early: up to 4 packs all in flight together before the first is used (one L2
+// round trip, not one per pack); 8 packs (float) one at a time in the store loop, where registers allow.
 template <typename T, int VPT>
-__device__ __forceinline__ void affine_store(const float (&v)[VPT * (16 / sizeof(T))], float mean, float rstd,
+__device__ __forceinline__ void load_late(Pack<T> (&wk)[VPT], bool early, const T* __restrict__ w, RowLayout L,
+                                          int first, int stride, int only = -1) {
+    if (early || (VPT > 4) != (only >= 0)) return;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        int q = first + j * stride;
+        if (q < L.whole && (only < 0 || j == only)) wk[j] = load_pack(w, L, L.lead + q * (16 / (int)sizeof(T)));
+    }
+}
+
+// y = (x - mean) * rstd * w + b for this thread's packs, then the store. early_w, early_b: w, b are already in
+// wk, bk; otherwise they are loaded here first.
+template <typename T, int VPT>
+__device__ __forceinline__ void affine_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk)[VPT], Pack<T> (&bk)[VPT],
+                                             bool early_w, bool early_b, float mean, float rstd,
                                              const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ row,
                                              RowLayout L, int first, int stride) {
     constexpr int VEC = 16 / sizeof(T);
+    load_late(wk, early_w, w, L, first, stride);
+    load_late(bk, early_b, b, L, first, stride);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
         int q = first + j * stride;
         if (q >= L.whole) continue;
-        int e = L.lead + q * VEC;                        // the pack's first row element
-        Pack<T> wk, bk, out;
-        if (L.lead == 0) {
-            wk = *reinterpret_cast<const Pack<T>*>(w + e);
-            bk = *reinterpret_cast<const Pack<T>*>(b + e);
-        } else {
+        load_late(wk, early_w, w, L, first, stride, j);
+        load_late(bk, early_b, b, L, first, stride, j);
+        float out[VEC];
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                wk.v[k] = w[e + k];
-                bk.v[k] = b[e + k];
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < VEC; ++k)
-            out.v[k] = from_float<T>(fmaf((v[j * VEC + k] - mean) * rstd, to_float(wk.v[k]), to_float(bk.v[k])));
-        *reinterpret_cast<Pack<T>*>(row + e) = out;
+        for (int k = 0; k < VEC; ++k) out[k] = fmaf((at(pk, j * VEC + k) - mean) * rstd, wk[j].get(k), bk[j].get(k));
+        *reinterpret_cast<Pack<T>*>(row + L.lead + q * VEC) = from_floats<T>(out);
     }
 }
 
 template <typename T, int VPT>
-__device__ __forceinline__ void rms_store(const float (&v)[VPT * (16 / sizeof(T))], float rstd,
+__device__ __forceinline__ void rms_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk)[VPT], bool early, float rstd,
                                           const T* __restrict__ w, T* __restrict__ row, RowLayout L, int first,
                                           int stride) {
     constexpr int VEC = 16 / sizeof(T);
+    load_late(wk, early, w, L, first, stride);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
         int q = first + j * stride;
         if (q >= L.whole) continue;
-        int e = L.lead + q * VEC;
-        Pack<T> wk, out;
-        if (L.lead == 0) {
-            wk = *reinterpret_cast<const Pack<T>*>(w + e);
-        } else {
+        load_late(wk, early, w, L, first, stride, j);
+        float out[VEC];
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) wk.v[k] = w[e + k];
-        }
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(v[j * VEC + k] * rstd * to_float(wk.v[k]));
-        *reinterpret_cast<Pack<T>*>(row + e) = out;
+        for (int k = 0; k < VEC; ++k) out[k] = at(pk, j * VEC + k) * rstd * wk[j].get(k);
+        *reinterpret_cast<Pack<T>*>(row + L.lead + q * VEC) = from_floats<T>(out);
     }
 }
 
@@ -530,18 +588,19 @@ __device__ __forceinline__ void layernorm_row(const T* __restrict__ x, const T* 
                                               int head, int first, int stride, int edge_t, int row_warps, float eps) {
     constexpr int VEC = 16 / sizeof(T);
     RowLayout L(live ? cols : 0, head, VEC);
-    Pack<T> pk[VPT];
-    load_packs(pk, x, L, first, stride, from_float<T>(0.0f));
+    bool early_w = Early<VPT, 2>::value && L.lead == 0, early_b = Early<VPT, 3>::value && L.lead == 0;
+    Pack<T> pk[VPT], wk[VPT], bk[VPT];
+    load_packs(pk, x, L, first, stride);
+    if (early_w) load_vector(wk, w, L, first, stride);  // in flight with x's loads
+    if (early_b) load_vector(bk, b, L, first, stride);
     int e = L.edge(edge_t, live ? cols : 0);
     float edge = e >= 0 ? to_float(x[e]) : 0.0f;
-    float v[VPT * VEC];
-    unpack(pk, v);
     int valid = min(VPT, max(0, (L.whole - first + stride - 1) / stride));   // packs j with first + j*stride < whole
-    Welford st = layernorm_stats<CLUSTER, VPT, VEC>(v, valid, e >= 0, edge, row_warps);
+    Welford st = layernorm_stats<CLUSTER>(pk, valid, e >= 0, edge, row_warps);
     float rstd = rsqrtf(st.m2 / cols + eps);
     if (!live) return;
     if (e >= 0) y[e] = from_float<T>(fmaf((edge - st.mean) * rstd, to_float(w[e]), to_float(b[e])));
-    affine_store<T, VPT>(v, st.mean, rstd, w, b, y, L, first, stride);
+    affine_store(pk, wk, bk, early_w, early_b, st.mean, rstd, w, b, y, L, first, stride);
 }
 
 template <typename T, int VPT, int CLUSTER>
@@ -550,24 +609,25 @@ __device__ __forceinline__ void rmsnorm_row(const T* __restrict__ x, const T* __
                                             int row_warps, float eps) {
     constexpr int VEC = 16 / sizeof(T);
     RowLayout L(live ? cols : 0, head, VEC);
-    Pack<T> pk[VPT];
-    load_packs(pk, x, L, first, stride, from_float<T>(0.0f));
+    bool early = Early<VPT, 2>::value && L.lead == 0;
+    Pack<T> pk[VPT], wk[VPT];
+    load_packs(pk, x, L, first, stride);
+    if (early) load_vector(wk, w, L, first, stride);
     int e = L.edge(edge_t, live ? cols : 0);
     float edge = e >= 0 ? to_float(x[e]) : 0.0f;
-    float v[VPT * VEC];
-    unpack(pk, v);
     float ss = edge * edge;                              // packs past the row hold 0
 #pragma unroll
-    for (int i = 0; i < VPT * VEC; ++i) ss += v[i] * v[i];
+    for (int i = 0; i < VPT * VEC; ++i) ss += at(pk, i) * at(pk, i);
     ss = row_merge<CLUSTER>(ss, 0.0f, row_warps);
     float rstd = rsqrtf(ss / cols + eps);
     if (!live) return;
     if (e >= 0) y[e] = from_float<T>(edge * rstd * to_float(w[e]));
-    rms_store<T, VPT>(v, rstd, w, y, L, first, stride);
+    rms_store(pk, wk, early, rstd, w, y, L, first, stride);
 }
 
 // ---- the kernels: rows that fit in a block (row_threads threads per row, blockDim.x / row_threads rows per
-// block; grid = ceil(rows / rows per block)), and rows split over a cluster (grid = rows * CLUSTER) ----------
+// block; grid = ceil(rows / rows per block)), and rows split over a cluster of CLUSTER blocks of VPT packs per
+// thread (grid = rows * CLUSTER) -------------------------------------------------------------------------------
 template <typename T, int VPT>
 __global__ void __launch_bounds__(1024) layernorm_rows(const T* __restrict__ x, const T* __restrict__ w,
                                                        const T* __restrict__ b, T* __restrict__ y, int rows,
@@ -580,11 +640,10 @@ __global__ void __launch_bounds__(1024) layernorm_rows(const T* __restrict__ x, 
                              t, row_threads / 32, eps);
 }
 
-template <typename T, int CLUSTER>
+template <typename T, int CLUSTER, int VPT>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(1024)
 layernorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                        T* __restrict__ y, int rows, int cols, float eps) {
-    constexpr int VPT = 32 / (16 / sizeof(T));
     size_t start = (size_t)(blockIdx.x / CLUSTER) * cols;
     int first = cluster_ctarank() * blockDim.x * VPT + threadIdx.x;
     layernorm_row<T, VPT, CLUSTER>(x + start, w, b, y + start, cols, true, (int)(start % (16 / sizeof(T))), first,
@@ -604,11 +663,10 @@ __global__ void __launch_bounds__(1024) rmsnorm_rows(const T* __restrict__ x, co
                            row_threads / 32, eps);
 }
 
-template <typename T, int CLUSTER>
+template <typename T, int CLUSTER, int VPT>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(1024)
 rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int rows, int cols,
                      float eps) {
-    constexpr int VPT = 32 / (16 / sizeof(T));
     size_t start = (size_t)(blockIdx.x / CLUSTER) * cols;
     int first = cluster_ctarank() * blockDim.x * VPT + threadIdx.x;
     rmsnorm_row<T, VPT, CLUSTER>(x + start, w, y + start, cols, true, (int)(start % (16 / sizeof(T))), first,
@@ -616,24 +674,22 @@ rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __rest
     cluster_wait();
 }
 
-#define NORMS(T)                                                                                              \
-    template __global__ void layernorm_rows<T, 1>(const T*, const T*, const T*, T*, int, int, int, float);   \
-    template __global__ void layernorm_rows<T, 2>(const T*, const T*, const T*, T*, int, int, int, float);   \
-    template __global__ void layernorm_rows<T, 4>(const T*, const T*, const T*, T*, int, int, int, float);   \
-    template __global__ void layernorm_rows_cluster<T, 2>(const T*, const T*, const T*, T*, int, int, float); \
-    template __global__ void layernorm_rows_cluster<T, 4>(const T*, const T*, const T*, T*, int, int, float); \
-    template __global__ void layernorm_rows_cluster<T, 8>(const T*, const T*, const T*, T*, int, int, float); \
-    template __global__ void rmsnorm_rows<T, 1>(const T*, const T*, T*, int, int, int, float);               \
-    template __global__ void rmsnorm_rows<T, 2>(const T*, const T*, T*, int, int, int, float);               \
-    template __global__ void rmsnorm_rows<T, 4>(const T*, const T*, T*, int, int, int, float);               \
-    template __global__ void rmsnorm_rows_cluster<T, 2>(const T*, const T*, T*, int, int, float);            \
-    template __global__ void rmsnorm_rows_cluster<T, 4>(const T*, const T*, T*, int, int, float);            \
-    template __global__ void rmsnorm_rows_cluster<T, 8>(const T*, const T*, T*, int, int, float);
-NORMS(float)
-NORMS(__nv_bfloat16)
-template __global__ void layernorm_rows<float, 8>(const float*, const float*, const float*, float*, int, int, int,
-                                                  float);       // 32 values per thread
-template __global__ void rmsnorm_rows<float, 8>(const float*, const float*, float*, int, int, int, float);
+// Instantiated: 1-8 packs per thread in a block (8 for float only: 32 values), and clusters of 2, 4, 8 blocks
+// with 32 values per thread (plan_rows' choice) or 16 (the same row over twice the threads).
+#define NORM_ROWS(T, VPT)                                                                                    \
+    template __global__ void layernorm_rows<T, VPT>(const T*, const T*, const T*, T*, int, int, int, float); \
+    template __global__ void rmsnorm_rows<T, VPT>(const T*, const T*, T*, int, int, int, float);
+#define NORM_CLUSTER(T, C, VPT)                                                                                   \
+    template __global__ void layernorm_rows_cluster<T, C, VPT>(const T*, const T*, const T*, T*, int, int, float); \
+    template __global__ void rmsnorm_rows_cluster<T, C, VPT>(const T*, const T*, T*, int, int, float);
+#define NORMS(T, VPT32)                                                                                       \
+    NORM_ROWS(T, 1) NORM_ROWS(T, 2) NORM_ROWS(T, 4)                                                           \
+    NORM_CLUSTER(T, 2, VPT32) NORM_CLUSTER(T, 4, VPT32) NORM_CLUSTER(T, 8, VPT32)                             \
+    NORM_CLUSTER(T, 2, VPT32 / 2) NORM_CLUSTER(T, 4, VPT32 / 2) NORM_CLUSTER(T, 8, VPT32 / 2)
+NORMS(float, 8)
+NORMS(__nv_bfloat16, 4)
+NORM_ROWS(float, 8)
+NORM_CLUSTER(__nv_bfloat16, 8, 8)      // 64 values per thread: rows of 262144 bf16 over 8 blocks of 512, two blocks to an SM
 
 # %% [markdown]
 # ## The launchers
@@ -706,7 +762,7 @@ def norm_kernel_for(kind, rows, cols, dtype):
     if plan is None:
         return None, None
     name = (f"{kind}_rows<{CTYPE[dtype]}, {plan.vpt}>" if plan.cluster == 1
-            else f"{kind}_rows_cluster<{CTYPE[dtype]}, {plan.cluster}>")
+            else f"{kind}_rows_cluster<{CTYPE[dtype]}, {plan.cluster}, {plan.vpt}>")
     return norm_kernels[name], plan
 
 
@@ -881,6 +937,14 @@ HTML(html_table(["kernel", "median µs", "TB/s", "of copy bandwidth", "x the flo
 
 # %% [markdown]
 # ## Against PyTorch at every shape (bf16)
+#
+# Predictions for this version (H100; the previous version's first run in brackets): 4096 x 4096 at 80-90 % of
+# the copy bandwidth [68 %] and 1.0-1.1x `torch.compile` [0.95x]; 4096 x 32768 at 75-85 % [63 %], 0.85-0.95x
+# compile [0.69x]: `w` now arrives with `x`, but `b` and the cluster's two barriers still follow the reduction;
+# 1024 x 262144 at 55-65 % [48 %]: one 1024-thread block per SM, so nothing overlaps the reduction there;
+# 4096 x 1024 at 55-65 % [49 %], about 1.0x compile [0.94x]: at 11 µs fixed costs are a third of the time.
+# RMSNorm, with one vector to read and its sums merged with one shuffle each, gains less: it was at 82-85 % on
+# the wide shapes.
 
 # %%
 # %%gpu
@@ -948,9 +1012,11 @@ for label, sweep in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # %% [markdown]
 # LayerNorm reads two more vectors than softmax, `w` and `b`. They cost no DRAM bandwidth after the first rows,
 # but every row reads them again from L1 or L2: for rows of 32,768 and more, a block's share of `w` and `b` is
-# larger than L1 keeps, and the L2 serves twice the bytes DRAM does. If the large shapes fall short of softmax's
-# numbers, that is the place to look (Nsight Compute's L2 throughput, `%launch --profile`), and the next step is
-# a persistent grid whose blocks keep their slice of `w` and `b` in shared memory across rows.
+# larger than L1 keeps, and the L2 serves twice the bytes DRAM does; and a block has nothing in flight while it
+# reduces. Reading `w` and `b` next to `x` (above) hides their round trip; it removes neither the re-reads nor
+# the idle reduction. The next step is a persistent grid: each block keeps its columns' `w` and `b` in registers
+# for every row it takes, and loads its next row's `x` before reducing the current one (tools/gpu/try_norms.py
+# times such a variant, `norm_persistent.cu`, against these kernels).
 #
 # Things to try: give `layernorm_rows` the sum of squares instead of Welford and run the large-mean check; make
 # RMSNorm's plan one block per row for 4096 x 1024 and compare; print the SASS of `layernorm_rows<float, 8>` and
