@@ -46,7 +46,9 @@ def variants() -> list[tuple[str, str, dict]]:
     head = [("head default 128x128x8 w32x64", {}), ("head BK=16", {"BK": 16}),
             ("head 128x256 w64x64 1 blk/SM", {"BN": 256, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}),
             ("head 64x128", {"BM": 64, "BN": 128}), ("head w64x32 BK=16", {"WM": 64, "WN": 32, "BK": 16}),
-            ("head w64x64 (128 thr)", {"WM": 64, "WN": 64})]
+            ("head w64x64 (128 thr)", {"WM": 64, "WN": 64}),
+            ("head 256x128 w64x64 1 blk/SM", {"BM": 256, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}),
+            ("head w64x32 BK=16 1 blk/SM", {"WM": 64, "WN": 32, "BK": 16, "MIN_BLOCKS": 1})]
     new = [("now default (128x128x8 w64x64)", {}),
            ("now 128x256 w64x64 1 blk/SM", {"BN": 256, "MIN_BLOCKS": 1}),
            ("now w32x128 (128 thr, 8x16)", {"WM": 32, "WN": 128}),
