@@ -18,7 +18,7 @@ open("/tmp/fa3_wg3.cu", "w").write(cell)
 PY
 step norms 130 python3 tools/gpu/try_norms.py
 for v in wg3 wg2 wg2_st3; do OUT=/tmp/d step attn_$v 45 python3 benchmarks/attention.py --quick --no-check --source /tmp/fa3_$v.cu --ns 1024,2048 --dims 64; done
-step sgemm 60 python3 tools/gpu/try_sgemm.py
+step sgemm 90 python3 tools/gpu/try_sgemm.py
 tar czf $OUT/d.tgz -C /tmp d
 echo "== norms"; grep -v "Warning\|warn" /tmp/d/norms.txt | tail -40
 for v in wg3 wg2 wg2_st3; do echo "== $v"; tail -5 /tmp/d/attn_$v.txt; done
