@@ -164,8 +164,8 @@ def test_sgemm_step_in_the_emulator(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["default", "128x256 1 block/SM", "w32x128 (8x16 per lane)",
-                                    "w32x64 (8x8, 256 threads)"])
+@pytest.mark.parametrize("config", ["default", "128x128x8 w32x64", "BK=16 w32x64",
+                                    "128x256x8 w64x64 1 block/SM"])
 def test_sgemm_warptile_configs_in_the_emulator(config):
     v, cell = pick("sgemm_warptile", config)
     for M, N, K in ((130, 132, 36), (200, 300, 44)):          # aligned (float4 path) with edge tiles

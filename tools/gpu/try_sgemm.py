@@ -1,12 +1,14 @@
 """One short GPU call for tutorial 05's last step: check, then time, sgemm_warptile as it was at HEAD (with its sweep
-configurations) beside the notebook's current kernel and candidate tile configurations, against torch.mm in the same
-run. Under 120 s on an H100.
+configurations) beside the 16 x 8 register-double-buffered variant, against torch.mm in the same run. Under 120 s
+on an H100.
 
     PYTHONPATH=$PWD python3 tools/gpu/try_sgemm.py               # GPU: check, time at 4096^3 (and 8192^3 for the best)
     PYTHONPATH=$PWD python3 tools/gpu/try_sgemm.py --sass        # no GPU: registers and the main loop's instruction mix
 
-Method. Each variant is a source and -D options: "head" is tools/gpu/sgemm_variants/warptile_head.cu (step 7 before
-issue 13's tuning), "now" is the sgemm_warptile cell of notebooks/05-matmul.py. Every variant is checked with
+Method. Each variant is a source and -D options: "head" is the sgemm_warptile cell of notebooks/05-matmul.py (every
+head variant spells out BK, WM and WN, so the labels hold whatever the cell's defaults), "16x8" is
+tools/gpu/sgemm_variants/warptile_16x8.cu (issue 13's rewrite: 16 x 8 per lane, 128 threads, register double
+buffering; measured slower, kept for comparison). Every variant is checked with
 kernellab.check against a float64 reference on awkward shapes (1x1x1 up to 4095x4097x1023, K and N odd so the scalar
 path runs too) and a NaN-poisoned C, then timed with kernellab.bench at 4096^3 against torch.mm (TF32 off), the two
 alternating in the same run, L2 flushed between calls, medians of 5 rounds. The three fastest at 4096^3 are timed at
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
 import kernellab  # noqa: E402
 
-HEAD = (ROOT / "tools" / "gpu" / "sgemm_variants" / "warptile_head.cu").read_text()
+SRC_16X8 = (ROOT / "tools" / "gpu" / "sgemm_variants" / "warptile_16x8.cu").read_text()
 
 
 def notebook_source() -> str:
@@ -41,19 +43,20 @@ def notebook_source() -> str:
 
 
 def variants() -> list[tuple[str, str, dict]]:
-    """(label, source, -D options) of every variant: HEAD's step 7 with its sweep, then the notebook's cell."""
+    """(label, source, -D options) of every variant: the notebook's step 7 with its sweep, then the 16 x 8 kernel."""
+    head = [("head 128x128x16 w64x32 (default)", {"BK": 16, "WM": 64, "WN": 32}),
+            ("head 128x128x8 w32x64 (first)", {"BK": 8, "WM": 32, "WN": 64}),
+            ("head BK=16 w32x64", {"BK": 16, "WM": 32, "WN": 64}),
+            ("head BK=8 w64x32", {"BK": 8, "WM": 64, "WN": 32}),
+            ("head 128x256x8 w64x64 1 blk/SM", {"BN": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}),
+            ("head 256x128x8 w64x64 1 blk/SM", {"BM": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}),
+            ("head 64x128x8 w32x64", {"BM": 64, "BN": 128, "BK": 8, "WM": 32, "WN": 64}),
+            ("head w64x64 BK=8 (128 thr)", {"BK": 8, "WM": 64, "WN": 64})]
+    v16x8 = [("16x8 default (128x128x8 w64x64)", {}),
+             ("16x8 128x256 w64x64 1 blk/SM", {"BN": 256, "MIN_BLOCKS": 1}),
+             ("16x8 w32x64 (256 thr, 8x8)", {"WM": 32, "WN": 64})]
     now = notebook_source()
-    head = [("head default 128x128x8 w32x64", {}), ("head BK=16", {"BK": 16}),
-            ("head 128x256 w64x64 1 blk/SM", {"BN": 256, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}),
-            ("head 64x128", {"BM": 64, "BN": 128}), ("head w64x32 BK=16", {"WM": 64, "WN": 32, "BK": 16}),
-            ("head w64x64 (128 thr)", {"WM": 64, "WN": 64}),
-            ("head 256x128 w64x64 1 blk/SM", {"BM": 256, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}),
-            ("head w64x32 BK=16 1 blk/SM", {"WM": 64, "WN": 32, "BK": 16, "MIN_BLOCKS": 1})]
-    new = [("now default (128x128x8 w64x64)", {}),
-           ("now 128x256 w64x64 1 blk/SM", {"BN": 256, "MIN_BLOCKS": 1}),
-           ("now w32x128 (128 thr, 8x16)", {"WM": 32, "WN": 128}),
-           ("now w32x64 (256 thr, 8x8)", {"WM": 32, "WN": 64})]
-    return [(label, HEAD, d) for label, d in head] + [(label, now, d) for label, d in new]
+    return [(label, now, d) for label, d in head] + [(label, SRC_16X8, d) for label, d in v16x8]
 
 
 def compile_variant(src: str, d: dict):
