@@ -674,22 +674,19 @@ rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __rest
     cluster_wait();
 }
 
-// Instantiated: 1-8 packs per thread in a block (8 for float only: 32 values), and clusters of 2, 4, 8 blocks
-// with 32 values per thread (plan_rows' choice) or 16 (the same row over twice the threads).
+// Instantiated: what plan_rows launches. In a block: 1, 2 or 4 packs per thread (rows up to 8 KB: 64 bytes a
+// thread) and 8 (longer rows: 128 bytes, 32 float or 64 bf16 values); in clusters of 2, 4 or 8 blocks: 8.
 #define NORM_ROWS(T, VPT)                                                                                    \
     template __global__ void layernorm_rows<T, VPT>(const T*, const T*, const T*, T*, int, int, int, float); \
     template __global__ void rmsnorm_rows<T, VPT>(const T*, const T*, T*, int, int, int, float);
 #define NORM_CLUSTER(T, C, VPT)                                                                                   \
     template __global__ void layernorm_rows_cluster<T, C, VPT>(const T*, const T*, const T*, T*, int, int, float); \
     template __global__ void rmsnorm_rows_cluster<T, C, VPT>(const T*, const T*, T*, int, int, float);
-#define NORMS(T, VPT32)                                                                                       \
-    NORM_ROWS(T, 1) NORM_ROWS(T, 2) NORM_ROWS(T, 4)                                                           \
-    NORM_CLUSTER(T, 2, VPT32) NORM_CLUSTER(T, 4, VPT32) NORM_CLUSTER(T, 8, VPT32)                             \
-    NORM_CLUSTER(T, 2, VPT32 / 2) NORM_CLUSTER(T, 4, VPT32 / 2) NORM_CLUSTER(T, 8, VPT32 / 2)
-NORMS(float, 8)
-NORMS(__nv_bfloat16, 4)
-NORM_ROWS(float, 8)
-NORM_CLUSTER(__nv_bfloat16, 8, 8)      // 64 values per thread: rows of 262144 bf16 over 8 blocks of 512, two blocks to an SM
+#define NORMS(T)                                                                                              \
+    NORM_ROWS(T, 1) NORM_ROWS(T, 2) NORM_ROWS(T, 4) NORM_ROWS(T, 8)                                           \
+    NORM_CLUSTER(T, 2, 8) NORM_CLUSTER(T, 4, 8) NORM_CLUSTER(T, 8, 8)
+NORMS(float)
+NORMS(__nv_bfloat16)
 
 # %% [markdown]
 # ## The launchers
@@ -725,30 +722,28 @@ class RowPlan:
 
 
 def plan_rows(rows, cols, itemsize, sms=SMS):
-    """The launch of a row kernel holding 32 values per thread, or None when a row is too long for registers."""
+    """The launch of a row kernel: 64 bytes of the row per thread in rows up to 8 KB, 128 bytes in longer rows;
+    None when a row is longer than a cluster's registers hold (8 blocks x 1024 threads x 128 bytes, 1 MB)."""
     vec = 16 // itemsize                     # elements per 16-byte pack
-    per_thread = 32 // vec                   # packs per thread: 32 values in registers (8 float packs, 4 bf16)
     packs = cols // vec                      # the most whole packs a row can have
-    for vpt in (1, 2, 4, 8):                 # one warp per row while 32 lanes hold it
-        if vpt <= per_thread and 32 * vpt >= packs:
+    per_thread = 4 if packs <= 512 else 8    # packs per thread: 4 up to 8 KB rows, 8 beyond
+    for vpt in (1, 2, 4):                    # one warp per row while 32 lanes hold it (rows up to 2 KB)
+        if 32 * vpt >= packs:
             return RowPlan(32, vpt, 1, 128, -(-rows // 4))
     threads = 1 << max(6, math.ceil(math.log2(-(-packs // per_thread))))   # a power of two, 64 or more
     cluster = 1
-    while threads > 512 and cluster < 8:     # past 512 threads a row goes to a cluster of blocks
+    while threads > 512 and cluster < 8:     # past 512 threads (64 KB rows) a row goes to a cluster of blocks
         threads //= 2
         cluster *= 2
     if threads > 1024:
-        return None                          # longer than 8 blocks x 1024 threads x 32 values
+        return None                          # longer than 8 blocks x 1024 threads x 8 packs
     while rows * cluster < sms // 2 and cluster < 8 and threads >= 256:
         threads //= 2                        # few rows: spread each over more SMs
         cluster *= 2
     if cluster > 1:
         return RowPlan(threads, per_thread, cluster, threads, rows * cluster)
-    vpt = per_thread
-    while vpt > 1 and threads * vpt // 2 >= packs:
-        vpt //= 2
     block = max(threads, 128)
-    return RowPlan(threads, vpt, 1, block, -(-rows // (block // threads)))
+    return RowPlan(threads, per_thread, 1, block, -(-rows // (block // threads)))
 
 
 def _check_layout(*tensors):
