@@ -851,8 +851,8 @@ def ln_inputs(rows, cols, dtype, mean=0.0):
     return make
 
 
-CHECK_SHAPES = [(1, 1), (3, 7), (6, 1031), (1000, 1031), (5, 4099), (7, 20000), (40, 20000), (3, 100003),
-                (2, 300007)]
+CHECK_SHAPES = [(1, 1), (3, 7), (6, 1031), (1000, 1031), (5, 4099), (9, 6001), (7, 20000), (40, 20000),
+                (3, 100003), (2, 300007)]
 for name, fn in {"layernorm_welford": layernorm_welford, "layernorm": layernorm}.items():
     for dtype in (torch.float32, torch.bfloat16):
         for r, c in CHECK_SHAPES:
