@@ -5,7 +5,6 @@ benchmarks/memory_bound.py's table and ladders run too, on the emulated kernels 
 import pathlib
 import re
 import sys
-from dataclasses import astuple
 
 import pytest
 
