@@ -5,7 +5,6 @@ benchmarks/memory_bound.py's table and ladders run too, on the emulated kernels 
 import pathlib
 import re
 import sys
-from dataclasses import astuple
 
 import pytest
 
@@ -86,14 +85,23 @@ def test_row_kernels_use_16_byte_loads_and_stores_within_64_registers(modules):
         assert (ops.get("UCGABAR_ARV", 0) > 0) == clustered and (ops.get("UCGABAR_WAIT", 0) > 0) == clustered
 
 
-def test_packs_per_thread_hold_32_values(modules):
-    """float packs (4 values) go to 8 per thread, bf16/fp16 packs (8 values) to 4: 32 fp32 registers of data."""
+def test_packs_per_thread_hold_32_values_in_softmax_and_128_bytes_in_the_norms(modules):
+    """softmax: float packs (4 values) up to 8 per thread, bf16/fp16 packs (8 values) up to 4: 32 fp32 registers of
+    data. LayerNorm/RMSNorm: up to 8 packs of either (128 bytes: 32 float or 64 bf16 values), 64 bf16 values in
+    the 32 registers of their packs, within the 64 registers of a 1024-thread block and without spills."""
     for name in ("softmax_kernels", "norm_kernels"):
         for k in modules[name].kernels:
-            m = re.fullmatch(r"\w+<(\w+), (\d+)>", k.signature.display)
-            if not k.name.endswith("_cluster"):
-                per_pack = 4 if m.group(1) == "float" else 8
-                assert int(m.group(2)) * per_pack <= 32, k.signature.display
+            m = re.fullmatch(r"\w+<(\w+), (?:\d+, )?(\d+)>", k.signature.display)
+            per_pack = 4 if m.group(1) == "float" else 8
+            if name == "softmax_kernels":
+                if not k.name.endswith("_cluster"):
+                    assert int(m.group(2)) * per_pack <= 32, k.signature.display
+            else:
+                assert int(m.group(2)) <= 8, k.signature.display
+    wide = [k for k in modules["norm_kernels"].kernels if re.search(r"__nv_bfloat16, (\d+, )?8>", k.signature.display)]
+    assert len(wide) == 8, [k.signature.display for k in wide]       # rows<bf16, 8>, clusters of 2, 4, 8: x2 ops
+    for k in wide:
+        assert k.resources.registers <= 64 and not k.resources.spills and k.resources.local_bytes == 0, k.resources
 
 
 def test_layernorm_reads_w_and_b_in_16_byte_packs_too(modules):
@@ -117,42 +125,89 @@ def test_sum_ladder_kernels(modules):
 # --- the launch plans ------------------------------------------------------------------------------------------
 
 
-def plans():
-    """plan_rows of both tutorials (their launcher cells, without kernels)."""
-    out = []
-    for nb in (T03, T04):
-        ns = {}
-        exec(compile(launcher_cells(nb)[-1], nb, "exec"), ns)
-        out.append(ns["plan_rows"])
-    return out
-
-
 SHAPES = [(r, c) for r in (1, 3, 40, 1000, 4096) for c in (1, 7, 127, 128, 1024, 1031, 2049, 4096, 16384, 16385,
                                                              32768, 100003, 131072, 262144, 262147, 524288, 600000)]
 
 
+def launchers(nb, **modules):
+    """A tutorial's launcher cell run with the given compiled modules bound (the kernels looked up by name)."""
+    ns = dict(modules)
+    exec(compile(launcher_cells(nb)[-1], nb, "exec"), ns)
+    return ns
+
+
+def check_plan_covers(p, r, c, vec):
+    """p launches every row of an r x c matrix: its threads hold the row's whole packs, its grid every row."""
+    assert p.row_threads * p.vpt * p.cluster >= c // vec, (r, c, p)
+    assert p.block <= 1024 and p.block % p.row_threads == 0, (r, c, p)
+    assert p.row_threads >= 32 and p.row_threads & (p.row_threads - 1) == 0, (r, c, p)
+    if p.cluster == 1:
+        assert p.grid * (p.block // p.row_threads) >= r > (p.grid - 1) * (p.block // p.row_threads), (r, c, p)
+    else:
+        assert p.cluster in (2, 4, 8) and p.block == p.row_threads and p.grid == r * p.cluster, (r, c, p)
+
+
 @pytest.mark.parametrize("itemsize", [4, 2])
-def test_plans_cover_every_row_and_the_two_tutorials_agree(itemsize):
-    plan03, plan04 = plans()
+def test_softmax_plans_cover_every_row_with_32_values_per_thread(modules, itemsize):
+    ns = launchers(T03, softmax_kernels=modules["softmax_kernels"])
+    dtype = {4: torch.float32, 2: torch.bfloat16}[itemsize]
     vec = 16 // itemsize
     for r, c in SHAPES:
-        p, p04 = plan03(r, c, itemsize), plan04(r, c, itemsize)
-        assert (p is None and p04 is None) or astuple(p) == astuple(p04), (r, c)
-        whole = c // vec
+        p = ns["plan_rows"](r, c, itemsize)
         if p is None:
-            assert whole > 8 * 1024 * 32 // vec, (r, c)            # only rows beyond a cluster's registers
+            assert c // vec > 8 * 1024 * 32 // vec, (r, c)          # only rows beyond a cluster's registers
             continue
-        assert p.row_threads * p.vpt * p.cluster >= whole, (r, c, p)
-        assert p.vpt * vec <= 32 and p.block <= 1024 and p.block % p.row_threads == 0, (r, c, p)
-        assert p.row_threads >= 32 and p.row_threads & (p.row_threads - 1) == 0, (r, c, p)
-        if p.cluster == 1:
-            assert p.grid * (p.block // p.row_threads) >= r > (p.grid - 1) * (p.block // p.row_threads), (r, c, p)
+        check_plan_covers(p, r, c, vec)
+        assert p.vpt * vec <= 32, (r, c, p)
+        kernel, plan = ns["softmax_kernel_for"](r, c, dtype)     # a KeyError here: the cell lacks the kernel
+        assert plan == p and kernel is not None
+
+
+@pytest.mark.parametrize("itemsize", [4, 2])
+def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, itemsize):
+    """Tutorial 04's plan (measured on an H100, tools/gpu/try_norms.py): 4 packs (64 bytes) per thread in rows up
+    to 8 KB, 8 packs (128 bytes) beyond; a warp per row up to 2 KB, a block of up to 512 threads up to 64 KB, then
+    clusters of up to 8 blocks; every plan's kernel is instantiated in the norm_kernels cell."""
+    ns = launchers(T04, norm_kernels=modules["norm_kernels"])
+    dtype = {4: torch.float32, 2: torch.bfloat16}[itemsize]
+    vec = 16 // itemsize
+    for r, c in SHAPES:
+        p = ns["plan_rows"](r, c, itemsize)
+        row_bytes = c // vec * 16
+        if p is None:
+            assert row_bytes > 8 * 1024 * 128, (r, c)                # only rows beyond a cluster's registers
+            assert ns["norm_kernel_for"]("rmsnorm", r, c, dtype) == (None, None)
+            continue
+        check_plan_covers(p, r, c, vec)
+        if row_bytes <= 2048:                                        # a warp, the fewest packs that hold it
+            assert p.row_threads == 32 and p.vpt == next(v for v in (1, 2, 4) if 32 * v * 16 >= row_bytes), (r, c, p)
         else:
-            assert p.cluster in (2, 4, 8) and p.block == p.row_threads and p.grid == r * p.cluster, (r, c, p)
+            assert p.row_threads > 32 and p.vpt == (4 if row_bytes <= 8192 else 8), (r, c, p)
+        if p.cluster == 1:
+            assert p.row_threads <= 512, (r, c, p)
+        for kind in ("layernorm", "rmsnorm"):
+            kernel, plan = ns["norm_kernel_for"](kind, r, c, dtype)  # a KeyError here: the cell lacks the kernel
+            assert plan == p and kernel.name == (f"{kind}_rows" if p.cluster == 1 else f"{kind}_rows_cluster")
+
+
+def test_the_norm_plans_are_the_measured_winners():
+    """The plans tools/gpu/try_norms.py found fastest on an H100 (2026-11-23; benchmarks/NOTES-memory-bound.md)."""
+    plan = launchers(T04)["plan_rows"]
+    text = {}
+    for itemsize, r, c in ((2, 4096, 32768), (2, 1024, 262144), (2, 4096, 4096), (2, 4096, 1024), (4, 1000, 1031),
+                           (4, 4096, 1024), (4, 4096, 32768), (4, 3, 100003)):
+        p = plan(r, c, itemsize, sms=132)
+        text[(itemsize, r, c)] = (f"c{p.cluster} x {p.row_threads} x {p.vpt}" if p.cluster > 1
+                                  else f"{p.row_threads} x {p.vpt} / {p.block}")
+    assert text == {(2, 4096, 32768): "512 x 8 / 512", (2, 1024, 262144): "c8 x 512 x 8",
+                    (2, 4096, 4096): "128 x 4 / 128", (2, 4096, 1024): "32 x 4 / 128",
+                    (4, 1000, 1031): "128 x 4 / 128", (4, 4096, 1024): "64 x 4 / 128",
+                    (4, 4096, 32768): "c2 x 512 x 8",
+                    (4, 3, 100003): "c8 x 512 x 8"}
 
 
 def test_few_long_rows_are_spread_over_a_cluster():
-    plan03, _ = plans()
+    plan03 = launchers(T03)["plan_rows"]
     assert plan03(3, 100003, 4).cluster == 8 and plan03(3, 100003, 2).cluster == 8
     assert plan03(4096, 1024, 4).row_threads == 32                   # a warp per row
     assert plan03(4096, 100003, 4).cluster == 8                      # long rows need 8 blocks anyway
@@ -187,6 +242,7 @@ def with_specials(rows, cols, dtype):
 
 
 EMU_SHAPES = [(1, 1), (3, 7), (6, 1031), (5, 4099), (3, 9000), (2, 40000)]   # warp, block, clusters of 4 and 8
+NORM_EMU_SHAPES = EMU_SHAPES + [(3, 6001)]      # tutorial 04: bf16 rows over 8 KB, 8 packs per thread in a block
 
 
 @needs_cxx
@@ -219,12 +275,12 @@ def ln_inputs(rows, cols, dtype, mean=0.0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_layernorm_and_rmsnorm_on_the_emulator(t04, dtype):
     for name, fn in t04["LAYERNORMS"].items():
-        for r, c in EMU_SHAPES:
+        for r, c in NORM_EMU_SHAPES:
             report = kernellab.check(lambda x, w, b, y, fn=fn: fn(x, w, b, y, 1e-5),
                                      lambda x, w, b, y: F.layer_norm(x, (x.shape[1],), w, b, 1e-5),
                                      ln_inputs(r, c, dtype), trials=1)
             assert report.passed, (name, r, c, report)
-    for r, c in EMU_SHAPES:
+    for r, c in NORM_EMU_SHAPES:
         report = kernellab.check(lambda x, w, b, y: t04["rmsnorm"](x, w, y, 1e-5),
                                  lambda x, w, b, y: F.rms_norm(x, (x.shape[1],), w, 1e-5),
                                  ln_inputs(r, c, dtype, mean=1.0), trials=1)

@@ -134,14 +134,9 @@ PERSISTENT(float, 2, 1)
 PERSISTENT(float, 2, 4)
 PERSISTENT_RMS(float, 4, 2)       // LayerNorm's would spill: x twice, w and b, 4 packs each
 
-// ---- 64 bf16 values per thread (8 packs, as float's 32 values are 8 packs): twice the bytes in flight per thread
-// for the same fixed costs per row; rows of 32768 in one 512-thread block, no cluster ----------------------------
-template __global__ void layernorm_rows<__nv_bfloat16, 8>(const __nv_bfloat16*, const __nv_bfloat16*,
-                                                          const __nv_bfloat16*, __nv_bfloat16*, int, int, int, float);
-template __global__ void rmsnorm_rows<__nv_bfloat16, 8>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
-                                                        int, int, int, float);
-template __global__ void layernorm_rows_cluster<__nv_bfloat16, 4, 8>(const __nv_bfloat16*, const __nv_bfloat16*,
-                                                                     const __nv_bfloat16*, __nv_bfloat16*, int, int,
-                                                                     float);
-template __global__ void rmsnorm_rows_cluster<__nv_bfloat16, 4, 8>(const __nv_bfloat16*, const __nv_bfloat16*,
-                                                                   __nv_bfloat16*, int, int, float);
+// ---- the plans the notebook's plan_rows no longer picks, for comparison: 32 values per thread in clusters (tutorial
+// 03's plan: 4 bf16 or 8 float packs), and the same rows over twice the threads (2 bf16, 4 float packs). The cell
+// itself instantiates 1-8 packs per thread in a block and 8 in clusters. ----------------------------------------
+NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER(__nv_bfloat16, 8, 4)
+NORM_CLUSTER(__nv_bfloat16, 2, 2) NORM_CLUSTER(__nv_bfloat16, 4, 2) NORM_CLUSTER(__nv_bfloat16, 8, 2)
+NORM_CLUSTER(float, 2, 4) NORM_CLUSTER(float, 4, 4) NORM_CLUSTER(float, 8, 4)
