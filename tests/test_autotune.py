@@ -500,3 +500,38 @@ __global__ void __launch_bounds__(BOUND) copy(const float* x, float* y) { y[thre
                              "(its __launch_bounds__)"
     assert arch.pruned.endswith("more than the 1024 this kernel allows (sm_90)")
     assert fits.pruned is None and fits.block == (256, 1, 1)
+
+
+def test_prepare_imports_on_every_dask_worker_first_and_skips_other_executors(dask_client):
+    """fanout.prepare runs the imports through Client.run (each worker's main thread) and reports what it did."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernellab.run import fanout
+
+    assert fanout.prepare(dask_client.get_executor(), ["json", "no_such_module_for_kernellab"]) is True
+    done = dask_client.run(fanout._import_modules, ["json", "no_such_module_for_kernellab"])
+    assert done and all(v == ["json"] for v in done.values())          # one answer per worker, the missing one skipped
+    with ThreadPoolExecutor(1) as pool:
+        assert fanout.prepare(pool) is False
+
+
+def test_autotune_and_grade_many_prepare_a_dask_executor_before_sending_tasks(monkeypatch):
+    """The probe of autotune and grade_many call fanout.prepare on their executor before the first task."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernellab.run import autotune as at, fanout, grading
+
+    order = []
+    monkeypatch.setattr(fanout, "prepare", lambda ex, *a: order.append("prepare"))
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kw):
+            order.append("task")
+            return super().submit(fn, *args, **kw)
+
+    with Recording(1) as ex:
+        at._probe(ex)
+        assert order[:2] == ["prepare", "task"]
+        order.clear()
+        grading.grade_many("01-vector-add", [None], executor=ex, grade=lambda e, s: None, progress=False)
+        assert order and order[0] == "prepare"

@@ -1186,6 +1186,7 @@ _ROW_FIELDS = {f.name for f in dataclasses.fields(AutotuneRow)} - {"config", "ca
 
 
 def _probe(executor) -> Where:
+    fanout.prepare(executor)
     try:
         return executor.submit(where).result()
     except Exception as exc:

@@ -88,6 +88,39 @@ def stream(executor: Executor, fn: Callable, items: Iterable, *, on_result: Call
         yield futures[f], value
 
 
+WORKER_IMPORTS = ("torch", "cupy", "kernellab.run.autotune", "kernellab.run.grading")
+
+
+def prepare(executor: Executor, modules: Sequence[str] = WORKER_IMPORTS) -> bool:
+    """Import `modules` (those installed) on every worker of a Dask executor, in each worker's main thread, before any
+    task is sent; True if that was done. Without it, the first task that carries a torch object makes a worker import
+    torch while unpickling the task, off the main thread and beside another task's import, which was seen to fail on
+    an H100 worker (torch's operator-schema registration raising mid-import). Other executors: nothing to do."""
+    client = getattr(executor, "_client", None)
+    run = getattr(client, "run", None)
+    if run is None:
+        return False
+    try:
+        run(_import_modules, list(modules))
+    except Exception:                       # a worker that cannot even do this reports it on the first real task
+        return False
+    return True
+
+
+def _import_modules(names: list[str]) -> list[str]:
+    """The modules of `names` this process could import (run on a worker by `prepare`)."""
+    import importlib
+
+    done = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except ImportError:
+            pass
+    return done
+
+
 def worker_name() -> str:
     """Which worker this is: the Dask worker's address inside a Dask task, else host:pid."""
     import sys

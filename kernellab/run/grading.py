@@ -175,6 +175,8 @@ def grade_many(exercise_id: str, submissions, *, executor=None, grade: Callable 
                            f"got {grader!r}")
     if executor is None:
         resolve_grader(grader)                 # fail once, here, rather than once per submission
+    else:
+        fanout.prepare(executor)               # the workers import torch and kernellab before any task arrives
     t0 = time.perf_counter()
     tasks = [GradeTask(str(exercise_id), name, sub, grader) for name, sub in items]
     rows: list[GradeRow | None] = [None] * len(tasks)
