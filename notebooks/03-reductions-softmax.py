@@ -795,7 +795,8 @@ __device__ __forceinline__ void softmax_values(float (&v)[N], float& edge, int r
         s += v[i];
     }
     MaxSum r = row_merge<CLUSTER>({m, s}, row_warps);
-    float scale = r.m == NEG_INF ? NAN_F                 // a row of -inf: NaN, as torch gives
+    float scale = r.m == NEG_INF || r.m == -NEG_INF ? NAN_F   // a row of -inf, or one holding +inf: NaN
+                                                         // everywhere (torch's sum is NaN there)
                 : m == NEG_INF ? 0.0f                    // this thread's elements are all -inf: 0
                 : __expf(m - r.m) / r.s;
 #pragma unroll

@@ -263,6 +263,20 @@ def test_a_fully_masked_row_is_nan_as_in_torch(t03):
     assert not torch.isnan(y[0]).any() and not torch.isnan(y[2]).any()
 
 
+@needs_cxx
+@pytest.mark.parametrize("cols", [1031, 20000])
+def test_a_row_holding_inf_is_nan_everywhere_as_in_torch(t03, cols):
+    """One +inf and otherwise -inf (as fp16 rows of huge values become): torch's sum is NaN, so the whole row is NaN,
+    including the threads whose own elements are all -inf (on an H100 those once gave 0)."""
+    x = torch.randn(3, cols)
+    x[1] = float("-inf")
+    x[1, cols // 2] = float("inf")
+    y = t03["softmax"](x)
+    assert torch.isnan(torch.softmax(x, -1)[1]).all()
+    assert torch.isnan(y[1]).all(), f"{int((~torch.isnan(y[1])).sum())} elements not NaN"
+    assert not torch.isnan(y[0]).any() and not torch.isnan(y[2]).any()
+
+
 def ln_inputs(rows, cols, dtype, mean=0.0):
     def make(g):
         x = (2 * torch.randn(rows, cols, generator=g) + mean).to(dtype)
