@@ -68,6 +68,10 @@ _puzzle(
     make_args=lambda shape, rng: (_randn(rng, shape[0]) * 40, np.empty(shape[0], np.float32), shape[0]),
     outputs=(1,),
     reference=lambda celsius, out, n: (celsius * 9 / 5 + 32,),
+    # The + 32 rounds at the scale of 32 (a float32 ulp there is 4e-6), so results near 0 carry that absolute error
+    # whichever way the kernel computes: Numba on a GPU does `* 9 / 5` in float64 (an int literal makes the product
+    # float64), NumPy's reference in float32, and 27 of 100,003 elements differed by 2e-6 on an H100.
+    atol=2e-5,
     launch=Launch(grid=_grid1, blocks=(32, 128)),
     shapes=(1, 31, 100, 257, 100_003), sim_shapes=(1, 31, 100, 257), sanitize_shape=100,
     hints={
