@@ -135,3 +135,26 @@ def test_simulated_launches_stay_small(ex_id):
     assert set(ex.sim_shapes) < set(ex.shapes)
     assert ex.sanitize_shape in ex.sim_shapes, "the race detector runs on a shape the launches ran on"
     assert max(math.prod(s) for s in ex.shapes) > 100 * max(math.prod(s) for s in ex.sim_shapes)
+
+
+@pytest.mark.parametrize("key", ["00-cumsum.no_chunk_barrier", "00-cumsum.no_read_barrier", "00-flip.off_by_one",
+                                 "00-histogram.no_count_barrier", "00-histogram.no_zero_barrier"])
+def test_on_a_gpu_a_puzzle_is_also_graded_in_the_simulator(key, monkeypatch):
+    """On an H100 these five wrong variants ran right on the hardware (a one-warp block steps together) and
+    compute-sanitizer did not flag them (2026-11-23): the grader's GPU branch grades Numba kernels in the simulator
+    as well, which finds what the CPU grading finds. The GPU parts are stood in for here."""
+    from kernellab.run import device
+    from kernellab.teach import grader
+
+    [v] = [v for v in variants(key.split(".")[0]) if str(v) == key]
+    ex = exercise(v.exercise)
+    k = kernellab.numba_kernel(load_kernel(ex, v.path), simulate=False)
+    cls = next(c for c in vars(grader).values() if isinstance(c, type) and hasattr(c, "sim_racecheck"))
+    real_run_all = cls.run_all
+    monkeypatch.setattr(device, "gpu_status", lambda: (True, ""))
+    monkeypatch.setattr(cls, "run_all", lambda self, k, simulated: real_run_all(self, k, simulated=True)
+                        if simulated else True)         # the hardware runs: right values, as on the H100
+    monkeypatch.setattr(cls, "sanitizers", lambda self, k: None)
+    monkeypatch.setattr(cls, "numba_static_checks", lambda self, k: None)
+    r = kernellab.grade(v.exercise, k, speed=False)
+    assert not r.passed and set(v.kinds) <= {f.kind for f in r.findings}, str(r)

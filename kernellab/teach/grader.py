@@ -147,6 +147,14 @@ class _Grading:
             if ex.kind == "numba":
                 self.numba_static_checks(k)
             self.sanitizers(k)
+            if ex.kind == "numba":
+                # The puzzles' kernels are graded in the simulator as well: on hardware a one-warp block steps
+                # together and hides a missing barrier (values right, compute-sanitizer's racecheck silent on an
+                # H100), which the simulator's interleaving and race detector expose.
+                sim_k = _simulated_copy(k)
+                if sim_k is not None:
+                    self.run_all(sim_k, simulated=True)
+                    self.sim_racecheck(sim_k)
             if want_speed and ex.speed is not None and ran_ok and not self.findings:
                 self.measure_speed(k)
         else:
@@ -581,3 +589,14 @@ def _dim(t) -> str:
 
 def _shape_text(ex: Exercise, shape) -> str:
     return f"shape {'x'.join(map(str, shape))}"
+
+
+def _simulated_copy(k):
+    """The same Numba kernel set to run in the simulator, or None where it cannot be (not a NumbaKernel)."""
+    import copy
+
+    if not hasattr(k, "simulate"):
+        return None
+    sim = copy.copy(k)
+    sim.simulate = True
+    return sim
