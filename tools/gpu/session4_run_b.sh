@@ -1,11 +1,6 @@
 # Session 4, GPU run B: the tuning candidates (mma.sync pipeline, SGEMM, LayerNorm/RMSNorm), attention at small N
 # with 2 or 3 consumer warpgroups at d = 64, and the launch path after its fast-path rewrite.
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-mkdir -p /tmp/b
-T0=$(date +%s)
-step() { local name=$1 limit=$2; shift 2; timeout $limit "$@" > /tmp/b/$name.txt 2>&1; echo "$name rc=$? $(( $(date +%s) - T0 )) s"; }
+LOGS=/tmp/b; source tools/gpu/common.sh
 step launch 30 python3 benchmarks/launch_overhead.py --launches 1000 --rounds 11
 step breakdown 30 python3 benchmarks/launch_overhead.py --breakdown --launches 1000 --rounds 11
 step launchtests 60 python3 -m pytest -p no:cacheprovider -m gpu -q -rs tests/gpu/test_launch_path_gpu.py tests/gpu/test_launch_gpu.py
@@ -16,7 +11,7 @@ OUT=/tmp/b step attn_wg3 70 python3 benchmarks/attention.py --quick --no-check -
 mv /tmp/b/attention.log /tmp/b/attention_wg3.log 2>/dev/null
 OUT=/tmp/b step attn_wg2 70 python3 benchmarks/attention.py --quick --no-check --ns 1024,2048 --dims 64 -D FA3_WG64=2
 tar czf $OUT/b.tgz -C /tmp b
-tail -3 /tmp/b/launchtests.txt
-for f in launch breakdown; do tail -16 /tmp/b/$f.txt; done
-for f in mma sgemm norms; do echo "== $f"; grep -v "Warning\|warn" /tmp/b/$f.txt | tail -22; done
-for f in attn_wg3 attn_wg2; do echo "== $f"; tail -6 /tmp/b/$f.txt; done
+tail -3 /tmp/b/launchtests.log
+for f in launch breakdown; do tail -16 /tmp/b/$f.log; done
+for f in mma sgemm norms; do echo "== $f"; grep -v "Warning\|warn" /tmp/b/$f.log | tail -22; done
+for f in attn_wg3 attn_wg2; do echo "== $f"; tail -6 /tmp/b/$f.log; done

@@ -1,11 +1,6 @@
 # Session 4, GPU run D: LayerNorm/RMSNorm candidates (try_norms, fixed), attention at small N with 2 consumer
 # warpgroups (and 3 stages) at d = 64, more SGEMM tile shapes.
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-mkdir -p /tmp/d
-T0=$(date +%s)
-step() { local name=$1 limit=$2; shift 2; timeout $limit "$@" > /tmp/d/$name.txt 2>&1; echo "$name rc=$? $(( $(date +%s) - T0 )) s"; }
+LOGS=/tmp/d; source tools/gpu/common.sh
 python3 - <<'PY'
 import re, sys
 sys.path.insert(0, "tests/gpu")
@@ -20,6 +15,6 @@ step norms 130 python3 tools/gpu/try_norms.py
 for v in wg3 wg2 wg2_st3; do OUT=/tmp/d step attn_$v 45 python3 benchmarks/attention.py --quick --no-check --source /tmp/fa3_$v.cu --ns 1024,2048 --dims 64; done
 step sgemm 90 python3 tools/gpu/try_sgemm.py
 tar czf $OUT/d.tgz -C /tmp d
-echo "== norms"; grep -v "Warning\|warn" /tmp/d/norms.txt | tail -40
-for v in wg3 wg2 wg2_st3; do echo "== $v"; tail -5 /tmp/d/attn_$v.txt; done
-echo "== sgemm"; tail -16 /tmp/d/sgemm.txt
+echo "== norms"; grep -v "Warning\|warn" /tmp/d/norms.log | tail -40
+for v in wg3 wg2 wg2_st3; do echo "== $v"; tail -5 /tmp/d/attn_$v.log; done
+echo "== sgemm"; tail -16 /tmp/d/sgemm.log

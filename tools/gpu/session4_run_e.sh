@@ -1,12 +1,6 @@
 # Session 4, GPU run E: tutorials 03 and 04 with outputs, every tutorial's exercise graders on the GPU, the autotune
 # GPU tests (Dask's LocalCUDACluster included).
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-python3 -m ipykernel install --user --name python3 > /dev/null 2>&1
-mkdir -p /tmp/e
-T0=$(date +%s)
-step() { local name=$1 limit=$2; shift 2; timeout $limit "$@" > /tmp/e/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - T0 )) s"; }
+LOGS=/tmp/e; WITH_KERNEL=1; source tools/gpu/common.sh
 step nb03 100 python3 tools/gpu/run_notebooks.py /tmp/e notebooks/03-reductions-softmax.py
 step exercises 100 python3 -m pytest -p no:cacheprovider -m gpu -q -rs tests/gpu/test_exercises_gpu.py tests/gpu/test_exercises07_gpu.py
 KERNELLAB_ARTIFACTS=/tmp/e step autotune 220 python3 -m pytest -p no:cacheprovider -m gpu -q -rs -s tests/gpu/test_autotune_gpu.py
