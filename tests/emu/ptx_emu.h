@@ -21,7 +21,8 @@
 //   still holding arrivals when the cluster's CTAs finish is an error (an unmatched bar.arrive).
 // - TMA store (cp.async.bulk.tensor.2d.global.shared::cta.bulk_group): queued per thread at issue, bulk_group commit,
 //   and performed (smem read, out-of-bounds elements skipped, 128-byte swizzle) at the wait_group(.read) that lets it
-//   go, so a staging buffer rewritten before its store's wait is caught; a thread may not exit with stores unwaited.
+//   go; the box's bytes must be the same at issue and at that wait (else a race: a store issued before its box was
+//   fully written, or the box rewritten too early); a thread may not exit with stores unwaited.
 //   fence.proxy.async is a no-op here (the ordering it gives is not modelled).
 // - WMMA 16x16x16: each lane's fragment holds the whole tile (the layout is opaque in CUDA, so any layout is legal).
 // Not emulated: timing, occupancy, bank conflicts, the memory model beyond barriers, anything not listed above.
@@ -561,12 +562,29 @@ inline void named_bar_arrive(int id, int threads) { emu::named_barrier(id, threa
 
 // ---- TMA store: queued per thread, performed at the bulk wait_group that lets it go -------------------------------
 namespace emu {
-struct TmaStore { TensorMap2D map; uint32_t src; int c0, c1; };
+struct TmaStore { TensorMap2D map; uint32_t src; int c0, c1; std::vector<unsigned char> seen; };
 inline thread_local std::deque<std::vector<TmaStore>> tl_store_groups;   // committed bulk groups, oldest first
 inline thread_local std::vector<TmaStore> tl_store_open;
+// The box's bytes in smem as the store reads them (swizzled addresses, row by row).
+inline std::vector<unsigned char> store_source(const TensorMap2D& t, uint32_t src) {
+    uint32_t row_bytes = t.box0 * t.elem_bytes;
+    std::vector<unsigned char> out(size_t(t.box1) * row_bytes);
+    for (uint32_t r = 0; r < t.box1; ++r)
+        for (uint32_t e = 0; e < row_bytes; e += t.elem_bytes) {
+            uint32_t a = src + r * row_bytes + e;
+            if (t.swizzle_bytes == 128) a = swizzle128(a);
+            std::memcpy(&out[size_t(r) * row_bytes + e], smem_ptr(a), t.elem_bytes);
+        }
+    return out;
+}
 inline void run_tma_store(const TmaStore& s) {
     const TensorMap2D& t = s.map;
     uint32_t row_bytes = t.box0 * t.elem_bytes;
+    // The hardware reads the box at some moment between the issue and the wait: the bytes must be the same at both
+    // ends, or the result depends on timing (a store issued before the box was written, or the box rewritten before
+    // the wait_group.read that frees it).
+    if (store_source(t, s.src) != s.seen)
+        fail("a TMA store's smem source changed between the store's issue and its wait_group.read (a race)");
     for (uint32_t r = 0; r < t.box1; ++r)
         for (uint32_t e = 0; e < t.box0; ++e) {
             int64_t i0 = int64_t(s.c0) + e, i1 = int64_t(s.c1) + r;
@@ -591,7 +609,7 @@ inline void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
     if (t.swizzle_bytes == 128 && (t.box0 * t.elem_bytes != 128 || emu::offset_of(src) % 1024))
         emu::fail("128B swizzle needs 128-byte rows, 1 KiB alignment");
     if (emu::rank_of(src) != emu::tl_cta) emu::fail("TMA store source outside this CTA's shared memory");
-    emu::tl_store_open.push_back({t, src, c0, c1});
+    emu::tl_store_open.push_back({t, src, c0, c1, emu::store_source(t, src)});
 }
 inline void tma_store_commit() {
     emu::tl_store_groups.push_back(std::move(emu::tl_store_open));
