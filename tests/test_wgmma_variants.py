@@ -7,6 +7,7 @@ with clusters walking several tiles and an odd number of tiles per CTA (the ping
 the mistakes these epilogues invite (a staging box rewritten before its store read it, a store issued before the box
 was written, a bar.arrive nobody waits for). tools/gpu/try_wgmma.py times them on a GPU.
 """
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -115,20 +116,30 @@ def test_tma_store_races_are_reported(rewrite, exit_early, message):
 
 # --- the candidates ----------------------------------------------------------------------------------------------
 
+def load_try_wgmma():
+    """tools/gpu/try_wgmma.py as a module (it imports torch and reads the notebook's cell; no GPU needed to load)."""
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("try_wgmma", ROOT / "tools" / "gpu" / "try_wgmma.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TRY = load_try_wgmma()
+CONFIGS = [(family, d) for _, family, d in TRY.VARIANTS if family != "wgmma"]   # what the GPU script times
+
+
 def smem_bytes(name: str, d: dict) -> int:
-    """Dynamic shared memory of a candidate configuration (tools/gpu/try_wgmma.py computes the same)."""
-    st = d.get("STAGES", 5 if name == "pingpong" else 4)
-    if name == "pingpong":
-        wm = d.get("WM", 64)
-        return st * (wm + 16384 // wm) * 128 + (2 * d.get("EPI_BUFS", 2) * wm * 128 if d.get("TMA_STORE") else 0) \
-            + 16 * st + 1024
-    return st * (128 + 256) * 128 + 2 * d.get("EPI_BUFS", 2) * 64 * 128 + 16 * st + 1024
+    """Dynamic shared memory of a candidate configuration, as tools/gpu/try_wgmma.py launches it."""
+    return TRY.geometry(name, d)[5]
 
 
-# (name, -D options): the configurations tools/gpu/try_wgmma.py times
-CONFIGS = [("pingpong", {}), ("pingpong", {"TMA_STORE": 1, "STAGES": 4}), ("pingpong", {"WM": 128, "STAGES": 6}),
-           ("pingpong", {"WM": 128, "STAGES": 5, "TMA_STORE": 1}), ("pingpong", {"ORDERED": 0}),
-           ("tmastore", {}), ("tmastore", {"EPI_BUFS": 1})]
+def test_the_gpu_script_times_the_cell_and_every_candidate():
+    assert [f for _, f, _ in TRY.VARIANTS][0] == "wgmma" and "wgmma_bf16" in TRY.SOURCES["wgmma"]
+    assert {"pingpong", "tmastore"} <= {f for f, _ in CONFIGS}
+    assert any(d.get("TMA_STORE") for f, d in CONFIGS if f == "pingpong")
+    assert any(n % 8 for _, n, _ in TRY.CHECKS) and any(n % 8 == 0 and n % 256 for _, n, _ in TRY.CHECKS), \
+        "checks on both epilogue paths: direct stores (N odd) and TMA stores clipped at the edge"
 
 
 def label(name, d):
@@ -220,3 +231,46 @@ def test_emulator_catches_a_pingpong_handoff_nobody_waits_for():
     with pytest.raises(EmulationError, match="still holds 128 of 256 arrivals"):
         run_candidate("pingpong", {}, 300, 520, 136, "bf16", 4, source=bad)
 
+
+
+class _Recorder:
+    """Stands in for a Kernel in try_wgmma's launch function: records the launch, checks it against the signature."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, []
+
+    def launch(self, grid, block, *args, shared_bytes=0, cluster=None, sync=None):
+        params = self.kernel.params
+        assert len(args) == len(params), (self.kernel.name, len(args), len(params))
+        for p, a in zip(params, args):
+            if p.base == "CUtensorMap":
+                assert isinstance(a, tuple) and a[0] == "map", (p, a)
+            elif p.pointer:
+                assert hasattr(a, "data_ptr"), (p, a)
+            else:
+                assert isinstance(a, int), (p, a)
+        self.calls.append((grid, block, args, shared_bytes, cluster))
+
+
+@pytest.mark.parametrize("label,family,d", TRY.VARIANTS, ids=[v[0] for v in TRY.VARIANTS])
+def test_the_gpu_script_launches_match_the_kernels(label, family, d, monkeypatch):
+    """try_wgmma's launches, on CPU tensors with stand-in tensor maps: the argument order of each signature, the
+    C map only where N % 8 == 0 (else the flag 0), whole persistent clusters, the smem the kernel's layout needs."""
+    import torch
+
+    monkeypatch.setattr(TRY.kernellab, "tensor_map", lambda t, box, swizzle: ("map", tuple(t.shape), box))
+    module = kernellab.compile_cuda(TRY.SOURCES[family], arch="sm_90a",
+                                    options=tuple(f"-D{k}={v}" for k, v in d.items()))
+    rec = _Recorder(module[f"{family}_bf16"])
+    run = TRY.run_fn(rec, family, d, 132)
+    for M, N, K in [(4095, 4097, 1023), (1000, 1000, 200), (4096, 4096, 4096)]:
+        A, B = torch.zeros(M, K, dtype=torch.bfloat16), torch.zeros(N, K, dtype=torch.bfloat16)
+        run(A, B, torch.zeros(M, N, dtype=torch.bfloat16))
+        grid, block, args, smem, cluster = rec.calls[-1]
+        rows, cols, c_rows, cm, _, _ = TRY.geometry(family, d)
+        assert block == 384 and cluster == (cm, 1, 1) and grid % cm == 0 and grid <= 132
+        assert args[0] == ("map", (M, K + -K % 8), (rows, 64)) and args[1] == ("map", (N, K + -K % 8), (cols // cm, 64))
+        if family != "wgmma":
+            assert args[-1] == int(N % 8 == 0)
+            assert args[2] == (("map", (M, N), (c_rows, 64)) if N % 8 == 0 else args[0])
+        assert smem + rec.kernel.resources.shared_bytes <= 227 * 1024
