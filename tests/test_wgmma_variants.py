@@ -192,6 +192,7 @@ SLOW_CASES = [("pingpong", {}, 255, 129, 200, "fp16", 2),                       
               ("pingpong", {"CLUSTER_M": 1, "TMA_STORE": 1, "STAGES": 4}, 130, 272, 40, "fp16", 3),
               ("tmastore", {}, 300, 520, 264, "fp16", 2),
               ("tmastore", {"EPI_BUFS": 1}, 300, 520, 264, "bf16", 2),
+              ("tmastore", {"STAGES": 3, "EPI_BUFS": 4}, 300, 520, 264, "bf16", 2),
               ("tmastore", {}, 255, 129, 200, "bf16", 2),
               ("tmastore", {"CLUSTER_M": 1}, 130, 272, 40, "fp16", 3)]
 
@@ -219,15 +220,15 @@ def test_emulator_catches_a_staging_box_rewritten_before_its_store_read_it():
 
 @pytest.mark.slow
 def test_emulator_catches_a_store_issued_before_the_box_is_written():
-    bad = mutated("pingpong", "                    named_bar_sync(EPI_BAR + c, 128);         // the whole box is in smem\n",
-                  "")
+    bad = mutated("pingpong", "named_bar_sync(EPI_BAR + c, 128);         // the whole box is in smem", "")
     with pytest.raises(EmulationError, match="smem source changed"):
         run_candidate("pingpong", {"TMA_STORE": 1, "STAGES": 4}, 300, 520, 136, "bf16", 4, source=bad)
 
 
 def test_emulator_catches_a_pingpong_handoff_nobody_waits_for():
     """The last tile's bar.arrive must be skipped when the other consumer has no tile left: an unmatched arrive."""
-    bad = mutated("pingpong", "if (ORDERED && ct + stride < cluster_tiles) named_bar_arrive", "if (ORDERED) named_bar_arrive")
+    bad = mutated("pingpong", "if (ORDERED && ct + stride < cluster_tiles) named_bar_arrive",
+                  "if (ORDERED) named_bar_arrive")
     with pytest.raises(EmulationError, match="still holds 128 of 256 arrivals"):
         run_candidate("pingpong", {}, 300, 520, 136, "bf16", 4, source=bad)
 

@@ -591,8 +591,8 @@ inline void run_tma_store(const TmaStore& s) {
             if (i0 < 0 || i1 < 0 || uint64_t(i0) >= t.dim0 || uint64_t(i1) >= t.dim1) continue;   // clipped
             uint32_t a = s.src + r * row_bytes + e * t.elem_bytes;
             if (t.swizzle_bytes == 128) a = swizzle128(a);
-            std::memcpy(const_cast<unsigned char*>(t.base) + uint64_t(i1) * t.stride1_bytes + uint64_t(i0) * t.elem_bytes,
-                        smem_ptr(a), t.elem_bytes);
+            unsigned char* out = const_cast<unsigned char*>(t.base) + uint64_t(i1) * t.stride1_bytes;
+            std::memcpy(out + uint64_t(i0) * t.elem_bytes, smem_ptr(a), t.elem_bytes);
         }
 }
 inline void run_pending_stores(int keep) {

@@ -38,7 +38,9 @@ class EmulationError(RuntimeError):
 
 @dataclass(frozen=True, eq=False)
 class TensorMap:
-    """A 2-D TMA tensor map (a `CUtensorMap` argument) over `array` [dim1, dim0]: box [box1, box0], swizzle 0 or 128."""
+    """A 2-D TMA tensor map (a `CUtensorMap` argument) over `array` [dim1, dim0]: box [box1, box0], swizzle 0 or 128.
+    Where `array` is also one of the launch's pointer arguments (the same object), the map aliases it: what a TMA
+    store writes through the map comes back in that argument."""
 
     array: np.ndarray
     box0: int

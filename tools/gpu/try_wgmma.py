@@ -24,7 +24,7 @@ import matmul as mb  # noqa: E402
 
 HERE = ROOT / "tools" / "gpu" / "wgmma_variants"
 CELL = mb.cell_with(mb.cuda_cells("06-tensor-cores.py"), "wgmma_bf16").source
-SOURCES = {"wgmma": CELL, "pingpong": (HERE / "pingpong.cu").read_text(), "tmastore": (HERE / "tmastore.cu").read_text()}
+SOURCES = {"wgmma": CELL, **{name: (HERE / f"{name}.cu").read_text() for name in ("pingpong", "tmastore")}}
 
 # (label, kernel family, -D options). The cell: 128 x 256 tiles, both consumers on one tile, 4 stages of 48 KiB,
 # direct 4-byte stores. pingpong: each consumer its own WM x (16384 / WM) tile, alternating; tmastore: the cell with
@@ -39,6 +39,7 @@ VARIANTS = [
     ("pingpong 128x128 5 st TMA st", "pingpong", {"WM": 128, "STAGES": 5, "TMA_STORE": 1}),
     ("tmastore 4 st, 2 boxes", "tmastore", {}),
     ("tmastore 4 st, 1 box", "tmastore", {"EPI_BUFS": 1}),
+    ("tmastore 3 st, 4 boxes (tile)", "tmastore", {"STAGES": 3, "EPI_BUFS": 4}),
 ]
 CHECKS = [(4095, 4097, 1023), (2304, 2304, 264), (1000, 1000, 200), (255, 129, 200)]   # N odd: no TMA store
 FP16_CHECKS = [(4095, 4097, 1023), (1000, 1000, 200)]
