@@ -216,7 +216,43 @@ def main():
         print(f"[{time.time() - t0:5.1f} s] {label}: {regs} regs, {smem} KiB, {rows[-1][3]}, "
               + ", ".join(f"{n}: {ms:.3f} ms" for n, ms in times.items()), flush=True)
     table(rows, torch_ms, dev, t0)
+    if not opts.only and time.time() - t0 < 95:
+        fit_cell(rows, torch_ms, dev, t0, sms)
     return 0
+
+
+FIT_SIZES = [2048, 3072, 4096, 6144, 8192]
+
+
+def fit_cell(rows, torch_ms, dev, t0, sms):
+    """The cell at five sizes, fitted as t = F + r (n / 64) s + r e (r: tiles per CTA, n / 64: k-slices per tile):
+    F a per-launch cost, s the time of a k-slice, e a per-tile cost (epilogue, tile start). Two sizes cannot tell F
+    from e; five can. Where e is most of the gap, overlapping the epilogue is the fix; where F is, it is not."""
+    _, family, d = VARIANTS[0]
+    kb = kernellab.compile_cuda(SOURCES[family], arch="sm_90a")[f"{family}_bf16"]
+    run = run_fn(kb, family, d, sms)
+    pts = []
+    for n in FIT_SIZES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        args = (torch.randn(n, n, generator=g, device="cuda").to(torch.bfloat16),
+                torch.randn(n, n, generator=g, device="cuda").to(torch.bfloat16),
+                torch.empty(n, n, device="cuda", dtype=torch.bfloat16))
+        run(*args)
+        finish(f"the cell at {n}^3", rows, torch_ms, dev, t0)
+        ms, tms = time_ms(run, args), time_ms(lambda A, B, C: torch.matmul(A, B.T, out=C), args)
+        cluster_tiles = mb.cdiv(mb.cdiv(n, 128), 2) * mb.cdiv(n, 256)
+        r = mb.cdiv(cluster_tiles, min(cluster_tiles, sms // 2))
+        pts.append((n, r, ms, tms))
+    X = torch.tensor([[1.0, r * n / 64, r] for n, r, _, _ in pts], dtype=torch.float64)
+    y = torch.tensor([ms for _, _, ms, _ in pts], dtype=torch.float64)
+    F, s, e = torch.linalg.lstsq(X, y.unsqueeze(1)).solution.squeeze(1).tolist()
+    print("\nthe cell across sizes (bf16), fitted as t = F + r (n/64) s + r e:")
+    print(f"{'n':>5s} {'tiles/CTA':>9s} {'cell ms':>8s} {'torch ms':>8s} {'% torch':>7s} {'fit ms':>7s}")
+    for n, r, ms, tms in pts:
+        print(f"{n:5d} {r:9d} {ms:8.3f} {tms:8.3f} {tms / ms:7.1%} {F + r * n / 64 * s + r * e:7.3f}")
+    print(f"F = {F * 1e3:.1f} us per launch, s = {s * 1e3:.3f} us per k-slice, e = {e * 1e3:.1f} us per tile "
+          f"(= {e / s:.1f} k-slices); at 4096^3 the tiles' e is {4 * e / pts[2][2]:.1%} of the time, F "
+          f"{F / pts[2][2]:.1%} (total {time.time() - t0:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":
