@@ -399,7 +399,9 @@ __device__ void pingpong_gemm(const CUtensorMap* tmA, const CUtensorMap* tmB, co
 #pragma unroll
                 for (int b = 0; b < WN / 64; ++b, ++chunk) {  // one box of WM x 64 per pass
                     const unsigned buf = bufs + (chunk % EPI_BUFS) * C_BOX_BYTES;
-                    if (t == 0) tma_store_wait_read<EPI_BUFS - 1>();   // the store that last read buf has read it
+                    // The store that last read buf has read it. Only thread 0 has bulk groups; the others pass at
+                    // once, and no branch precedes the bar.sync (.aligned: the whole warp executes it together).
+                    tma_store_wait_read<EPI_BUFS - 1>();
                     named_bar_sync(EPI_BAR + c, 128);
 #pragma unroll
                     for (int h = 0; h < WM / 64; ++h)

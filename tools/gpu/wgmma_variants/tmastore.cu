@@ -383,7 +383,9 @@ __device__ void wgmma_gemm(const CUtensorMap* tmA, const CUtensorMap* tmB, const
 #pragma unroll
                 for (int b = 0; b < BN / 64; ++b, ++chunk) {  // one 64 x 64 box per pass
                     const unsigned buf = bufs + (chunk % EPI_BUFS) * C_BOX_BYTES;
-                    if (t == 0) tma_store_wait_read<EPI_BUFS - 1>();   // the store that last read buf has read it
+                    // The store that last read buf has read it. Only thread 0 has bulk groups; the others pass at
+                    // once, and no branch precedes the bar.sync (.aligned: the whole warp executes it together).
+                    tma_store_wait_read<EPI_BUFS - 1>();
                     named_bar_sync(EPI_BAR + half, 128);
 #pragma unroll
                     for (int jj = 0; jj < 8; ++jj) {
