@@ -17,6 +17,13 @@
 // - wgmma.mma_async m64nNk16 (bf16/fp16 -> fp32, both operands K-major from shared memory through descriptors, no or
 //   128-byte swizzle): queued at issue and computed at wgmma.wait_group, reading shared memory then, so a stage
 //   released before its wgmma finished is caught.
+// - Named barriers (bar.sync / bar.arrive with an id 1-15 and a thread count): per CTA, counting threads; a barrier
+//   still holding arrivals when the cluster's CTAs finish is an error (an unmatched bar.arrive).
+// - TMA store (cp.async.bulk.tensor.2d.global.shared::cta.bulk_group): queued per thread at issue, bulk_group commit,
+//   and performed (smem read, out-of-bounds elements skipped, 128-byte swizzle) at the wait_group(.read) that lets it
+//   go; the box's bytes must be the same at issue and at that wait (else a race: a store issued before its box was
+//   fully written, or the box rewritten too early); a thread may not exit with stores unwaited.
+//   fence.proxy.async is a no-op here (the ordering it gives is not modelled).
 // - WMMA 16x16x16: each lane's fragment holds the whole tile (the layout is opaque in CUDA, so any layout is legal).
 // Not emulated: timing, occupancy, bank conflicts, the memory model beyond barriers, anything not listed above.
 #pragma once
@@ -208,6 +215,8 @@ T* shared_alloc() {                                          // one slot per dec
 void run_pending_cp_async(int keep);                          // defined below
 void run_pending_wgmma(int keep);
 void check_no_pending();
+void reset_named_barriers(int ctas);
+void check_named_barriers(int ctas);
 
 // Clusters run one after another; the CTAs of one cluster run at once (their threads together).
 inline void launch(dim3 grid, dim3 block, size_t dynamic_bytes, dim3 cluster,
@@ -231,6 +240,7 @@ inline void launch(dim3 grid, dim3 block, size_t dynamic_bytes, dim3 cluster,
                     std::memset(arenas[r], 0xff, kArenaBytes);
                     blocks.push_back(std::make_unique<Block>(threads));
                 }
+                reset_named_barriers(csize);
                 std::barrier<> cluster_bar(csize * threads);
                 g_cluster_bar = &cluster_bar;
                 std::vector<std::thread> ts;
@@ -252,6 +262,7 @@ inline void launch(dim3 grid, dim3 block, size_t dynamic_bytes, dim3 cluster,
                             g_cluster_bar->arrive_and_drop();
                         });
                 for (auto& th : ts) th.join();
+                check_named_barriers(csize);
                 g_cluster_bar = nullptr;
             }
 }
@@ -505,6 +516,108 @@ inline void tma_load_2d_multicast(unsigned dst, const CUtensorMap* map, int c0, 
         if (mask & (1u << r)) tma_load_2d(mapa_shared(dst, r), map, c0, c1, mapa_shared(bar, r));
 }
 
+// ---- named barriers: bar.sync / bar.arrive with an id and a thread count ----------------------------------------
+namespace emu {
+struct NamedBarrier {
+    std::mutex m;
+    std::condition_variable cv;
+    int expected = 0, arrived = 0;
+    unsigned generation = 0;
+};
+inline NamedBarrier g_named[kMaxCluster][16];
+inline void reset_named_barriers(int ctas) {
+    for (int r = 0; r < ctas; ++r)
+        for (auto& b : g_named[r]) { b.expected = b.arrived = 0; b.generation = 0; }
+}
+inline void check_named_barriers(int ctas) {
+    for (int r = 0; r < ctas; ++r)
+        for (int id = 0; id < 16; ++id)
+            if (g_named[r][id].arrived) {
+                std::fprintf(stderr, "emu: named barrier %d of CTA %d still holds %d of %d arrivals when the block "
+                             "ends (a bar.arrive nobody waits for)\n", id, r, g_named[r][id].arrived,
+                             g_named[r][id].expected);
+                std::_Exit(3);
+            }
+}
+inline void named_barrier(int id, int threads, bool wait) {
+    if (id < 1 || id > 15) fail("named barrier id outside 1-15 (0 is __syncthreads)");
+    if (threads <= 0 || threads % 32) fail("named barrier thread count not a positive multiple of 32");
+    NamedBarrier& b = g_named[tl_cta][id];
+    std::unique_lock<std::mutex> lock(b.m);
+    if (b.arrived == 0) b.expected = threads;
+    else if (b.expected != threads) fail("named barrier used with two different thread counts at once");
+    unsigned gen = b.generation;
+    if (++b.arrived == b.expected) {
+        b.arrived = 0;
+        ++b.generation;
+        b.cv.notify_all();
+        return;
+    }
+    if (wait && !b.cv.wait_for(lock, std::chrono::seconds(60), [&] { return b.generation != gen; }))
+        fail("named barrier (bar.sync) did not complete within 60 s: too few threads arrive");
+}
+}  // namespace emu
+inline void named_bar_sync(int id, int threads) { emu::named_barrier(id, threads, true); }
+inline void named_bar_arrive(int id, int threads) { emu::named_barrier(id, threads, false); }
+
+// ---- TMA store: queued per thread, performed at the bulk wait_group that lets it go -------------------------------
+namespace emu {
+struct TmaStore { TensorMap2D map; uint32_t src; int c0, c1; std::vector<unsigned char> seen; };
+inline thread_local std::deque<std::vector<TmaStore>> tl_store_groups;   // committed bulk groups, oldest first
+inline thread_local std::vector<TmaStore> tl_store_open;
+// The box's bytes in smem as the store reads them (swizzled addresses, row by row).
+inline std::vector<unsigned char> store_source(const TensorMap2D& t, uint32_t src) {
+    uint32_t row_bytes = t.box0 * t.elem_bytes;
+    std::vector<unsigned char> out(size_t(t.box1) * row_bytes);
+    for (uint32_t r = 0; r < t.box1; ++r)
+        for (uint32_t e = 0; e < row_bytes; e += t.elem_bytes) {
+            uint32_t a = src + r * row_bytes + e;
+            if (t.swizzle_bytes == 128) a = swizzle128(a);
+            std::memcpy(&out[size_t(r) * row_bytes + e], smem_ptr(a), t.elem_bytes);
+        }
+    return out;
+}
+inline void run_tma_store(const TmaStore& s) {
+    const TensorMap2D& t = s.map;
+    uint32_t row_bytes = t.box0 * t.elem_bytes;
+    // The hardware reads the box at some moment between the issue and the wait: the bytes must be the same at both
+    // ends, or the result depends on timing (a store issued before the box was written, or the box rewritten before
+    // the wait_group.read that frees it).
+    if (store_source(t, s.src) != s.seen)
+        fail("a TMA store's smem source changed between the store's issue and its wait_group.read (a race)");
+    for (uint32_t r = 0; r < t.box1; ++r)
+        for (uint32_t e = 0; e < t.box0; ++e) {
+            int64_t i0 = int64_t(s.c0) + e, i1 = int64_t(s.c1) + r;
+            if (i0 < 0 || i1 < 0 || uint64_t(i0) >= t.dim0 || uint64_t(i1) >= t.dim1) continue;   // clipped
+            uint32_t a = s.src + r * row_bytes + e * t.elem_bytes;
+            if (t.swizzle_bytes == 128) a = swizzle128(a);
+            unsigned char* out = const_cast<unsigned char*>(t.base) + uint64_t(i1) * t.stride1_bytes;
+            std::memcpy(out + uint64_t(i0) * t.elem_bytes, smem_ptr(a), t.elem_bytes);
+        }
+}
+inline void run_pending_stores(int keep) {
+    while (int(tl_store_groups.size()) > keep) {
+        for (auto& s : tl_store_groups.front()) run_tma_store(s);
+        tl_store_groups.pop_front();
+    }
+}
+}  // namespace emu
+inline void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+    emu::TensorMap2D t;
+    std::memcpy(&t, map, sizeof t);
+    if (emu::offset_of(src) % 128) emu::fail("TMA store source not 128-byte aligned");
+    if (t.swizzle_bytes == 128 && (t.box0 * t.elem_bytes != 128 || emu::offset_of(src) % 1024))
+        emu::fail("128B swizzle needs 128-byte rows, 1 KiB alignment");
+    if (emu::rank_of(src) != emu::tl_cta) emu::fail("TMA store source outside this CTA's shared memory");
+    emu::tl_store_open.push_back({t, src, c0, c1, emu::store_source(t, src)});
+}
+inline void tma_store_commit() {
+    emu::tl_store_groups.push_back(std::move(emu::tl_store_open));
+    emu::tl_store_open.clear();
+}
+template <int N> inline void tma_store_wait_read() { emu::run_pending_stores(N); }
+template <int N> inline void tma_store_wait() { emu::run_pending_stores(N); }
+
 // ---- wgmma: queued at issue, computed at wgmma.wait_group ---------------------------------------------------------
 namespace emu {
 struct Wgmma { float* d; int n; uint64_t da, db; bool accumulate; bool bf16; };
@@ -556,6 +669,8 @@ inline void run_pending_wgmma(int keep) {
 inline void check_no_pending() {
     if (!tl_cp_open.empty() || !tl_cp_groups.empty()) fail("thread exited with cp.async copies never waited for");
     if (!tl_wg_open.empty() || !tl_wg_groups.empty()) fail("thread exited with wgmma never waited for");
+    if (!tl_store_open.empty() || !tl_store_groups.empty())
+        fail("thread exited with TMA stores never waited for (cp.async.bulk.wait_group)");
 }
 template <class T>
 inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d) {  // queued

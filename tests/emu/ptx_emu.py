@@ -1,6 +1,7 @@
 """Run a tutorial's CUDA C++ kernel on the CPU, tensor-core PTX included (tests only): compile it with g++ against
 ptx_emu.h and launch it. (emulate.py beside it is the general emulator: fibers, cluster helpers, torch tensors; this
-one models the instructions tutorials 05 and 06 use: ldmatrix, mma.sync, cp.async, TMA and mbarriers, wgmma.)
+one models the instructions tutorials 05 and 06 use: ldmatrix, mma.sync, cp.async, TMA loads and stores,
+mbarriers, named barriers, wgmma.)
 
     out = emulate(source, "sgemm_naive", grid, block, [A, B, C, M, N, K])   # numpy arrays are copied back
 
@@ -38,7 +39,9 @@ class EmulationError(RuntimeError):
 
 @dataclass(frozen=True, eq=False)
 class TensorMap:
-    """A 2-D TMA tensor map (a `CUtensorMap` argument) over `array` [dim1, dim0]: box [box1, box0], swizzle 0 or 128."""
+    """A 2-D TMA tensor map (a `CUtensorMap` argument) over `array` [dim1, dim0]: box [box1, box0], swizzle 0 or 128.
+    Where `array` is also one of the launch's pointer arguments (the same object), the map aliases it: what a TMA
+    store writes through the map comes back in that argument."""
 
     array: np.ndarray
     box0: int
@@ -186,6 +189,8 @@ int main(int argc, char** argv) {
     int n; in >> n;
     std::vector<emu_main::Arg> a(n);
     std::vector<std::string> kinds(n);
+    struct Map { int k, alias; unsigned long long d0, d1, s1; unsigned b0, b1, eb, sw; };
+    std::vector<Map> maps;
     for (int k = 0; k < n; ++k) {
         std::string kind; in >> kind; kinds[k] = kind;
         if (kind == "buf") {
@@ -196,14 +201,19 @@ int main(int argc, char** argv) {
         } else if (kind == "int") { in >> a[k].i; }
         else if (kind == "float") { in >> a[k].f; }
         else if (kind == "tmap") {                                   // the tensor's bytes, then the map
-            size_t bytes; unsigned long long d0, d1, s1; unsigned b0, b1, eb, sw;
-            in >> bytes >> d0 >> d1 >> s1 >> b0 >> b1 >> eb >> sw;
-            a[k].data.resize(bytes + 64);
-            std::ifstream f(dir + "/arg" + std::to_string(k) + ".bin", std::ios::binary);
-            f.read(reinterpret_cast<char*>(a[k].data.data()), bytes);
-            a[k].map = emu::make_tensor_map(a[k].data.data(), d0, d1, s1, b0, b1, eb, sw);
+            size_t bytes; unsigned long long d0, d1, s1; unsigned b0, b1, eb, sw; int alias;
+            in >> bytes >> d0 >> d1 >> s1 >> b0 >> b1 >> eb >> sw >> alias;
+            maps.push_back({k, alias, d0, d1, s1, b0, b1, eb, sw});
+            if (alias < 0) {
+                a[k].data.resize(bytes + 64);
+                std::ifstream f(dir + "/arg" + std::to_string(k) + ".bin", std::ios::binary);
+                f.read(reinterpret_cast<char*>(a[k].data.data()), bytes);
+            }
         }
     }
+    for (auto& m : maps)        // a map over a buffer argument (a TMA store's output) aliases that buffer
+        a[m.k].map = emu::make_tensor_map(a[m.alias < 0 ? m.k : m.alias].data.data(), m.d0, m.d1, m.s1, m.b0, m.b1,
+                                          m.eb, m.sw);
     emu::launch(dim3(gx, gy, gz), dim3(bx, by, bz), shared, dim3(cx, cy, cz), [&] { CALL; });
     for (int k = 0; k < n; ++k)
         if (kinds[k] == "buf") {
@@ -295,9 +305,14 @@ def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, 
             elif isinstance(a, TensorMap):
                 buf = np.ascontiguousarray(a.array)
                 dim1, dim0 = buf.shape
-                buf.tofile(f"{d}/arg{i}.bin")
+                # a map over an array that is also a pointer argument (a TMA store's C) writes into that argument
+                alias = next((j for j, b in enumerate(args) if b is a.array and k.params[j].pointer), -1)
+                if alias < 0:
+                    buf.tofile(f"{d}/arg{i}.bin")
+                elif not a.array.flags.c_contiguous:
+                    raise EmulationError(f"argument {i}: a tensor map over a pointer argument must be contiguous")
                 lines.append(f"tmap {buf.nbytes} {dim0} {dim1} {buf.strides[0]} {a.box0} {a.box1} {buf.itemsize} "
-                             f"{a.swizzle_bytes}")
+                             f"{a.swizzle_bytes} {alias}")
             elif isinstance(a, (int, np.integer)):
                 lines.append(f"int {int(a)}")
             else:
