@@ -1,6 +1,7 @@
 """Run a tutorial's CUDA C++ kernel on the CPU, tensor-core PTX included (tests only): compile it with g++ against
 ptx_emu.h and launch it. (emulate.py beside it is the general emulator: fibers, cluster helpers, torch tensors; this
-one models the instructions tutorials 05 and 06 use: ldmatrix, mma.sync, cp.async, TMA and mbarriers, wgmma.)
+one models the instructions tutorials 05 and 06 use: ldmatrix, mma.sync, cp.async, TMA and mbarriers, wgmma,
+and tutorial 07's attention step 3.)
 
     out = emulate(source, "sgemm_naive", grid, block, [A, B, C, M, N, K])   # numpy arrays are copied back
 
@@ -38,12 +39,14 @@ class EmulationError(RuntimeError):
 
 @dataclass(frozen=True, eq=False)
 class TensorMap:
-    """A 2-D TMA tensor map (a `CUtensorMap` argument) over `array` [dim1, dim0]: box [box1, box0], swizzle 0 or 128."""
+    """A TMA tensor map (a `CUtensorMap` argument) over `array` [dim1, dim0] or [dim2, dim1, dim0]: box [box1, box0]
+    (by box2 along dim2), swizzle 0 or 128."""
 
     array: np.ndarray
     box0: int
     box1: int
     swizzle_bytes: int = 128
+    box2: int = 1
 
 
 def bf16_bits(x) -> np.ndarray:
@@ -196,12 +199,12 @@ int main(int argc, char** argv) {
         } else if (kind == "int") { in >> a[k].i; }
         else if (kind == "float") { in >> a[k].f; }
         else if (kind == "tmap") {                                   // the tensor's bytes, then the map
-            size_t bytes; unsigned long long d0, d1, s1; unsigned b0, b1, eb, sw;
-            in >> bytes >> d0 >> d1 >> s1 >> b0 >> b1 >> eb >> sw;
+            size_t bytes; unsigned long long d0, d1, s1, d2, s2; unsigned b0, b1, eb, sw, b2;
+            in >> bytes >> d0 >> d1 >> s1 >> b0 >> b1 >> eb >> sw >> d2 >> s2 >> b2;
             a[k].data.resize(bytes + 64);
             std::ifstream f(dir + "/arg" + std::to_string(k) + ".bin", std::ios::binary);
             f.read(reinterpret_cast<char*>(a[k].data.data()), bytes);
-            a[k].map = emu::make_tensor_map(a[k].data.data(), d0, d1, s1, b0, b1, eb, sw);
+            a[k].map = emu::make_tensor_map(a[k].data.data(), d0, d1, s1, b0, b1, eb, sw, d2, s2, b2);
         }
     }
     emu::launch(dim3(gx, gy, gz), dim3(bx, by, bz), shared, dim3(cx, cy, cz), [&] { CALL; });
@@ -294,10 +297,11 @@ def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, 
                 lines.append(f"buf {a.nbytes}")
             elif isinstance(a, TensorMap):
                 buf = np.ascontiguousarray(a.array)
-                dim1, dim0 = buf.shape
+                view = buf if buf.ndim == 3 else buf[None]
+                dim2, dim1, dim0 = view.shape
                 buf.tofile(f"{d}/arg{i}.bin")
-                lines.append(f"tmap {buf.nbytes} {dim0} {dim1} {buf.strides[0]} {a.box0} {a.box1} {buf.itemsize} "
-                             f"{a.swizzle_bytes}")
+                lines.append(f"tmap {buf.nbytes} {dim0} {dim1} {view.strides[1]} {a.box0} {a.box1} {buf.itemsize} "
+                             f"{a.swizzle_bytes} {dim2} {view.strides[0]} {a.box2}")
             elif isinstance(a, (int, np.integer)):
                 lines.append(f"int {int(a)}")
             else:
