@@ -83,24 +83,63 @@ def _top_level_blocks(text: str):
     return out
 
 
+# One-statement PTX that a device function may hold inline, and the emulator's call for it (the helper named as the
+# call, which holds just this PTX, goes like any other).
+_INLINE_PTX = {"fence_barrier_init": r'asm\s+(?:volatile\s*)?\(\s*"fence\.mbarrier_init\.release\.cluster;(?:\\n)?"'
+                                     r'\s*(?::\s*)*(?:"memory"\s*)?\)\s*;'}
+# The fixed-width integer typedefs an NVRTC source spells itself (the host's <cstdint> has its own).
+_INT_TYPEDEF = re.compile(r"(?m)^[ \t]*typedef\s+unsigned\s+(?:int|long\s+long)\s+uint(?:32|64)_t\s*;")
+
+
+def _blank(keep: list, start: int, end: int) -> None:
+    for j in range(start, end):
+        if keep[j] != "\n":
+            keep[j] = " "
+
+
+def _function_name(head: str) -> str | None:
+    m = re.search(r"(\w+)\s*(?:<[^<>(){};]*>)?\s*\($", head.strip().split("(")[0] + "(")
+    return m.group(1) if m else None
+
+
+def _strip_ptx(keep: list, clean: list, header: int, open_: int, close: int, where: str) -> str | None:
+    """A function definition [header, close] holding inline PTX: its known one-statement PTX becomes the emulator's
+    call; if PTX remains, the function goes (a helper: ptx_emu.h has its emulation). Returns the name it removed."""
+    head = "".join(clean[header:open_])
+    if re.search(r"\bstruct\b|\bclass\b|\bnamespace\b", head):
+        raise EmulationError(f"inline PTX inside a type{where} cannot be emulated: {head.strip()[:60]}")
+    name = _function_name(head)
+    for call, pattern in _INLINE_PTX.items():
+        if name == call:
+            continue
+        body = "".join(keep[open_:close + 1])
+        for m in re.finditer(pattern, body):
+            if "\n" in m.group(0):
+                continue
+            repl = (call + "();").ljust(len(m.group(0)))
+            keep[open_ + m.start():open_ + m.end()] = list(repl)
+            clean[open_ + m.start():open_ + m.end()] = list(repl)
+    if not re.search(r"\basm\b", "".join(clean[open_:close + 1])):
+        return None
+    if "__global__" in head:
+        raise EmulationError("a __global__ function holds inline PTX itself; move it into a __device__ helper")
+    _blank(keep, header, close + 1)
+    return name
+
+
 def prepare(source: str) -> str:
     """The kernel source as ptx_emu.h compiles it (see the module docstring)."""
-    clean = strip_comments_and_strings(source)
+    source = _INT_TYPEDEF.sub("", source)
+    text_clean = strip_comments_and_strings(source)
+    clean = list(text_clean)
     keep = list(source)
-    blank = list(clean)
-    for header, open_, close in _top_level_blocks(clean):
-        body = clean[open_:close + 1]
-        head = clean[header:open_]
-        if not re.search(r"\basm\b", body):
+    for header, open_, close in _top_level_blocks(text_clean):
+        if not re.search(r"\basm\b", text_clean[open_:close + 1]):
             continue
-        if "__global__" in head:
-            raise EmulationError("a __global__ function holds inline PTX itself; move it into a __device__ helper")
-        if re.search(r"\bstruct\b|\bclass\b|\bnamespace\b", head):
-            raise EmulationError(f"inline PTX inside a type or namespace cannot be emulated: {head.strip()[:60]}")
-        for j in range(header, close + 1):
-            if keep[j] != "\n":
-                keep[j] = " "
-                blank[j] = " "
+        if re.search(r"\bnamespace\b", text_clean[header:open_]):
+            _prepare_namespace(text_clean, keep, clean, open_ + 1, close)
+        else:
+            _strip_ptx(keep, clean, header, open_, close, "")
     text = "".join(keep)
     text = re.sub(r"(?m)^\s*#\s*include\s*[<\"].*$", "", text)
     strings = dict(re.findall(r'(?m)^\s*#\s*define\s+(\w+)\s+("[^\n]*")\s*$', text))   # PTX text in a macro
@@ -139,6 +178,26 @@ def prepare(source: str) -> str:
     text = re.sub(r"\bextern\s+__shared__\s+([^;]*);", dynamic, text)
     text = re.sub(r"\b__shared__\s+([^;]*);", static, text)
     return text
+
+
+def _prepare_namespace(text_clean: str, keep: list, clean: list, start: int, end: int) -> None:
+    """Inside a namespace's braces [start, end): helpers holding inline PTX go, and so do their other declarations
+    (a primary template's), so that calls from the namespace find ptx_emu.h's global emulation of the same name."""
+    inner = text_clean[start:end]
+    removed = set()
+    for header, open_, close in _top_level_blocks(inner):
+        if re.search(r"\basm\b", inner[open_:close + 1]):
+            name = _strip_ptx(keep, clean, start + header, start + open_, start + close, " or nested namespace")
+            if name:
+                removed.add(name)
+    depth, depths = 0, []
+    for ch in inner:
+        depth += (ch == "{") - (ch == "}")
+        depths.append(depth)
+    for name in removed:                       # declarations at the namespace's own level only, not calls in bodies
+        for m in re.finditer(r"[^;{}]*\b" + name + r"\s*\([^;{}]*\)\s*;", inner):
+            if depths[m.start()] == 0:
+                _blank(keep, start + m.start(), start + m.end())
 
 
 def _ptx_macro(m, strings: dict) -> str:
