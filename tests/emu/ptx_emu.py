@@ -11,7 +11,10 @@ source is prepared first:
 - `#include` lines go (ptx_emu.h provides the types and intrinsics), and so does a definition of `CUtensorMap`
   (the emulator encodes its own tensor maps);
 - every top-level `__device__` helper whose body holds inline PTX (`asm`) goes, and ptx_emu.h's emulation of the
-  helper of the same name takes its place: the helpers' names and signatures are a contract (see ptx_emu.h);
+  helper of the same name takes its place: the helpers' names and signatures are a contract (see ptx_emu.h). Inside
+  a namespace the same, and the helper's other declarations there go too, so that calls find the emulation;
+- a one-statement `fence.mbarrier_init` inline in a function becomes `fence_barrier_init()`, and the source's own
+  `typedef unsigned ... uint32_t / uint64_t` lines go (the host's <cstdint> has them);
 - `__shared__` arrays become references into one shared-memory arena, `extern __shared__` ones its dynamic part.
 A kernel whose own body holds `asm` cannot be emulated: move the PTX into a named helper.
 """

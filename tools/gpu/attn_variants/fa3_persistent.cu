@@ -3,10 +3,12 @@
 // runs it in the CPU emulator (tests/emu).
 //
 // What changes against the notebook's fa3 cell (same tiles, same roles, same softmax, same products):
-// - grid = the number of SMs (min with the number of work items); CTA b walks the work items b, b + gridDim.x, ...
-//   A work item is one (query block, batch*head). Items are numbered in sections of `heads_per_section` heads (so
-//   that the CTAs running at once share K/V in L2); within a section query blocks go outermost, heaviest first for
-//   the causal mask (the last query block has the most key tiles), so the strided order gives every CTA a mix.
+// - grid = the number of SMs (min with the number of work items); a static schedule: in round r, CTA b takes work
+//   item r * gridDim.x + b, or + gridDim.x - 1 - b in odd rounds (a snake: a CTA that got one of the heaviest items
+//   of a round gets one of the lightest of the next). A work item is one (query block, batch*head). Items are
+//   numbered in sections of `heads_per_section` heads (the CTAs running at once then share those heads' K/V in L2);
+//   within a section query blocks go outermost, heaviest first for the causal mask (the last query block has the
+//   most key tiles), heads innermost.
 // - two Q buffers: the producer loads item i+1's Q tile (and then its first K/V stages, as they free) while the
 //   consumers are still on item i's last tiles and epilogue. Each consumer warp releases its Q buffer (empty_q)
 //   after the last S = Q K^T of an item.
@@ -148,6 +150,12 @@ __device__ __forceinline__ void item_coords(int item, int n_qblocks, int BH, int
     qblock = CAUSAL ? n_qblocks - 1 - level : level;
 }
 
+// This CTA's work item in round `round` (snake order), or -1 past the end.
+__device__ __forceinline__ int round_item(int round, int n_items) {
+    const int item = round * gridDim.x + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+    return item < n_items ? item : -1;
+}
+
 template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
 __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const void* tk, const void* tv,
                                                          T* __restrict__ O, int N, int BH, int heads_per_section,
@@ -188,7 +196,9 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         if (tid == 0) {
             int kv = 0;                         // K/V tiles loaded so far, over all items: stage kv % STAGES
             int it = 0;                         // items so far: Q buffer it % 2
-            for (int item = blockIdx.x; item < n_items; item += gridDim.x, ++it) {
+            for (int round = 0; round * (int)gridDim.x < n_items; ++round) {
+                const int item = round_item(round, n_items);
+                if (item < 0) continue;         // (the last round only)
                 int qblock, bh;
                 item_coords<CAUSAL>(item, n_qblocks, BH, hps, qblock, bh);
                 const int q0 = qblock * BM;
@@ -209,6 +219,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
                     for (int b = 0; b < DB; ++b)
                         tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bh);
                 }
+                ++it;
             }
         }
         return;
@@ -218,7 +229,9 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
     const int c = wg - 1, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * LOG2E;
     int kv = 0, it = 0;
-    for (int item = blockIdx.x; item < n_items; item += gridDim.x, ++it) {
+    for (int round = 0; round * (int)gridDim.x < n_items; ++round) {
+        const int item = round_item(round, n_items);
+        if (item < 0) continue;
         int qblock, bh;
         item_coords<CAUSAL>(item, n_qblocks, BH, hps, qblock, bh);
         const int q0 = qblock * BM;
@@ -324,6 +337,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
             if (row0 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row0 * D + col) = pack2<T>(o[i] * inv0, o[i + 1] * inv0);
             if (row1 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row1 * D + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
         }
+        ++it;
     }
 }
 
