@@ -30,7 +30,8 @@ def test_the_candidate_is_wgmma_fed_by_tma_without_spills():
         d = 64 if "_d64" in k.name else 128
         assert k.resources.max_threads_per_block == 128 * (CONSUMERS[d] + 1)
         assert not k.resources.spills and k.resources.local_bytes == 0, (k.name, k.resources)
-        assert [p.name for p in k.params] == ["tq", "tk", "tv", "o", "n", "bh", "heads_per_section", "scale"]
+        assert [p.name for p in k.params] == ["tq", "tk", "tv", "o", "n", "bh", "heads_per_section", "work_counter",
+                                              "scale"]
     text = str(mod["fa3p_bf16_d128_causal"].instruction_summary)
     assert "HGMMA.64x128x16.F32" in text and "UTMALDG" in text and "HMMA.16816" not in text, text
 
@@ -60,7 +61,9 @@ def as_float(O):
     return bf16_values(O) if O.dtype == np.uint16 else O.astype(np.float32)
 
 
-def run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section):
+def run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section, counter=None):
+    """The candidate on `ctas` CTAs (at most one per work item): the static schedule, or the dynamic one drawing from
+    `counter` (an int32 [1] array holding 0). Returns the number of work items."""
     BH, N = O.shape[:2]
     bm = 64 * CONSUMERS[d]
     maps = [TensorMap(a, 64, rows) for a, rows in zip(arrays, (bm, BLOCK_N, BLOCK_N))]
@@ -68,31 +71,35 @@ def run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section):
     smem = 1024 + (2 * bm + 2 * STAGES * BLOCK_N) * d * 2 + 256        # alignment slack, 2 Q, K/V stages, barriers
     name = f"fa3p_{'bf16' if dtype == 'bf16' else 'f16'}_d{d}{'_causal' if causal else ''}"
     emulate(SOURCE, name, (min(ctas, items),), (128 * (CONSUMERS[d] + 1),),
-            maps + [O, N, BH, heads_per_section, d ** -0.5], smem)
+            maps + [O, N, BH, heads_per_section, counter, d ** -0.5], smem)
     return items
 
 
-# (BH, N, d, dtype, causal, CTAs, heads per section): 3 or 2 CTAs walk 6-27 work items each
+# (BH, N, d, dtype, causal, CTAs, heads per section, schedule): 2 or 3 CTAs walk 6-27 work items each
 SHAPES = [
-    pytest.param(3, 1031, 64, "bf16", True, 3, 2, marks=pytest.mark.slow),   # 18 items of 1-9 key tiles, heaviest
-                                                                             # first; a 2-head section and a 1-head one
-    (5, 65, 128, "bf16", True, 3, 5),         # 5 items of one key tile (< the 2 stages): the Q buffers' own barriers
-    pytest.param(4, 63, 64, "fp16", False, 3, 4, marks=pytest.mark.slow),
-    pytest.param(3, 1000, 128, "fp16", False, 2, 2, marks=pytest.mark.slow),   # 24 items over 2 CTAs, 8 tiles each
-    pytest.param(2, 1, 64, "fp16", True, 3, 1, marks=pytest.mark.slow),        # one row; more CTAs than items
+    (5, 65, 128, "bf16", True, 3, 2, "static"),     # items of one key tile (< the 2 stages): the Q buffers' barriers
+    (3, 300, 64, "fp16", True, 2, 2, "dynamic"),    # 6 items of 1-3 tiles drawn from the counter; sections alternate
+    pytest.param(3, 1031, 64, "bf16", True, 3, 2, "static", marks=pytest.mark.slow),   # 18 items of 1-9 key tiles
+    pytest.param(4, 63, 64, "fp16", False, 3, 4, "dynamic", marks=pytest.mark.slow),
+    pytest.param(3, 1000, 128, "fp16", False, 2, 2, "static", marks=pytest.mark.slow),  # 24 items, 8 tiles each
+    pytest.param(2, 1, 64, "bf16", True, 3, 1, "dynamic", marks=pytest.mark.slow),      # one row
+    pytest.param(3, 1031, 128, "bf16", True, 3, 3, "dynamic", marks=pytest.mark.slow),  # 27 items of 1-9 tiles
 ]
 
 
 @needs_cxx
-@pytest.mark.parametrize("BH,N,d,dtype,causal,ctas,heads_per_section", SHAPES)
-def test_persistent_attention_in_the_emulator(BH, N, d, dtype, causal, ctas, heads_per_section):
+@pytest.mark.parametrize("BH,N,d,dtype,causal,ctas,heads_per_section,sched", SHAPES)
+def test_persistent_attention_in_the_emulator(BH, N, d, dtype, causal, ctas, heads_per_section, sched):
     arrays, vals, O = case(BH, N, d, dtype, seed=N)
-    items = run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section)
+    counter = np.zeros(1, np.int32) if sched == "dynamic" else None
+    items = run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section, counter)
     out = as_float(O)
     assert not np.isnan(out).any(), f"{np.isnan(out).sum()} elements never written (or NaN)"
     err = np.abs(out - reference(vals, causal)).max()
     # one rounding of P to 16 bits before P V and one of O: a few units in the last place of values below 1
     assert err < (2e-2 if dtype == "bf16" else 3e-3), f"max |err| {err:.3g} over {items} work items"
+    if counter is not None:
+        assert counter[0] == 0, f"the work counter was left at {counter[0]}: the next launch would skip items"
 
 
 @needs_cxx

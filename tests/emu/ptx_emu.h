@@ -18,7 +18,7 @@
 //   MN-major (the transpose bit) with the 128-byte swizzle, from shared memory; descriptors with no or 128-byte
 //   swizzle): queued at issue and computed at wgmma.wait_group, reading shared memory then, so a stage released
 //   before its wgmma finished is caught. A from registers is read at issue.
-// - __shfl_xor_sync and __any_sync over a whole warp; ex2.approx as exp2.
+// - __shfl_xor_sync and __any_sync over a whole warp; ex2.approx as exp2; atomicAdd and atomicExch on int.
 // - WMMA 16x16x16: each lane's fragment holds the whole tile (the layout is opaque in CUDA, so any layout is legal).
 // Not emulated: timing, occupancy, bank conflicts, the memory model beyond barriers, anything not listed above.
 #pragma once
@@ -540,6 +540,9 @@ inline int __any_sync(unsigned, int pred) {
     return any;
 }
 inline float exp2_approx(float x) { return std::exp2(x); }
+// Global-memory atomics on int (blocks run one after another here, the threads of one at once).
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline int atomicExch(int* p, int v) { return std::atomic_ref<int>(*p).exchange(v); }
 #ifndef CUDART_INF_F
 #define CUDART_INF_F HUGE_VALF
 #endif

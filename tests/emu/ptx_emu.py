@@ -283,8 +283,8 @@ int main(int argc, char** argv) {
 def _call(kernel) -> str:
     parts = []
     for k, p in enumerate(kernel.params):
-        if p.pointer:
-            parts.append(f"reinterpret_cast<{p.base}*>(a[{k}].data.data())")
+        if p.pointer:                                   # (None: a null pointer)
+            parts.append(f"(a[{k}].data.empty() ? nullptr : reinterpret_cast<{p.base}*>(a[{k}].data.data()))")
         elif p.base == "CUtensorMap":
             parts.append(f"a[{k}].map")
         elif p.base in ("float", "double"):
@@ -364,6 +364,10 @@ def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, 
                 buf.tofile(f"{d}/arg{i}.bin")
                 lines.append(f"tmap {buf.nbytes} {dim0} {dim1} {view.strides[1]} {a.box0} {a.box1} {buf.itemsize} "
                              f"{a.swizzle_bytes} {dim2} {view.strides[0]} {a.box2}")
+            elif a is None:
+                if not p.pointer:
+                    raise EmulationError(f"argument {i} ({p}) is not a pointer but got None")
+                lines.append("int 0")
             elif isinstance(a, (int, np.integer)):
                 lines.append(f"int {int(a)}")
             else:

@@ -3,12 +3,19 @@
 // runs it in the CPU emulator (tests/emu).
 //
 // What changes against the notebook's fa3 cell (same tiles, same roles, same softmax, same products):
-// - grid = the number of SMs (min with the number of work items); a static schedule: in round r, CTA b takes work
-//   item r * gridDim.x + b, or + gridDim.x - 1 - b in odd rounds (a snake: a CTA that got one of the heaviest items
-//   of a round gets one of the lightest of the next). A work item is one (query block, batch*head). Items are
-//   numbered in sections of `heads_per_section` heads (the CTAs running at once then share those heads' K/V in L2);
-//   within a section query blocks go outermost, heaviest first for the causal mask (the last query block has the
-//   most key tiles), heads innermost.
+// - grid = the number of SMs (at most the number of work items). A work item is one (query block, batch*head).
+//   Items are numbered in sections of `heads_per_section` heads (the CTAs running at once then share those heads'
+//   K/V in L2); within a section query blocks go outermost, heads innermost; with the causal mask the heaviest query
+//   blocks (the last ones: most key tiles) come first. Under the static schedule, odd sections go lightest first
+//   instead, so that the cost of consecutive items changes smoothly (a triangle wave) and never jumps at a
+//   section's end, which the snake below needs (tools/gpu/try_attention.py --plan models both).
+// - which CTA does which item, two schedules (work_counter null or not):
+//   static: in round r CTA b takes item r * gridDim.x + b, or r * gridDim.x + gridDim.x - 1 - b in odd rounds (a
+//     snake: the CTA that got the heaviest item of a round gets the lightest of the next);
+//   dynamic: CTA b's first item is b, the next ones come from atomicAdd on *work_counter (greedy: whichever CTA is
+//     ready first takes the next item). The CTA that draws the launch's last number sets the counter back to 0, so
+//     the same zeroed int serves every launch. The producer draws, and tells the consumers through shared memory
+//     (one slot per Q buffer, published by the Q buffer's full barrier; -1: no more work).
 // - two Q buffers: the producer loads item i+1's Q tile (and then its first K/V stages, as they free) while the
 //   consumers are still on item i's last tiles and epilogue. Each consumer warp releases its Q buffer (empty_q)
 //   after the last S = Q K^T of an item.
@@ -140,26 +147,36 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
 // Work item -> (query block, batch*head). Sections of `hps` heads (the last may have fewer); inside one, query
 // blocks outermost (heaviest first when causal), heads innermost.
 template <bool CAUSAL>
-__device__ __forceinline__ void item_coords(int item, int n_qblocks, int BH, int hps, int& qblock, int& bh) {
+__device__ __forceinline__ void item_coords(int item, int n_qblocks, int BH, int hps, bool alternate, int& qblock,
+                                            int& bh) {
     const int per_section = hps * n_qblocks;
     const int sec = item / per_section;
     const int r = item - sec * per_section;
     const int heads = min(hps, BH - sec * hps);
     const int level = r / heads;
     bh = sec * hps + (r - level * heads);
-    qblock = CAUSAL ? n_qblocks - 1 - level : level;
+    qblock = (CAUSAL && !(alternate && (sec & 1))) ? n_qblocks - 1 - level : level;
 }
 
-// This CTA's work item in round `round` (snake order), or -1 past the end.
-__device__ __forceinline__ int round_item(int round, int n_items) {
-    const int item = round * gridDim.x + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+// The producer's next work item after item number `it` of this CTA (-1: no more). Static: round it + 1 of the snake.
+// Dynamic: a draw from *counter; the draws of a launch number n_items in all (the successful ones, then one failing
+// draw per CTA), so the one that returns n_items - 1 is the launch's last and puts the counter back to 0.
+__device__ __forceinline__ int next_item(int it, int n_items, int* counter) {
+    if (counter == nullptr) {
+        const int round = it + 1;
+        const int item = round * gridDim.x + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+        return item < n_items ? item : -1;
+    }
+    const int drawn = atomicAdd(counter, 1);
+    if (drawn == n_items - 1) atomicExch(counter, 0);
+    const int item = gridDim.x + drawn;
     return item < n_items ? item : -1;
 }
 
 template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
 __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const void* tk, const void* tv,
                                                          T* __restrict__ O, int N, int BH, int heads_per_section,
-                                                         float scale) {
+                                                         int* __restrict__ work_counter, float scale) {
     constexpr int BM = 64 * NCWG;               // query rows per work item: 64 per consumer warpgroup
     constexpr int DB = D / 64;                  // 64-column blocks of the head dim (one TMA box each)
     constexpr uint32_t Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
@@ -171,6 +188,8 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
     const uint32_t bars = v_s + STAGES * KV_BYTES;               // full_q[2], empty_q[2], full_k[S], full_v[S], empty[S]
     const uint32_t full_q = bars, empty_q = bars + 16, full_k = bars + 32, full_v = full_k + 8 * STAGES,
                    empty = full_v + 8 * STAGES;
+    // the work item whose Q is in buffer b (-1: none left), written by the producer before it arrives on full_q[b]
+    volatile int* item_slot = reinterpret_cast<volatile int*>(smem_raw + (empty + 8 * STAGES - smem_u32(smem_raw)));
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int n_qblocks = (N + BM - 1) / BM;
@@ -195,17 +214,20 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
     if (wg == 0) {                              // producer: one thread issues every copy, item after item
         if (tid == 0) {
             int kv = 0;                         // K/V tiles loaded so far, over all items: stage kv % STAGES
-            int it = 0;                         // items so far: Q buffer it % 2
-            for (int round = 0; round * (int)gridDim.x < n_items; ++round) {
-                const int item = round_item(round, n_items);
-                if (item < 0) continue;         // (the last round only)
-                int qblock, bh;
-                item_coords<CAUSAL>(item, n_qblocks, BH, hps, qblock, bh);
-                const int q0 = qblock * BM;
-                const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
+            int item = blockIdx.x < n_items ? (int)blockIdx.x : -1;
+            for (int it = 0;; ++it) {           // it: items so far, Q buffer it % 2
                 const int qb = it & 1;
                 // the buffer held item it - 2's Q: wait until every consumer warp has done its last S = Q K^T
                 if (it >= 2) mbar_wait(empty_q + 8 * qb, ((it >> 1) - 1) & 1);
+                item_slot[qb] = item;
+                if (item < 0) {                 // no more work: release the consumers with an empty phase
+                    mbar_arrive(full_q + 8 * qb);
+                    break;
+                }
+                int qblock, bh;
+                item_coords<CAUSAL>(item, n_qblocks, BH, hps, work_counter == nullptr, qblock, bh);
+                const int q0 = qblock * BM;
+                const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
                 mbar_expect_tx(full_q + 8 * qb, Q_BYTES);
                 for (int b = 0; b < DB; ++b)
                     tma_load_3d(q_s + qb * Q_BYTES + b * BM * 128, tq, full_q + 8 * qb, 64 * b, q0, bh);
@@ -219,7 +241,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
                     for (int b = 0; b < DB; ++b)
                         tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bh);
                 }
-                ++it;
+                item = next_item(it, n_items, work_counter);
             }
         }
         return;
@@ -228,15 +250,16 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
     // consumers: warpgroup c = wg - 1 owns query rows q0 + 64 c .. + 63 of each item; warp w of it rows 16 w ..
     const int c = wg - 1, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * LOG2E;
-    int kv = 0, it = 0;
-    for (int round = 0; round * (int)gridDim.x < n_items; ++round) {
-        const int item = round_item(round, n_items);
-        if (item < 0) continue;
+    int kv = 0;
+    for (int it = 0;; ++it) {
+        const int qb = it & 1;
+        mbar_wait(full_q + 8 * qb, (it >> 1) & 1);
+        const int item = item_slot[qb];
+        if (item < 0) break;
         int qblock, bh;
-        item_coords<CAUSAL>(item, n_qblocks, BH, hps, qblock, bh);
+        item_coords<CAUSAL>(item, n_qblocks, BH, hps, work_counter == nullptr, qblock, bh);
         const int q0 = qblock * BM;
         const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
-        const int qb = it & 1;
         const uint32_t q_tile = q_s + qb * Q_BYTES;
         const int row0 = q0 + 64 * c + 16 * warp + g, row1 = row0 + 8;
         float o[D / 2];                          // O: 64 x D per warpgroup; o[4 e + 0..1] row g, [4 e + 2..3] row g + 8
@@ -244,7 +267,6 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
         float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
 
-        mbar_wait(full_q + 8 * qb, (it >> 1) & 1);
         for (int j = 0; j < n_tiles; ++j, ++kv) {
             const int s = kv % STAGES;
             const uint32_t phase = (kv / STAGES) & 1;
@@ -337,7 +359,6 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
             if (row0 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row0 * D + col) = pack2<T>(o[i] * inv0, o[i + 1] * inv0);
             if (row1 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row1 * D + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
         }
-        ++it;
     }
 }
 
@@ -346,56 +367,56 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG64 + 1), 1)
 fa3p_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-              float scale) {
+              int* __restrict__ work_counter, float scale) {
     fa3p::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, FA3P_WG64, FA3P_ST64, false>(&tq, &tk, &tv, o, n, bh,
-        heads_per_section, scale);
+        heads_per_section, work_counter, scale);
 }
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG64 + 1), 1)
 fa3p_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-                     float scale) {
+                     int* __restrict__ work_counter, float scale) {
     fa3p::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, FA3P_WG64, FA3P_ST64, true>(&tq, &tk, &tv, o, n, bh,
-        heads_per_section, scale);
+        heads_per_section, work_counter, scale);
 }
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG128 + 1), 1)
 fa3p_bf16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-               float scale) {
+               int* __restrict__ work_counter, float scale) {
     fa3p::attention_fwd_persistent<__nv_bfloat16, 128, FA3P_BN128, FA3P_WG128, FA3P_ST128, false>(&tq, &tk, &tv, o, n, bh,
-        heads_per_section, scale);
+        heads_per_section, work_counter, scale);
 }
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG128 + 1), 1)
 fa3p_bf16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                       const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-                      float scale) {
+                      int* __restrict__ work_counter, float scale) {
     fa3p::attention_fwd_persistent<__nv_bfloat16, 128, FA3P_BN128, FA3P_WG128, FA3P_ST128, true>(&tq, &tk, &tv, o, n, bh,
-        heads_per_section, scale);
+        heads_per_section, work_counter, scale);
 }
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG64 + 1), 1)
 fa3p_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
              const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-             float scale) {
+             int* __restrict__ work_counter, float scale) {
     fa3p::attention_fwd_persistent<__half, 64, FA3P_BN64, FA3P_WG64, FA3P_ST64, false>(&tq, &tk, &tv, o, n, bh,
-        heads_per_section, scale);
+        heads_per_section, work_counter, scale);
 }
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG64 + 1), 1)
 fa3p_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-                    float scale) {
+                    int* __restrict__ work_counter, float scale) {
     fa3p::attention_fwd_persistent<__half, 64, FA3P_BN64, FA3P_WG64, FA3P_ST64, true>(&tq, &tk, &tv, o, n, bh,
-        heads_per_section, scale);
+        heads_per_section, work_counter, scale);
 }
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG128 + 1), 1)
 fa3p_f16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-              float scale) {
+              int* __restrict__ work_counter, float scale) {
     fa3p::attention_fwd_persistent<__half, 128, FA3P_BN128, FA3P_WG128, FA3P_ST128, false>(&tq, &tk, &tv, o, n, bh,
-        heads_per_section, scale);
+        heads_per_section, work_counter, scale);
 }
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG128 + 1), 1)
 fa3p_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-                     float scale) {
+                     int* __restrict__ work_counter, float scale) {
     fa3p::attention_fwd_persistent<__half, 128, FA3P_BN128, FA3P_WG128, FA3P_ST128, true>(&tq, &tk, &tv, o, n, bh,
-        heads_per_section, scale);
+        heads_per_section, work_counter, scale);
 }
