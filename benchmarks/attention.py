@@ -45,7 +45,7 @@ TOL = {"bf16": 3.2e-2, "fp16": 4e-3}
 
 
 ENTRY = re.compile(r"^(?P<family>[a-z0-9]+)_(?:bf16|f16)_d\d+(?:_causal)?$")
-DEFINE = re.compile(r"^#define\s+(FA\d_\w+)\s+(\d+)\b", re.M)
+DEFINE = re.compile(r"^#define\s+(FA\d[A-Z]*_\w+)\s+(\d+)\b", re.M)     # FA3_BN64, FA3P_WG64 (a variant's family)
 
 
 def load_families(source: str | None, arch: str | None, options=()) -> tuple[dict, dict]:

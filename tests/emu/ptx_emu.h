@@ -12,11 +12,13 @@
 //   fragment layouts of the PTX ISA. Each lane posts its operands, the warp meets, each lane computes its own outputs.
 // - cp.async: the copy is queued and lands at the latest moment the program allows (cp.async.wait_group), so a read
 //   before the wait, or without the barrier after it, sees the poison.
-// - TMA (cp.async.bulk.tensor.2d with a tensor map built by the test): lands at issue, out-of-bounds elements zero,
-//   128-byte swizzle; completes tx bytes on its mbarrier. mbarrier: init, arrive, expect_tx, try_wait.parity.
-// - wgmma.mma_async m64nNk16 (bf16/fp16 -> fp32, both operands K-major from shared memory through descriptors, no or
-//   128-byte swizzle): queued at issue and computed at wgmma.wait_group, reading shared memory then, so a stage
-//   released before its wgmma finished is caught.
+// - TMA (cp.async.bulk.tensor.2d and .3d with a tensor map built by the test): lands at issue, out-of-bounds elements
+//   zero, 128-byte swizzle; completes tx bytes on its mbarrier. mbarrier: init, arrive, expect_tx, try_wait.parity.
+// - wgmma.mma_async m64nNk16 (bf16/fp16 -> fp32; A K-major from shared memory or from registers; B K-major, or
+//   MN-major (the transpose bit) with the 128-byte swizzle, from shared memory; descriptors with no or 128-byte
+//   swizzle): queued at issue and computed at wgmma.wait_group, reading shared memory then, so a stage released
+//   before its wgmma finished is caught. A from registers is read at issue.
+// - __shfl_xor_sync and __any_sync over a whole warp; ex2.approx as exp2; atomicAdd and atomicExch on int.
 // - Named barriers (bar.sync / bar.arrive with an id 1-15 and a thread count): per CTA, counting threads; a barrier
 //   still holding arrivals when the cluster's CTAs finish is an error (an unmatched bar.arrive).
 // - TMA store (cp.async.bulk.tensor.2d.global.shared::cta.bulk_group): queued per thread at issue, bulk_group commit,
@@ -462,20 +464,23 @@ struct alignas(64) CUtensorMap {
     unsigned long long opaque[16];
 };
 namespace emu {
-struct TensorMap2D {
+struct TensorMap2D {              // (and 3-D: dim2 = box2 = 1 for a 2-D map)
     const unsigned char* base;
     uint64_t dim0, dim1;          // elements: inner (contiguous) and outer
     uint64_t stride1_bytes;       // bytes between consecutive outer indices
     uint32_t box0, box1;          // box in elements
     uint32_t elem_bytes;
     uint32_t swizzle_bytes;       // 0 (none) or 128
+    uint64_t dim2, stride2_bytes; // the outermost dimension (3-D maps)
+    uint32_t box2;
 };
 static_assert(sizeof(TensorMap2D) <= sizeof(CUtensorMap), "tensor map encoding too large");
 inline CUtensorMap make_tensor_map(const void* base, uint64_t dim0, uint64_t dim1, uint64_t stride1_bytes,
-                                   uint32_t box0, uint32_t box1, uint32_t elem_bytes, uint32_t swizzle_bytes) {
+                                   uint32_t box0, uint32_t box1, uint32_t elem_bytes, uint32_t swizzle_bytes,
+                                   uint64_t dim2 = 1, uint64_t stride2_bytes = 0, uint32_t box2 = 1) {
     CUtensorMap m{};
     TensorMap2D t{static_cast<const unsigned char*>(base), dim0, dim1, stride1_bytes, box0, box1, elem_bytes,
-                  swizzle_bytes};
+                  swizzle_bytes, dim2, stride2_bytes, box2};
     std::memcpy(&m, &t, sizeof t);
     return m;
 }
@@ -483,25 +488,75 @@ inline CUtensorMap make_tensor_map(const void* base, uint64_t dim0, uint64_t dim
 // chunk index (address bits 4-6) is XORed with the 128-byte row index within 1024 bytes (address bits 7-9).
 inline uint32_t swizzle128(uint32_t addr) { return addr ^ (((addr >> 7) & 7) << 4); }
 }  // namespace emu
-inline void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t mbar_addr) {
+inline void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t mbar_addr) {
     emu::TensorMap2D t;
     std::memcpy(&t, map, sizeof t);
     uint32_t row_bytes = t.box0 * t.elem_bytes;
     if (emu::offset_of(dst) % 128) emu::fail("TMA destination not 128-byte aligned");
     if (t.swizzle_bytes == 128 && (row_bytes != 128 || emu::offset_of(dst) % 1024)) emu::fail("128B swizzle needs 128-byte rows, 1 KiB alignment");
-    for (uint32_t r = 0; r < t.box1; ++r)
-        for (uint32_t e = 0; e < t.box0; ++e) {
-            uint64_t i0 = uint64_t(int64_t(c0) + e), i1 = uint64_t(int64_t(c1) + r);
-            uint32_t a = dst + r * row_bytes + e * t.elem_bytes;
-            if (t.swizzle_bytes == 128) a = emu::swizzle128(a);
-            unsigned char* d = emu::smem_ptr(a);
-            if (int64_t(c0) + e < 0 || int64_t(c1) + r < 0 || i0 >= t.dim0 || i1 >= t.dim1)
-                std::memset(d, 0, t.elem_bytes);
-            else
-                std::memcpy(d, t.base + i1 * t.stride1_bytes + i0 * t.elem_bytes, t.elem_bytes);
-        }
-    emu_mbarrier_complete_tx(mbar_addr, int(t.box0 * t.box1 * t.elem_bytes));
+    for (uint32_t z = 0; z < t.box2; ++z)
+        for (uint32_t r = 0; r < t.box1; ++r)
+            for (uint32_t e = 0; e < t.box0; ++e) {
+                uint64_t i0 = uint64_t(int64_t(c0) + e), i1 = uint64_t(int64_t(c1) + r), i2 = uint64_t(int64_t(c2) + z);
+                uint32_t a = dst + (z * t.box1 + r) * row_bytes + e * t.elem_bytes;
+                if (t.swizzle_bytes == 128) a = emu::swizzle128(a);
+                unsigned char* d = emu::smem_ptr(a);
+                if (int64_t(c0) + e < 0 || int64_t(c1) + r < 0 || int64_t(c2) + z < 0 || i0 >= t.dim0 ||
+                    i1 >= t.dim1 || i2 >= t.dim2)
+                    std::memset(d, 0, t.elem_bytes);
+                else
+                    std::memcpy(d, t.base + i2 * t.stride2_bytes + i1 * t.stride1_bytes + i0 * t.elem_bytes,
+                                t.elem_bytes);
+            }
+    emu_mbarrier_complete_tx(mbar_addr, int(t.box0 * t.box1 * t.box2 * t.elem_bytes));
 }
+inline void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t mbar_addr) {
+    tma_load_3d(dst, map, c0, c1, 0, mbar_addr);
+}
+
+// Tutorial 07's spellings of the same operations (step 3).
+inline void mbar_init(uint32_t bar, int count) { mbarrier_init(bar, count); }
+inline void mbar_expect_tx(uint32_t bar, uint32_t bytes) { mbarrier_arrive_expect_tx(bar, int(bytes)); }   // arrives
+inline void mbar_arrive(uint32_t bar) { mbarrier_arrive(bar); }
+inline void mbar_wait(uint32_t bar, uint32_t phase) { mbarrier_wait(bar, int(phase)); }
+inline void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1, int c2) {
+    tma_load_3d(dst, static_cast<const CUtensorMap*>(tmap), c0, c1, c2, bar);
+}
+
+// ---- warp shuffles and votes (the whole warp takes part; the mask is not checked) ---------------------------------
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int = 32) {
+    static_assert(sizeof(T) <= 8, "shuffle of a value wider than 8 bytes");
+    uint64_t* s = emu::warp_scratch();
+    int lane = emu::lane_id();
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof v);
+    emu::syncwarp();
+    s[16 * lane] = bits;
+    emu::syncwarp();
+    bits = s[16 * (lane ^ lane_mask)];
+    emu::syncwarp();
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+}
+inline int __any_sync(unsigned, int pred) {
+    uint64_t* s = emu::warp_scratch();
+    int lane = emu::lane_id();
+    emu::syncwarp();
+    s[16 * lane] = pred != 0;
+    emu::syncwarp();
+    int any = 0;
+    for (int l = 0; l < 32; ++l) any |= int(s[16 * l]);
+    emu::syncwarp();
+    return any;
+}
+inline float exp2_approx(float x) { return std::exp2(x); }
+// Global-memory atomics on int (blocks run one after another here, the threads of one at once).
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline int atomicExch(int* p, int v) { return std::atomic_ref<int>(*p).exchange(v); }
+#ifndef CUDART_INF_F
+#define CUDART_INF_F HUGE_VALF
+#endif
 
 // ---- clusters ------------------------------------------------------------------------------------------------------
 inline unsigned cluster_ctarank() { return unsigned(emu::tl_cta); }
@@ -620,7 +675,12 @@ template <int N> inline void tma_store_wait() { emu::run_pending_stores(N); }
 
 // ---- wgmma: queued at issue, computed at wgmma.wait_group ---------------------------------------------------------
 namespace emu {
-struct Wgmma { float* d; int n; uint64_t da, db; bool accumulate; bool bf16; };
+struct Wgmma {
+    float* d; int n; uint64_t da, db; bool accumulate; bool bf16;
+    bool a_regs = false;          // A from registers: this thread's two rows (g, g + 8), read at issue
+    bool b_mn_major = false;      // B MN-major (the transpose bit): N contiguous
+    uint16_t a_rows[2][16] = {};
+};
 inline thread_local std::deque<std::vector<Wgmma>> tl_wg_groups;
 inline thread_local std::vector<Wgmma> tl_wg_open;
 inline thread_local bool tl_wg_fenced = false;
@@ -643,6 +703,16 @@ inline uint32_t desc_addr(uint64_t desc, int row, int k) {
     }
     fail("wgmma descriptor: only no swizzle and 128-byte swizzle are emulated");
 }
+// Address of element (n, k) of an MN-major operand (N contiguous) with the 128-byte swizzle: 64 N-elements (128 bytes)
+// per K row, 8 K rows per 1,024-byte atom; the next 8 K rows SBO further, the next 64 N-elements LBO further.
+inline uint32_t desc_addr_mn(uint64_t desc, int n, int k) {
+    uint32_t start = uint32_t(desc & 0x3fff) << 4;
+    uint32_t lbo = uint32_t((desc >> 16) & 0x3fff) << 4;
+    uint32_t sbo = uint32_t((desc >> 32) & 0x3fff) << 4;
+    if ((desc >> 49) & 7) fail("wgmma descriptor: base offset other than 0 is not emulated");
+    if (uint32_t(desc >> 62) != 1) fail("wgmma descriptor: an MN-major operand is emulated with the 128-byte swizzle only");
+    return swizzle128(start + (n / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (n % 64) * 2);
+}
 inline void run_wgmma(const Wgmma& w) {
     int t = linear_tid() % 128, warp = t / 32, lane = t % 32;
     for (int j = 0; j < w.n / 8; ++j)
@@ -651,8 +721,9 @@ inline void run_wgmma(const Wgmma& w) {
             double acc = w.accumulate ? w.d[4 * j + q] : 0.0;
             for (int k = 0; k < 16; ++k) {
                 uint16_t a, b;
-                std::memcpy(&a, smem_ptr(desc_addr(w.da, row, k)), 2);
-                std::memcpy(&b, smem_ptr(desc_addr(w.db, col, k)), 2);
+                if (w.a_regs) a = w.a_rows[q >= 2][k];
+                else std::memcpy(&a, smem_ptr(desc_addr(w.da, row, k)), 2);
+                std::memcpy(&b, smem_ptr(w.b_mn_major ? desc_addr_mn(w.db, col, k) : desc_addr(w.db, col, k)), 2);
                 float fa = w.bf16 ? emu_bf16_bits_to_f32(a) : emu_f16_bits_to_f32(a);
                 float fb = w.bf16 ? emu_bf16_bits_to_f32(b) : emu_f16_bits_to_f32(b);
                 acc += double(fa) * double(fb);
@@ -678,6 +749,32 @@ inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d) 
     if (!tl_wg_fenced) fail("wgmma issued without wgmma.fence first");
     tl_wg_open.push_back({d, n, da, db, scale_d != 0, std::is_same<T, __nv_bfloat16>::value});
 }
+// A from registers (mma.sync's A fragment per warp: a[0] row g cols 2t.., a[1] row g + 8, a[2] row g cols 2t + 8..,
+// a[3] row g + 8 cols 2t + 8..), B MN-major from shared memory. The warp's fragments are gathered at issue.
+template <class T>
+inline void wgmma_issue_rs(float* d, int n, const uint32_t (&a)[4], uint64_t db) {
+    syncwarp();
+    if (!tl_wg_fenced) fail("wgmma issued without wgmma.fence first");
+    uint64_t* s = warp_scratch();
+    int lane = lane_id(), g = lane / 4;
+    for (int r = 0; r < 4; ++r) s[16 * lane + r] = a[r];
+    syncwarp();
+    Wgmma w{d, n, 0, db, true, std::is_same<T, __nv_bfloat16>::value};
+    w.a_regs = true;
+    w.b_mn_major = true;
+    for (int src = 4 * g; src < 4 * g + 4; ++src) {
+        int tt = src % 4;
+        for (int half = 0; half < 2; ++half) {           // rows g (regs 0, 2) and g + 8 (regs 1, 3)
+            uint32_t lo = uint32_t(s[16 * src + half]), hi = uint32_t(s[16 * src + 2 + half]);
+            w.a_rows[half][2 * tt] = uint16_t(lo & 0xffff);
+            w.a_rows[half][2 * tt + 1] = uint16_t(lo >> 16);
+            w.a_rows[half][8 + 2 * tt] = uint16_t(hi & 0xffff);
+            w.a_rows[half][8 + 2 * tt + 1] = uint16_t(hi >> 16);
+        }
+    }
+    syncwarp();
+    tl_wg_open.push_back(w);
+}
 }  // namespace emu
 // The wgmma instructions are .sync.aligned: every lane of the warp meets there (lanes cannot drift apart across one).
 inline void wgmma_fence() { emu::syncwarp(); emu::tl_wg_fenced = true; }
@@ -692,6 +789,16 @@ inline void wgmma_256(float (&d)[128], uint64_t da, uint64_t db, __nv_bfloat16) 
 inline void wgmma_256(float (&d)[128], uint64_t da, uint64_t db, __half) { emu::wgmma_issue<__half>(d, 256, da, db, 1); }
 inline void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, __nv_bfloat16) { emu::wgmma_issue<__nv_bfloat16>(d, 128, da, db, 1); }
 inline void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, __half) { emu::wgmma_issue<__half>(d, 128, da, db, 1); }
+// Tutorial 07's spellings (step 3): wgmma_ss<N, T> (both K-major from shared memory, scale_d = 0 starts from zero) and
+// wgmma_rs_tb<N, T> (A from registers, B MN-major).
+template <int N, typename T>
+inline void wgmma_ss(float (&d)[N / 2], unsigned long long a, unsigned long long b, int scale_d) {
+    emu::wgmma_issue<T>(d, N, a, b, scale_d);
+}
+template <int N, typename T>
+inline void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], unsigned long long b) {
+    emu::wgmma_issue_rs<T>(d, N, a, b);
+}
 template <int N> inline void fence_acc(float (&)[N]) {}
 template <int R> inline void setmaxnreg_inc() {}
 template <int R> inline void setmaxnreg_dec() {}

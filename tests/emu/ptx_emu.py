@@ -1,7 +1,7 @@
 """Run a tutorial's CUDA C++ kernel on the CPU, tensor-core PTX included (tests only): compile it with g++ against
 ptx_emu.h and launch it. (emulate.py beside it is the general emulator: fibers, cluster helpers, torch tensors; this
 one models the instructions tutorials 05 and 06 use: ldmatrix, mma.sync, cp.async, TMA loads and stores,
-mbarriers, named barriers, wgmma.)
+mbarriers, named barriers, wgmma, and tutorial 07's attention step 3.)
 
     out = emulate(source, "sgemm_naive", grid, block, [A, B, C, M, N, K])   # numpy arrays are copied back
 
@@ -11,7 +11,10 @@ source is prepared first:
 - `#include` lines go (ptx_emu.h provides the types and intrinsics), and so does a definition of `CUtensorMap`
   (the emulator encodes its own tensor maps);
 - every top-level `__device__` helper whose body holds inline PTX (`asm`) goes, and ptx_emu.h's emulation of the
-  helper of the same name takes its place: the helpers' names and signatures are a contract (see ptx_emu.h);
+  helper of the same name takes its place: the helpers' names and signatures are a contract (see ptx_emu.h). Inside
+  a namespace the same, and the helper's other declarations there go too, so that calls find the emulation;
+- a one-statement `fence.mbarrier_init` inline in a function becomes `fence_barrier_init()`, and the source's own
+  `typedef unsigned ... uint32_t / uint64_t` lines go (the host's <cstdint> has them);
 - `__shared__` arrays become references into one shared-memory arena, `extern __shared__` ones its dynamic part.
 A kernel whose own body holds `asm` cannot be emulated: move the PTX into a named helper.
 """
@@ -39,14 +42,15 @@ class EmulationError(RuntimeError):
 
 @dataclass(frozen=True, eq=False)
 class TensorMap:
-    """A 2-D TMA tensor map (a `CUtensorMap` argument) over `array` [dim1, dim0]: box [box1, box0], swizzle 0 or 128.
-    Where `array` is also one of the launch's pointer arguments (the same object), the map aliases it: what a TMA
-    store writes through the map comes back in that argument."""
+    """A TMA tensor map (a `CUtensorMap` argument) over `array` [dim1, dim0] or [dim2, dim1, dim0]: box [box1, box0]
+    (by box2 along dim2), swizzle 0 or 128. Where `array` is also one of the launch's pointer arguments (the same
+    object), the map aliases it: what a TMA store writes through the map comes back in that argument."""
 
     array: np.ndarray
     box0: int
     box1: int
     swizzle_bytes: int = 128
+    box2: int = 1
 
 
 def bf16_bits(x) -> np.ndarray:
@@ -83,24 +87,63 @@ def _top_level_blocks(text: str):
     return out
 
 
+# One-statement PTX that a device function may hold inline, and the emulator's call for it (the helper named as the
+# call, which holds just this PTX, goes like any other).
+_INLINE_PTX = {"fence_barrier_init": r'asm\s+(?:volatile\s*)?\(\s*"fence\.mbarrier_init\.release\.cluster;(?:\\n)?"'
+                                     r'\s*(?::\s*)*(?:"memory"\s*)?\)\s*;'}
+# The fixed-width integer typedefs an NVRTC source spells itself (the host's <cstdint> has its own).
+_INT_TYPEDEF = re.compile(r"(?m)^[ \t]*typedef\s+unsigned\s+(?:int|long\s+long)\s+uint(?:32|64)_t\s*;")
+
+
+def _blank(keep: list, start: int, end: int) -> None:
+    for j in range(start, end):
+        if keep[j] != "\n":
+            keep[j] = " "
+
+
+def _function_name(head: str) -> str | None:
+    m = re.search(r"(\w+)\s*(?:<[^<>(){};]*>)?\s*\($", head.strip().split("(")[0] + "(")
+    return m.group(1) if m else None
+
+
+def _strip_ptx(keep: list, clean: list, header: int, open_: int, close: int, where: str) -> str | None:
+    """A function definition [header, close] holding inline PTX: its known one-statement PTX becomes the emulator's
+    call; if PTX remains, the function goes (a helper: ptx_emu.h has its emulation). Returns the name it removed."""
+    head = "".join(clean[header:open_])
+    if re.search(r"\bstruct\b|\bclass\b|\bnamespace\b", head):
+        raise EmulationError(f"inline PTX inside a type{where} cannot be emulated: {head.strip()[:60]}")
+    name = _function_name(head)
+    for call, pattern in _INLINE_PTX.items():
+        if name == call:
+            continue
+        body = "".join(keep[open_:close + 1])
+        for m in re.finditer(pattern, body):
+            if "\n" in m.group(0):
+                continue
+            repl = (call + "();").ljust(len(m.group(0)))
+            keep[open_ + m.start():open_ + m.end()] = list(repl)
+            clean[open_ + m.start():open_ + m.end()] = list(repl)
+    if not re.search(r"\basm\b", "".join(clean[open_:close + 1])):
+        return None
+    if "__global__" in head:
+        raise EmulationError("a __global__ function holds inline PTX itself; move it into a __device__ helper")
+    _blank(keep, header, close + 1)
+    return name
+
+
 def prepare(source: str) -> str:
     """The kernel source as ptx_emu.h compiles it (see the module docstring)."""
-    clean = strip_comments_and_strings(source)
+    source = _INT_TYPEDEF.sub("", source)
+    text_clean = strip_comments_and_strings(source)
+    clean = list(text_clean)
     keep = list(source)
-    blank = list(clean)
-    for header, open_, close in _top_level_blocks(clean):
-        body = clean[open_:close + 1]
-        head = clean[header:open_]
-        if not re.search(r"\basm\b", body):
+    for header, open_, close in _top_level_blocks(text_clean):
+        if not re.search(r"\basm\b", text_clean[open_:close + 1]):
             continue
-        if "__global__" in head:
-            raise EmulationError("a __global__ function holds inline PTX itself; move it into a __device__ helper")
-        if re.search(r"\bstruct\b|\bclass\b|\bnamespace\b", head):
-            raise EmulationError(f"inline PTX inside a type or namespace cannot be emulated: {head.strip()[:60]}")
-        for j in range(header, close + 1):
-            if keep[j] != "\n":
-                keep[j] = " "
-                blank[j] = " "
+        if re.search(r"\bnamespace\b", text_clean[header:open_]):
+            _prepare_namespace(text_clean, keep, clean, open_ + 1, close)
+        else:
+            _strip_ptx(keep, clean, header, open_, close, "")
     text = "".join(keep)
     text = re.sub(r"(?m)^\s*#\s*include\s*[<\"].*$", "", text)
     strings = dict(re.findall(r'(?m)^\s*#\s*define\s+(\w+)\s+("[^\n]*")\s*$', text))   # PTX text in a macro
@@ -139,6 +182,26 @@ def prepare(source: str) -> str:
     text = re.sub(r"\bextern\s+__shared__\s+([^;]*);", dynamic, text)
     text = re.sub(r"\b__shared__\s+([^;]*);", static, text)
     return text
+
+
+def _prepare_namespace(text_clean: str, keep: list, clean: list, start: int, end: int) -> None:
+    """Inside a namespace's braces [start, end): helpers holding inline PTX go, and so do their other declarations
+    (a primary template's), so that calls from the namespace find ptx_emu.h's global emulation of the same name."""
+    inner = text_clean[start:end]
+    removed = set()
+    for header, open_, close in _top_level_blocks(inner):
+        if re.search(r"\basm\b", inner[open_:close + 1]):
+            name = _strip_ptx(keep, clean, start + header, start + open_, start + close, " or nested namespace")
+            if name:
+                removed.add(name)
+    depth, depths = 0, []
+    for ch in inner:
+        depth += (ch == "{") - (ch == "}")
+        depths.append(depth)
+    for name in removed:                       # declarations at the namespace's own level only, not calls in bodies
+        for m in re.finditer(r"[^;{}]*\b" + name + r"\s*\([^;{}]*\)\s*;", inner):
+            if depths[m.start()] == 0:
+                _blank(keep, start + m.start(), start + m.end())
 
 
 def _ptx_macro(m, strings: dict) -> str:
@@ -189,7 +252,7 @@ int main(int argc, char** argv) {
     int n; in >> n;
     std::vector<emu_main::Arg> a(n);
     std::vector<std::string> kinds(n);
-    struct Map { int k, alias; unsigned long long d0, d1, s1; unsigned b0, b1, eb, sw; };
+    struct Map { int k, alias; unsigned long long d0, d1, s1, d2, s2; unsigned b0, b1, eb, sw, b2; };
     std::vector<Map> maps;
     for (int k = 0; k < n; ++k) {
         std::string kind; in >> kind; kinds[k] = kind;
@@ -201,9 +264,9 @@ int main(int argc, char** argv) {
         } else if (kind == "int") { in >> a[k].i; }
         else if (kind == "float") { in >> a[k].f; }
         else if (kind == "tmap") {                                   // the tensor's bytes, then the map
-            size_t bytes; unsigned long long d0, d1, s1; unsigned b0, b1, eb, sw; int alias;
-            in >> bytes >> d0 >> d1 >> s1 >> b0 >> b1 >> eb >> sw >> alias;
-            maps.push_back({k, alias, d0, d1, s1, b0, b1, eb, sw});
+            size_t bytes; unsigned long long d0, d1, s1, d2, s2; unsigned b0, b1, eb, sw, b2; int alias;
+            in >> bytes >> d0 >> d1 >> s1 >> b0 >> b1 >> eb >> sw >> d2 >> s2 >> b2 >> alias;
+            maps.push_back({k, alias, d0, d1, s1, d2, s2, b0, b1, eb, sw, b2});
             if (alias < 0) {
                 a[k].data.resize(bytes + 64);
                 std::ifstream f(dir + "/arg" + std::to_string(k) + ".bin", std::ios::binary);
@@ -213,7 +276,7 @@ int main(int argc, char** argv) {
     }
     for (auto& m : maps)        // a map over a buffer argument (a TMA store's output) aliases that buffer
         a[m.k].map = emu::make_tensor_map(a[m.alias < 0 ? m.k : m.alias].data.data(), m.d0, m.d1, m.s1, m.b0, m.b1,
-                                          m.eb, m.sw);
+                                          m.eb, m.sw, m.d2, m.s2, m.b2);
     emu::launch(dim3(gx, gy, gz), dim3(bx, by, bz), shared, dim3(cx, cy, cz), [&] { CALL; });
     for (int k = 0; k < n; ++k)
         if (kinds[k] == "buf") {
@@ -228,8 +291,8 @@ int main(int argc, char** argv) {
 def _call(kernel) -> str:
     parts = []
     for k, p in enumerate(kernel.params):
-        if p.pointer:
-            parts.append(f"reinterpret_cast<{p.base}*>(a[{k}].data.data())")
+        if p.pointer:                                   # (None: a null pointer)
+            parts.append(f"(a[{k}].data.empty() ? nullptr : reinterpret_cast<{p.base}*>(a[{k}].data.data()))")
         elif p.base == "CUtensorMap":
             parts.append(f"a[{k}].map")
         elif p.base in ("float", "double"):
@@ -304,15 +367,20 @@ def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, 
                 lines.append(f"buf {a.nbytes}")
             elif isinstance(a, TensorMap):
                 buf = np.ascontiguousarray(a.array)
-                dim1, dim0 = buf.shape
+                view = buf if buf.ndim == 3 else buf[None]
+                dim2, dim1, dim0 = view.shape
                 # a map over an array that is also a pointer argument (a TMA store's C) writes into that argument
                 alias = next((j for j, b in enumerate(args) if b is a.array and k.params[j].pointer), -1)
                 if alias < 0:
                     buf.tofile(f"{d}/arg{i}.bin")
                 elif not a.array.flags.c_contiguous:
                     raise EmulationError(f"argument {i}: a tensor map over a pointer argument must be contiguous")
-                lines.append(f"tmap {buf.nbytes} {dim0} {dim1} {buf.strides[0]} {a.box0} {a.box1} {buf.itemsize} "
-                             f"{a.swizzle_bytes} {alias}")
+                lines.append(f"tmap {buf.nbytes} {dim0} {dim1} {view.strides[1]} {a.box0} {a.box1} {buf.itemsize} "
+                             f"{a.swizzle_bytes} {dim2} {view.strides[0]} {a.box2} {alias}")
+            elif a is None:
+                if not p.pointer:
+                    raise EmulationError(f"argument {i} ({p}) is not a pointer but got None")
+                lines.append("int 0")
             elif isinstance(a, (int, np.integer)):
                 lines.append(f"int {int(a)}")
             else:

@@ -1,0 +1,120 @@
+"""The persistent variant of tutorial 07's step 3 (tools/gpu/attn_variants/fa3_persistent.cu, kernellab issue 12)
+without a GPU: it compiles to the Hopper instructions with no spills, and in the CPU emulator (tests/emu) it matches
+attention in float64 on awkward shapes with CTAs that each walk many work items (their barriers' phases wrapping),
+and writes the very bits the notebook's step 3 writes."""
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "gpu"))
+from emu.emulate import compiler  # noqa: E402
+from emu.ptx_emu import TensorMap, bf16_bits, bf16_values, emulate  # noqa: E402
+
+SOURCE = (HERE.parent / "tools" / "gpu" / "attn_variants" / "fa3_persistent.cu").read_text()
+BLOCK_N, STAGES = 128, 2
+CONSUMERS = {64: 3, 128: 2}                   # the file's FA3P_WG64 / FA3P_WG128
+needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (g++) for the emulation")
+
+
+def test_the_candidate_is_wgmma_fed_by_tma_without_spills():
+    import kernellab
+
+    mod = kernellab.compile_cuda(SOURCE, arch="sm_90a")
+    names = sorted(k.name for k in mod.kernels)
+    assert names == sorted(f"fa3p_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128) for c in ("", "_causal"))
+    for k in mod.kernels:
+        d = 64 if "_d64" in k.name else 128
+        assert k.resources.max_threads_per_block == 128 * (CONSUMERS[d] + 1)
+        assert not k.resources.spills and k.resources.local_bytes == 0, (k.name, k.resources)
+        assert [p.name for p in k.params] == ["tq", "tk", "tv", "o", "n", "bh", "heads_per_section", "work_counter",
+                                              "scale"]
+    text = str(mod["fa3p_bf16_d128_causal"].instruction_summary)
+    assert "HGMMA.64x128x16.F32" in text and "UTMALDG" in text and "HMMA.16816" not in text, text
+
+
+def case(BH, N, d, dtype, seed):
+    """Q, K, V [BH, N, d] as the kernel's element type (bf16 as uint16 bits), O poisoned, and their float32 values."""
+    rng = np.random.default_rng(seed)
+    x = [rng.standard_normal((BH, N, d)).astype(np.float32) for _ in range(3)]
+    if dtype == "bf16":
+        arrays = [bf16_bits(a) for a in x]
+        return arrays, [bf16_values(a) for a in arrays], np.full((BH, N, d), 0x7FC0, np.uint16)
+    arrays = [a.astype(np.float16) for a in x]
+    return arrays, [a.astype(np.float32) for a in arrays], np.full((BH, N, d), np.nan, np.float16)
+
+
+def reference(vals, causal):
+    q, k, v = (a.astype(np.float64) for a in vals)
+    N, d = q.shape[1:]
+    s = q @ k.transpose(0, 2, 1) * d ** -0.5
+    if causal:
+        s = np.where(np.triu(np.ones((N, N), bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def as_float(O):
+    return bf16_values(O) if O.dtype == np.uint16 else O.astype(np.float32)
+
+
+def run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section, counter=None):
+    """The candidate on `ctas` CTAs (at most one per work item): the static schedule, or the dynamic one drawing from
+    `counter` (an int32 [1] array holding 0). Returns the number of work items."""
+    BH, N = O.shape[:2]
+    bm = 64 * CONSUMERS[d]
+    maps = [TensorMap(a, 64, rows) for a, rows in zip(arrays, (bm, BLOCK_N, BLOCK_N))]
+    items = -(-N // bm) * BH
+    smem = 1024 + (2 * bm + 2 * STAGES * BLOCK_N) * d * 2 + 256        # alignment slack, 2 Q, K/V stages, barriers
+    name = f"fa3p_{'bf16' if dtype == 'bf16' else 'f16'}_d{d}{'_causal' if causal else ''}"
+    emulate(SOURCE, name, (min(ctas, items),), (128 * (CONSUMERS[d] + 1),),
+            maps + [O, N, BH, heads_per_section, counter, d ** -0.5], smem)
+    return items
+
+
+# (BH, N, d, dtype, causal, CTAs, heads per section, schedule): 2 or 3 CTAs walk 6-27 work items each
+SHAPES = [
+    (5, 65, 128, "bf16", True, 3, 2, "static"),     # items of one key tile (< the 2 stages): the Q buffers' barriers
+    (3, 300, 64, "fp16", True, 2, 2, "dynamic"),    # 6 items of 1-3 tiles drawn from the counter; sections alternate
+    pytest.param(3, 1031, 64, "bf16", True, 3, 2, "static", marks=pytest.mark.slow),   # 18 items of 1-9 key tiles
+    pytest.param(4, 63, 64, "fp16", False, 3, 4, "dynamic", marks=pytest.mark.slow),
+    pytest.param(3, 1000, 128, "fp16", False, 2, 2, "static", marks=pytest.mark.slow),  # 24 items, 8 tiles each
+    pytest.param(2, 1, 64, "bf16", True, 3, 1, "dynamic", marks=pytest.mark.slow),      # one row
+    pytest.param(3, 1031, 128, "bf16", True, 3, 3, "dynamic", marks=pytest.mark.slow),  # 27 items of 1-9 tiles
+]
+
+
+@needs_cxx
+@pytest.mark.parametrize("BH,N,d,dtype,causal,ctas,heads_per_section,sched", SHAPES)
+def test_persistent_attention_in_the_emulator(BH, N, d, dtype, causal, ctas, heads_per_section, sched):
+    arrays, vals, O = case(BH, N, d, dtype, seed=N)
+    counter = np.zeros(1, np.int32) if sched == "dynamic" else None
+    items = run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section, counter)
+    out = as_float(O)
+    assert not np.isnan(out).any(), f"{np.isnan(out).sum()} elements never written (or NaN)"
+    err = np.abs(out - reference(vals, causal)).max()
+    # one rounding of P to 16 bits before P V and one of O: a few units in the last place of values below 1
+    assert err < (2e-2 if dtype == "bf16" else 3e-3), f"max |err| {err:.3g} over {items} work items"
+    if counter is not None:
+        assert counter[0] == 0, f"the work counter was left at {counter[0]}: the next launch would skip items"
+
+
+@needs_cxx
+def test_persistent_attention_writes_the_notebooks_bits():
+    """The notebook's step 3 (one block per work item, launched as the notebook does) and the candidate on 3 CTAs give
+    bit-identical O: the persistent loop changes the schedule, not one operation of the arithmetic."""
+    from notebook_cells import cuda_cells
+
+    cell = next(c for c in cuda_cells("07-fused-attention.py") if "fa3_bf16_d64" in c)
+    BH, N, d, dtype = 3, 400, 128, "bf16"
+    arrays, _, O_nb = case(BH, N, d, dtype, seed=7)
+    O = O_nb.copy()
+    bm = 64 * CONSUMERS[d]
+    maps = [TensorMap(a, 64, rows) for a, rows in zip(arrays, (bm, BLOCK_N, BLOCK_N))]
+    emulate(cell, "fa3_bf16_d128_causal", (-(-N // bm), BH), (128 * (CONSUMERS[d] + 1),), maps + [O_nb, N, d ** -0.5],
+            1024 + (bm + 2 * STAGES * BLOCK_N) * d * 2 + 256)
+    run_persistent(arrays, O, d, dtype, True, 3, 2)
+    assert np.array_equal(O, O_nb), f"{(O != O_nb).sum()} of {O.size} elements differ"
