@@ -14,8 +14,11 @@ ROOT = Path(__file__).resolve().parents[1].parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # trylib
 
 import torch  # noqa: E402
+
+from trylib import gemm_error, time_ms  # noqa: E402
 
 import kernellab  # noqa: E402
 import matmul as mb  # noqa: E402
@@ -86,35 +89,11 @@ def check(run, dtype):
         C = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
         run(A, B, C)
         torch.cuda.synchronize()
-        ref = A.double() @ B.double().T
-        err = ((C.double() - ref).abs() / (ref.abs() + ref.pow(2).mean().sqrt())).max().item()
-        if err != err or err > (1e-2 if dtype == torch.bfloat16 else 2e-3):
-            return f"WRONG at {M}x{N}x{K} {str(dtype)[6:]}: err {err:.3g}"
+        err = gemm_error(C, A, B, dtype)
+        if isinstance(err, str):
+            return err
         worst = max(worst, err)
     return worst
-
-
-def time_ms(fn, args, budget_ms=60.0):
-    """Median ms per call over batches of back-to-back launches (CUDA events), after a warm-up."""
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn(*args)
-    end.record()
-    torch.cuda.synchronize()
-    one = max(start.elapsed_time(end), 1e-3)
-    per_batch = max(1, min(20, int(budget_ms / 7 / one)))
-    times = []
-    for _ in range(7):
-        start.record()
-        for _ in range(per_batch):
-            fn(*args)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / per_batch)
-    return sorted(times)[len(times) // 2]
 
 
 def main():

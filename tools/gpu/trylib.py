@@ -1,0 +1,35 @@
+"""What the tools/gpu/try_*.py scripts share: timing by CUDA events and the GEMM error measure."""
+import torch
+
+
+def gemm_error(C, A, B, dtype) -> str | float:
+    """C against A B^T in float64, relative to |ref| + rms(ref): the error, or a WRONG line over the dtype's bound."""
+    ref = A.double() @ B.double().T
+    err = ((C.double() - ref).abs() / (ref.abs() + ref.pow(2).mean().sqrt())).max().item()
+    if err != err or err > (1e-2 if dtype == torch.bfloat16 else 2e-3):
+        M, K = A.shape
+        return f"WRONG at {M}x{B.shape[0]}x{K} {str(dtype)[6:]}: err {err:.3g}"
+    return err
+
+
+def time_ms(fn, args, budget_ms=60.0):
+    """Median ms per call over batches of back-to-back launches (CUDA events), after a warm-up."""
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn(*args)
+    end.record()
+    torch.cuda.synchronize()
+    one = max(start.elapsed_time(end), 1e-3)
+    per_batch = max(1, min(20, int(budget_ms / 7 / one)))
+    times = []
+    for _ in range(7):
+        start.record()
+        for _ in range(per_batch):
+            fn(*args)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / per_batch)
+    return sorted(times)[len(times) // 2]
