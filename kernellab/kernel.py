@@ -380,7 +380,7 @@ class _Launcher:
                 k._keep_job(exc, self._config, args)
                 raise
             if fast is not False:               # False: this path has no generated launches (its driver's choice)
-                self._fast = path.fast(self._config, tuple(map(type, args))) if path.fast_launches else False
+                self._fast = path.fast(self._config, tuple(map(type, args)))
             return None
         extra = {"cluster": cluster} if cluster is not None else {}     # CUDA C++ kernels take clusters
         result = k.launch(self.grid, self.block, *args,
@@ -389,7 +389,7 @@ class _Launcher:
         if k._path is not None and shared_bytes is None and cluster is None and self._path is not k._path:
             path = self._path = k._path
             self._config = path.config(self.grid, self.block, self.shared_bytes)
-            self._fast = path.fast(self._config, tuple(map(type, args))) if path.fast_launches else False
+            self._fast = path.fast(self._config, tuple(map(type, args)))
         return result
 
 

@@ -517,22 +517,18 @@ def _plan_code(params: tuple[Param, ...], types: tuple[type, ...], device_index:
     return body, values, ns, torch_index, cupy_index
 
 
-def torch_stream_handle(device_index: int) -> int:
-    """torch's current stream on a device, as a raw cudaStream_t (under graph capture: the capturing stream)."""
+def torch_stream_function():
+    """The cheapest callable device_index -> torch's current stream on that device as a raw cudaStream_t (under graph
+    capture: the capturing stream): torch's own C function where this torch has it."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+    return raw if raw is not None else (lambda device_index: torch.cuda.current_stream(device_index).cuda_stream)
 
 
-def torch_stream_function():
-    """The cheapest callable device_index -> torch's current raw stream (what torch_stream_handle returns): torch's
-    own C function where this torch has it."""
-    import torch
-
-    return getattr(torch._C, "_cuda_getCurrentRawStream", None) or torch_stream_handle
+def torch_stream_handle(device_index: int) -> int:
+    """torch's current stream on a device, as a raw cudaStream_t (under graph capture: the capturing stream)."""
+    return torch_stream_function()(device_index)
 
 
 def cupy_stream_handle() -> int:
@@ -640,8 +636,11 @@ class LaunchPath:
 
     def fast(self, cfg: LaunchConfig, types: tuple[type, ...]):
         """The generated launch function for `cfg` and arguments of exactly these types (made once per pair), or None
-        where `run` handles every call: a cluster shape, a driver without the raw calls (`launch_kernel`), types
-        without a plan. See _fast_source for what it does and when it hands the call back."""
+        where `run` handles these calls (a cluster shape, types without a plan), or False where this path has no
+        generated launches at all (a driver without the raw calls, `launch_kernel`). See _fast_source for what it
+        does and when it hands the call back."""
+        if not self.fast_launches:
+            return False
         key = (cfg, types)
         fn = self._fast.get(key, False)
         if fn is False:
@@ -652,8 +651,7 @@ class LaunchPath:
         return fn
 
     def _make_fast(self, cfg: LaunchConfig, types: tuple[type, ...]):
-        launch = getattr(self.driver, "launch_kernel", None)
-        if cfg.cluster or launch is None or not self.fast_launches:
+        if cfg.cluster:
             return None
         code = _plan_code(self.params, types, self.device.index)
         if code is None:
@@ -662,7 +660,7 @@ class LaunchPath:
         ns.update({f"T{i}": t for i, t in enumerate(types)})
         ns.update(FALLBACK_ERRORS=(_Fallback, TypeError, AttributeError, ValueError, OverflowError),
                   PACK_ERRORS=(struct.error, OverflowError), PACK=self._struct.pack_into, BUF=self._buffer,
-                  BASE=self._base, LAUNCH=launch, FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
+                  BASE=self._base, LAUNCH=self.driver.launch_kernel, FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
                   RELEASE=self._lock.release, DEFER=_DEFER_SYNC.get, CAPTURING=self.driver.stream_is_capturing,
                   STATUS=self._status, STATUS_P=self._status_pointer, SYNC=self.driver.stream_synchronize,
                   FAILED=functools.partial(self._failed, cfg), RAISE=functools.partial(self._raise, cfg),
