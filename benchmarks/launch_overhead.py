@@ -52,6 +52,20 @@ def spread(us: list[float]) -> tuple[float, float, float]:
     return statistics.median(us), q[0], q[-1]
 
 
+def launcher_loops(k, x, y):
+    """(loop(m): m launches of k[1, 32](x, y, 2.0, 1.0, N, sync=False), the same loop with the default sync)."""
+    def kl_async(m):
+        launch = k[1, 32]
+        for _ in range(m):
+            launch(x, y, 2.0, 1.0, N, sync=False)
+
+    def kl_sync(m):
+        launch = k[1, 32]
+        for _ in range(m):
+            launch(x, y, 2.0, 1.0, N)
+    return kl_async, kl_sync
+
+
 def gpu_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
     """(case, µs per launch each round, baseline case) for every case."""
     import cupy
@@ -70,15 +84,7 @@ def gpu_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
         torch.cuda.synchronize()
         stream.synchronize()
 
-    def kl_async(m):
-        launch = k[1, 32]
-        for _ in range(m):
-            launch(x, y, 2.0, 1.0, N, sync=False)
-
-    def kl_sync(m):
-        launch = k[1, 32]
-        for _ in range(m):
-            launch(x, y, 2.0, 1.0, N)
+    kl_async, kl_sync = launcher_loops(k, x, y)
 
     def kl_cupy(m):
         launch = k[1, 32]
@@ -288,15 +294,7 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
                                static_shared_bytes=k.resources.shared_bytes, driver=driver)
         k._launchers.clear()
 
-    def kl_async(m):
-        launch = k[1, 32]
-        for _ in range(m):
-            launch(x, y, 2.0, 1.0, N, sync=False)
-
-    def kl_sync(m):
-        launch = k[1, 32]
-        for _ in range(m):
-            launch(x, y, 2.0, 1.0, N)
+    kl_async, kl_sync = launcher_loops(k, x, y)
 
     def run_only(m):
         path, cfg = k._path, k[1, 32]._config
