@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))      # trylib
 
 import torch  # noqa: E402
 
-from trylib import gemm_error, time_ms  # noqa: E402
+from trylib import gemm_error, print_gemm_table, time_ms  # noqa: E402
 
 import kernellab  # noqa: E402
 import matmul as mb  # noqa: E402
@@ -138,23 +138,8 @@ def main():
         print(f"[{time.time() - t0:5.1f} s] {label}: {regs} regs, {rows[-1][3]}, "
               + ", ".join(f"{n}: {ms:.3f} ms" for n, ms in times.items()), flush=True)
 
-    tflops = lambda n, ms: 2 * n**3 / ms / 1e9  # noqa: E731
-    print(f"\nmma_pipe variants, bf16, C = A B^T (both K-major), {dev}; torch.matmul in the same run:")
-    print("  " + ", ".join(f"{n}^3 torch {torch_ms[n]:.3f} ms = {tflops(n, torch_ms[n]):.0f} TFLOP/s" for n in SIZES))
-    head = f"{'variant':30s} {'regs':>4s} {'instr/HMMA':>10s} {'check':>10s}"
-    for n in SIZES:
-        head += f" | {n:>5d}: {'ms':>7s} {'TFLOP/s':>7s} {'% torch':>7s}"
-    print(head)
-    for label, regs, ratio, ok, times in rows:
-        line = f"{label:30s} {regs!s:>4s} {ratio:>10s} {ok[:10]:>10s}"
-        for n in SIZES:
-            if n in times:
-                line += f" | {'':>5s}  {times[n]:7.3f} {tflops(n, times[n]):7.0f} {torch_ms[n] / times[n]:7.1%}"
-            else:
-                line += f" | {'':>5s}  {'-':>7s} {'-':>7s} {'-':>7s}"
-        print(line)
-        if ok.startswith(("WRONG", "FAILED")):
-            print(f"    {ok}")
+    print_gemm_table(f"mma_pipe variants, bf16, C = A B^T (both K-major), {dev}", rows, torch_ms, SIZES,
+                     "instr/HMMA")
     print(f"(loop instr/HMMA: the SASS of the interior main loop; total {time.time() - t0:.0f} s)")
 
 

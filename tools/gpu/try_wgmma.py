@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))      # trylib
 
 import torch  # noqa: E402
 
-from trylib import gemm_error, time_ms  # noqa: E402
+from trylib import gemm_error, print_gemm_table, time_ms  # noqa: E402
 
 import kernellab  # noqa: E402
 import matmul as mb  # noqa: E402
@@ -122,24 +122,8 @@ def check(run, dtype, shapes, rows, torch_ms, dev, t0, label):
 
 
 def table(rows, torch_ms, dev, t0):
-    tflops = lambda n, ms: 2 * n**3 / ms / 1e9  # noqa: E731
-    print(f"\nwgmma epilogue candidates, bf16, C = A B^T (both K-major), {dev}; torch.matmul in the same run:")
-    print("  " + ", ".join(f"{n}^3 torch {torch_ms[n]:.3f} ms = {tflops(n, torch_ms[n]):.0f} TFLOP/s"
-                           for n in SIZES if n in torch_ms))
-    head = f"{'variant':32s} {'regs':>4s} {'smem KiB':>8s} {'check':>10s}"
-    for n in SIZES:
-        head += f" | {n:>5d}: {'ms':>7s} {'TFLOP/s':>7s} {'% torch':>7s}"
-    print(head)
-    for label, regs, smem, ok, times in rows:
-        line = f"{label:32s} {regs!s:>4s} {smem:>8s} {ok[:10]:>10s}"
-        for n in SIZES:
-            if n in times:
-                line += f" | {'':>5s}  {times[n]:7.3f} {tflops(n, times[n]):7.0f} {torch_ms[n] / times[n]:7.1%}"
-            else:
-                line += f" | {'':>5s}  {'-':>7s} {'-':>7s} {'-':>7s}"
-        print(line)
-        if ok.startswith(("WRONG", "FAILED")):
-            print(f"    {ok}")
+    print_gemm_table(f"wgmma epilogue candidates, bf16, C = A B^T (both K-major), {dev}", rows, torch_ms, SIZES,
+                     "smem KiB")
     print(f"(regs: the compile's static count; setmaxnreg gives the consumers 232 at run time. Checked on "
           f"{', '.join(f'{m}x{n}x{k}' for m, n, k in CHECKS)} in bf16 and {len(FP16_CHECKS)} of them in fp16; "
           f"total {time.time() - t0:.0f} s)", flush=True)

@@ -33,3 +33,25 @@ def time_ms(fn, args, budget_ms=60.0):
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / per_batch)
     return sorted(times)[len(times) // 2]
+
+
+def print_gemm_table(title: str, rows, torch_ms: dict, sizes, extra_name: str) -> None:
+    """One GEMM table: rows of (label, regs, the `extra_name` column, check, {n: ms}) against torch at each n^3."""
+    tflops = lambda n, ms: 2 * n**3 / ms / 1e9  # noqa: E731
+    print(f"\n{title}; torch.matmul in the same run:")
+    print("  " + ", ".join(f"{n}^3 torch {torch_ms[n]:.3f} ms = {tflops(n, torch_ms[n]):.0f} TFLOP/s"
+                           for n in sizes if n in torch_ms))
+    head = f"{'variant':32s} {'regs':>4s} {extra_name:>10s} {'check':>10s}"
+    for n in sizes:
+        head += f" | {n:>5d}: {'ms':>7s} {'TFLOP/s':>7s} {'% torch':>7s}"
+    print(head)
+    for label, regs, extra, ok, times in rows:
+        line = f"{label:32s} {regs!s:>4s} {extra:>10s} {ok[:10]:>10s}"
+        for n in sizes:
+            if n in times:
+                line += f" | {'':>5s}  {times[n]:7.3f} {tflops(n, times[n]):7.0f} {torch_ms[n] / times[n]:7.1%}"
+            else:
+                line += f" | {'':>5s}  {'-':>7s} {'-':>7s} {'-':>7s}"
+        print(line)
+        if ok.startswith(("WRONG", "FAILED")):
+            print(f"    {ok}")
