@@ -148,7 +148,7 @@ def label(name, d):
 
 @pytest.mark.parametrize("name,d", [pytest.param(n, d, id=label(n, d)) for n, d in CONFIGS])
 def test_candidate_compiles_without_spills_and_holds_its_instructions(name, d):
-    source = (VARIANTS / f"{name}.cu").read_text()
+    source = TRY.variant_source(name)
     module = kernellab.compile_cuda(source, arch="sm_90a", options=tuple(f"-D{k}={v}" for k, v in d.items()))
     tma_store = name == "tmastore" or d.get("TMA_STORE")
     for dtype in ("bf16", "f16"):
@@ -165,7 +165,7 @@ def test_candidate_compiles_without_spills_and_holds_its_instructions(name, d):
 
 def run_candidate(name, d, M, N, K, dtype, grid, source=None):
     """One candidate in the emulator: C = A B^T with C's TMA store where N % 8 == 0; returns (C, reference)."""
-    source = source or (VARIANTS / f"{name}.cu").read_text()
+    source = source or TRY.variant_source(name)
     cm = d.get("CLUSTER_M", 2)
     rows, cols = (d.get("WM", 64), 16384 // d.get("WM", 64)) if name == "pingpong" else (128, 256)
     A, B, C, ref = tc_case(M, N, K, dtype)
@@ -207,7 +207,7 @@ def test_candidate_in_the_emulator(name, d, M, N, K, dtype, grid):
 
 
 def mutated(name, old, new):
-    source = (VARIANTS / f"{name}.cu").read_text()
+    source = TRY.variant_source(name)
     assert old in source, old
     return source.replace(old, new, 1)
 

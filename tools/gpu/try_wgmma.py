@@ -27,7 +27,22 @@ import matmul as mb  # noqa: E402
 
 HERE = ROOT / "tools" / "gpu" / "wgmma_variants"
 CELL = mb.cell_with(mb.cuda_cells("06-tensor-cores.py"), "wgmma_bf16").source
-SOURCES = {"wgmma": CELL, **{name: (HERE / f"{name}.cu").read_text() for name in ("pingpong", "tmastore")}}
+HELPERS_MARK = "// @cell-helpers:"
+
+
+def cell_helpers(cell: str = CELL) -> str:
+    """The cell's device helpers (mbarrier, TMA, wgmma, stores, stage release, tile order): what a candidate shares."""
+    start = cell.index("// --- mbarrier: a shared-memory barrier")
+    return cell[start:cell.index("template <typename T>\n__device__ void wgmma_gemm")].rstrip("\n") + "\n"
+
+
+def variant_source(name: str) -> str:
+    """tools/gpu/wgmma_variants/<name>.cu with its `// @cell-helpers:` line replaced by the cell's helpers."""
+    lines = (HERE / f"{name}.cu").read_text().splitlines(keepends=True)
+    return "".join(cell_helpers() if line.startswith(HELPERS_MARK) else line for line in lines)
+
+
+SOURCES = {"wgmma": CELL, **{name: variant_source(name) for name in ("pingpong", "tmastore")}}
 
 # (label, kernel family, -D options). The cell: 128 x 256 tiles, both consumers on one tile, 4 stages of 48 KiB,
 # direct 4-byte stores. pingpong: each consumer its own WM x (16384 / WM) tile, alternating; tmastore: the cell with
