@@ -1,12 +1,7 @@
 # Session 3, GPU run A: tutorials 07/00/01/02 executed with outputs, the attention benchmark, the merged launch-path,
 # tensor-map and source-view tests, the launch-overhead table. Logs under $OUT; a summary printed last.
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-python3 -m ipykernel install --user --name python3 > /dev/null 2>&1
+LOGS=/tmp/nb; WITH_KERNEL=1; source tools/gpu/common.sh
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv,noheader
-mkdir -p /tmp/nb
-T0=$(date +%s)
 timeout 260 python3 tools/gpu/run_notebooks.py /tmp/nb notebooks/07-fused-attention.py > /tmp/nb07.log 2>&1; echo "07 rc=$? $(( $(date +%s) - T0 )) s"
 timeout 100 python3 tools/gpu/run_notebooks.py /tmp/nb notebooks/01-first-kernel.py notebooks/02-transpose-banks.py notebooks/00-puzzles.py > /tmp/nb012.log 2>&1; echo "00-02 rc=$? $(( $(date +%s) - T0 )) s"
 timeout 120 python3 benchmarks/attention.py --no-check > /tmp/attention.txt 2>&1; echo "attention rc=$? $(( $(date +%s) - T0 )) s"

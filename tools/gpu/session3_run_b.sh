@@ -1,10 +1,6 @@
 # Session 3, GPU run B: first GPU pass of the memory-bound and matmul ladders (--quick), the autotune GPU tests and
 # tutorial 07's exercise graders on the GPU. Logs under $OUT (one tarball); a summary printed last.
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-mkdir -p /tmp/b
-T0=$(date +%s)
+LOGS=/tmp/b; source tools/gpu/common.sh
 OUT=/tmp/b timeout 80 python3 benchmarks/memory_bound.py --quick > /tmp/b/memory_bound.txt 2>&1; echo "memory_bound rc=$? $(( $(date +%s) - T0 )) s"
 OUT=/tmp/b timeout 95 python3 benchmarks/matmul.py --quick > /tmp/b/matmul.txt 2>&1; echo "matmul rc=$? $(( $(date +%s) - T0 )) s"
 timeout 75 python3 -m pytest -p no:cacheprovider -m gpu -q -rs -x tests/gpu/test_autotune_gpu.py > /tmp/b/autotune.txt 2>&1; echo "autotune rc=$? $(( $(date +%s) - T0 )) s"

@@ -1,10 +1,5 @@
 # Session 3, GPU run C: the autotune GPU tests (one GPU, Dask), then tutorials 04 and 03 with outputs, as time allows.
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-python3 -m ipykernel install --user --name python3 > /dev/null 2>&1
-mkdir -p /tmp/c
-T0=$(date +%s)
+LOGS=/tmp/c; WITH_KERNEL=1; source tools/gpu/common.sh
 KERNELLAB_ARTIFACTS=/tmp/c timeout 100 python3 -m pytest -p no:cacheprovider -m gpu -q -rs -s tests/gpu/test_autotune_gpu.py > /tmp/c/autotune.txt 2>&1; echo "autotune rc=$? $(( $(date +%s) - T0 )) s"
 timeout 65 python3 tools/gpu/run_notebooks.py /tmp/c notebooks/04-layernorm.py > /tmp/c/nb04.log 2>&1; echo "04 rc=$? $(( $(date +%s) - T0 )) s"
 timeout 70 python3 tools/gpu/run_notebooks.py /tmp/c notebooks/03-reductions-softmax.py > /tmp/c/nb03.log 2>&1; echo "03 rc=$? $(( $(date +%s) - T0 )) s"

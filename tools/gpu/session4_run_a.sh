@@ -1,10 +1,6 @@
 # Session 4, GPU run A: where the launch's host time goes, the Hopper matmul sweep after the cluster-arrive fix,
 # Nsight Compute on the last matmul steps, the LayerNorm/RMSNorm table, and the Dask autotune GPU tests.
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-mkdir -p /tmp/a
-T0=$(date +%s)
+LOGS=/tmp/a; source tools/gpu/common.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv > /tmp/a/smi.txt 2>&1
 timeout 40 python3 benchmarks/launch_overhead.py --launches 1000 --rounds 9 > /tmp/a/launch.txt 2>&1; echo "launch rc=$? $(( $(date +%s) - T0 )) s"
 timeout 30 python3 benchmarks/launch_overhead.py --breakdown --launches 1000 --rounds 9 > /tmp/a/breakdown.txt 2>&1; echo "breakdown rc=$? $(( $(date +%s) - T0 )) s"
