@@ -177,19 +177,19 @@ def main(argv=None):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     nb_fams, nb_cfg = A.load_families(None, None)
     cand_fams, cand_cfg = A.load_families(str(CANDIDATE), None)
+    wg2_fams, wg2_cfg = A.load_families(str(CANDIDATE), None, options=("-DFA3P_WG64=2", "-DFA3P_WG64C=2"))
     fa3 = A.launcher(nb_fams["fa3"], nb_cfg["fa3"])
     ours = {"fa3": fa3,
-            "fa3p": persistent_launcher(cand_fams["fa3p"], cand_cfg["fa3p"], sms),
-            "fa3p_flat": persistent_launcher(cand_fams["fa3p"], cand_cfg["fa3p"], sms, flat=True),
-            "fa3p_dyn": persistent_launcher(cand_fams["fa3p"], cand_cfg["fa3p"], sms, dynamic=True)}
+            "fa3p_dyn": persistent_launcher(cand_fams["fa3p"], cand_cfg["fa3p"], sms, dynamic=True),
+            "dyn_wg2": persistent_launcher(wg2_fams["fa3p"], wg2_cfg["fa3p"], sms, dynamic=True)}
     lines = [f"{dev}, {sms} SMs, {time.strftime('%Y-%m-%d')}"]
     for fam, cfg in (("fa3", nb_cfg["fa3"]), ("fa3p", cand_cfg["fa3p"])):
         k = (nb_fams if fam == "fa3" else cand_fams)[fam][f"{fam}_bf16_d64"]
         lines.append(f"{fam}: {cfg}; {k.name} {k.resources}")
 
     # checks: each kernel on each shape, the candidate also on 7 CTAs
-    checked = {**ours, "fa3p@7": persistent_launcher(cand_fams["fa3p"], cand_cfg["fa3p"], sms, ctas=7),
-               "fa3p_dyn@7": persistent_launcher(cand_fams["fa3p"], cand_cfg["fa3p"], sms, ctas=7, dynamic=True)}
+    checked = {**ours, "fa3p_dyn@7": persistent_launcher(cand_fams["fa3p"], cand_cfg["fa3p"], sms, ctas=7, dynamic=True),
+               "dyn_wg2@7": persistent_launcher(wg2_fams["fa3p"], wg2_cfg["fa3p"], sms, ctas=7, dynamic=True)}
     bad = 0
     for B, H, N, d, dname, causal in CHECKS:
         row = []
@@ -231,17 +231,17 @@ def main(argv=None):
                         fns.pop(bname)
                 del probe
                 try:
-                    res = kernellab.bench(fns["fa3p"], A.inputs_for(B, H, N, d, torch.bfloat16),
-                                          baselines={n: f for n, f in fns.items() if n != "fa3p"},
-                                          flops=4 * B * H * N * N * d / (2 if causal else 1), name="fa3p",
+                    res = kernellab.bench(fns["fa3p_dyn"], A.inputs_for(B, H, N, d, torch.bfloat16),
+                                          baselines={n: f for n, f in fns.items() if n != "fa3p_dyn"},
+                                          flops=4 * B * H * N * N * d / (2 if causal else 1), name="fa3p_dyn",
                                           rounds=6, rep_ms=60, warmup_ms=20)
-                    tf = {"fa3p": res.tflops, **{b.name: b.tflops for b in res.baselines}}
+                    tf = {"fa3p_dyn": res.tflops, **{b.name: b.tflops for b in res.baselines}}
                     rows.append(dict(d=d, causal=causal, N=N, B=B, H=H, tflops=tf))
                 except Exception as exc:                                   # a baseline that cannot run, say
                     rows.append(dict(d=d, causal=causal, N=N, error=f"{type(exc).__name__}: {exc}"[:200]))
                 torch.cuda.empty_cache()
     head = (f"{'d':>4s} {'causal':6s} {'N':>5s} | " + " ".join(f"{n:>9s}" for n in names)
-            + " | fa3/FLASH fa3p/FLASH dyn/FLASH dyn/CUDNN fa3p/fa3 flat/fa3 dyn/fa3")
+            + " | fa3/FLASH dyn/FLASH wg2/FLASH dyn/CUDNN wg2/CUDNN  wg2/dyn")
     table = ["", "bf16, B N = 16k, H d = 2048, TFLOP/s (medians)", head]
     for r in rows:
         if "error" in r:
@@ -251,8 +251,9 @@ def main(argv=None):
         cells = " ".join(f"{tf[n]:9.1f}" if n in tf else f"{'-':>9s}" for n in names)
         ratio = (lambda a, b: f"{tf[a] / tf[b]:.2f}x" if a in tf and b in tf else "-")
         table.append(f"{r['d']:4d} {r['causal']!s:6s} {r['N']:5d} | {cells} | {ratio('fa3', 'FLASH'):>9s} "
-                     f"{ratio('fa3p', 'FLASH'):>10s} {ratio('fa3p_dyn', 'FLASH'):>9s} {ratio('fa3p_dyn', 'CUDNN'):>9s} "
-                     f"{ratio('fa3p', 'fa3'):>8s} {ratio('fa3p_flat', 'fa3'):>8s} {ratio('fa3p_dyn', 'fa3'):>7s}")
+                     f"{ratio('fa3p_dyn', 'FLASH'):>9s} {ratio('dyn_wg2', 'FLASH'):>9s} "
+                     f"{ratio('fa3p_dyn', 'CUDNN'):>9s} {ratio('dyn_wg2', 'CUDNN'):>9s} "
+                     f"{ratio('dyn_wg2', 'fa3p_dyn'):>8s}")
     table.append(f"({time.time() - t0:.0f} s)")
     print("\n".join(table))
     if out_dir:

@@ -28,13 +28,30 @@
 #include <cuda.h>   // CUtensorMap
 typedef unsigned int uint32_t;
 
+#ifndef FA3P_BN64
 #define FA3P_BN64 128        // keys per tile at d = 64
+#endif
+#ifndef FA3P_BN128
 #define FA3P_BN128 128       // keys per tile at d = 128
+#endif
+#ifndef FA3P_WG64
 #define FA3P_WG64 3          // consumer warpgroups at d = 64: BLOCK_M = 192
+#endif
+#ifndef FA3P_WG64C
+#define FA3P_WG64C 3         // consumer warpgroups at d = 64 with the causal mask
+#endif
+#ifndef FA3P_WG128
 #define FA3P_WG128 2         // consumer warpgroups at d = 128: BLOCK_M = 128
+#endif
+#ifndef FA3P_ST64
 #define FA3P_ST64 2          // K/V stages in flight
+#endif
+#ifndef FA3P_ST128
 #define FA3P_ST128 2
+#endif
+#ifndef FA3P_RESCALE_LOG2
 #define FA3P_RESCALE_LOG2 8.0f
+#endif
 
 // wgmma.mma_async wrappers: D[64 x N] (+)= A[64 x 16] B[16 x N] with fp32 accumulators, one per (N, dtype) used.
 // wgmma_ss: A and B from shared memory (descriptors), both K-major; scale_d = 0 starts from zero.
@@ -371,11 +388,11 @@ fa3p_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     fa3p::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, FA3P_WG64, FA3P_ST64, false>(&tq, &tk, &tv, o, n, bh,
         heads_per_section, work_counter, scale);
 }
-extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG64 + 1), 1)
+extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG64C + 1), 1)
 fa3p_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
                      int* __restrict__ work_counter, float scale) {
-    fa3p::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, FA3P_WG64, FA3P_ST64, true>(&tq, &tk, &tv, o, n, bh,
+    fa3p::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, FA3P_WG64C, FA3P_ST64, true>(&tq, &tk, &tv, o, n, bh,
         heads_per_section, work_counter, scale);
 }
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG128 + 1), 1)
@@ -399,11 +416,11 @@ fa3p_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUt
     fa3p::attention_fwd_persistent<__half, 64, FA3P_BN64, FA3P_WG64, FA3P_ST64, false>(&tq, &tk, &tv, o, n, bh,
         heads_per_section, work_counter, scale);
 }
-extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG64 + 1), 1)
+extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG64C + 1), 1)
 fa3p_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
                     int* __restrict__ work_counter, float scale) {
-    fa3p::attention_fwd_persistent<__half, 64, FA3P_BN64, FA3P_WG64, FA3P_ST64, true>(&tq, &tk, &tv, o, n, bh,
+    fa3p::attention_fwd_persistent<__half, 64, FA3P_BN64, FA3P_WG64C, FA3P_ST64, true>(&tq, &tk, &tv, o, n, bh,
         heads_per_section, work_counter, scale);
 }
 extern "C" __global__ void __launch_bounds__(128 * (FA3P_WG128 + 1), 1)
