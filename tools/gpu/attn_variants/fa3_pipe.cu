@@ -1,27 +1,24 @@
-// Candidate for tutorial 07 step 3 (kernellab issue 12): the fa3 kernel made persistent. Not in the notebook yet;
-// tools/gpu/try_attention.py checks and times it against the notebook's cell and SDPA, tests/test_attention_persistent.py
-// runs it in the CPU emulator (tests/emu).
+// Candidate for tutorial 07 (kernellab issue 12 item 3): fa3_persistent.cu (persistent grid, producer warpgroup with TMA,
+// 2-3 consumer warpgroups with wgmma, dynamic or snake schedule; see that file for the schedule, the Q double buffer
+// and the barrier phases, all unchanged here) with FA3's intra-warpgroup pipelining in the consumers. Kernels fa3q_*,
+// defines FA3Q_*, so both files load side by side. tools/gpu/try_attention_pipe.py checks and times it;
+// tests/test_attention_pipe.py runs it in the CPU emulator (tests/emu) and checks its SASS.
 //
-// What changes against the notebook's fa3 cell (same tiles, same roles, same softmax, same products):
-// - grid = the number of SMs (at most the number of work items). A work item is one (query block, batch*head).
-//   Items are numbered in sections of `heads_per_section` heads (the CTAs running at once then share those heads'
-//   K/V in L2); within a section query blocks go outermost, heads innermost; with the causal mask the heaviest query
-//   blocks (the last ones: most key tiles) come first. Under the static schedule, odd sections go lightest first
-//   instead, so that the cost of consecutive items changes smoothly (a triangle wave) and never jumps at a
-//   section's end, which the snake below needs (tools/gpu/try_attention.py --plan models both).
-// - which CTA does which item, two schedules (work_counter null or not):
-//   static: in round r CTA b takes item r * gridDim.x + b, or r * gridDim.x + gridDim.x - 1 - b in odd rounds (a
-//     snake: the CTA that got the heaviest item of a round gets the lightest of the next);
-//   dynamic: CTA b's first item is b, the next ones come from atomicAdd on *work_counter (greedy: whichever CTA is
-//     ready first takes the next item). The CTA that draws the launch's last number sets the counter back to 0, so
-//     the same zeroed int serves every launch. The producer draws, and tells the consumers through shared memory
-//     (one slot per Q buffer, published by the Q buffer's full barrier; -1: no more work).
-// - two Q buffers: the producer loads item i+1's Q tile (and then its first K/V stages, as they free) while the
-//   consumers are still on item i's last tiles and epilogue. Each consumer warp releases its Q buffer (empty_q)
-//   after the last S = Q K^T of an item.
-// - every barrier's phase is counted across items: K/V stage s of the kv-th tile overall is s = kv % STAGES with
-//   parity (kv / STAGES) & 1; Q buffer it % 2 with parity (it / 2) & 1.
-// - the asm helpers are top-level functions named as the emulator's contract (tests/emu/ptx_emu.h) spells them.
+// What changes in a consumer's loop over an item's key tiles (FlashAttention-3, Algorithm 2):
+//   tile 0:    issue S_0 = Q K_0^T; wait_group 0; softmax(S_0) -> P_0
+//   tile j>=1: issue S_j = Q K_j^T; issue O += P_{j-1} V_{j-1};
+//              wait_group 1 (S_j done; P V may still run); softmax(S_j) in place (masks, max, exponentials, l);
+//              wait_group 0; release stage j-1 (its K and V); rescale O by alpha_j; P_j = pack(S_j)
+//   after:     issue O += P_last V_last; wait_group 0; release the last stage
+// so the softmax of tile j overlaps the P V product of tile j - 1 inside the warpgroup (the other warpgroups still
+// overlap as before). Registers: O, S and the previous tile's P (BN / 4 more than fa3_persistent.cu, which can pack P
+// as S dies): the producer gives its registers to the consumers with setmaxnreg (24 / 240 with 2 consumer
+// warpgroups, 32 / 160 with 3); without it (FA3Q_SETMAXNREG=0) the kernels spill. d = 128 with 3 consumer warpgroups
+// (160 registers) spills too, so d = 128 keeps 2. K/V stages: at least 2 (tile j's K is awaited before stage j - 1
+// is released). The arithmetic is fa3_persistent.cu's, operation for operation: the same bits come out.
+// ptxas hoists a wgmma.wait_group above register-only work it does not depend on, which put the second wait before
+// the exponentials; a shared store of their sum (one per warp, never read) keeps them before it (the test checks
+// the SASS). Not done: FA3's ping-pong of two consumer warpgroups with named barriers.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <math_constants.h>
