@@ -17,7 +17,9 @@
 // - wgmma.mma_async m64nNk16 (bf16/fp16 -> fp32; A K-major from shared memory or from registers; B K-major, or
 //   MN-major (the transpose bit) with the 128-byte swizzle, from shared memory; descriptors with no or 128-byte
 //   swizzle): queued at issue and computed at wgmma.wait_group, reading shared memory then, so a stage released
-//   before its wgmma finished is caught. A from registers is read at issue.
+//   before its wgmma finished is caught. The accumulator registers hold a poison NaN from issue to that wait (their
+//   values kept aside), so reading them too early gives NaN and writing them is an error at the wait. A from
+//   registers is read at issue (overwriting it while the wgmma is in flight is not caught).
 // - __shfl_xor_sync and __any_sync over a whole warp; ex2.approx as exp2; atomicAdd and atomicExch on int.
 // - Named barriers (bar.sync / bar.arrive with an id 1-15 and a thread count): per CTA, counting threads; a barrier
 //   still holding arrivals when the cluster's CTAs finish is an error (an unmatched bar.arrive).
@@ -675,8 +677,14 @@ template <int N> inline void tma_store_wait() { emu::run_pending_stores(N); }
 
 // ---- wgmma: queued at issue, computed at wgmma.wait_group ---------------------------------------------------------
 namespace emu {
+// The accumulators of wgmmas in flight: their values live in `shadow` until the last of them retires, and the
+// registers hold a poison NaN meanwhile, so a read before wgmma.wait_group sees NaN and a write is caught at the wait.
+struct InFlight { std::vector<float> shadow; int pending = 0; };
+constexpr uint32_t kAccPoison = 0x7fa5a5a5u;
+inline thread_local std::map<float*, std::shared_ptr<InFlight>> tl_in_flight;
 struct Wgmma {
     float* d; int n; uint64_t da, db; bool accumulate; bool bf16;
+    std::shared_ptr<InFlight> acc = nullptr;
     bool a_regs = false;          // A from registers: this thread's two rows (g, g + 8), read at issue
     bool b_mn_major = false;      // B MN-major (the transpose bit): N contiguous
     uint16_t a_rows[2][16] = {};
@@ -718,7 +726,7 @@ inline void run_wgmma(const Wgmma& w) {
     for (int j = 0; j < w.n / 8; ++j)
         for (int q = 0; q < 4; ++q) {
             int row = 16 * warp + lane / 4 + (q >= 2 ? 8 : 0), col = 8 * j + 2 * (lane % 4) + (q & 1);
-            double acc = w.accumulate ? w.d[4 * j + q] : 0.0;
+            double acc = w.accumulate ? w.acc->shadow[4 * j + q] : 0.0;
             for (int k = 0; k < 16; ++k) {
                 uint16_t a, b;
                 if (w.a_regs) a = w.a_rows[q >= 2][k];
@@ -728,8 +736,28 @@ inline void run_wgmma(const Wgmma& w) {
                 float fb = w.bf16 ? emu_bf16_bits_to_f32(b) : emu_f16_bits_to_f32(b);
                 acc += double(fa) * double(fb);
             }
-            w.d[4 * j + q] = float(acc);
+            w.acc->shadow[4 * j + q] = float(acc);
         }
+    if (--w.acc->pending == 0) {                              // the last wgmma on these registers: they get its values
+        for (int i = 0; i < w.n / 2; ++i)
+            if (__float_as_uint(w.d[i]) != kAccPoison)
+                fail("wgmma accumulator registers written while the wgmma was in flight (before its wait_group)");
+        std::memcpy(w.d, w.acc->shadow.data(), sizeof(float) * (w.n / 2));
+        tl_in_flight.erase(w.d);
+    }
+}
+// At issue: the accumulators go into flight (their values to the shadow, the registers poisoned), or stay there.
+inline std::shared_ptr<InFlight> take_accumulators(float* d, int n) {
+    auto& a = tl_in_flight[d];
+    if (!a) {
+        a = std::make_shared<InFlight>();
+        a->shadow.assign(d, d + n / 2);
+        for (int i = 0; i < n / 2; ++i) d[i] = __uint_as_float(kAccPoison);
+    } else if (int(a->shadow.size()) != n / 2) {
+        fail("a wgmma in flight on part of another's accumulators");
+    }
+    ++a->pending;
+    return a;
 }
 inline void run_pending_wgmma(int keep) {
     while (int(tl_wg_groups.size()) > keep) {
@@ -747,7 +775,7 @@ template <class T>
 inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d) {  // queued
     syncwarp();
     if (!tl_wg_fenced) fail("wgmma issued without wgmma.fence first");
-    tl_wg_open.push_back({d, n, da, db, scale_d != 0, std::is_same<T, __nv_bfloat16>::value});
+    tl_wg_open.push_back({d, n, da, db, scale_d != 0, std::is_same<T, __nv_bfloat16>::value, take_accumulators(d, n)});
 }
 // A from registers (mma.sync's A fragment per warp: a[0] row g cols 2t.., a[1] row g + 8, a[2] row g cols 2t + 8..,
 // a[3] row g + 8 cols 2t + 8..), B MN-major from shared memory. The warp's fragments are gathered at issue.
@@ -773,6 +801,7 @@ inline void wgmma_issue_rs(float* d, int n, const uint32_t (&a)[4], uint64_t db)
         }
     }
     syncwarp();
+    w.acc = take_accumulators(d, n);
     tl_wg_open.push_back(w);
 }
 }  // namespace emu
