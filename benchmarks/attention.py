@@ -44,7 +44,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOL = {"bf16": 3.2e-2, "fp16": 4e-3}
 
 
-ENTRY = re.compile(r"^(?P<family>[a-z0-9]+)_(?:bf16|f16)_d\d+(?:_causal)?$")
+ENTRY = re.compile(r"^(?P<family>[a-z0-9]+)_(?:bf16|f16)_d\d+(?:_causal)?(?:_bm\d+)?$")   # _bm128: a second height
 DEFINE = re.compile(r"^#define\s+(FA\d[A-Z]*_\w+)\s+(\d+)\b", re.M)     # FA3_BN64, FA3P_WG64 (a variant's family)
 
 
@@ -87,16 +87,69 @@ def smem_bytes(kernel, d: int, block_n: int, mt: int = 1) -> int:
 def launcher(family: dict, config: dict):
     """attention(q, k, v, out, causal) for a family, its tiles as its `#define`s say."""
     block_n = {d: config[f"BN{d}"] for d in (64, 128)}
+    if any(p.name == "work_counter" for p in next(iter(family.values())).params):
+        return make_persistent_launcher(family, block_n, {d: config.get(f"ST{d}", 2) for d in (64, 128)})
     if any(p.ctype.endswith("CUtensorMap") for p in next(iter(family.values())).params):
         return make_tma_launcher(family, block_n, {d: config.get(f"ST{d}", 2) for d in (64, 128)})
     return make_launcher(family, block_n, mt=config.get("MT", 1))
 
 
-def entry(family: dict, q, causal: bool):
-    """The family's kernel for q's dtype and head dim, causal or not (fa2_bf16_d64_causal, ...)."""
+def entry(family: dict, q, causal: bool, suffix: str = ""):
+    """The family's kernel for q's dtype and head dim, causal or not (fa2_bf16_d64_causal, ...; suffix: _bm128)."""
     prefix = next(iter(family)).split("_")[0]
     dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
-    return family[f"{prefix}_{dt}_d{q.shape[-1]}{'_causal' if causal else ''}"]
+    return family[f"{prefix}_{dt}_d{q.shape[-1]}{'_causal' if causal else ''}{suffix}"]
+
+
+# The persistent kernels (tutorial 07, step 3b). At d = 64 they come in two heights, 192 query rows (3 consumer
+# warpgroups) and 128 (2); a launch takes the one with the smaller predicted time: the query rows x key columns the
+# kernel computes at that height (padding of the last query block and whole key tiles across the causal diagonal
+# included) over its relative throughput, measured where neither height wastes anything (d = 64, N = 4096, not
+# causal, H100: 414.0 / 481.7 TFLOP/s = 0.86; docs/RESULTS.md, session 5 run B).
+RELATIVE_THROUGHPUT = {192: 1.0, 128: 0.86}
+L2_SECTION_BYTES = 16 << 20           # the K/V of one L2 section's heads: a third of the H100's 50 MB L2
+
+
+def computed_area(N: int, block_m: int, block_n: int, causal: bool) -> int:
+    """Query rows x key columns one head's items compute, tiles counted whole (what the tensor cores do)."""
+    tiles_all = math.ceil(N / block_n)
+    return sum(block_m * block_n * (min(tiles_all, math.ceil((q + 1) * block_m / block_n)) if causal else tiles_all)
+               for q in range(math.ceil(N / block_m)))
+
+
+def persistent_block_m(N: int, d: int, causal: bool, block_n: int = 128) -> int:
+    """The query block height for the persistent kernel: 128 at d = 128; at d = 64 the faster by the model above."""
+    if d != 64:
+        return 128
+    return min(RELATIVE_THROUGHPUT, key=lambda bm: computed_area(N, bm, block_n, causal) / RELATIVE_THROUGHPUT[bm])
+
+
+def section_heads(N: int, d: int, bh: int, elem_bytes: int = 2) -> int:
+    """Heads per L2 section: as many as have their K and V within L2_SECTION_BYTES (at least 1, at most all)."""
+    return max(1, min(bh, L2_SECTION_BYTES // (2 * N * d * elem_bytes)))
+
+
+def make_persistent_launcher(family: dict, block_n: dict, stages: dict, ctas: int | None = None):
+    """attention(q, k, v, out, causal) for the persistent kernels: grid = min(SMs or `ctas`, work items), work items
+    drawn from one zeroed int32 counter per device (each launch leaves it at 0)."""
+    counters = {}
+
+    def attention(q, k, v, out, causal=False):
+        B, H, N, d = q.shape
+        bm = persistent_block_m(N, d, causal, block_n[d])
+        kern = entry(family, q, causal, "_bm128" if d == 64 and bm == 128 else "")
+        assert kern.resources.max_threads_per_block == 128 * (bm // 64 + 1), kern.name
+        if q.device not in counters:
+            counters[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64)) for x, rows in ((q, bm), (k, block_n[d]),
+                                                                                        (v, block_n[d]))]
+        smem = 1024 + (2 * bm + 2 * stages[d] * block_n[d]) * d * 2 + 256     # slack, 2 Q buffers, K/V stages, barriers
+        items = math.ceil(N / bm) * B * H
+        kern[(min(ctas or sms, items),), 128 * (bm // 64 + 1), smem](*maps, out, N, B * H, section_heads(N, d, B * H),
+                                                                     counters[q.device], d ** -0.5)
+        return out
+    return attention
 
 
 def make_launcher(family: dict, block_n: dict, mt: int = 1):

@@ -27,6 +27,8 @@
 #   masking code on interior tiles, lazy rescaling);
 # - **step 3**, the Hopper kernel: `wgmma` fed by the tensor memory accelerator (TMA) through `mbarrier`s, one
 #   producer warp and two or three consumer warpgroups, as FlashAttention-3 describes;
+# - **step 3b**, the same kernel made persistent: one CTA per SM drawing work items from an atomic counter, the next
+#   item's loads hidden under the current one's epilogue, and the block height chosen per launch by a cost model;
 # - how each step is checked (awkward `N`, both dtypes, head dims 64 and 128, causal or not, against a float64
 #   reference) and timed against every SDPA backend, and what limits each one.
 #
@@ -1142,6 +1144,10 @@ typedef unsigned long long uint64_t;
 #define FA3_ST64 2          // K/V stages in flight
 #define FA3_ST128 2
 #define FA3_RESCALE_LOG2 8.0f
+#define FA3P_BN64 128       // step 3b (persistent): keys per tile, as FA3_BN64
+#define FA3P_BN128 128
+#define FA3P_ST64 2
+#define FA3P_ST128 2
 namespace fa3 {
 // wgmma.mma_async wrappers: D[64 x N] (+)= A[64 x 16] B[16 x N] with fp32 accumulators, one per (N, dtype) used.
 // wgmma_ss: A and B from shared memory (descriptors), both K-major; scale_d = 0 starts from zero.
@@ -1406,6 +1412,231 @@ __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, co
     }
 }
 
+
+// ---- Step 3b: the same tiles, roles and softmax in a persistent kernel ------------------------------------------------
+// grid = the SM count. A work item is one (query block, batch*head); items are numbered in L2 sections of
+// `heads_per_section` heads (the CTAs running at once share those heads' K/V in L2), query blocks outermost inside a
+// section (heaviest first with the causal mask), heads innermost. CTA b's first item is b; then the producer draws the
+// next from an atomic counter (whichever CTA is ready first takes it) and tells the consumers through shared memory.
+// Two Q buffers: the producer loads item i+1's Q, then its first K/V stages, while the consumers finish item i.
+// Every barrier's phase is counted across items.
+// Work item -> (query block, batch*head). Sections of `hps` heads (the last may have fewer); inside one, query
+// blocks outermost (heaviest first when causal), heads innermost.
+template <bool CAUSAL>
+__device__ __forceinline__ void item_coords(int item, int n_qblocks, int BH, int hps, bool alternate, int& qblock,
+                                            int& bh) {
+    const int per_section = hps * n_qblocks;
+    const int sec = item / per_section;
+    const int r = item - sec * per_section;
+    const int heads = min(hps, BH - sec * hps);
+    const int level = r / heads;
+    bh = sec * hps + (r - level * heads);
+    qblock = (CAUSAL && !(alternate && (sec & 1))) ? n_qblocks - 1 - level : level;
+}
+
+// The producer's next work item after item number `it` of this CTA (-1: no more). Static: round it + 1 of the snake.
+// Dynamic: a draw from *counter; the draws of a launch number n_items in all (the successful ones, then one failing
+// draw per CTA), so the one that returns n_items - 1 is the launch's last and puts the counter back to 0.
+__device__ __forceinline__ int next_item(int it, int n_items, int* counter) {
+    if (counter == nullptr) {
+        const int round = it + 1;
+        const int item = round * gridDim.x + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+        return item < n_items ? item : -1;
+    }
+    const int drawn = atomicAdd(counter, 1);
+    if (drawn == n_items - 1) atomicExch(counter, 0);
+    const int item = gridDim.x + drawn;
+    return item < n_items ? item : -1;
+}
+
+template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
+__device__ __forceinline__ void attention_fwd_persistent(const void* tq, const void* tk, const void* tv,
+                                                         T* __restrict__ O, int N, int BH, int heads_per_section,
+                                                         int* __restrict__ work_counter, float scale) {
+    constexpr int BM = 64 * NCWG;               // query rows per work item: 64 per consumer warpgroup
+    constexpr int DB = D / 64;                  // 64-column blocks of the head dim (one TMA box each)
+    constexpr uint32_t Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+    const uint32_t q_s = base;                                   // [2][DB][BM][64]: two Q buffers
+    const uint32_t k_s = q_s + 2 * Q_BYTES;                      // [STAGES][DB][BN][64]
+    const uint32_t v_s = k_s + STAGES * KV_BYTES;                // [STAGES][DB][BN][64]
+    const uint32_t bars = v_s + STAGES * KV_BYTES;               // full_q[2], empty_q[2], full_k[S], full_v[S], empty[S]
+    const uint32_t full_q = bars, empty_q = bars + 16, full_k = bars + 32, full_v = full_k + 8 * STAGES,
+                   empty = full_v + 8 * STAGES;
+    // the work item whose Q is in buffer b (-1: none left), written by the producer before it arrives on full_q[b]
+    volatile int* item_slot = reinterpret_cast<volatile int*>(smem_raw + (empty + 8 * STAGES - smem_u32(smem_raw)));
+
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const int n_qblocks = (N + BM - 1) / BM;
+    const int n_items = n_qblocks * BH;
+    const int n_tiles_all = (N + BN - 1) / BN;
+    const int hps = max(1, min(heads_per_section, BH));
+
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < 2; ++b) {
+            mbar_init(full_q + 8 * b, 1);
+            mbar_init(empty_q + 8 * b, 4 * NCWG);   // one arrival per consumer warp
+        }
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full_k + 8 * s, 1);
+            mbar_init(full_v + 8 * s, 1);
+            mbar_init(empty + 8 * s, 4 * NCWG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {                              // producer: one thread issues every copy, item after item
+        if (tid == 0) {
+            int kv = 0;                         // K/V tiles loaded so far, over all items: stage kv % STAGES
+            int item = blockIdx.x < n_items ? (int)blockIdx.x : -1;
+            for (int it = 0;; ++it) {           // it: items so far, Q buffer it % 2
+                const int qb = it & 1;
+                // the buffer held item it - 2's Q: wait until every consumer warp has done its last S = Q K^T
+                if (it >= 2) mbar_wait(empty_q + 8 * qb, ((it >> 1) - 1) & 1);
+                item_slot[qb] = item;
+                if (item < 0) {                 // no more work: release the consumers with an empty phase
+                    mbar_arrive(full_q + 8 * qb);
+                    break;
+                }
+                int qblock, bh;
+                item_coords<CAUSAL>(item, n_qblocks, BH, hps, work_counter == nullptr, qblock, bh);
+                const int q0 = qblock * BM;
+                const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
+                mbar_expect_tx(full_q + 8 * qb, Q_BYTES);
+                for (int b = 0; b < DB; ++b)
+                    tma_load_3d(q_s + qb * Q_BYTES + b * BM * 128, tq, full_q + 8 * qb, 64 * b, q0, bh);
+                for (int j = 0; j < n_tiles; ++j, ++kv) {
+                    const int s = kv % STAGES;
+                    if (kv >= STAGES) mbar_wait(empty + 8 * s, ((kv / STAGES) - 1) & 1);
+                    mbar_expect_tx(full_k + 8 * s, KV_BYTES);
+                    for (int b = 0; b < DB; ++b)
+                        tma_load_3d(k_s + s * KV_BYTES + b * BN * 128, tk, full_k + 8 * s, 64 * b, j * BN, bh);
+                    mbar_expect_tx(full_v + 8 * s, KV_BYTES);
+                    for (int b = 0; b < DB; ++b)
+                        tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bh);
+                }
+                item = next_item(it, n_items, work_counter);
+            }
+        }
+        return;
+    }
+
+    // consumers: warpgroup c = wg - 1 owns query rows q0 + 64 c .. + 63 of each item; warp w of it rows 16 w ..
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const float scale_log2 = scale * LOG2E;
+    int kv = 0;
+    for (int it = 0;; ++it) {
+        const int qb = it & 1;
+        mbar_wait(full_q + 8 * qb, (it >> 1) & 1);
+        const int item = item_slot[qb];
+        if (item < 0) break;
+        int qblock, bh;
+        item_coords<CAUSAL>(item, n_qblocks, BH, hps, work_counter == nullptr, qblock, bh);
+        const int q0 = qblock * BM;
+        const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
+        const uint32_t q_tile = q_s + qb * Q_BYTES;
+        const int row0 = q0 + 64 * c + 16 * warp + g, row1 = row0 + 8;
+        float o[D / 2];                          // O: 64 x D per warpgroup; o[4 e + 0..1] row g, [4 e + 2..3] row g + 8
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+        float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
+
+        for (int j = 0; j < n_tiles; ++j, ++kv) {
+            const int s = kv % STAGES;
+            const uint32_t phase = (kv / STAGES) & 1;
+            const uint32_t k_tile = k_s + s * KV_BYTES, v_tile = v_s + s * KV_BYTES;
+            const int kv0 = j * BN;
+
+            // S = Q K^T on the tensor cores: D / 16 wgmmas of m64 n BN k16, both operands K-major in shared memory.
+            float sacc[BN / 2];
+            mbar_wait(full_k + 8 * s, phase);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const uint64_t da = sw128_desc(q_tile + (kk / 4) * BM * 128 + 64 * c * 128 + (kk % 4) * 32, 16, 1024);
+                const uint64_t db = sw128_desc(k_tile + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+                wgmma_ss<BN, T>(sacc, da, db, kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            if (j == n_tiles - 1 && lane == 0) mbar_arrive(empty_q + 8 * qb);   // this warp is done with Q
+
+            if (kv0 + BN > N || (CAUSAL && kv0 + BN - 1 > q0 + 64 * c)) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) {
+                    const int key = kv0 + 8 * (i / 4) + 2 * t + (i & 1);
+                    const int row = (i & 2) ? row1 : row0;
+                    if (key >= N || (CAUSAL && key > row)) sacc[i] = -CUDART_INF_F;
+                }
+            }
+            float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+            for (int i = 0; i < BN / 2; i += 4) {
+                mx0 = fmaxf(mx0, fmaxf(sacc[i], sacc[i + 1]));
+                mx1 = fmaxf(mx1, fmaxf(sacc[i + 2], sacc[i + 3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            // Lazy rescaling: m moves only when the tile's max exceeds it by RESCALE_LOG2.
+            mx0 *= scale_log2; mx1 *= scale_log2;
+            const bool up0 = mx0 > m0 + RESCALE_LOG2, up1 = mx1 > m1 + RESCALE_LOG2;
+            const float mn0 = up0 ? mx0 : m0, mn1 = up1 ? mx1 : m1;
+            const float alpha0 = up0 ? exp2_approx(m0 - mn0) : 1.f, alpha1 = up1 ? exp2_approx(m1 - mn1) : 1.f;
+            const float ref0 = mn0 == -CUDART_INF_F ? 0.f : mn0, ref1 = mn1 == -CUDART_INF_F ? 0.f : mn1;
+            m0 = mn0; m1 = mn1;
+            l0 *= alpha0; l1 *= alpha1;
+            if (__any_sync(0xffffffffu, up0 || up1)) {
+#pragma unroll
+                for (int i = 0; i < D / 2; i += 4) { o[i] *= alpha0; o[i + 1] *= alpha0; o[i + 2] *= alpha1; o[i + 3] *= alpha1; }
+            }
+            uint32_t p[BN / 16][4];              // P as wgmma A fragments, 16 keys each (same layout as mma.sync's)
+#pragma unroll
+            for (int kc = 0; kc < BN / 16; ++kc) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = 8 * kc + 4 * h;
+                    const float p0 = exp2_approx(fmaf(sacc[i], scale_log2, -ref0));
+                    const float p1 = exp2_approx(fmaf(sacc[i + 1], scale_log2, -ref0));
+                    const float p2 = exp2_approx(fmaf(sacc[i + 2], scale_log2, -ref1));
+                    const float p3 = exp2_approx(fmaf(sacc[i + 3], scale_log2, -ref1));
+                    l0 += p0 + p1; l1 += p2 + p3;
+                    p[kc][2 * h] = pack2<T>(p0, p1);
+                    p[kc][2 * h + 1] = pack2<T>(p2, p3);
+                }
+            }
+
+            // O += P V: A from registers, B = V read N-major (transposed) from its [BN keys][64 dims] boxes.
+            mbar_wait(full_v + 8 * s, phase);
+            wgmma_fence();
+#pragma unroll
+            for (int kc = 0; kc < BN / 16; ++kc) {
+                const uint64_t dv = sw128_desc(v_tile + kc * 16 * 128, BN * 128, 1024);
+                wgmma_rs_tb<D, T>(o, p[kc], dv);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            if (lane == 0) mbar_arrive(empty + 8 * s);
+        }
+
+        // epilogue (the producer is already loading the next item's Q and K/V meanwhile)
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+        T* out = O + (size_t)bh * N * D;
+#pragma unroll
+        for (int i = 0; i < D / 2; i += 4) {
+            const int col = 8 * (i / 4) + 2 * t;
+            if (row0 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row0 * D + col) = pack2<T>(o[i] * inv0, o[i + 1] * inv0);
+            if (row1 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row1 * D + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
+        }
+    }
+}
 }  // namespace fa3
 
 extern "C" __global__ void __launch_bounds__(128 * (FA3_WG64 + 1), 1)
@@ -1447,6 +1678,91 @@ extern "C" __global__ void __launch_bounds__(128 * (FA3_WG128 + 1), 1)
 fa3_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
     fa3::attention_fwd<__half, 128, FA3_BN128, FA3_WG128, FA3_ST128, true>(&tq, &tk, &tv, o, n, scale);
+}
+// step 3b: 3 consumer warpgroups (BLOCK_M = 192) or 2 (_bm128) at d = 64; 2 at d = 128
+extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
+fa3p_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
+fa3p_bf16_d64_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
+fa3p_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
+fa3p_bf16_d64_causal_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
+fa3p_bf16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, false>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
+fa3p_bf16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, true>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
+fa3p_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 3, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
+fa3p_f16_d64_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 2, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
+fa3p_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 3, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
+fa3p_f16_d64_causal_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 2, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
+fa3p_f16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__half, 128, FA3P_BN128, 2, FA3P_ST128, false>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
+fa3p_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__half, 128, FA3P_BN128, 2, FA3P_ST128, true>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
 }
 
 # %% [markdown]
@@ -1503,9 +1819,111 @@ for (d, causal), r in step3.items():
 step3[128, False]
 
 # %% [markdown]
+# ## Step 3b: one CTA per SM, walking work items
+#
+# Step 3 launches one CTA per (query block, head): at `N = 1024`, `d = 64` that is 6 x 512 = 3,072 CTAs of 512
+# threads, one resident per SM, each paying the same fixed costs before its first product and after its last one:
+# barrier set-up, the `Q` load, two K/V stages filling while the consumers wait, then the epilogue with the tensor
+# cores idle. With only 8 key tiles per item (5.3 on average with the causal mask), those costs are a large share, and
+# step 3 is 1.21x flash at `N = 1024` against 1.49x at `N = 4096` (benchmarks/attention.py, run A of the third
+# session). With the causal mask the items also differ in length (2 to 8 tiles), and the last wave is ragged.
+#
+# The second half of step 3's cell holds `attention_fwd_persistent`, the same tiles, roles, softmax and products in a
+# **persistent** kernel:
+# - the grid is the SM count; a *work item* is one (query block, head). CTA `b` starts with item `b`; after that the
+#   producer thread draws the next item number from an `atomicAdd` on a counter in global memory: whichever CTA is ready
+#   first takes the next item, so long and short items even out by themselves. The draw that returns the launch's last
+#   number puts the counter back to 0, so one zeroed `int` serves every launch.
+# - items are numbered heaviest first (the causal mask's last query blocks have the most key tiles) and in *L2
+#   sections* of as many heads as have their K and V within 16 MB, so the CTAs running at once read the same K/V from L2.
+# - two `Q` buffers: while the consumers finish item `i` (its last tiles and its epilogue), the producer already loads
+#   item `i + 1`'s `Q` and its first K/V stages; the consumers learn the item number through shared memory, published
+#   by the `Q` buffer's full barrier. Every barrier's phase now counts across items.
+#
+# **Block height at d = 64.** 192 query rows (3 consumer warpgroups) is the faster height when nothing is wasted (it
+# keeps more products in flight per SM: 1.16x the 128-row kernel at `N = 4096`). But tiles are computed whole: at
+# `N = 1024` with the causal mask, 192-row blocks compute 786k (row, key) pairs per head for the 525k the mask keeps,
+# 128-row blocks 590k. The launcher takes the height with the smaller predicted time, pairs computed / relative
+# throughput (1.0 and 0.86, measured at `N = 4096`): 128 rows for the causal mask up to `N = 1024`, 192 elsewhere.
+#
+# **Prediction.** The static balance model (`tools/gpu/try_attention.py --plan`) and the hidden prologue predict
+# +10-15 % over step 3 at `N = 1024`, a few percent at `N = 4096` (where each item has 32 tiles to amortise its fixed
+# costs). Measured by `tools/gpu/try_attention.py` on an H100 (fifth session, same run as SDPA): `d = 64`,
+# `N = 1024`: 389.6 TFLOP/s against step 3's 347.7 (1.12x; 1.35x flash), causal 263.1 against 225.4 with 192-row
+# blocks and 278.2 with 128-row blocks (1.30x flash); `N = 4096`: +3-4 %; `d = 128`: +2-9 %. The check and the
+# benchmark below are this run's.
+
+# %%
+FA3P = {64: dict(block_n=128, stages=2), 128: dict(block_n=128, stages=2)}       # as the cell's FA3P_ defines
+THROUGHPUT = {192: 1.0, 128: 0.86}       # relative speed of the two heights at d = 64 when neither wastes work
+work_counter = {}                         # one zeroed int32 per device; every launch leaves it at 0
+
+
+def pairs_computed(N, block_m, block_n, causal):
+    """(query row, key) pairs one head's work items compute: whole tiles, up to the diagonal with the mask."""
+    tiles = math.ceil(N / block_n)
+    per_block = [min(tiles, math.ceil((qb + 1) * block_m / block_n)) if causal else tiles
+                 for qb in range(math.ceil(N / block_m))]
+    return block_m * block_n * sum(per_block)
+
+
+def fa3p_block_m(N, d, causal):
+    """192 or 128 query rows per item at d = 64 (the smaller predicted time); 128 at d = 128."""
+    if d == 128:
+        return 128
+    return min(THROUGHPUT, key=lambda bm: pairs_computed(N, bm, FA3P[d]["block_n"], causal) / THROUGHPUT[bm])
+
+
+def fa3p_attention(q, k, v, out=None, causal=False, ctas=None):
+    """Step 3b: the persistent wgmma + TMA kernel; q, k, v: [B, H, N, d] bf16 or fp16, d = 64 or 128 (sm_90)."""
+    B, H, N, d = q.shape
+    assert d in FA3P and q.dtype in (torch.bfloat16, torch.float16), "step 3b takes bf16/fp16 with d = 64 or 128"
+    block_m, block_n = fa3p_block_m(N, d, causal), FA3P[d]["block_n"]
+    dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
+    kernel = globals()[f"fa3p_{dt}_d{d}{'_causal' if causal else ''}{'_bm128' if d == 64 and block_m == 128 else ''}"]
+    if q.device not in work_counter:
+        work_counter[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
+    maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64)) for x, rows in ((q, block_m), (k, block_n),
+                                                                                    (v, block_n))]
+    heads_per_section = max(1, min(B * H, (16 << 20) // (2 * N * d * q.element_size())))   # K/V within 16 MB of L2
+    items = math.ceil(N / block_m) * B * H
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    out = torch.empty_like(q) if out is None else out
+    smem = 1024 + (2 * block_m + 2 * FA3P[d]["stages"] * block_n) * d * 2 + 256      # 2 Q buffers, K/V stages
+    kernel[(min(ctas or sms, items),), 128 * (block_m // 64 + 1), smem](*maps, out, N, B * H, heads_per_section,
+                                                                        work_counter[q.device], d ** -0.5)
+    return out
+
+
+print({(N, causal): fa3p_block_m(N, 64, causal) for N in (1024, 2048, 4096) for causal in (False, True)})
+
+# %%
+# %%gpu
+step3b_checks = check_all(fa3p_attention)
+print(summarize_checks(step3b_checks))
+# 7 CTAs: each walks dozens of items, so every barrier's phase wraps many times
+few = check_all(lambda q, k, v, o, causal: fa3p_attention(q, k, v, o, causal, ctas=7), ns=(1031, 4097), trials=1)
+print("on 7 CTAs:", sum(r["passed"] and r["within_2x"] for r in few), "of", len(few), "cases pass")
+
+# %%
+# %%gpu
+step3b = {}
+for N in (1024, 4096):
+    for d in (64, 128):
+        for causal in (False, True):
+            step3b[N, d, causal] = bench_against_sdpa(f"step 3b: persistent d={d}{' causal' if causal else ''} N={N}",
+                                                      fa3p_attention, N=N, d=d, causal=causal, naive=False)
+            step3_n = step3[d, causal] if N == 4096 else bench_against_sdpa(
+                "step 3", fa3_attention, N=N, d=d, causal=causal, naive=False)
+            r = step3b[N, d, causal]
+            print(f"N={N:5d} d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s ({r.tflops / step3_n.tflops:.2f}x "
+                  f"step 3); " + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+step3b[1024, 64, True]
+
+# %% [markdown]
 # ## Discussion: every step against every backend
 #
-# The table times all three steps and SDPA's backends at the FlashAttention-3 paper's shapes (`B N = 16k`,
+# The table times every step and SDPA's backends at the FlashAttention-3 paper's shapes (`B N = 16k`,
 # `H d = 2048`), bf16 (step 1 in fp16, at `d = 64` only), with and without the causal mask. Ratios are against SDPA's
 # flash backend (FlashAttention-2) measured in the same run. Where there is no GPU, the table and plot show the
 # figures recorded on an H100 on 2026-11-23 (`benchmarks/attention.py` prints the same table at every `N` from 1k
@@ -1513,34 +1931,36 @@ step3[128, False]
 
 # %%
 RECORDED_H100 = {   # TFLOP/s at N = 4096, bf16, B N = 16k, H d = 2048; NVIDIA H100 80GB HBM3, 2026-11-23
-    (64, False): {"step 2": 349.3, "step 3": 463.9, "SDPA flash": 303.3, "SDPA cudnn": 489.7},
-    (64, True): {"step 2": 311.1, "step 3": 386.2, "SDPA flash": 281.4, "SDPA cudnn": 433.5},
-    (128, False): {"step 2": 386.8, "step 3": 587.4, "SDPA flash": 356.6, "SDPA cudnn": 670.5},
-    (128, True): {"step 2": 335.3, "step 3": 511.3, "SDPA flash": 306.8, "SDPA cudnn": 572.5},
+    (64, False): {"step 2": 349.3, "step 3": 463.9, "step 3b": 481.7, "SDPA flash": 303.3, "SDPA cudnn": 489.7},
+    (64, True): {"step 2": 311.1, "step 3": 386.2, "step 3b": 419.0, "SDPA flash": 281.4, "SDPA cudnn": 433.5},
+    (128, False): {"step 2": 386.8, "step 3": 587.4, "step 3b": 606.3, "SDPA flash": 356.6, "SDPA cudnn": 670.5},
+    (128, True): {"step 2": 335.3, "step 3": 511.3, "step 3b": 567.1, "SDPA flash": 306.8, "SDPA cudnn": 572.5},
 }
 try:
     measured = {key: {"step 2": step2[key].tflops, "step 3": step3[key].tflops,
+                      "step 3b": step3b[(4096, *key)].tflops,
                       **{b.name: b.tflops for b in step3[key].baselines}} for key in step3}
     source = torch.cuda.get_device_name()
 except NameError:                                    # no GPU: the recorded figures
     measured, source = RECORDED_H100, "NVIDIA H100 80GB HBM3 (recorded 2026-11-23)"
-names = ["step 2", "step 3", "SDPA flash", "SDPA cudnn", "SDPA efficient"]
-print(f"TFLOP/s on {source}")
-print(f"{'d':>4s} {'causal':7s}" + "".join(f"{n:>16s}" for n in names) + "   step 2/flash  step 3/flash  step 3/cudnn")
+names = ["step 2", "step 3", "step 3b", "SDPA flash", "SDPA cudnn", "SDPA efficient"]
+print(f"TFLOP/s on {source}, N = 4096")
+print(f"{'d':>4s} {'causal':7s}" + "".join(f"{n:>15s}" for n in names)
+      + "  step 2/flash step 3/flash 3b/flash 3b/cudnn")
 for (d, causal), row in measured.items():
-    print(f"{d:4d} {causal!s:7s}" + "".join(f"{row.get(n, float('nan')):16.1f}" for n in names)
-          + f"   {row['step 2'] / row['SDPA flash']:11.2f}x {row['step 3'] / row['SDPA flash']:12.2f}x"
-          f" {row['step 3'] / row['SDPA cudnn']:12.2f}x")
+    print(f"{d:4d} {causal!s:7s}" + "".join(f"{row.get(n, float('nan')):15.1f}" for n in names)
+          + f"  {row['step 2'] / row['SDPA flash']:11.2f}x {row['step 3'] / row['SDPA flash']:11.2f}x"
+          f" {row['step 3b'] / row['SDPA flash']:7.2f}x {row['step 3b'] / row['SDPA cudnn']:7.2f}x")
 
 fig = Figure(figsize=(9, 3.8), layout="constrained")
 ax = fig.subplots()
 xs = np.arange(len(measured))
-for i, n in enumerate(["step 2", "step 3", "SDPA flash", "SDPA cudnn"]):
-    ax.bar(xs + 0.2 * i - 0.3, [row[n] for row in measured.values()], 0.2, label=n)
+for i, n in enumerate(["step 2", "step 3", "step 3b", "SDPA flash", "SDPA cudnn"]):
+    ax.bar(xs + 0.16 * i - 0.32, [row[n] for row in measured.values()], 0.16, label=n)
 ax.set_xticks(xs, [f"d={d}{', causal' if c else ''}" for d, c in measured])
 ax.set_ylabel("TFLOP/s")
 ax.set_title(f"Fused attention, N = 4096, bf16 ({source})", fontsize=10)
-ax.legend(ncols=4, fontsize=8)
+ax.legend(ncols=5, fontsize=8)
 fig
 
 # %% [markdown]
@@ -1552,13 +1972,18 @@ fig
 #   per SM and every other issue slot idle; the SASS count (now 670 instructions per tile for 128 `HMMA`, of which
 #   about 400 are the softmax itself: max, FFMA, `MUFU.EX2`, FADD, packing) is what remains: with two warps per
 #   scheduler, the softmax of one warp and the products of the other cannot overlap more than that.
-# - **Step 3** (`wgmma` + TMA) runs at 1.37-1.67x flash, FlashAttention-3's class, but 0.88-0.95x of SDPA's cuDNN
-#   backend, the target still ahead. FlashAttention-3 overlaps the softmax of one tile with the products of the next
-#   *inside* each warpgroup (two score accumulators in flight), schedules its warpgroups in ping-pong with named
-#   barriers so that one's softmax always covers the other's products, and moves registers from the producer to the
-#   consumers with `setmaxnreg`. Ours waits for each `wgmma` group before its softmax, so the tensor pipe idles during
-#   every softmax that the other warpgroups do not happen to cover. Those are the next steps; the profile below is
-#   where to look first (tensor-pipe activity of both steps, and the warp stall reasons).
+# - **Step 3** (`wgmma` + TMA) runs at 1.37-1.67x flash at `N = 4096`, FlashAttention-3's class, but only 1.21x at
+#   `N = 1024` (1.05x with the causal mask): every CTA pays its set-up, pipeline fill and epilogue alone.
+# - **Step 3b** (persistent, work items from a counter, the next item's loads under the current one's epilogue) is the
+#   tutorial's final kernel: on the H100 it passes 1.3x flash at every shape of `benchmarks/attention.py` (N = 1k to
+#   16k, d = 64 and 128, causal or not; the causal `d = 64`, `N = 1024` row is the tightest, at 1.30x with 128-row
+#   blocks), and reaches 0.78-0.98x of SDPA's cuDNN backend, the target still ahead (closest at `d = 128`, large `N`).
+#   FlashAttention-3 also overlaps the softmax of one tile with the products of the next *inside* each warpgroup and
+#   schedules its warpgroups in ping-pong with named barriers. We tried the first (tools/gpu/attn_variants/fa3_pipe.cu:
+#   `S` of tile j+1 issued before the softmax of tile j, `wgmma.wait_group 1`): same results bit for bit, but 0.69-0.85x
+#   the speed of step 3b on the H100 (benchmarks/NOTES-attention.md), so it is not a step here. Ours waits for each
+#   `wgmma` group before its softmax, and the tensor pipe idles during every softmax that the other warpgroups do not
+#   happen to cover: the profile below is where to look (tensor-pipe activity, and the warp stall reasons).
 
 # %%
 # %%gpu --skip-note "Recorded on an H100: tensor pipe active 61.5 % (step 2) and 63.1 % (step 3) at d = 128, N = 4096."

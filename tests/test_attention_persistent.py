@@ -1,5 +1,5 @@
-"""The persistent variant of tutorial 07's step 3 (tools/gpu/attn_variants/fa3_persistent.cu, kernellab issue 12)
-without a GPU: it compiles to the Hopper instructions with no spills, and in the CPU emulator (tests/emu) it matches
+"""Tutorial 07's step 3b, the persistent kernel (the fa3p_* entries of the notebook's step-3 cell; first written as
+tools/gpu/attn_variants/fa3_persistent.cu, kernellab issue 12) without a GPU: it compiles to the Hopper instructions with no spills, and in the CPU emulator (tests/emu) it matches
 attention in float64 on awkward shapes with CTAs that each walk many work items (their barriers' phases wrapping),
 and writes the very bits the notebook's step 3 writes."""
 import pathlib
@@ -14,7 +14,9 @@ sys.path.insert(0, str(HERE / "gpu"))
 from emu.emulate import compiler  # noqa: E402
 from emu.ptx_emu import TensorMap, bf16_bits, bf16_values, emulate  # noqa: E402
 
-SOURCE = (HERE.parent / "tools" / "gpu" / "attn_variants" / "fa3_persistent.cu").read_text()
+from notebook_cells import cuda_cells  # noqa: E402
+
+SOURCE = next(c for c in cuda_cells("07-fused-attention.py") if "fa3p_bf16_d64" in c)     # the notebook's cell
 BLOCK_N, STAGES = 128, 2
 CONSUMERS = {64: 3, 128: 2}                   # the file's FA3P_WG64 / FA3P_WG128
 needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (g++) for the emulation")
@@ -24,11 +26,14 @@ def test_the_candidate_is_wgmma_fed_by_tma_without_spills():
     import kernellab
 
     mod = kernellab.compile_cuda(SOURCE, arch="sm_90a")
-    names = sorted(k.name for k in mod.kernels)
-    assert names == sorted(f"fa3p_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128) for c in ("", "_causal"))
-    for k in mod.kernels:
+    kernels = [k for k in mod.kernels if k.name.startswith("fa3p_")]
+    assert sorted(k.name for k in kernels) == sorted(f"fa3p_{dt}_d{d}{c}{h}" for dt in ("bf16", "f16") for d in (64, 128)
+                                                     for c in ("", "_causal") for h in ("", "_bm128")
+                                                     if d == 64 or not h)
+    for k in kernels:
         d = 64 if "_d64" in k.name else 128
-        assert k.resources.max_threads_per_block == 128 * (CONSUMERS[d] + 1)
+        consumers = 2 if k.name.endswith("_bm128") else CONSUMERS[d]
+        assert k.resources.max_threads_per_block == 128 * (consumers + 1)
         assert not k.resources.spills and k.resources.local_bytes == 0, (k.name, k.resources)
         assert [p.name for p in k.params] == ["tq", "tk", "tv", "o", "n", "bh", "heads_per_section", "work_counter",
                                               "scale"]

@@ -16,11 +16,38 @@ def steps():
 
 def test_the_notebook_has_steps_2_and_3_for_both_dtypes_head_dims_and_masks(steps):
     families, configs = steps
-    assert set(families) == {"fa2", "fa3"}
+    assert set(families) == {"fa2", "fa3", "fa3p"}
     for fam in ("fa2", "fa3"):
         assert sorted(families[fam]) == sorted(f"{fam}_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128)
                                                 for c in ("", "_causal"))
+    # step 3b: at d = 64 both heights (192 rows, and 128 rows named _bm128)
+    assert sorted(families["fa3p"]) == sorted(f"fa3p_{dt}_d{d}{c}{h}" for dt in ("bf16", "f16") for d in (64, 128)
+                                              for c in ("", "_causal") for h in ("", "_bm128") if d == 64 or not h)
     assert configs["fa2"]["MT"] == 2 and configs["fa2"]["NWARPS"] == 4 and configs["fa3"]["WG64"] == 3
+
+
+@pytest.mark.parametrize("name, threads", [("fa3p_bf16_d64", 512), ("fa3p_f16_d64_causal_bm128", 384),
+                                           ("fa3p_bf16_d128_causal", 384)])
+def test_step3b_is_persistent_wgmma_with_a_work_counter(steps, name, threads):
+    k = steps[0]["fa3p"][name]
+    text = str(k.instruction_summary)
+    assert k.arch == "sm_90a" and "HGMMA.64x128x16.F32" in text and "UTMALDG" in text, text
+    assert not k.resources.spills and k.resources.local_bytes == 0, k.resources
+    assert k.resources.max_threads_per_block == threads
+    assert [p.name for p in k.params] == ["tq", "tk", "tv", "o", "n", "bh", "heads_per_section", "work_counter",
+                                          "scale"]
+    assert "ATOMG" in k.sass or "RED" in k.sass or "ATOM" in k.sass      # the draw from the work counter
+
+
+def test_step3b_block_height_model():
+    """128-row blocks where whole tiles across the causal diagonal waste more than the 0.86 throughput costs."""
+    assert A.computed_area(1024, 192, 128, True) == 192 * 128 * (2 + 3 + 5 + 6 + 8 + 8)
+    assert A.computed_area(1024, 128, 128, True) == 128 * 128 * sum(range(1, 9))
+    assert A.computed_area(1000, 192, 128, False) == 6 * 192 * 8 * 128        # padding of the last block counted
+    assert A.persistent_block_m(1024, 64, True) == 128
+    assert A.persistent_block_m(2048, 64, True) == 192
+    assert all(A.persistent_block_m(n, 64, False) == 192 for n in (1000, 1024, 4096, 16384))
+    assert all(A.persistent_block_m(n, 128, c) == 128 for n in (1024, 4096) for c in (False, True))
 
 
 @pytest.mark.parametrize("name", ["fa2_bf16_d64", "fa2_f16_d128_causal"])
