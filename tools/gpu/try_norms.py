@@ -5,7 +5,7 @@ each checked, then timed against torch eager and torch.compile in one process.
 
     PYTHONPATH=$PWD python3 tools/gpu/try_norms.py                  # on the GPU machine, from the repo root
     PYTHONPATH=$PWD python3 tools/gpu/try_norms.py --emulate        # CPU: checks every variant on tests/emu, no timing
-    PYTHONPATH=$PWD python3 tools/gpu/try_norms.py --only float32 --variants pipe,2read   # session 5's fp32 candidates
+    PYTHONPATH=$PWD python3 tools/gpu/try_norms.py --only "float32 4096x32768,float32 4096x1024" --variants pipe,2read
 
 --variants keeps, beside the notebook's plan ("new <plan>") and the baselines, only the variants whose name holds one
 of its comma-separated words (e.g. "pipe", "2read", "persist", "old", "new+nc", a plan such as "c4 x 256").
@@ -187,7 +187,8 @@ def main(argv=None):
     ap.add_argument("--rep-ms", type=float, default=15.0, help="kernellab.bench rep_ms per function")
     ap.add_argument("--budget-s", type=float, default=100.0, help="no new torch.compile past this many seconds")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    ap.add_argument("--only", default="", help="substring filter on 'op dtype RxC', e.g. 'bfloat16'")
+    ap.add_argument("--only", default="", help="substring filter on 'op dtype RxC', e.g. 'bfloat16'; several "
+                    "comma-separated: any of them")
     ap.add_argument("--variants", default="", help="comma-separated words: time only the variants whose name holds "
                     "one (beside the notebook's plan and the baselines), e.g. 'pipe,2read'")
     args = ap.parse_args(argv)
@@ -260,7 +261,7 @@ def main(argv=None):
     table, best = [], []
     for (kind, dname, rows, cols), alts in CASES.items():
         label = f"{kind} {dname} {rows}x{cols}"
-        if args.only and args.only not in label:
+        if args.only and not any(o in label for o in args.only.split(",") if o):
             continue
         dtype = getattr(torch, dname)
         ctype, item = ctypes[dtype], dtype.itemsize
