@@ -69,6 +69,8 @@ class Spec:
 
     def text(self):
         p = f" {self.family}" if self.family else ""
+        if self.family == "2read":                       # packs a thread: TWOREAD_UNROLL, per op
+            return f"{self.row_threads} / {self.threads}{p}"
         if self.cluster > 1:
             return f"c{self.cluster} x {self.row_threads} x {self.vpt}{p}"
         return f"{self.row_threads} x {self.vpt} / {self.threads}{p}"
