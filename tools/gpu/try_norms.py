@@ -5,6 +5,10 @@ each checked, then timed against torch eager and torch.compile in one process.
 
     PYTHONPATH=$PWD python3 tools/gpu/try_norms.py                  # on the GPU machine, from the repo root
     PYTHONPATH=$PWD python3 tools/gpu/try_norms.py --emulate        # CPU: checks every variant on tests/emu, no timing
+    PYTHONPATH=$PWD python3 tools/gpu/try_norms.py --only "float32 4096x32768,float32 4096x1024" --variants pipe,2read
+
+--variants keeps, beside the notebook's plan ("new <plan>") and the baselines, only the variants whose name holds one
+of its comma-separated words (e.g. "pipe", "2read", "persist", "old", "new+nc", a plan such as "c4 x 256").
 
 Method: kernellab.bench, L2 flushed before every call, all variants of one case and their baselines in alternating
 rounds (medians); "of copy" is bytes moved / time / kernellab's measured copy bandwidth; "vs eager" and "vs compile"
@@ -28,19 +32,31 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "tests" / "emu"))
 sys.path.insert(0, str(ROOT / "tests"))              # test_bench's FakeClock, for --smoke
 OLD_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_kernels_old.cu"
-PERSISTENT_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_persistent.cu"   # appended to the cell
+VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
+PERSISTENT_SOURCE = VARIANTS / "norm_persistent.cu"   # appended to the cell, with the two below
+EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_wbpipe.cu", VARIANTS / "norm_tworead.cu"]
+# Instantiated template arguments of the session-5 candidates: ring depth of the late w/b packs ("pipe"), packs a
+# thread per chunk in the two passes ("2read": pass 1 from DRAM, pass 2 from L2 with w and b).
+PIPE_DEPTH = {"layernorm": 2, "rmsnorm": 4}
+TWOREAD_UNROLL = {"layernorm": (2, 1), "rmsnorm": (4, 2)}
 EPS = 1e-5
 
 
 @dataclass(frozen=True)
 class Spec:
-    """A launch plan: row_threads threads per row, vpt packs per thread, cluster blocks per row, block threads."""
+    """A launch plan: row_threads threads per row, vpt packs per thread, cluster blocks per row, block threads;
+    family: "" (the cell's kernels), "persist" (norm_persistent.cu), "pipe" (norm_wbpipe.cu: the cell's plans, late
+    w/b through a ring), "2read" (norm_tworead.cu: vpt is pass 1's packs per chunk; any row length)."""
 
     row_threads: int
     vpt: int
     cluster: int = 1
     block: int = 0          # 0: row_threads (clusters), max(row_threads, 128) (blocks)
-    persistent: bool = False
+    family: str = ""
+
+    @property
+    def persistent(self):
+        return self.family == "persist"
 
     def grid(self, rows):
         if self.cluster > 1:
@@ -52,20 +68,34 @@ class Spec:
         return self.block or (self.row_threads if self.cluster > 1 else max(self.row_threads, 128))
 
     def text(self):
-        p = " persist" if self.persistent else ""
+        p = f" {self.family}" if self.family else ""
+        if self.family == "2read":                       # packs a thread: TWOREAD_UNROLL, per op
+            return f"{self.row_threads} / {self.threads}{p}"
         if self.cluster > 1:
             return f"c{self.cluster} x {self.row_threads} x {self.vpt}{p}"
         return f"{self.row_threads} x {self.vpt} / {self.threads}{p}"
 
     def covers(self, cols, itemsize):
         vec = 16 // itemsize
+        if self.family == "2read":
+            return cols % vec == 0
         return (self.row_threads * self.vpt * self.cluster >= cols // vec
                 and (not self.persistent or cols % vec == 0))
 
 
 def P(row_threads, vpt, cluster=1, block=0):
     """A persistent plan (tools/gpu/norm_variants/norm_persistent.cu)."""
-    return Spec(row_threads, vpt, cluster, block, True)
+    return Spec(row_threads, vpt, cluster, block, "persist")
+
+
+def PIPE(row_threads, vpt, cluster=1, block=0):
+    """The cell's kernel with the late w/b packs in flight DEPTH at a time (tools/gpu/norm_variants/norm_wbpipe.cu)."""
+    return Spec(row_threads, vpt, cluster, block, "pipe")
+
+
+def TWO(row_threads, block=0):
+    """Two reads of x, nothing held across the reduction (tools/gpu/norm_variants/norm_tworead.cu)."""
+    return Spec(row_threads, 2, 1, block, "2read")
 
 
 # (op, dtype name, rows, cols) -> other plans for the new kernels, beside the notebook's own (plan_rows). Ordered
@@ -82,14 +112,18 @@ CASES = {
                                    Spec(128, 4, 1, 256), Spec(512, 1, 1, 512), P(256, 2, 1, 256), P(512, 1, 1, 512)],
     ("rmsnorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(512, 4, 2), Spec(1024, 2, 2), Spec(512, 2, 4),
                                   Spec(256, 4, 4), P(1024, 2, 2), P(512, 2, 4)],
-    ("layernorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), Spec(256, 8, 4), P(1024, 2, 4)],
+    ("layernorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), Spec(256, 8, 4), P(1024, 2, 4),
+                                      PIPE(512, 8, 2), PIPE(256, 8, 4), TWO(1024, 1024), TWO(512, 1024),
+                                      TWO(512, 512)],
     ("layernorm", F32, 3, 100003): [Spec(1024, 4, 8)],
     ("layernorm", F32, 4096, 1024): [Spec(64, 4, 1, 128), Spec(32, 8, 1, 128), Spec(64, 4, 1, 256),
-                                     Spec(128, 2, 1, 128), P(128, 2, 1, 256)],
+                                     Spec(128, 2, 1, 128), P(128, 2, 1, 256), PIPE(32, 8, 1, 128),
+                                     PIPE(32, 8, 1, 256), TWO(64, 256), TWO(128, 256)],
     ("rmsnorm", F32, 4096, 1024): [Spec(64, 4, 1, 128), Spec(32, 8, 1, 128), Spec(64, 4, 1, 256), Spec(128, 2, 1, 128),
-                                   P(128, 2, 1, 256)],
+                                   P(128, 2, 1, 256), PIPE(32, 8, 1, 128), TWO(64, 256)],
     ("rmsnorm", F32, 1000, 1031): [Spec(128, 4, 1, 128), Spec(64, 8, 1, 128), Spec(128, 4, 1, 256), Spec(64, 8, 1, 64)],
-    ("rmsnorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), P(1024, 4, 2), P(1024, 2, 4)],
+    ("rmsnorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), P(1024, 4, 2), P(1024, 2, 4),
+                                    PIPE(512, 8, 2), PIPE(256, 8, 4), TWO(1024, 1024), TWO(512, 512)],
 }
 SMS = 132
 
@@ -126,7 +160,14 @@ def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None)
             kernel[groups * spec.cluster, spec.threads](x, *rest, rows, cols, spec.row_threads, EPS)
             return rest[-1]
         return launch
-    if spec.cluster == 1:
+    if spec.family == "2read":
+        u1, u2 = TWOREAD_UNROLL[kind]
+        kernel = module[f"{kind}_tworead<{ctype}, {u1}, {u2}>"]
+    elif spec.family == "pipe":
+        d = PIPE_DEPTH[kind]
+        kernel = module[f"{kind}_rows_pipe<{ctype}, {spec.vpt}, {d}>" if spec.cluster == 1
+                        else f"{kind}_rows_cluster_pipe<{ctype}, {spec.cluster}, {spec.vpt}, {d}>"]
+    elif spec.cluster == 1:
         kernel = module[f"{kind}_rows<{ctype}, {spec.vpt}>"]
     elif cluster_names_vpt:
         kernel = module[f"{kind}_rows_cluster<{ctype}, {spec.cluster}, {spec.vpt}>"]
@@ -148,9 +189,16 @@ def main(argv=None):
     ap.add_argument("--rep-ms", type=float, default=15.0, help="kernellab.bench rep_ms per function")
     ap.add_argument("--budget-s", type=float, default=100.0, help="no new torch.compile past this many seconds")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    ap.add_argument("--only", default="", help="substring filter on 'op dtype RxC', e.g. 'bfloat16'")
+    ap.add_argument("--only", default="", help="substring filter on 'op dtype RxC', e.g. 'bfloat16'; several "
+                    "comma-separated: any of them")
+    ap.add_argument("--variants", default="", help="comma-separated words: time only the variants whose name holds "
+                    "one (beside the notebook's plan and the baselines), e.g. 'pipe,2read'")
     args = ap.parse_args(argv)
     t0 = time.time()
+    words = [w for w in args.variants.split(",") if w]
+
+    def wanted(name):
+        return not words or any(w in name for w in words)
 
     import torch
     import torch.nn.functional as F
@@ -177,8 +225,8 @@ def main(argv=None):
     cell = named_cuda_cells("04-layernorm.py")["norm_kernels"]
     with ThreadPoolExecutor(4) as pool:                   # NVRTC compiles side by side
         futures = [pool.submit(compile_old, OLD_SOURCE.read_text()),
-                   pool.submit(compile_new, cell + PERSISTENT_SOURCE.read_text()),
-                   None if args.emulate else pool.submit(compile_new, stream_variant(cell))]
+                   pool.submit(compile_new, cell + "".join(p.read_text() for p in EXTRA_SOURCES)),
+                   None if args.emulate or not wanted("new+nc") else pool.submit(compile_new, stream_variant(cell))]
         t04 = load_tutorial("04-layernorm.py", compile=compile_new)
         old, extra, stream = (f.result() if f else None for f in futures)
     new = t04["norm_kernels"]
@@ -215,14 +263,14 @@ def main(argv=None):
     table, best = [], []
     for (kind, dname, rows, cols), alts in CASES.items():
         label = f"{kind} {dname} {rows}x{cols}"
-        if args.only and args.only not in label:
+        if args.only and not any(o in label for o in args.only.split(",") if o):
             continue
         dtype = getattr(torch, dname)
         ctype, item = ctypes[dtype], dtype.itemsize
         base = plan_rows(rows, cols, item)
         base_spec = Spec(base.row_threads, base.vpt, base.cluster, base.block)
         variants = {}
-        if base_spec.cluster == 1 or base_spec.vpt * (16 // item) == 32:    # the old cell: 32 values in clusters
+        if wanted("old") and (base_spec.cluster == 1 or base_spec.vpt * (16 // item) == 32):   # the old cell: 32
             try:
                 variants[f"old   {base_spec.text()}"] = make_launcher(old, kind, ctype, base_spec, False)
             except KeyError:                         # the old cell lacks this plan's kernel (bf16, 8 packs)
@@ -231,12 +279,14 @@ def main(argv=None):
         if stream is not None:
             variants[f"new+nc {base_spec.text()}"] = make_launcher(stream, kind, ctype, base_spec, True)
         for s in alts:
+            if not wanted(f"new   {s.text()}"):
+                continue
             if s.persistent and s.covers(cols, item):        # the emulation: one group loops over every row
                 variants[f"new   {s.text()}"] = make_launcher(extra, kind, ctype, s, True,
                                                               1 if args.emulate else None)
             elif s.covers(cols, item) and s != base_spec:          # the cell's kernels, and a few more
                 variants[f"new   {s.text()}"] = make_launcher(extra, kind, ctype, s, True)
-                if stream is not None and s is alts[0]:
+                if stream is not None and s is alts[0] and wanted(f"new+nc {s.text()}"):
                     try:                                 # the no-L1 module instantiates the cell's kernels only
                         variants[f"new+nc {s.text()}"] = make_launcher(stream, kind, ctype, s, True)
                     except KeyError:
