@@ -1851,7 +1851,7 @@ step3[128, False]
 # costs). Measured by `tools/gpu/try_attention.py` on an H100 (fifth session, same run as SDPA): `d = 64`,
 # `N = 1024`: 389.6 TFLOP/s against step 3's 347.7 (1.12x; 1.35x flash), causal 263.1 against 225.4 with 192-row
 # blocks and 278.2 with 128-row blocks (1.30x flash); `N = 4096`: +3-4 %; `d = 128`: +2-9 %. The check and the
-# benchmark below are this run's.
+# benchmark below are this run's: the prediction held at `N = 1024` (+9-24 %) and at `N = 4096` (+2-10 %).
 
 # %%
 FA3P = {64: dict(block_n=128, stages=2), 128: dict(block_n=128, stages=2)}       # as the cell's FA3P_ defines
@@ -1975,9 +1975,10 @@ fig
 # - **Step 3** (`wgmma` + TMA) runs at 1.37-1.67x flash at `N = 4096`, FlashAttention-3's class, but only 1.21x at
 #   `N = 1024` (1.05x with the causal mask): every CTA pays its set-up, pipeline fill and epilogue alone.
 # - **Step 3b** (persistent, work items from a counter, the next item's loads under the current one's epilogue) is the
-#   tutorial's final kernel: on the H100 it passes 1.3x flash at every shape of `benchmarks/attention.py` (N = 1k to
-#   16k, d = 64 and 128, causal or not; the causal `d = 64`, `N = 1024` row is the tightest, at 1.30x with 128-row
-#   blocks), and reaches 0.78-0.98x of SDPA's cuDNN backend, the target still ahead (closest at `d = 128`, large `N`).
+#   tutorial's final kernel: on the H100, 1.35-1.95x flash at every shape of `benchmarks/attention.py` (N = 1k to 16k,
+#   d = 64 and 128, causal or not) but one: causal `d = 64`, `N = 1024`, at 1.297-1.299x (1.30x rounded, 128-row
+#   blocks; 1.23x with 192-row ones), on the 1.3x target's edge. Against SDPA's cuDNN backend it is 0.82-1.04x: ahead at
+#   `d = 64` from `N = 8192`, 0.89-0.99x at `d = 128`, furthest behind at `N = 1024` (0.82-0.89x).
 #   FlashAttention-3 also overlaps the softmax of one tile with the products of the next *inside* each warpgroup and
 #   schedules its warpgroups in ping-pong with named barriers. We tried the first (tools/gpu/attn_variants/fa3_pipe.cu:
 #   `S` of tile j+1 issued before the softmax of tile j, `wgmma.wait_group 1`): same results bit for bit, but 0.69-0.85x
