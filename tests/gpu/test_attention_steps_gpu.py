@@ -32,23 +32,32 @@ def test_step_matches_sdpa_within_twice_its_own_error(launchers, step, dtype, d,
     assert not bad, bad
 
 
-def test_peaky_scores_exercise_lazy_rescaling(launchers):
-    """Scores of tens: the running max jumps by more than the lazy-rescaling threshold from tile to tile."""
+@pytest.mark.parametrize("step", ["fa2", "fa3", "fa3p"])
+def test_peaky_scores_exercise_lazy_rescaling(launchers, step):
+    """Scores of tens: the running max jumps by more than the lazy-rescaling threshold from tile to tile.
+
+    The bound is SDPA's own error plus one bf16 rounding of the dominant P times |v| (|v| < 5 here): with lazy
+    rescaling the running max lags the true one, so the dominant key's P is 2^(s - m) rather than exactly 1.0 and is
+    rounded to 16 bits before P V, where SDPA's is exact (step 2 measured 2.33e-2 against SDPA's own 8.14e-3 on an
+    H100, 2.9x). A wrong rescale (a missed alpha, a stale l) gives errors of order |v|, far above it."""
     import kernellab
 
+    if step != "fa2" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("steps 3 and 3b use wgmma and TMA: sm_90 only")
     F = torch.nn.functional
-    for step, attention in launchers.items():
-        def inputs(g):
-            q, k, v = (torch.randn(1, 2, 1500, 64, generator=g) for _ in range(3))
-            q = 6 * q + torch.linspace(0, 8, 1500).view(1, 1, 1500, 1)     # growing scores along the keys too
-            return q.bfloat16().cuda(), (k * 3).bfloat16().cuda(), v.bfloat16().cuda(), torch.empty(
-                1, 2, 1500, 64, dtype=torch.bfloat16, device="cuda")
-        for causal in (False, True):
-            rep = kernellab.check(lambda q, k, v, o: attention(q, k, v, o, causal),
-                                  lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                  inputs, trials=2, atol=A.TOL["bf16"], rtol=A.TOL["bf16"])
-            own = rep.reference_own_error or 0.0
-            assert rep.passed and rep.max_abs_error <= 2 * own + 1e-6, (step, causal, rep)
+    attention = launchers[step]
+
+    def inputs(g):
+        q, k, v = (torch.randn(1, 2, 1500, 64, generator=g) for _ in range(3))
+        q = 6 * q + torch.linspace(0, 8, 1500).view(1, 1, 1500, 1)     # growing scores along the keys too
+        return q.bfloat16().cuda(), (k * 3).bfloat16().cuda(), v.clamp(-5, 5).bfloat16().cuda(), torch.empty(
+            1, 2, 1500, 64, dtype=torch.bfloat16, device="cuda")
+    for causal in (False, True):
+        rep = kernellab.check(lambda q, k, v, o: attention(q, k, v, o, causal),
+                              lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                              inputs, trials=2, atol=A.TOL["bf16"], rtol=A.TOL["bf16"])
+        own = rep.reference_own_error or 0.0
+        assert rep.passed and rep.max_abs_error <= own + 2 ** -8 * 5 + 1e-6, (step, causal, rep)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
