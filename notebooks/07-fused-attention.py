@@ -1146,7 +1146,7 @@ typedef unsigned long long uint64_t;
 #define FA3_RESCALE_LOG2 8.0f
 #define FA3P_BN64 128       // step 3b (persistent): keys per tile, as FA3_BN64
 #define FA3P_BN128 128
-#define FA3P_ST64 2
+#define FA3P_ST64 3        // 3 K/V stages at d = 64 (measured: +6 % at causal N = 1024, neutral at 4096)
 #define FA3P_ST128 2
 namespace fa3 {
 // wgmma.mma_async wrappers: D[64 x N] (+)= A[64 x 16] B[16 x N] with fp32 accumulators, one per (N, dtype) used.
@@ -1846,6 +1846,11 @@ step3[128, False]
 # 128-row blocks 590k. The launcher takes the height with the smaller predicted time, pairs computed / relative
 # throughput (1.0 and 0.86, measured at `N = 4096`): 128 rows for the causal mask up to `N = 1024`, 192 elsewhere.
 #
+# **Stages.** At `d = 64` the kernel keeps 3 K/V stages in flight (step 3 has 2): an item there is 4.5 key tiles long
+# on average with the causal mask at `N = 1024`, and a third stage lets the producer run one more tile ahead through an
+# item's start. Measured beside 2 stages (tools/gpu/try_fa3p_stages.py, H100): +6.3 % at causal `N = 1024`, +2 % at
+# `N = 1024` without the mask, within 1 % at 2048 and 4096. (At `d = 128` a third stage does not fit in shared memory.)
+#
 # **Prediction.** The static balance model (`tools/gpu/try_attention.py --plan`) and the hidden prologue predict
 # +10-15 % over step 3 at `N = 1024`, a few percent at `N = 4096` (where each item has 32 tiles to amortise its fixed
 # costs). Measured by `tools/gpu/try_attention.py` on an H100 (fifth session, same run as SDPA): `d = 64`,
@@ -1854,7 +1859,7 @@ step3[128, False]
 # benchmark below are this run's: the prediction held at `N = 1024` (+9-24 %) and at `N = 4096` (+2-10 %).
 
 # %%
-FA3P = {64: dict(block_n=128, stages=2), 128: dict(block_n=128, stages=2)}       # as the cell's FA3P_ defines
+FA3P = {64: dict(block_n=128, stages=3), 128: dict(block_n=128, stages=2)}       # as the cell's FA3P_ defines
 THROUGHPUT = {192: 1.0, 128: 0.86}       # relative speed of the two heights at d = 64 when neither wastes work
 work_counter = {}                         # one zeroed int32 per device; every launch leaves it at 0
 

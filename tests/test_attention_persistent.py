@@ -18,6 +18,7 @@ from notebook_cells import cuda_cells  # noqa: E402
 
 SOURCE = next(c for c in cuda_cells("07-fused-attention.py") if "fa3p_bf16_d64" in c)     # the notebook's cell
 BLOCK_N, STAGES = 128, 2
+STAGES_3B = {64: 3, 128: 2}                  # the cell's FA3P_ST64 / FA3P_ST128 (step 3 keeps 2)
 CONSUMERS = {64: 3, 128: 2}                   # the file's FA3P_WG64 / FA3P_WG128
 needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (g++) for the emulation")
 
@@ -73,7 +74,7 @@ def run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section, counter
     bm = 64 * CONSUMERS[d]
     maps = [TensorMap(a, 64, rows) for a, rows in zip(arrays, (bm, BLOCK_N, BLOCK_N))]
     items = -(-N // bm) * BH
-    smem = 1024 + (2 * bm + 2 * STAGES * BLOCK_N) * d * 2 + 256        # alignment slack, 2 Q, K/V stages, barriers
+    smem = 1024 + (2 * bm + 2 * STAGES_3B[d] * BLOCK_N) * d * 2 + 256        # alignment slack, 2 Q, K/V stages, barriers
     name = f"fa3p_{'bf16' if dtype == 'bf16' else 'f16'}_d{d}{'_causal' if causal else ''}"
     emulate(SOURCE, name, (min(ctas, items),), (128 * (CONSUMERS[d] + 1),),
             maps + [O, N, BH, heads_per_section, counter, d ** -0.5], smem)
