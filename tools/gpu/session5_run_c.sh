@@ -1,4 +1,4 @@
-# Session 5, run C: tutorial 07 with step 3b (the persistent kernel), its benchmark and GPU tests (issue 12).
+# Session 5, run C (and E, after 3 K/V stages at d = 64): tutorial 07 with step 3b, its benchmark and GPU tests (issue 12).
 LOGS=/tmp/s5c; WITH_KERNEL=1; source tools/gpu/common.sh
 OUT_DIR=$OUT; export OUT=$LOGS
 step bench 170 python3 benchmarks/attention.py --no-check
