@@ -1856,7 +1856,8 @@ step3[128, False]
 # costs). Measured by `tools/gpu/try_attention.py` on an H100 (fifth session, same run as SDPA): `d = 64`,
 # `N = 1024`: 389.6 TFLOP/s against step 3's 347.7 (1.12x; 1.35x flash), causal 263.1 against 225.4 with 192-row
 # blocks and 278.2 with 128-row blocks (1.30x flash); `N = 4096`: +3-4 %; `d = 128`: +2-9 %. The check and the
-# benchmark below are this run's: the prediction held at `N = 1024` (+9-24 %) and at `N = 4096` (+2-10 %).
+# benchmark below are this run's (with 3 stages at `d = 64`): +9-31 % over step 3 at `N = 1024`, +2-11 % at
+# `N = 4096`, so the prediction held, and the causal `N = 1024` row gained more than predicted (the third stage).
 
 # %%
 FA3P = {64: dict(block_n=128, stages=3), 128: dict(block_n=128, stages=2)}       # as the cell's FA3P_ defines
@@ -1935,11 +1936,12 @@ step3b[1024, 64, True]
 # to 16k).
 
 # %%
-RECORDED_H100 = {   # TFLOP/s at N = 4096, bf16, B N = 16k, H d = 2048; NVIDIA H100 80GB HBM3, 2026-11-23
-    (64, False): {"step 2": 349.3, "step 3": 463.9, "step 3b": 481.7, "SDPA flash": 303.3, "SDPA cudnn": 489.7},
-    (64, True): {"step 2": 311.1, "step 3": 386.2, "step 3b": 419.0, "SDPA flash": 281.4, "SDPA cudnn": 433.5},
-    (128, False): {"step 2": 386.8, "step 3": 587.4, "step 3b": 606.3, "SDPA flash": 356.6, "SDPA cudnn": 670.5},
-    (128, True): {"step 2": 335.3, "step 3": 511.3, "step 3b": 567.1, "SDPA flash": 306.8, "SDPA cudnn": 572.5},
+RECORDED_H100 = {   # TFLOP/s at N = 4096, bf16, B N = 16k, H d = 2048; NVIDIA H100 80GB HBM3, 2026-11-23 (step 3b: run E of
+    # the fifth session; the other columns: the third session's run, docs/RESULTS.md)
+    (64, False): {"step 2": 349.3, "step 3": 463.9, "step 3b": 481.0, "SDPA flash": 303.3, "SDPA cudnn": 489.7},
+    (64, True): {"step 2": 311.1, "step 3": 386.2, "step 3b": 422.9, "SDPA flash": 281.4, "SDPA cudnn": 433.5},
+    (128, False): {"step 2": 386.8, "step 3": 587.4, "step 3b": 604.4, "SDPA flash": 356.6, "SDPA cudnn": 670.5},
+    (128, True): {"step 2": 335.3, "step 3": 511.3, "step 3b": 565.4, "SDPA flash": 306.8, "SDPA cudnn": 572.5},
 }
 try:
     measured = {key: {"step 2": step2[key].tflops, "step 3": step3[key].tflops,
@@ -1979,11 +1981,11 @@ fig
 #   scheduler, the softmax of one warp and the products of the other cannot overlap more than that.
 # - **Step 3** (`wgmma` + TMA) runs at 1.37-1.67x flash at `N = 4096`, FlashAttention-3's class, but only 1.21x at
 #   `N = 1024` (1.05x with the causal mask): every CTA pays its set-up, pipeline fill and epilogue alone.
-# - **Step 3b** (persistent, work items from a counter, the next item's loads under the current one's epilogue) is the
-#   tutorial's final kernel: on the H100, 1.35-1.95x flash at every shape of `benchmarks/attention.py` (N = 1k to 16k,
-#   d = 64 and 128, causal or not) but one: causal `d = 64`, `N = 1024`, at 1.297-1.299x (1.30x rounded, 128-row
-#   blocks; 1.23x with 192-row ones), on the 1.3x target's edge. Against SDPA's cuDNN backend it is 0.82-1.04x: ahead at
-#   `d = 64` from `N = 8192`, 0.89-0.99x at `d = 128`, furthest behind at `N = 1024` (0.82-0.89x).
+# - **Step 3b** (persistent, work items from a counter, the next item's loads under the current one's epilogue, 3 K/V
+#   stages at `d = 64`) is the tutorial's final kernel: on the H100, 1.35-1.94x flash at every shape of
+#   `benchmarks/attention.py` (N = 1k to 16k, d = 64 and 128, causal or not; the lowest, 1.35x, at `d = 128`,
+#   `N = 1024` with the mask, and 1.38x at `d = 64`, `N = 1024`). Against SDPA's cuDNN backend it is 0.84-1.03x: ahead
+#   at `d = 64` from `N = 8192`, 0.89-0.99x at `d = 128`, furthest behind at `N = 1024` (0.84-0.91x).
 #   FlashAttention-3 also overlaps the softmax of one tile with the products of the next *inside* each warpgroup and
 #   schedules its warpgroups in ping-pong with named barriers. We tried the first (tools/gpu/attn_variants/fa3_pipe.cu:
 #   `S` of tile j+1 issued before the softmax of tile j, `wgmma.wait_group 1`): same results bit for bit, but 0.69-0.85x
