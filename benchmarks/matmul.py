@@ -82,7 +82,7 @@ class Variant:
     block: object = 256
     smem: int = 0
     slow: bool = False             # seconds per call at 4096^3: few repetitions
-    tensor_maps: tuple | None = None   # (box of A, box of B) for the wgmma kernel
+    tensor_maps: tuple | None = None   # (box of A, box of B, box of C) for the wgmma kernel
     cluster: tuple | None = None       # thread-block cluster shape, (2, 1, 1) for the wgmma kernel's pairs
 
     @property
@@ -149,9 +149,19 @@ def hopper_variants(quick: bool, sms: int) -> list[Variant]:
         def grid(M, N, bn=bn, cm=cm):            # persistent: at most one block per SM, whole clusters
             return cm * min(cdiv(cdiv(M, 128), cm) * cdiv(N, bn), sms // cm)
         out.append(Variant("hopper", "wgmma", config, {"bf16": "wgmma_bf16", "fp16": "wgmma_f16"}, dict(d),
-                           grid=grid, block=384, smem=st * (128 + bn) * 64 * 2 + 16 * st + 1024,
-                           tensor_maps=((128, 64), (bn // cm, 64)), cluster=(cm, 1, 1) if cm > 1 else None))
+                           grid=grid, block=384,
+                           smem=st * (128 + bn) * 64 * 2 + 2 * 2 * 64 * 128 + 16 * st + 1024,   # + C staging boxes
+                           tensor_maps=((128, 64), (bn // cm, 64), (64, 64)), cluster=(cm, 1, 1) if cm > 1 else None))
     return out[:1] if quick else out
+
+
+def hopper_maps(A, B, C, boxes):
+    """The wgmma kernel's tensor maps for A, B and C (boxes as the variant says). C's map only where TMA can address
+    it (rows of 16-byte multiples, 16-byte aligned): otherwise the kernel stores directly and A's map stands in."""
+    map_a = kernellab.tensor_map(A, boxes[0], swizzle="128B")
+    by_tma = C.shape[1] % 8 == 0 and C.data_ptr() % 16 == 0
+    return (map_a, kernellab.tensor_map(B, boxes[1], swizzle="128B"),
+            kernellab.tensor_map(C, boxes[2], swizzle="128B") if by_tma else map_a)
 
 
 # --- the variants as functions of torch tensors (also used by tests/gpu/test_matmul_gpu.py) ------------------------
@@ -177,11 +187,10 @@ def variant_function(v: Variant, module, dtype_name: str):
             K += -K % 8
         first = (A, B)
         if v.tensor_maps:
-            key = (A.data_ptr(), B.data_ptr(), tuple(A.shape), tuple(B.shape))
+            key = (A.data_ptr(), B.data_ptr(), C.data_ptr(), tuple(A.shape), tuple(B.shape), tuple(C.shape))
             if key not in cache:
                 cache.clear()
-                cache[key] = (kernellab.tensor_map(A, v.tensor_maps[0], swizzle="128B"),
-                              kernellab.tensor_map(B, v.tensor_maps[1], swizzle="128B"))
+                cache[key] = hopper_maps(A, B, C, v.tensor_maps)
             first = cache[key]
         kernel[v.grid(M, N), v.block, v.smem](*first, C, M, N, K, **({"cluster": v.cluster} if v.cluster else {}))
         return C

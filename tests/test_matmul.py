@@ -137,8 +137,10 @@ def run_variant(v, cell, M, N, K, dtype, grid=None):
         args = [A, B, C, M, N, K]
     else:
         A, B, C, ref = tc_case(M, N, K, dtype)
-        first = [TensorMap(A, *v.tensor_maps[0][::-1]), TensorMap(B, *v.tensor_maps[1][::-1])] if v.tensor_maps \
-            else [A, B]
+        first = [A, B]
+        if v.tensor_maps:                   # C's map where its rows are 16-byte multiples, else A's stands in
+            first = [TensorMap(A, *v.tensor_maps[0][::-1]), TensorMap(B, *v.tensor_maps[1][::-1])]
+            first.append(TensorMap(C, *v.tensor_maps[2][::-1]) if N % 8 == 0 else first[0])
         args = first + [C, M, N, K]
     block = v.block if isinstance(v.block, tuple) else (v.block,)
     emulate(cell.source, name, grid_dims(grid or v.grid(M, N)), block, args, v.smem, defines=v.defines,

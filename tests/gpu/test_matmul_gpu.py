@@ -119,8 +119,7 @@ def test_compute_sanitizer_is_clean(name, config, tool):
     kernel = module[v.kernels[dtype]]
     g = torch.Generator(device="cuda").manual_seed(1)
     A, B, C = bench.inputs(v.family, TORCH_DTYPES[dtype], M, N, K)(g)
-    first = (kernellab.tensor_map(A, v.tensor_maps[0], swizzle="128B"),
-             kernellab.tensor_map(B, v.tensor_maps[1], swizzle="128B")) if v.tensor_maps else (A, B)
+    first = bench.hopper_maps(A, B, C, v.tensor_maps) if v.tensor_maps else (A, B)
     extra = {"cluster": v.cluster} if v.cluster else {}
     report = kernel.sanitize(v.grid(M, N), v.block, *first, C, M, N, K, shared_bytes=v.smem, tool=tool, **extra)
     assert report.ok, str(report)

@@ -33,7 +33,10 @@ HELPERS_MARK = "// @cell-helpers:"
 def cell_helpers(cell: str = CELL) -> str:
     """The cell's device helpers (mbarrier, TMA, wgmma, stores, stage release, tile order): what a candidate shares."""
     start = cell.index("// --- mbarrier: a shared-memory barrier")
-    return cell[start:cell.index("template <typename T>\n__device__ void wgmma_gemm")].rstrip("\n") + "\n"
+    stop = cell.find("// --- named barriers")          # the cell since session 5 holds tmastore's own helpers
+    if stop < 0:
+        stop = cell.index("template <typename T>\n__device__ void wgmma_gemm")
+    return cell[start:stop].rstrip("\n") + "\n"
 
 
 def variant_source(name: str) -> str:
@@ -74,7 +77,7 @@ def geometry(family, d):
         smem = st * (wm + 16384 // wm) * 128 + (2 * d.get("EPI_BUFS", 2) * wm * 128 if d.get("TMA_STORE") else 0)
         return wm, 16384 // wm, wm, cm, st, smem + 16 * st + 1024
     st = d.get("STAGES", 4)
-    smem = st * (128 + 256) * 128 + (2 * d.get("EPI_BUFS", 2) * 64 * 128 if family == "tmastore" else 0)
+    smem = st * (128 + 256) * 128 + (2 * d.get("EPI_BUFS", 2) * 64 * 128 if family in ("tmastore", "wgmma") else 0)
     return 128, 256, 64, cm, st, smem + 16 * st + 1024
 
 
@@ -93,8 +96,10 @@ def run_fn(kernel, family, d, sms):
             cache.clear()
             tmA = kernellab.tensor_map(A, (rows, 64), swizzle="128B")
             tmB = kernellab.tensor_map(B, (cols // cm, 64), swizzle="128B")
-            if family == "wgmma":                           # the cell: (tmA, tmB, C, M, N, K)
-                cache[key] = ((tmA, tmB), ())
+            if family == "wgmma":                           # the cell (tmastore's epilogue since session 5):
+                by_tma = N % 8 == 0 and C.data_ptr() % 16 == 0      # (tmA, tmB, tmC, C, M, N, K)
+                cache[key] = ((tmA, tmB, kernellab.tensor_map(C, (c_rows, 64), swizzle="128B") if by_tma else tmA),
+                              ())
             else:                                           # (tmA, tmB, tmC, C, M, N, K, c_by_tma)
                 by_tma = N % 8 == 0 and C.data_ptr() % 16 == 0      # C's rows 16-byte multiples: a map exists
                 tmC = kernellab.tensor_map(C, (c_rows, 64), swizzle="128B") if by_tma else tmA   # else unused
