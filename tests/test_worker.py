@@ -884,3 +884,20 @@ cupy_backends.cuda.api.runtime.CUDARuntimeError: cudaErrorIllegalAddress: an ill
         "ValueError: mine",
         "(2 errors from CuPy objects freed in the dead CUDA context omitted)"]
     assert worker_output_lines("") == [] and worker_output_lines("just output\n") == ["just output"]
+
+
+def test_failed_driver_entry_point_lookups_are_not_the_kernels_errors():
+    """As memcheck reported tutorial 06's wgmma kernel on an H100 (session 5 run F): no kernel error, but the host
+    process's failed cuGetProcAddress lookups counted in the ERROR SUMMARY. They leave the kernel clean; any other
+    failed API call (a launch failure, say) still counts."""
+    lookup = ('========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to '
+              'cuGetProcAddress_v2.\n')
+    text = "========= COMPUTE-SANITIZER\n" + lookup * 34 + "========= ERROR SUMMARY: 34 errors\n"
+    rep = report_from_text(text, tool="memcheck", kernel="wgmma_bf16")
+    assert rep.ok and rep.error_count == 0 and not rep.findings, str(rep)
+    assert any("34 failed cuGetProcAddress" in n for n in rep.notes)
+    launch = ('========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API '
+              'call to cudaStreamSynchronize.\n')
+    worse = report_from_text("========= COMPUTE-SANITIZER\n" + lookup * 2 + launch + "========= ERROR SUMMARY: 3 errors\n",
+                             tool="memcheck", kernel="k")
+    assert not worse.ok and worse.error_count == 1

@@ -235,6 +235,8 @@ _RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*([\d,]+) hazards? displayed \(
 _SKIP_HEAD = ("COMPUTE-SANITIZER", "LEAK SUMMARY", "Saved host backtrace", "Host Frame", "Device Frame",
               "Target application returned")
 _NOTE_HEAD = ("Program hit", "Target application returned", "Cuda API error")
+_PROC_ADDRESS_ERROR = re.compile(r"Program hit \S+ \(error \d+\) due to .* on CUDA API call to cuGetProcAddress\w*\.?$",
+                                 re.M)
 
 # "<func>+0x70 in <file>:<line>", "<func>+0x70", "0x70 in <file>:<line>:<func>", "0x70 in <func>"
 _LOC_NEW = re.compile(r"^(?P<func>.*?)\+0x(?P<pc>[0-9a-fA-F]+)(?:\s+in\s+(?P<file>.+?):(?P<line>\d+))?\s*$")
@@ -438,6 +440,15 @@ def report_from_text(text: str, *, tool: str, job: KernelJob | None = None, kern
                      **extra) -> SanitizerReport:
     """A SanitizerReport from a captured compute-sanitizer output (what `sanitize` does after running it)."""
     findings, error_count, notes = parse_report(text, tool, job)
+    # Failed driver entry-point lookups of the host process (cuda-python asks cuGetProcAddress for symbols this driver
+    # may not have, and handles the answer) are counted in the ERROR SUMMARY like kernel errors; they are not the
+    # kernel's. Any other failed API call still counts.
+    lookups = len(_PROC_ADDRESS_ERROR.findall(text))
+    if lookups and not findings and error_count:
+        error_count = max(0, error_count - lookups)
+        notes = [n for n in notes if "cuGetProcAddress" not in n]
+        notes.append(f"{tool} also counted {lookups} failed cuGetProcAddress call(s) of the host process (driver "
+                     f"entry points looked up by name): not errors of the kernel")
     if error_count and not findings:
         notes.append(f"{tool} counted {error_count} error(s) that kernellab could not parse; see report.raw")
     return SanitizerReport(tool=tool, kernel=kernel or (job.label if job else "?"), findings=tuple(findings),
