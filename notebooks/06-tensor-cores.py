@@ -942,7 +942,7 @@ for c in (1, CLUSTER):
 # **Prediction.** `wgmma` lifts the tensor-core ceiling from `mma.sync`'s to the full rate, and TMA takes the copy
 # work and its address arithmetic off the threads. With four stages, a producer running ahead, the epilogue of one
 # tile overlapping the loads of the next, B multicast across the cluster and the epilogue stored by TMA, expect
-# 95-105 % of cuBLAS at 4096³ and 8192³ (target 95 %). The same kernel with direct stores from registers measured
+# 90-105 % of cuBLAS at 4096³ and 8192³ (target 95 %). The same kernel with direct stores from registers measured
 # 89.5 % / 97.4 % on an H100, this epilogue 99.5 % / 103.3 % in the same run (`tools/gpu/try_wgmma.py`): at 4096³,
 # where each SM does only 3.9 tiles, the epilogue was a tenth of the time.
 
