@@ -124,12 +124,12 @@ def tc_variants(quick: bool) -> list[Variant]:
     steps = [Variant("tc", "wmma", "default", both("wmma"), grid=g128),
              Variant("tc", "mma", "default", both("mma"), grid=g128)]
     configs = [("default", {}), ("128x128 2x2 warps", {"BN": 128, "WARPS_N": 2}),
-               ("BK=64 3 stages", {"BK": 64, "STAGES": 3}), ("BK=64 4 stages", {"BK": 64, "STAGES": 4}),
-               ("128x128 BK=64", {"BN": 128, "WARPS_N": 2, "BK": 64}),
+               ("BK=32 4 stages (session 4)", {"BK": 32, "STAGES": 4}), ("BK=64 4 stages", {"BK": 64, "STAGES": 4}),
+               ("128x128 BK=32 4 stages", {"BN": 128, "WARPS_N": 2, "BK": 32, "STAGES": 4}),
                ("256x128 4x2 warps", {"BM": 256, "BN": 128, "WARPS_M": 4, "WARPS_N": 2})]
     pipes = []
     for config, d in configs:
-        bm, bn, bk, st = d.get("BM", 128), d.get("BN", 256), d.get("BK", 32), d.get("STAGES", 4)
+        bm, bn, bk, st = d.get("BM", 128), d.get("BN", 256), d.get("BK", 64), d.get("STAGES", 3)   # the cell's
         threads = d.get("WARPS_M", 2) * d.get("WARPS_N", 4) * 32
         pipes.append(Variant("tc", "mma_pipe", config, both("mma_pipe"), dict(d),
                              grid=lambda M, N, bm=bm, bn=bn: (cdiv(N, bn), cdiv(M, bm)), block=threads,

@@ -185,8 +185,8 @@ def test_mma_sync_steps_in_the_emulator(name, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["128x128 2x2 warps", "BK=64 3 stages", "BK=64 4 stages", "128x128 BK=64",
-                                    "256x128 4x2 warps"])
+@pytest.mark.parametrize("config", ["128x128 2x2 warps", "BK=32 4 stages (session 4)", "BK=64 4 stages",
+                                    "128x128 BK=32 4 stages", "256x128 4x2 warps"])
 def test_mma_pipe_configs_in_the_emulator(config):
     v, cell = pick("mma_pipe", config)
     for M, N, K in ((260, 140, 200), (260, 270, 320)):           # a K tail; interior tiles too; more slices than stages
