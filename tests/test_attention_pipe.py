@@ -2,7 +2,7 @@
 FA3's intra-warpgroup overlap of the softmax with the GEMMs) without a GPU: it compiles without spills, ptxas keeps
 the softmax's exponentials between the two wgmma waits (the overlap survives scheduling), and in the CPU emulator
 (tests/emu, which holds a wgmma's accumulators poisoned from issue to wait) it matches attention in float64 and writes
-the very bits fa3_persistent.cu writes, on awkward shapes with CTAs that walk many work items."""
+the very bits step 3b (the notebook's fa3p) writes, on awkward shapes with CTAs that walk many work items."""
 import pathlib
 import re
 import sys
@@ -47,7 +47,7 @@ def test_the_softmax_sits_between_the_two_waits(name):
 
 
 def run_pipe(arrays, O, d, dtype, causal, ctas, heads_per_section, counter=None):
-    """The pipelined candidate, launched as test_attention_persistent launches fa3_persistent.cu."""
+    """The pipelined candidate, launched as test_attention_persistent launches step 3b."""
     BH, N = O.shape[:2]
     bm = 64 * CONSUMERS[d]
     maps = [TensorMap(a, 64, rows) for a, rows in zip(arrays, (bm, BLOCK_N, BLOCK_N))]

@@ -1,5 +1,6 @@
 """One short GPU call for tutorial 07's step 3 (kernellab issue 12): the notebook's fa3 kernel beside its persistent
-variant (tools/gpu/attn_variants/fa3_persistent.cu), checked against SDPA, then timed against SDPA's FLASH and CUDNN
+variant (step 3b's fa3p kernels, first written as tools/gpu/attn_variants/fa3_persistent.cu), checked against SDPA,
+then timed against SDPA's FLASH and CUDNN
 backends in the same run. Under 120 s on an H100.
 
     PYTHONPATH=$PWD python3 tools/gpu/try_attention.py            # GPU: checks, then the table
@@ -33,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
-CANDIDATE = ROOT / "tools" / "gpu" / "attn_variants" / "fa3_persistent.cu"
 L2_BUDGET_BYTES = 16 << 20          # K/V of one section's heads: a third of the H100's 50 MB L2
 CHECKS = [  # (B, H, N, d, dtype, causal)
     (2, 3, 1031, 64, "bf16", True),
@@ -100,11 +100,9 @@ def plan():
     from notebook_cells import cuda_cells
 
     cell = next(c for c in cuda_cells("07-fused-attention.py") if "fa3_bf16_d64" in c)
-    for label, src in (("notebook fa3", cell), ("candidate fa3p", CANDIDATE.read_text())):
-        mod = kernellab.compile_cuda(src, arch="sm_90a")
-        for k in mod.kernels:
-            if "bf16" in k.name:
-                print(f"{label:15s} {k.name:22s} {k.resources}")
+    for k in kernellab.compile_cuda(cell, arch="sm_90a").kernels:      # step 3 (fa3_*) and step 3b (fa3p_*)
+        if "bf16" in k.name:
+            print(f"{k.name:28s} {k.resources}")
     print("\nbusiest SM / mean, key tiles + 1 per item, 132 SMs: fa3p static | fa3p_flat static | fa3p_dyn | "
           "fa3 (hardware)")
     for d in DIMS:
@@ -176,8 +174,11 @@ def main(argv=None):
     dev = torch.cuda.get_device_name()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     nb_fams, nb_cfg = A.load_families(None, None)
-    cand_fams, cand_cfg = A.load_families(str(CANDIDATE), None)
-    wg2_fams, wg2_cfg = A.load_families(str(CANDIDATE), None, options=("-DFA3P_WG64=2", "-DFA3P_WG64C=2"))
+    cand_fams, cand_cfg = nb_fams, nb_cfg            # step 3b's fa3p kernels (3 consumer warpgroups at d = 64)
+    # the same with 2 consumer warpgroups at d = 64 (the cell's _bm128 entries, under the plain names)
+    wg2_fams = {"fa3p": {n.replace("_bm128", ""): k for n, k in nb_fams["fa3p"].items()
+                         if n.endswith("_bm128") or "_d128" in n}}
+    wg2_cfg = nb_cfg
     fa3 = A.launcher(nb_fams["fa3"], nb_cfg["fa3"])
     ours = {"fa3": fa3,
             "fa3p_dyn": persistent_launcher(cand_fams["fa3p"], cand_cfg["fa3p"], sms, dynamic=True),

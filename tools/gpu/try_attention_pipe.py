@@ -1,11 +1,11 @@
 """One short GPU call for kernellab issue 12 item 3: the persistent attention candidate with FA3's intra-warpgroup
 pipelining (tools/gpu/attn_variants/fa3_pipe.cu, kernels fa3q_*) beside the one it starts from
-(tools/gpu/attn_variants/fa3_persistent.cu, fa3p_*), checked against SDPA, then timed against SDPA's FLASH and CUDNN
+(tutorial 07's step 3b, fa3p_*), checked against SDPA, then timed against SDPA's FLASH and CUDNN
 backends in the same run. Under 120 s on an H100.
 
     PYTHONPATH=$PWD python3 tools/gpu/try_attention_pipe.py
 
-Method (as tools/gpu/try_attention.py, whose launcher it uses). "fa3p_dyn": fa3_persistent.cu, dynamic schedule,
+Method (as tools/gpu/try_attention.py, whose launcher it uses). "fa3p_dyn": step 3b's kernels, dynamic schedule,
 L2 sections, its defaults (3 consumer warpgroups at d = 64, 2 at d = 128). "fa3q_dyn": fa3_pipe.cu, the same
 schedule and tiles; "fa3q_wg2": fa3_pipe.cu with 2 consumer warpgroups at d = 64 too (-DFA3Q_WG64=2
 -DFA3Q_WG64C=2). Checks: kernellab.check against SDPA in float64 on try_attention's awkward shapes (N = 1031, 65, 4097,
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
-from try_attention import CANDIDATE, CHECKS, DIMS, NS, attention_helpers, persistent_launcher  # noqa: E402
+from try_attention import CHECKS, DIMS, NS, attention_helpers, persistent_launcher  # noqa: E402
 
 PIPE = ROOT / "tools" / "gpu" / "attn_variants" / "fa3_pipe.cu"
 WG2 = ("-DFA3Q_WG64=2", "-DFA3Q_WG64C=2")
@@ -43,7 +43,7 @@ def main():
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     dev = torch.cuda.get_device_name()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    p_fams, p_cfg = A.load_families(str(CANDIDATE), None)
+    p_fams, p_cfg = A.load_families(None, None)           # the notebook's cells: step 3b is family fa3p
     q_fams, q_cfg = A.load_families(str(PIPE), None)
     w_fams, w_cfg = A.load_families(str(PIPE), None, options=WG2)
     ours = {"fa3p_dyn": persistent_launcher(p_fams["fa3p"], p_cfg["fa3p"], sms, dynamic=True),

@@ -1,5 +1,5 @@
-// Candidate for tutorial 07 (kernellab issue 12 item 3): fa3_persistent.cu (persistent grid, producer warpgroup with TMA,
-// 2-3 consumer warpgroups with wgmma, dynamic or snake schedule; see that file for the schedule, the Q double buffer
+// Candidate for tutorial 07 (kernellab issue 12 item 3): fa3_persistent.cu (now step 3b of the notebook, fa3p_*; persistent grid, producer warpgroup with TMA,
+// 2-3 consumer warpgroups with wgmma, dynamic or snake schedule; see step 3b for the schedule, the Q double buffer
 // and the barrier phases, all unchanged here) with FA3's intra-warpgroup pipelining in the consumers. Kernels fa3q_*,
 // defines FA3Q_*, so both files load side by side. tools/gpu/try_attention_pipe.py checks and times it;
 // tests/test_attention_pipe.py runs it in the CPU emulator (tests/emu) and checks its SASS.
