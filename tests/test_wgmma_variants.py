@@ -126,7 +126,7 @@ def load_try_wgmma():
 
 
 TRY = load_try_wgmma()
-CONFIGS = [(family, d) for _, family, d in TRY.VARIANTS if family != "wgmma"]   # what the GPU script times
+CONFIGS = [(family, d) for _, family, d in TRY.VARIANTS]   # what the GPU script times (the cell at each setting)
 
 
 def smem_bytes(name: str, d: dict) -> int:
@@ -136,7 +136,8 @@ def smem_bytes(name: str, d: dict) -> int:
 
 def test_the_gpu_script_times_the_cell_and_every_candidate():
     assert [f for _, f, _ in TRY.VARIANTS][0] == "wgmma" and "wgmma_bf16" in TRY.SOURCES["wgmma"]
-    assert {"pingpong", "tmastore"} <= {f for f, _ in CONFIGS}
+    assert {"pingpong", "wgmma"} <= {f for f, _ in CONFIGS}
+    assert any(d.get("EPI_BUFS") for f, d in CONFIGS if f == "wgmma"), "the cell's staging boxes at other settings"
     assert any(d.get("TMA_STORE") for f, d in CONFIGS if f == "pingpong")
     assert any(n % 8 for _, n, _ in TRY.CHECKS) and any(n % 8 == 0 and n % 256 for _, n, _ in TRY.CHECKS), \
         "checks on both epilogue paths: direct stores (N odd) and TMA stores clipped at the edge"
@@ -148,9 +149,9 @@ def label(name, d):
 
 @pytest.mark.parametrize("name,d", [pytest.param(n, d, id=label(n, d)) for n, d in CONFIGS])
 def test_candidate_compiles_without_spills_and_holds_its_instructions(name, d):
-    source = TRY.variant_source(name)
+    source = TRY.SOURCES[name]
     module = kernellab.compile_cuda(source, arch="sm_90a", options=tuple(f"-D{k}={v}" for k, v in d.items()))
-    tma_store = name == "tmastore" or d.get("TMA_STORE")
+    tma_store = name == "wgmma" or d.get("TMA_STORE")
     for dtype in ("bf16", "f16"):
         k = module[f"{name}_{dtype}"]
         r, mix = k.resources, k.instruction_summary
@@ -165,7 +166,7 @@ def test_candidate_compiles_without_spills_and_holds_its_instructions(name, d):
 
 def run_candidate(name, d, M, N, K, dtype, grid, source=None):
     """One candidate in the emulator: C = A B^T with C's TMA store where N % 8 == 0; returns (C, reference)."""
-    source = source or TRY.variant_source(name)
+    source = source or TRY.SOURCES[name]
     cm = d.get("CLUSTER_M", 2)
     rows, cols = (d.get("WM", 64), 16384 // d.get("WM", 64)) if name == "pingpong" else (128, 256)
     A, B, C, ref = tc_case(M, N, K, dtype)
@@ -173,7 +174,9 @@ def run_candidate(name, d, M, N, K, dtype, grid, source=None):
     box_rows = rows if name == "pingpong" else 64
     tmC = TensorMap(C, 64, box_rows) if by_tma else TensorMap(A, 64, box_rows)    # a stand-in the kernel never uses
     emulate(source, f"{name}_{'bf16' if dtype == 'bf16' else 'f16'}", (grid,), (384,),
-            [TensorMap(A, 64, rows), TensorMap(B, 64, cols // cm), tmC, C, M, N, K, by_tma], smem_bytes(name, d),
+            [TensorMap(A, 64, rows), TensorMap(B, 64, cols // cm), tmC, C, M, N, K] + ([by_tma] if name == "pingpong"
+                                                                                     else []),   # the cell tests N
+            smem_bytes(name, d),
             defines=d, cluster=(cm,))
     return C, ref
 
@@ -182,7 +185,7 @@ def run_candidate(name, d, M, N, K, dtype, grid, source=None):
 # one more than consumer 1), a CTA whose tile row lies past M, K past one slice and a K tail.
 CASES = [("pingpong", {}, 300, 520, 136, "bf16", 4),
          ("pingpong", {"TMA_STORE": 1, "STAGES": 4}, 300, 520, 264, "bf16", 4),
-         ("tmastore", {}, 300, 520, 136, "bf16", 4)]
+         ("wgmma", {}, 300, 520, 136, "bf16", 4)]
 SLOW_CASES = [("pingpong", {}, 255, 129, 200, "fp16", 2),                        # N odd: direct stores
               ("pingpong", {"TMA_STORE": 1, "STAGES": 4}, 300, 520, 136, "fp16", 2),
               ("pingpong", {"TMA_STORE": 1, "STAGES": 4}, 130, 271, 40, "bf16", 2),   # N odd: the fallback path
@@ -190,11 +193,11 @@ SLOW_CASES = [("pingpong", {}, 255, 129, 200, "fp16", 2),                       
               ("pingpong", {"WM": 128, "STAGES": 5, "TMA_STORE": 1}, 300, 520, 264, "bf16", 4),
               ("pingpong", {"ORDERED": 0}, 300, 520, 136, "bf16", 2),
               ("pingpong", {"CLUSTER_M": 1, "TMA_STORE": 1, "STAGES": 4}, 130, 272, 40, "fp16", 3),
-              ("tmastore", {}, 300, 520, 264, "fp16", 2),
-              ("tmastore", {"EPI_BUFS": 1}, 300, 520, 264, "bf16", 2),
-              ("tmastore", {"STAGES": 3, "EPI_BUFS": 4}, 300, 520, 264, "bf16", 2),
-              ("tmastore", {}, 255, 129, 200, "bf16", 2),
-              ("tmastore", {"CLUSTER_M": 1}, 130, 272, 40, "fp16", 3)]
+              ("wgmma", {}, 300, 520, 264, "fp16", 2),
+              ("wgmma", {"EPI_BUFS": 1}, 300, 520, 264, "bf16", 2),
+              ("wgmma", {"STAGES": 3, "EPI_BUFS": 4}, 300, 520, 264, "bf16", 2),
+              ("wgmma", {}, 255, 129, 200, "bf16", 2),
+              ("wgmma", {"CLUSTER_M": 1}, 130, 272, 40, "fp16", 3)]
 
 
 @pytest.mark.parametrize("name,d,M,N,K,dtype,grid", [pytest.param(*c, id=f"{label(c[0], c[1])} {c[2]}x{c[3]}x{c[4]} "
@@ -207,15 +210,15 @@ def test_candidate_in_the_emulator(name, d, M, N, K, dtype, grid):
 
 
 def mutated(name, old, new):
-    source = TRY.variant_source(name)
+    source = TRY.SOURCES[name]
     assert old in source, old
     return source.replace(old, new, 1)
 
 
 def test_emulator_catches_a_staging_box_rewritten_before_its_store_read_it():
-    bad = mutated("tmastore", "tma_store_wait_read<EPI_BUFS - 1>();", "")
+    bad = mutated("wgmma", "tma_store_wait_read<EPI_BUFS - 1>();", "")
     with pytest.raises(EmulationError, match="smem source changed"):
-        run_candidate("tmastore", {}, 300, 520, 136, "bf16", 4, source=bad)
+        run_candidate("wgmma", {}, 300, 520, 136, "bf16", 4, source=bad)
 
 
 @pytest.mark.slow

@@ -46,42 +46,8 @@ static_assert(WM == 64 || WM == 128, "a consumer tile of 64 x 256 or 128 x 128")
 static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "clusters of 1 or 2 CTAs along M");
 static_assert(EPI_BUFS >= 1 && EPI_BUFS <= 4, "1 to 4 staging buffers per consumer");
 
-// @cell-helpers: tutorial 06 wgmma cell's helpers, mbarrier_init through tile_coords (try_wgmma.variant_source)
+// @cell-helpers: tutorial 06 wgmma cell's helpers, mbarrier_init through the TMA-store ones (try_wgmma.variant_source)
 
-
-// --- named barriers: bar.sync / bar.arrive on hardware barrier `id` (1-15; 0 is __syncthreads) for `threads` threads
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {      // arrive and go on: no wait
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// --- TMA store: one instruction copies a box of smem into the tensor (clipped at its edges), in bulk groups ----------
-__device__ __forceinline__ void fence_proxy_async() {      // this thread's smem writes, visible to TMA (async proxy)
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, unsigned src, int c0, int c1) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
-                 ::"l"(reinterpret_cast<unsigned long long>(map)), "r"(src), "r"(c0), "r"(c1) : "memory");
-}
-__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void tma_store_wait_read() {    // at most N groups still reading their smem
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void tma_store_wait() {         // at most N groups not yet complete
-    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Two results as a packed bf16x2 / fp16x2 word into (generic-addressed) shared memory.
-__device__ __forceinline__ void put2(unsigned char* p, float x, float y, __nv_bfloat16) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-}
-__device__ __forceinline__ void put2(unsigned char* p, float x, float y, __half) {
-    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
-}
-// The 128-byte swizzle of TMA: 16-byte chunk (address bits 4-6) XOR 128-byte row within 1 KiB (bits 7-9).
-__device__ __forceinline__ unsigned swizzle128(unsigned addr) { return addr ^ (((addr >> 7) & 7) << 4); }
 
 template <typename T>
 __device__ void pingpong_gemm(const CUtensorMap* tmA, const CUtensorMap* tmB, const CUtensorMap* tmC,
