@@ -84,12 +84,29 @@ inline __half __float2half_rn(float f) {
     return {static_cast<unsigned short>(sign | bits)};
 }
 inline __half __float2half(float f) { return __float2half_rn(f); }
+inline __half __ushort_as_half(unsigned short u) { return {u}; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }
+// Pairs of 16-bit values in one 32-bit word (x the low half), and the packed max of two pairs (HMNMX2: a NaN
+// loses to a number, as fmaxf).
+struct alignas(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
+struct alignas(4) __half2 { __half x, y; };
+inline float kl_max_nan_loses(float a, float b) { return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b); }
+inline __nv_bfloat162 __hmax2(__nv_bfloat162 a, __nv_bfloat162 b) {
+    return {__float2bfloat16_rn(kl_max_nan_loses(__bfloat162float(a.x), __bfloat162float(b.x))),
+            __float2bfloat16_rn(kl_max_nan_loses(__bfloat162float(a.y), __bfloat162float(b.y)))};
+}
+inline __half2 __hmax2(__half2 a, __half2 b) {
+    return {__float2half_rn(kl_max_nan_loses(__half2float(a.x), __half2float(b.x))),
+            __float2half_rn(kl_max_nan_loses(__half2float(a.y), __half2float(b.y)))};
+}
 
 using std::max;
 using std::min;
 
 // ---- math intrinsics -----------------------------------------------------------------------------------------
 inline float __expf(float x) { return std::exp(x); }
+using std::isnan;
+using std::isinf;
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
@@ -430,6 +447,11 @@ inline void cluster_arrive() { kl::arrive(); }
 inline void cluster_wait() { kl::wait_cluster(); }
 inline void cluster_sync() { kl::arrive(); kl::wait_cluster(); }
 template <typename T> inline T* cluster_map(T* p, unsigned rank) { return kl::map_rank(p, rank); }
+// exp with results under 2^-126 flushed to zero (ex2.approx.ftz.f32 on the GPU, inline PTX in the cells).
+inline float exp_ftz(float x) {
+    float y = std::exp(x);
+    return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
