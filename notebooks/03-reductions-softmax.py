@@ -41,7 +41,7 @@ import math
 
 import numpy as np
 import torch
-from IPython.display import HTML
+from IPython.display import HTML, display
 
 import kernellab
 from kernellab.analysis.banks import analyze_access
@@ -1155,6 +1155,11 @@ ladder_table(sm_result, sm_bytes, f"softmax 4096 x 4096 float32, {sm_result.devi
 # and clusters of 8 x 512: 90-96 % and 80-92 % of copy (tutorial 04's RMSNorm, the same plans with one vector
 # more to read, reached 96 % and 92 %). 4096 x 1024, 4096 x 4096 and the two small shapes keep their plans and
 # their numbers (51 %, 88 %; latency-bound below 10 µs), at or above 1.0x `torch.compile` everywhere.
+#
+# The same table in float32 follows (plans unchanged: a float thread already held 128 bytes in long rows).
+# Predicted: 4096 x 4096 about 97 % (the ladder above), 4096 x 32768 95-98 % (tutorial 04's RMSNorm at the same
+# plan reached 97 %, and softmax has no vector to re-read), 1024 x 262144 85-95 % (clusters of 8 x 1024: one block
+# an SM, so nothing overlaps its reduction), 4096 x 1024 65-70 % (torch's own copy of the same bytes reaches 67 %).
 
 # %%
 # %%gpu
@@ -1182,9 +1187,10 @@ def sweep_table(results, caption):
                             "ours, of copy bandwidth"], rows, caption=caption))
 
 
-sm_sweep = sweep_rows(softmax, torch_softmax, torch_softmax_compiled, SHAPES, torch.bfloat16,
-                      lambda r, c: 2 * r * c * 2)
-sweep_table(sm_sweep, f"softmax, bfloat16, {sm_result.device}")
+DTYPES = (torch.bfloat16, torch.float32)
+sm_sweep = {dt: sweep_rows(softmax, torch_softmax, torch_softmax_compiled, SHAPES, dt,
+                           lambda r, c, item=dt.itemsize: 2 * r * c * item) for dt in DTYPES}
+display(*[sweep_table(sm_sweep[dt], f"softmax, {str(dt)[6:]}, {sm_result.device}") for dt in DTYPES])
 
 # %%
 # %%gpu
@@ -1210,11 +1216,12 @@ for name, predicted in (("softmax_three_pass", "2-2.5x"), ("softmax_online", "ab
                         ("softmax", "1.05-1.1x"), ("torch eager", "1.2-1.5x"), ("torch.compile", "1.1-1.2x")):
     print(f"{name:20s} {t[name]:7.1f} µs = {t[name] / floor_us:.2f}x the floor of {floor_us:.0f} µs "
           f"(predicted {predicted})")
-worst_eager = min(res.speedup("torch eager").ratio for res in sm_sweep.values())
-worst_compile = min(res.speedup("torch.compile").ratio for res in sm_sweep.values())
-large = [res.gbps / COPY_GBPS for (r, c), res in sm_sweep.items() if r * c >= 4096 * 1024]
-print(f"bf16 sweep: at worst {worst_eager:.2f}x torch eager and {worst_compile:.2f}x torch.compile; "
-      f"{min(large):.0%}-{max(large):.0%} of the copy bandwidth on the large shapes (target: 90 %)")
+for dt, sweep in sm_sweep.items():
+    worst_eager = min(res.speedup("torch eager").ratio for res in sweep.values())
+    worst_compile = min(res.speedup("torch.compile").ratio for res in sweep.values())
+    large = [res.gbps / COPY_GBPS for (r, c), res in sweep.items() if r * c >= 4096 * 1024]
+    print(f"{str(dt)[6:]} sweep: at worst {worst_eager:.2f}x torch eager and {worst_compile:.2f}x torch.compile; "
+          f"{min(large):.0%}-{max(large):.0%} of the copy bandwidth on the large shapes (target: 90 %)")
 
 # %% [markdown]
 # What the numbers depend on, to read them well:

@@ -179,8 +179,9 @@ def test_softmax_plans_hold_32_values_per_thread_up_to_8_kb_rows_then_128_bytes(
 @pytest.mark.parametrize("itemsize", [4, 2])
 def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, itemsize):
     """Tutorial 04's plan (measured on an H100, tools/gpu/try_norms.py): 4 packs (64 bytes) per thread in rows up
-    to 8 KB, 8 packs (128 bytes) beyond; a warp per row up to 2 KB, a block of up to 512 threads up to 64 KB, then
-    clusters of up to 8 blocks; every plan's kernel is instantiated in the norm_kernels cell."""
+    to 8 KB, 8 packs (128 bytes) beyond; a warp per row up to 2 KB (float rows up to 4 KB: 8 packs a lane, w/b
+    through the ring), a block of up to 512 threads up to 64 KB, then clusters of up to 8 blocks; every plan's
+    kernel is instantiated in the norm_kernels cell."""
     ns = launchers(T04, norm_kernels=modules["norm_kernels"])
     dtype = {4: torch.float32, 2: torch.bfloat16}[itemsize]
     vec = 16 // itemsize
@@ -192,8 +193,8 @@ def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, item
             assert ns["norm_kernel_for"]("rmsnorm", r, c, dtype) == (None, None)
             continue
         check_plan_covers(p, r, c, vec)
-        if row_bytes <= 2048:                                        # a warp, the fewest packs that hold it
-            assert p.row_threads == 32 and p.vpt == next(v for v in (1, 2, 4) if 32 * v * 16 >= row_bytes), (r, c, p)
+        if row_bytes <= 2048 or (itemsize == 4 and row_bytes <= 4096):   # a warp, the fewest packs that hold it
+            assert p.row_threads == 32 and p.vpt == next(v for v in (1, 2, 4, 8) if 32 * v * 16 >= row_bytes), (r, c, p)
         else:
             assert p.row_threads > 32 and p.vpt == (4 if row_bytes <= 8192 else 8), (r, c, p)
         if p.cluster == 1:
@@ -214,7 +215,7 @@ def test_the_norm_plans_are_the_measured_winners():
                                   else f"{p.row_threads} x {p.vpt} / {p.block}")
     assert text == {(2, 4096, 32768): "512 x 8 / 512", (2, 1024, 262144): "c8 x 512 x 8",
                     (2, 4096, 4096): "128 x 4 / 128", (2, 4096, 1024): "32 x 4 / 128",
-                    (4, 1000, 1031): "128 x 4 / 128", (4, 4096, 1024): "64 x 4 / 128",
+                    (4, 1000, 1031): "128 x 4 / 128", (4, 4096, 1024): "32 x 8 / 128",
                     (4, 4096, 32768): "c2 x 512 x 8",
                     (4, 3, 100003): "c8 x 512 x 8"}
 
@@ -256,7 +257,8 @@ def with_specials(rows, cols, dtype):
 
 # warp, block, clusters of 4 and 8, and bf16 / fp16 rows over 8 KB: 8 packs (64 values) per thread in a block
 EMU_SHAPES = [(1, 1), (3, 7), (6, 1031), (5, 4099), (3, 9000), (2, 40000), (3, 6001)]
-NORM_EMU_SHAPES = EMU_SHAPES
+# and the w/b ring of float rows: every thread's 8 packs whole in a block (4096), in a warp (1024), in clusters
+NORM_EMU_SHAPES = EMU_SHAPES + [(3, 4096), (5, 1024), (2, 65536)]
 
 
 @needs_cxx

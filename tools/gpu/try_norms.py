@@ -5,10 +5,11 @@ each checked, then timed against torch eager and torch.compile in one process.
 
     PYTHONPATH=$PWD python3 tools/gpu/try_norms.py                  # on the GPU machine, from the repo root
     PYTHONPATH=$PWD python3 tools/gpu/try_norms.py --emulate        # CPU: checks every variant on tests/emu, no timing
-    PYTHONPATH=$PWD python3 tools/gpu/try_norms.py --only "float32 4096x32768,float32 4096x1024" --variants pipe,2read
+    PYTHONPATH=$PWD python3 tools/gpu/try_norms.py --only "float32 4096x32768,float32 4096x1024" --variants 2read
 
 --variants keeps, beside the notebook's plan ("new <plan>") and the baselines, only the variants whose name holds one
-of its comma-separated words (e.g. "pipe", "2read", "persist", "old", "new+nc", a plan such as "c4 x 256").
+of its comma-separated words (e.g. "2read", "persist", "old", "new+nc", a plan such as "c4 x 256"). The session-5
+candidate "pipe" (the late w/b packs through a ring) is the cell's `ring_store` now: plain plans time it.
 
 Method: kernellab.bench, L2 flushed before every call, all variants of one case and their baselines in alternating
 rounds (medians); "of copy" is bytes moved / time / kernellab's measured copy bandwidth; "vs eager" and "vs compile"
@@ -34,10 +35,9 @@ sys.path.insert(0, str(ROOT / "tests"))              # test_bench's FakeClock, f
 OLD_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_kernels_old.cu"
 VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
 PERSISTENT_SOURCE = VARIANTS / "norm_persistent.cu"   # appended to the cell, with the two below
-EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_wbpipe.cu", VARIANTS / "norm_tworead.cu"]
-# Instantiated template arguments of the session-5 candidates: ring depth of the late w/b packs ("pipe"), packs a
-# thread per chunk in the two passes ("2read": pass 1 from DRAM, pass 2 from L2 with w and b).
-PIPE_DEPTH = {"layernorm": 2, "rmsnorm": 4}
+EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu"]
+# Instantiated template arguments of the session-5 candidate "2read": packs a thread per chunk in the two passes
+# (pass 1 from DRAM, pass 2 from L2 with w and b).
 TWOREAD_UNROLL = {"layernorm": (2, 1), "rmsnorm": (4, 2)}
 EPS = 1e-5
 
@@ -45,8 +45,8 @@ EPS = 1e-5
 @dataclass(frozen=True)
 class Spec:
     """A launch plan: row_threads threads per row, vpt packs per thread, cluster blocks per row, block threads;
-    family: "" (the cell's kernels), "persist" (norm_persistent.cu), "pipe" (norm_wbpipe.cu: the cell's plans, late
-    w/b through a ring), "2read" (norm_tworead.cu: vpt is pass 1's packs per chunk; any row length)."""
+    family: "" (the cell's kernels), "persist" (norm_persistent.cu), "2read" (norm_tworead.cu: vpt is pass 1's
+    packs per chunk; any row length)."""
 
     row_threads: int
     vpt: int
@@ -88,11 +88,6 @@ def P(row_threads, vpt, cluster=1, block=0):
     return Spec(row_threads, vpt, cluster, block, "persist")
 
 
-def PIPE(row_threads, vpt, cluster=1, block=0):
-    """The cell's kernel with the late w/b packs in flight DEPTH at a time (tools/gpu/norm_variants/norm_wbpipe.cu)."""
-    return Spec(row_threads, vpt, cluster, block, "pipe")
-
-
 def TWO(row_threads, block=0):
     """Two reads of x, nothing held across the reduction (tools/gpu/norm_variants/norm_tworead.cu)."""
     return Spec(row_threads, 2, 1, block, "2read")
@@ -113,17 +108,17 @@ CASES = {
     ("rmsnorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(512, 4, 2), Spec(1024, 2, 2), Spec(512, 2, 4),
                                   Spec(256, 4, 4), P(1024, 2, 2), P(512, 2, 4)],
     ("layernorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), Spec(256, 8, 4), P(1024, 2, 4),
-                                      PIPE(512, 8, 2), PIPE(256, 8, 4), TWO(1024, 1024), TWO(512, 1024),
+                                      TWO(1024, 1024), TWO(512, 1024),
                                       TWO(512, 512)],
     ("layernorm", F32, 3, 100003): [Spec(1024, 4, 8)],
     ("layernorm", F32, 4096, 1024): [Spec(64, 4, 1, 128), Spec(32, 8, 1, 128), Spec(64, 4, 1, 256),
-                                     Spec(128, 2, 1, 128), P(128, 2, 1, 256), PIPE(32, 8, 1, 128),
-                                     PIPE(32, 8, 1, 256), TWO(64, 256), TWO(128, 256)],
+                                     Spec(128, 2, 1, 128), P(128, 2, 1, 256), Spec(32, 8, 1, 256),
+                                     TWO(64, 256), TWO(128, 256)],
     ("rmsnorm", F32, 4096, 1024): [Spec(64, 4, 1, 128), Spec(32, 8, 1, 128), Spec(64, 4, 1, 256), Spec(128, 2, 1, 128),
-                                   P(128, 2, 1, 256), PIPE(32, 8, 1, 128), TWO(64, 256)],
+                                   P(128, 2, 1, 256), TWO(64, 256)],
     ("rmsnorm", F32, 1000, 1031): [Spec(128, 4, 1, 128), Spec(64, 8, 1, 128), Spec(128, 4, 1, 256), Spec(64, 8, 1, 64)],
     ("rmsnorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), P(1024, 4, 2), P(1024, 2, 4),
-                                    PIPE(512, 8, 2), PIPE(256, 8, 4), TWO(1024, 1024), TWO(512, 512)],
+                                    TWO(1024, 1024), TWO(512, 512)],
 }
 SMS = 132
 
@@ -163,10 +158,6 @@ def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None)
     if spec.family == "2read":
         u1, u2 = TWOREAD_UNROLL[kind]
         kernel = module[f"{kind}_tworead<{ctype}, {u1}, {u2}>"]
-    elif spec.family == "pipe":
-        d = PIPE_DEPTH[kind]
-        kernel = module[f"{kind}_rows_pipe<{ctype}, {spec.vpt}, {d}>" if spec.cluster == 1
-                        else f"{kind}_rows_cluster_pipe<{ctype}, {spec.cluster}, {spec.vpt}, {d}>"]
     elif spec.cluster == 1:
         kernel = module[f"{kind}_rows<{ctype}, {spec.vpt}>"]
     elif cluster_names_vpt:
@@ -192,7 +183,7 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="substring filter on 'op dtype RxC', e.g. 'bfloat16'; several "
                     "comma-separated: any of them")
     ap.add_argument("--variants", default="", help="comma-separated words: time only the variants whose name holds "
-                    "one (beside the notebook's plan and the baselines), e.g. 'pipe,2read'")
+                    "one (beside the notebook's plan and the baselines), e.g. 'persist,2read'")
     args = ap.parse_args(argv)
     t0 = time.time()
     words = [w for w in args.variants.split(",") if w]
