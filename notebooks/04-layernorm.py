@@ -720,7 +720,8 @@ rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __rest
 }
 
 // Instantiated: what plan_rows launches. In a block: 1, 2 or 4 packs per thread (rows up to 8 KB: 64 bytes a
-// thread) and 8 (longer rows: 128 bytes, 32 float or 64 bf16 values); in clusters of 2, 4 or 8 blocks: 8.
+// thread) and 8 (longer rows: 128 bytes, 32 float or 64 bf16 values); in clusters of 2, 4 or 8 blocks: 8, and 4
+// for bf16 (a few long rows spread over clusters).
 #define NORM_ROWS(T, VPT)                                                                                    \
     template __global__ void layernorm_rows<T, VPT>(const T*, const T*, const T*, T*, int, int, int, float); \
     template __global__ void rmsnorm_rows<T, VPT>(const T*, const T*, T*, int, int, int, float);
@@ -732,6 +733,7 @@ rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __rest
     NORM_CLUSTER(T, 2, 8) NORM_CLUSTER(T, 4, 8) NORM_CLUSTER(T, 8, 8)
 NORMS(float)
 NORMS(__nv_bfloat16)
+NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER(__nv_bfloat16, 8, 4)   // few rows
 
 # %% [markdown]
 # ## The launchers, and a plan of their own
@@ -768,7 +770,8 @@ NORMS(__nv_bfloat16)
 #
 # The first prediction held and then some (95 %, not 85-92 %); the second landed inside its range (74 %).
 #
-# **The rule** `plan_rows` below follows, by row bytes: each thread holds **64 bytes** of its row (4 packs) in rows
+# **The rule** `plan_rows` below follows (with the two float and few-rows amendments of the next section), by row
+# bytes: each thread holds **64 bytes** of its row (4 packs) in rows
 # up to **8 KB**, and **128 bytes** (8 packs: 32 float or 64 bf16 values) in longer rows; a row takes the power of two
 # of threads that covers it so: a warp up to 2 KB (with fewer packs where fewer suffice), a block of 64-512 threads
 # up to 64 KB, beyond that clusters of 2-8 blocks of 512 threads (up to 512 KB), and blocks of 1024 only for rows up
@@ -805,8 +808,22 @@ NORMS(__nv_bfloat16)
 # | RMSNorm fp32 4096 x 1024 | 64 x 4 / 128, then 32 x 8 / 128 | 16.2 (69 %) | 15.7 (71 %) | 0.99x |
 #
 # So float rows up to 4 KB now go to a warp with 8 packs a lane (the ring needs 8), and the ring runs wherever a
-# float thread's 8 packs are whole and aligned. LayerNorm fp32 at 4096 x 32768 still trails `torch.compile`, whose
-# kernel reaches 96-99 % of copy there; the table below says by how much in this run.
+# float thread's 8 packs are whole and aligned. With the ring in the cell, a second try_norms run (H100, 2026-11-24,
+# every row in the same run as `torch.compile`) settled the plan's last two questions:
+#
+# | case | plan before | µs | better plan | µs | of copy | vs `torch.compile` |
+# |---|---|---|---|---|---|---|
+# | LayerNorm fp32 4096 x 32768 | c2 x 512 x 8 (ring) | 402.4 | 1024 x 8 / 1024 | 366.2 | 98 % | 1.01x |
+# | LayerNorm bf16 3 x 100003 | c8 x 256 x 8 | 15.3 | c8 x 512 x 4 | 13.0 | 4 % | 1.01x |
+# | RMSNorm bf16 3 x 100003 | c8 x 256 x 8 | 10.8 | c8 x 512 x 4 | 8.6 | 5 % | 1.49x |
+# | LayerNorm fp32 3 x 100003 | c8 x 512 x 8 (ring) | 13.8 | the same (c8 x 1024 x 4: 14.9) | 13.8 | 8 % | 1.05x |
+#
+# - a float row of 128 KB is best held by **one block of 1024 threads**: no cluster barriers and no distributed
+#   shared memory, and with the ring its w/b stores no longer need a second block on the SM to overlap them;
+# - **few bf16 rows** go back to 4 packs a thread: with 3 rows there is no other block to overlap the late w/b
+#   chain of an 8-pack bf16 thread (bf16 has no ring), while with 4 packs w loads next to x.
+#
+# Both are in `plan_rows` below; the table at the end of the notebook measures them again.
 
 # %%
 # launchers: layernorm, rmsnorm (tests/gpu/test_memory_bound_gpu.py and benchmarks/memory_bound.py run this cell too)
@@ -840,15 +857,19 @@ def plan_rows(rows, cols, itemsize, sms=SMS):
     None when a row is longer than a cluster's registers hold (8 blocks x 1024 threads x 128 bytes, 1 MB)."""
     vec = 16 // itemsize                     # elements per 16-byte pack
     packs = cols // vec                      # the most whole packs a row can have
-    per_thread = 4 if packs <= 512 else 8    # packs per thread: 4 up to 8 KB rows, 8 beyond
-    for vpt in (1, 2, 4, 8) if itemsize == 4 else (1, 2, 4):   # one warp per row while 32 lanes hold it: rows up
-        if 32 * vpt >= packs:                                  # to 2 KB, float rows up to 4 KB (8 packs: the ring)
+    ring = itemsize == 4                     # float threads with 8 whole packs stream w and b through the ring
+    few = rows < sms // 2                    # too few rows to fill the GPU: they get spread over more SMs
+    # packs per thread: 4 up to 8 KB rows, 8 beyond; 4 for few bf16 rows that 8 x 1024 threads can hold so
+    per_thread = 4 if packs <= 512 or (few and not ring and packs <= 8 * 1024 * 4) else 8
+    for vpt in (1, 2, 4, 8) if ring else (1, 2, 4):   # one warp per row while 32 lanes hold it: rows up to 2 KB,
+        if 32 * vpt >= packs:                         # float rows up to 4 KB (8 packs: the ring)
             return RowPlan(32, vpt, 1, 128, -(-rows // 4))
     threads = 1 << max(6, math.ceil(math.log2(-(-packs // per_thread))))   # a power of two, 64 or more
     cluster = 1
-    while threads > 512 and cluster < 8:     # past 512 threads (64 KB rows) a row goes to a cluster of blocks
-        threads //= 2
-        cluster *= 2
+    if threads > (1024 if ring else 512):    # float rows up to 128 KB: one block of 1024; else, past 512 threads
+        while threads > 512 and cluster < 8:  # (64 KB rows) a row goes to a cluster of blocks of 512
+            threads //= 2
+            cluster *= 2
     if threads > 1024:
         return None                          # longer than 8 blocks x 1024 threads x 8 packs
     while rows * cluster < sms // 2 and cluster < 8 and threads >= 256:
@@ -1053,11 +1074,12 @@ HTML(html_table(["kernel", "median µs", "TB/s", "of copy bandwidth", "x the flo
 # [0.77x]; 4096 x 4096 about 75 %, 1.1x (plan unchanged); 4096 x 1024 about 51 %, 1.0x (unchanged; torch's own copy
 # of the same bytes reaches 53 % there: at 11 µs fixed costs are half the time). RMSNorm: 4096 x 32768 about 96 %
 # [89 %], 1.0x [0.93x]. Not timed by try_norms: 1000 x 1031 (a warp per row, as before: 8.2 µs and 1.24x compile
-# for LayerNorm in the previous run) and 3 x 100003, now clusters of 8 x 256 threads x 8 packs instead of
-# 8 x 512 x 4: at 3 rows that is latency, predicted within 10 % of the previous 12.8 µs (LayerNorm, 1.13x compile).
+# for LayerNorm in the previous run) and 3 x 100003, clusters of 8 x 512 threads x 4 packs (a later try_norms run:
+# 13.0 µs, 1.01x compile for LayerNorm, 8.6 µs and 1.49x for RMSNorm; with 8 packs a thread 15.3 and 10.8).
 #
 # Added with the ring (above), the same table in float32. Predictions from the try_norms runs: LayerNorm 4096 x
-# 32768 89-91 % of copy, 0.93-0.95x `torch.compile` (the one miss we expect); RMSNorm 4096 x 32768 98 %, about 1.0x;
+# 32768 about 98 % of copy, 1.0x `torch.compile` (one block of 1024 a row: 1.01x, so either side of 1.0 in a given
+# run); RMSNorm 4096 x 32768 (now one block of 1024 too, not measured so) 97-99 %, 0.98-1.02x;
 # 4096 x 1024 about 72 % (LayerNorm, 1.1x compile) and 71 % (RMSNorm, about 1.0x); 4096 x 4096 about 91 % (the
 # ladder above); 1000 x 1031 RMSNorm about 1.08x compile; LayerNorm 3 x 100003 about 1.0x compile (14.6 µs, 7 %
 # of copy: latency).

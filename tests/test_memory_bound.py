@@ -179,9 +179,9 @@ def test_softmax_plans_hold_32_values_per_thread_up_to_8_kb_rows_then_128_bytes(
 @pytest.mark.parametrize("itemsize", [4, 2])
 def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, itemsize):
     """Tutorial 04's plan (measured on an H100, tools/gpu/try_norms.py): 4 packs (64 bytes) per thread in rows up
-    to 8 KB, 8 packs (128 bytes) beyond; a warp per row up to 2 KB (float rows up to 4 KB: 8 packs a lane, w/b
-    through the ring), a block of up to 512 threads up to 64 KB, then clusters of up to 8 blocks; every plan's
-    kernel is instantiated in the norm_kernels cell."""
+    to 8 KB, 8 packs (128 bytes) beyond (but 4 for few bf16 rows); a warp per row up to 2 KB (float rows up to 4 KB:
+    8 packs a lane, w/b through the ring), a block of up to 512 threads up to 64 KB (float: 1024 up to 128 KB), then
+    clusters of up to 8 blocks; every plan's kernel is instantiated in the norm_kernels cell."""
     ns = launchers(T04, norm_kernels=modules["norm_kernels"])
     dtype = {4: torch.float32, 2: torch.bfloat16}[itemsize]
     vec = 16 // itemsize
@@ -195,10 +195,11 @@ def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, item
         check_plan_covers(p, r, c, vec)
         if row_bytes <= 2048 or (itemsize == 4 and row_bytes <= 4096):   # a warp, the fewest packs that hold it
             assert p.row_threads == 32 and p.vpt == next(v for v in (1, 2, 4, 8) if 32 * v * 16 >= row_bytes), (r, c, p)
-        else:
-            assert p.row_threads > 32 and p.vpt == (4 if row_bytes <= 8192 else 8), (r, c, p)
-        if p.cluster == 1:
-            assert p.row_threads <= 512, (r, c, p)
+        else:                                                        # few bf16 rows: 4 packs (w early, no ring)
+            wide = row_bytes > 8192 and (itemsize == 4 or r >= 132 // 2 or row_bytes > 8 * 1024 * 64)
+            assert p.row_threads > 32 and p.vpt == (8 if wide else 4), (r, c, p)
+        if p.cluster == 1:                                           # float rows: a block of 1024 up to 128 KB
+            assert p.row_threads <= (1024 if itemsize == 4 else 512), (r, c, p)
         for kind in ("layernorm", "rmsnorm"):
             kernel, plan = ns["norm_kernel_for"](kind, r, c, dtype)  # a KeyError here: the cell lacks the kernel
             assert plan == p and kernel.name == (f"{kind}_rows" if p.cluster == 1 else f"{kind}_rows_cluster")
@@ -209,15 +210,29 @@ def test_the_norm_plans_are_the_measured_winners():
     plan = launchers(T04)["plan_rows"]
     text = {}
     for itemsize, r, c in ((2, 4096, 32768), (2, 1024, 262144), (2, 4096, 4096), (2, 4096, 1024), (4, 1000, 1031),
-                           (4, 4096, 1024), (4, 4096, 32768), (4, 3, 100003)):
+                           (4, 4096, 1024), (4, 4096, 32768), (4, 3, 100003), (2, 3, 100003)):
         p = plan(r, c, itemsize, sms=132)
         text[(itemsize, r, c)] = (f"c{p.cluster} x {p.row_threads} x {p.vpt}" if p.cluster > 1
                                   else f"{p.row_threads} x {p.vpt} / {p.block}")
     assert text == {(2, 4096, 32768): "512 x 8 / 512", (2, 1024, 262144): "c8 x 512 x 8",
                     (2, 4096, 4096): "128 x 4 / 128", (2, 4096, 1024): "32 x 4 / 128",
                     (4, 1000, 1031): "128 x 4 / 128", (4, 4096, 1024): "32 x 8 / 128",
-                    (4, 4096, 32768): "c2 x 512 x 8",
-                    (4, 3, 100003): "c8 x 512 x 8"}
+                    (4, 4096, 32768): "1024 x 8 / 1024",
+                    (4, 3, 100003): "c8 x 512 x 8", (2, 3, 100003): "c8 x 512 x 4"}
+
+
+def test_the_gpu_tests_shapes_reach_every_kernel_of_the_cells(modules):
+    """tests/gpu/test_memory_bound_gpu.py's shape lists launch every row kernel of the two cells (its own
+    test_*_shapes_reach_every_kernel checks the same there; this one fails here first, on the CPU)."""
+    gpu = pytest.importorskip("test_memory_bound_gpu")
+    ns03 = launchers(T03, softmax_kernels=modules["softmax_kernels"])
+    ns04 = launchers(T04, norm_kernels=modules["norm_kernels"])
+    used = {ns03["softmax_kernel_for"](r, c, dt)[0].signature.display for dt in gpu.DTYPES
+            for r, c in gpu.SOFTMAX_SHAPES if ns03["softmax_kernel_for"](r, c, dt)[0] is not None}
+    assert used == {k.signature.display for k in modules["softmax_kernels"].kernels}
+    used = {ns04["norm_kernel_for"](kind, r, c, dt)[0].signature.display for kind in ("layernorm", "rmsnorm")
+            for dt in (torch.float32, torch.bfloat16) for r, c in gpu.NORM_SHAPES}
+    assert used == {k.signature.display for k in modules["norm_kernels"].kernels}
 
 
 def test_few_long_rows_are_spread_over_a_cluster():

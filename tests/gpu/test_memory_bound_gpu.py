@@ -70,7 +70,8 @@ def with_specials(rows, cols, dtype):
 # Every plan: a warp per row with 1, 2, 4 and 8 packs per thread, a block per row, clusters of 2, 4 and 8,
 # misaligned rows (cols not a multiple of the pack), rows of one element, and rows past the registers (fallback).
 SOFTMAX_SHAPES = [(1, 1), (3, 7), (5, 100), (9, 200), (7, 500), (1000, 1031), (6, 2049), (5, 4099), (33, 16385),
-                  (40, 20000), (20, 20000), (7, 20000), (3, 100003), (1, 262144), (2, 262147), (2, 300007)]
+                  (70, 6000), (40, 20000), (20, 20000), (7, 20000), (3, 100003), (1, 262144), (2, 262147),
+                  (2, 300007)]     # (70, 6000): 16-bit rows over 8 KB in a block, 64 values a thread
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -122,7 +123,9 @@ def test_unaligned_views_are_refused(t03):
 # Tutorial 04's own plans: the same kinds, and 9 x 6001 for a bf16 block of 8 packs per thread (rows over 8 KB);
 # bf16 rows of 300007 fit a cluster of 8 x 1024 threads x 8 packs, float ones fall back.
 NORM_SHAPES = [(1, 1), (3, 7), (5, 100), (9, 200), (7, 500), (1000, 1031), (6, 2049), (5, 4099), (9, 6001),
-               (33, 16385), (40, 20000), (20, 20000), (7, 20000), (3, 100003), (1, 262144), (2, 262147)]
+               (33, 16385), (40, 20000), (20, 20000), (7, 20000), (3, 100003), (1, 262144), (2, 262147),
+               # enough rows not to be spread (>= 66): 8 packs a thread in blocks and in clusters of 2, 4 and 8
+               (70, 6000), (70, 40000), (66, 70000), (66, 140000)]
 
 
 def ln_inputs(rows, cols, dtype, mean=0.0):

@@ -136,7 +136,6 @@ PERSISTENT_RMS(float, 4, 2)       // LayerNorm's would spill: x twice, w and b, 
 
 // ---- the plans the notebook's plan_rows no longer picks, for comparison: 32 values per thread in clusters (tutorial
 // 03's plan: 4 bf16 or 8 float packs), and the same rows over twice the threads (2 bf16, 4 float packs). The cell
-// itself instantiates 1-8 packs per thread in a block and 8 in clusters. ----------------------------------------
-NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER(__nv_bfloat16, 8, 4)
+// itself instantiates 1-8 packs per thread in a block, 8 in clusters and 4 in bf16 clusters. ------------------
 NORM_CLUSTER(__nv_bfloat16, 2, 2) NORM_CLUSTER(__nv_bfloat16, 4, 2) NORM_CLUSTER(__nv_bfloat16, 8, 2)
 NORM_CLUSTER(float, 2, 4) NORM_CLUSTER(float, 4, 4) NORM_CLUSTER(float, 8, 4)
