@@ -1,0 +1,91 @@
+"""Why the SGEMM stops at ~86 % of cuBLAS: Nsight Compute's warp states, issue activity and SM clock for tutorial 05's
+step 7 (the default and the one-block 128x256 tiles) beside cuBLAS's own FP32 kernel, one launch each at 4096^3.
+
+    PYTHONPATH=$PWD python3 tools/gpu/sgemm_stalls.py OUTDIR        # GPU machine, repo root; under 2 minutes
+
+Writes OUTDIR/<name>.csv (ncu --page details --csv) and prints a table: SM frequency, issue slots busy, eligible
+warps, and the stall reasons (cycles per issued instruction) that add up to the gap.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+
+SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "Occupancy", "LaunchStats", "InstructionStats",
+            "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")
+
+STALLS = ("barrier", "long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "not_selected",
+          "selected", "wait", "dispatch_stall", "no_instruction", "lg_throttle", "branch_resolving", "membar",
+          "drain", "tex_throttle", "misc", "sleeping")
+
+
+def child(name: str) -> None:
+    """Launch one kernel at 4096^3 twice (ncu profiles the second)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    n = 4096
+    A, B = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+    C = torch.empty(n, n, device="cuda")
+    if name == "cublas":
+        for _ in range(2):
+            torch.mm(A, B, out=C)
+    else:
+        import kernellab
+        import try_sgemm as ts
+
+        kernellab.set_isolation(False)
+        d = {"default": {}, "w64x64_128x256": {"BN": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}}[name]
+        src = ts.notebook_source()
+        k = ts.compile_variant(src, d)
+        wm, wn = ts.warp_tile(src, d)
+        bm, bn = d.get("BM", 128), d.get("BN", 128)
+        for _ in range(2):
+            k[(n // bn, n // bm), (bm // wm) * (bn // wn) * 32](A, B, C, n, n, n)
+    torch.cuda.synchronize()
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(sys.argv[2])
+        return 0
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    rows = {}
+    for name in ("default", "w64x64_128x256", "cublas"):
+        cmd = ["ncu", "--clock-control", "none", "--launch-skip", "1", "--launch-count", "1", "--csv",
+               "--page", "details"]
+        for s in SECTIONS:
+            cmd += ["--section", s]
+        cmd += ["--metrics", ",".join(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALLS)
+                + ",sm__cycles_elapsed.avg.per_second,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed.sum"]
+        if name != "cublas":
+            cmd += ["-k", "regex:sgemm_warptile"]
+        cmd += [sys.executable, __file__, "--child", name]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
+        (out / f"{name}.csv").write_text(p.stdout + "\n--- stderr\n" + p.stderr)
+        vals = {}
+        lines = [l for l in p.stdout.splitlines() if l.startswith('"')]
+        for r in csv.DictReader(io.StringIO("\n".join(lines))):
+            vals[(r.get("Section Name", ""), r.get("Metric Name", ""))] = (r.get("Metric Value", ""),
+                                                                            r.get("Metric Unit", ""))
+            vals.setdefault(("kernel", "name"), (r.get("Kernel Name", "")[:60], ""))
+        rows[name] = vals
+    keys = sorted({k for v in rows.values() for k in v})
+    print(f"{'metric':70s} " + " ".join(f"{n[:18]:>18s}" for n in rows))
+    for k in keys:
+        print(f"{(k[0][:24] + ' / ' + k[1])[:70]:70s} " +
+              " ".join(f"{(rows[n].get(k, ('-', ''))[0] + ' ' + rows[n].get(k, ('', ''))[1])[:18]:>18s}" for n in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
