@@ -148,6 +148,23 @@ class Kernel:
 
         return profile_lines(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict, **kw)
 
+    def max_active_clusters(self, block, cluster, shared_bytes: int = 0) -> int:
+        """How many clusters of shape `cluster` (blocks of `block` threads, `shared_bytes` dynamic shared memory
+        each) the current GPU holds at once, from the driver (cuOccupancyMaxActiveClusters): the grid of a
+        persistent cluster kernel. Clusters live inside one GPC, so this can be fewer than SMs / blocks per cluster."""
+        from .run.cudriver import context_on, max_active_clusters
+
+        if isinstance(cluster, (tuple, list)):
+            c = tuple(cluster) + (1,) * (3 - len(cluster))
+        elif isinstance(cluster, int):
+            c = (cluster, 1, 1)
+        else:
+            raise ArgumentError(f"max_active_clusters needs a cluster shape, e.g. cluster=(8, 1, 1); got {cluster!r}")
+        path = self._path or self._launch_path(c, block, shared_bytes, (), c)
+        cfg = path.config(c, block, shared_bytes, c)        # the opt-ins (shared memory, large clusters) happen here
+        with context_on(path.device.index):
+            return max_active_clusters(path.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, cfg.cluster)
+
     def occupancy(self, block, shared_bytes: int = 0, arch: str | None = None):
         """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block.
 
@@ -248,7 +265,7 @@ class Kernel:
     def _launch_path(self, grid, block, shared_bytes, args, cluster=None):
         """The first launch: with no GPU, check what can be checked and say why not; else load the kernel on the
         current GPU and keep its LaunchPath."""
-        from .run.launch import LaunchPath, allow_dynamic_shared, make_config
+        from .run.launch import LaunchPath, allow_dynamic_shared, allow_large_clusters, make_config
 
         if not _device.has_gpu():
             make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
@@ -261,7 +278,8 @@ class Kernel:
         self._path = LaunchPath(fn.ptr, self.params, dev, name=self.name, signature=str(self.signature),
                                 max_threads_per_block=self.resources.max_threads_per_block,
                                 static_shared_bytes=self.resources.shared_bytes,
-                                opt_in=lambda nbytes: allow_dynamic_shared(fn, nbytes))
+                                opt_in=lambda nbytes: allow_dynamic_shared(fn, nbytes),
+                                cluster_opt_in=lambda: allow_large_clusters(fn))
         return self._path
 
     # -- the same launch in another process: a worker, compute-sanitizer, Nsight Compute ---------------------

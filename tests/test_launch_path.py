@@ -187,6 +187,47 @@ def test_launch_configurations_are_checked_once_and_cached():
     assert path.config([4], [32], 0).grid == (4, 1, 1)  # lists work, uncached
 
 
+def test_clusters_over_8_blocks_opt_the_kernel_in_once():
+    """Clusters of 9-16 blocks (sm_90's non-portable size) set the kernel's opt-in before the first such launch."""
+    calls = []
+    path, _ = make_path(cluster_opt_in=lambda: calls.append("opt in"))
+    path.config(16, 128, 0, (8, 1, 1))
+    assert calls == []                                   # 8 blocks: portable, no opt-in
+    path.config(16, 128, 0, (16, 1, 1))
+    path.config((8, 8), 128, 0, (4, 4, 1))
+    assert calls == ["opt in"]
+    with pytest.raises(ArgumentError, match="at most 16"):
+        path.config(17, 128, 0, (17, 1, 1))
+
+
+def test_max_active_clusters_asks_the_driver_with_the_cluster_shape(monkeypatch):
+    import ctypes
+
+    from kernellab.run import cudriver as D
+
+    seen = []
+
+    class Lib:
+        def cuOccupancyMaxActiveClusters(self, out, function, cfg_ref):
+            cfg = ctypes.cast(cfg_ref, ctypes.POINTER(D.CUlaunchConfig)).contents
+            a = cfg.attrs[0]
+            seen.append((function.value, (cfg.gridDimX, cfg.blockDimX, cfg.sharedMemBytes), cfg.numAttrs, a.id,
+                         (a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z)))
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_int))[0] = 7
+            return 0
+
+    assert D.max_active_clusters(0xF00, (16, 1, 1), (1024, 1, 1), 131072, (16, 1, 1), lib=Lib()) == 7
+    assert seen == [(0xF00, (16, 1024, 131072), 1, D.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (16, 1, 1))]
+
+    class Failing(Lib):
+        def cuOccupancyMaxActiveClusters(self, out, function, cfg_ref):
+            return 1                                     # CUDA_ERROR_INVALID_VALUE
+
+    monkeypatch.setattr(D, "error_text", lambda rc: f"CUresult {rc}")   # no libcuda here to name it
+    with pytest.raises(D.CudaDriverError, match="CUresult 1"):
+        D.max_active_clusters(0xF00, (16, 1, 1), (1024, 1, 1), 0, (16, 1, 1), lib=Failing())
+
+
 def test_sync_waits_except_when_deferred_asked_not_to_or_capturing():
     path, driver = make_path()
     path.launch(1, 32, 0, good_args())
@@ -533,8 +574,8 @@ def test_kernel_cluster_launches_take_the_packed_path(fake_gpu, monkeypatch):
     k[8, 32](*args)                                      # the launcher's short way: no cluster
     assert [l["cluster"] for l in driver.launches] == [None, (4, 1, 1), None]
     assert all(l["params"][1] == MAP_BYTES for l in driver.launches)
-    with pytest.raises(ArgumentError, match="16 blocks; at most 8"):
-        k[16, 32](*args, cluster=16)
+    with pytest.raises(ArgumentError, match="32 blocks; at most 16"):
+        k[32, 32](*args, cluster=32)
 
 
 def test_without_a_gpu_a_bad_cluster_shape_comes_first(tmp_cache):

@@ -323,8 +323,9 @@ def test_cluster_shapes_are_checked():
     assert LaunchConfig((1, 1, 1), (1, 1, 1)).cluster is None
     with pytest.raises(ArgumentError, match="grid x = 7 is not a multiple of 2"):
         cluster_dims((2, 1, 1), (7, 1, 1))
-    with pytest.raises(ArgumentError, match="16 blocks; at most 8"):
-        cluster_dims((4, 4, 1), (16, 16, 1))
+    assert cluster_dims((4, 4, 1), (16, 16, 1), H100) == (4, 4, 1)        # 16: the non-portable size
+    with pytest.raises(ArgumentError, match="32 blocks; at most 16 .*8 portable"):
+        cluster_dims((8, 4, 1), (16, 16, 1))
     with pytest.raises(ArgumentError, match="need compute capability 9.0"):
         cluster_dims(2, (8, 1, 1), DeviceInfo(0, "Fake A100", "sm_80", 108))
     with pytest.raises(ArgumentError, match="cluster must be an int or a tuple"):

@@ -64,6 +64,18 @@ def cluster_launch_config(grid, block, shared_bytes: int, stream: int, cluster) 
     return cfg, attrs
 
 
+def max_active_clusters(function: int, grid, block, shared_bytes: int, cluster, lib=None) -> int:
+    """cuOccupancyMaxActiveClusters: how many clusters of this shape can be resident on the device at once (in the
+    current context); a persistent kernel sizes its grid with it, since clusters must fit inside one GPC."""
+    lib = _lib() if lib is None else lib
+    cfg, _attrs = cluster_launch_config(grid, block, shared_bytes, 0, cluster)
+    n = ctypes.c_int(0)
+    rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(int(function)), ctypes.byref(cfg))
+    if rc:
+        raise CudaDriverError(rc)
+    return n.value
+
+
 class DriverUnavailable(RuntimeError):
     """libcuda could not be loaded: no NVIDIA driver on this machine."""
 

@@ -672,6 +672,10 @@ def _function(job: KernelJob, state: dict):
         from .launch import allow_dynamic_shared
 
         allow_dynamic_shared(fn, job.shared_bytes)            # opt in above 48 KiB
+    from .launch import PORTABLE_CLUSTER_BLOCKS, allow_large_clusters, cluster_blocks
+
+    if cluster_blocks(job.cluster) > PORTABLE_CLUSTER_BLOCKS:
+        allow_large_clusters(fn)                              # opt in to clusters of 9-16 blocks
     return fn
 
 

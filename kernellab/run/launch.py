@@ -46,7 +46,8 @@ class LaunchConfig:
                 + (f", cluster={self.cluster}" if self.cluster else ""))
 
 
-MAX_CLUSTER_BLOCKS = 8   # the portable cluster size; 16 needs the non-portable opt-in, which kernellab does not set
+PORTABLE_CLUSTER_BLOCKS = 8   # clusters up to 8 blocks run on every sm_90 part
+MAX_CLUSTER_BLOCKS = 16       # 9-16 blocks: the non-portable size, which kernellab opts the kernel in to at launch
 
 
 def cluster_dims(cluster, grid: tuple[int, int, int], device: DeviceInfo | None = None) -> tuple[int, int, int] | None:
@@ -56,8 +57,9 @@ def cluster_dims(cluster, grid: tuple[int, int, int], device: DeviceInfo | None 
     c = _dims(cluster, "cluster")
     blocks = c[0] * c[1] * c[2]
     if blocks > MAX_CLUSTER_BLOCKS:
-        raise ArgumentError(f"cluster {c} has {blocks} blocks; at most {MAX_CLUSTER_BLOCKS} blocks per cluster (the "
-                            f"portable limit) are supported")
+        raise ArgumentError(f"cluster {c} has {blocks} blocks; at most {MAX_CLUSTER_BLOCKS} blocks per cluster (sm_90's "
+                            f"limit: {PORTABLE_CLUSTER_BLOCKS} portable, up to {MAX_CLUSTER_BLOCKS} with the "
+                            f"non-portable opt-in kernellab sets); use a smaller cluster shape")
     for axis, (g, n) in enumerate(zip(grid, c)):
         if g % n:
             raise ArgumentError(f"grid {grid} is not a whole number of clusters {c}: grid {'xyz'[axis]} = {g} is not a "
@@ -288,7 +290,7 @@ def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | No
 # CUfunction_attribute values (CUDA driver API)
 FUNC_ATTRIBUTES = {"max_threads_per_block": 0, "shared_size_bytes": 1, "const_size_bytes": 2, "local_size_bytes": 3,
                    "num_regs": 4, "ptx_version": 5, "binary_version": 6, "max_dynamic_shared_size_bytes": 8,
-                   "preferred_shared_memory_carveout": 9}
+                   "preferred_shared_memory_carveout": 9, "non_portable_cluster_size_allowed": 14}
 
 
 def function_attributes(function) -> dict[str, int]:
@@ -309,6 +311,19 @@ def allow_dynamic_shared(function, shared_bytes: int) -> None:
 
     driver.funcSetAttribute(function.ptr, FUNC_ATTRIBUTES["max_dynamic_shared_size_bytes"], int(shared_bytes))
     driver.funcSetAttribute(function.ptr, FUNC_ATTRIBUTES["preferred_shared_memory_carveout"], 100)
+
+
+def allow_large_clusters(function) -> None:
+    """Opt a kernel in to clusters of 9-16 blocks (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED); without it
+    the driver refuses a launch with more than 8 blocks per cluster."""
+    from cupy.cuda import driver
+
+    driver.funcSetAttribute(function.ptr, FUNC_ATTRIBUTES["non_portable_cluster_size_allowed"], 1)
+
+
+def cluster_blocks(cluster) -> int:
+    """Blocks in a cluster shape (a 3-tuple or None: 1)."""
+    return int(np.prod(cluster)) if cluster else 1
 
 
 _DEFER_SYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("kernellab_defer_sync", default=False)
@@ -573,7 +588,7 @@ class LaunchPath:
 
     def __init__(self, function_handle: int, params: tuple[Param, ...], device: DeviceInfo, *, name: str,
                  signature: str, max_threads_per_block: int, static_shared_bytes: int, driver=None,
-                 opt_in=None):
+                 opt_in=None, cluster_opt_in=None):
         import ctypes
         import threading
 
@@ -587,6 +602,7 @@ class LaunchPath:
         self.driver = driver
         self._opt_in = opt_in                  # shared_bytes -> None: raise the function's dynamic smem limit
         self._opted_in_bytes = device.shared_per_block_bytes - static_shared_bytes
+        self._cluster_opt_in = cluster_opt_in  # () -> None: allow clusters of more than 8 blocks
         fmt, offsets, size = _layout(self.params)
         self._struct = struct.Struct(fmt)
         # The buffer starts at a multiple of 64 bytes, so each value sits at its alignment (a CUtensorMap at 64).
@@ -617,6 +633,9 @@ class LaunchPath:
             if cfg.shared_bytes > self._opted_in_bytes and self._opt_in is not None:
                 self._opt_in(cfg.shared_bytes)   # opt in above 48 KiB
                 self._opted_in_bytes = cfg.shared_bytes
+            if cluster_blocks(cfg.cluster) > PORTABLE_CLUSTER_BLOCKS and self._cluster_opt_in is not None:
+                self._cluster_opt_in()           # once per kernel: then it is None
+                self._cluster_opt_in = None
             if key is not None:
                 if len(self._configs) >= self.MAX_CACHED:
                     self._configs.clear()

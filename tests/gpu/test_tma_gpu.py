@@ -144,6 +144,24 @@ def test_cluster_shape_errors(ids):
         ids[7, 32](x, x, x, cluster=(2, 1, 1))
 
 
+@pytest.mark.parametrize("isolate", [False, True])
+def test_clusters_of_16_blocks_launch_with_the_opt_in(ids, isolate):
+    """sm_90's non-portable cluster size: kernellab sets the opt-in, in this process and in a worker."""
+    rank, size, cluster = (torch.full((32,), -1, dtype=torch.int32, device="cuda") for _ in range(3))
+    ids[32, 32](rank, size, cluster, cluster=(16, 1, 1), isolate=isolate)
+    assert rank.tolist() == list(range(16)) * 2 and size.tolist() == [16] * 32
+    assert cluster.tolist() == [0] * 16 + [1] * 16
+
+
+def test_max_active_clusters_comes_from_the_driver(ids):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n8 = ids.max_active_clusters(32, (8, 1, 1))
+    n16 = ids.max_active_clusters(1024, 16)
+    print(f"max active clusters on {sms} SMs: 8 blocks of 32 threads {n8}, 16 blocks of 1024 threads {n16}")
+    assert 1 <= n16 <= sms // 16 and n8 >= n16
+    assert n8 <= 32 * sms // 8                              # at most 32 blocks an SM
+
+
 def test_profile_reports_tensor_pipe_utilisation():
     """An mma.sync kernel under Nsight Compute: the HMMA pipe was busy; metrics this ncu lacks are left out."""
     from hopper_sources import MMA_SYNC
