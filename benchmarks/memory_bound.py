@@ -356,6 +356,11 @@ def table(run, t03, t04, copy_gbps, opts, shapes, dtypes, ops):
                     baselines["torch.compile"] = lambda *a, k=base_args, comp=comp: comp(*a[:k])
                 if op == "softmax":
                     baselines["copy (same bytes)"] = lambda x, y: y.copy_(x)
+                elif plan is not None and getattr(plan, "resident", False):   # what the resident clusters replaced
+                    fn = t04[op]
+                    baselines["one row a cluster"] = (
+                        (lambda x, w, b, y: fn(x, w, b, y, EPS, resident=False)) if op == "layernorm"
+                        else (lambda x, w, y: fn(x, w, y, EPS, resident=False)))
                 res = attempt(run, f"bench {label}", lambda: kernellab.bench(ours, args, bytes=nbytes, name="ours",
                                                                              baselines=baselines, **opts))
                 if res is None:
@@ -366,7 +371,9 @@ def table(run, t03, t04, copy_gbps, opts, shapes, dtypes, ops):
                         f"({rec['ours_of_copy']:4.0%} of copy)"
                         f"  vs eager {sp['torch eager']['ratio']:5.2f}x"
                         + (f"  vs compile {sp['torch.compile']['ratio']:5.2f}x" if "torch.compile" in sp else
-                           "  vs compile   n/a"))
+                           "  vs compile   n/a")
+                        + (f"  vs one row a cluster {sp['one row a cluster']['ratio']:5.2f}x"
+                           if "one row a cluster" in sp else ""))
                 del args, res
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
@@ -395,7 +402,9 @@ def summary(run, copy_gbps, device):
         copy_op = f"{b['copy (same bytes)']['of_copy']:8.0%}" if "copy (same bytes)" in b else f"{'':8s}"
         run.log(f"{r['op']:10s} {r['dtype']:9s} {shape:>14s} {r['plan']:22s} {r['ours_us']:9.1f} "
                 f"{b['torch eager']['us']:9.1f} {comp_us} {sp['torch eager']['ratio']:7.2f}x {comp_x} "
-                f"{r['ours_of_copy']:8.0%} {copy_op}")
+                f"{r['ours_of_copy']:8.0%} {copy_op}"
+                + (f" {sp['one row a cluster']['ratio']:.2f}x vs one row a cluster" if "one row a cluster" in sp
+                   else ""))
         if sp["torch eager"]["ratio"] < 1.0:
             misses.append(f"{r['op']} {r['dtype']} {shape}: {sp['torch eager']['ratio']:.2f}x eager")
         if "torch.compile" in sp and sp["torch.compile"]["ratio"] < 1.0:
@@ -418,6 +427,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="3 shapes, bf16 only, no ladders (about a minute)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for memory_bound.log and .json")
     ap.add_argument("--ops", default="softmax,layernorm,rmsnorm", help="ops of the table, comma-separated")
+    ap.add_argument("--shapes", default="", help="the table's shapes instead of the issue's, e.g. 1024x262144,300x40000")
+    ap.add_argument("--dtypes", default="", help="the table's dtypes, e.g. bfloat16 (default: float32,bfloat16)")
+    ap.add_argument("--no-ladders", action="store_true", help="the table only")
     args = ap.parse_args(argv)
     run = Run(args.out)
 
@@ -438,14 +450,18 @@ def main(argv=None):
     run.log(f"copy bandwidth (kernellab ceilings, {ceil.source}): {copy_gbps / 1e3:.2f} TB/s")
     t03, t04 = load(run)
     opts = bench_opts(args.quick)
-    if not args.quick:
+    if not args.quick and not args.no_ladders:
         for name, fn, ns in (("sum ladder", sum_ladder, t03), ("softmax ladder", softmax_ladder, t03),
                              ("layernorm ladder", layernorm_ladder, t04)):
             attempt(run, name, lambda fn=fn, ns=ns: fn(run, ns, copy_gbps, opts))
             run.save({"device": device, "copy_gbps": copy_gbps})
     run.log("\nthe table (check, then bench against torch eager and torch.compile):")
     shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     dtypes = (torch.bfloat16,) if args.quick else (torch.float32, torch.bfloat16)
+    if args.dtypes:
+        dtypes = tuple(getattr(torch, d) for d in args.dtypes.split(","))
     attempt(run, "table", lambda: table(run, t03, t04, copy_gbps, opts, shapes, dtypes, args.ops.split(",")))
     run.save({"device": device, "copy_gbps": copy_gbps, "quick": args.quick})
     summary(run, copy_gbps, device)

@@ -33,6 +33,8 @@
 #define __cluster_dims__(...)
 #define __shared__ static thread_local
 #define __constant__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define KL_DYNAMIC_SHARED_BYTES (227 * 1024)   // extern __shared__ arrays become arrays of this many bytes
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct alignas(16) float4 { float x, y, z, w; };

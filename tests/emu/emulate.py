@@ -36,6 +36,10 @@ def compiler() -> str | None:
 def host_source(source: str) -> str:
     """`source` with the CUDA headers dropped and the PTX cluster helpers cut out (cuda_host.h supplies them)."""
     text = re.sub(r"^\s*#include\s*<(cuda_[a-z0-9_]+\.h|cuda/.*)>\s*$", "", source, flags=re.M)
+    # dynamic shared memory: a per-block array of the most a block can have (sm_90: 227 KiB)
+    text = re.sub(r"extern\s+__shared__\s+((?:__align__\(\d+\)\s+)?)([A-Za-z_][\w:<>, ]*?)\s+(\w+)\s*\[\s*\]\s*;",
+                  lambda m: f"__shared__ {m.group(1)}{m.group(2)} {m.group(3)}[KL_DYNAMIC_SHARED_BYTES / "
+                            f"sizeof({m.group(2)})];", text)
     for name in EMULATED:
         while True:
             m = re.search(r"(template\s*<[^<>{};]*>(?:\s|//[^\n]*\n)*)?__device__[^;{}()]*?\b" + name + r"\s*\(", text)
@@ -161,9 +165,13 @@ class HostKernel:
 
     def __getitem__(self, config):
         grid, block = config[:2]
-        return lambda *args: self.launch(grid, block, *args)
+        return lambda *args, cluster=None: self.launch(grid, block, *args, cluster=cluster)
 
-    def launch(self, grid, block, *args):
+    def launch(self, grid, block, *args, cluster=None, shared_bytes: int = 0):
+        """cluster: blocks per cluster for a kernel without __cluster_dims__ (a launch-time cluster shape);
+        shared_bytes: dynamic shared memory (extern __shared__ arrays hold KL_DYNAMIC_SHARED_BYTES here)."""
+        if shared_bytes > 227 * 1024:
+            raise ValueError(f"{shared_bytes} bytes of dynamic shared memory: more than a block has (227 KiB)")
         import torch
 
         dims = [tuple(d) + (1,) * (3 - len(d)) if isinstance(d, tuple) else (int(d), 1, 1) for d in (grid, block)]
@@ -187,7 +195,12 @@ class HostKernel:
                 v = _CTYPES[p.dtype](a)
             keep.append(v)
             ptrs[j] = ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
-        err = self.fn(*dims[0], *dims[1], self.cluster, ptrs)
+        c = self.cluster if cluster is None else (cluster if isinstance(cluster, int) else int(cluster[0]))
+        if cluster is not None and self.cluster != 1 and c != self.cluster:
+            raise ValueError(f"{self.kernel.name} was compiled for clusters of {self.cluster}, not {c}")
+        if dims[0][0] % c:
+            raise ValueError(f"grid {dims[0]} is not a whole number of clusters of {c}")
+        err = self.fn(*dims[0], *dims[1], c, ptrs)
         if err:
             raise RuntimeError(f"{self.kernel.signature.display}: {err.decode()}")
         del keep           # the argument storage lived through the call
