@@ -936,6 +936,19 @@ NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER
 #   chain of an 8-pack bf16 thread (bf16 has no ring), while with 4 packs w loads next to x.
 #
 # Both are in `plan_rows` below; the table at the end of the notebook measures them again.
+#
+# **Many long rows: w and b resident.** One shape stayed far from copy speed: LayerNorm at 1024 x 262144 (74-75 %,
+# where RMSNorm reached 92 %). Each row is a cluster's, and each block re-reads its slice of w and b for every
+# row: 128 KB of each per block, which L1 cannot keep while x streams past, so L2 serves w and b, twice x's bytes
+# for LayerNorm, once for RMSNorm. `norm_resident` turns the loop around: a cluster of C blocks of 1024 threads x 4
+# packs takes rows in turn (c, c + clusters, ...), each block loads its slice of w and b into shared memory once,
+# and x of the next row is on its way while this row is reduced and stored. The grid is the clusters the GPU holds
+# at once, which the driver counts (`Kernel.max_active_clusters`): a cluster must fit inside one GPC. A 1 MB fp32
+# row needs C = 16, the non-portable cluster size kernellab opts the kernel in to; bf16 needs 8.
+#
+# **Prediction** (benchmarks/NOTES-memory-bound.md, before the run): LayerNorm 1024 x 262144 bf16 87-93 % of copy
+# [75 %], fp32 84-92 % [74 %] (fewer if only 7 clusters of 16 fit: 112 SMs); RMSNorm 92-95 % [92 %]. The plan uses
+# it wherever a row would take a cluster, the row is whole packs, and there are two rows a cluster or more.
 
 # %%
 # launchers: layernorm, rmsnorm (tests/gpu/test_memory_bound_gpu.py and benchmarks/memory_bound.py run this cell too)

@@ -60,15 +60,14 @@ def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     rows = {}
-    for name in ("default", "w64x64_128x256", "cublas"):
+    for name in (sys.argv[2:] or ("default", "w64x64_128x256", "cublas")):
         cmd = ["ncu", "--clock-control", "none", "--launch-skip", "1", "--launch-count", "1", "--csv",
                "--page", "details"]
         for s in SECTIONS:
             cmd += ["--section", s]
         cmd += ["--metrics", ",".join(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALLS)
                 + ",sm__cycles_elapsed.avg.per_second,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed.sum"]
-        if name != "cublas":
-            cmd += ["-k", "regex:sgemm_warptile"]
+        cmd += ["-k", "regex:sgemm_warptile" if name != "cublas" else "regex:(gemm|cutlass|xmma|sm90)"]
         cmd += [sys.executable, __file__, "--child", name]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
         (out / f"{name}.csv").write_text(p.stdout + "\n--- stderr\n" + p.stderr)
