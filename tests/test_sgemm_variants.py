@@ -22,6 +22,9 @@ import sass_schedule as S  # noqa: E402
 import try_sgemm  # noqa: E402
 
 CP3 = (ROOT / "tools" / "gpu" / "sgemm_variants" / "cp3.cu").read_text()
+LEAN = (ROOT / "tools" / "gpu" / "sgemm_variants" / "lean.cu").read_text()
+LEAN_CONFIGS = [{"BK": 16, "WM": 64, "WN": 32}, {"BN": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1},
+                {"BM": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}]
 
 
 def control_word(stall=1, yield_bit=0, wbar=7, rbar=7, wait=0, reuse=0, low_bits=0x1234):
@@ -109,6 +112,19 @@ def test_cp3_compiles_lean(d):
     assert sched.instructions < 1.15 * sched.ffma                 # FFMA share over 87 %
 
 
+@pytest.mark.parametrize("d", LEAN_CONFIGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_lean_compiles_lean(d):
+    k = try_sgemm.compile_variant(LEAN, d)
+    r = k.resources
+    assert r.spill_store_bytes == r.spill_load_bytes == 0 and r.local_bytes == 0
+    sched = S.loop_schedule(k.sass)
+    lane = (d["WM"] // 4) * (d["WN"] // 8)
+    assert sched.ffma == lane * d["BK"]
+    assert sched.mix.get("LDG.128", 0) >= 2                       # A's and B's slices by float4
+    assert not [m for m in sched.mix if m.startswith("LDG") and m != "LDG.128"], sched.mix   # no scalar fallback
+    assert sched.instructions < 1.2 * sched.ffma
+
+
 def test_cp3_launch_settings():
     assert try_sgemm.block_tile(CP3, {}) == (128, 256, 256)
     assert try_sgemm.block_tile(CP3, {"BM": 256, "BN": 128}) == (256, 128, 256)
@@ -161,6 +177,18 @@ def test_cp3_product_configs(shape, d):
 @pytest.mark.parametrize("shape", SLOW, ids=lambda s: "x".join(map(str, s)))
 def test_cp3_product_more_shapes(shape):
     assert_product(*run_emulated(CP3, *shape))
+
+
+@pytest.mark.parametrize("shape", [(257, 132, 36), (130, 70, 33)], ids=["vec", "scalar"])
+def test_lean_product(shape):
+    assert_product(*run_emulated(LEAN, *shape, LEAN_CONFIGS[0]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", LEAN_CONFIGS[1:], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("shape", [(300, 260, 72), (5, 8, 4), (129, 257, 17)], ids=lambda s: "x".join(map(str, s)))
+def test_lean_product_configs(shape, d):
+    assert_product(*run_emulated(LEAN, *shape, d))
 
 
 MUTATIONS = {

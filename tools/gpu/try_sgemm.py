@@ -39,6 +39,7 @@ from sass_schedule import loop_schedule  # noqa: E402
 VARIANTS = ROOT / "tools" / "gpu" / "sgemm_variants"
 SRC_16X8 = (VARIANTS / "warptile_16x8.cu").read_text()
 SRC_CP3 = (VARIANTS / "cp3.cu").read_text()
+SRC_LEAN = (VARIANTS / "lean.cu").read_text()
 
 
 def notebook_source() -> str:
@@ -73,7 +74,11 @@ def variants() -> list[tuple[str, str, dict]]:
           ("s7 cp3 128x256x8 4 stages", SRC_CP3, {"STAGES": 4}),
           ("s7 cp3 128x256x16 3 stages", SRC_CP3, {"BK": 16}),
           ("s7 cp3 256x128x8 3 stages", SRC_CP3, {"BM": 256, "BN": 128}),
-          ("s7 cp3 128x256x8 3 stages GROUP_M=8", SRC_CP3, {"GROUP_M": 8})]
+          ("s7 cp3 128x256x8 3 stages GROUP_M=8", SRC_CP3, {"GROUP_M": 8}),
+          # the cell with a float4-only loop where K % 4 == N % 4 == 0 (tools/gpu/sgemm_variants/lean.cu)
+          ("s7 lean 128x128x16 w64x32", SRC_LEAN, {"BK": 16, "WM": 64, "WN": 32}),
+          ("s7 lean 128x256x8 w64x64 1 blk/SM", SRC_LEAN, {"BN": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}),
+          ("s7 lean 256x128x8 w64x64 1 blk/SM", SRC_LEAN, {"BM": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1})]
     return ([(label, now, d) for label, d in head] + [(label, SRC_16X8, d) for label, d in v16x8]
             + [(label, dynamic_smem(now), d) for label, d in dyn] + s7)
 
