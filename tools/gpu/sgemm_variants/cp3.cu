@@ -68,14 +68,15 @@ __device__ __forceinline__ void cp3_block(const float* __restrict__ A, const flo
 
     // This thread's copies, idx = tid + i NTW. A: element (row a_r0 + i NTW / BK, column k0 + a_c): BK consecutive
     // threads read one row's slice (32 bytes at BK = 8). B: float4 (row k0 + b_r0 + i NTW / (BN / 4), column b_c).
-    // The pointers advance by one slice per load; a copy outside A or B reads 0 bytes from an address in range
-    // (rows clamped to M - 1; columns past K read nothing). Shared offsets are in bytes; a stage is STAGE_B bytes.
+    // The pointers advance by one slice per load while the next slice starts inside A and B; a copy outside them
+    // reads 0 bytes (zero-fill) from an address kept inside (rows clamped to M - 1, columns to K - 1). Shared
+    // offsets are in bytes; a stage is STAGE_B bytes.
     constexpr int A_ROWS = NTW / BK, B_ROWS = NTW / (BN / 4);        // rows apart of a thread's successive copies
     constexpr unsigned STAGE_B = 4u * (A_STAGE + B_STAGE);
     const int a_c = tid % BK, a_r0 = tid / BK, b_c = (tid % (BN / 4)) * 4, b_r0 = tid / (BN / 4);
-    const float* a_src = A + (size_t)min(bm + a_r0, M - 1) * K + a_c;
+    const float* a_src = A + (size_t)min(bm + a_r0, M - 1) * K + min(a_c, K - 1);
     const size_t a_step = (size_t)A_ROWS * K;                         // elements between a thread's A copies
-    const float* b_src = B + (size_t)b_r0 * N + (bn + b_c < N ? bn + b_c : 0);   // column 0: aligned, unread
+    const float* b_src = B + (size_t)min(b_r0, K - 1) * N + (bn + b_c < N ? bn + b_c : 0);   // col 0: aligned
     const size_t b_step = (size_t)B_ROWS * N;
     const int a_rows_left = M - bm - a_r0;                            // copy i is inside A's rows: i A_ROWS < this
     const int b_bytes = VECB ? max(0, min(16, 4 * (N - bn - b_c))) : 0;   // B's row tail past N zero-filled
@@ -105,7 +106,9 @@ __device__ __forceinline__ void cp3_block(const float* __restrict__ A, const flo
             }
         }
         cp_async_commit();
-        a_src += BK, b_src += (size_t)BK * N, k_left -= BK, kb_left -= BK;
+        if (k_left > BK) a_src += BK;                 // the pointers stay inside A and B (a copy of 0 bytes
+        if (kb_left > BK) b_src += (size_t)BK * N;    // reads nothing, but its address stays a legal one)
+        k_left -= BK, kb_left -= BK;
         ld_off = ld_off + STAGE_B == STAGES * STAGE_B ? 0 : ld_off + STAGE_B;
     };
 
