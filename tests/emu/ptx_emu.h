@@ -10,7 +10,7 @@
 //   into the arena, whose base is 4 KiB aligned: address bits, and so swizzles, are those a kernel computes on a GPU.
 // - Warp collectives the tutorials use: ldmatrix (x1/x2/x4, .trans), mma.sync m16n8k16 (bf16, fp16 -> fp32), with the
 //   fragment layouts of the PTX ISA. Each lane posts its operands, the warp meets, each lane computes its own outputs.
-// - cp.async: the copy is queued and lands at the latest moment the program allows (cp.async.wait_group), so a read
+// - cp.async (16 and 4 bytes, src-size zero-fill): the copy is queued and lands at the latest moment the program allows (cp.async.wait_group), so a read
 //   before the wait, or without the barrier after it, sees the poison.
 // - TMA (cp.async.bulk.tensor.2d and .3d with a tensor map built by the test): lands at issue, out-of-bounds elements
 //   zero, 128-byte swizzle; completes tx bytes on its mbarrier. mbarrier: init, arrive, expect_tx, try_wait.parity.
@@ -300,6 +300,12 @@ inline void cp_async_16(uint32_t dst, const void* src, int src_bytes = 16) {
     if (dst % 16) emu::fail("cp.async destination not 16-byte aligned");
     if (src_bytes && reinterpret_cast<uintptr_t>(src) % 16) emu::fail("cp.async source not 16-byte aligned");
     emu::tl_cp_open.push_back({dst, src, 16, src_bytes});
+}
+inline void cp_async_4(uint32_t dst, const void* src, int src_bytes = 4) {   // cp.async.ca ... 4 (A transposed)
+    if (dst % 4) emu::fail("cp.async destination not 4-byte aligned");
+    if (src_bytes && reinterpret_cast<uintptr_t>(src) % 4) emu::fail("cp.async source not 4-byte aligned");
+    if (src_bytes < 0 || src_bytes > 4) emu::fail("cp.async src-size outside 0..4 for a 4-byte copy");
+    emu::tl_cp_open.push_back({dst, src, 4, src_bytes});
 }
 inline void cp_async_commit() { emu::tl_cp_groups.push_back(std::move(emu::tl_cp_open)); emu::tl_cp_open.clear(); }
 template <int N> inline void cp_async_wait() { emu::run_pending_cp_async(N); }
