@@ -356,11 +356,6 @@ def table(run, t03, t04, copy_gbps, opts, shapes, dtypes, ops):
                     baselines["torch.compile"] = lambda *a, k=base_args, comp=comp: comp(*a[:k])
                 if op == "softmax":
                     baselines["copy (same bytes)"] = lambda x, y: y.copy_(x)
-                elif plan is not None and getattr(plan, "resident", False):   # what the resident clusters replaced
-                    fn = t04[op]
-                    baselines["one row a cluster"] = (
-                        (lambda x, w, b, y: fn(x, w, b, y, EPS, resident=False)) if op == "layernorm"
-                        else (lambda x, w, y: fn(x, w, y, EPS, resident=False)))
                 res = attempt(run, f"bench {label}", lambda: kernellab.bench(ours, args, bytes=nbytes, name="ours",
                                                                              baselines=baselines, **opts))
                 if res is None:
@@ -371,9 +366,7 @@ def table(run, t03, t04, copy_gbps, opts, shapes, dtypes, ops):
                         f"({rec['ours_of_copy']:4.0%} of copy)"
                         f"  vs eager {sp['torch eager']['ratio']:5.2f}x"
                         + (f"  vs compile {sp['torch.compile']['ratio']:5.2f}x" if "torch.compile" in sp else
-                           "  vs compile   n/a")
-                        + (f"  vs one row a cluster {sp['one row a cluster']['ratio']:5.2f}x"
-                           if "one row a cluster" in sp else ""))
+                           "  vs compile   n/a"))
                 del args, res
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
@@ -402,9 +395,7 @@ def summary(run, copy_gbps, device):
         copy_op = f"{b['copy (same bytes)']['of_copy']:8.0%}" if "copy (same bytes)" in b else f"{'':8s}"
         run.log(f"{r['op']:10s} {r['dtype']:9s} {shape:>14s} {r['plan']:22s} {r['ours_us']:9.1f} "
                 f"{b['torch eager']['us']:9.1f} {comp_us} {sp['torch eager']['ratio']:7.2f}x {comp_x} "
-                f"{r['ours_of_copy']:8.0%} {copy_op}"
-                + (f" {sp['one row a cluster']['ratio']:.2f}x vs one row a cluster" if "one row a cluster" in sp
-                   else ""))
+                f"{r['ours_of_copy']:8.0%} {copy_op}")
         if sp["torch eager"]["ratio"] < 1.0:
             misses.append(f"{r['op']} {r['dtype']} {shape}: {sp['torch eager']['ratio']:.2f}x eager")
         if "torch.compile" in sp and sp["torch.compile"]["ratio"] < 1.0:

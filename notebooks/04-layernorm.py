@@ -407,11 +407,6 @@ __device__ __forceinline__ unsigned cluster_ctarank() {
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
 }
-__device__ __forceinline__ unsigned cluster_nctarank() {
-    unsigned n;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    return n;
-}
 __device__ __forceinline__ void cluster_arrive() {       // release: this block's shared writes are visible...
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
@@ -512,8 +507,9 @@ __device__ __forceinline__ Pack<T> load_pack(const T* __restrict__ w, RowLayout 
 
 // LayerNorm's statistics from this thread's values: its own mean first, then squared deviations from it (the
 // values are in registers, so two passes cost nothing), then Chan's merge across the row. `valid` counts packs.
-template <typename T, int VPT>
-__device__ __forceinline__ Welford thread_welford(const Pack<T> (&pk)[VPT], int valid, bool edge_ok, float edge) {
+template <int CLUSTER, typename T, int VPT>
+__device__ __forceinline__ Welford layernorm_stats(const Pack<T> (&pk)[VPT], int valid, bool edge_ok, float edge,
+                                                   int row_warps) {
     constexpr int VEC = 16 / sizeof(T);
     float s = edge_ok ? edge : 0.0f;                      // packs past the row were loaded as 0
 #pragma unroll
@@ -528,13 +524,7 @@ __device__ __forceinline__ Welford thread_welford(const Pack<T> (&pk)[VPT], int 
             float d = at(pk, j * VEC + k) - mean;
             m2 += j < valid ? d * d : 0.0f;
         }
-    return Welford{n, mean, m2};
-}
-
-template <int CLUSTER, typename T, int VPT>
-__device__ __forceinline__ Welford layernorm_stats(const Pack<T> (&pk)[VPT], int valid, bool edge_ok, float edge,
-                                                   int row_warps) {
-    return row_merge<CLUSTER>(thread_welford(pk, valid, edge_ok, edge), Welford{0.0f, 0.0f, 0.0f}, row_warps);
+    return row_merge<CLUSTER>(Welford{n, mean, m2}, Welford{0.0f, 0.0f, 0.0f}, row_warps);
 }
 
 // The packs of w (or b) not read early: up to 4 packs all in flight together before the first is used (one L2
@@ -729,108 +719,6 @@ rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __rest
     cluster_wait();
 }
 
-// ---- many long rows: w and b resident in shared memory ------------------------------------------------------
-// The cluster kernels above re-read their slice of w (and b) for every row: a block's 128 KB of them does not stay
-// in L1 while x streams through, so L2 serves w and b as many bytes as x again (twice for LayerNorm). Here a
-// cluster owns rows in turn (rows c, c + clusters, ...; grid = the clusters that fit at once), each block keeps
-// its slice of w and b in shared memory for all of them (each thread stores and reads only its own packs: no
-// barrier), and x of the next row is loaded while this row is reduced and stored. A thread holds VPT = 4 packs
-// of a row (pack q = rank x blockDim x 4 + threadIdx.x + j x blockDim), so a cluster of C blocks of 1024 holds
-// rows of up to C x 4096 packs: 16 blocks (the non-portable cluster size) for a 1 MB fp32 row, 8 for bf16.
-// Rows must be whole packs (cols % VEC == 0): then every row, w and b start on a 16-byte boundary.
-// The partials are double-buffered by row parity, so one cluster barrier per row suffices: a block writes its
-// partial for row i + 2 only after the barrier of row i + 1, which every block reaches after reading row i's.
-template <typename S>
-__device__ __forceinline__ S resident_merge(S v, S zero, int parity) {
-    __shared__ S warp_part[2][32];
-    __shared__ S block_part[2];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = warp_merge(v);
-    if (lane == 0) warp_part[parity][warp] = v;
-    __syncthreads();
-    v = warp_merge(lane < (int)blockDim.x / 32 ? warp_part[parity][lane] : zero);
-    if (threadIdx.x == 0) block_part[parity] = v;
-    cluster_arrive();
-    cluster_wait();
-    return warp_merge(lane < (int)cluster_nctarank() ? *cluster_map(&block_part[parity], lane) : zero);
-}
-
-template <bool LN, typename T, int VPT>
-__device__ __forceinline__ void resident_row(const Pack<T> (&pk)[VPT], const Pack<T>* wb, T* __restrict__ y,
-                                             int cols, int whole, int first, int parity, float eps) {
-    constexpr int VEC = 16 / sizeof(T);
-    const int stride = blockDim.x;
-    int valid = min(VPT, max(0, (whole - first + stride - 1) / stride));
-    float mean = 0.0f, var;
-    if (LN) {
-        Welford st = resident_merge(thread_welford(pk, valid, false, 0.0f), Welford{0.0f, 0.0f, 0.0f}, parity);
-        mean = st.mean;
-        var = st.m2 / cols;
-    } else {
-        float ss = 0.0f;                                  // packs past the row hold 0
-#pragma unroll
-        for (int i = 0; i < VPT * VEC; ++i) ss += at(pk, i) * at(pk, i);
-        var = resident_merge(ss, 0.0f, parity) / cols;
-    }
-    float rstd = rsqrtf(var + eps);
-    Pack<T>* yp = reinterpret_cast<Pack<T>*>(y);
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-        if (j >= valid) continue;
-        Pack<T> wk = wb[j * stride + threadIdx.x];
-        Pack<T> bk = LN ? wb[(VPT + j) * stride + threadIdx.x] : wk;
-        float out[VEC];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k)
-            out[k] = LN ? fmaf((at(pk, j * VEC + k) - mean) * rstd, wk.get(k), bk.get(k))
-                        : at(pk, j * VEC + k) * rstd * wk.get(k);
-        yp[first + j * stride] = from_floats<T>(out);
-    }
-}
-
-// Launch: grid = clusters x C, cluster (C, 1, 1), blockDim.x threads, dynamic shared memory
-// (LN ? 2 : 1) x VPT x blockDim.x x 16 bytes; needs cols % VEC == 0 and whole packs <= C x blockDim.x x VPT.
-template <bool LN, typename T>
-__global__ void __launch_bounds__(1024, 1) norm_resident(const T* __restrict__ x, const T* __restrict__ w,
-                                                         const T* __restrict__ b, T* __restrict__ y, int rows,
-                                                         int cols, float eps) {
-    constexpr int VEC = 16 / sizeof(T), VPT = 4;
-    extern __shared__ __align__(16) unsigned char resident_smem[];
-    Pack<T>* wb = reinterpret_cast<Pack<T>*>(resident_smem);   // [VPT][blockDim.x] of w, then (LN) of b
-    const int csize = cluster_nctarank(), clusters = gridDim.x / csize, whole = cols / VEC;
-    const int first = cluster_ctarank() * blockDim.x * VPT + threadIdx.x;
-    const RowLayout L(cols, 0, VEC);                      // lead 0: rows start on 16-byte boundaries
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {                       // this thread's packs of w and b, once for all rows
-        int q = first + j * blockDim.x;
-        if (q >= whole) continue;
-        wb[j * blockDim.x + threadIdx.x] = reinterpret_cast<const Pack<T>*>(w)[q];
-        if (LN) wb[(VPT + j) * blockDim.x + threadIdx.x] = reinterpret_cast<const Pack<T>*>(b)[q];
-    }
-    Pack<T> xa[VPT], xb[VPT];                             // this row and the next: two rows a trip
-    int row = blockIdx.x / csize;
-    if (row < rows) load_packs(xa, x + (size_t)row * cols, L, first, blockDim.x);
-    while (row < rows) {
-        int next = row + clusters;
-        if (next < rows) load_packs(xb, x + (size_t)next * cols, L, first, blockDim.x);   // under row's work
-        resident_row<LN>(xa, wb, y + (size_t)row * cols, cols, whole, first, 0, eps);
-        if (next >= rows) break;
-        row = next + clusters;
-        if (row < rows) load_packs(xa, x + (size_t)row * cols, L, first, blockDim.x);
-        resident_row<LN>(xb, wb, y + (size_t)next * cols, cols, whole, first, 1, eps);
-    }
-    cluster_arrive();                                     // no block leaves while another may read its partials
-    cluster_wait();
-}
-template __global__ void norm_resident<true, float>(const float*, const float*, const float*, float*, int, int,
-                                                    float);
-template __global__ void norm_resident<false, float>(const float*, const float*, const float*, float*, int, int,
-                                                     float);
-template __global__ void norm_resident<true, __nv_bfloat16>(const __nv_bfloat16*, const __nv_bfloat16*,
-                                                            const __nv_bfloat16*, __nv_bfloat16*, int, int, float);
-template __global__ void norm_resident<false, __nv_bfloat16>(const __nv_bfloat16*, const __nv_bfloat16*,
-                                                             const __nv_bfloat16*, __nv_bfloat16*, int, int, float);
-
 // Instantiated: what plan_rows launches. In a block: 1, 2 or 4 packs per thread (rows up to 8 KB: 64 bytes a
 // thread) and 8 (longer rows: 128 bytes, 32 float or 64 bf16 values); in clusters of 2, 4 or 8 blocks: 8, and 4
 // for bf16 (a few long rows spread over clusters).
@@ -936,19 +824,6 @@ NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER
 #   chain of an 8-pack bf16 thread (bf16 has no ring), while with 4 packs w loads next to x.
 #
 # Both are in `plan_rows` below; the table at the end of the notebook measures them again.
-#
-# **Many long rows: w and b resident.** One shape stayed far from copy speed: LayerNorm at 1024 x 262144 (74-75 %,
-# where RMSNorm reached 92 %). Each row is a cluster's, and each block re-reads its slice of w and b for every
-# row: 128 KB of each per block, which L1 cannot keep while x streams past, so L2 serves w and b, twice x's bytes
-# for LayerNorm, once for RMSNorm. `norm_resident` turns the loop around: a cluster of C blocks of 1024 threads x 4
-# packs takes rows in turn (c, c + clusters, ...), each block loads its slice of w and b into shared memory once,
-# and x of the next row is on its way while this row is reduced and stored. The grid is the clusters the GPU holds
-# at once, which the driver counts (`Kernel.max_active_clusters`): a cluster must fit inside one GPC. A 1 MB fp32
-# row needs C = 16, the non-portable cluster size kernellab opts the kernel in to; bf16 needs 8.
-#
-# **Prediction** (benchmarks/NOTES-memory-bound.md, before the run): LayerNorm 1024 x 262144 bf16 87-93 % of copy
-# [75 %], fp32 84-92 % [74 %] (fewer if only 7 clusters of 16 fit: 112 SMs); RMSNorm 92-95 % [92 %]. The plan uses
-# it wherever a row would take a cluster, the row is whole packs, and there are two rows a cluster or more.
 
 # %%
 # launchers: layernorm, rmsnorm (tests/gpu/test_memory_bound_gpu.py and benchmarks/memory_bound.py run this cell too)
@@ -956,8 +831,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-import kernellab
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 CTYPE = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16"}
@@ -971,22 +844,17 @@ class RowPlan:
     vpt: int             # 16-byte packs per thread
     cluster: int         # blocks per row: 1 when a block holds the row
     block: int           # threads per block
-    grid: int            # blocks (resident: the most the GPU holds at once; the launcher asks the driver)
-    resident: bool = False   # w and b kept in shared memory by clusters that take rows in turn (norm_resident)
+    grid: int            # blocks
 
     @property
     def kind(self) -> str:
         return ("warp per row" if self.row_threads == 32 else "block per row" if self.cluster == 1
-                else f"resident cluster of {self.cluster}" if self.resident else f"cluster of {self.cluster} per row")
+                else f"cluster of {self.cluster} per row")
 
 
-RESIDENT_PACKS = 4 * 1024   # packs of a row one block of norm_resident holds (1024 threads x 4)
-
-
-def plan_rows(rows, cols, itemsize, sms=SMS, resident=True):
+def plan_rows(rows, cols, itemsize, sms=SMS):
     """The launch of a row kernel: 64 bytes of the row per thread in rows up to 8 KB, 128 bytes in longer rows;
-    None when a row is longer than a cluster's registers hold (8 blocks x 1024 threads x 128 bytes, 1 MB).
-    Many rows that need a cluster each, made of whole packs, go to norm_resident instead (resident=False: not)."""
+    None when a row is longer than a cluster's registers hold (8 blocks x 1024 threads x 128 bytes, 1 MB)."""
     vec = 16 // itemsize                     # elements per 16-byte pack
     packs = cols // vec                      # the most whole packs a row can have
     ring = itemsize == 4                     # float threads with 8 whole packs stream w and b through the ring
@@ -1008,9 +876,6 @@ def plan_rows(rows, cols, itemsize, sms=SMS, resident=True):
         threads //= 2                        # few rows: spread each over more SMs
         cluster *= 2
     if cluster > 1:
-        c = 1 << math.ceil(math.log2(-(-packs // RESIDENT_PACKS)))    # blocks of 1024 x 4 packs: 2 to 16
-        if resident and cols % vec == 0 and c <= 16 and rows >= 2 * (sms // c):   # two rows a cluster or more
-            return RowPlan(1024, 4, c, 1024, (sms // c) * c, resident=True)
         return RowPlan(threads, per_thread, cluster, threads, rows * cluster)
     block = max(threads, 128)
     return RowPlan(threads, per_thread, 1, block, -(-rows // (block // threads)))
@@ -1021,68 +886,44 @@ def _check_layout(*tensors):
         "the row kernels need contiguous, 16-byte aligned tensors (torch's allocations are)"
 
 
-def norm_kernel_for(kind, rows, cols, dtype, resident=True):
+def norm_kernel_for(kind, rows, cols, dtype):
     """The kernel ("layernorm" or "rmsnorm") and plan for a rows x cols input; None, None where rows are too long."""
-    plan = plan_rows(rows, cols, dtype.itemsize, resident=resident)
+    plan = plan_rows(rows, cols, dtype.itemsize)
     if plan is None:
         return None, None
-    if plan.resident:
-        name = f"norm_resident<{'true' if kind == 'layernorm' else 'false'}, {CTYPE[dtype]}>"
-    else:
-        name = (f"{kind}_rows<{CTYPE[dtype]}, {plan.vpt}>" if plan.cluster == 1
-                else f"{kind}_rows_cluster<{CTYPE[dtype]}, {plan.cluster}, {plan.vpt}>")
+    name = (f"{kind}_rows<{CTYPE[dtype]}, {plan.vpt}>" if plan.cluster == 1
+            else f"{kind}_rows_cluster<{CTYPE[dtype]}, {plan.cluster}, {plan.vpt}>")
     return norm_kernels[name], plan
 
 
-_RESIDENT_GRIDS = {}
-
-
-def launch_resident(kernel, plan, rows, *args):
-    """norm_resident with the plan's clusters, as many as the GPU holds at once (the driver's count: a cluster
-    must fit in one GPC), at most one per row; w and b (or w alone) in dynamic shared memory."""
-    smem = (2 if "true" in kernel.signature.display else 1) * plan.vpt * plan.block * 16
-    key = (kernel.signature.display, plan.cluster, smem)
-    if key not in _RESIDENT_GRIDS:
-        _RESIDENT_GRIDS[key] = (kernel.max_active_clusters(plan.block, (plan.cluster, 1, 1), smem)
-                                if kernellab.has_gpu() else plan.grid // plan.cluster)
-    grid = min(rows, _RESIDENT_GRIDS[key]) * plan.cluster
-    kernel.launch(grid, plan.block, *args, shared_bytes=smem, cluster=(plan.cluster, 1, 1))
-
-
-def layernorm(x, w, b, y=None, eps=1e-5, resident=True):
-    """F.layer_norm(x, (cols,), w, b, eps) for 2-D float32/bf16 CUDA x; fp32 statistics, one read of x.
-    resident=False keeps many long rows on the one-row-a-cluster kernels (to compare)."""
+def layernorm(x, w, b, y=None, eps=1e-5):
+    """F.layer_norm(x, (cols,), w, b, eps) for 2-D float32/bf16 CUDA x; fp32 statistics, one read of x."""
     y = torch.empty_like(x) if y is None else y
     rows, cols = x.shape
     if x.numel() == 0:
         return y
     _check_layout(x, w, b, y)
-    kernel, plan = norm_kernel_for("layernorm", rows, cols, x.dtype, resident)
+    kernel, plan = norm_kernel_for("layernorm", rows, cols, x.dtype)
     if kernel is None:                       # rows too long for registers: two reads
         return layernorm_welford(x, w, b, y, eps)
-    if plan.resident:
-        launch_resident(kernel, plan, rows, x, w, b, y, rows, cols, eps)
-    elif plan.cluster == 1:
+    if plan.cluster == 1:
         kernel[plan.grid, plan.block](x, w, b, y, rows, cols, plan.row_threads, eps)
     else:
         kernel[plan.grid, plan.block](x, w, b, y, rows, cols, eps)
     return y
 
 
-def rmsnorm(x, w, y=None, eps=1e-5, resident=True):
-    """F.rms_norm(x, (cols,), w, eps) for 2-D float32/bf16 CUDA x; fp32 statistics, one read of x.
-    resident=False keeps many long rows on the one-row-a-cluster kernels (to compare)."""
+def rmsnorm(x, w, y=None, eps=1e-5):
+    """F.rms_norm(x, (cols,), w, eps) for 2-D float32/bf16 CUDA x; fp32 statistics, one read of x."""
     y = torch.empty_like(x) if y is None else y
     rows, cols = x.shape
     if x.numel() == 0:
         return y
     _check_layout(x, w, y)
-    kernel, plan = norm_kernel_for("rmsnorm", rows, cols, x.dtype, resident)
+    kernel, plan = norm_kernel_for("rmsnorm", rows, cols, x.dtype)
     if kernel is None:
         raise ValueError(f"rmsnorm: rows of {cols} elements are longer than the registers of a cluster hold")
-    if plan.resident:
-        launch_resident(kernel, plan, rows, x, w, w, y, rows, cols, eps)
-    elif plan.cluster == 1:
+    if plan.cluster == 1:
         kernel[plan.grid, plan.block](x, w, y, rows, cols, plan.row_threads, eps)
     else:
         kernel[plan.grid, plan.block](x, w, y, rows, cols, eps)

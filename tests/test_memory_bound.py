@@ -23,7 +23,7 @@ F = torch.nn.functional
 T03, T04 = "03-reductions-softmax.py", "04-layernorm.py"
 CELLS = [(nb, name) for nb in (T03, T04) for name in named_cuda_cells(nb)]
 ROW_KERNELS = ("softmax_rows", "softmax_rows_cluster", "layernorm_rows", "layernorm_rows_cluster", "rmsnorm_rows",
-               "rmsnorm_rows_cluster", "norm_resident")
+               "rmsnorm_rows_cluster")
 
 
 def compile_cell(nb, name):
@@ -81,7 +81,7 @@ def test_row_kernels_use_16_byte_loads_and_stores_within_64_registers(modules):
         assert ops.get("LDG.E.128.CONSTANT", 0) + ops.get("LDG.E.128", 0) >= 1, (k.signature.display, ops)
         assert ops.get("STG.E.128", 0) >= 1, (k.signature.display, ops)
         assert k.resources.registers <= 64 and k.resources.max_threads_per_block == 1024, k.resources
-        clustered = k.name.endswith("_cluster") or k.name == "norm_resident"
+        clustered = k.name.endswith("_cluster")
         assert (ops.get("UCGABAR_ARV", 0) > 0) == clustered and (ops.get("UCGABAR_WAIT", 0) > 0) == clustered
 
 
@@ -92,11 +92,6 @@ def test_packs_per_thread_hold_at_most_128_bytes_within_64_registers(modules):
     registers of a 1024-thread block and without spills."""
     for name in ("softmax_kernels", "norm_kernels"):
         for k in modules[name].kernels:
-            if k.name == "norm_resident":                            # 4 packs a thread (a constexpr)
-                ops = sass_ops(k)                                     # w and b: 16-byte shared loads
-                assert ops.get("LDS.128", 0) >= (8 if "true" in k.signature.display else 4), ops
-                assert k.resources.registers <= 64 and not k.resources.spills, k.resources
-                continue
             m = re.fullmatch(r"\w+<(\w+), (?:\d+, )?(\d+)>", k.signature.display)
             per_pack = 4 if m.group(1) == "float" else 8
             if name == "softmax_kernels" and not k.name.endswith("_cluster"):
@@ -151,9 +146,7 @@ def check_plan_covers(p, r, c, vec):
     assert p.row_threads * p.vpt * p.cluster >= c // vec, (r, c, p)
     assert p.block <= 1024 and p.block % p.row_threads == 0, (r, c, p)
     assert p.row_threads >= 32 and p.row_threads & (p.row_threads - 1) == 0, (r, c, p)
-    if getattr(p, "resident", False):                             # clusters take rows in turn
-        assert p.cluster in (2, 4, 8, 16) and p.block == p.row_threads and p.grid % p.cluster == 0, (r, c, p)
-    elif p.cluster == 1:
+    if p.cluster == 1:
         assert p.grid * (p.block // p.row_threads) >= r > (p.grid - 1) * (p.block // p.row_threads), (r, c, p)
     else:
         assert p.cluster in (2, 4, 8) and p.block == p.row_threads and p.grid == r * p.cluster, (r, c, p)
@@ -202,8 +195,6 @@ def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, item
         check_plan_covers(p, r, c, vec)
         if row_bytes <= 2048 or (itemsize == 4 and row_bytes <= 4096):   # a warp, the fewest packs that hold it
             assert p.row_threads == 32 and p.vpt == next(v for v in (1, 2, 4, 8) if 32 * v * 16 >= row_bytes), (r, c, p)
-        elif p.resident:                                             # 4 packs a thread, w and b in smem
-            assert p.vpt == 4 and p.block == 1024 and c % vec == 0, (r, c, p)
         else:                                                        # few bf16 rows: 4 packs (w early, no ring)
             wide = row_bytes > 8192 and (itemsize == 4 or r >= 132 // 2 or row_bytes > 8 * 1024 * 64)
             assert p.row_threads > 32 and p.vpt == (8 if wide else 4), (r, c, p)
@@ -211,18 +202,16 @@ def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, item
             assert p.row_threads <= (1024 if itemsize == 4 else 512), (r, c, p)
         for kind in ("layernorm", "rmsnorm"):
             kernel, plan = ns["norm_kernel_for"](kind, r, c, dtype)  # a KeyError here: the cell lacks the kernel
-            assert plan == p and kernel.name == ("norm_resident" if p.resident else f"{kind}_rows" if p.cluster == 1
-                                                 else f"{kind}_rows_cluster")
+            assert plan == p and kernel.name == (f"{kind}_rows" if p.cluster == 1 else f"{kind}_rows_cluster")
 
 
 def test_the_norm_plans_are_the_measured_winners():
-    """The plans tools/gpu/try_norms.py found fastest on an H100 (2026-11-23; benchmarks/NOTES-memory-bound.md)
-    among the one-row-a-block/cluster kernels (resident clusters are tested apart)."""
+    """The plans tools/gpu/try_norms.py found fastest on an H100 (2026-11-23; benchmarks/NOTES-memory-bound.md)."""
     plan = launchers(T04)["plan_rows"]
     text = {}
     for itemsize, r, c in ((2, 4096, 32768), (2, 1024, 262144), (2, 4096, 4096), (2, 4096, 1024), (4, 1000, 1031),
                            (4, 4096, 1024), (4, 4096, 32768), (4, 3, 100003), (2, 3, 100003)):
-        p = plan(r, c, itemsize, sms=132, resident=False)
+        p = plan(r, c, itemsize, sms=132)
         text[(itemsize, r, c)] = (f"c{p.cluster} x {p.row_threads} x {p.vpt}" if p.cluster > 1
                                   else f"{p.row_threads} x {p.vpt} / {p.block}")
     assert text == {(2, 4096, 32768): "512 x 8 / 512", (2, 1024, 262144): "c8 x 512 x 8",
@@ -241,12 +230,8 @@ def test_the_gpu_tests_shapes_reach_every_kernel_of_the_cells(modules):
     used = {ns03["softmax_kernel_for"](r, c, dt)[0].signature.display for dt in gpu.DTYPES
             for r, c in gpu.SOFTMAX_SHAPES if ns03["softmax_kernel_for"](r, c, dt)[0] is not None}
     assert used == {k.signature.display for k in modules["softmax_kernels"].kernels}
-    used = {ns04["norm_kernel_for"](kind, r, c, dt, res)[0].signature.display for kind in ("layernorm", "rmsnorm")
-            for dt in (torch.float32, torch.bfloat16) for r, c in gpu.NORM_SHAPES for res in (True, False)}
-    assert any(ns04["plan_rows"](r, c, 4).resident and ns04["plan_rows"](r, c, 2).resident
-               for r, c in gpu.NORM_SHAPES)                          # both dtypes reach norm_resident ...
-    assert {(r, c) for r, c in gpu.NORM_SHAPES if ns04["plan_rows"](r, c, 2).resident} <= set(gpu.ONE_ROW_A_CLUSTER)
-    assert {(r, c) for r, c in gpu.NORM_SHAPES if ns04["plan_rows"](r, c, 4).resident} <= set(gpu.ONE_ROW_A_CLUSTER)
+    used = {ns04["norm_kernel_for"](kind, r, c, dt)[0].signature.display for kind in ("layernorm", "rmsnorm")
+            for dt in (torch.float32, torch.bfloat16) for r, c in gpu.NORM_SHAPES}
     assert used == {k.signature.display for k in modules["norm_kernels"].kernels}
 
 
@@ -345,50 +330,6 @@ def test_layernorm_and_rmsnorm_on_the_emulator(t04, dtype):
                                  lambda x, w, b, y: F.rms_norm(x, (x.shape[1],), w, 1e-5),
                                  ln_inputs(r, c, dtype, mean=1.0), trials=1)
         assert report.passed, ("rmsnorm", r, c, report)
-
-
-@needs_cxx
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
-def test_resident_clusters_take_rows_in_turn_on_the_emulator(t04, kind, dtype):
-    """norm_resident at small sizes: blocks of 32 threads (4 packs each), clusters of 3 (a runtime cluster shape),
-    2 clusters over 5 and 7 rows (so one cluster gets a row more: the early exit of its two-row loop), rows with
-    packs left over past the last block's (whole packs only: the kernel's condition), and a large mean."""
-    vec = 16 // dtype.itemsize
-    k = t04["norm_kernels"][f"norm_resident<{'true' if kind == 'layernorm' else 'false'}, "
-                            f"{'float' if dtype == torch.float32 else '__nv_bfloat16'}>"]
-    for rows, packs, clusters in ((5, 3 * 32 * 4 - 5, 2), (7, 3 * 32 * 4, 2), (1, 200, 1)):
-        cols = packs * vec
-        x, w, b, y = ln_inputs(rows, cols, dtype, mean=3.0)(torch.Generator().manual_seed(rows))
-        args = (x, w, b, y) if kind == "layernorm" else (x, w, w, y)
-        k.launch(clusters * 3, 32, *args, rows, cols, 1e-5, cluster=3,
-                 shared_bytes=(2 if kind == "layernorm" else 1) * 4 * 32 * 16)
-        ref = (F.layer_norm(x.double(), (cols,), w.double(), b.double(), 1e-5) if kind == "layernorm"
-               else F.rms_norm(x.double(), (cols,), w.double(), 1e-5))
-        tol = 1e-5 if dtype == torch.float32 else 1e-2
-        assert torch.allclose(y.double(), ref, atol=tol, rtol=tol), (rows, cols, (y.double() - ref).abs().max())
-
-
-def test_many_long_rows_of_whole_packs_go_to_resident_clusters():
-    """Rows that would take a cluster each, with enough rows for two a cluster, made of whole packs: norm_resident,
-    in clusters of 2-16 blocks of 1024 threads x 4 packs (powers of two), the grid the clusters of one wave."""
-    ns = launchers(T04)
-    plan = ns["plan_rows"]
-    p = plan(1024, 262144, 4, sms=132)
-    assert p.resident and (p.cluster, p.block, p.vpt, p.grid) == (16, 1024, 4, 128)
-    p = plan(1024, 262144, 2, sms=132)
-    assert p.resident and (p.cluster, p.block, p.grid) == (8, 1024, 128)
-    assert plan(300, 40000, 4, sms=132).cluster == 4 and plan(300, 40000, 4, sms=132).resident
-    assert not plan(1024, 262147, 4, sms=132).resident               # not whole packs: one row a cluster
-    assert not plan(1024, 262144, 4, sms=132, resident=False).resident
-    assert not plan(10, 262144, 4, sms=132).resident                  # fewer than two rows a cluster
-    assert not plan(4096, 32768, 4, sms=132).resident                 # a block holds the row
-    for r, c in SHAPES:
-        for itemsize in (4, 2):
-            p = plan(r, c, itemsize, sms=132)
-            if p is not None and p.resident:
-                assert p.cluster * p.block * p.vpt * (16 // itemsize) >= c and c % (16 // itemsize) == 0
-                assert p.cluster in (2, 4, 8, 16) and r >= 2 * (132 // p.cluster)
 
 
 @needs_cxx

@@ -125,12 +125,7 @@ def test_unaligned_views_are_refused(t03):
 NORM_SHAPES = [(1, 1), (3, 7), (5, 100), (9, 200), (7, 500), (1000, 1031), (6, 2049), (5, 4099), (9, 6001),
                (33, 16385), (40, 20000), (20, 20000), (7, 20000), (3, 100003), (1, 262144), (2, 262147),
                # enough rows not to be spread (>= 66): 8 packs a thread in blocks and in clusters of 2, 4 and 8
-               (70, 6000), (70, 40000), (66, 70000), (66, 140000),
-               # many rows of whole packs: clusters with w and b resident in shared memory (norm_resident), in
-               # clusters of 4 (fp32) / 2 (bf16) and 16 / 8, with more rows than clusters and rows left over
-               (300, 40000), (40, 262144)]
-# the shapes that go to norm_resident, run again with resident=False: the one-row-a-cluster kernels they replaced
-ONE_ROW_A_CLUSTER = [(70, 40000), (66, 70000), (66, 140000), (300, 40000), (40, 262144)]
+               (70, 6000), (70, 40000), (66, 70000), (66, 140000)]
 
 
 def ln_inputs(rows, cols, dtype, mean=0.0):
@@ -164,26 +159,13 @@ def test_rmsnorm(t04, shape, dtype):
     assert report.passed, report
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape", ONE_ROW_A_CLUSTER, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_norms_without_resident_clusters(t04, shape, dtype):
-    report = kernellab.check(lambda x, w, b, y: t04["layernorm"](x, w, b, y, EPS, resident=False), layernorm_ref,
-                             ln_inputs(*shape, dtype), trials=1)
-    assert report.passed, report
-    report = kernellab.check(lambda x, w, b, y: t04["rmsnorm"](x, w, y, EPS, resident=False),
-                             lambda x, w, b, y: F.rms_norm(x, (x.shape[1],), w, EPS),
-                             ln_inputs(*shape, dtype, mean=1.0), trials=1)
-    assert report.passed, report
-
-
 def test_norm_shapes_reach_every_kernel(t04):
     used = set()
     for kind in ("layernorm", "rmsnorm"):
         for dtype in (torch.float32, torch.bfloat16):
             for r, c in NORM_SHAPES:
-                for resident in (True, False):
-                    kernel, _ = t04["norm_kernel_for"](kind, r, c, dtype, resident)
-                    used.add(kernel.signature.display)
+                kernel, _ = t04["norm_kernel_for"](kind, r, c, dtype)
+                used.add(kernel.signature.display)
     assert used == {k.signature.display for k in t04["norm_kernels"].kernels}
 
 
