@@ -115,7 +115,12 @@ def sgemm_variants(quick: bool) -> list[Variant]:
         warptiles.append(Variant("sgemm", "sgemm_warptile", config, {"fp32": "sgemm_warptile"}, dict(d),
                                  grid=lambda M, N, bm=bm, bn=bn: (cdiv(N, bn), cdiv(M, bm)),
                                  block=(bm // wm) * (bn // wn) * 32))
-    return warptiles[:1] if quick else steps + warptiles
+    # sgemm_cp (step 8): cp.async stages, 128 x 256 x 16 x 4 stages, 8 warps of 64 x 64, one block per SM: 91.0 %
+    # of torch at 4096^3 on an H100 (tools/gpu/try_sgemm.py --only s7b; NOTES-matmul.md)
+    bk, st = 16, 4
+    cp = Variant("sgemm", "sgemm_cp", "default", {"fp32": "sgemm_cp"}, grid=lambda M, N: (cdiv(N, 256), cdiv(M, 128)),
+                 block=256, smem=st * (bk * (128 + 4) + bk * 256) * 4)
+    return warptiles[:1] + [cp] if quick else steps + warptiles + [cp]
 
 
 def tc_variants(quick: bool) -> list[Variant]:

@@ -29,6 +29,7 @@ SASS = {
     "sgemm_naive": ("FFMA", "LDG.32"), "sgemm_coalesced": ("FFMA", "LDG.32"), "sgemm_smem": ("FFMA", "LDS", "BAR"),
     "sgemm_1d": ("FFMA", "LDS.128"), "sgemm_2d": ("FFMA", "LDS.128"),
     "sgemm_vec": ("FFMA", "LDS.128", "LDG.128", "STG.128"), "sgemm_warptile": ("FFMA", "LDS.128", "LDG.128", "STS.128"),
+    "sgemm_cp": ("FFMA", "LDS.128", "LDGSTS", "BAR"),
     "wmma": ("HMMA",), "mma": ("HMMA", "LDSM"), "mma_pipe": ("HMMA", "LDSM", "LDGSTS"),
     "wgmma": ("HGMMA", "UTMALDG"),
 }
@@ -45,7 +46,7 @@ def compiled(v, cell):
 def test_the_notebooks_hold_every_step():
     names = {k for c in C05 + C06 for k in c.kernels}
     assert {"sgemm_naive", "sgemm_coalesced", "sgemm_smem", "sgemm_1d", "sgemm_2d", "sgemm_vec",
-            "sgemm_warptile"} <= names
+            "sgemm_warptile", "sgemm_cp"} <= names
     assert {f"{s}_{t}" for s in ("wmma", "mma", "mma_pipe", "wgmma") for t in ("bf16", "f16")} <= names
     assert not any("exercise" in c.source.splitlines()[0] for c in C05 + C06)   # stubs are not steps
     assert bench.cell_with(C06, "wgmma_bf16").arch == "sm_90a"
@@ -153,10 +154,10 @@ def pick(name, config="default"):
 
 
 SGEMM_STEPS = ["sgemm_naive", "sgemm_coalesced", "sgemm_smem", "sgemm_1d", "sgemm_2d", "sgemm_vec",
-               "sgemm_warptile"]
+               "sgemm_warptile", "sgemm_cp"]
 
 
-@pytest.mark.parametrize("name", [n if n == "sgemm_warptile" else pytest.param(n, marks=pytest.mark.slow)
+@pytest.mark.parametrize("name", [n if n in ("sgemm_warptile", "sgemm_cp") else pytest.param(n, marks=pytest.mark.slow)
                                   for n in SGEMM_STEPS])
 def test_sgemm_step_in_the_emulator(name):
     """K not a multiple of 4 or of the slice, M and N one off the tile: guards and the scalar fallback."""

@@ -103,6 +103,7 @@ def test_wgmma_at_8192_cubed_matches_cublas(dtype):
 
 SANITIZED = [("sgemm_smem", "default", "racecheck"), ("sgemm_warptile", "default", "racecheck"),
              ("sgemm_warptile", "default", "memcheck"), ("sgemm_vec", "default", "memcheck"),
+             ("sgemm_cp", "default", "racecheck"), ("sgemm_cp", "default", "memcheck"),
              ("mma_pipe", "default", "memcheck"), ("wgmma", "default", "memcheck"), ("wgmma", "no cluster", "memcheck")]
 
 
