@@ -771,6 +771,13 @@ compare("sgemm_warptile", "sgemm_vec", (0.85, 1.00))
 # slice of 8 takes about 1 µs of FFMAs, short beside a loaded DRAM round trip: two slices in flight do not cover
 # it), and 16-deep slices another 2 (half the barriers and `wait_group`s per FLOP, as in step 7). The target, 90 %,
 # is met by a point; the run's own numbers follow.
+#
+# **The sizes against the device's budgets** (the budget table of step 7, one block per SM): 16 x 8 accumulators,
+# two sets of 16 + 8 operands and the copy addresses take the 255 registers a thread can have, so 256 threads fill
+# the register file once; 4 stages of `(BM + 4 + BN) x BK` floats are 97 KiB of shared memory, over the 48 KiB a
+# static array may take (the cell switches to dynamic shared memory and the launch passes the bytes) and inside the
+# 227 KiB an sm_90 block may have (sm_80 and sm_86 allow 163 and 99 KiB: the defaults fit; older GPUs lack
+# cp.async). The grid is `(N / 256) x (M / 128)`: 512 blocks at 4096², under 4 waves of 132.
 
 # %%
 # %%cuda --name cpasync
@@ -1085,6 +1092,8 @@ kernellab.occupancy_explorer(sgemm_warptile)
 #
 # The final kernel (step 8) against cuBLAS from 1024³ to 8192³, then on 4095 x 4097 x 1023 (where `N` is not a
 # multiple of 4, so B comes in 4-byte copies, and `K` is not a multiple of the slice) for correctness and speed.
+# At 1024³ its 128 x 256 tiles make 32 blocks for 132 SMs, a quarter of the GPU: cuBLAS picks another tile shape
+# (or splits `K`) per size, which is the next thing to add; from 2048³ on the tiles fill the GPU.
 
 # %%
 # %%gpu
