@@ -153,13 +153,9 @@ class Kernel:
         each) the current GPU holds at once, from the driver (cuOccupancyMaxActiveClusters): the grid of a
         persistent cluster kernel. Clusters live inside one GPC, so this can be fewer than SMs / blocks per cluster."""
         from .run.cudriver import context_on, max_active_clusters
+        from .run.launch import _dims
 
-        if isinstance(cluster, (tuple, list)):
-            c = tuple(cluster) + (1,) * (3 - len(cluster))
-        elif isinstance(cluster, int):
-            c = (cluster, 1, 1)
-        else:
-            raise ArgumentError(f"max_active_clusters needs a cluster shape, e.g. cluster=(8, 1, 1); got {cluster!r}")
+        c = _dims(cluster, "cluster")                        # one cluster is the grid asked about
         path = self._path or self._launch_path(c, block, shared_bytes, (), c)
         cfg = path.config(c, block, shared_bytes, c)        # the opt-ins (shared memory, large clusters) happen here
         with context_on(path.device.index):

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 import sass_schedule as S  # noqa: E402
 import try_sgemm  # noqa: E402
 
-CP3 = (ROOT / "tools" / "gpu" / "sgemm_variants" / "cp3.cu").read_text()
+CP3 = try_sgemm.notebook_source("sgemm_cp")     # the candidate "cp3", now tutorial 05's step 8 (BK 16, 4 stages)
 LEAN = (ROOT / "tools" / "gpu" / "sgemm_variants" / "lean.cu").read_text()
 LEAN_CONFIGS = [{"BK": 16, "WM": 64, "WN": 32}, {"BN": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1},
                 {"BM": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}]
@@ -94,7 +94,8 @@ def test_known_loop_decodes_as_expected(head_schedule):
 
 # --- the candidates: compile ----------------------------------------------------------------------------------------
 
-CP3_CONFIGS = [{}, {"STAGES": 4}, {"BK": 16}, {"BM": 256, "BN": 128}, {"GROUP_M": 8}]
+CP3_CONFIGS = [{"BK": 8, "STAGES": 3}, {"BK": 8, "STAGES": 4}, {"BK": 16, "STAGES": 3},
+               {"BM": 256, "BN": 128, "BK": 8, "STAGES": 3}, {}]
 
 
 @pytest.mark.parametrize("d", CP3_CONFIGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "default")
@@ -104,7 +105,7 @@ def test_cp3_compiles_lean(d):
     assert r.spill_store_bytes == r.spill_load_bytes == 0 and r.local_bytes == 0
     assert "LDL" not in k.sass and "STL" not in k.sass
     sched = S.loop_schedule(k.sass)
-    bk = d.get("BK", 8)
+    bk = d.get("BK", 16)
     assert sched.ffma == 16 * 8 * bk                              # 16 x 8 per lane, BK k-steps
     assert sched.mix.get("LDGSTS.128", 0) >= 1 and sched.mix.get("LDGSTS", 0) >= 1   # B by 16 bytes, A by 4
     assert not any(m.startswith(("LDG.", "STS")) or m in ("LDG", "STS") for m in sched.mix)   # nothing via registers
@@ -128,9 +129,10 @@ def test_lean_compiles_lean(d):
 def test_cp3_launch_settings():
     assert try_sgemm.block_tile(CP3, {}) == (128, 256, 256)
     assert try_sgemm.block_tile(CP3, {"BM": 256, "BN": 128}) == (256, 128, 256)
-    assert try_sgemm.smem_bytes(CP3, {}) == 0                     # 37,248 B: static
-    assert try_sgemm.smem_bytes(CP3, {"STAGES": 4}) == 4 * 8 * (132 + 256) * 4
-    assert try_sgemm.smem_bytes(CP3, {"BK": 16}) == 3 * 16 * (132 + 256) * 4
+    assert try_sgemm.smem_bytes(CP3, {"BK": 8, "STAGES": 3}) == 0   # 37,248 B: static
+    assert try_sgemm.smem_bytes(CP3, {"BK": 8, "STAGES": 4}) == 4 * 8 * (132 + 256) * 4
+    assert try_sgemm.smem_bytes(CP3, {"BK": 16, "STAGES": 3}) == 3 * 16 * (132 + 256) * 4
+    assert try_sgemm.smem_bytes(CP3, {}) == 4 * 16 * (132 + 256) * 4   # step 8's defaults
     labels = [label for label, _, _ in try_sgemm.variants() if label.startswith("s7")]
     assert len(labels) >= 5 and len(set(labels)) == len(labels)
 
@@ -144,7 +146,7 @@ def run_emulated(src, M, N, K, d=None, seed=0):
     A = rng.standard_normal((M, K)).astype(np.float32)
     B = rng.standard_normal((K, N)).astype(np.float32)
     C = np.full((M, N), np.nan, np.float32)
-    emulate(src, "sgemm_warptile", ((N + bn - 1) // bn, (M + bm - 1) // bm), threads, [A, B, C, M, N, K],
+    emulate(src, try_sgemm.kernel_name(src), ((N + bn - 1) // bn, (M + bm - 1) // bm), threads, [A, B, C, M, N, K],
             try_sgemm.smem_bytes(src, d), defines=d)
     ref = A.astype(np.float64) @ B.astype(np.float64)
     scale = np.abs(A).astype(np.float64) @ np.abs(B).astype(np.float64)   # |A||B|: fp32 error grows with it
@@ -167,7 +169,7 @@ def test_cp3_product(shape):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("d", CP3_CONFIGS[1:], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("d", [d for d in CP3_CONFIGS if d], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
 @pytest.mark.parametrize("shape", SLOW[:2], ids=lambda s: "x".join(map(str, s)))
 def test_cp3_product_configs(shape, d):
     assert_product(*run_emulated(CP3, *shape, d))

@@ -55,7 +55,7 @@ def cluster_dims(cluster, grid: tuple[int, int, int], device: DeviceInfo | None 
     if cluster is None:
         return None
     c = _dims(cluster, "cluster")
-    blocks = c[0] * c[1] * c[2]
+    blocks = cluster_blocks(c)
     if blocks > MAX_CLUSTER_BLOCKS:
         raise ArgumentError(f"cluster {c} has {blocks} blocks; at most {MAX_CLUSTER_BLOCKS} blocks per cluster (sm_90's "
                             f"limit: {PORTABLE_CLUSTER_BLOCKS} portable, up to {MAX_CLUSTER_BLOCKS} with the "
