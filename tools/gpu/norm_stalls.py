@@ -1,0 +1,144 @@
+"""Where tutorials 03/04's row kernels lose time at the shapes issue 14 still misses: Nsight Compute's warp states,
+DRAM / L2 / L1 throughput and the SASS instructions warps stall at, one launch of the notebook's own plan each.
+
+    PYTHONPATH=$PWD python3 tools/gpu/norm_stalls.py OUTDIR [CASE ...]    # GPU machine, repo root; ~30 s a case
+
+A CASE is "op dtype RxC" with op layernorm, rmsnorm or softmax (default: the misses of session 7's table and two
+cases that meet the target, for contrast). Writes OUTDIR/<case>.csv (ncu --page details), <case>.ncu-rep and
+<case>.source.csv (per-SASS-instruction stall samples), and prints one table of the metrics side by side, then each
+case's ten SASS instructions with the most stall samples.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "Occupancy", "LaunchStats", "MemoryWorkloadAnalysis",
+            "SourceCounters")
+STALLS = ("barrier", "long_scoreboard", "short_scoreboard", "mio_throttle", "lg_throttle", "membar", "drain",
+          "wait", "not_selected", "selected", "dispatch_stall", "no_instruction", "branch_resolving", "misc",
+          "sleeping", "math_pipe_throttle", "tex_throttle")
+METRICS = ["dram__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum", "dram__bytes_write.sum",
+           "lts__t_sectors_op_read.sum", "lts__t_sectors_op_write.sum", "lts__t_sector_hit_rate.pct",
+           "l1tex__t_sector_hit_rate.pct", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+           "gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
+           "sm__warps_active.avg.pct_of_peak_sustained_active"]
+SHOWN = ("stalled", "dram__", "lts__", "l1tex__t_sector_hit", "gpu__time", "cycles_elapsed.avg.per_second",
+         "warps_active", "Issue Slots Busy", "Eligible Warps", "Achieved Occupancy", "Registers Per Thread",
+         "Duration", "Memory Throughput")
+DEFAULT = ("layernorm float32 1024x262144", "layernorm bfloat16 1024x262144", "rmsnorm float32 1024x262144",
+           "softmax bfloat16 1024x262144", "layernorm bfloat16 4096x4096", "rmsnorm bfloat16 4096x4096",
+           "layernorm float32 4096x32768")
+
+
+def child(case: str) -> None:
+    """Run the notebook's op on the case twice (ncu profiles the second launch of the row kernel)."""
+    import torch
+
+    import kernellab
+    from notebook_cells import load_tutorial
+
+    kernellab.set_isolation(False)
+    op, dname, shape = case.split()
+    rows, cols = (int(v) for v in shape.split("x"))
+    dtype = getattr(torch, dname)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(rows, cols, device="cuda", dtype=dtype, generator=g)
+    w = torch.randn(cols, device="cuda", dtype=dtype, generator=g)
+    b = torch.randn(cols, device="cuda", dtype=dtype, generator=g)
+    if op == "softmax":
+        ns = load_tutorial("03-reductions-softmax.py")
+        fn = lambda: ns["softmax"](x)                                          # noqa: E731
+    else:
+        ns = load_tutorial("04-layernorm.py")
+        fn = (lambda: ns["layernorm"](x, w, b)) if op == "layernorm" else (lambda: ns["rmsnorm"](x, w))   # noqa
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    plan = ns["plan_rows"](rows, cols, dtype.itemsize)
+    print(f"plan {plan}", file=sys.stderr)
+
+
+def slug(case: str) -> str:
+    return case.replace(" ", "_")
+
+
+def top_instructions(source_csv: str, n: int = 10) -> list[str]:
+    """The n SASS lines with the most warp stall samples, with their share of all samples."""
+    lines = [l for l in source_csv.splitlines() if l.startswith('"')]
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    if not rows:
+        return ["(no source page)"]
+    col = next((c for c in rows[0] if c.startswith("Warp Stall Sampling (All")), None)
+    src = next((c for c in rows[0] if c in ("Source", "# Source")), None)
+    addr = next((c for c in rows[0] if "Address" in c), None)
+    if col is None or src is None:
+        return [f"(columns: {', '.join(list(rows[0])[:12])})"]
+
+    def num(v):
+        try:
+            return float(str(v).replace(",", ""))
+        except ValueError:
+            return 0.0
+    total = sum(num(r[col]) for r in rows) or 1.0
+    best = sorted(rows, key=lambda r: -num(r[col]))[:n]
+    return [f"  {num(r[col]) / total:6.1%}  {r.get(addr, '') if addr else '':>8s}  {r[src].strip()[:90]}" for r in best]
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(sys.argv[2])
+        return 0
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    results, tops = {}, {}
+    for case in sys.argv[2:] or DEFAULT:
+        rep = out / f"{slug(case)}.ncu-rep"
+        cmd = ["ncu", "--clock-control", "none", "--launch-skip", "1", "--launch-count", "1", "-f", "-o", str(rep),
+               "--import-source", "no"]
+        for s in SECTIONS:
+            cmd += ["--section", s]
+        cmd += ["--metrics", ",".join([f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
+                                       for r in STALLS] + METRICS)]
+        cmd += ["-k", "regex:(layernorm|rmsnorm|softmax)_rows", sys.executable, __file__, "--child", case]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        (out / f"{slug(case)}.log").write_text(p.stdout + "\n--- stderr\n" + p.stderr)
+        d = subprocess.run(["ncu", "-i", str(rep), "--csv", "--page", "details"], capture_output=True, text=True)
+        (out / f"{slug(case)}.csv").write_text(d.stdout + "\n--- stderr\n" + d.stderr)
+        s = subprocess.run(["ncu", "-i", str(rep), "--csv", "--page", "source", "--print-source", "sass"],
+                           capture_output=True, text=True)
+        (out / f"{slug(case)}.source.csv").write_text(s.stdout + "\n--- stderr\n" + s.stderr)
+        vals = {}
+        lines = [l for l in d.stdout.splitlines() if l.startswith('"')]
+        for r in csv.DictReader(io.StringIO("\n".join(lines))):
+            vals[(r.get("Section Name", ""), r.get("Metric Name", ""))] = (r.get("Metric Value", ""),
+                                                                            r.get("Metric Unit", ""))
+            vals.setdefault(("kernel", "name"), (r.get("Kernel Name", "")[:40], ""))
+        plan = [l for l in p.stderr.splitlines() if l.startswith("plan ")]
+        vals[("kernel", "plan")] = (plan[-1][5:] if plan else "?", "")
+        results[case] = vals
+        tops[case] = top_instructions(s.stdout)
+        print(f"profiled {case}: {len(vals)} metrics (rc {p.returncode})", flush=True)
+    keys = sorted(k for k in {k for v in results.values() for k in v}
+                  if k[0] == "kernel" or any(t in k[1] for t in SHOWN))
+    print(f"\n{'metric':64s} " + " ".join(f"{c.replace('layernorm', 'LN').replace('rmsnorm', 'RMS')[:22]:>22s}"
+                                         for c in results))
+    for k in keys:
+        print(f"{(k[0][:22] + ' / ' + k[1])[:64]:64s} " +
+              " ".join(f"{(results[c].get(k, ('-', ''))[0] + ' ' + results[c].get(k, ('', ''))[1])[:22]:>22s}"
+                       for c in results))
+    for case, top in tops.items():
+        print(f"\n{case}: SASS with the most stall samples")
+        print("\n".join(top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
