@@ -754,23 +754,70 @@ __device__ __forceinline__ void store_packs(const Pack<T> (&pk)[VPT], T* __restr
     }
 }
 
-// ---- clusters: PTX for what cooperative_groups would do ------------------------------------------------------
+// ---- clusters: each block pushes its statistic into the others' shared memory -----------------------------------
+// barrier.cluster would do (arrive after writing, wait, read the other blocks' values through mapa), but its
+// arrive.release compiles to MEMBAR.ALL.GPU (this thread's outstanding loads and stores complete first) and its
+// wait.acquire to a flush of L1: at 1024 x 262144 the MEMBARs alone held 10-20 % of the warps' stall samples
+// (Nsight Compute on tutorial 04's kernels and this one, benchmarks/NOTES-memory-bound.md). Instead each block writes its statistic into a slot of every
+// other block (st.async) and the bytes count down that block's mbarrier: a block waits for the bytes it needs and
+// for nothing else. The one cluster barrier left is at the start: no block may write into another before that
+// one's mbarrier is initialised.
 __device__ __forceinline__ unsigned cluster_ctarank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
 }
-__device__ __forceinline__ void cluster_arrive() {       // release: this block's shared writes are visible...
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+__device__ __forceinline__ unsigned shared_addr(const void* p) {    // a shared-memory address for PTX
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void cluster_wait() {         // ...to every block of the cluster once all arrived
+__device__ __forceinline__ void cluster_arrive_relaxed() {           // no fence: only the mbarrier's init is
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");   // published (exchange_init's fence)
+}
+__device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-template <typename T>                                    // where *p lives in the shared memory of block `rank`
-__device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
-    unsigned long long in = reinterpret_cast<unsigned long long>(p), out;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(in), "r"(rank));
-    return reinterpret_cast<const T*>(out);
+// The mbarrier completes its phase 0 once `bytes` have arrived (one arrival: this one, which expects them).
+__device__ __forceinline__ void exchange_init(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\t"
+                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n\t"
+                 "fence.mbarrier_init.release.cluster;" :: "r"(shared_addr(bar)), "r"(bytes) : "memory");
+}
+// v into *slot of block `rank` (slot, bar: this block's addresses of the same variables), 4 bytes at a time, each
+// counted on that block's mbarrier *bar.
+template <typename S>
+__device__ __forceinline__ void exchange_push(S* slot, S v, unsigned long long* bar, unsigned rank) {
+    static_assert(sizeof(S) % 4 == 0, "statistics are pushed 4 bytes at a time");
+    unsigned s, m;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(s) : "r"(shared_addr(slot)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(m) : "r"(shared_addr(bar)), "r"(rank));
+    const unsigned* words = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+    for (int k = 0; k < (int)(sizeof(S) / 4); ++k)
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                     :: "r"(s + 4 * k), "r"(words[k]), "r"(m) : "memory");
+}
+__device__ __forceinline__ void exchange_wait(unsigned long long* bar, unsigned parity) {   // phase `parity` done
+    unsigned done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(shared_addr(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
+template <typename S, int CLUSTER>
+struct Exchange {                                        // in each block: the other blocks' statistics
+    S part[CLUSTER];
+    unsigned long long bar;                              // counts their bytes
+};
+template <typename S, int CLUSTER>
+__device__ __forceinline__ Exchange<S, CLUSTER>& exchange() {
+    __shared__ Exchange<S, CLUSTER> ex;
+    return ex;
+}
+// First thing in a cluster kernel: this block's mbarrier expects CLUSTER - 1 statistics; the others learn it is ready.
+template <typename S, int CLUSTER>
+__device__ __forceinline__ void exchange_open() {
+    if (threadIdx.x == 0) exchange_init(&exchange<S, CLUSTER>().bar, (CLUSTER - 1) * sizeof(S));
+    cluster_arrive_relaxed();
 }
 
 // ---- the reduction: (max, sum of exp(x - max)) pairs, merged across the warp, the row's warps, the cluster ----
@@ -792,7 +839,6 @@ __device__ __forceinline__ MaxSum warp_merge(MaxSum v) {     // every lane ends 
 template <int CLUSTER>
 __device__ __forceinline__ MaxSum row_merge(MaxSum v, int row_warps) {
     __shared__ MaxSum warp_part[32];
-    __shared__ MaxSum block_part;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     v = warp_merge(v);
     if (row_warps > 1) {                                 // the same for the whole block: no divergent barrier
@@ -801,13 +847,13 @@ __device__ __forceinline__ MaxSum row_merge(MaxSum v, int row_warps) {
         int first = warp - warp % row_warps;         // the row's first warp; each warp merges the row's pairs
         v = warp_merge(lane < row_warps ? warp_part[first + lane] : MaxSum{NEG_INF, 0.0f});
     }
-    if (CLUSTER > 1) {
-        if (threadIdx.x == 0) block_part = v;
-        cluster_arrive();                                 // block_part is written...
-        cluster_wait();                                   // ...in every block of the cluster
-        MaxSum other = lane < CLUSTER ? *cluster_map(&block_part, lane) : MaxSum{NEG_INF, 0.0f};
-        cluster_arrive();                                 // done reading the others' block_part (waited on at exit)
-        v = warp_merge(other);
+    if constexpr (CLUSTER > 1) {                         // every thread holds its block's pair
+        Exchange<MaxSum, CLUSTER>& ex = exchange<MaxSum, CLUSTER>();
+        unsigned me = cluster_ctarank();
+        cluster_wait();                                   // every block's mbarrier is ready (exchange_open)
+        if (warp == 0 && lane < CLUSTER && lane != (int)me) exchange_push(&ex.part[me], v, &ex.bar, lane);
+        exchange_wait(&ex.bar, 0);                        // the other blocks' pairs are here
+        v = warp_merge(lane < CLUSTER ? (lane == (int)me ? v : ex.part[lane]) : MaxSum{NEG_INF, 0.0f});
     }
     return v;
 }
@@ -893,6 +939,7 @@ template <typename T, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(1024)
 softmax_rows_cluster(const T* __restrict__ x, T* __restrict__ y, int rows, int cols) {
     constexpr int VEC = 16 / sizeof(T), VPT = 8;         // 128 bytes per thread: 32 float or 64 bf16/fp16 values
+    exchange_open<MaxSum, CLUSTER>();
     int row = blockIdx.x / CLUSTER;
     int first = cluster_ctarank() * blockDim.x * VPT + threadIdx.x;
     size_t start = (size_t)row * cols;
@@ -904,7 +951,6 @@ softmax_rows_cluster(const T* __restrict__ x, T* __restrict__ y, int rows, int c
     softmax_values<T, VPT, CLUSTER>(pk, edge, blockDim.x / 32);
     store_packs(pk, y + start, L, first, blockDim.x);
     if (e >= 0) y[start + e] = from_float<T>(edge);
-    cluster_wait();                                      // no block leaves while another may read its block_part
 }
 
 #define ROWS(T) template __global__ void softmax_rows<T, 1>(const T*, T*, int, int, int); \

@@ -8,6 +8,7 @@
 #pragma once
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -121,6 +122,7 @@ template <typename T> inline T __ldlu(const T* p) { return *p; }
 template <typename T> inline void __stcs(T* p, T v) { *p = v; }
 template <typename T> inline void __stcg(T* p, T v) { *p = v; }
 inline void __threadfence() {}
+inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
 inline void __threadfence_block() {}
 [[noreturn]] inline void __trap() { std::fprintf(stderr, "emu: __trap()\n"); std::abort(); }
 
@@ -129,7 +131,7 @@ namespace kl {
 std::mutex& atomic_lock();
 
 // ---- fibers --------------------------------------------------------------------------------------------------
-enum class Wait { none, block, warp, cluster, done };
+enum class Wait { none, block, warp, cluster, poll, done };   // poll: spins on an mbarrier
 
 struct Fiber {
     ucontext_t ctx;
@@ -330,12 +332,13 @@ inline void run_block(Block& b) {
         }
         if (ran) continue;
         {
-            int live = 0, at_block = 0, at_cluster = 0;
+            int live = 0, at_block = 0, at_cluster = 0, at_poll = 0;
             for (auto& f : b.fibers) {
                 if (f.wait == Wait::done) continue;
                 live++;
                 at_block += f.wait == Wait::block;
                 at_cluster += f.wait == Wait::cluster;
+                at_poll += f.wait == Wait::poll;
             }
             if (live == 0) break;
             bool released = false;
@@ -370,6 +373,11 @@ inline void run_block(Block& b) {
                     if (c->failed) { b.error = "another block of the cluster failed"; goto done; }
                     f.wait = Wait::none;
                 }
+                continue;
+            }
+            if (at_poll) {                       // mbarrier waits: let the cluster's other blocks run, then look again
+                std::this_thread::yield();
+                for (auto& f : b.fibers) if (f.wait == Wait::poll) f.wait = Wait::none;
                 continue;
             }
             b.error = "deadlock: no thread can go on (" + describe() + "); a barrier is not reached by every thread";
@@ -449,6 +457,52 @@ inline void cluster_arrive() { kl::arrive(); }
 inline void cluster_wait() { kl::wait_cluster(); }
 inline void cluster_sync() { kl::arrive(); kl::wait_cluster(); }
 template <typename T> inline T* cluster_map(T* p, unsigned rank) { return kl::map_rank(p, rank); }
+inline void cluster_arrive_relaxed() { kl::arrive(); }
+
+// The statistic exchange of tutorials 03/04 (st.async into another block's shared memory, counted in bytes on its
+// mbarrier). The mbarrier's 8 bytes hold, here: the bytes still expected (int32), the arrivals still expected
+// (16 bits), the arrival count (15 bits) and the phase (top bit); every access under one lock, across blocks.
+namespace kl {
+struct MbarState { int32_t tx; uint16_t pending; uint16_t count_phase; };
+static_assert(sizeof(MbarState) == 8, "an mbarrier is 8 bytes");
+inline MbarState mbar_load(const unsigned long long* bar) { MbarState m; std::memcpy(&m, bar, 8); return m; }
+inline void mbar_store(unsigned long long* bar, MbarState m) { std::memcpy(bar, &m, 8); }
+inline void mbar_settle(unsigned long long* bar, MbarState m) {   // complete the phase when nothing is expected
+    if (m.pending == 0 && m.tx == 0) {
+        m.count_phase ^= 0x8000;
+        m.pending = m.count_phase & 0x7fff;
+    }
+    mbar_store(bar, m);
+}
+}  // namespace kl
+inline void exchange_init(unsigned long long* bar, unsigned bytes) {
+    if (reinterpret_cast<uintptr_t>(bar) % 8) kl::fail("mbarrier not 8-byte aligned");
+    std::lock_guard<std::mutex> g(kl::atomic_lock());
+    kl::mbar_store(bar, kl::MbarState{int32_t(bytes), 0, 1});      // init(1), then this thread's arrive.expect_tx
+    kl::mbar_settle(bar, kl::mbar_load(bar));
+}
+template <typename S> inline void exchange_push(S* slot, S v, unsigned long long* bar, unsigned rank) {
+    S* dst = kl::map_rank(slot, rank);
+    unsigned long long* m = kl::map_rank(bar, rank);
+    std::lock_guard<std::mutex> g(kl::atomic_lock());
+    std::memcpy(dst, &v, sizeof(S));
+    kl::MbarState st = kl::mbar_load(m);
+    st.tx -= int32_t(sizeof(S));
+    if (st.tx < 0 && st.pending == 0) kl::fail("st.async: more bytes than the mbarrier expects");
+    kl::mbar_settle(m, st);
+}
+inline void exchange_wait(unsigned long long* bar, unsigned parity) {
+    auto t0 = std::chrono::steady_clock::now();
+    while (true) {
+        {
+            std::lock_guard<std::mutex> g(kl::atomic_lock());
+            if (((kl::mbar_load(bar).count_phase >> 15) & 1u) != (parity & 1u)) return;   // that phase completed
+        }
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60))
+            kl::fail("mbarrier wait did not complete within 60 s (bytes never pushed?)");
+        kl::yield(kl::Wait::poll);
+    }
+}
 // exp with results under 2^-126 flushed to zero (ex2.approx.ftz.f32 on the GPU, inline PTX in the cells).
 inline float exp_ftz(float x) {
     float y = std::exp(x);

@@ -189,3 +189,27 @@ def test_large_mean_breaks_only_the_sum_of_squares(t04, shape):
     assert results["layernorm"].passed, results["layernorm"]
     if shape[1] > 1000:
         assert not results["layernorm_sumsq"].passed and results["layernorm_sumsq"].max_abs_error > 0.1
+
+
+# --- the cluster exchange (st.async into the other blocks' shared memory, counted on their mbarriers) ---------------
+
+SANITIZED = [(op, dtype, tool) for op in ("softmax", "layernorm", "rmsnorm") for dtype in (torch.float32, torch.bfloat16)
+             for tool in ("memcheck", "racecheck", "synccheck")]
+
+
+@pytest.mark.parametrize("op,dtype,tool", SANITIZED, ids=[f"{o}-{str(d)[6:]}-{t}" for o, d, t in SANITIZED])
+def test_cluster_kernels_are_clean_under_compute_sanitizer(t03, t04, op, dtype, tool):
+    """Three rows of 20000 (clusters of 4-8 blocks: every block pushes to the others and exits without a closing
+    cluster barrier) under memcheck, racecheck (the slots written by st.async, read after the mbarrier) and synccheck."""
+    rows, cols = 3, 20000
+    x, w, b, y = ln_inputs(rows, cols, dtype)(torch.Generator().manual_seed(3))
+    if op == "softmax":
+        kernel, plan = t03["softmax_kernel_for"](rows, cols, dtype)
+        args = (x, y, rows, cols)
+    else:
+        kernel, plan = t04["norm_kernel_for"](op, rows, cols, dtype)
+        args = (x, w, b, y, rows, cols, EPS) if op == "layernorm" else (x, w, y, rows, cols, EPS)
+    assert plan.cluster > 1, plan
+    report = kernel.sanitize(plan.grid, plan.block, *args, tool=tool)
+    assert report.ok, str(report)
+

@@ -73,14 +73,14 @@ def slug(case: str) -> str:
 def top_instructions(source_csv: str, n: int = 10) -> list[str]:
     """The n SASS lines with the most warp stall samples, with their share of all samples."""
     lines = [l for l in source_csv.splitlines() if l.startswith('"')]
-    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
-    if not rows:
+    start = next((i for i, l in enumerate(lines) if l.startswith('"Address"')), None)   # after the kernel's name
+    if start is None:
         return ["(no source page)"]
-    col = next((c for c in rows[0] if c.startswith("Warp Stall Sampling (All")), None)
-    src = next((c for c in rows[0] if c in ("Source", "# Source")), None)
-    addr = next((c for c in rows[0] if "Address" in c), None)
-    if col is None or src is None:
-        return [f"(columns: {', '.join(list(rows[0])[:12])})"]
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+    col, src, addr = "Warp Stall Sampling (All Samples)", "Source", "Address"
+    if not rows or col not in rows[0]:
+        return [f"(columns: {', '.join(list(rows[0])[:12]) if rows else 'none'})"]
+    reasons = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
 
     def num(v):
         try:
@@ -89,7 +89,11 @@ def top_instructions(source_csv: str, n: int = 10) -> list[str]:
             return 0.0
     total = sum(num(r[col]) for r in rows) or 1.0
     best = sorted(rows, key=lambda r: -num(r[col]))[:n]
-    return [f"  {num(r[col]) / total:6.1%}  {r.get(addr, '') if addr else '':>8s}  {r[src].strip()[:90]}" for r in best]
+
+    def why(r):
+        top = sorted(reasons, key=lambda c: -num(r[c]))[:2]
+        return " ".join(f"{c[6:]} {num(r[c]) / max(num(r[col]), 1):.0%}" for c in top if num(r[c]) > 0)
+    return [f"  {num(r[col]) / total:6.1%}  {r[addr]:>6s}  {r[src].strip()[:60]:60s}  {why(r)}" for r in best]
 
 
 def main() -> int:

@@ -7,6 +7,21 @@
 // at 1024 x 262144 and 2048 x 131072. The suspect: barrier.cluster.arrive.release waits for this thread's
 // outstanding memory operations, the next row's prefetched loads and this row's stores among them, so the
 // prefetch does not overlap the barrier.
+#ifndef NORM_BARRIER_HELPERS
+#define NORM_BARRIER_HELPERS
+// The cluster-barrier helpers the notebook's cell had before session 8 (its exchange is st.async now); this
+// candidate still meets its cluster's blocks at barrier.cluster.
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+template <typename T>
+__device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
+    unsigned long long in = reinterpret_cast<unsigned long long>(p), out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(in), "r"(rank));
+    return reinterpret_cast<const T*>(out);
+}
+#endif
+
 __device__ __forceinline__ unsigned cluster_nctarank() {
     unsigned n;
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));

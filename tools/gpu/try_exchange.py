@@ -1,0 +1,150 @@
+"""The cluster kernels of tutorials 03 and 04 with their two ways of merging the blocks' statistics, timed in one run:
+"barrier" (the cells before session 8: barrier.cluster arrive.release / wait.acquire and mapa loads; saved in
+tools/gpu/norm_variants/barrier_exchange_*.cu) and "push" (the cells now: st.async into the other blocks' shared
+memory, counted on their mbarriers), each at the notebook's own plan, beside torch eager, torch.compile and torch's
+copy of the same bytes.
+
+    PYTHONPATH=$PWD python3 tools/gpu/try_exchange.py            # GPU machine, repo root; about 2 minutes
+    PYTHONPATH=$PWD python3 tools/gpu/try_exchange.py --emulate  # CPU: both variants checked on tests/emu, no timing
+
+Method as tools/gpu/try_norms.py: each variant checked against torch (float64) on min(rows, 64) rows first, then
+kernellab.bench with the L2 flushed before every call, variants and baselines in alternating rounds (medians).
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "tests" / "emu"))
+OLD = {"softmax_kernels": ROOT / "tools" / "gpu" / "norm_variants" / "barrier_exchange_softmax.cu",
+       "norm_kernels": ROOT / "tools" / "gpu" / "norm_variants" / "barrier_exchange_norm.cu"}
+EPS = 1e-5
+# every case runs a cluster plan: rows over 64 KB (bf16) / 128 KB (fp32), or few long rows
+CASES = [(op, dt, r, c) for r, c in ((1024, 262144), (3, 100003), (48, 65536))
+         for op in ("layernorm", "rmsnorm", "softmax") for dt in ("float32", "bfloat16")]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--emulate", action="store_true")
+    ap.add_argument("--rep-ms", type=float, default=15.0)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--only", default="")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+
+    import torch
+    import torch.nn.functional as F
+
+    import kernellab
+    from notebook_cells import load_tutorial, named_cuda_cells
+
+    dev = "cpu" if args.emulate else "cuda"
+    if args.emulate:
+        import emulate
+        base = emulate.compile_host
+        cases = [(op, dt, r, min(c, 20000)) for op, dt, r, c in CASES if r < 100]
+    else:
+        def base(src):
+            return kernellab.compile_cuda(src, first_line=2, filename="cell.cu")
+        cases = CASES
+    current = {name: src for nb in ("03-reductions-softmax.py", "04-layernorm.py")
+               for name, src in named_cuda_cells(nb).items() if name in OLD}
+
+    def old_compile(src):
+        for name, cur in current.items():
+            if src == cur:
+                return base(OLD[name].read_text())
+        return base(src)
+
+    ns = {"push": (load_tutorial("03-reductions-softmax.py", compile=base), load_tutorial("04-layernorm.py", compile=base)),
+          "barrier": (load_tutorial("03-reductions-softmax.py", compile=old_compile),
+                      load_tutorial("04-layernorm.py", compile=old_compile))}
+    print(f"compiled in {time.time() - t0:.0f} s", flush=True)
+    if args.emulate:
+        copy_gbps, device = 3000.0, "CPU emulation"
+    else:
+        from kernellab.run.ceilings import device_ceilings
+        copy_gbps, device = device_ceilings().dram_gbps, torch.cuda.get_device_name()
+        torch._dynamo.config.recompile_limit = 64
+    print(f"{device}, torch {torch.__version__}; copy bandwidth {copy_gbps / 1e3:.2f} TB/s", flush=True)
+
+    def fn_of(variant, op):
+        t03, t04 = ns[variant]
+        if op == "softmax":
+            return lambda x, w, b, y: t03["softmax"](x, y)
+        if op == "layernorm":
+            return lambda x, w, b, y: t04["layernorm"](x, w, b, y, EPS)
+        return lambda x, w, b, y: t04["rmsnorm"](x, w, y, EPS)
+
+    def ref_of(op):
+        if op == "softmax":
+            return lambda x, w, b, y: torch.softmax(x, -1)
+        if op == "layernorm":
+            return lambda x, w, b, y: F.layer_norm(x, (x.shape[1],), w, b, EPS)
+        return lambda x, w, b, y: F.rms_norm(x, (x.shape[1],), w, EPS)
+
+    def inputs(rows, cols, dtype):
+        def make(g):
+            x = (2 * torch.randn(rows, cols, generator=g) + 1.0).to(dtype)
+            w = (1 + 0.5 * torch.randn(cols, generator=g)).to(dtype)
+            b = torch.randn(cols, generator=g).to(dtype)
+            return tuple(a.to(dev) for a in (x, w, b, torch.empty(rows, cols, dtype=dtype)))
+        return make
+
+    table = []
+    for op, dname, rows, cols in cases:
+        label = f"{op} {dname} {rows}x{cols}"
+        if args.only and not any(o in label for o in args.only.split(",") if o):
+            continue
+        dtype = getattr(torch, dname)
+        plan = (ns["push"][0]["plan_rows"] if op == "softmax" else ns["push"][1]["plan_rows"])(rows, cols,
+                                                                                              dtype.itemsize)
+        ok = {}
+        for v in ns:
+            rep = kernellab.check(fn_of(v, op), ref_of(op), inputs(min(rows, 64), cols, dtype), trials=1)
+            ok[v] = rep.passed
+            if not rep.passed:
+                print(f"  ! {label} {v}: check FAILED ({rep.max_abs_error:.3g})", flush=True)
+        print(f"{label}: plan {plan}: " + ", ".join(f"{v} {'passed' if p else 'FAILED'}" for v, p in ok.items()),
+              flush=True)
+        if args.emulate or not all(ok.values()):
+            continue
+        item = dtype.itemsize
+        nbytes = (2 * rows * cols + {"layernorm": 2, "rmsnorm": 1, "softmax": 0}[op] * cols) * item
+        a = inputs(rows, cols, dtype)(torch.Generator().manual_seed(rows + cols))
+        eager = {"softmax": lambda x, w, b, y: torch.softmax(x, -1),
+                 "layernorm": lambda x, w, b, y: F.layer_norm(x, (cols,), w, b, EPS),
+                 "rmsnorm": lambda x, w, b, y: F.rms_norm(x, (cols,), w, EPS)}[op]
+        baselines = {"barrier": fn_of("barrier", op), "torch eager": eager}
+        if not args.no_compile:
+            comp = torch.compile(eager, dynamic=False)
+            comp(*a)
+            baselines["torch.compile"] = comp
+        baselines["copy-op"] = lambda x, w, b, y: y.copy_(x)
+        res = kernellab.bench(fn_of("push", op), a, bytes=nbytes, name="push", warmup_ms=5, rep_ms=args.rep_ms,
+                              max_reps=400, baselines=baselines)
+        us = {res.name: res.median_ms * 1e3, **{r.name: r.median_ms * 1e3 for r in res.baselines}}
+        for name, t in us.items():
+            table.append(f"{op:9s} {dname:8s} {f'{rows}x{cols}':>12s} {name:13s} {t:8.1f} "
+                         f"{nbytes / (t * 1e-6) / 1e9 / copy_gbps:7.0%} {us['barrier'] / t:8.2f}x "
+                         f"{us['torch eager'] / t:8.2f}x " + (f"{us['torch.compile'] / t:8.2f}x"
+                                                              if "torch.compile" in us else f"{'n/a':>9s}"))
+        table.append("")
+        print(f"[{time.time() - t0:5.0f} s] {label}: push {us['push']:.1f} us, barrier {us['barrier']:.1f} us",
+              flush=True)
+        del a
+        torch.cuda.empty_cache()
+    if table:
+        print(f"\n{'op':9s} {'dtype':8s} {'shape':>12s} {'variant':13s} {'us':>8s} {'of copy':>7s} {'vs barrier':>9s} "
+              f"{'vs eager':>9s} {'vs compile':>9s}")
+        print("\n".join(table))
+    print(f"done in {time.time() - t0:.0f} s ({device})")
+
+
+if __name__ == "__main__":
+    main()
