@@ -488,10 +488,11 @@ __device__ __forceinline__ S warp_merge(S v) {              // every lane ends w
     return v;
 }
 
-// Merge the row's threads' statistics: the warp, the row's warps (shared memory), the cluster's blocks
-// (distributed shared memory). `zero` is the empty statistic. Every thread gets the result.
-template <int CLUSTER, typename S>
-__device__ __forceinline__ S row_merge(S v, S zero, int row_warps) {
+// Merge the statistics of the row's threads in this block: the warp (shuffles), then the row's warps (shared
+// memory; SLOT tells apart two reductions in a row, which then need no barrier between them). `zero` is the empty
+// statistic. Every thread gets the result.
+template <int SLOT, typename S>
+__device__ __forceinline__ S block_merge(S v, S zero, int row_warps) {
     __shared__ S warp_part[32];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     v = warp_merge(v);
@@ -501,7 +502,14 @@ __device__ __forceinline__ S row_merge(S v, S zero, int row_warps) {
         int first = warp - warp % row_warps;
         v = warp_merge(lane < row_warps ? warp_part[first + lane] : zero);
     }
+    return v;
+}
+
+// ...then the cluster's blocks (CLUSTER > 1), each block's statistic pushed into the others' shared memory.
+template <int CLUSTER, typename S>
+__device__ __forceinline__ S cluster_merge(S v, S zero) {
     if constexpr (CLUSTER > 1) {                         // every thread holds its block's v
+        int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
         Exchange<S, CLUSTER>& ex = exchange<S, CLUSTER>();
         unsigned me = cluster_ctarank();
         cluster_wait();                                   // every block's mbarrier is ready (exchange_open)
@@ -510,6 +518,11 @@ __device__ __forceinline__ S row_merge(S v, S zero, int row_warps) {
         v = warp_merge(lane < CLUSTER ? (lane == (int)me ? v : ex.part[lane]) : zero);
     }
     return v;
+}
+
+template <int CLUSTER, typename S>
+__device__ __forceinline__ S row_merge(S v, S zero, int row_warps) {
+    return cluster_merge<CLUSTER>(block_merge<0>(v, zero, row_warps), zero);
 }
 
 // ---- the normalisations of this thread's values ---------------------------------------------------------------
@@ -551,8 +564,25 @@ __device__ __forceinline__ Pack<T> load_pack(const T* __restrict__ w, RowLayout 
     return from_floats<T>(f);
 }
 
-// LayerNorm's statistics from this thread's values: its own mean first, then squared deviations from it (the
-// values are in registers, so two passes cost nothing), then Chan's merge across the row. `valid` counts packs.
+// LayerNorm's statistics, exact and cheap: the sum and count of the row's values in this block first, so their
+// mean; then the squared deviations from that mean (a second pass over registers: no memory traffic, no large
+// sums, no cancellation), summed the same way. Plain float sums cost one shuffle a round where Chan's merge of
+// (n, mean, M2) triples costs three and a division: at 4096 x 4096 bf16, merging triples across threads made
+// the kernel issue 35 instructions an element (Nsight Compute), against RMSNorm's 14. A cluster's blocks still
+// merge their triples with Chan's formula, once. `valid` counts this thread's packs inside the row.
+struct SumCount { float s, n; };
+// An empty asm that "changes" the packs' words: the compiler widens them again where they are next used instead of
+// keeping 32-64 widened values (or the differences x - mean) live across a merge, where they would spill.
+template <typename T, int VPT>
+__device__ __forceinline__ void keep_packed(const Pack<T> (&pk)[VPT]) {
+#pragma unroll
+    for (int j = 0; j < VPT; ++j)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) asm volatile("" : "+r"(const_cast<Pack<T>&>(pk[j]).u[k]));
+}
+__device__ __forceinline__ SumCount merge(SumCount a, SumCount b) { return {a.s + b.s, a.n + b.n}; }
+__device__ __forceinline__ SumCount shfl_xor(SumCount v, int o) { return {shfl_xor(v.s, o), shfl_xor(v.n, o)}; }
+
 template <int CLUSTER, typename T, int VPT>
 __device__ __forceinline__ Welford layernorm_stats(const Pack<T> (&pk)[VPT], int valid, bool edge_ok, float edge,
                                                    int row_warps) {
@@ -560,8 +590,9 @@ __device__ __forceinline__ Welford layernorm_stats(const Pack<T> (&pk)[VPT], int
     float s = edge_ok ? edge : 0.0f;                      // packs past the row were loaded as 0
 #pragma unroll
     for (int i = 0; i < VPT * VEC; ++i) s += at(pk, i);
-    float n = valid * VEC + (edge_ok ? 1.0f : 0.0f);
-    float mean = n > 0.0f ? s / n : 0.0f;
+    SumCount sn = block_merge<0>(SumCount{s, valid * VEC + (edge_ok ? 1.0f : 0.0f)}, SumCount{0.0f, 0.0f}, row_warps);
+    float mean = sn.n > 0.0f ? sn.s / sn.n : 0.0f;
+    keep_packed(pk);
     float m2 = edge_ok ? (edge - mean) * (edge - mean) : 0.0f;
 #pragma unroll
     for (int j = 0; j < VPT; ++j)
@@ -570,7 +601,9 @@ __device__ __forceinline__ Welford layernorm_stats(const Pack<T> (&pk)[VPT], int
             float d = at(pk, j * VEC + k) - mean;
             m2 += j < valid ? d * d : 0.0f;
         }
-    return row_merge<CLUSTER>(Welford{n, mean, m2}, Welford{0.0f, 0.0f, 0.0f}, row_warps);
+    keep_packed(pk);
+    m2 = block_merge<1>(m2, 0.0f, row_warps);
+    return cluster_merge<CLUSTER>(Welford{sn.n, mean, m2}, Welford{0.0f, 0.0f, 0.0f});
 }
 
 // The packs of w (or b) not read early: up to 4 packs all in flight together before the first is used (one L2

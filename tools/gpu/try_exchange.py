@@ -1,10 +1,12 @@
-"""The cluster kernels of tutorials 03 and 04 with their two ways of merging the blocks' statistics, timed in one run:
-"barrier" (the cells before session 8: barrier.cluster arrive.release / wait.acquire and mapa loads; saved in
-tools/gpu/norm_variants/barrier_exchange_*.cu) and "push" (the cells now: st.async into the other blocks' shared
-memory, counted on their mbarriers), each at the notebook's own plan, beside torch eager, torch.compile and torch's
-copy of the same bytes.
+"""Tutorials 03 and 04's row kernels as the notebooks have them ("now") against an earlier version of their cells
+("before"), timed in one run at the notebooks' own plans beside torch eager, torch.compile and torch's copy of the
+same bytes. --baseline barrier: the cells before session 8, whose cluster blocks met at barrier.cluster
+(arrive.release / wait.acquire) and read each other's statistics through mapa, against the st.async exchange now;
+--baseline chan: tutorial 04's cell with Chan's merge of (n, mean, M2) triples across threads, against the two
+plain-sum reductions now. The earlier cells are saved in tools/gpu/norm_variants/.
 
     PYTHONPATH=$PWD python3 tools/gpu/try_exchange.py            # GPU machine, repo root; about 2 minutes
+    PYTHONPATH=$PWD python3 tools/gpu/try_exchange.py --baseline chan --ops layernorm --shapes 4096x4096,1024x262144
     PYTHONPATH=$PWD python3 tools/gpu/try_exchange.py --emulate  # CPU: both variants checked on tests/emu, no timing
 
 Method as tools/gpu/try_norms.py: each variant checked against torch (float64) on min(rows, 64) rows first, then
@@ -20,8 +22,11 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "tests" / "emu"))
-OLD = {"softmax_kernels": ROOT / "tools" / "gpu" / "norm_variants" / "barrier_exchange_softmax.cu",
-       "norm_kernels": ROOT / "tools" / "gpu" / "norm_variants" / "barrier_exchange_norm.cu"}
+VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
+# --baseline: the cells that "before" compiles in place of the notebooks' (a cell not named keeps the notebook's)
+BASELINES = {"barrier": {"softmax_kernels": VARIANTS / "barrier_exchange_softmax.cu",
+                         "norm_kernels": VARIANTS / "barrier_exchange_norm.cu"},
+             "chan": {"norm_kernels": VARIANTS / "chan_merge_norm.cu"}}
 EPS = 1e-5
 # every case runs a cluster plan: rows over 64 KB (bf16) / 128 KB (fp32), or few long rows
 CASES = [(op, dt, r, c) for r, c in ((1024, 262144), (3, 100003), (48, 65536))
@@ -34,6 +39,11 @@ def main(argv=None):
     ap.add_argument("--rep-ms", type=float, default=15.0)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--only", default="")
+    ap.add_argument("--baseline", default="barrier", choices=sorted(BASELINES),
+                    help="barrier: the cells before session 8's st.async exchange; chan: tutorial 04's cell before "
+                         "LayerNorm's statistics became plain sums (Chan's merge across threads)")
+    ap.add_argument("--shapes", default="", help="comma-separated RxC (default: the cluster shapes)")
+    ap.add_argument("--ops", default="layernorm,rmsnorm,softmax")
     args = ap.parse_args(argv)
     t0 = time.time()
 
@@ -52,6 +62,12 @@ def main(argv=None):
         def base(src):
             return kernellab.compile_cuda(src, first_line=2, filename="cell.cu")
         cases = CASES
+    OLD = BASELINES[args.baseline]
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+        cases = [(op, dt, r, c) for r, c in shapes for op in ("layernorm", "rmsnorm", "softmax")
+                 for dt in ("float32", "bfloat16")]
+    cases = [c for c in cases if c[0] in args.ops.split(",")]
     current = {name: src for nb in ("03-reductions-softmax.py", "04-layernorm.py")
                for name, src in named_cuda_cells(nb).items() if name in OLD}
 
@@ -61,9 +77,9 @@ def main(argv=None):
                 return base(OLD[name].read_text())
         return base(src)
 
-    ns = {"push": (load_tutorial("03-reductions-softmax.py", compile=base), load_tutorial("04-layernorm.py", compile=base)),
-          "barrier": (load_tutorial("03-reductions-softmax.py", compile=old_compile),
-                      load_tutorial("04-layernorm.py", compile=old_compile))}
+    ns = {"now": (load_tutorial("03-reductions-softmax.py", compile=base), load_tutorial("04-layernorm.py", compile=base)),
+          "before": (load_tutorial("03-reductions-softmax.py", compile=old_compile),
+                     load_tutorial("04-layernorm.py", compile=old_compile))}
     print(f"compiled in {time.time() - t0:.0f} s", flush=True)
     if args.emulate:
         copy_gbps, device = 3000.0, "CPU emulation"
@@ -102,7 +118,7 @@ def main(argv=None):
         if args.only and not any(o in label for o in args.only.split(",") if o):
             continue
         dtype = getattr(torch, dname)
-        plan = (ns["push"][0]["plan_rows"] if op == "softmax" else ns["push"][1]["plan_rows"])(rows, cols,
+        plan = (ns["now"][0]["plan_rows"] if op == "softmax" else ns["now"][1]["plan_rows"])(rows, cols,
                                                                                               dtype.itemsize)
         ok = {}
         for v in ns:
@@ -120,27 +136,27 @@ def main(argv=None):
         eager = {"softmax": lambda x, w, b, y: torch.softmax(x, -1),
                  "layernorm": lambda x, w, b, y: F.layer_norm(x, (cols,), w, b, EPS),
                  "rmsnorm": lambda x, w, b, y: F.rms_norm(x, (cols,), w, EPS)}[op]
-        baselines = {"barrier": fn_of("barrier", op), "torch eager": eager}
+        baselines = {"before": fn_of("before", op), "torch eager": eager}
         if not args.no_compile:
             comp = torch.compile(eager, dynamic=False)
             comp(*a)
             baselines["torch.compile"] = comp
         baselines["copy-op"] = lambda x, w, b, y: y.copy_(x)
-        res = kernellab.bench(fn_of("push", op), a, bytes=nbytes, name="push", warmup_ms=5, rep_ms=args.rep_ms,
+        res = kernellab.bench(fn_of("now", op), a, bytes=nbytes, name="now", warmup_ms=5, rep_ms=args.rep_ms,
                               max_reps=400, baselines=baselines)
         us = {res.name: res.median_ms * 1e3, **{r.name: r.median_ms * 1e3 for r in res.baselines}}
         for name, t in us.items():
             table.append(f"{op:9s} {dname:8s} {f'{rows}x{cols}':>12s} {name:13s} {t:8.1f} "
-                         f"{nbytes / (t * 1e-6) / 1e9 / copy_gbps:7.0%} {us['barrier'] / t:8.2f}x "
+                         f"{nbytes / (t * 1e-6) / 1e9 / copy_gbps:7.0%} {us['before'] / t:8.2f}x "
                          f"{us['torch eager'] / t:8.2f}x " + (f"{us['torch.compile'] / t:8.2f}x"
                                                               if "torch.compile" in us else f"{'n/a':>9s}"))
         table.append("")
-        print(f"[{time.time() - t0:5.0f} s] {label}: push {us['push']:.1f} us, barrier {us['barrier']:.1f} us",
+        print(f"[{time.time() - t0:5.0f} s] {label}: now {us['now']:.1f} us, before {us['before']:.1f} us",
               flush=True)
         del a
         torch.cuda.empty_cache()
     if table:
-        print(f"\n{'op':9s} {'dtype':8s} {'shape':>12s} {'variant':13s} {'us':>8s} {'of copy':>7s} {'vs barrier':>9s} "
+        print(f"\n{'op':9s} {'dtype':8s} {'shape':>12s} {'variant':13s} {'us':>8s} {'of copy':>7s} {'vs before':>9s} "
               f"{'vs eager':>9s} {'vs compile':>9s}")
         print("\n".join(table))
     print(f"done in {time.time() - t0:.0f} s ({device})")
