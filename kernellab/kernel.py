@@ -33,6 +33,7 @@ class Resources:
     constant_bytes: int = 0     # cmem[0]: parameters and driver constants
     barriers: int = 0           # named barriers used
     launch_bounds_threads: int | None = None  # threads per block that __launch_bounds__ allows (None: not given)
+    cluster_dims: tuple[int, int, int] | None = None   # __cluster_dims__: blocks per cluster fixed at compile time
 
     @property
     def spills(self) -> bool:
@@ -41,8 +42,9 @@ class Resources:
     def __str__(self) -> str:
         spill = (f", spills {self.spill_store_bytes} B stored / {self.spill_load_bytes} B loaded" if self.spills
                  else ", no spills")
+        cluster = (f", clusters of {'x'.join(map(str, self.cluster_dims))} blocks" if self.cluster_dims else "")
         return (f"{self.registers} registers, {self.shared_bytes} B static smem, {self.local_bytes} B local"
-                f"{spill}, max {self.max_threads_per_block} threads/block ({self.arch})")
+                f"{spill}, max {self.max_threads_per_block} threads/block{cluster} ({self.arch})")
 
 
 def max_threads_for(registers: int, launch_bounds: tuple[int, int, int] | None, arch_max: int = 1024) -> int:
@@ -332,9 +334,13 @@ class Kernel:
         if fn is None:
             import cupy
 
+            from .run.launch import PORTABLE_CLUSTER_BLOCKS, allow_large_clusters, cluster_blocks
+
             with cupy.cuda.Device(index):
                 mod = self.module._loaded(index)
                 fn = mod.get_function(self.symbol)
+                if cluster_blocks(self.resources.cluster_dims) > PORTABLE_CLUSTER_BLOCKS:
+                    allow_large_clusters(fn)     # __cluster_dims__ of 9-16 blocks: the driver wants the opt-in
             self._functions[index] = fn
         return fn
 
@@ -618,7 +624,8 @@ def _resources(output: CompileOutput, symbol: str, facts) -> Resources:
                      spill_load_bytes=rep.spill_load_bytes if rep else 0,
                      max_threads_per_block=max_threads_for(regs, bounds), arch=output.arch,
                      constant_bytes=rep.constant_bytes if rep else 0, barriers=rep.barriers if rep else 0,
-                     launch_bounds_threads=math.prod(bounds) if bounds else None)
+                     launch_bounds_threads=math.prod(bounds) if bounds else None,
+                     cluster_dims=tuple(facts.cluster_dims) if facts and facts.cluster_dims else None)
 
 
 def _ptx_entry(ptx: str, symbol: str) -> str:

@@ -671,7 +671,7 @@ __device__ __forceinline__ void rms_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk
 // 32,768 already reach 95-97 % of copy without it.
 template <typename T, int VPT>
 __device__ __forceinline__ bool ring_fits(RowLayout L, int first, int stride) {
-    return VPT > 4 && L.lead == 0 && first + (VPT - 1) * stride < L.whole;
+    return sizeof(T) == 4 && VPT > 4 && L.lead == 0 && first + (VPT - 1) * stride < L.whole;
 }
 
 template <bool LN, int DEPTH, typename T, int VPT>
@@ -799,8 +799,8 @@ rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __rest
 }
 
 // Instantiated: what plan_rows launches. In a block: 1, 2 or 4 packs per thread (rows up to 8 KB: 64 bytes a
-// thread) and 8 (longer rows: 128 bytes, 32 float or 64 bf16 values); in clusters of 2, 4 or 8 blocks: 8, and 4
-// for bf16 (a few long rows spread over clusters).
+// thread) and 8 (longer rows: 128 bytes, 32 float or 64 bf16 values); in clusters of 2, 4, 8 blocks (few rows
+// over 256 KB) and 16 (many): 8, and 4 for few bf16 rows up to 512 KB.
 #define NORM_ROWS(T, VPT)                                                                                    \
     template __global__ void layernorm_rows<T, VPT>(const T*, const T*, const T*, T*, int, int, int, float); \
     template __global__ void rmsnorm_rows<T, VPT>(const T*, const T*, T*, int, int, int, float);
@@ -809,7 +809,7 @@ rmsnorm_rows_cluster(const T* __restrict__ x, const T* __restrict__ w, T* __rest
     template __global__ void rmsnorm_rows_cluster<T, C, VPT>(const T*, const T*, T*, int, int, float);
 #define NORMS(T)                                                                                              \
     NORM_ROWS(T, 1) NORM_ROWS(T, 2) NORM_ROWS(T, 4) NORM_ROWS(T, 8)                                           \
-    NORM_CLUSTER(T, 2, 8) NORM_CLUSTER(T, 4, 8) NORM_CLUSTER(T, 8, 8)
+    NORM_CLUSTER(T, 2, 8) NORM_CLUSTER(T, 4, 8) NORM_CLUSTER(T, 8, 8) NORM_CLUSTER(T, 16, 8)
 NORMS(float)
 NORMS(__nv_bfloat16)
 NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER(__nv_bfloat16, 8, 4)   // few rows
@@ -951,6 +951,9 @@ def plan_rows(rows, cols, itemsize, sms=SMS):
             cluster *= 2
     if threads > 1024:
         return None                          # longer than 8 blocks x 1024 threads x 8 packs
+    if cluster == 8 and packs * 16 > 256 * 1024 and not few:
+        threads //= 2                        # many rows over 256 KB: 16 blocks (sm_90's non-portable cluster size)
+        cluster = 16                         # of half the threads, so that an SM holds 2-4 of them, not 1-2
     while rows * cluster < sms // 2 and cluster < 8 and threads >= 256:
         threads //= 2                        # few rows: spread each over more SMs
         cluster *= 2

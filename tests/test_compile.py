@@ -193,3 +193,16 @@ def test_card_text_html_and_report_json(tmp_cache):
 def test_empty_source_is_a_clear_error():
     with pytest.raises(kernellab.KernellabError, match="__global__"):
         kernellab.compile_cuda("   ")
+
+
+def test_compile_time_cluster_shapes_come_from_the_cubin(tmp_cache):
+    """__cluster_dims__ is recorded in the cubin (EIATTR_CTA_PER_CLUSTER, checked against cuobjdump -elf on sm_90):
+    kernellab reads it so that a launch of a 9-16 block shape can set the driver's opt-in first."""
+    src = ('extern "C" __global__ void __cluster_dims__(16, 1, 1) c16(float* y) { y[threadIdx.x] = 1; }\n'
+           'extern "C" __global__ void __cluster_dims__(2, 2, 1) c4(float* y) { y[threadIdx.x] = 2; }\n'
+           'extern "C" __global__ void plain(float* y) { y[threadIdx.x] = 3; }\n')
+    m = kernellab.compile_cuda(src, arch="sm_90")
+    assert m.c16.resources.cluster_dims == (16, 1, 1) and m.c4.resources.cluster_dims == (2, 2, 1)
+    assert m.plain.resources.cluster_dims is None
+    assert "clusters of 16x1x1 blocks" in str(m.c16.resources) and "cluster" not in str(m.plain.resources)
+    assert read_cubin(m.cubin)[m.c4.symbol].cluster_dims == (2, 2, 1)

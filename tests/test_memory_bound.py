@@ -99,11 +99,11 @@ def test_packs_per_thread_hold_at_most_128_bytes_within_64_registers(modules):
             elif name == "norm_kernels":
                 assert int(m.group(2)) <= 8, k.signature.display
     wide = [k for k in modules["norm_kernels"].kernels if re.search(r"__nv_bfloat16, (\d+, )?8>", k.signature.display)]
-    assert len(wide) == 8, [k.signature.display for k in wide]       # rows<bf16, 8>, clusters of 2, 4, 8: x2 ops
+    assert len(wide) == 10, [k.signature.display for k in wide]      # rows<bf16, 8>, clusters of 2, 4, 8, 16: x2
     # softmax: 64 bf16 / fp16 values a thread in the rows kernel and every cluster kernel
     wide += [k for k in modules["softmax_kernels"].kernels
              if re.search(r"<__(nv_bfloat16|half), 8>|_cluster<__(nv_bfloat16|half)", k.signature.display)]
-    assert len(wide) == 8 + 8, [k.signature.display for k in wide]
+    assert len(wide) == 10 + 8, [k.signature.display for k in wide]
     for k in wide + list(modules["softmax_kernels"].kernels):
         assert k.resources.registers <= 64 and not k.resources.spills and k.resources.local_bytes == 0, \
             (k.signature.display, k.resources)
@@ -149,7 +149,7 @@ def check_plan_covers(p, r, c, vec):
     if p.cluster == 1:
         assert p.grid * (p.block // p.row_threads) >= r > (p.grid - 1) * (p.block // p.row_threads), (r, c, p)
     else:
-        assert p.cluster in (2, 4, 8) and p.block == p.row_threads and p.grid == r * p.cluster, (r, c, p)
+        assert p.cluster in (2, 4, 8, 16) and p.block == p.row_threads and p.grid == r * p.cluster, (r, c, p)
 
 
 @pytest.mark.parametrize("itemsize", [4, 2])
@@ -181,7 +181,8 @@ def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, item
     """Tutorial 04's plan (measured on an H100, tools/gpu/try_norms.py): 4 packs (64 bytes) per thread in rows up
     to 8 KB, 8 packs (128 bytes) beyond (but 4 for few bf16 rows); a warp per row up to 2 KB (float rows up to 4 KB:
     8 packs a lane, w/b through the ring), a block of up to 512 threads up to 64 KB (float: 1024 up to 128 KB), then
-    clusters of up to 8 blocks; every plan's kernel is instantiated in the norm_kernels cell."""
+    clusters of up to 8 blocks, 16 (of half the threads) for many rows over 256 KB; every plan's kernel is
+    instantiated in the norm_kernels cell."""
     ns = launchers(T04, norm_kernels=modules["norm_kernels"])
     dtype = {4: torch.float32, 2: torch.bfloat16}[itemsize]
     vec = 16 // itemsize
@@ -200,21 +201,25 @@ def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, item
             assert p.row_threads > 32 and p.vpt == (8 if wide else 4), (r, c, p)
         if p.cluster == 1:                                           # float rows: a block of 1024 up to 128 KB
             assert p.row_threads <= (1024 if itemsize == 4 else 512), (r, c, p)
+        assert (p.cluster == 16) == (row_bytes > 256 * 1024 and r >= 132 // 2), (r, c, p)   # 2-4 blocks an SM
+        assert p.cluster < 16 or p.row_threads <= 512, (r, c, p)
         for kind in ("layernorm", "rmsnorm"):
             kernel, plan = ns["norm_kernel_for"](kind, r, c, dtype)  # a KeyError here: the cell lacks the kernel
             assert plan == p and kernel.name == (f"{kind}_rows" if p.cluster == 1 else f"{kind}_rows_cluster")
 
 
 def test_the_norm_plans_are_the_measured_winners():
-    """The plans tools/gpu/try_norms.py found fastest on an H100 (2026-11-23; benchmarks/NOTES-memory-bound.md)."""
+    """The plans tools/gpu/try_norms.py found fastest on an H100 (2026-11-23, 16-block clusters on 2026-11-27;
+    benchmarks/NOTES-memory-bound.md)."""
     plan = launchers(T04)["plan_rows"]
     text = {}
     for itemsize, r, c in ((2, 4096, 32768), (2, 1024, 262144), (2, 4096, 4096), (2, 4096, 1024), (4, 1000, 1031),
-                           (4, 4096, 1024), (4, 4096, 32768), (4, 3, 100003), (2, 3, 100003)):
+                           (4, 4096, 1024), (4, 4096, 32768), (4, 3, 100003), (2, 3, 100003), (4, 1024, 262144)):
         p = plan(r, c, itemsize, sms=132)
         text[(itemsize, r, c)] = (f"c{p.cluster} x {p.row_threads} x {p.vpt}" if p.cluster > 1
                                   else f"{p.row_threads} x {p.vpt} / {p.block}")
-    assert text == {(2, 4096, 32768): "512 x 8 / 512", (2, 1024, 262144): "c8 x 512 x 8",
+    assert text == {(2, 4096, 32768): "512 x 8 / 512", (2, 1024, 262144): "c16 x 256 x 8",
+                    (4, 1024, 262144): "c16 x 512 x 8",
                     (2, 4096, 4096): "128 x 4 / 128", (2, 4096, 1024): "32 x 4 / 128",
                     (4, 1000, 1031): "128 x 4 / 128", (4, 4096, 1024): "32 x 8 / 128",
                     (4, 4096, 32768): "1024 x 8 / 1024",
@@ -231,7 +236,7 @@ def test_the_gpu_tests_shapes_reach_every_kernel_of_the_cells(modules):
             for r, c in gpu.SOFTMAX_SHAPES if ns03["softmax_kernel_for"](r, c, dt)[0] is not None}
     assert used == {k.signature.display for k in modules["softmax_kernels"].kernels}
     used = {ns04["norm_kernel_for"](kind, r, c, dt)[0].signature.display for kind in ("layernorm", "rmsnorm")
-            for dt in (torch.float32, torch.bfloat16) for r, c in gpu.NORM_SHAPES}
+            for dt in (torch.float32, torch.bfloat16) for r, c in gpu.norm_shapes(dt)}
     assert used == {k.signature.display for k in modules["norm_kernels"].kernels}
 
 
@@ -330,6 +335,28 @@ def test_layernorm_and_rmsnorm_on_the_emulator(t04, dtype):
                                  lambda x, w, b, y: F.rms_norm(x, (x.shape[1],), w, 1e-5),
                                  ln_inputs(r, c, dtype, mean=1.0), trials=1)
         assert report.passed, ("rmsnorm", r, c, report)
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_clusters_of_16_blocks_on_the_emulator(t04, dtype):
+    """The 16-block cluster kernels (many rows over 256 KB), at a size the emulation can run: blocks of 32 threads x
+    8 packs, so a cluster holds 16 x 32 x 8 packs; rows one pack short of that (the last thread's last pack is past
+    the row) and a mean of 1e4 (the statistics stay exact)."""
+    ct = "float" if dtype == torch.float32 else "__nv_bfloat16"
+    vec = 16 // dtype.itemsize
+    rows, cols = 3, (16 * 32 * 8 - 1) * vec
+    x, w, b, y = ln_inputs(rows, cols, dtype, mean=1e4)(torch.Generator().manual_seed(16))
+    ln = t04["norm_kernels"][f"layernorm_rows_cluster<{ct}, 16, 8>"]
+    ln[rows * 16, 32](x, w, b, y, rows, cols, 1e-5)
+    ref = F.layer_norm(x.double(), (cols,), w.double(), b.double(), 1e-5)
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3                 # float32 resolves 1e4 to about 1e-3
+    assert torch.allclose(y.double(), ref, atol=tol, rtol=tol), (y.double() - ref).abs().max()
+    rms = t04["norm_kernels"][f"rmsnorm_rows_cluster<{ct}, 16, 8>"]
+    y.fill_(float("nan"))
+    rms[rows * 16, 32](x, w, y, rows, cols, 1e-5)
+    ref = F.rms_norm(x.double(), (cols,), w.double(), 1e-5)
+    assert torch.allclose(y.double(), ref, atol=tol, rtol=tol), (y.double() - ref).abs().max()
 
 
 @needs_cxx

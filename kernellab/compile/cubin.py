@@ -1,4 +1,5 @@
-"""Read what we need out of a cubin (an ELF file): kernel entries, register counts, launch bounds, shared sizes."""
+"""Read what we need out of a cubin (an ELF file): kernel entries, register counts, launch bounds, shared sizes,
+compile-time cluster shapes."""
 from __future__ import annotations
 
 import struct
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 
 EIATTR_MAX_THREADS = 0x05
 EIATTR_REGCOUNT = 0x2F
+EIATTR_CTA_PER_CLUSTER = 0x3D   # __cluster_dims__(x, y, z): three u32
 STO_CUDA_ENTRY = 0x10
 
 
@@ -17,6 +19,7 @@ class CubinKernel:
     registers: int | None
     max_threads: tuple[int, int, int] | None   # __launch_bounds__ / __maxntid__
     shared_section_bytes: int                  # .nv.shared.<fn>: includes the 1 KiB system reservation on sm_80+
+    cluster_dims: tuple[int, int, int] | None = None   # __cluster_dims__: the cluster shape fixed at compile time
 
 
 def _sections(data: bytes):
@@ -100,13 +103,15 @@ def read_cubin(data: bytes) -> dict[str, CubinKernel]:
     out = {}
     by_name = {s["name"]: s for s in secs}
     for name in entries:
-        max_threads = None
+        max_threads = cluster = None
         info = by_name.get(f".nv.info.{name}")
         if info is not None:
             for attr, payload in _attrs(data, info):
                 if attr == EIATTR_MAX_THREADS and len(payload) >= 12:
                     max_threads = struct.unpack_from("<III", payload)
+                elif attr == EIATTR_CTA_PER_CLUSTER and len(payload) >= 12:
+                    cluster = struct.unpack_from("<III", payload)
         shared = by_name.get(f".nv.shared.{name}")
         out[name] = CubinKernel(symbol=name, registers=regs.get(name), max_threads=max_threads,
-                                shared_section_bytes=shared["size"] if shared else 0)
+                                shared_section_bytes=shared["size"] if shared else 0, cluster_dims=cluster)
     return out

@@ -674,7 +674,13 @@ def _function(job: KernelJob, state: dict):
         allow_dynamic_shared(fn, job.shared_bytes)            # opt in above 48 KiB
     from .launch import PORTABLE_CLUSTER_BLOCKS, allow_large_clusters, cluster_blocks
 
-    if cluster_blocks(job.cluster) > PORTABLE_CLUSTER_BLOCKS:
+    compiled = None
+    if fmt == "cubin":                                        # __cluster_dims__ in the image
+        from ..compile.cubin import read_cubin
+
+        facts = read_cubin(image).get(job.symbol)
+        compiled = facts.cluster_dims if facts else None
+    if max(cluster_blocks(job.cluster), cluster_blocks(compiled)) > PORTABLE_CLUSTER_BLOCKS:
         allow_large_clusters(fn)                              # opt in to clusters of 9-16 blocks
     return fn
 

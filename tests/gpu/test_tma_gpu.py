@@ -153,6 +153,19 @@ def test_clusters_of_16_blocks_launch_with_the_opt_in(ids, isolate):
     assert cluster.tolist() == [0] * 16 + [1] * 16
 
 
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_compiled_cluster_shape_of_16_blocks_launches(isolate):
+    """__cluster_dims__(16, 1, 1): kernellab reads the shape from the cubin and sets the opt-in before the first
+    launch, in this process and in a worker (the job's cubin says so there)."""
+    src = CLUSTER_IDS.replace("void cluster_ids", "void __cluster_dims__(16, 1, 1) cluster_ids16")
+    k = kernellab.compile_cuda(src, arch="sm_90").cluster_ids16
+    assert k.resources.cluster_dims == (16, 1, 1)
+    rank, size, cluster = (torch.full((32,), -1, dtype=torch.int32, device="cuda") for _ in range(3))
+    k[32, 64](rank, size, cluster, isolate=isolate)
+    assert rank.tolist() == list(range(16)) * 2 and size.tolist() == [16] * 32
+    assert cluster.tolist() == [0] * 16 + [1] * 16
+
+
 def test_max_active_clusters_comes_from_the_driver(ids):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n8 = ids.max_active_clusters(32, (8, 1, 1))

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))              # test_bench's FakeClock, f
 OLD_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_kernels_old.cu"
 VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
 PERSISTENT_SOURCE = VARIANTS / "norm_persistent.cu"   # appended to the cell, with the two below
-EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu", VARIANTS / "norm_cluster16.cu"]
+EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu"]
 # Instantiated template arguments of the session-5 candidate "2read": packs a thread per chunk in the two passes
 # (pass 1 from DRAM, pass 2 from L2 with w and b).
 TWOREAD_UNROLL = {"layernorm": (2, 1), "rmsnorm": (4, 2)}
@@ -46,8 +46,7 @@ EPS = 1e-5
 class Spec:
     """A launch plan: row_threads threads per row, vpt packs per thread, cluster blocks per row, block threads;
     family: "" (the cell's kernels), "persist" (norm_persistent.cu), "2read" (norm_tworead.cu: vpt is pass 1's
-    packs per chunk; any row length), "rt" (norm_cluster16.cu: the cell's cluster kernels with a launch-time
-    cluster shape, so 16 blocks a cluster too)."""
+    packs per chunk; any row length)."""
 
     row_threads: int
     vpt: int
@@ -89,11 +88,6 @@ def P(row_threads, vpt, cluster=1, block=0):
     return Spec(row_threads, vpt, cluster, block, "persist")
 
 
-def RT(row_threads, vpt, cluster):
-    """A cluster plan launched with a launch-time cluster shape (tools/gpu/norm_variants/norm_cluster16.cu)."""
-    return Spec(row_threads, vpt, cluster, 0, "rt")
-
-
 def TWO(row_threads, block=0):
     """Two reads of x, nothing held across the reduction (tools/gpu/norm_variants/norm_tworead.cu)."""
     return Spec(row_threads, 2, 1, block, "2read")
@@ -106,10 +100,7 @@ F32 = "float32"
 CASES = {
     ("layernorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(512, 4, 2), Spec(1024, 2, 2), Spec(512, 2, 4),
                                     Spec(256, 4, 4), Spec(256, 2, 8), P(1024, 2, 2), P(512, 2, 4)],
-    ("layernorm", B, 1024, 262144): [RT(256, 8, 16), RT(512, 8, 8), Spec(1024, 4, 8)],
-    # session 8: 16-block clusters (two blocks of 512 an SM for 1 MB fp32 rows, where 8 x 1024 leaves one)
-    ("layernorm", F32, 1024, 262144): [RT(512, 8, 16), RT(1024, 4, 16), RT(1024, 8, 8)],
-    ("rmsnorm", F32, 1024, 262144): [RT(512, 8, 16)],
+    ("layernorm", B, 1024, 262144): [Spec(512, 8, 8), Spec(1024, 4, 8), Spec(1024, 8, 4)],
     ("layernorm", B, 4096, 1024): [Spec(64, 2, 1, 128), Spec(64, 2, 1, 256), Spec(32, 4, 1, 256), Spec(128, 1),
                                    P(64, 2, 1, 256), P(128, 1, 1, 256)],
     ("layernorm", B, 4096, 4096): [Spec(64, 8, 1, 128), Spec(64, 8, 1, 256), Spec(256, 2, 1, 256),
@@ -156,13 +147,6 @@ def stream_variant(source):
     return source.replace(anchor, STREAM_LOAD + anchor).replace(load, "            pk[j] = load_stream(&packs[q]);\n")
 
 
-def noring_variant(source):
-    """The notebook's cell with the w/b ring for float rows only (before session 8 gave it to bf16 rows too)."""
-    now = "    return VPT > 4 && L.lead == 0 && first + (VPT - 1) * stride < L.whole;"
-    assert source.count(now) == 1, "norm_kernels changed: update noring_variant"
-    return source.replace(now, "    return sizeof(T) == 4 && VPT > 4 && L.lead == 0 && first + (VPT - 1) * stride < L.whole;")
-
-
 def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None):
     """fn(x, w, b, y) (LayerNorm) or fn(x, w, y) (RMSNorm) launching `module`'s kernel with `spec`."""
     if spec.persistent:
@@ -173,14 +157,6 @@ def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None)
             rows, cols = x.shape
             groups = min(-(-rows // per_group), max_groups or SMS * max(1, 1024 // spec.threads) // spec.cluster)
             kernel[groups * spec.cluster, spec.threads](x, *rest, rows, cols, spec.row_threads, EPS)
-            return rest[-1]
-        return launch
-    if spec.family == "rt":
-        kernel = module[f"{kind}_rows_cluster_rt<{ctype}, {spec.cluster}, {spec.vpt}>"]
-
-        def launch(x, *rest):
-            rows, cols = x.shape
-            kernel.launch(spec.grid(rows), spec.threads, x, *rest, rows, cols, EPS, cluster=(spec.cluster, 1, 1))
             return rest[-1]
         return launch
     if spec.family == "2read":
@@ -245,10 +221,9 @@ def main(argv=None):
     with ThreadPoolExecutor(4) as pool:                   # NVRTC compiles side by side
         futures = [pool.submit(compile_old, OLD_SOURCE.read_text()),
                    pool.submit(compile_new, cell + "".join(p.read_text() for p in EXTRA_SOURCES)),
-                   None if args.emulate or not wanted("new+nc") else pool.submit(compile_new, stream_variant(cell)),
-                   None if not wanted("noring") else pool.submit(compile_new, noring_variant(cell))]
+                   None if args.emulate or not wanted("new+nc") else pool.submit(compile_new, stream_variant(cell))]
         t04 = load_tutorial("04-layernorm.py", compile=compile_new)
-        old, extra, stream, noring = (f.result() if f else None for f in futures)
+        old, extra, stream = (f.result() if f else None for f in futures)
     new = t04["norm_kernels"]
     if not args.emulate:
         global SMS
@@ -298,8 +273,6 @@ def main(argv=None):
         variants[f"new   {base_spec.text()}"] = make_launcher(new, kind, ctype, base_spec, True)
         if stream is not None:
             variants[f"new+nc {base_spec.text()}"] = make_launcher(stream, kind, ctype, base_spec, True)
-        if noring is not None and item == 2 and base_spec.vpt == 8:      # the only plans the bf16 ring changes
-            variants[f"noring {base_spec.text()}"] = make_launcher(noring, kind, ctype, base_spec, True)
         for s in alts:
             if not wanted(f"new   {s.text()}"):
                 continue
