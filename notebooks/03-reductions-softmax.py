@@ -629,9 +629,11 @@ template __global__ void softmax_online<__half>(const __half*, __half*, int);
 #   a thread up to 8 KB rows, 128 bytes a thread beyond (tutorial 04 measured why: fewer, fuller threads per row
 #   put more bytes in flight per reduction, 95 % of copy against 64 % for bf16 LayerNorm at 32,768 columns);
 # - longer: **a cluster of 2 to 8 blocks per row** (Hopper's thread-block clusters). The blocks of a cluster are
-#   scheduled together on one GPC and can read each other's shared memory, so the row's pieces merge with two
-#   cluster barriers and no trip through global memory. 8 blocks of 1024 threads holding 128 bytes each cover
-#   1 MB rows (262,144 floats, 524,288 bf16); longer rows fall back to the online kernel (two reads).
+#   scheduled together on one GPC and can write each other's shared memory, so the row's pieces merge without a
+#   trip through global memory: each block pushes its `(max, sum)` pair into a slot of every other block
+#   (`st.async`), and each block's `mbarrier` counts the bytes arriving, so a block waits for exactly the pairs it
+#   needs. 8 blocks of 1024 threads holding 128 bytes each cover 1 MB rows (262,144 floats, 524,288 bf16);
+#   longer rows fall back to the online kernel (two reads).
 # - **few rows**: 3 rows of 100,003 would give 3 blocks to 132 SMs, and one SM's share of the bandwidth is about
 #   1/132 of the GPU's. The plan splits long rows over a cluster of up to 8 blocks whenever the rows alone would
 #   leave most SMs idle: 3 x 100003 runs as 3 clusters of 8 blocks, 24 SMs each reading 50 KB. That is still a
@@ -639,8 +641,21 @@ template __global__ void softmax_online<__half>(const __half*, __half*, int);
 #   that every load a block needs is issued at once.
 #
 # (A cluster needs the kernel to be launched with its cluster size. `__cluster_dims__(CLUSTER, 1, 1)` fixes it
-# at compile time, so an ordinary launch does it; `cooperative_groups` would give the same calls, but its
-# headers need libcu++, which NVRTC does not ship here, so the cell writes the four PTX instructions itself.)
+# at compile time, so an ordinary launch does it; `cooperative_groups` would give the cluster calls, but its
+# headers need libcu++, which NVRTC does not ship here, so the cell writes the PTX itself.)
+#
+# **Why not `barrier.cluster`?** The obvious exchange is the one a block does with `__syncthreads`: thread 0
+# writes the block's pair to shared memory, the cluster meets at `barrier.cluster.arrive` / `wait`, every block
+# reads the others' pairs through `mapa` (the address of a variable in another block's shared memory), and a
+# second barrier keeps a block from exiting while another still reads its pair. That was this cell until the
+# H100 said otherwise: the arrive has release semantics and compiles to `MEMBAR.ALL.GPU` (every memory operation
+# of the thread completes first), the wait to an invalidation of L1, and Nsight Compute put 10-20 % of the warps'
+# stall samples on those MEMBARs at 1024 x 262144 (`tools/gpu/norm_stalls.py`). Pushing the pairs with
+# `st.async`, counted on an `mbarrier`, needs no fence: the mbarrier's phase completes when its bytes have
+# landed. One cluster barrier is left, at the start (a block must not push into another before that one has
+# initialised its mbarrier), and its arrive is `.relaxed`. Measured on an H100 in one run
+# (`tools/gpu/try_exchange.py`): softmax 1024 x 262144 went from 88 % of the copy bandwidth to 99 % in bf16 and
+# from 91 % to 99 % in float32, and the few-row plans (3 x 100003) from 9.5 to 8.1 µs.
 
 # %%
 # %%cuda --name softmax_kernels
@@ -1273,8 +1288,8 @@ for dt, sweep in sm_sweep.items():
 # What the numbers depend on, to read them well:
 # - **The large shapes** are a stream: with 64-128 KB in flight per SM the kernel is as close to the copy
 #   bandwidth as the phases of each block allow (load everything, reduce, store everything). The cluster plans
-#   pay two cluster barriers per block; at 1024 x 262144 each block holds 128 KB, so they are small against the
-#   block's time.
+#   add one exchange between blocks per row; with `barrier.cluster` it cost 8-11 points of the copy bandwidth at
+#   1024 x 262144, with `st.async` and an mbarrier about none.
 # - **1000 x 1031** moves 4 MB in bf16 (8 in float32): 1.4 µs of bandwidth against a couple of microseconds of
 #   fixed costs (launch, the first DRAM round trip, draining the stores). Here the comparison with
 #   `torch.compile` is about who wastes less of the fixed part; the rows are misaligned, so every row has edge

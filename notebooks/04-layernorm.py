@@ -297,10 +297,29 @@ kernellab.grade("04-layernorm-block", layernorm_block)
 # boundary, the few edge elements outside whole packs held one per thread, one warp, one block or a cluster of
 # blocks per row, and one reduction round across the warp (shuffles), the row's warps (shared memory) and the
 # cluster (distributed shared memory). What changes is the statistic:
-# - **LayerNorm** holds its values in registers, so each thread computes its own mean exactly, then the squared
-#   deviations from it (a second pass over registers costs no memory traffic), and the `(n, mean, M2)` triples
-#   merge with Chan's formula. A thread never adds up large numbers: no cancellation, whatever the mean.
+# - **LayerNorm** holds its values in registers, so it can afford the exact two-pass variance: the row's sum
+#   and count first (a block-wide sum of plain floats), so its mean; then the squared deviations from that mean,
+#   summed the same way. A second pass over registers costs no memory traffic, and no large numbers are added
+#   up: no cancellation, whatever the mean. Across a cluster's blocks, each block's `(n, mean, M2)` triple merges
+#   with Chan's formula, once.
 # - **RMSNorm** needs only the sum of squares (no mean is subtracted, so nothing cancels) and merges sums.
+#
+# The first version merged every thread's `(n, mean, M2)` triple with Chan's formula across the warp and the
+# block, as `layernorm_welford` does. It was correct, and it was the bottleneck of bf16 LayerNorm at 4096 x 4096:
+# a merge costs three shuffles, a division and a branch per round where a sum costs one shuffle and one add, and
+# with 32 values a thread those rounds are a large part of the work. Nsight Compute counted 35 instructions issued
+# per element (RMSNorm: 14), the schedulers issuing in 72 % of cycles, the kernel at 76 % of the copy bandwidth.
+# With two plain sums: 27 instructions an element and 84 % (29.7 to 26.7 µs, 1.22x `torch.compile`; in the same
+# run of `tools/gpu/try_exchange.py --baseline chan` no shape got slower by more than 1 %, and float32 1000 x 1031
+# and the 3 x 100003 rows got 5-9 % faster). A per-pack branch instead
+# of a select per value for the packs past the row's end keeps `d * d + M2` one FFMA (the run at the end of the
+# notebook measures it).
+#
+# Across a cluster the blocks exchange their statistics as tutorial 03's softmax does: each block pushes its
+# statistic into the others' shared memory with `st.async`, counted on their mbarriers, rather than meeting at
+# `barrier.cluster` (whose `MEMBAR.ALL.GPU` held 10-20 % of the stall samples at 1024 x 262144). Measured on an
+# H100 in one run: LayerNorm 1024 x 262144 from 74 % of the copy bandwidth to 87 % (float32) and 82 % (bf16),
+# RMSNorm from 91 % to 96-97 %.
 #
 # `w` and `b` are read per pack with 16-byte loads where the row's packs are 16-byte aligned in `w` too (rows
 # whose start is on a boundary: `cols` a multiple of the pack); misaligned rows read them element by element.
@@ -595,12 +614,14 @@ __device__ __forceinline__ Welford layernorm_stats(const Pack<T> (&pk)[VPT], int
     keep_packed(pk);
     float m2 = edge_ok ? (edge - mean) * (edge - mean) : 0.0f;
 #pragma unroll
-    for (int j = 0; j < VPT; ++j)
-#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        if (j >= valid) continue;                         // a branch per pack, not a select per value: d * d + m2
+#pragma unroll                                            // stays one FFMA
         for (int k = 0; k < VEC; ++k) {
             float d = at(pk, j * VEC + k) - mean;
-            m2 += j < valid ? d * d : 0.0f;
+            m2 = fmaf(d, d, m2);
         }
+    }
     keep_packed(pk);
     m2 = block_merge<1>(m2, 0.0f, row_warps);
     return cluster_merge<CLUSTER>(Welford{sn.n, mean, m2}, Welford{0.0f, 0.0f, 0.0f});
@@ -902,7 +923,22 @@ NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER
 # - **few bf16 rows** go back to 4 packs a thread: with 3 rows there is no other block to overlap the late w/b
 #   chain of an 8-pack bf16 thread (bf16 has no ring), while with 4 packs w loads next to x.
 #
-# Both are in `plan_rows` below; the table at the end of the notebook measures them again.
+# A third question came after the exchange above: with it, 1 MB float rows in clusters of 8 blocks of 1024
+# threads (one block an SM: nothing overlaps a block's reduction and its w/b stores) reached 88 % of copy, and
+# 512 KB bf16 rows in 8 blocks of 512 (two an SM) 84 %. sm_90 allows clusters of up to 16 blocks where the kernel
+# opts in (kernellab reads `__cluster_dims__` from the cubin and sets the attribute): 16 blocks of half the
+# threads put two to four blocks on an SM. Measured with try_norms (H100, 2026-11-27, same run as `torch.compile`):
+#
+# | case | plan before | µs | 16 blocks | µs | of copy | vs `torch.compile` |
+# |---|---|---|---|---|---|---|
+# | LayerNorm fp32 1024 x 262144 | c8 x 1024 x 8 | 814.2 | c16 x 512 x 8 | 789.0 | 91 % | 1.42x |
+# | LayerNorm bf16 1024 x 262144 | c8 x 512 x 8 | 424.7 | c16 x 256 x 8 | 404.8 | 88 % | 1.48x |
+# | RMSNorm fp32 1024 x 262144 | c8 x 1024 x 8 | 734.2 | c16 x 512 x 8 | 737.1 | 97 % | 1.51x |
+#
+# (c16 x 1024 x 4 was far slower, 1181.9 µs: one block an SM again, and only 7 clusters of 16 fit the GPU at
+# once.) So many rows over 256 KB take 16 blocks; few rows keep clusters of up to 8, which spread them further.
+#
+# All of these are in `plan_rows` below; the table at the end of the notebook measures them again.
 
 # %%
 # launchers: layernorm, rmsnorm (tests/gpu/test_memory_bound_gpu.py and benchmarks/memory_bound.py run this cell too)
@@ -1213,12 +1249,13 @@ kernellab.roofline([ln_result], title=f"LayerNorm 4096 x 4096 float32 on {ln_res
 #
 # Numerics first: the sum of squares is not a slightly worse variance, it is a wrong one as soon as the mean is
 # a few hundred times the spread, and a kernel that fails only on such data passes every test drawn from
-# N(0, 1). Welford's update and Chan's merge cost a few instructions and nothing in memory traffic; with the row in
-# registers, each thread's exact two-pass over its own values is cheaper still.
+# N(0, 1). Welford's update and Chan's merge cost a few instructions and nothing in memory traffic when values stream
+# by once; with the row in registers, the exact two-pass variance is cheaper still (two plain sums across the
+# threads, where merging triples cost a third of bf16 LayerNorm's instructions).
 #
 # Speed: LayerNorm and RMSNorm are softmax's memory pattern with a different statistic, but not quite the same
-# plans: with `w` (and `b`) to read and a costlier merge, the wide bf16 rows wanted twice softmax's bytes per
-# thread, and the short rows half its packs. The cell below compares this run with the predictions.
+# plans: with `w` (and `b`) to read, the wide bf16 rows wanted twice softmax's bytes per thread, the short rows
+# half its packs, and many rows over 256 KB clusters of 16 blocks. The cell below compares this run with the predictions.
 
 # %%
 # %%gpu
@@ -1252,10 +1289,12 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #   481 µs; float 4096 x 32768: 423 against 409) and at 1000 x 1031 (8.4 against 8.0). Mixed, small, and it would
 #   need a second copy of each kernel picked per shape: not adopted.
 #
-# What is left: float32 at 4096 x 32768 (0.91x `torch.compile` for LayerNorm, 0.97x RMSNorm, where compile runs at
-# 96-99 % of copy) and bf16 1024 x 262144 at 74 % of copy (though 1.25x compile); the small shapes are fixed costs,
-# where torch's own copy reaches only 26-68 %.
+# What was left after that run, and what came of it: float32 at 4096 x 32768 (0.91x `torch.compile` then; one
+# block of 1024 a row and the ring brought it to 98 % of copy and about 1.0x), and LayerNorm at 1024 x 262144 at
+# 74 % of copy (the cluster exchange and 16-block clusters: 88-91 %). The small shapes are fixed costs, where
+# torch's own copy of the same bytes reaches only 26-68 %.
 #
-# Things to try: give `layernorm_rows` the sum of squares instead of Welford and run the large-mean check; plan a
+# Things to try: give `layernorm_rows` the sum of squares instead of the two-pass sums and run the large-mean
+# check; put back Chan's merge across the threads and count the instructions per element in Nsight Compute; plan a
 # warp per row with 8 packs for float rows of 1024 and compare LayerNorm with RMSNorm (try_norms found they
 # disagree); print the SASS of `layernorm_rows<__nv_bfloat16, 8>` and count its registers: 64 bf16 values in 32.
