@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))              # test_bench's FakeClock, f
 OLD_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_kernels_old.cu"
 VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
 PERSISTENT_SOURCE = VARIANTS / "norm_persistent.cu"   # appended to the cell, with the two below
-EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu"]
+EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu", VARIANTS / "norm_extra_plans.cu"]
 # Instantiated template arguments of the session-5 candidate "2read": packs a thread per chunk in the two passes
 # (pass 1 from DRAM, pass 2 from L2 with w and b).
 TWOREAD_UNROLL = {"layernorm": (2, 1), "rmsnorm": (4, 2)}
@@ -100,7 +100,7 @@ F32 = "float32"
 CASES = {
     ("layernorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(512, 4, 2), Spec(1024, 2, 2), Spec(512, 2, 4),
                                     Spec(256, 4, 4), Spec(256, 2, 8), P(1024, 2, 2), P(512, 2, 4)],
-    ("layernorm", B, 1024, 262144): [Spec(512, 8, 8), Spec(1024, 4, 8), Spec(1024, 8, 4)],
+    ("layernorm", B, 1024, 262144): [Spec(512, 4, 16), Spec(512, 8, 8), Spec(1024, 4, 8), Spec(1024, 8, 4)],
     ("layernorm", B, 4096, 1024): [Spec(64, 2, 1, 128), Spec(64, 2, 1, 256), Spec(32, 4, 1, 256), Spec(128, 1),
                                    P(64, 2, 1, 256), P(128, 1, 1, 256)],
     ("layernorm", B, 4096, 4096): [Spec(64, 8, 1, 128), Spec(64, 8, 1, 256), Spec(256, 2, 1, 256),
