@@ -486,27 +486,6 @@ __device__ __forceinline__ void exchange_open() {
     cluster_arrive_relaxed();
 }
 
-// ---- b through shared memory: cp.async copies 16 bytes from global to shared memory without a register -----
-// LayerNorm's b is needed only at the store, after the reduction; loaded there it is one more L2 round trip (a
-// chain of them with 8 packs a thread) with nothing else in flight. Copied into shared memory at the start, next
-// to x's loads, it costs no registers and is there when the store needs it. Each thread copies and reads only its
-// own slots (slot j of thread t: j * blockDim.x + t), so cp.async.wait_all suffices, no barrier. The launcher
-// gives the kernel VPT x blockDim.x x 16 bytes of dynamic shared memory; without them it reads b as before.
-__device__ __forceinline__ unsigned dynamic_smem_bytes() {
-    unsigned n;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
-    return n;
-}
-__device__ __forceinline__ void stage16(void* smem, const void* global) {      // cp.async.cg: through L2 only
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(shared_addr(smem)), "l"(global) : "memory");
-}
-__device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-extern __shared__ __align__(16) unsigned char norm_dynamic_smem[];
-template <typename T>
-__device__ __forceinline__ Pack<T>* staged_b() {          // this thread's slot 0; slot j: + j * blockDim.x
-    return reinterpret_cast<Pack<T>*>(norm_dynamic_smem) + threadIdx.x;
-}
-
 // ---- the statistics: Welford triples (LayerNorm) or sums of squares (RMSNorm), merged like tutorial 03's pairs ----
 struct Welford { float n, mean, m2; };                   // count, mean, sum of squared deviations from the mean
 __device__ __forceinline__ Welford merge(Welford a, Welford b) {     // Chan et al.: no large sums, no cancellation
@@ -665,19 +644,18 @@ __device__ __forceinline__ void load_late(Pack<T> (&wk)[VPT], bool early, const 
 // wk, bk; otherwise they are loaded here first.
 template <typename T, int VPT>
 __device__ __forceinline__ void affine_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk)[VPT], Pack<T> (&bk)[VPT],
-                                             bool early_w, bool early_b, bool staged, float mean, float rstd,
+                                             bool early_w, bool early_b, float mean, float rstd,
                                              const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ row,
                                              RowLayout L, int first, int stride) {
     constexpr int VEC = 16 / sizeof(T);
     load_late(wk, early_w, w, L, first, stride);
-    load_late(bk, early_b || staged, b, L, first, stride);
+    load_late(bk, early_b, b, L, first, stride);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
         int q = first + j * stride;
         if (q >= L.whole) continue;
         load_late(wk, early_w, w, L, first, stride, j);
-        if (staged) bk[j] = staged_b<T>()[j * blockDim.x];   // a shared-memory load
-        else load_late(bk, early_b, b, L, first, stride, j);
+        load_late(bk, early_b, b, L, first, stride, j);
         float out[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) out[k] = fmaf((at(pk, j * VEC + k) - mean) * rstd, wk[j].get(k), bk[j].get(k));
@@ -719,8 +697,7 @@ __device__ __forceinline__ bool ring_fits(RowLayout L, int first, int stride) {
 
 template <bool LN, int DEPTH, typename T, int VPT>
 __device__ __forceinline__ void ring_store(const Pack<T> (&pk)[VPT], float mean, float rstd, const T* __restrict__ w,
-                                           const T* __restrict__ b, bool staged, T* __restrict__ row, int first,
-                                           int stride) {
+                                           const T* __restrict__ b, T* __restrict__ row, int first, int stride) {
     constexpr int VEC = 16 / sizeof(T);
     const Pack<T>* wp = reinterpret_cast<const Pack<T>*>(w) + first;      // this thread's pack 0; pack j: + j stride
     const Pack<T>* bp = reinterpret_cast<const Pack<T>*>(b) + first;
@@ -729,11 +706,10 @@ __device__ __forceinline__ void ring_store(const Pack<T> (&pk)[VPT], float mean,
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) {                    // the first DEPTH packs of w and b, all in flight
         wr[j] = wp[j * stride];
-        if (LN && !staged) br[j] = bp[j * stride];
+        if (LN) br[j] = bp[j * stride];
     }
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
-        if (LN && staged) br[j % DEPTH] = staged_b<T>()[j * blockDim.x];   // b from shared memory
         float out[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
@@ -742,7 +718,7 @@ __device__ __forceinline__ void ring_store(const Pack<T> (&pk)[VPT], float mean,
         yp[j * stride] = from_floats<T>(out);
         if (j + DEPTH < VPT) {                            // slot j % DEPTH is free again: pack j + DEPTH
             wr[j % DEPTH] = wp[(j + DEPTH) * stride];
-            if (LN && !staged) br[j % DEPTH] = bp[(j + DEPTH) * stride];
+            if (LN) br[j % DEPTH] = bp[(j + DEPTH) * stride];
         }
     }
 }
@@ -756,20 +732,10 @@ __device__ __forceinline__ void layernorm_row(const T* __restrict__ x, const T* 
     constexpr int VEC = 16 / sizeof(T);
     RowLayout L(live ? cols : 0, head, VEC);
     bool early_w = Early<VPT, 2>::value && L.lead == 0, early_b = Early<VPT, 3>::value && L.lead == 0;
-    // b staged (above): rows of whole packs (then every row is 16-byte aligned) that read b late, given the memory
-    // (not float rows in a block with 8 packs: the ring already streams their b, and staging spilled there)
-    constexpr bool STAGE = !Early<VPT, 3>::value && !(sizeof(T) == 4 && VPT == 8 && CLUSTER == 1);
-    bool staged = STAGE && cols % VEC == 0 && dynamic_smem_bytes() >= VPT * blockDim.x * 16;
     Pack<T> pk[VPT], wk[VPT], bk[VPT];
     load_packs(pk, x, L, first, stride);
     if (early_w) load_vector(wk, w, L, first, stride);  // in flight with x's loads
     if (early_b) load_vector(bk, b, L, first, stride);
-    if (staged) {
-#pragma unroll
-        for (int j = 0; j < VPT; ++j)
-            if (first + j * stride < L.whole)
-                stage16(staged_b<T>() + j * blockDim.x, reinterpret_cast<const Pack<T>*>(b) + first + j * stride);
-    }
     int e = L.edge(edge_t, live ? cols : 0);
     float edge = e >= 0 ? to_float(x[e]) : 0.0f;
     int valid = min(VPT, max(0, (L.whole - first + stride - 1) / stride));   // packs j with first + j*stride < whole
@@ -777,9 +743,8 @@ __device__ __forceinline__ void layernorm_row(const T* __restrict__ x, const T* 
     float rstd = rsqrtf(st.m2 / cols + eps);
     if (!live) return;
     if (e >= 0) y[e] = from_float<T>(fmaf((edge - st.mean) * rstd, to_float(w[e]), to_float(b[e])));
-    if (staged) stage_wait();                             // this thread's copies of b have landed
-    if (ring_fits<T, VPT>(L, first, stride)) ring_store<true, 2>(pk, st.mean, rstd, w, b, staged, y, first, stride);
-    else affine_store(pk, wk, bk, early_w, early_b, staged, st.mean, rstd, w, b, y, L, first, stride);
+    if (ring_fits<T, VPT>(L, first, stride)) ring_store<true, 2>(pk, st.mean, rstd, w, b, y, first, stride);
+    else affine_store(pk, wk, bk, early_w, early_b, st.mean, rstd, w, b, y, L, first, stride);
 }
 
 template <typename T, int VPT, int CLUSTER>
@@ -801,7 +766,7 @@ __device__ __forceinline__ void rmsnorm_row(const T* __restrict__ x, const T* __
     float rstd = rsqrtf(ss / cols + eps);
     if (!live) return;
     if (e >= 0) y[e] = from_float<T>(edge * rstd * to_float(w[e]));
-    if (ring_fits<T, VPT>(L, first, stride)) ring_store<false, 4>(pk, 0.0f, rstd, w, w, false, y, first, stride);
+    if (ring_fits<T, VPT>(L, first, stride)) ring_store<false, 4>(pk, 0.0f, rstd, w, w, y, first, stride);
     else rms_store(pk, wk, early, rstd, w, y, L, first, stride);
 }
 
@@ -1059,20 +1024,11 @@ def layernorm(x, w, b, y=None, eps=1e-5):
     kernel, plan = norm_kernel_for("layernorm", rows, cols, x.dtype)
     if kernel is None:                       # rows too long for registers: two reads
         return layernorm_welford(x, w, b, y, eps)
-    smem = staged_b_bytes(plan, cols, x.dtype.itemsize)
     if plan.cluster == 1:
-        kernel[plan.grid, plan.block, smem](x, w, b, y, rows, cols, plan.row_threads, eps)
+        kernel[plan.grid, plan.block](x, w, b, y, rows, cols, plan.row_threads, eps)
     else:
-        kernel[plan.grid, plan.block, smem](x, w, b, y, rows, cols, eps)
+        kernel[plan.grid, plan.block](x, w, b, y, rows, cols, eps)
     return y
-
-
-def staged_b_bytes(plan, cols, itemsize):
-    """Dynamic shared memory for LayerNorm's b (the cell's `staged`): a slot per pack per thread where b is read
-    after the reduction (4 or 8 packs a thread), rows are whole packs, and the ring does not already stream it."""
-    if plan.vpt < 4 or cols % (16 // itemsize) or (itemsize == 4 and plan.vpt == 8 and plan.cluster == 1):
-        return 0
-    return plan.vpt * plan.block * 16
 
 
 def rmsnorm(x, w, y=None, eps=1e-5):

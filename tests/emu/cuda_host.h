@@ -458,10 +458,6 @@ inline void cluster_wait() { kl::wait_cluster(); }
 inline void cluster_sync() { kl::arrive(); kl::wait_cluster(); }
 template <typename T> inline T* cluster_map(T* p, unsigned rank) { return kl::map_rank(p, rank); }
 inline void cluster_arrive_relaxed() { kl::arrive(); }
-// Tutorial 04's b staging: cp.async lands at once here; the dynamic shared memory is always the most a block has.
-inline unsigned dynamic_smem_bytes() { return KL_DYNAMIC_SHARED_BYTES; }
-inline void stage16(void* smem, const void* global) { std::memcpy(smem, global, 16); }
-inline void stage_wait() {}
 
 // The statistic exchange of tutorials 03/04 (st.async into another block's shared memory, counted in bytes on its
 // mbarrier). The mbarrier's 8 bytes hold, here: the bytes still expected (int32), the arrivals still expected

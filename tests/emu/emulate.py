@@ -7,8 +7,7 @@ For tests on machines without a GPU: indexing, guards, barriers, shuffles and th
 real, slowly (about a million barrier crossings per second). Kernels' cluster helpers written in inline PTX
 (cluster_ctarank, cluster_nctarank, cluster_arrive, cluster_arrive_relaxed, cluster_wait, cluster_sync,
 cluster_map), the statistic exchange of tutorials 03/04 (exchange_init, exchange_push, exchange_wait: st.async and
-an mbarrier), tutorial 04's cp.async staging (dynamic_smem_bytes, stage16, stage_wait) and exp_ftz are cut from the
-source and replaced by emulated ones; other inline PTX cannot run here.
+an mbarrier) and exp_ftz are cut from the source and replaced by emulated ones; other inline PTX cannot run here.
 """
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 HEADER = HERE / "cuda_host.h"
 EMULATED = ("cluster_ctarank", "cluster_nctarank", "cluster_arrive", "cluster_wait", "cluster_sync", "cluster_map",
-            "exp_ftz", "cluster_arrive_relaxed", "exchange_init", "exchange_push", "exchange_wait", "dynamic_smem_bytes",
-            "stage16", "stage_wait")
+            "exp_ftz", "cluster_arrive_relaxed", "exchange_init", "exchange_push", "exchange_wait")
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int8": ctypes.c_int8, "uint8": ctypes.c_uint8,
            "int16": ctypes.c_int16, "uint16": ctypes.c_uint16, "int32": ctypes.c_int32, "uint32": ctypes.c_uint32,
            "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "bool": ctypes.c_bool}

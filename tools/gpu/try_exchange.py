@@ -26,8 +26,7 @@ VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
 # --baseline: the cells that "before" compiles in place of the notebooks' (a cell not named keeps the notebook's)
 BASELINES = {"barrier": {"softmax_kernels": VARIANTS / "barrier_exchange_softmax.cu",
                          "norm_kernels": VARIANTS / "barrier_exchange_norm.cu"},
-             "chan": {"norm_kernels": VARIANTS / "chan_merge_norm.cu"},
-             "nostage": {}}      # the same kernels, launched without the dynamic shared memory that stages b
+             "chan": {"norm_kernels": VARIANTS / "chan_merge_norm.cu"}}
 EPS = 1e-5
 # every case runs a cluster plan: rows over 64 KB (bf16) / 128 KB (fp32), or few long rows
 CASES = [(op, dt, r, c) for r, c in ((1024, 262144), (3, 100003), (48, 65536))
@@ -42,8 +41,7 @@ def main(argv=None):
     ap.add_argument("--only", default="")
     ap.add_argument("--baseline", default="barrier", choices=sorted(BASELINES),
                     help="barrier: the cells before session 8's st.async exchange; chan: tutorial 04's cell before "
-                         "LayerNorm's statistics became plain sums (Chan's merge across threads); nostage: the same "
-                         "cells, LayerNorm launched without the shared memory that stages b (so b is read late)")
+                         "LayerNorm's statistics became plain sums (Chan's merge across threads)")
     ap.add_argument("--shapes", default="", help="comma-separated RxC (default: the cluster shapes)")
     ap.add_argument("--ops", default="layernorm,rmsnorm,softmax")
     args = ap.parse_args(argv)
@@ -82,8 +80,6 @@ def main(argv=None):
     ns = {"now": (load_tutorial("03-reductions-softmax.py", compile=base), load_tutorial("04-layernorm.py", compile=base)),
           "before": (load_tutorial("03-reductions-softmax.py", compile=old_compile),
                      load_tutorial("04-layernorm.py", compile=old_compile))}
-    if args.baseline == "nostage":
-        ns["before"][1]["staged_b_bytes"] = lambda *a: 0      # the launcher's global: no dynamic shared memory
     print(f"compiled in {time.time() - t0:.0f} s", flush=True)
     if args.emulate:
         copy_gbps, device = 3000.0, "CPU emulation"
