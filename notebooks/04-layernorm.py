@@ -533,7 +533,8 @@ __device__ __forceinline__ S cluster_merge(S v, S zero) {
         unsigned me = cluster_ctarank();
         cluster_wait();                                   // every block's mbarrier is ready (exchange_open)
         if (warp == 0 && lane < CLUSTER && lane != (int)me) exchange_push(&ex.part[me], v, &ex.bar, lane);
-        exchange_wait(&ex.bar, 0);                        // the other blocks' statistics are here
+        if (warp == 0) exchange_wait(&ex.bar, 0);         // the other blocks' statistics are here: one warp polls
+        __syncthreads();                                  // the mbarrier, the others wait here without spinning
         v = warp_merge(lane < CLUSTER ? (lane == (int)me ? v : ex.part[lane]) : zero);
     }
     return v;

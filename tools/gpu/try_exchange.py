@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import re
 import sys
 import time
 
@@ -26,11 +27,19 @@ VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
 # --baseline: the cells that "before" compiles in place of the notebooks' (a cell not named keeps the notebook's)
 BASELINES = {"barrier": {"softmax_kernels": VARIANTS / "barrier_exchange_softmax.cu",
                          "norm_kernels": VARIANTS / "barrier_exchange_norm.cu"},
-             "chan": {"norm_kernels": VARIANTS / "chan_merge_norm.cu"}}
+             "chan": {"norm_kernels": VARIANTS / "chan_merge_norm.cu"},
+             "spin": {"softmax_kernels": "spin", "norm_kernels": "spin"}}   # the cells, transformed: spin_variant
 EPS = 1e-5
 # every case runs a cluster plan: rows over 64 KB (bf16) / 128 KB (fp32), or few long rows
 CASES = [(op, dt, r, c) for r, c in ((1024, 262144), (3, 100003), (48, 65536))
          for op in ("layernorm", "rmsnorm", "softmax") for dt in ("float32", "bfloat16")]
+
+
+def spin_variant(source):
+    """The cell with every thread polling the exchange's mbarrier (session 8's first version), not one warp."""
+    new = re.compile(r"        if \(warp == 0\) exchange_wait\(&ex.bar, 0\);[^\n]*\n        __syncthreads\(\);[^\n]*\n")
+    assert len(new.findall(source)) == 1, "the cell changed: update spin_variant"
+    return new.sub("        exchange_wait(&ex.bar, 0);\n", source)
 
 
 def main(argv=None):
@@ -41,7 +50,8 @@ def main(argv=None):
     ap.add_argument("--only", default="")
     ap.add_argument("--baseline", default="barrier", choices=sorted(BASELINES),
                     help="barrier: the cells before session 8's st.async exchange; chan: tutorial 04's cell before "
-                         "LayerNorm's statistics became plain sums (Chan's merge across threads)")
+                         "LayerNorm's statistics became plain sums (Chan's merge across threads); spin: the cells "
+                         "with every thread polling the exchange's mbarrier")
     ap.add_argument("--shapes", default="", help="comma-separated RxC (default: the cluster shapes)")
     ap.add_argument("--ops", default="layernorm,rmsnorm,softmax")
     args = ap.parse_args(argv)
@@ -74,7 +84,7 @@ def main(argv=None):
     def old_compile(src):
         for name, cur in current.items():
             if src == cur:
-                return base(OLD[name].read_text())
+                return base(spin_variant(src) if OLD[name] == "spin" else OLD[name].read_text())
         return base(src)
 
     ns = {"now": (load_tutorial("03-reductions-softmax.py", compile=base), load_tutorial("04-layernorm.py", compile=base)),
