@@ -937,7 +937,10 @@ NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER
 # | RMSNorm fp32 1024 x 262144 | c8 x 1024 x 8 | 734.2 | c16 x 512 x 8 | 737.1 | 97 % | 1.51x |
 #
 # (c16 x 1024 x 4 was far slower, 1181.9 µs: one block an SM again, and only 7 clusters of 16 fit the GPU at
-# once.) So many rows over 256 KB take 16 blocks; few rows keep clusters of up to 8, which spread them further.
+# once.) Later runs on other machines kept the float32 gain (776.7-789.0 µs against 814) but not the bf16 one: 16
+# blocks 419.8-425.7 µs, 8 blocks 418.6-424.7, a tie inside the 5 % that separates one H100 from another on these
+# shapes. So many rows over 256 KB take 16 blocks (a gain in float32, no loss in bf16); few rows keep clusters of
+# up to 8, which spread them further.
 #
 # All of these are in `plan_rows` below; the table at the end of the notebook measures them again.
 
@@ -1292,8 +1295,13 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #
 # What was left after that run, and what came of it: float32 at 4096 x 32768 (0.91x `torch.compile` then; one
 # block of 1024 a row and the ring brought it to 98 % of copy and about 1.0x), and LayerNorm at 1024 x 262144 at
-# 74 % of copy (the cluster exchange and 16-block clusters: 88-91 %). The small shapes are fixed costs, where
-# torch's own copy of the same bytes reaches only 26-68 %.
+# 74 % of copy (the cluster exchange and 16-block clusters: 92 % in float32, 85-86 % in bf16). bf16 LayerNorm is
+# still the one short of 90 % at 4096 x 4096 and 1024 x 262144, where RMSNorm reaches 87-95 %: Nsight Compute
+# counts 25-26 instructions issued per element against RMSNorm's 14 (the second pass and the affine store widen
+# every bf16 value again). Copying b into shared memory with cp.async, next to x's loads, was tried and made it
+# worse (65 %; benchmarks/NOTES-memory-bound.md). The small shapes are fixed costs, where torch's own copy of the
+# same bytes reaches only 26-68 %; about a fifth of such a kernel's time under `kernellab.bench` is the L2 flush's
+# dirty lines being written back (tools/gpu/flush_effect.py).
 #
 # Things to try: give `layernorm_rows` the sum of squares instead of the two-pass sums and run the large-mean
 # check; put back Chan's merge across the threads and count the instructions per element in Nsight Compute; plan a
