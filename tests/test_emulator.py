@@ -109,3 +109,59 @@ def test_the_ptx_helpers_are_cut_out_of_the_host_source():
     text = host_source(SOURCE)
     assert "asm" not in text and "cluster_map: emulated" in text
     assert text.count("\n") == SOURCE.count("\n")        # line numbers in host compile errors still match
+
+
+# --- tutorials 03/04's cluster exchange: st.async into another block's shared memory, counted on its mbarrier ---
+
+def exchange_source():
+    """The notebook's exchange helpers (PTX, cut out and emulated) and two kernels that use them."""
+    sys.path.insert(0, str(pathlib.Path(__file__).parent / "gpu"))
+    from notebook_cells import named_cuda_cells
+
+    cell = named_cuda_cells("04-layernorm.py")["norm_kernels"]
+    helpers = cell[cell.index("// ---- clusters: each block pushes"):cell.index("// ---- the statistics")]
+    return "\n" + helpers + r"""
+// every block of a cluster of 4 pushes its value to all the others; y[block] = the sum of the cluster's values
+extern "C" __global__ void __cluster_dims__(4, 1, 1) cluster_sums(const float* x, float* y) {
+    exchange_open<float, 4>();
+    Exchange<float, 4>& ex = exchange<float, 4>();
+    unsigned me = cluster_ctarank();
+    float v = x[blockIdx.x];
+    cluster_wait();
+    if (threadIdx.x < 4 && threadIdx.x != me) exchange_push(&ex.part[me], v, &ex.bar, threadIdx.x);
+    exchange_wait(&ex.bar, 0);
+    float s = 0.0f;
+    for (int r = 0; r < 4; ++r) s += r == (int)me ? v : ex.part[r];
+    if (threadIdx.x == 0) y[blockIdx.x] = s;
+}
+
+// rank 0 never pushes: the others wait for bytes that never come
+extern "C" __global__ void __cluster_dims__(2, 1, 1) missing_push(float* y) {
+    exchange_open<float, 2>();
+    Exchange<float, 2>& ex = exchange<float, 2>();
+    unsigned me = cluster_ctarank();
+    cluster_wait();
+    if (threadIdx.x == 0 && me == 1) exchange_push(&ex.part[me], 1.0f, &ex.bar, 0u);
+    exchange_wait(&ex.bar, 0);
+    y[blockIdx.x] = 1.0f;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def exchange_mod():
+    return compile_host(exchange_source())
+
+
+def test_the_statistic_exchange_delivers_every_block_the_others_values(exchange_mod):
+    x = torch.arange(8, dtype=torch.float32)
+    y = torch.full((8,), float("nan"))
+    exchange_mod["cluster_sums"][8, 64](x, y)
+    assert y.tolist() == [6.0] * 4 + [22.0] * 4
+
+
+def test_an_exchange_whose_bytes_never_come_is_reported_not_a_hang(exchange_mod, monkeypatch):
+    monkeypatch.setenv("KERNELLAB_EMU_WAIT_S", "1")
+    with pytest.raises(RuntimeError, match="never pushed"):
+        exchange_mod["missing_push"][2, 32](torch.zeros(2))
+

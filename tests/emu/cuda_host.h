@@ -467,6 +467,10 @@ struct MbarState { int32_t tx; uint16_t pending; uint16_t count_phase; };
 static_assert(sizeof(MbarState) == 8, "an mbarrier is 8 bytes");
 inline MbarState mbar_load(const unsigned long long* bar) { MbarState m; std::memcpy(&m, bar, 8); return m; }
 inline void mbar_store(unsigned long long* bar, MbarState m) { std::memcpy(bar, &m, 8); }
+inline double wait_limit_s() {                 // how long an mbarrier wait may poll before it is reported
+    const char* v = std::getenv("KERNELLAB_EMU_WAIT_S");
+    return v ? std::atof(v) : 60.0;
+}
 inline void mbar_settle(unsigned long long* bar, MbarState m) {   // complete the phase when nothing is expected
     if (m.pending == 0 && m.tx == 0) {
         m.count_phase ^= 0x8000;
@@ -498,8 +502,9 @@ inline void exchange_wait(unsigned long long* bar, unsigned parity) {
             std::lock_guard<std::mutex> g(kl::atomic_lock());
             if (((kl::mbar_load(bar).count_phase >> 15) & 1u) != (parity & 1u)) return;   // that phase completed
         }
-        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60))
-            kl::fail("mbarrier wait did not complete within 60 s (bytes never pushed?)");
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(kl::wait_limit_s()))
+            kl::fail("mbarrier wait did not complete within " + std::to_string(int(kl::wait_limit_s())) +
+                     " s: the bytes it expects were never pushed (KERNELLAB_EMU_WAIT_S sets the limit)");
         kl::yield(kl::Wait::poll);
     }
 }
