@@ -85,6 +85,41 @@ def test_candidates_match_torch_on_the_emulator(emulated, spec, rows, cols, mean
     assert rep.passed, ("rmsnorm", spec.text(), rows, cols, mean, rep)
 
 
+# --- session 8's norm_wide (tools/gpu/norm_variants/norm_wide.cu): bf16 LayerNorm with x widened once, not timed yet ---
+
+WIDE = ["layernorm_rows_wide<__nv_bfloat16, 4>", "layernorm_rows_wide<__nv_bfloat16, 8>",
+        "layernorm_rows_cluster_wide<__nv_bfloat16, 16, 8>", "layernorm_rows_cluster_wide<__nv_bfloat16, 8, 8>"]
+
+
+def test_wide_keeps_x_widened_within_its_512_thread_bound(module):
+    """Fewer widenings than the cell's kernel at the same plan (its SASS has fewer bf16 shifts and masks), more
+    registers (the 32-64 widened values), no spills."""
+    def widenings(sass):
+        return len(re.findall(r"\b(SHF\.L\.U32|LOP3\.LUT|IMAD\.U32)\b", sass))
+    for name in WIDE:
+        res = module[name].resources
+        assert res.registers <= 128 and not res.spills and res.local_bytes == 0, (name, str(res))
+    assert module[WIDE[0]].resources.registers > 64
+    assert widenings(module[WIDE[0]].sass) < widenings(module["layernorm_rows<__nv_bfloat16, 4>"].sass)
+
+
+@needs_cxx
+@pytest.mark.parametrize("mean", [0.0, 1e4])
+@pytest.mark.parametrize("spec, rows, cols", [(try_norms.W(128, 4, 1, 128), 3, 4096),
+                                              (try_norms.W(32, 4, 1, 128), 5, 1031),
+                                              (try_norms.W(32, 8, 16), 2, 16 * 32 * 8 * 8 - 8)],
+                         ids=lambda v: v.text() if hasattr(v, "text") else str(v))
+def test_wide_matches_torch_on_the_emulator(emulated, spec, rows, cols, mean):
+    ln = try_norms.make_launcher(emulated, "layernorm", "__nv_bfloat16", spec, True)
+
+    def inputs(g):
+        x, w, b, y = ln_inputs(rows, cols, mean)(g)
+        return x.bfloat16(), w.bfloat16(), b.bfloat16(), y.bfloat16()
+    rep = kernellab.check(ln, lambda x, w, b, y: F.layer_norm(x, (cols,), w, b, try_norms.EPS), inputs, trials=1,
+                          atol=2e-2, rtol=2e-2)
+    assert rep.passed, (spec.text(), rows, cols, mean, rep)
+
+
 # --- session 7's norm_resident (tools/gpu/norm_variants/norm_resident.cu): measured slower, kept as a candidate ----
 
 RESIDENT_SOURCE = HERE.parent / "tools" / "gpu" / "norm_variants" / "norm_resident.cu"

@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT / "tests"))              # test_bench's FakeClock, f
 OLD_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_kernels_old.cu"
 VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
 PERSISTENT_SOURCE = VARIANTS / "norm_persistent.cu"   # appended to the cell, with the two below
-EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu", VARIANTS / "norm_extra_plans.cu"]
+EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu", VARIANTS / "norm_extra_plans.cu",
+                 VARIANTS / "norm_wide.cu"]
 # Instantiated template arguments of the session-5 candidate "2read": packs a thread per chunk in the two passes
 # (pass 1 from DRAM, pass 2 from L2 with w and b).
 TWOREAD_UNROLL = {"layernorm": (2, 1), "rmsnorm": (4, 2)}
@@ -46,7 +47,8 @@ EPS = 1e-5
 class Spec:
     """A launch plan: row_threads threads per row, vpt packs per thread, cluster blocks per row, block threads;
     family: "" (the cell's kernels), "persist" (norm_persistent.cu), "2read" (norm_tworead.cu: vpt is pass 1's
-    packs per chunk; any row length)."""
+    packs per chunk; any row length), "wide" (norm_wide.cu: LayerNorm bf16 with x widened to fp32 once, launch
+    bound 512)."""
 
     row_threads: int
     vpt: int
@@ -88,6 +90,11 @@ def P(row_threads, vpt, cluster=1, block=0):
     return Spec(row_threads, vpt, cluster, block, "persist")
 
 
+def W(row_threads, vpt, cluster=1, block=0):
+    """LayerNorm with x widened once (tools/gpu/norm_variants/norm_wide.cu): bf16, blocks of up to 512 threads."""
+    return Spec(row_threads, vpt, cluster, block, "wide")
+
+
 def TWO(row_threads, block=0):
     """Two reads of x, nothing held across the reduction (tools/gpu/norm_variants/norm_tworead.cu)."""
     return Spec(row_threads, 2, 1, block, "2read")
@@ -99,12 +106,14 @@ B = "bfloat16"
 F32 = "float32"
 CASES = {
     ("layernorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(512, 4, 2), Spec(1024, 2, 2), Spec(512, 2, 4),
-                                    Spec(256, 4, 4), Spec(256, 2, 8), P(1024, 2, 2), P(512, 2, 4)],
-    ("layernorm", B, 1024, 262144): [Spec(512, 4, 16), Spec(512, 8, 8), Spec(1024, 4, 8), Spec(1024, 8, 4)],
+                                    Spec(256, 4, 4), Spec(256, 2, 8), P(1024, 2, 2), P(512, 2, 4), W(512, 8, 1, 512)],
+    ("layernorm", B, 1024, 262144): [Spec(512, 4, 16), Spec(512, 8, 8), Spec(1024, 4, 8), Spec(1024, 8, 4),
+                                     W(256, 8, 16), W(512, 8, 8)],
     ("layernorm", B, 4096, 1024): [Spec(64, 2, 1, 128), Spec(64, 2, 1, 256), Spec(32, 4, 1, 256), Spec(128, 1),
                                    P(64, 2, 1, 256), P(128, 1, 1, 256)],
     ("layernorm", B, 4096, 4096): [Spec(64, 8, 1, 128), Spec(64, 8, 1, 256), Spec(256, 2, 1, 256),
-                                   Spec(128, 4, 1, 256), Spec(512, 1, 1, 512), P(256, 2, 1, 256), P(512, 1, 1, 512)],
+                                   Spec(128, 4, 1, 256), Spec(512, 1, 1, 512), P(256, 2, 1, 256), P(512, 1, 1, 512),
+                                   W(128, 4, 1, 128), W(128, 4, 1, 256), W(64, 8, 1, 128)],
     ("rmsnorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(512, 4, 2), Spec(1024, 2, 2), Spec(512, 2, 4),
                                   Spec(256, 4, 4), P(1024, 2, 2), P(512, 2, 4)],
     ("layernorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), Spec(256, 8, 4), Spec(1024, 8, 1, 1024),
@@ -159,7 +168,10 @@ def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None)
             kernel[groups * spec.cluster, spec.threads](x, *rest, rows, cols, spec.row_threads, EPS)
             return rest[-1]
         return launch
-    if spec.family == "2read":
+    if spec.family == "wide":
+        kernel = module[f"{kind}_rows_wide<{ctype}, {spec.vpt}>" if spec.cluster == 1
+                        else f"{kind}_rows_cluster_wide<{ctype}, {spec.cluster}, {spec.vpt}>"]
+    elif spec.family == "2read":
         u1, u2 = TWOREAD_UNROLL[kind]
         kernel = module[f"{kind}_tworead<{ctype}, {u1}, {u2}>"]
     elif spec.cluster == 1:
