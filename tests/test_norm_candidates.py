@@ -163,3 +163,17 @@ def test_resident_clusters_take_rows_in_turn_on_the_emulator(resident, kind, dty
                else F.rms_norm(x.double(), (cols,), w.double(), 1e-5))
         tol = 1e-5 if dtype == torch.float32 else 1e-2
         assert torch.allclose(y.double(), ref, atol=tol, rtol=tol), (rows, cols, (y.double() - ref).abs().max())
+
+
+def test_try_exchange_can_still_build_its_baselines():
+    """tools/gpu/try_exchange.py's baselines: the saved cells exist, and spin_variant still finds the one-warp wait
+    in both notebooks' cells (it asserts so), turning it back into every thread polling."""
+    try_exchange = pytest.importorskip("try_exchange")
+    for cells in try_exchange.BASELINES.values():
+        for name, path in cells.items():
+            assert path == "spin" or path.exists(), (name, path)
+    for nb, cell in (("03-reductions-softmax.py", "softmax_kernels"), ("04-layernorm.py", "norm_kernels")):
+        src = named_cuda_cells(nb)[cell]
+        spun = try_exchange.spin_variant(src)
+        assert "if (warp == 0) exchange_wait" in src and "if (warp == 0) exchange_wait" not in spun
+

@@ -3,7 +3,9 @@
 same bytes. --baseline barrier: the cells before session 8, whose cluster blocks met at barrier.cluster
 (arrive.release / wait.acquire) and read each other's statistics through mapa, against the st.async exchange now;
 --baseline chan: tutorial 04's cell with Chan's merge of (n, mean, M2) triples across threads, against the two
-plain-sum reductions now. The earlier cells are saved in tools/gpu/norm_variants/.
+plain-sum reductions now; --baseline spin: the cells with every thread polling the exchange's mbarrier (made from
+the notebooks' cells by spin_variant), against one warp polling now. The earlier cells are saved in
+tools/gpu/norm_variants/.
 
     PYTHONPATH=$PWD python3 tools/gpu/try_exchange.py            # GPU machine, repo root; about 2 minutes
     PYTHONPATH=$PWD python3 tools/gpu/try_exchange.py --baseline chan --ops layernorm --shapes 4096x4096,1024x262144
