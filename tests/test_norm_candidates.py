@@ -125,14 +125,18 @@ def test_wide_matches_torch_on_the_emulator(emulated, spec, rows, cols, mean):
 RESIDENT_SOURCE = HERE.parent / "tools" / "gpu" / "norm_variants" / "norm_resident.cu"
 
 
+def resident_source():
+    return (named_cuda_cells("04-layernorm.py")["norm_kernels"] + try_norms.CLUSTER_BARRIER_SOURCE.read_text()
+            + RESIDENT_SOURCE.read_text())
+
+
 @pytest.fixture(scope="module")
 def resident():
-    return emulate.compile_host(named_cuda_cells("04-layernorm.py")["norm_kernels"] + RESIDENT_SOURCE.read_text())
+    return emulate.compile_host(resident_source())
 
 
 def test_resident_fits_64_registers_and_reads_w_and_b_from_shared_memory():
-    m = kernellab.compile_cuda(named_cuda_cells("04-layernorm.py")["norm_kernels"] + RESIDENT_SOURCE.read_text(),
-                               arch="sm_90")
+    m = kernellab.compile_cuda(resident_source(), arch="sm_90")
     ks = [k for k in m.kernels if k.name == "norm_resident"]
     assert len(ks) == 4
     for k in ks:
@@ -166,14 +170,19 @@ def test_resident_clusters_take_rows_in_turn_on_the_emulator(resident, kind, dty
 
 
 def test_try_exchange_can_still_build_its_baselines():
-    """tools/gpu/try_exchange.py's baselines: the saved cells exist, and spin_variant still finds the one-warp wait
-    in both notebooks' cells (it asserts so), turning it back into every thread polling."""
+    """tools/gpu/try_exchange.py makes its "before" cells from the notebooks' by text changes that assert they found
+    what they replace: each still applies, and does what its name says."""
     try_exchange = pytest.importorskip("try_exchange")
-    for cells in try_exchange.BASELINES.values():
-        for name, path in cells.items():
-            assert path == "spin" or path.exists(), (name, path)
-    for nb, cell in (("03-reductions-softmax.py", "softmax_kernels"), ("04-layernorm.py", "norm_kernels")):
-        src = named_cuda_cells(nb)[cell]
+    cells = {"softmax_kernels": named_cuda_cells("03-reductions-softmax.py")["softmax_kernels"],
+             "norm_kernels": named_cuda_cells("04-layernorm.py")["norm_kernels"]}
+    for baseline, changes in try_exchange.BASELINES.items():
+        for name, change in changes.items():
+            assert change(cells[name]) != cells[name], (baseline, name)
+    for name, src in cells.items():
+        barrier = try_exchange.barrier_variant(src)
+        assert "exchange_open<" in src and "exchange_open<" not in barrier and "cluster_map(&block_part" in barrier
+        assert barrier.count("    cluster_wait();\n}") == src.count("    exchange_open<")
         spun = try_exchange.spin_variant(src)
         assert "if (warp == 0) exchange_wait" in src and "if (warp == 0) exchange_wait" not in spun
-
+    chan = try_exchange.chan_variant(cells["norm_kernels"])
+    assert "block_merge<0>(SumCount" not in chan and "row_merge<CLUSTER>(Welford{n, mean, m2}" in chan

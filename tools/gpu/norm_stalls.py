@@ -19,12 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+from ncu_details import parse_details, side_by_side, stall_metrics  # noqa: E402
 
 SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "Occupancy", "LaunchStats", "MemoryWorkloadAnalysis",
             "SourceCounters")
-STALLS = ("barrier", "long_scoreboard", "short_scoreboard", "mio_throttle", "lg_throttle", "membar", "drain",
-          "wait", "not_selected", "selected", "dispatch_stall", "no_instruction", "branch_resolving", "misc",
-          "sleeping", "math_pipe_throttle", "tex_throttle")
 METRICS = ["dram__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum", "dram__bytes_write.sum",
            "lts__t_sectors_op_read.sum", "lts__t_sectors_op_write.sum", "lts__t_sector_hit_rate.pct",
            "l1tex__t_sector_hit_rate.pct", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -109,8 +108,7 @@ def main() -> int:
                "--import-source", "no"]
         for s in SECTIONS:
             cmd += ["--section", s]
-        cmd += ["--metrics", ",".join([f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
-                                       for r in STALLS] + METRICS)]
+        cmd += ["--metrics", ",".join(stall_metrics() + METRICS)]
         cmd += ["-k", "regex:(layernorm|rmsnorm|softmax)_rows", sys.executable, __file__, "--child", case]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         (out / f"{slug(case)}.log").write_text(p.stdout + "\n--- stderr\n" + p.stderr)
@@ -119,12 +117,7 @@ def main() -> int:
         s = subprocess.run(["ncu", "-i", str(rep), "--csv", "--page", "source", "--print-source", "sass"],
                            capture_output=True, text=True)
         (out / f"{slug(case)}.source.csv").write_text(s.stdout + "\n--- stderr\n" + s.stderr)
-        vals = {}
-        lines = [l for l in d.stdout.splitlines() if l.startswith('"')]
-        for r in csv.DictReader(io.StringIO("\n".join(lines))):
-            vals[(r.get("Section Name", ""), r.get("Metric Name", ""))] = (r.get("Metric Value", ""),
-                                                                            r.get("Metric Unit", ""))
-            vals.setdefault(("kernel", "name"), (r.get("Kernel Name", "")[:40], ""))
+        vals = parse_details(d.stdout, name_width=40)
         plan = [l for l in p.stderr.splitlines() if l.startswith("plan ")]
         vals[("kernel", "plan")] = (plan[-1][5:] if plan else "?", "")
         results[case] = vals
@@ -132,12 +125,8 @@ def main() -> int:
         print(f"profiled {case}: {len(vals)} metrics (rc {p.returncode})", flush=True)
     keys = sorted(k for k in {k for v in results.values() for k in v}
                   if k[0] == "kernel" or any(t in k[1] for t in SHOWN))
-    print(f"\n{'metric':64s} " + " ".join(f"{c.replace('layernorm', 'LN').replace('rmsnorm', 'RMS')[:22]:>22s}"
-                                         for c in results))
-    for k in keys:
-        print(f"{(k[0][:22] + ' / ' + k[1])[:64]:64s} " +
-              " ".join(f"{(results[c].get(k, ('-', ''))[0] + ' ' + results[c].get(k, ('', ''))[1])[:22]:>22s}"
-                       for c in results))
+    short = {c.replace("layernorm", "LN").replace("rmsnorm", "RMS"): v for c, v in results.items()}
+    print("\n" + side_by_side(short, keys, 64, 22))
     for case, top in tops.items():
         print(f"\n{case}: SASS with the most stall samples")
         print("\n".join(top))

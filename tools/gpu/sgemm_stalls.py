@@ -8,8 +8,6 @@ warps, and the stall reasons (cycles per issued instruction) that add up to the 
 """
 from __future__ import annotations
 
-import csv
-import io
 import os
 import subprocess
 import sys
@@ -18,13 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+from ncu_details import parse_details, side_by_side, stall_metrics  # noqa: E402
 
 SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "Occupancy", "LaunchStats", "InstructionStats",
             "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")
-
-STALLS = ("barrier", "long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "not_selected",
-          "selected", "wait", "dispatch_stall", "no_instruction", "lg_throttle", "branch_resolving", "membar",
-          "drain", "tex_throttle", "misc", "sleeping")
 
 
 def child(name: str) -> None:
@@ -65,24 +60,14 @@ def main() -> int:
                "--page", "details"]
         for s in SECTIONS:
             cmd += ["--section", s]
-        cmd += ["--metrics", ",".join(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALLS)
-                + ",sm__cycles_elapsed.avg.per_second,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed.sum"]
+        cmd += ["--metrics", ",".join(stall_metrics() + ["sm__cycles_elapsed.avg.per_second",
+                                                          "smsp__inst_executed_pipe_fma.sum", "smsp__inst_executed.sum"])]
         cmd += ["-k", "regex:sgemm_warptile" if name != "cublas" else "regex:(gemm|cutlass|xmma|sm90)"]
         cmd += [sys.executable, __file__, "--child", name]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
         (out / f"{name}.csv").write_text(p.stdout + "\n--- stderr\n" + p.stderr)
-        vals = {}
-        lines = [l for l in p.stdout.splitlines() if l.startswith('"')]
-        for r in csv.DictReader(io.StringIO("\n".join(lines))):
-            vals[(r.get("Section Name", ""), r.get("Metric Name", ""))] = (r.get("Metric Value", ""),
-                                                                            r.get("Metric Unit", ""))
-            vals.setdefault(("kernel", "name"), (r.get("Kernel Name", "")[:60], ""))
-        rows[name] = vals
-    keys = sorted({k for v in rows.values() for k in v})
-    print(f"{'metric':70s} " + " ".join(f"{n[:18]:>18s}" for n in rows))
-    for k in keys:
-        print(f"{(k[0][:24] + ' / ' + k[1])[:70]:70s} " +
-              " ".join(f"{(rows[n].get(k, ('-', ''))[0] + ' ' + rows[n].get(k, ('', ''))[1])[:18]:>18s}" for n in rows))
+        rows[name] = parse_details(p.stdout)
+    print(side_by_side(rows, sorted({k for v in rows.values() for k in v}), 70, 18, section_width=24))
     return 0
 
 

@@ -1,11 +1,13 @@
-"""Tutorials 03 and 04's row kernels as the notebooks have them ("now") against an earlier version of their cells
-("before"), timed in one run at the notebooks' own plans beside torch eager, torch.compile and torch's copy of the
-same bytes. --baseline barrier: the cells before session 8, whose cluster blocks met at barrier.cluster
-(arrive.release / wait.acquire) and read each other's statistics through mapa, against the st.async exchange now;
---baseline chan: tutorial 04's cell with Chan's merge of (n, mean, M2) triples across threads, against the two
-plain-sum reductions now; --baseline spin: the cells with every thread polling the exchange's mbarrier (made from
-the notebooks' cells by spin_variant), against one warp polling now. The earlier cells are saved in
-tools/gpu/norm_variants/.
+"""Tutorials 03 and 04's row kernels as the notebooks have them ("now") against the same cells with one of session
+8's changes taken back out ("before"), timed in one run at the notebooks' own plans beside torch eager,
+torch.compile and torch's copy of the same bytes. The "before" cells are made from the notebooks' by a text
+change (each asserts that it found what it replaces):
+--baseline barrier: the cluster's blocks meet at barrier.cluster (arrive.release / wait.acquire) and read each
+other's statistics through mapa (helpers: norm_variants/cluster_barrier.cu), instead of the st.async exchange;
+--baseline chan: tutorial 04's LayerNorm merges every thread's (n, mean, M2) triple with Chan's formula, instead of
+the two plain-sum reductions; --baseline spin: every thread polls the exchange's mbarrier, not one warp.
+(Runs B and C of session 8 compared against whole saved copies of the earlier cells, which also differed in
+what came later; they are in the git history at commit 4acab87, tools/gpu/norm_variants/.)
 
     PYTHONPATH=$PWD python3 tools/gpu/try_exchange.py            # GPU machine, repo root; about 2 minutes
     PYTHONPATH=$PWD python3 tools/gpu/try_exchange.py --baseline chan --ops layernorm --shapes 4096x4096,1024x262144
@@ -26,22 +28,70 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "tests" / "emu"))
 VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
-# --baseline: the cells that "before" compiles in place of the notebooks' (a cell not named keeps the notebook's)
-BASELINES = {"barrier": {"softmax_kernels": VARIANTS / "barrier_exchange_softmax.cu",
-                         "norm_kernels": VARIANTS / "barrier_exchange_norm.cu"},
-             "chan": {"norm_kernels": VARIANTS / "chan_merge_norm.cu"},
-             "spin": {"softmax_kernels": "spin", "norm_kernels": "spin"}}   # the cells, transformed: spin_variant
 EPS = 1e-5
 # every case runs a cluster plan: rows over 64 KB (bf16) / 128 KB (fp32), or few long rows
 CASES = [(op, dt, r, c) for r, c in ((1024, 262144), (3, 100003), (48, 65536))
          for op in ("layernorm", "rmsnorm", "softmax") for dt in ("float32", "bfloat16")]
 
 
+def _sub(pattern, repl, source, count=1, flags=0):
+    """re.subn that insists on `count` matches: the cell changed otherwise, and the baseline must be updated."""
+    out, n = re.subn(pattern, repl, source, flags=flags)
+    assert n == count, f"the cell changed ({n} matches of {pattern[:60]!r}, {count} expected): update try_exchange"
+    return out
+
+
+def barrier_variant(source):
+    """The cell with its cluster's blocks meeting at barrier.cluster, as before session 8: thread 0 writes the
+    block's statistic to shared memory, a cluster barrier, every block reads the others' through mapa, a second
+    arrive, and each cluster kernel waits on it before it exits."""
+    merge = (r"        Exchange<(\w+), CLUSTER>& ex = exchange<\w+, CLUSTER>\(\);\n(?:.*\n)*?"
+             r"        v = warp_merge\(lane < CLUSTER \? \(lane == \(int\)me \? v : ex\.part\[lane\]\) : (.*)\);\n")
+    source = _sub(merge, lambda m: (
+        f"        __shared__ {m.group(1)} block_part;\n"
+        "        if (threadIdx.x == 0) block_part = v;\n"
+        "        cluster_arrive();\n"
+        "        cluster_wait();\n"
+        f"        {m.group(1)} other = lane < CLUSTER ? *cluster_map(&block_part, lane) : {m.group(2)};\n"
+        "        cluster_arrive();                                 // done reading (waited on at exit)\n"
+        "        v = warp_merge(other);\n"), source)
+    kernels = source.count("    exchange_open<")
+    source = _sub(r"    exchange_open<[^\n]*\n((?:.*\n)*?)}\n", "\\1    cluster_wait();\n}\n", source, count=kernels)
+    anchor = source.index("// ---- clusters:")
+    return source[:anchor] + (VARIANTS / "cluster_barrier.cu").read_text() + "\n" + source[anchor:]
+
+
+def chan_variant(source):
+    """Tutorial 04's cell with every thread's (n, mean, M2) merged by Chan's formula across the warp and the block,
+    as before session 8 (each thread's own mean, then its squared deviations from it)."""
+    body = r"    float s = edge_ok \? edge : 0\.0f;(?:.*\n)*?    return cluster_merge<CLUSTER>\(Welford\{sn\.n, mean, m2\}[^\n]*\n"
+    return _sub(body, lambda m: """    float s = edge_ok ? edge : 0.0f;                      // packs past the row were loaded as 0
+#pragma unroll
+    for (int i = 0; i < VPT * VEC; ++i) s += at(pk, i);
+    float n = valid * VEC + (edge_ok ? 1.0f : 0.0f);
+    float mean = n > 0.0f ? s / n : 0.0f;
+    float m2 = edge_ok ? (edge - mean) * (edge - mean) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            float d = at(pk, j * VEC + k) - mean;
+            m2 += j < valid ? d * d : 0.0f;
+        }
+    return row_merge<CLUSTER>(Welford{n, mean, m2}, Welford{0.0f, 0.0f, 0.0f}, row_warps);
+""", source)
+
+
 def spin_variant(source):
     """The cell with every thread polling the exchange's mbarrier (session 8's first version), not one warp."""
-    new = re.compile(r"        if \(warp == 0\) exchange_wait\(&ex.bar, 0\);[^\n]*\n        __syncthreads\(\);[^\n]*\n")
-    assert len(new.findall(source)) == 1, "the cell changed: update spin_variant"
-    return new.sub("        exchange_wait(&ex.bar, 0);\n", source)
+    return _sub(r"        if \(warp == 0\) exchange_wait\(&ex.bar, 0\);[^\n]*\n        __syncthreads\(\);[^\n]*\n",
+                "        exchange_wait(&ex.bar, 0);\n", source)
+
+
+# --baseline: what "before" does to each named cell (a cell not named keeps the notebook's)
+BASELINES = {"barrier": {"softmax_kernels": barrier_variant, "norm_kernels": barrier_variant},
+             "chan": {"norm_kernels": chan_variant},
+             "spin": {"softmax_kernels": spin_variant, "norm_kernels": spin_variant}}
 
 
 def main(argv=None):
@@ -86,7 +136,7 @@ def main(argv=None):
     def old_compile(src):
         for name, cur in current.items():
             if src == cur:
-                return base(spin_variant(src) if OLD[name] == "spin" else OLD[name].read_text())
+                return base(OLD[name](src))
         return base(src)
 
     ns = {"now": (load_tutorial("03-reductions-softmax.py", compile=base), load_tutorial("04-layernorm.py", compile=base)),

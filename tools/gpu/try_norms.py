@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT / "tests"))              # test_bench's FakeClock, f
 OLD_SOURCE = ROOT / "tools" / "gpu" / "norm_variants" / "norm_kernels_old.cu"
 VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
 PERSISTENT_SOURCE = VARIANTS / "norm_persistent.cu"   # appended to the cell, with the two below
-EXTRA_SOURCES = [PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu", VARIANTS / "norm_extra_plans.cu",
-                 VARIANTS / "norm_wide.cu"]
+CLUSTER_BARRIER_SOURCE = VARIANTS / "cluster_barrier.cu"     # barrier.cluster helpers, for the persistent grid
+EXTRA_SOURCES = [CLUSTER_BARRIER_SOURCE, PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu",
+                 VARIANTS / "norm_extra_plans.cu", VARIANTS / "norm_wide.cu"]
 # Instantiated template arguments of the session-5 candidate "2read": packs a thread per chunk in the two passes
 # (pass 1 from DRAM, pass 2 from L2 with w and b).
 TWOREAD_UNROLL = {"layernorm": (2, 1), "rmsnorm": (4, 2)}

@@ -5,20 +5,6 @@
 // a thread always has a row's loads in flight. Needs cols % VEC == 0 (every row starts on a 16-byte boundary:
 // the same packs in every row, no edge elements); the launcher falls back otherwise.
 // Shared partials are double-buffered by iteration parity, so one barrier (or cluster barrier) per row suffices.
-#ifndef NORM_BARRIER_HELPERS
-#define NORM_BARRIER_HELPERS
-// The cluster-barrier helpers the notebook's cell had before session 8 (its exchange is st.async now); this
-// candidate still meets its cluster's blocks at barrier.cluster.
-__device__ __forceinline__ void cluster_arrive() {
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-template <typename T>
-__device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
-    unsigned long long in = reinterpret_cast<unsigned long long>(p), out;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(in), "r"(rank));
-    return reinterpret_cast<const T*>(out);
-}
-#endif
 
 template <int CLUSTER, typename S>
 __device__ __forceinline__ S row_merge_loop(S v, S zero, int row_warps, int parity) {

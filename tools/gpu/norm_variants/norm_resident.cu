@@ -1,5 +1,5 @@
 // Issue 14, session 7 candidate (measured slower, not in notebook 04): norm_resident, appended to the notebook's
-// norm_kernels cell by tools/gpu/try_norms.py and tests/test_norm_candidates.py. A cluster of C blocks of 1024
+// norm_kernels cell and cluster_barrier.cu by tests/test_norm_candidates.py. A cluster of C blocks of 1024
 // threads x 4 packs takes rows in turn with its slice of w and b in shared memory; launch with
 // grid = clusters x C, cluster (C, 1, 1) (2-16: 16 is the non-portable size), dynamic shared memory
 // (LN ? 2 : 1) x 4 x blockDim.x x 16 bytes, cols % (16 / sizeof(T)) == 0, whole packs <= C x blockDim.x x 4.
@@ -7,20 +7,6 @@
 // at 1024 x 262144 and 2048 x 131072. The suspect: barrier.cluster.arrive.release waits for this thread's
 // outstanding memory operations, the next row's prefetched loads and this row's stores among them, so the
 // prefetch does not overlap the barrier.
-#ifndef NORM_BARRIER_HELPERS
-#define NORM_BARRIER_HELPERS
-// The cluster-barrier helpers the notebook's cell had before session 8 (its exchange is st.async now); this
-// candidate still meets its cluster's blocks at barrier.cluster.
-__device__ __forceinline__ void cluster_arrive() {
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-template <typename T>
-__device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
-    unsigned long long in = reinterpret_cast<unsigned long long>(p), out;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(in), "r"(rank));
-    return reinterpret_cast<const T*>(out);
-}
-#endif
 
 __device__ __forceinline__ unsigned cluster_nctarank() {
     unsigned n;
@@ -46,7 +32,6 @@ __device__ __forceinline__ Welford resident_welford(const Pack<T> (&pk)[VPT], in
         }
     return Welford{n, mean, m2};
 }
-
 
 // ---- many long rows: w and b resident in shared memory ------------------------------------------------------
 // The cluster kernels above re-read their slice of w (and b) for every row: a block's 128 KB of them does not stay
