@@ -859,7 +859,7 @@ __device__ __forceinline__ MaxSum row_merge(MaxSum v, int row_warps) {
     if (row_warps > 1) {                                 // the same for the whole block: no divergent barrier
         if (lane == 0) warp_part[warp] = v;
         __syncthreads();
-        int first = warp - warp % row_warps;         // the row's first warp; each warp merges the row's pairs
+        int first = warp & -row_warps;               // the row's first warp (a power of two warps a row);
         v = warp_merge(lane < row_warps ? warp_part[first + lane] : MaxSum{NEG_INF, 0.0f});
     }
     if constexpr (CLUSTER > 1) {                         // every thread holds its block's pair
@@ -935,8 +935,8 @@ __global__ void __launch_bounds__(1024) softmax_rows(const T* __restrict__ x, T*
                                                      int row_threads) {
     constexpr int VEC = 16 / sizeof(T);
     if (VPT * VEC > 32) row_threads = blockDim.x;        // known to be one row a block: 4 registers fewer
-    int row = blockIdx.x * (blockDim.x / row_threads) + threadIdx.x / row_threads;
-    int t = threadIdx.x % row_threads;
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) >> (__ffs(row_threads) - 1);   // row_threads: a power of two
+    int t = threadIdx.x & (row_threads - 1);
     bool live = row < rows;                              // a last block's spare rows still meet at the barrier
     size_t start = (size_t)(live ? row : 0) * cols;
     RowLayout L(live ? cols : 0, (int)(start % VEC), VEC);

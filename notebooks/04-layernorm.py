@@ -315,6 +315,19 @@ kernellab.grade("04-layernorm-block", layernorm_block)
 # of a select per value for the packs past the row's end keeps `d * d + M2` one FFMA (the run at the end of the
 # notebook measures it).
 #
+# The per-thread costs came next. With 32 values a thread, whatever a thread does once is shared by only 32
+# elements, and Nsight Compute's per-instruction counts put half of those 27 instructions there: four integer
+# divisions by run-time values (the row and the thread from `row_threads`, the count of packs inside the row, the
+# row's first warp: about 22 instructions each) and, in every loop that guards the row's end, a branch region per
+# pack. The plan's thread counts are powers of two, so shifts and masks replace the divisions and compares count
+# the packs; and a thread whose packs all lie inside the row, 16-byte aligned (every thread of the large aligned
+# shapes), takes one guard-free path for the squared deviations and the store (`inside_store`). Predicted: +1-3 %
+# and +2-4 % at bf16 4096 x 4096. Measured (H100, `tools/gpu/try_exchange.py` against the cells before each
+# change, one run each): the divisions 29.4 -> 28.5 µs (+3 %; RMSNorm and softmax +2-5 %), the guard-free path
+# 29.8 -> 29.3 µs there and +3-5 % at 1024 x 262144 (LayerNorm 419 -> 407 µs, RMSNorm 398 -> 378), the small
+# shapes within their noise; Nsight Compute: 25.1 -> 20.5 instructions an element at 4096 x 4096, 25.7 -> 20.7
+# at 1024 x 262144.
+#
 # Across a cluster the blocks exchange their statistics as tutorial 03's softmax does: each block pushes its
 # statistic into the others' shared memory with `st.async`, counted on their mbarriers, rather than meeting at
 # `barrier.cluster` (whose `MEMBAR.ALL.GPU` held 10-20 % of the stall samples at 1024 x 262144). Measured on an
@@ -518,7 +531,7 @@ __device__ __forceinline__ S block_merge(S v, S zero, int row_warps) {
     if (row_warps > 1) {
         if (lane == 0) warp_part[warp] = v;
         __syncthreads();
-        int first = warp - warp % row_warps;
+        int first = warp & -row_warps;                   // the row's first warp (row_warps: a power of two)
         v = warp_merge(lane < row_warps ? warp_part[first + lane] : zero);
     }
     return v;
@@ -614,13 +627,21 @@ __device__ __forceinline__ Welford layernorm_stats(const Pack<T> (&pk)[VPT], int
     float mean = sn.n > 0.0f ? sn.s / sn.n : 0.0f;
     keep_packed(pk);
     float m2 = edge_ok ? (edge - mean) * (edge - mean) : 0.0f;
+    if (valid == VPT) {                                   // every pack inside the row (most threads): no guards
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-        if (j >= valid) continue;                         // a branch per pack, not a select per value: d * d + m2
-#pragma unroll                                            // stays one FFMA
-        for (int k = 0; k < VEC; ++k) {
-            float d = at(pk, j * VEC + k) - mean;
+        for (int i = 0; i < VPT * VEC; ++i) {
+            float d = at(pk, i) - mean;
             m2 = fmaf(d, d, m2);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < VPT; ++j) {
+            if (j >= valid) continue;                     // a branch per pack, not a select per value: d * d + m2
+#pragma unroll                                            // stays one FFMA
+            for (int k = 0; k < VEC; ++k) {
+                float d = at(pk, j * VEC + k) - mean;
+                m2 = fmaf(d, d, m2);
+            }
         }
     }
     keep_packed(pk);
@@ -643,12 +664,50 @@ __device__ __forceinline__ void load_late(Pack<T> (&wk)[VPT], bool early, const 
 
 // y = (x - mean) * rstd * w + b for this thread's packs, then the store. early_w, early_b: w, b are already in
 // wk, bk; otherwise they are loaded here first.
+// A thread whose packs all lie inside the row, 16-byte aligned (lead == 0): every thread of the large aligned
+// shapes. Its stores and late loads need no guards and no element-load fallback; with them, each pack was a branch
+// region of its own (Nsight Compute: about 2 of bf16 LayerNorm's 25 instructions an element).
+template <typename T, int VPT>
+__device__ __forceinline__ bool all_inside(RowLayout L, int first, int stride) {
+    return L.lead == 0 && first + (VPT - 1) * stride < L.whole;
+}
+
+// y = (x - mean) * rstd * w + b for the packs of such a thread; w (b) already in wk (bk) if EARLY_W (EARLY_B).
+template <bool LN, bool EARLY_W, bool EARLY_B, typename T, int VPT>
+__device__ __forceinline__ void inside_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk)[VPT], Pack<T> (&bk)[VPT],
+                                             float mean, float rstd, const T* __restrict__ w,
+                                             const T* __restrict__ b, T* __restrict__ row, int first, int stride) {
+    constexpr int VEC = 16 / sizeof(T);
+    const Pack<T>* wp = reinterpret_cast<const Pack<T>*>(w) + first;      // this thread's pack 0; pack j: + j stride
+    const Pack<T>* bp = reinterpret_cast<const Pack<T>*>(b) + first;
+    Pack<T>* yp = reinterpret_cast<Pack<T>*>(row) + first;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {                       // up to 4 packs: all in flight before the first is used
+        if (!EARLY_W && VPT <= 4) wk[j] = wp[j * stride];
+        if (LN && !EARLY_B && VPT <= 4) bk[j] = bp[j * stride];
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        if (!EARLY_W && VPT > 4) wk[j] = wp[j * stride];  // 8 packs: one at a time, as registers allow
+        if (LN && !EARLY_B && VPT > 4) bk[j] = bp[j * stride];
+        float out[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+            out[k] = LN ? fmaf((at(pk, j * VEC + k) - mean) * rstd, wk[j].get(k), bk[j].get(k))
+                        : at(pk, j * VEC + k) * rstd * wk[j].get(k);
+        yp[j * stride] = from_floats<T>(out);
+    }
+}
+
 template <typename T, int VPT>
 __device__ __forceinline__ void affine_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk)[VPT], Pack<T> (&bk)[VPT],
                                              bool early_w, bool early_b, float mean, float rstd,
                                              const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ row,
                                              RowLayout L, int first, int stride) {
     constexpr int VEC = 16 / sizeof(T);
+    if (all_inside<T, VPT>(L, first, stride))             // lead == 0: early_w, early_b are the Early rules
+        return inside_store<true, Early<VPT, 2>::value, Early<VPT, 3>::value>(pk, wk, bk, mean, rstd, w, b, row,
+                                                                              first, stride);
     load_late(wk, early_w, w, L, first, stride);
     load_late(bk, early_b, b, L, first, stride);
 #pragma unroll
@@ -669,6 +728,8 @@ __device__ __forceinline__ void rms_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk
                                           const T* __restrict__ w, T* __restrict__ row, RowLayout L, int first,
                                           int stride) {
     constexpr int VEC = 16 / sizeof(T);
+    if (all_inside<T, VPT>(L, first, stride))
+        return inside_store<false, Early<VPT, 2>::value, true>(pk, wk, wk, 0.0f, rstd, w, w, row, first, stride);
     load_late(wk, early, w, L, first, stride);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
@@ -739,7 +800,9 @@ __device__ __forceinline__ void layernorm_row(const T* __restrict__ x, const T* 
     if (early_b) load_vector(bk, b, L, first, stride);
     int e = L.edge(edge_t, live ? cols : 0);
     float edge = e >= 0 ? to_float(x[e]) : 0.0f;
-    int valid = min(VPT, max(0, (L.whole - first + stride - 1) / stride));   // packs j with first + j*stride < whole
+    int valid = 0;                                       // packs j with first + j*stride < whole (compares: no
+#pragma unroll                                            // division by the run-time stride)
+    for (int j = 0; j < VPT; ++j) valid += first + j * stride < L.whole;
     Welford st = layernorm_stats<CLUSTER>(pk, valid, e >= 0, edge, row_warps);
     float rstd = rsqrtf(st.m2 / cols + eps);
     if (!live) return;
@@ -778,8 +841,8 @@ template <typename T, int VPT>
 __global__ void __launch_bounds__(1024) layernorm_rows(const T* __restrict__ x, const T* __restrict__ w,
                                                        const T* __restrict__ b, T* __restrict__ y, int rows,
                                                        int cols, int row_threads, float eps) {
-    int row = blockIdx.x * (blockDim.x / row_threads) + threadIdx.x / row_threads;
-    int t = threadIdx.x % row_threads;
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) >> (__ffs(row_threads) - 1);   // row_threads: a power of two
+    int t = threadIdx.x & (row_threads - 1);
     bool live = row < rows;                              // a last block's spare rows still meet at the barrier
     size_t start = (size_t)(live ? row : 0) * cols;
     layernorm_row<T, VPT, 1>(x + start, w, b, y + start, cols, live, (int)(start % (16 / sizeof(T))), t, row_threads,
@@ -801,8 +864,8 @@ template <typename T, int VPT>
 __global__ void __launch_bounds__(1024) rmsnorm_rows(const T* __restrict__ x, const T* __restrict__ w,
                                                      T* __restrict__ y, int rows, int cols, int row_threads,
                                                      float eps) {
-    int row = blockIdx.x * (blockDim.x / row_threads) + threadIdx.x / row_threads;
-    int t = threadIdx.x % row_threads;
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) >> (__ffs(row_threads) - 1);   // row_threads: a power of two
+    int t = threadIdx.x & (row_threads - 1);
     bool live = row < rows;
     size_t start = (size_t)(live ? row : 0) * cols;
     rmsnorm_row<T, VPT, 1>(x + start, w, y + start, cols, live, (int)(start % (16 / sizeof(T))), t, row_threads, t,
@@ -1295,13 +1358,19 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #
 # What was left after that run, and what came of it: float32 at 4096 x 32768 (0.91x `torch.compile` then; one
 # block of 1024 a row and the ring brought it to 98 % of copy and about 1.0x), and LayerNorm at 1024 x 262144 at
-# 74 % of copy (the cluster exchange and 16-block clusters: 92 % in float32, 85-86 % in bf16). bf16 LayerNorm is
-# still the one short of 90 % at 4096 x 4096 and 1024 x 262144, where RMSNorm reaches 87-95 %: Nsight Compute
-# counts 25-26 instructions issued per element against RMSNorm's 14 (the second pass and the affine store widen
-# every bf16 value again). Copying b into shared memory with cp.async, next to x's loads, was tried and made it
-# worse (65 %; benchmarks/NOTES-memory-bound.md). The small shapes are fixed costs, where torch's own copy of the
-# same bytes reaches only 26-68 %; about a fifth of such a kernel's time under `kernellab.bench` is the L2 flush's
-# dirty lines being written back (tools/gpu/flush_effect.py).
+# 74 % of copy (the cluster exchange and 16-block clusters: 92 % in float32, 85-88 % in bf16). bf16 LayerNorm is
+# still the one short of 90 % at 1024 x 262144, where RMSNorm reaches 95 %: 21 instructions issued per element
+# against RMSNorm's 12, after the divisions and guards went (the second pass and the affine store widen every bf16
+# value again). Keeping the values widened, or loading `w` and `b` next to `x`, needs more registers than a
+# 1024-thread bound allows; with a 512-thread bound both were slower at every shape (fewer blocks an SM cost more
+# than the instructions saved), and copying b into shared memory with cp.async made it worse too (65 %;
+# benchmarks/NOTES-memory-bound.md). At 4096 x 4096 (64 MB moved) the result depends on what the L2 holds when the
+# kernel starts: 28-29 µs under `kernellab.bench`'s flush, which leaves the L2 full of dirty lines that the kernel
+# writes back (torch's copy of the same bytes: 27-28 µs, 80-90 % of the copy bandwidth depending on the machine),
+# 21 µs under Nsight Compute's flushed-and-invalidated L2, where part of `y` is still in L2 when the kernel ends.
+# The small shapes are fixed costs, where torch's own copy of the same bytes reaches only 26-68 %; about a fifth of
+# such a kernel's time under `kernellab.bench` is the L2 flush's dirty lines being written back
+# (tools/gpu/flush_effect.py).
 #
 # Things to try: give `layernorm_rows` the sum of squares instead of the two-pass sums and run the large-mean
 # check; put back Chan's merge across the threads and count the instructions per element in Nsight Compute; plan a

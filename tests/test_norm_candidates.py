@@ -85,29 +85,42 @@ def test_candidates_match_torch_on_the_emulator(emulated, spec, rows, cols, mean
     assert rep.passed, ("rmsnorm", spec.text(), rows, cols, mean, rep)
 
 
-# --- session 8's norm_wide (tools/gpu/norm_variants/norm_wide.cu): bf16 LayerNorm with x widened once, not timed yet ---
+# --- norm_wide (tools/gpu/norm_variants/norm_wide.cu): bf16 LayerNorm under a 512-thread bound, x widened once
+# (wide), w and b next to x (early), or both (wideb) ---
 
-WIDE = ["layernorm_rows_wide<__nv_bfloat16, 4>", "layernorm_rows_wide<__nv_bfloat16, 8>",
-        "layernorm_rows_cluster_wide<__nv_bfloat16, 16, 8>", "layernorm_rows_cluster_wide<__nv_bfloat16, 8, 8>"]
+WIDE = ["layernorm_rows_x<__nv_bfloat16, 4, true, 0, 512, 1>", "layernorm_rows_x<__nv_bfloat16, 8, true, 0, 512, 1>",
+        "layernorm_rows_cluster_x<__nv_bfloat16, 16, 8, true, 0, 512, 1>",
+        "layernorm_rows_cluster_x<__nv_bfloat16, 8, 8, true, 0, 512, 1>"]
+EARLY = ["layernorm_rows_x<__nv_bfloat16, 4, true, 1, 512, 1>", "layernorm_rows_x<__nv_bfloat16, 4, false, 1, 512, 1>",
+         "layernorm_rows_x<__nv_bfloat16, 8, false, 1, 512, 1>", "layernorm_rows_cluster_x<__nv_bfloat16, 16, 8, false, 1, 512, 1>"]
 
 
 def test_wide_keeps_x_widened_within_its_512_thread_bound(module):
     """Fewer widenings than the cell's kernel at the same plan (its SASS has fewer bf16 shifts and masks), more
-    registers (the 32-64 widened values), no spills."""
+    registers (the 32-64 widened values), no spills; the early ones load all their w and b packs before the
+    reduction's first barrier."""
     def widenings(sass):
         return len(re.findall(r"\b(SHF\.L\.U32|LOP3\.LUT|IMAD\.U32)\b", sass))
-    for name in WIDE:
+    for name in WIDE + EARLY:
         res = module[name].resources
         assert res.registers <= 128 and not res.spills and res.local_bytes == 0, (name, str(res))
     assert module[WIDE[0]].resources.registers > 64
     assert widenings(module[WIDE[0]].sass) < widenings(module["layernorm_rows<__nv_bfloat16, 4>"].sass)
+    for name, vpt in zip(EARLY, (4, 4, 8, 8)):
+        before_barrier = module[name].sass.split("BAR.SYNC")[0]
+        assert before_barrier.count("LDG.E.128") >= 3 * vpt, name      # x, w and b
 
 
 @needs_cxx
 @pytest.mark.parametrize("mean", [0.0, 1e4])
 @pytest.mark.parametrize("spec, rows, cols", [(try_norms.W(128, 4, 1, 128), 3, 4096),
                                               (try_norms.W(32, 4, 1, 128), 5, 1031),
-                                              (try_norms.W(32, 8, 16), 2, 16 * 32 * 8 * 8 - 8)],
+                                              (try_norms.W(32, 8, 16), 2, 16 * 32 * 8 * 8 - 8),
+                                              (try_norms.WB(128, 4, 1, 128), 3, 4096),
+                                              (try_norms.WB(32, 4, 1, 128), 5, 1031),
+                                              (try_norms.E(64, 4, 1, 128), 3, 2048),
+                                              (try_norms.E(32, 8, 1, 128), 5, 2051),
+                                              (try_norms.E(32, 8, 16), 2, 16 * 32 * 8 * 8 - 8)],
                          ids=lambda v: v.text() if hasattr(v, "text") else str(v))
 def test_wide_matches_torch_on_the_emulator(emulated, spec, rows, cols, mean):
     ln = try_norms.make_launcher(emulated, "layernorm", "__nv_bfloat16", spec, True)

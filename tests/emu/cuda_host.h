@@ -517,3 +517,4 @@ inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); retu
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+inline int __ffs(int x) { return __builtin_ffs(x); }           // 1 + the lowest set bit; 0 for 0

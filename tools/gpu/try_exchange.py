@@ -5,7 +5,9 @@ change (each asserts that it found what it replaces):
 --baseline barrier: the cluster's blocks meet at barrier.cluster (arrive.release / wait.acquire) and read each
 other's statistics through mapa (helpers: norm_variants/cluster_barrier.cu), instead of the st.async exchange;
 --baseline chan: tutorial 04's LayerNorm merges every thread's (n, mean, M2) triple with Chan's formula, instead of
-the two plain-sum reductions; --baseline spin: every thread polls the exchange's mbarrier, not one warp.
+the two plain-sum reductions; --baseline spin: every thread polls the exchange's mbarrier, not one warp;
+--baseline DIR: the notebooks 03 and 04 found in DIR (e.g. `git show REV:notebooks/04-layernorm.py > DIR/...`), for
+a change no text edit takes back.
 (Runs B and C of session 8 compared against whole saved copies of the earlier cells, which also differed in
 what came later; they are in the git history at commit 4acab87, tools/gpu/norm_variants/.)
 
@@ -100,10 +102,11 @@ def main(argv=None):
     ap.add_argument("--rep-ms", type=float, default=15.0)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--only", default="")
-    ap.add_argument("--baseline", default="barrier", choices=sorted(BASELINES),
+    ap.add_argument("--baseline", default="barrier",
                     help="barrier: the cells before session 8's st.async exchange; chan: tutorial 04's cell before "
                          "LayerNorm's statistics became plain sums (Chan's merge across threads); spin: the cells "
-                         "with every thread polling the exchange's mbarrier")
+                         "with every thread polling the exchange's mbarrier; a directory: its copies of notebooks "
+                         "03 and 04 (the notebook files as committed at some earlier revision)")
     ap.add_argument("--shapes", default="", help="comma-separated RxC (default: the cluster shapes)")
     ap.add_argument("--ops", default="layernorm,rmsnorm,softmax")
     args = ap.parse_args(argv)
@@ -124,7 +127,10 @@ def main(argv=None):
         def base(src):
             return kernellab.compile_cuda(src, first_line=2, filename="cell.cu")
         cases = CASES
-    OLD = BASELINES[args.baseline]
+    before_dir = pathlib.Path(args.baseline) if args.baseline not in BASELINES else None
+    if before_dir is not None and not before_dir.is_dir():
+        ap.error(f"--baseline {args.baseline!r}: neither one of {sorted(BASELINES)} nor a directory")
+    OLD = BASELINES.get(args.baseline, {})
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
         cases = [(op, dt, r, c) for r, c in shapes for op in ("layernorm", "rmsnorm", "softmax")
@@ -139,9 +145,13 @@ def main(argv=None):
                 return base(OLD[name](src))
         return base(src)
 
+    def before(notebook):
+        if before_dir is not None:                        # load_tutorial reads an absolute path as it is
+            return load_tutorial(str((before_dir / notebook).resolve()), compile=base)
+        return load_tutorial(notebook, compile=old_compile)
+
     ns = {"now": (load_tutorial("03-reductions-softmax.py", compile=base), load_tutorial("04-layernorm.py", compile=base)),
-          "before": (load_tutorial("03-reductions-softmax.py", compile=old_compile),
-                     load_tutorial("04-layernorm.py", compile=old_compile))}
+          "before": (before("03-reductions-softmax.py"), before("04-layernorm.py"))}
     print(f"compiled in {time.time() - t0:.0f} s", flush=True)
     if args.emulate:
         copy_gbps, device = 3000.0, "CPU emulation"

@@ -48,8 +48,8 @@ EPS = 1e-5
 class Spec:
     """A launch plan: row_threads threads per row, vpt packs per thread, cluster blocks per row, block threads;
     family: "" (the cell's kernels), "persist" (norm_persistent.cu), "2read" (norm_tworead.cu: vpt is pass 1's
-    packs per chunk; any row length), "wide" (norm_wide.cu: LayerNorm bf16 with x widened to fp32 once, launch
-    bound 512)."""
+    packs per chunk; any row length), "wide", "wideb", "early" (norm_wide.cu, LayerNorm bf16 under a launch bound
+    of 512: x widened to fp32 once; that and w, b read next to x; x packed as in the cell, w and b next to it)."""
 
     row_threads: int
     vpt: int
@@ -96,6 +96,20 @@ def W(row_threads, vpt, cluster=1, block=0):
     return Spec(row_threads, vpt, cluster, block, "wide")
 
 
+def WB(row_threads, vpt, cluster=1, block=0):
+    """As W, with w and b loaded next to x (norm_wide.cu): bf16, 4 packs a thread."""
+    return Spec(row_threads, vpt, cluster, block, "wideb")
+
+
+def E(row_threads, vpt, cluster=1, block=0):
+    """The cell's packed x with w and b loaded next to it, under a 512-thread bound (norm_wide.cu): bf16."""
+    return Spec(row_threads, vpt, cluster, block, "early")
+
+
+# norm_wide.cu's template arguments <WIDE, WB, THREADS, MINB> per family
+WIDE_FLAGS = {"wide": "true, 0, 512, 1", "wideb": "true, 1, 512, 1", "early": "false, 1, 512, 1"}
+
+
 def TWO(row_threads, block=0):
     """Two reads of x, nothing held across the reduction (tools/gpu/norm_variants/norm_tworead.cu)."""
     return Spec(row_threads, 2, 1, block, "2read")
@@ -107,14 +121,17 @@ B = "bfloat16"
 F32 = "float32"
 CASES = {
     ("layernorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(512, 4, 2), Spec(1024, 2, 2), Spec(512, 2, 4),
-                                    Spec(256, 4, 4), Spec(256, 2, 8), P(1024, 2, 2), P(512, 2, 4), W(512, 8, 1, 512)],
+                                    Spec(256, 4, 4), Spec(256, 2, 8), P(1024, 2, 2), P(512, 2, 4), W(512, 8, 1, 512),
+                                    E(512, 8, 1, 512)],
     ("layernorm", B, 1024, 262144): [Spec(512, 4, 16), Spec(512, 8, 8), Spec(1024, 4, 8), Spec(1024, 8, 4),
-                                     W(256, 8, 16), W(512, 8, 8)],
+                                     W(256, 8, 16), W(512, 8, 8), E(256, 8, 16), E(512, 8, 8)],
     ("layernorm", B, 4096, 1024): [Spec(64, 2, 1, 128), Spec(64, 2, 1, 256), Spec(32, 4, 1, 256), Spec(128, 1),
-                                   P(64, 2, 1, 256), P(128, 1, 1, 256)],
+                                   P(64, 2, 1, 256), P(128, 1, 1, 256), W(32, 4, 1, 128), WB(32, 4, 1, 128),
+                                   E(32, 4, 1, 128)],
     ("layernorm", B, 4096, 4096): [Spec(64, 8, 1, 128), Spec(64, 8, 1, 256), Spec(256, 2, 1, 256),
                                    Spec(128, 4, 1, 256), Spec(512, 1, 1, 512), P(256, 2, 1, 256), P(512, 1, 1, 512),
-                                   W(128, 4, 1, 128), W(128, 4, 1, 256), W(64, 8, 1, 128)],
+                                   W(128, 4, 1, 128), W(128, 4, 1, 256), W(64, 8, 1, 128), WB(128, 4, 1, 128),
+                                   E(128, 4, 1, 128), E(128, 4, 1, 256)],
     ("rmsnorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(512, 4, 2), Spec(1024, 2, 2), Spec(512, 2, 4),
                                   Spec(256, 4, 4), P(1024, 2, 2), P(512, 2, 4)],
     ("layernorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), Spec(256, 8, 4), Spec(1024, 8, 1, 1024),
@@ -169,9 +186,10 @@ def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None)
             kernel[groups * spec.cluster, spec.threads](x, *rest, rows, cols, spec.row_threads, EPS)
             return rest[-1]
         return launch
-    if spec.family == "wide":
-        kernel = module[f"{kind}_rows_wide<{ctype}, {spec.vpt}>" if spec.cluster == 1
-                        else f"{kind}_rows_cluster_wide<{ctype}, {spec.cluster}, {spec.vpt}>"]
+    if spec.family in WIDE_FLAGS:
+        flags = WIDE_FLAGS[spec.family]
+        kernel = module[f"{kind}_rows_x<{ctype}, {spec.vpt}, {flags}>" if spec.cluster == 1
+                        else f"{kind}_rows_cluster_x<{ctype}, {spec.cluster}, {spec.vpt}, {flags}>"]
     elif spec.family == "2read":
         u1, u2 = TWOREAD_UNROLL[kind]
         kernel = module[f"{kind}_tworead<{ctype}, {u1}, {u2}>"]
