@@ -728,8 +728,8 @@ __device__ __forceinline__ void rms_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk
                                           const T* __restrict__ w, T* __restrict__ row, RowLayout L, int first,
                                           int stride) {
     constexpr int VEC = 16 / sizeof(T);
-    if (all_inside<T, VPT>(L, first, stride))
-        return inside_store<false, Early<VPT, 2>::value, true>(pk, wk, wk, 0.0f, rstd, w, w, row, first, stride);
+    if (VPT > 4 && all_inside<T, VPT>(L, first, stride))   // 8 packs: w late, one pack at a time, unguarded
+        return inside_store<false, false, true>(pk, wk, wk, 0.0f, rstd, w, w, row, first, stride);
     load_late(wk, early, w, L, first, stride);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
