@@ -182,6 +182,53 @@ def test_resident_clusters_take_rows_in_turn_on_the_emulator(resident, kind, dty
         assert torch.allclose(y.double(), ref, atol=tol, rtol=tol), (rows, cols, (y.double() - ref).abs().max())
 
 
+# --- session 9's norm_resident_x (tools/gpu/norm_variants/norm_resident_x.cu): session 7's resident clusters with the
+# st.async exchange, double-buffered by row parity ---
+
+RESIDENT_X_SOURCE = HERE.parent / "tools" / "gpu" / "norm_variants" / "norm_resident_x.cu"
+
+
+def resident_x_source():
+    return named_cuda_cells("04-layernorm.py")["norm_kernels"] + RESIDENT_X_SOURCE.read_text()
+
+
+def test_resident_x_fits_64_registers_and_has_no_cluster_barrier_per_row():
+    """No spills; w and b from shared memory; one cluster barrier (the start), the rows exchanged by st.async."""
+    m = kernellab.compile_cuda(resident_x_source(), arch="sm_90")
+    ks = [k for k in m.kernels if k.name == "norm_resident_x"]
+    assert len(ks) == 12
+    for k in ks:
+        assert k.resources.registers <= 64 and not k.resources.spills, (k.signature, k.resources)
+        assert "LDS.128" in k.sass and k.sass.count("UCGABAR_ARV") == 1, k.signature
+        assert "MEMBAR" not in k.sass, k.signature
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_resident_x_clusters_take_rows_in_turn_on_the_emulator(kind, dtype):
+    """norm_resident_x at small sizes: blocks of 32 threads (4 packs each), clusters of 3, 2 clusters over 5 and 7
+    rows (several turns of each parity's mbarrier, one cluster a row more), rows with packs left over past the last
+    block's, one cluster alone, and a mean of 1e4 (LayerNorm: the two-pass sums and Chan across the blocks)."""
+    k = emulate.compile_host(resident_x_source())[
+        f"norm_resident_x<{'true' if kind == 'layernorm' else 'false'}, "
+        f"{'float' if dtype == torch.float32 else '__nv_bfloat16'}, 3>"]
+    vec = 16 // dtype.itemsize
+    for rows, packs, clusters, mean in ((5, 3 * 32 * 4 - 5, 2, 3.0), (7, 3 * 32 * 4, 2, 1e4), (3, 200, 1, 0.0)):
+        cols = packs * vec
+        g = torch.Generator().manual_seed(rows)
+        x = (2 * torch.randn(rows, cols, generator=g) + mean).to(dtype)
+        w = (1 + 0.5 * torch.randn(cols, generator=g)).to(dtype)
+        b = torch.randn(cols, generator=g).to(dtype)
+        y = torch.full((rows, cols), float("nan"), dtype=dtype)
+        k.launch(clusters * 3, 32, x, w, b if kind == "layernorm" else w, y, rows, cols, 1e-5,
+                 shared_bytes=(2 if kind == "layernorm" else 1) * 4 * 32 * 16)
+        ref = (F.layer_norm(x.double(), (cols,), w.double(), b.double(), 1e-5) if kind == "layernorm"
+               else F.rms_norm(x.double(), (cols,), w.double(), 1e-5))
+        tol = (1e-5 if mean < 100 else 5e-3) if dtype == torch.float32 else 2e-2
+        assert torch.allclose(y.double(), ref, atol=tol, rtol=tol), (rows, cols, (y.double() - ref).abs().max())
+
+
 def test_try_exchange_can_still_build_its_baselines():
     """tools/gpu/try_exchange.py makes its "before" cells from the notebooks' by text changes that assert they found
     what they replace: each still applies, and does what its name says."""

@@ -495,6 +495,14 @@ template <typename S> inline void exchange_push(S* slot, S v, unsigned long long
     if (st.tx < 0 && st.pending == 0) kl::fail("st.async: more bytes than the mbarrier expects");
     kl::mbar_settle(m, st);
 }
+inline void exchange_arm(unsigned long long* bar, unsigned bytes) {   // arrive.expect_tx: the next phase's bytes
+    std::lock_guard<std::mutex> g(kl::atomic_lock());
+    kl::MbarState m = kl::mbar_load(bar);
+    if (m.pending == 0) kl::fail("mbarrier.arrive.expect_tx with no arrival pending");
+    m.pending -= 1;
+    m.tx += int32_t(bytes);
+    kl::mbar_settle(bar, m);
+}
 inline void exchange_wait(unsigned long long* bar, unsigned parity) {
     auto t0 = std::chrono::steady_clock::now();
     while (true) {

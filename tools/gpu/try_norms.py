@@ -37,7 +37,7 @@ VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
 PERSISTENT_SOURCE = VARIANTS / "norm_persistent.cu"   # appended to the cell, with the two below
 CLUSTER_BARRIER_SOURCE = VARIANTS / "cluster_barrier.cu"     # barrier.cluster helpers, for the persistent grid
 EXTRA_SOURCES = [CLUSTER_BARRIER_SOURCE, PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu",
-                 VARIANTS / "norm_extra_plans.cu", VARIANTS / "norm_wide.cu"]
+                 VARIANTS / "norm_extra_plans.cu", VARIANTS / "norm_wide.cu", VARIANTS / "norm_resident_x.cu"]
 # Instantiated template arguments of the session-5 candidate "2read": packs a thread per chunk in the two passes
 # (pass 1 from DRAM, pass 2 from L2 with w and b).
 TWOREAD_UNROLL = {"layernorm": (2, 1), "rmsnorm": (4, 2)}
@@ -83,7 +83,7 @@ class Spec:
         if self.family == "2read":
             return cols % vec == 0
         return (self.row_threads * self.vpt * self.cluster >= cols // vec
-                and (not self.persistent or cols % vec == 0))
+                and (not (self.persistent or self.family == "resx") or cols % vec == 0))
 
 
 def P(row_threads, vpt, cluster=1, block=0):
@@ -110,6 +110,12 @@ def E(row_threads, vpt, cluster=1, block=0):
 WIDE_FLAGS = {"wide": "true, 0, 512, 1", "wideb": "true, 1, 512, 1", "early": "false, 1, 512, 1"}
 
 
+def RX(cluster, threads=1024):
+    """Resident clusters with the st.async exchange (norm_resident_x.cu): 4 packs a thread, w and b in shared
+    memory, rows in turn, as many clusters as fit at once."""
+    return Spec(threads, 4, cluster, threads, "resx")
+
+
 def TWO(row_threads, block=0):
     """Two reads of x, nothing held across the reduction (tools/gpu/norm_variants/norm_tworead.cu)."""
     return Spec(row_threads, 2, 1, block, "2read")
@@ -124,7 +130,10 @@ CASES = {
                                     Spec(256, 4, 4), Spec(256, 2, 8), P(1024, 2, 2), P(512, 2, 4), W(512, 8, 1, 512),
                                     E(512, 8, 1, 512)],
     ("layernorm", B, 1024, 262144): [Spec(512, 4, 16), Spec(512, 8, 8), Spec(1024, 4, 8), Spec(1024, 8, 4),
-                                     W(256, 8, 16), W(512, 8, 8), E(256, 8, 16), E(512, 8, 8)],
+                                     W(256, 8, 16), W(512, 8, 8), E(256, 8, 16), E(512, 8, 8), RX(8), RX(16, 512)],
+    ("rmsnorm", B, 1024, 262144): [RX(8), RX(16, 512)],
+    ("layernorm", F32, 1024, 262144): [RX(16)],
+    ("rmsnorm", F32, 1024, 262144): [RX(16)],
     ("layernorm", B, 4096, 1024): [Spec(64, 2, 1, 128), Spec(64, 2, 1, 256), Spec(32, 4, 1, 256), Spec(128, 1),
                                    P(64, 2, 1, 256), P(128, 1, 1, 256), W(32, 4, 1, 128), WB(32, 4, 1, 128),
                                    E(32, 4, 1, 128)],
@@ -196,6 +205,21 @@ def stream_variant(source, load_text=STREAM_LOAD):
 
 def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None):
     """fn(x, w, b, y) (LayerNorm) or fn(x, w, y) (RMSNorm) launching `module`'s kernel with `spec`."""
+    if spec.family == "resx":
+        kernel = module[f"norm_resident_x<{'true' if kind == 'layernorm' else 'false'}, {ctype}, {spec.cluster}>"]
+        smem = (2 if kind == "layernorm" else 1) * 4 * spec.threads * 16
+        fit = {}
+
+        def launch(x, *rest):
+            rows, cols = x.shape
+            if not fit:                                  # the clusters this GPU holds at once (1 on the emulator)
+                fit[0] = 1 if max_groups == 1 else kernel.max_active_clusters(spec.threads, (spec.cluster, 1, 1),
+                                                                               smem)
+            w, b = (rest[0], rest[1]) if kind == "layernorm" else (rest[0], rest[0])
+            kernel.launch(min(rows, fit[0]) * spec.cluster, spec.threads, x, w, b, rest[-1], rows, cols, EPS,
+                          shared_bytes=smem)
+            return rest[-1]
+        return launch
     if spec.persistent:
         kernel = module[f"{kind}_persistent<{ctype}, {spec.vpt}, {spec.cluster}>"]
         per_group = 1 if spec.cluster > 1 else spec.threads // spec.row_threads
@@ -331,7 +355,7 @@ def main(argv=None):
         for s in alts:
             if not wanted(f"new   {s.text()}"):
                 continue
-            if s.persistent and s.covers(cols, item):        # the emulation: one group loops over every row
+            if (s.persistent or s.family == "resx") and s.covers(cols, item):   # emulated: one group, every row
                 variants[f"new   {s.text()}"] = make_launcher(extra, kind, ctype, s, True,
                                                               1 if args.emulate else None)
             elif s.covers(cols, item) and s != base_spec:          # the cell's kernels, and a few more
