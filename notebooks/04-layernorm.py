@@ -1355,6 +1355,12 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #   row of 1024 (17.5 against 18.1 µs), but 2-5 % slower on the wide rows (c8 x 512 x 8 at 1024 x 262144: 488 against
 #   481 µs; float 4096 x 32768: 423 against 409) and at 1000 x 1031 (8.4 against 8.0). Mixed, small, and it would
 #   need a second copy of each kernel picked per shape: not adopted.
+# - **resident clusters** (tools/gpu/norm_variants/norm_resident_x.cu, later): for many long rows, a cluster keeps
+#   its slice of `w` and `b` in shared memory and takes rows in turn, loading the next row's `x` while it reduces
+#   this one, the blocks exchanging statistics as above with no cluster barrier in the loop. At 1024 x 262144 it
+#   lost to the one-row-a-cluster plan (bf16 LayerNorm 483-526 µs against 407; RMSNorm a tie): a resident block of
+#   1024 threads stops all its warps at each of a row's three barriers, where two to four independent blocks an SM
+#   overlap one another's.
 #
 # What was left after that run, and what came of it: float32 at 4096 x 32768 (0.91x `torch.compile` then; one
 # block of 1024 a row and the ring brought it to 98 % of copy and about 1.0x), and LayerNorm at 1024 x 262144 at
