@@ -37,8 +37,7 @@ VARIANTS = ROOT / "tools" / "gpu" / "norm_variants"
 PERSISTENT_SOURCE = VARIANTS / "norm_persistent.cu"   # appended to the cell, with the two below
 CLUSTER_BARRIER_SOURCE = VARIANTS / "cluster_barrier.cu"     # barrier.cluster helpers, for the persistent grid
 EXTRA_SOURCES = [CLUSTER_BARRIER_SOURCE, PERSISTENT_SOURCE, VARIANTS / "norm_tworead.cu",
-                 VARIANTS / "norm_extra_plans.cu", VARIANTS / "norm_wide.cu", VARIANTS / "norm_resident_x.cu",
-                 VARIANTS / "norm_occ.cu"]
+                 VARIANTS / "norm_extra_plans.cu", VARIANTS / "norm_wide.cu", VARIANTS / "norm_resident_x.cu"]
 # Instantiated template arguments of the session-5 candidate "2read": packs a thread per chunk in the two passes
 # (pass 1 from DRAM, pass 2 from L2 with w and b).
 TWOREAD_UNROLL = {"layernorm": (2, 1), "rmsnorm": (4, 2)}
@@ -109,8 +108,6 @@ def E(row_threads, vpt, cluster=1, block=0):
 
 # norm_wide.cu's template arguments <WIDE, WB, THREADS, MINB> per family
 WIDE_FLAGS = {"wide": "true, 0, 512, 1", "wideb": "true, 1, 512, 1", "early": "false, 1, 512, 1"}
-# norm_occ.cu's <THREADS, MINB> per family: the cell's LayerNorm with more blocks an SM
-OCC_BOUNDS = {"occ10": "128, 10", "occ5": "256, 5"}
 
 
 def RX(cluster, threads=1024):
@@ -133,8 +130,7 @@ CASES = {
                                     Spec(256, 4, 4), Spec(256, 2, 8), P(1024, 2, 2), P(512, 2, 4), W(512, 8, 1, 512),
                                     E(512, 8, 1, 512)],
     ("layernorm", B, 1024, 262144): [Spec(512, 4, 16), Spec(512, 8, 8), Spec(1024, 4, 8), Spec(1024, 8, 4),
-                                     W(256, 8, 16), W(512, 8, 8), E(256, 8, 16), E(512, 8, 8), RX(8), RX(16, 512),
-                                     Spec(256, 8, 16, 0, "occ5")],
+                                     W(256, 8, 16), W(512, 8, 8), E(256, 8, 16), E(512, 8, 8), RX(8), RX(16, 512)],
     ("rmsnorm", B, 1024, 262144): [RX(8), RX(16, 512)],
     ("layernorm", F32, 1024, 262144): [RX(16)],
     ("rmsnorm", F32, 1024, 262144): [RX(16)],
@@ -144,7 +140,7 @@ CASES = {
     ("layernorm", B, 4096, 4096): [Spec(64, 8, 1, 128), Spec(64, 8, 1, 256), Spec(256, 2, 1, 256),
                                    Spec(128, 4, 1, 256), Spec(512, 1, 1, 512), P(256, 2, 1, 256), P(512, 1, 1, 512),
                                    W(128, 4, 1, 128), W(128, 4, 1, 256), W(64, 8, 1, 128), WB(128, 4, 1, 128),
-                                   E(128, 4, 1, 128), E(128, 4, 1, 256), Spec(128, 4, 1, 128, "occ10")],
+                                   E(128, 4, 1, 128), E(128, 4, 1, 256)],
     ("rmsnorm", B, 4096, 32768): [Spec(512, 8, 1, 512), Spec(512, 4, 2), Spec(1024, 2, 2), Spec(512, 2, 4),
                                   Spec(256, 4, 4), P(1024, 2, 2), P(512, 2, 4)],
     ("layernorm", F32, 4096, 32768): [Spec(1024, 4, 2), Spec(512, 4, 4), Spec(256, 8, 4), Spec(1024, 8, 1, 1024),
@@ -234,11 +230,7 @@ def make_launcher(module, kind, ctype, spec, cluster_names_vpt, max_groups=None)
             kernel[groups * spec.cluster, spec.threads](x, *rest, rows, cols, spec.row_threads, EPS)
             return rest[-1]
         return launch
-    if spec.family in OCC_BOUNDS:
-        bounds = OCC_BOUNDS[spec.family]
-        kernel = module[f"{kind}_rows_occ<{ctype}, {spec.vpt}, {bounds}>" if spec.cluster == 1
-                        else f"{kind}_rows_cluster_occ<{ctype}, {spec.cluster}, {spec.vpt}, {bounds}>"]
-    elif spec.family in WIDE_FLAGS:
+    if spec.family in WIDE_FLAGS:
         flags = WIDE_FLAGS[spec.family]
         kernel = module[f"{kind}_rows_x<{ctype}, {spec.vpt}, {flags}>" if spec.cluster == 1
                         else f"{kind}_rows_cluster_x<{ctype}, {spec.cluster}, {spec.vpt}, {flags}>"]

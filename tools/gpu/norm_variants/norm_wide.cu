@@ -11,7 +11,8 @@
 //   EARLY: w and b loaded next to x wherever the row's packs are 16-byte aligned (the cell: w only, up to 4 packs).
 // Session 9, run A: all three slower than the cell (fewer blocks an SM cost more than the instructions saved). The
 // other way, fewer registers for more blocks (__launch_bounds__(THREADS, MINB)), spills (NVRTC): 160-328 bytes at 4
-// packs and 10-16 blocks of 128, 84-584 at c16 x 256 x 8 with 5-6 blocks (norm_occ.cu times the cell's own kernels so).
+// packs and 10-16 blocks of 128, 84-584 at c16 x 256 x 8 with 5-6 blocks; the cell's own kernels so bounded were
+// far slower (session 9 run H, benchmarks/NOTES-memory-bound.md).
 // Same plans, launches and statistics as the cell's layernorm_rows / layernorm_rows_cluster (edge elements as there).
 template <typename T, int VPT, int CLUSTER, bool WIDE, int WB>
 __device__ __forceinline__ void layernorm_row_x(const T* __restrict__ x, const T* __restrict__ w,
