@@ -617,6 +617,11 @@ template __global__ void softmax_online<__half>(const __half*, __half*, int);
 #   holding 64 of them. The special-function units do 16 exps per clock per SM; an SM's share of the copy
 #   bandwidth (about 23 bytes per ns, 4 bytes of traffic per bf16 element) brings about 3 elements per clock, so
 #   two exps each still leave the units 2.5x the time they need.
+# - **no division by a run-time value**: a thread finds its row and its place in it from `row_threads`, which the
+#   plan keeps a power of two, so a shift and a mask do it. `threadIdx.x / row_threads` with `row_threads` known
+#   only at run time compiles to about 20 instructions, and what a thread does once is shared by only its 32
+#   values: in tutorial 04's LayerNorm four such divisions were about a tenth of the instructions issued (Nsight
+#   Compute), and replacing them made the bf16 4096 x 4096 kernels 2-5 % faster.
 #
 # Rows whose length is not a multiple of the pack (1031, 100003) do not start on 16-byte boundaries. The packs
 # are counted from the first 16-byte boundary *inside* the row; the few elements before it and after the last
