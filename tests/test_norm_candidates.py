@@ -133,55 +133,6 @@ def test_wide_matches_torch_on_the_emulator(emulated, spec, rows, cols, mean):
     assert rep.passed, (spec.text(), rows, cols, mean, rep)
 
 
-# --- session 7's norm_resident (tools/gpu/norm_variants/norm_resident.cu): measured slower, kept as a candidate ----
-
-RESIDENT_SOURCE = HERE.parent / "tools" / "gpu" / "norm_variants" / "norm_resident.cu"
-
-
-def resident_source():
-    return (named_cuda_cells("04-layernorm.py")["norm_kernels"] + try_norms.CLUSTER_BARRIER_SOURCE.read_text()
-            + RESIDENT_SOURCE.read_text())
-
-
-@pytest.fixture(scope="module")
-def resident():
-    return emulate.compile_host(resident_source())
-
-
-def test_resident_fits_64_registers_and_reads_w_and_b_from_shared_memory():
-    m = kernellab.compile_cuda(resident_source(), arch="sm_90")
-    ks = [k for k in m.kernels if k.name == "norm_resident"]
-    assert len(ks) == 4
-    for k in ks:
-        assert k.resources.registers <= 64 and not k.resources.spills, (k.signature.display, k.resources)
-        assert "LDS.128" in k.sass and "UCGABAR_ARV" in k.sass, k.signature.display
-
-
-@needs_cxx
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
-def test_resident_clusters_take_rows_in_turn_on_the_emulator(resident, kind, dtype):
-    """norm_resident at small sizes: blocks of 32 threads (4 packs each), clusters of 3 (a launch-time cluster shape
-    and dynamic shared memory, both emulated), 2 clusters over 5 and 7 rows (one cluster gets a row more: the early
-    exit of its two-row loop), rows with packs left over past the last block's, and a mean of 3."""
-    vec = 16 // dtype.itemsize
-    k = resident[f"norm_resident<{'true' if kind == 'layernorm' else 'false'}, "
-                 f"{'float' if dtype == torch.float32 else '__nv_bfloat16'}>"]
-    for rows, packs, clusters in ((5, 3 * 32 * 4 - 5, 2), (7, 3 * 32 * 4, 2), (1, 200, 1)):
-        cols = packs * vec
-        g = torch.Generator().manual_seed(rows)
-        x = (2 * torch.randn(rows, cols, generator=g) + 3.0).to(dtype)
-        w = (1 + 0.5 * torch.randn(cols, generator=g)).to(dtype)
-        b = torch.randn(cols, generator=g).to(dtype)
-        y = torch.full((rows, cols), float("nan"), dtype=dtype)
-        k.launch(clusters * 3, 32, x, w, b if kind == "layernorm" else w, y, rows, cols, 1e-5, cluster=3,
-                 shared_bytes=(2 if kind == "layernorm" else 1) * 4 * 32 * 16)
-        ref = (F.layer_norm(x.double(), (cols,), w.double(), b.double(), 1e-5) if kind == "layernorm"
-               else F.rms_norm(x.double(), (cols,), w.double(), 1e-5))
-        tol = 1e-5 if dtype == torch.float32 else 1e-2
-        assert torch.allclose(y.double(), ref, atol=tol, rtol=tol), (rows, cols, (y.double() - ref).abs().max())
-
-
 # --- session 9's norm_resident_x (tools/gpu/norm_variants/norm_resident_x.cu): session 7's resident clusters with the
 # st.async exchange, double-buffered by row parity ---
 

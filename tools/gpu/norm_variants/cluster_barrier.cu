@@ -1,7 +1,7 @@
 
 // ---- the cluster-barrier helpers tutorials 03/04's cells had before session 8 (their exchange is st.async now) ----
 // Appended after a cell (it keeps cluster_wait and cluster_ctarank) by the candidates that still meet their
-// cluster's blocks at barrier.cluster (norm_persistent.cu, norm_resident.cu) and by tools/gpu/try_exchange.py's
+// cluster's blocks at barrier.cluster (norm_persistent.cu) and by tools/gpu/try_exchange.py's
 // "barrier" baseline.
 __device__ __forceinline__ void cluster_arrive() {       // release: this block's shared writes are visible...
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");

@@ -5,8 +5,9 @@
 // resident block stops all its warps at each of a row's barriers, where the cell's 2-4 independent blocks an SM
 // overlap each other's. Kept as a candidate with its emulator tests.
 // Appended to the notebook's norm_kernels cell by tools/gpu/try_norms.py (family "resx"). Session 7's norm_resident
-// (norm_resident.cu: a cluster keeps its slice of w and b in shared memory and takes rows in turn, the next row's x
-// loaded under this row's work) measured 0.56-0.87x the one-row-a-cluster plans; the suspect was its one
+// (norm_resident.cu, replaced by this file; git history: a cluster keeps its slice of w and b in shared memory and
+// takes rows in turn, the next row's x loaded under this row's work) measured 0.56-0.87x the one-row-a-cluster
+// plans; the suspect was its one
 // barrier.cluster a row, whose arrive.release waits for the thread's outstanding loads (the prefetch) and stores.
 // Session 8's exchange has no such fence: each block pushes its row statistic into the others' shared memory with
 // st.async, counted on their mbarriers. Here the slots and the mbarrier are double-buffered by row parity: a block
