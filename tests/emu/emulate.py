@@ -24,7 +24,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 HEADER = HERE / "cuda_host.h"
 EMULATED = ("cluster_ctarank", "cluster_nctarank", "cluster_arrive", "cluster_wait", "cluster_sync", "cluster_map",
             "exp_ftz", "cluster_arrive_relaxed", "exchange_init", "exchange_push", "exchange_wait",
-            "exchange_arm")
+            "exchange_arm", "prefetch_l1")
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int8": ctypes.c_int8, "uint8": ctypes.c_uint8,
            "int16": ctypes.c_int16, "uint16": ctypes.c_uint16, "int32": ctypes.c_int32, "uint32": ctypes.c_uint32,
            "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "bool": ctypes.c_bool}
