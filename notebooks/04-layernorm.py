@@ -1393,16 +1393,17 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #
 # What was left after that run, and what came of it: float32 at 4096 x 32768 (0.91x `torch.compile` then; one
 # block of 1024 a row and the ring brought it to 98 % of copy and about 1.0x), and LayerNorm at 1024 x 262144 at
-# 74 % of copy (the cluster exchange and 16-block clusters: 92 % in float32, 85-88 % in bf16). bf16 LayerNorm is
-# still the one short of 90 % at 1024 x 262144, where RMSNorm reaches 95 %: 21 instructions issued per element
-# against RMSNorm's 12, after the divisions and guards went (the second pass and the affine store widen every bf16
-# value again). Keeping the values widened, or loading `w` and `b` next to `x`, needs more registers than a
-# 1024-thread bound allows; with a 512-thread bound both were slower at every shape (fewer blocks an SM cost more
-# than the instructions saved), and copying b into shared memory with cp.async made it worse too (65 %;
-# benchmarks/NOTES-memory-bound.md). At 4096 x 4096 (64 MB moved) the result depends on what the L2 holds when the
-# kernel starts: 28-29 µs under `kernellab.bench`'s flush, which leaves the L2 full of dirty lines that the kernel
-# writes back (torch's copy of the same bytes: 27-28 µs, 80-90 % of the copy bandwidth depending on the machine),
-# 21 µs under Nsight Compute's flushed-and-invalidated L2, where part of `y` is still in L2 when the kernel ends.
+# 74 % of copy (the cluster exchange and 16-block clusters: 92 % in float32; in bf16 88 %, then 91 % with `w` and
+# `b` prefetched into L1). bf16 LayerNorm still issues 21 instructions per element against RMSNorm's 12, after the
+# divisions and guards went (the second pass and the affine store widen every bf16 value again). Keeping the values
+# widened, or loading `w` and `b` next to `x`, needs more registers than a 1024-thread bound allows; with a
+# 512-thread bound both were slower at every shape (fewer blocks an SM cost more than the instructions saved), a
+# tighter bound for more blocks spilled and was slower still, and copying b into shared memory with cp.async made it
+# worse too (65 %; benchmarks/NOTES-memory-bound.md). At 4096 x 4096 (64 MB moved) the result depends on what the
+# L2 holds when the kernel starts: 26-29 µs under `kernellab.bench`'s flush, which leaves the L2 full of dirty lines
+# that the kernel writes back (torch's copy of the same bytes: 25-28 µs, 80-90 % of the copy bandwidth depending on
+# the machine), 21 µs under Nsight Compute's flushed-and-invalidated L2, where part of `y` is still in L2 when the
+# kernel ends.
 # The small shapes are fixed costs, where torch's own copy of the same bytes reaches only 26-68 %; about a fifth of
 # such a kernel's time under `kernellab.bench` is the L2 flush's dirty lines being written back
 # (tools/gpu/flush_effect.py).
