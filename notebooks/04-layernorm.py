@@ -781,7 +781,7 @@ __device__ __forceinline__ void rms_store(const Pack<T> (&pk)[VPT], Pack<T> (&wk
 // 32,768 already reach 95-97 % of copy without it.
 template <typename T, int VPT>
 __device__ __forceinline__ bool ring_fits(RowLayout L, int first, int stride) {
-    return sizeof(T) == 4 && VPT > 4 && L.lead == 0 && first + (VPT - 1) * stride < L.whole;
+    return sizeof(T) == 4 && VPT > 4 && all_inside<T, VPT>(L, first, stride);
 }
 
 template <bool LN, int DEPTH, typename T, int VPT>

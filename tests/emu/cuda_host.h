@@ -495,8 +495,6 @@ template <typename S> inline void exchange_push(S* slot, S v, unsigned long long
     if (st.tx < 0 && st.pending == 0) kl::fail("st.async: more bytes than the mbarrier expects");
     kl::mbar_settle(m, st);
 }
-// prefetch.global.L1 of a thread's w and b packs (tutorial 04): a hint, nothing to emulate
-template <typename T, int VPT> inline void prefetch_l1(const T*, const T*, int, int) {}
 inline void exchange_arm(unsigned long long* bar, unsigned bytes) {   // arrive.expect_tx: the next phase's bytes
     std::lock_guard<std::mutex> g(kl::atomic_lock());
     kl::MbarState m = kl::mbar_load(bar);
@@ -523,6 +521,8 @@ inline float exp_ftz(float x) {
     float y = std::exp(x);
     return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
 }
+// prefetch.global.L1 of a thread's w and b packs (tutorial 04): a hint, nothing to emulate
+template <typename T, int VPT> inline void prefetch_l1(const T*, const T*, int, int) {}
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }

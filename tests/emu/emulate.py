@@ -6,8 +6,9 @@
 For tests on machines without a GPU: indexing, guards, barriers, shuffles and the arithmetic of a kernel run for
 real, slowly (about a million barrier crossings per second). Kernels' cluster helpers written in inline PTX
 (cluster_ctarank, cluster_nctarank, cluster_arrive, cluster_arrive_relaxed, cluster_wait, cluster_sync,
-cluster_map), the statistic exchange of tutorials 03/04 (exchange_init, exchange_push, exchange_wait: st.async and
-an mbarrier) and exp_ftz are cut from the source and replaced by emulated ones; other inline PTX cannot run here.
+cluster_map), the statistic exchange of tutorials 03/04 (exchange_init, exchange_push, exchange_wait, exchange_arm:
+st.async and an mbarrier), exp_ftz and prefetch_l1 (a no-op) are cut from the source and replaced by emulated ones;
+other inline PTX cannot run here.
 """
 from __future__ import annotations
 

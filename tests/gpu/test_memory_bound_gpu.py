@@ -219,4 +219,3 @@ def test_cluster_kernels_are_clean_under_compute_sanitizer(t03, t04, op, dtype, 
     assert plan.cluster > 1, plan
     report = kernel.sanitize(plan.grid, plan.block, *args, tool=tool)
     assert report.ok, str(report)
-

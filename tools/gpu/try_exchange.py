@@ -116,6 +116,7 @@ def main(argv=None):
     import torch.nn.functional as F
 
     import kernellab
+    from trylib import copy_ceiling
     from notebook_cells import load_tutorial, named_cuda_cells
 
     dev = "cpu" if args.emulate else "cuda"
@@ -153,13 +154,7 @@ def main(argv=None):
     ns = {"now": (load_tutorial("03-reductions-softmax.py", compile=base), load_tutorial("04-layernorm.py", compile=base)),
           "before": (before("03-reductions-softmax.py"), before("04-layernorm.py"))}
     print(f"compiled in {time.time() - t0:.0f} s", flush=True)
-    if args.emulate:
-        copy_gbps, device = 3000.0, "CPU emulation"
-    else:
-        from kernellab.run.ceilings import device_ceilings
-        copy_gbps, device = device_ceilings().dram_gbps, torch.cuda.get_device_name()
-        torch._dynamo.config.recompile_limit = 64
-    print(f"{device}, torch {torch.__version__}; copy bandwidth {copy_gbps / 1e3:.2f} TB/s", flush=True)
+    copy_gbps, device = copy_ceiling(args.emulate)
 
     def fn_of(variant, op):
         t03, t04 = ns[variant]

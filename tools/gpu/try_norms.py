@@ -49,7 +49,8 @@ class Spec:
     """A launch plan: row_threads threads per row, vpt packs per thread, cluster blocks per row, block threads;
     family: "" (the cell's kernels), "persist" (norm_persistent.cu), "2read" (norm_tworead.cu: vpt is pass 1's
     packs per chunk; any row length), "wide", "wideb", "early" (norm_wide.cu, LayerNorm bf16 under a launch bound
-    of 512: x widened to fp32 once; that and w, b read next to x; x packed as in the cell, w and b next to it)."""
+    of 512: x widened to fp32 once; that and w, b read next to x; x packed as in the cell, w and b next to it),
+    "resx" (norm_resident_x.cu: clusters that keep w and b in shared memory and take rows in turn)."""
 
     row_threads: int
     vpt: int
@@ -60,6 +61,11 @@ class Spec:
     @property
     def persistent(self):
         return self.family == "persist"
+
+    @property
+    def rows_in_turn(self):
+        """A grid of the groups that fit at once, each taking rows in turn: whole packs only."""
+        return self.family in ("persist", "resx")
 
     def grid(self, rows):
         if self.cluster > 1:
@@ -83,7 +89,7 @@ class Spec:
         if self.family == "2read":
             return cols % vec == 0
         return (self.row_threads * self.vpt * self.cluster >= cols // vec
-                and (not (self.persistent or self.family == "resx") or cols % vec == 0))
+                and (not self.rows_in_turn or cols % vec == 0))
 
 
 def P(row_threads, vpt, cluster=1, block=0):
@@ -274,6 +280,7 @@ def main(argv=None):
     import torch.nn.functional as F
 
     import kernellab
+    from trylib import copy_ceiling
     from notebook_cells import load_tutorial
 
     dev = "cpu" if args.emulate else "cuda"
@@ -308,13 +315,7 @@ def main(argv=None):
     plan_rows, ctypes = t04["plan_rows"], t04["CTYPE"]
     print(f"compiled old and new kernels in {time.time() - t0:.1f} s", flush=True)
 
-    if args.emulate:
-        copy_gbps, device = 3000.0, "CPU emulation"
-    else:
-        from kernellab.run.ceilings import device_ceilings
-        copy_gbps, device = device_ceilings().dram_gbps, torch.cuda.get_device_name()
-        torch._dynamo.config.recompile_limit = 64
-    print(f"{device}, torch {torch.__version__}; copy bandwidth {copy_gbps / 1e3:.2f} TB/s", flush=True)
+    copy_gbps, device = copy_ceiling(args.emulate)
 
     def ln(x, w, b):
         return F.layer_norm(x, (x.shape[-1],), w, b, EPS)
@@ -355,7 +356,7 @@ def main(argv=None):
         for s in alts:
             if not wanted(f"new   {s.text()}"):
                 continue
-            if (s.persistent or s.family == "resx") and s.covers(cols, item):   # emulated: one group, every row
+            if s.rows_in_turn and s.covers(cols, item):   # emulated: one group takes every row
                 variants[f"new   {s.text()}"] = make_launcher(extra, kind, ctype, s, True,
                                                               1 if args.emulate else None)
             elif s.covers(cols, item) and s != base_spec:          # the cell's kernels, and a few more

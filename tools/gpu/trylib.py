@@ -1,4 +1,4 @@
-"""What the tools/gpu/try_*.py scripts share: timing by CUDA events and the GEMM error measure."""
+"""What the tools/gpu/try_*.py scripts share: timing by CUDA events, the GEMM error measure, the copy ceiling."""
 import torch
 
 
@@ -55,3 +55,16 @@ def print_gemm_table(title: str, rows, torch_ms: dict, sizes, extra_name: str) -
         print(line)
         if ok.startswith(("WRONG", "FAILED")):
             print(f"    {ok}")
+
+
+def copy_ceiling(emulate: bool) -> tuple[float, str]:
+    """The copy bandwidth (GB/s) the memory-bound scripts' "% of copy" is against, and the device's name (3000 GB/s
+    on the CPU emulation); prints both. On a GPU it also lets torch.compile recompile once per shape and dtype."""
+    if emulate:
+        copy_gbps, device = 3000.0, "CPU emulation"
+    else:
+        from kernellab.run.ceilings import device_ceilings
+        copy_gbps, device = device_ceilings().dram_gbps, torch.cuda.get_device_name()
+        torch._dynamo.config.recompile_limit = 64
+    print(f"{device}, torch {torch.__version__}; copy bandwidth {copy_gbps / 1e3:.2f} TB/s", flush=True)
+    return copy_gbps, device
