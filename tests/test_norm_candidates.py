@@ -197,3 +197,61 @@ def test_try_exchange_can_still_build_its_baselines():
         assert "if (warp == 0) exchange_wait" in src and "if (warp == 0) exchange_wait" not in spun
     chan = try_exchange.chan_variant(cells["norm_kernels"])
     assert "block_merge<0>(SumCount" not in chan and "row_merge<CLUSTER>(Welford{n, mean, m2}" in chan
+
+
+def test_staged_rows_fit_64_registers_and_bring_x_by_bulk_copies():
+    """Session 10's norm_staged (tools/gpu/try_staged.py): 4 packs a thread in 64 registers without spills, x brought
+    into shared memory by cp.async.bulk (UBLKCP: the prologue's STAGES and one refill), read back as 16-byte shared
+    loads, y stored as 16-byte packs; no global loads of x in the loop (only w and b, once)."""
+    staged = HERE.parent / "tools" / "gpu" / "norm_variants" / "norm_staged.cu"
+    m = kernellab.compile_cuda(named_cuda_cells("04-layernorm.py")["norm_kernels"] + staged.read_text(),
+                               arch="sm_90", first_line=2, filename="cell.cu")
+    ks = [k for k in m.kernels if k.name == "norm_staged"]
+    assert len(ks) == 10
+    for k in ks:
+        stages = int(str(k.signature).split("<")[1].split(",")[2])
+        assert k.resources.registers <= 64 and not k.resources.spills, (k.signature, k.resources)
+        sass = k.sass
+        assert sass.count("UBLKCP") == stages + 1, (k.signature, sass.count("UBLKCP"))
+        assert "LDS.128" in sass and "STG.E.128" in sass, k.signature
+        ln = str(k.signature).split(">")[0].endswith("true")
+        assert sass.count("LDG.E.128") == (2 if ln else 1) * 4, (k.signature, sass.count("LDG.E.128"))
+
+
+def test_copy_probes_keep_their_cache_qualifiers():
+    """tools/gpu/small_rows.py's copy probes compile to what their names say: 16-byte loads and stores, L1
+    no_allocate (.NA) or evict-first (.EF, from .cs) where asked, an L2 policy (set up in uniform registers: the
+    instructions differ from the same probe without it) where asked, nothing spilled."""
+    probe = HERE.parent / "tools" / "gpu" / "norm_variants" / "copy_probe.cu"
+    m = kernellab.compile_cuda(probe.read_text(), arch="sm_90")
+    sass = {str(k.signature).split("(")[0][len("copy_probe"):]: k.sass for k in m.kernels}
+    assert len(sass) == 13
+    for k in m.kernels:
+        assert not k.resources.spills and "STG.E" in k.sass and "LDG.E" in k.sass, k.signature
+
+    def memory_ops(text):
+        return re.findall(r"\b(LDG\.\S+|STG\.\S+)", text)
+
+    def opcodes(text):                     # the instructions with their operands, without addresses
+        return [ln.split("*/", 1)[1].split(";")[0].strip()
+                for ln in text.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/\s", ln)]
+    assert set(memory_ops(sass["<4, 0, 0>"])) == {"LDG.E.128.CONSTANT", "STG.E.128"}
+    assert set(memory_ops(sass["<4, 1, 0>"])) == {"LDG.E.NA.128.CONSTANT", "STG.E.128"}
+    assert set(memory_ops(sass["<4, 3, 0>"])) == {"LDG.E.EF.128", "STG.E.128"}
+    assert set(memory_ops(sass["<4, 0, 1>"])) == {"LDG.E.128.CONSTANT", "STG.E.EF.128"}
+    for policy, plain in (("<4, 2, 0>", "<4, 1, 0>"), ("<4, 0, 2>", "<4, 0, 0>"), ("<4, 0, 3>", "<4, 0, 2>")):
+        assert opcodes(sass[policy]) != opcodes(sass[plain]), (policy, plain)
+
+
+def test_small_rows_store_variant_still_applies():
+    """tools/gpu/small_rows.py rewrites the cell's 16-byte stores of y to go through an L2 policy: it still finds all
+    four, and the result compiles to kernels whose stores carry the policy (their instructions differ)."""
+    small_rows = pytest.importorskip("small_rows")
+    cell = named_cuda_cells("04-layernorm.py")["norm_kernels"]
+    hinted = small_rows.store_variant(cell, "evict_last")
+    assert hinted.count("store_hint(") == 5 and "= from_floats<T>(out);" not in hinted.split("store_hint")[-1]
+    name = "rmsnorm_rows<__nv_bfloat16, 4>"
+    plain = kernellab.compile_cuda(cell, arch="sm_90", first_line=2, filename="cell.cu")[name].sass
+    policy = kernellab.compile_cuda(hinted, arch="sm_90", first_line=2, filename="cell.cu")[name].sass
+    assert plain.count("STG.E.128") == policy.count("STG.E.128") > 0
+    assert policy.count("UMOV") > plain.count("UMOV")

@@ -73,16 +73,19 @@ def main(argv=None):
             w = (1 + 0.5 * torch.randn(cols, generator=g)).to(dtype).cuda()
             b = torch.randn(cols, generator=g).to(dtype).cuda()
             refs = {"layernorm": ln_ref(x, w, b), "rmsnorm": rms_ref(x, w)}
+            error = lambda y, kind: ((y.double() - refs[kind]).abs() / (1 + refs[kind].abs())).max().item()  # noqa
+            cell_err = {"layernorm": error(t04["layernorm"](x, w, b, None, EPS), "layernorm"),
+                        "rmsnorm": error(t04["rmsnorm"](x, w, None, EPS), "rmsnorm")}
             for s in stages:
                 for kind in refs:
                     y = torch.full_like(x, float("nan"))
                     staged_launcher(module, kind, dtype, s, ctypes[dtype])(x, w, b, y)
                     torch.cuda.synchronize()
-                    err = ((y.double() - refs[kind]).abs() / (1 + refs[kind].abs())).max().item()
-                    ok = err == err and err < (2e-2 if dtype == torch.bfloat16 else 1e-4)
+                    err = error(y, kind)          # float32 at a mean of 1e4: the input's own rounding, as the cell's
+                    ok = err == err and err <= max(2e-2 if dtype == torch.bfloat16 else 1e-4, 1.5 * cell_err[kind])
                     checks.append(ok)
-                    print(f"check {kind} {dname} {rows}x{cols} mean {mean:g} stages {s}: err {err:.2e} "
-                          f"{'ok' if ok else 'WRONG'}", flush=True)
+                    print(f"check {kind} {dname} {rows}x{cols} mean {mean:g} stages {s}: err {err:.2e} (cell "
+                          f"{cell_err[kind]:.2e}) {'ok' if ok else 'WRONG'}", flush=True)
     if not all(checks):
         print("a variant failed its check: no timing")
         return 1
