@@ -667,6 +667,7 @@ class SimulatedGPU:
         self.cpu = 0.0          # the CPU's clock (advanced by the Python work the calls model)
         self.free = 0.0         # when the stream finishes what is queued
         self.spins = 0          # torch.cuda._sleep calls: one per batch
+        self.flushes = []       # "write" (zero_ of the flush buffer) or "read" (amax over it), in order
 
     def enqueue(self, ms, busy=True):
         self.cpu += 0.004                                   # a launch costs the CPU 4 us
@@ -716,7 +717,19 @@ class SimulatedGPU:
 
     def flush_buffer(self):
         gpu = self
-        return type("Buf", (), {"zero_": lambda self: gpu.enqueue(0.03)})()
+
+        def zero_(buf):
+            gpu.flushes.append("write")
+            gpu.enqueue(0.03)
+        return type("Buf", (), {"zero_": zero_})()
+
+    def flush_words(self):
+        gpu = self
+
+        def amax(buf):
+            gpu.flushes.append("read")
+            gpu.enqueue(0.03)
+        return type("Words", (), {"amax": amax})()
 
     def call(self, python_ms, kernel_ms, waits=False, first_python_ms=None):
         state = {"first": True}
@@ -736,6 +749,7 @@ def _simulated_clock(gpu, spin=True, batch_gpu_ms=0.0, duty=1.0):
     clock = object.__new__(CudaClock)   # what __init__ would set up on a real device
     clock.torch, clock.dev, clock.device = gpu.torch(), None, "simulated"
     clock.l2_bytes, clock.flush_bytes, clock._flush_buffer = 2**20, 2**21, gpu.flush_buffer()
+    clock.flush_kind, clock._flush_words = "write", gpu.flush_words()
     clock._init_state(True, batch_gpu_ms, duty)
     clock._cycles_per_ms = 1e6 if spin else None            # spin=False: a torch without _sleep
     return clock
@@ -929,3 +943,47 @@ def test_sleep_calibration_waits_for_the_clock_to_ramp_up(monkeypatch):
     monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
     clock = _simulated_clock(gpu)
     assert clock._calibrate_sleep() == pytest.approx(2.0e6, rel=0.01)
+
+
+def test_flush_l2_takes_write_clean_or_none_and_names_the_others():
+    from kernellab.run.bench import BenchError, flush_kind
+
+    assert [flush_kind(v) for v in (True, "write", "clean", False, None, "none")] == \
+        ["write", "write", "clean", "none", "none", "none"]
+    for bad in ("dirty", "read", 2.5, ["clean"]):
+        with pytest.raises(BenchError, match='"clean"'):
+            flush_kind(bad)
+    with pytest.raises(BenchError, match="flush_l2='invalidate'"):     # refused before anything runs
+        bench(lambda: None, (), flush_l2="invalidate", timer=FakeClock(lambda r: 1.0))
+
+
+def test_a_clean_flush_reads_the_buffer_before_every_call(monkeypatch):
+    """flush_l2="clean": each repetition is preceded by a read of the flush buffer (amax), never a write, and the
+    method line says so; the default writes it."""
+    from kernellab.run import bench as bench_mod
+
+    gpu = SimulatedGPU()
+    monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
+    clock = _simulated_clock(gpu)
+    call = gpu.call(python_ms=0.01, kernel_ms=0.002)
+    clock.time_calls([call] * 4)
+    assert gpu.flushes == ["write"] * 4 and "flushed by writing" in clock.describe()
+    gpu.flushes.clear()
+    clock.flush_kind = "clean"
+    clock.time_calls([call] * 5)
+    assert gpu.flushes == ["read"] * 5
+    assert "flushed by reading" in clock.describe() and "clean lines" in clock.describe()
+
+
+def test_results_say_which_flush_timed_them():
+    r = bench(lambda: 2.0, (), timer=FakeClock(lambda ms: ms), rep_ms=1, warmup_ms=0)
+    assert r.l2_flush == "write" and r.to_json()["l2_flush"] == "write"     # a clock that does not say: it wrote
+
+    class CleanClock(FakeClock):
+        flush_kind = "clean"
+    r = bench(lambda: 2.0, (), timer=CleanClock(lambda ms: ms), rep_ms=1, warmup_ms=0)
+    assert r.l2_flush == "clean" and r.to_json()["l2_flush"] == "clean"
+
+    class NoFlush(FakeClock):
+        flush_bytes = 0
+    assert bench(lambda: 2.0, (), timer=NoFlush(lambda ms: ms), rep_ms=1, warmup_ms=0).l2_flush == "none"

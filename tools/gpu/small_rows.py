@@ -55,18 +55,6 @@ def store_variant(cell: str, policy: str) -> str:
     return out
 
 
-class ReadFlush:
-    """Stands in for CudaClock's flush buffer: zero_() reads the buffer (a reduction) instead of writing it, so the
-    timed kernel finds clean lines in L2 (as tools/gpu/flush_effect.py)."""
-
-    def __init__(self, buf):
-        import torch
-        self.buf = buf.view(-1).view(dtype=torch.int32)
-
-    def zero_(self):
-        self.buf.max()
-
-
 def functions(rows, cols, dtype, t04, probe, hinted, sms):
     """name -> fn(x, w, b, y) for one shape: copies, probes, the tutorial's kernels (and the cell with y stored
     under an L2 policy, `hinted`: policy -> module), torch eager and compiled."""
@@ -171,8 +159,8 @@ def main(argv=None):
     ap.add_argument("--order", metavar="LOG", help="with --read-ncu: the --ncu run's log, which names the functions")
     ap.add_argument("--rep-ms", type=float, default=20.0)
     ap.add_argument("--shapes", default="4096x1024,4096x4096,4096x32768")
-    ap.add_argument("--flush", default="write,read", help="bench's write flush, and/or a flush that reads (untimed "
-                    "write-back of the dirty lines: the L2 then holds clean lines)")
+    ap.add_argument("--flush", default="write,read", help="bench's write flush, and/or a flush that reads "
+                    "(bench's flush_l2=\"clean\": untimed write-back of the dirty lines, the L2 then holds clean lines)")
     args = ap.parse_args(argv)
     if args.read_ncu:
         print(read_ncu(args.read_ncu, args.order))
@@ -229,9 +217,7 @@ def main(argv=None):
         first, *others = fns
         us = {}
         for flush in args.flush.split(","):
-            clock = CudaClock()
-            if flush == "read":
-                clock._flush_buffer = ReadFlush(clock._flush_buffer)
+            clock = CudaClock(flush_l2="clean" if flush == "read" else "write")
             res = kernellab.bench(fns[first], a, bytes=nbytes, name=first, warmup_ms=5, rep_ms=args.rep_ms,
                                   max_reps=2000, baselines={n: fns[n] for n in others}, timer=clock)
             us[flush] = {res.name: res.median_ms * 1e3, **{r.name: r.median_ms * 1e3 for r in res.baselines}}

@@ -1,6 +1,6 @@
 """Candidate norm_staged (tools/gpu/norm_variants/norm_staged.cu): LayerNorm / RMSNorm rows brought into shared
 memory by cp.async.bulk, STAGES rows a persistent block, against tutorial 04's cell, torch.compile and torch's copy,
-under kernellab.bench's write flush and a read-only flush (small_rows.ReadFlush). Each variant is checked first
+under kernellab.bench's write flush and its read-only flush (flush_l2="clean"). Each variant is checked first
 against F.layer_norm / F.rms_norm in float64 (shapes with a mean of 0 and of 1e4, rows not a multiple of the grid).
 
     PYTHONPATH=$PWD python3 tools/gpu/try_staged.py           # GPU machine, repo root; about two minutes
@@ -52,7 +52,7 @@ def main(argv=None):
     import kernellab
     from kernellab.run.bench import CudaClock
     from notebook_cells import load_tutorial, named_cuda_cells
-    from small_rows import ReadFlush, make_inputs
+    from small_rows import make_inputs
     from trylib import copy_ceiling
 
     t04 = load_tutorial("04-layernorm.py")
@@ -111,9 +111,7 @@ def main(argv=None):
         first, *others = fns
         us = {}
         for flush in ("write", "read"):
-            clock = CudaClock()
-            if flush == "read":
-                clock._flush_buffer = ReadFlush(clock._flush_buffer)
+            clock = CudaClock(flush_l2="clean" if flush == "read" else "write")
             res = kernellab.bench(fns[first], a, bytes=nbytes, name=first, warmup_ms=5, rep_ms=args.rep_ms,
                                   max_reps=2000, baselines={n: fns[n] for n in others}, timer=clock)
             us[flush] = {res.name: res.median_ms * 1e3, **{r.name: r.median_ms * 1e3 for r in res.baselines}}
