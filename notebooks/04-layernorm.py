@@ -1406,9 +1406,20 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # kernel ends.
 # The small shapes are fixed costs, where torch's own copy of the same bytes reaches only 26-68 %; about a fifth of
 # such a kernel's time under `kernellab.bench` is the L2 flush's dirty lines being written back
-# (tools/gpu/flush_effect.py).
+# (tools/gpu/flush_effect.py). No copy of bf16 4096 x 1024's 16 MB does better: 13 copy kernels (1 to 8 packs a
+# thread, blocks of 128 to 512, `.nc`, `.cs` and L2 eviction policies on the loads or the stores, persistent grids)
+# reached at most 54 % of the copy bandwidth, and 66 % with `kernellab.bench(..., flush_l2="clean")`, which reads
+# the flush buffer instead of writing it so that the L2 holds clean lines (tools/gpu/small_rows.py). At that size
+# the flush also decides who wins: RMSNorm bf16 4096 x 1024 measured 0.97x `torch.compile` under the default flush
+# and 1.06x under the clean one, in the same run (10.62 against 10.30 µs; 8.70 against 9.22). One more design was
+# measured and left out (tools/gpu/norm_variants/norm_staged.cu): persistent blocks with two to four rows of `x`
+# brought into shared memory by the bulk-copy engine (`cp.async.bulk`), so that the next rows' loads stay in flight
+# while a block reduces and stores. bf16 LayerNorm 4096 x 4096 gained 4 % with it under the default flush (85 to
+# 89 % of copy) and lost 2 % under the clean one; it tied or lost elsewhere: a change that helps under one flush
+# only changes how the kernel meets the benchmark, not what it costs.
 #
-# Things to try: give `layernorm_rows` the sum of squares instead of the two-pass sums and run the large-mean
+# Things to try: time the final kernels at 4096 x 1024 with `flush_l2="clean"` beside the default and watch the
+# ratios against `torch.compile` move; give `layernorm_rows` the sum of squares instead of the two-pass sums and run the large-mean
 # check; put back Chan's merge across the threads and count the instructions per element in Nsight Compute; plan a
 # warp per row with 8 packs for float rows of 1024 and compare LayerNorm with RMSNorm (try_norms found they
 # disagree); print the SASS of `layernorm_rows<__nv_bfloat16, 8>` and count its registers: 64 bf16 values in 32.
