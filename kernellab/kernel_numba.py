@@ -342,10 +342,10 @@ class NumbaKernel(Kernel):
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new
         process; findings name the cell line through the cubin's line table.
 
-        In the simulator (`sim=True`, or by default where this kernel simulates, e.g. with no GPU here), racecheck
-        and synccheck need no GPU: the launch runs in Numba's CUDA simulator with every shared-memory access and
-        barrier watched (kernellab.run.simrace), and the findings come back as the same SanitizerReport, marked
-        `simulated`. The arguments are not modified. `max_threads` bounds the simulated launch's size.
+        In the simulator (`sim=True`, or by default where this kernel simulates, e.g. with no GPU here), racecheck,
+        synccheck and initcheck (reads of shared memory no thread wrote) need no GPU: the launch runs in Numba's
+        CUDA simulator with every shared-memory access and barrier watched (kernellab.run.simrace), and the findings
+        come back as the same SanitizerReport, marked `simulated`. The arguments are not modified. `max_threads` bounds the simulated launch's size.
         """
         self._refresh_globals()
         max_threads = kw.pop("max_threads", TRACE_MAX_THREADS)

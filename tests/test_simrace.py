@@ -254,7 +254,8 @@ def test_tools_in_the_simulator():
     with pytest.raises(ValueError, match="unknown tool 'racechek'"):
         sanitize_simulated(c.kernel, 2, 64, args, tool="racechek")
     both = sanitize_simulated(c.kernel, 2, 64, args, tool="all")
-    assert both.tool == "racecheck+synccheck" and any("memcheck and initcheck need a GPU" in n for n in both.notes)
+    assert both.tool == "racecheck+synccheck+initcheck" and any("memcheck needs a GPU" in n for n in both.notes)
+    assert any("watches shared memory" in n for n in both.notes)
 
 
 # -- through the kernel and the magics --------------------------------------------------------------------------
@@ -343,3 +344,85 @@ def test_a_report_cut_at_the_print_limit_says_so():
     rows = {(r["kernel"], r["tool"]): r for r in golden_rows()}
     assert rows[("matmul_no_sync_after_compute", "racecheck")]["complete"] == "no"
     assert rows[("histogram_init_racy", "racecheck")]["complete"] == "yes"   # 0 hazards: nothing was cut
+
+
+# -- initcheck: shared memory no thread wrote ---------------------------------------------------------------------
+
+TPB = 32
+
+
+@cuda.jit
+def flip_full_chunk(x, out, n):
+    tile = cuda.shared.array(TPB, np.float32)
+    t = cuda.threadIdx.x
+    i = cuda.blockIdx.x * TPB + t
+    if i < n:
+        tile[t] = x[i]
+    cuda.syncthreads()
+    if i < n:
+        out[i] = tile[TPB - 1 - t]                  # a short last chunk stored only tile[0 : n - start]
+
+
+@cuda.jit
+def flip_short_chunk(x, out, n):
+    tile = cuda.shared.array(TPB, np.float32)
+    t = cuda.threadIdx.x
+    start = cuda.blockIdx.x * TPB
+    if start + t < n:
+        tile[t] = x[start + t]
+    cuda.syncthreads()
+    length = min(TPB, n - start)
+    if t < length:
+        out[start + t] = tile[length - 1 - t]
+
+
+@cuda.jit
+def histogram_unzeroed(x, bins):
+    h = cuda.shared.array(8, np.int32)
+    cuda.atomic.add(h, x[cuda.threadIdx.x] % 8, 1)  # the bins were never set to 0
+    cuda.syncthreads()
+    if cuda.threadIdx.x < 8:
+        cuda.atomic.add(bins, cuda.threadIdx.x, h[cuda.threadIdx.x])
+
+
+@cuda.jit
+def read_written_later(out):
+    s = cuda.shared.array(64, np.float32)
+    t = cuda.threadIdx.x
+    out[t] = s[t]                                   # before any store
+    cuda.syncthreads()
+    s[t] = t
+    cuda.syncthreads()
+    out[t] += s[63 - t]
+
+
+def test_initcheck_names_the_read_of_elements_a_short_chunk_never_stored():
+    x, out = np.arange(45, dtype=np.float32), np.zeros(45, np.float32)
+    r = sanitize_simulated(flip_full_chunk, 2, TPB, (x, out, 45), tool="initcheck")
+    [f] = r.findings
+    assert f.kind == "uninitialized_read" and f.tool == "initcheck" and r.tool == "initcheck"
+    assert f.message == "Uninitialized __shared__ memory read of size 4 bytes"
+    assert f.where.source_line.strip().startswith("out[i] = tile[TPB - 1 - t]")
+    assert f.block == (1, 0, 0) and f.thread == (0, 0, 0) and f.count == 13      # block 1 holds 13 elements
+    assert f.detail.startswith("tile[31] (the shared array of line") and "not zeroed" in f.detail
+    assert any("watches shared memory" in n for n in r.notes)
+    assert sanitize_simulated(flip_full_chunk, 2, TPB, (x[:64].copy(), out[:64], 64), tool="initcheck").ok
+    assert sanitize_simulated(flip_short_chunk, 2, TPB, (x, out, 45), tool="initcheck").ok
+
+
+def test_initcheck_counts_atomics_on_bins_never_set_and_reads_before_any_store():
+    x, bins = np.arange(32, dtype=np.int32), np.zeros(8, np.int32)
+    [f] = sanitize_simulated(histogram_unzeroed, 1, 32, (x, bins), tool="initcheck").findings
+    assert f.message == "Uninitialized __shared__ memory atomic update of size 4 bytes" and f.access == "Atomic"
+    assert f.count == 8                                   # the first add on each of the 8 bins
+    out = np.zeros(64, np.float32)
+    [f] = sanitize_simulated(read_written_later, 1, 64, (out,), tool="initcheck").findings
+    assert f.where.source_line.strip().startswith("out[t] = s[t]") and f.count == 64
+
+
+def test_initcheck_leaves_reads_racing_with_their_write_to_racecheck():
+    """A read between the same two barriers as a store to its byte is a race (racecheck's finding), not a read of
+    memory nobody wrote: the corpus's racy kernels, whose reads the simulator may run before the stores, and every
+    clean one, are clean under initcheck."""
+    for c in corpus.CASES:
+        assert run_case(c, tool="initcheck").ok, c.name

@@ -560,7 +560,7 @@ def test_the_simulators_racecheck_is_used_through_sanitize_where_kernellab_has_i
     assert barrier.kind == "barrier" and barrier.cell_line == 14 and "Divergent thread(s) in warp" in barrier.message
     assert {c.what: c.detail for c in r.checks if c.what in ("racecheck", "synccheck")} == \
         {"racecheck": "1 problem", "synccheck": "1 problem"}
-    assert calls == [("racecheck+synccheck", (2, 1, 1), (32, 8, 1))]   # the sanitizer shape 31 x 33: 2 x 1 tiles
+    assert calls == [("racecheck+synccheck+initcheck", (2, 1, 1), (32, 8, 1))]   # sanitizer shape 31 x 33: 2 x 1 tiles
 
 
 def test_a_barrier_only_some_threads_reach_fails_in_the_simulator():

@@ -1,4 +1,5 @@
-"""racecheck and synccheck without a GPU: a Numba kernel's launch in the simulator, its shared memory watched.
+"""racecheck, synccheck and a shared-memory initcheck without a GPU: a Numba kernel's launch in the simulator, its
+shared memory watched.
 
 `sanitize_simulated(kernel, grid, block, args, tool="racecheck")` runs one launch in Numba's CUDA simulator
 (kernellab.run.simsched's scheduler) with every `cuda.shared.array` replaced by a recording array
@@ -61,6 +62,15 @@ The corpus tests/fixtures/race_corpus.py holds the evidence: tests/golden/racech
 compute-sanitizer's verdicts on every case (tools/gpu/record_racecheck.py), and tests/test_simrace.py checks that
 this module gives the same ones.
 
+What counts as an uninitialized read (initcheck, here for shared memory: compute-sanitizer's initcheck watches global
+memory, and a GPU's shared memory holds whatever the SM's previous block left there, zeros by chance or not): a
+read, or an atomic, of a shared byte that no thread of the block had written before it in this launch, where no
+thread stores to that byte between the same two barriers either (a store there, unordered with the read, is a
+race: racecheck's finding, not this one). One finding per source line of such reads, with the first example's thread,
+block and element, and the number of such reads at that line as its count. This names, say, a flip that reads
+`tile[length - t]` one past what a short last chunk stored: on a GPU its output is stale data that changes from
+run to run, in the simulator whatever the array held.
+
 Limits: only what this launch did is seen (as with compute-sanitizer), global memory is not checked, and addresses
 are the simulator's layout (arrays at 128-byte-aligned offsets in creation order), not the GPU's.
 """
@@ -80,39 +90,43 @@ from . import simsched
 from .sanitize import Finding, Location, SanitizerReport, combine
 from .simtrace import _Recorder
 
-SIM_TOOLS = ("racecheck", "synccheck")
+SIM_TOOLS = ("racecheck", "synccheck", "initcheck")
 NOTE = ("found by kernellab's simulator checks (Numba CUDA simulator, no GPU): every shared-memory access and barrier "
         "of this launch, in compute-sanitizer's terms; see kernellab.run.simrace for the rules")
 _ACCESS = {"load": "Read", "store": "Write", "atomic": "Atomic"}
 _GOLDEN = "compute-sanitizer 2025.3.1 on an H100, checked on kernellab's race corpus"
 UNREPORTED_RACE = f"a race racecheck does not report ({_GOLDEN}), so neither does this check"
 UNREPORTED_BARRIER = f"a barrier misuse synccheck does not report on sm_90 ({_GOLDEN}), so neither does this check"
+INITCHECK_SCOPE = ("initcheck in the simulator watches shared memory (reads of bytes no thread of the block wrote); "
+                   "compute-sanitizer's initcheck, on a GPU, watches global memory")
 _SHARED_NAME = re.compile(r"(\w+)\s*=\s*cuda\.shared\.array\s*\(")
 
 
 def sim_tools(tool: str) -> tuple[tuple[str, ...], list[str]]:
     """The simulator checks a `tool` argument asks for, and notes (e.g. for 'all')."""
     if tool == "all":
-        return SIM_TOOLS, ["memcheck and initcheck need a GPU (compute-sanitizer); in the simulator an out-of-bounds "
-                           "index raises IndexError at its line"]
+        return SIM_TOOLS, ["memcheck needs a GPU (compute-sanitizer); in the simulator an out-of-bounds index raises "
+                           "IndexError at its line", INITCHECK_SCOPE]
     tools = tuple(t.strip() for t in str(tool).split("+"))
     for t in tools:
-        if t in ("memcheck", "initcheck"):
-            raise KernellabError(f"{t} runs under compute-sanitizer on a GPU; without one, tool='racecheck' and "
-                                 f"tool='synccheck' run in the simulator (an out-of-bounds index already raises "
-                                 f"IndexError there, naming its line, thread and block)")
+        if t == "memcheck":
+            raise KernellabError("memcheck runs under compute-sanitizer on a GPU; without one, tool='racecheck', "
+                                 "'synccheck' and 'initcheck' (shared memory) run in the simulator (an out-of-bounds "
+                                 "index already raises IndexError there, naming its line, thread and block)")
         if t not in SIM_TOOLS:
-            raise ValueError(f"unknown tool {t!r}; in the simulator: racecheck, synccheck, racecheck+synccheck or all")
-    return tools, []
+            raise ValueError(f"unknown tool {t!r}; in the simulator: racecheck, synccheck, initcheck (shared "
+                             f"memory), joined with '+', or all")
+    return tools, [INITCHECK_SCOPE] if "initcheck" in tools else []
 
 
 def sanitize_simulated(kernel, grid, block, args, *, tool: str = "racecheck", shared_bytes: int = 0,
                        line_offset: int = 0, line_label: str = "line", name: str | None = None) -> SanitizerReport:
-    """Run `kernel[grid, block](*args)` in the simulator and report races (racecheck) and barrier errors (synccheck).
+    """Run `kernel[grid, block](*args)` in the simulator and report races (racecheck), barrier errors (synccheck) and
+    reads of shared memory no thread wrote (initcheck).
 
     `kernel`: a `@cuda.jit` kernel, its Python function or a NumbaKernel; `args`: NumPy arrays, torch tensors and
-    numbers (not modified: the launch runs on copies). `tool`: 'racecheck', 'synccheck', 'racecheck+synccheck' or
-    'all' (both). Lines are the kernel file's (plus `line_offset`). A Python exception in a thread ends the launch:
+    numbers (not modified: the launch runs on copies). `tool`: 'racecheck', 'synccheck', 'initcheck', several
+    joined with '+', or 'all' (the three). Lines are the kernel file's (plus `line_offset`). A Python exception in a thread ends the launch:
     its findings so far come back, with the error in the notes and `job_status` 'error'.
     """
     from . import numba_sim
@@ -143,6 +157,8 @@ def sanitize_simulated(kernel, grid, block, args, *, tool: str = "racecheck", sh
     for t in tools:
         if t == "racecheck":
             findings, unreported = _races(recorder.events, observer.warp_syncs, block3, places)
+        elif t == "initcheck":
+            findings, unreported = _uninitialized(recorder.events, block3, places), []
         else:
             findings, unreported = observer.findings(places), observer.unreported()
         unreported_by[t] = unreported
@@ -438,6 +454,42 @@ def _races(events, warp_syncs, block3, places: "_Places") -> tuple[list[Finding]
                      f"syncthreads() between them ({e['count']:,} times); a plain access racing with an atomic is "
                      f"still a data race")
     return out, notes
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Uninitialized reads
+
+
+def _uninitialized(events, block3, places: "_Places") -> list[Finding]:
+    """One Finding per source line that reads (or atomically updates) shared bytes no thread of the block had
+    written before, in the simulator's order, and that no thread writes between the same two barriers."""
+    written: dict[tuple, set] = defaultdict(set)              # block -> bytes written so far
+    unordered: dict[tuple, set] = defaultdict(set)            # (block, epoch) -> bytes stored in that epoch
+    for blk, _tid, epoch, _wc, kind, width, addr, _f, _l in events:
+        if kind == "store":                                    # (atomics do not race with one another)
+            unordered[(blk, epoch)].update(range(addr, addr + width))
+    found: dict[tuple, dict] = {}
+    for e in events:
+        blk, _tid, epoch, _wc, kind, width, addr, filename, line = e
+        if kind != "store":
+            seen, racy = written[blk], unordered[(blk, epoch)]
+            missing = next((b for b in range(addr, addr + width) if b not in seen and b not in racy), None)
+            if missing is not None:
+                entry = found.setdefault((filename, line), {"event": e, "address": missing, "count": 0})
+                entry["count"] += 1
+        if kind != "load":
+            written[blk].update(range(addr, addr + width))
+    out = []
+    for (filename, line), entry in sorted(found.items(), key=lambda kv: kv[0][1]):
+        blk, tid, _epoch, _wc, kind, width, addr, _f, _l = entry["event"]
+        what = "atomic update" if kind == "atomic" else "read"
+        out.append(Finding(tool="initcheck", kind="uninitialized_read",
+                           message=f"Uninitialized __shared__ memory {what} of size {width} bytes",
+                           where=places.location(filename, line), thread=_thread_idx(tid, block3), block=tuple(blk),
+                           address=hex(entry["address"]), size_bytes=width, access=_ACCESS[kind],
+                           detail=f"{places.element(entry['address'], 1)}: no thread of the block wrote it before "
+                                  f"this {what} (shared memory is not zeroed at launch)", count=entry["count"]))
+    return out
 
 
 def _ordered(a, b, warp_syncs) -> bool:

@@ -10,7 +10,8 @@ In order, stopping early only where nothing further can run:
    the outputs filled with a marked NaN so that unwritten elements show, each output compared with the reference.
 4. On a GPU, compute-sanitizer on one awkward shape: memcheck, and racecheck and synccheck where the task has shared
    memory or barriers; in the simulator, its race detector and barrier check (`k.sanitize(...,
-   tool="racecheck+synccheck")`, kernellab.run.simrace) where the task has them.
+   tool="racecheck+synccheck")`, kernellab.run.simrace) where the task has them, and its shared-memory initcheck
+   where the task has shared memory (a read of a tile element no thread stored).
 5. The optional speed bar (GPU only), once everything else passed.
 Before all that, the spec's own sanity: on the same shapes, an all-zero answer and an input-copy answer must fail.
 A wrong kernel never raises: every problem becomes a finding, and the verdict is failed.
@@ -48,6 +49,8 @@ DEFAULT_HINTS = {
     "misaligned": "a wide (vector) access needs an address aligned to its size: handle the unaligned tail with "
                   "scalar accesses",
     "race": "a `__syncthreads()` is missing between the shared-memory write and the read",
+    "uninitialized": "a thread reads a shared-memory element that no thread stored: keep the reads inside what the "
+                     "writes cover (on a short last block too), or store every element the reads can reach",
     "barrier": "every thread of the block must reach each `__syncthreads()`: do not put it inside a branch that "
                "only some threads take (guard the memory accesses instead)",
     "fault": "the kernel faulted: the memcheck finding beside this one names the line",
@@ -420,10 +423,13 @@ class _Grading:
 
     def sim_racecheck(self, k) -> None:
         """The simulator's race detector, and its barrier check where the task needs a barrier (as a GPU runs
-        racecheck and synccheck), through the public `k.sanitize(tool="racecheck+synccheck")`: one simulated launch."""
+        racecheck and synccheck), and its shared-memory initcheck where the task has shared memory, through the
+        public `k.sanitize(tool="racecheck+synccheck+initcheck")`: one simulated launch."""
         if not (self.ex.needs_shared or self.ex.needs_barrier):
             return
         tools = tuple(t for t in self.sanitizer_tools() if t != "memcheck")     # racecheck[, synccheck]
+        if self.ex.needs_shared:
+            tools += ("initcheck",)
         shape, grid, block, args = self._sanitize_launch()
         if shape not in self.ex.shapes_for(True):
             shape = self.ex.shapes_for(True)[min(1, len(self.ex.shapes_for(True)) - 1)]
@@ -476,7 +482,9 @@ class _Grading:
             elif f.kind in ("barrier", "deadlock"):
                 self.add("barrier", f"barrier error{at}{code}: {f.message}", cell_line=line, where=where)
             elif f.kind == "uninitialized_read":
-                self.add("uninitialized", f"read of memory never written{at}{code}", cell_line=line, where=where)
+                what = ("read of a shared-memory element no thread stored" if "__shared__" in (f.message or "")
+                        else "read of memory never written")
+                self.add("uninitialized", f"{what}{at}{code}{who}", cell_line=line, where=where)
             else:
                 self.add("fault", f"{f.message}{at}{code}{who}", cell_line=line, where=where)
 

@@ -1,5 +1,5 @@
 # exercise: 00-flip
-# expect: wrong_values on cpu
+# expect: wrong_values uninitialized on cpu
 import numba
 from numba import cuda
 
