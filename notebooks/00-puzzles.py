@@ -36,9 +36,10 @@
 # element, sizes that are not a multiple of the block), with fresh random inputs every time and the outputs filled
 # with NaN first, so that an element no thread writes shows up as *never written* rather than as a lucky zero. It
 # compares every output with the spec. Where the puzzle uses shared memory it also runs the simulator's race
-# detector and barrier check (`kernel.sanitize(..., tool="racecheck+synccheck")`), which report a missing
-# `cuda.syncthreads()` as a race between the two lines involved and a barrier that only some threads reach as a
-# barrier error, and it compiles the kernel for a real GPU (sm_90) to check that the machine code holds
+# detector, barrier check and shared-memory initcheck (`kernel.sanitize(..., tool="racecheck+synccheck+initcheck")`),
+# which report a missing `cuda.syncthreads()` as a race between the two lines involved, a barrier that only some
+# threads reach as a barrier error, and a read of a tile element no thread stored (say, a short last block read as if
+# it were full) as uninitialized, and it compiles the kernel for a real GPU (sm_90) to check that the machine code holds
 # shared-memory accesses and a barrier. A wrong kernel gets a FAILED verdict with findings and hints, never
 # an exception, so Run All always reaches the end. The solutions are not in this notebook.
 #
