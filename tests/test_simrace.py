@@ -294,6 +294,26 @@ def test_numba_cell_racecheck_names_cell_lines():
     assert str(report).splitlines()[1].endswith("Write at line 7: s[t] = x[t]")
 
 
+
+def test_numba_cell_initcheck_names_the_cell_line_and_the_element():
+    """`%launch --sanitize=initcheck` on a simulating %%numba kernel: a flip that reads a short chunk as if full."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "kernellab")
+    cell = ("%%numba --sim\nfrom numba import float32\n@cuda.jit\ndef flip(x, y, n):\n"
+            "    tile = cuda.shared.array(32, float32)\n    t = cuda.threadIdx.x\n    if t < n:\n"
+            "        tile[t] = x[t]\n    cuda.syncthreads()\n    if t < n:\n        y[t] = tile[31 - t]\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert ip.run_cell(cell).success
+        ip.user_ns.update(xs=np.arange(20, dtype=np.float32), ys=np.zeros(20, np.float32))
+        report = ip.run_line_magic("launch", "--sanitize=initcheck flip[1, 32](xs, ys, 20)")
+    (f,) = report.findings
+    assert f.kind == "uninitialized_read" and f.where.cell_line == 11 and f.count == 12    # tile[20:32] unstored
+    assert f.detail.startswith("tile[31] (the shared array of line 5)")
+
+
 # -- against compute-sanitizer ------------------------------------------------------------------------------------
 
 

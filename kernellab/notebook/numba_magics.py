@@ -85,8 +85,8 @@ class NumbaMagics(Magics):
         the block and the cell line. A function whose only parameter is `cuda` is a kernel factory (GPU-Puzzles'
         style: `def map_test(cuda): def call(out, a): ...; return call`): it is bound as a kernel, compiled with
         numba.cuda and simulated with the simulator's module. In the simulator, `k.sanitize(grid, block, *args,
-        tool="racecheck")` (or "synccheck", or `%launch --sanitize=racecheck ...`) finds shared-memory races and
-        divergent barriers without a GPU.
+        tool="racecheck")` (or "synccheck", "initcheck", or `%launch --sanitize=racecheck ...`) finds shared-memory
+        races, divergent barriers and reads of shared memory no thread stored without a GPU.
         """
         try:
             args = parse_argstring(self.numba, line)

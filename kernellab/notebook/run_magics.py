@@ -127,7 +127,7 @@ class KernellabRun(Magics):
             raise UsageError("%launch: choose one of --isolate, --in-process, --sanitize, --profile and --banks")
         kernel, grid, block, shared, args = parse_launch(expr, self.shell.user_ns)
         try:
-            if ns.sanitize:   # a Numba kernel that simulates checks racecheck/synccheck in the simulator
+            if ns.sanitize:   # a simulating Numba kernel runs racecheck/synccheck/initcheck in the simulator
                 return kernel.sanitize(grid, block, *args, shared_bytes=shared, tool=ns.sanitize)
             if ns.banks:
                 return kernel.profile_banks(grid, block, *args, shared_bytes=shared)

@@ -281,6 +281,7 @@ class Clock(Protocol):
     device: str
     l2_bytes: int            # the L2 size; input rotation and the flush are sized by it
     flush_bytes: int         # bytes written (or read) before each repetition (0: no flush)
+    # optional: flush_kind, "write" (assumed where missing), "clean" or "none"; results report it as l2_flush
 
     def check_measurable(self, name: str, returned: Any, args: tuple) -> None: ...
 
