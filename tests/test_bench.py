@@ -715,21 +715,20 @@ class SimulatedGPU:
         Cuda.Event = Event
         return type("FakeTorch", (), {"cuda": Cuda})
 
-    def flush_buffer(self):
+    def _flush_op(self, method: str, kind: str):
+        """A stand-in for the flush buffer whose `method` (zero_ or amax) queues 30 us and records `kind`."""
         gpu = self
 
-        def zero_(buf):
-            gpu.flushes.append("write")
+        def op(buf):
+            gpu.flushes.append(kind)
             gpu.enqueue(0.03)
-        return type("Buf", (), {"zero_": zero_})()
+        return type("Flush", (), {method: op})()
+
+    def flush_buffer(self):
+        return self._flush_op("zero_", "write")
 
     def flush_words(self):
-        gpu = self
-
-        def amax(buf):
-            gpu.flushes.append("read")
-            gpu.enqueue(0.03)
-        return type("Words", (), {"amax": amax})()
+        return self._flush_op("amax", "read")
 
     def call(self, python_ms, kernel_ms, waits=False, first_python_ms=None):
         state = {"first": True}

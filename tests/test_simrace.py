@@ -276,39 +276,37 @@ def test_numba_kernel_sanitize_runs_in_the_simulator():
         k.sanitize(c.grid, c.block, args[0].astype(np.float64), args[1], tool="racecheck")
 
 
-def test_numba_cell_racecheck_names_cell_lines():
+def launch_numba_cell(cell: str, launch: str, **names):
+    """Run a %%numba cell in an IPython shell with kernellab loaded, then `%launch {launch}` with `names` in scope."""
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "kernellab")
-    cell = ("%%numba --sim\nfrom numba import float32\n@cuda.jit\ndef shift(x, y):\n"
-            "    s = cuda.shared.array(32, float32)\n    t = cuda.threadIdx.x\n    s[t] = x[t]\n"
-            "    y[t] = s[(t + 1) % 32]\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert ip.run_cell(cell).success
-        ip.user_ns.update(xs=np.arange(32, dtype=np.float32), ys=np.zeros(32, np.float32))
-        report = ip.run_line_magic("launch", "--sanitize=racecheck shift[1, 32](xs, ys)")
+        ip.user_ns.update(names)
+        return ip.run_line_magic("launch", launch)
+
+
+def test_numba_cell_racecheck_names_cell_lines():
+    cell = ("%%numba --sim\nfrom numba import float32\n@cuda.jit\ndef shift(x, y):\n"
+            "    s = cuda.shared.array(32, float32)\n    t = cuda.threadIdx.x\n    s[t] = x[t]\n"
+            "    y[t] = s[(t + 1) % 32]\n")
+    report = launch_numba_cell(cell, "--sanitize=racecheck shift[1, 32](xs, ys)",
+                               xs=np.arange(32, dtype=np.float32), ys=np.zeros(32, np.float32))
     (f,) = report.findings
     assert f.lines == (7, 8) and f.where.cell_line == 7 and f.where.source_line.strip() == "s[t] = x[t]"
     assert str(report).splitlines()[1].endswith("Write at line 7: s[t] = x[t]")
 
 
-
 def test_numba_cell_initcheck_names_the_cell_line_and_the_element():
     """`%launch --sanitize=initcheck` on a simulating %%numba kernel: a flip that reads a short chunk as if full."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "kernellab")
     cell = ("%%numba --sim\nfrom numba import float32\n@cuda.jit\ndef flip(x, y, n):\n"
             "    tile = cuda.shared.array(32, float32)\n    t = cuda.threadIdx.x\n    if t < n:\n"
             "        tile[t] = x[t]\n    cuda.syncthreads()\n    if t < n:\n        y[t] = tile[31 - t]\n")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert ip.run_cell(cell).success
-        ip.user_ns.update(xs=np.arange(20, dtype=np.float32), ys=np.zeros(20, np.float32))
-        report = ip.run_line_magic("launch", "--sanitize=initcheck flip[1, 32](xs, ys, 20)")
+    report = launch_numba_cell(cell, "--sanitize=initcheck flip[1, 32](xs, ys, 20)",
+                               xs=np.arange(20, dtype=np.float32), ys=np.zeros(20, np.float32))
     (f,) = report.findings
     assert f.kind == "uninitialized_read" and f.where.cell_line == 11 and f.count == 12    # tile[20:32] unstored
     assert f.detail.startswith("tile[31] (the shared array of line 5)")

@@ -120,6 +120,22 @@ def make_inputs(rows, cols, dtype):
     return make
 
 
+def time_flushes(fns, a, nbytes, rep_ms, flushes=("write", "read")):
+    """{flush: {name: µs}}: every function of `fns` (name -> fn(*a)) in one kernellab.bench per flush, "write" (bench's
+    default) or "read" (flush_l2="clean": the L2 holds clean lines), in alternating rounds."""
+    import kernellab
+    from kernellab.run.bench import CudaClock
+
+    first, *others = fns
+    us = {}
+    for flush in flushes:
+        clock = CudaClock(flush_l2="clean" if flush == "read" else "write")
+        res = kernellab.bench(fns[first], a, bytes=nbytes, name=first, warmup_ms=5, rep_ms=rep_ms, max_reps=2000,
+                              baselines={n: fns[n] for n in others}, timer=clock)
+        us[flush] = {res.name: res.median_ms * 1e3, **{r.name: r.median_ms * 1e3 for r in res.baselines}}
+    return us
+
+
 def read_ncu(path, order=None):
     """The --ncu run's Nsight Compute CSV as a table: per function (three calls each, in the order the run's log
     names them, `order`), the mean µs and DRAM MB read and written, and the kernel's registers and launch."""
@@ -170,10 +186,8 @@ def main(argv=None):
 
     import kernellab
     from kernellab.run.bench import CudaClock
-    from notebook_cells import load_tutorial
+    from notebook_cells import load_tutorial, named_cuda_cells
     from trylib import copy_ceiling
-
-    from notebook_cells import named_cuda_cells
 
     t04 = load_tutorial("04-layernorm.py")
     probe = kernellab.compile_cuda(PROBE.read_text(), filename="copy_probe.cu")
@@ -206,7 +220,7 @@ def main(argv=None):
                 if "fresh" in name or name in ("rms eager", "copy-op"):   # copy-op: cudaMemcpyAsync, no kernel
                     continue
                 for _ in range(3):
-                    clock._flush_buffer.zero_()
+                    clock.flush()
                     torch.cuda.synchronize()
                     torch.cuda.nvtx.range_push("probe")
                     f(*a)
@@ -214,13 +228,7 @@ def main(argv=None):
                     torch.cuda.nvtx.range_pop()
                 print(f"ncu order {shape}: {name}", flush=True)
             continue
-        first, *others = fns
-        us = {}
-        for flush in args.flush.split(","):
-            clock = CudaClock(flush_l2="clean" if flush == "read" else "write")
-            res = kernellab.bench(fns[first], a, bytes=nbytes, name=first, warmup_ms=5, rep_ms=args.rep_ms,
-                                  max_reps=2000, baselines={n: fns[n] for n in others}, timer=clock)
-            us[flush] = {res.name: res.median_ms * 1e3, **{r.name: r.median_ms * 1e3 for r in res.baselines}}
+        us = time_flushes(fns, a, nbytes, args.rep_ms, args.flush.split(","))
         for name in fns:
             line = f"{shape:>10s} {name:36s}"
             for flush in us:

@@ -50,9 +50,8 @@ def main(argv=None):
     import torch.nn.functional as F
 
     import kernellab
-    from kernellab.run.bench import CudaClock
     from notebook_cells import load_tutorial, named_cuda_cells
-    from small_rows import make_inputs
+    from small_rows import make_inputs, time_flushes
     from trylib import copy_ceiling
 
     t04 = load_tutorial("04-layernorm.py")
@@ -108,13 +107,7 @@ def main(argv=None):
         fns["ln compile"] = lambda x, w, b, y: ln_c(x, w, b)
         fns["rms compile"] = lambda x, w, b, y: rms_c(x, w)
         nbytes = 2 * rows * cols * dtype.itemsize
-        first, *others = fns
-        us = {}
-        for flush in ("write", "read"):
-            clock = CudaClock(flush_l2="clean" if flush == "read" else "write")
-            res = kernellab.bench(fns[first], a, bytes=nbytes, name=first, warmup_ms=5, rep_ms=args.rep_ms,
-                                  max_reps=2000, baselines={n: fns[n] for n in others}, timer=clock)
-            us[flush] = {res.name: res.median_ms * 1e3, **{r.name: r.median_ms * 1e3 for r in res.baselines}}
+        us = time_flushes(fns, a, nbytes, args.rep_ms)
         for name in fns:
             line = f"{dname:8s} {shape:>10s} {name:16s}"
             for flush in us:
