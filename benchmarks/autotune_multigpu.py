@@ -184,7 +184,7 @@ def run_phase(gpus: list[int], configs, subs, problem, demo, grader) -> dict:
     with cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(len(gpus), timeout=300)
         ex = client.get_executor()
-        from kernellab.run.autotune import where
+        from kernellab.run.measure.autotune import where
 
         # Every worker imports torch and kernellab and makes its CUDA context before the clock starts.
         warm = client.run(lambda: (__import__("torch").cuda.init(), where())[1])

@@ -128,8 +128,8 @@ def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], 
 
     import torch
 
-    from kernellab.run import launch as L
-    from kernellab.run.cudriver import Driver, _cupy_launch_kernel, _lib
+    from kernellab.run.launch import launch as L
+    from kernellab.run.launch.cudriver import Driver, _cupy_launch_kernel, _lib
 
     k = kernellab.compile_cuda(SRC).axpb
     x, y = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
@@ -260,9 +260,9 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
     Driver's calls go to libc's abs() through ctypes (standin_lib), so the ctypes conversions are timed."""
     import torch
 
-    from kernellab.run import launch as L
-    from kernellab.run.cudriver import Driver
-    from kernellab.run.device import DeviceInfo
+    from kernellab.run.launch import launch as L
+    from kernellab.run.launch.cudriver import Driver
+    from kernellab.run.launch.device import DeviceInfo
 
     class RunDriver(Driver):
         """The same stand-in without the raw calls: every launch through LaunchPath.run and Driver.launch (the path

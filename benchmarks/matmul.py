@@ -11,7 +11,7 @@ a tile configuration is the cell compiled with -D options. For each variant: com
 memory and the SASS headline are logged); a first launch in an isolated worker process (a fault or a hang is
 reported there and the run goes on); `kernellab.check` against a float64 reference on awkward shapes with fresh
 random inputs and NaN-poisoned outputs; then `kernellab.bench` with torch as the baseline in the same run
-(alternating rounds, L2 flushed, medians: see kernellab/run/bench.py). FP32 baseline: `torch.mm` with TF32 off;
+(alternating rounds, L2 flushed, medians: see kernellab/run/measure/bench.py). FP32 baseline: `torch.mm` with TF32 off;
 bf16/fp16 baseline: `torch.matmul(A, B.T)` on the same K-major operands. Ratios are torch time / kernel time
 (> 1: faster than cuBLAS). A variant that fails prints its error and the run continues.
 
@@ -428,7 +428,7 @@ def main() -> int:
         return 2
     import torch
 
-    from kernellab.run.device import device_info
+    from kernellab.run.launch.device import device_info
 
     torch.backends.cuda.matmul.allow_tf32 = False       # cuBLAS's FP32 path for the SGEMM baseline
     kernellab.set_isolation(False, timeout_s=30.0)      # an isolated probe that runs longer than 30 s is a hang

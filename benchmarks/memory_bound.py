@@ -7,7 +7,7 @@ The kernels and their launchers are the tutorials' own: every named `%%cuda` cel
 notebooks/03-reductions-softmax.py and notebooks/04-layernorm.py, compiled and run as the notebooks run them.
 
 Method
-- Copy bandwidth: kernellab's measured ceiling (kernellab.run.ceilings: a 1 GiB device-to-device copy, read +
+- Copy bandwidth: kernellab's measured ceiling (kernellab.run.measure.ceilings: a 1 GiB device-to-device copy, read +
   write bytes), the denominator of every "of copy" column.
 - Each kernel is checked (kernellab.check, fresh random data, NaN-poisoned outputs, float64 reference) at the
   shape it is timed at before it is timed; a kernel that fails is reported and not timed.
@@ -432,7 +432,7 @@ def main(argv=None):
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = 256          # one specialisation per shape and dtype, all kept
-    from kernellab.run.ceilings import device_ceilings
+    from kernellab.run.measure.ceilings import device_ceilings
 
     device = torch.cuda.get_device_name()
     run.log(f"{device}, torch {torch.__version__}, {'--quick' if args.quick else 'full run'}")

@@ -1,5 +1,5 @@
 """How fast Numba's CUDA simulator runs kernels, with and without barriers: numba-cuda's own scheduler against
-kernellab's (kernellab.run.simsched), on puzzle-sized launches.
+kernellab's (kernellab.run.sim.sched), on puzzle-sized launches.
 
 Method: each kernel is launched through numba-cuda's simulator (`FakeCUDAKernel`: one OS thread per CUDA thread, a
 block manager polling for barriers) and through kernellab's block scheduler (greenlets taking turns; and, with
@@ -90,7 +90,7 @@ def run_numba(fn, grid, block, args):
 
 
 def run_kernellab(fn, grid, block, args):
-    from kernellab.run import simsched
+    from kernellab.run.sim import sched as simsched
 
     simsched.launch(fn, grid, block, args)
 
@@ -112,7 +112,7 @@ def main():
     ap.add_argument("--threads", action="store_true", help="also time kernellab's OS-thread fallback")
     opts = ap.parse_args()
     warnings.simplefilter("ignore")
-    from kernellab.run import simsched
+    from kernellab.run.sim import sched as simsched
 
     header = ["kernel", "threads", "barriers/thread", "numba-cuda s", "kernellab s", "speed-up",
               "threads/s before", "threads/s after"]

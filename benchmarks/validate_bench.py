@@ -161,7 +161,7 @@ def measure(name: str, warmup_ms: float = 25.0, sustained: bool = False) -> dict
     """kernellab.bench and triton do_bench, 5 runs each, interleaved (with the SM clock sampled), then ncu."""
     import torch
 
-    from kernellab.run.bench import bench
+    from kernellab.run.measure.bench import bench
 
     fn, args, flops, nbytes = workload(name)
     try:

@@ -24,7 +24,7 @@ import time
 
 import kernellab
 from kernellab import report
-from kernellab.run import worker as W
+from kernellab.run.launch import worker as W
 
 SRC = r"""
 extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {

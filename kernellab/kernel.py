@@ -13,7 +13,7 @@ from .compile.cubin import read_cubin
 from .compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
 from .compile.signature import KernelSignature, find_kernels, signature_for
 from .errors import ArgumentError, KernellabError, LaunchError
-from .run import device as _device
+from .run.launch import device as _device
 
 REGISTER_FILE = 65536          # 32-bit registers per SM (and per block) on every arch kernellab knows
 REGISTER_ALLOC_UNIT = 256      # registers are granted per warp in units of 256
@@ -146,7 +146,7 @@ class Kernel:
 
         The launch runs in a new process under ncu (the arguments are copied; yours are not modified). Where ncu
         cannot read the counters the view says why (`profile_note`); strict=True raises instead."""
-        from .run.ncu_source import profile_lines
+        from .run.nvtools.ncu_source import profile_lines
 
         return profile_lines(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict, **kw)
 
@@ -154,8 +154,8 @@ class Kernel:
         """How many clusters of shape `cluster` (blocks of `block` threads, `shared_bytes` dynamic shared memory
         each) the current GPU holds at once, from the driver (cuOccupancyMaxActiveClusters): the grid of a
         persistent cluster kernel. Clusters live inside one GPC, so this can be fewer than SMs / blocks per cluster."""
-        from .run.cudriver import context_on, max_active_clusters
-        from .run.launch import _dims
+        from .run.launch.cudriver import context_on, max_active_clusters
+        from .run.launch.launch import _dims
 
         c = _dims(cluster, "cluster")                        # one cluster is the grid asked about
         path = self._path or self._launch_path(c, block, shared_bytes, (), c)
@@ -244,7 +244,7 @@ class Kernel:
     def _keep_job(self, exc: LaunchError, cfg, args) -> None:
         """After a sticky fault, keep the launch (shapes and scalars) on the error for sanitize_last()."""
         if exc.sticky and exc.job is None:
-            from .run.job import KernelJob
+            from .run.launch.job import KernelJob
 
             try:
                 exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes",
@@ -256,14 +256,14 @@ class Kernel:
         """Check `args` against the signature as a launch would: their count, pointer or scalar, dtype, contiguity,
         vector alignment and scalar ranges. Needs no GPU: CPU (and meta) tensors and NumPy arrays stand in for GPU
         memory. Raises ArgumentError naming the argument."""
-        from .run.launch import marshal_args
+        from .run.launch.launch import marshal_args
 
         marshal_args(self.params, tuple(args), None, str(self.signature), any_device=True)
 
     def _launch_path(self, grid, block, shared_bytes, args, cluster=None):
         """The first launch: with no GPU, check what can be checked and say why not; else load the kernel on the
         current GPU and keep its LaunchPath."""
-        from .run.launch import LaunchPath, allow_dynamic_shared, allow_large_clusters, make_config
+        from .run.launch.launch import LaunchPath, allow_dynamic_shared, allow_large_clusters, make_config
 
         if not _device.has_gpu():
             make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
@@ -290,26 +290,26 @@ class Kernel:
 
     def check_launch_args(self, args, device) -> None:
         """The argument checks of a launch, for launches in another process."""
-        from .run.launch import marshal_args
+        from .run.launch.launch import marshal_args
 
         marshal_args(self.params, tuple(args), device, str(self.signature))
 
     def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None, cluster=None):
         """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
-        from .run.worker import run_isolated
+        from .run.launch.worker import run_isolated
 
         return run_isolated(self, grid, block, args, shared_bytes=shared_bytes, timeout_s=timeout_s,
                             cluster=cluster)
 
     def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process."""
-        from .run.sanitize import sanitize_launch
+        from .run.nvtools.sanitize import sanitize_launch
 
         return sanitize_launch(self, grid, block, args, shared_bytes=shared_bytes, tool=tool, **kw)
 
     def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False, **kw):
         """Run this launch under Nsight Compute (a small metric set, or full=True for `--set full`) in a new process."""
-        from .run.profile import profile_launch
+        from .run.nvtools.ncu import profile_launch
 
         return profile_launch(self, grid, block, args, shared_bytes=shared_bytes, metrics=metrics, full=full, **kw)
 
@@ -319,7 +319,7 @@ class Kernel:
         Where counters are not permitted, the report says so (strict=True raises instead); the bank model
         (kernellab.analysis.banks) and the simulator trace work everywhere.
         """
-        from .run.ncu_source import profile_banks
+        from .run.nvtools.ncu_source import profile_banks
 
         return profile_banks(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict)
 
@@ -334,7 +334,7 @@ class Kernel:
         if fn is None:
             import cupy
 
-            from .run.launch import PORTABLE_CLUSTER_BLOCKS, allow_large_clusters, cluster_blocks
+            from .run.launch.launch import PORTABLE_CLUSTER_BLOCKS, allow_large_clusters, cluster_blocks
 
             with cupy.cuda.Device(index):
                 mod = self.module._loaded(index)
@@ -591,7 +591,7 @@ class Module(KernelCollection):
 
 def _isolation_default() -> bool:
     """The notebook-wide isolation setting (kernellab.set_isolation), read without importing the worker until set."""
-    worker = sys.modules.get("kernellab.run.worker")
+    worker = sys.modules.get("kernellab.run.launch.worker")
     return bool(worker is not None and worker.settings.isolate)
 
 
@@ -682,13 +682,13 @@ def compile_cuda(source: str, arch: str | None = None, options=(), name: str | N
 
 def autotune(source, configs, *, kernel: str, launch, inputs, reference=None, arch=None, baselines=None,
              executor=None, **options):
-    """Compile, prune, check and time every configuration of a kernel (see kernellab.run.autotune.autotune).
+    """Compile, prune, check and time every configuration of a kernel (see kernellab.run.measure.autotune.autotune).
 
     `configs` entries become `-D NAME=VALUE` defines, or template arguments where `kernel` is a template;
     `launch(k, config, *args)` launches one configuration and `inputs(generator)` gives the arguments. Returns an
     AutotuneResult: `.rows`, `.best` (config and kernel), `kernellab.autotune_plot(result)`.
     """
-    from .run.autotune import autotune as _autotune
+    from .run.measure.autotune import autotune as _autotune
 
     return _autotune(source, configs, kernel=kernel, launch=launch, inputs=inputs, reference=reference, arch=arch,
                      baselines=baselines, executor=executor, build=Module, **options)

@@ -7,11 +7,11 @@ is "pending" and has no resources. Resources come from the PTX numba-cuda writes
 
 Launches: with a GPU, through numba-cuda's own launcher, on torch CUDA tensors, CuPy arrays or Numba device arrays
 (zero copy, through `__cuda_array_interface__`). With `simulate=True` (the default where there is no GPU), in Numba's
-CUDA simulator on NumPy arrays and torch tensors (`kernellab.run.numba_sim`); the kernel is compiled for the real
+CUDA simulator on NumPy arrays and torch tensors (`kernellab.run.sim.numba_sim`); the kernel is compiled for the real
 target as well, so code that the simulator runs but the compiler rejects is reported. Both modes check the arguments
 against the signature first and name the argument that does not fit. `k.sanitize(..., tool="racecheck")` (or
 "synccheck") of a simulated kernel checks the launch for shared-memory races and divergent barriers in the simulator
-(`kernellab.run.simrace`), with no GPU.
+(`kernellab.run.sim.race`), with no GPU.
 
 A kernel may also be a factory, GPU-Puzzles' style: a function whose only parameter is `cuda` and which returns the
 kernel function. It is called with the real `numba.cuda` to compile, and with the simulator's module for each
@@ -33,7 +33,7 @@ from .compile.nvrtc import normalize_arch
 from .compile.signature import KernelSignature
 from .errors import ArgumentError, KernellabError
 from .kernel import Kernel, KernelCollection, Resources, max_threads_for, occupancy_text
-from .run import device as _device
+from .run.launch import device as _device
 
 TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take some seconds
 
@@ -43,7 +43,7 @@ class GlobalsChanged(UserWarning):
 
 
 def _caller_stacklevel() -> int:
-    from .run.numba_sim import caller_stacklevel
+    from .run.sim.numba_sim import caller_stacklevel
 
     return caller_stacklevel()
 
@@ -264,7 +264,7 @@ class NumbaKernel(Kernel):
             self._simulate(grid, block, args, shared_bytes)
             return None
         if isolate is None:
-            from .run import worker as _worker
+            from .run.launch import worker as _worker
 
             own = getattr(self, "isolate", None)
             isolate = own if own is not None else _worker.settings.isolate
@@ -344,7 +344,7 @@ class NumbaKernel(Kernel):
 
         In the simulator (`sim=True`, or by default where this kernel simulates, e.g. with no GPU here), racecheck,
         synccheck and initcheck (reads of shared memory no thread wrote) need no GPU: the launch runs in Numba's
-        CUDA simulator with every shared-memory access and barrier watched (kernellab.run.simrace), and the findings
+        CUDA simulator with every shared-memory access and barrier watched (kernellab.run.sim.race), and the findings
         come back as the same SanitizerReport, marked `simulated`. The arguments are not modified. `max_threads` bounds the simulated launch's size.
         """
         self._refresh_globals()
@@ -357,7 +357,7 @@ class NumbaKernel(Kernel):
         return super().sanitize(grid, block, *args, shared_bytes=shared_bytes, tool=tool, **kw)
 
     def _sanitize_simulated(self, grid, block, args, shared_bytes, tool, max_threads):
-        from .run import numba_sim, simrace
+        from .run.sim import numba_sim, race as simrace
 
         simrace.sim_tools(tool)                      # an unknown or GPU-only tool fails before anything runs
         self._types_for(args)
@@ -401,7 +401,7 @@ class NumbaKernel(Kernel):
         return self._argtypes
 
     def _config(self, grid, block, shared_bytes, device):
-        from .run.launch import make_config
+        from .run.launch.launch import make_config
 
         res = self.resources if self._compiled is not None else None
         return make_config(grid, block, shared_bytes,
@@ -409,7 +409,7 @@ class NumbaKernel(Kernel):
                            static_shared_bytes=res.shared_bytes if res else 0, device=device)
 
     def _simulate(self, grid, block, args, shared_bytes):
-        from .run import numba_sim
+        from .run.sim import numba_sim
 
         self._types_for(args)
         values = _check_args(self.params, args, self.numba_signature, host_ok=True)
@@ -431,7 +431,7 @@ class NumbaKernel(Kernel):
         Results are written back into the arguments as for any simulated launch. Lines are the kernel's source lines
         (cell lines for `%%numba` kernels). Trace a small launch: every thread is simulated.
         """
-        from .run import numba_sim
+        from .run.sim import numba_sim
 
         self._refresh_globals()
         self._types_for(args)
@@ -452,7 +452,7 @@ class NumbaKernel(Kernel):
 
     def _launch_gpu(self, grid, block, args, shared_bytes, stream, sync):
         _device.require_gpu(f"launching {self._name} on a GPU (set {self._name}.simulate = True to use the simulator)")
-        from .run.launch import _launch_error, resolve_sync
+        from .run.launch.launch import _launch_error, resolve_sync
 
         argtypes = self._types_for(args)
         dev = _device.device_info()
@@ -512,7 +512,7 @@ def _array_info(x):
 
 def _check_args(params, args, signature_text: str | None, *, host_ok: bool, device=None) -> list:
     """Check `args` against the typed parameters; return them with scalars as exact-width NumPy scalars."""
-    from .run.launch import _describe, _scalar_of
+    from .run.launch.launch import _describe, _scalar_of
 
     sig = f" (signature {signature_text})" if signature_text else ""
     out = []
@@ -765,7 +765,7 @@ def numba_module(source: str, *, signatures=None, arch: str | None = None, simul
     for k in ordered:   # the name the cell bound it to, where it differs from the function's
         k._name = bound.get(id(k), k._name)
     if simulate:
-        from .run.numba_sim import SIMULATED_THREADS_PER_S
+        from .run.sim.numba_sim import SIMULATED_THREADS_PER_S
 
         notes.append(f"launches run in Numba's CUDA simulator ({sim_reason}): some {SIMULATED_THREADS_PER_S:,} "
                      f"threads per second, so keep sizes small; resources are what ptxas reports for {arch}")

@@ -45,8 +45,8 @@ import kernellab
 from kernellab.analysis.banks import analyze_access
 from kernellab.notebook.bank_plots import plot_bank_access, plot_shared_trace
 from kernellab.report import html_table
-from kernellab.run.ncu_source import profile_banks
-from kernellab.run.simtrace import trace_shared
+from kernellab.run.nvtools.ncu_source import profile_banks
+from kernellab.run.sim.trace import trace_shared
 
 GPU = kernellab.has_gpu()
 print("GPU:", torch.cuda.get_device_name() if GPU else "none (compile, bank model and simulator only)")

@@ -53,7 +53,7 @@ COPY_GBPS = 3000.0     # an H100's measured device-to-device copy, read + write 
 
 # %%
 # %%gpu
-from kernellab.run.ceilings import device_ceilings
+from kernellab.run.measure.ceilings import device_ceilings
 
 COPY_GBPS = device_ceilings().dram_gbps          # measured once per GPU (a 1 GiB copy) and cached
 print(f"copy bandwidth of this GPU, as kernellab measures it: {COPY_GBPS / 1e3:.2f} TB/s")

@@ -52,7 +52,7 @@ EPS = 1e-5
 
 # %%
 # %%gpu
-from kernellab.run.ceilings import device_ceilings
+from kernellab.run.measure.ceilings import device_ceilings
 
 COPY_GBPS = device_ceilings().dram_gbps
 print(f"copy bandwidth of this GPU, as kernellab measures it: {COPY_GBPS / 1e3:.2f} TB/s")

@@ -46,7 +46,7 @@ from kernellab.analysis.arch import get_arch
 from kernellab.analysis.banks import analyze_access
 from kernellab.analysis.roofline import datasheet_ceilings
 from kernellab.report import html_table
-from kernellab.run.device import device_info
+from kernellab.run.launch.device import device_info
 
 GPU = kernellab.has_gpu()
 DEVICE = torch.cuda.get_device_name() if GPU else "NVIDIA H100 SXM (assumed: no GPU here)"
@@ -1049,7 +1049,7 @@ HTML(html_table(["kernel", "access", "wavefronts", "ideal"], bank_rows, caption=
 
 # %%
 # %%gpu
-from kernellab.run.ncu_source import profile_banks
+from kernellab.run.nvtools.ncu_source import profile_banks
 
 n_prof = 1024                                     # ncu replays the launch: a mid-sized problem is plenty
 A, B, C = (torch.randn(n_prof, n_prof, device="cuda") for _ in range(3))

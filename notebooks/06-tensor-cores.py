@@ -50,7 +50,7 @@ from kernellab.analysis.banks import analyze_access
 from kernellab.analysis.roofline import datasheet_ceilings
 from kernellab.compile.sass_summary import opcode_of
 from kernellab.report import html_table
-from kernellab.run.device import device_info
+from kernellab.run.launch.device import device_info
 
 GPU = kernellab.has_gpu()
 DEVICE = torch.cuda.get_device_name() if GPU else "NVIDIA H100 SXM (assumed: no GPU here)"

@@ -14,7 +14,7 @@ def _gpu_reason():
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no driver, no libcuda, no device: say which (the runtime blames the driver for all)
         try:
-            from kernellab.run.device import _runtime_version, why_no_gpu
+            from kernellab.run.launch.device import _runtime_version, why_no_gpu
 
             return f"no CUDA GPU: {why_no_gpu(str(exc).splitlines()[0] if str(exc) else '', _runtime_version())}"
         except Exception:

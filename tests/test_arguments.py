@@ -4,8 +4,8 @@ import pytest
 
 from kernellab.compile.signature import find_kernels
 from kernellab.errors import ArgumentError
-from kernellab.run.device import DeviceInfo
-from kernellab.run.launch import make_config, marshal_args
+from kernellab.run.launch.device import DeviceInfo
+from kernellab.run.launch.launch import make_config, marshal_args
 
 H200 = DeviceInfo(index=0, name="Fake H200", arch="sm_90", multiprocessors=132,
                   shared_per_block_optin_bytes=227 * 1024, shared_per_sm_bytes=228 * 1024)
@@ -134,7 +134,7 @@ def test_a_torch_stream_reaches_cupy_without_the_deprecated_external_stream():
     import warnings
 
     cupy = pytest.importorskip("cupy")
-    from kernellab.run.launch import external_stream
+    from kernellab.run.launch.launch import external_stream
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")

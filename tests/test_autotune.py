@@ -22,10 +22,10 @@ from numba import cuda
 
 import kernellab
 from kernellab.compile.nvrtc import compile_source
-from kernellab.run import autotune as A
-from kernellab.run import device as D
-from kernellab.run import worker as W
-from kernellab.run.bench import BenchResult, Speedup
+from kernellab.run.measure import autotune as A
+from kernellab.run.launch import device as D
+from kernellab.run.launch import worker as W
+from kernellab.run.measure.bench import BenchResult, Speedup
 
 HERE = pathlib.Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
@@ -299,8 +299,8 @@ class FakeClock:
 @pytest.fixture
 def fake_gpu(monkeypatch, tmp_cache):
     """A GPU that exists only to kernellab's checks; launches run isolated in the stand-in GPU worker."""
-    from kernellab.run.device import DeviceInfo
-    from kernellab.run.launch import make_config
+    from kernellab.run.launch.device import DeviceInfo
+    from kernellab.run.launch.launch import make_config
 
     dev = DeviceInfo(0, "Fake GPU", "sm_90", 132)
     pool = W.WorkerPool(runner="fake_gpu:run", init="fake_gpu:init", env=FAKE_ENV, start_timeout_s=60)
@@ -519,7 +519,9 @@ def test_autotune_and_grade_many_prepare_a_dask_executor_before_sending_tasks(mo
     """The probe of autotune and grade_many call fanout.prepare on their executor before the first task."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from kernellab.run import autotune as at, fanout, grading
+    from kernellab.run.measure import autotune as at
+    from kernellab.run import fanout
+    from kernellab.teach import grading
 
     order = []
     monkeypatch.setattr(fanout, "prepare", lambda ex, *a: order.append("prepare"))

@@ -1,4 +1,4 @@
-"""Shared-memory bank model (kernellab.analysis.banks), simulator traces (kernellab.run.simtrace) and bank pictures.
+"""Shared-memory bank model (kernellab.analysis.banks), simulator traces (kernellab.run.sim.trace) and bank pictures.
 
 CPU only. The simulator tests use `numba.cuda.simulator` directly, which works next to the real `numba.cuda`;
 one test also runs a trace in a subprocess with NUMBA_ENABLE_CUDASIM=1, where `numba.cuda` is the simulator.
@@ -241,7 +241,7 @@ def test_golden_sm90(row):
 # ---------------------------------------------------------------------------------------------------------------------
 # Simulator traces
 
-from kernellab.run.simtrace import SharedTrace, trace_shared  # noqa: E402  (imports numba only when tracing)
+from kernellab.run.sim.trace import SharedTrace, trace_shared  # noqa: E402  (imports numba only when tracing)
 
 try:  # the real numba.cuda, or the simulator when NUMBA_ENABLE_CUDASIM=1
     import numba
@@ -426,7 +426,7 @@ def test_trace_under_numba_enable_cudasim(tmp_path):
             import numba
             from numba import cuda
             assert cuda.compile_ptx is None  # numba.cuda is the simulator here
-            from kernellab.run.simtrace import trace_shared
+            from kernellab.run.sim.trace import trace_shared
 
             @cuda.jit
             def column(out):

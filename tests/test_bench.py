@@ -13,8 +13,8 @@ from kernellab.analysis import roofline as rl  # noqa: E402
 from kernellab.errors import NoGPUError  # noqa: E402
 from kernellab.notebook.bench_plots import RooflineError, roofline, sweep_plot  # noqa: E402
 from kernellab.report import REPORT_MIME  # noqa: E402
-from kernellab.run import ceilings as ceil_mod  # noqa: E402
-from kernellab.run.bench import BenchError, BenchResult, SweepResult, bench, check_measurable, sweep  # noqa: E402
+from kernellab.run.measure import ceilings as ceil_mod  # noqa: E402
+from kernellab.run.measure.bench import BenchError, BenchResult, SweepResult, bench, check_measurable, sweep  # noqa: E402
 
 
 class FakeClock:
@@ -743,7 +743,7 @@ class SimulatedGPU:
 
 
 def _simulated_clock(gpu, spin=True, batch_gpu_ms=0.0, duty=1.0):
-    from kernellab.run.bench import CudaClock
+    from kernellab.run.measure.bench import CudaClock
 
     clock = object.__new__(CudaClock)   # what __init__ would set up on a real device
     clock.torch, clock.dev, clock.device = gpu.torch(), None, "simulated"
@@ -755,7 +755,7 @@ def _simulated_clock(gpu, spin=True, batch_gpu_ms=0.0, duty=1.0):
 
 
 def test_the_spin_keeps_launch_overhead_out(monkeypatch):
-    from kernellab.run import bench as bench_mod
+    from kernellab.run.measure import bench as bench_mod
 
     gpu = SimulatedGPU()
     monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
@@ -769,7 +769,7 @@ def test_the_spin_keeps_launch_overhead_out(monkeypatch):
 
 
 def test_without_the_spin_python_time_leaks_into_the_events(monkeypatch):
-    from kernellab.run import bench as bench_mod
+    from kernellab.run.measure import bench as bench_mod
 
     gpu = SimulatedGPU()
     monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
@@ -780,7 +780,7 @@ def test_without_the_spin_python_time_leaks_into_the_events(monkeypatch):
 
 
 def test_calls_that_wait_for_the_gpu_are_not_spun_for(monkeypatch):
-    from kernellab.run import bench as bench_mod
+    from kernellab.run.measure import bench as bench_mod
 
     gpu = SimulatedGPU()
     monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
@@ -800,7 +800,7 @@ def test_calls_that_wait_for_the_gpu_are_not_spun_for(monkeypatch):
 def test_a_one_off_slow_call_keeps_the_spin(monkeypatch):
     """A first call slow once on the CPU (a module loading) must not take the spin away for the whole run: that
     made the first bench of every process time back-to-back calls (an H200 matmul 16 % slow)."""
-    from kernellab.run import bench as bench_mod
+    from kernellab.run.measure import bench as bench_mod
 
     gpu = SimulatedGPU()
     monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
@@ -832,7 +832,7 @@ class PoweredGPU(SimulatedGPU):
 
 @pytest.mark.parametrize("batch_gpu_ms, duty, capped", [(0.0, 1.0, True), (5.0, 0.5, False)])
 def test_batches_and_idle_time_keep_the_gpu_below_its_power_cap(monkeypatch, batch_gpu_ms, duty, capped):
-    from kernellab.run import bench as bench_mod
+    from kernellab.run.measure import bench as bench_mod
 
     gpu = PoweredGPU()
     monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
@@ -852,7 +852,7 @@ def test_batches_and_idle_time_keep_the_gpu_below_its_power_cap(monkeypatch, bat
 
 
 def test_idle_time_is_added_where_the_spin_is_too_short_for_the_duty(monkeypatch):
-    from kernellab.run import bench as bench_mod
+    from kernellab.run.measure import bench as bench_mod
 
     gpu = SimulatedGPU()
     monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)
@@ -870,7 +870,7 @@ def test_idle_time_is_added_where_the_spin_is_too_short_for_the_duty(monkeypatch
 def test_launches_wait_for_their_kernel_except_while_bench_times_them():
     """A kernellab launch synchronizes by default (a fault is reported at its line), but inside bench's timing that
     would add launch overhead to every repetition: a vector add once measured 0.6x of torch.add on an H200."""
-    from kernellab.run.launch import deferred_sync, resolve_sync
+    from kernellab.run.launch.launch import deferred_sync, resolve_sync
 
     assert resolve_sync(None) is True and resolve_sync(False) is False
     with deferred_sync():
@@ -929,7 +929,7 @@ def test_validate_table_shows_triton_s_own_spread():
 def test_sleep_calibration_waits_for_the_clock_to_ramp_up(monkeypatch):
     """A GPU idling at 345 MHz that reaches 2 GHz after 5 ms of work: calibrated at the idle clock, every spin would
     be ~6x shorter than intended and the CPU would fall behind the GPU."""
-    from kernellab.run import bench as bench_mod
+    from kernellab.run.measure import bench as bench_mod
 
     class RampGPU(SimulatedGPU):
         def duration(self, start, ms, busy):
@@ -945,7 +945,7 @@ def test_sleep_calibration_waits_for_the_clock_to_ramp_up(monkeypatch):
 
 
 def test_flush_l2_takes_write_clean_or_none_and_names_the_others():
-    from kernellab.run.bench import BenchError, flush_kind
+    from kernellab.run.measure.bench import BenchError, flush_kind
 
     assert [flush_kind(v) for v in (True, "write", "clean", False, None, "none")] == \
         ["write", "write", "clean", "none", "none", "none"]
@@ -959,7 +959,7 @@ def test_flush_l2_takes_write_clean_or_none_and_names_the_others():
 def test_a_clean_flush_reads_the_buffer_before_every_call(monkeypatch):
     """flush_l2="clean": each repetition is preceded by a read of the flush buffer (amax), never a write, and the
     method line says so; the default writes it."""
-    from kernellab.run import bench as bench_mod
+    from kernellab.run.measure import bench as bench_mod
 
     gpu = SimulatedGPU()
     monkeypatch.setattr(bench_mod.time, "perf_counter", lambda: gpu.cpu / 1e3)

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kernellab.report import REPORT_MIME  # noqa: E402
-from kernellab.run.check import TOLERANCES, CheckError, CheckReport, check  # noqa: E402
+from kernellab.run.measure.check import TOLERANCES, CheckError, CheckReport, check  # noqa: E402
 
 N = 1001  # odd on purpose: not a multiple of any block size
 
@@ -134,7 +134,7 @@ def test_unwritten_elements_fail_even_when_the_buffer_happens_to_hold_the_answer
 
 def test_free_blocks_are_the_default_pools_inactive_ones():
     """What fill_free_memory fills, from a torch.cuda.memory_snapshot()-shaped list (a GPU test fills real ones)."""
-    from kernellab.run.check import free_blocks
+    from kernellab.run.measure.check import free_blocks
 
     snapshot = [
         {"device": 0, "address": 0x1000, "segment_pool_id": (0, 0), "blocks": [
@@ -428,7 +428,7 @@ def test_report_of_a_raising_candidate_has_html_with_the_traceback():
 SIMULATED = textwrap.dedent("""
     import json, torch
     from numba import cuda
-    from kernellab.run.check import check
+    from kernellab.run.measure.check import check
 
     @cuda.jit
     def add(x, y, out):

@@ -186,8 +186,8 @@ SMALL_SHAPES = {"07-online-softmax": ((1, 1), (1, 31), (7, 1), (3, 33), (13, 100
 
 def _grade_model(monkeypatch, ex_id, launch):
     """Grade the solution's compiled kernel with its launches run by `launch` (NumPy) on a fake GPU."""
-    from kernellab.run import device
-    from kernellab.run.sanitize import report_from_text
+    from kernellab.run.launch import device
+    from kernellab.run.nvtools.sanitize import report_from_text
     from kernellab.teach import grader
 
     monkeypatch.setattr(device, "gpu_status", lambda: (True, "1 GPU (a NumPy model)"))

@@ -3,7 +3,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from kernellab.notebook import gpu_magic
-from kernellab.run import device
+from kernellab.run.launch import device
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import kernellab
-from kernellab.run import worker
+from kernellab.run.launch import worker
 
 SRC = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1; }\n'
 
@@ -76,7 +76,7 @@ def test_set_isolation_is_public():
 def test_launch_banks_goes_to_the_per_line_profile(monkeypatch, tmp_cache):
     import numpy as np
 
-    import kernellab.run.ncu_source as N
+    import kernellab.run.nvtools.ncu_source as N
 
     seen = []
     monkeypatch.setattr(N, "profile_banks", lambda kernel, grid, block, *args, **kw: seen.append(

@@ -20,9 +20,9 @@ import pytest
 
 import kernellab
 from kernellab.errors import ArgumentError, KernellabError
-from kernellab.run import job as J
-from kernellab.run.job import (ArgSpec, JobResult, KernelJob, JOB_MAGIC, job_image, lend, nonfinite_note, run_job,
-                               scalar_value, storage_dtype, tensor_spec)
+from kernellab.run.launch import job as J
+from kernellab.run.launch.job import (ArgSpec, JobResult, KernelJob, JOB_MAGIC, job_image, lend, nonfinite_note,
+                                      run_job, scalar_value, storage_dtype, tensor_spec)
 
 FAKE_CUPY = pathlib.Path(__file__).resolve().parent / "fixtures" / "fake_cupy" / "cupy" / "__init__.py"
 
@@ -183,14 +183,14 @@ def test_cli_reports_a_missing_gpu_in_its_result(mod, tmp_path):
     a = np.ones(4, dtype=np.float32)
     path = KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 4)).save(tmp_path / "j.kljob")
     out = tmp_path / "r.klres"
-    proc = subprocess.run([sys.executable, "-m", "kernellab.run.job", path, "--out", str(out)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "kernellab.run.launch.job", path, "--out", str(out)], capture_output=True,
                           text=True, timeout=120)
     if kernellab.has_gpu():
         pytest.skip("this machine has a GPU: the job ran (tests/gpu covers that)")
     assert proc.returncode == 1, proc.stderr
     res = JobResult.from_bytes(out.read_bytes())
     assert res.status == "error" and res.message and "vadd" in proc.stderr
-    bad = subprocess.run([sys.executable, "-m", "kernellab.run.job", str(tmp_path / "missing")], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "kernellab.run.launch.job", str(tmp_path / "missing")], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
 

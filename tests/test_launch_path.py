@@ -8,8 +8,8 @@ import pytest
 import kernellab
 from kernellab.compile.signature import find_kernels
 from kernellab.errors import ArgumentError, LaunchError, NoGPUError
-from kernellab.run import launch as L
-from kernellab.run.device import DeviceInfo
+from kernellab.run.launch import launch as L
+from kernellab.run.launch.device import DeviceInfo
 
 torch = pytest.importorskip("torch")
 
@@ -203,7 +203,7 @@ def test_clusters_over_8_blocks_opt_the_kernel_in_once():
 def test_max_active_clusters_asks_the_driver_with_the_cluster_shape(monkeypatch):
     import ctypes
 
-    from kernellab.run import cudriver as D
+    from kernellab.run.launch import cudriver as D
 
     seen = []
 
@@ -305,7 +305,7 @@ VADD = r"""extern "C" __global__ void vadd(const float* a, const float* b, float
 @pytest.fixture
 def fake_gpu(monkeypatch, tmp_cache):
     from kernellab.kernel import Kernel
-    from kernellab.run import cudriver, device
+    from kernellab.run.launch import cudriver, device
 
     driver = FakeDriver([8, 8, 8, 4])
     monkeypatch.setattr(device, "gpu_status", lambda: (True, "1 GPU(s)"))
@@ -396,7 +396,7 @@ def test_without_a_gpu_the_argument_error_comes_first(f):
 # -- why there is no GPU ----------------------------------------------------------------------------------------
 
 def test_why_no_gpu_names_the_cause(monkeypatch):
-    from kernellab.run import cudriver, device
+    from kernellab.run.launch import cudriver, device
 
     runtime_says = "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"
 
@@ -421,7 +421,7 @@ def test_why_no_gpu_names_the_cause(monkeypatch):
 
 
 def test_this_machines_no_gpu_reason_is_the_right_one():
-    from kernellab.run import cudriver, device
+    from kernellab.run.launch import cudriver, device
 
     if kernellab.has_gpu():
         pytest.skip("a GPU is present")
@@ -446,7 +446,7 @@ MAP_BYTES = bytes(range(7, 135))
 
 
 def a_map(device=0, encoded=MAP_BYTES):
-    from kernellab.run.tensor_map import TensorMap
+    from kernellab.run.launch.tensor_map import TensorMap
 
     return TensorMap(tensor=None, shape=(64, 64), dtype="float32", box=(16, 32), strides_bytes=(256, 4),
                      element_strides=(1, 1), global_address=0x7F0000000000, device=device, encoded=encoded)
@@ -538,7 +538,7 @@ def test_a_cluster_launch_goes_to_the_driver_with_its_shape():
 def test_the_cluster_launch_config_is_cuda_hs_struct():
     """CUlaunchConfig and CUlaunchAttribute as cuda.h lays them out (sizes and offsets checked against the header
     with a C compiler), and what Driver hands cuLaunchKernelEx."""
-    from kernellab.run import cudriver as D
+    from kernellab.run.launch import cudriver as D
 
     assert (ctypes.sizeof(D.CUlaunchAttributeValue), ctypes.sizeof(D.CUlaunchAttribute),
             ctypes.sizeof(D.CUlaunchConfig)) == (64, 72, 56)
@@ -563,7 +563,7 @@ def test_the_cluster_launch_config_is_cuda_hs_struct():
 
 
 def test_kernel_cluster_launches_take_the_packed_path(fake_gpu, monkeypatch):
-    from kernellab.run import cudriver
+    from kernellab.run.launch import cudriver
 
     driver = RecordingDriver([8, 128, 4])
     monkeypatch.setattr(cudriver, "driver", lambda: driver)
@@ -748,7 +748,7 @@ def test_a_failed_generated_launch_retries_once_for_a_new_thread_else_says_why(e
 
 
 def test_kernel_launchers_take_the_generated_launch_after_the_first_call(fake_gpu, monkeypatch):
-    from kernellab.run import cudriver
+    from kernellab.run.launch import cudriver
 
     driver = RawDriver([8, 8, 8, 4])
     monkeypatch.setattr(cudriver, "driver", lambda: driver)
@@ -772,7 +772,7 @@ def test_kernel_launchers_take_the_generated_launch_after_the_first_call(fake_gp
 
 def _abs_lib():
     """libcuda's launch-path calls played by libc's abs() with libcuda's argtypes: 0 for function 0 and stream 0."""
-    from kernellab.run import cudriver as D
+    from kernellab.run.launch import cudriver as D
 
     libc = ctypes.CDLL(None)
     p, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
@@ -787,7 +787,7 @@ def _abs_lib():
 
 
 def test_the_generated_calls_fit_the_ctypes_argtypes_of_the_real_driver(monkeypatch):
-    from kernellab.run import cudriver as D
+    from kernellab.run.launch import cudriver as D
 
     lib = _abs_lib()
     monkeypatch.setattr(D, "_lib_or_none", lambda: None)           # no libcuda: the given lib, ctypes calls
@@ -803,7 +803,7 @@ def test_the_generated_calls_fit_the_ctypes_argtypes_of_the_real_driver(monkeypa
 
 def test_cupys_launchkernel_is_offered_with_the_signature_the_generated_launch_calls(monkeypatch):
     cupy_cuda = pytest.importorskip("cupy.cuda")
-    from kernellab.run import cudriver as D
+    from kernellab.run.launch import cudriver as D
 
     fn = D._cupy_launch_kernel()
     assert fn is cupy_cuda.driver.launchKernel

@@ -99,8 +99,8 @@ def test_run_results_render_without_notebook(monkeypatch):
     """A CheckReport and a BenchResult give their HTML with kernellab.notebook made unimportable."""
     import builtins
 
-    from kernellab.run.bench import BenchResult
-    from kernellab.run.check import CheckReport
+    from kernellab.run.measure.bench import BenchResult
+    from kernellab.run.measure.check import CheckReport
 
     real_import = builtins.__import__
 

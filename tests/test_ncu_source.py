@@ -1,4 +1,4 @@
-"""Nsight Compute's per-line source page (kernellab.run.ncu_source), against a real capture from an H200.
+"""Nsight Compute's per-line source page (kernellab.run.nvtools.ncu_source), against a real capture from an H200.
 
 CPU only: the parser reads tests/fixtures/captured/ncu_source_sass.csv (a bank-conflicted 32x32 transpose, see the
 README there); running ncu is exercised with stand-in `ncu` scripts; profile_banks with a stand-in KernelJob.
@@ -18,8 +18,8 @@ import pytest
 
 from kernellab.analysis.banks import analyze_access
 from kernellab.report import REPORT_MIME
-from kernellab.run import ncu_source
-from kernellab.run.ncu_source import (
+from kernellab.run.nvtools import ncu_source
+from kernellab.run.nvtools.ncu_source import (
     NcuError,
     NcuUnavailableError,
     ncu_bank_command,
@@ -211,8 +211,8 @@ def test_a_page_without_source_counters_says_which_section_to_add():
 
 
 def test_command_profiles_one_launch_of_the_exact_symbol():
-    cmd = ncu_bank_command(["python", "-m", "kernellab.run.job", "/tmp/j"], "transpose_tile32", ncu="/opt/ncu")
-    assert cmd[0] == "/opt/ncu" and cmd[-4:] == ["python", "-m", "kernellab.run.job", "/tmp/j"]
+    cmd = ncu_bank_command(["python", "-m", "kernellab.run.launch.job", "/tmp/j"], "transpose_tile32", ncu="/opt/ncu")
+    assert cmd[0] == "/opt/ncu" and cmd[-4:] == ["python", "-m", "kernellab.run.launch.job", "/tmp/j"]
     joined = " ".join(cmd)
     for part in ("--clock-control none", "--csv", "--page source", "--print-source cuda,sass",
                  "--section SourceCounters", "-k regex:^transpose_tile32$", "--launch-count 1",
@@ -325,9 +325,9 @@ def test_first_line_2_makes_lineinfo_count_cell_lines():
 @pytest.fixture
 def no_gpu_launch_checks(monkeypatch):
     """profile_banks as on a GPU: the device checks pass; the job and ncu are real files and processes."""
-    pytest.importorskip("kernellab.run.job", reason="profile_banks runs a kernellab.run.job KernelJob")
-    worker = pytest.importorskip("kernellab.run.worker", reason="profile_banks checks the launch with run.worker")
-    from kernellab.run import device
+    pytest.importorskip("kernellab.run.launch.job", reason="profile_banks runs a kernellab.run.launch.job KernelJob")
+    worker = pytest.importorskip("kernellab.run.launch.worker", reason="profile_banks checks the launch with run.worker")
+    from kernellab.run.launch import device
 
     monkeypatch.setattr(device, "require_gpu", lambda what="": None)
     monkeypatch.setattr(worker, "_sync_caller", lambda: None)
@@ -347,8 +347,8 @@ def test_profile_banks_runs_the_job_under_ncu(tmp_path, no_gpu_launch_checks):
     (tmp_path / "page.csv").write_text(SASS_PAGE.replace('"transpose_naive"', '"t32"'))
     ncu = _fake_ncu(tmp_path, f"""
         import os
-        from kernellab.run.job import KernelJob
-        assert argv[-5:-3] == ["-m", "kernellab.run.job"] and argv[-2] == "--out", argv
+        from kernellab.run.launch.job import KernelJob
+        assert argv[-5:-3] == ["-m", "kernellab.run.launch.job"] and argv[-2] == "--out", argv
         assert argv[-6] == {sys.executable!r}
         assert argv[argv.index("-k") + 1] == "regex:^t32$", argv
         job = KernelJob.load(argv[-3])  # the job file exists while ncu runs
@@ -371,7 +371,7 @@ def test_profile_banks_reports_a_launch_that_failed_under_ncu(tmp_path, no_gpu_l
 
     module = compile_cuda(CELL, arch="sm_90", first_line=2, filename="cell.cu")
     ncu = _fake_ncu(tmp_path, """
-        from kernellab.run.job import JobResult
+        from kernellab.run.launch.job import JobResult
         open(argv[-1], "wb").write(JobResult("launch_error", message="too many resources requested").to_bytes())
         print("==WARNING== No kernels were profiled.")
         """)

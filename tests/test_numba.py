@@ -19,12 +19,12 @@ from kernellab.compile.nvrtc import parse_ptxas  # noqa: E402
 from kernellab.compile.toolkit import find_tool  # noqa: E402
 from kernellab.errors import ArgumentError, CompileError, KernellabError  # noqa: E402
 from kernellab.kernel_numba import NumbaKernel, _check_args, numba_kernel, numba_module  # noqa: E402
-from kernellab.run.numba_sim import SimulatedKernelError, SimulatorNotice  # noqa: E402
+from kernellab.run.sim.numba_sim import SimulatedKernelError, SimulatorNotice  # noqa: E402
 
 from numba import cuda, float32  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas (nvidia-cuda-nvcc wheel) is not installed")
-pytestmark = [needs_ptxas, pytest.mark.filterwarnings("ignore::kernellab.run.numba_sim.SimulatorNotice")]
+pytestmark = [needs_ptxas, pytest.mark.filterwarnings("ignore::kernellab.run.sim.numba_sim.SimulatorNotice")]
 
 SOURCE = """from numba import cuda, float32
 
@@ -192,7 +192,7 @@ def _vadd_kernel(**kw):
 
 
 def test_signature_from_the_first_launch(monkeypatch):
-    from kernellab.run import numba_sim
+    from kernellab.run.sim import numba_sim
 
     monkeypatch.setattr(numba_sim, "_notice_shown", False)          # as in a fresh session
     mod = _vadd_kernel()
@@ -209,7 +209,7 @@ def test_signature_from_the_first_launch(monkeypatch):
 
 
 def test_the_simulator_notice_is_shown_once_per_session(monkeypatch):
-    from kernellab.run import numba_sim
+    from kernellab.run.sim import numba_sim
 
     monkeypatch.setattr(numba_sim, "_notice_shown", False)
     a = np.zeros(4, np.float32)
@@ -224,7 +224,7 @@ def test_the_simulator_notice_is_shown_once_per_session(monkeypatch):
 
 
 def test_the_slow_launch_warning_uses_the_kernels_measured_rate(monkeypatch):
-    from kernellab.run import numba_sim
+    from kernellab.run.sim import numba_sim
 
     k = _vadd_kernel(signatures={"vadd": VADD_SIG}).vadd
     assert numba_sim.threads_per_second(k) == numba_sim.SIMULATED_THREADS_PER_S      # not measured yet
@@ -375,8 +375,8 @@ class _FakeDeviceArray:
 def test_gpu_launch_path_with_a_stand_in_device(monkeypatch):
     """The real-launch code path, with the GPU, numba's compiled kernel and its stream replaced by stand-ins."""
     import kernellab.kernel_numba as kn
-    from kernellab.run import device
-    from kernellab.run.device import DeviceInfo
+    from kernellab.run.launch import device
+    from kernellab.run.launch.device import DeviceInfo
 
     dev = DeviceInfo(index=0, name="stand-in H100", arch="sm_90", multiprocessors=132)
     monkeypatch.setattr(device, "require_gpu", lambda what="": None)
@@ -737,7 +737,7 @@ def test_an_isolated_numba_job_passes_arrays_as_numba_does():
 
     import torch
 
-    from kernellab.run.job import KernelJob, numba_array_values, scalar_value
+    from kernellab.run.launch.job import KernelJob, numba_array_values, scalar_value
 
     k = numba_module(ABI_SOURCE, signatures={"scale_t": ABI_SIG}, arch="sm_90", simulate=False).scale_t
     a, out = torch.zeros(3, 5), torch.zeros(5, 3)
@@ -764,7 +764,7 @@ def test_an_isolated_numba_job_keeps_the_cell_lines():
     quotes the cell's lines by the same numbers."""
     import torch
 
-    from kernellab.run.job import KernelJob
+    from kernellab.run.launch.job import KernelJob
 
     k = numba_module(ABI_SOURCE, signatures={"scale_t": ABI_SIG}, arch="sm_90", simulate=False,
                      first_line=2).scale_t
@@ -780,7 +780,7 @@ def test_an_isolated_numba_job_keeps_the_cell_lines():
 def test_numba_launches_in_another_process_take_c_contiguous_torch_or_cupy_arrays(monkeypatch):
     import torch
 
-    from kernellab.run.device import DeviceInfo
+    from kernellab.run.launch.device import DeviceInfo
 
     k = numba_module(ABI_SOURCE, signatures={"scale_t": ABI_SIG}, arch="sm_90", simulate=False).scale_t
     dev = DeviceInfo(index=0, name="stand-in H100", arch="sm_90", multiprocessors=132)

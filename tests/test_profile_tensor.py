@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from kernellab.run import profile as P
-from kernellab.run.job import ArgSpec, KernelJob
-from kernellab.run.profile import DEFAULT_METRICS, TENSOR_GMMA_PCT, TENSOR_HMMA_PCT, profile, report_from_output
+from kernellab.run.nvtools import ncu as P
+from kernellab.run.launch.job import ArgSpec, KernelJob
+from kernellab.run.nvtools.ncu import DEFAULT_METRICS, TENSOR_GMMA_PCT, TENSOR_HMMA_PCT, profile, report_from_output
 
 CAPTURED = pathlib.Path(__file__).resolve().parent / "fixtures" / "captured" / "ncu_metrics_details.csv"
 HEAD = '"0","485","python3.12","127.0.0.1","mma_tile","1","7","(32, 1, 1)","(64, 1, 1)","0","9.0",' \

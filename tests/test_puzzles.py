@@ -143,7 +143,7 @@ def test_on_a_gpu_a_puzzle_is_also_graded_in_the_simulator(key, monkeypatch):
     """On an H100 these five wrong variants ran right on the hardware (a one-warp block steps together) and
     compute-sanitizer did not flag them (2026-11-23): the grader's GPU branch grades Numba kernels in the simulator
     as well, which finds what the CPU grading finds. The GPU parts are stood in for here."""
-    from kernellab.run import device
+    from kernellab.run.launch import device
     from kernellab.teach import grader
 
     [v] = [v for v in variants(key.split(".")[0]) if str(v) == key]

@@ -1,4 +1,4 @@
-"""racecheck and synccheck without a GPU (kernellab.run.simrace): the race corpus's verdicts and line pairs, every
+"""racecheck and synccheck without a GPU (kernellab.run.sim.race): the race corpus's verdicts and line pairs, every
 hazard kind, clean kernels, barrier placement, and the same SanitizerReport as compute-sanitizer's; the comparison
 with compute-sanitizer's own verdicts once tests/golden/racecheck_sm90.csv is recorded on a GPU."""
 import csv
@@ -14,14 +14,14 @@ pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
 
 import kernellab  # noqa: E402
 from kernellab.errors import ArgumentError, KernellabError  # noqa: E402
-from kernellab.run.sanitize import SanitizerReport  # noqa: E402
-from kernellab.run.simrace import UNREPORTED_BARRIER, UNREPORTED_RACE, sanitize_simulated  # noqa: E402
+from kernellab.run.findings import SanitizerReport  # noqa: E402
+from kernellab.run.sim.race import UNREPORTED_BARRIER, UNREPORTED_RACE, sanitize_simulated  # noqa: E402
 
 from numba import cuda  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "racecheck_sm90.csv"
-pytestmark = pytest.mark.filterwarnings("ignore::kernellab.run.numba_sim.SimulatorNotice")
+pytestmark = pytest.mark.filterwarnings("ignore::kernellab.run.sim.numba_sim.SimulatorNotice")
 
 
 def load_corpus():
@@ -202,8 +202,8 @@ def test_barriers_at_different_lines_in_one_warp():
 
 
 def test_syncwarp_waiting_for_lanes_in_syncthreads_is_a_deadlock():
-    from kernellab.run.numba_sim import simulate
-    from kernellab.run.simsched import SimulatedDeadlockError
+    from kernellab.run.sim.numba_sim import simulate
+    from kernellab.run.sim.sched import SimulatedDeadlockError
 
     src = ("def k(x):\n    t = cuda.threadIdx.x\n    if t == 0:\n        cuda.syncwarp()\n    else:\n"
            "        cuda.syncthreads()\n    x[t] = 1.0\n")
@@ -345,7 +345,7 @@ def test_simulator_agrees_with_compute_sanitizer():
 def test_a_report_cut_at_the_print_limit_says_so():
     """compute-sanitizer counts every hazard but prints --print-limit of them: the 2026-11-23 recording of
     matmul_no_sync_after_compute printed 100 of 1,794 (all la-mac), so its lb-mac pair was missing."""
-    from kernellab.run.sanitize import PRINT_LIMIT_NOTE, report_from_text
+    from kernellab.run.nvtools.sanitize import PRINT_LIMIT_NOTE, report_from_text
 
     hazard = ("========= Error: Potential WAR hazard detected at __shared__ 0x400 in block (0,1,0) :\n"
               "=========     Read Thread (0,7,0) at k+0x5e0 in race_corpus.py:286\n"

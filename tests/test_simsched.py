@@ -1,4 +1,4 @@
-"""The simulator's block scheduler (kernellab.run.simsched): numba-cuda's semantics kept (barriers, syncthreads_count,
+"""The simulator's block scheduler (kernellab.run.sim.sched): numba-cuda's semantics kept (barriers, syncthreads_count,
 exceptions naming the thread, returned threads counting as arrived), the warp-level functions it adds, and the same
 results with greenlets and with the OS-thread fallback. Speed is measured by benchmarks/simulator_speed.py, not here."""
 import numpy as np
@@ -8,8 +8,8 @@ pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
 
 from numba import cuda, float32, int32  # noqa: E402
 
-from kernellab.run import simsched  # noqa: E402
-from kernellab.run.numba_sim import SimulatedKernelError, simulate  # noqa: E402
+from kernellab.run.sim import sched as simsched  # noqa: E402
+from kernellab.run.sim.numba_sim import SimulatedKernelError, simulate  # noqa: E402
 
 
 @pytest.fixture(params=["greenlet", "threads"])

@@ -11,7 +11,7 @@ from kernellab.compile import toolkit
 from kernellab.compile.cubin import cubin_arch
 from kernellab.compile.nvrtc import arch_hint, parse_log, ptx_source_line
 from kernellab.errors import ArgumentError
-from kernellab.run.device import DeviceInfo
+from kernellab.run.launch.device import DeviceInfo
 
 
 def _cuobjdump_elf_arch(cubin: bytes, tmp_path) -> str:

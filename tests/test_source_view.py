@@ -19,7 +19,7 @@ from kernellab.compile.sass_lines import (
     ptx_lines,
 )
 from kernellab.report import REPORT_MIME
-from kernellab.run import ncu_source
+from kernellab.run.nvtools import ncu_source
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SASS_PAGE = (ROOT / "tests" / "fixtures" / "captured" / "ncu_source_sass.csv").read_text()
@@ -266,8 +266,8 @@ def _fake_ncu(tmp_path, body: str) -> str:
 
 @pytest.fixture
 def no_gpu_launch_checks(monkeypatch):
-    worker = pytest.importorskip("kernellab.run.worker")
-    from kernellab.run import device
+    worker = pytest.importorskip("kernellab.run.launch.worker")
+    from kernellab.run.launch import device
 
     monkeypatch.setattr(device, "require_gpu", lambda what="": None)
     monkeypatch.setattr(worker, "_sync_caller", lambda: None)
@@ -282,7 +282,7 @@ def test_profile_lines_runs_the_launch_under_ncu(tmp_path, tmp_cache, no_gpu_lau
     (tmp_path / "page.csv").write_text(SASS_PAGE.replace('"transpose_naive"', '"t32"'))
     ncu = _fake_ncu(tmp_path, f"""
         assert "--page" in argv and "SourceCounters" in argv and argv[argv.index("-k") + 1] == "regex:^t32$", argv
-        assert argv[-5:-3] == ["-m", "kernellab.run.job"], argv
+        assert argv[-5:-3] == ["-m", "kernellab.run.launch.job"], argv
         sys.stdout.write(open({str(tmp_path / "page.csv")!r}).read())
         """)
     x = np.zeros((N, N), np.float32)

@@ -345,7 +345,7 @@ MEMCHECK_OOB = """========= COMPUTE-SANITIZER
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """A usable "GPU": arrays stay NumPy, and the test gives the kernel's launch and sanitize."""
-    from kernellab.run import device
+    from kernellab.run.launch import device
     from kernellab.teach import grader
 
     monkeypatch.setattr(device, "gpu_status", lambda: (True, "1 GPU(s) (fake)"))
@@ -354,7 +354,7 @@ def fake_gpu(monkeypatch):
 
     def make(emulate, reports=None):
         """The reverse solution's Kernel, launching `emulate(grid, block, *args)` and sanitizing to `reports`."""
-        from kernellab.run.sanitize import report_from_text
+        from kernellab.run.nvtools.sanitize import report_from_text
 
         k = _kernel("01-reverse")
         launches = []
@@ -428,7 +428,7 @@ def test_gpu_grading_names_a_block_size_assumption(fake_gpu):
 
 
 def test_gpu_grading_stops_at_the_first_fault(fake_gpu):
-    from kernellab.run.worker import IsolatedLaunchError
+    from kernellab.run.launch.worker import IsolatedLaunchError
 
     def fault(grid, block, *args):
         raise IsolatedLaunchError("reverse faulted in the isolated worker: an illegal memory access", status="fault")
@@ -447,8 +447,8 @@ def test_gpu_grading_reports_a_race_with_its_lines(fake_gpu, monkeypatch):
     k = load_kernel(ex, solution_path(ex.id))
     monkeypatch.setattr(k, "launch", lambda grid, block, x, out, b, r_, c, **kw: out.__setitem__(
         slice(None), np.ascontiguousarray(x.transpose(0, 2, 1))), raising=False)
-    from kernellab.run import device
-    from kernellab.run.sanitize import report_from_text
+    from kernellab.run.launch import device
+    from kernellab.run.nvtools.sanitize import report_from_text
 
     monkeypatch.setattr(device, "gpu_status", lambda: (True, "fake"))
     monkeypatch.setattr(grader, "_to_device", lambda args: tuple(args))
@@ -528,12 +528,12 @@ def test_numba_tile_is_checked_in_its_sass_after_the_simulated_runs(numba_tile):
 
 
 def test_the_simulators_racecheck_is_used_through_sanitize_where_kernellab_has_it(numba_tile, monkeypatch):
-    """The simulator's race detector and barrier check (kernellab.run.simrace) grade a simulated kernel's barriers in
+    """The simulator's race detector and barrier check (kernellab.run.sim.race) grade a simulated kernel's barriers in
     one simulated launch, as racecheck and synccheck do on a GPU: a clean kernel's grade says both ran clean; a report
     with a race and a divergent barrier becomes a race finding with both lines and a barrier finding."""
     from kernellab.kernel_numba import NumbaKernel
-    from kernellab.run.sanitize import Finding as SanFinding
-    from kernellab.run.sanitize import Location, SanitizerReport, combine
+    from kernellab.run.findings import Finding as SanFinding
+    from kernellab.run.findings import Location, SanitizerReport, combine
 
     k = kernellab.numba_kernel(_numba_cell(TILE_NUMBA, "tposed"), simulate=True)
     r = kernellab.grade("t-tile-numba", k)

@@ -14,12 +14,12 @@ from hopper_sources import TMA_COPY
 import kernellab
 from kernellab.compile.signature import find_kernels, parse_param
 from kernellab.errors import ArgumentError, NoGPUError
-from kernellab.run import job as J
-from kernellab.run import tensor_map as T
-from kernellab.run.device import DeviceInfo
-from kernellab.run.job import KernelJob
-from kernellab.run.launch import LaunchConfig, cluster_dims, make_config, marshal_args
-from kernellab.run.tensor_map import TensorMap, tensor_map
+from kernellab.run.launch import job as J
+from kernellab.run.launch import tensor_map as T
+from kernellab.run.launch.device import DeviceInfo
+from kernellab.run.launch.job import KernelJob
+from kernellab.run.launch.launch import LaunchConfig, cluster_dims, make_config, marshal_args
+from kernellab.run.launch.tensor_map import TensorMap, tensor_map
 
 H100 = DeviceInfo(index=0, name="Fake H100", arch="sm_90", multiprocessors=132,
                   shared_per_block_optin_bytes=227 * 1024)
@@ -201,7 +201,7 @@ def test_the_encode_runs_with_a_current_context(monkeypatch, current, tensor, pu
     new thread): kernellab.tensor_map pushes the tensor's GPU's primary context around the call."""
     import contextlib
 
-    from kernellab.run import cudriver
+    from kernellab.run.launch import cudriver
 
     log = []
 
@@ -220,7 +220,7 @@ def test_the_encode_runs_with_a_current_context(monkeypatch, current, tensor, pu
 
 
 def test_no_driver_no_context_the_encode_says_why(monkeypatch):
-    from kernellab.run import cudriver
+    from kernellab.run.launch import cudriver
 
     def unavailable(*a):
         raise cudriver.DriverUnavailable("libcuda.so.1 cannot be loaded")
@@ -305,7 +305,7 @@ def test_worker_encodes_the_map_over_its_own_copy(tma, monkeypatch, fake_encoder
 
 
 def test_outputs_come_back_into_the_mapped_tensor():
-    from kernellab.run.worker import apply_outputs
+    from kernellab.run.launch.worker import apply_outputs
 
     x = np.zeros((4, 8), np.float32)
     job = KernelJob("k", (1, 1, 1), (1, 1, 1), (J.ArgSpec("tensor", "tmap", "float32", (4, 8), tensor_map={}),))
@@ -333,12 +333,12 @@ def test_cluster_shapes_are_checked():
 
 
 def test_run_job_launches_a_cluster_through_cuLaunchKernelEx(tma, monkeypatch, fake_encoder):
-    """The worker's runner takes the cluster launch (run/cudriver.py's cuLaunchKernelEx, a fake driver here) when
+    """The worker's runner takes the cluster launch (run/launch/cudriver.py's cuLaunchKernelEx, a fake driver here) when
     the job has a cluster, with each value's bytes behind kernelParams: the re-encoded map's 128 first."""
     import ctypes
     import types
 
-    from kernellab.run import cudriver
+    from kernellab.run.launch import cudriver
 
     spec = importlib.util.spec_from_file_location("cupy", FAKE_CUPY)
     fake = importlib.util.module_from_spec(spec)

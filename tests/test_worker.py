@@ -3,7 +3,7 @@
 - The worker protocol runs real worker processes with a stand-in GPU (tests/fixtures/fake_gpu.py): warm reuse,
   outputs copied back, a hung kernel killed at its timeout and replaced, a poisoned context replaced, a crash,
   printf capture, interrupts. Isolated launches say why each large tensor was copied instead of lent.
-- The real worker runner (kernellab.run.job.run_job) runs in a worker on a stand-in cupy that keeps CUDA's
+- The real worker runner (kernellab.run.launch.job.run_job) runs in a worker on a stand-in cupy that keeps CUDA's
   stream-ordering rules (tests/fixtures/fake_cupy): results and NaN notes of warm-worker launches.
 - Staging buffers run for real across processes: the stand-in cupy's cudaMalloc maps a file, the caller maps the
   same file (fixtures/fake_gpu.py's FileStagingIO), and NumPy arrays stand in for CUDA tensors carved from a
@@ -28,12 +28,12 @@ import numpy as np
 import pytest
 
 import kernellab
-from kernellab.run import worker as W
-from kernellab.run.job import ArgSpec, JobResult, KernelJob
-from kernellab.run.profile import (DEFAULT_METRICS, ProfileReport, format_value, parse_csv, profile,
-                                   report_from_output)
-from kernellab.run.sanitize import (SanitizerReport, ToolNotFoundError, parse_location, report_from_text, sanitize,
-                                    sanitize_last)
+from kernellab.run.launch import worker as W
+from kernellab.run.launch.job import ArgSpec, JobResult, KernelJob
+from kernellab.run.nvtools.ncu import (DEFAULT_METRICS, ProfileReport, format_value, parse_csv, profile,
+                                       report_from_output)
+from kernellab.run.nvtools.sanitize import (SanitizerReport, ToolNotFoundError, parse_location, report_from_text,
+                                            sanitize, sanitize_last)
 
 HERE = pathlib.Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
@@ -189,8 +189,8 @@ extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n)
 @pytest.fixture
 def fake_launch(monkeypatch, tmp_cache):
     """run_isolated's caller side with the GPU checks stood in: kernels compiled for real, NumPy arguments."""
-    from kernellab.run.device import DeviceInfo
-    from kernellab.run.launch import make_config
+    from kernellab.run.launch.device import DeviceInfo
+    from kernellab.run.launch.launch import make_config
 
     dev = DeviceInfo(0, "Fake GPU", "sm_90", 132)
     monkeypatch.setattr(W, "check_launch", lambda k, g, b, a, s=0, cluster=None: (make_config(
@@ -201,7 +201,7 @@ def fake_launch(monkeypatch, tmp_cache):
 
 
 def test_run_isolated_copies_back_and_falls_back_from_ipc(pool, fake_launch, monkeypatch):
-    from kernellab.run import job as J
+    from kernellab.run.launch import job as J
 
     monkeypatch.setattr(W.settings, "share_min_bytes", 32)
     monkeypatch.setattr(J, "lend", lambda x, disabled=None: disabled or (b"\1" * 64, 0))   # as a CUDA tensor would
@@ -236,7 +236,7 @@ STREAM_ENV = {"PYTHONPATH": os.pathsep.join([str(FIXTURES / "fake_cupy"), str(RO
 
 @pytest.fixture
 def stream_pool():
-    """Workers running the real runner (kernellab.run.job.run_job) on the stream-ordered stand-in cupy."""
+    """Workers running the real runner (kernellab.run.launch.job.run_job) on the stream-ordered stand-in cupy."""
     p = W.WorkerPool(env=STREAM_ENV, start_timeout_s=60)
     yield p
     p.shutdown()
@@ -310,7 +310,7 @@ class Segments:
 def staging(monkeypatch, tmp_path, fake_launch):
     """Workers on the stand-in cupy with real cross-process staging buffers (files in tmp_path); NumPy arrays are
     'CUDA tensors' (their host address as device address) whose allocations are the Segments registered."""
-    from kernellab.run import job as J
+    from kernellab.run.launch import job as J
 
     io = _load_fake_gpu().FileStagingIO()
     segs = Segments()
@@ -642,7 +642,7 @@ def test_sanitize_runs_the_tool_on_a_job_file(tmp_path):
     rep = sanitize(fake_job("oob"), "memcheck", executable=fake)
     argv = log.read_text().splitlines()
     assert argv[:6] == ["--tool", "memcheck", "--print-limit", "100", "--show-backtrace", "no"]
-    assert argv[-5:-3] == ["-m", "kernellab.run.job"] and argv[-2] == "--out"
+    assert argv[-5:-3] == ["-m", "kernellab.run.launch.job"] and argv[-2] == "--out"
     assert rep.findings and rep.exit_code == 1 and rep.error_count == 259
     assert any("did not write a result" in n for n in rep.notes)      # the stand-in never ran the job
     race = sanitize(fake_job("oob"), "racecheck", executable=fake)
@@ -769,8 +769,8 @@ def ip():
 def calls(monkeypatch):
     """Record what %launch dispatches to, instead of running it."""
     seen = []
-    import kernellab.run.profile as P
-    import kernellab.run.sanitize as S
+    import kernellab.run.nvtools.ncu as P
+    import kernellab.run.nvtools.sanitize as S
 
     monkeypatch.setattr(W, "run_isolated", lambda *a, **k: seen.append(("isolated", a, k)) or "isolated-run")
     monkeypatch.setattr(S, "sanitize_launch", lambda *a, **k: seen.append(("sanitize", a, k)) or "sanitizer-report")
@@ -841,8 +841,8 @@ def test_kernel_launch_follows_the_isolation_setting(monkeypatch, tmp_cache):
 
 
 def test_kernel_sanitize_and_profile_hooks(monkeypatch, tmp_cache):
-    import kernellab.run.profile as P
-    import kernellab.run.sanitize as S
+    import kernellab.run.nvtools.ncu as P
+    import kernellab.run.nvtools.sanitize as S
 
     mod = kernellab.compile_cuda(SRC, arch="sm_90")
     monkeypatch.setattr(S, "sanitize_launch", lambda *a, **k: ("s", a, k))
@@ -852,7 +852,7 @@ def test_kernel_sanitize_and_profile_hooks(monkeypatch, tmp_cache):
 
 
 def test_in_process_sticky_error_names_the_sanitize_call():
-    from kernellab.run.launch import LaunchConfig, _launch_error
+    from kernellab.run.launch.launch import LaunchConfig, _launch_error
 
     class IllegalAddress(Exception):
         pass
@@ -861,14 +861,14 @@ def test_in_process_sticky_error_names_the_sanitize_call():
                         LaunchConfig((4, 1, 1), (256, 1, 1)), during="run")
     text = str(err)
     assert err.sticky and "context of this process is lost" in text and "restart" in text
-    assert "kernellab.run.sanitize.sanitize_last()" in text and "vadd.sanitize((4, 1, 1), (256, 1, 1), *args)" in text
+    assert "kernellab.run.nvtools.sanitize.sanitize_last()" in text and "vadd.sanitize((4, 1, 1), (256, 1, 1), *args)" in text
     assert "isolate=True" in text
 
 
 def test_worker_output_drops_cupy_destructor_noise_after_a_fault():
     """Captured from a real H200 run (tests/gpu/test_tools_gpu.py, isolated_fault.txt): after a fault, each CuPy
     event freed in the dead context printed a traceback into the error message."""
-    from kernellab.run.worker import worker_output_lines
+    from kernellab.run.launch.worker import worker_output_lines
 
     noise = """Exception ignored in: <cyfunction Event.__del__ at 0x7fb25e3cd640>
 Traceback (most recent call last):

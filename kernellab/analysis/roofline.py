@@ -1,6 +1,6 @@
 """Roofline math (arithmetic intensity, attainable rate, ridge point) and datasheet ceilings of known GPUs.
 
-Pure Python and NumPy: the measured ceilings come from `kernellab.run.ceilings`, the chart from
+Pure Python and NumPy: the measured ceilings come from `kernellab.run.measure.ceilings`, the chart from
 `kernellab.notebook.bench_plots.roofline`.
 
 Units throughout: bandwidth in GB/s (1e9 bytes per second), compute in TFLOP/s (1e12 per second),

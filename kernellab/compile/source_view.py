@@ -1,6 +1,6 @@
 """`Kernel.source_view()`: each source line beside the SASS (and PTX) compiled from it, with counts per class.
 
-`Kernel.profile_lines(...)` (run/ncu_source.py) adds what Nsight Compute measured per line to the same view.
+`Kernel.profile_lines(...)` (run/nvtools/ncu_source.py) adds what Nsight Compute measured per line to the same view.
 """
 from __future__ import annotations
 

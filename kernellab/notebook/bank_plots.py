@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from kernellab.analysis.banks import BANK_COUNT, WARP_SIZE, WarpAccess, analyze_access
-from kernellab.run.simtrace import SharedTrace
+from kernellab.run.sim.trace import SharedTrace
 
 _NONE, _SERVED, _CONFLICT = 0, 1, 2
 _COLOURS = ("#ffffff", "#9ecae1", "#e6550d")  # no access, served without conflict, in a conflicting bank

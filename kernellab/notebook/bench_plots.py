@@ -120,7 +120,7 @@ class _Unplaced:
 
 def _points(results, include_baselines: bool) -> tuple[list[_Point], list[_Unplaced]]:
     """Every result placed at (intensity, TFLOP/s), and those without FLOPs to note by their GB/s."""
-    from kernellab.run.bench import BenchResult, SweepResult
+    from kernellab.run.measure.bench import BenchResult, SweepResult
 
     items = results if isinstance(results, (list, tuple)) else [results]
     flat = []
@@ -406,7 +406,7 @@ def _resolve_ceilings(ceilings, device: str) -> DeviceCeilings:
     if ceilings not in (None, "datasheet"):
         raise RooflineError(f"ceilings must be a DeviceCeilings, 'datasheet' or None, got {ceilings!r}")
     if ceilings is None and _gpu_usable():
-        from kernellab.run.ceilings import device_ceilings
+        from kernellab.run.measure.ceilings import device_ceilings
 
         return device_ceilings()
     found = datasheet_ceilings(device) if device else None

@@ -60,7 +60,7 @@ class GpuMagics(Magics):
             args = parse_argstring(self.gpu, line)
         except Exception as exc:
             raise UsageError(f"%%gpu {line}: {exc}") from None
-        from ..run.device import gpu_status
+        from ..run.launch.device import gpu_status
 
         note = args.skip_note
         if note and len(note) >= 2 and note[0] == note[-1] and note[0] in "\"'":  # IPython keeps the quotes

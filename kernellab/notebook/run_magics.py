@@ -10,7 +10,7 @@
     %launch --banks transpose[grid, block](x, y, n)             # ncu: shared-memory wavefronts per cell line
 
 The notebook-wide default: `%config KernellabRun.isolate = True` (also `timeout_s`, `diagnose`), the same as
-`kernellab.run.worker.set_isolation(True)`. Load with `%load_ext kernellab.notebook.run_magics`.
+`kernellab.run.launch.worker.set_isolation(True)`. Load with `%load_ext kernellab.notebook.run_magics`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Float, observe
 
 from ..errors import KernellabError
-from ..run import worker as _worker
+from ..run.launch import worker as _worker
 
 _VALUE_OPTIONS = ("--timeout", "--metrics")   # options that may take their value as the next word
 
@@ -132,7 +132,7 @@ class KernellabRun(Magics):
             if ns.banks:
                 return kernel.profile_banks(grid, block, *args, shared_bytes=shared)
             if ns.profile:
-                from ..run.profile import profile_launch
+                from ..run.nvtools.ncu import profile_launch
 
                 metrics = [m.strip() for m in ns.metrics.split(",") if m.strip()] if ns.metrics else None
                 return profile_launch(kernel, grid, block, args, shared_bytes=shared, metrics=metrics,

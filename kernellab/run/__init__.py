@@ -1,1 +1,1 @@
-"""The only layer that touches a device: launch, check, bench, profile, sanitize, isolated workers."""
+"""The layer that touches a device or simulates one, split by job: launch/, sim/, nvtools/, measure/, fanout."""

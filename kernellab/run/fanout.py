@@ -27,7 +27,7 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def process_pool(workers: int | None = None, preload: Sequence[str] = ("kernellab.run.autotune",)
+def process_pool(workers: int | None = None, preload: Sequence[str] = ("kernellab.run.measure.autotune",)
                  ) -> ProcessPoolExecutor:
     """A process pool of up to `workers` (default: one per core; processes start as tasks need them), kept warm
     between calls and shut down at exit.
@@ -88,7 +88,7 @@ def stream(executor: Executor, fn: Callable, items: Iterable, *, on_result: Call
         yield futures[f], value
 
 
-WORKER_IMPORTS = ("torch", "cupy", "kernellab.run.autotune", "kernellab.run.grading")
+WORKER_IMPORTS = ("torch", "cupy", "kernellab.run.measure.autotune", "kernellab.teach.grading")
 
 
 def prepare(executor: Executor, modules: Sequence[str] = WORKER_IMPORTS) -> bool:

@@ -10,7 +10,7 @@ In order, stopping early only where nothing further can run:
    the outputs filled with a marked NaN so that unwritten elements show, each output compared with the reference.
 4. On a GPU, compute-sanitizer on one awkward shape: memcheck, and racecheck and synccheck where the task has shared
    memory or barriers; in the simulator, its race detector and barrier check (`k.sanitize(...,
-   tool="racecheck+synccheck")`, kernellab.run.simrace) where the task has them, and its shared-memory initcheck
+   tool="racecheck+synccheck")`, kernellab.run.sim.race) where the task has them, and its shared-memory initcheck
    where the task has shared memory (a read of a tile element no thread stored).
 5. The optional speed bar (GPU only), once everything else passed.
 Before all that, the spec's own sanity: on the same shapes, an all-zero answer and an input-copy answer must fail.
@@ -132,7 +132,7 @@ class _Grading:
         k = self.resolve(kernel)
         if k is None or not self.signature_fits(k):
             return
-        from ..run.device import gpu_status
+        from ..run.launch.device import gpu_status
 
         gpu, reason = gpu_status()
         simulated = ex.kind == "numba" and bool(getattr(k, "simulate", False))
@@ -356,7 +356,7 @@ class _Grading:
         return ok
 
     def _launch_sim(self, k, args, grid, block):
-        from ..run.numba_sim import SimulatedKernelError, SimulatorNotice
+        from ..run.sim.numba_sim import SimulatedKernelError, SimulatorNotice
 
         try:
             with warnings.catch_warnings():       # the result says it ran in the simulator
@@ -375,7 +375,7 @@ class _Grading:
         return [args[i] for i in self.ex.outputs]
 
     def _launch_gpu(self, k, args, grid, block):
-        from ..run.worker import IsolatedLaunchError
+        from ..run.launch.worker import IsolatedLaunchError
 
         dev = _to_device(args)
         try:
@@ -407,7 +407,7 @@ class _Grading:
         return shape, grid, block, args
 
     def sanitizers(self, k) -> None:
-        from ..run.sanitize import ToolNotFoundError
+        from ..run.nvtools.sanitize import ToolNotFoundError
 
         shape, grid, block, args = self._sanitize_launch()
         dev = _to_device(args)
@@ -490,7 +490,7 @@ class _Grading:
 
     # -- speed ------------------------------------------------------------------------------------------------
     def measure_speed(self, k) -> None:
-        from ..run.bench import bench
+        from ..run.measure.bench import bench
 
         bar = self.ex.speed
         shape = tuple(bar.shape)

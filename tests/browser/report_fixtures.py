@@ -81,7 +81,7 @@ def reports() -> dict[str, dict]:
 
     import kernellab
     from kernellab.errors import CompileError
-    from kernellab.run import bench as bench_mod
+    from kernellab.run.measure import bench as bench_mod
 
     out = {}
     module = kernellab.compile_cuda(VADD, arch="sm_90", name="vadd_demo", first_line=2, filename="cell.cu")

@@ -22,7 +22,7 @@ __global__ void vadd(const float* __restrict__ a, const float* b, float* c, int 
 
 REPORTS_CELL = BENCH_SETUP + '''
 import torch, kernellab
-from kernellab.run.bench import bench
+from kernellab.run.measure.bench import bench
 
 def inputs(g):
     x = torch.randn(1000, generator=g)

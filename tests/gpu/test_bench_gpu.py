@@ -11,7 +11,7 @@ import pytest
 
 import kernellab
 from kernellab.analysis.roofline import datasheet_ceilings
-from kernellab.run.bench import BenchError, bench
+from kernellab.run.measure.bench import BenchError, bench
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +66,7 @@ def test_a_clean_flush_reads_its_buffer_evicts_and_spares_the_write_back(torch):
     """flush_l2="clean" never writes its buffer (the bytes stay as set), still evicts a 16 MiB input (re-reading it
     is slower than from a warm L2), says so in the result, and times a 16 MiB copy faster than the write flush,
     whose dirty lines the copy has to evict (H100: 8.7 against 10.6 µs, docs/RESULTS.md session 10)."""
-    from kernellab.run.bench import CudaClock
+    from kernellab.run.measure.bench import CudaClock
 
     clock = CudaClock(flush_l2="clean")
     clock._flush_buffer.fill_(7)
@@ -192,7 +192,7 @@ def test_median_is_stable_from_run_to_run(torch):
 
 _FRESH_PROCESS_BENCH = """
 import json, time, torch
-from kernellab.run.bench import bench
+from kernellab.run.measure.bench import bench
 n = 8192
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -223,7 +223,7 @@ def test_the_first_bench_of_a_process_agrees_with_the_next(torch):
 
 
 def test_ceilings_are_measured_and_cached(torch, datasheet, tmp_path, monkeypatch):
-    from kernellab.run import ceilings as ceil_mod
+    from kernellab.run.measure import ceilings as ceil_mod
 
     monkeypatch.setenv("KERNELLAB_CACHE_DIR", str(tmp_path))
     c = ceil_mod.device_ceilings()

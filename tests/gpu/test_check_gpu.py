@@ -2,7 +2,7 @@
 import pytest
 
 import kernellab
-from kernellab.run.check import check
+from kernellab.run.measure.check import check
 
 pytestmark = pytest.mark.gpu
 
@@ -135,7 +135,7 @@ def test_a_result_in_recycled_torch_empty_memory_must_be_written(torch):
 def test_filling_free_memory_fills_only_free_blocks_and_is_cheap(torch):
     import time
 
-    from kernellab.run.check import fill_free_memory
+    from kernellab.run.measure.check import fill_free_memory
 
     keep = torch.ones(1 << 20, device="cuda")
     scratch = torch.ones(1 << 22, device="cuda")

@@ -35,7 +35,7 @@ def _ldmatrix_wavefronts(kernel, tiles=1024, block=128):
     """Nsight Compute's counters for the kernel's ldmatrix line: (instructions, wavefronts, excess wavefronts)."""
     import torch
 
-    from kernellab.run.ncu_source import profile_banks
+    from kernellab.run.nvtools.ncu_source import profile_banks
 
     q = torch.from_numpy(np.random.default_rng(0).integers(0, 0xFFFF, (tiles, 16, 64), dtype=np.uint16)).cuda()
     frag = torch.empty((tiles, 4, 32, 4), dtype=torch.uint32, device="cuda")

@@ -224,7 +224,7 @@ def test_in_process_sticky_fault_poisons_the_process_and_sanitize_last_finds_the
     src = FAULTS_CELL.split("\n", 1)[1]
     code = textwrap.dedent(f"""
         import json, torch, kernellab
-        from kernellab.run.sanitize import sanitize_last
+        from kernellab.run.nvtools.sanitize import sanitize_last
         m = kernellab.compile_cuda({src!r}, first_line=2, filename="cell.cu")
         x = torch.zeros(1024, device="cuda")
         out = {{}}

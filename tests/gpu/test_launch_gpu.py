@@ -88,7 +88,7 @@ def test_dynamic_shared_memory_above_48k_is_opted_in(mod):
 
 
 def test_resources_agree_with_the_driver(mod):
-    from kernellab.run.launch import function_attributes
+    from kernellab.run.launch.launch import function_attributes
 
     for k in mod.kernels:
         attrs = function_attributes(k._function(0))

@@ -133,7 +133,7 @@ def test_the_generated_launch_is_taken_through_cupys_launchkernel(mod):
     import cupy
     import torch
 
-    from kernellab.run.cudriver import driver
+    from kernellab.run.launch.cudriver import driver
 
     n = 256
     x, y = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")

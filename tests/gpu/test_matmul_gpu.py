@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import kernellab
-from kernellab.run.device import device_info
+from kernellab.run.launch.device import device_info
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

@@ -1,6 +1,6 @@
 """Nsight Compute's per-line shared wavefronts for tutorial 02's three transposes equal the bank model's prediction.
 
-Needs a GPU, ncu with access to the performance counters, and kernellab.run.job (profile_banks runs the launch as a
+Needs a GPU, ncu with access to the performance counters, and kernellab.run.launch.job (profile_banks runs the launch as a
 job under ncu). The kernels are the tutorial's own: the `%%cuda` cell of notebooks/02-transpose-banks.py, compiled as
 the magic compiles it (first_line=2), so the line numbers checked here are the notebook cell's.
 """
@@ -12,9 +12,9 @@ import kernellab
 from kernellab.analysis.banks import analyze_access
 
 pytestmark = pytest.mark.gpu
-pytest.importorskip("kernellab.run.job", reason="profile_banks needs kernellab.run.job (KernelJob), not present here")
+pytest.importorskip("kernellab.run.launch.job", reason="profile_banks needs kernellab.run.launch.job (KernelJob), not present here")
 
-from kernellab.run.ncu_source import profile_banks  # noqa: E402
+from kernellab.run.nvtools.ncu_source import profile_banks  # noqa: E402
 from notebook_cells import cuda_cell as notebook_cuda_cell
 
 TILE, ROWS = 32, 8

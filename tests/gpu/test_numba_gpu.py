@@ -192,7 +192,7 @@ def test_argument_errors_name_the_argument(mod, make, match):
 def test_simulator_beside_real_launches():
     import torch
     from kernellab.kernel_numba import numba_module
-    from kernellab.run.numba_sim import SimulatorNotice
+    from kernellab.run.sim.numba_sim import SimulatorNotice
 
     sim = numba_module(SOURCE, signatures={"vadd": VADD_SIG}, simulate=True, name="sim")
     real = numba_module(SOURCE, signatures={"vadd": VADD_SIG})
@@ -275,7 +275,7 @@ def test_isolated_numba_launches_copy_results_back(mod):
 def test_isolated_numba_fault_leaves_this_process_working_and_names_the_line(faults):
     import torch
 
-    from kernellab.run.worker import IsolatedLaunchError
+    from kernellab.run.launch.worker import IsolatedLaunchError
 
     keep = torch.arange(10.0, device="cuda")
     x = torch.zeros(1024, device="cuda")

@@ -39,7 +39,7 @@ def corpus():
 def test_simulator_and_compute_sanitizer_agree(corpus, name, tool):
     import torch
 
-    from kernellab.run.simrace import sanitize_simulated
+    from kernellab.run.sim.race import sanitize_simulated
 
     c = corpus.case(name)
     host = c.args(np.random.default_rng(0))

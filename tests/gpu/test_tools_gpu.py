@@ -14,8 +14,8 @@ import time
 import pytest
 
 import kernellab
-from kernellab.run import worker as W
-from kernellab.run.worker import IsolatedLaunchError
+from kernellab.run.launch import worker as W
+from kernellab.run.launch.worker import IsolatedLaunchError
 
 pytestmark = pytest.mark.gpu
 
@@ -350,8 +350,8 @@ def test_racecheck_synccheck_initcheck(mod, torch):
     # initcheck: a job whose scratch tensor is never initialised (fill="empty"), as a kernel's own scratch would be
     from dataclasses import replace
 
-    from kernellab.run.job import KernelJob
-    from kernellab.run.sanitize import sanitize
+    from kernellab.run.launch.job import KernelJob
+    from kernellab.run.nvtools.sanitize import sanitize
 
     job = KernelJob.from_launch(mod.reads_scratch, 1, 32, (x, y))
     job = replace(job, args=(replace(job.args[0], data=None, fill="empty"), job.args[1]))

@@ -40,7 +40,7 @@ def child(mode: str, rest_s: float) -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from kernellab.run.bench import CudaClock, bench
+    from kernellab.run.measure.bench import CudaClock, bench
 
     class TracingClock(CudaClock):
         """CudaClock that remembers each batch: its size, the spin queued ahead of it, the CPU time to queue it."""

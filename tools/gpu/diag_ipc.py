@@ -138,7 +138,7 @@ def setup(torch, cupy):
 
 
 def describe_tensor(name, t, torch):
-    from kernellab.run import job as J
+    from kernellab.run.launch import job as J
 
     ptr = t.data_ptr()
     say(f"  {name}: {t.numel() * 4 / MIB:.0f} MiB at 0x{ptr:x}")
@@ -315,7 +315,7 @@ def main():
     import torch
 
     import kernellab
-    from kernellab.run import worker as W
+    from kernellab.run.launch import worker as W
 
     setup(torch, cupy)
     say("a. 64 MiB torch tensors and CUDA IPC across two processes (spawned)")

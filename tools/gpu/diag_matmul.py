@@ -55,7 +55,7 @@ def main():
     print("after:", clocks())
     time.sleep(2)
 
-    from kernellab.run.bench import bench
+    from kernellab.run.measure.bench import bench
 
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         r = bench(torch.matmul, (a, b), name="mm")

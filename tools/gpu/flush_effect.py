@@ -25,8 +25,8 @@ def main():
     import torch.nn.functional as F
 
     import kernellab
-    from kernellab.run.bench import CudaClock
-    from kernellab.run.ceilings import device_ceilings
+    from kernellab.run.measure.bench import CudaClock
+    from kernellab.run.measure.ceilings import device_ceilings
     from notebook_cells import load_tutorial
 
     t03, t04 = load_tutorial("03-reductions-softmax.py"), load_tutorial("04-layernorm.py")

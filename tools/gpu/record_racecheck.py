@@ -7,7 +7,7 @@ compute-sanitizer through kernellab (NumbaKernel.sanitize: the cubin ptxas made,
 --racecheck-report all for racecheck, and a print limit of PRINT_LIMIT so that every hazard is printed: with the
 default 100 a racy matmul's list stopped before its second pair of lines), writes OUTDIR/racecheck_sm<cc>.csv (copy
 it to tests/golden/ for tests/test_simrace.py::test_simulator_agrees_with_compute_sanitizer), keeps each raw report in
-OUTDIR/raw/, and prints the GPU's verdict beside the simulator's (kernellab.run.simrace) with a count of agreements.
+OUTDIR/raw/, and prints the GPU's verdict beside the simulator's (kernellab.run.sim.race) with a count of agreements.
 Findings are written by marker (the `# @name` comments of race_corpus.py), so the table survives edits that keep them.
 The `complete` column says whether the tool printed everything it counted ('no': it stopped at the print limit, so
 the findings are a lower bound).
@@ -57,7 +57,7 @@ def on_gpu(args):
 
 
 def sanitizer_version() -> str:
-    from kernellab.run.sanitize import sanitizer_path
+    from kernellab.run.nvtools.sanitize import sanitizer_path
 
     try:
         out = subprocess.run([sanitizer_path(), "--version"], capture_output=True, text=True, timeout=60).stdout
@@ -68,7 +68,7 @@ def sanitizer_version() -> str:
 
 def row(c, tool, rep, corpus) -> dict:
     """One golden-table row from compute-sanitizer's report on case `c`."""
-    from kernellab.run.sanitize import PRINT_LIMIT_NOTE
+    from kernellab.run.nvtools.sanitize import PRINT_LIMIT_NOTE
 
     return {"kernel": c.name, "tool": tool, "verdict": corpus.verdict(rep), "findings": corpus.describe(c, rep),
             "error_count": "" if rep.error_count is None else rep.error_count, "job_status": rep.job_status or "",
@@ -77,7 +77,7 @@ def row(c, tool, rep, corpus) -> dict:
 
 def compare(c, tool, gpu_row, host) -> bool:
     """Print the GPU's verdict beside the simulator's; whether they agree."""
-    from kernellab.run.simrace import sanitize_simulated
+    from kernellab.run.sim.race import sanitize_simulated
 
     corpus = sys.modules["kernellab_race_corpus"]
     sim = sanitize_simulated(c.kernel, c.grid, c.block, host, tool=tool, shared_bytes=c.shared_bytes)
@@ -113,7 +113,7 @@ def main():
     import numpy as np
 
     import kernellab
-    from kernellab.run.device import device_info
+    from kernellab.run.launch.device import device_info
 
     out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "racecheck-out")
     (out / "raw").mkdir(parents=True, exist_ok=True)
@@ -141,7 +141,7 @@ def from_raw(raw_dir: pathlib.Path, table: pathlib.Path) -> None:
     """Rebuild `table` from a recording's raw reports (no GPU), keeping the header it was recorded with."""
     import numpy as np
 
-    from kernellab.run.sanitize import report_from_text
+    from kernellab.run.nvtools.sanitize import report_from_text
 
     corpus = load_corpus()
     kept = [line for line in table.read_text().splitlines(keepends=True) if line.startswith("#")] \

@@ -124,7 +124,7 @@ def time_flushes(fns, a, nbytes, rep_ms, flushes=("write", "read")):
     """{flush: {name: µs}}: every function of `fns` (name -> fn(*a)) in one kernellab.bench per flush, "write" (bench's
     default) or "read" (flush_l2="clean": the L2 holds clean lines), in alternating rounds."""
     import kernellab
-    from kernellab.run.bench import CudaClock
+    from kernellab.run.measure.bench import CudaClock
 
     first, *others = fns
     us = {}
@@ -185,7 +185,7 @@ def main(argv=None):
     import torch
 
     import kernellab
-    from kernellab.run.bench import CudaClock
+    from kernellab.run.measure.bench import CudaClock
     from notebook_cells import load_tutorial, named_cuda_cells
     from trylib import copy_ceiling
 

@@ -188,7 +188,7 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False     # cuBLAS's FP32 path
     torch.backends.cudnn.allow_tf32 = False
     kernellab.set_isolation(False)
-    from kernellab.run.device import device_info
+    from kernellab.run.launch.device import device_info
     dev = device_info()
     print(f"device: {dev} | torch {torch.__version__} | {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
 

@@ -63,7 +63,7 @@ def copy_ceiling(emulate: bool) -> tuple[float, str]:
     if emulate:
         copy_gbps, device = 3000.0, "CPU emulation"
     else:
-        from kernellab.run.ceilings import device_ceilings
+        from kernellab.run.measure.ceilings import device_ceilings
         copy_gbps, device = device_ceilings().dram_gbps, torch.cuda.get_device_name()
         torch._dynamo.config.recompile_limit = 64
     print(f"{device}, torch {torch.__version__}; copy bandwidth {copy_gbps / 1e3:.2f} TB/s", flush=True)

@@ -13,7 +13,7 @@ written against the real `numba.cuda` runs unchanged. Real `@cuda.jit(device=Tru
 module globals name (and theirs, in turn) are swapped for simulated ones for the launch. No environment variable is
 needed and none is changed; with `NUMBA_ENABLE_CUDASIM=1` (where `numba.cuda` is the simulator) it works the same.
 
-How it hooks the simulator: the launch runs with kernellab.run.simsched's block scheduler, whose fake `cuda` module
+How it hooks the simulator: the launch runs with kernellab.run.sim.sched's block scheduler, whose fake `cuda` module
 hands out recording shared arrays (and records shared atomics once each) for the launch. This relies on
 numba-cuda's simulator internals (checked with numba-cuda 0.30). Launches are serialised by a lock, as the simulator
 requires.
@@ -267,8 +267,8 @@ def trace_shared(kernel, grid, block, *args, line_offset: int = 0, dynamic_smem_
 
 def _trace(kernel, grid3, block3, args, *, line_offset: int = 0, dynamic_smem_bytes: int = 0,
            function_for=None) -> SharedTrace:
-    """trace_shared without the argument copies and error wrapping (kernellab.run.numba_sim adds its own)."""
-    from . import simsched
+    """trace_shared without the argument copies and error wrapping (kernellab.run.sim.numba_sim adds its own)."""
+    from . import sched as simsched
     from numba.cuda.simulator import kernel as sim_kernel  # works with or without NUMBA_ENABLE_CUDASIM
 
     if not _internal_dirs:
@@ -303,7 +303,7 @@ class _Recorder:
         return base
 
     def record(self, kind: str, width: int, address: int) -> None:
-        from .simsched import current
+        from .sched import current
 
         frame = _user_frame()
         where = (frame.f_code.co_filename, frame.f_lineno)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ArgumentError, KernellabError, NoGPUError
+from ...errors import ArgumentError, KernellabError, NoGPUError
 
 TENSOR_MAP_BYTES = 128           # sizeof(CUtensorMap)
 TENSOR_MAP_ALIGN_BYTES = 64      # the map's address must be 64-byte aligned (a __grid_constant__ parameter is)
@@ -127,7 +127,7 @@ class TensorMap:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        from .. import report
+        from ... import report
 
         rows = [["tensor", f"{self.dtype}[{', '.join(map(str, self.shape))}]"],
                 ["box", f"[{', '.join(map(str, self.box))}] = {self.box_bytes:,} B per copy"],

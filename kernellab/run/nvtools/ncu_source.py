@@ -439,7 +439,7 @@ def profile_banks(kernel, grid, block, *args, shared_bytes: int = 0, strict: boo
                   timeout_s: float = 600, ncu: str | None = None) -> NcuBankReport:
     """Launch `kernel[grid, block](*args)` once under Nsight Compute and return its per-line shared counters.
 
-    The launch runs as a `KernelJob` in a child process (`python -m kernellab.run.job JOBFILE`, the arguments copied
+    The launch runs as a `KernelJob` in a child process (`python -m kernellab.run.launch.job JOBFILE`, the arguments copied
     into the job; `args` are not modified), so the profiler never attaches to this one. Line numbers and source text
     are the kernel module's: a `%%cuda` cell's own. Where ncu cannot read counters the report says why (`measured`
     is False); `strict=True` raises `NcuUnavailableError` instead.
@@ -452,7 +452,7 @@ def profile_banks(kernel, grid, block, *args, shared_bytes: int = 0, strict: boo
 
 
 def _tool_env():
-    from kernellab.run.sanitize import tool_env
+    from kernellab.run.nvtools.sanitize import tool_env
 
     return tool_env()
 
@@ -460,11 +460,11 @@ def _tool_env():
 def _under_ncu(kernel, grid, block, args, shared_bytes, measure):
     """Write the launch as a job and call measure(target argv, job) with a child process that runs it; where ncu
     profiled nothing because the launch itself failed, say that instead."""
-    from kernellab.run import device
+    from kernellab.run.launch import device
 
     device.require_gpu(f"profiling {kernel.name} with Nsight Compute")
-    from kernellab.run.job import JobResult, KernelJob
-    from kernellab.run.worker import _sync_caller, check_launch
+    from kernellab.run.launch.job import JobResult, KernelJob
+    from kernellab.run.launch.worker import _sync_caller, check_launch
 
     cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)   # the checks Kernel.launch makes
     _sync_caller()                                                      # the arguments' final values
@@ -473,7 +473,7 @@ def _under_ncu(kernel, grid, block, args, shared_bytes, measure):
     with tempfile.TemporaryDirectory(prefix="kernellab-ncu-") as tmp:
         jobfile = job.with_data().save(os.path.join(tmp, "job.kljob"))
         resfile = os.path.join(tmp, "result.klres")
-        target = [sys.executable, "-m", "kernellab.run.job", jobfile, "--out", resfile]
+        target = [sys.executable, "-m", "kernellab.run.launch.job", jobfile, "--out", resfile]
         try:
             return measure(target, job)
         except NcuError as exc:

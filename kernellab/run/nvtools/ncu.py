@@ -3,7 +3,7 @@
 `profile(job)` writes the job to a file and runs
 `ncu --clock-control none --csv --kernel-name-base mangled -k regex:^<symbol>$ -c 1
  --metrics <DEFAULT_METRICS>
- python -m kernellab.run.job JOBFILE`
+ python -m kernellab.run.launch.job JOBFILE`
 (`--set <name>` instead of `--metrics` for `section_set=`, e.g. "full"), then parses the CSV (one row per metric:
 "ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value", ...); values come back in base
 units (seconds, bytes) whatever scale ncu chose.
@@ -25,8 +25,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
-from .. import report
-from .job import JobResult, KernelJob
+from ... import report
+from ..launch.job import JobResult, KernelJob
 from .sanitize import ToolNotFoundError, _text, tool_env
 
 # The tensor pipe: the share of cycles it was busy. Seen on an H100 with ncu 2025.3 (2026-11-23): the "hmma" metrics
@@ -358,7 +358,7 @@ def unknown_metrics(text: str, names) -> list[str]:
 
 def ncu_path() -> str:
     """ncu's path, or ToolNotFoundError."""
-    from ..compile.toolkit import find_tool
+    from ...compile.toolkit import find_tool
 
     path = find_tool("ncu")
     if not path:
@@ -390,7 +390,7 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
             cmd = [exe, "--clock-control", "none", "--csv", "--kernel-name-base", "mangled",
                    "-k", f"regex:^{re.escape(job.symbol)}$", "-c", "1"]
             cmd += ["--set", section_set] if section_set else ["--metrics", ",".join(names)]
-            cmd += list(extra_args) + [sys.executable, "-m", "kernellab.run.job", jobfile, "--out", resfile]
+            cmd += list(extra_args) + [sys.executable, "-m", "kernellab.run.launch.job", jobfile, "--out", resfile]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=tool_env(),
                                       start_new_session=True)
@@ -422,7 +422,7 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
 def profile_launch(kernel, grid, block, args, *, shared_bytes: int = 0, metrics=None, full: bool = False,
                    section_set: str | None = None, cluster=None, **kw) -> ProfileReport:
     """kernel[grid, block](*args) under Nsight Compute, in a separate process; `args` are not modified."""
-    from .worker import _sync_caller, check_launch
+    from ..launch.worker import _sync_caller, check_launch
 
     cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
     _sync_caller()

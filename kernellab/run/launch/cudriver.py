@@ -5,7 +5,7 @@ checks the arguments in Python, packs them into one buffer and calls `cuLaunchKe
 are not paid on top of CuPy's own marshalling. Modules and functions are still loaded through CuPy (the primary
 context torch and CuPy share); only the launch (cuLaunchKernelEx with a CUlaunchConfig for thread-block clusters),
 the stream synchronisation, the capture query and making a primary context current come here. The generated launch
-(run/launch.py, LaunchPath.fast) calls `Driver.launch_kernel`: CuPy's Cython launchKernel where CuPy imports (one
+(run/launch/launch.py, LaunchPath.fast) calls `Driver.launch_kernel`: CuPy's Cython launchKernel where CuPy imports (one
 C call, where ctypes converts 11 arguments one by one), else this module's ctypes cuLaunchKernel.
 """
 from __future__ import annotations
@@ -207,7 +207,7 @@ class Driver:
         self._launch_ex = getattr(lib, "cuLaunchKernelEx", None)
         self._sync = lib.cuStreamSynchronize
         self._capturing = lib.cuStreamIsCapturing
-        # What the launch path's generated code calls (run/launch.py, LaunchPath.fast): the raw cuLaunchKernel, with
+        # What the launch path's generated code calls (run/launch/launch.py, LaunchPath.fast): the raw cuLaunchKernel, with
         # extra as 0; the raw cuStreamIsCapturing (stream, a pointer to a c_int status) and cuStreamSynchronize, each
         # returning the CUresult. CuPy's Cython launchKernel costs a fraction of a ctypes call with 11 conversions;
         # it returns None, or raises CUDADriverError with the CUresult as .status, where ctypes returns the CUresult.

@@ -7,7 +7,7 @@ regenerate from a fill spec, tensors shared through a CUDA IPC handle, tensors s
 buffers (the caller copies them in and out on the GPU), scalars with their exact C type.
 
 The wire and file format is `to_bytes()`: an 8-byte magic, the header length, a JSON header and the tensors' bytes
-after it. No pickle: a job file is safe to load. `python -m kernellab.run.job JOBFILE [--out RESULTFILE]` runs one
+after it. No pickle: a job file is safe to load. `python -m kernellab.run.launch.job JOBFILE [--out RESULTFILE]` runs one
 job and writes a `JobResult`; that is what compute-sanitizer and ncu run.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..errors import ArgumentError, KernellabError
+from ...errors import ArgumentError, KernellabError
 
 JOB_MAGIC = b"KLJOB01\n"
 RESULT_MAGIC = b"KLRES01\n"
@@ -553,8 +553,8 @@ def job_image(job: KernelJob) -> tuple[bytes, str]:
         return job.image, job.image_format or "cubin"
     if job.backend != "cuda" or not job.source:
         raise KernellabError(f"job {job.label} has no compiled image and no CUDA C++ source to compile")
-    from ..compile import cache
-    from ..compile.nvrtc import compile_source, nvrtc_version
+    from ...compile import cache
+    from ...compile.nvrtc import compile_source, nvrtc_version
 
     key = cache.make_key(source=job.source, options=job.options, arch=job.arch, nvrtc=nvrtc_version(),
                          first_line=job.first_line, filename=job.filename)
@@ -616,7 +616,7 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         try:
             start.record(stream)
-            if job.cluster:                  # cuLaunchKernelEx with the cluster shape, through run/cudriver.py
+            if job.cluster:                  # cuLaunchKernelEx with the cluster shape, through run/launch/cudriver.py
                 from .launch import LaunchConfig, launch_values
 
                 launch_values(fn.ptr, LaunchConfig(job.grid, job.block, job.shared_bytes, job.cluster), values,
@@ -676,7 +676,7 @@ def _function(job: KernelJob, state: dict):
 
     compiled = None
     if fmt == "cubin":                                        # __cluster_dims__ in the image
-        from ..compile.cubin import read_cubin
+        from ...compile.cubin import read_cubin
 
         facts = read_cubin(image).get(job.symbol)
         compiled = facts.cluster_dims if facts else None
@@ -908,10 +908,10 @@ def _trim_pool(cupy) -> None:
 
 
 def main(argv=None) -> int:
-    """`python -m kernellab.run.job JOBFILE [--out RESULTFILE]`: run one job in this process."""
+    """`python -m kernellab.run.launch.job JOBFILE [--out RESULTFILE]`: run one job in this process."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m kernellab.run.job", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m kernellab.run.launch.job", description=main.__doc__)
     ap.add_argument("jobfile")
     ap.add_argument("--out", default=None, help="write the JobResult here")
     ap.add_argument("--scan", action="store_true", help="count NaN/Inf in the outputs (launches CuPy kernels)")
@@ -920,7 +920,7 @@ def main(argv=None) -> int:
     try:
         job = KernelJob.load(ns.jobfile)
     except (OSError, KernellabError) as exc:
-        print(f"kernellab.run.job: cannot read {ns.jobfile}: {exc}", file=sys.stderr)
+        print(f"kernellab.run.launch.job: cannot read {ns.jobfile}: {exc}", file=sys.stderr)
         return 2
     try:
         import cupy
@@ -933,7 +933,7 @@ def main(argv=None) -> int:
     if ns.out:
         with open(ns.out, "wb") as fh:
             fh.write(result.to_bytes())
-    print(f"kernellab.run.job: {job.label}: {result.status} in {(time.perf_counter() - t0) * 1e3:.0f} ms"
+    print(f"kernellab.run.launch.job: {job.label}: {result.status} in {(time.perf_counter() - t0) * 1e3:.0f} ms"
           + (f": {result.message}" if result.message else ""), file=sys.stderr)
     return 0 if result.ok else 1
 

@@ -1,4 +1,4 @@
-"""Launching compiled kernels through the driver (run/cudriver.py), with every argument checked against the C
+"""Launching compiled kernels through the driver (run/launch/cudriver.py), with every argument checked against the C
 signature first."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compile.signature import TENSOR_MAP_ALIGN_BYTES, TENSOR_MAP_BYTES, Param
-from ..errors import ArgumentError, LaunchError
+from ...compile.signature import TENSOR_MAP_ALIGN_BYTES, TENSOR_MAP_BYTES, Param
+from ...errors import ArgumentError, LaunchError
 from .cudriver import CUDA_ERROR_INVALID_CONTEXT
 from .device import DeviceInfo
 from .tensor_map import TensorMap
@@ -373,7 +373,7 @@ def is_sticky(exc: BaseException) -> bool:
 
 # --- the launch path ------------------------------------------------------------------------------------------
 # A launch checks every argument against the signature, packs the values into one parameter buffer and calls
-# cuLaunchKernel (run/cudriver.py). What depends only on the signature and the arguments' types (which dtype a
+# cuLaunchKernel (run/launch/cudriver.py). What depends only on the signature and the arguments' types (which dtype a
 # tensor must have, the integer range of a scalar, how to pack it, where the stream comes from) is worked out once
 # per type combination: an ArgPlan. Each call then runs the plan's checks, in one pass, on what can change from call
 # to call (dtype, device, contiguity, alignment, the value of a scalar). Anything the plan cannot settle (an
@@ -582,7 +582,7 @@ def stream_handle(stream) -> int:
 
 class LaunchPath:
     """One kernel's launches on one GPU: the cached plans and launch configurations, the parameter buffer, and the
-    call into the driver. `driver` is run/cudriver.py's Driver (tests pass a fake)."""
+    call into the driver. `driver` is run/launch/cudriver.py's Driver (tests pass a fake)."""
 
     MAX_CACHED = 256                           # configurations and plans kept per kernel
 
@@ -817,7 +817,7 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
 
 def launch_values(function_handle: int, config: LaunchConfig, values: list, stream: int, device_index: int = 0,
                   driver=None) -> None:
-    """Launch with marshal_args-style values (NumPy scalars, a tensor map's bytes) through run/cudriver.py:
+    """Launch with marshal_args-style values (NumPy scalars, a tensor map's bytes) through run/launch/cudriver.py:
     cuLaunchKernel, or cuLaunchKernelEx where `config` has a cluster shape (a worker's launches)."""
     import ctypes
 
@@ -838,7 +838,7 @@ def _launch_error(exc, kernel_name, config, during, job=None) -> LaunchError:
         msg = (f"{kernel_name} faulted while running ({text}) with {config}. This error is sticky: the CUDA context "
                f"of this process is lost, and every later CUDA call here (CuPy and torch alike) will fail. Save what "
                f"you need and restart the notebook kernel. To see the faulting line now, from this session: "
-               f"`kernellab.run.sanitize.sanitize_last()` re-runs this launch (same shapes and scalars, tensors "
+               f"`kernellab.run.nvtools.sanitize.sanitize_last()` re-runs this launch (same shapes and scalars, tensors "
                f"zero-filled) under compute-sanitizer in a new process. After the restart, "
                f"`{kernel_name}.sanitize({config.grid}, {config.block}, *args)` runs it on your data, and "
                f"`{kernel_name}[grid, block](*args, isolate=True)` (or `%config KernellabRun.isolate = True`) keeps "

@@ -11,7 +11,7 @@ How a launch goes (`run_isolated`):
      never sees the caller's memory, so a faulty kernel can only corrupt its own buffers;
    - copied: host data, and every tensor when CUDA IPC is unavailable, travels as bytes through the pipe (slow
      for large data: each such copy gets a note saying why).
-2. The worker (`python -m kernellab.run.worker`, started with subprocess: a fresh interpreter, never a fork of a
+2. The worker (`python -m kernellab.run.launch.worker`, started with subprocess: a fresh interpreter, never a fork of a
    process holding a CUDA context) runs the job on its own context and sends back the copied arguments' bytes.
 3. The caller copies the results into its tensors. A sticky fault poisons only the worker's context: the worker
    exits, the caller unmaps its staging buffers, a fresh worker starts at once, and the caller gets a LaunchError
@@ -38,13 +38,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .. import report
-from ..errors import KernellabError, LaunchError
+from ... import report
+from ...errors import KernellabError, LaunchError
 from .job import JobResult, KernelJob
 
-DEFAULT_RUNNER = "kernellab.run.job:run_job"
-DEFAULT_INIT = "kernellab.run.job:init_worker"
-DEFAULT_STAGE = "kernellab.run.job:stage_buffers"
+DEFAULT_RUNNER = "kernellab.run.launch.job:run_job"
+DEFAULT_INIT = "kernellab.run.launch.job:init_worker"
+DEFAULT_STAGE = "kernellab.run.launch.job:stage_buffers"
 
 
 @dataclass
@@ -193,7 +193,7 @@ class Worker:
             _big_pipe(fd)
         self._log = tempfile.TemporaryFile(prefix="kernellab-worker-")
         fcntl.fcntl(self._log.fileno(), fcntl.F_SETFL, fcntl.fcntl(self._log.fileno(), fcntl.F_GETFL) | os.O_APPEND)
-        cmd = [sys.executable, "-m", "kernellab.run.worker", "--fd-in", str(req_r), "--fd-out", str(rep_w),
+        cmd = [sys.executable, "-m", "kernellab.run.launch.worker", "--fd-in", str(req_r), "--fd-out", str(rep_w),
                "--runner", self.runner]
         if self.init:
             cmd += ["--init", self.init]
@@ -202,7 +202,7 @@ class Worker:
         if self.device is not None:
             cmd += ["--device", str(self.device)]
         env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))  # the folder above kernellab/
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         env.update(self.extra_env)
         self.started_at = time.perf_counter()
@@ -714,7 +714,7 @@ def check_launch(kernel, grid, block, args, shared_bytes: int = 0, cluster=None)
     _device.require_gpu(f"launching {kernel.name}")
     dev = _device.device_info()
     if re.sub(r"[af]$", "", kernel.arch) != dev.arch:
-        from ..errors import ArgumentError
+        from ...errors import ArgumentError
 
         raise ArgumentError(f"{kernel.name} was compiled for {kernel.arch} but the GPU is {dev.name} ({dev.arch}); "
                             f"recompile with arch='{dev.arch}' (or arch=None for the current GPU)")
@@ -911,7 +911,7 @@ def worker_output_lines(text: str) -> list[str]:
 def _diagnose(kernel, job: KernelJob, args) -> tuple[object, str]:
     """Re-run the faulting launch under compute-sanitizer memcheck and summarize where it faulted."""
     try:
-        from .sanitize import sanitize
+        from ..nvtools.sanitize import sanitize
 
         copy = KernelJob.from_launch(kernel, job.grid, job.block, args, job.shared_bytes, data="copy",
                                      device=job.device)
@@ -1010,8 +1010,8 @@ def serve(fd_in: int, fd_out: int, runner: str, init: str | None, device: int | 
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m kernellab.run.worker",
-                                 description="kernellab's GPU worker (started by kernellab.run.worker.Worker)")
+    ap = argparse.ArgumentParser(prog="python -m kernellab.run.launch.worker",
+                                 description="kernellab's GPU worker (started by kernellab.run.launch.worker.Worker)")
     ap.add_argument("--fd-in", type=int, required=True)
     ap.add_argument("--fd-out", type=int, required=True)
     ap.add_argument("--runner", default=DEFAULT_RUNNER)

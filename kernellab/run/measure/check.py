@@ -179,7 +179,7 @@ def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials:
     with torch.empty holds NaN, not a recycled right answer, where the kernel writes nothing.
     """
     _validate(candidate, reference, inputs, trials, atol, rtol, precision, outputs)
-    from . import worker as _worker
+    from ..launch import worker as _worker
 
     state = _CheckState(candidate, reference, inputs, atol, rtol, precision, outputs, seed, generator_device)
     state.fill_free_memory = bool(fill_free_memory)

@@ -2,10 +2,10 @@
 shared memory watched.
 
 `sanitize_simulated(kernel, grid, block, args, tool="racecheck")` runs one launch in Numba's CUDA simulator
-(kernellab.run.simsched's scheduler) with every `cuda.shared.array` replaced by a recording array
-(kernellab.run.simtrace). Each shared-memory access is kept with its block, thread, source line, address, and the
+(kernellab.run.sim.sched's scheduler) with every `cuda.shared.array` replaced by a recording array
+(kernellab.run.sim.trace). Each shared-memory access is kept with its block, thread, source line, address, and the
 thread's place between barriers: how many `syncthreads()` it had passed, and which `syncwarp()`s it had taken part
-in. The findings come back as the GPU sanitizer's own result type (kernellab.run.sanitize.SanitizerReport and
+in. The findings come back as the GPU sanitizer's own result type (kernellab.run.nvtools.sanitize.SanitizerReport and
 Finding), so they print, render and serialise the same way, and a program reads them the same way:
 `finding.kind` ("race", "barrier", "deadlock"), `finding.hazard` ("RAW", "WAR", "WAW"), `finding.lines`,
 `finding.thread` / `finding.other_thread` (threadIdx), `finding.block`, `finding.address`.
@@ -30,7 +30,7 @@ the order, and so the name, can differ between runs; the pair of lines does not.
 (as kernellab merges the GPU tool's hazards), with the first example's threads and address and the number of
 hazardous (byte, thread pair) combinations of that pair as its count. compute-sanitizer prints at most
 `--print-limit` hazards (100 by default) and drops the rest, pairs of lines included: compare with a report that
-printed everything (kernellab.run.sanitize notes a cut one).
+printed everything (kernellab.run.nvtools.sanitize notes a cut one).
 
 What counts as a barrier error (synccheck). A GPU releases a `syncthreads()` when every thread of the block that has
 not exited has arrived, and synccheck on sm_90, as the golden table shows it, flags a warp whose still-running lanes
@@ -85,14 +85,14 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..errors import KernellabError
-from . import simsched
-from .sanitize import Finding, Location, SanitizerReport, combine
-from .simtrace import _Recorder
+from ...errors import KernellabError
+from . import sched as simsched
+from ..findings import Finding, Location, SanitizerReport, combine
+from .trace import _Recorder
 
 SIM_TOOLS = ("racecheck", "synccheck", "initcheck")
 NOTE = ("found by kernellab's simulator checks (Numba CUDA simulator, no GPU): every shared-memory access and barrier "
-        "of this launch, in compute-sanitizer's terms; see kernellab.run.simrace for the rules")
+        "of this launch, in compute-sanitizer's terms; see kernellab.run.sim.race for the rules")
 _ACCESS = {"load": "Read", "store": "Write", "atomic": "Atomic"}
 _GOLDEN = "compute-sanitizer 2025.3.1 on an H100, checked on kernellab's race corpus"
 UNREPORTED_RACE = f"a race racecheck does not report ({_GOLDEN}), so neither does this check"
@@ -130,7 +130,7 @@ def sanitize_simulated(kernel, grid, block, args, *, tool: str = "racecheck", sh
     its findings so far come back, with the error in the notes and `job_status` 'error'.
     """
     from . import numba_sim
-    from .simtrace import _launch_lock, _python_function, _simulated_device_functions, install_recorder
+    from .trace import _launch_lock, _python_function, _simulated_device_functions, install_recorder
 
     tools, notes = sim_tools(tool)
     py_func = _python_function(kernel)
@@ -201,7 +201,7 @@ class _BarrierObserver:
         self._unreported: dict[tuple, str] = {}             # (what, file, line) -> note: misuse synccheck misses
         self._loops: dict[tuple, bool] = {}                 # barrier site -> whether a loop's body holds it
 
-    # hooks called by kernellab.run.simsched
+    # hooks called by kernellab.run.sim.sched
     def block_barrier(self, scheduler, waiting) -> None:
         threads = scheduler.threads
         warps: dict[int, list] = defaultdict(list)

@@ -10,7 +10,7 @@ How the simulator and the real `numba.cuda` share one process (checked with numb
   module holding threadIdx, blockIdx, shared arrays and atomics, and puts it back afterwards. A notebook cell's globals
   are the user namespace, so `cuda` there is briefly the fake during a simulated launch.
 - Real device functions (`@cuda.jit(device=True)`) named in those globals are swapped for simulated ones for the launch
-  (`kernellab.run.simtrace`, which also records shared-memory traffic for the bank model).
+  (`kernellab.run.sim.trace`, which also records shared-memory traffic for the bank model).
 - What does not carry over: names imported from numba.cuda one by one (`from numba.cuda import grid`) stay the real,
   GPU-only stubs; write `cuda.grid(1)`. Blocks run one at a time, and a block's threads take turns (kernellab.run.
   simsched: each runs until its next barrier, not in warp lockstep); some 10,000 to 40,000 threads run per second,
@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import KernellabError
+from ...errors import KernellabError
 
 # Threads per second before a kernel's own rate is known: benchmarks/simulator_speed.py on the 2-core CI machine
 # measured 8,000 to 38,000 with kernellab's scheduler (a vector add fastest, an 18x18 tiled matmul slowest); numba-cuda's
@@ -75,7 +75,7 @@ def simulator_lock():
 
 def _simulator_lock():
     try:
-        from . import simtrace
+        from . import trace as simtrace
 
         return getattr(simtrace, "_launch_lock", _fallback_lock)
     except ImportError:
@@ -145,8 +145,8 @@ def simulate(kernel, grid, block, args, *, shared_bytes: int = 0, trace: bool = 
     tensors (CPU or CUDA), CuPy arrays and numbers; results are written back into them. A Python exception in a
     simulated thread raises SimulatedKernelError naming the thread, the block and the `line_label` line.
     """
-    from . import simsched
-    from .simtrace import _python_function, _simulated_device_functions, _trace
+    from . import sched as simsched
+    from .trace import _python_function, _simulated_device_functions, _trace
 
     py_func = _python_function(kernel)
     function_for = factory_call(kernel)
@@ -197,7 +197,7 @@ def threads_per_second(kernel=None) -> float:
     """The simulator's measured rate for `kernel` (threads per second), else the benchmark's typical rate."""
     if kernel is not None:
         try:
-            from .simtrace import _python_function
+            from .trace import _python_function
 
             return _rates.get(_python_function(kernel).__code__, SIMULATED_THREADS_PER_S)
         except TypeError:
@@ -219,7 +219,7 @@ def notice(kernel_name: str, reason: str) -> None:
 
 def caller_stacklevel() -> int:
     """The `stacklevel` for a warning raised here that points at the first caller outside kernellab."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    package = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")) + os.sep  # kernellab/
     level, frame = 2, sys._getframe(2)  # 1: the function calling warn; 2: its caller
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         level, frame = level + 1, frame.f_back

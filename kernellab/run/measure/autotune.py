@@ -13,7 +13,7 @@ How `autotune(source, configs, kernel=, launch=, inputs=, ...)` goes:
    dynamic shared memory come from the configuration's own launch: `launch(k, config, *args)` is called with a stand-in
    for `k` that notes `k[grid, block, shared_bytes](...)` and launches nothing.
 4. Check each survivor once against `reference` (kernellab.check), its launches isolated in a worker process
-   (kernellab.run.worker): a faulting configuration is a row, never the end of the sweep.
+   (kernellab.run.launch.worker): a faulting configuration is a row, never the end of the sweep.
 5. Time the configurations that passed with kernellab.bench, the baselines in the same run on the same GPU.
 6. Cache: each row is kept (kernellab's compile cache, in memory and on disk), keyed by the source, the configuration,
    the options, the arch, the device and the code of launch, inputs, reference and baselines with the numbers they read
@@ -39,13 +39,13 @@ import types
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from .. import report
-from ..compile import cache as _cache
-from ..compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
-from ..compile.signature import split_top_level, strip_comments_and_strings
-from ..errors import CompileError, KernellabError
-from . import device as _device
-from . import fanout
+from ... import report
+from ...compile import cache as _cache
+from ...compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
+from ...compile.signature import split_top_level, strip_comments_and_strings
+from ...errors import CompileError, KernellabError
+from ..launch import device as _device
+from .. import fanout
 
 ROW_FORMAT = 1                # bump when AutotuneRow changes: cached rows of another format are not reused
 DEFAULT_CHECK = {"trials": 1}  # "check each survivor once": one fresh input set (kernellab.check's default is 5)
@@ -88,7 +88,7 @@ class AutotuneRow:
     check: str | None = None               # "passed", "failed: ...", "fault: ...", "error: ...", "not run: ..."
     median_ms: float | None = None
     spread: float | None = None            # interquartile range / median of the repetitions
-    speedups: tuple = ()                   # kernellab.run.bench.Speedup per baseline: > 1 is faster than it
+    speedups: tuple = ()                   # kernellab.run.measure.bench.Speedup per baseline: > 1 is faster than it
     baseline_ms: tuple[tuple[str, float], ...] = ()  # each baseline's median in the same run
     device: str | None = None              # the GPU model it ran on
     gpu: str | None = None                 # which GPU: model, host and PCI bus id
@@ -534,7 +534,7 @@ class LaunchRecorder:
         return record
 
     def launch(self, grid, block, *args, shared_bytes: int = 0, **_):
-        from .launch import _dims
+        from ..launch.launch import _dims
 
         self.launches.append(LaunchShape(_dims(grid, "grid"), _dims(block, "block"), int(shared_bytes or 0)))
         if self.args is None:
@@ -581,8 +581,8 @@ def prune_by_launch(res, shapes: list[LaunchShape], arch: str, rules: PruneRules
     """(occupancy, limiter, reason or None) of a kernel's recorded launches: what cannot launch at all (more threads
     than the kernel allows, shared memory over the per-block limit, zero occupancy) and the occupancy floor. The
     occupancy reported is the lowest among the launches."""
-    from ..analysis.arch import get_arch
-    from ..analysis.occupancy import occupancy
+    from ...analysis.arch import get_arch
+    from ...analysis.occupancy import occupancy
 
     base = re.sub(r"[af]$", "", arch)
     spec = get_arch(base)
@@ -670,7 +670,7 @@ class KernelSpec:
     def get(self):
         if self.kernel is None:
             if self.factory is not None:
-                from .numba_sim import simulator_lock
+                from ..sim.numba_sim import simulator_lock
 
                 # A simulated launch in another thread (a threaded Dask worker) swaps numba.cuda for the simulator's
                 # module in the kernels' modules; building (and compiling) a Numba kernel then would see it.
@@ -767,7 +767,7 @@ def _verdict(rep) -> str:
 def measure(task: MeasureTask) -> Outcome:
     """Prune (if the caller could not), check once against the reference, then time one configuration; a fault or an
     exception becomes part of the outcome, never an exception."""
-    from . import worker as _worker
+    from ..launch import worker as _worker
 
     here = where()
     f: dict = {"device": here.device, "gpu": here.gpu, "worker": here.worker}
@@ -842,7 +842,7 @@ def measure(task: MeasureTask) -> Outcome:
     if not (here.gpu_ok and not simulated) and timer is None:
         f["note"] = "not timed: " + ("a simulated kernel" if simulated else "no GPU")
         return out
-    from ..errors import LaunchError
+    from ...errors import LaunchError
     from .bench import bench
 
     label = config_label(config)

@@ -41,7 +41,7 @@ import numpy as np
 
 from kernellab.errors import KernellabError, NoGPUError
 from kernellab.report import fmt_cell, mimebundle
-from kernellab.run.launch import deferred_sync
+from kernellab.run.launch.launch import deferred_sync
 _MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
 _SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
 _SLEEP_MIN_MS = 5.0        # the shortest: a first call that takes longer on the CPU is taken to wait for the GPU
@@ -560,7 +560,7 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
     """
     _validate_options(fn, baselines, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles)
     flush_kind(flush_l2)
-    from . import worker as _worker
+    from ..launch import worker as _worker
 
     if (_worker.settings.isolate if isolate is None else isolate) and timer is None:
         with _worker.isolation(True):
@@ -668,7 +668,7 @@ def _faults_named(names: list[str]):
     synchronize as a bare CUDA error: say what happened and what it means for this process."""
     from kernellab.errors import LaunchError
 
-    from .launch import is_sticky
+    from ..launch.launch import is_sticky
 
     try:
         yield

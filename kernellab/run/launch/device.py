@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ..errors import NoGPUError
+from ...errors import NoGPUError
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ count as arrived and give nothing). Threads take turns in threadIdx order (x fas
 neighbours). A block whose threads wait for each other in a way no release can satisfy (a `syncwarp` whose lanes
 wait in `syncthreads`) raises SimulatedDeadlockError; on a GPU it hangs or is undefined.
 
-Hooks for the race detector (kernellab.run.simrace): an observer sees each barrier release, `yield_turn()` lets a
+Hooks for the race detector (kernellab.run.sim.race): an observer sees each barrier release, `yield_turn()` lets a
 thread give the turn away after each shared-memory access (so that threads interleave access by access, close to a
 warp's lockstep), and each thread counts the `syncthreads()` it passed (`epoch`) and lists the `syncwarp()`s it took
 part in (`warp_syncs`).
@@ -34,7 +34,7 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import KernellabError
+from ...errors import KernellabError
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
@@ -189,7 +189,7 @@ class SimThread:
         self.op = self.value = self.mask = self.result = None
         self.epoch = 0                              # syncthreads() passed
         self.warp_syncs: list[int] = []             # ids of the syncwarp() meetings taken part in
-        self.counts: dict = {}                      # per-thread counters for tracers (kernellab.run.simtrace)
+        self.counts: dict = {}                      # per-thread counters for tracers (kernellab.run.sim.trace)
         self.frame = None                           # the kernel's own frame (noted when tracking)
         self.site = None                            # (filename, line) of the barrier it waits at
         self.kernel_line = None                     # the kernel frame's line at that barrier
@@ -261,7 +261,7 @@ class BlockScheduler:
                 function(*args)
             except _Killed:
                 raise
-            except Exception as e:  # numba-cuda's wording, which kernellab.run.numba_sim parses
+            except Exception as e:  # numba-cuda's wording, which kernellab.run.sim.numba_sim parses
                 prefix = f"tid={list(t.threadIdx)} ctaid={list(t.blockIdx)}"
                 msg = f"{prefix}: {e}" if str(e) else prefix
                 try:
@@ -423,7 +423,7 @@ def _collective(t: SimThread, by_lane: dict) -> object:
 # Where a thread is: its kernel frame and barrier sites (tracked launches only)
 
 
-_THIS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_RUN_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..")) + os.sep  # kernellab/run/
 _sim_dirs: list[str] = []
 
 
@@ -440,7 +440,7 @@ def _internal(filename: str) -> bool:
 
         _sim_dirs.append(os.path.dirname(os.path.abspath(sim_kernel.__file__)) + os.sep)
     path = os.path.abspath(filename)
-    known = _internal_files[filename] = (path.startswith(_THIS_DIR) or path.startswith(_sim_dirs[0])
+    known = _internal_files[filename] = (path.startswith(_RUN_DIR) or path.startswith(_sim_dirs[0])
                                          or path == os.path.abspath(threading.__file__))
     return known
 
@@ -504,7 +504,7 @@ def module_class():
         return m
 
     class ScheduledCUDAModule(FakeCUDAModule):
-        """The fake `cuda` of a launch run by kernellab.run.simsched's block scheduler."""
+        """The fake `cuda` of a launch run by kernellab.run.sim.sched's block scheduler."""
 
         @property
         def threadIdx(self):

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from .. import report
 from ..errors import KernellabError
-from . import fanout
+from ..run import fanout
 
 DEFAULT_GRADER = "kernellab.teach:grade"
 
@@ -128,7 +128,7 @@ def grade_one(task: GradeTask) -> GradeRow:
     """Grade one submission where this runs; a grader that raises gives a row with the error, not an exception."""
     import pickle
 
-    from .autotune import where
+    from ..run.measure.autotune import where
 
     here = where()
     t0 = time.perf_counter()

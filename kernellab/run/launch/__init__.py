@@ -1,0 +1,1 @@
+"""Launching a kernel: the device, the CUDA driver, the launch path, TMA descriptors, jobs and isolated workers."""
