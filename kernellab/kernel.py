@@ -74,6 +74,9 @@ class Kernel:
         self._source_view = None
         self._launchers: dict = {}         # k[grid, block] objects, per configuration
         self.isolate: bool | None = None   # None: follow the notebook-wide setting (kernellab.set_isolation)
+        # Whether this kernel's launches wait for it: None follows kernellab.set_launch_blocking (by default a
+        # top-level launch waits, one inside an op or kernellab.bench does not); a call's sync= comes first.
+        self.launch_blocking: bool | None = None
 
     # -- identity -------------------------------------------------------------------------------------------
     @property
@@ -221,11 +224,15 @@ class Kernel:
         cluster=(x, y, z) launches thread-block clusters of that shape (sm_90 on; the grid a whole number of them),
         through cuLaunchKernelEx.
 
-        sync (default: yes, except while `kernellab.bench` times the call) waits for the kernel, so that a fault is
-        reported here, at this launch, not at some later CUDA call; under CUDA graph capture it records the launch
-        and does not wait. isolate=True runs it in a worker process (see run_isolated); None follows the
+        sync=True waits for the kernel, so that a fault is reported here, at this launch, not at some later CUDA
+        call; sync=False does not (a fault then surfaces at the next synchronising call, kernellab.synchronize() or
+        a waiting launch, naming this launch and its line). None: the kernel's `launch_blocking`, else the global
+        kernellab.set_launch_blocking(), else wait at the top level but not inside a registered op (kernellab.op) or
+        kernellab.bench. Under CUDA graph capture it records the launch and never waits. isolate=True runs it in a worker process (see run_isolated); None follows the
         notebook-wide setting.
         """
+        if sync is None:
+            sync = self.launch_blocking
         if isolate is None:
             isolate = self.isolate if self.isolate is not None else _isolation_default()
         if isolate:
@@ -387,6 +394,8 @@ class _Launcher:
                  isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
         k = self.kernel
         path = k._path
+        if sync is None:
+            sync = k.launch_blocking
         # The common case, a launch in this process as configured: the generated launch for these argument types
         # (it returns False, having launched nothing, where run must decide), else straight to the launch path.
         if (path is self._path and shared_bytes is None and isolate is None and cluster is None and path is not None

@@ -361,3 +361,57 @@ def test_run_job_launches_a_cluster_through_cuLaunchKernelEx(tma, monkeypatch, f
     ((function, grid, block, cluster, stream, tmap, rows),) = seen
     assert (function, grid, block, cluster) == (0xF00, (2, 4, 1), (128, 1, 1), (2, 1, 1)) and stream != 0
     assert tmap == bytes(range(128)) and rows == np.int32(64).tobytes()
+
+
+# --- the cache ------------------------------------------------------------------------------------------------
+
+class FakeTorchCuda:
+    """What tensor_map reads of a CUDA torch tensor (its module says torch), without a GPU."""
+
+    def __init__(self, shape, ptr=0x7F0000010000, dtype="bfloat16", stride=None):
+        import torch
+
+        self.shape, self.dtype, self.ptr = tuple(shape), getattr(torch, dtype), ptr
+        self._stride = stride or tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+        self.is_cuda, self.device = True, type("Device", (), {"index": 0})()
+
+    def data_ptr(self):
+        return self.ptr
+
+    def stride(self):
+        return self._stride
+
+    def element_size(self):
+        return 2
+
+    def get_device(self):
+        return 0
+
+
+FakeTorchCuda.__module__ = "torch.fake"
+
+
+def test_a_repeated_map_is_not_encoded_again_and_keeps_its_own_tensor(fake_encoder):
+    pytest.importorskip("torch")
+    T.tensor_map_cache_clear()
+    a, same_memory = FakeTorchCuda((128, 64)), FakeTorchCuda((128, 64))
+    first = tensor_map(a, (64, 64))
+    again = tensor_map(same_memory, [64, 64])                       # a list box is the same box
+    assert len(fake_encoder) == 1
+    assert again.encoded == first.encoded and again.tensor is same_memory and first.tensor is a
+    assert all(v is None for k, v in T._MAP_CACHE.items() for v in [v.tensor])     # the cache holds no tensor
+    # Anything the 128 bytes depend on makes a new map: address, shape, strides, box, swizzle, dtype.
+    tensor_map(FakeTorchCuda((128, 64), ptr=0x7F0000020000), (64, 64))
+    tensor_map(FakeTorchCuda((256, 64)), (64, 64))
+    tensor_map(FakeTorchCuda((128, 64), stride=(128, 1)), (64, 64))
+    tensor_map(a, (32, 64))
+    tensor_map(a, (64, 32), swizzle="64B")
+    tensor_map(FakeTorchCuda((128, 64), dtype="float16"), (64, 64))
+    assert len(fake_encoder) == 7
+    with pytest.raises(ArgumentError, match="at most 32 elements"):   # a failed check is not cached
+        tensor_map(a, (64, 64), swizzle="64B")
+    with pytest.raises(ArgumentError, match="at most 32 elements"):
+        tensor_map(a, (64, 64), swizzle="64B")
+    T.tensor_map_cache_clear()
+    tensor_map(a, (64, 64))
+    assert len(fake_encoder) == 8

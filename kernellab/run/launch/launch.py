@@ -2,12 +2,15 @@
 signature first."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
 import math
+import os
 import re
 import struct
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -328,6 +331,50 @@ def cluster_blocks(cluster) -> int:
 
 _DEFER_SYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("kernellab_defer_sync", default=False)
 
+# --- whether a launch waits for its kernel ----------------------------------------------------------------------
+# One rule, first answer wins: the call's `sync=`; the kernel's `launch_blocking` (Kernel.launch_blocking, passed in
+# as sync by the launcher); the global setting (set_launch_blocking, or KERNELLAB_LAUNCH_BLOCKING in the environment,
+# like CUDA_LAUNCH_BLOCKING); else wait, except inside deferred_sync() (a registered op, kernellab.bench). A launch
+# on a stream being captured into a CUDA graph never waits (it records, it does not run).
+_ENV_BLOCKING = "KERNELLAB_LAUNCH_BLOCKING"
+_BLOCKING: list = [None]      # the global setting: None (the default rule), True (always wait), False (never)
+
+
+def _blocking_from_env(text: str | None) -> bool | None:
+    """KERNELLAB_LAUNCH_BLOCKING's value: 1/true/yes -> True, 0/false/no -> False, unset or empty -> None."""
+    if text is None or not text.strip():
+        return None
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ArgumentError(f"{_ENV_BLOCKING}={text!r} is not understood; use 1 (every launch waits for its kernel), "
+                        f"0 (no launch waits) or leave it unset (wait at the top level, not inside ops or bench)")
+
+
+_BLOCKING[0] = _blocking_from_env(os.environ.get(_ENV_BLOCKING))
+
+
+def set_launch_blocking(value: bool | None = True) -> bool | None:
+    """Whether kernel launches wait for their kernel, for every kernel in this process; returns the old setting.
+
+    True: every launch waits (inside registered ops and kernellab.bench too), so a fault is reported at the launch
+    that caused it, like CUDA_LAUNCH_BLOCKING=1. False: no launch waits (a notebook cell then runs ahead of the
+    GPU; a fault surfaces at the next synchronising call, naming the recent launches). None (the default): a
+    top-level launch waits, a launch inside an op, torch.compile, CUDA-graph capture or kernellab.bench does not.
+    A kernel's own `launch_blocking` and a call's `sync=` take precedence. The environment variable
+    KERNELLAB_LAUNCH_BLOCKING (1 or 0) sets it at import."""
+    if value is not None and not isinstance(value, bool):
+        raise ArgumentError(f"set_launch_blocking takes True, False or None, got {value!r}")
+    old, _BLOCKING[0] = _BLOCKING[0], value
+    return old
+
+
+def launch_blocking() -> bool | None:
+    """The global setting set_launch_blocking gives (None: the default rule)."""
+    return _BLOCKING[0]
+
 
 @contextlib.contextmanager
 def deferred_sync():
@@ -341,8 +388,88 @@ def deferred_sync():
 
 
 def resolve_sync(sync: bool | None) -> bool:
-    """A launch's `sync`: as given, or by default yes, except inside `deferred_sync()`."""
-    return (not _DEFER_SYNC.get()) if sync is None else bool(sync)
+    """A launch's `sync`: as given, else the global setting (set_launch_blocking), else yes, except inside
+    `deferred_sync()`."""
+    if sync is not None:
+        return bool(sync)
+    g = _BLOCKING[0]
+    return (not _DEFER_SYNC.get()) if g is None else g
+
+
+# --- launches that did not wait ---------------------------------------------------------------------------------
+# A launch that does not wait cannot report its kernel's fault; the next synchronising call kernellab makes (a
+# waiting launch, kernellab.synchronize, bench) sees it instead. Each such launch leaves (kernel, configuration,
+# file, line, function) of the code that made it here; a successful wait empties the record, and a failed one names
+# what it holds.
+RECENT_LAUNCHES: collections.deque = collections.deque(maxlen=16)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class AsyncLaunch:
+    """One launch that did not wait for its kernel, and the line of user code that made it."""
+
+    kernel: str
+    config: LaunchConfig
+    filename: str | None
+    line: int
+    function: str | None
+
+    def __str__(self) -> str:
+        where = f"{self.filename}, line {self.line}, in {self.function}" if self.filename else "an unknown line"
+        return f"{self.kernel} ({self.config}) launched at {where}"
+
+
+def record_async(kernel: str, config: LaunchConfig) -> None:
+    """Keep a launch that did not wait, with the first caller outside kernellab (a notebook cell's line)."""
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.startswith(_PACKAGE_DIR)
+                             or f.f_code.co_filename.startswith("<kernellab")):
+        f = f.f_back
+    if f is None:
+        RECENT_LAUNCHES.append(AsyncLaunch(kernel, config, None, 0, None))
+    else:
+        RECENT_LAUNCHES.append(AsyncLaunch(kernel, config, f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+
+
+def recent_launches() -> tuple[AsyncLaunch, ...]:
+    """The launches that did not wait since kernellab last saw the GPU finish (oldest first, at most 16)."""
+    return tuple(RECENT_LAUNCHES)
+
+
+def unwaited_note(exclude: str | None = None) -> str:
+    """The sentence a fault found at a wait adds: which launches that did not wait may have caused it."""
+    recent = list(RECENT_LAUNCHES)
+    if not recent:
+        return ""
+    shown = "; ".join(str(r) for r in reversed(recent[-4:]))
+    more = f" (and {len(recent) - 4} earlier)" if len(recent) > 4 else ""
+    return (f" Launches that did not wait for their kernel ran before this point, and the fault may be theirs; most "
+            f"recent first: {shown}{more}. To find which, run with kernellab.set_launch_blocking(True) (or "
+            f"KERNELLAB_LAUNCH_BLOCKING=1), so that each launch waits and reports its own fault.")
+
+
+def synchronize(device=None) -> None:
+    """Wait for all work on the GPU (torch.cuda.synchronize, else CuPy's): a fault of a launch that did not wait
+    is raised here as a LaunchError that names the recent launches (kernel, configuration, cell line)."""
+    try:
+        if "torch" in sys.modules:
+            import torch
+
+            torch.cuda.synchronize(device)
+        else:
+            import cupy
+
+            cupy.cuda.Device(device or 0).synchronize() if device is not None else \
+                cupy.cuda.runtime.deviceSynchronize()
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        sticky = is_sticky(exc) or "illegal" in text.lower() or "misaligned" in text.lower()
+        names = ", ".join(dict.fromkeys(r.kernel for r in RECENT_LAUNCHES)) or "a kernel"
+        raise LaunchError(f"{names} faulted ({text}), found at kernellab.synchronize().{unwaited_note()}"
+                          + (" The error is sticky: this process's CUDA context is lost; restart the notebook "
+                             "kernel." if sticky else ""), sticky=sticky, cuda_error=text) from None
+    RECENT_LAUNCHES.clear()
 
 
 class _StreamHandle:
@@ -680,7 +807,8 @@ class LaunchPath:
         ns.update(FALLBACK_ERRORS=(_Fallback, TypeError, AttributeError, ValueError, OverflowError),
                   PACK_ERRORS=(struct.error, OverflowError), PACK=self._struct.pack_into, BUF=self._buffer,
                   BASE=self._base, LAUNCH=self.driver.launch_kernel, FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
-                  RELEASE=self._lock.release, DEFER=_DEFER_SYNC.get, CAPTURING=self.driver.stream_is_capturing,
+                  RELEASE=self._lock.release, DEFER=_DEFER_SYNC.get, BLOCKING=_BLOCKING, RECORD=record_async,
+                  NAME=self.name, CFG=cfg, CLEAR=RECENT_LAUNCHES.clear, CAPTURING=self.driver.stream_is_capturing,
                   STATUS=self._status, STATUS_P=self._status_pointer, SYNC=self.driver.stream_synchronize,
                   FAILED=functools.partial(self._failed, cfg), RAISE=functools.partial(self._raise, cfg),
                   STREAM_OF=stream_handle, DEFAULT_STREAM=(torch_stream_function() if torch_index is not None
@@ -766,12 +894,15 @@ class LaunchPath:
                                    self.params_address, self.device.index, **extra)
             except Exception as exc:
                 raise _launch_error(exc, self.name, cfg, during="launch") from None
-        if (not _DEFER_SYNC.get()) if sync is None else sync:
+        if resolve_sync(sync):
             try:
                 if not self.driver.is_capturing(handle):
                     self.driver.synchronize(handle)
+                    RECENT_LAUNCHES.clear()
             except Exception as exc:
                 raise _launch_error(exc, self.name, cfg, during="run") from None
+        else:
+            record_async(self.name, cfg)
 
 
 def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_stream: bool) -> str:
@@ -802,15 +933,18 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
              + ["    except FALLBACK_ERRORS:", "        return False",
                 f"    s = {'DEFAULT_STREAM(DEV)' if torch_stream else 'DEFAULT_STREAM()'} if stream is None "
                 f"else STREAM_OF(stream)",
-                "    wait = (not DEFER()) if sync is None else sync",
+                "    if sync is None:", "        sync = BLOCKING[0]",
+                "        wait = (not DEFER()) if sync is None else sync", "    else:", "        wait = sync",
                 "    ACQUIRE()", "    try:", "        try:",
                 f"            PACK(BUF, BASE, {', '.join(f'v{i}' for i in range(n))})",
                 "        except PACK_ERRORS:", "            return False"]
              + launch
              + ["        if wait:", "            rc = CAPTURING(s, STATUS_P)", "            if rc:",
                 "                RAISE(rc)", "            wait = not STATUS.value",
+                "        else:", "            RECORD(NAME, CFG)",
                 "    finally:", "        RELEASE()",
                 "    if wait:", "        rc = SYNC(s)", "        if rc:", "            RAISE(rc)",
+                "        CLEAR()",
                 "    return True"])
     return "\n".join(lines) + "\n"
 
@@ -842,10 +976,12 @@ def _launch_error(exc, kernel_name, config, during, job=None) -> LaunchError:
                f"zero-filled) under compute-sanitizer in a new process. After the restart, "
                f"`{kernel_name}.sanitize({config.grid}, {config.block}, *args)` runs it on your data, and "
                f"`{kernel_name}[grid, block](*args, isolate=True)` (or `%config KernellabRun.isolate = True`) keeps "
-               f"faults out of this process.")
+               f"faults out of this process." + (unwaited_note() if during == "run" else ""))
         return LaunchError(msg, sticky=True, cuda_error=text, job=job)
     hint = ""
     if "OUT_OF_RESOURCES" in text or "TooManyResources" in text:
         hint = " The block asks for more registers or shared memory than an SM has: use fewer threads per block."
+    if during == "run":
+        hint += unwaited_note()
     return LaunchError(f"{kernel_name} failed at {during} ({text}) with {config}.{hint}", sticky=False,
                        cuda_error=text, job=job)

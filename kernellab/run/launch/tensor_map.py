@@ -212,7 +212,19 @@ def tensor_map(tensor, box, *, swizzle: str | None = "128B", interleave: str | N
     oob_fill: "zero" (default) or "nan": what out-of-bounds elements read as. element_strides: the traversal step per
     dimension (outermost first, 1 to 8; default all 1).
     The tensor's innermost dimension must be contiguous; its address and every other stride a multiple of 16 bytes.
+
+    Maps are cached by what the encoding depends on (address, shape, strides, dtype, GPU, box and options), so a
+    repeated call on the same memory returns at once instead of encoding again (tensor_map_cache_clear() empties the
+    cache; the cache holds no tensor).
     """
+    key = _cache_key(tensor, box, swizzle, interleave, l2_promotion, oob_fill, element_strides)
+    if key is not None:
+        hit = _MAP_CACHE.get(key)
+        if hit is not None:
+            found = object.__new__(TensorMap)
+            found.__dict__.update(hit.__dict__)
+            found.__dict__["tensor"] = tensor              # keep this tensor alive, as a fresh map would
+            return found
     dtype, shape, strides, address, device = _device_tensor(tensor)
     rank = len(shape)
     if not 1 <= rank <= MAX_RANK:
@@ -231,9 +243,42 @@ def tensor_map(tensor, box, *, swizzle: str | None = "128B", interleave: str | N
     check_layout(dtype, shape, strides, address, box, interleave, swizzle, oob_fill)
     encoded = encode(DATA_TYPES[dtype], address, shape, strides, box, steps, interleave, swizzle, l2_promotion,
                      oob_fill, device=device)
-    return TensorMap(tensor=tensor, shape=shape, dtype=dtype, box=box, strides_bytes=strides, swizzle=swizzle,
+    made = TensorMap(tensor=tensor, shape=shape, dtype=dtype, box=box, strides_bytes=strides, swizzle=swizzle,
                      interleave=interleave, l2_promotion=l2_promotion, oob_fill=oob_fill, element_strides=steps,
                      global_address=address, device=device, encoded=encoded)
+    if key is not None:
+        if len(_MAP_CACHE) >= MAP_CACHE_SIZE:
+            _MAP_CACHE.pop(next(iter(_MAP_CACHE)))         # the oldest entry
+        kept = object.__new__(TensorMap)
+        kept.__dict__.update(made.__dict__)
+        kept.__dict__["tensor"] = None                     # the cache keeps no memory alive
+        _MAP_CACHE[key] = kept
+    return made
+
+
+MAP_CACHE_SIZE = 256
+_MAP_CACHE: dict = {}
+
+
+def tensor_map_cache_clear() -> None:
+    """Forget every cached tensor map (they are keyed by address, so a new tensor at an old address reuses one:
+    correct, since the 128 bytes depend on the address, not on which tensor is there)."""
+    _MAP_CACHE.clear()
+
+
+def _cache_key(tensor, box, swizzle, interleave, l2_promotion, oob_fill, element_strides):
+    """The cache key of a tensor_map call, from the tensor without building its description: a CUDA torch tensor's
+    (address, shape, strides, dtype, GPU) and every option as given; None (no caching) for anything else."""
+    if type(tensor).__module__.split(".")[0] != "torch" or not getattr(tensor, "is_cuda", False):
+        return None
+    try:
+        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.get_device(),
+               tuple(box) if isinstance(box, (tuple, list)) else box, swizzle, interleave, l2_promotion, oob_fill,
+               tuple(element_strides) if isinstance(element_strides, (tuple, list)) else element_strides)
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def check_layout(dtype: str, shape, strides_bytes, address: int, box, interleave: str, swizzle: str,
