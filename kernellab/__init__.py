@@ -1,8 +1,9 @@
 """kernellab: write CUDA kernels in notebook cells, and see what they cost, whether they are right and how fast they are.
 
 `%load_ext kernellab` registers the `%%cuda` (and `%%numba`) cell magics. The library works without IPython:
-`compile_cuda`, `occupancy`, `bank_wavefronts`, `check`, `bench`, `roofline`, `tensor_map` (TMA descriptors), and the
-graded exercises of the tutorials: `exercises()`, `grade(id, kernel)`.
+`compile_cuda`, `occupancy`, `bank_wavefronts`, `check`, `bench`, `roofline`, `tensor_map` (TMA descriptors), `op`
+(a launcher as a PyTorch operator: torch.compile, CUDA graphs, autograd), `set_launch_blocking` (whether launches wait
+for their kernel), and the graded exercises of the tutorials: `exercises()`, `grade(id, kernel)`.
 """
 from ._version import __version__
 from .errors import ArgumentError, CompileError, Diagnostic, KernellabError, LaunchError, NoGPUError
@@ -46,6 +47,13 @@ _LAZY = {
     "AutotuneResult": ("kernellab.run.measure.autotune", "AutotuneResult"),
     "autotune_plot": ("kernellab.notebook.autotune_plots", "autotune_plot"),
     "grade_many": ("kernellab.teach.grading", "grade_many"),
+    "op": ("kernellab.ops", "op"),
+    "Op": ("kernellab.ops", "Op"),
+    "out": ("kernellab.ops", "out"),
+    "set_launch_blocking": ("kernellab.run.launch.launch", "set_launch_blocking"),
+    "launch_blocking": ("kernellab.run.launch.launch", "launch_blocking"),
+    "synchronize": ("kernellab.run.launch.launch", "synchronize"),
+    "recent_launches": ("kernellab.run.launch.launch", "recent_launches"),
 }
 
 __all__ = ["__version__", "ArgumentError", "CompileError", "Diagnostic", "KernellabError", "LaunchError",

@@ -62,6 +62,7 @@ class Kernel:
     """One `__global__` function, compiled: inspect it (resources, ptx, sass, occupancy) and launch it with k[grid, block](...)."""
 
     backend = "cuda"
+    launch_blocking: bool | None = None    # see __init__
     _path = None                           # run.launch.LaunchPath, made at the first launch in this process
 
     def __init__(self, module: "Module", signature: KernelSignature, resources: Resources):

@@ -815,3 +815,81 @@ def test_cupys_launchkernel_is_offered_with_the_signature_the_generated_launch_c
     monkeypatch.setattr(D, "_lib_or_none", lambda: lib)            # this lib is the process's libcuda
     assert D.Driver(lib).launch_kernel is fn
     assert D.Driver(lib, cupy_launch=False).launch_kernel is lib.cuLaunchKernel
+
+
+# --- whether a launch waits, and the launches that did not ------------------------------------------------------
+
+@pytest.fixture
+def blocking_default():
+    """The global launch-blocking setting back at its default (None) around a test, and no recorded launches."""
+    old = L.set_launch_blocking(None)
+    L.RECENT_LAUNCHES.clear()
+    yield
+    L.set_launch_blocking(old)
+    L.RECENT_LAUNCHES.clear()
+
+
+@pytest.mark.parametrize("setting, top_level, in_op", [(None, True, False), (True, True, True), (False, False, False)])
+def test_the_global_setting_decides_where_the_call_does_not(blocking_default, setting, top_level, in_op):
+    path, driver = make_path(driver=RawDriver(sizes(PARAMS)))
+    _, fast = fast_for(path, good_args())
+    L.set_launch_blocking(setting)
+    assert L.resolve_sync(None) is top_level
+    with L.deferred_sync():                              # inside an op or kernellab.bench
+        assert L.resolve_sync(None) is in_op
+    for deferred, waits in ((False, top_level), (True, in_op)):
+        before = len(driver.syncs)
+        with L.deferred_sync() if deferred else _nothing():
+            assert fast(good_args(), None, None) and path.run(path.config(4, 256, 0), good_args()) is None
+        assert len(driver.syncs) - before == (2 if waits else 0), (setting, deferred)
+    before = len(driver.syncs)
+    fast(good_args(), None, True)                        # a call's sync= comes first
+    fast(good_args(), None, False)
+    assert len(driver.syncs) - before == 1
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_the_environment_variable_reads_like_cuda_launch_blocking():
+    assert [L._blocking_from_env(v) for v in (None, "", "1", "true", "0", "no")] == [None, None, True, True, False,
+                                                                                    False]
+    with pytest.raises(ArgumentError, match="KERNELLAB_LAUNCH_BLOCKING='maybe' is not understood; use 1"):
+        L._blocking_from_env("maybe")
+    with pytest.raises(ArgumentError, match="True, False or None"):
+        L.set_launch_blocking("yes")
+
+
+def test_a_fault_found_at_a_wait_names_the_launches_that_did_not_wait_and_their_lines(blocking_default):
+    path, driver = make_path(driver=RawDriver(sizes(PARAMS)))
+    _, fast = fast_for(path, good_args())
+    fast(good_args(), None, False); line = __import__("inspect").currentframe().f_lineno    # noqa: E702
+    path.run(path.config((8, 2), 128, 0), good_args(), sync=False)
+    recent = L.recent_launches()
+    assert [r.kernel for r in recent] == ["k", "k"] and recent[0].line == line and recent[1].line == line + 1
+    assert recent[0].filename == __file__ and recent[0].function.startswith("test_a_fault_found")
+    assert recent[1].config.grid == (8, 2, 1)
+    driver.sync_rc = 700                                 # the next wait finds the fault
+    with pytest.raises(LaunchError) as info:
+        fast(good_args(), None, True)
+    text = str(info.value)
+    assert "Launches that did not wait" in text and f"test_launch_path.py, line {line}" in text
+    assert "grid=(8, 2, 1)" in text and "set_launch_blocking(True)" in text
+    driver.sync_rc = 0
+    fast(good_args(), None, True)                        # a clean wait empties the record
+    assert L.recent_launches() == ()
+
+
+def test_a_kernel_of_its_own_may_wait_or_not(fake_gpu, blocking_default):
+    k = kernellab.compile_cuda(VADD, arch="sm_90").vadd
+    a, b, c = FakeCudaTensor(ptr=0x1000), FakeCudaTensor(ptr=0x2000), FakeCudaTensor(ptr=0x3000)
+    k.launch_blocking = False
+    k[1, 32](a, b, c, 4)
+    assert len(L.recent_launches()) == 1
+    k.launch_blocking = True
+    with L.deferred_sync():
+        k[1, 32](a, b, c, 4)                             # the kernel's own setting comes before the context's
+    assert L.recent_launches() == () and len(fake_gpu.syncs) == 1 and len(fake_gpu.launches) == 2

@@ -7,7 +7,7 @@ import sys
 PKG = pathlib.Path(__file__).resolve().parents[1] / "kernellab"
 ORDER = ["render", "analysis", "compile", "run", "kernel", "teach", "notebook"]  # lower index = lower layer
 # Modules outside the layer packages, by the layer they belong to (the shared helpers sit at the bottom).
-LAYER_OF = {"kernel_numba": "kernel", "report": "render", "errors": "render", "_version": "render"}
+LAYER_OF = {"kernel_numba": "kernel", "ops": "kernel", "report": "render", "errors": "render", "_version": "render"}
 FORBIDDEN_IN_ANALYSIS = {"torch", "cupy", "numba", "IPython", "ipywidgets", "cuda", "matplotlib", "triton"}
 
 
