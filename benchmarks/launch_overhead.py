@@ -15,8 +15,14 @@ stand-in driver (libc's abs() behind libcuda's ctypes argtypes, so ctypes' conve
 posing as the device's, to see where host time goes. `--breakdown` (GPU) times the launcher, the generated launch
 (LaunchPath.fast: CuPy's Cython launchKernel, and ctypes), the general path (LaunchPath.run) and each piece alone.
 
+`--ops` (GPU, issue 30) times registered ops (kernellab.op) as a model calls them: host µs per call of a one-kernel
+op (target <= 15 µs) beside the bare launch, torch.library.custom_op around the same launcher and one aten op;
+tutorial 07's attention as an op beside an SDPA call of the same small shape (target <= 1.25x); and the GPU time per
+call of a replayed CUDA graph of captured op calls against one of bare kernel launches (target: the same).
+
 Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/launch_overhead.py [--launches 2000]
-[--rounds 15] [--out table.md] [--breakdown]. Takes about 10 s.
+[--rounds 15] [--out table.md] [--breakdown | --ops]. Takes about 10 s (--ops: about a minute, compiling tutorial
+07's kernels).
 """
 import argparse
 import statistics
@@ -340,6 +346,125 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
     return cases
 
 
+def _attention_op(name: str):
+    """Tutorial 07's final kernel (the persistent family, step 3b) registered as an op, or None where it cannot load."""
+    import sys
+
+    import torch
+
+    root = __import__("pathlib").Path(__file__).resolve().parent
+    sys.path.insert(0, str(root))
+    import attention as A                                    # benchmarks/attention.py: the notebook's kernels
+
+    families, configs = A.load_families(None, None)
+    fam = next((f for f, ks in families.items() if any(p.name == "work_counter" for p in next(iter(ks.values())).params)),
+               list(families)[-1])
+    att = A.launcher(families[fam], configs[fam])
+
+    @kernellab.op(name, "(Tensor q, Tensor k, Tensor v, bool causal) -> Tensor", outputs=lambda q, k, v, causal: q)
+    def attention(q, k, v, causal):
+        return att(q, k, v, torch.empty_like(q), causal)
+    return fam, attention
+
+
+def ops_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
+    """Host time per call of registered ops (kernellab.op): a one-kernel op against the bare launch and torch's own
+    ops, the same launcher as torch.library.custom_op, and tutorial 07's attention as an op against an SDPA call of
+    the same (small, host-bound) shape; then CUDA-graph replay of captured calls, per call, op against bare kernel."""
+    import torch
+    import torch.nn.functional as F
+
+    k = kernellab.compile_cuda(SRC).axpb
+    x, y = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
+    launch = k[1, 32]
+
+    @kernellab.op("klbench::axpb", "(Tensor x) -> Tensor", outputs=lambda x: x)
+    def axpb(x):
+        out = torch.empty_like(x)
+        launch(x, out, 2.0, 1.0, x.numel())
+        return out
+
+    @torch.library.custom_op("klbench::axpb_custom_op", mutates_args=())
+    def axpb_custom(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        launch(x, out, 2.0, 1.0, x.numel(), sync=False)
+        return out
+
+    axpb_custom.register_fake(lambda x: torch.empty_like(x))
+    torch.testing.assert_close(axpb(x), 2 * x + 1)
+    torch.testing.assert_close(axpb_custom(x), 2 * x + 1)
+    overload = axpb.overload
+
+    def loop(f):
+        def run(m):
+            for _ in range(m):
+                f()
+        return run
+
+    sync = torch.cuda.synchronize
+    one = "kernellab.op, one kernel: axpb(x)"
+    cases = [
+        (one, per_launch_us(loop(lambda: axpb(x)), launches, rounds, sync), one),
+        ("the same op through torch.ops (OpOverload)", per_launch_us(loop(lambda: overload(x)), launches, rounds, sync),
+         one),
+        ("bare launch k[1, 32](x, y, ...), sync=False, no allocation",
+         per_launch_us(loop(lambda: launch(x, y, 2.0, 1.0, N, sync=False)), launches, rounds, sync), one),
+        ("torch.library.custom_op, same launcher", per_launch_us(loop(lambda: axpb_custom(x)), launches, rounds, sync),
+         one),
+        ("torch x.mul(2.0) (one aten op, allocates)", per_launch_us(loop(lambda: x.mul(2.0)), launches, rounds, sync),
+         one),
+    ]
+    try:
+        fam, attention = _attention_op("klbench::attention")
+    except Exception as exc:                                 # no sm_90 here, or the notebook's kernels do not load
+        print(f"attention op skipped: {type(exc).__name__}: {str(exc)[:200]}")
+    else:
+        q, kk, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        torch.testing.assert_close(attention(q, kk, v, False), F.scaled_dot_product_attention(q, kk, v), atol=2e-2,
+                                   rtol=2e-2)
+        sd = "SDPA, [1, 2, 128, 64] bf16"
+        cases += [(sd, per_launch_us(loop(lambda: F.scaled_dot_product_attention(q, kk, v)), launches // 4, rounds,
+                                     sync), sd),
+                  (f"kernellab.op attention ({fam}), same shape",
+                   per_launch_us(loop(lambda: attention(q, kk, v, False)), launches // 4, rounds, sync), sd)]
+    cases += graph_cases(launch, axpb, x, y, rounds)
+    return cases
+
+
+def graph_cases(launch, op, x, y, rounds: int, calls: int = 200) -> list[tuple[str, list[float], str]]:
+    """µs of GPU time per call when a CUDA graph of `calls` captured calls is replayed: the op against the bare
+    kernel (CUDA events around each replay)."""
+    import torch
+
+    def graph_of(f):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            f()
+            with torch.cuda.graph(g, stream=stream):
+                for _ in range(calls):
+                    f()
+        torch.cuda.current_stream().wait_stream(stream)
+        return g
+
+    def per_call(g):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        g.replay()
+        out = []
+        for _ in range(rounds):
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) * 1e3 / calls)
+        return out
+
+    bare = "CUDA graph replay, bare kernel"
+    return [(bare, per_call(graph_of(lambda: launch(x, y, 2.0, 1.0, N))), bare),
+            ("CUDA graph replay, kernellab.op", per_call(graph_of(lambda: op(x))), bare)]
+
+
 def table(cases, title: str) -> str:
     medians = {name: spread(us)[0] for name, us, _ in cases}
     lines = [f"{title}", "", "| case | µs per launch | 10-90 % | ratio to baseline | baseline |",
@@ -356,11 +481,19 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=15, help="timed loops per case")
     ap.add_argument("--python-only", action="store_true", help="no GPU: time the host path with a stand-in driver")
     ap.add_argument("--breakdown", action="store_true", help="GPU: time each stage of the launch path alone")
+    ap.add_argument("--ops", action="store_true", help="GPU: registered ops (kernellab.op) against SDPA, custom_op "
+                    "and CUDA-graph replay of the bare kernel")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
     if args.python_only:
         text = table(python_only_cases(args.launches, args.rounds),
                      "kernellab's host path, stand-in driver (no GPU)")
+    elif args.ops:
+        import torch
+
+        text = table(ops_cases(args.launches, args.rounds),
+                     f"host time per call of registered ops on {torch.cuda.get_device_name()} (targets: one-kernel op "
+                     f"<= 15 µs; attention op <= 1.25x SDPA; graph replay of the op = the bare kernel)")
     elif args.breakdown:
         import torch
 
