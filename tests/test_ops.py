@@ -270,3 +270,40 @@ def test_launches_inside_an_op_do_not_wait_unless_blocking_is_asked_for():
     finally:
         L.set_launch_blocking(old)
     assert calls == [False, True] and L.resolve_sync(None) is (old is not False)
+
+
+# --- the tutorials' transformer block (kernellab/teach/block.py) ------------------------------------------------
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_the_tutorials_block_with_ops_matches_pytorch_and_compiles_in_one_graph(norm):
+    from kernellab.teach.block import TransformerBlock, max_errors
+
+    softmax_op = kernellab.op(fresh("softmax"), "(Tensor x) -> Tensor", outputs=lambda x: x,
+                              device_types="cpu")(lambda x: torch.softmax(x, -1))
+    if norm == "layernorm":
+        norm_op = kernellab.op(fresh("layernorm"), "(Tensor x, Tensor w, Tensor b, float eps) -> Tensor",
+                               outputs=lambda x, w, b, eps: x, device_types="cpu")(
+            lambda x, w, b, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, eps))
+    else:
+        norm_op = kernellab.op(fresh("rmsnorm"), "(Tensor x, Tensor w, float eps) -> Tensor",
+                               outputs=lambda x, w, eps: x, device_types="cpu")(
+            lambda x, w, eps: torch.nn.functional.rms_norm(x, x.shape[-1:], w, eps))
+    attention_op = kernellab.op(fresh("attention"), "(Tensor q, Tensor k, Tensor v, bool causal) -> Tensor",
+                                outputs=lambda q, k, v, causal: q, device_types="cpu")(
+        lambda q, k, v, causal: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    torch.manual_seed(0)
+    ref = TransformerBlock(64, 4, norm=norm, attention="explicit", dtype=torch.float64)
+    x = torch.randn(2, 16, 64, dtype=torch.float64)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))            # norms with weights and biases that are not 1 and 0
+        want = ref(x)
+        for ops in ({"softmax_op": softmax_op}, {"norm_op": norm_op}, {"attention_op": attention_op}):
+            ours = TransformerBlock(64, 4, norm=norm, dtype=torch.float64, **ops)
+            ours.load_state_dict(ref.state_dict())
+            torch._dynamo.reset()
+            got = torch.compile(ours, fullgraph=True, backend="eager")(x)
+            err, _ = max_errors(got, want, want)
+            assert err < 1e-12, (ops, err)
+            graph = torch._dynamo.explain(ours)(x)
+            assert graph.graph_break_count == 0 and graph.graph_count == 1
