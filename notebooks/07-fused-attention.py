@@ -2014,3 +2014,81 @@ prof3
 # a busy `wgmma` cycle does more work than a busy `mma.sync` cycle. The remaining 37 % is the softmax that no other
 # warpgroup covers, which is what FlashAttention-3's intra-warpgroup pipelining and ping-pong scheduling remove.
 
+# %% [markdown]
+# ## From the notebook into a model: step 3b as a PyTorch op
+#
+# `kernellab.op` registers `fa3p_attention` as a PyTorch operator through `torch.library`: a schema, the launcher
+# as the CUDA implementation, and a fake implementation made from `outputs=` (the output is shaped like `q`),
+# which `torch.compile(fullgraph=True)` and `torch.export` trace instead of running the kernel. Launches inside
+# an op do not wait for their kernel, and the three tensor maps of a call come from kernellab's cache (keyed by
+# address, shape, strides, box and swizzle) once made, so a call costs the host little more than an SDPA call
+# (`benchmarks/launch_overhead.py --ops` measures both).
+
+# %%
+@kernellab.op("kl::attention", "(Tensor q, Tensor k, Tensor v, bool causal) -> Tensor",
+              outputs=lambda q, k, v, causal: q)
+def kl_attention(q, k, v, causal):
+    """softmax(q k^T / sqrt(d), causal) v for contiguous [B, H, N, d] bf16/fp16 CUDA tensors: step 3b's kernel."""
+    return fa3p_attention(q, k, v, causal=causal)
+
+
+# The fake implementation needs no GPU: meta tensors carry shapes and dtypes, no values.
+meta_q = torch.empty(2, 16, 8192, 64, device="meta", dtype=torch.bfloat16)
+print(kl_attention, "->", kl_attention(meta_q, meta_q, meta_q, True).shape)
+
+# %% [markdown]
+# The op goes into a small transformer block (`kernellab.teach.block.TransformerBlock`: LayerNorm, causal
+# attention, a residual, LayerNorm, a 4x GELU MLP, a residual) with d_model = 1024, 16 heads of 64, 2 x 8192
+# tokens in bf16, one of the FlashAttention-3 paper's shapes (B N = 16k, here H d = 1024). The reference is the
+# same block with `F.scaled_dot_product_attention` (FlashAttention-2 on an H100), eager and under `torch.compile`.
+#
+# **Prediction.** The causal attention is 4 B H N^2 d / 2 = 275 GFLOP, the linear layers 412 GFLOP. At the
+# rates measured above (step 3b about 1.35x FLASH at N = 8192, causal; the matmuls near 600 TFLOP/s), attention is
+# about 55 % of the reference block's time, so the block should run 1.12-1.18x faster than the eager reference,
+# and about the same against the compiled one (`torch.compile` keeps SDPA's kernel and fuses only the pointwise
+# work around it, a few percent of the block).
+
+# %%
+# %%gpu
+import copy
+
+from kernellab.teach.block import TransformerBlock, max_errors
+
+torch.manual_seed(0)
+block_cfg = dict(d_model=1024, n_heads=16, norm="layernorm", device="cuda", dtype=torch.bfloat16)
+reference = TransformerBlock(**block_cfg).requires_grad_(False)
+ours = TransformerBlock(**block_cfg, attention_op=kl_attention).requires_grad_(False)
+ours.load_state_dict(reference.state_dict())
+x_block = torch.randn(2, 8192, 1024, device="cuda", dtype=torch.bfloat16)
+
+ours_compiled = torch.compile(ours, fullgraph=True)          # one graph, or an error: no graph breaks
+reference_compiled = torch.compile(reference, fullgraph=True)
+small = x_block[:, :2048]                                      # float64 attention at N = 8192 would take minutes
+want = copy.deepcopy(reference).double()(small.double())
+err, torch_err = max_errors(ours_compiled(small), reference(small), want)
+print(f"max |error| against float64 (N = 2048): ours {err:.3g}, PyTorch's block {torch_err:.3g}")
+assert err <= 2 * torch_err + 1e-2, "the block with kl::attention is off"
+del want
+
+block_result = kernellab.bench(ours_compiled, (x_block,), name="block with kl::attention, torch.compile",
+                               baselines={"PyTorch block": reference, "PyTorch block, torch.compile": reference_compiled})
+block_result
+
+# %% [markdown]
+# The same three, timed the way most people time a function (`triton.testing.do_bench`: no queue, L2 cleared
+# before each call), in the same run. Where the two ratios differ by more than 5 %, the difference is host time
+# per call (do_bench does not hide it) or the cold L2.
+
+# %%
+# %%gpu
+try:
+    from triton.testing import do_bench
+except ImportError:
+    print("triton is not installed: kernellab.bench's figures above are the only ones")
+else:
+    block_ms = {name: do_bench(lambda f=f: f(x_block), return_mode="median")
+                for name, f in (("ours", ours_compiled), ("eager", reference), ("compiled", reference_compiled))}
+    for base in ("eager", "compiled"):
+        print(f"vs the PyTorch block ({base}): {block_ms[base] / block_ms['ours']:.2f}x by do_bench, "
+              f"{block_result.speedup('PyTorch block' + (', torch.compile' if base == 'compiled' else '')).ratio:.2f}x"
+              f" by kernellab.bench")
