@@ -236,6 +236,7 @@ class Runner:
     def __init__(self, args, torch):
         self.args, self.torch = args, torch
         self.rows: list[dict] = []
+        self.called: list[dict] = []          # --as-called rows (benchmarks/as_called.py)
         self.jsonl = None
         out = os.environ.get("OUT")
         if out:
@@ -297,7 +298,29 @@ class Runner:
         self.log_row(row, r)
         print(f"    {dtype_name} {M}x{N}x{K}: {r.median_ms:8.3f} ms {r.tflops:7.1f} TFLOP/s | torch "
               f"{r.baselines[0].median_ms:8.3f} ms {r.baselines[0].tflops:7.1f} | {ratio:6.1%} of torch", flush=True)
+        if getattr(self.args, "as_called", False) and not v.slow:
+            self.as_called(v, fn, dtype, dtype_name, M, N, K)
         return r
+
+    def as_called(self, v: Variant, fn, dtype, dtype_name: str, M: int, N: int, K: int) -> None:
+        """The variant as a registered op that allocates C (kernellab.op), against torch's matmul allocating its own,
+        timed by kernellab.bench, do_bench and sustained=True in one run (benchmarks/as_called.py)."""
+        import as_called
+
+        torch = self.torch
+        name = "klbench::mm_" + re.sub(r"\W", "_", f"{v.label}_{dtype_name}")
+        sgemm = v.family == "sgemm"
+        op = kernellab.op(name, "(Tensor A, Tensor B) -> Tensor", outputs=lambda A, B: kernellab.out(
+            A, shape=(A.shape[0], B.shape[1] if sgemm else B.shape[0])))(
+            lambda A, B: fn(A, B, A.new_empty(A.shape[0], B.shape[1] if sgemm else B.shape[0])))
+        fns = {v.label: op, "torch": (lambda A, B: A @ B) if sgemm else (lambda A, B: A @ B.T)}
+        make = inputs(v.family, dtype, M, N, K)
+        ms = as_called.time_as_called(fns, lambda g: make(g)[:2], flops=2 * M * N * K, quick=self.args.quick)
+        for row in as_called.rows_for(ms, "torch"):
+            row["label"] = f"{v.label} {dtype_name} {M}x{N}x{K}"
+            self.called.append(row)
+            print(f"      as called: " + ", ".join(f"{m} {x:.3f}x" for m, x in row["ratio"].items())
+                  + (f" ({row['why']})" if row["why"] else ""), flush=True)
 
     def variant(self, v: Variant, cell: Cell, checks: dict, sizes: list, dtypes: list) -> dict:
         """Compile, probe (isolated), check, bench one variant; every failure is printed and returned, never raised."""
@@ -416,7 +439,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the last step of each ladder, default tiles, fewer shapes")
     ap.add_argument("--only", choices=("sgemm", "tc", "hopper"), action="append", help="run one family (repeatable)")
     ap.add_argument("--compile-only", action="store_true", help="compile every variant (no GPU needed) and stop")
+    ap.add_argument("--as-called", action="store_true", help="also time each variant as a registered op "
+                    "(kernellab.op) under kernellab.bench, triton's do_bench and sustained=True, against torch")
     args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))     # benchmarks/as_called.py
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -494,6 +520,12 @@ def main() -> int:
     print("targets: the last SGEMM step (sgemm_cp) >= 90 % of torch.mm fp32 at 4096^3; mma_pipe >= 60 % of torch bf16; "
           "wgmma >= 95 % (goal 100 %) at 4096^3 and 8192^3")
     print(table(runner.rows))
+    if runner.called:
+        import as_called
+
+        print("\nas called (registered ops allocating C, against torch's matmul allocating its own; speed-up by each "
+              "timing method, one run):\n")
+        print(as_called.markdown(runner.called, "variant, dtype, shape", "torch"))
     return 0
 
 

@@ -372,6 +372,61 @@ def table(run, t03, t04, copy_gbps, opts, shapes, dtypes, ops):
                 torch.cuda.empty_cache()
 
 
+# --- as called: the tutorials' final kernels as registered ops -----------------------------------------------------
+
+
+def register_ops(t03, t04):
+    """softmax, layernorm and rmsnorm as registered ops (kernellab.op) that allocate their output, as a model calls
+    them: the launch path, the allocation and the dispatcher included."""
+    import torch
+
+    import kernellab
+
+    return {
+        "softmax": kernellab.op("klbench::softmax", "(Tensor x) -> Tensor", outputs=lambda x: x)(
+            lambda x: t03["softmax"](x)),
+        "layernorm": kernellab.op("klbench::layernorm", "(Tensor x, Tensor w, Tensor b) -> Tensor",
+                                  outputs=lambda x, w, b: x)(lambda x, w, b: t04["layernorm"](x, w, b, None, EPS)),
+        "rmsnorm": kernellab.op("klbench::rmsnorm", "(Tensor x, Tensor w) -> Tensor", outputs=lambda x, w: x)(
+            lambda x, w: t04["rmsnorm"](x, w, None, EPS)),
+    }, torch
+
+
+def as_called_table(run, t03, t04, shapes, dtypes, ops, quick):
+    """Every (op, dtype, shape) as a registered op against torch eager and torch.compile, timed by kernellab.bench,
+    triton.testing.do_bench and sustained=True in one run (benchmarks/as_called.py)."""
+    import as_called
+
+    registered, torch = register_ops(t03, t04)
+    rows = []
+    for op in ops:
+        eager = {"softmax": softmax_eager, "layernorm": layernorm_eager, "rmsnorm": rmsnorm_eager}[op](torch)
+        n_args = {"softmax": 1, "layernorm": 3, "rmsnorm": 2}[op]
+        for dtype in dtypes:
+            for r, c in shapes:
+                g = torch.Generator().manual_seed(r * 7919 + c)
+                args = layernorm_inputs(torch, r, c, dtype, g)
+                args = (args[0],) if op == "softmax" else args[:n_args]
+                comp = compiled(torch, eager, f"{op} as called", run, *args)
+                fns = {f"kl::{op}": registered[op], "torch eager": eager}
+                if comp is not None:
+                    fns["torch.compile"] = comp
+                ms = attempt(run, f"as called {op} {r}x{c}", lambda: as_called.time_as_called(fns, args, quick=quick))
+                if ms is None:
+                    continue
+                for base in [b for b in ("torch eager", "torch.compile") if b in fns]:
+                    for row in as_called.rows_for({m: {k: v[k] for k in (f"kl::{op}", base)} for m, v in ms.items()},
+                                                  base):
+                        row["label"] = f"{op} {str(dtype)[6:]} {r}x{c} vs {base}"
+                        row["baseline"] = base
+                        rows.append(row)
+                        run.records.append({"section": "as_called", **row})
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    run.log("\nas called (registered ops; speed-up over the baseline by each timing method, one run):\n")
+    run.log(as_called.markdown(rows, "op, dtype, shape", "baseline"))
+
+
 # --- the summary -------------------------------------------------------------------------------------------------
 
 
@@ -421,6 +476,9 @@ def main(argv=None):
     ap.add_argument("--shapes", default="", help="the table's shapes instead of the issue's, e.g. 1024x262144,300x40000")
     ap.add_argument("--dtypes", default="", help="the table's dtypes, e.g. bfloat16 (default: float32,bfloat16)")
     ap.add_argument("--no-ladders", action="store_true", help="the table only")
+    ap.add_argument("--as-called", action="store_true", help="also time the kernels as registered ops (kernellab.op) "
+                    "under kernellab.bench, triton's do_bench and sustained=True")
+    ap.add_argument("--no-table", action="store_true", help="skip the kernellab.bench table (with --as-called)")
     args = ap.parse_args(argv)
     run = Run(args.out)
 
@@ -453,7 +511,12 @@ def main(argv=None):
     dtypes = (torch.bfloat16,) if args.quick else (torch.float32, torch.bfloat16)
     if args.dtypes:
         dtypes = tuple(getattr(torch, d) for d in args.dtypes.split(","))
-    attempt(run, "table", lambda: table(run, t03, t04, copy_gbps, opts, shapes, dtypes, args.ops.split(",")))
+    if not args.no_table:
+        attempt(run, "table", lambda: table(run, t03, t04, copy_gbps, opts, shapes, dtypes, args.ops.split(",")))
+    if args.as_called:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        attempt(run, "as called", lambda: as_called_table(run, t03, t04, shapes, dtypes, args.ops.split(","),
+                                                           args.quick))
     run.save({"device": device, "copy_gbps": copy_gbps, "quick": args.quick})
     summary(run, copy_gbps, device)
     return 0
