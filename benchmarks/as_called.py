@@ -53,8 +53,9 @@ def why(ratios: dict[str, float], ms: dict[str, dict[str, float]], name: str, ba
                 f"{ours * 1e3:.0f} µs there against {theirs * 1e3:.0f} µs under kernellab.bench, so its host path "
                 f"(launch_overhead.py --ops) or its cold-L2 start weighs differently against {baseline}'s")
     if odd == "sustained":
-        return (f"sustained: calls back to back reach the power cap, and {name} and {baseline} draw different "
-                f"power (the one closer to the tensor cores' peak slows more)")
+        return (f"sustained: calls back to back, the GPU at its power-capped clock and never idle between the L2 "
+                f"flush and the call; {name} and {baseline} split their time differently between DRAM and the SMs "
+                f"(and draw different power), so the clock moves them differently")
     return "kernellab.bench idles the GPU between batches (below the power cap); the other two do not"
 
 
