@@ -154,3 +154,24 @@ def test_an_asynchronous_fault_names_the_kernel_and_its_line_at_the_next_wait(mo
     line = code.splitlines().index("    m.oob[1, 32](y, 1 << 30)") + 1
     assert found_at in err and "oob (grid=(1, 1, 1), block=(32, 1, 1)" in err, err[-3000:]
     assert f"launched at <string>, line {line}, in oob" in err, err[-3000:]
+
+
+@pytest.mark.parametrize("notebook", ["03-reductions-softmax.py", "04-layernorm.py"])
+def test_the_tutorials_blocks_with_their_ops_run_and_match_pytorch(notebook):
+    """The tutorial's last section (its kernels as ops in a compiled transformer block, checked against float64 and
+    the PyTorch block, timed against it), run on the tutorial's launchers as the notebook runs it."""
+    import pathlib
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from notebook_cells import load_tutorial
+
+    ns = load_tutorial(notebook)
+    ns.update(kernellab=kernellab, torch=torch)
+    text = (pathlib.Path(__file__).resolve().parents[2] / "notebooks" / notebook).read_text()
+    last = text[text.index("# ## From the notebook into a model"):]       # cells as Python: magics are comments
+    torch._dynamo.reset()
+    exec(compile(last, notebook, "exec"), ns)
+    results = [ns["block_result"]] if "block_result" in ns else list(ns["block_results"].values())
+    for r in results:
+        assert {s.baseline for s in r.speedups} == {"PyTorch block", "PyTorch block, torch.compile"}
+        assert all(s.ratio > 0.5 for s in r.speedups), r    # the same block: never half as fast
