@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import kernellab
-from kernellab.run import launch as L
+from kernellab.run.launch import launch as L
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

@@ -25,7 +25,10 @@ from .tensor_map import TensorMap
 STICKY_ERRORS = ("ILLEGAL_ADDRESS", "IllegalAddress", "MISALIGNED_ADDRESS", "MisalignedAddress", "LAUNCH_FAILED",
                  "LaunchFailure", "ILLEGAL_INSTRUCTION", "IllegalInstruction", "HARDWARE_STACK_ERROR",
                  "HardwareStackError", "ASSERT", "Assert", "INVALID_PC", "InvalidPc", "LAUNCH_TIMEOUT",
-                 "LaunchTimeout", "TRAP", "Trap", "INVALID_ADDRESS_SPACE", "InvalidAddressSpace")
+                 "LaunchTimeout", "TRAP", "Trap", "INVALID_ADDRESS_SPACE", "InvalidAddressSpace",
+                 # the runtime's own words, as torch reports them ("CUDA error: an illegal memory access ...")
+                 "illegal memory access", "misaligned address", "unspecified launch failure",
+                 "device-side assert", "illegal instruction")
 
 _INT_RANGES = {name: (np.iinfo(name).min, np.iinfo(name).max)
                for name in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")}
@@ -402,7 +405,7 @@ def resolve_sync(sync: bool | None) -> bool:
 # file, line, function) of the code that made it here; a successful wait empties the record, and a failed one names
 # what it holds.
 RECENT_LAUNCHES: collections.deque = collections.deque(maxlen=16)
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # kernellab/
 
 
 @dataclass(frozen=True)
@@ -464,7 +467,7 @@ def synchronize(device=None) -> None:
                 cupy.cuda.runtime.deviceSynchronize()
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        sticky = is_sticky(exc) or "illegal" in text.lower() or "misaligned" in text.lower()
+        sticky = is_sticky(exc)
         names = ", ".join(dict.fromkeys(r.kernel for r in RECENT_LAUNCHES)) or "a kernel"
         raise LaunchError(f"{names} faulted ({text}), found at kernellab.synchronize().{unwaited_note()}"
                           + (" The error is sticky: this process's CUDA context is lost; restart the notebook "

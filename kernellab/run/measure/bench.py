@@ -668,7 +668,7 @@ def _faults_named(names: list[str]):
     synchronize as a bare CUDA error: say what happened and what it means for this process."""
     from kernellab.errors import LaunchError
 
-    from ..launch.launch import is_sticky
+    from ..launch.launch import is_sticky, unwaited_note
 
     try:
         yield
@@ -682,7 +682,8 @@ def _faults_named(names: list[str]):
             f"a kernel faulted while bench timed {', '.join(names)} ({text}); the first call of each ran clean, so "
             f"the fault depends on the data or on timing (a race). The error is sticky: this process's CUDA context "
             f"is lost; restart the notebook kernel, then find the fault with `kernel.sanitize(grid, block, *args)` "
-            f"(compute-sanitizer, in a new process) on the data that faulted", sticky=True, cuda_error=text) from None
+            f"(compute-sanitizer, in a new process) on the data that faulted.{unwaited_note()}", sticky=True,
+            cuda_error=text) from None
 
 
 def _inputs_at(inputs, x):
