@@ -171,6 +171,12 @@ def test_the_tutorials_blocks_with_their_ops_run_and_match_pytorch(notebook):
     last = text[text.index("# ## From the notebook into a model"):]       # cells as Python: magics are comments
     torch._dynamo.reset()
     exec(compile(last, notebook, "exec"), ns)
+    for name in ("kl_softmax", "kl_layernorm", "kl_rmsnorm"):              # the tutorial's ops pass opcheck
+        if name in ns:
+            x = torch.randn(37, 1031, device="cuda")
+            w, b = torch.randn(1031, device="cuda"), torch.randn(1031, device="cuda")
+            args = {"kl_softmax": (x,), "kl_layernorm": (x, w, b, 1e-5), "kl_rmsnorm": (x, w, 1e-5)}[name]
+            ns[name].opcheck(*args)
     results = [ns["block_result"]] if "block_result" in ns else list(ns["block_results"].values())
     for r in results:
         assert {s.baseline for s in r.speedups} == {"PyTorch block", "PyTorch block, torch.compile"}
