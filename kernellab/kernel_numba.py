@@ -452,7 +452,7 @@ class NumbaKernel(Kernel):
 
     def _launch_gpu(self, grid, block, args, shared_bytes, stream, sync):
         _device.require_gpu(f"launching {self._name} on a GPU (set {self._name}.simulate = True to use the simulator)")
-        from .run.launch.launch import _launch_error, resolve_sync
+        from .run.launch.launch import RECENT_LAUNCHES, _launch_error, record_async, resolve_sync
 
         argtypes = self._types_for(args)
         dev = _device.device_info()
@@ -468,11 +468,14 @@ class NumbaKernel(Kernel):
             kernel.launch(values, cfg.grid, cfg.block, _core_stream(s), cfg.shared_bytes)
         except Exception as exc:
             raise _launch_error(exc, self._name, cfg, during="launch") from None
-        if resolve_sync(sync):
+        if resolve_sync(self.launch_blocking if sync is None else sync):
             try:
                 s.synchronize()
             except Exception as exc:
                 raise _launch_error(exc, self._name, cfg, during="run") from None
+            RECENT_LAUNCHES.clear()
+        else:
+            record_async(self._name, cfg)
 
     # -- reports --------------------------------------------------------------------------------------------
     def to_json(self, block_size: int | None = None) -> dict:
