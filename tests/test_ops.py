@@ -307,3 +307,44 @@ def test_the_tutorials_block_with_ops_matches_pytorch_and_compiles_in_one_graph(
             assert err < 1e-12, (ops, err)
             graph = torch._dynamo.explain(ours)(x)
             assert graph.graph_break_count == 0 and graph.graph_count == 1
+
+
+def test_a_backward_compiles_with_the_forward_in_one_graph():
+    def backward(ctx, gy, gs):
+        x, w = ctx.inputs
+        g = gy + gs[:, None].to(gy.dtype)
+        return g * w, (g * x).sum(0)
+
+    op = make_scale_rows(backward=backward)
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, dtype=torch.float64, requires_grad=True)
+
+    def loss(x, w):
+        y, s = op(x, w)
+        return (y.sin().sum() + s.double().sum()) * 2
+
+    torch._dynamo.reset()
+    got = torch.compile(loss, fullgraph=True, backend="aot_eager")(x, w)
+    gx, gw = torch.autograd.grad(got, (x, w))
+    want_x, want_w = torch.autograd.grad(((x * w).sin().sum() + (x * w).sum()) * 2, (x, w))
+    torch.testing.assert_close(gx, want_x, rtol=1e-5, atol=1e-5)        # s is float32: its gradient rounds there
+    torch.testing.assert_close(gw, want_w, rtol=1e-5, atol=1e-5)
+
+
+def test_kernellab_synchronize_names_the_launches_that_did_not_wait(monkeypatch):
+    from kernellab.errors import LaunchError
+
+    L.RECENT_LAUNCHES.clear()
+    cfg = L.LaunchConfig((4, 1, 1), (128, 1, 1))
+    L.record_async("softmax_rows", cfg); line = __import__("inspect").currentframe().f_lineno   # noqa: E702
+    assert L.recent_launches()[0].line == line and L.recent_launches()[0].filename == __file__
+
+    def faulted(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(torch.cuda, "synchronize", faulted)
+    with pytest.raises(LaunchError, match=r"softmax_rows faulted \(CUDA error: an illegal memory access") as info:
+        kernellab.synchronize()
+    assert info.value.sticky and f"test_ops.py, line {line}" in str(info.value) and "restart" in str(info.value)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    kernellab.synchronize()
+    assert L.recent_launches() == ()
