@@ -54,7 +54,7 @@ def test_the_notebooks_stub_fails_without_raising(ex_id, source):
     exec(compile(source, filename, "exec"), namespace)
     r = kernellab.grade(ex_id, namespace[ex.kernel], seed=0)
     assert not r.passed and r.complete, str(r)
-    assert [f.kind for f in r.findings] == ["unwritten", "no_store"], str(r)
+    assert [f.kind for f in r.findings] == ["no_store", "unwritten"], str(r)     # the cause, then the symptom
 
 
 def _line(path: pathlib.Path, text: str) -> int:
@@ -87,6 +87,20 @@ def test_a_missing_barrier_is_a_race_between_the_lines_it_separates(key):
         f"between cell line {max(first, second)} and line {min(first, second)}" in race.message, race.message
     assert race.cell_line in (first, second) and race.where.endswith("(simulator)")
     assert "syncthreads" in race.hint
+
+
+def test_a_missing_barrier_is_diagnosed_cause_first_in_numbas_words():
+    """00-flip without its barrier: the race between the two lines first, then the missing `cuda.syncthreads()`
+    (Numba's name, not CUDA C++'s), then the wrong values, whose hint points back at the race."""
+    [v] = [v for v in variants("00-flip") if v.name == "no_barrier"]
+    r = kernellab.grade("00-flip", load_kernel(exercise("00-flip"), v.path), seed=3)
+    kinds = [f.kind for f in r.findings]
+    assert kinds[:2] == ["race", "missing_barrier"] and "wrong_values" in kinds[2:], str(r)
+    missing = r.findings[1]
+    assert "`cuda.syncthreads()`" in missing.message and "__syncthreads" not in str(r), str(r)
+    values = r.findings[kinds.index("wrong_values")]
+    assert values.hint.startswith("the race above can give these values"), values.hint
+    assert str(r).index("race between cell line") < str(r).index("elements of `out` differ")
 
 
 # An atomic against a plain store of the same shared counter is a real race that compute-sanitizer's racecheck does

@@ -10,7 +10,9 @@ def autotune_plot(result, param: str | None = None, *, by: str | None = None, ax
     """Median time of each timed configuration against `param` (default: the entry that explains most of the
     variance, `result.parameter`), coloured by `by` (default: the next one); interquartile bars, the best starred,
     the baselines' medians as dashed lines. Returns the Figure."""
-    import matplotlib.pyplot as plt
+    import matplotlib
+
+    from kernellab.render.bench_html import new_figure
 
     timed = [r for r in result.rows if r.timed]
     if not timed:
@@ -25,7 +27,7 @@ def autotune_plot(result, param: str | None = None, *, by: str | None = None, ax
     elif by not in keys:
         raise KernellabError(f"by={by!r} is not an entry of the configurations; they have {', '.join(keys)}")
     if ax is None:
-        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        fig, ax = new_figure((6.4, 4.0))
     else:
         fig = ax.figure
 
@@ -35,7 +37,7 @@ def autotune_plot(result, param: str | None = None, *, by: str | None = None, ax
     groups: dict = {}
     for r in timed:
         groups.setdefault(r.config.get(by) if by else None, []).append(r)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     n = max(len(groups), 1)
     width = _spacing(list(pos.values())) * 0.5
     for g, (value, rows) in enumerate(sorted(groups.items(), key=lambda kv: _order(kv[0]))):

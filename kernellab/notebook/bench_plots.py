@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from kernellab.analysis.roofline import ROOF_LABELS, DeviceCeilings, datasheet_ceilings, ridge_point
 from kernellab.errors import KernellabError
-from kernellab.render.bench_html import _figure_png, bench_result_html, sweep_html, sweep_plot  # noqa: F401 (public here too)
+from kernellab.render.bench_html import (  # noqa: F401 (public here too)
+    _figure_png, bench_result_html, new_figure, sweep_html, sweep_plot)
 
 
 class RooflineError(KernellabError, ValueError):
@@ -27,14 +28,12 @@ def roofline(results, ceilings=None, *, ax=None, datasheet: bool = True, include
     Results without FLOPs (flops None or 0, or under one FLOP per 100 kB, e.g. a copy) have no place on a
     FLOP roofline: a note on the chart gives their GB/s instead.
     """
-    import matplotlib.pyplot as plt
-
     placed, unplaced = _points(results, include_baselines)
     device = (placed or unplaced)[0].device if placed or unplaced else ""
     ceil = _resolve_ceilings(ceilings, device)
     reference = datasheet_ceilings(ceil.device) if datasheet and ceil.source != "datasheet" else None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7.0, 5.0))
+        fig, ax = new_figure((7.0, 5.0))
     else:
         fig = ax.figure
     shown = [c for c in (ceil, reference) if c is not None]

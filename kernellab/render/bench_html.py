@@ -15,12 +15,10 @@ _METRIC_LABELS = {"ms": "median time (ms)", "tflops": "TFLOP/s", "gbps": "GB/s"}
 
 def sweep_plot(sweep, metric: str = "ms", ax=None):
     """Median of every function at each x, with its interquartile band; returns the Figure."""
-    import matplotlib.pyplot as plt
-
     if metric not in _METRIC_LABELS:
         raise KernellabError(f"metric must be one of {', '.join(_METRIC_LABELS)}, got {metric!r}")
     if ax is None:
-        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        fig, ax = new_figure((6.4, 4.0))
     else:
         fig = ax.figure
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in sweep.xs)
@@ -87,12 +85,24 @@ def bench_result_html(result) -> str:
             f'<div style="font-size:85%;color:#555">{esc(result.device)}: {esc(result.method)}</div></div>')
 
 
-def _figure_png(fig) -> str:
-    import matplotlib.pyplot as plt
+def new_figure(size):
+    """A Figure and its Axes, not registered with pyplot: returned from a cell it shows once (pyplot's inline
+    backend would show a pyplot figure a second time at the end of the cell), and nothing global is kept."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
+    fig = Figure(figsize=size)
+    FigureCanvasAgg(fig)                      # a canvas that can measure text (layout code asks it), as pyplot's does
+    return fig, fig.add_subplot()
+
+
+def _figure_png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
+    if getattr(fig.canvas, "manager", None) is not None:     # a pyplot figure the caller gave us: release it
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode("ascii")}"/>'
 
 

@@ -73,6 +73,17 @@ _SHARED_STORE = re.compile(r"\bSTS\b")
 _SHARED_LOAD = re.compile(r"\b(LDS|LDSM)\b")
 _BARRIER = re.compile(r"\bBAR\.(SYNC|RED|ARV)")
 
+# The order findings are shown in: the most specific cause first. A finding that names the cell lines (a race, an
+# out-of-bounds access, a barrier not every thread reaches) comes before what the compiled code lacks (no barrier,
+# no guard), and both before the symptoms (wrong or unwritten values), which then follow from the cause above.
+_CAUSE_FIRST = {"spec": 0, "internal": 0, "no_kernel": 0, "wrong_kind": 0, "signature": 0,
+                "race": 1, "barrier": 1, "uninitialized": 1, "out_of_bounds": 1, "misaligned": 1, "error": 1,
+                "fault": 2, "timeout": 2,
+                "unwritten": 4, "wrong_values": 4, "off_by_one": 4, "zero_output": 4, "input_copy": 4,
+                "launch_config": 4}          # anything else (compile-level findings): 3
+_BARRIER_KINDS = ("race", "barrier", "missing_barrier", "uninitialized")
+_SYMPTOMS = ("unwritten", "wrong_values", "off_by_one", "zero_output", "input_copy")
+
 
 class ExerciseError(KernellabError, KeyError):
     """No exercise of that id: the message lists the ids there are."""
@@ -118,9 +129,27 @@ class _Grading:
         self.checks.append(Check(what=what, passed=bool(ok), detail=detail))
         return bool(ok)
 
+    def ordered_findings(self) -> tuple[Finding, ...]:
+        """The findings, most specific cause first (_CAUSE_FIRST); where a barrier finding explains wrong values,
+        their hint says so instead of guessing at the index arithmetic."""
+        found = sorted(self.findings, key=lambda f: _CAUSE_FIRST.get(f.kind, 3))
+        cause = next((f for f in found if f.kind in _BARRIER_KINDS), None)
+        if cause is None:
+            return tuple(found)
+        what = {"race": "the race", "barrier": "the barrier error", "uninitialized": "the uninitialized read",
+                "missing_barrier": "the missing barrier"}[cause.kind]
+        return tuple(dataclasses.replace(f, hint=f"{what} above can give these values: fix it first, then grade "
+                                                 f"again (if they stay wrong: {f.hint})" if f.hint else
+                                         f"{what} above can give these values: fix it first, then grade again")
+                     if f.kind in _SYMPTOMS else f for f in found)
+
+    def barrier_name(self) -> str:
+        """The block barrier in the kernel's own language."""
+        return "cuda.syncthreads()" if self.ex.kind == "numba" else "__syncthreads()"
+
     def result(self) -> GradeResult:
         return GradeResult(exercise=self.ex.id, title=self.ex.title, kernel=self.kernel_name,
-                           passed=not self.findings, findings=tuple(self.findings), checks=tuple(self.checks),
+                           passed=not self.findings, findings=self.ordered_findings(), checks=tuple(self.checks),
                            complete=self.complete and not self.needs_gpu, needs_gpu=self.needs_gpu, speed=self.speed,
                            seed=self.seed, notes=tuple(self.notes))
 
@@ -270,7 +299,7 @@ class _Grading:
                                           f"in its SASS, and the task needs a shared-memory tile")
             if ex.needs_barrier:
                 if not self.check("has a barrier (BAR.SYNC)", _BARRIER.search(sass)):
-                    self.add("missing_barrier", f"`{k.name}` has no `__syncthreads()` (no BAR.SYNC in its SASS)")
+                    self.add("missing_barrier", f"`{k.name}` has no `{self.barrier_name()}` (no BAR.SYNC in its SASS)")
             for rule in ex.sass:
                 if not self.check(f"SASS has {rule.pattern}", re.search(rule.pattern, sass)):
                     self.add(rule.kind, f"`{k.name}`: {rule.message}")
