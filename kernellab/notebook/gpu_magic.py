@@ -6,7 +6,8 @@
 
 Run All on a laptop then reaches the end of a tutorial: every cell that compiles, draws or analyses still runs, and
 each GPU cell says in one line that it was skipped and why. `%%gpu --skip-note "figures below are from an H100"`
-adds a sentence to that line.
+adds a sentence to that line. A tutorial's own `%%gpu` cell, unedited, shows below that line the outputs it had on
+the GPU the tutorial was recorded on (kernellab/notebook/recorded.py), so Run All without a GPU keeps them.
 """
 from __future__ import annotations
 
@@ -30,6 +31,33 @@ def skipped_bundle(reason: str, note: str | None = None) -> dict:
     return {"text/plain": text,
             "text/html": f"<div style='color:#777;font-style:italic'>&#9197; {report.esc(text)}</div>",
             SKIP_MIME: {"reason": reason, "note": note}}
+
+
+def recorded_bundle(reason: str, device: str, date: str, note: str | None = None) -> dict:
+    """The label above a skipped cell's recorded outputs: where and when they were recorded, and why not here."""
+    from .. import report
+
+    text = (f"recorded on {device}, {date}; no GPU here ({reason}), so this cell was not run: its outputs below "
+            f"are the recorded ones")
+    if note:
+        text += f". {note}"
+    return {"text/plain": text,
+            "text/html": "<div class='kernellab-recorded' style='color:#777;font-style:italic;font-size:90%'>"
+                         f"&#9197; {report.esc(text)}</div>",
+            SKIP_MIME: {"reason": reason, "note": note, "recorded": {"device": device, "date": date}}}
+
+
+def show_recorded(outputs: list[dict]) -> None:
+    """Show recorded outputs again as they were: streams to their stream, displays and results as displays."""
+    import sys
+
+    for out in outputs:
+        if out["output_type"] == "stream":
+            stream = sys.stderr if out.get("name") == "stderr" else sys.stdout
+            stream.write(out["text"])
+            stream.flush()
+        else:
+            display(out["data"], metadata=out.get("metadata") or None, raw=True)
 
 
 def run_python(shell, cell: str):
@@ -67,6 +95,14 @@ class GpuMagics(Magics):
             note = note[1:-1]
         ok, reason = gpu_status()
         if not ok:
-            display(skipped_bundle(reason, note), raw=True)
+            from .recorded import lookup
+
+            found = lookup(line, cell)
+            if found is None:
+                display(skipped_bundle(reason, note), raw=True)
+                return None
+            outputs, device, date, _ = found
+            display(recorded_bundle(reason, device, date, note), raw=True)
+            show_recorded(outputs)
             return None
         return run_python(self.shell, cell)
