@@ -429,6 +429,25 @@ def test_explorer_takes_a_kernel():
         (256, 72, 4224, "sm_90")
 
 
+def test_explorer_shows_the_shared_memory_the_kernels_card_shows(tmp_cache):
+    """1032 B declared (a float[258] tile): the slider's grid holds 1032 (a slider snaps its value to min + k * step,
+    which showed 1024 with 128 B steps); the reasons say what the block is allocated (rounded up, plus the
+    reservation)."""
+    import kernellab
+    from kernellab.notebook.occupancy_widget import occupancy_explorer
+    k = kernellab.compile_cuda("__global__ void k(float* x) { __shared__ float t[258]; t[threadIdx.x] = x[0]; "
+                               "__syncthreads(); x[threadIdx.x] = t[257 - threadIdx.x]; }", arch="sm_90").k
+    assert k.resources.shared_bytes == 1032 == k.to_json()["shared_bytes"]
+    ex = occupancy_explorer(k)
+    slider = ex.shared_slider
+    assert slider.value == 1032 and (slider.value - slider.min) % slider.step == 0 and slider.step == 8
+    assert "1032 B + 1024 B reserved -> 2176 B/block" in ex.result.reasons()["shared_memory"]
+    assert "declared" in slider.description
+    ex.arch_dropdown.value = "sm_80"
+    assert (slider.value - slider.min) % slider.step == 0
+    assert occupancy_explorer(256, 32, 0).shared_slider.step == 128
+
+
 # ---------------------------------------------------------------- cross-check: cuda_occupancy.h on the host
 
 _ORACLE = r"""

@@ -6,7 +6,7 @@ import {
   IEditorExtensionRegistry,
   IEditorLanguageRegistry
 } from '@jupyterlab/codemirror';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Language, syntaxHighlighting } from '@codemirror/language';
@@ -14,6 +14,7 @@ import { classHighlighter } from '@lezer/highlight';
 
 import { cudaCells } from './cuda/language';
 import { cellDiagnostics } from './diagnostics/gutter';
+import { keepCleanOnKernelMetadata } from './notebook/clean';
 import { NotebookDiagnosticsHost } from './diagnostics/host';
 import { reportRendererFactory } from './report/widget';
 import { GpuStatusModel } from './status/model';
@@ -86,4 +87,23 @@ const status: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [cells, renderers, status];
+/** An untouched notebook stays unmodified when its kernel connects (see notebook/clean.ts). */
+const clean: JupyterFrontEndPlugin<void> = {
+  id: PLUGIN_ID.clean,
+  description: "Keeps an unmodified notebook unmodified when its kernel's spec and language info are written.",
+  autoStart: true,
+  requires: [INotebookTracker],
+  activate: (_app: JupyterFrontEnd, tracker: INotebookTracker): void => {
+    const watch = (panel: NotebookPanel) => {
+      if (panel.model) {
+        keepCleanOnKernelMetadata(panel.model);
+      } else {
+        void panel.context.ready.then(() => panel.model && keepCleanOnKernelMetadata(panel.model));
+      }
+    };
+    tracker.forEach(watch);
+    tracker.widgetAdded.connect((_, panel) => watch(panel));
+  }
+};
+
+export default [cells, renderers, status, clean];

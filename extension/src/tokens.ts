@@ -16,7 +16,8 @@ export const CUDA_LANGUAGE_NAME = 'cuda';
 export const PLUGIN_ID = {
   cells: 'kernellab-jupyter:cuda-cells',
   report: 'kernellab-jupyter:report',
-  status: 'kernellab-jupyter:gpu-status'
+  status: 'kernellab-jupyter:gpu-status',
+  clean: 'kernellab-jupyter:clean-on-open'
 } as const;
 
 /** Renderer ranks: lower wins, and text/html is 50, so the designed panel is preferred over the HTML fallback. */

@@ -1,5 +1,5 @@
 import { IReport, reportDiagnostics, renderReport } from '../src/report/render';
-import { formatBytes, formatMs, formatNumber, formatPercent } from '../src/report/format';
+import { formatBytes, formatExactBytes, formatMs, formatNumber, formatPercent } from '../src/report/format';
 
 // Reports made by the real Python side: `python tests/browser/report_fixtures.py --write` regenerates them.
 import fixtures from './fixtures/reports.json';
@@ -14,6 +14,7 @@ describe('formatting', () => {
   it('writes units and a dash for missing values', () => {
     expect(formatBytes(0)).toBe('0 B');
     expect(formatBytes(4224)).toBe('4.13 KiB');
+    expect(formatExactBytes(1032)).toBe('1,032 B');       // a block's shared memory: every byte counts
     expect(formatBytes(80 * 2 ** 30)).toBe('80 GiB');
     expect(formatMs(0.0123456)).toBe('0.0123 ms');
     expect(formatMs(null)).toBe('—');
@@ -214,5 +215,21 @@ describe('other kinds', () => {
     expect(text(node.querySelector('.kl-Report-kind'))).toBe('Shared-memory banks');
     expect(all(node, '.kl-Fields dt')).toEqual(['wavefronts', 'ideal_wavefronts']);
     expect(all(node, '.kl-Generic thead th')).toEqual(['bank', 'ways']);
+  });
+
+  it('give every field a value, and integers in full (a grade without a GPU)', () => {
+    // kernellab.grade's to_json for a Numba kernel graded completely in the simulator: needs_gpu is empty.
+    const node = renderReport({ kind: 'grade', version: 1, title: '00-flip · Shared memory (flip): PASSED',
+      exercise: '00-flip', kernel: 'flip', passed: true, complete: true, verdict: 'passed', needs_gpu: '',
+      findings: [], checks: [{ check: 'racecheck', passed: true, detail: 'clean' }], speed: null,
+      seed: 125000000, notes: [] });
+    const labels = all(node, '.kl-Fields dt');
+    const values = all(node, '.kl-Fields dd');
+    expect(labels).toEqual(['exercise', 'kernel', 'passed', 'complete', 'verdict', 'needs_gpu', 'seed']);
+    expect(values.length).toBe(labels.length);
+    expect(values.every(v => v !== '')).toBe(true);
+    expect(values[labels.indexOf('needs_gpu')]).toBe('—');
+    expect(values[labels.indexOf('seed')]).toBe('125000000');
+    expect(values[labels.indexOf('verdict')]).toBe('passed');
   });
 });

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 
 import ipywidgets as widgets
 
@@ -45,10 +46,13 @@ class OccupancyExplorer(widgets.VBox):
                                                    description="threads/block", style=style, layout=layout)
         self.registers_slider = widgets.IntSlider(value=registers, min=0, max=spec.max_registers_per_thread,
                                                   description="registers/thread", style=style, layout=layout)
+        # The shared memory a block declares (static + dynamic: what ptxas and the kernel's card report), not what
+        # it is allocated (that, rounded up to the allocation unit with the system's reservation, is in the
+        # verdict's reasons). The slider's grid holds the kernel's own figure: a slider snaps to min + k * step.
         self.shared_slider = widgets.IntSlider(value=shared_bytes, min=0,
                                                max=spec.shared_memory_per_block_optin_bytes,
-                                               step=spec.shared_memory_allocation_unit_bytes,
-                                               description="shared bytes/block", style=style, layout=layout)
+                                               step=_shared_step(spec, shared_bytes),
+                                               description="shared B/block declared", style=style, layout=layout)
         self.summary = widgets.HTML()
         self.image = widgets.Image(format="png")
         self.result: Occupancy = occupancy(block_size, registers, shared_bytes, spec, carveout=carveout)
@@ -78,7 +82,7 @@ class OccupancyExplorer(widgets.VBox):
         try:
             self.block_size_slider.max = self._block_max(spec)
             self.registers_slider.max = spec.max_registers_per_thread
-            self.shared_slider.step = spec.shared_memory_allocation_unit_bytes
+            self.shared_slider.step = _shared_step(spec, self.shared_slider.value)
             self.shared_slider.max = spec.shared_memory_per_block_optin_bytes  # clamps the value if it was larger
         finally:
             self._rescaling = False
@@ -111,6 +115,12 @@ class OccupancyExplorer(widgets.VBox):
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=self._dpi)
         self.image.value = buf.getvalue()
+
+
+def _shared_step(spec, shared_bytes: int) -> int:
+    """The shared slider's step: the allocation unit, or a divisor of it on which `shared_bytes` lies (1032 B with
+    128 B units: 8), so that the slider shows the kernel's 1032 B rather than snapping to 1024."""
+    return math.gcd(spec.shared_memory_allocation_unit_bytes, int(shared_bytes)) or spec.shared_memory_allocation_unit_bytes
 
 
 def occupancy_explorer(block_size=256, registers=32, shared_bytes=0, arch="sm_90", *, carveout=None) -> OccupancyExplorer:

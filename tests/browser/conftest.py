@@ -66,7 +66,14 @@ def lab(tmp_path_factory):
         path.write_text(json.dumps(values))
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-               IPYTHONDIR=str(home / "ipython"), KERNELLAB_CACHE_DIR=str(home / "cache"), MPLBACKEND="Agg")
+               IPYTHONDIR=str(home / "ipython"), KERNELLAB_CACHE_DIR=str(home / "cache"), MPLBACKEND="Agg",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    built = ROOT / "kernellab" / "labextension"
+    if (built / "package.json").exists():     # this checkout's build first (JUPYTER_PATH precedes the venv's)
+        data = home / "data"
+        (data / "labextensions").mkdir(parents=True)
+        (data / "labextensions" / "kernellab-jupyter").symlink_to(built.resolve())
+        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(data), os.environ.get("JUPYTER_PATH")) if p)
     log = open(home / "lab.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",

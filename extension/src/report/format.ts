@@ -44,6 +44,11 @@ export function formatBytes(x: unknown): string {
   return unit === 0 ? `${Math.round(value)} B` : `${formatNumber(value)} ${units[unit]}`;
 }
 
+/** Bytes exactly, where the last byte matters (a block's shared memory): `1,032 B`, not `1.01 KiB`. */
+export function formatExactBytes(x: unknown): string {
+  return isNumber(x) ? `${formatCount(x)} B` : MISSING;
+}
+
 /** Milliseconds: `0.0123 ms`, `12.3 ms`, `1,234 ms`. */
 export function formatMs(x: unknown): string {
   return isNumber(x) ? `${formatNumber(x)} ms` : MISSING;

@@ -8,6 +8,7 @@ import {
   MISSING,
   formatBytes,
   formatCount,
+  formatExactBytes,
   formatMs,
   formatNumber,
   formatPercent,
@@ -228,7 +229,13 @@ function kernelCard(k: Record<string, unknown>): HTMLElement {
       'div',
       'kl-Stats',
       stat('Registers', formatCount(k.registers), undefined, 'registers per thread'),
-      stat('Shared', formatBytes(k.shared_bytes), undefined, 'static shared memory per block'),
+      stat(
+        'Shared',
+        formatExactBytes(k.shared_bytes),
+        undefined,
+        'static shared memory the block declares (as ptxas reports it); the block is allocated this rounded up to ' +
+          "the allocation unit, plus the system's reservation (see the occupancy explorer's reasons)"
+      ),
       stat('Local', formatBytes(k.local_bytes), local > 0 ? 'warn' : undefined, 'local memory (stack) per thread'),
       stat(
         'Spills',
@@ -631,6 +638,17 @@ function renderBench(report: IReport): HTMLElement {
   );
 }
 
+/**
+ * A scalar field's text: an integer in full, as it can be typed back (a seed of 125000000, not 1.25e+8), other
+ * numbers to three digits, and a dash for an empty string (an empty value would leave its row without text).
+ */
+export function fieldValue(v: unknown): string {
+  if (typeof v === 'number') {
+    return Number.isSafeInteger(v) ? String(v) : formatNumber(v);
+  }
+  return v === '' ? MISSING : String(v);
+}
+
 /** Any other kind: its scalar fields as a definition list, arrays of records as tables. */
 function renderGeneric(report: IReport): HTMLElement {
   const skip = new Set(['kind', 'version', 'title']);
@@ -652,11 +670,7 @@ function renderGeneric(report: IReport): HTMLElement {
         )
       );
     });
-  const list = h(
-    'dl',
-    'kl-Fields',
-    ...scalars.flatMap(([k, v]) => [h('dt', null, k), h('dd', null, typeof v === 'number' ? formatNumber(v) : String(v))])
-  );
+  const list = h('dl', 'kl-Fields', ...scalars.flatMap(([k, v]) => [h('dt', null, k), h('dd', null, fieldValue(v))]));
   return frame(report, [], scalars.length ? list : null, ...tables);
 }
 

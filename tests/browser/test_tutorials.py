@@ -1,0 +1,110 @@
+"""The tutorials as a learner meets them in Lab without a GPU: opening one leaves it unmodified, Run All keeps the
+GPU results recorded in it (on the page and on disk), and a fresh notebook shows kernellab's plots."""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shutil
+
+import pytest
+
+from .test_lab_extension import _cell, _command, _open_with_cells, _run, _wait_idle
+
+pytestmark = pytest.mark.slow
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _open_tutorial(page, lab, name: str):
+    base, token, root = lab
+    shutil.copy(ROOT / "notebooks" / name, root / name)
+    page.goto(f"{base}/lab/workspaces/{name.removesuffix('.ipynb')}/tree/{name}?reset&token={token}")
+    page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for()
+    _wait_idle(page)
+    return root / name
+
+
+def _dirty(page) -> bool:
+    return page.locator(".jp-NotebookPanel.jp-mod-dirty, .lm-TabBar-tab.jp-mod-dirty").count() > 0
+
+
+def test_opening_a_tutorial_leaves_it_unmodified(page, lab, artifacts):
+    _open_tutorial(page, lab, "03-reductions-softmax.ipynb")
+    page.wait_for_timeout(3000)                 # renderers, the status item, the editor's language: all settled
+    assert not _dirty(page)
+
+
+@pytest.mark.parametrize("name", ["05-matmul.ipynb"])
+def test_opening_a_tutorial_with_widget_state_leaves_it_unmodified(page, lab, name):
+    _open_tutorial(page, lab, name)
+    page.wait_for_timeout(3000)
+    assert not _dirty(page)
+
+
+def _gpu_cells(nb: dict) -> list[int]:
+    return [i for i, c in enumerate(nb["cells"])
+            if c["cell_type"] == "code" and "".join(c["source"]).startswith("%%gpu") and c["outputs"]]
+
+
+def test_run_all_without_a_gpu_keeps_the_recorded_gpu_outputs(page, lab, artifacts):
+    name = "03-reductions-softmax.ipynb"
+    committed = json.loads((ROOT / "notebooks" / name).read_text())
+    gpu = _gpu_cells(committed)
+    code = [i for i, c in enumerate(committed["cells"]) if c["cell_type"] == "code"]
+    path = _open_tutorial(page, lab, name)
+    _cell(page, 0).click()
+    _command(page, "Run All Cells")
+    last = _cell(page, code[-1])
+    last.locator(".jp-InputArea-prompt").get_by_text(re.compile(r"\[\d+\]")).wait_for(timeout=300_000)
+    _wait_idle(page)
+
+    # On the page: each %%gpu cell says where its outputs were recorded, and shows them (the roofline's image).
+    labels = page.locator(".kernellab-recorded")
+    assert labels.count() == len(gpu)
+    labels.first.scroll_into_view_if_needed()
+    assert labels.first.text_content().startswith("⏭ recorded on NVIDIA H100 80GB HBM3, 2026-11-27; no GPU here")
+    roofline = _cell(page, next(i for i in gpu if any("image/png" in o.get("data", {})
+                                                      for o in committed["cells"][i]["outputs"])))
+    roofline.scroll_into_view_if_needed()
+    assert roofline.locator(".jp-OutputArea-output img").count() >= 1
+    roofline.screenshot(path=str(artifacts / "recorded-gpu-outputs.png"))
+
+    # On disk, once saved: every recorded output item is still there, unchanged.
+    page.keyboard.press("Control+s")
+    page.wait_for_function("() => !document.querySelector('.jp-NotebookPanel.jp-mod-dirty')", timeout=30_000)
+    page.wait_for_timeout(1000)
+    saved = json.loads(path.read_text())
+    for i in gpu:
+        before, after = committed["cells"][i]["outputs"], saved["cells"][i]["outputs"]
+        shown = [o["data"] for o in after if "data" in o]
+        for o in before:
+            if "data" in o:
+                assert o["data"] in shown, (i, sorted(o["data"]))
+        for stream in ("stdout", "stderr"):
+            text = lambda outs: "".join("".join(o["text"]) for o in outs
+                                        if o["output_type"] == "stream" and o["name"] == stream)
+            assert text(before) == text(after), (i, stream)
+
+
+PLOT_CELLS = ["%load_ext kernellab",
+              "import kernellab\nkernellab.plot_occupancy(256, registers=32, shared_bytes=1032)",
+              "%%cuda\n__global__ void flip(float* x) {\n    __shared__ float t[258];\n    t[threadIdx.x] = x[0];\n"
+              "    __syncthreads();\n    x[threadIdx.x] = t[257 - threadIdx.x];\n}",
+              "kernellab.occupancy_explorer(flip)"]
+
+
+def test_a_fresh_notebook_shows_plots_and_the_explorer_agrees_with_the_card(page, lab, artifacts):
+    _open_with_cells(page, lab, "fresh.ipynb", PLOT_CELLS)
+    for i in range(len(PLOT_CELLS)):
+        _run(page, _cell(page, i), i + 1)
+    plot = _cell(page, 1)
+    plot.locator(".jp-OutputArea-output img").wait_for()
+    assert "<Figure" not in plot.locator(".jp-OutputArea").inner_text()
+    plot.screenshot(path=str(artifacts / "fresh-notebook-plot.png"))
+    card = _cell(page, 2).locator(".kl-Stat", has_text="Shared")
+    assert card.locator(".kl-Stat-value").inner_text() == "1,032 B"
+    explorer = _cell(page, 3)
+    slider = explorer.locator(".widget-slider", has_text="declared")
+    slider.wait_for()
+    assert slider.locator(".widget-readout").inner_text().strip() == "1032"
