@@ -68,6 +68,7 @@ class NumbaKernel(Kernel):
         self.module = module
         self._name = name or fn.__name__
         self.notes: list[str] = []
+        self.on_signature: list = []   # called with the kernel once its signature (and resources) are known
         if arch is None:
             arch, note = _default_arch()
             if note:
@@ -164,7 +165,14 @@ class NumbaKernel(Kernel):
                                                first_line=self._first_line)
             self._sass = self._source_view = None
             self.notes.extend(n for n in self._compiled.notes if n not in self.notes)
+        first = self._argtypes is None
         self._argtypes = tuple(argtypes)
+        if first:
+            for callback in tuple(self.on_signature):
+                try:
+                    callback(self)
+                except Exception:      # a display's refresh must never fail a launch
+                    pass
 
     def _refresh_globals(self) -> None:
         """Recompile if a module global (or closure variable) the kernel reads was rebound since it was compiled.
@@ -641,8 +649,17 @@ class NumbaModule(KernelCollection):
         return {"kind": "compile", "version": 1, "ok": True, "backend": "numba",
                 "title": f"{self.name or 'numba'}: {n} kernel{'s' if n != 1 else ''}", "arch": self.arch,
                 "simulate": self.simulate, "compile_ms": round(self.compile_ms, 2), "wall_ms": round(self.wall_ms, 2),
-                "notes": list(self.notes) + [n for k in self.kernels for n in k.notes if n not in self.notes],
+                "notes": list(self.notes) + [n for k in self.kernels for n in k.notes if n not in self.notes]
+                + self._pending_notes(),
                 "diagnostics": [], "kernels": [k.to_json() for k in self.kernels]}
+
+    def _pending_notes(self) -> list[str]:
+        """Which kernels wait for their first launch to be compiled (none, once each has run)."""
+        pending = [k.name for k in self.kernels if k.pending]
+        if not pending:
+            return []
+        return [f"{', '.join(pending)}: no signature yet; compiled (and resources shown) at the first launch, or "
+                f"give --signature 'NAME: float32[::1], int32'"]
 
     def _rows(self, html: bool):
         rows = []
@@ -772,10 +789,6 @@ def numba_module(source: str, *, signatures=None, arch: str | None = None, simul
 
         notes.append(f"launches run in Numba's CUDA simulator ({sim_reason}): some {SIMULATED_THREADS_PER_S:,} "
                      f"threads per second, so keep sizes small; resources are what ptxas reports for {arch}")
-    pending = [k.name for k in ordered if k.pending]
-    if pending:
-        notes.append(f"{', '.join(pending)}: no signature yet; compiled (and resources shown) at the first launch, "
-                     f"or give --signature 'NAME: float32[::1], int32'")
     if not ordered:
         notes.append("no @cuda.jit kernel in this cell (device functions are compiled into the kernels that call "
                      "them; mark plain functions with --kernel NAME)")

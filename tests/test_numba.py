@@ -590,7 +590,7 @@ def test_magic_binds_kernels_and_shows_a_card(ip):
     result = _run(ip, f"%%numba --arch sm_90 --sim --signature 'vadd: {VADD_SIG}' --name mod\n" + SOURCE)
     assert result.success, result.error_in_exec
     mod = ip.user_ns["mod"]
-    assert result.result is mod
+    assert result.result is None     # local_sum waits for its first launch: the card is a display it updates
     for name in ("vadd", "transpose", "local_sum"):
         assert isinstance(ip.user_ns[name], kernellab.Kernel)
     assert ip.user_ns["vadd"].numba_signature == VADD_SIG
@@ -655,7 +655,7 @@ def test_magic_marks_plain_functions_as_kernels(ip):
     result = _run(ip, "%%numba --sim --kernel fill2,fill3\ndef fill2(a, v):\n    a[cuda.grid(1)] = v\n"
                       "def fill3(a):\n    a[cuda.grid(1)] = 3\n")
     assert result.success, result.error_in_exec
-    assert [k.name for k in result.result] == ["fill2", "fill3"]
+    assert [ip.user_ns[n].name for n in ("fill2", "fill3")] == ["fill2", "fill3"]
     out = np.zeros(4, np.float32)
     ip.user_ns["fill2"][1, 4](out, 2.5)
     assert (out == 2.5).all()
@@ -669,6 +669,10 @@ def test_magic_banks_traces_a_launch_per_cell_line(ip, capsys):
     assert result.success, result.error_in_exec
     trace = ip.user_ns["tile_t"].last_trace
     assert trace.line(9, kind="load").ways == 32  # the %%numba line is 1: `out[y, x] = tile[x, y]` is line 9
+    # The report names the cell, not the name IPython gives the cell's code (ipykernel: a temporary file path).
+    assert {row["filename"] for row in trace.to_json()["lines"]} == {"cell"}
+    from kernellab.run.simtrace import shown_filename
+    assert shown_filename("/tmp/ipykernel_4242/3141592653.py") == "cell" and shown_filename(__file__) == __file__
     assert "32-way" in capsys.readouterr().out
     # --banks alone: the next launch returns its trace
     assert _run(ip, "%%numba --sim --banks\nfrom numba import float32\n" + TRANSPOSE_TILE.format(width=33)).success
@@ -687,6 +691,34 @@ def test_magic_ptx_and_sass(ip, capsys):
     header = next(line for line in out.splitlines() if line.split()[:3] == ["line", "source", "SASS"])
     assert header.split()[3:] == ["global", "ld", "global", "st", "FFMA"]
     assert row.split("c[i] = square(a[i]) + b[i]")[1].split()[1:] == ["2", "1", "1"]   # SASS count, then the classes
+
+
+def test_magic_card_of_a_kernel_without_signature_updates_at_its_first_launch(ip, monkeypatch):
+    """The card shows dashes until the first launch gives the types; then ptxas's registers and shared memory replace
+    them in the same display (its display_id), and the "no signature yet" note goes."""
+    published = []
+    monkeypatch.setattr(ip.display_pub, "publish",
+                        lambda data, metadata=None, transient=None, update=False, **kw:
+                        published.append((data, (transient or {}).get("display_id"), update)))
+    cell = ("%%numba --sim\nfrom numba import float32\n@cuda.jit\ndef flip32(x):\n"
+            "    t = cuda.shared.array(32, float32)\n    t[cuda.threadIdx.x] = x[cuda.threadIdx.x]\n"
+            "    cuda.syncthreads()\n    x[cuda.threadIdx.x] = t[31 - cuda.threadIdx.x]\n")
+    assert _run(ip, cell).success
+    [(first, display_id, update)] = [p for p in published if "application/vnd.kernellab.report+json" in p[0]]
+    card = first["application/vnd.kernellab.report+json"]["kernels"][0]
+    assert display_id and not update and card["pending"] and card["registers"] is None
+    x = np.arange(32, dtype=np.float32)
+    ip.user_ns["x32"] = x
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SimulatorNotice)
+        assert ip.run_cell("flip32[1, 32](x32)").success
+    assert (x == np.arange(32)[::-1]).all()
+    updates = [p for p in published if p[2] and "application/vnd.kernellab.report+json" in p[0]]
+    assert len(updates) == 1 and updates[0][1] == display_id
+    report = updates[0][0]["application/vnd.kernellab.report+json"]
+    card = report["kernels"][0]
+    assert not card["pending"] and card["registers"] > 0 and card["shared_bytes"] == 128
+    assert not any("no signature yet" in n for n in report["notes"])
 
 
 def test_magic_usage_errors(ip):

@@ -81,6 +81,7 @@ class NumbaMagics(Magics):
         `cuda` (numba.cuda) is available in the cell. Launch a kernel with k[grid, block](args...): on a GPU with
         torch CUDA tensors or CuPy arrays (zero copy), in the simulator (no GPU, or --sim) with NumPy arrays or torch
         tensors. The card shows registers, shared memory, spills and occupancy per kernel (for --arch, from ptxas).
+        A kernel without --signature is compiled at its first launch, which updates the card in place.
         Compile errors point at cell lines (this line is line 1); exceptions in simulated kernels name the thread,
         the block and the cell line. A function whose only parameter is `cuda` is a kernel factory (GPU-Puzzles'
         style: `def map_test(cuda): def call(out, a): ...; return call`): it is bound as a kernel, compiled with
@@ -124,6 +125,14 @@ class NumbaMagics(Magics):
             else:
                 display(self._traced_launch(module, launch))
         refresh_status()
+        if any(k.pending for k in module.kernels):
+            # The card is shown as a display that the first launch of each kernel updates: its registers, shared
+            # memory and occupancy (ptxas's, for the launch's types) replace the dashes in place.
+            handle = display(module, display_id=True)
+            for k in module.kernels:
+                if k.pending and handle is not None:
+                    k.on_signature.append(lambda _k, h=handle, m=module: h.update(m))
+            return None
         return module
 
     def _cell_filename(self, line: str, cell: str) -> str:

@@ -91,12 +91,18 @@ PLOT_CELLS = ["%load_ext kernellab",
               "import kernellab\nkernellab.plot_occupancy(256, registers=32, shared_bytes=1032)",
               "%%cuda\n__global__ void flip(float* x) {\n    __shared__ float t[258];\n    t[threadIdx.x] = x[0];\n"
               "    __syncthreads();\n    x[threadIdx.x] = t[257 - threadIdx.x];\n}",
-              "kernellab.occupancy_explorer(flip)"]
+              "kernellab.occupancy_explorer(flip)",
+              "%%numba --sim\nfrom numba import float32\n@cuda.jit\ndef flip32(x):\n"
+              "    t = cuda.shared.array(32, float32)\n    t[cuda.threadIdx.x] = x[cuda.threadIdx.x]\n"
+              "    cuda.syncthreads()\n    x[cuda.threadIdx.x] = t[31 - cuda.threadIdx.x]",
+              "import numpy as np\nx = np.arange(32, dtype=np.float32)\nflip32[1, 32](x)\nx[:3]"]
 
 
-def test_a_fresh_notebook_shows_plots_and_the_explorer_agrees_with_the_card(page, lab, artifacts):
+def test_a_fresh_notebook_shows_plots_cards_and_notes(page, lab, artifacts):
+    """A plot without `%matplotlib inline`; the explorer's shared memory as the card's; a `%%numba --sim` card
+    filled in by the kernel's first launch; the simulator's notice as a quiet note, not a stderr box."""
     _open_with_cells(page, lab, "fresh.ipynb", PLOT_CELLS)
-    for i in range(len(PLOT_CELLS)):
+    for i in range(len(PLOT_CELLS) - 1):            # all but the launch
         _run(page, _cell(page, i), i + 1)
     plot = _cell(page, 1)
     plot.locator(".jp-OutputArea-output img").wait_for()
@@ -108,3 +114,16 @@ def test_a_fresh_notebook_shows_plots_and_the_explorer_agrees_with_the_card(page
     slider = explorer.locator(".widget-slider", has_text="declared")
     slider.wait_for()
     assert slider.locator(".widget-readout").inner_text().strip() == "1032"
+
+    numba_card = _cell(page, 4).locator(".kl-Report--compile")
+    registers = numba_card.locator(".kl-Stat", has_text="Registers").locator(".kl-Stat-value")
+    assert registers.inner_text() == "—"
+    launch = _cell(page, 5)
+    _run(page, launch, 6)
+    launch.locator(".kernellab-note").wait_for()
+    assert "runs in Numba's CUDA simulator" in launch.locator(".kernellab-note").inner_text()
+    assert launch.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+    page.wait_for_function("el => el.innerText.trim() !== '—'", arg=registers.element_handle(), timeout=10_000)
+    assert int(registers.inner_text()) > 0
+    assert numba_card.locator(".kl-Stat", has_text="Shared").locator(".kl-Stat-value").inner_text() == "128 B"
+    _cell(page, 4).screenshot(path=str(artifacts / "numba-card-after-launch.png"))

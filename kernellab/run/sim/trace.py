@@ -214,7 +214,7 @@ class SharedTrace:
             "unmodelled": self.unmodelled,
             "lines": [
                 {
-                    "filename": s.filename,
+                    "filename": shown_filename(s.filename),
                     "line": s.line,
                     "source": s.source,
                     "kind": s.kind,
@@ -239,6 +239,14 @@ class SharedTrace:
             ],
             "notes": list(self.notes),
         }
+
+
+def shown_filename(filename: str) -> str:
+    """A source file's name as a reader knows it: "cell" for a notebook cell (IPython names a cell's code by a
+    temporary file that is not on disk, or `<...>`), else the path."""
+    if filename.startswith("<") or not os.path.isfile(filename):
+        return "cell"
+    return filename
 
 
 def trace_shared(kernel, grid, block, *args, line_offset: int = 0, dynamic_smem_bytes: int = 0) -> SharedTrace:
