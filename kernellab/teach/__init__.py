@@ -2,7 +2,7 @@
 
 Each tutorial's exercises live in one module here, `ex<NN>_<name>.py` (e.g. ex01_first_kernel.py), and register
 themselves on import with `register(Exercise(...))`; `exercises()` and `grade()` import every such module first.
-How to add one: docs/EXERCISES.md. What a grader runs: kernellab/teach/grader.py.
+How to add one: docs/AUTHORING-EXERCISES.md. What a grader runs: kernellab/teach/grader.py.
 """
 from __future__ import annotations
 

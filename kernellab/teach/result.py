@@ -120,6 +120,8 @@ class GradeResult:
         if self.speed is not None:
             lines.append(f"  {self.speed}")
         lines += [f"  note: {n}" for n in self.notes]
+        if self.seed is not None:
+            lines.append(f"  inputs: seed={self.seed} (grade again with seed={self.seed} for the same inputs)")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -145,6 +147,9 @@ class GradeResult:
         if self.speed is not None:
             out.append(f"<div style='color:{'#080' if self.speed.met else '#666'}'>{report.esc(str(self.speed))}</div>")
         out += [f"<div style='color:#666'>note: {report.esc(n)}</div>" for n in self.notes]
+        if self.seed is not None:
+            out.append(f"<div style='color:#666'>inputs: <code>seed={self.seed}</code> (grade again with "
+                       f"<code>seed={self.seed}</code> for the same inputs)</div>")
         return "".join(out)
 
     def _repr_mimebundle_(self, include=None, exclude=None):

@@ -1,4 +1,4 @@
-"""Load the exercises' reference solutions and wrong variants from tests/exercises/solutions/ (see docs/EXERCISES.md).
+"""Load the exercises' reference solutions and wrong variants from tests/exercises/solutions/ (see docs/AUTHORING-EXERCISES.md).
 
 `<id>.cu` / `<id>.py` is the solution; `<id>.<variant>.cu` / `.py` a wrong variant whose second line says what the
 grader must find and where: `// expect: out_of_bounds on gpu` (`# expect: ... on cpu` in Python).
