@@ -671,7 +671,7 @@ def test_magic_banks_traces_a_launch_per_cell_line(ip, capsys):
     assert trace.line(9, kind="load").ways == 32  # the %%numba line is 1: `out[y, x] = tile[x, y]` is line 9
     # The report names the cell, not the name IPython gives the cell's code (ipykernel: a temporary file path).
     assert {row["filename"] for row in trace.to_json()["lines"]} == {"cell"}
-    from kernellab.run.simtrace import shown_filename
+    from kernellab.run.sim.trace import shown_filename
     assert shown_filename("/tmp/ipykernel_4242/3141592653.py") == "cell" and shown_filename(__file__) == __file__
     assert "32-way" in capsys.readouterr().out
     # --banks alone: the next launch returns its trace

@@ -70,8 +70,8 @@ def note_bundle(text: str) -> dict:
 
 
 def _is_notice(category) -> bool:
-    """kernellab.run.numba_sim.SimulatorNotice (by name: checking it must not import Numba)."""
-    return any(c.__name__ == "SimulatorNotice" and c.__module__ == "kernellab.run.numba_sim"
+    """kernellab.run.sim.numba_sim.SimulatorNotice (by name: checking it must not import Numba)."""
+    return any(c.__name__ == "SimulatorNotice" and c.__module__ == "kernellab.run.sim.numba_sim"
                for c in getattr(category, "__mro__", ()))
 
 
