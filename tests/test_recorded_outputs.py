@@ -93,3 +93,16 @@ def test_a_notebook_without_its_stamp_is_refused():
     nb = {"metadata": {}, "cells": [{"cell_type": "code", "source": "%%gpu\nx", "outputs": []}]}
     with pytest.raises(ValueError, match="recorded_on"):
         recorded.extract(nb, "99-x.ipynb")
+
+
+def test_a_recorded_cells_skip_note_gives_way_to_its_outputs(shell, capsys):
+    """01's timing cell quotes an older H200 figure in --skip-note; with the H100 outputs shown, the label leaves it out."""
+    ip, shown = shell
+    nb = json.loads((ROOT / "notebooks" / "01-first-kernel.ipynb").read_text())
+    src = next("".join(c["source"]) for c in nb["cells"]
+               if "".join(c["source"]).startswith("%%gpu --skip-note") and c["outputs"])
+    assert ip.run_cell(src).success
+    label = shown[0]
+    assert label[gpu_magic.SKIP_MIME]["recorded"] and label[gpu_magic.SKIP_MIME]["note"] is None
+    assert "H200" not in label["text/plain"] and label["text/plain"].startswith("recorded on NVIDIA H100")
+    assert len(shown) > 1 or capsys.readouterr().out

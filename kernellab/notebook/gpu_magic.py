@@ -33,18 +33,17 @@ def skipped_bundle(reason: str, note: str | None = None) -> dict:
             SKIP_MIME: {"reason": reason, "note": note}}
 
 
-def recorded_bundle(reason: str, device: str, date: str, note: str | None = None) -> dict:
-    """The label above a skipped cell's recorded outputs: where and when they were recorded, and why not here."""
+def recorded_bundle(reason: str, device: str, date: str) -> dict:
+    """The label above a skipped cell's recorded outputs: where and when they were recorded, and why not here
+    (without the cell's --skip-note: it quotes figures for when nothing else is shown, maybe from another run)."""
     from .. import report
 
     text = (f"recorded on {device}, {date}; no GPU here ({reason}), so this cell was not run: its outputs below "
             f"are the recorded ones")
-    if note:
-        text += f". {note}"
     return {"text/plain": text,
             "text/html": "<div class='kernellab-recorded' style='color:#777;font-style:italic;font-size:90%'>"
                          f"&#9197; {report.esc(text)}</div>",
-            SKIP_MIME: {"reason": reason, "note": note, "recorded": {"device": device, "date": date}}}
+            SKIP_MIME: {"reason": reason, "note": None, "recorded": {"device": device, "date": date}}}
 
 
 def show_recorded(outputs: list[dict]) -> None:
@@ -102,7 +101,7 @@ class GpuMagics(Magics):
                 display(skipped_bundle(reason, note), raw=True)
                 return None
             outputs, device, date, _ = found
-            display(recorded_bundle(reason, device, date, note), raw=True)
+            display(recorded_bundle(reason, device, date), raw=True)   # the outputs say more than a --skip-note
             show_recorded(outputs)
             return None
         return run_python(self.shell, cell)
