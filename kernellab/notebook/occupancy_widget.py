@@ -120,7 +120,8 @@ class OccupancyExplorer(widgets.VBox):
 def _shared_step(spec, shared_bytes: int) -> int:
     """The shared slider's step: the allocation unit, or a divisor of it on which `shared_bytes` lies (1032 B with
     128 B units: 8), so that the slider shows the kernel's 1032 B rather than snapping to 1024."""
-    return math.gcd(spec.shared_memory_allocation_unit_bytes, int(shared_bytes)) or spec.shared_memory_allocation_unit_bytes
+    unit = spec.shared_memory_allocation_unit_bytes
+    return math.gcd(unit, int(shared_bytes)) or unit
 
 
 def occupancy_explorer(block_size=256, registers=32, shared_bytes=0, arch="sm_90", *, carveout=None) -> OccupancyExplorer:
