@@ -73,7 +73,8 @@ def test_a_skipped_tutorial_cell_shows_its_recorded_outputs(shell, capsys):
     result = ip.run_cell(src)
     assert result.success and result.result is None
     label = shown[0]
-    assert label[gpu_magic.SKIP_MIME]["recorded"] == {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-27"}
+    assert label[gpu_magic.SKIP_MIME]["recorded"] == {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-27",
+                                                      "edited": False}
     assert label["text/plain"].startswith("recorded on NVIDIA H100 80GB HBM3, 2026-11-27; no GPU here (no CUDA driver)")
     pngs = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
     assert pngs and [d["image/png"] for d in shown[1:] if "image/png" in d] == pngs
@@ -81,7 +82,7 @@ def test_a_skipped_tutorial_cell_shows_its_recorded_outputs(shell, capsys):
     assert capsys.readouterr().out == streams
 
 
-def test_an_edited_gpu_cell_gets_the_plain_skip_line(shell):
+def test_an_edited_gpu_cell_gets_the_plain_skip_line_where_the_front_end_sends_no_cell_id(shell):
     ip, shown = shell
     src, _ = _gpu_cell_with(ROOT / "notebooks" / "03-reductions-softmax.ipynb", "image/png")
     assert ip.run_cell(src + "\nprint('mine')").success
@@ -106,3 +107,24 @@ def test_a_recorded_cells_skip_note_gives_way_to_its_outputs(shell, capsys):
     assert label[gpu_magic.SKIP_MIME]["recorded"] and label[gpu_magic.SKIP_MIME]["note"] is None
     assert "H200" not in label["text/plain"] and label["text/plain"].startswith("recorded on NVIDIA H100")
     assert len(shown) > 1 or capsys.readouterr().out
+
+
+def test_an_edited_tutorial_cell_shows_the_tutorials_outputs_labelled_so(shell, monkeypatch, capsys):
+    """JupyterLab sends the cell's id with each execution: an edited tutorial cell keeps showing the outputs of the
+    tutorial's version, said to be those; an unknown id gets the plain skip line."""
+    ip, shown = shell
+    nb = json.loads((ROOT / "notebooks" / "03-reductions-softmax.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "".join(c["source"]).startswith("%%gpu")
+                and any("image/png" in o.get("data", {}) for o in c["outputs"]))
+    parent = {"metadata": {"cellId": cell["id"]}}
+    monkeypatch.setattr(ip, "kernel", type("K", (), {"get_parent": lambda self: parent})(), raising=False)
+    assert ip.run_cell("".join(cell["source"]) + "\n# my change").success
+    label = shown[0]
+    assert label[gpu_magic.SKIP_MIME]["recorded"]["edited"] is True
+    assert "for the tutorial's version of this cell (yours differs)" in label["text/plain"]
+    pngs = [o["data"]["image/png"] for o in cell["outputs"] if "image/png" in o.get("data", {})]
+    assert [d["image/png"] for d in shown[1:] if "image/png" in d] == pngs
+    shown.clear()
+    parent["metadata"]["cellId"] = "not-a-tutorial-cell"
+    assert ip.run_cell("".join(cell["source"]) + "\n# my change").success
+    assert len(shown) == 1 and shown[0]["text/plain"].startswith("skipped: this cell needs a CUDA GPU")

@@ -6,8 +6,9 @@
 
 Run All on a laptop then reaches the end of a tutorial: every cell that compiles, draws or analyses still runs, and
 each GPU cell says in one line that it was skipped and why. `%%gpu --skip-note "figures below are from an H100"`
-adds a sentence to that line. A tutorial's own `%%gpu` cell, unedited, shows below that line the outputs it had on
-the GPU the tutorial was recorded on (kernellab/notebook/recorded.py), so Run All without a GPU keeps them.
+adds a sentence to that line. A tutorial's own `%%gpu` cell shows below that line the outputs it had on the GPU the
+tutorial was recorded on (kernellab/notebook/recorded.py), so Run All without a GPU keeps them; edited, it shows
+them labelled as the tutorial's version's.
 """
 from __future__ import annotations
 
@@ -33,17 +34,23 @@ def skipped_bundle(reason: str, note: str | None = None) -> dict:
             SKIP_MIME: {"reason": reason, "note": note}}
 
 
-def recorded_bundle(reason: str, device: str, date: str) -> dict:
+def recorded_bundle(reason: str, device: str, date: str, edited: bool = False) -> dict:
     """The label above a skipped cell's recorded outputs: where and when they were recorded, and why not here
-    (without the cell's --skip-note: it quotes figures for when nothing else is shown, maybe from another run)."""
+    (without the cell's --skip-note: it quotes figures for when nothing else is shown, maybe from another run).
+    `edited`: the outputs are those of the tutorial's version of a cell the learner has changed."""
     from .. import report
 
-    text = (f"recorded on {device}, {date}; no GPU here ({reason}), so this cell was not run: its outputs below "
-            f"are the recorded ones")
+    if edited:
+        text = (f"recorded on {device}, {date}, for the tutorial's version of this cell (yours differs); no GPU here "
+                f"({reason}), so it was not run: the outputs below are the tutorial's")
+    else:
+        text = (f"recorded on {device}, {date}; no GPU here ({reason}), so this cell was not run: its outputs below "
+                f"are the recorded ones")
     return {"text/plain": text,
             "text/html": "<div class='kernellab-recorded' style='color:#777;font-style:italic;font-size:90%'>"
                          f"&#9197; {report.esc(text)}</div>",
-            SKIP_MIME: {"reason": reason, "note": None, "recorded": {"device": device, "date": date}}}
+            SKIP_MIME: {"reason": reason, "note": None,
+                        "recorded": {"device": device, "date": date, "edited": edited}}}
 
 
 def show_recorded(outputs: list[dict]) -> None:
@@ -94,14 +101,16 @@ class GpuMagics(Magics):
             note = note[1:-1]
         ok, reason = gpu_status()
         if not ok:
-            from .recorded import lookup
+            from .recorded import current_cell_id, lookup, lookup_cell_id
 
-            found = lookup(line, cell)
+            found, edited = lookup(line, cell), False
+            if found is None:
+                found, edited = lookup_cell_id(current_cell_id(self.shell)), True
             if found is None:
                 display(skipped_bundle(reason, note), raw=True)
                 return None
             outputs, device, date, _ = found
-            display(recorded_bundle(reason, device, date), raw=True)   # the outputs say more than a --skip-note
+            display(recorded_bundle(reason, device, date, edited), raw=True)   # the outputs say more than a note
             show_recorded(outputs)
             return None
         return run_python(self.shell, cell)

@@ -6,8 +6,9 @@ with `kernellab.recorded_on = {"device", "date"}`) and committed; then `python t
 the outputs of every `%%gpu` cell into kernellab/notebook/recorded/<tutorial>.json. A CPU test
 (tests/test_recorded_outputs.py) fails while a committed notebook and its recorded copy differ.
 
-A recorded cell is found by the hash of its source (`cell_key`): a learner who edits the cell gets the plain skip
-line, since the recorded outputs are not those of the edited cell.
+A recorded cell is found by the hash of its source (`cell_key`). A tutorial cell the learner has edited is found by its
+cell id instead (JupyterLab sends it with each execution), and its recorded outputs are labelled as those of the
+tutorial's version of the cell; any other cell gets the plain skip line.
 """
 from __future__ import annotations
 
@@ -86,16 +87,38 @@ def dumps(recorded: dict) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _index() -> dict:
-    """cell key -> (outputs, device, date, notebook), over every recorded tutorial."""
-    out = {}
+def _index() -> tuple[dict, dict]:
+    """({cell key: entry}, {cell id: entry}) over every recorded tutorial; an entry is (outputs, device, date,
+    notebook)."""
+    by_key, by_id = {}, {}
     for path in sorted(RECORDED_DIR.glob("*.json")):
         rec = json.loads(path.read_text())
         for key, cell in rec.get("cells", {}).items():
-            out[key] = (cell["outputs"], rec["device"], rec["date"], rec["notebook"])
-    return out
+            entry = (cell["outputs"], rec["device"], rec["date"], rec["notebook"])
+            by_key[key] = entry
+            if cell.get("cell_id"):
+                by_id[cell["cell_id"]] = entry
+    return by_key, by_id
 
 
 def lookup(args: str, body: str):
     """(outputs, device, date, notebook) recorded for this `%%gpu` cell, or None."""
-    return _index().get(cell_key(args, body))
+    return _index()[0].get(cell_key(args, body))
+
+
+def lookup_cell_id(cell_id: str | None):
+    """(outputs, device, date, notebook) recorded for the tutorial cell of this id (nbformat 4.5's cell id, which a
+    copied notebook keeps), or None: for a tutorial cell the learner has edited, whose source no longer matches."""
+    return _index()[1].get(cell_id) if cell_id else None
+
+
+def current_cell_id(shell) -> str | None:
+    """The id of the cell being run, where the front end sends it (JupyterLab and Notebook 7 put `cellId` in the
+    execute request's metadata); None elsewhere."""
+    kernel = getattr(shell, "kernel", None)
+    try:
+        parent = kernel.get_parent() if kernel is not None and hasattr(kernel, "get_parent") else None
+    except Exception:
+        return None
+    cell_id = ((parent or {}).get("metadata") or {}).get("cellId")
+    return cell_id if isinstance(cell_id, str) else None

@@ -127,3 +127,31 @@ def test_a_fresh_notebook_shows_plots_cards_and_notes(page, lab, artifacts):
     assert int(registers.inner_text()) > 0
     assert numba_card.locator(".kl-Stat", has_text="Shared").locator(".kl-Stat-value").inner_text() == "128 B"
     _cell(page, 4).screenshot(path=str(artifacts / "numba-card-after-launch.png"))
+
+
+def test_an_edited_gpu_cell_keeps_the_tutorials_recorded_outputs(page, lab, artifacts):
+    """The learner changes a %%gpu cell and runs it without a GPU: the tutorial's recorded outputs stay, labelled as
+    the tutorial's version's (JupyterLab sends the cell's id; the source no longer matches)."""
+    name = "01-first-kernel.ipynb"
+    committed = json.loads((ROOT / "notebooks" / name).read_text())
+    code = [i for i, c in enumerate(committed["cells"]) if c["cell_type"] == "code"]
+    i = _gpu_cells(committed)[-1]
+    _open_tutorial(page, lab, name)
+    _cell(page, 0).click()
+    _command(page, "Run All Cells")
+    _cell(page, code[-1]).locator(".jp-InputArea-prompt").get_by_text(re.compile(r"\[\d+\]")).wait_for(timeout=300_000)
+    _wait_idle(page)
+    cell = _cell(page, i)
+    cell.scroll_into_view_if_needed()
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Control+End")
+    page.keyboard.type("\n# my change")
+    page.keyboard.press("Shift+Enter")
+    _wait_idle(page)
+    label = cell.locator(".kernellab-recorded")
+    label.wait_for()
+    assert "for the tutorial's version of this cell (yours differs)" in label.text_content()
+    kinds = {k for o in committed["cells"][i]["outputs"] for k in o.get("data", {})}
+    assert "application/vnd.kernellab.report+json" in kinds
+    assert cell.locator(".kl-Report").count() >= 1                # the recorded report panel, shown again
+    cell.screenshot(path=str(artifacts / "edited-gpu-cell.png"))
