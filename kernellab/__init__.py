@@ -5,6 +5,8 @@
 (a launcher as a PyTorch operator: torch.compile, CUDA graphs, autograd), `set_launch_blocking` (whether launches wait
 for their kernel), and the graded exercises of the tutorials: `exercises()`, `grade(id, kernel)`.
 """
+import importlib
+
 from ._version import __version__
 from .errors import ArgumentError, CompileError, Diagnostic, KernellabError, LaunchError, NoGPUError
 
@@ -62,8 +64,6 @@ __all__ = ["__version__", "ArgumentError", "CompileError", "Diagnostic", "Kernel
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
-
         mod, attr = _LAZY[name]
         value = getattr(importlib.import_module(mod), attr)
         globals()[name] = value
@@ -77,6 +77,7 @@ def __dir__():
 
 def load_ipython_extension(ipython):
     """`%load_ext kernellab`: register the cell magics."""
+    # The presentation layer loads with the extension, not with `import kernellab`.
     from .notebook import load_ipython_extension as _load
 
     _load(ipython)

@@ -1,6 +1,7 @@
 """`Module` and `Kernel`: what `compile_cuda` and the `%%cuda` magic hand back to the user."""
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import sys
@@ -8,12 +9,22 @@ import time
 from dataclasses import dataclass, field
 
 from . import report
-from .compile import cache as _cache
+from .analysis.occupancy import best_block_sizes, occupancy
+from .compile import cache as _cache, disasm
 from .compile.cubin import read_cubin
 from .compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
+from .compile.sass_lines import ptx_lines, sass_instructions
+from .compile.sass_summary import split_functions, summarize
 from .compile.signature import KernelSignature, find_kernels, signature_for
+from .compile.source_view import build_source_view
 from .errors import ArgumentError, KernellabError, LaunchError
-from .run.launch import device as _device
+from .run.launch import cudriver, device as _device, worker as _worker
+from .run.launch.job import KernelJob
+from .run.launch.launch import (allow_dynamic_shared, allow_large_clusters, cluster_blocks, launch_dims, LaunchPath,
+                                make_config, marshal_args, PORTABLE_CLUSTER_BLOCKS)
+from .run.measure.autotune import autotune as _autotune
+from .run.nvtools import ncu, ncu_source, sanitize as _sanitize
+from .run.nvtools.ncu_source import profile_lines
 
 REGISTER_FILE = 65536          # 32-bit registers per SM (and per block) on every arch kernellab knows
 REGISTER_ALLOC_UNIT = 256      # registers are granted per warp in units of 256
@@ -116,8 +127,6 @@ class Kernel:
     def instruction_summary(self):
         """Static counts of this kernel's SASS instructions by kind (tensor cores, TMA, async copies, loads and stores
         by width, FFMA, MUFU, barriers, local memory): which path the compiler took. See compile/sass_summary.py."""
-        from .compile.sass_summary import summarize
-
         sass = self.sass
         cached = getattr(self, "_instructions", None)     # (the SASS it was made from, the summary)
         if cached is None or cached[0] is not sass:
@@ -129,9 +138,6 @@ class Kernel:
         global, shared and local loads and stores, FFMA, HMMA/HGMMA, barriers and branches (a SourceView; in a
         notebook, two columns in the cell's line numbering). From the cubin's line information; no GPU needed."""
         if self._source_view is None:
-            from .compile.sass_lines import ptx_lines, sass_instructions
-            from .compile.source_view import build_source_view
-
             source, first_line, filename, cubin, module_ptx = self._view_inputs()
             instructions = sass_instructions(cubin, self.symbol, filename)
             self._source_view = build_source_view(
@@ -150,30 +156,23 @@ class Kernel:
 
         The launch runs in a new process under ncu (the arguments are copied; yours are not modified). Where ncu
         cannot read the counters the view says why (`profile_note`); strict=True raises instead."""
-        from .run.nvtools.ncu_source import profile_lines
-
         return profile_lines(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict, **kw)
 
     def max_active_clusters(self, block, cluster, shared_bytes: int = 0) -> int:
         """How many clusters of shape `cluster` (blocks of `block` threads, `shared_bytes` dynamic shared memory
         each) the current GPU holds at once, from the driver (cuOccupancyMaxActiveClusters): the grid of a
         persistent cluster kernel. Clusters live inside one GPC, so this can be fewer than SMs / blocks per cluster."""
-        from .run.launch.cudriver import context_on, max_active_clusters
-        from .run.launch.launch import _dims
-
-        c = _dims(cluster, "cluster")                        # one cluster is the grid asked about
+        c = launch_dims(cluster, "cluster")                        # one cluster is the grid asked about
         path = self._path or self._launch_path(c, block, shared_bytes, (), c)
         cfg = path.config(c, block, shared_bytes, c)        # the opt-ins (shared memory, large clusters) happen here
-        with context_on(path.device.index):
-            return max_active_clusters(path.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, cfg.cluster)
+        with cudriver.context_on(path.device.index):
+            return cudriver.max_active_clusters(path.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, cfg.cluster)
 
     def occupancy(self, block, shared_bytes: int = 0, arch: str | None = None):
         """Theoretical occupancy of this kernel at `block` threads and `shared_bytes` dynamic smem per block.
 
         Raises ArgumentError for a block above the kernel's max_threads_per_block: it could not launch.
         """
-        from .analysis.occupancy import occupancy
-
         threads = block if isinstance(block, int) else int(math.prod(block))
         res = self.resources
         if threads > res.max_threads_per_block:
@@ -184,8 +183,6 @@ class Kernel:
 
     def best_block_sizes(self, shared_bytes: int = 0, top: int = 3):
         """Block sizes (multiples of 32, at most max_threads_per_block) that give this kernel the highest occupancy."""
-        from .analysis.occupancy import best_block_sizes
-
         return best_block_sizes(self.resources.registers, self.resources.shared_bytes + shared_bytes,
                                 _base_arch(self.arch), top=top, max_threads=self.resources.max_threads_per_block)
 
@@ -252,8 +249,6 @@ class Kernel:
     def _keep_job(self, exc: LaunchError, cfg, args) -> None:
         """After a sticky fault, keep the launch (shapes and scalars) on the error for sanitize_last()."""
         if exc.sticky and exc.job is None:
-            from .run.launch.job import KernelJob
-
             try:
                 exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes",
                                                 cluster=cfg.cluster)
@@ -264,15 +259,11 @@ class Kernel:
         """Check `args` against the signature as a launch would: their count, pointer or scalar, dtype, contiguity,
         vector alignment and scalar ranges. Needs no GPU: CPU (and meta) tensors and NumPy arrays stand in for GPU
         memory. Raises ArgumentError naming the argument."""
-        from .run.launch.launch import marshal_args
-
         marshal_args(self.params, tuple(args), None, str(self.signature), any_device=True)
 
     def _launch_path(self, grid, block, shared_bytes, args, cluster=None):
         """The first launch: with no GPU, check what can be checked and say why not; else load the kernel on the
         current GPU and keep its LaunchPath."""
-        from .run.launch.launch import LaunchPath, allow_dynamic_shared, allow_large_clusters, make_config
-
         if not _device.has_gpu():
             make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
                         static_shared_bytes=self.resources.shared_bytes, device=None, cluster=cluster)
@@ -298,28 +289,20 @@ class Kernel:
 
     def check_launch_args(self, args, device) -> None:
         """The argument checks of a launch, for launches in another process."""
-        from .run.launch.launch import marshal_args
-
         marshal_args(self.params, tuple(args), device, str(self.signature))
 
     def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None, cluster=None):
         """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
-        from .run.launch.worker import run_isolated
-
-        return run_isolated(self, grid, block, args, shared_bytes=shared_bytes, timeout_s=timeout_s,
+        return _worker.run_isolated(self, grid, block, args, shared_bytes=shared_bytes, timeout_s=timeout_s,
                             cluster=cluster)
 
     def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process."""
-        from .run.nvtools.sanitize import sanitize_launch
-
-        return sanitize_launch(self, grid, block, args, shared_bytes=shared_bytes, tool=tool, **kw)
+        return _sanitize.sanitize_launch(self, grid, block, args, shared_bytes=shared_bytes, tool=tool, **kw)
 
     def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False, **kw):
         """Run this launch under Nsight Compute (a small metric set, or full=True for `--set full`) in a new process."""
-        from .run.nvtools.ncu import profile_launch
-
-        return profile_launch(self, grid, block, args, shared_bytes=shared_bytes, metrics=metrics, full=full, **kw)
+        return ncu.profile_launch(self, grid, block, args, shared_bytes=shared_bytes, metrics=metrics, full=full, **kw)
 
     def profile_banks(self, grid, block, *args, shared_bytes: int = 0, strict: bool = False):
         """Shared-memory instructions, wavefronts and bank conflicts per source line, measured by Nsight Compute.
@@ -327,9 +310,7 @@ class Kernel:
         Where counters are not permitted, the report says so (strict=True raises instead); the bank model
         (kernellab.analysis.banks) and the simulator trace work everywhere.
         """
-        from .run.nvtools.ncu_source import profile_banks
-
-        return profile_banks(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict)
+        return ncu_source.profile_banks(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict)
 
     def _check_arch(self, dev) -> None:
         want = _base_arch(self.arch)
@@ -342,7 +323,6 @@ class Kernel:
         if fn is None:
             import cupy
 
-            from .run.launch.launch import PORTABLE_CLUSTER_BLOCKS, allow_large_clusters, cluster_blocks
 
             with cupy.cuda.Device(index):
                 mod = self.module._loaded(index)
@@ -505,24 +485,17 @@ class Module(KernelCollection):
     def _sass_of(self, symbol: str) -> str:
         """One kernel's SASS, out of one disassembly of the whole cubin (kept in the compile cache by its hash)."""
         if self._sass_split is None:
-            import hashlib
-
-            from .compile.disasm import sass
-            from .compile.sass_summary import split_functions
-
             key = _cache.make_key(kind="sass", cubin=hashlib.sha256(self.cubin).hexdigest())
             text, _ = _cache.get(key)
             if text is None:
-                text = sass(self.cubin)
+                text = disasm.sass(self.cubin)
                 _cache.put(key, text)
             parts = split_functions(text)
             head = text[:text.find("Function :")].lstrip("\n") if parts else ""
             self._sass_split = {sym: head + body for sym, body in parts.items()}
         found = self._sass_split.get(symbol)
         if found is None:                               # not in the dump as expected: ask for the one function
-            from .compile.disasm import sass
-
-            return sass(self.cubin, symbol)
+            return disasm.sass(self.cubin, symbol)
         return found
 
     def _loaded(self, index: int):
@@ -698,7 +671,5 @@ def autotune(source, configs, *, kernel: str, launch, inputs, reference=None, ar
     `launch(k, config, *args)` launches one configuration and `inputs(generator)` gives the arguments. Returns an
     AutotuneResult: `.rows`, `.best` (config and kernel), `kernellab.autotune_plot(result)`.
     """
-    from .run.measure.autotune import autotune as _autotune
-
     return _autotune(source, configs, kernel=kernel, launch=launch, inputs=inputs, reference=reference, arch=arch,
                      baselines=baselines, executor=executor, build=Module, **options)

@@ -21,6 +21,8 @@ them live, so a kernel whose globals were rebound is compiled again at its next 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import linecache
 import math
 import time
 import warnings
@@ -28,12 +30,17 @@ import warnings
 import numpy as np
 
 from . import report
-from .compile import numba_backend as nb
+from .compile import disasm, numba_backend as nb
 from .compile.nvrtc import normalize_arch
 from .compile.signature import KernelSignature
 from .errors import ArgumentError, KernellabError
 from .kernel import Kernel, KernelCollection, Resources, max_threads_for, occupancy_text
-from .run.launch import device as _device
+from .run.launch import device as _device, worker as _worker
+from .run.launch.launch import (RECENT_LAUNCHES, as_launch_error, describe_value, make_config, record_async, resolve_sync,
+                                scalar_of)
+from .run.sim import numba_sim, race as simrace
+from .run.sim.numba_sim import SIMULATED_THREADS_PER_S, caller_stacklevel
+from .run.sim.trace import simulate_traced
 
 TRACE_MAX_THREADS = 65536   # a traced launch simulates every thread: 65,536 threads take some seconds
 
@@ -43,8 +50,6 @@ class GlobalsChanged(UserWarning):
 
 
 def _caller_stacklevel() -> int:
-    from .run.sim.numba_sim import caller_stacklevel
-
     return caller_stacklevel()
 
 
@@ -238,17 +243,13 @@ class NumbaKernel(Kernel):
     def sass(self) -> str:
         """SASS of the cubin ptxas made (cuobjdump from the CUDA wheels; no GPU needed)."""
         if self._sass is None:
-            from .compile.disasm import sass
-
             c = self._require_compiled("SASS")
-            self._sass = sass(c.cubin, c.symbol)
+            self._sass = disasm.sass(c.cubin, c.symbol)
         return self._sass
 
     def _view_inputs(self) -> tuple[str, int, str, bytes, str]:
         """(source, its first line's number, filename, cubin, PTX) for source_view: the cell (or the function's
         file) and the line numbers Numba's line information uses."""
-        import inspect
-
         c = self._require_compiled("SASS")
         filename = self.py_func.__code__.co_filename
         if self._source is not None:
@@ -272,8 +273,6 @@ class NumbaKernel(Kernel):
             self._simulate(grid, block, args, shared_bytes)
             return None
         if isolate is None:
-            from .run.launch import worker as _worker
-
             own = getattr(self, "isolate", None)
             isolate = own if own is not None else _worker.settings.isolate
         if isolate:
@@ -293,8 +292,6 @@ class NumbaKernel(Kernel):
         if self._source is not None:
             source, first_line = self._source, self._first_line
         else:                                   # a kernel from a .py file: its line table numbers the file's lines
-            import linecache
-
             source, first_line = "".join(linecache.getlines(c.filename)), 1
         return {"source": source, "options": c.options, "first_line": first_line, "filename": c.filename,
                 "image": c.cubin, "image_format": "cubin", "abi": "numba"}
@@ -365,8 +362,6 @@ class NumbaKernel(Kernel):
         return super().sanitize(grid, block, *args, shared_bytes=shared_bytes, tool=tool, **kw)
 
     def _sanitize_simulated(self, grid, block, args, shared_bytes, tool, max_threads):
-        from .run.sim import numba_sim, race as simrace
-
         simrace.sim_tools(tool)                      # an unknown or GPU-only tool fails before anything runs
         self._types_for(args)
         values = _check_args(self.params, tuple(args), self.numba_signature, host_ok=True)
@@ -409,16 +404,12 @@ class NumbaKernel(Kernel):
         return self._argtypes
 
     def _config(self, grid, block, shared_bytes, device):
-        from .run.launch.launch import make_config
-
         res = self.resources if self._compiled is not None else None
         return make_config(grid, block, shared_bytes,
                            max_threads_per_block=res.max_threads_per_block if res else 1024,
                            static_shared_bytes=res.shared_bytes if res else 0, device=device)
 
     def _simulate(self, grid, block, args, shared_bytes):
-        from .run.sim import numba_sim
-
         self._types_for(args)
         values = _check_args(self.params, args, self.numba_signature, host_ok=True)
         cfg = self._config(grid, block, shared_bytes, None)
@@ -439,8 +430,6 @@ class NumbaKernel(Kernel):
         Results are written back into the arguments as for any simulated launch. Lines are the kernel's source lines
         (cell lines for `%%numba` kernels). Trace a small launch: every thread is simulated.
         """
-        from .run.sim import numba_sim
-
         self._refresh_globals()
         self._types_for(args)
         values = _check_args(self.params, args, self.numba_signature, host_ok=True)
@@ -451,8 +440,8 @@ class NumbaKernel(Kernel):
                                 f"(about {numba_sim.estimated_seconds(cfg.grid, cfg.block, self):.0f} s); trace a launch of at "
                                 f"most {max_threads:,} threads (one or a few blocks show the pattern), or pass "
                                 f"max_threads=")
-        trace = numba_sim.simulate(self, cfg.grid, cfg.block, values, shared_bytes=cfg.shared_bytes, trace=True,
-                                   line_label=self._line_label)
+        trace = simulate_traced(self, cfg.grid, cfg.block, values, shared_bytes=cfg.shared_bytes,
+                                line_label=self._line_label)
         if trace.kernel_name != self._name:       # a factory's inner function, or a cell's other binding
             trace = dataclasses.replace(trace, kernel_name=self._name)
         self.last_trace = trace
@@ -460,7 +449,6 @@ class NumbaKernel(Kernel):
 
     def _launch_gpu(self, grid, block, args, shared_bytes, stream, sync):
         _device.require_gpu(f"launching {self._name} on a GPU (set {self._name}.simulate = True to use the simulator)")
-        from .run.launch.launch import RECENT_LAUNCHES, _launch_error, record_async, resolve_sync
 
         argtypes = self._types_for(args)
         dev = _device.device_info()
@@ -475,12 +463,12 @@ class NumbaKernel(Kernel):
         try:
             kernel.launch(values, cfg.grid, cfg.block, _core_stream(s), cfg.shared_bytes)
         except Exception as exc:
-            raise _launch_error(exc, self._name, cfg, during="launch") from None
+            raise as_launch_error(exc, self._name, cfg, during="launch") from None
         if resolve_sync(self.launch_blocking if sync is None else sync):
             try:
                 s.synchronize()
             except Exception as exc:
-                raise _launch_error(exc, self._name, cfg, during="run") from None
+                raise as_launch_error(exc, self._name, cfg, during="run") from None
             RECENT_LAUNCHES.clear()
         else:
             record_async(self._name, cfg)
@@ -523,8 +511,6 @@ def _array_info(x):
 
 def _check_args(params, args, signature_text: str | None, *, host_ok: bool, device=None) -> list:
     """Check `args` against the typed parameters; return them with scalars as exact-width NumPy scalars."""
-    from .run.launch.launch import _describe, _scalar_of
-
     sig = f" (signature {signature_text})" if signature_text else ""
     out = []
     for pos, (p, x) in enumerate(zip(params, args)):
@@ -534,18 +520,18 @@ def _check_args(params, args, signature_text: str | None, *, host_ok: bool, devi
                 out.append(x)           # a type kernellab does not check (tuples, records): numba checks it
             elif p.dtype.startswith("complex"):
                 if not isinstance(x, (int, float, complex, np.number)):
-                    raise ArgumentError(f"{where} expects a number, got {_describe(x)}")
+                    raise ArgumentError(f"{where} expects a number, got {describe_value(x)}")
                 out.append(np.dtype(p.dtype).type(x))
             else:
-                out.append(_scalar_of(p, x, pos))
+                out.append(scalar_of(p, x, pos))
             continue
         info = _array_info(x)
         if info is None:
-            raise ArgumentError(f"{where} is an array parameter but got {_describe(x)}; pass a "
+            raise ArgumentError(f"{where} is an array parameter but got {describe_value(x)}; pass a "
                                 f"{'NumPy array or torch tensor' if host_ok else 'CUDA torch tensor or CuPy array'}")
         dtype, shape, strides, on_gpu, index = info
         if p.dtype is not None and dtype != p.dtype:
-            raise ArgumentError(f"{where} expects {p.dtype} elements but got a {_describe(x)}{sig}; convert it "
+            raise ArgumentError(f"{where} expects {p.dtype} elements but got a {describe_value(x)}{sig}; convert it "
                                 f"(torch: .to(torch.{p.dtype}); NumPy/CuPy: .astype('{p.dtype}')) or change the "
                                 f"signature")
         if len(shape) != p.ndim:
@@ -559,7 +545,7 @@ def _check_args(params, args, signature_text: str | None, *, host_ok: bool, devi
                                 f"(any strides)")
         if not host_ok:
             if not on_gpu:
-                raise ArgumentError(f"{where} got a {_describe(x)}; the kernel runs on the GPU: pass a CUDA torch "
+                raise ArgumentError(f"{where} got a {describe_value(x)}; the kernel runs on the GPU: pass a CUDA torch "
                                     f"tensor (x.cuda()) or a CuPy array. Host arrays work in the simulator "
                                     f"(%%numba --sim, or kernel.simulate = True)")
             if device is not None and index is not None and index != device.index:
@@ -785,8 +771,6 @@ def numba_module(source: str, *, signatures=None, arch: str | None = None, simul
     for k in ordered:   # the name the cell bound it to, where it differs from the function's
         k._name = bound.get(id(k), k._name)
     if simulate:
-        from .run.sim.numba_sim import SIMULATED_THREADS_PER_S
-
         notes.append(f"launches run in Numba's CUDA simulator ({sim_reason}): some {SIMULATED_THREADS_PER_S:,} "
                      f"threads per second, so keep sizes small; resources are what ptxas reports for {arch}")
     if not ordered:

@@ -308,7 +308,7 @@ def fake_gpu(monkeypatch, tmp_cache):
     monkeypatch.setattr(D, "device_info", lambda index=None: dev)
     monkeypatch.setattr(W, "check_launch", lambda k, g, b, a, s=0, cluster=None: (make_config(
         g, b, s, max_threads_per_block=1024, static_shared_bytes=0, device=dev), dev))
-    monkeypatch.setattr(W, "_sync_caller", lambda: None)
+    monkeypatch.setattr(W, "sync_caller", lambda: None)
     monkeypatch.setattr(W, "default_pool", lambda device=None: pool)
     monkeypatch.setattr(W.settings, "diagnose", False)
     yield pool

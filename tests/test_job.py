@@ -307,7 +307,7 @@ def test_from_launch_stages_cuda_tensors_once_each(mod, monkeypatch):
     a, b, c = (np.zeros(64, dtype=np.float32) for _ in range(3))
     host = np.zeros(64, dtype=np.float32)
     device = {id(a): 0x1000, id(b): 0x2000, id(c): 0x3000}
-    monkeypatch.setattr(J, "_device_pointer", lambda x: device.get(id(x)))
+    monkeypatch.setattr(J, "device_pointer", lambda x: device.get(id(x)))
     job = KernelJob.from_launch(mod.vadd, 1, 64, (a, b, a, 64), data="share", stage_min_bytes=0, device=0)
     assert [s.stage_slot for s in job.args] == [0, 1, 0, None] and job.args[0].data is None    # a: once
     assert job.args[0].staged and not job.args[0].shared and "a: float32[64] (staged)" in job.describe()

@@ -46,7 +46,7 @@ def test_control_fields_decode(fields):
 
 
 def _ins(text, **fields):
-    body = S._PREDICATE.sub("", text)
+    body = S.PREDICATE.sub("", text)
     return S.Instruction(0, text, body.split()[0], S.Control.decode(control_word(**fields)))
 
 

@@ -270,7 +270,7 @@ def no_gpu_launch_checks(monkeypatch):
     from kernellab.run.launch import device
 
     monkeypatch.setattr(device, "require_gpu", lambda what="": None)
-    monkeypatch.setattr(worker, "_sync_caller", lambda: None)
+    monkeypatch.setattr(worker, "sync_caller", lambda: None)
     monkeypatch.setattr(worker, "check_launch", lambda kernel, grid, block, args, shared_bytes=0: (
         types.SimpleNamespace(grid=grid, block=block, shared_bytes=shared_bytes), types.SimpleNamespace(index=0)))
 

@@ -195,7 +195,7 @@ def fake_launch(monkeypatch, tmp_cache):
     dev = DeviceInfo(0, "Fake GPU", "sm_90", 132)
     monkeypatch.setattr(W, "check_launch", lambda k, g, b, a, s=0, cluster=None: (make_config(
         g, b, s, max_threads_per_block=1024, static_shared_bytes=0, device=dev, cluster=cluster), dev))
-    monkeypatch.setattr(W, "_sync_caller", lambda: None)
+    monkeypatch.setattr(W, "sync_caller", lambda: None)
     monkeypatch.setattr(W, "_ipc_state", {"broken": None})
     return kernellab.compile_cuda(FAKE_SRC, arch="sm_90")
 
@@ -315,7 +315,7 @@ def staging(monkeypatch, tmp_path, fake_launch):
     io = _load_fake_gpu().FileStagingIO()
     segs = Segments()
     monkeypatch.setattr(W, "staging_io", io)
-    monkeypatch.setattr(J, "_device_pointer", segs.pointer)
+    monkeypatch.setattr(J, "device_pointer", segs.pointer)
     monkeypatch.setattr(J, "_address_range", segs.address_range)
     monkeypatch.setattr(W, "settings", W.IsolationSettings(share_min_bytes=64))   # lend is asked, and refuses
     env = dict(STREAM_ENV, FAKE_CUPY_IPC_DIR=str(tmp_path))
@@ -852,12 +852,12 @@ def test_kernel_sanitize_and_profile_hooks(monkeypatch, tmp_cache):
 
 
 def test_in_process_sticky_error_names_the_sanitize_call():
-    from kernellab.run.launch.launch import LaunchConfig, _launch_error
+    from kernellab.run.launch.launch import LaunchConfig, as_launch_error
 
     class IllegalAddress(Exception):
         pass
 
-    err = _launch_error(IllegalAddress("cudaErrorIllegalAddress: an illegal memory access was encountered"), "vadd",
+    err = as_launch_error(IllegalAddress("cudaErrorIllegalAddress: an illegal memory access was encountered"), "vadd",
                         LaunchConfig((4, 1, 1), (256, 1, 1)), during="run")
     text = str(err)
     assert err.sticky and "context of this process is lost" in text and "restart" in text

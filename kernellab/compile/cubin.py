@@ -2,6 +2,7 @@
 compile-time cluster shapes."""
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 
@@ -62,8 +63,6 @@ def cubin_arch(data: bytes) -> str | None:
     The ELF header's flags and `.note.nv.cuinfo` hold only the SM number (90 for sm_90 and sm_90a alike); the
     suffix is in the ptxas command line that `.note.nv.tkinfo` records ("-arch sm_90a").
     """
-    import re
-
     secs = _sections(data)
     sm = None
     for s in secs:

@@ -19,6 +19,7 @@ Without a GPU two numba-cuda behaviours need help, and this module gives it only
 from __future__ import annotations
 
 import contextlib
+import dis
 import inspect
 import linecache
 import os
@@ -27,9 +28,13 @@ import subprocess
 import tempfile
 import threading
 import time
+import types as pytypes
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import CompileError, Diagnostic, KernellabError
+from . import toolkit
 from .nvrtc import PtxasReport, normalize_arch, parse_ptxas
 from .signature import Param
 
@@ -172,7 +177,6 @@ def infer_types(args, names=()) -> tuple:
 
 
 def _infer_one(x, pos: int, name: str):
-    import numpy as np
     from numba.core import types
     from numba.np import numpy_support
 
@@ -415,8 +419,6 @@ def _read_names(code) -> tuple[tuple[str, ...], tuple[str, ...]]:
     hit = _names_read.get(code)
     if hit is not None:
         return hit
-    import dis
-    import types as pytypes
 
     glob, free = [], []
     todo = [code]
@@ -435,10 +437,6 @@ def _read_names(code) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _fingerprint(value):
     """What decides whether a global's value changed, as numba would see it: values of numbers, strings, tuples and
     arrays (numba freezes arrays as constants), the identity of anything else; None for modules (not tracked)."""
-    import types as pytypes
-
-    import numpy as np
-
     if isinstance(value, pytypes.ModuleType):
         return None
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
@@ -740,8 +738,6 @@ def _entry_symbol(ptx: str) -> str:
 def assemble(ptx: str, arch: str, flags=(), *, debug: bool = False, source=None, py_func=None,
              first_line: int = 1) -> tuple[bytes, str]:
     """PTX -> cubin with the toolkit's ptxas (`-v`); returns (cubin, log). Errors become CompileError."""
-    from . import toolkit
-
     tool = toolkit.find_tool("ptxas")
     if tool is None:
         raise KernellabError("resources for Numba kernels come from ptxas, which was not found: install the wheel "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import KernellabError
 from . import toolkit
-from .sass_summary import _PREDICATE, GROUPS  # one predicate rule and one tensor-core opcode list for both
+from .sass_summary import PREDICATE, GROUPS  # one predicate rule and one tensor-core opcode list for both
 
 # class -> (label, what it counts). Generic LD/ST (no state space: the compiler could not prove one) count as global.
 CLASSES: dict[str, tuple[str, str]] = {
@@ -51,7 +51,7 @@ _OPCODE_CLASS = {
 
 def opcode(instruction: str) -> str:
     """The opcode without modifiers: 'LDG' for '@!P0 LDG.E.128 R4, desc[UR4][R2.64]'."""
-    text = _PREDICATE.sub("", instruction.strip())
+    text = PREDICATE.sub("", instruction.strip())
     return text.split(None, 1)[0].split(".", 1)[0] if text else ""
 
 

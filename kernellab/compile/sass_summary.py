@@ -13,9 +13,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..report import html_table
+
 # An instruction line: "/*0170*/  @!P0 SYNCS.EXCH.64 URZ, [UR8], UR4 ;" (cuobjdump) or "/*0170*/ ... ;" (nvdisasm)
 _LINE = re.compile(r"^\s*/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<body>[^;]*?)\s*;")
-_PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
+# A guard predicate at the start of an instruction ("@P0 ", "@!UPT "): one rule for the summary and the line view.
+PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
 
 # (group, base opcodes): the order is the order groups are shown in.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -44,7 +47,7 @@ def opcode_of(line: str) -> str | None:
     m = _LINE.match(line)
     if not m:
         return None
-    body = _PREDICATE.sub("", m.group("body").strip())
+    body = PREDICATE.sub("", m.group("body").strip())
     return body.split()[0] if body else None
 
 
@@ -131,8 +134,6 @@ class InstructionSummary:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        from ..report import html_table
-
         return html_table(["instructions", "static count"], [list(r) for r in self.lines()],
                           caption=f"{self.total:,} SASS instructions (in the code, not executed)")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..render.source_html import source_view_html
 from ..report import REPORT_MIME, mimebundle
 from .sass_lines import CLASSES, count_classes, instruction_class
 
@@ -136,8 +137,6 @@ class SourceView:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        from ..render.source_html import source_view_html
-
         return source_view_html(self)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:

@@ -8,6 +8,7 @@ NOTE_MIME = "application/vnd.kernellab.note+json"
 
 def load_ipython_extension(ipython):
     """Register kernellab's magics (`%load_ext kernellab`); show Figures and the simulator's notices in cells."""
+    # The magics import IPython: loaded here, so that the plots and widgets of this package import without it.
     from .magics import KernellabMagics
 
     ipython.register_magics(KernellabMagics)

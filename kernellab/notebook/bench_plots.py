@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from kernellab.analysis.roofline import ROOF_LABELS, DeviceCeilings, datasheet_ceilings, ridge_point
 from kernellab.errors import KernellabError
 from kernellab.render.bench_html import (  # noqa: F401 (public here too)
-    _figure_png, bench_result_html, new_figure, sweep_html, sweep_plot)
+    bench_result_html, figure_png, new_figure, sweep_html, sweep_plot)
+from kernellab.run.measure.bench import BenchResult, SweepResult
+from kernellab.run.measure.ceilings import device_ceilings
 
 
 class RooflineError(KernellabError, ValueError):
@@ -119,8 +121,6 @@ class _Unplaced:
 
 def _points(results, include_baselines: bool) -> tuple[list[_Point], list[_Unplaced]]:
     """Every result placed at (intensity, TFLOP/s), and those without FLOPs to note by their GB/s."""
-    from kernellab.run.measure.bench import BenchResult, SweepResult
-
     items = results if isinstance(results, (list, tuple)) else [results]
     flat = []
     for item in items:
@@ -405,8 +405,6 @@ def _resolve_ceilings(ceilings, device: str) -> DeviceCeilings:
     if ceilings not in (None, "datasheet"):
         raise RooflineError(f"ceilings must be a DeviceCeilings, 'datasheet' or None, got {ceilings!r}")
     if ceilings is None and _gpu_usable():
-        from kernellab.run.measure.ceilings import device_ceilings
-
         return device_ceilings()
     found = datasheet_ceilings(device) if device else None
     if found is None:

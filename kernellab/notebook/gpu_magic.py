@@ -19,13 +19,14 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from .. import report
+from ..run.launch import device as _device
+
 SKIP_MIME = "application/vnd.kernellab.skipped+json"
 
 
 def skipped_bundle(reason: str, note: str | None = None) -> dict:
     """The one-line display of a skipped GPU cell (plain text, HTML and a JSON MIME type tests can find)."""
-    from .. import report
-
     text = f"skipped: this cell needs a CUDA GPU ({reason})"
     if note:
         text += f". {note}"
@@ -94,12 +95,10 @@ class GpuMagics(Magics):
             args = parse_argstring(self.gpu, line)
         except Exception as exc:
             raise UsageError(f"%%gpu {line}: {exc}") from None
-        from ..run.launch.device import gpu_status
-
         note = args.skip_note
         if note and len(note) >= 2 and note[0] == note[-1] and note[0] in "\"'":  # IPython keeps the quotes
             note = note[1:-1]
-        ok, reason = gpu_status()
+        ok, reason = _device.gpu_status()
         if not ok:
             from .recorded import current_cell_id, lookup, lookup_cell_id
 

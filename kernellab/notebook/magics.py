@@ -11,6 +11,8 @@ from traitlets import Unicode
 
 from .. import report
 from ..errors import CompileError, KernellabError
+from ..kernel import compile_cuda
+from .status import publish_status
 
 
 def _options(values) -> tuple[str, ...]:
@@ -66,8 +68,6 @@ def compile_error_usage(exc: CompileError, display_report: bool = True) -> Usage
 def refresh_status() -> None:
     """Refresh the GPU status item (memory in use changes as cells run); never fails a cell."""
     try:
-        from .status import publish_status
-
         publish_status(update=True)
     except Exception:
         pass
@@ -104,7 +104,6 @@ class KernellabMagics(Magics):
             args = parse_argstring(self.cuda, line)
         except Exception as exc:  # argparse's own message, one line
             raise UsageError(f"%%cuda {line}: {exc}") from None
-        from ..kernel import compile_cuda
 
         try:
             module = compile_cuda(cell, arch=args.arch or self.default_arch, options=_options(args.options),

@@ -9,8 +9,11 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Bool, Unicode
 
+from ..compile.numba_backend import register_source
 from ..errors import CompileError, KernellabError
+from ..kernel_numba import numba_module
 from .magics import compile_error_usage, refresh_status, show_code
+from .status import note_simulator
 
 
 def _unquote(text: str) -> str:
@@ -93,7 +96,6 @@ class NumbaMagics(Magics):
             args = parse_argstring(self.numba, line)
         except Exception as exc:  # argparse's own message, one line
             raise UsageError(f"%%numba {line}: {exc}") from None
-        from ..kernel_numba import numba_module
 
         signatures = parse_signatures(args.signature)
         filename = self._cell_filename(line, cell)
@@ -107,8 +109,6 @@ class NumbaMagics(Magics):
         except (KernellabError, ValueError) as exc:
             raise UsageError(str(exc)) from None
         if module.simulate:
-            from .status import note_simulator
-
             note_simulator()
         if args.name:
             self.shell.user_ns[args.name] = module
@@ -141,7 +141,6 @@ class NumbaMagics(Magics):
         compiler = getattr(self.shell, "compile", None)
         if compiler is not None and hasattr(compiler, "cache"):
             return compiler.cache(text, self.shell.execution_count)
-        from ..compile.numba_backend import register_source
 
         name = f"<numba-cell-{abs(hash(text)) % 10**10}>"
         register_source(text, name)

@@ -71,7 +71,7 @@ def sweep_html(sweep) -> str:
     cols = list(rows[0])
     table = html_table(cols, [[fmt_cell(row.get(c)) for c in cols] for row in rows])
     method = esc(f"{sweep.results[0].device}: {sweep.results[0].method}")
-    return (f'<div class="kernellab-sweep">{table}{_figure_png(sweep_plot(sweep))}'
+    return (f'<div class="kernellab-sweep">{table}{figure_png(sweep_plot(sweep))}'
             f'<div style="font-size:85%;color:#555">{method}</div></div>')
 
 
@@ -96,7 +96,8 @@ def new_figure(size):
     return fig, fig.add_subplot()
 
 
-def _figure_png(fig) -> str:
+def figure_png(fig) -> str:
+    """A Matplotlib figure as an <img> tag holding its PNG inline (a pyplot figure is released)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     if getattr(fig.canvas, "manager", None) is not None:     # a pyplot figure the caller gave us: release it

@@ -8,8 +8,11 @@ own callables inside them (launch, inputs, reference) need Dask's cloudpickle, o
 from __future__ import annotations
 
 import atexit
+import importlib
+import multiprocessing
 import os
 import socket
+import sys
 import threading
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -27,17 +30,16 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def process_pool(workers: int | None = None, preload: Sequence[str] = ("kernellab.run.measure.autotune",)
-                 ) -> ProcessPoolExecutor:
+def process_pool(workers: int | None = None, preload: Sequence[str] = ()) -> ProcessPoolExecutor:
     """A process pool of up to `workers` (default: one per core; processes start as tasks need them), kept warm
     between calls and shut down at exit.
 
     Its processes come from a fork server: a notebook's process may hold a CUDA context and threads, which a plain
     fork would copy into each child half-alive; the fork server is a clean process started once, with `preload`
-    imported. Tasks must be functions of importable modules (not of __main__).
+    imported (the callers name their own module: autotune its tasks' module). Tasks must be functions of importable
+    modules (not of __main__).
     """
     global _pool, _pool_size
-    import multiprocessing
 
     workers = workers or cpu_count()
     with _pool_lock:
@@ -88,7 +90,8 @@ def stream(executor: Executor, fn: Callable, items: Iterable, *, on_result: Call
         yield futures[f], value
 
 
-WORKER_IMPORTS = ("torch", "cupy", "kernellab.run.measure.autotune", "kernellab.teach.grading")
+# What every worker imports before its first task; callers add the module of their tasks (see prepare).
+WORKER_IMPORTS = ("torch", "cupy")
 
 
 def prepare(executor: Executor, modules: Sequence[str] = WORKER_IMPORTS) -> bool:
@@ -109,8 +112,6 @@ def prepare(executor: Executor, modules: Sequence[str] = WORKER_IMPORTS) -> bool
 
 def _import_modules(names: list[str]) -> list[str]:
     """The modules of `names` this process could import (run on a worker by `prepare`)."""
-    import importlib
-
     done = []
     for name in names:
         try:
@@ -123,8 +124,6 @@ def _import_modules(names: list[str]) -> list[str]:
 
 def worker_name() -> str:
     """Which worker this is: the Dask worker's address inside a Dask task, else host:pid."""
-    import sys
-
     if "distributed" in sys.modules:
         try:
             from distributed import get_worker

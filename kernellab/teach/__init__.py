@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .grader import DEFAULT_HINTS, ExerciseError, spec_problems
+from .grader import DEFAULT_HINTS, ExerciseError, grade as _grade, spec_problems
 from .result import Check, ExerciseTable, Finding, GradeResult, Speed
 from .spec import Exercise, Launch, SassRule, SpeedBar, ceil_div
 
@@ -73,8 +73,6 @@ def grade(exercise_id: str, kernel, *, seed: int | None = None, speed: bool = Tr
     """Grade `kernel` for exercise `exercise_id`: a GradeResult (passed, findings with hints); never raises for a
     wrong kernel. Without a GPU a %%cuda kernel is graded as far as the compiler allows, and the result says what
     needs a GPU. `seed` fixes the random inputs (default: fresh each time); speed=False skips the speed bar."""
-    from .grader import grade as _grade
-
     return _grade(exercise(exercise_id), kernel, seed=seed, speed=speed)
 
 

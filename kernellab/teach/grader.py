@@ -18,6 +18,7 @@ A wrong kernel never raises: every problem becomes a finding, and the verdict is
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import secrets
@@ -26,7 +27,16 @@ import warnings
 
 import numpy as np
 
+from ..compile import numba_backend as nb
+from ..compile.signature import parse_param
 from ..errors import KernellabError, NoGPUError
+from ..kernel import Kernel, KernelCollection
+from ..kernel_numba import numba_kernel
+from ..run.launch import device as _device
+from ..run.launch.worker import IsolatedLaunchError
+from ..run.measure.bench import bench
+from ..run.nvtools.sanitize import ToolNotFoundError
+from ..run.sim.numba_sim import SimulatedKernelError, SimulatorNotice
 from . import compare as _cmp
 from .result import Check, Finding, GradeResult, Speed
 from .spec import Exercise, dim3
@@ -161,9 +171,7 @@ class _Grading:
         k = self.resolve(kernel)
         if k is None or not self.signature_fits(k):
             return
-        from ..run.launch.device import gpu_status
-
-        gpu, reason = gpu_status()
+        gpu, reason = _device.gpu_status()
         simulated = ex.kind == "numba" and bool(getattr(k, "simulate", False))
         if ex.kind == "cuda":
             self.static_checks(k)
@@ -203,7 +211,6 @@ class _Grading:
         if kernel is None:
             self.add("no_kernel", f"no kernel was given: pass the `{ex.kernel}` that the exercise's cell defines")
             return None
-        from ..kernel import Kernel, KernelCollection
 
         if isinstance(kernel, KernelCollection):
             try:
@@ -213,16 +220,12 @@ class _Grading:
                 self.add("no_kernel", f"the cell defines no kernel named `{ex.kernel}` (it has: {names})")
                 return None
         if ex.kind == "numba" and not isinstance(kernel, Kernel):
-            from ..compile import numba_backend as nb
-
             try:
                 nb.kernel_function(kernel)
             except Exception:
                 self.add("wrong_kind", f"expected the Numba kernel `{ex.kernel}` (a @cuda.jit function), got a "
                                        f"{type(kernel).__name__}")
                 return None
-            from ..kernel_numba import numba_kernel
-
             kernel = numba_kernel(kernel)
         if not isinstance(kernel, Kernel):
             self.add("wrong_kind", f"expected the kernel `{ex.kernel}` that the exercise's cell defines, got a "
@@ -239,8 +242,6 @@ class _Grading:
         ex = self.ex
         want = ex.signature
         if ex.kind == "numba":
-            from ..compile import numba_backend as nb
-
             have = nb.param_names(k.py_func)
             n = len(ex.names)
             ok = len(have) == n
@@ -249,7 +250,6 @@ class _Grading:
                 self.add("signature", f"`{k.name}` takes {len(have)} parameters ({', '.join(have)}); the exercise "
                                       f"passes {n}: ({want})")
             return ok
-        from ..compile.signature import parse_param
 
         expected = [parse_param(p, i) for i, p in enumerate(s.strip() for s in want.split(","))]
         have = list(k.params)
@@ -385,8 +385,6 @@ class _Grading:
         return ok
 
     def _launch_sim(self, k, args, grid, block):
-        from ..run.sim.numba_sim import SimulatedKernelError, SimulatorNotice
-
         try:
             with warnings.catch_warnings():       # the result says it ran in the simulator
                 warnings.simplefilter("ignore", SimulatorNotice)
@@ -404,8 +402,6 @@ class _Grading:
         return [args[i] for i in self.ex.outputs]
 
     def _launch_gpu(self, k, args, grid, block):
-        from ..run.launch.worker import IsolatedLaunchError
-
         dev = _to_device(args)
         try:
             k.launch(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, isolate=True, timeout_s=30)
@@ -436,8 +432,6 @@ class _Grading:
         return shape, grid, block, args
 
     def sanitizers(self, k) -> None:
-        from ..run.nvtools.sanitize import ToolNotFoundError
-
         shape, grid, block, args = self._sanitize_launch()
         dev = _to_device(args)
         where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
@@ -519,8 +513,6 @@ class _Grading:
 
     # -- speed ------------------------------------------------------------------------------------------------
     def measure_speed(self, k) -> None:
-        from ..run.measure.bench import bench
-
         bar = self.ex.speed
         shape = tuple(bar.shape)
         grid, block = self.ex.launch.configs(shape)[0]
@@ -630,8 +622,6 @@ def _shape_text(ex: Exercise, shape) -> str:
 
 def _simulated_copy(k):
     """The same Numba kernel set to run in the simulator, or None where it cannot be (not a NumbaKernel)."""
-    import copy
-
     if not hasattr(k, "simulate"):
         return None
     sim = copy.copy(k)

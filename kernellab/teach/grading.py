@@ -8,6 +8,7 @@ pool (docs/GRADING.md): each submission is graded on one worker's GPU and its ro
 from __future__ import annotations
 
 import importlib
+import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -15,6 +16,7 @@ from typing import Any, Callable
 from .. import report
 from ..errors import KernellabError
 from ..run import fanout
+from ..run.measure.autotune import where
 
 DEFAULT_GRADER = "kernellab.teach:grade"
 
@@ -126,9 +128,6 @@ def resolve_grader(grader) -> Callable:
 
 def grade_one(task: GradeTask) -> GradeRow:
     """Grade one submission where this runs; a grader that raises gives a row with the error, not an exception."""
-    import pickle
-
-    from ..run.measure.autotune import where
 
     here = where()
     t0 = time.perf_counter()
@@ -176,7 +175,7 @@ def grade_many(exercise_id: str, submissions, *, executor=None, grade: Callable 
     if executor is None:
         resolve_grader(grader)                 # fail once, here, rather than once per submission
     else:
-        fanout.prepare(executor)               # the workers import torch and kernellab before any task arrives
+        fanout.prepare(executor, fanout.WORKER_IMPORTS + (__name__,))   # before any task arrives
     t0 = time.perf_counter()
     tasks = [GradeTask(str(exercise_id), name, sub, grader) for name, sub in items]
     rows: list[GradeRow | None] = [None] * len(tasks)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 _LINE = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<body>[^;]*?)\s*;\s*/\*\s*0x(?P<lo>[0-9a-f]{16})\s*\*/\s*\n"
                    r"\s*/\*\s*0x(?P<hi>[0-9a-f]{16})\s*\*/")
-_PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
+PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
 _REG = re.compile(r"^-?\|?(R\d+|RZ)\b")
 
 
@@ -79,7 +79,7 @@ class Instruction:
     def sources(self) -> list[str | None]:
         """The instruction's source operands in slot order, a register name ('R12', 'RZ') or None for others.
         For instructions with a destination (the first operand) that one is skipped; stores have none."""
-        body = _PREDICATE.sub("", self.text).split(None, 1)
+        body = PREDICATE.sub("", self.text).split(None, 1)
         ops = [o.strip() for o in body[1].split(",")] if len(body) > 1 else []
         if self.base not in ("STS", "STG", "ST", "STL", "BRA", "BAR", "RED", "ATOM", "EXIT"):
             ops = ops[1:]
@@ -97,7 +97,7 @@ def parse(sass: str) -> list[Instruction]:
     out = []
     for m in _LINE.finditer(sass):
         body = m.group("body").strip()
-        opcode = _PREDICATE.sub("", body).split()[0]
+        opcode = PREDICATE.sub("", body).split()[0]
         out.append(Instruction(int(m.group("addr"), 16), body, opcode, Control.decode(int(m.group("hi"), 16))))
     return out
 

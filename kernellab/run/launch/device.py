@@ -5,6 +5,7 @@ import functools
 from dataclasses import dataclass
 
 from ...errors import NoGPUError
+from . import cudriver
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,6 @@ def _runtime_version() -> int | None:
 def why_no_gpu(error: str, runtime_version: int | None) -> str:
     """Which of 'no driver', 'driver too old' and 'no device' it is, asked of libcuda itself: CUDA's runtime says
     "driver version is insufficient" for all of them when it cannot load a driver."""
-    from . import cudriver
-
     try:
         have = cudriver.driver_version()
     except cudriver.DriverUnavailable as exc:

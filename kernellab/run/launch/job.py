@@ -12,6 +12,7 @@ job and writes a `JobResult`; that is what compute-sanitizer and ncu run.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -22,7 +23,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ...compile import cache
+from ...compile.cubin import read_cubin
+from ...compile.nvrtc import compile_source, nvrtc_version
 from ...errors import ArgumentError, KernellabError
+from .launch import (PORTABLE_CLUSTER_BLOCKS, LaunchConfig, allow_dynamic_shared, allow_large_clusters, cluster_blocks,
+                     cluster_dims, is_sticky, launch_dims, launch_values, scalar_of, tensor_map_of)
+from .tensor_map import TensorMap, encode_for_job
 
 JOB_MAGIC = b"KLJOB01\n"
 RESULT_MAGIC = b"KLRES01\n"
@@ -138,8 +145,6 @@ def tensor_spec(x, name: str = "", *, writes: bool = True, data: str = "copy") -
 
 def tensor_of(x):
     """The tensor behind an argument: a TensorMap's tensor, else the argument itself."""
-    from .tensor_map import TensorMap
-
     return x.tensor if isinstance(x, TensorMap) else x
 
 
@@ -179,7 +184,7 @@ def _tensor_bytes(x) -> bytes:
     raise ArgumentError(f"cannot read the data of a {type(x).__name__}")
 
 
-def _device_pointer(x) -> int | None:
+def device_pointer(x) -> int | None:
     """The device address of a CUDA tensor, or None for host data."""
     fw = _framework(x)
     if fw == "torch":
@@ -225,7 +230,7 @@ def lend(x, *, disabled: str | None = None) -> tuple[bytes, int] | str:
     that writes out of bounds in the worker cannot reach another of the caller's tensors. `disabled` is the reason
     to copy a tensor that could be lent, without trying (CUDA IPC failed earlier in this session).
     """
-    ptr = _device_pointer(x)
+    ptr = device_pointer(x)
     if ptr is None:
         return "it is host memory"
     nbytes = math.prod(x.shape) * ITEMSIZE.get(_dtype_name(x), 1)
@@ -342,8 +347,6 @@ class KernelJob:
         builds the same map over its own view of the tensor, since the map's address is only valid in the process
         that made it. That needs a C-contiguous tensor. The tensor comes back after the launch (TMA may store).
         """
-        from .launch import _dims, _scalar_of, _tensor_map_of, cluster_dims
-
         if data not in ("copy", "shapes", "share"):
             raise ValueError(f"data must be 'copy', 'shapes' or 'share', got {data!r}")
         params = kernel.params
@@ -355,7 +358,7 @@ class KernelJob:
         for pos, (p, x) in enumerate(zip(params, args)):
             tmap = None
             if getattr(p, "tensor_map", False):
-                _tensor_map_of(p, x, None, pos)                  # a TensorMap, or the error a launch gives
+                tensor_map_of(p, x, None, pos)                  # a TensorMap, or the error a launch gives
                 if not x.contiguous:
                     raise ArgumentError(
                         f"argument {pos} ('{p.name}'): {x.describe()} maps a tensor that is not C-contiguous "
@@ -364,7 +367,7 @@ class KernelJob:
                         f"tensors only so far: map a contiguous tensor, or launch in this process")
                 tmap, x = x, x.tensor
             elif not p.pointer:
-                v = _scalar_of(p, x, pos)
+                v = scalar_of(p, x, pos)
                 specs.append(ArgSpec("scalar", p.name, p.dtype or "", value=v.item()))
                 continue
             if x is None:
@@ -388,7 +391,7 @@ class KernelJob:
                         not_shared[name] = lent
                     lent = None
             if data == "share" and lent is None and stage_min_bytes is not None and nbytes >= max(stage_min_bytes, 1):
-                ptr = _device_pointer(x)
+                ptr = device_pointer(x)
                 if ptr is not None and stage_disabled:
                     if not_staged is not None:
                         not_staged[name] = stage_disabled
@@ -410,11 +413,12 @@ class KernelJob:
                 if p.pointer and spec.kind == "null":
                     raise ArgumentError(f"{p.name} is a Numba array parameter and cannot be None")
         resources = getattr(kernel, "resources", None)
-        return cls(symbol=kernel.symbol, grid=_dims(grid, "grid"), block=_dims(block, "block"), args=tuple(specs),
+        return cls(symbol=kernel.symbol, grid=launch_dims(grid, "grid"), block=launch_dims(block, "block"),
+                   args=tuple(specs),
                    backend=getattr(kernel, "backend", "cuda"), name=kernel.name,
                    signature=str(getattr(kernel, "signature", "")), arch=kernel.arch, shared_bytes=int(shared_bytes),
                    static_shared_bytes=getattr(resources, "shared_bytes", 0) if resources else 0, device=device,
-                   cluster=cluster_dims(cluster, _dims(grid, "grid")), **where)
+                   cluster=cluster_dims(cluster, launch_dims(grid, "grid")), **where)
 
     # -- serialization --------------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -553,8 +557,6 @@ def job_image(job: KernelJob) -> tuple[bytes, str]:
         return job.image, job.image_format or "cubin"
     if job.backend != "cuda" or not job.source:
         raise KernellabError(f"job {job.label} has no compiled image and no CUDA C++ source to compile")
-    from ...compile import cache
-    from ...compile.nvrtc import compile_source, nvrtc_version
 
     key = cache.make_key(source=job.source, options=job.options, arch=job.arch, nvrtc=nvrtc_version(),
                          first_line=job.first_line, filename=job.filename)
@@ -617,8 +619,6 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
         try:
             start.record(stream)
             if job.cluster:                  # cuLaunchKernelEx with the cluster shape, through run/launch/cudriver.py
-                from .launch import LaunchConfig, launch_values
-
                 launch_values(fn.ptr, LaunchConfig(job.grid, job.block, job.shared_bytes, job.cluster), values,
                               stream.ptr, cupy.cuda.runtime.getDevice())
             else:
@@ -669,14 +669,10 @@ def _function(job: KernelJob, state: dict):
             cache.clear()
         cache[key] = fn
     if job.shared_bytes + job.static_shared_bytes > 48 * 1024:
-        from .launch import allow_dynamic_shared
-
         allow_dynamic_shared(fn, job.shared_bytes)            # opt in above 48 KiB
-    from .launch import PORTABLE_CLUSTER_BLOCKS, allow_large_clusters, cluster_blocks
 
     compiled = None
     if fmt == "cubin":                                        # __cluster_dims__ in the image
-        from ...compile.cubin import read_cubin
 
         facts = read_cubin(image).get(job.symbol)
         compiled = facts.cluster_dims if facts else None
@@ -704,8 +700,6 @@ def _materialize(job: KernelJob, state: dict, stream=None):
             arr, ptr = _tensor_on_device(cupy, spec, state, stream)
             arrays.append(arr)
             if spec.tensor_map is not None:
-                from .tensor_map import encode_for_job
-
                 values.append(encode_for_job(spec, ptr, job.device))
             else:
                 values.extend(numba_array_values(spec, ptr) if job.abi == "numba" else [np.uint64(ptr)])
@@ -870,8 +864,6 @@ def nonfinite_note(spec: ArgSpec, arr, xp) -> str | None:
 
 
 def _failure(job: KernelJob, exc: BaseException, during: str) -> JobResult:
-    from .launch import is_sticky
-
     text = f"{type(exc).__name__}: {exc}".strip()
     cuda_like = type(exc).__module__.split(".")[0] in ("cupy", "cupy_backends", "cuda") or "cuda" in text.lower()
     sticky = is_sticky(exc)
@@ -909,8 +901,6 @@ def _trim_pool(cupy) -> None:
 
 def main(argv=None) -> int:
     """`python -m kernellab.run.launch.job JOBFILE [--out RESULTFILE]`: run one job in this process."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m kernellab.run.launch.job", description=main.__doc__)
     ap.add_argument("jobfile")
     ap.add_argument("--out", default=None, help="write the JobResult here")

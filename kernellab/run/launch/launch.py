@@ -5,18 +5,21 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import ctypes
 import functools
 import math
 import os
 import re
 import struct
 import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...compile.signature import TENSOR_MAP_ALIGN_BYTES, TENSOR_MAP_BYTES, Param
 from ...errors import ArgumentError, LaunchError
+from . import cudriver
 from .cudriver import CUDA_ERROR_INVALID_CONTEXT
 from .device import DeviceInfo
 from .tensor_map import TensorMap
@@ -60,7 +63,7 @@ def cluster_dims(cluster, grid: tuple[int, int, int], device: DeviceInfo | None 
     """Validate a thread-block cluster shape against the grid (and the device): None, or a 3-tuple."""
     if cluster is None:
         return None
-    c = _dims(cluster, "cluster")
+    c = launch_dims(cluster, "cluster")
     blocks = cluster_blocks(c)
     if blocks > MAX_CLUSTER_BLOCKS:
         raise ArgumentError(f"cluster {c} has {blocks} blocks; at most {MAX_CLUSTER_BLOCKS} blocks per cluster (sm_90's "
@@ -76,7 +79,8 @@ def cluster_dims(cluster, grid: tuple[int, int, int], device: DeviceInfo | None 
     return c
 
 
-def _dims(value, what: str) -> tuple[int, int, int]:
+def launch_dims(value, what: str) -> tuple[int, int, int]:
+    """A grid, block or cluster shape as (x, y, z): an int or a 1- to 3-tuple of positive ints, checked."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         dims = (int(value),)
     elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3 and all(
@@ -93,7 +97,7 @@ def _dims(value, what: str) -> tuple[int, int, int]:
 def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, static_shared_bytes: int,
                 device: DeviceInfo | None, cluster=None) -> LaunchConfig:
     """Validate grid, block, dynamic shared memory (and a cluster shape) against the kernel and the device."""
-    g, b = _dims(grid, "grid"), _dims(block, "block")
+    g, b = launch_dims(grid, "grid"), launch_dims(block, "block")
     if not isinstance(shared_bytes, (int, np.integer)) or shared_bytes < 0:
         raise ArgumentError(f"shared_bytes must be a non-negative int (dynamic shared memory per block), "
                             f"got {shared_bytes!r}")
@@ -122,7 +126,8 @@ def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, s
     return cfg
 
 
-def _describe(x) -> str:
+def describe_value(x) -> str:
+    """What an argument is, for error messages: "torch tensor (dtype float32, shape (4,), device cuda:0)", ..."""
     mod = type(x).__module__.split(".")[0]
     if mod == "torch" and hasattr(x, "dtype"):
         return f"torch tensor (dtype {str(x.dtype).replace('torch.', '')}, shape {tuple(x.shape)}, device {x.device})"
@@ -174,17 +179,17 @@ def _pointer_of(param: Param, x, device: DeviceInfo | None, pos: int, any_device
     elif any_device and isinstance(x, np.ndarray):
         dtype, contiguous, ptr, nbytes = str(x.dtype), x.flags.c_contiguous, x.ctypes.data, x.nbytes
     elif isinstance(x, np.ndarray) or (mod == "torch"):
-        raise ArgumentError(f"{where} got a {_describe(x)}; the kernel needs device memory: use a CUDA torch tensor "
-                            f"or a CuPy array")
+        raise ArgumentError(f"{where} got a {describe_value(x)}; the kernel needs device memory: use a CUDA torch "
+                            f"tensor or a CuPy array")
     else:
-        raise ArgumentError(f"{where} is a pointer parameter but got a {_describe(x)}; pass a CUDA torch tensor, a "
-                            f"CuPy array or None (null)")
+        raise ArgumentError(f"{where} is a pointer parameter but got a {describe_value(x)}; pass a CUDA torch "
+                            f"tensor, a CuPy array or None (null)")
     if param.dtype is not None and dtype != param.dtype:
-        raise ArgumentError(f"{where} expects {param.dtype} elements but got a {_describe(x)}; convert it with "
+        raise ArgumentError(f"{where} expects {param.dtype} elements but got a {describe_value(x)}; convert it with "
                             f".to(torch.{param.dtype}) or change the parameter type")
     if not contiguous:
-        raise ArgumentError(f"{where} got a non-contiguous {_describe(x)}; the kernel indexes memory densely: pass "
-                            f"x.contiguous()")
+        raise ArgumentError(f"{where} got a non-contiguous {describe_value(x)}; the kernel indexes memory densely: "
+                            f"pass x.contiguous()")
     if param.vector_width > 1:
         itemsize = 2 if param.dtype == "bfloat16" else np.dtype(param.dtype).itemsize  # NumPy has no bfloat16
         align = param.vector_width * itemsize
@@ -210,7 +215,7 @@ def _bf16_bits(value: float) -> int:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
 
 
-def _scalar_of(param: Param, x, pos: int):
+def scalar_of(param: Param, x, pos: int):
     """The exact-width NumPy scalar for a scalar parameter."""
     where = f"argument {pos} ('{param.name}', {param.ctype})"
     mod = type(x).__module__.split(".")[0]
@@ -218,12 +223,12 @@ def _scalar_of(param: Param, x, pos: int):
         if getattr(x, "ndim", None) == 0 and mod != "torch" or (mod == "torch" and x.dim() == 0 and not x.is_cuda):
             x = x.item()
         else:
-            raise ArgumentError(f"{where} is a scalar parameter but got a {_describe(x)}; pass a number "
+            raise ArgumentError(f"{where} is a scalar parameter but got a {describe_value(x)}; pass a number "
                                 f"(or declare the parameter as a pointer)")
     if isinstance(x, np.generic):
         x = x.item()
     if not isinstance(x, (int, float, bool)):
-        raise ArgumentError(f"{where} expects a number, got {_describe(x)}")
+        raise ArgumentError(f"{where} expects a number, got {describe_value(x)}")
     dt = param.dtype
     if dt == "bool":
         return np.bool_(bool(x))
@@ -245,7 +250,7 @@ def _scalar_of(param: Param, x, pos: int):
                         f"supported scalar type (int, float, double, ...) or a pointer")
 
 
-def _tensor_map_of(param: Param, x, device: DeviceInfo | None, pos: int) -> np.ndarray:
+def tensor_map_of(param: Param, x, device: DeviceInfo | None, pos: int) -> np.ndarray:
     """The 128 bytes of a TensorMap for a `CUtensorMap` parameter, after checking it is one and on the right GPU."""
     where = f"argument {pos} ('{param.name}', {param.ctype})"
     if isinstance(x, TensorMap):
@@ -255,9 +260,9 @@ def _tensor_map_of(param: Param, x, device: DeviceInfo | None, pos: int) -> np.n
         return x.kernel_arg()
     mod = type(x).__module__.split(".")[0]
     if mod in ("torch", "cupy") or isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__"):
-        raise ArgumentError(f"{where} takes a tensor map, but got a {_describe(x)}; build one with "
+        raise ArgumentError(f"{where} takes a tensor map, but got a {describe_value(x)}; build one with "
                             f"kernellab.tensor_map(x, box=(rows, cols)) (the tile each copy moves) and pass that")
-    raise ArgumentError(f"{where} takes a tensor map (kernellab.tensor_map(tensor, box)), got a {_describe(x)}")
+    raise ArgumentError(f"{where} takes a tensor map (kernellab.tensor_map(tensor, box)), got a {describe_value(x)}")
 
 
 def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | None, signature: str = "", *,
@@ -273,7 +278,7 @@ def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | No
     out = []
     for pos, (param, x) in enumerate(zip(params, args)):
         if param.tensor_map:
-            out.append(_tensor_map_of(param, x, None if any_device else device, pos))
+            out.append(tensor_map_of(param, x, None if any_device else device, pos))
             continue
         if param.pointer and param.base in ("CUtensorMap", "CUtensorMap_st"):
             raise ArgumentError(f"argument {pos} ('{param.name}', {param.ctype}): a tensor map is passed by value, "
@@ -289,7 +294,7 @@ def marshal_args(params: tuple[Param, ...], args: tuple, device: DeviceInfo | No
                                     f"from Python; use a pointer to a scalar type (float*, int*, ...) or void*")
             out.append(np.uint64(_pointer_of(param, x, device, pos, any_device)))
         else:
-            out.append(_scalar_of(param, x, pos))
+            out.append(scalar_of(param, x, pos))
     return out
 
 
@@ -719,16 +724,11 @@ class LaunchPath:
     def __init__(self, function_handle: int, params: tuple[Param, ...], device: DeviceInfo, *, name: str,
                  signature: str, max_threads_per_block: int, static_shared_bytes: int, driver=None,
                  opt_in=None, cluster_opt_in=None):
-        import ctypes
-        import threading
-
         self.function_handle, self.params, self.device = int(function_handle), tuple(params), device
         self.name, self.signature = name, signature
         self.max_threads_per_block, self.static_shared_bytes = max_threads_per_block, static_shared_bytes
         if driver is None:
-            from .cudriver import driver as _driver
-
-            driver = _driver()
+            driver = cudriver.driver()
         self.driver = driver
         self._opt_in = opt_in                  # shared_bytes -> None: raise the function's dynamic smem limit
         self._opted_in_bytes = device.shared_per_block_bytes - static_shared_bytes
@@ -834,11 +834,11 @@ class LaunchPath:
             self.driver.launch(self.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, stream,
                                self.params_address, self.device.index)
         except Exception as exc:
-            raise _launch_error(exc, self.name, cfg, during="launch") from None
+            raise as_launch_error(exc, self.name, cfg, during="launch") from None
 
     def _raise(self, cfg: LaunchConfig, rc: int) -> None:
         """A generated launch's failed capture query or synchronisation: the LaunchError (a fault in the kernel)."""
-        raise _launch_error(self.driver.error(rc), self.name, cfg, during="run")
+        raise as_launch_error(self.driver.error(rc), self.name, cfg, during="run")
 
     def _pack_numpy(self, values: list) -> None:
         """marshal_args's NumPy values into the parameter buffer (the caller holds the lock)."""
@@ -896,14 +896,14 @@ class LaunchPath:
                 self.driver.launch(self.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, handle,
                                    self.params_address, self.device.index, **extra)
             except Exception as exc:
-                raise _launch_error(exc, self.name, cfg, during="launch") from None
+                raise as_launch_error(exc, self.name, cfg, during="launch") from None
         if resolve_sync(sync):
             try:
                 if not self.driver.is_capturing(handle):
                     self.driver.synchronize(handle)
                     RECENT_LAUNCHES.clear()
             except Exception as exc:
-                raise _launch_error(exc, self.name, cfg, during="run") from None
+                raise as_launch_error(exc, self.name, cfg, during="run") from None
         else:
             record_async(self.name, cfg)
 
@@ -956,12 +956,8 @@ def launch_values(function_handle: int, config: LaunchConfig, values: list, stre
                   driver=None) -> None:
     """Launch with marshal_args-style values (NumPy scalars, a tensor map's bytes) through run/launch/cudriver.py:
     cuLaunchKernel, or cuLaunchKernelEx where `config` has a cluster shape (a worker's launches)."""
-    import ctypes
-
     if driver is None:
-        from .cudriver import driver as _driver
-
-        driver = _driver()
+        driver = cudriver.driver()
     held = [np.ascontiguousarray(v) for v in values]        # each value's bytes, alive until the launch returns
     pointers = (ctypes.c_void_p * max(1, len(held)))(*[h.ctypes.data for h in held])
     extra = {"cluster": config.cluster} if config.cluster else {}
@@ -969,7 +965,8 @@ def launch_values(function_handle: int, config: LaunchConfig, values: list, stre
                   ctypes.addressof(pointers) if held else None, device_index, **extra)
 
 
-def _launch_error(exc, kernel_name, config, during, job=None) -> LaunchError:
+def as_launch_error(exc, kernel_name, config, during, job=None) -> LaunchError:
+    """A driver error during a launch as a LaunchError: what failed, the launch's configuration, what to do next."""
     text = str(exc)
     if is_sticky(exc):
         msg = (f"{kernel_name} faulted while running ({text}) with {config}. This error is sticky: the CUDA context "

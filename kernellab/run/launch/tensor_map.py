@@ -12,12 +12,16 @@ the call as made.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ... import report
 from ...errors import ArgumentError, KernellabError, NoGPUError
+from . import cudriver
 
 TENSOR_MAP_BYTES = 128           # sizeof(CUtensorMap)
 TENSOR_MAP_ALIGN_BYTES = 64      # the map's address must be 64-byte aligned (a __grid_constant__ parameter is)
@@ -127,8 +131,6 @@ class TensorMap:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        from ... import report
-
         rows = [["tensor", f"{self.dtype}[{', '.join(map(str, self.shape))}]"],
                 ["box", f"[{', '.join(map(str, self.box))}] = {self.box_bytes:,} B per copy"],
                 ["strides", ", ".join(f"{s:,} B" for s in self.strides_bytes)],
@@ -361,15 +363,11 @@ def _context_for(device: int | None):
     """cuTensorMapEncodeTiled needs a current context (without one: CUDA_ERROR_INVALID_CONTEXT, e.g. in a thread
     that has not touched CUDA, or a process that has only cuInit): push the device's primary context, the one
     torch and CuPy use. Where the driver is missing or has no GPU, nothing: encode_tiled says why."""
-    import contextlib
-
-    from .cudriver import CudaDriverError, DriverUnavailable, context_on, current_context
-
     try:
-        if device is None and current_context() is not None:
+        if device is None and cudriver.current_context() is not None:
             return contextlib.nullcontext()
-        return context_on(0 if device is None else device)
-    except (DriverUnavailable, CudaDriverError):
+        return cudriver.context_on(0 if device is None else device)
+    except (cudriver.DriverUnavailable, cudriver.CudaDriverError):
         return contextlib.nullcontext()
 
 
@@ -379,8 +377,6 @@ def encode_tiled(**kw) -> bytes:
     It needs the CUDA driver library (libcuda) and a current context (encode makes one current): on a machine
     without libcuda, NoGPUError.
     """
-    import ctypes
-
     try:
         from cuda.bindings import driver
     except ImportError as exc:

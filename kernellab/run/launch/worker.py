@@ -23,11 +23,16 @@ printf included) go to a file the caller reads after each job. Workers live in a
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
+import ctypes
 import fcntl
+import importlib
+import json
 import math
 import os
+import re
 import select
 import signal
 import struct
@@ -36,11 +41,17 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+import traceback
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
 
 from ... import report
-from ...errors import KernellabError, LaunchError
-from .job import JobResult, KernelJob
+from ...errors import ArgumentError, KernellabError, LaunchError
+from . import device as _device, job as _job
+from .job import JobResult, KernelJob, storage_dtype, tensor_of
+from .launch import make_config
 
 DEFAULT_RUNNER = "kernellab.run.launch.job:run_job"
 DEFAULT_INIT = "kernellab.run.launch.job:init_worker"
@@ -227,7 +238,6 @@ class Worker:
             self.kill()
             raise WorkerError(f"the kernellab worker process {why} while starting"
                               + (f"; its output:\n{log[-3000:]}" if log.strip() else "")) from None
-        import json
 
         self.info = json.loads(hello[1:]) if hello[:1] == b"H" else {}
         if hello[:1] != b"H":
@@ -320,8 +330,6 @@ class Worker:
                 self._staging_io.close(slot.ptr, self.device)
 
     def _ask_stage(self, request: dict, timeout_s: float) -> dict:
-        import json
-
         try:
             _write_frame(self._to_worker, b"S" + json.dumps(request).encode())
         except (BrokenPipeError, OSError, TypeError):
@@ -485,8 +493,6 @@ class WorkerPool:
 
 
 def _with_stdout(result: JobResult, out: str) -> JobResult:
-    from dataclasses import replace
-
     return replace(result, stdout=(result.stdout + out) if result.stdout else out)
 
 
@@ -583,8 +589,6 @@ class StagingPlan:
     """
 
     def __init__(self, job: KernelJob, args, io=None):
-        from . import job as _job
-
         self.io = io if io is not None else staging_io
         self.device = job.device
         items: dict[int, list] = {}                          # the job's slot -> [tensor, bytes, written]
@@ -595,7 +599,7 @@ class StagingPlan:
                 item[1] = max(item[1], spec.nbytes)
                 item[2] = item[2] or spec.writes
         self.slots = sorted(items)
-        self.items = [(x, n, w, _job._device_pointer(x)) for x, n, w in (items[k] for k in self.slots)]
+        self.items = [(x, n, w, _job.device_pointer(x)) for x, n, w in (items[k] for k in self.slots)]
         self.ptrs: list[int] = []
 
     def __bool__(self) -> bool:
@@ -603,8 +607,6 @@ class StagingPlan:
 
     def upload(self, worker: "Worker", job: KernelJob, timeout_s: float) -> KernelJob:
         """Copy the tensors into `worker`'s staging buffers; the job, its staged arguments pointing at them."""
-        from dataclasses import replace
-
         placed = worker.stage([n for _, n, _, _ in self.items], self.io, timeout_s)
         self.ptrs = [ptr for _, ptr in placed]
         self._copy(((ptr, src, n, x) for (x, n, _, src), ptr in zip(self.items, self.ptrs)))
@@ -694,7 +696,7 @@ class IsolatedRun:
 _ipc_state = {"broken": None}   # why lending tensors failed in this session, once it has
 
 
-def _sync_caller() -> None:
+def sync_caller() -> None:
     """Wait for this process's queued GPU work, so the worker sees the arguments' final values."""
     if "torch" in sys.modules:
         torch = sys.modules["torch"]
@@ -706,16 +708,10 @@ def _sync_caller() -> None:
 
 def check_launch(kernel, grid, block, args, shared_bytes: int = 0, cluster=None):
     """Check a launch as Kernel.launch does (device, arch, config, every argument) and return (config, device)."""
-    import re
-
-    from . import device as _device
-    from .launch import make_config
 
     _device.require_gpu(f"launching {kernel.name}")
     dev = _device.device_info()
     if re.sub(r"[af]$", "", kernel.arch) != dev.arch:
-        from ...errors import ArgumentError
-
         raise ArgumentError(f"{kernel.name} was compiled for {kernel.arch} but the GPU is {dev.name} ({dev.arch}); "
                             f"recompile with arch='{dev.arch}' (or arch=None for the current GPU)")
     cfg = make_config(grid, block, shared_bytes, max_threads_per_block=kernel.resources.max_threads_per_block,
@@ -736,7 +732,7 @@ def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s:
     t0 = time.perf_counter()
     args = tuple(args)
     cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
-    _sync_caller()
+    sync_caller()
     not_shared: dict[str, str] = {}
     not_staged: dict[str, str] = {}
 
@@ -823,9 +819,6 @@ def copy_notes(copied, not_shared: dict, not_staged: dict) -> tuple[str, ...]:
 
 def apply_outputs(args, job: KernelJob, result: JobResult) -> None:
     """Copy the worker's written arguments back into the caller's tensors (shared ones were written in place)."""
-    import numpy as np
-
-    from .job import storage_dtype, tensor_of
 
     for index, data in result.outputs:
         target, spec = tensor_of(args[index]), job.args[index]
@@ -908,14 +901,20 @@ def worker_output_lines(text: str) -> list[str]:
     return out
 
 
+# Runs a job under compute-sanitizer memcheck: (job, timeout_s) -> SanitizerReport. compute-sanitizer's module
+# (run/nvtools/sanitize.py) sits above this one, so it installs itself here when it is imported (kernellab.kernel
+# imports it); until then a fault is reported without the diagnosis.
+fault_sanitizer: Callable[[KernelJob, float], Any] | None = None
+
+
 def _diagnose(kernel, job: KernelJob, args) -> tuple[object, str]:
     """Re-run the faulting launch under compute-sanitizer memcheck and summarize where it faulted."""
     try:
-        from ..nvtools.sanitize import sanitize
-
+        if fault_sanitizer is None:
+            raise KernellabError("kernellab.run.nvtools.sanitize is not loaded")
         copy = KernelJob.from_launch(kernel, job.grid, job.block, args, job.shared_bytes, data="copy",
                                      device=job.device)
-        rep = sanitize(copy, tool="memcheck", timeout_s=max(settings.timeout_s, 120.0))
+        rep = fault_sanitizer(copy, max(settings.timeout_s, 120.0))
     except Exception as exc:  # no compute-sanitizer here: say how to look by hand
         return None, (f"(compute-sanitizer could not diagnose it here: {exc}). Find the faulting line with "
                       f"{job.label}.sanitize({job.grid}, {job.block}, *args).")
@@ -935,16 +934,12 @@ def run_job_isolated(job: KernelJob, *, timeout_s: float | None = None, pool: Wo
 
 
 def _load(spec: str):
-    import importlib
-
     mod, _, attr = spec.partition(":")
     return getattr(importlib.import_module(mod), attr)
 
 
 def _die_with_parent() -> None:
     with contextlib.suppress(Exception):
-        import ctypes
-
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG: go when the caller goes
 
 
@@ -952,8 +947,6 @@ def _flush_c_stdio() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     with contextlib.suppress(Exception):
-        import ctypes
-
         ctypes.CDLL(None).fflush(None)              # device printf goes through C stdio
 
 
@@ -964,9 +957,6 @@ def serve(fd_in: int, fd_out: int, runner: str, init: str | None, device: int | 
     Requests: b"R" + a job (the reply is its JobResult), b"S" + JSON for the staging buffers (`stage(request,
     state)`; the reply is b"S" + its JSON answer, or b"E" + what failed), b"Q" (quit).
     """
-    import json
-    import traceback
-
     _die_with_parent()
     state: dict = {}
     try:
@@ -1008,8 +998,6 @@ def serve(fd_in: int, fd_out: int, runner: str, init: str | None, device: int | 
 
 
 def main(argv=None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m kernellab.run.launch.worker",
                                  description="kernellab's GPU worker (started by kernellab.run.launch.worker.Worker)")
     ap.add_argument("--fd-in", type=int, required=True)

@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import math
 import re
+import socket
 import statistics
 import time
 import types
@@ -40,12 +41,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ... import report
+from ...analysis.arch import get_arch
+from ...analysis.occupancy import occupancy
 from ...compile import cache as _cache
 from ...compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
 from ...compile.signature import split_top_level, strip_comments_and_strings
-from ...errors import CompileError, KernellabError
-from ..launch import device as _device
+from ...errors import CompileError, KernellabError, LaunchError
 from .. import fanout
+from ..launch import device as _device, worker as _worker
+from ..launch.launch import launch_dims
+from ..sim.numba_sim import simulator_lock
+from .bench import bench
+from .check import check
 
 ROW_FORMAT = 1                # bump when AutotuneRow changes: cached rows of another format are not reused
 DEFAULT_CHECK = {"trials": 1}  # "check each survivor once": one fresh input set (kernellab.check's default is 5)
@@ -534,9 +541,8 @@ class LaunchRecorder:
         return record
 
     def launch(self, grid, block, *args, shared_bytes: int = 0, **_):
-        from ..launch.launch import _dims
-
-        self.launches.append(LaunchShape(_dims(grid, "grid"), _dims(block, "block"), int(shared_bytes or 0)))
+        self.launches.append(LaunchShape(launch_dims(grid, "grid"), launch_dims(block, "block"),
+                                          int(shared_bytes or 0)))
         if self.args is None:
             self.args = args
         return None
@@ -581,9 +587,6 @@ def prune_by_launch(res, shapes: list[LaunchShape], arch: str, rules: PruneRules
     """(occupancy, limiter, reason or None) of a kernel's recorded launches: what cannot launch at all (more threads
     than the kernel allows, shared memory over the per-block limit, zero occupancy) and the occupancy floor. The
     occupancy reported is the lowest among the launches."""
-    from ...analysis.arch import get_arch
-    from ...analysis.occupancy import occupancy
-
     base = re.sub(r"[af]$", "", arch)
     spec = get_arch(base)
     worst = None
@@ -631,8 +634,6 @@ class Where:
 
 def where() -> Where:
     """This process's GPU (probe task for an executor's workers)."""
-    import socket
-
     ok, reason = _device.gpu_status()
     worker = fanout.worker_name()
     if not ok:
@@ -670,8 +671,6 @@ class KernelSpec:
     def get(self):
         if self.kernel is None:
             if self.factory is not None:
-                from ..sim.numba_sim import simulator_lock
-
                 # A simulated launch in another thread (a threaded Dask worker) swaps numba.cuda for the simulator's
                 # module in the kernels' modules; building (and compiling) a Numba kernel then would see it.
                 with simulator_lock():
@@ -767,8 +766,6 @@ def _verdict(rep) -> str:
 def measure(task: MeasureTask) -> Outcome:
     """Prune (if the caller could not), check once against the reference, then time one configuration; a fault or an
     exception becomes part of the outcome, never an exception."""
-    from ..launch import worker as _worker
-
     here = where()
     f: dict = {"device": here.device, "gpu": here.gpu, "worker": here.worker}
     out = Outcome(task.index, f)
@@ -823,8 +820,6 @@ def measure(task: MeasureTask) -> Outcome:
 
     ran_clean = False
     if task.reference is not None:
-        from .check import check
-
         try:
             rep = check(candidate, task.reference, task.inputs, isolate=isolate, **task.check_options)
         except Exception as exc:             # a CheckError: the options, not the kernel
@@ -842,8 +837,6 @@ def measure(task: MeasureTask) -> Outcome:
     if not (here.gpu_ok and not simulated) and timer is None:
         f["note"] = "not timed: " + ("a simulated kernel" if simulated else "no GPU")
         return out
-    from ...errors import LaunchError
-    from .bench import bench
 
     label = config_label(config)
     t0 = time.time()
@@ -1186,7 +1179,7 @@ _ROW_FIELDS = {f.name for f in dataclasses.fields(AutotuneRow)} - {"config", "ca
 
 
 def _probe(executor) -> Where:
-    fanout.prepare(executor)
+    fanout.prepare(executor, fanout.WORKER_IMPORTS + (__name__,))
     try:
         return executor.submit(where).result()
     except Exception as exc:
@@ -1210,7 +1203,7 @@ def _compile_all(tasks: dict, executor, workers: int | None, notes: list):
         i = order[0]
         yield i, compile_task(pending[i])
         return
-    pool = executor or fanout.process_pool(workers or fanout.cpu_count())     # its processes start as needed
+    pool = executor or fanout.process_pool(workers or fanout.cpu_count(), preload=(__name__,))  # starts as needed
     for j, got in fanout.stream(pool, compile_task, [pending[i] for i in order]):
         if not isinstance(got, BaseException) and got.output is not None:
             _cache.put(pending[order[j]].cache_key(), got.output)       # the pool wrote its own process's cache

@@ -39,9 +39,12 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from kernellab.errors import KernellabError, NoGPUError
+from kernellab.errors import KernellabError, LaunchError, NoGPUError
+from kernellab.render.bench_html import bench_result_html, sweep_html
 from kernellab.report import fmt_cell, mimebundle
 from kernellab.run.launch.launch import deferred_sync
+from ..launch import worker as _worker
+from ..launch.launch import is_sticky, unwaited_note
 _MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
 _SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
 _SLEEP_MIN_MS = 5.0        # the shortest: a first call that takes longer on the CPU is taken to wait for the GPU
@@ -171,8 +174,6 @@ class BenchResult:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        from kernellab.render.bench_html import bench_result_html
-
         return bench_result_html(self)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
@@ -257,8 +258,6 @@ class SweepResult:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        from kernellab.render.bench_html import sweep_html
-
         return sweep_html(self)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
@@ -560,7 +559,6 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
     """
     _validate_options(fn, baselines, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles)
     flush_kind(flush_l2)
-    from ..launch import worker as _worker
 
     if (_worker.settings.isolate if isolate is None else isolate) and timer is None:
         with _worker.isolation(True):
@@ -666,10 +664,6 @@ def sweep(fn: Callable, xs: Sequence, inputs: Callable, *, baselines: dict[str, 
 def _faults_named(names: list[str]):
     """A kernel that faults in a later repetition (the first call ran clean and waited) surfaces at an event's
     synchronize as a bare CUDA error: say what happened and what it means for this process."""
-    from kernellab.errors import LaunchError
-
-    from ..launch.launch import is_sticky, unwaited_note
-
     try:
         yield
     except KernellabError:

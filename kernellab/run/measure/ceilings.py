@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kernellab.analysis.roofline import DeviceCeilings
 from kernellab.run.launch.launch import external_stream
+from kernellab.run.measure.bench import bench, cuda_device
 
 _COPY_BYTES = 2**30
 _MATMUL_N = 8192
@@ -71,7 +72,6 @@ def measure_ceilings(device=None) -> DeviceCeilings:
     """Measure DRAM bandwidth and the fp32, tf32, bf16 and fp16 peaks of one GPU now (no cache)."""
     import torch
 
-    from kernellab.run.measure.bench import bench, cuda_device
 
     dev = cuda_device(device)
     name = torch.cuda.get_device_name(dev)
@@ -110,7 +110,6 @@ def _fma_peak(dev, opts) -> tuple[float, str]:
     """fp32 FMA TFLOP/s and how it was measured: an FMA-chain kernel, or an fp32 matmul without CuPy."""
     import torch
 
-    from kernellab.run.measure.bench import bench
 
     props = torch.cuda.get_device_properties(dev)
     threads, blocks = 256, props.multi_processor_count * 8

@@ -23,7 +23,9 @@ from typing import Any, Callable
 import numpy as np
 
 from kernellab.errors import KernellabError
+from kernellab.render.check_html import check_report_html
 from kernellab.report import mimebundle
+from ..launch import worker as _worker
 
 # Default tolerances per arithmetic precision: (rtol, atol as a multiple of the reference's RMS).
 # u is the unit roundoff 2**-(mantissa bits + 1). Summing in a different order, fused multiply-adds and
@@ -125,8 +127,6 @@ class CheckReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        from kernellab.render.check_html import check_report_html
-
         return check_report_html(self)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
@@ -179,7 +179,6 @@ def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials:
     with torch.empty holds NaN, not a recycled right answer, where the kernel writes nothing.
     """
     _validate(candidate, reference, inputs, trials, atol, rtol, precision, outputs)
-    from ..launch import worker as _worker
 
     state = _CheckState(candidate, reference, inputs, atol, rtol, precision, outputs, seed, generator_device)
     state.fill_free_memory = bool(fill_free_memory)

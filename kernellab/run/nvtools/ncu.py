@@ -26,8 +26,10 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ... import report
+from ...compile import toolkit
+from ..launch import worker
 from ..launch.job import JobResult, KernelJob
-from .sanitize import ToolNotFoundError, _text, tool_env
+from .sanitize import ToolNotFoundError, decoded_text, tool_env
 
 # The tensor pipe: the share of cycles it was busy. Seen on an H100 with ncu 2025.3 (2026-11-23): the "hmma" metrics
 # count Hopper's wgmma too (a wgmma-only kernel showed 63 % active and as many "hmma" as "gmma" instructions), and the
@@ -358,9 +360,7 @@ def unknown_metrics(text: str, names) -> list[str]:
 
 def ncu_path() -> str:
     """ncu's path, or ToolNotFoundError."""
-    from ...compile.toolkit import find_tool
-
-    path = find_tool("ncu")
+    path = toolkit.find_tool("ncu")
     if not path:
         raise ToolNotFoundError("Nsight Compute (ncu) was not found (looked in the CUDA wheels, $CUDA_HOME/bin, "
                                 "/usr/local/cuda/bin and PATH); it ships with the CUDA toolkit")
@@ -396,7 +396,7 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
                                       start_new_session=True)
                 out, timed_out = proc.stdout + proc.stderr, False
             except subprocess.TimeoutExpired as exc:
-                out, timed_out = _text(exc.stdout) + _text(exc.stderr), True
+                out, timed_out = decoded_text(exc.stdout) + decoded_text(exc.stderr), True
             bad = [] if section_set or timed_out else unknown_metrics(out, names)
             if not bad or len(bad) == len(names):
                 break
@@ -422,10 +422,8 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
 def profile_launch(kernel, grid, block, args, *, shared_bytes: int = 0, metrics=None, full: bool = False,
                    section_set: str | None = None, cluster=None, **kw) -> ProfileReport:
     """kernel[grid, block](*args) under Nsight Compute, in a separate process; `args` are not modified."""
-    from ..launch.worker import _sync_caller, check_launch
-
-    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
-    _sync_caller()
+    cfg, dev = worker.check_launch(kernel, grid, block, args, shared_bytes, cluster)
+    worker.sync_caller()
     job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
                                 device=dev.index, cluster=cfg.cluster)
     rep = profile(job, metrics=metrics, section_set="full" if full and section_set is None else section_set, **kw)

@@ -31,11 +31,16 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
+from kernellab.compile import toolkit
+from kernellab.compile.source_view import LineProfile
 from kernellab.errors import KernellabError
 from kernellab.report import Raw, esc, html_table, mimebundle, text_table
+from kernellab.run.launch import device, worker
+from kernellab.run.launch.job import JobResult, KernelJob
+from kernellab.run.nvtools.sanitize import tool_env
 
 NO_SOURCE = "<Unable to open source file>"   # what ncu writes where it cannot read the .cu file (always, for NVRTC)
 
@@ -346,9 +351,7 @@ def _ways(w: float) -> str:
 
 def find_ncu() -> str | None:
     """Path of the ncu binary (the CUDA wheels, CUDA_HOME, /usr/local/cuda or PATH), or None."""
-    from kernellab.compile.toolkit import find_tool
-
-    return find_tool("ncu")
+    return toolkit.find_tool("ncu")
 
 
 def ncu_bank_command(target: Sequence[str], symbol: str, *, ncu: str | None = None, launch_count: int = 1,
@@ -452,22 +455,15 @@ def profile_banks(kernel, grid, block, *args, shared_bytes: int = 0, strict: boo
 
 
 def _tool_env():
-    from kernellab.run.nvtools.sanitize import tool_env
-
     return tool_env()
 
 
 def _under_ncu(kernel, grid, block, args, shared_bytes, measure):
     """Write the launch as a job and call measure(target argv, job) with a child process that runs it; where ncu
     profiled nothing because the launch itself failed, say that instead."""
-    from kernellab.run.launch import device
-
     device.require_gpu(f"profiling {kernel.name} with Nsight Compute")
-    from kernellab.run.launch.job import JobResult, KernelJob
-    from kernellab.run.launch.worker import _sync_caller, check_launch
-
-    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes)   # the checks Kernel.launch makes
-    _sync_caller()                                                      # the arguments' final values
+    cfg, dev = worker.check_launch(kernel, grid, block, args, shared_bytes)   # the checks Kernel.launch makes
+    worker.sync_caller()                                                      # the arguments' final values
     job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
                                 device=dev.index)
     with tempfile.TemporaryDirectory(prefix="kernellab-ncu-") as tmp:
@@ -503,8 +499,6 @@ def parse_line_profiles(text: str, *, symbol: str | None = None, filename: str |
     source rows are all there is. Only the block of the file named like `filename` counts (the cell's own lines;
     code inlined from headers is in other blocks), or the only block. Lines are ncu's plus `line_offset`.
     """
-    from kernellab.compile.source_view import LineProfile
-
     launches = _launches(_blocks(text))
     chosen = [launch for launch in launches if symbol is None or launch[0] == symbol] or launches
     if not chosen:
@@ -541,8 +535,6 @@ def parse_line_profiles(text: str, *, symbol: str | None = None, filename: str |
 def lines_from_output(view, stdout: str, stderr: str, returncode: int, symbol: str, *, cmd: Sequence[str] = (),
                       strict: bool = False):
     """`view` (a SourceView) with the per-line figures of one ncu run, or saying why there are none."""
-    from dataclasses import replace
-
     reason = unavailable_reason(stdout + "\n" + stderr)
     if reason:
         if strict:
@@ -569,7 +561,6 @@ def profile_lines(kernel, grid, block, *args, shared_bytes: int = 0, strict: boo
                   "and PATH); it ships with the CUDA toolkit, or pass ncu=PATH")
         if strict:
             raise NcuUnavailableError(reason)
-        from dataclasses import replace
 
         return replace(view, profile_note=reason)
 

@@ -20,8 +20,10 @@ import sys
 import tempfile
 import time
 
+from ...compile import toolkit
 from ...errors import KernellabError
 from ..findings import Finding, Location, SanitizerReport, combine
+from ..launch import worker
 from ..launch.job import JobResult, KernelJob
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -277,9 +279,7 @@ def report_from_text(text: str, *, tool: str, job: KernelJob | None = None, kern
 
 def sanitizer_path() -> str:
     """compute-sanitizer's path, or ToolNotFoundError saying where it was looked for."""
-    from ...compile.toolkit import find_tool
-
-    path = find_tool("compute-sanitizer")
+    path = toolkit.find_tool("compute-sanitizer")
     if not path:
         raise ToolNotFoundError("compute-sanitizer was not found (looked in the CUDA wheels, $CUDA_HOME/bin, "
                                 "/usr/local/cuda/bin and PATH); it ships with the CUDA toolkit")
@@ -321,7 +321,7 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
                                   start_new_session=True)
             out, code, timed_out = proc.stdout + proc.stderr, proc.returncode, False
         except subprocess.TimeoutExpired as exc:
-            out = _text(exc.stdout) + _text(exc.stderr)
+            out = decoded_text(exc.stdout) + decoded_text(exc.stderr)
             code, timed_out = None, True
         wall = (time.perf_counter() - t0) * 1e3
         notes, status = [], None
@@ -339,7 +339,8 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
                             command=tuple(cmd), wall_ms=wall, notes=notes)
 
 
-def _text(b) -> str:
+def decoded_text(b) -> str:
+    """A tool's captured output as text (bytes decoded, None as "")."""
     if b is None:
         return ""
     return b.decode(errors="replace") if isinstance(b, bytes) else b
@@ -348,10 +349,8 @@ def _text(b) -> str:
 def sanitize_launch(kernel, grid, block, args, *, shared_bytes: int = 0, tool: str = "memcheck",
                     timeout_s: float = 300.0, cluster=None, **kw) -> SanitizerReport:
     """kernel[grid, block](*args) under compute-sanitizer, in a separate process; `args` are not modified."""
-    from ..launch.worker import _sync_caller, check_launch
-
-    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
-    _sync_caller()
+    cfg, dev = worker.check_launch(kernel, grid, block, args, shared_bytes, cluster)
+    worker.sync_caller()
     job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
                                 device=dev.index, cluster=cfg.cluster)
     return sanitize(job, tool, timeout_s=timeout_s, **kw)
@@ -369,3 +368,11 @@ def sanitize_last(tool: str = "memcheck", error: BaseException | None = None, **
         raise KernellabError("no failed launch to re-run: sanitize_last() uses the job attached to the last "
                              "LaunchError; use kernel.sanitize(grid, block, *args) instead")
     return sanitize(job, tool, **kw)
+
+
+def memcheck(job: KernelJob, timeout_s: float) -> SanitizerReport:
+    """The job under memcheck: how an isolated worker diagnoses a fault (installed as worker.fault_sanitizer)."""
+    return sanitize(job, tool="memcheck", timeout_s=timeout_s)
+
+
+worker.fault_sanitizer = memcheck

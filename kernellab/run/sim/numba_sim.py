@@ -28,10 +28,12 @@ import sys
 import threading
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 
 from ...errors import KernellabError
+from . import sched as simsched
 
 # Threads per second before a kernel's own rate is known: benchmarks/simulator_speed.py on the 2-core CI machine
 # measured 8,000 to 38,000 with kernellab's scheduler (a vector add fastest, an 18x18 tiled matmul slowest); numba-cuda's
@@ -39,7 +41,9 @@ from ...errors import KernellabError
 SIMULATED_THREADS_PER_S = 20000
 _rates: dict = {}                 # kernel code object -> threads per second of its last long-enough simulated launch
 _notice_shown = False             # the simulator notice is shown once per session
-_fallback_lock = threading.Lock()
+# Every simulated launch in this process holds it: the simulator keeps one global kernel context and swaps module
+# globals (numba.cuda) while it runs.
+launch_lock = threading.Lock()
 
 
 class SimulatorNotice(UserWarning):
@@ -70,16 +74,7 @@ class SimulatedKernelError(KernellabError):
 def simulator_lock():
     """The lock every simulated launch in this process holds. The simulator swaps module globals (numba.cuda) while
     it runs, so code that builds or compiles Numba kernels in another thread of this process takes it too."""
-    return _simulator_lock()
-
-
-def _simulator_lock():
-    try:
-        from . import trace as simtrace
-
-        return getattr(simtrace, "_launch_lock", _fallback_lock)
-    except ImportError:
-        return _fallback_lock
+    return launch_lock
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -136,28 +131,26 @@ def _cupy_back(x, h):
 # Launching
 
 
-def simulate(kernel, grid, block, args, *, shared_bytes: int = 0, trace: bool = False, line_offset: int = 0,
-             line_label: str = "line"):
-    """Run `kernel[grid, block, 0, shared_bytes](*args)` in Numba's CUDA simulator; with `trace`, return the trace.
+def simulate(kernel, grid, block, args, *, shared_bytes: int = 0, line_offset: int = 0, line_label: str = "line",
+             launch=None):
+    """Run `kernel[grid, block, 0, shared_bytes](*args)` in Numba's CUDA simulator.
 
     `kernel` is a real or simulated `@cuda.jit` kernel or its Python function (or a kernellab NumbaKernel, whose
     kernel factory, if it has one, is called with the simulator's `cuda`); `args` may hold NumPy arrays, torch
     tensors (CPU or CUDA), CuPy arrays and numbers; results are written back into them. A Python exception in a
     simulated thread raises SimulatedKernelError naming the thread, the block and the `line_label` line.
+    `launch(py_func, grid3, block3, host_args, function_for)`, when given, runs the launch instead and its value is
+    returned (trace.simulate_traced records shared memory this way); else None.
     """
-    from . import sched as simsched
-    from .trace import _python_function, _simulated_device_functions, _trace
-
-    py_func = _python_function(kernel)
+    py_func = python_function(kernel)
     function_for = factory_call(kernel)
-    grid3, block3 = _dim3(grid), _dim3(block)
+    grid3, block3 = as_dim3(grid), as_dim3(block)
     host, back = to_host(args)
     try:
-        if trace:
-            result = _trace(kernel, grid3, block3, host, line_offset=line_offset, dynamic_smem_bytes=shared_bytes,
-                            function_for=function_for)
+        if launch is not None:
+            result = launch(py_func, grid3, block3, host, function_for)
         else:
-            with _simulator_lock(), _simulated_device_functions(py_func):
+            with launch_lock, simulated_device_functions(py_func):
                 t0 = time.perf_counter()
                 simsched.launch(py_func, grid3, block3, host, dynamic_smem_bytes=shared_bytes,
                                 extensions=getattr(kernel, "extensions", ()) or (), function_for=function_for)
@@ -189,7 +182,7 @@ def factory_call(kernel):
 def estimated_seconds(grid, block, kernel=None) -> float:
     """About how long the simulator takes for this launch: at `kernel`'s own measured rate where it ran before (in
     this session, for at least 20 ms), else at SIMULATED_THREADS_PER_S."""
-    g, b = _dim3(grid), _dim3(block)
+    g, b = as_dim3(grid), as_dim3(block)
     return int(np.prod(g)) * int(np.prod(b)) / threads_per_second(kernel)
 
 
@@ -197,9 +190,7 @@ def threads_per_second(kernel=None) -> float:
     """The simulator's measured rate for `kernel` (threads per second), else the benchmark's typical rate."""
     if kernel is not None:
         try:
-            from .trace import _python_function
-
-            return _rates.get(_python_function(kernel).__code__, SIMULATED_THREADS_PER_S)
+            return _rates.get(python_function(kernel).__code__, SIMULATED_THREADS_PER_S)
         except TypeError:
             pass
     return SIMULATED_THREADS_PER_S
@@ -226,9 +217,55 @@ def caller_stacklevel() -> int:
     return level
 
 
-def _dim3(value) -> tuple[int, int, int]:
+def as_dim3(value) -> tuple[int, int, int]:
+    """(x, y, z) from an int or a 1- to 3-tuple (unchecked: the launch path checked it)."""
     dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
     return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+
+
+class simulated_device_functions:
+    """Context manager: real `@cuda.jit(device=True)` functions the kernel reaches are simulated ones meanwhile."""
+
+    def __init__(self, py_func):
+        self._py_func = py_func
+        self._saved: list[tuple[dict, str, Any]] = []
+
+    def __enter__(self):
+        from numba.cuda.simulator import kernel as sim_kernel  # numba is optional: imported where a launch needs it
+
+        seen: set[int] = set()
+        todo = [self._py_func.__globals__]
+        while todo:
+            globs = todo.pop()
+            if id(globs) in seen:
+                continue
+            seen.add(id(globs))
+            for name, value in list(globs.items()):
+                options = getattr(value, "targetoptions", None)
+                if isinstance(options, dict) and options.get("device") and hasattr(value, "py_func"):
+                    self._saved.append((globs, name, value))
+                    globs[name] = sim_kernel.FakeCUDAKernel(value.py_func, device=True)
+                    todo.append(value.py_func.__globals__)
+        return self
+
+    def __exit__(self, *exc):
+        for globs, name, value in reversed(self._saved):
+            globs[name] = value
+        return False
+
+
+def python_function(kernel):
+    """The Python function behind a real or simulated Numba kernel (or the function itself)."""
+    for attr in ("py_func", "fn"):
+        func = getattr(kernel, attr, None)
+        if callable(func) and hasattr(func, "__globals__"):
+            return func
+    if callable(kernel) and hasattr(kernel, "__globals__"):
+        return kernel
+    raise TypeError(
+        f"trace_shared needs a @cuda.jit kernel or its Python function, got {type(kernel).__name__}; "
+        "write the kernel with numba (`@cuda.jit def k(...)`) and pass `k`"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -86,9 +86,11 @@ from collections import defaultdict
 import numpy as np
 
 from ...errors import KernellabError
-from . import sched as simsched
 from ..findings import Finding, Location, SanitizerReport, combine
-from .trace import _Recorder
+from . import sched as simsched
+from .numba_sim import (as_dim3, factory_call, kernel_error, launch_lock, python_function, simulated_device_functions,
+                        to_host)
+from .trace import Recorder, install_recorder
 
 SIM_TOOLS = ("racecheck", "synccheck", "initcheck")
 NOTE = ("found by kernellab's simulator checks (Numba CUDA simulator, no GPU): every shared-memory access and barrier "
@@ -129,26 +131,23 @@ def sanitize_simulated(kernel, grid, block, args, *, tool: str = "racecheck", sh
     joined with '+', or 'all' (the three). Lines are the kernel file's (plus `line_offset`). A Python exception in a thread ends the launch:
     its findings so far come back, with the error in the notes and `job_status` 'error'.
     """
-    from . import numba_sim
-    from .trace import _launch_lock, _python_function, _simulated_device_functions, install_recorder
-
     tools, notes = sim_tools(tool)
-    py_func = _python_function(kernel)
-    grid3, block3 = numba_sim._dim3(grid), numba_sim._dim3(block)
-    host, _ = numba_sim.to_host(args)
+    py_func = python_function(kernel)
+    grid3, block3 = as_dim3(grid), as_dim3(block)
+    host, _ = to_host(args)
     host = [np.array(h, copy=True) if isinstance(h, np.ndarray) else h for h in host]
     recorder = _RaceRecorder()
     observer = _BarrierObserver(block3)
     status = "ok"
     t0 = time.perf_counter()
     try:
-        with _launch_lock, _simulated_device_functions(py_func):
+        with launch_lock, simulated_device_functions(py_func):
             simsched.launch(py_func, grid3, block3, host, dynamic_smem_bytes=shared_bytes,
                             extensions=getattr(kernel, "extensions", ()) or (),
-                            function_for=numba_sim.factory_call(kernel), observer=observer, strict=False,
+                            function_for=factory_call(kernel), observer=observer, strict=False,
                             module_hook=lambda module: install_recorder(module, recorder))
     except Exception as exc:
-        err = numba_sim.kernel_error(exc, py_func, grid3, block3, line_offset, line_label)
+        err = kernel_error(exc, py_func, grid3, block3, line_offset, line_label)
         status = "error"
         notes.append(f"the launch itself: {str(err).splitlines()[0]}")
     wall_ms = (time.perf_counter() - t0) * 1e3
@@ -178,7 +177,7 @@ def sanitize_simulated(kernel, grid, block, args, *, tool: str = "racecheck", sh
 # Recording
 
 
-class _RaceRecorder(_Recorder):
+class _RaceRecorder(Recorder):
     """Shared-memory accesses with the thread's barrier position; gives the turn away after each one."""
 
     def record(self, kind: str, width: int, address: int) -> None:

@@ -27,6 +27,7 @@ part in (`warp_syncs`).
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -620,7 +621,6 @@ def launch(function, grid, block, args, *, dynamic_smem_bytes: int = 0, extensio
     lock. Returns the scheduler (its `deadlocks`).
     """
     global _track
-    import functools
 
     from numba.cuda.errors import normalize_kernel_dimensions
     from numba.cuda.simulator import kernel as sim_kernel

@@ -38,12 +38,16 @@ import sys
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from kernellab.analysis.banks import ACCESS_BYTES, WARP_SIZE, WarpAccess, analyze_access
 from kernellab.report import Raw, esc, html_table, mimebundle
+
+from . import sched as simsched
+from .numba_sim import (SimulatedKernelError, kernel_error, launch_lock, python_function, simulate,
+                        simulated_device_functions, to_host)
+from .sched import current
 
 SIMULATOR_NOTES = (
     "Numba simulator trace: threads do not run in warp lockstep, so warp accesses pair each thread's n-th shared "
@@ -52,7 +56,6 @@ SIMULATOR_NOTES = (
 )
 
 _ARRAY_ALIGN_BYTES = 128
-_launch_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -257,33 +260,42 @@ def trace_shared(kernel, grid, block, *args, line_offset: int = 0, dynamic_smem_
     (to match a notebook cell or a source string's numbering). See the module docstring for how the simulator differs
     from hardware.
     """
-    from . import numba_sim
-
-    py_func = _python_function(kernel)
+    py_func = python_function(kernel)
     grid3, block3 = _dim3(grid, "grid"), _dim3(block, "block")
-    host, back = numba_sim.to_host(args)
+    host, back = to_host(args)
     try:
         trace = _trace(kernel, grid3, block3, host, line_offset=line_offset, dynamic_smem_bytes=dynamic_smem_bytes)
-    except numba_sim.SimulatedKernelError:
+    except SimulatedKernelError:
         raise
     except Exception as exc:
-        raise numba_sim.kernel_error(exc, py_func, grid3, block3, line_offset, "line") from None
+        raise kernel_error(exc, py_func, grid3, block3, line_offset, "line") from None
     for write in back:
         write()
     return trace
 
 
+def simulate_traced(kernel, grid, block, args, *, shared_bytes: int = 0, line_offset: int = 0,
+                    line_label: str = "line") -> SharedTrace:
+    """numba_sim.simulate recording shared memory: the launch's SharedTrace (arguments written back as usual)."""
+    def launch(py_func, grid3, block3, host, function_for):
+        return _trace(kernel, grid3, block3, host, line_offset=line_offset, dynamic_smem_bytes=shared_bytes,
+                      function_for=function_for)
+
+    return simulate(kernel, grid, block, args, shared_bytes=shared_bytes, line_offset=line_offset,
+                    line_label=line_label, launch=launch)
+
+
 def _trace(kernel, grid3, block3, args, *, line_offset: int = 0, dynamic_smem_bytes: int = 0,
            function_for=None) -> SharedTrace:
-    """trace_shared without the argument copies and error wrapping (kernellab.run.sim.numba_sim adds its own)."""
-    from . import sched as simsched
-    from numba.cuda.simulator import kernel as sim_kernel  # works with or without NUMBA_ENABLE_CUDASIM
+    """trace_shared without the argument copies and error wrapping (simulate_traced and trace_shared add them)."""
+    # numba is optional: imported where a launch needs it (works with or without NUMBA_ENABLE_CUDASIM)
+    from numba.cuda.simulator import kernel as sim_kernel
 
     if not _internal_dirs:
         _internal_dirs.append(os.path.normcase(os.path.dirname(os.path.abspath(sim_kernel.__file__))) + os.sep)
-    py_func = _python_function(kernel)
-    recorder = _Recorder()
-    with _launch_lock, _simulated_device_functions(py_func):
+    py_func = python_function(kernel)
+    recorder = Recorder()
+    with launch_lock, simulated_device_functions(py_func):
         simsched.launch(py_func, grid3, block3, args, dynamic_smem_bytes=dynamic_smem_bytes,
                         extensions=getattr(kernel, "extensions", ()) or (), function_for=function_for,
                         module_hook=lambda module: install_recorder(module, recorder))
@@ -294,7 +306,7 @@ def _trace(kernel, grid3, block3, args, *, line_offset: int = 0, dynamic_smem_by
 # Recording
 
 
-class _Recorder:
+class Recorder:
     """Collects (block, thread, file, line, ordinal, kind, width, address) for every shared element touched."""
 
     def __init__(self):
@@ -311,8 +323,6 @@ class _Recorder:
         return base
 
     def record(self, kind: str, width: int, address: int) -> None:
-        from .sched import current
-
         frame = _user_frame()
         where = (frame.f_code.co_filename, frame.f_lineno)
         t = current()
@@ -343,7 +353,7 @@ class _SharedArray:
 
     __slots__ = ("_data", "_base", "_recorder")
 
-    def __init__(self, data: np.ndarray, base_address: int, recorder: _Recorder):
+    def __init__(self, data: np.ndarray, base_address: int, recorder: Recorder):
         self._data = data
         self._base = base_address
         self._recorder = recorder
@@ -402,7 +412,7 @@ class _SharedArray:
 class _RecordingShared:
     """Stands in for the simulator's `cuda.shared`: same keying by source line, recording arrays."""
 
-    def __init__(self, recorder: _Recorder, dynshared_bytes: int):
+    def __init__(self, recorder: Recorder, dynshared_bytes: int):
         self._recorder = recorder
         self._allocations: dict[tuple[str, int], _SharedArray] = {}
         self._dynamic = np.zeros(dynshared_bytes, dtype=np.byte)
@@ -437,7 +447,7 @@ class _RecordingShared:
 class _RecordingAtomic:
     """Stands in for `cuda.atomic`: an atomic on a recorded shared array is one recorded access, not three."""
 
-    def __init__(self, recorder: _Recorder, real):
+    def __init__(self, recorder: Recorder, real):
         self._recorder = recorder
         self._real = real
 
@@ -456,55 +466,10 @@ class _RecordingAtomic:
         return atomic
 
 
-def install_recorder(module, recorder: _Recorder) -> None:
+def install_recorder(module, recorder: Recorder) -> None:
     """Make a launch's fake `cuda` module hand out recording shared arrays and record shared atomics once each."""
     module._shared = _RecordingShared(recorder, module._shared._dynshared_size)
     module._atomic = _RecordingAtomic(recorder, module._atomic)
-
-
-class _simulated_device_functions:
-    """Context manager: real `@cuda.jit(device=True)` functions the kernel reaches are simulated ones meanwhile."""
-
-    def __init__(self, py_func):
-        self._py_func = py_func
-        self._saved: list[tuple[dict, str, Any]] = []
-
-    def __enter__(self):
-        from numba.cuda.simulator import kernel as sim_kernel
-
-        seen: set[int] = set()
-        todo = [self._py_func.__globals__]
-        while todo:
-            globs = todo.pop()
-            if id(globs) in seen:
-                continue
-            seen.add(id(globs))
-            for name, value in list(globs.items()):
-                options = getattr(value, "targetoptions", None)
-                if isinstance(options, dict) and options.get("device") and hasattr(value, "py_func"):
-                    self._saved.append((globs, name, value))
-                    globs[name] = sim_kernel.FakeCUDAKernel(value.py_func, device=True)
-                    todo.append(value.py_func.__globals__)
-        return self
-
-    def __exit__(self, *exc):
-        for globs, name, value in reversed(self._saved):
-            globs[name] = value
-        return False
-
-
-def _python_function(kernel):
-    """The Python function behind a real or simulated Numba kernel (or the function itself)."""
-    for attr in ("py_func", "fn"):
-        func = getattr(kernel, attr, None)
-        if callable(func) and hasattr(func, "__globals__"):
-            return func
-    if callable(kernel) and hasattr(kernel, "__globals__"):
-        return kernel
-    raise TypeError(
-        f"trace_shared needs a @cuda.jit kernel or its Python function, got {type(kernel).__name__}; "
-        "write the kernel with numba (`@cuda.jit def k(...)`) and pass `k`"
-    )
 
 
 def _dim3(value, what: str) -> tuple[int, int, int]:
@@ -519,7 +484,7 @@ def _dim3(value, what: str) -> tuple[int, int, int]:
 # Grouping and summarising
 
 
-def _summarise(recorder: _Recorder, py_func, grid, block, line_offset: int) -> SharedTrace:
+def _summarise(recorder: Recorder, py_func, grid, block, line_offset: int) -> SharedTrace:
     kernel_file = py_func.__code__.co_filename
 
     def shown(filename: str, line: int) -> int:
