@@ -106,7 +106,7 @@ def main():
         last = {}
 
         def isolated():
-            last["run"] = W.run_isolated(vadd, grid, 256, (x, y, z, n), pool=pool)
+            last["run"] = vadd.run_isolated(grid, 256, x, y, z, n, pool=pool)
 
         try:
             iso = timed(isolated, runs, warmup, budget_s * 2 / 3)
@@ -135,7 +135,7 @@ def main():
         p = W.WorkerPool(dev)
         x = torch.ones(4096, device="cuda")
         t0 = time.perf_counter()
-        W.run_isolated(vadd, 16, 256, (x, x, torch.empty_like(x), 4096), pool=p)
+        vadd.run_isolated(16, 256, x, x, torch.empty_like(x), 4096, pool=p)
         cold.append(((time.perf_counter() - t0) * 1e3, p.last_ready_ms or float("nan")))
         p.shutdown()
 

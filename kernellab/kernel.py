@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 import math
 import re
 import sys
@@ -19,12 +20,11 @@ from .compile.signature import KernelSignature, find_kernels, signature_for
 from .compile.source_view import build_source_view
 from .errors import ArgumentError, KernellabError, LaunchError
 from .run.launch import cudriver, device as _device, worker as _worker
-from .run.launch.job import KernelJob
+from .run.launch.job import KernelImage, KernelJob
 from .run.launch.launch import (allow_dynamic_shared, allow_large_clusters, cluster_blocks, launch_dims, LaunchPath,
                                 make_config, marshal_args, PORTABLE_CLUSTER_BLOCKS)
 from .run.measure.autotune import autotune as _autotune
 from .run.nvtools import ncu, ncu_source, sanitize as _sanitize
-from .run.nvtools.ncu_source import profile_lines
 
 REGISTER_FILE = 65536          # 32-bit registers per SM (and per block) on every arch kernellab knows
 REGISTER_ALLOC_UNIT = 256      # registers are granted per warp in units of 256
@@ -156,7 +156,12 @@ class Kernel:
 
         The launch runs in a new process under ncu (the arguments are copied; yours are not modified). Where ncu
         cannot read the counters the view says why (`profile_note`); strict=True raises instead."""
-        return profile_lines(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict, **kw)
+        view = self.source_view()
+        ncu_path = kw.pop("ncu", None) or ncu_source.find_ncu()
+        if ncu_path is None:                      # said in the view, GPU or not
+            return ncu_source.without_ncu(view, strict)
+        job = self._tool_job(grid, block, args, shared_bytes, None, "profiling {} with Nsight Compute")
+        return ncu_source.profile_lines(job, view, strict=strict, ncu=ncu_path, **kw)
 
     def max_active_clusters(self, block, cluster, shared_bytes: int = 0) -> int:
         """How many clusters of shape `cluster` (blocks of `block` threads, `shared_bytes` dynamic shared memory
@@ -250,8 +255,8 @@ class Kernel:
         """After a sticky fault, keep the launch (shapes and scalars) on the error for sanitize_last()."""
         if exc.sticky and exc.job is None:
             try:
-                exc.job = KernelJob.from_launch(self, cfg.grid, cfg.block, args, cfg.shared_bytes, data="shapes",
-                                                cluster=cfg.cluster)
+                exc.job = KernelJob.from_launch(self.image(), cfg.grid, cfg.block, args, cfg.shared_bytes,
+                                                data="shapes", cluster=cfg.cluster)
             except Exception:
                 pass
 
@@ -291,26 +296,66 @@ class Kernel:
         """The argument checks of a launch, for launches in another process."""
         marshal_args(self.params, tuple(args), device, str(self.signature))
 
-    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None, cluster=None):
+    def image(self) -> KernelImage:
+        """This kernel as a value: what a job needs of it, to check arguments and to load it in a fresh process."""
+        resources = getattr(self, "resources", None)
+        return KernelImage(symbol=self.symbol, name=self.name, signature=str(getattr(self, "signature", "")),
+                           params=tuple(self.params), arch=self.arch, backend=getattr(self, "backend", "cuda"),
+                           static_shared_bytes=getattr(resources, "shared_bytes", 0) if resources else 0,
+                           **self.job_fields())
+
+    def check_launch(self, grid, block, args, shared_bytes: int = 0, cluster=None):
+        """Check a launch on the current GPU as a launch here does (device, arch, configuration, every argument)
+        and return (LaunchConfig, DeviceInfo): the checks before a launch in another process."""
+        _device.require_gpu(f"launching {self.name}")
+        dev = _device.device_info()
+        self._check_arch(dev)
+        cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
+                          static_shared_bytes=self.resources.shared_bytes, device=dev, cluster=cluster)
+        self.check_launch_args(tuple(args), dev)
+        return cfg, dev
+
+    def job(self, grid, block, *args, shared_bytes: int = 0, cluster=None, data: str = "copy", **sharing):
+        """This launch as one serialisable value, a KernelJob: what a worker, compute-sanitizer or Nsight Compute
+        runs, checked as a launch here is. data='copy' carries the arguments' elements (yours are not modified),
+        'shapes' their shapes and dtypes only; `sharing` takes KernelJob.from_launch's IPC and staging options."""
+        cfg, dev = self.check_launch(grid, block, args, shared_bytes, cluster)
+        _worker.sync_caller()                                  # the arguments' final values
+        return KernelJob.from_launch(self.image(), cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data=data,
+                                     device=dev.index, cluster=cfg.cluster, **sharing)
+
+    def _tool_job(self, grid, block, args, shared_bytes, cluster, needs: str) -> KernelJob:
+        """The job a tool runs in a new process; `needs` says what wants the GPU, e.g. "profiling {} with ncu"."""
+        _device.require_gpu(needs.format(self.name))
+        return self.job(grid, block, *args, shared_bytes=shared_bytes, cluster=cluster)
+
+    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None, cluster=None,
+                     diagnose: bool | None = None, pool=None):
         """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
-        return _worker.run_isolated(self, grid, block, args, shared_bytes=shared_bytes, timeout_s=timeout_s,
-                            cluster=cluster)
+        args = tuple(args)
+        cfg, dev = self.check_launch(grid, block, args, shared_bytes, cluster)
+        return _worker.run_isolated(self.image(), cfg, dev, args, timeout_s=timeout_s, diagnose=diagnose, pool=pool)
 
-    def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", **kw):
+    def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", cluster=None, **kw):
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process."""
-        return _sanitize.sanitize_launch(self, grid, block, args, shared_bytes=shared_bytes, tool=tool, **kw)
+        return _sanitize.sanitize(self.job(grid, block, *args, shared_bytes=shared_bytes, cluster=cluster), tool, **kw)
 
-    def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False, **kw):
+    def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False,
+                section_set: str | None = None, cluster=None, **kw):
         """Run this launch under Nsight Compute (a small metric set, or full=True for `--set full`) in a new process."""
-        return ncu.profile_launch(self, grid, block, args, shared_bytes=shared_bytes, metrics=metrics, full=full, **kw)
+        job = self.job(grid, block, *args, shared_bytes=shared_bytes, cluster=cluster)
+        rep = ncu.profile(job, metrics=metrics, section_set="full" if full and section_set is None else section_set,
+                          **kw)
+        return dataclasses.replace(rep, device=_device.device_info().name)
 
-    def profile_banks(self, grid, block, *args, shared_bytes: int = 0, strict: bool = False):
+    def profile_banks(self, grid, block, *args, shared_bytes: int = 0, strict: bool = False, **kw):
         """Shared-memory instructions, wavefronts and bank conflicts per source line, measured by Nsight Compute.
 
         Where counters are not permitted, the report says so (strict=True raises instead); the bank model
         (kernellab.analysis.banks) and the simulator trace work everywhere.
         """
-        return ncu_source.profile_banks(self, grid, block, *args, shared_bytes=shared_bytes, strict=strict)
+        job = self._tool_job(grid, block, args, shared_bytes, None, "profiling {} with Nsight Compute")
+        return ncu_source.profile_banks(job, strict=strict, **kw)
 
     def _check_arch(self, dev) -> None:
         want = _base_arch(self.arch)

@@ -336,11 +336,11 @@ class NumbaKernel(Kernel):
                                  f"profiled launches run on a GPU: set {self._name}.simulate = False there")
         self._types_for(args)
 
-    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None):
+    def run_isolated(self, grid, block, *args, shared_bytes: int = 0, timeout_s: float | None = None, **kw):
         """Launch in a warm worker process, so a fault cannot poison this process; outputs are copied back."""
         self._refresh_globals()
         self._ready_for(args)
-        return super().run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s)
+        return super().run_isolated(grid, block, *args, shared_bytes=shared_bytes, timeout_s=timeout_s, **kw)
 
     def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", sim: bool | None = None,
                  **kw):

@@ -306,7 +306,7 @@ def fake_gpu(monkeypatch, tmp_cache):
     pool = W.WorkerPool(runner="fake_gpu:run", init="fake_gpu:init", env=FAKE_ENV, start_timeout_s=60)
     monkeypatch.setattr(D, "gpu_status", lambda: (True, "1 GPU(s)"))
     monkeypatch.setattr(D, "device_info", lambda index=None: dev)
-    monkeypatch.setattr(W, "check_launch", lambda k, g, b, a, s=0, cluster=None: (make_config(
+    monkeypatch.setattr(kernellab.kernel.Kernel, "check_launch", lambda k, g, b, a, s=0, cluster=None: (make_config(
         g, b, s, max_threads_per_block=1024, static_shared_bytes=0, device=dev), dev))
     monkeypatch.setattr(W, "sync_caller", lambda: None)
     monkeypatch.setattr(W, "default_pool", lambda device=None: pool)

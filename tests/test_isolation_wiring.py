@@ -76,15 +76,15 @@ def test_set_isolation_is_public():
 def test_launch_banks_goes_to_the_per_line_profile(monkeypatch, tmp_cache):
     import numpy as np
 
-    import kernellab.run.nvtools.ncu_source as N
+    from kernellab.kernel import Kernel
 
     seen = []
-    monkeypatch.setattr(N, "profile_banks", lambda kernel, grid, block, *args, **kw: seen.append(
+    monkeypatch.setattr(Kernel, "profile_banks", lambda kernel, grid, block, *args, **kw: seen.append(
         (kernel.name, grid, block, len(args), kw)) or "per-line report")
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "kernellab")
     assert ip.run_cell("%%cuda --arch sm_90\n" + SRC).success
     ip.user_ns["x"] = np.zeros(32, np.float32)
     assert ip.run_line_magic("launch", "--banks k[1, 32](x)") == "per-line report"
-    assert seen == [("k", 1, 32, 1, {"shared_bytes": 0, "strict": False})]
+    assert seen == [("k", 1, 32, 1, {"shared_bytes": 0})]
     assert "--banks" in ip.find_line_magic("launch").__doc__

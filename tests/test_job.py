@@ -43,11 +43,45 @@ def mod():
     return kernellab.compile_cuda(SRC, arch="sm_90", options=("--use_fast_math",), first_line=2, filename="cell.cu")
 
 
+def test_kernel_job_is_the_checked_launch_as_one_value(mod, monkeypatch):
+    """Kernel.job checks the launch (Kernel.check_launch: config and arguments), then builds the KernelJob from the
+    kernel's KernelImage: shared_bytes and the cluster come from the checked config, the device from the GPU."""
+    import dataclasses
+    import pickle
+
+    from kernellab.kernel import Kernel
+    from kernellab.run.launch import worker
+    from kernellab.run.launch.device import DeviceInfo
+    from kernellab.run.launch.launch import make_config
+
+    dev = DeviceInfo(3, "Fake GPU", "sm_90", 132)
+    checked = []
+
+    def check_launch(kernel, grid, block, args, shared_bytes=0, cluster=None):
+        checked.append((grid, block, shared_bytes))
+        kernel.check_args(*args)                          # the argument checks, CPU arrays standing in
+        return make_config(grid, block, shared_bytes, max_threads_per_block=1024, static_shared_bytes=0,
+                           device=dev), dev
+
+    monkeypatch.setattr(Kernel, "check_launch", check_launch)
+    monkeypatch.setattr(worker, "sync_caller", lambda: None)
+    a = np.ones(64, np.float32)
+    job = mod.vadd.job(2, 32, a, a, np.zeros_like(a), 64, shared_bytes=128)
+    assert checked == [(2, 32, 128)]
+    assert (job.grid, job.block, job.shared_bytes, job.device) == ((2, 1, 1), (32, 1, 1), 128, 3)
+    image = mod.vadd.image()
+    assert dataclasses.is_dataclass(image) and pickle.loads(pickle.dumps(image)) == image
+    assert job == KernelJob.from_launch(image, 2, 32, (a, a, np.zeros_like(a), 64), 128, device=3)
+    assert KernelJob.from_bytes(job.to_bytes()).shared_bytes == 128
+    with pytest.raises(ArgumentError):
+        mod.vadd.job(2, 32, a, a, a)                                 # the argument checks run before any job
+
+
 def test_from_launch_records_source_image_and_arguments(mod):
     a = np.arange(1000, dtype=np.float32)
     b = np.ones(1000, dtype=np.float32)
     c = np.zeros(1000, dtype=np.float32)
-    job = KernelJob.from_launch(mod.vadd, (1000 + 255) // 256, 256, (a, b, c, 1000))
+    job = KernelJob.from_launch(mod.vadd.image(), (1000 + 255) // 256, 256, (a, b, c, 1000))
     assert job.symbol == "vadd" and job.name == "vadd" and job.backend == "cuda"
     assert job.grid == (4, 1, 1) and job.block == (256, 1, 1) and job.shared_bytes == 0
     assert job.source == SRC and job.first_line == 2 and job.filename == "cell.cu"
@@ -67,7 +101,7 @@ def test_from_launch_records_source_image_and_arguments(mod):
 def test_bfloat16_and_exact_scalars_round_trip(mod):
     torch = pytest.importorskip("torch")
     x = torch.tensor([1.5, -2.0, 3.25, float("nan")], dtype=torch.bfloat16)
-    job = KernelJob.from_launch(mod.scale, 1, 32, (x, 0.5, 2.0, 4))
+    job = KernelJob.from_launch(mod.scale.image(), 1, 32, (x, 0.5, 2.0, 4))
     spec, s, alpha, n = job.args
     assert spec.dtype == "bfloat16" and spec.data == x.view(torch.int16).numpy().tobytes()
     assert storage_dtype("bfloat16") == np.uint16
@@ -82,7 +116,7 @@ def test_bfloat16_and_exact_scalars_round_trip(mod):
 
 def test_bytes_and_file_forms(mod, tmp_path):
     a = np.random.default_rng(0).standard_normal(77).astype(np.float32)
-    job = KernelJob.from_launch(mod.vadd, 1, 128, (a, a, np.zeros_like(a), 77), shared_bytes=0)
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 128, (a, a, np.zeros_like(a), 77), shared_bytes=0)
     raw = job.to_bytes()
     assert raw.startswith(JOB_MAGIC)
     (n,) = struct.unpack_from("<Q", raw, len(JOB_MAGIC))
@@ -99,11 +133,11 @@ def test_bytes_and_file_forms(mod, tmp_path):
 
 def test_shapes_only_job_keeps_scalars_and_zero_fills(mod):
     a = np.ones(10, dtype=np.float32)
-    job = KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 10), data="shapes")
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 32, (a, a, a, 10), data="shapes")
     assert all(s.data is None and s.fill == "zeros" for s in job.args[:3])
     assert job.args[3].value == 10
     assert np.array_equal(job.args[0].host_array(), np.zeros(10, np.float32))
-    assert len(job.to_bytes()) < len(KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 10)).to_bytes())
+    assert len(job.to_bytes()) < len(KernelJob.from_launch(mod.vadd.image(), 1, 32, (a, a, a, 10)).to_bytes())
 
 
 def test_fills_are_reproducible_and_typed():
@@ -122,15 +156,15 @@ def test_fills_are_reproducible_and_typed():
 def test_argument_errors_name_the_parameter(mod):
     a = np.ones(10, dtype=np.float32)
     with pytest.raises(ArgumentError, match="takes 4 arguments, got 3"):
-        KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a))
+        KernelJob.from_launch(mod.vadd.image(), 1, 32, (a, a, a))
     with pytest.raises(ArgumentError, match=r"argument 1 \('b'.*expects float32 elements but got float64"):
-        KernelJob.from_launch(mod.vadd, 1, 32, (a, a.astype(np.float64), a, 10))
+        KernelJob.from_launch(mod.vadd.image(), 1, 32, (a, a.astype(np.float64), a, 10))
     with pytest.raises(ArgumentError, match=r"argument 3 \('n'.*integer parameter but got the float 2.5"):
-        KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 2.5))
+        KernelJob.from_launch(mod.vadd.image(), 1, 32, (a, a, a, 2.5))
     with pytest.raises(ArgumentError, match="pointer parameter but got a list"):
-        KernelJob.from_launch(mod.vadd, 1, 32, ([1.0], a, a, 10))
+        KernelJob.from_launch(mod.vadd.image(), 1, 32, ([1.0], a, a, 10))
     with pytest.raises(ArgumentError, match="grid"):
-        KernelJob.from_launch(mod.vadd, 0, 32, (a, a, a, 10))
+        KernelJob.from_launch(mod.vadd.image(), 0, 32, (a, a, a, 10))
 
 
 def test_null_pointer_and_with_data():
@@ -145,7 +179,7 @@ def test_null_pointer_and_with_data():
 
 def test_job_without_image_compiles_from_source_through_the_cache(mod, tmp_cache):
     a = np.ones(4, dtype=np.float32)
-    job = KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 4))
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 32, (a, a, a, 4))
     cubin, fmt = job_image(job)
     assert (cubin, fmt) == (mod.cubin, "cubin")
     from dataclasses import replace
@@ -181,7 +215,7 @@ def test_result_round_trip():
 
 def test_cli_reports_a_missing_gpu_in_its_result(mod, tmp_path):
     a = np.ones(4, dtype=np.float32)
-    path = KernelJob.from_launch(mod.vadd, 1, 32, (a, a, a, 4)).save(tmp_path / "j.kljob")
+    path = KernelJob.from_launch(mod.vadd.image(), 1, 32, (a, a, a, 4)).save(tmp_path / "j.kljob")
     out = tmp_path / "r.klres"
     proc = subprocess.run([sys.executable, "-m", "kernellab.run.launch.job", path, "--out", str(out)], capture_output=True,
                           text=True, timeout=120)
@@ -211,13 +245,13 @@ def stand_in_cupy(monkeypatch):
 def test_run_job_uploads_launches_and_scans_on_one_stream(mod, stand_in_cupy):
     a, c = np.full(64, np.inf, dtype=np.float32), np.zeros(64, dtype=np.float32)
     state: dict = {}
-    res = run_job(KernelJob.from_launch(mod.vadd, 1, 64, (a, -a, c, 64)), state)   # inf + -inf = NaN
+    res = run_job(KernelJob.from_launch(mod.vadd.image(), 1, 64, (a, -a, c, 64)), state)   # inf + -inf = NaN
     assert res.ok, res.message
     assert res.notes == ("c (float32[64]) holds 64 NaN of 64 elements after the launch, the first at index 0",)
     assert np.isnan(np.frombuffer(res.output(2), np.float32)).all()
     assert res.output(0) is None and res.output(1) is None                   # const inputs do not come back
     x = np.arange(64, dtype=np.float32)
-    again = run_job(KernelJob.from_launch(mod.vadd, 1, 64, (x, x, c, 64)), state)  # the same stream, warm
+    again = run_job(KernelJob.from_launch(mod.vadd.image(), 1, 64, (x, x, c, 64)), state)  # the same stream, warm
     assert again.ok and again.notes == () and np.array_equal(np.frombuffer(again.output(2), np.float32), 2 * x)
     assert {e[-1] for e in stand_in_cupy.log} == {"stream"}                 # nothing on the legacy default stream
     assert [e[0] for e in stand_in_cupy.log][:4] == ["copy", "copy", "copy", "kernel"]
@@ -227,7 +261,7 @@ def test_stand_in_reproduces_uploads_racing_a_non_blocking_stream(mod, stand_in_
     """What run_job did before: uploads on the (legacy) current stream, the launch on a non-blocking one."""
     cupy = stand_in_cupy
     a, c = np.full(64, np.inf, dtype=np.float32), np.zeros(64, dtype=np.float32)
-    job = KernelJob.from_launch(mod.vadd, 1, 64, (a, -a, c, 64))
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 64, (a, -a, c, 64))
     arrays, values = J._materialize(job, {})                                 # no stream: the current one
     stream = cupy.cuda.Stream(non_blocking=True)
     J._function(job, {})(job.grid, job.block, tuple(values), shared_mem=0, stream=stream)
@@ -286,16 +320,16 @@ def test_from_launch_records_why_each_large_tensor_is_copied(mod, monkeypatch):
     big = np.zeros(1 << 18, dtype=np.float32)                                 # 1 MiB
     small = np.zeros(4, dtype=np.float32)
     why: dict = {}
-    job = KernelJob.from_launch(mod.vadd, 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
                                 not_shared=why)
     assert why == {"a": "it is host memory", "c": "it is host memory"}      # b is below share_min_bytes
     assert not any(s.shared for s in job.args) and job.args[0].data is not None
     monkeypatch.setattr(J, "lend", lambda x, disabled=None: disabled or (b"\1" * 64, 0))
     why = {}
-    job = KernelJob.from_launch(mod.vadd, 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
                                 not_shared=why)
     assert why == {} and [s.shared for s in job.args[:3]] == [True, False, True] and job.args[0].data is None
-    job = KernelJob.from_launch(mod.vadd, 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 32, (big, small, big, 4), data="share", share_min_bytes=1 << 20,
                                 not_shared=why, share_disabled="IPC failed before")
     assert why == {"a": "IPC failed before", "c": "IPC failed before"} and not any(s.shared for s in job.args)
 
@@ -308,21 +342,21 @@ def test_from_launch_stages_cuda_tensors_once_each(mod, monkeypatch):
     host = np.zeros(64, dtype=np.float32)
     device = {id(a): 0x1000, id(b): 0x2000, id(c): 0x3000}
     monkeypatch.setattr(J, "device_pointer", lambda x: device.get(id(x)))
-    job = KernelJob.from_launch(mod.vadd, 1, 64, (a, b, a, 64), data="share", stage_min_bytes=0, device=0)
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 64, (a, b, a, 64), data="share", stage_min_bytes=0, device=0)
     assert [s.stage_slot for s in job.args] == [0, 1, 0, None] and job.args[0].data is None    # a: once
     assert job.args[0].staged and not job.args[0].shared and "a: float32[64] (staged)" in job.describe()
     assert KernelJob.from_bytes(job.to_bytes()) == job
     plain = job.with_data()
     assert not any(s.staged for s in plain.args) and plain.args[0].fill == "zeros"
-    mixed = KernelJob.from_launch(mod.vadd, 1, 64, (a, host, c, 64), data="share", stage_min_bytes=0)
+    mixed = KernelJob.from_launch(mod.vadd.image(), 1, 64, (a, host, c, 64), data="share", stage_min_bytes=0)
     assert [s.staged for s in mixed.args[:3]] == [True, False, True] and mixed.args[1].data is not None
     why: dict = {}
-    off = KernelJob.from_launch(mod.vadd, 1, 64, (a, host, c, 64), data="share", stage_min_bytes=0,
+    off = KernelJob.from_launch(mod.vadd.image(), 1, 64, (a, host, c, 64), data="share", stage_min_bytes=0,
                                 stage_disabled="IPC failed before", not_staged=why)
     assert why == {"a": "IPC failed before", "c": "IPC failed before"} and not any(s.staged for s in off.args)
-    above = KernelJob.from_launch(mod.vadd, 1, 64, (a, b, c, 64), data="share", stage_min_bytes=257)
+    above = KernelJob.from_launch(mod.vadd.image(), 1, 64, (a, b, c, 64), data="share", stage_min_bytes=257)
     assert not any(s.staged for s in above.args)                              # 256 bytes each: below the threshold
-    assert not any(s.staged for s in KernelJob.from_launch(mod.vadd, 1, 64, (a, b, c, 64)).args)   # data='copy'
+    assert not any(s.staged for s in KernelJob.from_launch(mod.vadd.image(), 1, 64, (a, b, c, 64)).args)   # data='copy'
     raw = job.to_bytes()                                                       # a job file from before staging:
     (n,) = struct.unpack_from("<Q", raw, len(JOB_MAGIC))                       # no "stage_slot" keys
     head = json.loads(raw[len(JOB_MAGIC) + 8:len(JOB_MAGIC) + 8 + n])
@@ -344,7 +378,7 @@ def test_stage_buffers_and_run_job_on_staged_arguments(mod, stand_in_cupy, monke
     buf[0][:], buf[1][:], buf[2][:] = np.inf, -np.inf, 0.0                   # what the caller copied in
     a = np.zeros(64, dtype=np.float32)
     spec = lambda name, slot, writes: ArgSpec("tensor", name, "float32", (64,), writes=writes, stage_slot=slot)
-    job = KernelJob.from_launch(mod.vadd, 1, 64, (a, a, a, 64))
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 64, (a, a, a, 64))
     job = KernelJob(job.symbol, job.grid, job.block, (spec("a", 0, False), spec("b", 1, False), spec("c", 2, True),
                                                       job.args[3]), image=job.image, image_format="cubin")
     res = run_job(job, state)
@@ -377,7 +411,7 @@ def test_allocations_opened_through_ipc_are_closed_when_the_job_ends(mod, stand_
     monkeypatch.setattr(rt, "ipcOpenMemHandle", lambda h, flags=1: (opened.append(h), ptr)[1])
     monkeypatch.setattr(rt, "ipcCloseMemHandle", closed.append)
     a = np.arange(n, dtype=np.float32)
-    job = KernelJob.from_launch(mod.vadd, 1, 64, (a, a, np.zeros(n, np.float32), n))
+    job = KernelJob.from_launch(mod.vadd.image(), 1, 64, (a, a, np.zeros(n, np.float32), n))
     lent = ArgSpec("tensor", "c", "float32", (n,), ipc_handle=handle)
     job = replace(job, args=(*job.args[:2], lent, job.args[3]))
     state: dict = {}

@@ -326,16 +326,17 @@ def test_first_line_2_makes_lineinfo_count_cell_lines():
 def no_gpu_launch_checks(monkeypatch):
     """profile_banks as on a GPU: the device checks pass; the job and ncu are real files and processes."""
     pytest.importorskip("kernellab.run.launch.job", reason="profile_banks runs a kernellab.run.launch.job KernelJob")
-    worker = pytest.importorskip("kernellab.run.launch.worker", reason="profile_banks checks the launch with run.worker")
-    from kernellab.run.launch import device
+    from kernellab.kernel import Kernel
+    from kernellab.run.launch import device, worker
 
     monkeypatch.setattr(device, "require_gpu", lambda what="": None)
     monkeypatch.setattr(worker, "sync_caller", lambda: None)
 
-    def check_launch(kernel, grid, block, args, shared_bytes=0):
-        return types.SimpleNamespace(grid=grid, block=block, shared_bytes=shared_bytes), types.SimpleNamespace(index=0)
+    def check_launch(kernel, grid, block, args, shared_bytes=0, cluster=None):
+        return (types.SimpleNamespace(grid=grid, block=block, shared_bytes=shared_bytes, cluster=cluster),
+                types.SimpleNamespace(index=0))
 
-    monkeypatch.setattr(worker, "check_launch", check_launch)
+    monkeypatch.setattr(Kernel, "check_launch", check_launch)
 
 
 def test_profile_banks_runs_the_job_under_ncu(tmp_path, no_gpu_launch_checks):
@@ -358,7 +359,7 @@ def test_profile_banks_runs_the_job_under_ncu(tmp_path, no_gpu_launch_checks):
         sys.stdout.write(open({str(tmp_path / "page.csv")!r}).read())
         """)
     x = np.zeros((1024, 1024), np.float32)
-    r = ncu_source.profile_banks(module.t32, (32, 32), (32, 32), x, np.empty_like(x), 1024, ncu=ncu)
+    r = module.t32.profile_banks((32, 32), (32, 32), x, np.empty_like(x), 1024, ncu=ncu)
     assert r.kernel == "t32" and r.measured
     assert r.line(8, "load").source == "out[y * n + x] = tile[threadIdx.x][threadIdx.y];"
     assert r.line(8).wavefronts == 32 * r.line(8).instructions
@@ -377,7 +378,7 @@ def test_profile_banks_reports_a_launch_that_failed_under_ncu(tmp_path, no_gpu_l
         """)
     x = np.zeros((32, 32), np.float32)
     with pytest.raises(NcuError, match="t32's launch failed under ncu .launch_error.: too many resources"):
-        ncu_source.profile_banks(module.t32, 1, (32, 32), x, x, 32, ncu=ncu)
+        module.t32.profile_banks(1, (32, 32), x, x, 32, ncu=ncu)
 
 
 def test_profile_banks_without_a_gpu_says_so():
@@ -387,4 +388,4 @@ def test_profile_banks_without_a_gpu_says_so():
         pytest.skip("a GPU is usable here: the no-GPU message cannot be seen")
     module = compile_cuda(CELL, arch="sm_90", first_line=2)
     with pytest.raises(NoGPUError, match="profiling t32 with Nsight Compute needs a CUDA GPU"):
-        ncu_source.profile_banks(module.t32, 1, (32, 32), 0)
+        module.t32.profile_banks(1, (32, 32), 0)

@@ -773,7 +773,7 @@ def test_an_isolated_numba_job_passes_arrays_as_numba_does():
 
     k = numba_module(ABI_SOURCE, signatures={"scale_t": ABI_SIG}, arch="sm_90", simulate=False).scale_t
     a, out = torch.zeros(3, 5), torch.zeros(5, 3)
-    job = KernelJob.from_launch(k, (1, 1), (8, 8), (a, out, 7, 0.5, True))
+    job = KernelJob.from_launch(k.image(), (1, 1), (8, 8), (a, out, 7, 0.5, True))
     assert job.abi == "numba" and job.image == k.cubin and job.image_format == "cubin"
     again = KernelJob.from_bytes(job.to_bytes())
     assert again.abi == "numba" and again.image == k.cubin
@@ -800,7 +800,7 @@ def test_an_isolated_numba_job_keeps_the_cell_lines():
 
     k = numba_module(ABI_SOURCE, signatures={"scale_t": ABI_SIG}, arch="sm_90", simulate=False,
                      first_line=2).scale_t
-    job = KernelJob.from_launch(k, 1, 32, (torch.zeros(3, 5), torch.zeros(5, 3), 7, 0.5, True))
+    job = KernelJob.from_launch(k.image(), 1, 32, (torch.zeros(3, 5), torch.zeros(5, 3), 7, 0.5, True))
     import re
 
     files = re.findall(r'\.file\s+1\s+"([^"]+)"', k.ptx)

@@ -266,13 +266,14 @@ def _fake_ncu(tmp_path, body: str) -> str:
 
 @pytest.fixture
 def no_gpu_launch_checks(monkeypatch):
-    worker = pytest.importorskip("kernellab.run.launch.worker")
-    from kernellab.run.launch import device
+    from kernellab.kernel import Kernel
+    from kernellab.run.launch import device, worker
 
     monkeypatch.setattr(device, "require_gpu", lambda what="": None)
     monkeypatch.setattr(worker, "sync_caller", lambda: None)
-    monkeypatch.setattr(worker, "check_launch", lambda kernel, grid, block, args, shared_bytes=0: (
-        types.SimpleNamespace(grid=grid, block=block, shared_bytes=shared_bytes), types.SimpleNamespace(index=0)))
+    monkeypatch.setattr(Kernel, "check_launch", lambda kernel, grid, block, args, shared_bytes=0, cluster=None: (
+        types.SimpleNamespace(grid=grid, block=block, shared_bytes=shared_bytes, cluster=cluster),
+        types.SimpleNamespace(index=0)))
 
 
 def test_profile_lines_runs_the_launch_under_ncu(tmp_path, tmp_cache, no_gpu_launch_checks):

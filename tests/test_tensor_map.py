@@ -271,7 +271,7 @@ def test_marshal_errors_say_to_call_tensor_map(tma):
 def test_job_carries_the_tensor_and_the_encode_parameters(tma):
     x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
     out = np.zeros((64, 64), np.float32)
-    job = KernelJob.from_launch(tma, (2, 4), 128, (_map(x, swizzle="none"), out, 64, 64), cluster=(2, 1, 1))
+    job = KernelJob.from_launch(tma.image(), (2, 4), 128, (_map(x, swizzle="none"), out, 64, 64), cluster=(2, 1, 1))
     spec = job.args[0]
     assert (spec.kind, spec.dtype, spec.shape, spec.writes) == ("tensor", "float32", (64, 64), True)
     assert np.array_equal(spec.host_array(), x)
@@ -282,11 +282,11 @@ def test_job_carries_the_tensor_and_the_encode_parameters(tma):
     back = KernelJob.from_bytes(job.to_bytes())
     assert back.args[0].tensor_map == spec.tensor_map and back.cluster == (2, 1, 1) and back == job
     with pytest.raises(ArgumentError, match="not C-contiguous .* contiguous tensors only so far"):
-        KernelJob.from_launch(tma, (2, 4), 128, (_map(x, strides_bytes=(512, 4)), out, 64, 64))
+        KernelJob.from_launch(tma.image(), (2, 4), 128, (_map(x, strides_bytes=(512, 4)), out, 64, 64))
     with pytest.raises(ArgumentError, match="takes a tensor map"):
-        KernelJob.from_launch(tma, (2, 4), 128, (x, out, 64, 64))
+        KernelJob.from_launch(tma.image(), (2, 4), 128, (x, out, 64, 64))
     with pytest.raises(ArgumentError, match="not a whole number of clusters"):
-        KernelJob.from_launch(tma, (3, 4), 128, (_map(x), out, 64, 64), cluster=(2, 1, 1))
+        KernelJob.from_launch(tma.image(), (3, 4), 128, (_map(x), out, 64, 64), cluster=(2, 1, 1))
 
 
 def test_worker_encodes_the_map_over_its_own_copy(tma, monkeypatch, fake_encoder):
@@ -295,7 +295,7 @@ def test_worker_encodes_the_map_over_its_own_copy(tma, monkeypatch, fake_encoder
     spec.loader.exec_module(fake)
     monkeypatch.setitem(sys.modules, "cupy", fake)
     x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
-    job = KernelJob.from_launch(tma, (2, 4), 128, (_map(x), np.zeros((64, 64), np.float32), 64, 64))
+    job = KernelJob.from_launch(tma.image(), (2, 4), 128, (_map(x), np.zeros((64, 64), np.float32), 64, 64))
     arrays, values = J._materialize(job, {})
     (kw,) = fake_encoder
     assert kw["globalAddress"] == arrays[0].data.ptr != 0x7E0000000000   # the worker's copy, not the caller's address
@@ -355,7 +355,7 @@ def test_run_job_launches_a_cluster_through_cuLaunchKernelEx(tma, monkeypatch, f
     monkeypatch.setattr(cudriver, "driver", lambda: Driver())
     monkeypatch.setattr(J, "_function", lambda job, state: types.SimpleNamespace(ptr=0xF00))
     x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
-    job = KernelJob.from_launch(tma, (2, 4), 128, (_map(x), np.zeros((64, 64), np.float32), 64, 64), cluster=2)
+    job = KernelJob.from_launch(tma.image(), (2, 4), 128, (_map(x), np.zeros((64, 64), np.float32), 64, 64), cluster=2)
     res = J.run_job(job, {}, scan=False)
     assert res.ok, res.message
     ((function, grid, block, cluster, stream, tmap, rows),) = seen

@@ -193,7 +193,7 @@ def fake_launch(monkeypatch, tmp_cache):
     from kernellab.run.launch.launch import make_config
 
     dev = DeviceInfo(0, "Fake GPU", "sm_90", 132)
-    monkeypatch.setattr(W, "check_launch", lambda k, g, b, a, s=0, cluster=None: (make_config(
+    monkeypatch.setattr(kernellab.kernel.Kernel, "check_launch", lambda k, g, b, a, s=0, cluster=None: (make_config(
         g, b, s, max_threads_per_block=1024, static_shared_bytes=0, device=dev, cluster=cluster), dev))
     monkeypatch.setattr(W, "sync_caller", lambda: None)
     monkeypatch.setattr(W, "_ipc_state", {"broken": None})
@@ -206,7 +206,7 @@ def test_run_isolated_copies_back_and_falls_back_from_ipc(pool, fake_launch, mon
     monkeypatch.setattr(W.settings, "share_min_bytes", 32)
     monkeypatch.setattr(J, "lend", lambda x, disabled=None: disabled or (b"\1" * 64, 0))   # as a CUDA tensor would
     x, y = np.arange(8, dtype=np.float32), np.ones(8, dtype=np.float32)
-    run = W.run_isolated(fake_launch.ipc_once, 1, 32, (x, y, 8), pool=pool)       # the worker cannot open them
+    run = fake_launch.ipc_once.run_isolated(1, 32, x, y, 8, pool=pool)       # the worker cannot open them
     assert W._ipc_state["broken"] and "CUDA IPC is not available" in W._ipc_state["broken"]
     assert np.array_equal(x, np.arange(8) * 2) and np.array_equal(y, np.ones(8))   # the fake 'kernel' doubles x
     assert run.kernel == "ipc_once" and run.copied == ("x", "y") and run.shared == () and run.device == "Fake GPU"
@@ -214,7 +214,7 @@ def test_run_isolated_copies_back_and_falls_back_from_ipc(pool, fake_launch, mon
     assert run.notes[0] == ("x, y copied, not shared: the worker could not open it through CUDA IPC (IpcUnavailable: "
                             "CUDA IPC is not available here (cudaErrorNotSupported)); isolated launches copy from now "
                             "on in this session")
-    again = W.run_isolated(fake_launch.ipc_once, 1, 32, (x, y, 8), pool=pool)     # later launches say so too
+    again = fake_launch.ipc_once.run_isolated(1, 32, x, y, 8, pool=pool)     # later launches say so too
     assert again.shared == () and again.notes[0] == (
         "x, y copied, not shared: CUDA IPC failed earlier in this session, so isolated launches copy "
         "(IpcUnavailable: CUDA IPC is not available here (cudaErrorNotSupported))")
@@ -224,11 +224,11 @@ def test_run_isolated_copies_back_and_falls_back_from_ipc(pool, fake_launch, mon
 def test_run_isolated_says_why_a_large_tensor_is_copied(pool, fake_launch, monkeypatch):
     monkeypatch.setattr(W.settings, "share_min_bytes", 32)
     a, b, c = np.arange(8, dtype=np.float32), np.ones(4, dtype=np.float32), np.ones(8, dtype=np.float32)
-    run = W.run_isolated(fake_launch.vadd, 1, 32, (a, b, c, 8), pool=pool)       # 32, 16 and 32 bytes
+    run = fake_launch.vadd.run_isolated(1, 32, a, b, c, 8, pool=pool)       # 32, 16 and 32 bytes
     assert run.copied == ("a", "b", "c") and run.notes[0] == "a, c copied, not shared: it is host memory"
     assert not any("b copied" in n or "b, " in n for n in run.notes)              # below share_min_bytes: no note
     monkeypatch.setattr(W.settings, "share_min_bytes", 1 << 20)
-    assert not any("copied" in n for n in W.run_isolated(fake_launch.vadd, 1, 32, (a, b, c, 8), pool=pool).notes)
+    assert not any("copied" in n for n in fake_launch.vadd.run_isolated(1, 32, a, b, c, 8, pool=pool).notes)
 
 
 STREAM_ENV = {"PYTHONPATH": os.pathsep.join([str(FIXTURES / "fake_cupy"), str(ROOT)])}
@@ -245,14 +245,14 @@ def stream_pool():
 def test_warm_worker_reads_this_launchs_inputs_and_notes_nan(stream_pool, fake_launch):
     vadd = fake_launch.vadd
     ones, c = np.ones(64, dtype=np.float32), np.zeros(64, dtype=np.float32)
-    first = W.run_isolated(vadd, 1, 64, (ones, ones, c, 64), pool=stream_pool)
+    first = vadd.run_isolated(1, 64, ones, ones, c, 64, pool=stream_pool)
     assert first.cold and first.device == "Stand-in GPU (stream-ordered)" and np.array_equal(c, np.full(64, 2.0))
     a = np.full(64, np.inf, dtype=np.float32)
-    run = W.run_isolated(vadd, 1, 64, (a, -a, c, 64), pool=stream_pool)              # inf + -inf = NaN
+    run = vadd.run_isolated(1, 64, a, -a, c, 64, pool=stream_pool)              # inf + -inf = NaN
     assert not run.cold and run.pid == first.pid and np.isnan(c).all()
     assert run.notes == ("c (float32[64]) holds 64 NaN of 64 elements after the launch, the first at index 0",)
     x = np.arange(64, dtype=np.float32)
-    W.run_isolated(vadd, 1, 64, (x, ones, c, 64), pool=stream_pool)
+    vadd.run_isolated(1, 64, x, ones, c, 64, pool=stream_pool)
     assert np.array_equal(c, x + 1)
 
 
@@ -262,7 +262,7 @@ def test_run_isolated_fault_without_a_sanitizer_says_how_to_look(pool, fake_laun
     monkeypatch.setattr(toolkit, "find_tool", lambda name: None)
     x = np.zeros(8, dtype=np.float32)
     with pytest.raises(W.IsolatedLaunchError) as info:
-        W.run_isolated(fake_launch.sticky, 4, 32, (x, x, 8), pool=pool)
+        fake_launch.sticky.run_isolated(4, 32, x, x, 8, pool=pool)
     text = str(info.value)
     assert info.value.status == "fault" and info.value.diagnosis is None
     assert "compute-sanitizer could not diagnose it here" in text and "sticky.sanitize((4, 1, 1), (32, 1, 1)" in text
@@ -337,7 +337,7 @@ def test_carved_tensors_are_staged_and_the_results_come_back(staging):
     vadd, io, n = staging.k.vadd, staging.io, 64
     seg = staging.segs.new(np.concatenate([np.arange(2 * n), np.full(n, np.nan)]))
     a, b, c = seg[:n], seg[n:2 * n], seg[2 * n:]                           # carved: none owns its allocation
-    run = W.run_isolated(vadd, 1, n, (a, b, c, n), pool=staging.pool)
+    run = vadd.run_isolated(1, n, a, b, c, n, pool=staging.pool)
     assert np.array_equal(c, np.arange(n) + np.arange(n, 2 * n)) and np.array_equal(seg[:2 * n], np.arange(2 * n))
     assert (run.staged, run.shared, run.copied, run.notes) == (("a", "b", "c"), (), (), ())
     assert run.paths == {"a": "staged", "b": "staged", "c": "staged"}
@@ -347,19 +347,19 @@ def test_carved_tensors_are_staged_and_the_results_come_back(staging):
     assert "staged (GPU copies)" in run._repr_html_() and len(io.opened) == 3 and len(staging.files()) == 3
     # a warm worker reuses its buffers: no new maps; the NaN scan reads the staged output
     a[:], b[:] = np.inf, -np.inf
-    again = W.run_isolated(vadd, 1, n, (a, b, c, n), pool=staging.pool)
+    again = vadd.run_isolated(1, n, a, b, c, n, pool=staging.pool)
     assert again.pid == run.pid and len(io.opened) == 3 and np.isnan(c).all()
     assert again.notes == ("c (float32[64]) holds 64 NaN of 64 elements after the launch, the first at index 0",)
     # a tensor passed twice is staged once: two copies in, one back
     a[:] = np.arange(n)
     before = len(io.copies)
-    W.run_isolated(vadd, 1, n, (a, a, c, n), pool=staging.pool)
+    vadd.run_isolated(1, n, a, a, c, n, pool=staging.pool)
     assert np.array_equal(c, 2 * np.arange(n)) and len(io.copies) - before == 3
     # larger arguments: the buffers grow (this process unmaps the old ones first), the results stay exact
     big = 1 << 20                                                           # 4 MiB: more than a 2 MiB buffer
     seg2 = staging.segs.new(np.arange(3 * big) % 1000)
     x, y, z = seg2[:big], seg2[big:2 * big], seg2[2 * big:]
-    grown = W.run_isolated(vadd, big // 256, 256, (x, y, z, big), pool=staging.pool)
+    grown = vadd.run_isolated(big // 256, 256, x, y, z, big, pool=staging.pool)
     assert grown.staged == ("a", "b", "c") and np.array_equal(z, x + y) and z.any()
     assert len(io.opened) == 6 and sorted(io.closed) == sorted(io.opened[:3]) and len(io.mapped) == 3
     assert len(staging.files()) == 3                                        # the worker freed the small ones
@@ -370,17 +370,17 @@ def test_fault_mid_run_leaves_the_callers_segment_untouched_and_reopens_staging(
     seg = staging.segs.new(np.arange(4 * n))
     keep = seg.copy()
     x = seg[n:2 * n]                                                        # carved from the middle of the segment
-    first = W.run_isolated(staging.k.vadd, 1, n, (seg[:n], seg[:n], seg[3 * n:], n), pool=pool)
+    first = staging.k.vadd.run_isolated(1, n, seg[:n], seg[:n], seg[3 * n:], n, pool=pool)
     keep[3 * n:] = 2 * np.arange(n)
     mapped = io.mapped
     assert first.staged == ("a", "b", "c") and len(mapped) == 2
     with pytest.raises(W.IsolatedLaunchError) as info:                     # writes -1 into x, then faults
-        W.run_isolated(staging.k.scribble, 1, n, (x, n), pool=pool, diagnose=False)
+        staging.k.scribble.run_isolated(1, n, x, n, pool=pool, diagnose=False)
     assert info.value.status == "fault" and "illegal memory access" in str(info.value)
     assert np.array_equal(seg, keep)                                        # x and its neighbours: untouched
     assert io.mapped == [] and sorted(io.closed) == sorted(mapped)          # unmapped before the next worker
     assert pool.replaced == 1
-    again = W.run_isolated(staging.k.vadd, 1, n, (x, x, seg[:n], n), pool=pool)
+    again = staging.k.vadd.run_isolated(1, n, x, x, seg[:n], n, pool=pool)
     assert again.pid != first.pid and np.array_equal(seg[:n], 2 * keep[n:2 * n])
     assert len(io.mapped) == 2 and not set(io.mapped) & set(mapped)        # the new worker's buffers
 
@@ -389,7 +389,7 @@ def test_timeout_mid_run_leaves_the_callers_tensor_untouched(staging):
     seg = staging.segs.new(np.zeros(128))
     x = seg[64:]
     with pytest.raises(W.IsolatedLaunchError) as info:                     # writes x[0] = -1, then never ends
-        W.run_isolated(staging.k.spin, 1, 1, (x, 64), pool=staging.pool, timeout_s=1)
+        staging.k.spin.run_isolated(1, 1, x, 64, pool=staging.pool, timeout_s=1)
     assert info.value.status == "timeout" and not seg.any()
     assert staging.io.mapped == [] and len(staging.io.closed) == 1
 
@@ -399,13 +399,13 @@ def test_staging_falls_back_to_bytes_when_this_process_cannot_map_it(staging):
     vadd, n = staging.k.vadd, 64
     seg = staging.segs.new(np.arange(3 * n))
     a, b, c = seg[:n], seg[n:2 * n], seg[2 * n:]
-    run = W.run_isolated(vadd, 1, n, (a, b, c, n), pool=staging.pool)
+    run = vadd.run_isolated(1, n, a, b, c, n, pool=staging.pool)
     assert np.array_equal(c, np.arange(n) + np.arange(n, 2 * n)) and run.copied == ("a", "b", "c") and not run.staged
     why = ("cudaIpcOpenMemHandle failed here on the worker's buffer (RuntimeError: cudaErrorNotSupported: operation "
            "not supported)")
     assert run.notes == (f"a, b, c copied, not staged: {why}; isolated launches copy from now on in this session",)
     assert W._ipc_state["broken"] == why and staging.files() == []          # the worker freed what it allocated
-    later = W.run_isolated(vadd, 1, n, (a, b, c, n), pool=staging.pool)
+    later = vadd.run_isolated(1, n, a, b, c, n, pool=staging.pool)
     assert later.notes == (f"a, b, c copied, not staged: CUDA IPC failed earlier in this session, so isolated "
                            f"launches copy ({why})",) and later.pid == run.pid
 
@@ -414,7 +414,7 @@ def test_worker_out_of_memory_for_staging_copies_that_launch(staging):
     pool = staging.make_pool(FAKE_CUPY_MALLOC="fail")
     n = 64
     seg = staging.segs.new(np.arange(3 * n))
-    run = W.run_isolated(staging.k.vadd, 1, n, (seg[:n], seg[n:2 * n], seg[2 * n:], n), pool=pool)
+    run = staging.k.vadd.run_isolated(1, n, seg[:n], seg[n:2 * n], seg[2 * n:], n, pool=pool)
     assert np.array_equal(seg[2 * n:], np.arange(n) + np.arange(n, 2 * n)) and run.copied == ("a", "b", "c")
     assert run.notes == ("a, b, c copied, not staged: the worker could not allocate its staging buffers: "
                          "CUDARuntimeError: cudaErrorMemoryAllocation: out of memory",)
@@ -425,15 +425,15 @@ def test_staging_is_released_above_the_limit_and_at_shutdown(staging):
     n, pool, io = 64, staging.pool, staging.io
     seg = staging.segs.new(np.arange(3 * n))
     args = (seg[:n], seg[n:2 * n], seg[2 * n:], n)
-    W.run_isolated(staging.k.vadd, 1, n, args, pool=pool)
+    staging.k.vadd.run_isolated(1, n, *args, pool=pool)
     assert len(io.mapped) == 3 and pool.worker.staging_bytes == 3 * (2 << 20)
     pool.release_staging()
     assert io.mapped == [] and staging.files() == [] and pool.worker.staging == {}
     W.settings.stage_keep_bytes = 4 << 20                                   # less than three 2 MiB buffers
-    W.run_isolated(staging.k.vadd, 1, n, args, pool=pool)
+    staging.k.vadd.run_isolated(1, n, *args, pool=pool)
     assert io.mapped == [] and staging.files() == [] and len(io.opened) == 6
     W.settings.stage_keep_bytes = 2 << 30
-    W.run_isolated(staging.k.vadd, 1, n, args, pool=pool)
+    staging.k.vadd.run_isolated(1, n, *args, pool=pool)
     assert len(io.mapped) == 3
     pool.shutdown()
     assert io.mapped == [] and len(io.closed) == len(io.opened) == 9
@@ -444,12 +444,12 @@ def test_staging_threshold_and_host_data(staging):
     seg = staging.segs.new(np.arange(2 * n))
     host = np.zeros(n, dtype=np.float32)                                    # not 'device' memory: bytes
     W.settings.stage_min_bytes = 1 << 20                                    # above these tensors: bytes too
-    run = W.run_isolated(staging.k.vadd, 1, n, (seg[:n], seg[n:], host, n), pool=staging.pool)
+    run = staging.k.vadd.run_isolated(1, n, seg[:n], seg[n:], host, n, pool=staging.pool)
     assert run.copied == ("a", "b", "c") and len(run.notes) == 3 and run.notes[2] == (
         "c copied, not shared: it is host memory")
     assert run.notes[1].startswith("b copied, not shared: it starts 256 bytes into a 2.0 MiB allocation")
     W.settings.stage_min_bytes = 0
-    run = W.run_isolated(staging.k.vadd, 1, n, (seg[:n], seg[n:], host, n), pool=staging.pool)
+    run = staging.k.vadd.run_isolated(1, n, seg[:n], seg[n:], host, n, pool=staging.pool)
     assert (run.staged, run.copied) == (("a", "b"), ("c",)) and np.array_equal(host, np.arange(n) * 2 + n)
 
 
@@ -769,12 +769,14 @@ def ip():
 def calls(monkeypatch):
     """Record what %launch dispatches to, instead of running it."""
     seen = []
-    import kernellab.run.nvtools.ncu as P
-    import kernellab.run.nvtools.sanitize as S
+    from kernellab.kernel import Kernel
 
-    monkeypatch.setattr(W, "run_isolated", lambda *a, **k: seen.append(("isolated", a, k)) or "isolated-run")
-    monkeypatch.setattr(S, "sanitize_launch", lambda *a, **k: seen.append(("sanitize", a, k)) or "sanitizer-report")
-    monkeypatch.setattr(P, "profile_launch", lambda *a, **k: seen.append(("profile", a, k)) or "profile-report")
+    def record(kind, answer):
+        return lambda kernel, grid, block, *args, **k: seen.append((kind, (kernel, grid, block, args), k)) or answer
+
+    monkeypatch.setattr(Kernel, "run_isolated", record("isolated", "isolated-run"))
+    monkeypatch.setattr(Kernel, "sanitize", record("sanitize", "sanitizer-report"))
+    monkeypatch.setattr(Kernel, "profile", record("profile", "profile-report"))
     yield seen
     W.settings = W.IsolationSettings()
 
@@ -827,7 +829,8 @@ def test_config_sets_the_notebook_wide_isolation(ip, calls):
 def test_kernel_launch_follows_the_isolation_setting(monkeypatch, tmp_cache):
     mod = kernellab.compile_cuda(SRC, arch="sm_90")
     seen = []
-    monkeypatch.setattr(W, "run_isolated", lambda *a, **k: seen.append((a, k)) or "ran")
+    monkeypatch.setattr(kernellab.kernel.Kernel, "run_isolated",
+                        lambda kernel, grid, block, *args, **k: seen.append(((kernel, grid, block, args), k)) or "ran")
     a = np.ones(4, np.float32)
     assert mod.vadd[1, 32](a, a, a, 4, isolate=True, timeout_s=3) == "ran"
     (kernel, grid, block, args), kw = seen[-1]
@@ -841,14 +844,32 @@ def test_kernel_launch_follows_the_isolation_setting(monkeypatch, tmp_cache):
 
 
 def test_kernel_sanitize_and_profile_hooks(monkeypatch, tmp_cache):
+    """Kernel.sanitize and Kernel.profile hand the tool one value, the launch's KernelJob, with the tool's options."""
+    import dataclasses
+    import types
+
     import kernellab.run.nvtools.ncu as P
     import kernellab.run.nvtools.sanitize as S
+    from kernellab.kernel import Kernel
+    from kernellab.run.launch import device
 
     mod = kernellab.compile_cuda(SRC, arch="sm_90")
-    monkeypatch.setattr(S, "sanitize_launch", lambda *a, **k: ("s", a, k))
-    monkeypatch.setattr(P, "profile_launch", lambda *a, **k: ("p", a, k))
-    assert mod.vadd.sanitize(1, 32, 1, 2, 3, 4, tool="racecheck")[2] == {"shared_bytes": 0, "tool": "racecheck"}
-    assert mod.vadd.profile(1, 32, 1, 2, 3, 4, full=True)[2] == {"shared_bytes": 0, "metrics": None, "full": True}
+
+    @dataclasses.dataclass(frozen=True)
+    class Report:
+        what: str
+        device: str = ""
+
+    monkeypatch.setattr(Kernel, "job", lambda self, grid, block, *args, **k: ("job", self.name, grid, block, args, k))
+    monkeypatch.setattr(device, "device_info", lambda index=None: types.SimpleNamespace(name="Fake GPU"))
+    monkeypatch.setattr(S, "sanitize", lambda job, tool, **k: ("s", job, tool, k))
+    monkeypatch.setattr(P, "profile", lambda job, **k: Report(repr((job, k))))
+    assert mod.vadd.sanitize(1, 32, 1, 2, 3, 4, tool="racecheck", timeout_s=5) == (
+        "s", ("job", "vadd", 1, 32, (1, 2, 3, 4), {"shared_bytes": 0, "cluster": None}), "racecheck", {"timeout_s": 5})
+    rep = mod.vadd.profile(1, 32, 1, 2, 3, 4, full=True, shared_bytes=64)
+    assert rep.device == "Fake GPU" and rep.what == repr((("job", "vadd", 1, 32, (1, 2, 3, 4),
+                                                           {"shared_bytes": 64, "cluster": None}),
+                                                          {"metrics": None, "section_set": "full"}))
 
 
 def test_in_process_sticky_error_names_the_sanitize_call():

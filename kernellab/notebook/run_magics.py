@@ -23,7 +23,6 @@ from traitlets import Bool, Float, observe
 
 from ..errors import KernellabError
 from ..run.launch import worker as _worker
-from ..run.nvtools import ncu
 
 _VALUE_OPTIONS = ("--timeout", "--metrics")   # options that may take their value as the next word
 
@@ -134,10 +133,10 @@ class KernellabRun(Magics):
                 return kernel.profile_banks(grid, block, *args, shared_bytes=shared)
             if ns.profile:
                 metrics = [m.strip() for m in ns.metrics.split(",") if m.strip()] if ns.metrics else None
-                return ncu.profile_launch(kernel, grid, block, args, shared_bytes=shared, metrics=metrics,
+                return kernel.profile(grid, block, *args, shared_bytes=shared, metrics=metrics,
                                       section_set=None if ns.profile == "default" else ns.profile)
             if ns.isolate or (_worker.settings.isolate and not ns.in_process):
-                return _worker.run_isolated(kernel, grid, block, args, shared_bytes=shared, timeout_s=ns.timeout)
+                return kernel.run_isolated(grid, block, *args, shared_bytes=shared, timeout_s=ns.timeout)
             return kernel.launch(grid, block, *args, shared_bytes=shared, isolate=False)
         except (KernellabError, ValueError) as exc:
             raise UsageError(str(exc)) from None

@@ -35,12 +35,10 @@ def _ldmatrix_wavefronts(kernel, tiles=1024, block=128):
     """Nsight Compute's counters for the kernel's ldmatrix line: (instructions, wavefronts, excess wavefronts)."""
     import torch
 
-    from kernellab.run.nvtools.ncu_source import profile_banks
-
     q = torch.from_numpy(np.random.default_rng(0).integers(0, 0xFFFF, (tiles, 16, 64), dtype=np.uint16)).cuda()
     frag = torch.empty((tiles, 4, 32, 4), dtype=torch.uint32, device="cuda")
     image = torch.empty_like(q)
-    rep = profile_banks(kernel, (tiles * 32 + block - 1) // block, block, q, frag, image, tiles)
+    rep = kernel.profile_banks((tiles * 32 + block - 1) // block, block, q, frag, image, tiles)
     if not rep.measured:
         pytest.skip(f"Nsight Compute counters not available: {rep.reason}")
     lines = [c for c in rep.lines if any("LDSM" in s for s in c.sass) or "ldmatrix" in c.source]

@@ -14,7 +14,6 @@ from kernellab.analysis.banks import analyze_access
 pytestmark = pytest.mark.gpu
 pytest.importorskip("kernellab.run.launch.job", reason="profile_banks needs kernellab.run.launch.job (KernelJob), not present here")
 
-from kernellab.run.nvtools.ncu_source import profile_banks  # noqa: E402
 from notebook_cells import cuda_cell as notebook_cuda_cell
 
 TILE, ROWS = 32, 8
@@ -82,7 +81,7 @@ def _measure(kernel, rows, cols):
 
     x = torch.randn(rows, cols, device="cuda")
     y = torch.empty(cols, rows, device="cuda")
-    report = profile_banks(kernel, grid_for(rows, cols), BLOCK, x, y, rows, cols, strict=True)
+    report = kernel.profile_banks(grid_for(rows, cols), BLOCK, x, y, rows, cols, strict=True)
     assert report.measured and report.kernel == kernel.name, report
     lines = {c.kind: c for c in report.lines}
     assert sorted(lines) == ["load", "store"] and len(report.lines) == 2, str(report)

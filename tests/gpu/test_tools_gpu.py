@@ -224,7 +224,7 @@ def test_fault_on_a_carved_tensor_leaves_the_callers_segment_intact(mod, torch):
     n = 4 * 2**20                                                  # 16 MiB: a whole number of 2 MiB pages
     pool, seg, (x,) = carved(torch, n, 1)
     before = seg.clone()
-    ok = W.run_isolated(mod.scale2, (n + 255) // 256, 256, (x, n))
+    ok = mod.scale2.run_isolated((n + 255) // 256, 256, x, n)
     if not ok.staged:
         pytest.skip(f"CUDA IPC is unavailable here, so nothing is staged: {ok}")
     before[n:2 * n] *= 2
@@ -234,7 +234,7 @@ def test_fault_on_a_carved_tensor_leaves_the_callers_segment_intact(mod, torch):
     assert old.staging and all(slot.ptr for slot in old.staging.values())
     # 1. one block past x's end: in-process this overwrites seg[2n:2n + 256]; here it hits the worker's memory
     try:
-        small = W.run_isolated(mod.oob_write, 1, 256, (x, n), diagnose=False)
+        small = mod.oob_write.run_isolated(1, 256, x, n, diagnose=False)
         outcome = f"finished: {small}"
     except IsolatedLaunchError as exc:
         outcome = f"faulted: {exc.status}"
@@ -242,11 +242,11 @@ def test_fault_on_a_carved_tensor_leaves_the_callers_segment_intact(mod, torch):
     # 2. far out of bounds: a sticky fault in the worker
     old = workers.worker
     with pytest.raises(IsolatedLaunchError) as info:
-        W.run_isolated(mod.oob_write, 4, 256, (x, 1 << 28), diagnose=False)
+        mod.oob_write.run_isolated(4, 256, x, 1 << 28, diagnose=False)
     assert info.value.status == "fault" and "session is unaffected" in str(info.value)
     assert old.staging == {} and not old.alive                     # its staging buffers were unmapped here
     assert torch.equal(seg, before) and (torch.ones(3, device="cuda") * 2).sum().item() == 6.0
-    again = W.run_isolated(mod.scale2, (n + 255) // 256, 256, (x, n))
+    again = mod.scale2.run_isolated((n + 255) // 256, 256, x, n)
     before[n:2 * n] *= 2
     assert again.pid != ok.pid and again.staged == ("x",) and torch.equal(seg, before)
     save("worker_staging_fault.txt", f"one block out of bounds: {outcome}\nfar out of bounds: {info.value}\n"
@@ -353,7 +353,7 @@ def test_racecheck_synccheck_initcheck(mod, torch):
     from kernellab.run.launch.job import KernelJob
     from kernellab.run.nvtools.sanitize import sanitize
 
-    job = KernelJob.from_launch(mod.reads_scratch, 1, 32, (x, y))
+    job = KernelJob.from_launch(mod.reads_scratch.image(), 1, 32, (x, y))
     job = replace(job, args=(replace(job.args[0], data=None, fill="empty"), job.args[1]))
     init = sanitize(job, "initcheck")
     save("sanitize_initcheck.txt", init.raw)

@@ -213,7 +213,7 @@ def cross_process(torch, cupy, A):
 def worker_path(torch, vadd, A, B, C, W):
     say("b. kernellab's worker path (run_isolated, 3 x 64 MiB)")
     C.zero_()
-    run = step("run_isolated", lambda: W.run_isolated(vadd, (N_BIG + 255) // 256, 256, (A, B, C, N_BIG)),
+    run = step("run_isolated", lambda: vadd.run_isolated((N_BIG + 255) // 256, 256, A, B, C, N_BIG),
                show=lambda r: "returned")
     if run is not None:
         say("  " + str(run).replace("\n", "\n  "))
@@ -235,11 +235,11 @@ def timings(torch, cupy, vadd, A, B, C, W, reps_small: int, reps_big: int):
     def median_ms(args, n, reps):
         grid = (n + 255) // 256
         try:
-            last = W.run_isolated(vadd, grid, 256, args)                # warm-up (worker already started)
+            last = vadd.run_isolated(grid, 256, *args)                # warm-up (worker already started)
             ms = []
             for _ in range(reps):
                 t0 = time.perf_counter()
-                last = W.run_isolated(vadd, grid, 256, args)
+                last = vadd.run_isolated(grid, 256, *args)
                 ms.append((time.perf_counter() - t0) * 1e3)
         except Exception as exc:
             return float("nan"), f"FAILED {type(exc).__name__}: {str(exc)[:300]}", ""
@@ -294,8 +294,7 @@ def after_cublas(torch, W, vadd):
     D = torch.randn(N_BIG, device="cuda")
     describe_tensor("D", D, torch)
     expect = D + D
-    run = step("run_isolated(vadd, D, D, D)", lambda: W.run_isolated(vadd, (N_BIG + 255) // 256, 256,
-                                                                      (D, D, D, N_BIG)),
+    run = step("run_isolated(vadd, D, D, D)", lambda: vadd.run_isolated((N_BIG + 255) // 256, 256, D, D, D, N_BIG),
                show=lambda r: f"shared {r.shared}, staged {r.staged}, copied {r.copied}, {r.wall_ms:.2f} ms")
     if run is not None:
         say(f"  D == 2 D before: {bool(torch.equal(D, expect))}")

@@ -26,6 +26,7 @@ import numpy as np
 from ...compile import cache
 from ...compile.cubin import read_cubin
 from ...compile.nvrtc import compile_source, nvrtc_version
+from ...compile.signature import Param
 from ...errors import ArgumentError, KernellabError
 from .launch import (PORTABLE_CLUSTER_BLOCKS, LaunchConfig, allow_dynamic_shared, allow_large_clusters, cluster_blocks,
                      cluster_dims, is_sticky, launch_dims, launch_values, scalar_of, tensor_map_of)
@@ -270,6 +271,26 @@ def ipc_export(x) -> tuple[bytes, int] | None:
 
 
 @dataclass(frozen=True)
+class KernelImage:
+    """A compiled kernel as a value (Kernel.image()): what a job needs of it, to check arguments and load it anew."""
+
+    symbol: str                        # the entry's name in the image (mangled for C++ kernels)
+    name: str                          # for messages: the kernel's short name
+    signature: str                     # the C signature, for messages
+    params: tuple[Param, ...]          # how each argument is checked and passed
+    arch: str
+    backend: str = "cuda"              # "cuda" or "numba"
+    static_shared_bytes: int = 0
+    source: str = ""                   # the rest: how a fresh process loads it (KernelJob's fields of the same names)
+    options: tuple[str, ...] = ()
+    first_line: int = 1
+    filename: str = "kernel.cu"
+    image: bytes | None = field(default=None, repr=False)
+    image_format: str | None = None
+    abi: str = "c"
+
+
+@dataclass(frozen=True)
 class KernelJob:
     """One launch of one kernel, with its arguments: serializable with to_bytes() and runnable anywhere."""
 
@@ -325,12 +346,13 @@ class KernelJob:
 
     # -- building -------------------------------------------------------------------------------------------
     @classmethod
-    def from_launch(cls, kernel, grid, block, args, shared_bytes: int = 0, *, data: str = "copy",
+    def from_launch(cls, kernel: KernelImage, grid, block, args, shared_bytes: int = 0, *, data: str = "copy",
                     share_min_bytes: int | None = None, device: int | None = None, not_shared: dict | None = None,
                     share_disabled: str | None = None, stage_min_bytes: int | None = None,
                     stage_disabled: str | None = None, not_staged: dict | None = None,
                     cluster=None) -> "KernelJob":
-        """The job for kernel[grid, block](*args) with a compiled `kernellab.Kernel`.
+        """The job for kernel[grid, block](*args), `kernel` being a compiled kernel's KernelImage (Kernel.job builds
+        jobs this way, after the checks a launch makes).
 
         data='copy' saves every tensor's elements (host or device); 'shapes' keeps shapes and dtypes only and
         fills with zeros (for a launch whose data is unreachable, e.g. after a sticky fault); 'share' lends
@@ -407,18 +429,16 @@ class KernelJob:
                 specs.append(tensor_spec(x, p.name, writes=writes, data="shapes" if data == "shapes" else "copy"))
             if tmap is not None:
                 specs[-1] = replace(specs[-1], tensor_map=tmap.job_params())
-        where = kernel.job_fields()             # how a fresh process loads the kernel
-        if where["abi"] == "numba":
+        if kernel.abi == "numba":
             for p, spec in zip(params, specs):
                 if p.pointer and spec.kind == "null":
                     raise ArgumentError(f"{p.name} is a Numba array parameter and cannot be None")
-        resources = getattr(kernel, "resources", None)
         return cls(symbol=kernel.symbol, grid=launch_dims(grid, "grid"), block=launch_dims(block, "block"),
-                   args=tuple(specs),
-                   backend=getattr(kernel, "backend", "cuda"), name=kernel.name,
-                   signature=str(getattr(kernel, "signature", "")), arch=kernel.arch, shared_bytes=int(shared_bytes),
-                   static_shared_bytes=getattr(resources, "shared_bytes", 0) if resources else 0, device=device,
-                   cluster=cluster_dims(cluster, launch_dims(grid, "grid")), **where)
+                   args=tuple(specs), backend=kernel.backend, name=kernel.name, signature=kernel.signature,
+                   arch=kernel.arch, shared_bytes=int(shared_bytes), static_shared_bytes=kernel.static_shared_bytes,
+                   device=device, cluster=cluster_dims(cluster, launch_dims(grid, "grid")), source=kernel.source,
+                   options=kernel.options, first_line=kernel.first_line, filename=kernel.filename,
+                   image=kernel.image, image_format=kernel.image_format, abi=kernel.abi)
 
     # -- serialization --------------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:

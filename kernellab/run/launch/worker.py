@@ -32,7 +32,6 @@ import importlib
 import json
 import math
 import os
-import re
 import select
 import signal
 import struct
@@ -48,10 +47,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ... import report
-from ...errors import ArgumentError, KernellabError, LaunchError
-from . import device as _device, job as _job
-from .job import JobResult, KernelJob, storage_dtype, tensor_of
-from .launch import make_config
+from ...errors import KernellabError, LaunchError
+from . import job as _job
+from .device import DeviceInfo
+from .job import JobResult, KernelImage, KernelJob, storage_dtype, tensor_of
+from .launch import LaunchConfig
 
 DEFAULT_RUNNER = "kernellab.run.launch.job:run_job"
 DEFAULT_INIT = "kernellab.run.launch.job:init_worker"
@@ -706,23 +706,11 @@ def sync_caller() -> None:
         sys.modules["cupy"].cuda.runtime.deviceSynchronize()
 
 
-def check_launch(kernel, grid, block, args, shared_bytes: int = 0, cluster=None):
-    """Check a launch as Kernel.launch does (device, arch, config, every argument) and return (config, device)."""
-
-    _device.require_gpu(f"launching {kernel.name}")
-    dev = _device.device_info()
-    if re.sub(r"[af]$", "", kernel.arch) != dev.arch:
-        raise ArgumentError(f"{kernel.name} was compiled for {kernel.arch} but the GPU is {dev.name} ({dev.arch}); "
-                            f"recompile with arch='{dev.arch}' (or arch=None for the current GPU)")
-    cfg = make_config(grid, block, shared_bytes, max_threads_per_block=kernel.resources.max_threads_per_block,
-                      static_shared_bytes=kernel.resources.shared_bytes, device=dev, cluster=cluster)
-    kernel.check_launch_args(tuple(args), dev)
-    return cfg, dev
-
-
-def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s: float | None = None,
-                 diagnose: bool | None = None, pool: WorkerPool | None = None, cluster=None) -> IsolatedRun:
-    """Launch `kernel` in the GPU's warm worker; copy its results into `args`; raise IsolatedLaunchError on failure.
+def run_isolated(kernel: KernelImage, cfg: LaunchConfig, dev: DeviceInfo, args, *, timeout_s: float | None = None,
+                 diagnose: bool | None = None, pool: WorkerPool | None = None) -> IsolatedRun:
+    """Launch `kernel` (a compiled kernel's KernelImage) with the checked configuration `cfg` in the warm worker of
+    GPU `dev`; copy its results into `args`; raise IsolatedLaunchError on failure. Kernel.run_isolated makes the
+    launch's checks and calls this.
 
     CUDA tensors of at least settings.share_min_bytes that own their allocation are lent through CUDA IPC; other
     CUDA tensors of at least settings.stage_min_bytes are staged (GPU copies through the worker's own buffers); the
@@ -731,7 +719,6 @@ def run_isolated(kernel, grid, block, args, *, shared_bytes: int = 0, timeout_s:
     staging, ...). The run says which path each argument took (shared, staged, copied)."""
     t0 = time.perf_counter()
     args = tuple(args)
-    cfg, dev = check_launch(kernel, grid, block, args, shared_bytes, cluster)
     sync_caller()
     not_shared: dict[str, str] = {}
     not_staged: dict[str, str] = {}
@@ -840,7 +827,7 @@ def apply_outputs(args, job: KernelJob, result: JobResult) -> None:
             cupy.asarray(target).set(np.frombuffer(data, dtype=storage_dtype(spec.dtype)).reshape(spec.shape))
 
 
-def isolated_error(result: JobResult, job: KernelJob, *, kernel=None, args=None,
+def isolated_error(result: JobResult, job: KernelJob, *, kernel: KernelImage | None = None, args=None,
                    diagnose: bool = False) -> IsolatedLaunchError:
     """The error for a job that did not finish well in a worker: what happened, that the session is fine, what next."""
     cfg = f"grid={job.grid}, block={job.block}" + (f", shared_bytes={job.shared_bytes}" if job.shared_bytes else "")
@@ -907,7 +894,7 @@ def worker_output_lines(text: str) -> list[str]:
 fault_sanitizer: Callable[[KernelJob, float], Any] | None = None
 
 
-def _diagnose(kernel, job: KernelJob, args) -> tuple[object, str]:
+def _diagnose(kernel: KernelImage, job: KernelJob, args) -> tuple[object, str]:
     """Re-run the faulting launch under compute-sanitizer memcheck and summarize where it faulted."""
     try:
         if fault_sanitizer is None:

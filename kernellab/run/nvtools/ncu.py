@@ -23,11 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ... import report
 from ...compile import toolkit
-from ..launch import worker
 from ..launch.job import JobResult, KernelJob
 from .sanitize import ToolNotFoundError, decoded_text, tool_env
 
@@ -417,14 +416,3 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
     rep = report_from_output(out, kernel=job.label, section_set=section_set, metrics=names, command=tuple(cmd),
                              wall_ms=wall, timed_out=timed_out, notes=notes)
     return rep
-
-
-def profile_launch(kernel, grid, block, args, *, shared_bytes: int = 0, metrics=None, full: bool = False,
-                   section_set: str | None = None, cluster=None, **kw) -> ProfileReport:
-    """kernel[grid, block](*args) under Nsight Compute, in a separate process; `args` are not modified."""
-    cfg, dev = worker.check_launch(kernel, grid, block, args, shared_bytes, cluster)
-    worker.sync_caller()
-    job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
-                                device=dev.index, cluster=cfg.cluster)
-    rep = profile(job, metrics=metrics, section_set="full" if full and section_set is None else section_set, **kw)
-    return replace(rep, device=dev.name)

@@ -38,7 +38,6 @@ from kernellab.compile import toolkit
 from kernellab.compile.source_view import LineProfile
 from kernellab.errors import KernellabError
 from kernellab.report import Raw, esc, html_table, mimebundle, text_table
-from kernellab.run.launch import device, worker
 from kernellab.run.launch.job import JobResult, KernelJob
 from kernellab.run.nvtools.sanitize import tool_env
 
@@ -438,40 +437,36 @@ def _unavailable(symbol: str, reason: str, cmd, log: str, strict: bool) -> NcuBa
 # Profiling one launch of a kernellab Kernel
 
 
-def profile_banks(kernel, grid, block, *args, shared_bytes: int = 0, strict: bool = False,
-                  timeout_s: float = 600, ncu: str | None = None) -> NcuBankReport:
-    """Launch `kernel[grid, block](*args)` once under Nsight Compute and return its per-line shared counters.
+def profile_banks(job: KernelJob, *, strict: bool = False, timeout_s: float = 600,
+                  ncu: str | None = None) -> NcuBankReport:
+    """Run one launch (a KernelJob: Kernel.profile_banks builds it) under Nsight Compute and return its per-line
+    shared counters.
 
-    The launch runs as a `KernelJob` in a child process (`python -m kernellab.run.launch.job JOBFILE`, the arguments copied
+    The launch runs in a child process (`python -m kernellab.run.launch.job JOBFILE`, the arguments copied
     into the job; `args` are not modified), so the profiler never attaches to this one. Line numbers and source text
     are the kernel module's: a `%%cuda` cell's own. Where ncu cannot read counters the report says why (`measured`
     is False); `strict=True` raises `NcuUnavailableError` instead.
     """
-    def measure(target, job):
-        return run_ncu_banks(target, kernel.symbol, source=job.source, first_line=job.first_line,
+    def measure(target):
+        return run_ncu_banks(target, job.symbol, source=job.source, first_line=job.first_line,
                              filename=job.filename, ncu=ncu, timeout_s=timeout_s, env=_tool_env(), strict=strict)
 
-    return _under_ncu(kernel, grid, block, args, shared_bytes, measure)
+    return _under_ncu(job, measure)
 
 
 def _tool_env():
     return tool_env()
 
 
-def _under_ncu(kernel, grid, block, args, shared_bytes, measure):
-    """Write the launch as a job and call measure(target argv, job) with a child process that runs it; where ncu
-    profiled nothing because the launch itself failed, say that instead."""
-    device.require_gpu(f"profiling {kernel.name} with Nsight Compute")
-    cfg, dev = worker.check_launch(kernel, grid, block, args, shared_bytes)   # the checks Kernel.launch makes
-    worker.sync_caller()                                                      # the arguments' final values
-    job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
-                                device=dev.index)
+def _under_ncu(job: KernelJob, measure):
+    """Write the job to a file and call measure(target argv) with a child process that runs it; where ncu profiled
+    nothing because the launch itself failed, say that instead."""
     with tempfile.TemporaryDirectory(prefix="kernellab-ncu-") as tmp:
         jobfile = job.with_data().save(os.path.join(tmp, "job.kljob"))
         resfile = os.path.join(tmp, "result.klres")
         target = [sys.executable, "-m", "kernellab.run.launch.job", jobfile, "--out", resfile]
         try:
-            return measure(target, job)
+            return measure(target)
         except NcuError as exc:
             if isinstance(exc, NcuUnavailableError) or not os.path.exists(resfile):
                 raise
@@ -479,7 +474,7 @@ def _under_ncu(kernel, grid, block, args, shared_bytes, measure):
                 result = JobResult.from_bytes(fh.read())
             if result.ok:
                 raise
-            raise NcuError(f"{kernel.name}'s launch failed under ncu ({result.status}): {result.message}") from exc
+            raise NcuError(f"{job.label}'s launch failed under ncu ({result.status}): {result.message}") from exc
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -548,31 +543,33 @@ def lines_from_output(view, stdout: str, stderr: str, returncode: int, symbol: s
     return view.with_profile(profiles)
 
 
-def profile_lines(kernel, grid, block, *args, shared_bytes: int = 0, strict: bool = False, timeout_s: float = 600,
-                  ncu: str | None = None):
-    """kernel.source_view() with Nsight Compute's per-line figures for one launch of kernel[grid, block](*args):
-    instructions executed, warp stall samples by reason, global traffic (L2 sectors), shared wavefronts and bank
-    conflicts. The launch runs in a child process (see profile_banks); where ncu cannot read counters, the view's
-    `profile_note` says why (strict=True raises NcuUnavailableError)."""
-    view = kernel.source_view()
+def without_ncu(view, strict: bool = False):
+    """The source view saying that ncu was not found (strict=True raises NcuUnavailableError instead)."""
+    reason = ("Nsight Compute (ncu) was not found (looked in the CUDA wheels, $CUDA_HOME/bin, /usr/local/cuda/bin "
+              "and PATH); it ships with the CUDA toolkit, or pass ncu=PATH")
+    if strict:
+        raise NcuUnavailableError(reason)
+    return replace(view, profile_note=reason)
+
+
+def profile_lines(job: KernelJob, view, *, strict: bool = False, timeout_s: float = 600, ncu: str | None = None):
+    """`view` (the kernel's source_view()) with Nsight Compute's per-line figures for one launch, `job`: instructions
+    executed, warp stall samples by reason, global traffic (L2 sectors), shared wavefronts and bank conflicts. The
+    launch runs in a child process (see profile_banks); where ncu cannot read counters, the view's `profile_note`
+    says why (strict=True raises NcuUnavailableError)."""
     ncu = ncu or find_ncu()
     if ncu is None:
-        reason = ("Nsight Compute (ncu) was not found (looked in the CUDA wheels, $CUDA_HOME/bin, /usr/local/cuda/bin "
-                  "and PATH); it ships with the CUDA toolkit, or pass ncu=PATH")
-        if strict:
-            raise NcuUnavailableError(reason)
+        return without_ncu(view, strict)
 
-        return replace(view, profile_note=reason)
-
-    def measure(target, job):
-        cmd = ncu_bank_command(target, kernel.symbol, ncu=ncu)
+    def measure(target):
+        cmd = ncu_bank_command(target, job.symbol, ncu=ncu)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_tool_env(),
                                   start_new_session=True)
         except subprocess.TimeoutExpired as exc:
             raise NcuError(f"ncu did not finish in {timeout_s:g} s: {' '.join(cmd)}; profile a smaller launch or "
                            "raise timeout_s") from exc
-        return lines_from_output(view, proc.stdout, proc.stderr, proc.returncode, kernel.symbol, cmd=cmd,
+        return lines_from_output(view, proc.stdout, proc.stderr, proc.returncode, job.symbol, cmd=cmd,
                                  strict=strict)
 
-    return _under_ncu(kernel, grid, block, args, shared_bytes, measure)
+    return _under_ncu(job, measure)

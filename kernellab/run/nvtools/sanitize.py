@@ -346,16 +346,6 @@ def decoded_text(b) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else b
 
 
-def sanitize_launch(kernel, grid, block, args, *, shared_bytes: int = 0, tool: str = "memcheck",
-                    timeout_s: float = 300.0, cluster=None, **kw) -> SanitizerReport:
-    """kernel[grid, block](*args) under compute-sanitizer, in a separate process; `args` are not modified."""
-    cfg, dev = worker.check_launch(kernel, grid, block, args, shared_bytes, cluster)
-    worker.sync_caller()
-    job = KernelJob.from_launch(kernel, cfg.grid, cfg.block, tuple(args), cfg.shared_bytes, data="copy",
-                                device=dev.index, cluster=cfg.cluster)
-    return sanitize(job, tool, timeout_s=timeout_s, **kw)
-
-
 def sanitize_last(tool: str = "memcheck", error: BaseException | None = None, **kw) -> SanitizerReport:
     """Re-run the launch behind the last LaunchError (sys.last_value) under compute-sanitizer, in a new process.
 
