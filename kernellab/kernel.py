@@ -10,10 +10,11 @@ import time
 from dataclasses import dataclass, field
 
 from . import report
+from .analysis.arch import base_arch, normalize_arch
 from .analysis.occupancy import best_block_sizes, occupancy
 from .compile import cache as _cache, disasm
 from .compile.cubin import read_cubin
-from .compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
+from .compile.nvrtc import CompileOutput, compile_cached
 from .compile.sass_lines import ptx_lines, sass_instructions
 from .compile.sass_summary import split_functions, summarize
 from .compile.signature import KernelSignature, find_kernels, signature_for
@@ -184,12 +185,12 @@ class Kernel:
             raise ArgumentError(f"{self.name} cannot launch a block of {threads} threads: its max_threads_per_block "
                                 f"is {res.max_threads_per_block} ({_limit_reason(res)}); ask for the occupancy of a "
                                 f"block of at most {res.max_threads_per_block} threads")
-        return occupancy(threads, res.registers, res.shared_bytes + shared_bytes, arch or _base_arch(self.arch))
+        return occupancy(threads, res.registers, res.shared_bytes + shared_bytes, arch or base_arch(self.arch))
 
     def best_block_sizes(self, shared_bytes: int = 0, top: int = 3):
         """Block sizes (multiples of 32, at most max_threads_per_block) that give this kernel the highest occupancy."""
         return best_block_sizes(self.resources.registers, self.resources.shared_bytes + shared_bytes,
-                                _base_arch(self.arch), top=top, max_threads=self.resources.max_threads_per_block)
+                                base_arch(self.arch), top=top, max_threads=self.resources.max_threads_per_block)
 
     def card_block_size(self) -> tuple[int, str]:
         """(threads, why): the block size the card shows occupancy at: the launch bounds where the kernel gives
@@ -358,7 +359,7 @@ class Kernel:
         return ncu_source.profile_banks(job, strict=strict, **kw)
 
     def _check_arch(self, dev) -> None:
-        want = _base_arch(self.arch)
+        want = base_arch(self.arch)
         if want != dev.arch:
             raise ArgumentError(f"{self.name} was compiled for {self.arch} but the GPU is {dev.name} ({dev.arch}); "
                                 f"recompile with arch='{dev.arch}' (or arch=None for the current GPU)")
@@ -623,10 +624,6 @@ def _isolation_default() -> bool:
     return bool(worker is not None and worker.settings.isolate)
 
 
-def _base_arch(arch: str) -> str:
-    return re.sub(r"[af]$", "", arch)
-
-
 def _limit_reason(res: Resources) -> str:
     """What sets a kernel's max_threads_per_block, in words."""
     if res.launch_bounds_threads and res.max_threads_per_block == res.launch_bounds_threads:
@@ -693,13 +690,7 @@ def compile_cuda(source: str, arch: str | None = None, options=(), name: str | N
     if isinstance(options, str):
         options = tuple(options.split())
     options = tuple(options)
-    key = _cache.make_key(source=source, options=options, arch=arch, nvrtc=nvrtc_version(), first_line=first_line,
-                          filename=filename)
-    output, state = _cache.get(key)
-    if output is None:
-        output = compile_source(source, arch, options, filename=filename, first_line=first_line)
-        _cache.put(key, output)
-        state = "miss"
+    output, state = compile_cached(source, arch, options, filename=filename, first_line=first_line)
     module = Module(output, source, name=name, first_line=first_line, filename=filename, cache_state=state,
                     wall_ms=(time.perf_counter() - t0) * 1e3, notes=notes)
     if not module.kernels:

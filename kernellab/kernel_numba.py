@@ -30,8 +30,8 @@ import warnings
 import numpy as np
 
 from . import report
+from .analysis.arch import DEFAULT_ARCH, normalize_arch
 from .compile import disasm, numba_backend as nb
-from .compile.nvrtc import normalize_arch
 from .compile.signature import KernelSignature
 from .errors import ArgumentError, KernellabError
 from .kernel import Kernel, KernelCollection, Resources, max_threads_for, occupancy_text
@@ -697,7 +697,7 @@ def _default_arch() -> tuple[str, str | None]:
     """The current GPU's arch, or sm_90 with a note where there is no GPU."""
     if _device.has_gpu():
         return _device.device_info().arch, None
-    return nb.DEFAULT_ARCH, f"no GPU here: resources are for {nb.DEFAULT_ARCH} (--arch or arch= for another)"
+    return DEFAULT_ARCH, f"no GPU here: resources are for {DEFAULT_ARCH} (--arch or arch= for another)"
 
 
 def numba_kernel(kernel, signature=None, *, arch: str | None = None, simulate: bool | None = None) -> NumbaKernel:

@@ -107,6 +107,32 @@ def test_name_expression_instantiates_a_template_without_source_changes(tmp_cach
     assert m.kernels[0].symbol == symbol                     # the same entry an explicit instantiation gives
 
 
+def test_autotune_and_compile_cuda_share_compile_cache_entries(tmp_cache):
+    """One compile through the cache (compile.nvrtc.compile_cached, one key): autotune's compile of a configuration,
+    compile_cuda and a worker's compile of the same source, options and arch are one entry, whichever comes first."""
+    from kernellab.compile import cache
+    from kernellab.compile.nvrtc import compile_key
+    from kernellab.run.launch.job import KernelJob, job_image
+
+    opts, expr = A.compile_plan("twice", {"FACTOR": 3}, None)
+    got = A.compile_task(A.CompileTask(SCALE, opts, "sm_90", expr, "cell.cu", 2))
+    assert got.error is None and got.cache_state == "miss"
+    m = kernellab.compile_cuda(SCALE, arch="sm_90", options=opts, first_line=2, filename="cell.cu")
+    assert m.cache_state == "memory" and m.cubin == got.output.cubin
+    job = KernelJob(symbol="twice", grid=(1, 1, 1), block=(32, 1, 1), args=(), source=SCALE, arch="sm_90",
+                    options=opts, first_line=2, filename="cell.cu")
+    assert job_image(job) == (got.output.cubin, "cubin")       # a worker given no image compiles nothing new
+    assert len(list(tmp_cache.rglob("*.pkl"))) == 1
+
+    cache.clear_memory()                                       # a new process: the entry is on disk
+    assert A.compile_task(A.CompileTask(SCALE, opts, "sm_90", expr, "cell.cu", 2)).cache_state == "disk"
+    m2 = kernellab.compile_cuda(SCALE, arch="sm_90", options=("-DFACTOR=5",), first_line=2, filename="cell.cu")
+    again = A.compile_task(A.CompileTask(SCALE, ("-DFACTOR=5",), "sm_90", None, "cell.cu", 2))
+    assert m2.cache_state == "miss" and again.cache_state == "memory"   # the other way round
+    assert A.CompileTask(SCALE, ("-DFACTOR=5",), "sm_90a", None, "cell.cu", 2).cache_key() != compile_key(
+        SCALE, "sm_90", ("-DFACTOR=5",), filename="cell.cu", first_line=2)   # the arch is part of the key
+
+
 def test_configs_are_validated():
     for bad, match in (({"BM": 64}, "non-empty list"), ([{"BM": [64]}], "values are numbers"),
                        ([{"B M": 1}], "C identifier"), ([{"BM": 1}, {"BM": 1}], "given twice")):

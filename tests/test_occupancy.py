@@ -40,6 +40,51 @@ def test_get_arch_accepts_every_table_and_an_archspec():
     assert get_arch("sm_120f").name == "sm_120"
 
 
+@pytest.mark.parametrize("arch, name, base, cc", [
+    ("sm_90", "sm_90", "sm_90", (9, 0)), (90, "sm_90", "sm_90", (9, 0)), ((9, 0), "sm_90", "sm_90", (9, 0)),
+    (" SM_90A ", "sm_90a", "sm_90", (9, 0)), ("compute_80", "sm_80", "sm_80", (8, 0)), ("12.0", "sm_120", "sm_120", (12, 0)),
+    ("sm_120f", "sm_120f", "sm_120", (12, 0)), ("89", "sm_89", "sm_89", (8, 9)), ("sm100a", "sm_100a", "sm_100", (10, 0))])
+def test_the_one_arch_parser(arch, name, base, cc):
+    """analysis.arch.normalize_arch is the only parser of arch names; base_arch drops the a/f suffix."""
+    from kernellab.analysis.arch import base_arch, compute_capability, normalize_arch
+
+    assert (normalize_arch(arch), base_arch(arch), compute_capability(arch)) == (name, base, cc)
+
+
+@pytest.mark.parametrize("bad", ["hopper", "sm_9", 9.0, True, None, (9,), "sm_90b"])
+def test_the_arch_parser_refuses_what_is_not_an_arch(bad):
+    from kernellab.analysis.arch import normalize_arch
+
+    with pytest.raises(ValueError, match="not an architecture name"):
+        normalize_arch(bad)
+
+
+def test_one_default_arch_and_no_other_arch_parser():
+    """The default arch is analysis.arch.DEFAULT_ARCH everywhere, and no module outside analysis/arch.py strips the
+    a/f suffix or spells a default "sm_90" of its own (compile errors and cubin notes are read, not parsed as input)."""
+    import re
+
+    import kernellab
+    from kernellab.analysis.arch import DEFAULT_ARCH
+    from kernellab.compile import nvrtc, numba_backend
+    from kernellab.run.launch import device, job
+
+    assert nvrtc.DEFAULT_ARCH is numba_backend.DEFAULT_ARCH is DEFAULT_ARCH == "sm_90"
+    assert job.KernelJob.__dataclass_fields__["arch"].default is DEFAULT_ARCH
+    assert device.current_arch.__defaults__ == (DEFAULT_ARCH,)
+    pkg = Path(kernellab.__file__).parent
+    bad = []
+    for path in pkg.rglob("*.py"):
+        if path.name == "arch.py" and path.parent.name == "analysis" or path.parent.name == "teach" and \
+                path.name.startswith("ex"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if re.search(r"\[af\]\$|rstrip\(\"af\"\)|=\s*\"sm_90\"|def normalize_arch|def cc_of", code):
+                bad.append(f"{path.relative_to(pkg)}:{n}: {line.strip()}")
+    assert bad == []
+
+
 @pytest.mark.parametrize("bad", ["sm_61", "sm_91", 35, (6, 1), "hopper", None, 9.0, True])
 def test_unknown_arch_names_the_known_ones(bad):
     with pytest.raises(UnknownArchError) as info:

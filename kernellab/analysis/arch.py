@@ -156,8 +156,35 @@ ARCHS: dict[str, ArchSpec] = {a.name: a for a in (
           optin_kib=99, reserved=KIB, smem_unit=128),
 )}
 
-_ARCH_RE = re.compile(r"^(?:sm_?|compute_?)?(\d{2,3})[af]?$")
-_DOTTED_RE = re.compile(r"^(\d{1,2})\.(\d)$")
+DEFAULT_ARCH = "sm_90"        # what kernellab compiles for where no GPU says otherwise (H100, H200)
+_NAME_RE = re.compile(r"(?:sm_?|compute_?)?(\d{2,3})([af]?)")
+_DOTTED_RE = re.compile(r"(\d{1,2})\.(\d)")
+
+
+def normalize_arch(arch) -> str:
+    """The one arch parser: 'sm_90', '90', 90, (9, 0), '9.0', 'compute_90', 'sm90', 'sm_90a' -> 'sm_90' or 'sm_90a'
+    (an 'a'/'f' suffix is kept). ValueError for anything else."""
+    if isinstance(arch, tuple) and len(arch) == 2 and all(isinstance(v, int) for v in arch):
+        return f"sm_{arch[0]}{arch[1]}"
+    if isinstance(arch, (str, int)) and not isinstance(arch, bool):
+        text = str(arch).strip().lower()
+        m, d = _NAME_RE.fullmatch(text), _DOTTED_RE.fullmatch(text)
+        if m:
+            return f"sm_{m.group(1)}{m.group(2)}"
+        if d:
+            return f"sm_{d.group(1)}{d.group(2)}"
+    raise ValueError(f"arch {arch!r} is not an architecture name; expected e.g. 'sm_90', 'sm_80' or 90")
+
+
+def base_arch(arch) -> str:
+    """The arch without its 'a'/'f' suffix, as tables, occupancy and devices name it: 'sm_90a' -> 'sm_90'."""
+    return normalize_arch(arch).rstrip("af")
+
+
+def compute_capability(arch) -> tuple[int, int]:
+    """'sm_90' -> (9, 0), 'sm_120a' -> (12, 0), 'sm_89' -> (8, 9)."""
+    digits = base_arch(arch)[3:]
+    return int(digits[:-1]), int(digits[-1])
 
 
 def _unknown(arch, why=""):
@@ -176,22 +203,13 @@ def get_arch(arch) -> ArchSpec:
         return spec
     if isinstance(arch, bool):
         raise _unknown(arch)
-    if isinstance(arch, int):
-        key = f"sm_{arch}"
-    elif isinstance(arch, tuple) and len(arch) == 2 and all(isinstance(v, int) for v in arch):
-        key = f"sm_{arch[0]}{arch[1]}"
-    elif isinstance(arch, str):
-        s = arch.strip().lower()
-        m = _ARCH_RE.match(s)
-        d = _DOTTED_RE.match(s)
-        if m:
-            key = f"sm_{m.group(1)}"
-        elif d:
-            key = f"sm_{d.group(1)}{d.group(2)}"
-        else:
-            raise _unknown(arch, " (not an architecture name)")
-    else:
+    if not isinstance(arch, (int, str, tuple)) or isinstance(arch, tuple) and not (
+            len(arch) == 2 and all(isinstance(v, int) for v in arch)):
         raise _unknown(arch, f" (a {type(arch).__name__})")
+    try:
+        key = base_arch(arch)
+    except ValueError:
+        raise _unknown(arch, " (not an architecture name)" if isinstance(arch, str) else "") from None
     spec = ARCHS.get(key)
     if spec is None:
         raise _unknown(arch)

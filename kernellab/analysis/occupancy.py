@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernellab.analysis.arch import KIB, ArchSpec, get_arch
+from kernellab.analysis.arch import DEFAULT_ARCH, KIB, ArchSpec, get_arch
 from kernellab.errors import KernellabError
 from kernellab.report import REPORT_MIME, mimebundle
 
@@ -226,7 +226,7 @@ def _blocks(n: int) -> str:
 _LABEL = {"warps": "warps", "registers": "registers", "shared_memory": "shared memory", "blocks": "blocks"}
 
 
-def occupancy(block_size: int, registers: int, shared_bytes: int = 0, arch="sm_90", *, carveout=None) -> Occupancy:
+def occupancy(block_size: int, registers: int, shared_bytes: int = 0, arch=DEFAULT_ARCH, *, carveout=None) -> Occupancy:
     """Theoretical occupancy of blocks of `block_size` threads using `registers`/thread and `shared_bytes`/block."""
     spec = get_arch(arch)
     block_size = _index("block_size", block_size)
@@ -314,7 +314,7 @@ def _as_int_array(name, value):
     return arr.astype(np.int64, copy=False)
 
 
-def occupancy_sweep(block_sizes=None, registers=32, shared_bytes=0, arch="sm_90", *, carveout=None) -> OccupancySweep:
+def occupancy_sweep(block_sizes=None, registers=32, shared_bytes=0, arch=DEFAULT_ARCH, *, carveout=None) -> OccupancySweep:
     """Vectorised occupancy(): block_sizes, registers and shared_bytes broadcast against each other.
 
     block_sizes defaults to every size 1..max threads per block. Each argument may be a scalar or array-like;
@@ -363,7 +363,7 @@ def occupancy_sweep(block_sizes=None, registers=32, shared_bytes=0, arch="sm_90"
     )
 
 
-def best_block_sizes(registers: int, shared_bytes=0, arch="sm_90", *, top: int = 5, carveout=None,
+def best_block_sizes(registers: int, shared_bytes=0, arch=DEFAULT_ARCH, *, top: int = 5, carveout=None,
                      max_threads: int | None = None) -> list[int]:
     """The `top` block sizes (multiples of the warp size) with the highest occupancy, best first.
 

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..analysis.arch import DEFAULT_ARCH, compute_capability, normalize_arch
 from ..errors import CompileError, Diagnostic, KernellabError
 from . import toolkit
-from .nvrtc import PtxasReport, normalize_arch, parse_ptxas
+from .nvrtc import PtxasReport, parse_ptxas
 from .signature import Param
 
-DEFAULT_ARCH = "sm_90"
 SIGNATURES_ATTR = "_kernellab_signatures"  # set on dispatchers whose decorator named signatures (deferred)
 
 _patch_lock = threading.RLock()
@@ -564,12 +564,6 @@ class NumbaCompileOutput:
     __repr__ = __str__
 
 
-def cc_of(arch: str) -> tuple[int, int]:
-    """'sm_90' -> (9, 0), 'sm_120a' -> (12, 0), 'sm_89' -> (8, 9)."""
-    digits = re.fullmatch(r"sm_(\d+)[af]?", arch).group(1)
-    return int(digits[:-1]), int(digits[-1])
-
-
 class _TargetDevice:
     """Stands in for numba's current device while compiling: only its compute capability is read."""
 
@@ -688,8 +682,8 @@ def compile_kernel(kernel, argtypes: tuple, arch: str = DEFAULT_ARCH, *, fastmat
     filename = py_func.__code__.co_filename
     t0 = time.perf_counter()
     try:
-        with _target_device(cc_of(arch)):
-            ptx, _ = cuda.compile_ptx(py_func, argtypes, cc=cc_of(arch), fastmath=fastmath, opt=opt,
+        with _target_device(compute_capability(arch)):
+            ptx, _ = cuda.compile_ptx(py_func, argtypes, cc=compute_capability(arch), fastmath=fastmath, opt=opt,
                                       debug=debug, lineinfo=not debug, launch_bounds=launch_bounds)
     except Exception as exc:
         if not _is_compile_failure(exc):

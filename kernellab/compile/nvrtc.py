@@ -6,10 +6,10 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from ..analysis.arch import DEFAULT_ARCH, normalize_arch
 from ..errors import CompileError, Diagnostic
-from . import toolkit
+from . import cache, toolkit
 
-DEFAULT_ARCH = "sm_90"
 
 
 @dataclass(frozen=True)
@@ -45,17 +45,6 @@ class CompileOutput:
         return dict(self.lowered_names).get(expression)
 
 
-def normalize_arch(arch) -> str:
-    """'sm_90', '90', 90, (9, 0), 'compute_90', 'sm_90a' -> 'sm_90' / 'sm_90a'."""
-    if isinstance(arch, tuple):
-        return f"sm_{arch[0]}{arch[1]}"
-    text = str(arch).strip().lower()
-    m = re.fullmatch(r"(?:sm_|compute_|sm)?(\d{2,3})([af]?)", text)
-    if not m:
-        raise ValueError(f"arch {arch!r} is not an architecture name; expected e.g. 'sm_90', 'sm_80' or 90")
-    return f"sm_{m.group(1)}{m.group(2)}"
-
-
 @functools.lru_cache(maxsize=1)
 def nvrtc_version() -> tuple[int, int]:
     """The NVRTC library's (major, minor)."""
@@ -64,6 +53,32 @@ def nvrtc_version() -> tuple[int, int]:
     _, major, minor = nvrtc.nvrtcVersion()
     return (major, minor)
 
+
+
+def compile_key(source: str, arch, options=(), *, filename: str = "kernel.cu", first_line: int = 1,
+                name_expressions=()) -> str:
+    """The compile cache's key for one NVRTC compile: everything that changes its output."""
+    return cache.make_key(kind="nvrtc", source=source, options=list(options), arch=normalize_arch(arch),
+                          nvrtc=nvrtc_version(), first_line=first_line, filename=filename,
+                          name_expressions=list(name_expressions))
+
+
+def compile_cached(source: str, arch, options=(), *, filename: str = "kernel.cu", first_line: int = 1,
+                   name_expressions=()) -> tuple[CompileOutput, str]:
+    """compile_source through the compile cache: (output, where it came from: 'memory', 'disk' or 'miss').
+
+    The one way kernellab compiles CUDA C++: compile_cuda, the workers (a job without an image) and autotune's
+    compile tasks all come here, so they share cache entries. Compile errors raise CompileError and are not cached.
+    """
+    key = compile_key(source, arch, options, filename=filename, first_line=first_line,
+                      name_expressions=name_expressions)
+    output, state = cache.get(key)
+    if output is None:
+        output = compile_source(source, arch, options, filename=filename, first_line=first_line,
+                                name_expressions=name_expressions)
+        cache.put(key, output)
+        state = "miss"
+    return output, state
 
 _DIAG = re.compile(r"^(?P<file>.*?)\((?P<line>\d+)\): (?P<sev>catastrophic error|error|warning|remark)"
                    r"(?: #(?P<code>[\w-]+))?: (?P<msg>.*)$")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from kernellab.analysis.arch import KIB
+from kernellab.analysis.arch import DEFAULT_ARCH, KIB
 from kernellab.analysis.occupancy import LIMITERS, Occupancy, occupancy, occupancy_sweep
 
 _LIMITER_COLOUR = {"warps": "C0", "registers": "C1", "shared_memory": "C2", "blocks": "C4"}
@@ -55,7 +55,7 @@ def _draw(ax, x, sweep, occ: Occupancy, marker_x, xlabel, *, steps, legend_loc="
     ax.legend(loc=legend_loc, fontsize="x-small", framealpha=0.8)
 
 
-def plot_occupancy_vs_block_size(block_size, registers=None, shared_bytes=0, arch="sm_90", *, carveout=None, ax=None):
+def plot_occupancy_vs_block_size(block_size, registers=None, shared_bytes=0, arch=DEFAULT_ARCH, *, carveout=None, ax=None):
     """Occupancy against threads per block (multiples of the warp size), the kernel's point marked."""
     occ = _current(block_size, registers, shared_bytes, arch, carveout)
     spec = occ.spec
@@ -68,7 +68,7 @@ def plot_occupancy_vs_block_size(block_size, registers=None, shared_bytes=0, arc
     return fig
 
 
-def plot_occupancy_vs_registers(block_size, registers=None, shared_bytes=0, arch="sm_90", *, carveout=None, ax=None):
+def plot_occupancy_vs_registers(block_size, registers=None, shared_bytes=0, arch=DEFAULT_ARCH, *, carveout=None, ax=None):
     """Occupancy against registers per thread (0..255), the kernel's point marked."""
     occ = _current(block_size, registers, shared_bytes, arch, carveout)
     spec = occ.spec
@@ -82,7 +82,7 @@ def plot_occupancy_vs_registers(block_size, registers=None, shared_bytes=0, arch
     return fig
 
 
-def plot_occupancy_vs_shared_memory(block_size, registers=None, shared_bytes=0, arch="sm_90", *, carveout=None,
+def plot_occupancy_vs_shared_memory(block_size, registers=None, shared_bytes=0, arch=DEFAULT_ARCH, *, carveout=None,
                                     ax=None):
     """Occupancy against shared memory per block (static + dynamic, KiB), the kernel's point marked."""
     occ = _current(block_size, registers, shared_bytes, arch, carveout)
@@ -98,7 +98,7 @@ def plot_occupancy_vs_shared_memory(block_size, registers=None, shared_bytes=0, 
     return fig
 
 
-def plot_occupancy(block_size, registers=None, shared_bytes=0, arch="sm_90", *, carveout=None, axes=None):
+def plot_occupancy(block_size, registers=None, shared_bytes=0, arch=DEFAULT_ARCH, *, carveout=None, axes=None):
     """All three graphs side by side in one Figure; `axes` may be three existing Axes to draw into."""
     occ = _current(block_size, registers, shared_bytes, arch, carveout)
     if axes is None:

@@ -13,7 +13,7 @@ import math
 
 import ipywidgets as widgets
 
-from kernellab.analysis.arch import ARCHS, get_arch
+from kernellab.analysis.arch import ARCHS, DEFAULT_ARCH, get_arch
 from kernellab.analysis.occupancy import Occupancy, occupancy
 from kernellab.notebook.occupancy_plots import plot_occupancy
 
@@ -26,7 +26,7 @@ _CARVEOUTS = [("default", DEFAULT_CARVEOUT), ("0% (max L1)", 0), ("25%", 25), ("
 class OccupancyExplorer(widgets.VBox):
     """The explorer: sliders on top, the verdict and its reasons, then the three graphs; `result` is the current Occupancy."""
 
-    def __init__(self, block_size=256, registers=32, shared_bytes=0, arch="sm_90", *, carveout=None, dpi=72,
+    def __init__(self, block_size=256, registers=32, shared_bytes=0, arch=DEFAULT_ARCH, *, carveout=None, dpi=72,
                  debounce_s=0.15, max_threads: int | None = None):
         spec = get_arch(arch)
         self._max_threads = max_threads          # a kernel's max_threads_per_block, when explored from one
@@ -124,7 +124,7 @@ def _shared_step(spec, shared_bytes: int) -> int:
     return math.gcd(unit, int(shared_bytes)) or unit
 
 
-def occupancy_explorer(block_size=256, registers=32, shared_bytes=0, arch="sm_90", *, carveout=None) -> OccupancyExplorer:
+def occupancy_explorer(block_size=256, registers=32, shared_bytes=0, arch=DEFAULT_ARCH, *, carveout=None) -> OccupancyExplorer:
     """Sliders for block size, registers and shared memory with the occupancy, its limiter and graphs updating live.
 
     The first argument may instead be a kernel (anything with `.resources.registers`, `.resources.shared_bytes`

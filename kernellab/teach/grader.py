@@ -27,6 +27,7 @@ import warnings
 
 import numpy as np
 
+from ..analysis.arch import base_arch
 from ..compile import numba_backend as nb
 from ..compile.signature import parse_param
 from ..errors import KernellabError, NoGPUError
@@ -270,7 +271,7 @@ class _Grading:
     def static_checks(self, k) -> None:
         ex = self.ex
         res = k.resources
-        base = re.sub(r"[af]$", "", res.arch)
+        base = base_arch(res.arch)
         if self.check(f"compiles for {ex.arch}", base == ex.arch, res.arch) is False:
             self.add("arch", f"`{k.name}` was compiled for {res.arch}; the tutorial's arch is {ex.arch}")
         if not self.check("no spills", not res.spills,

@@ -8,6 +8,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..analysis.arch import DEFAULT_ARCH
+
 KINDS = ("cuda", "numba")
 
 
@@ -103,7 +105,7 @@ class Exercise:
     sass: tuple[SassRule, ...] = ()          # further instructions the SASS must hold
     speed: SpeedBar | None = None
     hints: Mapping[str, str] = field(default_factory=dict)   # finding kind -> hint, over the grader's defaults
-    arch: str = "sm_90"                      # the tutorial's arch: the kernel must compile for it
+    arch: str = DEFAULT_ARCH                 # the tutorial's arch: the kernel must compile for it
     rtol: float = 1e-5                       # |yours - ref| <= atol + rtol * |ref|
     atol: float = 1e-6
     names: tuple[str, ...] = ()              # argument names for messages (default: the signature's)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ...analysis.arch import DEFAULT_ARCH, normalize_arch
 from ...errors import NoGPUError
 from . import cudriver
 
@@ -104,7 +105,7 @@ def device_info(index: int | None = None) -> DeviceInfo:
     attrs = cupy.cuda.Device(index).attributes
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     return DeviceInfo(
-        index=index, name=name, arch=f"sm_{props['major']}{props['minor']}",
+        index=index, name=name, arch=normalize_arch((props['major'], props['minor'])),
         multiprocessors=props["multiProcessorCount"],
         max_threads_per_block=props["maxThreadsPerBlock"],
         max_block_dims=tuple(props["maxThreadsDim"]), max_grid_dims=tuple(props["maxGridSize"]),
@@ -115,7 +116,7 @@ def device_info(index: int | None = None) -> DeviceInfo:
     )
 
 
-def current_arch(default: str = "sm_90") -> tuple[str, str | None]:
+def current_arch(default: str = DEFAULT_ARCH) -> tuple[str, str | None]:
     """(arch, note): the current GPU's arch, or `default` with a note saying no GPU was found."""
     if has_gpu():
         return device_info().arch, None

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ...compile import cache
+from ...analysis.arch import DEFAULT_ARCH, normalize_arch
 from ...compile.cubin import read_cubin
-from ...compile.nvrtc import compile_source, nvrtc_version
+from ...compile.nvrtc import compile_cached
 from ...compile.signature import Param
 from ...errors import ArgumentError, KernellabError
 from .launch import (PORTABLE_CLUSTER_BLOCKS, LaunchConfig, allow_dynamic_shared, allow_large_clusters, cluster_blocks,
@@ -302,7 +302,7 @@ class KernelJob:
     backend: str = "cuda"              # "cuda" (C++ through NVRTC) or "numba"
     name: str = ""                     # for messages: the kernel's short name
     signature: str = ""                # the C signature, for messages
-    arch: str = "sm_90"
+    arch: str = DEFAULT_ARCH
     options: tuple[str, ...] = ()      # the user's NVRTC options (kernellab adds -lineinfo and the arch)
     shared_bytes: int = 0              # dynamic shared memory per block
     static_shared_bytes: int = 0
@@ -578,12 +578,7 @@ def job_image(job: KernelJob) -> tuple[bytes, str]:
     if job.backend != "cuda" or not job.source:
         raise KernellabError(f"job {job.label} has no compiled image and no CUDA C++ source to compile")
 
-    key = cache.make_key(source=job.source, options=job.options, arch=job.arch, nvrtc=nvrtc_version(),
-                         first_line=job.first_line, filename=job.filename)
-    output, _ = cache.get(key)
-    if output is None:
-        output = compile_source(job.source, job.arch, job.options, filename=job.filename, first_line=job.first_line)
-        cache.put(key, output)
+    output, _ = compile_cached(job.source, job.arch, job.options, filename=job.filename, first_line=job.first_line)
     return output.cubin, "cubin"
 
 
@@ -597,7 +592,7 @@ def init_worker(device: int | None = None) -> dict:
     index = cupy.cuda.runtime.getDevice()
     props = cupy.cuda.runtime.getDeviceProperties(index)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    return {"device": name, "index": index, "arch": f"sm_{props['major']}{props['minor']}", "pid": os.getpid()}
+    return {"device": name, "index": index, "arch": normalize_arch((props['major'], props['minor'])), "pid": os.getpid()}
 
 
 def run_job(job: KernelJob, state: dict | None = None, *, scan: bool = True) -> JobResult:

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ... import report
-from ...analysis.arch import get_arch
+from ...analysis.arch import DEFAULT_ARCH, base_arch, get_arch, normalize_arch
 from ...analysis.occupancy import occupancy
 from ...compile import cache as _cache
-from ...compile.nvrtc import CompileOutput, compile_source, normalize_arch, nvrtc_version
+from ...compile.nvrtc import CompileOutput, compile_cached, compile_key, nvrtc_version
 from ...compile.signature import split_top_level, strip_comments_and_strings
 from ...errors import CompileError, KernellabError, LaunchError
 from .. import fanout
@@ -481,9 +481,13 @@ class CompileTask:
     first_line: int = 1
 
     def cache_key(self) -> str:
-        return _cache.make_key(source=self.source, options=self.options, arch=self.arch, nvrtc=nvrtc_version(),
-                               first_line=self.first_line, filename=self.filename,
-                               name_expressions=[self.name_expression] if self.name_expression else [])
+        """Its entry in the compile cache: the one compile_cuda and the workers use for the same compile."""
+        return compile_key(self.source, self.arch, self.options, filename=self.filename, first_line=self.first_line,
+                           name_expressions=self.name_expressions)
+
+    @property
+    def name_expressions(self) -> tuple[str, ...]:
+        return (self.name_expression,) if self.name_expression else ()
 
 
 @dataclass(frozen=True)
@@ -500,20 +504,14 @@ class Compiled:
 def compile_task(task: CompileTask) -> Compiled:
     """Compile one configuration through the compile cache; never raises for compile errors."""
     t0 = time.perf_counter()
-    key = task.cache_key()
-    output, state = _cache.get(key)
-    if output is None:
-        try:
-            output = compile_source(task.source, task.arch, task.options, filename=task.filename,
-                                    first_line=task.first_line,
-                                    name_expressions=(task.name_expression,) if task.name_expression else ())
-        except CompileError as exc:
-            return Compiled(None, str(exc), (time.perf_counter() - t0) * 1e3, "miss", fanout.worker_name())
-        except Exception as exc:          # e.g. a name expression NVRTC cannot resolve
-            return Compiled(None, f"{type(exc).__name__}: {exc}", (time.perf_counter() - t0) * 1e3, "miss",
-                            fanout.worker_name())
-        _cache.put(key, output)
-        state = "miss"
+    try:
+        output, state = compile_cached(task.source, task.arch, task.options, filename=task.filename,
+                                       first_line=task.first_line, name_expressions=task.name_expressions)
+    except CompileError as exc:
+        return Compiled(None, str(exc), (time.perf_counter() - t0) * 1e3, "miss", fanout.worker_name())
+    except Exception as exc:              # e.g. a name expression NVRTC cannot resolve
+        return Compiled(None, f"{type(exc).__name__}: {exc}", (time.perf_counter() - t0) * 1e3, "miss",
+                        fanout.worker_name())
     return Compiled(output, None, (time.perf_counter() - t0) * 1e3, state, fanout.worker_name())
 
 
@@ -587,7 +585,7 @@ def prune_by_launch(res, shapes: list[LaunchShape], arch: str, rules: PruneRules
     """(occupancy, limiter, reason or None) of a kernel's recorded launches: what cannot launch at all (more threads
     than the kernel allows, shared memory over the per-block limit, zero occupancy) and the occupancy floor. The
     occupancy reported is the lowest among the launches."""
-    base = re.sub(r"[af]$", "", arch)
+    base = base_arch(arch)
     spec = get_arch(base)
     worst = None
     for s in shapes:
@@ -1009,8 +1007,8 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
         if here.arch:
             arch = here.arch
         else:
-            arch = "sm_90"
-            notes.append("compiled for sm_90, the default where there is no GPU (pass arch= for another)")
+            arch = DEFAULT_ARCH
+            notes.append(f"compiled for {DEFAULT_ARCH}, the default where there is no GPU (pass arch= for another)")
     arch = normalize_arch(arch)
     tparams = template_params(source, kernel) if is_cuda else None
     stages["probe"] = time.perf_counter() - t0
