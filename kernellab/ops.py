@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import ArgumentError, KernellabError
-from .run.launch.launch import _DEFER_SYNC
+from .run.launch.launch import deferred_sync
 
 RESERVED_NAMESPACES = ("aten", "prim", "prims", "torch", "_")
 CHECKED_CALLS = 8          # outputs="first": the launcher's outputs are checked against the spec on this many calls
@@ -117,11 +117,8 @@ class Op:
     # -- the implementations torch.library calls --------------------------------------------------------------------
     def _impl(self, *args):
         """The op on real tensors: the launcher, its launches not waiting; its first outputs checked."""
-        token = _DEFER_SYNC.set(True)
-        try:
+        with deferred_sync():
             result = self.launcher(*args)
-        finally:
-            _DEFER_SYNC.reset(token)
         if self._checks_left:
             self._checks_left -= 1
             self._check(args, result)

@@ -8,9 +8,9 @@ import sys
 PKG = pathlib.Path(__file__).resolve().parents[1] / "kernellab"
 # The house, lowest first: a unit imports only from units below it (or from itself). run/ is split by job: the finding
 # types, fan-out, launching, the simulator, NVIDIA's tools, measuring; the hub modules kernel.py and kernel_numba.py
-# sit above run/ and below teach/ and notebook/.
+# sit above run/ and below teach/ and notebook/, with ops.py (a launcher as a PyTorch operator).
 ORDER = ["render", "analysis", "compile", "run.findings", "run.fanout", "run.launch", "run.sim", "run.nvtools",
-         "run.measure", "kernel", "kernel_numba", "teach", "notebook"]
+         "run.measure", "kernel", "kernel_numba", "ops", "teach", "notebook"]
 # Modules outside the layer packages, by the unit they belong to (the shared helpers sit at the bottom).
 UNIT_OF = {"report": "render", "errors": "render", "_version": "render"}
 FORBIDDEN_IN_ANALYSIS = {"torch", "cupy", "numba", "IPython", "ipywidgets", "cuda", "matplotlib", "triton"}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 NOTE_MIME = "application/vnd.kernellab.note+json"
 
@@ -50,7 +51,6 @@ def show_figures(ipython) -> None:
         return
     except KeyError:
         pass
-    from functools import partial
 
     from IPython.core.pylabtools import print_figure
 

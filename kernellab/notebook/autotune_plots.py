@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from kernellab.errors import KernellabError
+from kernellab.render.bench_html import new_figure
 
 
 def autotune_plot(result, param: str | None = None, *, by: str | None = None, ax=None):
@@ -11,8 +12,6 @@ def autotune_plot(result, param: str | None = None, *, by: str | None = None, ax
     variance, `result.parameter`), coloured by `by` (default: the next one); interquartile bars, the best starred,
     the baselines' medians as dashed lines. Returns the Figure."""
     import matplotlib
-
-    from kernellab.render.bench_html import new_figure
 
     timed = [r for r in result.rows if r.timed]
     if not timed:

@@ -13,6 +13,7 @@ them labelled as the tutorial's version's.
 from __future__ import annotations
 
 import ast
+import sys
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -21,8 +22,7 @@ from IPython.display import display
 
 from .. import report
 from ..run.launch import device as _device
-
-SKIP_MIME = "application/vnd.kernellab.skipped+json"
+from .recorded import SKIP_MIME, current_cell_id, lookup, lookup_cell_id
 
 
 def skipped_bundle(reason: str, note: str | None = None) -> dict:
@@ -39,8 +39,6 @@ def recorded_bundle(reason: str, device: str, date: str, edited: bool = False) -
     """The label above a skipped cell's recorded outputs: where and when they were recorded, and why not here
     (without the cell's --skip-note: it quotes figures for when nothing else is shown, maybe from another run).
     `edited`: the outputs are those of the tutorial's version of a cell the learner has changed."""
-    from .. import report
-
     if edited:
         text = (f"recorded on {device}, {date}, for the tutorial's version of this cell (yours differs); no GPU here "
                 f"({reason}), so it was not run: the outputs below are the tutorial's")
@@ -56,8 +54,6 @@ def recorded_bundle(reason: str, device: str, date: str, edited: bool = False) -
 
 def show_recorded(outputs: list[dict]) -> None:
     """Show recorded outputs again as they were: streams to their stream, displays and results as displays."""
-    import sys
-
     for out in outputs:
         if out["output_type"] == "stream":
             stream = sys.stderr if out.get("name") == "stderr" else sys.stdout
@@ -100,8 +96,6 @@ class GpuMagics(Magics):
             note = note[1:-1]
         ok, reason = _device.gpu_status()
         if not ok:
-            from .recorded import current_cell_id, lookup, lookup_cell_id
-
             found, edited = lookup(line, cell), False
             if found is None:
                 found, edited = lookup_cell_id(current_cell_id(self.shell)), True

@@ -18,6 +18,7 @@ import json
 import pathlib
 
 RECORDED_DIR = pathlib.Path(__file__).with_name("recorded")
+SKIP_MIME = "application/vnd.kernellab.skipped+json"   # a skipped GPU cell's line (gpu_magic shows it)
 VERSION = 1
 
 
@@ -45,8 +46,6 @@ def _source(cell) -> str:
 
 def _kept(output: dict) -> dict | None:
     """An output as recorded: streams, displays and results; never errors or skip lines."""
-    from .gpu_magic import SKIP_MIME
-
     kind = output.get("output_type")
     if kind == "stream":
         text = output.get("text", "")
