@@ -74,10 +74,10 @@ browser-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
 	  else echo "Chromium is missing: sudo apt-get install chromium (the browser tests skip without it)"; fi; }
 
-# On a GPU machine whose Python already has torch/cupy/numba (IPython and Jupyter may be missing):
-# runs the GPU tests with the interpreter on PATH, no venv. See tools/gpu-test.sh.
+# On a GPU machine whose Python already has torch/cupy/numba (IPython and Jupyter may be missing): the GPU tests' four
+# suites with the interpreter on PATH, no venv. tools/gpu/run.py runs any suite (--list names them).
 gpu-test:
-	bash tools/gpu-test.sh
+	python3 tools/gpu/run.py tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache extension/node_modules extension/lib $(LABEXT)
