@@ -97,3 +97,18 @@ def test_a_suite_runs_logs_and_summarises(runner, tmp_path, monkeypatch, capsys)
     assert runner.main(["fake", "fake-fail"]) == 1
     table = capsys.readouterr().out.split("suite")[-1]
     assert re.search(r"fake\s+\d+\s+ok", table) and re.search(r"fake-fail\s+\d+\s+FAILED \(rc 3\)", table)
+
+
+def test_commands_in_the_docs_name_real_suites(runner):
+    """Every `tools/gpu/run.py SUITE ...` quoted in README.md, docs/ and benchmarks/ parses: a renamed suite cannot
+    leave a document pointing at nothing."""
+    quoted = []
+    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").glob("*.md")]:
+        quoted += [(doc.name, m) for m in re.findall(r"`python3 tools/gpu/run\.py ([^`]+)`", doc.read_text())]
+    assert len(quoted) >= 10, quoted
+    for doc, words in quoted:
+        words = [w for w in words.split() if w not in ("SUITE", "[SUITE", "...]", "...")]
+        if words and not words[0].startswith("-"):
+            for name, args in runner.parse_args(words):
+                if name == "notebooks":
+                    runner.notebook_paths(args)

@@ -91,6 +91,14 @@ SUITES: dict[str, Suite] = {
         "benchmarks/launch_overhead.py: host cost per launch by path, then its breakdown by stage", 120,
         commands=((PY, "benchmarks/launch_overhead.py", "--launches", "1000", "--rounds", "11"),
                   (PY, "benchmarks/launch_overhead.py", "--breakdown", "--launches", "1000", "--rounds", "11"))),
+    "bench-validate": Suite(
+        "benchmarks/validate_bench.py: kernellab.bench against triton's do_bench and Nsight Compute, burst and "
+        "sustained", 580,
+        commands=((PY, "benchmarks/validate_bench.py", "--workloads", "matmul,copy", "--modes", "burst,sustained"),),
+        takes_args=True),
+    "worker-overhead": Suite(
+        "benchmarks/worker_overhead.py: a launch in the isolated worker against one in process, by argument path", 300,
+        commands=((PY, "benchmarks/worker_overhead.py", "--budget", "30"),), takes_args=True),
     "autotune-multigpu": Suite(
         "benchmarks/autotune_multigpu.py: one SGEMM sweep on one GPU and over every GPU (needs Dask: DASK=1 "
         "tools/gpu/wheels.sh)", 500,
