@@ -129,7 +129,7 @@ def tc_variants(quick: bool) -> list[Variant]:
     steps = [Variant("tc", "wmma", "default", both("wmma"), grid=g128),
              Variant("tc", "mma", "default", both("mma"), grid=g128)]
     configs = [("default", {}), ("128x128 2x2 warps", {"BN": 128, "WARPS_N": 2}),
-               ("BK=32 4 stages (session 4)", {"BK": 32, "STAGES": 4}), ("BK=64 4 stages", {"BK": 64, "STAGES": 4}),
+               ("BK=32 4 stages (the first default)", {"BK": 32, "STAGES": 4}), ("BK=64 4 stages", {"BK": 64, "STAGES": 4}),
                ("128x128 BK=32 4 stages", {"BN": 128, "WARPS_N": 2, "BK": 32, "STAGES": 4}),
                ("256x128 4x2 warps", {"BM": 256, "BN": 128, "WARPS_M": 4, "WARPS_N": 2})]
     pipes = []

@@ -1,4 +1,4 @@
-"""Run a tutorial's CUDA C++ kernel on the CPU, tensor-core PTX included (tests only): compile it with g++ against
+"""Runs a tutorial's CUDA C++ kernel on the CPU, tensor-core PTX included (tests only): compile it with g++ against
 ptx_emu.h and launch it. (emulate.py beside it is the general emulator: fibers, cluster helpers, torch tensors; this
 one models the instructions tutorials 05 and 06 use: ldmatrix, mma.sync, cp.async, TMA loads and stores,
 mbarriers, named barriers, wgmma, and tutorial 07's attention step 3.)
