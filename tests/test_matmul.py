@@ -195,6 +195,7 @@ def test_mma_pipe_configs_in_the_emulator(config):
         assert_close(C, ref, 8e-3)
 
 
+@pytest.mark.slow
 def test_mma_pipe_interior_and_edge_tiles_in_the_emulator():
     """Four interior tiles (the unguarded loop and the 16-byte epilogue through smem) beside five edge tiles, with
     more slices than stages: both copies of the main loop and both epilogues."""

@@ -282,7 +282,8 @@ NORM_EMU_SHAPES = EMU_SHAPES + [(3, 4096), (5, 1024), (2, 65536)]
 
 
 @needs_cxx
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32] + [pytest.param(t, marks=pytest.mark.slow)
+                                   for t in (torch.bfloat16, torch.float16)], ids=str)
 def test_softmax_on_the_emulator(t03, dtype):
     for name, fn in t03["SOFTMAXES"].items():
         for r, c in EMU_SHAPES + ([(2, 300007)] if name == "softmax" and dtype == torch.float32 else []):
@@ -322,6 +323,7 @@ def ln_inputs(rows, cols, dtype, mean=0.0):
 
 
 @needs_cxx
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_layernorm_and_rmsnorm_on_the_emulator(t04, dtype):
     for name, fn in t04["LAYERNORMS"].items():
