@@ -54,10 +54,10 @@ GPU_TESTS = "tests/gpu/"
 SUITES: dict[str, Suite] = {
     "tests-launch": Suite(
         "launching: kernels from CuPy/torch arguments, the launch fast path, TMA descriptors, Numba kernels, faults "
-        "isolated in workers, occupancy against the driver, source lines of SASS", 570,
+        "isolated in workers, occupancy against the driver, source lines of SASS, kernels as torch ops", 570,
         tests=tuple(GPU_TESTS + f for f in (
             "test_launch_gpu.py", "test_launch_path_gpu.py", "test_tma_gpu.py", "test_numba_gpu.py",
-            "test_faults_gpu.py", "test_occupancy_gpu.py", "test_source_view_gpu.py")),
+            "test_faults_gpu.py", "test_occupancy_gpu.py", "test_source_view_gpu.py", "test_ops_gpu.py")),
         needs_kernel=True),
     "tests-measure": Suite(
         "measuring: bench against triton's do_bench, check, autotune (one GPU and Dask), Nsight Compute and "
@@ -71,10 +71,11 @@ SUITES: dict[str, Suite] = {
         tests=tuple(GPU_TESTS + f for f in (
             "test_racecheck_gpu.py", "test_exercises_gpu.py", "test_exercises07_gpu.py"))),
     "tests-tutorials": Suite(
-        "the tutorials' kernels on awkward shapes: row kernels (03/04), matmul ladders (05/06), attention (07)", 570,
+        "the tutorials' kernels on awkward shapes: row kernels (03/04), matmul ladders (05/06), attention (07); "
+        "a notebook run stamped with the GPU for its recorded outputs", 570,
         tests=tuple(GPU_TESTS + f for f in (
             "test_memory_bound_gpu.py", "test_matmul_gpu.py", "test_attention_gpu.py",
-            "test_attention_steps_gpu.py"))),
+            "test_attention_steps_gpu.py", "test_recorded_gpu.py")), needs_kernel=True),
     "notebooks": Suite(
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
         commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),
@@ -88,9 +89,10 @@ SUITES: dict[str, Suite] = {
         "benchmarks/memory_bound.py: tutorials 03/04's row kernels against PyTorch, torch.compile and the copy", 500,
         commands=((PY, "benchmarks/memory_bound.py", "--no-ladders", "--out", "{out}"),), takes_args=True),
     "launch-overhead": Suite(
-        "benchmarks/launch_overhead.py: host cost per launch by path, then its breakdown by stage", 120,
+        "benchmarks/launch_overhead.py: host cost per launch by path, its breakdown by stage, registered ops", 180,
         commands=((PY, "benchmarks/launch_overhead.py", "--launches", "1000", "--rounds", "11"),
-                  (PY, "benchmarks/launch_overhead.py", "--breakdown", "--launches", "1000", "--rounds", "11"))),
+                  (PY, "benchmarks/launch_overhead.py", "--breakdown", "--launches", "1000", "--rounds", "11"),
+                  (PY, "benchmarks/launch_overhead.py", "--ops", "--launches", "500", "--rounds", "5"))),
     "bench-validate": Suite(
         "benchmarks/validate_bench.py: kernellab.bench against triton's do_bench and Nsight Compute, burst and "
         "sustained", 580,
