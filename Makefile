@@ -5,6 +5,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kernellab-installed
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): one per core; each test file runs whole in one process, so a module's compiled
+# kernels are built once. PYTEST_N=0 runs everything in this process (for a debugger or -x on the first failure).
+PYTEST_N ?= auto
+XDIST    := $(if $(filter 0,$(PYTEST_N)),,-n $(PYTEST_N) --dist loadfile)
 # `make lab LAB_ARGS="--port 8899 --no-browser"` passes options to `jupyter lab`; WORK is the folder Lab opens on.
 LAB_ARGS ?=
 WORK     ?= lab-work
@@ -57,11 +61,12 @@ lab: $(STAMP) $(EXT_BUILT)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(WORK) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: $(STAMP) $(EXT_BUILT) browser-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-# Unit tests only (no notebooks, no browser): the quick loop while editing.
+# The inner loop while editing (under 3 minutes on 2 cores): everything but the tests marked slow (tutorials run top
+# to bottom, the browser, wheel builds, the larger emulations and configuration sweeps), which `make test` adds.
 test-fast: $(STAMP) $(EXT_BUILT)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The extension's tests: jest (TypeScript units) and Playwright driving Chromium against a real `jupyter lab`.
 test-browser: $(STAMP) $(EXT_BUILT) browser-deps
@@ -74,10 +79,10 @@ browser-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
 	  else echo "Chromium is missing: sudo apt-get install chromium (the browser tests skip without it)"; fi; }
 
-# On a GPU machine whose Python already has torch/cupy/numba (IPython and Jupyter may be missing):
-# runs the GPU tests with the interpreter on PATH, no venv. See tools/gpu-test.sh.
+# On a GPU machine whose Python already has torch/cupy/numba (IPython and Jupyter may be missing): the GPU tests' four
+# suites with the interpreter on PATH, no venv. tools/gpu/run.py runs any suite (--list names them).
 gpu-test:
-	bash tools/gpu-test.sh
+	python3 tools/gpu/run.py tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache extension/node_modules extension/lib $(LABEXT)

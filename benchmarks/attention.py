@@ -106,7 +106,7 @@ def entry(family: dict, q, causal: bool, suffix: str = ""):
 # warpgroups) and 128 (2); a launch takes the one with the smaller predicted time: the query rows x key columns the
 # kernel computes at that height (padding of the last query block and whole key tiles across the causal diagonal
 # included) over its relative throughput, measured where neither height wastes anything (d = 64, N = 4096, not
-# causal, H100: 414.0 / 481.7 TFLOP/s = 0.86; docs/RESULTS.md, session 5 run B).
+# causal, H100: 414.0 / 481.7 TFLOP/s = 0.86; benchmarks/NOTES-attention.md).
 RELATIVE_THROUGHPUT = {192: 1.0, 128: 0.86}
 L2_SECTION_BYTES = 16 << 20           # the K/V of one L2 section's heads: a third of the H100's 50 MB L2
 

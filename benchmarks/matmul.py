@@ -116,7 +116,7 @@ def sgemm_variants(quick: bool) -> list[Variant]:
                                  grid=lambda M, N, bm=bm, bn=bn: (cdiv(N, bn), cdiv(M, bm)),
                                  block=(bm // wm) * (bn // wn) * 32))
     # sgemm_cp (step 8): cp.async stages, 128 x 256 x 16 x 4 stages, 8 warps of 64 x 64, one block per SM: 91.0 %
-    # of torch at 4096^3 on an H100 (tools/gpu/try_sgemm.py --only s7b; NOTES-matmul.md)
+    # of torch at 4096^3 on an H100 (NOTES-matmul.md)
     bk, st = 16, 4
     cp = Variant("sgemm", "sgemm_cp", "default", {"fp32": "sgemm_cp"}, grid=lambda M, N: (cdiv(N, 256), cdiv(M, 128)),
                  block=256, smem=st * (bk * (128 + 4) + bk * 256) * 4)
@@ -129,7 +129,7 @@ def tc_variants(quick: bool) -> list[Variant]:
     steps = [Variant("tc", "wmma", "default", both("wmma"), grid=g128),
              Variant("tc", "mma", "default", both("mma"), grid=g128)]
     configs = [("default", {}), ("128x128 2x2 warps", {"BN": 128, "WARPS_N": 2}),
-               ("BK=32 4 stages (session 4)", {"BK": 32, "STAGES": 4}), ("BK=64 4 stages", {"BK": 64, "STAGES": 4}),
+               ("BK=32 4 stages (the first default)", {"BK": 32, "STAGES": 4}), ("BK=64 4 stages", {"BK": 64, "STAGES": 4}),
                ("128x128 BK=32 4 stages", {"BN": 128, "WARPS_N": 2, "BK": 32, "STAGES": 4}),
                ("256x128 4x2 warps", {"BM": 256, "BN": 128, "WARPS_M": 4, "WARPS_N": 2})]
     pipes = []

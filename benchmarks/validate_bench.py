@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 5
 # Seconds of idle GPU before each timed run. A bf16 8192^3 matmul at ~700 TFLOP/s drives an H200 into its power
-# cap within ~100 ms of back-to-back work, after which the kernel itself runs ~15 % slower (tools/gpu/diag_matmul.py:
+# cap within ~100 ms of back-to-back work, after which the kernel itself runs ~15 % slower (measured:
 # 1.34 ms cool, 1.55 ms after 300 back-to-back calls, SM clock 1980 -> 1695 MHz, throttle reason SW power cap).
 # Without a rest, whichever harness runs second measures a hotter GPU.
 REST_S = 3.0

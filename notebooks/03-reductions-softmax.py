@@ -66,7 +66,7 @@ print(f"copy bandwidth of this GPU, as kernellab measures it: {COPY_GBPS / 1e3:.
 # `x.sum()` over `n` float32 values reads `4 n` bytes, writes 4 and does `n - 1` additions: a quarter of a FLOP
 # per byte. An H100 adds tens of TFLOP/s and moves about 3 TB/s, so at `n = 2**25` (134 MB) the additions take a
 # few microseconds of arithmetic and the bytes about 45 µs. That 45 µs is the floor: no sum kernel runs much
-# faster, and the whole craft is getting close to it. (A stream that only reads can run a little above the copy
+# faster, and the whole craft is getting close to it. (A stream that only reads can go a little above the copy
 # bandwidth, which counts a read and a write per byte copied: ratios of a sum to the copy may pass 100 %.)
 
 # %%
@@ -659,7 +659,7 @@ template __global__ void softmax_online<__half>(const __half*, __half*, int);
 # `st.async`, counted on an `mbarrier`, needs no fence: the mbarrier's phase completes when its bytes have
 # landed. One cluster barrier is left, at the start (a block must not push into another before that one has
 # initialised its mbarrier), and its arrive is `.relaxed`. Measured on an H100 in one run
-# (`tools/gpu/try_exchange.py`): softmax 1024 x 262144 went from 88 % of the copy bandwidth to 99 % in bf16 and
+# (the cells against themselves with the old exchange, one run): softmax 1024 x 262144 went from 88 % of the copy bandwidth to 99 % in bf16 and
 # from 91 % to 99 % in float32, and the few-row plans (3 x 100003) from 9.5 to 8.1 µs.
 
 # %%

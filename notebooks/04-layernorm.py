@@ -310,7 +310,7 @@ kernellab.grade("04-layernorm-block", layernorm_block)
 # with 32 values a thread those rounds are a large part of the work. Nsight Compute counted 35 instructions issued
 # per element (RMSNorm: 14), the schedulers issuing in 72 % of cycles, the kernel at 76 % of the copy bandwidth.
 # With two plain sums: 27 instructions an element and 84 % (29.7 to 26.7 µs, 1.22x `torch.compile`; in the same
-# run of `tools/gpu/try_exchange.py --baseline chan` no shape got slower by more than 1 %, and float32 1000 x 1031
+# run against the cell with Chan's merges back no shape got slower by more than 1 %, and float32 1000 x 1031
 # and the 3 x 100003 rows got 5-9 % faster). A per-pack branch instead
 # of a select per value for the packs past the row's end keeps `d * d + M2` one FFMA (the run at the end of the
 # notebook measures it).
@@ -322,7 +322,7 @@ kernellab.grade("04-layernorm-block", layernorm_block)
 # pack. The plan's thread counts are powers of two, so shifts and masks replace the divisions and compares count
 # the packs; and a thread whose packs all lie inside the row, 16-byte aligned (every thread of the large aligned
 # shapes), takes one guard-free path for the squared deviations and the store (`inside_store`). Predicted: +1-3 %
-# and +2-4 % at bf16 4096 x 4096. Measured (H100, `tools/gpu/try_exchange.py` against the cells before each
+# and +2-4 % at bf16 4096 x 4096. Measured (H100, against the cells before each
 # change, one run each): the divisions 29.4 -> 28.5 µs (+3 %; RMSNorm and softmax +2-5 %), the guard-free path
 # 29.8 -> 29.3 µs there and +3-5 % at 1024 x 262144 (LayerNorm 419 -> 407 µs, RMSNorm 398 -> 378), the small
 # shapes within their noise; Nsight Compute: 25.1 -> 20.5 instructions an element at 4096 x 4096, 25.7 -> 20.7
@@ -944,7 +944,7 @@ NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER
 # so that `w` and `b` load with `x`, for the short rows; x read past L1 (`ld.global.nc.L1::no_allocate`, so that L1
 # keeps `w` and `b`) +0-5 % on the wide rows.
 #
-# **Measurement** (tools/gpu/try_norms.py on an H100, 2026-11-23; every plan tried, and the persistent and no-L1
+# **Measurement** (a sweep of the plans on an H100, 2026-11-23; every plan tried, and the persistent and no-L1
 # variants, are in benchmarks/NOTES-memory-bound.md). This cell's kernels; a plan is `threads per row x packs per
 # thread / threads per block`, or `cC x threads x packs` for a cluster of C blocks per row:
 #
@@ -991,7 +991,7 @@ NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER
 # which is its 10 points). The fix keeps a **ring** of DEPTH packs of w and b in flight: DEPTH loads before the
 # first store, and the load of pack j + DEPTH as soon as pack j is stored (`ring_store` in the cell; DEPTH 2 for
 # LayerNorm, 4 for RMSNorm: 16 registers of w and b beside x's 32). Predicted beforehand: 91-95 % of copy at
-# 4096 x 32768; measured as a candidate (tools/gpu/try_norms.py, H100, the same run as `torch.compile`):
+# 4096 x 32768; measured as a candidate (H100, the same run as `torch.compile`):
 #
 # | case | plan | without the ring µs | with it µs | vs `torch.compile` |
 # |---|---|---|---|---|
@@ -1282,7 +1282,7 @@ HTML(html_table(["kernel", "median µs", "TB/s", "of copy bandwidth", "x the flo
 # %% [markdown]
 # ## Against PyTorch at every shape (bf16, then float32)
 #
-# Predictions for this version (H100): what tools/gpu/try_norms.py measured for these kernels and plans (above;
+# Predictions for this version (H100): what the sweep of plans measured for these kernels and plans (above;
 # tutorial 03's plan in brackets), within the few per cent two runs differ by. LayerNorm: 4096 x 32768 about 95 % of
 # the copy bandwidth [64 %] and 1.0-1.05x `torch.compile` [0.70x]; 1024 x 262144 about 74 % [46 %], 1.2-1.25x
 # [0.77x]; 4096 x 4096 about 75 %, 1.1x (plan unchanged); 4096 x 1024 about 51 %, 1.0x (unchanged; torch's own copy
@@ -1374,7 +1374,7 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # larger than L1 keeps, and the L2 serves twice the bytes DRAM does; and a block has nothing in flight while it
 # reduces. Reading `w` and `b` next to `x` (above) hides their round trip; it removes neither the re-reads nor
 # the idle reduction. Two further ideas were measured in the same try_norms run (H100, 2026-11-23) and left out:
-# - **a persistent grid** (tools/gpu/norm_variants/norm_persistent.cu): each block keeps its columns' `w` and `b`
+# - **a persistent grid** (measured and deleted; git keeps it): each block keeps its columns' `w` and `b`
 #   in registers for every row it takes and loads its next row's `x` before reducing the current one. At equal
 #   packs per thread it helped (bf16 LayerNorm 4096 x 32768 as clusters of 2 x 1024 x 2 packs: 340 µs against
 #   452), but it needs spare registers for `w` and `b`, so it ran with 2 packs a thread, and the 8-pack block above
@@ -1384,7 +1384,7 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #   row of 1024 (17.5 against 18.1 µs), but 2-5 % slower on the wide rows (c8 x 512 x 8 at 1024 x 262144: 488 against
 #   481 µs; float 4096 x 32768: 423 against 409) and at 1000 x 1031 (8.4 against 8.0). Mixed, small, and it would
 #   need a second copy of each kernel picked per shape: not adopted.
-# - **resident clusters** (tools/gpu/norm_variants/norm_resident_x.cu, later): for many long rows, a cluster keeps
+# - **resident clusters** (measured later and deleted): for many long rows, a cluster keeps
 #   its slice of `w` and `b` in shared memory and takes rows in turn, loading the next row's `x` while it reduces
 #   this one, the blocks exchanging statistics as above with no cluster barrier in the loop. At 1024 x 262144 it
 #   lost to the one-row-a-cluster plan (bf16 LayerNorm 483-526 µs against 407; RMSNorm a tie): a resident block of
@@ -1406,13 +1406,13 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # kernel ends.
 # The small shapes are fixed costs, where torch's own copy of the same bytes reaches only 26-68 %; about a fifth of
 # such a kernel's time under `kernellab.bench` is the L2 flush's dirty lines being written back
-# (tools/gpu/flush_effect.py). No copy of bf16 4096 x 1024's 16 MB does better: 13 copy kernels (1 to 8 packs a
+# (measured against the clean flush below). No copy of bf16 4096 x 1024's 16 MB does better: 13 copy kernels (1 to 8 packs a
 # thread, blocks of 128 to 512, `.nc`, `.cs` and L2 eviction policies on the loads or the stores, persistent grids)
 # reached at most 54 % of the copy bandwidth, and 66 % with `kernellab.bench(..., flush_l2="clean")`, which reads
-# the flush buffer instead of writing it so that the L2 holds clean lines (tools/gpu/small_rows.py). At that size
+# the flush buffer instead of writing it so that the L2 holds clean lines (benchmarks/NOTES-memory-bound.md). At that size
 # the flush also decides who wins: RMSNorm bf16 4096 x 1024 measured 0.97x `torch.compile` under the default flush
 # and 1.06x under the clean one, in the same run (10.62 against 10.30 µs; 8.70 against 9.22). One more design was
-# measured and left out (tools/gpu/norm_variants/norm_staged.cu): persistent blocks with two to four rows of `x`
+# measured and left out (benchmarks/NOTES-memory-bound.md): persistent blocks with two to four rows of `x`
 # brought into shared memory by the bulk-copy engine (`cp.async.bulk`), so that the next rows' loads stay in flight
 # while a block reduces and stores. bf16 LayerNorm 4096 x 4096 gained 4 % with it under the default flush (85 to
 # 89 % of copy) and lost 2 % under the clean one; it tied or lost elsewhere: a change that helps under one flush

@@ -755,7 +755,7 @@ compare("sgemm_warptile", "sgemm_vec", (0.85, 1.00))
 # (`tools/gpu/sass_schedule.py` reads them from the SASS control bits); 4 stages 0-2 points below 3; `BK = 16`
 # within a point of `BK = 8`.
 #
-# **Measurement** (`tools/gpu/try_sgemm.py --only s7` and `--only s7b`, H100, torch.mm in the same run; all
+# **Measurement** (a sweep of the candidates, H100, torch.mm in the same run; all
 # checked on awkward shapes first):
 #
 # | configuration | regs | of cuBLAS, 4096³ | 8192³ |
@@ -1141,7 +1141,7 @@ fig
 #   bytes need, and global-load latency without enough independent work to hide it.
 # - Step 7 is also where the FFMA-per-load predictor stops working: its configuration was chosen by measurement.
 #
-# **What was measured for step 7** (`tools/gpu/try_sgemm.py` on an H100 SXM, 2026-11-23, two runs that agree within
+# **What was measured for step 7** (a sweep of the tile shapes on an H100 SXM, 2026-11-23, two runs that agree within
 # 0.1 point; torch.mm at 4096³ took 2.66 ms; `benchmarks/NOTES-matmul.md` has the whole table):
 #
 # | configuration | regs | blocks/SM | of cuBLAS, 4096³ | 8192³ |
@@ -1155,7 +1155,7 @@ fig
 #
 # `BK = 16` is most of the gain over the first version (6 points): half the barriers and load rounds per FLOP. The
 # 64 x 32 warp shape adds 1.5 points over 32 x 64 with the same wavefronts per `k` and one more `LDS.128`; we did not
-# profile why. The rewrite in the last row (kept as `tools/gpu/sgemm_variants/warptile_16x8.cu`) loads each `k`'s
+# profile why. The rewrite in the last row (deleted after this measurement; git keeps it) loads each `k`'s
 # operands from shared memory a whole `k` ahead into a second register set, and its main loop is 88.8 % FFMA against
 # 76.9 % here (static SASS). It is still slower. The likely reason, not profiled: at 128 threads and 240 registers
 # an SM holds 8 warps, 2 per scheduler, too few to hide the FFMAs' dependency stalls and the barriers. A higher FFMA

@@ -580,7 +580,7 @@ for name, offset in (("dense 128-byte rows", dense128), ("swizzled: chunk c ^ r 
 # global-memory latency of about a microsecond at the rate one SM consumes them. The slice is 64 of `k` deep (128-byte
 # rows): one barrier and one `cp.async` group per 64 of `k` instead of per 32, and three stages of 48 KiB (two slices
 # loading while one is computed) cover the same latency as four of 24 KiB. On an H100, 64-deep slices with three
-# stages measured 62.1 % of cuBLAS at 4096³ where 32-deep slices with four measured 58-61 % (tools/gpu/try_mma.py).
+# stages measured 62.1 % of cuBLAS at 4096³ where 32-deep slices with four measured 58-61 % (benchmarks/NOTES-matmul.md).
 
 # %%
 BM3, BN3, BK3, STAGES3 = 128, 256, 64, 3
@@ -957,7 +957,7 @@ for c in (1, CLUSTER):
 # work and its address arithmetic off the threads. With four stages, a producer running ahead, the epilogue of one
 # tile overlapping the loads of the next, B multicast across the cluster and the epilogue stored by TMA, expect
 # 90-105 % of cuBLAS at 4096³ and 8192³ (target 95 %). The same kernel with direct stores from registers measured
-# 89.5 % / 97.4 % on an H100, this epilogue 99.5 % / 103.3 % in the same run (`tools/gpu/try_wgmma.py`): at 4096³,
+# 89.5 % / 97.4 % on an H100, this epilogue 99.5 % / 103.3 % in the same run (benchmarks/NOTES-matmul.md): at 4096³,
 # where each SM does only 3.9 tiles, the epilogue was a tenth of the time.
 
 # %%

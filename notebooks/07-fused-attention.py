@@ -1825,8 +1825,8 @@ step3[128, False]
 # threads, one resident per SM, each paying the same fixed costs before its first product and after its last one:
 # barrier set-up, the `Q` load, two K/V stages filling while the consumers wait, then the epilogue with the tensor
 # cores idle. With only 8 key tiles per item (5.3 on average with the causal mask), those costs are a large share, and
-# step 3 is 1.21x flash at `N = 1024` against 1.49x at `N = 4096` (benchmarks/attention.py, run A of the third
-# session). With the causal mask the items also differ in length (2 to 8 tiles), and the last wave is ragged.
+# step 3 is 1.21x flash at `N = 1024` against 1.49x at `N = 4096` (benchmarks/attention.py on an H100,
+# 2026-11-23). With the causal mask the items also differ in length (2 to 8 tiles), and the last wave is ragged.
 #
 # The second half of step 3's cell holds `attention_fwd_persistent`, the same tiles, roles, softmax and products in a
 # **persistent** kernel:
@@ -1848,12 +1848,12 @@ step3[128, False]
 #
 # **Stages.** At `d = 64` the kernel keeps 3 K/V stages in flight (step 3 has 2): an item there is 4.5 key tiles long
 # on average with the causal mask at `N = 1024`, and a third stage lets the producer run one more tile ahead through an
-# item's start. Measured beside 2 stages (tools/gpu/try_fa3p_stages.py, H100): +6.3 % at causal `N = 1024`, +2 % at
+# item's start. Measured beside 2 stages (H100, one run): +6.3 % at causal `N = 1024`, +2 % at
 # `N = 1024` without the mask, within 1 % at 2048 and 4096. (At `d = 128` a third stage does not fit in shared memory.)
 #
-# **Prediction.** The static balance model (`tools/gpu/try_attention.py --plan`) and the hidden prologue predict
+# **Prediction.** The static balance model (the busiest SM's work over the mean, counted in key tiles) and the hidden prologue predict
 # +10-15 % over step 3 at `N = 1024`, a few percent at `N = 4096` (where each item has 32 tiles to amortise its fixed
-# costs). Measured by `tools/gpu/try_attention.py` on an H100 (fifth session, same run as SDPA): `d = 64`,
+# costs). Measured on an H100 (2026-11-23, in the same run as SDPA): `d = 64`,
 # `N = 1024`: 389.6 TFLOP/s against step 3's 347.7 (1.12x; 1.35x flash), causal 263.1 against 225.4 with 192-row
 # blocks and 278.2 with 128-row blocks (1.30x flash); `N = 4096`: +3-4 %; `d = 128`: +2-9 %. The check and the
 # benchmark below are this run's (with 3 stages at `d = 64`): +9-31 % over step 3 at `N = 1024`, +2-11 % at
@@ -1936,8 +1936,8 @@ step3b[1024, 64, True]
 # to 16k).
 
 # %%
-RECORDED_H100 = {   # TFLOP/s at N = 4096, bf16, B N = 16k, H d = 2048; NVIDIA H100 80GB HBM3, 2026-11-23 (step 3b: run E of
-    # the fifth session; the other columns: the third session's run, docs/RESULTS.md)
+RECORDED_H100 = {   # TFLOP/s at N = 4096, bf16, B N = 16k, H d = 2048; NVIDIA H100 80GB HBM3, 2026-11-23 (step 3b: the newest run;
+    # the other columns: an earlier run the same day; docs/RESULTS.md)
     (64, False): {"step 2": 349.3, "step 3": 463.9, "step 3b": 481.0, "SDPA flash": 303.3, "SDPA cudnn": 489.7},
     (64, True): {"step 2": 311.1, "step 3": 386.2, "step 3b": 422.9, "SDPA flash": 281.4, "SDPA cudnn": 433.5},
     (128, False): {"step 2": 386.8, "step 3": 587.4, "step 3b": 604.4, "SDPA flash": 356.6, "SDPA cudnn": 670.5},
@@ -1987,7 +1987,7 @@ fig
 #   `N = 1024` with the mask, and 1.38x at `d = 64`, `N = 1024`). Against SDPA's cuDNN backend it is 0.84-1.03x: ahead
 #   at `d = 64` from `N = 8192`, 0.89-0.99x at `d = 128`, furthest behind at `N = 1024` (0.84-0.91x).
 #   FlashAttention-3 also overlaps the softmax of one tile with the products of the next *inside* each warpgroup and
-#   schedules its warpgroups in ping-pong with named barriers. We tried the first (tools/gpu/attn_variants/fa3_pipe.cu:
+#   schedules its warpgroups in ping-pong with named barriers. We tried the first (a variant of step 3b:
 #   `S` of tile j+1 issued before the softmax of tile j, `wgmma.wait_group 1`): same results bit for bit, but 0.69-0.85x
 #   the speed of step 3b on the H100 (benchmarks/NOTES-attention.md), so it is not a step here. Ours waits for each
 #   `wgmma` group before its softmax, and the tensor pipe idles during every softmax that the other warpgroups do not

@@ -1,5 +1,5 @@
-"""Tutorial 07's step 3b, the persistent kernel (the fa3p_* entries of the notebook's step-3 cell; first written as
-tools/gpu/attn_variants/fa3_persistent.cu, kernellab issue 12) without a GPU: it compiles to the Hopper instructions with no spills, and in the CPU emulator (tests/emu) it matches
+"""Tutorial 07's step 3b, the persistent kernel (the fa3p_* entries of the notebook's step-3 cell, kernellab issue 12)
+without a GPU: it compiles to the Hopper instructions with no spills, and in the CPU emulator (tests/emu) it matches
 attention in float64 on awkward shapes with CTAs that each walk many work items (their barriers' phases wrapping),
 and writes the very bits the notebook's step 3 writes."""
 import pathlib
@@ -83,7 +83,8 @@ def run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section, counter
 
 # (BH, N, d, dtype, causal, CTAs, heads per section, schedule): 2 or 3 CTAs walk 6-27 work items each
 SHAPES = [
-    (5, 65, 128, "bf16", True, 3, 2, "static"),     # items of one key tile (< the 2 stages): the Q buffers' barriers
+    # items of one key tile (< the 2 stages): the Q buffers' barriers
+    pytest.param(5, 65, 128, "bf16", True, 3, 2, "static", marks=pytest.mark.slow),
     (3, 300, 64, "fp16", True, 2, 2, "dynamic"),    # 6 items of 1-3 tiles drawn from the counter; sections alternate
     pytest.param(3, 1031, 64, "bf16", True, 3, 2, "static", marks=pytest.mark.slow),   # 18 items of 1-9 key tiles
     pytest.param(4, 63, 64, "fp16", False, 3, 4, "dynamic", marks=pytest.mark.slow),
@@ -109,6 +110,7 @@ def test_persistent_attention_in_the_emulator(BH, N, d, dtype, causal, ctas, hea
 
 
 @needs_cxx
+@pytest.mark.slow
 def test_persistent_attention_writes_the_notebooks_bits():
     """The notebook's step 3 (one block per work item, launched as the notebook does) and the candidate on 3 CTAs give
     bit-identical O: the persistent loop changes the schedule, not one operation of the arithmetic."""

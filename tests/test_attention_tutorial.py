@@ -74,6 +74,7 @@ def test_step3_is_wgmma_fed_by_tma(steps, name):
     assert k.resources.max_threads_per_block == threads
 
 
+@pytest.mark.slow
 def test_step3_needs_sm90a(steps):
     """The Hopper cell compiled for plain sm_90 fails with the hint to use sm_90a."""
     import kernellab

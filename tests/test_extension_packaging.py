@@ -62,6 +62,7 @@ def test_wheel_ships_the_prebuilt_labextension(tmp_path):
     assert not [n for n in names if "node_modules" in n or n.startswith("extension/") or "/labextension/" in n]
 
 
+@pytest.mark.slow
 def test_labextension_is_enabled_in_this_environment():
     """What `make lab` shows: `jupyter labextension list` lists kernellab-jupyter, enabled and OK."""
     jupyter = pathlib.Path(sys.executable).with_name("jupyter")

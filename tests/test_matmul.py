@@ -186,7 +186,7 @@ def test_mma_sync_steps_in_the_emulator(name, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["128x128 2x2 warps", "BK=32 4 stages (session 4)", "BK=64 4 stages",
+@pytest.mark.parametrize("config", ["128x128 2x2 warps", "BK=32 4 stages (the first default)", "BK=64 4 stages",
                                     "128x128 BK=32 4 stages", "256x128 4x2 warps"])
 def test_mma_pipe_configs_in_the_emulator(config):
     v, cell = pick("mma_pipe", config)
@@ -195,6 +195,7 @@ def test_mma_pipe_configs_in_the_emulator(config):
         assert_close(C, ref, 8e-3)
 
 
+@pytest.mark.slow
 def test_mma_pipe_interior_and_edge_tiles_in_the_emulator():
     """Four interior tiles (the unguarded loop and the 16-byte epilogue through smem) beside five edge tiles, with
     more slices than stages: both copies of the main loop and both epilogues."""

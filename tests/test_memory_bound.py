@@ -178,7 +178,7 @@ def test_softmax_plans_hold_32_values_per_thread_up_to_8_kb_rows_then_128_bytes(
 
 @pytest.mark.parametrize("itemsize", [4, 2])
 def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, itemsize):
-    """Tutorial 04's plan (measured on an H100, tools/gpu/try_norms.py): 4 packs (64 bytes) per thread in rows up
+    """Tutorial 04's plan (measured on an H100 against every other plan): 4 packs (64 bytes) per thread in rows up
     to 8 KB, 8 packs (128 bytes) beyond (but 4 for few bf16 rows); a warp per row up to 2 KB (float rows up to 4 KB:
     8 packs a lane, w/b through the ring), a block of up to 512 threads up to 64 KB (float: 1024 up to 128 KB), then
     clusters of up to 8 blocks, 16 (of half the threads) for many rows over 256 KB; every plan's kernel is
@@ -209,7 +209,7 @@ def test_norm_plans_cover_every_row_with_their_kernels_in_the_cell(modules, item
 
 
 def test_the_norm_plans_are_the_measured_winners():
-    """The plans tools/gpu/try_norms.py found fastest on an H100 (2026-11-23, 16-block clusters on 2026-11-27;
+    """The plans found fastest on an H100 among the candidates (2026-11-23, 16-block clusters on 2026-11-27;
     benchmarks/NOTES-memory-bound.md)."""
     plan = launchers(T04)["plan_rows"]
     text = {}
@@ -282,7 +282,8 @@ NORM_EMU_SHAPES = EMU_SHAPES + [(3, 4096), (5, 1024), (2, 65536)]
 
 
 @needs_cxx
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32] + [pytest.param(t, marks=pytest.mark.slow)
+                                   for t in (torch.bfloat16, torch.float16)], ids=str)
 def test_softmax_on_the_emulator(t03, dtype):
     for name, fn in t03["SOFTMAXES"].items():
         for r, c in EMU_SHAPES + ([(2, 300007)] if name == "softmax" and dtype == torch.float32 else []):
@@ -322,6 +323,7 @@ def ln_inputs(rows, cols, dtype, mean=0.0):
 
 
 @needs_cxx
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_layernorm_and_rmsnorm_on_the_emulator(t04, dtype):
     for name, fn in t04["LAYERNORMS"].items():

@@ -419,6 +419,7 @@ def test_plots_mark_the_kernel():
     fig.savefig(__import__("io").BytesIO(), format="png")
 
 
+@pytest.mark.slow
 def test_explorer_builds_and_reacts_to_sliders():
     from kernellab.notebook.occupancy_widget import OccupancyExplorer, occupancy_explorer
     ex = occupancy_explorer(256, 40, 0, "sm_90")

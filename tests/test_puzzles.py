@@ -123,6 +123,7 @@ def test_a_race_racecheck_does_not_report_fails_on_values_and_is_named_in_a_note
     assert {f.kind for f in r.findings} & {"wrong_values", "zero_output"}, str(r)
 
 
+@pytest.mark.slow
 def test_every_puzzle_with_shared_memory_is_race_checked_and_complete_in_the_simulator():
     for ex_id in IDS:
         ex = exercise(ex_id)

@@ -277,7 +277,7 @@ def test_numba_kernel_sanitize_runs_in_the_simulator():
 
 
 def launch_numba_cell(cell: str, launch: str, **names):
-    """Run a %%numba cell in an IPython shell with kernellab loaded, then `%launch {launch}` with `names` in scope."""
+    """Runs a %%numba cell in an IPython shell with kernellab loaded, then `%launch {launch}` with `names` in scope."""
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()

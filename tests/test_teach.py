@@ -56,7 +56,8 @@ def test_registering_an_id_twice_is_an_error():
         register(clone)
 
 
-@pytest.mark.parametrize("ex_id", IDS)
+@pytest.mark.parametrize("ex_id", [i if i != "07-ldmatrix-swizzle" else pytest.param(i, marks=pytest.mark.slow)
+                                   for i in IDS])
 def test_every_exercise_is_sound(ex_id):
     """Its reference rejects an all-zero and an input-copy answer; its shapes start at 1 and its task is stated."""
     ex = exercise(ex_id)
@@ -229,7 +230,17 @@ CPU_VARIANTS = [v for v in variants() if v.where == "cpu" or exercise(v.exercise
 GPU_ONLY_VARIANTS = [v for v in variants() if v.where == "gpu" and exercise(v.exercise).kind == "cuda"]
 
 
-@pytest.mark.parametrize("variant", CPU_VARIANTS, ids=str)
+def _first_of_each_exercise_quick(variants):
+    """Each variant as a test; only the first of each exercise outside the slow set (`make test-fast`)."""
+    seen = set()
+    out = []
+    for v in variants:
+        out.append(pytest.param(v, id=str(v), marks=() if v.exercise not in seen else pytest.mark.slow))
+        seen.add(v.exercise)
+    return out
+
+
+@pytest.mark.parametrize("variant", _first_of_each_exercise_quick(CPU_VARIANTS))
 def test_a_wrong_variant_fails_with_its_finding(variant):
     ex = exercise(variant.exercise)
     r = kernellab.grade(variant.exercise, load_kernel(ex, variant.path), speed=False)

@@ -908,7 +908,7 @@ cupy_backends.cuda.api.runtime.CUDARuntimeError: cudaErrorIllegalAddress: an ill
 
 
 def test_failed_driver_entry_point_lookups_are_not_the_kernels_errors():
-    """As memcheck reported tutorial 06's wgmma kernel on an H100 (session 5 run F): no kernel error, but the host
+    """As memcheck reported tutorial 06's wgmma kernel on an H100: no kernel error, but the host
     process's failed cuGetProcAddress lookups counted in the ERROR SUMMARY. They leave the kernel clean; any other
     failed API call (a launch failure, say) still counts."""
     lookup = ('========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to '

@@ -115,7 +115,7 @@ class KernellabRun(Magics):
 
         Options take their values with '=' (--sanitize=racecheck, --profile=full); --timeout and --metrics may
         also take the next word. Without options the launch runs as written (isolated if
-        `%config KernellabRun.isolate = True`). Sanitize and profile run a copy of the arguments in a separate
+        `%config KernellabRun.isolate = True`). Sanitize and profile run on a copy of the arguments in a separate
         process and leave yours unchanged; --isolate copies the kernel's outputs back.
         """
         opts, expr = split_options(line)

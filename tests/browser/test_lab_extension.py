@@ -197,7 +197,7 @@ def _open_with_cells(page, lab, name: str, sources: list[str]):
 
 
 def _command(page, label: str):
-    """Run a JupyterLab command from the command palette."""
+    """Runs a JupyterLab command from the command palette."""
     page.keyboard.press("Control+Shift+C")
     palette = page.locator(".lm-CommandPalette-input")
     palette.wait_for()

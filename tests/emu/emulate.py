@@ -102,7 +102,7 @@ def compile_host(source: str, arch: str = "sm_90", first_line: int = 2, filename
     build.mkdir(parents=True, exist_ok=True)
     lib = build / f"{key}.so"
     if not lib.exists():
-        src = build / f"{key}.cpp"
+        src = build / f"{key}.{os.getpid()}.cpp"       # this process's own: others (pytest -n) may build the same
         src.write_text(text)
         tmp = build / f"{key}.{os.getpid()}.so"
         proc = subprocess.run([cxx, "-std=c++17", *opt, "-shared", "-fPIC", "-w", "-pthread", *flags, "-o", str(tmp),

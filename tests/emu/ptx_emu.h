@@ -1,4 +1,4 @@
-// ptx_emu.h: run a tutorial's CUDA C++ kernel on the CPU, one OS thread per CUDA thread, to test it without a GPU.
+// ptx_emu.h: runs a tutorial's CUDA C++ kernel on the CPU, one OS thread per CUDA thread, to test it without a GPU.
 //
 // What is emulated, and how faithfully (tests/emu/ptx_emu.py prepares the source; see its docstring):
 // - threadIdx/blockIdx/blockDim/gridDim; blocks run one after another, the threads of a block all at once; the CTAs

@@ -1,4 +1,4 @@
-"""Run a tutorial's CUDA C++ kernel on the CPU, tensor-core PTX included (tests only): compile it with g++ against
+"""Runs a tutorial's CUDA C++ kernel on the CPU, tensor-core PTX included (tests only): compile it with g++ against
 ptx_emu.h and launch it. (emulate.py beside it is the general emulator: fibers, cluster helpers, torch tensors; this
 one models the instructions tutorials 05 and 06 use: ldmatrix, mma.sync, cp.async, TMA loads and stores,
 mbarriers, named barriers, wgmma, and tutorial 07's attention step 3.)
@@ -314,15 +314,23 @@ def _precompiled_header() -> Path:
     header = CACHE / f"ptx_emu-{digest}.h"
     gch = Path(str(header) + ".gch")
     if not gch.exists():
-        header.write_text(text)
+        _write_atomically(header, text)
         tmp = Path(str(gch) + f".{os.getpid()}.tmp")
         r = subprocess.run(["g++", *_FLAGS, "-x", "c++-header", str(header), "-o", str(tmp)], capture_output=True,
                            text=True)
         if r.returncode == 0:
             os.replace(tmp, gch)        # without it, g++ parses the header itself: slower, same program
     elif not header.exists():
-        header.write_text(text)
+        _write_atomically(header, text)
     return header
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write through a file of this process's own and a rename: test processes running side by side (pytest -n)
+    never see a half-written file."""
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, object]:
@@ -338,12 +346,13 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, 
     binary = CACHE / f"{kernel}-{digest}"
     if not binary.exists():
         cpp = CACHE / f"{kernel}-{digest}.cpp"
-        cpp.write_text(program)
-        cmd = ["g++", *_FLAGS, str(cpp), "-o", str(binary) + ".tmp"]
+        _write_atomically(cpp, program)
+        tmp = f"{binary}.{os.getpid()}.tmp"              # this process's own: others may build the same kernel
+        cmd = ["g++", *_FLAGS, str(cpp), "-o", tmp]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise EmulationError(f"g++ failed on {cpp}:\n{r.stderr[-4000:]}")
-        os.replace(str(binary) + ".tmp", binary)
+        os.replace(tmp, binary)
     return binary, k
 
 

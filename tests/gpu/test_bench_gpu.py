@@ -65,7 +65,7 @@ def test_l2_flush_evicts_what_a_small_reread_would_find(torch, datasheet):
 def test_a_clean_flush_reads_its_buffer_evicts_and_spares_the_write_back(torch):
     """flush_l2="clean" never writes its buffer (the bytes stay as set), still evicts a 16 MiB input (re-reading it
     is slower than from a warm L2), says so in the result, and times a 16 MiB copy faster than the write flush,
-    whose dirty lines the copy has to evict (H100: 8.7 against 10.6 µs, docs/RESULTS.md session 10)."""
+    whose dirty lines the copy has to evict (H100: 8.7 against 10.6 µs, docs/RESULTS.md)."""
     from kernellab.run.measure.bench import CudaClock
 
     clock = CudaClock(flush_l2="clean")

@@ -6,7 +6,7 @@ variables and runs torch on the GPU. For each fault the test asserts that the ke
 intact, and the message names what went wrong and where (the kernel, and the cell line where a tool can tell).
 A separate test shows what an in-process sticky fault does, in a throwaway process.
 
-Needs ipykernel, nbclient and nbformat (tools/gpu-test.sh installs carried wheels); skipped with a reason otherwise.
+Needs ipykernel, nbclient and nbformat (tools/gpu/run.py installs carried wheels); skipped with a reason otherwise.
 With $KERNELLAB_ARTIFACTS set it writes fault_suite.md (the table for docs/RESULTS.md) and the executed notebook.
 """
 import datetime
@@ -146,7 +146,7 @@ def _seconds(cell) -> float | None:
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
     if MISSING:
-        pytest.skip(f"the fault suite runs a Jupyter kernel and needs {', '.join(MISSING)} (tools/gpu-test.sh "
+        pytest.skip(f"the fault suite runs a Jupyter kernel and needs {', '.join(MISSING)} (tools/gpu/run.py "
                     f"installs carried wheels)")
     import nbformat
     from nbclient import NotebookClient

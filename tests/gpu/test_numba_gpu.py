@@ -1,7 +1,7 @@
 """Numba kernels on a real GPU: launches on torch CUDA tensors, CuPy arrays and Numba device arrays (zero copy),
 argument errors, streams, the simulator beside real launches, and resources against the driver's own figures.
 
-On the GPU machine numba-cuda needs NumPy < 2.5: tools/gpu-test.sh installs the carried wheels (tools/gpu/wheels.sh)
+On the GPU machine numba-cuda needs NumPy < 2.5: tools/gpu/run.py installs the carried wheels (tools/gpu/wheels.sh)
 ahead of the machine's NumPy."""
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """occupancy() against the live driver (cuOccupancyMaxActiveBlocksPerMultiprocessor) and the arch table against
-the live device's attributes. Run on a GPU machine: tools/gpu-test.sh, or pytest -m gpu tests/gpu."""
+the live device's attributes. Run on a GPU machine: tools/gpu/run.py tests-launch, or pytest -m gpu tests/gpu."""
 import pytest
 
 from kernellab.analysis.arch import ARCHS, device_mismatches, get_arch

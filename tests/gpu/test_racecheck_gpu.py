@@ -4,7 +4,7 @@ and a racy matmul whose second pair of lines compute-sanitizer prints only past 
 hazards (every report here is printed whole). The whole corpus is compared through the golden table:
 tools/gpu/record_racecheck.py records it and tests/test_simrace.py checks the simulator against it on the CPU.
 
-Run on a GPU machine: tools/gpu-test.sh, or `pytest -m gpu tests/gpu/test_racecheck_gpu.py`; with
+Run on a GPU machine: tools/gpu/run.py tests-sim, or `pytest -m gpu tests/gpu/test_racecheck_gpu.py`; with
 $KERNELLAB_ARTIFACTS set, each raw compute-sanitizer report is saved there as racecheck_<case>_<tool>.txt."""
 import importlib.util
 import os

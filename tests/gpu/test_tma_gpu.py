@@ -171,7 +171,7 @@ def test_max_active_clusters_comes_from_the_driver(ids):
     n8 = ids.max_active_clusters(32, (8, 1, 1))
     n16 = ids.max_active_clusters(1024, 16)
     print(f"max active clusters on {sms} SMs: 8 blocks of 32 threads {n8}, 16 blocks of 1024 threads {n16}")
-    # an SM holds 2048 threads: two of these 1024-thread blocks (H100, session 7: 14 clusters of 16, 124 of 8 x 32)
+    # an SM holds 2048 threads: two of these 1024-thread blocks (H100: 14 clusters of 16, 124 of 8 x 32)
     assert 1 <= n16 <= 2 * sms // 16 and n8 >= n16
     assert n8 <= 32 * sms // 8                              # at most 32 blocks an SM
 

@@ -1,6 +1,6 @@
 """Isolated launches, compute-sanitizer and Nsight Compute on a real GPU, on small kernels with known faults.
 
-Run on a GPU machine: tools/gpu-test.sh, or `pytest -m gpu tests/gpu/test_tools_gpu.py`. With $KERNELLAB_ARTIFACTS
+Run on a GPU machine: tools/gpu/run.py tests-measure, or `pytest -m gpu tests/gpu/test_tools_gpu.py`. With $KERNELLAB_ARTIFACTS
 set, every raw tool output is saved there (sanitize_*.txt, ncu_*.csv) to replace the hand-written fixtures in
 tests/fixtures/, worker_ipc.txt records whether CUDA IPC was used (and why not), worker_staging.txt the staged
 round trips of carved 64 MiB tensors, and worker_timings.txt the isolated-launch timings seen here.

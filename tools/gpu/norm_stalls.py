@@ -3,7 +3,7 @@ DRAM / L2 / L1 throughput and the SASS instructions warps stall at, one launch o
 
     PYTHONPATH=$PWD python3 tools/gpu/norm_stalls.py OUTDIR [CASE ...]    # GPU machine, repo root; ~30 s a case
 
-A CASE is "op dtype RxC" with op layernorm, rmsnorm or softmax (default: the misses of session 7's table and two
+A CASE is "op dtype RxC" with op layernorm, rmsnorm or softmax (default: tutorial 04's misses at the time and two
 cases that meet the target, for contrast). Writes OUTDIR/<case>.csv (ncu --page details), <case>.ncu-rep and
 <case>.source.csv (per-SASS-instruction stall samples), and prints one table of the metrics side by side, then each
 case's ten SASS instructions with the most stall samples.

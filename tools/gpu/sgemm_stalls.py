@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 from ncu_details import parse_details, side_by_side, stall_metrics  # noqa: E402
 
 SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "Occupancy", "LaunchStats", "InstructionStats",
@@ -34,14 +35,17 @@ def child(name: str) -> None:
         for _ in range(2):
             torch.mm(A, B, out=C)
     else:
+        import re
+
         import kernellab
-        import try_sgemm as ts
+        from notebook_cells import cuda_cells_with_flags
 
         kernellab.set_isolation(False)
         d = {"default": {}, "w64x64_128x256": {"BN": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}}[name]
-        src = ts.notebook_source()
-        k = ts.compile_variant(src, d)
-        wm, wn = ts.warp_tile(src, d)
+        src = next(body for _, body in cuda_cells_with_flags("05-matmul.py") if "sgemm_warptile(" in body)
+        k = kernellab.compile_cuda(src, arch="sm_90", options=tuple(f"-D{k}={v}" for k, v in d.items()),
+                                   filename="sgemm_warptile.cu")["sgemm_warptile"]
+        wm, wn = (d.get(w, int(re.search(rf"#define {w} (\d+)", src).group(1))) for w in ("WM", "WN"))
         bm, bn = d.get("BM", 128), d.get("BN", 128)
         for _ in range(2):
             k[(n // bn, n // bm), (bm // wm) * (bn // wn) * 32](A, B, C, n, n, n)

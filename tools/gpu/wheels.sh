@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Download, on this (CPU) machine, the Python 3.12 wheels the GPU machine lacks for kernellab's GPU tests, into .whl/
-# (git-ignored). tools/gpu-test.sh installs them there with
+# (git-ignored). tools/gpu/run.py installs them there with
 #   pip install --no-index --no-deps --target /tmp/site .whl/*.whl  and  PYTHONPATH=/tmp/site
 # so they come ahead of the machine's own packages.
 #

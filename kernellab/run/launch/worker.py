@@ -912,7 +912,7 @@ def _diagnose(kernel: KernelImage, job: KernelJob, args) -> tuple[object, str]:
 
 
 def run_job_isolated(job: KernelJob, *, timeout_s: float | None = None, pool: WorkerPool | None = None) -> JobResult:
-    """Run a prepared job in a worker and return its JobResult as is (no checks, no copy-back)."""
+    """Runs a prepared job in a worker and return its JobResult as is (no checks, no copy-back)."""
     pool = pool or default_pool(job.device)
     return pool.run(job, timeout_s)[0]
 

@@ -1181,7 +1181,7 @@ def _probe(executor) -> Where:
     try:
         return executor.submit(where).result()
     except Exception as exc:
-        raise AutotuneError(f"the executor could not run a probe task ({type(exc).__name__}: {exc}); is kernellab "
+        raise AutotuneError(f"the executor could not run its probe task ({type(exc).__name__}: {exc}); is kernellab "
                             f"importable on its workers?") from None
 
 

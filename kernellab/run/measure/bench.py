@@ -49,8 +49,8 @@ _MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
 _SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
 _SLEEP_MIN_MS = 5.0        # the shortest: a first call that takes longer on the CPU is taken to wait for the GPU
 # Burst mode (the default) keeps a power-hungry kernel below the GPU's power cap: at most _BATCH_GPU_MS of GPU work
-# behind one spin, and the GPU busy at most _DUTY of the time. Measured on an H200 (tools/gpu/diag_first_run.py,
-# docs/RESULTS.md), a bf16 8192^3 matmul: with batches as long as the CPU could queue (up to 200 calls) the medians
+# behind one spin, and the GPU busy at most _DUTY of the time. Measured on an H200 (2026-11-22), a
+# bf16 8192^3 matmul: with batches as long as the CPU could queue (up to 200 calls) the medians
 # of six benches spread 0.5-1 % and one in five was 3 % slow after a power transient; with 5 ms and 50 % they spread
 # 0.03-0.07 %, at 1.5x the wall time.
 _BATCH_GPU_MS = 5.0

@@ -1,4 +1,4 @@
-"""Shared-memory traces without a GPU: run a Numba kernel in the CUDA simulator and model its bank conflicts.
+"""Shared-memory traces without a GPU: runs a Numba kernel in the CUDA simulator and model its bank conflicts.
 
 `trace_shared(kernel, grid, block, *args)` runs `kernel` (a `@cuda.jit` kernel, real or simulated, or its Python
 function) in Numba's CUDA simulator with every `cuda.shared.array` replaced by a recording array. Each element a thread

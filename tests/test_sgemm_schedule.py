@@ -1,13 +1,13 @@
-"""Session 7's SGEMM candidates (tools/gpu/sgemm_variants, issue 13) and the static schedule reader beside them
+"""Tutorial 05's step 8 (sgemm_cp, the cp.async pipeline) and the static schedule reader beside it
 (tools/gpu/sass_schedule.py), without a GPU.
 
 The control-field decoder is checked on encodings built by hand and on a known loop (the notebook's step 7: its FFMAs
 issue one a cycle, its LDS.128 set the scoreboards those FFMAs wait on); the bank model on hand-written instructions.
-Each candidate compiles for sm_90 with no spills or local memory, its main loop holds the instructions it is about
-(LDGSTS for the cp.async ones), and in the CPU emulator (tests/emu/ptx_emu.h) it computes A B on awkward shapes
-against float64; two mutations (a missing cp.async wait, a wrong stage index) are caught. tools/gpu/try_sgemm.py
---only s7 times them on a GPU.
+Step 8 compiles for sm_90 with no spills or local memory in each of its configurations, its main loop holds LDGSTS and
+no register-staged copies, and in the CPU emulator (tests/emu/ptx_emu.h) it computes A B on awkward shapes against
+float64; three mutations (a missing cp.async wait, a wrong stage index, a refill before the barrier) are caught.
 """
+import re
 import sys
 from pathlib import Path
 
@@ -18,13 +18,44 @@ from emu.ptx_emu import EmulationError, emulate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 import sass_schedule as S  # noqa: E402
-import try_sgemm  # noqa: E402
+from notebook_cells import cuda_cells_with_flags  # noqa: E402
 
-CP3 = try_sgemm.notebook_source("sgemm_cp")     # the candidate "cp3", now tutorial 05's step 8 (BK 16, 4 stages)
-LEAN = (ROOT / "tools" / "gpu" / "sgemm_variants" / "lean.cu").read_text()
-LEAN_CONFIGS = [{"BK": 16, "WM": 64, "WN": 32}, {"BN": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1},
-                {"BM": 256, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}]
+
+def notebook_source(kernel: str = "sgemm_warptile") -> str:
+    """The %%cuda cell of notebooks/05-matmul.py that defines `kernel` (step 7's by default)."""
+    return next(body for _, body in cuda_cells_with_flags("05-matmul.py") if f"{kernel}(" in body)
+
+
+def setting(src: str, d: dict, name: str) -> int:
+    """A -D option, else the source's `#define name <int>` default."""
+    return d.get(name, int(re.search(rf"#define {name} (\d+)", src).group(1)))
+
+
+def compile_variant(src: str, d: dict):
+    import kernellab
+
+    name = "sgemm_cp" if "sgemm_cp(" in src else "sgemm_warptile"
+    return kernellab.compile_cuda(src, arch="sm_90", options=tuple(f"-D{k}={v}" for k, v in d.items()),
+                                  filename="sgemm_warptile.cu")[name]
+
+
+def block_tile(src: str, d: dict) -> tuple[int, int, int]:
+    """(BM, BN, threads): one warp per WM x WN warp tile."""
+    bm, bn = setting(src, d, "BM"), setting(src, d, "BN")
+    return bm, bn, (bm // setting(src, d, "WM")) * (bn // setting(src, d, "WN")) * 32
+
+
+def smem_bytes(src: str, d: dict) -> int:
+    """Dynamic shared memory at launch: the stages when they are over the 48 KiB static limit (under it they are
+    static)."""
+    total = setting(src, d, "STAGES") * (setting(src, d, "BK") * (setting(src, d, "BM") + 4)
+                                         + setting(src, d, "BK") * setting(src, d, "BN")) * 4
+    return total if total > 48 * 1024 else 0
+
+
+STEP8 = notebook_source("sgemm_cp")     # tutorial 05's step 8 (BK 16, 4 stages)
 
 
 def control_word(stall=1, yield_bit=0, wbar=7, rbar=7, wait=0, reuse=0, low_bits=0x1234):
@@ -69,8 +100,8 @@ def test_bank_model():
 @pytest.fixture(scope="module")
 def head_schedule():
     """The notebook's step 7 (sgemm_warptile) at its default: a loop whose schedule is known."""
-    src = try_sgemm.notebook_source()
-    k = try_sgemm.compile_variant(src, {"BK": 16, "WM": 64, "WN": 32})
+    src = notebook_source()
+    k = compile_variant(src, {"BK": 16, "WM": 64, "WN": 32})
     return S.main_loop(S.parse(k.sass))
 
 
@@ -92,15 +123,15 @@ def test_known_loop_decodes_as_expected(head_schedule):
     assert 0.15 < sched.reuse_hit_fraction < 0.5                   # the a operand reused across 4 columns
 
 
-# --- the candidates: compile ----------------------------------------------------------------------------------------
+# --- step 8: compile ----------------------------------------------------------------------------------------
 
-CP3_CONFIGS = [{"BK": 8, "STAGES": 3}, {"BK": 8, "STAGES": 4}, {"BK": 16, "STAGES": 3},
-               {"BM": 256, "BN": 128, "BK": 8, "STAGES": 3}, {}]
+STEP8_CONFIGS = [{"BK": 8, "STAGES": 3}, {"BK": 8, "STAGES": 4}, {"BK": 16, "STAGES": 3},
+                 {"BM": 256, "BN": 128, "BK": 8, "STAGES": 3}, {}]
 
 
-@pytest.mark.parametrize("d", CP3_CONFIGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "default")
-def test_cp3_compiles_lean(d):
-    k = try_sgemm.compile_variant(CP3, d)
+@pytest.mark.parametrize("d", STEP8_CONFIGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "default")
+def test_step8_compiles_lean(d):
+    k = compile_variant(STEP8, d)
     r = k.resources
     assert r.spill_store_bytes == r.spill_load_bytes == 0 and r.local_bytes == 0
     assert "LDL" not in k.sass and "STL" not in k.sass
@@ -113,41 +144,26 @@ def test_cp3_compiles_lean(d):
     assert sched.instructions < 1.15 * sched.ffma                 # FFMA share over 87 %
 
 
-@pytest.mark.parametrize("d", LEAN_CONFIGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
-def test_lean_compiles_lean(d):
-    k = try_sgemm.compile_variant(LEAN, d)
-    r = k.resources
-    assert r.spill_store_bytes == r.spill_load_bytes == 0 and r.local_bytes == 0
-    sched = S.loop_schedule(k.sass)
-    lane = (d["WM"] // 4) * (d["WN"] // 8)
-    assert sched.ffma == lane * d["BK"]
-    assert sched.mix.get("LDG.128", 0) >= 2                       # A's and B's slices by float4
-    assert not [m for m in sched.mix if m.startswith("LDG") and m != "LDG.128"], sched.mix   # no scalar fallback
-    assert sched.instructions < 1.2 * sched.ffma
+def test_step8_launch_settings():
+    assert block_tile(STEP8, {}) == (128, 256, 256)
+    assert block_tile(STEP8, {"BM": 256, "BN": 128}) == (256, 128, 256)
+    assert smem_bytes(STEP8, {"BK": 8, "STAGES": 3}) == 0   # 37,248 B: static
+    assert smem_bytes(STEP8, {"BK": 8, "STAGES": 4}) == 4 * 8 * (132 + 256) * 4
+    assert smem_bytes(STEP8, {"BK": 16, "STAGES": 3}) == 3 * 16 * (132 + 256) * 4
+    assert smem_bytes(STEP8, {}) == 4 * 16 * (132 + 256) * 4   # step 8's defaults
 
 
-def test_cp3_launch_settings():
-    assert try_sgemm.block_tile(CP3, {}) == (128, 256, 256)
-    assert try_sgemm.block_tile(CP3, {"BM": 256, "BN": 128}) == (256, 128, 256)
-    assert try_sgemm.smem_bytes(CP3, {"BK": 8, "STAGES": 3}) == 0   # 37,248 B: static
-    assert try_sgemm.smem_bytes(CP3, {"BK": 8, "STAGES": 4}) == 4 * 8 * (132 + 256) * 4
-    assert try_sgemm.smem_bytes(CP3, {"BK": 16, "STAGES": 3}) == 3 * 16 * (132 + 256) * 4
-    assert try_sgemm.smem_bytes(CP3, {}) == 4 * 16 * (132 + 256) * 4   # step 8's defaults
-    labels = [label for label, _, _ in try_sgemm.variants() if label.startswith("s7")]
-    assert len(labels) >= 5 and len(set(labels)) == len(labels)
-
-
-# --- the candidates: exact on awkward shapes in the emulator --------------------------------------------------------
+# --- step 8: exact on awkward shapes in the emulator --------------------------------------------------------
 
 def run_emulated(src, M, N, K, d=None, seed=0):
     d = d or {}
-    bm, bn, threads = try_sgemm.block_tile(src, d)
+    bm, bn, threads = block_tile(src, d)
     rng = np.random.default_rng(seed)
     A = rng.standard_normal((M, K)).astype(np.float32)
     B = rng.standard_normal((K, N)).astype(np.float32)
     C = np.full((M, N), np.nan, np.float32)
-    emulate(src, try_sgemm.kernel_name(src), ((N + bn - 1) // bn, (M + bm - 1) // bm), threads, [A, B, C, M, N, K],
-            try_sgemm.smem_bytes(src, d), defines=d)
+    emulate(src, "sgemm_cp", ((N + bn - 1) // bn, (M + bm - 1) // bm), threads, [A, B, C, M, N, K],
+            smem_bytes(src, d), defines=d)
     ref = A.astype(np.float64) @ B.astype(np.float64)
     scale = np.abs(A).astype(np.float64) @ np.abs(B).astype(np.float64)   # |A||B|: fp32 error grows with it
     return C, ref, scale
@@ -164,33 +180,21 @@ SLOW = [(300, 260, 72), (129, 257, 17), (1, 1, 1)]
 
 
 @pytest.mark.parametrize("shape", FAST, ids=lambda s: "x".join(map(str, s)))
-def test_cp3_product(shape):
-    assert_product(*run_emulated(CP3, *shape))
+def test_step8_product(shape):
+    assert_product(*run_emulated(STEP8, *shape))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("d", [d for d in CP3_CONFIGS if d], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("d", [d for d in STEP8_CONFIGS if d], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
 @pytest.mark.parametrize("shape", SLOW[:2], ids=lambda s: "x".join(map(str, s)))
-def test_cp3_product_configs(shape, d):
-    assert_product(*run_emulated(CP3, *shape, d))
+def test_step8_product_configs(shape, d):
+    assert_product(*run_emulated(STEP8, *shape, d))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", SLOW, ids=lambda s: "x".join(map(str, s)))
-def test_cp3_product_more_shapes(shape):
-    assert_product(*run_emulated(CP3, *shape))
-
-
-@pytest.mark.parametrize("shape", [(257, 132, 36), (130, 70, 33)], ids=["vec", "scalar"])
-def test_lean_product(shape):
-    assert_product(*run_emulated(LEAN, *shape, LEAN_CONFIGS[0]))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("d", LEAN_CONFIGS[1:], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
-@pytest.mark.parametrize("shape", [(300, 260, 72), (5, 8, 4), (129, 257, 17)], ids=lambda s: "x".join(map(str, s)))
-def test_lean_product_configs(shape, d):
-    assert_product(*run_emulated(LEAN, *shape, d))
+def test_step8_product_more_shapes(shape):
+    assert_product(*run_emulated(STEP8, *shape))
 
 
 MUTATIONS = {
@@ -202,10 +206,10 @@ MUTATIONS = {
 
 
 @pytest.mark.parametrize("name", MUTATIONS)
-def test_cp3_mutations_caught(name):
+def test_step8_mutations_caught(name):
     old, new = MUTATIONS[name]
-    assert CP3.count(old) == 1
-    src = CP3.replace(old, new)
+    assert STEP8.count(old) == 1
+    src = STEP8.replace(old, new)
     try:
         C, ref, scale = run_emulated(src, 257, 132, 72)
     except EmulationError:

@@ -1,0 +1,114 @@
+"""tools/gpu/run.py, the one GPU runner, without a GPU: every file its suites name exists, every GPU test file belongs
+to exactly one test suite (a new one that is in none fails here, not silently on the GPU machine), arguments parse
+as documented, and the summary reads pytest's counts."""
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def runner():
+    spec = importlib.util.spec_from_file_location("gpu_runner", ROOT / "tools" / "gpu" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_runner"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_file_a_suite_names_exists(runner):
+    named = {name: suite.paths() for name, suite in runner.SUITES.items()}
+    assert all(named[s] for s in named if s != "probe"), "a suite that names no file"
+    missing = [f"{name}: {p}" for name, paths in named.items() for p in paths if not (ROOT / p).is_file()]
+    assert not missing, f"suites name files that do not exist: {missing}"
+
+
+def gpu_test_files() -> set[str]:
+    """Test files holding a `gpu` mark, wherever they are under tests/."""
+    found = set()
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        if re.search(r"pytest\.mark\.gpu\b|pytestmark\s*=.*\bgpu\b", path.read_text()):
+            found.add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_gpu_test_file_is_in_exactly_one_test_suite(runner):
+    owners: dict[str, list[str]] = {}
+    for name, suite in runner.SUITES.items():
+        for path in suite.tests:
+            owners.setdefault(path, []).append(name)
+    gpu_files = gpu_test_files()
+    assert len(gpu_files) >= 15, "the search for GPU test files found too few to be right"
+    unowned = sorted(gpu_files - set(owners))
+    assert not unowned, f"GPU test files in no suite of tools/gpu/run.py (add each to one tests-* suite): {unowned}"
+    twice = {p: o for p, o in owners.items() if len(o) > 1}
+    assert not twice, f"GPU test files in more than one suite: {twice}"
+    assert set(runner.GROUPS["tests"]) == {n for n, s in runner.SUITES.items() if s.tests}
+
+
+def test_arguments_follow_their_suite(runner):
+    plan = runner.parse_args(["tests", "notebooks", "04", "07-fused-attention", "bench-matmul", "--only", "sgemm"])
+    assert plan == [("tests-launch", []), ("tests-measure", []), ("tests-sim", []), ("tests-tutorials", []),
+                    ("notebooks", ["04", "07-fused-attention"]), ("bench-matmul", ["--only", "sgemm"])]
+    with pytest.raises(SystemExit, match="unknown suite 'nope'"):
+        runner.parse_args(["nope"])
+    with pytest.raises(SystemExit, match="unknown suite '--rounds'"):
+        runner.parse_args(["launch-overhead", "--rounds", "3"])        # launch-overhead takes no arguments
+    with pytest.raises(SystemExit, match="name at least one suite"):
+        runner.parse_args([])
+
+
+def test_commands_of_a_plan(runner, tmp_path):
+    (nb,) = runner.commands("notebooks", ["04"], tmp_path)
+    assert nb[1:] == ["tools/gpu/run_notebooks.py", str(tmp_path / "notebooks"), "notebooks/04-layernorm.py"]
+    every = runner.commands("notebooks", [], tmp_path)[0][3:]
+    assert every == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("[0-9]*.py"))
+    with pytest.raises(SystemExit, match="'9' names 0 tutorials"):
+        runner.commands("notebooks", ["9"], tmp_path)
+    (bench,) = runner.commands("bench-memory", ["--ops", "softmax"], tmp_path)
+    assert bench[-4:] == ["--out", str(tmp_path / "bench-memory"), "--ops", "softmax"]
+    (tests,) = runner.commands("tests-sim", [], tmp_path)
+    assert tests[:3] == ["python3", "-m", "pytest"] and "-m" in tests and "gpu" in tests
+    assert "tests/gpu/test_racecheck_gpu.py" in tests
+
+
+def test_outcome_reads_pytest_counts_and_exit_statuses(runner):
+    assert runner.outcome("tests-sim", "...\n12 passed, 1 failed, 2 skipped in 30.1s\n", [1]) == \
+        "12 passed, 1 failed, 2 skipped"
+    assert runner.outcome("tests-sim", "partial output", [124]) == "TIMEOUT"
+    assert runner.outcome("bench-matmul", "table", [0]) == "ok"
+    assert runner.outcome("launch-overhead", "", [0, 2]) == "FAILED (rc 0, 2)"
+
+
+def test_a_suite_runs_logs_and_summarises(runner, tmp_path, monkeypatch, capsys):
+    """A stand-in suite (a Python one-liner) goes through the real loop: its log, its line, the table, the status."""
+    monkeypatch.setitem(runner.SUITES, "fake", runner.Suite("stand-in", 30, commands=(
+        (sys.executable, "-c", "print('3 passed in 0.1s')"),)))
+    monkeypatch.setitem(runner.SUITES, "fake-fail", runner.Suite("stand-in", 30, commands=(
+        (sys.executable, "-c", "import sys; sys.exit(3)"),)))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(runner, "ROOT", tmp_path)                  # no .whl/ there: nothing installed
+    assert runner.main(["fake"]) == 0
+    assert "3 passed" in (tmp_path / "fake.log").read_text()
+    assert runner.main(["fake", "fake-fail"]) == 1
+    table = capsys.readouterr().out.split("suite")[-1]
+    assert re.search(r"fake\s+\d+\s+ok", table) and re.search(r"fake-fail\s+\d+\s+FAILED \(rc 3\)", table)
+
+
+def test_commands_in_the_docs_name_real_suites(runner):
+    """Every `tools/gpu/run.py SUITE ...` quoted in README.md, docs/ and benchmarks/ parses: a renamed suite cannot
+    leave a document pointing at nothing."""
+    quoted = []
+    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").glob("*.md")]:
+        quoted += [(doc.name, m) for m in re.findall(r"`python3 tools/gpu/run\.py ([^`]+)`", doc.read_text())]
+    assert len(quoted) >= 10, quoted
+    for doc, words in quoted:
+        words = [w for w in words.split() if w not in ("SUITE", "[SUITE", "...]", "...")]
+        if words and not words[0].startswith("-"):
+            for name, args in runner.parse_args(words):
+                if name == "notebooks":
+                    runner.notebook_paths(args)

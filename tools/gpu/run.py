@@ -1,0 +1,254 @@
+"""The one GPU runner: named suites of GPU tests, notebooks and benchmarks, with logs under $OUT and a summary table.
+
+    python3 tools/gpu/run.py SUITE [SUITE ...]       # on the GPU machine, from anywhere in the repository
+    python3 tools/gpu/run.py notebooks 04 07         # a suite's arguments follow it (here: which tutorials)
+    python3 tools/gpu/run.py bench-matmul --only sgemm    # (a benchmark's: passed to its script)
+    python3 tools/gpu/run.py --list                  # the suites, what each runs, its time limit
+    python3 tools/gpu/run.py --dry-run SUITE ...     # the commands it would run
+
+It uses the machine's own python3 (torch, CuPy, numba-cuda), first installing the wheels carried in .whl/
+(tools/gpu/wheels.sh fetches them: IPython, Jupyter's kernel, Dask, ...) into /tmp/site, ahead on PYTHONPATH. Each
+suite runs under its time limit (each fits one 10-minute call on its own) with its output in $OUT/<suite>.log (OUT
+defaults to ./gpu-out), artifacts in $OUT/<suite>/ (KERNELLAB_ARTIFACTS, executed notebooks, benchmark tables). The
+last thing printed is one line per suite: its seconds and passed/failed. The exit status is 0 only if every suite
+passed. `make gpu-test` runs the four test suites.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = Path("/tmp/site")
+
+
+@dataclass(frozen=True)
+class Suite:
+    """What one named suite runs: pytest over `tests` (with `-m gpu`), or the commands in `commands` (each an argv
+    from the repository root; "{out}" becomes the suite's artifact folder), under `limit_s` seconds in all."""
+    about: str
+    limit_s: int
+    tests: tuple[str, ...] = ()
+    commands: tuple[tuple[str, ...], ...] = ()
+    takes_args: bool = False
+    needs_kernel: bool = False              # a Jupyter kernel spec (notebooks, the fault suite)
+    env: dict = field(default_factory=dict)
+
+    def paths(self) -> list[str]:
+        """Every file in the repository this suite names (test files and scripts), for the check that none rots."""
+        named = list(self.tests)
+        for argv in self.commands:
+            named += [a for a in argv if a.endswith((".py", ".sh")) and "/" in a]
+        return named
+
+
+PY = "python3"
+GPU_TESTS = "tests/gpu/"
+
+SUITES: dict[str, Suite] = {
+    "tests-launch": Suite(
+        "launching: kernels from CuPy/torch arguments, the launch fast path, TMA descriptors, Numba kernels, faults "
+        "isolated in workers, occupancy against the driver, source lines of SASS, kernels as torch ops", 570,
+        tests=tuple(GPU_TESTS + f for f in (
+            "test_launch_gpu.py", "test_launch_path_gpu.py", "test_tma_gpu.py", "test_numba_gpu.py",
+            "test_faults_gpu.py", "test_occupancy_gpu.py", "test_source_view_gpu.py", "test_ops_gpu.py")),
+        needs_kernel=True),
+    "tests-measure": Suite(
+        "measuring: bench against triton's do_bench, check, autotune (one GPU and Dask), Nsight Compute and "
+        "compute-sanitizer wrappers, bank conflicts against ncu", 570,
+        tests=tuple(GPU_TESTS + f for f in (
+            "test_bench_gpu.py", "test_check_gpu.py", "test_autotune_gpu.py", "test_tools_gpu.py",
+            "test_ncu_banks_gpu.py"))),
+    "tests-sim": Suite(
+        "the simulator against the hardware: racecheck's corpus, the exercise graders (hardware, compute-sanitizer "
+        "and the simulator's checks side by side)", 570,
+        tests=tuple(GPU_TESTS + f for f in (
+            "test_racecheck_gpu.py", "test_exercises_gpu.py", "test_exercises07_gpu.py"))),
+    "tests-tutorials": Suite(
+        "the tutorials' kernels on awkward shapes: row kernels (03/04), matmul ladders (05/06), attention (07); "
+        "a notebook run stamped with the GPU for its recorded outputs", 570,
+        tests=tuple(GPU_TESTS + f for f in (
+            "test_memory_bound_gpu.py", "test_matmul_gpu.py", "test_attention_gpu.py",
+            "test_attention_steps_gpu.py", "test_recorded_gpu.py")), needs_kernel=True),
+    "notebooks": Suite(
+        "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
+        commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),
+    "bench-attention": Suite(
+        "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
+        commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),
+    "bench-matmul": Suite(
+        "benchmarks/matmul.py: tutorials 05/06's ladders against cuBLAS (every family)", 400,
+        commands=((PY, "benchmarks/matmul.py"),), takes_args=True),
+    "bench-memory": Suite(
+        "benchmarks/memory_bound.py: tutorials 03/04's row kernels against PyTorch, torch.compile and the copy", 500,
+        commands=((PY, "benchmarks/memory_bound.py", "--no-ladders", "--out", "{out}"),), takes_args=True),
+    "launch-overhead": Suite(
+        "benchmarks/launch_overhead.py: host cost per launch by path, its breakdown by stage, registered ops", 180,
+        commands=((PY, "benchmarks/launch_overhead.py", "--launches", "1000", "--rounds", "11"),
+                  (PY, "benchmarks/launch_overhead.py", "--breakdown", "--launches", "1000", "--rounds", "11"),
+                  (PY, "benchmarks/launch_overhead.py", "--ops", "--launches", "500", "--rounds", "5"))),
+    "bench-validate": Suite(
+        "benchmarks/validate_bench.py: kernellab.bench against triton's do_bench and Nsight Compute, burst and "
+        "sustained", 580,
+        commands=((PY, "benchmarks/validate_bench.py", "--workloads", "matmul,copy", "--modes", "burst,sustained"),),
+        takes_args=True),
+    "worker-overhead": Suite(
+        "benchmarks/worker_overhead.py: a launch in the isolated worker against one in process, by argument path", 300,
+        commands=((PY, "benchmarks/worker_overhead.py", "--budget", "30"),), takes_args=True),
+    "autotune-multigpu": Suite(
+        "benchmarks/autotune_multigpu.py: one SGEMM sweep on one GPU and over every GPU (needs Dask: DASK=1 "
+        "tools/gpu/wheels.sh)", 500,
+        commands=((PY, "benchmarks/autotune_multigpu.py"),), takes_args=True),
+    "probe": Suite(
+        "what the machine has: GPUs, driver, Python packages, CUDA tools", 60,
+        commands=(("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"),
+                  (PY, "-c", "import sys, numpy, torch, cupy; print(sys.version.split()[0], 'numpy', numpy.__version__,"
+                   " 'torch', torch.__version__, 'cupy', cupy.__version__)"),
+                  ("bash", "-c", "for t in nvcc ptxas cuobjdump nvdisasm ncu compute-sanitizer; do "
+                   "printf '%s: %s\\n' $t \"$(command -v $t || echo missing)\"; done"))),
+}
+GROUPS = {"tests": [s for s in SUITES if s.startswith("tests-")]}     # `make gpu-test`
+
+
+def notebook_paths(names: list[str]) -> list[str]:
+    """notebooks/NN-*.py for each name ("04", "04-layernorm", "notebooks/04-layernorm.py"); all of them for none."""
+    every = sorted(glob.glob("notebooks/[0-9]*.py", root_dir=ROOT))
+    if not names:
+        return every
+    picked = []
+    for name in names:
+        stem = Path(name).stem
+        hits = [p for p in every if Path(p).stem == stem or Path(p).stem.startswith(stem + "-")]
+        if len(hits) != 1:
+            raise SystemExit(f"notebooks: {name!r} names {len(hits)} tutorials; expected one of "
+                             f"{', '.join(Path(p).stem for p in every)}")
+        picked += hits
+    return picked
+
+
+def parse_args(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """[(suite, its arguments)] from `SUITE [ARG ...] SUITE ...`; a group name ("tests") stands for its suites."""
+    plan: list[tuple[str, list[str]]] = []
+    for word in argv:
+        if word in GROUPS:
+            plan += [(s, []) for s in GROUPS[word]]
+        elif word in SUITES:
+            plan.append((word, []))
+        elif plan and SUITES[plan[-1][0]].takes_args:
+            plan[-1][1].append(word)
+        else:
+            raise SystemExit(f"unknown suite {word!r}; the suites: {', '.join(list(SUITES) + list(GROUPS))} "
+                             "(--list says what each runs)")
+    if not plan:
+        raise SystemExit("name at least one suite (--list shows them)")
+    return plan
+
+
+def commands(name: str, args: list[str], out: Path) -> list[list[str]]:
+    """The argv of each command a suite runs."""
+    suite = SUITES[name]
+    if suite.tests:
+        extra = os.environ.get("PYTEST_ARGS", "").split()
+        return [[PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short",
+                 *suite.tests, *extra]]
+    cmds = [[a.replace("{out}", str(out / name)) for a in argv] for argv in suite.commands]
+    if name == "notebooks":
+        cmds[0] += notebook_paths(args)
+    elif args:
+        cmds[-1] += args
+    return cmds
+
+
+def outcome(name: str, log: str, rcs: list[int]) -> str:
+    """"12 passed, 1 failed" from pytest's last line, else "ok" / "FAILED (rc ...)"; "TIMEOUT" past the limit."""
+    if any(rc == 124 for rc in rcs):
+        return "TIMEOUT"
+    if SUITES[name].tests:
+        counts = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", log))
+        if counts:
+            return ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "error", "errors", "skipped")
+                             if k in counts)
+    return "ok" if all(rc == 0 for rc in rcs) else f"FAILED (rc {', '.join(map(str, rcs))})"
+
+
+def environment(out: Path) -> dict:
+    """PYTHONPATH with the carried wheels (installed once) ahead of the repository, Agg plots, unbuffered output."""
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
+    paths = [str(ROOT)]
+    wheels = sorted(glob.glob(str(ROOT / ".whl" / "*.whl")))
+    if wheels:
+        subprocess.run([PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+                        "--upgrade", "--target", str(SITE), *wheels], check=False)
+        paths.insert(0, str(SITE))
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return env
+
+
+def run_suite(name: str, args: list[str], out: Path, env: dict) -> tuple[float, str]:
+    """Run one suite's commands in turn under its time limit; (seconds, outcome)."""
+    suite = SUITES[name]
+    (out / name).mkdir(parents=True, exist_ok=True)
+    env = dict(env, KERNELLAB_ARTIFACTS=str(out / name), OUT=str(out / name), **suite.env)
+    if suite.needs_kernel:
+        subprocess.run([PY, "-m", "ipykernel", "install", "--user", "--name", "python3"], env=env,
+                       capture_output=True, check=False)
+    t0, rcs, text = time.monotonic(), [], ""
+    with open(out / f"{name}.log", "w") as log:
+        for argv in commands(name, args, out):
+            left = suite.limit_s - (time.monotonic() - t0)
+            log.write(f"$ {' '.join(argv)}\n")
+            log.flush()
+            try:
+                p = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, timeout=max(left, 1))
+                rcs.append(p.returncode)
+                text += p.stdout
+                log.write(p.stdout)
+            except subprocess.TimeoutExpired as exc:
+                rcs.append(124)
+                partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+                log.write(partial + f"\n[stopped at the suite's limit of {suite.limit_s} s]\n")
+                break
+    seconds = time.monotonic() - t0
+    print(f"{name}: {seconds:.0f} s, {outcome(name, text, rcs)} (log: {out / name}.log)", flush=True)
+    return seconds, outcome(name, text, rcs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if argv[0] == "--list":
+        for name, s in SUITES.items():
+            print(f"{name:18s} {s.limit_s:4d} s  {s.about}")
+        for name, members in GROUPS.items():
+            print(f"{name:18s}         {' + '.join(members)}")
+        return 0
+    dry_run = argv[0] == "--dry-run"                # print the commands each suite would run
+    plan = parse_args(argv[1:] if dry_run else argv)
+    out = Path(os.environ.get("OUT") or ROOT / "gpu-out").resolve()
+    if dry_run:
+        for name, args in plan:
+            for argv in commands(name, args, out):
+                print(f"{name}: {' '.join(argv)}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(out)
+    rows = [(name, *run_suite(name, args, out, env)) for name, args in plan]
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'suite':{width}s}  seconds  result")
+    for name, seconds, result in rows:
+        print(f"{name:{width}s}  {seconds:7.0f}  {result}")
+    ok = all(r[2] == "ok" or (re.match(r"\d+ passed", r[2]) and not re.search(r"failed|error", r[2])) for r in rows)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
