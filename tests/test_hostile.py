@@ -1,0 +1,309 @@
+"""Hostile submissions against kernellab.check on the CPU: each attack of docs/GRADING.md's threat model is rejected
+with a finding that names it, and honest candidates beside them still pass."""
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kernellab.run.measure.check import check  # noqa: E402
+from kernellab.run.measure.integrity import ATTACKS, IntegrityFinding, output_problems, redraw  # noqa: E402
+
+N = 1001
+
+
+def two_vectors(g):
+    return torch.randn(N, generator=g), torch.randn(N, generator=g)
+
+
+def rejected(report, kind):
+    """The report failed and its findings name `kind` (a known attack)."""
+    assert kind in ATTACKS
+    assert not report.passed, str(report)
+    assert report.finding == kind, str(report)
+    assert kind in str(report) and report.to_json()["finding"] == kind
+    return report
+
+
+# --- 1. stale memory -------------------------------------------------------------------------------------------------
+
+
+class FreedBlock:
+    """What torch's caching allocator does on a GPU, in miniature: the block a computation freed is the next
+    `torch.empty` of its size, contents and all."""
+
+    last = None
+
+    @classmethod
+    def empty_like(cls, x):
+        return cls.last.clone() if cls.last is not None and cls.last.shape == x.shape else torch.empty_like(x)
+
+
+def test_stale_memory_from_the_reference_is_named_when_the_candidate_runs_first():
+    FreedBlock.last = None
+
+    def reference(x, y):
+        out = x + y
+        if out.dtype == torch.float32:   # (not its float64 run, which lives elsewhere)
+            FreedBlock.last = out        # freed by the caller; its memory still holds the answer
+        return out
+
+    def writes_nothing(x, y):
+        return FreedBlock.empty_like(x)   # "torch.empty": the kernel never writes it
+
+    r = rejected(check(writes_nothing, reference, two_vectors, fill_free_memory=False), "stale_output")
+    assert r.failing_trial == 1          # trial 0 ran reference-then-candidate and was fooled; trial 1 was not
+
+
+def test_the_free_memory_fill_is_recognised_in_an_output():
+    def unwritten(x, y):
+        out = torch.empty_like(x)
+        out.view(torch.int32).fill_(-1)   # what fill_free_memory leaves in a block: every byte 0xFF
+        out[:10] = x[:10] + y[:10]
+        return out
+
+    r = rejected(check(unwritten, torch.add, two_vectors), "stale_output")
+    assert "991" in r.findings[0].message
+
+
+# --- 2. input mutation ----------------------------------------------------------------------------------------------
+
+
+def test_zeroing_an_input_is_named():
+    def zeroes_its_input(x, y):
+        out = x * y
+        x.zero_()                         # so that a reference run after it on the same memory agrees
+        return out
+
+    r = rejected(check(zeroes_its_input, torch.mul, two_vectors), "input_mutated")
+    assert r.mutated_inputs == ("argument 0",)
+
+
+def test_declared_outputs_and_in_place_ops_are_not_mutation():
+    assert check(lambda x: x.mul_(2), lambda x: x * 2, lambda g: (torch.randn(N, generator=g),)).passed
+
+    def launch(x, y, out):
+        torch.add(x, y, out=out)
+
+    inputs = lambda g: (*two_vectors(g), torch.empty(N))  # noqa: E731
+    assert check(launch, lambda x, y, out: x + y, inputs, outputs=(2,)).passed
+
+
+# --- 3. background threads -------------------------------------------------------------------------------------------
+
+
+def test_work_left_on_a_background_thread_is_named():
+    started = []
+
+    def returns_before_the_work(x, y):
+        out = torch.zeros_like(x)
+        t = threading.Thread(target=lambda: (time.sleep(0.3), torch.add(x, y, out=out)), name="late-writer")
+        t.start()
+        started.append(t)
+        return out
+
+    r = rejected(check(returns_before_the_work, torch.add, two_vectors), "background_thread")
+    assert "late-writer" in r.findings[0].message
+    for t in started:
+        t.join()
+
+
+def test_a_thread_joined_before_returning_is_fine():
+    def joined(x, y):
+        out = torch.empty_like(x)
+        t = threading.Thread(target=torch.add, args=(x, y), kwargs={"out": out})
+        t.start()
+        t.join()
+        return out
+
+    assert check(joined, torch.add, two_vectors).passed
+
+
+# --- 4. lazy or fake outputs -----------------------------------------------------------------------------------------
+
+
+class LyingTensor(torch.Tensor):
+    """A subclass that answers every comparison with the reference's own values."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_a_tensor_subclass_is_a_fake_output():
+    r = rejected(check(lambda x, y: torch.Tensor._make_subclass(LyingTensor, x + y), torch.add, two_vectors),
+                 "fake_output")
+    assert "LyingTensor" in r.findings[0].message
+
+
+def test_a_view_of_an_input_is_a_fake_output():
+    inputs = lambda g: (torch.randn(31, 33, generator=g),)  # noqa: E731
+    r = rejected(check(lambda x: x.t(), lambda x: x.t().contiguous(), inputs), "fake_output")
+    assert "argument 0" in r.findings[0].message
+    assert check(lambda x: x.t().contiguous(), lambda x: x.t().contiguous(), inputs).passed
+
+
+def test_an_expanded_tensor_is_a_fake_output():
+    inputs = lambda g: (torch.randn(N, generator=g),)  # noqa: E731
+
+    def reference(x):
+        return torch.full_like(x, float(x.mean()))
+
+    r = rejected(check(lambda x: x.mean().reshape(1).expand(N), reference, inputs), "fake_output")
+    assert "expanded" in r.findings[0].message
+    assert check(lambda x: x.mean().reshape(1).expand(N).contiguous(), reference, inputs).passed
+
+
+def test_output_problems_accepts_plain_dense_layouts():
+    x = torch.randn(4, 6)
+    assert output_problems((torch.randn(6, 4).t(), torch.randn(3, 1, 5)), (x,)) == []
+    assert output_problems((x[:, ::2],), ()) != []          # gapped strides
+
+
+# --- 5. caching and replay -------------------------------------------------------------------------------------------
+
+
+def test_a_result_cached_by_shape_is_named():
+    cache = {}
+
+    def cached(x, y):
+        key = tuple(x.shape)
+        if key not in cache:
+            cache[key] = x + y
+        return cache[key].clone()
+
+    rejected(check(cached, torch.add, two_vectors), "cached_result")
+
+
+def test_a_result_cached_by_pointer_is_named():
+    cache = {}
+
+    def by_pointer(x, y):
+        # Every trial's copy lands on recycled memory in a long run: key on the size as a pointer stand-in.
+        key = (x.numel(), x.dtype)
+        if key not in cache:
+            cache[key] = (x + y).clone()
+        return cache[key].clone()
+
+    rejected(check(by_pointer, torch.add, two_vectors, trials=3), "cached_result")
+
+
+# --- 8. answers that only fit the test data --------------------------------------------------------------------------
+
+
+def test_a_closed_form_that_fits_randn_is_named_in_strict_mode():
+    inputs = lambda g: (torch.randn(64, 4096, generator=g),)  # noqa: E731
+
+    def mean_square(x):
+        return (x * x).mean(dim=-1)
+
+    def closed_form(x):                   # E[x^2] = 1 for randn: right within 5 % on the given inputs
+        return torch.ones(x.shape[0])
+
+    loose = dict(rtol=0.05, atol=0.05)
+    assert check(closed_form, mean_square, inputs, **loose).passed        # the given distribution alone is fooled
+    r = rejected(check(closed_form, mean_square, inputs, strict=True, **loose), "fits_test_data")
+    assert r.distribution in ("uniform", "heavy_tailed", "offset") and "redraw" in r.reproduce
+    assert check(mean_square, mean_square, inputs, strict=True, allowed_ops=("mul", "mean")).passed
+
+
+def test_redraw_keeps_shapes_dtypes_and_skipped_arguments():
+    x, out, idx = torch.randn(5, 7), torch.empty(5, 7), torch.arange(5)
+    for dist in ("uniform", "heavy_tailed", "offset"):
+        a, o, i = redraw((x, out, idx), dist, 3, skip=(1,))
+        assert a.shape == x.shape and a.dtype == x.dtype and not torch.equal(a, x)
+        assert o is out and i is idx
+    assert redraw((x,), "given", 0)[0] is x
+    assert float(redraw((torch.randn(100_000),), "heavy_tailed", 0)[0].abs().max()) > 50
+
+
+# --- 9. lower precision ----------------------------------------------------------------------------------------------
+
+
+def fp16_add(x, y):
+    return (x.half() + y.half()).float()
+
+
+def test_fp16_arithmetic_for_an_fp32_task_is_named():
+    rejected(check(fp16_add, torch.add, two_vectors), "low_precision")                 # fails the fp32 tolerance
+    loose = check(fp16_add, torch.add, two_vectors, rtol=1e-2, atol=1e-2)               # a loose tolerance lets it
+    assert loose.passed
+    rejected(check(fp16_add, torch.add, two_vectors, rtol=1e-2, atol=1e-2, strict=True, allowed_ops=("add",)),
+             "low_precision")
+
+
+def test_fp32_with_another_summation_order_is_not_low_precision():
+    inputs = lambda g: (torch.randn(96, 2048, generator=g),)  # noqa: E731
+
+    def sequential_halves(x):             # a different order of the same fp32 sums
+        return x[:, 1::2].sum(-1) + x[:, ::2].flip(-1).sum(-1)
+
+    assert check(sequential_halves, lambda x: x.sum(-1), inputs, strict=True, allowed_ops=("sum",)).passed
+
+
+# --- 10. not a kernel at all -----------------------------------------------------------------------------------------
+
+
+def matrices(g):
+    return torch.randn(67, 45, generator=g), torch.randn(45, 33, generator=g)
+
+
+def test_calling_the_library_op_is_named_in_strict_mode():
+    rejected(check(lambda a, b: torch.matmul(a, b), torch.matmul, matrices, strict=True), "library_call")
+
+    def falls_back(a, b):
+        try:
+            raise RuntimeError("my kernel does not handle this shape")
+        except RuntimeError:
+            return a @ b
+
+    r = rejected(check(falls_back, torch.matmul, matrices, strict=True), "library_call")
+    assert "aten::mm" in r.findings[0].message
+
+
+def test_own_arithmetic_passes_and_allowed_ops_are_allowed():
+    def by_broadcast(a, b):
+        return (a[:, :, None] * b[None, :, :]).sum(1)
+
+    assert check(by_broadcast, torch.matmul, matrices, strict=True).passed
+    assert check(torch.matmul, torch.matmul, matrices, strict=True, allowed_ops=("aten::mm",)).passed
+    rejected(check(by_broadcast, torch.matmul, matrices, forbidden_ops=("mul",)), "library_call")
+
+
+# --- 11. reads of memory it never wrote -------------------------------------------------------------------------------
+
+
+def test_an_answer_that_depends_on_the_initial_memory_is_named_in_strict_mode():
+    def reads_its_output_first(x, y, out):
+        # Right only where `out` starts as NaN (the check's own fill): a kernel that reads before it writes.
+        out.copy_(torch.where(torch.isnan(out), x + y, out))
+
+    inputs = lambda g: (*two_vectors(g), torch.empty(N))  # noqa: E731
+    assert check(reads_its_output_first, lambda x, y, out: x + y, inputs, outputs=(2,)).passed
+    rejected(check(reads_its_output_first, lambda x, y, out: x + y, inputs, outputs=(2,), strict=True,
+                   allowed_ops=("add",)), "nondeterministic")
+
+
+# --- honest candidates ----------------------------------------------------------------------------------------------
+
+
+def numpy_add(x, y):
+    """A kernel stand-in: its arithmetic is no aten op."""
+    return torch.from_numpy(x.numpy() + y.numpy())
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_honest_candidates_pass_with_every_defence_on(strict):
+    assert check(numpy_add, torch.add, two_vectors, strict=strict).passed
+    assert check(lambda x, y: x + y, torch.add, two_vectors, strict=strict, allowed_ops=("add",)).passed
+    assert check(lambda a, b: (a[:, :, None] * b[None]).sum(1), torch.matmul, matrices, strict=strict).passed
+    rows = lambda g: (torch.randn(37, 129, generator=g),)  # noqa: E731
+    assert check(lambda x: torch.exp(x - x.amax(-1, keepdim=True)) / torch.exp(x - x.amax(-1, keepdim=True)).sum(
+        -1, keepdim=True), lambda x: torch.softmax(x, -1), rows, strict=strict).passed
+
+
+def test_findings_serialise():
+    f = IntegrityFinding("fake_output", "output 0 is a view")
+    assert f.to_json() == {"kind": "fake_output", "message": "output 0 is a view"}
+    assert str(f) == "fake_output: output 0 is a view"
