@@ -307,3 +307,194 @@ def test_findings_serialise():
     f = IntegrityFinding("fake_output", "output 0 is a view")
     assert f.to_json() == {"kind": "fake_output", "message": "output 0 is a view"}
     assert str(f) == "fake_output: output 0 is a view"
+
+
+# --- bench: the timing defences, on a fake clock ----------------------------------------------------------------------
+
+from kernellab.run.bench import bench  # noqa: E402
+
+
+class FakeClock:
+    """Each call's time is its output's first element (ms); `escaped_ms` models a device-synchronised probe: the
+    output's second element, where present, is work on another stream."""
+
+    device = "NVIDIA H200"
+    flush_bytes = 2 * 2**20
+    l2_bytes = 2**20
+
+    def __init__(self, persistence=None):
+        self.persistence = persistence
+
+    def check_measurable(self, name, returned, args):
+        pass
+
+    def time_calls(self, calls):
+        return [float(call().reshape(-1)[0]) for call in calls]
+
+    def escaped_ms(self, calls):
+        outs = [call().reshape(-1) for call in calls]
+        return float(np.median([float(o[0]) + (float(o[1]) if o.numel() == 2 else 0.0) for o in outs]))
+
+    def persistence_finding(self, who):
+        return None if self.persistence is None else self.persistence.finding(0, who)
+
+    def graph(self, calls):
+        raise NotImplementedError
+
+    def describe(self):
+        return "fake clock"
+
+
+import numpy as np  # noqa: E402
+
+QUICK = dict(warmup_ms=1, rep_ms=20, rounds=2, min_reps=4)
+
+
+def ms_inputs(ms):
+    return lambda g: (torch.full((8,), float(ms)) + 0 * torch.randn(8, generator=g),)
+
+
+def distrusted(result, kind):
+    assert kind in ATTACKS
+    assert not result.trusted and kind in [f.kind for f in result.findings], str(result)
+    assert f"NOT TRUSTED, {kind}" in str(result)
+    assert kind in [f["kind"] for f in result.to_json()["findings"]]
+    return result
+
+
+def test_an_honest_function_is_trusted():
+    r = bench(lambda x: x.clone(), ms_inputs(1.0), timer=FakeClock(), **QUICK)
+    assert r.trusted and r.findings == () and r.to_json()["trusted"] is True
+
+
+def test_patching_the_statistics_or_the_clock_is_named_and_undone():
+    import statistics
+    import time as time_mod
+
+    import kernellab.run.bench as bench_mod
+
+    real_median, real_result, real_perf = statistics.median, bench_mod._result, time_mod.perf_counter
+    for target, name, fake in ((statistics, "median", lambda xs: 1e-6), (bench_mod, "_result", real_result),
+                               (time_mod, "perf_counter", lambda: 0.0)):
+        def patches(x, target=target, name=name, fake=fake):
+            setattr(target, name, (lambda *a, **k: fake(*a, **k)))     # a new object, even for the same function
+            return x.clone()
+
+        r = distrusted(bench(patches, ms_inputs(1.0), timer=FakeClock(), **QUICK), "timer_patched")
+        assert name in next(f.message for f in r.findings if f.kind == "timer_patched")
+        assert r.median_ms == 1.0                   # the statistics ran on the originals
+    assert (statistics.median, bench_mod._result, time_mod.perf_counter) == (real_median, real_result, real_perf)
+
+
+def test_patching_cuda_events_is_named():
+    real = torch.cuda.Event.elapsed_time
+
+    def patches(x):
+        torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
+        return x.clone()
+
+    try:
+        distrusted(bench(patches, ms_inputs(1.0), timer=FakeClock(), **QUICK), "timer_patched")
+        assert torch.cuda.Event.elapsed_time is real
+    finally:
+        torch.cuda.Event.elapsed_time = real
+
+
+def test_a_thread_left_running_by_the_function_is_named():
+    started = []
+
+    def launches_later(x):
+        t = threading.Thread(target=time.sleep, args=(0.3,), name="launcher")
+        t.start()
+        started.append(t)
+        return x.clone()
+
+    distrusted(bench(launches_later, ms_inputs(1.0), timer=FakeClock(), **QUICK), "background_thread")
+    for t in started:
+        t.join()
+
+
+def test_work_on_another_stream_is_named():
+    def side_stream(x):                # 0.002 ms on the timed stream, 1 ms on its own
+        return torch.tensor([0.002, 1.0])
+
+    distrusted(bench(side_stream, ms_inputs(1.0), timer=FakeClock(), **QUICK), "other_stream")
+    honest = bench(lambda x: torch.tensor([1.0]), ms_inputs(1.0), timer=FakeClock(), **QUICK)
+    assert honest.trusted
+
+
+def test_a_cache_by_pointer_is_named_with_or_without_a_reference():
+    def make_cached():
+        cache = {}
+
+        def by_pointer(x):
+            if x.data_ptr() not in cache:
+                cache[x.data_ptr()] = x * 2
+            return cache[x.data_ptr()]
+        return by_pointer
+
+    inputs = lambda g: (1.0 + torch.rand(64, generator=g),)  # noqa: E731
+    distrusted(bench(make_cached(), inputs, timer=FakeClock(), reference=lambda x: x * 2, **QUICK), "cached_result")
+    distrusted(bench(make_cached(), inputs, timer=FakeClock(), **QUICK), "cached_result")
+    assert bench(lambda x: x * 2, inputs, timer=FakeClock(), reference=lambda x: x * 2, **QUICK).trusted
+
+
+def test_faster_than_the_roofline_is_flagged_not_trusted():
+    from kernellab.analysis.roofline import datasheet_ceilings
+
+    h200 = datasheet_ceilings("NVIDIA H200")
+    gib = 2**30
+    # 1 GiB read and written in 0.1 ms would be 21 TB/s; an H200 moves 4.8 TB/s.
+    fast = distrusted(bench(lambda x: x.clone(), ms_inputs(0.1), timer=FakeClock(), bytes=2 * gib, **QUICK),
+                      "impossible_speed")
+    assert fast.roofline_floor_ms == pytest.approx(2 * gib / (h200.dram_gbps * 1e9) * 1e3)
+    fine = bench(lambda x: x.clone(), ms_inputs(0.5), timer=FakeClock(), bytes=2 * gib, **QUICK)
+    assert fine.trusted and fine.roofline_floor_ms < 0.5
+    flops = distrusted(bench(lambda x: x.clone(), ms_inputs(0.001), timer=FakeClock(), flops=1e12, **QUICK),
+                       "impossible_speed")
+    assert "roofline" in flops.findings[0].message
+
+
+# --- persisting L2, through a fake driver ---------------------------------------------------------------------------
+
+
+class FakeDriver:
+    """The four libcuda calls of integrity.L2Persistence, on a state a hostile function can set."""
+
+    def __init__(self):
+        self.limit, self.window, self.resets = 0, 0, 0
+
+    def cuCtxGetLimit(self, ptr, attr):
+        ptr._obj.value = self.limit
+        return 0
+
+    def cuCtxSetLimit(self, attr, value):
+        self.limit = value
+        return 0
+
+    def cuCtxResetPersistingL2Cache(self):
+        self.resets += 1
+        return 0
+
+    def cuStreamGetAttribute(self, stream, attr, ptr):
+        ptr._obj.accessPolicyWindow.num_bytes = self.window
+        return 0
+
+    def cuStreamSetAttribute(self, stream, attr, ptr):
+        self.window = ptr._obj.accessPolicyWindow.num_bytes
+        return 0
+
+
+def test_a_persisting_l2_window_is_named_and_reset():
+    from kernellab.run.integrity import L2Persistence
+
+    drv = FakeDriver()
+
+    def persists(x):
+        drv.limit, drv.window = 30 * 2**20, 16 * 2**20     # cudaLimitPersistingL2CacheSize + an access-policy window
+        return x.clone()
+
+    r = distrusted(bench(persists, ms_inputs(1.0), timer=FakeClock(L2Persistence(drv)), **QUICK), "l2_persistence")
+    assert "access-policy window" in next(f.message for f in r.findings if f.kind == "l2_persistence")
+    assert (drv.limit, drv.window) == (0, 0) and drv.resets >= 1
+    assert bench(lambda x: x.clone(), ms_inputs(1.0), timer=FakeClock(L2Persistence(FakeDriver())), **QUICK).trusted
