@@ -185,6 +185,8 @@ class _Grading:
             self.sim_racecheck(k)
         elif gpu:
             ran_ok = self.run_all(k, simulated=False)
+            if ran_ok:
+                self.determinism(k)
             if ex.kind == "numba":
                 self.numba_static_checks(k)
             self.sanitizers(k)
@@ -199,7 +201,7 @@ class _Grading:
             if want_speed and ex.speed is not None and ran_ok and not self.findings:
                 self.measure_speed(k)
         else:
-            tools = ", ".join(self.sanitizer_tools())
+            tools = ", ".join(self.sanitizer_tools(gpu=True))
             shapes = ex.shapes
             configs = sum(len(ex.launch.configs(s)) for s in shapes)
             self.needs_gpu = (f"running it ({configs} launches on {len(shapes)} problem shapes with fresh random "
@@ -365,18 +367,32 @@ class _Grading:
                                       f"wrong with block {', '.join(_dim(b) for b in tried if b in failing)}")
         return not failed
 
-    def run_one(self, k, args, expected, grid, block, where, simulated) -> bool:
+    def run_one(self, k, args, expected, grid, block, where, simulated, poison=None) -> bool:
         ex = self.ex
         for i in ex.outputs:
-            _cmp.poison_(args[i])
+            if poison is None:
+                _cmp.poison_(args[i])
+            else:
+                args[i][...] = poison
         inputs = {ex.arg_name(i): a for i, a in enumerate(args)
                   if isinstance(a, np.ndarray) and i not in ex.outputs}
+        before = {name: a.copy() for name, a in inputs.items()}
         try:
             outs = self._launch_sim(k, args, grid, block) if simulated else self._launch_gpu(k, args, grid, block)
         except _RunFailed as exc:
             self.add(exc.kind, exc.message, cell_line=exc.cell_line, where=where)
             if exc.kind in ("fault", "timeout"):
                 raise                           # each costs a fresh worker: one is enough, the sanitizer says where
+            return False
+        after = inputs if simulated else {ex.arg_name(i): _to_host(a) for i, a in enumerate(self._last_dev)
+                                          if ex.arg_name(i) in before}
+        changed = [name for name, old in before.items()
+                   if not np.array_equal(old, after[name], equal_nan=old.dtype.kind in "fc")]
+        if changed:
+            self.add("input_mutated", f"the kernel wrote into {', '.join(f'`{n}`' for n in changed)}, "
+                                      f"{'an input' if len(changed) == 1 else 'inputs'} it must only read",
+                     where=where)
+            self.check("inputs unchanged", False, ", ".join(changed))
             return False
         ok = True
         for j, (i, out) in enumerate(zip(ex.outputs, outs)):
@@ -404,6 +420,7 @@ class _Grading:
 
     def _launch_gpu(self, k, args, grid, block):
         dev = _to_device(args)
+        self._last_dev = dev
         try:
             k.launch(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, isolate=True, timeout_s=30)
         except IsolatedLaunchError as exc:
@@ -413,10 +430,46 @@ class _Grading:
             raise _RunFailed("fault", str(exc).splitlines()[0]) from None
         return [_to_host(dev[i]) for i in self.ex.outputs]
 
+    def determinism(self, k) -> None:
+        """The sanitizer's shape again, twice, with the outputs first holding zeros and then the largest finite value
+        (not the NaN of the other runs): a kernel that reads memory it never wrote, or races, disagrees."""
+        shape, grid, block, args = self._sanitize_launch()
+        expected = _as_tuple(self.ex.reference(*_copy(args)))
+        where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)} (determinism run)"
+        results = []
+        for fill in ("zero", "max"):
+            run_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+            value = {i: (0 if fill == "zero" else (np.finfo(run_args[i].dtype).max
+                                                   if run_args[i].dtype.kind == "f"
+                                                   else np.iinfo(run_args[i].dtype).max))
+                     for i in self.ex.outputs}
+            before = len(self.findings)
+            try:
+                ok = self._quiet_run(k, run_args, expected, grid, block, where, value)
+            except _RunFailed:
+                return
+            del self.findings[before:]           # the verdict of a determinism run is the one finding below
+            results.append(ok)
+        ok = all(results)
+        if not self.check("two more runs agree (outputs zeroed, then filled)", ok, where):
+            self.add("nondeterministic", "the kernel's answer changes with what the output memory held before it ran "
+                                         "(zeros, or the largest value): it reads memory it never wrote, or races",
+                     where=where)
+
+    def _quiet_run(self, k, args, expected, grid, block, where, fills) -> bool:
+        ex = self.ex
+        for i in ex.outputs:
+            args[i][...] = fills[i]
+        outs = self._launch_gpu(k, args, grid, block)
+        return all(not _cmp.mismatches(out, np.asarray(expected[j]), ex.rtol, ex.atol).any()
+                   for j, out in enumerate(outs))
+
     # -- sanitizers -------------------------------------------------------------------------------------------
-    def sanitizer_tools(self) -> tuple[str, ...]:
+    def sanitizer_tools(self, gpu: bool = False) -> tuple[str, ...]:
         ex = self.ex
         tools = ["memcheck"]
+        if gpu:
+            tools.append("initcheck")     # reads of global memory never written (shared memory: the simulator's)
         if ex.needs_shared or ex.needs_barrier:
             tools.append("racecheck")
         if ex.needs_barrier:
@@ -436,7 +489,7 @@ class _Grading:
         shape, grid, block, args = self._sanitize_launch()
         dev = _to_device(args)
         where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
-        for tool in self.sanitizer_tools():
+        for tool in self.sanitizer_tools(gpu=True):
             try:
                 rep = k.sanitize(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, tool=tool,
                                  timeout_s=120)
@@ -530,6 +583,11 @@ class _Grading:
                            bytes=bar.bytes(shape) if bar.bytes else None, name=k.name, rounds=5, rep_ms=50)
         except Exception as exc:
             self.notes.append(f"the speed bar was not measured: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            return
+        for f in getattr(result, "findings", ()):
+            self.add(f.kind, f"the speed measurement: {f.message}")
+        if not getattr(result, "trusted", True):
+            self.notes.append("the speed was not recorded: a timing defence tripped (flagged, never ranked)")
             return
         base = result.baselines[0]
         self.speed = Speed(bar=bar.describe(), fraction=bar.fraction, ratio=result.speedup(bar.baseline).ratio,
