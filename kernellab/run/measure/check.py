@@ -450,6 +450,9 @@ class _CheckState:
         if recorder is not None:
             lib = integrity.library_finding(recorder.compute_ops(), self._reference_ops(args), self.allowed_ops,
                                             self.forbidden_ops)
+            if lib is None and any(getattr(a, "is_cuda", False) for a in args) \
+                    and "library" not in set(self.allowed_ops or ()):
+                lib = self._library_kernels(args)
             if lib is not None:
                 return self._found(lib.kind, lib.message, trial)
         if returned is None and self.outputs:
@@ -480,6 +483,22 @@ class _CheckState:
                 for j, (c, r) in enumerate(zip(cand, ref)))
         except Exception:
             return False
+
+    def _library_kernels(self, args):
+        """library_call when one more call of the candidate, under torch.profiler, launches a vendor library's
+        kernel (cuBLAS, CUTLASS, cuDNN, flash-attention: kernels outside torch's dispatcher, e.g. through CuPy)."""
+        from . import integrity
+
+        try:
+            names = integrity.profiled_kernels(lambda: self.candidate(*_clone(args)))
+        except Exception:
+            return None
+        found = integrity.library_kernels(names)
+        if not found:
+            return None
+        return integrity.IntegrityFinding("library_call", f"the candidate launched a library kernel: "
+                                                          f"{', '.join(found[:3])} (allow it with "
+                                                          f"allowed_ops=('library',))")
 
     def _reference_ops(self, args) -> set[str]:
         """The compute ops (aten) the reference dispatches on a copy of `args`."""
