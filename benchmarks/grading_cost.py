@@ -53,8 +53,12 @@ def has_option(f, name: str) -> bool:
 def rows(gpu: bool, reps: int):
     from exercises.solutions_lib import load_kernel, solution_path
 
-    from kernellab.run.bench import bench
-    from kernellab.run.check import check
+    try:
+        from kernellab.run.measure.bench import bench
+        from kernellab.run.measure.check import check
+    except ImportError:                  # a kernellab from before run/ was split
+        from kernellab.run.bench import bench
+        from kernellab.run.check import check
     from kernellab.teach import exercise
 
     strict_ok = has_option(check, "strict")

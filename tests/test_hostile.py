@@ -311,7 +311,7 @@ def test_findings_serialise():
 
 # --- bench: the timing defences, on a fake clock ----------------------------------------------------------------------
 
-from kernellab.run.bench import bench  # noqa: E402
+from kernellab.run.measure.bench import bench  # noqa: E402
 
 
 class FakeClock:
@@ -371,7 +371,7 @@ def test_patching_the_statistics_or_the_clock_is_named_and_undone():
     import statistics
     import time as time_mod
 
-    import kernellab.run.bench as bench_mod
+    import kernellab.run.measure.bench as bench_mod
 
     real_median, real_result, real_perf = statistics.median, bench_mod._result, time_mod.perf_counter
     for target, name, fake in ((statistics, "median", lambda xs: 1e-6), (bench_mod, "_result", real_result),
@@ -486,7 +486,7 @@ class FakeDriver:
 
 
 def test_a_persisting_l2_window_is_named_and_reset():
-    from kernellab.run.integrity import L2Persistence
+    from kernellab.run.measure.integrity import L2Persistence
 
     drv = FakeDriver()
 

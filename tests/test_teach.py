@@ -635,9 +635,9 @@ def test_initcheck_on_the_gpu_names_a_read_of_memory_never_written(fake_gpu):
 
 
 def test_an_impossible_speed_is_a_finding_and_never_recorded(fake_gpu, monkeypatch):
-    from kernellab.run import bench as bench_mod
-    from kernellab.run.bench import BenchResult
-    from kernellab.run.integrity import IntegrityFinding
+    from kernellab.run.measure import bench as bench_mod
+    from kernellab.run.measure.bench import BenchResult
+    from kernellab.run.measure.integrity import IntegrityFinding
 
     def fake_bench(fn, inputs, baselines=None, **kw):
         base = BenchResult("torch.add", 1.0, 1.0, 1.0, ((0.5, 1.0),), 10, 5, "fake", "fake")

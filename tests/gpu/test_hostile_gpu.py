@@ -8,9 +8,9 @@ import time
 import pytest
 
 import kernellab
-from kernellab.run.bench import bench
-from kernellab.run.check import check
-from kernellab.run.integrity import L2Persistence, library_kernels, profiled_kernels
+from kernellab.run.measure.bench import bench
+from kernellab.run.measure.check import check
+from kernellab.run.measure.integrity import L2Persistence, library_kernels, profiled_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -145,7 +145,7 @@ def test_patched_cuda_events_are_timer_patched_and_undone(torch):
 
 
 def test_a_persisting_l2_window_is_l2_persistence_and_reset(torch):
-    from kernellab.run.integrity import _StreamAttrValue
+    from kernellab.run.measure.integrity import _StreamAttrValue
 
     lib = ctypes.CDLL("libcuda.so.1")
     l2 = L2Persistence()

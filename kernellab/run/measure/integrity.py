@@ -69,7 +69,7 @@ def _timing_targets() -> list[tuple[Any, str]]:
         targets += [(event, name) for name in ("record", "elapsed_time", "synchronize", "query")]
     except ImportError:                                   # pragma: no cover - torch is a dependency of check/bench
         pass
-    for modname in ("kernellab.run.bench", "kernellab.run.measure.bench"):
+    for modname in ("kernellab.run.measure.bench",):
         mod = sys.modules.get(modname)
         if mod is None:
             continue
