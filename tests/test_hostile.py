@@ -189,6 +189,31 @@ def test_a_result_cached_by_pointer_is_named():
     rejected(check(by_pointer, torch.add, two_vectors, trials=3), "cached_result")
 
 
+# --- 6. the check's own functions patched ----------------------------------------------------------------------------
+
+
+def test_patching_the_comparison_is_named_and_undone():
+    import kernellab.run.measure.check as check_mod
+
+    real_compare, real_le = check_mod._compare, torch.Tensor.__le__
+
+    def says_equal(x, y):
+        torch.Tensor.__le__ = lambda a, b: torch.ones_like(a, dtype=torch.bool)   # every error "within tolerance"
+        return torch.zeros_like(x)
+
+    def quiet_compare(x, y):
+        check_mod._compare = lambda j, c, rv, rn, *a: real_compare(j, rv, rv, rn, *a)
+        return torch.zeros_like(x)
+
+    try:
+        for cheat in (says_equal, quiet_compare):
+            r = rejected(check(cheat, torch.add, two_vectors), "harness_patched")
+            assert "put back" in r.findings[0].message
+            assert check_mod._compare is real_compare and torch.Tensor.__le__ is real_le
+    finally:
+        check_mod._compare, torch.Tensor.__le__ = real_compare, real_le
+
+
 # --- 8. answers that only fit the test data --------------------------------------------------------------------------
 
 
@@ -498,3 +523,10 @@ def test_a_persisting_l2_window_is_named_and_reset():
     assert "access-policy window" in next(f.message for f in r.findings if f.kind == "l2_persistence")
     assert (drv.limit, drv.window) == (0, 0) and drv.resets >= 1
     assert bench(lambda x: x.clone(), ms_inputs(1.0), timer=FakeClock(L2Persistence(FakeDriver())), **QUICK).trusted
+
+
+def test_findings_show_in_the_notebook_views():
+    r = check(lambda x, y: torch.Tensor._make_subclass(LyingTensor, x + y), torch.add, two_vectors)
+    assert "<b>fake_output</b>" in r._repr_html_()
+    b = bench(lambda x: x.clone(), ms_inputs(0.001), timer=FakeClock(), flops=1e12, **QUICK)
+    assert "not trusted, impossible_speed" in b._repr_html_()

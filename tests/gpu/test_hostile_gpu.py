@@ -241,3 +241,17 @@ def test_a_declared_byte_count_beyond_the_roofline_is_impossible_speed(torch):
     assert "impossible_speed" in [f.kind for f in inflated.findings], str(inflated)
     assert not inflated.trusted
 
+
+
+def test_torch_ops_on_a_side_stream_are_other_stream_in_a_strict_check(torch):
+    side = torch.cuda.Stream()
+
+    def hidden(a, b):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = (a[:, :, None] * b[None]).sum(1)
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    r = check(hidden, torch.matmul, matrices(torch, 129), strict=True)
+    assert not r.passed and r.finding == "other_stream", str(r)

@@ -608,6 +608,10 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
     _validate_options(fn, baselines, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles)
     flush_kind(flush_l2)
 
+    from . import integrity
+
+    guard = integrity.TimingGuard()          # before anything of the function's runs
+    threads = integrity.ThreadWatch()
     if (_worker.settings.isolate if isolate is None else isolate) and timer is None:
         with _worker.isolation(True):
             probe = _input_sets(inputs, 0, False, seed, generator_device)[0]
@@ -615,16 +619,16 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
     with _worker.isolation(False):
         return _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles,
                       flush_l2, rotate, cuda_graph, seed, generator_device, name, device, timer, sustained,
-                      reference, ceilings, verify)
+                      reference, ceilings, verify, guard, threads)
 
 
 def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles, flush_l2,
            rotate, cuda_graph, seed, generator_device, name, device, timer, sustained=False, reference=None,
-           ceilings=None, verify=True) -> BenchResult:
+           ceilings=None, verify=True, guard=None, threads=None) -> BenchResult:
     from . import integrity
 
-    guard = integrity.TimingGuard()          # before anything of the function's runs
-    threads = integrity.ThreadWatch()
+    guard = guard or integrity.TimingGuard()          # before anything of the function's runs
+    threads = threads or integrity.ThreadWatch()
     findings: list = []
     clock = timer if timer is not None else CudaClock(device, flush_l2=flush_l2, spin=not sustained)
     if sustained:
@@ -638,6 +642,9 @@ def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_r
         raise BenchError(f"a baseline has the function's own name {next(iter(funcs))!r}; give it another name")
     funcs.update(baselines or {})
 
+    # Persisting L2 left by earlier work (not the function's): reset, no finding.
+    if hasattr(clock, "persistence_finding"):
+        clock.persistence_finding("earlier work")
     # First call (compiles, autotunes) and the refusal of what cannot be timed.
     for fname, f in funcs.items():
         clock.check_measurable(fname, f(*arg_sets[0]), arg_sets[0])
@@ -768,7 +775,7 @@ def _verify_fresh_inputs(fn, name, inputs, arg_sets, reference, seed, generator_
     import torch
 
     from . import integrity
-    from .check import _as_outputs, _compare
+    from .check import _as_outputs, mismatch_count
 
     if not callable(inputs):
         return None
@@ -791,12 +798,12 @@ def _verify_fresh_inputs(fn, name, inputs, arg_sets, reference, seed, generator_
     for j, (g, w) in enumerate(zip(got, want)):
         if g.shape != w.shape or not g.is_floating_point() and g.dtype != w.dtype:
             continue
-        comp = _compare(j, g, w.detach().to(torch.float64) if w.is_floating_point() else w, w, None, None, None)
-        if comp.mismatches:
+        bad = mismatch_count(g, w)
+        if bad:
             against = "the reference" if reference is not None else "itself on a fresh copy of them"
             return integrity.IntegrityFinding(
                 "cached_result", f"after its inputs were refilled in place with new values, {name} returned "
-                                 f"{comp.mismatches:,} elements of output {j} that disagree with {against}: it "
+                                 f"{bad:,} elements of output {j} that disagree with {against}: it "
                                  f"answers from a cache (by pointer, shape or id), so its timed calls did no work")
     return None
 

@@ -224,11 +224,17 @@ def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials:
     state.strict, state.distributions = bool(strict), distributions
     state.library = bool(strict or allowed_ops is not None or forbidden_ops)
     state.allowed_ops, state.forbidden_ops = allowed_ops, tuple(forbidden_ops or ())
+    state.guard = integrity.TimingGuard(extra=integrity.check_targets())
     with _worker.isolation(_worker.settings.isolate if isolate is None else isolate):
         for trial in range(trials):
             failure = state.run_trial(trial)
             if failure is not None:
                 return failure
+    patched = state.guard.changed()
+    if patched:
+        state.guard.restore()
+        return state._found("harness_patched", f"the candidate replaced {', '.join(patched[:6])} (put back): the "
+                                               f"comparison cannot be trusted", trials - 1)
     if state.pending_low is not None:
         low, trial = state.pending_low
         return state._found(low.kind, low.message, trial)
@@ -286,6 +292,7 @@ class _CheckState:
         self.previous_cand = None          # the candidate's outputs of the previous trial (cached answers)
         self.trial_seed = seed
         self.pending_low = None            # (finding, trial): strict's low_precision on a passing trial
+        self.guard = None                  # integrity.TimingGuard over what the comparison uses
 
     # one trial ------------------------------------------------------------------------------------------------
     def run_trial(self, trial: int) -> CheckReport | None:
@@ -382,14 +389,15 @@ class _CheckState:
             if c.dtype != r.dtype:
                 return self._failed(f"output {j}: the candidate's dtype is {_dtype(c.dtype)} but the reference's "
                                     f"is {_dtype(r.dtype)}", trial)
-        unchanged = {i for i in range(len(args)) if i not in self.outputs
-                     and not _mutations(args[i:i + 1], cand_args[i:i + 1], set())}
-        fake = integrity.output_problems(cand, cand_args, written=set(range(len(args))) - unchanged)
+        changed = _mutations(args, cand_args, set(self.outputs))      # every input the candidate wrote
+        written = set(self.outputs) | {_top_index(m[0]) for m in changed}
+        fake = integrity.output_problems(cand, cand_args, written=written)
         if fake:
             return self._found("fake_output", "; ".join(fake), trial)
 
         # Inputs the candidate changed without returning them.
-        mutated = _mutations(args, cand_args, set(self.outputs) | _aliased(cand, cand_args))
+        returned_args = _aliased(cand, cand_args)
+        mutated = [m for m in changed if _top_index(m[0]) not in returned_args]
         if mutated:
             names = tuple(m[0] for m in mutated)
             detail = "; ".join(f"{name} at {n:,} element{'s' if n != 1 else ''}, first at {_index(idx)}"
@@ -444,9 +452,22 @@ class _CheckState:
                 returned = self.candidate(*cand_args)
         except Exception as exc:
             return self._raised("the candidate", exc, trial)
+        patched = self.guard.changed() if self.guard is not None else []
+        if patched:
+            self.guard.restore()
+            return self._found("harness_patched", f"the candidate replaced {', '.join(patched[:6])} (put back): the "
+                                                  f"comparison cannot be trusted", trial)
         thread = watch.finding("the candidate", grace_s=0.05)
         if thread is not None and not _infrastructure(watch.new()):
             return self._found(thread.kind, thread.message, trial)
+        if recorder is not None and recorder.streams:
+            import torch
+
+            side = recorder.streams - {torch.cuda.current_stream().cuda_stream}
+            if side:
+                return self._found("other_stream", f"the candidate ran torch ops on {len(side)} stream"
+                                                   f"{'s' if len(side) != 1 else ''} other than the current one: "
+                                                   f"work there escapes a timing on the current stream", trial)
         if recorder is not None:
             lib = integrity.library_finding(recorder.compute_ops(), self._reference_ops(args), self.allowed_ops,
                                             self.forbidden_ops)
@@ -763,6 +784,26 @@ def _compare(j, cand, ref_values, ref_native, atol, rtol, precision) -> _Compare
                      dtype=_dtype(cand.dtype), ref_own_error=own)
 
 
+def mismatch_count(cand, ref, atol=None, rtol=None, precision=None) -> int:
+    """Elements of `cand` out of tolerance against `ref` by `_compare`'s rule, without its report (cheap)."""
+    import torch
+
+    if tuple(cand.shape) != tuple(ref.shape):
+        return max(cand.numel(), ref.numel(), 1)
+    prec = precision or _precision_of(cand.dtype)
+    d_rtol, d_atol_scale = TOLERANCES["exact" if prec == "exact" else prec]
+    wide = torch.complex128 if (cand.is_complex() or ref.is_complex()) else torch.float64
+    r = ref.detach().to(wide)
+    c = cand.detach().to(device=r.device, dtype=wide)
+    finite_ref = torch.isfinite(r)
+    rms = float(r.abs()[finite_ref].pow(2).mean().sqrt()) if bool(finite_ref.any()) else 0.0
+    use_atol = float(atol) if atol is not None else d_atol_scale * rms
+    use_rtol = d_rtol if rtol is None else float(rtol)
+    ok = torch.where(finite_ref, ((c - r).abs() <= use_atol + use_rtol * r.abs()) & torch.isfinite(c),
+                     (c == r) | (torch.isnan(r) & torch.isnan(c)))
+    return int((~ok).sum())
+
+
 def _worst(ratio, c, r):
     """Indices (largest error/tolerance first) and (index, yours, reference, error/tolerance) of the worst elements."""
     import torch
@@ -1002,6 +1043,11 @@ def _identical(a, b) -> bool:
     if a.is_floating_point() or a.is_complex():
         same = same | (torch.isnan(a) & torch.isnan(b))
     return bool(same.all())
+
+
+def _top_index(name: str) -> int:
+    """"argument 3" or "argument 3[1]" (a name from _mutations) -> 3."""
+    return int(name.split()[1].split("[")[0])
 
 
 def _rms(t) -> float:

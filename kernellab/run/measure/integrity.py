@@ -26,6 +26,7 @@ ATTACKS: dict[str, str] = {
     "fake_output": "an output is not a plain dense tensor: a subclass, a view of an input, an expanded tensor",
     "cached_result": "the candidate returned an answer for earlier inputs: results cached or replayed",
     "timer_patched": "the candidate replaced a timing function (CUDA events, time, the statistics)",
+    "harness_patched": "the candidate replaced a function the check compares with (its own, or torch's operators)",
     "l2_persistence": "the candidate set up persisting L2 (an access-policy window or a persisting-L2 limit)",
     "fits_test_data": "right on one input distribution, wrong on another: an answer fitted to the test data",
     "low_precision": "an error far above the reference's own in the declared precision: computed in a lower one",
@@ -82,26 +83,53 @@ def _timing_targets() -> list[tuple[Any, str]]:
     return targets
 
 
+def check_targets() -> list[tuple[Any, str]]:
+    """(owner, attribute) of what `check` compares with: its own functions and the torch operators they use."""
+    import torch
+
+    targets: list[tuple[Any, str]] = []
+    mod = sys.modules.get("kernellab.run.measure.check")
+    if mod is not None:
+        targets += [(mod, n) for n in ("_compare", "mismatch_count", "_mutations", "_aliased", "_as_outputs", "_clone",
+                                       "_poison_", "fill_free_memory", "_identical", "CheckReport")]
+    targets += [(sys.modules[__name__], n) for n in ("output_problems", "redraw", "low_precision_finding",
+                                                     "library_finding", "OpRecorder", "ThreadWatch")]
+    targets += [(torch, n) for n in ("where", "isfinite", "isnan", "equal", "topk", "nonzero")]
+    targets += [(torch.Tensor, n) for n in ("__sub__", "__le__", "__eq__", "__ne__", "__or__", "__and__",
+                                            "__invert__", "abs", "sum", "max", "to", "clone", "detach", "copy_",
+                                            "fill_", "any", "all", "item", "pow", "mean", "sqrt")]
+    return targets
+
+
+_MISSING = object()
+
+
+def _own(owner, name):
+    """The attribute as the owner itself holds it: a class's own __dict__ entry (inherited ones are _MISSING, so
+    that a patch on the class is seen), a module's attribute."""
+    if isinstance(owner, type):
+        return vars(owner).get(name, _MISSING)
+    return getattr(owner, name, _MISSING)
+
+
 class TimingGuard:
     """Identities of the timing functions, taken before the candidate runs; `changed()` names those replaced since,
     and `restore()` puts the originals back (so a patch never outlives the bench that found it)."""
 
     def __init__(self, extra: Iterable[tuple[Any, str]] = ()):
-        self.saved = [(owner, name, vars(owner).get(name, getattr(owner, name, None)) if isinstance(owner, type)
-                       else getattr(owner, name, None)) for owner, name in [*_timing_targets(), *extra]]
+        self.saved = [(owner, name, _own(owner, name)) for owner, name in [*_timing_targets(), *extra]]
 
     def changed(self) -> list[str]:
-        out = []
-        for owner, name, value in self.saved:
-            now = vars(owner).get(name) if isinstance(owner, type) else getattr(owner, name, None)
-            if now is not value:
-                out.append(f"{getattr(owner, '__name__', type(owner).__name__)}.{name}")
-        return out
+        return [f"{getattr(owner, '__name__', type(owner).__name__)}.{name}" for owner, name, value in self.saved
+                if _own(owner, name) is not value]
 
     def restore(self) -> None:
         for owner, name, value in self.saved:
-            now = vars(owner).get(name) if isinstance(owner, type) else getattr(owner, name, None)
-            if now is not value and value is not None:
+            if _own(owner, name) is value:
+                continue
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
                 setattr(owner, name, value)
 
     def finding(self, when: str) -> IntegrityFinding | None:
