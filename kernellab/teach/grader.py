@@ -439,10 +439,7 @@ class _Grading:
         results = []
         for fill in ("zero", "max"):
             run_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
-            value = {i: (0 if fill == "zero" else (np.finfo(run_args[i].dtype).max
-                                                   if run_args[i].dtype.kind == "f"
-                                                   else np.iinfo(run_args[i].dtype).max))
-                     for i in self.ex.outputs}
+            value = {i: _fill_value(run_args[i].dtype, fill) for i in self.ex.outputs}
             before = len(self.findings)
             try:
                 ok = self._quiet_run(k, run_args, expected, grid, block, where, value)
@@ -650,6 +647,17 @@ def spec_problems(ex: Exercise) -> tuple[str, ...]:
 
 def _as_tuple(v) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v,)
+
+
+def _fill_value(dtype, fill: str):
+    """0, or the largest value of `dtype` (finite for floats; True for booleans)."""
+    if fill == "zero":
+        return 0
+    if dtype.kind == "f":
+        return np.finfo(dtype).max
+    if dtype.kind == "b":
+        return True
+    return np.iinfo(dtype).max
 
 
 def _copy(args) -> tuple:
