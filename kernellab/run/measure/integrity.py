@@ -301,11 +301,15 @@ def profiled_kernels(call: Callable[[], Any]) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    return [e.name for e in prof.events() if getattr(e, "device_type", None) is not None
-            and str(e.device_type).endswith("CUDA")]
+    names = []
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA"):
+            names.append(e.name)
+        names += [getattr(k, "name", "") for k in getattr(e, "kernels", ()) or ()]
+    return list(dict.fromkeys(n for n in names if n))
 
 
 # --- input distributions -------------------------------------------------------------------------------------------
