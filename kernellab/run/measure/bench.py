@@ -293,6 +293,8 @@ class Clock(Protocol):
     l2_bytes: int            # the L2 size; input rotation and the flush are sized by it
     flush_bytes: int         # bytes written (or read) before each repetition (0: no flush)
     # optional: flush_kind, "write" (assumed where missing), "clean" or "none"; results report it as l2_flush
+    # optional: escaped_ms(calls), the median ms the device stays busy after a call returned (the other_stream
+    # probe), and persistence_finding(who), an l2_persistence finding after a reset or None (integrity.py)
 
     def check_measurable(self, name: str, returned: Any, args: tuple) -> None: ...
 
