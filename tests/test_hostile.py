@@ -530,3 +530,28 @@ def test_findings_show_in_the_notebook_views():
     assert "<b>fake_output</b>" in r._repr_html_()
     b = bench(lambda x: x.clone(), ms_inputs(0.001), timer=FakeClock(), flops=1e12, **QUICK)
     assert "not trusted, impossible_speed" in b._repr_html_()
+
+
+def test_only_the_first_timed_call_computing_is_named():
+    seen = set()
+
+    def first_call_only(x):
+        if x.data_ptr() in seen:
+            return torch.zeros_like(x)     # later calls skip the work (and the time)
+        seen.add(x.data_ptr())
+        return x * 2
+
+    inputs = lambda g: (1.0 + torch.rand(64, generator=g),)  # noqa: E731
+    r = distrusted(bench(first_call_only, inputs, timer=FakeClock(), reference=lambda x: x * 2, **QUICK),
+                   "cached_result")
+    assert "a timed call" in next(f.message for f in r.findings if f.kind == "cached_result")
+
+
+def test_one_output_buffer_shared_by_every_call_is_not_judged_a_cache():
+    out = torch.empty(64)
+
+    def into_one_buffer(x):
+        return torch.mul(x, 2, out=out)
+
+    inputs = lambda g: (1.0 + torch.rand(64, generator=g),)  # noqa: E731
+    assert bench(into_one_buffer, inputs, timer=FakeClock(), reference=lambda x: x * 2, **QUICK).trusted

@@ -602,8 +602,9 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
     makes `result.trusted` False: timing functions replaced ("timer_patched"; the originals are put back), a thread
     left running ("background_thread"), persisting L2 set up ("l2_persistence"; reset before timing), GPU work
     outside the timed stream ("other_stream": a device-synchronised probe takes longer than the events say), with
-    `verify` (default) an answer that survives its inputs being refilled in place ("cached_result": checked against
-    `reference(*args)` where given, else against the function on a fresh copy), and a median below the roofline's
+    `verify` (default) the outputs of a sample of timed calls against `reference(*args)` where given, and an answer
+    that survives its inputs being refilled in place ("cached_result": against `reference`, else against the
+    function on a fresh copy), and a median below the roofline's
     least time for `flops` and `bytes` ("impossible_speed"; `ceilings`: a DeviceCeilings, default the measured ones
     cached on disk or the datasheet's of the device).
     """
@@ -655,13 +656,15 @@ def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_r
 
     # From here on, kernellab kernels launched by the calls do not wait for their kernel (that would put launch
     # overhead into every repetition, and is illegal during graph capture); the first call above did wait.
+    timed_outputs: dict[int, Any] = {}      # the latest output of the function per input set (checked after)
     with deferred_sync(), _faults_named(list(funcs)):
         # Each function becomes a list of zero-argument calls, one per input set (or one graph replay each).
         # A graph holds enough calls for about 0.5 ms of work, and every input set at least once.
         per_call: dict[str, list[Callable[[], Any]]] = {}
         per_replay = {fname: 1 for fname in funcs}
         for fname, f in funcs.items():
-            calls = [_bind(f, a) for a in arg_sets]
+            calls = ([_bind_keeping(f, a, timed_outputs, k) for k, a in enumerate(arg_sets)] if fname == main_name
+                     else [_bind(f, a) for a in arg_sets])
             if cuda_graph:
                 est = statistics.median(clock.time_calls(calls[:1] * 5))
                 per_replay[fname] = max(len(calls), _clamp(math.ceil(0.5 / max(est, 1e-4)), 1, 1000))
@@ -697,7 +700,11 @@ def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_r
                 "other_stream", f"with the device synchronised after each call, {main_name} keeps the GPU busy "
                                 f"{escaped * 1e3:.3g} us after it returns, but its timed stream saw {timed * 1e3:.3g} "
                                 f"us: its work runs on another stream (or is launched later), outside the timing"))
-    if verify and not cuda_graph:
+    if verify and not cuda_graph and reference is not None:
+        cached = _verify_timed_outputs(main_name, arg_sets, timed_outputs, reference)
+        if cached is not None:
+            findings.append(cached)
+    if verify and not cuda_graph and not any(f.kind == "cached_result" for f in findings):
         cached = _verify_fresh_inputs(fn, main_name, inputs, arg_sets, reference, seed, generator_device)
         if cached is not None:
             findings.append(cached)
@@ -768,6 +775,56 @@ def _integrity(findings: list, guard, threads, clock, when: str) -> None:
         l2 = persistence(f"the function ({when})")
         if l2 is not None and "l2_persistence" not in seen:
             findings.append(l2)
+
+
+def _bind_keeping(f, args, store: dict, k: int):
+    """`_bind`, keeping the latest return value in store[k] (a reference, no copy)."""
+    def call():
+        out = f(*args)
+        store[k] = out
+        return out
+    return call
+
+
+_TIMED_SAMPLE = 3       # input sets whose timed output is checked
+
+
+def _verify_timed_outputs(name, arg_sets, outputs: dict, reference):
+    """cached_result when the output a timed call returned disagrees with `reference` on its input set. Checked on a
+    few sets, and only where each set's output has memory of its own (a function that reuses one output buffer across
+    sets is not judged here)."""
+    import torch
+
+    from . import integrity
+    from .check import _as_outputs, mismatch_count
+
+    try:
+        got = {k: _as_outputs(v, name) for k, v in outputs.items() if v is not None}
+    except Exception:
+        return None
+    got = {k: v for k, v in got.items() if v}
+    ptrs = [tuple(t.data_ptr() for t in v) for v in got.values()]
+    if not got or len(set(ptrs)) != len(ptrs):
+        return None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    for k in sorted(got)[:_TIMED_SAMPLE]:
+        try:
+            want = _as_outputs(reference(*_clone_tensors(arg_sets[k])), "reference")
+        except Exception:
+            return None
+        if not want or len(want) != len(got[k]):
+            continue
+        for j, (g, w) in enumerate(zip(got[k], want)):
+            if g.shape != w.shape:
+                continue
+            bad = mismatch_count(g, w)
+            if bad:
+                return integrity.IntegrityFinding(
+                    "cached_result", f"a timed call of {name} returned {bad:,} elements of output {j} that disagree "
+                                     f"with the reference on its inputs (input set {k}): the timed calls did not all "
+                                     f"compute")
+    return None
 
 
 def _verify_fresh_inputs(fn, name, inputs, arg_sets, reference, seed, generator_device):
