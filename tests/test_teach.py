@@ -674,3 +674,46 @@ def test_grade_many_reports_each_rejected_submission_with_its_finding(numba_reve
     text = str(table)
     assert "input_mutated" in text.split("bob")[1].splitlines()[0] and "out_of_bounds: out of bounds" in text
     assert table.to_json()["rows"][2]["finding"] == "out_of_bounds"
+
+
+def test_a_kernel_that_computes_only_on_its_first_launch_is_named_after_timing(fake_gpu, monkeypatch):
+    from kernellab.run.measure import bench as bench_mod
+    from kernellab.run.measure.bench import BenchResult, Speedup
+    from kernellab.teach.spec import SpeedBar
+
+    def fake_bench(fn, inputs, baselines=None, **kw):
+        for _ in range(3):
+            fn(*inputs)                   # the "timed" launches
+        for b in (baselines or {}).values():
+            b(*inputs)
+        base = BenchResult("a copy", 1.0, 1.0, 1.0, ((0.5, 1.0),), 10, 5, "fake", "fake")
+        return BenchResult(kw.get("name", "k"), 0.5, 0.5, 0.5, ((0.5, 0.5),), 10, 5, "fake", "fake",
+                           baselines=(base,), speedups=(Speedup("a copy", 2.0, 2.0, 2.0, 5),))
+
+    monkeypatch.setattr(bench_mod, "bench", fake_bench)
+    right = _reverse_threads(lambda b, dim: b * dim)
+    launched = {"timing": 0}
+
+    def first_launch_only(grid, block, x, out, n):
+        if n == 4096:                     # the speed bar's shape: a `__device__` flag skips every later launch
+            launched["timing"] += 1
+            if launched["timing"] > 1:
+                return
+        right(grid, block, x, out, n)
+
+    def copy_baseline(x, out, n):
+        out[:] = x[::-1]
+
+    ex = exercise("01-reverse")
+    bar = SpeedBar(fraction=0.5, baseline="a copy", run_baseline=copy_baseline, shape=(4096,))
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-first", "shapes": (31, 257),
+                         "speed": bar}))
+    try:
+        r = kernellab.grade("t-rev-first", fake_gpu(first_launch_only))
+        launched["timing"] = 0
+        honest = kernellab.grade("t-rev-first", fake_gpu(right))
+    finally:
+        unregister("t-rev-first")
+    assert not r.passed and [f.kind for f in r.findings] == ["cached_result"], str(r)
+    assert r.speed is None
+    assert honest.passed and honest.speed is not None, str(honest)

@@ -73,6 +73,14 @@ DEFAULT_HINTS = {
     "zero_output": "the output is all zeros: is the result stored to the output argument?",
     "input_copy": "the output is the input unchanged: the index mapping is missing",
     "launch_config": "the kernel must work for every block size the grader tries: use blockDim, not a constant",
+    "input_mutated": "inputs are read-only: write results only to the output arguments",
+    "nondeterministic": "initialise everything you read: a value left in memory by an earlier run is not an input",
+    "cached_result": "compute on every launch: no `__device__` state that skips the work after the first",
+    "impossible_speed": "check the kernel writes its whole output; a time below the roofline means work was skipped",
+    "timer_patched": "leave the timing alone: the grader measures the kernel, not Python",
+    "other_stream": "launch on the current stream: work elsewhere escapes the timing",
+    "background_thread": "do the work before returning: threads left running escape the timing",
+    "l2_persistence": "leave the L2 persistence settings alone: the grader flushes the cache before each launch",
     "error": "the kernel raised in the simulator: the line is named above",
     "spec": "this is a bug in the exercise, not in your kernel: please report it",
     "internal": "this is a bug in the grader, not (necessarily) in your kernel: please report it",
@@ -583,12 +591,37 @@ class _Grading:
             return
         for f in getattr(result, "findings", ()):
             self.add(f.kind, f"the speed measurement: {f.message}")
-        if not getattr(result, "trusted", True):
+        self.after_timing(yours, args, dev, shape)
+        if not getattr(result, "trusted", True) or any(f.kind == "cached_result" for f in self.findings):
             self.notes.append("the speed was not recorded: a timing defence tripped (flagged, never ranked)")
             return
         base = result.baselines[0]
         self.speed = Speed(bar=bar.describe(), fraction=bar.fraction, ratio=result.speedup(bar.baseline).ratio,
                            kernel_ms=result.median_ms, baseline_ms=base.median_ms, gbps=result.gbps, shape=shape)
+
+
+    def after_timing(self, yours, args, dev, shape) -> None:
+        """One more launch as timed, on outputs filled again with the poison (the baseline wrote its answer there):
+        a kernel that computes only on its first launch (a static `__device__` flag) leaves them unwritten. (Only
+        unwritten elements count: the values were checked on the grading shapes, whose tolerances hold there.)"""
+        ex = self.ex
+        host = [np.array(args[i], copy=True) for i in ex.outputs]
+        for i, h in zip(ex.outputs, host):
+            _cmp.poison_(h)
+            _copy_into(dev[i], h)
+        try:
+            yours(*dev)
+        except Exception as exc:
+            self.notes.append(f"the launch after timing raised: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            return
+        for i in ex.outputs:
+            never = _cmp.unwritten(_to_host(dev[i]))
+            if never.any():
+                self.add("cached_result", f"after timing, one more launch at shape {shape} left "
+                                          f"{int(never.sum()):,} elements of `{ex.arg_name(i)}` unwritten: the kernel "
+                                          f"does not compute on every launch (state kept from an earlier launch), so "
+                                          f"its time is not its work")
+                return
 
 
 class _RunFailed(Exception):
@@ -669,6 +702,16 @@ def _to_device(args) -> tuple:
     import torch
 
     return tuple(torch.from_numpy(np.ascontiguousarray(a)).cuda() if isinstance(a, np.ndarray) else a for a in args)
+
+
+def _copy_into(dst, src: np.ndarray) -> None:
+    """Copy host `src` into device tensor (or, on a fake GPU, array) `dst` in place."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = src
+    else:
+        import torch
+
+        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)))
 
 
 def _to_host(t) -> np.ndarray:

@@ -255,3 +255,31 @@ def test_torch_ops_on_a_side_stream_are_other_stream_in_a_strict_check(torch):
 
     r = check(hidden, torch.matmul, matrices(torch, 129), strict=True)
     assert not r.passed and r.finding == "other_stream", str(r)
+
+
+# --- 5 in the grader: a kernel that computes only on its first launch at the timed size ------------------------------
+
+FIRST_LAUNCH_ONLY = r"""
+__device__ unsigned int launches;                      // kept across launches: the cheat
+extern "C" __global__ void vadd4(const float* a, const float* b, float* c, int n) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= (1 << 24) && launches > 1) return;        // at the speed bar's size, skip the work after two launches
+    if (t == 0) atomicAdd(&launches, 1u);
+    if (4 * t + 3 < n) {
+        float4 x = reinterpret_cast<const float4*>(a)[t];
+        float4 y = reinterpret_cast<const float4*>(b)[t];
+        reinterpret_cast<float4*>(c)[t] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    } else if (t == n / 4) {
+        for (int i = 4 * t; i < n; ++i) c[i] = a[i] + b[i];
+    }
+}
+"""
+
+
+def test_a_kernel_that_skips_its_work_after_the_first_launches_is_never_ranked():
+    from kernellab.teach import exercise
+
+    k = kernellab.compile_cuda(FIRST_LAUNCH_ONLY, arch=exercise("01-vadd4").arch, first_line=2)["vadd4"]
+    r = kernellab.grade("01-vadd4", k)
+    kinds = [f.kind for f in r.findings]
+    assert not r.passed and "cached_result" in kinds and r.speed is None, str(r)
