@@ -11,7 +11,9 @@ How a check runs, trial by trial (trial t draws its inputs from `torch.Generator
    output's precision and atol scaled by the reference's RMS, so an all-zero output cannot pass. NaN or Inf
    where the reference is finite always fails. An argument the candidate changed but did not return fails.
 The check stops at the first failing trial and keeps that trial's errors; a passing check keeps the trial
-with the largest error.
+with the largest error. A candidate that cheats (writes nothing into recycled memory, returns a view or a subclass,
+caches, patches the comparison, calls the library op; docs/GRADING.md's threat model) fails with a finding that
+names the attack: `report.finding`, from kernellab.run.measure.integrity.
 """
 from __future__ import annotations
 
