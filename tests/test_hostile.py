@@ -555,3 +555,23 @@ def test_one_output_buffer_shared_by_every_call_is_not_judged_a_cache():
 
     inputs = lambda g: (1.0 + torch.rand(64, generator=g),)  # noqa: E731
     assert bench(into_one_buffer, inputs, timer=FakeClock(), reference=lambda x: x * 2, **QUICK).trusted
+
+
+def test_a_thread_pool_left_working_is_a_background_thread_but_the_frameworks_own_are_not():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernellab.run.measure.check import _infrastructure
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="cheat-pool")
+
+    def async_add(x, y):
+        out = torch.zeros_like(x)
+        pool.submit(lambda: (time.sleep(0.3), torch.add(x, y, out=out)))
+        return out
+
+    try:
+        rejected(check(async_add, torch.add, two_vectors), "background_thread")
+    finally:
+        pool.shutdown(wait=True)
+    framework = threading.Thread(target=torch.utils.data.get_worker_info)    # a function of torch's own
+    assert _infrastructure([framework]) and not _infrastructure([threading.Thread(target=time.sleep)])

@@ -227,6 +227,7 @@ def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials:
     state.library = bool(strict or allowed_ops is not None or forbidden_ops)
     state.allowed_ops, state.forbidden_ops = allowed_ops, tuple(forbidden_ops or ())
     state.guard = integrity.TimingGuard(extra=integrity.check_targets())
+    state.threads = integrity.ThreadWatch()
     with _worker.isolation(_worker.settings.isolate if isolate is None else isolate):
         for trial in range(trials):
             failure = state.run_trial(trial)
@@ -295,6 +296,7 @@ class _CheckState:
         self.trial_seed = seed
         self.pending_low = None            # (finding, trial): strict's low_precision on a passing trial
         self.guard = None                  # integrity.TimingGuard over what the comparison uses
+        self.threads = None                # integrity.ThreadWatch from the check's start
 
     # one trial ------------------------------------------------------------------------------------------------
     def run_trial(self, trial: int) -> CheckReport | None:
@@ -446,7 +448,7 @@ class _CheckState:
             _poison_(cand_args[i])
         if self.fill_free_memory:
             self.filled_bytes = max(self.filled_bytes, fill_free_memory(_cuda_devices(args)))
-        watch = integrity.ThreadWatch()
+        watch = self.threads or integrity.ThreadWatch()   # threads alive when the check began; others: the candidate's
         recorder = integrity.OpRecorder() if self.library and trial == 0 else None
         try:
             if recorder is not None:
@@ -1065,8 +1067,11 @@ def _rms(t) -> float:
     return float(a.pow(2).mean().sqrt()) if a.numel() else 0.0
 
 
-# Modules whose threads are the environment's, not the candidate's (kernellab's simulator, the notebook's own).
-_INFRASTRUCTURE_MODULES = ("kernellab.", "IPython.", "ipykernel.", "zmq.", "jupyter_client.", "tqdm.")
+# Modules whose threads are the environment's, not the candidate's: kernellab's simulator and worker, the notebook's,
+# and the frameworks' own (torch.compile's compile pools, Triton's): a thread the candidate starts itself runs its own
+# function or an executor's.
+_INFRASTRUCTURE_MODULES = ("kernellab.", "IPython.", "ipykernel.", "zmq.", "jupyter_client.", "tqdm.", "torch.",
+                           "triton.")
 
 
 def _infrastructure(threads) -> bool:
