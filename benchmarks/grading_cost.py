@@ -1,8 +1,8 @@
 """What the anti-cheating defences cost: grading time per submission with them and without (the same script run on a
 kernellab without them), on the CPU path and, where there is a GPU, on it.
 
-Method. Each row is the least (and the median) wall time of `--reps` gradings of one honest submission (the defences cost most when
-nothing trips them: every trial runs to the end):
+Method. Each row is the least (and the median) wall time of `--reps` gradings of one honest submission (the defences
+cost most when nothing trips them: every trial runs to the end):
 - `grade` of a Numba exercise in the simulator (00-flip's reference solution) and of a CUDA exercise without a GPU
   (01-reverse: compile, SASS and PTX checks only);
 - `check` of a torch candidate on the CPU (a 1,000,003-element add and a 257 x 129 x 65 matmul), default and
@@ -123,7 +123,8 @@ def rows(gpu: bool, reps: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpu", action="store_true", help="the GPU rows (CUDA tensors, the real clock, the grader in full)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the GPU rows (CUDA tensors, the real clock, the grader in full)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch's CPU threads (1: the work, not the scheduling, of "
                                                             "a machine shared with other jobs)")

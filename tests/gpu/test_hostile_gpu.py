@@ -230,7 +230,7 @@ def test_a_kernel_right_only_on_the_nan_fill_is_nondeterministic():
     assert not r.passed and "nondeterministic" in [f.kind for f in r.findings], str(r)
 
 
-# --- 12: impossible speed ----------------------------------------------------------------------------------------------
+# --- 12: impossible speed -------------------------------------------------------------------------------------------
 
 
 def test_a_declared_byte_count_beyond_the_roofline_is_impossible_speed(torch):

@@ -102,8 +102,8 @@ class CheckReport:
         gen = "" if self.generator_device == "cpu" else repr(self.generator_device)
         line = f"args = inputs(torch.Generator({gen}).manual_seed({self.failing_seed}))"
         if self.distribution != "given":
-            line += (f"; args = kernellab.run.measure.integrity.redraw(args, {self.distribution!r}, {self.failing_seed}, "
-                     f"skip={tuple(self.output_arguments)})")
+            line += (f"; args = kernellab.run.measure.integrity.redraw(args, {self.distribution!r}, "
+                     f"{self.failing_seed}, skip={tuple(self.output_arguments)})")
         return line
 
     def __str__(self) -> str:
