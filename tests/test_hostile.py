@@ -218,15 +218,15 @@ def test_patching_the_comparison_is_named_and_undone():
 
 
 def test_a_closed_form_that_fits_randn_is_named_in_strict_mode():
-    inputs = lambda g: (torch.randn(64, 4096, generator=g),)  # noqa: E731
+    inputs = lambda g: (torch.randn(32, 1024, generator=g),)  # noqa: E731
 
     def mean_square(x):
         return (x * x).mean(dim=-1)
 
-    def closed_form(x):                   # E[x^2] = 1 for randn: right within 5 % on the given inputs
+    def closed_form(x):                   # E[x^2] = 1 for randn: right within ~15 % on the given inputs
         return torch.ones(x.shape[0])
 
-    loose = dict(rtol=0.05, atol=0.05)
+    loose = dict(rtol=0.1, atol=0.05)
     assert check(closed_form, mean_square, inputs, **loose).passed        # the given distribution alone is fooled
     r = rejected(check(closed_form, mean_square, inputs, strict=True, **loose), "fits_test_data")
     assert r.distribution in ("uniform", "heavy_tailed", "offset") and "redraw" in r.reproduce
