@@ -560,7 +560,7 @@ def test_one_output_buffer_shared_by_every_call_is_not_judged_a_cache():
 def test_a_thread_pool_left_working_is_a_background_thread_but_the_frameworks_own_are_not():
     from concurrent.futures import ThreadPoolExecutor
 
-    from kernellab.run.measure.check import _infrastructure
+    from kernellab.run.measure.integrity import environment_threads
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="cheat-pool")
 
@@ -574,4 +574,4 @@ def test_a_thread_pool_left_working_is_a_background_thread_but_the_frameworks_ow
     finally:
         pool.shutdown(wait=True)
     framework = threading.Thread(target=torch.utils.data.get_worker_info)    # a function of torch's own
-    assert _infrastructure([framework]) and not _infrastructure([threading.Thread(target=time.sleep)])
+    assert environment_threads([framework]) and not environment_threads([threading.Thread(target=time.sleep)])

@@ -635,7 +635,7 @@ def test_initcheck_on_the_gpu_names_a_read_of_memory_never_written(fake_gpu):
 
 
 def test_an_impossible_speed_is_a_finding_and_never_recorded(fake_gpu, monkeypatch):
-    from kernellab.run.measure import bench as bench_mod
+    from kernellab.teach import grader as grader_mod
     from kernellab.run.measure.bench import BenchResult
     from kernellab.run.measure.integrity import IntegrityFinding
 
@@ -645,7 +645,7 @@ def test_an_impossible_speed_is_a_finding_and_never_recorded(fake_gpu, monkeypat
         return BenchResult(kw.get("name", "k"), 0.001, 0.001, 0.001, ((0.5, 0.001),), 10, 5, "fake", "fake",
                            baselines=(base,), findings=(flag,))
 
-    monkeypatch.setattr(bench_mod, "bench", fake_bench)
+    monkeypatch.setattr(grader_mod, "bench", fake_bench)
     from kernellab.teach.spec import SpeedBar
 
     ex = exercise("01-reverse")
@@ -677,7 +677,7 @@ def test_grade_many_reports_each_rejected_submission_with_its_finding(numba_reve
 
 
 def test_a_kernel_that_computes_only_on_its_first_launch_is_named_after_timing(fake_gpu, monkeypatch):
-    from kernellab.run.measure import bench as bench_mod
+    from kernellab.teach import grader as grader_mod
     from kernellab.run.measure.bench import BenchResult, Speedup
     from kernellab.teach.spec import SpeedBar
 
@@ -690,7 +690,7 @@ def test_a_kernel_that_computes_only_on_its_first_launch_is_named_after_timing(f
         return BenchResult(kw.get("name", "k"), 0.5, 0.5, 0.5, ((0.5, 0.5),), 10, 5, "fake", "fake",
                            baselines=(base,), speedups=(Speedup("a copy", 2.0, 2.0, 2.0, 5),))
 
-    monkeypatch.setattr(bench_mod, "bench", fake_bench)
+    monkeypatch.setattr(grader_mod, "bench", fake_bench)
     right = _reverse_threads(lambda b, dim: b * dim)
     launched = {"timing": 0}
 

@@ -33,18 +33,22 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from kernellab.analysis.roofline import datasheet_ceilings
 from kernellab.errors import KernellabError, LaunchError, NoGPUError
 from kernellab.render.bench_html import bench_result_html, sweep_html
 from kernellab.report import fmt_cell, mimebundle
 from kernellab.run.launch.launch import deferred_sync
 from ..launch import worker as _worker
 from ..launch.launch import is_sticky, unwaited_note
+from . import integrity
+from .check import as_outputs, mismatch_count
 _MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
 _SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
 _SLEEP_MIN_MS = 5.0        # the shortest: a first call that takes longer on the CPU is taken to wait for the GPU
@@ -469,10 +473,8 @@ class CudaClock:
 
     def persistence_finding(self, who: str):
         """An l2_persistence finding (after a reset) when the context or the timed stream persists L2 lines."""
-        from .integrity import L2Persistence
-
         stream = self.torch.cuda.current_stream(self.dev).cuda_stream
-        return L2Persistence().finding(stream, who)
+        return integrity.L2Persistence().finding(stream, who)
 
     def graph(self, calls: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
         """A zero-argument replay of one CUDA graph holding `calls` in order."""
@@ -611,9 +613,7 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
     _validate_options(fn, baselines, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles)
     flush_kind(flush_l2)
 
-    from . import integrity
-
-    guard = integrity.TimingGuard()          # before anything of the function's runs
+    guard = integrity.TimingGuard(extra=_guarded())          # before anything of the function's runs
     threads = integrity.ThreadWatch()
     if (_worker.settings.isolate if isolate is None else isolate) and timer is None:
         with _worker.isolation(True):
@@ -628,9 +628,7 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
 def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles, flush_l2,
            rotate, cuda_graph, seed, generator_device, name, device, timer, sustained=False, reference=None,
            ceilings=None, verify=True, guard=None, threads=None) -> BenchResult:
-    from . import integrity
-
-    guard = guard or integrity.TimingGuard()          # before anything of the function's runs
+    guard = guard or integrity.TimingGuard(extra=_guarded())          # before anything of the function's runs
     threads = threads or integrity.ThreadWatch()
     findings: list = []
     clock = timer if timer is not None else CudaClock(device, flush_l2=flush_l2, spin=not sustained)
@@ -766,15 +764,20 @@ def _integrity(findings: list, guard, threads, clock, when: str) -> None:
         findings.append(patched)
     thread = threads.finding("the function", grace_s=0.05)
     if thread is not None and "background_thread" not in seen:
-        from .check import _infrastructure
-
-        if not _infrastructure(threads.new()):
+        if not integrity.environment_threads(threads.new()):
             findings.append(thread)
     persistence = getattr(clock, "persistence_finding", None)
     if persistence is not None:
         l2 = persistence(f"the function ({when})")
         if l2 is not None and "l2_persistence" not in seen:
             findings.append(l2)
+
+
+def _guarded() -> list:
+    """bench's own functions that a timing goes through, for integrity.TimingGuard."""
+    here = sys.modules[__name__]
+    return [(here, n) for n in ("_result", "_speedup", "_cycle", "_bind", "_bind_keeping", "bench", "_bench")] + \
+        [(CudaClock, n) for n in ("time_calls", "flush", "escaped_ms", "_after_batch")]
 
 
 def _bind_keeping(f, args, store: dict, k: int):
@@ -795,11 +798,8 @@ def _verify_timed_outputs(name, arg_sets, outputs: dict, reference):
     sets is not judged here)."""
     import torch
 
-    from . import integrity
-    from .check import _as_outputs, mismatch_count
-
     try:
-        got = {k: _as_outputs(v, name) for k, v in outputs.items() if v is not None}
+        got = {k: as_outputs(v, name) for k, v in outputs.items() if v is not None}
     except Exception:
         return None
     got = {k: v for k, v in got.items() if v}
@@ -810,7 +810,7 @@ def _verify_timed_outputs(name, arg_sets, outputs: dict, reference):
         torch.cuda.synchronize()
     for k in sorted(got)[:_TIMED_SAMPLE]:
         try:
-            want = _as_outputs(reference(*_clone_tensors(arg_sets[k])), "reference")
+            want = as_outputs(reference(*_clone_tensors(arg_sets[k])), "reference")
         except Exception:
             return None
         if not want or len(want) != len(got[k]):
@@ -833,9 +833,6 @@ def _verify_fresh_inputs(fn, name, inputs, arg_sets, reference, seed, generator_
     against `fn` itself on a fresh copy of them (other memory)."""
     import torch
 
-    from . import integrity
-    from .check import _as_outputs, mismatch_count
-
     if not callable(inputs):
         return None
     try:
@@ -847,8 +844,8 @@ def _verify_fresh_inputs(fn, name, inputs, arg_sets, reference, seed, generator_
         for t, f in zip(target, fresh):
             if isinstance(t, torch.Tensor) and isinstance(f, torch.Tensor) and t.shape == f.shape:
                 t.copy_(f)
-        got = _as_outputs(fn(*target), name)
-        want = _as_outputs(reference(*_clone_tensors(target)) if reference is not None else
+        got = as_outputs(fn(*target), name)
+        want = as_outputs(reference(*_clone_tensors(target)) if reference is not None else
                            fn(*_clone_tensors(target)), "reference")
     except Exception:
         return None
@@ -868,29 +865,11 @@ def _verify_fresh_inputs(fn, name, inputs, arg_sets, reference, seed, generator_
 
 
 def _ceilings(clock, ceilings):
-    """The roofline ceilings for the impossible-speed bound: given, or measured ones cached on disk, or the
-    datasheet's for the clock's device (None where unknown)."""
+    """The roofline ceilings for the impossible-speed bound: given, else the datasheet's for the clock's device (None
+    where unknown). A datasheet's peaks are at or above what any measurement reaches: the bound never flags too much."""
     if ceilings is not None:
         return ceilings
-    from kernellab.analysis.roofline import DeviceCeilings, datasheet_ceilings
-
-    sheet = datasheet_ceilings(getattr(clock, "device", "") or "")
-    try:
-        import json
-
-        from .ceilings import cache_path
-
-        path = cache_path(clock.device)
-        measured = DeviceCeilings.from_json(json.loads(path.read_text())) if path.exists() else None
-    except Exception:
-        measured = None
-    if measured is None or sheet is None:
-        return measured or sheet
-    # The larger of each (a bound must never be too tight).
-    best = {k: max(v for v in (getattr(measured, k), getattr(sheet, k)) if v) if (getattr(measured, k) or
-            getattr(sheet, k)) else None for k in ("dram_gbps", "fp32_tflops", "tf32_tflops", "bf16_tflops",
-                                                   "fp16_tflops")}
-    return replace(measured, **best)
+    return datasheet_ceilings(getattr(clock, "device", "") or "")
 
 
 @contextlib.contextmanager

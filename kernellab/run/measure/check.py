@@ -18,6 +18,7 @@ names the attack: `report.finding`, from kernellab.run.measure.integrity.
 from __future__ import annotations
 
 import math
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -28,6 +29,7 @@ from kernellab.errors import KernellabError
 from kernellab.render.check_html import check_report_html
 from kernellab.report import mimebundle
 from ..launch import worker as _worker
+from . import integrity
 
 # Default tolerances per arithmetic precision: (rtol, atol as a multiple of the reference's RMS).
 # u is the unit roundoff 2**-(mantissa bits + 1). Summing in a different order, fused multiply-adds and
@@ -214,8 +216,6 @@ def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials:
     `allowed_ops` names them, nor any of `forbidden_ops` ("library_call"; either also turns this on alone).
     """
     _validate(candidate, reference, inputs, trials, atol, rtol, precision, outputs)
-    from . import integrity
-
     if distributions is None:
         distributions = integrity.DISTRIBUTIONS if strict else ("given",)
     distributions = tuple(distributions)
@@ -226,7 +226,7 @@ def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials:
     state.strict, state.distributions = bool(strict), distributions
     state.library = bool(strict or allowed_ops is not None or forbidden_ops)
     state.allowed_ops, state.forbidden_ops = allowed_ops, tuple(forbidden_ops or ())
-    state.guard = integrity.TimingGuard(extra=integrity.check_targets())
+    state.guard = integrity.TimingGuard(extra=integrity.check_targets(sys.modules[__name__]))
     state.threads = integrity.ThreadWatch()
     with _worker.isolation(_worker.settings.isolate if isolate is None else isolate):
         for trial in range(trials):
@@ -302,8 +302,6 @@ class _CheckState:
     def run_trial(self, trial: int) -> CheckReport | None:
         """Run one trial; a report when it fails, None when it passes."""
         import torch
-
-        from . import integrity
 
         seed = self.seed + trial
         self.trial_seed = seed
@@ -441,8 +439,6 @@ class _CheckState:
         """(outputs, its arguments) of the candidate on a copy of `args`, or a failing report. Its output arguments
         are filled with NaN (and free GPU memory too); the threads it leaves and (strict) the ops it calls are
         watched."""
-        from . import integrity
-
         cand_args = _clone(args)
         for i in self.outputs or ():
             _poison_(cand_args[i])
@@ -464,7 +460,7 @@ class _CheckState:
             return self._found("harness_patched", f"the candidate replaced {', '.join(patched[:6])} (put back): the "
                                                   f"comparison cannot be trusted", trial)
         thread = watch.finding("the candidate", grace_s=0.05)
-        if thread is not None and not _infrastructure(watch.new()):
+        if thread is not None and not integrity.environment_threads(watch.new()):
             return self._found(thread.kind, thread.message, trial)
         if recorder is not None and recorder.streams:
             import torch
@@ -485,7 +481,7 @@ class _CheckState:
         if returned is None and self.outputs:
             returned = tuple(cand_args[i] for i in self.outputs)
         try:
-            cand = _as_outputs(returned, "candidate")
+            cand = as_outputs(returned, "candidate")
         except _OutputTypeError as exc:
             return self._failed(str(exc), trial)
         if cand is None:
@@ -504,7 +500,7 @@ class _CheckState:
             returned = self.candidate(*cand_args)
             if returned is None and self.outputs:
                 returned = tuple(cand_args[i] for i in self.outputs)
-            cand = _as_outputs(returned, "candidate")
+            cand = as_outputs(returned, "candidate")
             return cand is not None and len(cand) == len(ref) and all(
                 not _compare(j, c, r, r, self.atol, self.rtol, self.precision).mismatches
                 for j, (c, r) in enumerate(zip(cand, ref)))
@@ -514,8 +510,6 @@ class _CheckState:
     def _library_kernels(self, args):
         """library_call when one more call of the candidate, under torch.profiler, launches a vendor library's
         kernel (cuBLAS, CUTLASS, cuDNN, flash-attention: kernels outside torch's dispatcher, e.g. through CuPy)."""
-        from . import integrity
-
         try:
             names = integrity.profiled_kernels(lambda: self.candidate(*_clone(args)))
         except Exception:
@@ -529,8 +523,6 @@ class _CheckState:
 
     def _reference_ops(self, args) -> set[str]:
         """The compute ops (aten) the reference dispatches on a copy of `args`."""
-        from . import integrity
-
         rec = integrity.OpRecorder()
         try:
             with rec:
@@ -557,7 +549,7 @@ class _CheckState:
         if returned is None and self.outputs:
             returned = tuple(cand_args[i] for i in self.outputs)
         try:
-            cand = _as_outputs(returned, "candidate")
+            cand = as_outputs(returned, "candidate")
         except _OutputTypeError as exc:
             return self._failed(str(exc), trial)
         for j, (c, r_nat, r_val) in enumerate(zip(cand or (), ref_native, ref_values)):
@@ -574,8 +566,6 @@ class _CheckState:
         """Name a mismatch that is an attack: the free-memory fill or the previous trial's answer (stale_output),
         the candidate's own earlier answer (cached_result), or low precision."""
         import torch
-
-        from . import integrity
 
         if c.is_floating_point() and c.numel() and c.element_size() in (2, 4, 8):
             bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[c.element_size()]
@@ -603,7 +593,7 @@ class _CheckState:
             kind = "cached_result"
             try:
                 self._call_reference(args)
-                again = _as_outputs(self.candidate(*_clone(args)), "candidate")
+                again = as_outputs(self.candidate(*_clone(args)), "candidate")
                 if again is not None and j < len(again) and tuple(again[j].shape) == tuple(c.shape) and \
                         not _compare(j, again[j], r_val, r_val, self.atol, self.rtol, self.precision).mismatches:
                     kind = "stale_output"
@@ -623,7 +613,7 @@ class _CheckState:
     def _call_reference(self, args, upcast: bool = False):
         """The reference's outputs on a copy of `args`; its output arguments where it returns None."""
         ref_args = _clone(args, upcast=upcast)
-        out = _as_outputs(self.reference(*ref_args), "reference")
+        out = as_outputs(self.reference(*ref_args), "reference")
         if out is None and self.outputs:
             out = tuple(ref_args[i] for i in self.outputs)
         return out
@@ -638,7 +628,7 @@ class _CheckState:
         except Exception as exc:
             return self._raised("the candidate", exc, trial)
         try:
-            probe = _as_outputs(returned, "candidate")
+            probe = as_outputs(returned, "candidate")
         except _OutputTypeError:
             return ()
         if probe is None or ref_native is None:
@@ -650,7 +640,7 @@ class _CheckState:
             poisoned = _clone(args)
             _poison_(poisoned[i])
             try:
-                ref_poisoned = _as_outputs(self.reference(*poisoned), "reference")
+                ref_poisoned = as_outputs(self.reference(*poisoned), "reference")
             except Exception:
                 continue                       # the reference cares about its contents: an input too
             if ref_poisoned is not None and len(ref_poisoned) == len(ref_native) and all(
@@ -700,9 +690,7 @@ class _CheckState:
     def _found(self, kind: str, why: str, trial: int, mutated: tuple[str, ...] = (), mismatches: int = 0
                ) -> CheckReport:
         """A failing report for an attack: an integrity finding of `kind`, and the message says it."""
-        from .integrity import IntegrityFinding
-
-        self.findings.append(IntegrityFinding(kind, why))
+        self.findings.append(integrity.IntegrityFinding(kind, why))
         fields = self._base(trial, passed=False)
         fields.update(message=f"trial {trial} (seed {self.seed + trial}): {kind}: {why}", mutated_inputs=mutated,
                       mismatches=mismatches)
@@ -855,7 +843,7 @@ class _OutputTypeError(Exception):
     """A callable returned something that is not a tensor (or a tuple of tensors)."""
 
 
-def _as_outputs(value, who: str):
+def as_outputs(value, who: str):
     """A tuple of tensors from a tensor, a tuple/list of tensors, NumPy arrays or scalars; None for None."""
     import torch
 
@@ -1065,22 +1053,6 @@ def _rms(t) -> float:
     a = t.detach().abs().to(torch.float64)
     a = a[torch.isfinite(a)]
     return float(a.pow(2).mean().sqrt()) if a.numel() else 0.0
-
-
-# Modules whose threads are the environment's, not the candidate's: kernellab's simulator and worker, the notebook's,
-# and the frameworks' own (torch.compile's compile pools, Triton's): a thread the candidate starts itself runs its own
-# function or an executor's.
-_INFRASTRUCTURE_MODULES = ("kernellab.", "IPython.", "ipykernel.", "zmq.", "jupyter_client.", "tqdm.", "torch.",
-                           "triton.")
-
-
-def _infrastructure(threads) -> bool:
-    """True when every thread runs a function of the environment (the simulator, the notebook), not the candidate's."""
-    def module(t):
-        target = getattr(t, "_target", None) or getattr(type(t), "run", None)
-        return getattr(target, "__module__", "") or ""
-
-    return bool(threads) and all(module(t).startswith(_INFRASTRUCTURE_MODULES) for t in threads)
 
 
 def _storage_ptr(t) -> int:

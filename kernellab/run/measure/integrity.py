@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import statistics
 import sys
 import threading
 import time
@@ -53,9 +54,7 @@ class IntegrityFinding:
 # --- patched timing -----------------------------------------------------------------------------------------------
 
 def _timing_targets() -> list[tuple[Any, str]]:
-    """(owner, attribute) of every function a timing or its statistics goes through."""
-    import statistics
-
+    """(owner, attribute) of every function a timing or its statistics goes through (bench adds its own)."""
     targets: list[tuple[Any, str]] = [
         (time, "perf_counter"), (time, "perf_counter_ns"), (time, "time"), (time, "monotonic"), (time, "sleep"),
         (statistics, "median"), (statistics, "mean"), (np, "median"), (np, "quantile"), (np, "mean"),
@@ -70,28 +69,17 @@ def _timing_targets() -> list[tuple[Any, str]]:
         targets += [(event, name) for name in ("record", "elapsed_time", "synchronize", "query")]
     except ImportError:                                   # pragma: no cover - torch is a dependency of check/bench
         pass
-    for modname in ("kernellab.run.measure.bench",):
-        mod = sys.modules.get(modname)
-        if mod is None:
-            continue
-        targets += [(mod, name) for name in ("_result", "_speedup", "_cycle", "_bind", "bench", "_bench")
-                    if hasattr(mod, name)]
-        clock = getattr(mod, "CudaClock", None)
-        if clock is not None:
-            targets += [(clock, name) for name in ("time_calls", "flush", "time_synced", "_after_batch")
-                        if name in vars(clock)]
     return targets
 
 
-def check_targets() -> list[tuple[Any, str]]:
-    """(owner, attribute) of what `check` compares with: its own functions and the torch operators they use."""
+def check_targets(check_module) -> list[tuple[Any, str]]:
+    """(owner, attribute) of what `check` compares with: its own functions (in `check_module`) and the torch
+    operators they use."""
     import torch
 
-    targets: list[tuple[Any, str]] = []
-    mod = sys.modules.get("kernellab.run.measure.check")
-    if mod is not None:
-        targets += [(mod, n) for n in ("_compare", "mismatch_count", "_mutations", "_aliased", "_as_outputs", "_clone",
-                                       "_poison_", "fill_free_memory", "_identical", "CheckReport")]
+    targets: list[tuple[Any, str]] = [(check_module, n) for n in (
+        "_compare", "mismatch_count", "_mutations", "_aliased", "as_outputs", "_clone", "_poison_", "fill_free_memory",
+        "_identical", "CheckReport") if hasattr(check_module, n)]
     targets += [(sys.modules[__name__], n) for n in ("output_problems", "redraw", "low_precision_finding",
                                                      "library_finding", "OpRecorder", "ThreadWatch")]
     targets += [(torch, n) for n in ("where", "isfinite", "isnan", "equal", "topk", "nonzero")]
@@ -165,6 +153,21 @@ class ThreadWatch:
         return IntegrityFinding("background_thread", f"{who} returned with {len(alive)} thread"
                                                      f"{'s' if len(alive) != 1 else ''} of its own still running "
                                                      f"({names}): work there escapes the check and the timing")
+
+
+# Modules whose threads are the environment's, not the candidate's: kernellab's simulator and worker, the notebook's,
+# and the frameworks' own (torch.compile's compile pools, Triton's): a thread the candidate starts itself runs its own
+# function or an executor's.
+ENVIRONMENT_MODULES = ("kernellab.", "IPython.", "ipykernel.", "zmq.", "jupyter_client.", "tqdm.", "torch.", "triton.")
+
+
+def environment_threads(threads) -> bool:
+    """True when every thread runs a function of the environment (ENVIRONMENT_MODULES), none the candidate's."""
+    def module(t):
+        target = getattr(t, "_target", None) or getattr(type(t), "run", None)
+        return getattr(target, "__module__", "") or ""
+
+    return bool(threads) and all(module(t).startswith(ENVIRONMENT_MODULES) for t in threads)
 
 
 # --- fake outputs --------------------------------------------------------------------------------------------------
@@ -391,9 +394,10 @@ class L2Persistence:
 
     def __init__(self, lib=None):
         if lib is None:
-            from ..launch.cudriver import _lib_or_none
-
-            lib = _lib_or_none()
+            try:
+                lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+            except OSError:
+                lib = None
         self.lib = lib
         if lib is not None and isinstance(lib, ctypes.CDLL):
             p = ctypes.c_void_p
@@ -448,17 +452,18 @@ class L2Persistence:
 # --- impossible speed ----------------------------------------------------------------------------------------------
 
 IMPOSSIBLE_MARGIN = 0.8       # flagged below 80 % of the roofline's least time: measured ceilings carry ~5 % noise
+FP8_FACTOR = 2.0              # the ceilings' highest roof is bf16/fp16; fp8 tensor cores run twice that
 
 
 def roofline_floor_ms(flops: float | None, bytes_moved: float | None, ceilings, dram: bool = True) -> float | None:
-    """The least time the roofline allows: the larger of flops at the device's highest compute roof and bytes at
-    its DRAM bandwidth (when `dram`: the data comes from DRAM, i.e. the L2 was flushed). None without either."""
+    """The least time the roofline allows: the larger of flops at twice the device's highest compute roof (fp8) and
+    bytes at its DRAM bandwidth (when `dram`: the data comes from DRAM, i.e. the L2 was flushed). None without either."""
     if ceilings is None:
         return None
     floors = []
     roofs = [v for _, v in ceilings.roofs()] if hasattr(ceilings, "roofs") else []
     if flops and roofs:
-        floors.append(flops / (max(roofs) * 1e12) * 1e3)
+        floors.append(flops / (FP8_FACTOR * max(roofs) * 1e12) * 1e3)
     if bytes_moved and dram and getattr(ceilings, "dram_gbps", None):
         floors.append(bytes_moved / (ceilings.dram_gbps * 1e9) * 1e3)
     return max(floors) if floors else None
