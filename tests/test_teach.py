@@ -404,8 +404,9 @@ def test_gpu_grading_runs_every_config_isolated_and_passes_a_right_kernel(fake_g
     finally:
         unregister("t-rev-small")
     assert r.passed and r.complete and not r.needs_gpu, str(r)
-    assert len(k.launches) == 3 * 4 and all(iso is True for _, _, iso in k.launches)   # 3 shapes x 4 blocks
-    assert [c.what for c in r.checks][-1] == "memcheck"
+    # 3 shapes x 4 blocks, then the determinism run's two launches (outputs zeroed, then filled)
+    assert len(k.launches) == 3 * 4 + 2 and all(iso is True for _, _, iso in k.launches)
+    assert [c.what for c in r.checks][-2:] == ["memcheck", "initcheck"]
 
 
 def test_gpu_grading_turns_sanitizer_reports_into_findings_at_cell_lines(fake_gpu):
@@ -584,3 +585,146 @@ def test_a_barrier_only_some_threads_reach_fails_in_the_simulator():
     [f] = r.findings
     assert f.kind == "barrier" and "Divergent thread(s) in warp" in f.message and "cuda.syncthreads()" in f.message
     assert f.hint == ex.hints["barrier"]
+
+
+# --- hostile kernels: the grader names the attack (docs/GRADING.md's threat model) --------------------------------
+
+INITCHECK_UNINIT = """========= COMPUTE-SANITIZER
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at reverse+0x90 in cell.cu:6
+=========     by thread (3,0,0) in block (0,0,0)
+=========     Address 0x7f5c94800404
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def _grade_small(k):
+    ex = exercise("01-reverse")
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-hostile", "shapes": (31, 257),
+                         "speed": None}))
+    try:
+        return kernellab.grade("t-rev-hostile", k)
+    finally:
+        unregister("t-rev-hostile")
+
+
+def test_a_kernel_that_writes_into_its_input_is_named_on_the_gpu_path(fake_gpu):
+    right = _reverse_threads(lambda b, dim: b * dim)
+
+    def scribbles(grid, block, x, out, n):
+        right(grid, block, x, out, n)
+        x[0] = 0.0
+    r = _grade_small(fake_gpu(scribbles))
+    assert not r.passed and "input_mutated" in [f.kind for f in r.findings], str(r)
+
+
+def test_a_kernel_that_writes_into_its_input_is_named_in_the_simulator(numba_reverse):
+    src = ("@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.grid(1)\n    if i < n:\n        out[i] = inp[n - 1 - i]\n"
+           "        cuda.syncthreads()\n        inp[i] = 0.0\n")
+    r = kernellab.grade("t-reverse-numba", _numba(src))
+    assert not r.passed and "input_mutated" in [f.kind for f in r.findings], str(r)
+
+
+def test_a_kernel_right_only_on_nan_filled_output_is_named_nondeterministic(fake_gpu):
+    right = _reverse_threads(lambda b, dim: b * dim)
+
+    def reads_before_writing(grid, block, x, out, n):
+        prior = out.copy()
+        right(grid, block, x, out, n)
+        keep = ~np.isnan(prior)
+        out[keep] = prior[keep]           # "uninitialised" memory that happened to hold the grader's NaN fill
+    r = _grade_small(fake_gpu(reads_before_writing))
+    assert not r.passed and [f.kind for f in r.findings] == ["nondeterministic"], str(r)
+    assert _grade_small(fake_gpu(right)).passed
+
+
+def test_initcheck_on_the_gpu_names_a_read_of_memory_never_written(fake_gpu):
+    r = _grade_small(fake_gpu(_reverse_threads(lambda b, dim: b * dim), {"initcheck": INITCHECK_UNINIT}))
+    assert not r.passed and [f.kind for f in r.findings] == ["uninitialized"], str(r)
+    assert any(c.what == "initcheck" and not c.passed for c in r.checks)
+
+
+def test_an_impossible_speed_is_a_finding_and_never_recorded(fake_gpu, monkeypatch):
+    from kernellab.teach import grader as grader_mod
+    from kernellab.run.measure.bench import BenchResult
+    from kernellab.run.measure.integrity import IntegrityFinding
+
+    def fake_bench(fn, inputs, baselines=None, **kw):
+        base = BenchResult("torch.add", 1.0, 1.0, 1.0, ((0.5, 1.0),), 10, 5, "fake", "fake")
+        flag = IntegrityFinding("impossible_speed", "0.001 us is 1000 x faster than the roofline allows")
+        return BenchResult(kw.get("name", "k"), 0.001, 0.001, 0.001, ((0.5, 0.001),), 10, 5, "fake", "fake",
+                           baselines=(base,), findings=(flag,))
+
+    monkeypatch.setattr(grader_mod, "bench", fake_bench)
+    from kernellab.teach.spec import SpeedBar
+
+    ex = exercise("01-reverse")
+    bar = SpeedBar(fraction=0.5, baseline="a copy", run_baseline=lambda *a: None, shape=(257,),
+                   bytes=lambda shape: 8 * shape[0])
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-speed", "shapes": (31, 257),
+                         "speed": bar}))
+    try:
+        r = kernellab.grade("t-rev-speed", fake_gpu(_reverse_threads(lambda b, dim: b * dim)))
+    finally:
+        unregister("t-rev-speed")
+    assert not r.passed and [f.kind for f in r.findings] == ["impossible_speed"], str(r)
+    assert r.speed is None and any("never ranked" in n for n in r.notes)
+
+
+def test_grade_many_reports_each_rejected_submission_with_its_finding(numba_reverse):
+    good = "@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.grid(1)\n    if i < n:\n        out[i] = inp[n - 1 - i]\n"
+    scribbler = good + "        cuda.syncthreads()\n        inp[i] = 0.0\n"
+    unguarded = "@cuda.jit\ndef rev(inp, out, n):\n    i = cuda.grid(1)\n    out[i] = inp[n - 1 - i]\n"
+    table = kernellab.grade_many("t-reverse-numba", {"ada": _numba(good), "bob": _numba(scribbler),
+                                                     "cy": _numba(unguarded)}, progress=False)
+    assert [r.status for r in table.rows] == ["passed", "failed", "failed"]
+    ada, bob, cy = table.rows
+    assert ada.kinds == () and ada.finding is None and ada.ranked
+    assert "input_mutated" in bob.kinds and not bob.ranked and cy.finding == "out_of_bounds"
+    text = str(table)
+    assert "input_mutated" in text.split("bob")[1].splitlines()[0] and "out_of_bounds: out of bounds" in text
+    assert table.to_json()["rows"][2]["finding"] == "out_of_bounds"
+
+
+def test_a_kernel_that_computes_only_on_its_first_launch_is_named_after_timing(fake_gpu, monkeypatch):
+    from kernellab.teach import grader as grader_mod
+    from kernellab.run.measure.bench import BenchResult, Speedup
+    from kernellab.teach.spec import SpeedBar
+
+    def fake_bench(fn, inputs, baselines=None, **kw):
+        for _ in range(3):
+            fn(*inputs)                   # the "timed" launches
+        for b in (baselines or {}).values():
+            b(*inputs)
+        base = BenchResult("a copy", 1.0, 1.0, 1.0, ((0.5, 1.0),), 10, 5, "fake", "fake")
+        return BenchResult(kw.get("name", "k"), 0.5, 0.5, 0.5, ((0.5, 0.5),), 10, 5, "fake", "fake",
+                           baselines=(base,), speedups=(Speedup("a copy", 2.0, 2.0, 2.0, 5),))
+
+    monkeypatch.setattr(grader_mod, "bench", fake_bench)
+    right = _reverse_threads(lambda b, dim: b * dim)
+    launched = {"timing": 0}
+
+    def first_launch_only(grid, block, x, out, n):
+        if n == 4096:                     # the speed bar's shape: a `__device__` flag skips every later launch
+            launched["timing"] += 1
+            if launched["timing"] > 1:
+                return
+        right(grid, block, x, out, n)
+
+    def copy_baseline(x, out, n):
+        out[:] = x[::-1]
+
+    ex = exercise("01-reverse")
+    bar = SpeedBar(fraction=0.5, baseline="a copy", run_baseline=copy_baseline, shape=(4096,))
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-first", "shapes": (31, 257),
+                         "speed": bar}))
+    try:
+        r = kernellab.grade("t-rev-first", fake_gpu(first_launch_only))
+        launched["timing"] = 0
+        honest = kernellab.grade("t-rev-first", fake_gpu(right))
+    finally:
+        unregister("t-rev-first")
+    assert not r.passed and [f.kind for f in r.findings] == ["cached_result"], str(r)
+    assert r.speed is None
+    assert honest.passed and honest.speed is not None, str(honest)

@@ -81,6 +81,8 @@ def bench_result_html(result) -> str:
              fmt_cell(r.tflops), fmt_cell(r.gbps)) for r in (result, *result.baselines)]
     table = html_table(("function", "median ms", "25%-75% ms", "reps", "TFLOP/s", "GB/s"), rows)
     speed = "".join(f"<div>speed-up {esc(s)}</div>" for s in result.speedups)
+    speed += "".join(f'<div style="color:#c00"><b>not trusted, {esc(f.kind)}</b>: {esc(f.message)}</div>'
+                     for f in getattr(result, "findings", ()))
     return (f'<div class="kernellab-bench">{table}{speed}'
             f'<div style="font-size:85%;color:#555">{esc(result.device)}: {esc(result.method)}</div></div>')
 

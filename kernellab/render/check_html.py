@@ -82,6 +82,8 @@ def check_report_html(report) -> str:
             parts.append(f"<div>reference computed in {esc(report.reference_precision)}</div>")
         if getattr(report, "reference_note", None):
             parts.append(f'<div style="color:#9a6700">note: {esc(report.reference_note)}</div>')
+    for f in getattr(report, "findings", ()):
+        parts.append(f'<div style="color:{_FAIL}"><b>{esc(f.kind)}</b>: {esc(f.message)}</div>')
     if report.mutated_inputs:
         parts.append(f"<div>changed inputs: {esc(', '.join(report.mutated_inputs))}</div>")
     if report.exception:

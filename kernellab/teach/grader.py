@@ -73,6 +73,14 @@ DEFAULT_HINTS = {
     "zero_output": "the output is all zeros: is the result stored to the output argument?",
     "input_copy": "the output is the input unchanged: the index mapping is missing",
     "launch_config": "the kernel must work for every block size the grader tries: use blockDim, not a constant",
+    "input_mutated": "inputs are read-only: write results only to the output arguments",
+    "nondeterministic": "initialise everything you read: a value left in memory by an earlier run is not an input",
+    "cached_result": "compute on every launch: no `__device__` state that skips the work after the first",
+    "impossible_speed": "check the kernel writes its whole output; a time below the roofline means work was skipped",
+    "timer_patched": "leave the timing alone: the grader measures the kernel, not Python",
+    "other_stream": "launch on the current stream: work elsewhere escapes the timing",
+    "background_thread": "do the work before returning: threads left running escape the timing",
+    "l2_persistence": "leave the L2 persistence settings alone: the grader flushes the cache before each launch",
     "error": "the kernel raised in the simulator: the line is named above",
     "spec": "this is a bug in the exercise, not in your kernel: please report it",
     "internal": "this is a bug in the grader, not (necessarily) in your kernel: please report it",
@@ -185,6 +193,8 @@ class _Grading:
             self.sim_racecheck(k)
         elif gpu:
             ran_ok = self.run_all(k, simulated=False)
+            if ran_ok:
+                self.determinism(k)
             if ex.kind == "numba":
                 self.numba_static_checks(k)
             self.sanitizers(k)
@@ -199,7 +209,7 @@ class _Grading:
             if want_speed and ex.speed is not None and ran_ok and not self.findings:
                 self.measure_speed(k)
         else:
-            tools = ", ".join(self.sanitizer_tools())
+            tools = ", ".join(self.sanitizer_tools(gpu=True))
             shapes = ex.shapes
             configs = sum(len(ex.launch.configs(s)) for s in shapes)
             self.needs_gpu = (f"running it ({configs} launches on {len(shapes)} problem shapes with fresh random "
@@ -365,18 +375,32 @@ class _Grading:
                                       f"wrong with block {', '.join(_dim(b) for b in tried if b in failing)}")
         return not failed
 
-    def run_one(self, k, args, expected, grid, block, where, simulated) -> bool:
+    def run_one(self, k, args, expected, grid, block, where, simulated, poison=None) -> bool:
         ex = self.ex
         for i in ex.outputs:
-            _cmp.poison_(args[i])
+            if poison is None:
+                _cmp.poison_(args[i])
+            else:
+                args[i][...] = poison
         inputs = {ex.arg_name(i): a for i, a in enumerate(args)
                   if isinstance(a, np.ndarray) and i not in ex.outputs}
+        before = {name: a.copy() for name, a in inputs.items()}
         try:
             outs = self._launch_sim(k, args, grid, block) if simulated else self._launch_gpu(k, args, grid, block)
         except _RunFailed as exc:
             self.add(exc.kind, exc.message, cell_line=exc.cell_line, where=where)
             if exc.kind in ("fault", "timeout"):
                 raise                           # each costs a fresh worker: one is enough, the sanitizer says where
+            return False
+        after = inputs if simulated else {ex.arg_name(i): _to_host(a) for i, a in enumerate(self._last_dev)
+                                          if ex.arg_name(i) in before}
+        changed = [name for name, old in before.items()
+                   if not np.array_equal(old, after[name], equal_nan=old.dtype.kind in "fc")]
+        if changed:
+            self.add("input_mutated", f"the kernel wrote into {', '.join(f'`{n}`' for n in changed)}, "
+                                      f"{'an input' if len(changed) == 1 else 'inputs'} it must only read",
+                     where=where)
+            self.check("inputs unchanged", False, ", ".join(changed))
             return False
         ok = True
         for j, (i, out) in enumerate(zip(ex.outputs, outs)):
@@ -404,6 +428,7 @@ class _Grading:
 
     def _launch_gpu(self, k, args, grid, block):
         dev = _to_device(args)
+        self._last_dev = dev
         try:
             k.launch(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, isolate=True, timeout_s=30)
         except IsolatedLaunchError as exc:
@@ -413,10 +438,43 @@ class _Grading:
             raise _RunFailed("fault", str(exc).splitlines()[0]) from None
         return [_to_host(dev[i]) for i in self.ex.outputs]
 
+    def determinism(self, k) -> None:
+        """The sanitizer's shape again, twice, with the outputs first holding zeros and then the largest finite value
+        (not the NaN of the other runs): a kernel that reads memory it never wrote, or races, disagrees."""
+        shape, grid, block, args = self._sanitize_launch()
+        expected = _as_tuple(self.ex.reference(*_copy(args)))
+        where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)} (determinism run)"
+        results = []
+        for fill in ("zero", "max"):
+            run_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+            value = {i: _fill_value(run_args[i].dtype, fill) for i in self.ex.outputs}
+            before = len(self.findings)
+            try:
+                ok = self._quiet_run(k, run_args, expected, grid, block, where, value)
+            except _RunFailed:
+                return
+            del self.findings[before:]           # the verdict of a determinism run is the one finding below
+            results.append(ok)
+        ok = all(results)
+        if not self.check("two more runs agree (outputs zeroed, then filled)", ok, where):
+            self.add("nondeterministic", "the kernel's answer changes with what the output memory held before it ran "
+                                         "(zeros, or the largest value): it reads memory it never wrote, or races",
+                     where=where)
+
+    def _quiet_run(self, k, args, expected, grid, block, where, fills) -> bool:
+        ex = self.ex
+        for i in ex.outputs:
+            args[i][...] = fills[i]
+        outs = self._launch_gpu(k, args, grid, block)
+        return all(not _cmp.mismatches(out, np.asarray(expected[j]), ex.rtol, ex.atol).any()
+                   for j, out in enumerate(outs))
+
     # -- sanitizers -------------------------------------------------------------------------------------------
-    def sanitizer_tools(self) -> tuple[str, ...]:
+    def sanitizer_tools(self, gpu: bool = False) -> tuple[str, ...]:
         ex = self.ex
         tools = ["memcheck"]
+        if gpu:
+            tools.append("initcheck")     # reads of global memory never written (shared memory: the simulator's)
         if ex.needs_shared or ex.needs_barrier:
             tools.append("racecheck")
         if ex.needs_barrier:
@@ -436,7 +494,7 @@ class _Grading:
         shape, grid, block, args = self._sanitize_launch()
         dev = _to_device(args)
         where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
-        for tool in self.sanitizer_tools():
+        for tool in self.sanitizer_tools(gpu=True):
             try:
                 rep = k.sanitize(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, tool=tool,
                                  timeout_s=120)
@@ -531,9 +589,39 @@ class _Grading:
         except Exception as exc:
             self.notes.append(f"the speed bar was not measured: {type(exc).__name__}: {str(exc).splitlines()[0]}")
             return
+        for f in getattr(result, "findings", ()):
+            self.add(f.kind, f"the speed measurement: {f.message}")
+        self.after_timing(yours, args, dev, shape)
+        if not getattr(result, "trusted", True) or any(f.kind == "cached_result" for f in self.findings):
+            self.notes.append("the speed was not recorded: a timing defence tripped (flagged, never ranked)")
+            return
         base = result.baselines[0]
         self.speed = Speed(bar=bar.describe(), fraction=bar.fraction, ratio=result.speedup(bar.baseline).ratio,
                            kernel_ms=result.median_ms, baseline_ms=base.median_ms, gbps=result.gbps, shape=shape)
+
+
+    def after_timing(self, yours, args, dev, shape) -> None:
+        """One more launch as timed, on outputs filled again with the poison (the baseline wrote its answer there):
+        a kernel that computes only on its first launch (a static `__device__` flag) leaves them unwritten. (Only
+        unwritten elements count: the values were checked on the grading shapes, whose tolerances hold there.)"""
+        ex = self.ex
+        host = [np.array(args[i], copy=True) for i in ex.outputs]
+        for i, h in zip(ex.outputs, host):
+            _cmp.poison_(h)
+            _copy_into(dev[i], h)
+        try:
+            yours(*dev)
+        except Exception as exc:
+            self.notes.append(f"the launch after timing raised: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            return
+        for i in ex.outputs:
+            never = _cmp.unwritten(_to_host(dev[i]))
+            if never.any():
+                self.add("cached_result", f"after timing, one more launch at shape {shape} left "
+                                          f"{int(never.sum()):,} elements of `{ex.arg_name(i)}` unwritten: the kernel "
+                                          f"does not compute on every launch (state kept from an earlier launch), so "
+                                          f"its time is not its work")
+                return
 
 
 class _RunFailed(Exception):
@@ -594,6 +682,17 @@ def _as_tuple(v) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
 
+def _fill_value(dtype, fill: str):
+    """0, or the largest value of `dtype` (finite for floats; True for booleans)."""
+    if fill == "zero":
+        return 0
+    if dtype.kind == "f":
+        return np.finfo(dtype).max
+    if dtype.kind == "b":
+        return True
+    return np.iinfo(dtype).max
+
+
 def _copy(args) -> tuple:
     return tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
 
@@ -603,6 +702,16 @@ def _to_device(args) -> tuple:
     import torch
 
     return tuple(torch.from_numpy(np.ascontiguousarray(a)).cuda() if isinstance(a, np.ndarray) else a for a in args)
+
+
+def _copy_into(dst, src: np.ndarray) -> None:
+    """Copy host `src` into device tensor (or, on a fake GPU, array) `dst` in place."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = src
+    else:
+        import torch
+
+        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)))
 
 
 def _to_host(t) -> np.ndarray:

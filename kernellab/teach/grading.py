@@ -38,14 +38,26 @@ class GradeRow:
     worker: str | None = None
     wall_ms: float | None = None
     result: Any = field(default=None, repr=False, compare=False)   # the grader's own result, where it could travel
+    kinds: tuple[str, ...] = ()          # each finding's kind, in order ("stale_output", "impossible_speed", ...)
 
     @property
     def status(self) -> str:
         return "error" if self.passed is None else "passed" if self.passed else "failed"
 
+    @property
+    def finding(self) -> str | None:
+        """The kind of the first finding (what rejected it), or None."""
+        return self.kinds[0] if self.kinds else None
+
+    @property
+    def ranked(self) -> bool:
+        """Whether its time may be ranked: it passed and no finding flags it (an impossible speed never is)."""
+        return self.passed is True and not self.kinds
+
     def to_json(self) -> dict:
         return {"submission": self.submission, "status": self.status, "passed": self.passed,
-                "findings": list(self.findings), "error": self.error, "device": self.device, "gpu": self.gpu,
+                "findings": list(self.findings), "kinds": list(self.kinds), "finding": self.finding,
+                "ranked": self.ranked, "error": self.error, "device": self.device, "gpu": self.gpu,
                 "worker": self.worker, "wall_ms": self.wall_ms}
 
 
@@ -79,7 +91,8 @@ class GradeTable:
                 + f" ({self.wall_s:.1f} s" + (f" on {gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "") + ")")
 
     def _cells(self, r: GradeRow) -> list:
-        what = r.error or "; ".join(r.findings)
+        what = r.error or "; ".join(f"{k}: {f}" if k else f for k, f in
+                                    zip([*r.kinds, *[""] * len(r.findings)], r.findings))
         return [r.submission, r.status, (what.splitlines() or [""])[0][:100], r.gpu or "-",
                 f"{r.wall_ms:.0f}" if r.wall_ms is not None else "-"]
 
@@ -144,13 +157,14 @@ def grade_one(task: GradeTask) -> GradeRow:
     findings = getattr(result, "findings", ()) or ()
     if isinstance(findings, str):
         findings = (findings,)
+    kinds = tuple(str(getattr(f, "kind", "")) for f in findings if getattr(f, "kind", None))
     try:
         pickle.dumps(result)
         keep = result
     except Exception:                  # e.g. it holds a live kernel: the summary travels, the object stays
         keep = None
     return GradeRow(passed=bool(result.passed), findings=tuple(str(f) for f in findings), wall_ms=wall_ms,
-                    result=keep, **base)
+                    result=keep, kinds=kinds, **base)
 
 
 def grade_many(exercise_id: str, submissions, *, executor=None, grade: Callable | str | None = None,

@@ -33,18 +33,22 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from kernellab.analysis.roofline import datasheet_ceilings
 from kernellab.errors import KernellabError, LaunchError, NoGPUError
 from kernellab.render.bench_html import bench_result_html, sweep_html
 from kernellab.report import fmt_cell, mimebundle
 from kernellab.run.launch.launch import deferred_sync
 from ..launch import worker as _worker
 from ..launch.launch import is_sticky, unwaited_note
+from . import integrity
+from .check import as_outputs, mismatch_count
 _MAX_INPUT_SETS = 256      # rotation stops here even where one set is tiny
 _SLEEP_CAP_MS = 20.0       # the longest GPU spin queued ahead of one batch of calls
 _SLEEP_MIN_MS = 5.0        # the shortest: a first call that takes longer on the CPU is taken to wait for the GPU
@@ -103,6 +107,13 @@ class BenchResult:
     speedups: tuple[Speedup, ...] = ()
     times_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)   # every repetition, in order
     round_medians_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)
+    findings: tuple = ()                            # IntegrityFinding(kind, message) per defence that tripped
+    roofline_floor_ms: float | None = None          # the least time the roofline allows for flops and bytes
+
+    @property
+    def trusted(self) -> bool:
+        """No defence tripped: the time may be ranked (an "impossible_speed" or any other finding: never rank it)."""
+        return not self.findings
 
     # rates ------------------------------------------------------------------------------------------------
     @property
@@ -170,6 +181,8 @@ class BenchResult:
             lines.append("  baseline " + b.summary())
         for s in self.speedups:
             lines.append(f"  speed-up {s}")
+        for f in self.findings:
+            lines.append(f"  NOT TRUSTED, {f}")
         lines.append(f"  {self.device}: {self.method}")
         return "\n".join(lines)
 
@@ -183,7 +196,8 @@ class BenchResult:
         """{"kind": "bench", "version": 1, "title", "name", "device", "method", "median_ms", "min_ms", "mean_ms",
         "quantiles_ms" ({q: ms}), "reps", "rounds", "flops", "bytes", "bytes_source", "tflops", "gbps",
         "intensity", "l2_flush_bytes", "l2_flush", "input_sets", "cuda_graph", "calls_per_replay",
-        "baselines" (the same, without "kind"), "speedups" ([{baseline, ratio, low, high, rounds}])}."""
+        "baselines" (the same, without "kind"), "speedups" ([{baseline, ratio, low, high, rounds}]),
+        "findings" ([{kind, message}]), "trusted", "roofline_floor_ms"}."""
         return {"kind": "bench", "version": 1, "title": f"bench {self.name}", **self._fields_json()}
 
     def _fields_json(self) -> dict:
@@ -199,6 +213,8 @@ class BenchResult:
             "baselines": [b._fields_json() for b in self.baselines],
             "speedups": [{"baseline": s.baseline, "ratio": s.ratio, "low": s.low, "high": s.high,
                           "rounds": s.rounds} for s in self.speedups],
+            "findings": [f.to_json() for f in self.findings], "trusted": self.trusted,
+            "roofline_floor_ms": self.roofline_floor_ms,
         }
 
 
@@ -281,6 +297,8 @@ class Clock(Protocol):
     l2_bytes: int            # the L2 size; input rotation and the flush are sized by it
     flush_bytes: int         # bytes written (or read) before each repetition (0: no flush)
     # optional: flush_kind, "write" (assumed where missing), "clean" or "none"; results report it as l2_flush
+    # optional: escaped_ms(calls), the median ms the device stays busy after a call returned (the other_stream
+    # probe), and persistence_finding(who), an l2_persistence finding after a reset or None (integrity.py)
 
     def check_measurable(self, name: str, returned: Any, args: tuple) -> None: ...
 
@@ -433,6 +451,31 @@ class CudaClock:
         if id(chunk[0]) not in self._waiting:   # a one-off only overstates the pace, for one batch: smaller batches
             self._cpu_ms_per_call = max(queued_ms / len(chunk), 1e-3)
 
+    def escaped_ms(self, calls: Sequence[Callable[[], Any]]) -> float:
+        """Median milliseconds the device stays busy after each call has returned, beyond what a synchronize costs:
+        work on any stream counts (the events of `time_calls` see only the current one). GPU idle before each."""
+        torch = self.torch
+        out = []
+        with torch.cuda.device(self.dev):
+            torch.cuda.synchronize(self.dev)
+            idle = []
+            for _ in range(3):                    # what a synchronize costs with nothing to wait for
+                t1 = time.perf_counter()
+                torch.cuda.synchronize(self.dev)
+                idle.append(time.perf_counter() - t1)
+            for call in calls:
+                torch.cuda.synchronize(self.dev)
+                call()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize(self.dev)
+                out.append(time.perf_counter() - t1)
+        return max(0.0, (statistics.median(out) - statistics.median(idle)) * 1e3)
+
+    def persistence_finding(self, who: str):
+        """An l2_persistence finding (after a reset) when the context or the timed stream persists L2 lines."""
+        stream = self.torch.cuda.current_stream(self.dev).cuda_stream
+        return integrity.L2Persistence().finding(stream, who)
+
     def graph(self, calls: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
         """A zero-argument replay of one CUDA graph holding `calls` in order."""
         torch = self.torch
@@ -539,7 +582,8 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
           max_reps: int = 10_000, quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9),
           flush_l2: bool | str = True, rotate: bool = True, cuda_graph: bool = False, seed: int = 0,
           generator_device: str = "cpu", name: str | None = None, device=None,
-          timer: Clock | None = None, isolate: bool | None = None, sustained: bool = False) -> BenchResult:
+          timer: Clock | None = None, isolate: bool | None = None, sustained: bool = False,
+          reference: Callable | None = None, ceilings=None, verify: bool = True) -> BenchResult:
     """GPU time of `fn(*args)` (and of each `baselines` callable, on the same arguments, in the same run).
 
     `inputs` is the argument tuple, or `inputs(generator)` returning one (then fresh sets can be made for
@@ -556,21 +600,37 @@ def bench(fn: Callable, inputs=(), *, baselines: dict[str, Callable] | None = No
     measures, and the same way every run. `sustained=True` times calls
     back to back after a warm-up of at least 500 ms, as a long training loop sees them: a power-hungry kernel
     (a bf16 matmul on an H200) then runs ~15 % slower because the GPU reaches its power cap.
+    Defences against a function that cheats the timing (docs/GRADING.md), each an entry of `result.findings` that
+    makes `result.trusted` False: timing functions replaced ("timer_patched"; the originals are put back), a thread
+    left running ("background_thread"), persisting L2 set up ("l2_persistence"; reset before timing), GPU work
+    outside the timed stream ("other_stream": a device-synchronised probe takes longer than the events say), with
+    `verify` (default) the outputs of a sample of timed calls against `reference(*args)` where given, and an answer
+    that survives its inputs being refilled in place ("cached_result": against `reference`, else against the
+    function on a fresh copy), and a median below the roofline's
+    least time for `flops` and `bytes` ("impossible_speed"; `ceilings`: a DeviceCeilings, default the measured ones
+    cached on disk or the datasheet's of the device).
     """
     _validate_options(fn, baselines, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles)
     flush_kind(flush_l2)
 
+    guard = integrity.TimingGuard(extra=_guarded())          # before anything of the function's runs
+    threads = integrity.ThreadWatch()
     if (_worker.settings.isolate if isolate is None else isolate) and timer is None:
         with _worker.isolation(True):
             probe = _input_sets(inputs, 0, False, seed, generator_device)[0]
             fn(*probe)
     with _worker.isolation(False):
         return _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles,
-                      flush_l2, rotate, cuda_graph, seed, generator_device, name, device, timer, sustained)
+                      flush_l2, rotate, cuda_graph, seed, generator_device, name, device, timer, sustained,
+                      reference, ceilings, verify, guard, threads)
 
 
 def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_reps, max_reps, quantiles, flush_l2,
-           rotate, cuda_graph, seed, generator_device, name, device, timer, sustained=False) -> BenchResult:
+           rotate, cuda_graph, seed, generator_device, name, device, timer, sustained=False, reference=None,
+           ceilings=None, verify=True, guard=None, threads=None) -> BenchResult:
+    guard = guard or integrity.TimingGuard(extra=_guarded())          # before anything of the function's runs
+    threads = threads or integrity.ThreadWatch()
+    findings: list = []
     clock = timer if timer is not None else CudaClock(device, flush_l2=flush_l2, spin=not sustained)
     if sustained:
         warmup_ms = max(warmup_ms, 500.0)
@@ -583,19 +643,26 @@ def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_r
         raise BenchError(f"a baseline has the function's own name {next(iter(funcs))!r}; give it another name")
     funcs.update(baselines or {})
 
+    # Persisting L2 left by earlier work (not the function's): reset, no finding.
+    if hasattr(clock, "persistence_finding"):
+        clock.persistence_finding("earlier work")
     # First call (compiles, autotunes) and the refusal of what cannot be timed.
     for fname, f in funcs.items():
         clock.check_measurable(fname, f(*arg_sets[0]), arg_sets[0])
+    main_name = next(iter(funcs))
+    _integrity(findings, guard, threads, clock, "after the first call")
 
     # From here on, kernellab kernels launched by the calls do not wait for their kernel (that would put launch
     # overhead into every repetition, and is illegal during graph capture); the first call above did wait.
+    timed_outputs: dict[int, Any] = {}      # the latest output of the function per input set (checked after)
     with deferred_sync(), _faults_named(list(funcs)):
         # Each function becomes a list of zero-argument calls, one per input set (or one graph replay each).
         # A graph holds enough calls for about 0.5 ms of work, and every input set at least once.
         per_call: dict[str, list[Callable[[], Any]]] = {}
         per_replay = {fname: 1 for fname in funcs}
         for fname, f in funcs.items():
-            calls = [_bind(f, a) for a in arg_sets]
+            calls = ([_bind_keeping(f, a, timed_outputs, k) for k, a in enumerate(arg_sets)] if fname == main_name
+                     else [_bind(f, a) for a in arg_sets])
             if cuda_graph:
                 est = statistics.median(clock.time_calls(calls[:1] * 5))
                 per_replay[fname] = max(len(calls), _clamp(math.ceil(0.5 / max(est, 1e-4)), 1, 1000))
@@ -622,6 +689,25 @@ def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_r
                 times[fname].extend(t)
                 round_medians[fname].append(statistics.median(t))
 
+    if len(times[main_name]) and hasattr(clock, "escaped_ms"):
+        with deferred_sync():                   # a kernellab launch on a side stream must not wait for itself here
+            escaped = clock.escaped_ms(per_call[main_name][:1] * 5)
+        timed = statistics.median(times[main_name])
+        if escaped > 2 * timed + _ESCAPE_SLACK_MS:
+            findings.append(integrity.IntegrityFinding(
+                "other_stream", f"with the device synchronised after each call, {main_name} keeps the GPU busy "
+                                f"{escaped * 1e3:.3g} us after it returns, but its timed stream saw {timed * 1e3:.3g} "
+                                f"us: its work runs on another stream (or is launched later), outside the timing"))
+    if verify and not cuda_graph and reference is not None:
+        cached = _verify_timed_outputs(main_name, arg_sets, timed_outputs, reference)
+        if cached is not None:
+            findings.append(cached)
+    if verify and not cuda_graph and not any(f.kind == "cached_result" for f in findings):
+        cached = _verify_fresh_inputs(fn, main_name, inputs, arg_sets, reference, seed, generator_device)
+        if cached is not None:
+            findings.append(cached)
+    _integrity(findings, guard, threads, clock, "after timing")     # last: nothing of the function's runs after it
+
     method = (f"{clock.describe()}; warm-up {warmup_ms:g} ms; {rounds} rounds alternating "
               f"{'the function and its baselines' if len(funcs) > 1 else 'repetitions'}")
     if len(arg_sets) > 1:
@@ -631,10 +717,16 @@ def _bench(fn, inputs, baselines, flops, bytes, warmup_ms, rep_ms, rounds, min_r
                    "before each replay, not between the calls inside it)")
     results = {f: _result(f, times[f], round_medians[f], rounds, quantiles, clock, method, work,
                           len(arg_sets), cuda_graph, per_replay[f]) for f in funcs}
-    main_name = next(iter(funcs))
     main = results.pop(main_name)
     speedups = tuple(_speedup(b, round_medians[b], round_medians[main_name]) for b in results)
-    return replace(main, baselines=tuple(results.values()), speedups=speedups)
+    ceil = _ceilings(clock, ceilings)
+    dram = bool(clock.flush_bytes) or len(arg_sets) > 1
+    floor = integrity.roofline_floor_ms(main.flops, main.bytes_moved, ceil, dram=dram)
+    too_fast = integrity.impossible_speed_finding(main.median_ms, main.flops, main.bytes_moved, ceil, dram=dram)
+    if too_fast is not None:
+        findings.append(too_fast)
+    return replace(main, baselines=tuple(results.values()), speedups=speedups, findings=tuple(findings),
+                   roofline_floor_ms=floor)
 
 
 def sweep(fn: Callable, xs: Sequence, inputs: Callable, *, baselines: dict[str, Callable] | None = None,
@@ -658,6 +750,126 @@ def sweep(fn: Callable, xs: Sequence, inputs: Callable, *, baselines: dict[str, 
 
 
 # --- helpers --------------------------------------------------------------------------------------------------
+
+
+_ESCAPE_SLACK_MS = 0.01     # what a synchronize costs beyond the work it waits for (an H100: ~5-8 us)
+
+
+def _integrity(findings: list, guard, threads, clock, when: str) -> None:
+    """The host-side defences at one point of a bench: patched timers (put back), threads left running, persisting L2
+    (reset); each finding once."""
+    seen = {f.kind for f in findings}
+    patched = guard.finding(when)
+    if patched is not None and patched.kind not in seen:
+        findings.append(patched)
+    thread = threads.finding("the function", grace_s=0.05)
+    if thread is not None and "background_thread" not in seen:
+        if not integrity.environment_threads(threads.new()):
+            findings.append(thread)
+    persistence = getattr(clock, "persistence_finding", None)
+    if persistence is not None:
+        l2 = persistence(f"the function ({when})")
+        if l2 is not None and "l2_persistence" not in seen:
+            findings.append(l2)
+
+
+def _guarded() -> list:
+    """bench's own functions that a timing goes through, for integrity.TimingGuard."""
+    here = sys.modules[__name__]
+    return [(here, n) for n in ("_result", "_speedup", "_cycle", "_bind", "_bind_keeping", "bench", "_bench")] + \
+        [(CudaClock, n) for n in ("time_calls", "flush", "escaped_ms", "_after_batch")]
+
+
+def _bind_keeping(f, args, store: dict, k: int):
+    """`_bind`, keeping the latest return value in store[k] (a reference, no copy)."""
+    def call():
+        out = f(*args)
+        store[k] = out
+        return out
+    return call
+
+
+_TIMED_SAMPLE = 3       # input sets whose timed output is checked
+
+
+def _verify_timed_outputs(name, arg_sets, outputs: dict, reference):
+    """cached_result when the output a timed call returned disagrees with `reference` on its input set. Checked on a
+    few sets, and only where each set's output has memory of its own (a function that reuses one output buffer across
+    sets is not judged here)."""
+    import torch
+
+    try:
+        got = {k: as_outputs(v, name) for k, v in outputs.items() if v is not None}
+    except Exception:
+        return None
+    got = {k: v for k, v in got.items() if v}
+    ptrs = [tuple(t.data_ptr() for t in v) for v in got.values()]
+    if not got or len(set(ptrs)) != len(ptrs):
+        return None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    for k in sorted(got)[:_TIMED_SAMPLE]:
+        try:
+            want = as_outputs(reference(*_clone_tensors(arg_sets[k])), "reference")
+        except Exception:
+            return None
+        if not want or len(want) != len(got[k]):
+            continue
+        for j, (g, w) in enumerate(zip(got[k], want)):
+            if g.shape != w.shape:
+                continue
+            bad = mismatch_count(g, w)
+            if bad:
+                return integrity.IntegrityFinding(
+                    "cached_result", f"a timed call of {name} returned {bad:,} elements of output {j} that disagree "
+                                     f"with the reference on its inputs (input set {k}): the timed calls did not all "
+                                     f"compute")
+    return None
+
+
+def _verify_fresh_inputs(fn, name, inputs, arg_sets, reference, seed, generator_device):
+    """cached_result when `fn`, after its first input set is refilled in place with new values (same memory, same
+    shapes), still answers for the old values: checked against `reference` on the new values where given, else
+    against `fn` itself on a fresh copy of them (other memory)."""
+    import torch
+
+    if not callable(inputs):
+        return None
+    try:
+        fresh = inputs(torch.Generator(device=generator_device).manual_seed(seed + 7919))
+        fresh = (fresh,) if isinstance(fresh, torch.Tensor) else tuple(fresh)
+        target = arg_sets[0]
+        if len(fresh) != len(target):
+            return None
+        for t, f in zip(target, fresh):
+            if isinstance(t, torch.Tensor) and isinstance(f, torch.Tensor) and t.shape == f.shape:
+                t.copy_(f)
+        got = as_outputs(fn(*target), name)
+        want = as_outputs(reference(*_clone_tensors(target)) if reference is not None else
+                           fn(*_clone_tensors(target)), "reference")
+    except Exception:
+        return None
+    if not got or not want or len(got) != len(want):
+        return None
+    for j, (g, w) in enumerate(zip(got, want)):
+        if g.shape != w.shape or not g.is_floating_point() and g.dtype != w.dtype:
+            continue
+        bad = mismatch_count(g, w)
+        if bad:
+            against = "the reference" if reference is not None else "itself on a fresh copy of them"
+            return integrity.IntegrityFinding(
+                "cached_result", f"after its inputs were refilled in place with new values, {name} returned "
+                                 f"{bad:,} elements of output {j} that disagree with {against}: it "
+                                 f"answers from a cache (by pointer, shape or id), so its timed calls did no work")
+    return None
+
+
+def _ceilings(clock, ceilings):
+    """The roofline ceilings for the impossible-speed bound: given, else the datasheet's for the clock's device (None
+    where unknown). A datasheet's peaks are at or above what any measurement reaches: the bound never flags too much."""
+    if ceilings is not None:
+        return ceilings
+    return datasheet_ceilings(getattr(clock, "device", "") or "")
 
 
 @contextlib.contextmanager

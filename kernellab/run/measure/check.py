@@ -11,11 +11,14 @@ How a check runs, trial by trial (trial t draws its inputs from `torch.Generator
    output's precision and atol scaled by the reference's RMS, so an all-zero output cannot pass. NaN or Inf
    where the reference is finite always fails. An argument the candidate changed but did not return fails.
 The check stops at the first failing trial and keeps that trial's errors; a passing check keeps the trial
-with the largest error.
+with the largest error. A candidate that cheats (writes nothing into recycled memory, returns a view or a subclass,
+caches, patches the comparison, calls the library op; docs/GRADING.md's threat model) fails with a finding that
+names the attack: `report.finding`, from kernellab.run.measure.integrity.
 """
 from __future__ import annotations
 
 import math
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -26,6 +29,7 @@ from kernellab.errors import KernellabError
 from kernellab.render.check_html import check_report_html
 from kernellab.report import mimebundle
 from ..launch import worker as _worker
+from . import integrity
 
 # Default tolerances per arithmetic precision: (rtol, atol as a multiple of the reference's RMS).
 # u is the unit roundoff 2**-(mantissa bits + 1). Summing in a different order, fused multiply-adds and
@@ -79,9 +83,18 @@ class CheckReport:
     error_map: Any = field(default=None, repr=False, compare=False)  # 2-D NumPy array, error/tolerance pooled
     reference_note: str | None = None    # why the reference is not in float64 where it was asked to be
     free_memory_filled_bytes: int = 0    # free GPU memory of torch's caching allocator filled with NaN (largest trial)
+    findings: tuple = ()                 # IntegrityFinding(kind, message) for each defence that tripped (integrity.py)
+    distribution: str = "given"          # the input distribution of the trial shown (integrity.DISTRIBUTIONS)
+    distributions: tuple[str, ...] = ("given",)  # the distributions the trials went through, in turn
+    strict: bool = False                 # run with strict=True (every defence on)
 
     def __bool__(self) -> bool:
         return self.passed
+
+    @property
+    def finding(self) -> str | None:
+        """The kind of the first integrity finding ("stale_output", "fake_output", ...), or None."""
+        return self.findings[0].kind if self.findings else None
 
     @property
     def reproduce(self) -> str | None:
@@ -89,7 +102,11 @@ class CheckReport:
         if self.failing_seed is None:
             return None
         gen = "" if self.generator_device == "cpu" else repr(self.generator_device)
-        return f"args = inputs(torch.Generator({gen}).manual_seed({self.failing_seed}))"
+        line = f"args = inputs(torch.Generator({gen}).manual_seed({self.failing_seed}))"
+        if self.distribution != "given":
+            line += (f"; args = kernellab.run.measure.integrity.redraw(args, {self.distribution!r}, "
+                     f"{self.failing_seed}, skip={tuple(self.output_arguments)})")
+        return line
 
     def __str__(self) -> str:
         verdict = "PASSED" if self.passed else "FAILED"
@@ -120,6 +137,10 @@ class CheckReport:
             idx, yours, ref, ratio = self.worst_values[0]
             lines.append(f"  largest error at {_index(idx)}: {_fmt(yours)} vs {_fmt(ref)}, "
                          f"{_fmt(ratio)} of the tolerance")
+        for f in self.findings:
+            lines.append(f"  finding {f}")
+        if self.distribution != "given":
+            lines.append(f"  inputs: the {self.distribution} distribution (integrity.redraw of inputs' draw)")
         if self.exception:
             lines.append(f"  {self.exception}")
         if self.reproduce:
@@ -139,7 +160,8 @@ class CheckReport:
         "precision", "tolerance", "message", "seed", "failing_trial", "failing_seed", "reproduce",
         "output_index", "output_count", "shape", "dtype", "reference_precision", "reference_own_error",
         "mutated_inputs", "output_arguments", "exception", "error_map" (rows of error/tolerance, pooled),
-        "reference_note", "free_memory_filled_bytes"}. Non-finite numbers are the strings "inf", "-inf" and "nan"."""
+        "reference_note", "free_memory_filled_bytes", "findings" ([{kind, message}]), "finding", "distribution",
+        "distributions", "strict"}. Non-finite numbers are the strings "inf", "-inf" and "nan"."""
         return {
             "kind": "check", "version": 1,
             "title": f"check {'passed' if self.passed else 'failed'}",
@@ -159,13 +181,17 @@ class CheckReport:
             "error_map": None if self.error_map is None else
             [[_json_num(v) for v in row] for row in np.asarray(self.error_map).tolist()],
             "reference_note": self.reference_note, "free_memory_filled_bytes": self.free_memory_filled_bytes,
+            "findings": [f.to_json() for f in self.findings], "finding": self.finding,
+            "distribution": self.distribution, "distributions": list(self.distributions), "strict": self.strict,
         }
 
 
 def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials: int = 5,
           atol: float | None = None, rtol: float | None = None, seed: int = 0,
           precision: str | None = None, outputs: tuple[int, ...] | None = None,
-          generator_device: str = "cpu", isolate: bool | None = None, fill_free_memory: bool = True) -> CheckReport:
+          generator_device: str = "cpu", isolate: bool | None = None, fill_free_memory: bool = True,
+          strict: bool = False, distributions: tuple[str, ...] | None = None, allowed_ops=None,
+          forbidden_ops=()) -> CheckReport:
     """Compare `candidate(*args)` with `reference(*args)` on `trials` fresh argument sets from `inputs(generator)`.
 
     `precision` picks the default tolerances ("float64", "float32", "tf32", "bfloat16", "float16"; default:
@@ -177,16 +203,44 @@ def check(candidate: Callable, reference: Callable, inputs: Callable, *, trials:
     fails its trial instead of poisoning this process. `fill_free_memory` (default on) fills the free blocks of
     torch's CUDA caching allocator with NaN before each candidate run, so that a result the candidate allocates
     with torch.empty holds NaN, not a recycled right answer, where the kernel writes nothing.
+
+    Defences against a cheating candidate (docs/GRADING.md's threat model), each a finding in `report.findings`
+    with a stable kind: always on, outputs must be plain dense tensors of their own memory ("fake_output"), inputs
+    unchanged ("input_mutated"), no thread of the candidate's left running ("background_thread"); odd trials run the
+    candidate before the reference, and an answer of an earlier trial is named: memory the reference left behind
+    ("stale_output") or the candidate's own ("cached_result"). `strict=True` (graders, leaderboards) adds: trials in
+    turn over `distributions` (default integrity.DISTRIBUTIONS: given, uniform, heavy-tailed, offset;
+    "fits_test_data" when only the given one passes), a second run of the first trial on memory zeroed instead of
+    NaN ("nondeterministic"), an error far above the reference's own in a float32/float64 contract
+    ("low_precision"), and the aten ops the candidate dispatches: none of the reference's compute ops unless
+    `allowed_ops` names them, nor any of `forbidden_ops` ("library_call"; either also turns this on alone).
     """
     _validate(candidate, reference, inputs, trials, atol, rtol, precision, outputs)
-
+    if distributions is None:
+        distributions = integrity.DISTRIBUTIONS if strict else ("given",)
+    distributions = tuple(distributions)
+    if not distributions or any(d not in integrity.DISTRIBUTIONS for d in distributions):
+        raise CheckError(f"distributions={distributions!r}: expected names among {integrity.DISTRIBUTIONS}")
     state = _CheckState(candidate, reference, inputs, atol, rtol, precision, outputs, seed, generator_device)
     state.fill_free_memory = bool(fill_free_memory)
+    state.strict, state.distributions = bool(strict), distributions
+    state.library = bool(strict or allowed_ops is not None or forbidden_ops)
+    state.allowed_ops, state.forbidden_ops = allowed_ops, tuple(forbidden_ops or ())
+    state.guard = integrity.TimingGuard(extra=integrity.check_targets(sys.modules[__name__]))
+    state.threads = integrity.ThreadWatch()
     with _worker.isolation(_worker.settings.isolate if isolate is None else isolate):
         for trial in range(trials):
             failure = state.run_trial(trial)
             if failure is not None:
                 return failure
+    patched = state.guard.changed()
+    if patched:
+        state.guard.restore()
+        return state._found("harness_patched", f"the candidate replaced {', '.join(patched[:6])} (put back): the "
+                                               f"comparison cannot be trusted", trials - 1)
+    if state.pending_low is not None:
+        low, trial = state.pending_low
+        return state._found(low.kind, low.message, trial)
     return state.passed_report(trials)
 
 
@@ -230,6 +284,19 @@ class _CheckState:
         self.max_abs, self.max_rel = 0.0, 0.0
         self.shown: _Compared | None = None  # the output with the largest error/tolerance so far
         self.output_count = 0
+        self.strict = False
+        self.distributions: tuple[str, ...] = ("given",)
+        self.distribution = "given"        # of the trial running
+        self.given_passed = False          # a trial on the given distribution passed
+        self.library = False
+        self.allowed_ops, self.forbidden_ops = None, ()
+        self.findings: list = []
+        self.previous_ref = None           # the reference's values of the previous trial (stale answers)
+        self.previous_cand = None          # the candidate's outputs of the previous trial (cached answers)
+        self.trial_seed = seed
+        self.pending_low = None            # (finding, trial): strict's low_precision on a passing trial
+        self.guard = None                  # integrity.TimingGuard over what the comparison uses
+        self.threads = None                # integrity.ThreadWatch from the check's start
 
     # one trial ------------------------------------------------------------------------------------------------
     def run_trial(self, trial: int) -> CheckReport | None:
@@ -237,6 +304,7 @@ class _CheckState:
         import torch
 
         seed = self.seed + trial
+        self.trial_seed = seed
         gen = torch.Generator(device=self.generator_device).manual_seed(seed)
         try:
             args = self.inputs(gen)
@@ -255,6 +323,19 @@ class _CheckState:
                 raise CheckError(f"outputs={self.outputs} names argument(s) {bad}, but inputs(generator) returned "
                                  f"{len(args)} arguments and those are not tensors; name tensor arguments only")
             self.outputs = tuple(i % len(args) for i in self.outputs)
+        # The trial's input distribution: the given draw, or (strict) a redraw of its floating inputs.
+        self.distribution = self.distributions[trial % len(self.distributions)]
+        if self.distribution != "given":
+            args = integrity.redraw(args, self.distribution, seed, skip=self.outputs or ())
+
+        # Odd trials (once the outputs are known) run the candidate first: no reference answer of this trial then
+        # lies in freed memory for a torch.empty to find.
+        candidate_first = trial % 2 == 1 and self.outputs is not None
+        ran = None
+        if candidate_first:
+            ran = self._run_candidate(args, trial)
+            if isinstance(ran, CheckReport):
+                return ran
 
         # The reference: in the inputs' dtypes (the contract), and in float64 (the values) where it allows.
         try:
@@ -290,28 +371,15 @@ class _CheckState:
             if isinstance(discovered, CheckReport):
                 return discovered
             self.outputs = discovered
-        cand_args = _clone(args)
-        for i in self.outputs:
-            _poison_(cand_args[i])
-        if self.fill_free_memory:
-            self.filled_bytes = max(self.filled_bytes, fill_free_memory(_cuda_devices(args)))
-        try:
-            returned = self.candidate(*cand_args)
-        except Exception as exc:
-            return self._raised("the candidate", exc, trial)
-        if returned is None and self.outputs:
-            returned = tuple(cand_args[i] for i in self.outputs)
-        try:
-            cand = _as_outputs(returned, "candidate")
-        except _OutputTypeError as exc:
-            return self._failed(str(exc), trial)
-        if cand is None:
-            return self._failed("the candidate returned None: return the output tensor(s), or name the arguments "
-                                "it writes with outputs=(i, ...)", trial)
+        if ran is None:
+            ran = self._run_candidate(args, trial)
+            if isinstance(ran, CheckReport):
+                return ran
+        cand, cand_args = ran
         if ref_native is None:
             return self._failed("the reference returned None: return the expected tensor(s)", trial)
 
-        # The contract: count, shape, dtype.
+        # The contract: count, shape, dtype, and plain dense tensors of their own memory.
         self.output_count = len(ref_native)
         if len(cand) != len(ref_native):
             return self._failed(f"the candidate returned {_count(len(cand))} but the reference returned "
@@ -323,15 +391,21 @@ class _CheckState:
             if c.dtype != r.dtype:
                 return self._failed(f"output {j}: the candidate's dtype is {_dtype(c.dtype)} but the reference's "
                                     f"is {_dtype(r.dtype)}", trial)
+        changed = _mutations(args, cand_args, set(self.outputs))      # every input the candidate wrote
+        written = set(self.outputs) | {_top_index(m[0]) for m in changed}
+        fake = integrity.output_problems(cand, cand_args, written=written)
+        if fake:
+            return self._found("fake_output", "; ".join(fake), trial)
 
         # Inputs the candidate changed without returning them.
-        mutated = _mutations(args, cand_args, set(self.outputs) | _aliased(cand, cand_args))
+        returned_args = _aliased(cand, cand_args)
+        mutated = [m for m in changed if _top_index(m[0]) not in returned_args]
         if mutated:
             names = tuple(m[0] for m in mutated)
             detail = "; ".join(f"{name} at {n:,} element{'s' if n != 1 else ''}, first at {_index(idx)}"
                                for name, n, idx in mutated)
-            return self._failed(f"the candidate changed its inputs without returning them: {detail}", trial,
-                                mutated=names)
+            return self._found("input_mutated", f"the candidate changed its inputs without returning them: {detail}",
+                               trial, mutated=names)
 
         # The values.
         for j, (c, r_nat, r_val) in enumerate(zip(cand, ref_native, ref_values)):
@@ -342,13 +416,204 @@ class _CheckState:
                 self.shown = comp
             if comp.mismatches:
                 self.shown = comp
+                self._name_mismatch(j, c, r_val, comp, args)
                 return self._mismatch_report(comp, trial)
+            if self.strict:
+                low = integrity.low_precision_finding(comp.max_abs, comp.ref_own_error, _rms(r_val),
+                                                      self.precision or _precision_of(c.dtype), comp.dtype)
+                if low is not None and self.pending_low is None:
+                    self.pending_low = (low, trial)     # reported after the trials: a wrong answer elsewhere wins
+        if self.strict and trial == 0:
+            again = self._rerun_on_zeroed_memory(args, ref_values, ref_native, cand, trial)
+            if again is not None:
+                return again
+        # Kept (not copied: nothing else holds the reference's; a candidate that keeps writing its own returned tensor
+        # is a cache, and comparing with itself says so) for naming a later trial's earlier answer.
+        self.previous_ref = tuple(r.detach() for r in ref_values)
+        self.previous_cand = tuple(c.detach() for c in cand)
+        if self.distribution == "given":
+            self.given_passed = True
         return None
+
+    def _run_candidate(self, args, trial):
+        """(outputs, its arguments) of the candidate on a copy of `args`, or a failing report. Its output arguments
+        are filled with NaN (and free GPU memory too); the threads it leaves and (strict) the ops it calls are
+        watched."""
+        cand_args = _clone(args)
+        for i in self.outputs or ():
+            _poison_(cand_args[i])
+        if self.fill_free_memory:
+            self.filled_bytes = max(self.filled_bytes, fill_free_memory(_cuda_devices(args)))
+        watch = self.threads or integrity.ThreadWatch()   # threads alive when the check began; others: the candidate's
+        recorder = integrity.OpRecorder() if self.library and trial == 0 else None
+        try:
+            if recorder is not None:
+                with recorder:
+                    returned = self.candidate(*cand_args)
+            else:
+                returned = self.candidate(*cand_args)
+        except Exception as exc:
+            return self._raised("the candidate", exc, trial)
+        patched = self.guard.changed() if self.guard is not None else []
+        if patched:
+            self.guard.restore()
+            return self._found("harness_patched", f"the candidate replaced {', '.join(patched[:6])} (put back): the "
+                                                  f"comparison cannot be trusted", trial)
+        thread = watch.finding("the candidate", grace_s=0.05)
+        if thread is not None and not integrity.environment_threads(watch.new()):
+            return self._found(thread.kind, thread.message, trial)
+        if recorder is not None and recorder.streams:
+            import torch
+
+            side = recorder.streams - {torch.cuda.current_stream().cuda_stream}
+            if side:
+                return self._found("other_stream", f"the candidate ran torch ops on {len(side)} stream"
+                                                   f"{'s' if len(side) != 1 else ''} other than the current one: "
+                                                   f"work there escapes a timing on the current stream", trial)
+        if recorder is not None:
+            lib = integrity.library_finding(recorder.compute_ops(), self._reference_ops(args), self.allowed_ops,
+                                            self.forbidden_ops)
+            if lib is None and any(getattr(a, "is_cuda", False) for a in args) \
+                    and "library" not in set(self.allowed_ops or ()):
+                lib = self._library_kernels(args)
+            if lib is not None:
+                return self._found(lib.kind, lib.message, trial)
+        if returned is None and self.outputs:
+            returned = tuple(cand_args[i] for i in self.outputs)
+        try:
+            cand = as_outputs(returned, "candidate")
+        except _OutputTypeError as exc:
+            return self._failed(str(exc), trial)
+        if cand is None:
+            return self._failed("the candidate returned None: return the output tensor(s), or name the arguments "
+                                "it writes with outputs=(i, ...)", trial)
+        return cand, cand_args
+
+    def _right_on_given(self, seed: int) -> bool:
+        """Whether the candidate is right on the given distribution's draw for `seed` (every output in tolerance)."""
+        import torch
+
+        try:
+            args = tuple(self.inputs(torch.Generator(device=self.generator_device).manual_seed(seed)))
+            ref = self._call_reference(args, upcast=self.upcast_reference and _has_low_precision_float(args))
+            cand_args = _clone(args)
+            returned = self.candidate(*cand_args)
+            if returned is None and self.outputs:
+                returned = tuple(cand_args[i] for i in self.outputs)
+            cand = as_outputs(returned, "candidate")
+            return cand is not None and len(cand) == len(ref) and all(
+                not _compare(j, c, r, r, self.atol, self.rtol, self.precision).mismatches
+                for j, (c, r) in enumerate(zip(cand, ref)))
+        except Exception:
+            return False
+
+    def _library_kernels(self, args):
+        """library_call when one more call of the candidate, under torch.profiler, launches a vendor library's
+        kernel (cuBLAS, CUTLASS, cuDNN, flash-attention: kernels outside torch's dispatcher, e.g. through CuPy)."""
+        try:
+            names = integrity.profiled_kernels(lambda: self.candidate(*_clone(args)))
+        except Exception:
+            return None
+        found = integrity.library_kernels(names)
+        if not found:
+            return None
+        return integrity.IntegrityFinding("library_call", f"the candidate launched a library kernel: "
+                                                          f"{', '.join(found[:3])} (allow it with "
+                                                          f"allowed_ops=('library',))")
+
+    def _reference_ops(self, args) -> set[str]:
+        """The compute ops (aten) the reference dispatches on a copy of `args`."""
+        rec = integrity.OpRecorder()
+        try:
+            with rec:
+                self.reference(*_clone(args))
+        except Exception:
+            pass
+        return rec.compute_ops()
+
+    def _rerun_on_zeroed_memory(self, args, ref_values, ref_native, first, trial):
+        """strict: the candidate again on the same inputs, with output arguments and free GPU memory zeroed instead
+        of NaN; a finding when this run disagrees with the reference (and the first agreed)."""
+        import torch
+
+        cand_args = _clone(args)
+        for i in self.outputs or ():
+            if isinstance(cand_args[i], torch.Tensor):
+                cand_args[i].zero_()
+        if self.fill_free_memory:
+            fill_free_memory(_cuda_devices(args), byte=0)
+        try:
+            returned = self.candidate(*cand_args)
+        except Exception as exc:
+            return self._raised("the candidate (second run)", exc, trial)
+        if returned is None and self.outputs:
+            returned = tuple(cand_args[i] for i in self.outputs)
+        try:
+            cand = as_outputs(returned, "candidate")
+        except _OutputTypeError as exc:
+            return self._failed(str(exc), trial)
+        for j, (c, r_nat, r_val) in enumerate(zip(cand or (), ref_native, ref_values)):
+            comp = _compare(j, c, r_val, r_nat, self.atol, self.rtol, self.precision)
+            if comp.mismatches:
+                self.shown = comp
+                return self._found("nondeterministic", f"a second run on the same inputs (memory zeroed, not NaN) "
+                                                       f"put {comp.mismatches:,} elements of output {j} out of "
+                                                       f"tolerance: it reads memory it never wrote, or races",
+                                   trial, mismatches=comp.mismatches)
+        return None
+
+    def _name_mismatch(self, j, c, r_val, comp, args) -> None:
+        """Name a mismatch that is an attack: the free-memory fill or the previous trial's answer (stale_output),
+        the candidate's own earlier answer (cached_result), or low precision."""
+        import torch
+
+        if c.is_floating_point() and c.numel() and c.element_size() in (2, 4, 8):
+            bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[c.element_size()]
+            raw = c.detach().contiguous().view(bits)
+            filled = raw == -1                              # every byte FREE_MEMORY_BYTE (0xFF)
+            if bool(filled.any()):
+                n = int(filled.sum())
+                self.findings.append(integrity.IntegrityFinding(
+                    "stale_output", f"{n:,} elements of output {j} hold the fill of free GPU memory: the candidate "
+                                    f"allocated them (torch.empty) and never wrote them"))
+                return
+        if self.distribution != "given" and self.given_passed and self._right_on_given(self.trial_seed):
+            self.findings.append(integrity.IntegrityFinding(
+                "fits_test_data", f"right on the given inputs (again now, on this trial's seed), wrong on the "
+                                  f"{self.distribution} distribution: an answer fitted to the test data (or a kernel "
+                                  f"that breaks on those values)"))
+            return
+        earlier = [e for e in (self.previous_ref, self.previous_cand)
+                   if e is not None and j < len(e) and tuple(e[j].shape) == tuple(c.shape)]
+        if c.numel() and any(not _compare(j, c, e[j].to(r_val.dtype) if e[j].is_floating_point() else e[j], e[j],
+                                          self.atol, self.rtol, self.precision).mismatches for e in earlier):
+            # An earlier trial's answer. Which attack: the candidate again, right after the reference on these inputs
+            # (and no free-memory fill): right now means it reads what the reference leaves behind (stale memory);
+            # the earlier answer again means it keeps its own (a cache).
+            kind = "cached_result"
+            try:
+                self._call_reference(args)
+                again = as_outputs(self.candidate(*_clone(args)), "candidate")
+                if again is not None and j < len(again) and tuple(again[j].shape) == tuple(c.shape) and \
+                        not _compare(j, again[j], r_val, r_val, self.atol, self.rtol, self.precision).mismatches:
+                    kind = "stale_output"
+            except Exception:
+                pass
+            self.findings.append(integrity.IntegrityFinding(
+                kind, f"output {j} is the answer of an earlier trial, on other inputs: "
+                      + ("memory an earlier computation left, not written now (right only when the reference ran "
+                         "just before it)" if kind == "stale_output"
+                         else "results cached (by pointer, shape or id) or replayed")))
+            return
+        low = integrity.low_precision_finding(comp.max_abs, comp.ref_own_error, _rms(r_val),
+                                              self.precision or _precision_of(c.dtype), comp.dtype)
+        if low is not None and comp.max_ratio < 100:
+            self.findings.append(low)
 
     def _call_reference(self, args, upcast: bool = False):
         """The reference's outputs on a copy of `args`; its output arguments where it returns None."""
         ref_args = _clone(args, upcast=upcast)
-        out = _as_outputs(self.reference(*ref_args), "reference")
+        out = as_outputs(self.reference(*ref_args), "reference")
         if out is None and self.outputs:
             out = tuple(ref_args[i] for i in self.outputs)
         return out
@@ -363,7 +628,7 @@ class _CheckState:
         except Exception as exc:
             return self._raised("the candidate", exc, trial)
         try:
-            probe = _as_outputs(returned, "candidate")
+            probe = as_outputs(returned, "candidate")
         except _OutputTypeError:
             return ()
         if probe is None or ref_native is None:
@@ -375,7 +640,7 @@ class _CheckState:
             poisoned = _clone(args)
             _poison_(poisoned[i])
             try:
-                ref_poisoned = _as_outputs(self.reference(*poisoned), "reference")
+                ref_poisoned = as_outputs(self.reference(*poisoned), "reference")
             except Exception:
                 continue                       # the reference cares about its contents: an input too
             if ref_poisoned is not None and len(ref_poisoned) == len(ref_native) and all(
@@ -397,7 +662,9 @@ class _CheckState:
             reference_precision=self.reference_precision, reference_own_error=s.ref_own_error if s else None,
             worst_values=s.worst_values if s else (), output_arguments=tuple(self.outputs or ()),
             generator_device=str(self.generator_device), error_map=s.error_map if s else None,
-            reference_note=self.reference_note, free_memory_filled_bytes=self.filled_bytes)
+            reference_note=self.reference_note, free_memory_filled_bytes=self.filled_bytes,
+            findings=tuple(self.findings), distribution=self.distribution, distributions=self.distributions,
+            strict=self.strict)
 
     def _tolerance_fields(self):
         if self.shown is not None:
@@ -420,6 +687,15 @@ class _CheckState:
         fields.update(message=f"trial {trial} (seed {self.seed + trial}): {why}", mutated_inputs=mutated)
         return CheckReport(**fields)
 
+    def _found(self, kind: str, why: str, trial: int, mutated: tuple[str, ...] = (), mismatches: int = 0
+               ) -> CheckReport:
+        """A failing report for an attack: an integrity finding of `kind`, and the message says it."""
+        self.findings.append(integrity.IntegrityFinding(kind, why))
+        fields = self._base(trial, passed=False)
+        fields.update(message=f"trial {trial} (seed {self.seed + trial}): {kind}: {why}", mutated_inputs=mutated,
+                      mismatches=mismatches)
+        return CheckReport(**fields)
+
     def _mismatch_report(self, comp: _Compared, trial: int) -> CheckReport:
         fields = self._base(trial, passed=False)
         total = math.prod(comp.shape)
@@ -427,9 +703,10 @@ class _CheckState:
         hint = ""
         if comp.precision == "float32" and comp.max_ratio < 100:
             hint = " (if it computes on TF32 tensor cores, pass precision='tf32')"
+        named = f" ({self.findings[-1].kind})" if self.findings else ""
         fields.update(mismatches=comp.mismatches,
                       message=f"trial {trial} (seed {self.seed + trial}): {comp.mismatches:,} of {total:,} elements "
-                              f"of {where}({comp.dtype}, shape {comp.shape}) out of tolerance{hint}")
+                              f"of {where}({comp.dtype}, shape {comp.shape}) out of tolerance{named}{hint}")
         return CheckReport(**fields)
 
     def passed_report(self, trials: int) -> CheckReport:
@@ -501,6 +778,26 @@ def _compare(j, cand, ref_values, ref_native, atol, rtol, precision) -> _Compare
                      dtype=_dtype(cand.dtype), ref_own_error=own)
 
 
+def mismatch_count(cand, ref, atol=None, rtol=None, precision=None) -> int:
+    """Elements of `cand` out of tolerance against `ref` by `_compare`'s rule, without its report (cheap)."""
+    import torch
+
+    if tuple(cand.shape) != tuple(ref.shape):
+        return max(cand.numel(), ref.numel(), 1)
+    prec = precision or _precision_of(cand.dtype)
+    d_rtol, d_atol_scale = TOLERANCES["exact" if prec == "exact" else prec]
+    wide = torch.complex128 if (cand.is_complex() or ref.is_complex()) else torch.float64
+    r = ref.detach().to(wide)
+    c = cand.detach().to(device=r.device, dtype=wide)
+    finite_ref = torch.isfinite(r)
+    rms = float(r.abs()[finite_ref].pow(2).mean().sqrt()) if bool(finite_ref.any()) else 0.0
+    use_atol = float(atol) if atol is not None else d_atol_scale * rms
+    use_rtol = d_rtol if rtol is None else float(rtol)
+    ok = torch.where(finite_ref, ((c - r).abs() <= use_atol + use_rtol * r.abs()) & torch.isfinite(c),
+                     (c == r) | (torch.isnan(r) & torch.isnan(c)))
+    return int((~ok).sum())
+
+
 def _worst(ratio, c, r):
     """Indices (largest error/tolerance first) and (index, yours, reference, error/tolerance) of the worst elements."""
     import torch
@@ -546,7 +843,7 @@ class _OutputTypeError(Exception):
     """A callable returned something that is not a tensor (or a tuple of tensors)."""
 
 
-def _as_outputs(value, who: str):
+def as_outputs(value, who: str):
     """A tuple of tensors from a tensor, a tuple/list of tensors, NumPy arrays or scalars; None for None."""
     import torch
 
@@ -678,8 +975,9 @@ class _RawBytes:
                                          "version": 3, "strides": None}
 
 
-def fill_free_memory(devices) -> int:
-    """Fill the free blocks of torch's caching allocator on `devices` with NaN bytes; return the bytes filled.
+def fill_free_memory(devices, byte: int = FREE_MEMORY_BYTE) -> int:
+    """Fill the free blocks of torch's caching allocator on `devices` with NaN bytes (or `byte`); return the bytes
+    filled.
 
     A candidate that allocates its result with torch.empty gets one of these blocks; where its kernel writes nothing
     the result then holds NaN, not whatever an earlier run left there (often the right answer: the reference's
@@ -696,7 +994,7 @@ def fill_free_memory(devices) -> int:
         blocks = free_blocks(snapshot, device)
         with torch.cuda.device(device):
             for address, nbytes in blocks:
-                torch.as_tensor(_RawBytes(address, nbytes), device=f"cuda:{device}").fill_(FREE_MEMORY_BYTE)
+                torch.as_tensor(_RawBytes(address, nbytes), device=f"cuda:{device}").fill_(byte)
                 total += nbytes
             if blocks:
                 torch.cuda.synchronize(device)
@@ -739,6 +1037,22 @@ def _identical(a, b) -> bool:
     if a.is_floating_point() or a.is_complex():
         same = same | (torch.isnan(a) & torch.isnan(b))
     return bool(same.all())
+
+
+def _top_index(name: str) -> int:
+    """"argument 3" or "argument 3[1]" (a name from _mutations) -> 3."""
+    return int(name.split()[1].split("[")[0])
+
+
+def _rms(t) -> float:
+    """The root mean square of a tensor's finite values (0 for none)."""
+    import torch
+
+    if not t.numel():
+        return 0.0
+    a = t.detach().abs().to(torch.float64)
+    a = a[torch.isfinite(a)]
+    return float(a.pow(2).mean().sqrt()) if a.numel() else 0.0
 
 
 def _storage_ptr(t) -> int:
