@@ -262,6 +262,7 @@ def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float 
     - With `timeout_s`, a job still running `timeout_s` after it started on its worker is given up (its value is a
       JobTimeout) and that worker is restarted: its other jobs are re-run elsewhere and say so.
     - Each result is fetched and released as it arrives, so a worker lost later costs no finished result.
+    - A pool left with no worker for 5 minutes (every nanny gave up) ends the jobs still waiting, each with an error.
     Other executors (a process pool): as `stream`, without the timeout.
     """
     client = dask_client(executor)
@@ -272,7 +273,8 @@ def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float 
     yield from _dask_jobs(client, fn, list(items), timeout_s, poll_s)
 
 
-def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float) -> Iterator[JobDone]:
+def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, no_workers_s: float = 300.0
+               ) -> Iterator[JobDone]:
     import uuid
 
     import distributed
@@ -290,6 +292,7 @@ def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float) 
         except Exception as exc:                        # e.g. an object Dask cannot serialize
             yield JobDone(i, exc)
     moved: dict[str, str] = {}                          # key -> why it left a worker restarted by the watchdog
+    no_workers_since: float | None = None
     deaths: dict[int, int] = {}                         # index -> worker deaths in its earlier tries
     while pending:
         try:
@@ -329,6 +332,24 @@ def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float) 
                 yield JobDone(i, value, n, rerun, where)
         if timeout_s is not None and pending:
             yield from _give_up_hung(client, pending, moved, timeout_s)
+        if pending and not done:
+            if _workers(client):
+                no_workers_since = None
+            elif no_workers_since is None:
+                no_workers_since = time.monotonic()
+            elif time.monotonic() - no_workers_since > no_workers_s:
+                for key, (i, f) in list(pending.items()):
+                    f.cancel()
+                    yield JobDone(i, KernellabError(f"not run: the pool has had no worker for {no_workers_s:g} s "
+                                                    f"(every worker died and none came back)"))
+                pending.clear()
+
+
+def _workers(client) -> int:
+    try:
+        return len(client.scheduler_info()["workers"])
+    except Exception:
+        return 1                                        # cannot tell: keep waiting
 
 
 def _who_has(client, future) -> str | None:

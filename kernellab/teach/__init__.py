@@ -112,6 +112,8 @@ def kernel_from_cell(ex: Exercise, source: str):
     except (KernellabError, Exception) as exc:
         if isinstance(exc, KernellabError):
             message = str(exc).strip()
+        elif isinstance(exc, SyntaxError):
+            message = f"the cell has a SyntaxError at line {exc.lineno}: {exc.msg}"
         else:
             frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell ")]
             at = f" at line {frames[-1].lineno}" if frames else ""
