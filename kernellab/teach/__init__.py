@@ -124,3 +124,8 @@ def kernel_from_cell(ex: Exercise, source: str):
                           hint=ex.hints.get("compile_error", DEFAULT_HINTS["compile_error"]))
         return GradeResult(exercise=ex.id, title=ex.title, kernel=ex.kernel, passed=False, findings=(finding,),
                            notes=(message[-2000:],))
+
+
+def _order(ex: Exercise) -> int:
+    """Registration order within a tutorial: the order its module registers them in (the notebook's)."""
+    return list(_REGISTRY).index(ex.id)

@@ -54,7 +54,7 @@ from ..sim.numba_sim import simulator_lock
 from .bench import bench
 from .check import check
 
-ROW_FORMAT = 1                # bump when AutotuneRow changes: cached rows of another format are not reused
+ROW_FORMAT = 2                # bump when AutotuneRow changes: cached rows of another format are not reused
 DEFAULT_CHECK = {"trials": 1}  # "check each survivor once": one fresh input set (kernellab.check's default is 5)
 
 
