@@ -377,6 +377,12 @@ def table(phases: list[dict], skipped: list[str]) -> str:
     return report.text_table(head, rows)
 
 
+def busy_share(p: dict) -> float:
+    """The share of the grading's wall time x workers that the workers spent grading (sum of the rows' times)."""
+    graded_s = sum((r.wall_ms or 0) for r in p["grades"].rows) / 1e3
+    return graded_s / (p["workers"] * p["grade_s"]) if p["grade_s"] else 0.0
+
+
 def where_time_goes(p: dict, one: dict) -> str:
     """Which stage kept a phase from scaling: each stage's speed-up against one GPU."""
     st, st1 = dict(p["autotune"].stage_s), dict(one["autotune"].stage_s)
@@ -388,6 +394,8 @@ def where_time_goes(p: dict, one: dict) -> str:
                        ("grading", one["grade_s"], p["grade_s"])):
         if b > 0:
             parts.append(f"{name} {a:.1f} -> {b:.1f} s ({a / b:.2f}x)")
+    parts.append(f"workers busy grading {busy_share(p):.0%} of its wall time (1 GPU: {busy_share(one):.0%}; the rest "
+                 f"is scheduling, result traffic and the last submissions' tail)")
     busiest = max(p["grades"].rows, key=lambda r: r.wall_ms or 0)
     parts.append(f"longest submission {busiest.wall_ms / 1e3:.1f} s ({busiest.submission})"
                  if busiest.wall_ms else "")

@@ -1,9 +1,12 @@
-"""Grade many submissions of one exercise at once, fanned out over an executor: `grade_many(exercise_id, submissions)`.
+"""Grade many submissions at once, fanned out over an executor: `grade_many(exercise_id, submissions)` for one
+exercise, `grade_class({exercise_id: submissions})` for a class (every exercise in one fan-out).
 
 The grader is any callable `grade(exercise_id, submission) -> result` whose result has `.passed` and `.findings`;
 by default it is `kernellab.teach.grade`, looked up by name on the worker that runs each submission (teach/ sits above
 run/, so this module does not import it). For a class on a JupyterHub, the executor is a Dask client's over the GPU
-pool (docs/GRADING.md): each submission is graded on one worker's GPU and its row names that GPU.
+pool (docs/GRADING.md): each submission is graded on one worker's GPU and its row names that GPU; a worker that
+dies or hangs loses no grade (kernellab.run.fanout.jobs: its submissions are graded again elsewhere, and their rows
+say so in `rerun`).
 """
 from __future__ import annotations
 
