@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
+import hashlib
 import importlib
 import multiprocessing
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -135,10 +139,6 @@ def gpu_lock(gpu: str | None):
     if gpu is None:
         yield
         return
-    import fcntl
-    import hashlib
-    import tempfile
-
     path = os.path.join(tempfile.gettempdir(), f"kernellab-gpu-{hashlib.sha1(gpu.encode()).hexdigest()[:16]}.lock")
     with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -275,8 +275,6 @@ def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float 
 
 def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, no_workers_s: float = 300.0
                ) -> Iterator[JobDone]:
-    import uuid
-
     import distributed
 
     name = getattr(fn, "__name__", "job")

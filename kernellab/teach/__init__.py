@@ -6,8 +6,14 @@ How to add one: docs/AUTHORING-EXERCISES.md. What a grader runs: kernellab/teach
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import linecache
 import pkgutil
+import traceback
+
+from ..errors import KernellabError
+from ..kernel import compile_cuda
 
 from .grader import DEFAULT_HINTS, ExerciseError, grade as _grade, spec_problems
 from .result import Check, ExerciseTable, Finding, GradeResult, Speed
@@ -88,19 +94,9 @@ def kernel_from_cell(ex: Exercise, source: str):
     """The kernel (or module) a cell's source text defines, built as the exercise's cell builds it (a %%cuda cell's
     body compiled for the tutorial's arch, its first line numbered 2; a Numba cell run as Python), or a failed
     GradeResult with a `compile_error` finding when it cannot be built."""
-    import traceback
-
-    from ..errors import KernellabError
-    from .grader import DEFAULT_HINTS
-
     try:
         if ex.kind == "cuda":
-            from ..kernel import compile_cuda
-
             return compile_cuda(source, arch=ex.arch, first_line=2, filename="cell.cu")
-        import hashlib
-        import linecache
-
         # Numba (its debug info) and the simulator (the cell lines its findings quote) read the source back
         filename = f"<cell {ex.id} {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -109,7 +105,7 @@ def kernel_from_cell(ex: Exercise, source: str):
         if ex.kernel not in namespace:
             return None               # the grader's no_kernel finding names what is missing
         return namespace[ex.kernel]
-    except (KernellabError, Exception) as exc:
+    except Exception as exc:                     # whatever the cell raises is its finding
         if isinstance(exc, KernellabError):
             message = str(exc).strip()
         elif isinstance(exc, SyntaxError):

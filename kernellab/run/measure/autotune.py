@@ -824,8 +824,6 @@ def measure(task: MeasureTask) -> Outcome:
 
 def _check_and_time(task: MeasureTask, k, here: Where, f: dict, out: Outcome, res, simulated: bool) -> Outcome:
     """measure's last steps: the check against the reference, then the timing; `f` takes what they find."""
-    from ..launch import worker as _worker
-
     config, launch = task.spec.config, task.launch
     isolate = task.isolate and not simulated
 
