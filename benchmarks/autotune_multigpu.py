@@ -1,115 +1,188 @@
-"""Autotune 108 SGEMM configurations and grade 32 submissions over every GPU of one host with Dask, against the same
-work on one GPU, with each GPU's utilisation while it runs (issue 19).
+"""Autotune tutorial 05's SGEMM and grade a class with the tutorials' graders over every GPU of one host with Dask,
+against the same job on one GPU in the same run, with each GPU's utilisation while it runs (issue 35).
 
-Method:
-- Clusters: one Dask worker per GPU with one thread (dask-cuda's LocalCUDACluster where it is installed, else a
-  distributed.SpecCluster of Nanny workers, each pinned with CUDA_VISIBLE_DEVICES=i). The one-GPU run is a cluster of
-  one worker on GPU 0, so both runs pay the same fan-out costs (process start, pickling, result traffic).
-- Work, the same in both runs:
-  - kernellab.autotune over the configurations of benchmarks/autotune_demo.py's register-tiled SGEMM
-    (BM, BN in {32, 64, 128}, BK in {8, 16, 32}, TM, TN in {4, 8}: 108; --configs takes the first N), M = N = K =
-    --size, fp32 with TF32 off: each configuration compiled on a worker, pruned, checked once against torch.matmul
-    and timed beside it with kernellab.bench on that worker's GPU. Row and compile caches are off
-    (KERNELLAB_CACHE=0), so every run compiles and measures everything.
-  - kernellab.grade_many over --submissions (32) vector-add submissions: correct variants and the usual mistakes
-    (an off-by-one guard, a wrong operator, a read past the end, a kernel that faults, one that does not compile),
-    graded by a stand-in grader (compile, kernellab.check on an awkward size with the launches isolated, then
-    kernellab.bench against torch.add); --grader teach uses kernellab.teach.grade where it exists.
-- Utilisation: NVML (nvidia-ml-py, which dask-cuda brings), else `nvidia-smi`, sampled every 100 ms in this process
-  and averaged per GPU over each phase. kernellab.bench keeps a GPU busy at most half the time while it times (burst
-  mode, to stay below the power cap), so a GPU that is timing all the time reads about 50 %.
-Speed-ups against torch are ratios taken on one GPU in one bench run; the best of the multi-GPU sweep is ranked by
-them (its rows come from several GPUs), the best of the one-GPU sweep by time (they agree when the GPUs do).
+The job, the same on 1, 2 and (where the host has them) 4 GPUs:
+- kernellab.autotune over 108 configurations of tutorial 05's `sgemm_warptile` (its cell's real source, read from
+  notebooks/05-matmul.py): BM, BN in {64, 128, 256}, BK in {8, 16, 32}, WM, WN in {32, 64} as -D defines (--configs
+  takes the first N). Each configuration is compiled on a worker (NVRTC), pruned by its resources, checked once
+  against torch.matmul (fp32, TF32 off) with its launches isolated, and timed beside torch.matmul with kernellab.bench
+  on that worker's GPU (short bench: --rep-ms per round, 4 rounds), at M = N = K = --size.
+- kernellab.grade_class over a class of --students students x 3 exercises (01-reverse and 02-transpose-batched in
+  CUDA C++, 00-flip in Numba): each submission is a cell's source text from tests/exercises/solutions/ (the reference
+  solution, or one of the usual mistakes: missing guard, off-by-one, unguarded read, missing barrier, race, no
+  shared tile, lost batch offset, short loop, ...) or a cell that does not compile; half the students hand in a
+  correct one. Graded by kernellab.teach.grade (the tutorials' graders: compiler checks, every shape and block size
+  with NaN-filled outputs, compute-sanitizer, the simulator for Numba), speed bar off. The report checks that every
+  submission got the finding its file names (tests/exercises/solutions_lib: `expect: <kinds> on cpu|gpu`).
+- Row and compile caches are off (KERNELLAB_CACHE=0): every phase compiles and grades everything.
+- Faults (--faults, on by default with 2 or more GPUs), on the largest pool after its job: a small class of 01-reverse
+  with one submission that hangs its GPU (an endless loop), graded with timeout_s, and one Dask worker killed
+  (SIGKILL) while it grades. Nothing may be lost: the hung submission is an error row that says so, the killed
+  worker's submissions are graded again on another worker and their rows say so (`rerun`).
 
-Run on a GPU host:  python benchmarks/autotune_multigpu.py [--gpus N] [--size 4096] [--configs 108] [--submissions 32]
-It runs on one GPU too (the multi-GPU phase is then skipped and the table says so). Results: a table on stdout, and
-autotune_multigpu.json in $OUT (or the current folder).
+Clusters: --workers-per-gpu Dask worker processes per GPU (default 4, one thread each), each pinned to its GPU with
+CUDA_VISIBLE_DEVICES (a distributed.SpecCluster of Nanny workers; dask-cuda's LocalCUDACluster where
+--workers-per-gpu is 1 and it is installed). Several workers per GPU let the CPU-bound stages (NVRTC, the graders'
+compute-sanitizer and simulator runs) overlap; autotune checks and times one configuration at a time per GPU (a lock
+per GPU, kernellab.run.fanout.gpu_lock), so no two timings overlap on one GPU. The one-GPU phase is a pool of the same
+size on GPU 0, so every phase pays the same fan-out costs (process start, pickling, result traffic). Cluster start
+(workers importing torch and making their CUDA context) is reported apart and is not in the job's time.
+Utilisation: NVML (nvidia-ml-py, which dask-cuda brings), else `nvidia-smi`, sampled every 100 ms here and averaged
+per GPU over each stage; kernellab.bench keeps a GPU busy about half the time while it times (burst mode).
+Speed-ups against torch are ratios taken on one GPU in one bench run; the best of a multi-GPU sweep is ranked by them.
+
+Run on a GPU host:  python benchmarks/autotune_multigpu.py [--gpus 1,2,4] [--size 2048] [--configs 108]
+                    [--students 22] [--workers-per-gpu 4] [--budget-s 520] [--no-faults]
+Its functions reach the workers by value (cloudpickle sends what lives in __main__), or by name where it is imported
+as benchmarks.autotune_multigpu (tests/test_fanout_faults.py). The table comes last on stdout; autotune_multigpu.json and each phase's tables go to $OUT (or ./autotune-multigpu).
+A phase that would not fit --budget-s (estimated from the one-GPU phase) is skipped, and the table says so.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
-import types
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-VADD = r"""
-extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+ROOT = HERE.parent
+EXERCISES = ("02-transpose-batched", "00-flip", "01-reverse")     # the slowest to grade first: a shorter tail
+HANG = r"""extern "C" __global__ void reverse(const float* in, float* out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) c[i] = a[i] + b[i];
-}"""
-# Each submission: (what it is, its source). Correct ones first; graded "passed" only if right on 1,000,003 elements.
-VARIANTS = [
-    ("plain", VADD),
-    ("restrict", VADD.replace("const float* a, const float* b, float* c",
-                              "const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c")),
-    ("grid-stride", VADD.replace("if (i < n) c[i] = a[i] + b[i];",
-                                 "for (; i < n; i += gridDim.x * blockDim.x) c[i] = a[i] + b[i];")),
-    ("size_t index", VADD.replace("int i = blockIdx.x * blockDim.x + threadIdx.x;",
-                                  "size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;")),
-    ("off-by-one guard", VADD.replace("i < n", "i < n - 1")),
-    ("wrong operator", VADD.replace("a[i] + b[i]", "a[i] - b[i]")),
-    ("reads past the end", VADD.replace("b[i];", "b[i + 1];")),
-    ("faults", VADD.replace("c[i] =", "c[i + (1 << 28)] =")),
-    ("does not compile", VADD.replace("b[i];", "b[i]")),
-]
+    volatile int spin = 1;
+    while (spin) { }                    // never ends: the submission hangs its GPU
+    if (i < n) out[i] = in[n - 1 - i];
+}
+"""
 
 
-def _demo():
-    spec = importlib.util.spec_from_file_location("autotune_demo", HERE / "autotune_demo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# --- the autotune: tutorial 05's warptile SGEMM ----------------------------------------------------------------------
 
 
-def sgemm_configs(n: int) -> list[dict]:
-    """BM, BN in {32, 64, 128}, BK in {8, 16, 32}, TM, TN in {4, 8}: 108 configurations; the first n."""
-    allc = [dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn)
-            for bm, bn, bk, tm, tn in itertools.product((32, 64, 128), (32, 64, 128), (8, 16, 32), (4, 8), (4, 8))]
+def warptile_source() -> str:
+    """The body of tutorial 05's `%%cuda --name warptile` cell, as the notebook's jupytext source has it."""
+    text = (ROOT / "notebooks" / "05-matmul.py").read_text()
+    m = re.search(r"^# %%cuda --name warptile\n(.*?)^# %%", text, re.S | re.M)
+    if m is None:
+        raise RuntimeError("notebooks/05-matmul.py has no `# %%cuda --name warptile` cell")
+    return m.group(1).rstrip() + "\n"
+
+
+def sgemm_configs(n: int = 108) -> list[dict]:
+    """BM, BN in {64, 128, 256}, BK in {8, 16, 32}, WM, WN in {32, 64}: 108 configurations; the first n."""
+    allc = [dict(BM=bm, BN=bn, BK=bk, WM=wm, WN=wn)
+            for bm, bn, bk, wm, wn in itertools.product((64, 128, 256), (64, 128, 256), (8, 16, 32), (32, 64),
+                                                        (32, 64))]
     return allc[:n]
 
 
-def submissions(n: int) -> dict[str, str]:
-    """n submissions named student00, student01, ... cycling through VARIANTS."""
-    return {f"student{i:02d} ({VARIANTS[i % len(VARIANTS)][0]})": VARIANTS[i % len(VARIANTS)][1] for i in range(n)}
-
-
-def grade_vadd(exercise_id, source):
-    """A stand-in for kernellab.teach.grade: compile, check on an awkward size (isolated), time against torch.add."""
+def make_problem(size: int, device: str = "cuda"):
+    """(launch, inputs, reference, baselines) for C = A @ B with M = N = K = size, fp32."""
     import torch
 
-    import kernellab
+    M = N = K = size
 
-    n = 1_000_003
-    try:
-        k = kernellab.compile_cuda(source, arch=None).vadd
-    except kernellab.CompileError as exc:
-        return types.SimpleNamespace(passed=False, findings=(f"does not compile: {str(exc).splitlines()[1]}",))
-
-    def run(a, b, c):
-        k[(n + 255) // 256, 256](a, b, c, n)
-        return c
+    def launch(k, c, a, b, out):
+        threads = (c["BM"] // c["WM"]) * (c["BN"] // c["WN"]) * 32      # one warp per warp tile (NTW in the cell)
+        k[((N + c["BN"] - 1) // c["BN"], (M + c["BM"] - 1) // c["BM"]), threads](a, b, out, M, N, K)
+        return out
 
     def inputs(g):
-        return (torch.randn(n, generator=g).cuda(), torch.randn(n, generator=g).cuda(), torch.empty(n, device="cuda"))
+        return (torch.randn(M, K, generator=g).to(device), torch.randn(K, N, generator=g).to(device),
+                torch.empty(M, N, device=device))
 
-    rep = kernellab.check(run, lambda a, b, c: a + b, inputs, trials=2, isolate=True)
-    if not rep.passed:
-        return types.SimpleNamespace(passed=False, findings=(rep.message,) + ((rep.exception,) if rep.exception
-                                                                              else ()))
-    t = kernellab.bench(run, inputs, baselines={"torch": lambda a, b, c: torch.add(a, b, out=c)},
-                        rep_ms=40, rounds=4)
-    return types.SimpleNamespace(passed=True, findings=(f"{t.median_ms * 1e3:.1f} us, "
-                                                        f"{t.speedup('torch').ratio:.2f}x torch.add",))
+    def reference(a, b, out):
+        return a @ b
+
+    baselines = {"torch": lambda a, b, out: torch.matmul(a, b, out=out)}
+    return launch, inputs, reference, baselines
+
+
+# --- the class ------------------------------------------------------------------------------------------------------
+
+
+def _solutions():
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from exercises import solutions_lib
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    return solutions_lib
+
+
+def _broken(source: str, ex_id: str) -> str:
+    """The solution with a syntax error on its last statement line (a cell that does not compile)."""
+    lines = source.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        code, sep, comment = lines[i].partition("#" if ex_id.startswith("00-") else "//")
+        if ex_id.startswith("00-") and re.match(r"\s+\w.*\]\s*$", code):
+            lines[i] = code.rstrip() + " +" + (f"  {sep}{comment}" if sep else "")   # Python: a dangling operator
+            break
+        if not ex_id.startswith("00-") and code.rstrip().endswith(";"):
+            lines[i] = code.rstrip()[:-1] + (f"  {sep}{comment}" if sep else "")    # C++: a missing semicolon
+            break
+    return "\n".join(lines) + "\n"
+
+
+def build_class(students: int, where: str = "gpu", exercises=EXERCISES):
+    """(work, expected): work is {exercise_id: {student: cell source}}; expected is {(exercise_id, student): None
+    for "passes" or the finding kinds it must get}. Even-numbered students hand in the reference solution, the others
+    cycle through the exercise's wrong variants (those found `where`: "gpu" takes all of them) and a cell that does
+    not compile."""
+    lib = _solutions()
+    work, expected = {}, {}
+    for ex_id in exercises:
+        solution = lib.solution_path(ex_id).read_text()
+        wrong = [(v.name, v.path.read_text(), frozenset(v.kinds)) for v in lib.variants(ex_id)
+                 if where == "gpu" or v.where == "cpu"]
+        wrong.append(("does_not_compile", _broken(solution, ex_id), frozenset({"compile_error"})))
+        subs = {}
+        for s in range(students):
+            name, src, kinds = ("solution", solution, None) if s % 2 == 0 else wrong[(s // 2) % len(wrong)]
+            who = f"student{s:02d} ({name})"
+            tag = f"\n# submitted by student{s:02d}\n" if ex_id.startswith("00-") else \
+                f"\n// submitted by student{s:02d}\n"
+            subs[who] = src + tag
+            expected[(ex_id, who)] = kinds
+        work[ex_id] = subs
+    return work, expected
+
+
+def check_class(grades, expected) -> list[str]:
+    """What does not match the expectation: one line per submission graded otherwise than its file says."""
+    bad = []
+    for table in grades.tables:
+        for r in table.rows:
+            want = expected[(table.exercise_id, r.submission)]
+            kinds = {f.kind for f in getattr(r.result, "findings", ())}      # the GradeResult travels back
+            if r.passed is None:
+                bad.append(f"{table.exercise_id} {r.submission}: not graded ({r.error})")
+            elif want is None and not r.passed:
+                bad.append(f"{table.exercise_id} {r.submission}: should pass, got {sorted(kinds)}")
+            elif want is not None and (r.passed or not want <= kinds):
+                bad.append(f"{table.exercise_id} {r.submission}: should get {sorted(want)}, got "
+                           f"{'passed' if r.passed else sorted(kinds)}")
+    return bad
+
+
+def grade_source(exercise_id, source):
+    """The grader for the class: kernellab.teach.grade on the cell's source text, speed bar off (a class is graded
+    for correctness; the speed bar times each kernel, which is the autotune's job here)."""
+    import kernellab.teach
+
+    return kernellab.teach.grade(exercise_id, source, speed=False)
+
+
+# --- utilisation ----------------------------------------------------------------------------------------------------
 
 
 class Utilisation(threading.Thread):
@@ -158,69 +231,191 @@ class Utilisation(threading.Thread):
         return {g: (sum(s) / len(s) if s else None) for g, s in self.samples.items()}
 
 
-def make_cluster(gpus: list[int]):
-    """(cluster, what): one Dask worker with one thread per GPU in `gpus`."""
-    try:
-        from dask_cuda import LocalCUDACluster
-
-        return (LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)), threads_per_worker=1,
-                                 dashboard_address=None), "dask-cuda LocalCUDACluster")
-    except ImportError:
-        from distributed import Nanny, Scheduler, SpecCluster
-
-        workers = {f"gpu{g}": {"cls": Nanny, "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(g)}}}
-                   for g in gpus}
-        return (SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}),
-                "distributed SpecCluster of Nanny workers pinned with CUDA_VISIBLE_DEVICES")
+# --- clusters and phases --------------------------------------------------------------------------------------------
 
 
-def run_phase(gpus: list[int], configs, subs, problem, demo, grader) -> dict:
+def make_cluster(gpus: list[int], workers_per_gpu: int = 4):
+    """(cluster, what): `workers_per_gpu` Dask worker processes (one thread each) per GPU in `gpus`."""
+    if workers_per_gpu == 1:
+        try:
+            from dask_cuda import LocalCUDACluster
+
+            return (LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)), threads_per_worker=1,
+                                     dashboard_address=None), "dask-cuda LocalCUDACluster, 1 worker per GPU")
+        except ImportError:
+            pass
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    workers = {f"gpu{g}.{j}": {"cls": Nanny, "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(g)}}}
+               for g in gpus for j in range(workers_per_gpu)}
+    return (SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}),
+            f"SpecCluster of Nanny workers, {workers_per_gpu} per GPU, pinned with CUDA_VISIBLE_DEVICES")
+
+
+def _warm():
+    """On a worker: import torch and kernellab, make the CUDA context (where there is a GPU); which GPU this is."""
+    import torch
+
+    from kernellab.run.measure.autotune import where
+
+    if torch.cuda.is_available():
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+    return where().gpu or "no GPU"
+
+
+def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> dict:
+    """Start a pool on `gpus`, run the job (autotune, then the class), and return what it took."""
     import distributed
 
     import kernellab
+    from kernellab.run import fanout
 
-    cluster, what = make_cluster(gpus)
-    out = {"gpus": len(gpus), "cluster": what}
+    t0 = time.perf_counter()
+    cluster, what = make_cluster(gpus, workers_per_gpu)
+    out = {"gpus": len(gpus), "gpu_ids": gpus, "workers": len(gpus) * workers_per_gpu, "cluster": what}
     with cluster, distributed.Client(cluster) as client:
-        client.wait_for_workers(len(gpus), timeout=300)
+        client.wait_for_workers(len(gpus) * workers_per_gpu, timeout=300)
         ex = client.get_executor()
-        from kernellab.run.measure.autotune import where
+        fanout.prepare(ex)
+        out["worker_gpus"] = client.run(_warm)
+        out["start_s"] = time.perf_counter() - t0
+        log(f"  {len(gpus)} GPU(s): {out['workers']} workers up in {out['start_s']:.1f} s")
 
-        # Every worker imports torch and kernellab and makes its CUDA context before the clock starts.
-        warm = client.run(lambda: (__import__("torch").cuda.init(), where())[1])
-        out["workers"] = {w: f"{v.gpu}" for w, v in warm.items()}
-        launch, inputs, reference, baselines = problem
         util = Utilisation(gpus)
         util.start()
-        t0 = time.perf_counter()
-        r = kernellab.autotune(demo.SGEMM, configs, kernel="sgemm", launch=launch, inputs=inputs, reference=reference,
-                               baselines=baselines, executor=ex, cache=False)
-        out["autotune_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        launch, inputs, reference, baselines = job["problem"]
+        r = kernellab.autotune(job["source"], job["configs"], kernel="sgemm_warptile", launch=launch, inputs=inputs,
+                               reference=reference, baselines=baselines, executor=ex, cache=False, progress=False,
+                               bench_options=job["bench_options"], first_line=2, filename="cell.cu")
+        out["autotune_s"] = time.perf_counter() - t1
         out["autotune_util"] = util.stop()
         out["util_source"] = util.source
         out["autotune"] = r
+        log(f"  autotune: {out['autotune_s']:.1f} s ({r.headline()})")
+
         util = Utilisation(gpus)
         util.start()
-        t0 = time.perf_counter()
-        g = kernellab.grade_many("vadd", subs, executor=ex, grade=grader)
-        out["grade_s"] = time.perf_counter() - t0
+        t2 = time.perf_counter()
+        g = kernellab.grade_class(job["work"], executor=ex, grade=grade_source, progress=False,
+                                  timeout_s=job["grade_timeout_s"])
+        out["grade_s"] = time.perf_counter() - t2
         out["grade_util"] = util.stop()
         out["grades"] = g
+        out["job_s"] = out["autotune_s"] + out["grade_s"]
+        log(f"  grade_class: {out['grade_s']:.1f} s ({g.headline()})")
+        if job.get("faults"):
+            out["faults"] = fault_drill(client, ex, job.get("drill_timeout_s", 20.0), log)
     return out
 
 
+def fault_drill(client, ex, timeout_s: float, log=print) -> dict:
+    """A small class with one hanging submission, graded while one busy worker is killed: what came back.
+    `timeout_s` is under the grader's own isolation timeout (30 s), so that the fan-out's watchdog is what ends the
+    hang: the worker process with the hung kernel is ended and a fresh one takes its place."""
+    import kernellab
+
+    lib = _solutions()
+    solution = lib.solution_path("01-reverse").read_text()
+    subs = {f"drill{s:02d}": solution + f"\n// drill {s}\n" for s in range(11)}
+    subs["drill-hang"] = HANG
+    killed: list[str] = []
+
+    def kill_one():
+        time.sleep(3.0)                           # the grading is under way
+        for addr, keys in client.processing().items():
+            if keys:
+                pid = client.run(os.getpid, workers=[addr])[addr]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(f"{addr} (pid {pid})")
+                return
+
+    t0 = time.perf_counter()
+    killer = threading.Thread(target=kill_one, daemon=True)
+    killer.start()
+    g = kernellab.grade_class({"01-reverse": subs}, executor=ex, grade=grade_source, progress=False,
+                              timeout_s=timeout_s)
+    killer.join()
+    t = g.tables[0]
+    hang = t.row("drill-hang")
+    others = [r for r in t.rows if r.submission != "drill-hang"]
+    ok = (len(t.rows) == len(subs) and hang.passed is None and "timeout_s" in (hang.error or "")
+          and all(r.passed is True for r in others) and bool(killed))
+    res = {"s": time.perf_counter() - t0, "killed": killed, "rows": len(t.rows), "submissions": len(subs),
+           "hang": hang.error, "reruns": [f"{r.submission}: {r.rerun}" for r in t.rows if r.rerun],
+           "graded": sum(r.passed is True for r in others), "ok": ok, "table": str(t)}
+    log(f"  faults: killed {killed or 'nothing'}; {res['graded']} of {len(others)} graded, "
+        f"{len(res['reruns'])} graded again; the hung one: {hang.error}")
+    return res
+
+
+# --- the report -----------------------------------------------------------------------------------------------------
+
+
 def _util_text(util: dict) -> str:
-    return ", ".join(f"{g}: {u:.0f}%" if u is not None else f"{g}: -" for g, u in util.items())
+    return " ".join(f"{g}:{u:.0f}%" if u is not None else f"{g}:-" for g, u in util.items())
+
+
+def table(phases: list[dict], skipped: list[str]) -> str:
+    """The summary table: one row per phase, the speed-ups against the one-GPU phase."""
+    from kernellab import report
+
+    one = phases[0]
+    head = ["GPUs", "workers", "start s", "compile s", "check+time s", "autotune s", "grade s", "job s",
+            "job vs 1 GPU", "autotune vs 1", "grade vs 1", "util autotune", "util grade"]
+    rows = []
+    for p in phases:
+        st = dict(p["autotune"].stage_s)
+        rows.append([p["gpus"], p["workers"], f"{p['start_s']:.1f}", f"{st.get('compile', 0):.1f}",
+                     f"{st.get('check_and_time', 0):.1f}", f"{p['autotune_s']:.1f}", f"{p['grade_s']:.1f}",
+                     f"{p['job_s']:.1f}", f"{one['job_s'] / p['job_s']:.2f}x",
+                     f"{one['autotune_s'] / p['autotune_s']:.2f}x", f"{one['grade_s'] / p['grade_s']:.2f}x",
+                     _util_text(p["autotune_util"]), _util_text(p["grade_util"])])
+    for s in skipped:
+        rows.append([s] + [""] * (len(head) - 1))
+    return report.text_table(head, rows)
+
+
+def busy_share(p: dict) -> float:
+    """The share of the grading's wall time x workers that the workers spent grading (sum of the rows' times)."""
+    graded_s = sum((r.wall_ms or 0) for r in p["grades"].rows) / 1e3
+    return graded_s / (p["workers"] * p["grade_s"]) if p["grade_s"] else 0.0
+
+
+def where_time_goes(p: dict, one: dict) -> str:
+    """Which stage kept a phase from scaling: each stage's speed-up against one GPU."""
+    st, st1 = dict(p["autotune"].stage_s), dict(one["autotune"].stage_s)
+    parts = []
+    for name, a, b in (("compile", st1.get("compile", 0), st.get("compile", 0)),
+                       ("check-and-time", st1.get("check_and_time", 0), st.get("check_and_time", 0)),
+                       ("probe + prune (here)", st1.get("probe", 0) + st1.get("prune", 0),
+                        st.get("probe", 0) + st.get("prune", 0)),
+                       ("grading", one["grade_s"], p["grade_s"])):
+        if b > 0:
+            parts.append(f"{name} {a:.1f} -> {b:.1f} s ({a / b:.2f}x)")
+    parts.append(f"workers busy grading {busy_share(p):.0%} of its wall time (1 GPU: {busy_share(one):.0%}; the rest "
+                 f"is scheduling, result traffic and the last submissions' tail)")
+    busiest = max(p["grades"].rows, key=lambda r: r.wall_ms or 0)
+    parts.append(f"longest submission {busiest.wall_ms / 1e3:.1f} s ({busiest.submission})"
+                 if busiest.wall_ms else "")
+    return "; ".join(x for x in parts if x)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all)")
-    ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--gpus", default=None, help="pool sizes to run, e.g. 1,2 (default: 1, 2 and 4 where there)")
+    ap.add_argument("--size", type=int, default=2048)
     ap.add_argument("--configs", type=int, default=108)
-    ap.add_argument("--submissions", type=int, default=32)
-    ap.add_argument("--grader", choices=("stand-in", "teach"), default="stand-in")
+    ap.add_argument("--students", type=int, default=22, help="students; each hands in all 3 exercises")
+    ap.add_argument("--workers-per-gpu", type=int, default=4)
+    ap.add_argument("--rep-ms", type=float, default=20.0, help="kernellab.bench's rep_ms for each configuration")
+    ap.add_argument("--grade-timeout-s", type=float, default=90.0,
+                    help="a submission still being graded this long after it started is given up")
+    ap.add_argument("--budget-s", type=float, default=520.0, help="skip a phase that would end after this")
+    ap.add_argument("--no-faults", dest="faults", action="store_false")
     ns = ap.parse_args(argv)
+    t_start = time.perf_counter()
     # Workers inherit these: CUDA numbers GPUs as NVML does, and nothing is served from a cache.
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     os.environ["KERNELLAB_CACHE"] = "0"
@@ -235,61 +430,97 @@ def main(argv=None) -> int:
         print("needs Dask: pip install 'kernellab[dask]' (and dask-cuda on GPU hosts)", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
-    import cloudpickle
+    count = torch.cuda.device_count()
+    sizes = [int(s) for s in ns.gpus.split(",")] if ns.gpus else [n for n in (1, 2, 4) if n <= count]
+    sizes = [n for n in sizes if n <= count] or [1]
+    work, expected = build_class(ns.students)
+    job = {"source": warptile_source(), "configs": sgemm_configs(ns.configs), "problem": make_problem(ns.size),
+           "bench_options": {"rep_ms": ns.rep_ms, "rounds": 4, "warmup_ms": 10.0}, "work": work,
+           "grade_timeout_s": ns.grade_timeout_s}
+    subs = sum(len(v) for v in work.values())
+    print(f"# {len(job['configs'])} configurations of tutorial 05's sgemm_warptile (M = N = K = {ns.size}) and "
+          f"{subs} submissions over {len(work)} exercises, on {', '.join(map(str, sizes))} of {count} x "
+          f"{torch.cuda.get_device_name()}, {ns.workers_per_gpu} workers per GPU\n", flush=True)
+    out_dir = Path(os.environ.get("OUT", "autotune-multigpu"))
+    out_dir.mkdir(parents=True, exist_ok=True)
 
-    demo = _demo()
-    cloudpickle.register_pickle_by_value(demo)          # the workers cannot import a module loaded from a path
-    n_gpus = ns.gpus or torch.cuda.device_count()
-    configs, subs = sgemm_configs(ns.configs), submissions(ns.submissions)
-    grader = None if ns.grader == "teach" else grade_vadd
-    problem = demo.make_problem(ns.size)
-    print(f"# {len(configs)} SGEMM configurations (M = N = K = {ns.size}) and {len(subs)} submissions, on 1 and "
-          f"{n_gpus} of {torch.cuda.device_count()} x {torch.cuda.get_device_name()}\n")
+    phases, skipped, mismatches = [], [], {}
+    for n in sizes:
+        elapsed = time.perf_counter() - t_start
+        if phases:
+            one = phases[0]
+            guess = one["start_s"] + one["job_s"] / n * 1.3 + (40 if ns.faults and n == sizes[-1] else 0)
+            if elapsed + guess > ns.budget_s:
+                skipped.append(f"{n} GPUs: skipped (would end near {elapsed + guess:.0f} s, past --budget-s)")
+                print(f"# {skipped[-1]}", flush=True)
+                continue
+        print(f"# phase: {n} GPU(s)", flush=True)
+        job["faults"] = ns.faults and n == sizes[-1] and n > 1
+        try:
+            p = run_phase(list(range(n)), ns.workers_per_gpu, job, log=lambda s: print(s, flush=True))
+        except (Exception, KeyboardInterrupt) as exc:     # timeout -s INT: still print what the others measured
+            traceback.print_exc()
+            skipped.append(f"{n} GPUs: stopped by {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            if isinstance(exc, KeyboardInterrupt) or not phases:
+                break
+            continue
+        phases.append(p)
+        mismatches[n] = check_class(p["grades"], expected)
+        (out_dir / f"autotune_{n}gpu.txt").write_text(str(p["autotune"]))
+        (out_dir / f"grades_{n}gpu.txt").write_text(str(p["grades"]))
+        if p.get("faults"):
+            (out_dir / "faults.txt").write_text(p["faults"]["table"])
 
-    phases = [run_phase([0], configs, subs, problem, demo, grader)]
-    if n_gpus > 1:
-        phases.append(run_phase(list(range(n_gpus)), configs, subs, problem, demo, grader))
-    one = phases[0]
-    rows = []
-    for p in phases:
-        for what, key in (("autotune", "autotune"), ("grade_many", "grade")):
-            rows.append((f"{what} ({len(configs) if key == 'autotune' else len(subs)})", p["gpus"],
-                         f"{p[key + '_s']:.1f}", f"{one[key + '_s'] / p[key + '_s']:.2f}x",
-                         _util_text(p[key + "_util"])))
-    widths = [max(len(str(r[i])) for r in rows + [("work", "GPUs", "wall s", "vs 1 GPU", "")]) for i in range(5)]
-    head = ("work", "GPUs", "wall s", "vs 1 GPU", f"mean utilisation per GPU ({one['util_source']})")
-    print("  ".join(str(h).ljust(w) for h, w in zip(head, widths)))
-    for r in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
-    if n_gpus == 1:
-        print("\none GPU here: the multi-GPU phase did not run (run on a host with several GPUs for issue 19)")
+    if not phases:
+        print("no phase finished: see the traceback above", file=sys.stderr)
+        return 1
+    report = {"size": ns.size, "device": torch.cuda.get_device_name(), "workers_per_gpu": ns.workers_per_gpu,
+              "skipped": skipped, "phases": []}
     print()
-    report = {"size": ns.size, "device": torch.cuda.get_device_name(), "phases": []}
     for p in phases:
         r, g = p["autotune"], p["grades"]
         best = r.best
-        sp = best.row.speedup("torch") if best else None
         print(f"{p['gpus']} GPU(s), {p['cluster']}:")
         print(f"  autotune: {r.headline()}; stages " + ", ".join(f"{k} {v:.1f} s" for k, v in r.stage_s))
         if best:
+            sp = best.row.speedup("torch")
             print(f"  best {best.row.label}: {best.row.median_ms:.4g} ms, {sp.ratio:.3f}x torch.matmul on "
                   f"{best.row.gpu} (ranked by {best.ranked_by})")
-        per_gpu = {}
+        per_gpu: dict = {}
         for row in r.rows:
             if row.timed:
                 per_gpu[row.gpu] = per_gpu.get(row.gpu, 0) + 1
-        print(f"  configurations timed per GPU: " + ", ".join(f"{k}: {v}" for k, v in per_gpu.items()))
-        print(f"  grade_many: {g.headline()}")
+        print("  configurations timed per GPU: " + "; ".join(f"{k}: {v}" for k, v in per_gpu.items()))
+        graded: dict = {}
+        for row in g.rows:
+            graded[row.gpu] = graded.get(row.gpu, 0) + 1
+        print("  submissions graded per GPU: " + "; ".join(f"{k}: {v}" for k, v in graded.items()))
+        bad = mismatches[p["gpus"]]
+        print(f"  grade_class: {g.headline()}; {len(g.rows) - len(bad)} of {len(g.rows)} got the finding their "
+              f"file names" + ("" if not bad else ":\n    " + "\n    ".join(bad)))
+        reruns = [f"{row.submission}: {row.rerun}" for row in g.rows if row.rerun] + \
+            [f"{row.label}: {row.rerun}" for row in r.rows if row.rerun]
+        if reruns:
+            print("  re-run after a lost worker: " + "; ".join(reruns))
+        if p is not phases[0]:
+            print(f"  where the time goes (1 GPU -> {p['gpus']}): {where_time_goes(p, phases[0])}")
         for note in r.notes:
             print(f"  note: {note}")
+        if p.get("faults"):
+            f = p["faults"]
+            print(f"  faults: {'nothing lost' if f['ok'] else 'SOMETHING LOST OR WRONG'}: killed {f['killed']}; "
+                  f"{f['rows']} rows for {f['submissions']} submissions, {f['graded']} graded; the hung one: "
+                  f"{f['hang']}; graded again: {f['reruns'] or 'none'}")
         report["phases"].append({k: v for k, v in p.items() if k not in ("autotune", "grades")}
-                                | {"autotune": r.to_json(), "grades": g.to_json()})
-    print("\n" + str(phases[-1]["grades"]))
-    out = Path(os.environ.get("OUT", "."))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "autotune_multigpu.json").write_text(json.dumps(report, indent=1, default=str))
-    print(f"\nwrote {out / 'autotune_multigpu.json'}")
-    return 0
+                                | {"autotune": r.to_json(), "grades": g.to_json(), "mismatches": bad})
+    (out_dir / "autotune_multigpu.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"\nwrote {out_dir}/autotune_multigpu.json and the tables; {time.perf_counter() - t_start:.0f} s in all")
+    print(f"\n# {torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}: the job = autotune "
+          f"({len(job['configs'])} configurations) + grade_class ({subs} submissions); targets 1.85x on 2 GPUs, "
+          f"3.5x on 4 (job vs 1 GPU); util = mean GPU utilisation per GPU ({phases[0]['util_source']})")
+    print(table(phases, skipped))
+    ok = all(not m for m in mismatches.values()) and all(p.get("faults", {}).get("ok", True) for p in phases)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ _LAZY = {
     "AutotuneResult": ("kernellab.run.measure.autotune", "AutotuneResult"),
     "autotune_plot": ("kernellab.notebook.autotune_plots", "autotune_plot"),
     "grade_many": ("kernellab.teach.grading", "grade_many"),
+    "grade_class": ("kernellab.teach.grading", "grade_class"),
     "op": ("kernellab.ops", "op"),
     "Op": ("kernellab.ops", "Op"),
     "out": ("kernellab.ops", "out"),

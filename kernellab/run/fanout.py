@@ -8,14 +8,23 @@ own callables inside them (launch, inputs, reference) need Dask's cloudpickle, o
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
+import hashlib
 import importlib
 import multiprocessing
 import os
 import socket
 import sys
+import tempfile
 import threading
+import time
+import uuid
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from ..errors import KernellabError
 
 _pool: ProcessPoolExecutor | None = None
 _pool_size = 0
@@ -122,6 +131,23 @@ def _import_modules(names: list[str]) -> list[str]:
     return done
 
 
+@contextlib.contextmanager
+def gpu_lock(gpu: str | None):
+    """Hold `gpu` (a GPU's name with its host and bus id; None: no lock) for this process alone, among the processes
+    of this host that ask for it, until the block ends: a file lock in the temporary folder, released if the process
+    dies."""
+    if gpu is None:
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), f"kernellab-gpu-{hashlib.sha1(gpu.encode()).hexdigest()[:16]}.lock")
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def worker_name() -> str:
     """Which worker this is: the Dask worker's address inside a Dask task, else host:pid."""
     if "distributed" in sys.modules:
@@ -160,3 +186,215 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+# --- jobs that survive a lost worker or a hung one (Dask executors) ---------------------------------------------------
+
+
+class JobTimeout(KernellabError, TimeoutError):
+    """A job gave no result within `timeout_s` of starting on its worker (a hung kernel, an endless loop): the job
+    was given up and its worker process restarted, so that the other jobs go on."""
+
+
+@dataclass(frozen=True)
+class JobDone:
+    """One finished job: `fn(item)` or the exception it raised, and whether it had to start again elsewhere."""
+
+    index: int
+    value: Any                        # fn(item), or the exception (JobTimeout for a hung job)
+    reruns: int = 0                   # how many times it was started again after its worker was lost
+    rerun: str | None = None          # why, in words ("its worker ... died while it ran; re-run on ...")
+    worker: str | None = None         # the worker that gave the result (Dask), else None
+
+
+_running: dict[str, float] = {}       # on a worker: the jobs started and not finished, with their start time
+_running_lock = threading.Lock()
+
+
+def _tracked(fn: Callable, item, key: str):
+    """Run `fn(item)` on a worker, noted in `_running` while it runs (the client's watchdog reads it)."""
+    with _running_lock:
+        _running[key] = time.monotonic()
+    try:
+        return fn(item)
+    finally:
+        with _running_lock:
+            _running.pop(key, None)
+
+
+def _running_jobs() -> dict[str, float]:
+    """{key: seconds running} of this worker's tracked jobs (run on every worker by the watchdog)."""
+    now = time.monotonic()
+    with _running_lock:
+        return {k: now - t for k, t in _running.items()}
+
+
+def _suspicious(keys: list[str], dask_scheduler=None) -> dict[str, int]:
+    """{key: how many times a worker it was on died} (run on the Dask scheduler)."""
+    out = {}
+    for k in keys:
+        ts = dask_scheduler.tasks.get(k)
+        if ts is not None:
+            out[k] = ts.suspicious
+    return out
+
+
+def dask_client(executor):
+    """The distributed.Client behind a Dask executor (`client.get_executor()`, or the client itself), else None."""
+    if executor is None:
+        return None
+    if type(executor).__name__ == "Client" and hasattr(executor, "run_on_scheduler"):
+        return executor
+    client = getattr(executor, "_client", None)
+    return client if hasattr(client, "run_on_scheduler") else None
+
+
+def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float | None = None,
+         poll_s: float = 0.5) -> Iterator[JobDone]:
+    """A JobDone for every item as each finishes on `executor`; nothing is lost when a worker is.
+
+    On a Dask executor (or client):
+    - A worker process that dies (killed, out of memory, a crash in a driver) takes its jobs with it; the scheduler
+      starts them again on another worker, and their JobDone says so (`reruns`, `rerun`). Dask fails a job with
+      `distributed.KilledWorker` once more workers died under it than the scheduler allows (3 by default), counting
+      the jobs waiting their turn there too; such a job is sent once more under a new key, so that only a job that
+      kills every worker it runs on ends as KilledWorker.
+    - With `timeout_s`, a job still running `timeout_s` after it started on its worker is given up (its value is a
+      JobTimeout) and that worker is restarted: its other jobs are re-run elsewhere and say so.
+    - Each result is fetched and released as it arrives, so a worker lost later costs no finished result.
+    - A pool left with no worker for 5 minutes (every nanny gave up) ends the jobs still waiting, each with an error.
+    Other executors (a process pool): as `stream`, without the timeout.
+    """
+    client = dask_client(executor)
+    if client is None:
+        for i, value in stream(executor, fn, items):
+            yield JobDone(i, value)
+        return
+    yield from _dask_jobs(client, fn, list(items), timeout_s, poll_s)
+
+
+def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, no_workers_s: float = 300.0
+               ) -> Iterator[JobDone]:
+    import distributed
+
+    name = getattr(fn, "__name__", "job")
+    pending: dict[str, tuple[int, Any]] = {}            # key -> (index, future)
+
+    def submit(i: int) -> None:
+        key = f"{name}-{uuid.uuid4().hex}"              # Dask groups tasks by the name before the dash
+        pending[key] = (i, client.submit(_tracked, fn, items[i], key, key=key, pure=False))
+
+    for i in range(len(items)):
+        try:
+            submit(i)
+        except Exception as exc:                        # e.g. an object Dask cannot serialize
+            yield JobDone(i, exc)
+    moved: dict[str, str] = {}                          # key -> why it left a worker restarted by the watchdog
+    no_workers_since: float | None = None
+    deaths: dict[int, int] = {}                         # index -> worker deaths in its earlier tries
+    while pending:
+        try:
+            done = distributed.wait([f for _, f in pending.values()], timeout=poll_s,
+                                    return_when="FIRST_COMPLETED").done
+        except TimeoutError:
+            done = set()
+        if done:
+            keys = [f.key for f in done]
+            try:
+                lost = client.run_on_scheduler(_suspicious, keys)
+            except Exception:                           # an old scheduler: the counts are a courtesy
+                lost = {}
+            for f in done:
+                i, _ = pending.pop(f.key)
+                try:
+                    value = f.result()
+                except Exception as exc:
+                    value = exc
+                where = _who_has(client, f)
+                f.release()                             # the result is here now: a worker lost later costs nothing
+                died = lost.get(f.key, 0) + deaths.get(i, 0)
+                if type(value).__name__ == "KilledWorker" and i not in deaths:
+                    # Dask counts a death against every job assigned to the worker, those waiting their turn too:
+                    # a job queued behind one that kills its workers can be failed with it. Once more under a new
+                    # key; the job that does the killing fails again.
+                    deaths[i] = died
+                    submit(i)
+                    continue
+                n = max(died, int(f.key in moved))      # a restart by the watchdog counts as a death there too
+                rerun = None
+                if n:
+                    why = moved.get(f.key) or f"the worker it was on died {_times(died)} while it was there"
+                    if f.key in moved and died > 1:
+                        why += f", and a worker died {_times(died - 1)} more"
+                    rerun = why + (f"; re-run on {where}" if where else "; re-run on another worker")
+                yield JobDone(i, value, n, rerun, where)
+        if timeout_s is not None and pending:
+            yield from _give_up_hung(client, pending, moved, timeout_s)
+        if pending and not done:
+            if _workers(client):
+                no_workers_since = None
+            elif no_workers_since is None:
+                no_workers_since = time.monotonic()
+            elif time.monotonic() - no_workers_since > no_workers_s:
+                for key, (i, f) in list(pending.items()):
+                    f.cancel()
+                    yield JobDone(i, KernellabError(f"not run: the pool has had no worker for {no_workers_s:g} s "
+                                                    f"(every worker died and none came back)"))
+                pending.clear()
+
+
+def _workers(client) -> int:
+    try:
+        return len(client.scheduler_info()["workers"])
+    except Exception:
+        return 1                                        # cannot tell: keep waiting
+
+
+def _who_has(client, future) -> str | None:
+    try:
+        holders = client.who_has([future]).get(future.key) or ()
+    except Exception:
+        return None
+    return holders[0] if holders else None
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
+def _give_up_hung(client, pending: dict, moved: dict, timeout_s: float) -> Iterator[JobDone]:
+    """Jobs running past `timeout_s` on their worker: a JobTimeout each, and their workers restarted."""
+    try:
+        running = client.run(_running_jobs, on_error="ignore")
+    except TypeError:                                   # an older distributed without on_error
+        running = client.run(_running_jobs)
+    hung_workers = []
+    for addr, jobs_there in running.items():
+        if not isinstance(jobs_there, dict):
+            continue
+        for key, elapsed in jobs_there.items():
+            if elapsed > timeout_s and key in pending:
+                i, f = pending.pop(key)
+                f.cancel()
+                yield JobDone(i, JobTimeout(f"no result {elapsed:.0f} s after it started on {addr} (timeout_s="
+                                            f"{timeout_s:g}): given up, and the worker restarted"), 0, None, addr)
+                hung_workers.append((addr, i))
+    if not hung_workers:
+        return
+    addrs = list(dict.fromkeys(a for a, _ in hung_workers))
+    processing = client.processing(addrs)
+    pids = client.run(os.getpid, workers=addrs)
+    for addr, i in hung_workers:
+        if pids.get(addr) in (None, os.getpid()):
+            continue                  # a thread of this process (LocalCluster(processes=False)): cannot be ended
+        for key in processing.get(addr, ()):
+            if key in pending and key not in moved:
+                moved[key] = f"its worker {addr} was restarted when job {i} hung there"
+        # os._exit, not client.restart_workers: a graceful close waits for the hung thread before it kills
+        client.run(_exit_worker, workers=[addr], on_error="ignore")
+
+
+def _exit_worker() -> None:
+    """End this worker's process in a moment (its nanny starts a fresh one; its jobs go elsewhere); returns first,
+    so that the caller's `client.run` gets its answer."""
+    threading.Timer(0.05, os._exit, (70,)).start()

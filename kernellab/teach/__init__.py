@@ -6,8 +6,14 @@ How to add one: docs/AUTHORING-EXERCISES.md. What a grader runs: kernellab/teach
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import linecache
 import pkgutil
+import traceback
+
+from ..errors import KernellabError
+from ..kernel import compile_cuda
 
 from .grader import DEFAULT_HINTS, ExerciseError, grade as _grade, spec_problems
 from .result import Check, ExerciseTable, Finding, GradeResult, Speed
@@ -15,7 +21,7 @@ from .spec import Exercise, Launch, SassRule, SpeedBar, ceil_div
 
 __all__ = ["Check", "DEFAULT_HINTS", "Exercise", "ExerciseError", "ExerciseTable", "Finding", "GradeResult",
            "Launch", "SassRule", "Speed", "SpeedBar", "ceil_div", "exercise", "exercises", "grade", "register",
-           "spec_problems", "unregister"]
+           "kernel_from_cell", "spec_problems", "unregister"]
 
 _REGISTRY: dict[str, Exercise] = {}
 _loaded = False
@@ -71,9 +77,49 @@ def exercises(tutorial: str | None = None) -> ExerciseTable:
 
 def grade(exercise_id: str, kernel, *, seed: int | None = None, speed: bool = True) -> GradeResult:
     """Grade `kernel` for exercise `exercise_id`: a GradeResult (passed, findings with hints); never raises for a
-    wrong kernel. Without a GPU a %%cuda kernel is graded as far as the compiler allows, and the result says what
-    needs a GPU. `seed` fixes the random inputs (default: fresh each time); speed=False skips the speed bar."""
-    return _grade(exercise(exercise_id), kernel, seed=seed, speed=speed)
+    wrong kernel. `kernel` is the kernel the exercise's cell defines, or that cell's source text (what a class
+    submits: compiled, or run as Python for a Numba exercise, as the cell would be; a cell that does not compile is
+    a `compile_error` finding). Without a GPU a %%cuda kernel is graded as far as the compiler allows, and the
+    result says what needs a GPU. `seed` fixes the random inputs (default: fresh each time); speed=False skips the
+    speed bar."""
+    ex = exercise(exercise_id)
+    if isinstance(kernel, str):
+        kernel = kernel_from_cell(ex, kernel)
+        if isinstance(kernel, GradeResult):
+            return kernel
+    return _grade(ex, kernel, seed=seed, speed=speed)
+
+
+def kernel_from_cell(ex: Exercise, source: str):
+    """The kernel (or module) a cell's source text defines, built as the exercise's cell builds it (a %%cuda cell's
+    body compiled for the tutorial's arch, its first line numbered 2; a Numba cell run as Python), or a failed
+    GradeResult with a `compile_error` finding when it cannot be built."""
+    try:
+        if ex.kind == "cuda":
+            return compile_cuda(source, arch=ex.arch, first_line=2, filename="cell.cu")
+        # Numba (its debug info) and the simulator (the cell lines its findings quote) read the source back
+        filename = f"<cell {ex.id} {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace: dict = {"__name__": "kernellab_cell"}
+        exec(compile(source, filename, "exec"), namespace)
+        if ex.kernel not in namespace:
+            return None               # the grader's no_kernel finding names what is missing
+        return namespace[ex.kernel]
+    except Exception as exc:                     # whatever the cell raises is its finding
+        if isinstance(exc, KernellabError):
+            message = str(exc).strip()
+        elif isinstance(exc, SyntaxError):
+            message = f"the cell has a SyntaxError at line {exc.lineno}: {exc.msg}"
+        else:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell ")]
+            at = f" at line {frames[-1].lineno}" if frames else ""
+            message = f"the cell raised {type(exc).__name__}{at}: {exc}"
+        lines = message.splitlines() or [type(exc).__name__]
+        first = next((l for l in lines if "error:" in l or ": error" in l), lines[0])
+        finding = Finding(kind="compile_error", message=first.strip(),
+                          hint=ex.hints.get("compile_error", DEFAULT_HINTS["compile_error"]))
+        return GradeResult(exercise=ex.id, title=ex.title, kernel=ex.kernel, passed=False, findings=(finding,),
+                           notes=(message[-2000:],))
 
 
 def _order(ex: Exercise) -> int:

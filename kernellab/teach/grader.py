@@ -45,6 +45,8 @@ from .spec import Exercise, dim3
 # Hints by finding kind: what usually causes it and how to fix it. An exercise's own hints take precedence.
 DEFAULT_HINTS = {
     "no_kernel": "run the exercise's %%cuda cell (or its Numba cell) first, then pass the kernel it defines",
+    "compile_error": "the cell does not compile (or, for a Numba cell, raised as Python): the first error is "
+                     "quoted; fix it and run the cell again",
     "wrong_kind": "this exercise wants the kernel its stub cell defines: keep the stub's magic and kernel name",
     "signature": "keep the stub's parameter list: the grader launches the kernel with those arguments",
     "arch": "compile for the tutorial's arch: %%cuda --arch sm_90 (the default where there is no GPU)",

@@ -190,3 +190,30 @@ def test_grade_many_on_a_dask_gpu_worker(dask_client):
     assert any("faulted in the isolated worker" in f for f in table.row("faults").findings)
     assert table.row("typo").findings[0].startswith("does not compile")
     assert all(row.gpu for row in table.rows) and len(table.devices) == 1
+
+
+def test_grade_class_of_cell_sources_with_the_tutorials_graders_on_a_dask_gpu_worker(dask_client):
+    """kernellab.grade_class with the default grader (kernellab.teach.grade on each cell's text) on the GPU worker:
+    the reference solutions pass in full, the wrong variants get the finding their files name, a broken cell is a
+    compile_error; every row names the GPU."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from exercises.solutions_lib import solution_path, variants
+
+    work, want = {}, {}
+    for ex_id in ("01-reverse", "00-flip"):
+        subs = {"solution": solution_path(ex_id).read_text()}
+        for v in variants(ex_id)[:2]:
+            subs[v.name] = v.path.read_text()
+            want[(ex_id, v.name)] = set(v.kinds)
+        work[ex_id] = subs
+    work["01-reverse"]["broken"] = work["01-reverse"]["solution"].replace("];", "]")
+    want[("01-reverse", "broken")] = {"compile_error"}
+    g = kernellab.grade_class(work, executor=dask_client.get_executor(), timeout_s=300)
+    print(g)
+    for t in g.tables:
+        assert t.row("solution").passed is True and t.row("solution").result.complete, str(t)
+        for r in t.rows:
+            assert r.gpu and r.rerun is None, str(t)
+            if r.submission != "solution":
+                kinds = {f.kind for f in r.result.findings}
+                assert r.passed is False and want[(t.exercise_id, r.submission)] <= kinds, str(t)

@@ -17,7 +17,9 @@
 # benchmarks/autotune_demo.py, benchmarks/autotune_multigpu.py):
 #   distributed      Dask's executor, which the fan-out runs on
 #   dask-cuda        LocalCUDACluster: one worker per GPU (it brings cuda-core and nvidia-ml-py, which the machine
-#                    lacks, and pins dask and distributed through rapids-dask-dependency)
+#                    lacks, and pins dask and distributed through rapids-dask-dependency); autotune_multigpu.py runs
+#                    several Nanny workers per GPU through distributed alone and samples utilisation through NVML
+#                    (nvidia-ml-py's pynvml)
 #
 # Usage: tools/gpu/wheels.sh            (replaces .whl/ with a fresh, checked set)
 #        DASK=1 tools/gpu/wheels.sh     (the same set plus Dask and dask-cuda)

@@ -54,7 +54,7 @@ from ..sim.numba_sim import simulator_lock
 from .bench import bench
 from .check import check
 
-ROW_FORMAT = 1                # bump when AutotuneRow changes: cached rows of another format are not reused
+ROW_FORMAT = 2                # bump when AutotuneRow changes: cached rows of another format are not reused
 DEFAULT_CHECK = {"trials": 1}  # "check each survivor once": one fresh input set (kernellab.check's default is 5)
 
 
@@ -108,6 +108,7 @@ class AutotuneRow:
     bench: Any = field(default=None, repr=False, compare=False)          # kernellab.BenchResult
     note: str | None = None                 # why a row that passed was not timed (no GPU, the simulator, ...)
     cached: bool = False                    # read from the cache, not run in this call
+    rerun: str | None = None                # run again elsewhere: its worker died or was restarted (why)
 
     @property
     def timed(self) -> bool:
@@ -144,7 +145,8 @@ class AutotuneRow:
                 "limiter": self.limiter, "pruned": self.pruned, "check": self.check, "median_ms": self.median_ms,
                 "spread": self.spread, "speedups": {s.baseline: s.ratio for s in self.speedups},
                 "device": self.device, "gpu": self.gpu, "worker": self.worker, "symbol": self.symbol,
-                "status": self.status, "note": self.note, "error": self.error, "cached": self.cached}
+                "status": self.status, "note": self.note, "error": self.error, "cached": self.cached,
+                "rerun": self.rerun}
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,9 @@ class AutotuneResult:
         cached = sum(r.cached for r in self.rows)
         if cached:
             head += f"; {cached} from the cache"
+        reruns = sum(r.rerun is not None for r in self.rows)
+        if reruns:
+            head += f"; {reruns} run again after a lost worker"
         return head
 
     def _display_rows(self) -> list[AutotuneRow]:
@@ -811,6 +816,15 @@ def measure(task: MeasureTask) -> Outcome:
     if not can_launch:
         f["check"] = not_run
         return out
+    # Several workers may share a GPU (a pool with more workers than GPUs, for the compiles): one configuration is
+    # checked and timed on a GPU at a time, so that no two timings overlap there.
+    with fanout.gpu_lock(here.gpu if here.gpu_ok and not simulated else None):
+        return _check_and_time(task, k, here, f, out, res, simulated)
+
+
+def _check_and_time(task: MeasureTask, k, here: Where, f: dict, out: Outcome, res, simulated: bool) -> Outcome:
+    """measure's last steps: the check against the reference, then the timing; `f` takes what they find."""
+    config, launch = task.spec.config, task.launch
     isolate = task.isolate and not simulated
 
     def candidate(*args):
@@ -1027,7 +1041,7 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
         for i, key in enumerate(keys):
             hit, _ = _cache.get(key)
             if isinstance(hit, AutotuneRow):
-                rows[i] = replace(hit, cached=True)
+                rows[i] = replace(hit, cached=True, rerun=None)
     todo = [i for i, r in enumerate(rows) if r is None]
     steps = 2 if is_cuda else 1              # compile, then check and time
     bar = fanout.Progress(steps * len(todo), f"autotune {kernel}: {'compile' if is_cuda else 'check and time'}",
@@ -1054,7 +1068,9 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
                 fields[i].update(pruned=f"cannot compile: {exc}", error=str(exc))
                 continue
             tasks[i] = CompileTask(source, options + opts, arch, expr, filename, first_line)
-        for i, got in _compile_all(tasks, executor, compile_workers, notes):
+        for i, got, rerun in _compile_all(tasks, executor, compile_workers, notes):
+            if rerun:
+                fields[i]["rerun"] = "compile: " + rerun
             if isinstance(got, BaseException):
                 fields[i].update(pruned=f"compile task failed: {type(got).__name__}: {_first_line(got)}",
                                  error=f"{type(got).__name__}: {got}")
@@ -1130,7 +1146,9 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
                                  rules, arch, isolate, shapes.get(i), resources_pruned=is_cuda) for i in survivors]
     best_ms = math.inf
     lost = None
-    for i, got in _measure_all(measure_tasks, executor):
+    for i, got, rerun in _measure_all(measure_tasks, executor):
+        if rerun:
+            fields[i]["rerun"] = (fields[i].get("rerun", "") + "; " if fields[i].get("rerun") else "") + rerun
         if isinstance(got, BaseException):
             fields[i].update(check=f"error: the task failed: {type(got).__name__}: {_first_line(got)}",
                              error=f"{type(got).__name__}: {got}")
@@ -1186,12 +1204,13 @@ def _probe(executor) -> Where:
 
 
 def _compile_all(tasks: dict, executor, workers: int | None, notes: list):
-    """(index, Compiled or exception) as each compile finishes: cache hits here, the rest in parallel."""
+    """(index, Compiled or exception, why it was re-run or None) as each compile finishes: cache hits here, the
+    rest in parallel."""
     pending = {}
     for i, t in tasks.items():
         hit, state = _cache.get(t.cache_key())
         if hit is not None:
-            yield i, Compiled(hit, None, 0.0, state)
+            yield i, Compiled(hit, None, 0.0, state), None
         else:
             pending[i] = t
     if not pending:
@@ -1199,22 +1218,24 @@ def _compile_all(tasks: dict, executor, workers: int | None, notes: list):
     order = list(pending)
     if executor is None and len(pending) == 1:
         i = order[0]
-        yield i, compile_task(pending[i])
+        yield i, compile_task(pending[i]), None
         return
     pool = executor or fanout.process_pool(workers or fanout.cpu_count(), preload=(__name__,))  # starts as needed
-    for j, got in fanout.stream(pool, compile_task, [pending[i] for i in order]):
+    for done in fanout.jobs(pool, compile_task, [pending[i] for i in order]):
+        got = done.value
         if not isinstance(got, BaseException) and got.output is not None:
-            _cache.put(pending[order[j]].cache_key(), got.output)       # the pool wrote its own process's cache
-        yield order[j], got
+            _cache.put(pending[order[done.index]].cache_key(), got.output)   # the pool wrote its own process's cache
+        yield order[done.index], got, done.rerun
 
 
 def _measure_all(tasks: list[MeasureTask], executor):
+    """(index, Outcome or exception, why it was re-run or None) as each configuration is checked and timed."""
     if executor is None:
         for t in tasks:
-            yield t.index, measure(t)
+            yield t.index, measure(t), None
         return
-    for j, got in fanout.stream(executor, measure, tasks):
-        yield tasks[j].index, got
+    for done in fanout.jobs(executor, measure, tasks):
+        yield tasks[done.index].index, done.value, done.rerun
 
 
 def _unpicklable(exc: BaseException) -> bool:

@@ -1,0 +1,242 @@
+"""The fan-out over a Dask pool of worker processes, without a GPU: benchmarks/autotune_multigpu.py's phase (the
+autotune compile stage and a class graded by the tutorials' graders) on a distributed.LocalCluster, and what happens
+when a worker is killed mid-run or a job hangs (kernellab.run.fanout.jobs, grade_class's `rerun` rows).
+
+The workers are real processes (processes=True): a job can kill its own worker, as an out-of-memory kill or a crashed
+driver would, and the watchdog restarts a worker whose job hangs."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+dask = pytest.importorskip("dask")
+
+import kernellab  # noqa: E402
+from kernellab.run import fanout  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+# The workers are spawned processes with this process's sys.path: they import this module (and the benchmark) by name.
+
+
+@pytest.fixture
+def pool():
+    """Two worker processes of one thread each (a fresh pool per test: the kills and restarts of one test do not
+    reach the next); allowed-failures 1, so a job that kills every worker ends soon."""
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        yield client
+
+
+def _alive(client, n=2):
+    client.wait_for_workers(n, timeout=300)       # a loaded CI machine starts a process slowly
+    return set(client.scheduler_info()["workers"])
+
+
+# --- jobs for the workers ----------------------------------------------------------------------------------------
+
+
+def slow_square(x):
+    time.sleep(0.2)
+    return x * x
+
+
+def kill_once(arg):
+    """Kill this worker the first time (a marker file remembers), then answer."""
+    x, marker = arg
+    if marker and not os.path.exists(marker):
+        Path(marker).write_text("killed")
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    return x
+
+
+def grade_or_misbehave(exercise_id, submission):
+    """A stand-in grader: "hang" never returns, "kill:<marker>" kills its worker once, anything else passes."""
+    import types
+
+    if submission == "hang":
+        time.sleep(3600)
+    if submission.startswith("kill:"):
+        kill_once((0, submission[5:]))
+    if submission == "always-kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    return types.SimpleNamespace(passed=True, findings=(f"{exercise_id}: {submission}",))
+
+
+# --- the benchmark's own fan-out ----------------------------------------------------------------------------------
+
+
+def _load_script():
+    """benchmarks/autotune_multigpu.py, imported by name (as the workers, which inherit this sys.path, import it)."""
+    import importlib
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module("benchmarks.autotune_multigpu")
+
+
+def test_the_benchmark_script_imports_and_builds_its_job():
+    """The script's start-up (it once raised ValueError registering a module loaded from its path with cloudpickle):
+    its job is tutorial 05's warptile cell, 108 configurations and a class of 66 submissions with expected findings."""
+    mod = _load_script()
+    assert len(mod.sgemm_configs()) == 108 and len({tuple(c.items()) for c in mod.sgemm_configs()}) == 108
+    src = mod.warptile_source()
+    assert "sgemm_warptile" in src and "#ifndef BM" in src and "# %%" not in src
+    work, expected = mod.build_class(22)
+    assert sum(len(v) for v in work.values()) == 66 and set(work) == set(mod.EXERCISES)
+    assert sum(k is None for k in expected.values()) == 33                  # half the class is right
+    kinds = set().union(*(k for k in expected.values() if k))
+    assert {"missing_guard", "out_of_bounds", "off_by_one", "missing_barrier", "race", "compile_error"} <= kinds
+    for ex_id in mod.EXERCISES:                                              # the broken cell is broken
+        r = kernellab.grade(ex_id, mod._broken(work[ex_id]["student00 (solution)"], ex_id), speed=False)
+        assert [f.kind for f in r.findings] == ["compile_error"], str(r)
+
+
+@pytest.mark.slow
+def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monkeypatch):
+    """run_phase as on a GPU host, on two CPU worker processes: the warptile SGEMM's compile stage (compiled,
+    pruned and recorded on the workers; "not run: no GPU") and a class graded by kernellab.teach, each submission
+    with the finding its file names (Numba in the simulator, CUDA C++ as far as the compiler allows)."""
+    monkeypatch.setenv("KERNELLAB_CACHE", "0")
+    mod = _load_script()
+    work, expected = mod.build_class(6, where="cpu", exercises=("01-reverse", "00-flip"))
+    job = {"source": mod.warptile_source(), "configs": mod.sgemm_configs(3),
+           "problem": mod.make_problem(64, device="cpu"), "bench_options": {"rep_ms": 5}, "work": work,
+           "grade_timeout_s": 300}
+    p = mod.run_phase([0], 2, job, log=lambda s: None)
+    workers = set(p["worker_gpus"])
+    assert len(workers) == 2 and p["gpus"] == 1 and p["workers"] == 2
+    r = p["autotune"]
+    assert len(r.rows) == 3 and all(row.registers for row in r.rows)
+    assert {row.worker for row in r.rows} <= workers
+    assert all(row.check == "not run: no GPU" and row.block for row in r.rows), str(r)
+    g = p["grades"]
+    assert len(g.rows) == 12 and {row.worker for row in g.rows} <= workers
+    assert len({row.worker for row in g.rows}) == 2                        # both workers graded
+    assert mod.check_class(g, expected) == [], str(g)
+    assert any(row.passed is False for row in g.rows) and any(row.passed for row in g.rows)
+    assert "1.00x" in mod.table([p], [])
+
+
+# --- faults -------------------------------------------------------------------------------------------------------
+
+
+def test_jobs_rerun_a_killed_workers_jobs_elsewhere_and_say_so(pool, tmp_path):
+    _alive(pool)
+    marker = str(tmp_path / "killed")
+    items = [(i, marker if i == 3 else "") for i in range(8)]
+    done = {d.index: d for d in fanout.jobs(pool.get_executor(), kill_once, items)}
+    assert sorted(done) == list(range(8)) and [done[i].value for i in range(8)] == list(range(8))
+    assert Path(marker).exists()                                      # the worker was killed
+    assert done[3].reruns >= 1 and "died" in done[3].rerun and done[3].worker in _alive(pool)
+    assert all(d.rerun is None or "died" in d.rerun for d in done.values())
+
+
+def test_jobs_give_up_a_hung_job_and_restart_its_worker(pool):
+    before = _alive(pool)
+    t0 = time.perf_counter()
+    done = {d.index: d for d in fanout.jobs(pool.get_executor(), grade_or_misbehave_job,
+                                            [("ex", "hang")] + [("ex", str(i)) for i in range(5)], timeout_s=2)}
+    assert time.perf_counter() - t0 < 120
+    assert sorted(done) == list(range(6))
+    assert isinstance(done[0].value, fanout.JobTimeout) and "timeout_s=2" in str(done[0].value)
+    assert all(done[i].value.passed for i in range(1, 6))
+    assert all(d.rerun is None or "restarted" in d.rerun or "died" in d.rerun for d in done.values())
+    assert done[0].worker in before
+    deadline = time.monotonic() + 120
+    while done[0].worker in _alive(pool) and time.monotonic() < deadline:   # the scheduler notices the exit
+        time.sleep(0.5)
+    assert done[0].worker not in _alive(pool)                               # that worker process was replaced
+
+
+def grade_or_misbehave_job(arg):
+    return grade_or_misbehave(*arg)
+
+
+def test_grade_class_loses_nothing_when_a_worker_is_killed_or_a_submission_hangs(pool, tmp_path):
+    _alive(pool)
+    marker = tmp_path / "killed"
+    work = {"ex-a": {"ana": "fine", "ben": f"kill:{marker}", "cy": "fine"},
+            "ex-b": {"dee": "hang", "eve": "fine", "fay": "fine"}}
+    g = kernellab.grade_class(work, executor=pool.get_executor(), grade=grade_or_misbehave, progress=False,
+                              timeout_s=3)
+    a, b = g.table("ex-a"), g.table("ex-b")
+    assert [r.submission for r in a.rows] == ["ana", "ben", "cy"]
+    assert [r.submission for r in b.rows] == ["dee", "eve", "fay"]
+    ben = a.row("ben")
+    assert ben.passed is True and ben.rerun and "died" in ben.rerun, str(g)
+    assert ben.findings == (f"ex-a: kill:{marker}",)
+    dee = b.row("dee")
+    assert dee.passed is None and "timeout_s=3" in dee.error and "restarted" in dee.error, str(g)
+    assert all(r.passed for r in (a.row("ana"), a.row("cy"), b.row("eve"), b.row("fay"))), str(g)
+    assert "graded again after a lost worker" in g.headline() and "re-run" in str(a)
+    assert a.to_json()["rows"][1]["rerun"] == ben.rerun
+
+
+def test_a_submission_that_kills_every_worker_is_an_error_row_and_the_others_are_graded(pool):
+    _alive(pool)
+    subs = {"gus": "always-kill", **{f"s{i}": "fine" for i in range(4)}}
+    t = kernellab.grade_many("ex-c", subs, executor=pool.get_executor(), grade=grade_or_misbehave, progress=False)
+    assert [r.submission for r in t.rows] == list(subs)
+    gus = t.row("gus")
+    assert gus.passed is None and "KilledWorker" in gus.error and "died" in gus.rerun, str(t)
+    assert all(r.passed for r in t.rows[1:]), str(t)
+
+
+def test_gpu_lock_lets_one_process_at_a_time_use_a_gpu():
+    held = threading.Event()
+    spans = []
+
+    def hold(name, wait_first):
+        if wait_first:
+            held.wait(5)
+        with fanout.gpu_lock("NVIDIA Test GPU [host 0000:01:00.0]"):
+            t0 = time.perf_counter()
+            held.set()
+            time.sleep(0.3)
+            spans.append((name, t0, time.perf_counter()))
+
+    a = threading.Thread(target=hold, args=("a", False))
+    b = threading.Thread(target=hold, args=("b", True))
+    a.start(), b.start()
+    a.join(), b.join()
+    (_, a0, a1), (_, b0, b1) = sorted(spans, key=lambda s: s[1])
+    assert b0 >= a1 - 1e-3                                 # the second waited for the first
+    with fanout.gpu_lock(None):                            # no GPU: nothing to hold
+        pass
+
+
+@pytest.mark.slow
+def test_the_benchmark_main_prints_its_table_last_on_a_stand_in_two_gpu_host(tmp_path, monkeypatch, capsys):
+    """main() end to end on two CPU "GPUs" (torch told it has two): both phases, the fault drill, the report and the
+    JSON, the table last. Nothing runs on a GPU here, so the expected findings that need one are missed (exit 1)."""
+    import json
+
+    import torch
+
+    mod = _load_script()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Stand-in GPU")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    rc = mod.main(["--configs", "2", "--students", "2", "--workers-per-gpu", "1", "--size", "64",
+                   "--budget-s", "3000"])
+    out = capsys.readouterr().out
+    assert rc == 1                                           # the GPU-only findings were not found here
+    lines = out.rstrip().splitlines()
+    assert lines[-4].startswith("GPUs") and lines[-2].startswith("1 ") and lines[-1].startswith("2 "), out
+    assert "1.00x" in lines[-2] and "where the time goes (1 GPU -> 2)" in out and "faults:" in out
+    report = json.loads((tmp_path / "autotune_multigpu.json").read_text())
+    assert [p["gpus"] for p in report["phases"]] == [1, 2]
+    assert len(report["phases"][1]["grades"]["tables"]) == 3 and report["phases"][1]["faults"]["killed"]
+    assert (tmp_path / "grades_2gpu.txt").exists() and (tmp_path / "faults.txt").exists()
