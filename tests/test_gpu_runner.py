@@ -112,3 +112,14 @@ def test_commands_in_the_docs_name_real_suites(runner):
             for name, args in runner.parse_args(words):
                 if name == "notebooks":
                     runner.notebook_paths(args)
+
+
+def test_gpus_spreads_one_gpu_suites_over_lanes_and_keeps_all_gpu_suites_out(runner):
+    plan = runner.parse_args(["tests", "notebooks", "04", "launch-overhead"])
+    lanes = runner.lanes([s for s in plan if not runner.SUITES[s[0]].all_gpus], 3)
+    assert sorted(n for lane in lanes for n, _ in lane) == sorted(n for n, _ in plan)
+    assert all(lanes), "a lane left idle while suites wait"
+    limits = [sum(runner.SUITES[n].limit_s for n, _ in lane) for lane in lanes]
+    assert max(limits) - min(limits) <= max(s.limit_s for s in runner.SUITES.values())
+    assert ("notebooks", ["04"]) in [s for lane in lanes for s in lane]       # a suite keeps its arguments
+    assert runner.SUITES["autotune-multigpu"].all_gpus

@@ -3,6 +3,7 @@
     python3 tools/gpu/run.py SUITE [SUITE ...]       # on the GPU machine, from anywhere in the repository
     python3 tools/gpu/run.py notebooks 04 07         # a suite's arguments follow it (here: which tutorials)
     python3 tools/gpu/run.py bench-matmul --only sgemm    # (a benchmark's: passed to its script)
+    python3 tools/gpu/run.py --gpus 4 SUITE ...      # suites spread over 4 GPUs of this host, one lane each
     python3 tools/gpu/run.py --list                  # the suites, what each runs, its time limit
     python3 tools/gpu/run.py --dry-run SUITE ...     # the commands it would run
 
@@ -38,6 +39,7 @@ class Suite:
     commands: tuple[tuple[str, ...], ...] = ()
     takes_args: bool = False
     needs_kernel: bool = False              # a Jupyter kernel spec (notebooks, the fault suite)
+    all_gpus: bool = False                  # uses every GPU of the host: runs alone, after the lanes of --gpus
     env: dict = field(default_factory=dict)
 
     def paths(self) -> list[str]:
@@ -63,8 +65,8 @@ SUITES: dict[str, Suite] = {
         "measuring: bench against triton's do_bench, check, autotune (one GPU and Dask), Nsight Compute and "
         "compute-sanitizer wrappers, bank conflicts against ncu", 570,
         tests=tuple(GPU_TESTS + f for f in (
-            "test_bench_gpu.py", "test_check_gpu.py", "test_autotune_gpu.py", "test_tools_gpu.py",
-            "test_ncu_banks_gpu.py"))),
+            "test_bench_gpu.py", "test_check_gpu.py", "test_hostile_gpu.py", "test_autotune_gpu.py",
+            "test_tools_gpu.py", "test_ncu_banks_gpu.py"))),
     "tests-sim": Suite(
         "the simulator against the hardware: racecheck's corpus, the exercise graders (hardware, compute-sanitizer "
         "and the simulator's checks side by side)", 570,
@@ -104,7 +106,7 @@ SUITES: dict[str, Suite] = {
     "autotune-multigpu": Suite(
         "benchmarks/autotune_multigpu.py: one SGEMM sweep on one GPU and over every GPU (needs Dask: DASK=1 "
         "tools/gpu/wheels.sh)", 500,
-        commands=((PY, "benchmarks/autotune_multigpu.py"),), takes_args=True),
+        commands=((PY, "benchmarks/autotune_multigpu.py"),), takes_args=True, all_gpus=True),
     "probe": Suite(
         "what the machine has: GPUs, driver, Python packages, CUDA tools", 60,
         commands=(("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"),
@@ -182,9 +184,13 @@ def environment(out: Path) -> dict:
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
     paths = [str(ROOT)]
     wheels = sorted(glob.glob(str(ROOT / ".whl" / "*.whl")))
+    stamp = SITE / ".kernellab-wheels"
     if wheels:
-        subprocess.run([PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-                        "--upgrade", "--target", str(SITE), *wheels], check=False)
+        listed = "\n".join(Path(w).name for w in wheels)
+        if not stamp.exists() or stamp.read_text() != listed:      # once per wheel set, not once per runner
+            subprocess.run([PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                            "--no-cache-dir", "--upgrade", "--target", str(SITE), *wheels], check=False)
+            stamp.write_text(listed)
         paths.insert(0, str(SITE))
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
     return env
@@ -220,6 +226,40 @@ def run_suite(name: str, args: list[str], out: Path, env: dict) -> tuple[float, 
     return seconds, outcome(name, text, rcs)
 
 
+def lanes(plan: list[tuple[str, list[str]]], gpus: int) -> list[list[tuple[str, list[str]]]]:
+    """The plan's suites (those that use one GPU) spread over `gpus` lanes, longest limit first onto the lane with
+    the least limit so far; each lane runs on its own GPU, its suites in turn."""
+    out: list[list[tuple[str, list[str]]]] = [[] for _ in range(gpus)]
+    load = [0] * gpus
+    for name, args in sorted(plan, key=lambda s: -SUITES[s[0]].limit_s):
+        i = load.index(min(load))
+        out[i].append((name, args))
+        load[i] += SUITES[name].limit_s
+    return out
+
+
+def run_plan(plan: list[tuple[str, list[str]]], out: Path, env: dict, gpus: int) -> list[tuple[str, float, str]]:
+    """Run every suite: one after another, or with gpus > 1 in concurrent lanes (CUDA_VISIBLE_DEVICES=lane), then
+    the suites that use every GPU alone. Rows (suite, seconds, result) in the plan's order; a lane's GPU is named."""
+    if gpus <= 1:
+        return [(name, *run_suite(name, args, out, env)) for name, args in plan]
+    from concurrent.futures import ThreadPoolExecutor
+    single = [s for s in plan if not SUITES[s[0]].all_gpus]
+    done: dict[str, tuple[str, float, str]] = {}
+
+    def lane(i: int, suites: list[tuple[str, list[str]]]) -> None:
+        for name, args in suites:
+            seconds, result = run_suite(name, args, out, dict(env, CUDA_VISIBLE_DEVICES=str(i)))
+            done[name] = (f"{name} (GPU {i})", seconds, result)
+
+    with ThreadPoolExecutor(gpus) as pool:
+        list(pool.map(lane, range(gpus), lanes(single, gpus)))
+    for name, args in plan:
+        if SUITES[name].all_gpus:
+            done[name] = (name, *run_suite(name, args, out, env))
+    return [done[name] for name, _ in plan]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -231,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, members in GROUPS.items():
             print(f"{name:18s}         {' + '.join(members)}")
         return 0
-    dry_run = argv[0] == "--dry-run"                # print the commands each suite would run
+    gpus = 1
+    if argv[0] == "--gpus":                         # spread the suites over this many GPUs of the host
+        gpus, argv = int(argv[1]), argv[2:]
+    dry_run = bool(argv) and argv[0] == "--dry-run"  # print the commands each suite would run
     plan = parse_args(argv[1:] if dry_run else argv)
     out = Path(os.environ.get("OUT") or ROOT / "gpu-out").resolve()
     if dry_run:
@@ -241,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     env = environment(out)
-    rows = [(name, *run_suite(name, args, out, env)) for name, args in plan]
+    rows = run_plan(plan, out, env, gpus)
     width = max(len(r[0]) for r in rows)
     print(f"\n{'suite':{width}s}  seconds  result")
     for name, seconds, result in rows:
