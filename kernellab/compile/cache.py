@@ -12,6 +12,7 @@ import pickle
 import tempfile
 
 from .._version import __version__
+from .toolkit import own_headers_digest
 
 CACHE_FORMAT = 1
 _memory: dict[str, object] = {}
@@ -30,8 +31,9 @@ def cache_dir() -> str:
 
 
 def make_key(**parts) -> str:
-    """A stable hash of the parts (source, options, arch, compiler version, ...) plus kernellab's version."""
-    parts = dict(parts, kernellab=__version__, format=CACHE_FORMAT)
+    """A stable hash of the parts (source, options, arch, compiler version, ...) plus kernellab's version and the
+    content of its own headers (a source may #include <kl/...>)."""
+    parts = dict(parts, kernellab=__version__, format=CACHE_FORMAT, headers=own_headers_digest())
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
 

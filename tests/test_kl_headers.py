@@ -1,0 +1,193 @@
+"""kernellab's shared device headers (kernellab/include/kl/*.cuh): on NVRTC's include path for every compile, part of
+the compile cache's key, and each one compiled with NVRTC for sm_90 to the instructions its names promise (SASS read
+with cuobjdump; no GPU needed)."""
+import pathlib
+import re
+import shutil
+
+import pytest
+
+import kernellab
+from kernellab.compile import toolkit
+
+KL = toolkit.KL_INCLUDE + "/kl"
+
+
+def opcodes(kernel) -> set[str]:
+    """The SASS mnemonics of one kernel (predicates dropped)."""
+    return set(re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", kernel.sass, re.M))
+
+
+def compile_kernels(source: str, arch: str = "sm_90") -> dict:
+    """{kernel symbol: its opcodes} of `source` compiled as a %%cuda cell is."""
+    module = kernellab.compile_cuda(source, arch=arch, first_line=2, filename="cell.cu")
+    return {k.symbol: opcodes(k) for k in module.kernels}
+
+
+HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh")
+
+
+def test_the_headers_are_where_nvrtc_looks():
+    assert sorted(p.name for p in pathlib.Path(KL).glob("*.cuh")) == list(HEADERS)
+    assert toolkit.KL_INCLUDE in toolkit.include_dirs()
+
+
+@pytest.mark.parametrize("header", HEADERS)
+def test_each_header_compiles_on_its_own_and_twice(header):
+    """Self-contained (includes what it uses) and guarded (#pragma once): included twice, alone, it compiles."""
+    found = compile_kernels(f'#include <kl/{header}>\n#include <kl/{header}>\n'
+                            'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 1.0f; }\n')
+    assert set(found) == {"k"}
+
+
+def test_ptx_wrappers_compile_to_their_instructions():
+    ops = compile_kernels(r'''
+#include <kl/ptx.cuh>
+extern "C" __global__ void k_exp(float* y) { y[threadIdx.x] = exp_ftz(y[threadIdx.x]); }
+extern "C" __global__ void k_prefetch(const float* p) { prefetch_l1(p + threadIdx.x * 32); }
+extern "C" __global__ void __cluster_dims__(2, 1, 1) k_cluster(unsigned* y) {
+    cluster_arrive_relaxed();
+    cluster_wait();
+    y[blockIdx.x] = cluster_ctarank() + shared_addr(y);
+}
+''')
+    # exp_ftz: one FMUL by log2(e), one MUFU.EX2, and none of __expf's denormal fix-up (FSETP / a second FMUL)
+    assert {"FMUL", "MUFU.EX2"} <= ops["k_exp"] and not {"FSETP.GEU.AND", "FSETP.GE.AND"} & ops["k_exp"]
+    assert "CCTL.E.PF1" in ops["k_prefetch"]                                          # prefetch.global.L1
+    assert {"UCGABAR_ARV", "UCGABAR_WAIT"} <= ops["k_cluster"]                         # barrier.cluster.arrive/wait
+    assert "MEMBAR.ALL.GPU" not in ops["k_cluster"]                                    # .relaxed: no fence
+
+
+def test_the_cluster_exchange_is_st_async_counted_on_an_mbarrier():
+    ops = compile_kernels(r'''
+#include <kl/cluster.cuh>
+extern "C" __global__ void __cluster_dims__(2, 1, 1) k(float* y) {
+    exchange_open<float, 2>();
+    Exchange<float, 2>& ex = exchange<float, 2>();
+    unsigned me = cluster_ctarank();
+    cluster_wait();
+    if (threadIdx.x == 0) exchange_push(&ex.part[me], y[blockIdx.x], &ex.bar, me ^ 1u);
+    exchange_wait(&ex.bar, 0);
+    y[blockIdx.x] = ex.part[me ^ 1u];
+}
+''')["k"]
+    assert {"SYNCS.EXCH.64", "SYNCS.ARRIVE.TRANS64", "STAS", "SYNCS.PHASECHK.TRANS64.TRYWAIT"} <= ops, ops
+    assert "MEMBAR.ALL.GPU" not in ops
+
+
+def test_rows_move_16_bytes_a_load_and_a_store():
+    ops = compile_kernels(r'''
+#include <kl/rows.cuh>
+template <typename T, Pad PAD>
+__global__ void k(const T* __restrict__ x, T* __restrict__ y, int cols) {
+    constexpr int VEC = 16 / sizeof(T);
+    RowLayout L(cols, 0, VEC);
+    Pack<T> pk[2];
+    load_packs<PAD>(pk, x, L, threadIdx.x, blockDim.x);
+    float f[VEC];
+    for (int j = 0; j < 2; ++j) {
+        for (int k = 0; k < VEC; ++k) f[k] = pk[j].get(k) * 2.0f;
+        pk[j] = from_floats<T>(f);
+    }
+    store_packs(pk, y, L, threadIdx.x, blockDim.x);
+    int e = L.edge(threadIdx.x, cols);
+    if (e >= 0) y[e] = from_float<T>(to_float(x[e]) + 1.0f);
+}
+template __global__ void k<float, Pad::zero>(const float*, float*, int);
+template __global__ void k<__nv_bfloat16, Pad::neg_inf>(const __nv_bfloat16*, __nv_bfloat16*, int);
+template __global__ void k<__half, Pad::zero>(const __half*, __half*, int);
+''')
+    assert len(ops) == 3
+    for name, o in ops.items():
+        assert {"LDG.E.128.CONSTANT", "STG.E.128"} <= o, (name, o)
+    bf16 = next(o for n, o in ops.items() if "bfloat16" in n)
+    assert "F2FP.BF16.F32.PACK_AB" in bf16                           # from_floats: two values, one conversion
+
+
+def test_reductions_shuffle_then_meet_in_shared_memory():
+    ops = compile_kernels(r'''
+#include <kl/reduce.cuh>
+extern "C" __global__ void k(float* y) {
+    float v = y[threadIdx.x];
+    y[threadIdx.x] = block_sum(v) + block_max(v) + warp_sum(v) * warp_max(v);
+}
+''')["k"]
+    assert {"SHFL.BFLY", "BAR.SYNC.DEFER_BLOCKING", "STS", "LDS", "FMNMX", "FADD"} <= ops
+
+
+def test_conversions_round_to_nearest_even():
+    ops = compile_kernels(r'''
+#include <kl/convert.cuh>
+extern "C" __global__ void k(const float* x, __nv_bfloat16* b, __half* h, unsigned* p) {
+    b[threadIdx.x] = from_float<__nv_bfloat16>(to_float(x[threadIdx.x]));
+    h[threadIdx.x] = from_float<__half>(to_float(b[threadIdx.x]) + to_float(h[threadIdx.x]));
+    p[threadIdx.x] = pack2<__nv_bfloat16>(x[0], x[1]) ^ pack2<__half>(x[2], x[3]);
+}
+''')["k"]
+    assert "F2F.BF16.F32" in ops                                     # one value: F2F (round to nearest even)
+    assert {"F2FP.BF16.F32.PACK_AB", "F2FP.F16.F32.PACK_AB"} <= ops, ops   # pack2: two values, one instruction
+
+
+def test_mma_and_ldmatrix_are_hmma_and_ldsm():
+    ops = compile_kernels(r'''
+#include <kl/mma.cuh>
+template <typename T>
+__global__ void k(float* out) {
+    __shared__ __align__(16) unsigned short tile[32 * 8];
+    tile[threadIdx.x] = threadIdx.x;
+    __syncthreads();
+    unsigned a[4], b[4];
+    unsigned addr = (unsigned)__cvta_generic_to_shared(&tile[(threadIdx.x % 32) * 8]);
+    ldmatrix_x4(a, addr);
+    ldmatrix_x4_trans(b, addr);
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const unsigned b01[2] = {b[0], b[1]};
+    mma_16816<T>(d, a, b01);
+    mma_16816<T>(d, a, b[2], b[3]);
+    for (int i = 0; i < 4; ++i) out[4 * threadIdx.x + i] = d[i];
+}
+template __global__ void k<__nv_bfloat16>(float*);
+template __global__ void k<__half>(float*);
+''')
+    assert len(ops) == 2
+    for name, o in ops.items():
+        assert {"LDSM.16.M88.4", "LDSM.16.MT88.4", "HMMA.16816.F32" + (".BF16" if "bfloat16" in name else "")} <= o, \
+            (name, sorted(o))
+
+
+def test_cp_async_is_ldgsts_with_its_groups():
+    ops = compile_kernels(r'''
+#include <kl/cp_async.cuh>
+extern "C" __global__ void k(const float* x, float* y) {
+    __shared__ __align__(16) float s[256 + 4 * 256];
+    unsigned base = (unsigned)__cvta_generic_to_shared(s);
+    cp_async_4(base + 4 * threadIdx.x, x + threadIdx.x, 4);
+    cp_async_commit();
+    cp_async_16(base + 1024 + 16 * threadIdx.x, x + 4 * threadIdx.x, threadIdx.x % 2 ? 16 : 0);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    float v = s[threadIdx.x];
+    cp_async_wait_all();
+    __syncthreads();
+    y[threadIdx.x] = v + s[256 + threadIdx.x];
+}
+''')["k"]
+    assert {"LDGSTS.E", "LDGSTS.E.BYPASS.128", "LDGDEPBAR", "DEPBAR.LE"} <= ops, sorted(ops)
+
+
+def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypatch):
+    include = tmp_path / "include"
+    shutil.copytree(toolkit.KL_INCLUDE, include)
+    dirs = tuple(str(include) if d == toolkit.KL_INCLUDE else d for d in toolkit.include_dirs())
+    monkeypatch.setattr(toolkit, "KL_INCLUDE", str(include))             # what the cache key hashes
+    monkeypatch.setattr(toolkit, "include_dirs", lambda: dirs)           # what NVRTC reads
+    source = '#include <kl/ptx.cuh>\nextern "C" __global__ void k(float* y) { y[0] = exp_ftz(y[0]); }\n'
+    first = kernellab.compile_cuda(source, arch="sm_90")
+    assert first.cache_state == "miss"
+    assert kernellab.compile_cuda(source, arch="sm_90").cache_state == "memory"
+    header = include / "kl" / "ptx.cuh"
+    header.write_text(header.read_text().replace("x * 1.4426950408889634f", "x * 2.0f"))
+    edited = kernellab.compile_cuda(source, arch="sm_90")
+    assert edited.cache_state == "miss"
+    assert edited.cubin != first.cubin                      # and it is the edited header that was compiled
