@@ -107,20 +107,16 @@ def test_a_shuffle_from_an_exited_lane_is_reported(mod):
 
 def test_the_ptx_helpers_are_cut_out_of_the_host_source():
     text = host_source(SOURCE)
-    assert "asm" not in text and "cluster_map: emulated" in text
+    assert "asm" not in text and "using kl_emu::cluster_map;" in text
     assert text.count("\n") == SOURCE.count("\n")        # line numbers in host compile errors still match
 
 
 # --- tutorials 03/04's cluster exchange: st.async into another block's shared memory, counted on its mbarrier ---
 
 def exchange_source():
-    """The notebook's exchange helpers (PTX, cut out and emulated) and two kernels that use them."""
-    sys.path.insert(0, str(pathlib.Path(__file__).parent / "gpu"))
-    from notebook_cells import named_cuda_cells
-
-    cell = named_cuda_cells("04-layernorm.py")["norm_kernels"]
-    helpers = cell[cell.index("// ---- clusters: each block pushes"):cell.index("// ---- the statistics")]
-    return "\n" + helpers + r"""
+    """Tutorials 03/04's exchange (kernellab's <kl/cluster.cuh>: PTX on the GPU, cuda_host.h's kl_emu:: here) and two
+    kernels that use it."""
+    return r"""#include <kl/cluster.cuh>
 // every block of a cluster of 4 pushes its value to all the others; y[block] = the sum of the cluster's values
 extern "C" __global__ void __cluster_dims__(4, 1, 1) cluster_sums(const float* x, float* y) {
     exchange_open<float, 4>();

@@ -36,6 +36,7 @@
 #define __constant__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define KL_DYNAMIC_SHARED_BYTES (227 * 1024)   // extern __shared__ arrays become arrays of this many bytes
+#define KL_EMULATOR 1   // kernellab's headers (<kl/ptx.cuh>, ...) call kl_emu:: where the GPU runs inline PTX
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct alignas(16) float4 { float x, y, z, w; };
@@ -450,7 +451,9 @@ inline std::mutex& atomic_lock() { static std::mutex m; return m; }
 
 }  // namespace kl
 
-// The kernels' own cluster helpers (inline PTX on the GPU) are cut out of the source and replaced by these.
+// What inline PTX does on the GPU: kernellab's headers (kernellab/include/kl) call these in their #else branches,
+// and a kernel's own helper of the same name is cut out of the source and replaced by `using kl_emu::name;`.
+namespace kl_emu {
 inline unsigned cluster_ctarank() { return kl::cluster_rank(); }
 inline unsigned cluster_nctarank() { return kl::cluster_size(); }
 inline void cluster_arrive() { kl::arrive(); }
@@ -462,6 +465,8 @@ inline void cluster_arrive_relaxed() { kl::arrive(); }
 // The statistic exchange of tutorials 03/04 (st.async into another block's shared memory, counted in bytes on its
 // mbarrier). The mbarrier's 8 bytes hold, here: the bytes still expected (int32), the arrivals still expected
 // (16 bits), the arrival count (15 bits) and the phase (top bit); every access under one lock, across blocks.
+}  // namespace kl_emu
+
 namespace kl {
 struct MbarState { int32_t tx; uint16_t pending; uint16_t count_phase; };
 static_assert(sizeof(MbarState) == 8, "an mbarrier is 8 bytes");
@@ -479,6 +484,7 @@ inline void mbar_settle(unsigned long long* bar, MbarState m) {   // complete th
     mbar_store(bar, m);
 }
 }  // namespace kl
+namespace kl_emu {
 inline void exchange_init(unsigned long long* bar, unsigned bytes) {
     if (reinterpret_cast<uintptr_t>(bar) % 8) kl::fail("mbarrier not 8-byte aligned");
     std::lock_guard<std::mutex> g(kl::atomic_lock());
@@ -523,6 +529,8 @@ inline float exp_ftz(float x) {
 }
 // prefetch.global.L1 of a thread's w and b packs (tutorial 04): a hint, nothing to emulate
 template <typename T, int VPT> inline void prefetch_l1(const T*, const T*, int, int) {}
+inline void prefetch_l1(const void*) {}          // <kl/ptx.cuh>'s prefetch.global.L1 of one line: a hint
+}  // namespace kl_emu
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }

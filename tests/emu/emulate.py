@@ -4,11 +4,12 @@
     mod["softmax_rows<float, 8>"][grid, block](x, y, rows, cols, 32)      # torch CPU tensors and numbers
 
 For tests on machines without a GPU: indexing, guards, barriers, shuffles and the arithmetic of a kernel run for
-real, slowly (about a million barrier crossings per second). Kernels' cluster helpers written in inline PTX
-(cluster_ctarank, cluster_nctarank, cluster_arrive, cluster_arrive_relaxed, cluster_wait, cluster_sync,
-cluster_map), the statistic exchange of tutorials 03/04 (exchange_init, exchange_push, exchange_wait, exchange_arm:
-st.async and an mbarrier), exp_ftz and prefetch_l1 (a no-op) are cut from the source and replaced by emulated ones;
-other inline PTX cannot run here.
+real, slowly (about a million barrier crossings per second). kernellab's headers (`#include <kl/ptx.cuh>`,
+kernellab/include) are on the include path: their PTX wrappers run cuda_host.h's kl_emu:: emulation (their #else
+branches). A source's own cluster helpers written in inline PTX (cluster_ctarank, cluster_nctarank, cluster_arrive,
+cluster_arrive_relaxed, cluster_wait, cluster_sync, cluster_map), statistic exchange (exchange_init, exchange_push,
+exchange_wait, exchange_arm: st.async and an mbarrier), exp_ftz and prefetch_l1 (a no-op) are cut from the source
+and replaced by the emulated ones; other inline PTX cannot run here.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def compiler() -> str | None:
 
 
 def host_source(source: str) -> str:
-    """`source` with the CUDA headers dropped and the PTX cluster helpers cut out (cuda_host.h supplies them)."""
+    """`source` with the CUDA headers dropped and the PTX cluster helpers cut out (cuda_host.h's kl_emu:: supplies
+    them)."""
     text = re.sub(r"^\s*#include\s*<(cuda_[a-z0-9_]+\.h|cuda/.*)>\s*$", "", source, flags=re.M)
     # dynamic shared memory: a per-block array of the most a block can have (sm_90: 227 KiB)
     text = re.sub(r"extern\s+__shared__\s+((?:__align__\(\d+\)\s+)?)([A-Za-z_][\w:<>, ]*?)\s+(\w+)\s*\[\s*\]\s*;",
@@ -56,7 +58,7 @@ def host_source(source: str) -> str:
                     break
                 i += 1
             newlines = "\n" * text.count("\n", m.start(), i)          # keep the line numbers
-            text = text[:m.start()] + "/* " + name + ": emulated */" + newlines + text[i + 1:]
+            text = text[:m.start()] + f"using kl_emu::{name};   /* emulated */" + newlines + text[i + 1:]
     return text
 
 
@@ -71,6 +73,7 @@ def compile_host(source: str, arch: str = "sm_90", first_line: int = 2, filename
     first_line and filename are those of a `%%cuda` cell by default, so the NVRTC compile shares kernellab's cache
     with the tests that compile the same cell for its resources."""
     import kernellab
+    from kernellab.compile.toolkit import KL_INCLUDE, own_headers_digest
 
     cxx = compiler()
     if cxx is None:
@@ -97,7 +100,8 @@ def compile_host(source: str, arch: str = "sm_90", first_line: int = 2, filename
     # state): unified across libraries, they would break distributed shared memory.
     flags = ["-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique"]
     opt = os.environ.get("KERNELLAB_EMU_OPT", "-O1 -g0").split()       # e.g. "-O0 -g" to debug under gdb
-    key = hashlib.sha256("\0".join([text, HEADER.read_text(), *opt, *flags]).encode()).hexdigest()[:20]
+    key = hashlib.sha256("\0".join([text, HEADER.read_text(), own_headers_digest(), *opt, *flags]).encode()
+                         ).hexdigest()[:20]
     build = pathlib.Path(os.environ.get("KERNELLAB_EMU_DIR", pathlib.Path(tempfile.gettempdir()) / "kernellab-emu"))
     build.mkdir(parents=True, exist_ok=True)
     lib = build / f"{key}.so"
@@ -105,8 +109,8 @@ def compile_host(source: str, arch: str = "sm_90", first_line: int = 2, filename
         src = build / f"{key}.{os.getpid()}.cpp"       # this process's own: others (pytest -n) may build the same
         src.write_text(text)
         tmp = build / f"{key}.{os.getpid()}.so"
-        proc = subprocess.run([cxx, "-std=c++17", *opt, "-shared", "-fPIC", "-w", "-pthread", *flags, "-o", str(tmp),
-                               str(src)], capture_output=True, text=True)
+        proc = subprocess.run([cxx, "-std=c++17", *opt, "-shared", "-fPIC", "-w", "-pthread", *flags, f"-I{KL_INCLUDE}",
+                               "-o", str(tmp), str(src)], capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"host compile failed:\n{proc.stderr[-4000:]}")
         tmp.replace(lib)

@@ -61,6 +61,7 @@
 #define __launch_bounds__(...)
 #define __grid_constant__
 #define __align__(n) alignas(n)
+#define KL_EMULATOR 1   // kernellab's headers (<kl/mma.cuh>, ...) call kl_emu:: where the GPU runs inline PTX
 
 struct dim3 {
     unsigned x, y, z;
@@ -296,6 +297,9 @@ inline void run_pending_cp_async(int keep) {
     }
 }
 }  // namespace emu
+// The PTX helpers kernellab's headers provide (kernellab/include/kl: cp_async.cuh, mma.cuh) are kl_emu's, which their
+// #else branches call; a kernel's own helper of such a name is cut out and replaced by `using kl_emu::name;`.
+namespace kl_emu {
 inline void cp_async_16(uint32_t dst, const void* src, int src_bytes = 16) {
     if (dst % 16) emu::fail("cp.async destination not 16-byte aligned");
     if (src_bytes && reinterpret_cast<uintptr_t>(src) % 16) emu::fail("cp.async source not 16-byte aligned");
@@ -311,6 +315,7 @@ inline void cp_async_commit() { emu::tl_cp_groups.push_back(std::move(emu::tl_cp
 template <int N> inline void cp_async_wait() { emu::run_pending_cp_async(N); }
 inline void cp_async_wait_all() { emu::tl_cp_groups.push_back(std::move(emu::tl_cp_open)); emu::tl_cp_open.clear();
                                   emu::run_pending_cp_async(0); }
+}  // namespace kl_emu
 
 // ---- ldmatrix and mma.sync (warp collectives) ---------------------------------------------------------------------
 namespace emu {
@@ -372,6 +377,7 @@ inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
     }
 }
 }  // namespace emu
+namespace kl_emu {
 inline void ldmatrix_x1(uint32_t (&r)[1], uint32_t addr) { emu::ldmatrix<1>(r, addr, false); }
 inline void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) { emu::ldmatrix<2>(r, addr, false); }
 inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix<4>(r, addr, false); }
@@ -383,6 +389,11 @@ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)
 inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], __half) {
     emu::mma_16816<__half>(d, a, b);
 }
+template <class T> inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const uint32_t b[2] = {b0, b1};                  // <kl/mma.cuh>'s mma_16816<T>(d, a, b0, b1)
+    emu::mma_16816<T>(d, a, b);
+}
+}  // namespace kl_emu
 
 // ---- mbarrier -----------------------------------------------------------------------------------------------------
 namespace emu {

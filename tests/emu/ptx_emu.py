@@ -8,11 +8,13 @@ mbarriers, named barriers, wgmma, and tutorial 07's attention step 3.)
 Each CUDA thread is an OS thread and blocks run one after another, so keep the problems small (a few blocks of a
 few hundred threads). What the emulator models, and what it does not, is listed at the top of ptx_emu.h. The
 source is prepared first:
-- `#include` lines go (ptx_emu.h provides the types and intrinsics), and so does a definition of `CUtensorMap`
-  (the emulator encodes its own tensor maps);
+- `#include` lines go (ptx_emu.h provides the types and intrinsics), except kernellab's own headers (`<kl/...>`, on
+  the include path: their PTX wrappers call ptx_emu.h's kl_emu:: emulations), and so does a definition of
+  `CUtensorMap` (the emulator encodes its own tensor maps);
 - every top-level `__device__` helper whose body holds inline PTX (`asm`) goes, and ptx_emu.h's emulation of the
-  helper of the same name takes its place: the helpers' names and signatures are a contract (see ptx_emu.h). Inside
-  a namespace the same, and the helper's other declarations there go too, so that calls find the emulation;
+  helper of the same name takes its place (`using kl_emu::name;` where kernellab's headers have the same helper):
+  the helpers' names and signatures are a contract (see ptx_emu.h). Inside a namespace the same, and the helper's
+  other declarations there go too, so that calls find the emulation;
 - a one-statement `fence.mbarrier_init` inline in a function becomes `fence_barrier_init()`, and the source's own
   `typedef unsigned ... uint32_t / uint64_t` lines go (the host's <cstdint> has them);
 - `__shared__` arrays become references into one shared-memory arena, `extern __shared__` ones its dynamic part.
@@ -31,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from kernellab.compile.signature import find_kernels, strip_comments_and_strings
+from kernellab.compile.toolkit import KL_INCLUDE, own_headers_digest
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("KERNELLAB_EMU_CACHE", Path(tempfile.gettempdir()) / "kernellab-emu"))
@@ -106,6 +109,27 @@ def _function_name(head: str) -> str | None:
     return m.group(1) if m else None
 
 
+# The helpers ptx_emu.h emulates in namespace kl_emu (kernellab's headers have them too): a source's own helper of one
+# of these names is replaced by a using-declaration of the emulation.
+_KL_EMU = {"cp_async_4", "cp_async_16", "cp_async_commit", "cp_async_wait", "cp_async_wait_all", "ldmatrix_x1",
+           "ldmatrix_x2", "ldmatrix_x4", "ldmatrix_x2_trans", "ldmatrix_x4_trans", "mma_16816"}
+
+
+def _using(keep: list, start: int, end: int, name: str) -> None:
+    """Write `using kl_emu::name;` into the blanked span [start, end) of `keep`, on its longest line (line numbers
+    stay)."""
+    text = "using kl_emu::" + name + ";"
+    best, at, run = 0, start, 0
+    for j in range(start, end):
+        run = 0 if keep[j] == "\n" else run + 1
+        if run > best:
+            best, at = run, j - run + 1
+    if best >= len(text):
+        keep[at:at + len(text)] = list(text)
+    else:
+        keep[end - 1] = keep[end - 1] + text + "\n"
+
+
 def _strip_ptx(keep: list, clean: list, header: int, open_: int, close: int, where: str) -> str | None:
     """A function definition [header, close] holding inline PTX: its known one-statement PTX becomes the emulator's
     call; if PTX remains, the function goes (a helper: ptx_emu.h has its emulation). Returns the name it removed."""
@@ -128,6 +152,8 @@ def _strip_ptx(keep: list, clean: list, header: int, open_: int, close: int, whe
     if "__global__" in head:
         raise EmulationError("a __global__ function holds inline PTX itself; move it into a __device__ helper")
     _blank(keep, header, close + 1)
+    if name in _KL_EMU:
+        _using(keep, header, close + 1, name)
     return name
 
 
@@ -145,7 +171,7 @@ def prepare(source: str) -> str:
         else:
             _strip_ptx(keep, clean, header, open_, close, "")
     text = "".join(keep)
-    text = re.sub(r"(?m)^\s*#\s*include\s*[<\"].*$", "", text)
+    text = re.sub(r"(?m)^\s*#\s*include\s*[<\"](?!kl/).*$", "", text)
     strings = dict(re.findall(r'(?m)^\s*#\s*define\s+(\w+)\s+("[^\n]*")\s*$', text))   # PTX text in a macro
     text = re.sub(r"(?m)^\s*#\s*define\s+(\w+)\(([^)]*)\)\s+.*\basm\b.*$", lambda m: _ptx_macro(m, strings), text)
     # ptx_emu.h has its own CUtensorMap (the emulator's encoding): drop the source's definition of the opaque struct
@@ -342,13 +368,14 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, 
     head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
     header = _precompiled_header()
     program = (f'#include "{header}"\n{head}\n{prepare(source)}\n' + _MAIN.replace("CALL", _call(k)))
-    digest = hashlib.sha256((program + (HERE / "ptx_emu.h").read_text()).encode()).hexdigest()[:20]
+    digest = hashlib.sha256((program + (HERE / "ptx_emu.h").read_text() + own_headers_digest()).encode()
+                            ).hexdigest()[:20]
     binary = CACHE / f"{kernel}-{digest}"
     if not binary.exists():
         cpp = CACHE / f"{kernel}-{digest}.cpp"
         _write_atomically(cpp, program)
         tmp = f"{binary}.{os.getpid()}.tmp"              # this process's own: others may build the same kernel
-        cmd = ["g++", *_FLAGS, str(cpp), "-o", tmp]
+        cmd = ["g++", *_FLAGS, f"-I{KL_INCLUDE}", str(cpp), "-o", tmp]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise EmulationError(f"g++ failed on {cpp}:\n{r.stderr[-4000:]}")
