@@ -491,20 +491,10 @@ with np.errstate(invalid="ignore"):
 # %%cuda --name softmax_simple
 // Row softmax with one block per row and plain loads: three passes, then the online softmax's two.
 // y = exp(x - max(x)) / sum(exp(x - max(x))) along each row of a rows x cols matrix; math in fp32.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <kl/convert.cuh>   // to_float, from_float<T>
+#include <kl/reduce.cuh>    // warp_sum, warp_max, block_sum, block_max
 
 #define NEG_INF __uint_as_float(0xff800000u)   // -infinity (NVRTC has no INFINITY macro)
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // A running (max, sum of exp(x - max)) pair; merging two rescales both sums to the larger max.
 struct MaxSum { float m, s; };
@@ -514,39 +504,13 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
     return {m, a.s * __expf(a.m - shift) + b.s * __expf(b.m - shift)};
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
     for (int o = 16; o > 0; o /= 2)
         v = merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
     return v;
 }
 
-// The whole block's max / sum / merged pair, in every thread (a barrier before and inside: reuse is safe).
-__device__ __forceinline__ float block_max(float v) {
-    __shared__ float part[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    return warp_max(lane < blockDim.x / 32 ? part[lane] : NEG_INF);
-}
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float part[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    return warp_sum(lane < blockDim.x / 32 ? part[lane] : 0.0f);
-}
+// The whole block's merged pair, in every thread (a barrier before and inside: reuse is safe).
 __device__ __forceinline__ MaxSum block_merge(MaxSum v) {
     __shared__ MaxSum part[32];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -647,7 +611,9 @@ template __global__ void softmax_online<__half>(const __half*, __half*, int);
 #
 # (A cluster needs the kernel to be launched with its cluster size. `__cluster_dims__(CLUSTER, 1, 1)` fixes it
 # at compile time, so an ordinary launch does it; `cooperative_groups` would give the cluster calls, but its
-# headers need libcu++, which NVRTC does not ship here, so the cell writes the PTX itself.)
+# headers need libcu++, which NVRTC does not ship here, so kernellab's headers write the PTX themselves:
+# `<kl/ptx.cuh>` (`cluster_ctarank`, the cluster barrier) and `<kl/cluster.cuh>` (the exchange below). The row's
+# packs and layout are `<kl/rows.cuh>`, which tutorial 04 includes too.)
 #
 # **Why not `barrier.cluster`?** The obvious exchange is the one a block does with `__syncthreads`: thread 0
 # writes the block's pair to shared memory, the cluster meets at `barrier.cluster.arrive` / `wait`, every block
@@ -669,176 +635,12 @@ template __global__ void softmax_online<__half>(const __half*, __half*, int);
 // first element; thread t of the row's threads holds packs t, t + row_threads, ... (VPT of them). Rows that fit in
 // one block take a warp (several rows per block) or a block; longer rows are split over a cluster of blocks that
 // meet through distributed shared memory.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <kl/cluster.cuh>   // exchange_open, _push, _wait: a cluster's blocks exchange their (max, sum) pairs
+#include <kl/ptx.cuh>       // exp_ftz, cluster_ctarank, cluster_wait
+#include <kl/rows.cuh>      // the row in 16-byte packs (Pack, RowLayout, load_packs); to_float, from_float
 
 #define NEG_INF __uint_as_float(0xff800000u)   // -infinity (NVRTC has no INFINITY macro)
 #define NAN_F __uint_as_float(0x7fffffffu)
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-
-// ---- a thread's share of a row: VPT packs of 16 bytes in registers, and one edge element ----------------------
-// A pack is kept as its four 32-bit words, so that 8 bf16 or fp16 values take 4 registers (an array of 8
-// __nv_bfloat16 would take 8); get(k) widens value k to fp32 where it is used, from_floats packs VEC results.
-template <typename T> struct alignas(16) Pack {
-    unsigned u[4];
-    __device__ __forceinline__ float get(int k) const;
-};
-template <> __device__ __forceinline__ float Pack<float>::get(int k) const { return __uint_as_float(u[k]); }
-template <> __device__ __forceinline__ float Pack<__nv_bfloat16>::get(int k) const {
-    return __uint_as_float(k % 2 ? u[k / 2] & 0xffff0000u : u[k / 2] << 16);    // a bf16 is an fp32's top half
-}
-template <> __device__ __forceinline__ float Pack<__half>::get(int k) const {
-    return __half2float(__ushort_as_half((unsigned short)(k % 2 ? u[k / 2] >> 16 : u[k / 2] & 0xffffu)));
-}
-template <typename T> __device__ __forceinline__ unsigned bits16(float v) {
-    T h = from_float<T>(v);
-    return *reinterpret_cast<const unsigned short*>(&h);
-}
-template <typename T, int VEC = 16 / sizeof(T)>
-__device__ __forceinline__ Pack<T> from_floats(const float (&f)[VEC]) {
-    Pack<T> p;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        p.u[i] = sizeof(T) == 4 ? __float_as_uint(f[i]) : bits16<T>(f[2 * i]) | bits16<T>(f[2 * i + 1]) << 16;
-    return p;
-}
-template <typename T> __device__ __forceinline__ unsigned neg_inf_word() {    // a 32-bit word of -inf values
-    return sizeof(T) == 4 ? 0xff800000u : bits16<T>(NEG_INF) * 0x10001u;
-}
-template <typename T> struct Pair { typedef float2 type; };                 // two 16-bit values in one word
-template <> struct Pair<__nv_bfloat16> { typedef __nv_bfloat162 type; };
-template <> struct Pair<__half> { typedef __half2 type; };
-template <typename T> __device__ __forceinline__ typename Pair<T>::type as_pair(unsigned w) {
-    return *reinterpret_cast<const typename Pair<T>::type*>(&w);
-}
-
-// exp(x) as one FMUL and one MUFU.EX2: __expf without -use_fast_math adds four instructions per call to keep
-// results under 2^-126 (denormals) exact; those are below anything a softmax output resolves, so flush them.
-__device__ __forceinline__ float exp_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-    return y;
-}
-
-// Where a row's elements are. The row starts `head` elements past a 16-byte boundary (head = start % VEC).
-// Elements 0 .. lead-1 come before the first 16-byte boundary inside the row, then `whole` packs of VEC elements
-// (pack q: elements lead + q*VEC ...), then the tail: elements tail0 .. cols-1, fewer than VEC. The lead and the
-// tail, at most 2 * (VEC - 1) elements, are the row's edge elements: thread t of the row holds edge element t.
-struct RowLayout {
-    int lead, whole, tail0;
-    __device__ __forceinline__ RowLayout(int cols, int head, int vec) {
-        lead = min((vec - head) % vec, cols);
-        whole = (cols - lead) / vec;
-        tail0 = lead + whole * vec;
-    }
-    __device__ __forceinline__ int edge(int t, int cols) const {     // row index of edge element t, or -1
-        return t < lead ? t : (t - lead < cols - tail0 ? tail0 + t - lead : -1);
-    }
-};
-
-// Packs first, first + stride, ... of the row, one 16-byte load each, all VPT in flight before any is used;
-// packs past the row's last whole pack read as -inf.
-template <typename T, int VPT>
-__device__ __forceinline__ void load_packs(Pack<T> (&pk)[VPT], const T* __restrict__ row, RowLayout L, int first,
-                                           int stride) {
-    const Pack<T>* packs = reinterpret_cast<const Pack<T>*>(row + L.lead);      // 16-byte aligned
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-        int q = first + j * stride;
-        if (q < L.whole) {
-            pk[j] = packs[q];
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) pk[j].u[i] = neg_inf_word<T>();
-        }
-    }
-}
-
-template <typename T, int VPT>
-__device__ __forceinline__ void store_packs(const Pack<T> (&pk)[VPT], T* __restrict__ row, RowLayout L, int first,
-                                            int stride) {
-    Pack<T>* packs = reinterpret_cast<Pack<T>*>(row + L.lead);
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-        int q = first + j * stride;
-        if (q < L.whole) packs[q] = pk[j];
-    }
-}
-
-// ---- clusters: each block pushes its statistic into the others' shared memory -----------------------------------
-// barrier.cluster would do (arrive after writing, wait, read the other blocks' values through mapa), but its
-// arrive.release compiles to MEMBAR.ALL.GPU (this thread's outstanding loads and stores complete first) and its
-// wait.acquire to a flush of L1: at 1024 x 262144 the MEMBARs alone held 10-20 % of the warps' stall samples
-// (Nsight Compute on tutorial 04's kernels and this one, benchmarks/NOTES-memory-bound.md). Instead each block writes its statistic into a slot of every
-// other block (st.async) and the bytes count down that block's mbarrier: a block waits for the bytes it needs and
-// for nothing else. The one cluster barrier left is at the start: no block may write into another before that
-// one's mbarrier is initialised.
-__device__ __forceinline__ unsigned cluster_ctarank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ unsigned shared_addr(const void* p) {    // a shared-memory address for PTX
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {           // no fence: only the mbarrier's init is
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");   // published (exchange_init's fence)
-}
-__device__ __forceinline__ void cluster_wait() {
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// The mbarrier completes its phase 0 once `bytes` have arrived (one arrival: this one, which expects them).
-__device__ __forceinline__ void exchange_init(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\t"
-                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n\t"
-                 "fence.mbarrier_init.release.cluster;" :: "r"(shared_addr(bar)), "r"(bytes) : "memory");
-}
-// v into *slot of block `rank` (slot, bar: this block's addresses of the same variables), 4 bytes at a time, each
-// counted on that block's mbarrier *bar.
-template <typename S>
-__device__ __forceinline__ void exchange_push(S* slot, S v, unsigned long long* bar, unsigned rank) {
-    static_assert(sizeof(S) % 4 == 0, "statistics are pushed 4 bytes at a time");
-    unsigned s, m;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(s) : "r"(shared_addr(slot)), "r"(rank));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(m) : "r"(shared_addr(bar)), "r"(rank));
-    const unsigned* words = reinterpret_cast<const unsigned*>(&v);
-#pragma unroll
-    for (int k = 0; k < (int)(sizeof(S) / 4); ++k)
-        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-                     :: "r"(s + 4 * k), "r"(words[k]), "r"(m) : "memory");
-}
-__device__ __forceinline__ void exchange_wait(unsigned long long* bar, unsigned parity) {   // phase `parity` done
-    unsigned done;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(shared_addr(bar)), "r"(parity) : "memory");
-    } while (!done);
-}
-template <typename S, int CLUSTER>
-struct Exchange {                                        // in each block: the other blocks' statistics
-    S part[CLUSTER];
-    unsigned long long bar;                              // counts their bytes
-};
-template <typename S, int CLUSTER>
-__device__ __forceinline__ Exchange<S, CLUSTER>& exchange() {
-    __shared__ Exchange<S, CLUSTER> ex;
-    return ex;
-}
-// First thing in a cluster kernel: this block's mbarrier expects CLUSTER - 1 statistics; the others learn it is ready.
-template <typename S, int CLUSTER>
-__device__ __forceinline__ void exchange_open() {
-    if (threadIdx.x == 0) exchange_init(&exchange<S, CLUSTER>().bar, (CLUSTER - 1) * sizeof(S));
-    cluster_arrive_relaxed();
-}
 
 // ---- the reduction: (max, sum of exp(x - max)) pairs, merged across the warp, the row's warps, the cluster ----
 struct MaxSum { float m, s; };
@@ -946,7 +748,7 @@ __global__ void __launch_bounds__(1024) softmax_rows(const T* __restrict__ x, T*
     size_t start = (size_t)(live ? row : 0) * cols;
     RowLayout L(live ? cols : 0, (int)(start % VEC), VEC);
     Pack<T> pk[VPT];
-    load_packs(pk, x + start, L, t, row_threads);
+    load_packs<Pad::neg_inf>(pk, x + start, L, t, row_threads);
     int e = L.edge(t, live ? cols : 0);
     float edge = e >= 0 ? to_float(x[start + e]) : NEG_INF;
     softmax_values<T, VPT, 1>(pk, edge, row_threads / 32);
@@ -966,7 +768,7 @@ softmax_rows_cluster(const T* __restrict__ x, T* __restrict__ y, int rows, int c
     size_t start = (size_t)row * cols;
     RowLayout L(cols, (int)(start % VEC), VEC);
     Pack<T> pk[VPT];
-    load_packs(pk, x + start, L, first, blockDim.x);
+    load_packs<Pad::neg_inf>(pk, x + start, L, first, blockDim.x);
     int e = first < 2 * VEC ? L.edge(first, cols) : -1;  // edge elements go to the first threads of rank 0
     float edge = e >= 0 ? to_float(x[start + e]) : NEG_INF;
     softmax_values<T, VPT, CLUSTER>(pk, edge, blockDim.x / 32);

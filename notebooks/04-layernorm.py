@@ -154,29 +154,8 @@ HTML(html_table(["row mean", "variance (float64)", "sum of squares (float32)", "
 # %%cuda --name layernorm_simple
 // LayerNorm with one block per row and plain loads, two ways to get the variance.
 // y = (x - mean) / sqrt(var + eps) * w + b along each row of a rows x cols matrix; statistics in fp32.
-#include <cuda_bf16.h>
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float block_sum(float v) {          // in every thread; safe to call back to back
-    __shared__ float part[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    return warp_sum(lane < blockDim.x / 32 ? part[lane] : 0.0f);
-}
+#include <kl/convert.cuh>   // to_float, from_float<T>
+#include <kl/reduce.cuh>    // warp_sum, block_sum (in every thread; safe to call back to back)
 
 // 1 · one pass of sums: mean = E[x], var = E[x^2] - E[x]^2. Two large, nearly equal numbers are subtracted:
 // when |mean| is large against the spread, fp32 loses every digit of the variance.
@@ -293,7 +272,8 @@ kernellab.grade("04-layernorm-block", layernorm_block)
 # %% [markdown]
 # ## One pass, the row in registers
 #
-# The final kernels reuse tutorial 03's machinery: the row cut into 16-byte packs counted from its first 16-byte
+# The final kernels reuse tutorial 03's machinery (kernellab's headers `<kl/rows.cuh>` and `<kl/cluster.cuh>`, which
+# both tutorials include): the row cut into 16-byte packs counted from its first 16-byte
 # boundary, the few edge elements outside whole packs held one per thread, one warp, one block or a cluster of
 # blocks per row, and one reduction round across the warp (shuffles), the row's warps (shared memory) and the
 # cluster (distributed shared memory). What changes is the statistic:
@@ -359,152 +339,10 @@ kernellab.grade("04-layernorm-block", layernorm_block)
 # %%
 # %%cuda --name norm_kernels
 // LayerNorm and RMSNorm with the row held in registers: one read of x and one write of y per element; w and b
-// (read by every row) come from L1/L2. The row layout, packs and cluster helpers are tutorial 03's.
-#include <cuda_bf16.h>
-
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
-}
-
-// ---- a thread's share of a row: VPT packs of 16 bytes in registers, and one edge element ----------------------
-// A pack is kept as its four 32-bit words, so that 8 bf16 values take 4 registers (an array of 8 __nv_bfloat16
-// would take 8); get(k) widens value k to fp32 where it is used, from_floats packs VEC results.
-template <typename T> struct alignas(16) Pack {
-    unsigned u[4];
-    __device__ __forceinline__ float get(int k) const;
-};
-template <> __device__ __forceinline__ float Pack<float>::get(int k) const { return __uint_as_float(u[k]); }
-template <> __device__ __forceinline__ float Pack<__nv_bfloat16>::get(int k) const {
-    return __uint_as_float(k % 2 ? u[k / 2] & 0xffff0000u : u[k / 2] << 16);    // a bf16 is an fp32's top half
-}
-__device__ __forceinline__ unsigned bf16_bits(float v) {
-    __nv_bfloat16 h = __float2bfloat16_rn(v);
-    return *reinterpret_cast<const unsigned short*>(&h);
-}
-template <typename T, int VEC = 16 / sizeof(T)>
-__device__ __forceinline__ Pack<T> from_floats(const float (&f)[VEC]) {
-    Pack<T> p;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        p.u[i] = sizeof(T) == 4 ? __float_as_uint(f[i]) : bf16_bits(f[2 * i]) | bf16_bits(f[2 * i + 1]) << 16;
-    return p;
-}
-
-// Where a row's elements are. The row starts `head` elements past a 16-byte boundary (head = start % VEC).
-// Elements 0 .. lead-1 come before the first 16-byte boundary inside the row, then `whole` packs of VEC elements
-// (pack q: elements lead + q*VEC ...), then the tail: elements tail0 .. cols-1, fewer than VEC. The lead and the
-// tail, at most 2 * (VEC - 1) elements, are the row's edge elements: thread t of the row holds edge element t.
-struct RowLayout {
-    int lead, whole, tail0;
-    __device__ __forceinline__ RowLayout(int cols, int head, int vec) {
-        lead = min((vec - head) % vec, cols);
-        whole = (cols - lead) / vec;
-        tail0 = lead + whole * vec;
-    }
-    __device__ __forceinline__ int edge(int t, int cols) const {     // row index of edge element t, or -1
-        return t < lead ? t : (t - lead < cols - tail0 ? tail0 + t - lead : -1);
-    }
-};
-
-// Packs first, first + stride, ... of the row, one 16-byte load each, all VPT in flight before any is used;
-// packs past the row's last whole pack read as zeros.
-template <typename T, int VPT>
-__device__ __forceinline__ void load_packs(Pack<T> (&pk)[VPT], const T* __restrict__ row, RowLayout L, int first,
-                                           int stride) {
-    const Pack<T>* packs = reinterpret_cast<const Pack<T>*>(row + L.lead);      // 16-byte aligned
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-        int q = first + j * stride;
-        if (q < L.whole) {
-            pk[j] = packs[q];
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) pk[j].u[i] = 0u;                    // 0.0 in float and in bf16
-        }
-    }
-}
-
-template <typename T, int VPT>
-__device__ __forceinline__ void store_packs(const Pack<T> (&pk)[VPT], T* __restrict__ row, RowLayout L, int first,
-                                            int stride) {
-    Pack<T>* packs = reinterpret_cast<Pack<T>*>(row + L.lead);
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-        int q = first + j * stride;
-        if (q < L.whole) packs[q] = pk[j];
-    }
-}
-
-// ---- clusters: each block pushes its statistic into the others' shared memory -----------------------------------
-// barrier.cluster would do (arrive after writing, wait, read the other blocks' values through mapa), but its
-// arrive.release compiles to MEMBAR.ALL.GPU (this thread's outstanding loads and stores complete first) and its
-// wait.acquire to a flush of L1: at 1024 x 262144 the MEMBARs alone held 10-20 % of the warps' stall samples
-// (Nsight Compute, benchmarks/NOTES-memory-bound.md). Instead each block writes its statistic into a slot of every
-// other block (st.async) and the bytes count down that block's mbarrier: a block waits for the bytes it needs and
-// for nothing else. The one cluster barrier left is at the start: no block may write into another before that
-// one's mbarrier is initialised.
-__device__ __forceinline__ unsigned cluster_ctarank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ unsigned shared_addr(const void* p) {    // a shared-memory address for PTX
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {           // no fence: only the mbarrier's init is
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");   // published (exchange_init's fence)
-}
-__device__ __forceinline__ void cluster_wait() {
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// The mbarrier completes its phase 0 once `bytes` have arrived (one arrival: this one, which expects them).
-__device__ __forceinline__ void exchange_init(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\t"
-                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n\t"
-                 "fence.mbarrier_init.release.cluster;" :: "r"(shared_addr(bar)), "r"(bytes) : "memory");
-}
-// v into *slot of block `rank` (slot, bar: this block's addresses of the same variables), 4 bytes at a time, each
-// counted on that block's mbarrier *bar.
-template <typename S>
-__device__ __forceinline__ void exchange_push(S* slot, S v, unsigned long long* bar, unsigned rank) {
-    static_assert(sizeof(S) % 4 == 0, "statistics are pushed 4 bytes at a time");
-    unsigned s, m;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(s) : "r"(shared_addr(slot)), "r"(rank));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(m) : "r"(shared_addr(bar)), "r"(rank));
-    const unsigned* words = reinterpret_cast<const unsigned*>(&v);
-#pragma unroll
-    for (int k = 0; k < (int)(sizeof(S) / 4); ++k)
-        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-                     :: "r"(s + 4 * k), "r"(words[k]), "r"(m) : "memory");
-}
-__device__ __forceinline__ void exchange_wait(unsigned long long* bar, unsigned parity) {   // phase `parity` done
-    unsigned done;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(shared_addr(bar)), "r"(parity) : "memory");
-    } while (!done);
-}
-template <typename S, int CLUSTER>
-struct Exchange {                                        // in each block: the other blocks' statistics
-    S part[CLUSTER];
-    unsigned long long bar;                              // counts their bytes
-};
-template <typename S, int CLUSTER>
-__device__ __forceinline__ Exchange<S, CLUSTER>& exchange() {
-    __shared__ Exchange<S, CLUSTER> ex;
-    return ex;
-}
-// First thing in a cluster kernel: this block's mbarrier expects CLUSTER - 1 statistics; the others learn it is ready.
-template <typename S, int CLUSTER>
-__device__ __forceinline__ void exchange_open() {
-    if (threadIdx.x == 0) exchange_init(&exchange<S, CLUSTER>().bar, (CLUSTER - 1) * sizeof(S));
-    cluster_arrive_relaxed();
-}
+// (read by every row) come from L1/L2. The row layout, packs and cluster exchange are tutorial 03's (kl/*.cuh).
+#include <kl/cluster.cuh>   // exchange_open, _push, _wait: a cluster's blocks exchange their statistics
+#include <kl/ptx.cuh>       // cluster_ctarank, cluster_wait, prefetch_l1
+#include <kl/rows.cuh>      // the row in 16-byte packs (Pack, RowLayout, load_packs); to_float, from_float
 
 // ---- the statistics: Welford triples (LayerNorm) or sums of squares (RMSNorm), merged like tutorial 03's pairs ----
 struct Welford { float n, mean, m2; };                   // count, mean, sum of squared deviations from the mean
@@ -685,13 +523,13 @@ __device__ __forceinline__ bool all_inside(RowLayout L, int first, int stride) {
 // new+pf): bf16 1024 x 262144 LayerNorm 406.5 -> 394.3 µs, RMSNorm 376.6 -> 369.9; float rows (the ring already
 // keeps their w and b in flight) and the one-block bf16 rows of 32,768 got 1-3 % slower, so they do without.
 template <typename T, int VPT>
-__device__ __forceinline__ void prefetch_l1(const T* w, const T* b, int first, int stride) {
+__device__ __forceinline__ void prefetch_w_b(const T* w, const T* b, int first, int stride) {
     const Pack<T>* wp = reinterpret_cast<const Pack<T>*>(w) + first;
     const Pack<T>* bp = reinterpret_cast<const Pack<T>*>(b) + first;
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
-        asm volatile("prefetch.global.L1 [%0];" :: "l"(wp + j * stride));
-        if (b != nullptr) asm volatile("prefetch.global.L1 [%0];" :: "l"(bp + j * stride));
+        prefetch_l1(wp + j * stride);
+        if (b != nullptr) prefetch_l1(bp + j * stride);
     }
 }
 template <typename T, int VPT, int CLUSTER>
@@ -822,8 +660,8 @@ __device__ __forceinline__ void layernorm_row(const T* __restrict__ x, const T* 
     RowLayout L(live ? cols : 0, head, VEC);
     bool early_w = Early<VPT, 2>::value && L.lead == 0, early_b = Early<VPT, 3>::value && L.lead == 0;
     Pack<T> pk[VPT], wk[VPT], bk[VPT];
-    load_packs(pk, x, L, first, stride);
-    if (prefetch_fits<T, VPT, CLUSTER>(L, first, stride)) prefetch_l1<T, VPT>(w, b, first, stride);
+    load_packs<Pad::zero>(pk, x, L, first, stride);
+    if (prefetch_fits<T, VPT, CLUSTER>(L, first, stride)) prefetch_w_b<T, VPT>(w, b, first, stride);
     if (early_w) load_vector(wk, w, L, first, stride);  // in flight with x's loads
     if (early_b) load_vector(bk, b, L, first, stride);
     int e = L.edge(edge_t, live ? cols : 0);
@@ -847,8 +685,8 @@ __device__ __forceinline__ void rmsnorm_row(const T* __restrict__ x, const T* __
     RowLayout L(live ? cols : 0, head, VEC);
     bool early = Early<VPT, 2>::value && L.lead == 0;
     Pack<T> pk[VPT], wk[VPT];
-    load_packs(pk, x, L, first, stride);
-    if (prefetch_fits<T, VPT, CLUSTER>(L, first, stride)) prefetch_l1<T, VPT>(w, (const T*)nullptr, first, stride);
+    load_packs<Pad::zero>(pk, x, L, first, stride);
+    if (prefetch_fits<T, VPT, CLUSTER>(L, first, stride)) prefetch_w_b<T, VPT>(w, (const T*)nullptr, first, stride);
     if (early) load_vector(wk, w, L, first, stride);
     int e = L.edge(edge_t, live ? cols : 0);
     float edge = e >= 0 ? to_float(x[e]) : 0.0f;

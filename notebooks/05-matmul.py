@@ -785,6 +785,8 @@ compare("sgemm_warptile", "sgemm_vec", (0.85, 1.00))
 // flight; 128 x 256 block tiles, 8 warps of 64 x 64 (16 x 8 per lane), one block per SM; each k's operands loaded
 // from shared memory one k ahead. Tile sizes are macros as in step 7. Launch: grid (ceil(N / BN), ceil(M / BM)),
 // NTW threads, SMEM_BYTES of dynamic shared memory (97 KiB at the defaults).
+#include <kl/cp_async.cuh>   // cp_async_4, cp_async_16, cp_async_commit, cp_async_wait<N>
+
 #ifndef BM
 #define BM 128
 #endif
@@ -814,16 +816,6 @@ compare("sgemm_warptile", "sgemm_vec", (0.85, 1.00))
 static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 32 == 0, "warp tiles must tile the block tile");
 static_assert((BM * BK) % NTW == 0 && (BK * BN / 4) % NTW == 0, "whole copies per thread");
 static_assert(STAGES >= 3, "the slice after next is refilled once the current one is read: 3 stages at least");
-
-__device__ __forceinline__ void cp_async_4(unsigned smem_addr, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_16(unsigned smem_addr, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 template <bool VECB>
 __device__ __forceinline__ void cp_block(const float* __restrict__ A, const float* __restrict__ B,

@@ -333,7 +333,8 @@ kernellab.grade("06-wmma-tile", wmma_tile)
 # %% [markdown]
 # ## Step 2: `mma.sync` m16n8k16 with `ldmatrix`
 #
-# The same tiles, written against the instructions themselves, through three one-line PTX helpers:
+# The same tiles, written against the instructions themselves, through one-line PTX helpers (kernellab's
+# `<kl/mma.cuh>`: `ldmatrix_x4` and `mma_16816<T>`, each one instruction):
 # - `ldmatrix.x4`: the warp reads four 8 x 8 matrices of 16-bit elements from shared memory; lane `l` gives the
 #   address of row `l % 8` of matrix `l / 8` and receives, of each matrix, row `l / 4`, elements `2 (l % 4)` and
 #   `2 (l % 4) + 1`: exactly the register layout `mma.sync` wants.
@@ -351,8 +352,7 @@ kernellab.grade("06-wmma-tile", wmma_tile)
 
 # %%
 # %%cuda --name mma_cell
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <kl/mma.cuh>      // ldmatrix_x4, mma_16816<T>: the PTX this kernel needs, one instruction per helper
 
 #define BM 128
 #define BN 128
@@ -362,27 +362,6 @@ kernellab.grade("06-wmma-tile", wmma_tile)
 #define WM 64
 #define WN 32
 
-// --- the PTX this kernel needs, one instruction per helper ---------------------------------------------------------
-// ldmatrix: the warp reads four 8x8 matrices of 16-bit elements; lane l gives the address of row l % 8 of matrix
-// l / 8 and gets, of each matrix i, row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1, packed in r[i].
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr));
-}
-// d (16 x 8, fp32) += a (16 x 16, row-major) * b (16 x 8, column-major), in the fragment layouts of the PTX ISA.
-__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
-                                          __nv_bfloat16) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], __half) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // Two fp32 results into C as the 16-bit type, guarded; a 4-byte store when both fit and are aligned.
@@ -443,7 +422,7 @@ __device__ void mma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __
 #pragma unroll
             for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
-                for (int j = 0; j < WN / 8; ++j) mma_16816(acc[i][j], a[i], b[j], T());
+                for (int j = 0; j < WN / 8; ++j) mma_16816<T>(acc[i][j], a[i], b[j]);
         }
         __syncthreads();
     }
@@ -614,8 +593,8 @@ print(f"shared memory per 16 of k: {ldsm_bytes // 1024} KiB of ldmatrix + {copy_
 
 # %%
 # %%cuda --name mma_pipe_cell
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait<N>
+#include <kl/mma.cuh>       // ldmatrix_x4, mma_16816<T>; pack2<T> (kl/convert.cuh)
 
 // Tile sizes: defaults below; benchmarks/matmul.py sweeps others with -D options.
 #ifndef BM
@@ -647,47 +626,14 @@ static_assert(WM % 16 == 0 && WN % 16 == 0 && (BK == 32 || BK == 64), "tile shap
 static_assert(BM % LD_ROWS == 0 && BN % LD_ROWS == 0 && LD_ROWS % 8 == 0, "whole passes; the swizzle repeats");
 static_assert(BM * BN <= STAGES * (BM + BN) * BK, "the C tile fits in the stages' smem for the epilogue");
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr));
-}
-__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
-                                          __nv_bfloat16) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], __half) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// cp.async: copy 16 bytes global -> shared without passing through registers; src_bytes < 16 zero-fills the rest.
-__device__ __forceinline__ void cp_async_16(unsigned smem_addr, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ unsigned pack2(float x, float y, __nv_bfloat16) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<unsigned*>(&h);
-}
-__device__ __forceinline__ unsigned pack2(float x, float y, __half) {
-    __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<unsigned*>(&h);
-}
 // C[row][col, col + 1] = x, y, for the edge tiles: each element guarded, a 4-byte store where the pair is aligned.
 template <typename T>
 __device__ __forceinline__ void store2(T* C, int row, int col, int M, int N, float x, float y) {
     if (row >= M) return;
     if (col + 1 < N && N % 2 == 0) {
-        *reinterpret_cast<unsigned*>(&C[(size_t)row * N + col]) = pack2(x, y, T());
+        *reinterpret_cast<unsigned*>(&C[(size_t)row * N + col]) = pack2<T>(x, y);
     } else {
-        unsigned p = pack2(x, y, T());
+        unsigned p = pack2<T>(x, y);
         if (col < N) reinterpret_cast<unsigned short*>(C)[(size_t)row * N + col] = p & 0xFFFF;
         if (col + 1 < N) reinterpret_cast<unsigned short*>(C)[(size_t)row * N + col + 1] = p >> 16;
     }
@@ -795,7 +741,7 @@ __device__ __forceinline__ void mma_pipe_gemm(const T* __restrict__ A, const T* 
 #pragma unroll
             for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
-                for (int j = 0; j < WN / 8; ++j) mma_16816(acc[i][j], a[s % 2][i], b[s % 2][j], T());
+                for (int j = 0; j < WN / 8; ++j) mma_16816<T>(acc[i][j], a[s % 2][i], b[s % 2][j]);
         }
     }
     cp_async_wait<0>();                   // nothing may be left in flight when the block exits
@@ -813,7 +759,7 @@ __device__ __forceinline__ void mma_pipe_gemm(const T* __restrict__ A, const T* 
                 for (int h = 0; h < 2; ++h) {         // rows 16 i + lane / 4 (+ 8), columns 8 j + 2 (lane % 4)
                     int r = 16 * i + lane / 4 + 8 * h;
                     *reinterpret_cast<unsigned*>(tile + r * WN * 2 + ((j ^ (r % 8)) * 16) + (lane % 4) * 4) =
-                        pack2(acc[i][j][2 * h], acc[i][j][2 * h + 1], T());
+                        pack2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
                 }
         __syncwarp();
 #pragma unroll

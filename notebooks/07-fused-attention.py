@@ -620,8 +620,8 @@ kernellab.grade("07-ldmatrix-swizzle", ldmatrix_frags)
 
 # %%
 # %%cuda
-#include <cuda_fp16.h>    // __half, __floats2half2_rn
-#include <cuda_bf16.h>    // __nv_bfloat16, __floats2bfloat162_rn
+#include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
+#include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, __half, __nv_bfloat16 (kl/convert.cuh)
 #include <math_constants.h>  // CUDART_INF_F
 typedef unsigned int uint32_t;
 
@@ -649,52 +649,6 @@ constexpr float RESCALE_LOG2 = FA2_RESCALE_LOG2;   // lazy rescaling threshold, 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// 16 bytes global -> shared without passing through registers; zero-filled when !valid (rows past N).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-// Four 8x8 b16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-// c[16x8] += a[16x16] b[16x8], fp32 accumulate.
-template <typename T> __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                                 uint32_t b1);
-template <> __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
-                                                                      uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                              uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats as one register of two 16-bit values (lo in the low half), in T.
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
 __device__ __forceinline__ float exp2_approx(float x) {   // MUFU.EX2; exp2(-inf) = 0
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -720,7 +674,7 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T* __restrict__ g
 #pragma unroll
     for (int k = 0; k < ROWS / STEP; ++k) {
         const bool valid = row0 + r + k * STEP < N;
-        cp_async_16(dst + k * STEP * D * 2, valid ? src + (size_t)k * STEP * D : g, valid);
+        cp_async_16(dst + k * STEP * D * 2, valid ? src + (size_t)k * STEP * D : g, valid ? 16 : 0);
     }
 }
 
