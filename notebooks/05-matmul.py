@@ -440,24 +440,16 @@ kernellab.grade("05-register-tiles", sgemm_4x4)
 
 # %%
 # %%cuda
+// load4(p, row, col, rows, cols, vec): four floats of row `row` from column `col`, one 16-byte load where aligned
+// and inside, else four guarded loads (zeros past the edges).
+#include <kl/tile.cuh>
+
 #define BM 128
 #define BN 128
 #define BK 8
 #define TM 8
 #define TN 8
 #define NT2 (BM * BN / (TM * TN))                 // 256 threads, as in sgemm_2d
-
-// Four floats of row `row`, columns col..col+3 of a rows x cols matrix: one 16-byte load where aligned and inside,
-// else four guarded loads (zeros past the edges).
-__device__ __forceinline__ float4 load4(const float* __restrict__ p, int row, int col, int rows, int cols, bool vec) {
-    if (vec && row < rows && col + 3 < cols) return *reinterpret_cast<const float4*>(&p[row * cols + col]);
-    float4 v;
-    v.x = (row < rows && col + 0 < cols) ? p[row * cols + col + 0] : 0.0f;
-    v.y = (row < rows && col + 1 < cols) ? p[row * cols + col + 1] : 0.0f;
-    v.z = (row < rows && col + 2 < cols) ? p[row * cols + col + 2] : 0.0f;
-    v.w = (row < rows && col + 3 < cols) ? p[row * cols + col + 3] : 0.0f;
-    return v;
-}
 
 extern "C" __global__ void __launch_bounds__(NT2) sgemm_vec(const float* __restrict__ A, const float* __restrict__ B,
                                                            float* __restrict__ C, int M, int N, int K) {
@@ -542,6 +534,7 @@ compare("sgemm_vec", "sgemm_2d", (0.60, 0.85))
 
 # %%
 # %%cuda --name warptile
+#include <kl/tile.cuh>        // load4: four floats, one 16-byte load where aligned and inside
 // Tile sizes: the defaults below; compile with -DBM=... to try others (benchmarks/matmul.py sweeps them).
 #ifndef BM
 #define BM 128            // block tile: BM x BN of C ...
@@ -567,16 +560,6 @@ compare("sgemm_vec", "sgemm_2d", (0.60, 0.85))
 #define APAD 4                             // As rows padded by one float4: the transposed stores miss each other
 static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 32 == 0, "warp tiles must tile the block tile");
 static_assert(BK % 4 == 0 && (BM * BK / 4) % NTW == 0 && (BK * BN / 4) % NTW == 0, "whole float4s per thread");
-
-__device__ __forceinline__ float4 load4(const float* __restrict__ p, int row, int col, int rows, int cols, bool vec) {
-    if (vec && row < rows && col + 3 < cols) return *reinterpret_cast<const float4*>(&p[row * cols + col]);
-    float4 v;
-    v.x = (row < rows && col + 0 < cols) ? p[row * cols + col + 0] : 0.0f;
-    v.y = (row < rows && col + 1 < cols) ? p[row * cols + col + 1] : 0.0f;
-    v.z = (row < rows && col + 2 < cols) ? p[row * cols + col + 2] : 0.0f;
-    v.w = (row < rows && col + 3 < cols) ? p[row * cols + col + 3] : 0.0f;
-    return v;
-}
 
 extern "C" __global__ void __launch_bounds__(NTW, MIN_BLOCKS)
 sgemm_warptile(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {

@@ -46,7 +46,7 @@ def test_build_output_is_not_committed():
 @pytest.mark.slow
 def test_wheel_ships_the_prebuilt_labextension(tmp_path):
     """`pip wheel` as a user would run it (isolated build: hatchling and the hook come from PyPI); the hook finds the
-    extension built and leaves it."""
+    extension built and leaves it. The device headers ship too."""
     assert (LABEXT / "package.json").exists(), BUILD_HINT
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
                          capture_output=True, text=True, timeout=600)
@@ -60,6 +60,9 @@ def test_wheel_ships_the_prebuilt_labextension(tmp_path):
         built = json.loads(whl.read(next(n for n in names if n.endswith(f"{SHARE}/package.json"))))
     assert built["name"] == "kernellab-jupyter" and "_build" in built["jupyterlab"]
     assert not [n for n in names if "node_modules" in n or n.startswith("extension/") or "/labextension/" in n]
+    # kernellab's device headers (#include <kl/...> in every %%cuda cell) ship inside the package
+    headers = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "kernellab" / "include" / "kl").glob("*.cuh"))
+    assert headers and set(headers) <= set(names), sorted(set(headers) - set(names))
 
 
 @pytest.mark.slow

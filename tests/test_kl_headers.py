@@ -24,7 +24,7 @@ def compile_kernels(source: str, arch: str = "sm_90") -> dict:
     return {k.symbol: opcodes(k) for k in module.kernels}
 
 
-HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh")
+HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh", "tile.cuh")
 
 
 def test_the_headers_are_where_nvrtc_looks():
@@ -174,6 +174,16 @@ extern "C" __global__ void k(const float* x, float* y) {
 }
 ''')["k"]
     assert {"LDGSTS.E", "LDGSTS.E.BYPASS.128", "LDGDEPBAR", "DEPBAR.LE"} <= ops, sorted(ops)
+
+
+def test_load4_is_one_16_byte_load_inside_and_guarded_loads_at_the_edges():
+    ops = compile_kernels(r'''
+#include <kl/tile.cuh>
+extern "C" __global__ void k(const float* __restrict__ a, float4* out, int rows, int cols, bool vec) {
+    out[threadIdx.x] = load4(a, blockIdx.x, 4 * threadIdx.x, rows, cols, vec);
+}
+''')["k"]
+    assert {"LDG.E.128.CONSTANT", "LDG.E.CONSTANT", "STG.E.128"} <= ops, sorted(ops)
 
 
 def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypatch):
