@@ -460,8 +460,8 @@ compare("mma", "wmma", (0.30, 0.50))
 #
 # Write `mma_fragments(A, B, C, M, N, K)`: fp16 `A` (`M x K`), `B` (`N x K`), fp32 `C = A Bᵀ` (`M x N`), `M` a
 # multiple of 16, `N` of 8, `K` of 16. One warp per block computes the 16 x 8 tile of `C` at row
-# `blockIdx.y * 16`, column `blockIdx.x * 8`, with one `mma.sync.m16n8k16` per 16 of `k` (the `MMA_16816` macro
-# below), loading its registers straight from global memory by the layout above: with `g = lane / 4`,
+# `blockIdx.y * 16`, column `blockIdx.x * 8`, with one `mma.sync.m16n8k16` per 16 of `k` (`mma_16816<__half>` of
+# `<kl/mma.cuh>`), loading its registers straight from global memory by the layout above: with `g = lane / 4`,
 # `t = lane % 4`, `a[0]` holds `A[g][2t, 2t + 1]`, `a[1]` `A[g + 8][2t, 2t + 1]`, `a[2]` `A[g][2t + 8, 2t + 9]`,
 # `a[3]` `A[g + 8][2t + 8, 2t + 9]` (two halves in one 32-bit register, the lower column in the low half: one
 # 4-byte load), `b[0]` holds `B[g][2t, 2t + 1]` and `b[1]` `B[g][2t + 8, 2t + 9]` (rows of `B` are columns of
@@ -472,13 +472,9 @@ compare("mma", "wmma", (0.30, 0.50))
 # %%
 # %%cuda
 // exercise: 06-mma-fragments
-#include <cuda_fp16.h>
-#define MMA_PTX "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-#define MMA_16816(d, a, b) asm volatile(MMA_PTX : MMA_OUT(d) : MMA_IN(a, b))
-#define MMA_OUT(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-#define MMA_IN(a, b) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])
+#include <kl/mma.cuh>     // mma_16816<__half>(d, a, b): one mma.sync.m16n8k16, fp16 in, fp32 accumulate
 extern "C" __global__ void mma_fragments(const __half* A, const __half* B, float* C, int M, int N, int K) {
-    // TODO: unsigned a[4], b[2] loaded by the fragment layout per 16 of k; MMA_16816(d, a, b); d[0..3] into C
+    // TODO: unsigned a[4], b[2] loaded by the fragment layout per 16 of k; mma_16816<__half>(d, a, b); d[0..3] into C
 }
 
 # %%

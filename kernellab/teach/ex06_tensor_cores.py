@@ -74,7 +74,8 @@ register(Exercise(
     kernel="mma_fragments",
     signature=SIGNATURE,
     task="C = A B^T as above, M a multiple of 16, N of 8, K of 16. One warp per block computes the 16 x 8 tile at "
-         "row blockIdx.y * 16, column blockIdx.x * 8 with one MMA_16816(d, a, b) per 16 of k, its registers loaded "
+         "row blockIdx.y * 16, column blockIdx.x * 8 with one mma_16816<__half>(d, a, b) (#include <kl/mma.cuh>) "
+         "per 16 of k, its registers loaded "
          "from global memory by the PTX fragment layout (g = lane / 4, t = lane % 4): a[0] = A[g][2t..2t+1], "
          "a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..], b[0] = B[g][2t..], b[1] = B[g][2t+8..] "
          "(relative to the tile and k); d[0], d[1] to C[g][2t, 2t+1], d[2], d[3] to C[g+8][2t, 2t+1]. The "
@@ -91,7 +92,8 @@ register(Exercise(
         "wrong_values": "check each register against the layout: a[1] is row g + 8 (same columns as a[0]), a[2] "
                         "is columns 2t + 8, 2t + 9 of row g; d[2], d[3] go eight rows below d[0], d[1]",
         "unwritten": "each lane writes four elements: C[row0 + g][col0 + 2t, +1] and C[row0 + g + 8][col0 + 2t, +1]",
-        "no_tensor_cores": "call MMA_16816(d, a, b) once per 16 of k: that is the exercise",
+        "no_tensor_cores": "call mma_16816<__half>(d, a, b) (#include <kl/mma.cuh>) once per 16 of k: that is the "
+                           "exercise",
     },
     **_TOLERANCE,
 ))
