@@ -15,7 +15,7 @@ KL = toolkit.KL_INCLUDE + "/kl"
 
 def opcodes(kernel) -> set[str]:
     """The SASS mnemonics of one kernel (predicates dropped)."""
-    return set(re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", kernel.sass, re.M))
+    return set(re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]+)", kernel.sass, re.M))
 
 
 def compile_kernels(source: str, arch: str = "sm_90") -> dict:
@@ -24,7 +24,8 @@ def compile_kernels(source: str, arch: str = "sm_90") -> dict:
     return {k.symbol: opcodes(k) for k in module.kernels}
 
 
-HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh", "tile.cuh")
+HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh", "tile.cuh",
+           "wgmma.cuh")
 
 
 def test_the_headers_are_where_nvrtc_looks():
@@ -184,6 +185,50 @@ extern "C" __global__ void k(const float* __restrict__ a, float4* out, int rows,
 }
 ''')["k"]
     assert {"LDG.E.128.CONSTANT", "LDG.E.CONSTANT", "STG.E.128"} <= ops, sorted(ops)
+
+
+def test_wgmma_is_hgmma_for_every_shape_and_type_on_sm_90a():
+    ops = compile_kernels(r'''
+#include <kl/wgmma.cuh>
+template <int N, typename T>
+__global__ void ss(float* out, unsigned long long da, unsigned long long db) {
+    float d[N / 2];
+    for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
+    wgmma_fence();
+    wgmma_ss<N, T>(d, da, db, 0);
+    wgmma_ss<N, T>(d, da, db, 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_acc(d);
+    for (int i = 0; i < N / 2; ++i) out[i * 128 + threadIdx.x] = d[i];
+}
+template <int N, typename T>
+__global__ void rs(float* out, const unsigned* a, unsigned long long db) {
+    float d[N / 2];
+    for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
+    const unsigned frag[4] = {a[threadIdx.x], a[threadIdx.x + 128], a[threadIdx.x + 256], a[threadIdx.x + 384]};
+    wgmma_fence();
+    wgmma_rs_tb<N, T>(d, frag, db);
+    wgmma_commit();
+    wgmma_wait<0>();
+    for (int i = 0; i < N / 2; ++i) out[i * 128 + threadIdx.x] = d[i];
+}
+template __global__ void ss<128, __nv_bfloat16>(float*, unsigned long long, unsigned long long);
+template __global__ void ss<128, __half>(float*, unsigned long long, unsigned long long);
+template __global__ void ss<256, __nv_bfloat16>(float*, unsigned long long, unsigned long long);
+template __global__ void ss<256, __half>(float*, unsigned long long, unsigned long long);
+template __global__ void rs<64, __nv_bfloat16>(float*, const unsigned*, unsigned long long);
+template __global__ void rs<64, __half>(float*, const unsigned*, unsigned long long);
+template __global__ void rs<128, __nv_bfloat16>(float*, const unsigned*, unsigned long long);
+template __global__ void rs<128, __half>(float*, const unsigned*, unsigned long long);
+''', arch="sm_90a")
+    assert len(ops) == 8
+    for name, o in ops.items():
+        n = 256 if "Li256E" in name else 128 if "Li128E" in name else 64
+        hgmma = {op for op in o if op.startswith("HGMMA.")}
+        shape = f"HGMMA.64x{n}x16.F32" + (".BF16" if "bfloat16" in name else "")
+        assert any(op.startswith(shape) for op in hgmma), (name, hgmma)
+        assert {"WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE"} <= o, (name, sorted(o))
 
 
 def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypatch):
