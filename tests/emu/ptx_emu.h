@@ -822,6 +822,7 @@ inline void wgmma_issue_rs(float* d, int n, const uint32_t (&a)[4], uint64_t db)
     tl_wg_open.push_back(w);
 }
 }  // namespace emu
+namespace kl_emu {              // <kl/wgmma.cuh>'s functions (see cp_async above)
 // The wgmma instructions are .sync.aligned: every lane of the warp meets there (lanes cannot drift apart across one).
 inline void wgmma_fence() { emu::syncwarp(); emu::tl_wg_fenced = true; }
 inline void wgmma_commit() {
@@ -846,6 +847,7 @@ inline void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], unsigned long
     emu::wgmma_issue_rs<T>(d, N, a, b);
 }
 template <int N> inline void fence_acc(float (&)[N]) {}
+}  // namespace kl_emu
 template <int R> inline void setmaxnreg_inc() {}
 template <int R> inline void setmaxnreg_dec() {}
 
