@@ -215,6 +215,7 @@ def sass_line(*kernels):
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
+#include <kl/tile.cuh>      // load_tile: a 16-bit tile into shared memory, zeros past the edges
 using namespace nvcuda;
 
 // C[M, N] = A[M, K] B[N, K]^T: A and B both K-major (B as nn.Linear stores its weight), fp32 accumulation.
@@ -226,19 +227,6 @@ using namespace nvcuda;
 
 __device__ __forceinline__ __nv_bfloat16 from_float(float x, __nv_bfloat16) { return __float2bfloat16_rn(x); }
 __device__ __forceinline__ __half from_float(float x, __half) { return __float2half_rn(x); }
-
-// A row-major [rows, K] tile of 16-bit elements into smem [128][BK + PAD], 16 bytes per thread per step; zeros
-// past the last row or the last column. K % 8 == 0 (the launcher pads K), so a 16-byte chunk is all in or all out.
-template <typename T>
-__device__ __forceinline__ void load_tile(T (*dst)[BK + PAD], const T* __restrict__ src, int row0, int rows, int k0,
-                                          int K) {
-    for (int i = threadIdx.x; i < 128 * BK / 8; i += NTHREADS) {
-        int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row0 + r < rows && k0 + c < K) v = *reinterpret_cast<const uint4*>(&src[(size_t)(row0 + r) * K + k0 + c]);
-        *reinterpret_cast<uint4*>(&dst[r][c]) = v;
-    }
-}
 
 template <typename T>
 __device__ void wmma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K) {
@@ -252,8 +240,8 @@ __device__ void wmma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* _
     for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
     for (int k0 = 0; k0 < K; k0 += BK) {
-        load_tile(As, A, bm, M, k0, K);
-        load_tile(Bs, B, bn, N, k0, K);
+        load_tile<BM, BK, NTHREADS>(As, A, bm, M, k0, K);
+        load_tile<BN, BK, NTHREADS>(Bs, B, bn, N, k0, K);
         __syncthreads();
         for (int kk = 0; kk < BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[2];
@@ -353,6 +341,7 @@ kernellab.grade("06-wmma-tile", wmma_tile)
 # %%
 # %%cuda --name mma_cell
 #include <kl/mma.cuh>      // ldmatrix_x4, mma_16816<T>: the PTX this kernel needs, one instruction per helper
+#include <kl/tile.cuh>     // load_tile, store2: tiles in and out, guarded at the edges
 
 #define BM 128
 #define BN 128
@@ -364,37 +353,6 @@ kernellab.grade("06-wmma-tile", wmma_tile)
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-// Two fp32 results into C as the 16-bit type, guarded; a 4-byte store when both fit and are aligned.
-__device__ __forceinline__ void store2(__nv_bfloat16* C, int row, int col, int M, int N, float x, float y) {
-    if (row >= M) return;
-    if (col + 1 < N && N % 2 == 0) {
-        *reinterpret_cast<__nv_bfloat162*>(&C[(size_t)row * N + col]) = __floats2bfloat162_rn(x, y);
-    } else {
-        if (col < N) C[(size_t)row * N + col] = __float2bfloat16_rn(x);
-        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2bfloat16_rn(y);
-    }
-}
-__device__ __forceinline__ void store2(__half* C, int row, int col, int M, int N, float x, float y) {
-    if (row >= M) return;
-    if (col + 1 < N && N % 2 == 0) {
-        *reinterpret_cast<__half2*>(&C[(size_t)row * N + col]) = __floats2half2_rn(x, y);
-    } else {
-        if (col < N) C[(size_t)row * N + col] = __float2half_rn(x);
-        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2half_rn(y);
-    }
-}
-
-template <typename T>
-__device__ __forceinline__ void load_tile(T (*dst)[BK + PAD], const T* __restrict__ src, int row0, int rows, int k0,
-                                          int K) {
-    for (int i = threadIdx.x; i < 128 * BK / 8; i += NTHREADS) {
-        int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row0 + r < rows && k0 + c < K) v = *reinterpret_cast<const uint4*>(&src[(size_t)(row0 + r) * K + k0 + c]);
-        *reinterpret_cast<uint4*>(&dst[r][c]) = v;
-    }
-}
-
 template <typename T>
 __device__ void mma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K) {
     __shared__ __align__(128) T As[BM][BK + PAD];
@@ -404,8 +362,8 @@ __device__ void mma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __
     const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
     float acc[WM / 16][WN / 8][4] = {};
     for (int k0 = 0; k0 < K; k0 += BK) {
-        load_tile(As, A, bm, M, k0, K);
-        load_tile(Bs, B, bn, N, k0, K);
+        load_tile<BM, BK, NTHREADS>(As, A, bm, M, k0, K);
+        load_tile<BN, BK, NTHREADS>(Bs, B, bn, N, k0, K);
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
@@ -904,6 +862,7 @@ for c in (1, CLUSTER):
 
 # %%
 # %%cuda --arch sm_90a --name wgmma_cell
+#include <kl/tile.cuh>            // store2: two results into C, guarded
 #include <kl/wgmma.cuh>           // wgmma_ss<N, T>, wgmma_fence/commit/wait<N>, fence_acc: the warpgroup MMA
 
 #include <cuda.h>                 // CUtensorMap: the 128-byte tensor map kernellab.tensor_map encodes
@@ -1005,25 +964,6 @@ __device__ __forceinline__ unsigned long long make_desc(unsigned smem_addr) {
            | (1ull << 62);                                    // bits 62-63: 1 = 128-byte swizzle
 }
 
-__device__ __forceinline__ void store2(__nv_bfloat16* C, int row, int col, int M, int N, float x, float y) {
-    if (row >= M) return;
-    if (col + 1 < N && N % 2 == 0) {
-        *reinterpret_cast<__nv_bfloat162*>(&C[(size_t)row * N + col]) = __floats2bfloat162_rn(x, y);
-    } else {
-        if (col < N) C[(size_t)row * N + col] = __float2bfloat16_rn(x);
-        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2bfloat16_rn(y);
-    }
-}
-__device__ __forceinline__ void store2(__half* C, int row, int col, int M, int N, float x, float y) {
-    if (row >= M) return;
-    if (col + 1 < N && N % 2 == 0) {
-        *reinterpret_cast<__half2*>(&C[(size_t)row * N + col]) = __floats2half2_rn(x, y);
-    } else {
-        if (col < N) C[(size_t)row * N + col] = __float2half_rn(x);
-        if (col + 1 < N) C[(size_t)row * N + col + 1] = __float2half_rn(y);
-    }
-}
-
 // A consumer warp frees a stage: one arrival on that stage's `empty` barrier in every CTA of the cluster (each CTA's
 // producer writes into all of them).
 __device__ __forceinline__ void release(unsigned empty_bar) {
@@ -1043,7 +983,6 @@ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int
     m = first_m + in_group % rows;
     n = in_group / rows;
 }
-
 
 // --- named barriers: bar.sync / bar.arrive on hardware barrier `id` (1-15; 0 is __syncthreads) for `threads` threads
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {

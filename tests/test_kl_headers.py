@@ -187,6 +187,25 @@ extern "C" __global__ void k(const float* __restrict__ a, float4* out, int rows,
     assert {"LDG.E.128.CONSTANT", "LDG.E.CONSTANT", "STG.E.128"} <= ops, sorted(ops)
 
 
+def test_16_bit_tiles_load_16_bytes_and_store_pairs():
+    ops = compile_kernels(r'''
+#include <kl/tile.cuh>
+template <typename T>
+__global__ void k(const T* __restrict__ a, T* c, int rows, int K, int M, int N) {
+    __shared__ __align__(128) T tile[128][32 + 8];
+    load_tile<128, 32, 256>(tile, a, blockIdx.x * 128, rows, 0, K);
+    __syncthreads();
+    store2(c, threadIdx.x, 2 * threadIdx.y, M, N, to_float(tile[threadIdx.x][0]), to_float(tile[threadIdx.x][1]));
+}
+template __global__ void k<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int, int, int, int);
+template __global__ void k<__half>(const __half*, __half*, int, int, int, int);
+''')
+    assert len(ops) == 2
+    for name, o in ops.items():
+        assert any(op.startswith("LDG.E.128") for op in o) and {"STS.128", "STG.E", "STG.E.U16"} <= o, \
+            (name, sorted(o))
+
+
 def test_wgmma_is_hgmma_for_every_shape_and_type_on_sm_90a():
     ops = compile_kernels(r'''
 #include <kl/wgmma.cuh>
