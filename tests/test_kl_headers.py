@@ -41,6 +41,21 @@ def test_each_header_compiles_on_its_own_and_twice(header):
     assert set(found) == {"k"}
 
 
+# The tile macros the tutorials define (and benchmarks/ sweep with -D): no header may use them as names.
+CELL_MACROS = ("BM", "BN", "BK", "TM", "TN", "WM", "WN", "PAD", "NTHREADS", "STAGES", "CHUNKS", "M", "N", "K", "D",
+               "VPT", "VEC", "CLUSTER", "BLOCK", "ROWS")
+
+
+@pytest.mark.parametrize("header", HEADERS)
+def test_each_header_survives_the_cells_macros(header):
+    """A cell #defines BK, N, PAD, ... before its #include, or compiles with -DBK=...: the headers' template
+    parameters and arguments use none of those names."""
+    defines = "".join(f"#define {m} 1\n" for m in CELL_MACROS)
+    found = compile_kernels(defines + f'#include <kl/{header}>\n'
+                            'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 1.0f; }\n', arch="sm_90a")
+    assert set(found) == {"k"}
+
+
 def test_ptx_wrappers_compile_to_their_instructions():
     ops = compile_kernels(r'''
 #include <kl/ptx.cuh>

@@ -9,9 +9,9 @@
 // waits for the bytes it needs and for nothing else. The one cluster barrier left is at the start: no block may
 // write into another before that one's mbarrier is initialised.
 //
-//     exchange_open<S, CLUSTER>();                 // first thing in the kernel
+//     exchange_open<S, kBlocks>();                 // first thing in the kernel
 //     ...
-//     Exchange<S, CLUSTER>& ex = exchange<S, CLUSTER>();
+//     Exchange<Stat, kBlocks>& ex = exchange<Stat, kBlocks>();
 //     cluster_wait();                              // every block's mbarrier is ready
 //     exchange_push(&ex.part[me], v, &ex.bar, r);  // my statistic into block r's ex.part[me]
 //     exchange_wait(&ex.bar, 0);                   // the others' statistics are in my ex.part
@@ -30,16 +30,16 @@ __device__ __forceinline__ void exchange_init(unsigned long long* bar, unsigned 
 }
 // v into *slot of block `rank` (slot, bar: this block's addresses of the same variables), 4 bytes at a time, each
 // counted on that block's mbarrier *bar.
-template <typename S>
-__device__ __forceinline__ void exchange_push(S* slot, S v, unsigned long long* bar, unsigned rank) {
-    static_assert(sizeof(S) % 4 == 0, "statistics are pushed 4 bytes at a time");
+template <typename Stat>
+__device__ __forceinline__ void exchange_push(Stat* slot, Stat v, unsigned long long* bar, unsigned rank) {
+    static_assert(sizeof(Stat) % 4 == 0, "statistics are pushed 4 bytes at a time");
 #ifdef __CUDA_ARCH__
     unsigned s, m;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(s) : "r"(shared_addr(slot)), "r"(rank));
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(m) : "r"(shared_addr(bar)), "r"(rank));
     const unsigned* words = reinterpret_cast<const unsigned*>(&v);
 #pragma unroll
-    for (int k = 0; k < (int)(sizeof(S) / 4); ++k)
+    for (int k = 0; k < (int)(sizeof(Stat) / 4); ++k)
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
                      :: "r"(s + 4 * k), "r"(words[k]), "r"(m) : "memory");
 #else
@@ -58,20 +58,20 @@ __device__ __forceinline__ void exchange_wait(unsigned long long* bar, unsigned 
     kl_emu::exchange_wait(bar, parity);
 #endif
 }
-template <typename S, int CLUSTER>
+template <typename Stat, int kBlocks>
 struct Exchange {                                        // in each block: the other blocks' statistics
-    S part[CLUSTER];
+    Stat part[kBlocks];
     unsigned long long bar;                              // counts their bytes
 };
-// This block's Exchange of statistics S (one per S and CLUSTER, in static shared memory).
-template <typename S, int CLUSTER>
-__device__ __forceinline__ Exchange<S, CLUSTER>& exchange() {
-    __shared__ Exchange<S, CLUSTER> ex;
+// This block's Exchange of statistics S (one per S and kBlocks, in static shared memory).
+template <typename Stat, int kBlocks>
+__device__ __forceinline__ Exchange<Stat, kBlocks>& exchange() {
+    __shared__ Exchange<Stat, kBlocks> ex;
     return ex;
 }
-// First thing in a cluster kernel: this block's mbarrier expects CLUSTER - 1 statistics; the others learn it is ready.
-template <typename S, int CLUSTER>
+// First thing in a cluster kernel: this block's mbarrier expects kBlocks - 1 statistics; the others learn it is ready.
+template <typename Stat, int kBlocks>
 __device__ __forceinline__ void exchange_open() {
-    if (threadIdx.x == 0) exchange_init(&exchange<S, CLUSTER>().bar, (CLUSTER - 1) * sizeof(S));
+    if (threadIdx.x == 0) exchange_init(&exchange<Stat, kBlocks>().bar, (kBlocks - 1) * sizeof(Stat));
     cluster_arrive_relaxed();                            // no fence: only the mbarrier's init is published
 }                                                        // (exchange_init's fence)

@@ -32,14 +32,14 @@ __device__ __forceinline__ void cp_async_commit() {
     kl_emu::cp_async_commit();
 #endif
 }
-// Wait until at most N of this thread's committed groups are still in flight (cp.async.wait_group N). Other threads'
+// Wait until at most kGroups of this thread's committed groups are still in flight (cp.async.wait_group kGroups). Other threads'
 // copies are seen only after a barrier (__syncthreads) that follows.
-template <int N>
+template <int kGroups>
 __device__ __forceinline__ void cp_async_wait() {
 #ifdef __CUDA_ARCH__
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kGroups));
 #else
-    kl_emu::cp_async_wait<N>();
+    kl_emu::cp_async_wait<kGroups>();
 #endif
 }
 // Commit, then wait for every copy this thread issued (cp.async.wait_all); a compiler barrier for memory too.

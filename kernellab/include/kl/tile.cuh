@@ -15,27 +15,28 @@ __device__ __forceinline__ float4 load4(const float* __restrict__ p, int row, in
 }
 
 // ---- 16-bit tiles (tutorial 06) -------------------------------------------------------------------------------------
-// A row-major [rows, K] matrix's tile of ROWS x BK 16-bit elements (rows row0.., columns k0..) into shared memory
-// dst[ROWS][LD] (LD >= BK: padded rows), 16 bytes per thread per step, NTHREADS threads; zeros past the last row or
-// the last column. K % 8 == 0, so a 16-byte chunk is all in or all out.
-template <int ROWS, int BK, int NTHREADS, typename T, int LD>
-__device__ __forceinline__ void load_tile(T (*dst)[LD], const T* __restrict__ src, int row0, int rows, int k0, int K) {
-    for (int i = threadIdx.x; i < ROWS * BK / 8; i += NTHREADS) {
-        int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
+// A row-major [rows, cols] matrix's tile of kRows x kCols 16-bit elements (rows row0.., columns k0..) into shared
+// memory dst[kRows][kLd] (kLd >= kCols: padded rows), 16 bytes per thread per step, kThreads threads; zeros past the
+// last row or the last column. cols % 8 == 0, so a 16-byte chunk is all in or all out.
+template <int kRows, int kCols, int kThreads, typename T, int kLd>
+__device__ __forceinline__ void load_tile(T (*dst)[kLd], const T* __restrict__ src, int row0, int rows, int k0,
+                                          int cols) {
+    for (int i = threadIdx.x; i < kRows * kCols / 8; i += kThreads) {
+        int r = i / (kCols / 8), c = (i % (kCols / 8)) * 8;
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (row0 + r < rows && k0 + c < K) v = *reinterpret_cast<const uint4*>(&src[(size_t)(row0 + r) * K + k0 + c]);
+        if (row0 + r < rows && k0 + c < cols) v = *reinterpret_cast<const uint4*>(&src[(size_t)(row0 + r) * cols + k0 + c]);
         *reinterpret_cast<uint4*>(&dst[r][c]) = v;
     }
 }
-// Two fp32 results into C[row][col, col + 1] (an M x N matrix of T = bf16 or fp16), guarded; one 4-byte store when
-// both fit and are aligned.
+// Two fp32 results into C[row][col, col + 1] (a rows x cols matrix of T = bf16 or fp16), guarded; one 4-byte store
+// when both fit and are aligned.
 template <typename T>
-__device__ __forceinline__ void store2(T* C, int row, int col, int M, int N, float x, float y) {
-    if (row >= M) return;
-    if (col + 1 < N && N % 2 == 0) {
-        *reinterpret_cast<unsigned*>(&C[(size_t)row * N + col]) = pack2<T>(x, y);
+__device__ __forceinline__ void store2(T* C, int row, int col, int rows, int cols, float x, float y) {
+    if (row >= rows) return;
+    if (col + 1 < cols && cols % 2 == 0) {
+        *reinterpret_cast<unsigned*>(&C[(size_t)row * cols + col]) = pack2<T>(x, y);
     } else {
-        if (col < N) C[(size_t)row * N + col] = from_float<T>(x);
-        if (col + 1 < N) C[(size_t)row * N + col + 1] = from_float<T>(y);
+        if (col < cols) C[(size_t)row * cols + col] = from_float<T>(x);
+        if (col + 1 < cols) C[(size_t)row * cols + col + 1] = from_float<T>(y);
     }
 }

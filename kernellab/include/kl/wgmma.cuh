@@ -29,13 +29,13 @@
 
 // d (64 x N, fp32: N / 2 a thread) = A B + scale_d * d: A (64 x 16) and B (16 x N, K-major) both from shared memory,
 // described by desc_a, desc_b.
-template <int N, typename T>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b,
+template <int kN, typename T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], unsigned long long desc_a, unsigned long long desc_b,
                                          int scale_d);
 // d (64 x N) += A B: A (64 x 16) from registers (a[4]: the mma.sync A fragment of each warp's 16 rows), B from
 // shared memory MN-major (transposed: a [16 keys][N] tile read as B).
-template <int N, typename T>
-__device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long desc_b);
+template <int kN, typename T>
+__device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const unsigned (&a)[4], unsigned long long desc_b);
 
 // One specialisation per shape and type: the PTX spells both (m64nNk16, .bf16 / .f16) in the instruction's name.
 // NREG = N / 2 accumulators; A, B, S: the operand numbers of desc_a, desc_b and scale_d (after the accumulators).
@@ -92,21 +92,21 @@ __device__ __forceinline__ void wgmma_commit() {
     kl_emu::wgmma_commit();
 #endif
 }
-// Wait until at most N of this warpgroup's groups are still running (wgmma.wait_group.sync.aligned N).
-template <int N>
+// Wait until at most kGroups of this warpgroup's groups are still running (wgmma.wait_group.sync.aligned kGroups).
+template <int kGroups>
 __device__ __forceinline__ void wgmma_wait() {
 #ifdef __CUDA_ARCH__
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kGroups) : "memory");
 #else
-    kl_emu::wgmma_wait<N>();
+    kl_emu::wgmma_wait<kGroups>();
 #endif
 }
 // Keeps the compiler from moving reads of the accumulators across a wgmma_wait (they change behind its back).
-template <int N>
-__device__ __forceinline__ void fence_acc(float (&d)[N]) {
+template <int kCount>
+__device__ __forceinline__ void fence_acc(float (&d)[kCount]) {
 #ifdef __CUDA_ARCH__
 #pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 #else
     kl_emu::fence_acc(d);
 #endif
