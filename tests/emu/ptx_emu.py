@@ -164,13 +164,15 @@ def prepare(source: str) -> str:
     text_clean = strip_comments_and_strings(source)
     clean = list(text_clean)
     keep = list(source)
+    removed = set()
     for header, open_, close in _top_level_blocks(text_clean):
         if not re.search(r"\basm\b", text_clean[open_:close + 1]):
             continue
         if re.search(r"\bnamespace\b", text_clean[header:open_]):
             _prepare_namespace(text_clean, keep, clean, open_ + 1, close)
         else:
-            _strip_ptx(keep, clean, header, open_, close, "")
+            removed.add(_strip_ptx(keep, clean, header, open_, close, ""))
+    _blank_declarations(text_clean, keep, 0, len(text_clean), removed & _KL_EMU)   # the using-declarations stand
     text = "".join(keep)
     text = re.sub(r"(?m)^\s*#\s*include\s*[<\"](?!kl/).*$", "", text)
     strings = dict(re.findall(r'(?m)^\s*#\s*define\s+(\w+)\s+("[^\n]*")\s*$', text))   # PTX text in a macro
@@ -221,11 +223,17 @@ def _prepare_namespace(text_clean: str, keep: list, clean: list, start: int, end
             name = _strip_ptx(keep, clean, start + header, start + open_, start + close, " or nested namespace")
             if name:
                 removed.add(name)
+    _blank_declarations(text_clean, keep, start, end, removed)
+
+
+def _blank_declarations(text_clean: str, keep: list, start: int, end: int, names) -> None:
+    """Blank the declarations (no body) of `names` at the top level of text_clean[start:end), not calls in bodies."""
+    inner = text_clean[start:end]
     depth, depths = 0, []
     for ch in inner:
         depth += (ch == "{") - (ch == "}")
         depths.append(depth)
-    for name in removed:                       # declarations at the namespace's own level only, not calls in bodies
+    for name in names:
         for m in re.finditer(r"[^;{}]*\b" + name + r"\s*\([^;{}]*\)\s*;", inner):
             if depths[m.start()] == 0:
                 _blank(keep, start + m.start(), start + m.end())
