@@ -44,6 +44,7 @@ struct alignas(8) float2 { float x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 
 // ---- bf16 and fp16 as their bits, with round-to-nearest-even conversions --------------------------------------
 struct __nv_bfloat16 { unsigned short bits; };
@@ -103,6 +104,8 @@ inline __half2 __hmax2(__half2 a, __half2 b) {
     return {__float2half_rn(kl_max_nan_loses(__half2float(a.x), __half2float(b.x))),
             __float2half_rn(kl_max_nan_loses(__half2float(a.y), __half2float(b.y)))};
 }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }
+inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
 
 using std::max;
 using std::min;
