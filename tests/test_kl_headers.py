@@ -4,6 +4,9 @@ with cuobjdump; no GPU needed)."""
 import pathlib
 import re
 import shutil
+import sys
+
+import numpy as np
 
 import pytest
 
@@ -280,3 +283,70 @@ def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypa
     edited = kernellab.compile_cuda(source, arch="sm_90")
     assert edited.cache_state == "miss"
     assert edited.cubin != first.cubin                      # and it is the edited header that was compiled
+
+
+# --- the CPU emulators (tests/emu) compile the headers: their #else branches call kl_emu:: ---------------------------
+
+# cuda_host.h (fibers: tutorials 03 and 04) and ptx_emu.h (threads: tutorials 05 to 07) each emulate the PTX of
+# the headers their tutorials include.
+FIBER_HEADERS = ("cluster.cuh", "convert.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh", "tile.cuh")
+THREAD_HEADERS = ("convert.cuh", "cp_async.cuh", "mma.cuh", "tile.cuh", "wgmma.cuh")
+
+
+def test_every_header_is_emulated_by_one_emulator_or_the_other():
+    assert sorted(set(FIBER_HEADERS) | set(THREAD_HEADERS)) == list(HEADERS)
+
+
+def test_the_fiber_emulator_compiles_its_headers():
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from emu import emulate
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    source = "".join(f"#include <kl/{h}>\n" for h in FIBER_HEADERS) + r'''
+extern "C" __global__ void k(const __nv_bfloat16* x, float* y) {
+    float v = exp_ftz(to_float(x[threadIdx.x]));
+    y[threadIdx.x] = block_sum(v) + block_max(v) + __uint_as_float(pack2<__half>(v, v)) * 0.0f;
+}
+'''
+    mod = emulate.compile_host(source)
+    import torch
+
+    x = torch.arange(64, dtype=torch.float32).div(64).to(torch.bfloat16)
+    y = torch.zeros(64)
+    mod["k"][1, 64](x, y)
+    e = torch.exp(x.float())
+    torch.testing.assert_close(y, (e.sum() + e.max()).expand(64), rtol=1e-5, atol=1e-5)
+
+
+def test_the_thread_emulator_compiles_its_headers():
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from emu import emulate, ptx_emu
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    source = "".join(f"#include <kl/{h}>\n" for h in THREAD_HEADERS) + r'''
+// C (16 x 8) = A (16 x 16) B^T (B: 8 x 16), fp16: A through cp.async and ldmatrix_x4, one mma.sync
+extern "C" __global__ void k(const __half* A, const __half* B, float* C) {
+    __shared__ __align__(16) __half a_s[16 * 16];
+    cp_async_16((unsigned)__cvta_generic_to_shared(&a_s[8 * threadIdx.x]), A + 8 * threadIdx.x, 16);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    unsigned a[4];
+    ldmatrix_x4(a, (unsigned)__cvta_generic_to_shared(&a_s[(lane % 16) * 16 + (lane / 16) * 8]));
+    const unsigned b[2] = {*reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t]),
+                           *reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t + 8])};
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_16816<__half>(d, a, b);
+    for (int q = 0; q < 4; ++q) C[(g + 8 * (q / 2)) * 8 + 2 * t + q % 2] = d[q];
+}
+'''
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((16, 16)).astype(np.float16)
+    B = rng.standard_normal((8, 16)).astype(np.float16)
+    C = np.full((16, 8), np.nan, np.float32)
+    ptx_emu.emulate(source, "k", (1,), (32,), [A, B, C])
+    np.testing.assert_allclose(C, A.astype(np.float64) @ B.astype(np.float64).T, rtol=1e-4, atol=1e-3)
