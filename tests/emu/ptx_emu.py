@@ -236,7 +236,10 @@ def _blank_declarations(text_clean: str, keep: list, start: int, end: int, names
     for name in names:
         for m in re.finditer(r"[^;{}]*\b" + name + r"\s*\([^;{}]*\)\s*;", inner):
             if depths[m.start()] == 0:
-                _blank(keep, start + m.start(), start + m.end())
+                lines = inner[m.start():m.end()].split("\n")      # preprocessor lines before it stay
+                last = max((i for i, l in enumerate(lines) if l.lstrip().startswith("#")), default=-1)
+                first = m.start() + sum(len(l) + 1 for l in lines[:last + 1])
+                _blank(keep, start + first, start + m.end())
 
 
 def _ptx_macro(m, strings: dict) -> str:
