@@ -297,6 +297,7 @@ def test_every_header_is_emulated_by_one_emulator_or_the_other():
     assert sorted(set(FIBER_HEADERS) | set(THREAD_HEADERS)) == list(HEADERS)
 
 
+@pytest.mark.slow
 def test_the_fiber_emulator_compiles_its_headers():
     pytest.importorskip("torch")
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -320,6 +321,7 @@ extern "C" __global__ void k(const __nv_bfloat16* x, float* y) {
     torch.testing.assert_close(y, (e.sum() + e.max()).expand(64), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_thread_emulator_compiles_its_headers():
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from emu import emulate, ptx_emu

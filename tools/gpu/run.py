@@ -73,10 +73,11 @@ SUITES: dict[str, Suite] = {
         tests=tuple(GPU_TESTS + f for f in (
             "test_racecheck_gpu.py", "test_exercises_gpu.py", "test_exercises07_gpu.py"))),
     "tests-tutorials": Suite(
-        "the tutorials' kernels on awkward shapes: row kernels (03/04), matmul ladders (05/06), attention (07); "
-        "a notebook run stamped with the GPU for its recorded outputs", 570,
+        "the tutorials' kernels on awkward shapes: row kernels (03/04), matmul ladders (05/06), attention (07), and "
+        "the device headers they include (kernellab/include/kl); a notebook run stamped with the GPU for its recorded "
+        "outputs", 570,
         tests=tuple(GPU_TESTS + f for f in (
-            "test_memory_bound_gpu.py", "test_matmul_gpu.py", "test_attention_gpu.py",
+            "test_kl_headers_gpu.py", "test_memory_bound_gpu.py", "test_matmul_gpu.py", "test_attention_gpu.py",
             "test_attention_steps_gpu.py", "test_recorded_gpu.py")), needs_kernel=True),
     "notebooks": Suite(
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
