@@ -1,6 +1,9 @@
 """kernellab's device headers (kernellab/include/kl) on a GPU: each wrapper computes what its PTX promises, against
 PyTorch (float64 references where sums are involved). The tutorials' own GPU tests run the same headers inside their
 kernels (test_memory_bound_gpu, test_matmul_gpu, test_attention_gpu)."""
+import pathlib
+import sys
+
 import pytest
 
 import kernellab
@@ -9,7 +12,6 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 SRC = r"""
-#include <kl/cluster.cuh>
 #include <kl/cp_async.cuh>
 #include <kl/mma.cuh>
 #include <kl/ptx.cuh>
@@ -69,20 +71,6 @@ extern "C" __global__ void cp_async_k(const float* x, float* y) {
     __syncthreads();
     reinterpret_cast<float4*>(y)[threadIdx.x] = s[63 - threadIdx.x];
 }
-
-// every block of a cluster of 4 pushes its value to the others; y[block] = the sum of its cluster's values
-extern "C" __global__ void __cluster_dims__(4, 1, 1) exchange_k(const float* x, float* y) {
-    exchange_open<float, 4>();
-    Exchange<float, 4>& ex = exchange<float, 4>();
-    unsigned me = cluster_ctarank();
-    float v = x[blockIdx.x];
-    cluster_wait();
-    if (threadIdx.x < 4 && threadIdx.x != me) exchange_push(&ex.part[me], v, &ex.bar, threadIdx.x);
-    exchange_wait(&ex.bar, 0);
-    float s = 0.0f;
-    for (int r = 0; r < 4; ++r) s += r == (int)me ? v : ex.part[r];
-    if (threadIdx.x == 0) y[blockIdx.x] = s;
-}
 """
 
 
@@ -139,8 +127,13 @@ def test_cp_async_copies_and_zero_fills(mod):
     torch.testing.assert_close(y.view(64, 4), want.flip(0), rtol=0, atol=0)
 
 
-def test_the_cluster_exchange_delivers_every_block_the_others_values(mod):
+def test_the_cluster_exchange_delivers_every_block_the_others_values():
+    """The kernels the CPU emulator runs in tests/test_emulator.py, on the GPU: <kl/cluster.cuh>'s exchange."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from test_emulator import exchange_source
+
+    mod = kernellab.compile_cuda(exchange_source(), arch="sm_90")
     x = torch.arange(8, dtype=torch.float32, device="cuda")
     y = torch.full((8,), float("nan"), device="cuda")
-    mod.exchange_k[8, 64](x, y)
+    mod.cluster_sums[8, 64](x, y)
     assert y.tolist() == [6.0] * 4 + [22.0] * 4
