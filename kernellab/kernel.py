@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import report
-from .analysis.arch import base_arch, normalize_arch
+from .analysis.arch import base_arch, compute_capability, normalize_arch
 from .analysis.occupancy import best_block_sizes, occupancy
 from .compile import cache as _cache, disasm
 from .compile.cubin import read_cubin
@@ -46,6 +46,8 @@ class Resources:
     barriers: int = 0           # named barriers used
     launch_bounds_threads: int | None = None  # threads per block that __launch_bounds__ allows (None: not given)
     cluster_dims: tuple[int, int, int] | None = None   # __cluster_dims__: blocks per cluster fixed at compile time
+    ptxas_report: bool = True   # False: no ptxas report for this kernel (registers and shared memory from the cubin;
+                                # stack frame and spills unknown, shown as 0)
 
     @property
     def spills(self) -> bool:
@@ -53,10 +55,14 @@ class Resources:
 
     def __str__(self) -> str:
         spill = (f", spills {self.spill_store_bytes} B stored / {self.spill_load_bytes} B loaded" if self.spills
-                 else ", no spills")
+                 else ", no spills" if self.ptxas_report else
+                 ", stack and spills unknown (no ptxas report: registers and smem from the cubin)")
         cluster = (f", clusters of {'x'.join(map(str, self.cluster_dims))} blocks" if self.cluster_dims else "")
         return (f"{self.registers} registers, {self.shared_bytes} B static smem, {self.local_bytes} B local"
                 f"{spill}, max {self.max_threads_per_block} threads/block{cluster} ({self.arch})")
+
+
+SYSTEM_SHARED_BYTES = 1024   # shared memory the system reserves per block on sm_80+, counted in .nv.shared.<fn>
 
 
 def max_threads_for(registers: int, launch_bounds: tuple[int, int, int] | None, arch_max: int = 1024) -> int:
@@ -640,17 +646,26 @@ def occupancy_text(occ: dict) -> str:
 
 
 def _resources(output: CompileOutput, symbol: str, facts) -> Resources:
+    """A kernel's resources from ptxas's report; where the log has none for `symbol` (a compile whose ptxas output
+    was not captured), what the cubin records: registers, and static shared memory from the `.nv.shared.<fn>`
+    section less the 1 KiB system reservation of sm_80 and newer. The stack frame and spills are not in the cubin:
+    `ptxas_report` is then False and says so, rather than a silent 0."""
     rep = output.reports.get(symbol)
     regs = rep.registers if rep else (facts.registers if facts and facts.registers is not None else 0)
     bounds = facts.max_threads if facts else None
-    return Resources(registers=regs, shared_bytes=rep.shared_bytes if rep else 0,
+    if rep is None:
+        section = facts.shared_section_bytes if facts else 0
+        reserved = SYSTEM_SHARED_BYTES if compute_capability(output.arch)[0] >= 8 else 0
+        shared = max(section - reserved, 0)
+    return Resources(registers=regs, shared_bytes=rep.shared_bytes if rep else shared,
                      local_bytes=rep.stack_bytes if rep else 0,
                      spill_store_bytes=rep.spill_store_bytes if rep else 0,
                      spill_load_bytes=rep.spill_load_bytes if rep else 0,
                      max_threads_per_block=max_threads_for(regs, bounds), arch=output.arch,
                      constant_bytes=rep.constant_bytes if rep else 0, barriers=rep.barriers if rep else 0,
                      launch_bounds_threads=math.prod(bounds) if bounds else None,
-                     cluster_dims=tuple(facts.cluster_dims) if facts and facts.cluster_dims else None)
+                     cluster_dims=tuple(facts.cluster_dims) if facts and facts.cluster_dims else None,
+                     ptxas_report=rep is not None)
 
 
 def _ptx_entry(ptx: str, symbol: str) -> str:

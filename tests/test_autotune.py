@@ -563,3 +563,110 @@ def test_autotune_and_grade_many_prepare_a_dask_executor_before_sending_tasks(mo
         order.clear()
         grading.grade_many("01-vector-add", [None], executor=ex, grade=lambda e, s: None, progress=False)
         assert order and order[0] == "prepare"
+
+
+# --- NVRTC's own compile cache (CUDA 12.9+) ---------------------------------------------------------------------------
+
+SPILLS = r"""
+__global__ void __launch_bounds__(1024, 2) spills(const float* x, float* y, int n) {
+    __shared__ float tile[1024];
+    float acc[SIZE];
+    #pragma unroll
+    for (int i = 0; i < SIZE; ++i) acc[i] = x[threadIdx.x * SIZE + i];
+    tile[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();
+    for (int j = 0; j < n; ++j) {
+        #pragma unroll
+        for (int i = 0; i < SIZE; ++i) acc[i] = acc[i] * tile[(j + i) & 1023] + acc[(i + 1) % SIZE];
+    }
+    float s = 0.f;
+    #pragma unroll
+    for (int i = 0; i < SIZE; ++i) s += acc[i];
+    y[threadIdx.x] = s;
+}
+"""
+
+
+@pytest.fixture
+def nvrtc_own_cache(monkeypatch):
+    """NVRTC as on a GPU host with CUDA 12.9+: it keeps compiled programs in a cache of its own, and a program
+    compiled again with the same source and options is a hit there, whose log has no `ptxas info` lines (ptxas did
+    not run), unless the compile passed --no-cache. The hits are counted."""
+    import ctypes
+
+    from cuda.bindings import nvrtc
+
+    seen, progs, hits = set(), {}, []
+    real_create, real_compile, real_log = nvrtc.nvrtcCreateProgram, nvrtc.nvrtcCompileProgram, nvrtc.nvrtcGetProgramLog
+
+    def create(src, name, *rest):
+        err, prog = real_create(src, name, *rest)
+        progs[int(prog)] = [src]
+        return err, prog
+
+    def compile_(prog, n, opts):
+        progs[int(prog)].append(tuple(opts))
+        return real_compile(prog, n, opts)
+
+    def get_log(prog, buf):
+        out = real_log(prog, buf)
+        src, opts = progs[int(prog)]
+        if b"--no-cache" not in opts:
+            if (src, opts) in seen:                              # a hit in NVRTC's cache: no ptxas output
+                hits.append(src)
+                text = b"\n".join(l for l in bytes(buf).split(b"\n") if not l.startswith(b"ptxas"))
+                ctypes.memmove(ctypes.c_char_p(buf), text.ljust(len(buf), b"\0"), len(buf))
+            seen.add((src, opts))
+        return out
+
+    monkeypatch.setattr(nvrtc, "nvrtcCreateProgram", create)
+    monkeypatch.setattr(nvrtc, "nvrtcCompileProgram", compile_)
+    monkeypatch.setattr(nvrtc, "nvrtcGetProgramLog", get_log)
+    return hits
+
+
+def test_resources_and_the_spill_prune_are_the_same_on_a_cold_and_a_warm_cache(tmp_cache, nvrtc_own_cache,
+                                                                                 monkeypatch):
+    """Seen on an H200 host (CUDA 13): a second autotune of the same configurations, in new processes with
+    kernellab's cache off, compiled every configuration again and NVRTC answered from its own cache, with no ptxas
+    report: every row had 0 B of shared memory and no spills, and the spilling configurations were timed. kernellab
+    keeps its own cache of the whole compile (log and reports) and turns NVRTC's off (--no-cache); the resources and
+    the spill prune are the same each time, with kernellab's cache cold, warm on disk, or off."""
+    import concurrent.futures
+
+    from kernellab.compile import cache
+
+    configs = [{"SIZE": 8}, {"SIZE": 96}]
+    runs = []
+    for state in ("cold", "disk", "off"):
+        cache.clear_memory()
+        if state == "off":
+            monkeypatch.setenv("KERNELLAB_CACHE", "0")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:      # the compiles in this process (the stand-in)
+            r = kernellab.autotune(SPILLS, configs, kernel="spills", arch="sm_90", cache=False, progress=False,
+                               executor=pool, launch=lambda k, c, x, y: k[1, 256](x, y, 64), inputs=lambda g: (None, None))
+        runs.append([(row.registers, row.shared_bytes, row.local_bytes, row.spill_bytes, row.pruned)
+                     for row in r.rows])
+    assert runs[0][0][1] == 4096 and runs[0][0][3] == 0 and runs[0][0][4] is None          # 1024 floats, no spills
+    assert runs[0][1][3] > 0 and runs[0][1][4].startswith("spills:"), runs[0]               # pruned for its spills
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+    assert not nvrtc_own_cache                                  # NVRTC was never asked for a cached program
+
+
+def test_without_a_ptxas_report_the_cubin_gives_shared_memory_and_the_absence_is_explicit():
+    """A compile whose log has no ptxas report for a kernel: registers and static shared memory come from the cubin
+    (its .nv.shared section less the 1 KiB the system reserves on sm_80+), and the resources say the stack frame and
+    spills are unknown instead of a silent 0."""
+    import dataclasses
+
+    from kernellab.compile.nvrtc import compile_source
+
+    out = compile_source(SPILLS, "sm_90", ("-DSIZE=8",))
+    full = kernellab.Module(out, SPILLS, name=None, first_line=1, filename="kernel.cu", cache_state="miss",
+                            wall_ms=0.0).kernels[0].resources
+    bare = dataclasses.replace(out, reports={})
+    res = kernellab.Module(bare, SPILLS, name=None, first_line=1, filename="kernel.cu", cache_state="miss",
+                           wall_ms=0.0).kernels[0].resources
+    assert full.ptxas_report and full.shared_bytes == 4096
+    assert not res.ptxas_report and res.shared_bytes == full.shared_bytes and res.registers == full.registers
+    assert "unknown" in str(res) and "unknown" not in str(full)

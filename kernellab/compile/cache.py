@@ -14,7 +14,7 @@ import tempfile
 from .._version import __version__
 from .toolkit import own_headers_digest
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2   # 2: NVRTC compiled with --no-cache; entries of 1 may hold outputs without ptxas reports
 _memory: dict[str, object] = {}
 
 

@@ -205,9 +205,17 @@ def parse_ptxas(log: str) -> dict[str, PtxasReport]:
     return {k: PtxasReport(**v) for k, v in reports.items()}
 
 
+NVRTC_CACHE_SINCE = (12, 9)     # NVRTC's own compile cache (and its --no-cache option) arrived in CUDA 12.9
+
+
 def build_options(arch: str, options=()) -> tuple[str, ...]:
     """The full NVRTC option list for a compile: the user's options plus ours."""
     opts = [f"--gpu-architecture={arch}", "--ptxas-options=-v", "-lineinfo"]
+    if nvrtc_version() >= NVRTC_CACHE_SINCE:
+        # NVRTC 12.9+ keeps its own cache of compiled programs (on a GPU host, beside the driver's); a hit there
+        # runs no ptxas, so the log has no `ptxas info` lines and every kernel would lose its resource report
+        # (shared memory, stack, spills). kernellab caches the whole CompileOutput, log and reports included.
+        opts.append("--no-cache")
     if not any(o.startswith(("-std", "--std")) for o in options):
         opts.append("--std=c++17")
     opts += [f"-I{d}" for d in toolkit.include_dirs()]

@@ -1096,6 +1096,7 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
                               symbol=outputs[i].lowered(expr) if expr else None, name=kernel, filename=filename,
                               first_line=first_line, factory=None if is_cuda else source)
     shapes: dict[int, list] = {}
+    unreported: list[str] = []                 # compiled without a ptxas report: spills and stack unknown
     if is_cuda:
         for i, spec in specs.items():
             try:
@@ -1105,6 +1106,8 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
                 continue
             res = k.resources
             fields[i].update(_resource_fields(res), symbol=k.symbol)
+            if not getattr(res, "ptxas_report", True):
+                unreported.append(config_label(configs[i]))
             why = prune_by_resources(res, rules)
             if why:
                 fields[i]["pruned"] = why
@@ -1133,6 +1136,10 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
         if args_error:
             notes.append(f"inputs(generator) cannot run here ({args_error}), so the launches were not recorded: "
                          f"block sizes, occupancy and the pruning that needs them wait for a GPU")
+    if unreported:
+        notes.append(f"no ptxas report for {len(unreported)} configuration(s) ({', '.join(unreported[:3])}"
+                     f"{', ...' if len(unreported) > 3 else ''}): registers and shared memory come from the cubin, "
+                     f"spills and the stack frame are unknown, so they were not pruned by them")
     for i in todo:
         if "pruned" in fields[i] or i not in specs:
             advance(i, steps)
