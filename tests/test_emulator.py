@@ -1,11 +1,11 @@
-"""tests/emu: CUDA C++ kernels run on the CPU (threads as fibers), and the mistakes the emulation reports."""
+"""kernellab.run.sim.cuda: CUDA C++ kernels run on the CPU (threads as fibers), and the mistakes the emulation reports."""
 import sys
 import pathlib
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent / "emu"))
-from emulate import compile_host, compiler, host_source  # noqa: E402
+
+from kernellab.run.sim.cuda.emulate import compile_host, compiler, host_source  # noqa: E402
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (g++) for the CPU emulation")

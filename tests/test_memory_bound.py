@@ -1,6 +1,6 @@
 """Tutorials 03 and 04 without a GPU: every kernel compiles to what was meant (registers, no local memory,
 16-byte accesses, cluster barriers), the launch plans cover every row, and the tutorials' own launchers, run on
-the CPU emulation of their kernels (tests/emu), match PyTorch on awkward shapes, -inf rows and a large mean.
+the CPU emulation of their kernels (kernellab.run.sim.cuda), match PyTorch on awkward shapes, -inf rows and a large mean.
 benchmarks/memory_bound.py's table and ladders run too, on the emulated kernels with a fake clock."""
 import pathlib
 import re
@@ -10,7 +10,7 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "gpu"))
-sys.path.insert(0, str(HERE / "emu"))
+
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 sys.path.insert(0, str(HERE))
 from notebook_cells import launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
@@ -250,7 +250,7 @@ def test_few_long_rows_are_spread_over_a_cluster():
 
 # --- the kernels, run on the CPU --------------------------------------------------------------------------------
 
-emulate = pytest.importorskip("emulate")
+from kernellab.run.sim.cuda import emulate  # noqa: E402
 needs_cxx = pytest.mark.skipif(emulate.compiler() is None, reason="no host C++ compiler (g++) for the emulation")
 
 

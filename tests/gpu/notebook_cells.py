@@ -7,7 +7,7 @@
   plans and launches a tutorial's kernels.
 - `load_tutorial(notebook, compile=...)`: every named `%%cuda` cell compiled and bound under its name, then the
   launcher cells run in that namespace; returns the namespace. `compile(source)` defaults to kernellab's NVRTC
-  (for a GPU); tests on the CPU pass tests/emu's compile_host instead.
+  (for a GPU); tests on the CPU pass kernellab.run.sim.cuda's compile_host instead.
 """
 import pathlib
 import re

@@ -4,7 +4,7 @@
 // `__shared__` becomes `static thread_local`: one copy per block. What this is not: a model of timing, of the memory
 // model between blocks (atomics are plain read-modify-writes under one lock), or of undefined behaviour. It catches
 // wrong indexing, missing guards, barrier mismatches (a deadlock is reported, not hung), shuffles that read a lane
-// that has exited, and arithmetic mistakes. Used by tests/emu/emulate.py.
+// that has exited, and arithmetic mistakes. Used by emulate.py beside it.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -145,7 +145,12 @@ struct Fiber {
     Wait wait = Wait::none;
     int arrived_phase = 0;   // cluster barrier phases this thread has arrived at
     int waiting_phase = 0;   // the phase it waits for
+    int barrier_line = 0;    // the line of the __syncthreads() it waits at
+    int exit_line = 0;       // the line of the `return` it left at (0: the end of the kernel)
+    bool syncwarp = false;   // it waits at a __syncwarp() (not a shuffle)
 };
+
+struct PendingRead { int line, tid; long long index; const char* name; int size; bool cancelled; };
 
 struct Cluster;
 
@@ -160,6 +165,13 @@ struct Block {
     int rank = 0;
     char* tls_anchor = nullptr;
     std::string error;
+    // the checks (checks.h)
+    unsigned serial = 0;                     // distinct for every block of every launch
+    int epoch = 0;                           // __syncthreads() released so far
+    std::vector<int> warp_gen;               // per warp: __syncwarp()s released so far
+    unsigned flush = 0;                      // times `pending` was emptied
+    std::vector<PendingRead> pending;        // uninitialised shared reads, final at the next barrier
+    size_t dyn_bytes = 0;                    // dynamic shared memory of the launch
 };
 
 struct Cluster {
@@ -193,8 +205,13 @@ inline void yield(Wait w) {
 #define blockDim (::kl::g_block->bdim)
 #define gridDim (::kl::g_block->gdim)
 
-inline void __syncthreads() { kl::yield(kl::Wait::block); }
-inline void __syncwarp(unsigned = 0xffffffffu) { kl::yield(kl::Wait::warp); }
+inline void __syncthreads(int line = __builtin_LINE()) { kl::self().barrier_line = line; kl::yield(kl::Wait::block); }
+inline void __syncwarp(unsigned = 0xffffffffu) { kl::self().syncwarp = true; kl::yield(kl::Wait::warp); }
+namespace kl {
+inline void exit_at(int line) { self().exit_line = line; }     // a kernel's `return;` (host.py adds it)
+void block_barrier_released(Block& b);
+void flush_pending(Block& b);
+}
 
 namespace kl {
 template <typename T> inline T shuffle(T v, int src_lane) {
@@ -204,6 +221,7 @@ template <typename T> inline T shuffle(T v, int src_lane) {
     unsigned long long bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
     g_block->shfl[f.linear] = bits;
+    f.syncwarp = false;
     yield(Wait::warp);                       // every lane has written its value
     int src = warp0 + (src_lane & 31);
     if (src >= int(g_block->fibers.size()) || g_block->fibers[src].wait == Wait::done)
@@ -303,6 +321,9 @@ inline void run_block(Block& b) {
     int n = int(b.bdim.x * b.bdim.y * b.bdim.z);
     b.fibers.assign(n, Fiber{});
     b.shfl.assign(n, 0);
+    static std::atomic<unsigned> serials{0};
+    b.serial = ++serials;
+    b.warp_gen.assign((n + 31) / 32, 0);
     for (int i = 0; i < n; ++i) {
         Fiber& f = b.fibers[i];
         f.linear = i;
@@ -355,13 +376,18 @@ inline void run_block(Block& b) {
                     waiting += b.fibers[i].wait == Wait::warp;
                 }
                 if (lanes && waiting == lanes) {
+                    bool all_syncwarp = true;
                     for (int i = w0; i < std::min(n, w0 + 32); ++i)
-                        if (b.fibers[i].wait == Wait::warp) b.fibers[i].wait = Wait::none;
+                        if (b.fibers[i].wait == Wait::warp) all_syncwarp = all_syncwarp && b.fibers[i].syncwarp;
+                    if (all_syncwarp) b.warp_gen[w0 / 32]++;       // a __syncwarp() orders shared memory
+                    for (int i = w0; i < std::min(n, w0 + 32); ++i)
+                        if (b.fibers[i].wait == Wait::warp) { b.fibers[i].wait = Wait::none; b.fibers[i].syncwarp = false; }
                     released = true;
                 }
             }
             if (released) continue;
             if (at_block == live) {
+                block_barrier_released(b);
                 for (auto& f : b.fibers) if (f.wait == Wait::block) f.wait = Wait::none;
                 continue;
             }
@@ -389,6 +415,7 @@ inline void run_block(Block& b) {
         }
     }
 done:
+    flush_pending(b);
     if (!b.error.empty() && std::getenv("KERNELLAB_EMU_DEBUG"))
         std::fprintf(stderr, "emu: block %u: %s\n", b.bid.x, b.error.c_str());
     for (auto& f : b.fibers) munmap(f.stack, kStack);
@@ -397,14 +424,15 @@ done:
 }
 
 // Launch: blocks in order; the blocks of one cluster (consecutive blockIdx.x) together, each on an OS thread.
-inline std::string launch(dim3 grid, dim3 block, int cluster_size, const std::function<void()>& body) {
+inline std::string launch(dim3 grid, dim3 block, int cluster_size, const std::function<void()>& body,
+                          size_t dyn_bytes = 0) {
     if (cluster_size < 1 || grid.x % cluster_size) return "grid.x must be a multiple of the cluster size";
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x0 = 0; x0 < grid.x; x0 += cluster_size) {
                 if (cluster_size == 1) {
                     Block b;
-                    b.bid = dim3{x0, y, z}; b.bdim = block; b.gdim = grid; b.body = body;
+                    b.bid = dim3{x0, y, z}; b.bdim = block; b.gdim = grid; b.body = body; b.dyn_bytes = dyn_bytes;
                     run_block(b);
                     if (!b.error.empty()) return "block (" + std::to_string(x0) + ", " + std::to_string(y) + ", " +
                                                  std::to_string(z) + "): " + b.error;
@@ -418,7 +446,7 @@ inline std::string launch(dim3 grid, dim3 block, int cluster_size, const std::fu
                 for (auto& r : ready) r = false;
                 for (int r = 0; r < cluster_size; ++r) {
                     Block& b = blocks[r];
-                    b.bid = dim3{x0 + unsigned(r), y, z}; b.bdim = block; b.gdim = grid; b.body = body;
+                    b.bid = dim3{x0 + unsigned(r), y, z}; b.bdim = block; b.gdim = grid; b.body = body; b.dyn_bytes = dyn_bytes;
                     b.cluster = &c; b.rank = r;
                     c.blocks.push_back(&b);
                 }
@@ -539,3 +567,5 @@ inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; 
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
 inline int __ffs(int x) { return __builtin_ffs(x); }           // 1 + the lowest set bit; 0 for 0
+
+#include "checks.h"
