@@ -96,6 +96,7 @@ class Kernel:
         # Whether this kernel's launches wait for it: None follows kernellab.set_launch_blocking (by default a
         # top-level launch waits, one inside an op or kernellab.bench does not); a call's sync= comes first.
         self.launch_blocking: bool | None = None
+        self.simulate = False              # True: launches run on the CPU (kernellab.run.sim.cuda), checked
 
     # -- identity -------------------------------------------------------------------------------------------
     @property
@@ -241,6 +242,11 @@ class Kernel:
         kernellab.bench. Under CUDA graph capture it records the launch and never waits. isolate=True runs it in a worker process (see run_isolated); None follows the
         notebook-wide setting.
         """
+        if self.simulate:
+            from .run.sim.cuda import cpu
+
+            cpu.launch(self, grid, block, args, shared_bytes=shared_bytes, cluster=cluster)
+            return None
         if sync is None:
             sync = self.launch_blocking
         if isolate is None:
@@ -344,7 +350,12 @@ class Kernel:
         return _worker.run_isolated(self.image(), cfg, dev, args, timeout_s=timeout_s, diagnose=diagnose, pool=pool)
 
     def sanitize(self, grid, block, *args, shared_bytes: int = 0, tool: str = "memcheck", cluster=None, **kw):
-        """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process."""
+        """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process;
+        for a kernel on the CPU path (`simulate`), the same tools' checks on the CPU (kernellab.run.sim.cuda)."""
+        if self.simulate:
+            from .run.sim.cuda import cpu
+
+            return cpu.sanitize(self, grid, block, args, shared_bytes=shared_bytes, tool=tool, cluster=cluster, **kw)
         return _sanitize.sanitize(self.job(grid, block, *args, shared_bytes=shared_bytes, cluster=cluster), tool, **kw)
 
     def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False,
@@ -687,11 +698,13 @@ def _ptx_entry(ptx: str, symbol: str) -> str:
 
 
 def compile_cuda(source: str, arch: str | None = None, options=(), name: str | None = None, *,
-                 first_line: int = 1, filename: str = "kernel.cu") -> Module:
+                 first_line: int = 1, filename: str = "kernel.cu", simulate: bool = False) -> Module:
     """Compile CUDA C++ with NVRTC to a cubin (no GPU needed) and return its kernels as a Module.
 
     arch=None means the current GPU's arch, or sm_90 (with a note) where there is no GPU.
     `first_line` numbers the source's first line (2 in a `%%cuda` cell) so diagnostics match the editor.
+    simulate=True: the kernels launch on the CPU (kernellab.run.sim.cuda: CPU tensors and NumPy arrays, bounds,
+    race and barrier checks), as `%%cuda --sim` and `%%cuda` without a GPU do.
     """
     if not isinstance(source, str) or not source.strip():
         raise KernellabError("compile_cuda needs CUDA C++ source text with at least one __global__ function")
@@ -708,6 +721,8 @@ def compile_cuda(source: str, arch: str | None = None, options=(), name: str | N
     output, state = compile_cached(source, arch, options, filename=filename, first_line=first_line)
     module = Module(output, source, name=name, first_line=first_line, filename=filename, cache_state=state,
                     wall_ms=(time.perf_counter() - t0) * 1e3, notes=notes)
+    for k in module.kernels:
+        k.simulate = bool(simulate)
     if not module.kernels:
         notes.append("no __global__ kernel was emitted (templates must be instantiated to be compiled)")
         module.notes = tuple(notes)

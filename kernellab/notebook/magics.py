@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import HTML, display
-from traitlets import Unicode
+from traitlets import Bool, Unicode
 
 from .. import report
 from ..errors import CompileError, KernellabError
@@ -73,12 +73,35 @@ def refresh_status() -> None:
         pass
 
 
+def cpu_decision(asked: bool) -> tuple[bool, str]:
+    """(whether a %%cuda cell's kernels launch on the CPU, the one line that says so): with --sim, or where no GPU is
+    usable and a host C++ compiler is there to build the CPU path."""
+    from ..run.device import gpu_status
+    from ..run.sim.cuda.toolchain import host_compiler, why_none
+
+    compiler = host_compiler()
+    if asked:
+        if compiler is None:
+            return False, f"--sim: {why_none()}"
+        return True, (f"--sim: launches run on the CPU (kernellab's CUDA C++ emulator, {compiler[1]}): CPU tensors or "
+                      f"NumPy arrays, bounds, race and barrier checks; slow, so keep sizes small")
+    ok, reason = gpu_status()
+    if ok:
+        return False, ""
+    if compiler is None:
+        return False, ""
+    return True, (f"no GPU here ({reason}): launches run on the CPU (kernellab's CUDA C++ emulator, {compiler[1]}): "
+                  f"CPU tensors or NumPy arrays, bounds, race and barrier checks; slow, so keep sizes small")
+
+
 @magics_class
 class KernellabMagics(Magics):
     """kernellab's cell magics. Defaults are configurable: `%config KernellabMagics.default_arch = 'sm_80'`."""
 
     default_arch = Unicode(None, allow_none=True, config=True,
                            help="Architecture for %%cuda cells without --arch (None: the current GPU's, or sm_90).")
+    simulate = Bool(False, config=True, help="Launch %%cuda kernels on the CPU even where there is a GPU (as --sim "
+                                             "does for one cell).")
 
     @magic_arguments()
     @argument("--arch", default=None, help="Target architecture, e.g. sm_90, sm_90a (for wgmma and setmaxnreg) or "
@@ -93,21 +116,29 @@ class KernellabMagics(Magics):
     @argument("--ptx", action="store_true", help="Show each kernel's PTX.")
     @argument("--sass", action="store_true",
               help="Show each kernel's SASS beside the cell's lines, with counts per line (Kernel.source_view).")
+    @argument("--sim", action="store_true", help="Launch this cell's kernels on the CPU (kernellab's CUDA C++ "
+                                                 "emulator, with bounds, race and barrier checks) even where there is "
+                                                 "a GPU (where there is none, they always are).")
     @cell_magic
     def cuda(self, line: str, cell: str):
         """Compile the cell's CUDA C++ (NVRTC) and bind each __global__ kernel in the namespace by its name.
 
         Launch a kernel with k[grid, block](args...) on torch tensors, CuPy arrays or numbers. The cell's card
         shows registers, shared memory, spills and occupancy per kernel; compile errors point at cell lines.
+        With --sim, or where no GPU is usable, launches run on the CPU (kernellab.run.sim.cuda) on CPU tensors and
+        NumPy arrays: an out-of-bounds access raises naming the cell line, thread and block, and
+        `k.sanitize(grid, block, *args, tool="racecheck")` (or memcheck, synccheck, initcheck, all) reports the
+        checks' findings in compute-sanitizer's terms.
         """
         try:
             args = parse_argstring(self.cuda, line)
         except Exception as exc:  # argparse's own message, one line
             raise UsageError(f"%%cuda {line}: {exc}") from None
 
+        simulate, sim_note = cpu_decision(args.sim or self.simulate)
         try:
             module = compile_cuda(cell, arch=args.arch or self.default_arch, options=_options(args.options),
-                                  name=args.name, first_line=2, filename="cell.cu")
+                                  name=args.name, first_line=2, filename="cell.cu", simulate=simulate)
         except CompileError as exc:
             raise compile_error_usage(exc) from None
         except (KernellabError, ValueError) as exc:
@@ -115,6 +146,17 @@ class KernellabMagics(Magics):
         if args.isolate:
             for k in module.kernels:
                 k.isolate = True
+        if sim_note:
+            module.notes += (sim_note,)
+            if simulate:
+                from ..run.sim.cuda.cpu import unsupported
+
+                why = unsupported(cell, 2)
+                if why:
+                    module.notes += (f"this cell's kernels cannot launch on the CPU: {why}",)
+                from .status import note_simulator
+
+                note_simulator()
         bind_kernels(self.shell, module, args.name)
         if args.ptx or args.sass:
             show_code(module, args.ptx, args.sass)

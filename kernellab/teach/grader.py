@@ -136,6 +136,7 @@ class _Grading:
         self.kernel_name = ex.kernel
         self.complete = True
         self.needs_gpu = ""
+        self.not_run = False               # the kernel could not run here at all: the grade cannot say passed
         self.speed: Speed | None = None
 
     # -- recording ------------------------------------------------------------------------------------------
@@ -170,7 +171,8 @@ class _Grading:
 
     def result(self) -> GradeResult:
         return GradeResult(exercise=self.ex.id, title=self.ex.title, kernel=self.kernel_name,
-                           passed=not self.findings, findings=self.ordered_findings(), checks=tuple(self.checks),
+                           passed=not self.findings and not self.not_run, findings=self.ordered_findings(),
+                           checks=tuple(self.checks),
                            complete=self.complete and not self.needs_gpu, needs_gpu=self.needs_gpu, speed=self.speed,
                            seed=self.seed, notes=tuple(self.notes))
 
@@ -211,12 +213,40 @@ class _Grading:
             if want_speed and ex.speed is not None and ran_ok and not self.findings:
                 self.measure_speed(k)
         else:
+            cpu_k, why = _cpu_copy(k) if ex.kind == "cuda" else (None, "")
+            if cpu_k is not None:
+                self.run_on_cpu(cpu_k, reason)
+                return
             tools = ", ".join(self.sanitizer_tools(gpu=True))
             shapes = ex.shapes
             configs = sum(len(ex.launch.configs(s)) for s in shapes)
             self.needs_gpu = (f"running it ({configs} launches on {len(shapes)} problem shapes with fresh random "
-                              f"inputs and NaN-filled outputs, compute-sanitizer {tools}) needs a CUDA GPU: {reason}")
+                              f"inputs and NaN-filled outputs, compute-sanitizer {tools}) needs a CUDA GPU: {reason}"
+                              + (f"; and {why}" if why else ""))
             self.complete = False
+            self.not_run = True
+
+    def run_on_cpu(self, k, reason: str) -> None:
+        """No GPU: the CUDA C++ kernel runs on the CPU path (kernellab.run.sim.cuda), on the shapes small enough for
+        it, every launch bounds-checked, then its race, barrier and shared initcheck where the task has them."""
+        ex = self.ex
+        shapes = cpu_shapes(ex)
+        dropped = [s for s in ex.shapes if s not in shapes]
+        ran_ok = self.run_all(k, simulated=True, shapes=shapes, label="CPU")
+        self.sim_racecheck(k, shapes=shapes, label="CPU")
+        self.notes.append(f"ran on the CPU (kernellab's CUDA C++ emulator; no GPU: {reason}): every launch checked "
+                          f"for out-of-bounds accesses of its arguments and shared arrays, with the cell line")
+        left = []
+        if dropped:
+            left.append(f"the {len(dropped)} larger shape{'s' if len(dropped) != 1 else ''} "
+                        f"({', '.join(_shape_text(ex, s) for s in dropped)}), too slow on the CPU")
+        left.append("compute-sanitizer's own run")
+        if ex.speed is not None:
+            left.append("the speed bar")
+        self.needs_gpu = f"{', '.join(left)} need a CUDA GPU: {reason}"
+        self.complete = False
+        if not ran_ok and not self.findings:
+            self.not_run = True
 
     def resolve(self, kernel):
         """The Kernel to grade, from a Kernel, a cell's module, or (Numba) a @cuda.jit function; None with a finding."""
@@ -343,10 +373,11 @@ class _Grading:
                          cell_line=k.signature.line)
 
     # -- running ----------------------------------------------------------------------------------------------
-    def run_all(self, k, *, simulated: bool) -> bool:
+    def run_all(self, k, *, simulated: bool, shapes=None, label: str | None = None) -> bool:
         """Every shape and launch configuration; True when every run matched the reference."""
         ex = self.ex
-        shapes = ex.shapes_for(simulated)
+        shapes = ex.shapes_for(simulated) if shapes is None else shapes
+        label = label or ("simulator" if simulated else "GPU")
         ran, failed = 0, []
         tried, failing = [], set()                 # blocks tried, and those that failed on some shape
         for si, shape in enumerate(shapes):
@@ -358,7 +389,7 @@ class _Grading:
                 try:
                     ok = self.run_one(k, args, expected, grid, block, where, simulated)
                 except _RunFailed as exc:
-                    self.check(f"launches on {len(shapes)} shapes ({'simulator' if simulated else 'GPU'})", False,
+                    self.check(f"launches on {len(shapes)} shapes ({label})", False,
                                f"stopped at the first {exc.kind}: {where}")
                     self.notes.append(f"the launches stopped at the first {exc.kind} ({where}); each one costs a "
                                       f"fresh worker process")
@@ -369,7 +400,7 @@ class _Grading:
                 if not ok:
                     failing.add(block)
                     failed.append(where)
-        self.check(f"{ran} launches on {len(shapes)} shapes ({'simulator' if simulated else 'GPU'})", not failed,
+        self.check(f"{ran} launches on {len(shapes)} shapes ({label})", not failed,
                    f"{len(failed)} failed, first: {failed[0]}" if failed else "all matched the reference")
         good = [b for b in tried if b not in failing]
         if not ex.launch.fixed and failing and good:
@@ -505,7 +536,7 @@ class _Grading:
                 continue
             self.sanitizer_findings(rep, tool, where)
 
-    def sim_racecheck(self, k) -> None:
+    def sim_racecheck(self, k, shapes=None, label: str = "simulator") -> None:
         """The simulator's race detector, and its barrier check where the task needs a barrier (as a GPU runs
         racecheck and synccheck), and its shared-memory initcheck where the task has shared memory, through the
         public `k.sanitize(tool="racecheck+synccheck+initcheck")`: one simulated launch."""
@@ -515,8 +546,9 @@ class _Grading:
         if self.ex.needs_shared:
             tools += ("initcheck",)
         shape, grid, block, args = self._sanitize_launch()
-        if shape not in self.ex.shapes_for(True):
-            shape = self.ex.shapes_for(True)[min(1, len(self.ex.shapes_for(True)) - 1)]
+        small = self.ex.shapes_for(True) if shapes is None else shapes
+        if shape not in small:
+            shape = small[min(1, len(small) - 1)]
             grid, block = self.ex.launch.configs(shape)[0]
             args = tuple(self.ex.make_args(shape, np.random.default_rng([self.seed, 999])))
         try:
@@ -526,7 +558,7 @@ class _Grading:
                               f"simulator's race detector is not in this kernellab: "
                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
             return
-        where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)} (simulator)"
+        where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)} ({label})"
         for tool in tools:
             part = rep
             if len(tools) > 1:      # the combined report's findings, by the tool that found them
@@ -730,6 +762,52 @@ def _dim(t) -> str:
 
 def _shape_text(ex: Exercise, shape) -> str:
     return f"shape {'x'.join(map(str, shape))}"
+
+
+CPU_THREADS = 1 << 16        # threads a shape may launch (over its launch configurations) on the CPU path
+CPU_ELEMENTS = 1 << 18       # and elements a shape may hold
+
+
+def cpu_shapes(ex: Exercise) -> tuple:
+    """The exercise's shapes the CPU path runs: its simulator shapes where it has them, else those whose launches
+    (every configuration) start at most CPU_THREADS threads and hold at most CPU_ELEMENTS elements; at least the
+    smallest."""
+    if ex.sim_shapes:
+        return tuple(ex.sim_shapes)
+    keep = []
+    for s in ex.shapes:
+        threads = 0
+        for grid, block in ex.launch.configs(s):
+            g, b = dim3(grid), dim3(block)
+            threads += g[0] * g[1] * g[2] * b[0] * b[1] * b[2]
+        elements = int(np.prod(s)) if isinstance(s, tuple) else int(s)
+        if threads <= CPU_THREADS and elements <= CPU_ELEMENTS:
+            keep.append(s)
+    return tuple(keep) or tuple(ex.shapes[:1])
+
+
+def _cpu_copy(k):
+    """(the kernel on the CPU path, '') or (None, why it cannot run there)."""
+    if getattr(k, "backend", None) != "cuda" or getattr(k, "module", None) is None:
+        return None, "only CUDA C++ kernels run on the CPU path"
+    from ..run.sim.cuda import cpu
+
+    why = cpu.unsupported(k.module.source or "", k.module.first_line)
+    if not why:
+        ok, why = cpu.available()
+        if ok:
+            try:
+                cpu.host_kernel(k)
+            except Exception as exc:
+                why = f"the CPU path could not build it: {str(exc).strip().splitlines()[-1][:300]}"
+            else:
+                import copy
+
+                c = copy.copy(k)
+                c.simulate = True
+                c._launchers = {}
+                return c, ""
+    return None, why
 
 
 def _simulated_copy(k):

@@ -100,13 +100,14 @@ class GradeResult:
 
     @property
     def verdict(self) -> str:
-        """'passed', 'failed', or 'passed as far as it can be graded here'."""
+        """'passed', 'failed', 'passed as far as it can be graded here', or 'not run here' (the kernel could not run
+        without a GPU, so nothing says it works: never 'passed')."""
         if not self.passed:
-            return "failed"
+            return "not run here: it needs a GPU" if not self.findings and self.needs_gpu else "failed"
         return "passed" if self.complete else "passed as far as it can be graded without a GPU"
 
     def headline(self) -> str:
-        verdict = self.verdict.upper() if self.complete or not self.passed else self.verdict
+        verdict = self.verdict.upper() if self.complete or (not self.passed and self.findings) else self.verdict
         return f"{self.exercise} · {self.title} ({self.kernel}): {verdict}"
 
     def __str__(self) -> str:

@@ -1,0 +1,178 @@
+"""A compiled CUDA C++ Kernel launched on the CPU: what `%%cuda --sim`, a kernel where no GPU is usable, and the
+graders use. Launches take CPU torch tensors and NumPy arrays with the GPU's launch syntax, `k[grid, block](args)`;
+an out-of-bounds access stops the launch and raises CpuLaunchError naming the cell line, the thread and the block
+(as the simulator of Numba kernels does); `sanitize(kernel, ..., tool=...)` returns the checks' findings as a
+kernellab.run.sanitize.SanitizerReport, in compute-sanitizer's terms (memcheck, racecheck, synccheck, initcheck)."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+from ....errors import KernellabError
+from ...numba_sim import SimulatedKernelError
+from ...sanitize import SanitizerReport, combine
+from .emulate import EMULATED, compile_host
+from .toolchain import host_compiler, why_none
+
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+NOTE = ("found by kernellab's CPU path for CUDA C++ (kernellab.run.sim.cuda, no GPU): every access of the pointer "
+        "arguments and shared arrays, and every barrier, of this launch, in compute-sanitizer's terms")
+MEMCHECK_SCOPE = ("memcheck on the CPU checks the bounds of each pointer argument and shared array the kernel indexes; "
+                  "accesses through pointers it passes to device functions or casts to other types are not checked")
+INITCHECK_SCOPE = ("initcheck on the CPU watches shared memory (reads of elements no thread of the block wrote); "
+                   "compute-sanitizer's initcheck, on a GPU, watches global memory")
+_lock = threading.Lock()
+_ASM = re.compile(r"\basm\b(\s+volatile)?\s*\(")
+_NOT_EMULATED = (("wgmma", "wgmma (warpgroup matrix multiply)"), ("cp.async.bulk.tensor", "TMA (cp.async.bulk.tensor)"),
+                 ("CUtensorMap", "TMA tensor maps (CUtensorMap)"), ("mma.sync", "mma.sync (tensor cores)"),
+                 ("ldmatrix", "ldmatrix"), ("cp.async", "cp.async"), ("setmaxnreg", "setmaxnreg"),
+                 ("wmma::", "WMMA fragments"))
+
+
+class NotOnCpu(KernellabError):
+    """The CPU path cannot run this kernel (inline PTX it does not emulate, no host compiler): the message says why."""
+
+
+class CpuLaunchError(SimulatedKernelError):
+    """A launch on the CPU path failed: out of bounds (exception 'IndexError'), a barrier deadlock, or an error of
+    the emulated kernel. `findings` holds what the checks found."""
+
+    def __init__(self, message: str, findings=(), **kw):
+        super().__init__(message, **kw)
+        self.findings = tuple(findings)
+
+
+def unsupported(source: str, first_line: int = 1) -> str:
+    """What in `source` the CPU path cannot run ('' where it can run all of it): inline PTX other than the helpers it
+    emulates, and the instructions behind it (wgmma, TMA, ...), with the cell line."""
+    from .emulate import host_source
+    from ....compile.signature import strip_comments_and_strings
+
+    text = strip_comments_and_strings(host_source(source))
+    raw = strip_comments_and_strings(source)
+    found = []
+    for needle, what in _NOT_EMULATED:
+        i = raw.find(needle)
+        if i >= 0 and (needle != "cp.async" or "cp.async.bulk.tensor" not in raw):
+            found.append(f"{what} (line {raw.count(chr(10), 0, i) + first_line})")
+    m = _ASM.search(text)
+    if m and not found:
+        found.append(f"inline PTX (`asm` at line {text.count(chr(10), 0, m.start()) + first_line})")
+    if not found:
+        return ""
+    return ("the CPU path runs CUDA C++ (threads, barriers, shuffles, atomics, shared memory and the cluster helpers "
+            f"{', '.join(EMULATED[:3])}, ...) but not " + ", ".join(found[:3]) + ": this kernel needs a GPU")
+
+
+def available() -> tuple[bool, str]:
+    """(usable, why not): whether a host C++ compiler is there to build the CPU path with."""
+    return (True, "") if host_compiler() is not None else (False, why_none())
+
+
+def host_kernel(kernel):
+    """The CPU build of `kernel` (a compiled kernellab Kernel), built once per module and kept on it."""
+    module = kernel.module
+    with _lock:
+        host = getattr(module, "_host_module", None)
+        if host is None:
+            why = unsupported(module.source or "", module.first_line)
+            if why:
+                raise NotOnCpu(why)
+            if host_compiler() is None:
+                raise NotOnCpu(why_none())
+            host = compile_host(module.source, first_line=module.first_line, filename=module.filename,
+                                module=module)
+            module._host_module = host
+    return host[kernel.signature.display if len([k for k in module.kernels if k.name == kernel.name]) > 1
+                else kernel.name]
+
+
+def _dims(value) -> tuple:
+    if isinstance(value, (tuple, list)):
+        return tuple(int(v) for v in value) + (1,) * (3 - len(value))
+    return (int(value), 1, 1)
+
+
+def _error(kernel, run, grid, block) -> CpuLaunchError:
+    """The launch's error as a CpuLaunchError: the first out-of-bounds finding where there is one."""
+    memcheck = [f for f in run.findings if f.tool == "memcheck"]
+    if memcheck:
+        f = memcheck[0]
+        src = (f.where.source_line or "").strip()
+        access = {"invalid_write": "write", "invalid_read": "read"}.get(f.kind, "access")
+        msg = (f"{kernel.name}: out of bounds {access} at cell line {f.where.cell_line}" + (f": `{src}`" if src else "")
+               + f" (thread {f.thread} of block {f.block}: {f.detail})")
+        return CpuLaunchError(msg, run.findings, kernel=kernel.name, exception="IndexError", detail=f.detail,
+                              thread=f.thread, block=f.block, filename=f.where.file, line=f.where.cell_line,
+                              source=src)
+    text = run.error
+    m = re.match(r"(?:cluster )?block \(?([\d, ]+)\)?: (.*)", text, re.S)
+    block_idx = tuple(int(v) for v in m.group(1).split(",")) if m else None
+    detail = m.group(2) if m else text
+    kind = "Deadlock" if "deadlock" in detail else "RuntimeError"
+    return CpuLaunchError(f"{kernel.name}: {detail}" + (f" (block {block_idx})" if block_idx else ""), run.findings,
+                          kernel=kernel.name, exception=kind, detail=detail, thread=None, block=block_idx,
+                          filename=None, line=None, source="")
+
+
+def launch(kernel, grid, block, args, *, shared_bytes: int = 0, cluster=None):
+    """Run one launch of `kernel` on the CPU; raise CpuLaunchError where it failed (out of bounds, deadlock)."""
+    hk = host_kernel(kernel)
+    kernel.check_args(*args)
+    run = hk.run(grid, block, *args, shared_bytes=shared_bytes, cluster=cluster)
+    if run.error:
+        raise _error(kernel, run, grid, block)
+    return run
+
+
+def sanitize(kernel, grid, block, args, *, tool: str = "memcheck", shared_bytes: int = 0, cluster=None,
+             **_ignored) -> SanitizerReport:
+    """The checks of one CPU launch as compute-sanitizer reports: tool 'memcheck', 'racecheck', 'synccheck',
+    'initcheck', several joined with '+', or 'all'. The launch runs on copies of the arguments."""
+    tools = TOOLS if tool == "all" else tuple(t.strip() for t in str(tool).split("+"))
+    for t in tools:
+        if t not in TOOLS:
+            raise ValueError(f"unknown tool {t!r}; on the CPU: memcheck, racecheck, synccheck, initcheck, joined with "
+                             f"'+', or all")
+    hk = host_kernel(kernel)
+    copies = tuple(_copy(a) for a in args)
+    t0 = time.perf_counter()
+    run = hk.run(grid, block, *copies, shared_bytes=shared_bytes, cluster=cluster)
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    notes = [NOTE]
+    if "memcheck" in tools:
+        notes.append(MEMCHECK_SCOPE)
+    if "initcheck" in tools:
+        notes.append(INITCHECK_SCOPE)
+    notes += list(hk.host.notes)
+    status = "ok"
+    if run.error:
+        status = "error"
+        if not any(f.tool == "memcheck" for f in run.findings):
+            notes.append(f"the launch itself: {run.error.splitlines()[0]}")
+    reports = []
+    for t in tools:
+        mine = tuple(f for f in run.findings if f.tool == t)
+        if t == "synccheck" and run.error and "deadlock" in run.error:
+            from ...sanitize import Finding, Location
+
+            mine += (Finding(tool="synccheck", kind="deadlock", message="Deadlock: a barrier that not every thread "
+                             "reaches", where=Location(function=kernel.name), detail=run.error.splitlines()[0]),)
+        reports.append(SanitizerReport(tool=t, kernel=kernel.name, findings=mine,
+                                       error_count=sum(f.count for f in mine), notes=tuple(notes),
+                                       job_status=status, wall_ms=wall_ms, simulated=True))
+    if len(reports) == 1:
+        return reports[0]
+    both = combine(reports)
+    return SanitizerReport(**{**both.__dict__, "notes": tuple(notes), "exit_code": None})
+
+
+def _copy(a):
+    import numpy as np
+
+    if isinstance(a, np.ndarray):
+        return a.copy()
+    if type(a).__module__.startswith("torch"):
+        return a.clone()
+    return a
