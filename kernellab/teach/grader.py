@@ -419,7 +419,8 @@ class _Grading:
                   if isinstance(a, np.ndarray) and i not in ex.outputs}
         before = {name: a.copy() for name, a in inputs.items()}
         try:
-            outs = self._launch_sim(k, args, grid, block) if simulated else self._launch_gpu(k, args, grid, block)
+            outs = self._launch_sim(k, args, grid, block, where) if simulated else \
+                self._launch_gpu(k, args, grid, block)
         except _RunFailed as exc:
             self.add(exc.kind, exc.message, cell_line=exc.cell_line, where=where)
             if exc.kind in ("fault", "timeout"):
@@ -442,12 +443,21 @@ class _Grading:
                 ok = False
         return ok
 
-    def _launch_sim(self, k, args, grid, block):
+    def _launch_sim(self, k, args, grid, block, where=""):
         try:
             with warnings.catch_warnings():       # the result says it ran in the simulator
                 warnings.simplefilter("ignore", SimulatorNotice)
                 k.launch(grid, block, *args, shared_bytes=self.ex.launch.shared_bytes)
         except SimulatedKernelError as exc:
+            if exc.exception == "IndexError" and getattr(exc, "findings", None) is not None:
+                # the CPU path of CUDA C++: the launch went on past the access (reads saw zeros, writes were
+                # dropped), as on a GPU, so its outputs are compared too
+                at = f" at cell line {exc.line}" if exc.line else ""
+                code = f": `{exc.source}`" if exc.source else ""
+                who = f"thread {_dim(exc.thread)} of block {_dim(exc.block)}" if exc.thread and exc.block else ""
+                self.add("out_of_bounds", f"out of bounds{at}{code} ({who}: {exc.detail})", cell_line=exc.line,
+                         where=where)
+                return [args[i] for i in self.ex.outputs]
             at = f" at cell line {exc.line}" if exc.line else ""
             code = f": `{exc.source}`" if exc.source else ""
             who = f"thread {_dim(exc.thread)} of block {_dim(exc.block)}" if exc.thread and exc.block else ""
@@ -799,7 +809,9 @@ def _cpu_copy(k):
             try:
                 cpu.host_kernel(k)
             except Exception as exc:
-                why = f"the CPU path could not build it: {str(exc).strip().splitlines()[-1][:300]}"
+                lines = str(exc).strip().splitlines()
+                first = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else type(exc).__name__)
+                why = f"the CPU path could not build it: {first.strip()[:300]}"
             else:
                 import copy
 

@@ -30,6 +30,7 @@ struct FindingEntry {
     long long index = -1, extent = 0;
     int size = 0;
     long long count = 0;
+    long long seq = 0;            // the order of first occurrence
 };
 
 inline std::mutex& findings_lock() { static std::mutex m; return m; }
@@ -44,7 +45,9 @@ inline void add_finding(FindingEntry e) {
     auto& f = findings();
     auto it = f.find(key);
     if (it == f.end()) {
+        static long long next = 0;
         e.count = 1;
+        e.seq = ++next;
         f.emplace(key, std::move(e));
     } else {
         it->second.count += 1;
@@ -66,7 +69,7 @@ struct Idx {
     Idx(I v_, int line_ = __builtin_LINE()) : v(static_cast<long long>(v_)), line(line_) {}
 };
 
-[[noreturn]] inline void out_of_bounds(const char* space, const char* name, bool write, const char* access,
+inline void out_of_bounds(const char* space, const char* name, bool write, const char* access,
                                        long long index, long long extent, int size, int line) {
     FindingEntry e;
     e.tool = "memcheck";
@@ -85,8 +88,15 @@ struct Idx {
                                 " past its end") +
                " (" + name + " has " + std::to_string(extent) + " elements)";
     add_finding(e);
-    throw OutOfBounds("out of bounds " + std::string(access) + " at cell line " + std::to_string(line) + ": " +
-                      e.detail);
+    g_block->out_of_bounds = true;
+}
+
+// Where an out-of-bounds access goes instead (reads see zeros): the launch goes on, as on a GPU, and stops being
+// checked only where the kernel's own results are compared.
+template <typename T> inline T& scratch() {
+    alignas(64) static thread_local unsigned char cell[sizeof(T) < 256 ? 256 : sizeof(T)];
+    std::memset(cell, 0, sizeof(cell));
+    return *reinterpret_cast<T*>(cell);
 }
 
 // ---- global memory --------------------------------------------------------------------------------------------
@@ -100,19 +110,20 @@ template <typename T> struct gref {
     size_t bytes;
     const char* name;
     int line;
-    void check(bool write) const;
-    operator T() const { check(false); return *p; }
-    gref& operator=(const T& v) { check(true); *p = v; return *this; }
-    gref& operator=(const gref& o) { T v = T(o); check(true); *p = v; return *this; }
+    bool check(bool write) const;
+    T& cell(bool write) const { return check(write) ? *p : scratch<T>(); }
+    operator T() const { return cell(false); }
+    gref& operator=(const T& v) { cell(true) = v; return *this; }
+    gref& operator=(const gref& o) { T v = T(o); cell(true) = v; return *this; }
 #define KL_GREF_OP(op) \
-    template <typename V> gref& operator op##=(const V& v) { check(false); check(true); *p op##= v; return *this; }
+    template <typename V> gref& operator op##=(const V& v) { if (check(false)) cell(true) op##= v; return *this; }
     KL_GREF_OP(+) KL_GREF_OP(-) KL_GREF_OP(*) KL_GREF_OP(/) KL_GREF_OP(%) KL_GREF_OP(&) KL_GREF_OP(|) KL_GREF_OP(^)
     KL_GREF_OP(<<) KL_GREF_OP(>>)
 #undef KL_GREF_OP
-    gref& operator++() { check(false); check(true); ++*p; return *this; }
-    gref& operator--() { check(false); check(true); --*p; return *this; }
-    T operator++(int) { check(false); check(true); return (*p)++; }
-    T operator--(int) { check(false); check(true); return (*p)--; }
+    gref& operator++() { if (check(false)) ++*p; return *this; }
+    gref& operator--() { if (check(false)) --*p; return *this; }
+    T operator++(int) { return check(false) ? (*p)++ : T{}; }
+    T operator--(int) { return check(false) ? (*p)-- : T{}; }
     T* operator&() const { return p; }
 };
 
@@ -133,19 +144,22 @@ template <typename T> struct gptr {
     long long element(const T* q) const {              // index of q in the argument, in elements of T
         return (reinterpret_cast<const char*>(q) - lo) / (long long)(sizeof(T) ? sizeof(T) : 1);
     }
-    void check(const T* q, int at, bool write, const char* access) const {
-        if (!lo) return;                               // a null pointer argument: the host faults as the GPU would
+    bool check(const T* q, int at, bool write, const char* access) const {   // false: out of bounds (reported)
+        if (!lo) return true;                          // a null pointer argument: the host faults as the GPU would
         const char* c = reinterpret_cast<const char*>(q);
-        if (c < lo || c + sizeof(T) > lo + bytes)
+        if (c < lo || c + sizeof(T) > lo + bytes) {
             out_of_bounds("global", name, write, access, element(q),
                           (long long)(bytes / (sizeof(T) ? sizeof(T) : 1)), int(sizeof(T)), at);
+            return false;
+        }
+        return true;
     }
 #if KL_CHECKS >= 2
     using ref = std::conditional_t<std::is_arithmetic<T>::value && !std::is_const<T>::value, gref<T>, T&>;
     ref operator[](Idx i) const {
         if constexpr (std::is_same<ref, T&>::value) {
-            check(p + i.v, i.line, false, std::is_const<T>::value ? "read" : "access");
-            return p[i.v];
+            return check(p + i.v, i.line, false, std::is_const<T>::value ? "read" : "access") ? p[i.v]
+                                                                                                : scratch<T>();
         } else {
             return gref<T>{p + i.v, lo, bytes, name, i.line};
         }
@@ -153,12 +167,13 @@ template <typename T> struct gptr {
     ref operator*() const { return (*this)[Idx(0, line)]; }
 #else
     T& operator[](Idx i) const {
-        check(p + i.v, i.line, false, std::is_const<T>::value ? "read" : "access");
-        return p[i.v];
+        return check(p + i.v, i.line, false, std::is_const<T>::value ? "read" : "access") ? p[i.v] : scratch<T>();
     }
-    T& operator*() const { check(p, line, false, std::is_const<T>::value ? "read" : "access"); return *p; }
+    T& operator*() const {
+        return check(p, line, false, std::is_const<T>::value ? "read" : "access") ? *p : scratch<T>();
+    }
 #endif
-    T* operator->() const { check(p, line, false, "access"); return p; }
+    T* operator->() const { return check(p, line, false, "access") ? p : &scratch<T>(); }
     gptr with(T* q, int at) const { gptr r = *this; r.p = q; r.line = at; return r; }
     gptr operator+(Idx i) const { return with(p + i.v, i.line); }
     gptr operator-(Idx i) const { return with(p - i.v, i.line); }
@@ -181,12 +196,12 @@ template <typename T> struct gptr {
 template <typename T> struct is_gptr : std::false_type {};
 template <typename T> struct is_gptr<gptr<T>> : std::true_type {};
 
-template <typename T> inline void gref<T>::check(bool write) const {
+template <typename T> inline bool gref<T>::check(bool write) const {
     gptr<T> g;
     g.lo = lo;
     g.bytes = bytes;
     g.name = name;
-    g.check(p, line, write, write ? "write" : "read");
+    return g.check(p, line, write, write ? "write" : "read");
 }
 
 // reinterpret_cast<U*>(p) on a checked pointer: the same argument's bytes, seen as U.
@@ -318,9 +333,14 @@ template <typename T, bool Dynamic, long long... D> struct sarr {
         return N;
     }
     sref<T> at(long long flat, int line) {
-        if (flat < 0 || flat >= extent())
-            out_of_bounds("shared", name, false, "access", flat, extent(), int(sizeof(T)), line);
         if (shadow.size() != size_t(N)) shadow.resize(N);
+        if (flat < 0 || flat >= extent()) {
+            out_of_bounds("shared", name, false, "access", flat, extent(), int(sizeof(T)), line);
+            static thread_local Shadow spare;
+            spare = Shadow{};
+            spare.written = true;
+            return sref<T>{&scratch<T>(), &spare, name, flat, line};
+        }
         return sref<T>{&data[flat], &shadow[flat], name, flat, line};
     }
     auto operator[](Idx i) { return first_index<sarr, D...>::at(this, i); }
@@ -460,7 +480,7 @@ inline std::string findings_text() {
                std::to_string(e.other_line) + "\t" + d(e.thread) + "\t" + d(e.block) + "\t" +
                (e.has_other ? d(e.other_thread) : std::string("")) + "\t" + e.access + "\t" + e.other_access + "\t" +
                e.name + "\t" + std::to_string(e.index) + "\t" + std::to_string(e.size) + "\t" +
-               std::to_string(e.count) + "\t" + e.detail + "\n";
+               std::to_string(e.count) + "\t" + e.detail + "\t" + std::to_string(e.seq) + "\n";
     }
     return out;
 }

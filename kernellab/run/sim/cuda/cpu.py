@@ -101,9 +101,10 @@ def _error(kernel, run, grid, block) -> CpuLaunchError:
         f = memcheck[0]
         src = (f.where.source_line or "").strip()
         access = {"invalid_write": "write", "invalid_read": "read"}.get(f.kind, "access")
-        msg = (f"{kernel.name}: out of bounds {access} at cell line {f.where.cell_line}" + (f": `{src}`" if src else "")
+        msg = (f"{kernel.name}: out of bounds at cell line {f.where.cell_line}" + (f": `{src}`" if src else "")
                + f" (thread {f.thread} of block {f.block}: {f.detail})")
-        return CpuLaunchError(msg, run.findings, kernel=kernel.name, exception="IndexError", detail=f.detail,
+        return CpuLaunchError(msg, run.findings, kernel=kernel.name, exception="IndexError",
+                              detail=f"{access} of {f.detail}",
                               thread=f.thread, block=f.block, filename=f.where.file, line=f.where.cell_line,
                               source=src)
     text = run.error

@@ -44,7 +44,17 @@ struct alignas(8) float2 { float x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(8) int2 { int x, y; };
+struct float3 { float x, y, z; };
+struct alignas(16) double2 { double x, y; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float3 make_float3(float x, float y, float z) { return {x, y, z}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline int2 make_int2(int x, int y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline double2 make_double2(double x, double y) { return {x, y}; }
 
 // ---- bf16 and fp16 as their bits, with round-to-nearest-even conversions --------------------------------------
 struct __nv_bfloat16 { unsigned short bits; };
@@ -172,6 +182,7 @@ struct Block {
     unsigned flush = 0;                      // times `pending` was emptied
     std::vector<PendingRead> pending;        // uninitialised shared reads, final at the next barrier
     size_t dyn_bytes = 0;                    // dynamic shared memory of the launch
+    bool out_of_bounds = false;              // an access out of bounds happened (reported; the launch fails)
 };
 
 struct Cluster {
@@ -427,6 +438,7 @@ done:
 inline std::string launch(dim3 grid, dim3 block, int cluster_size, const std::function<void()>& body,
                           size_t dyn_bytes = 0) {
     if (cluster_size < 1 || grid.x % cluster_size) return "grid.x must be a multiple of the cluster size";
+    bool oob = false;
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x0 = 0; x0 < grid.x; x0 += cluster_size) {
@@ -436,6 +448,7 @@ inline std::string launch(dim3 grid, dim3 block, int cluster_size, const std::fu
                     run_block(b);
                     if (!b.error.empty()) return "block (" + std::to_string(x0) + ", " + std::to_string(y) + ", " +
                                                  std::to_string(z) + "): " + b.error;
+                    if (b.out_of_bounds) oob = true;
                     continue;
                 }
                 Cluster c;
@@ -471,11 +484,12 @@ inline std::string launch(dim3 grid, dim3 block, int cluster_size, const std::fu
                     });
                 }
                 for (auto& t : threads) t.join();
+                for (auto& b : blocks) if (b.out_of_bounds) oob = true;
                 for (int r = 0; r < cluster_size; ++r)
                     if (!blocks[r].error.empty())
                         return "cluster block " + std::to_string(x0 + r) + ": " + blocks[r].error;
             }
-    return "";
+    return oob ? "out of bounds (see the findings)" : "";
 }
 
 inline std::mutex& atomic_lock() { static std::mutex m; return m; }

@@ -351,10 +351,10 @@ class HostModule:
 
         text = self._findings().decode()
         self.lib.kl_clear_findings()
-        out = []
+        out, seqs = [], {}
         for row in text.splitlines():
             (tool, kind, message, line, other_line, thread, block, other_thread, access, other_access, name, index,
-             size, count, detail) = row.split("\t")
+             size, count, detail, seq) = row.split("\t")
 
             def loc(n):
                 n = int(n)
@@ -369,8 +369,9 @@ class HostModule:
                                block=dim(block), size_bytes=int(size) or None, detail=detail, other=other,
                                other_access=other_access or None, access=access or None,
                                other_thread=dim(other_thread), count=int(count)))
+            seqs[id(out[-1])] = int(seq)
         order = {"memcheck": 0, "racecheck": 1, "synccheck": 2, "initcheck": 3}
-        return sorted(out, key=lambda f: (order.get(f.tool, 9), f.where.line or 0))
+        return sorted(out, key=lambda f: (order.get(f.tool, 9), seqs[id(f)]))
 
 
 class CpuKernelError(RuntimeError):
