@@ -27,9 +27,10 @@
 #   time the three against PyTorch;
 # - write two transposes yourself (exercises 02-transpose-naive and 02-transpose-batched), checked by `kernellab.grade`.
 #
-# Without a GPU, Run All still reaches the end: compiling, the resource card, the bank model, the simulator, the
-# compile-level half of each exercise's grading and the plots of figures recorded on an H200 all run, and each cell
-# marked `%%gpu` (launching, checking, profiling, timing) says in one line that it needs a GPU and is skipped.
+# Without a GPU, Run All still reaches the end: compiling, the resource card, the bank model, the simulator and the
+# plots of figures recorded on an H200 all run; the kernels run on kernellab's CPU path at small sizes (the `%%cpu`
+# check, and the exercises' grading), every access of global and shared memory checked; each cell marked `%%gpu`
+# (launching at full size, profiling, timing) says in one line that it needs a GPU and is skipped.
 
 # %%
 # %load_ext kernellab
@@ -85,8 +86,9 @@ print("naive write out[x0 + lane][y]:", sectors(4 * (lane * N + 0)), "sectors fo
 # `r = blockIdx.y * blockDim.y + threadIdx.y` copies `in[r][c]` (that is `in[r * cols + c]`) to `out[c][r]`. The
 # grader launches grid `(ceil(cols / blockDim.x), ceil(rows / blockDim.y))` with blocks of 32 x 8, 16 x 16 and
 # 32 x 32 threads on shapes from 1 x 1 through 31 x 33, 33 x 31 and 3 x 4099 to 4097 x 4099: the grid is rounded
-# up in *both* dimensions, so both need a guard. Without a GPU it checks what the compiler can tell and says
-# what needs a GPU. The solution is not in this notebook.
+# up in *both* dimensions, so both need a guard. Without a GPU it runs the kernel on the CPU path on the shapes
+# small enough for it, every access bounds-checked, and says which shapes need a GPU. The solution is not in this
+# notebook.
 
 # %%
 # %%cuda
@@ -415,6 +417,18 @@ for kernel in transposes:
         assert report.passed, report
     print(f"{kernel.name}: passed on {', '.join(f'{r}x{c}' for r, c in SHAPES)}")
 report
+
+# %%
+# %%cpu
+SHAPES_CPU = [(1, 1), (31, 33), (33, 31), (3, 99), (70, 45)]      # the same edges, small enough for the CPU path
+for kernel in transposes:
+    for rows, cols in SHAPES_CPU:
+        report = kernellab.check(launcher(kernel), lambda x, out: x.t().contiguous(),
+                                 lambda g, rows=rows, cols=cols: (torch.randn(rows, cols, generator=g),
+                                                                  torch.empty(cols, rows)), trials=2)
+        assert report.passed, report
+    clean = kernel.sanitize(grid_for(70, 45), BLOCK, torch.randn(70, 45), torch.empty(45, 70), 70, 45, tool="all")
+    print(f"{kernel.name}: passed on {', '.join(f'{r}x{c}' for r, c in SHAPES_CPU)}; {clean.headline()}")
 
 # %% [markdown]
 # ## What Nsight Compute measures, per line

@@ -9,6 +9,8 @@ import pytest
 
 import kernellab
 from exercises.solutions_lib import load_kernel, solution_path, variants
+from kernellab.run.sim.cuda import compiler as cpu_compiler
+from kernellab.run.sim.cuda.cpu import unsupported as cpu_unsupported
 from kernellab import report
 from kernellab.teach import (Exercise, ExerciseError, GradeResult, Launch, ceil_div, exercise, exercises, register,
                              spec_problems, unregister)
@@ -220,14 +222,24 @@ def test_every_exercise_has_a_solution_and_three_wrong_variants(ex_id):
 def test_the_reference_solution_passes(ex_id):
     ex = exercise(ex_id)
     r = kernellab.grade(ex_id, load_kernel(ex, solution_path(ex_id)), speed=False)
+    if ex.kind == "cuda" and not GPU and cpu_unsupported(solution_path(ex_id).read_text(), 2):
+        # inline PTX the CPU path does not emulate: not run here, so never passed
+        assert not r.passed and not r.findings and "need" in r.needs_gpu and "not run" in r.verdict, str(r)
+        return
     assert r.passed, r
     if ex.kind == "cuda" and not GPU:
-        assert not r.complete and "needs a CUDA GPU" in r.needs_gpu
+        assert not r.complete and "need a CUDA GPU" in r.needs_gpu
         assert r.verdict == "passed as far as it can be graded without a GPU"
+        ran = [c for c in r.checks if c.what.endswith("(CPU)")]
+        assert ran and ran[0].passed, str(r)        # it ran on the CPU path, on the shapes small enough for it
 
 
 CPU_VARIANTS = [v for v in variants() if v.where == "cpu" or exercise(v.exercise).kind == "numba"]
 GPU_ONLY_VARIANTS = [v for v in variants() if v.where == "gpu" and exercise(v.exercise).kind == "cuda"]
+# The CUDA C++ variants "on gpu" run on the CPU path where no GPU is (kernellab.run.sim.cuda), unless they use
+# inline PTX it does not emulate.
+CPU_PATH_VARIANTS = [v for v in GPU_ONLY_VARIANTS if not cpu_unsupported(v.path.read_text(), 2)]
+PTX_VARIANTS = [v for v in GPU_ONLY_VARIANTS if v not in CPU_PATH_VARIANTS]
 
 
 def _first_of_each_exercise_quick(variants):
@@ -250,12 +262,25 @@ def test_a_wrong_variant_fails_with_its_finding(variant):
 
 
 @pytest.mark.skipif(GPU, reason="with a GPU these run in full: tests/gpu/test_exercises_gpu.py")
-@pytest.mark.parametrize("variant", GPU_ONLY_VARIANTS, ids=str)
-def test_a_variant_only_a_gpu_can_catch_raises_no_false_alarm_here(variant):
-    """Compile-level checks do not fail what they cannot see: the verdict waits for a GPU."""
+@pytest.mark.skipif(cpu_compiler() is None, reason="no host C++ compiler for the CPU path (pip install ziglang)")
+@pytest.mark.parametrize("variant", CPU_PATH_VARIANTS, ids=str)
+def test_a_gpu_variant_fails_with_its_finding_on_the_cpu_path(variant):
+    """Without a GPU the CUDA C++ kernel runs on the CPU path, on the shapes small enough for it: the finding a GPU
+    gives is found there too."""
     ex = exercise(variant.exercise)
     r = kernellab.grade(variant.exercise, load_kernel(ex, variant.path), speed=False)
-    assert r.passed and not r.complete, str(r)
+    kinds = [f.kind for f in r.findings]
+    assert not r.passed and set(variant.kinds) <= set(kinds), (variant, str(r))
+    assert "internal" not in kinds and "spec" not in kinds
+
+
+@pytest.mark.skipif(GPU, reason="with a GPU these run in full: tests/gpu/test_exercises_gpu.py")
+@pytest.mark.parametrize("variant", PTX_VARIANTS, ids=str)
+def test_a_variant_the_cpu_path_cannot_run_is_not_passed(variant):
+    """Inline PTX the CPU path does not emulate: the grade says what it could not run, and never passed."""
+    ex = exercise(variant.exercise)
+    r = kernellab.grade(variant.exercise, load_kernel(ex, variant.path), speed=False)
+    assert not r.passed and not r.complete and r.needs_gpu, str(r)
 
 
 @pytest.mark.parametrize("ex_id", CUDA_IDS)

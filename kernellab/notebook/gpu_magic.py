@@ -9,6 +9,10 @@ each GPU cell says in one line that it was skipped and why. `%%gpu --skip-note "
 adds a sentence to that line. A tutorial's own `%%gpu` cell shows below that line the outputs it had on the GPU the
 tutorial was recorded on (kernellab/notebook/recorded.py), so Run All without a GPU keeps them; edited, it shows
 them labelled as the tutorial's version's.
+
+`%%cpu` is its counterpart: a cell that runs only where no GPU is usable, where `%%cuda` kernels launch on the CPU
+path (kernellab.run.sim.cuda): the tutorials' checks and launches at small sizes on CPU tensors, with one line that
+says so. On a GPU it does nothing and shows nothing (the `%%gpu` cells beside it do the real thing).
 """
 from __future__ import annotations
 
@@ -23,6 +27,18 @@ from IPython.display import display
 from .. import report
 from ..run.launch import device as _device
 from .recorded import SKIP_MIME, current_cell_id, lookup, lookup_cell_id
+
+CPU_MIME = "application/vnd.kernellab.cpu+json"
+
+
+def cpu_bundle(reason: str, note: str | None = None) -> dict:
+    """The one line over a `%%cpu` cell's output: no GPU, so this runs on the CPU path, at small sizes."""
+    text = f"no GPU ({reason}): this cell runs the kernels on the CPU (kernellab's CUDA C++ emulator), at small sizes"
+    if note:
+        text += f". {note}"
+    return {"text/plain": text,
+            "text/html": f"<div style='color:#777;font-style:italic'>{report.esc(text)}</div>",
+            CPU_MIME: {"reason": reason, "note": note}}
 
 
 def skipped_bundle(reason: str, note: str | None = None) -> dict:
@@ -80,7 +96,8 @@ def run_python(shell, cell: str):
 
 @magics_class
 class GpuMagics(Magics):
-    """`%%gpu`: run the cell where a GPU is usable, skip it with a one-line note where none is."""
+    """`%%gpu`: run the cell where a GPU is usable, skip it with a one-line note where none is; `%%cpu`: the other
+    way round, for the CPU path's small-size checks."""
 
     @magic_arguments()
     @argument("--skip-note", default=None, help="A sentence added to the skip line (e.g. where recorded figures are).")
@@ -106,4 +123,28 @@ class GpuMagics(Magics):
             display(recorded_bundle(reason, device, date, edited), raw=True)   # the outputs say more than a note
             show_recorded(outputs)
             return None
+        return run_python(self.shell, cell)
+
+    @magic_arguments()
+    @argument("--note", default=None, help="A sentence added to the line that says the cell runs on the CPU.")
+    @cell_magic
+    def cpu(self, line: str, cell: str):
+        """Run this cell as Python only where no CUDA GPU is usable (`%%cuda` kernels then launch on the CPU path), with
+        one line saying so; on a GPU, do nothing."""
+        try:
+            args = parse_argstring(self.cpu, line)
+        except Exception as exc:
+            raise UsageError(f"%%cpu {line}: {exc}") from None
+        from ..run.sim.cuda.toolchain import host_compiler, why_none
+
+        ok, reason = _device.gpu_status()
+        if ok:
+            return None
+        note = args.note
+        if note and len(note) >= 2 and note[0] == note[-1] and note[0] in "\"'":
+            note = note[1:-1]
+        if host_compiler() is None:
+            display(skipped_bundle(f"{reason}; and {why_none()}", note), raw=True)
+            return None
+        display(cpu_bundle(reason, note), raw=True)
         return run_python(self.shell, cell)

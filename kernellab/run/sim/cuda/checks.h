@@ -41,7 +41,7 @@ inline std::map<std::tuple<std::string, int, int, std::string>, FindingEntry>& f
 inline void add_finding(FindingEntry e) {
     std::lock_guard<std::mutex> g(findings_lock());
     auto key = std::make_tuple(e.kind, std::min(e.line, e.other_line ? e.other_line : e.line),
-                               std::max(e.line, e.other_line), e.message);
+                               std::max(e.line, e.other_line), e.kind == "race" ? std::string() : e.message);
     auto& f = findings();
     auto it = f.find(key);
     if (it == f.end()) {

@@ -50,7 +50,7 @@ def unsupported(source: str, first_line: int = 1) -> str:
     from ....compile.signature import strip_comments_and_strings
 
     text = strip_comments_and_strings(host_source(source))
-    raw = strip_comments_and_strings(source)
+    raw = re.sub(r"//[^\n]*|/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), source, flags=re.S)
     found = []
     for needle, what in _NOT_EMULATED:
         i = raw.find(needle)

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -47,6 +48,16 @@ struct alignas(8) uint2 { unsigned x, y; };
 struct alignas(8) int2 { int x, y; };
 struct float3 { float x, y, z; };
 struct alignas(16) double2 { double x, y; };
+// math_constants.h
+#define CUDART_INF_F std::numeric_limits<float>::infinity()
+#define CUDART_NAN_F std::numeric_limits<float>::quiet_NaN()
+#define CUDART_INF std::numeric_limits<double>::infinity()
+#define CUDART_NAN std::numeric_limits<double>::quiet_NaN()
+#define CUDART_PI_F 3.141592654f
+#define CUDART_PI 3.1415926535897931e+0
+#define CUDART_L2E_F 1.442695041f
+#define CUDART_LN2_F 0.693147181f
+#define CUDART_MAX_NORMAL_F 3.40282347e+38f
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float3 make_float3(float x, float y, float z) { return {x, y, z}; }

@@ -43,7 +43,8 @@ def compiler() -> str | None:
 def host_source(source: str) -> str:
     """`source` with the CUDA headers dropped and the PTX cluster helpers cut out (cuda_host.h's kl_emu:: supplies
     them)."""
-    text = re.sub(r"^\s*#include\s*<(cuda_[a-z0-9_]+\.h|cuda/.*)>\s*$", "", source, flags=re.M)
+    text = re.sub(r"^\s*#include\s*<(cuda_[a-z0-9_]+\.h|cuda/.*|math_constants\.h|mma\.h)>\s*$", "", source,
+                  flags=re.M)
     # dynamic shared memory: a per-block array of the most a block can have (sm_90: 227 KiB)
     text = re.sub(r"extern\s+__shared__\s+((?:__align__\(\d+\)\s+)?)([A-Za-z_][\w:<>, ]*?)\s+(\w+)\s*\[\s*\]\s*;",
                   lambda m: f"__shared__ {m.group(1)}{m.group(2)} {m.group(3)}[KL_DYNAMIC_SHARED_BYTES / "

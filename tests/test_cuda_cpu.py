@@ -1,0 +1,238 @@
+"""CUDA C++ on the CPU (kernellab.run.sim.cuda): `%%cuda --sim` and kernels where no GPU is usable launch on CPU
+tensors and NumPy arrays, and the checks find held-out bugs at the right cell line, in compute-sanitizer's terms."""
+import numpy as np
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import kernellab
+from kernellab.errors import KernellabError
+from kernellab.run.sim.cuda import compiler
+from kernellab.run.sim.cuda.cpu import CpuLaunchError, unsupported
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (pip install ziglang)")
+
+
+def cell(source: str):
+    """A %%cuda cell's module on the CPU path (the magic line is line 1, the source starts at line 2)."""
+    return kernellab.compile_cuda(source, arch="sm_90", first_line=2, filename="cell.cu", simulate=True)
+
+
+def line_of(source: str, marker: str) -> int:
+    """The cell line of the source line holding `marker` (line 1 is the magic's)."""
+    return next(i for i, text in enumerate(source.splitlines(), start=2) if marker in text)
+
+
+# --- launches: the GPU's syntax and checks, on CPU tensors and NumPy arrays -------------------------------------
+
+VADD = """extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+"""
+
+
+def test_launch_syntax_on_numpy_and_torch():
+    import torch
+
+    m = cell(VADD)
+    a, b = np.arange(300, dtype=np.float32), np.ones(300, np.float32)
+    c = np.zeros(300, np.float32)
+    m.vadd[3, 128](a, b, c, 300)
+    np.testing.assert_array_equal(c, a + 1)
+    ta, tc = torch.arange(77, dtype=torch.float32), torch.zeros(77)
+    m.vadd[(1, 1), (96, 1)](ta, ta, tc, 77)
+    assert torch.equal(tc, 2 * ta)
+    with pytest.raises(KernellabError, match="float32"):      # the GPU path's argument checks
+        m.vadd[1, 32](a.astype(np.float64), b, c, 300)
+
+
+def test_out_of_bounds_raises_naming_line_thread_and_block():
+    src = VADD.replace("if (i < n) c[i]", "c[i]")
+    m = cell(src)
+    a = np.zeros(100, np.float32)
+    c = np.zeros(100, np.float32)
+    with pytest.raises(CpuLaunchError) as info:
+        m.vadd[1, 128](a, a, c, 100)
+    e = info.value
+    assert e.line == line_of(src, "c[i] = a[i]") and e.block == (0, 0, 0) and e.thread == (100, 0, 0)
+    assert f"out of bounds at cell line {e.line}" in str(e) and "a[100]" in str(e)
+    np.testing.assert_array_equal(c, 0)           # the 100 threads inside wrote, the others' writes were dropped
+
+
+def test_magic_sim_binds_cpu_kernels_and_says_so_in_one_line():
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "kernellab")
+    result = ip.run_cell("%%cuda --sim --name simmod\n" + VADD)
+    assert result.success, result.error_in_exec
+    k = ip.user_ns["vadd"]
+    assert k.simulate
+    notes = [n for n in ip.user_ns["simmod"].notes if "on the CPU" in n]
+    assert len(notes) == 1 and "--sim" in notes[0]
+    ip.user_ns["x"] = np.ones(40, np.float32)
+    ip.user_ns["y"] = np.zeros(40, np.float32)
+    assert ip.run_cell("vadd[1, 64](x, x, y, 40)").success
+    np.testing.assert_array_equal(ip.user_ns["y"], 2)
+
+
+# --- held-out bugs, each caught with its line -------------------------------------------------------------------
+
+MISSING_GUARD = """__global__ void scale(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    y[i] = 2.0f * x[i];                                 // BUG: no i < n
+}
+"""
+PAST_THE_END = """__global__ void diff(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i + 1] - x[i];                  // BUG: x[n] at i = n - 1
+}
+"""
+SHARED_OFF_BY_ONE = """__global__ void shift(const float* x, float* y, int n) {
+    __shared__ float tile[64];
+    int t = threadIdx.x, i = blockIdx.x * 64 + t;
+    if (i < n) tile[t + 1] = x[i];                      // BUG: tile[64] for t = 63
+    __syncthreads();
+    if (i < n) y[i] = tile[t];
+}
+"""
+MISSING_BARRIER = """__global__ void flip(const float* x, float* y) {
+    __shared__ float tile[64];
+    int t = threadIdx.x;
+    tile[t] = x[blockIdx.x * 64 + t];                   // WRITE
+    y[blockIdx.x * 64 + t] = tile[63 - t];              // BUG: no __syncthreads() before this read
+}
+"""
+DIVERGENT_BARRIER = """__global__ void flip_tail(const float* x, float* y, int n) {
+    __shared__ float tile[64];
+    int t = threadIdx.x, i = blockIdx.x * 64 + t;
+    if (i < n) {
+        tile[t] = x[i];
+        __syncthreads();                                // BUG: the threads past n never reach it
+        y[i] = tile[t ^ 1];
+    }
+}
+"""
+UNINITIALISED = """__global__ void half_tile(const float* x, float* y) {
+    __shared__ float tile[64];
+    int t = threadIdx.x;
+    if (t < 32) tile[t] = x[t];
+    __syncthreads();
+    y[t] = tile[63 - t];                                // BUG: tile[32..63] were never written
+}
+"""
+N = 100
+
+
+def _args(n_in=N, n_out=N):
+    return (np.arange(n_in, dtype=np.float32), np.zeros(n_out, np.float32))
+
+
+@pytest.mark.parametrize("name, source, launch, tool, kind", [
+    ("missing guard", MISSING_GUARD, lambda k: k.sanitize(1, 128, *_args(), N, tool="memcheck"), "memcheck",
+     "invalid_read"),
+    ("reading past the end", PAST_THE_END, lambda k: k.sanitize(2, 64, *_args(), N, tool="memcheck"), "memcheck",
+     "invalid_read"),
+    ("off-by-one in shared memory", SHARED_OFF_BY_ONE, lambda k: k.sanitize(2, 64, *_args(), N, tool="memcheck"),
+     "memcheck", "invalid_access"),
+    ("divergent barrier", DIVERGENT_BARRIER, lambda k: k.sanitize(2, 64, *_args(), N, tool="synccheck"),
+     "synccheck", "barrier"),
+    ("uninitialised shared read", UNINITIALISED, lambda k: k.sanitize(1, 64, *_args(64, 64), tool="initcheck"),
+     "initcheck", "uninitialized_read"),
+])
+def test_held_out_bug_is_caught_at_its_line(name, source, launch, tool, kind):
+    m = cell(source)
+    rep = launch(m.kernels[0])
+    assert not rep.ok and rep.simulated, str(rep)
+    f = rep.findings[0]
+    assert (f.tool, f.kind) == (tool, kind), str(rep)
+    assert f.where.cell_line == line_of(source, "BUG"), str(rep)
+    assert f.thread is not None and f.block is not None
+    assert "BUG" in f.where.source_line
+
+
+def test_missing_barrier_is_a_race_between_the_two_lines():
+    m = cell(MISSING_BARRIER)
+    rep = m.flip.sanitize(2, 64, *_args(128, 128), tool="racecheck")
+    assert [f.kind for f in rep.findings] == ["race"], str(rep)
+    f = rep.findings[0]
+    assert set(f.lines) == {line_of(MISSING_BARRIER, "WRITE"), line_of(MISSING_BARRIER, "BUG")}
+    assert f.hazard in ("RAW", "WAR") and f.other_thread is not None and f.thread != f.other_thread
+    fixed = MISSING_BARRIER.replace("    y[blockIdx", "    __syncthreads();\n    y[blockIdx")
+    assert cell(fixed).flip.sanitize(2, 64, *_args(128, 128), tool="all").ok
+
+
+def test_same_warp_accesses_ordered_by_syncwarp_are_no_race():
+    src = """__global__ void warp_flip(const float* x, float* y) {
+    __shared__ float tile[32];
+    tile[threadIdx.x] = x[threadIdx.x];
+    __syncwarp();
+    y[threadIdx.x] = tile[31 - threadIdx.x];
+}
+"""
+    assert cell(src).warp_flip.sanitize(1, 32, *_args(32, 32), tool="racecheck").ok
+    racy = cell(src.replace("    __syncwarp();\n", ""))
+    assert [f.kind for f in racy.warp_flip.sanitize(1, 32, *_args(32, 32), tool="racecheck").findings] == ["race"]
+
+
+def test_early_return_before_the_barrier_is_clean():
+    src = """__global__ void guarded(const float* x, float* y, int n) {
+    __shared__ float tile[64];
+    int t = threadIdx.x, i = blockIdx.x * 64 + t;
+    if (blockIdx.x * 64 >= n) return;
+    tile[t] = i < n ? x[i] : 0.0f;
+    __syncthreads();
+    if (i < n) y[i] = tile[t ^ 1];
+}
+"""
+    assert cell(src).guarded.sanitize(3, 64, *_args(), N, tool="all").ok
+
+
+# --- the fault suite's out-of-bounds kernels (tests/gpu/test_faults_gpu.py), reported, not crashed -------------
+
+FAULTS = """extern "C" __global__ void oob_write(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    x[i + n] = 1.0f;
+}
+extern "C" __global__ void oob_read(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    y[i] = x[i + n];
+}
+"""
+
+
+def test_fault_suite_out_of_bounds_cases_are_reported():
+    m = cell(FAULTS)
+    buf = np.zeros(1024, np.float32)
+    with pytest.raises(CpuLaunchError, match=rf"out of bounds at cell line {line_of(FAULTS, 'x[i + n] = 1.0f;')}"):
+        m.oob_write[4, 256](buf, 1 << 28)
+    assert not buf.any()                                   # nothing was written outside or inside
+    rep = m.oob_read.sanitize(4, 256, buf, buf, 1 << 28, tool="memcheck")
+    assert rep.findings[0].kind == "invalid_read" and rep.findings[0].count == 4 * 256     # every thread, one finding
+    assert rep.findings[0].where.cell_line == line_of(FAULTS, "y[i] = x[i + n];")
+
+
+# --- what the CPU path cannot run: said, never passed ------------------------------------------------------------
+
+def test_inline_ptx_it_does_not_emulate_is_named_and_the_grade_is_not_passed():
+    src = """extern "C" __global__ void reverse(const float* in, float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    asm volatile("membar.gl;" ::: "memory");
+    if (i < n) out[i] = in[n - 1 - i];
+}
+"""
+    assert "inline PTX" in unsupported(src, 2) and "line 4" in unsupported(src, 2)
+    assert "wgmma" in unsupported('__global__ void k() { asm volatile("wgmma.fence.sync.aligned;"); }')
+    r = kernellab.grade("01-reverse", kernellab.compile_cuda(src, arch="sm_90", first_line=2).reverse, speed=False)
+    assert not r.passed and not r.findings and "inline PTX" in r.needs_gpu, str(r)
+    assert "not run" in r.verdict
+
+
+def test_unguarded_reverse_fails_the_grade_with_out_of_bounds_at_its_line():
+    src = """extern "C" __global__ void reverse(const float* in, float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = in[n - 1 - i];
+}
+"""
+    r = kernellab.grade("01-reverse", kernellab.compile_cuda(src, arch="sm_90", first_line=2).reverse, speed=False)
+    assert not r.passed
+    oob = [f for f in r.findings if f.kind == "out_of_bounds"]
+    assert oob and oob[0].message.startswith(f"out of bounds at cell line {line_of(src, 'out[i] =')}"), str(r)
