@@ -31,7 +31,8 @@
 #
 # Cells that need a GPU start with `%%gpu`: without one they are skipped in one line, and Run All still reaches
 # the end. Everything else (compiling, the cards, the bank model, the launch plans, the numerics on the CPU) runs
-# anywhere. Predictions are written in the text; the numbers they are compared with are computed from this run's
+# anywhere; without a GPU the kernels themselves run on kernellab's CPU path at small sizes (the `%%cpu` cells, and
+# the exercises' grading), every access bounds-checked. Predictions are written in the text; the numbers they are compared with are computed from this run's
 # measurements, in the cells after each benchmark.
 
 # %%
@@ -352,6 +353,15 @@ for name, fn in SUMS.items():
     print(f"{name:22s} passed at n = 1, 255, 257, 1003, 100003, 2**20 + 3")
 report
 
+# %%
+# %%cpu
+for name, fn in SUMS.items():                     # the same check on the CPU path, at sizes it runs in moments
+    for n in (1, 255, 257, 1003, 5003):
+        report = kernellab.check(fn, lambda x: x.sum().reshape(1), lambda g, n=n: (torch.randn(n, generator=g),),
+                                 trials=2, atol=1e-7 * n + 1e-6, rtol=1e-5)
+        assert report.passed, (name, n, report)
+    print(f"{name:22s} passed on the CPU at n = 1, 255, 257, 1003, 5003")
+
 # %% [markdown]
 # ### Predictions, before the benchmark
 #
@@ -416,7 +426,8 @@ print(f"single pass {t['sum_single_pass']:.0f} µs vs two launches {t['sum_vec4'
 # `x[i]` (0 past `n`); each warp adds its 32 values with `__shfl_xor_sync` (five steps, offsets 16 to 1); lane 0 of
 # each warp puts the warp's sum in a `__shared__ float[8]`; after a `__syncthreads()` the first warp adds the 8
 # and thread 0 writes `partial[blockIdx.x]`. Sizes 1, 31, 255, 256, 257, 1000, 100,003 and 4,194,307. Without a GPU
-# the grader checks the SASS for shuffles (`SHFL`), shared memory and the barrier, and that the kernel reads `n`.
+# the grader checks the SASS for shuffles (`SHFL`), shared memory and the barrier, and runs the kernel on the CPU
+# path on the sizes up to 1000, with its race and barrier checks.
 
 # %%
 # %%cuda
@@ -955,6 +966,27 @@ for name, fn in SOFTMAXES.items():
             assert report.passed, (name, dtype, r, c, report)
     print(f"{name:20s} passed: float32, bfloat16, float16 at {', '.join(f'{r}x{c}' for r, c in CHECK_SHAPES)}")
 report
+
+# %%
+# %%cpu
+def rows_with_specials_cpu(rows, cols, dtype, g):
+    """The rows of the check above (masked, huge, very negative, +inf), in CPU memory (the CPU path)."""
+    x = 3 * torch.randn(rows, cols, generator=g)
+    specials = [lambda r: r.fill_(float("-inf")), lambda r: r[::2].fill_(float("-inf")),
+                lambda r: r.mul_(1e37), lambda r: r.sub_(1e30), lambda r: r[r.numel() // 2:][:1].fill_(float("inf"))]
+    for i, fill in enumerate(specials[:max(0, rows - 1)]):
+        fill(x[i + 1])
+    return x.to(dtype), torch.empty(rows, cols, dtype=dtype)
+
+
+CHECK_SHAPES_CPU = [(1, 1), (3, 7), (6, 1031), (5, 4099)]      # one element to misaligned rows: small for the CPU
+for name, fn in SOFTMAXES.items():
+    for dtype in (torch.float32, torch.bfloat16):
+        for r, c in CHECK_SHAPES_CPU:
+            report = kernellab.check(fn, lambda x, y: torch.softmax(x, -1),
+                                     lambda g, r=r, c=c, dtype=dtype: rows_with_specials_cpu(r, c, dtype, g), trials=1)
+            assert report.passed, (name, dtype, r, c, report)
+    print(f"{name:20s} passed on the CPU: float32, bfloat16 at {', '.join(f'{r}x{c}' for r, c in CHECK_SHAPES_CPU)}")
 
 # %% [markdown]
 # ### Exercise 03-softmax-warp · Softmax with one warp per row

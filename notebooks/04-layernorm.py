@@ -30,7 +30,8 @@
 # - write two kernels yourself (exercises 04-rmsnorm-block and 04-layernorm-block), each checked by `kernellab.grade`.
 #
 # As in tutorial 03, cells that need a GPU start with `%%gpu` and are skipped in one line without one; the
-# numerics, the kernels' cards and the launch plans run anywhere.
+# numerics, the kernels' cards and the launch plans run anywhere, and without a GPU the kernels run on kernellab's
+# CPU path at small sizes (the `%%cpu` cell, and the exercises' grading).
 
 # %%
 # %load_ext kernellab
@@ -1055,6 +1056,33 @@ for dtype in (torch.float32, torch.bfloat16):
                                  ln_inputs(r, c, dtype, mean=1.0), trials=2)
         assert report.passed, ("rmsnorm", dtype, r, c, report)
 print("rmsnorm            passed: float32 and bfloat16 at the same shapes (but the last)")
+
+# %%
+# %%cpu
+def ln_inputs_cpu(rows, cols, dtype, mean=0.0):
+    """x ~ N(mean, 2), w ~ N(1, 0.5), b ~ N(0, 1) and an output buffer, in CPU memory (the CPU path)."""
+    def make(g):
+        x = (2 * torch.randn(rows, cols, generator=g) + mean).to(dtype)
+        w = (1 + 0.5 * torch.randn(cols, generator=g)).to(dtype)
+        b = torch.randn(cols, generator=g).to(dtype)
+        return x, w, b, torch.empty(rows, cols, dtype=dtype)
+    return make
+
+
+CHECK_SHAPES_CPU = [(1, 1), (3, 7), (6, 1031), (5, 4099)]      # a warp, a block, misaligned rows: small for the CPU
+for name, fn in {"layernorm_welford": layernorm_welford, "layernorm": layernorm}.items():
+    for dtype in (torch.float32, torch.bfloat16):
+        for r, c in CHECK_SHAPES_CPU:
+            report = kernellab.check(lambda x, w, b, y, fn=fn: fn(x, w, b, y, EPS),
+                                     lambda x, w, b, y: F.layer_norm(x, (x.shape[1],), w, b, EPS),
+                                     ln_inputs_cpu(r, c, dtype), trials=1)
+            assert report.passed, (name, dtype, r, c, report)
+    print(f"{name:18s} passed on the CPU: float32 and bfloat16 at {', '.join(f'{r}x{c}' for r, c in CHECK_SHAPES_CPU)}")
+large_mean_cpu = {name: kernellab.check(lambda x, w, b, y, fn=fn: fn(x, w, b, y, EPS),
+                                        lambda x, w, b, y: F.layer_norm(x, (x.shape[1],), w, b, EPS),
+                                        ln_inputs_cpu(4, 1031, torch.float32, mean=1e4), trials=1, atol=5e-3, rtol=0)
+                  for name, fn in LAYERNORMS.items()}
+print({name: r.passed for name, r in large_mean_cpu.items()}, "(a mean of 10,000: the sum of squares fails)")
 
 # %% [markdown]
 # Then the large mean: rows of mean 10,000 and standard deviation 2, in float32. float32 itself can only say

@@ -43,7 +43,7 @@ def compiler() -> str | None:
 def host_source(source: str) -> str:
     """`source` with the CUDA headers dropped and the PTX cluster helpers cut out (cuda_host.h's kl_emu:: supplies
     them)."""
-    text = re.sub(r"^\s*#include\s*<(cuda_[a-z0-9_]+\.h|cuda/.*|math_constants\.h|mma\.h)>\s*$", "", source,
+    text = re.sub(r"^\s*#include\s*<(cuda_[a-z0-9_]+\.h|cuda/.*|math_constants\.h|mma\.h)>\s*(?://.*)?$", "", source,
                   flags=re.M)
     # dynamic shared memory: a per-block array of the most a block can have (sm_90: 227 KiB)
     text = re.sub(r"extern\s+__shared__\s+((?:__align__\(\d+\)\s+)?)([A-Za-z_][\w:<>, ]*?)\s+(\w+)\s*\[\s*\]\s*;",

@@ -35,6 +35,8 @@ import numpy as np
 from kernellab.compile.signature import find_kernels, strip_comments_and_strings
 from kernellab.compile.toolkit import KL_INCLUDE, own_headers_digest
 
+from .toolchain import host_compiler, is_gcc, why_none
+
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("KERNELLAB_EMU_CACHE", Path(tempfile.gettempdir()) / "kernellab-emu"))
 
@@ -343,10 +345,24 @@ def _call(kernel) -> str:
 _FLAGS = ("-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing", "-w")
 
 
+def _compiler() -> tuple[str, ...]:
+    """The host C++ compiler's command (toolchain.py: clang from the ziglang wheel, else g++)."""
+    found = host_compiler()
+    if found is None:
+        raise EmulationError(why_none())
+    return found[0]
+
+
 def _precompiled_header() -> Path:
-    """ptx_emu.h copied into the cache with its precompiled .gch beside it (once per header version): g++ then
-    parses the C++ library headers once instead of in every build."""
+    """ptx_emu.h copied into the cache with (for g++) its precompiled .gch beside it (once per header version): g++
+    then parses the C++ library headers once instead of in every build."""
     text = (HERE / "ptx_emu.h").read_text()
+    if not is_gcc(_compiler()):
+        CACHE.mkdir(parents=True, exist_ok=True)
+        header = CACHE / f"ptx_emu-{hashlib.sha256(text.encode()).hexdigest()[:16]}.h"
+        if not header.exists():
+            header.write_text(text)
+        return header
     digest = hashlib.sha256((text + " ".join(_FLAGS)).encode()).hexdigest()[:16]
     CACHE.mkdir(parents=True, exist_ok=True)
     header = CACHE / f"ptx_emu-{digest}.h"
@@ -354,8 +370,8 @@ def _precompiled_header() -> Path:
     if not gch.exists():
         _write_atomically(header, text)
         tmp = Path(str(gch) + f".{os.getpid()}.tmp")
-        r = subprocess.run(["g++", *_FLAGS, "-x", "c++-header", str(header), "-o", str(tmp)], capture_output=True,
-                           text=True)
+        r = subprocess.run([*_compiler(), *_FLAGS, "-x", "c++-header", str(header), "-o", str(tmp)],
+                           capture_output=True, text=True)
         if r.returncode == 0:
             os.replace(tmp, gch)        # without it, g++ parses the header itself: slower, same program
     elif not header.exists():
@@ -380,17 +396,17 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, 
     head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
     header = _precompiled_header()
     program = (f'#include "{header}"\n{head}\n{prepare(source)}\n' + _MAIN.replace("CALL", _call(k)))
-    digest = hashlib.sha256((program + (HERE / "ptx_emu.h").read_text() + own_headers_digest()).encode()
+    digest = hashlib.sha256((program + (HERE / "ptx_emu.h").read_text() + own_headers_digest() + " ".join(_compiler())).encode()
                             ).hexdigest()[:20]
     binary = CACHE / f"{kernel}-{digest}"
     if not binary.exists():
         cpp = CACHE / f"{kernel}-{digest}.cpp"
         _write_atomically(cpp, program)
         tmp = f"{binary}.{os.getpid()}.tmp"              # this process's own: others may build the same kernel
-        cmd = ["g++", *_FLAGS, f"-I{KL_INCLUDE}", str(cpp), "-o", tmp]
+        cmd = [*_compiler(), *_FLAGS, f"-I{KL_INCLUDE}", str(cpp), "-o", tmp]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
-            raise EmulationError(f"g++ failed on {cpp}:\n{r.stderr[-4000:]}")
+            raise EmulationError(f"{' '.join(_compiler())} failed on {cpp}:\n{r.stderr[-4000:]}")
         os.replace(tmp, binary)
     return binary, k
 
