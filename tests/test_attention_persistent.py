@@ -1,5 +1,5 @@
 """Tutorial 07's step 3b, the persistent kernel (the fa3p_* entries of the notebook's step-3 cell, kernellab issue 12)
-without a GPU: it compiles to the Hopper instructions with no spills, and in the CPU emulator (tests/emu) it matches
+without a GPU: it compiles to the Hopper instructions with no spills, and in the CPU emulator (kernellab/run/sim/cuda) it matches
 attention in float64 on awkward shapes with CTAs that each walk many work items (their barriers' phases wrapping),
 and writes the very bits the notebook's step 3 writes."""
 import pathlib

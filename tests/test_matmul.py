@@ -1,6 +1,6 @@
 """Tutorials 05 and 06 without a GPU: every kernel variant the benchmark runs compiles for its arch with no spills and
 no local memory and holds the instructions its step is about; every step computes the right product on awkward
-shapes in the CPU emulator (tests/emu), in both dtypes for the tensor-core steps; and the emulator catches the bugs
+shapes in the CPU emulator (kernellab/run/sim/cuda), in both dtypes for the tensor-core steps; and the emulator catches the bugs
 it is there to catch (a missing wait, a stage released too early, a wrong fragment).
 """
 import importlib.util

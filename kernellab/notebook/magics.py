@@ -76,7 +76,7 @@ def refresh_status() -> None:
 def cpu_decision(asked: bool) -> tuple[bool, str]:
     """(whether a %%cuda cell's kernels launch on the CPU, the one line that says so): with --sim, or where no GPU is
     usable and a host C++ compiler is there to build the CPU path."""
-    from ..run.device import gpu_status
+    from ..run.launch.device import gpu_status
     from ..run.sim.cuda.toolchain import host_compiler, why_none
 
     compiler = host_compiler()

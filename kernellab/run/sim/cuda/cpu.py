@@ -2,7 +2,7 @@
 graders use. Launches take CPU torch tensors and NumPy arrays with the GPU's launch syntax, `k[grid, block](args)`;
 an out-of-bounds access stops the launch and raises CpuLaunchError naming the cell line, the thread and the block
 (as the simulator of Numba kernels does); `sanitize(kernel, ..., tool=...)` returns the checks' findings as a
-kernellab.run.sanitize.SanitizerReport, in compute-sanitizer's terms (memcheck, racecheck, synccheck, initcheck)."""
+kernellab.run.findings.SanitizerReport, in compute-sanitizer's terms (memcheck, racecheck, synccheck, initcheck)."""
 from __future__ import annotations
 
 import re
@@ -10,8 +10,8 @@ import threading
 import time
 
 from ....errors import KernellabError
-from ...numba_sim import SimulatedKernelError
-from ...sanitize import SanitizerReport, combine
+from ..numba_sim import SimulatedKernelError
+from ...findings import SanitizerReport, combine
 from .emulate import EMULATED, compile_host
 from .toolchain import host_compiler, why_none
 
@@ -156,7 +156,7 @@ def sanitize(kernel, grid, block, args, *, tool: str = "memcheck", shared_bytes:
     for t in tools:
         mine = tuple(f for f in run.findings if f.tool == t)
         if t == "synccheck" and run.error and "deadlock" in run.error:
-            from ...sanitize import Finding, Location
+            from ...findings import Finding, Location
 
             mine += (Finding(tool="synccheck", kind="deadlock", message="Deadlock: a barrier that not every thread "
                              "reaches", where=Location(function=kernel.name), detail=run.error.splitlines()[0]),)

@@ -347,8 +347,8 @@ class HostModule:
         return lines[i] if 0 <= i < len(lines) else None
 
     def take_findings(self, kernel: str) -> list:
-        """The findings of the launch that just ran (kernellab.run.sanitize.Finding, cell lines), and clear them."""
-        from kernellab.run.sanitize import Finding, Location
+        """The findings of the launch that just ran (kernellab.run.findings.Finding, cell lines), and clear them."""
+        from ...findings import Finding, Location
 
         text = self._findings().decode()
         self.lib.kl_clear_findings()
@@ -377,7 +377,7 @@ class HostModule:
 
 class CpuKernelError(RuntimeError):
     """A launch on the CPU path failed: out of bounds (the launch stops there, as on a GPU), a deadlock at a barrier,
-    or an error the emulator raised. `findings` holds what the checks found (kernellab.run.sanitize.Finding)."""
+    or an error the emulator raised. `findings` holds what the checks found (kernellab.run.findings.Finding)."""
 
     def __init__(self, message: str, findings=()):
         super().__init__(message)

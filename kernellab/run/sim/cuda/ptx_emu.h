@@ -1,6 +1,6 @@
 // ptx_emu.h: runs a tutorial's CUDA C++ kernel on the CPU, one OS thread per CUDA thread, to test it without a GPU.
 //
-// What is emulated, and how faithfully (tests/emu/ptx_emu.py prepares the source; see its docstring):
+// What is emulated, and how faithfully (ptx_emu.py beside it prepares the source; see its docstring):
 // - threadIdx/blockIdx/blockDim/gridDim; blocks run one after another, the threads of a block all at once; the CTAs
 //   of a thread-block cluster run at once, each with its own shared memory: mapa, cluster barriers, mbarrier
 //   arrivals on another CTA, and TMA multicast.

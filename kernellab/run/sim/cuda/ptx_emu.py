@@ -361,7 +361,7 @@ def _precompiled_header() -> Path:
         CACHE.mkdir(parents=True, exist_ok=True)
         header = CACHE / f"ptx_emu-{hashlib.sha256(text.encode()).hexdigest()[:16]}.h"
         if not header.exists():
-            header.write_text(text)
+            _write_atomically(header, text)
         return header
     digest = hashlib.sha256((text + " ".join(_FLAGS)).encode()).hexdigest()[:16]
     CACHE.mkdir(parents=True, exist_ok=True)
