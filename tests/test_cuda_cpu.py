@@ -236,3 +236,40 @@ def test_unguarded_reverse_fails_the_grade_with_out_of_bounds_at_its_line():
     assert not r.passed
     oob = [f for f in r.findings if f.kind == "out_of_bounds"]
     assert oob and oob[0].message.startswith(f"out of bounds at cell line {line_of(src, 'out[i] =')}"), str(r)
+
+
+# --- what the checked build handles, and what it says where it cannot --------------------------------------------
+
+TEMPLATED = """template <typename T>
+__global__ void count_above(const T* x, unsigned* hits, T threshold, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && __ldg(x + i) > threshold) atomicAdd(hits, 1u);
+    if (i == n) atomicAdd(hits + 1, 1u);                 // BUG: hits has one element
+}
+template __global__ void count_above<float>(const float*, unsigned*, float, int);
+"""
+
+
+def test_templates_explicit_instantiations_ldg_and_atomics_are_checked():
+    m = cell(TEMPLATED)
+    host = m.kernels[0]
+    x = np.arange(100, dtype=np.float32)
+    hits = np.zeros(1, np.uint32)
+    rep = host.sanitize(1, 128, x, hits, np.float32(49.5), 100, tool="memcheck")
+    assert [f.kind for f in rep.findings] == ["invalid_write"], str(rep)
+    assert rep.findings[0].where.cell_line == line_of(TEMPLATED, "BUG")
+    assert not any("fewer" in n or "did not compile" in n for n in rep.notes), rep.notes
+    host[1, 100](x, hits, np.float32(49.5), 100)
+    assert hits[0] == 50
+
+
+def test_a_kernel_the_checked_build_cannot_compile_runs_unchecked_and_says_so():
+    src = """template <typename T> __device__ T first(const T* p) { return p[0]; }
+__global__ void copy_first(const float* x, float* y) { y[threadIdx.x] = first(x) + threadIdx.x; }
+"""
+    m = cell(src)
+    y = np.zeros(4, np.float32)
+    rep = m.copy_first.sanitize(1, 4, np.full(1, 2, np.float32), y, tool="memcheck")
+    assert rep.ok and any("did not compile" in n and "nothing" in n for n in rep.notes), rep.notes
+    m.copy_first[1, 4](np.full(1, 2, np.float32), y)
+    np.testing.assert_array_equal(y, [2, 3, 4, 5])

@@ -204,6 +204,24 @@ template <typename T> inline bool gref<T>::check(bool write) const {
     return g.check(p, line, write, write ? "write" : "read");
 }
 
+// atomics on a checked pointer: the element checked (as a read and a write), then the host's atomic
+#define KL_GPTR_ATOMIC(fn)                                                                                   \
+    template <typename T, typename... V> inline auto fn(const gptr<T>& p, V... v) {                        \
+        if (!p.check(p.p, p.line, true, "atomic")) return T{};                                             \
+        return ::fn(p.p, static_cast<T>(v)...);                                                            \
+    }
+KL_GPTR_ATOMIC(atomicAdd) KL_GPTR_ATOMIC(atomicSub) KL_GPTR_ATOMIC(atomicExch) KL_GPTR_ATOMIC(atomicMax)
+KL_GPTR_ATOMIC(atomicMin) KL_GPTR_ATOMIC(atomicCAS) KL_GPTR_ATOMIC(atomicInc) KL_GPTR_ATOMIC(atomicAnd)
+KL_GPTR_ATOMIC(atomicOr) KL_GPTR_ATOMIC(atomicXor)
+#undef KL_GPTR_ATOMIC
+// the cache-hinted loads and stores on a checked pointer
+template <typename T> inline std::remove_const_t<T> __ldg(const gptr<T>& p) { return p[Idx(0, p.line)]; }
+template <typename T> inline std::remove_const_t<T> __ldcg(const gptr<T>& p) { return p[Idx(0, p.line)]; }
+template <typename T> inline std::remove_const_t<T> __ldcs(const gptr<T>& p) { return p[Idx(0, p.line)]; }
+template <typename T> inline std::remove_const_t<T> __ldlu(const gptr<T>& p) { return p[Idx(0, p.line)]; }
+template <typename T, typename V> inline void __stcs(const gptr<T>& p, V v) { p[Idx(0, p.line)] = v; }
+template <typename T, typename V> inline void __stcg(const gptr<T>& p, V v) { p[Idx(0, p.line)] = v; }
+
 // reinterpret_cast<U*>(p) on a checked pointer: the same argument's bytes, seen as U.
 template <typename To, typename From> inline auto reinterpret(From&& v) {
     using F = std::decay_t<From>;

@@ -47,18 +47,23 @@ def unsupported(source: str, first_line: int = 1) -> str:
     """What in `source` the CPU path cannot run ('' where it can run all of it): inline PTX other than the helpers it
     emulates, and the instructions behind it (wgmma, TMA, ...), with the cell line."""
     from .emulate import host_source
-    from ....compile.signature import strip_comments_and_strings
 
-    text = strip_comments_and_strings(host_source(source))
-    raw = re.sub(r"//[^\n]*|/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), source, flags=re.S)
+    def no_comments(s: str) -> str:
+        return re.sub(r"//[^\n]*|/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), s, flags=re.S)
+
+    text = no_comments(host_source(source))
+    raw = no_comments(source)
     found = []
     for needle, what in _NOT_EMULATED:
         i = raw.find(needle)
         if i >= 0 and (needle != "cp.async" or "cp.async.bulk.tensor" not in raw):
             found.append(f"{what} (line {raw.count(chr(10), 0, i) + first_line})")
-    m = _ASM.search(text)
-    if m and not found:
-        found.append(f"inline PTX (`asm` at line {text.count(chr(10), 0, m.start()) + first_line})")
+    for m in _ASM.finditer(text):
+        if re.match(r'\s*""', text[m.end():]):       # an empty asm (a compiler barrier): the host compiles it too
+            continue
+        if not found:
+            found.append(f"inline PTX (`asm` at line {text.count(chr(10), 0, m.start()) + first_line})")
+        break
     if not found:
         return ""
     return ("the CPU path runs CUDA C++ (threads, barriers, shuffles, atomics, shared memory and the cluster helpers "

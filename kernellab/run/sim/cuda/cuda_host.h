@@ -282,6 +282,15 @@ template <typename T> inline T atomicAdd(T* p, T v) {   // float, int, unsigned:
 inline unsigned atomicInc(unsigned* p, unsigned lim) {
     std::lock_guard<std::mutex> g(kl::atomic_lock()); unsigned o = *p; *p = o >= lim ? 0 : o + 1; return o;
 }
+#define KL_ATOMIC(fn, update)                                                                               \
+    template <typename T> inline T fn(T* p, T v) {                                                          \
+        std::lock_guard<std::mutex> g(kl::atomic_lock()); T o = *p; *p = (update); return o; }
+KL_ATOMIC(atomicSub, o - v) KL_ATOMIC(atomicExch, v) KL_ATOMIC(atomicMax, o < v ? v : o)
+KL_ATOMIC(atomicMin, v < o ? v : o) KL_ATOMIC(atomicAnd, o & v) KL_ATOMIC(atomicOr, o | v) KL_ATOMIC(atomicXor, o ^ v)
+#undef KL_ATOMIC
+template <typename T> inline T atomicCAS(T* p, T cmp, T v) {
+    std::lock_guard<std::mutex> g(kl::atomic_lock()); T o = *p; if (o == cmp) *p = v; return o;
+}
 
 // ---- clusters: what the kernels' own PTX helpers do ---------------------------------------------------------
 namespace kl {

@@ -93,10 +93,10 @@ def _checked_param(text: str) -> str:
     t = " ".join(text.split())
     if t.count("*") != 1 or "CUtensorMap" in t or "(" in t:
         return text
-    m = re.match(r"^(.*?)\*\s*(?:__restrict__|__restrict)?\s*(?:const\s+)?(\w+)\s*$", t)
-    if not m or not m.group(1).strip():
+    m = re.match(r"^(.*?)\*\s*(?:__restrict__|__restrict)?\s*(?:const\s+)?(\w*)\s*$", t)
+    if not m or not m.group(1).strip() or m.group(2) in ("const", "__restrict__", "__restrict"):
         return text
-    return f"::kl::gptr<{m.group(1).strip()}> {m.group(2)}"
+    return f"::kl::gptr<{m.group(1).strip()}> {m.group(2)}".rstrip()     # (an explicit instantiation names none)
 
 
 def _wrap_auto(text: str, clean: str, edits: list, lo: int, hi: int) -> None:
@@ -144,6 +144,10 @@ def checked_source(text: str, level: int) -> str:
                 i = _match(clean, mm.end() - 1, "(", ")") + 1
             elif bracket == "<":
                 i = _match(clean, mm.end() - 1, "<", ">") + 1
+                after_args = re.compile(r"\s*\(").match(clean, i)
+                if after_args:                  # an explicit instantiation: name<args>(params)
+                    name_at = after_args.end() - 1
+                    break
             else:
                 i = mm.end()
         if name_at is None:
