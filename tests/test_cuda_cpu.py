@@ -273,3 +273,15 @@ __global__ void copy_first(const float* x, float* y) { y[threadIdx.x] = first(x)
     assert rep.ok and any("did not compile" in n and "nothing" in n for n in rep.notes), rep.notes
     m.copy_first[1, 4](np.full(1, 2, np.float32), y)
     np.testing.assert_array_equal(y, [2, 3, 4, 5])
+
+
+def test_a_launch_with_fewer_checks_runs_in_a_child_and_a_crash_is_reported():
+    src = """template <typename T> __device__ void put(T* p, long i, T v) { p[i] = v; }
+__global__ void scatter(float* y, long far) { put(y, threadIdx.x == 3 ? far : (long)threadIdx.x, 1.0f); }
+"""
+    m = cell(src)
+    y = np.zeros(4, np.float32)
+    m.scatter[1, 3](y, 0)                             # in bounds: the child's writes come back
+    np.testing.assert_array_equal(y, [1, 1, 1, 0])
+    with pytest.raises(CpuLaunchError, match="crashed the CPU path"):
+        m.scatter[1, 4](y, 1 << 40)                   # far out of bounds, unchecked: the child dies, not this process
