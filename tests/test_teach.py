@@ -261,6 +261,7 @@ def test_a_wrong_variant_fails_with_its_finding(variant):
     assert "internal" not in kinds and "spec" not in kinds
 
 
+@pytest.mark.slow                 # a host build and some dozen CPU launches each: minutes for all of them
 @pytest.mark.skipif(GPU, reason="with a GPU these run in full: tests/gpu/test_exercises_gpu.py")
 @pytest.mark.skipif(cpu_compiler() is None, reason="no host C++ compiler for the CPU path (pip install ziglang)")
 @pytest.mark.parametrize("variant", CPU_PATH_VARIANTS, ids=str)
