@@ -14,6 +14,7 @@ from .analysis.arch import base_arch, compute_capability, normalize_arch
 from .analysis.occupancy import best_block_sizes, occupancy
 from .compile import cache as _cache, disasm
 from .compile.cubin import read_cubin
+from .run.sim.cuda import cpu as _cpu
 from .compile.nvrtc import CompileOutput, compile_cached
 from .compile.sass_lines import ptx_lines, sass_instructions
 from .compile.sass_summary import split_functions, summarize
@@ -243,9 +244,7 @@ class Kernel:
         notebook-wide setting.
         """
         if self.simulate:
-            from .run.sim.cuda import cpu
-
-            cpu.launch(self, grid, block, args, shared_bytes=shared_bytes, cluster=cluster)
+            _cpu.launch(self, grid, block, args, shared_bytes=shared_bytes, cluster=cluster)
             return None
         if sync is None:
             sync = self.launch_blocking
@@ -353,9 +352,7 @@ class Kernel:
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process;
         for a kernel on the CPU path (`simulate`), the same tools' checks on the CPU (kernellab.run.sim.cuda)."""
         if self.simulate:
-            from .run.sim.cuda import cpu
-
-            return cpu.sanitize(self, grid, block, args, shared_bytes=shared_bytes, tool=tool, cluster=cluster, **kw)
+            return _cpu.sanitize(self, grid, block, args, shared_bytes=shared_bytes, tool=tool, cluster=cluster, **kw)
         return _sanitize.sanitize(self.job(grid, block, *args, shared_bytes=shared_bytes, cluster=cluster), tool, **kw)
 
     def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False,

@@ -26,6 +26,7 @@ from IPython.display import display
 
 from .. import report
 from ..run.launch import device as _device
+from ..run.sim.cuda.toolchain import host_compiler, why_none
 from .recorded import SKIP_MIME, current_cell_id, lookup, lookup_cell_id
 
 CPU_MIME = "application/vnd.kernellab.cpu+json"
@@ -135,8 +136,6 @@ class GpuMagics(Magics):
             args = parse_argstring(self.cpu, line)
         except Exception as exc:
             raise UsageError(f"%%cpu {line}: {exc}") from None
-        from ..run.sim.cuda.toolchain import host_compiler, why_none
-
         ok, reason = _device.gpu_status()
         if ok:
             return None

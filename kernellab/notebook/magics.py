@@ -12,7 +12,10 @@ from traitlets import Bool, Unicode
 from .. import report
 from ..errors import CompileError, KernellabError
 from ..kernel import compile_cuda
-from .status import publish_status
+from ..run.launch.device import gpu_status
+from ..run.sim.cuda.cpu import unsupported
+from ..run.sim.cuda.toolchain import host_compiler, why_none
+from .status import note_simulator, publish_status
 
 
 def _options(values) -> tuple[str, ...]:
@@ -76,9 +79,6 @@ def refresh_status() -> None:
 def cpu_decision(asked: bool) -> tuple[bool, str]:
     """(whether a %%cuda cell's kernels launch on the CPU, the one line that says so): with --sim, or where no GPU is
     usable and a host C++ compiler is there to build the CPU path."""
-    from ..run.launch.device import gpu_status
-    from ..run.sim.cuda.toolchain import host_compiler, why_none
-
     compiler = host_compiler()
     if asked:
         if compiler is None:
@@ -149,13 +149,9 @@ class KernellabMagics(Magics):
         if sim_note:
             module.notes += (sim_note,)
             if simulate:
-                from ..run.sim.cuda.cpu import unsupported
-
                 why = unsupported(cell, 2)
                 if why:
                     module.notes += (f"this cell's kernels cannot launch on the CPU: {why}",)
-                from .status import note_simulator
-
                 note_simulator()
         bind_kernels(self.shell, module, args.name)
         if args.ptx or args.sass:

@@ -37,6 +37,7 @@ from ..run.launch import device as _device
 from ..run.launch.worker import IsolatedLaunchError
 from ..run.measure.bench import bench
 from ..run.nvtools.sanitize import ToolNotFoundError
+from ..run.sim.cuda import cpu as _cpu_path
 from ..run.sim.numba_sim import SimulatedKernelError, SimulatorNotice
 from . import compare as _cmp
 from .result import Check, Finding, GradeResult, Speed
@@ -800,21 +801,17 @@ def _cpu_copy(k):
     """(the kernel on the CPU path, '') or (None, why it cannot run there)."""
     if getattr(k, "backend", None) != "cuda" or getattr(k, "module", None) is None:
         return None, "only CUDA C++ kernels run on the CPU path"
-    from ..run.sim.cuda import cpu
-
-    why = cpu.unsupported(k.module.source or "", k.module.first_line)
+    why = _cpu_path.unsupported(k.module.source or "", k.module.first_line)
     if not why:
-        ok, why = cpu.available()
+        ok, why = _cpu_path.available()
         if ok:
             try:
-                cpu.host_kernel(k)
+                _cpu_path.host_kernel(k)
             except Exception as exc:
                 lines = str(exc).strip().splitlines()
                 first = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else type(exc).__name__)
                 why = f"the CPU path could not build it: {first.strip()[:300]}"
             else:
-                import copy
-
                 c = copy.copy(k)
                 c.simulate = True
                 c._launchers = {}

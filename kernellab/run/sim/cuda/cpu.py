@@ -9,10 +9,12 @@ import re
 import threading
 import time
 
+import numpy as np
+
 from ....errors import KernellabError
+from ...findings import Finding, Location, SanitizerReport, combine
 from ..numba_sim import SimulatedKernelError
-from ...findings import SanitizerReport, combine
-from .emulate import EMULATED, compile_host
+from .emulate import EMULATED, compile_host, host_source
 from .toolchain import host_compiler, why_none
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -46,8 +48,6 @@ class CpuLaunchError(SimulatedKernelError):
 def unsupported(source: str, first_line: int = 1) -> str:
     """What in `source` the CPU path cannot run ('' where it can run all of it): inline PTX other than the helpers it
     emulates, and the instructions behind it (wgmma, TMA, ...), with the cell line."""
-    from .emulate import host_source
-
     def no_comments(s: str) -> str:
         return re.sub(r"//[^\n]*|/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), s, flags=re.S)
 
@@ -161,8 +161,6 @@ def sanitize(kernel, grid, block, args, *, tool: str = "memcheck", shared_bytes:
     for t in tools:
         mine = tuple(f for f in run.findings if f.tool == t)
         if t == "synccheck" and run.error and "deadlock" in run.error:
-            from ...findings import Finding, Location
-
             mine += (Finding(tool="synccheck", kind="deadlock", message="Deadlock: a barrier that not every thread "
                              "reaches", where=Location(function=kernel.name), detail=run.error.splitlines()[0]),)
         reports.append(SanitizerReport(tool=t, kernel=kernel.name, findings=mine,
@@ -175,8 +173,6 @@ def sanitize(kernel, grid, block, args, *, tool: str = "memcheck", shared_bytes:
 
 
 def _copy(a):
-    import numpy as np
-
     if isinstance(a, np.ndarray):
         return a.copy()
     if type(a).__module__.startswith("torch"):

@@ -14,13 +14,23 @@ and replaced by the emulated ones; other inline PTX cannot run here.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import hashlib
 import os
 import pathlib
+import pickle
 import re
-import shutil
 import subprocess
 import tempfile
+
+import numpy as np
+
+from ....analysis.arch import normalize_arch
+from ....compile.cubin import read_cubin
+from ....compile.nvrtc import compile_cached
+from ....compile.signature import find_kernels, signature_for, split_top_level, strip_comments_and_strings
+from ....compile.toolkit import find_tool
+from ...findings import Finding, Location
 
 from .toolchain import host_compiler, is_gcc, why_none
 
@@ -124,8 +134,6 @@ def checked_source(text: str, level: int) -> str:
     """`text` (host_source's) rewritten for the checks of `level` (2, 1; 0 leaves it)."""
     if level <= 0:
         return text
-    from kernellab.compile.signature import split_top_level, strip_comments_and_strings
-
     clean = strip_comments_and_strings(text)
     edits: list[tuple[int, int, str]] = []          # (start, end, replacement) in text's positions
     for m in re.finditer(r"\b__global__\b", clean):
@@ -243,11 +251,14 @@ def compile_host(source: str, arch: str = "sm_90", first_line: int = 2, filename
     with the tests that compile the same cell for its resources; `module` is that compiled Module where the caller
     has it. checks: the most checks to build in (2: all, 1: pointer arguments' bounds, 0: none); where the kernel
     does not compile with them, the next level down is tried and the HostModule's `notes` say so."""
-    import kernellab
-
-    if module is None:
-        module = kernellab.compile_cuda(source, arch=arch, first_line=first_line, filename=filename)
-    kernels = list(module.kernels)
+    if module is None:                    # the compile cache's entry (compile_cuda's too), its kernels' signatures
+        output, _ = compile_cached(source, normalize_arch(arch), (), filename=filename, first_line=first_line)
+        found = find_kernels("\n" * (first_line - 1) + source)
+        kernels = [_Compiled(signature_for(sym, found)) for sym in (output.reports or read_cubin(output.cubin))]
+        kernels.sort(key=lambda k: (k.signature.line is None, k.signature.line or 0, k.symbol))
+        cubin = output.cubin
+    else:
+        kernels, cubin = list(module.kernels), module.cubin
     base = host_source(source)
     opt = os.environ.get("KERNELLAB_EMU_OPT", "-O1 -g0").split()       # e.g. "-O0 -g" to debug under gdb
     notes, logs = [], []
@@ -265,7 +276,7 @@ def compile_host(source: str, arch: str = "sm_90", first_line: int = 2, filename
                      if logs[0].strip() else "")
         notes.append(f"checked on the CPU: {CHECK_LEVELS[level]}; the fuller checks did not compile: "
                      f"{first.strip()[:300]}")
-    return HostModule(ctypes.CDLL(str(lib)), kernels, cluster_dims(module.cubin), level=level,
+    return HostModule(ctypes.CDLL(str(lib)), kernels, cluster_dims(cubin), level=level,
                       source=source, first_line=first_line, filename=filename, notes=notes)
 
 
@@ -301,8 +312,6 @@ def _wrappers(kernels, level: int) -> str:
 
 def cluster_dims(cubin: bytes) -> dict[str, int]:
     """Blocks per cluster (x) of each kernel compiled with __cluster_dims__, from the cubin's .nv.info sections."""
-    from kernellab.compile.toolkit import find_tool
-
     tool = find_tool("cuobjdump")
     if tool is None:
         raise RuntimeError("cuobjdump (from the CUDA wheels) is needed to read cluster sizes from the cubin")
@@ -317,6 +326,17 @@ def cluster_dims(cubin: bytes) -> dict[str, int]:
         if m and c:
             found[m.group(1)] = int(c.group(1), 16)
     return found
+
+
+class _Compiled:
+    """A kernel compiled by NVRTC, as compile_host needs it without a kernellab Module: its signature."""
+
+    def __init__(self, signature):
+        self.signature = signature
+
+    name = property(lambda self: self.signature.name)
+    symbol = property(lambda self: self.signature.symbol)
+    params = property(lambda self: self.signature.params)
 
 
 class HostModule:
@@ -353,8 +373,6 @@ class HostModule:
     def take_findings(self, kernel: str, text: str | None = None) -> list:
         """The findings of the launch that just ran (kernellab.run.findings.Finding, cell lines), and clear them;
         `text`: the library's findings text, where the launch ran in a child process."""
-        from ...findings import Finding, Location
-
         if text is None:
             text = self._findings().decode()
             self.lib.kl_clear_findings()
@@ -427,8 +445,6 @@ class HostKernel:
         """Launch and return a CpuRun (error text and findings) instead of raising for what the kernel did."""
         if shared_bytes > 227 * 1024:
             raise ValueError(f"{shared_bytes} bytes of dynamic shared memory: more than a block has (227 KiB)")
-        import numpy as np
-
         dims = [tuple(d) + (1,) * (3 - len(d)) if isinstance(d, (tuple, list)) else (int(d), 1, 1)
                 for d in (grid, block)]
         if any(int(v) < 1 for d in dims for v in d):
@@ -485,15 +501,11 @@ class HostKernel:
 
     def _run_forked(self, call, buffers) -> CpuRun:
         """The launch in a forked child; its pointer arguments' bytes come back through a pipe."""
-        import pickle
-
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:                                          # the child: launch, send the bytes, leave at once
             try:
                 os.close(r)
-                import faulthandler
-
                 faulthandler.disable()                        # a crash here is reported by the parent, quietly
                 err = self.fn(*call)
                 payload = pickle.dumps((err.decode() if err else "", self.host._findings().decode(),
