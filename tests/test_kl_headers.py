@@ -285,7 +285,7 @@ def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypa
     assert edited.cubin != first.cubin                      # and it is the edited header that was compiled
 
 
-# --- the CPU emulators (tests/emu) compile the headers: their #else branches call kl_emu:: ---------------------------
+# --- the CPU emulators (kernellab/run/sim/cuda) compile the headers: their #else branches call kl_emu:: ---------------------------
 
 # cuda_host.h (fibers: tutorials 03 and 04) and ptx_emu.h (threads: tutorials 05 to 07) each emulate the PTX of
 # the headers their tutorials include.
@@ -300,8 +300,7 @@ def test_every_header_is_emulated_by_one_emulator_or_the_other():
 @pytest.mark.slow
 def test_the_fiber_emulator_compiles_its_headers():
     pytest.importorskip("torch")
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from emu import emulate
+    from kernellab.run.sim.cuda import emulate
 
     if emulate.compiler() is None:
         pytest.skip("no host C++ compiler (g++)")
@@ -323,8 +322,7 @@ extern "C" __global__ void k(const __nv_bfloat16* x, float* y) {
 
 @pytest.mark.slow
 def test_the_thread_emulator_compiles_its_headers():
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from emu import emulate, ptx_emu
+    from kernellab.run.sim.cuda import emulate, ptx_emu
 
     if emulate.compiler() is None:
         pytest.skip("no host C++ compiler (g++)")

@@ -2,7 +2,7 @@
 // Math happens in fp32: a kernel widens each element with to_float where it is used and narrows its result with
 // from_float<T> (round to nearest even) where it is stored.
 #pragma once
-#ifndef KL_EMULATOR            // the CPU emulators (tests/emu) define the 16-bit types themselves
+#ifndef KL_EMULATOR            // the CPU emulators (kernellab/run/sim/cuda) define the 16-bit types themselves
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #endif

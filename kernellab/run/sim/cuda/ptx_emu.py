@@ -396,7 +396,8 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, 
     head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
     header = _precompiled_header()
     program = (f'#include "{header}"\n{head}\n{prepare(source)}\n' + _MAIN.replace("CALL", _call(k)))
-    digest = hashlib.sha256((program + (HERE / "ptx_emu.h").read_text() + own_headers_digest() + " ".join(_compiler())).encode()
+    digest = hashlib.sha256((program + (HERE / "ptx_emu.h").read_text() + own_headers_digest()
+                             + " ".join(_compiler())).encode()
                             ).hexdigest()[:20]
     binary = CACHE / f"{kernel}-{digest}"
     if not binary.exists():
