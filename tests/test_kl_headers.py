@@ -4,7 +4,6 @@ with cuobjdump; no GPU needed)."""
 import pathlib
 import re
 import shutil
-import sys
 
 import numpy as np
 
