@@ -26,6 +26,9 @@ INITCHECK_SCOPE = ("initcheck on the CPU watches shared memory (reads of element
                    "compute-sanitizer's initcheck, on a GPU, watches global memory")
 _lock = threading.Lock()
 _ASM = re.compile(r"\basm\b(\s+volatile)?\s*\(")
+# kernellab's headers whose kl_emu:: branches only the tensor-core emulator (ptx_emu.h) has
+_TENSOR_CORE_HEADERS = {"kl/cp_async.cuh": "cp.async (<kl/cp_async.cuh>)", "kl/mma.cuh": "mma.sync (<kl/mma.cuh>)",
+                        "kl/wgmma.cuh": "wgmma (<kl/wgmma.cuh>)"}
 _NOT_EMULATED = (("wgmma", "wgmma (warpgroup matrix multiply)"), ("cp.async.bulk.tensor", "TMA (cp.async.bulk.tensor)"),
                  ("CUtensorMap", "TMA tensor maps (CUtensorMap)"), ("mma.sync", "mma.sync (tensor cores)"),
                  ("ldmatrix", "ldmatrix"), ("cp.async", "cp.async"), ("setmaxnreg", "setmaxnreg"),
@@ -58,6 +61,10 @@ def unsupported(source: str, first_line: int = 1) -> str:
         i = raw.find(needle)
         if i >= 0 and (needle != "cp.async" or "cp.async.bulk.tensor" not in raw):
             found.append(f"{what} (line {raw.count(chr(10), 0, i) + first_line})")
+    for header, what in _TENSOR_CORE_HEADERS.items():
+        inc = re.search(r"^\s*#\s*include\s*[<\"]" + re.escape(header) + r"[>\"]", raw, re.M)
+        if inc:
+            found.append(f"{what} (line {raw.count(chr(10), 0, inc.start()) + first_line})")
     for m in _ASM.finditer(text):
         if re.match(r'\s*""', text[m.end():]):       # an empty asm (a compiler barrier): the host compiles it too
             continue

@@ -29,7 +29,7 @@ from ....analysis.arch import normalize_arch
 from ....compile.cubin import read_cubin
 from ....compile.nvrtc import compile_cached
 from ....compile.signature import find_kernels, signature_for, split_top_level, strip_comments_and_strings
-from ....compile.toolkit import find_tool
+from ....compile.toolkit import KL_INCLUDE, find_tool, own_headers_digest
 from ...findings import Finding, Location
 
 from .toolchain import host_compiler, is_gcc, why_none
@@ -211,8 +211,6 @@ def _build(text: str, opt: list[str]) -> tuple[pathlib.Path | None, str]:
         # Each library keeps its own inline and template thread_locals (the __shared__ variables and the
         # scheduler's state): unified across libraries, they would break distributed shared memory.
         flags.append("-fno-gnu-unique")
-    from kernellab.compile.toolkit import KL_INCLUDE, own_headers_digest
-
     flags.append(f"-I{KL_INCLUDE}")                   # kernellab's headers (<kl/...>), their kl_emu:: branches
     headers = HEADER.read_text() + (HERE / "checks.h").read_text() + own_headers_digest()
     key = hashlib.sha256("\0".join([text, headers, *command, *opt, *flags]).encode()).hexdigest()[:20]
