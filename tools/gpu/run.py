@@ -68,10 +68,10 @@ SUITES: dict[str, Suite] = {
             "test_bench_gpu.py", "test_check_gpu.py", "test_hostile_gpu.py", "test_autotune_gpu.py",
             "test_tools_gpu.py", "test_ncu_banks_gpu.py"))),
     "tests-sim": Suite(
-        "the simulator against the hardware: racecheck's corpus, the exercise graders (hardware, compute-sanitizer "
-        "and the simulator's checks side by side)", 570,
+        "the simulators against the hardware: racecheck's corpus, the exercise graders (hardware, compute-sanitizer "
+        "and the simulator's checks side by side), CUDA C++ on the CPU path against the GPU", 570,
         tests=tuple(GPU_TESTS + f for f in (
-            "test_racecheck_gpu.py", "test_exercises_gpu.py", "test_exercises07_gpu.py"))),
+            "test_racecheck_gpu.py", "test_exercises_gpu.py", "test_exercises07_gpu.py", "test_cuda_cpu_gpu.py"))),
     "tests-tutorials": Suite(
         "the tutorials' kernels on awkward shapes: row kernels (03/04), matmul ladders (05/06), attention (07), and "
         "the device headers they include (kernellab/include/kl); a notebook run stamped with the GPU for its recorded "
