@@ -18,9 +18,11 @@ import kernellab
 METHODS = ("kernellab.bench", "do_bench", "sustained")
 
 
-def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False) -> dict[str, dict[str, float]]:
+def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False,
+                   generator_device: str = "cpu") -> dict[str, dict[str, float]]:
     """{method: {name: median ms}} for every function of `fns` (name -> f(*args)) on `inputs` (a tuple, or
-    inputs(generator) -> tuple), the three methods in METHODS; a method that cannot run here is left out."""
+    inputs(generator) -> tuple, the generator on `generator_device`), the three methods in METHODS; a method that
+    cannot run here is left out."""
     import torch
 
     first, *rest = fns
@@ -28,13 +30,13 @@ def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False) -> dic
     out: dict[str, dict[str, float]] = {}
     for method, extra in (("kernellab.bench", {}), ("sustained", {"sustained": True})):
         r = kernellab.bench(fns[first], inputs, baselines={n: fns[n] for n in rest}, flops=flops, name=first,
-                            **opts, **extra)
+                            generator_device=generator_device, **opts, **extra)
         out[method] = {first: r.median_ms, **{b.name: b.median_ms for b in r.baselines}}
     try:
         from triton.testing import do_bench
     except ImportError:
         return out
-    args = inputs(torch.Generator().manual_seed(0)) if callable(inputs) else tuple(inputs)
+    args = inputs(torch.Generator(generator_device).manual_seed(0)) if callable(inputs) else tuple(inputs)
     out["do_bench"] = {n: float(do_bench(lambda f=f: f(*args), warmup=25, rep=100 if quick else 200,
                                          return_mode="median")) for n, f in fns.items()}
     return out

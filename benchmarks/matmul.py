@@ -315,7 +315,8 @@ class Runner:
             lambda A, B: fn(A, B, A.new_empty(A.shape[0], B.shape[1] if sgemm else B.shape[0])))
         fns = {v.label: op, "torch": (lambda A, B: A @ B) if sgemm else (lambda A, B: A @ B.T)}
         make = inputs(v.family, dtype, M, N, K)
-        ms = as_called.time_as_called(fns, lambda g: make(g)[:2], flops=2 * M * N * K, quick=self.args.quick)
+        ms = as_called.time_as_called(fns, lambda g: make(g)[:2], flops=2 * M * N * K, quick=self.args.quick,
+                                      generator_device="cuda")
         for row in as_called.rows_for(ms, "torch"):
             row["label"] = f"{v.label} {dtype_name} {M}x{N}x{K}"
             self.called.append(row)

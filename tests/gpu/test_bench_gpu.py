@@ -64,8 +64,9 @@ def test_l2_flush_evicts_what_a_small_reread_would_find(torch, datasheet):
 
 def test_a_clean_flush_reads_its_buffer_evicts_and_spares_the_write_back(torch):
     """flush_l2="clean" never writes its buffer (the bytes stay as set), still evicts a 16 MiB input (re-reading it
-    is slower than from a warm L2), says so in the result, and times a 16 MiB copy faster than the write flush,
-    whose dirty lines the copy has to evict (H100: 8.7 against 10.6 µs, docs/RESULTS.md)."""
+    is slower than from a warm L2: H200 14.6 against 12.9 µs, the reduction's own cost being most of it), says so
+    in the result, and times a 16 MiB copy faster than the write flush, whose dirty lines the copy has to evict
+    (H100: 8.7 against 10.6 µs, docs/RESULTS.md)."""
     from kernellab.run.measure.bench import CudaClock
 
     clock = CudaClock(flush_l2="clean")
@@ -81,7 +82,7 @@ def test_a_clean_flush_reads_its_buffer_evicts_and_spares_the_write_back(torch):
     clean = bench(read, (x,), bytes=16 * MIB, rotate=False, flush_l2="clean", name="clean")
     warm = bench(read, (x,), bytes=16 * MIB, rotate=False, flush_l2=False, name="warm")
     assert clean.l2_flush == "clean" and warm.l2_flush == "none" and "flushed by reading" in clean.method
-    assert clean.median_ms > 1.2 * warm.median_ms, f"{clean}\n{warm}"
+    assert clean.median_ms > 1.08 * warm.median_ms, f"{clean}\n{warm}"
     src = torch.randn(4 * MIB, device="cuda")                 # 16 MiB read, 16 MiB written
     dst = torch.empty_like(src)
     copies = {kind: bench(lambda s, d: d.copy_(s), (src, dst), bytes=32 * MIB, flush_l2=kind, name=kind)

@@ -96,7 +96,7 @@ def test_encode_from_a_fresh_process_and_a_thread_without_a_context():
     tensor's GPU's primary context first."""
     code = textwrap.dedent("""
         import threading
-        from kernellab.run import cudriver
+        from kernellab.run.launch import cudriver
         from kernellab.run.launch.tensor_map import encode
         assert cudriver.current_context() is None                # nothing has made a context yet
         raw = encode("FLOAT32", 0x10000, (64, 64), (256, 4), (16, 32), (1, 1), "none", "none", "none", "zero")
