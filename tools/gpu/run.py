@@ -280,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "--list":
         for name, s in SUITES.items():
-            print(f"{name:18s} {s.limit_s:4d} s  {s.about}")
+            print(f"{name:22s} {s.limit_s:4d} s  {s.about}")
         for name, members in GROUPS.items():
-            print(f"{name:18s}         {' + '.join(members)}")
+            print(f"{name:22s}         {' + '.join(members)}")
         return 0
     gpus = 1
     if argv[0] == "--gpus":                         # spread the suites over this many GPUs of the host
