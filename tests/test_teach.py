@@ -246,11 +246,13 @@ PTX_VARIANTS = [v for v in GPU_ONLY_VARIANTS if v not in CPU_PATH_VARIANTS]
 
 
 def _first_of_each_exercise_quick(variants):
-    """Each variant as a test; only the first of each exercise outside the slow set (`make test-fast`)."""
+    """Each variant as a test; only the first of each exercise (but 07-ldmatrix-swizzle's, see QUICK_IDS) outside
+    the slow set (`make test-fast`)."""
     seen = set()
     out = []
     for v in variants:
-        out.append(pytest.param(v, id=str(v), marks=() if v.exercise not in seen else pytest.mark.slow))
+        quick = v.exercise not in seen and v.exercise != "07-ldmatrix-swizzle"
+        out.append(pytest.param(v, id=str(v), marks=() if quick else pytest.mark.slow))
         seen.add(v.exercise)
     return out
 
