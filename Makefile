@@ -79,7 +79,7 @@ browser-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
 	  else echo "Chromium is missing: sudo apt-get install chromium (the browser tests skip without it)"; fi; }
 
-# On a GPU machine whose Python already has torch/cupy/numba (IPython and Jupyter may be missing): the GPU tests' four
+# On a GPU machine whose Python already has torch/cupy/numba (IPython and Jupyter may be missing): the GPU tests'
 # suites with the interpreter on PATH, no venv. tools/gpu/run.py runs any suite (--list names them).
 gpu-test:
 	python3 tools/gpu/run.py tests

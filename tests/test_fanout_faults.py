@@ -163,6 +163,7 @@ def grade_or_misbehave_job(arg):
     return grade_or_misbehave(*arg)
 
 
+@pytest.mark.slow
 def test_grade_class_loses_nothing_when_a_worker_is_killed_or_a_submission_hangs(pool, tmp_path):
     _alive(pool)
     marker = tmp_path / "killed"
@@ -183,6 +184,7 @@ def test_grade_class_loses_nothing_when_a_worker_is_killed_or_a_submission_hangs
     assert a.to_json()["rows"][1]["rerun"] == ben.rerun
 
 
+@pytest.mark.slow
 def test_a_submission_that_kills_every_worker_is_an_error_row_and_the_others_are_graded(pool):
     _alive(pool)
     subs = {"gus": "always-kill", **{f"s{i}": "fine" for i in range(4)}}

@@ -3,6 +3,7 @@ to exactly one test suite (a new one that is in none fails here, not silently on
 as documented, and the summary reads pytest's counts."""
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,14 +46,40 @@ def test_every_gpu_test_file_is_in_exactly_one_test_suite(runner):
     assert len(gpu_files) >= 15, "the search for GPU test files found too few to be right"
     unowned = sorted(gpu_files - set(owners))
     assert not unowned, f"GPU test files in no suite of tools/gpu/run.py (add each to one tests-* suite): {unowned}"
-    twice = {p: o for p, o in owners.items() if len(o) > 1}
-    assert not twice, f"GPU test files in more than one suite: {twice}"
+    twice = {p: o for p, o in owners.items() if len(o) > 1 and not all(runner.SUITES[n].select for n in o)}
+    assert not twice, f"GPU test files in more than one suite without a -k share each: {twice}"
     assert set(runner.GROUPS["tests"]) == {n for n, s in runner.SUITES.items() if s.tests}
+
+
+def collected(files, select=""):
+    """Test ids pytest collects from `files` (with -k `select`), as the GPU machine would."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "gpu", *files]
+    p = subprocess.run(cmd + (["-k", select] if select else []), cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode in (0, 5), p.stdout[-2000:] + p.stderr[-2000:]
+    return {line for line in p.stdout.splitlines() if "::" in line}
+
+
+@pytest.mark.slow
+def test_suites_sharing_a_file_split_its_tests_without_gap_or_overlap(runner):
+    """Where one file's GPU tests are spread over suites by -k (the exercise graders: ~7 s a test), every test runs in
+    exactly one of them."""
+    shared: dict[str, list[str]] = {}
+    for name, suite in runner.SUITES.items():
+        if suite.select:
+            for path in suite.tests:
+                shared.setdefault(path, []).append(name)
+    assert shared
+    for path, names in shared.items():
+        every = collected([path])
+        parts = {n: collected([path], runner.SUITES[n].select) for n in names}
+        assert every and set().union(*parts.values()) == every, (path, every - set().union(*parts.values()))
+        assert sum(len(p) for p in parts.values()) == len(every), f"{path}: a test in two suites"
 
 
 def test_arguments_follow_their_suite(runner):
     plan = runner.parse_args(["tests", "notebooks", "04", "07-fused-attention", "bench-matmul", "--only", "sgemm"])
-    assert plan == [("tests-launch", []), ("tests-measure", []), ("tests-sim", []), ("tests-tutorials", []),
+    assert plan == [("tests-launch", []), ("tests-measure", []), ("tests-sim", []), ("tests-exercises-01-04", []),
+                    ("tests-exercises-05-07", []), ("tests-tutorials", []),
                     ("notebooks", ["04", "07-fused-attention"]), ("bench-matmul", ["--only", "sgemm"])]
     with pytest.raises(SystemExit, match="unknown suite 'nope'"):
         runner.parse_args(["nope"])

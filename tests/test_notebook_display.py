@@ -48,6 +48,7 @@ def fresh_shell():
     return proc
 
 
+@pytest.mark.slow
 def test_a_figure_from_a_fresh_notebook_shows_as_a_png(fresh_shell):
     first = _line(fresh_shell.stdout, "FIG")
     assert "image/png" in first["mimes"] and first["png"].startswith("iVBOR"), first     # base64 of b"\x89PNG"

@@ -475,6 +475,7 @@ def test_explorer_takes_a_kernel():
         (256, 72, 4224, "sm_90")
 
 
+@pytest.mark.slow
 def test_explorer_shows_the_shared_memory_the_kernels_card_shows(tmp_cache):
     """1032 B declared (a float[258] tile): the slider's grid holds 1032 (a slider snaps its value to min + k * step,
     which showed 1024 with 128 B steps); the reasons say what the block is allocated (rounded up, plus the

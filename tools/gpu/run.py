@@ -12,7 +12,7 @@ It uses the machine's own python3 (torch, CuPy, numba-cuda), first installing th
 suite runs under its time limit (each fits one 10-minute call on its own) with its output in $OUT/<suite>.log (OUT
 defaults to ./gpu-out), artifacts in $OUT/<suite>/ (KERNELLAB_ARTIFACTS, executed notebooks, benchmark tables). The
 last thing printed is one line per suite: its seconds and passed/failed. The exit status is 0 only if every suite
-passed. `make gpu-test` runs the four test suites.
+passed. `make gpu-test` runs every test suite (`tests`).
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ class Suite:
     takes_args: bool = False
     needs_kernel: bool = False              # a Jupyter kernel spec (notebooks, the fault suite)
     all_gpus: bool = False                  # uses every GPU of the host: runs alone, after the lanes of --gpus
+    select: str = ""                        # pytest -k: a share of the files' tests (the others in sibling suites)
     env: dict = field(default_factory=dict)
 
     def paths(self) -> list[str]:
@@ -68,10 +69,20 @@ SUITES: dict[str, Suite] = {
             "test_bench_gpu.py", "test_check_gpu.py", "test_hostile_gpu.py", "test_autotune_gpu.py",
             "test_tools_gpu.py", "test_ncu_banks_gpu.py"))),
     "tests-sim": Suite(
-        "the simulators against the hardware: racecheck's corpus, the exercise graders (hardware, compute-sanitizer "
-        "and the simulator's checks side by side), CUDA C++ on the CPU path against the GPU", 570,
-        tests=tuple(GPU_TESTS + f for f in (
-            "test_racecheck_gpu.py", "test_exercises_gpu.py", "test_exercises07_gpu.py", "test_cuda_cpu_gpu.py"))),
+        "the simulators against the hardware: racecheck's corpus, tutorial 00's puzzles graded on the GPU "
+        "(compute-sanitizer and the simulator's checks side by side; ~7 s a test), CUDA C++ on the CPU path against "
+        "the GPU", 570,
+        tests=(GPU_TESTS + "test_racecheck_gpu.py", GPU_TESTS + "test_exercises_gpu.py",
+               GPU_TESTS + "test_cuda_cpu_gpu.py"),
+        select="00- or not test_exercises_gpu"),
+    "tests-exercises-01-04": Suite(
+        "tutorials 01-04's exercises graded on the GPU: reference solutions and every wrong variant; the grader's "
+        "fault, race and out-of-bounds reports", 570,
+        tests=(GPU_TESTS + "test_exercises_gpu.py",), select="01- or 02- or 03- or 04- or not ["),
+    "tests-exercises-05-07": Suite(
+        "tutorials 05-07's exercises graded on the GPU", 570,
+        tests=(GPU_TESTS + "test_exercises_gpu.py", GPU_TESTS + "test_exercises07_gpu.py"),
+        select="05- or 06- or 07- or test_exercises07_gpu"),
     "tests-tutorials": Suite(
         "the tutorials' kernels on awkward shapes: row kernels (03/04), matmul ladders (05/06), attention (07), and "
         "the device headers they include (kernellab/include/kl); a notebook run stamped with the GPU for its recorded "
@@ -158,7 +169,8 @@ def commands(name: str, args: list[str], out: Path) -> list[list[str]]:
     suite = SUITES[name]
     if suite.tests:
         extra = os.environ.get("PYTEST_ARGS", "").split()
-        return [[PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short",
+        select = ["-k", suite.select] if suite.select else []
+        return [[PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", *select,
                  *suite.tests, *extra]]
     cmds = [[a.replace("{out}", str(out / name)) for a in argv] for argv in suite.commands]
     if name == "notebooks":
@@ -268,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "--list":
         for name, s in SUITES.items():
-            print(f"{name:18s} {s.limit_s:4d} s  {s.about}")
+            print(f"{name:22s} {s.limit_s:4d} s  {s.about}")
         for name, members in GROUPS.items():
-            print(f"{name:18s}         {' + '.join(members)}")
+            print(f"{name:22s}         {' + '.join(members)}")
         return 0
     gpus = 1
     if argv[0] == "--gpus":                         # spread the suites over this many GPUs of the host
