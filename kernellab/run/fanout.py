@@ -257,8 +257,9 @@ def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float 
     - A worker process that dies (killed, out of memory, a crash in a driver) takes its jobs with it; the scheduler
       starts them again on another worker, and their JobDone says so (`reruns`, `rerun`). Dask fails a job with
       `distributed.KilledWorker` once more workers died under it than the scheduler allows (3 by default), counting
-      the jobs waiting their turn there too; such a job is sent once more under a new key, so that only a job that
-      kills every worker it runs on ends as KilledWorker.
+      the jobs waiting their turn there too; such a job is sent again under a new key, up to KILLED_RETRIES times
+      (a job queued behind a killer can be failed with it more than once), so that only a job that kills every
+      worker it runs on ends as KilledWorker.
     - With `timeout_s`, a job still running `timeout_s` after it started on its worker is given up (its value is a
       JobTimeout) and that worker is restarted: its other jobs are re-run elsewhere and say so.
     - Each result is fetched and released as it arrives, so a worker lost later costs no finished result.
@@ -271,6 +272,9 @@ def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float 
             yield JobDone(i, value)
         return
     yield from _dask_jobs(client, fn, list(items), timeout_s, poll_s)
+
+
+KILLED_RETRIES = 3      # sends of a job again after Dask failed it as KilledWorker (see `jobs`)
 
 
 def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, no_workers_s: float = 300.0
@@ -292,6 +296,7 @@ def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, 
     moved: dict[str, str] = {}                          # key -> why it left a worker restarted by the watchdog
     no_workers_since: float | None = None
     deaths: dict[int, int] = {}                         # index -> worker deaths in its earlier tries
+    tries: dict[int, int] = {}                          # index -> times sent again after a KilledWorker
     while pending:
         try:
             done = distributed.wait([f for _, f in pending.values()], timeout=poll_s,
@@ -313,11 +318,13 @@ def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, 
                 where = _who_has(client, f)
                 f.release()                             # the result is here now: a worker lost later costs nothing
                 died = lost.get(f.key, 0) + deaths.get(i, 0)
-                if type(value).__name__ == "KilledWorker" and i not in deaths:
+                if type(value).__name__ == "KilledWorker" and tries.get(i, 0) < KILLED_RETRIES:
                     # Dask counts a death against every job assigned to the worker, those waiting their turn too:
-                    # a job queued behind one that kills its workers can be failed with it. Once more under a new
-                    # key; the job that does the killing fails again.
+                    # a job queued behind one that kills its workers can be failed with it, again when it is queued
+                    # behind the killer's own retry. Again under a new key; the job that does the killing fails
+                    # every time.
                     deaths[i] = died
+                    tries[i] = tries.get(i, 0) + 1
                     submit(i)
                     continue
                 n = max(died, int(f.key in moved))      # a restart by the watchdog counts as a death there too
