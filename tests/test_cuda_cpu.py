@@ -210,6 +210,25 @@ def test_fault_suite_out_of_bounds_cases_are_reported():
     assert rep.findings[0].where.cell_line == line_of(FAULTS, "y[i] = x[i + n];")
 
 
+def test_a_null_pointer_argument_is_reported_not_a_crash_of_the_process():
+    """None for a pointer (a null pointer on a GPU): every access through it is out of bounds, reported at its line;
+    the process (the notebook's kernel) lives on. Run in a child so that a regression shows as a crash, not a hang."""
+    import subprocess
+    import sys
+
+    code = (
+        "import kernellab\n"
+        "from kernellab.run.sim.cuda.cpu import CpuLaunchError\n"
+        "m = kernellab.compile_cuda('extern \"C\" __global__ void k(float* x) { x[threadIdx.x] = 1; }', simulate=True)\n"
+        "try:\n"
+        "    m.k[1, 32](None)\n"
+        "except CpuLaunchError as e:\n"
+        "    print('reported:', e.line, e)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "reported: 1 " in p.stdout and "out of bounds at cell line 1" in p.stdout, p.stdout + p.stderr[-2000:]
+
+
 # --- what the CPU path cannot run: said, never passed ------------------------------------------------------------
 
 def test_inline_ptx_it_does_not_emulate_is_named_and_the_grade_is_not_passed():

@@ -32,7 +32,10 @@ def test_kernel_follows_its_own_flag_then_the_notebook_setting(routed, tmp_cache
     assert len(routed) == 2
 
 
-def test_cuda_magic_isolate_marks_the_cells_kernels(tmp_cache, routed):
+def test_cuda_magic_isolate_marks_the_cells_kernels(tmp_cache, routed, monkeypatch):
+    from kernellab.notebook import magics
+
+    monkeypatch.setattr(magics, "gpu_status", lambda: (True, ""))   # the cell targets a GPU, not the CPU path
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "kernellab")
     assert ip.run_cell("%%cuda --arch sm_90 --isolate\n" + SRC).success

@@ -145,7 +145,8 @@ template <typename T> struct gptr {
         return (reinterpret_cast<const char*>(q) - lo) / (long long)(sizeof(T) ? sizeof(T) : 1);
     }
     bool check(const T* q, int at, bool write, const char* access) const {   // false: out of bounds (reported)
-        if (!lo) return true;                          // a null pointer argument: the host faults as the GPU would
+        // a null pointer argument has no element: every access through it is out of bounds (reported, never a
+        // fault of the host process, which is the notebook's kernel)
         const char* c = reinterpret_cast<const char*>(q);
         if (c < lo || c + sizeof(T) > lo + bytes) {
             out_of_bounds("global", name, write, access, element(q),
