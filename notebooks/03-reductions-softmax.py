@@ -1212,14 +1212,7 @@ block_result
 
 # %%
 # %%gpu
-try:
-    from triton.testing import do_bench
-except ImportError:
-    print("triton is not installed: kernellab.bench's figures above are the only ones")
-else:
-    block_ms = {name: do_bench(lambda f=f: f(x_block), return_mode="median")
-                for name, f in (("ours", ours_compiled), ("eager", reference), ("compiled", reference_compiled))}
-    for base in ("eager", "compiled"):
-        print(f"vs the PyTorch block ({base}): {block_ms[base] / block_ms['ours']:.2f}x by do_bench, "
-              f"{block_result.speedup('PyTorch block' + (', torch.compile' if base == 'compiled' else '')).ratio:.2f}x"
-              f" by kernellab.bench")
+from kernellab.teach.block import do_bench_ratios
+
+# the block with kl::softmax against the eager and the compiled PyTorch block: do_bench beside kernellab.bench
+print(do_bench_ratios(block_result, x_block, ours_compiled, reference, reference_compiled))

@@ -84,3 +84,16 @@ def max_errors(ours, reference, want) -> tuple[float, float]:
     """(max |ours - want|, max |reference - want|): an output's error and PyTorch's own, against a float64 `want`."""
     want = want.double()
     return (float((ours.double() - want).abs().max()), float((reference.double() - want).abs().max()))
+
+
+def do_bench_ratios(result, x, ours, eager, compiled) -> str:
+    """Ours against the eager and compiled PyTorch blocks on `x` by triton's do_bench, beside kernellab.bench's."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return "triton is not installed: kernellab.bench's figures above are the only ones"
+    block_ms = {name: do_bench(lambda f=f: f(x), return_mode="median")
+                for name, f in (("ours", ours), ("eager", eager), ("compiled", compiled))}
+    return "\n".join(f"vs the PyTorch block ({base}): {block_ms[base] / block_ms['ours']:.2f}x by do_bench, "
+                     f"{result.speedup(baseline).ratio:.2f}x by kernellab.bench"
+                     for base, baseline in (("eager", "PyTorch block"), ("compiled", "PyTorch block, torch.compile")))
