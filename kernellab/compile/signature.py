@@ -179,6 +179,10 @@ class SourceKernel:
     template: bool
 
 
+# Words that take parentheses between __global__ and a kernel's name (not the name).
+ATTRIBUTE_WORDS = ("__launch_bounds__", "__attribute__", "alignas", "__cluster_dims__", "__maxnreg__", "__declspec")
+
+
 def find_kernels(source: str) -> tuple[SourceKernel, ...]:
     """Every __global__ function declared or defined in `source` (names as written)."""
     text = strip_comments_and_strings(source)
@@ -194,21 +198,20 @@ def find_kernels(source: str) -> tuple[SourceKernel, ...]:
                 i += 1
                 continue
             word, bracket = mm.group(1), mm.group(2)
-            if bracket == "(" and word not in ("__launch_bounds__", "__attribute__", "alignas", "__cluster_dims__",
-                                               "__maxnreg__", "__declspec"):
+            if bracket == "(" and word not in ATTRIBUTE_WORDS:
                 name = word
                 i = mm.end() - 1
                 break
             if bracket == "(":
-                i = _match(text, mm.end() - 1, "(", ")") + 1
+                i = match_bracket(text, mm.end() - 1, "(", ")") + 1
                 continue
             if bracket == "<":
-                i = _match(text, mm.end() - 1, "<", ">") + 1
+                i = match_bracket(text, mm.end() - 1, "<", ">") + 1
                 continue
             i = mm.end()
         if not name:
             continue
-        close = _match(text, i, "(", ")")
+        close = match_bracket(text, i, "(", ")")
         params = parse_params(text[i + 1:close])
         prefix = text[max(0, m.start() - 400):m.start()]
         template = bool(re.search(r"template\s*<[^;{}]*>\s*$", prefix))
@@ -223,7 +226,8 @@ def find_kernels(source: str) -> tuple[SourceKernel, ...]:
     return tuple(unique.values())
 
 
-def _match(text: str, i: int, open_ch: str, close_ch: str) -> int:
+def match_bracket(text: str, i: int, open_ch: str, close_ch: str) -> int:
+    """The index of the `close_ch` that closes the `open_ch` at text[i] (nesting counted; the last index if none)."""
     depth = 0
     for j in range(i, len(text)):
         if text[j] == open_ch:

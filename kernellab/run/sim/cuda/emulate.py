@@ -28,7 +28,8 @@ import numpy as np
 from ....analysis.arch import normalize_arch
 from ....compile.cubin import read_cubin
 from ....compile.nvrtc import compile_cached
-from ....compile.signature import find_kernels, signature_for, split_top_level, strip_comments_and_strings
+from ....compile.signature import (ATTRIBUTE_WORDS, find_kernels, match_bracket, signature_for, split_top_level,
+                                   strip_comments_and_strings)
 from ....compile.toolkit import KL_INCLUDE, find_tool, own_headers_digest
 from ...findings import Finding, Location
 
@@ -83,19 +84,6 @@ CHECK_LEVELS = {2: "bounds of every pointer argument and shared array, shared-me
                 1: "bounds of the pointer arguments only (the shared arrays are used in ways the checked build "
                    "does not compile)",
                 0: "nothing (the kernel's pointers are used in ways the checked build does not compile)"}
-_ATTRS = ("__launch_bounds__", "__attribute__", "alignas", "__cluster_dims__", "__maxnreg__", "__declspec")
-
-
-def _match(text: str, i: int, open_ch: str, close_ch: str) -> int:
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == open_ch:
-            depth += 1
-        elif text[j] == close_ch:
-            depth -= 1
-            if depth == 0:
-                return j
-    return len(text) - 1
 
 
 def _checked_param(text: str) -> str:
@@ -145,13 +133,13 @@ def checked_source(text: str, level: int) -> str:
                 i += 1
                 continue
             word, bracket = mm.group(1), mm.group(2)
-            if bracket == "(" and word not in _ATTRS:
+            if bracket == "(" and word not in ATTRIBUTE_WORDS:
                 name_at = mm.end() - 1
                 break
             if bracket == "(":
-                i = _match(clean, mm.end() - 1, "(", ")") + 1
+                i = match_bracket(clean, mm.end() - 1, "(", ")") + 1
             elif bracket == "<":
-                i = _match(clean, mm.end() - 1, "<", ">") + 1
+                i = match_bracket(clean, mm.end() - 1, "<", ">") + 1
                 after_args = re.compile(r"\s*\(").match(clean, i)
                 if after_args:                  # an explicit instantiation: name<args>(params)
                     name_at = after_args.end() - 1
@@ -160,7 +148,7 @@ def checked_source(text: str, level: int) -> str:
                 i = mm.end()
         if name_at is None:
             continue
-        close = _match(clean, name_at, "(", ")")
+        close = match_bracket(clean, name_at, "(", ")")
         params = split_top_level(clean[name_at + 1:close])
         new = ", ".join(_checked_param(p) for p in params if p.strip())
         edits.append((name_at + 1, close, new + "\n" * clean.count("\n", name_at + 1, close)))
@@ -168,7 +156,7 @@ def checked_source(text: str, level: int) -> str:
         if not after or after.group(1) != "{":
             continue
         body_open = after.end() - 1
-        body_close = _match(clean, body_open, "{", "}")
+        body_close = match_bracket(clean, body_open, "{", "}")
         body = clean[body_open:body_close]
         for r in re.finditer(r"\breturn\s*;", body):
             edits.append((body_open + r.start(), body_open + r.end(), "return ::kl::exit_at(__LINE__);"))
