@@ -478,16 +478,20 @@ class _CheckState:
                 lib = self._library_kernels(args)
             if lib is not None:
                 return self._found(lib.kind, lib.message, trial)
-        if returned is None and self.outputs:
-            returned = tuple(cand_args[i] for i in self.outputs)
         try:
-            cand = as_outputs(returned, "candidate")
+            cand = self._candidate_outputs(returned, cand_args)
         except _OutputTypeError as exc:
             return self._failed(str(exc), trial)
         if cand is None:
             return self._failed("the candidate returned None: return the output tensor(s), or name the arguments "
                                 "it writes with outputs=(i, ...)", trial)
         return cand, cand_args
+
+    def _candidate_outputs(self, returned, cand_args):
+        """as_outputs of what the candidate returned, or of the arguments named by `outputs` when it returned None."""
+        if returned is None and self.outputs:
+            returned = tuple(cand_args[i] for i in self.outputs)
+        return as_outputs(returned, "candidate")
 
     def _right_on_given(self, seed: int) -> bool:
         """Whether the candidate is right on the given distribution's draw for `seed` (every output in tolerance)."""
@@ -497,10 +501,7 @@ class _CheckState:
             args = tuple(self.inputs(torch.Generator(device=self.generator_device).manual_seed(seed)))
             ref = self._call_reference(args, upcast=self.upcast_reference and _has_low_precision_float(args))
             cand_args = _clone(args)
-            returned = self.candidate(*cand_args)
-            if returned is None and self.outputs:
-                returned = tuple(cand_args[i] for i in self.outputs)
-            cand = as_outputs(returned, "candidate")
+            cand = self._candidate_outputs(self.candidate(*cand_args), cand_args)
             return cand is not None and len(cand) == len(ref) and all(
                 not _compare(j, c, r, r, self.atol, self.rtol, self.precision).mismatches
                 for j, (c, r) in enumerate(zip(cand, ref)))
@@ -546,10 +547,8 @@ class _CheckState:
             returned = self.candidate(*cand_args)
         except Exception as exc:
             return self._raised("the candidate (second run)", exc, trial)
-        if returned is None and self.outputs:
-            returned = tuple(cand_args[i] for i in self.outputs)
         try:
-            cand = as_outputs(returned, "candidate")
+            cand = self._candidate_outputs(returned, cand_args)
         except _OutputTypeError as exc:
             return self._failed(str(exc), trial)
         for j, (c, r_nat, r_val) in enumerate(zip(cand or (), ref_native, ref_values)):
