@@ -6,32 +6,14 @@
 // wrong indexing, missing guards, barrier mismatches (a deadlock is reported, not hung), shuffles that read a lane
 // that has exited, and arithmetic mistakes. Used by emulate.py beside it.
 #pragma once
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
 #include <limits>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
-#include <vector>
 #include <sys/mman.h>
 #include <ucontext.h>
+#include "cuda_spellings.h"
 
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __noinline__
 #define __restrict__ __restrict
-#define __launch_bounds__(...)
 #define __cluster_dims__(...)
 #define __shared__ static thread_local
 #define __constant__ static

@@ -37,6 +37,7 @@ from .toolchain import host_compiler, is_gcc, why_none
 
 HERE = pathlib.Path(__file__).resolve().parent
 HEADER = HERE / "cuda_host.h"
+HOST_HEADERS = ("cuda_host.h", "cuda_spellings.h", "checks.h")     # what a build includes from HERE
 EMULATED = ("cluster_ctarank", "cluster_nctarank", "cluster_arrive", "cluster_wait", "cluster_sync", "cluster_map",
             "exp_ftz", "cluster_arrive_relaxed", "exchange_init", "exchange_push", "exchange_wait",
             "exchange_arm", "prefetch_l1")
@@ -200,7 +201,7 @@ def _build(text: str, opt: list[str]) -> tuple[pathlib.Path | None, str]:
         # scheduler's state): unified across libraries, they would break distributed shared memory.
         flags.append("-fno-gnu-unique")
     flags.append(f"-I{KL_INCLUDE}")                   # kernellab's headers (<kl/...>), their kl_emu:: branches
-    headers = HEADER.read_text() + (HERE / "checks.h").read_text() + own_headers_digest()
+    headers = "".join((HERE / h).read_text() for h in HOST_HEADERS) + own_headers_digest()
     key = hashlib.sha256("\0".join([text, headers, *command, *opt, *flags]).encode()).hexdigest()[:20]
     build = pathlib.Path(os.environ.get("KERNELLAB_EMU_DIR", pathlib.Path(tempfile.gettempdir()) / "kernellab-emu"))
     build.mkdir(parents=True, exist_ok=True)

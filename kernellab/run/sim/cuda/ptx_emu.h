@@ -31,34 +31,16 @@
 // - WMMA 16x16x16: each lane's fragment holds the whole tile (the layout is opaque in CUDA, so any layout is legal).
 // Not emulated: timing, occupancy, bank conflicts, the memory model beyond barriers, anything not listed above.
 #pragma once
-#include <algorithm>
-#include <atomic>
+#include <array>
 #include <barrier>
 #include <cassert>
-#include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
-#include <functional>
 #include <map>
-#include <array>
-#include <type_traits>
 #include <memory>
-#include <mutex>
-#include <thread>
-#include <vector>
+#include <type_traits>
+#include "cuda_spellings.h"
 
-// ---- CUDA C++ spellings -------------------------------------------------------------------------------------------
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __noinline__
-#define __launch_bounds__(...)
+// ---- CUDA C++ spellings (beyond cuda_spellings.h's) ---------------------------------------------------------------
 #define __grid_constant__
 #define __align__(n) alignas(n)
 #define KL_EMULATOR 1   // kernellab's headers (<kl/mma.cuh>, ...) call kl_emu:: where the GPU runs inline PTX

@@ -353,24 +353,29 @@ def _compiler() -> tuple[str, ...]:
     return found[0]
 
 
+def _headers_text() -> str:
+    """ptx_emu.h and the cuda_spellings.h it includes (from HERE, on the include path): part of every cache key."""
+    return (HERE / "ptx_emu.h").read_text() + (HERE / "cuda_spellings.h").read_text()
+
+
 def _precompiled_header() -> Path:
     """ptx_emu.h copied into the cache with (for g++) its precompiled .gch beside it (once per header version): g++
     then parses the C++ library headers once instead of in every build."""
     text = (HERE / "ptx_emu.h").read_text()
     if not is_gcc(_compiler()):
         CACHE.mkdir(parents=True, exist_ok=True)
-        header = CACHE / f"ptx_emu-{hashlib.sha256(text.encode()).hexdigest()[:16]}.h"
+        header = CACHE / f"ptx_emu-{hashlib.sha256(_headers_text().encode()).hexdigest()[:16]}.h"
         if not header.exists():
             _write_atomically(header, text)
         return header
-    digest = hashlib.sha256((text + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    digest = hashlib.sha256((_headers_text() + " ".join(_FLAGS)).encode()).hexdigest()[:16]
     CACHE.mkdir(parents=True, exist_ok=True)
     header = CACHE / f"ptx_emu-{digest}.h"
     gch = Path(str(header) + ".gch")
     if not gch.exists():
         _write_atomically(header, text)
         tmp = Path(str(gch) + f".{os.getpid()}.tmp")
-        r = subprocess.run([*_compiler(), *_FLAGS, "-x", "c++-header", str(header), "-o", str(tmp)],
+        r = subprocess.run([*_compiler(), *_FLAGS, f"-I{HERE}", "-x", "c++-header", str(header), "-o", str(tmp)],
                            capture_output=True, text=True)
         if r.returncode == 0:
             os.replace(tmp, gch)        # without it, g++ parses the header itself: slower, same program
@@ -396,7 +401,7 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, 
     head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
     header = _precompiled_header()
     program = (f'#include "{header}"\n{head}\n{prepare(source)}\n' + _MAIN.replace("CALL", _call(k)))
-    digest = hashlib.sha256((program + (HERE / "ptx_emu.h").read_text() + own_headers_digest()
+    digest = hashlib.sha256((program + _headers_text() + own_headers_digest()
                              + " ".join(_compiler())).encode()
                             ).hexdigest()[:20]
     binary = CACHE / f"{kernel}-{digest}"
@@ -404,7 +409,7 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[Path, 
         cpp = CACHE / f"{kernel}-{digest}.cpp"
         _write_atomically(cpp, program)
         tmp = f"{binary}.{os.getpid()}.tmp"              # this process's own: others may build the same kernel
-        cmd = [*_compiler(), *_FLAGS, f"-I{KL_INCLUDE}", str(cpp), "-o", tmp]
+        cmd = [*_compiler(), *_FLAGS, f"-I{HERE}", f"-I{KL_INCLUDE}", str(cpp), "-o", tmp]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise EmulationError(f"{' '.join(_compiler())} failed on {cpp}:\n{r.stderr[-4000:]}")
