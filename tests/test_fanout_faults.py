@@ -232,6 +232,7 @@ def test_the_benchmark_main_prints_its_table_last_on_a_stand_in_two_gpu_host(tmp
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Stand-in GPU")
     monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setenv("KERNELLAB_CACHE", "0")       # main() turns the caches off: undone after this test
     rc = mod.main(["--configs", "2", "--students", "2", "--workers-per-gpu", "1", "--size", "64",
                    "--budget-s", "3000"])
     out = capsys.readouterr().out

@@ -15,8 +15,12 @@ def test_a_cuda_cell_text_grades_as_its_kernel_does():
     v = _variant("01-reverse", "unguarded_read")
     from_text = kernellab.grade("01-reverse", v.path.read_text(), speed=False)
     from_kernel = kernellab.grade("01-reverse", load_kernel(exercise("01-reverse"), v.path), speed=False)
-    assert [f.kind for f in from_text.findings] == [f.kind for f in from_kernel.findings] == ["missing_guard"]
-    assert from_text.findings[0].cell_line == from_kernel.findings[0].cell_line == 4   # numbered as in a %%cuda cell
+    kinds = [f.kind for f in from_text.findings]
+    assert kinds == [f.kind for f in from_kernel.findings]
+    assert kinds[0] == "out_of_bounds" and "missing_guard" in kinds     # run (on the CPU path here), then read
+    assert from_text.findings[0].cell_line == from_kernel.findings[0].cell_line == 6   # numbered as in a %%cuda cell:
+    guard = kinds.index("missing_guard")                                                # file line 5, the read
+    assert from_text.findings[guard].cell_line == from_kernel.findings[guard].cell_line == 4
     ok = kernellab.grade("01-reverse", solution_path("01-reverse").read_text(), speed=False)
     assert ok.passed and not ok.findings
     assert pickle.loads(pickle.dumps(from_text)) == from_text          # it travels back from a worker

@@ -25,7 +25,7 @@ import tempfile
 
 import numpy as np
 
-from ....analysis.arch import normalize_arch
+from ....analysis.arch import DEFAULT_ARCH, normalize_arch
 from ....compile.cubin import read_cubin
 from ....compile.nvrtc import compile_cached
 from ....compile.signature import (ATTRIBUTE_WORDS, find_kernels, match_bracket, signature_for, split_top_level,
@@ -230,7 +230,7 @@ class HostCompilerMissing(RuntimeError):
     """No host C++ compiler to build the CPU path with (see toolchain.py)."""
 
 
-def compile_host(source: str, arch: str = "sm_90", first_line: int = 2, filename: str = "cell.cu", *,
+def compile_host(source: str, arch: str = DEFAULT_ARCH, first_line: int = 2, filename: str = "cell.cu", *,
                  module=None, checks: int = 2):
     """Compile `source` with NVRTC (for the signatures) and with the host C++ compiler; a HostModule.
 
