@@ -34,22 +34,23 @@ CPU_MIME = "application/vnd.kernellab.cpu+json"
 
 def cpu_bundle(reason: str, note: str | None = None) -> dict:
     """The one line over a `%%cpu` cell's output: no GPU, so this runs on the CPU path, at small sizes."""
-    text = f"no GPU ({reason}): this cell runs the kernels on the CPU (kernellab's CUDA C++ emulator), at small sizes"
-    if note:
-        text += f". {note}"
-    return {"text/plain": text,
-            "text/html": f"<div style='color:#777;font-style:italic'>{report.esc(text)}</div>",
-            CPU_MIME: {"reason": reason, "note": note}}
+    return _note_bundle(f"no GPU ({reason}): this cell runs the kernels on the CPU (kernellab's CUDA C++ emulator), "
+                        f"at small sizes", note, "", CPU_MIME, {"reason": reason, "note": note})
 
 
 def skipped_bundle(reason: str, note: str | None = None) -> dict:
     """The one-line display of a skipped GPU cell (plain text, HTML and a JSON MIME type tests can find)."""
-    text = f"skipped: this cell needs a CUDA GPU ({reason})"
+    return _note_bundle(f"skipped: this cell needs a CUDA GPU ({reason})", note, "&#9197; ", SKIP_MIME,
+                        {"reason": reason, "note": note})
+
+
+def _note_bundle(text: str, note: str | None, icon_html: str, mime: str, payload: dict) -> dict:
+    """A quiet one-line display: plain text, grey italic HTML (after `icon_html`) and `mime` with `payload`."""
     if note:
         text += f". {note}"
     return {"text/plain": text,
-            "text/html": f"<div style='color:#777;font-style:italic'>&#9197; {report.esc(text)}</div>",
-            SKIP_MIME: {"reason": reason, "note": note}}
+            "text/html": f"<div style='color:#777;font-style:italic'>{icon_html}{report.esc(text)}</div>",
+            mime: payload}
 
 
 def recorded_bundle(reason: str, device: str, date: str, edited: bool = False) -> dict:
