@@ -26,7 +26,11 @@ CUDA_VISIBLE_DEVICES (a distributed.SpecCluster of Nanny workers; dask-cuda's Lo
 compute-sanitizer and simulator runs) overlap; autotune checks and times one configuration at a time per GPU (a lock
 per GPU, kernellab.run.fanout.gpu_lock), so no two timings overlap on one GPU. The one-GPU phase is a pool of the same
 size on GPU 0, so every phase pays the same fan-out costs (process start, pickling, result traffic). Cluster start
-(workers importing torch and making their CUDA context) is reported apart and is not in the job's time.
+(workers importing torch and making their CUDA context) is reported apart and is not in the job's time. Every
+worker of every phase may use the same number of CPU threads in the libraries it calls (OMP_NUM_THREADS and kin: the
+host's cores over the largest pool's workers): uncapped, 8 workers' thread pools on one host made each submission's
+grading a third slower than with 4 (the sum of grading times rose from 604 s to 805 s on 4 x H200), which no number
+of GPUs can win back. Phases run one GPU first, then the largest pool (with the fault drill), then the others.
 Utilisation: NVML (nvidia-ml-py, which dask-cuda brings), else `nvidia-smi`, sampled every 100 ms here and averaged
 per GPU over each stage; kernellab.bench keeps a GPU busy about half the time while it times (burst mode).
 Speed-ups against torch are ratios taken on one GPU in one bench run; the best of a multi-GPU sweep is ranked by them.
@@ -234,19 +238,29 @@ class Utilisation(threading.Thread):
 # --- clusters and phases --------------------------------------------------------------------------------------------
 
 
-def make_cluster(gpus: list[int], workers_per_gpu: int = 4):
-    """(cluster, what): `workers_per_gpu` Dask worker processes (one thread each) per GPU in `gpus`."""
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment that caps a worker's CPU threads (OpenMP, BLAS, Numba, torch's intra-op pool) at `threads`."""
+    return {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                      "NUMBA_NUM_THREADS")}
+
+
+def make_cluster(gpus: list[int], workers_per_gpu: int = 4, threads_per_worker: int | None = None):
+    """(cluster, what): `workers_per_gpu` Dask worker processes (one task thread each) per GPU in `gpus`, each
+    allowed `threads_per_worker` CPU threads for the libraries it calls (None: no cap)."""
+    env = thread_env(threads_per_worker) if threads_per_worker else {}
     if workers_per_gpu == 1:
         try:
             from dask_cuda import LocalCUDACluster
 
+            os.environ.update(env)             # LocalCUDACluster's workers inherit this process's environment
             return (LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)), threads_per_worker=1,
                                      dashboard_address=None), "dask-cuda LocalCUDACluster, 1 worker per GPU")
         except ImportError:
             pass
     from distributed import Nanny, Scheduler, SpecCluster
 
-    workers = {f"gpu{g}.{j}": {"cls": Nanny, "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(g)}}}
+    workers = {f"gpu{g}.{j}": {"cls": Nanny,
+                               "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(g), **env}}}
                for g in gpus for j in range(workers_per_gpu)}
     return (SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}),
             f"SpecCluster of Nanny workers, {workers_per_gpu} per GPU, pinned with CUDA_VISIBLE_DEVICES")
@@ -272,8 +286,9 @@ def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> di
     from kernellab.run import fanout
 
     t0 = time.perf_counter()
-    cluster, what = make_cluster(gpus, workers_per_gpu)
-    out = {"gpus": len(gpus), "gpu_ids": gpus, "workers": len(gpus) * workers_per_gpu, "cluster": what}
+    cluster, what = make_cluster(gpus, workers_per_gpu, job.get("threads_per_worker"))
+    out = {"gpus": len(gpus), "gpu_ids": gpus, "workers": len(gpus) * workers_per_gpu, "cluster": what,
+           "threads_per_worker": job.get("threads_per_worker")}
     with cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(len(gpus) * workers_per_gpu, timeout=300)
         ex = client.get_executor()
@@ -432,15 +447,23 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     count = torch.cuda.device_count()
     sizes = [int(s) for s in ns.gpus.split(",")] if ns.gpus else [n for n in (1, 2, 4) if n <= count]
-    sizes = [n for n in sizes if n <= count] or [1]
+    sizes = sorted({n for n in sizes if n <= count}) or [1]
+    # One GPU first (every ratio's base), then the largest pool (it carries the fault drill), then the rest, largest
+    # first: a budget that runs out skips a middle size, not the one the drill needs.
+    sizes = sizes[:1] + sizes[1:][::-1]
+    largest = max(sizes)
     work, expected = build_class(ns.students)
     job = {"source": warptile_source(), "configs": sgemm_configs(ns.configs), "problem": make_problem(ns.size),
            "bench_options": {"rep_ms": ns.rep_ms, "rounds": 4, "warmup_ms": 10.0}, "work": work,
-           "grade_timeout_s": ns.grade_timeout_s}
+           "grade_timeout_s": ns.grade_timeout_s,
+           # every worker of every phase gets the same share of the host's cores (that of the largest pool), so a
+           # phase with more workers is not slowed by library thread pools fighting over the cores
+           "threads_per_worker": max(1, (os.cpu_count() or 1) // (largest * ns.workers_per_gpu))}
     subs = sum(len(v) for v in work.values())
     print(f"# {len(job['configs'])} configurations of tutorial 05's sgemm_warptile (M = N = K = {ns.size}) and "
           f"{subs} submissions over {len(work)} exercises, on {', '.join(map(str, sizes))} of {count} x "
-          f"{torch.cuda.get_device_name()}, {ns.workers_per_gpu} workers per GPU\n", flush=True)
+          f"{torch.cuda.get_device_name()}, {ns.workers_per_gpu} workers per GPU, "
+          f"{job['threads_per_worker']} CPU threads per worker\n", flush=True)
     out_dir = Path(os.environ.get("OUT", "autotune-multigpu"))
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -449,13 +472,13 @@ def main(argv=None) -> int:
         elapsed = time.perf_counter() - t_start
         if phases:
             one = phases[0]
-            guess = one["start_s"] + one["job_s"] / n * 1.3 + (40 if ns.faults and n == sizes[-1] else 0)
+            guess = one["start_s"] + one["job_s"] / n * 1.3 + (40 if ns.faults and n == largest else 0)
             if elapsed + guess > ns.budget_s:
                 skipped.append(f"{n} GPUs: skipped (would end near {elapsed + guess:.0f} s, past --budget-s)")
                 print(f"# {skipped[-1]}", flush=True)
                 continue
         print(f"# phase: {n} GPU(s)", flush=True)
-        job["faults"] = ns.faults and n == sizes[-1] and n > 1
+        job["faults"] = ns.faults and n == largest and n > 1
         try:
             p = run_phase(list(range(n)), ns.workers_per_gpu, job, log=lambda s: print(s, flush=True))
         except (Exception, KeyboardInterrupt) as exc:     # timeout -s INT: still print what the others measured
@@ -474,6 +497,7 @@ def main(argv=None) -> int:
     if not phases:
         print("no phase finished: see the traceback above", file=sys.stderr)
         return 1
+    phases.sort(key=lambda p: p["gpus"])
     report = {"size": ns.size, "device": torch.cuda.get_device_name(), "workers_per_gpu": ns.workers_per_gpu,
               "skipped": skipped, "phases": []}
     print()
