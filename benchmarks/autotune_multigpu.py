@@ -28,9 +28,9 @@ per GPU, kernellab.run.fanout.gpu_lock), so no two timings overlap on one GPU. T
 size on GPU 0, so every phase pays the same fan-out costs (process start, pickling, result traffic). Cluster start
 (workers importing torch and making their CUDA context) is reported apart and is not in the job's time. Every
 worker of every phase may use the same number of CPU threads in the libraries it calls (OMP_NUM_THREADS and kin: the
-host's cores over the largest pool's workers): uncapped, 8 workers' thread pools on one host made each submission's
-grading a third slower than with 4 (the sum of grading times rose from 604 s to 805 s on 4 x H200), which no number
-of GPUs can win back. Phases run one GPU first, then the largest pool (with the fault drill), then the others.
+host's cores over the largest pool's workers), so that more workers do not mean smaller shares (uncapped, the sum
+of the submissions' grading times rose from 604 s with 4 workers to 805 s with 8 on 4 x H200: a slowdown no number
+of GPUs can win back). Phases run one GPU first, then the largest pool (with the fault drill), then the others.
 Utilisation: NVML (nvidia-ml-py, which dask-cuda brings), else `nvidia-smi`, sampled every 100 ms here and averaged
 per GPU over each stage; kernellab.bench keeps a GPU busy about half the time while it times (burst mode).
 Speed-ups against torch are ratios taken on one GPU in one bench run; the best of a multi-GPU sweep is ranked by them.
