@@ -1,0 +1,1145 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Attention for inference: grouped-query heads and flash-decoding
+#
+# **What you will learn**
+# - **grouped-query attention** (GQA; multi-query attention, MQA, is its one-KV-head case): `Hq` query heads share
+#   `Hkv = Hq / G` key and value heads. Tutorial 07's `mma.sync` kernel needs one change of indexing to load each
+#   `K`/`V` tile once for the `G` query heads that use it;
+# - **decoding**: one or a few query tokens against a KV cache of thousands of positions. There is almost no work per
+#   byte, so the kernel is a copy of the cache through the SMs, and the question is how to keep every SM busy when
+#   `B * Hkv` is small: split the keys (**flash-decoding**), let each split write a partial `(o, lse)`, and merge the
+#   partials in a second kernel;
+# - how each is checked (awkward lengths, a batch of different cache lengths, empty caches, both dtypes, head dims 64
+#   and 128) against a float64 reference and SDPA, and timed against SDPA and the fastest PyTorch code for the same op,
+#   decoding as a fraction of the copy bandwidth kernellab measures.
+#
+# Everything that compiles, counts or draws runs without a GPU; cells that launch are marked `%%gpu` and are skipped
+# with one line where there is none. The kernels are those of `benchmarks/attention_inference.py` and of the GPU tests
+# (`tests/gpu/test_attention_inference_gpu.py`): both run this notebook's `%%cuda` and `# launchers` cells.
+
+# %%
+# %load_ext kernellab
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import kernellab
+
+GPU = kernellab.has_gpu()
+print("GPU:", torch.cuda.get_device_name() if GPU else "none (compile and analysis only)")
+
+# %% [markdown]
+# ## Grouped-query attention: what changes, counted
+#
+# Llama-3-8B has 32 query heads over 8 KV heads (`G = 4`), Llama-3-70B 64 over 8 (`G = 8`); the KV cache, and the `K`,
+# `V` tensors of a prefill, are `G` times smaller than with one KV head per query head. The FLOPs do not change:
+# `4 B Hq N^2 d` (halved with the causal mask). The bytes a fused kernel must move are `Q` and `O` (`2 B Hq N d`
+# 16-bit values) plus `K` and `V` (`2 B Hkv N d`).
+#
+# The common way to run GQA on a kernel made for one KV head per query head is to expand `K` and `V` first
+# (`k.repeat_interleave(G, dim=1)`): a copy of `2 B Hq N d` values written and read again. The kernel below never
+# expands. Because `q` is `[B, Hq, N, d]` and the `G` query heads of KV head `h` are heads `h G .. h G + G - 1`, they
+# are **one contiguous `[G N, d]` matrix**: row `r` is query position `r % N` of head `h G + r / N`. Tutorial 07's
+# block takes 128 rows of that matrix instead of 128 rows of one head, and walks KV head `h`'s keys: every `K` and
+# `V` tile it loads feeds all its rows, whichever query head they belong to. The only other change is the causal
+# mask, which compares a key with the row's *position* `r % N`; a block whose rows cross from one head into the next
+# holds positions from 0 to `N - 1` and so walks every key tile (with `N >= 128` that is at most one block in
+# `N / 128` per head).
+#
+# Where does the sharing happen? The grid's fastest axis walks the `G N / 128` row blocks of one KV head, so they run
+# side by side and read the same `K`/`V` tiles: from DRAM once, then from L2. With `N < 128` (a few tokens of a
+# chunked prefill, or speculative decoding's draft tokens) a block holds the rows of several query heads and loads each
+# tile once for all of them, where one block per query head would load it `G` times into `G` under-filled blocks.
+#
+# **Predictions.** At `N >= 1024` attention is compute-bound and the packing changes nothing measurable: the kernel
+# should run at tutorial 07's step-2 speed (about 1.0-1.1x SDPA FLASH at `d = 64`, see docs/RESULTS.md); against SDPA
+# with `K`, `V` expanded it also saves the expansion's copy, a few percent at `N = 1024` and less beyond. Against
+# SDPA with `enable_gqa=True` (no copy) it should be where step 2 is against FLASH. At `N <= 512` the launch and the
+# tail of the grid dominate, as in tutorial 07, and step 2 was 1.16x FLASH at `N = 512` there.
+
+# %%
+def gqa_counts(B, Hq, Hkv, N, d, causal=False, elem_bytes=2):
+    """FLOPs and the bytes a fused kernel moves (Q, K, V read once, O written once) for GQA attention."""
+    flops = 4 * B * Hq * N * N * d / (2 if causal else 1)
+    moved = (2 * B * Hq * N * d + 2 * B * Hkv * N * d) * elem_bytes
+    expand = 2 * 2 * B * Hq * N * d * elem_bytes                  # repeat_interleave: K, V written, then read again
+    return flops, moved, expand
+
+
+for N in (128, 1024, 8192):
+    flops, moved, expand = gqa_counts(1, 32, 8, N, 128)
+    print(f"N = {N:5d}: {flops / 1e9:8.2f} GFLOP, {moved / 1e6:7.2f} MB moved fused, "
+          f"{flops / moved:6.0f} FLOP/byte; expanding K, V first adds {expand / 1e6:7.2f} MB")
+
+# %% [markdown]
+# ## The GQA kernel
+#
+# The cell holds tutorial 07's step-2 kernel (`mma.sync` m16n8k16, `ldmatrix` with `.trans` for `V`, the XOR swizzle,
+# `cp.async` double buffering, the online softmax with `exp2` and lazy rescaling, `P` fed from the score registers),
+# with the packed rows. The device code comes from kernellab's headers (`kl/mma.cuh`, `kl/cp_async.cuh`); what is
+# specific to the kernel stays in its namespace.
+
+# %%
+# %%cuda --name gqa_kernels
+#include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
+#include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, __half, __nv_bfloat16 (kl/convert.cuh)
+#include <math_constants.h>  // CUDART_INF_F
+typedef unsigned int uint32_t;
+
+// Grouped-query attention forward on mma.sync. Q: [B, Hq, N, D]; K, V: [B, Hkv, N, D], Hq = G * Hkv; O like Q.
+// The G query heads of one KV head are contiguous in Q: one [G * N, D] matrix whose row r is query position r % N
+// of head r / N. A block takes BLOCK_M consecutive rows of it and walks that KV head's keys once: every K and V tile
+// it loads feeds all its rows, whichever of the G heads they belong to.
+#define GQA_MT 2            // m16 tiles per warp (32 rows)
+#define GQA_NWARPS 4        // BLOCK_M = 16 * MT * NWARPS = 128 packed rows
+#define GQA_BN 64           // keys per tile
+#define GQA_RESCALE_LOG2 8.0f
+
+namespace gqa {
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+__device__ __forceinline__ float exp2_approx(float x) {   // MUFU.EX2; exp2(-inf) = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows, D] tile of 16-bit values, XOR-swizzled (D >= 64):
+// the 8 rows an ldmatrix phase reads at one chunk sit in 8 different bank groups.
+template <int D> __device__ __forceinline__ uint32_t swz(int row, int chunk) {
+    return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
+}
+
+// Rows [row0, row0 + ROWS) of a [rows, D] matrix into a swizzled tile by NTHREADS threads (first thread `tid`);
+// rows past `rows` become zeros (cp.async with a source size of 0).
+template <int ROWS, int D, int NTHREADS, typename T>
+__device__ __forceinline__ void load_rows(uint32_t tile, const T* __restrict__ g, int row0, int rows, int tid) {
+    constexpr int STEP = NTHREADS / (D / 8);
+    static_assert(STEP % 8 == 0 && ROWS % STEP == 0, "every thread copies one chunk of every STEP-th row");
+    const int r = tid / (D / 8), c = tid % (D / 8);
+#pragma unroll
+    for (int k = 0; k < ROWS / STEP; ++k) {
+        const int row = row0 + r + k * STEP;
+        const bool valid = row < rows;
+        cp_async_16(tile + swz<D>(r + k * STEP, c), valid ? g + (size_t)row * D + c * 8 : g, valid ? 16 : 0);
+    }
+}
+
+template <typename T, int D, int BLOCK_N, int NWARPS, int MT, bool CAUSAL, bool Q_IN_REGS>
+__device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                                        T* __restrict__ O, int N, int G, float scale) {
+    constexpr int WARP_M = 16 * MT, BLOCK_M = WARP_M * NWARPS, NTHREADS = 32 * NWARPS;
+    constexpr int KC = D / 16, NB = BLOCK_N / 8, DB = D / 8, ROWB = D * 2;
+    constexpr uint32_t KV_BYTES = BLOCK_N * D * 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t q_tile = static_cast<uint32_t>(__cvta_generic_to_shared(smem));                     // [BLOCK_M, D]
+    const uint32_t k_tile0 = q_tile + BLOCK_M * D * 2;             // [2][BLOCK_N, D]
+    const uint32_t v_tile0 = k_tile0 + 2 * KV_BYTES;               // [2][BLOCK_N, D]
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int rows = G * N;                                        // packed rows of this KV head
+    const int r0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BLOCK_M;   // causal: long rows first
+    const int w0 = warp * WARP_M;
+    Q += (size_t)blockIdx.y * rows * D; O += (size_t)blockIdx.y * rows * D;       // blockIdx.y = b * Hkv + hkv
+    K += (size_t)blockIdx.y * N * D;    V += (size_t)blockIdx.y * N * D;
+
+    // Query positions the block holds: one head's run [r0 % N, rlast % N], or (it crosses a head) all of 0 .. N - 1.
+    const int rlast = min(r0 + BLOCK_M, rows) - 1;
+    const bool one_head = r0 / N == rlast / N;
+    const int pos_min = one_head ? r0 % N : 0, pos_max = one_head ? rlast % N : N - 1;
+    const int n_tiles = ((CAUSAL ? pos_max + 1 : N) + BLOCK_N - 1) / BLOCK_N;
+    int n_full = N / BLOCK_N;                                      // tiles no row of the block masks
+    if (CAUSAL) n_full = min(n_full, (pos_min + 1) / BLOCK_N);
+
+    load_rows<BLOCK_M, D, NTHREADS>(q_tile, Q, r0, rows, threadIdx.x);
+    load_rows<BLOCK_N, D, NTHREADS>(k_tile0, K, 0, N, threadIdx.x);
+    load_rows<BLOCK_N, D, NTHREADS>(v_tile0, V, 0, N, threadIdx.x);
+    cp_async_commit();
+
+    const float scale_log2 = scale * LOG2E;
+    uint32_t qf[MT][Q_IN_REGS ? KC : 1][4];
+    float o[MT][DB][4], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int e = 0; e < DB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
+        m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
+    }
+    // ldmatrix lane addresses, as in tutorial 07: the swizzled chunk depends only on the lane and the loop counters.
+    const int x = lane & 7;
+    uint32_t k_col[KC], q_col[KC], v_col[DB / 2];
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;
+        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;
+    }
+#pragma unroll
+    for (int db = 0; db < DB; db += 2) v_col[db / 2] = ((db + (lane >> 4)) ^ x) << 4;
+    const uint32_t k_row = ((lane & 7) + ((lane >> 4) << 3)) * ROWB, qv_row = (lane & 15) * ROWB;
+
+    if (Q_IN_REGS) {
+        cp_async_wait_all();
+        __syncthreads();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int kc = 0; kc < KC; ++kc) ldmatrix_x4(qf[mt][kc], q_tile + (w0 + 16 * mt) * ROWB + qv_row + q_col[kc]);
+    }
+
+    auto step = [&](int j, bool MASK) {
+        cp_async_wait_all();
+        __syncthreads();
+        if (j + 1 < n_tiles) {
+            load_rows<BLOCK_N, D, NTHREADS>(k_tile0 + ((j + 1) & 1) * KV_BYTES, K, (j + 1) * BLOCK_N, N, threadIdx.x);
+            load_rows<BLOCK_N, D, NTHREADS>(v_tile0 + ((j + 1) & 1) * KV_BYTES, V, (j + 1) * BLOCK_N, N, threadIdx.x);
+            cp_async_commit();
+        }
+        const uint32_t k_base = k_tile0 + (j & 1) * KV_BYTES + k_row, v_base = v_tile0 + (j & 1) * KV_BYTES + qv_row;
+        const int kv0 = j * BLOCK_N;
+
+        float s[MT][NB][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) s[mt][nb][0] = s[mt][nb][1] = s[mt][nb][2] = s[mt][nb][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < KC; ++kc) {
+            if (!Q_IN_REGS) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt][0], q_tile + (w0 + 16 * mt) * ROWB + qv_row + q_col[kc]);
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; nb += 2) {
+                uint32_t b[4];
+                ldmatrix_x4(b, k_base + 8 * nb * ROWB + k_col[kc]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(s[mt][nb], qf[mt][Q_IN_REGS ? kc : 0], b[0], b[1]);
+                    mma_16816<T>(s[mt][nb + 1], qf[mt][Q_IN_REGS ? kc : 0], b[2], b[3]);
+                }
+            }
+        }
+        if (MASK) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = kv0 + 8 * nb + 2 * t + (e & 1);
+                        const int pos = (r0 + w0 + 16 * mt + g + 8 * (e >> 1)) % N;   // the row's query position
+                        if (key >= N || (CAUSAL && key > pos)) s[mt][nb][e] = -CUDART_INF_F;
+                    }
+        }
+        // Online softmax with lazy rescaling (tutorial 07): m moves only when a score passes it by RESCALE_LOG2.
+        float ref[MT][2], alpha[MT][2];
+        bool moved = false;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = -CUDART_INF_F;
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[mt][nb][2 * h], s[mt][nb][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx *= scale_log2;
+                const bool up = mx > m[mt][h] + GQA_RESCALE_LOG2;
+                const float mn = up ? mx : m[mt][h];
+                alpha[mt][h] = up ? exp2_approx(m[mt][h] - mn) : 1.f;
+                moved |= up;
+                m[mt][h] = mn;
+                ref[mt][h] = (!MASK || mn != -CUDART_INF_F) ? mn : 0.f;
+                l[mt][h] *= alpha[mt][h];
+            }
+        if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int e = 0; e < DB; ++e) {
+                    o[mt][e][0] *= alpha[mt][0]; o[mt][e][1] *= alpha[mt][0];
+                    o[mt][e][2] *= alpha[mt][1]; o[mt][e][3] *= alpha[mt][1];
+                }
+        }
+#pragma unroll
+        for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int nb = 2 * kc + h;
+                    const float p0 = exp2_approx(fmaf(s[mt][nb][0], scale_log2, -ref[mt][0]));
+                    const float p1 = exp2_approx(fmaf(s[mt][nb][1], scale_log2, -ref[mt][0]));
+                    const float p2 = exp2_approx(fmaf(s[mt][nb][2], scale_log2, -ref[mt][1]));
+                    const float p3 = exp2_approx(fmaf(s[mt][nb][3], scale_log2, -ref[mt][1]));
+                    l[mt][0] += p0 + p1;  l[mt][1] += p2 + p3;
+                    pa[mt][2 * h] = pack2<T>(p0, p1);
+                    pa[mt][2 * h + 1] = pack2<T>(p2, p3);
+                }
+#pragma unroll
+            for (int db = 0; db < DB; db += 2) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, v_base + 16 * kc * ROWB + v_col[db / 2]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(o[mt][db], pa[mt], b[0], b[1]);
+                    mma_16816<T>(o[mt][db + 1], pa[mt], b[2], b[3]);
+                }
+            }
+        }
+    };
+    int j = 0;
+    for (; j < min(n_full, n_tiles); ++j) step(j, false);
+    for (; j < n_tiles; ++j) step(j, true);
+
+    // O / l through this warp's own rows of the Q tile, then 16-byte stores of the rows inside the matrix.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float sum = l[mt][h];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            const int r = w0 + 16 * mt + g + 8 * h;
+#pragma unroll
+            for (int db = 0; db < DB; ++db)
+                *reinterpret_cast<uint32_t*>(smem + swz<D>(r, db) + 4 * t) =
+                    pack2<T>(o[mt][db][2 * h] * inv, o[mt][db][2 * h + 1] * inv);
+        }
+    __syncwarp();
+    for (int i = lane; i < WARP_M * D / 8; i += 32) {
+        const int r = i / (D / 8), c = i % (D / 8);
+        if (r0 + w0 + r < rows)
+            *reinterpret_cast<uint4*>(O + (size_t)(r0 + w0 + r) * D + c * 8) =
+                *reinterpret_cast<const uint4*>(smem + swz<D>(w0 + r, c));
+    }
+}
+
+}  // namespace gqa
+
+// One entry point per (dtype, head dim, causal): grid (ceil(G * N / 128), B * Hkv), 128 threads,
+// dynamic shared memory (128 + 4 * 64) * D * 2 bytes (Q tile, two K and two V tiles).
+extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
+gqa_bf16_d64(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n, int g, float scale) {
+    gqa::gqa_fwd<__nv_bfloat16, 64, GQA_BN, GQA_NWARPS, GQA_MT, false, true>(q, k, v, o, n, g, scale);
+}
+extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
+gqa_bf16_d64_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n, int g, float scale) {
+    gqa::gqa_fwd<__nv_bfloat16, 64, GQA_BN, GQA_NWARPS, GQA_MT, true, true>(q, k, v, o, n, g, scale);
+}
+extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
+gqa_bf16_d128(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n, int g, float scale) {
+    gqa::gqa_fwd<__nv_bfloat16, 128, GQA_BN, GQA_NWARPS, GQA_MT, false, false>(q, k, v, o, n, g, scale);
+}
+extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
+gqa_bf16_d128_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n, int g, float scale) {
+    gqa::gqa_fwd<__nv_bfloat16, 128, GQA_BN, GQA_NWARPS, GQA_MT, true, false>(q, k, v, o, n, g, scale);
+}
+extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
+gqa_f16_d64(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o, int n, int g, float scale) {
+    gqa::gqa_fwd<__half, 64, GQA_BN, GQA_NWARPS, GQA_MT, false, true>(q, k, v, o, n, g, scale);
+}
+extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
+gqa_f16_d64_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o, int n, int g, float scale) {
+    gqa::gqa_fwd<__half, 64, GQA_BN, GQA_NWARPS, GQA_MT, true, true>(q, k, v, o, n, g, scale);
+}
+extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
+gqa_f16_d128(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o, int n, int g, float scale) {
+    gqa::gqa_fwd<__half, 128, GQA_BN, GQA_NWARPS, GQA_MT, false, false>(q, k, v, o, n, g, scale);
+}
+extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
+gqa_f16_d128_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o, int n, int g, float scale) {
+    gqa::gqa_fwd<__half, 128, GQA_BN, GQA_NWARPS, GQA_MT, true, false>(q, k, v, o, n, g, scale);
+}
+
+# %% [markdown]
+# ### What it costs
+#
+# The card's instruction line shows `HMMA.16816.F32` (the tensor cores through `mma.sync`), `LDSM` (`ldmatrix`) and
+# `LDGSTS` (`cp.async`). At `d = 64` the `Q` fragments stay in registers; at `d = 128` they are re-read from shared
+# memory each tile, and the non-causal kernel spills a few bytes, as tutorial 07's step 2 does with the same tiles.
+
+# %%
+GQA_SMEM = {d: (128 + 4 * 64) * d * 2 for d in (64, 128)}         # Q tile + 2 K tiles + 2 V tiles, bytes
+for name in ("gqa_bf16_d64", "gqa_bf16_d128_causal"):
+    k = gqa_kernels[name]
+    d = 64 if "_d64" in name else 128
+    print(f"{name:22s} {k.resources}")
+    print(" " * 23, k.instruction_summary)
+    print(" " * 23, f"{GQA_SMEM[d] // 1024} KiB of shared memory per block;", k.occupancy(128, shared_bytes=GQA_SMEM[d]).title)
+
+# %% [markdown]
+# ## Decoding: a copy of the KV cache through the SMs
+#
+# A decode step has `nq` new tokens per sequence (1, or a few with speculative decoding) and a KV cache
+# `k_cache, v_cache: [B, Hkv, Nmax, d]` of which sequence `b` uses its first `cache_seqlens[b]` positions. The new
+# tokens are the cache's last `nq` positions (they were appended before the call), so token `i` sees keys
+# `0 .. L_b - nq + i`, as FlashAttention's `flash_attn_with_kvcache(causal=True)` defines it; with `nq = 1` that is the
+# whole cache. **A sequence whose cache is empty (`L_b = 0`), or a token that sees no key, gets an output of zeros**:
+# the sum over no keys, where SDPA gives NaN (a softmax over nothing); a batch may hold finished or not-yet-started
+# sequences, and zeros keep them harmless downstream.
+#
+# **Counted.** Each KV head's `G nq` query rows read the head's whole cache once: `2 B Hkv L d` values, 4 KB per
+# position at `Hkv = 8`, `d = 128` in bf16. The FLOPs are `4 B Hq nq L d`: `G nq` FLOPs per byte of cache (4 at
+# `G = 4`, `nq = 1`), against the H100's balance point of about 300 FLOP per byte. So the time is the cache's bytes
+# over the bandwidth, and the yardstick is the copy bandwidth kernellab measures (`kernellab.run.measure.ceilings`,
+# a device-to-device copy counting read + write bytes; about 3.0 TB/s on an H100 SXM).
+#
+# **Filling the GPU.** One block per `(sequence, KV head)` gives `B Hkv` blocks: 8 at `B = 1`, on 132 SMs. So the
+# keys are split: each **warp** takes a contiguous run of key tiles of one sequence and KV head (its own
+# double-buffered `K`/`V` tiles through `cp.async`, synchronised with `__syncwarp` only, so the four warps of a block
+# never wait for each other), keeps the online softmax for its query rows, and writes a partial output `o_s / l_s`
+# (fp32) and `lse_s = m_s + log2 l_s`. The combine kernel then merges a row's splits:
+# `o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)` with `M = max_s lse_s`. A split that saw no key has
+# `lse = -inf` and weight 0. The number of splits is chosen on the host from `Nmax` (no read of `cache_seqlens`, so no
+# synchronisation): enough warps for one wave of blocks, at least two key tiles a split; inside the kernel each sequence
+# cuts its own `L_b` into that many splits, so short and long sequences in one batch are each spread evenly.
+#
+# **Bytes in flight.** Little's law: about 3 TB/s times about 1 µs of DRAM latency is 3 MB in flight, 23 KB per SM.
+# The kernel's shared memory (`4 x (16 + 4 BLOCK_N) x d x 2` bytes, about 140 KB) allows one block of 4 warps per
+# SM, each with one 16 KB tile (`K` and `V`) in flight while it computes the other: 64 KB per SM, enough.
+#
+# **Predictions.** For caches of 8k positions and more, 80-90 % of copy bandwidth. The partials add
+# `2 x B Hq nq x splits x d x 4` bytes (written, then read), under 10 % of the cache at 8k and under 1 % at 64k. Below
+# about 2k positions the two launches (a few µs each) dominate: a 1k cache at `B = 1` is 4 MB, about 1.4 µs of copy.
+# Against PyTorch: SDPA's FLASH backend has no split-KV path for a single query and reads the cache with `B Hq` blocks
+# (or takes a mask through the EFFICIENT backend), so at `B = 1` it should reach well under half the copy bandwidth.
+
+# %%
+def decode_counts(B, Hq, Hkv, nq, L, d, elem_bytes=2):
+    """FLOPs and bytes of one decode step: the whole cache (K and V) read, q read, o written."""
+    flops = 4 * B * Hq * nq * L * d
+    moved = 2 * B * Hkv * L * d * elem_bytes + 2 * B * Hq * nq * d * elem_bytes
+    return flops, moved
+
+
+COPY_TBPS_H100 = 3.0                                                    # about what kernellab measures on an H100
+for L in (1024, 8192, 131072):
+    flops, moved = decode_counts(1, 32, 8, 1, L, 128)
+    print(f"cache {L:6d}: {moved / 1e6:8.1f} MB, {flops / moved:.1f} FLOP/byte, at copy speed "
+          f"{moved / (COPY_TBPS_H100 * 1e12) * 1e6:7.1f} us")
+
+# %%
+# %%cuda --name decode_kernels
+#include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
+#include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, to_float, from_float (kl/convert.cuh)
+#include <math_constants.h>  // CUDART_INF_F
+typedef unsigned int uint32_t;
+
+// Flash-decoding: a few query tokens (nq <= 8) per sequence against its KV cache, split along the keys.
+// q: [B, Hq, nq, D]; k_cache, v_cache: [B, Hkv, Nmax, D]; cache_seqlens: [B] int32, L_b <= Nmax keys valid.
+// The query tokens are the cache's last nq positions: token i sees keys 0 .. L_b - nq + i (a token with none gives 0).
+// The G * nq query rows of one KV head are contiguous in q (one [G * nq, D] matrix, row r = head r / nq, token
+// r % nq). Each WARP is one split: it walks tiles [s * per, (s + 1) * per) of its sequence's keys with its own
+// double-buffered K and V tiles (cp.async, __syncwarp: warps never wait for each other), and writes its rows'
+// partial output o / l (fp32) and log2-sum-exp lse = m + log2(l) (-inf where it saw no key). The combine kernel
+// below merges the splits.
+#define DEC_NWARPS 4        // warps (splits) per block
+#define DEC_RESCALE_LOG2 8.0f
+
+namespace dec {
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+__device__ __forceinline__ float exp2_approx(float x) {   // MUFU.EX2; exp2(-inf) = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+template <int D> __device__ __forceinline__ uint32_t swz(int row, int chunk) {   // XOR-swizzled [rows, D] tile
+    return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
+}
+// Rows [row0, row0 + ROWS) of a [rows, D] matrix into a swizzled tile by one warp; rows past `rows` become zeros.
+template <int ROWS, int D, typename T>
+__device__ __forceinline__ void warp_load_rows(uint32_t tile, const T* __restrict__ g, int row0, int rows, int lane) {
+    constexpr int CH = D / 8;                                      // 16-byte chunks per row
+#pragma unroll
+    for (int i = lane; i < ROWS * CH; i += 32) {
+        const int r = i / CH, c = i % CH, row = row0 + r;
+        const bool valid = row < rows;
+        cp_async_16(tile + swz<D>(r, c), valid ? g + (size_t)row * D + c * 8 : g, valid ? 16 : 0);
+    }
+}
+
+// grid (splits / NWARPS, B * Hkv, row groups of 16 * MT), NWARPS * 32 threads,
+// dynamic shared memory NWARPS * (16 MT + 4 BLOCK_N) * D * 2 bytes.
+template <typename T, int D, int BLOCK_N, int MT>
+__device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                                             const int* __restrict__ seqlens, float* __restrict__ o_part,
+                                             float* __restrict__ lse_part, int Hkv, int G, int nq, int Nmax,
+                                             float scale) {
+    constexpr int ROWS = 16 * MT, KC = D / 16, NB = BLOCK_N / 8, DB = D / 8, ROWB = D * 2;
+    constexpr uint32_t KV_BYTES = BLOCK_N * D * 2, WARP_BYTES = (ROWS + 4 * BLOCK_N) * D * 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const uint32_t q_tile = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * WARP_BYTES;  // [ROWS, D], this warp's own
+    const uint32_t k_tile0 = q_tile + ROWS * D * 2, v_tile0 = k_tile0 + 2 * KV_BYTES;
+
+    const int splits = gridDim.x * DEC_NWARPS, split = blockIdx.x * DEC_NWARPS + warp;
+    const int bh = blockIdx.y, b = bh / Hkv, rows = G * nq, r0 = blockIdx.z * ROWS;
+    const int L = seqlens[b];
+    const int tiles = (L + BLOCK_N - 1) / BLOCK_N, per = (tiles + splits - 1) / splits;
+    const int j0 = split * per, j1 = min(j0 + per, tiles);
+    Q += (size_t)bh * rows * D;
+    K += (size_t)bh * Nmax * D;  V += (size_t)bh * Nmax * D;
+    const int last_key0 = L - nq;                                  // token i sees keys <= last_key0 + i
+
+    float o[MT][DB][4], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int e = 0; e < DB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
+        m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
+    }
+    if (j0 < j1) {
+        warp_load_rows<ROWS, D>(q_tile, Q, r0, rows, lane);
+        warp_load_rows<BLOCK_N, D>(k_tile0, K, j0 * BLOCK_N, L, lane);
+        warp_load_rows<BLOCK_N, D>(v_tile0, V, j0 * BLOCK_N, L, lane);
+        cp_async_commit();
+    }
+    const float scale_log2 = scale * LOG2E;
+    const int x = lane & 7;
+    uint32_t k_col[KC], q_col[KC], v_col[DB / 2];
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;
+        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;
+    }
+#pragma unroll
+    for (int db = 0; db < DB; db += 2) v_col[db / 2] = ((db + (lane >> 4)) ^ x) << 4;
+    const uint32_t k_row = ((lane & 7) + ((lane >> 4) << 3)) * ROWB, qv_row = (lane & 15) * ROWB;
+
+    auto step = [&](int j, bool MASK) {
+        cp_async_wait_all();
+        __syncwarp();                           // tile j is in; the warp is done with tile j - 1's buffers
+        const int buf = (j - j0) & 1;
+        if (j + 1 < j1) {
+            warp_load_rows<BLOCK_N, D>(k_tile0 + (buf ^ 1) * KV_BYTES, K, (j + 1) * BLOCK_N, L, lane);
+            warp_load_rows<BLOCK_N, D>(v_tile0 + (buf ^ 1) * KV_BYTES, V, (j + 1) * BLOCK_N, L, lane);
+            cp_async_commit();
+        }
+        const uint32_t k_base = k_tile0 + buf * KV_BYTES + k_row, v_base = v_tile0 + buf * KV_BYTES + qv_row;
+        const int kv0 = j * BLOCK_N;
+        float s[MT][NB][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) s[mt][nb][0] = s[mt][nb][1] = s[mt][nb][2] = s[mt][nb][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < KC; ++kc) {
+            uint32_t qf[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt], q_tile + 16 * mt * ROWB + qv_row + q_col[kc]);
+#pragma unroll
+            for (int nb = 0; nb < NB; nb += 2) {
+                uint32_t bf[4];
+                ldmatrix_x4(bf, k_base + 8 * nb * ROWB + k_col[kc]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(s[mt][nb], qf[mt], bf[0], bf[1]);
+                    mma_16816<T>(s[mt][nb + 1], qf[mt], bf[2], bf[3]);
+                }
+            }
+        }
+        if (MASK) {                             // keys past what the row's token sees
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = kv0 + 8 * nb + 2 * t + (e & 1);
+                        const int token = (r0 + 16 * mt + g + 8 * (e >> 1)) % nq;
+                        if (key > last_key0 + token) s[mt][nb][e] = -CUDART_INF_F;
+                    }
+        }
+        float ref[MT][2], alpha[MT][2];
+        bool moved = false;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = -CUDART_INF_F;
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[mt][nb][2 * h], s[mt][nb][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx *= scale_log2;
+                const bool up = mx > m[mt][h] + DEC_RESCALE_LOG2;
+                const float mn = up ? mx : m[mt][h];
+                alpha[mt][h] = up ? exp2_approx(m[mt][h] - mn) : 1.f;
+                moved |= up;
+                m[mt][h] = mn;
+                ref[mt][h] = (!MASK || mn != -CUDART_INF_F) ? mn : 0.f;
+                l[mt][h] *= alpha[mt][h];
+            }
+        if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int e = 0; e < DB; ++e) {
+                    o[mt][e][0] *= alpha[mt][0]; o[mt][e][1] *= alpha[mt][0];
+                    o[mt][e][2] *= alpha[mt][1]; o[mt][e][3] *= alpha[mt][1];
+                }
+        }
+#pragma unroll
+        for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int nb = 2 * kc + h;
+                    const float p0 = exp2_approx(fmaf(s[mt][nb][0], scale_log2, -ref[mt][0]));
+                    const float p1 = exp2_approx(fmaf(s[mt][nb][1], scale_log2, -ref[mt][0]));
+                    const float p2 = exp2_approx(fmaf(s[mt][nb][2], scale_log2, -ref[mt][1]));
+                    const float p3 = exp2_approx(fmaf(s[mt][nb][3], scale_log2, -ref[mt][1]));
+                    l[mt][0] += p0 + p1;  l[mt][1] += p2 + p3;
+                    pa[mt][2 * h] = pack2<T>(p0, p1);
+                    pa[mt][2 * h + 1] = pack2<T>(p2, p3);
+                }
+#pragma unroll
+            for (int db = 0; db < DB; db += 2) {
+                uint32_t bf[4];
+                ldmatrix_x4_trans(bf, v_base + 16 * kc * ROWB + v_col[db / 2]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(o[mt][db], pa[mt], bf[0], bf[1]);
+                    mma_16816<T>(o[mt][db + 1], pa[mt], bf[2], bf[3]);
+                }
+            }
+        }
+    };
+    // Tiles before the first key some token cannot see need no mask (keys >= L are also > last_key0 + token).
+    const int j_full = min(j1, max(j0, (last_key0 + 1) / BLOCK_N));
+    int j = j0;
+    for (; j < j_full; ++j) step(j, false);
+    for (; j < j1; ++j) step(j, true);
+
+    // The partials: row R = bh * rows + r of q's [B * Hq * nq] rows, split `split`: o / l and m + log2(l).
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float sum = l[mt][h];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int r = r0 + 16 * mt + g + 8 * h;
+            if (r >= rows) continue;
+            const size_t R = (size_t)bh * rows + r;
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            float* dst = o_part + (R * splits + split) * D;
+#pragma unroll
+            for (int db = 0; db < DB; ++db)
+                *reinterpret_cast<float2*>(dst + 8 * db + 2 * t) =
+                    make_float2(o[mt][db][2 * h] * inv, o[mt][db][2 * h + 1] * inv);
+            if (t == 0) lse_part[R * splits + split] = sum > 0.f ? m[mt][h] + log2f(sum) : -CUDART_INF_F;
+        }
+}
+
+// Merge the splits of each row: o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s; a row no split
+// saw (an empty cache) is 0. One warp per row, lane l holding columns 2 l, 2 l + 1 (+ 64 at D = 128).
+// grid ceil(rows / 4), 128 threads.
+template <typename T, int D>
+__device__ __forceinline__ void decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                                               T* __restrict__ out, int n_rows, int splits) {
+    const int R = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (R >= n_rows) return;
+    const float* lse = lse_part + (size_t)R * splits;
+    float mx = -CUDART_INF_F;
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, lse[s]);
+#pragma unroll
+    for (int k = 16; k; k >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, k));
+    float acc[D / 64][2] = {}, wsum = 0.f;
+    if (mx != -CUDART_INF_F) {
+        for (int s = 0; s < splits; ++s) {
+            const float w = exp2_approx(lse[s] - mx);          // 0 for an empty split
+            if (w == 0.f) continue;
+            wsum += w;
+            const float* src = o_part + ((size_t)R * splits + s) * D;
+#pragma unroll
+            for (int c = 0; c < D / 64; ++c) {
+                const float2 v = *reinterpret_cast<const float2*>(src + 64 * c + 2 * lane);
+                acc[c][0] += w * v.x;  acc[c][1] += w * v.y;
+            }
+        }
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c)
+        *reinterpret_cast<uint32_t*>(out + (size_t)R * D + 64 * c + 2 * lane) = pack2<T>(acc[c][0] * inv, acc[c][1] * inv);
+}
+
+}  // namespace dec
+
+// Entry points per (dtype, head dim, rows per warp): BLOCK_N = 64 keys at D = 64, 32 at D = 128 (16 KB of K and V
+// per stage per warp either way); 32 rows a warp only at D = 64 (at D = 128 its accumulators would spill).
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_bf16_d64_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__nv_bfloat16, 64, 64, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_bf16_d64_m32(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__nv_bfloat16, 64, 64, 2>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(128)
+combine_bf16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int n_rows, int splits) {
+    dec::decode_combine<__nv_bfloat16, 64>(o_part, lse_part, out, n_rows, splits);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_bf16_d128_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__nv_bfloat16, 128, 32, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(128)
+combine_bf16_d128(const float* __restrict__ o_part, const float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int n_rows, int splits) {
+    dec::decode_combine<__nv_bfloat16, 128>(o_part, lse_part, out, n_rows, splits);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_f16_d64_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__half, 64, 64, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_f16_d64_m32(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__half, 64, 64, 2>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(128)
+combine_f16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_part, __half* __restrict__ out, int n_rows, int splits) {
+    dec::decode_combine<__half, 64>(o_part, lse_part, out, n_rows, splits);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_f16_d128_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__half, 128, 32, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(128)
+combine_f16_d128(const float* __restrict__ o_part, const float* __restrict__ lse_part, __half* __restrict__ out, int n_rows, int splits) {
+    dec::decode_combine<__half, 128>(o_part, lse_part, out, n_rows, splits);
+}
+
+# %% [markdown]
+# The decode cards: `HMMA` for both products (a warp pads its `G nq` rows to 16, wasted tensor work that costs nothing
+# here), `LDGSTS` for the cache, no spills; the combine kernel is a few dozen registers of plain loads.
+
+# %%
+for name in ("decode_bf16_d64_m16", "decode_bf16_d64_m32", "decode_bf16_d128_m16", "combine_bf16_d128"):
+    k = decode_kernels[name]
+    print(f"{name:22s} {k.resources}")
+    print(" " * 23, k.instruction_summary)
+
+# %% [markdown]
+# ### The launchers
+#
+# This cell holds everything the host does for both kernels: the checks of the arguments, the grid, the split plan,
+# the partials. The GPU tests and `benchmarks/attention_inference.py` run this same cell (the CPU tests run it on the
+# emulated kernels), so what is checked and timed there is what you read here.
+
+# %%
+# launchers: gqa_attention, decode_attention (tests/gpu/test_attention_inference_gpu.py and benchmarks/attention_inference.py run this cell too)
+import math
+from dataclasses import dataclass
+
+import torch
+
+GQA_BLOCK_M, GQA_BLOCK_N, GQA_THREADS = 128, 64, 128       # GQA_MT * 16 * GQA_NWARPS rows, GQA_BN keys (the cell)
+DEC_WARPS = 4                                              # DEC_NWARPS: one split per warp
+DEC_BLOCK_N = {64: 64, 128: 32}                            # keys per tile: 16 KB of K and V a stage at either d
+DEC_MIN_TILES = 2                                          # a split walks at least this many tiles
+SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def _check(q, k, v, what):
+    """bf16/fp16, d 64 or 128, contiguous [B, H, N, d] tensors on one device, Hq a multiple of Hkv."""
+    if q.dtype not in DTYPE_NAMES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"{what} takes bf16 or fp16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[-1] not in (64, 128) or k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{what} takes q [B, Hq, N, d] and k, v [B, Hkv, N, d] with d = 64 or 128, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
+        raise ValueError(f"{what}: the batch must match and Hq ({q.shape[1]}) be a multiple of Hkv ({k.shape[1]})")
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        raise ValueError(f"{what} takes contiguous tensors (call .contiguous() first)")
+
+
+def gqa_attention(q, k, v, causal=False):
+    """softmax(q k^T / sqrt(d) [+ causal mask]) v with query head h reading KV head h // (Hq / Hkv), K/V never
+    expanded; q: [B, Hq, N, d], k, v: [B, Hkv, N, d], bf16 or fp16, d = 64 or 128, contiguous."""
+    _check(q, k, v, "gqa_attention")
+    B, Hq, N, d = q.shape
+    Hkv = k.shape[1]
+    if k.shape[2] != N:
+        raise ValueError(f"gqa_attention: q has {N} positions and k, v {k.shape[2]}; for a KV cache use decode_attention")
+    out = torch.empty_like(q)
+    if N == 0 or B == 0:
+        return out
+    G = Hq // Hkv
+    name = f"gqa_{DTYPE_NAMES[q.dtype]}_d{d}{'_causal' if causal else ''}"
+    smem = (GQA_BLOCK_M + 4 * GQA_BLOCK_N) * d * 2
+    gqa_kernels[name][(math.ceil(G * N / GQA_BLOCK_M), B * Hkv), GQA_THREADS, smem](q, k, v, out, N, G, d ** -0.5)
+    return out
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How decode_attention launches: rows per warp, row groups (grid z), splits per (sequence, KV head)."""
+    rows_per_warp: int
+    row_groups: int
+    block_n: int
+    splits: int
+    shared_bytes: int
+
+    @property
+    def grid(self):
+        return lambda B, Hkv: (self.splits // DEC_WARPS, B * Hkv, self.row_groups)
+
+
+def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS):
+    """Rows per warp (32 only at d = 64, where it does not spill), the row groups that cover G * nq rows, and the
+    splits: one wave of blocks (one block of DEC_WARPS warps per SM: its shared memory allows no second), at least
+    DEC_MIN_TILES key tiles a split, a multiple of DEC_WARPS."""
+    rows = G * nq
+    rows_per_warp = 32 if d == 64 and rows > 16 else 16
+    groups = -(-rows // rows_per_warp)
+    block_n = DEC_BLOCK_N[d]
+    tiles = max(1, -(-Nmax // block_n))
+    wave = sms * DEC_WARPS // max(1, B * Hkv * groups)             # warps of one wave per (sequence, head, group)
+    splits = max(1, min(wave, -(-tiles // DEC_MIN_TILES)))
+    splits = max(DEC_WARPS, splits // DEC_WARPS * DEC_WARPS)        # whole blocks, rounded down (one wave, not two)
+    shared = DEC_WARPS * (rows_per_warp + 4 * block_n) * d * 2
+    return DecodePlan(rows_per_warp, groups, block_n, splits, shared)
+
+
+def decode_attention(q, k_cache, v_cache, cache_seqlens):
+    """Attention of nq new tokens per sequence against its KV cache, split along the keys (flash-decoding).
+    q: [B, Hq, nq, d]; k_cache, v_cache: [B, Hkv, Nmax, d]; cache_seqlens: [B] int32 (values above Nmax read as
+    Nmax). Token i of sequence b sees keys 0 .. cache_seqlens[b] - nq + i; a token that sees none gets zeros."""
+    _check(q, k_cache, v_cache, "decode_attention")
+    B, Hq, nq, d = q.shape
+    Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
+    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
+        raise ValueError(f"decode_attention: cache_seqlens is an int32 [B] = [{B}] tensor on {q.device}, got "
+                         f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+    out = torch.empty_like(q)
+    if B == 0 or nq == 0:
+        return out
+    G = Hq // Hkv
+    plan = decode_plan(B, Hkv, G, nq, Nmax, d)
+    rows = B * Hq * nq
+    o_part = torch.empty(rows, plan.splits, d, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(rows, plan.splits, dtype=torch.float32, device=q.device)
+    dt = DTYPE_NAMES[q.dtype]
+    decode_kernels[f"decode_{dt}_d{d}_m{plan.rows_per_warp}"][plan.grid(B, Hkv), 32 * DEC_WARPS, plan.shared_bytes](
+        q, k_cache, v_cache, cache_seqlens, o_part, lse_part, Hkv, G, nq, Nmax, d ** -0.5)
+    decode_kernels[f"combine_{dt}_d{d}"][-(-rows // 4), 128](o_part, lse_part, out, rows, plan.splits)
+    return out
+
+
+def gqa_reference(q, k, v, causal=False):
+    """GQA attention in float64 (K, V expanded), the reference of the checks."""
+    G = q.shape[1] // k.shape[1]
+    qd, kd, vd = q.double(), k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
+    s = qd @ kd.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if causal:
+        n = q.shape[2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ vd
+
+
+def decode_mask(cache_seqlens, nq, Nmax):
+    """[B, 1, nq, Nmax] bool: token i of sequence b sees key j iff j <= cache_seqlens[b] - nq + i."""
+    last = cache_seqlens.long().clamp(max=Nmax)[:, None] - nq + torch.arange(nq, device=cache_seqlens.device)
+    return (torch.arange(Nmax, device=cache_seqlens.device)[None, None, :] <= last[:, :, None])[:, None]
+
+
+def decode_reference(q, k_cache, v_cache, cache_seqlens):
+    """decode_attention in float64; a token that sees no key gives zeros, as the kernel defines."""
+    G = q.shape[1] // k_cache.shape[1]
+    mask = decode_mask(cache_seqlens, q.shape[2], k_cache.shape[2])
+    s = q.double() @ k_cache.double().repeat_interleave(G, 1).transpose(-2, -1) * q.shape[-1] ** -0.5
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)                       # a fully masked row: NaN -> 0
+    return p @ v_cache.double().repeat_interleave(G, 1)
+
+
+# %% [markdown]
+# ### As PyTorch operators
+#
+# `kernellab.op` registers both launchers as operators (`torch.ops.kl.gqa_attention`, `torch.ops.kl.decode_attention`):
+# eager calls, `torch.compile(fullgraph=True)` and CUDA graphs see one op each; the fake implementations say the output
+# is shaped like `q`.
+
+# %%
+# launchers: ops
+import kernellab
+
+
+@kernellab.op("kl::gqa_attention", "(Tensor q, Tensor k, Tensor v, bool causal) -> Tensor",
+              outputs=lambda q, k, v, causal: q)
+def kl_gqa_attention(q, k, v, causal):
+    return gqa_attention(q, k, v, causal)
+
+
+@kernellab.op("kl::decode_attention", "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens) -> Tensor",
+              outputs=lambda q, k_cache, v_cache, cache_seqlens: q)
+def kl_decode_attention(q, k_cache, v_cache, cache_seqlens):
+    return decode_attention(q, k_cache, v_cache, cache_seqlens)
+
+
+# %%
+for B, Hkv, G, nq, Nmax, d in ((1, 8, 4, 1, 131072, 128), (1, 8, 4, 1, 1024, 128), (32, 8, 4, 1, 8192, 128),
+                               (4, 8, 8, 4, 8192, 64), (2, 1, 32, 1, 4096, 128)):
+    p = decode_plan(B, Hkv, G, nq, Nmax, d)
+    blocks = p.splits // DEC_WARPS * B * Hkv * p.row_groups
+    print(f"B={B:2d} Hkv={Hkv} G={G:2d} nq={nq} Nmax={Nmax:6d} d={d:3d}: {p.splits:3d} splits x {p.row_groups} row "
+          f"group(s) of {p.rows_per_warp} rows, {blocks:4d} blocks ({blocks / SMS:.2f} waves), "
+          f"{p.shared_bytes // 1024} KiB shared")
+
+# %% [markdown]
+# ## Check on awkward shapes
+#
+# `N = 1, 63, 65, 1000, 1031, 4097` for GQA at ratios 1, 4 and 8 (and MQA), both dtypes, `d = 64` and 128, causal
+# and not; for decoding, a batch whose cache lengths are 0, 1, one short of a tile, one over, and long ones, with
+# `nq = 1` and 4. Each against the float64 reference, with SDPA's own error in the same dtype beside ours (SDPA with
+# `enable_gqa=True`, and for decoding a boolean mask; rows SDPA leaves NaN, those with no key, are compared with our
+# zeros only against the reference). The bar: our error at most twice SDPA's plus the dtype's rounding of the output.
+
+# %%
+CHECK_N = (1, 63, 65, 1000, 1031, 4097)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def sdpa_gqa(q, k, v, causal=False, mask=None):
+    """SDPA with enable_gqa=True (no K/V expansion), PyTorch choosing the backend."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=True)
+
+
+def check_gqa(dtypes=DTYPES, dims=(64, 128), ns=CHECK_N, ratios=((8, 8), (32, 8), (32, 4), (8, 1))):
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for dname, dtype in dtypes.items():
+        for d in dims:
+            for Hq, Hkv in ratios:
+                for causal in (False, True):
+                    for N in ns:
+                        B = 1 if N > 2000 else 2
+                        q = torch.randn(B, Hq, N, d, generator=g).to(dtype).cuda()
+                        k, v = (torch.randn(B, Hkv, N, d, generator=g).to(dtype).cuda() for _ in range(2))
+                        ref = gqa_reference(q, k, v, causal)
+                        ours = (gqa_attention(q, k, v, causal).double() - ref).abs().max().item()
+                        theirs = (sdpa_gqa(q, k, v, causal).double() - ref).abs().max().item()
+                        rows.append((dname, d, Hq, Hkv, causal, N, ours, theirs))
+    return rows
+
+
+def check_decode(dtypes=DTYPES, dims=(64, 128), lens=(0, 1, 31, 33, 1000, 4097, 8191, 20000), nqs=(1, 4),
+                 heads=((32, 8), (64, 8), (8, 8), (16, 1))):
+    rows = []
+    g = torch.Generator().manual_seed(1)
+    for dname, dtype in dtypes.items():
+        for d in dims:
+            for Hq, Hkv in heads:
+                for nq in nqs:
+                    B, Nmax = len(lens), max(lens) + 5
+                    q = torch.randn(B, Hq, nq, d, generator=g).to(dtype).cuda()
+                    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype).cuda() for _ in range(2))
+                    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+                    ref = decode_reference(q, kc, vc, sl)
+                    ours = decode_attention(q, kc, vc, sl).double()
+                    mask = decode_mask(sl, nq, Nmax)
+                    seen = mask.any(-1, keepdim=True).expand_as(ref)        # rows with at least one key
+                    sd = sdpa_gqa(q, kc, vc, mask=mask).double()
+                    rows.append((dname, d, Hq, Hkv, nq, (ours - ref).abs().max().item(),
+                                 (sd - ref)[seen].abs().max().item(), bool((ours[~seen] == 0).all())))
+    return rows
+
+
+# %%
+# %%gpu
+gqa_rows = check_gqa()
+bad = [r for r in gqa_rows if not r[6] <= 2 * r[7] + (8e-3 if r[0] == "bf16" else 1e-3)]
+print(f"GQA: {len(gqa_rows) - len(bad)}/{len(gqa_rows)} cases within 2x SDPA's error; largest error "
+      f"{max(r[6] for r in gqa_rows):.2e}, SDPA's {max(r[7] for r in gqa_rows):.2e}")
+for r in bad[:10]:
+    print("  outside:", r)
+dec_rows = check_decode()
+bad = [r for r in dec_rows if not (r[5] <= 2 * r[6] + (8e-3 if r[0] == "bf16" else 1e-3) and r[7])]
+print(f"decode: {len(dec_rows) - len(bad)}/{len(dec_rows)} cases within 2x SDPA's error, empty rows zero; largest "
+      f"error {max(r[5] for r in dec_rows):.2e}, SDPA's {max(r[6] for r in dec_rows):.2e}")
+for r in bad[:10]:
+    print("  outside:", r)
+
+# %% [markdown]
+# ## Timing against PyTorch
+#
+# GQA against SDPA's FLASH backend on `K`, `V` expanded (what a model without GQA support does) and SDPA with
+# `enable_gqa=True`; decoding against every PyTorch path that computes the same thing: SDPA with `enable_gqa` under
+# each backend that accepts it, and a `torch.compile`d reshape-and-matmul version (the `G nq` query rows of a KV head
+# as one matrix, exactly the kernel's packing, so nothing is expanded). Decoding is also reported as a fraction of the
+# copy bandwidth. `benchmarks/attention_inference.py` runs the whole grid, timed as called three ways.
+
+# %%
+def decode_torch(q, k_cache, v_cache, cache_seqlens):
+    """decode_attention in PyTorch without expanding K/V: [B, Hkv, G nq, d] rows against the cache, masked softmax."""
+    B, Hq, nq, d = q.shape
+    Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    qr = q.reshape(B, Hkv, G * nq, d)
+    s = (qr @ k_cache.transpose(-2, -1)).float() * d ** -0.5                  # [B, Hkv, G nq, Nmax]
+    last = cache_seqlens.long()[:, None] - nq + torch.arange(nq, device=q.device)          # [B, nq]
+    mask = torch.arange(Nmax, device=q.device)[None, None, :] <= last[:, :, None]          # [B, nq, Nmax]
+    s = s.masked_fill(~mask.repeat(1, G, 1)[:, None], float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0).to(q.dtype)
+    return (p @ v_cache).reshape(B, Hq, nq, d)
+
+
+def decode_bench(B=1, Hq=32, Hkv=8, L=32768, d=128, nq=1):
+    """kernellab.bench of decode_attention against the PyTorch paths, all caches full (L = Nmax)."""
+    def inputs(g):
+        q = torch.randn(B, Hq, nq, d, generator=g).to(torch.bfloat16).cuda()
+        kc, vc = (torch.randn(B, Hkv, L, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+        return q, kc, vc, torch.full((B,), L, dtype=torch.int32, device="cuda")
+
+    compiled = torch.compile(decode_torch, dynamic=False)
+    baselines = {"torch.compile gather+matmul": compiled}
+    for name, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA efficient", SDPBackend.EFFICIENT_ATTENTION),
+                          ("SDPA cudnn", SDPBackend.CUDNN_ATTENTION), ("SDPA math", SDPBackend.MATH)):
+        def run(q, kc, vc, sl, backend=backend):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+        try:
+            run(*inputs(torch.Generator().manual_seed(0)))
+            baselines[name] = run
+        except RuntimeError:
+            pass                                                              # this backend does not take the case
+    return kernellab.bench(decode_attention, inputs, baselines=baselines,
+                           bytes=lambda q, kc, vc, sl: decode_counts(B, Hq, Hkv, nq, L, d)[1], name="decode_attention")
+
+
+# %%
+# %%gpu
+from kernellab.run.measure.ceilings import device_ceilings
+
+copy_gbps = device_ceilings().dram_gbps
+for B, L in ((1, 8192), (1, 131072), (16, 8192)):
+    r = decode_bench(B=B, L=L)
+    moved = decode_counts(B, 32, 8, 1, L, 128)[1]
+    print(f"B={B:2d} cache {L:6d}: {r.median_ms * 1e3:8.1f} us, {moved / r.median_ms / 1e6 / copy_gbps:.0%} of copy; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+r
+
+# %%
+# %%gpu
+def gqa_inputs(B, Hq, Hkv, N, d):
+    def inputs(g):
+        q = torch.randn(B, Hq, N, d, generator=g).to(torch.bfloat16).cuda()
+        return (q, *(torch.randn(B, Hkv, N, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2)))
+    return inputs
+
+
+def flash_expanded(q, k, v, causal=False):
+    G = q.shape[1] // k.shape[1]
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), is_causal=causal)
+
+
+for N, d, causal in ((4096, 128, False), (4096, 128, True), (512, 64, True)):
+    B = 16384 // N
+    r = kernellab.bench(lambda q, k, v: gqa_attention(q, k, v, causal), gqa_inputs(B, 32, 8, N, d),
+                        baselines={"SDPA flash, K/V expanded": lambda q, k, v: flash_expanded(q, k, v, causal),
+                                   "SDPA enable_gqa": lambda q, k, v: sdpa_gqa(q, k, v, causal)},
+                        flops=lambda q, *_: gqa_counts(*q.shape[:2], 8, q.shape[2], q.shape[3], causal)[0],
+                        name=f"gqa N={N} d={d}{' causal' if causal else ''}")
+    print(f"N={N:5d} d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+
+# %% [markdown]
+# ## Exercises
+#
+# ### Exercise 09-split-combine: merge flash-decoding's split partials
+#
+# The second kernel of the decode, on the CUDA cores in fp32. Row `r` has `splits` partial results:
+# `o_part[r][s][0 .. d-1]` (`[rows, splits, d]`, row-major) and `lse[r][s]` (log2 units, `-inf` for a split that saw
+# no key). Write `out[r][c] = sum_s w_s o_part[r][s][c] / sum_s w_s` with `w_s = exp2f(lse[r][s] - M)` and
+# `M = max_s lse[r][s]`; a row whose splits are all `-inf` gets 0, never NaN. `lse` reaches +-200, so subtract `M`
+# before `exp2f`. Block `blockIdx.x` takes row `blockIdx.x`; its threads take columns `threadIdx.x`,
+# `threadIdx.x + blockDim.x`, ... below `d`. The grader launches blocks of 32, 128 and 256 threads, grid = rows, on up
+# to 64 splits and `d` up to 128, against a float64 merge; the optional speed bar is half the speed of the same merge
+# in PyTorch.
+
+# %%
+# %%cuda
+// exercise: 09-split-combine
+#include <math_constants.h>   // CUDART_INF_F
+extern "C" __global__ void combine_splits(const float* o_part, const float* lse, float* out, int rows, int splits,
+                                          int d) {
+    // TODO: M over the row's splits; each of this thread's columns as the weighted mean of the splits; 0 if all empty
+}
+
+# %%
+kernellab.grade("09-split-combine", combine_splits)
+
+# %% [markdown]
+# ### Exercise 09-gqa-scores: decode scores with grouped-query heads and per-sequence cache lengths
+#
+# The first product of a decode step, on the CUDA cores: one query token per sequence, `q` is `[B, Hq, d]`, the key
+# cache `k` is `[B, Hkv, nmax, d]` (fp32, row-major), and sequence `b` uses its first `seqlens[b]` keys. Query head `h`
+# reads KV head `h / (Hq / Hkv)`. Write `s[b][h][j] = scale * q[b][h] . k[b][h / (Hq / Hkv)][j]` for
+# `j < seqlens[b]` and `-INFINITY` for `seqlens[b] <= j < nmax`. Thread `threadIdx.x` of block
+# `(blockIdx.x, blockIdx.y)` takes key `j = blockIdx.x * blockDim.x + threadIdx.x` of row `blockIdx.y = b * Hq + h`.
+# The grader launches blocks of 32, 128 and 256 threads, grid `(ceil(nmax / blockDim.x), B * Hq)`, with 1 to 32 query
+# heads per KV head and caches of length 0 up to `nmax`.
+
+# %%
+# %%cuda
+// exercise: 09-gqa-scores
+#include <math_constants.h>   // CUDART_INF_F
+extern "C" __global__ void gqa_scores(const float* q, const float* k, const int* seqlens, float* s, int B, int Hq,
+                                      int Hkv, int nmax, int d, float scale) {
+    // TODO: this thread's key j of row b * Hq + h: its score against KV head h / (Hq / Hkv), or -inf past the cache
+}
+
+# %%
+kernellab.grade("09-gqa-scores", gqa_scores)
+
+# %% [markdown]
+# ## Discussion
+#
+# - **GQA is an indexing change.** Because the `G` query heads of a KV head are contiguous in `q`, packing them as one
+#   matrix costs nothing and lets a block's `K`/`V` tiles serve every query head that needs them; the tensor-core
+#   schedule is tutorial 07's step 2 unchanged. The gain over expanding `K`/`V` is the expansion's copy; the gain
+#   over one block per query head appears at short `N`. The Hopper kernel of tutorial 07 (step 3) takes the same
+#   packing (its TMA box walks the `[G N, d]` matrix) where `N` is long.
+# - **Decoding is a copy.** Its speed is the fraction of the copy bandwidth it reaches, and the whole design is about
+#   parallelism: `B Hkv` is far too few blocks, so the keys are split until one wave of warps covers the GPU, and the
+#   partials (a few percent of the bytes) are merged by a second, tiny kernel. Splitting per warp rather than per block
+#   keeps each split's loads independent (no `__syncthreads` between warps) at the price of a little more shared memory.
+# - **Variable lengths without a host sync.** The split count comes from `Nmax`, each sequence divides its own length
+#   inside the kernel; empty caches and tokens that see no key give zeros by definition, rows SDPA leaves NaN.
+# - **What is left.** A split count tuned on the measured wave (the current one assumes one block per SM), the combine
+#   folded into the last split to finish (one launch, as tutorial 03's single-pass sum does), a paged KV cache (a block
+#   table per sequence), and the cache in fp8 (half the bytes: twice the speed of a memory-bound step).

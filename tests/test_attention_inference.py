@@ -1,0 +1,179 @@
+"""Tutorial 09 (grouped-query attention and flash-decoding) without a GPU: every kernel of its two `%%cuda` cells
+compiles for sm_90 to mma.sync fed by cp.async, within its registers; the split plan fills one wave; and the
+tutorial's own launchers, run on the CPU emulation of the kernels (kernellab.run.sim.cuda's ptx_emu: ldmatrix,
+mma.sync, cp.async), match attention in float64 on awkward shapes, GQA ratios, a batch of different cache lengths
+(0, 1, partial tiles) and several query tokens."""
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "gpu"))
+from notebook_cells import load_tutorial, named_cuda_cells  # noqa: E402
+
+import kernellab  # noqa: E402
+from kernellab.run.sim.cuda.emulate import compiler  # noqa: E402
+from kernellab.run.sim.cuda.ptx_emu import emulate  # noqa: E402
+
+torch = pytest.importorskip("torch")
+T09 = "09-attention-inference.py"
+CELLS = named_cuda_cells(T09)
+needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler for the emulation")
+
+
+@pytest.fixture(scope="module")
+def modules():
+    return {name: kernellab.compile_cuda(src, arch="sm_90", first_line=2, filename="cell.cu")
+            for name, src in CELLS.items()}
+
+
+def test_the_gqa_kernels_are_mma_sync_for_both_dtypes_head_dims_and_masks(modules):
+    kernels = {k.name: k for k in modules["gqa_kernels"].kernels}
+    assert sorted(kernels) == sorted(f"gqa_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128)
+                                     for c in ("", "_causal"))
+    for name, k in kernels.items():
+        text = str(k.instruction_summary)
+        assert "HMMA.16816.F32" in text and "LDSM" in text and "LDGSTS" in text, (name, text)
+        assert k.resources.max_threads_per_block == 128
+        assert [p.name for p in k.params] == ["q", "k", "v", "o", "n", "g", "scale"]
+        if name.endswith("_d128"):        # the non-causal d = 128 step spills a few bytes, as tutorial 07's step 2
+            assert k.resources.spill_store_bytes <= 64, (name, k.resources)
+        else:
+            assert not k.resources.spills and k.resources.local_bytes == 0, (name, k.resources)
+
+
+def test_the_decode_kernels_compile_without_spills(modules):
+    kernels = {k.name: k for k in modules["decode_kernels"].kernels}
+    want = {f"decode_{dt}_d64_m16" for dt in ("bf16", "f16")} | {f"decode_{dt}_d64_m32" for dt in ("bf16", "f16")}
+    want |= {f"decode_{dt}_d128_m16" for dt in ("bf16", "f16")} | {f"combine_{dt}_d{d}" for dt in ("bf16", "f16")
+                                                                   for d in (64, 128)}
+    assert set(kernels) == want
+    for name, k in kernels.items():
+        assert not k.resources.spills and k.resources.local_bytes == 0, (name, k.resources)
+        assert k.resources.max_threads_per_block == 128
+        if name.startswith("decode_"):
+            text = str(k.instruction_summary)
+            assert "HMMA.16816.F32" in text and "LDSM" in text and "LDGSTS" in text, (name, text)
+            assert "BAR.SYNC" not in k.sass, name          # warps are independent splits: __syncwarp only
+            assert [p.name for p in k.params] == ["q", "k", "v", "seqlens", "o_part", "lse_part", "hkv", "g", "nq",
+                                                  "nmax", "scale"]
+
+
+# --- the launchers on the emulated kernels -------------------------------------------------------------------------
+
+def _array(t):
+    """A CPU tensor as a numpy array sharing its memory (bf16 as its uint16 bits), so the emulator writes into it."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+class EmulatedModule:
+    """A %%cuda cell's kernels run by ptx_emu: `mod[name][grid, block, shared_bytes](*args)` on CPU tensors."""
+
+    def __init__(self, source):
+        self.source, self.launches = source, []
+
+    def __getitem__(self, name):
+        def config(cfg):
+            grid, block = cfg[0], cfg[1]
+            shared = cfg[2] if len(cfg) > 2 else 0
+
+            def launch(*args):
+                assert all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
+                self.launches.append((name, grid, block, shared))
+                emulate(self.source, name, grid if isinstance(grid, tuple) else (grid,), (block,),
+                        [_array(a) if isinstance(a, torch.Tensor) else a for a in args], shared)
+            return launch
+        return type("EmulatedKernel", (), {"__getitem__": lambda _, cfg: config(cfg)})()
+
+
+@pytest.fixture(scope="module")
+def t09():
+    return load_tutorial(T09, compile=EmulatedModule)
+
+
+def tol(dtype):
+    return 1.2e-2 if dtype == torch.bfloat16 else 2e-3
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype, d, Hq, Hkv, N, causal", [
+    (torch.bfloat16, 64, 4, 2, 65, False),
+    pytest.param(torch.float16, 64, 4, 1, 63, True, marks=pytest.mark.slow),
+    pytest.param(torch.bfloat16, 128, 2, 1, 100, True, marks=pytest.mark.slow),
+    pytest.param(torch.float16, 128, 8, 1, 1, False, marks=pytest.mark.slow),
+])
+def test_gqa_on_the_emulator(t09, dtype, d, Hq, Hkv, N, causal):
+    g = torch.Generator().manual_seed(N)
+    q = torch.randn(1, Hq, N, d, generator=g).to(dtype)
+    k, v = (torch.randn(1, Hkv, N, d, generator=g).to(dtype) for _ in range(2))
+    out = t09["gqa_attention"](q, k, v, causal)
+    ref = t09["gqa_reference"](q, k, v, causal)
+    err = (out.double() - ref).abs().max().item()
+    assert err < tol(dtype), err
+    # the reference itself agrees with SDPA (enable_gqa) in float64
+    sd = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
+                                                          enable_gqa=True)
+    assert torch.allclose(sd, ref, atol=1e-10)
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype, d, Hq, Hkv, nq, lens", [
+    (torch.bfloat16, 64, 8, 2, 1, (0, 1, 63, 200)),             # empty, one key, one short of a tile, several tiles
+    (torch.float16, 128, 4, 1, 3, (150, 2, 33)),               # three tokens; the second sequence's first sees none
+    pytest.param(torch.bfloat16, 64, 16, 2, 4, (130, 77), marks=pytest.mark.slow),   # 64 rows: 32 a warp, 2 groups
+])
+def test_decode_on_the_emulator(t09, dtype, d, Hq, Hkv, nq, lens):
+    g = torch.Generator().manual_seed(sum(lens))
+    B, Nmax = len(lens), max(lens) + 3
+    q = torch.randn(B, Hq, nq, d, generator=g).to(dtype)
+    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype) for _ in range(2))
+    sl = torch.tensor(lens, dtype=torch.int32)
+    out = t09["decode_attention"](q, kc, vc, sl)
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    err = (out.double() - ref).abs().max().item()
+    assert err < tol(dtype), err
+    empty = ~t09["decode_mask"](sl, nq, Nmax).any(-1)                       # [B, 1, nq]: tokens with no key
+    assert empty.any() == (min(lens) < nq)
+    assert (out.double()[empty.expand(B, Hq, nq)] == 0).all()
+    # where a token sees keys, the reference is SDPA with the mask, in float64
+    mask = t09["decode_mask"](sl, nq, Nmax)
+    sd = torch.nn.functional.scaled_dot_product_attention(q.double(), kc.double(), vc.double(), attn_mask=mask,
+                                                          enable_gqa=True)
+    seen = (~empty).expand(B, Hq, nq)
+    assert torch.allclose(sd[seen], ref[seen], atol=1e-10)
+
+
+def test_the_split_plan_fills_one_wave(t09):
+    plan = t09["decode_plan"]
+    for B, Hkv, G, nq, Nmax, d in ((1, 8, 4, 1, 131072, 128), (1, 8, 8, 1, 8192, 64), (4, 8, 4, 1, 65536, 128),
+                                   (2, 1, 32, 1, 32768, 128)):
+        p = plan(B, Hkv, G, nq, Nmax, d, sms=132)
+        blocks = p.splits // 4 * B * Hkv * p.row_groups
+        assert p.splits % 4 == 0 and 66 < blocks <= 132, (B, Hkv, G, Nmax, p)       # between half and one wave
+        assert p.row_groups * p.rows_per_warp >= G * nq
+    assert plan(1, 8, 4, 1, 1024, 128, sms=132).splits == 16           # 32 tiles, two a split at least
+    assert plan(64, 8, 4, 1, 8192, 128, sms=132).splits == 4           # more heads than a wave: the least, 4
+    p = plan(1, 8, 8, 4, 8192, 64, sms=132)                            # 32 rows at d = 64: one warp takes them
+    assert (p.rows_per_warp, p.row_groups) == (32, 1)
+    p = plan(1, 8, 8, 4, 8192, 128, sms=132)                           # at d = 128: two groups of 16
+    assert (p.rows_per_warp, p.row_groups) == (16, 2)
+    assert p.shared_bytes <= 227 * 1024
+
+
+def test_the_launchers_refuse_what_the_kernels_do_not_take(t09):
+    q = torch.zeros(1, 6, 8, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 4, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        t09["gqa_attention"](q, k, k, False)
+    with pytest.raises(ValueError, match="d = 64 or 128"):
+        t09["gqa_attention"](torch.zeros(1, 4, 8, 96, dtype=torch.bfloat16), torch.zeros(1, 4, 8, 96,
+                             dtype=torch.bfloat16), torch.zeros(1, 4, 8, 96, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="int32"):
+        t09["decode_attention"](q[:, :4, :1].contiguous(), k, k, torch.tensor([3]))
+    with pytest.raises(ValueError, match="contiguous"):
+        sq = torch.zeros(1, 4, 64, 64, dtype=torch.bfloat16).transpose(2, 3)
+        t09["gqa_attention"](sq, sq, sq)
