@@ -90,12 +90,21 @@ SUITES: dict[str, Suite] = {
         tests=tuple(GPU_TESTS + f for f in (
             "test_kl_headers_gpu.py", "test_memory_bound_gpu.py", "test_matmul_gpu.py", "test_attention_gpu.py",
             "test_attention_steps_gpu.py", "test_recorded_gpu.py")), needs_kernel=True),
+    "tests-attention-inference": Suite(
+        "tutorial 09's grouped-query attention and flash-decoding kernels against float64 and SDPA (enable_gqa) on "
+        "awkward lengths, GQA ratios, batches of different cache lengths, both dtypes; the ops compiled and in a "
+        "CUDA graph", 300,
+        tests=(GPU_TESTS + "test_attention_inference_gpu.py",)),
     "notebooks": Suite(
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
         commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),
     "bench-attention": Suite(
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),
+    "bench-attention-inference": Suite(
+        "benchmarks/attention_inference.py --quick: tutorial 09's GQA against SDPA flash (K/V expanded) and "
+        "enable_gqa, decoding as a share of copy and against the fastest PyTorch path, timed as called", 300,
+        commands=((PY, "benchmarks/attention_inference.py", "--quick", "--out", "{out}"),), takes_args=True),
     "bench-matmul": Suite(
         "benchmarks/matmul.py: tutorials 05/06's ladders against cuBLAS (every family)", 400,
         commands=((PY, "benchmarks/matmul.py"),), takes_args=True),

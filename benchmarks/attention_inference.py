@@ -1,0 +1,252 @@
+"""Tutorial 09's kernels against PyTorch: grouped-query attention (forward) and flash-decoding, timed as called.
+
+    python3 benchmarks/attention_inference.py [--quick] [--part gqa|decode|both] [--out DIR]
+
+Method. The kernels and launchers are the tutorial's own (the `%%cuda` and `# launchers` cells of
+notebooks/09-attention-inference.py, compiled by NVRTC as the magic compiles them); each is called through its
+registered op (torch.ops.kl.gqa_attention, torch.ops.kl.decode_attention), launch path and allocations included.
+Every function is timed three ways in one run (benchmarks/as_called.py): kernellab.bench, triton's do_bench and
+kernellab.bench(sustained=True); every ratio is baseline time / our time from the same method and run.
+- GQA grid: N 128..16k, d 64 and 128, causal and not, B * Hq from 16 to 512, GQA ratios 1, 4, 8, in bf16 (fp16 with
+  --dtypes), against SDPA FLASH on K, V expanded (repeat_interleave inside the timed call, as a model without GQA
+  support runs it) and SDPA with enable_gqa=True (PyTorch's choice of backend).
+- Decoding: one token (--nq), Hq = 32 over Hkv = 8, d = 128, bf16, caches of 1k..128k positions (all full, so every
+  SDPA backend can run without a mask), B 1..32; against each SDPA backend that accepts the case with enable_gqa,
+  and torch.compile of the reshape-and-matmul version (tutorial 09's decode_torch). Reported as a fraction of the
+  copy bandwidth kernellab measures (kernellab.run.measure.ceilings: a device-to-device copy, read + write bytes) and
+  against the fastest PyTorch path of the same method.
+Each case is checked once against SDPA (GQA: enable_gqa in the same dtype; decoding: float32) before it is timed (a failed check is printed, its row marked).
+The last thing printed is the two tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+import traceback
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
+
+NOTEBOOK = "09-attention-inference.py"
+# (N, B * Hq): B * Hq from 512 at short N down to 16 at 16k
+GQA_GRID = ((128, 512), (512, 512), (1024, 256), (2048, 128), (4096, 64), (8192, 32), (16384, 16))
+GQA_QUICK = ((512, 512), (4096, 64))
+RATIOS = (1, 4, 8)
+DECODE_CACHES = (1024, 4096, 8192, 32768, 131072)
+DECODE_B = (1, 4, 8, 32)
+DECODE_QUICK = ((1, 1024), (1, 8192), (1, 131072), (8, 32768), (32, 8192))
+TARGET_OF_COPY = 0.80          # decoding, caches of 8k and more
+
+
+def log(*parts):
+    print(" ".join(str(p) for p in parts), flush=True)
+
+
+def attempt(what, fn):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - report and go on
+        log(f"  ! {what}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+        traceback.print_exc(file=sys.stderr)
+        return None
+
+
+def gqa_rows(t, torch, quick, dtypes, methods_quick):
+    from as_called import time_as_called
+
+    F = torch.nn.functional
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def flash_expanded(causal):
+        def run(q, k, v):
+            G = q.shape[1] // k.shape[1]
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                return F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1),
+                                                      is_causal=causal)
+        return run
+
+    def sdpa_gqa(causal):
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    rows = []
+    grid = GQA_QUICK if quick else GQA_GRID
+    for dtype in dtypes:
+        for N, bh in grid:
+            for d in (64, 128):
+                for causal in (False, True):
+                    for ratio in ((4, 8) if quick else RATIOS):
+                        Hq = min(32, bh)
+                        B, Hkv = bh // Hq, Hq // ratio
+
+                        def inputs(g, B=B, Hq=Hq, Hkv=Hkv, N=N, d=d):
+                            q = torch.randn(B, Hq, N, d, generator=g, device="cuda").to(dtype)
+                            k, v = (torch.randn(B, Hkv, N, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+                            return q, k, v
+
+                        label = f"{str(dtype)[6:]} N={N} d={d} B*Hq={bh} G={ratio}{' causal' if causal else ''}"
+                        q, k, v = inputs(torch.Generator("cuda").manual_seed(0))
+                        err = (torch.ops.kl.gqa_attention(q, k, v, causal).float()      # against SDPA, same dtype
+                               - sdpa_gqa(causal)(q, k, v).float()).abs().max().item()
+                        ok = err < (3e-2 if dtype == torch.bfloat16 else 4e-3)
+                        fns = {"ours": lambda q, k, v, c=causal: torch.ops.kl.gqa_attention(q, k, v, c),
+                               "SDPA flash (K/V expanded)": flash_expanded(causal), "SDPA enable_gqa": sdpa_gqa(causal)}
+                        ms = attempt(label, lambda: time_as_called(fns, inputs, quick=quick, generator_device="cuda"))
+                        if not ms:
+                            continue
+                        flops = 4 * B * Hq * N * N * d / (2 if causal else 1)
+                        row = {"label": label, "check": "passed" if ok else f"FAILED (max error {err:.2e})",
+                               "ms": ms, "tflops": flops / (ms["kernellab.bench"]["ours"] * 1e-3) / 1e12,
+                               "vs": {b: {m: ms[m][b] / ms[m]["ours"] for m in ms} for b in fns if b != "ours"}}
+                        rows.append(row)
+                        log(f"{label:44s} {row['tflops']:6.1f} TFLOP/s  " + "  ".join(
+                            f"{r['kernellab.bench']:.2f}x {b}" for b, r in row["vs"].items()) + ("" if ok else "  " + row["check"]))
+    return rows
+
+
+def decode_torch(torch):
+    def run(q, k_cache, v_cache, cache_seqlens):
+        B, Hq, nq, d = q.shape
+        Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
+        G = Hq // Hkv
+        s = (q.reshape(B, Hkv, G * nq, d) @ k_cache.transpose(-2, -1)).float() * d ** -0.5
+        last = cache_seqlens.long()[:, None] - nq + torch.arange(nq, device=q.device)
+        mask = torch.arange(Nmax, device=q.device)[None, None, :] <= last[:, :, None]
+        s = s.masked_fill(~mask.repeat(1, G, 1)[:, None], float("-inf"))
+        p = torch.softmax(s, -1).nan_to_num(0.0).to(q.dtype)
+        return (p @ v_cache).reshape(B, Hq, nq, d)
+    return run
+
+
+def decode_rows(t, torch, quick, copy_gbps, nq):
+    from as_called import time_as_called
+
+    F = torch.nn.functional
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    Hq, Hkv, d, dtype = 32, 8, 128, torch.bfloat16
+    compiled = torch.compile(decode_torch(torch))
+    backends = (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA efficient", SDPBackend.EFFICIENT_ATTENTION),
+                ("SDPA cudnn", SDPBackend.CUDNN_ATTENTION), ("SDPA math", SDPBackend.MATH))
+    cases = DECODE_QUICK if quick else [(B, L) for L in DECODE_CACHES for B in DECODE_B if B * L <= 32 * 32768]
+    rows = []
+    for B, L in cases:
+        def inputs(g, B=B, L=L):
+            q = torch.randn(B, Hq, nq, d, generator=g, device="cuda").to(dtype)
+            kc, vc = (torch.randn(B, Hkv, L, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+            return q, kc, vc, torch.full((B,), L, dtype=torch.int32, device="cuda")
+
+        args = inputs(torch.Generator("cuda").manual_seed(0))
+        ref = F.scaled_dot_product_attention(args[0].float(), args[1].float(), args[2].float(), enable_gqa=True,
+                                             is_causal=False) if nq == 1 else t["decode_reference"](*args)
+        err = (torch.ops.kl.decode_attention(*args).float() - ref.float()).abs().max().item()
+        fns = {"ours": lambda *a: torch.ops.kl.decode_attention(*a), "torch.compile gather+matmul": compiled}
+        for name, backend in backends:
+            def run(q, kc, vc, sl, backend=backend):
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+            if nq == 1 and attempt(f"{name} on B={B} L={L}", lambda run=run: run(*args)) is not None:
+                fns[name] = run
+        attempt("torch.compile warm-up", lambda: compiled(*args))
+        label = f"B={B} cache={L} nq={nq}"
+        ms = attempt(label, lambda: time_as_called(fns, inputs, quick=quick, generator_device="cuda"))
+        if not ms:
+            continue
+        moved = 2 * B * Hkv * L * d * 2 + 2 * B * Hq * nq * d * 2
+        of_copy = {m: moved / (ms[m]["ours"] * 1e-3) / 1e9 / copy_gbps for m in ms}
+        best = {m: min((b for b in ms[m] if b != "ours"), key=lambda b: ms[m][b]) for m in ms}
+        row = {"label": label, "B": B, "L": L, "check": "passed" if err < 3e-2 else f"FAILED (max error {err:.2e})",
+               "ms": ms, "of_copy": of_copy, "fastest_torch": best,
+               "vs_fastest": {m: ms[m][best[m]] / ms[m]["ours"] for m in ms}}
+        rows.append(row)
+        k = "kernellab.bench"
+        log(f"{label:26s} {ms[k]['ours'] * 1e3:9.1f} us  {of_copy[k]:5.0%} of copy  {row['vs_fastest'][k]:.2f}x "
+            f"{best[k]} ({ms[k][best[k]] * 1e3:.1f} us)" + ("" if row["check"] == "passed" else "  " + row["check"]))
+    return rows
+
+
+def tables(gqa, dec, copy_gbps):
+    from as_called import METHODS
+
+    out = []
+    if gqa:
+        out.append("| GQA case | TFLOP/s | check | " + " | ".join(f"vs SDPA flash expanded, {m}" for m in METHODS)
+                   + " | " + " | ".join(f"vs SDPA enable_gqa, {m}" for m in METHODS) + " |")
+        out.append("|" + "---|" * (3 + 2 * len(METHODS)))
+        for r in gqa:
+            cells = [f"{r['vs'][b][m]:.2f}x" if m in r["vs"][b] else "-"
+                     for b in ("SDPA flash (K/V expanded)", "SDPA enable_gqa") for m in METHODS]
+            out.append(f"| {r['label']} | {r['tflops']:.0f} | {r['check']} | " + " | ".join(cells) + " |")
+        worst = min(min(r["vs"]["SDPA flash (K/V expanded)"].values()) for r in gqa)
+        out.append(f"\nGQA: lowest ratio against SDPA flash (K/V expanded) over all methods {worst:.2f}x (target 1.0x); "
+                   f"{sum(min(r['vs']['SDPA enable_gqa'].values()) >= 1.0 for r in gqa)}/{len(gqa)} cases >= 1.0x "
+                   f"SDPA enable_gqa by every method")
+    if dec:
+        out.append(f"\n| decode case (copy {copy_gbps / 1e3:.2f} TB/s) | check | "
+                   + " | ".join(f"of copy, {m}" for m in METHODS) + " | "
+                   + " | ".join(f"vs fastest PyTorch, {m}" for m in METHODS) + " | fastest PyTorch (kernellab.bench) |")
+        out.append("|" + "---|" * (3 + 2 * len(METHODS)))
+        for r in dec:
+            out.append(f"| {r['label']} | {r['check']} | "
+                       + " | ".join(f"{r['of_copy'][m]:.0%}" if m in r["of_copy"] else "-" for m in METHODS) + " | "
+                       + " | ".join(f"{r['vs_fastest'][m]:.2f}x" if m in r["vs_fastest"] else "-" for m in METHODS)
+                       + f" | {r['fastest_torch'].get('kernellab.bench', '-')} |")
+        long = [r for r in dec if r["L"] >= 8192]
+        if long:
+            low = min(long, key=lambda r: r["of_copy"]["kernellab.bench"])
+            out.append(f"\ndecode, caches >= 8k: lowest {low['of_copy']['kernellab.bench']:.0%} of copy "
+                       f"({low['label']}, kernellab.bench; target {TARGET_OF_COPY:.0%}); lowest ratio to the fastest "
+                       f"PyTorch path {min(min(r['vs_fastest'].values()) for r in dec):.2f}x (target 1.0x)")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few shapes (the runner's suite, under 300 s)")
+    ap.add_argument("--part", choices=("gqa", "decode", "both"), default="both")
+    ap.add_argument("--dtypes", default="bfloat16", help="GQA dtypes, e.g. bfloat16,float16")
+    ap.add_argument("--nq", type=int, default=1, help="query tokens per sequence when decoding")
+    ap.add_argument("--out", default="", help="folder for attention_inference.json")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        log("no CUDA GPU: this script times kernels and needs one (tests/test_attention_inference.py checks them on "
+            "the CPU)")
+        return 2
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = 64
+    from notebook_cells import load_tutorial
+
+    from kernellab.run.measure.ceilings import device_ceilings
+
+    t0 = time.time()
+    t = load_tutorial(NOTEBOOK)
+    log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; compiled tutorial 09 in {time.time() - t0:.1f} s")
+    ceil = device_ceilings()
+    copy_gbps = ceil.dram_gbps
+    log(f"copy bandwidth (kernellab ceilings, {ceil.source}): {copy_gbps / 1e3:.2f} TB/s")
+    dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(","))
+    gqa = gqa_rows(t, torch, args.quick, dtypes, args.quick) if args.part in ("gqa", "both") else []
+    dec = decode_rows(t, torch, args.quick, copy_gbps, args.nq) if args.part in ("decode", "both") else []
+    text = tables(gqa, dec, copy_gbps)
+    if args.out:
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "attention_inference.json").write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "copy_gbps": copy_gbps, "gqa": gqa, "decode": dec}, indent=1))
+        (out / "attention_inference.md").write_text(text + "\n")
+    log(f"\n{time.time() - t0:.0f} s in all\n")
+    log(text)
+    failed = [r["label"] for r in gqa + dec if r["check"] != "passed"]
+    if failed:
+        log(f"\nFAILED checks: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

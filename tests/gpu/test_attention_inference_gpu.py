@@ -1,0 +1,128 @@
+"""Tutorial 09's kernels on the GPU: grouped-query attention and flash-decoding, through the tutorial's own
+`%%cuda` and `# launchers` cells (notebooks/09-attention-inference.py, compiled as the magic compiles them), against
+attention in float64 and SDPA (enable_gqa=True) in the same dtype, on awkward shapes: N = 1, 63, 65, 1000, 1031,
+4097; GQA ratios 1, 4, 8 and MQA; bf16 and fp16; d = 64 and 128; causal and not; decode batches of different cache
+lengths (0, 1, partial tiles, long), 1 and several query tokens. The bar: our error at most twice SDPA's own plus
+one rounding of the output in the dtype; rows that see no key are zeros (SDPA leaves them NaN)."""
+import pytest
+
+from notebook_cells import load_tutorial
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+ROUNDING = {"bf16": 8e-3, "fp16": 1e-3}            # about two units in the last place at |o| ~ 1
+
+
+@pytest.fixture(scope="module")
+def t09():
+    return load_tutorial("09-attention-inference.py")
+
+
+def within(ours, sdpa, dname):
+    return ours <= 2 * sdpa + ROUNDING[dname]
+
+
+def gqa_case(t09, dname, d, Hq, Hkv, N, causal, B=None, amplitude=1.0, seed=0):
+    dtype = DTYPES[dname]
+    B = B or (1 if N > 2000 else 2)
+    g = torch.Generator().manual_seed(seed)
+    q = (amplitude * torch.randn(B, Hq, N, d, generator=g)).to(dtype).cuda()
+    k, v = (torch.randn(B, Hkv, N, d, generator=g).to(dtype).cuda() for _ in range(2))
+    ref = t09["gqa_reference"](q, k, v, causal)
+    out = t09["gqa_attention"](q, k, v, causal)
+    sd = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    assert torch.isfinite(out).all()
+    return (out.double() - ref).abs().max().item(), (sd.double() - ref).abs().max().item()
+
+
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("Hq, Hkv", [(8, 8), (32, 8), (32, 4), (8, 1)], ids=["ratio1", "ratio4", "ratio8", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa_matches_sdpa_on_awkward_lengths(t09, dname, d, Hq, Hkv, causal):
+    failures = []
+    for N in (1, 63, 65, 1000, 1031, 4097):
+        ours, theirs = gqa_case(t09, dname, d, Hq, Hkv, N, causal)
+        if not within(ours, theirs, dname):
+            failures.append(f"N={N}: error {ours:.2e} vs float64, SDPA's {theirs:.2e}")
+    assert not failures, f"{dname} d={d} Hq={Hq} Hkv={Hkv} causal={causal}: " + "; ".join(failures)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa_peaky_softmax_and_many_heads(t09, causal):
+    """Scores of a few tens (the running max moves between tiles) and gridDim.y = B * Hkv = 64."""
+    ours, theirs = gqa_case(t09, "bf16", 128, 32, 8, 777, causal, amplitude=4.0)
+    assert within(ours, theirs, "bf16"), (ours, theirs)
+    ours, theirs = gqa_case(t09, "fp16", 64, 32, 8, 100, causal, B=8)
+    assert within(ours, theirs, "fp16"), (ours, theirs)
+
+
+def decode_case(t09, dname, d, Hq, Hkv, nq, lens, seed=1, Nmax=None):
+    dtype = DTYPES[dname]
+    g = torch.Generator().manual_seed(seed)
+    B, Nmax = len(lens), Nmax or max(lens) + 5
+    q = torch.randn(B, Hq, nq, d, generator=g).to(dtype).cuda()
+    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype).cuda() for _ in range(2))
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    out = t09["decode_attention"](q, kc, vc, sl).double()
+    mask = t09["decode_mask"](sl, nq, Nmax)
+    seen = mask.any(-1, keepdim=True).expand_as(ref)
+    sd = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True).double()
+    empty_ok = bool((out[~seen] == 0).all())
+    return (out - ref).abs().max().item(), (sd - ref)[seen].abs().max().item(), empty_ok
+
+
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("Hq, Hkv", [(32, 8), (64, 8), (8, 8), (16, 1)], ids=["ratio4", "ratio8", "ratio1", "mqa16"])
+@pytest.mark.parametrize("nq", [1, 4])
+def test_decode_matches_sdpa_on_a_batch_of_cache_lengths(t09, dname, d, Hq, Hkv, nq):
+    lens = (0, 1, 31, 33, 63, 65, 1000, 1031, 4097, 20000)
+    ours, theirs, empty_ok = decode_case(t09, dname, d, Hq, Hkv, nq, lens)
+    assert empty_ok, "a token with no key must give zeros"
+    assert within(ours, theirs, dname), f"error {ours:.2e} vs float64, SDPA's {theirs:.2e}"
+
+
+@pytest.mark.parametrize("L", [1, 1024, 8191, 65537, 131072])
+def test_decode_long_caches_one_sequence(t09, L):
+    """B = 1 with many splits per head: the combine merges up to a wave's worth of partials."""
+    ours, theirs, _ = decode_case(t09, "bf16", 128, 32, 8, 1, (L,))
+    assert within(ours, theirs, "bf16"), (L, ours, theirs)
+
+
+def test_decode_lengths_above_nmax_read_as_nmax(t09):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 8, 1, 64, generator=g).bfloat16().cuda()
+    kc, vc = (torch.randn(2, 2, 100, 64, generator=g).bfloat16().cuda() for _ in range(2))
+    over = t09["decode_attention"](q, kc, vc, torch.tensor([100, 500], dtype=torch.int32, device="cuda"))
+    full = t09["decode_attention"](q, kc, vc, torch.tensor([100, 100], dtype=torch.int32, device="cuda"))
+    assert torch.equal(over, full)
+
+
+def test_the_ops_compile_and_capture(t09):
+    """torch.ops.kl.gqa_attention / decode_attention eagerly, under torch.compile(fullgraph=True) and in a CUDA
+    graph give the launchers' results."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 32, 300, 128, generator=g).bfloat16().cuda()
+    k, v = (torch.randn(2, 8, 300, 128, generator=g).bfloat16().cuda() for _ in range(2))
+    want = t09["gqa_attention"](q, k, v, True)
+    assert torch.equal(torch.ops.kl.gqa_attention(q, k, v, True), want)
+    f = torch.compile(lambda q, k, v: torch.ops.kl.gqa_attention(q, k, v, True), fullgraph=True)
+    assert torch.equal(f(q, k, v), want)
+    qd = torch.randn(3, 32, 1, 128, generator=g).bfloat16().cuda()
+    kc, vc = (torch.randn(3, 8, 5000, 128, generator=g).bfloat16().cuda() for _ in range(2))
+    sl = torch.tensor([5000, 17, 2600], dtype=torch.int32, device="cuda")
+    want = t09["decode_attention"](qd, kc, vc, sl)
+    assert torch.equal(torch.ops.kl.decode_attention(qd, kc, vc, sl), want)
+    graph = torch.cuda.CUDAGraph()
+    torch.ops.kl.decode_attention(qd, kc, vc, sl)                 # warm-up outside the capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = torch.ops.kl.decode_attention(qd, kc, vc, sl)
+    sl.copy_(torch.tensor([4000, 1, 0], dtype=torch.int32))       # the graph reads the new lengths
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, t09["decode_attention"](qd, kc, vc, sl))
