@@ -12,10 +12,11 @@ kernellab.bench(sustained=True); every ratio is baseline time / our time from th
   support runs it) and SDPA with enable_gqa=True (PyTorch's choice of backend).
 - Decoding: one token (--nq), Hq = 32 over Hkv = 8, d = 128, bf16, caches of 1k..128k positions (all full, so every
   SDPA backend can run without a mask), B 1..32; against each SDPA backend that accepts the case with enable_gqa,
-  and torch.compile of the reshape-and-matmul version (tutorial 09's decode_torch). Reported as a fraction of the
-  copy bandwidth kernellab measures (kernellab.run.measure.ceilings: a device-to-device copy, read + write bytes) and
-  against the fastest PyTorch path of the same method.
-Each case is checked once against SDPA (GQA: enable_gqa in the same dtype; decoding: float32) before it is timed (a failed check is printed, its row marked).
+  and torch.compile of the grouped-matmul version (decode_torch in tutorial 09's launchers). Reported as a
+  fraction of the copy bandwidth kernellab measures (kernellab.run.measure.ceilings: a device-to-device copy, read +
+  write bytes) and against the fastest PyTorch path of the same method.
+Each case is checked once before it is timed, against SDPA (GQA: enable_gqa in the same dtype; decoding: float32, or
+the float64 reference with several tokens); a failed check is printed and its row marked.
 The last thing printed is the two tables.
 """
 from __future__ import annotations
@@ -107,20 +108,6 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick):
     return rows
 
 
-def decode_torch(torch):
-    def run(q, k_cache, v_cache, cache_seqlens):
-        B, Hq, nq, d = q.shape
-        Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
-        G = Hq // Hkv
-        s = (q.reshape(B, Hkv, G * nq, d) @ k_cache.transpose(-2, -1)).float() * d ** -0.5
-        last = cache_seqlens.long()[:, None] - nq + torch.arange(nq, device=q.device)
-        mask = torch.arange(Nmax, device=q.device)[None, None, :] <= last[:, :, None]
-        s = s.masked_fill(~mask.repeat(1, G, 1)[:, None], float("-inf"))
-        p = torch.softmax(s, -1).nan_to_num(0.0).to(q.dtype)
-        return (p @ v_cache).reshape(B, Hq, nq, d)
-    return run
-
-
 def decode_rows(t, torch, quick, copy_gbps, nq):
     from as_called import time_as_called
 
@@ -128,7 +115,7 @@ def decode_rows(t, torch, quick, copy_gbps, nq):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     Hq, Hkv, d, dtype = 32, 8, 128, torch.bfloat16
-    compiled = torch.compile(decode_torch(torch))
+    compiled = torch.compile(t["decode_torch"])
     backends = (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA efficient", SDPBackend.EFFICIENT_ATTENTION),
                 ("SDPA cudnn", SDPBackend.CUDNN_ATTENTION), ("SDPA math", SDPBackend.MATH))
     cases = DECODE_QUICK if quick else [(B, L) for L in DECODE_CACHES for B in DECODE_B if B * L <= 32 * 32768]
@@ -143,7 +130,7 @@ def decode_rows(t, torch, quick, copy_gbps, nq):
         ref = F.scaled_dot_product_attention(args[0].float(), args[1].float(), args[2].float(), enable_gqa=True,
                                              is_causal=False) if nq == 1 else t["decode_reference"](*args)
         err = (torch.ops.kl.decode_attention(*args).float() - ref.float()).abs().max().item()
-        fns = {"ours": lambda *a: torch.ops.kl.decode_attention(*a), "torch.compile gather+matmul": compiled}
+        fns = {"ours": lambda *a: torch.ops.kl.decode_attention(*a), "torch.compile grouped matmul": compiled}
         for name, backend in backends:
             def run(q, kc, vc, sl, backend=backend):
                 with sdpa_kernel([backend]):

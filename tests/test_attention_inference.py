@@ -177,3 +177,36 @@ def test_the_launchers_refuse_what_the_kernels_do_not_take(t09):
     with pytest.raises(ValueError, match="contiguous"):
         sq = torch.zeros(1, 4, 64, 64, dtype=torch.bfloat16).transpose(2, 3)
         t09["gqa_attention"](sq, sq, sq)
+
+
+# --- benchmarks/attention_inference.py: its PyTorch baseline computes the same op, its tables print -----------------
+
+sys.path.insert(0, str(HERE.parent / "benchmarks"))
+
+
+def test_the_pytorch_decode_baseline_is_the_same_op(t09):
+    """decode_torch (the torch.compile baseline of benchmarks/attention_inference.py) computes decode_attention."""
+    g = torch.Generator().manual_seed(5)
+    for nq, lens in ((1, (0, 1, 40, 77)), (3, (2, 50))):
+        B, Nmax = len(lens), 80
+        q = torch.randn(B, 8, nq, 64, generator=g)
+        kc, vc = (torch.randn(B, 2, Nmax, 64, generator=g) for _ in range(2))
+        sl = torch.tensor(lens, dtype=torch.int32)
+        ours = t09["decode_torch"](q, kc, vc, sl)
+        assert torch.allclose(ours.double(), t09["decode_reference"](q, kc, vc, sl), atol=1e-5)
+
+
+def test_the_benchmarks_tables_name_the_targets():
+    import attention_inference as bench
+    from as_called import METHODS
+
+    ms = {m: {"ours": 1.0, "SDPA flash (K/V expanded)": 1.1, "SDPA enable_gqa": 0.9} for m in METHODS}
+    gqa = [{"label": "bfloat16 N=512 d=64 B*Hq=512 G=4", "check": "passed", "ms": ms, "tflops": 300.0,
+            "vs": {b: {m: ms[m][b] for m in METHODS} for b in ("SDPA flash (K/V expanded)", "SDPA enable_gqa")}}]
+    dec = [{"label": "B=1 cache=8192 nq=1", "B": 1, "L": 8192, "check": "passed", "ms": {},
+            "of_copy": {m: 0.75 for m in METHODS}, "fastest_torch": {m: "SDPA flash" for m in METHODS},
+            "vs_fastest": {m: 2.0 for m in METHODS}}]
+    text = bench.tables(gqa, dec, 3000.0)
+    assert "1.10x" in text and "0.90x" in text and "lowest ratio against SDPA flash (K/V expanded) over all methods " \
+        "1.10x" in text and "0/1 cases >= 1.0x SDPA enable_gqa" in text
+    assert "lowest 75% of copy (B=1 cache=8192 nq=1, kernellab.bench; target 80%)" in text

@@ -117,11 +117,14 @@ def test_the_ops_compile_and_capture(t09):
     sl = torch.tensor([5000, 17, 2600], dtype=torch.int32, device="cuda")
     want = t09["decode_attention"](qd, kc, vc, sl)
     assert torch.equal(torch.ops.kl.decode_attention(qd, kc, vc, sl), want)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
-    torch.ops.kl.decode_attention(qd, kc, vc, sl)                 # warm-up outside the capture
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        captured = torch.ops.kl.decode_attention(qd, kc, vc, sl)
+    with torch.cuda.stream(stream):
+        torch.ops.kl.decode_attention(qd, kc, vc, sl)             # warm-up on the capturing stream
+        with torch.cuda.graph(graph, stream=stream):
+            captured = torch.ops.kl.decode_attention(qd, kc, vc, sl)
+    torch.cuda.current_stream().wait_stream(stream)
     sl.copy_(torch.tensor([4000, 1, 0], dtype=torch.int32))       # the graph reads the new lengths
     graph.replay()
     torch.cuda.synchronize()
