@@ -408,19 +408,23 @@ for name in ("gqa_bf16_d64", "gqa_bf16_d128_causal"):
 # **Filling the GPU.** One block per `(sequence, KV head)` gives `B Hkv` blocks: 8 at `B = 1`, on 132 SMs. So the
 # keys are split: each **warp** takes a contiguous run of key tiles of one sequence and KV head (its own
 # double-buffered `K`/`V` tiles through `cp.async`, synchronised with `__syncwarp` only, so the four warps of a block
-# never wait for each other), keeps the online softmax for its query rows, and writes a partial output `o_s / l_s`
-# (fp32) and `lse_s = m_s + log2 l_s`. The combine kernel then merges a row's splits:
+# never wait for each other), keeps the online softmax for its query rows, and ends with a partial output `o_s / l_s`
+# (fp32) and `lse_s = m_s + log2 l_s`. The block merges its four warps' partials through shared memory (one
+# `__syncthreads`, at the very end) and writes one per row; the combine kernel then merges a row's block partials:
 # `o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)` with `M = max_s lse_s`. A split that saw no key has
 # `lse = -inf` and weight 0. The number of splits is chosen on the host from `Nmax` (no read of `cache_seqlens`, so no
-# synchronisation): enough warps for one wave of blocks, at least two key tiles a split; inside the kernel each sequence
+# synchronisation): enough warps for one wave of blocks, at least 64 keys a split; inside the kernel each sequence
 # cuts its own `L_b` into that many splits, so short and long sequences in one batch are each spread evenly.
 #
-# **Bytes in flight.** Little's law: about 3 TB/s times about 1 µs of DRAM latency is 3 MB in flight, 23 KB per SM.
-# The kernel's shared memory (`4 x (16 + 4 BLOCK_N) x d x 2` bytes, about 140 KB) allows one block of 4 warps per
-# SM, each with one 16 KB tile (`K` and `V`) in flight while it computes the other: 64 KB per SM, enough.
+# **Bytes in flight.** Little's law: about 3 TB/s times about 1 µs of DRAM latency is 3 MB in flight, 23 KB per SM,
+# more under load, when the latency grows. A warp's stage is 8 KB (`K` and `V`: 32 keys at `d = 64`, 16 at
+# `d = 128`), and while it computes one stage the next is in flight. The shared memory of a block,
+# `4 x (16 + 4 BLOCK_N) x d x 2` bytes (72-80 KB), lets two or three blocks share an SM: 8-12 warps, 64-96 KB in
+# flight per SM, three to four times what the law asks.
 #
 # **Predictions.** For caches of 8k positions and more, 80-90 % of copy bandwidth. The partials add
-# `2 x B Hq nq x splits x d x 4` bytes (written, then read), under 10 % of the cache at 8k and under 1 % at 64k. Below
+# `2 x B Hq nq x (splits / 4) x d x 4` bytes (written, then read): about 3 % of the cache at 8k (`B = 1`, `G = 4`, 128
+# splits) and under 1 % at 64k; merging the warps' partials inside the block is what keeps them that small. Below
 # about 2k positions the two launches (a few µs each) dominate: a 1k cache at `B = 1` is 4 MB, about 1.4 µs of copy.
 # Against PyTorch: SDPA's FLASH backend has no split-KV path for a single query and reads the cache with `B Hq` blocks
 # (or takes a mask through the EFFICIENT backend), so at `B = 1` it should reach well under half the copy bandwidth.
@@ -451,9 +455,10 @@ typedef unsigned int uint32_t;
 // The query tokens are the cache's last nq positions: token i sees keys 0 .. L_b - nq + i (a token with none gives 0).
 // The G * nq query rows of one KV head are contiguous in q (one [G * nq, D] matrix, row r = head r / nq, token
 // r % nq). Each WARP is one split: it walks tiles [s * per, (s + 1) * per) of its sequence's keys with its own
-// double-buffered K and V tiles (cp.async, __syncwarp: warps never wait for each other), and writes its rows'
-// partial output o / l (fp32) and log2-sum-exp lse = m + log2(l) (-inf where it saw no key). The combine kernel
-// below merges the splits.
+// double-buffered K and V tiles (cp.async, __syncwarp: warps never wait for each other until the end), keeping its
+// rows' partial output o / l (fp32) and log2-sum-exp lse = m + log2(l) (-inf where it saw no key). At the end the
+// block merges its warps' partials in shared memory and writes one (o, lse) per row; the combine kernel below merges
+// the blocks'.
 #define DEC_NWARPS 4        // warps (splits) per block
 #define DEC_RESCALE_LOG2 8.0f
 
@@ -636,7 +641,11 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     for (; j < j_full; ++j) step(j, false);
     for (; j < j1; ++j) step(j, true);
 
-    // The partials: row R = bh * rows + r of q's [B * Hq * nq] rows, split `split`: o / l and m + log2(l).
+    // This warp's partial, o / l and lse = m + log2(l) (-inf where it saw no key), as fp32 into its own shared
+    // region (its tiles are no longer read): [ROWS, D] then [ROWS].
+    static_assert(ROWS * (D + 1) * 4 <= WARP_BYTES, "a warp's fp32 partial fits where its tiles were");
+    __syncwarp();
+    float* mine = reinterpret_cast<float*>(smem + warp * WARP_BYTES);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -644,17 +653,38 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
             float sum = l[mt][h];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const int r = r0 + 16 * mt + g + 8 * h;
-            if (r >= rows) continue;
-            const size_t R = (size_t)bh * rows + r;
+            const int r = 16 * mt + g + 8 * h;
             const float inv = sum > 0.f ? 1.f / sum : 0.f;
-            float* dst = o_part + (R * splits + split) * D;
 #pragma unroll
             for (int db = 0; db < DB; ++db)
-                *reinterpret_cast<float2*>(dst + 8 * db + 2 * t) =
+                *reinterpret_cast<float2*>(mine + r * D + 8 * db + 2 * t) =
                     make_float2(o[mt][db][2 * h] * inv, o[mt][db][2 * h + 1] * inv);
-            if (t == 0) lse_part[R * splits + split] = sum > 0.f ? m[mt][h] + log2f(sum) : -CUDART_INF_F;
+            if (t == 0) mine[ROWS * D + r] = sum > 0.f ? m[mt][h] + log2f(sum) : -CUDART_INF_F;
         }
+    __syncthreads();
+    // The block's DEC_NWARPS splits merged into one partial (a quarter of the partial bytes): row R = bh * rows + r of
+    // q's [B * Hq * nq] rows, block partial blockIdx.x of gridDim.x.
+    for (int i = threadIdx.x; i < ROWS * D; i += DEC_NWARPS * 32) {
+        const int r = i / D, c = i % D;
+        if (r0 + r >= rows) continue;
+        float mx = -CUDART_INF_F;
+#pragma unroll
+        for (int w = 0; w < DEC_NWARPS; ++w)
+            mx = fmaxf(mx, reinterpret_cast<const float*>(smem + w * WARP_BYTES)[ROWS * D + r]);
+        float acc = 0.f, wsum = 0.f;
+        if (mx != -CUDART_INF_F) {
+#pragma unroll
+            for (int w = 0; w < DEC_NWARPS; ++w) {
+                const float* part = reinterpret_cast<const float*>(smem + w * WARP_BYTES);
+                const float wt = exp2_approx(part[ROWS * D + r] - mx);        // 0 for a warp that saw no key
+                wsum += wt;
+                acc += wt * part[r * D + c];
+            }
+        }
+        const size_t R = (size_t)bh * rows + r0 + r;
+        o_part[(R * gridDim.x + blockIdx.x) * D + c] = wsum > 0.f ? acc / wsum : 0.f;
+        if (c == 0) lse_part[R * gridDim.x + blockIdx.x] = wsum > 0.f ? mx + log2f(wsum) : -CUDART_INF_F;
+    }
 }
 
 // Merge the splits of each row: o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s; a row no split
@@ -692,17 +722,17 @@ __device__ __forceinline__ void decode_combine(const float* __restrict__ o_part,
 
 }  // namespace dec
 
-// Entry points per (dtype, head dim, rows per warp): BLOCK_N = 64 keys at D = 64, 32 at D = 128 (16 KB of K and V
+// Entry points per (dtype, head dim, rows per warp): BLOCK_N = 32 keys at D = 64, 16 at D = 128 (8 KB of K and V
 // per stage per warp either way); 32 rows a warp only at D = 64 (at D = 128 its accumulators would spill).
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_bf16_d64_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 64, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__nv_bfloat16, 64, 32, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_bf16_d64_m32(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 64, 2>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__nv_bfloat16, 64, 32, 2>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(128)
 combine_bf16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int n_rows, int splits) {
@@ -711,7 +741,7 @@ combine_bf16_d64(const float* __restrict__ o_part, const float* __restrict__ lse
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_bf16_d128_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 128, 32, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__nv_bfloat16, 128, 16, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(128)
 combine_bf16_d128(const float* __restrict__ o_part, const float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int n_rows, int splits) {
@@ -720,12 +750,12 @@ combine_bf16_d128(const float* __restrict__ o_part, const float* __restrict__ ls
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_f16_d64_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 64, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__half, 64, 32, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_f16_d64_m32(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 64, 2>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__half, 64, 32, 2>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(128)
 combine_f16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_part, __half* __restrict__ out, int n_rows, int splits) {
@@ -734,7 +764,7 @@ combine_f16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_f16_d128_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 128, 32, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__half, 128, 16, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(128)
 combine_f16_d128(const float* __restrict__ o_part, const float* __restrict__ lse_part, __half* __restrict__ out, int n_rows, int splits) {
@@ -767,8 +797,9 @@ import torch
 
 GQA_BLOCK_M, GQA_BLOCK_N, GQA_THREADS = 128, 64, 128       # GQA_MT * 16 * GQA_NWARPS rows, GQA_BN keys (the cell)
 DEC_WARPS = 4                                              # DEC_NWARPS: one split per warp
-DEC_BLOCK_N = {64: 64, 128: 32}                            # keys per tile: 16 KB of K and V a stage at either d
-DEC_MIN_TILES = 2                                          # a split walks at least this many tiles
+DEC_BLOCK_N = {64: 32, 128: 16}                            # keys per tile: 8 KB of K and V a stage at either d
+DEC_MIN_KEYS = 64                                          # a split walks at least this many keys
+SM_SHARED_BYTES = 228 * 1024                               # shared memory per SM (sm_90), 1 KB of it per block reserved
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -812,6 +843,7 @@ class DecodePlan:
     block_n: int
     splits: int
     shared_bytes: int
+    blocks_per_sm: int
 
     @property
     def grid(self):
@@ -820,18 +852,19 @@ class DecodePlan:
 
 def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS):
     """Rows per warp (32 only at d = 64, where it does not spill), the row groups that cover G * nq rows, and the
-    splits: one wave of blocks (one block of DEC_WARPS warps per SM: its shared memory allows no second), at least
-    DEC_MIN_TILES key tiles a split, a multiple of DEC_WARPS."""
+    splits: one wave of blocks (as many blocks of DEC_WARPS warps per SM as shared memory and registers allow), at
+    least DEC_MIN_KEYS keys a split, a multiple of DEC_WARPS."""
     rows = G * nq
     rows_per_warp = 32 if d == 64 and rows > 16 else 16
     groups = -(-rows // rows_per_warp)
     block_n = DEC_BLOCK_N[d]
-    tiles = max(1, -(-Nmax // block_n))
-    wave = sms * DEC_WARPS // max(1, B * Hkv * groups)             # warps of one wave per (sequence, head, group)
-    splits = max(1, min(wave, -(-tiles // DEC_MIN_TILES)))
-    splits = max(DEC_WARPS, splits // DEC_WARPS * DEC_WARPS)        # whole blocks, rounded down (one wave, not two)
     shared = DEC_WARPS * (rows_per_warp + 4 * block_n) * d * 2
-    return DecodePlan(rows_per_warp, groups, block_n, splits, shared)
+    per_sm = min(3, SM_SHARED_BYTES // (shared + 1024))             # blocks an SM holds (registers allow 3, or 2
+    per_sm = min(per_sm, 2 if rows_per_warp == 32 else 3)           # with 32 rows a warp)
+    wave = sms * per_sm * DEC_WARPS // max(1, B * Hkv * groups)     # warps of one wave per (sequence, head, group)
+    splits = max(1, min(wave, -(-Nmax // DEC_MIN_KEYS)))
+    splits = max(DEC_WARPS, splits // DEC_WARPS * DEC_WARPS)        # whole blocks, rounded down (one wave, not two)
+    return DecodePlan(rows_per_warp, groups, block_n, splits, shared, per_sm)
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens):
@@ -850,12 +883,13 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens):
     G = Hq // Hkv
     plan = decode_plan(B, Hkv, G, nq, Nmax, d)
     rows = B * Hq * nq
-    o_part = torch.empty(rows, plan.splits, d, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(rows, plan.splits, dtype=torch.float32, device=q.device)
+    parts = plan.splits // DEC_WARPS                               # one partial per block: its warps merged
+    o_part = torch.empty(rows, parts, d, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(rows, parts, dtype=torch.float32, device=q.device)
     dt = DTYPE_NAMES[q.dtype]
     decode_kernels[f"decode_{dt}_d{d}_m{plan.rows_per_warp}"][plan.grid(B, Hkv), 32 * DEC_WARPS, plan.shared_bytes](
         q, k_cache, v_cache, cache_seqlens, o_part, lse_part, Hkv, G, nq, Nmax, d ** -0.5)
-    decode_kernels[f"combine_{dt}_d{d}"][-(-rows // 4), 128](o_part, lse_part, out, rows, plan.splits)
+    decode_kernels[f"combine_{dt}_d{d}"][-(-rows // 4), 128](o_part, lse_part, out, rows, parts)
     return out
 
 
@@ -930,8 +964,8 @@ for B, Hkv, G, nq, Nmax, d in ((1, 8, 4, 1, 131072, 128), (1, 8, 4, 1, 1024, 128
     p = decode_plan(B, Hkv, G, nq, Nmax, d)
     blocks = p.splits // DEC_WARPS * B * Hkv * p.row_groups
     print(f"B={B:2d} Hkv={Hkv} G={G:2d} nq={nq} Nmax={Nmax:6d} d={d:3d}: {p.splits:3d} splits x {p.row_groups} row "
-          f"group(s) of {p.rows_per_warp} rows, {blocks:4d} blocks ({blocks / SMS:.2f} waves), "
-          f"{p.shared_bytes // 1024} KiB shared")
+          f"group(s) of {p.rows_per_warp} rows, {blocks:4d} blocks ({blocks / (SMS * p.blocks_per_sm):.2f} waves of "
+          f"{p.blocks_per_sm} a SM), {p.shared_bytes // 1024} KiB shared")
 
 # %% [markdown]
 # ## Check on awkward shapes
@@ -1137,7 +1171,8 @@ kernellab.grade("09-gqa-scores", gqa_scores)
 # - **Decoding is a copy.** Its speed is the fraction of the copy bandwidth it reaches, and the whole design is about
 #   parallelism: `B Hkv` is far too few blocks, so the keys are split until one wave of warps covers the GPU, and the
 #   partials (a few percent of the bytes) are merged by a second, tiny kernel. Splitting per warp rather than per block
-#   keeps each split's loads independent (no `__syncthreads` between warps) at the price of a little more shared memory.
+#   keeps each split's loads independent (no `__syncthreads` until the block merges its warps' partials at the end)
+#   at the price of a little more shared memory; that merge cuts the partial bytes by four.
 # - **Variable lengths without a host sync.** The split count comes from `Nmax`, each sequence divides its own length
 #   inside the kernel; empty caches and tokens that see no key give zeros by definition, rows SDPA leaves NaN.
 # - **What is left.** A split count tuned on the measured wave (the current one assumes one block per SM), the combine
