@@ -1,0 +1,222 @@
+"""Which of tutorial 07's attention kernels, with which tiles, runs one call: the selection model of `kl::attention`.
+
+The entry point (07's op cell, `attention(q, k, v, causal)`) asks `plan_attention(B, H, N, d, causal, dtype, sms)`
+for a `Plan` and launches what it names. Pure Python: no GPU, no torch; the same function is unit-tested on the CPU
+(tests/test_attention_plan.py) with the H100's 132 SMs.
+
+The model. A kernel splits each (batch, head) into *work items* of `block_m` query rows; an item walks its key tiles
+of `block_n` keys (all of them, or with the causal mask those up to the diagonal: item j of a head has
+`min(ceil(N / block_n), ceil((j + 1) block_m / block_n))` tiles). Per candidate kernel the model counts:
+
+- **slots**: CTAs resident at once, `sms * ctas_per_sm` (one CTA an SM for the wgmma kernels of steps 3 and 3b, two for
+  step 2 and for the short-sequence variant `_bm64`);
+- **tile time**: one key tile of one item on one slot, `4 block_m block_n d` FLOPs at the kernel's steady rate
+  (`tflops`, the whole GPU's rate on long items) shared by the slots: `4 bm bn d * slots / (tflops * 1e12)` seconds;
+- **fixed cost per item** (`item_fixed_tiles`, in tile times): what an item pays that its tiles' products do not
+  cover: the Q load and pipeline fill before the first product, the epilogue after the last, less whatever another
+  resident CTA (or, in the persistent kernel, the producer loading the next item) hides. An item takes
+  `(tiles + item_fixed_tiles) * tile time`;
+- **waves and the tail**: items go to slots greedily in the kernel's order (the hardware's CTA dispatch for one CTA
+  per item, the work counter for the persistent kernels, which run `min(slots, items)` CTAs; both hand the heaviest
+  causal items out first). The makespan is simulated exactly up to 8 items a slot; beyond, it is the mean load plus
+  one item (persistent: the lightest, as the counter evens the loads out; one CTA per item: half the heaviest); equal
+  items (no mask) take `ceil(items / slots)` whole waves;
+- **memory floor**: Q, K, V read once and O written once at `dram_bytes_per_s` (K/V re-reads hit L2);
+- **host time**: a call cannot finish faster than the host can issue it (`host_us`: the op's Python path with its
+  launch; the Hopper kernels pay for their three tensor maps, cached by address, and more arguments). A model calling
+  back to back runs at `max(GPU time, host time)` a call.
+
+The predicted time of a candidate is `max(makespan, memory floor, host time)`; the plan is the candidate with the
+least, ties going to the earlier candidate in `CANDIDATES` order; a candidate whose constants no GPU has measured yet
+(`measured=False`) competes with its prediction times UNMEASURED_MARGIN, so it replaces a measured kernel only where
+the model predicts a clear win. `Plan.alternatives` keeps every candidate's
+prediction, so a benchmark can print the model beside the measurement and refit the constants below.
+
+The constants are fitted to measurements on an NVIDIA H100 80GB HBM3 (bf16, docs/RESULTS.md and
+benchmarks/NOTES-attention.md, 2026-11-23): a kernel's `tflops` and `item_fixed_tiles` come from its TFLOP/s at
+N = 1024 and N = 16384 (or 4096) on the FlashAttention-3 shapes, after removing the padded rows of the last query
+block: e.g. step 3b at d = 64 (192 rows) computes 449.6 and 523.5 TFLOP/s there, which `tflops * T / (T + f)` with
+T = 8 and 128 tiles fits with tflops = 529, f = 1.4. The entry marked `measured=False` is a prediction (the
+short-sequence variant, which no GPU has run yet; step 2's fixed cost is a guess too): `benchmarks/attention.py --grid` prints
+every shape's measured times beside the plan, which is what refits them.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+H100_SMS = 132
+DRAM_BYTES_PER_S = 3.0e12        # the H100's copy ceiling as kernellab measures it (docs/RESULTS.md, 3.00 TB/s)
+EXACT_ITEMS_PER_SLOT = 8         # up to this many items a slot the greedy schedule is simulated item by item
+UNMEASURED_MARGIN = 1.10         # a candidate no GPU has measured is chosen only if predicted 10 % faster
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """One launchable kernel configuration and its fitted costs (see the module's docstring)."""
+    family: str                  # the launcher: "fa2" (step 2), "fa3" (step 3), "fa3p" (step 3b and its variants)
+    suffix: str                  # the entry name's tail: "", "_bm128", "_bm64"
+    d: int                       # head dim
+    block_m: int                 # query rows per work item
+    block_n: int                 # keys per tile
+    ctas_per_sm: int             # CTAs resident on one SM
+    persistent: bool             # grid = min(slots, items), items drawn from a counter
+    tflops: float                # steady rate on long items, whole GPU, TFLOP/s of computed (row, key) pairs
+    item_fixed_tiles: float      # fixed cost per work item not hidden, in tile times
+    host_us: float               # host time per call of the op with this kernel
+    measured: bool = True        # False: predicted constants, no GPU measurement behind them yet
+
+    @property
+    def name(self) -> str:
+        """Short label: step and tile, e.g. 'fa3p_bm64'."""
+        return self.family + self.suffix
+
+    def entry(self, dtype: str, causal: bool) -> str:
+        """The kernel's entry name in 07's cell, e.g. fa3p_bf16_d64_causal_bm64 (dtype 'bf16' or 'fp16')."""
+        dt = "bf16" if dtype == "bf16" else "f16"
+        return f"{self.family}_{dt}_d{self.d}{'_causal' if causal else ''}{self.suffix}"
+
+
+# Host time per call (µs): a one-kernel op with its output, 20.7-25.0 µs, and tutorial 07's step 3b as an op,
+# 30.2-33.3 µs (docs/RESULTS.md, launch overhead, registered ops, H200 hosts); step 3 passes the same tensor maps.
+_HOST_POINTERS_US, _HOST_MAPS_US = 22.0, 31.0
+
+CANDIDATES: tuple[KernelModel, ...] = (
+    # step 3b, persistent wgmma + TMA: fitted from N = 1024 / 16384 (d = 64: 449.6 / 523.5 computed TFLOP/s;
+    # d = 128: 506.8 / 636.0); the 128-row height at d = 64 runs at 0.86x the 192-row one (measured at N = 4096)
+    KernelModel("fa3p", "", 64, 192, 128, 1, True, 529.0, 1.4, _HOST_MAPS_US),
+    KernelModel("fa3p", "_bm128", 64, 128, 128, 1, True, 455.0, 1.4, _HOST_MAPS_US),
+    KernelModel("fa3p", "", 128, 128, 128, 1, True, 647.0, 2.2, _HOST_MAPS_US),
+    # the short-sequence variant: one consumer warpgroup, 64-key tiles, two CTAs an SM (one's fill and epilogue
+    # under the other's products). Predicted: 0.75x step 3b's steady rate (two warpgroups' products in flight an SM
+    # where 3b has three, and m64n64 products), one (half-size) tile of fixed cost
+    KernelModel("fa3p", "_bm64", 64, 64, 64, 2, True, 400.0, 1.0, _HOST_MAPS_US, measured=False),
+    # step 3, one CTA per item: N = 1024 / 4096 at d = 64 (391 / 478 computed TFLOP/s); d = 128: 587 at N = 4096 and
+    # about 475 at N = 1024 (step 3b measured 1.07x step 3 there)
+    KernelModel("fa3", "", 64, 192, 128, 1, False, 516.0, 2.55, _HOST_MAPS_US),
+    KernelModel("fa3", "", 128, 128, 128, 1, False, 637.0, 2.73, _HOST_MAPS_US),
+    # step 2, mma.sync, two CTAs an SM: N = 4096 (349 / 387 TFLOP/s); its fixed cost of one tile is a guess (the
+    # other CTA covers most of it)
+    KernelModel("fa2", "", 64, 128, 64, 2, False, 354.0, 1.0, _HOST_POINTERS_US),
+    KernelModel("fa2", "", 128, 128, 64, 2, False, 393.0, 1.0, _HOST_POINTERS_US),
+)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One candidate's predicted cost for one call."""
+    kernel: str                  # KernelModel.name
+    items: int                   # work items (query blocks x heads)
+    ctas: int                    # CTAs launched
+    waves: float                 # items per slot
+    tiles_per_item: float        # mean key tiles per item
+    gpu_us: float                # the schedule's makespan
+    memory_us: float             # the memory floor
+    host_us: float               # the host's time per call
+    predicted_us: float          # max of the three
+
+    def __str__(self) -> str:
+        return (f"{self.kernel:10s} {self.predicted_us:9.1f} µs (GPU {self.gpu_us:.1f}, memory {self.memory_us:.1f}, "
+                f"host {self.host_us:.1f}); {self.items} items on {self.ctas} CTAs, {self.waves:.2f} waves, "
+                f"{self.tiles_per_item:.1f} tiles an item")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the entry point launches for one call, and why."""
+    family: str                  # "fa2", "fa3" or "fa3p"
+    entry: str                   # the kernel's name in 07's cell, e.g. "fa3p_bf16_d64_causal_bm64"
+    block_m: int                 # query rows per work item (per CTA for the non-persistent kernels)
+    block_n: int                 # keys per tile
+    persistent: bool
+    ctas: int                    # CTAs launched: the grid's size
+    ctas_per_sm: int
+    estimate: Estimate           # the chosen candidate's prediction
+    alternatives: tuple[Estimate, ...] = field(default=(), compare=False)   # every candidate, best first
+
+    @property
+    def kernel(self) -> str:
+        """Short label of the chosen kernel, e.g. 'fa3p_bm64'."""
+        return self.estimate.kernel
+
+    def __str__(self) -> str:
+        why = self.estimate
+        return (f"{self.entry}: {self.block_m} x {self.block_n} tiles, {self.ctas} CTAs"
+                f"{' (persistent)' if self.persistent else ''}, {why.waves:.2f} waves; predicted "
+                f"{why.predicted_us:.1f} µs")
+
+
+def item_tiles(N: int, block_m: int, block_n: int, causal: bool) -> list[int]:
+    """Key tiles of each of one head's work items, in the kernels' order (heaviest first with the causal mask)."""
+    all_tiles = math.ceil(N / block_n)
+    blocks = math.ceil(N / block_m)
+    if not causal:
+        return [all_tiles] * blocks
+    return [min(all_tiles, math.ceil((j + 1) * block_m / block_n)) for j in reversed(range(blocks))]
+
+
+def makespan_us(item_us: list[float], heads: int, slots: int, persistent: bool) -> tuple[float, int]:
+    """(time until the last slot finishes, CTAs launched) for `heads` copies of one head's items on `slots` slots.
+
+    Items are handed out greedily, each to the slot free first. One CTA per item: in launch order (a head's items,
+    then the next head's). Persistent: min(slots, items) CTAs, the heaviest items of every head first (the counter's
+    order). Equal items take whole waves; beyond EXACT_ITEMS_PER_SLOT unequal items a slot, the mean load plus one
+item (see the module's docstring)."""
+    items = len(item_us) * heads
+    ctas = min(slots, items) if persistent else items
+    busy = min(slots, items)
+    total = sum(item_us) * heads
+    if min(item_us) == max(item_us):                 # equal items: whole waves
+        return math.ceil(items / busy) * item_us[0], ctas
+    if items > EXACT_ITEMS_PER_SLOT * busy:
+        return total / busy + (min(item_us) if persistent else max(item_us) / 2), ctas
+    if persistent:   # level by level: every head's heaviest item, then every head's next
+        order = [t for t in item_us for _ in range(heads)]
+    else:
+        order = item_us * heads
+    free = [0.0] * busy
+    for t in order:
+        heapq.heapreplace(free, free[0] + t)
+    return max(free), ctas
+
+
+def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_bytes: int = 2,
+             sms: int = H100_SMS) -> Estimate:
+    """One candidate's prediction for a call on [B, H, N, d] inputs."""
+    slots = sms * model.ctas_per_sm
+    tiles = item_tiles(N, model.block_m, model.block_n, causal)
+    tile_us = 4 * model.block_m * model.block_n * model.d * slots / (model.tflops * 1e12) * 1e6
+    per_item = [(t + model.item_fixed_tiles) * tile_us for t in tiles]
+    heads = B * H
+    gpu, ctas = makespan_us(per_item, heads, slots, model.persistent)
+    memory = 4 * heads * N * model.d * elem_bytes / DRAM_BYTES_PER_S * 1e6
+    items = len(tiles) * heads
+    return Estimate(model.name, items, ctas, items / slots, sum(tiles) / len(tiles), gpu, memory, model.host_us,
+                    max(gpu, memory, model.host_us))
+
+
+@lru_cache(maxsize=4096)
+def plan_attention(B: int, H: int, N: int, d: int, causal: bool, dtype: str = "bf16", sms: int = H100_SMS,
+                   candidates: tuple[KernelModel, ...] = CANDIDATES) -> Plan:
+    """The kernel and tiles for softmax(q k^T / sqrt(d)) v on [B, H, N, d] inputs: the candidate with the least
+    predicted time (module docstring). dtype: 'bf16' or 'fp16' (both run the same kernels); sms: the GPU's SM count."""
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype is 'bf16' or 'fp16', got {dtype!r}")
+    if min(B, H, N) < 1 or sms < 1:
+        raise ValueError(f"B, H, N and sms are positive; got B={B}, H={H}, N={N}, sms={sms}")
+    usable = [m for m in candidates if m.d == d]
+    if not usable:
+        raise ValueError(f"no attention kernel for head dim {d}: tutorial 07's take d = "
+                         f"{sorted({m.d for m in candidates})}")
+    scored = [(estimate(m, B, H, N, causal, 2, sms), i, m) for i, m in enumerate(usable)]
+    scored.sort(key=lambda s: (s[0].predicted_us * (1.0 if s[2].measured else UNMEASURED_MARGIN), s[1]))
+    best, _, model = scored[0]
+    return Plan(model.family, model.entry(dtype, causal), model.block_m, model.block_n, model.persistent, best.ctas,
+                model.ctas_per_sm, best, tuple(s[0] for s in scored))
+
+
+def model_for(plan: Plan, d: int, candidates: tuple[KernelModel, ...] = CANDIDATES) -> KernelModel:
+    """The KernelModel a plan for head dim `d` chose."""
+    return next(m for m in candidates if m.d == d and m.name == plan.kernel)

@@ -1,0 +1,127 @@
+"""kernellab.teach.attention_plan, the selection model behind tutorial 07's kl::attention, on the CPU with the
+H100's 132 SMs: its counts (items, tiles, waves, CTAs), its schedule, and shapes that must go each way."""
+import dataclasses
+import math
+
+import pytest
+
+from kernellab.teach import attention_plan as ap
+from kernellab.teach.attention_plan import CANDIDATES, H100_SMS, item_tiles, makespan_us, plan_attention
+
+
+def model(name, d):
+    return next(m for m in CANDIDATES if m.name == name and m.d == d)
+
+
+def test_item_tiles_count_whole_tiles_up_to_the_diagonal():
+    assert item_tiles(1024, 128, 128, False) == [8] * 8
+    # causal, heaviest first: item j reaches key tile ceil((j + 1) * 128 / 128)
+    assert item_tiles(1024, 128, 128, True) == [8, 7, 6, 5, 4, 3, 2, 1]
+    # 192-row items over 128-key tiles: the last block is padded (1152 rows for 1024) and capped at the 8 tiles
+    assert item_tiles(1024, 192, 128, True) == [8, 8, 6, 5, 3, 2]
+    assert item_tiles(1, 64, 64, True) == [1] and item_tiles(65, 64, 64, False) == [2, 2]
+
+
+def test_equal_items_take_whole_waves_and_unequal_ones_are_scheduled_greedily():
+    # 300 equal items on 132 slots: 3 waves, whether persistent or one CTA per item
+    assert makespan_us([2.0] * 3, 100, 132, True) == (6.0, 132)
+    assert makespan_us([2.0] * 3, 100, 132, False) == (6.0, 300)
+    # 2 slots, items 4, 3, 2, 1 of one head: greedy gives {4, 1} and {3, 2}, 5
+    assert makespan_us([4.0, 3.0, 2.0, 1.0], 1, 2, False)[0] == 5.0
+    # persistent, 2 heads of [1, 4] on 2 slots: level by level (1, 1, 4, 4) -> 1 + 4 on each slot
+    assert makespan_us([1.0, 4.0], 2, 2, True) == (5.0, 2)
+    # one CTA per item, in launch order (1, 4, 1, 4): A 1, B 4, A 1 + 1, A 2 + 4 -> 6
+    assert makespan_us([1.0, 4.0], 2, 2, False) == (6.0, 4)
+
+
+def test_the_many_wave_approximation_meets_the_exact_schedule():
+    """At the boundary where the model stops simulating, its estimate agrees with the simulation within 5 %."""
+    per_head = [float(t) for t in range(16, 0, -1)]
+    slots = 132
+    heads = ap.EXACT_ITEMS_PER_SLOT * slots // len(per_head)                  # exactly at the limit: simulated
+    exact, _ = makespan_us(per_head, heads, slots, True)
+    approx, _ = makespan_us(per_head, heads + 1, slots, True)                 # one head more: approximated
+    assert approx == pytest.approx(exact * (heads + 1) / heads, rel=0.05)
+
+
+def test_the_estimate_counts_items_ctas_waves_and_the_memory_floor():
+    e = ap.estimate(model("fa3p_bm64", 64), 4, 16, 1000, causal=False)
+    assert e.items == 64 * math.ceil(1000 / 64)                               # 1024 items
+    assert e.ctas == 2 * H100_SMS                                             # persistent: min(slots, items)
+    assert e.waves == pytest.approx(1024 / 264)
+    assert e.tiles_per_item == math.ceil(1000 / 64)
+    assert e.memory_us == pytest.approx(4 * 64 * 1000 * 64 * 2 / ap.DRAM_BYTES_PER_S * 1e6)
+    assert e.predicted_us == max(e.gpu_us, e.memory_us, e.host_us)
+    few = ap.estimate(model("fa3p", 64), 1, 2, 1000, causal=True)             # 2 heads x 6 items < 132 SMs
+    assert few.ctas == 12 and few.waves < 0.1
+    grid = ap.estimate(model("fa2", 64), 1, 2, 1000, causal=True)             # one CTA per item
+    assert grid.ctas == grid.items == 2 * 8
+
+
+def test_the_gpu_time_grows_with_the_work():
+    small = ap.estimate(model("fa3p", 128), 8, 16, 2048, False)
+    assert ap.estimate(model("fa3p", 128), 8, 16, 4096, False).gpu_us > 3.5 * small.gpu_us
+    assert ap.estimate(model("fa3p", 128), 8, 16, 2048, True).gpu_us < 0.7 * small.gpu_us
+
+
+# Shapes that must go each way on an H100 (132 SMs), and why.
+@pytest.mark.parametrize("B,H,N,d,causal,kernel", [
+    # long sequences: the persistent 192-row kernel at d = 64 and the 128-row one at d = 128 (measured fastest:
+    # 1.38-1.94x FLASH at N = 1k-16k)
+    (4, 16, 4096, 64, False, "fa3p"),
+    (16, 32, 1024, 64, False, "fa3p"),
+    (1, 16, 16384, 128, True, "fa3p"),
+    (8, 16, 4096, 128, False, "fa3p"),
+    # causal N = 1024 at d = 64 with B*H in the hundreds: 192-row items waste a third of their pairs past the
+    # diagonal; the 128-row height (measured 1.07x the 192-row kernel there)
+    (16, 32, 1024, 64, True, "fa3p_bm128"),
+    # short and few: the GPU finishes in a few µs, the call is the host's; step 2's pointer launch is the cheapest
+    (1, 16, 128, 64, False, "fa2"),
+    (2, 8, 256, 128, True, "fa2"),
+    (4, 16, 512, 64, True, "fa2"),
+    # short sequences, B*H in the hundreds, causal: items of 1-4 key tiles; 64-row items on two CTAs an SM
+    (32, 16, 512, 64, True, "fa3p_bm64"),
+])
+def test_shapes_that_must_go_each_way(B, H, N, d, causal, kernel):
+    plan = plan_attention(B, H, N, d, causal, "bf16", H100_SMS)
+    assert plan.kernel == kernel, "\n".join(str(e) for e in plan.alternatives)
+    assert plan.entry.startswith(plan.family + "_bf16_d%d" % d)
+    suffix = model(kernel, d).suffix
+    assert plan.entry.endswith(suffix) if suffix else "_bm" not in plan.entry
+    assert ("_causal" in plan.entry) == causal
+
+
+def test_the_plan_names_its_kernel_tiles_and_grid():
+    plan = plan_attention(32, 16, 512, 64, True, "fp16", H100_SMS)
+    assert plan.entry == "fa3p_f16_d64_causal_bm64"
+    assert (plan.block_m, plan.block_n, plan.persistent, plan.ctas_per_sm) == (64, 64, True, 2)
+    assert plan.ctas == 2 * H100_SMS
+    assert plan.estimate == plan.alternatives[0]
+    assert len(plan.alternatives) == sum(m.d == 64 for m in CANDIDATES)
+    step2 = plan_attention(1, 16, 128, 64, False)
+    assert step2.entry == "fa2_bf16_d64" and not step2.persistent and step2.ctas == 16
+    assert "fa2_bf16_d64" in str(step2) and "µs" in str(step2.estimate)
+
+
+def test_the_unmeasured_variant_needs_a_clear_win():
+    """Without the margin the variant would win more shapes: the margin is what keeps measured kernels in place."""
+    shapes = [(B, 16, N, 64, c) for B in (1, 4, 16, 32) for N in (512, 1024, 2048) for c in (False, True)]
+    with_margin = sum(plan_attention(*s).kernel == "fa3p_bm64" for s in shapes)
+    measured = tuple(dataclasses.replace(m, measured=True) for m in CANDIDATES)
+    without = sum(plan_attention(*s, candidates=measured).kernel == "fa3p_bm64" for s in shapes)
+    assert without > with_margin
+
+
+def test_fewer_sms_move_the_choice_toward_smaller_items():
+    # on a 16-SM part the 64-row variant's two CTAs an SM matter less than step 3b's rate
+    big = plan_attention(8, 16, 4096, 64, False, "bf16", 16)
+    assert big.kernel == "fa3p" and big.ctas == 16
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(ValueError, match="head dim 96"):
+        plan_attention(1, 1, 128, 96, False)
+    with pytest.raises(ValueError, match="dtype"):
+        plan_attention(1, 1, 128, 64, False, "fp32")
+    with pytest.raises(ValueError, match="positive"):
+        plan_attention(1, 0, 128, 64, False)
