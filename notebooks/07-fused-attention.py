@@ -619,7 +619,7 @@ kernellab.grade("07-ldmatrix-swizzle", ldmatrix_frags)
 # order, since a `B` fragment pairs the matrices differently, and `V` goes through `ldmatrix.trans`.
 
 # %%
-# %%cuda
+# %%cuda --name fa2_cell
 #include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
 #include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, __half, __nv_bfloat16 (kl/convert.cuh)
 #include <math_constants.h>  // CUDART_INF_F
@@ -1082,7 +1082,7 @@ step2[64, False]
 # warpgroups, 459 at `d = 64` with three, and with lazy rescaling 464 / 587 (1.53x / 1.65x flash).
 
 # %%
-# %%cuda --arch sm_90a
+# %%cuda --arch sm_90a --name fa3_cell
 #include <kl/wgmma.cuh>       // wgmma_ss, wgmma_rs_tb, wgmma_fence/commit/wait; pack2<T>, __half, __nv_bfloat16
 #include <math_constants.h>
 #include <cuda.h>   // CUtensorMap
@@ -1654,6 +1654,39 @@ fa3p_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_consta
     fa3::attention_fwd_persistent<__half, 128, FA3P_BN128, 2, FA3P_ST128, true>(&tq, &tk, &tv, o, n,
         bh, heads_per_section, work_counter, scale);
 }
+// step 3b for short sequences (_bm64): one consumer warpgroup (64 query rows), 64-key tiles, two CTAs per SM, so one
+// CTA's pipeline fill and epilogue run under the other's products (see "Short sequences" below)
+#define FA3P_BM64_BN 64     // keys per tile (the 64-wide accumulators fit two CTAs' registers)
+#define FA3P_BM64_ST64 3    // K/V stages (66 KB of shared memory a CTA)
+// (at d = 128 the 64-row CTA needs more than the 128 registers two CTAs an SM leave it: it spills, so d = 128 has none)
+extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
+fa3p_bf16_d64_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
+fa3p_bf16_d64_causal_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
+fa3p_f16_d64_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
+fa3p_f16_d64_causal_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
+    int* __restrict__ work_counter, float scale) {
+    fa3::attention_fwd_persistent<__half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true>(&tq, &tk, &tv, o, n,
+        bh, heads_per_section, work_counter, scale);
+}
 
 # %% [markdown]
 # The card shows the Hopper path: `HGMMA.64x128x16.F32.BF16` for both products (with `.tnspB` on the second), `UTMALDG`
@@ -1905,26 +1938,181 @@ prof3
 # warpgroup covers, which is what FlashAttention-3's intra-warpgroup pipelining and ping-pong scheduling remove.
 
 # %% [markdown]
-# ## From the notebook into a model: step 3b as a PyTorch op
+# ## One entry point: the kernel and its tiles per shape
 #
-# `kernellab.op` registers `fa3p_attention` as a PyTorch operator through `torch.library`: a schema, the launcher
-# as the CUDA implementation, and a fake implementation made from `outputs=` (the output is shaped like `q`),
-# which `torch.compile(fullgraph=True)` and `torch.export` trace instead of running the kernel. Launches inside
-# an op do not wait for their kernel, and the three tensor maps of a call come from kernellab's cache (keyed by
-# address, shape, strides, box and swizzle) once made, so a call costs the host little more than an SDPA call
-# (`benchmarks/launch_overhead.py --ops` measures both).
+# The steps above were timed on the FlashAttention-3 paper's shapes, where `N` is 1k to 16k. Models also call
+# attention with short sequences and many heads, and there the ranking changes. Measured on an H100 (issue 32's
+# figures): at `N = 256-512` with `B H` in the hundreds, step 3b runs at 0.36-0.45x SDPA FLASH launched as a
+# notebook launches (waiting for each kernel) and 0.78x (`N = 512`) launched asynchronously, below step 2's 1.16x.
+#
+# **Why, with numbers (the hypotheses the grid below tests).**
+# 1. *Host time.* A call of the op costs the host 30-33 µs with step 3b (three tensor maps, from kernellab's cache)
+#    and about 22 µs with a pointer-only kernel like step 2 (docs/RESULTS.md, launch overhead); a tensor map encoded
+#    afresh costs 45 µs more each (issue 30). The GPU's work at `N = 512`, `B H = 256`, `d = 64` is 17.2 GFLOP, about
+#    35 µs at step 3b's 500 TFLOP/s; at `N = 256`, 9 µs. A launch that waits for its kernel (issue 30 measured 480 µs
+#    a call) makes every short call host-bound: 0.36-0.45x is what a host path several times the kernel gives.
+#    Asynchronously, a call can go no faster than its host: below about 30 µs of GPU work the cheapest host path wins.
+# 2. *Fixed cost per work item.* Fitting `rate x T / (T + f)` to step 3b's measured TFLOP/s at `N = 1024` and 16384
+#    (T = 8 and 128 key tiles an item, padded rows removed) gives `f = 1.4` tile times (about 2.2 µs at `d = 64`) that
+#    an item pays outside its products: the Q load and pipeline fill, the epilogue. At `N = 4096` that is 4 % of an
+#    item, at `N = 512` (4 tiles of 128 keys) 26 %, at `N = 256` 41 %. Step 2 runs two CTAs an SM, so one CTA's fill
+#    and epilogue run under the other's products; step 3b has one CTA an SM, and its consumers idle through their own
+#    epilogue.
+# 3. *Few waves.* With `B H = 16` and `N = 512`, 128-row items number 64 for 132 SMs: half the GPU idles, whatever
+#    the kernel. Smaller items double the CTAs.
+# 4. *Padding.* 192-row items at `N = 256` compute 384 rows for 256 (step 3b's launcher already takes 128 rows there).
+#
+# **A variant for short sequences** (the `fa3p_*_d64*_bm64` entries at the end of step 3's cell): step 3b's code with
+# one consumer warpgroup (64 query rows an item), 64-key tiles and 3 stages: 66 KB of shared memory and 96 registers,
+# so **two CTAs share an SM**, and one's fill and epilogue run under the other's products (hypothesis 2), with twice
+# the items of the 128-row kernel (hypothesis 3). Prediction: 0.75x step 3b's steady rate (two consumer warpgroups'
+# products in flight an SM rather than three, and `m64n64` products half as wide), a fixed cost of one 64-key tile;
+# so it should win where items are short and few (causal, `N <= 1024`), and lose at long `N`. At `d = 128` the same
+# CTA needs more than the 128 registers two CTAs an SM leave it (it spills), so there is none.
+#
+# **The selection model** (`kernellab.teach.attention_plan`, unit-tested on the CPU with the H100's 132 SMs). For each
+# candidate (step 2; step 3; step 3b at 192 or 128 rows; the variant) it counts the work items (query blocks x
+# heads) and each one's key tiles (up to the diagonal with the mask), the slots (SMs x CTAs an SM), the time of a key
+# tile at the kernel's fitted steady rate, the fixed cost per item, and schedules the items greedily on the slots
+# (the hardware's CTA dispatch, or the work counter): that is the GPU time, with its waves and tail. The prediction is
+# the largest of the GPU time, the memory floor (Q, K, V read and O written once) and the host time, and the entry
+# point launches the candidate with the least. Its constants are fitted to the H100 tables above; the variant's are a
+# prediction, so it must win by 10 % to be chosen; `benchmarks/attention.py --grid` prints every shape's measured times
+# beside the model's choice, which is what refits them.
 
 # %%
+from kernellab.teach.attention_plan import plan_attention
+
+for shape in ((16, 32, 1024, 64, False), (4, 16, 4096, 128, True), (16, 32, 1024, 64, True), (32, 16, 512, 64, True),
+              (16, 16, 512, 64, False), (1, 16, 256, 64, False)):
+    p = plan_attention(*shape)
+    print(f"B, H, N, d = {shape[:4]}, causal={shape[4]!s:5s} -> {p}")
+print()
+print("every candidate at B = 32, H = 16, N = 512, d = 64, causal:")
+for e in plan_attention(32, 16, 512, 64, True).alternatives:
+    print("  ", e)
+
+# %% [markdown]
+# ## From the notebook into a model: the entry point as a PyTorch op
+#
+# `attention(q, k, v, causal)` below is the tutorial's one entry point: it asks the model for a plan (once per shape,
+# dtype and mask; then a dictionary lookup) and launches the chosen kernel from the step 2 and step 3 cells
+# (`fa2_cell`, `fa3_cell`). `kernellab.op` registers it as a PyTorch operator through `torch.library`: a schema,
+# the launcher as the CUDA implementation, and a fake implementation made from `outputs=` (the output is shaped like
+# `q`), which `torch.compile(fullgraph=True)` and `torch.export` trace instead of running the kernel. Launches inside
+# an op do not wait for their kernel, and the tensor maps of a call come from kernellab's cache (keyed by address,
+# shape, strides, box and swizzle) once made, so a call costs the host little more than an SDPA call
+# (`benchmarks/launch_overhead.py --ops` measures both). The cell is also what tests and benchmarks run
+# (`tests/gpu/notebook_cells.py`'s `load_tutorial`), so they time the very function a model calls.
+
+# %%
+# launchers: kl::attention, the entry point (tests/gpu/test_attention_dispatch_gpu.py and benchmarks/attention.py --grid run this cell too)
+import math
+
+import torch
+
+import kernellab
+from kernellab.teach.attention_plan import plan_attention
+
+ATTENTION_KERNELS = {k.name: k for cell in (fa2_cell, fa3_cell) for k in cell.kernels}   # steps 2, 3, 3b, variant
+_attention_launches = {}            # (shape, dtype, device, causal, kernel) -> (plan, launch, scalars)
+_attention_sms = {}                 # device -> SM count
+_attention_counters = {}            # device -> the persistent kernels' zeroed int32 work counter
+
+
+def attention_plan(q, causal=False, kernel=None):
+    """The plan (kernel, tiles, grid) the entry point uses for q's shape; kernel: a candidate's name to force it."""
+    B, H, N, d = q.shape
+    if q.device not in _attention_sms:
+        _attention_sms[q.device] = torch.cuda.get_device_properties(q.device).multi_processor_count
+    dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
+    return plan_attention(B, H, N, d, bool(causal), dtype, _attention_sms[q.device], kernel=kernel)
+
+
+def _attention_launch(q, causal, kernel):
+    """(plan, the configured launch, the scalars after the tensors) for q's shape, made once."""
+    B, H, N, d = q.shape
+    plan = attention_plan(q, causal, kernel)
+    grid = (plan.ctas,) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
+    launch = ATTENTION_KERNELS[plan.entry][grid, plan.threads, plan.shared_bytes]
+    if plan.persistent:
+        if q.device not in _attention_counters:
+            _attention_counters[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
+        heads_per_section = max(1, min(B * H, (16 << 20) // (2 * N * d * q.element_size())))  # K/V within 16 MB of L2
+        scalars = (N, B * H, heads_per_section, _attention_counters[q.device], d ** -0.5)
+    else:
+        scalars = (N, d ** -0.5)
+    return plan, launch, scalars
+
+
+def attention(q, k, v, causal=False, out=None, kernel=None):
+    """softmax(q k^T / sqrt(d), causal) v for contiguous [B, H, N, d] bf16/fp16 CUDA tensors, d = 64 or 128, by the
+    kernel attention_plan picks for the shape (kernel: a candidate's name, e.g. 'fa3p_bm64', to force one)."""
+    key = (q.shape, q.dtype, q.device, causal, kernel)
+    found = _attention_launches.get(key)
+    if found is None:
+        if q.dtype not in (torch.bfloat16, torch.float16) or q.dim() != 4 or q.shape[-1] not in (64, 128):
+            raise ValueError(f"attention takes [B, H, N, d] bf16 or fp16 tensors with d = 64 or 128; got "
+                             f"{tuple(q.shape)} {q.dtype}")
+        found = _attention_launches[key] = _attention_launch(q, causal, kernel)
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or not (q.shape == k.shape == v.shape):
+        raise ValueError("attention takes contiguous q, k, v of one shape [B, H, N, d]")
+    plan, launch, scalars = found
+    out = torch.empty_like(q) if out is None else out
+    if plan.family == "fa2":
+        launch(q, k, v, out, *scalars)
+    else:
+        B, H, N, d = q.shape
+        maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64))
+                for x, rows in ((q, plan.block_m), (k, plan.block_n), (v, plan.block_n))]
+        launch(*maps, out, *scalars)
+    return out
+
+
 @kernellab.op("kl::attention", "(Tensor q, Tensor k, Tensor v, bool causal) -> Tensor",
               outputs=lambda q, k, v, causal: q)
 def kl_attention(q, k, v, causal):
-    """softmax(q k^T / sqrt(d), causal) v for contiguous [B, H, N, d] bf16/fp16 CUDA tensors: step 3b's kernel."""
-    return fa3p_attention(q, k, v, causal=causal)
+    """softmax(q k^T / sqrt(d), causal) v for contiguous [B, H, N, d] bf16/fp16 CUDA tensors: the entry point."""
+    return attention(q, k, v, causal)
 
-
+# %%
 # The fake implementation needs no GPU: meta tensors carry shapes and dtypes, no values.
 meta_q = torch.empty(2, 16, 8192, 64, device="meta", dtype=torch.bfloat16)
 print(kl_attention, "->", kl_attention(meta_q, meta_q, meta_q, True).shape)
+
+# %% [markdown]
+# **Check, then time.** On the GPU: the variant on the awkward shapes (both dtypes, causal or not), the entry point's
+# output equal bit for bit to the kernel its plan names, and the short shapes timed: each candidate through the
+# entry point's own launch path, the entry point itself, and SDPA's backends, in one run.
+
+# %%
+# %%gpu
+variant_checks = check_all(lambda q, k, v, o, causal: attention(q, k, v, causal, o, kernel="fa3p_bm64"), dims=(64,))
+print("the variant:", summarize_checks(variant_checks))
+for shape in ((2, 3, 1031, 64, True), (4, 64, 512, 64, True), (1, 16, 128, 128, False)):
+    q, k, v = (torch.randn(*shape[:4], device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    plan = attention_plan(q, shape[4])
+    same = torch.equal(attention(q, k, v, shape[4]), attention(q, k, v, shape[4], kernel=plan.kernel))
+    print(f"{shape}: {plan.entry}; the entry point's output equals its kernel's: {same}")
+
+# %%
+# %%gpu
+short = {}
+for B, H, N in ((16, 16, 256), (16, 16, 512), (32, 16, 512), (1, 16, 512)):
+    for causal in (False, True):
+        q = torch.empty(B, H, N, 64, device="cuda", dtype=torch.bfloat16)
+        chosen = attention_plan(q, causal).kernel
+        steps = {name: (lambda name: lambda q, k, v, o: attention(q, k, v, causal, o, kernel=name))(name)
+                 for name in ("fa2", "fa3", "fa3p", "fa3p_bm128", "fa3p_bm64")}
+        r = kernellab.bench(lambda q, k, v, o: attention(q, k, v, causal, o), attention_inputs(B, H, N, 64),
+                            baselines={**steps, "SDPA flash": lambda q, k, v, o: sdpa(SDPBackend.FLASH_ATTENTION)(
+                                q, k, v, o, causal)}, flops=attention_flops(causal), name="entry point")
+        short[B, H, N, causal] = r
+        ms = {b.name: b.median_ms for b in r.baselines}
+        best = min(steps, key=lambda s: ms[s])
+        print(f"B H = {B * H:4d}, N = {N:4d}, causal={causal!s:5s}: entry ({chosen}) {r.median_ms * 1e3:7.1f} µs, "
+              f"best step {best} {ms[best] * 1e3:7.1f} µs, SDPA flash {ms['SDPA flash'] * 1e3:7.1f} µs: "
+              f"{ms['SDPA flash'] / r.median_ms:.2f}x flash")
 
 # %% [markdown]
 # The op goes into a small transformer block (`kernellab.teach.block.TransformerBlock`: LayerNorm, causal

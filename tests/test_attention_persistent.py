@@ -29,11 +29,11 @@ def test_the_candidate_is_wgmma_fed_by_tma_without_spills():
     mod = kernellab.compile_cuda(SOURCE, arch="sm_90a")
     kernels = [k for k in mod.kernels if k.name.startswith("fa3p_")]
     assert sorted(k.name for k in kernels) == sorted(f"fa3p_{dt}_d{d}{c}{h}" for dt in ("bf16", "f16") for d in (64, 128)
-                                                     for c in ("", "_causal") for h in ("", "_bm128")
+                                                     for c in ("", "_causal") for h in ("", "_bm128", "_bm64")
                                                      if d == 64 or not h)
     for k in kernels:
         d = 64 if "_d64" in k.name else 128
-        consumers = 2 if k.name.endswith("_bm128") else CONSUMERS[d]
+        consumers = 2 if k.name.endswith("_bm128") else 1 if k.name.endswith("_bm64") else CONSUMERS[d]
         assert k.resources.max_threads_per_block == 128 * (consumers + 1)
         assert not k.resources.spills and k.resources.local_bytes == 0, (k.name, k.resources)
         assert [p.name for p in k.params] == ["tq", "tk", "tv", "o", "n", "bh", "heads_per_section", "work_counter",

@@ -125,3 +125,24 @@ def test_bad_arguments_raise_clear_errors():
         plan_attention(1, 1, 128, 64, False, "fp32")
     with pytest.raises(ValueError, match="positive"):
         plan_attention(1, 0, 128, 64, False)
+
+
+@pytest.mark.parametrize("name,d,threads,shared", [
+    ("fa2", 64, 128, (128 + 4 * 64) * 64 * 2),                               # 07's fa2_attention
+    ("fa3", 128, 384, 1024 + (128 + 4 * 128) * 128 * 2 + 256),               # 07's fa3_attention
+    ("fa3p", 64, 512, 1024 + (2 * 192 + 6 * 128) * 64 * 2 + 256),            # 07's fa3p_attention, 3 stages at d = 64
+    ("fa3p", 128, 384, 1024 + (2 * 128 + 4 * 128) * 128 * 2 + 256),
+    ("fa3p_bm64", 64, 256, 1024 + (2 * 64 + 6 * 64) * 64 * 2 + 256),          # the variant: 66 KB, two CTAs an SM
+])
+def test_launch_shapes_match_the_notebooks_launchers(name, d, threads, shared):
+    m = model(name, d)
+    assert (m.threads, m.shared_bytes) == (threads, shared)
+    assert m.ctas_per_sm * (m.shared_bytes + 1024) <= 228 * 1024           # fits the SM as many times as modelled
+
+
+def test_a_named_kernel_is_planned_alone():
+    forced = plan_attention(16, 32, 1024, 64, True, kernel="fa2")
+    assert forced.entry == "fa2_bf16_d64_causal" and len(forced.alternatives) == 1
+    assert forced.estimate == next(e for e in plan_attention(16, 32, 1024, 64, True).alternatives if e.kernel == "fa2")
+    with pytest.raises(ValueError, match="fa3p_bm64.*head dim 128"):
+        plan_attention(1, 1, 128, 128, False, kernel="fa3p_bm64")       # the variant exists at d = 64 only

@@ -66,12 +66,28 @@ class KernelModel:
     tflops: float                # steady rate on long items, whole GPU, TFLOP/s of computed (row, key) pairs
     item_fixed_tiles: float      # fixed cost per work item not hidden, in tile times
     host_us: float               # host time per call of the op with this kernel
+    stages: int = 2              # K/V tiles in flight (shared-memory buffers)
     measured: bool = True        # False: predicted constants, no GPU measurement behind them yet
 
     @property
     def name(self) -> str:
         """Short label: step and tile, e.g. 'fa3p_bm64'."""
         return self.family + self.suffix
+
+    @property
+    def threads(self) -> int:
+        """Threads a CTA: 4 warps (step 2); a producer warpgroup and one consumer warpgroup per 64 rows (3, 3b)."""
+        return 128 if self.family == "fa2" else 128 * (self.block_m // 64 + 1)
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory a CTA, as 07's launchers compute it: step 2's Q tile and K/V double buffers; the
+        Hopper kernels' 1 KB alignment slack, Q (two buffers when persistent), K/V stages and 256 B of barriers."""
+        tile = 2 * self.d                                   # bytes a row of Q, K or V (16-bit elements)
+        if self.family == "fa2":
+            return (self.block_m + 2 * self.stages * self.block_n) * tile
+        q_buffers = 2 if self.persistent else 1
+        return 1024 + (q_buffers * self.block_m + 2 * self.stages * self.block_n) * tile + 256
 
     def entry(self, dtype: str, causal: bool) -> str:
         """The kernel's entry name in 07's cell, e.g. fa3p_bf16_d64_causal_bm64 (dtype 'bf16' or 'fp16')."""
@@ -86,13 +102,13 @@ _HOST_POINTERS_US, _HOST_MAPS_US = 22.0, 31.0
 CANDIDATES: tuple[KernelModel, ...] = (
     # step 3b, persistent wgmma + TMA: fitted from N = 1024 / 16384 (d = 64: 449.6 / 523.5 computed TFLOP/s;
     # d = 128: 506.8 / 636.0); the 128-row height at d = 64 runs at 0.86x the 192-row one (measured at N = 4096)
-    KernelModel("fa3p", "", 64, 192, 128, 1, True, 529.0, 1.4, _HOST_MAPS_US),
-    KernelModel("fa3p", "_bm128", 64, 128, 128, 1, True, 455.0, 1.4, _HOST_MAPS_US),
+    KernelModel("fa3p", "", 64, 192, 128, 1, True, 529.0, 1.4, _HOST_MAPS_US, stages=3),
+    KernelModel("fa3p", "_bm128", 64, 128, 128, 1, True, 455.0, 1.4, _HOST_MAPS_US, stages=3),
     KernelModel("fa3p", "", 128, 128, 128, 1, True, 647.0, 2.2, _HOST_MAPS_US),
     # the short-sequence variant: one consumer warpgroup, 64-key tiles, two CTAs an SM (one's fill and epilogue
     # under the other's products). Predicted: 0.75x step 3b's steady rate (two warpgroups' products in flight an SM
     # where 3b has three, and m64n64 products), one (half-size) tile of fixed cost
-    KernelModel("fa3p", "_bm64", 64, 64, 64, 2, True, 400.0, 1.0, _HOST_MAPS_US, measured=False),
+    KernelModel("fa3p", "_bm64", 64, 64, 64, 2, True, 400.0, 1.0, _HOST_MAPS_US, stages=3, measured=False),
     # step 3, one CTA per item: N = 1024 / 4096 at d = 64 (391 / 478 computed TFLOP/s); d = 128: 587 at N = 4096 and
     # about 475 at N = 1024 (step 3b measured 1.07x step 3 there)
     KernelModel("fa3", "", 64, 192, 128, 1, False, 516.0, 2.55, _HOST_MAPS_US),
@@ -131,8 +147,11 @@ class Plan:
     block_m: int                 # query rows per work item (per CTA for the non-persistent kernels)
     block_n: int                 # keys per tile
     persistent: bool
-    ctas: int                    # CTAs launched: the grid's size
+    ctas: int                    # CTAs launched: the grid's size (persistent), or query blocks x heads
     ctas_per_sm: int
+    threads: int                 # threads a CTA
+    shared_bytes: int            # dynamic shared memory a CTA
+    stages: int                  # K/V tiles in flight
     estimate: Estimate           # the chosen candidate's prediction
     alternatives: tuple[Estimate, ...] = field(default=(), compare=False)   # every candidate, best first
 
@@ -199,22 +218,26 @@ def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_byte
 
 @lru_cache(maxsize=4096)
 def plan_attention(B: int, H: int, N: int, d: int, causal: bool, dtype: str = "bf16", sms: int = H100_SMS,
-                   candidates: tuple[KernelModel, ...] = CANDIDATES) -> Plan:
+                   candidates: tuple[KernelModel, ...] = CANDIDATES, kernel: str | None = None) -> Plan:
     """The kernel and tiles for softmax(q k^T / sqrt(d)) v on [B, H, N, d] inputs: the candidate with the least
-    predicted time (module docstring). dtype: 'bf16' or 'fp16' (both run the same kernels); sms: the GPU's SM count."""
+    predicted time (module docstring). dtype: 'bf16' or 'fp16' (both run the same kernels); sms: the GPU's SM count;
+    kernel: a candidate's name ('fa2', 'fa3', 'fa3p', 'fa3p_bm128', 'fa3p_bm64') to plan that one alone (how tests
+    and benchmarks time each step through the entry point's own launch path)."""
     if dtype not in ("bf16", "fp16"):
         raise ValueError(f"dtype is 'bf16' or 'fp16', got {dtype!r}")
     if min(B, H, N) < 1 or sms < 1:
         raise ValueError(f"B, H, N and sms are positive; got B={B}, H={H}, N={N}, sms={sms}")
-    usable = [m for m in candidates if m.d == d]
+    usable = [m for m in candidates if m.d == d and (kernel is None or m.name == kernel)]
     if not usable:
-        raise ValueError(f"no attention kernel for head dim {d}: tutorial 07's take d = "
+        have = sorted({m.name for m in candidates if m.d == d})
+        raise ValueError(f"no attention kernel {kernel!r} for head dim {d}: there are {have}" if have and kernel else
+                         f"no attention kernel for head dim {d}: tutorial 07's take d = "
                          f"{sorted({m.d for m in candidates})}")
     scored = [(estimate(m, B, H, N, causal, 2, sms), i, m) for i, m in enumerate(usable)]
     scored.sort(key=lambda s: (s[0].predicted_us * (1.0 if s[2].measured else UNMEASURED_MARGIN), s[1]))
     best, _, model = scored[0]
     return Plan(model.family, model.entry(dtype, causal), model.block_m, model.block_n, model.persistent, best.ctas,
-                model.ctas_per_sm, best, tuple(s[0] for s in scored))
+                model.ctas_per_sm, model.threads, model.shared_bytes, model.stages, best, tuple(s[0] for s in scored))
 
 
 def model_for(plan: Plan, d: int, candidates: tuple[KernelModel, ...] = CANDIDATES) -> KernelModel:

@@ -7,7 +7,7 @@
   plans and launches a tutorial's kernels.
 - `load_tutorial(notebook, compile=...)`: every named `%%cuda` cell compiled and bound under its name, then the
   launcher cells run in that namespace; returns the namespace. `compile(source)` defaults to kernellab's NVRTC
-  (for a GPU); tests on the CPU pass kernellab.run.sim.cuda's compile_host instead.
+  (for a GPU, with the cell's `--arch`); tests on the CPU pass kernellab.run.sim.cuda's compile_host instead.
 """
 import pathlib
 import re
@@ -39,12 +39,18 @@ def cuda_cells_with_flags(notebook: str) -> list[tuple[str, str]]:
 
 def named_cuda_cells(notebook: str) -> dict[str, str]:
     """The `%%cuda --name NAME` cells, by name, without the magic line."""
+    return {name: body for name, (_, body) in named_cuda_cells_with_arch(notebook).items()}
+
+
+def named_cuda_cells_with_arch(notebook: str) -> dict[str, tuple[str | None, str]]:
+    """The `%%cuda --name NAME` cells, by name: (the magic's --arch, or None, the cell without the magic line)."""
     found = {}
     for cell in _cells(notebook):
         first, _, body = cell.partition("\n")
         m = re.match(r"# %%cuda\b.*--name[ =](\S+)", first)
         if m:
-            found[m.group(1)] = body.rstrip() + "\n"
+            arch = re.search(r"--arch[ =](\S+)", first)
+            found[m.group(1)] = (arch.group(1) if arch else None, body.rstrip() + "\n")
     return found
 
 
@@ -62,14 +68,15 @@ def launcher_cells(notebook: str) -> list[str]:
 
 def load_tutorial(notebook: str, compile=None) -> dict:
     """The namespace a tutorial's launchers run in: its named %%cuda modules, then the launcher cells' names."""
-    if compile is None:
-        import kernellab
-
-        def compile(source):
-            return kernellab.compile_cuda(source, first_line=2, filename="cell.cu")
     ns: dict = {"__name__": f"tutorial_{pathlib.Path(notebook).stem.replace('-', '_')}"}
-    for name, source in named_cuda_cells(notebook).items():
-        ns[name] = compile(source)
+    for name, (arch, source) in named_cuda_cells_with_arch(notebook).items():
+        if compile is None:       # kernellab's NVRTC, for the cell's --arch (sm_90a for wgmma) as the magic does
+            import kernellab
+
+            ns[name] = kernellab.compile_cuda(source, first_line=2, filename="cell.cu",
+                                              **({"arch": arch} if arch else {}))
+        else:
+            ns[name] = compile(source)
     for cell in launcher_cells(notebook):
         exec(compile_python(cell, notebook), ns)
     return ns

@@ -66,6 +66,8 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const unsigned (
         using T = CTYPE;                                                                                             \
         KL_WGMMA_RS_BODY(N, NREG, PTX_T, A0, A1, A2, A3, B);                                                        \
     }
+KL_WGMMA_SS(64, 32, __nv_bfloat16, "bf16", 32, 33, 34)
+KL_WGMMA_SS(64, 32, __half, "f16", 32, 33, 34)
 KL_WGMMA_SS(128, 64, __nv_bfloat16, "bf16", 64, 65, 66)
 KL_WGMMA_SS(128, 64, __half, "f16", 64, 65, 66)
 KL_WGMMA_SS(256, 128, __nv_bfloat16, "bf16", 128, 129, 130)

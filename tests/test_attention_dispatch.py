@@ -1,0 +1,111 @@
+"""Tutorial 07's entry point (the `# launchers: kl::attention` cell) without a GPU: every kernel the selection model can
+pick exists in the notebook's cells, and the cell launches exactly what the plan names (kernel, grid, threads, shared
+memory, arguments), run on CPU tensors against stand-in kernels that record their launches."""
+import pathlib
+import re
+import sys
+import types
+
+import pytest
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "gpu"))
+from notebook_cells import cuda_cells, launcher_cells, named_cuda_cells_with_arch  # noqa: E402
+
+from kernellab.teach.attention_plan import CANDIDATES, plan_attention  # noqa: E402
+
+NOTEBOOK = "07-fused-attention.py"
+
+
+def every_entry():
+    return sorted({m.entry(dt, c) for m in CANDIDATES for dt in ("bf16", "fp16") for c in (False, True)})
+
+
+def test_every_kernel_the_model_can_pick_is_in_the_notebook():
+    cells = named_cuda_cells_with_arch(NOTEBOOK)
+    assert cells["fa3_cell"][0] == "sm_90a" and cells["fa2_cell"][0] is None
+    defined = set(re.findall(r"^(fa\w+)\(", "\n".join(c for _, c in cells.values()), re.M))   # entry names start lines
+    missing = [e for e in every_entry() if e not in defined]
+    assert not missing, f"the model can pick kernels the cells do not define: {missing}"
+
+
+class Recorder:
+    """A stand-in Kernel: k[grid, block, smem](*args) records (name, grid, block, smem, args)."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __getitem__(self, config):
+        grid, block, smem = config
+        return lambda *args: self.log.append((self.name, grid, block, smem, args))
+
+
+@pytest.fixture(scope="module")
+def entry():
+    """The launcher cell run in a namespace whose step 2 and 3 cells are recorders; tensor maps are stand-ins."""
+    log = []
+    kernels = [Recorder(n, log) for n in every_entry()]
+    ns = {"__name__": "tutorial_07", "fa2_cell": types.SimpleNamespace(kernels=[k for k in kernels if "fa2" in k.name]),
+          "fa3_cell": types.SimpleNamespace(kernels=[k for k in kernels if "fa2" not in k.name])}
+    (cell,) = launcher_cells(NOTEBOOK)
+    exec(compile(cell, f"{NOTEBOOK}:launchers", "exec"), ns)
+    ns["_attention_sms"][torch.device("cpu")] = 132
+    ns["kernellab"] = types.SimpleNamespace(tensor_map=lambda x, box: ("map", x.shape, box))
+    ns["log"] = log
+    return ns
+
+
+@pytest.mark.parametrize("B,H,N,d,causal,kernel", [
+    (4, 16, 4096, 64, False, None), (32, 16, 512, 64, True, None), (1, 16, 128, 64, False, None),
+    (2, 8, 1031, 128, True, None), (2, 3, 65, 64, True, "fa3p_bm64"), (2, 3, 1000, 128, False, "fa3"),
+    (1, 2, 63, 128, False, "fa2"),
+])
+def test_the_entry_point_launches_what_its_plan_names(entry, B, H, N, d, causal, kernel):
+    q, k, v = (torch.zeros(B, H, N, d, dtype=torch.bfloat16) for _ in range(3))
+    entry["log"].clear()
+    out = entry["attention"](q, k, v, causal, kernel=kernel)
+    plan = plan_attention(B, H, N, d, causal, "bf16", 132, kernel=kernel)
+    assert entry["attention_plan"](q, causal, kernel) == plan
+    ((name, grid, block, smem, args),) = entry["log"]
+    assert (name, block, smem) == (plan.entry, plan.threads, plan.shared_bytes)
+    assert args[-1] == pytest.approx(d ** -0.5) and out.shape == q.shape and out.dtype == q.dtype
+    if plan.persistent:
+        assert grid == (plan.ctas,) and plan.ctas <= 132 * plan.ctas_per_sm
+        maps, (o, n, bh, sections, counter, _) = args[:3], args[3:]
+        assert [m[2] for m in maps] == [(1, plan.block_m, 64), (1, plan.block_n, 64), (1, plan.block_n, 64)]
+        assert maps[0][1] == (B * H, N, d) and o is out and (n, bh) == (N, B * H) and 1 <= sections <= B * H
+        assert counter.dtype == torch.int32 and int(counter) == 0
+    elif plan.family == "fa2":
+        assert grid == (-(-N // 128), B * H) and args[:4] == (q, k, v, out) and args[4] == N
+    else:
+        assert grid == (-(-N // plan.block_m), B * H) and args[3] is out and args[4] == N
+    # a second call with the same shape reuses the launch (no new plan) and writes into a given output
+    given = torch.empty_like(q)
+    assert entry["attention"](q, k, v, causal, given, kernel=kernel) is given
+    assert entry["log"][-1][:4] == (name, grid, block, smem)
+
+
+def test_the_entry_point_refuses_what_no_kernel_takes(entry):
+    q = torch.zeros(1, 2, 64, 96, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="d = 64 or 128"):
+        entry["attention"](q, q, q)
+    q = torch.zeros(1, 2, 64, 64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        entry["attention"](q, q, q)
+    q = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="contiguous"):
+        entry["attention"](q, q.transpose(2, 3).contiguous().transpose(2, 3), q)
+
+
+def test_the_op_keeps_its_name_and_schema(entry):
+    op = entry["kl_attention"]
+    meta = torch.empty(2, 16, 8192, 64, device="meta", dtype=torch.bfloat16)
+    assert op(meta, meta, meta, True).shape == meta.shape
+    schema = str(torch.ops.kl.attention.default._schema)
+    assert schema == "kl::attention(Tensor q, Tensor k, Tensor v, bool causal) -> Tensor", schema
+
+
+def test_the_benchmark_reads_the_same_cells():
+    """benchmarks/attention.py's families come from the same %%cuda cells (the variant is in family fa3p)."""
+    assert any("fa3p_bf16_d64_causal_bm64" in c for c in cuda_cells(NOTEBOOK))
