@@ -12,7 +12,9 @@ alternating rounds); ratios are against SDPA's FLASH backend (FlashAttention-2) 
     python benchmarks/attention.py --quick           # N = 4096 only, fewer checks
     python benchmarks/attention.py --source dev.cu   # kernels from a file instead of the notebook
     python benchmarks/attention.py --as-called       # also as registered ops: kernellab.bench, do_bench, sustained
-Logs go to $OUT (if set) as attention.json; the table is printed last.
+    python benchmarks/attention.py --grid [--quick]  # the entry point (kl::attention) against its own steps and SDPA
+                                                     # on N = 128..16k, d 64/128, causal or not, B*H 16..512
+Logs go to $OUT (if set) as attention.json (attention_grid.json with --grid); the table is printed last.
 """
 from __future__ import annotations
 
@@ -364,6 +366,140 @@ def run_as_called(ours: dict, quick, log, ns=None, dims=(64, 128)) -> list[dict]
     return rows
 
 
+# -- the grid: tutorial 07's entry point against its own steps and SDPA on the shapes models use --------------------
+GRID_N = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+GRID_BH = (16, 64, 256, 512)
+GRID_TOKENS = 1 << 21          # B*H*N at most 2M (N = 16k with B*H <= 128): one call stays under ~20 ms
+QUICK_N, QUICK_BH = (128, 512, 2048, 8192), (16, 256)
+STEPS = {64: ("fa2", "fa3", "fa3p", "fa3p_bm128", "fa3p_bm64"), 128: ("fa2", "fa3", "fa3p")}
+
+
+def grid_shapes(quick: bool) -> list[tuple[int, int, int, int, bool]]:
+    """(B, H, N, d, causal) of the grid: H = 16 heads (B*H = 16 is one sequence), B*H*N <= GRID_TOKENS."""
+    ns, bhs = (QUICK_N, QUICK_BH) if quick else (GRID_N, GRID_BH)
+    shapes = [(max(1, bh // 16), min(bh, 16), N, d, causal) for d in (64, 128) for causal in (False, True)
+              for N in ns for bh in bhs if bh * N <= GRID_TOKENS]
+    # cheapest first, so that a time budget leaves out the longest calls
+    return sorted(shapes, key=lambda s: (s[0] * s[1] * s[2] * s[2] * s[3] / (2 if s[4] else 1), s))
+
+
+def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16) -> tuple[list[dict], list[str]]:
+    """Every grid shape timed as called (benchmarks/as_called.py: kernellab.bench, do_bench, sustained): each step of
+    07 forced through the entry point's launch path (a registered op taking the step's name), the entry point as the
+    `kl::attention` op a model calls, SDPA FLASH and CUDNN. Returns (rows, shapes left out past the time budget)."""
+    import as_called
+    from notebook_cells import load_tutorial
+
+    t0 = time.time()
+    ns = load_tutorial(NOTEBOOK)
+    attention, plan_for, entry_op = ns["attention"], ns["attention_plan"], ns["kl_attention"]
+    print(f"tutorial 07 compiled and loaded in {time.time() - t0:.0f} s", flush=True)
+
+    @kernellab.op("klgrid::attention_step", "(Tensor q, Tensor k, Tensor v, bool causal, str kernel) -> Tensor",
+                  outputs=lambda q, k, v, causal, kernel: q)
+    def step_op(q, k, v, causal, kernel):
+        return attention(q, k, v, causal, kernel=kernel)
+
+    rows, skipped = [], []
+    for B, H, N, d, causal in grid_shapes(quick):
+        label = f"B*H={B * H} N={N} d={d} {'causal' if causal else 'full'}"
+        if time.time() - t0 > budget_s:
+            skipped.append(label)
+            continue
+        flops = 4 * B * H * N * N * d / (2 if causal else 1)
+        make = inputs_for(B, H, N, d, dtype)
+        probe = make(torch.Generator().manual_seed(0))[:3]
+        plan = plan_for(probe[0], causal)
+        fns = {"entry": lambda q, k, v: entry_op(q, k, v, causal)}
+        fns.update({s: (lambda s: lambda q, k, v: step_op(q, k, v, causal, s))(s) for s in STEPS[d]})
+        fns["FLASH"] = lambda q, k, v: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, None, causal)
+        fns["CUDNN"] = lambda q, k, v: sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, None, causal)
+        dropped = []
+        for name in list(fns):                  # a backend that cannot run this shape here is dropped, and said so
+            try:
+                fns[name](*probe)
+                torch.cuda.synchronize()
+            except Exception as exc:
+                dropped.append(f"{name}: {type(exc).__name__}: {str(exc)[:120]}")
+                fns.pop(name)
+        del probe
+        row = dict(B=B, H=H, N=N, d=d, causal=causal, label=label, choice=plan.kernel, entry=plan.entry,
+                   predicted_us={e.kernel: e.predicted_us for e in plan.alternatives}, dropped=dropped)
+        if "entry" not in fns:
+            row["error"] = "; ".join(dropped)
+        else:
+            try:
+                row["ms"] = as_called.time_as_called(fns, lambda g: make(g)[:3], flops=flops, quick=True)
+            except Exception as exc:
+                log.write(traceback.format_exc())
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        rows.append(row)
+        log.write(json.dumps(row, default=str) + "\n")
+        log.flush()
+        print_grid_row(row, flush=True)
+        torch.cuda.empty_cache()
+    return rows, skipped
+
+
+GRID_HEAD = (f"{'B*H':>4s} {'N':>6s} {'d':>4s} {'mask':6s} | {'choice':10s} {'entry µs':>9s} | {'best step':>16s} | "
+             f"{'FLASH':>8s} {'CUDNN':>8s} | entry vs FLASH: bench / do_bench / sustained | vs CUDNN | vs best step"
+             " | every step, µs")
+
+
+def print_grid_row(r: dict, flush: bool = False) -> None:
+    """One grid row: times under kernellab.bench (µs), ratios by each method."""
+    head = f"{r['B'] * r['H']:4d} {r['N']:6d} {r['d']:4d} {'causal' if r['causal'] else 'full':6s} | "
+    if "error" in r:
+        print(head + f"error: {r['error']}", flush=flush)
+        return
+    ms = r["ms"]
+    b = ms["kernellab.bench"]
+    steps = {s: v for s, v in b.items() if s not in ("entry", "FLASH", "CUDNN")}
+    best = min(steps, key=steps.get) if steps else None
+    ratio = {m: (ms[m]["FLASH"] / ms[m]["entry"] if "FLASH" in ms[m] else float("nan")) for m in ms}
+    cells = " / ".join(f"{ratio[m]:.2f}x" if m in ratio else "-" for m in ("kernellab.bench", "do_bench", "sustained"))
+    cudnn = f"{b['CUDNN'] / b['entry']:.2f}x" if "CUDNN" in b else "-"
+    vs_best = f"{steps[best] / b['entry']:.2f}x" if best else "-"
+    print(head + f"{r['choice']:10s} {b['entry'] * 1e3:9.1f} | {best or '-':>10s} {steps[best] * 1e3 if best else 0:5.0f} | "
+          f"{b.get('FLASH', float('nan')) * 1e3:8.1f} {b.get('CUDNN', float('nan')) * 1e3:8.1f} | {cells:>40s} | "
+          f"{cudnn:>8s} | {vs_best:>12s} | " + ", ".join(f"{s} {v * 1e3:.1f}" for s, v in steps.items()), flush=flush)
+
+
+def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03) -> tuple[list[str], int]:
+    """(the final lines, the number of shapes where the entry point lost to a step by more than `tolerance`): shapes
+    where the entry point is slower than the best of its own steps under kernellab.bench (by any margin, and by more
+    than `tolerance`, the timing noise between two calls of one kernel), and where it is below 1.0x FLASH by each
+    timing method."""
+    slower, slower_tol, below = [], [], {}
+    for r in rows:
+        if "ms" not in r:
+            continue
+        for method, ms in r["ms"].items():
+            steps = {s: v for s, v in ms.items() if s not in ("entry", "FLASH", "CUDNN")}
+            if method == "kernellab.bench" and steps:
+                best = min(steps, key=steps.get)
+                if ms["entry"] > steps[best]:
+                    slower.append(f"{r['label']} ({r['choice']} {ms['entry'] * 1e3:.1f} µs, {best} "
+                                  f"{steps[best] * 1e3:.1f} µs)")
+                    if ms["entry"] > steps[best] * (1 + tolerance):
+                        slower_tol.append(slower[-1])
+            if "FLASH" in ms and ms["FLASH"] < ms["entry"]:
+                below.setdefault(method, []).append(f"{r['label']} {ms['FLASH'] / ms['entry']:.2f}x")
+    lines = [f"entry point slower than the best of its own steps (kernellab.bench), by more than {tolerance:.0%}: "
+             f"{len(slower_tol)} shape(s){': ' + '; '.join(slower_tol) if slower_tol else ''}",
+             f"  (slower by any margin: {len(slower)}{': ' + '; '.join(slower) if slower else ''})"]
+    for method in ("kernellab.bench", "do_bench", "sustained"):
+        got = below.get(method, [])
+        lines.append(f"entry point below 1.0x SDPA FLASH ({method}): {len(got)} shape(s)"
+                     f"{': ' + '; '.join(got) if got else ''}")
+    errors = [r["label"] + ": " + r["error"] for r in rows if "error" in r]
+    if errors:
+        lines.append(f"shapes that failed: {len(errors)}: " + "; ".join(errors))
+    if skipped:
+        lines.append(f"left out past the time budget: {len(skipped)} shape(s): " + "; ".join(skipped))
+    return lines, len(slower_tol)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -377,8 +513,15 @@ def main(argv=None):
     ap.add_argument("--as-called", action="store_true", help="also time the kernels as registered ops (kernellab.op) "
                     "under kernellab.bench, triton's do_bench and sustained=True, against SDPA FLASH")
     ap.add_argument("--families", default=None, help="only these kernel families, comma-separated")
+    ap.add_argument("--grid", action="store_true", help="the entry point (kl::attention) against each of its steps "
+                    "and SDPA FLASH/CUDNN on N = 128..16k, d 64/128, causal or not, B*H 16..512, timed as called "
+                    "(--quick: a subset that fits 300 s)")
+    ap.add_argument("--budget-s", type=float, default=None, help="--grid: start no new shape after this many seconds "
+                    "(default: 240 with --quick, none without)")
     args = ap.parse_args(argv)
     out = pathlib.Path(os.environ.get("OUT", "."))
+    if args.grid:
+        return main_grid(args, out)
     log = open(out / "attention.log", "w")
     dev = torch.cuda.get_device_name()
     t0 = time.time()
@@ -433,5 +576,30 @@ def main(argv=None):
         print(as_called.markdown(called, "op, shape (B*N = 16k, H*d = 2048)", "FLASH"))
 
 
+def main_grid(args, out: pathlib.Path) -> int:
+    """--grid: the table, then the verdict lines; exit status 1 where the entry point lost to one of its own steps by
+    more than the noise."""
+    log = open(out / "attention_grid.log", "w")
+    dev = torch.cuda.get_device_name()
+    t0 = time.time()
+    budget = args.budget_s if args.budget_s is not None else (240.0 if args.quick else float("inf"))
+    shapes = grid_shapes(args.quick)
+    print(f"{len(shapes)} shapes, bf16; every time in µs as called (benchmarks/as_called.py); ratios > 1: ours faster",
+          flush=True)
+    print(GRID_HEAD, flush=True)
+    rows, skipped = run_grid(args.quick, log, budget)
+    (out / "attention_grid.json").write_text(json.dumps({"device": dev, "rows": rows, "skipped": skipped}, indent=1,
+                                                        default=str))
+    print(f"\n{dev} · {time.strftime('%Y-%m-%d')} · {time.time() - t0:.0f} s · bf16 · "
+          f"`python3 benchmarks/attention.py --grid{' --quick' if args.quick else ''}`")
+    print(GRID_HEAD)
+    for r in rows:
+        print_grid_row(r)
+    verdict, lost = grid_verdict(rows, skipped)
+    print()
+    print("\n".join(verdict))
+    return 1 if lost or any("error" in r for r in rows) else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

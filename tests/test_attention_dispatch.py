@@ -109,3 +109,46 @@ def test_the_op_keeps_its_name_and_schema(entry):
 def test_the_benchmark_reads_the_same_cells():
     """benchmarks/attention.py's families come from the same %%cuda cells (the variant is in family fa3p)."""
     assert any("fa3p_bf16_d64_causal_bm64" in c for c in cuda_cells(NOTEBOOK))
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(HERE))
+    from attention_steps import attention_benchmark
+
+    return attention_benchmark()
+
+
+def test_the_grid_covers_the_issue_and_its_quick_subset_is_a_part(bench):
+    full, quick = bench.grid_shapes(False), bench.grid_shapes(True)
+    assert {s[2] for s in full} == {128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+    assert {s[3] for s in full} == {64, 128} and {s[4] for s in full} == {False, True}
+    assert {s[0] * s[1] for s in full} == {16, 64, 256, 512}
+    assert all(s[0] * s[1] * s[2] <= bench.GRID_TOKENS for s in full)
+    assert set(quick) < set(full) and len(quick) <= 32
+    cost = [s[0] * s[1] * s[2] ** 2 * s[3] / (2 if s[4] else 1) for s in quick]
+    assert cost == sorted(cost)                                   # a time budget drops the longest calls
+
+
+def row(label, entry, steps, flash, choice="fa3p"):
+    ms = {"entry": entry, **steps, "FLASH": flash, "CUDNN": flash * 0.8}
+    return dict(B=1, H=16, N=512, d=64, causal=False, label=label, choice=choice,
+                ms={"kernellab.bench": ms, "do_bench": dict(ms, entry=entry * 1.5), "sustained": ms})
+
+
+def test_the_grid_verdict_names_losses_to_steps_and_to_flash(bench, capsys):
+    rows = [row("a", 1.00, {"fa2": 1.10, "fa3p": 1.00}, 1.2),     # the entry is its best step: fine
+            row("b", 1.05, {"fa2": 1.00, "fa3p": 1.05}, 1.2),     # 5 % slower than fa2: a loss
+            row("c", 1.01, {"fa2": 1.00, "fa3p": 1.01}, 0.9),     # 1 % (noise), and below FLASH
+            dict(B=1, H=16, N=1, d=64, causal=True, label="d", choice="fa2", error="RuntimeError: boom")]
+    lines, lost = bench.grid_verdict(rows, ["e"])
+    assert lost == 1
+    assert lines[0].endswith("1 shape(s): b (fa3p 1050.0 µs, fa2 1000.0 µs)"), lines[0]
+    assert "any margin: 2" in lines[1]
+    assert lines[2].startswith("entry point below 1.0x SDPA FLASH (kernellab.bench): 1 shape(s): c 0.89x"), lines[2]
+    assert "(do_bench): 3 shape(s)" in lines[3]                  # do_bench's entry is 1.5x slower in the stand-in
+    assert any("failed: 1" in x and "boom" in x for x in lines) and "left out past the time budget: 1" in lines[-1]
+    for r in rows:
+        bench.print_grid_row(r)
+    out = capsys.readouterr().out
+    assert "fa3p" in out and "error: RuntimeError: boom" in out and "0.95x" in out  # b: fa2's 1000 over 1050

@@ -95,6 +95,10 @@ SUITES: dict[str, Suite] = {
         "awkward lengths, GQA ratios, batches of different cache lengths, both dtypes; the ops compiled and in a "
         "CUDA graph", 300,
         tests=(GPU_TESTS + "test_attention_inference_gpu.py",)),
+    "tests-attention-dispatch": Suite(
+        "tutorial 07's entry point (kl::attention, from the notebook's launcher cell): its output equals the kernel "
+        "its plan names, opcheck; the short-sequence variant (fa3p_*_bm64) on awkward shapes against SDPA", 300,
+        tests=(GPU_TESTS + "test_attention_dispatch_gpu.py",)),
     "notebooks": Suite(
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
         commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),
@@ -105,6 +109,10 @@ SUITES: dict[str, Suite] = {
         "benchmarks/attention_inference.py --quick: tutorial 09's GQA against SDPA flash (K/V expanded) and "
         "enable_gqa, decoding as a share of copy and against the fastest PyTorch path, timed as called", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--quick", "--out", "{out}"),), takes_args=True),
+    "bench-attention-grid": Suite(
+        "benchmarks/attention.py --grid --quick: the entry point against each of its steps and SDPA FLASH/CUDNN on "
+        "short to long sequences, timed as called; last lines: where it loses to a step or to FLASH", 300,
+        commands=((PY, "benchmarks/attention.py", "--grid", "--quick"),), takes_args=True),
     "bench-matmul": Suite(
         "benchmarks/matmul.py: tutorials 05/06's ladders against cuBLAS (every family)", 400,
         commands=((PY, "benchmarks/matmul.py"),), takes_args=True),
