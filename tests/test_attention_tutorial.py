@@ -20,9 +20,10 @@ def test_the_notebook_has_steps_2_and_3_for_both_dtypes_head_dims_and_masks(step
     for fam in ("fa2", "fa3"):
         assert sorted(families[fam]) == sorted(f"{fam}_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128)
                                                 for c in ("", "_causal"))
-    # step 3b: at d = 64 both heights (192 rows, and 128 rows named _bm128)
+    # step 3b: at d = 64 both heights (192 rows, and 128 rows named _bm128), and the short-sequence variant (_bm64)
     assert sorted(families["fa3p"]) == sorted(f"fa3p_{dt}_d{d}{c}{h}" for dt in ("bf16", "f16") for d in (64, 128)
-                                              for c in ("", "_causal") for h in ("", "_bm128") if d == 64 or not h)
+                                              for c in ("", "_causal") for h in ("", "_bm128", "_bm64")
+                                              if d == 64 or not h)
     assert configs["fa2"]["MT"] == 2 and configs["fa2"]["NWARPS"] == 4 and configs["fa3"]["WG64"] == 3
 
 
