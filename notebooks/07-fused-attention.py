@@ -1655,7 +1655,7 @@ fa3p_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_consta
         bh, heads_per_section, work_counter, scale);
 }
 // step 3b for short sequences (_bm64): one consumer warpgroup (64 query rows), 64-key tiles, two CTAs per SM, so one
-// CTA's pipeline fill and epilogue run under the other's products (see "Short sequences" below)
+// CTA's pipeline fill and epilogue run under the other's products (see "One entry point" below)
 #define FA3P_BM64_BN 64     // keys per tile (the 64-wide accumulators fit two CTAs' registers)
 #define FA3P_BM64_ST64 3    // K/V stages (66 KB of shared memory a CTA)
 // (at d = 128 the 64-row CTA needs more than the 128 registers two CTAs an SM leave it: it spills, so d = 128 has none)
