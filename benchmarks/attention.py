@@ -460,7 +460,8 @@ def print_grid_row(r: dict, flush: bool = False) -> None:
     cells = " / ".join(f"{ratio[m]:.2f}x" if m in ratio else "-" for m in ("kernellab.bench", "do_bench", "sustained"))
     cudnn = f"{b['CUDNN'] / b['entry']:.2f}x" if "CUDNN" in b else "-"
     vs_best = f"{steps[best] / b['entry']:.2f}x" if best else "-"
-    print(head + f"{r['choice']:10s} {b['entry'] * 1e3:9.1f} | {best or '-':>10s} {steps[best] * 1e3 if best else 0:5.0f} | "
+    best_us = steps[best] * 1e3 if best else 0.0
+    print(head + f"{r['choice']:10s} {b['entry'] * 1e3:9.1f} | {best or '-':>10s} {best_us:5.0f} | "
           f"{b.get('FLASH', float('nan')) * 1e3:8.1f} {b.get('CUDNN', float('nan')) * 1e3:8.1f} | {cells:>40s} | "
           f"{cudnn:>8s} | {vs_best:>12s} | " + ", ".join(f"{s} {v * 1e3:.1f}" for s, v in steps.items()), flush=flush)
 

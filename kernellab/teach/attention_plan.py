@@ -37,8 +37,8 @@ benchmarks/NOTES-attention.md, 2026-11-23): a kernel's `tflops` and `item_fixed_
 N = 1024 and N = 16384 (or 4096) on the FlashAttention-3 shapes, after removing the padded rows of the last query
 block: e.g. step 3b at d = 64 (192 rows) computes 449.6 and 523.5 TFLOP/s there, which `tflops * T / (T + f)` with
 T = 8 and 128 tiles fits with tflops = 529, f = 1.4. The entry marked `measured=False` is a prediction (the
-short-sequence variant, which no GPU has run yet; step 2's fixed cost is a guess too): `benchmarks/attention.py --grid` prints
-every shape's measured times beside the plan, which is what refits them.
+short-sequence variant, which no GPU has run yet; step 2's fixed cost is a guess too): `benchmarks/attention.py
+--grid` prints every shape's measured times beside the plan, which is what refits them.
 """
 from __future__ import annotations
 
