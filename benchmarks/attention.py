@@ -398,7 +398,7 @@ def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16) -> tuple[l
     @kernellab.op("klgrid::attention_step", "(Tensor q, Tensor k, Tensor v, bool causal, str kernel) -> Tensor",
                   outputs=lambda q, k, v, causal, kernel: q)
     def step_op(q, k, v, causal, kernel):
-        return attention(q, k, v, causal, kernel=kernel)
+        return attention(q, k, v, causal=causal, kernel=kernel)
 
     rows, skipped = [], []
     for B, H, N, d, causal in grid_shapes(quick):

@@ -1995,9 +1995,9 @@ for e in plan_attention(32, 16, 512, 64, True).alternatives:
 # %% [markdown]
 # ## From the notebook into a model: the entry point as a PyTorch op
 #
-# `attention(q, k, v, causal)` below is the tutorial's one entry point: it asks the model for a plan (once per shape,
-# dtype and mask; then a dictionary lookup) and launches the chosen kernel from the step 2 and step 3 cells
-# (`fa2_cell`, `fa3_cell`). `kernellab.op` registers it as a PyTorch operator through `torch.library`: a schema,
+# `attention(q, k, v, out=None, causal=False)` below, with the steps' launchers' arguments, is the tutorial's one entry
+# point: it asks the model for a plan (once per shape, dtype and mask; then a dictionary lookup) and launches the
+# chosen kernel from the step 2 and step 3 cells (`fa2_cell`, `fa3_cell`). `kernellab.op` registers it as a PyTorch operator through `torch.library`: a schema,
 # the launcher as the CUDA implementation, and a fake implementation made from `outputs=` (the output is shaped like
 # `q`), which `torch.compile(fullgraph=True)` and `torch.export` trace instead of running the kernel. Launches inside
 # an op do not wait for their kernel, and the tensor maps of a call come from kernellab's cache (keyed by address,
@@ -2006,7 +2006,7 @@ for e in plan_attention(32, 16, 512, 64, True).alternatives:
 # (`tests/gpu/notebook_cells.py`'s `load_tutorial`), so they time the very function a model calls.
 
 # %%
-# launchers: kl::attention, the entry point (tests/gpu/test_attention_dispatch_gpu.py and benchmarks/attention.py --grid run this cell too)
+# launchers: kl::attention (tests/gpu/test_attention_dispatch_gpu.py and benchmarks/attention.py --grid run it too)
 import math
 
 import torch
@@ -2015,7 +2015,7 @@ import kernellab
 from kernellab.teach.attention_plan import plan_attention
 
 ATTENTION_KERNELS = {k.name: k for cell in (fa2_cell, fa3_cell) for k in cell.kernels}   # steps 2, 3, 3b, variant
-_attention_launches = {}            # (shape, dtype, device, causal, kernel) -> (plan, launch, scalars)
+_attention_launches = {}            # (shape, dtype, device, causal, kernel, ctas) -> (plan, launch, scalars)
 _attention_sms = {}                 # device -> SM count
 _attention_counters = {}            # device -> the persistent kernels' zeroed int32 work counter
 
@@ -2029,11 +2029,11 @@ def attention_plan(q, causal=False, kernel=None):
     return plan_attention(B, H, N, d, bool(causal), dtype, _attention_sms[q.device], kernel=kernel)
 
 
-def _attention_launch(q, causal, kernel):
+def _attention_launch(q, causal, kernel, ctas):
     """(plan, the configured launch, the scalars after the tensors) for q's shape, made once."""
     B, H, N, d = q.shape
     plan = attention_plan(q, causal, kernel)
-    grid = (plan.ctas,) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
+    grid = (min(ctas or plan.ctas, plan.ctas),) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
     launch = ATTENTION_KERNELS[plan.entry][grid, plan.threads, plan.shared_bytes]
     if plan.persistent:
         if q.device not in _attention_counters:
@@ -2045,16 +2045,17 @@ def _attention_launch(q, causal, kernel):
     return plan, launch, scalars
 
 
-def attention(q, k, v, causal=False, out=None, kernel=None):
+def attention(q, k, v, out=None, causal=False, kernel=None, ctas=None):
     """softmax(q k^T / sqrt(d), causal) v for contiguous [B, H, N, d] bf16/fp16 CUDA tensors, d = 64 or 128, by the
-    kernel attention_plan picks for the shape (kernel: a candidate's name, e.g. 'fa3p_bm64', to force one)."""
-    key = (q.shape, q.dtype, q.device, causal, kernel)
+    kernel attention_plan picks for the shape. kernel: a candidate's name, e.g. 'fa3p_bm64', to force one; ctas: at
+    most this many CTAs for a persistent kernel (each then walks more work items)."""
+    key = (q.shape, q.dtype, q.device, causal, kernel, ctas)
     found = _attention_launches.get(key)
     if found is None:
         if q.dtype not in (torch.bfloat16, torch.float16) or q.dim() != 4 or q.shape[-1] not in (64, 128):
             raise ValueError(f"attention takes [B, H, N, d] bf16 or fp16 tensors with d = 64 or 128; got "
                              f"{tuple(q.shape)} {q.dtype}")
-        found = _attention_launches[key] = _attention_launch(q, causal, kernel)
+        found = _attention_launches[key] = _attention_launch(q, causal, kernel, ctas)
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or not (q.shape == k.shape == v.shape):
         raise ValueError("attention takes contiguous q, k, v of one shape [B, H, N, d]")
     plan, launch, scalars = found
@@ -2073,7 +2074,7 @@ def attention(q, k, v, causal=False, out=None, kernel=None):
               outputs=lambda q, k, v, causal: q)
 def kl_attention(q, k, v, causal):
     """softmax(q k^T / sqrt(d), causal) v for contiguous [B, H, N, d] bf16/fp16 CUDA tensors: the entry point."""
-    return attention(q, k, v, causal)
+    return attention(q, k, v, causal=causal)
 
 # %%
 # The fake implementation needs no GPU: meta tensors carry shapes and dtypes, no values.
@@ -2087,12 +2088,16 @@ print(kl_attention, "->", kl_attention(meta_q, meta_q, meta_q, True).shape)
 
 # %%
 # %%gpu
-variant_checks = check_all(lambda q, k, v, o, causal: attention(q, k, v, causal, o, kernel="fa3p_bm64"), dims=(64,))
+variant_checks = check_all(lambda q, k, v, o, causal: attention(q, k, v, o, causal, kernel="fa3p_bm64"), dims=(64,))
 print("the variant:", summarize_checks(variant_checks))
+# 7 CTAs: each walks dozens of items, so every barrier's phase wraps many times
+few = check_all(lambda q, k, v, o, causal: attention(q, k, v, o, causal, kernel="fa3p_bm64", ctas=7), dims=(64,),
+                ns=(1031, 4097), trials=1)
+print("the variant on 7 CTAs:", sum(r["passed"] and r["within_2x"] for r in few), "of", len(few), "cases pass")
 for shape in ((2, 3, 1031, 64, True), (4, 64, 512, 64, True), (1, 16, 128, 128, False)):
     q, k, v = (torch.randn(*shape[:4], device="cuda", dtype=torch.bfloat16) for _ in range(3))
     plan = attention_plan(q, shape[4])
-    same = torch.equal(attention(q, k, v, shape[4]), attention(q, k, v, shape[4], kernel=plan.kernel))
+    same = torch.equal(attention(q, k, v, causal=shape[4]), attention(q, k, v, causal=shape[4], kernel=plan.kernel))
     print(f"{shape}: {plan.entry}; the entry point's output equals its kernel's: {same}")
 
 # %%
@@ -2102,9 +2107,9 @@ for B, H, N in ((16, 16, 256), (16, 16, 512), (32, 16, 512), (1, 16, 512)):
     for causal in (False, True):
         q = torch.empty(B, H, N, 64, device="cuda", dtype=torch.bfloat16)
         chosen = attention_plan(q, causal).kernel
-        steps = {name: (lambda name: lambda q, k, v, o: attention(q, k, v, causal, o, kernel=name))(name)
+        steps = {name: (lambda name: lambda q, k, v, o: attention(q, k, v, o, causal, kernel=name))(name)
                  for name in ("fa2", "fa3", "fa3p", "fa3p_bm128", "fa3p_bm64")}
-        r = kernellab.bench(lambda q, k, v, o: attention(q, k, v, causal, o), attention_inputs(B, H, N, 64),
+        r = kernellab.bench(lambda q, k, v, o: attention(q, k, v, o, causal), attention_inputs(B, H, N, 64),
                             baselines={**steps, "SDPA flash": lambda q, k, v, o: sdpa(SDPBackend.FLASH_ATTENTION)(
                                 q, k, v, o, causal)}, flops=attention_flops(causal), name="entry point")
         short[B, H, N, causal] = r

@@ -64,7 +64,7 @@ def entry():
 def test_the_entry_point_launches_what_its_plan_names(entry, B, H, N, d, causal, kernel):
     q, k, v = (torch.zeros(B, H, N, d, dtype=torch.bfloat16) for _ in range(3))
     entry["log"].clear()
-    out = entry["attention"](q, k, v, causal, kernel=kernel)
+    out = entry["attention"](q, k, v, causal=causal, kernel=kernel)
     plan = plan_attention(B, H, N, d, causal, "bf16", 132, kernel=kernel)
     assert entry["attention_plan"](q, causal, kernel) == plan
     ((name, grid, block, smem, args),) = entry["log"]
@@ -82,7 +82,7 @@ def test_the_entry_point_launches_what_its_plan_names(entry, B, H, N, d, causal,
         assert grid == (-(-N // plan.block_m), B * H) and args[3] is out and args[4] == N
     # a second call with the same shape reuses the launch (no new plan) and writes into a given output
     given = torch.empty_like(q)
-    assert entry["attention"](q, k, v, causal, given, kernel=kernel) is given
+    assert entry["attention"](q, k, v, given, causal, kernel=kernel) is given
     assert entry["log"][-1][:4] == (name, grid, block, smem)
 
 
@@ -152,3 +152,12 @@ def test_the_grid_verdict_names_losses_to_steps_and_to_flash(bench, capsys):
         bench.print_grid_row(r)
     out = capsys.readouterr().out
     assert "fa3p" in out and "error: RuntimeError: boom" in out and "0.95x" in out  # b: fa2's 1000 over 1050
+
+
+def test_fewer_ctas_for_a_persistent_kernel(entry):
+    q = torch.zeros(1, 2, 1031, 64, dtype=torch.float16)
+    entry["log"].clear()
+    entry["attention"](q, q, q, causal=True, kernel="fa3p_bm64", ctas=7)
+    entry["attention"](q, q, q, causal=True, kernel="fa2", ctas=7)           # not persistent: the grid is the work
+    (_, grid, *_), (_, grid2, *_) = entry["log"]
+    assert grid == (7,) and grid2 == (9, 2)

@@ -34,22 +34,24 @@ def tutorial():
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_the_short_sequence_variant_matches_sdpa(tutorial, dtype, causal):
     attention = tutorial["attention"]
-    rows = A.run_checks("fa3p_bm64", lambda q, k, v, o, c: attention(q, k, v, c, o, kernel="fa3p_bm64"),
+    rows = A.run_checks("fa3p_bm64", lambda q, k, v, o, c: attention(q, k, v, o, c, kernel="fa3p_bm64"),
                         quick=False, dtypes=(dtype,), dims=(64,), masks=(causal,))
     assert len(rows) == len(A.CHECK_N)
     bad = [r for r in rows if not (r["passed"] and r["within_2x"])]
     assert not bad, bad
 
 
-def test_the_variant_launched_again_and_on_long_items(tutorial):
+@pytest.mark.parametrize("ctas", [None, 7], ids=["plan", "7-ctas"])
+def test_the_variant_launched_again_and_on_few_ctas(tutorial, ctas):
     """Three launches in a row on the same inputs (each must leave the work counter at 0 for the next), with items of
-    65 key tiles (N = 4097: the 3 K/V stages' barriers wrap 21 times within an item) and a causal N = 1031."""
+    65 key tiles (N = 4097: the 3 K/V stages' barriers wrap 21 times within an item) and a causal N = 1031; on the
+    plan's CTAs, and on 7 CTAs that each walk 10-19 items (every barrier's phase counted across items)."""
     attention = tutorial["attention"]
     F = torch.nn.functional
     for N, causal in ((4097, False), (1031, True)):
         q, k, v = (torch.randn(1, 2, N, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for _ in range(3):
-            out = attention(q, k, v, causal, kernel="fa3p_bm64")
+            out = attention(q, k, v, causal=causal, kernel="fa3p_bm64", ctas=ctas)
         ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
         own = (F.scaled_dot_product_attention(q, k, v, is_causal=causal).double() - ref).abs().max().item()
         err = (out.double() - ref).abs().max().item()
@@ -71,8 +73,8 @@ def test_the_entry_point_runs_the_kernel_its_plan_names(tutorial, dtype):
         q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=dtype) for _ in range(3))
         plan = plan_for(q, causal)
         picked.setdefault(plan.kernel, (B, H, N, d, causal))
-        got = attention(q, k, v, causal)
-        want = attention(q, k, v, causal, kernel=plan.kernel)
+        got = attention(q, k, v, causal=causal)
+        want = attention(q, k, v, causal=causal, kernel=plan.kernel)
         assert torch.equal(got, want), (plan, (got.float() - want.float()).abs().max().item())
         op = tutorial["kl_attention"](q, k, v, causal)
         assert torch.equal(op, want), plan
