@@ -130,9 +130,10 @@ def test_the_grid_covers_the_issue_and_its_quick_subset_is_a_part(bench):
     assert cost == sorted(cost)                                   # a time budget drops the longest calls
 
 
-def row(label, entry, steps, flash, choice="fa3p"):
+def row(label, entry, steps, flash, choice="fa3p", host_bound=False):
     ms = {"entry": entry, **steps, "FLASH": flash, "CUDNN": flash * 0.8}
-    return dict(B=1, H=16, N=512, d=64, causal=False, label=label, choice=choice,
+    return dict(B=1, H=16, N=512, d=64, causal=False, label=label, choice=choice, host_bound=host_bound,
+                predicted_gpu_us={s: 500.0 for s in steps},
                 ms={"kernellab.bench": ms, "do_bench": dict(ms, entry=entry * 1.5), "sustained": ms})
 
 
@@ -140,13 +141,18 @@ def test_the_grid_verdict_names_losses_to_steps_and_to_flash(bench, capsys):
     rows = [row("a", 1.00, {"fa2": 1.10, "fa3p": 1.00}, 1.2),     # the entry is its best step: fine
             row("b", 1.05, {"fa2": 1.00, "fa3p": 1.05}, 1.2),     # 5 % slower than fa2: a loss
             row("c", 1.01, {"fa2": 1.00, "fa3p": 1.01}, 0.9),     # 1 % (noise), and below FLASH
-            dict(B=1, H=16, N=1, d=64, causal=True, label="d", choice="fa2", error="RuntimeError: boom")]
+            dict(B=1, H=16, N=1, d=64, causal=True, label="d", choice="fa2", error="RuntimeError: boom"),
+            # predicted host-bound: judged by do_bench, where this entry is 1.5x its kernellab.bench time
+            row("h", 0.02, {"fa2": 0.02, "fa3p": 0.025}, 0.03, choice="fa2", host_bound=True)]
     lines, lost = bench.grid_verdict(rows, ["e"])
-    assert lost == 1
-    assert lines[0].endswith("1 shape(s): b (fa3p 1050.0 µs, fa2 1000.0 µs)"), lines[0]
-    assert "any margin: 2" in lines[1]
+    assert lost == 2
+    assert "b [kernellab.bench] (fa3p 1050.0 µs, fa2 1000.0 µs)" in lines[0], lines[0]
+    assert "h [do_bench] (fa2 30.0 µs, fa2 20.0 µs)" in lines[0], lines[0]
+    assert "any margin: 3" in lines[1]
     assert lines[2].startswith("entry point below 1.0x SDPA FLASH (kernellab.bench): 1 shape(s): c 0.89x"), lines[2]
-    assert "(do_bench): 3 shape(s)" in lines[3]                  # do_bench's entry is 1.5x slower in the stand-in
+    assert "(do_bench): 3 shape(s): a 0.80x; b 0.76x; c 0.59x" in lines[3]   # do_bench: the entry 1.5x slower; h ties
+    # a, b, c measured 1.00-1.10 ms where 0.5 ms was predicted; h is host-bound and left out of the fit
+    assert "fa2 2.00 (3), fa3p 2.02 (3)" in lines[5], lines[5]
     assert any("failed: 1" in x and "boom" in x for x in lines) and "left out past the time budget: 1" in lines[-1]
     for r in rows:
         bench.print_grid_row(r)
