@@ -29,6 +29,8 @@
 #   producer warp and two or three consumer warpgroups, as FlashAttention-3 describes;
 # - **step 3b**, the same kernel made persistent: one CTA per SM drawing work items from an atomic counter, the next
 #   item's loads hidden under the current one's epilogue, and the block height chosen per launch by a cost model;
+# - **one entry point**, `attention` (the `kl::attention` op), that picks the kernel and its tiles per call from a
+#   model of waves, tiles per item, fixed costs and host time, with a variant for short sequences (two CTAs an SM);
 # - how each step is checked (awkward `N`, both dtypes, head dims 64 and 128, causal or not, against a float64
 #   reference) and timed against every SDPA backend, and what limits each one.
 #
