@@ -428,7 +428,7 @@ def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16) -> tuple[l
                    predicted_us={e.kernel: e.predicted_us for e in plan.alternatives},
                    predicted_gpu_us={e.kernel: e.gpu_us for e in plan.alternatives},
                    host_bound=plan.estimate.host_us >= max(plan.estimate.gpu_us, plan.estimate.memory_us),
-                   dropped=dropped)
+                   sms=torch.cuda.get_device_properties(0).multi_processor_count, dropped=dropped)
         if "entry" not in fns:
             row["error"] = "; ".join(dropped)
         else:
@@ -470,6 +470,30 @@ def print_grid_row(r: dict, flush: bool = False) -> None:
           f"{cudnn:>8s} | {vs_best:>12s} | " + ", ".join(f"{s} {v * 1e3:.1f}" for s, v in steps.items()), flush=flush)
 
 
+def refit_lines(rows: list[dict], least: int = 3) -> list[str]:
+    """kernellab.teach.attention_plan.refit of every kernel timed on at least `least` shapes the plan did not
+    predict host-bound (kernellab.bench times): the constants to put in its CANDIDATES."""
+    from kernellab.teach.attention_plan import CANDIDATES, refit
+
+    samples: dict = {}
+    for r in rows:
+        if "ms" in r and not r.get("host_bound"):
+            for s, v in r["ms"]["kernellab.bench"].items():
+                if s not in ("entry", "FLASH", "CUDNN"):
+                    samples.setdefault((s, r["d"], r.get("sms", 132)), []).append(
+                        (r["B"], r["H"], r["N"], r["causal"], v * 1e3))
+    lines = []
+    for (name, d, sms), got in sorted(samples.items()):
+        model = next((m for m in CANDIDATES if m.name == name and m.d == d), None)
+        if model is None or len(got) < least:
+            continue
+        fitted, rms = refit(model, got, sms)
+        lines.append(f"refit {name} d={d}: tflops {fitted.tflops:.0f} (model {model.tflops:.0f}), fixed cost "
+                     f"{fitted.item_fixed_tiles:.2f} tiles (model {model.item_fixed_tiles:.2f}), RMS error "
+                     f"{rms:.0%} over {len(got)} shapes")
+    return lines
+
+
 def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03) -> tuple[list[str], int]:
     """(the final lines, the number of shapes where the entry point lost to a step by more than `tolerance`).
 
@@ -509,6 +533,7 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03) 
     if fit:
         lines.append("measured / predicted GPU time, median over the shapes (1.00: the model's constants hold): "
                      + ", ".join(f"{s} {statistics.median(v):.2f} ({len(v)})" for s, v in sorted(fit.items())))
+        lines += refit_lines(rows)
     errors = [r["label"] + ": " + r["error"] for r in rows if "error" in r]
     if errors:
         lines.append(f"shapes that failed: {len(errors)}: " + "; ".join(errors))

@@ -153,6 +153,7 @@ def test_the_grid_verdict_names_losses_to_steps_and_to_flash(bench, capsys):
     assert "(do_bench): 3 shape(s): a 0.80x; b 0.76x; c 0.59x" in lines[3]   # do_bench: the entry 1.5x slower; h ties
     # a, b, c measured 1.00-1.10 ms where 0.5 ms was predicted; h is host-bound and left out of the fit
     assert "fa2 2.00 (3), fa3p 2.02 (3)" in lines[5], lines[5]
+    assert lines[6].startswith("refit fa2 d=64: tflops ") and "over 3 shapes" in lines[6], lines[6]
     assert any("failed: 1" in x and "boom" in x for x in lines) and "left out past the time budget: 1" in lines[-1]
     for r in rows:
         bench.print_grid_row(r)

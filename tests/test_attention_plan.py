@@ -146,3 +146,19 @@ def test_a_named_kernel_is_planned_alone():
     assert forced.estimate == next(e for e in plan_attention(16, 32, 1024, 64, True).alternatives if e.kernel == "fa2")
     with pytest.raises(ValueError, match="fa3p_bm64.*head dim 128"):
         plan_attention(1, 1, 128, 128, False, kernel="fa3p_bm64")       # the variant exists at d = 64 only
+
+
+def test_refit_recovers_the_constants_of_a_known_kernel():
+    """Times made by a kernel with tflops 300 and 2.5 tiles of fixed cost are refitted to those constants."""
+    truth = dataclasses.replace(model("fa3p_bm64", 64), tflops=300.0, item_fixed_tiles=2.5)
+    shapes = [(B, 16, N, c) for B in (1, 4, 16) for N in (256, 512, 1024, 4096) for c in (False, True)]
+    samples = [(*s, ap.estimate(truth, *s).gpu_us) for s in shapes]
+    fitted, rms = ap.refit(model("fa3p_bm64", 64), samples)
+    assert fitted.item_fixed_tiles == pytest.approx(2.5) and fitted.tflops == pytest.approx(300.0, rel=1e-6)
+    assert rms < 1e-9 and fitted.measured
+    noisy = [(*s[:4], s[4] * (1.05 if i % 2 else 0.95)) for i, s in enumerate(samples)]      # +-5 % timing noise
+    fitted, rms = ap.refit(model("fa3p_bm64", 64), noisy)
+    assert fitted.tflops == pytest.approx(300.0, rel=0.05) and abs(fitted.item_fixed_tiles - 2.5) <= 0.5
+    assert 0.03 < rms < 0.08
+    with pytest.raises(ValueError, match="no measurements"):
+        ap.refit(model("fa2", 64), [])

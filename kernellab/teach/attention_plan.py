@@ -38,13 +38,13 @@ N = 1024 and N = 16384 (or 4096) on the FlashAttention-3 shapes, after removing 
 block: e.g. step 3b at d = 64 (192 rows) computes 449.6 and 523.5 TFLOP/s there, which `tflops * T / (T + f)` with
 T = 8 and 128 tiles fits with tflops = 529, f = 1.4. The entry marked `measured=False` is a prediction (the
 short-sequence variant, which no GPU has run yet; step 2's fixed cost is a guess too): `benchmarks/attention.py
---grid` prints every shape's measured times beside the plan, which is what refits them.
+--grid` prints every shape's measured times beside the plan and `refit`s each kernel's two constants to them.
 """
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 H100_SMS = 132
@@ -243,3 +243,25 @@ def plan_attention(B: int, H: int, N: int, d: int, causal: bool, dtype: str = "b
 def model_for(plan: Plan, d: int, candidates: tuple[KernelModel, ...] = CANDIDATES) -> KernelModel:
     """The KernelModel a plan for head dim `d` chose."""
     return next(m for m in candidates if m.d == d and m.name == plan.kernel)
+
+
+def refit(model: KernelModel, samples: list[tuple[int, int, int, bool, float]], sms: int = H100_SMS,
+          fixed_tiles: tuple[float, ...] = tuple(i / 20 for i in range(161))) -> tuple[KernelModel, float]:
+    """(the model with `tflops` and `item_fixed_tiles` fitted to measurements, the fit's RMS relative error).
+
+    samples: (B, H, N, causal, measured GPU µs) of this kernel at its head dim, timed with the host hidden
+    (kernellab.bench), shapes where the GPU is the limit. For each fixed cost on the `fixed_tiles` grid the GPU time
+    scales as 1 / tflops, so tflops is the geometric mean of predicted over measured at tflops = 1; the fixed cost
+    kept is the one with the least squared log error."""
+    if not samples:
+        raise ValueError(f"no measurements to refit {model.name} (d = {model.d}) with")
+    best = None
+    for f in fixed_tiles:
+        unit = replace(model, tflops=1.0, item_fixed_tiles=f)
+        logs = [math.log(estimate(unit, B, H, N, causal, 2, sms).gpu_us / us) for B, H, N, causal, us in samples]
+        log_tflops = sum(logs) / len(logs)
+        err = sum((x - log_tflops) ** 2 for x in logs) / len(logs)
+        if best is None or err < best[0]:
+            best = (err, f, math.exp(log_tflops))
+    err, f, tflops = best
+    return replace(model, tflops=tflops, item_fixed_tiles=f, measured=True), math.sqrt(err)
