@@ -559,7 +559,7 @@ def main(argv=None):
                     "and SDPA FLASH/CUDNN on N = 128..16k, d 64/128, causal or not, B*H 16..512, timed as called "
                     "(--quick: a subset that fits 300 s)")
     ap.add_argument("--budget-s", type=float, default=None, help="--grid: start no new shape after this many seconds "
-                    "(default: 240 with --quick, none without)")
+                    "(default: 220 with --quick, none without)")
     args = ap.parse_args(argv)
     out = pathlib.Path(os.environ.get("OUT", "."))
     if args.grid:
@@ -624,7 +624,7 @@ def main_grid(args, out: pathlib.Path) -> int:
     log = open(out / "attention_grid.log", "w")
     dev = torch.cuda.get_device_name()
     t0 = time.time()
-    budget = args.budget_s if args.budget_s is not None else (240.0 if args.quick else float("inf"))
+    budget = args.budget_s if args.budget_s is not None else (220.0 if args.quick else float("inf"))
     shapes = grid_shapes(args.quick)
     print(f"{len(shapes)} shapes, bf16; every time in µs as called (benchmarks/as_called.py); ratios > 1: ours faster",
           flush=True)

@@ -2111,7 +2111,8 @@ for B, H, N in ((16, 16, 256), (16, 16, 512), (32, 16, 512), (1, 16, 512)):
         chosen = attention_plan(q, causal).kernel
         steps = {name: (lambda name: lambda q, k, v, o: attention(q, k, v, o, causal, kernel=name))(name)
                  for name in ("fa2", "fa3", "fa3p", "fa3p_bm128", "fa3p_bm64")}
-        r = kernellab.bench(lambda q, k, v, o: attention(q, k, v, o, causal), attention_inputs(B, H, N, 64),
+        r = kernellab.bench(lambda q, k, v, o: attention(q, k, v, o, causal),
+                            attention_inputs(B, H, N, 64, torch.bfloat16),
                             baselines={**steps, "SDPA flash": lambda q, k, v, o: sdpa(SDPBackend.FLASH_ATTENTION)(
                                 q, k, v, o, causal)}, flops=attention_flops(causal), name="entry point")
         short[B, H, N, causal] = r
