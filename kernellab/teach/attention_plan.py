@@ -1,6 +1,6 @@
 """Which of tutorial 07's attention kernels, with which tiles, runs one call: the selection model of `kl::attention`.
 
-The entry point (07's op cell, `attention(q, k, v, causal)`) asks `plan_attention(B, H, N, d, causal, dtype, sms)`
+The entry point (07's launcher cell, `attention(q, k, v, out=None, causal=False)`) asks `plan_attention(B, H, N, d, causal, dtype, sms)`
 for a `Plan` and launches what it names. Pure Python: no GPU, no torch; the same function is unit-tested on the CPU
 (tests/test_attention_plan.py) with the H100's 132 SMs.
 
@@ -21,7 +21,7 @@ of `block_n` keys (all of them, or with the causal mask those up to the diagonal
   causal items out first). The makespan is simulated exactly up to 8 items a slot; beyond, it is the mean load plus
   one item (persistent: the lightest, as the counter evens the loads out; one CTA per item: half the heaviest); equal
   items (no mask) take `ceil(items / slots)` whole waves;
-- **memory floor**: Q, K, V read once and O written once at `dram_bytes_per_s` (K/V re-reads hit L2);
+- **memory floor**: Q, K, V read once and O written once at DRAM_BYTES_PER_S (K/V re-reads hit L2);
 - **host time**: a call cannot finish faster than the host can issue it (`host_us`: the op's Python path with its
   launch; the Hopper kernels pay for their three tensor maps, cached by address, and more arguments). A model calling
   back to back runs at `max(GPU time, host time)` a call.
@@ -29,8 +29,9 @@ of `block_n` keys (all of them, or with the causal mask those up to the diagonal
 The predicted time of a candidate is `max(makespan, memory floor, host time)`; the plan is the candidate with the
 least, ties going to the earlier candidate in `CANDIDATES` order; a candidate whose constants no GPU has measured yet
 (`measured=False`) competes with its prediction times UNMEASURED_MARGIN, so it replaces a measured kernel only where
-the model predicts a clear win. `Plan.alternatives` keeps every candidate's
-prediction, so a benchmark can print the model beside the measurement and refit the constants below.
+the model predicts a clear win. `Plan.alternatives` keeps every candidate's prediction, so a benchmark can print the
+model beside the measurement and refit the constants below (judging a host-bound plan by a timing that shows host time,
+triton's do_bench, and the others by one that hides it, kernellab.bench).
 
 The constants are fitted to measurements on an NVIDIA H100 80GB HBM3 (bf16, docs/RESULTS.md and
 benchmarks/NOTES-attention.md, 2026-11-23): a kernel's `tflops` and `item_fixed_tiles` come from its TFLOP/s at
