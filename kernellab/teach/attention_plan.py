@@ -1,8 +1,8 @@
 """Which of tutorial 07's attention kernels, with which tiles, runs one call: the selection model of `kl::attention`.
 
 The entry point (07's launcher cell, `attention(q, k, v, out=None, causal=False)`) asks
-`plan_attention(B, H, N, d, causal, dtype, sms)` for a `Plan` and launches what it names. Pure Python: no GPU, no torch; the same function is unit-tested on the CPU
-(tests/test_attention_plan.py) with the H100's 132 SMs.
+`plan_attention(B, H, N, d, causal, dtype, sms)` for a `Plan` and launches what it names. Pure Python: no GPU, no
+torch; the same function is unit-tested on the CPU (tests/test_attention_plan.py) with the H100's 132 SMs.
 
 The model. A kernel splits each (batch, head) into *work items* of `block_m` query rows; an item walks its key tiles
 of `block_n` keys (all of them, or with the causal mask those up to the diagonal: item j of a head has
