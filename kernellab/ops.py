@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import ArgumentError, KernellabError
-from .run.launch.launch import deferred_sync
+from .run.launch.launch import DEFER_SYNC
 
 RESERVED_NAMESPACES = ("aten", "prim", "prims", "torch", "_")
 CHECKED_CALLS = 8          # outputs="first": the launcher's outputs are checked against the spec on this many calls
@@ -98,8 +98,8 @@ class Op:
             self._lib.impl(self.name, self._impl, _DEVICE_KEYS[dev])
         if returns:
             torch.library.register_fake(qualname, self._fake, lib=self._lib)
-        self._register_autograd()
         self.overload = getattr(getattr(torch.ops, self.namespace), self.name).default
+        self._register_autograd()
 
     def _set(self, launcher, outputs, backward, setup_context, check_outputs) -> None:
         self.launcher, self.outputs, self.backward, self.setup_context = launcher, outputs, backward, setup_context
@@ -109,16 +109,42 @@ class Op:
         self.__wrapped__ = launcher
 
     def _register_autograd(self) -> None:
-        if self.backward is not None and not self._autograd_registered:
+        """The op's Autograd kernel: torch.library.register_autograd's, behind a faster door for calls that need no
+        graph (no input requires grad, or grad mode off: inference, a model under torch.no_grad, torch.compile's
+        inference graphs). Those redispatch below autograd at once, as torch's kernel does for them, without its
+        per-call Python (a Metadata object, the out= tag test, OpOverload.redispatch): the same kernels run."""
+        if self.backward is None or self._autograd_registered:
+            return
+        schema, utils = self.overload._schema, torch._library.utils
+        if (not utils.is_functional_schema(schema) or utils.is_out(self.overload)
+                or utils.has_kwarg_only_tensors(schema)):        # torch's own refusal, in its words
             torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup_context,
                                             lib=self._lib)
             self._autograd_registered = True
+            return
+        info = torch._library.autograd.Info(self._backward, self._setup_context)
+        self._torch_autograd = torch._library.autograd.make_autograd_impl(self.overload, info)
+        redispatch, after = self.overload._handle.redispatch_boxed, torch._C._after_autograd_keyset
+        grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
+        below = torch._C._AutoDispatchBelowAutograd
+
+        def autograd(keyset, *args, **kwargs):
+            if kwargs or (grad_enabled() and any_requires_grad(*args)):
+                return self._torch_autograd(keyset, *args, **kwargs)
+            with below():
+                return redispatch(keyset & after, *args)
+        self._lib.impl(self.name, autograd, "Autograd", with_keyset=True)
+        self._autograd_registered = True
 
     # -- the implementations torch.library calls --------------------------------------------------------------------
-    def _impl(self, *args):
-        """The op on real tensors: the launcher, its launches not waiting; its first outputs checked."""
-        with deferred_sync():
+    def _impl(self, *args, _set=DEFER_SYNC.set, _reset=DEFER_SYNC.reset):
+        """The op on real tensors: the launcher, its launches not waiting (deferred_sync's context variable, set
+        here without a context manager: this is on every call's path); its first outputs checked."""
+        token = _set(True)
+        try:
             result = self.launcher(*args)
+        finally:
+            _reset(token)
         if self._checks_left:
             self._checks_left -= 1
             self._check(args, result)
