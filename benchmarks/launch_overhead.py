@@ -464,7 +464,7 @@ def cpu_cases(calls: int, rounds: int) -> list[tuple[str, list[float], str]]:
     s = cpu_op_setup()
     x, y, launch, axpb = s.x, s.y, s.launch, s.axpb
     overload, impl, launcher = axpb.overload, axpb._impl, axpb.launcher
-    cfg = launch._config
+    cfg, fast, args = launch._config, launch._fast, (x, y, 2.0, 1.0, N)
     xg = x.clone().requires_grad_(True)
 
     def launcher_deferred():
@@ -494,6 +494,8 @@ def cpu_cases(calls: int, rounds: int) -> list[tuple[str, list[float], str]]:
         ("    torch.empty_like(x) (the output)", lambda: torch.empty_like(x)),
         ("    launch as in an op: sync=None, deferred (generated launch + record)",
          inside_deferred(lambda: launch(x, y, 2.0, 1.0, N))),
+        ("      the generated launch alone (without _Launcher.__call__)",
+         inside_deferred(lambda: fast(args, None, None))),
         ("    bare launch, sync=False", lambda: launch(x, y, 2.0, 1.0, N, sync=False)),
         ("    record_async alone (the no-wait launch's record)", lambda: L.record_async("axpb", cfg)),
         ("    deferred_sync() enter + exit alone", enter_exit),

@@ -7,8 +7,10 @@ torch.library, so that eager mode, torch.compile(fullgraph=True), torch.export, 
         k[x.shape[0], 256](x, y, x.shape[1])      # does not wait for the kernel: see below
         return y
 
-The op is defined with the direct `torch.library.Library` define/impl form (about 10 µs of host time a call, where
-`torch.library.custom_op` costs about 36 µs). Its fake (meta) implementation, which torch.compile and torch.export
+The op is defined with the direct `torch.library.Library` define/impl form: its whole host path costs about half
+what `torch.library.custom_op`'s does around the same launcher (`benchmarks/launch_overhead.py --cpu` times it stage
+by stage; `--ops` on a GPU). With a backward, calls that need no graph (inference, torch.no_grad) skip torch's Python
+autograd kernel (see Op._register_autograd). Its fake (meta) implementation, which torch.compile and torch.export
 trace, is made from `outputs=`: a function of the op's arguments (fake tensors while tracing) giving, per output, a
 tensor the output is shaped like or `kernellab.out(like, shape=, dtype=)`. The first calls check the launcher's real
 outputs against it. With `backward=` the op is differentiable (torch.library.register_autograd).

@@ -400,9 +400,9 @@ def test_the_cpu_breakdown_of_an_ops_host_path_runs_without_a_gpu(monkeypatch, c
         monkeypatch.setattr(L, name, getattr(L, name))
     cases = bench.cpu_cases(3000, 3)
     cpu = {name.strip(): statistics.median(c) for name, _, c in cases}
-    assert len(cpu) == 16 and all(v > 0 for v in cpu.values())
+    assert len(cpu) == 17 and all(v > 0 for v in cpu.values())
     op = cpu["kernellab.op, one kernel: axpb(x)"]
     assert op > cpu["Library op, Python kernel returning None (dispatcher floor)"]
     assert op > cpu["bare launch, sync=False"]
     text = bench.cpu_table(cases, "t")
-    assert text.count("\n| ") == 17 and "| kernellab.op, one kernel: axpb(x) |" in text
+    assert text.count("\n| ") == 18 and "| kernellab.op, one kernel: axpb(x) |" in text
