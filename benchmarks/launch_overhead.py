@@ -27,8 +27,8 @@ tutorial 07's attention as an op beside an SDPA call of the same small shape (ta
 call of a replayed CUDA graph of captured op calls against one of bare kernel launches (target: the same).
 
 Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/launch_overhead.py [--launches 2000]
-[--rounds 15] [--out table.md] [--breakdown | --ops | --cpu [--profile] | --python-only]. Takes about 10 s (--ops: about a minute, compiling tutorial
-07's kernels).
+[--rounds 15] [--out table.md] [--breakdown | --ops | --cpu [--profile] | --python-only]. Takes about 10 s
+(--ops: about a minute, compiling tutorial 07's kernels; --cpu: about a minute on a shared 2-core machine).
 """
 import argparse
 import statistics
