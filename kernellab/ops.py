@@ -102,6 +102,7 @@ class Op:
             torch.library.register_fake(qualname, self._fake, lib=self._lib)
         self.overload = getattr(getattr(torch.ops, self.namespace), self.name).default
         self._register_autograd()
+        self._call = self._make_call()
 
     def _set(self, launcher, outputs, backward, setup_context, check_outputs) -> None:
         self.launcher, self.outputs, self.backward, self.setup_context = launcher, outputs, backward, setup_context
@@ -229,7 +230,27 @@ class Op:
 
     # -- the user's side ------------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        return self.overload(*args, **kwargs)
+        if kwargs:
+            return self.overload(*args, **kwargs)
+        return self._call(*args)
+
+    def _make_call(self):
+        """The op's call: through the dispatcher (the OpOverload), or, in the common eager case, straight to the
+        implementation the dispatcher would pick (see _eager_source); None where the schema has no such case."""
+        source = _eager_source(self.overload._schema, self.device_types, self.returns)
+        if source is None or not EAGER_FAST_CALLS:
+            return self.overload
+        C = torch._C
+        ns = {"OVERLOAD": self.overload, "IMPL": self._impl, "Tensor": torch.Tensor,
+              "IS_COMPILING": torch.compiler.is_compiling, "TF_MODE": C._is_torch_function_mode_enabled,
+              "DISPATCH_MODES": C._len_torch_dispatch_stack, "TRACING": C._get_tracing_state,
+              "FUNCTORCH": C._functorch.peek_interpreter_stack, "PROFILING": C._autograd._profiler_enabled,
+              "GRAD": C.is_grad_enabled,
+              "FORWARD_AD": torch.autograd.forward_ad}
+        exec(compile(source, f"<kernellab op call {self.qualname}>", "exec"), ns)
+        call = ns["call"]
+        call.source = source
+        return call
 
     def opcheck(self, *args, test_utils=None, **kwargs):
         """torch.library.opcheck on these arguments: the schema (mutation, aliasing), the fake implementation against
@@ -240,6 +261,61 @@ class Op:
     def __repr__(self) -> str:
         grad = ", with backward" if self.backward is not None else ""
         return f"<kernellab.Op {self.qualname}{self.schema} on {', '.join(self.device_types)}{grad}>"
+
+
+# An op's call in eager mode skips the dispatcher where the dispatcher would only hand the arguments to the op's
+# implementation (Op._impl) unchanged: plain torch.Tensor arguments on the op's devices, scalars of the schema's
+# Python types, all arguments given by position, no graph to record (grad off or no input requires it), and nothing
+# that watches or transforms ops: torch.compile/export (torch.compiler.is_compiling, which TorchDynamo reads as True,
+# so a traced call takes the dispatcher), __torch_function__ modes (torch.device(...) is one) and subclasses,
+# __torch_dispatch__ modes (FakeTensorMode, FlopCounterMode, make_fx), torch.jit.trace, functorch transforms (vmap,
+# grad), forward-mode AD (dual_level), the autograd profiler. Ops that write an argument in place always take the dispatcher (it bumps the
+# argument's version counter). Everything else (any other case, opcheck, torch.ops.<ns>.<name>) goes through the
+# dispatcher as before. The saving is the dispatcher's round trip, about 1 µs of CPU time a call
+# (benchmarks/launch_overhead.py --cpu); EAGER_FAST_CALLS = False before registering turns it off.
+EAGER_FAST_CALLS = True
+_EAGER_SCALARS = {"float": "float", "int": "int", "bool": "bool"}
+
+
+def _eager_source(schema, device_types: tuple[str, ...], returns: int) -> str | None:
+    """The source of an op's eager call (see EAGER_FAST_CALLS): call(*args) -> the op's result, or None
+    where this schema has no fast case (an argument written in place, a type other than Tensor, Tensor?, float, int,
+    bool, a keyword-only argument)."""
+    args = list(schema.arguments)
+    if any(a.alias_info is not None or a.kwarg_only for a in args):
+        return None
+    device = " or ".join(f"not a{{i}}.is_{d}" for d in device_types) if len(device_types) == 1 else \
+        "(" + " and ".join(f"not a{{i}}.is_{d}" for d in device_types) + ")"
+    checks, grads = [], []
+    for i, a in enumerate(args):
+        kind = str(a.type)
+        if kind == "Tensor":
+            checks.append(f"type(a{i}) is not Tensor or {device.format(i=i)}")
+            grads.append(f"a{i}.requires_grad")
+        elif kind == "Optional[Tensor]":
+            checks.append(f"(a{i} is not None and (type(a{i}) is not Tensor or {device.format(i=i)}))")
+            grads.append(f"(a{i} is not None and a{i}.requires_grad)")
+        elif kind in _EAGER_SCALARS:
+            checks.append(f"type(a{i}) is not {_EAGER_SCALARS[kind]}")
+        else:
+            return None
+    names = "".join(f"a{i}, " for i in range(len(args)))
+    result = {0: "    IMPL(*args)\n    return None", 1: "    return IMPL(*args)"}.get(
+        returns, "    return tuple(IMPL(*args))")
+    lines = ["def call(*args):",
+             "    if (IS_COMPILING() or TF_MODE() or DISPATCH_MODES() or TRACING() is not None",
+             "            or FUNCTORCH() is not None or PROFILING() or FORWARD_AD._current_level >= 0):",
+             "        return OVERLOAD(*args)",
+             "    try:",
+             f"        {names or '()'} = args" if args else "        if args: raise ValueError",
+             "    except ValueError:",
+             "        return OVERLOAD(*args)"]
+    if checks:
+        lines += ["    if (" + "\n            or ".join(checks) + "):", "        return OVERLOAD(*args)"]
+    if grads:
+        lines += [f"    if GRAD() and ({' or '.join(grads)}):", "        return OVERLOAD(*args)"]
+    lines.append(result)
+    return "\n".join(lines) + "\n"
 
 
 _OPS: dict[str, Op] = {}

@@ -237,6 +237,75 @@ def test_an_op_with_backward_called_without_grad_skips_torchs_autograd_kernel():
     torch.testing.assert_close(x.grad, 2 * w.expand(3, 4))
 
 
+def test_an_eager_call_skips_the_dispatcher_only_where_the_dispatcher_would_change_nothing():
+    """kernellab.ops.EAGER_FAST_CALLS: a plain eager call goes straight to the implementation; every case where the
+    dispatcher does more (a mode, a subclass, a graph to record, the profiler, a device the op lacks, a scalar to
+    convert, keyword arguments, forward AD) goes through it, with the same result."""
+    seen = []
+
+    @kernellab.op(fresh("scaled"), "(Tensor x, float a) -> Tensor", outputs=lambda x, a: x, device_types="cpu")
+    def scaled(x, a):
+        seen.append(type(a))
+        return x * a
+
+    ns = scaled._call.__globals__
+    through, overload = [], ns["OVERLOAD"]
+
+    def counted(*args, **kwargs):
+        through.append(1)
+        return overload(*args, **kwargs)
+    ns["OVERLOAD"] = counted
+    x = torch.randn(5)
+
+    def call(*args, **kwargs):
+        through.clear()
+        out = scaled(*args, **kwargs)
+        torch.testing.assert_close(out, x.detach() * 2.0)
+        return bool(through)
+
+    assert not call(x, 2.0) and seen[-1] is float                  # the fast call: the dispatcher is not asked
+    assert call(x, 2) and seen[-1] is float                        # an int for a float: the dispatcher converts it
+    torch.testing.assert_close(scaled(x, a=2.0), x * 2.0)          # keywords: Op.__call__ hands them to the overload
+    assert call(x.requires_grad_(), 2.0)                           # a graph to record (PyTorch warns at backward)
+    with torch.no_grad():
+        assert not call(x, 2.0)
+    x.requires_grad_(False)
+    assert call(torch.nn.Parameter(x, requires_grad=False), 2.0)   # a subclass
+
+    class Recording(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(func)
+            return func(*args, **(kwargs or {}))
+    ops = []
+    with Recording():
+        assert call(x, 2.0)
+    assert scaled.overload in ops                                  # the mode saw the op
+    with torch.device("cpu"):                                      # a __torch_function__ mode
+        assert call(x, 2.0)
+    with torch.profiler.profile() as prof:
+        assert call(x, 2.0)
+    assert any(scaled.qualname in e.name for e in prof.events())   # the profiler still shows the op
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        assert call(x, 2.0)
+    through.clear()
+    assert scaled(torch.randn(2, device="meta"), 2.0).is_meta and through      # meta: the fake, as before
+
+    @kernellab.op(fresh("on_gpu"), "(Tensor x) -> Tensor", outputs=lambda x: x)
+    def on_gpu(x):
+        return x.clone()
+    with pytest.raises(NotImplementedError, match="CPU"):              # a device the op lacks: torch's own error
+        on_gpu(x)
+
+    @kernellab.op(fresh("fill"), "(Tensor(a!) y, float v) -> ()", device_types="cpu")
+    def fill(y, v):
+        y.fill_(v)
+    assert fill._call is fill.overload                             # in place: always the dispatcher (version counter)
+    y = torch.zeros(3)
+    fill(y, 1.5)
+    assert y._version == 1 and torch.equal(y, torch.full((3,), 1.5))
+
+
 # --- autograd through a kernel kernellab launches (the simulator, on the CPU) -----------------------------------
 
 def _scale(x, out, a, n):
