@@ -15,14 +15,20 @@ stand-in driver (libc's abs() behind libcuda's ctypes argtypes, so ctypes' conve
 posing as the device's, to see where host time goes. `--breakdown` (GPU) times the launcher, the generated launch
 (LaunchPath.fast: CuPy's Cython launchKernel, and ctypes), the general path (LaunchPath.run) and each piece alone.
 
+`--cpu` needs no GPU: the host path of the one-kernel registered op of `--ops`, stage by stage (dispatcher, the op's
+own work, the allocation, the generated launch, the record of a launch that did not wait) with the stand-in driver
+(the launch a C call, as CuPy's launchKernel is), over 100k calls a case (time.perf_counter_ns); `--profile` adds
+cProfile's view. Beside it: torch.library.custom_op with the same launcher, a kernellab.op with a backward, and plain
+torch.library.Library ops whose Python kernels do nothing or allocate (the dispatcher's own floor).
+
 `--ops` (GPU, issue 30) times registered ops (kernellab.op) as a model calls them: host µs per call of a one-kernel
 op (target <= 15 µs) beside the bare launch, torch.library.custom_op around the same launcher and one aten op;
 tutorial 07's attention as an op beside an SDPA call of the same small shape (target <= 1.25x); and the GPU time per
 call of a replayed CUDA graph of captured op calls against one of bare kernel launches (target: the same).
 
 Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/launch_overhead.py [--launches 2000]
-[--rounds 15] [--out table.md] [--breakdown | --ops]. Takes about 10 s (--ops: about a minute, compiling tutorial
-07's kernels).
+[--rounds 15] [--out table.md] [--breakdown | --ops | --cpu [--profile] | --python-only]. Takes about 10 s
+(--ops: about a minute, compiling tutorial 07's kernels; --cpu: about a minute on a shared 2-core machine).
 """
 import argparse
 import statistics
@@ -261,45 +267,61 @@ def standin_lib():
     return lib
 
 
-def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
-    """kernellab's host path with a stand-in driver (no GPU): CPU tensors pose as device index -1's, and the
-    Driver's calls go to libc's abs() through ctypes (standin_lib), so the ctypes conversions are timed."""
-    import torch
+class _StandinDrivers:
+    """Drivers over the stand-in library (standin_lib): `ctypes` calls it as kernellab's Driver does; `run` has no
+    raw calls (every launch through LaunchPath.run and Driver.launch); `call` has a C builtin (min of the 11 ints: 0)
+    in place of the ctypes cuLaunchKernel, about what CuPy's Cython launchKernel costs on top of the driver (the
+    GPU's generated launch calls that where CuPy imports)."""
 
+    def __init__(self, lib):
+        from kernellab.run.launch.cudriver import Driver
+
+        class RunDriver(Driver):
+            def __init__(self, lib):
+                super().__init__(lib)
+                self.launch_kernel = None
+
+        class CallDriver(Driver):
+            def __init__(self, lib):
+                super().__init__(lib)
+                self.launch_kernel = min
+
+        self.ctypes, self.run, self.call = (lambda: Driver(lib)), (lambda: RunDriver(lib)), (lambda: CallDriver(lib))
+
+
+def standin_kernel():
+    """(axpb compiled for sm_90, with_driver(driver): give it a launch path on the stand-in device, lib): a kernel
+    launched on no GPU. CPU tensors pose as device index -1's, torch's current stream is 0 (through a C callable,
+    as torch._C._cuda_getCurrentRawStream), and the driver's calls go to libc's abs() through ctypes (standin_lib).
+    Patches kernellab's torch stream lookups for the rest of the process."""
     from kernellab.run.launch import launch as L
-    from kernellab.run.launch.cudriver import Driver
     from kernellab.run.launch.device import DeviceInfo
-
-    class RunDriver(Driver):
-        """The same stand-in without the raw calls: every launch through LaunchPath.run and Driver.launch (the path
-        before the generated launch, and today's for what the generated one hands back)."""
-
-        def __init__(self, lib):
-            super().__init__(lib)
-            self.launch_kernel = None
-
-    class CallDriver(Driver):
-        """The same stand-in, with a C builtin (min of the 11 ints: 0) in place of the ctypes cuLaunchKernel: about
-        what CuPy's Cython launchKernel costs on top of the driver."""
-
-        def __init__(self, lib):
-            super().__init__(lib)
-            self.launch_kernel = min
 
     k = kernellab.compile_cuda(SRC, arch="sm_90").axpb
     dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132)
     lib = standin_lib()
     L.torch_stream_handle = lambda index: 0
     L.torch_stream_function = lambda: (0).__mul__           # a C callable, as torch._C._cuda_getCurrentRawStream
-    x, y = torch.randn(N), torch.empty(N)
-    args = (x, y, 2.0, 1.0, N)
 
     def with_driver(driver):
         k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
                                max_threads_per_block=k.resources.max_threads_per_block,
                                static_shared_bytes=k.resources.shared_bytes, driver=driver)
         k._launchers.clear()
+    return k, with_driver, lib
 
+
+def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
+    """kernellab's host path with a stand-in driver (no GPU): CPU tensors pose as device index -1's, and the
+    Driver's calls go to libc's abs() through ctypes (standin_lib), so the ctypes conversions are timed."""
+    import torch
+
+    from kernellab.run.launch import launch as L
+
+    k, with_driver, lib = standin_kernel()
+    drivers = _StandinDrivers(lib)
+    x, y = torch.randn(N), torch.empty(N)
+    args = (x, y, 2.0, 1.0, N)
     kl_async, kl_sync = launcher_loops(k, x, y)
 
     def run_only(m):
@@ -330,20 +352,184 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
     none = lambda: None  # noqa: E731
     base = "generated launch, sync=False (ctypes stand-in)"
     cases = [
-        (base, timed(Driver(lib), kl_async), base),
-        ("generated launch, default sync (ctypes stand-in)", timed(Driver(lib), kl_sync), base),
-        ("generated launch, sync=False (C-call stand-in, as CuPy's launchKernel)", timed(CallDriver(lib), kl_async),
+        (base, timed(drivers.ctypes(), kl_async), base),
+        ("generated launch, default sync (ctypes stand-in)", timed(drivers.ctypes(), kl_sync), base),
+        ("generated launch, sync=False (C-call stand-in, as CuPy's launchKernel)", timed(drivers.call(), kl_async),
          base),
-        ("launcher -> LaunchPath.run -> Driver.launch, sync=False (ctypes stand-in)", timed(RunDriver(lib), kl_async),
+        ("launcher -> LaunchPath.run -> Driver.launch, sync=False (ctypes stand-in)", timed(drivers.run(), kl_async),
          base),
-        ("launcher -> LaunchPath.run -> Driver.launch, default sync (ctypes stand-in)", timed(RunDriver(lib), kl_sync),
+        ("launcher -> LaunchPath.run -> Driver.launch, default sync (ctypes stand-in)", timed(drivers.run(), kl_sync),
          base),
-        ("LaunchPath.run alone, sync=False (ctypes stand-in)", timed(RunDriver(lib), run_only), base),
+        ("LaunchPath.run alone, sync=False (ctypes stand-in)", timed(drivers.run(), run_only), base),
         ("stand-in cuLaunchKernel alone (ctypes, 11 args)", per_launch_us(ctypes_call, launches, rounds, none), base),
         ("the plan's checks alone", per_launch_us(checks_only, launches, rounds, none), base),
         ("marshal_args (the slow path's checks)", per_launch_us(marshal, launches, rounds, none), base),
     ]
     return cases
+
+
+def interleaved_us(fns: list, calls: int, rounds: int) -> tuple[list[list[float]], list[list[float]]]:
+    """µs per call of each f() in `fns`, `rounds` figures each, by the wall clock (time.perf_counter_ns) and by this
+    thread's CPU time (time.thread_time_ns: what the calls cost where other processes share the cores): every round
+    times `calls // rounds` calls of each function in turn, so a busy machine slows every case alike; a warm-up
+    round first."""
+    per_round = max(1, calls // rounds)
+    wall, cpu = [[] for _ in fns], [[] for _ in fns]
+    for r in range(rounds + 1):
+        for i, f in enumerate(fns):
+            c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+            for _ in range(per_round):
+                f()
+            t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+            if r:
+                wall[i].append((t1 - t0) / per_round / 1e3)
+                cpu[i].append((c1 - c0) / per_round / 1e3)
+    return wall, cpu
+
+
+def cpu_table(cases, title: str) -> str:
+    """The --cpu table: per case this thread's CPU time per call (the median round, and the best), the wall clock's
+    best round, and the share of the op's (CPU, median) time."""
+    lines = [title, "", "| stage | CPU µs per call, median | best | wall µs, best round | share of the op |",
+             "|---|---|---|---|---|"]
+    whole = statistics.median(cases[0][2])
+    for name, wall, cpu in cases:
+        med = statistics.median(cpu)
+        lines.append(f"| {name} | {med:.2f} | {min(cpu):.2f} | {min(wall):.2f} | {med / whole:.2f} |")
+    return "\n".join(lines)
+
+
+def cpu_op_setup():
+    """A one-kernel op as --ops registers it (klcpu::axpb: torch.empty_like, then the launch, no wait), here on CPU
+    tensors with the stand-in driver's C call as the launch (standin_kernel); beside it the same launcher as
+    torch.library.custom_op and as a kernellab.op with a backward, and two plain torch.library.Library ops (a
+    Python kernel that returns None, one that returns torch.empty_like): the dispatcher's own floor.
+    Returns a namespace of these and the tensors."""
+    import types
+
+    import torch
+
+    k, with_driver, lib = standin_kernel()
+    with_driver(_StandinDrivers(lib).call())
+    x, y = torch.randn(N), torch.empty(N)
+    launch = k[1, 32]
+    for _ in range(2):
+        launch(x, y, 2.0, 1.0, N, sync=False)
+    assert launch._fast, "the stand-in launcher did not take the generated launch"
+
+    def axpb_launcher(x):
+        out = torch.empty_like(x)
+        launch(x, out, 2.0, 1.0, x.numel())
+        return out
+
+    tag = f"{time.monotonic_ns() % 1_000_000}"              # a fresh namespace: ops cannot be redefined in a process
+    ns = f"klcpu{tag}"
+    axpb = kernellab.op(f"{ns}::axpb", "(Tensor x) -> Tensor", outputs=lambda x: x,
+                        device_types=("cpu",))(axpb_launcher)
+
+    def backward(ctx, grad):
+        return grad * 2.0
+    axpb_grad = kernellab.op(f"{ns}::axpb_grad", "(Tensor x) -> Tensor", outputs=lambda x: x, device_types=("cpu",),
+                             backward=backward)(axpb_launcher)
+
+    @torch.library.custom_op(f"{ns}::axpb_custom_op", mutates_args=(), device_types="cpu")
+    def axpb_custom(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        launch(x, out, 2.0, 1.0, x.numel(), sync=False)
+        return out
+
+    axpb_custom.register_fake(lambda x: torch.empty_like(x))
+    plain = torch.library.Library(ns, "FRAGMENT")
+    plain.define("nothing(Tensor x) -> ()")
+    plain.impl("nothing", lambda x: None, "CPU")
+    plain.define("alloc(Tensor x) -> Tensor")
+    plain.impl("alloc", lambda x: torch.empty_like(x), "CPU")
+    ops = getattr(torch.ops, ns)
+    # The stand-in launches nothing: the output is empty_like's; check the wiring, not the values.
+    for f in (axpb, axpb_grad, axpb_custom):
+        out = f(x)
+        assert out.shape == x.shape and out.dtype == x.dtype and out is not x
+    return types.SimpleNamespace(k=k, launch=launch, x=x, y=y, axpb=axpb, axpb_grad=axpb_grad, custom=axpb_custom,
+                                 nothing=ops.nothing.default, alloc=ops.alloc.default, plain_lib=plain)
+
+
+def cpu_cases(calls: int, rounds: int) -> list[tuple[str, list[float], str]]:
+    """The host path of a one-kernel registered op (kernellab.op) on the CPU, stage by stage (cpu_op_setup): each
+    stage timed alone over `calls` calls, so the op's cost can be read as the sum of its parts. Returns (case, wall
+    µs per round, CPU µs per round) per case."""
+    import torch
+
+    from kernellab.run.launch import launch as L
+
+    s = cpu_op_setup()
+    x, y, launch, axpb = s.x, s.y, s.launch, s.axpb
+    overload, impl, launcher = axpb.overload, axpb._impl, axpb.launcher
+    cfg, fast, args = launch._config, launch._fast, (x, y, 2.0, 1.0, N)
+    xg = x.clone().requires_grad_(True)
+
+    def launcher_deferred():
+        with L.deferred_sync():
+            launcher(x)
+
+    def enter_exit():
+        with L.deferred_sync():
+            pass
+
+    def inside_deferred(f):
+        def run():                                       # _impl sets this context for the launcher
+            token = L.DEFER_SYNC.set(True)
+            try:
+                return f()
+            finally:
+                L.DEFER_SYNC.reset(token)
+        return run
+
+    one = "kernellab.op, one kernel: axpb(x)"    # the first row: the others' shares are of it
+    named = [
+        (one, lambda: axpb(x)),
+        ("the same op through torch.ops (OpOverload)", lambda: overload(x)),
+        ("  Op._impl alone (no dispatcher): launcher, no-wait rule, output check", lambda: impl(x)),
+        ("  the launcher inside deferred_sync() (entered per call)", launcher_deferred),
+        ("  the launcher, the no-wait context set per call", inside_deferred(lambda: launcher(x))),
+        ("    torch.empty_like(x) (the output)", lambda: torch.empty_like(x)),
+        ("    launch as in an op: sync=None, deferred (generated launch + record)",
+         inside_deferred(lambda: launch(x, y, 2.0, 1.0, N))),
+        ("      the generated launch alone (without _Launcher.__call__)",
+         inside_deferred(lambda: fast(args, None, None))),
+        ("    bare launch, sync=False", lambda: launch(x, y, 2.0, 1.0, N, sync=False)),
+        ("    record_async alone (the no-wait launch's record)", lambda: L.record_async("axpb", cfg)),
+        ("    deferred_sync() enter + exit alone", enter_exit),
+        ("  Library op, Python kernel returning None (dispatcher floor)", lambda: s.nothing(x)),
+        ("  Library op, Python kernel returning torch.empty_like(x)", lambda: s.alloc(x)),
+        ("torch x.mul(2.0) (one aten op, allocates)", lambda: x.mul(2.0)),
+        ("kernellab.op with backward=, no input requires grad", lambda: s.axpb_grad(x)),
+        ("kernellab.op with backward=, input requires grad", lambda: s.axpb_grad(xg)),
+        ("torch.library.custom_op, same launcher", lambda: s.custom(x)),
+    ]
+    for _ in range(3):
+        L.RECENT_LAUNCHES.clear()
+    wall, cpu = interleaved_us([f for _, f in named], calls, rounds)
+    return [(name, w, c) for (name, _), w, c in zip(named, wall, cpu)]
+
+
+def cpu_profile(calls: int, top: int = 14) -> str:
+    """cProfile of `calls` calls of the one-kernel op (cpu_op_setup): where its Python time goes, by function."""
+    import cProfile
+    import io
+    import pstats
+
+    s = cpu_op_setup()
+    axpb, x = s.axpb, s.x
+    for _ in range(100):
+        axpb(x)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        axpb(x)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
 
 
 def _attention_op(name: str):
@@ -481,15 +667,35 @@ def table(cases, title: str) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--launches", type=int, default=2000, help="launches per timed loop")
-    ap.add_argument("--rounds", type=int, default=15, help="timed loops per case")
+    ap.add_argument("--launches", type=int, default=None, help="launches per timed loop (default 2000; --cpu: "
+                    "100000)")
+    ap.add_argument("--rounds", type=int, default=None, help="timed loops per case (default 15; --cpu: 20, "
+                    "taking turns with the other cases)")
     ap.add_argument("--python-only", action="store_true", help="no GPU: time the host path with a stand-in driver")
     ap.add_argument("--breakdown", action="store_true", help="GPU: time each stage of the launch path alone")
     ap.add_argument("--ops", action="store_true", help="GPU: registered ops (kernellab.op) against SDPA, custom_op "
                     "and CUDA-graph replay of the bare kernel")
+    ap.add_argument("--cpu", action="store_true", help="no GPU: a registered op's host path stage by stage, with a "
+                    "stand-in driver (add --profile for cProfile's view of it)")
+    ap.add_argument("--profile", action="store_true", help="with --cpu: also print cProfile of the op's calls")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
-    if args.python_only:
+    big = args.cpu
+    args.launches = args.launches or (100_000 if big else 2000)
+    args.rounds = args.rounds or (20 if big else 15)
+    if args.cpu:
+        import platform
+
+        import torch
+
+        text = cpu_table(cpu_cases(args.launches, args.rounds),
+                     f"host path of a registered op on the CPU ({platform.processor() or platform.machine()}, torch "
+                     f"{torch.__version__}, stand-in driver; {args.launches} calls a case in {args.rounds} rounds "
+                     f"taken in turn; indented rows are parts of the row above, timed alone)")
+        if args.profile:
+            text += "\n\ncProfile of the op's calls (tottime: in the function itself):\n\n" + cpu_profile(
+                min(args.launches, 20_000))
+    elif args.python_only:
         text = table(python_only_cases(args.launches, args.rounds),
                      "kernellab's host path, stand-in driver (no GPU)")
     elif args.ops:

@@ -432,15 +432,18 @@ class _Launcher:
         self._fast = None                       # LaunchPath.fast for the last launch's argument types
 
     def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
-                 isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
+                 isolate: bool | None = None, timeout_s: float | None = None, cluster=None,
+                 _module=sys.modules.get):
         k = self.kernel
         path = k._path
         if sync is None:
             sync = k.launch_blocking
         # The common case, a launch in this process as configured: the generated launch for these argument types
         # (it returns False, having launched nothing, where run must decide), else straight to the launch path.
+        # (The notebook-wide isolation setting is _isolation_default's test, inline: this is every launch's path.)
         if (path is self._path and shared_bytes is None and isolate is None and cluster is None and path is not None
-                and k.isolate is None and not _isolation_default()):
+                and k.isolate is None and ((worker := _module(_WORKER_MODULE)) is None
+                                           or not worker.settings.isolate)):
             fast = self._fast
             try:
                 if fast and fast(args, stream, sync):
@@ -632,9 +635,12 @@ class Module(KernelCollection):
         return report.mimebundle(self, include, exclude)
 
 
+_WORKER_MODULE = "kernellab.run.launch.worker"
+
+
 def _isolation_default() -> bool:
     """The notebook-wide isolation setting (kernellab.set_isolation), read without importing the worker until set."""
-    worker = sys.modules.get("kernellab.run.launch.worker")
+    worker = sys.modules.get(_WORKER_MODULE)
     return bool(worker is not None and worker.settings.isolate)
 
 

@@ -7,8 +7,11 @@ torch.library, so that eager mode, torch.compile(fullgraph=True), torch.export, 
         k[x.shape[0], 256](x, y, x.shape[1])      # does not wait for the kernel: see below
         return y
 
-The op is defined with the direct `torch.library.Library` define/impl form (about 10 µs of host time a call, where
-`torch.library.custom_op` costs about 36 µs). Its fake (meta) implementation, which torch.compile and torch.export
+The op is defined with the direct `torch.library.Library` define/impl form: its whole host path costs about half
+what `torch.library.custom_op`'s does around the same launcher (`benchmarks/launch_overhead.py --cpu` times it stage
+by stage; `--ops` on a GPU). A plain eager call skips the dispatcher where it would change nothing (EAGER_FAST_CALLS
+says when); with a backward, calls that need no graph skip torch's Python autograd kernel (Op._register_autograd).
+Its fake (meta) implementation, which torch.compile and torch.export
 trace, is made from `outputs=`: a function of the op's arguments (fake tensors while tracing) giving, per output, a
 tensor the output is shaped like or `kernellab.out(like, shape=, dtype=)`. The first calls check the launcher's real
 outputs against it. With `backward=` the op is differentiable (torch.library.register_autograd).
@@ -26,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import ArgumentError, KernellabError
-from .run.launch.launch import deferred_sync
+from .run.launch.launch import DEFER_SYNC
 
 RESERVED_NAMESPACES = ("aten", "prim", "prims", "torch", "_")
 CHECKED_CALLS = 8          # outputs="first": the launcher's outputs are checked against the spec on this many calls
@@ -98,8 +101,9 @@ class Op:
             self._lib.impl(self.name, self._impl, _DEVICE_KEYS[dev])
         if returns:
             torch.library.register_fake(qualname, self._fake, lib=self._lib)
-        self._register_autograd()
         self.overload = getattr(getattr(torch.ops, self.namespace), self.name).default
+        self._register_autograd()
+        self._call = self._make_call()
 
     def _set(self, launcher, outputs, backward, setup_context, check_outputs) -> None:
         self.launcher, self.outputs, self.backward, self.setup_context = launcher, outputs, backward, setup_context
@@ -109,16 +113,42 @@ class Op:
         self.__wrapped__ = launcher
 
     def _register_autograd(self) -> None:
-        if self.backward is not None and not self._autograd_registered:
+        """The op's Autograd kernel: torch.library.register_autograd's, behind a faster door for calls that need no
+        graph (no input requires grad, or grad mode off: inference, a model under torch.no_grad, torch.compile's
+        inference graphs). Those redispatch below autograd at once, as torch's kernel does for them, without its
+        per-call Python (a Metadata object, the out= tag test, OpOverload.redispatch): the same kernels run."""
+        if self.backward is None or self._autograd_registered:
+            return
+        schema, utils = self.overload._schema, torch._library.utils
+        if (not utils.is_functional_schema(schema) or utils.is_out(self.overload)
+                or utils.has_kwarg_only_tensors(schema)):        # torch's own refusal, in its words
             torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup_context,
                                             lib=self._lib)
             self._autograd_registered = True
+            return
+        info = torch._library.autograd.Info(self._backward, self._setup_context)
+        self._torch_autograd = torch._library.autograd.make_autograd_impl(self.overload, info)
+        redispatch, after = self.overload._handle.redispatch_boxed, torch._C._after_autograd_keyset
+        grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
+        below = torch._C._AutoDispatchBelowAutograd
+
+        def autograd(keyset, *args, **kwargs):
+            if kwargs or (grad_enabled() and any_requires_grad(*args)):
+                return self._torch_autograd(keyset, *args, **kwargs)
+            with below():
+                return redispatch(keyset & after, *args)
+        self._lib.impl(self.name, autograd, "Autograd", with_keyset=True)
+        self._autograd_registered = True
 
     # -- the implementations torch.library calls --------------------------------------------------------------------
-    def _impl(self, *args):
-        """The op on real tensors: the launcher, its launches not waiting; its first outputs checked."""
-        with deferred_sync():
+    def _impl(self, *args, _set=DEFER_SYNC.set, _reset=DEFER_SYNC.reset):
+        """The op on real tensors: the launcher, its launches not waiting (deferred_sync's context variable, set
+        here without a context manager: this is on every call's path); its first outputs checked."""
+        token = _set(True)
+        try:
             result = self.launcher(*args)
+        finally:
+            _reset(token)
         if self._checks_left:
             self._checks_left -= 1
             self._check(args, result)
@@ -201,7 +231,27 @@ class Op:
 
     # -- the user's side ------------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        return self.overload(*args, **kwargs)
+        if kwargs:
+            return self.overload(*args, **kwargs)
+        return self._call(*args)
+
+    def _make_call(self):
+        """The op's call: through the dispatcher (the OpOverload), or, in the common eager case, straight to the
+        implementation the dispatcher would pick (see _eager_source); None where the schema has no such case."""
+        source = _eager_source(self.overload._schema, self.device_types, self.returns)
+        if source is None or not EAGER_FAST_CALLS:
+            return self.overload
+        C = torch._C
+        ns = {"OVERLOAD": self.overload, "IMPL": self._impl, "Tensor": torch.Tensor,
+              "IS_COMPILING": torch.compiler.is_compiling, "TF_MODE": C._is_torch_function_mode_enabled,
+              "DISPATCH_MODES": C._len_torch_dispatch_stack, "TRACING": C._get_tracing_state,
+              "FUNCTORCH": C._functorch.peek_interpreter_stack, "PROFILING": C._autograd._profiler_enabled,
+              "GRAD": C.is_grad_enabled,
+              "FORWARD_AD": torch.autograd.forward_ad}
+        exec(compile(source, f"<kernellab op call {self.qualname}>", "exec"), ns)
+        call = ns["call"]
+        call.source = source
+        return call
 
     def opcheck(self, *args, test_utils=None, **kwargs):
         """torch.library.opcheck on these arguments: the schema (mutation, aliasing), the fake implementation against
@@ -212,6 +262,61 @@ class Op:
     def __repr__(self) -> str:
         grad = ", with backward" if self.backward is not None else ""
         return f"<kernellab.Op {self.qualname}{self.schema} on {', '.join(self.device_types)}{grad}>"
+
+
+# An op's call in eager mode skips the dispatcher where the dispatcher would only hand the arguments to the op's
+# implementation (Op._impl) unchanged: plain torch.Tensor arguments on the op's devices, scalars of the schema's
+# Python types, all arguments given by position, no graph to record (grad off or no input requires it), and nothing
+# that watches or transforms ops: torch.compile/export (torch.compiler.is_compiling, which TorchDynamo reads as True,
+# so a traced call takes the dispatcher), __torch_function__ modes (torch.device(...) is one) and subclasses,
+# __torch_dispatch__ modes (FakeTensorMode, FlopCounterMode, make_fx), torch.jit.trace, functorch transforms (vmap,
+# grad), forward-mode AD (dual_level), the autograd profiler. Ops that write an argument in place always take the
+# dispatcher (it bumps the argument's version counter), as does every other case, opcheck and
+# torch.ops.<ns>.<name>. The saving: about 0.4 µs of CPU time a call, 1.5 µs for an op with a backward
+# (benchmarks/launch_overhead.py --cpu). EAGER_FAST_CALLS = False before registering turns it off.
+EAGER_FAST_CALLS = True
+_EAGER_SCALARS = {"float": "float", "int": "int", "bool": "bool"}
+
+
+def _eager_source(schema, device_types: tuple[str, ...], returns: int) -> str | None:
+    """The source of an op's eager call (see EAGER_FAST_CALLS): call(*args) -> the op's result, or None
+    where this schema has no fast case (an argument written in place, a type other than Tensor, Tensor?, float, int,
+    bool, a keyword-only argument)."""
+    args = list(schema.arguments)
+    if any(a.alias_info is not None or a.kwarg_only for a in args):
+        return None
+    device = " or ".join(f"not a{{i}}.is_{d}" for d in device_types) if len(device_types) == 1 else \
+        "(" + " and ".join(f"not a{{i}}.is_{d}" for d in device_types) + ")"
+    checks, grads = [], []
+    for i, a in enumerate(args):
+        kind = str(a.type)
+        if kind == "Tensor":
+            checks.append(f"type(a{i}) is not Tensor or {device.format(i=i)}")
+            grads.append(f"a{i}.requires_grad")
+        elif kind == "Optional[Tensor]":
+            checks.append(f"(a{i} is not None and (type(a{i}) is not Tensor or {device.format(i=i)}))")
+            grads.append(f"(a{i} is not None and a{i}.requires_grad)")
+        elif kind in _EAGER_SCALARS:
+            checks.append(f"type(a{i}) is not {_EAGER_SCALARS[kind]}")
+        else:
+            return None
+    names = "".join(f"a{i}, " for i in range(len(args)))
+    result = {0: "    IMPL(*args)\n    return None", 1: "    return IMPL(*args)"}.get(
+        returns, "    return tuple(IMPL(*args))")
+    lines = ["def call(*args):",
+             "    if (IS_COMPILING() or TF_MODE() or DISPATCH_MODES() or TRACING() is not None",
+             "            or FUNCTORCH() is not None or PROFILING() or FORWARD_AD._current_level >= 0):",
+             "        return OVERLOAD(*args)",
+             "    try:",
+             f"        {names or '()'} = args" if args else "        if args: raise ValueError",
+             "    except ValueError:",
+             "        return OVERLOAD(*args)"]
+    if checks:
+        lines += ["    if (" + "\n            or ".join(checks) + "):", "        return OVERLOAD(*args)"]
+    if grads:
+        lines += [f"    if GRAD() and ({' or '.join(grads)}):", "        return OVERLOAD(*args)"]
+    lines.append(result)
+    return "\n".join(lines) + "\n"
 
 
 _OPS: dict[str, Op] = {}

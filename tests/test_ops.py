@@ -2,6 +2,8 @@
 meta tensors), torch.compile(fullgraph=True) on CPU backends, torch.export, torch.library.opcheck, autograd wiring and
 gradcheck in double through a kernel launched by kernellab (a %%numba kernel in the simulator), the check of the real
 outputs against the spec, and launches inside an op not waiting. The same on a GPU: tests/gpu/test_ops_gpu.py."""
+import statistics
+
 import numpy as np
 import pytest
 
@@ -203,6 +205,107 @@ def test_opcheck_passes_for_an_op_with_and_without_backward():
     trained.opcheck(torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True))
 
 
+def test_an_op_with_backward_called_without_grad_skips_torchs_autograd_kernel():
+    """The Autograd kernel's fast door: where no graph is needed (no input requires grad, grad mode off, inference
+    mode) the call goes straight below autograd, as torch's kernel (torch.library.register_autograd's) would send
+    it, without that kernel's Python; an input requiring grad goes through torch's kernel and gets a graph."""
+    def backward(ctx, gy, gs):
+        x, w = ctx.inputs
+        g = gy + gs[:, None].to(gy.dtype)
+        return g * w, (g * x).sum(0)
+
+    op = make_scale_rows(backward=backward)
+    torch_kernel, through_torch = op._torch_autograd, []
+
+    def counted(*args, **kwargs):
+        through_torch.append(1)
+        return torch_kernel(*args, **kwargs)
+    op._torch_autograd = counted
+    x, w = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    y, s = op(x, w)
+    assert y.grad_fn is None and s.grad_fn is None and not through_torch
+    torch.testing.assert_close(y, x * w)
+    with torch.no_grad():
+        y, _ = op(x.requires_grad_(), w)
+    assert y.grad_fn is None and not through_torch
+    with torch.inference_mode():
+        y, _ = op(x, w)
+    assert y.is_inference() and not through_torch
+    y, s = op(x, w)
+    assert through_torch == [1] and y.grad_fn is not None and s.grad_fn is not None
+    (y.sum() + s.sum()).backward()
+    torch.testing.assert_close(x.grad, 2 * w.expand(3, 4))
+
+
+def test_an_eager_call_skips_the_dispatcher_only_where_the_dispatcher_would_change_nothing():
+    """kernellab.ops.EAGER_FAST_CALLS: a plain eager call goes straight to the implementation; every case where the
+    dispatcher does more (a mode, a subclass, a graph to record, the profiler, a device the op lacks, a scalar to
+    convert, keyword arguments, forward AD) goes through it, with the same result."""
+    seen = []
+
+    @kernellab.op(fresh("scaled"), "(Tensor x, float a) -> Tensor", outputs=lambda x, a: x, device_types="cpu")
+    def scaled(x, a):
+        seen.append(type(a))
+        return x * a
+
+    ns = scaled._call.__globals__
+    through, overload = [], ns["OVERLOAD"]
+
+    def counted(*args, **kwargs):
+        through.append(1)
+        return overload(*args, **kwargs)
+    ns["OVERLOAD"] = counted
+    x = torch.randn(5)
+
+    def call(*args, **kwargs):
+        through.clear()
+        out = scaled(*args, **kwargs)
+        torch.testing.assert_close(out, x.detach() * 2.0)
+        return bool(through)
+
+    assert not call(x, 2.0) and seen[-1] is float                  # the fast call: the dispatcher is not asked
+    assert call(x, 2) and seen[-1] is float                        # an int for a float: the dispatcher converts it
+    torch.testing.assert_close(scaled(x, a=2.0), x * 2.0)          # keywords: Op.__call__ hands them to the overload
+    assert call(x.requires_grad_(), 2.0)                           # a graph to record (PyTorch warns at backward)
+    with torch.no_grad():
+        assert not call(x, 2.0)
+    x.requires_grad_(False)
+    assert call(torch.nn.Parameter(x, requires_grad=False), 2.0)   # a subclass
+
+    class Recording(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(func)
+            return func(*args, **(kwargs or {}))
+    ops = []
+    with Recording():
+        assert call(x, 2.0)
+    assert scaled.overload in ops                                  # the mode saw the op
+    with torch.device("cpu"):                                      # a __torch_function__ mode
+        assert call(x, 2.0)
+    with torch.profiler.profile() as prof:
+        assert call(x, 2.0)
+    assert any(scaled.qualname in e.name for e in prof.events())   # the profiler still shows the op
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        assert call(x, 2.0)
+    through.clear()
+    assert scaled(torch.randn(2, device="meta"), 2.0).is_meta and through      # meta: the fake, as before
+
+    @kernellab.op(fresh("on_gpu"), "(Tensor x) -> Tensor", outputs=lambda x: x)
+    def on_gpu(x):
+        return x.clone()
+    with pytest.raises(NotImplementedError, match="CPU"):              # a device the op lacks: torch's own error
+        on_gpu(x)
+
+    @kernellab.op(fresh("fill"), "(Tensor(a!) y, float v) -> ()", device_types="cpu")
+    def fill(y, v):
+        y.fill_(v)
+    assert fill._call is fill.overload                             # in place: always the dispatcher (version counter)
+    y = torch.zeros(3)
+    fill(y, 1.5)
+    assert y._version == 1 and torch.equal(y, torch.full((3,), 1.5))
+
+
 # --- autograd through a kernel kernellab launches (the simulator, on the CPU) -----------------------------------
 
 def _scale(x, out, a, n):
@@ -348,3 +451,27 @@ def test_kernellab_synchronize_names_the_launches_that_did_not_wait(monkeypatch)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     kernellab.synchronize()
     assert L.recent_launches() == ()
+
+
+# --- benchmarks/launch_overhead.py --cpu: the op's host path on this machine ----------------------------------------
+
+def test_the_cpu_breakdown_of_an_ops_host_path_runs_without_a_gpu(monkeypatch, capsys):
+    """`launch_overhead.py --cpu` times the one-kernel op stage by stage with the stand-in driver: every stage has a
+    figure, and the whole op costs more than the dispatcher's floor and than its launch alone (it contains both)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "launch_overhead.py"
+    spec = importlib.util.spec_from_file_location("launch_overhead_cpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for name in ("torch_stream_handle", "torch_stream_function"):     # the stand-in replaces them: restore after
+        monkeypatch.setattr(L, name, getattr(L, name))
+    cases = bench.cpu_cases(3000, 3)
+    cpu = {name.strip(): statistics.median(c) for name, _, c in cases}
+    assert len(cpu) == 17 and all(v > 0 for v in cpu.values())
+    op = cpu["kernellab.op, one kernel: axpb(x)"]
+    assert op > cpu["Library op, Python kernel returning None (dispatcher floor)"]
+    assert op > cpu["bare launch, sync=False"]
+    text = bench.cpu_table(cases, "t")
+    assert text.count("\n| ") == 18 and "| kernellab.op, one kernel: axpb(x) |" in text

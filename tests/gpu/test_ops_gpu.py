@@ -123,6 +123,34 @@ def test_cuda_graph_capture_and_replay(mod):
         torch.testing.assert_close(s, x.sum(1), rtol=1e-5, atol=1e-4)
 
 
+def test_an_op_with_backward_captured_and_compiled_where_no_graph_is_needed(mod):
+    """An op with a backward called where autograd needs no graph (no_grad, inputs without grad) takes the autograd
+    kernel's fast door: it still captures into a CUDA graph, compiles with fullgraph=True and gives the same
+    values; an input that requires grad still gets the backward."""
+    scale = make_scale(mod)
+    x = torch.randn(4096, dtype=torch.float64, device="cuda")
+    torch.testing.assert_close(scale(x, 2.0), 2.0 * x)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.no_grad():
+        scale(x, 2.0)
+        with torch.cuda.graph(graph, stream=stream):
+            y = scale(x, 2.0)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.testing.assert_close(y, 2.0 * x)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(lambda t: scale(t, -1.5) + 1.0, fullgraph=True)(x)
+    torch.testing.assert_close(got, -1.5 * x + 1.0)
+    xg = x.clone().requires_grad_()
+    scale(xg, 3.0).sum().backward()
+    torch.testing.assert_close(xg.grad, torch.full_like(x, 3.0))
+
+
 FAULT = textwrap.dedent(r'''
     import torch, kernellab
     m = kernellab.compile_cuda(r"""

@@ -120,9 +120,12 @@ SUITES: dict[str, Suite] = {
         "benchmarks/memory_bound.py: tutorials 03/04's row kernels against PyTorch, torch.compile and the copy", 500,
         commands=((PY, "benchmarks/memory_bound.py", "--no-ladders", "--out", "{out}"),), takes_args=True),
     "launch-overhead": Suite(
-        "benchmarks/launch_overhead.py: host cost per launch by path, its breakdown by stage, registered ops", 180,
+        "benchmarks/launch_overhead.py: host cost per launch by path, its breakdown by stage, a registered op's "
+        "host path on this host's CPU with the stand-in driver (--cpu: the same Python as the CPU machine's table, "
+        "so the two hosts can be compared), registered ops", 210,
         commands=((PY, "benchmarks/launch_overhead.py", "--launches", "1000", "--rounds", "11"),
                   (PY, "benchmarks/launch_overhead.py", "--breakdown", "--launches", "1000", "--rounds", "11"),
+                  (PY, "benchmarks/launch_overhead.py", "--cpu", "--launches", "50000", "--rounds", "10"),
                   (PY, "benchmarks/launch_overhead.py", "--ops", "--launches", "500", "--rounds", "5"))),
     "bench-validate": Suite(
         "benchmarks/validate_bench.py: kernellab.bench against triton's do_bench and Nsight Compute, burst and "

@@ -337,7 +337,9 @@ def cluster_blocks(cluster) -> int:
     return int(np.prod(cluster)) if cluster else 1
 
 
-_DEFER_SYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("kernellab_defer_sync", default=False)
+# True inside deferred_sync(): launches there do not wait. Public for the hot paths that set it without the context
+# manager (a registered op's implementation: set and reset, about a tenth of the generator's cost).
+DEFER_SYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("kernellab_defer_sync", default=False)
 
 # --- whether a launch waits for its kernel ----------------------------------------------------------------------
 # One rule, first answer wins: the call's `sync=`; the kernel's `launch_blocking` (Kernel.launch_blocking, passed in
@@ -388,11 +390,11 @@ def launch_blocking() -> bool | None:
 def deferred_sync():
     """Kernel launches inside do not wait for their kernel (unless they ask to): `bench` times them with CUDA
     events, and a launch that synchronizes would put its own launch overhead into every repetition."""
-    token = _DEFER_SYNC.set(True)
+    token = DEFER_SYNC.set(True)
     try:
         yield
     finally:
-        _DEFER_SYNC.reset(token)
+        DEFER_SYNC.reset(token)
 
 
 def resolve_sync(sync: bool | None) -> bool:
@@ -401,16 +403,18 @@ def resolve_sync(sync: bool | None) -> bool:
     if sync is not None:
         return bool(sync)
     g = _BLOCKING[0]
-    return (not _DEFER_SYNC.get()) if g is None else g
+    return (not DEFER_SYNC.get()) if g is None else g
 
 
 # --- launches that did not wait ---------------------------------------------------------------------------------
 # A launch that does not wait cannot report its kernel's fault; the next synchronising call kernellab makes (a
 # waiting launch, kernellab.synchronize, bench) sees it instead. Each such launch leaves (kernel, configuration,
-# file, line, function) of the code that made it here; a successful wait empties the record, and a failed one names
-# what it holds.
+# file, line, function) of the code that made it here, as a plain tuple (record_async is on every such launch's
+# path: an op's launches all take it); recent_launches() and the error text read them as AsyncLaunch. A successful
+# wait empties the record, and a failed one names what it holds.
 RECENT_LAUNCHES: collections.deque = collections.deque(maxlen=16)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # kernellab/
+_INTERNAL_FILES = (_PACKAGE_DIR, "<kernellab")        # kernellab's files and its generated launches and plans
 
 
 @dataclass(frozen=True)
@@ -428,26 +432,27 @@ class AsyncLaunch:
         return f"{self.kernel} ({self.config}) launched at {where}"
 
 
-def record_async(kernel: str, config: LaunchConfig) -> None:
+def record_async(kernel: str, config: LaunchConfig, _getframe=sys._getframe, _append=RECENT_LAUNCHES.append,
+                 _internal=_INTERNAL_FILES) -> None:
     """Keep a launch that did not wait, with the first caller outside kernellab (a notebook cell's line)."""
-    f = sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.startswith(_PACKAGE_DIR)
-                             or f.f_code.co_filename.startswith("<kernellab")):
+    f = _getframe(1)
+    while f is not None:
+        code = f.f_code
+        if not code.co_filename.startswith(_internal):
+            _append((kernel, config, code.co_filename, f.f_lineno, code.co_name))
+            return
         f = f.f_back
-    if f is None:
-        RECENT_LAUNCHES.append(AsyncLaunch(kernel, config, None, 0, None))
-    else:
-        RECENT_LAUNCHES.append(AsyncLaunch(kernel, config, f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+    _append((kernel, config, None, 0, None))
 
 
 def recent_launches() -> tuple[AsyncLaunch, ...]:
     """The launches that did not wait since kernellab last saw the GPU finish (oldest first, at most 16)."""
-    return tuple(RECENT_LAUNCHES)
+    return tuple(r if isinstance(r, AsyncLaunch) else AsyncLaunch(*r) for r in list(RECENT_LAUNCHES))
 
 
 def unwaited_note(exclude: str | None = None) -> str:
     """The sentence a fault found at a wait adds: which launches that did not wait may have caused it."""
-    recent = list(RECENT_LAUNCHES)
+    recent = recent_launches()
     if not recent:
         return ""
     shown = "; ".join(str(r) for r in reversed(recent[-4:]))
@@ -473,7 +478,7 @@ def synchronize(device=None) -> None:
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         sticky = is_sticky(exc)
-        names = ", ".join(dict.fromkeys(r.kernel for r in RECENT_LAUNCHES)) or "a kernel"
+        names = ", ".join(dict.fromkeys(r.kernel for r in recent_launches())) or "a kernel"
         raise LaunchError(f"{names} faulted ({text}), found at kernellab.synchronize().{unwaited_note()}"
                           + (" The error is sticky: this process's CUDA context is lost; restart the notebook "
                              "kernel." if sticky else ""), sticky=sticky, cuda_error=text) from None
@@ -810,7 +815,7 @@ class LaunchPath:
         ns.update(FALLBACK_ERRORS=(_Fallback, TypeError, AttributeError, ValueError, OverflowError),
                   PACK_ERRORS=(struct.error, OverflowError), PACK=self._struct.pack_into, BUF=self._buffer,
                   BASE=self._base, LAUNCH=self.driver.launch_kernel, FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
-                  RELEASE=self._lock.release, DEFER=_DEFER_SYNC.get, BLOCKING=_BLOCKING, RECORD=record_async,
+                  RELEASE=self._lock.release, DEFER=DEFER_SYNC.get, BLOCKING=_BLOCKING, RECORD=record_async,
                   NAME=self.name, CFG=cfg, CLEAR=RECENT_LAUNCHES.clear, CAPTURING=self.driver.stream_is_capturing,
                   STATUS=self._status, STATUS_P=self._status_pointer, SYNC=self.driver.stream_synchronize,
                   FAILED=functools.partial(self._failed, cfg), RAISE=functools.partial(self._raise, cfg),
