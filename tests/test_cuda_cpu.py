@@ -46,6 +46,28 @@ def test_launch_syntax_on_numpy_and_torch():
         m.vadd[1, 32](a.astype(np.float64), b, c, 300)
 
 
+def test_cpu_launch_takes_the_kernel_as_a_value():
+    """kernellab.run.sim.cuda's launch receives Kernel.image() (a KernelImage, as the GPU path's jobs do), rebuilt
+    from its bytes, and never the Kernel object; one build serves every image of the same module."""
+    import pickle
+
+    from kernellab.run.sim.cuda import cpu
+
+    m = cell(VADD)
+    image = pickle.loads(pickle.dumps(m.vadd.image()))
+    a, c = np.arange(50, dtype=np.float32), np.zeros(50, np.float32)
+    cpu.launch(image, 1, 64, (a, a, c, 50))
+    np.testing.assert_array_equal(c, 2 * a)
+    assert cpu.host_kernel(image) is not None and cpu.host_kernel(m.vadd.image()).host is cpu.host_kernel(image).host
+    with pytest.raises(TypeError, match="KernelImage"):
+        cpu.launch(m.vadd, 1, 64, (a, a, c, 50))
+    with pytest.raises(KernellabError, match="float32"):       # the GPU path's argument checks, on the image
+        cpu.launch(image, 1, 64, (a.astype(np.float64), a, c, 50))
+    bad = cpu.sanitize(image, 1, 64, (a, a, c, 64), tool="memcheck")
+    assert bad.kernel == "vadd" and bad.error_count > 0               # n = 64 past the arrays' 50: found, by name
+    assert cpu.sanitize(image, 1, 64, (a, a, c, 50), tool="memcheck").error_count == 0
+
+
 def test_out_of_bounds_raises_naming_line_thread_and_block():
     src = VADD.replace("if (i < n) c[i]", "c[i]")
     m = cell(src)

@@ -231,21 +231,26 @@ class HostCompilerMissing(RuntimeError):
 
 
 def compile_host(source: str, arch: str = DEFAULT_ARCH, first_line: int = 2, filename: str = "cell.cu", *,
-                 module=None, checks: int = 2):
+                 cubin: bytes | None = None, options=(), module=None, checks: int = 2):
     """Compile `source` with NVRTC (for the signatures) and with the host C++ compiler; a HostModule.
 
     first_line and filename are those of a `%%cuda` cell by default, so the NVRTC compile shares kernellab's cache
-    with the tests that compile the same cell for its resources; `module` is that compiled Module where the caller
-    has it. checks: the most checks to build in (2: all, 1: pointer arguments' bounds, 0: none); where the kernel
-    does not compile with them, the next level down is tried and the HostModule's `notes` say so."""
-    if module is None:                    # the compile cache's entry (compile_cuda's too), its kernels' signatures
-        output, _ = compile_cached(source, normalize_arch(arch), (), filename=filename, first_line=first_line)
-        found = find_kernels("\n" * (first_line - 1) + source)
-        kernels = [_Compiled(signature_for(sym, found)) for sym in (output.reports or read_cubin(output.cubin))]
-        kernels.sort(key=lambda k: (k.signature.line is None, k.signature.line or 0, k.symbol))
-        cubin = output.cubin
+    with the tests that compile the same cell for its resources; `cubin` is that compile's output where the caller
+    has it (a KernelImage's `image`: NVRTC is not run again), `options` its NVRTC options; `module` (a compiled
+    Module) stands for its cubin. checks: the most checks to build in (2: all, 1: pointer arguments' bounds, 0:
+    none); where the kernel does not compile with them, the next level down is tried and the HostModule's `notes`
+    say so."""
+    if cubin is None and module is not None:
+        cubin = module.cubin
+    found = find_kernels("\n" * (first_line - 1) + source)
+    if cubin is None:                     # the compile cache's entry (compile_cuda's too), its kernels' signatures
+        output, _ = compile_cached(source, normalize_arch(arch), tuple(options), filename=filename,
+                                   first_line=first_line)
+        symbols, cubin = (output.reports or read_cubin(output.cubin)), output.cubin
     else:
-        kernels, cubin = list(module.kernels), module.cubin
+        symbols = read_cubin(cubin)
+    kernels = [_Compiled(signature_for(sym, found)) for sym in symbols]
+    kernels.sort(key=lambda k: (k.signature.line is None, k.signature.line or 0, k.symbol))
     base = host_source(source)
     opt = os.environ.get("KERNELLAB_EMU_OPT", "-O1 -g0").split()       # e.g. "-O0 -g" to debug under gdb
     notes, logs = [], []
