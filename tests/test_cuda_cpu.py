@@ -326,3 +326,73 @@ __global__ void scatter(float* y, long far) { put(y, threadIdx.x == 3 ? far : (l
     np.testing.assert_array_equal(y, [1, 1, 1, 0])
     with pytest.raises(CpuLaunchError, match="crashed the CPU path"):
         m.scatter[1, 4](y, 1 << 40)                   # far out of bounds, unchecked: the child dies, not this process
+
+
+# --- tutorial 05's warp-level PTX (cp.async, ldmatrix, mma.sync) on the fiber scheduler -------------------------
+
+MMA_CELL = r'''#include <kl/cp_async.cuh>
+#include <kl/mma.cuh>
+// C (16 x 8) = A (16 x 16) B^T (B: 8 x 16), fp16: A through cp.async and ldmatrix_x4, one mma.sync
+extern "C" __global__ void k(const __half* A, const __half* B, float* C) {
+    __shared__ __align__(16) __half a_s[16 * 16];
+    cp_async_16((unsigned)__cvta_generic_to_shared(&a_s[8 * threadIdx.x]), A + 8 * threadIdx.x, 16);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    unsigned a[4];
+    ldmatrix_x4(a, (unsigned)__cvta_generic_to_shared(&a_s[(lane % 16) * 16 + (lane / 16) * 8]));
+    const unsigned b[2] = {*reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t]),
+                           *reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t + 8])};
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_16816<__half>(d, a, b);
+    for (int q = 0; q < 4; ++q) C[(g + 8 * (q / 2)) * 8 + 2 * t + q % 2] = d[q];   // C store
+}
+'''
+
+
+def mma_case():
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((16, 16)).astype(np.float16)
+    B = rng.standard_normal((8, 16)).astype(np.float16)
+    return A, B, np.full((16, 8), np.nan, np.float32), A.astype(np.float64) @ B.astype(np.float64).T
+
+
+def test_mma_sync_ldmatrix_and_cp_async_run_on_fibers_as_on_threads():
+    """One runtime for tutorial 05's PTX: the fiber scheduler (with its checks) computes what ptx_emu's threads do."""
+    from kernellab.run.sim.cuda.emulate import compile_host
+    from kernellab.run.sim.cuda.ptx_emu import emulate
+
+    A, B, C, ref = mma_case()
+    compile_host(MMA_CELL)["k"][1, 32](A, B, C)
+    np.testing.assert_allclose(C, ref, rtol=1e-4, atol=1e-3)
+    C2 = np.full_like(C, np.nan)
+    emulate(MMA_CELL, "k", (1,), (32,), [A, B, C2])
+    np.testing.assert_array_equal(C, C2)
+
+
+def test_warp_collectives_on_fibers_need_the_whole_warp_and_waited_copies():
+    from kernellab.run.sim.cuda.emulate import CpuKernelError, compile_host
+
+    A, B, C, _ = mma_case()
+    with pytest.raises(CpuKernelError, match="all 32 lanes"):       # a block of 16 threads: half a warp
+        compile_host(MMA_CELL)["k"][1, 16](A, B, C)
+    early = MMA_CELL.replace("    const int lane = threadIdx.x,", "    if (threadIdx.x == 5) return;\n"
+                                                                       "    const int lane = threadIdx.x,")
+    with pytest.raises(CpuKernelError, match="lane 5 of warp 0 has exited"):
+        compile_host(early)["k"][1, 32](A, B, C)
+    unwaited = MMA_CELL.replace("    cp_async_wait<0>();\n", "").replace("    cp_async_commit();\n", "    cp_async_commit();\n"
+                                                                          "    if (threadIdx.x > 0) return;\n")
+    with pytest.raises(CpuKernelError, match="never waited for"):
+        compile_host(unwaited)["k"][1, 32](A, B, C)
+
+
+def test_a_tensor_core_kernel_gets_memcheck_on_fibers():
+    from kernellab.run.sim.cuda.emulate import compile_host
+
+    A, B, C, _ = mma_case()
+    src = MMA_CELL.replace("C[(g + 8 * (q / 2)) * 8", "C[(g + 8 * (q / 2) + 1) * 8")     # one row too far down
+    run = compile_host(src).__getitem__("k").run(1, 32, A, B, C)
+    mem = [f for f in run.findings if f.tool == "memcheck"]
+    assert mem and mem[0].where.cell_line == line_of(src, "// C store") and "C[128]" in mem[0].detail
+
