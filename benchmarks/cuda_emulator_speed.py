@@ -100,9 +100,11 @@ def tensor_core(runs: int = 2) -> None:
     threads = int(np.prod(grid)) * v.block
     print(f"tensor cores: tutorial 05 mma_pipe bf16 {M} x {N} x {K} ({threads} threads, cp.async + ldmatrix + mma.sync)"
           f"; results equal: {np.array_equal(C_fibers, C_threads)}")
-    print(f"{'scheduler':<36} {'best s':>8}")
-    print(f"{'fibers (cuda_host.h, checks 2)':<36} {s_fibers:8.3f}")
-    print(f"{'OS threads (ptx_emu.h)':<36} {s_threads:8.3f}")
+    print(f"{'scheduler':<44} {'best s':>8}")
+    checks = "all checks" if host.host.level == 2 and host.host.global_checks else (
+        "shared-memory checks" if host.host.level == 2 else f"checks {host.host.level}")
+    print(f"{'fibers (cuda_host.h, ' + checks + ')':<44} {s_fibers:8.3f}")
+    print(f"{'OS threads (ptx_emu.h)':<44} {s_threads:8.3f}")
 
 
 if __name__ == "__main__":

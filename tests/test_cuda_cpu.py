@@ -311,9 +311,27 @@ __global__ void copy_first(const float* x, float* y) { y[threadIdx.x] = first(x)
     m = cell(src)
     y = np.zeros(4, np.float32)
     rep = m.copy_first.sanitize(1, 4, np.full(1, 2, np.float32), y, tool="memcheck")
-    assert rep.ok and any("did not compile" in n and "nothing" in n for n in rep.notes), rep.notes
+    assert rep.ok and any("did not compile" in n and "not the bounds of the pointer arguments" in n
+                          for n in rep.notes), rep.notes
     m.copy_first[1, 4](np.full(1, 2, np.float32), y)
     np.testing.assert_array_equal(y, [2, 3, 4, 5])
+
+
+def test_a_kernel_whose_pointers_go_to_a_template_keeps_its_shared_memory_checks():
+    """Checked pointers do not deduce T in a template taking T*: that kernel is built with plain pointer arguments
+    and still checked arrays, so a missing barrier is still a race, and the build says what it does not check."""
+    src = """template <typename T> __device__ T load(const T* x, int i) { return x[i]; }
+__global__ void rotate(const float* x, float* y) {
+    __shared__ float s[64];
+    s[threadIdx.x] = load(x, threadIdx.x);
+    y[threadIdx.x] = s[(threadIdx.x + 1) % 64];      // no barrier before this read
+}
+"""
+    m = cell(src)
+    x, y = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+    rep = m.rotate.sanitize(1, 64, x, y, tool="racecheck")
+    assert any("not the bounds of the pointer arguments" in n for n in rep.notes), rep.notes
+    assert rep.findings and rep.findings[0].kind == "race", rep
 
 
 def test_a_launch_with_fewer_checks_runs_in_a_child_and_a_crash_is_reported():
@@ -396,3 +414,21 @@ def test_a_tensor_core_kernel_gets_memcheck_on_fibers():
     mem = [f for f in run.findings if f.tool == "memcheck"]
     assert mem and mem[0].where.cell_line == line_of(src, "// C store") and "C[128]" in mem[0].detail
 
+
+
+def test_a_tensor_core_kernel_gets_racecheck_and_initcheck_on_fibers():
+    """cp.async's writes and ldmatrix's reads of a shared array are checked as C++ accesses of its elements are: the
+    barrier between them missing is a race, half the tile never copied is an uninitialised read; the right kernel
+    has neither."""
+    from kernellab.run.sim.cuda.emulate import compile_host
+
+    A, B, C, _ = mma_case()
+    ok = compile_host(MMA_CELL)["k"].run(1, 32, A, B, C)
+    assert not ok.error and ok.findings == (), ok.findings
+    no_barrier = MMA_CELL.replace("    __syncthreads();\n", "")
+    races = [f for f in compile_host(no_barrier)["k"].run(1, 32, A, B, C).findings if f.tool == "racecheck"]
+    assert races and "a_s[" in races[0].detail and "ldmatrix" in races[0].detail, races
+    half = MMA_CELL.replace("    cp_async_16(", "    if (threadIdx.x < 16) cp_async_16(")
+    init = [f for f in compile_host(half)["k"].run(1, 32, A, B, C).findings if f.tool == "initcheck"]
+    assert init and init[0].kind == "uninitialized_read" and "a_s[" in init[0].detail, init
+    assert all(int(f.detail.split("a_s[")[1].split("]")[0]) >= 128 for f in init)     # rows 8..15: never copied

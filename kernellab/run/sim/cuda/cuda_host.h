@@ -609,6 +609,7 @@ inline char* smem_base() {
 inline uint32_t smem_addr(const void* p) { return uint32_t(reinterpret_cast<const char*>(p) - smem_base()); }
 inline unsigned char* smem_ptr(uint32_t a) { return reinterpret_cast<unsigned char*>(smem_base() + int32_t(a)); }
 inline uint64_t* warp_scratch() { return &g_block->scratch[size_t(self().linear & ~31) * 8]; }
+void note_shared(const void* p, size_t bytes, bool write, const char* what);     // checks.h
 // Meet the warp's other lanes (a collective, not a __syncwarp: it orders no shared memory for the checks); the first
 // meeting of an instruction checks that the whole warp is there.
 inline void warp_meet(const char* what, bool check) {
@@ -637,7 +638,9 @@ template <int NMAT> inline void ldmatrix(uint32_t* out, uint32_t addr, bool tran
             int src_row = trans ? c : r, src_col = trans ? r : c;
             uint32_t row_addr = uint32_t(s[8 * i + src_row]);
             if (row_addr % 16) fail("ldmatrix: a row address not 16-byte aligned");
-            std::memcpy(&v[e], smem_ptr(row_addr + 2 * src_col), 2);
+            const unsigned char* from = smem_ptr(row_addr + 2 * src_col);
+            note_shared(from, 2, false, "ldmatrix");
+            std::memcpy(&v[e], from, 2);
         }
         out[i] = uint32_t(v[0]) | (uint32_t(v[1]) << 16);
     }
@@ -683,6 +686,7 @@ inline void run_cp_async(int keep) {
     while (int(f.cp_groups.size()) > keep) {
         for (auto& c : f.cp_groups.front()) {
             unsigned char* d = smem_ptr(c.dst);
+            note_shared(d, size_t(c.bytes), true, "cp.async");
             std::memcpy(d, c.src, size_t(c.src_bytes));
             std::memset(d + c.src_bytes, 0, size_t(c.bytes - c.src_bytes));
         }
