@@ -392,7 +392,8 @@ template <typename T, bool Dynamic, long long... D> struct sarr {
     T* operator&() { return data; }
     // `smem + offset` (a carved-up dynamic array): a plain pointer, unchecked from there on (shared addresses made
     // from it are checked again where ldmatrix and cp.async use them)
-    template <typename I, typename = std::enable_if_t<std::is_integral<I>::value>> T* operator+(I i) { return data + i; }
+    template <typename I, typename = std::enable_if_t<std::is_integral<I>::value>>
+    T* operator+(I i) { return data + i; }
 };
 
 
