@@ -244,7 +244,7 @@ class Kernel:
         notebook-wide setting.
         """
         if self.simulate:
-            _cpu.launch(self, grid, block, args, shared_bytes=shared_bytes, cluster=cluster)
+            _cpu.launch(self.image(), grid, block, args, shared_bytes=shared_bytes, cluster=cluster)
             return None
         if sync is None:
             sync = self.launch_blocking
@@ -352,7 +352,8 @@ class Kernel:
         """Run this launch under compute-sanitizer (memcheck, racecheck, synccheck, initcheck or all) in a new process;
         for a kernel on the CPU path (`simulate`), the same tools' checks on the CPU (kernellab.run.sim.cuda)."""
         if self.simulate:
-            return _cpu.sanitize(self, grid, block, args, shared_bytes=shared_bytes, tool=tool, cluster=cluster, **kw)
+            return _cpu.sanitize(self.image(), grid, block, args, shared_bytes=shared_bytes, tool=tool, cluster=cluster,
+                                 **kw)
         return _sanitize.sanitize(self.job(grid, block, *args, shared_bytes=shared_bytes, cluster=cluster), tool, **kw)
 
     def profile(self, grid, block, *args, shared_bytes: int = 0, metrics=None, full: bool = False,

@@ -46,6 +46,28 @@ def test_launch_syntax_on_numpy_and_torch():
         m.vadd[1, 32](a.astype(np.float64), b, c, 300)
 
 
+def test_cpu_launch_takes_the_kernel_as_a_value():
+    """kernellab.run.sim.cuda's launch receives Kernel.image() (a KernelImage, as the GPU path's jobs do), rebuilt
+    from its bytes, and never the Kernel object; one build serves every image of the same module."""
+    import pickle
+
+    from kernellab.run.sim.cuda import cpu
+
+    m = cell(VADD)
+    image = pickle.loads(pickle.dumps(m.vadd.image()))
+    a, c = np.arange(50, dtype=np.float32), np.zeros(50, np.float32)
+    cpu.launch(image, 1, 64, (a, a, c, 50))
+    np.testing.assert_array_equal(c, 2 * a)
+    assert cpu.host_kernel(image) is not None and cpu.host_kernel(m.vadd.image()).host is cpu.host_kernel(image).host
+    with pytest.raises(TypeError, match="KernelImage"):
+        cpu.launch(m.vadd, 1, 64, (a, a, c, 50))
+    with pytest.raises(KernellabError, match="float32"):       # the GPU path's argument checks, on the image
+        cpu.launch(image, 1, 64, (a.astype(np.float64), a, c, 50))
+    bad = cpu.sanitize(image, 1, 64, (a, a, c, 64), tool="memcheck")
+    assert bad.kernel == "vadd" and bad.error_count > 0               # n = 64 past the arrays' 50: found, by name
+    assert cpu.sanitize(image, 1, 64, (a, a, c, 50), tool="memcheck").error_count == 0
+
+
 def test_out_of_bounds_raises_naming_line_thread_and_block():
     src = VADD.replace("if (i < n) c[i]", "c[i]")
     m = cell(src)
@@ -289,9 +311,27 @@ __global__ void copy_first(const float* x, float* y) { y[threadIdx.x] = first(x)
     m = cell(src)
     y = np.zeros(4, np.float32)
     rep = m.copy_first.sanitize(1, 4, np.full(1, 2, np.float32), y, tool="memcheck")
-    assert rep.ok and any("did not compile" in n and "nothing" in n for n in rep.notes), rep.notes
+    assert rep.ok and any("did not compile" in n and "not the bounds of the pointer arguments" in n
+                          for n in rep.notes), rep.notes
     m.copy_first[1, 4](np.full(1, 2, np.float32), y)
     np.testing.assert_array_equal(y, [2, 3, 4, 5])
+
+
+def test_a_kernel_whose_pointers_go_to_a_template_keeps_its_shared_memory_checks():
+    """Checked pointers do not deduce T in a template taking T*: that kernel is built with plain pointer arguments
+    and still checked arrays, so a missing barrier is still a race, and the build says what it does not check."""
+    src = """template <typename T> __device__ T load(const T* x, int i) { return x[i]; }
+__global__ void rotate(const float* x, float* y) {
+    __shared__ float s[64];
+    s[threadIdx.x] = load(x, threadIdx.x);
+    y[threadIdx.x] = s[(threadIdx.x + 1) % 64];      // no barrier before this read
+}
+"""
+    m = cell(src)
+    x, y = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+    rep = m.rotate.sanitize(1, 64, x, y, tool="racecheck")
+    assert any("not the bounds of the pointer arguments" in n for n in rep.notes), rep.notes
+    assert rep.findings and rep.findings[0].kind == "race", rep
 
 
 def test_a_launch_with_fewer_checks_runs_in_a_child_and_a_crash_is_reported():
@@ -304,3 +344,91 @@ __global__ void scatter(float* y, long far) { put(y, threadIdx.x == 3 ? far : (l
     np.testing.assert_array_equal(y, [1, 1, 1, 0])
     with pytest.raises(CpuLaunchError, match="crashed the CPU path"):
         m.scatter[1, 4](y, 1 << 40)                   # far out of bounds, unchecked: the child dies, not this process
+
+
+# --- tutorial 05's warp-level PTX (cp.async, ldmatrix, mma.sync) on the fiber scheduler -------------------------
+
+MMA_CELL = r'''#include <kl/cp_async.cuh>
+#include <kl/mma.cuh>
+// C (16 x 8) = A (16 x 16) B^T (B: 8 x 16), fp16: A through cp.async and ldmatrix_x4, one mma.sync
+extern "C" __global__ void k(const __half* A, const __half* B, float* C) {
+    __shared__ __align__(16) __half a_s[16 * 16];
+    cp_async_16((unsigned)__cvta_generic_to_shared(&a_s[8 * threadIdx.x]), A + 8 * threadIdx.x, 16);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    unsigned a[4];
+    ldmatrix_x4(a, (unsigned)__cvta_generic_to_shared(&a_s[(lane % 16) * 16 + (lane / 16) * 8]));
+    const unsigned b[2] = {*reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t]),
+                           *reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t + 8])};
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_16816<__half>(d, a, b);
+    for (int q = 0; q < 4; ++q) C[(g + 8 * (q / 2)) * 8 + 2 * t + q % 2] = d[q];   // C store
+}
+'''
+
+
+def mma_case():
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((16, 16)).astype(np.float16)
+    B = rng.standard_normal((8, 16)).astype(np.float16)
+    return A, B, np.full((16, 8), np.nan, np.float32), A.astype(np.float64) @ B.astype(np.float64).T
+
+
+def test_mma_sync_ldmatrix_and_cp_async_run_on_fibers_as_on_threads():
+    """One runtime for tutorial 05's PTX: the fiber scheduler (with its checks) computes what ptx_emu's threads do."""
+    from kernellab.run.sim.cuda.emulate import compile_host
+    from kernellab.run.sim.cuda.ptx_emu import emulate
+
+    A, B, C, ref = mma_case()
+    compile_host(MMA_CELL)["k"][1, 32](A, B, C)
+    np.testing.assert_allclose(C, ref, rtol=1e-4, atol=1e-3)
+    C2 = np.full_like(C, np.nan)
+    emulate(MMA_CELL, "k", (1,), (32,), [A, B, C2])
+    np.testing.assert_array_equal(C, C2)
+
+
+def test_warp_collectives_on_fibers_need_the_whole_warp_and_waited_copies():
+    from kernellab.run.sim.cuda.emulate import CpuKernelError, compile_host
+
+    A, B, C, _ = mma_case()
+    with pytest.raises(CpuKernelError, match="all 32 lanes"):       # a block of 16 threads: half a warp
+        compile_host(MMA_CELL)["k"][1, 16](A, B, C)
+    early = MMA_CELL.replace("    const int lane = threadIdx.x,", "    if (threadIdx.x == 5) return;\n"
+                                                                       "    const int lane = threadIdx.x,")
+    with pytest.raises(CpuKernelError, match="lane 5 of warp 0 has exited"):
+        compile_host(early)["k"][1, 32](A, B, C)
+    unwaited = MMA_CELL.replace("    cp_async_wait<0>();\n", "").replace("    cp_async_commit();\n", "    cp_async_commit();\n"
+                                                                          "    if (threadIdx.x > 0) return;\n")
+    with pytest.raises(CpuKernelError, match="never waited for"):
+        compile_host(unwaited)["k"][1, 32](A, B, C)
+
+
+def test_a_tensor_core_kernel_gets_memcheck_on_fibers():
+    from kernellab.run.sim.cuda.emulate import compile_host
+
+    A, B, C, _ = mma_case()
+    src = MMA_CELL.replace("C[(g + 8 * (q / 2)) * 8", "C[(g + 8 * (q / 2) + 1) * 8")     # one row too far down
+    run = compile_host(src).__getitem__("k").run(1, 32, A, B, C)
+    mem = [f for f in run.findings if f.tool == "memcheck"]
+    assert mem and mem[0].where.cell_line == line_of(src, "// C store") and "C[128]" in mem[0].detail
+
+
+
+def test_a_tensor_core_kernel_gets_racecheck_and_initcheck_on_fibers():
+    """cp.async's writes and ldmatrix's reads of a shared array are checked as C++ accesses of its elements are: the
+    barrier between them missing is a race, half the tile never copied is an uninitialised read; the right kernel
+    has neither."""
+    from kernellab.run.sim.cuda.emulate import compile_host
+
+    A, B, C, _ = mma_case()
+    ok = compile_host(MMA_CELL)["k"].run(1, 32, A, B, C)
+    assert not ok.error and ok.findings == (), ok.findings
+    no_barrier = MMA_CELL.replace("    __syncthreads();\n", "")
+    races = [f for f in compile_host(no_barrier)["k"].run(1, 32, A, B, C).findings if f.tool == "racecheck"]
+    assert races and "a_s[" in races[0].detail and "ldmatrix" in races[0].detail, races
+    half = MMA_CELL.replace("    cp_async_16(", "    if (threadIdx.x < 16) cp_async_16(")
+    init = [f for f in compile_host(half)["k"].run(1, 32, A, B, C).findings if f.tool == "initcheck"]
+    assert init and init[0].kind == "uninitialized_read" and "a_s[" in init[0].detail, init
+    assert all(int(f.detail.split("a_s[")[1].split("]")[0]) >= 128 for f in init)     # rows 8..15: never copied

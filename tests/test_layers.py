@@ -286,11 +286,14 @@ def test_imports_sit_at_module_level():
 
 
 def test_run_takes_the_launch_as_a_value():
-    """run/launch/ and run/nvtools/ receive a launch as a KernelJob (or a KernelImage) and never call back into the
-    Kernel object (run/measure/ times and checks user kernels as callables, which is another matter)."""
-    kernel_methods = {"job_fields", "check_launch_args", "check_launch", "source_view", "resources"}
+    """run/launch/, run/nvtools/ and the CPU path of CUDA C++ (run/sim/cuda/) receive a launch as a KernelJob (or a
+    KernelImage) and never call back into the Kernel object (run/measure/ times and checks user kernels as callables,
+    which is another matter)."""
+    kernel_methods = {"job_fields", "check_launch_args", "check_launch", "check_args", "source_view", "resources",
+                      "simulate"}
     bad = []
-    for path in [*(PKG / "run" / "launch").rglob("*.py"), *(PKG / "run" / "nvtools").rglob("*.py")]:
+    for path in [*(PKG / "run" / "launch").rglob("*.py"), *(PKG / "run" / "nvtools").rglob("*.py"),
+                 *(PKG / "run" / "sim" / "cuda").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in kernel_methods:
                 bad.append(f"{path.relative_to(PKG)}:{node.lineno} uses .{node.attr}")

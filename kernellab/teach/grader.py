@@ -806,7 +806,7 @@ def _cpu_copy(k):
         ok, why = _cpu_path.available()
         if ok:
             try:
-                _cpu_path.host_kernel(k)
+                _cpu_path.host_kernel(k.image())
             except Exception as exc:
                 lines = str(exc).strip().splitlines()
                 first = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else type(exc).__name__)

@@ -74,3 +74,32 @@ def test_sim_cell_runs_on_the_cpu_and_cpu_cells_do_nothing_on_a_gpu():
     np.testing.assert_array_equal(ip.user_ns["p"], [256, 44])
     result = ip.run_cell("%%cpu\nran_on_cpu = True\n")
     assert result.success and "ran_on_cpu" not in ip.user_ns
+
+
+@needs_cxx
+def test_fibers_tensor_core_ptx_computes_what_the_gpu_computes():
+    """Tutorial 05's mma_pipe (cp.async, ldmatrix, mma.sync) on the fiber runtime against the same kernel on the GPU:
+    the fragment layouts, swizzles and zero-fills of the CPU's emulation checked on the hardware (the GPU's tensor
+    cores add in their own order, so the bf16 results agree to rounding, not bit for bit)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import test_matmul as tm
+    from kernellab.run.sim.cuda.emulate import compile_host
+
+    v, cell = tm.pick("mma_pipe")
+    name = v.kernels["bf16"]
+    for M, N, K in ((130, 270, 40), (260, 140, 200)):
+        A = torch.randn(M, K).to(torch.bfloat16)
+        B = torch.randn(N, K).to(torch.bfloat16)
+        grid = tm.grid_dims(v.grid(M, N))
+        C_cpu = torch.full((M, N), float("nan")).to(torch.bfloat16)
+        compile_host(cell.source)[name].launch(grid, v.block, A, B, C_cpu, M, N, K, shared_bytes=v.smem)
+        gpu = tm.compiled(v, cell)
+        C_gpu = torch.full((M, N), float("nan"), device="cuda").to(torch.bfloat16)
+        gpu[name][grid, v.block, v.smem](A.cuda(), B.cuda(), C_gpu, M, N, K)
+        ref = (A.double() @ B.double().t()).float()
+        assert not torch.isnan(C_cpu.float()).any(), (M, N, K)
+        torch.testing.assert_close(C_cpu.float(), C_gpu.cpu().float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(C_cpu.float(), ref, rtol=2e-2, atol=5e-2)

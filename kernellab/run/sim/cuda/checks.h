@@ -281,7 +281,9 @@ inline void race(const char* hazard, int first_tid, int first_line, const char* 
     bool same_warp = first_tid / 32 == tid / 32;
     e.detail = std::string(name) + "[" + std::to_string(index) + "]; " +
                (same_warp ? "threads of one warp, and no __syncwarp() or __syncthreads() orders these accesses"
-                          : "no __syncthreads() orders these accesses");
+                          : "no __syncthreads() orders these accesses") +
+               (first_line == 0 || line == 0 ? " (line 0: an ldmatrix read or a cp.async write, inside a kernellab "
+                                               "header)" : "");
     add_finding(e);
 }
 
@@ -321,6 +323,18 @@ template <typename T, long long D0, long long... D> struct sdims<T, D0, D...> {
 
 template <typename T, bool Dynamic, long long... D> struct sarr;
 
+// The shared arrays this OS thread (its blocks) has, by address: what the warp-level PTX (ldmatrix, cp.async) reads
+// and writes through a shared address is checked against them as a C++ access of the same elements is.
+struct SharedRange {
+    const char* lo;
+    size_t bytes, elem;
+    void* arr;
+    Shadow* (*shadow)(void*, long long);
+    long long (*extent)(void*);
+    const char* name;
+};
+inline std::vector<SharedRange>& shared_ranges() { static thread_local std::vector<SharedRange> r; return r; }
+
 // a row of a multi-dimensional shared array: the element offset so far and the dimensions not yet indexed
 template <typename A, long long... Rest> struct srow;
 template <typename A, long long R0, long long... Rest> struct srow<A, R0, Rest...> {
@@ -345,7 +359,16 @@ template <typename T, bool Dynamic, long long... D> struct sarr {
     alignas(16) T data[N];
     std::vector<Shadow> shadow;
     const char* name = "shared";
-    sarr(const char* n) : name(n) {}
+    sarr(const char* n) : name(n) {
+        shared_ranges().push_back({reinterpret_cast<const char*>(data), sizeof(data), sizeof(T), this,
+                                   &sarr::shadow_of, &sarr::extent_of, name});
+    }
+    static Shadow* shadow_of(void* self, long long i) {
+        auto* a = static_cast<sarr*>(self);
+        if (a->shadow.size() != size_t(N)) a->shadow.resize(N);
+        return &a->shadow[i];
+    }
+    static long long extent_of(void* self) { return static_cast<sarr*>(self)->extent(); }
 
     long long extent() const {
         if (Dynamic) return std::min<long long>(N, (long long)(g_block->dyn_bytes / sizeof(T)));
@@ -367,6 +390,10 @@ template <typename T, bool Dynamic, long long... D> struct sarr {
     template <typename U, typename = std::enable_if_t<std::is_convertible<T*, U>::value>>
     operator U() { return data; }
     T* operator&() { return data; }
+    // `smem + offset` (a carved-up dynamic array): a plain pointer, unchecked from there on (shared addresses made
+    // from it are checked again where ldmatrix and cp.async use them)
+    template <typename I, typename = std::enable_if_t<std::is_integral<I>::value>>
+    T* operator+(I i) { return data + i; }
 };
 
 
@@ -411,6 +438,28 @@ inline void note_access(Shadow& s, bool write, int line, const char* name, long 
     s.w_line = line;
     s.w_wgen = wgen;
     s.written = true;
+}
+
+// `bytes` at p, read or written by this thread through a shared address (`what`: the instruction): each element of
+// a shared array they touch is noted as an access (racecheck, initcheck), an element past a dynamic array's launch
+// size is out of bounds (memcheck). The line is 0 (the instruction runs inside a kernellab header's wrapper); the
+// findings' details name the instruction.
+inline void note_shared(const void* p, size_t bytes, bool write, const char* what) {
+    const char* c = static_cast<const char*>(p);
+    for (const SharedRange& r : shared_ranges()) {
+        if (c < r.lo || c >= r.lo + r.bytes) continue;
+        long long first = (c - r.lo) / (long long)r.elem;
+        long long last = (c + bytes - 1 - r.lo) / (long long)r.elem;
+        long long extent = r.extent(r.arr);
+        for (long long i = first; i <= last && i * (long long)r.elem < (long long)r.bytes; ++i) {
+            if (i >= extent) {
+                out_of_bounds("shared", r.name, write, write ? "write" : "read", i, extent, int(r.elem), 0);
+                return;
+            }
+            note_access(*r.shadow(r.arr, i), write, 0, r.name, i, int(r.elem));
+        }
+        return;
+    }
 }
 
 inline void flush_pending(Block& b) {

@@ -1,7 +1,9 @@
-"""A compiled CUDA C++ Kernel launched on the CPU: what `%%cuda --sim`, a kernel where no GPU is usable, and the
-graders use. Launches take CPU torch tensors and NumPy arrays with the GPU's launch syntax, `k[grid, block](args)`;
+"""A compiled CUDA C++ kernel launched on the CPU: what `%%cuda --sim`, a kernel where no GPU is usable, and the
+graders use. Like the GPU's launch path, it receives the kernel as a value, a KernelImage (`Kernel.image()`: source,
+cubin, parameters), and never calls back into the Kernel object; the Kernel above builds the image and keeps the
+launch syntax, `k[grid, block](args)`, on CPU torch tensors and NumPy arrays;
 an out-of-bounds access stops the launch and raises CpuLaunchError naming the cell line, the thread and the block
-(as the simulator of Numba kernels does); `sanitize(kernel, ..., tool=...)` returns the checks' findings as a
+(as the simulator of Numba kernels does); `sanitize(image, ..., tool=...)` returns the checks' findings as a
 kernellab.run.findings.SanitizerReport, in compute-sanitizer's terms (memcheck, racecheck, synccheck, initcheck)."""
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import numpy as np
 
 from ....errors import KernellabError
 from ...findings import Finding, Location, SanitizerReport, combine
+from ...launch.job import KernelImage
+from ...launch.launch import marshal_args
 from ..numba_sim import SimulatedKernelError
 from .emulate import EMULATED, compile_host, host_source
 from .toolchain import host_compiler, why_none
@@ -25,6 +29,8 @@ MEMCHECK_SCOPE = ("memcheck on the CPU checks the bounds of each pointer argumen
 INITCHECK_SCOPE = ("initcheck on the CPU watches shared memory (reads of elements no thread of the block wrote); "
                    "compute-sanitizer's initcheck, on a GPU, watches global memory")
 _lock = threading.Lock()
+_built: dict = {}            # (source, options, first line, file name, arch) -> HostModule, the CPU builds made
+_BUILT_MAX = 64
 _ASM = re.compile(r"\basm\b(\s+volatile)?\s*\(")
 # kernellab's headers whose kl_emu:: branches only the tensor-core emulator (ptx_emu.h) has
 _TENSOR_CORE_HEADERS = {"kl/cp_async.cuh": "cp.async (<kl/cp_async.cuh>)", "kl/mma.cuh": "mma.sync (<kl/mma.cuh>)",
@@ -82,22 +88,27 @@ def available() -> tuple[bool, str]:
     return (True, "") if host_compiler() is not None else (False, why_none())
 
 
-def host_kernel(kernel):
-    """The CPU build of `kernel` (a compiled kernellab Kernel), built once per module and kept on it."""
-    module = kernel.module
+def host_kernel(image: KernelImage):
+    """The CPU build of the kernel `image` (Kernel.image()): one build per module (source, options, line numbering,
+    arch), kept here, its kernel of `image.symbol`."""
+    if not isinstance(image, KernelImage):
+        raise TypeError(f"the CPU path takes a KernelImage (Kernel.image()), not {type(image).__name__}")
+    key = (image.source, tuple(image.options), image.first_line, image.filename, image.arch)
     with _lock:
-        host = getattr(module, "_host_module", None)
+        host = _built.get(key)
         if host is None:
-            why = unsupported(module.source or "", module.first_line)
+            why = unsupported(image.source or "", image.first_line)
             if why:
                 raise NotOnCpu(why)
             if host_compiler() is None:
                 raise NotOnCpu(why_none())
-            host = compile_host(module.source, first_line=module.first_line, filename=module.filename,
-                                module=module)
-            module._host_module = host
-    return host[kernel.signature.display if len([k for k in module.kernels if k.name == kernel.name]) > 1
-                else kernel.name]
+            cubin = image.image if image.image_format == "cubin" else None
+            host = compile_host(image.source, arch=image.arch, first_line=image.first_line,
+                                filename=image.filename, cubin=cubin, options=image.options)
+            if len(_built) >= _BUILT_MAX:
+                _built.pop(next(iter(_built)))
+            _built[key] = host
+    return host[image.symbol]
 
 
 def _dims(value) -> tuple:
@@ -106,16 +117,16 @@ def _dims(value) -> tuple:
     return (int(value), 1, 1)
 
 
-def _error(kernel, run, grid, block) -> CpuLaunchError:
+def _error(image: KernelImage, run, grid, block) -> CpuLaunchError:
     """The launch's error as a CpuLaunchError: the first out-of-bounds finding where there is one."""
     memcheck = [f for f in run.findings if f.tool == "memcheck"]
     if memcheck:
         f = memcheck[0]
         src = (f.where.source_line or "").strip()
         access = {"invalid_write": "write", "invalid_read": "read"}.get(f.kind, "access")
-        msg = (f"{kernel.name}: out of bounds at cell line {f.where.cell_line}" + (f": `{src}`" if src else "")
+        msg = (f"{image.name}: out of bounds at cell line {f.where.cell_line}" + (f": `{src}`" if src else "")
                + f" (thread {f.thread} of block {f.block}: {f.detail})")
-        return CpuLaunchError(msg, run.findings, kernel=kernel.name, exception="IndexError",
+        return CpuLaunchError(msg, run.findings, kernel=image.name, exception="IndexError",
                               detail=f"{access} of {f.detail}",
                               thread=f.thread, block=f.block, filename=f.where.file, line=f.where.cell_line,
                               source=src)
@@ -124,31 +135,33 @@ def _error(kernel, run, grid, block) -> CpuLaunchError:
     block_idx = tuple(int(v) for v in m.group(1).split(",")) if m else None
     detail = m.group(2) if m else text
     kind = "Deadlock" if "deadlock" in detail else "RuntimeError"
-    return CpuLaunchError(f"{kernel.name}: {detail}" + (f" (block {block_idx})" if block_idx else ""), run.findings,
-                          kernel=kernel.name, exception=kind, detail=detail, thread=None, block=block_idx,
+    return CpuLaunchError(f"{image.name}: {detail}" + (f" (block {block_idx})" if block_idx else ""), run.findings,
+                          kernel=image.name, exception=kind, detail=detail, thread=None, block=block_idx,
                           filename=None, line=None, source="")
 
 
-def launch(kernel, grid, block, args, *, shared_bytes: int = 0, cluster=None):
-    """Run one launch of `kernel` on the CPU; raise CpuLaunchError where it failed (out of bounds, deadlock)."""
-    hk = host_kernel(kernel)
-    kernel.check_args(*args)
+def launch(image: KernelImage, grid, block, args, *, shared_bytes: int = 0, cluster=None):
+    """Run one launch of the kernel `image` (Kernel.image()) on the CPU, its arguments checked as a GPU launch's
+    are; raise CpuLaunchError where it failed (out of bounds, deadlock)."""
+    hk = host_kernel(image)
+    marshal_args(image.params, tuple(args), None, image.signature, any_device=True)
     run = hk.run(grid, block, *args, shared_bytes=shared_bytes, cluster=cluster)
     if run.error:
-        raise _error(kernel, run, grid, block)
+        raise _error(image, run, grid, block)
     return run
 
 
-def sanitize(kernel, grid, block, args, *, tool: str = "memcheck", shared_bytes: int = 0, cluster=None,
+def sanitize(image: KernelImage, grid, block, args, *, tool: str = "memcheck", shared_bytes: int = 0, cluster=None,
              **_ignored) -> SanitizerReport:
-    """The checks of one CPU launch as compute-sanitizer reports: tool 'memcheck', 'racecheck', 'synccheck',
-    'initcheck', several joined with '+', or 'all'. The launch runs on copies of the arguments."""
+    """The checks of one CPU launch of the kernel `image` (Kernel.image()) as compute-sanitizer reports: tool
+    'memcheck', 'racecheck', 'synccheck', 'initcheck', several joined with '+', or 'all'. The launch runs on copies
+    of the arguments."""
     tools = TOOLS if tool == "all" else tuple(t.strip() for t in str(tool).split("+"))
     for t in tools:
         if t not in TOOLS:
             raise ValueError(f"unknown tool {t!r}; on the CPU: memcheck, racecheck, synccheck, initcheck, joined with "
                              f"'+', or all")
-    hk = host_kernel(kernel)
+    hk = host_kernel(image)
     copies = tuple(_copy(a) for a in args)
     t0 = time.perf_counter()
     run = hk.run(grid, block, *copies, shared_bytes=shared_bytes, cluster=cluster)
@@ -169,8 +182,8 @@ def sanitize(kernel, grid, block, args, *, tool: str = "memcheck", shared_bytes:
         mine = tuple(f for f in run.findings if f.tool == t)
         if t == "synccheck" and run.error and "deadlock" in run.error:
             mine += (Finding(tool="synccheck", kind="deadlock", message="Deadlock: a barrier that not every thread "
-                             "reaches", where=Location(function=kernel.name), detail=run.error.splitlines()[0]),)
-        reports.append(SanitizerReport(tool=t, kernel=kernel.name, findings=mine,
+                             "reaches", where=Location(function=image.name), detail=run.error.splitlines()[0]),)
+        reports.append(SanitizerReport(tool=t, kernel=image.name, findings=mine,
                                        error_count=sum(f.count for f in mine), notes=tuple(notes),
                                        job_status=status, wall_ms=wall_ms, simulated=True))
     if len(reports) == 1:

@@ -4,8 +4,10 @@
 // `__shared__` becomes `static thread_local`: one copy per block. What this is not: a model of timing, of the memory
 // model between blocks (atomics are plain read-modify-writes under one lock), or of undefined behaviour. It catches
 // wrong indexing, missing guards, barrier mismatches (a deadlock is reported, not hung), shuffles that read a lane
-// that has exited, and arithmetic mistakes. Used by emulate.py beside it.
+// that has exited, and arithmetic mistakes; tutorial 05's warp-level PTX (cp.async, ldmatrix, mma.sync) runs here
+// too, with the checks (see the section before checks.h). Used by emulate.py beside it.
 #pragma once
+#include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -129,7 +131,7 @@ template <typename T> inline T __ldlu(const T* p) { return *p; }
 template <typename T> inline void __stcs(T* p, T v) { *p = v; }
 template <typename T> inline void __stcg(T* p, T v) { *p = v; }
 inline void __threadfence() {}
-inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
+inline size_t __cvta_generic_to_shared(const void* p);      // a shared-memory offset (below, with the scheduler)
 inline void __threadfence_block() {}
 [[noreturn]] inline void __trap() { std::fprintf(stderr, "emu: __trap()\n"); std::abort(); }
 
@@ -139,6 +141,8 @@ std::mutex& atomic_lock();
 
 // ---- fibers --------------------------------------------------------------------------------------------------
 enum class Wait { none, block, warp, cluster, poll, done };   // poll: spins on an mbarrier
+
+struct CpCopy { uint32_t dst; const void* src; int bytes, src_bytes; };    // one cp.async, queued
 
 struct Fiber {
     ucontext_t ctx;
@@ -151,6 +155,8 @@ struct Fiber {
     int barrier_line = 0;    // the line of the __syncthreads() it waits at
     int exit_line = 0;       // the line of the `return` it left at (0: the end of the kernel)
     bool syncwarp = false;   // it waits at a __syncwarp() (not a shuffle)
+    std::deque<std::vector<CpCopy>> cp_groups;   // committed cp.async groups, oldest first
+    std::vector<CpCopy> cp_open;                 // issued, not yet committed
 };
 
 struct PendingRead { int line, tid; long long index; const char* name; int size; bool cancelled; };
@@ -164,6 +170,7 @@ struct Block {
     Fiber* cur = nullptr;
     std::function<void()> body;
     std::vector<unsigned long long> shfl;   // one exchange slot per thread
+    std::vector<uint64_t> scratch;          // warp collectives (ldmatrix, mma.sync): 8 words per thread
     Cluster* cluster = nullptr;
     int rank = 0;
     char* tls_anchor = nullptr;
@@ -315,6 +322,8 @@ inline void fiber_entry(unsigned lo, unsigned hi) {
     Block* b = reinterpret_cast<Block*>((uintptr_t(hi) << 32) | uintptr_t(lo));
     try {
         b->body();
+        if (!b->cur->cp_open.empty() || !b->cur->cp_groups.empty())
+            fail("a thread exited with cp.async copies it never waited for (cp.async.wait_group)");
     } catch (const std::exception& e) {
         if (b->error.empty()) b->error = e.what();
     }
@@ -334,6 +343,7 @@ inline void run_block(Block& b) {
     int n = int(b.bdim.x * b.bdim.y * b.bdim.z);
     b.fibers.assign(n, Fiber{});
     b.shfl.assign(n, 0);
+    b.scratch.assign(size_t(n) * 8, 0);
     static std::atomic<unsigned> serials{0};
     b.serial = ++serials;
     b.warp_gen.assign((n + 31) / 32, 0);
@@ -583,5 +593,144 @@ inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; 
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
 inline int __ffs(int x) { return __builtin_ffs(x); }           // 1 + the lowest set bit; 0 for 0
+
+// ---- shared-memory addresses, and the warp-level PTX of tutorial 05 (ldmatrix, mma.sync, cp.async) -------------
+// A shared address (__cvta_generic_to_shared) is the offset of the element from a 1 MiB-aligned point of the block's
+// thread-local storage, where its __shared__ arrays live: the low address bits, and so alignment and swizzles, are
+// the element's own. ldmatrix and mma.sync are warp collectives: each lane posts its operands, the warp meets at the
+// scheduler's warp barrier, and every lane of a whole warp must be there (an exited lane is an error, not a garbage
+// fragment). cp.async is queued per thread and lands at the cp.async.wait_group that lets it go, so a read before the
+// wait, or without the barrier after it, sees what was there before. The fragment layouts are the PTX ISA's (the same
+// code as ptx_emu.h's, which the wgmma and TMA kernels still run on).
+namespace kl {
+inline char* smem_base() {
+    return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(g_block->tls_anchor) & ~uintptr_t((1u << 20) - 1));
+}
+inline uint32_t smem_addr(const void* p) { return uint32_t(reinterpret_cast<const char*>(p) - smem_base()); }
+inline unsigned char* smem_ptr(uint32_t a) { return reinterpret_cast<unsigned char*>(smem_base() + int32_t(a)); }
+inline uint64_t* warp_scratch() { return &g_block->scratch[size_t(self().linear & ~31) * 8]; }
+void note_shared(const void* p, size_t bytes, bool write, const char* what);     // checks.h
+// Meet the warp's other lanes (a collective, not a __syncwarp: it orders no shared memory for the checks); the first
+// meeting of an instruction checks that the whole warp is there.
+inline void warp_meet(const char* what, bool check) {
+    Fiber& f = self();
+    f.syncwarp = false;
+    yield(Wait::warp);
+    if (!check) return;
+    int w0 = f.linear & ~31, n = int(g_block->fibers.size());
+    if (w0 + 32 > n)
+        fail(std::string(what) + ": warp " + std::to_string(w0 / 32) + " has " + std::to_string(n - w0) +
+             " threads; a warp collective needs all 32 lanes (make the block a whole number of warps)");
+    for (int i = w0; i < w0 + 32; ++i)
+        if (g_block->fibers[i].wait == Wait::done)
+            fail(std::string(what) + ": lane " + std::to_string(i - w0) + " of warp " + std::to_string(w0 / 32) +
+                 " has exited; every lane of the warp must execute it (.sync.aligned)");
+}
+template <int NMAT> inline void ldmatrix(uint32_t* out, uint32_t addr, bool trans) {
+    uint64_t* s = warp_scratch();
+    int lane = self().linear & 31;
+    s[lane] = addr;
+    warp_meet("ldmatrix", true);
+    for (int i = 0; i < NMAT; ++i) {      // matrix i's row r address from lane 8 i + r; lane l: row l / 4, cols 2 (l % 4) +0, +1
+        uint16_t v[2];
+        for (int e = 0; e < 2; ++e) {
+            int r = lane / 4, c = 2 * (lane % 4) + e;
+            int src_row = trans ? c : r, src_col = trans ? r : c;
+            uint32_t row_addr = uint32_t(s[8 * i + src_row]);
+            if (row_addr % 16) fail("ldmatrix: a row address not 16-byte aligned");
+            const unsigned char* from = smem_ptr(row_addr + 2 * src_col);
+            note_shared(from, 2, false, "ldmatrix");
+            std::memcpy(&v[e], from, 2);
+        }
+        out[i] = uint32_t(v[0]) | (uint32_t(v[1]) << 16);
+    }
+    warp_meet("ldmatrix", false);          // every lane has read the addresses before any posts again
+}
+inline float half_value(__nv_bfloat16 v) { return __bfloat162float(v); }
+inline float half_value(__half v) { return __half2float(v); }
+template <class T> inline float elem(uint32_t packed, int hi) {
+    return half_value(T{static_cast<unsigned short>(hi ? packed >> 16 : packed & 0xffff)});
+}
+// D (16 x 8, f32) += A (16 x 16, row) B (16 x 8, col); lane l: g = l / 4, t = l % 4. A: a0 (g, 2t..), a1 (g + 8, 2t..),
+// a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..); B: b0 (k 2t.., n g), b1 (k 2t + 8.., n g); D: d0, d1 (g, 2t..), d2, d3 (g + 8, 2t..).
+template <class T> inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
+    uint64_t* s = warp_scratch();
+    int lane = self().linear & 31;
+    for (int i = 0; i < 4; ++i) s[8 * lane + i] = a[i];
+    for (int i = 0; i < 2; ++i) s[8 * lane + 4 + i] = b[i];
+    warp_meet("mma.sync", true);
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) {
+        int g = l / 4, t = l % 4;
+        const uint64_t* f = s + 8 * l;
+        for (int e = 0; e < 2; ++e) {
+            A[g][2 * t + e] = elem<T>(uint32_t(f[0]), e);
+            A[g + 8][2 * t + e] = elem<T>(uint32_t(f[1]), e);
+            A[g][2 * t + 8 + e] = elem<T>(uint32_t(f[2]), e);
+            A[g + 8][2 * t + 8 + e] = elem<T>(uint32_t(f[3]), e);
+            B[2 * t + e][g] = elem<T>(uint32_t(f[4]), e);
+            B[2 * t + 8 + e][g] = elem<T>(uint32_t(f[5]), e);
+        }
+    }
+    warp_meet("mma.sync", false);
+    int g = lane / 4, t = lane % 4;
+    for (int q = 0; q < 4; ++q) {
+        int r = g + (q >= 2 ? 8 : 0), c = 2 * t + (q & 1);
+        double acc = d[q];
+        for (int k = 0; k < 16; ++k) acc += double(A[r][k]) * double(B[k][c]);
+        d[q] = float(acc);
+    }
+}
+inline void run_cp_async(int keep) {
+    Fiber& f = self();
+    while (int(f.cp_groups.size()) > keep) {
+        for (auto& c : f.cp_groups.front()) {
+            unsigned char* d = smem_ptr(c.dst);
+            note_shared(d, size_t(c.bytes), true, "cp.async");
+            std::memcpy(d, c.src, size_t(c.src_bytes));
+            std::memset(d + c.src_bytes, 0, size_t(c.bytes - c.src_bytes));
+        }
+        f.cp_groups.pop_front();
+    }
+}
+}  // namespace kl
+inline size_t __cvta_generic_to_shared(const void* p) { return kl::smem_addr(p); }
+
+namespace kl_emu {
+inline void ldmatrix_x1(uint32_t (&r)[1], uint32_t addr) { kl::ldmatrix<1>(r, addr, false); }
+inline void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) { kl::ldmatrix<2>(r, addr, false); }
+inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { kl::ldmatrix<4>(r, addr, false); }
+inline void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) { kl::ldmatrix<2>(r, addr, true); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) { kl::ldmatrix<4>(r, addr, true); }
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], __nv_bfloat16) {
+    kl::mma_16816<__nv_bfloat16>(d, a, b);
+}
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], __half) {
+    kl::mma_16816<__half>(d, a, b);
+}
+template <class T> inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const uint32_t b[2] = {b0, b1};                  // <kl/mma.cuh>'s mma_16816<T>(d, a, b0, b1)
+    kl::mma_16816<T>(d, a, b);
+}
+inline void cp_async_16(uint32_t dst, const void* src, int src_bytes = 16) {
+    if (dst % 16) kl::fail("cp.async: destination not 16-byte aligned");
+    if (src_bytes && reinterpret_cast<uintptr_t>(src) % 16) kl::fail("cp.async: source not 16-byte aligned");
+    if (src_bytes < 0 || src_bytes > 16) kl::fail("cp.async: src-size outside 0..16 for a 16-byte copy");
+    kl::self().cp_open.push_back({dst, src, 16, src_bytes});
+}
+inline void cp_async_4(uint32_t dst, const void* src, int src_bytes = 4) {
+    if (dst % 4) kl::fail("cp.async: destination not 4-byte aligned");
+    if (src_bytes && reinterpret_cast<uintptr_t>(src) % 4) kl::fail("cp.async: source not 4-byte aligned");
+    if (src_bytes < 0 || src_bytes > 4) kl::fail("cp.async: src-size outside 0..4 for a 4-byte copy");
+    kl::self().cp_open.push_back({dst, src, 4, src_bytes});
+}
+inline void cp_async_commit() {
+    kl::Fiber& f = kl::self();
+    f.cp_groups.push_back(std::move(f.cp_open));
+    f.cp_open.clear();
+}
+template <int N> inline void cp_async_wait() { kl::run_cp_async(N); }
+inline void cp_async_wait_all() { cp_async_commit(); kl::run_cp_async(0); }
+}  // namespace kl_emu
 
 #include "checks.h"

@@ -85,6 +85,14 @@ CHECK_LEVELS = {2: "bounds of every pointer argument and shared array, shared-me
                 1: "bounds of the pointer arguments only (the shared arrays are used in ways the checked build "
                    "does not compile)",
                 0: "nothing (the kernel's pointers are used in ways the checked build does not compile)"}
+SHARED_ONLY = ("the shared arrays' bounds, shared-memory races, uninitialised shared reads and barriers, but not the "
+               "bounds of the pointer arguments (they go where checked pointers do not compile, e.g. to a template "
+               "that deduces T from T*)")
+
+
+def describe_checks(level: int, global_checks: bool = True) -> str:
+    """What a build with checks `level` (and the pointer arguments checked or not) checks, in words."""
+    return SHARED_ONLY if level >= 2 and not global_checks else CHECK_LEVELS[level]
 
 
 def _checked_param(text: str) -> str:
@@ -119,8 +127,9 @@ def _wrap_auto(text: str, clean: str, edits: list, lo: int, hi: int) -> None:
             edits.append((j, j, ")"))
 
 
-def checked_source(text: str, level: int) -> str:
-    """`text` (host_source's) rewritten for the checks of `level` (2, 1; 0 leaves it)."""
+def checked_source(text: str, level: int, global_checks: bool = True) -> str:
+    """`text` (host_source's) rewritten for the checks of `level` (2, 1; 0 leaves it); global_checks=False leaves
+    the kernels' pointer parameters plain (the shared arrays are still checked at level 2)."""
     if level <= 0:
         return text
     clean = strip_comments_and_strings(text)
@@ -151,8 +160,9 @@ def checked_source(text: str, level: int) -> str:
             continue
         close = match_bracket(clean, name_at, "(", ")")
         params = split_top_level(clean[name_at + 1:close])
-        new = ", ".join(_checked_param(p) for p in params if p.strip())
-        edits.append((name_at + 1, close, new + "\n" * clean.count("\n", name_at + 1, close)))
+        if global_checks:
+            new = ", ".join(_checked_param(p) for p in params if p.strip())
+            edits.append((name_at + 1, close, new + "\n" * clean.count("\n", name_at + 1, close)))
         after = re.compile(r"\s*(?:->[^{;]*)?([{;])").match(clean, close + 1)
         if not after or after.group(1) != "{":
             continue
@@ -231,43 +241,52 @@ class HostCompilerMissing(RuntimeError):
 
 
 def compile_host(source: str, arch: str = DEFAULT_ARCH, first_line: int = 2, filename: str = "cell.cu", *,
-                 module=None, checks: int = 2):
+                 cubin: bytes | None = None, options=(), module=None, checks: int = 2):
     """Compile `source` with NVRTC (for the signatures) and with the host C++ compiler; a HostModule.
 
     first_line and filename are those of a `%%cuda` cell by default, so the NVRTC compile shares kernellab's cache
-    with the tests that compile the same cell for its resources; `module` is that compiled Module where the caller
-    has it. checks: the most checks to build in (2: all, 1: pointer arguments' bounds, 0: none); where the kernel
-    does not compile with them, the next level down is tried and the HostModule's `notes` say so."""
-    if module is None:                    # the compile cache's entry (compile_cuda's too), its kernels' signatures
-        output, _ = compile_cached(source, normalize_arch(arch), (), filename=filename, first_line=first_line)
-        found = find_kernels("\n" * (first_line - 1) + source)
-        kernels = [_Compiled(signature_for(sym, found)) for sym in (output.reports or read_cubin(output.cubin))]
-        kernels.sort(key=lambda k: (k.signature.line is None, k.signature.line or 0, k.symbol))
-        cubin = output.cubin
+    with the tests that compile the same cell for its resources; `cubin` is that compile's output where the caller
+    has it (a KernelImage's `image`: NVRTC is not run again), `options` its NVRTC options; `module` (a compiled
+    Module) stands for its cubin. checks: the most checks to build in (2: all, 1: pointer arguments' bounds, 0:
+    none); where the kernel does not compile with them, the next is tried (2, 1, then the shared arrays' checks
+    with plain pointer arguments, then none) and the HostModule's `notes` say so."""
+    if cubin is None and module is not None:
+        cubin = module.cubin
+    found = find_kernels("\n" * (first_line - 1) + source)
+    if cubin is None:                     # the compile cache's entry (compile_cuda's too), its kernels' signatures
+        output, _ = compile_cached(source, normalize_arch(arch), tuple(options), filename=filename,
+                                   first_line=first_line)
+        symbols, cubin = (output.reports or read_cubin(output.cubin)), output.cubin
     else:
-        kernels, cubin = list(module.kernels), module.cubin
+        symbols = read_cubin(cubin)
+    kernels = [_Compiled(signature_for(sym, found)) for sym in symbols]
+    kernels.sort(key=lambda k: (k.signature.line is None, k.signature.line or 0, k.symbol))
     base = host_source(source)
     opt = os.environ.get("KERNELLAB_EMU_OPT", "-O1 -g0").split()       # e.g. "-O0 -g" to debug under gdb
     notes, logs = [], []
-    for level in range(max(0, min(2, int(checks))), -1, -1):
+    top = max(0, min(2, int(checks)))
+    # all; the pointer arguments' bounds only; the shared arrays only (pointer arguments plain: a template that
+    # deduces T from T* takes them); none
+    tries = [(lv, g) for lv, g in ((2, True), (1, True), (2, False), (0, True)) if lv <= top]
+    for level, global_checks in tries:
         text = (f'#define KL_CHECKS {level}\n#include "{HEADER}"\n#line {first_line} "{filename}"\n'
-                + checked_source(base, level) + "\n" + _wrappers(kernels, level))
+                + checked_source(base, level, global_checks) + "\n" + _wrappers(kernels, level, global_checks))
         lib, log = _build(text, opt)
         if lib is not None:
             break
         logs.append(log)
     else:
         raise RuntimeError(f"host compile failed:\n{logs[-1][-4000:]}")
-    if level < min(2, checks):
+    if logs:
         first = next((ln for ln in logs[0].splitlines() if "error" in ln), logs[0].strip().splitlines()[0]
                      if logs[0].strip() else "")
-        notes.append(f"checked on the CPU: {CHECK_LEVELS[level]}; the fuller checks did not compile: "
-                     f"{first.strip()[:300]}")
-    return HostModule(ctypes.CDLL(str(lib)), kernels, cluster_dims(cubin), level=level,
+        notes.append(f"checked on the CPU: {describe_checks(level, global_checks)}; the fuller checks did not "
+                     f"compile: {first.strip()[:300]}")
+    return HostModule(ctypes.CDLL(str(lib)), kernels, cluster_dims(cubin), level=level, global_checks=global_checks,
                       source=source, first_line=first_line, filename=filename, notes=notes)
 
 
-def _wrappers(kernels, level: int) -> str:
+def _wrappers(kernels, level: int, global_checks: bool = True) -> str:
     out = []
     for i, k in enumerate(kernels):
         call = k.signature.display
@@ -275,7 +294,7 @@ def _wrappers(kernels, level: int) -> str:
         for j, p in enumerate(k.params):
             raw = f"*reinterpret_cast<{_param_type(p)}*>(args[{j}])"
             ptype = _param_type(p)
-            if level >= 1 and p.pointer and ptype.count("*") == 1 and "CUtensorMap" not in ptype:
+            if level >= 1 and global_checks and p.pointer and ptype.count("*") == 1 and "CUtensorMap" not in ptype:
                 elem = ptype.rsplit("*", 1)[0].strip()
                 args.append(f'::kl::gptr<{elem}>({raw}, size_t(extents[{j}]), "{p.name}")')
             else:
@@ -329,10 +348,12 @@ class _Compiled:
 class HostModule:
     """The kernels of one source, built for the CPU: `mod[name][grid, block(, cluster)](*args)`."""
 
-    def __init__(self, lib, kernels, clusters, *, level: int = 0, source: str = "", first_line: int = 1,
+    def __init__(self, lib, kernels, clusters, *, level: int = 0, global_checks: bool = True, source: str = "",
+                 first_line: int = 1,
                  filename: str = "cell.cu", notes=()):
         self.lib, self.kernels, self.clusters = lib, kernels, clusters
         self.level = level                      # the checks built in (CHECK_LEVELS)
+        self.global_checks = global_checks      # False: the pointer arguments' bounds are not checked (SHARED_ONLY)
         self.source, self.first_line, self.filename = source, first_line, filename
         self.notes = tuple(notes)
         self._index = {}
@@ -477,7 +498,7 @@ class HostKernel:
             self.host.lib.kl_clear_findings()
         call = (*dims[0], *dims[1], c, ptrs, extents, ctypes.c_ulonglong(int(shared_bytes)))
         buffers = [(ptrs_value(keep[j]), int(extents[j])) for j, p in enumerate(params) if p.pointer and extents[j]]
-        if self.host is not None and self.host.level < 2 and _fork_ok():
+        if self.host is not None and (self.host.level < 2 or not self.host.global_checks) and _fork_ok():
             # fewer checks were built in: an access out of bounds could corrupt this process, so the launch runs in
             # a child process and its outputs are copied back
             return self._run_forked(call, buffers)
@@ -513,7 +534,8 @@ class HostKernel:
         _, status = os.waitpid(pid, 0)
         if not chunks:
             why = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {status}")
-            return CpuRun(f"the kernel crashed the CPU path ({why}): this build has {CHECK_LEVELS[self.host.level]}, "
+            return CpuRun(f"the kernel crashed the CPU path ({why}): this build checks "
+                          f"{describe_checks(self.host.level, self.host.global_checks)}, "
                           f"so an access out of bounds was not caught where it happened (see the launch's notes)", [])
         err, text, outs = pickle.loads(b"".join(chunks))
         for (ptr, n), data in zip(buffers, outs):
