@@ -63,7 +63,7 @@ def probe_attention(op, device) -> str:
     q, k, v, do = (torch.randn(2, 3, 200, 64, generator=g).to(device, torch.bfloat16) for _ in range(4))
 
     def grads(fn, dtype):
-        ins = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+        ins = [t.to(dtype).clone().requires_grad_(True) for t in (q, k, v)]
         o = fn(*ins)
         o.backward(do.to(dtype))
         return [o.detach()] + [t.grad for t in ins]
@@ -83,7 +83,7 @@ def probe_norm(op, device) -> str:
     w, b = (1 + 0.1 * torch.randn(768, generator=g)).to(device), (0.1 * torch.randn(768, generator=g)).to(device)
 
     def grads(fn, dtype):
-        ins = [t.to(dtype).requires_grad_(True) for t in (x, w, b)]
+        ins = [t.to(dtype).clone().requires_grad_(True) for t in (x, w, b)]
         y = fn(*ins)
         y.backward(dy.to(dtype))
         return [y.detach()] + [t.grad for t in ins]

@@ -113,7 +113,7 @@ class GPT(nn.Module):
 
 
 def stdlib_files(root: str | Path | None = None) -> list[Path]:
-    """The standard library's *.py files in sorted order (its site-packages/dist-packages left out)."""
+    """The standard library's *.py files sorted as paths (its site-packages/dist-packages left out)."""
     root = Path(root if root is not None else sysconfig.get_paths()["stdlib"])
     return sorted(p for p in root.rglob("*.py")
                   if p.is_file() and not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts))
