@@ -107,6 +107,22 @@ def _errors(names, ours, theirs, want) -> str:
     return "max |error| against float64, ours/PyTorch's: " + ", ".join(parts)
 
 
+def op_from_cells(notebook: str, name: str, ns: dict):
+    """`name` from the tutorial's plain Python cells that define it (`def name(`), run in the launchers' namespace
+    `ns`, for an op registered outside the `# launchers` cells (as tutorials 04 and 07 register theirs); None if no
+    cell defines it."""
+    import re
+
+    import kernellab
+    from notebook_cells import _cells, compile_python
+    ns.setdefault("kernellab", kernellab)               # what the notebook's first cells import
+    ns.setdefault("torch", torch)
+    for cell in _cells(notebook):
+        if re.search(rf"^def {re.escape(name)}\(", cell, flags=re.M) and not cell.lstrip().startswith(("# %%", "%")):
+            exec(compile_python(cell, notebook), ns)
+    return ns.get(name)
+
+
 def load_ours(device, log) -> dict:
     """{"attention": op or None, "norm": op or None, "notes": [why one is missing, or its probe's errors]}: the
     tutorials' ops by their contract names, each run forward and backward once before it is trusted."""
@@ -126,7 +142,7 @@ def load_ours(device, log) -> dict:
         except Exception as exc:                               # a cell that does not compile or run
             found["notes"].append(f"{name}: loading notebooks/{notebook} failed: {type(exc).__name__}: {exc}")
             continue
-        op = ns.get(name)
+        op = ns.get(name) or op_from_cells(notebook, name, ns)
         if op is None:
             found["notes"].append(f"{name}: notebooks/{notebook} defines no {name} (its launcher cells define: "
                                   f"{', '.join(sorted(k for k in ns if k.startswith('kl_'))) or 'no kl_* name'})")

@@ -366,3 +366,18 @@ def test_script_quick_cpu_run_writes_table_json_and_plot(script, tmp_path, monke
     last = out.strip().splitlines()
     assert last[-6].startswith("| config | final loss") and last[-1].startswith("| kernellab |")
     assert (tmp_path / "train_gpt2.md").read_text().count("\n| ") == 5         # the header and 4 rows
+
+
+def test_an_op_registered_outside_the_launcher_cells_is_found(script, monkeypatch, tmp_path):
+    """Tutorials 04 and 07 register their ops in plain cells after the launchers: the script runs the cell that
+    defines the contract's name, in the launchers' namespace, and not a %%gpu cell."""
+    import notebook_cells
+    (tmp_path / "99-t.py").write_text(
+        "# %%\n# launchers\ndef launch(x):\n    return x + 1\n\n"
+        "# %%\n@staticmethod\ndef kl_op(x):\n    return launch(x) * 2\n\n"
+        "# %%\n# %%gpu\ndef kl_gpu_only(x):\n    raise SystemExit\n")
+    monkeypatch.setattr(notebook_cells, "NOTEBOOKS", tmp_path)
+    ns = notebook_cells.load_tutorial("99-t.py", compile=lambda source: None)
+    assert "kl_op" not in ns and script.op_from_cells("99-t.py", "kl_op", ns)(3) == 8
+    assert script.op_from_cells("99-t.py", "kl_gpu_only", ns) is None
+    assert script.op_from_cells("99-t.py", "kl_missing", ns) is None

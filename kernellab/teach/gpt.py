@@ -261,8 +261,8 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
         torch.cuda.synchronize(device)
         times = [s.elapsed_time(e) for s, e in times]
     wall_s = time.perf_counter() - t_start
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-        val = [step_fn(*corpus.batch(seed, s, batch, seq, split="val", device=device))[1].float()
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):     # eager: a compiled model would
+        val = [model(*corpus.batch(seed, s, batch, seq, split="val", device=device))[1].float()   # compile again
                for s in range(val_batches)]
     return TrainRun(name=name, seed=seed, losses=tuple(torch.stack(losses).float().tolist()),
                     step_ms=tuple(float(t) for t in times), tokens_per_step=batch * seq, timed_from=timed_from,
