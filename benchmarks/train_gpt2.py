@@ -10,10 +10,15 @@ warm-up over 10 % of the steps then a cosine decay to 10 %, gradients clipped to
     eager-seed1         the same from seed 1 (other initial weights and batches): the run-to-run noise
     eager-efficient     seed 0 on SDPA's EFFICIENT backend (MATH on the CPU): same weights and data, another
                         correct kernel's rounding; the noise a kernel swap alone makes
-    kernellab           seed 0 with kl_flash_attention (tutorial 08) and kl_layernorm (tutorial 04), forward and
-                        backward, in eager mode
     compiled            torch.compile of the PyTorch model (FLASH), seed 0
+    kernellab           seed 0 with kl_flash_attention (tutorial 08) and kl_layernorm (tutorial 04), forward and
+                        backward, in eager mode (where only one op is there, with PyTorch's other op, so labelled)
     kernellab-compiled  torch.compile of the model with kernellab's ops, seed 0
+
+Before they train, kernellab's ops are taken from the tutorials by their names and run forward and backward once on
+a small case against float64 (errors printed beside PyTorch's). Where a name is missing, its tutorial does not load,
+or the op has no backward or is wrong, the script says which and why, and runs without it: with the other op alone
+(so labelled), or only PyTorch's configurations.
 
 Noise test. Each loss curve is smoothed by a trailing 10-step mean; a curve c lies within the noise of the eager
 run a when max over steps |c - a| <= max over steps |b - a|, for b = eager-seed1 (the run-to-run band the issue
@@ -52,7 +57,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from kernellab.teach.gpt import ByteCorpus, GPTConfig, TrainRun, smooth, train, within_noise  # noqa: E402
 
-CONFIGS = ("eager", "eager-seed1", "eager-efficient", "kernellab", "compiled", "kernellab-compiled")
+# PyTorch's configurations first: a kernel fault that spoils the CUDA context cannot take the baselines with it
+CONFIGS = ("eager", "eager-seed1", "eager-efficient", "compiled", "kernellab", "kernellab-compiled")
 OURS = {"attention": ("08-attention-backward.py", "kl_flash_attention"), "norm": ("04-layernorm.py", "kl_layernorm")}
 SMOOTH = 10
 
@@ -335,7 +341,8 @@ def main(argv=None) -> int:
             log(f"  {runs[spec['name']]} ({time.perf_counter() - t0:.0f} s)")
         except Exception as exc:                                # one configuration's failure does not stop the others
             tb = traceback.format_exc(limit=-4)
-            failed.append(f"{spec['name']}: FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            failed.append(f"{spec['name']}: FAILED: {type(exc).__name__}: {first}")
             log(failed[-1] + "\n" + tb)
         finally:
             if spec.get("compile"):

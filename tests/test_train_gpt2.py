@@ -6,8 +6,6 @@ tests/gpu/test_train_gpt2_gpu.py."""
 import importlib.util
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
