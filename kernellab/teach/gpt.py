@@ -24,15 +24,20 @@ from torch import nn
 from kernellab.teach.block import TransformerBlock
 
 
+def pad_vocab(n: int, multiple: int = 64) -> int:
+    """n rounded up to a multiple of `multiple` (an embedding whose rows tile evenly)."""
+    return -(-n // multiple) * multiple
+
+
 @dataclass(frozen=True)
 class GPTConfig:
-    """The model's sizes; the defaults are GPT-2 small's (124M parameters with its 50257-token vocabulary; about
-    85M with 256 bytes)."""
+    """The model's sizes; the defaults are GPT-2 small's (124M parameters with its 50257-token vocabulary, 86.0M
+    with 256 bytes)."""
     n_layers: int = 12
     d_model: int = 768
     n_heads: int = 12
     context: int = 1024
-    vocab_size: int = 256          # bytes, padded to a multiple of 64 (256 already is)
+    vocab_size: int = pad_vocab(256)          # bytes, padded to a multiple of 64 (256 already is)
     mlp_ratio: int = 4
     eps: float = 1e-5
 
@@ -41,11 +46,6 @@ class GPTConfig:
         """A model small enough for a CPU test or a smoke run: 2 layers of 128, 2 heads of 64 (the head size the
         attention kernels take), 128 tokens."""
         return cls(n_layers=2, d_model=128, n_heads=2, context=128)
-
-
-def pad_vocab(n: int, multiple: int = 64) -> int:
-    """n rounded up to a multiple of `multiple` (an embedding whose rows tile evenly)."""
-    return -(-n // multiple) * multiple
 
 
 class GPT(nn.Module):
