@@ -379,3 +379,32 @@ def test_an_op_registered_outside_the_launcher_cells_is_found(script, monkeypatc
     assert "kl_op" not in ns and script.op_from_cells("99-t.py", "kl_op", ns)(3) == 8
     assert script.op_from_cells("99-t.py", "kl_gpu_only", ns) is None
     assert script.op_from_cells("99-t.py", "kl_missing", ns) is None
+
+
+@pytest.mark.slow
+def test_tutorial_04s_layernorm_op_gives_pytorchs_gradients_in_the_gpt_on_the_cpu(script):
+    """The real kl_layernorm, by its contract name from tutorial 04, its kernels on the CPU emulation
+    (kernellab.run.sim.cuda), as the GPT's norm op: one step's loss and every gradient equal F.layer_norm's."""
+    import copy
+
+    from kernellab.run.sim.cuda import emulate
+    from notebook_cells import load_tutorial
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler for the emulation")
+    ns = load_tutorial("04-layernorm.py", compile=emulate.compile_host)       # (the script put tests/gpu on the path)
+    op = ns.get("kl_layernorm") or script.op_from_cells("04-layernorm.py", "kl_layernorm", ns)
+    if op is None or getattr(op, "backward", None) is None or "cpu" not in getattr(op, "device_types", ()):
+        pytest.skip(f"tutorial 04 here has no differentiable kl_layernorm on CPU tensors: {op!r}")
+    torch.manual_seed(0)
+    reference = GPT(TINY)
+    with torch.no_grad():
+        for n, p in reference.named_parameters():
+            if "norm" in n:
+                p.add_(0.2 * torch.randn_like(p))
+    ours = copy.deepcopy(reference).set_ops(norm_op=op)
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    want_loss, want = loss_and_grads(reference, x, torch.roll(x, -1, 1))
+    got_loss, got = loss_and_grads(ours, x, torch.roll(x, -1, 1))
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
