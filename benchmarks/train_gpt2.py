@@ -14,6 +14,8 @@ warm-up over 10 % of the steps then a cosine decay to 10 %, gradients clipped to
     kernellab           seed 0 with kl_flash_attention (tutorial 08) and kl_layernorm (tutorial 04), forward and
                         backward, in eager mode (where only one op is there, with PyTorch's other op, so labelled)
     kernellab-compiled  torch.compile of the model with kernellab's ops, seed 0
+    kernellab-attention kl_flash_attention alone (F.layer_norm), eager, seed 0: where the step time goes
+    kernellab-norm      kl_layernorm alone (SDPA FLASH), eager, seed 0
 
 Before they train, kernellab's ops are taken from the tutorials by their names and run forward and backward once on
 a small case against float64 (errors printed beside PyTorch's). Where a name is missing, its tutorial does not load,
@@ -58,7 +60,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from kernellab.teach.gpt import ByteCorpus, GPTConfig, TrainRun, smooth, train, within_noise  # noqa: E402
 
 # PyTorch's configurations first: a kernel fault that spoils the CUDA context cannot take the baselines with it
-CONFIGS = ("eager", "eager-seed1", "eager-efficient", "compiled", "kernellab", "kernellab-compiled")
+CONFIGS = ("eager", "eager-seed1", "eager-efficient", "compiled", "kernellab", "kernellab-compiled",
+           "kernellab-attention", "kernellab-norm")
 OURS = {"attention": ("08-attention-backward.py", "kl_flash_attention"), "norm": ("04-layernorm.py", "kl_layernorm")}
 SMOOTH = 10
 
@@ -186,10 +189,17 @@ def plan(names, ours, device) -> tuple[list[dict], list[str]]:
         "kernellab-compiled": dict(label=f"torch.compile, kernellab: {ours_label}", seed=0, compile=True,
                                    backend=SDPBackend.FLASH_ATTENTION, **ops),
     }
+    flash = SDPBackend.FLASH_ATTENTION
+    table["kernellab-attention"] = dict(label="kernellab: kl_flash_attention alone (F.layer_norm)", seed=0,
+                                        backend=flash, attention_op=ours["attention"])
+    table["kernellab-norm"] = dict(label="kernellab: kl_layernorm alone (SDPA FLASH)", seed=0, backend=flash,
+                                   norm_op=ours["norm"])
+    needs = {"kernellab-attention": ["attention"], "kernellab-norm": ["norm"]}
     runs, skipped = [], []
     for name in names:
-        if name.startswith("kernellab") and not which:
-            skipped.append(f"{name}: not run (no kernellab op is available; see above)")
+        required = needs.get(name, which)                 # "kernellab" and "kernellab-compiled" take what there is
+        if name.startswith("kernellab") and (not required or any(ours[r] is None for r in required)):
+            skipped.append(f"{name}: not run (its kernellab op is not available; see above)")
             continue
         if name in ("compiled", "kernellab-compiled") and not cuda:
             skipped.append(f"{name}: not run on the CPU (torch.compile's C++ build takes minutes there)")
@@ -281,7 +291,8 @@ def plot(runs: dict[str, TrainRun], verdict_rows: list[dict], path: pathlib.Path
     ax.set(xlabel="step", ylabel="training loss (nats per byte)", title=title)
     ax_d.set(xlabel="step", ylabel=f"difference of {SMOOTH}-step means", title="distance from eager")
     ax.legend(fontsize=8)
-    ax_d.legend(fontsize=8)
+    if ax_d.get_legend_handles_labels()[0]:
+        ax_d.legend(fontsize=8)
     ax_d.axhline(0, color="black", lw=0.6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -332,6 +343,30 @@ def main(argv=None) -> int:
         {"attention": None, "norm": None, "notes": []}
     specs, skipped = plan(args.configs, ours, args.device)
     runs, labels, failed = {}, {}, []
+    title = f"{'tiny GPT' if args.quick else 'GPT-2 small'} on stdlib bytes, {device_name}"
+
+    def save(final: bool):
+        """The JSON, the markdown table and the plot of the runs so far (after each configuration, so that a run
+        stopped by a time limit leaves what it finished)."""
+        rows, checks = summary_rows(runs, labels), verdicts(runs)
+        result = dict(device=device_name, torch=torch.__version__, date=time.strftime("%Y-%m-%d", time.gmtime()),
+                      command="python benchmarks/train_gpt2.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                      complete=final, model=dataclasses.asdict(config),
+                      corpus=dict(name=corpus.name, bytes=len(corpus), sha256=corpus.sha256),
+                      steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, smooth_window=SMOOTH,
+                      ops=ours["notes"], skipped=skipped, failed=failed, table=rows, noise=checks,
+                      runs={n: dict(label=labels[n], seed=r.seed, losses=r.losses, step_ms=r.step_ms,
+                                    timed_from=r.timed_from, val_loss=r.val_loss, wall_s=r.wall_s)
+                            for n, r in runs.items()})
+        table = format_table(rows)
+        if out:
+            (out / "train_gpt2.json").write_text(json.dumps(result, indent=1))
+            (out / "train_gpt2.md").write_text(f"{title}, {result['date']}, `{result['command']}`\n\n{table}\n")
+            why = plot(runs, checks, out / "train_gpt2.png", title) if runs else "no plot: no run finished"
+            if final:
+                log(why or f"wrote {out / 'train_gpt2.json'}, {out / 'train_gpt2.png'}, {out / 'train_gpt2.md'}")
+        return rows, checks, table
+
     for spec in specs:
         log(f"{spec['name']}: {spec['label']}")
         t0 = time.perf_counter()
@@ -349,24 +384,8 @@ def main(argv=None) -> int:
                 torch.compiler.reset()
             if torch.device(args.device).type == "cuda":
                 torch.cuda.empty_cache()
-    rows = summary_rows(runs, labels)
-    checks = verdicts(runs)
-    title = f"{'tiny GPT' if args.quick else 'GPT-2 small'} on stdlib bytes, {device_name}"
-    result = dict(device=device_name, torch=torch.__version__, date=time.strftime("%Y-%m-%d", time.gmtime()),
-                  command="python benchmarks/train_gpt2.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  model=dataclasses.asdict(config),
-                  corpus=dict(name=corpus.name, bytes=len(corpus), sha256=corpus.sha256),
-                  steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, smooth_window=SMOOTH,
-                  ops=ours["notes"], skipped=skipped, failed=failed, table=rows, noise=checks,
-                  runs={n: dict(label=labels[n], seed=r.seed, losses=r.losses, step_ms=r.step_ms,
-                                timed_from=r.timed_from, val_loss=r.val_loss, wall_s=r.wall_s)
-                        for n, r in runs.items()})
-    table = format_table(rows)
-    if out:
-        (out / "train_gpt2.json").write_text(json.dumps(result, indent=1))
-        (out / "train_gpt2.md").write_text(f"{title}, {result['date']}, `{result['command']}`\n\n{table}\n")
-        why = plot(runs, checks, out / "train_gpt2.png", title) if runs else "no plot: no run finished"
-        log(why or f"wrote {out / 'train_gpt2.json'}, {out / 'train_gpt2.png'}, {out / 'train_gpt2.md'}")
+        save(final=False)
+    rows, checks, table = save(final=True)
     log("")
     for note in ours["notes"] + skipped + failed:
         log(note)

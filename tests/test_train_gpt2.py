@@ -319,6 +319,8 @@ def test_plan_labels_missing_ops_and_skips(script):
     assert "kl_layernorm is missing" in runs[1]["label"] and runs[1]["norm_op"] is None
     runs, skipped = script.plan(["eager", "kernellab", "compiled"], {"attention": None, "norm": None}, "cpu")
     assert [r["name"] for r in runs] == ["eager"] and len(skipped) == 2
+    runs, skipped = script.plan(["kernellab-attention", "kernellab-norm"], ours, "cuda")
+    assert [r["name"] for r in runs] == ["kernellab-attention"] and skipped[0].startswith("kernellab-norm: not run")
     assert script.load_ours("cpu", print)["notes"] == [
         "kernellab's ops need a CUDA GPU: the kernellab configurations are not run"]
 
@@ -342,13 +344,14 @@ def test_script_quick_cpu_run_writes_table_json_and_plot(script, tmp_path, monke
     monkeypatch.setattr(script, "load_ours", lambda device, log: {
         "attention": attention, "norm": norm, "notes": ["stand-ins for kl_flash_attention and kl_layernorm"]})
     argv = ["--quick", "--device", "cpu", "--steps", "12", "--batch", "2", "--seq", "32",
-            "--configs", "eager,eager-seed1,eager-efficient,kernellab,compiled", "--out", str(tmp_path)]
+            "--configs", "eager,eager-seed1,eager-efficient,kernellab,compiled,kernellab-norm", "--out", str(tmp_path)]
     assert script.main(argv) == 0
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "train_gpt2.json").read_text())
-    assert list(result["runs"]) == ["eager", "eager-seed1", "eager-efficient", "kernellab"]
+    assert list(result["runs"]) == ["eager", "eager-seed1", "eager-efficient", "kernellab", "kernellab-norm"]
+    assert result["complete"] and result["runs"]["kernellab-norm"]["label"].startswith("kernellab: kl_layernorm alone")
     steps = 12 + 4                                          # training steps, then 4 held-out batches
-    assert attention.calls == steps * TINY.n_layers and norm.calls == steps * (2 * TINY.n_layers + 1)
+    assert attention.calls == steps * TINY.n_layers and norm.calls == 2 * steps * (2 * TINY.n_layers + 1)
     assert all(len(r["losses"]) == 12 and len(r["step_ms"]) == 12 for r in result["runs"].values())
     assert result["runs"]["eager"]["losses"] != result["runs"]["eager-seed1"]["losses"]
     assert result["runs"]["kernellab"]["label"] == "kernellab: kl_flash_attention + kl_layernorm"
@@ -358,12 +361,13 @@ def test_script_quick_cpu_run_writes_table_json_and_plot(script, tmp_path, monke
     assert rows["kernellab"]["final_loss"] == result["runs"]["kernellab"]["losses"][-1]
     checks = {(v["config"], v["band"]): v for v in result["noise"]}
     assert set(checks) == {("eager-efficient", "eager-seed1"), ("kernellab", "eager-seed1"),
-                           ("kernellab", "eager-efficient")}
+                           ("kernellab", "eager-efficient"), ("kernellab-norm", "eager-seed1"),
+                           ("kernellab-norm", "eager-efficient")}
     assert checks[("kernellab", "eager-seed1")]["within"], "a correct op's curve should stay inside the seed band"
     assert (tmp_path / "train_gpt2.png").stat().st_size > 10_000
     last = out.strip().splitlines()
-    assert last[-6].startswith("| config | final loss") and last[-1].startswith("| kernellab |")
-    assert (tmp_path / "train_gpt2.md").read_text().count("\n| ") == 5         # the header and 4 rows
+    assert last[-7].startswith("| config | final loss") and last[-1].startswith("| kernellab-norm |")
+    assert (tmp_path / "train_gpt2.md").read_text().count("\n| ") == 6         # the header and 5 rows
 
 
 def test_an_op_registered_outside_the_launcher_cells_is_found(script, monkeypatch, tmp_path):
