@@ -220,7 +220,8 @@ def run_one(spec, corpus, args, config, log) -> TrainRun:
     with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
         return train(corpus, name=spec["name"], config=config, steps=args.steps, batch=args.batch, seq=args.seq,
                      seed=spec["seed"], device=args.device, attention_op=spec.get("attention_op"),
-                     norm_op=spec.get("norm_op"), compile=spec.get("compile", False), lr=args.lr, progress=progress)
+                     norm_op=spec.get("norm_op"), compile=spec.get("compile", False), lr=args.lr, progress=progress,
+                     profile_steps=args.profile)
 
 
 def summary_rows(runs: dict[str, TrainRun], labels: dict[str, str]) -> list[dict]:
@@ -310,6 +311,9 @@ def parse(argv):
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for the JSON, PNG and table")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="after each configuration, STEPS more steps under torch.profiler: the top kernels by GPU "
+                         "time, printed and written to profile-CONFIG.txt under --out")
     args = ap.parse_args(argv)
     quick = args.quick
     args.steps = args.steps or (30 if quick else 200)
@@ -356,7 +360,8 @@ def main(argv=None) -> int:
                       steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, smooth_window=SMOOTH,
                       ops=ours["notes"], skipped=skipped, failed=failed, table=rows, noise=checks,
                       runs={n: dict(label=labels[n], seed=r.seed, losses=r.losses, step_ms=r.step_ms,
-                                    timed_from=r.timed_from, val_loss=r.val_loss, wall_s=r.wall_s)
+                                    timed_from=r.timed_from, val_loss=r.val_loss, wall_s=r.wall_s,
+                                    profile=r.profile)
                             for n, r in runs.items()})
         table = format_table(rows)
         if out:
@@ -374,6 +379,10 @@ def main(argv=None) -> int:
             runs[spec["name"]] = run_one(spec, corpus, args, config, log)
             labels[spec["name"]] = spec["label"]
             log(f"  {runs[spec['name']]} ({time.perf_counter() - t0:.0f} s)")
+            if runs[spec["name"]].profile:
+                log(runs[spec["name"]].profile)
+                if out:
+                    (out / f"profile-{spec['name']}.txt").write_text(runs[spec["name"]].profile)
         except Exception as exc:                                # one configuration's failure does not stop the others
             tb = traceback.format_exc(limit=-4)
             first = str(exc).splitlines()[0] if str(exc) else ""

@@ -344,13 +344,14 @@ def test_script_quick_cpu_run_writes_table_json_and_plot(script, tmp_path, monke
     monkeypatch.setattr(script, "load_ours", lambda device, log: {
         "attention": attention, "norm": norm, "notes": ["stand-ins for kl_flash_attention and kl_layernorm"]})
     argv = ["--quick", "--device", "cpu", "--steps", "12", "--batch", "2", "--seq", "32",
-            "--configs", "eager,eager-seed1,eager-efficient,kernellab,compiled,kernellab-norm", "--out", str(tmp_path)]
+            "--configs", "eager,eager-seed1,eager-efficient,kernellab,compiled,kernellab-norm", "--out", str(tmp_path),
+            "--profile", "1"]
     assert script.main(argv) == 0
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "train_gpt2.json").read_text())
     assert list(result["runs"]) == ["eager", "eager-seed1", "eager-efficient", "kernellab", "kernellab-norm"]
     assert result["complete"] and result["runs"]["kernellab-norm"]["label"].startswith("kernellab: kl_layernorm alone")
-    steps = 12 + 4                                          # training steps, then 4 held-out batches
+    steps = 12 + 4 + 1                          # training steps, 4 held-out batches, 1 step under the profiler
     assert attention.calls == steps * TINY.n_layers and norm.calls == 2 * steps * (2 * TINY.n_layers + 1)
     assert all(len(r["losses"]) == 12 and len(r["step_ms"]) == 12 for r in result["runs"].values())
     assert result["runs"]["eager"]["losses"] != result["runs"]["eager-seed1"]["losses"]
@@ -365,6 +366,7 @@ def test_script_quick_cpu_run_writes_table_json_and_plot(script, tmp_path, monke
                            ("kernellab-norm", "eager-efficient")}
     assert checks[("kernellab", "eager-seed1")]["within"], "a correct op's curve should stay inside the seed band"
     assert (tmp_path / "train_gpt2.png").stat().st_size > 10_000
+    assert "aten::" in (tmp_path / "profile-kernellab.txt").read_text() and result["runs"]["eager"]["profile"]
     last = out.strip().splitlines()
     assert last[-7].startswith("| config | final loss") and last[-1].startswith("| kernellab-norm |")
     assert (tmp_path / "train_gpt2.md").read_text().count("\n| ") == 6         # the header and 5 rows
@@ -412,3 +414,10 @@ def test_tutorial_04s_layernorm_op_gives_pytorchs_gradients_in_the_gpt_on_the_cp
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_profile_steps_give_the_profilers_table():
+    corpus = ByteCorpus(b"for i in range(10):\n    print(i)\n" * 200)
+    r = train(corpus, config=TINY, steps=2, batch=2, seq=16, device="cpu", profile_steps=1)
+    assert "Self CPU" in r.profile and "aten::" in r.profile and len(r.losses) == 2
+    assert train(corpus, config=TINY, steps=2, batch=2, seq=16, device="cpu").profile == ""

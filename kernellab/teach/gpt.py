@@ -180,6 +180,7 @@ class TrainRun:
     timed_from: int                 # steps before this one are warm-up (compilation, allocator, autotuning)
     val_loss: float
     wall_s: float
+    profile: str = ""               # torch.profiler's table of profile_steps more steps, if asked for
 
     @property
     def final_loss(self) -> float:
@@ -216,11 +217,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfig(), steps: int = 200,
           batch: int = 16, seq: int = 1024, seed: int = 0, device="cuda", attention_op=None, norm_op=None,
           compile: bool = False, lr: float = 6e-4, warmup: int | None = None, weight_decay: float = 0.1,
-          clip: float = 1.0, timed_from: int | None = None, val_batches: int = 4, progress=None) -> TrainRun:
+          clip: float = 1.0, timed_from: int | None = None, val_batches: int = 4, progress=None,
+          profile_steps: int = 0) -> TrainRun:
     """Train a GPT from `seed` (its initial weights, drawn on the CPU, and its batches) for `steps` steps: bf16
     autocast, AdamW (fused on a GPU), lr_at's schedule, gradients clipped to norm `clip`. PyTorch's SDPA backend is
     whatever the caller's context selects (torch.nn.attention.sdpa_kernel). progress(step, loss_tensor) is called
-    after each step (it should not read the loss every step: that waits for the GPU)."""
+    after each step (it should not read the loss every step: that waits for the GPU). With profile_steps, that many
+    more steps run under torch.profiler after the held-out loss, and TrainRun.profile holds the kernels' table."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     warmup = max(1, steps // 10) if warmup is None else warmup
@@ -234,6 +237,16 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
     losses, times = [], []
     if on_gpu:
         torch.cuda.synchronize(device)
+
+    def one_step(x, y):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            _, loss = step_fn(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
     t_start = time.perf_counter()
     for step, (x, y) in enumerate(batches):
         for g in opt.param_groups:
@@ -243,12 +256,7 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
             start.record()
         else:
             t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            _, loss = step_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = one_step(x, y)
         if on_gpu:
             end.record()
             times.append((start, end))
@@ -264,9 +272,22 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
     with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):     # eager: a compiled model would
         val = [model(*corpus.batch(seed, s, batch, seq, split="val", device=device))[1].float()   # compile again
                for s in range(val_batches)]
+        val_loss = float(torch.stack(val).mean())
+    profile = ""
+    if profile_steps:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
+        activities = [ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
+        with profiler(activities=activities) as prof:
+            for x, y in batches[:profile_steps]:
+                one_step(x, y)
+            if on_gpu:
+                torch.cuda.synchronize(device)
+        profile = prof.key_averages().table(sort_by="self_cuda_time_total" if on_gpu else "self_cpu_time_total",
+                                            row_limit=15, max_name_column_width=70)
     return TrainRun(name=name, seed=seed, losses=tuple(torch.stack(losses).float().tolist()),
                     step_ms=tuple(float(t) for t in times), tokens_per_step=batch * seq, timed_from=timed_from,
-                    val_loss=float(torch.stack(val).mean()), wall_s=wall_s)
+                    val_loss=val_loss, wall_s=wall_s, profile=profile)
 
 
 def smooth(curve, window: int = 10) -> list[float]:

@@ -121,9 +121,9 @@ SUITES: dict[str, Suite] = {
     "train-gpt2": Suite(
         "benchmarks/train_gpt2.py: GPT-2 small on the standard library's bytes, 200 steps of batch 16 x 1024 for each "
         "of PyTorch eager (seeds 0 and 1; SDPA FLASH and EFFICIENT), kernellab's attention and LayerNorm (together and "
-        "each alone), torch.compile of both: loss curves within the noise band, step times (PNG, JSON in "
-        "$OUT/train-gpt2/)", 420,
-        commands=((PY, "benchmarks/train_gpt2.py", "--out", "{out}"),), takes_args=True),
+        "each alone), torch.compile of both: loss curves within the noise band, step times, each configuration's top "
+        "kernels by torch.profiler (PNG, JSON, profiles in $OUT/train-gpt2/)", 420,
+        commands=((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--out", "{out}"),), takes_args=True),
     "bench-matmul": Suite(
         "benchmarks/matmul.py: tutorials 05/06's ladders against cuBLAS (every family)", 400,
         commands=((PY, "benchmarks/matmul.py"),), takes_args=True),
