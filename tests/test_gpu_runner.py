@@ -80,7 +80,7 @@ def test_arguments_follow_their_suite(runner):
     plan = runner.parse_args(["tests", "notebooks", "04", "07-fused-attention", "bench-matmul", "--only", "sgemm"])
     assert plan == [("tests-launch", []), ("tests-measure", []), ("tests-sim", []), ("tests-exercises-01-04", []),
                     ("tests-exercises-05-07", []), ("tests-tutorials", []), ("tests-attention-inference", []),
-                    ("tests-attention-dispatch", []),
+                    ("tests-attention-dispatch", []), ("tests-train", []),
                     ("notebooks", ["04", "07-fused-attention"]), ("bench-matmul", ["--only", "sgemm"])]
     with pytest.raises(SystemExit, match="unknown suite 'nope'"):
         runner.parse_args(["nope"])

@@ -99,6 +99,11 @@ SUITES: dict[str, Suite] = {
         "tutorial 07's entry point (kl::attention, from the notebook's launcher cell): its output equals the kernel "
         "its plan names, opcheck; the short-sequence variant (fa3p_*_bm64) on awkward shapes against SDPA", 300,
         tests=(GPU_TESTS + "test_attention_dispatch_gpu.py",)),
+    "tests-train": Suite(
+        "training on kernellab's ops: a 2-layer GPT's --quick run of benchmarks/train_gpt2.py (PyTorch eager, two "
+        "seeds, torch.compile, tutorials 08/04's kl_flash_attention and kl_layernorm) inside the seed noise band; one "
+        "step's gradients with kernellab's ops against float64", 420,
+        tests=(GPU_TESTS + "test_train_gpt2_gpu.py",)),
     "notebooks": Suite(
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
         commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),
@@ -113,6 +118,12 @@ SUITES: dict[str, Suite] = {
         "benchmarks/attention.py --grid --quick: the entry point against each of its steps and SDPA FLASH/CUDNN on "
         "short to long sequences, timed as called; last lines: where it loses to a step or to FLASH", 300,
         commands=((PY, "benchmarks/attention.py", "--grid", "--quick"),), takes_args=True),
+    "train-gpt2": Suite(
+        "benchmarks/train_gpt2.py: GPT-2 small on the standard library's bytes, 200 steps of batch 16 x 1024 for each "
+        "of PyTorch eager (seeds 0 and 1; SDPA FLASH and EFFICIENT), kernellab's attention and LayerNorm (together and "
+        "each alone), torch.compile of both: loss curves within the noise band, step times, each configuration's top "
+        "kernels by torch.profiler (PNG, JSON, profiles in $OUT/train-gpt2/)", 420,
+        commands=((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--out", "{out}"),), takes_args=True),
     "bench-matmul": Suite(
         "benchmarks/matmul.py: tutorials 05/06's ladders against cuBLAS (every family)", 400,
         commands=((PY, "benchmarks/matmul.py"),), takes_args=True),

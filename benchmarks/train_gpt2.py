@@ -1,0 +1,412 @@
+"""Training a GPT-2-small-class model with kernellab's attention and LayerNorm against PyTorch, in one run.
+
+Method. The model is kernellab.teach.gpt.GPT (12 layers, 768 wide, 12 heads of 64, context 1024, pre-LayerNorm,
+4x GELU MLP, tied embeddings, no dropout) on bytes of the Python standard library's sources (ByteCorpus.stdlib).
+Every configuration trains from the same seed's initial weights (drawn on the CPU) and batches, for --steps steps:
+bf16 autocast, fused AdamW (lr 6e-4, betas 0.9/0.95, weight decay 0.1 on matrices and embeddings), a linear
+warm-up over 10 % of the steps then a cosine decay to 10 %, gradients clipped to norm 1.
+
+    eager               PyTorch eager: F.scaled_dot_product_attention on the FLASH backend, F.layer_norm; seed 0
+    eager-seed1         the same from seed 1 (other initial weights and batches): the run-to-run noise
+    eager-efficient     seed 0 on SDPA's EFFICIENT backend (MATH on the CPU): same weights and data, another
+                        correct kernel's rounding; the noise a kernel swap alone makes
+    compiled            torch.compile of the PyTorch model (FLASH), seed 0
+    kernellab           seed 0 with kl_flash_attention (tutorial 08) and kl_layernorm (tutorial 04), forward and
+                        backward, in eager mode (where only one op is there, with PyTorch's other op, so labelled)
+    kernellab-compiled  torch.compile of the model with kernellab's ops, seed 0
+    kernellab-attention kl_flash_attention alone (F.layer_norm), eager, seed 0: where the step time goes
+    kernellab-norm      kl_layernorm alone (SDPA FLASH), eager, seed 0
+
+Before they train, kernellab's ops are taken from the tutorials by their names and run forward and backward once on
+a small case against float64 (errors printed beside PyTorch's). Where a name is missing, its tutorial does not load,
+or the op has no backward or is wrong, the script says which and why, and runs without it: with the other op alone
+(so labelled), or only PyTorch's configurations.
+
+Noise test. Each loss curve is smoothed by a trailing 10-step mean; a curve c lies within the noise of the eager
+run a when max over steps |c - a| <= max over steps |b - a|, for b = eager-seed1 (the run-to-run band the issue
+asks for) and, stricter, for b = eager-efficient (the same data and weights: only rounding differs, as it does for
+kernellab's kernels).
+Timing. Each step (forward, backward, clipping, optimiser) between two CUDA events, no synchronisation inside the
+loop, so the host queues ahead as in real training: the step time is as called, launch costs included. The median
+over the steps after the first 10 (compilation and warm-up); the first step's time is reported apart. Ratios are
+speed-ups (eager's or compiled's median step time over the configuration's): above 1 is faster.
+
+    python benchmarks/train_gpt2.py --out results/            # 200 steps of batch 16 x 1024 tokens
+    python benchmarks/train_gpt2.py --quick --device cpu      # a tiny model for 30 steps (a smoke run)
+    python benchmarks/train_gpt2.py --configs eager,kernellab # a choice of configurations
+Writes train_gpt2.json (every curve and time), train_gpt2.png (the curves) and train_gpt2.md (the table) under --out
+($OUT if set); the table is printed last. Exit status 1 if a configuration that could run failed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))      # notebook_cells: the tutorials' cells, as the tests read them
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from kernellab.teach.gpt import ByteCorpus, GPTConfig, TrainRun, smooth, train, within_noise  # noqa: E402
+
+# PyTorch's configurations first: a kernel fault that spoils the CUDA context cannot take the baselines with it
+CONFIGS = ("eager", "eager-seed1", "eager-efficient", "compiled", "kernellab", "kernellab-compiled",
+           "kernellab-attention", "kernellab-norm")
+OURS = {"attention": ("08-attention-backward.py", "kl_flash_attention"), "norm": ("04-layernorm.py", "kl_layernorm")}
+SMOOTH = 10
+
+
+def probe_attention(op, device) -> str:
+    """Forward and backward of `op` on a small causal bf16 case against float64; the errors beside SDPA's own."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, do = (torch.randn(2, 3, 200, 64, generator=g).to(device, torch.bfloat16) for _ in range(4))
+
+    def grads(fn, dtype):
+        ins = [t.to(dtype).clone().requires_grad_(True) for t in (q, k, v)]
+        o = fn(*ins)
+        o.backward(do.to(dtype))
+        return [o.detach()] + [t.grad for t in ins]
+
+    want = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), torch.float64)
+    ours = grads(lambda a, b, c: op(a, b, c, True), torch.bfloat16)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        theirs = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), torch.bfloat16)
+    return _errors(("out", "dq", "dk", "dv"), ours, theirs, want)
+
+
+def probe_norm(op, device) -> str:
+    """Forward and backward of `op` on [300, 768] float32 rows (as the fp32 residual stream meets it) against
+    float64; the errors beside F.layer_norm's own."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x, dy = (torch.randn(300, 768, generator=g).to(device) for _ in range(2))
+    w, b = (1 + 0.1 * torch.randn(768, generator=g)).to(device), (0.1 * torch.randn(768, generator=g)).to(device)
+
+    def grads(fn, dtype):
+        ins = [t.to(dtype).clone().requires_grad_(True) for t in (x, w, b)]
+        y = fn(*ins)
+        y.backward(dy.to(dtype))
+        return [y.detach()] + [t.grad for t in ins]
+
+    want = grads(lambda a, c, d: F.layer_norm(a, (768,), c, d, 1e-5), torch.float64)
+    ours = grads(lambda a, c, d: op(a, c, d, 1e-5), torch.float32)
+    theirs = grads(lambda a, c, d: F.layer_norm(a, (768,), c, d, 1e-5), torch.float32)
+    return _errors(("y", "dx", "dw", "db"), ours, theirs, want)
+
+
+def _errors(names, ours, theirs, want) -> str:
+    """'name ours/PyTorch's' max errors against float64; raises if ours is more than 10x PyTorch's + 1e-2 off."""
+    parts, bad = [], []
+    for n, o, t, w in zip(names, ours, theirs, want):
+        eo, et = float((o.double() - w).abs().max()), float((t.double() - w).abs().max())
+        parts.append(f"{n} {eo:.2g}/{et:.2g}")
+        if not eo <= 10 * et + 1e-2:
+            bad.append(n)
+    if bad:
+        raise AssertionError(f"wrong {', '.join(bad)} (max |error| ours/PyTorch's: {'; '.join(parts)})")
+    return "max |error| against float64, ours/PyTorch's: " + ", ".join(parts)
+
+
+def op_from_cells(notebook: str, name: str, ns: dict):
+    """`name` from the tutorial's plain Python cells that define it (`def name(`), run in the launchers' namespace
+    `ns`, for an op registered outside the `# launchers` cells (as tutorials 04 and 07 register theirs); None if no
+    cell defines it."""
+    import re
+
+    import kernellab
+    from notebook_cells import _cells, compile_python
+    ns.setdefault("kernellab", kernellab)               # what the notebook's first cells import
+    ns.setdefault("torch", torch)
+    for cell in _cells(notebook):
+        if re.search(rf"^def {re.escape(name)}\(", cell, flags=re.M) and not cell.lstrip().startswith(("# %%", "%")):
+            exec(compile_python(cell, notebook), ns)
+    return ns.get(name)
+
+
+def load_ours(device, log) -> dict:
+    """{"attention": op or None, "norm": op or None, "notes": [why one is missing, or its probe's errors]}: the
+    tutorials' ops by their contract names, each run forward and backward once before it is trusted."""
+    found = {"attention": None, "norm": None, "notes": []}
+    if torch.device(device).type != "cuda":
+        found["notes"].append("kernellab's ops need a CUDA GPU: the kernellab configurations are not run")
+        return found
+    from notebook_cells import NOTEBOOKS, load_tutorial
+    probes = {"attention": probe_attention, "norm": probe_norm}
+    for role, (notebook, name) in OURS.items():
+        t0 = time.perf_counter()
+        if not (NOTEBOOKS / notebook).exists():
+            found["notes"].append(f"{name}: notebooks/{notebook} does not exist")
+            continue
+        try:
+            ns = load_tutorial(notebook)
+        except Exception as exc:                               # a cell that does not compile or run
+            found["notes"].append(f"{name}: loading notebooks/{notebook} failed: {type(exc).__name__}: {exc}")
+            continue
+        op = ns.get(name) or op_from_cells(notebook, name, ns)
+        if op is None:
+            found["notes"].append(f"{name}: notebooks/{notebook} defines no {name} (its launcher cells define: "
+                                  f"{', '.join(sorted(k for k in ns if k.startswith('kl_'))) or 'no kl_* name'})")
+            continue
+        try:
+            checked = probes[role](op, device)
+        except Exception as exc:                               # no autograd, a launch error, wrong numbers
+            found["notes"].append(f"{name}: its forward/backward probe failed: {type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''}")
+            continue
+        found[role] = op
+        found["notes"].append(f"{name} from notebooks/{notebook} ({time.perf_counter() - t0:.0f} s to load): {checked}")
+    for note in found["notes"]:
+        log(note)
+    return found
+
+
+def plan(names, ours, device) -> tuple[list[dict], list[str]]:
+    """The configurations to run (each a dict of train()'s arguments and a label) and a note for each left out."""
+    cuda = torch.device(device).type == "cuda"
+    other = SDPBackend.EFFICIENT_ATTENTION if cuda else SDPBackend.MATH
+    which = [r for r in ("attention", "norm") if ours[r] is not None]
+    ops = {"attention_op": ours["attention"], "norm_op": ours["norm"]}
+    ours_label = " + ".join({"attention": "kl_flash_attention", "norm": "kl_layernorm"}[r] for r in which)
+    if len(which) == 1:
+        ours_label += " (the other op is PyTorch's: " + ("kl_layernorm" if which == ["attention"] else
+                                                         "kl_flash_attention") + " is missing)"
+    table = {
+        "eager": dict(label="PyTorch eager, SDPA FLASH", seed=0, backend=SDPBackend.FLASH_ATTENTION),
+        "eager-seed1": dict(label="PyTorch eager, SDPA FLASH, seed 1", seed=1, backend=SDPBackend.FLASH_ATTENTION),
+        "eager-efficient": dict(label=f"PyTorch eager, SDPA {other.name}", seed=0, backend=other),
+        # FLASH where PyTorch's attention remains (when only kl_layernorm came)
+        "kernellab": dict(label=f"kernellab: {ours_label}", seed=0, backend=SDPBackend.FLASH_ATTENTION, **ops),
+        "compiled": dict(label="torch.compile, SDPA FLASH", seed=0, backend=SDPBackend.FLASH_ATTENTION, compile=True),
+        "kernellab-compiled": dict(label=f"torch.compile, kernellab: {ours_label}", seed=0, compile=True,
+                                   backend=SDPBackend.FLASH_ATTENTION, **ops),
+    }
+    flash = SDPBackend.FLASH_ATTENTION
+    table["kernellab-attention"] = dict(label="kernellab: kl_flash_attention alone (F.layer_norm)", seed=0,
+                                        backend=flash, attention_op=ours["attention"])
+    table["kernellab-norm"] = dict(label="kernellab: kl_layernorm alone (SDPA FLASH)", seed=0, backend=flash,
+                                   norm_op=ours["norm"])
+    needs = {"kernellab-attention": ["attention"], "kernellab-norm": ["norm"]}
+    runs, skipped = [], []
+    for name in names:
+        required = needs.get(name, which)                 # "kernellab" and "kernellab-compiled" take what there is
+        if name.startswith("kernellab") and (not required or any(ours[r] is None for r in required)):
+            skipped.append(f"{name}: not run (its kernellab op is not available; see above)")
+            continue
+        if name in ("compiled", "kernellab-compiled") and not cuda:
+            skipped.append(f"{name}: not run on the CPU (torch.compile's C++ build takes minutes there)")
+            continue
+        runs.append(dict(name=name, **table[name]))
+    return runs, skipped
+
+
+def run_one(spec, corpus, args, config, log) -> TrainRun:
+    """One configuration's training under its SDPA backend."""
+    every = max(1, args.steps // 5)
+
+    def progress(step, loss):
+        if step % every == 0 or step == args.steps - 1:
+            log(f"  {spec['name']} step {step:4d}: loss {float(loss):.4f}")
+
+    backend = spec.get("backend")
+    with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+        return train(corpus, name=spec["name"], config=config, steps=args.steps, batch=args.batch, seq=args.seq,
+                     seed=spec["seed"], device=args.device, attention_op=spec.get("attention_op"),
+                     norm_op=spec.get("norm_op"), compile=spec.get("compile", False), lr=args.lr, progress=progress,
+                     profile_steps=args.profile)
+
+
+def summary_rows(runs: dict[str, TrainRun], labels: dict[str, str]) -> list[dict]:
+    """One row per finished run: the losses, the step time and the speed-ups against eager and compiled."""
+    base = {k: runs[k].median_step_ms for k in ("eager", "compiled") if k in runs}
+    rows = []
+    for name, r in runs.items():
+        rows.append(dict(config=name, label=labels[name], final_loss=r.final_loss, last20_loss=r.mean_loss(20),
+                         val_loss=r.val_loss, step_ms=r.median_step_ms, first_step_ms=r.step_ms[0],
+                         tokens_per_s=r.tokens_per_s,
+                         vs_eager=base["eager"] / r.median_step_ms if "eager" in base else None,
+                         vs_compiled=base["compiled"] / r.median_step_ms if "compiled" in base else None))
+    return rows
+
+
+def verdicts(runs: dict[str, TrainRun]) -> list[dict]:
+    """The noise test of every other curve against eager, with each band that was measured."""
+    out = []
+    for band_name in ("eager-seed1", "eager-efficient"):
+        if "eager" not in runs or band_name not in runs:
+            continue
+        for c in runs:
+            if c in ("eager", "eager-seed1", band_name):      # the references are not tested against each other's band
+                continue
+            v = within_noise(runs["eager"].losses, runs[band_name].losses, runs[c].losses, window=SMOOTH)
+            out.append(dict(config=c, band=band_name, within=v.within, gap=v.gap, band_width=v.band,
+                            gap_step=v.gap_step, text=str(v)))
+    return out
+
+
+def format_table(rows: list[dict]) -> str:
+    """The table as fixed-width text (markdown-compatible)."""
+    head = ["config", "final loss", "last-20 mean", "held-out", "step ms (median)", "1st step ms", "tokens/s",
+            "vs eager", "vs compiled"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        cells = [r["config"], f"{r['final_loss']:.4f}", f"{r['last20_loss']:.4f}", f"{r['val_loss']:.4f}",
+                 f"{r['step_ms']:.2f}", f"{r['first_step_ms']:.0f}", f"{r['tokens_per_s'] / 1e3:.1f}k",
+                 f"{r['vs_eager']:.3f}x" if r["vs_eager"] else "-",
+                 f"{r['vs_compiled']:.3f}x" if r["vs_compiled"] else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, TrainRun], verdict_rows: list[dict], path: pathlib.Path, title: str) -> str | None:
+    """The loss curves (raw, faint; 10-step means, solid) and each curve's smoothed distance from eager, with the
+    seed band shaded; None, or why no plot was drawn."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return f"no plot: {exc}"
+    fig, (ax, ax_d) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for i, (name, r) in enumerate(runs.items()):
+        color = f"C{i}"
+        steps = range(len(r.losses))
+        ax.plot(steps, r.losses, color=color, alpha=0.25, lw=0.8)
+        s = smooth(r.losses, SMOOTH)
+        ax.plot(range(len(r.losses) - len(s), len(r.losses)), s, color=color, lw=1.6, label=name)
+        if "eager" in runs and name != "eager":
+            a = smooth(runs["eager"].losses, SMOOTH)
+            ax_d.plot(range(len(r.losses) - len(s), len(r.losses)), [y - x for x, y in zip(a, s)], color=color,
+                      lw=1.4, label=f"{name} - eager")
+    band = next((v["band_width"] for v in verdict_rows if v["band"] == "eager-seed1"), None)
+    if band is not None:
+        ax_d.axhspan(-band, band, color="grey", alpha=0.15, label="seed band (max |seed1 - eager|)")
+    ax.set(xlabel="step", ylabel="training loss (nats per byte)", title=title)
+    ax_d.set(xlabel="step", ylabel=f"difference of {SMOOTH}-step means", title="distance from eager")
+    ax.legend(fontsize=8)
+    if ax_d.get_legend_handles_labels()[0]:
+        ax_d.legend(fontsize=8)
+    ax_d.axhline(0, color="black", lw=0.6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, help="training steps per configuration (default 200; --quick 30)")
+    ap.add_argument("--batch", type=int, help="sequences per step (default 16; --quick 8)")
+    ap.add_argument("--seq", type=int, help="tokens per sequence (default 1024, the context; --quick 128)")
+    ap.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default 6e-4)")
+    ap.add_argument("--quick", action="store_true", help="a tiny model (2 layers of 128) for 30 steps: a smoke run")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for the JSON, PNG and table")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="after each configuration, STEPS more steps under torch.profiler: the top kernels by GPU "
+                         "time, printed and written to profile-CONFIG.txt under --out")
+    args = ap.parse_args(argv)
+    quick = args.quick
+    args.steps = args.steps or (30 if quick else 200)
+    args.batch = args.batch or (8 if quick else 16)
+    config = GPTConfig.tiny() if quick else GPTConfig()
+    args.seq = args.seq or config.context
+    if args.seq > config.context:
+        ap.error(f"--seq {args.seq} is longer than the model's context of {config.context}")
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown or not names:
+        ap.error(f"unknown configurations {unknown}; choose from {', '.join(CONFIGS)}")
+    args.configs = names
+    return args, config
+
+
+def main(argv=None) -> int:
+    args, config = parse(argv)
+    out = pathlib.Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+
+    def log(msg):
+        print(msg, flush=True)
+
+    device_name = torch.cuda.get_device_name(args.device) if torch.device(args.device).type == "cuda" else "CPU"
+    corpus = ByteCorpus.stdlib()
+    log(f"{device_name}, torch {torch.__version__}; corpus: {corpus.name}, {len(corpus) / 1e6:.1f} MB, sha256 "
+        f"{corpus.sha256[:12]}; model: {config}; {args.steps} steps of {args.batch} x {args.seq} tokens")
+    ours = load_ours(args.device, log) if any(c.startswith("kernellab") for c in args.configs) else \
+        {"attention": None, "norm": None, "notes": []}
+    specs, skipped = plan(args.configs, ours, args.device)
+    runs, labels, failed = {}, {}, []
+    title = f"{'tiny GPT' if args.quick else 'GPT-2 small'} on stdlib bytes, {device_name}"
+
+    def save(final: bool):
+        """The JSON, the markdown table and the plot of the runs so far (after each configuration, so that a run
+        stopped by a time limit leaves what it finished)."""
+        rows, checks = summary_rows(runs, labels), verdicts(runs)
+        result = dict(device=device_name, torch=torch.__version__, date=time.strftime("%Y-%m-%d", time.gmtime()),
+                      command="python benchmarks/train_gpt2.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                      complete=final, model=dataclasses.asdict(config),
+                      corpus=dict(name=corpus.name, bytes=len(corpus), sha256=corpus.sha256),
+                      steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, smooth_window=SMOOTH,
+                      ops=ours["notes"], skipped=skipped, failed=failed, table=rows, noise=checks,
+                      runs={n: dict(label=labels[n], seed=r.seed, losses=r.losses, step_ms=r.step_ms,
+                                    timed_from=r.timed_from, val_loss=r.val_loss, wall_s=r.wall_s,
+                                    profile=r.profile)
+                            for n, r in runs.items()})
+        table = format_table(rows)
+        if out:
+            (out / "train_gpt2.json").write_text(json.dumps(result, indent=1))
+            (out / "train_gpt2.md").write_text(f"{title}, {result['date']}, `{result['command']}`\n\n{table}\n")
+            why = plot(runs, checks, out / "train_gpt2.png", title) if runs else "no plot: no run finished"
+            if final:
+                log(why or f"wrote {out / 'train_gpt2.json'}, {out / 'train_gpt2.png'}, {out / 'train_gpt2.md'}")
+        return rows, checks, table
+
+    for spec in specs:
+        log(f"{spec['name']}: {spec['label']}")
+        t0 = time.perf_counter()
+        try:
+            runs[spec["name"]] = run_one(spec, corpus, args, config, log)
+            labels[spec["name"]] = spec["label"]
+            log(f"  {runs[spec['name']]} ({time.perf_counter() - t0:.0f} s)")
+            if runs[spec["name"]].profile:
+                log(runs[spec["name"]].profile)
+                if out:
+                    (out / f"profile-{spec['name']}.txt").write_text(runs[spec["name"]].profile)
+        except Exception as exc:                                # one configuration's failure does not stop the others
+            tb = traceback.format_exc(limit=-4)
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            failed.append(f"{spec['name']}: FAILED: {type(exc).__name__}: {first}")
+            log(failed[-1] + "\n" + tb)
+        finally:
+            if spec.get("compile"):
+                torch.compiler.reset()
+            if torch.device(args.device).type == "cuda":
+                torch.cuda.empty_cache()
+        save(final=False)
+    rows, checks, table = save(final=True)
+    log("")
+    for note in ours["notes"] + skipped + failed:
+        log(note)
+    for v in checks:
+        log(f"{v['config']} against eager, band {v['band']}: {v['text']}")
+    log(f"\n{title}: {args.steps} steps of {args.batch} x {args.seq} tokens; speed-ups are step-time ratios "
+        f"(above 1: faster), the step time a median after the first {min(10, args.steps // 4)} steps")
+    for r in rows:
+        log(f"  {r['config']}: {r['label']}")
+    log(table)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

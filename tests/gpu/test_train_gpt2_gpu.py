@@ -1,0 +1,104 @@
+"""benchmarks/train_gpt2.py on the GPU, small: a --quick run (a 2-layer GPT for 30 steps) of the PyTorch
+configurations and torch.compile, and of kernellab's attention and LayerNorm ops (tutorials 08 and 04, by their
+contract names kl_flash_attention and kl_layernorm) where those tutorials provide them; and one step of the model
+with kernellab's ops, its gradients against float64 beside PyTorch's own error. Where an op is missing, its tests
+skip and say which name and why."""
+import copy
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernellab.teach.gpt import GPT, ByteCorpus, GPTConfig
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("train_gpt2", ROOT / "benchmarks" / "train_gpt2.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """One --quick run of every configuration; (its JSON, its stdout)."""
+    out = tmp_path_factory.mktemp("train_gpt2")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_gpt2.py"), "--quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=400, cwd=ROOT)
+    print(p.stdout[-6000:])
+    assert (out / "train_gpt2.json").exists(), f"no JSON (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return json.loads((out / "train_gpt2.json").read_text()), p
+
+
+def _learnt(run):
+    losses = run["losses"]
+    assert all(math.isfinite(v) for v in losses), "a loss that is not finite"
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.0, f"30 steps should bring the loss well below {losses[0]:.2f}"
+
+
+def test_pytorch_configurations_train_and_compiled_stays_in_the_noise(quick):
+    result, p = quick
+    for name in ("eager", "eager-seed1", "eager-efficient", "compiled"):
+        assert name in result["runs"], f"{name} did not finish: {result['failed']}"
+        _learnt(result["runs"][name])
+    noise = {(v["config"], v["band"]): v for v in result["noise"]}
+    assert noise[("compiled", "eager-seed1")]["within"], noise[("compiled", "eager-seed1")]["text"]
+    assert noise[("eager-efficient", "eager-seed1")]["within"], noise[("eager-efficient", "eager-seed1")]["text"]
+    rows = {r["config"]: r for r in result["table"]}
+    assert rows["eager"]["vs_eager"] == 1.0 and rows["compiled"]["vs_compiled"] == 1.0
+    assert all(r["step_ms"] > 0 for r in rows.values())
+
+
+def test_kernellab_configurations_train_within_the_seed_band(quick):
+    result, p = quick
+    if "kernellab" not in result["runs"] and not result["failed"]:
+        pytest.skip("kernellab's ops are not available: " + "; ".join(result["ops"] + result["skipped"]))
+    assert not result["failed"], "\n".join(result["failed"])
+    assert p.returncode == 0, p.stdout[-3000:]
+    for name in ("kernellab", "kernellab-compiled"):
+        _learnt(result["runs"][name])
+        v = next(v for v in result["noise"] if v["config"] == name and v["band"] == "eager-seed1")
+        assert v["within"], f"{name}: {v['text']}"
+
+
+def test_one_step_with_kernellab_ops_has_pytorchs_gradient_error(script):
+    """Loss and every parameter's gradient of one bf16-autocast step with kernellab's ops, and with PyTorch's, each
+    against the float64 model: ours within 2x PyTorch's relative error (+1e-3)."""
+    ours = script.load_ours("cuda", print)
+    if ours["attention"] is None and ours["norm"] is None:
+        pytest.skip("kernellab's ops are not available: " + "; ".join(ours["notes"]))
+    torch.manual_seed(0)
+    config = GPTConfig(n_layers=2, d_model=256, n_heads=4, context=512)
+    reference = GPT(config).cuda()
+    mine = copy.deepcopy(reference).set_ops(attention_op=ours["attention"], norm_op=ours["norm"])
+    want_model = copy.deepcopy(reference).double()
+    x, y = ByteCorpus.stdlib().batch(0, 0, 4, 500, device="cuda")         # 500: not a multiple of a tile
+
+    def step(model, autocast):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            _, loss = model(x, y)
+        loss.backward()
+        return loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters()}
+
+    want_loss, want = step(want_model, False)
+    loss, grads = step(mine, True)
+    their_loss, theirs = step(reference, True)
+    assert abs(loss - want_loss) <= 2 * abs(their_loss - want_loss) + 2e-3, \
+        f"loss: ours {float(loss):.5f}, PyTorch's {float(their_loss):.5f}, float64 {float(want_loss):.5f}"
+    worse = []
+    for n in want:
+        scale = want[n].norm()
+        e_ours, e_theirs = float((grads[n] - want[n]).norm() / scale), float((theirs[n] - want[n]).norm() / scale)
+        if not e_ours <= 2 * e_theirs + 1e-3:
+            worse.append(f"{n}: {e_ours:.3g} against PyTorch's {e_theirs:.3g}")
+    assert not worse, "relative gradient errors against float64 beyond 2x PyTorch's: " + "; ".join(worse)

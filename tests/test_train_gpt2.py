@@ -1,0 +1,423 @@
+"""kernellab.teach.gpt and benchmarks/train_gpt2.py on the CPU: the GPT's forward and backward, its pluggable
+attention and norm ops (pure-torch stand-ins with their own backward, which must give PyTorch's loss and gradients),
+the byte corpus's determinism, the noise-band test on synthetic curves (both verdicts), the learning-rate schedule,
+the ops' probes, and the script's table, JSON and plot from a small CPU run. The GPU paths are in
+tests/gpu/test_train_gpt2_gpu.py."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernellab.teach.gpt import (GPT, ByteCorpus, GPTConfig, lr_at, pad_vocab, smooth, stdlib_files, train,
+                                 within_noise)
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = GPTConfig.tiny()
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("train_gpt2", ROOT / "benchmarks" / "train_gpt2.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---- stand-in ops: pure torch, each with its own backward (the formulas tutorials 08 and 04 implement) ----
+
+class _Attention(torch.autograd.Function):
+    """softmax(q k^T / sqrt(d), causal) v, saving the log-sum-exp; backward recomputes P from it:
+    dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        scale = q.shape[-1] ** -0.5
+        s = (q @ k.transpose(-2, -1)) * scale                                     # [B, H, N, N]
+        if causal:
+            n = q.shape[-2]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+        lse = torch.logsumexp(s, dim=-1, keepdim=True)
+        o = torch.exp(s - lse) @ v
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        s = (q @ k.transpose(-2, -1)) * ctx.scale
+        if ctx.causal:
+            n = q.shape[-2]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+        p = torch.exp(s - lse)
+        dv = p.transpose(-2, -1) @ do
+        dp = do @ v.transpose(-2, -1)
+        ds = p * (dp - (do * o).sum(-1, keepdim=True))
+        return ds @ k * ctx.scale, ds.transpose(-2, -1) @ q * ctx.scale, dv, None
+
+
+class _LayerNorm(torch.autograd.Function):
+    """LayerNorm over the rows of [rows, d]; backward: db = sum dy, dw = sum dy * xhat,
+    dx = rstd (dy w - mean(dy w) - xhat mean(dy w xhat))."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, eps):
+        mean = x.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps)
+        xhat = (x - mean) * rstd
+        ctx.save_for_backward(xhat, rstd, w)
+        return xhat * w + b
+
+    @staticmethod
+    def backward(ctx, dy):
+        xhat, rstd, w = ctx.saved_tensors
+        g = dy * w
+        dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+        return dx, (dy * xhat).sum(0), dy.sum(0), None
+
+
+class Counted:
+    """A stand-in op that counts its calls and checks the contract's shapes."""
+
+    def __init__(self, fn, check):
+        self.fn, self.check, self.calls = fn, check, 0
+
+    def __call__(self, *args):
+        self.check(*args)
+        self.calls += 1
+        return self.fn(*args)
+
+
+def _attention_contract(q, k, v, causal):
+    assert q.dim() == 4 and q.shape == k.shape == v.shape and all(t.is_contiguous() for t in (q, k, v))
+    assert causal is True
+
+
+def _norm_contract(x, w, b, eps):
+    assert x.dim() == 2 and x.shape[1] == w.shape[0] == b.shape[0] and eps == TINY.eps
+
+
+def stand_ins():
+    return (Counted(_Attention.apply, _attention_contract), Counted(_LayerNorm.apply, _norm_contract))
+
+
+def loss_and_grads(model, x, y):
+    model.zero_grad(set_to_none=True)
+    _, loss = model(x, y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+# ---- the model ----
+
+def test_default_config_is_gpt2_small_on_bytes():
+    c = GPTConfig()
+    assert (c.n_layers, c.d_model, c.n_heads, c.context, c.mlp_ratio) == (12, 768, 12, 1024, 4)
+    assert c.vocab_size == pad_vocab(256) == 256 and pad_vocab(257) == 320 and pad_vocab(50257) == 50304
+    d, L = c.d_model, c.n_layers
+    per_block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+    want = c.vocab_size * d + c.context * d + L * per_block + 2 * d        # the output layer is the embedding
+    with torch.device("meta"):
+        model = GPT(c)
+    assert model.num_parameters() == want
+
+
+def test_tiny_forward_backward_on_cpu():
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    x = torch.randint(0, 256, (3, 40))
+    logits, loss = model(x, torch.roll(x, -1, 1))
+    assert logits.shape == (3, 40, TINY.vocab_size) and model(x)[1] is None
+    assert abs(loss.item() - math.log(256)) < 0.2, "GPT-2's init should start near uniform over bytes"
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing, f"parameters without a gradient: {missing}"
+    assert model.wte.weight.grad.abs().sum() > 0
+    # causal: the logits at a position do not depend on later tokens
+    x2 = x.clone()
+    x2[:, 20:] = (x2[:, 20:] + 1) % 256
+    with torch.no_grad():
+        torch.testing.assert_close(model(x2)[0][:, :20], model(x)[0][:, :20])
+    with pytest.raises(ValueError, match="more than the model's context"):
+        model(torch.zeros(1, TINY.context + 1, dtype=torch.long))
+
+
+def test_init_is_gpt2s_and_depends_only_on_the_seed():
+    torch.manual_seed(3)
+    a = GPT(TINY)
+    torch.manual_seed(3)
+    b = GPT(TINY)
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), n
+    blk = a.blocks[0]
+    assert torch.equal(blk.norm1_w, torch.ones(TINY.d_model)) and torch.equal(blk.qkv.bias, torch.zeros(3 * 128))
+    assert abs(blk.up.weight.std().item() - 0.02) < 0.003
+    assert abs(blk.down.weight.std().item() - 0.02 / math.sqrt(2 * TINY.n_layers)) < 0.002
+
+
+def test_pluggable_ops_are_called_and_give_pytorchs_loss_and_gradients():
+    torch.manual_seed(0)
+    reference = GPT(TINY)
+    attention, norm = stand_ins()
+    torch.manual_seed(0)
+    ours = GPT(TINY, attention_op=attention, norm_op=norm)
+    ours.load_state_dict(reference.state_dict())
+    with torch.no_grad():                                  # norms that are not 1 and 0, so dw and db are tested
+        for m in (reference, ours):
+            torch.manual_seed(1)
+            for n, p in m.named_parameters():
+                if "norm" in n:
+                    p.add_(0.2 * torch.randn_like(p))
+    x = torch.randint(0, 256, (2, 96), generator=torch.Generator().manual_seed(0))
+    y = torch.roll(x, -1, 1)
+    want_loss, want = loss_and_grads(reference, x, y)
+    got_loss, got = loss_and_grads(ours, x, y)
+    assert attention.calls == TINY.n_layers and norm.calls == 2 * TINY.n_layers + 1
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+    # swapping the ops back gives PyTorch's path again, same weights
+    ours.set_ops()
+    assert all(b.attention_op is None and b.norm_op is None for b in ours.blocks)
+    loss_again, _ = loss_and_grads(ours, x, y)
+    assert attention.calls == TINY.n_layers
+    torch.testing.assert_close(loss_again, want_loss, rtol=1e-5, atol=1e-6)
+
+
+def test_a_wrong_op_changes_the_gradients():
+    """The comparison above can fail: an attention op whose backward drops the dS term is caught."""
+    class Broken(_Attention):
+        @staticmethod
+        def backward(ctx, do):
+            dq, dk, dv, _ = _Attention.backward(ctx, do)
+            return dq, dk * 0, dv, None
+
+    torch.manual_seed(0)
+    reference = GPT(TINY)
+    broken = GPT(TINY, attention_op=Broken.apply)
+    broken.load_state_dict(reference.state_dict())
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    want_loss, want = loss_and_grads(reference, x, torch.roll(x, -1, 1))
+    got_loss, got = loss_and_grads(broken, x, torch.roll(x, -1, 1))
+    torch.testing.assert_close(got_loss, want_loss)                # the forward is right
+    assert not torch.allclose(got["blocks.0.qkv.weight"], want["blocks.0.qkv.weight"], rtol=1e-3, atol=1e-6)
+
+
+# ---- the corpus ----
+
+def test_stdlib_corpus_is_sorted_bytes_without_site_packages(tmp_path):
+    for rel, text in (("b.py", b"bb"), ("a/z.py", b"zz"), ("a.py", b"aa"), ("site-packages/x.py", b"xx"),
+                      ("notes.txt", b"tt"), ("dist-packages/y.py", b"yy")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(text)
+    assert [p.relative_to(tmp_path).as_posix() for p in stdlib_files(tmp_path)] == ["a/z.py", "a.py", "b.py"]
+    c = ByteCorpus.stdlib(tmp_path, val_fraction=0.0)
+    assert bytes(c.tokens.tolist()) == b"zzaabb" and c.name == "stdlib sources (3 files)"
+    with pytest.raises(FileNotFoundError):
+        ByteCorpus.stdlib(tmp_path / "a" / "none")
+
+
+def test_the_real_stdlib_corpus_is_there():
+    files = stdlib_files()
+    assert len(files) > 500 and files == sorted(files)
+    assert any(f.name == "os.py" for f in files)
+
+
+def test_batches_depend_only_on_seed_and_step():
+    data = bytes(range(256)) * 40
+    c = ByteCorpus(data, val_fraction=0.1)
+    x, y = c.batch(0, 5, 4, 32)
+    assert x.shape == y.shape == (4, 32) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1]), "targets are the inputs shifted by one byte"
+    c.batch(0, 6, 4, 32)                                   # drawing another batch in between changes nothing
+    assert torch.equal(c.batch(0, 5, 4, 32)[0], x)
+    assert torch.equal(ByteCorpus(data, val_fraction=0.1).batch(0, 5, 4, 32)[0], x)
+    assert not torch.equal(c.batch(0, 6, 4, 32)[0], x) and not torch.equal(c.batch(1, 5, 4, 32)[0], x)
+    v, _ = c.batch(0, 0, 64, 16, split="val")
+    assert all(bytes(row.tolist()) in data[len(c.train):] for row in v), "held-out windows come from the tail"
+    assert len(c.train) + len(c.val) == len(data) and len(c.val) == len(data) // 10
+    with pytest.raises(ValueError, match="too few"):
+        c.batch(0, 0, 1, len(c.val), split="val")
+
+
+# ---- the schedule and the noise test ----
+
+def test_lr_schedule_warms_up_then_decays_to_its_floor():
+    lrs = [lr_at(s, 100, 1e-3, 10) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3) and lrs[10] == pytest.approx(1e-3)
+    assert lrs[-1] == pytest.approx(1e-4) and all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
+
+
+def test_smooth_is_a_trailing_mean():
+    curve = [3.0, 1.0, 2.0, 6.0, 0.0]
+    assert smooth(curve, 2) == [2.0, 1.5, 4.0, 3.0]
+    assert smooth(curve, 1) == curve and smooth(curve, 10) == [2.4]
+
+
+def _curves(n=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    steps = torch.arange(n, dtype=torch.float64)
+    trend = 1.2 + 4.3 * torch.exp(-steps / 40)
+
+    def noisy(sd):
+        return (trend + sd * torch.randn(n, generator=g, dtype=torch.float64)).tolist()
+    return trend, noisy
+
+
+def test_noise_band_within_and_outside():
+    trend, noisy = _curves()
+    a, b = noisy(0.08), noisy(0.08)                   # two runs: the band
+    close = [x + 0.002 * math.sin(i) for i, x in enumerate(a)]      # same data, rounding-sized differences
+    v = within_noise(a, b, close)
+    assert v.within and v.gap < v.band and v.window == 10 and "within" in str(v)
+    drift = [x + (0.6 if i >= 120 else 0.0) for i, x in enumerate(a)]   # a curve that leaves after step 120
+    v = within_noise(a, b, drift)
+    assert not v.within and v.gap == pytest.approx(0.6) and v.gap_step >= 120 and "OUTSIDE" in str(v)
+    diverged = a[:150] + [math.nan] * 50
+    assert not within_noise(a, b, diverged).within
+    assert within_noise(a, a, a).within and not within_noise(a, a, close).within     # a band of 0 admits only a
+    with pytest.raises(ValueError, match="same"):
+        within_noise(a, b, a[:-1])
+    with pytest.raises(ValueError, match="not finite"):
+        within_noise(a, diverged, a)
+
+
+# ---- training and the script ----
+
+def test_train_is_deterministic_on_the_cpu_and_learns():
+    corpus = ByteCorpus(b"def f(x):\n    return x + 1\n" * 400)
+    kw = dict(config=TINY, steps=12, batch=2, seq=32, seed=0, device="cpu", lr=3e-3)
+    r1, r2 = train(corpus, **kw), train(corpus, **kw)
+    assert r1.losses == r2.losses and len(r1.losses) == len(r1.step_ms) == 12
+    assert r1.losses[-1] < r1.losses[0] - 1.0, "a repetitive text should be learnt within 12 steps"
+    assert r1.tokens_per_step == 64 and r1.median_step_ms > 0 and r1.timed_from == 3
+    assert train(corpus, **dict(kw, seed=1)).losses != r1.losses
+
+
+def test_probes_accept_a_right_op_and_reject_wrong_or_gradless_ones(script):
+    attention = lambda q, k, v, causal: _Attention.apply(q, k, v, causal)           # noqa: E731
+    norm = lambda x, w, b, eps: _LayerNorm.apply(x, w, b, eps)                        # noqa: E731
+    assert "dq" in script.probe_attention(attention, "cpu") and "dw" in script.probe_norm(norm, "cpu")
+    with pytest.raises(AssertionError, match="wrong out"):
+        script.probe_attention(lambda q, k, v, causal: _Attention.apply(q, k, v, False), "cpu")
+    with pytest.raises(AssertionError, match="wrong dx"):
+        script.probe_norm(lambda x, w, b, eps: _LayerNorm.apply(x, w, b, eps) + 0 * x.detach() ** 2
+                          + (x - x.detach()) * 0.5, "cpu")
+    with pytest.raises(RuntimeError, match="does not require grad"):          # a forward-only op
+        script.probe_norm(lambda x, w, b, eps: F.layer_norm(x.detach(), (768,), w.detach(), b.detach(), eps), "cpu")
+
+
+def test_plan_labels_missing_ops_and_skips(script):
+    ours = {"attention": object(), "norm": None, "notes": []}
+    runs, skipped = script.plan(["eager", "kernellab", "compiled"], ours, "cuda")
+    assert [r["name"] for r in runs] == ["eager", "kernellab", "compiled"] and not skipped
+    assert "kl_layernorm is missing" in runs[1]["label"] and runs[1]["norm_op"] is None
+    runs, skipped = script.plan(["eager", "kernellab", "compiled"], {"attention": None, "norm": None}, "cpu")
+    assert [r["name"] for r in runs] == ["eager"] and len(skipped) == 2
+    runs, skipped = script.plan(["kernellab-attention", "kernellab-norm"], ours, "cuda")
+    assert [r["name"] for r in runs] == ["kernellab-attention"] and skipped[0].startswith("kernellab-norm: not run")
+    assert script.load_ours("cpu", print)["notes"] == [
+        "kernellab's ops need a CUDA GPU: the kernellab configurations are not run"]
+
+
+def test_load_ours_says_which_name_is_missing(script, monkeypatch, tmp_path):
+    import notebook_cells
+    (tmp_path / "04-layernorm.py").write_text("")
+    monkeypatch.setattr(notebook_cells, "NOTEBOOKS", tmp_path)
+    monkeypatch.setattr(notebook_cells, "load_tutorial", lambda nb: {"kl_rmsnorm": None, "x": 1})
+    notes = script.load_ours("cuda", lambda m: None)["notes"]
+    assert notes == ["kl_flash_attention: notebooks/08-attention-backward.py does not exist",
+                     "kl_layernorm: notebooks/04-layernorm.py defines no kl_layernorm (its launcher cells define: "
+                     "kl_rmsnorm)"]
+
+
+@pytest.mark.slow
+def test_script_quick_cpu_run_writes_table_json_and_plot(script, tmp_path, monkeypatch, capsys):
+    """main() on the CPU with the stand-in ops in kernellab's place: every configuration, the table printed last,
+    the JSON, the markdown table and the plot."""
+    attention, norm = stand_ins()
+    monkeypatch.setattr(script, "load_ours", lambda device, log: {
+        "attention": attention, "norm": norm, "notes": ["stand-ins for kl_flash_attention and kl_layernorm"]})
+    argv = ["--quick", "--device", "cpu", "--steps", "12", "--batch", "2", "--seq", "32",
+            "--configs", "eager,eager-seed1,eager-efficient,kernellab,compiled,kernellab-norm", "--out", str(tmp_path),
+            "--profile", "1"]
+    assert script.main(argv) == 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "train_gpt2.json").read_text())
+    assert list(result["runs"]) == ["eager", "eager-seed1", "eager-efficient", "kernellab", "kernellab-norm"]
+    assert result["complete"] and result["runs"]["kernellab-norm"]["label"].startswith("kernellab: kl_layernorm alone")
+    steps = 12 + 4 + 1                          # training steps, 4 held-out batches, 1 step under the profiler
+    assert attention.calls == steps * TINY.n_layers and norm.calls == 2 * steps * (2 * TINY.n_layers + 1)
+    assert all(len(r["losses"]) == 12 and len(r["step_ms"]) == 12 for r in result["runs"].values())
+    assert result["runs"]["eager"]["losses"] != result["runs"]["eager-seed1"]["losses"]
+    assert result["runs"]["kernellab"]["label"] == "kernellab: kl_flash_attention + kl_layernorm"
+    assert result["skipped"] == ["compiled: not run on the CPU (torch.compile's C++ build takes minutes there)"]
+    rows = {r["config"]: r for r in result["table"]}
+    assert rows["eager"]["vs_eager"] == 1.0 and rows["eager"]["vs_compiled"] is None
+    assert rows["kernellab"]["final_loss"] == result["runs"]["kernellab"]["losses"][-1]
+    checks = {(v["config"], v["band"]): v for v in result["noise"]}
+    assert set(checks) == {("eager-efficient", "eager-seed1"), ("kernellab", "eager-seed1"),
+                           ("kernellab", "eager-efficient"), ("kernellab-norm", "eager-seed1"),
+                           ("kernellab-norm", "eager-efficient")}
+    assert checks[("kernellab", "eager-seed1")]["within"], "a correct op's curve should stay inside the seed band"
+    assert (tmp_path / "train_gpt2.png").stat().st_size > 10_000
+    assert "aten::" in (tmp_path / "profile-kernellab.txt").read_text() and result["runs"]["eager"]["profile"]
+    last = out.strip().splitlines()
+    assert last[-7].startswith("| config | final loss") and last[-1].startswith("| kernellab-norm |")
+    assert (tmp_path / "train_gpt2.md").read_text().count("\n| ") == 6         # the header and 5 rows
+
+
+def test_an_op_registered_outside_the_launcher_cells_is_found(script, monkeypatch, tmp_path):
+    """Tutorials 04 and 07 register their ops in plain cells after the launchers: the script runs the cell that
+    defines the contract's name, in the launchers' namespace, and not a %%gpu cell."""
+    import notebook_cells
+    (tmp_path / "99-t.py").write_text(
+        "# %%\n# launchers\ndef launch(x):\n    return x + 1\n\n"
+        "# %%\n@staticmethod\ndef kl_op(x):\n    return launch(x) * 2\n\n"
+        "# %%\n# %%gpu\ndef kl_gpu_only(x):\n    raise SystemExit\n")
+    monkeypatch.setattr(notebook_cells, "NOTEBOOKS", tmp_path)
+    ns = notebook_cells.load_tutorial("99-t.py", compile=lambda source: None)
+    assert "kl_op" not in ns and script.op_from_cells("99-t.py", "kl_op", ns)(3) == 8
+    assert script.op_from_cells("99-t.py", "kl_gpu_only", ns) is None
+    assert script.op_from_cells("99-t.py", "kl_missing", ns) is None
+
+
+@pytest.mark.slow
+def test_tutorial_04s_layernorm_op_gives_pytorchs_gradients_in_the_gpt_on_the_cpu(script):
+    """The real kl_layernorm, by its contract name from tutorial 04, its kernels on the CPU emulation
+    (kernellab.run.sim.cuda), as the GPT's norm op: one step's loss and every gradient equal F.layer_norm's."""
+    import copy
+
+    from kernellab.run.sim.cuda import emulate
+    from notebook_cells import load_tutorial
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler for the emulation")
+    ns = load_tutorial("04-layernorm.py", compile=emulate.compile_host)       # (the script put tests/gpu on the path)
+    op = ns.get("kl_layernorm") or script.op_from_cells("04-layernorm.py", "kl_layernorm", ns)
+    if op is None or getattr(op, "backward", None) is None or "cpu" not in getattr(op, "device_types", ()):
+        pytest.skip(f"tutorial 04 here has no differentiable kl_layernorm on CPU tensors: {op!r}")
+    torch.manual_seed(0)
+    reference = GPT(TINY)
+    with torch.no_grad():
+        for n, p in reference.named_parameters():
+            if "norm" in n:
+                p.add_(0.2 * torch.randn_like(p))
+    ours = copy.deepcopy(reference).set_ops(norm_op=op)
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    want_loss, want = loss_and_grads(reference, x, torch.roll(x, -1, 1))
+    got_loss, got = loss_and_grads(ours, x, torch.roll(x, -1, 1))
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_profile_steps_give_the_profilers_table():
+    corpus = ByteCorpus(b"for i in range(10):\n    print(i)\n" * 200)
+    r = train(corpus, config=TINY, steps=2, batch=2, seq=16, device="cpu", profile_steps=1)
+    assert "Self CPU" in r.profile and "aten::" in r.profile and len(r.losses) == 2
+    assert train(corpus, config=TINY, steps=2, batch=2, seq=16, device="cpu").profile == ""
