@@ -1083,7 +1083,8 @@ step2[64, False]
 
 # %%
 # %%cuda --arch sm_90a
-#include <kl/wgmma.cuh>       // wgmma_ss, wgmma_rs_tb, wgmma_fence/commit/wait; pack2<T>, __half, __nv_bfloat16
+#include <kl/attention.cuh>   // exp2_approx; and <kl/wgmma.cuh>: wgmma_ss, wgmma_rs_tb, wgmma_fence/commit/wait, pack2<T>
+#include <kl/tma.cuh>         // mbar_init, mbar_expect_tx, mbar_arrive, mbar_wait, tma_load_3d, sw128_desc
 #include <math_constants.h>
 #include <cuda.h>   // CUtensorMap
 typedef unsigned int uint32_t;
@@ -1113,42 +1114,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// -- mbarrier: a shared-memory barrier that also counts the bytes the copy engine delivers ---------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {   // arrive, and expect `bytes`
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {         // until phase `phase` completed
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(phase) : "memory");
-    } while (!done);
-}
-
-// -- TMA: a [64 x rows] box of a 3-D tensor (d0 innermost) into shared memory, completing on `bar` ---------------------
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1, int c2) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
-                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
-}
-
-// -- wgmma: wgmma_ss, wgmma_rs_tb, wgmma_fence/commit/wait from <kl/wgmma.cuh> ------------------------------------
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets (all >> 4).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo_bytes >> 4) << 16) |
-           ((uint64_t)(sbo_bytes >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+// mbarriers, TMA loads and wgmma's swizzled descriptors (mbar_*, tma_load_3d, sw128_desc) come from <kl/tma.cuh>.
 
 template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
 __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, const void* tv, T* __restrict__ O, int N,
