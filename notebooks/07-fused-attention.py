@@ -1085,7 +1085,8 @@ step2[64, False]
 
 # %%
 # %%cuda --arch sm_90a --name fa3_cell
-#include <kl/wgmma.cuh>       // wgmma_ss, wgmma_rs_tb, wgmma_fence/commit/wait; pack2<T>, __half, __nv_bfloat16
+#include <kl/attention.cuh>   // wg_attention: a consumer warpgroup's S = Q K^T, online softmax, O += P V, then O / l
+#include <kl/tma.cuh>         // mbar_init, mbar_expect_tx, mbar_arrive, mbar_wait, tma_load_3d, sw128_desc
 #include <math_constants.h>
 #include <cuda.h>   // CUtensorMap
 typedef unsigned int uint32_t;
@@ -1115,42 +1116,8 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// -- mbarrier: a shared-memory barrier that also counts the bytes the copy engine delivers ---------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {   // arrive, and expect `bytes`
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {         // until phase `phase` completed
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(phase) : "memory");
-    } while (!done);
-}
-
-// -- TMA: a [64 x rows] box of a 3-D tensor (d0 innermost) into shared memory, completing on `bar` ---------------------
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1, int c2) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
-                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
-}
-
-// -- wgmma: wgmma_ss, wgmma_rs_tb, wgmma_fence/commit/wait from <kl/wgmma.cuh> ------------------------------------
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets (all >> 4).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo_bytes >> 4) << 16) |
-           ((uint64_t)(sbo_bytes >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+// mbarriers, TMA loads and wgmma's swizzled descriptors (mbar_*, tma_load_3d, sw128_desc) come from <kl/tma.cuh>;
+// the consumer warpgroups' work (wgmma_ss, the softmax, wgmma_rs_tb, the output) from <kl/attention.cuh>.
 
 template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
 __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, const void* tv, T* __restrict__ O, int N,
@@ -1202,106 +1169,14 @@ __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, co
         return;
     }
 
-    // consumers: warpgroup c = wg - 1 owns query rows q0 + 64 c .. + 63; warp w of it rows 16 w .., as in mma.sync
-    const int c = wg - 1, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int row0 = q0 + 64 * c + 16 * warp + g, row1 = row0 + 8;
+    // consumers: warpgroup c = wg - 1 owns query rows q0 + 64 c .. + 63; warp w of it rows 16 w .., as in mma.sync.
+    // Each waits for Q, then for each K/V tile: S = Q K^T (wgmma), the mask, the online softmax, O += P V (wgmma, P
+    // from registers), and releases the stage; at the end it writes O / l.
     const float scale_log2 = scale * LOG2E;
-    float o[D / 2];                              // O: 64 x D per warpgroup; o[4 e + 0..1] row g, [4 e + 2..3] row g + 8
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
-
     mbar_wait(full_q, 0);
-    for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % STAGES;
-        const uint32_t phase = (j / STAGES) & 1;
-        const uint32_t k_tile = k_s + s * KV_BYTES, v_tile = v_s + s * KV_BYTES;
-        const int kv0 = j * BN;
-
-        // S = Q K^T on the tensor cores: D / 16 wgmmas of m64 n BN k16, both operands K-major in shared memory.
-        float sacc[BN / 2];
-        mbar_wait(full_k + 8 * s, phase);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint64_t da = sw128_desc(q_s + (kk / 4) * BM * 128 + 64 * c * 128 + (kk % 4) * 32, 16, 1024);
-            const uint64_t db = sw128_desc(k_tile + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
-            wgmma_ss<BN, T>(sacc, da, db, kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-
-        if (kv0 + BN > N || (CAUSAL && kv0 + BN - 1 > q0 + 64 * c)) {
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) {
-                const int key = kv0 + 8 * (i / 4) + 2 * t + (i & 1);
-                const int row = (i & 2) ? row1 : row0;
-                if (key >= N || (CAUSAL && key > row)) sacc[i] = -CUDART_INF_F;
-            }
-        }
-        float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
-#pragma unroll
-        for (int i = 0; i < BN / 2; i += 4) {
-            mx0 = fmaxf(mx0, fmaxf(sacc[i], sacc[i + 1]));
-            mx1 = fmaxf(mx1, fmaxf(sacc[i + 2], sacc[i + 3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // Lazy rescaling (see the mma.sync kernel): m moves only when the tile's max exceeds it by RESCALE_LOG2.
-        mx0 *= scale_log2; mx1 *= scale_log2;
-        const bool up0 = mx0 > m0 + RESCALE_LOG2, up1 = mx1 > m1 + RESCALE_LOG2;
-        const float mn0 = up0 ? mx0 : m0, mn1 = up1 ? mx1 : m1;
-        const float alpha0 = up0 ? exp2_approx(m0 - mn0) : 1.f, alpha1 = up1 ? exp2_approx(m1 - mn1) : 1.f;
-        const float ref0 = mn0 == -CUDART_INF_F ? 0.f : mn0, ref1 = mn1 == -CUDART_INF_F ? 0.f : mn1;
-        m0 = mn0; m1 = mn1;
-        l0 *= alpha0; l1 *= alpha1;
-        if (__any_sync(0xffffffffu, up0 || up1)) {
-#pragma unroll
-            for (int i = 0; i < D / 2; i += 4) { o[i] *= alpha0; o[i + 1] *= alpha0; o[i + 2] *= alpha1; o[i + 3] *= alpha1; }
-        }
-        uint32_t p[BN / 16][4];                  // P as wgmma A fragments, 16 keys each (same layout as mma.sync's)
-#pragma unroll
-        for (int kc = 0; kc < BN / 16; ++kc) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int i = 8 * kc + 4 * h;
-                const float p0 = exp2_approx(fmaf(sacc[i], scale_log2, -ref0));
-                const float p1 = exp2_approx(fmaf(sacc[i + 1], scale_log2, -ref0));
-                const float p2 = exp2_approx(fmaf(sacc[i + 2], scale_log2, -ref1));
-                const float p3 = exp2_approx(fmaf(sacc[i + 3], scale_log2, -ref1));
-                l0 += p0 + p1; l1 += p2 + p3;
-                p[kc][2 * h] = pack2<T>(p0, p1);
-                p[kc][2 * h + 1] = pack2<T>(p2, p3);
-            }
-        }
-
-        // O += P V: A from registers, B = V read N-major (transposed) from its [BN keys][64 dims] boxes.
-        mbar_wait(full_v + 8 * s, phase);
-        wgmma_fence();
-#pragma unroll
-        for (int kc = 0; kc < BN / 16; ++kc) {
-            const uint64_t dv = sw128_desc(v_tile + kc * 16 * 128, BN * 128, 1024);
-            wgmma_rs_tb<D, T>(o, p[kc], dv);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(empty + 8 * s);
-    }
-
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    T* out = O + (size_t)bh * N * D;
-#pragma unroll
-    for (int i = 0; i < D / 2; i += 4) {
-        const int col = 8 * (i / 4) + 2 * t;
-        if (row0 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row0 * D + col) = pack2<T>(o[i] * inv0, o[i + 1] * inv0);
-        if (row1 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row1 * D + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
-    }
+    int kv = 0;                                  // K/V tiles consumed: stage kv % STAGES
+    wg_attention<T, D, BN, BM, STAGES, CAUSAL, false>(wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s, k_s, v_s, KV_BYTES,
+                                                      full_k, full_v, empty, 0, scale_log2, RESCALE_LOG2);
 }
 
 
@@ -1415,10 +1290,10 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         return;
     }
 
-    // consumers: warpgroup c = wg - 1 owns query rows q0 + 64 c .. + 63 of each item; warp w of it rows 16 w ..
-    const int c = wg - 1, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    // consumers: warpgroup c = wg - 1 owns query rows q0 + 64 c .. + 63 of each item: step 3's work, item after item,
+    // and one thing more: after an item's last S = Q K^T each warp releases the Q buffer (empty_q) for the producer
     const float scale_log2 = scale * LOG2E;
-    int kv = 0;
+    int kv = 0;                                  // K/V tiles consumed, over all items: stage kv % STAGES
     for (int it = 0;; ++it) {
         const int qb = it & 1;
         mbar_wait(full_q + 8 * qb, (it >> 1) & 1);
@@ -1428,105 +1303,10 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         item_coords<CAUSAL>(item, n_qblocks, BH, hps, work_counter == nullptr, qblock, bh);
         const int q0 = qblock * BM;
         const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
-        const uint32_t q_tile = q_s + qb * Q_BYTES;
-        const int row0 = q0 + 64 * c + 16 * warp + g, row1 = row0 + 8;
-        float o[D / 2];                          // O: 64 x D per warpgroup; o[4 e + 0..1] row g, [4 e + 2..3] row g + 8
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-        float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
-
-        for (int j = 0; j < n_tiles; ++j, ++kv) {
-            const int s = kv % STAGES;
-            const uint32_t phase = (kv / STAGES) & 1;
-            const uint32_t k_tile = k_s + s * KV_BYTES, v_tile = v_s + s * KV_BYTES;
-            const int kv0 = j * BN;
-
-            // S = Q K^T on the tensor cores: D / 16 wgmmas of m64 n BN k16, both operands K-major in shared memory.
-            float sacc[BN / 2];
-            mbar_wait(full_k + 8 * s, phase);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const uint64_t da = sw128_desc(q_tile + (kk / 4) * BM * 128 + 64 * c * 128 + (kk % 4) * 32, 16, 1024);
-                const uint64_t db = sw128_desc(k_tile + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
-                wgmma_ss<BN, T>(sacc, da, db, kk > 0);
-            }
-            wgmma_commit();
-            wgmma_wait<0>();
-            if (j == n_tiles - 1 && lane == 0) mbar_arrive(empty_q + 8 * qb);   // this warp is done with Q
-
-            if (kv0 + BN > N || (CAUSAL && kv0 + BN - 1 > q0 + 64 * c)) {
-#pragma unroll
-                for (int i = 0; i < BN / 2; ++i) {
-                    const int key = kv0 + 8 * (i / 4) + 2 * t + (i & 1);
-                    const int row = (i & 2) ? row1 : row0;
-                    if (key >= N || (CAUSAL && key > row)) sacc[i] = -CUDART_INF_F;
-                }
-            }
-            float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
-#pragma unroll
-            for (int i = 0; i < BN / 2; i += 4) {
-                mx0 = fmaxf(mx0, fmaxf(sacc[i], sacc[i + 1]));
-                mx1 = fmaxf(mx1, fmaxf(sacc[i + 2], sacc[i + 3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            // Lazy rescaling: m moves only when the tile's max exceeds it by RESCALE_LOG2.
-            mx0 *= scale_log2; mx1 *= scale_log2;
-            const bool up0 = mx0 > m0 + RESCALE_LOG2, up1 = mx1 > m1 + RESCALE_LOG2;
-            const float mn0 = up0 ? mx0 : m0, mn1 = up1 ? mx1 : m1;
-            const float alpha0 = up0 ? exp2_approx(m0 - mn0) : 1.f, alpha1 = up1 ? exp2_approx(m1 - mn1) : 1.f;
-            const float ref0 = mn0 == -CUDART_INF_F ? 0.f : mn0, ref1 = mn1 == -CUDART_INF_F ? 0.f : mn1;
-            m0 = mn0; m1 = mn1;
-            l0 *= alpha0; l1 *= alpha1;
-            if (__any_sync(0xffffffffu, up0 || up1)) {
-#pragma unroll
-                for (int i = 0; i < D / 2; i += 4) { o[i] *= alpha0; o[i + 1] *= alpha0; o[i + 2] *= alpha1; o[i + 3] *= alpha1; }
-            }
-            uint32_t p[BN / 16][4];              // P as wgmma A fragments, 16 keys each (same layout as mma.sync's)
-#pragma unroll
-            for (int kc = 0; kc < BN / 16; ++kc) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int i = 8 * kc + 4 * h;
-                    const float p0 = exp2_approx(fmaf(sacc[i], scale_log2, -ref0));
-                    const float p1 = exp2_approx(fmaf(sacc[i + 1], scale_log2, -ref0));
-                    const float p2 = exp2_approx(fmaf(sacc[i + 2], scale_log2, -ref1));
-                    const float p3 = exp2_approx(fmaf(sacc[i + 3], scale_log2, -ref1));
-                    l0 += p0 + p1; l1 += p2 + p3;
-                    p[kc][2 * h] = pack2<T>(p0, p1);
-                    p[kc][2 * h + 1] = pack2<T>(p2, p3);
-                }
-            }
-
-            // O += P V: A from registers, B = V read N-major (transposed) from its [BN keys][64 dims] boxes.
-            mbar_wait(full_v + 8 * s, phase);
-            wgmma_fence();
-#pragma unroll
-            for (int kc = 0; kc < BN / 16; ++kc) {
-                const uint64_t dv = sw128_desc(v_tile + kc * 16 * 128, BN * 128, 1024);
-                wgmma_rs_tb<D, T>(o, p[kc], dv);
-            }
-            wgmma_commit();
-            wgmma_wait<0>();
-            if (lane == 0) mbar_arrive(empty + 8 * s);
-        }
-
-        // epilogue (the producer is already loading the next item's Q and K/V meanwhile)
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-        const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-        T* out = O + (size_t)bh * N * D;
-#pragma unroll
-        for (int i = 0; i < D / 2; i += 4) {
-            const int col = 8 * (i / 4) + 2 * t;
-            if (row0 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row0 * D + col) = pack2<T>(o[i] * inv0, o[i + 1] * inv0);
-            if (row1 < N) *reinterpret_cast<uint32_t*>(out + (size_t)row1 * D + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
-        }
+        // (the producer is already loading the next item's Q and K/V while this one's last tiles and output run)
+        wg_attention<T, D, BN, BM, STAGES, CAUSAL, true>(wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s + qb * Q_BYTES,
+                                                         k_s, v_s, KV_BYTES, full_k, full_v, empty, empty_q + 8 * qb,
+                                                         scale_log2, RESCALE_LOG2);
     }
 }
 }  // namespace fa3

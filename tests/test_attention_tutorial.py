@@ -84,3 +84,17 @@ def test_step3_needs_sm90a(steps):
     with pytest.raises(kernellab.CompileError) as info:
         kernellab.compile_cuda(src, arch="sm_90")
     assert "sm_90a" in str(info.value)
+
+
+def test_steps_3_and_3b_share_one_consumer_from_the_headers(steps):
+    """The consumer warpgroup's work (S = Q K^T, the softmax, O += P V, the output) is written once, in
+    kernellab/include/kl/attention.cuh: the step-3 cell calls it from both kernels and holds no copy of it."""
+    import pathlib
+
+    from kernellab.compile import toolkit
+
+    src = next(iter(steps[0]["fa3"].values())).module.source
+    assert "#include <kl/attention.cuh>" in src and src.count("wg_attention<") == 2, src[:400]
+    assert not any(s in src for s in ("wgmma_ss<", "wgmma_rs_tb<", "exp2_approx(", "__shfl_xor_sync"))
+    header = (pathlib.Path(toolkit.KL_INCLUDE) / "kl" / "attention.cuh").read_text()
+    assert "wgmma_ss<" in header and "wgmma_rs_tb<" in header and "exp2_approx(" in header

@@ -26,8 +26,8 @@ def compile_kernels(source: str, arch: str = "sm_90") -> dict:
     return {k.symbol: opcodes(k) for k in module.kernels}
 
 
-HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh", "tile.cuh",
-           "wgmma.cuh")
+HEADERS = ("attention.cuh", "cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh",
+           "tile.cuh", "tma.cuh", "wgmma.cuh")
 
 
 def test_the_headers_are_where_nvrtc_looks():
@@ -267,6 +267,35 @@ template __global__ void rs<128, __half>(float*, const unsigned*, unsigned long 
         assert {"WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE"} <= o, (name, sorted(o))
 
 
+def test_tma_is_utmaldg_counted_on_an_mbarrier_and_the_descriptor_is_swizzled():
+    ops = compile_kernels(r'''
+#include <kl/tma.cuh>
+#include <cuda.h>
+extern "C" __global__ void k(const __grid_constant__ CUtensorMap tmap, float* out) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const unsigned tile = (unsigned)__cvta_generic_to_shared(smem), bar = tile + 8192;
+    if (threadIdx.x == 0) {
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(bar, 8192);
+        tma_load_3d(tile, &tmap, bar, 0, 64 * blockIdx.x, blockIdx.y);
+    }
+    mbar_wait(bar, 0);
+    out[threadIdx.x] = reinterpret_cast<const float*>(smem)[threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0) mbar_arrive(bar);
+}
+extern "C" __global__ void desc(unsigned addr, unsigned long long* out) { *out = sw128_desc(addr, 16, 1024); }
+''', arch="sm_90a")
+    # mbar_init: SYNCS.EXCH; mbar_expect_tx / mbar_arrive: SYNCS.ARRIVE; mbar_wait: the try_wait loop; tma_load_3d
+    assert {"UTMALDG.3D", "SYNCS.EXCH.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.ARRIVE.TRANS64.A1T0",
+            "SYNCS.PHASECHK.TRANS64.TRYWAIT"} <= ops["k"], sorted(ops["k"])
+    assert "STG.E.64" in ops["desc"] and not any(op.startswith(("SYNCS", "UTMA")) for op in ops["desc"])
+
+
 def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypatch):
     include = tmp_path / "include"
     shutil.copytree(toolkit.KL_INCLUDE, include)
@@ -290,7 +319,7 @@ def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypa
 # (threads: tutorials 05 to 07, wgmma and TMA) each emulate the PTX of the headers their tutorials include.
 FIBER_HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh",
                  "tile.cuh")
-THREAD_HEADERS = ("convert.cuh", "cp_async.cuh", "mma.cuh", "tile.cuh", "wgmma.cuh")
+THREAD_HEADERS = ("attention.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "tile.cuh", "tma.cuh", "wgmma.cuh")
 
 
 def test_every_header_is_emulated_by_one_emulator_or_the_other():

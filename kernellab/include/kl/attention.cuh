@@ -1,0 +1,145 @@
+// kl/attention.cuh: a consumer warpgroup of Hopper attention (tutorial 07, steps 3 and 3b): over the K/V tiles a
+// producer streams into shared memory, S = Q K^T on the tensor cores, the causal and key-range mask, the online softmax
+// with lazy rescaling, P rounded to 16 bits in registers, O += P V; then O / l written out. The kernels around it (one
+// block per query block, or persistent) differ only in how they feed it: which Q buffer, which K/V stages and phases.
+//
+// A warpgroup (128 threads, 4 warps) owns 64 query rows; warp w of it rows 16 w .. 16 w + 15, and lane (g = lane / 4,
+// t = lane % 4) rows g and g + 8 of those, as in mma.sync. Its registers:
+//     float o[kD / 2];   O (64 x kD, fp32): o[4 e + 0..1] row g, o[4 e + 2..3] row g + 8, columns 8 e + 2 t, + 1
+//     m0, m1             the running max of rows g and g + 8, in log2 units (scores x scale x log2 e), -inf at first
+//     l0, l1             their running sums of exp2(score - m) over this lane's columns (the quad's 4 lanes add theirs
+//                        up at the end)
+// Shared memory holds the tiles as TMA writes them with the 128-byte swizzle: 64-column boxes of 128-byte rows.
+#pragma once
+#include "tma.cuh"     // mbar_wait, mbar_arrive, sw128_desc
+#include "wgmma.cuh"   // wgmma_ss, wgmma_rs_tb, wgmma_fence/commit/wait; pack2<T>
+#ifndef CUDART_INF_F
+#include <math_constants.h>   // CUDART_INF_F (the CPU emulator defines its own)
+#endif
+
+#ifdef __CUDA_ARCH__
+// 2^x as one MUFU.EX2 (ex2.approx.ftz); exp2(-inf) = 0. (On the CPU the emulator's exp2_approx is std::exp2.)
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+#endif
+
+// One consumer warpgroup's whole part in a block of kBM query rows from q0 of head bh (O: [heads][seq_len][kD]): its
+// 64 rows q0 + 64 c .. + 63 against the first n_tiles K/V tiles of kBN keys, as the producer lands them; then
+// O[bh, row, :] = O / l for its rows below seq_len. The caller has waited for the block's Q.
+//   c, tid           the consumer warpgroup (0, 1, ...) and this thread's index in it (0 .. 127)
+//   q_tile           the block's Q in shared memory: kD / 64 boxes of [kBM rows][64]
+//   k_s, v_s         the K/V ring: kStages stages of kv_bytes bytes, each kD / 64 boxes of [kBN keys][64]
+//   full_k, full_v, empty   the stages' mbarriers, 8 bytes apart: the producer's copies complete full_k and full_v;
+//                    each warp arrives on empty once it is done with a stage
+//   kv               K/V tiles consumed so far (its stage kv % kStages, phase (kv / kStages) & 1); advanced by n_tiles
+//   q_release        with kReleaseQ, each warp arrives on this mbarrier after its last S = Q K^T (Q may be replaced)
+// Scores are scaled by scale_log2 (the softmax scale x log2 e); m moves only when a tile's max exceeds it by
+// rescale_log2 (lazy rescaling: then O and l are rescaled, and only in warps where some row's max moved).
+template <typename T, int kD, int kBN, int kBM, int kStages, bool kCausal, bool kReleaseQ>
+__device__ __forceinline__ void wg_attention(int c, int tid, T* __restrict__ O, int bh, int q0, int seq_len,
+                                             int n_tiles, int& kv, unsigned q_tile, unsigned k_s, unsigned v_s,
+                                             unsigned kv_bytes, unsigned full_k, unsigned full_v, unsigned empty,
+                                             unsigned q_release, float scale_log2, float rescale_log2) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row0 = q0 + 64 * c + 16 * warp + g, row1 = row0 + 8;
+    float o[kD / 2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
+
+    for (int j = 0; j < n_tiles; ++j, ++kv) {
+        const int s = kv % kStages;
+        const unsigned phase = (kv / kStages) & 1;
+        const unsigned k_tile = k_s + s * kv_bytes, v_tile = v_s + s * kv_bytes;
+        const int kv0 = j * kBN;
+
+        // S = Q K^T on the tensor cores: kD / 16 wgmmas of m64 n kBN k16, both operands K-major in shared memory.
+        float sacc[kBN / 2];
+        mbar_wait(full_k + 8 * s, phase);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+            const unsigned long long da = sw128_desc(q_tile + (kk / 4) * kBM * 128 + 64 * c * 128 + (kk % 4) * 32, 16, 1024);
+            const unsigned long long db = sw128_desc(k_tile + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
+            wgmma_ss<kBN, T>(sacc, da, db, kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (kReleaseQ && j == n_tiles - 1 && lane == 0) mbar_arrive(q_release);   // this warp is done with Q
+
+        if (kv0 + kBN > seq_len || (kCausal && kv0 + kBN - 1 > q0 + 64 * c)) {
+#pragma unroll
+            for (int i = 0; i < kBN / 2; ++i) {
+                const int key = kv0 + 8 * (i / 4) + 2 * t + (i & 1);
+                const int row = (i & 2) ? row1 : row0;
+                if (key >= seq_len || (kCausal && key > row)) sacc[i] = -CUDART_INF_F;
+            }
+        }
+        float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+        for (int i = 0; i < kBN / 2; i += 4) {
+            mx0 = fmaxf(mx0, fmaxf(sacc[i], sacc[i + 1]));
+            mx1 = fmaxf(mx1, fmaxf(sacc[i + 2], sacc[i + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // Lazy rescaling (see tutorial 07's mma.sync kernel): m moves only when the tile's max exceeds it by rescale_log2.
+        mx0 *= scale_log2; mx1 *= scale_log2;
+        const bool up0 = mx0 > m0 + rescale_log2, up1 = mx1 > m1 + rescale_log2;
+        const float mn0 = up0 ? mx0 : m0, mn1 = up1 ? mx1 : m1;
+        const float alpha0 = up0 ? exp2_approx(m0 - mn0) : 1.f, alpha1 = up1 ? exp2_approx(m1 - mn1) : 1.f;
+        const float ref0 = mn0 == -CUDART_INF_F ? 0.f : mn0, ref1 = mn1 == -CUDART_INF_F ? 0.f : mn1;
+        m0 = mn0; m1 = mn1;
+        l0 *= alpha0; l1 *= alpha1;
+        if (__any_sync(0xffffffffu, up0 || up1)) {
+#pragma unroll
+            for (int i = 0; i < kD / 2; i += 4) { o[i] *= alpha0; o[i + 1] *= alpha0; o[i + 2] *= alpha1; o[i + 3] *= alpha1; }
+        }
+        unsigned p[kBN / 16][4];              // P as wgmma A fragments, 16 keys each (same layout as mma.sync's)
+#pragma unroll
+        for (int kc = 0; kc < kBN / 16; ++kc) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = 8 * kc + 4 * h;
+                const float p0 = exp2_approx(fmaf(sacc[i], scale_log2, -ref0));
+                const float p1 = exp2_approx(fmaf(sacc[i + 1], scale_log2, -ref0));
+                const float p2 = exp2_approx(fmaf(sacc[i + 2], scale_log2, -ref1));
+                const float p3 = exp2_approx(fmaf(sacc[i + 3], scale_log2, -ref1));
+                l0 += p0 + p1; l1 += p2 + p3;
+                p[kc][2 * h] = pack2<T>(p0, p1);
+                p[kc][2 * h + 1] = pack2<T>(p2, p3);
+            }
+        }
+
+        // O += P V: A from registers, B = V read N-major (transposed) from its [kBN keys][64 dims] boxes.
+        mbar_wait(full_v + 8 * s, phase);
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < kBN / 16; ++kc) {
+            const unsigned long long dv = sw128_desc(v_tile + kc * 16 * 128, kBN * 128, 1024);
+            wgmma_rs_tb<kD, T>(o, p[kc], dv);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty + 8 * s);
+    }
+
+    // O / l, rounded to T (the quad of lanes sharing a row adds up its partial sums first)
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    T* out = O + (size_t)bh * seq_len * kD;
+#pragma unroll
+    for (int i = 0; i < kD / 2; i += 4) {
+        const int col = 8 * (i / 4) + 2 * t;
+        if (row0 < seq_len) *reinterpret_cast<unsigned*>(out + (size_t)row0 * kD + col) = pack2<T>(o[i] * inv0, o[i + 1] * inv0);
+        if (row1 < seq_len) *reinterpret_cast<unsigned*>(out + (size_t)row1 * kD + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
+    }
+}
