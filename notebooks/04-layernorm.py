@@ -1315,7 +1315,11 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # the row in registers the mean and the variance cost two more sums across the row's threads and no memory traffic,
 # and the forward keeps its hot path and its single output (the `kl::layernorm` op's schema stays as it is). The
 # price is one more reduction round per row in the backward (LayerNorm: the sum for the mean, then the sums of
-# `(x - mean)^2`, `g` and `g * (x - mean)` together in one round; RMSNorm: `x^2` and `g * x` in one round).
+# `(x - mean)^2`, `g`, `g * (x - mean)` and `x - mean` together in one round; RMSNorm: `x^2` and `g * x` in one
+# round). The last of those sums is there for `dw`: in float32 the sum of a row of values near 1,000 rounds the
+# mean by about 1e-4, which moves every `xhat` by that much, and `dw = sum dy * xhat` adds those errors up (the
+# CPU test of a mean of 1,000 caught it: `dw` 3x PyTorch's error). `sum (x - mean) / n` measures the rounding on
+# small numbers, and the kernels correct the mean and the other sums by it.
 #
 # **The kernels.**
 # - `norm_backward_rows<T, RMS>`: each thread holds 8 values of its row (one bf16 pack, two float packs) of `x`,
@@ -1468,7 +1472,7 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, 1) norm_backward_rows(const
             for (int i = 0; i < kValues; ++i) s[0] += at(xk, i);
             row_sum<0>(s, row_warps, parity);
             mean = s[0] / n;
-            float m[3] = {0.0f, 0.0f, 0.0f};             // sum (x - mean)^2, sum g, sum g (x - mean)
+            float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};       // sum (x - mean)^2, sum g, sum g (x - mean), sum (x - mean)
 #pragma unroll
             for (int i = 0; i < kValues; ++i) {
                 int c = (t + (i / VEC) * row_threads) * VEC + i % VEC;
@@ -1476,11 +1480,14 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, 1) norm_backward_rows(const
                 m[0] = fmaf(d, d, m[0]);
                 m[1] += g;
                 m[2] = fmaf(g, d, m[2]);
+                m[3] += d;
             }
             row_sum<1>(m, row_warps, parity);
-            rstd = rsqrtf(m[0] / n + eps);
+            float shift = m[3] / n;                      // the first mean's rounding (sum x of a mean of 1e3 in
+            mean += shift;                               // float32: 1e-4), measured on small deviations and undone
+            rstd = rsqrtf(fmaxf(m[0] / n - shift * shift, 0.0f) + eps);
             mean_g = m[1] / n;
-            mean_gx = m[2] * rstd / n;
+            mean_gx = (m[2] - shift * m[1]) * rstd / n;
         }
 #pragma unroll
         for (int j = 0; j < PACKS; ++j) {                // dx one pack at a time, stored as it is made
@@ -1537,16 +1544,20 @@ __global__ void __launch_bounds__(1024) norm_backward_long(const T* __restrict__
             float s = 0.0f;
             for (int c = threadIdx.x; c < cols; c += blockDim.x) s += to_float(xr[c]);
             mean = block_sum(s) / n;
-            float m2 = 0.0f, sg = 0.0f, sgd = 0.0f;
+            float m2 = 0.0f, sg = 0.0f, sgd = 0.0f, sd = 0.0f;
             for (int c = threadIdx.x; c < cols; c += blockDim.x) {
                 float d = to_float(xr[c]) - mean, g = to_float(gr[c]) * to_float(w[c]);
                 m2 = fmaf(d, d, m2);
                 sg += g;
                 sgd = fmaf(g, d, sgd);
+                sd += d;
             }
-            rstd = rsqrtf(block_sum(m2) / n + eps);
-            mean_g = block_sum(sg) / n;
-            mean_gx = block_sum(sgd) * rstd / n;
+            float shift = block_sum(sd) / n;              // the first mean's rounding, undone (as in the rows kernel)
+            mean += shift;
+            sg = block_sum(sg);
+            rstd = rsqrtf(fmaxf(block_sum(m2) / n - shift * shift, 0.0f) + eps);
+            mean_g = sg / n;
+            mean_gx = (block_sum(sgd) - shift * sg) * rstd / n;
         }
         for (int c = threadIdx.x; c < cols; c += blockDim.x) {
             float xhat = (to_float(xr[c]) - mean) * rstd, dyv = to_float(gr[c]);
