@@ -1329,8 +1329,10 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #   `dy * xhat` and `dy` for its columns in fp32 registers, and writes them once at the end: one row of partial sums
 #   per block, the block's rows added up in shared memory in a fixed order.
 # - `norm_backward_long<T, RMS>`: rows over 8192 columns (4096 in float), a block of 1024 threads per row reading
-#   `x` and `dy` from memory in each pass (three for LayerNorm: the mean, the sums, dx; two for RMSNorm), the later
-#   passes partly from L1 and L2, its partial sums accumulated in its own row of the partial buffer.
+#   `x` (and `dy`, `w`) from memory in each pass, 16-byte packs where the row is aligned (three passes for LayerNorm:
+#   the mean, the sums, dx; two for RMSNorm), the later passes partly from L1 and L2, its partial sums added into
+#   its own row of the partial buffer (8 more bytes of L2 traffic per element: the price of rows too long for
+#   registers).
 # - `norm_backward_finish<T>`: `dw` and `db` from the partial rows, 32 columns a block, the partial rows added up
 #   in 16 slices and then the slices in order: deterministic, the same bits every run.
 #
@@ -1339,8 +1341,8 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # 1.3-1.6x torch eager (whose backward reads `x` and `dy` twice: once for `dx`, again in the kernel for `dw` and
 # `db`) and 1.1-1.5x `torch.compile` (Inductor's backward also reduces `dw` and `db` in a separate pass over
 # `x` and `dy`); float32 the same ratios at 4096 x 1024. The long rows (`norm_backward_long`, 4096 x 32768,
-# 1024 x 262144, 3 x 100003) read `x` up to three times with 2- or 4-byte loads: 40-60 % of copy, 0.7-1.1x
-# `torch.compile`, the known weak spot of this first version.
+# 1024 x 262144, 3 x 100003) read `x` up to three times and add their partial sums in L2: 40-60 % of copy,
+# 0.7-1.1x `torch.compile`, the known weak spot of this first version.
 
 # %%
 # %%cuda --name norm_backward
@@ -1514,7 +1516,29 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, 1) norm_backward_rows(const
     // The block's partial sums: partial[blockIdx.x] = [dw (cols), db (cols)].
     float* mine = partial + (size_t)blockIdx.x * 2 * cols;
     write_partial<VEC>(dw, mine, stage, cols, t, group, groups, row_threads);
-    write_partial<VEC>(db, mine + cols, stage, cols, t, group, groups, row_threads);
+    if (!RMS) write_partial<VEC>(db, mine + cols, stage, cols, t, group, groups, row_threads);   // RMSNorm: no b
+}
+
+// This thread's columns of a row, f(c, x, dy, w) for each: 16-byte packs where the row starts on a 16-byte boundary
+// (cols a multiple of the pack: the same columns every row), one element at a time otherwise. G false: x only.
+template <bool G, typename T, typename Fn>
+__device__ __forceinline__ void each_column(const T* __restrict__ xr, const T* __restrict__ gr,
+                                            const T* __restrict__ w, int cols, Fn f) {
+    constexpr int VEC = 16 / sizeof(T);
+    if (cols % VEC == 0) {
+        for (int q = threadIdx.x; q < cols / VEC; q += blockDim.x) {
+            Pack<T> xp = reinterpret_cast<const Pack<T>*>(xr)[q], gp, wp;
+            if (G) {
+                gp = reinterpret_cast<const Pack<T>*>(gr)[q];
+                wp = reinterpret_cast<const Pack<T>*>(w)[q];
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) f(q * VEC + k, xp.get(k), G ? gp.get(k) : 0.0f, G ? wp.get(k) : 0.0f);
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x)
+            f(c, to_float(xr[c]), G ? to_float(gr[c]) : 0.0f, G ? to_float(w[c]) : 0.0f);
+    }
 }
 
 // Rows longer than a block's registers hold (over 8192 columns): a block of threads per row, the row read from
@@ -1522,9 +1546,9 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, 1) norm_backward_rows(const
 // db stay in its row of `partial` (zeroed by the launcher), each column read and written by the same thread.
 template <typename T, bool RMS>
 __global__ void __launch_bounds__(1024) norm_backward_long(const T* __restrict__ dy, const T* __restrict__ x,
-                                                           const T* __restrict__ w, T* __restrict__ dx,
-                                                           float* __restrict__ partial, int rows, int cols,
-                                                           float eps) {
+                                                              const T* __restrict__ w, T* __restrict__ dx,
+                                                              float* __restrict__ partial, int rows, int cols,
+                                                              float eps) {
     float* mine = partial + (size_t)blockIdx.x * 2 * cols;
     float n = (float)cols;
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -1533,25 +1557,24 @@ __global__ void __launch_bounds__(1024) norm_backward_long(const T* __restrict__
         float mean = 0.0f, rstd, mean_g = 0.0f, mean_gx;
         if constexpr (RMS) {
             float ss = 0.0f, sgx = 0.0f;
-            for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-                float xv = to_float(xr[c]);
+            each_column<true>(xr, gr, w, cols, [&](int, float xv, float gv, float wv) {
                 ss = fmaf(xv, xv, ss);
-                sgx = fmaf(to_float(gr[c]) * to_float(w[c]), xv, sgx);
-            }
+                sgx = fmaf(gv * wv, xv, sgx);
+            });
             rstd = rsqrtf(block_sum(ss) / n + eps);
             mean_gx = block_sum(sgx) * rstd / n;
         } else {
             float s = 0.0f;
-            for (int c = threadIdx.x; c < cols; c += blockDim.x) s += to_float(xr[c]);
+            each_column<false>(xr, gr, w, cols, [&](int, float xv, float, float) { s += xv; });
             mean = block_sum(s) / n;
             float m2 = 0.0f, sg = 0.0f, sgd = 0.0f, sd = 0.0f;
-            for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-                float d = to_float(xr[c]) - mean, g = to_float(gr[c]) * to_float(w[c]);
+            each_column<true>(xr, gr, w, cols, [&](int, float xv, float gv, float wv) {
+                float d = xv - mean, g = gv * wv;
                 m2 = fmaf(d, d, m2);
                 sg += g;
                 sgd = fmaf(g, d, sgd);
                 sd += d;
-            }
+            });
             float shift = block_sum(sd) / n;              // the first mean's rounding, undone (as in the rows kernel)
             mean += shift;
             sg = block_sum(sg);
@@ -1559,16 +1582,17 @@ __global__ void __launch_bounds__(1024) norm_backward_long(const T* __restrict__
             mean_g = sg / n;
             mean_gx = (block_sum(sgd) - shift * sg) * rstd / n;
         }
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-            float xhat = (to_float(xr[c]) - mean) * rstd, dyv = to_float(gr[c]);
-            dx[(size_t)row * cols + c] = from_float<T>(rstd * (dyv * to_float(w[c]) - mean_g - xhat * mean_gx));
-            mine[c] = fmaf(dyv, xhat, mine[c]);
-            mine[cols + c] += dyv;
-        }
+        T* dxr = dx + (size_t)row * cols;
+        each_column<true>(xr, gr, w, cols, [&](int c, float xv, float gv, float wv) {
+            float xhat = (xv - mean) * rstd;
+            dxr[c] = from_float<T>(rstd * (gv * wv - mean_g - xhat * mean_gx));
+            mine[c] = fmaf(gv, xhat, mine[c]);
+            if (!RMS) mine[cols + c] += gv;
+        });
     }
 }
 
-// dw[c] = sum over the partial rows of partial[p][0][c], db likewise (db may be null: RMSNorm): blocks of 512
+// dw[c] = sum over the partial rows of partial[p][0][c], db likewise (db null: RMSNorm, its half never read): 512
 // threads, 32 columns x 16 slices of the partial rows, the slices added in order (the same sums every run).
 template <typename T>
 __global__ void __launch_bounds__(512) norm_backward_finish(const float* __restrict__ partial, int parts, int cols,
@@ -1580,6 +1604,7 @@ __global__ void __launch_bounds__(512) norm_backward_finish(const float* __restr
     for (int v = 0; v < vectors; ++v) {
         float s = 0.0f;
         if (c < cols)
+#pragma unroll 8                                          // 8 loads in flight, not one round trip per partial row
             for (int p = slice; p < parts; p += 16) s += partial[((size_t)p * 2 + v) * cols + c];
         sums[v][slice][lane] = s;
     }
@@ -1620,13 +1645,14 @@ class BackwardPlan:
     grid: int
 
 
-def plan_backward(rows, cols, itemsize, sms=SMS, block=None):
+def plan_backward(rows, cols, itemsize, sms=SMS, block=None, long_blocks_per_sm=1):
     """The backward's launch: rows up to 8192 values (float: 4096) in registers, 8 a thread, resident blocks of
-    512 (float: 256) threads or one row's threads, one wave of them; longer rows a block of 1024 threads each."""
+    512 (float: 256) threads or one row's threads, one wave of them; longer rows a block of 1024 threads each, one
+    wave (LayerNorm's long kernel takes 44-46 registers: one block an SM; RMSNorm's 32: two)."""
     max_row_threads = 512 if itemsize == 4 else 1024
     row_threads = max(32, 1 << math.ceil(math.log2(max(1, -(-cols // BACKWARD_VALUES)))))
     if row_threads > max_row_threads:
-        return BackwardPlan("long", 1024, 1024, max(1, min(rows, 2 * sms)))
+        return BackwardPlan("long", 1024, 1024, max(1, min(rows, long_blocks_per_sm * sms)))
     block = max(row_threads, block or (256 if itemsize == 4 else 512))
     resident = (768 if itemsize == 4 else 1024) // block or 1     # blocks an SM holds (registers: 78 / 63 a thread)
     return BackwardPlan("rows", row_threads, block, max(1, min(-(-rows // (block // row_threads)), sms * resident)))
@@ -1642,7 +1668,7 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
         dw.zero_()
         return (dx, dw, db.zero_()) if with_bias else (dx, dw)
     _check_layout(dy, x, w, dx, dw)
-    plan = plan or plan_backward(rows, cols, x.element_size())
+    plan = plan or plan_backward(rows, cols, x.element_size(), long_blocks_per_sm=2 if kind == "rmsnorm" else 1)
     ct, rms = CTYPE[x.dtype], "true" if kind == "rmsnorm" else "false"
     alloc = torch.empty if plan.kernel == "rows" else torch.zeros      # the long kernel adds into its row
     partial = alloc(plan.grid, 2, cols, dtype=torch.float32, device=x.device)

@@ -93,7 +93,8 @@ def test_the_plans_cover_every_row_and_keep_the_partial_rows_to_a_wave(itemsize)
             assert p.grid <= 132 * 4, (r, c, p)                 # one wave of resident blocks: few partial rows
             assert groups == 1 or groups * p.row_threads * ns["BACKWARD_VALUES"] <= 4096    # the shared stage
         else:
-            assert p.grid == min(r, 2 * 132), (r, c, p)
+            assert p.grid == min(r, 132), (r, c, p)
+            assert ns["plan_backward"](r, c, itemsize, sms=132, long_blocks_per_sm=2).grid == min(r, 264)
 
 
 # --- the kernels, run on the CPU --------------------------------------------------------------------------------
@@ -125,8 +126,8 @@ def inputs(rows, cols, dtype, dist, seed=0):
 
 
 # a warp per row, several rows a block (shared-memory sums of the partials), one row of 256 threads with element
-# loads (1031), 128 with packs (1024), the long kernel (9000 > 8192)
-EMU_SHAPES = [(1, 1), (3, 7), (70, 64), (2, 1031), (3, 1024), (2, 9000)]
+# loads (1031), 128 with packs (1024), the long kernel (over 8192) with packs (9000) and element loads (8999)
+EMU_SHAPES = [(1, 1), (3, 7), (70, 64), (2, 1031), (3, 1024), (2, 9000), (1, 8999)]
 
 
 @needs_cxx
