@@ -1328,11 +1328,14 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #   holds 512 / row_threads rows at a time); every thread keeps the same columns for every row, so it adds up
 #   `dy * xhat` and `dy` for its columns in fp32 registers, and writes them once at the end: one row of partial sums
 #   per block, the block's rows added up in shared memory in a fixed order.
-# - `norm_backward_long<T, RMS>`: rows over 8192 columns (4096 in float), a block of 1024 threads per row reading
-#   `x` (and `dy`, `w`) from memory in each pass, 16-byte packs where the row is aligned (three passes for LayerNorm:
-#   the mean, the sums, dx; two for RMSNorm), the later passes partly from L1 and L2, its partial sums added into
-#   its own row of the partial buffer (8 more bytes of L2 traffic per element: the price of rows too long for
-#   registers).
+# - rows over 8192 columns (4096 in float) do not fit a block's registers, so they take two kernels:
+#   `norm_backward_stats<T, RMS>` (a block per row: the row's `mean`, `rstd`, `mean(g)` and `mean(g * xhat)`,
+#   16 bytes a row, reading `x` and `dy` once more), then `norm_backward_tiles<T, RMS>` (column tiles of 256 threads
+#   x 8 values, each block walking rows with the statistics given, so its sums of `dw` and `db` stay in registers as
+#   above). That reads `x` and `dy` twice, 10 bytes an element in bf16 where the rows kernel needs 6: as much as
+#   PyTorch's eager backward, which also reads them once for `dx` and once for `dw`, `db`. (A first version added
+#   each row's `dw` and `db` into its block's partial row in L2 instead: 16 more bytes of L2 traffic an element,
+#   replaced before any GPU timed it.)
 # - `norm_backward_finish<T>`: `dw` and `db` from the partial rows, 32 columns a block, the partial rows added up
 #   in 16 slices and then the slices in order: deterministic, the same bits every run.
 #
@@ -1340,9 +1343,9 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # and 4096 x 4096 in bf16 (the forward's 51-91 %, less the partial sums' 4-9 % and the finish kernel's launch), so
 # 1.3-1.6x torch eager (whose backward reads `x` and `dy` twice: once for `dx`, again in the kernel for `dw` and
 # `db`) and 1.1-1.5x `torch.compile` (Inductor's backward also reduces `dw` and `db` in a separate pass over
-# `x` and `dy`); float32 the same ratios at 4096 x 1024. The long rows (`norm_backward_long`, 4096 x 32768,
-# 1024 x 262144, 3 x 100003) read `x` up to three times and add their partial sums in L2: 40-60 % of copy,
-# 0.7-1.1x `torch.compile`, the known weak spot of this first version.
+# `x` and `dy`); float32 the same ratios at 4096 x 1024. The long rows (statistics, then tiles: 4096 x 32768,
+# 1024 x 262144, 3 x 100003) move 10 bytes an element against the floor's 6: 50-60 % of copy counted on the
+# floor's bytes, 0.9-1.1x eager and `torch.compile` (the same bytes as theirs), the weak spot of this version.
 
 # %%
 # %%cuda --name norm_backward
@@ -1541,54 +1544,99 @@ __device__ __forceinline__ void each_column(const T* __restrict__ xr, const T* _
     }
 }
 
-// Rows longer than a block's registers hold (over 8192 columns): a block of threads per row, the row read from
-// memory three times (LayerNorm; RMSNorm twice), which L1 and L2 partly serve. The block's partial sums of dw and
-// db stay in its row of `partial` (zeroed by the launcher), each column read and written by the same thread.
+// Rows longer than a block's registers hold (over 8192 columns; float over 4096) take two kernels. First each row's
+// statistics, a block of threads per row reading x (twice: the mean, then the deviations, the second read mostly
+// from L1) and dy: stats[row] = {mean, rstd, mean(g), mean(g * xhat)}.
 template <typename T, bool RMS>
-__global__ void __launch_bounds__(1024) norm_backward_long(const T* __restrict__ dy, const T* __restrict__ x,
-                                                              const T* __restrict__ w, T* __restrict__ dx,
-                                                              float* __restrict__ partial, int rows, int cols,
-                                                              float eps) {
-    float* mine = partial + (size_t)blockIdx.x * 2 * cols;
-    float n = (float)cols;
-    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
-        const T* xr = x + (size_t)row * cols;
-        const T* gr = dy + (size_t)row * cols;
-        float mean = 0.0f, rstd, mean_g = 0.0f, mean_gx;
-        if constexpr (RMS) {
-            float ss = 0.0f, sgx = 0.0f;
-            each_column<true>(xr, gr, w, cols, [&](int, float xv, float gv, float wv) {
-                ss = fmaf(xv, xv, ss);
-                sgx = fmaf(gv * wv, xv, sgx);
-            });
-            rstd = rsqrtf(block_sum(ss) / n + eps);
-            mean_gx = block_sum(sgx) * rstd / n;
-        } else {
-            float s = 0.0f;
-            each_column<false>(xr, gr, w, cols, [&](int, float xv, float, float) { s += xv; });
-            mean = block_sum(s) / n;
-            float m2 = 0.0f, sg = 0.0f, sgd = 0.0f, sd = 0.0f;
-            each_column<true>(xr, gr, w, cols, [&](int, float xv, float gv, float wv) {
-                float d = xv - mean, g = gv * wv;
-                m2 = fmaf(d, d, m2);
-                sg += g;
-                sgd = fmaf(g, d, sgd);
-                sd += d;
-            });
-            float shift = block_sum(sd) / n;              // the first mean's rounding, undone (as in the rows kernel)
-            mean += shift;
-            sg = block_sum(sg);
-            rstd = rsqrtf(fmaxf(block_sum(m2) / n - shift * shift, 0.0f) + eps);
-            mean_g = sg / n;
-            mean_gx = (block_sum(sgd) - shift * sg) * rstd / n;
-        }
-        T* dxr = dx + (size_t)row * cols;
-        each_column<true>(xr, gr, w, cols, [&](int c, float xv, float gv, float wv) {
-            float xhat = (xv - mean) * rstd;
-            dxr[c] = from_float<T>(rstd * (gv * wv - mean_g - xhat * mean_gx));
-            mine[c] = fmaf(gv, xhat, mine[c]);
-            if (!RMS) mine[cols + c] += gv;
+__global__ void __launch_bounds__(1024) norm_backward_stats(const T* __restrict__ dy, const T* __restrict__ x,
+                                                            const T* __restrict__ w, float4* __restrict__ stats,
+                                                            int cols, float eps) {
+    int row = blockIdx.x;
+    const T* xr = x + (size_t)row * cols;
+    const T* gr = dy + (size_t)row * cols;
+    float n = (float)cols, mean = 0.0f, rstd, mean_g = 0.0f, mean_gx;
+    if constexpr (RMS) {
+        float ss = 0.0f, sgx = 0.0f;
+        each_column<true>(xr, gr, w, cols, [&](int, float xv, float gv, float wv) {
+            ss = fmaf(xv, xv, ss);
+            sgx = fmaf(gv * wv, xv, sgx);
         });
+        rstd = rsqrtf(block_sum(ss) / n + eps);
+        mean_gx = block_sum(sgx) * rstd / n;
+    } else {
+        float s = 0.0f;
+        each_column<false>(xr, gr, w, cols, [&](int, float xv, float, float) { s += xv; });
+        mean = block_sum(s) / n;
+        float m2 = 0.0f, sg = 0.0f, sgd = 0.0f, sd = 0.0f;
+        each_column<true>(xr, gr, w, cols, [&](int, float xv, float gv, float wv) {
+            float d = xv - mean, g = gv * wv;
+            m2 = fmaf(d, d, m2);
+            sg += g;
+            sgd = fmaf(g, d, sgd);
+            sd += d;
+        });
+        float shift = block_sum(sd) / n;                  // the first mean's rounding, undone (as in the rows kernel)
+        mean += shift;
+        sg = block_sum(sg);
+        rstd = rsqrtf(fmaxf(block_sum(m2) / n - shift * shift, 0.0f) + eps);
+        mean_g = sg / n;
+        mean_gx = (block_sum(sgd) - shift * sg) * rstd / n;
+    }
+    if (threadIdx.x == 0) stats[row] = make_float4(mean, rstd, mean_g, mean_gx);
+}
+
+// Then dx, and dw/db's partial sums, by column tiles: block (blockIdx.x, blockIdx.y) holds columns
+// blockIdx.x * blockDim.x * kValues ... of rows blockIdx.y, + gridDim.y, ..., 8 values a thread as in
+// norm_backward_rows, so its sums stay in registers; partial[blockIdx.y] gets them at the end.
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__ dy, const T* __restrict__ x,
+                                                           const T* __restrict__ w, T* __restrict__ dx,
+                                                           const float4* __restrict__ stats,
+                                                           float* __restrict__ partial, int rows, int cols) {
+    constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
+    int col0 = blockIdx.x * blockDim.x * kValues, width = cols - col0;   // this tile's columns: col0 ...
+    int t = threadIdx.x, threads = blockDim.x;
+    bool aligned = cols % VEC == 0;                       // col0 is a multiple of the pack: rows stay aligned
+    Pack<T> wk[PACKS];
+    load_row(wk, w + col0, width, t, threads, true, aligned);
+    float dw[kValues], db[kValues];
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) dw[i] = db[i] = 0.0f;
+    for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+        size_t start = (size_t)row * cols + col0;
+        Pack<T> xk[PACKS], gk[PACKS];
+        load_row(xk, x + start, width, t, threads, true, aligned);
+        load_row(gk, dy + start, width, t, threads, true, aligned);
+        float4 st = stats[row];                           // mean, rstd, mean(g), mean(g * xhat)
+#pragma unroll
+        for (int j = 0; j < PACKS; ++j) {
+            int c = (t + j * threads) * VEC;
+            float f[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                int i = j * VEC + k;
+                float xhat = (at(xk, i) - st.x) * st.y, dyv = at(gk, i);
+                f[k] = st.y * (dyv * at(wk, i) - st.z - xhat * st.w);
+                dw[i] = fmaf(dyv, xhat, dw[i]);           // dy is 0 past the row's end
+                db[i] += dyv;
+            }
+            if (aligned) {
+                if (c < width) *reinterpret_cast<Pack<T>*>(dx + start + c) = from_floats<T>(f);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    if (c + k < width) dx[start + c + k] = from_float<T>(f[k]);
+            }
+        }
+    }
+    float* mine = partial + (size_t)blockIdx.y * 2 * cols + col0;
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+        int c = (t + (i / VEC) * threads) * VEC + i % VEC;
+        if (c < width) {
+            mine[c] = dw[i];
+            if (!RMS) mine[cols + c] = db[i];
+        }
     }
 }
 
@@ -1621,8 +1669,12 @@ __global__ void __launch_bounds__(512) norm_backward_finish(const float* __restr
                                                           float);                                                 \
     template __global__ void norm_backward_rows<T, true>(const T*, const T*, const T*, T*, float*, int, int, int,   \
                                                          float);                                                  \
-    template __global__ void norm_backward_long<T, false>(const T*, const T*, const T*, T*, float*, int, int, float); \
-    template __global__ void norm_backward_long<T, true>(const T*, const T*, const T*, T*, float*, int, int, float);  \
+    template __global__ void norm_backward_stats<T, false>(const T*, const T*, const T*, float4*, int, float);      \
+    template __global__ void norm_backward_stats<T, true>(const T*, const T*, const T*, float4*, int, float);       \
+    template __global__ void norm_backward_tiles<T, false>(const T*, const T*, const T*, T*, const float4*, float*, \
+                                                           int, int);                                             \
+    template __global__ void norm_backward_tiles<T, true>(const T*, const T*, const T*, T*, const float4*, float*,  \
+                                                          int, int);                                              \
     template __global__ void norm_backward_finish<T>(const float*, int, int, T*, T*);
 NORM_BACKWARD(float)
 NORM_BACKWARD(__nv_bfloat16)
@@ -1636,25 +1688,31 @@ BACKWARD_VALUES = 8          # values of a row per thread in norm_backward_rows 
 
 @dataclass(frozen=True)
 class BackwardPlan:
-    """How the backward covers a rows x cols matrix: the kernel ("rows" or "long"), a row's threads, the block and
-    the grid (= the rows of partial sums of dw and db)."""
+    """How the backward covers a rows x cols matrix: the kernel ("rows": a row in registers; "tiles": the row's
+    statistics first, then column tiles), a row's (a tile's) threads, the block, the grid's rows of blocks (= the
+    rows of partial sums of dw and db) and the column tiles."""
 
     kernel: str
     row_threads: int
     block: int
     grid: int
+    tiles: int = 1
 
 
-def plan_backward(rows, cols, itemsize, sms=SMS, block=None, long_blocks_per_sm=1):
+TILE_THREADS = 256           # threads of a column tile in norm_backward_tiles (its __launch_bounds__)
+
+
+def plan_backward(rows, cols, itemsize, sms=SMS, block=None):
     """The backward's launch: rows up to 8192 values (float: 4096) in registers, 8 a thread, resident blocks of
-    512 (float: 256) threads or one row's threads, one wave of them; longer rows a block of 1024 threads each, one
-    wave (LayerNorm's long kernel takes 44-46 registers: one block an SM; RMSNorm's 32: two)."""
+    512 (float: 256) threads or one row's threads, one wave of them; longer rows in column tiles of 256 x 8 values,
+    about four tiles an SM in all."""
     max_row_threads = 512 if itemsize == 4 else 1024
     row_threads = max(32, 1 << math.ceil(math.log2(max(1, -(-cols // BACKWARD_VALUES)))))
     if row_threads > max_row_threads:
-        return BackwardPlan("long", 1024, 1024, max(1, min(rows, long_blocks_per_sm * sms)))
+        tiles = -(-cols // (TILE_THREADS * BACKWARD_VALUES))
+        return BackwardPlan("tiles", TILE_THREADS, TILE_THREADS, max(1, min(rows, 4 * sms // tiles)), tiles)
     block = max(row_threads, block or (256 if itemsize == 4 else 512))
-    resident = (768 if itemsize == 4 else 1024) // block or 1     # blocks an SM holds (registers: 78 / 63 a thread)
+    resident = (768 if itemsize == 4 else 1024) // block or 1     # blocks an SM holds (registers: 80 / 64 a thread)
     return BackwardPlan("rows", row_threads, block, max(1, min(-(-rows // (block // row_threads)), sms * resident)))
 
 
@@ -1668,16 +1726,17 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
         dw.zero_()
         return (dx, dw, db.zero_()) if with_bias else (dx, dw)
     _check_layout(dy, x, w, dx, dw)
-    plan = plan or plan_backward(rows, cols, x.element_size(), long_blocks_per_sm=2 if kind == "rmsnorm" else 1)
+    plan = plan or plan_backward(rows, cols, x.element_size())
     ct, rms = CTYPE[x.dtype], "true" if kind == "rmsnorm" else "false"
-    alloc = torch.empty if plan.kernel == "rows" else torch.zeros      # the long kernel adds into its row
-    partial = alloc(plan.grid, 2, cols, dtype=torch.float32, device=x.device)
+    partial = torch.empty(plan.grid, 2, cols, dtype=torch.float32, device=x.device)
     if plan.kernel == "rows":
         norm_backward[f"norm_backward_rows<{ct}, {rms}>"][plan.grid, plan.block](
             dy, x, w, dx, partial, rows, cols, plan.row_threads, eps)
     else:
-        norm_backward[f"norm_backward_long<{ct}, {rms}>"][plan.grid, plan.block](dy, x, w, dx, partial, rows, cols,
-                                                                                  eps)
+        stats = torch.empty(rows, 4, dtype=torch.float32, device=x.device)
+        norm_backward[f"norm_backward_stats<{ct}, {rms}>"][rows, 1024](dy, x, w, stats, cols, eps)
+        norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block](
+            dy, x, w, dx, stats, partial, rows, cols)
     norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // 32), 512](partial, plan.grid, cols, dw, db)
     return (dx, dw, db) if with_bias else (dx, dw)
 
@@ -1730,10 +1789,10 @@ for dtype in (torch.float32, torch.bfloat16):
         plan = plan_backward(r, c, dtype.itemsize)
         k = norm_backward[f"norm_backward_{plan.kernel}<{CTYPE[dtype]}, false>"]
         rows.append([f"{r} x {c}", str(dtype).replace("torch.", ""), plan.kernel, plan.row_threads, plan.block,
-                     plan.grid, k.resources.registers, k.resources.local_bytes,
-                     f"{k.occupancy(plan.block).ratio:.0%}"])
-HTML(html_table(["shape", "dtype", "kernel", "row threads", "block", "grid (partial rows)", "registers",
-                 "local bytes", "occupancy"], rows, caption="LayerNorm backward: launch plans"))
+                     f"{plan.tiles} x {plan.grid}" if plan.tiles > 1 else plan.grid, k.resources.registers,
+                     k.resources.local_bytes, f"{k.occupancy(plan.block).ratio:.0%}"])
+HTML(html_table(["shape", "dtype", "kernel", "row (tile) threads", "block", "grid (tiles x partial rows)",
+                 "registers", "local bytes", "occupancy"], rows, caption="LayerNorm backward: launch plans"))
 
 # %% [markdown]
 # ### Check on awkward shapes and several distributions
@@ -1741,7 +1800,7 @@ HTML(html_table(["shape", "dtype", "kernel", "row threads", "block", "grid (part
 # Against PyTorch's own backward in float64, beside PyTorch's backward in the inputs' dtype (the error PyTorch
 # itself makes): ours must stay within 2x PyTorch's error plus a rounding of the largest value. Widths that are not
 # a multiple of the 16-byte pack (element loads), one row, one column, every plan (a warp, a block of several rows,
-# a block of 1024 threads, the long rows), and inputs centred at 0, at a mean of 1,000, and heavy-tailed
+# a block of 1024 threads, the long rows in column tiles), and inputs centred at 0, at a mean of 1,000, and heavy-tailed
 # (Student's t with 3 degrees of freedom, whose largest values are many times the spread).
 
 # %%
@@ -1827,14 +1886,14 @@ display(*[sweep_table(res, f"{kind} backward, {str(dt)[6:]}, {ln_result.device}"
 
 # %% [markdown]
 # Against the prediction: the cell below prints, per op and dtype, the worst ratios and the fraction of the copy
-# bandwidth at the two register-held shapes and at the long rows.
+# bandwidth at the register-held shapes and at the long rows (column tiles).
 
 # %%
 # %%gpu
 for (kind, dt), sweep in bwd_sweep.items():
     held = [res for (r, c), res in sweep.items() if plan_backward(r, c, dt.itemsize).kernel == "rows"]
-    long = [res for (r, c), res in sweep.items() if plan_backward(r, c, dt.itemsize).kernel == "long"]
-    for label, part in (("rows in registers", held), ("long rows", long)):
+    long = [res for (r, c), res in sweep.items() if plan_backward(r, c, dt.itemsize).kernel == "tiles"]
+    for label, part in (("rows in registers", held), ("long rows, column tiles", long)):
         if part:
             print(f"{kind} backward {str(dt)[6:]}, {label}: "
                   f"{min(r.speedup('torch eager').ratio for r in part):.2f}-"

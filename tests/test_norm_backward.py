@@ -21,7 +21,7 @@ F = torch.nn.functional
 T04 = "04-layernorm.py"
 CT = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16"}
 # the tutorial's shapes, and awkward ones: one element, odd widths, widths not a multiple of the pack, several rows a
-# block, one row of 1024 threads (bf16 8192), the long rows
+# block, one row of 1024 threads (bf16 8192), the long rows (column tiles)
 SHAPES = [(4096, 1024), (4096, 4096), (4096, 32768), (1024, 262144), (1000, 1031), (3, 100003), (1, 1), (3, 7),
           (70, 64), (9, 8192), (5, 4099), (2, 9000), (1, 768)]
 
@@ -56,7 +56,7 @@ def plans_ns():
 
 def test_the_backward_kernels_compile_without_spills(module):
     names = {k.signature.display for k in module.kernels}
-    assert names == {f"norm_backward_{kind}<{t}, {rms}>" for kind in ("rows", "long") for t in CT.values()
+    assert names == {f"norm_backward_{kind}<{t}, {rms}>" for kind in ("rows", "stats", "tiles") for t in CT.values()
                      for rms in ("false", "true")} | {f"norm_backward_finish<{t}>" for t in CT.values()}
     for k in module.kernels:
         r = k.resources
@@ -83,7 +83,7 @@ def test_the_plans_cover_every_row_and_keep_the_partial_rows_to_a_wave(itemsize)
     for r, c in SHAPES + [(4096, 768), (8192, 2048), (2, 4097), (1, 8193)]:
         p = ns["plan_backward"](r, c, itemsize, sms=132)
         fits = c <= (4096 if itemsize == 4 else 8192)
-        assert p.kernel == ("rows" if fits else "long"), (r, c, p)
+        assert p.kernel == ("rows" if fits else "tiles"), (r, c, p)
         assert p.block <= 1024 and p.block % p.row_threads == 0 and p.grid >= 1, (r, c, p)
         if p.kernel == "rows":
             assert p.row_threads * ns["BACKWARD_VALUES"] >= c and p.row_threads >= 32, (r, c, p)
@@ -92,9 +92,9 @@ def test_the_plans_cover_every_row_and_keep_the_partial_rows_to_a_wave(itemsize)
             assert p.grid * groups >= min(r, p.grid * groups) and p.grid <= math.ceil(r / groups), (r, c, p)
             assert p.grid <= 132 * 4, (r, c, p)                 # one wave of resident blocks: few partial rows
             assert groups == 1 or groups * p.row_threads * ns["BACKWARD_VALUES"] <= 4096    # the shared stage
-        else:
-            assert p.grid == min(r, 132), (r, c, p)
-            assert ns["plan_backward"](r, c, itemsize, sms=132, long_blocks_per_sm=2).grid == min(r, 264)
+        else:                                                   # column tiles of 256 x 8, about 4 an SM
+            assert p.tiles == math.ceil(c / (256 * 8)) and p.block == p.row_threads == 256, (r, c, p)
+            assert p.grid == max(1, min(r, 4 * 132 // p.tiles)), (r, c, p)
 
 
 # --- the kernels, run on the CPU --------------------------------------------------------------------------------
@@ -126,8 +126,9 @@ def inputs(rows, cols, dtype, dist, seed=0):
 
 
 # a warp per row, several rows a block (shared-memory sums of the partials), one row of 256 threads with element
-# loads (1031), 128 with packs (1024), the long kernel (over 8192) with packs (9000) and element loads (8999)
-EMU_SHAPES = [(1, 1), (3, 7), (70, 64), (2, 1031), (3, 1024), (2, 9000), (1, 8999)]
+# loads (1031), 128 with packs (1024), the rows over 8192 (float over 4096: 4100) as statistics then column tiles,
+# with packs (9000) and element loads (8999)
+EMU_SHAPES = [(1, 1), (3, 7), (70, 64), (2, 1031), (3, 1024), (2, 4100), (2, 9000), (1, 8999)]
 
 
 @needs_cxx

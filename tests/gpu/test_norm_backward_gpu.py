@@ -17,8 +17,8 @@ F = torch.nn.functional
 EPS = 1e-5
 DTYPES = [torch.float32, torch.bfloat16]
 # one element; odd widths; widths not a multiple of the pack (4099, 1031); a warp per row with several rows a block
-# (37 x 768, 4096 x 64); a block per row (1024, 4096); 1024 threads a row (bf16 8192; float's long kernel); the
-# long rows (9000, 40000, 100003, 300007); one row; GPT-2's width at its batch
+# (37 x 768, 4096 x 64); a block per row (1024, 4096); 1024 threads a row (bf16 8192; float's column tiles); the
+# long rows as statistics then column tiles (9000, 40000, 100003, 300007); one row; GPT-2's width at its batch
 SHAPES = [(1, 1), (3, 7), (1, 1031), (6, 1031), (1000, 1031), (37, 768), (4096, 64), (64, 1024), (5, 4099),
           (9, 8192), (4096, 4096), (3, 9000), (2, 40000), (3, 100003), (1, 300007), (8192, 768)]
 DISTS = ["normal", "mean1e3", "heavy"]
