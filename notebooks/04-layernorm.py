@@ -1291,26 +1291,690 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # disagree); print the SASS of `layernorm_rows<__nv_bfloat16, 8>` and count its registers: 64 bf16 values in 32.
 
 # %% [markdown]
+# ## Backward: dx, dw and db
+#
+# Training needs the gradients. With `xhat = (x - mean) * rstd`, `rstd = 1 / sqrt(var + eps)`, `y = xhat * w + b`
+# and `dy` the gradient of the loss with respect to `y`, per row of `n = cols` values, and with `g = dy * w`:
+#
+# - LayerNorm: `dx = rstd * (g - mean(g) - xhat * mean(g * xhat))` (the mean and the variance depend on every value
+#   of the row, which is where the two means come from);
+# - RMSNorm (`xhat = x * rstd`, `rstd = 1 / sqrt(mean(x^2) + eps)`, no mean subtracted): `dx = rstd * (g - xhat *
+#   mean(g * xhat))`;
+# - `dw = sum over rows of dy * xhat`, `db = sum over rows of dy`: a column sum over every row.
+#
+# **Bytes and FLOPs.** The backward must read `x` and `dy` and write `dx`: `3 * rows * cols * itemsize`, half as
+# much again as the forward. `w` is read once per block (L1 after that), and `dw`, `db` are `cols` values each. The
+# column sums cross rows, so blocks that take different rows each produce a partial sum per column: with `P`
+# blocks, `2 * P * cols` fp32 values written and read once more by a second small kernel (`8 * P * cols * 2`
+# bytes; with P about one per SM and 4096 rows, 4-9 % of the total). About 16 FLOPs per element (the two row sums,
+# the squared deviations, `g`, `g * (x - mean)`, `dx`, `dw`, `db`): 2.7 FLOP per byte in bf16, far under the
+# ridge of any GPU. Memory-bound, so the target is the copy bandwidth again.
+#
+# **Save the statistics, or recompute them?** PyTorch's forward saves `mean` and `rstd` per row (8 bytes a row) and
+# its backward reads them. Ours recomputes them: the backward reads the whole of `x` anyway (for `xhat`), so with
+# the row in registers the mean and the variance cost two more sums across the row's threads and no memory traffic,
+# and the forward keeps its hot path and its single output (the `kl::layernorm` op's schema stays as it is). The
+# price is one more reduction round per row in the backward (LayerNorm: the sum for the mean, then the sums of
+# `(x - mean)^2`, `g`, `g * (x - mean)` and `x - mean` together in one round; RMSNorm: `x^2` and `g * x` in one
+# round). The last of those sums is there for `dw`: in float32 the sum of a row of values near 1,000 rounds the
+# mean by about 1e-4, which moves every `xhat` by that much, and `dw = sum dy * xhat` adds those errors up (the
+# CPU test of a mean of 1,000 caught it: `dw` 3x PyTorch's error). `sum (x - mean) / n` measures the rounding on
+# small numbers, and the kernels correct the mean and the other sums by it.
+#
+# **The kernels.**
+# - `norm_backward_rows<T, RMS>`: each thread holds 8 values of its row (one bf16 pack, two float packs) of `x`,
+#   `dy` and `w`, so a row takes up to 1024 threads (8192 columns; float rows up to 4096 in 512 threads, the
+#   registers of two packs of each of three vectors). Blocks stay resident and take rows in turn (a block of 512
+#   holds 512 / row_threads rows at a time); every thread keeps the same columns for every row, so it adds up
+#   `dy * xhat` and `dy` for its columns in fp32 registers, and writes them once at the end: one row of partial sums
+#   per block, the block's rows added up in shared memory in a fixed order.
+# - rows over 8192 columns (4096 in float) do not fit a block's registers, so they take two kernels:
+#   `norm_backward_stats<T, RMS>` (a block per row: the row's `mean`, `rstd`, `mean(g)` and `mean(g * xhat)`,
+#   16 bytes a row, reading `x` and `dy` once more), then `norm_backward_tiles<T, RMS>` (column tiles of 256 threads
+#   x 8 values, each block walking rows with the statistics given, so its sums of `dw` and `db` stay in registers as
+#   above). That reads `x` and `dy` twice, 10 bytes an element in bf16 where the rows kernel needs 6: as much as
+#   PyTorch's eager backward, which also reads them once for `dx` and once for `dw`, `db`. (A first version added
+#   each row's `dw` and `db` into its block's partial row in L2 instead: 16 more bytes of L2 traffic an element,
+#   replaced before any GPU timed it.)
+# - `norm_backward_finish<T>`: `dw` and `db` from the partial rows, 32 columns a block, the partial rows added up
+#   in 16 slices and then the slices in order: deterministic, the same bits every run.
+#
+# **Prediction** (before any GPU ran it, H100): `norm_backward_rows` at 75-85 % of the copy bandwidth at 4096 x 1024
+# and 4096 x 4096 in bf16 (the forward's 51-91 %, less the partial sums' 4-9 % and the finish kernel's launch), so
+# 1.3-1.6x torch eager (whose backward reads `x` and `dy` twice: once for `dx`, again in the kernel for `dw` and
+# `db`) and 1.1-1.5x `torch.compile` (Inductor's backward also reduces `dw` and `db` in a separate pass over
+# `x` and `dy`); float32 the same ratios at 4096 x 1024. The long rows (statistics, then tiles: 4096 x 32768,
+# 1024 x 262144, 3 x 100003) move 10 bytes an element against the floor's 6: 50-60 % of copy counted on the
+# floor's bytes, 0.9-1.1x eager and `torch.compile` (the same bytes as theirs), the weak spot of this version.
+
+# %%
+# %%cuda --name norm_backward
+// LayerNorm and RMSNorm backward. dx per row (the row's statistics recomputed from x, which the backward reads
+// anyway), and dw, db as fp32 partial sums per block, added up across the blocks by norm_backward_finish.
+#include <kl/reduce.cuh>    // block_sum (every thread; safe back to back), warp_sum
+#include <kl/rows.cuh>      // Pack<T>: 16 bytes as four words; from_floats; to_float, from_float (kl/convert.cuh)
+
+constexpr int kValues = 8;  // values of a row per thread in norm_backward_rows: one bf16 pack, two float packs
+// A row's threads in norm_backward_rows, at most: 1024 bf16 (rows up to 8192), 512 float (rows up to 4096: with
+// two packs each of x, dy and w, a float thread needs more than the 64 registers of a 1024-thread block).
+template <typename T> constexpr int kMaxRowThreads = sizeof(T) == 4 ? 512 : 1024;
+
+// Sums of N values over the row's threads (row_threads: a power of two, whole warps), in every thread: the warp
+// (shuffles), then the row's warps (shared memory). SLOT and `parity` (the row loop's iteration, mod 2) keep the
+// shared slots of consecutive reductions apart, so that none needs a second barrier.
+template <int SLOT, int N>
+__device__ __forceinline__ void row_sum(float (&v)[N], int row_warps, int parity) {
+    __shared__ float part[2][N][32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = warp_sum(v[i]);
+    if (row_warps > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < N; ++i) part[parity][i][warp] = v[i];
+        __syncthreads();
+        int first = warp & -row_warps;                   // the row's first warp
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = warp_sum(lane < row_warps ? part[parity][i][first + lane] : 0.0f);
+    }
+}
+
+// A thread's kValues values of a row: pack j holds columns (t + j * row_threads) * VEC ... + VEC - 1. Rows whose
+// width is a multiple of VEC start on a 16-byte boundary (16-byte loads); others load element by element. Values
+// past the row, and every value of a row past the last (`live` false), read as 0.
+template <typename T, int PACKS>
+__device__ __forceinline__ void load_row(Pack<T> (&pk)[PACKS], const T* __restrict__ row, int cols, int t,
+                                         int row_threads, bool live, bool aligned) {
+    constexpr int VEC = 16 / sizeof(T);
+#pragma unroll
+    for (int j = 0; j < PACKS; ++j) {
+        int c = (t + j * row_threads) * VEC;             // first column of pack j
+        if (live && aligned && c < cols) {
+            pk[j] = *reinterpret_cast<const Pack<T>*>(row + c);
+        } else {
+            float f[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) f[k] = live && c + k < cols ? to_float(row[c + k]) : 0.0f;
+            pk[j] = from_floats<T>(f);                   // exact: the values are T's already
+        }
+    }
+}
+
+template <typename T, int PACKS>
+__device__ __forceinline__ float at(const Pack<T> (&pk)[PACKS], int i) {
+    return pk[i / (16 / sizeof(T))].get(i % (16 / sizeof(T)));
+}
+
+// A block's sums of one vector (dw or db) for its columns into `dst`: one group writes its registers; several add
+// theirs up in shared memory in group order (the same sums every run).
+template <int VEC>
+__device__ __forceinline__ void write_partial(const float (&acc)[kValues], float* __restrict__ dst, float* stage,
+                                              int cols, int t, int group, int groups, int row_threads) {
+    if (groups == 1) {
+#pragma unroll
+        for (int i = 0; i < kValues; ++i) {
+            int c = (t + (i / VEC) * row_threads) * VEC + i % VEC;
+            if (c < cols) dst[c] = acc[i];
+        }
+        return;
+    }
+    int span = row_threads * kValues;                    // columns a group covers (cols or more)
+    __syncthreads();                                     // stage is free (its last reader is done)
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) stage[group * span + (t + (i / VEC) * row_threads) * VEC + i % VEC] = acc[i];
+    __syncthreads();
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float s = 0.0f;
+        for (int g = 0; g < groups; ++g) s += stage[g * span + c];
+        dst[c] = s;
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w, xhat = (x - mean) * rstd (LayerNorm);
+// dx = rstd * (g - xhat * mean(g * xhat)), xhat = x * rstd (RMSNorm, RMS true). Each block takes rows
+// blockIdx.x * groups + group, then gridDim.x * groups further, ... (groups = blockDim.x / row_threads rows at a
+// time); every thread keeps the same columns for every row, so it adds up dy * xhat (dw) and dy (db) for them in
+// registers, and the block writes one row of partial sums at the end: partial[blockIdx.x] = [dw (cols), db (cols)].
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(kMaxRowThreads<T>, 1) norm_backward_rows(const T* __restrict__ dy, const T* __restrict__ x,
+                                                           const T* __restrict__ w, T* __restrict__ dx,
+                                                           float* __restrict__ partial, int rows, int cols,
+                                                           int row_threads, float eps) {
+    constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
+    __shared__ float stage[4096];                        // the groups' partial sums, at the end (blocks of <= 512)
+    int shift = __ffs(row_threads) - 1;                  // row_threads: a power of two, 32 or more
+    int t = threadIdx.x & (row_threads - 1), group = threadIdx.x >> shift, groups = blockDim.x >> shift;
+    int row_warps = row_threads / 32;
+    bool aligned = cols % VEC == 0;
+    float n = (float)cols;
+    float dw[kValues], db[kValues];
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) dw[i] = db[i] = 0.0f;
+    int parity = 0;
+    for (int first = blockIdx.x * groups; first < rows; first += gridDim.x * groups, parity ^= 1) {
+        int row = first + group;                         // every group takes part in the block's barriers
+        bool live = row < rows;
+        size_t start = (size_t)(live ? row : 0) * cols;
+        Pack<T> xk[PACKS], gk[PACKS], wk[PACKS];       // w: the same columns every row, from L1 after the first
+        load_row(xk, x + start, cols, t, row_threads, live, aligned);
+        load_row(gk, dy + start, cols, t, row_threads, live, aligned);
+        load_row(wk, w, cols, t, row_threads, true, aligned);
+        float mean = 0.0f, rstd, mean_g = 0.0f, mean_gx;
+        if constexpr (RMS) {
+            float s[2] = {0.0f, 0.0f};                   // sum x^2, sum g x
+#pragma unroll
+            for (int i = 0; i < kValues; ++i) {
+                float xv = at(xk, i), g = at(gk, i) * at(wk, i);
+                s[0] = fmaf(xv, xv, s[0]);
+                s[1] = fmaf(g, xv, s[1]);
+            }
+            row_sum<0>(s, row_warps, parity);
+            rstd = rsqrtf(s[0] / n + eps);
+            mean_gx = s[1] * rstd / n;
+        } else {
+            float s[1] = {0.0f};                         // sum x: the mean first, then deviations from it
+#pragma unroll
+            for (int i = 0; i < kValues; ++i) s[0] += at(xk, i);
+            row_sum<0>(s, row_warps, parity);
+            mean = s[0] / n;
+            float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};       // sum (x - mean)^2, sum g, sum g (x - mean), sum (x - mean)
+#pragma unroll
+            for (int i = 0; i < kValues; ++i) {
+                int c = (t + (i / VEC) * row_threads) * VEC + i % VEC;
+                float d = c < cols ? at(xk, i) - mean : 0.0f, g = at(gk, i) * at(wk, i);
+                m[0] = fmaf(d, d, m[0]);
+                m[1] += g;
+                m[2] = fmaf(g, d, m[2]);
+                m[3] += d;
+            }
+            row_sum<1>(m, row_warps, parity);
+            float shift = m[3] / n;                      // the first mean's rounding (sum x of a mean of 1e3 in
+            mean += shift;                               // float32: 1e-4), measured on small deviations and undone
+            rstd = rsqrtf(fmaxf(m[0] / n - shift * shift, 0.0f) + eps);
+            mean_g = m[1] / n;
+            mean_gx = (m[2] - shift * m[1]) * rstd / n;
+        }
+#pragma unroll
+        for (int j = 0; j < PACKS; ++j) {                // dx one pack at a time, stored as it is made
+            int c = (t + j * row_threads) * VEC;
+            float f[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                int i = j * VEC + k;
+                float xhat = (at(xk, i) - mean) * rstd, dyv = at(gk, i), g = dyv * at(wk, i);
+                f[k] = rstd * (g - mean_g - xhat * mean_gx);
+                dw[i] = fmaf(dyv, xhat, dw[i]);          // dy is 0 past the row and in rows past the last
+                db[i] += dyv;
+            }
+            if (!live) continue;
+            if (aligned) {
+                if (c < cols) *reinterpret_cast<Pack<T>*>(dx + start + c) = from_floats<T>(f);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    if (c + k < cols) dx[start + c + k] = from_float<T>(f[k]);
+            }
+        }
+    }
+    // The block's partial sums: partial[blockIdx.x] = [dw (cols), db (cols)].
+    float* mine = partial + (size_t)blockIdx.x * 2 * cols;
+    write_partial<VEC>(dw, mine, stage, cols, t, group, groups, row_threads);
+    if (!RMS) write_partial<VEC>(db, mine + cols, stage, cols, t, group, groups, row_threads);   // RMSNorm: no b
+}
+
+// This thread's columns of a row, f(c, x, dy, w) for each: 16-byte packs where the row starts on a 16-byte boundary
+// (cols a multiple of the pack: the same columns every row), one element at a time otherwise. G false: x only.
+template <bool G, typename T, typename Fn>
+__device__ __forceinline__ void each_column(const T* __restrict__ xr, const T* __restrict__ gr,
+                                            const T* __restrict__ w, int cols, Fn f) {
+    constexpr int VEC = 16 / sizeof(T);
+    if (cols % VEC == 0) {
+        for (int q = threadIdx.x; q < cols / VEC; q += blockDim.x) {
+            Pack<T> xp = reinterpret_cast<const Pack<T>*>(xr)[q], gp, wp;
+            if (G) {
+                gp = reinterpret_cast<const Pack<T>*>(gr)[q];
+                wp = reinterpret_cast<const Pack<T>*>(w)[q];
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) f(q * VEC + k, xp.get(k), G ? gp.get(k) : 0.0f, G ? wp.get(k) : 0.0f);
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x)
+            f(c, to_float(xr[c]), G ? to_float(gr[c]) : 0.0f, G ? to_float(w[c]) : 0.0f);
+    }
+}
+
+// Rows longer than a block's registers hold (over 8192 columns; float over 4096) take two kernels. First each row's
+// statistics, a block of threads per row reading x (twice: the mean, then the deviations, the second read mostly
+// from L1) and dy: stats[row] = {mean, rstd, mean(g), mean(g * xhat)}.
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(1024) norm_backward_stats(const T* __restrict__ dy, const T* __restrict__ x,
+                                                            const T* __restrict__ w, float4* __restrict__ stats,
+                                                            int cols, float eps) {
+    int row = blockIdx.x;
+    const T* xr = x + (size_t)row * cols;
+    const T* gr = dy + (size_t)row * cols;
+    float n = (float)cols, mean = 0.0f, rstd, mean_g = 0.0f, mean_gx;
+    if constexpr (RMS) {
+        float ss = 0.0f, sgx = 0.0f;
+        each_column<true>(xr, gr, w, cols, [&](int, float xv, float gv, float wv) {
+            ss = fmaf(xv, xv, ss);
+            sgx = fmaf(gv * wv, xv, sgx);
+        });
+        rstd = rsqrtf(block_sum(ss) / n + eps);
+        mean_gx = block_sum(sgx) * rstd / n;
+    } else {
+        float s = 0.0f;
+        each_column<false>(xr, gr, w, cols, [&](int, float xv, float, float) { s += xv; });
+        mean = block_sum(s) / n;
+        float m2 = 0.0f, sg = 0.0f, sgd = 0.0f, sd = 0.0f;
+        each_column<true>(xr, gr, w, cols, [&](int, float xv, float gv, float wv) {
+            float d = xv - mean, g = gv * wv;
+            m2 = fmaf(d, d, m2);
+            sg += g;
+            sgd = fmaf(g, d, sgd);
+            sd += d;
+        });
+        float shift = block_sum(sd) / n;                  // the first mean's rounding, undone (as in the rows kernel)
+        mean += shift;
+        sg = block_sum(sg);
+        rstd = rsqrtf(fmaxf(block_sum(m2) / n - shift * shift, 0.0f) + eps);
+        mean_g = sg / n;
+        mean_gx = (block_sum(sgd) - shift * sg) * rstd / n;
+    }
+    if (threadIdx.x == 0) stats[row] = make_float4(mean, rstd, mean_g, mean_gx);
+}
+
+// Then dx, and dw/db's partial sums, by column tiles: block (blockIdx.x, blockIdx.y) holds columns
+// blockIdx.x * blockDim.x * kValues ... of rows blockIdx.y, + gridDim.y, ..., 8 values a thread as in
+// norm_backward_rows, so its sums stay in registers; partial[blockIdx.y] gets them at the end.
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__ dy, const T* __restrict__ x,
+                                                           const T* __restrict__ w, T* __restrict__ dx,
+                                                           const float4* __restrict__ stats,
+                                                           float* __restrict__ partial, int rows, int cols) {
+    constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
+    int col0 = blockIdx.x * blockDim.x * kValues, width = cols - col0;   // this tile's columns: col0 ...
+    int t = threadIdx.x, threads = blockDim.x;
+    bool aligned = cols % VEC == 0;                       // col0 is a multiple of the pack: rows stay aligned
+    Pack<T> wk[PACKS];
+    load_row(wk, w + col0, width, t, threads, true, aligned);
+    float dw[kValues], db[kValues];
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) dw[i] = db[i] = 0.0f;
+    for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+        size_t start = (size_t)row * cols + col0;
+        Pack<T> xk[PACKS], gk[PACKS];
+        load_row(xk, x + start, width, t, threads, true, aligned);
+        load_row(gk, dy + start, width, t, threads, true, aligned);
+        float4 st = stats[row];                           // mean, rstd, mean(g), mean(g * xhat)
+#pragma unroll
+        for (int j = 0; j < PACKS; ++j) {
+            int c = (t + j * threads) * VEC;
+            float f[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                int i = j * VEC + k;
+                float xhat = (at(xk, i) - st.x) * st.y, dyv = at(gk, i);
+                f[k] = st.y * (dyv * at(wk, i) - st.z - xhat * st.w);
+                dw[i] = fmaf(dyv, xhat, dw[i]);           // dy is 0 past the row's end
+                db[i] += dyv;
+            }
+            if (aligned) {
+                if (c < width) *reinterpret_cast<Pack<T>*>(dx + start + c) = from_floats<T>(f);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    if (c + k < width) dx[start + c + k] = from_float<T>(f[k]);
+            }
+        }
+    }
+    float* mine = partial + (size_t)blockIdx.y * 2 * cols + col0;
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+        int c = (t + (i / VEC) * threads) * VEC + i % VEC;
+        if (c < width) {
+            mine[c] = dw[i];
+            if (!RMS) mine[cols + c] = db[i];
+        }
+    }
+}
+
+// dw[c] = sum over the partial rows of partial[p][0][c], db likewise (db null: RMSNorm, its half never read): 512
+// threads, 32 columns x 16 slices of the partial rows, the slices added in order (the same sums every run).
+template <typename T>
+__global__ void __launch_bounds__(512) norm_backward_finish(const float* __restrict__ partial, int parts, int cols,
+                                                            T* __restrict__ dw, T* __restrict__ db) {
+    __shared__ float sums[2][16][33];
+    int lane = threadIdx.x % 32, slice = threadIdx.x / 32;
+    int c = blockIdx.x * 32 + lane;
+    int vectors = db == nullptr ? 1 : 2;
+    for (int v = 0; v < vectors; ++v) {
+        float s = 0.0f;
+        if (c < cols)
+#pragma unroll 8                                          // 8 loads in flight, not one round trip per partial row
+            for (int p = slice; p < parts; p += 16) s += partial[((size_t)p * 2 + v) * cols + c];
+        sums[v][slice][lane] = s;
+    }
+    __syncthreads();
+    if (slice < vectors && c < cols) {
+        float s = 0.0f;
+        for (int i = 0; i < 16; ++i) s += sums[slice][i][lane];
+        (slice == 0 ? dw : db)[c] = from_float<T>(s);
+    }
+}
+
+#define NORM_BACKWARD(T)                                                                                          \
+    template __global__ void norm_backward_rows<T, false>(const T*, const T*, const T*, T*, float*, int, int, int,  \
+                                                          float);                                                 \
+    template __global__ void norm_backward_rows<T, true>(const T*, const T*, const T*, T*, float*, int, int, int,   \
+                                                         float);                                                  \
+    template __global__ void norm_backward_stats<T, false>(const T*, const T*, const T*, float4*, int, float);      \
+    template __global__ void norm_backward_stats<T, true>(const T*, const T*, const T*, float4*, int, float);       \
+    template __global__ void norm_backward_tiles<T, false>(const T*, const T*, const T*, T*, const float4*, float*, \
+                                                           int, int);                                             \
+    template __global__ void norm_backward_tiles<T, true>(const T*, const T*, const T*, T*, const float4*, float*,  \
+                                                          int, int);                                              \
+    template __global__ void norm_backward_finish<T>(const float*, int, int, T*, T*);
+NORM_BACKWARD(float)
+NORM_BACKWARD(__nv_bfloat16)
+
+# %%
+# launchers: layernorm backward, rmsnorm backward
+import torch.nn.functional as F
+
+BACKWARD_VALUES = 8          # values of a row per thread in norm_backward_rows (kValues in the cell)
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """How the backward covers a rows x cols matrix: the kernel ("rows": a row in registers; "tiles": the row's
+    statistics first, then column tiles), a row's (a tile's) threads, the block, the grid's rows of blocks (= the
+    rows of partial sums of dw and db) and the column tiles."""
+
+    kernel: str
+    row_threads: int
+    block: int
+    grid: int
+    tiles: int = 1
+
+
+TILE_THREADS = 256           # threads of a column tile in norm_backward_tiles (its __launch_bounds__)
+
+
+def plan_backward(rows, cols, itemsize, sms=SMS, block=None):
+    """The backward's launch: rows up to 8192 values (float: 4096) in registers, 8 a thread, resident blocks of
+    512 (float: 256) threads or one row's threads, one wave of them; longer rows in column tiles of 256 x 8 values,
+    about four tiles an SM in all."""
+    max_row_threads = 512 if itemsize == 4 else 1024
+    row_threads = max(32, 1 << math.ceil(math.log2(max(1, -(-cols // BACKWARD_VALUES)))))
+    if row_threads > max_row_threads:
+        tiles = -(-cols // (TILE_THREADS * BACKWARD_VALUES))
+        return BackwardPlan("tiles", TILE_THREADS, TILE_THREADS, max(1, min(rows, 4 * sms // tiles)), tiles)
+    block = max(row_threads, block or (256 if itemsize == 4 else 512))
+    resident = (768 if itemsize == 4 else 1024) // block or 1     # blocks an SM holds (registers: 80 / 64 a thread)
+    return BackwardPlan("rows", row_threads, block, max(1, min(-(-rows // (block // row_threads)), sms * resident)))
+
+
+def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
+    """dx, dw and (with_bias) db of LayerNorm or RMSNorm over the rows of 2-D x, by the kernels above."""
+    rows, cols = x.shape
+    dy = dy.contiguous()                     # autograd may hand an expanded gradient (loss = y.sum())
+    dx, dw = torch.empty_like(x), torch.empty_like(w)
+    db = torch.empty_like(w) if with_bias else None
+    if x.numel() == 0:
+        dw.zero_()
+        return (dx, dw, db.zero_()) if with_bias else (dx, dw)
+    _check_layout(dy, x, w, dx, dw)
+    plan = plan or plan_backward(rows, cols, x.element_size())
+    ct, rms = CTYPE[x.dtype], "true" if kind == "rmsnorm" else "false"
+    partial = torch.empty(plan.grid, 2, cols, dtype=torch.float32, device=x.device)
+    if plan.kernel == "rows":
+        norm_backward[f"norm_backward_rows<{ct}, {rms}>"][plan.grid, plan.block](
+            dy, x, w, dx, partial, rows, cols, plan.row_threads, eps)
+    else:
+        stats = torch.empty(rows, 4, dtype=torch.float32, device=x.device)
+        norm_backward[f"norm_backward_stats<{ct}, {rms}>"][rows, 1024](dy, x, w, stats, cols, eps)
+        norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block](
+            dy, x, w, dx, stats, partial, rows, cols)
+    norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // 32), 512](partial, plan.grid, cols, dw, db)
+    return (dx, dw, db) if with_bias else (dx, dw)
+
+
+def layernorm_backward(dy, x, w, eps=1e-5, plan=None):
+    """(dx, dw, db) of F.layer_norm(x, (cols,), w, b, eps) for 2-D float32/bf16 x and its output's gradient dy."""
+    return _norm_backward("layernorm", dy, x, w, eps, True, plan)
+
+
+def rmsnorm_backward(dy, x, w, eps=1e-5, plan=None):
+    """(dx, dw) of F.rms_norm(x, (cols,), w, eps) for 2-D float32/bf16 x and its output's gradient dy."""
+    return _norm_backward("rmsnorm", dy, x, w, eps, False, plan)
+
+
+def reference_backward(kind, dy, x, w, b=None, eps=1e-5, dtype=None):
+    """PyTorch's gradients (dx, dw[, db]) of F.layer_norm / F.rms_norm, computed in `dtype` (float64: the
+    reference; None: the inputs' own dtype, PyTorch's own error), returned in that dtype."""
+    dtype = dtype or x.dtype
+    xs = x.detach().to(dtype).requires_grad_(True)
+    ws = w.detach().to(dtype).requires_grad_(True)
+    if kind == "layernorm":
+        bs = b.detach().to(dtype).requires_grad_(True)
+        y = F.layer_norm(xs, (x.shape[-1],), ws, bs, eps)
+        return torch.autograd.grad(y, (xs, ws, bs), dy.to(dtype))
+    y = F.rms_norm(xs, (x.shape[-1],), ws, eps)
+    return torch.autograd.grad(y, (xs, ws), dy.to(dtype))
+
+
+def backward_errors(kind, dy, x, w, b=None, eps=1e-5):
+    """{gradient: (our max abs error, PyTorch's in the same dtype)} against float64, on these inputs."""
+    ours = (layernorm_backward(dy, x, w, eps) if kind == "layernorm" else rmsnorm_backward(dy, x, w, eps))
+    want = reference_backward(kind, dy, x, w, b, eps, torch.float64)
+    theirs = reference_backward(kind, dy, x, w, b, eps)
+    return {name: ((o.double() - r).abs().max().item(), (t.double() - r).abs().max().item(), r.abs().max().item())
+            for name, o, t, r in zip(("dx", "dw", "db"), ours, theirs, want)}
+
+
+def backward_passes(errors, dtype):
+    """Ours at most 2x PyTorch's own error, plus a floor of a rounding of the largest value (bf16: 2^-8)."""
+    floor = 2.0 ** -8 if dtype == torch.bfloat16 else 1e-6
+    return all(ours <= 2 * theirs + floor * max(scale, 1.0) for ours, theirs, scale in errors.values())
+
+# %% [markdown]
+# The plans at the tutorial's shapes, and the kernels' registers (no spills: a CPU test checks it):
+
+# %%
+rows = []
+for dtype in (torch.float32, torch.bfloat16):
+    for r, c in SHAPES:
+        plan = plan_backward(r, c, dtype.itemsize)
+        k = norm_backward[f"norm_backward_{plan.kernel}<{CTYPE[dtype]}, false>"]
+        rows.append([f"{r} x {c}", str(dtype).replace("torch.", ""), plan.kernel, plan.row_threads, plan.block,
+                     f"{plan.tiles} x {plan.grid}" if plan.tiles > 1 else plan.grid, k.resources.registers,
+                     k.resources.local_bytes, f"{k.occupancy(plan.block).ratio:.0%}"])
+HTML(html_table(["shape", "dtype", "kernel", "row (tile) threads", "block", "grid (tiles x partial rows)",
+                 "registers", "local bytes", "occupancy"], rows, caption="LayerNorm backward: launch plans"))
+
+# %% [markdown]
+# ### Check on awkward shapes and several distributions
+#
+# Against PyTorch's own backward in float64, beside PyTorch's backward in the inputs' dtype (the error PyTorch
+# itself makes): ours must stay within 2x PyTorch's error plus a rounding of the largest value. Widths that are not
+# a multiple of the 16-byte pack (element loads), one row, one column, every plan (a warp, a block of several rows,
+# a block of 1024 threads, the long rows in column tiles), and inputs centred at 0, at a mean of 1,000, and heavy-tailed
+# (Student's t with 3 degrees of freedom, whose largest values are many times the spread).
+
+# %%
+def bwd_inputs(rows, cols, dtype, dist="normal", device="cuda", seed=0):
+    """dy, x, w, b for the backward: x from `dist` ("normal", "mean1e3": N(1000, 1), "heavy": Student's t with 3
+    degrees of freedom), w ~ N(1, 0.5), b and dy ~ N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    if dist == "mean1e3":
+        x = x + 1e3
+    elif dist == "heavy":                             # t(3) = N(0, 1) / sqrt(chi2(3) / 3)
+        chi2 = sum(torch.randn(rows, cols, generator=g, dtype=torch.float64) ** 2 for _ in range(3))
+        x = x / (chi2 / 3).sqrt()
+    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
+    b = torch.randn(cols, generator=g, dtype=torch.float64)
+    dy = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    return tuple(t.to(dtype).to(device) for t in (dy, x, w, b))
+
+
+def check_backward(shapes, device, seeds=(0,)):
+    """Every op, dtype and distribution at `shapes`: asserts ours within 2x PyTorch's error (backward_passes);
+    a table of the largest errors, ours / PyTorch's."""
+    out = []
+    for kind in ("layernorm", "rmsnorm"):
+        for dtype in (torch.float32, torch.bfloat16):
+            for dist in ("normal", "mean1e3", "heavy"):
+                worst = {}
+                for (r, c), seed in ((s, k) for s in shapes for k in seeds):
+                    dy, x, w, b = bwd_inputs(r, c, dtype, dist, device, seed)
+                    errors = backward_errors(kind, dy, x, w, b, EPS)
+                    assert backward_passes(errors, dtype), (kind, dtype, dist, r, c, errors)
+                    for name, (ours, theirs, _) in errors.items():
+                        o, t = worst.get(name, (0.0, 0.0))
+                        worst[name] = (max(o, ours), max(t, theirs))
+                out.append([kind, str(dtype)[6:], dist] + [f"{o:.2g} / {t:.2g}" for o, t in worst.values()]
+                           + ([""] if kind == "rmsnorm" else []))
+    return HTML(html_table(["op", "dtype", "x", "dx: ours / PyTorch's", "dw", "db"], out,
+                           caption="largest |error| against float64 at " + ", ".join(f"{r}x{c}" for r, c in shapes)))
+
+
+# %%
+# %%gpu
+BWD_SHAPES = [(1, 1), (3, 7), (1, 1031), (6, 1031), (37, 768), (64, 1024), (5, 4099), (9, 8192), (3, 9000),
+              (2, 40000), (1000, 1031)]
+check_backward(BWD_SHAPES, "cuda", seeds=(0, 1))
+
+# %%
+# %%cpu
+check_backward([(1, 1), (3, 7), (2, 1031), (3, 1024)], "cpu")     # small for the CPU path: element and pack loads
+
+# %% [markdown]
+# ### Against PyTorch's backward, eager and `torch.compile`
+#
+# Each timed as called: ours the launcher `layernorm_backward(dy, x, w)` (both kernels and the partial buffer's
+# allocation); PyTorch's the backward alone, `torch.autograd.grad(y, (x, w, b), dy)` on a graph built once, eager
+# and compiled (`torch.compile` of the forward, whose backward Inductor compiles too). The bytes are the
+# `3 * rows * cols * itemsize` the backward cannot avoid.
+
+# %%
+# %%gpu
+def bench_backward(kind, dtype, shapes=SHAPES, rep_ms=30):
+    """{shape: BenchResult} of ours against PyTorch's backward, eager and compiled, at each shape."""
+    results = {}
+    for r, c in shapes:
+        dy, x, w, b = bwd_inputs(r, c, dtype)
+        leaves = [t.detach().requires_grad_(True) for t in ((x, w, b) if kind == "layernorm" else (x, w))]
+        fwd = torch_layernorm if kind == "layernorm" else torch_rmsnorm
+        fwd_c = torch_layernorm_compiled if kind == "layernorm" else torch_rmsnorm_compiled
+        y_eager, y_compiled = fwd(*leaves), fwd_c(*leaves)
+        ours = (lambda: layernorm_backward(dy, x, w, EPS)) if kind == "layernorm" else \
+            (lambda: rmsnorm_backward(dy, x, w, EPS))
+        results[(r, c)] = kernellab.bench(
+            ours, (), bytes=3 * r * c * x.element_size(), rep_ms=rep_ms, warmup_ms=10, rotate=False,
+            name=f"{kind} backward",
+            baselines={"torch eager": lambda: torch.autograd.grad(y_eager, leaves, dy, retain_graph=True),
+                       "torch.compile": lambda: torch.autograd.grad(y_compiled, leaves, dy, retain_graph=True)})
+    return results
+
+
+bwd_sweep = {(kind, dt): bench_backward(kind, dt) for kind in ("layernorm", "rmsnorm") for dt in DTYPES}
+display(*[sweep_table(res, f"{kind} backward, {str(dt)[6:]}, {ln_result.device}")
+          for (kind, dt), res in bwd_sweep.items()])
+
+# %% [markdown]
+# Against the prediction: the cell below prints, per op and dtype, the worst ratios and the fraction of the copy
+# bandwidth at the register-held shapes and at the long rows (column tiles).
+
+# %%
+# %%gpu
+for (kind, dt), sweep in bwd_sweep.items():
+    held = [res for (r, c), res in sweep.items() if plan_backward(r, c, dt.itemsize).kernel == "rows"]
+    long = [res for (r, c), res in sweep.items() if plan_backward(r, c, dt.itemsize).kernel == "tiles"]
+    for label, part in (("rows in registers", held), ("long rows, column tiles", long)):
+        if part:
+            print(f"{kind} backward {str(dt)[6:]}, {label}: "
+                  f"{min(r.speedup('torch eager').ratio for r in part):.2f}-"
+                  f"{max(r.speedup('torch eager').ratio for r in part):.2f}x eager, "
+                  f"{min(r.speedup('torch.compile').ratio for r in part):.2f}-"
+                  f"{max(r.speedup('torch.compile').ratio for r in part):.2f}x torch.compile, "
+                  f"{min(r.gbps for r in part) / COPY_GBPS:.0%}-{max(r.gbps for r in part) / COPY_GBPS:.0%} of copy")
+
+# %% [markdown]
 # ## From the notebook into a model: LayerNorm and RMSNorm as PyTorch ops
 #
 # `kernellab.op` registers each launcher as a PyTorch operator through `torch.library`: a schema, the launcher as
 # the CUDA implementation, and a fake implementation made from `outputs=` (the output is shaped like `x`), which
 # `torch.compile(fullgraph=True)` and `torch.export` trace instead of running the kernel. Launches inside an op
 # do not wait for their kernel (`kernellab.set_launch_blocking(True)` makes them wait, to find a fault).
+#
+# With `backward=` an op is differentiable: `setup_context` saves `x` and `w` (the statistics are recomputed, as
+# above), and the backward calls two more ops, `kl::layernorm_backward` and `kl::rmsnorm_backward`, the launchers
+# of the backward section (an op's backward is traced like its forward, so it calls ops, not launchers). The ops take
+# any number of leading dimensions (`[batch, sequence, d_model]` as a model has them), folded into rows, and run on
+# CPU tensors too, through kernellab's CPU path, so that the notebook and the tests run them without a GPU.
 
 # %%
-@kernellab.op("kl::layernorm", "(Tensor x, Tensor w, Tensor b, float eps) -> Tensor", outputs=lambda x, w, b, eps: x)
+# launchers: ops (kl::layernorm, kl::rmsnorm and their backward ops; other scripts take them from load_tutorial)
+import kernellab
+import torch
+
+
+def _rows2d(x):
+    """x as rows x cols (cols its last dimension): the kernels' 2-D view."""
+    return x.reshape(-1, x.shape[-1])
+
+
+@kernellab.op("kl::layernorm_backward", "(Tensor dy, Tensor x, Tensor w, float eps) -> (Tensor, Tensor, Tensor)",
+              outputs=lambda dy, x, w, eps: (x, w, w), device_types=("cuda", "cpu"))
+def kl_layernorm_backward(dy, x, w, eps):
+    """(dx, dw, db) of LayerNorm over the last dimension, by the backward kernels above."""
+    dx, dw, db = layernorm_backward(_rows2d(dy), _rows2d(x), w, eps)
+    return dx.reshape(x.shape), dw, db
+
+
+@kernellab.op("kl::rmsnorm_backward", "(Tensor dy, Tensor x, Tensor w, float eps) -> (Tensor, Tensor)",
+              outputs=lambda dy, x, w, eps: (x, w), device_types=("cuda", "cpu"))
+def kl_rmsnorm_backward(dy, x, w, eps):
+    """(dx, dw) of RMSNorm over the last dimension, by the backward kernels above."""
+    dx, dw = rmsnorm_backward(_rows2d(dy), _rows2d(x), w, eps)
+    return dx.reshape(x.shape), dw
+
+
+def _save_x_w(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])          # x and w; the statistics are recomputed from x
+    ctx.eps = inputs[-1]
+
+
+def _layernorm_grad(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx, dw, db = kl_layernorm_backward(dy, x, w, ctx.eps)
+    return dx, dw, db, None
+
+
+def _rmsnorm_grad(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx, dw = kl_rmsnorm_backward(dy, x, w, ctx.eps)
+    return dx, dw, None
+
+
+@kernellab.op("kl::layernorm", "(Tensor x, Tensor w, Tensor b, float eps) -> Tensor", outputs=lambda x, w, b, eps: x,
+              backward=_layernorm_grad, setup_context=_save_x_w, device_types=("cuda", "cpu"))
 def kl_layernorm(x, w, b, eps):
-    """F.layer_norm over the last dimension of a contiguous 2-D CUDA tensor, by the kernels above."""
-    return layernorm(x, w, b, eps=eps)
+    """F.layer_norm over the last dimension, by the kernels above; differentiable."""
+    return layernorm(_rows2d(x), w, b, eps=eps).reshape(x.shape)
 
 
-@kernellab.op("kl::rmsnorm", "(Tensor x, Tensor w, float eps) -> Tensor", outputs=lambda x, w, eps: x)
+@kernellab.op("kl::rmsnorm", "(Tensor x, Tensor w, float eps) -> Tensor", outputs=lambda x, w, eps: x,
+              backward=_rmsnorm_grad, setup_context=_save_x_w, device_types=("cuda", "cpu"))
 def kl_rmsnorm(x, w, eps):
-    """F.rms_norm over the last dimension of a contiguous 2-D CUDA tensor, by the kernels above."""
-    return rmsnorm(x, w, eps=eps)
+    """F.rms_norm over the last dimension, by the kernels above; differentiable."""
+    return rmsnorm(_rows2d(x), w, eps=eps).reshape(x.shape)
 
 
+# %%
 # The fake implementations need no GPU: meta tensors carry shapes and dtypes, no values.
 meta_x, meta_w = (torch.empty(s, device="meta", dtype=torch.bfloat16) for s in ((8, 4096), (4096,)))
 print(kl_layernorm(meta_x, meta_w, meta_w, 1e-5).shape, kl_rmsnorm(meta_x, meta_w, 1e-5).shape)

@@ -104,6 +104,16 @@ SUITES: dict[str, Suite] = {
         "seeds, torch.compile, tutorials 08/04's kl_flash_attention and kl_layernorm) inside the seed noise band; one "
         "step's gradients with kernellab's ops against float64", 420,
         tests=(GPU_TESTS + "test_train_gpt2_gpu.py",)),
+    "tests-norm-backward": Suite(
+        "tutorial 04's LayerNorm/RMSNorm backward: gradients against float64 beside PyTorch's on awkward shapes and "
+        "three distributions, determinism, kl::layernorm/kl::rmsnorm under loss.backward(), opcheck, torch.compile",
+        300, tests=(GPU_TESTS + "test_norm_backward_gpu.py",)),
+    "bench-norm-backward": Suite(
+        "benchmarks/norm_backward.py: the norm backward as called (the op's autograd) against torch eager and "
+        "torch.compile backward, kernellab.bench / do_bench / sustained; bf16 at every shape, float32 at two", 300,
+        commands=((PY, "benchmarks/norm_backward.py", "--quick", "--dtypes", "bfloat16", "--out", "{out}/bf16"),
+                  (PY, "benchmarks/norm_backward.py", "--quick", "--dtypes", "float32", "--shapes",
+                   "4096x1024,4096x32768", "--out", "{out}/fp32"))),
     "notebooks": Suite(
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
         commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),

@@ -1,0 +1,134 @@
+"""Tutorial 04's LayerNorm and RMSNorm backward, checked and timed against PyTorch's backward (eager and torch.compile)
+in one run.
+
+    python benchmarks/norm_backward.py                 # the tutorial's shapes and GPT-2's, bf16 and float32
+    python benchmarks/norm_backward.py --quick         # the same with shorter timing (4 rounds of 40 ms, not 8 of 80)
+    python benchmarks/norm_backward.py --shapes 8192x768 --dtypes bfloat16 --ops layernorm
+
+Method
+- The kernels and launchers are the notebook's own (notebooks/04-layernorm.py, loaded by notebook_cells.load_tutorial).
+- Each shape is checked before it is timed: dx, dw, db against float64, ours within 2x PyTorch's own error
+  (backward_errors / backward_passes of the notebook); a shape that fails is reported and not timed.
+- Timed as called: ours is `torch.autograd.grad(y, leaves, dy)` through kl::layernorm / kl::rmsnorm (the registered
+  op's backward: its host path, the partial buffer's allocation, both kernels); the baselines the same call on the
+  graph of F.layer_norm / F.rms_norm, eager and under torch.compile(dynamic=False) (Inductor compiles the backward
+  too). Graphs are built once (retain_graph=True), so only the backward is timed.
+- Three ways in one run (benchmarks/as_called.py): kernellab.bench (L2 flushed, host time hidden), triton's
+  do_bench, and kernellab.bench(sustained=True). Every ratio comes from one method's numbers in this run.
+- Bytes: 3 * rows * cols * itemsize (x and dy read, dx written: what any backward must move); "of copy" divides
+  by kernellab's measured copy bandwidth.
+The short table comes last; $OUT (or --out) gets norm_backward.json with every number.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+SHAPES = [(4096, 1024), (4096, 4096), (4096, 32768), (1024, 262144), (1000, 1031), (3, 100003), (8192, 768)]
+EPS = 1e-5
+
+
+def inputs(torch, rows, cols, dtype):
+    g = torch.Generator().manual_seed(0)
+    x = 2 * torch.randn(rows, cols, generator=g)
+    w = 1 + 0.5 * torch.randn(cols, generator=g)
+    b = torch.randn(cols, generator=g)
+    dy = torch.randn(rows, cols, generator=g)
+    return tuple(t.to(dtype).cuda() for t in (dy, x, w, b))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="shorter timing: 4 rounds of 40 ms a method, not 8 of 80")
+    ap.add_argument("--shapes", default="", help="e.g. 4096x1024,8192x768 (default: the tutorial's and GPT-2's)")
+    ap.add_argument("--dtypes", default="", help="e.g. bfloat16 (default: bfloat16,float32)")
+    ap.add_argument("--ops", default="layernorm,rmsnorm")
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for norm_backward.json")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+
+    import kernellab
+    from as_called import METHODS, time_as_called
+    from kernellab.run.measure.ceilings import device_ceilings
+    from notebook_cells import load_tutorial
+
+    t0 = time.time()
+    ns = load_tutorial("04-layernorm.py")
+    print(f"compiled tutorial 04's kernels in {time.time() - t0:.1f} s")
+    torch._dynamo.config.recompile_limit = 256
+    copy_gbps = device_ceilings().dram_gbps
+    device = torch.cuda.get_device_name()
+    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes
+              else SHAPES)
+    dtypes = [getattr(torch, d) for d in (args.dtypes.split(",") if args.dtypes else ["bfloat16", "float32"])]
+    records, failed = [], []
+    for kind in args.ops.split(","):
+        ref = ({"fn": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, EPS), "op": ns["kl_layernorm"]}
+               if kind == "layernorm" else
+               {"fn": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS), "op": ns["kl_rmsnorm"]})
+        compiled = torch.compile(ref["fn"], dynamic=False)
+        for dtype in dtypes:
+            for r, c in shapes:
+                label = f"{kind} backward {str(dtype)[6:]} {r}x{c}"
+                dy, x, w, b = inputs(torch, r, c, dtype)
+                try:
+                    errors = ns["backward_errors"](kind, dy, x, w, b, EPS)
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    failed.append(f"{label}: raised {type(exc).__name__}: {exc}")
+                    print(f"  ! {failed[-1]}")
+                    continue
+                if not ns["backward_passes"](errors, dtype):
+                    failed.append(f"{label}: FAILED the check " + ", ".join(
+                        f"{k} ours {o:.3g} PyTorch {t:.3g}" for k, (o, t, _) in errors.items()))
+                    print(f"  ! {failed[-1]}")
+                    continue
+                leaves = [t.clone().requires_grad_(True) for t in ((x, w, b) if kind == "layernorm" else (x, w))]
+                graphs = {"kl op": ref["op"](*leaves, EPS), "torch eager": ref["fn"](*leaves),
+                          "torch.compile": compiled(*leaves)}
+                fns = {name: (lambda y=y: torch.autograd.grad(y, leaves, dy, retain_graph=True))
+                       for name, y in graphs.items()}
+                for f in fns.values():          # Inductor compiles the backward at its first call: not timed
+                    f()
+                torch.cuda.synchronize()
+                ms = time_as_called(fns, (), quick=args.quick)
+                plan = ns["plan_backward"](r, c, dtype.itemsize)
+                moved = 3 * r * c * dtype.itemsize
+                rec = {"op": kind, "dtype": str(dtype)[6:], "shape": [r, c], "plan": plan.kernel, "ms": ms,
+                       "errors": {k: list(v) for k, v in errors.items()},
+                       "of_copy": moved / (ms["kernellab.bench"]["kl op"] * 1e-3) / 1e9 / copy_gbps}
+                records.append(rec)
+                print(f"{label} ({plan.kernel}, grid {plan.grid}): " + "; ".join(
+                    f"{m}: ours {v['kl op'] * 1e3:.1f} µs, eager {v['torch eager'] * 1e3:.1f}, "
+                    f"compile {v['torch.compile'] * 1e3:.1f}" for m, v in ms.items()), flush=True)
+    if args.out:
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "norm_backward.json").write_text(json.dumps(
+            {"device": device, "copy_gbps": copy_gbps, "records": records, "failed": failed}, indent=1))
+    print(f"\nnorm backward on {device} (copy {copy_gbps / 1e3:.2f} TB/s); ratios = baseline time / ours, per method "
+          f"({', '.join(m for m in METHODS if records and m in records[0]['ms'])}); target >= 1.0x eager and compile")
+    print(f"{'case':38s} {'kernel':5s} {'ours µs':>8s} {'of copy':>7s}  {'vs eager':>20s}  {'vs compile':>20s}")
+    for rec in records:
+        ms = rec["ms"]
+        ratio = {b: "/".join(f"{ms[m][b] / ms[m]['kl op']:.2f}" for m in METHODS if m in ms)
+                 for b in ("torch eager", "torch.compile")}
+        case = f"{rec['op']} {rec['dtype']} {rec['shape'][0]}x{rec['shape'][1]}"
+        print(f"{case:38s} {rec['plan']:5s} {ms['kernellab.bench']['kl op'] * 1e3:8.1f} {rec['of_copy']:7.0%}  "
+              f"{ratio['torch eager']:>20s}  {ratio['torch.compile']:>20s}")
+    for f in failed:
+        print(f"FAILED {f}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

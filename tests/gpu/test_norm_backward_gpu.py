@@ -1,0 +1,130 @@
+"""Tutorial 04's LayerNorm and RMSNorm backward on a GPU: dx, dw and db against float64 beside PyTorch's own error
+(F.layer_norm / F.rms_norm backward in the same dtype) on awkward shapes, three input distributions, both dtypes;
+the partial sums' determinism; kl::layernorm and kl::rmsnorm under loss.backward(), opcheck and torch.compile.
+
+The kernels and launchers are the notebook's own (its `norm_backward` %%cuda cell and `# launchers` cells, loaded by
+notebook_cells.load_tutorial). Each failure names the op, dtype, distribution, shape and the errors (ours, PyTorch's,
+the largest reference value) of each gradient.
+"""
+import pytest
+
+from notebook_cells import load_tutorial
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+EPS = 1e-5
+DTYPES = [torch.float32, torch.bfloat16]
+# one element; odd widths; widths not a multiple of the pack (4099, 1031); a warp per row with several rows a block
+# (37 x 768, 4096 x 64); a block per row (1024, 4096); 1024 threads a row (bf16 8192; float's column tiles); the
+# long rows as statistics then column tiles (9000, 40000, 100003, 300007); one row; GPT-2's width at its batch
+SHAPES = [(1, 1), (3, 7), (1, 1031), (6, 1031), (1000, 1031), (37, 768), (4096, 64), (64, 1024), (5, 4099),
+          (9, 8192), (4096, 4096), (3, 9000), (2, 40000), (3, 100003), (1, 300007), (8192, 768)]
+DISTS = ["normal", "mean1e3", "heavy"]
+
+
+@pytest.fixture(scope="module")
+def t04():
+    return load_tutorial("04-layernorm.py")
+
+
+def inputs(rows, cols, dtype, dist, seed=0):
+    """dy, x, w, b on the GPU: x ~ N(0, 2), N(1000, 1) or Student's t(3); w ~ N(1, 0.5); b, dy ~ N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    if dist == "normal":
+        x = 2 * x
+    elif dist == "mean1e3":
+        x = x + 1e3
+    else:
+        chi2 = sum(torch.randn(rows, cols, generator=g, dtype=torch.float64) ** 2 for _ in range(3))
+        x = x / (chi2 / 3).sqrt()
+    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
+    b = torch.randn(cols, generator=g, dtype=torch.float64)
+    dy = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    return tuple(t.to(dtype).cuda() for t in (dy, x, w, b))
+
+
+def describe(errors):
+    return ", ".join(f"{k}: ours {o:.3g}, PyTorch {t:.3g} (largest value {s:.3g})" for k, (o, t, s) in errors.items())
+
+
+@pytest.mark.parametrize("dist", DISTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_gradients_within_twice_pytorchs_error(t04, kind, dtype, dist):
+    failed = []
+    for r, c in SHAPES:
+        dy, x, w, b = inputs(r, c, dtype, dist)
+        errors = t04["backward_errors"](kind, dy, x, w, b, EPS)
+        if not t04["backward_passes"](errors, dtype):
+            failed.append(f"{r}x{c} ({t04['plan_backward'](r, c, dtype.itemsize)}): {describe(errors)}")
+    assert not failed, f"{kind} backward {dtype} x={dist}: " + "; ".join(failed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_partial_sums_give_the_same_bits_every_run(t04, dtype):
+    for r, c in ((4096, 1024), (3, 9000), (37, 768)):
+        dy, x, w, b = inputs(r, c, dtype, "normal")
+        first = t04["layernorm_backward"](dy, x, w, EPS)
+        for _ in range(3):
+            again = t04["layernorm_backward"](dy, x, w, EPS)
+            assert all(torch.equal(a, c2) for a, c2 in zip(first, again)), (r, c, "LayerNorm backward not deterministic")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_the_ops_loss_backward_against_pytorch(t04, kind, dtype):
+    """loss.backward() through the op on [batch, sequence, width] (GPT-2's 768 and an odd width), the loss's gradient
+    expanded (y.sum()) and weighted; x's, w's and b's gradients within 2x PyTorch's error against float64."""
+    for shape in ((4, 256, 768), (2, 33, 1031)):
+        c = shape[-1]
+        dy, x, w, b = inputs(shape[0] * shape[1], c, dtype, "normal")
+        x = x.reshape(shape)
+        weight = dy.reshape(shape)
+        leaves = [t.clone().requires_grad_(True) for t in ((x, w, b) if kind == "layernorm" else (x, w))]
+        op = t04[f"kl_{kind}"]
+        y = op(*leaves, EPS)
+        (y * weight).sum().backward()
+        ref = [t.detach().double().requires_grad_(True) for t in leaves]
+        theirs = [t.detach().clone().requires_grad_(True) for t in leaves]
+        for args, dt in ((ref, torch.float64), (theirs, dtype)):
+            yy = F.layer_norm(args[0], (c,), *args[1:], EPS) if kind == "layernorm" else F.rms_norm(args[0], (c,), args[1], EPS)
+            (yy * weight.to(dt)).sum().backward()
+        errors = {name: ((o.grad.double() - r.grad).abs().max().item(), (t.grad.double() - r.grad).abs().max().item(),
+                         r.grad.abs().max().item()) for name, o, t, r in zip(("dx", "dw", "db"), leaves, theirs, ref)}
+        assert t04["backward_passes"](errors, dtype), f"kl::{kind} {dtype} {shape}: {describe(errors)}"
+
+
+def test_the_ops_pass_opcheck_with_gradients(t04):
+    dy, x, w, b = inputs(37, 1031, torch.float32, "normal")
+    t04["kl_layernorm"].opcheck(x.requires_grad_(True), w.requires_grad_(True), b.requires_grad_(True), EPS)
+    t04["kl_rmsnorm"].opcheck(x, w, EPS)
+    t04["kl_layernorm_backward"].opcheck(dy, x.detach(), w.detach(), EPS)
+    t04["kl_rmsnorm_backward"].opcheck(dy, x.detach(), w.detach(), EPS)
+
+
+def test_a_compiled_model_trains_through_the_ops(t04):
+    """torch.compile(fullgraph=True) of x -> layernorm -> linear -> rmsnorm: the gradients of every parameter match
+    the same model with PyTorch's norms (bf16 under the op, fp32 parameters cast to it)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(768, 768, device="cuda", dtype=torch.bfloat16)
+    w1, b1, w2 = (torch.randn(768, device="cuda", dtype=torch.bfloat16) * 0.1 + 1 for _ in range(3))
+
+    def model(x, w1, b1, w2, ours):
+        h = t04["kl_layernorm"](x, w1, b1, EPS) if ours else F.layer_norm(x, (768,), w1, b1, EPS)
+        h = lin(h)
+        return t04["kl_rmsnorm"](h, w2, EPS) if ours else F.rms_norm(h, (768,), w2, EPS)
+
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(8, 128, 768, device="cuda", dtype=torch.bfloat16)
+    grads = {}
+    for ours in (True, False):
+        params = [t.clone().requires_grad_(True) for t in (x, w1, b1, w2)]
+        lin.zero_grad()
+        (compiled if ours else model)(*params, ours).float().square().mean().backward()
+        grads[ours] = [p.grad.float() for p in params] + [lin.weight.grad.float()]
+    for name, a, b in zip(("x", "w1", "b1", "w2", "linear weight"), grads[True], grads[False]):
+        scale = b.abs().max().item()
+        assert (a - b).abs().max().item() <= 0.03 * scale + 1e-6, (name, (a - b).abs().max().item(), scale)

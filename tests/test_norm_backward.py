@@ -1,0 +1,223 @@
+"""Tutorial 04's LayerNorm and RMSNorm backward without a GPU: the norm_backward cell compiles for sm_90 to what was
+meant (registers, no spills, 16-byte accesses, no atomics), the plans cover every row, the kernels run on the CPU
+emulation (kernellab.run.sim.cuda) against float64 beside PyTorch's own error on awkward shapes and three input
+distributions, and kl::layernorm / kl::rmsnorm differentiate (eager on CPU tensors, fake tensors, aot_eager)."""
+import math
+import pathlib
+import re
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "gpu"))
+from notebook_cells import launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
+
+import kernellab  # noqa: E402
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+T04 = "04-layernorm.py"
+CT = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16"}
+# the tutorial's shapes, and awkward ones: one element, odd widths, widths not a multiple of the pack, several rows a
+# block, one row of 1024 threads (bf16 8192), the long rows (column tiles)
+SHAPES = [(4096, 1024), (4096, 4096), (4096, 32768), (1024, 262144), (1000, 1031), (3, 100003), (1, 1), (3, 7),
+          (70, 64), (9, 8192), (5, 4099), (2, 9000), (1, 768)]
+
+
+@pytest.fixture(scope="module")
+def module():
+    return kernellab.compile_cuda(named_cuda_cells(T04)["norm_backward"], arch="sm_90", first_line=2,
+                                  filename="cell.cu")
+
+
+def sass_ops(kernel):
+    from kernellab.compile.disasm import sass
+
+    parts = re.split(r"\n\s*Function : (\S+)\n", sass(kernel.module.cubin))
+    body = dict(zip(parts[1::2], parts[2::2]))[kernel.symbol]
+    ops = {}
+    for line in body.splitlines():
+        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if m:
+            ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    return ops
+
+
+def plans_ns():
+    """The backward launcher cell (with the forward's, for SMS, CTYPE, _check_layout) run without kernels."""
+    ns: dict = {}
+    for cell in launcher_cells(T04):
+        if cell.startswith(("# launchers: layernorm, rmsnorm (", "# launchers: layernorm backward")):
+            exec(compile(cell, T04, "exec"), ns)
+    return ns
+
+
+def test_the_backward_kernels_compile_without_spills(module):
+    names = {k.signature.display for k in module.kernels}
+    assert names == {f"norm_backward_{kind}<{t}, {rms}>" for kind in ("rows", "stats", "tiles") for t in CT.values()
+                     for rms in ("false", "true")} | {f"norm_backward_finish<{t}>" for t in CT.values()}
+    for k in module.kernels:
+        r = k.resources
+        assert not r.spills and r.local_bytes == 0, (k.signature.display, r)
+        ops = sass_ops(k)
+        assert not any(op.startswith(("LDL", "STL")) for op in ops), (k.signature.display, ops)
+        assert not any(op.startswith(("ATOM", "RED")) for op in ops), (k.signature.display, ops)   # deterministic
+
+
+def test_the_row_kernels_hold_their_rows_in_registers_with_16_byte_accesses(module):
+    for t, max_threads in (("float", 512), ("__nv_bfloat16", 1024)):
+        for rms in ("false", "true"):
+            k = module[f"norm_backward_rows<{t}, {rms}>"]
+            assert k.resources.max_threads_per_block == max_threads, k.resources
+            assert k.resources.registers <= 65536 // max_threads, k.resources
+            ops = sass_ops(k)
+            assert ops.get("LDG.E.128.CONSTANT", 0) + ops.get("LDG.E.128", 0) >= 3, ops      # x, dy, w
+            assert ops.get("STG.E.128", 0) >= 1, ops                                         # dx
+
+
+@pytest.mark.parametrize("itemsize", [4, 2])
+def test_the_plans_cover_every_row_and_keep_the_partial_rows_to_a_wave(itemsize):
+    ns = plans_ns()
+    for r, c in SHAPES + [(4096, 768), (8192, 2048), (2, 4097), (1, 8193)]:
+        p = ns["plan_backward"](r, c, itemsize, sms=132)
+        fits = c <= (4096 if itemsize == 4 else 8192)
+        assert p.kernel == ("rows" if fits else "tiles"), (r, c, p)
+        assert p.block <= 1024 and p.block % p.row_threads == 0 and p.grid >= 1, (r, c, p)
+        if p.kernel == "rows":
+            assert p.row_threads * ns["BACKWARD_VALUES"] >= c and p.row_threads >= 32, (r, c, p)
+            assert p.row_threads == 32 or p.row_threads * ns["BACKWARD_VALUES"] < 2 * c, (r, c, p)   # the fewest
+            groups = p.block // p.row_threads
+            assert p.grid * groups >= min(r, p.grid * groups) and p.grid <= math.ceil(r / groups), (r, c, p)
+            assert p.grid <= 132 * 4, (r, c, p)                 # one wave of resident blocks: few partial rows
+            assert groups == 1 or groups * p.row_threads * ns["BACKWARD_VALUES"] <= 4096    # the shared stage
+        else:                                                   # column tiles of 256 x 8, about 4 an SM
+            assert p.tiles == math.ceil(c / (256 * 8)) and p.block == p.row_threads == 256, (r, c, p)
+            assert p.grid == max(1, min(r, 4 * 132 // p.tiles)), (r, c, p)
+
+
+# --- the kernels, run on the CPU --------------------------------------------------------------------------------
+
+from kernellab.run.sim.cuda import emulate  # noqa: E402
+needs_cxx = pytest.mark.skipif(emulate.compiler() is None, reason="no host C++ compiler for the emulation")
+
+
+@pytest.fixture(scope="module")
+def t04():
+    return load_tutorial(T04, compile=emulate.compile_host)
+
+
+def inputs(rows, cols, dtype, dist, seed=0):
+    """dy, x, w, b: x ~ N(0, 2), N(1000, 1) or Student's t(3) (heavy tails); w ~ N(1, 0.5); b, dy ~ N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    if dist == "normal":
+        x = 2 * x
+    elif dist == "mean1e3":
+        x = x + 1e3
+    else:
+        chi2 = sum(torch.randn(rows, cols, generator=g, dtype=torch.float64) ** 2 for _ in range(3))
+        x = x / (chi2 / 3).sqrt()
+    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
+    b = torch.randn(cols, generator=g, dtype=torch.float64)
+    dy = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    return tuple(t.to(dtype) for t in (dy, x, w, b))
+
+
+# a warp per row, several rows a block (shared-memory sums of the partials), one row of 256 threads with element
+# loads (1031), 128 with packs (1024), the rows over 8192 (float over 4096: 4100) as statistics then column tiles,
+# with packs (9000) and element loads (8999)
+EMU_SHAPES = [(1, 1), (3, 7), (70, 64), (2, 1031), (3, 1024), (2, 4100), (2, 9000), (1, 8999)]
+
+
+@needs_cxx
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gradients_on_the_emulator_within_twice_pytorchs_error(t04, kind, dtype):
+    for dist in ("normal", "mean1e3", "heavy"):
+        for r, c in EMU_SHAPES:
+            dy, x, w, b = inputs(r, c, dtype, dist)
+            errors = t04["backward_errors"](kind, dy, x, w, b, 1e-5)
+            assert t04["backward_passes"](errors, dtype), (dist, r, c, errors)
+            assert set(errors) == ({"dx", "dw", "db"} if kind == "layernorm" else {"dx", "dw"})
+
+
+@needs_cxx
+def test_a_wrong_gradient_fails_the_criterion(t04):
+    """The criterion can fail: dx off by one part in a thousand (float32) is far outside 2x PyTorch's error."""
+    dy, x, w, b = inputs(3, 1031, torch.float32, "normal")
+    errors = t04["backward_errors"]("layernorm", dy, x, w, b, 1e-5)
+    ours, theirs, scale = errors["dx"]
+    assert t04["backward_passes"](errors, torch.float32)
+    assert not t04["backward_passes"]({"dx": (ours + 1e-3 * scale, theirs, scale)}, torch.float32)
+
+
+@needs_cxx
+def test_partial_sums_are_deterministic_and_cover_each_block(t04):
+    """Two runs give the same bits; a plan with more blocks (more partial rows) gives the same dw within rounding."""
+    dy, x, w, b = inputs(70, 64, torch.float32, "normal")
+    one = t04["layernorm_backward"](dy, x, w, 1e-5)
+    two = t04["layernorm_backward"](dy, x, w, 1e-5)
+    assert all(torch.equal(a, c) for a, c in zip(one, two))
+    plan = t04["BackwardPlan"]("rows", 32, 64, 35)               # 2 rows at a time, 35 blocks: one round each
+    three = t04["layernorm_backward"](dy, x, w, 1e-5, plan=plan)
+    assert torch.equal(one[0], three[0])
+    assert torch.allclose(one[1], three[1], atol=1e-5) and torch.allclose(one[2], three[2], atol=1e-5)
+
+
+# --- the ops' autograd, on CPU tensors (the emulated kernels) and on fake tensors -----------------------------------
+
+@needs_cxx
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_the_ops_loss_backward_matches_float64(t04, kind):
+    """loss.backward() through kl::layernorm / kl::rmsnorm on a [batch, sequence, width] input, with the expanded
+    gradient y.sum() hands back, against F.layer_norm / F.rms_norm in float64."""
+    dy, x, w, b = inputs(6, 37, torch.float32, "normal")
+    x = x.reshape(2, 3, 37).requires_grad_(True)
+    w, b = w.requires_grad_(True), b.requires_grad_(True)
+    leaves = (x, w, b) if kind == "layernorm" else (x, w)
+    op = t04[f"kl_{kind}"]
+    y = op(x, w, b, 1e-5) if kind == "layernorm" else op(x, w, 1e-5)
+    (y * 1.0).sum().backward()
+    ref = [t.detach().double().requires_grad_(True) for t in leaves]
+    y64 = (F.layer_norm(ref[0], (37,), ref[1], ref[2], 1e-5) if kind == "layernorm"
+           else F.rms_norm(ref[0], (37,), ref[1], 1e-5))
+    y64.sum().backward()
+    for got, want in zip(leaves, ref):
+        assert got.grad.shape == want.shape and got.grad.dtype == torch.float32
+        assert torch.allclose(got.grad.double(), want.grad, atol=2e-5, rtol=1e-5), (got.grad - want.grad).abs().max()
+
+
+@needs_cxx
+def test_the_ops_backward_traces_on_fake_tensors(t04):
+    """Meta tensors through forward and backward (the fake implementations of both ops), and aot_eager's trace of
+    the backward graph, which runs the registered backward ops on real CPU tensors."""
+    x = torch.empty(4, 8, 96, device="meta", requires_grad=True)
+    w = torch.empty(96, device="meta", requires_grad=True)
+    b = torch.empty(96, device="meta", requires_grad=True)
+    t04["kl_layernorm"](x, w, b, 1e-5).sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == (96,) and b.grad.shape == (96,) and x.grad.device.type == "meta"
+    t04["kl_rmsnorm"](x, w, 1e-5).sum().backward()
+
+    def f(x, w, b):
+        return (t04["kl_layernorm"](x, w, b, 1e-5) * t04["kl_rmsnorm"](x, w, 1e-5)).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    dy, xr, wr, br = inputs(5, 40, torch.float32, "normal")
+    got = [t.clone().requires_grad_(True) for t in (xr, wr, br)]
+    want = [t.clone().double().requires_grad_(True) for t in (xr, wr, br)]
+    compiled(*got).backward()
+    (F.layer_norm(want[0], (40,), want[1], want[2], 1e-5) * F.rms_norm(want[0], (40,), want[1], 1e-5)).sum().backward()
+    for g, r in zip(got, want):
+        assert torch.allclose(g.grad.double(), r.grad, atol=1e-4, rtol=1e-4), (g.grad - r.grad).abs().max()
+
+
+@needs_cxx
+@pytest.mark.slow
+def test_the_ops_pass_opcheck_on_the_cpu(t04):
+    dy, x, w, b = inputs(3, 40, torch.float32, "normal")
+    t04["kl_layernorm"].opcheck(x.requires_grad_(True), w.requires_grad_(True), b.requires_grad_(True), 1e-5)
+    t04["kl_rmsnorm"].opcheck(x, w, 1e-5)
+    t04["kl_layernorm_backward"].opcheck(dy, x.detach(), w.detach(), 1e-5)
