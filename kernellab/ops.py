@@ -36,6 +36,21 @@ CHECKED_CALLS = 8          # outputs="first": the launcher's outputs are checked
 _DEVICE_KEYS = {"cuda": "CUDA", "cpu": "CPU"}
 
 
+def _has_fast_autograd_internals() -> bool:
+    """Whether this torch has the private pieces the op's faster Autograd door is built from (torch 2.13's
+    torch._library.utils.is_out, autograd.Info and make_autograd_impl, the after-autograd keyset); older versions
+    (the GPU hosts run 2.11) register torch.library.register_autograd's kernel alone."""
+    lib = getattr(torch, "_library", None)
+    auto, utils = getattr(lib, "autograd", None), getattr(lib, "utils", None)
+    return (all(hasattr(utils, n) for n in ("is_functional_schema", "is_out", "has_kwarg_only_tensors"))
+            and all(hasattr(auto, n) for n in ("Info", "make_autograd_impl"))
+            and all(hasattr(torch._C, n) for n in ("_after_autograd_keyset", "_any_requires_grad",
+                                                   "_AutoDispatchBelowAutograd")))
+
+
+_FAST_AUTOGRAD_INTERNALS = _has_fast_autograd_internals()
+
+
 @dataclass(frozen=True)
 class OutputSpec:
     """One output of an op: a new contiguous tensor on `like`'s device, of `shape` and `dtype` (by default like's)."""
@@ -120,14 +135,15 @@ class Op:
         if self.backward is None or self._autograd_registered:
             return
         schema, utils = self.overload._schema, torch._library.utils
-        if (not utils.is_functional_schema(schema) or utils.is_out(self.overload)
+        internals = getattr(torch._library, "autograd", None)     # checked by _FAST_AUTOGRAD_INTERNALS
+        if (not _FAST_AUTOGRAD_INTERNALS or not utils.is_functional_schema(schema) or utils.is_out(self.overload)
                 or utils.has_kwarg_only_tensors(schema)):        # torch's own refusal, in its words
             torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup_context,
                                             lib=self._lib)
             self._autograd_registered = True
             return
-        info = torch._library.autograd.Info(self._backward, self._setup_context)
-        self._torch_autograd = torch._library.autograd.make_autograd_impl(self.overload, info)
+        info = internals.Info(self._backward, self._setup_context)
+        self._torch_autograd = internals.make_autograd_impl(self.overload, info)
         redispatch, after = self.overload._handle.redispatch_boxed, torch._C._after_autograd_keyset
         grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
         below = torch._C._AutoDispatchBelowAutograd

@@ -237,6 +237,30 @@ def test_an_op_with_backward_called_without_grad_skips_torchs_autograd_kernel():
     torch.testing.assert_close(x.grad, 2 * w.expand(3, 4))
 
 
+def test_an_op_with_backward_on_a_torch_without_the_private_pieces_uses_torchs_autograd_kernel(monkeypatch):
+    """A torch that lacks what the fast door is built from (torch 2.11 on the GPU hosts has no
+    torch._library.utils.is_out) registers torch.library.register_autograd's kernel alone, and gradients flow."""
+    from kernellab import ops
+
+    monkeypatch.setattr(ops, "_FAST_AUTOGRAD_INTERNALS", False)
+
+    def backward(ctx, gy, gs):
+        x, w = ctx.inputs
+        g = gy + gs[:, None].to(gy.dtype)
+        return g * w, (g * x).sum(0)
+
+    op = make_scale_rows(backward=backward)
+    assert not hasattr(op, "_torch_autograd")             # torch's kernel alone: no fast door built
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, dtype=torch.float64)
+    y, s = op(x, w)
+    assert y.grad_fn is not None
+    (y.sum() + s.sum()).backward()
+    torch.testing.assert_close(x.grad, 2 * w.expand(3, 4))
+    with torch.no_grad():
+        assert op(x, w)[0].grad_fn is None
+
+
 def test_an_eager_call_skips_the_dispatcher_only_where_the_dispatcher_would_change_nothing():
     """kernellab.ops.EAGER_FAST_CALLS: a plain eager call goes straight to the implementation; every case where the
     dispatcher does more (a mode, a subclass, a graph to record, the profiler, a device the op lacks, a scalar to
