@@ -106,6 +106,26 @@ for causal in (False, True):
           f"max |grad - autograd| {err:.1e}")
 
 # %% [markdown]
+# ### Exercise 08-ds-from-lse: `dS = P o (dP - Dv)`, `P` recomputed from the LSE
+#
+# The heart of the backward's tile step, on the CUDA cores: for `[rows, n]` fp32 scores `s` and gradients `dp`
+# (row-major) and one `lse[r]` and `delta[r]` per row, `ds[r][c] = exp(s[r][c] - lse[r]) * (dp[r][c] - delta[r])`.
+# No max and no sum over the row: the LSE already holds both. Blocks of `blockDim.x` threads, grid
+# `(ceil(n / blockDim.x), rows)`: row `blockIdx.y`, column `blockIdx.x * blockDim.x + threadIdx.x`. The grader
+# launches blocks of 128 and 256 threads on rows of 1 to 4,099 columns.
+
+# %%
+# %%cuda
+// exercise: 08-ds-from-lse
+extern "C" __global__ void ds_from_lse(const float* s, const float* dp, const float* lse, const float* delta, float* ds,
+                                       int rows, int n) {
+    // TODO: row blockIdx.y, column blockIdx.x * blockDim.x + threadIdx.x; P from the row's LSE; guard the column
+}
+
+# %%
+kernellab.grade("08-ds-from-lse", ds_from_lse)
+
+# %% [markdown]
 # ## Bytes and FLOPs
 #
 # A fused backward reads `Q`, `K`, `V`, `O`, `dO` (16-bit) and the LSE, and writes `dQ`, `dK`, `dV`; variant (a)
