@@ -80,9 +80,9 @@ SUITES: dict[str, Suite] = {
         "fault, race and out-of-bounds reports", 570,
         tests=(GPU_TESTS + "test_exercises_gpu.py",), select="01- or 02- or 03- or 04- or not ["),
     "tests-exercises-05-07": Suite(
-        "tutorials 05-07's exercises graded on the GPU, and tutorial 09's", 570,
+        "tutorials 05-07's exercises graded on the GPU, and tutorials 08's and 09's", 570,
         tests=(GPU_TESTS + "test_exercises_gpu.py", GPU_TESTS + "test_exercises07_gpu.py"),
-        select="05- or 06- or 07- or 09- or test_exercises07_gpu"),
+        select="05- or 06- or 07- or 08- or 09- or test_exercises07_gpu"),
     "tests-tutorials": Suite(
         "the tutorials' kernels on awkward shapes: row kernels (03/04), matmul ladders (05/06), attention (07), and "
         "the device headers they include (kernellab/include/kl); a notebook run stamped with the GPU for its recorded "
