@@ -184,6 +184,8 @@ def attention_forward(q, k, v, causal=False, out=None, lse=None):
     if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"attention_forward takes bf16/fp16 [B, H, N, d] with d = 64 or 128, got {q.dtype} "
                          f"{list(q.shape)}")
+    if not all(x.is_contiguous() and x.shape == q.shape and x.dtype == q.dtype for x in (q, k, v)):
+        raise ValueError("attention_forward takes q, k, v of one shape and dtype, contiguous (call .contiguous())")
     dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
     kernel = _tutorial07_step2()[f"fa2_{dt}_d{d}{'_causal' if causal else ''}"]
     out = torch.empty_like(q) if out is None else out
@@ -1001,8 +1003,9 @@ def kl_flash_attention_lse(q, k, v, causal):
 
 def kl_flash_attention(q, k, v, causal):
     """softmax(q k^T / sqrt(d)) v for [B, H, N, d] bf16/fp16 contiguous CUDA tensors (d = 64 or 128), forward and
-    backward on kernellab's kernels (tutorial 07's step 2, this tutorial's step 2)."""
-    return kl_flash_attention_lse(q, k, v, causal)[0]
+    backward on kernellab's kernels (tutorial 07's step 2, this tutorial's step 2). Views (a model's transposed heads)
+    are made contiguous first; autograd carries the gradients back through that copy."""
+    return kl_flash_attention_lse(q.contiguous(), k.contiguous(), v.contiguous(), causal)[0]
 
 
 # %%
