@@ -5,9 +5,10 @@ Method. Kernels and launchers come from notebooks/08-attention-backward.py (its 
 cells, loaded as the tests load them). Correctness: the notebook's check_backward on N = 1, 1031 (all six awkward
 N without --quick), both dtypes, head dims 64 and 128, causal and not: max |error| of dQ, dK, dV against float64,
 beside SDPA's own backward error on the same inputs (bar: within 2x). Speed: the FlashAttention-3 paper's shapes
-(B * N = 16k, H * d = 2048; N = 1k..16k, --quick: N = 1024 and 4096), FLOPs counted as 10 B H N^2 d (halved for causal),
-the backward alone (the forward and SDPA's autograd graphs built beforehand): kernellab.bench in one run, ratios
-against SDPA FLASH (FlashAttention-2's backward) and CUDNN measured there. As called: the launcher as a model calls it
+(B * N = 16k, H * d = 2048; N = 1k..16k, --quick: N = 1024 and 4096, as called only d = 64, N = 4096, not causal),
+FLOPs counted as 10 B H N^2 d (halved for causal), the backward alone (the forward and SDPA's autograd graphs built
+beforehand): kernellab.bench in one run, ratios against SDPA FLASH (FlashAttention-2's backward) and CUDNN measured
+there. As called: the launcher as a model calls it
 (its allocations and launches included) against SDPA FLASH's backward, timed by kernellab.bench, triton's do_bench and
 sustained=True (benchmarks/as_called.py).
 
@@ -50,7 +51,8 @@ def run_checks(t08, quick, log):
                         except Exception as exc:
                             log.write(traceback.format_exc())
                             rows.append(dict(variant=variant, dtype=dname, d=d, causal=causal, N=N, error=None,
-                                             sdpa_error=None, passed=False, message=f"{type(exc).__name__}: {exc}"[:300]))
+                                             sdpa_error=None, passed=False,
+                                             message=f"{type(exc).__name__}: {exc}"[:300]))
     return rows
 
 
@@ -75,13 +77,13 @@ def run_bench(t08, quick, log, ns, dims):
     return rows
 
 
-def run_as_called(t08, quick, log, ns, dims):
+def run_as_called(t08, quick, log, ns, dims, masks=(False, True)):
     """The launcher as called (allocations and launches included) against SDPA FLASH's backward, three timings."""
     import as_called
 
     rows = []
     for d in dims:
-        for causal in (False, True):
+        for causal in masks:
             for N in ns:
                 B, H = max(1, 16384 // N), 2048 // d
                 make = t08["backward_inputs"](B, H, N, d, causal)
@@ -129,7 +131,8 @@ def main(argv=None):
     bench_rows = run_bench(t08, args.quick, log, ns, dims)
     print(f"timings done at {time.time() - t0:.0f} s", flush=True)
     called = [] if args.no_as_called else run_as_called(t08, args.quick, log, (4096,) if args.quick else ns,
-                                                        (64,) if args.quick else dims)
+                                                        (64,) if args.quick else dims,
+                                                        (False,) if args.quick else (False, True))
     (out / "attention_backward.json").write_text(json.dumps({"device": dev, "checks": checks, "bench": bench_rows,
                                                              "as_called": called}, indent=1, default=str))
 

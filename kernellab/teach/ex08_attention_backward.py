@@ -73,7 +73,7 @@ register(Exercise(
 ))
 
 
-# --- 08-ds-from-lse: dS = P o (dP - Dv), P recomputed from the log-sum-exp ---------------------------------------------
+# --- 08-ds-from-lse: dS = P o (dP - Dv), P recomputed from the log-sum-exp -----------------------------------------
 
 def ds_reference(s: np.ndarray, dp: np.ndarray, lse: np.ndarray, delta: np.ndarray) -> np.ndarray:
     """ds[r, c] = exp(s[r, c] - lse[r]) (dp[r, c] - delta[r]) in float64, as fp32."""
