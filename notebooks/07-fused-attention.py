@@ -879,6 +879,7 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
     int j = 0;
     for (; j < n_full; ++j) step(j, false);
     for (; j < n_tiles; ++j) step(j, true);
+    cp_async_wait_all();                        // the last (empty) group: no copy left in flight at exit
 
     // O / l, through this warp's own rows of the Q tile (no other warp reads them) for 16-byte coalesced stores.
     unsigned char* own = smem;

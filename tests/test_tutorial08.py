@@ -1,7 +1,8 @@
 """Tutorial 08 (attention backward) without a GPU: every kernel of step 2 compiles for sm_90 with the instructions
 its text promises, within 255 registers and without spills; in the CPU emulator (kernellab/run/sim/cuda/ptx_emu.h)
-both variants' dQ, dK and dV match the float64 reference on awkward shapes; the launchers' shared-memory plans are
-what the kernels address; and the autograd op traces on fake (meta) tensors, its backward included."""
+both variants' dQ, dK and dV, and the LSE of tutorial 07's forward, match the float64 reference on awkward shapes;
+the launchers' shared-memory plans are what the kernels address; and the autograd op traces on fake (meta) tensors,
+its backward included."""
 import pathlib
 import re
 import sys
@@ -15,7 +16,7 @@ sys.path.insert(0, str(HERE / "gpu"))
 from kernellab.run.sim.cuda.emulate import compiler  # noqa: E402
 from kernellab.run.sim.cuda.ptx_emu import bf16_bits, bf16_values, emulate  # noqa: E402
 
-from notebook_cells import launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
+from notebook_cells import cuda_cells, launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
 
 NB = "08-attention-backward.py"
 SOURCE = named_cuda_cells(NB)["attn_bwd"]
@@ -187,3 +188,34 @@ def test_backward_in_the_emulator_matches_float64(BH, N, d, causal, variant):
         # P and dS rounded to bf16 before their products, the result rounded to bf16: a few bf16 ulps of the
         # gradients' size (measured 3e-3 .. 9e-3 here, values up to 4); a wrong mask or a missing tile gives O(1)
         assert err <= 2 ** -6 * max(1.0, np.abs(ref).max()), f"{name}: max |err| {err:.3g}"
+
+
+# --- step 1: tutorial 07's step-2 forward stores the LSE ------------------------------------------------------------
+
+FORWARD = next(c for c in cuda_cells("07-fused-attention.py") if "fa2_bf16_d64(" in c)   # 07's step-2 cell
+
+
+@needs_cxx
+@pytest.mark.parametrize("BH,N,d,dtype,causal", [
+    (1, 65, 64, "bf16", True),
+    pytest.param(2, 1, 64, "bf16", False, marks=pytest.mark.slow),
+    pytest.param(1, 130, 128, "fp16", False, marks=pytest.mark.slow),
+])
+def test_forward_lse_in_the_emulator_matches_float64(BH, N, d, dtype, causal):
+    """The LSE of every row (natural log of the scaled scores' sum of exps) within fp32 rounding, O as before."""
+    rng = np.random.default_rng(N)
+    x = [rng.standard_normal((BH, N, d)).astype(np.float32) for _ in range(3)]
+    if dtype == "bf16":
+        arrays = [bf16_bits(a) for a in x]
+        vals, O = [bf16_values(a) for a in arrays], np.full((BH, N, d), 0x7FC0, np.uint16)
+    else:
+        arrays = [a.astype(np.float16) for a in x]
+        vals, O = [a.astype(np.float32) for a in arrays], np.full((BH, N, d), np.nan, np.float16)
+    lse = np.full((BH, N), np.nan, np.float32)
+    name = f"fa2_{'bf16' if dtype == 'bf16' else 'f16'}_d{d}{'_causal' if causal else ''}"
+    emulate(FORWARD, name, (-(-N // 128), BH), (128,), arrays + [O, lse, N, d ** -0.5], (128 + 4 * 64) * d * 2)
+    o_ref, lse_ref, *_ = reference(*vals, np.zeros_like(vals[0]), causal)
+    assert not np.isnan(lse).any()
+    assert np.abs(lse - lse_ref).max() < 1e-5 * max(1.0, np.abs(lse_ref).max())
+    out = bf16_values(O) if dtype == "bf16" else O.astype(np.float32)
+    assert np.abs(out - o_ref).max() < (2e-2 if dtype == "bf16" else 3e-3)
