@@ -201,7 +201,8 @@ def make_launcher(family: dict, block_n: dict, mt: int = 1):
         B, H, N, d = q.shape
         kern = entry(family, q, causal)
         grid = (math.ceil(N / block_m(kern, mt)), B * H)
-        return kern[grid, kern.resources.max_threads_per_block, smem_bytes(kern, d, block_n[d], mt)], (N, d ** -0.5)
+        lse = (None,) if any(p.name == "lse" for p in kern.params) else ()     # step 2's log-sum-exp: not stored
+        return kern[grid, kern.resources.max_threads_per_block, smem_bytes(kern, d, block_n[d], mt)], lse + (N, d ** -0.5)
 
     def attention(q, k, v, out, causal=False):
         launch, tail = _memo(plans, (q.shape, q.dtype, q.device, causal), lambda: plan(q, causal))

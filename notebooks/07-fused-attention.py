@@ -682,11 +682,14 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T* __restrict__ g
 
 
 // O = softmax(scale * Q K^T [+ causal mask]) V; Q, K, V, O: [BH, N, D] contiguous, T = __half or __nv_bfloat16.
+// LSE: [BH, N] fp32, each row's log-sum-exp of its scaled scores (natural log), what a backward pass recomputes P
+// from (tutorial 08); nullptr: not stored.
 // Each warp owns MT x 16 query rows (every K and V fragment it loads feeds MT mma's); NWARPS warps per block.
 // grid (ceil(N / BLOCK_M), BH), NWARPS * 32 threads, dynamic smem: Q tile + 2 K tiles + 2 V tiles.
 template <typename T, int D, int BLOCK_N, int NWARPS, int MT, bool CAUSAL, bool Q_IN_REGS>
 __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* __restrict__ K,
-                                              const T* __restrict__ V, T* __restrict__ O, int N, float scale) {
+                                              const T* __restrict__ V, T* __restrict__ O,
+                                              float* __restrict__ LSE, int N, float scale) {
     constexpr int WARP_M = 16 * MT, BLOCK_M = WARP_M * NWARPS, NTHREADS = 32 * NWARPS;
     constexpr int KC = D / 16;          // k-chunks of 16 along the head dim (first product)
     constexpr int NB = BLOCK_N / 8;     // n-blocks of 8 keys (score accumulators)
@@ -876,6 +879,7 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
     int j = 0;
     for (; j < n_full; ++j) step(j, false);
     for (; j < n_tiles; ++j) step(j, true);
+    cp_async_wait_all();                        // the last (empty) group: no copy left in flight at exit
 
     // O / l, through this warp's own rows of the Q tile (no other warp reads them) for 16-byte coalesced stores.
     unsigned char* own = smem;
@@ -888,6 +892,8 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const float inv = sum > 0.f ? 1.f / sum : 0.f;
             const int r = w0 + 16 * mt + g + 8 * h;
+            if (LSE != nullptr && t == 0 && q0 + r < N)      // log(sum) + max, back from log2 units
+                LSE[(size_t)blockIdx.y * N + q0 + r] = (log2f(sum) + m[mt][h]) * 0.6931471805599453f;
 #pragma unroll
             for (int db = 0; db < DB; ++db)
                 *reinterpret_cast<uint32_t*>(own + swz<D>(r, db) + 4 * t) =
@@ -910,43 +916,43 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
 // One entry point per (dtype, head dim, causal). Tile shapes: BLOCK_N keys per tile, NWARPS x 16 query rows.
 extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
 fa2_bf16_d64(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-             int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 64, FA2_BN64, FA2_NWARPS, FA2_MT, false, FA2_QREGS64>(q, k, v, o, n, scale);
+             float* __restrict__ lse, int n, float scale) {
+    fa2::attention_fwd<__nv_bfloat16, 64, FA2_BN64, FA2_NWARPS, FA2_MT, false, FA2_QREGS64>(q, k, v, o, lse, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
 fa2_bf16_d64_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-                    int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 64, FA2_BN64, FA2_NWARPS, FA2_MT, true, FA2_QREGS64>(q, k, v, o, n, scale);
+                    float* __restrict__ lse, int n, float scale) {
+    fa2::attention_fwd<__nv_bfloat16, 64, FA2_BN64, FA2_NWARPS, FA2_MT, true, FA2_QREGS64>(q, k, v, o, lse, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
 fa2_bf16_d128(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-              int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 128, FA2_BN128, FA2_NWARPS, FA2_MT, false, FA2_QREGS128>(q, k, v, o, n, scale);
+              float* __restrict__ lse, int n, float scale) {
+    fa2::attention_fwd<__nv_bfloat16, 128, FA2_BN128, FA2_NWARPS, FA2_MT, false, FA2_QREGS128>(q, k, v, o, lse, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
 fa2_bf16_d128_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-                     int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 128, FA2_BN128, FA2_NWARPS, FA2_MT, true, FA2_QREGS128>(q, k, v, o, n, scale);
+                     float* __restrict__ lse, int n, float scale) {
+    fa2::attention_fwd<__nv_bfloat16, 128, FA2_BN128, FA2_NWARPS, FA2_MT, true, FA2_QREGS128>(q, k, v, o, lse, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
 fa2_f16_d64(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-            int n, float scale) {
-    fa2::attention_fwd<__half, 64, FA2_BN64, FA2_NWARPS, FA2_MT, false, FA2_QREGS64>(q, k, v, o, n, scale);
+            float* __restrict__ lse, int n, float scale) {
+    fa2::attention_fwd<__half, 64, FA2_BN64, FA2_NWARPS, FA2_MT, false, FA2_QREGS64>(q, k, v, o, lse, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
 fa2_f16_d64_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-                   int n, float scale) {
-    fa2::attention_fwd<__half, 64, FA2_BN64, FA2_NWARPS, FA2_MT, true, FA2_QREGS64>(q, k, v, o, n, scale);
+                   float* __restrict__ lse, int n, float scale) {
+    fa2::attention_fwd<__half, 64, FA2_BN64, FA2_NWARPS, FA2_MT, true, FA2_QREGS64>(q, k, v, o, lse, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
 fa2_f16_d128(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-             int n, float scale) {
-    fa2::attention_fwd<__half, 128, FA2_BN128, FA2_NWARPS, FA2_MT, false, FA2_QREGS128>(q, k, v, o, n, scale);
+             float* __restrict__ lse, int n, float scale) {
+    fa2::attention_fwd<__half, 128, FA2_BN128, FA2_NWARPS, FA2_MT, false, FA2_QREGS128>(q, k, v, o, lse, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
 fa2_f16_d128_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-                    int n, float scale) {
-    fa2::attention_fwd<__half, 128, FA2_BN128, FA2_NWARPS, FA2_MT, true, FA2_QREGS128>(q, k, v, o, n, scale);
+                    float* __restrict__ lse, int n, float scale) {
+    fa2::attention_fwd<__half, 128, FA2_BN128, FA2_NWARPS, FA2_MT, true, FA2_QREGS128>(q, k, v, o, lse, n, scale);
 }
 
 # %% [markdown]
@@ -1007,7 +1013,7 @@ fig
 # %%
 # %%gpu --skip-note "Measured on an H100 (the first version of this kernel, same layout): 80,429 conflicts in 269.6 million shared-load wavefronts, 0.03 %."
 q, k, v = (torch.randn(1, 16, 4096, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-banks = fa2_bf16_d64.profile_banks((4096 // 128, 16), 128, q, k, v, torch.empty_like(q), 4096, 0.125,
+banks = fa2_bf16_d64.profile_banks((4096 // 128, 16), 128, q, k, v, torch.empty_like(q), None, 4096, 0.125,
                                    shared_bytes=(128 + 4 * 64) * 64 * 2)
 banks
 
@@ -1026,7 +1032,7 @@ def fa2_attention(q, k, v, out=None, causal=False):
     cfg = FA2[d]
     out = torch.empty_like(q) if out is None else out
     smem = (cfg["block_m"] + 4 * cfg["block_n"]) * d * 2
-    kernel[(math.ceil(N / cfg["block_m"]), B * H), 128, smem](q, k, v, out, N, d ** -0.5)
+    kernel[(math.ceil(N / cfg["block_m"]), B * H), 128, smem](q, k, v, out, None, N, d ** -0.5)   # None: no LSE
     return out
 
 
@@ -1703,7 +1709,7 @@ fig
 B_, H_, N_ = 4, 16, 4096
 q, k, v = (torch.randn(B_, H_, N_, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 o = torch.empty_like(q)
-prof2 = fa2_bf16_d128.profile((N_ // 128, B_ * H_), 128, q, k, v, o, N_, 128 ** -0.5,
+prof2 = fa2_bf16_d128.profile((N_ // 128, B_ * H_), 128, q, k, v, o, None, N_, 128 ** -0.5,
                               shared_bytes=(128 + 4 * 64) * 128 * 2)
 maps = [kernellab.tensor_map(x.view(B_ * H_, N_, 128), (1, rows, 64)) for x, rows in ((q, 128), (k, 128), (v, 128))]
 prof3 = fa3_bf16_d128.profile((N_ // 128, B_ * H_), 384, *maps, o, N_, 128 ** -0.5,
@@ -1843,7 +1849,7 @@ def attention(q, k, v, out=None, causal=False, kernel=None, ctas=None):
     plan, launch, scalars = found
     out = torch.empty_like(q) if out is None else out
     if plan.family == "fa2":
-        launch(q, k, v, out, *scalars)
+        launch(q, k, v, out, None, *scalars)          # None: step 2's log-sum-exp is not stored
     else:
         B, H, N, d = q.shape
         maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64))

@@ -77,7 +77,7 @@ def test_the_entry_point_launches_what_its_plan_names(entry, B, H, N, d, causal,
         assert maps[0][1] == (B * H, N, d) and o is out and (n, bh) == (N, B * H) and 1 <= sections <= B * H
         assert counter.dtype == torch.int32 and int(counter) == 0
     elif plan.family == "fa2":
-        assert grid == (-(-N // 128), B * H) and args[:4] == (q, k, v, out) and args[4] == N
+        assert grid == (-(-N // 128), B * H) and args[:4] == (q, k, v, out) and args[4] is None and args[5] == N
     else:
         assert grid == (-(-N // plan.block_m), B * H) and args[3] is out and args[4] == N
     # a second call with the same shape reuses the launch (no new plan) and writes into a given output

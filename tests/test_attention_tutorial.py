@@ -59,7 +59,7 @@ def test_step2_is_mma_sync_with_ldmatrix_and_cp_async(steps, name):
     text = str(s)
     assert "HMMA.16816.F32" in text and "LDSM" in text and "LDGSTS" in text and "HGMMA" not in text, text
     assert k.resources.spill_store_bytes <= 64, k.resources       # d = 128 spills a few bytes, d = 64 none
-    assert [p.name for p in k.params] == ["q", "k", "v", "o", "n", "scale"]
+    assert [p.name for p in k.params] == ["q", "k", "v", "o", "lse", "n", "scale"]
 
 
 @pytest.mark.parametrize("name", ["fa3_bf16_d64", "fa3_f16_d128_causal"])

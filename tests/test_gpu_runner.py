@@ -80,7 +80,7 @@ def test_arguments_follow_their_suite(runner):
     plan = runner.parse_args(["tests", "notebooks", "04", "07-fused-attention", "bench-matmul", "--only", "sgemm"])
     tests = [s for s in runner.SUITES if s.startswith("tests-")]
     assert {"tests-launch", "tests-measure", "tests-sim", "tests-tutorials", "tests-attention-inference",
-            "tests-norm-backward"} <= set(tests)
+            "tests-norm-backward", "tests-attention-backward"} <= set(tests)
     assert plan == [(s, []) for s in tests] + [("notebooks", ["04", "07-fused-attention"]),
                                                ("bench-matmul", ["--only", "sgemm"])]
     with pytest.raises(SystemExit, match="unknown suite 'nope'"):

@@ -20,7 +20,7 @@ from kernellab.teach.grader import DEFAULT_HINTS
 GPU = kernellab.has_gpu()
 IDS = exercises().ids
 TUTORIALS = ("00-puzzles", "01-first-kernel", "02-transpose-banks", "03-reductions-softmax", "04-layernorm",
-             "07-fused-attention", "09-attention-inference")
+             "07-fused-attention", "08-attention-backward", "09-attention-inference")
 
 
 # --- the registry --------------------------------------------------------------------------------------------------

@@ -80,9 +80,9 @@ SUITES: dict[str, Suite] = {
         "fault, race and out-of-bounds reports", 570,
         tests=(GPU_TESTS + "test_exercises_gpu.py",), select="01- or 02- or 03- or 04- or not ["),
     "tests-exercises-05-07": Suite(
-        "tutorials 05-07's exercises graded on the GPU, and tutorial 09's", 570,
+        "tutorials 05-07's exercises graded on the GPU, and tutorials 08's and 09's", 570,
         tests=(GPU_TESTS + "test_exercises_gpu.py", GPU_TESTS + "test_exercises07_gpu.py"),
-        select="05- or 06- or 07- or 09- or test_exercises07_gpu"),
+        select="05- or 06- or 07- or 08- or 09- or test_exercises07_gpu"),
     "tests-tutorials": Suite(
         "the tutorials' kernels on awkward shapes: row kernels (03/04), matmul ladders (05/06), attention (07), and "
         "the device headers they include (kernellab/include/kl); a notebook run stamped with the GPU for its recorded "
@@ -117,6 +117,14 @@ SUITES: dict[str, Suite] = {
     "notebooks": Suite(
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
         commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),
+    "tests-attention-backward": Suite(
+        "tutorial 08: attention backward (both variants) against SDPA's backward and float64 on awkward shapes, both "
+        "dtypes, head dims 64/128, causal or not; the forward's LSE; the op's loss.backward() eager and compiled", 570,
+        tests=(GPU_TESTS + "test_attention_backward_gpu.py",)),
+    "bench-attention-backward": Suite(
+        "benchmarks/attention_backward.py --quick: tutorial 08's backward (atomics, separate dQ pass) against SDPA "
+        "FLASH and CUDNN backward at N = 1024, 4096 (B*N = 16k, H*d = 2048), also as called (do_bench, sustained)", 300,
+        commands=((PY, "benchmarks/attention_backward.py", "--quick", "--out", "{out}"),), takes_args=True),
     "bench-attention": Suite(
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),

@@ -1,0 +1,1065 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · Attention backward: FlashAttention-2's backward pass on `mma.sync`
+#
+# **What you will learn**
+# - the gradients of attention, `dV = P^T dO`, `dP = dO V^T`, `dS = P o (dP - rowsum(dO o O))`, `dQ = dS K`,
+#   `dK = dS^T Q` (times the softmax scale), and why a fused backward recomputes `P` from one number per query row,
+#   the **log-sum-exp** (LSE) that the forward kernel saves;
+# - **step 1**: tutorial 07's `mma.sync` forward gains that output, and a float64 reference of the whole backward;
+# - **step 2**: FlashAttention-2's backward on `mma.sync`: a preprocessing kernel for `rowsum(dO o O)`, a block per
+#   tile of keys walking every query tile with `dK` and `dV` in registers, and `dQ` accumulated two ways: **(a)** by
+#   fp32 atomics from every key block, **(b)** by a second kernel, a block per query tile walking the keys;
+# - how the gradients are checked (awkward `N`, both dtypes, head dims 64 and 128, causal or not, against a float64
+#   reference, our error beside SDPA's own) and timed against SDPA's FLASH and CUDNN backward;
+# - the kernels as one differentiable PyTorch op, `kl::flash_attention_lse`, so that `loss.backward()` runs them.
+#
+# Everything that compiles, counts or draws runs without a GPU; cells that launch are marked `%%gpu` and are skipped
+# with one line where there is none. The kernels were checked on the CPU emulator first (`tests/test_tutorial08.py`).
+
+# %%
+# %load_ext kernellab
+# %matplotlib inline
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import kernellab
+
+GPU = kernellab.has_gpu()
+print("GPU:", torch.cuda.get_device_name() if GPU else "none (compile and analysis only)")
+
+# %% [markdown]
+# ## The math
+#
+# Per (batch, head), with `s = 1 / sqrt(d)`: `S = s Q K^T`, `P = softmax(S)` row by row, `O = P V`. Given the loss's
+# gradient `dO` (`[N, d]`, like `O`), the chain rule through the two products gives
+#
+# - `dV = P^T dO` and `dP = dO V^T` (`[N, N]`);
+# - through the softmax of each row `i`: `dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)`, and the sum is
+#   `sum_k P_ik (dO_i . V_k) = dO_i . O_i`: one number per row, `Dv_i = rowsum(dO o O)_i`, computed from `dO` and `O`
+#   alone, before any `N x N` work;
+# - `dQ = s dS K` and `dK = s dS^T Q`.
+#
+# Five `N x N x d` products, against the forward's two: `S` again, `dP`, `dV`, `dK`, `dQ`, 10 `N^2 d` FLOPs per
+# (batch, head) where the forward has 4 (2.5x). A fused backward cannot keep `P` from the forward (`N^2` values
+# per head), so it recomputes `S` tile by tile; it does not need the online softmax's running max again either: the
+# forward saves each row's `LSE_i = log sum_j exp(S_ij)` (one float per row) and `P_ij = exp(S_ij - LSE_i)` is exact
+# from the first tile on. Here is the whole backward in float64, checked against autograd:
+
+# %%
+# launchers: reference (the float64 reference of the checks, tests/gpu/test_attention_backward_gpu.py too)
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import kernellab
+
+
+def attention_backward_reference(q, k, v, do, causal=False):
+    """(o, lse, dq, dk, dv) of softmax(q k^T / sqrt(d)) v in float64; q, k, v, do: [B, H, N, d] tensors."""
+    q, k, v, do = (x.double() for x in (q, k, v, do))
+    N, d = q.shape[-2:]
+    scale = d ** -0.5
+    s = scale * q @ k.transpose(-2, -1)                                  # [B, H, N, N]
+    if causal:
+        s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                     # [B, H, N], what the forward saves
+    p = torch.exp(s - lse[..., None])                                    # P recomputed from it
+    o = p @ v
+    dv = p.transpose(-2, -1) @ do                                        # dV = P^T dO
+    dp = do @ v.transpose(-2, -1)                                        # dP = dO V^T
+    delta = (do * o).sum(-1, keepdim=True)                               # Dv = rowsum(dO o O)
+    ds = p * (dp - delta)                                                # dS = P o (dP - Dv)
+    return o, lse, scale * ds @ k, scale * ds.transpose(-2, -1) @ q, dv
+
+
+# %%
+g = torch.Generator().manual_seed(0)
+q, k, v, do = (torch.randn(2, 3, 37, 16, generator=g, dtype=torch.float64) for _ in range(4))
+for causal in (False, True):
+    qkv = [x.clone().requires_grad_() for x in (q, k, v)]
+    o_autograd = F.scaled_dot_product_attention(*qkv, is_causal=causal)
+    o_autograd.backward(do)
+    o_ref, lse_ref, *grads = attention_backward_reference(q, k, v, do, causal)
+    err = max((a - x.grad).abs().max().item() for a, x in zip(grads, qkv))
+    print(f"causal={causal!s:5s}: |O - SDPA| {(o_ref - o_autograd).abs().max():.1e}, "
+          f"max |grad - autograd| {err:.1e}")
+
+# %% [markdown]
+# ### Exercise 08-ds-from-lse: `dS = P o (dP - Dv)`, `P` recomputed from the LSE
+#
+# The heart of the backward's tile step, on the CUDA cores: for `[rows, n]` fp32 scores `s` and gradients `dp`
+# (row-major) and one `lse[r]` and `delta[r]` per row, `ds[r][c] = exp(s[r][c] - lse[r]) * (dp[r][c] - delta[r])`.
+# No max and no sum over the row: the LSE already holds both. Blocks of `blockDim.x` threads, grid
+# `(ceil(n / blockDim.x), rows)`: row `blockIdx.y`, column `blockIdx.x * blockDim.x + threadIdx.x`. The grader
+# launches blocks of 128 and 256 threads on rows of 1 to 4,099 columns.
+
+# %%
+# %%cuda
+// exercise: 08-ds-from-lse
+extern "C" __global__ void ds_from_lse(const float* s, const float* dp, const float* lse, const float* delta, float* ds,
+                                       int rows, int n) {
+    // TODO: row blockIdx.y, column blockIdx.x * blockDim.x + threadIdx.x; P from the row's LSE; guard the column
+}
+
+# %%
+kernellab.grade("08-ds-from-lse", ds_from_lse)
+
+# %% [markdown]
+# ## Bytes and FLOPs
+#
+# A fused backward reads `Q`, `K`, `V`, `O`, `dO` (16-bit) and the LSE, and writes `dQ`, `dK`, `dV`; variant (a)
+# also reads and writes `dQ` in fp32 (atomics), once per key block. At the FlashAttention-3 paper's shapes it is
+# compute-bound by three orders of magnitude, like the forward:
+
+# %%
+B, H, N, d = 4, 16, 4096, 64
+H100_BF16_TENSOR_FLOPS = 989e12          # dense bf16, the datasheet's figure (SXM)
+H100_DRAM_BYTES_PER_S = 3.35e12
+flops_bwd = 10 * B * H * N * N * d                       # S, dP, dV, dK, dQ: 2 N^2 d each
+bytes_bwd = (8 * B * H * N * d) * 2 + 2 * B * H * N * 4  # Q K V O dO in, dQ dK dV out (16-bit); LSE, Dv (fp32)
+print(f"{flops_bwd / 1e9:.0f} GFLOP, {bytes_bwd / 1e6:.0f} MB: {flops_bwd / bytes_bwd:.0f} FLOP/byte; floors "
+      f"{flops_bwd / H100_BF16_TENSOR_FLOPS * 1e3:.3f} ms (tensor cores) and "
+      f"{bytes_bwd / H100_DRAM_BYTES_PER_S * 1e3:.3f} ms (memory)")
+
+# %% [markdown]
+# ## Step 1: the forward saves its log-sum-exp
+#
+# Tutorial 07's step-2 kernel (`fa2_*`) now takes one more pointer, `float* lse` (`[B, H, N]` fp32; `nullptr`: not
+# stored). At the end of its key loop each row holds its running max `m` (in log2 units, scale folded in) and the
+# sum `l` of `exp2(score - m)` over all keys, so `LSE = (m + log2 l) ln 2`: one `MUFU.LG2` and one store per row,
+# by the lane of the quad that holds the row (`t == 0`). The lazy rescaling of 07 leaves `m` behind the true max by up
+# to 8 (log2 units), but `l` is summed against that same `m`, so the pair is consistent and the LSE exact.
+#
+# The launcher compiles 07's cell as that notebook does (it lives in `notebooks/07-fused-attention.py`; nothing is
+# copied) the first time it is called, and launches it as 07's `fa2_attention` does.
+
+# %%
+# launchers: forward (tests/gpu/test_attention_backward_gpu.py, benchmarks/attention_backward.py and the op use this)
+import pathlib
+import re
+
+FA2_BLOCK_M, FA2_BLOCK_N = 128, 64        # tutorial 07's step 2: 4 warps x 32 query rows, 64 keys per tile
+_fa2_forward = {}
+
+
+def _tutorial07_step2():
+    """Tutorial 07's step-2 module (the `%%cuda` cell holding fa2_bf16_d64 ...), compiled once."""
+    if "module" not in _fa2_forward:
+        here = pathlib.Path(kernellab.__file__).resolve().parents[1] / "notebooks" / "07-fused-attention.py"
+        if not here.exists():
+            raise FileNotFoundError(f"attention_forward compiles tutorial 07's step-2 cell from {here}, which is "
+                                    f"missing: run from a kernellab source checkout")
+        cells = re.split(r"^# %%(?: .*)?\n", here.read_text(), flags=re.M)
+        cell = next(c for c in cells if c.startswith("# %%cuda") and "fa2_bf16_d64(" in c)
+        _fa2_forward["module"] = kernellab.compile_cuda(cell.partition("\n")[2], first_line=2,
+                                                        filename="07-fused-attention.py:step2")
+    return _fa2_forward["module"]
+
+
+def attention_forward(q, k, v, causal=False, out=None, lse=None):
+    """(o, lse) for q, k, v: [B, H, N, d] bf16/fp16 contiguous CUDA tensors, d = 64 or 128: tutorial 07's step 2,
+    with the log-sum-exp of each row's scaled scores ([B, H, N] fp32, natural log) that the backward needs."""
+    B, H, N, d = q.shape
+    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"attention_forward takes bf16/fp16 [B, H, N, d] with d = 64 or 128, got {q.dtype} "
+                         f"{list(q.shape)}")
+    if not all(x.is_contiguous() and x.shape == q.shape and x.dtype == q.dtype for x in (q, k, v)):
+        raise ValueError("attention_forward takes q, k, v of one shape and dtype, contiguous (call .contiguous())")
+    dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
+    kernel = _tutorial07_step2()[f"fa2_{dt}_d{d}{'_causal' if causal else ''}"]
+    out = torch.empty_like(q) if out is None else out
+    lse = torch.empty(B, H, N, dtype=torch.float32, device=q.device) if lse is None else lse
+    smem = (FA2_BLOCK_M + 4 * FA2_BLOCK_N) * d * 2                   # Q tile + 2 K tiles + 2 V tiles
+    kernel[(math.ceil(N / FA2_BLOCK_M), B * H), 128, smem](q, k, v, out, lse, N, d ** -0.5)
+    return out, lse
+
+
+# %% [markdown]
+# The card of the entry point with the LSE store (compiled without a GPU): the extra store changed neither the
+# registers nor the spills of 07's table.
+
+# %%
+fwd = _tutorial07_step2()
+for name in ("fa2_bf16_d64", "fa2_bf16_d128_causal"):
+    print(f"{name:22s} {fwd[name].resources}")
+print([p.name for p in fwd["fa2_bf16_d64"].params])
+
+# %% [markdown]
+# On the GPU: `O` against SDPA and the LSE against `torch.logsumexp` of the float64 scores, on the awkward shapes.
+
+# %%
+# %%gpu
+CHECK_N = (1, 63, 65, 1000, 1031, 4097)
+for dtype in (torch.bfloat16, torch.float16):
+    worst_o = worst_lse = 0.0
+    for d in (64, 128):
+        for causal in (False, True):
+            for N in CHECK_N:
+                g = torch.Generator().manual_seed(N)
+                q, k, v = (torch.randn(1, 2, N, d, generator=g).to(dtype).cuda() for _ in range(3))
+                o, lse = attention_forward(q, k, v, causal)
+                o_ref, lse_ref, *_ = attention_backward_reference(q, k, v, torch.zeros_like(q), causal)
+                worst_o = max(worst_o, (o.double() - o_ref).abs().max().item())
+                worst_lse = max(worst_lse, (lse.double() - lse_ref).abs().max().item())
+    print(f"{dtype}: max |O - float64| {worst_o:.2e}, max |LSE - float64| {worst_lse:.2e}")
+
+# %% [markdown]
+# ### Exercise 08-delta-rows: `Dv = rowsum(dO o O)`, one warp per row
+#
+# The backward's first kernel, and its smallest: for each row `r` of the `[rows, d]` fp32 matrices `o` and `d_o`
+# (row-major), `delta[r] = sum_c o[r][c] * d_o[r][c]`. Warp `threadIdx.y` of block `blockIdx.x` owns row
+# `blockIdx.x * blockDim.y + threadIdx.y`; lane `threadIdx.x` sums columns `lane, lane + 32, ...`, and the warp adds
+# its 32 partial sums with `__shfl_xor_sync`; lane 0 stores. The grader launches blocks of 32 x 1, 32 x 4 and 32 x 8
+# threads on rows of 1 to 4,099 columns (head dims are 64 or 128 here, but the kernel must not assume it).
+
+# %%
+# %%cuda
+// exercise: 08-delta-rows
+extern "C" __global__ void delta_rows(const float* o, const float* d_o, float* delta, int rows, int d) {
+    // TODO: warp threadIdx.y owns row blockIdx.x * blockDim.y + threadIdx.y; lanes stride the columns; shuffle-add
+}
+
+# %%
+kernellab.grade("08-delta-rows", delta_rows)
+
+# %% [markdown]
+# ## Step 2: FlashAttention-2's backward on `mma.sync`
+#
+# **Who does what.** The gradients of a key row, `dK_j` and `dV_j`, sum over every query; the gradient of a query
+# row, `dQ_i`, sums over every key. One of the two must be summed across blocks. FlashAttention-2 gives each block a
+# tile of 64 **keys** (4 warps, 16 keys each, `dK` and `dV` of those keys in fp32 registers for the whole kernel) and
+# walks the query tiles, so that `dK` and `dV` are written once, and handles `dQ` in one of two ways:
+#
+# - **(a) atomics**: after each query tile the block also computes that tile's share of `dQ = s dS K` and adds it into
+#   an fp32 buffer with `atomicAdd` (`N / 64` blocks add into each row); a last small kernel converts the buffer to
+#   16 bits. `dS` has to pass through shared memory for this: the `dK` product wants `dS^T` as its A operand (keys as
+#   rows, which is how the accumulators hold it), the `dQ` product wants `dS` (queries as rows); `ldmatrix.trans`
+#   reads the stored `dS^T` tile back as `dS` fragments.
+# - **(b) a second pass**: a block per tile of 64 **queries** walks the key tiles and recomputes `S`, `P`, `dP` and
+#   `dS`, this time with the queries as rows, so `dS` goes from the accumulators straight into `dQ += dS K` (as `P`
+#   goes into `P V` in tutorial 07) and `dQ` is written once, in 16 bits. It recomputes two of the five products.
+#
+# **The tile step of the key-block kernel**, per warp (16 keys) and query tile (`BM` queries):
+# 1. `S^T = K Q^T` (the warp's `K` rows are the A operand, the `Q` tile the B operand: the same `ldmatrix` lane
+#    addresses as tutorial 07's `Q` and `K`); `P^T = exp2(S^T s log2(e) - LSE log2(e))`, masked to 0 past `N` and,
+#    causal, where the query precedes the key;
+# 2. `dP^T = V dO^T`, the same pattern; `dS^T = P^T o (dP^T - Dv)`, times `s`;
+# 3. `dV += P^T dO` and `dK += dS^T Q`: `P^T` and `dS^T` repacked in registers as A fragments (16 queries each), `dO`
+#    and `Q` through `ldmatrix.trans` (they are `[query][d]` tiles used as `[k][n]`), as `V` in tutorial 07.
+#
+# `Q`, `dO`, the LSE and `Dv` of the next query tile stream in with `cp.async` while this one is computed (double
+# buffering); `K` and `V` are loaded once. Causal: a key block starts at the query tile holding its first key (earlier
+# queries see none of its keys); only tiles that cross the diagonal or reach past `N` run the masking code.
+#
+# **Registers.** `dK` and `dV` of 16 keys are `2 x d / 8 x 4` floats per thread: 64 at `d = 64`, 128 at `d = 128`.
+# `S^T` and `dP^T` of a 64-query tile are another 64; at `d = 128` that does not fit in 255 without spills (the
+# first version spilled 80 bytes), so there the query tile is 32 rows (`BWD_BM128`). Variant (a)'s `dQ` share is
+# split over the 4 warps by 16-row groups and column halves so that it needs at most 32 more.
+#
+# **Predictions, before measuring.** Per key block and query tile of 64 x 64 at `d = 64`, a warp issues 16 `mma`s
+# for each of the five products (80), and variant (a) adds 8 `atomicAdd` per thread (fp32 `RED`s to L2). The
+# forward step of tutorial 07 reached about 345 TFLOP/s with two products per tile. Here the tile step has 2.5x the
+# products but also the `dS` round trip through shared memory and more exponentials per FLOP (one per `P` entry for
+# 10 instead of 4 `N^2 d` FLOPs, so relatively fewer). We predict variant (a) at 200-260 TFLOP/s at `N = 4096`,
+# `d = 64` (0.8-1.0x SDPA's FLASH backward, which is FlashAttention-2's own kernel, tuned with 8 warps and larger
+# tiles), variant (b) 10-20 % slower (it recomputes `S` and `dP`, 40 % more `mma`s, but has no atomics), and
+# both lower at `d = 128`, where the 32-row query tiles halve the work per `K`/`V` fragment loaded.
+
+# %%
+# %%cuda --name attn_bwd
+#include <kl/cp_async.cuh>  // cp_async_16, cp_async_4, cp_async_commit, cp_async_wait_all
+#include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, to_float, from_float (kl/convert.cuh)
+#include <math_constants.h>  // CUDART_INF_F
+typedef unsigned int uint32_t;
+
+// FlashAttention-2's backward on mma.sync. With P recomputed from the forward's log-sum-exp (LSE, natural log):
+//   P = exp(scale * Q K^T - LSE),  dV = P^T dO,  dP = dO V^T,  dS = P o (dP - Dv),  Dv = rowsum(dO o O),
+//   dQ = scale * dS K,  dK = scale * dS^T Q.
+// Q, K, V, O, dO, dQ, dK, dV: [BH, N, D] contiguous, T = __half or __nv_bfloat16; LSE, Dv: [BH, N] fp32.
+#define BWD_NWARPS 4        // warps per block; each owns 16 keys (dK/dV kernel) or 16 queries (dQ kernel)
+#define BWD_BM64 64         // query rows per step of the dK/dV kernel at d = 64 (its inner loop walks query tiles)
+#define BWD_BM128 32        // at d = 128: S^T and dP^T take half the registers, so dK and dV (128) fit without spills
+#define BWD_BN 64           // key rows per step of the dQ kernel
+
+namespace bwd {
+
+constexpr int NWARPS = BWD_NWARPS, NTHREADS = 32 * BWD_NWARPS, TILE = 16 * BWD_NWARPS;   // 64 rows a block owns
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ float exp2_approx(float x) {   // MUFU.EX2; exp2(-inf) = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows, COLS] tile of 16-bit values, XOR-swizzled as in
+// tutorial 07: the 8 rows an ldmatrix phase reads at one logical chunk sit in 8 different bank groups; COLS >= 64.
+template <int COLS> __device__ __forceinline__ uint32_t swz(int row, int chunk) {
+    return row * (COLS * 2) + ((chunk ^ (row & 7)) << 4);
+}
+// Rows [row0, row0 + ROWS) of a [N, D] matrix into a swizzled tile through cp.async; rows past N become zeros.
+template <int ROWS, int D, typename T>
+__device__ __forceinline__ void load_tile(uint32_t tile, const T* __restrict__ g, int row0, int N) {
+    for (int i = threadIdx.x; i < ROWS * D / 8; i += NTHREADS) {
+        const int r = i / (D / 8), c = i % (D / 8);
+        const bool valid = row0 + r < N;
+        cp_async_16(tile + swz<D>(r, c), valid ? g + (size_t)(row0 + r) * D + c * 8 : g, valid ? 16 : 0);
+    }
+}
+// ROWS fp32 values v[row0 ..] into shared memory at `dst`, zeros past N (4-byte copies: row0 * 4 need not be
+// 16-byte aligned).
+template <int ROWS>
+__device__ __forceinline__ void load_row_values(uint32_t dst, const float* __restrict__ v, int row0, int N) {
+    for (int i = threadIdx.x; i < ROWS; i += NTHREADS) {
+        const bool valid = row0 + i < N;
+        cp_async_4(dst + 4 * i, valid ? v + row0 + i : v, valid ? 4 : 0);
+    }
+}
+
+// acc[NB][4] (16 rows x 8 NB columns) = A B^T, A: 16 rows of tile `a` (from row a_row0), B: 8 NB rows of tile `b`,
+// both [rows, D] swizzled, the product over D. Lane parts of the addresses as in tutorial 07's step 2 (A like Q,
+// B like K).
+template <typename T, int D, int NB>
+__device__ __forceinline__ void gemm_abt(float (&acc)[NB][4], uint32_t a, int a_row0, uint32_t b) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t af[4];
+        ldmatrix_x4(af, a + swz<D>(a_row0 + (lane & 15), 2 * kc + (lane >> 4)));
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, b + swz<D>(8 * nb + (lane & 7) + ((lane >> 4) << 3), 2 * kc + ((lane >> 3) & 1)));
+            mma_16816<T>(acc[nb], af, bf[0], bf[1]);
+            mma_16816<T>(acc[nb + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+// acc[DB][4] (16 x D) += A B with A (16 x 16 KC) in registers as KC fragments and B rows [16 kc, 16 kc + 16) of
+// tile `b` ([rows, D] swizzled, row-major [k][n]) through ldmatrix.trans (like V in tutorial 07).
+template <typename T, int D, int KC>
+__device__ __forceinline__ void gemm_ab_regs(float (&acc)[D / 8][4], const uint32_t (&af)[KC][4], uint32_t b) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+        for (int db = 0; db < D / 8; db += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + swz<D>(16 * kc + (lane & 15), db + (lane >> 4)));
+            mma_16816<T>(acc[db], af[kc], bf[0], bf[1]);
+            mma_16816<T>(acc[db + 1], af[kc], bf[2], bf[3]);
+        }
+}
+// Accumulator pairs (rows g, g + 8; columns 2t, 2t + 1 of n-blocks 2 kc, 2 kc + 1) as A fragments of T.
+template <typename T, int NB>
+__device__ __forceinline__ void pack_a(uint32_t (&af)[NB / 2][4], const float (&x)[NB][4]) {
+#pragma unroll
+    for (int kc = 0; kc < NB / 2; ++kc)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            af[kc][2 * h] = pack2<T>(x[2 * kc + h][0], x[2 * kc + h][1]);
+            af[kc][2 * h + 1] = pack2<T>(x[2 * kc + h][2], x[2 * kc + h][3]);
+        }
+}
+
+// Dv = rowsum(dO o O) in fp32, one warp per row; rows of dq_accum (if not null) set to zero on the way.
+template <typename T, int D>
+__device__ __forceinline__ void preprocess(const T* __restrict__ O, const T* __restrict__ dO, float* __restrict__ Dv,
+                                           float* __restrict__ dq_accum, int rows) {
+    const int row = blockIdx.x * NWARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    float s = 0.f;
+#pragma unroll
+    for (int c = lane; c < D; c += 32) s += to_float(O[(size_t)row * D + c]) * to_float(dO[(size_t)row * D + c]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) Dv[row] = s;
+    if (dq_accum != nullptr)
+        for (int c = lane; c < D; c += 32) dq_accum[(size_t)row * D + c] = 0.f;
+}
+
+// dK and dV of TILE keys per block (warp w: keys kv0 + 16 w ..), in registers, walking the query tiles of BWD_BM
+// rows (BM: BWD_BM64 or BWD_BM128; double-buffered Q, dO, LSE, Dv). DQ_ATOMIC (variant a): dS also goes through shared memory, and the block
+// adds its share of dQ = scale * dS K into dq_accum (fp32) with atomics; otherwise (variant b) dq_kernel does dQ.
+// grid (ceil(N / TILE), BH), NTHREADS threads, dynamic smem as bwd_dkdv_smem_bytes in the launchers.
+template <typename T, int D, int BM, bool CAUSAL, bool DQ_ATOMIC>
+__device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                                     const T* __restrict__ dO, const float* __restrict__ LSE,
+                                     const float* __restrict__ Dv, float* __restrict__ dq_accum, T* __restrict__ dK,
+                                     T* __restrict__ dV, int N, float scale) {
+    constexpr int NB = BM / 8, DB = D / 8, TB = TILE * D * 2, QB = BM * D * 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t k_tile = smem_u32(smem), v_tile = k_tile + TB;             // [TILE, D] each
+    const uint32_t q_tile0 = v_tile + TB, do_tile0 = q_tile0 + 2 * QB;        // [2][BM, D] each
+    const uint32_t lse0 = do_tile0 + 2 * QB, dv0 = lse0 + 2 * BM * 4;         // [2][BM] fp32 each
+    const uint32_t ds_tile = dv0 + 2 * BM * 4;                                // [TILE keys, 64] (variant a; BM used)
+    const float* lse_s = reinterpret_cast<const float*>(smem + 2 * TB + 4 * QB);
+    const float* dv_s = lse_s + 2 * BM;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int kv0 = blockIdx.x * TILE, kw = 16 * warp;           // the block's first key, the warp's first in the tile
+    const size_t head = (size_t)blockIdx.y * N;
+    Q += head * D; K += head * D; V += head * D; dO += head * D; LSE += head; Dv += head;
+    dK += head * D; dV += head * D;
+    if (DQ_ATOMIC) dq_accum += head * D;
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    const int i_first = CAUSAL ? kv0 / BM : 0, i_end = (N + BM - 1) / BM;     // causal: queries before kv0 see no key
+    load_tile<TILE, D>(k_tile, K, kv0, N);
+    load_tile<TILE, D>(v_tile, V, kv0, N);
+    auto load_q = [&](int i, int buf) {
+        load_tile<BM, D>(q_tile0 + buf * QB, Q, i * BM, N);
+        load_tile<BM, D>(do_tile0 + buf * QB, dO, i * BM, N);
+        load_row_values<BM>(lse0 + buf * BM * 4, LSE, i * BM, N);
+        load_row_values<BM>(dv0 + buf * BM * 4, Dv, i * BM, N);
+    };
+    load_q(i_first, 0);
+    cp_async_commit();
+
+    float dk[DB][4], dv[DB][4];
+#pragma unroll
+    for (int e = 0; e < DB; ++e)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) dk[e][c] = dv[e][c] = 0.f;
+
+    for (int i = i_first; i < i_end; ++i) {
+        const int buf = (i - i_first) & 1, q0 = i * BM;
+        cp_async_wait_all();
+        __syncthreads();                      // tile i is in place; every warp is done with tile i - 1 and dS
+        if (i + 1 < i_end) load_q(i + 1, buf ^ 1);
+        cp_async_commit();
+        const uint32_t q_tile = q_tile0 + buf * QB, do_tile = do_tile0 + buf * QB;
+        const float* lse = lse_s + buf * BM;
+        const float* dvec = dv_s + buf * BM;
+
+        // S^T = K Q^T (16 keys x BM queries per warp), then P^T = exp2(scale_log2 S^T - LSE log2(e)).
+        float p[NB][4], dp[NB][4];
+        gemm_abt<T, D, NB>(p, k_tile, kw, q_tile);
+        const bool mask = q0 + BM > N || (CAUSAL && q0 < kv0 + TILE);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int qi = 8 * nb + 2 * t + (e & 1);                     // query within the tile
+                const int key = kv0 + kw + g + 8 * (e >> 1);
+                float x = fmaf(p[nb][e], scale_log2, -lse[qi] * 1.4426950408889634f);
+                if (mask && (q0 + qi >= N || (CAUSAL && key > q0 + qi))) x = -CUDART_INF_F;
+                p[nb][e] = exp2_approx(x);
+            }
+        // dP^T = V dO^T; dS^T = P^T o (dP^T - Dv), times scale (both dQ and dK carry it).
+        gemm_abt<T, D, NB>(dp, v_tile, kw, do_tile);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nb][e] = p[nb][e] * (dp[nb][e] - dvec[8 * nb + 2 * t + (e & 1)]) * scale;
+
+        uint32_t af[NB / 2][4];
+        pack_a<T, NB>(af, p);                 // dV += P^T dO
+        gemm_ab_regs<T, D, NB / 2>(dv, af, do_tile);
+        pack_a<T, NB>(af, dp);                // dK += dS^T Q
+        gemm_ab_regs<T, D, NB / 2>(dk, af, q_tile);
+
+        if (DQ_ATOMIC) {
+            // dS^T to shared memory as T, [TILE keys][BM queries] in rows of 64; then the warps share dQ += dS K
+            // ([BM, D]): RG groups of 16 query rows, each group's D columns split over NWARPS / RG warps.
+            constexpr int RG = BM / 16, DBW = DB / (NWARPS / RG);
+            const int rw = 16 * (warp % RG), db0 = (warp / RG) * DBW;
+            unsigned char* ds = smem + (ds_tile - k_tile);
+#pragma unroll
+            for (int kc = 0; kc < NB / 2; ++kc)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)          // af[kc][2h + r]: key row kw + g + 8 r, queries 16 kc + 8 h + 2t
+                        *reinterpret_cast<uint32_t*>(ds + swz<64>(kw + g + 8 * r, 2 * kc + h) + 4 * t) = af[kc][2 * h + r];
+            __syncthreads();
+            float dq[DBW][4];
+#pragma unroll
+            for (int e = 0; e < DBW; ++e) dq[e][0] = dq[e][1] = dq[e][2] = dq[e][3] = 0.f;
+#pragma unroll
+            for (int kc = 0; kc < TILE / 16; ++kc) {
+                uint32_t a[4];                        // dS rows rw .. (queries), keys 16 kc ..: stored transposed
+                ldmatrix_x4_trans(a, ds_tile + swz<64>(16 * kc + (lane & 7) + ((lane >> 4) << 3),
+                                                       rw / 8 + ((lane >> 3) & 1)));
+#pragma unroll
+                for (int db = 0; db < DBW; db += 2) {
+                    uint32_t bf[4];
+                    ldmatrix_x4_trans(bf, k_tile + swz<D>(16 * kc + (lane & 15), db0 + db + (lane >> 4)));
+                    mma_16816<T>(dq[db], a, bf[0], bf[1]);
+                    mma_16816<T>(dq[db + 1], a, bf[2], bf[3]);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = q0 + rw + g + 8 * h;
+                if (row < N)
+#pragma unroll
+                    for (int db = 0; db < DBW; ++db) {
+                        atomicAdd(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t, dq[db][2 * h]);
+                        atomicAdd(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t + 1, dq[db][2 * h + 1]);
+                    }
+            }
+        }
+    }
+    cp_async_wait_all();                      // (the last, empty group)
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = kv0 + kw + g + 8 * h;
+        if (key < N)
+#pragma unroll
+            for (int db = 0; db < DB; ++db) {
+                *reinterpret_cast<uint32_t*>(dK + (size_t)key * D + 8 * db + 2 * t) = pack2<T>(dk[db][2 * h], dk[db][2 * h + 1]);
+                *reinterpret_cast<uint32_t*>(dV + (size_t)key * D + 8 * db + 2 * t) = pack2<T>(dv[db][2 * h], dv[db][2 * h + 1]);
+            }
+    }
+}
+
+// dQ of TILE queries per block (variant b; warp w: rows q0 + 16 w ..) in registers, walking the key tiles of BWD_BN
+// keys (double-buffered K, V): S and dP recomputed, dS straight from the accumulators as the A operand of dS K.
+// grid (ceil(N / TILE), BH), NTHREADS threads, dynamic smem: Q and dO tiles, 2 K and 2 V tiles.
+template <typename T, int D, bool CAUSAL>
+__device__ __forceinline__ void dq_pass(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                                        const T* __restrict__ dO, const float* __restrict__ LSE,
+                                        const float* __restrict__ Dv, T* __restrict__ dQ, int N, float scale) {
+    constexpr int BN = BWD_BN, NB = BN / 8, DB = D / 8, TB = TILE * D * 2, KB = BN * D * 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t q_tile = smem_u32(smem), do_tile = q_tile + TB;            // [TILE, D] each
+    const uint32_t k_tile0 = do_tile + TB, v_tile0 = k_tile0 + 2 * KB;        // [2][BN, D] each
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;     // causal: the longest rows first
+    const int q0 = qblock * TILE, qw = 16 * warp;
+    const size_t head = (size_t)blockIdx.y * N;
+    Q += head * D; K += head * D; V += head * D; dO += head * D; LSE += head; Dv += head; dQ += head * D;
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    float lse[2], dvec[2];                    // this thread's rows g and g + 8 (LSE in log2 units)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = q0 + qw + g + 8 * h;
+        lse[h] = row < N ? LSE[row] * 1.4426950408889634f : 0.f;
+        dvec[h] = row < N ? Dv[row] : 0.f;
+    }
+    const int j_end = CAUSAL ? min((N + BN - 1) / BN, (q0 + TILE + BN - 1) / BN) : (N + BN - 1) / BN;
+    load_tile<TILE, D>(q_tile, Q, q0, N);
+    load_tile<TILE, D>(do_tile, dO, q0, N);
+    load_tile<BN, D>(k_tile0, K, 0, N);
+    load_tile<BN, D>(v_tile0, V, 0, N);
+    cp_async_commit();
+
+    float dq[DB][4];
+#pragma unroll
+    for (int e = 0; e < DB; ++e) dq[e][0] = dq[e][1] = dq[e][2] = dq[e][3] = 0.f;
+    for (int j = 0; j < j_end; ++j) {
+        const int kv0 = j * BN, buf = j & 1;
+        cp_async_wait_all();
+        __syncthreads();
+        if (j + 1 < j_end) {
+            load_tile<BN, D>(k_tile0 + (buf ^ 1) * KB, K, kv0 + BN, N);
+            load_tile<BN, D>(v_tile0 + (buf ^ 1) * KB, V, kv0 + BN, N);
+        }
+        cp_async_commit();
+        const uint32_t k_tile = k_tile0 + buf * KB, v_tile = v_tile0 + buf * KB;
+        float p[NB][4], dp[NB][4];
+        gemm_abt<T, D, NB>(p, q_tile, qw, k_tile);          // S = Q K^T
+        const bool mask = kv0 + BN > N || (CAUSAL && kv0 + BN > q0 + 1);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = kv0 + 8 * nb + 2 * t + (e & 1), row = q0 + qw + g + 8 * (e >> 1);
+                float x = fmaf(p[nb][e], scale_log2, -lse[e >> 1]);
+                if (mask && (key >= N || (CAUSAL && key > row))) x = -CUDART_INF_F;
+                p[nb][e] = exp2_approx(x);
+            }
+        gemm_abt<T, D, NB>(dp, do_tile, qw, v_tile);        // dP = dO V^T
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nb][e] = p[nb][e] * (dp[nb][e] - dvec[e >> 1]) * scale;
+        uint32_t af[NB / 2][4];
+        pack_a<T, NB>(af, dp);
+        gemm_ab_regs<T, D, NB / 2>(dq, af, k_tile);          // dQ += dS K
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = q0 + qw + g + 8 * h;
+        if (row < N)
+#pragma unroll
+            for (int db = 0; db < DB; ++db)
+                *reinterpret_cast<uint32_t*>(dQ + (size_t)row * D + 8 * db + 2 * t) = pack2<T>(dq[db][2 * h], dq[db][2 * h + 1]);
+    }
+}
+
+// dQ = dq_accum in T (variant a's last pass): n elements (< 2^31), a grid-stride loop.
+template <typename T>
+__device__ __forceinline__ void convert(const float* __restrict__ src, T* __restrict__ dst, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        dst[i] = from_float<T>(src[i]);
+}
+
+}  // namespace bwd
+
+// Entry points per (dtype, head dim[, causal]): bwd_pre (Dv, zeroing dq_accum), bwd_dkdv (variant a: dK, dV, dQ
+// by atomics), bwd_dkv + bwd_dq (variant b: dK, dV, then dQ in its own pass), bwd_dq_convert (variant a's dQ in T).
+#define BWD_BOUNDS __launch_bounds__(BWD_NWARPS * 32, 2)
+extern "C" __global__ void __launch_bounds__(128) bwd_pre_bf16_d64(const __nv_bfloat16* o, const __nv_bfloat16* d_o, float* dv, float* dq_accum, int rows) {
+    bwd::preprocess<__nv_bfloat16, 64>(o, d_o, dv, dq_accum, rows);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 64, false>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 64, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128) bwd_pre_bf16_d128(const __nv_bfloat16* o, const __nv_bfloat16* d_o, float* dv, float* dq_accum, int rows) {
+    bwd::preprocess<__nv_bfloat16, 128>(o, d_o, dv, dq_accum, rows);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 128, false>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 128, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void bwd_dq_convert_bf16(const float* src, __nv_bfloat16* dst, int n) { bwd::convert<__nv_bfloat16>(src, dst, n); }
+extern "C" __global__ void __launch_bounds__(128) bwd_pre_f16_d64(const __half* o, const __half* d_o, float* dv, float* dq_accum, int rows) {
+    bwd::preprocess<__half, 64>(o, d_o, dv, dq_accum, rows);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 64, false>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 64, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128) bwd_pre_f16_d128(const __half* o, const __half* d_o, float* dv, float* dq_accum, int rows) {
+    bwd::preprocess<__half, 128>(o, d_o, dv, dq_accum, rows);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 128, false>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 128, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void bwd_dq_convert_f16(const float* src, __half* dst, int n) { bwd::convert<__half>(src, dst, n); }
+
+# %% [markdown]
+# ### What it costs
+#
+# Every kernel's card: `HMMA.16816` (the tensor cores through `mma.sync`), `LDSM` (`ldmatrix`), `LDGSTS`
+# (`cp.async`), and for variant (a) the fp32 reductions to global memory (`REDG.E.ADD.F32`, 32 per tile step). `__launch_bounds__(128, 2)`
+# caps registers at 255 for two blocks per SM; no kernel spills.
+
+# %%
+BWD_TILE, BWD_BM, BWD_BN = 64, {64: 64, 128: 32}, 64        # as the cell's #defines: keys (or queries) per block
+for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d128", "bwd_dq_bf16_d128",
+             "bwd_pre_bf16_d64"):
+    kern = attn_bwd[name]
+    print(f"{name:26s} {kern.resources}")
+    print(" " * 27, kern.instruction_summary)
+
+# %% [markdown]
+# ### The launchers
+#
+# `attention_backward` runs the preprocessing kernel, then variant (a) (`variant="atomic"`: the key-block kernel with
+# atomics into a zeroed fp32 buffer, which the preprocessing kernel zeroes on its way, and the conversion) or
+# variant (b) (`variant="pass"`: the key-block kernel without `dQ`, then the query-block kernel). Outputs can be
+# passed in (the checks pass NaN-filled ones, so that a row no kernel writes shows).
+
+# %%
+# launchers: backward (tests/gpu/test_attention_backward_gpu.py, benchmarks/attention_backward.py and the op use this)
+BWD_KEYS_PER_BLOCK = 64                        # BWD_NWARPS x 16: keys (dK/dV kernel) or queries (dQ kernel) a block owns
+BWD_QUERY_TILE = {64: 64, 128: 32}             # BWD_BM64, BWD_BM128: queries per step of the dK/dV kernel
+BWD_KEY_TILE = 64                              # BWD_BN: keys per step of the dQ kernel
+VARIANTS = ("atomic", "pass")
+
+
+def bwd_dkdv_smem_bytes(d, atomic):
+    """K and V tiles, 2 x (Q, dO) query tiles, 2 x (LSE, Dv) rows, and (variant a) the dS^T tile of 64 x 64."""
+    bm = BWD_QUERY_TILE[d]
+    return 2 * BWD_KEYS_PER_BLOCK * d * 2 + 4 * bm * d * 2 + 4 * bm * 4 + (64 * 64 * 2 if atomic else 0)
+
+
+def bwd_dq_smem_bytes(d):
+    """Q and dO tiles of the block's queries, 2 x (K, V) key tiles."""
+    return 2 * BWD_KEYS_PER_BLOCK * d * 2 + 4 * BWD_KEY_TILE * d * 2
+
+
+def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", dq=None, dk=None, dv=None):
+    """(dq, dk, dv) of softmax(q k^T / sqrt(d)) v given o, lse (from attention_forward) and grad_o = dL/do; all
+    [B, H, N, d] bf16/fp16 contiguous CUDA tensors (lse [B, H, N] fp32), d = 64 or 128. variant: "atomic" (a) or
+    "pass" (b)."""
+    B, H, N, d = q.shape
+    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"attention_backward takes bf16/fp16 [B, H, N, d] with d = 64 or 128, got {q.dtype} "
+                         f"{list(q.shape)}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant is one of {VARIANTS}, got {variant!r}")
+    if not all(x.is_contiguous() for x in (q, k, v, o, lse, grad_o)):
+        raise ValueError("attention_backward takes contiguous tensors (call .contiguous() on grad_o)")
+    dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
+    suffix = f"{dt}_d{d}{'_causal' if causal else ''}"
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    rows, scale = B * H * N, d ** -0.5
+    delta = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
+    atomic = variant == "atomic"
+    dq_accum = torch.empty(B, H, N, d, dtype=torch.float32, device=q.device) if atomic else None
+    attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128](o, grad_o, delta, dq_accum, rows)
+    grid = (math.ceil(N / BWD_KEYS_PER_BLOCK), B * H)
+    if atomic:
+        attn_bwd[f"bwd_dkdv_{suffix}"][grid, 128, bwd_dkdv_smem_bytes(d, True)](
+            q, k, v, grad_o, lse, delta, dq_accum, dk, dv, N, scale)
+        n = dq.numel()
+        attn_bwd[f"bwd_dq_convert_{dt}"][(min(math.ceil(n / 256), 4096),), 256](dq_accum, dq, n)
+    else:
+        attn_bwd[f"bwd_dkv_{suffix}"][grid, 128, bwd_dkdv_smem_bytes(d, False)](
+            q, k, v, grad_o, lse, delta, None, dk, dv, N, scale)
+        attn_bwd[f"bwd_dq_{suffix}"][grid, 128, bwd_dq_smem_bytes(d)](q, k, v, grad_o, lse, delta, dq, N, scale)
+    return dq, dk, dv
+
+
+# %% [markdown]
+# ### The harness: checks and timings
+#
+# `check_backward` draws `q, k, v, dO ~ N(0, 1)` in the dtype, runs our forward (for `O` and the LSE) and the
+# backward into NaN-filled outputs, and compares `dQ`, `dK`, `dV` with the float64 reference; beside it, SDPA's own
+# backward (FLASH where it runs, else PyTorch's choice) on the same inputs in the same dtype against the same
+# reference. The bar: **our error at most 2x SDPA's own**, on every gradient. `bench_backward` times the backward
+# alone at the FlashAttention-3 paper's shapes (`B N = 16k`, `H d = 2048`): ours (both variants) and SDPA's FLASH and
+# CUDNN backward through `torch.autograd.grad` on a graph built beforehand, by `kernellab.bench` in one run;
+# FLOPs are `10 B H N^2 d`, halved with the causal mask.
+
+# %%
+# launchers: harness (tests/gpu/test_attention_backward_gpu.py and benchmarks/attention_backward.py use this)
+CHECK_N = (1, 63, 65, 1000, 1031, 4097)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def sdpa_backward(q, k, v, grad_o, causal, backend=SDPBackend.FLASH_ATTENTION):
+    """SDPA's (dq, dk, dv) in the inputs' dtype, with `backend` (PyTorch's own choice where that one cannot run)."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    try:
+        with sdpa_kernel([backend]):
+            o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    except RuntimeError:
+        o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return torch.autograd.grad(o, leaves, grad_o)
+
+
+def check_backward(variant, dtype, d, causal, N, seed=0):
+    """One case: our max |error| over dq, dk, dv against float64 beside SDPA's own; passed = ours <= 2x SDPA's."""
+    B, H = (1, 2) if N > 2000 else (2, 3)
+    g = torch.Generator().manual_seed(seed * 10007 + N)
+    q, k, v, grad_o = (torch.randn(B, H, N, d, generator=g).to(dtype).cuda() for _ in range(4))
+    o, lse = attention_forward(q, k, v, causal)
+    nan = [torch.full_like(q, float("nan")) for _ in range(3)]
+    ours = attention_backward(q, k, v, o, lse, grad_o, causal, variant, *nan)
+    want = attention_backward_reference(q, k, v, grad_o, causal)[2:]
+    theirs = sdpa_backward(q, k, v, grad_o, causal)
+    err = max((a.double() - w).abs().max().item() for a, w in zip(ours, want))      # NaN (unwritten) stays NaN
+    own = max((a.double() - w).abs().max().item() for a, w in zip(theirs, want))
+    passed = math.isfinite(err) and err <= 2 * own + 1e-6
+    return dict(variant=variant, dtype=str(dtype).replace("torch.", ""), d=d, causal=causal, N=N, error=err,
+                sdpa_error=own, passed=passed)
+
+
+def check_all_backward(variants=VARIANTS, dtypes=tuple(DTYPES), dims=(64, 128), ns=CHECK_N):
+    """check_backward on every (variant, dtype, d, causal, N)."""
+    return [check_backward(var, DTYPES[dt], d, causal, N) for var in variants for dt in dtypes for d in dims
+            for causal in (False, True) for N in ns]
+
+
+def summarize_backward(rows):
+    """One line per (variant, dtype, d): cases passed, our largest error and SDPA's largest own error."""
+    out = []
+    keys = sorted({(r["variant"], r["dtype"], r["d"]) for r in rows}, key=str)
+    for var, dt, d in keys:
+        sel = [r for r in rows if (r["variant"], r["dtype"], r["d"]) == (var, dt, d)]
+        out.append(f"{var:6s} {dt:8s} d={d:3d}: {sum(r['passed'] for r in sel)}/{len(sel)} within 2x SDPA's own; "
+                   f"max error {max(r['error'] for r in sel):.2e}, SDPA's {max(r['sdpa_error'] for r in sel):.2e}")
+    return "\n".join(out)
+
+
+def backward_flops(B, H, N, d, causal):
+    return 10 * B * H * N * N * d / (2 if causal else 1)
+
+
+def backward_inputs(B, H, N, d, causal, dtype=torch.bfloat16):
+    """inputs(generator) for kernellab.bench: q, k, v, o, lse, grad_o, and SDPA's FLASH and CUDNN outputs with their
+    autograd graphs (built here, so that only the backward is timed)."""
+    def make(g):
+        q, k, v, grad_o = (torch.randn(B, H, N, d, generator=g).to(dtype).cuda() for _ in range(4))
+        o, lse = attention_forward(q, k, v, causal)
+        graphs = []
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            try:
+                with sdpa_kernel([backend]):
+                    graphs.append((F.scaled_dot_product_attention(*leaves, is_causal=causal), leaves))
+            except RuntimeError:
+                graphs.append(None)
+        return q, k, v, o, lse, grad_o, graphs
+    return make
+
+
+def _sdpa_graph_backward(i):
+    def run(q, k, v, o, lse, grad_o, graphs):
+        if graphs[i] is None:
+            raise RuntimeError("this SDPA backend cannot run here")
+        out, leaves = graphs[i]
+        return torch.autograd.grad(out, leaves, grad_o, retain_graph=True)
+    return run
+
+
+def bench_backward(N, d, causal, dtype=torch.bfloat16, variants=VARIANTS, **opts):
+    """kernellab.bench of our backward (each variant) against SDPA FLASH and CUDNN backward, B N = 16k, H d = 2048."""
+    B, H = max(1, 16384 // N), 2048 // d
+    fns = {f"ours ({var})": (lambda var: lambda q, k, v, o, lse, grad_o, graphs:
+                             attention_backward(q, k, v, o, lse, grad_o, causal, var))(var) for var in variants}
+    first, *rest = fns
+    baselines = {**{n: fns[n] for n in rest}, "SDPA FLASH": _sdpa_graph_backward(0),
+                 "SDPA CUDNN": _sdpa_graph_backward(1)}
+    make = backward_inputs(B, H, N, d, causal, dtype)
+    probe = make(torch.Generator().manual_seed(0))
+    for name in list(baselines)[len(rest):]:            # drop an SDPA backend that cannot run this shape here
+        try:
+            baselines[name](*probe)
+        except RuntimeError:
+            baselines.pop(name)
+    del probe
+    io_bytes = 8 * B * H * N * d * 2 + 2 * B * H * N * 4     # Q K V O dO read, dQ dK dV written; LSE and Dv
+    return kernellab.bench(fns[first], make, baselines=baselines, flops=backward_flops(B, H, N, d, causal),
+                           bytes=io_bytes,
+                           name=f"{first} d={d} N={N}{' causal' if causal else ''}", **opts)
+
+
+# %% [markdown]
+# ### Check, then time
+
+# %%
+# %%gpu
+step2_checks = check_all_backward()
+print(summarize_backward(step2_checks))
+for r in step2_checks:
+    if not r["passed"]:
+        print("FAILED:", r)
+
+# %%
+# %%gpu
+step2 = {(d, causal): bench_backward(4096, d, causal) for d in (64, 128) for causal in (False, True)}
+for (d, causal), r in step2.items():
+    print(f"d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+step2[64, False]
+
+# %% [markdown]
+# The roofline point of each (variant a, `N = 4096`): all four sit far right of the ridge, at the compute roof's
+# height times the fraction of the tensor pipe they keep busy.
+
+# %%
+# %%gpu
+kernellab.roofline([r for r in step2.values()])
+
+# %% [markdown]
+# ## From the notebook into a model: a differentiable op
+#
+# `kernellab.op` registers the forward as `kl::flash_attention_lse`, `(q, k, v, causal) -> (o, lse)`, with a
+# `backward=` that calls a second op, `kl::attention_backward` (variant (a)), and a `setup_context=` that saves
+# `q, k, v, o, lse` for it. The backward is traced like the forward (torch.compile, opcheck), so it calls the op, never
+# the launcher; both ops' fake implementations come from their `outputs=` (shapes and dtypes only). The LSE is an
+# output of the forward op because the backward needs it: an op returning `o` alone would have to recompute it.
+# `kl_flash_attention(q, k, v, causal)` returns `o` alone, for models: its `loss.backward()` runs our kernels.
+
+# %%
+# launchers: ops (kl_flash_attention is what a model calls; benchmarks/train_gpt2.py loads it with load_tutorial)
+@kernellab.op("kl::attention_backward",
+              "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor grad_o, bool causal) -> (Tensor, Tensor, Tensor)",
+              outputs=lambda q, k, v, o, lse, grad_o, causal: (q, k, v))
+def kl_attention_backward(q, k, v, o, lse, grad_o, causal):
+    """(dq, dk, dv) of attention: step 2, variant (a)."""
+    return attention_backward(q, k, v, o, lse, grad_o, causal, "atomic")
+
+
+def _save_for_backward(ctx, inputs, output):
+    q, k, v, causal = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal = causal
+
+
+def _flash_attention_backward(ctx, grad_o, grad_lse):
+    """dq, dk, dv from dL/do (the LSE is treated as a constant: its gradient, if any, is ignored)."""
+    q, k, v, o, lse = ctx.saved_tensors
+    if grad_o is None:
+        grad_o = torch.zeros_like(o)
+    dq, dk, dv = kl_attention_backward(q, k, v, o, lse, grad_o.contiguous(), ctx.causal)
+    return dq, dk, dv, None
+
+
+@kernellab.op("kl::flash_attention_lse", "(Tensor q, Tensor k, Tensor v, bool causal) -> (Tensor, Tensor)",
+              outputs=lambda q, k, v, causal: (q, kernellab.out(q, shape=q.shape[:-1], dtype=torch.float32)),
+              backward=_flash_attention_backward, setup_context=_save_for_backward)
+def kl_flash_attention_lse(q, k, v, causal):
+    """(o, lse) of softmax(q k^T / sqrt(d)) v: tutorial 07's step 2 forward; differentiable in q, k, v."""
+    return attention_forward(q, k, v, causal)
+
+
+def kl_flash_attention(q, k, v, causal):
+    """softmax(q k^T / sqrt(d)) v for [B, H, N, d] bf16/fp16 contiguous CUDA tensors (d = 64 or 128), forward and
+    backward on kernellab's kernels (tutorial 07's step 2, this tutorial's step 2). Views (a model's transposed heads)
+    are made contiguous first; autograd carries the gradients back through that copy."""
+    return kl_flash_attention_lse(q.contiguous(), k.contiguous(), v.contiguous(), causal)[0]
+
+
+# %%
+meta_q = torch.empty(2, 12, 1024, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+meta_o = kl_flash_attention(meta_q, meta_q, meta_q, True)
+print(kl_flash_attention_lse, "->", meta_o.shape, meta_o.grad_fn)
+
+# %% [markdown]
+# On the GPU: `loss.backward()` through the op against the same loss through SDPA, in bf16, and the same under
+# `torch.compile(fullgraph=True)` (one graph: the ops' fakes trace, no graph break).
+
+# %%
+# %%gpu
+def loss_and_grads(attention, q, k, v, w):
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    loss = (attention(*leaves) * w).float().sum()
+    loss.backward()
+    return [x.grad for x in leaves]
+
+
+g = torch.Generator().manual_seed(0)
+q, k, v, w = (torch.randn(2, 12, 1000, 64, generator=g).bfloat16().cuda() for _ in range(4))
+want = attention_backward_reference(q, k, v, w, True)[2:]
+ours = loss_and_grads(lambda *x: kl_flash_attention(*x, True), q, k, v, w)
+compiled = loss_and_grads(torch.compile(lambda *x: kl_flash_attention(*x, True), fullgraph=True), q, k, v, w)
+theirs = loss_and_grads(lambda *x: F.scaled_dot_product_attention(*x, is_causal=True), q, k, v, w)
+for name, grads in (("kl_flash_attention", ours), ("  under torch.compile", compiled), ("SDPA", theirs)):
+    print(f"{name:22s} max |grad - float64|: " + ", ".join(f"{n} {(a.double() - b).abs().max():.2e}"
+                                                          for n, a, b in zip(("dq", "dk", "dv"), grads, want)))
+
+# %% [markdown]
+# ## Discussion: what a Hopper backward would change
+#
+# Step 2 is FlashAttention-2's backward: every product on `mma.sync`, a warp's 16 keys against a tile of queries,
+# operands through `ldmatrix`, `cp.async` double buffering. Its limits are the ones tutorial 07's step 2 had,
+# sharpened: five products a tile instead of two, so the fragments a warp must load per `mma` and the registers it
+# holds (`dK` and `dV` for the whole kernel, `S^T` and `dP^T` for the tile) bound the tile sizes, and at `d = 128`
+# the query tile shrinks to 32 rows to stay out of local memory.
+#
+# A Hopper version (FlashAttention-3's backward) changes the machine under the same math:
+# - **`wgmma` from shared memory**: a warpgroup's 64-row products read both operands from swizzled shared memory, so
+#   `K`, `V`, `Q`, `dO` are never staged through registers, and `dS` (written once to shared memory, as variant (a)
+#   already does) feeds both `dK += dS^T Q` and `dQ = dS K` as a shared operand with the transpose bit of the
+#   descriptor, instead of `ldmatrix.trans`;
+# - **TMA and `mbarrier`s** load the query tiles (and the LSE and `Dv` rows) with one thread, and a producer warp
+#   keeps two or three stages in flight while the consumer warpgroups compute;
+# - **`dQ` through TMA reductions**: each key block's `dQ` share goes from shared memory to the fp32 buffer with
+#   `cp.reduce.async.bulk` (one instruction per tile instead of `d / 4` atomics per thread), so variant (a)'s atomics
+#   leave the consumers' instruction stream;
+# - **register reallocation** (`setmaxnreg`): the producer gives its registers to the consumers, whose `dK` and `dV`
+#   accumulators (`64 x d` per warpgroup) would otherwise cap the tile sizes as they do here.
+#
+# The measurements of step 2 on an H100 (the benchmark's table, `benchmarks/attention_backward.py`) say which of these
+# matters first: if variant (a) is within a few percent of variant (b), the atomics are not the bottleneck and the
+# tensor pipe's feed is; the profile's tensor-pipe utilisation against tutorial 07's 61 % says by how much.

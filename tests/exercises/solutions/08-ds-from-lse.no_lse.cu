@@ -1,0 +1,9 @@
+// exercise: 08-ds-from-lse
+// expect: wrong_values on cpu
+extern "C" __global__ void ds_from_lse(const float* s, const float* dp, const float* lse, const float* delta, float* ds,
+                                       int rows, int n) {
+    const int r = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    const size_t i = (size_t)r * n + c;
+    ds[i] = __expf(s[i]) * (dp[i] - delta[r]);                             // P not normalised by the row's LSE
+}

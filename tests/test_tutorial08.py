@@ -1,0 +1,221 @@
+"""Tutorial 08 (attention backward) without a GPU: every kernel of step 2 compiles for sm_90 with the instructions
+its text promises, within 255 registers and without spills; in the CPU emulator (kernellab/run/sim/cuda/ptx_emu.h)
+both variants' dQ, dK and dV, and the LSE of tutorial 07's forward, match the float64 reference on awkward shapes;
+the launchers' shared-memory plans are what the kernels address; and the autograd op traces on fake (meta) tensors,
+its backward included."""
+import pathlib
+import re
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "gpu"))
+from kernellab.run.sim.cuda.emulate import compiler  # noqa: E402
+from kernellab.run.sim.cuda.ptx_emu import bf16_bits, bf16_values, emulate  # noqa: E402
+
+from notebook_cells import cuda_cells, launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
+
+NB = "08-attention-backward.py"
+SOURCE = named_cuda_cells(NB)["attn_bwd"]
+needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (g++) for the emulation")
+SUFFIXES = [f"{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128) for c in ("", "_causal")]
+
+
+@pytest.fixture(scope="module")
+def module():
+    import kernellab
+
+    return kernellab.compile_cuda(SOURCE, arch="sm_90", first_line=2, filename="cell.cu")
+
+
+@pytest.fixture(scope="module")
+def tutorial(module):
+    """The notebook's launcher cells, its named cell bound to the module compiled above (no second compile)."""
+    return load_tutorial(NB, compile=lambda source: module)
+
+
+def test_every_step_compiles_for_sm90_without_spills(module):
+    names = sorted(k.name for k in module.kernels)
+    want = sorted([f"bwd_{kind}_{s}" for s in SUFFIXES for kind in ("dkdv", "dkv", "dq")]
+                  + [f"bwd_pre_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)]
+                  + ["bwd_dq_convert_bf16", "bwd_dq_convert_f16"])
+    assert names == want
+    for k in module.kernels:
+        r = k.resources
+        assert not r.spills and r.local_bytes == 0 and r.spill_store_bytes == 0, (k.name, r)
+        assert r.registers <= 255, (k.name, r)
+        if k.name.startswith(("bwd_dkdv", "bwd_dkv", "bwd_dq_")) and "convert" not in k.name:
+            assert r.max_threads_per_block == 128, (k.name, r)
+
+
+@pytest.mark.parametrize("name", ["bwd_dkdv_bf16_d64", "bwd_dkdv_f16_d128_causal", "bwd_dkv_bf16_d128",
+                                  "bwd_dq_f16_d64_causal"])
+def test_the_tile_kernels_are_mma_sync_with_ldmatrix_and_cp_async(module, name):
+    text = str(module[name].instruction_summary)
+    assert "HMMA.16816.F32" in text and "LDSM" in text and "LDGSTS" in text, text
+    reductions = re.findall(r"\b(?:REDG?|ATOMG)\.E\.ADD\.F32\S*", module[name].sass)
+    if name.startswith("bwd_dkdv"):                   # variant (a): dQ shares added into fp32 in global memory
+        assert reductions, text
+    else:
+        assert not reductions, reductions
+
+
+def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
+    """Shared memory per block as the launchers compute it: within the H100's 227 KiB per block, two blocks per SM."""
+    for d in (64, 128):
+        for atomic in (False, True):
+            smem = tutorial["bwd_dkdv_smem_bytes"](d, atomic)
+            assert 2 * smem <= 228 * 1024, (d, atomic, smem)
+        assert 2 * tutorial["bwd_dq_smem_bytes"](d) <= 228 * 1024
+    assert tutorial["bwd_dkdv_smem_bytes"](64, True) == 2 * 64 * 64 * 2 + 4 * 64 * 64 * 2 + 4 * 64 * 4 + 64 * 64 * 2
+
+
+def test_the_launchers_refuse_what_the_kernels_do_not_take(tutorial):
+    q = torch.empty(1, 1, 8, 96, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="d = 64 or 128"):
+        tutorial["attention_backward"](q, q, q, q, torch.empty(1, 1, 8), q)
+    q = torch.empty(1, 1, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="variant"):
+        tutorial["attention_backward"](q, q, q, q, torch.empty(1, 1, 8), q, False, "fast")
+
+
+def test_the_reference_matches_autograd_in_float64(tutorial):
+    ref = tutorial["attention_backward_reference"]
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(1)
+    q, k, v, do = (torch.randn(1, 2, 19, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    for causal in (False, True):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        o.backward(do)
+        o_ref, lse, *grads = ref(q, k, v, do, causal)
+        torch.testing.assert_close(o_ref, o.detach(), rtol=1e-12, atol=1e-12)
+        for a, x in zip(grads, leaves):
+            torch.testing.assert_close(a, x.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_the_op_traces_on_meta_tensors_backward_included(tutorial):
+    """The fakes of kl::flash_attention_lse and kl::attention_backward (what torch.compile traces): shapes, dtypes,
+    and a backward through the autograd registration that reaches q, k and v."""
+    f = tutorial["kl_flash_attention"]
+    q, k, v = (torch.empty(2, 12, 1024, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    o = f(q, k, v, True)
+    assert o.shape == q.shape and o.dtype == torch.bfloat16 and o.grad_fn is not None
+    o2, lse = tutorial["kl_flash_attention_lse"](q, k, v, False)
+    assert lse.shape == (2, 12, 1024) and lse.dtype == torch.float32
+    o.sum().backward()
+    assert all(x.grad is not None and x.grad.shape == x.shape for x in (q, k, v))
+
+
+def test_the_launcher_cells_are_the_ones_the_training_script_loads():
+    heads = [c.splitlines()[0] for c in launcher_cells(NB)]
+    assert [h.split()[2] for h in heads] == ["reference", "forward", "backward", "harness", "ops"]
+
+
+# --- the emulator: both variants against float64 -----------------------------------------------------------------
+
+def reference(q, k, v, do, causal):
+    """(o, lse, dq, dk, dv) in float64 from [BH, N, d] arrays."""
+    q, k, v, do = (a.astype(np.float64) for a in (q, k, v, do))
+    N, d = q.shape[1:]
+    s = q @ k.transpose(0, 2, 1) * d ** -0.5
+    if causal:
+        s = np.where(np.triu(np.ones((N, N), bool), 1), -np.inf, s)
+    mx = s.max(-1, keepdims=True)
+    l = np.exp(s - mx).sum(-1, keepdims=True)
+    p = np.exp(s - mx) / l
+    o = p @ v
+    ds = p * (do @ v.transpose(0, 2, 1) - (do * o).sum(-1, keepdims=True))
+    return o, (np.log(l) + mx)[..., 0], ds @ k * d ** -0.5, ds.transpose(0, 2, 1) @ q * d ** -0.5, \
+        p.transpose(0, 2, 1) @ do
+
+
+def emulated_backward(BH, N, d, causal, variant, seed):
+    """The launchers' sequence of kernels (bwd_pre, then variant a or b) in the emulator, bf16; returns our and the
+    reference's (dq, dk, dv). Shared-memory sizes from the notebook's own plan functions."""
+    rng = np.random.default_rng(seed)
+    bits = [bf16_bits(rng.standard_normal((BH, N, d)).astype(np.float32)) for _ in range(4)]
+    q, k, v, do = (bf16_values(b) for b in bits)
+    o, lse, *want = reference(q, k, v, do, causal)
+    o_bits = bf16_bits(o.astype(np.float32))
+    delta = np.full((BH, N), np.nan, np.float32)
+    acc = np.full((BH, N, d), np.nan, np.float32)             # zeroed by bwd_pre in variant (a)
+    outs = [np.full((BH, N, d), 0x7FC0, np.uint16) for _ in range(3)]     # NaN: an unwritten element shows
+    dq, dk, dv = outs
+    c = "_causal" if causal else ""
+    bm = {64: 64, 128: 32}[d]
+    dkdv_smem = 2 * 64 * d * 2 + 4 * bm * d * 2 + 4 * bm * 4
+    emulate(SOURCE, f"bwd_pre_bf16_d{d}", (-(-BH * N // 4),), (128,),
+            [o_bits, bits[3], delta, acc if variant == "atomic" else None, BH * N])
+    grid = (-(-N // 64), BH)
+    if variant == "atomic":
+        emulate(SOURCE, f"bwd_dkdv_bf16_d{d}{c}", grid, (128,),
+                bits + [lse.astype(np.float32), delta, acc, dk, dv, N, d ** -0.5], dkdv_smem + 64 * 64 * 2)
+        emulate(SOURCE, "bwd_dq_convert_bf16", (3,), (128,), [acc, dq, BH * N * d])
+    else:
+        emulate(SOURCE, f"bwd_dkv_bf16_d{d}{c}", grid, (128,),
+                bits + [lse.astype(np.float32), delta, None, dk, dv, N, d ** -0.5], dkdv_smem)
+        emulate(SOURCE, f"bwd_dq_bf16_d{d}{c}", grid, (128,),
+                bits + [lse.astype(np.float32), delta, dq, N, d ** -0.5], 2 * 64 * d * 2 + 4 * 64 * d * 2)
+    np.testing.assert_allclose(delta, (bf16_values(o_bits).astype(np.float64) * do).sum(-1), rtol=1e-5, atol=1e-5)
+    return [bf16_values(x) for x in outs], want
+
+
+# (BH, N, d, causal, variant): N = 1 (one key), 63 and 65 (one short of a tile and one over), two heads
+SHAPES = [
+    (1, 65, 64, False, "atomic"),
+    (1, 63, 64, True, "pass"),
+    pytest.param(1, 1, 64, True, "atomic", marks=pytest.mark.slow),
+    pytest.param(1, 1, 64, False, "pass", marks=pytest.mark.slow),
+    pytest.param(1, 63, 64, False, "atomic", marks=pytest.mark.slow),
+    pytest.param(1, 65, 64, True, "pass", marks=pytest.mark.slow),
+    pytest.param(1, 65, 128, True, "atomic", marks=pytest.mark.slow),      # 32-row query tiles, dQ column halves
+    pytest.param(2, 130, 128, False, "pass", marks=pytest.mark.slow),
+]
+
+
+@needs_cxx
+@pytest.mark.parametrize("BH,N,d,causal,variant", SHAPES)
+def test_backward_in_the_emulator_matches_float64(BH, N, d, causal, variant):
+    ours, want = emulated_backward(BH, N, d, causal, variant, seed=N + d)
+    for name, got, ref in zip(("dq", "dk", "dv"), ours, want):
+        assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written (or NaN)"
+        err = np.abs(got - ref).max()
+        # P and dS rounded to bf16 before their products, the result rounded to bf16: a few bf16 ulps of the
+        # gradients' size (measured 3e-3 .. 9e-3 here, values up to 4); a wrong mask or a missing tile gives O(1)
+        assert err <= 2 ** -6 * max(1.0, np.abs(ref).max()), f"{name}: max |err| {err:.3g}"
+
+
+# --- step 1: tutorial 07's step-2 forward stores the LSE ------------------------------------------------------------
+
+FORWARD = next(c for c in cuda_cells("07-fused-attention.py") if "fa2_bf16_d64(" in c)   # 07's step-2 cell
+
+
+@needs_cxx
+@pytest.mark.parametrize("BH,N,d,dtype,causal", [
+    (1, 65, 64, "bf16", True),
+    pytest.param(2, 1, 64, "bf16", False, marks=pytest.mark.slow),
+    pytest.param(1, 130, 128, "fp16", False, marks=pytest.mark.slow),
+])
+def test_forward_lse_in_the_emulator_matches_float64(BH, N, d, dtype, causal):
+    """The LSE of every row (natural log of the scaled scores' sum of exps) within fp32 rounding, O as before."""
+    rng = np.random.default_rng(N)
+    x = [rng.standard_normal((BH, N, d)).astype(np.float32) for _ in range(3)]
+    if dtype == "bf16":
+        arrays = [bf16_bits(a) for a in x]
+        vals, O = [bf16_values(a) for a in arrays], np.full((BH, N, d), 0x7FC0, np.uint16)
+    else:
+        arrays = [a.astype(np.float16) for a in x]
+        vals, O = [a.astype(np.float32) for a in arrays], np.full((BH, N, d), np.nan, np.float16)
+    lse = np.full((BH, N), np.nan, np.float32)
+    name = f"fa2_{'bf16' if dtype == 'bf16' else 'f16'}_d{d}{'_causal' if causal else ''}"
+    emulate(FORWARD, name, (-(-N // 128), BH), (128,), arrays + [O, lse, N, d ** -0.5], (128 + 4 * 64) * d * 2)
+    o_ref, lse_ref, *_ = reference(*vals, np.zeros_like(vals[0]), causal)
+    assert not np.isnan(lse).any()
+    assert np.abs(lse - lse_ref).max() < 1e-5 * max(1.0, np.abs(lse_ref).max())
+    out = bf16_values(O) if dtype == "bf16" else O.astype(np.float32)
+    assert np.abs(out - o_ref).max() < (2e-2 if dtype == "bf16" else 3e-3)
