@@ -208,6 +208,27 @@ def test_the_pytorch_decode_baseline_is_the_same_op(t09):
         assert torch.allclose(ours.double(), t09["decode_reference"](q, kc, vc, sl), atol=1e-5)
 
 
+def test_a_loaded_tutorials_functions_compile_with_dynamo(t09):
+    """load_tutorial runs the launcher cells in a module registered in sys.modules, so dynamo (which imports a
+    function's module by its __name__ to read its globals) traces decode_torch, the benchmark's torch.compile
+    baseline; a second load of the same tutorial gets its own module."""
+    import torch._dynamo
+
+    fn = t09["decode_torch"]
+    assert sys.modules[fn.__module__].__dict__ is fn.__globals__
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 8, 1, 64, generator=g)
+    kc, vc = (torch.randn(2, 2, 40, 64, generator=g) for _ in range(2))
+    sl = torch.tensor([40, 17], dtype=torch.int32)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    assert torch.allclose(compiled(q, kc, vc, sl).double(), t09["decode_reference"](q, kc, vc, sl), atol=1e-5)
+    again = load_tutorial(T09, compile=EmulatedModule)
+    assert again["decode_torch"].__module__ != fn.__module__
+    assert sys.modules[again["decode_torch"].__module__].__dict__ is again["decode_torch"].__globals__
+    assert sys.modules[fn.__module__].__dict__ is fn.__globals__
+
+
 def test_the_benchmarks_tables_name_the_targets():
     import attention_inference as bench
     from as_called import METHODS

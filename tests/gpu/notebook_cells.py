@@ -7,10 +7,16 @@
   plans and launches a tutorial's kernels.
 - `load_tutorial(notebook, compile=...)`: every named `%%cuda` cell compiled and bound under its name, then the
   launcher cells run in that namespace; returns the namespace. `compile(source)` defaults to kernellab's NVRTC
-  (for a GPU, with the cell's `--arch`); tests on the CPU pass kernellab.run.sim.cuda's compile_host instead.
+  (for a GPU, with the cell's `--arch`); tests on the CPU pass kernellab.run.sim.cuda's compile_host instead. The
+  namespace is the `__dict__` of a real module registered in sys.modules (`tutorial_09_attention_inference`, with
+  a suffix for a second load), so that tools that import a function's module by its `__name__` (torch.compile's
+  dynamo) find it.
 """
+import itertools
 import pathlib
 import re
+import sys
+import types
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -68,7 +74,8 @@ def launcher_cells(notebook: str) -> list[str]:
 
 def load_tutorial(notebook: str, compile=None) -> dict:
     """The namespace a tutorial's launchers run in: its named %%cuda modules, then the launcher cells' names."""
-    ns: dict = {"__name__": f"tutorial_{pathlib.Path(notebook).stem.replace('-', '_')}"}
+    module = _new_module(f"tutorial_{pathlib.Path(notebook).stem.replace('-', '_')}", notebook)
+    ns = module.__dict__
     for name, (arch, source) in named_cuda_cells_with_arch(notebook).items():
         if compile is None:       # kernellab's NVRTC, for the cell's --arch (sm_90a for wgmma) as the magic does
             import kernellab
@@ -80,6 +87,18 @@ def load_tutorial(notebook: str, compile=None) -> dict:
     for cell in launcher_cells(notebook):
         exec(compile_python(cell, notebook), ns)
     return ns
+
+
+def _new_module(base: str, notebook: str) -> types.ModuleType:
+    """An empty module registered in sys.modules as `base`, or `base_2`, `base_3`... where a load of the same
+    tutorial (another compile) holds that name: dynamo resolves a function's globals by importing its module's name,
+    so each load keeps its own."""
+    name = next(n for n in itertools.chain([base], (f"{base}_{i}" for i in itertools.count(2)))
+                if n not in sys.modules)
+    module = types.ModuleType(name, f"The launcher cells of notebooks/{notebook}, as loaded by notebook_cells.")
+    module.__file__ = str(NOTEBOOKS / notebook)
+    sys.modules[name] = module
+    return module
 
 
 def compile_python(cell: str, notebook: str):
