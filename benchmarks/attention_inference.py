@@ -8,12 +8,14 @@ registered op (torch.ops.kl.gqa_attention, torch.ops.kl.decode_attention), launc
 Every function is timed three ways in one run (benchmarks/as_called.py): kernellab.bench, triton's do_bench and
 kernellab.bench(sustained=True); every ratio is baseline time / our time from the same method and run.
 - GQA grid: N 128..16k, d 64 and 128, causal and not, B * Hq from 16 to 512, GQA ratios 1, 4, 8, in bf16 (fp16 with
-  --dtypes), against SDPA FLASH on K, V expanded (repeat_interleave inside the timed call, as a model without GQA
-  support runs it) and SDPA with enable_gqa=True (PyTorch's choice of backend).
+  --dtypes), against three PyTorch baselines: SDPA FLASH on K, V expanded to Hq heads beforehand (the expansion
+  outside the timing: the FLASH kernel alone, the issue's "SDPA FLASH"), SDPA with enable_gqa=True as PyTorch
+  dispatches it (the backend it picks, torch._fused_sdp_choice, is printed per case) and SDPA CUDNN forced (with
+  enable_gqa where cuDNN takes it, else on K, V expanded beforehand; the table says which).
 - Decoding: one token (--nq), Hq = 32 over Hkv = 8, d = 128, bf16, caches of 1k..128k positions (all full, so every
-  SDPA backend can run without a mask), B 1..32; against each SDPA backend that accepts the case with enable_gqa,
-  and torch.compile of the grouped-matmul version (decode_torch in tutorial 09's launchers). Reported as a
-  fraction of the copy bandwidth kernellab measures (kernellab.run.measure.ceilings: a device-to-device copy, read +
+  SDPA backend can run without a mask), B 1..32; against each SDPA backend that accepts the case with enable_gqa
+  (those that refuse it are skipped, one line says which and why), and torch.compile of the grouped-matmul version
+  (decode_torch in tutorial 09's launchers). Reported as a fraction of the copy bandwidth kernellab measures (kernellab.run.measure.ceilings: a device-to-device copy, read +
   write bytes) and against the fastest PyTorch path of the same method.
 Each case is checked once before it is timed, against SDPA (GQA: enable_gqa in the same dtype; decoding: float32, or
 the float64 reference with several tokens); a failed check is printed and its row marked.
@@ -27,6 +29,7 @@ import pathlib
 import sys
 import time
 import traceback
+import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -41,6 +44,10 @@ DECODE_CACHES = (1024, 4096, 8192, 32768, 131072)
 DECODE_B = (1, 4, 8, 32)
 DECODE_QUICK = ((1, 1024), (1, 8192), (1, 131072), (8, 32768), (32, 8192))
 TARGET_OF_COPY = 0.80          # decoding, caches of 8k and more
+FLASH_EXPANDED = "SDPA flash (K/V expanded beforehand)"
+SDPA_DEFAULT = "SDPA enable_gqa (PyTorch's choice)"
+SDPA_CUDNN = "SDPA cudnn"
+GQA_BASELINES = (FLASH_EXPANDED, SDPA_DEFAULT, SDPA_CUDNN)
 
 
 def log(*parts):
@@ -56,22 +63,62 @@ def attempt(what, fn):
         return None
 
 
+_SKIPPED: set = set()
+
+
+def refusal(fn, *args):
+    """Why `fn(*args)` cannot run (an SDPA backend that does not take the case: its own warning, one line), or None
+    where it runs. Quiet: PyTorch's warnings and the traceback are not printed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            fn(*args)
+            return None
+        except RuntimeError as exc:
+            said = [str(w.message).split(" (Triggered internally")[0].strip() for w in caught]
+            said = [m for m in said if m and not m.endswith("because:") and "runtime disabled" not in m]
+            return (said[0] if said else str(exc).strip().splitlines()[0])[:160]
+
+
+def note_skipped(name, reason):
+    """One line per backend and reason, the first time it is met."""
+    if (name, reason) not in _SKIPPED:
+        _SKIPPED.add((name, reason))
+        log(f"  (skipping {name} where it refuses the case: {reason})")
+
+
+def sdpa_choice(torch, q, k, v, causal):
+    """The SDPA backend PyTorch dispatches to for these inputs with enable_gqa=True."""
+    from torch.nn.attention import SDPBackend
+
+    code = torch._fused_sdp_choice(q, k, v, None, 0.0, causal, enable_gqa=True)
+    return next((n for n, b in SDPBackend.__members__.items() if int(b) == code), str(code)).lower()
+
+
 def gqa_rows(t, torch, quick, dtypes, methods_quick):
     from as_called import time_as_called
 
     F = torch.nn.functional
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    # every function takes (q, k, v, k_expanded, v_expanded): the expansion to Hq heads is made with the inputs,
+    # outside the timing
     def flash_expanded(causal):
-        def run(q, k, v):
-            G = q.shape[1] // k.shape[1]
+        def run(q, k, v, ke, ve):
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1),
-                                                      is_causal=causal)
+                return F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
         return run
 
     def sdpa_gqa(causal):
-        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        return lambda q, k, v, ke, ve: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    def cudnn(causal, expanded):
+        def run(q, k, v, ke, ve):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                if expanded:
+                    return F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        return run
 
     rows = []
     grid = GQA_QUICK if quick else GQA_GRID
@@ -83,28 +130,41 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick):
                         Hq = min(32, bh)
                         B, Hkv = bh // Hq, Hq // ratio
 
-                        def inputs(g, B=B, Hq=Hq, Hkv=Hkv, N=N, d=d):
+                        def inputs(g, B=B, Hq=Hq, Hkv=Hkv, N=N, d=d, G=ratio):
                             q = torch.randn(B, Hq, N, d, generator=g, device="cuda").to(dtype)
                             k, v = (torch.randn(B, Hkv, N, d, generator=g, device="cuda").to(dtype) for _ in range(2))
-                            return q, k, v
+                            return q, k, v, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
 
                         label = f"{str(dtype)[6:]} N={N} d={d} B*Hq={bh} G={ratio}{' causal' if causal else ''}"
-                        q, k, v = inputs(torch.Generator("cuda").manual_seed(0))
+                        args = inputs(torch.Generator("cuda").manual_seed(0))
+                        q, k, v = args[:3]
                         err = (torch.ops.kl.gqa_attention(q, k, v, causal).float()      # against SDPA, same dtype
-                               - sdpa_gqa(causal)(q, k, v).float()).abs().max().item()
+                               - sdpa_gqa(causal)(*args).float()).abs().max().item()
                         ok = err < (3e-2 if dtype == torch.bfloat16 else 4e-3)
-                        fns = {"ours": lambda q, k, v, c=causal: torch.ops.kl.gqa_attention(q, k, v, c),
-                               "SDPA flash (K/V expanded)": flash_expanded(causal), "SDPA enable_gqa": sdpa_gqa(causal)}
+                        choice = sdpa_choice(torch, q, k, v, causal)
+                        fns = {"ours": lambda q, k, v, ke, ve, c=causal: torch.ops.kl.gqa_attention(q, k, v, c),
+                               FLASH_EXPANDED: flash_expanded(causal), SDPA_DEFAULT: sdpa_gqa(causal)}
+                        cudnn_how = None
+                        for expanded in (False, True):
+                            why = refusal(cudnn(causal, expanded), *args)
+                            if why is None:
+                                fns[SDPA_CUDNN], cudnn_how = cudnn(causal, expanded), \
+                                    "K/V expanded beforehand" if expanded else "enable_gqa"
+                                break
+                            note_skipped(f"SDPA cudnn ({'K/V expanded' if expanded else 'enable_gqa'})", why)
                         ms = attempt(label, lambda: time_as_called(fns, inputs, quick=quick, generator_device="cuda"))
                         if not ms:
                             continue
                         flops = 4 * B * Hq * N * N * d / (2 if causal else 1)
                         row = {"label": label, "check": "passed" if ok else f"FAILED (max error {err:.2e})",
                                "ms": ms, "tflops": flops / (ms["kernellab.bench"]["ours"] * 1e-3) / 1e12,
+                               "sdpa_choice": choice, "cudnn_how": cudnn_how,
                                "vs": {b: {m: ms[m][b] / ms[m]["ours"] for m in ms} for b in fns if b != "ours"}}
                         rows.append(row)
                         log(f"{label:44s} {row['tflops']:6.1f} TFLOP/s  " + "  ".join(
-                            f"{r['kernellab.bench']:.2f}x {b}" for b, r in row["vs"].items()) + ("" if ok else "  " + row["check"]))
+                            f"{r['kernellab.bench']:.2f}x {b}" for b, r in row["vs"].items())
+                            + f"  [PyTorch picks {choice}; cudnn {cudnn_how or 'refused'}]"
+                            + ("" if ok else "  " + row["check"]))
     return rows
 
 
@@ -135,9 +195,15 @@ def decode_rows(t, torch, quick, copy_gbps, nq):
             def run(q, kc, vc, sl, backend=backend):
                 with sdpa_kernel([backend]):
                     return F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
-            if nq == 1 and attempt(f"{name} on B={B} L={L}", lambda run=run: run(*args)) is not None:
+            if nq != 1:
+                continue
+            why = refusal(run, *args)
+            if why is None:
                 fns[name] = run
-        attempt("torch.compile warm-up", lambda: compiled(*args))
+            else:
+                note_skipped(name, why)
+        if attempt("torch.compile of decode_torch", lambda: compiled(*args)) is None:
+            del fns["torch.compile grouped matmul"]                 # said why above; time the rest
         label = f"B={B} cache={L} nq={nq}"
         ms = attempt(label, lambda: time_as_called(fns, inputs, quick=quick, generator_device="cuda"))
         if not ms:
@@ -160,17 +226,19 @@ def tables(gqa, dec, copy_gbps):
 
     out = []
     if gqa:
-        out.append("| GQA case | TFLOP/s | check | " + " | ".join(f"vs SDPA flash expanded, {m}" for m in METHODS)
-                   + " | " + " | ".join(f"vs SDPA enable_gqa, {m}" for m in METHODS) + " |")
-        out.append("|" + "---|" * (3 + 2 * len(METHODS)))
+        base = [b for b in GQA_BASELINES if any(b in r["vs"] for r in gqa)]
+        out.append("| GQA case | TFLOP/s | check | PyTorch's choice | cudnn as | "
+                   + " | ".join(f"vs {b}, {m}" for b in base for m in METHODS) + " |")
+        out.append("|" + "---|" * (5 + len(base) * len(METHODS)))
         for r in gqa:
-            cells = [f"{r['vs'][b][m]:.2f}x" if m in r["vs"][b] else "-"
-                     for b in ("SDPA flash (K/V expanded)", "SDPA enable_gqa") for m in METHODS]
-            out.append(f"| {r['label']} | {r['tflops']:.0f} | {r['check']} | " + " | ".join(cells) + " |")
-        worst = min(min(r["vs"]["SDPA flash (K/V expanded)"].values()) for r in gqa)
-        out.append(f"\nGQA: lowest ratio against SDPA flash (K/V expanded) over all methods {worst:.2f}x (target 1.0x); "
-                   f"{sum(min(r['vs']['SDPA enable_gqa'].values()) >= 1.0 for r in gqa)}/{len(gqa)} cases >= 1.0x "
-                   f"SDPA enable_gqa by every method")
+            cells = [f"{r['vs'][b][m]:.2f}x" if b in r["vs"] and m in r["vs"][b] else "-" for b in base for m in METHODS]
+            out.append(f"| {r['label']} | {r['tflops']:.0f} | {r['check']} | {r.get('sdpa_choice', '-')} | "
+                       f"{r.get('cudnn_how') or '-'} | " + " | ".join(cells) + " |")
+        lows = [f"{b} {min(min(r['vs'][b].values()) for r in gqa if b in r['vs']):.2f}x" for b in base]
+        out.append(f"\nGQA: lowest ratio over all methods (the expansion of K/V outside the timing): {'; '.join(lows)} "
+                   f"(target 1.0x against {FLASH_EXPANDED}); cases >= 1.0x by every method: "
+                   + "; ".join(f"{sum(min(r['vs'][b].values()) >= 1.0 for r in gqa if b in r['vs'])}/"
+                               f"{sum(b in r['vs'] for r in gqa)} against {b}" for b in base))
     if dec:
         out.append(f"\n| decode case (copy {copy_gbps / 1e3:.2f} TB/s) | check | "
                    + " | ".join(f"of copy, {m}" for m in METHODS) + " | "

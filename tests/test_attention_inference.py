@@ -233,13 +233,48 @@ def test_the_benchmarks_tables_name_the_targets():
     import attention_inference as bench
     from as_called import METHODS
 
-    ms = {m: {"ours": 1.0, "SDPA flash (K/V expanded)": 1.1, "SDPA enable_gqa": 0.9} for m in METHODS}
+    names = (bench.FLASH_EXPANDED, bench.SDPA_DEFAULT, bench.SDPA_CUDNN)
+    ms = {m: {"ours": 1.0, names[0]: 1.1, names[1]: 0.9, names[2]: 0.8} for m in METHODS}
     gqa = [{"label": "bfloat16 N=512 d=64 B*Hq=512 G=4", "check": "passed", "ms": ms, "tflops": 300.0,
-            "vs": {b: {m: ms[m][b] for m in METHODS} for b in ("SDPA flash (K/V expanded)", "SDPA enable_gqa")}}]
+            "sdpa_choice": "cudnn_attention", "cudnn_how": "enable_gqa",
+            "vs": {b: {m: ms[m][b] for m in METHODS} for b in names}},
+           {"label": "bfloat16 N=512 d=64 B*Hq=512 G=8", "check": "passed", "ms": ms, "tflops": 300.0,
+            "sdpa_choice": "flash_attention", "cudnn_how": None,
+            "vs": {b: {m: ms[m][b] for m in METHODS} for b in names[:2]}}]
     dec = [{"label": "B=1 cache=8192 nq=1", "B": 1, "L": 8192, "check": "passed", "ms": {},
             "of_copy": {m: 0.75 for m in METHODS}, "fastest_torch": {m: "SDPA flash" for m in METHODS},
             "vs_fastest": {m: 2.0 for m in METHODS}}]
     text = bench.tables(gqa, dec, 3000.0)
-    assert "1.10x" in text and "0.90x" in text and "lowest ratio against SDPA flash (K/V expanded) over all methods " \
-        "1.10x" in text and "0/1 cases >= 1.0x SDPA enable_gqa" in text
+    assert "| cudnn_attention | enable_gqa | 1.10x" in text and "| flash_attention | - | 1.10x" in text
+    g8 = next(line for line in text.splitlines() if "G=8" in line)
+    assert g8.endswith(" | -" * len(METHODS) + " |") and "-" not in text.splitlines()[2].split("|")[-2]
+    assert (f"{names[0]} 1.10x; {names[1]} 0.90x; {names[2]} 0.80x (target 1.0x against {names[0]})" in text)
+    assert f"2/2 against {names[0]}; 0/2 against {names[1]}; 0/1 against {names[2]}" in text
     assert "lowest 75% of copy (B=1 cache=8192 nq=1, kernellab.bench; target 80%)" in text
+
+
+def test_the_benchmark_skips_backends_that_refuse_a_case_quietly_and_names_pytorchs_choice(capsys):
+    import warnings
+
+    import attention_inference as bench
+
+    def refuses():
+        warnings.warn("Flash attention kernel not used because:")
+        warnings.warn("For dense input, both fused kernels require query, key and value to have the same num_heads. "
+                      "(Triggered internally at sdp_utils_cpp.h:418.)")
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    assert bench.refusal(lambda: None) is None
+    why = bench.refusal(refuses)
+    assert why.startswith("For dense input, both fused kernels require") and "Triggered" not in why
+    assert bench.refusal(lambda: (_ for _ in ()).throw(RuntimeError("No available kernel."))) == "No available kernel."
+    with pytest.raises(ValueError):                       # only a refusal (RuntimeError) is skipped
+        bench.refusal(lambda: int("x"))
+    bench.note_skipped("SDPA efficient", why)
+    bench.note_skipped("SDPA efficient", why)
+    out = capsys.readouterr()
+    assert out.out.count("skipping SDPA efficient") == 1 and out.err == ""
+    q = torch.randn(1, 8, 16, 64)
+    k = torch.randn(1, 2, 16, 64)
+    from torch.nn.attention import SDPBackend
+    assert bench.sdpa_choice(torch, q, k, k, False) in {n.lower() for n in SDPBackend.__members__}
