@@ -15,8 +15,9 @@ kernellab.bench(sustained=True); every ratio is baseline time / our time from th
 - Decoding: one token (--nq), Hq = 32 over Hkv = 8, d = 128, bf16, caches of 1k..128k positions (all full, so every
   SDPA backend can run without a mask), B 1..32; against each SDPA backend that accepts the case with enable_gqa
   (those that refuse it are skipped, one line says which and why), and torch.compile of the grouped-matmul version
-  (decode_torch in tutorial 09's launchers). Reported as a fraction of the copy bandwidth kernellab measures (kernellab.run.measure.ceilings: a device-to-device copy, read +
-  write bytes) and against the fastest PyTorch path of the same method.
+  (decode_torch in tutorial 09's launchers). Reported as a fraction of the copy bandwidth kernellab measures
+  (kernellab.run.measure.ceilings: a device-to-device copy, read + write bytes) and against the fastest PyTorch path
+  of the same method.
 Each case is checked once before it is timed, against SDPA (GQA: enable_gqa in the same dtype; decoding: float32, or
 the float64 reference with several tokens); a failed check is printed and its row marked.
 The last thing printed is the two tables.
