@@ -49,6 +49,7 @@ FLASH_EXPANDED = "SDPA flash (K/V expanded beforehand)"
 SDPA_DEFAULT = "SDPA enable_gqa (PyTorch's choice)"
 SDPA_CUDNN = "SDPA cudnn"
 GQA_BASELINES = (FLASH_EXPANDED, SDPA_DEFAULT, SDPA_CUDNN)
+WGMMA = "ours, wgmma step (sm_90)"
 
 
 def log(*parts):
@@ -121,6 +122,7 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         return run
 
+    hopper = "gqa_attention_wgmma" in t and torch.cuda.get_device_capability() == (9, 0)
     rows = []
     grid = GQA_QUICK if quick else GQA_GRID
     for dtype in dtypes:
@@ -145,6 +147,13 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick):
                         choice = sdpa_choice(torch, q, k, v, causal)
                         fns = {"ours": lambda q, k, v, ke, ve, c=causal: torch.ops.kl.gqa_attention(q, k, v, c),
                                FLASH_EXPANDED: flash_expanded(causal), SDPA_DEFAULT: sdpa_gqa(causal)}
+                        wg_err = None
+                        if hopper:                # the wgmma step, called through its launcher
+                            fns[WGMMA] = lambda q, k, v, ke, ve, c=causal: t["gqa_attention_wgmma"](q, k, v, c)
+                            wg_err = attempt(f"{WGMMA} on {label}", lambda: (fns[WGMMA](*args).float() - sdpa_gqa(
+                                causal)(*args).float()).abs().max().item())
+                            if wg_err is None:
+                                del fns[WGMMA]
                         cudnn_how = None
                         for expanded in (False, True):
                             why = refusal(cudnn(causal, expanded), *args)
@@ -160,12 +169,24 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick):
                         row = {"label": label, "check": "passed" if ok else f"FAILED (max error {err:.2e})",
                                "ms": ms, "tflops": flops / (ms["kernellab.bench"]["ours"] * 1e-3) / 1e12,
                                "sdpa_choice": choice, "cudnn_how": cudnn_how,
-                               "vs": {b: {m: ms[m][b] / ms[m]["ours"] for m in ms} for b in fns if b != "ours"}}
+                               "vs": {b: {m: ms[m][b] / ms[m]["ours"] for m in ms} for b in fns
+                                      if b not in ("ours", WGMMA)}}
+                        if WGMMA in fns:
+                            tol = 3e-2 if dtype == torch.bfloat16 else 4e-3
+                            row["wgmma"] = {
+                                "check": "passed" if wg_err < tol else f"FAILED (max error {wg_err:.2e})",
+                                "tflops": flops / (ms["kernellab.bench"][WGMMA] * 1e-3) / 1e12,
+                                "vs": {b: {m: ms[m][b] / ms[m][WGMMA] for m in ms} for b in row["vs"]}}
                         rows.append(row)
                         log(f"{label:44s} {row['tflops']:6.1f} TFLOP/s  " + "  ".join(
                             f"{r['kernellab.bench']:.2f}x {b}" for b, r in row["vs"].items())
                             + f"  [PyTorch picks {choice}; cudnn {cudnn_how or 'refused'}]"
                             + ("" if ok else "  " + row["check"]))
+                        if "wgmma" in row:
+                            w = row["wgmma"]
+                            log(f"{'  ' + WGMMA:44s} {w['tflops']:6.1f} TFLOP/s  " + "  ".join(
+                                f"{r['kernellab.bench']:.2f}x {b}" for b, r in w["vs"].items())
+                                + ("" if w["check"] == "passed" else "  " + w["check"]))
     return rows
 
 
@@ -240,6 +261,19 @@ def tables(gqa, dec, copy_gbps):
                    f"(target 1.0x against {FLASH_EXPANDED}); cases >= 1.0x by every method: "
                    + "; ".join(f"{sum(min(r['vs'][b].values()) >= 1.0 for r in gqa if b in r['vs'])}/"
                                f"{sum(b in r['vs'] for r in gqa)} against {b}" for b in base))
+    wg = [r for r in gqa if "wgmma" in r]
+    if wg:
+        base = [b for b in GQA_BASELINES if any(b in r["wgmma"]["vs"] for r in wg)]
+        out.append(f"\n| GQA case, {WGMMA} | TFLOP/s | check | vs the mma.sync kernel, kernellab.bench | "
+                   + " | ".join(f"vs {b}, {m}" for b in base for m in METHODS) + " |")
+        out.append("|" + "---|" * (4 + len(base) * len(METHODS)))
+        for r in wg:
+            w = r["wgmma"]
+            cells = [f"{w['vs'][b][m]:.2f}x" if b in w["vs"] and m in w["vs"][b] else "-" for b in base for m in METHODS]
+            out.append(f"| {r['label']} | {w['tflops']:.0f} | {w['check']} | {w['tflops'] / r['tflops']:.2f}x | "
+                       + " | ".join(cells) + " |")
+        out.append("\nwgmma step: lowest ratio over all methods: " + "; ".join(
+            f"{b} {min(min(r['wgmma']['vs'][b].values()) for r in wg if b in r['wgmma']['vs']):.2f}x" for b in base))
     if dec:
         out.append(f"\n| decode case (copy {copy_gbps / 1e3:.2f} TB/s) | check | "
                    + " | ".join(f"of copy, {m}" for m in METHODS) + " | "
@@ -299,6 +333,7 @@ def main(argv=None) -> int:
     log(f"\n{time.time() - t0:.0f} s in all\n")
     log(text)
     failed = [r["label"] for r in gqa + dec if r["check"] != "passed"]
+    failed += [f"{r['label']} ({WGMMA})" for r in gqa if r.get("wgmma", {}).get("check", "passed") != "passed"]
     if failed:
         log(f"\nFAILED checks: {', '.join(failed)}")
     return 1 if failed else 0

@@ -389,6 +389,156 @@ for name in ("gqa_bf16_d64", "gqa_bf16_d128_causal"):
     print(" " * 23, f"{GQA_SMEM[d] // 1024} KiB of shared memory per block;", k.occupancy(128, shared_bytes=GQA_SMEM[d]).title)
 
 # %% [markdown]
+# ## GQA on Hopper: tutorial 07's wgmma step with the KV head in the TMA coordinates
+#
+# The `mma.sync` kernel above tops out near 370 TFLOP/s on an H100, where tutorial 07's step 3 (`wgmma` fed by TMA,
+# a producer warp and two or three consumer warpgroups) runs its MHA shapes at 500 and more. That step's consumer
+# warpgroup lives in `kl/attention.cuh` (`wg_attention`: `S = Q K^T`, the mask, the online softmax, `O += P V`, then
+# `O / l`) and its TMA and mbarrier helpers in `kl/tma.cuh`; GQA changes only the producer's coordinates and the grid:
+#
+# - the producer loads `Q` (and the consumers write `O`) at head `bh = b Hq + h`, and `K`, `V` at the KV head
+#   `b Hkv + h / G = bh / G`: the third TMA coordinate of the `K` and `V` tensor maps, built over `[B Hkv, N, d]`;
+# - the grid is `(G, query blocks, B Hkv)`: `blockIdx.x`, the fastest-varying index in launch order, is the query head
+#   inside its group, so the `G` CTAs that read the same `K`/`V` tiles are launched next to each other and the
+#   second to `G`-th reads of each tile hit L2 (DRAM sees `K`, `V` about once, as with the packed `mma.sync` kernel).
+#
+# **Prediction.** The FLOPs are those of MHA with `Hq` heads, and the `K`/`V` bytes a `G`-th of them, so the kernel
+# should run at step 3's MHA rate at the same `N` and `d` (tutorial 07 measured 1.3-1.5x SDPA FLASH at `N = 4096`),
+# 1.3x or more over the `mma.sync` kernel at long `N`; at `N = 512` step 3's fixed cost per CTA (the persistent step
+# 3b's subject) keeps it nearer the `mma.sync` kernel.
+
+# %%
+# %%cuda --arch sm_90a --name gqa_wgmma_kernels
+#include <kl/attention.cuh>   // wg_attention: a consumer warpgroup's S = Q K^T, online softmax, O += P V, then O / l
+#include <kl/tma.cuh>         // mbar_init, mbar_expect_tx, mbar_wait, tma_load_3d
+#include <cuda.h>             // CUtensorMap
+
+// Tutorial 07's step-3 configuration (benchmarks/NOTES-attention.md): 128-key tiles, 2 stages; 3 consumer
+// warpgroups (192 query rows) at d = 64, 2 (128 rows) at d = 128.
+#define GQW_BN 128
+#define GQW_WG64 3
+#define GQW_WG128 2
+#define GQW_STAGES 2
+#define GQW_RESCALE_LOG2 8.0f
+
+namespace gqa_wgmma {
+
+// Q, O: [B Hq, N, D] (tensor map tq over dims D, N, B Hq); K, V: [B Hkv, N, D] (tk, tv over D, N, B Hkv); boxes of
+// 64 columns (the 128-byte swizzle) by BM or BN rows, rows past N read as zeros.
+// grid = (G, ceil(N / BM), B Hkv); block = 128 (the producer warpgroup) + 128 per consumer warpgroup.
+template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
+__device__ __forceinline__ void forward(const void* tq, const void* tk, const void* tv, T* __restrict__ O, int N,
+                                        float scale) {
+    constexpr int BM = 64 * NCWG;               // query rows per block: 64 per consumer warpgroup
+    constexpr int DB = D / 64;                  // 64-column boxes of the head dim
+    constexpr unsigned Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = ((unsigned)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u;   // 1024-byte aligned
+    const unsigned q_s = base;                                   // [DB][BM][64]
+    const unsigned k_s = q_s + Q_BYTES;                          // [STAGES][DB][BN][64]
+    const unsigned v_s = k_s + STAGES * KV_BYTES;                // [STAGES][DB][BN][64]
+    const unsigned bars = v_s + STAGES * KV_BYTES;               // full_q, full_k[S], full_v[S], empty[S]
+    const unsigned full_q = bars, full_k = bars + 8, full_v = bars + 8 + 8 * STAGES, empty = bars + 8 + 16 * STAGES;
+
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const int G = gridDim.x;
+    const int bkv = blockIdx.z;                  // b Hkv + KV head
+    const int bh = bkv * G + blockIdx.x;         // b Hq + query head: query head h reads KV head h / G
+    const int qblock = CAUSAL ? gridDim.y - 1 - blockIdx.y : blockIdx.y;   // the heaviest blocks first
+    const int q0 = qblock * BM;
+    const int n_tiles_all = (N + BN - 1) / BN;
+    const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
+
+    if (threadIdx.x == 0) {
+        mbar_init(full_q, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full_k + 8 * s, 1);
+            mbar_init(full_v + 8 * s, 1);
+            mbar_init(empty + 8 * s, 4 * NCWG);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {                              // producer: one thread issues every copy
+        if (tid == 0) {
+            mbar_expect_tx(full_q, Q_BYTES);
+            for (int b = 0; b < DB; ++b) tma_load_3d(q_s + b * BM * 128, tq, full_q, 64 * b, q0, bh);
+            for (int j = 0; j < n_tiles; ++j) {
+                const int s = j % STAGES;
+                if (j >= STAGES) mbar_wait(empty + 8 * s, ((j / STAGES) - 1) & 1);
+                mbar_expect_tx(full_k + 8 * s, KV_BYTES);
+                for (int b = 0; b < DB; ++b)     // the KV head: third coordinate bkv, not bh
+                    tma_load_3d(k_s + s * KV_BYTES + b * BN * 128, tk, full_k + 8 * s, 64 * b, j * BN, bkv);
+                mbar_expect_tx(full_v + 8 * s, KV_BYTES);
+                for (int b = 0; b < DB; ++b)
+                    tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bkv);
+            }
+        }
+        return;
+    }
+    // consumers: warpgroup wg - 1 owns query rows q0 + 64 (wg - 1) .. + 63 of head bh; O written at head bh
+    mbar_wait(full_q, 0);
+    int kv = 0;
+    wg_attention<T, D, BN, BM, STAGES, CAUSAL, false>(wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s, k_s, v_s, KV_BYTES,
+                                                      full_k, full_v, empty, 0, scale * 1.4426950408889634f,
+                                                      GQW_RESCALE_LOG2);
+}
+}  // namespace gqa_wgmma
+
+extern "C" __global__ void __launch_bounds__(128 * (GQW_WG64 + 1), 1)
+gqa_wgmma_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
+    gqa_wgmma::forward<__nv_bfloat16, 64, GQW_BN, GQW_WG64, GQW_STAGES, false>(&tq, &tk, &tv, o, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (GQW_WG64 + 1), 1)
+gqa_wgmma_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
+    gqa_wgmma::forward<__nv_bfloat16, 64, GQW_BN, GQW_WG64, GQW_STAGES, true>(&tq, &tk, &tv, o, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (GQW_WG128 + 1), 1)
+gqa_wgmma_bf16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
+    gqa_wgmma::forward<__nv_bfloat16, 128, GQW_BN, GQW_WG128, GQW_STAGES, false>(&tq, &tk, &tv, o, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (GQW_WG128 + 1), 1)
+gqa_wgmma_bf16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
+    gqa_wgmma::forward<__nv_bfloat16, 128, GQW_BN, GQW_WG128, GQW_STAGES, true>(&tq, &tk, &tv, o, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (GQW_WG64 + 1), 1)
+gqa_wgmma_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
+    gqa_wgmma::forward<__half, 64, GQW_BN, GQW_WG64, GQW_STAGES, false>(&tq, &tk, &tv, o, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (GQW_WG64 + 1), 1)
+gqa_wgmma_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
+    gqa_wgmma::forward<__half, 64, GQW_BN, GQW_WG64, GQW_STAGES, true>(&tq, &tk, &tv, o, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (GQW_WG128 + 1), 1)
+gqa_wgmma_f16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
+    gqa_wgmma::forward<__half, 128, GQW_BN, GQW_WG128, GQW_STAGES, false>(&tq, &tk, &tv, o, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (GQW_WG128 + 1), 1)
+gqa_wgmma_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
+    gqa_wgmma::forward<__half, 128, GQW_BN, GQW_WG128, GQW_STAGES, true>(&tq, &tk, &tv, o, n, scale);
+}
+
+# %% [markdown]
+# The card: `HGMMA` (wgmma), `UTMALDG` (the TMA loads) and `SYNCS` (the mbarriers), no `HMMA`, no spills; one CTA an
+# SM (its K/V stages and `Q` take 96 KiB at `d = 64`, 160 KiB at `d = 128`).
+
+# %%
+for name in ("gqa_wgmma_bf16_d64", "gqa_wgmma_bf16_d128_causal"):
+    k = gqa_wgmma_kernels[name]
+    print(f"{name:28s} {k.resources}")
+    print(" " * 29, k.instruction_summary)
+
+
+# %% [markdown]
 # ## Decoding: a copy of the KV cache through the SMs
 #
 # A decode step has `nq` new tokens per sequence (1, or a few with speculative decoding) and a KV cache
@@ -789,11 +939,13 @@ for name in ("decode_bf16_d64_m16", "decode_bf16_d64_m32", "decode_bf16_d128_m16
 # emulated kernels), so what is checked and timed there is what you read here.
 
 # %%
-# launchers: gqa_attention, decode_attention (tests/gpu/test_attention_inference_gpu.py and benchmarks/attention_inference.py run this cell too)
+# launchers: gqa_attention, gqa_attention_wgmma, decode_attention (tests/gpu/test_attention_inference_gpu.py and benchmarks/attention_inference.py run this cell too)
 import math
 from dataclasses import dataclass
 
 import torch
+
+import kernellab
 
 GQA_BLOCK_M, GQA_BLOCK_N, GQA_THREADS = 128, 64, 128       # GQA_MT * 16 * GQA_NWARPS rows, GQA_BN keys (the cell)
 DEC_WARPS = 4                                              # DEC_NWARPS: one split per warp
@@ -832,6 +984,32 @@ def gqa_attention(q, k, v, causal=False):
     name = f"gqa_{DTYPE_NAMES[q.dtype]}_d{d}{'_causal' if causal else ''}"
     smem = (GQA_BLOCK_M + 4 * GQA_BLOCK_N) * d * 2
     gqa_kernels[name][(math.ceil(G * N / GQA_BLOCK_M), B * Hkv), GQA_THREADS, smem](q, k, v, out, N, G, d ** -0.5)
+    return out
+
+
+GQA_WGMMA = {64: dict(block_n=128, consumers=3, stages=2), 128: dict(block_n=128, consumers=2, stages=2)}  # the cell
+
+
+def gqa_attention_wgmma(q, k, v, causal=False):
+    """gqa_attention on Hopper (sm_90): tutorial 07's wgmma step with K/V read at KV head h / G through the TMA
+    coordinates, the G query heads of a KV head launched next to each other; same arguments as gqa_attention."""
+    _check(q, k, v, "gqa_attention_wgmma")
+    B, Hq, N, d = q.shape
+    Hkv = k.shape[1]
+    if k.shape[2] != N:
+        raise ValueError(f"gqa_attention_wgmma: q has {N} positions and k, v {k.shape[2]}")
+    out = torch.empty_like(q)
+    if N == 0 or B == 0:
+        return out
+    cfg = GQA_WGMMA[d]
+    block_m, block_n = 64 * cfg["consumers"], cfg["block_n"]
+    # [B H, N, d] views; boxes of 64 columns (the 128-byte swizzle's span) by block_m or block_n rows
+    maps = [kernellab.tensor_map(x.view(-1, N, d), (1, rows, 64)) for x, rows in ((q, block_m), (k, block_n),
+                                                                                 (v, block_n))]
+    smem = 1024 + (block_m + 2 * cfg["stages"] * block_n) * d * 2 + 256      # alignment slack, tiles, barriers
+    name = f"gqa_wgmma_{DTYPE_NAMES[q.dtype]}_d{d}{'_causal' if causal else ''}"
+    gqa_wgmma_kernels[name][(Hq // Hkv, math.ceil(N / block_m), B * Hkv), 128 * (cfg["consumers"] + 1), smem](
+        *maps, out, N, d ** -0.5)
     return out
 
 
@@ -1166,8 +1344,9 @@ kernellab.grade("09-gqa-scores", gqa_scores)
 # - **GQA is an indexing change.** Because the `G` query heads of a KV head are contiguous in `q`, packing them as one
 #   matrix costs nothing and lets a block's `K`/`V` tiles serve every query head that needs them; the tensor-core
 #   schedule is tutorial 07's step 2 unchanged. The gain over expanding `K`/`V` is the expansion's copy; the gain
-#   over one block per query head appears at short `N`. The Hopper kernel of tutorial 07 (step 3) takes the same
-#   packing (its TMA box walks the `[G N, d]` matrix) where `N` is long.
+#   over one block per query head appears at short `N`. On Hopper the same idea costs even less: tutorial 07's wgmma
+#   step reads `K`, `V` at KV head `h / G` through its TMA coordinates, and launching the `G` query heads of a KV head
+#   next to each other lets L2, rather than one block, share the tiles.
 # - **Decoding is a copy.** Its speed is the fraction of the copy bandwidth it reaches, and the whole design is about
 #   parallelism: `B Hkv` is far too few blocks, so the keys are split until one wave of warps covers the GPU, and the
 #   partials (a few percent of the bytes) are merged by a second, tiny kernel. Splitting per warp rather than per block

@@ -191,6 +191,61 @@ def test_the_launchers_refuse_what_the_kernels_do_not_take(t09):
         t09["gqa_attention"](sq, sq, sq)
 
 
+# --- the Hopper GQA kernels (wgmma + TMA, tutorial 07's consumer from kl/attention.cuh) -----------------------------
+
+def test_the_hopper_gqa_kernels_are_wgmma_fed_by_tma_without_spills():
+    from notebook_cells import named_cuda_cells_with_arch
+
+    arch, source = named_cuda_cells_with_arch(T09)["gqa_wgmma_kernels"]
+    assert arch == "sm_90a"
+    mod = kernellab.compile_cuda(source, arch=arch, first_line=2, filename="cell.cu")
+    kernels = {k.name: k for k in mod.kernels}
+    assert sorted(kernels) == sorted(f"gqa_wgmma_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128)
+                                     for c in ("", "_causal"))
+    for name, k in kernels.items():
+        consumers = 3 if "_d64" in name else 2
+        assert k.resources.max_threads_per_block == 128 * (consumers + 1), (name, k.resources)
+        assert not k.resources.spills and k.resources.local_bytes == 0, (name, k.resources)
+        assert [p.name for p in k.params] == ["tq", "tk", "tv", "o", "n", "scale"]
+        text = str(k.instruction_summary)
+        assert "HGMMA.64x" in text and "UTMALDG" in text and "HMMA.16816" not in text, (name, text)
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype, d, Hq, Hkv, N, causal", [
+    (torch.bfloat16, 64, 4, 2, 65, True),                        # two groups of 2; a partial query block and tile
+    pytest.param(torch.float16, 128, 6, 2, 200, False, marks=pytest.mark.slow),   # G = 3, two query blocks
+    pytest.param(torch.bfloat16, 128, 4, 1, 130, True, marks=pytest.mark.slow),   # MQA: one KV head for all
+])
+def test_hopper_gqa_on_the_emulator(t09, dtype, d, Hq, Hkv, N, causal):
+    """Query head h reads KV head h / G through the third TMA coordinate: the emulated kernel (TMA, mbarriers, wgmma)
+    matches attention in float64, each KV head's K/V differing so that a wrong head shows."""
+    from kernellab.run.sim.cuda.ptx_emu import TensorMap
+
+    g = torch.Generator().manual_seed(N + d)
+    B = 1
+    q = torch.randn(B, Hq, N, d, generator=g).to(dtype)
+    k, v = (torch.randn(B, Hkv, N, d, generator=g).to(dtype) for _ in range(2))
+    o = torch.full_like(q, float("nan"))
+    consumers = 3 if d == 64 else 2
+    bm, bn, stages = 64 * consumers, 128, 2
+    arrays = [_array(x.reshape(-1, N, d)) for x in (q, k, v)]
+    maps = [TensorMap(a, 64, rows) for a, rows in zip(arrays, (bm, bn, bn))]
+    name = f"gqa_wgmma_{'bf16' if dtype == torch.bfloat16 else 'f16'}_d{d}{'_causal' if causal else ''}"
+    smem = 1024 + (bm + 2 * stages * bn) * d * 2 + 256
+    emulate(CELLS["gqa_wgmma_kernels"], name, (Hq // Hkv, -(-N // bm), B * Hkv), (128 * (consumers + 1),),
+            maps + [_array(o.view(-1, N, d)), N, d ** -0.5], smem)
+    assert not o.isnan().any(), f"{int(o.isnan().sum())} elements never written"
+    ref = t09["gqa_reference"](q, k, v, causal)
+    err = (o.double() - ref).abs().max().item()
+    assert err < tol(dtype) * 1.5, err
+    # reading the query head's own index as the KV head would give another answer: the test tells them apart
+    wrong = t09["gqa_reference"](q, k.repeat_interleave(Hq // Hkv, 1)[:, :Hkv].contiguous(),
+                                 v.repeat_interleave(Hq // Hkv, 1)[:, :Hkv].contiguous(), causal) if Hkv > 1 else None
+    if wrong is not None:
+        assert (o.double() - wrong).abs().max().item() > 10 * err
+
+
 # --- benchmarks/attention_inference.py: its PyTorch baseline computes the same op, its tables print -----------------
 
 sys.path.insert(0, str(HERE.parent / "benchmarks"))

@@ -24,14 +24,14 @@ def within(ours, sdpa, dname):
     return ours <= 2 * sdpa + ROUNDING[dname]
 
 
-def gqa_case(t09, dname, d, Hq, Hkv, N, causal, B=None, amplitude=1.0, seed=0):
+def gqa_case(t09, dname, d, Hq, Hkv, N, causal, B=None, amplitude=1.0, seed=0, launcher="gqa_attention"):
     dtype = DTYPES[dname]
     B = B or (1 if N > 2000 else 2)
     g = torch.Generator().manual_seed(seed)
     q = (amplitude * torch.randn(B, Hq, N, d, generator=g)).to(dtype).cuda()
     k, v = (torch.randn(B, Hkv, N, d, generator=g).to(dtype).cuda() for _ in range(2))
     ref = t09["gqa_reference"](q, k, v, causal)
-    out = t09["gqa_attention"](q, k, v, causal)
+    out = t09[launcher](q, k, v, causal)
     sd = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     assert torch.isfinite(out).all()
     return (out.double() - ref).abs().max().item(), (sd.double() - ref).abs().max().item()
@@ -57,6 +57,31 @@ def test_gqa_peaky_softmax_and_many_heads(t09, causal):
     assert within(ours, theirs, "bf16"), (ours, theirs)
     ours, theirs = gqa_case(t09, "fp16", 64, 32, 8, 100, causal, B=8)
     assert within(ours, theirs, "fp16"), (ours, theirs)
+
+
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                            reason="the wgmma step needs sm_90 (H100/H200)")
+
+
+@hopper
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("Hq, Hkv", [(8, 8), (32, 8), (32, 4), (8, 1)], ids=["ratio1", "ratio4", "ratio8", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_wgmma_gqa_step_matches_sdpa_on_awkward_lengths(t09, dname, d, Hq, Hkv, causal):
+    """gqa_attention_wgmma (tutorial 07's wgmma consumer, K/V at KV head h / G through the TMA coordinates)."""
+    failures = []
+    for N in (1, 63, 65, 1000, 1031, 4097):
+        ours, theirs = gqa_case(t09, dname, d, Hq, Hkv, N, causal, launcher="gqa_attention_wgmma")
+        if not within(ours, theirs, dname):
+            failures.append(f"N={N}: error {ours:.2e} vs float64, SDPA's {theirs:.2e}")
+    assert not failures, f"{dname} d={d} Hq={Hq} Hkv={Hkv} causal={causal}: " + "; ".join(failures)
+
+
+@hopper
+def test_the_wgmma_gqa_step_with_peaky_scores_and_many_kv_heads(t09):
+    ours, theirs = gqa_case(t09, "bf16", 128, 32, 8, 777, True, B=3, amplitude=4.0, launcher="gqa_attention_wgmma")
+    assert within(ours, theirs, "bf16"), (ours, theirs)
 
 
 def decode_case(t09, dname, d, Hq, Hkv, nq, lens, seed=1, Nmax=None):
