@@ -11,7 +11,9 @@ kernellab.bench(sustained=True); every ratio is baseline time / our time from th
   --dtypes), against three PyTorch baselines: SDPA FLASH on K, V expanded to Hq heads beforehand (the expansion
   outside the timing: the FLASH kernel alone, the issue's "SDPA FLASH"), SDPA with enable_gqa=True as PyTorch
   dispatches it (the backend it picks, torch._fused_sdp_choice, is printed per case) and SDPA CUDNN forced (with
-  enable_gqa where cuDNN takes it, else on K, V expanded beforehand; the table says which).
+  enable_gqa where cuDNN takes it, else on K, V expanded beforehand; the table says which). "ours" is the op
+  (kl::gqa_attention: on sm_90 the wgmma step where tutorial 09's gqa_step picks it, else the mma.sync kernel); both
+  kernels are also timed through their own launchers, and a second table compares them and the op's choice.
 - Decoding: one token (--nq), Hq = 32 over Hkv = 8, d = 128, bf16, caches of 1k..128k positions (all full, so every
   SDPA backend can run without a mask), B 1..32; against each SDPA backend that accepts the case with enable_gqa
   (those that refuse it are skipped, one line says which and why), and torch.compile of the grouped-matmul version
@@ -49,7 +51,8 @@ FLASH_EXPANDED = "SDPA flash (K/V expanded beforehand)"
 SDPA_DEFAULT = "SDPA enable_gqa (PyTorch's choice)"
 SDPA_CUDNN = "SDPA cudnn"
 GQA_BASELINES = (FLASH_EXPANDED, SDPA_DEFAULT, SDPA_CUDNN)
-WGMMA = "ours, wgmma step (sm_90)"
+MMA = "mma.sync kernel"
+WGMMA = "wgmma step (sm_90)"
 
 
 def log(*parts):
@@ -79,7 +82,8 @@ def refusal(fn, *args):
         except RuntimeError as exc:
             said = [str(w.message).split(" (Triggered internally")[0].strip() for w in caught]
             said = [m for m in said if m and not m.endswith("because:") and "runtime disabled" not in m]
-            return (said[0] if said else str(exc).strip().splitlines()[0])[:160]
+            text = said[0] if said else str(exc).strip().splitlines()[0]
+            return text.split(". ")[0].rstrip(".")[:160]        # its first sentence: the same for every shape
 
 
 def note_skipped(name, reason):
@@ -97,7 +101,7 @@ def sdpa_choice(torch, q, k, v, causal):
     return next((n for n, b in SDPBackend.__members__.items() if int(b) == code), str(code)).lower()
 
 
-def gqa_rows(t, torch, quick, dtypes, methods_quick):
+def gqa_rows(t, torch, quick, dtypes, methods_quick, shapes=None, ratios=None):
     from as_called import time_as_called
 
     F = torch.nn.functional
@@ -124,12 +128,12 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick):
 
     hopper = "gqa_attention_wgmma" in t and torch.cuda.get_device_capability() == (9, 0)
     rows = []
-    grid = GQA_QUICK if quick else GQA_GRID
+    grid = shapes or (GQA_QUICK if quick else GQA_GRID)
     for dtype in dtypes:
         for N, bh in grid:
             for d in (64, 128):
                 for causal in (False, True):
-                    for ratio in ((4, 8) if quick else RATIOS):
+                    for ratio in ratios or ((4, 8) if quick else RATIOS):
                         Hq = min(32, bh)
                         B, Hkv = bh // Hq, Hq // ratio
 
@@ -143,25 +147,19 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick):
                         q, k, v = args[:3]
                         err = (torch.ops.kl.gqa_attention(q, k, v, causal).float()      # against SDPA, same dtype
                                - sdpa_gqa(causal)(*args).float()).abs().max().item()
-                        ok = err < (3e-2 if dtype == torch.bfloat16 else 4e-3)
+                        tol = 3e-2 if dtype == torch.bfloat16 else 4e-3
+                        ok = err < tol
                         choice = sdpa_choice(torch, q, k, v, causal)
                         fns = {"ours": lambda q, k, v, ke, ve, c=causal: torch.ops.kl.gqa_attention(q, k, v, c),
                                FLASH_EXPANDED: flash_expanded(causal), SDPA_DEFAULT: sdpa_gqa(causal)}
-                        wg_err = None
-                        if hopper:                # the wgmma step, called through its launcher
-                            fns[WGMMA] = lambda q, k, v, ke, ve, c=causal: t["gqa_attention_wgmma"](q, k, v, c)
-                            wg_err = attempt(f"{WGMMA} on {label}", lambda: (fns[WGMMA](*args).float() - sdpa_gqa(
+                        steps = {MMA: "gqa_attention_mma"} | ({WGMMA: "gqa_attention_wgmma"} if hopper else {})
+                        step_err = {}
+                        for step, fn_name in steps.items():      # each kernel through its own launcher
+                            fns[step] = lambda q, k, v, ke, ve, c=causal, f=t[fn_name]: f(q, k, v, c)
+                            step_err[step] = attempt(f"{step} on {label}", lambda: (fns[step](*args).float() - sdpa_gqa(
                                 causal)(*args).float()).abs().max().item())
-                            if wg_err is None:
-                                del fns[WGMMA]
-                        cudnn_how = None
-                        for expanded in (False, True):
-                            why = refusal(cudnn(causal, expanded), *args)
-                            if why is None:
-                                fns[SDPA_CUDNN], cudnn_how = cudnn(causal, expanded), \
-                                    "K/V expanded beforehand" if expanded else "enable_gqa"
-                                break
-                            note_skipped(f"SDPA cudnn ({'K/V expanded' if expanded else 'enable_gqa'})", why)
+                            if step_err[step] is None:
+                                del fns[step]
                         ms = attempt(label, lambda: time_as_called(fns, inputs, quick=quick, generator_device="cuda"))
                         if not ms:
                             continue
@@ -170,23 +168,25 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick):
                                "ms": ms, "tflops": flops / (ms["kernellab.bench"]["ours"] * 1e-3) / 1e12,
                                "sdpa_choice": choice, "cudnn_how": cudnn_how,
                                "vs": {b: {m: ms[m][b] / ms[m]["ours"] for m in ms} for b in fns
-                                      if b not in ("ours", WGMMA)}}
-                        if WGMMA in fns:
-                            tol = 3e-2 if dtype == torch.bfloat16 else 4e-3
-                            row["wgmma"] = {
-                                "check": "passed" if wg_err < tol else f"FAILED (max error {wg_err:.2e})",
-                                "tflops": flops / (ms["kernellab.bench"][WGMMA] * 1e-3) / 1e12,
-                                "vs": {b: {m: ms[m][b] / ms[m][WGMMA] for m in ms} for b in row["vs"]}}
+                                      if b not in ("ours", MMA, WGMMA)}}
+                        picks = t["gqa_step"](q, N, d)
+                        row["op_picks"] = picks
+                        row["steps"] = {
+                            step: {"check": "passed" if step_err[step] < tol else f"FAILED (max error {step_err[step]:.2e})",
+                                   "tflops": flops / (ms["kernellab.bench"][step] * 1e-3) / 1e12}
+                            for step in steps if step in fns}
+                        if MMA in fns and WGMMA in fns:
+                            row["wgmma_over_mma"] = {m: ms[m][MMA] / ms[m][WGMMA] for m in ms}
+                            best = min((MMA, WGMMA), key=lambda st: ms["kernellab.bench"][st])
+                            row["op_over_best_step"] = {m: ms[m][best] / ms[m]["ours"] for m in ms}
                         rows.append(row)
                         log(f"{label:44s} {row['tflops']:6.1f} TFLOP/s  " + "  ".join(
                             f"{r['kernellab.bench']:.2f}x {b}" for b, r in row["vs"].items())
                             + f"  [PyTorch picks {choice}; cudnn {cudnn_how or 'refused'}]"
                             + ("" if ok else "  " + row["check"]))
-                        if "wgmma" in row:
-                            w = row["wgmma"]
-                            log(f"{'  ' + WGMMA:44s} {w['tflops']:6.1f} TFLOP/s  " + "  ".join(
-                                f"{r['kernellab.bench']:.2f}x {b}" for b, r in w["vs"].items())
-                                + ("" if w["check"] == "passed" else "  " + w["check"]))
+                        log(f"{'':44s} the op picks {picks}; " + ", ".join(
+                            f"{st} {x['tflops']:.1f} TFLOP/s" + ("" if x["check"] == "passed" else f" {x['check']}")
+                            for st, x in row["steps"].items()))
     return rows
 
 
@@ -261,19 +261,22 @@ def tables(gqa, dec, copy_gbps):
                    f"(target 1.0x against {FLASH_EXPANDED}); cases >= 1.0x by every method: "
                    + "; ".join(f"{sum(min(r['vs'][b].values()) >= 1.0 for r in gqa if b in r['vs'])}/"
                                f"{sum(b in r['vs'] for r in gqa)} against {b}" for b in base))
-    wg = [r for r in gqa if "wgmma" in r]
-    if wg:
-        base = [b for b in GQA_BASELINES if any(b in r["wgmma"]["vs"] for r in wg)]
-        out.append(f"\n| GQA case, {WGMMA} | TFLOP/s | check | vs the mma.sync kernel, kernellab.bench | "
-                   + " | ".join(f"vs {b}, {m}" for b in base for m in METHODS) + " |")
-        out.append("|" + "---|" * (4 + len(base) * len(METHODS)))
-        for r in wg:
-            w = r["wgmma"]
-            cells = [f"{w['vs'][b][m]:.2f}x" if b in w["vs"] and m in w["vs"][b] else "-" for b in base for m in METHODS]
-            out.append(f"| {r['label']} | {w['tflops']:.0f} | {w['check']} | {w['tflops'] / r['tflops']:.2f}x | "
-                       + " | ".join(cells) + " |")
-        out.append("\nwgmma step: lowest ratio over all methods: " + "; ".join(
-            f"{b} {min(min(r['wgmma']['vs'][b].values()) for r in wg if b in r['wgmma']['vs']):.2f}x" for b in base))
+    st = [r for r in gqa if "steps" in r]
+    if st:
+        out.append(f"\n| GQA case | the op picks | {MMA} TFLOP/s | {WGMMA} TFLOP/s | "
+                   + " | ".join(f"wgmma / mma.sync, {m}" for m in METHODS) + " | "
+                   + " | ".join(f"op / its best step, {m}" for m in METHODS) + " |")
+        out.append("|" + "---|" * (4 + 2 * len(METHODS)))
+        for r in st:
+            tf = [f"{r['steps'][x]['tflops']:.0f}" + ("" if r["steps"][x]["check"] == "passed" else " FAILED")
+                  if x in r["steps"] else "-" for x in (MMA, WGMMA)]
+            cells = [f"{r[key][m]:.2f}x" if key in r and m in r[key] else "-"
+                     for key in ("wgmma_over_mma", "op_over_best_step") for m in METHODS]
+            out.append(f"| {r['label']} | {r.get('op_picks', '-')} | " + " | ".join(tf + cells) + " |")
+        both = [r for r in st if "op_over_best_step" in r]
+        if both:
+            out.append(f"\nthe op against the faster of its two kernels (kernellab.bench): lowest "
+                       f"{min(r['op_over_best_step']['kernellab.bench'] for r in both):.2f}x")
     if dec:
         out.append(f"\n| decode case (copy {copy_gbps / 1e3:.2f} TB/s) | check | "
                    + " | ".join(f"of copy, {m}" for m in METHODS) + " | "
@@ -299,6 +302,8 @@ def main(argv=None) -> int:
     ap.add_argument("--part", choices=("gqa", "decode", "both"), default="both")
     ap.add_argument("--dtypes", default="bfloat16", help="GQA dtypes, e.g. bfloat16,float16")
     ap.add_argument("--nq", type=int, default=1, help="query tokens per sequence when decoding")
+    ap.add_argument("--shapes", default="", help="GQA (N, B*Hq) pairs instead of the grid, e.g. 1024:256,2048:128")
+    ap.add_argument("--ratios", default="", help="GQA ratios instead of the grid's, e.g. 4,8")
     ap.add_argument("--out", default="", help="folder for attention_inference.json")
     args = ap.parse_args(argv)
     import torch
@@ -321,7 +326,9 @@ def main(argv=None) -> int:
     copy_gbps = ceil.dram_gbps
     log(f"copy bandwidth (kernellab ceilings, {ceil.source}): {copy_gbps / 1e3:.2f} TB/s")
     dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(","))
-    gqa = gqa_rows(t, torch, args.quick, dtypes, args.quick) if args.part in ("gqa", "both") else []
+    shapes = [tuple(int(x) for x in pair.split(":")) for pair in args.shapes.split(",") if pair]
+    ratios = [int(x) for x in args.ratios.split(",") if x]
+    gqa = gqa_rows(t, torch, args.quick, dtypes, args.quick, shapes, ratios) if args.part in ("gqa", "both") else []
     dec = decode_rows(t, torch, args.quick, copy_gbps, args.nq) if args.part in ("decode", "both") else []
     text = tables(gqa, dec, copy_gbps)
     if args.out:
@@ -333,7 +340,8 @@ def main(argv=None) -> int:
     log(f"\n{time.time() - t0:.0f} s in all\n")
     log(text)
     failed = [r["label"] for r in gqa + dec if r["check"] != "passed"]
-    failed += [f"{r['label']} ({WGMMA})" for r in gqa if r.get("wgmma", {}).get("check", "passed") != "passed"]
+    failed += [f"{r['label']} ({step})" for r in gqa for step, x in r.get("steps", {}).items()
+               if x["check"] != "passed"]
     if failed:
         log(f"\nFAILED checks: {', '.join(failed)}")
     return 1 if failed else 0

@@ -939,7 +939,7 @@ for name in ("decode_bf16_d64_m16", "decode_bf16_d64_m32", "decode_bf16_d128_m16
 # emulated kernels), so what is checked and timed there is what you read here.
 
 # %%
-# launchers: gqa_attention, gqa_attention_wgmma, decode_attention (tests/gpu/test_attention_inference_gpu.py and benchmarks/attention_inference.py run this cell too)
+# launchers: gqa_attention (gqa_attention_mma, gqa_attention_wgmma), decode_attention (tests/gpu/test_attention_inference_gpu.py and benchmarks/attention_inference.py run this cell too)
 import math
 from dataclasses import dataclass
 
@@ -969,9 +969,31 @@ def _check(q, k, v, what):
         raise ValueError(f"{what} takes contiguous tensors (call .contiguous() first)")
 
 
+# From which N the wgmma step replaces the mma.sync kernel on sm_90, per head dim: measured on an H100
+# (benchmarks/NOTES-attention-inference.md): at N = 512 the wgmma step is 0.86-0.97x the mma.sync kernel at d = 64 and
+# 1.04-1.16x at d = 128; at N = 4096 1.33-1.59x at both.
+GQA_WGMMA_FROM_N = {64: 1024, 128: 1}
+
+
+def gqa_step(q, N, d):
+    """"wgmma" or "mma.sync": the kernel gqa_attention launches for these inputs."""
+    hopper = q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)
+    return "wgmma" if hopper and N >= GQA_WGMMA_FROM_N[d] else "mma.sync"
+
+
 def gqa_attention(q, k, v, causal=False):
     """softmax(q k^T / sqrt(d) [+ causal mask]) v with query head h reading KV head h // (Hq / Hkv), K/V never
-    expanded; q: [B, Hq, N, d], k, v: [B, Hkv, N, d], bf16 or fp16, d = 64 or 128, contiguous."""
+    expanded; q: [B, Hq, N, d], k, v: [B, Hkv, N, d], bf16 or fp16, d = 64 or 128, contiguous. On sm_90 the wgmma
+    step where it is the faster (gqa_step), else the mma.sync kernel."""
+    _check(q, k, v, "gqa_attention")
+    if gqa_step(q, q.shape[2], q.shape[3]) == "wgmma":
+        return gqa_attention_wgmma(q, k, v, causal)
+    return gqa_attention_mma(q, k, v, causal)
+
+
+def gqa_attention_mma(q, k, v, causal=False):
+    """gqa_attention on the mma.sync kernel (any GPU from sm_80): the G query heads of a KV head as one [G N, d]
+    matrix; same arguments."""
     _check(q, k, v, "gqa_attention")
     B, Hq, N, d = q.shape
     Hkv = k.shape[1]
@@ -1222,8 +1244,9 @@ for r in bad[:10]:
 # %% [markdown]
 # ## Timing against PyTorch
 #
-# GQA against SDPA's FLASH backend on `K`, `V` expanded (what a model without GQA support does) and SDPA with
-# `enable_gqa=True`; decoding against every PyTorch path that computes the same thing: SDPA with `enable_gqa` under
+# GQA against SDPA's FLASH backend on `K`, `V` expanded to `Hq` heads beforehand (the expansion outside the timing, so
+# the FLASH kernel alone) and SDPA with `enable_gqa=True` as PyTorch dispatches it (on an H100 with torch 2.11 that is
+# cuDNN's Hopper kernel, `cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_*`, found with the profiler); decoding against every PyTorch path that computes the same thing: SDPA with `enable_gqa` under
 # each backend that accepts it, and a `torch.compile`d reshape-and-matmul version (the `G nq` query rows of a KV head
 # as one matrix, exactly the kernel's packing, so nothing is expanded). Decoding is also reported as a fraction of the
 # copy bandwidth. `benchmarks/attention_inference.py` runs the whole grid, timed as called three ways.
@@ -1267,25 +1290,28 @@ r
 # %%
 # %%gpu
 def gqa_inputs(B, Hq, Hkv, N, d):
+    """q, k, v and K, V expanded to Hq heads (made here, outside the timing)."""
     def inputs(g):
         q = torch.randn(B, Hq, N, d, generator=g).to(torch.bfloat16).cuda()
-        return (q, *(torch.randn(B, Hkv, N, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2)))
+        k, v = (torch.randn(B, Hkv, N, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+        return q, k, v, k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1)
     return inputs
 
 
-def flash_expanded(q, k, v, causal=False):
-    G = q.shape[1] // k.shape[1]
+def flash_expanded(q, k_expanded, v_expanded, causal=False):
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), is_causal=causal)
+        return F.scaled_dot_product_attention(q, k_expanded, v_expanded, is_causal=causal)
 
 
 for N, d, causal in ((4096, 128, False), (4096, 128, True), (512, 64, True)):
     B = 16384 // N
-    r = kernellab.bench(lambda q, k, v: gqa_attention(q, k, v, causal), gqa_inputs(B, 32, 8, N, d),
-                        baselines={"SDPA flash, K/V expanded": lambda q, k, v: flash_expanded(q, k, v, causal),
-                                   "SDPA enable_gqa": lambda q, k, v: sdpa_gqa(q, k, v, causal)},
+    r = kernellab.bench(lambda q, k, v, ke, ve: gqa_attention(q, k, v, causal), gqa_inputs(B, 32, 8, N, d),
+                        baselines={"SDPA flash, K/V expanded beforehand": lambda q, k, v, ke, ve: flash_expanded(
+                                       q, ke, ve, causal),
+                                   "SDPA enable_gqa": lambda q, k, v, ke, ve: sdpa_gqa(q, k, v, causal),
+                                   "mma.sync kernel": lambda q, k, v, ke, ve: gqa_attention_mma(q, k, v, causal)},
                         flops=lambda q, *_: gqa_counts(*q.shape[:2], 8, q.shape[2], q.shape[3], causal)[0],
-                        name=f"gqa N={N} d={d}{' causal' if causal else ''}")
+                        name=f"gqa N={N} d={d}{' causal' if causal else ''} ({gqa_step(torch.empty(0, device='cuda'), N, d)})")
     print(f"N={N:5d} d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
           + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
 

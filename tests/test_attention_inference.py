@@ -25,8 +25,11 @@ needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler 
 
 @pytest.fixture(scope="module")
 def modules():
-    return {name: kernellab.compile_cuda(src, arch="sm_90", first_line=2, filename="cell.cu")
-            for name, src in CELLS.items()}
+    """Each cell compiled for sm_90, or for the cell's own --arch (sm_90a for wgmma)."""
+    from notebook_cells import named_cuda_cells_with_arch
+
+    return {name: kernellab.compile_cuda(src, arch=arch or "sm_90", first_line=2, filename="cell.cu")
+            for name, (arch, src) in named_cuda_cells_with_arch(T09).items()}
 
 
 def test_the_gqa_kernels_are_mma_sync_for_both_dtypes_head_dims_and_masks(modules):
@@ -193,13 +196,11 @@ def test_the_launchers_refuse_what_the_kernels_do_not_take(t09):
 
 # --- the Hopper GQA kernels (wgmma + TMA, tutorial 07's consumer from kl/attention.cuh) -----------------------------
 
-def test_the_hopper_gqa_kernels_are_wgmma_fed_by_tma_without_spills():
+def test_the_hopper_gqa_kernels_are_wgmma_fed_by_tma_without_spills(modules):
     from notebook_cells import named_cuda_cells_with_arch
 
-    arch, source = named_cuda_cells_with_arch(T09)["gqa_wgmma_kernels"]
-    assert arch == "sm_90a"
-    mod = kernellab.compile_cuda(source, arch=arch, first_line=2, filename="cell.cu")
-    kernels = {k.name: k for k in mod.kernels}
+    assert named_cuda_cells_with_arch(T09)["gqa_wgmma_kernels"][0] == "sm_90a"
+    kernels = {k.name: k for k in modules["gqa_wgmma_kernels"].kernels}
     assert sorted(kernels) == sorted(f"gqa_wgmma_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128)
                                      for c in ("", "_causal"))
     for name, k in kernels.items():
@@ -306,6 +307,15 @@ def test_the_benchmarks_tables_name_the_targets():
     assert (f"{names[0]} 1.10x; {names[1]} 0.90x; {names[2]} 0.80x (target 1.0x against {names[0]})" in text)
     assert f"2/2 against {names[0]}; 0/2 against {names[1]}; 0/1 against {names[2]}" in text
     assert "lowest 75% of copy (B=1 cache=8192 nq=1, kernellab.bench; target 80%)" in text
+    assert "the op picks" not in text and "wgmma / mma.sync" not in text          # no step timings, no step table
+    gqa[0].update(op_picks="wgmma", steps={bench.MMA: {"check": "passed", "tflops": 300.0},
+                                           bench.WGMMA: {"check": "passed", "tflops": 450.0}},
+                  wgmma_over_mma={m: 1.5 for m in METHODS}, op_over_best_step={m: 0.98 for m in METHODS})
+    text = bench.tables(gqa, dec, 3000.0)
+    line = next(x for x in text.splitlines() if x.startswith("| bfloat16 N=512 d=64 B*Hq=512 G=4 | wgmma |"))
+    assert line == "| bfloat16 N=512 d=64 B*Hq=512 G=4 | wgmma | 300 | 450 | " + "1.50x | " * len(METHODS) \
+        + " | ".join(["0.98x"] * len(METHODS)) + " |"
+    assert "the op against the faster of its two kernels (kernellab.bench): lowest 0.98x" in text
 
 
 def test_the_benchmark_skips_backends_that_refuse_a_case_quietly_and_names_pytorchs_choice(capsys):
@@ -321,8 +331,8 @@ def test_the_benchmark_skips_backends_that_refuse_a_case_quietly_and_names_pytor
 
     assert bench.refusal(lambda: None) is None
     why = bench.refusal(refuses)
-    assert why.startswith("For dense input, both fused kernels require") and "Triggered" not in why
-    assert bench.refusal(lambda: (_ for _ in ()).throw(RuntimeError("No available kernel."))) == "No available kernel."
+    assert why == "For dense input, both fused kernels require query, key and value to have the same num_heads"
+    assert bench.refusal(lambda: (_ for _ in ()).throw(RuntimeError("No available kernel. Aborting execution."))) == "No available kernel"
     with pytest.raises(ValueError):                       # only a refusal (RuntimeError) is skipped
         bench.refusal(lambda: int("x"))
     bench.note_skipped("SDPA efficient", why)

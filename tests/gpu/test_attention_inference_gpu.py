@@ -24,7 +24,7 @@ def within(ours, sdpa, dname):
     return ours <= 2 * sdpa + ROUNDING[dname]
 
 
-def gqa_case(t09, dname, d, Hq, Hkv, N, causal, B=None, amplitude=1.0, seed=0, launcher="gqa_attention"):
+def gqa_case(t09, dname, d, Hq, Hkv, N, causal, B=None, amplitude=1.0, seed=0, launcher="gqa_attention_mma"):
     dtype = DTYPES[dname]
     B = B or (1 if N > 2000 else 2)
     g = torch.Generator().manual_seed(seed)
@@ -82,6 +82,20 @@ def test_the_wgmma_gqa_step_matches_sdpa_on_awkward_lengths(t09, dname, d, Hq, H
 def test_the_wgmma_gqa_step_with_peaky_scores_and_many_kv_heads(t09):
     ours, theirs = gqa_case(t09, "bf16", 128, 32, 8, 777, True, B=3, amplitude=4.0, launcher="gqa_attention_wgmma")
     assert within(ours, theirs, "bf16"), (ours, theirs)
+
+
+def test_gqa_attention_launches_the_step_gqa_step_names(t09):
+    """The op's kernel per shape: on sm_90 the wgmma step from GQA_WGMMA_FROM_N, elsewhere the mma.sync kernel; the
+    op's output is that launcher's, bit for bit."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    g = torch.Generator().manual_seed(11)
+    for d, N in ((64, 512), (64, 1024), (128, 100), (128, 2000)):
+        q = torch.randn(1, 8, N, d, generator=g).bfloat16().cuda()
+        k, v = (torch.randn(1, 2, N, d, generator=g).bfloat16().cuda() for _ in range(2))
+        want = "wgmma" if hopper and N >= t09["GQA_WGMMA_FROM_N"][d] else "mma.sync"
+        assert t09["gqa_step"](q, N, d) == want
+        launcher = t09["gqa_attention_wgmma" if want == "wgmma" else "gqa_attention_mma"]
+        assert torch.equal(t09["gqa_attention"](q, k, v, True), launcher(q, k, v, True)), (d, N, want)
 
 
 def decode_case(t09, dname, d, Hq, Hkv, nq, lens, seed=1, Nmax=None):
