@@ -129,8 +129,9 @@ SUITES: dict[str, Suite] = {
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),
     "bench-attention-inference": Suite(
-        "benchmarks/attention_inference.py --quick: tutorial 09's GQA against SDPA flash (K/V expanded) and "
-        "enable_gqa, decoding as a share of copy and against the fastest PyTorch path, timed as called", 300,
+        "benchmarks/attention_inference.py --quick: tutorial 09's GQA op and its two kernels (mma.sync, wgmma) "
+        "against SDPA flash on K/V expanded beforehand, enable_gqa (cuDNN) and cudnn; decoding as a share of copy "
+        "and against the fastest PyTorch path; timed as called", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--quick", "--out", "{out}"),), takes_args=True),
     "bench-attention-grid": Suite(
         "benchmarks/attention.py --grid --quick: the entry point against each of its steps and SDPA FLASH/CUDNN on "
