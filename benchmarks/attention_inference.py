@@ -47,6 +47,7 @@ DECODE_CACHES = (1024, 4096, 8192, 32768, 131072)
 DECODE_B = (1, 4, 8, 32)
 DECODE_QUICK = ((1, 1024), (1, 8192), (1, 131072), (8, 32768), (32, 8192))
 TARGET_OF_COPY = 0.80          # decoding, caches of 8k and more
+DEVICE = "cuda"                # (tests/test_attention_inference.py runs both loops on the CPU with fake timings)
 FLASH_EXPANDED = "SDPA flash (K/V expanded beforehand)"
 SDPA_DEFAULT = "SDPA enable_gqa (PyTorch's choice)"
 SDPA_CUDNN = "SDPA cudnn"
@@ -101,7 +102,7 @@ def sdpa_choice(torch, q, k, v, causal):
     return next((n for n, b in SDPBackend.__members__.items() if int(b) == code), str(code)).lower()
 
 
-def gqa_rows(t, torch, quick, dtypes, methods_quick, shapes=None, ratios=None):
+def gqa_rows(t, torch, quick, dtypes, methods_quick, shapes=None, ratios=None, op=None):
     from as_called import time_as_called
 
     F = torch.nn.functional
@@ -126,7 +127,9 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick, shapes=None, ratios=None):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         return run
 
-    hopper = "gqa_attention_wgmma" in t and torch.cuda.get_device_capability() == (9, 0)
+    op = op or torch.ops.kl.gqa_attention                  # the registered op (a CPU test passes a stand-in)
+    # the wgmma step where it runs: sm_90 (the CPU test's stand-in tutorial has both kernels)
+    hopper = "gqa_attention_wgmma" in t and (DEVICE == "cpu" or torch.cuda.get_device_capability() == (9, 0))
     rows = []
     grid = shapes or (GQA_QUICK if quick else GQA_GRID)
     for dtype in dtypes:
@@ -138,20 +141,28 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick, shapes=None, ratios=None):
                         B, Hkv = bh // Hq, Hq // ratio
 
                         def inputs(g, B=B, Hq=Hq, Hkv=Hkv, N=N, d=d, G=ratio):
-                            q = torch.randn(B, Hq, N, d, generator=g, device="cuda").to(dtype)
-                            k, v = (torch.randn(B, Hkv, N, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+                            q = torch.randn(B, Hq, N, d, generator=g, device=DEVICE).to(dtype)
+                            k, v = (torch.randn(B, Hkv, N, d, generator=g, device=DEVICE).to(dtype) for _ in range(2))
                             return q, k, v, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
 
                         label = f"{str(dtype)[6:]} N={N} d={d} B*Hq={bh} G={ratio}{' causal' if causal else ''}"
-                        args = inputs(torch.Generator("cuda").manual_seed(0))
+                        args = inputs(torch.Generator(DEVICE).manual_seed(0))
                         q, k, v = args[:3]
-                        err = (torch.ops.kl.gqa_attention(q, k, v, causal).float()      # against SDPA, same dtype
+                        err = (op(q, k, v, causal).float()                                  # against SDPA, same dtype
                                - sdpa_gqa(causal)(*args).float()).abs().max().item()
                         tol = 3e-2 if dtype == torch.bfloat16 else 4e-3
                         ok = err < tol
                         choice = sdpa_choice(torch, q, k, v, causal)
-                        fns = {"ours": lambda q, k, v, ke, ve, c=causal: torch.ops.kl.gqa_attention(q, k, v, c),
+                        fns = {"ours": lambda q, k, v, ke, ve, c=causal: op(q, k, v, c),
                                FLASH_EXPANDED: flash_expanded(causal), SDPA_DEFAULT: sdpa_gqa(causal)}
+                        cudnn_how = None
+                        for expanded in (False, True):
+                            why = refusal(cudnn(causal, expanded), *args)
+                            if why is None:
+                                fns[SDPA_CUDNN], cudnn_how = cudnn(causal, expanded), \
+                                    "K/V expanded beforehand" if expanded else "enable_gqa"
+                                break
+                            note_skipped(f"SDPA cudnn ({'K/V expanded' if expanded else 'enable_gqa'})", why)
                         steps = {MMA: "gqa_attention_mma"} | ({WGMMA: "gqa_attention_wgmma"} if hopper else {})
                         step_err = {}
                         for step, fn_name in steps.items():      # each kernel through its own launcher
@@ -160,7 +171,7 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick, shapes=None, ratios=None):
                                 causal)(*args).float()).abs().max().item())
                             if step_err[step] is None:
                                 del fns[step]
-                        ms = attempt(label, lambda: time_as_called(fns, inputs, quick=quick, generator_device="cuda"))
+                        ms = attempt(label, lambda: time_as_called(fns, inputs, quick=quick, generator_device=DEVICE))
                         if not ms:
                             continue
                         flops = 4 * B * Hq * N * N * d / (2 if causal else 1)
@@ -190,7 +201,7 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick, shapes=None, ratios=None):
     return rows
 
 
-def decode_rows(t, torch, quick, copy_gbps, nq):
+def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None):
     from as_called import time_as_called
 
     F = torch.nn.functional
@@ -200,19 +211,21 @@ def decode_rows(t, torch, quick, copy_gbps, nq):
     compiled = torch.compile(t["decode_torch"])
     backends = (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA efficient", SDPBackend.EFFICIENT_ATTENTION),
                 ("SDPA cudnn", SDPBackend.CUDNN_ATTENTION), ("SDPA math", SDPBackend.MATH))
-    cases = DECODE_QUICK if quick else [(B, L) for L in DECODE_CACHES for B in DECODE_B if B * L <= 32 * 32768]
+    cases = cases or (DECODE_QUICK if quick else [(B, L) for L in DECODE_CACHES for B in DECODE_B
+                                                   if B * L <= 32 * 32768])
+    op = op or torch.ops.kl.decode_attention              # the registered op (a CPU test passes a stand-in)
     rows = []
     for B, L in cases:
         def inputs(g, B=B, L=L):
-            q = torch.randn(B, Hq, nq, d, generator=g, device="cuda").to(dtype)
-            kc, vc = (torch.randn(B, Hkv, L, d, generator=g, device="cuda").to(dtype) for _ in range(2))
-            return q, kc, vc, torch.full((B,), L, dtype=torch.int32, device="cuda")
+            q = torch.randn(B, Hq, nq, d, generator=g, device=DEVICE).to(dtype)
+            kc, vc = (torch.randn(B, Hkv, L, d, generator=g, device=DEVICE).to(dtype) for _ in range(2))
+            return q, kc, vc, torch.full((B,), L, dtype=torch.int32, device=DEVICE)
 
-        args = inputs(torch.Generator("cuda").manual_seed(0))
+        args = inputs(torch.Generator(DEVICE).manual_seed(0))
         ref = F.scaled_dot_product_attention(args[0].float(), args[1].float(), args[2].float(), enable_gqa=True,
                                              is_causal=False) if nq == 1 else t["decode_reference"](*args)
-        err = (torch.ops.kl.decode_attention(*args).float() - ref.float()).abs().max().item()
-        fns = {"ours": lambda *a: torch.ops.kl.decode_attention(*a), "torch.compile grouped matmul": compiled}
+        err = (op(*args).float() - ref.float()).abs().max().item()
+        fns = {"ours": lambda *a: op(*a), "torch.compile grouped matmul": compiled}
         for name, backend in backends:
             def run(q, kc, vc, sl, backend=backend):
                 with sdpa_kernel([backend]):
@@ -227,7 +240,7 @@ def decode_rows(t, torch, quick, copy_gbps, nq):
         if attempt("torch.compile of decode_torch", lambda: compiled(*args)) is None:
             del fns["torch.compile grouped matmul"]                 # said why above; time the rest
         label = f"B={B} cache={L} nq={nq}"
-        ms = attempt(label, lambda: time_as_called(fns, inputs, quick=quick, generator_device="cuda"))
+        ms = attempt(label, lambda: time_as_called(fns, inputs, quick=quick, generator_device=DEVICE))
         if not ms:
             continue
         moved = 2 * B * Hkv * L * d * 2 + 2 * B * Hq * nq * d * 2

@@ -318,6 +318,75 @@ def test_the_benchmarks_tables_name_the_targets():
     assert "the op against the faster of its two kernels (kernellab.bench): lowest 0.98x" in text
 
 
+def test_the_benchmarks_gqa_loop_calls_every_function_as_it_times_it(monkeypatch):
+    """benchmarks/attention_inference.py's GQA loop on the CPU: a stand-in tutorial (SDPA for both kernels), fake
+    timings; every function is called with the inputs it is timed on (q, k, v and K/V expanded beforehand) and the
+    rows and tables come out with the op's choice, both kernels and the baselines that take the case."""
+    import as_called
+    import attention_inference as bench
+    from as_called import METHODS
+
+    F = torch.nn.functional
+    calls = []
+
+    def fake_time(fns, inputs, **kw):
+        args = inputs(torch.Generator(kw["generator_device"]).manual_seed(0))
+        assert len(args) == 5 and args[3].shape == args[0].shape          # K/V expanded to Hq heads, made outside
+        for name, fn in fns.items():
+            out = fn(*args)
+            assert out.shape == args[0].shape, name
+            calls.append(name)
+        return {m: {n: 1.0 + 0.1 * i for i, n in enumerate(fns)} for m in METHODS}
+
+    def sdpa(q, k, v, causal):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    monkeypatch.setattr(as_called, "time_as_called", fake_time)
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    t = {"gqa_attention_mma": sdpa, "gqa_attention_wgmma": sdpa,
+         "gqa_step": lambda q, N, d: "wgmma" if d == 128 else "mma.sync"}
+    rows = bench.gqa_rows(t, torch, True, (torch.float32,), True, shapes=[(16, 4)], ratios=[2], op=sdpa)
+    assert len(rows) == 4                                     # d 64 and 128, causal and not
+    for r in rows:
+        assert r["check"] == "passed" and set(r["steps"]) == {bench.MMA, bench.WGMMA}
+        assert r["op_picks"] == ("wgmma" if "d=128" in r["label"] else "mma.sync")
+        assert bench.FLASH_EXPANDED in r["vs"] and bench.SDPA_DEFAULT in r["vs"]
+        assert bench.MMA not in r["vs"] and set(r["wgmma_over_mma"]) == set(METHODS)
+    assert {"ours", bench.FLASH_EXPANDED, bench.SDPA_DEFAULT, bench.MMA, bench.WGMMA} <= set(calls)
+    text = bench.tables(rows, [], 3000.0)
+    assert "| float32 N=16 d=128 B*Hq=4 G=2 | wgmma |" in text and "lowest ratio over all methods" in text
+
+
+def test_the_benchmarks_decode_loop_calls_every_function_as_it_times_it(monkeypatch, t09, capsys):
+    """The decoding loop on the CPU: decode_torch as the op's stand-in and (uncompiled) as the torch.compile
+    baseline, fake timings; the SDPA backends that refuse the case are skipped with one line each, the rest timed."""
+    import as_called
+    import attention_inference as bench
+    from as_called import METHODS
+
+    timed = []
+
+    def fake_time(fns, inputs, **kw):
+        args = inputs(torch.Generator(kw["generator_device"]).manual_seed(0))
+        for name, fn in fns.items():
+            assert fn(*args).shape == args[0].shape, name
+        timed.append(list(fns))
+        return {m: {n: 1.0 + 0.1 * i for i, n in enumerate(fns)} for m in METHODS}
+
+    monkeypatch.setattr(as_called, "time_as_called", fake_time)
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    rows = bench.decode_rows(t09, torch, True, 3000.0, 1, cases=[(2, 40)], op=t09["decode_torch"])
+    assert len(rows) == 1 and rows[0]["check"] == "passed", rows
+    assert timed[0][:2] == ["ours", "torch.compile grouped matmul"] and "SDPA math" in timed[0]
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "Traceback" not in captured.err, captured.err[-2000:]
+    skipped = [line for line in out.splitlines() if "skipping" in line]
+    assert len(skipped) == len(set(skipped)) and all(name not in timed[0] for line in skipped
+                                                      for name in [line.split("skipping ")[1].split(" where")[0]])
+
+
 def test_the_benchmark_skips_backends_that_refuse_a_case_quietly_and_names_pytorchs_choice(capsys):
     import warnings
 
