@@ -21,30 +21,36 @@ of `block_n` keys (all of them, or with the causal mask those up to the diagonal
   causal items out first). The makespan is simulated exactly up to 8 items a slot; beyond, it is the mean load plus
   one item (persistent: the lightest, as the counter evens the loads out; one CTA per item: half the heaviest); equal
   items (no mask) take `ceil(items / slots)` whole waves;
+- **launch and fill** (per call): `launch_us`, fitted (the launch, CTA start-up, the last CTA's drain), and the first
+  wave's fill: every resident item loads its Q block and first K/V tile from DRAM at once (`fill_us`);
 - **memory floor**: Q, K, V read once and O written once at DRAM_BYTES_PER_S (K/V re-reads hit L2);
-- **host time**: a call cannot finish faster than the host can issue it (`host_us`: the op's Python path with its
-  launch; the Hopper kernels pay for their three tensor maps, cached by address, and more arguments). A model calling
-  back to back runs at `max(GPU time, host time)` a call.
+- **host time**, reported, not chosen on: the op's Python path with its launch (`host_us`; 22 µs with pointers, 31 µs
+  with the Hopper kernels' three tensor maps). A call's host time overlaps the GPU work queued before it: on the H100
+  grid triton's do_bench (calls one at a time after a 256 MB memset) timed every step at its kernellab.bench time
+  within noise, fa3p_bm64 8.4 µs against fa2's 8.7 at N = 128, so the 9 µs between the two launch paths never showed,
+  and the plan that minimised `max(GPU, host)` ran up to 1.37x the best step's time (fa2 23.1 µs, fa3 16.9). `Estimate.host_bound` says where
+  the host would be the limit for calls issued one after another with nothing queued.
 
-The predicted time of a candidate is `max(makespan, memory floor, host time)`; the plan is the candidate with the
-least, ties going to the earlier candidate in `CANDIDATES` order; a candidate whose constants no GPU has measured yet
-(`measured=False`) competes with its prediction times UNMEASURED_MARGIN, so it replaces a measured kernel only where
-the model predicts a clear win. `Plan.alternatives` keeps every candidate's prediction, so a benchmark can print the
-model beside the measurement and refit the constants below (judging a host-bound plan by a timing that shows host time,
-triton's do_bench, and the others by one that hides it, kernellab.bench).
+The predicted time of a candidate is `max(launch + fill + makespan, memory floor)`; the plan is the candidate with
+the least, ties going to the earlier candidate in `CANDIDATES` order; a candidate whose constants no GPU has measured
+yet (`measured=False`) competes with its prediction times UNMEASURED_MARGIN, so it replaces a measured kernel only
+where the model predicts a clear win. `Plan.alternatives` keeps every candidate's prediction, so a benchmark can print
+the model beside the measurement and refit the constants.
 
-The constants are fitted to measurements on an NVIDIA H100 80GB HBM3 (bf16, docs/RESULTS.md and
-benchmarks/NOTES-attention.md, 2026-11-23): a kernel's `tflops` and `item_fixed_tiles` come from its TFLOP/s at
-N = 1024 and N = 16384 (or 4096) on the FlashAttention-3 shapes, after removing the padded rows of the last query
-block: e.g. step 3b at d = 64 (192 rows) computes 449.6 and 523.5 TFLOP/s there, which `tflops * T / (T + f)` with
-T = 8 and 128 tiles fits with tflops = 529, f = 1.4. The entry marked `measured=False` is a prediction (the
-short-sequence variant, which no GPU has run yet; step 2's fixed cost is a guess too): `benchmarks/attention.py
---grid` prints every shape's measured times beside the plan and `refit`s each kernel's two constants to them.
+The constants (`tflops`, `item_fixed_tiles`, `launch_us` per kernel) are `refit` to the golden table
+attention_plan_h100.json, measured on an NVIDIA H100 80GB HBM3 (bf16, kernellab.bench): the grid's shapes
+(`benchmarks/attention.py --grid --quick`, 2026-11-27: B*H 16 and 256, N 128 to 2048) and the FlashAttention-3 shapes
+(`benchmarks/attention.py`, 2026-11-23: N 1k to 16k, TFLOP/s turned into µs). On those shapes the plan's kernel is
+within 3 % of the fastest step measured (tests/test_attention_plan.py replays them). What the fit says: the Hopper
+kernels pay 5-6 µs a call whatever the size (fa3p; 3-4 µs for fa3 and the 64-row variant, about 1 µs for step 2's
+pointer launch), which the earlier per-item model had spread over the items as 8 tiles of fixed cost at d = 128.
 """
 from __future__ import annotations
 
 import heapq
+import json
 import math
+import pathlib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -69,6 +75,7 @@ class KernelModel:
     host_us: float               # host time per call of the op with this kernel
     stages: int = 2              # K/V tiles in flight (shared-memory buffers)
     measured: bool = True        # False: predicted constants, no GPU measurement behind them yet
+    launch_us: float = 0.0       # GPU time a call pays whatever its size: launch, CTA start-up, the last CTA's drain
 
     @property
     def name(self) -> str:
@@ -101,23 +108,21 @@ class KernelModel:
 _HOST_POINTERS_US, _HOST_MAPS_US = 22.0, 31.0
 
 CANDIDATES: tuple[KernelModel, ...] = (
-    # step 3b, persistent wgmma + TMA: fitted from N = 1024 / 16384 (d = 64: 449.6 / 523.5 computed TFLOP/s;
-    # d = 128: 506.8 / 636.0); the 128-row height at d = 64 runs at 0.86x the 192-row one (measured at N = 4096)
-    KernelModel("fa3p", "", 64, 192, 128, 1, True, 529.0, 1.4, _HOST_MAPS_US, stages=3),
-    KernelModel("fa3p", "_bm128", 64, 128, 128, 1, True, 455.0, 1.4, _HOST_MAPS_US, stages=3),
-    KernelModel("fa3p", "", 128, 128, 128, 1, True, 647.0, 2.2, _HOST_MAPS_US),
-    # the short-sequence variant: one consumer warpgroup, 64-key tiles, two CTAs an SM (one's fill and epilogue
-    # under the other's products). Predicted: 0.75x step 3b's steady rate (two warpgroups' products in flight an SM
-    # where 3b has three, and m64n64 products), one (half-size) tile of fixed cost
-    KernelModel("fa3p", "_bm64", 64, 64, 64, 2, True, 400.0, 1.0, _HOST_MAPS_US, stages=3, measured=False),
-    # step 3, one CTA per item: N = 1024 / 4096 at d = 64 (391 / 478 computed TFLOP/s); d = 128: 587 at N = 4096 and
-    # about 475 at N = 1024 (step 3b measured 1.07x step 3 there)
-    KernelModel("fa3", "", 64, 192, 128, 1, False, 516.0, 2.55, _HOST_MAPS_US),
-    KernelModel("fa3", "", 128, 128, 128, 1, False, 637.0, 2.73, _HOST_MAPS_US),
-    # step 2, mma.sync, two CTAs an SM: N = 4096 (349 / 387 TFLOP/s); its fixed cost of one tile is a guess (the
-    # other CTA covers most of it)
-    KernelModel("fa2", "", 64, 128, 64, 2, False, 354.0, 1.0, _HOST_POINTERS_US),
-    KernelModel("fa2", "", 128, 128, 64, 2, False, 393.0, 1.0, _HOST_POINTERS_US),
+    # Every kernel's tflops, item_fixed_tiles and launch_us: refit() to attention_plan_h100.json (H100, bf16, host
+    # hidden: kernellab.bench), the quick grid's 16 shapes of 2026-11-27 with the FlashAttention-3 shapes of
+    # 2026-11-23; the comment gives the fit's RMS relative error over its shapes (tests/test_attention_plan.py refits
+    # them and checks these values). Step 3b, persistent wgmma + TMA:
+    KernelModel("fa3p", "", 64, 192, 128, 1, True, 523.9, 1.30, _HOST_MAPS_US, stages=3, launch_us=5.95),     # 3.5 %
+    KernelModel("fa3p", "_bm128", 64, 128, 128, 1, True, 434.4, 1.50, _HOST_MAPS_US, stages=3, launch_us=5.79),  # 4 %
+    KernelModel("fa3p", "", 128, 128, 128, 1, True, 699.7, 2.85, _HOST_MAPS_US, launch_us=4.92),             # 6.4 %
+    # the short-sequence variant: one consumer warpgroup, 64-key tiles, two CTAs an SM
+    KernelModel("fa3p", "_bm64", 64, 64, 64, 2, True, 404.1, 4.70, _HOST_MAPS_US, stages=3, launch_us=3.09),   # 7 %
+    # step 3, one CTA per item
+    KernelModel("fa3", "", 64, 192, 128, 1, False, 539.4, 2.55, _HOST_MAPS_US, launch_us=3.79),              # 5.2 %
+    KernelModel("fa3", "", 128, 128, 128, 1, False, 760.9, 6.25, _HOST_MAPS_US, launch_us=0.0),              # 4.0 %
+    # step 2, mma.sync, two CTAs an SM
+    KernelModel("fa2", "", 64, 128, 64, 2, False, 396.4, 3.10, _HOST_POINTERS_US, launch_us=1.20),           # 12.5 %
+    KernelModel("fa2", "", 128, 128, 64, 2, False, 472.1, 2.70, _HOST_POINTERS_US, launch_us=0.0),           # 16 %
 )
 
 
@@ -131,8 +136,13 @@ class Estimate:
     tiles_per_item: float        # mean key tiles per item
     gpu_us: float                # the schedule's makespan
     memory_us: float             # the memory floor
-    host_us: float               # the host's time per call
-    predicted_us: float          # max of the three
+    host_us: float               # the host's time per call (reported; the plan does not choose on it)
+    predicted_us: float          # max(gpu_us, memory_us)
+
+    @property
+    def host_bound(self) -> bool:
+        """True where calls issued one after another with nothing queued would wait on the host, not the GPU."""
+        return self.host_us > self.predicted_us
 
     def __str__(self) -> str:
         return (f"{self.kernel:10s} {self.predicted_us:9.1f} µs (GPU {self.gpu_us:.1f}, memory {self.memory_us:.1f}, "
@@ -202,6 +212,13 @@ item (see the module's docstring)."""
     return max(free), ctas
 
 
+def fill_us(model: KernelModel, B: int, H: int, N: int, elem_bytes: int = 2, sms: int = H100_SMS) -> float:
+    """The first wave's pipeline fill: every resident item loads its Q block and first K/V tile from DRAM at once
+    before its first product, at DRAM_BYTES_PER_S (later items' loads hide under products)."""
+    first_wave = min(math.ceil(N / model.block_m) * B * H, sms * model.ctas_per_sm)
+    return first_wave * (model.block_m + 2 * min(model.block_n, N)) * model.d * elem_bytes / DRAM_BYTES_PER_S * 1e6
+
+
 def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_bytes: int = 2,
              sms: int = H100_SMS) -> Estimate:
     """One candidate's prediction for a call on [B, H, N, d] inputs."""
@@ -210,11 +227,12 @@ def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_byte
     tile_us = 4 * model.block_m * model.block_n * model.d * slots / (model.tflops * 1e12) * 1e6
     per_item = [(t + model.item_fixed_tiles) * tile_us for t in tiles]
     heads = B * H
-    gpu, ctas = makespan_us(per_item, heads, slots, model.persistent)
+    makespan, ctas = makespan_us(per_item, heads, slots, model.persistent)
+    gpu = model.launch_us + fill_us(model, B, H, N, elem_bytes, sms) + makespan
     memory = 4 * heads * N * model.d * elem_bytes / DRAM_BYTES_PER_S * 1e6
     items = len(tiles) * heads
     return Estimate(model.name, items, ctas, items / slots, sum(tiles) / len(tiles), gpu, memory, model.host_us,
-                    max(gpu, memory, model.host_us))
+                    max(gpu, memory))
 
 
 @lru_cache(maxsize=4096)
@@ -247,22 +265,66 @@ def model_for(plan: Plan, d: int, candidates: tuple[KernelModel, ...] = CANDIDAT
 
 
 def refit(model: KernelModel, samples: list[tuple[int, int, int, bool, float]], sms: int = H100_SMS,
-          fixed_tiles: tuple[float, ...] = tuple(i / 20 for i in range(161))) -> tuple[KernelModel, float]:
-    """(the model with `tflops` and `item_fixed_tiles` fitted to measurements, the fit's RMS relative error).
+          fixed_tiles: tuple[float, ...] = tuple(i / 20 for i in range(161)),
+          launch_us: float | None = None) -> tuple[KernelModel, float]:
+    """(the model with `tflops`, `item_fixed_tiles` and `launch_us` fitted to measurements, the fit's RMS relative
+    error).
 
     samples: (B, H, N, causal, measured GPU µs) of this kernel at its head dim, timed with the host hidden
-    (kernellab.bench), shapes where the GPU is the limit. For each fixed cost on the `fixed_tiles` grid the GPU time
-    scales as 1 / tflops, so tflops is the geometric mean of predicted over measured at tflops = 1; the fixed cost
-    kept is the one with the least squared log error."""
+    (kernellab.bench). For each fixed cost on the `fixed_tiles` grid the GPU time is `launch_us + fill + x / tflops`,
+    x the makespan at tflops = 1 and the fill fixed by the shape (fill_us): a straight line in x, fitted by least
+    squares on the relative error (launch_us held at least 0, or at the value given); the fixed cost kept is the one
+    with the least error."""
     if not samples:
         raise ValueError(f"no measurements to refit {model.name} (d = {model.d}) with")
     best = None
     for f in fixed_tiles:
-        unit = replace(model, tflops=1.0, item_fixed_tiles=f)
-        logs = [math.log(estimate(unit, B, H, N, causal, 2, sms).gpu_us / us) for B, H, N, causal, us in samples]
-        log_tflops = sum(logs) / len(logs)
-        err = sum((x - log_tflops) ** 2 for x in logs) / len(logs)
+        unit = replace(model, tflops=1.0, item_fixed_tiles=f, launch_us=0.0)
+        fills = [fill_us(model, B, H, N, 2, sms) for B, H, N, _, _ in samples]
+        xs = [estimate(unit, B, H, N, causal, 2, sms).gpu_us - c for (B, H, N, causal, _), c in zip(samples, fills)]
+        ys = [us - c for (*_, us), c in zip(samples, fills)]
+        a, b = _line(xs, ys, [us for *_, us in samples], launch_us)
+        err = sum(((a + b * x + c) / (y + c) - 1) ** 2 for x, y, c in zip(xs, ys, fills)) / len(ys)
         if best is None or err < best[0]:
-            best = (err, f, math.exp(log_tflops))
-    err, f, tflops = best
-    return replace(model, tflops=tflops, item_fixed_tiles=f, measured=True), math.sqrt(err)
+            best = (err, f, a, b)
+    err, f, a, b = best
+    return replace(model, tflops=1.0 / b, item_fixed_tiles=f, launch_us=a, measured=True), math.sqrt(err)
+
+
+def _line(xs: list[float], ys: list[float], scale: list[float], a_fixed: float | None) -> tuple[float, float]:
+    """(a, b) of y = a + b x with the least sum of ((a + b x - y) / scale)^2, a >= 0 (or a = a_fixed), b > 0."""
+    w = [1.0 / (t * t) for t in scale]
+    sxx = sum(wi * x * x for wi, x in zip(w, xs))
+    sxy = sum(wi * x * y for wi, x, y in zip(w, xs, ys))
+    if a_fixed is None:
+        s1 = sum(w)
+        sx = sum(wi * x for wi, x in zip(w, xs))
+        sy = sum(wi * y for wi, y in zip(w, ys))
+        det = s1 * sxx - sx * sx
+        if det > 0:
+            a = (sy * sxx - sx * sxy) / det
+            b = (s1 * sxy - sx * sy) / det
+            if a >= 0 and b > 0:
+                return a, b
+        a_fixed = 0.0
+    sx = sum(wi * x for wi, x in zip(w, xs))
+    return a_fixed, max((sxy - a_fixed * sx) / sxx, 1e-12)
+
+
+H100_TABLE = pathlib.Path(__file__).with_name("attention_plan_h100.json")   # the measurements the constants fit
+
+
+def measured_samples(path: pathlib.Path = H100_TABLE) -> dict[tuple[str, int], list[tuple[int, int, int, bool, float]]]:
+    """{(kernel name, head dim): [(B, H, N, causal, kernellab.bench µs)]} from a golden table of measurements
+    (attention_plan_h100.json: the grid's shapes, and the FlashAttention-3 shapes' TFLOP/s turned into µs)."""
+    table = json.loads(pathlib.Path(path).read_text())
+    out: dict[tuple[str, int], list] = {}
+    for r in table["grid"]["rows"]:
+        for name, us in r["us"]["kernellab.bench"].items():
+            if name not in ("FLASH", "CUDNN"):
+                out.setdefault((name, r["d"]), []).append((r["B"], r["H"], r["N"], r["causal"], us))
+    for r in table["fa3_shapes"]["rows"]:
+        flops = 4 * r["B"] * r["H"] * r["N"] ** 2 * r["d"] / (2 if r["causal"] else 1)
+        out.setdefault((r["kernel"], r["d"]), []).append((r["B"], r["H"], r["N"], r["causal"],
+                                                          flops / (r["tflops"] * 1e12) * 1e6))
+    return out
