@@ -19,17 +19,25 @@ METHODS = ("kernellab.bench", "do_bench", "sustained")
 
 
 def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False,
-                   generator_device: str = "cpu") -> dict[str, dict[str, float]]:
+                   generator_device: str = "cpu", only: dict[str, tuple[str, ...]] | None = None,
+                   min_reps: int = 20, max_reps: int = 10_000) -> dict[str, dict[str, float]]:
     """{method: {name: median ms}} for every function of `fns` (name -> f(*args)) on `inputs` (a tuple, or
     inputs(generator) -> tuple, the generator on `generator_device`), the three methods in METHODS; a method that
-    cannot run here is left out."""
+    cannot run here is left out. only: {method: names} times just those functions by that method (the first of
+    `fns` always); min_reps, max_reps: kernellab.bench's bounds on repetitions (and warm-up calls) per function."""
     import torch
 
-    first, *rest = fns
-    opts = dict(rounds=4 if quick else 8, rep_ms=40 if quick else 80, warmup_ms=20)
+    def chosen(method):
+        keep = (only or {}).get(method)
+        return {n: f for i, (n, f) in enumerate(fns.items()) if keep is None or i == 0 or n in keep}
+
+    opts = dict(rounds=4 if quick else 8, rep_ms=40 if quick else 80, warmup_ms=20, min_reps=min_reps,
+                max_reps=max_reps)
     out: dict[str, dict[str, float]] = {}
     for method, extra in (("kernellab.bench", {}), ("sustained", {"sustained": True})):
-        r = kernellab.bench(fns[first], inputs, baselines={n: fns[n] for n in rest}, flops=flops, name=first,
+        these = chosen(method)
+        first, *rest = these
+        r = kernellab.bench(these[first], inputs, baselines={n: these[n] for n in rest}, flops=flops, name=first,
                             generator_device=generator_device, **opts, **extra)
         out[method] = {first: r.median_ms, **{b.name: b.median_ms for b in r.baselines}}
     try:
@@ -37,8 +45,8 @@ def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False,
     except ImportError:
         return out
     args = inputs(torch.Generator(generator_device).manual_seed(0)) if callable(inputs) else tuple(inputs)
-    out["do_bench"] = {n: float(do_bench(lambda f=f: f(*args), warmup=25, rep=100 if quick else 200,
-                                         return_mode="median")) for n, f in fns.items()}
+    out["do_bench"] = {n: float(do_bench(lambda f=f: f(*args), warmup=25, rep=(50 if only else 100) if quick else 200,
+                                         return_mode="median")) for n, f in chosen("do_bench").items()}
     return out
 
 

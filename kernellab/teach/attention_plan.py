@@ -12,10 +12,11 @@ of `block_n` keys (all of them, or with the causal mask those up to the diagonal
   step 2 and for the short-sequence variant `_bm64`);
 - **tile time**: one key tile of one item on one slot, `4 block_m block_n d` FLOPs at the kernel's steady rate
   (`tflops`, the whole GPU's rate on long items) shared by the slots: `4 bm bn d * slots / (tflops * 1e12)` seconds;
+  a kernel of two CTAs an SM whose items all have an SM to themselves runs `alone_speedup` times faster;
 - **fixed cost per item** (`item_fixed_tiles`, in tile times): what an item pays that its tiles' products do not
   cover: the Q load and pipeline fill before the first product, the epilogue after the last, less whatever another
-  resident CTA (or, in the persistent kernel, the producer loading the next item) hides. An item takes
-  `(tiles + item_fixed_tiles) * tile time`;
+  resident CTA (or, in the persistent kernel, the producer loading the next item) hides; with the causal mask,
+  `mask_tiles` more (masking the diagonal tiles). An item takes `(tiles + fixed + mask) * tile time`;
 - **waves and the tail**: items go to slots greedily in the kernel's order (the hardware's CTA dispatch for one CTA
   per item, the work counter for the persistent kernels, which run `min(slots, items)` CTAs; both hand the heaviest
   causal items out first). The makespan is simulated exactly up to 8 items a slot; beyond, it is the mean load plus
@@ -23,7 +24,8 @@ of `block_n` keys (all of them, or with the causal mask those up to the diagonal
   items (no mask) take `ceil(items / slots)` whole waves;
 - **launch and fill** (per call): `launch_us`, fitted (the launch, CTA start-up, the last CTA's drain), and the first
   wave's fill: every resident item loads its Q block and first K/V tile from DRAM at once (`fill_us`);
-- **memory floor**: Q, K, V read once and O written once at DRAM_BYTES_PER_S (K/V re-reads hit L2);
+- **memory floor**: Q, K, V read once and O written once at MEMORY_BYTES_PER_S, half the copy ceiling (the L2 a
+  call meets is full of dirty lines), after the launch;
 - **host time**, reported, not chosen on: the op's Python path with its launch (`host_us`; 22 µs with pointers, 31 µs
   with the Hopper kernels' three tensor maps). A call's host time overlaps the GPU work queued before it: on the H100
   grid triton's do_bench (calls one at a time after a 256 MB memset) timed every step at its kernellab.bench time
@@ -31,19 +33,22 @@ of `block_n` keys (all of them, or with the causal mask those up to the diagonal
   and the plan that minimised `max(GPU, host)` ran up to 1.37x the best step's time (fa2 23.1 µs, fa3 16.9). `Estimate.host_bound` says where
   the host would be the limit for calls issued one after another with nothing queued.
 
-The predicted time of a candidate is `max(launch + fill + makespan, memory floor)`; the plan is the candidate with
-the least, ties going to the earlier candidate in `CANDIDATES` order; a candidate whose constants no GPU has measured
+The predicted time of a candidate is `launch + max(fill + makespan, memory floor)`; the plan is the candidate with
+the least, predictions within TIE (1 %) of the least going to the earliest in `CANDIDATES` order; a candidate whose constants no GPU has measured
 yet (`measured=False`) competes with its prediction times UNMEASURED_MARGIN, so it replaces a measured kernel only
 where the model predicts a clear win. `Plan.alternatives` keeps every candidate's prediction, so a benchmark can print
 the model beside the measurement and refit the constants.
 
-The constants (`tflops`, `item_fixed_tiles`, `launch_us` per kernel) are `refit` to the golden table
-attention_plan_h100.json, measured on an NVIDIA H100 80GB HBM3 (bf16, kernellab.bench): the grid's shapes
-(`benchmarks/attention.py --grid --quick`, 2026-11-27: B*H 16 and 256, N 128 to 2048) and the FlashAttention-3 shapes
-(`benchmarks/attention.py`, 2026-11-23: N 1k to 16k, TFLOP/s turned into µs). On those shapes the plan's kernel is
-within 3 % of the fastest step measured (tests/test_attention_plan.py replays them). What the fit says: the Hopper
-kernels pay 5-6 µs a call whatever the size (fa3p; 3-4 µs for fa3 and the 64-row variant, about 1 µs for step 2's
-pointer launch), which the earlier per-item model had spread over the items as 8 tiles of fixed cost at d = 128.
+The constants (`tflops`, `item_fixed_tiles`, `mask_tiles`, `alone_speedup`, `launch_us` per kernel) are
+`fit_golden()`: `refit` to the golden table attention_plan_h100.json, measured on an NVIDIA H100 80GB HBM3 (bf16,
+kernellab.bench): the grid's shapes (`benchmarks/attention.py --grid --quick`, 2026-11-27: B*H 16 and 256, N 128 to
+2048) and the FlashAttention-3 shapes (`benchmarks/attention.py`, 2026-11-23: N 1k to 16k, TFLOP/s turned into µs).
+On the grid's 16 shapes the plan's kernel is within 3 % of the fastest step measured (tests/test_attention_plan.py
+replays them). What the fit says: the Hopper kernels pay 4-6 µs a call whatever the size, which the earlier per-item
+model had spread over the items as up to 8 tiles of fixed cost; step 2 alone on an SM runs 1.3x its shared rate and
+masks its diagonal tiles at a tile's cost; at B*H = 256 and N = 128 every kernel is at the memory floor and step 2,
+launched soonest, wins. Beyond the measured shapes the model extrapolates: steps 3 and 3b at N = 16k are predicted
+within 2 % of each other, closer than they are measured at N = 4096 (3b 1.02-1.17x step 3).
 """
 from __future__ import annotations
 
@@ -56,8 +61,13 @@ from functools import lru_cache
 
 H100_SMS = 132
 DRAM_BYTES_PER_S = 3.0e12        # the H100's copy ceiling as kernellab measures it (docs/RESULTS.md, 3.00 TB/s)
+# The memory floor's rate: half the copy ceiling. kernellab.bench (as do_bench and a model's previous kernels) leaves
+# the L2 full of dirty lines, so every byte a call reads first evicts a byte written back: on the H100 grid the shapes
+# whose Q, K, V and O fill 17-34 MB (B*H = 256, N = 128) took 13-27 µs, what 1.5 TB/s predicts, not 6-11.
+MEMORY_BYTES_PER_S = DRAM_BYTES_PER_S / 2
 EXACT_ITEMS_PER_SLOT = 8         # up to this many items a slot the greedy schedule is simulated item by item
 UNMEASURED_MARGIN = 1.10         # a candidate no GPU has measured is chosen only if predicted 10 % faster
+TIE = 0.01                       # predictions within 1 % are a tie, which goes to the earlier candidate
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,8 @@ class KernelModel:
     stages: int = 2              # K/V tiles in flight (shared-memory buffers)
     measured: bool = True        # False: predicted constants, no GPU measurement behind them yet
     launch_us: float = 0.0       # GPU time a call pays whatever its size: launch, CTA start-up, the last CTA's drain
+    mask_tiles: float = 0.0      # with the causal mask, extra cost per item (tile times): masking its diagonal tiles
+    alone_speedup: float = 1.0   # ctas_per_sm > 1: how much faster a CTA runs with its SM to itself (items <= SMs)
 
     @property
     def name(self) -> str:
@@ -108,21 +120,29 @@ class KernelModel:
 _HOST_POINTERS_US, _HOST_MAPS_US = 22.0, 31.0
 
 CANDIDATES: tuple[KernelModel, ...] = (
-    # Every kernel's tflops, item_fixed_tiles and launch_us: refit() to attention_plan_h100.json (H100, bf16, host
-    # hidden: kernellab.bench), the quick grid's 16 shapes of 2026-11-27 with the FlashAttention-3 shapes of
-    # 2026-11-23; the comment gives the fit's RMS relative error over its shapes (tests/test_attention_plan.py refits
-    # them and checks these values). Step 3b, persistent wgmma + TMA:
-    KernelModel("fa3p", "", 64, 192, 128, 1, True, 523.9, 1.30, _HOST_MAPS_US, stages=3, launch_us=5.95),     # 3.5 %
-    KernelModel("fa3p", "_bm128", 64, 128, 128, 1, True, 434.4, 1.50, _HOST_MAPS_US, stages=3, launch_us=5.79),  # 4 %
-    KernelModel("fa3p", "", 128, 128, 128, 1, True, 699.7, 2.85, _HOST_MAPS_US, launch_us=4.92),             # 6.4 %
+    # Constants: fit_golden(), the refit to attention_plan_h100.json (H100, bf16, kernellab.bench: the grid's shapes of
+    # 2026-11-27 and the FlashAttention-3 shapes of 2026-11-23); each comment gives the fit's RMS relative error over
+    # the compute-bound shapes it used (tests/test_attention_plan.py refits and compares). Order breaks ties (TIE).
+    # Step 3b, persistent wgmma + TMA; the 128-row height first (ties at d = 64 causal go to it)
+    KernelModel("fa3p", "_bm128", 64, 128, 128, 1, True, 435.6, 1.15, _HOST_MAPS_US, stages=3,
+                launch_us=6.35, mask_tiles=0.00, alone_speedup=1.0),  # 4.7% over 9
+    KernelModel("fa3p", "", 64, 192, 128, 1, True, 519.5, 0.95, _HOST_MAPS_US, stages=3,
+                launch_us=6.32, mask_tiles=0.25, alone_speedup=1.0),  # 3.1% over 17
+    KernelModel("fa3p", "", 128, 128, 128, 1, True, 668.3, 1.75, _HOST_MAPS_US,
+                launch_us=5.71, mask_tiles=0.25, alone_speedup=1.0),  # 1.1% over 14
     # the short-sequence variant: one consumer warpgroup, 64-key tiles, two CTAs an SM
-    KernelModel("fa3p", "_bm64", 64, 64, 64, 2, True, 404.1, 4.70, _HOST_MAPS_US, stages=3, launch_us=3.09),   # 7 %
+    KernelModel("fa3p", "_bm64", 64, 64, 64, 2, True, 396.4, 6.30, _HOST_MAPS_US, stages=3,
+                launch_us=2.13, mask_tiles=0.25, alone_speedup=1.1),  # 0.9% over 8
     # step 3, one CTA per item
-    KernelModel("fa3", "", 64, 192, 128, 1, False, 539.4, 2.55, _HOST_MAPS_US, launch_us=3.79),              # 5.2 %
-    KernelModel("fa3", "", 128, 128, 128, 1, False, 760.9, 6.25, _HOST_MAPS_US, launch_us=0.0),              # 4.0 %
+    KernelModel("fa3", "", 64, 192, 128, 1, False, 531.9, 1.85, _HOST_MAPS_US,
+                launch_us=4.50, mask_tiles=0.50, alone_speedup=1.0),  # 5.4% over 12
+    KernelModel("fa3", "", 128, 128, 128, 1, False, 670.9, 2.70, _HOST_MAPS_US,
+                launch_us=3.75, mask_tiles=0.25, alone_speedup=1.0),  # 1.5% over 8
     # step 2, mma.sync, two CTAs an SM
-    KernelModel("fa2", "", 64, 128, 64, 2, False, 396.4, 3.10, _HOST_POINTERS_US, launch_us=1.20),           # 12.5 %
-    KernelModel("fa2", "", 128, 128, 64, 2, False, 472.1, 2.70, _HOST_POINTERS_US, launch_us=0.0),           # 16 %
+    KernelModel("fa2", "", 64, 128, 64, 2, False, 366.9, 1.10, _HOST_POINTERS_US,
+                launch_us=3.93, mask_tiles=1.00, alone_speedup=1.3),  # 4.6% over 10
+    KernelModel("fa2", "", 128, 128, 64, 2, False, 436.6, 2.90, _HOST_POINTERS_US,
+                launch_us=0.00, mask_tiles=1.00, alone_speedup=1.3),  # 4.5% over 7
 )
 
 
@@ -225,14 +245,17 @@ def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_byte
     slots = sms * model.ctas_per_sm
     tiles = item_tiles(N, model.block_m, model.block_n, causal)
     tile_us = 4 * model.block_m * model.block_n * model.d * slots / (model.tflops * 1e12) * 1e6
-    per_item = [(t + model.item_fixed_tiles) * tile_us for t in tiles]
+    if len(tiles) * B * H <= sms:                    # every item has an SM to itself
+        tile_us /= model.alone_speedup
+    extra = model.item_fixed_tiles + (model.mask_tiles if causal else 0.0)
+    per_item = [(t + extra) * tile_us for t in tiles]
     heads = B * H
     makespan, ctas = makespan_us(per_item, heads, slots, model.persistent)
     gpu = model.launch_us + fill_us(model, B, H, N, elem_bytes, sms) + makespan
-    memory = 4 * heads * N * model.d * elem_bytes / DRAM_BYTES_PER_S * 1e6
+    memory = 4 * heads * N * model.d * elem_bytes / MEMORY_BYTES_PER_S * 1e6
     items = len(tiles) * heads
     return Estimate(model.name, items, ctas, items / slots, sum(tiles) / len(tiles), gpu, memory, model.host_us,
-                    max(gpu, memory))
+                    model.launch_us + max(gpu - model.launch_us, memory))
 
 
 @lru_cache(maxsize=4096)
@@ -254,7 +277,10 @@ def plan_attention(B: int, H: int, N: int, d: int, causal: bool, dtype: str = "b
                          f"{sorted({m.d for m in candidates})}")
     scored = [(estimate(m, B, H, N, causal, 2, sms), i, m) for i, m in enumerate(usable)]
     scored.sort(key=lambda s: (s[0].predicted_us * (1.0 if s[2].measured else UNMEASURED_MARGIN), s[1]))
-    best, _, model = scored[0]
+    least = scored[0][0].predicted_us * (1.0 if scored[0][2].measured else UNMEASURED_MARGIN)
+    # within TIE of the least, the earliest in CANDIDATES order (the model cannot tell them apart)
+    best, _, model = min((s for s in scored if s[0].predicted_us * (1.0 if s[2].measured else UNMEASURED_MARGIN)
+                          <= least * (1 + TIE)), key=lambda s: s[1])
     return Plan(model.family, model.entry(dtype, causal), model.block_m, model.block_n, model.persistent, best.ctas,
                 model.ctas_per_sm, model.threads, model.shared_bytes, model.stages, best, tuple(s[0] for s in scored))
 
@@ -266,29 +292,47 @@ def model_for(plan: Plan, d: int, candidates: tuple[KernelModel, ...] = CANDIDAT
 
 def refit(model: KernelModel, samples: list[tuple[int, int, int, bool, float]], sms: int = H100_SMS,
           fixed_tiles: tuple[float, ...] = tuple(i / 20 for i in range(161)),
-          launch_us: float | None = None) -> tuple[KernelModel, float]:
-    """(the model with `tflops`, `item_fixed_tiles` and `launch_us` fitted to measurements, the fit's RMS relative
-    error).
+          mask_tiles: tuple[float, ...] = tuple(i / 4 for i in range(9)),
+          alone_speedups: tuple[float, ...] = (1.0, 1.1, 1.2, 1.3),
+          launch_us: float | None = None, weights: list[float] | None = None) -> tuple[KernelModel, float]:
+    """(the model with `tflops`, `item_fixed_tiles`, `mask_tiles` and `launch_us` fitted to measurements, the fit's
+    RMS relative error).
 
     samples: (B, H, N, causal, measured GPU µs) of this kernel at its head dim, timed with the host hidden
-    (kernellab.bench). For each fixed cost on the `fixed_tiles` grid the GPU time is `launch_us + fill + x / tflops`,
-    x the makespan at tflops = 1 and the fill fixed by the shape (fill_us): a straight line in x, fitted by least
-    squares on the relative error (launch_us held at least 0, or at the value given); the fixed cost kept is the one
-    with the least error."""
+    (kernellab.bench), where the GPU, not the memory floor, is the limit (`compute_bound`). For each fixed cost on the
+    `fixed_tiles` grid (and mask cost on `mask_tiles`, where causal samples are given) the GPU time is
+    `launch_us + fill + x / tflops`, x the makespan at tflops = 1 and the fill fixed by the shape (fill_us): a straight
+    line in x, fitted by least squares on the relative error (launch_us held at least 0, or at the value given); the
+    grid point kept is the one with the least error. weights: one a sample (default 1 each), e.g. to let a few long
+    shapes count as much as many short ones; the RMS error returned is unweighted."""
     if not samples:
         raise ValueError(f"no measurements to refit {model.name} (d = {model.d}) with")
+    ws = list(weights) if weights is not None else [1.0] * len(samples)
+    if len(ws) != len(samples) or min(ws) <= 0:
+        raise ValueError(f"weights: one positive number a sample ({len(samples)}), got {len(ws)}")
+    fills = [fill_us(model, B, H, N, 2, sms) for B, H, N, _, _ in samples]
+    ys = [us - c for (*_, us), c in zip(samples, fills)]
+    scale = [us / math.sqrt(w) for (*_, us), w in zip(samples, ws)]
+    masks = mask_tiles if any(s[3] for s in samples) else (0.0,)
+    alones = alone_speedups if model.ctas_per_sm > 1 else (1.0,)
     best = None
-    for f in fixed_tiles:
-        unit = replace(model, tflops=1.0, item_fixed_tiles=f, launch_us=0.0)
-        fills = [fill_us(model, B, H, N, 2, sms) for B, H, N, _, _ in samples]
-        xs = [estimate(unit, B, H, N, causal, 2, sms).gpu_us - c for (B, H, N, causal, _), c in zip(samples, fills)]
-        ys = [us - c for (*_, us), c in zip(samples, fills)]
-        a, b = _line(xs, ys, [us for *_, us in samples], launch_us)
-        err = sum(((a + b * x + c) / (y + c) - 1) ** 2 for x, y, c in zip(xs, ys, fills)) / len(ys)
-        if best is None or err < best[0]:
-            best = (err, f, a, b)
-    err, f, a, b = best
-    return replace(model, tflops=1.0 / b, item_fixed_tiles=f, launch_us=a, measured=True), math.sqrt(err)
+    for f, m, alone in ((f, m, g) for f in fixed_tiles for m in masks for g in alones):
+        if True:
+            unit = replace(model, tflops=1.0, item_fixed_tiles=f, mask_tiles=m, alone_speedup=alone, launch_us=0.0)
+            xs = [estimate(unit, B, H, N, causal, 2, sms).gpu_us - c for (B, H, N, causal, _), c in zip(samples, fills)]
+            a, b = _line(xs, ys, scale, launch_us)
+            errs = [((a + b * x + c) / (y + c) - 1) ** 2 for x, y, c in zip(xs, ys, fills)]
+            loss = sum(w * e for w, e in zip(ws, errs))
+            if best is None or loss < best[0] - 1e-12:
+                best = (loss, f, m, alone, a, b, sum(errs) / len(errs))
+    _, f, m, alone, a, b, err = best
+    return (replace(model, tflops=1.0 / b, item_fixed_tiles=f, mask_tiles=m, alone_speedup=alone, launch_us=a,
+                    measured=True), math.sqrt(err))
+
+
+def compute_bound(model: KernelModel, samples: list[tuple[int, int, int, bool, float]], share: float = 0.8) -> list:
+    """The samples whose memory floor is below `share` of the measured time: those say what the GPU's work costs."""
+    return [s for s in samples if 4 * s[0] * s[1] * s[2] * model.d * 2 / MEMORY_BYTES_PER_S * 1e6 < share * s[4]]
 
 
 def _line(xs: list[float], ys: list[float], scale: list[float], a_fixed: float | None) -> tuple[float, float]:
@@ -314,17 +358,38 @@ def _line(xs: list[float], ys: list[float], scale: list[float], a_fixed: float |
 H100_TABLE = pathlib.Path(__file__).with_name("attention_plan_h100.json")   # the measurements the constants fit
 
 
-def measured_samples(path: pathlib.Path = H100_TABLE) -> dict[tuple[str, int], list[tuple[int, int, int, bool, float]]]:
+def measured_samples(path: pathlib.Path = H100_TABLE, table: str | None = None
+                     ) -> dict[tuple[str, int], list[tuple[int, int, int, bool, float]]]:
     """{(kernel name, head dim): [(B, H, N, causal, kernellab.bench µs)]} from a golden table of measurements
-    (attention_plan_h100.json: the grid's shapes, and the FlashAttention-3 shapes' TFLOP/s turned into µs)."""
-    table = json.loads(pathlib.Path(path).read_text())
+    (attention_plan_h100.json: "grid", the grid's shapes, and "fa3_shapes", the FlashAttention-3 shapes' TFLOP/s
+    turned into µs; table: one of the two, default both)."""
+    data = json.loads(pathlib.Path(path).read_text())
     out: dict[tuple[str, int], list] = {}
-    for r in table["grid"]["rows"]:
-        for name, us in r["us"]["kernellab.bench"].items():
-            if name not in ("FLASH", "CUDNN"):
-                out.setdefault((name, r["d"]), []).append((r["B"], r["H"], r["N"], r["causal"], us))
-    for r in table["fa3_shapes"]["rows"]:
-        flops = 4 * r["B"] * r["H"] * r["N"] ** 2 * r["d"] / (2 if r["causal"] else 1)
-        out.setdefault((r["kernel"], r["d"]), []).append((r["B"], r["H"], r["N"], r["causal"],
-                                                          flops / (r["tflops"] * 1e12) * 1e6))
+    if table in (None, "grid"):
+        for r in data["grid"]["rows"]:
+            for name, us in r["us"]["kernellab.bench"].items():
+                if name not in ("FLASH", "CUDNN"):
+                    out.setdefault((name, r["d"]), []).append((r["B"], r["H"], r["N"], r["causal"], us))
+    if table in (None, "fa3_shapes"):
+        for r in data["fa3_shapes"]["rows"]:
+            flops = 4 * r["B"] * r["H"] * r["N"] ** 2 * r["d"] / (2 if r["causal"] else 1)
+            out.setdefault((r["kernel"], r["d"]), []).append((r["B"], r["H"], r["N"], r["causal"],
+                                                              flops / (r["tflops"] * 1e12) * 1e6))
+    return out
+
+
+def fit_golden(path: pathlib.Path = H100_TABLE, candidates: tuple[KernelModel, ...] = CANDIDATES
+               ) -> dict[tuple[str, int], tuple[KernelModel, float, int]]:
+    """{(kernel name, head dim): (the candidate refit to the golden table, RMS relative error, samples used)}: how
+    CANDIDATES' constants are made. Per kernel the compute-bound samples of both tables, the FlashAttention-3 shapes
+    weighted to count as much in total as the grid's (a few long shapes set the steady rate, many short ones the
+    fixed costs)."""
+    grid, long = measured_samples(path, "grid"), measured_samples(path, "fa3_shapes")
+    out = {}
+    for m in candidates:
+        short_s = compute_bound(m, grid.get((m.name, m.d), []))
+        long_s = compute_bound(m, long.get((m.name, m.d), []))
+        weights = [1.0] * len(short_s) + [len(short_s) / len(long_s) if short_s and long_s else 1.0] * len(long_s)
+        fitted, rms = refit(m, short_s + long_s, weights=weights)
+        out[m.name, m.d] = (fitted, rms, len(weights))
     return out
