@@ -14,6 +14,7 @@ alternating rounds); ratios are against SDPA's FLASH backend (FlashAttention-2) 
     python benchmarks/attention.py --as-called       # also as registered ops: kernellab.bench, do_bench, sustained
     python benchmarks/attention.py --grid [--quick]  # the entry point (kl::attention) against its own steps and SDPA
                                                      # on N = 128..16k, d 64/128, causal or not, B*H 16..512
+    python benchmarks/attention.py --profile [SHAPE ...]   # Nsight Compute on each step at short N (16x512x64c, ...)
 Logs go to $OUT (if set) as attention.json (attention_grid.json with --grid); the table is printed last.
 """
 from __future__ import annotations
@@ -385,7 +386,7 @@ def grid_shapes(quick: bool) -> list[tuple[int, int, int, int, bool]]:
     return sorted(shapes, key=lambda s: (s[0] * s[1] * s[2] * s[2] * s[3] / (2 if s[4] else 1), s))
 
 
-IN_THE_RUNNING = 1.3      # steps predicted within this factor of the plan's time are timed (the fit's worst error: 16 %)
+IN_THE_RUNNING = 1.3      # steps predicted within this factor of the plan's time are timed (the fit's worst: 15 %)
 GRID_MIN_REPS, GRID_MAX_REPS = 8, 400   # per function: 8 calls of 10-40 ms are enough; 400 of 10 µs take 0.1 s
 
 
@@ -395,6 +396,47 @@ def steps_in_the_running(plan, all_steps: bool = False) -> list[str]:
     running, and timing it three ways is most of a long shape's time."""
     best = plan.estimate.predicted_us
     return [e.kernel for e in plan.alternatives if all_steps or e.predicted_us <= IN_THE_RUNNING * best]
+
+
+# The grid's wall time, predicted from the plan's own GPU times before anything runs (what --grid prints first, and
+# what tests/test_attention_dispatch.py holds the quick grid to). Per function and method: kernellab.bench's warm-up
+# (3 calls, then 20 ms of calls) and repetitions (40 ms of calls, 8 to GRID_MAX_REPS), each call at least the L2
+# flush (2 x 50 MB written: ~35 µs) or its host path (~100 µs with the flush's and the events' launches), the GPU idle
+# as long again between batches (below the power cap); sustained: 500 ms of warm-up calls; do_bench: 25 + 50 ms and
+# five estimate calls. SDPA FLASH is taken at step 2's time x 1.15 and CUDNN at step 3b's (the FlashAttention-3
+# shapes' ratios); a shape costs SHAPE_OVERHEAD_S more (inputs, first calls, the clock's set-up, integrity checks).
+SHAPE_OVERHEAD_S = 1.0
+START_S = 25.0                     # CUDA context, tutorial 07 compiled and loaded, the ops registered
+
+
+def _method_s(ms: float, warmup_ms: float, rep_ms: float, idle: bool, min_reps: int, max_reps: int) -> float:
+    """Seconds kernellab.bench spends on one function of `ms` a call (see above)."""
+    per_call = max(ms, 0.035) + 0.1 if ms < 0.1 else ms + 0.035
+    calls = 3 + min(max_reps, math.ceil(warmup_ms / ms)) + min(max_reps, max(min_reps, round(rep_ms / ms)))
+    gpu_share = min(1.0, ms / per_call)
+    return calls * per_call * (1 + gpu_share if idle else 1) / 1e3
+
+
+def grid_seconds(shapes, all_steps: bool = False, sms: int = 132, every_method: bool = False,
+                 min_reps: int = GRID_MIN_REPS, max_reps: int = GRID_MAX_REPS) -> float:
+    """Predicted wall time of run_grid on `shapes` (see above): the budget check for the quick and full grids.
+    every_method, min_reps=20, max_reps=10_000, all_steps: how the grid was timed before (every function by all three
+    methods), which the first H100 run measured: 16 shapes in 224 s."""
+    from kernellab.teach.attention_plan import plan_attention
+
+    total = START_S
+    for B, H, N, d, causal in shapes:
+        plan = plan_attention(B, H, N, d, causal, "bf16", sms)
+        us = {e.kernel: e.predicted_us for e in plan.alternatives}
+        steps = steps_in_the_running(plan, all_steps)
+        flash, cudnn = us["fa2"] * 1.15 / 1e3, us["fa3p"] / 1e3
+        entry = plan.estimate.predicted_us / 1e3
+        bench = [entry, flash, cudnn] + [us[s] / 1e3 for s in steps]
+        others = bench if every_method else [entry, flash, cudnn]
+        total += SHAPE_OVERHEAD_S + sum(_method_s(ms, 20, 40, True, min_reps, max_reps) for ms in bench)
+        total += sum(_method_s(ms, 500, 40, False, min_reps, max_reps) for ms in others)
+        total += sum(0.075 + 5 * (ms + 0.1) / 1e3 for ms in others)
+    return total
 
 
 def gpu_inputs_for(B, H, N, d, dtype):
@@ -613,6 +655,104 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03) 
     return lines, len(slower_tol)
 
 
+# -- Nsight Compute on the steps at one shape: why step 3b loses at short N (issue 32) --------------------------------
+PROFILE_SHAPES = ("16x512x64", "16x512x64c", "256x512x64c", "16x512x128", "16x4096x64")   # the last: a long contrast
+PROFILE_STALLS = ("long_scoreboard", "barrier", "wait", "math_pipe_throttle", "short_scoreboard", "mio_throttle",
+                  "no_instruction", "dispatch_stall", "membar", "sleeping", "not_selected", "selected")
+PROFILE_METRICS = (
+    ("gpu__time_duration.sum", "duration"),
+    ("sm__cycles_elapsed.avg.per_second", "SM clock"),
+    ("sm__cycles_active.avg.pct_of_peak_sustained_elapsed", "SMs active (share of the kernel's time)"),
+    ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor pipe active (of active cycles)"),
+    ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy"),
+    ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM throughput"),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput"),
+    ("dram__bytes.sum", "DRAM bytes"),
+    ("launch__grid_size", "CTAs"),
+    ("launch__registers_per_thread", "registers per thread"),
+) + tuple((f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio", f"stall: {r} (warps per issue)")
+          for r in PROFILE_STALLS)
+PROFILE_READING = """What each outcome would mean (step 3b = fa3p, against fa2 / fa3p_bm64 at the same shape):
+- SMs active well under 100 % while the tensor pipe is busy when active: the call is launch- and tail-bound; the time
+  is the fixed cost per call the model fits as launch_us (5-6 us for the Hopper kernels against 0-4 for step 2).
+  Fix there: less start-up per CTA (barrier init, tensor-map prefetch, the producer's first loads issued before the
+  consumers' setmaxnreg), programmatic dependent launch to overlap it with the previous kernel, or fewer CTAs.
+- SMs active near 100 %, tensor pipe low, stalls led by long_scoreboard / barrier (consumers waiting on the mbarrier
+  of a TMA load): each item's first K/V tile is not hidden, as an item of 1-4 tiles leaves nothing to overlap it
+  with; per item time well above (tiles + item_fixed_tiles) tile times. Fix: two CTAs an SM (fa3p_bm64) or the
+  producer running further ahead across items (Q and first K/V of item i+1 during item i: more stages).
+- Stalls led by wait / math_pipe_throttle with the tensor pipe busy: compute-bound; the loss is the smaller tile's
+  rate (64-row items: m64 wgmma), i.e. the variant's steady rate, not latency.
+- Achieved occupancy far under one CTA's warps an SM: fewer items than SMs (under one wave); a shape where
+  splitting the keys (flash-decoding style) or smaller items would fill the GPU.
+- DRAM throughput high (> 60 %) at short N: the call streams Q, K, V and O (B*H in the hundreds): memory-bound, the
+  model's floor; the kernel that launches soonest wins (step 2).
+Per item: duration x CTAs / items is the time one CTA spends on one item, beside the model's (tiles + fixed) tile
+times for the same kernel (kernellab.teach.attention_plan)."""
+
+
+def parse_profile_shape(text: str) -> tuple[int, int, int, int, bool]:
+    """'16x512x64c' (B*H x N x d, 'c' for causal) as (B, H, N, d, causal) with H = min(16, B*H)."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(c?)", text.strip())
+    if not m:
+        raise ValueError(f"a profile shape is B*HxNxd with 'c' for causal, e.g. 16x512x64c; got {text!r}")
+    bh, N, d = int(m[1]), int(m[2]), int(m[3])
+    return max(1, bh // 16), min(bh, 16), N, d, bool(m[4])
+
+
+def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path) -> int:
+    """Each step of 07 at each shape under Nsight Compute (kernellab's ncu wrapper, Kernel.profile: one launch in a
+    new process, normal clocks), the launch the entry point would make for that step; a table per shape, then
+    PROFILE_READING. Reports in $OUT/attention_profile.json."""
+    from notebook_cells import load_tutorial
+
+    from kernellab.teach.attention_plan import estimate, model_for
+
+    ns = load_tutorial(NOTEBOOK)
+    metrics = [m for m, _ in PROFILE_METRICS]
+    labels = dict(PROFILE_METRICS)
+    results = []
+    for text in shapes:
+        B, H, N, d, causal = parse_profile_shape(text)
+        g = torch.Generator("cuda").manual_seed(0)
+        q, k, v = (torch.randn(B, H, N, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        o = torch.empty_like(q)
+        table = {}
+        for step in steps or STEPS[d]:
+            plan, _, scalars = ns["_attention_launch"](q, causal, step, None)
+            kern = ns["ATTENTION_KERNELS"][plan.entry]
+            grid = (plan.ctas,) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
+            args = ((q, k, v) if plan.family == "fa2" else
+                    tuple(kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64))
+                          for x, rows in ((q, plan.block_m), (k, plan.block_n), (v, plan.block_n))))
+            try:
+                rep = kern.profile(grid, plan.threads, *args, o, *scalars, shared_bytes=plan.shared_bytes,
+                                   metrics=metrics)
+            except Exception as exc:                       # no ncu, no counters: say so, go on
+                table[step] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                continue
+            row = {labels.get(m.name, m.name): m.formatted() for m in rep.metrics}
+            row["error"] = rep.error or ""
+            est = estimate(model_for(plan, d), B, H, N, causal)
+            dur_us = (rep.duration_ms or 0.0) * 1e3
+            resident = min(est.items, plan.ctas_per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
+            row["per item, measured (duration x resident CTAs / items)"] = f"{dur_us * resident / est.items:.2f} us"
+            row["model: predicted GPU time"] = f"{est.gpu_us:.1f} us ({est.items} items, {est.waves:.2f} waves, " \
+                                               f"{est.tiles_per_item:.1f} tiles an item)"
+            table[step] = row
+        results.append({"shape": text, "B": B, "H": H, "N": N, "d": d, "causal": causal, "steps": table})
+        keys = list(dict.fromkeys(k for r in table.values() for k in r))
+        print(f"\n{text}: B={B} H={H} N={N} d={d} {'causal' if causal else 'full'}, bf16, one launch each (ncu)")
+        print(f"{'':48s} " + " ".join(f"{s:>22s}" for s in table))
+        for key in keys:
+            print(f"{key[:48]:48s} " + " ".join(f"{str(table[s].get(key, '-'))[:22]:>22s}" for s in table))
+        del q, k, v, o
+    (out / "attention_profile.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                                            "results": results}, indent=1, default=str))
+    print("\n" + PROFILE_READING)
+    return 0 if all("error" not in r or not r["error"] for x in results for r in x["steps"].values()) else 1
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -633,8 +773,14 @@ def main(argv=None):
                     "(default: 230 with --quick, 540 without)")
     ap.add_argument("--all-steps", action="store_true", help="--grid: time every step at every shape, not only those "
                     "the model predicts within 1.3x of its choice")
+    ap.add_argument("--profile", nargs="*", default=None, metavar="SHAPE", help="Nsight Compute on each step at "
+                    "these shapes (B*HxNxd, c for causal, e.g. 16x512x64c; none given: " + ", ".join(PROFILE_SHAPES)
+                    + "): tensor pipe, SMs active, occupancy, stall reasons, time per item; what each outcome means")
+    ap.add_argument("--steps", default=None, help="--profile: these steps only, comma-separated (default: all)")
     args = ap.parse_args(argv)
     out = pathlib.Path(os.environ.get("OUT", "."))
+    if args.profile is not None:
+        return run_profile(args.profile or list(PROFILE_SHAPES), args.steps.split(",") if args.steps else None, out)
     if args.grid:
         return main_grid(args, out)
     log = open(out / "attention.log", "w")
@@ -699,8 +845,9 @@ def main_grid(args, out: pathlib.Path) -> int:
     t0 = time.time()
     budget = args.budget_s if args.budget_s is not None else (230.0 if args.quick else 540.0)
     shapes = grid_shapes(args.quick)
-    print(f"{len(shapes)} shapes, bf16; every time in µs as called (benchmarks/as_called.py); ratios > 1: ours faster",
-          flush=True)
+    print(f"{len(shapes)} shapes, bf16; every time in µs as called (benchmarks/as_called.py); ratios > 1: ours faster;"
+          " "
+          f"predicted {grid_seconds(shapes, args.all_steps):.0f} s (budget {budget:.0f} s)", flush=True)
     print(GRID_HEAD, flush=True)
     rows, skipped = run_grid(args.quick, log, budget, all_steps=args.all_steps)
     (out / "attention_grid.json").write_text(json.dumps({"device": dev, "rows": rows, "skipped": skipped}, indent=1,

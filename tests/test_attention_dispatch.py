@@ -204,3 +204,30 @@ def test_fewer_ctas_for_a_persistent_kernel(entry):
     entry["attention"](q, q, q, causal=True, kernel="fa2", ctas=7)           # not persistent: the grid is the work
     (_, grid, *_), (_, grid2, *_) = entry["log"]
     assert grid == (7,) and grid2 == (9, 2)
+
+
+def test_the_quick_grid_fits_250_s_and_the_full_grid_550_s(bench):
+    """The grid's wall time as predicted from the plan's GPU times (benchmarks/attention.py grid_seconds). The
+    prediction is held to the one measurement there is (H100, 2026-11-27: the grid timed every step by all three
+    methods and ran its 16 cheapest quick shapes in 224 s): timed that way it predicts at least that, so it does not
+    flatter the new way."""
+    quick, full = bench.grid_shapes(True), bench.grid_shapes(False)
+    before = bench.grid_seconds(quick[:16], all_steps=True, every_method=True, min_reps=20, max_reps=10_000)
+    assert before >= 224
+    assert bench.grid_seconds(quick) <= 250 / 1.5          # room for the model to be 1.5x optimistic
+    assert bench.grid_seconds(full) <= 550 / 1.4
+    assert bench.grid_seconds(quick, all_steps=True) > bench.grid_seconds(quick)
+
+
+def test_the_profile_option_reads_shapes_and_asks_for_what_explains_short_n(bench):
+    """benchmarks/attention.py --profile: shapes as B*HxNxd[c]; the metrics the short-sequence question needs."""
+    assert bench.parse_profile_shape("256x512x64c") == (16, 16, 512, 64, True)
+    assert bench.parse_profile_shape("16x128x128") == (1, 16, 128, 128, False)
+    with pytest.raises(ValueError, match="B\\*HxNxd"):
+        bench.parse_profile_shape("16-512")
+    names = " ".join(m for m, _ in bench.PROFILE_METRICS)
+    for wanted in ("pipe_tensor_op", "sm__warps_active", "sm__cycles_active", "gpu__time_duration",
+                   "stalled_long_scoreboard", "stalled_barrier", "dram__throughput"):
+        assert wanted in names, wanted
+    assert all(bench.parse_profile_shape(s) for s in bench.PROFILE_SHAPES)
+    assert "launch_us" in bench.PROFILE_READING and "long_scoreboard" in bench.PROFILE_READING

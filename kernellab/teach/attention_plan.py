@@ -30,14 +30,14 @@ of `block_n` keys (all of them, or with the causal mask those up to the diagonal
   with the Hopper kernels' three tensor maps). A call's host time overlaps the GPU work queued before it: on the H100
   grid triton's do_bench (calls one at a time after a 256 MB memset) timed every step at its kernellab.bench time
   within noise, fa3p_bm64 8.4 µs against fa2's 8.7 at N = 128, so the 9 µs between the two launch paths never showed,
-  and the plan that minimised `max(GPU, host)` ran up to 1.37x the best step's time (fa2 23.1 µs, fa3 16.9). `Estimate.host_bound` says where
-  the host would be the limit for calls issued one after another with nothing queued.
+  and the plan that minimised `max(GPU, host)` ran up to 1.37x the best step's time (fa2 23.1 µs, fa3 16.9).
+  `Estimate.host_bound` says where the host would be the limit for calls issued one after another, nothing queued.
 
 The predicted time of a candidate is `launch + max(fill + makespan, memory floor)`; the plan is the candidate with
-the least, predictions within TIE (1 %) of the least going to the earliest in `CANDIDATES` order; a candidate whose constants no GPU has measured
-yet (`measured=False`) competes with its prediction times UNMEASURED_MARGIN, so it replaces a measured kernel only
-where the model predicts a clear win. `Plan.alternatives` keeps every candidate's prediction, so a benchmark can print
-the model beside the measurement and refit the constants.
+the least, predictions within TIE (1 %) of the least going to the earliest in `CANDIDATES` order; a candidate whose
+constants no GPU has measured yet (`measured=False`) competes with its prediction times UNMEASURED_MARGIN, so it
+replaces a measured kernel only where the model predicts a clear win. `Plan.alternatives` keeps every candidate's
+prediction, so a benchmark can print the model beside the measurement and refit the constants.
 
 The constants (`tflops`, `item_fixed_tiles`, `mask_tiles`, `alone_speedup`, `launch_us` per kernel) are
 `fit_golden()`: `refit` to the golden table attention_plan_h100.json, measured on an NVIDIA H100 80GB HBM3 (bf16,

@@ -137,6 +137,11 @@ SUITES: dict[str, Suite] = {
         "benchmarks/attention.py --grid --quick: the entry point against each of its steps and SDPA FLASH/CUDNN on "
         "short to long sequences, timed as called; last lines: where it loses to a step or to FLASH", 300,
         commands=((PY, "benchmarks/attention.py", "--grid", "--quick"),), takes_args=True),
+    "profile-attention-short": Suite(
+        "benchmarks/attention.py --profile: Nsight Compute on each of tutorial 07's steps at short N (B*H 16 and 256, "
+        "N = 512, d 64/128, causal or not; N = 4096 for contrast): tensor pipe, SMs active, occupancy, stall reasons, "
+        "time per item beside the model's; last lines: what each outcome means", 300,
+        commands=((PY, "benchmarks/attention.py", "--profile"),), takes_args=True),
     "train-gpt2": Suite(
         "benchmarks/train_gpt2.py: GPT-2 small on the standard library's bytes, 200 steps of batch 16 x 1024 for each "
         "of PyTorch eager (seeds 0 and 1; SDPA FLASH and EFFICIENT), kernellab's attention and LayerNorm (together and "
