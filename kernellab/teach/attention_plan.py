@@ -26,12 +26,13 @@ of `block_n` keys (all of them, or with the causal mask those up to the diagonal
   wave's fill: every resident item loads its Q block and first K/V tile from DRAM at once (`fill_us`);
 - **memory floor**: Q, K, V read once and O written once at MEMORY_BYTES_PER_S, half the copy ceiling (the L2 a
   call meets is full of dirty lines), after the launch;
-- **host time**, reported, not chosen on: the op's Python path with its launch (`host_us`; 22 µs with pointers, 31 µs
-  with the Hopper kernels' three tensor maps). A call's host time overlaps the GPU work queued before it: on the H100
-  grid triton's do_bench (calls one at a time after a 256 MB memset) timed every step at its kernellab.bench time
-  within noise, fa3p_bm64 8.4 µs against fa2's 8.7 at N = 128, so the 9 µs between the two launch paths never showed,
-  and the plan that minimised `max(GPU, host)` ran up to 1.37x the best step's time (fa2 23.1 µs, fa3 16.9).
-  `Estimate.host_bound` says where the host would be the limit for calls issued one after another, nothing queued.
+- **host time**, reported, not chosen on: the op's Python path with its launch (`host_us`; 11.3 µs with pointers,
+  18.6 µs with the Hopper kernels' three tensor maps). A call's host time overlaps the GPU work queued before it: on
+  the H100 grid triton's do_bench (calls one at a time after a 256 MB memset) timed every step at its
+  kernellab.bench time within noise, fa3p_bm64 8.4 µs against fa2's 8.7 at N = 128, so the launch paths' difference
+  never showed, and the plan that minimised `max(GPU, host)` ran up to 1.37x the best step's time (fa2 23.1 µs,
+  fa3 16.9). `Estimate.host_bound` says where the host would be the limit for calls issued one after another with
+  nothing queued.
 
 The predicted time of a candidate is `launch + max(fill + makespan, memory floor)`; the plan is the candidate with
 the least, predictions within TIE (1 %) of the least going to the earliest in `CANDIDATES` order; a candidate whose
@@ -115,9 +116,9 @@ class KernelModel:
         return f"{self.family}_{dt}_d{self.d}{'_causal' if causal else ''}{self.suffix}"
 
 
-# Host time per call (µs): a one-kernel op with its output, 20.7-25.0 µs, and tutorial 07's step 3b as an op,
-# 30.2-33.3 µs (docs/RESULTS.md, launch overhead, registered ops, H200 hosts); step 3 passes the same tensor maps.
-_HOST_POINTERS_US, _HOST_MAPS_US = 22.0, 31.0
+# Host time per call (µs), reported (Estimate.host_bound): a one-kernel op with its output 11.3 µs, tutorial 07's step
+# 3b as an op 18.6 µs (docs/RESULTS.md, launch overhead, registered ops, H100, 2026-11-27; SDPA 21.9 µs there).
+_HOST_POINTERS_US, _HOST_MAPS_US = 11.3, 18.6
 
 CANDIDATES: tuple[KernelModel, ...] = (
     # Constants: fit_golden(), the refit to attention_plan_h100.json (H100, bf16, kernellab.bench: the grid's shapes of
