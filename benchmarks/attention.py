@@ -730,11 +730,12 @@ def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path) -
             plan, _, scalars = ns["_attention_launch"](q, causal, step, None)
             kern = ns["ATTENTION_KERNELS"][plan.entry]
             grid = (plan.ctas,) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
-            args = ((q, k, v) if plan.family == "fa2" else
-                    tuple(kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64))
-                          for x, rows in ((q, plan.block_m), (k, plan.block_n), (v, plan.block_n))))
+            # the arguments as 07's attention() passes them: step 2 takes pointers and a null log-sum-exp
+            args = ((q, k, v, o, None) if plan.family == "fa2" else
+                    (*(kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64))
+                       for x, rows in ((q, plan.block_m), (k, plan.block_n), (v, plan.block_n))), o))
             try:
-                rep = kern.profile(grid, plan.threads, *args, o, *scalars, shared_bytes=plan.shared_bytes,
+                rep = kern.profile(grid, plan.threads, *args, *scalars, shared_bytes=plan.shared_bytes,
                                    metrics=metrics)
             except Exception as exc:                       # no ncu, no counters: say so, go on
                 table[step] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
