@@ -708,7 +708,7 @@ def parse_profile_shape(text: str) -> tuple[int, int, int, int, bool]:
     return max(1, bh // 16), min(bh, 16), N, d, bool(m[4])
 
 
-def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path) -> int:
+def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path, device: str = "cuda") -> int:
     """Each step of 07 at each shape under Nsight Compute (kernellab's ncu wrapper, Kernel.profile: one launch in a
     new process, normal clocks), the launch the entry point would make for that step; a table per shape, then
     PROFILE_READING. Reports in $OUT/attention_profile.json."""
@@ -722,8 +722,8 @@ def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path) -
     results = []
     for text in shapes:
         B, H, N, d, causal = parse_profile_shape(text)
-        g = torch.Generator("cuda").manual_seed(0)
-        q, k, v = (torch.randn(B, H, N, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        g = torch.Generator(device).manual_seed(0)
+        q, k, v = (torch.randn(B, H, N, d, generator=g, device=device, dtype=torch.bfloat16) for _ in range(3))
         o = torch.empty_like(q)
         table = {}
         for step in steps or STEPS[d]:
@@ -744,7 +744,8 @@ def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path) -
             row["error"] = rep.error or ""
             est = estimate(model_for(plan, d), B, H, N, causal)
             dur_us = (rep.duration_ms or 0.0) * 1e3
-            resident = min(est.items, plan.ctas_per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+            resident = min(est.items, plan.ctas_per_sm * sms)
             row["per item, measured (duration x resident CTAs / items)"] = f"{dur_us * resident / est.items:.2f} us"
             row["model: predicted GPU time"] = f"{est.gpu_us:.1f} us ({est.items} items, {est.waves:.2f} waves, " \
                                                f"{est.tiles_per_item:.1f} tiles an item)"
@@ -756,7 +757,8 @@ def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path) -
         for key in keys:
             print(f"{key[:48]:48s} " + " ".join(f"{str(table[s].get(key, '-'))[:22]:>22s}" for s in table))
         del q, k, v, o
-    (out / "attention_profile.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+    (out / "attention_profile.json").write_text(json.dumps({"device": torch.cuda.get_device_name() if device == "cuda"
+                                                            else device,
                                                             "results": results}, indent=1, default=str))
     print("\n" + PROFILE_READING)
     return 0 if all("error" not in r or not r["error"] for x in results for r in x["steps"].values()) else 1

@@ -236,3 +236,50 @@ def test_the_profile_option_reads_shapes_and_asks_for_what_explains_short_n(benc
         assert wanted in names, wanted
     assert all(bench.parse_profile_shape(s) for s in bench.PROFILE_SHAPES)
     assert "launch_us" in bench.PROFILE_READING and "long_scoreboard" in bench.PROFILE_READING
+
+
+class Profiled(Recorder):
+    """A stand-in Kernel whose profile(...) records the launch and returns counters as Nsight Compute would."""
+
+    def profile(self, grid, block, *args, shared_bytes=0, metrics=None):
+        from kernellab.run.nvtools.ncu import Metric, ProfileReport
+
+        self.log.append((self.name, grid, block, shared_bytes, args, tuple(metrics)))
+        return ProfileReport(kernel=self.name, metrics=(
+            Metric("gpu__time_duration.sum", "duration", 12.0e-6, "second"),
+            Metric("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor", 31.5, "%"),
+            Metric("smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", "ls", 2.5, "")))
+
+
+def test_the_profile_runs_each_step_as_the_entry_point_launches_it(bench, monkeypatch, tmp_path, capsys):
+    """--profile on the CPU with stand-ins for the kernels and ncu: one profile per step at the shape, each the
+    launch 07's attention() makes for that step (kernel, grid, block, shared memory, arguments), the metrics asked
+    for, the counters and the time per item in the table, the reading printed last, the JSON written."""
+    import notebook_cells
+
+    log = []
+    kernels = [Profiled(n, log) for n in every_entry()]
+    ns = {"__name__": "tutorial_07", "fa2_cell": types.SimpleNamespace(kernels=[k for k in kernels if "fa2" in k.name]),
+          "fa3_cell": types.SimpleNamespace(kernels=[k for k in kernels if "fa2" not in k.name])}
+    (cell,) = launcher_cells(NOTEBOOK)
+    exec(compile(cell, f"{NOTEBOOK}:launchers", "exec"), ns)
+    ns["_attention_sms"][torch.device("cpu")] = 132
+    monkeypatch.setattr(notebook_cells, "load_tutorial", lambda name: ns)
+    monkeypatch.setattr(bench.kernellab, "tensor_map", lambda x, box: ("map", tuple(x.shape), box))
+    assert bench.run_profile(["16x512x64c"], None, tmp_path, device="cpu") == 0
+    assert [r[0] for r in log] == [plan_attention(1, 16, 512, 64, True, kernel=s).entry for s in bench.STEPS[64]]
+    for name, grid, block, smem, args, metrics in log:
+        step = next(s for s in bench.STEPS[64] if plan_attention(1, 16, 512, 64, True, kernel=s).entry == name)
+        plan = plan_attention(1, 16, 512, 64, True, kernel=step)
+        assert (block, smem) == (plan.threads, plan.shared_bytes)
+        assert metrics == tuple(m for m, _ in bench.PROFILE_METRICS)
+        if plan.family == "fa2":
+            assert grid == (4, 16) and args[4] is None and len(args) == 7          # q, k, v, o, lse, N, scale
+        else:
+            assert args[0] == ("map", (16, 512, 64), (1, plan.block_m, 64)) and args[3].shape == (1, 16, 512, 64)
+            assert grid == ((plan.ctas,) if plan.persistent else (-(-512 // plan.block_m), 16))
+    out = capsys.readouterr().out
+    assert "16x512x64c: B=1 H=16 N=512 d=64 causal" in out and "per item, measured" in out and "31.5" in out
+    assert out.rstrip().endswith(bench.PROFILE_READING.splitlines()[-1])
+    saved = json.loads((tmp_path / "attention_profile.json").read_text())
+    assert saved["results"][0]["steps"]["fa3p_bm64"]["duration"] == "12.00 us"
