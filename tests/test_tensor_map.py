@@ -415,3 +415,16 @@ def test_a_repeated_map_is_not_encoded_again_and_keeps_its_own_tensor(fake_encod
     T.tensor_map_cache_clear()
     tensor_map(a, (64, 64))
     assert len(fake_encoder) == 8
+
+
+def test_a_loop_over_hundreds_of_input_sets_encodes_each_map_once(fake_encoder):
+    """A benchmark or model that cycles through a few hundred (q, k, v) address sets keeps every map cached: 134 sets
+    of three maps (benchmarks/attention.py's grid at small shapes) re-encoded every call under a 256-entry cache."""
+    pytest.importorskip("torch")
+    T.tensor_map_cache_clear()
+    tensors = [FakeTorchCuda((128, 64), ptr=0x7F0000000000 + 0x10000 * i) for i in range(3 * 134)]
+    for _ in range(2):
+        for t in tensors:
+            tensor_map(t, (64, 64))
+    assert len(fake_encoder) == len(tensors)
+    T.tensor_map_cache_clear()

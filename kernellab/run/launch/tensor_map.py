@@ -258,7 +258,11 @@ def tensor_map(tensor, box, *, swizzle: str | None = "128B", interleave: str | N
     return made
 
 
-MAP_CACHE_SIZE = 256
+# Entries are small (the 128 encoded bytes and a description, no tensor). 256 was too few: benchmarks/attention.py's
+# grid rotates 134 input sets of (q, k, v) at small shapes, 402 maps, and every call re-encoded its three maps
+# (130-186 µs a call back to back on an H100, against 9 µs for the kernel); a model that cycles through more than
+# ~85 address sets a step would pay the same.
+MAP_CACHE_SIZE = 4096
 _MAP_CACHE: dict = {}
 
 
