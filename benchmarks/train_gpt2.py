@@ -34,20 +34,35 @@ speed-ups (eager's or compiled's median step time over the configuration's): abo
     python benchmarks/train_gpt2.py --out results/            # 200 steps of batch 16 x 1024 tokens
     python benchmarks/train_gpt2.py --quick --device cpu      # a tiny model for 30 steps (a smoke run)
     python benchmarks/train_gpt2.py --configs eager,kernellab # a choice of configurations
+    python benchmarks/train_gpt2.py --diagnose                # also: where each configuration's step time goes
 Writes train_gpt2.json (every curve and time), train_gpt2.png (the curves) and train_gpt2.md (the table) under --out
 ($OUT if set); the table is printed last. Exit status 1 if a configuration that could run failed.
+
+Diagnosis (--diagnose). After each configuration trains, DIAGNOSE_STEPS more steps, each begun on an idle GPU: the
+host's time to queue the step (perf_counter, no synchronisation; by phase: forward, backward, clip + optimiser) beside
+the GPU's time for it (CUDA events). Host time at or above GPU time is a host-bound step. Alongside: what kernellab's
+launch path asked of the driver in those steps (LaunchCounter: launches by the generated and the checked path, waits
+for the GPU, INVALID_CONTEXT retries, per thread: autograd runs backward passes on its own thread), the synchronising
+calls torch made (torch.cuda.set_sync_debug_mode), the caching allocator's cudaMalloc/cudaFree calls and retries,
+then 3 steps under torch.profiler with CPU activity and Python stacks (the top host-side entries by self CPU time,
+the driver's and runtime's synchronising calls, kernellab's ops per call) and cProfile of the main thread. Printed,
+written to diagnose-CONFIG.txt, and one summary table per run.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
 import os
 import pathlib
+import re
 import sys
+import threading
 import time
 import traceback
+import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,13 +72,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from kernellab.teach.gpt import ByteCorpus, GPTConfig, TrainRun, smooth, train, within_noise  # noqa: E402
+from kernellab.teach.gpt import ByteCorpus, GPTConfig, StepParts, TrainRun, smooth, train, within_noise  # noqa: E402
 
 # PyTorch's configurations first: a kernel fault that spoils the CUDA context cannot take the baselines with it
 CONFIGS = ("eager", "eager-seed1", "eager-efficient", "compiled", "kernellab", "kernellab-compiled",
            "kernellab-attention", "kernellab-norm")
 OURS = {"attention": ("08-attention-backward.py", "kl_flash_attention"), "norm": ("04-layernorm.py", "kl_layernorm")}
 SMOOTH = 10
+DIAGNOSE_STEPS = 5           # steps timed by phase (each from an idle GPU); 3 more under each profiler
 
 
 def probe_attention(op, device) -> str:
@@ -208,8 +224,8 @@ def plan(names, ours, device) -> tuple[list[dict], list[str]]:
     return runs, skipped
 
 
-def run_one(spec, corpus, args, config, log) -> TrainRun:
-    """One configuration's training under its SDPA backend."""
+def run_one(spec, corpus, args, config, log, diagnose=None) -> TrainRun:
+    """One configuration's training under its SDPA backend; diagnose(StepParts) -> str runs after it (--diagnose)."""
     every = max(1, args.steps // 5)
 
     def progress(step, loss):
@@ -221,7 +237,7 @@ def run_one(spec, corpus, args, config, log) -> TrainRun:
         return train(corpus, name=spec["name"], config=config, steps=args.steps, batch=args.batch, seq=args.seq,
                      seed=spec["seed"], device=args.device, attention_op=spec.get("attention_op"),
                      norm_op=spec.get("norm_op"), compile=spec.get("compile", False), lr=args.lr, progress=progress,
-                     profile_steps=args.profile)
+                     profile_steps=args.profile, diagnose=diagnose)
 
 
 def summary_rows(runs: dict[str, TrainRun], labels: dict[str, str]) -> list[dict]:
@@ -301,6 +317,201 @@ def plot(runs: dict[str, TrainRun], verdict_rows: list[dict], path: pathlib.Path
     return None
 
 
+# ---- --diagnose: where a step's time goes ---------------------------------------------------------------------------
+
+class LaunchCounter:
+    """What kernellab's launch path asks of the CUDA driver, counted per thread ("main", or "other": autograd runs a
+    backward pass on its own device thread): launches by the generated path (launch_kernel) and by LaunchPath.run
+    (launch), waits for the GPU (stream_synchronize, synchronize), capture queries (made only before a wait) and
+    INVALID_CONTEXT retries (make_current: a thread new to CUDA). Installed on the process's Driver before any kernel
+    launches, since a generated launch binds the driver's calls when it is made; the first waits keep their stack."""
+
+    CALLS = {"launch_kernel": "generated launches", "launch": "checked-path launches",
+             "stream_synchronize": "waits", "synchronize": "waits", "stream_is_capturing": "capture queries",
+             "is_capturing": "capture queries", "make_current": "context retries"}
+    KEPT_STACKS = 3
+
+    def __init__(self, driver):
+        self.counts: collections.Counter = collections.Counter()     # (what, thread) -> calls
+        self.wait_stacks: list[str] = []
+        self._main = threading.main_thread().ident
+        for attr, what in self.CALLS.items():
+            fn = getattr(driver, attr, None)
+            if fn is not None:
+                setattr(driver, attr, self._counted(fn, what))
+
+    def _counted(self, fn, what):
+        counts, main = self.counts, self._main
+
+        def counted(*args, **kwargs):
+            counts[what, "main" if threading.get_ident() == main else "other"] += 1
+            if what == "waits" and len(self.wait_stacks) < self.KEPT_STACKS:
+                self.wait_stacks.append("".join(traceback.format_stack(limit=8)[:-1]))
+            return fn(*args, **kwargs)
+        return counted
+
+    def snapshot(self) -> collections.Counter:
+        return collections.Counter(self.counts)
+
+    @classmethod
+    def install(cls) -> "LaunchCounter | None":
+        """A counter on the process's kernellab Driver, or None where there is no CUDA driver."""
+        try:
+            from kernellab.run.launch import cudriver
+            return cls(cudriver.driver())
+        except Exception:                                      # no libcuda: no kernellab launches to count
+            return None
+
+
+ALLOCATOR_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def _median(values):
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = DIAGNOSE_STEPS,
+                  profile_steps: int = 3) -> tuple[str, dict]:
+    """(the text, a summary row) of where a training step's time goes: see the module's docstring, Diagnosis."""
+    cuda = parts.device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(parts.device)) if cuda else (lambda: None)
+    batches = [parts.batches[i % len(parts.batches)] for i in range(steps)]
+    host, gpu = [], []
+    before = counter.snapshot() if counter else collections.Counter()
+    mem0 = torch.cuda.memory_stats(parts.device) if cuda else {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")          # a warning at every synchronising call torch makes
+        try:
+            for x, y in batches:
+                sync()                                      # each step starts on an idle GPU: host time is its own
+                if cuda:
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                t0 = time.perf_counter()
+                loss = parts.forward(x, y)
+                t1 = time.perf_counter()
+                loss.backward()
+                t2 = time.perf_counter()
+                parts.update()
+                t3 = time.perf_counter()
+                if cuda:
+                    e1.record()
+                    sync()
+                    gpu.append(e0.elapsed_time(e1))
+                host.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    after = counter.snapshot() if counter else collections.Counter()
+    mem1 = torch.cuda.memory_stats(parts.device) if cuda else {}
+    timed = host[1:] or host                                 # the first step may still warm something up
+    phases = [_median([h[i] for h in timed]) for i in range(3)]
+    host_ms = _median([sum(h) for h in timed])
+    gpu_ms = _median(gpu[1:] or gpu) if gpu else None
+    per_step = {k: (after[k] - before[k]) / steps for k in set(after) | set(before) if after[k] != before[k]}
+    waits = sum(v for (what, _), v in per_step.items() if what == "waits")
+    alloc = {k: (mem1.get(k, 0) - mem0.get(k, 0)) / steps for k in ALLOCATOR_KEYS if k in mem1}
+    if waits or syncs or alloc.get("num_device_free", 0) or alloc.get("num_alloc_retries", 0):
+        verdict = "the host waits for the GPU inside a step (see the waits and synchronising calls)"
+    elif gpu_ms is not None and host_ms >= 0.9 * gpu_ms:
+        verdict = "host-bound: queuing the step takes the host as long as the GPU takes to run it, or longer"
+    elif gpu_ms is not None:
+        verdict = "GPU-bound: the host queues the step faster than the GPU runs it"
+    else:
+        verdict = "no GPU: host time only"
+    lines = [f"host {host_ms:.2f} ms a step (forward {phases[0]:.2f}, backward {phases[1]:.2f}, clip + optimiser "
+             f"{phases[2]:.2f}; perf_counter, no synchronisation), GPU "
+             + (f"{gpu_ms:.2f} ms a step (CUDA events)" if gpu_ms is not None else "- (no GPU)")
+             + f"; median of steps 2-{steps}: {verdict}"]
+    if counter is None:
+        lines.append("kernellab's launch path: not counted (no CUDA driver in this process)")
+    else:
+        kinds = sorted({what for what, _ in per_step})
+        text = "; ".join(f"{what} " + ", ".join(f"{per_step[what, t]:g} on the {t} thread"
+                                               for t in ("main", "other") if (what, t) in per_step) for what in kinds)
+        lines.append(f"kernellab's launch path, per step: {text or 'nothing (no kernellab op in this model)'}")
+        if waits and counter.wait_stacks:
+            lines.append("  the first launch that waited, from:\n" + counter.wait_stacks[0].rstrip())
+    lines.append(f"torch's synchronising calls (set_sync_debug_mode): {len(syncs) / steps:g} a step"
+                 + "".join(f"\n  {w.filename}:{w.lineno}: {str(w.message).splitlines()[0][:160]}"
+                           for w in syncs[:3]))
+    if alloc:
+        lines.append("caching allocator, per step: " + ", ".join(f"{k} {v:g}" for k, v in alloc.items()))
+    lines += _profiled(parts, batches[:profile_steps], sync, cuda)
+    summary = dict(host_ms=host_ms, gpu_ms=gpu_ms, forward_ms=phases[0], backward_ms=phases[1], update_ms=phases[2],
+                   kernellab_launches=sum(v for (w, _), v in per_step.items() if w.endswith("launches")),
+                   kernellab_waits=waits, context_retries=sum(v for (w, _), v in per_step.items()
+                                                              if w == "context retries"),
+                   torch_syncs=len(syncs) / steps, allocator=alloc, verdict=verdict)
+    return "\n".join(lines), summary
+
+
+SYNC_NAMES = re.compile(r"Synchronize|cudaFree|cudaMalloc|cuMemAlloc|cuMemFree|cuCtx|cuModule|cudaEventQuery",
+                        re.IGNORECASE)
+
+
+def _profiled(parts: StepParts, batches, sync, cuda) -> list[str]:
+    """torch.profiler (CPU activity with Python stacks, and CUDA) and cProfile of the main thread over `batches`."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+    lines = []
+    try:
+        sync()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities, with_stack=True) as prof:
+            for x, y in batches:
+                parts.one_step(x, y)
+            sync()
+        events = prof.key_averages()
+        n = max(1, len(batches))
+        blocking = [e for e in events if SYNC_NAMES.search(e.key)]
+        lines.append(f"driver and runtime calls that can wait, in {n} profiled steps: "
+                     + ("; ".join(f"{e.key} x{e.count} ({e.cpu_time_total / 1e3:.2f} ms)" for e in blocking)
+                        or "none"))
+        ops = [e for e in events if e.key.startswith("kl::")]
+        if ops:
+            lines.append("kernellab ops, host time a call (CPU total): " + "; ".join(
+                f"{e.key} {e.cpu_time_total / max(e.count, 1):.0f} us x{e.count / n:g} a step" for e in ops))
+        lines.append(f"torch.profiler, {n} steps, the top host-side entries by self CPU time:\n"
+                     + events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=90))
+    except Exception as exc:                                   # the profiler is a view, not the measurement
+        lines.append(f"torch.profiler failed: {type(exc).__name__}: {exc}")
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for x, y in batches:
+        parts.one_step(x, y)
+    sync()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+    body = out.getvalue()
+    lines.append(f"cProfile of the main thread (autograd's backward thread is not in it), {len(batches)} steps, by "
+                 f"own time:\n" + body[body.find("   ncalls"):].rstrip())
+    return lines
+
+
+def diagnosis_table(summaries: dict[str, dict]) -> str:
+    """One row per diagnosed configuration: host and GPU time a step, kernellab's launches and waits, torch's
+    synchronising calls and the verdict."""
+    head = ["config", "host ms", "GPU ms", "fwd / bwd / update host ms", "kl launches", "kl waits", "ctx retries",
+            "torch syncs", "verdict"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for name, d in summaries.items():
+        gpu = f"{d['gpu_ms']:.2f}" if d["gpu_ms"] is not None else "-"
+        rows.append(f"| {name} | {d['host_ms']:.2f} | {gpu} | {d['forward_ms']:.1f} / {d['backward_ms']:.1f} / "
+                    f"{d['update_ms']:.1f} | {d['kernellab_launches']:g} | {d['kernellab_waits']:g} | "
+                    f"{d['context_retries']:g} | {d['torch_syncs']:g} | {d['verdict'].split(':')[0]} |")
+    return "\n".join(rows)
+
+
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, help="training steps per configuration (default 200; --quick 30)")
@@ -314,6 +525,10 @@ def parse(argv):
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="after each configuration, STEPS more steps under torch.profiler: the top kernels by GPU "
                          "time, printed and written to profile-CONFIG.txt under --out")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="after each configuration, where its step time goes: host against GPU time a step, "
+                         "kernellab's launches and waits, torch's synchronising calls, the top host-side functions "
+                         "(printed, and diagnose-CONFIG.txt under --out)")
     args = ap.parse_args(argv)
     quick = args.quick
     args.steps = args.steps or (30 if quick else 200)
@@ -340,6 +555,9 @@ def main(argv=None) -> int:
         print(msg, flush=True)
 
     device_name = torch.cuda.get_device_name(args.device) if torch.device(args.device).type == "cuda" else "CPU"
+    # before any kernellab kernel launches: a generated launch binds the driver's calls when it is made
+    counter = LaunchCounter.install() if args.diagnose and torch.device(args.device).type == "cuda" else None
+    diagnosed: dict[str, dict] = {}
     corpus = ByteCorpus.stdlib()
     log(f"{device_name}, torch {torch.__version__}; corpus: {corpus.name}, {len(corpus) / 1e6:.1f} MB, sha256 "
         f"{corpus.sha256[:12]}; model: {config}; {args.steps} steps of {args.batch} x {args.seq} tokens")
@@ -358,10 +576,11 @@ def main(argv=None) -> int:
                       complete=final, model=dataclasses.asdict(config),
                       corpus=dict(name=corpus.name, bytes=len(corpus), sha256=corpus.sha256),
                       steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, smooth_window=SMOOTH,
+                      diagnosis=diagnosed,
                       ops=ours["notes"], skipped=skipped, failed=failed, table=rows, noise=checks,
                       runs={n: dict(label=labels[n], seed=r.seed, losses=r.losses, step_ms=r.step_ms,
                                     timed_from=r.timed_from, val_loss=r.val_loss, wall_s=r.wall_s,
-                                    profile=r.profile)
+                                    profile=r.profile, diagnosis=r.diagnosis)
                             for n, r in runs.items()})
         table = format_table(rows)
         if out:
@@ -375,14 +594,22 @@ def main(argv=None) -> int:
     for spec in specs:
         log(f"{spec['name']}: {spec['label']}")
         t0 = time.perf_counter()
+        def diagnose(parts, name=spec["name"]):
+            text, diagnosed[name] = diagnose_step(parts, counter)
+            return text
+
         try:
-            runs[spec["name"]] = run_one(spec, corpus, args, config, log)
+            runs[spec["name"]] = run_one(spec, corpus, args, config, log, diagnose if args.diagnose else None)
             labels[spec["name"]] = spec["label"]
             log(f"  {runs[spec['name']]} ({time.perf_counter() - t0:.0f} s)")
             if runs[spec["name"]].profile:
                 log(runs[spec["name"]].profile)
                 if out:
                     (out / f"profile-{spec['name']}.txt").write_text(runs[spec["name"]].profile)
+            if runs[spec["name"]].diagnosis:
+                log(f"  diagnosis of {spec['name']}:\n" + runs[spec["name"]].diagnosis)
+                if out:
+                    (out / f"diagnose-{spec['name']}.txt").write_text(runs[spec["name"]].diagnosis + "\n")
         except Exception as exc:                                # one configuration's failure does not stop the others
             tb = traceback.format_exc(limit=-4)
             first = str(exc).splitlines()[0] if str(exc) else ""
@@ -404,6 +631,10 @@ def main(argv=None) -> int:
         f"(above 1: faster), the step time a median after the first {min(10, args.steps // 4)} steps")
     for r in rows:
         log(f"  {r['config']}: {r['label']}")
+    if diagnosed:
+        log(f"\nwhere the step time goes ({DIAGNOSE_STEPS} steps each from an idle GPU, medians; per step: "
+            f"kernellab's launches and waits for the GPU, INVALID_CONTEXT retries, torch's synchronising calls):\n"
+            + diagnosis_table(diagnosed) + "\n")
     log(table)
     return 1 if failed else 0
 

@@ -100,6 +100,10 @@ def test_commands_of_a_plan(runner, tmp_path):
         runner.commands("notebooks", ["9"], tmp_path)
     (bench,) = runner.commands("bench-memory", ["--ops", "softmax"], tmp_path)
     assert bench[-4:] == ["--out", str(tmp_path / "bench-memory"), "--ops", "softmax"]
+    (train,) = runner.commands("train-gpt2", ["--diagnose"], tmp_path)         # benchmarks/train_gpt2.py's option
+    assert train[1] == "benchmarks/train_gpt2.py" and train[-1] == "--diagnose"
+    (diagnose,) = runner.commands("train-gpt2-diagnose", [], tmp_path)
+    assert "--diagnose" in diagnose and diagnose[diagnose.index("--out") + 1] == str(tmp_path / "train-gpt2-diagnose")
     (tests,) = runner.commands("tests-sim", [], tmp_path)
     assert tests[:3] == ["python3", "-m", "pytest"] and "-m" in tests and "gpu" in tests
     assert "tests/gpu/test_racecheck_gpu.py" in tests

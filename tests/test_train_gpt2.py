@@ -6,6 +6,7 @@ tests/gpu/test_train_gpt2_gpu.py."""
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -421,3 +422,80 @@ def test_profile_steps_give_the_profilers_table():
     r = train(corpus, config=TINY, steps=2, batch=2, seq=16, device="cpu", profile_steps=1)
     assert "Self CPU" in r.profile and "aten::" in r.profile and len(r.losses) == 2
     assert train(corpus, config=TINY, steps=2, batch=2, seq=16, device="cpu").profile == ""
+
+
+def test_diagnose_reports_host_time_by_phase_syncs_and_top_functions(script, tmp_path, capsys):
+    """--diagnose on the CPU: each configuration's host time a step by phase, torch's synchronising calls, the
+    profilers' top host-side entries, written beside the table, and a summary table printed before it."""
+    argv = ["--quick", "--device", "cpu", "--steps", "4", "--batch", "2", "--seq", "16", "--configs", "eager",
+            "--diagnose", "--out", str(tmp_path)]
+    assert script.main(argv) == 0
+    out = capsys.readouterr().out
+    text = (tmp_path / "diagnose-eager.txt").read_text()
+    assert re.search(r"host [\d.]+ ms a step \(forward [\d.]+, backward [\d.]+, clip \+ optimiser [\d.]+", text)
+    assert "torch's synchronising calls (set_sync_debug_mode): 0 a step" in text
+    assert "top host-side entries by self CPU time" in text and "aten::" in text and "cProfile" in text
+    d = json.loads((tmp_path / "train_gpt2.json").read_text())["diagnosis"]["eager"]
+    assert d["host_ms"] > 0 and d["gpu_ms"] is None and d["kernellab_waits"] == 0
+    assert abs(d["forward_ms"] + d["backward_ms"] + d["update_ms"] - d["host_ms"]) < 0.5 * d["host_ms"]
+    assert re.search(r"\| eager \| [\d.]+ \| - \| [\d.]+ / [\d.]+ / [\d.]+ \| 0 \| 0 \| 0 \| 0 \| no GPU \|", out)
+
+
+@pytest.fixture
+def fake_gpu_for_cpu_tensors(monkeypatch):
+    """kernellab's launch path on CPU tensors: a device whose index is the CPU tensors' get_device() (-1), the raw
+    stand-in driver of tests/test_launch_path.py, kernels that load nowhere. Launches are recorded, not run."""
+    from test_launch_path import RawDriver
+
+    from kernellab.kernel import Kernel
+    from kernellab.run.launch import cudriver
+    from kernellab.run.launch import device as D
+    from kernellab.run.launch import launch as L
+    from kernellab.run.launch.device import DeviceInfo
+    driver = RawDriver()
+    info = DeviceInfo(index=-1, name="Fake H100", arch="sm_90", multiprocessors=132,
+                      shared_per_block_optin_bytes=227 * 1024, shared_per_sm_bytes=228 * 1024)
+    monkeypatch.setattr(D, "gpu_status", lambda: (True, "1 GPU(s)"))
+    monkeypatch.setattr(D, "device_info", lambda index=None: info)
+    monkeypatch.setattr(cudriver, "driver", lambda: driver)
+    monkeypatch.setattr(Kernel, "_function", lambda self, index: type("Fn", (), {"ptr": 0xF00})())
+    monkeypatch.setattr(L, "torch_stream_function", lambda: (lambda index: 0x5000))
+    return driver
+
+
+def test_launch_counter_sees_the_norm_ops_launches_and_any_wait(script, fake_gpu_for_cpu_tensors, monkeypatch):
+    """The real kl_layernorm of tutorial 04, forward and backward under autograd, through the launch path with a
+    stand-in driver: --diagnose's LaunchCounter counts its 3 launches a step (forward; backward rows and finish), none
+    waiting inside the op; with launch blocking on, all 3 wait, and the counter keeps where the first wait came from."""
+    import kernellab
+    from notebook_cells import load_tutorial
+    counter = script.LaunchCounter(fake_gpu_for_cpu_tensors)              # before the first launch, as main() does
+    ns = load_tutorial("04-layernorm.py")
+    op = ns.get("kl_layernorm") or script.op_from_cells("04-layernorm.py", "kl_layernorm", ns)
+    for name in ("norm_kernels", "norm_backward"):                       # kernels launched by an earlier test's path
+        for k in ns[name]:
+            monkeypatch.setattr(k, "_path", None)
+            monkeypatch.setattr(k, "_launchers", {})
+    x = torch.randn(64, 768, requires_grad=True)
+    w, b = torch.ones(768, requires_grad=True), torch.zeros(768, requires_grad=True)
+
+    def step():
+        op(x, w, b, 1e-5).sum().backward()
+
+    step()                                                                 # first calls: plans, generated launches
+    before = counter.snapshot()
+    for _ in range(4):
+        step()
+    counts = counter.snapshot() - before
+    assert counts == {("generated launches", "main"): 12}, counts
+    driver = fake_gpu_for_cpu_tensors                                     # the first step's 3 took the checked path
+    assert len(driver.launches) == 3 and len(driver.raw) == 12 and driver.syncs == []
+    old = kernellab.set_launch_blocking(True)
+    try:
+        before = counter.snapshot()
+        step()
+    finally:
+        kernellab.set_launch_blocking(old)
+    counts = counter.snapshot() - before
+    assert counts[("waits", "main")] == 3 and counts[("capture queries", "main")] == 3
+    assert "_norm_backward" in "".join(counter.wait_stacks) or "layernorm" in "".join(counter.wait_stacks)

@@ -16,6 +16,7 @@ import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -181,6 +182,7 @@ class TrainRun:
     val_loss: float
     wall_s: float
     profile: str = ""               # torch.profiler's table of profile_steps more steps, if asked for
+    diagnosis: str = ""             # what train(diagnose=) returned: where a step's host time goes
 
     @property
     def final_loss(self) -> float:
@@ -207,6 +209,17 @@ class TrainRun:
                 f"({self.tokens_per_s / 1e3:.1f}k tokens/s)")
 
 
+@dataclass(frozen=True)
+class StepParts:
+    """A training step in its phases, for a diagnosis: forward(x, y) -> loss (under autocast), then loss.backward(),
+    then update() (clipping, the optimiser, zeroing the gradients); one_step(x, y) -> loss does all three."""
+    forward: Callable
+    update: Callable
+    one_step: Callable
+    batches: tuple
+    device: torch.device
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW's groups: decay on the matrices and embeddings, none on biases and norm weights."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -218,12 +231,14 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
           batch: int = 16, seq: int = 1024, seed: int = 0, device="cuda", attention_op=None, norm_op=None,
           compile: bool = False, lr: float = 6e-4, warmup: int | None = None, weight_decay: float = 0.1,
           clip: float = 1.0, timed_from: int | None = None, val_batches: int = 4, progress=None,
-          profile_steps: int = 0) -> TrainRun:
+          profile_steps: int = 0, diagnose=None) -> TrainRun:
     """Train a GPT from `seed` (its initial weights, drawn on the CPU, and its batches) for `steps` steps: bf16
     autocast, AdamW (fused on a GPU), lr_at's schedule, gradients clipped to norm `clip`. PyTorch's SDPA backend is
     whatever the caller's context selects (torch.nn.attention.sdpa_kernel). progress(step, loss_tensor) is called
     after each step (it should not read the loss every step: that waits for the GPU). With profile_steps, that many
-    more steps run under torch.profiler after the held-out loss, and TrainRun.profile holds the kernels' table."""
+    more steps run under torch.profiler after the held-out loss, and TrainRun.profile holds the kernels' table.
+    diagnose(step) -> str, if given, is called last with the training step's phases (StepParts: forward, backward,
+    update, the batches, the device) and its text kept as TrainRun.diagnosis (benchmarks/train_gpt2.py --diagnose)."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     warmup = max(1, steps // 10) if warmup is None else warmup
@@ -238,13 +253,19 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
     if on_gpu:
         torch.cuda.synchronize(device)
 
-    def one_step(x, y):
+    def forward(x, y):
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            _, loss = step_fn(x, y)
-        loss.backward()
+            return step_fn(x, y)[1]
+
+    def update():
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    def one_step(x, y):
+        loss = forward(x, y)
+        loss.backward()
+        update()
         return loss
 
     t_start = time.perf_counter()
@@ -285,9 +306,10 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
                 torch.cuda.synchronize(device)
         profile = prof.key_averages().table(sort_by="self_cuda_time_total" if on_gpu else "self_cpu_time_total",
                                             row_limit=15, max_name_column_width=70)
+    diagnosis = diagnose(StepParts(forward, update, one_step, tuple(batches), device)) if diagnose else ""
     return TrainRun(name=name, seed=seed, losses=tuple(torch.stack(losses).float().tolist()),
                     step_ms=tuple(float(t) for t in times), tokens_per_step=batch * seq, timed_from=timed_from,
-                    val_loss=val_loss, wall_s=wall_s, profile=profile)
+                    val_loss=val_loss, wall_s=wall_s, profile=profile, diagnosis=diagnosis)
 
 
 def smooth(curve, window: int = 10) -> list[float]:

@@ -146,8 +146,16 @@ SUITES: dict[str, Suite] = {
         "benchmarks/train_gpt2.py: GPT-2 small on the standard library's bytes, 200 steps of batch 16 x 1024 for each "
         "of PyTorch eager (seeds 0 and 1; SDPA FLASH and EFFICIENT), kernellab's attention and LayerNorm (together and "
         "each alone), torch.compile of both: loss curves within the noise band, step times, each configuration's top "
-        "kernels by torch.profiler (PNG, JSON, profiles in $OUT/train-gpt2/)", 420,
+        "kernels by torch.profiler (PNG, JSON, profiles in $OUT/train-gpt2/); `train-gpt2 --diagnose` adds where "
+        "each configuration's step time goes (diagnose-CONFIG.txt)", 420,
         commands=((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--out", "{out}"),), takes_args=True),
+    "train-gpt2-diagnose": Suite(
+        "benchmarks/train_gpt2.py --diagnose, 40 steps of eager and kernellab's configurations: host against GPU time "
+        "a step, kernellab's launches and waits per thread, torch's synchronising calls, the allocator's "
+        "cudaMalloc/cudaFree, torch.profiler's top host-side functions with Python stacks (diagnose-CONFIG.txt); the "
+        "summary tables printed last", 300,
+        commands=((PY, "benchmarks/train_gpt2.py", "--steps", "40", "--diagnose", "--configs",
+                   "eager,kernellab-norm,kernellab-attention,kernellab", "--out", "{out}"),), takes_args=True),
     "bench-matmul": Suite(
         "benchmarks/matmul.py: tutorials 05/06's ladders against cuBLAS (every family)", 400,
         commands=((PY, "benchmarks/matmul.py"),), takes_args=True),
