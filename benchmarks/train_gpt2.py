@@ -333,6 +333,7 @@ class LaunchCounter:
 
     def __init__(self, driver):
         self.counts: collections.Counter = collections.Counter()     # (what, thread) -> calls
+        self.seconds: collections.Counter = collections.Counter()    # (what, thread) -> time inside the calls
         self.wait_stacks: list[str] = []
         self._main = threading.main_thread().ident
         for attr, what in self.CALLS.items():
@@ -341,17 +342,51 @@ class LaunchCounter:
                 setattr(driver, attr, self._counted(fn, what))
 
     def _counted(self, fn, what):
-        counts, main = self.counts, self._main
+        counts, seconds, main, clock = self.counts, self.seconds, self._main, time.perf_counter
 
         def counted(*args, **kwargs):
-            counts[what, "main" if threading.get_ident() == main else "other"] += 1
+            key = (what, "main" if threading.get_ident() == main else "other")
+            counts[key] += 1
             if what == "waits" and len(self.wait_stacks) < self.KEPT_STACKS:
                 self.wait_stacks.append("".join(traceback.format_stack(limit=8)[:-1]))
-            return fn(*args, **kwargs)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[key] += clock() - t0
         return counted
 
     def snapshot(self) -> collections.Counter:
         return collections.Counter(self.counts)
+
+    def seconds_snapshot(self) -> collections.Counter:
+        return collections.Counter(self.seconds)
+
+
+@contextlib.contextmanager
+def timed_launchers(ops):
+    """Each kernellab op's launcher (what Op._impl calls: the op's own Python and its launches) timed per call and
+    thread while inside: yields {(op name, thread): [calls, seconds]}."""
+    times: dict = collections.defaultdict(lambda: [0, 0.0])
+    main, clock, saved = threading.main_thread().ident, time.perf_counter, []
+    for name, op in ops.items():
+        launcher = op.launcher
+
+        def timed(*args, _launcher=launcher, _name=name):
+            t0 = clock()
+            try:
+                return _launcher(*args)
+            finally:
+                entry = times[_name, "main" if threading.get_ident() == main else "other"]
+                entry[0] += 1
+                entry[1] += clock() - t0
+        saved.append((op, launcher))
+        op.launcher = timed
+    try:
+        yield times
+    finally:
+        for op, launcher in saved:
+            op.launcher = launcher
 
     @classmethod
     def install(cls) -> "LaunchCounter | None":
@@ -379,8 +414,10 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
     batches = [parts.batches[i % len(parts.batches)] for i in range(steps)]
     host, gpu = [], []
     before = counter.snapshot() if counter else collections.Counter()
+    seconds0 = counter.seconds_snapshot() if counter else collections.Counter()
     mem0 = torch.cuda.memory_stats(parts.device) if cuda else {}
-    with warnings.catch_warnings(record=True) as caught:
+    import kernellab.ops
+    with warnings.catch_warnings(record=True) as caught, timed_launchers(kernellab.ops.registered()) as op_times:
         warnings.simplefilter("always")
         if cuda:
             torch.cuda.set_sync_debug_mode("warn")          # a warning at every synchronising call torch makes
@@ -407,6 +444,7 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
                 torch.cuda.set_sync_debug_mode(0)
     syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
     after = counter.snapshot() if counter else collections.Counter()
+    in_driver = (counter.seconds_snapshot() if counter else collections.Counter()) - seconds0
     mem1 = torch.cuda.memory_stats(parts.device) if cuda else {}
     timed = host[1:] or host                                 # the first step may still warm something up
     phases = [_median([h[i] for h in timed]) for i in range(3)]
@@ -434,8 +472,17 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
         text = "; ".join(f"{what} " + ", ".join(f"{per_step[what, t]:g} on the {t} thread"
                                                for t in ("main", "other") if (what, t) in per_step) for what in kinds)
         lines.append(f"kernellab's launch path, per step: {text or 'nothing (no kernellab op in this model)'}")
+        if in_driver:
+            lines.append("  host time inside those driver calls, a call: " + "; ".join(
+                f"{what} on the {t} thread {secs / max(after[what, t] - before[what, t], 1) * 1e6:.1f} us"
+                for (what, t), secs in sorted(in_driver.items())))
         if waits and counter.wait_stacks:
             lines.append("  the first launch that waited, from:\n" + counter.wait_stacks[0].rstrip())
+    if op_times:
+        lines.append("kernellab ops' launchers (their Python and launches; not the dispatcher or autograd around "
+                     "them), per step: " + "; ".join(
+                         f"{name} {n / steps:g} calls on the {t} thread, {secs / max(n, 1) * 1e6:.0f} us a call"
+                         for (name, t), (n, secs) in sorted(op_times.items())))
     lines.append(f"torch's synchronising calls (set_sync_debug_mode): {len(syncs) / steps:g} a step"
                  + "".join(f"\n  {w.filename}:{w.lineno}: {str(w.message).splitlines()[0][:160]}"
                            for w in syncs[:3]))
@@ -446,11 +493,12 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
                    kernellab_launches=sum(v for (w, _), v in per_step.items() if w.endswith("launches")),
                    kernellab_waits=waits, context_retries=sum(v for (w, _), v in per_step.items()
                                                               if w == "context retries"),
-                   torch_syncs=len(syncs) / steps, allocator=alloc, verdict=verdict)
+                   torch_syncs=len(syncs) / steps, allocator=alloc, verdict=verdict,
+                   launcher_ms=sum(secs for n, secs in op_times.values()) * 1e3 / steps)
     return "\n".join(lines), summary
 
 
-SYNC_NAMES = re.compile(r"Synchronize|cudaFree|cudaMalloc|cuMemAlloc|cuMemFree|cuCtx|cuModule|cudaEventQuery",
+SYNC_NAMES = re.compile(r"Synchronize|Memcpy|cudaFree|cudaMalloc|cuMemAlloc|cuMemFree|cuCtx|cuModule|cudaEventQuery",
                         re.IGNORECASE)
 
 
@@ -501,13 +549,13 @@ def _profiled(parts: StepParts, batches, sync, cuda) -> list[str]:
 def diagnosis_table(summaries: dict[str, dict]) -> str:
     """One row per diagnosed configuration: host and GPU time a step, kernellab's launches and waits, torch's
     synchronising calls and the verdict."""
-    head = ["config", "host ms", "GPU ms", "fwd / bwd / update host ms", "kl launches", "kl waits", "ctx retries",
-            "torch syncs", "verdict"]
+    head = ["config", "host ms", "GPU ms", "fwd / bwd / update host ms", "kl launcher host ms", "kl launches",
+            "kl waits", "ctx retries", "torch syncs", "verdict"]
     rows = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for name, d in summaries.items():
         gpu = f"{d['gpu_ms']:.2f}" if d["gpu_ms"] is not None else "-"
         rows.append(f"| {name} | {d['host_ms']:.2f} | {gpu} | {d['forward_ms']:.1f} / {d['backward_ms']:.1f} / "
-                    f"{d['update_ms']:.1f} | {d['kernellab_launches']:g} | {d['kernellab_waits']:g} | "
+                    f"{d['update_ms']:.1f} | {d['launcher_ms']:.2f} | {d['kernellab_launches']:g} | {d['kernellab_waits']:g} | "
                     f"{d['context_retries']:g} | {d['torch_syncs']:g} | {d['verdict'].split(':')[0]} |")
     return "\n".join(rows)
 

@@ -438,7 +438,7 @@ def test_diagnose_reports_host_time_by_phase_syncs_and_top_functions(script, tmp
     d = json.loads((tmp_path / "train_gpt2.json").read_text())["diagnosis"]["eager"]
     assert d["host_ms"] > 0 and d["gpu_ms"] is None and d["kernellab_waits"] == 0
     assert abs(d["forward_ms"] + d["backward_ms"] + d["update_ms"] - d["host_ms"]) < 0.5 * d["host_ms"]
-    assert re.search(r"\| eager \| [\d.]+ \| - \| [\d.]+ / [\d.]+ / [\d.]+ \| 0 \| 0 \| 0 \| 0 \| no GPU \|", out)
+    assert re.search(r"\| eager \| [\d.]+ \| - \| [\d.]+ / [\d.]+ / [\d.]+ \| 0.00 \| 0 \| 0 \| 0 \| 0 \| no GPU \|", out)
 
 
 @pytest.fixture
@@ -499,3 +499,11 @@ def test_launch_counter_sees_the_norm_ops_launches_and_any_wait(script, fake_gpu
     counts = counter.snapshot() - before
     assert counts[("waits", "main")] == 3 and counts[("capture queries", "main")] == 3
     assert "_norm_backward" in "".join(counter.wait_stacks) or "layernorm" in "".join(counter.wait_stacks)
+    # the same op as a tiny GPT's LayerNorm, diagnosed: 2 x 2 + 1 norms a step, each 1 launch forward and 2 backward
+    corpus = ByteCorpus(b"while True:\n    pass\n" * 100)
+    run = train(corpus, config=TINY, steps=2, batch=2, seq=16, device="cpu", norm_op=op,
+                diagnose=lambda parts: script.diagnose_step(parts, counter, steps=2, profile_steps=1)[0])
+    assert "kernellab's launch path, per step: generated launches 15 on the main thread" in run.diagnosis
+    assert re.search(r"kl::layernorm 5 calls on the main thread, \d+ us a call; kl::layernorm_backward 5 calls",
+                     run.diagnosis), run.diagnosis
+    assert "waits" not in run.diagnosis.split("kernellab's launch path, per step:")[1].splitlines()[0]
