@@ -527,6 +527,8 @@ def _profiled(parts: StepParts, batches, sync, cuda) -> list[str]:
         if ops:
             lines.append("kernellab ops, host time a call (CPU total): " + "; ".join(
                 f"{e.key} {e.cpu_time_total / max(e.count, 1):.0f} us x{e.count / n:g} a step" for e in ops))
+        if cuda:
+            lines.append(gpu_gaps(prof.events()))
         lines.append(f"torch.profiler, {n} steps, the top host-side entries by self CPU time:\n"
                      + events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=90))
     except Exception as exc:                                   # the profiler is a view, not the measurement
@@ -544,6 +546,36 @@ def _profiled(parts: StepParts, batches, sync, cuda) -> list[str]:
     lines.append(f"cProfile of the main thread (autograd's backward thread is not in it), {len(batches)} steps, by "
                  f"own time:\n" + body[body.find("   ncalls"):].rstrip())
     return lines
+
+
+def gpu_gaps(events, top: int = 6, min_gap_us: float = 20.0) -> str:
+    """Where the GPU sat idle between kernels in a profile: the idle share of the kernels' span and the longest gaps,
+    each with the kernels before and after it and the host-side op that launched the one after (the host was late
+    there)."""
+    from torch.autograd import DeviceType
+    kernels = sorted((e for e in events if getattr(e, "device_type", None) == DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    if len(kernels) < 2:
+        return "GPU idle time: no kernels in the profile"
+    gaps, busy_end = [], kernels[0].time_range.end
+    for prev, e in zip(kernels, kernels[1:]):
+        if e.time_range.start - busy_end >= min_gap_us:
+            gaps.append((e.time_range.start - busy_end, prev, e))
+        busy_end = max(busy_end, e.time_range.end)
+    span = busy_end - kernels[0].time_range.start
+    idle = sum(g for g, _, _ in gaps)
+
+    def launcher(e):
+        parent = getattr(e, "cpu_parent", None)
+        while parent is not None and getattr(parent, "cpu_parent", None) is not None and \
+                not parent.name.startswith(("kl::", "aten::", "autograd::", "Optimizer")):
+            parent = parent.cpu_parent
+        return parent.name if parent is not None else "?"
+    lines = [f"GPU idle between kernels (gaps of {min_gap_us:.0f} us or more): {idle / 1e3:.2f} of {span / 1e3:.2f} "
+             f"ms ({100 * idle / max(span, 1):.0f} %), in {len(gaps)} gaps; the longest:"]
+    for g, prev, e in sorted(gaps, key=lambda t: -t[0])[:top]:
+        lines.append(f"  {g:8.0f} us before {e.name[:60]} (launched under {launcher(e)[:50]}), after {prev.name[:50]}")
+    return "\n".join(lines)
 
 
 def diagnosis_table(summaries: dict[str, dict]) -> str:

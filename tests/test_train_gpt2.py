@@ -507,3 +507,22 @@ def test_launch_counter_sees_the_norm_ops_launches_and_any_wait(script, fake_gpu
     assert re.search(r"kl::layernorm 5 calls on the main thread, \d+ us a call; kl::layernorm_backward 5 calls",
                      run.diagnosis), run.diagnosis
     assert "waits" not in run.diagnosis.split("kernellab's launch path, per step:")[1].splitlines()[0]
+
+
+def test_gpu_gaps_names_the_longest_idle_gaps_and_who_launched_the_next_kernel(script):
+    import types
+
+    from torch.autograd import DeviceType
+
+    def kernel(name, start, end, parent=None):
+        return types.SimpleNamespace(name=name, time_range=types.SimpleNamespace(start=start, end=end),
+                                     device_type=DeviceType.CUDA, cpu_parent=parent)
+    op = types.SimpleNamespace(name="kl::layernorm_backward", cpu_parent=None)
+    launch = types.SimpleNamespace(name="cuLaunchKernel", cpu_parent=op)
+    host = types.SimpleNamespace(name="aten::mm", device_type=DeviceType.CPU, time_range=None)
+    text = script.gpu_gaps([kernel("a", 0, 100), host, kernel("b", 50, 200), kernel("norm_backward_rows", 700, 800,
+                                                                                    launch), kernel("c", 810, 900)])
+    assert text.splitlines()[0].startswith("GPU idle between kernels (gaps of 20 us or more): 0.50 of 0.90 ms (56 %), "
+                                           "in 1 gaps")
+    assert "500 us before norm_backward_rows (launched under kl::layernorm_backward), after b" in text
+    assert script.gpu_gaps([host]) == "GPU idle time: no kernels in the profile"

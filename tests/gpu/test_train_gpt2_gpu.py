@@ -102,3 +102,24 @@ def test_one_step_with_kernellab_ops_has_pytorchs_gradient_error(script):
         if not e_ours <= 2 * e_theirs + 1e-3:
             worse.append(f"{n}: {e_ours:.3g} against PyTorch's {e_theirs:.3g}")
     assert not worse, "relative gradient errors against float64 beyond 2x PyTorch's: " + "; ".join(worse)
+
+
+def test_diagnose_kernellab_ops_queue_without_waiting_for_the_gpu(tmp_path):
+    """--diagnose on a --quick run: every configuration has host and GPU time a step; the LayerNorm op's launches are
+    counted (3 a norm: forward, backward rows and finish; 2 x 2 + 1 norms) and none waits for the GPU inside a
+    training step, on the main thread or autograd's; no INVALID_CONTEXT retry after the first; eager makes no
+    synchronising call. A failure prints the diagnosis: where the step's host time went."""
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_gpt2.py"), "--quick", "--steps", "12",
+                        "--configs", "eager,kernellab-norm", "--diagnose", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert (tmp_path / "train_gpt2.json").exists(), f"rc {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    result = json.loads((tmp_path / "train_gpt2.json").read_text())
+    d = result["diagnosis"]
+    assert d["eager"]["host_ms"] > 0 and d["eager"]["gpu_ms"] > 0 and d["eager"]["torch_syncs"] == 0, d["eager"]
+    if "kernellab-norm" not in d:
+        pytest.skip("kl_layernorm is not available: " + "; ".join(result["ops"] + result["skipped"] + result["failed"]))
+    text = (tmp_path / "diagnose-kernellab-norm.txt").read_text()
+    norm = d["kernellab-norm"]
+    assert norm["kernellab_launches"] == 3 * (2 * GPTConfig.tiny().n_layers + 1), text
+    assert norm["kernellab_waits"] == 0 and norm["torch_syncs"] == 0, text
+    assert norm["context_retries"] == 0, text
