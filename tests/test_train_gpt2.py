@@ -437,7 +437,7 @@ def test_diagnose_reports_host_time_by_phase_syncs_and_top_functions(script, tmp
     assert "top host-side entries by self CPU time" in text and "aten::" in text and "cProfile" in text
     d = json.loads((tmp_path / "train_gpt2.json").read_text())["diagnosis"]["eager"]
     assert d["host_ms"] > 0 and d["gpu_ms"] is None and d["kernellab_waits"] == 0
-    assert abs(d["forward_ms"] + d["backward_ms"] + d["update_ms"] - d["host_ms"]) < 0.5 * d["host_ms"]
+    assert min(d["forward_ms"], d["backward_ms"], d["update_ms"]) > 0 and d["launcher_ms"] == 0
     assert re.search(r"\| eager \| [\d.]+ \| - \| [\d.]+ / [\d.]+ / [\d.]+ \| 0.00 \| 0 \| 0 \| 0 \| 0 \| no GPU \|", out)
 
 
