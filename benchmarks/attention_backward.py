@@ -1,5 +1,5 @@
-"""Attention backward: tutorial 08's kernels (dQ by atomics, dQ in a separate pass) against SDPA's FLASH and CUDNN
-backward, checked and timed in one run.
+"""Attention backward: tutorial 08's kernels (dQ by atomics, dQ in a separate pass, the ladder's rungs) against SDPA's
+FLASH and CUDNN backward, checked and timed in one run.
 
 Method. Kernels and launchers come from notebooks/08-attention-backward.py (its named `%%cuda` cell and `# launchers`
 cells, loaded as the tests load them). Correctness: the notebook's check_backward on N = 1, 1031 (all six awkward
@@ -14,6 +14,9 @@ sustained=True (benchmarks/as_called.py).
 
     python benchmarks/attention_backward.py              # everything
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
+    python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
+The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
+line to put in the notebook's BWD_OP_VARIANT.
 Logs go to --out (default $OUT or .) as attention_backward.json; the table is printed last.
 """
 from __future__ import annotations
@@ -38,10 +41,10 @@ from notebook_cells import load_tutorial  # noqa: E402
 NOTEBOOK = "08-attention-backward.py"
 
 
-def run_checks(t08, quick, log):
+def run_checks(t08, quick, log, variants):
     rows = []
     ns = (1, 1031) if quick else t08["CHECK_N"]
-    for variant in t08["VARIANTS"]:
+    for variant in variants:
         for dname, dtype in t08["DTYPES"].items():
             for d in (64, 128):
                 for causal in (False, True):
@@ -56,13 +59,14 @@ def run_checks(t08, quick, log):
     return rows
 
 
-def run_bench(t08, quick, log, ns, dims):
+def run_bench(t08, quick, log, ns, dims, variants):
     rows = []
     for d in dims:
         for causal in (False, True):
             for N in ns:
                 try:
-                    r = t08["bench_backward"](N, d, causal, rounds=4 if quick else 8, rep_ms=60, warmup_ms=20)
+                    r = t08["bench_backward"](N, d, causal, variants=variants, rounds=4 if quick else 8,
+                                             rep_ms=60, warmup_ms=20)
                 except Exception as exc:
                     log.write(traceback.format_exc())
                     rows.append(dict(d=d, causal=causal, N=N, error=f"{type(exc).__name__}: {exc}"[:300]))
@@ -77,7 +81,7 @@ def run_bench(t08, quick, log, ns, dims):
     return rows
 
 
-def run_as_called(t08, quick, log, ns, dims, masks=(False, True)):
+def run_as_called(t08, quick, log, ns, dims, variants, masks=(False, True)):
     """The launcher as called (allocations and launches included) against SDPA FLASH's backward, three timings."""
     import as_called
 
@@ -89,7 +93,7 @@ def run_as_called(t08, quick, log, ns, dims, masks=(False, True)):
                 make = t08["backward_inputs"](B, H, N, d, causal)
                 fns = {f"ours ({v})": (lambda v: lambda q, k, vv, o, lse, go, graphs:
                                        t08["attention_backward"](q, k, vv, o, lse, go, causal, v))(v)
-                       for v in t08["VARIANTS"]}
+                       for v in variants}
                 fns["FLASH"] = t08["_sdpa_graph_backward"](0)
                 try:
                     ms = as_called.time_as_called(fns, make, flops=t08["backward_flops"](B, H, N, d, causal),
@@ -113,6 +117,8 @@ def main(argv=None):
     ap.add_argument("--no-as-called", action="store_true")
     ap.add_argument("--ns", default=None, help="sequence lengths to time, comma-separated")
     ap.add_argument("--dims", default="64,128", help="head dims to time, comma-separated")
+    ap.add_argument("--variants", default=None, help="the notebook's VARIANTS to check and time, comma-separated "
+                    "(default: all of them)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
@@ -121,17 +127,23 @@ def main(argv=None):
     dev = torch.cuda.get_device_name()
     t0 = time.time()
     t08 = load_tutorial(NOTEBOOK)
-    for name in ("bwd_dkdv_bf16_d64", "bwd_dkv_bf16_d64", "bwd_dq_bf16_d64", "bwd_dkdv_bf16_d128"):
-        print(f"{name:24s} {t08['attn_bwd'][name].resources}")
+    variants = tuple(args.variants.split(",")) if args.variants else t08["VARIANTS"]
+    unknown = [v for v in variants if v not in t08["VARIANTS"]]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; the notebook has {t08['VARIANTS']}")
+    for v in variants:
+        dkdv, dq, _ = t08["BWD_LADDER"][v]
+        for name in (f"{dkdv}_bf16_d64", f"{dkdv}_bf16_d128") + ((f"{dq}_bf16_d64",) if dq else ()):
+            print(f"{v:10s} {name:24s} {t08['attn_bwd'][name].resources}")
     ns = tuple(int(n) for n in args.ns.split(",")) if args.ns else ((1024, 4096) if args.quick
                                                                     else (1024, 2048, 4096, 8192, 16384))
     dims = tuple(int(d) for d in args.dims.split(","))
-    checks = [] if args.no_check else run_checks(t08, args.quick, log)
+    checks = [] if args.no_check else run_checks(t08, args.quick, log, variants)
     print(f"checks done at {time.time() - t0:.0f} s", flush=True)
-    bench_rows = run_bench(t08, args.quick, log, ns, dims)
+    bench_rows = run_bench(t08, args.quick, log, ns, dims, variants)
     print(f"timings done at {time.time() - t0:.0f} s", flush=True)
     called = [] if args.no_as_called else run_as_called(t08, args.quick, log, (4096,) if args.quick else ns,
-                                                        (64,) if args.quick else dims,
+                                                        (64,) if args.quick else dims, variants,
                                                         (False,) if args.quick else (False, True))
     (out / "attention_backward.json").write_text(json.dumps({"device": dev, "checks": checks, "bench": bench_rows,
                                                              "as_called": called}, indent=1, default=str))
@@ -143,21 +155,33 @@ def main(argv=None):
         for c in bad[:20]:
             print("  FAIL", c)
         print(t08["summarize_backward"]([c for c in checks if c.get("error") is not None]))
-    names = [f"ours ({v})" for v in t08["VARIANTS"]] + ["SDPA FLASH", "SDPA CUDNN"]
-    print("\nBackward alone, kernellab.bench, bf16, B*N = 16k, H*d = 2048: TFLOP/s (10 B H N^2 d, halved causal)")
-    print(f"{'d':>4s} {'causal':6s} {'N':>6s} | " + " ".join(f"{n:>12s}" for n in names)
-          + " | (a)/FLASH (b)/FLASH (a)/CUDNN (a)/(b)")
+    ours = [f"ours ({v})" for v in variants]
+    names = ours + ["SDPA FLASH", "SDPA CUDNN"]
+    width = max(12, *(len(n) for n in names))
+    print("\nBackward alone, kernellab.bench, bf16, B*N = 16k, H*d = 2048: TFLOP/s (10 B H N^2 d, halved causal); "
+          "then each variant / SDPA FLASH, and the best variant / SDPA CUDNN")
+    print(f"{'d':>4s} {'causal':6s} {'N':>6s} | " + " ".join(f"{n:>{width}s}" for n in names) + " | "
+          + " ".join(f"{v:>10s}" for v in variants) + " | best/CUDNN")
+    best = {}                                   # (d, causal) -> {variant: [ratio to FLASH at each N]}
     for r in bench_rows:
         if "error" in r:
             print(f"{r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | error: {r['error']}")
             continue
         tf = r["tflops"]
-        cells = " ".join(f"{tf[n]:12.1f}" if n in tf else f"{'-':>12s}" for n in names)
-        a, b = tf.get(names[0]), tf.get(names[1])
+        cells = " ".join(f"{tf[n]:{width}.1f}" if n in tf else f"{'-':>{width}s}" for n in names)
         fl, cu = tf.get("SDPA FLASH"), tf.get("SDPA CUDNN")
         ratio = (lambda x, y: f"{x / y:9.2f}x" if x and y else f"{'-':>10s}")
-        print(f"{r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | {cells} | {ratio(a, fl)} {ratio(b, fl)} "
-              f"{ratio(a, cu)} {ratio(a, b)}")
+        top = max((tf[n] for n in ours if n in tf), default=None)
+        for v, n in zip(variants, ours):
+            if n in tf and fl:
+                best.setdefault((r["d"], r["causal"]), {}).setdefault(v, []).append(tf[n] / fl)
+        print(f"{r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | {cells} | "
+              + " ".join(ratio(tf.get(n), fl) for n in ours) + f" | {ratio(top, cu)}")
+    if best:
+        choice = {k: max(v, key=lambda name: sum(v[name]) / len(v[name])) for k, v in sorted(best.items())}
+        print("\nFastest variant per (d, causal), by its mean ratio to FLASH over the Ns timed (the notebook's "
+              "BWD_OP_VARIANT line):")
+        print("BWD_OP_VARIANT = {" + ", ".join(f"({d}, {c}): {v!r}" for (d, c), v in choice.items()) + "}")
     if called:
         import as_called
 

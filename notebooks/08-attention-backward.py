@@ -304,7 +304,7 @@ typedef unsigned int uint32_t;
 
 namespace bwd {
 
-constexpr int NWARPS = BWD_NWARPS, NTHREADS = 32 * BWD_NWARPS, TILE = 16 * BWD_NWARPS;   // 64 rows a block owns
+constexpr int NWARPS = BWD_NWARPS, NTHREADS = 32 * BWD_NWARPS;   // step 2: 4 warps, 64 rows a block
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -314,15 +314,20 @@ __device__ __forceinline__ float exp2_approx(float x) {   // MUFU.EX2; exp2(-inf
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
+// p[0] += a, p[1] += b in global memory, one vector reduction (sm_90: RED.E.ADD.F32x2; p 8-byte aligned).
+__device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
 // Byte offset of 16-byte chunk `chunk` of row `row` in a [rows, COLS] tile of 16-bit values, XOR-swizzled as in
 // tutorial 07: the 8 rows an ldmatrix phase reads at one logical chunk sit in 8 different bank groups; COLS >= 64.
 template <int COLS> __device__ __forceinline__ uint32_t swz(int row, int chunk) {
     return row * (COLS * 2) + ((chunk ^ (row & 7)) << 4);
 }
 // Rows [row0, row0 + ROWS) of a [N, D] matrix into a swizzled tile through cp.async; rows past N become zeros.
-template <int ROWS, int D, typename T>
+// NT: the block's threads (NTHREADS, or 256 in the 8-warp kernels).
+template <int ROWS, int D, typename T, int NT = NTHREADS>
 __device__ __forceinline__ void load_tile(uint32_t tile, const T* __restrict__ g, int row0, int N) {
-    for (int i = threadIdx.x; i < ROWS * D / 8; i += NTHREADS) {
+    for (int i = threadIdx.x; i < ROWS * D / 8; i += NT) {
         const int r = i / (D / 8), c = i % (D / 8);
         const bool valid = row0 + r < N;
         cp_async_16(tile + swz<D>(r, c), valid ? g + (size_t)(row0 + r) * D + c * 8 : g, valid ? 16 : 0);
@@ -330,9 +335,9 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T* __restrict__ g
 }
 // ROWS fp32 values v[row0 ..] into shared memory at `dst`, zeros past N (4-byte copies: row0 * 4 need not be
 // 16-byte aligned).
-template <int ROWS>
+template <int ROWS, int NT = NTHREADS>
 __device__ __forceinline__ void load_row_values(uint32_t dst, const float* __restrict__ v, int row0, int N) {
-    for (int i = threadIdx.x; i < ROWS; i += NTHREADS) {
+    for (int i = threadIdx.x; i < ROWS; i += NT) {
         const bool valid = row0 + i < N;
         cp_async_4(dst + 4 * i, valid ? v + row0 + i : v, valid ? 4 : 0);
     }
@@ -374,6 +379,83 @@ __device__ __forceinline__ void gemm_ab_regs(float (&acc)[D / 8][4], const uint3
             mma_16816<T>(acc[db + 1], af[kc], bf[2], bf[3]);
         }
 }
+// The lean tile step's versions of the two products (rung 6): the same ldmatrix addresses, computed once per thread.
+// swz<D>(row, chunk) with row & 7 == lane & 7 and chunk = 2 kc ^ c (c: the lane's 0/1) is
+//   (row * 2D | ((c ^ (lane & 7)) << 4)) ^ (kc << 5),
+// as row * 2D has no bits below 2D (>= 128 bytes): one XOR a k-step, and the n-blocks' rows as constant offsets.
+template <typename T, int D, int NB>
+__device__ __forceinline__ void gemm_abt_lean(float (&acc)[NB][4], uint32_t a, int a_row0, uint32_t b) {
+    const int lane = threadIdx.x % 32, l7 = lane & 7;
+    const uint32_t a_off = (a_row0 + (lane & 15)) * (2 * D) | (((lane >> 4) ^ l7) << 4);         // a_row0 % 8 == 0
+    const uint32_t b_off = (l7 + ((lane >> 4) << 3)) * (2 * D) | ((((lane >> 3) & 1) ^ l7) << 4);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t af[4];
+        ldmatrix_x4(af, a + (a_off ^ (kc << 5)));
+        const uint32_t bk = b + (b_off ^ (kc << 5));
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, bk + nb * 16 * D);                  // rows 8 nb ..: 8 nb x 2D bytes further
+            mma_16816<T>(acc[nb], af, bf[0], bf[1]);
+            mma_16816<T>(acc[nb + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+template <typename T, int D, int KC>
+__device__ __forceinline__ void gemm_ab_regs_lean(float (&acc)[D / 8][4], const uint32_t (&af)[KC][4], uint32_t b) {
+    const int lane = threadIdx.x % 32;
+    const uint32_t off = (lane & 15) * (2 * D) | (((lane >> 4) ^ (lane & 7)) << 4);     // chunk db + (lane >> 4)
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+        for (int db = 0; db < D / 8; db += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + (off ^ (db << 4)) + kc * 32 * D);      // rows 16 kc ..
+            mma_16816<T>(acc[db], af[kc], bf[0], bf[1]);
+            mma_16816<T>(acc[db + 1], af[kc], bf[2], bf[3]);
+        }
+}
+// P^T of the dK/dV tile step from S^T in p (lean step): LSE and Dv read as pairs (float2: queries 2t, 2t + 1 of
+// each n-block), masks only where MASKED (tiles crossing N or the diagonal). key0: the thread's row g's key.
+template <bool MASKED, bool CAUSAL, int NB>
+__device__ __forceinline__ void probs_t(float (&p)[NB][4], const float* lse, float scale_log2, int q0, int key0,
+                                        int t, int N) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        const float2 l = *reinterpret_cast<const float2*>(lse + 8 * nb + 2 * t);
+        const float nl[2] = {-l.x * 1.4426950408889634f, -l.y * 1.4426950408889634f};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float x = fmaf(p[nb][e], scale_log2, nl[e & 1]);
+            if (MASKED) {
+                const int q = q0 + 8 * nb + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+                if (q >= N || (CAUSAL && key > q)) x = -CUDART_INF_F;
+            }
+            p[nb][e] = exp2_approx(x);
+        }
+    }
+}
+
+// P of the dQ pass's tile step (lean step), rows row0 and row0 + 8 (LSE in log2 units in lse[2]), keys from kv0.
+template <bool MASKED, bool CAUSAL, int NB>
+__device__ __forceinline__ void probs_q(float (&p)[NB][4], const float (&lse)[2], float scale_log2, int kv0,
+                                        int row0, int t, int N) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float x = fmaf(p[nb][e], scale_log2, -lse[e >> 1]);
+            if (MASKED) {
+                const int key = kv0 + 8 * nb + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
+                if (key >= N || (CAUSAL && key > row)) x = -CUDART_INF_F;
+            }
+            p[nb][e] = exp2_approx(x);
+        }
+}
+
 // Accumulator pairs (rows g, g + 8; columns 2t, 2t + 1 of n-blocks 2 kc, 2 kc + 1) as A fragments of T.
 template <typename T, int NB>
 __device__ __forceinline__ void pack_a(uint32_t (&af)[NB / 2][4], const float (&x)[NB][4]) {
@@ -402,26 +484,29 @@ __device__ __forceinline__ void preprocess(const T* __restrict__ O, const T* __r
         for (int c = lane; c < D; c += 32) dq_accum[(size_t)row * D + c] = 0.f;
 }
 
-// dK and dV of TILE keys per block (warp w: keys kv0 + 16 w ..), in registers, walking the query tiles of BWD_BM
+// dK and dV of KT = 16 W keys per block (W warps; warp w: keys kv0 + 16 w ..), in registers, walking the query tiles of BWD_BM
 // rows (BM: BWD_BM64 or BWD_BM128; double-buffered Q, dO, LSE, Dv). DQ_ATOMIC (variant a): dS also goes through shared memory, and the block
 // adds its share of dQ = scale * dS K into dq_accum (fp32) with atomics; otherwise (variant b) dq_kernel does dQ.
-// grid (ceil(N / TILE), BH), NTHREADS threads, dynamic smem as bwd_dkdv_smem_bytes in the launchers.
-template <typename T, int D, int BM, bool CAUSAL, bool DQ_ATOMIC>
+// RED_V2: each pair of dQ shares as one red.global.add.v2.f32 (sm_90) instead of two atomicAdd.
+// grid (ceil(N / KT), BH), 32 W threads, dynamic smem as bwd_dkdv_smem_bytes in the launchers.
+template <typename T, int D, int BM, bool CAUSAL, bool DQ_ATOMIC, int W = NWARPS, bool RED_V2 = false,
+          bool LEAN = false>
 __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                      const T* __restrict__ dO, const float* __restrict__ LSE,
                                      const float* __restrict__ Dv, float* __restrict__ dq_accum, T* __restrict__ dK,
                                      T* __restrict__ dV, int N, float scale) {
-    constexpr int NB = BM / 8, DB = D / 8, TB = TILE * D * 2, QB = BM * D * 2;
+    constexpr int KT = 16 * W, NT = 32 * W;   // keys a block owns (16 a warp), threads
+    constexpr int NB = BM / 8, DB = D / 8, TB = KT * D * 2, QB = BM * D * 2;
     extern __shared__ __align__(128) unsigned char smem[];
-    const uint32_t k_tile = smem_u32(smem), v_tile = k_tile + TB;             // [TILE, D] each
+    const uint32_t k_tile = smem_u32(smem), v_tile = k_tile + TB;             // [KT, D] each
     const uint32_t q_tile0 = v_tile + TB, do_tile0 = q_tile0 + 2 * QB;        // [2][BM, D] each
     const uint32_t lse0 = do_tile0 + 2 * QB, dv0 = lse0 + 2 * BM * 4;         // [2][BM] fp32 each
-    const uint32_t ds_tile = dv0 + 2 * BM * 4;                                // [TILE keys, 64] (variant a; BM used)
+    const uint32_t ds_tile = dv0 + 2 * BM * 4;                                // [KT keys, 64] (variant a; BM used)
     const float* lse_s = reinterpret_cast<const float*>(smem + 2 * TB + 4 * QB);
     const float* dv_s = lse_s + 2 * BM;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int kv0 = blockIdx.x * TILE, kw = 16 * warp;           // the block's first key, the warp's first in the tile
+    const int kv0 = blockIdx.x * KT, kw = 16 * warp;           // the block's first key, the warp's first in the tile
     const size_t head = (size_t)blockIdx.y * N;
     Q += head * D; K += head * D; V += head * D; dO += head * D; LSE += head; Dv += head;
     dK += head * D; dV += head * D;
@@ -429,13 +514,13 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
     const float scale_log2 = scale * 1.4426950408889634f;
 
     const int i_first = CAUSAL ? kv0 / BM : 0, i_end = (N + BM - 1) / BM;     // causal: queries before kv0 see no key
-    load_tile<TILE, D>(k_tile, K, kv0, N);
-    load_tile<TILE, D>(v_tile, V, kv0, N);
+    load_tile<KT, D, T, NT>(k_tile, K, kv0, N);
+    load_tile<KT, D, T, NT>(v_tile, V, kv0, N);
     auto load_q = [&](int i, int buf) {
-        load_tile<BM, D>(q_tile0 + buf * QB, Q, i * BM, N);
-        load_tile<BM, D>(do_tile0 + buf * QB, dO, i * BM, N);
-        load_row_values<BM>(lse0 + buf * BM * 4, LSE, i * BM, N);
-        load_row_values<BM>(dv0 + buf * BM * 4, Dv, i * BM, N);
+        load_tile<BM, D, T, NT>(q_tile0 + buf * QB, Q, i * BM, N);
+        load_tile<BM, D, T, NT>(do_tile0 + buf * QB, dO, i * BM, N);
+        load_row_values<BM, NT>(lse0 + buf * BM * 4, LSE, i * BM, N);
+        load_row_values<BM, NT>(dv0 + buf * BM * 4, Dv, i * BM, N);
     };
     load_q(i_first, 0);
     cp_async_commit();
@@ -458,8 +543,25 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
 
         // S^T = K Q^T (16 keys x BM queries per warp), then P^T = exp2(scale_log2 S^T - LSE log2(e)).
         float p[NB][4], dp[NB][4];
+        const bool mask = q0 + BM > N || (CAUSAL && q0 < kv0 + KT);
+        uint32_t af[NB / 2][4];
+        if constexpr (LEAN) {                 // rung 6: the same step, fewer instructions
+            gemm_abt_lean<T, D, NB>(p, k_tile, kw, q_tile);
+            if (mask) probs_t<true, CAUSAL, NB>(p, lse, scale_log2, q0, kv0 + kw + g, t, N);
+            else probs_t<false, CAUSAL, NB>(p, lse, scale_log2, q0, kv0 + kw + g, t, N);
+            gemm_abt_lean<T, D, NB>(dp, v_tile, kw, do_tile);
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                const float2 dd = *reinterpret_cast<const float2*>(dvec + 8 * nb + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dp[nb][e] = p[nb][e] * (dp[nb][e] - (e & 1 ? dd.y : dd.x)) * scale;
+            }
+            pack_a<T, NB>(af, p);
+            gemm_ab_regs_lean<T, D, NB / 2>(dv, af, do_tile);
+            pack_a<T, NB>(af, dp);
+            gemm_ab_regs_lean<T, D, NB / 2>(dk, af, q_tile);
+        } else {
         gemm_abt<T, D, NB>(p, k_tile, kw, q_tile);
-        const bool mask = q0 + BM > N || (CAUSAL && q0 < kv0 + TILE);
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
@@ -477,16 +579,16 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
 #pragma unroll
             for (int e = 0; e < 4; ++e) dp[nb][e] = p[nb][e] * (dp[nb][e] - dvec[8 * nb + 2 * t + (e & 1)]) * scale;
 
-        uint32_t af[NB / 2][4];
         pack_a<T, NB>(af, p);                 // dV += P^T dO
         gemm_ab_regs<T, D, NB / 2>(dv, af, do_tile);
         pack_a<T, NB>(af, dp);                // dK += dS^T Q
         gemm_ab_regs<T, D, NB / 2>(dk, af, q_tile);
+        }
 
         if (DQ_ATOMIC) {
-            // dS^T to shared memory as T, [TILE keys][BM queries] in rows of 64; then the warps share dQ += dS K
+            // dS^T to shared memory as T, [KT keys][BM queries] in rows of 64; then the warps share dQ += dS K
             // ([BM, D]): RG groups of 16 query rows, each group's D columns split over NWARPS / RG warps.
-            constexpr int RG = BM / 16, DBW = DB / (NWARPS / RG);
+            constexpr int RG = BM / 16, DBW = DB / (W / RG);
             const int rw = 16 * (warp % RG), db0 = (warp / RG) * DBW;
             unsigned char* ds = smem + (ds_tile - k_tile);
 #pragma unroll
@@ -500,8 +602,8 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
             float dq[DBW][4];
 #pragma unroll
             for (int e = 0; e < DBW; ++e) dq[e][0] = dq[e][1] = dq[e][2] = dq[e][3] = 0.f;
-#pragma unroll
-            for (int kc = 0; kc < TILE / 16; ++kc) {
+#pragma unroll (KT == 64 ? 4 : 2)          // 8 warps: unrolled by 2 only, or bwd_dkdv_w8 at d = 64 spills
+            for (int kc = 0; kc < KT / 16; ++kc) {
                 uint32_t a[4];                        // dS rows rw .. (queries), keys 16 kc ..: stored transposed
                 ldmatrix_x4_trans(a, ds_tile + swz<64>(16 * kc + (lane & 7) + ((lane >> 4) << 3),
                                                        rw / 8 + ((lane >> 3) & 1)));
@@ -519,8 +621,13 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
                 if (row < N)
 #pragma unroll
                     for (int db = 0; db < DBW; ++db) {
-                        atomicAdd(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t, dq[db][2 * h]);
-                        atomicAdd(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t + 1, dq[db][2 * h + 1]);
+                        float* dst = dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t;
+                        if (RED_V2) {
+                            red_add_v2(dst, dq[db][2 * h], dq[db][2 * h + 1]);
+                        } else {
+                            atomicAdd(dst, dq[db][2 * h]);
+                            atomicAdd(dst + 1, dq[db][2 * h + 1]);
+                        }
                     }
             }
         }
@@ -539,21 +646,22 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
     }
 }
 
-// dQ of TILE queries per block (variant b; warp w: rows q0 + 16 w ..) in registers, walking the key tiles of BWD_BN
+// dQ of QT = 16 W queries per block (variant b; W warps, warp w: rows q0 + 16 w ..) in registers, walking the key tiles of BWD_BN
 // keys (double-buffered K, V): S and dP recomputed, dS straight from the accumulators as the A operand of dS K.
-// grid (ceil(N / TILE), BH), NTHREADS threads, dynamic smem: Q and dO tiles, 2 K and 2 V tiles.
-template <typename T, int D, bool CAUSAL>
+// grid (ceil(N / QT), BH), 32 W threads, dynamic smem: Q and dO tiles, 2 K and 2 V tiles.
+template <typename T, int D, bool CAUSAL, int W = NWARPS, bool LEAN = false>
 __device__ __forceinline__ void dq_pass(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                         const T* __restrict__ dO, const float* __restrict__ LSE,
                                         const float* __restrict__ Dv, T* __restrict__ dQ, int N, float scale) {
-    constexpr int BN = BWD_BN, NB = BN / 8, DB = D / 8, TB = TILE * D * 2, KB = BN * D * 2;
+    constexpr int QT = 16 * W, NT = 32 * W;   // queries a block owns (16 a warp), threads
+    constexpr int BN = BWD_BN, NB = BN / 8, DB = D / 8, TB = QT * D * 2, KB = BN * D * 2;
     extern __shared__ __align__(128) unsigned char smem[];
-    const uint32_t q_tile = smem_u32(smem), do_tile = q_tile + TB;            // [TILE, D] each
+    const uint32_t q_tile = smem_u32(smem), do_tile = q_tile + TB;            // [QT, D] each
     const uint32_t k_tile0 = do_tile + TB, v_tile0 = k_tile0 + 2 * KB;        // [2][BN, D] each
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;     // causal: the longest rows first
-    const int q0 = qblock * TILE, qw = 16 * warp;
+    const int q0 = qblock * QT, qw = 16 * warp;
     const size_t head = (size_t)blockIdx.y * N;
     Q += head * D; K += head * D; V += head * D; dO += head * D; LSE += head; Dv += head; dQ += head * D;
     const float scale_log2 = scale * 1.4426950408889634f;
@@ -565,11 +673,11 @@ __device__ __forceinline__ void dq_pass(const T* __restrict__ Q, const T* __rest
         lse[h] = row < N ? LSE[row] * 1.4426950408889634f : 0.f;
         dvec[h] = row < N ? Dv[row] : 0.f;
     }
-    const int j_end = CAUSAL ? min((N + BN - 1) / BN, (q0 + TILE + BN - 1) / BN) : (N + BN - 1) / BN;
-    load_tile<TILE, D>(q_tile, Q, q0, N);
-    load_tile<TILE, D>(do_tile, dO, q0, N);
-    load_tile<BN, D>(k_tile0, K, 0, N);
-    load_tile<BN, D>(v_tile0, V, 0, N);
+    const int j_end = CAUSAL ? min((N + BN - 1) / BN, (q0 + QT + BN - 1) / BN) : (N + BN - 1) / BN;
+    load_tile<QT, D, T, NT>(q_tile, Q, q0, N);
+    load_tile<QT, D, T, NT>(do_tile, dO, q0, N);
+    load_tile<BN, D, T, NT>(k_tile0, K, 0, N);
+    load_tile<BN, D, T, NT>(v_tile0, V, 0, N);
     cp_async_commit();
 
     float dq[DB][4];
@@ -580,14 +688,19 @@ __device__ __forceinline__ void dq_pass(const T* __restrict__ Q, const T* __rest
         cp_async_wait_all();
         __syncthreads();
         if (j + 1 < j_end) {
-            load_tile<BN, D>(k_tile0 + (buf ^ 1) * KB, K, kv0 + BN, N);
-            load_tile<BN, D>(v_tile0 + (buf ^ 1) * KB, V, kv0 + BN, N);
+            load_tile<BN, D, T, NT>(k_tile0 + (buf ^ 1) * KB, K, kv0 + BN, N);
+            load_tile<BN, D, T, NT>(v_tile0 + (buf ^ 1) * KB, V, kv0 + BN, N);
         }
         cp_async_commit();
         const uint32_t k_tile = k_tile0 + buf * KB, v_tile = v_tile0 + buf * KB;
         float p[NB][4], dp[NB][4];
-        gemm_abt<T, D, NB>(p, q_tile, qw, k_tile);          // S = Q K^T
+        if constexpr (LEAN) gemm_abt_lean<T, D, NB>(p, q_tile, qw, k_tile);
+        else gemm_abt<T, D, NB>(p, q_tile, qw, k_tile);     // S = Q K^T
         const bool mask = kv0 + BN > N || (CAUSAL && kv0 + BN > q0 + 1);
+        if constexpr (LEAN) {                 // the masks in their own branch, for tiles crossing N or the diagonal
+            if (mask) probs_q<true, CAUSAL, NB>(p, lse, scale_log2, kv0, q0 + qw + g, t, N);
+            else probs_q<false, CAUSAL, NB>(p, lse, scale_log2, kv0, q0 + qw + g, t, N);
+        } else {
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
@@ -597,14 +710,17 @@ __device__ __forceinline__ void dq_pass(const T* __restrict__ Q, const T* __rest
                 if (mask && (key >= N || (CAUSAL && key > row))) x = -CUDART_INF_F;
                 p[nb][e] = exp2_approx(x);
             }
-        gemm_abt<T, D, NB>(dp, do_tile, qw, v_tile);        // dP = dO V^T
+        }
+        if constexpr (LEAN) gemm_abt_lean<T, D, NB>(dp, do_tile, qw, v_tile);
+        else gemm_abt<T, D, NB>(dp, do_tile, qw, v_tile);   // dP = dO V^T
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dp[nb][e] = p[nb][e] * (dp[nb][e] - dvec[e >> 1]) * scale;
         uint32_t af[NB / 2][4];
         pack_a<T, NB>(af, dp);
-        gemm_ab_regs<T, D, NB / 2>(dq, af, k_tile);          // dQ += dS K
+        if constexpr (LEAN) gemm_ab_regs_lean<T, D, NB / 2>(dq, af, k_tile);
+        else gemm_ab_regs<T, D, NB / 2>(dq, af, k_tile);     // dQ += dS K
     }
     cp_async_wait_all();
 #pragma unroll
@@ -740,6 +856,238 @@ extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d128_causal(const __half* q, co
 }
 extern "C" __global__ void bwd_dq_convert_f16(const float* src, __half* dst, int n) { bwd::convert<__half>(src, dst, n); }
 
+// The ladder (rungs 3-6, after variants a and b): the same tile step, changed as FlashAttention-2's backward is.
+// bwd_dkdv_v2: variant (a) with dQ shares as red.global.add.v2.f32 (half the reduction instructions);
+// bwd_dkv_w8 + bwd_dq_w8: variant (b) with 8 warps and 128 keys (queries) a block, one block per SM;
+// bwd_dkdv_w8: variant (a) with 8 warps, 128 keys a block, and the vector reductions.
+#define BWD_BOUNDS8 __launch_bounds__(256, 1)
+// bwd_dkv_lean + bwd_dq_lean: variant (b) with the lean tile step (rung 6); bwd_dkdv_lean: variant (a), lean, with
+// the vector reductions.
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 64, false, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 64, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 128, false, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 128, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, false, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 64, false, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, false, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, true, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 64, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, true, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, false, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 128, false, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, false, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, true, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 128, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, true, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 64, false, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 64, true, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 128, false, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
+    bwd::dq_pass<__nv_bfloat16, 128, true, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, false, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, false, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 64, false, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, false, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, true, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, true, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 64, true, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 64, BWD_BM64, true, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, false, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, false, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 128, false, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, false, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, true, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, true, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
+    bwd::dq_pass<__half, 128, true, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, true, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+
 # %% [markdown]
 # ### What it costs
 #
@@ -756,6 +1104,52 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
     print(" " * 27, kern.instruction_summary)
 
 # %% [markdown]
+# ### The ladder toward FlashAttention-2's backward
+#
+# The first GPU measurement (H100, `N = 1024 .. 4096`, bf16) put variant (b) at 0.63-0.90x SDPA's FLASH backward
+# (135-188 TFLOP/s) and variant (a) at 0.45-0.70x. Of what FlashAttention-2's backward does, step 2 already has the
+# `Q`/`dO`/LSE/`Dv` tiles double-buffered with `cp.async`, `P^T` and `dS^T` kept in registers as `mma` A operands
+# (`dO` and `Q` read through `ldmatrix.trans`) and one `__syncthreads` per query tile in (b). What it lacks, one rung
+# each, every rung a kernel of its own in the cell above (the entry points after variant (b)'s, the same templates
+# with a switch each: warps `W`, `RED_V2`, `LEAN`), all launched by `attention_backward(..., variant=...)` from
+# `BWD_LADDER`, all checked and timed by the same harness:
+#
+# 3. **`atomic_v2`**: variant (a) with each thread's pairs of `dQ` shares added by one `red.global.add.v2.f32`
+#    (Hopper's vector reduction, `REDG.E.ADD.F32x2`) instead of two `atomicAdd`: 16 reductions per thread and tile step
+#    instead of 32 at `d = 64`. *Prediction*: the bytes reaching L2 are the same, only the instructions and L2
+#    transactions halve: (a) 10-20 % faster (about 135-155 TFLOP/s at `d = 64`, `N = 4096`), still behind (b).
+# 4. **`pass_w8`**: variant (b) with 8 warps and 128 keys (and 128 queries in the `dQ` pass) a block, as
+#    FlashAttention-2 tiles its backward: every `Q`/`dO` tile crossing L2 into shared memory now serves 128 keys, half
+#    the L2 traffic per FLOP, and half the blocks' prologues (the `K`, `V` loads and the causal start). But each warp
+#    still owns 16 rows, so `ldmatrix` bytes per `mma` are unchanged (0.56 `ldmatrix.x4` per `mma`: a ceiling near
+#    420 TFLOP/s for the `dK`/`dV` kernel from 128 B/clock of shared memory), and at 255 registers only one 256-thread
+#    block fits an SM, so a `__syncthreads` stalls all its warps where two 4-warp blocks overlapped.
+#    *Prediction*: within 10 % of (b), either way; faster would say the L2 stream was the limit.
+# 5. **`atomic_w8`**: variant (a) with 8 warps, 128 keys and the vector reductions: one `dQ` share per 128 keys,
+#    so the reductions per FLOP halve again (a quarter of (a)'s). *Prediction*: (a) within 10 % of (b), 150-180
+#    TFLOP/s at `d = 64`.
+# 6. **`pass_lean`** (and **`atomic_lean`**, with the vector reductions): the tile step with fewer instructions, as
+#    tutorial 07's forward gained 25-40 % from (its notes: 1,142 instructions a tile for 128 `mma`s, issue-bound):
+#    `ldmatrix` addresses computed once per thread (the swizzle as one XOR a k-step, the n-blocks as constant
+#    offsets), the masks compiled only into a branch for tiles that cross `N` or the diagonal, the LSE and `Dv` read
+#    as `float2` pairs. Counted in the SASS before any GPU ran it (NVRTC, sm_90): 1-3 % fewer instructions than (b)'s
+#    kernels (`bwd_dkv_bf16_d64` 2,440, lean 2,416; `bwd_dq_bf16_d64` 1,728 both; 2-11 registers fewer): `ptxas`
+#    had already hoisted most of the address math and split the masked tiles off. *Prediction*: the same speed as
+#    (b) within 5 %; a larger gain would point at the registers (fewer, so more room to schedule), not the count.
+#
+# What FlashAttention-2 does beyond these, and the next rung if these do not reach 1.0x: warps tiled in two
+# dimensions (a warp computing 32 or 64 rows of a product, so each `ldmatrix` B fragment feeds 2-4 `mma`s: about
+# 0.3 `ldmatrix.x4` per `mma`), with `P` and `dS` through shared memory where a product wants the other layout.
+# `BWD_OP_VARIANT` (launcher cell) is the op's choice per `(d, causal)`: variant (b) until the ladder is measured.
+
+# %%
+for name in ("bwd_dkdv_v2_bf16_d64", "bwd_dkv_w8_bf16_d64", "bwd_dq_w8_bf16_d64", "bwd_dkdv_w8_bf16_d128_causal",
+             "bwd_dkv_lean_bf16_d64", "bwd_dq_lean_bf16_d64"):
+    kern = attn_bwd[name]
+    print(f"{name:30s} {kern.resources}")
+    print(" " * 31, kern.instruction_summary)
+
+# %% [markdown]
 # ### The launchers
 #
 # `attention_backward` runs the preprocessing kernel, then variant (a) (`variant="atomic"`: the key-block kernel with
@@ -768,24 +1162,32 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
 BWD_KEYS_PER_BLOCK = 64                        # BWD_NWARPS x 16: keys (dK/dV kernel) or queries (dQ kernel) a block owns
 BWD_QUERY_TILE = {64: 64, 128: 32}             # BWD_BM64, BWD_BM128: queries per step of the dK/dV kernel
 BWD_KEY_TILE = 64                              # BWD_BN: keys per step of the dQ kernel
-VARIANTS = ("atomic", "pass")
+# variant -> (dK/dV kernel, dQ kernel (None: dQ by atomics in the dK/dV kernel), warps a block): (a), (b), the ladder
+BWD_LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4),
+              "atomic_v2": ("bwd_dkdv_v2", None, 4), "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8),
+              "atomic_w8": ("bwd_dkdv_w8", None, 8), "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4),
+              "atomic_lean": ("bwd_dkdv_lean", None, 4)}
+VARIANTS = tuple(BWD_LADDER)
+# The op's variant per (head dim, causal): (b) until the GPU's ladder (benchmarks/attention_backward.py) says otherwise
+BWD_OP_VARIANT = {(64, False): "pass", (64, True): "pass", (128, False): "pass", (128, True): "pass"}
 
 
-def bwd_dkdv_smem_bytes(d, atomic):
-    """K and V tiles, 2 x (Q, dO) query tiles, 2 x (LSE, Dv) rows, and (variant a) the dS^T tile of 64 x 64."""
-    bm = BWD_QUERY_TILE[d]
-    return 2 * BWD_KEYS_PER_BLOCK * d * 2 + 4 * bm * d * 2 + 4 * bm * 4 + (64 * 64 * 2 if atomic else 0)
+def bwd_dkdv_smem_bytes(d, atomic, warps=4):
+    """K and V tiles (16 keys a warp), 2 x (Q, dO) query tiles, 2 x (LSE, Dv) rows, and (variant a) the dS^T tile
+    of 16 warps x 64."""
+    bm, keys = BWD_QUERY_TILE[d], 16 * warps
+    return 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4 + (keys * 64 * 2 if atomic else 0)
 
 
-def bwd_dq_smem_bytes(d):
-    """Q and dO tiles of the block's queries, 2 x (K, V) key tiles."""
-    return 2 * BWD_KEYS_PER_BLOCK * d * 2 + 4 * BWD_KEY_TILE * d * 2
+def bwd_dq_smem_bytes(d, warps=4):
+    """Q and dO tiles of the block's queries (16 a warp), 2 x (K, V) key tiles."""
+    return 2 * 16 * warps * d * 2 + 4 * BWD_KEY_TILE * d * 2
 
 
 def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", dq=None, dk=None, dv=None):
     """(dq, dk, dv) of softmax(q k^T / sqrt(d)) v given o, lse (from attention_forward) and grad_o = dL/do; all
-    [B, H, N, d] bf16/fp16 contiguous CUDA tensors (lse [B, H, N] fp32), d = 64 or 128. variant: "atomic" (a) or
-    "pass" (b)."""
+    [B, H, N, d] bf16/fp16 contiguous CUDA tensors (lse [B, H, N] fp32), d = 64 or 128. variant: "atomic" (a),
+    "pass" (b), or a rung of the ladder (BWD_LADDER)."""
     B, H, N, d = q.shape
     if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"attention_backward takes bf16/fp16 [B, H, N, d] with d = 64 or 128, got {q.dtype} "
@@ -801,19 +1203,19 @@ def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", 
     dv = torch.empty_like(v) if dv is None else dv
     rows, scale = B * H * N, d ** -0.5
     delta = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
-    atomic = variant == "atomic"
+    dkdv, dq_pass, warps = BWD_LADDER[variant]
+    atomic = dq_pass is None
     dq_accum = torch.empty(B, H, N, d, dtype=torch.float32, device=q.device) if atomic else None
     attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128](o, grad_o, delta, dq_accum, rows)
-    grid = (math.ceil(N / BWD_KEYS_PER_BLOCK), B * H)
+    grid, threads = (math.ceil(N / (16 * warps)), B * H), 32 * warps
+    attn_bwd[f"{dkdv}_{suffix}"][grid, threads, bwd_dkdv_smem_bytes(d, atomic, warps)](
+        q, k, v, grad_o, lse, delta, dq_accum, dk, dv, N, scale)
     if atomic:
-        attn_bwd[f"bwd_dkdv_{suffix}"][grid, 128, bwd_dkdv_smem_bytes(d, True)](
-            q, k, v, grad_o, lse, delta, dq_accum, dk, dv, N, scale)
         n = dq.numel()
         attn_bwd[f"bwd_dq_convert_{dt}"][(min(math.ceil(n / 256), 4096),), 256](dq_accum, dq, n)
     else:
-        attn_bwd[f"bwd_dkv_{suffix}"][grid, 128, bwd_dkdv_smem_bytes(d, False)](
-            q, k, v, grad_o, lse, delta, None, dk, dv, N, scale)
-        attn_bwd[f"bwd_dq_{suffix}"][grid, 128, bwd_dq_smem_bytes(d)](q, k, v, grad_o, lse, delta, dq, N, scale)
+        attn_bwd[f"{dq_pass}_{suffix}"][grid, threads, bwd_dq_smem_bytes(d, warps)](
+            q, k, v, grad_o, lse, delta, dq, N, scale)
     return dq, dk, dv
 
 
@@ -963,7 +1365,7 @@ kernellab.roofline([r for r in step2.values()])
 # ## From the notebook into a model: a differentiable op
 #
 # `kernellab.op` registers the forward as `kl::flash_attention_lse`, `(q, k, v, causal) -> (o, lse)`, with a
-# `backward=` that calls a second op, `kl::attention_backward` (variant (a)), and a `setup_context=` that saves
+# `backward=` that calls a second op, `kl::attention_backward` (the variant `BWD_OP_VARIANT` names), and a `setup_context=` that saves
 # `q, k, v, o, lse` for it. The backward is traced like the forward (torch.compile, opcheck), so it calls the op, never
 # the launcher; both ops' fake implementations come from their `outputs=` (shapes and dtypes only). The LSE is an
 # output of the forward op because the backward needs it: an op returning `o` alone would have to recompute it.
@@ -975,8 +1377,8 @@ kernellab.roofline([r for r in step2.values()])
               "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor grad_o, bool causal) -> (Tensor, Tensor, Tensor)",
               outputs=lambda q, k, v, o, lse, grad_o, causal: (q, k, v))
 def kl_attention_backward(q, k, v, o, lse, grad_o, causal):
-    """(dq, dk, dv) of attention: step 2, variant (a)."""
-    return attention_backward(q, k, v, o, lse, grad_o, causal, "atomic")
+    """(dq, dk, dv) of attention: step 2's variant (or rung) that BWD_OP_VARIANT names for (d, causal)."""
+    return attention_backward(q, k, v, o, lse, grad_o, causal, BWD_OP_VARIANT.get((q.shape[-1], causal), "pass"))
 
 
 def _save_for_backward(ctx, inputs, output):

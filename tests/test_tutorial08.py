@@ -39,7 +39,9 @@ def tutorial(module):
 
 def test_every_step_compiles_for_sm90_without_spills(module):
     names = sorted(k.name for k in module.kernels)
-    want = sorted([f"bwd_{kind}_{s}" for s in SUFFIXES for kind in ("dkdv", "dkv", "dq")]
+    want = sorted([f"bwd_{kind}_{s}" for s in SUFFIXES
+                   for kind in ("dkdv", "dkv", "dq", "dkdv_v2", "dkv_w8", "dq_w8", "dkdv_w8", "dkv_lean", "dq_lean",
+                                "dkdv_lean")]
                   + [f"bwd_pre_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)]
                   + ["bwd_dq_convert_bf16", "bwd_dq_convert_f16"])
     assert names == want
@@ -48,7 +50,21 @@ def test_every_step_compiles_for_sm90_without_spills(module):
         assert not r.spills and r.local_bytes == 0 and r.spill_store_bytes == 0, (k.name, r)
         assert r.registers <= 255, (k.name, r)
         if k.name.startswith(("bwd_dkdv", "bwd_dkv", "bwd_dq_")) and "convert" not in k.name:
-            assert r.max_threads_per_block == 128, (k.name, r)
+            assert r.max_threads_per_block == (256 if "_w8_" in k.name else 128), (k.name, r)
+
+
+def test_the_ladder_keeps_step_2s_kernels_and_its_own_promises(module):
+    """Rungs 3, 5 and 6 (a) use the vector reduction where they say (RED.F32x2, no scalar RED), and adding them left variants
+    (a) and (b) as they were (the 4-warp kernels' registers as recorded before the ladder)."""
+    for s in SUFFIXES:
+        for kind in ("dkdv_v2", "dkdv_w8", "dkdv_lean"):
+            sass = module[f"bwd_{kind}_{s}"].sass
+            assert re.search(r"\bREDG?\.E\.ADD\.F32x2\b", sass), (kind, s)
+            assert not re.search(r"\bREDG?\.E\.ADD\.F32\.", sass), (kind, s)
+        assert not re.search(r"\bREDG?\.E\.ADD\.F32x2\b", module[f"bwd_dkdv_{s}"].sass), s
+    # recorded by NVRTC/ptxas for sm_90 before rungs 3-6 were added (the benchmark log of the first H100 run agrees)
+    assert [module[n].resources.registers for n in ("bwd_dkdv_bf16_d64", "bwd_dkv_bf16_d64", "bwd_dq_bf16_d64",
+                                                    "bwd_dkdv_bf16_d128")] == [212, 207, 170, 255]
 
 
 @pytest.mark.parametrize("name", ["bwd_dkdv_bf16_d64", "bwd_dkdv_f16_d128_causal", "bwd_dkv_bf16_d128",
@@ -69,7 +85,13 @@ def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
         for atomic in (False, True):
             smem = tutorial["bwd_dkdv_smem_bytes"](d, atomic)
             assert 2 * smem <= 228 * 1024, (d, atomic, smem)
+            assert tutorial["bwd_dkdv_smem_bytes"](d, atomic, 8) <= 227 * 1024       # the 8-warp rungs: one block
         assert 2 * tutorial["bwd_dq_smem_bytes"](d) <= 228 * 1024
+        assert tutorial["bwd_dq_smem_bytes"](d, 8) <= 227 * 1024
+    assert tutorial["VARIANTS"][:2] == ("atomic", "pass") and set(tutorial["VARIANTS"]) == set(tutorial["BWD_LADDER"])
+    assert tutorial["BWD_LADDER"] == {k: tuple(v) for k, v in LADDER.items()}
+    assert set(tutorial["BWD_OP_VARIANT"].values()) <= set(tutorial["VARIANTS"])
+    assert set(tutorial["BWD_OP_VARIANT"]) == {(d, c) for d in (64, 128) for c in (False, True)}
     assert tutorial["bwd_dkdv_smem_bytes"](64, True) == 2 * 64 * 64 * 2 + 4 * 64 * 64 * 2 + 4 * 64 * 4 + 64 * 64 * 2
 
 
@@ -134,6 +156,13 @@ def reference(q, k, v, do, causal):
         p.transpose(0, 2, 1) @ do
 
 
+# variant -> (dK/dV kernel, dQ kernel or None, warps), written out here as the notebook's BWD_LADDER is (the test
+# test_the_launch_plans_fit_an_sm_and_two_blocks checks the two agree)
+LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4), "atomic_v2": ("bwd_dkdv_v2", None, 4),
+          "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8), "atomic_w8": ("bwd_dkdv_w8", None, 8),
+          "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4), "atomic_lean": ("bwd_dkdv_lean", None, 4)}
+
+
 def emulated_backward(BH, N, d, causal, variant, seed):
     """The launchers' sequence of kernels (bwd_pre, then variant a or b) in the emulator, bf16; returns our and the
     reference's (dq, dk, dv). Shared-memory sizes from the notebook's own plan functions."""
@@ -148,19 +177,22 @@ def emulated_backward(BH, N, d, causal, variant, seed):
     dq, dk, dv = outs
     c = "_causal" if causal else ""
     bm = {64: 64, 128: 32}[d]
-    dkdv_smem = 2 * 64 * d * 2 + 4 * bm * d * 2 + 4 * bm * 4
+    dkdv_kernel, dq_kernel, warps = LADDER[variant]
+    keys, threads = 16 * warps, 32 * warps
+    dkdv_smem = 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4
+    atomic = dq_kernel is None
     emulate(SOURCE, f"bwd_pre_bf16_d{d}", (-(-BH * N // 4),), (128,),
-            [o_bits, bits[3], delta, acc if variant == "atomic" else None, BH * N])
-    grid = (-(-N // 64), BH)
-    if variant == "atomic":
-        emulate(SOURCE, f"bwd_dkdv_bf16_d{d}{c}", grid, (128,),
-                bits + [lse.astype(np.float32), delta, acc, dk, dv, N, d ** -0.5], dkdv_smem + 64 * 64 * 2)
+            [o_bits, bits[3], delta, acc if atomic else None, BH * N])
+    grid = (-(-N // keys), BH)
+    if atomic:
+        emulate(SOURCE, f"{dkdv_kernel}_bf16_d{d}{c}", grid, (threads,),
+                bits + [lse.astype(np.float32), delta, acc, dk, dv, N, d ** -0.5], dkdv_smem + keys * 64 * 2)
         emulate(SOURCE, "bwd_dq_convert_bf16", (3,), (128,), [acc, dq, BH * N * d])
     else:
-        emulate(SOURCE, f"bwd_dkv_bf16_d{d}{c}", grid, (128,),
+        emulate(SOURCE, f"{dkdv_kernel}_bf16_d{d}{c}", grid, (threads,),
                 bits + [lse.astype(np.float32), delta, None, dk, dv, N, d ** -0.5], dkdv_smem)
-        emulate(SOURCE, f"bwd_dq_bf16_d{d}{c}", grid, (128,),
-                bits + [lse.astype(np.float32), delta, dq, N, d ** -0.5], 2 * 64 * d * 2 + 4 * 64 * d * 2)
+        emulate(SOURCE, f"{dq_kernel}_bf16_d{d}{c}", grid, (threads,),
+                bits + [lse.astype(np.float32), delta, dq, N, d ** -0.5], 2 * keys * d * 2 + 4 * 64 * d * 2)
     np.testing.assert_allclose(delta, (bf16_values(o_bits).astype(np.float64) * do).sum(-1), rtol=1e-5, atol=1e-5)
     return [bf16_values(x) for x in outs], want
 
@@ -175,6 +207,18 @@ SHAPES = [
     pytest.param(1, 65, 64, True, "pass", marks=pytest.mark.slow),
     pytest.param(1, 65, 128, True, "atomic", marks=pytest.mark.slow),      # 32-row query tiles, dQ column halves
     pytest.param(2, 130, 128, False, "pass", marks=pytest.mark.slow),
+    # the ladder: 128 keys a block (N = 65: one block, half its keys past N; N = 130: two blocks, the second short)
+    (1, 65, 64, True, "atomic_v2"),
+    (1, 130, 64, True, "pass_w8"),
+    (1, 130, 64, False, "atomic_w8"),
+    pytest.param(1, 63, 128, False, "atomic_v2", marks=pytest.mark.slow),
+    pytest.param(1, 65, 128, True, "pass_w8", marks=pytest.mark.slow),
+    pytest.param(1, 130, 128, True, "atomic_w8", marks=pytest.mark.slow),
+    # the lean step: N = 130 has unmasked interior tiles (causal: below the diagonal) and masked ones
+    (1, 130, 64, True, "pass_lean"),
+    (2, 130, 64, False, "atomic_lean"),
+    pytest.param(1, 130, 128, True, "atomic_lean", marks=pytest.mark.slow),
+    pytest.param(1, 200, 128, False, "pass_lean", marks=pytest.mark.slow),
 ]
 
 

@@ -21,7 +21,7 @@
 //   values kept aside), so reading them too early gives NaN and writing them is an error at the wait. A from
 //   registers is read at issue (overwriting it while the wgmma is in flight is not caught).
 // - __shfl_xor_sync and __any_sync over a whole warp; ex2.approx as exp2; atomicAdd and atomicExch on int, atomicAdd
-//   on float.
+//   on float, red.global.add.v2.f32 (red_add_v2) as two of those.
 // - Named barriers (bar.sync / bar.arrive with an id 1-15 and a thread count): per CTA, counting threads; a barrier
 //   still holding arrivals when the cluster's CTAs finish is an error (an unmatched bar.arrive).
 // - TMA store (cp.async.bulk.tensor.2d.global.shared::cta.bulk_group): queued per thread at issue, bulk_group commit,
@@ -557,6 +557,7 @@ inline float exp2_approx(float x) { return std::exp2(x); }
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline int atomicExch(int* p, int v) { return std::atomic_ref<int>(*p).exchange(v); }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }   // dQ sums
+inline void red_add_v2(float* p, float a, float b) { atomicAdd(p, a); atomicAdd(p + 1, b); }   // red.global.add.v2.f32
 #ifndef CUDART_INF_F
 #define CUDART_INF_F HUGE_VALF
 #endif
