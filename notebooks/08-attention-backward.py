@@ -646,6 +646,152 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
     }
 }
 
+// Rung 7: FlashAttention-2's warp tiling in the dK/dV kernel, variant (b): each warp owns MT x 16 keys, so every
+// ldmatrix of a Q or dO fragment feeds MT mma's (0.375 ldmatrix.x4 an mma at MT = 2 instead of 0.56).
+// acc[MT][NB][4] = A B^T for MT row tiles of A (rows a_row0 + 16 m ..), as gemm_abt.
+template <typename T, int D, int NB, int MT>
+__device__ __forceinline__ void gemm_abt_mt(float (&acc)[MT][NB][4], uint32_t a, int a_row0, uint32_t b) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) acc[m][nb][0] = acc[m][nb][1] = acc[m][nb][2] = acc[m][nb][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+            ldmatrix_x4(af[m], a + swz<D>(a_row0 + 16 * m + (lane & 15), 2 * kc + (lane >> 4)));
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, b + swz<D>(8 * nb + (lane & 7) + ((lane >> 4) << 3), 2 * kc + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816<T>(acc[m][nb], af[m], bf[0], bf[1]);
+                mma_16816<T>(acc[m][nb + 1], af[m], bf[2], bf[3]);
+            }
+        }
+    }
+}
+// acc[MT][D / 8][4] += A B for MT row tiles of A in registers, as gemm_ab_regs: each B fragment read once.
+template <typename T, int D, int KC, int MT>
+__device__ __forceinline__ void gemm_ab_regs_mt(float (&acc)[MT][D / 8][4], const uint32_t (&af)[MT][KC][4],
+                                                uint32_t b) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+        for (int db = 0; db < D / 8; db += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + swz<D>(16 * kc + (lane & 15), db + (lane >> 4)));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816<T>(acc[m][db], af[m][kc], bf[0], bf[1]);
+                mma_16816<T>(acc[m][db + 1], af[m][kc], bf[2], bf[3]);
+            }
+        }
+}
+// dK and dV of KT = 16 MT NWARPS keys per block (warp w: keys kv0 + 16 MT w ..), walking query tiles of BM rows;
+// dQ by dq_pass. Shared memory as dkdv's without the dS tile (bwd_dkdv_smem_bytes with those keys and BM).
+template <typename T, int D, int BM, bool CAUSAL, int MT>
+__device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                                       const T* __restrict__ dO, const float* __restrict__ LSE,
+                                       const float* __restrict__ Dv, T* __restrict__ dK, T* __restrict__ dV, int N,
+                                       float scale) {
+    constexpr int KT = 16 * MT * NWARPS, NB = BM / 8, DB = D / 8, TB = KT * D * 2, QB = BM * D * 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t k_tile = smem_u32(smem), v_tile = k_tile + TB;             // [KT, D] each
+    const uint32_t q_tile0 = v_tile + TB, do_tile0 = q_tile0 + 2 * QB;        // [2][BM, D] each
+    const uint32_t lse0 = do_tile0 + 2 * QB, dv0 = lse0 + 2 * BM * 4;         // [2][BM] fp32 each
+    const float* lse_s = reinterpret_cast<const float*>(smem + 2 * TB + 4 * QB);
+    const float* dv_s = lse_s + 2 * BM;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int kv0 = blockIdx.x * KT, kw = 16 * MT * warp;
+    const size_t head = (size_t)blockIdx.y * N;
+    Q += head * D; K += head * D; V += head * D; dO += head * D; LSE += head; Dv += head;
+    dK += head * D; dV += head * D;
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    const int i_first = CAUSAL ? kv0 / BM : 0, i_end = (N + BM - 1) / BM;
+    load_tile<KT, D>(k_tile, K, kv0, N);
+    load_tile<KT, D>(v_tile, V, kv0, N);
+    auto load_q = [&](int i, int buf) {
+        load_tile<BM, D>(q_tile0 + buf * QB, Q, i * BM, N);
+        load_tile<BM, D>(do_tile0 + buf * QB, dO, i * BM, N);
+        load_row_values<BM>(lse0 + buf * BM * 4, LSE, i * BM, N);
+        load_row_values<BM>(dv0 + buf * BM * 4, Dv, i * BM, N);
+    };
+    load_q(i_first, 0);
+    cp_async_commit();
+
+    float dk[MT][DB][4], dv[MT][DB][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int e = 0; e < DB; ++e)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dk[m][e][c] = dv[m][e][c] = 0.f;
+
+    for (int i = i_first; i < i_end; ++i) {
+        const int buf = (i - i_first) & 1, q0 = i * BM;
+        cp_async_wait_all();
+        __syncthreads();
+        if (i + 1 < i_end) load_q(i + 1, buf ^ 1);
+        cp_async_commit();
+        const uint32_t q_tile = q_tile0 + buf * QB, do_tile = do_tile0 + buf * QB;
+        const float* lse = lse_s + buf * BM;
+        const float* dvec = dv_s + buf * BM;
+
+        float p[MT][NB][4], dp[MT][NB][4];
+        gemm_abt_mt<T, D, NB, MT>(p, k_tile, kw, q_tile);
+        const bool mask = q0 + BM > N || (CAUSAL && q0 < kv0 + KT);
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int qi = 8 * nb + 2 * t + (e & 1);
+                    const int key = kv0 + kw + 16 * m + g + 8 * (e >> 1);
+                    float x = fmaf(p[m][nb][e], scale_log2, -lse[qi] * 1.4426950408889634f);
+                    if (mask && (q0 + qi >= N || (CAUSAL && key > q0 + qi))) x = -CUDART_INF_F;
+                    p[m][nb][e] = exp2_approx(x);
+                }
+        gemm_abt_mt<T, D, NB, MT>(dp, v_tile, kw, do_tile);
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dp[m][nb][e] = p[m][nb][e] * (dp[m][nb][e] - dvec[8 * nb + 2 * t + (e & 1)]) * scale;
+
+        uint32_t af[MT][NB / 2][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) pack_a<T, NB>(af[m], p[m]);
+        gemm_ab_regs_mt<T, D, NB / 2, MT>(dv, af, do_tile);             // dV += P^T dO
+#pragma unroll
+        for (int m = 0; m < MT; ++m) pack_a<T, NB>(af[m], dp[m]);
+        gemm_ab_regs_mt<T, D, NB / 2, MT>(dk, af, q_tile);              // dK += dS^T Q
+    }
+    cp_async_wait_all();
+
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int key = kv0 + kw + 16 * m + g + 8 * h;
+            if (key < N)
+#pragma unroll
+                for (int db = 0; db < DB; ++db) {
+                    *reinterpret_cast<uint32_t*>(dK + (size_t)key * D + 8 * db + 2 * t) = pack2<T>(dk[m][db][2 * h], dk[m][db][2 * h + 1]);
+                    *reinterpret_cast<uint32_t*>(dV + (size_t)key * D + 8 * db + 2 * t) = pack2<T>(dv[m][db][2 * h], dv[m][db][2 * h + 1]);
+                }
+        }
+}
+
 // dQ of QT = 16 W queries per block (variant b; W warps, warp w: rows q0 + 16 w ..) in registers, walking the key tiles of BWD_BN
 // keys (double-buffered K, V): S and dP recomputed, dS straight from the accumulators as the A operand of dS K.
 // grid (ceil(N / QT), BH), 32 W threads, dynamic smem: Q and dO tiles, 2 K and 2 V tiles.
@@ -856,11 +1002,45 @@ extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d128_causal(const __half* q, co
 }
 extern "C" __global__ void bwd_dq_convert_f16(const float* src, __half* dst, int n) { bwd::convert<__half>(src, dst, n); }
 
-// The ladder (rungs 3-6, after variants a and b): the same tile step, changed as FlashAttention-2's backward is.
+// The ladder (rungs 3-7, after variants a and b): the same tile step, changed as FlashAttention-2's backward is.
 // bwd_dkdv_v2: variant (a) with dQ shares as red.global.add.v2.f32 (half the reduction instructions);
 // bwd_dkv_w8 + bwd_dq_w8: variant (b) with 8 warps and 128 keys (queries) a block, one block per SM;
 // bwd_dkdv_w8: variant (a) with 8 warps, 128 keys a block, and the vector reductions.
 #define BWD_BOUNDS8 __launch_bounds__(256, 1)
+// bwd_dkv_2d: variant (b)'s dK/dV kernel with 32 keys a warp (rung 7), BM = 32 at d = 64; at d = 128 its dK and dV
+// (256 floats a thread) do not fit, so there it is (b)'s kernel (16 keys a warp). dQ: (b)'s bwd_dq.
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkv_mt<__nv_bfloat16, 64, 32, false, 2>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkv_mt<__nv_bfloat16, 64, 32, true, 2>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
+    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkv_mt<__half, 64, 32, false, 2>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkv_mt<__half, 64, 32, true, 2>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
+        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
+    bwd::dkdv<__half, 128, BWD_BM128, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
 // bwd_dkv_lean + bwd_dq_lean: variant (b) with the lean tile step (rung 6); bwd_dkdv_lean: variant (a), lean, with
 // the vector reductions.
 extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
@@ -1136,6 +1316,13 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
 #    kernels (`bwd_dkv_bf16_d64` 2,440, lean 2,416; `bwd_dq_bf16_d64` 1,728 both; 2-11 registers fewer): `ptxas`
 #    had already hoisted most of the address math and split the masked tiles off. *Prediction*: the same speed as
 #    (b) within 5 %; a larger gain would point at the registers (fewer, so more room to schedule), not the count.
+# 7. **`pass_2d`**: FlashAttention-2's warp tiling in (b)'s `dK`/`dV` kernel at `d = 64`: a warp owns 32 keys (two
+#    row tiles) instead of 16, so each `Q`/`dO` fragment read by `ldmatrix` feeds two `mma`s (48 `ldmatrix.x4` per
+#    128 `mma` in the SASS instead of 72, the shared-memory ceiling from about 420 to about 630 TFLOP/s); 128 keys a
+#    block of 4 warps, query tiles of 32 so that `dK`, `dV` (128 floats) and `S^T`, `dP^T` (64) fit in 255
+#    registers without spills. At `d = 128` they cannot (256 floats for `dK` and `dV` alone): there the rung is (b).
+#    *Prediction*: the `dK`/`dV` kernel 15-30 % faster at `d = 64`, the whole backward 10-20 % (the `dQ` pass,
+#    about 40 % of (b)'s time, is unchanged): 0.75-0.85x FLASH at `N = 4096`.
 #
 # What FlashAttention-2 does beyond these, and the next rung if these do not reach 1.0x: warps tiled in two
 # dimensions (a warp computing 32 or 64 rows of a product, so each `ldmatrix` B fragment feeds 2-4 `mma`s: about
@@ -1144,7 +1331,7 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
 
 # %%
 for name in ("bwd_dkdv_v2_bf16_d64", "bwd_dkv_w8_bf16_d64", "bwd_dq_w8_bf16_d64", "bwd_dkdv_w8_bf16_d128_causal",
-             "bwd_dkv_lean_bf16_d64", "bwd_dq_lean_bf16_d64"):
+             "bwd_dkv_lean_bf16_d64", "bwd_dq_lean_bf16_d64", "bwd_dkv_2d_bf16_d64"):
     kern = attn_bwd[name]
     print(f"{name:30s} {kern.resources}")
     print(" " * 31, kern.instruction_summary)
@@ -1166,16 +1353,18 @@ BWD_KEY_TILE = 64                              # BWD_BN: keys per step of the dQ
 BWD_LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4),
               "atomic_v2": ("bwd_dkdv_v2", None, 4), "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8),
               "atomic_w8": ("bwd_dkdv_w8", None, 8), "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4),
-              "atomic_lean": ("bwd_dkdv_lean", None, 4)}
+              "atomic_lean": ("bwd_dkdv_lean", None, 4), "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4)}
 VARIANTS = tuple(BWD_LADDER)
+# (variant, d) -> (keys a dK/dV block, query tile) where a rung's differ from 16 x warps and BWD_QUERY_TILE[d]
+BWD_DKDV_TILES = {("pass_2d", 64): (128, 32)}
 # The op's variant per (head dim, causal): (b) until the GPU's ladder (benchmarks/attention_backward.py) says otherwise
 BWD_OP_VARIANT = {(64, False): "pass", (64, True): "pass", (128, False): "pass", (128, True): "pass"}
 
 
-def bwd_dkdv_smem_bytes(d, atomic, warps=4):
-    """K and V tiles (16 keys a warp), 2 x (Q, dO) query tiles, 2 x (LSE, Dv) rows, and (variant a) the dS^T tile
-    of 16 warps x 64."""
-    bm, keys = BWD_QUERY_TILE[d], 16 * warps
+def bwd_dkdv_smem_bytes(d, atomic, warps=4, keys=None, bm=None):
+    """K and V tiles (keys: 16 a warp unless given), 2 x (Q, dO) query tiles (bm rows: BWD_QUERY_TILE[d] unless
+    given), 2 x (LSE, Dv) rows, and (variant a) the dS^T tile of keys x 64."""
+    bm, keys = bm or BWD_QUERY_TILE[d], keys or 16 * warps
     return 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4 + (keys * 64 * 2 if atomic else 0)
 
 
@@ -1204,11 +1393,13 @@ def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", 
     rows, scale = B * H * N, d ** -0.5
     delta = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
     dkdv, dq_pass, warps = BWD_LADDER[variant]
+    keys, bm = BWD_DKDV_TILES.get((variant, d), (16 * warps, BWD_QUERY_TILE[d]))
     atomic = dq_pass is None
     dq_accum = torch.empty(B, H, N, d, dtype=torch.float32, device=q.device) if atomic else None
     attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128](o, grad_o, delta, dq_accum, rows)
-    grid, threads = (math.ceil(N / (16 * warps)), B * H), 32 * warps
-    attn_bwd[f"{dkdv}_{suffix}"][grid, threads, bwd_dkdv_smem_bytes(d, atomic, warps)](
+    grid, threads = (math.ceil(N / (16 * warps)), B * H), 32 * warps       # the dQ pass: 16 queries a warp
+    smem = bwd_dkdv_smem_bytes(d, atomic, warps, keys, bm)
+    attn_bwd[f"{dkdv}_{suffix}"][(math.ceil(N / keys), B * H), threads, smem](
         q, k, v, grad_o, lse, delta, dq_accum, dk, dv, N, scale)
     if atomic:
         n = dq.numel()

@@ -41,7 +41,7 @@ def test_every_step_compiles_for_sm90_without_spills(module):
     names = sorted(k.name for k in module.kernels)
     want = sorted([f"bwd_{kind}_{s}" for s in SUFFIXES
                    for kind in ("dkdv", "dkv", "dq", "dkdv_v2", "dkv_w8", "dq_w8", "dkdv_w8", "dkv_lean", "dq_lean",
-                                "dkdv_lean")]
+                                "dkdv_lean", "dkv_2d")]
                   + [f"bwd_pre_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)]
                   + ["bwd_dq_convert_bf16", "bwd_dq_convert_f16"])
     assert names == want
@@ -54,8 +54,12 @@ def test_every_step_compiles_for_sm90_without_spills(module):
 
 
 def test_the_ladder_keeps_step_2s_kernels_and_its_own_promises(module):
-    """Rungs 3, 5 and 6 (a) use the vector reduction where they say (RED.F32x2, no scalar RED), and adding them left variants
-    (a) and (b) as they were (the 4-warp kernels' registers as recorded before the ladder)."""
+    """Rungs 3, 5 and 6 (a) use the vector reduction where they say (RED.F32x2, no scalar RED); rung 7 reads fewer
+    ldmatrix fragments per mma than (b) at d = 64; adding them left variants (a) and (b) as they were (the 4-warp
+    kernels' registers as recorded before the ladder)."""
+    per_mma = (lambda sass: len(re.findall(r"\bLDSM\b", sass)) / len(re.findall(r"\bHMMA\b", sass)))
+    for s in ("bf16_d64", "f16_d64_causal"):
+        assert per_mma(module[f"bwd_dkv_2d_{s}"].sass) <= 0.4 < 0.5 <= per_mma(module[f"bwd_dkv_{s}"].sass), s
     for s in SUFFIXES:
         for kind in ("dkdv_v2", "dkdv_w8", "dkdv_lean"):
             sass = module[f"bwd_{kind}_{s}"].sass
@@ -89,7 +93,8 @@ def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
         assert 2 * tutorial["bwd_dq_smem_bytes"](d) <= 228 * 1024
         assert tutorial["bwd_dq_smem_bytes"](d, 8) <= 227 * 1024
     assert tutorial["VARIANTS"][:2] == ("atomic", "pass") and set(tutorial["VARIANTS"]) == set(tutorial["BWD_LADDER"])
-    assert tutorial["BWD_LADDER"] == {k: tuple(v) for k, v in LADDER.items()}
+    assert tutorial["BWD_LADDER"] == {k: tuple(v) for k, v in LADDER.items()} and tutorial["BWD_DKDV_TILES"] == TILES
+    assert tutorial["bwd_dkdv_smem_bytes"](64, False, 4, 128, 32) == 2 * 128 * 64 * 2 + 4 * 32 * 64 * 2 + 4 * 32 * 4
     assert set(tutorial["BWD_OP_VARIANT"].values()) <= set(tutorial["VARIANTS"])
     assert set(tutorial["BWD_OP_VARIANT"]) == {(d, c) for d in (64, 128) for c in (False, True)}
     assert tutorial["bwd_dkdv_smem_bytes"](64, True) == 2 * 64 * 64 * 2 + 4 * 64 * 64 * 2 + 4 * 64 * 4 + 64 * 64 * 2
@@ -160,7 +165,9 @@ def reference(q, k, v, do, causal):
 # test_the_launch_plans_fit_an_sm_and_two_blocks checks the two agree)
 LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4), "atomic_v2": ("bwd_dkdv_v2", None, 4),
           "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8), "atomic_w8": ("bwd_dkdv_w8", None, 8),
-          "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4), "atomic_lean": ("bwd_dkdv_lean", None, 4)}
+          "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4), "atomic_lean": ("bwd_dkdv_lean", None, 4),
+          "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4)}
+TILES = {("pass_2d", 64): (128, 32)}          # the notebook's BWD_DKDV_TILES
 
 
 def emulated_backward(BH, N, d, causal, variant, seed):
@@ -176,9 +183,9 @@ def emulated_backward(BH, N, d, causal, variant, seed):
     outs = [np.full((BH, N, d), 0x7FC0, np.uint16) for _ in range(3)]     # NaN: an unwritten element shows
     dq, dk, dv = outs
     c = "_causal" if causal else ""
-    bm = {64: 64, 128: 32}[d]
     dkdv_kernel, dq_kernel, warps = LADDER[variant]
-    keys, threads = 16 * warps, 32 * warps
+    keys, bm = TILES.get((variant, d), (16 * warps, {64: 64, 128: 32}[d]))
+    threads = 32 * warps
     dkdv_smem = 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4
     atomic = dq_kernel is None
     emulate(SOURCE, f"bwd_pre_bf16_d{d}", (-(-BH * N // 4),), (128,),
@@ -191,8 +198,8 @@ def emulated_backward(BH, N, d, causal, variant, seed):
     else:
         emulate(SOURCE, f"{dkdv_kernel}_bf16_d{d}{c}", grid, (threads,),
                 bits + [lse.astype(np.float32), delta, None, dk, dv, N, d ** -0.5], dkdv_smem)
-        emulate(SOURCE, f"{dq_kernel}_bf16_d{d}{c}", grid, (threads,),
-                bits + [lse.astype(np.float32), delta, dq, N, d ** -0.5], 2 * keys * d * 2 + 4 * 64 * d * 2)
+        emulate(SOURCE, f"{dq_kernel}_bf16_d{d}{c}", (-(-N // (16 * warps)), BH), (threads,),
+                bits + [lse.astype(np.float32), delta, dq, N, d ** -0.5], 2 * 16 * warps * d * 2 + 4 * 64 * d * 2)
     np.testing.assert_allclose(delta, (bf16_values(o_bits).astype(np.float64) * do).sum(-1), rtol=1e-5, atol=1e-5)
     return [bf16_values(x) for x in outs], want
 
@@ -219,6 +226,9 @@ SHAPES = [
     (2, 130, 64, False, "atomic_lean"),
     pytest.param(1, 130, 128, True, "atomic_lean", marks=pytest.mark.slow),
     pytest.param(1, 200, 128, False, "pass_lean", marks=pytest.mark.slow),
+    # 32 keys a warp, 128 a block, 32-query tiles: N = 130 has two key blocks, the second 2 keys long
+    (1, 130, 64, True, "pass_2d"),
+    pytest.param(2, 65, 64, False, "pass_2d", marks=pytest.mark.slow),
 ]
 
 
