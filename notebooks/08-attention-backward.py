@@ -1467,7 +1467,7 @@ def summarize_backward(rows):
     keys = sorted({(r["variant"], r["dtype"], r["d"]) for r in rows}, key=str)
     for var, dt, d in keys:
         sel = [r for r in rows if (r["variant"], r["dtype"], r["d"]) == (var, dt, d)]
-        out.append(f"{var:6s} {dt:8s} d={d:3d}: {sum(r['passed'] for r in sel)}/{len(sel)} within 2x SDPA's own; "
+        out.append(f"{var:11s} {dt:8s} d={d:3d}: {sum(r['passed'] for r in sel)}/{len(sel)} within 2x SDPA's own; "
                    f"max error {max(r['error'] for r in sel):.2e}, SDPA's {max(r['sdpa_error'] for r in sel):.2e}")
     return "\n".join(out)
 
