@@ -362,6 +362,15 @@ class LaunchCounter:
     def seconds_snapshot(self) -> collections.Counter:
         return collections.Counter(self.seconds)
 
+    @classmethod
+    def install(cls) -> "LaunchCounter | None":
+        """A counter on the process's kernellab Driver, or None where there is no CUDA driver."""
+        try:
+            from kernellab.run.launch import cudriver
+            return cls(cudriver.driver())
+        except Exception:                                      # no libcuda: no kernellab launches to count
+            return None
+
 
 @contextlib.contextmanager
 def timed_launchers(ops):
@@ -387,15 +396,6 @@ def timed_launchers(ops):
     finally:
         for op, launcher in saved:
             op.launcher = launcher
-
-    @classmethod
-    def install(cls) -> "LaunchCounter | None":
-        """A counter on the process's kernellab Driver, or None where there is no CUDA driver."""
-        try:
-            from kernellab.run.launch import cudriver
-            return cls(cudriver.driver())
-        except Exception:                                      # no libcuda: no kernellab launches to count
-            return None
 
 
 ALLOCATOR_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")

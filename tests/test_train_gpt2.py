@@ -4,6 +4,7 @@ the byte corpus's determinism, the noise-band test on synthetic curves (both ver
 the ops' probes, and the script's table, JSON and plot from a small CPU run. The GPU paths are in
 tests/gpu/test_train_gpt2_gpu.py."""
 import importlib.util
+import inspect
 import json
 import math
 import re
@@ -526,3 +527,17 @@ def test_gpu_gaps_names_the_longest_idle_gaps_and_who_launched_the_next_kernel(s
                                            "in 1 gaps")
     assert "500 us before norm_backward_rows (launched under kl::layernorm_backward), after b" in text
     assert script.gpu_gaps([host]) == "GPU idle time: no kernels in the profile"
+
+
+def test_the_launch_counter_installs_from_the_class_and_is_none_without_a_cuda_driver(script):
+    """main() calls LaunchCounter.install() on a GPU host: a class method (a counter on kernellab's Driver), None
+    where libcuda cannot be loaded, as here."""
+    assert isinstance(inspect.getattr_static(script.LaunchCounter, "install"), classmethod)
+    try:
+        from kernellab.run.launch import cudriver
+        cudriver.driver()
+        has_driver = True
+    except Exception:
+        has_driver = False
+    counter = script.LaunchCounter.install()
+    assert (counter is None) == (not has_driver)
