@@ -1327,7 +1327,16 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
 # What FlashAttention-2 does beyond these, and the next rung if these do not reach 1.0x: warps tiled in two
 # dimensions (a warp computing 32 or 64 rows of a product, so each `ldmatrix` B fragment feeds 2-4 `mma`s: about
 # 0.3 `ldmatrix.x4` per `mma`), with `P` and `dS` through shared memory where a product wants the other layout.
-# `BWD_OP_VARIANT` (launcher cell) is the op's choice per `(d, causal)`: variant (b) until the ladder is measured.
+# `BWD_OP_VARIANT` (launcher cell) is the op's choice per `(d, causal)`: the fastest rung measured.
+#
+# **Measured** (NVIDIA H200, one GPU of a 4 x H200 host, 2026-11-27, `python3 tools/gpu/run.py
+# bench-attention-backward --no-check --ns 1024,4096`; TFLOP/s at `N = 4096`, d64 / d64 causal / d128 / d128 causal;
+# SDPA FLASH's backward 268 / 231 / 289 / 255 in the same run): (a) 140 / 134 / 143 / 135, (b) 168 / 161 / 187 / 169,
+# `atomic_v2` 191 / 177 / 195 / 179 (+27-36 % over (a), above its prediction: the scalar reductions were the limit of
+# (a)), `pass_w8` 166 / 154 / 176 / 164 (as predicted, no gain), **`atomic_w8` 201 / 186 / 205 / 187**, the lean
+# rungs +0-6 % (as predicted), `pass_2d` 182 / 171 / 187 / 168 (+0-8 %, below the +10-20 % predicted). `atomic_w8` is
+# the fastest at every shape: 0.71-0.80x FLASH at `N = 4096` and 0.80-0.91x at `N = 1024`, short of the 1.0x target.
+# What stands between it and FLASH is in benchmarks/NOTES-attention-backward.md.
 
 # %%
 for name in ("bwd_dkdv_v2_bf16_d64", "bwd_dkv_w8_bf16_d64", "bwd_dq_w8_bf16_d64", "bwd_dkdv_w8_bf16_d128_causal",
@@ -1358,7 +1367,8 @@ VARIANTS = tuple(BWD_LADDER)
 # (variant, d) -> (keys a dK/dV block, query tile) where a rung's differ from 16 x warps and BWD_QUERY_TILE[d]
 BWD_DKDV_TILES = {("pass_2d", 64): (128, 32)}
 # The op's variant per (head dim, causal): (b) until the GPU's ladder (benchmarks/attention_backward.py) says otherwise
-BWD_OP_VARIANT = {(64, False): "pass", (64, True): "pass", (128, False): "pass", (128, True): "pass"}
+BWD_OP_VARIANT = {(64, False): "atomic_w8", (64, True): "atomic_w8", (128, False): "atomic_w8",
+                  (128, True): "atomic_w8"}   # measured fastest (H200, bench-attention-backward)
 
 
 def bwd_dkdv_smem_bytes(d, atomic, warps=4, keys=None, bm=None):
@@ -1569,7 +1579,7 @@ kernellab.roofline([r for r in step2.values()])
               outputs=lambda q, k, v, o, lse, grad_o, causal: (q, k, v))
 def kl_attention_backward(q, k, v, o, lse, grad_o, causal):
     """(dq, dk, dv) of attention: step 2's variant (or rung) that BWD_OP_VARIANT names for (d, causal)."""
-    return attention_backward(q, k, v, o, lse, grad_o, causal, BWD_OP_VARIANT.get((q.shape[-1], causal), "pass"))
+    return attention_backward(q, k, v, o, lse, grad_o, causal, BWD_OP_VARIANT.get((q.shape[-1], causal), "atomic_w8"))
 
 
 def _save_for_backward(ctx, inputs, output):
