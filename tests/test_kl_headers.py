@@ -26,8 +26,8 @@ def compile_kernels(source: str, arch: str = "sm_90") -> dict:
     return {k.symbol: opcodes(k) for k in module.kernels}
 
 
-HEADERS = ("attention.cuh", "cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh",
-           "tile.cuh", "tma.cuh", "wgmma.cuh")
+HEADERS = ("attention.cuh", "attention_mma.cuh", "cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh",
+           "reduce.cuh", "rows.cuh", "tile.cuh", "tma.cuh", "wgmma.cuh")
 
 
 def test_the_headers_are_where_nvrtc_looks():
@@ -296,6 +296,82 @@ extern "C" __global__ void desc(unsigned addr, unsigned long long* out) { *out =
     assert "STG.E.64" in ops["desc"] and not any(op.startswith(("SYNCS", "UTMA")) for op in ops["desc"])
 
 
+# A warp's 16 query rows (kMT = 1) against two tiles of 16 keys (kNB = 2), head dim 64 (kDB = 8): two softmax_pv calls,
+# then O / l. S: [16, 32] fp32 scores, V: [32, 64] fp16; O: [16, 64] fp32 (0 where a row saw no key).
+SOFTMAX_PV_KERNEL = r"""
+#include <kl/attention_mma.cuh>
+extern "C" __global__ void k(const float* S, const __half* V, float* O, float scale_log2) {
+    __shared__ __align__(128) unsigned char v_s[2][16 * 64 * 2];      // two swizzled [16 keys, 64] V tiles
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    for (int i = lane; i < 32 * 8; i += 32) {
+        const int key = i / 8, c = i % 8;
+        *reinterpret_cast<uint4*>(v_s[key / 16] + swz<64>(key % 16, c)) =
+            *reinterpret_cast<const uint4*>(V + key * 64 + 8 * c);
+    }
+    __syncwarp();
+    float o[1][8][4], m[1][2], l[1][2];
+    for (int e = 0; e < 8; ++e) o[0][e][0] = o[0][e][1] = o[0][e][2] = o[0][e][3] = 0.f;
+    m[0][0] = m[0][1] = -CUDART_INF_F, l[0][0] = l[0][1] = 0.f;
+    unsigned v_col[4];
+    for (int db = 0; db < 8; db += 2) v_col[db / 2] = ((db + (lane >> 4)) ^ (lane & 7)) << 4;
+    for (int j = 0; j < 2; ++j) {
+        float s[1][2][4];
+        for (int nb = 0; nb < 2; ++nb)
+            for (int e = 0; e < 4; ++e) s[0][nb][e] = S[(g + 8 * (e >> 1)) * 32 + 16 * j + 8 * nb + 2 * t + (e & 1)];
+        const unsigned v_base = (unsigned)__cvta_generic_to_shared(v_s[j]) + (lane & 15) * 128;
+        softmax_pv<__half>(s, o, m, l, true, scale_log2, 8.0f, v_base, v_col);
+    }
+    for (int h = 0; h < 2; ++h) {
+        float sum = l[0][h];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        for (int db = 0; db < 8; ++db)
+            for (int e = 0; e < 2; ++e) O[(g + 8 * h) * 64 + 8 * db + 2 * t + e] = sum > 0.f ? o[0][db][2 * h + e] / sum : 0.f;
+    }
+}
+"""
+
+
+def test_softmax_pv_is_ex2_shuffles_and_hmma_in_registers():
+    """kl/attention_mma.cuh's tile: MUFU.EX2 for p and alpha, the quad's max through SHFL.BFLY, the warp's any-moved
+    vote, P packed to 16 bits and fed to HMMA with V through LDSM.T; all in registers (no local memory)."""
+    module = kernellab.compile_cuda(SOFTMAX_PV_KERNEL, arch="sm_90", first_line=2, filename="cell.cu")
+    (k,) = module.kernels
+    ops = opcodes(k)
+    assert {"MUFU.EX2", "SHFL.BFLY", "LDSM.16.MT88.4", "HMMA.16816.F32", "F2FP.F16.F32.PACK_AB"} <= ops, sorted(ops)
+    assert any(op.startswith("VOTE.ANY") for op in ops), sorted(ops)
+    assert k.resources.local_bytes == 0 and not k.resources.spills, k.resources
+
+
+@pytest.mark.slow
+def test_softmax_pv_over_two_tiles_is_softmax_times_v_on_the_emulator():
+    """Against float64 softmax(S scale) V: a row masked in the first tile (m = -inf, then keys), a row masked in both
+    (0), a row whose max jumps by far more than the rescale threshold in the second tile (O and l rescaled), a row
+    whose max rises by less (no rescale: p up to 2^8) and random rows."""
+    from kernellab.run.sim.cuda import emulate, ptx_emu
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    rng = np.random.default_rng(1)
+    S = rng.standard_normal((16, 32)).astype(np.float32) * 3
+    S[0, :16] = -np.inf                                    # first tile all masked, second not
+    S[1, :] = -np.inf                                      # no key at all
+    S[2, 16:] += 200.0                                     # x scale_log2 = 36 in log2 units: rescale
+    S[9, 16:] += 30.0                                      # 5.4 in log2 units: below the threshold of 8
+    S[12, 5::3] = -np.inf                                  # scattered masked keys
+    V = rng.standard_normal((32, 64)).astype(np.float16)
+    O = np.full((16, 64), np.nan, np.float32)
+    scale = 0.125
+    ptx_emu.emulate(SOFTMAX_PV_KERNEL, "k", (1,), (32,), [S, V, O, scale * np.log2(np.e)])
+    s = S.astype(np.float64) * scale
+    mx = np.max(s, axis=1, keepdims=True)
+    p = np.where(np.isfinite(s), np.exp(s - np.where(np.isfinite(mx), mx, 0.0)), 0.0)
+    den = p.sum(axis=1, keepdims=True)
+    ref = np.where(den > 0, p @ V.astype(np.float64) / np.where(den > 0, den, 1.0), 0.0)
+    assert np.all(O[1] == 0.0)
+    np.testing.assert_allclose(O, ref, rtol=2e-3, atol=2e-3)   # P rounded to fp16
+
+
 def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypatch):
     include = tmp_path / "include"
     shutil.copytree(toolkit.KL_INCLUDE, include)
@@ -319,7 +395,8 @@ def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypa
 # (threads: tutorials 05 to 07, wgmma and TMA) each emulate the PTX of the headers their tutorials include.
 FIBER_HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh",
                  "tile.cuh")
-THREAD_HEADERS = ("attention.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "tile.cuh", "tma.cuh", "wgmma.cuh")
+THREAD_HEADERS = ("attention.cuh", "attention_mma.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "tile.cuh", "tma.cuh",
+                  "wgmma.cuh")
 
 
 def test_every_header_is_emulated_by_one_emulator_or_the_other():
