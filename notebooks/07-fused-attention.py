@@ -622,7 +622,7 @@ kernellab.grade("07-ldmatrix-swizzle", ldmatrix_frags)
 
 # %%
 # %%cuda --name fa2_cell
-#include <kl/attention_mma.cuh>  // softmax_pv (online softmax, P V of a tile), swz<D>, exp2_approx
+#include <kl/attention_mma.cuh>  // scores_qk (S = Q K^T), softmax_pv (online softmax, P V), swz<D>, exp2_approx
 #include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
 #include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, __half, __nv_bfloat16 (kl/convert.cuh)
 #include <math_constants.h>  // CUDART_INF_F
@@ -759,30 +759,10 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
         const uint32_t k_base = k_tile0 + (j & 1) * KV_BYTES + k_row, v_base = v_tile0 + (j & 1) * KV_BYTES + qv_row;
         const int kv0 = j * BLOCK_N;
 
-        // S = Q K^T: s[mt][nb] is the 16 x 8 block of rows w0 + 16 mt .., keys kv0 + 8 nb ..
+        // S = Q K^T: s[mt][nb] is the 16 x 8 block of rows w0 + 16 mt .., keys kv0 + 8 nb .. (Q re-read from shared
+        // memory each chunk unless Q_IN_REGS: fewer registers at D = 128)
         float s[MT][NB][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) s[mt][nb][0] = s[mt][nb][1] = s[mt][nb][2] = s[mt][nb][3] = 0.f;
-#pragma unroll
-        for (int kc = 0; kc < KC; ++kc) {
-            if (!Q_IN_REGS) {                   // Q re-read from shared memory: fewer registers at D = 128
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-                    ldmatrix_x4(qf[mt][0], q_tile + (w0 + 16 * mt) * ROWB + qv_row + q_col[kc]);
-            }
-#pragma unroll
-            for (int nb = 0; nb < NB; nb += 2) {
-                uint32_t b[4];
-                ldmatrix_x4(b, k_base + 8 * nb * ROWB + k_col[kc]);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(s[mt][nb], qf[mt][Q_IN_REGS ? kc : 0], b[0], b[1]);
-                    mma_16816<T>(s[mt][nb + 1], qf[mt][Q_IN_REGS ? kc : 0], b[2], b[3]);
-                }
-            }
-        }
+        scores_qk<T, MT, NB, KC, Q_IN_REGS>(s, qf, q_tile, w0, qv_row, q_col, k_base, k_col);
 
         if (MASK) {
 #pragma unroll

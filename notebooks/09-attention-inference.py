@@ -94,12 +94,12 @@ for N in (128, 1024, 8192):
 # The cell holds tutorial 07's step-2 kernel (`mma.sync` m16n8k16, `ldmatrix` with `.trans` for `V`, the XOR swizzle,
 # `cp.async` double buffering, the online softmax with `exp2` and lazy rescaling, `P` fed from the score registers),
 # with the packed rows. The device code comes from kernellab's headers (`kl/mma.cuh`, `kl/cp_async.cuh`, and
-# `kl/attention_mma.cuh` for the softmax and `P V` of a tile, shared with tutorial 07's step 2); what is specific to the
-# kernel stays in its namespace.
+# `kl/attention_mma.cuh` for a tile's `S = Q K^T`, softmax and `P V`, shared with tutorial 07's step 2); what is
+# specific to the kernel stays in its namespace.
 
 # %%
 # %%cuda --name gqa_kernels
-#include <kl/attention_mma.cuh>  // softmax_pv (online softmax, P V), swz<D>, exp2_approx
+#include <kl/attention_mma.cuh>  // scores_qk (S = Q K^T), softmax_pv (online softmax, P V), swz<D>, exp2_approx
 #include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
 #include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, __half, __nv_bfloat16 (kl/convert.cuh)
 #include <math_constants.h>  // CUDART_INF_F
@@ -206,27 +206,7 @@ __device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __rest
         const int kv0 = j * BLOCK_N;
 
         float s[MT][NB][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) s[mt][nb][0] = s[mt][nb][1] = s[mt][nb][2] = s[mt][nb][3] = 0.f;
-#pragma unroll
-        for (int kc = 0; kc < KC; ++kc) {
-            if (!Q_IN_REGS) {
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt][0], q_tile + (w0 + 16 * mt) * ROWB + qv_row + q_col[kc]);
-            }
-#pragma unroll
-            for (int nb = 0; nb < NB; nb += 2) {
-                uint32_t b[4];
-                ldmatrix_x4(b, k_base + 8 * nb * ROWB + k_col[kc]);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(s[mt][nb], qf[mt][Q_IN_REGS ? kc : 0], b[0], b[1]);
-                    mma_16816<T>(s[mt][nb + 1], qf[mt][Q_IN_REGS ? kc : 0], b[2], b[3]);
-                }
-            }
-        }
+        scores_qk<T, MT, NB, KC, Q_IN_REGS>(s, qf, q_tile, w0, qv_row, q_col, k_base, k_col);   // S = Q K^T
         if (MASK) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -538,7 +518,7 @@ for L in (1024, 8192, 131072):
 
 # %%
 # %%cuda --name decode_kernels
-#include <kl/attention_mma.cuh>  // softmax_pv (online softmax, P V), swz<D>, exp2_approx
+#include <kl/attention_mma.cuh>  // scores_qk (S = Q K^T), softmax_pv (online softmax, P V), swz<D>, exp2_approx
 #include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
 #include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, to_float, from_float (kl/convert.cuh)
 #include <math_constants.h>  // CUDART_INF_F
@@ -632,26 +612,8 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
         const uint32_t k_base = k_tile0 + buf * KV_BYTES + k_row, v_base = v_tile0 + buf * KV_BYTES + qv_row;
         const int kv0 = j * BLOCK_N;
         float s[MT][NB][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) s[mt][nb][0] = s[mt][nb][1] = s[mt][nb][2] = s[mt][nb][3] = 0.f;
-#pragma unroll
-        for (int kc = 0; kc < KC; ++kc) {
-            uint32_t qf[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt], q_tile + 16 * mt * ROWB + qv_row + q_col[kc]);
-#pragma unroll
-            for (int nb = 0; nb < NB; nb += 2) {
-                uint32_t bf[4];
-                ldmatrix_x4(bf, k_base + 8 * nb * ROWB + k_col[kc]);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(s[mt][nb], qf[mt], bf[0], bf[1]);
-                    mma_16816<T>(s[mt][nb + 1], qf[mt], bf[2], bf[3]);
-                }
-            }
-        }
+        uint32_t qf[MT][1][4];                  // Q re-read from this warp's Q tile each chunk
+        scores_qk<T, MT, NB, KC, false>(s, qf, q_tile, 0, qv_row, q_col, k_base, k_col);   // S = Q K^T
         if (MASK) {                             // keys past what the row's token sees
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)

@@ -33,11 +33,12 @@ def modules():
 
 
 def test_the_mma_sync_cells_take_the_softmax_and_p_v_from_the_header():
-    """The GQA and decode kernels' online softmax and O += P V is tutorial 07's step-2 code, written once in
-    kernellab/include/kl/attention_mma.cuh (with exp2_approx and swz): neither cell holds a copy."""
+    """The GQA and decode kernels' S = Q K^T, online softmax and O += P V are tutorial 07's step-2 code, written once
+    in kernellab/include/kl/attention_mma.cuh (with exp2_approx and swz): neither cell holds a copy."""
     for name in ("gqa_kernels", "decode_kernels"):
         src = CELLS[name]
         assert "#include <kl/attention_mma.cuh>" in src and src.count("softmax_pv<") == 1, (name, src[:400])
+        assert src.count("scores_qk<") == 1 and "mma_16816<T>(" not in src, name
         assert not any(s in src for s in ("asm(", "__any_sync", "ldmatrix_x4_trans(", "uint32_t swz(")), name
 
 

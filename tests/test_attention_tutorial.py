@@ -63,10 +63,11 @@ def test_step2_is_mma_sync_with_ldmatrix_and_cp_async(steps, name):
 
 
 def test_step2_takes_its_softmax_and_p_v_from_the_header(steps):
-    """Step 2's online softmax and O += P V (tutorial 09's mma.sync kernels run the same code) are written once, in
-    kernellab/include/kl/attention_mma.cuh: the cell calls softmax_pv and holds no copy of it or of its helpers."""
+    """Step 2's S = Q K^T, online softmax and O += P V (tutorial 09's mma.sync kernels run the same code) are written
+    once, in kernellab/include/kl/attention_mma.cuh: the cell calls scores_qk and softmax_pv and holds no copy."""
     src = next(iter(steps[0]["fa2"].values())).module.source
     assert "#include <kl/attention_mma.cuh>" in src and src.count("softmax_pv<") == 1, src[:400]
+    assert src.count("scores_qk<") == 1 and "mma_16816<T>(" not in src
     assert not any(s in src for s in ("exp2_approx(", "__any_sync", "ldmatrix_x4_trans(", "uint32_t swz("))
 
 

@@ -332,15 +332,71 @@ extern "C" __global__ void k(const float* S, const __half* V, float* O, float sc
 """
 
 
+# S = Q K^T for 32 query rows (kMT = 2) against 32 keys (kNB = 4), head dim 64 (kKC = 4), one warp; Q fragments held
+# in registers (QREGS) or re-read from the Q tile each chunk. Q: [32, 64], K: [32, 64] fp16; S: [32, 32] fp32.
+SCORES_QK_KERNEL = r"""
+#include <kl/attention_mma.cuh>
+template <bool QREGS>
+__device__ __forceinline__ void qk(const __half* Q, const __half* K, float* S) {
+    __shared__ __align__(128) unsigned char q_s[32 * 128], k_s[32 * 128];   // swizzled [32, 64] tiles
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4, x = lane & 7;
+    for (int i = lane; i < 32 * 8; i += 32) {
+        *reinterpret_cast<uint4*>(q_s + swz<64>(i / 8, i % 8)) = *reinterpret_cast<const uint4*>(Q + 8 * i);
+        *reinterpret_cast<uint4*>(k_s + swz<64>(i / 8, i % 8)) = *reinterpret_cast<const uint4*>(K + 8 * i);
+    }
+    __syncwarp();
+    const unsigned q_tile = (unsigned)__cvta_generic_to_shared(q_s), k_tile = (unsigned)__cvta_generic_to_shared(k_s);
+    unsigned q_col[4], k_col[4];
+    for (int kc = 0; kc < 4; ++kc) {
+        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;
+        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;
+    }
+    const unsigned qv_row = (lane & 15) * 128, k_base = k_tile + ((lane & 7) + ((lane >> 4) << 3)) * 128;
+    unsigned qf[2][QREGS ? 4 : 1][4];
+    if (QREGS)
+        for (int mt = 0; mt < 2; ++mt)
+            for (int kc = 0; kc < 4; ++kc) ldmatrix_x4(qf[mt][QREGS ? kc : 0], q_tile + 16 * mt * 128 + qv_row + q_col[kc]);
+    float s[2][4][4];
+    scores_qk<__half, 2, 4, 4, QREGS>(s, qf, q_tile, 0, qv_row, q_col, k_base, k_col);
+    for (int mt = 0; mt < 2; ++mt)
+        for (int nb = 0; nb < 4; ++nb)
+            for (int e = 0; e < 4; ++e) S[(16 * mt + g + 8 * (e >> 1)) * 32 + 8 * nb + 2 * t + (e & 1)] = s[mt][nb][e];
+}
+extern "C" __global__ void qk_regs(const __half* Q, const __half* K, float* S) { qk<true>(Q, K, S); }
+extern "C" __global__ void qk_smem(const __half* Q, const __half* K, float* S) { qk<false>(Q, K, S); }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q_in_regs", [True, False])
+def test_scores_qk_is_q_times_k_transposed_on_the_emulator(q_in_regs):
+    """Every score of two m16 row tiles against four n8 key blocks, Q held in registers or re-read per chunk."""
+    from kernellab.run.sim.cuda import emulate, ptx_emu
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    rng = np.random.default_rng(2)
+    Q = rng.standard_normal((32, 64)).astype(np.float16)
+    K = rng.standard_normal((32, 64)).astype(np.float16)
+    S = np.full((32, 32), np.nan, np.float32)
+    ptx_emu.emulate(SCORES_QK_KERNEL, "qk_regs" if q_in_regs else "qk_smem", (1,), (32,), [Q, K, S])
+    np.testing.assert_allclose(S, Q.astype(np.float64) @ K.astype(np.float64).T, rtol=1e-4, atol=1e-3)
+
+
 def test_softmax_pv_is_ex2_shuffles_and_hmma_in_registers():
     """kl/attention_mma.cuh's tile: MUFU.EX2 for p and alpha, the quad's max through SHFL.BFLY, the warp's any-moved
-    vote, P packed to 16 bits and fed to HMMA with V through LDSM.T; all in registers (no local memory)."""
+    vote, P packed to 16 bits and fed to HMMA with V through LDSM.T; all in registers (no local memory). S = Q K^T:
+    LDSM (no transpose) and HMMA, the accumulators in registers."""
     module = kernellab.compile_cuda(SOFTMAX_PV_KERNEL, arch="sm_90", first_line=2, filename="cell.cu")
     (k,) = module.kernels
     ops = opcodes(k)
     assert {"MUFU.EX2", "SHFL.BFLY", "LDSM.16.MT88.4", "HMMA.16816.F32", "F2FP.F16.F32.PACK_AB"} <= ops, sorted(ops)
     assert any(op.startswith("VOTE.ANY") for op in ops), sorted(ops)
     assert k.resources.local_bytes == 0 and not k.resources.spills, k.resources
+    for k in kernellab.compile_cuda(SCORES_QK_KERNEL, arch="sm_90", first_line=2, filename="cell.cu").kernels:
+        ops = opcodes(k)
+        assert {"LDSM.16.M88.4", "HMMA.16816.F32"} <= ops and "LDSM.16.MT88.4" not in ops, (k.symbol, sorted(ops))
+        assert k.resources.local_bytes == 0 and not k.resources.spills, (k.symbol, k.resources)
 
 
 @pytest.mark.slow

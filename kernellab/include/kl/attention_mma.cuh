@@ -1,6 +1,6 @@
 // kl/attention_mma.cuh: a warp's part of attention on mma.sync (tutorial 07's step 2, tutorial 09's GQA and decoding
-// kernels): after S = Q K^T for one tile of keys, the online softmax with lazy rescaling, P rounded to 16 bits in
-// registers and O += P V, with K and V tiles in shared memory in the XOR-swizzled layout below.
+// kernels), one tile of keys at a time: S = Q K^T, then the online softmax with lazy rescaling, P rounded to 16 bits in
+// registers and O += P V, with the Q, K and V tiles in shared memory in the XOR-swizzled layout below.
 //
 // A warp owns kMT m16 tiles of query rows; lane (g = lane / 4, t = lane % 4) holds rows g and g + 8 of each, as the
 // mma.sync accumulators lay them out (kl/mma.cuh). Its registers, for a tile of kNB * 8 keys and a head dim of kDB * 8:
@@ -30,6 +30,45 @@ __device__ __forceinline__ float exp2_approx(float x) {
 // the 8 rows an ldmatrix phase reads at one logical chunk sit in 8 different 16-byte bank groups (no conflict).
 template <int kD> __device__ __forceinline__ unsigned swz(int row, int chunk) {
     return row * (kD * 2) + ((chunk ^ (row & 7)) << 4);
+}
+
+// S = Q K^T for one tile of keys: s (zeroed first) gets the warp's kMT m16 row tiles of Q times keys 8 nb .. 8 nb + 7
+// (nb < kNB), over kKC chunks of 16 along the head dim. Tiles are swizzled [rows, kKC * 16] (swz), 16-bit. K's B
+// fragments come through ldmatrix, two n8 blocks an x4; Q's A fragments are either held in registers for the whole
+// kernel (kQInRegs: qf[mt][kc], loaded by the caller) or re-read from the Q tile into qf[mt][0] each chunk (fewer
+// registers at a large head dim).
+//   q_tile, row0  the Q tile's shared address and the warp's first row in it (m-tile mt: rows row0 + 16 mt ..)
+//   qv_row        (lane & 15) * kKC * 32: this lane's ldmatrix row, as a byte offset
+//   q_col[kc]     this lane's swizzled byte offset of chunk 2 kc + lane / 16
+//   k_base        the K tile's shared address + ((lane & 7) + 8 (lane / 16)) * kKC * 32 (this lane's key, n-block 0)
+//   k_col[kc]     this lane's swizzled byte offset of chunk 2 kc + (lane / 8) % 2
+template <typename T, int kMT, int kNB, int kKC, bool kQInRegs>
+__device__ __forceinline__ void scores_qk(float (&s)[kMT][kNB][4], unsigned (&qf)[kMT][kQInRegs ? kKC : 1][4],
+                                          unsigned q_tile, int row0, unsigned qv_row, const unsigned (&q_col)[kKC],
+                                          unsigned k_base, const unsigned (&k_col)[kKC]) {
+    constexpr int kRowBytes = kKC * 32;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb) s[mt][nb][0] = s[mt][nb][1] = s[mt][nb][2] = s[mt][nb][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < kKC; ++kc) {
+        if (!kQInRegs) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+                ldmatrix_x4(qf[mt][0], q_tile + (row0 + 16 * mt) * kRowBytes + qv_row + q_col[kc]);
+        }
+#pragma unroll
+        for (int nb = 0; nb < kNB; nb += 2) {
+            unsigned b[4];
+            ldmatrix_x4(b, k_base + 8 * nb * kRowBytes + k_col[kc]);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma_16816<T>(s[mt][nb], qf[mt][kQInRegs ? kc : 0], b[0], b[1]);
+                mma_16816<T>(s[mt][nb + 1], qf[mt][kQInRegs ? kc : 0], b[2], b[3]);
+            }
+        }
+    }
 }
 
 // One tile of keys after S = Q K^T: the online softmax of the scores s, then O += P V (registers as above).
