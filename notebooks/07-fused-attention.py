@@ -622,6 +622,7 @@ kernellab.grade("07-ldmatrix-swizzle", ldmatrix_frags)
 
 # %%
 # %%cuda --name fa2_cell
+#include <kl/attention_mma.cuh>  // scores_qk (S = Q K^T), softmax_pv (online softmax, P V), swz<D>, exp2_approx
 #include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
 #include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, __half, __nv_bfloat16 (kl/convert.cuh)
 #include <math_constants.h>  // CUDART_INF_F
@@ -651,19 +652,10 @@ constexpr float RESCALE_LOG2 = FA2_RESCALE_LOG2;   // lazy rescaling threshold, 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ float exp2_approx(float x) {   // MUFU.EX2; exp2(-inf) = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+// (exp2_approx, one MUFU.EX2, and swz<D>, the XOR-swizzled tile layout, come from kl/attention_mma.cuh.)
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows, D] tile of 16-bit values, XOR-swizzled: the 8 rows an
-// ldmatrix reads at one logical chunk land in 8 different 16-byte bank groups (no conflict); D >= 64.
-template <int D> __device__ __forceinline__ uint32_t swz(int row, int chunk) {
-    return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
-}
-
-// Copy rows [row0, row0 + ROWS) of a [N, D] matrix into a swizzled tile; rows past N become zeros. Thread `tid`
+// Copy rows [row0, row0 + ROWS) of a [N, D] matrix into a swizzled tile (swz<D>: the 8 rows an ldmatrix reads at one
+// logical chunk land in 8 different 16-byte bank groups); rows past N become zeros. Thread `tid`
 // copies chunk tid % (D / 8) of rows tid / (D / 8) + k * STEP: its column and its swizzle (row & 7 is the same for
 // every k, since STEP is a multiple of 8) are fixed, so each copy is one address increment.
 template <int ROWS, int D, int NTHREADS, typename T>
@@ -767,30 +759,10 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
         const uint32_t k_base = k_tile0 + (j & 1) * KV_BYTES + k_row, v_base = v_tile0 + (j & 1) * KV_BYTES + qv_row;
         const int kv0 = j * BLOCK_N;
 
-        // S = Q K^T: s[mt][nb] is the 16 x 8 block of rows w0 + 16 mt .., keys kv0 + 8 nb ..
+        // S = Q K^T: s[mt][nb] is the 16 x 8 block of rows w0 + 16 mt .., keys kv0 + 8 nb .. (Q re-read from shared
+        // memory each chunk unless Q_IN_REGS: fewer registers at D = 128)
         float s[MT][NB][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) s[mt][nb][0] = s[mt][nb][1] = s[mt][nb][2] = s[mt][nb][3] = 0.f;
-#pragma unroll
-        for (int kc = 0; kc < KC; ++kc) {
-            if (!Q_IN_REGS) {                   // Q re-read from shared memory: fewer registers at D = 128
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-                    ldmatrix_x4(qf[mt][0], q_tile + (w0 + 16 * mt) * ROWB + qv_row + q_col[kc]);
-            }
-#pragma unroll
-            for (int nb = 0; nb < NB; nb += 2) {
-                uint32_t b[4];
-                ldmatrix_x4(b, k_base + 8 * nb * ROWB + k_col[kc]);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(s[mt][nb], qf[mt][Q_IN_REGS ? kc : 0], b[0], b[1]);
-                    mma_16816<T>(s[mt][nb + 1], qf[mt][Q_IN_REGS ? kc : 0], b[2], b[3]);
-                }
-            }
-        }
+        scores_qk<T, MT, NB, KC, Q_IN_REGS>(s, qf, q_tile, w0, qv_row, q_col, k_base, k_col);
 
         if (MASK) {
 #pragma unroll
@@ -809,68 +781,10 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
         // threads are lanes 4 g .. 4 g + 3. Lazy rescaling: the running max m moves only when a score exceeds it by
         // more than RESCALE_LOG2 (so p = exp2(s - m) <= 2^RESCALE_LOG2, harmless in fp32 and in P's 16 bits);
         // O and l are then rescaled, and the warp skips the O *= alpha multiplies when no row of it moved.
-        float ref[MT][2];                       // what exp2 subtracts: the running max, or 0 for a fully masked row
-        bool moved = false;
-        float alpha[MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mx = -CUDART_INF_F;
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[mt][nb][2 * h], s[mt][nb][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                mx *= scale_log2;
-                const bool up = mx > m[mt][h] + RESCALE_LOG2;       // false for -inf > -inf: masked rows stay put
-                const float mn = up ? mx : m[mt][h];
-                alpha[mt][h] = up ? exp2_approx(m[mt][h] - mn) : 1.f;  // exp2(-inf) = 0 on a row's first keys
-                moved |= up;
-                m[mt][h] = mn;
-                ref[mt][h] = (!MASK || mn != -CUDART_INF_F) ? mn : 0.f;
-                l[mt][h] *= alpha[mt][h];
-            }
-        }
-        if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e = 0; e < DB; ++e) {
-                    o[mt][e][0] *= alpha[mt][0]; o[mt][e][1] *= alpha[mt][0];
-                    o[mt][e][2] *= alpha[mt][1]; o[mt][e][3] *= alpha[mt][1];
-                }
-        }
-
-        // P = exp2(S - m), 16 keys at a time, each chunk going straight into O += P V as the A operand: keys
-        // 16 kc + 0..7 are a0 (row g) / a1 (row g + 8), keys 16 kc + 8..15 are a2 / a3. V^T fragments come through
-        // ldmatrix.trans: keys 16 kc + (lane & 15), dims chunk db + lane / 16.
-#pragma unroll
-        for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int nb = 2 * kc + h;
-                    const float p0 = exp2_approx(fmaf(s[mt][nb][0], scale_log2, -ref[mt][0]));
-                    const float p1 = exp2_approx(fmaf(s[mt][nb][1], scale_log2, -ref[mt][0]));
-                    const float p2 = exp2_approx(fmaf(s[mt][nb][2], scale_log2, -ref[mt][1]));
-                    const float p3 = exp2_approx(fmaf(s[mt][nb][3], scale_log2, -ref[mt][1]));
-                    l[mt][0] += p0 + p1;  l[mt][1] += p2 + p3;
-                    pa[mt][2 * h] = pack2<T>(p0, p1);
-                    pa[mt][2 * h + 1] = pack2<T>(p2, p3);
-                }
-#pragma unroll
-            for (int db = 0; db < DB; db += 2) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, v_base + 16 * kc * ROWB + v_col[db / 2]);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(o[mt][db], pa[mt], b[0], b[1]);
-                    mma_16816<T>(o[mt][db + 1], pa[mt], b[2], b[3]);
-                }
-            }
-        }
+        // P = exp2(S - m), 16 keys at a time, goes straight into O += P V as the A operand; V^T fragments come
+        // through ldmatrix.trans: keys 16 kc + (lane & 15), dims chunk db + lane / 16. (kl/attention_mma.cuh,
+        // shared with tutorial 09's kernels.)
+        softmax_pv<T>(s, o, m, l, MASK, scale_log2, RESCALE_LOG2, v_base, v_col);
     };
 
     // Tiles wholly inside the sequence and (causal) wholly at or before the block's first row need no mask.

@@ -93,11 +93,13 @@ for N in (128, 1024, 8192):
 #
 # The cell holds tutorial 07's step-2 kernel (`mma.sync` m16n8k16, `ldmatrix` with `.trans` for `V`, the XOR swizzle,
 # `cp.async` double buffering, the online softmax with `exp2` and lazy rescaling, `P` fed from the score registers),
-# with the packed rows. The device code comes from kernellab's headers (`kl/mma.cuh`, `kl/cp_async.cuh`); what is
+# with the packed rows. The device code comes from kernellab's headers (`kl/mma.cuh`, `kl/cp_async.cuh`, and
+# `kl/attention_mma.cuh` for a tile's `S = Q K^T`, softmax and `P V`, shared with tutorial 07's step 2); what is
 # specific to the kernel stays in its namespace.
 
 # %%
 # %%cuda --name gqa_kernels
+#include <kl/attention_mma.cuh>  // scores_qk (S = Q K^T), softmax_pv (online softmax, P V), swz<D>, exp2_approx
 #include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
 #include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, __half, __nv_bfloat16 (kl/convert.cuh)
 #include <math_constants.h>  // CUDART_INF_F
@@ -116,19 +118,7 @@ namespace gqa {
 
 constexpr float LOG2E = 1.4426950408889634f;
 
-__device__ __forceinline__ float exp2_approx(float x) {   // MUFU.EX2; exp2(-inf) = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows, D] tile of 16-bit values, XOR-swizzled (D >= 64):
-// the 8 rows an ldmatrix phase reads at one chunk sit in 8 different bank groups.
-template <int D> __device__ __forceinline__ uint32_t swz(int row, int chunk) {
-    return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
-}
-
-// Rows [row0, row0 + ROWS) of a [rows, D] matrix into a swizzled tile by NTHREADS threads (first thread `tid`);
+// Rows [row0, row0 + ROWS) of a [rows, D] matrix into a swizzled tile (swz<D>) by NTHREADS threads (first thread `tid`);
 // rows past `rows` become zeros (cp.async with a source size of 0).
 template <int ROWS, int D, int NTHREADS, typename T>
 __device__ __forceinline__ void load_rows(uint32_t tile, const T* __restrict__ g, int row0, int rows, int tid) {
@@ -216,27 +206,7 @@ __device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __rest
         const int kv0 = j * BLOCK_N;
 
         float s[MT][NB][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) s[mt][nb][0] = s[mt][nb][1] = s[mt][nb][2] = s[mt][nb][3] = 0.f;
-#pragma unroll
-        for (int kc = 0; kc < KC; ++kc) {
-            if (!Q_IN_REGS) {
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt][0], q_tile + (w0 + 16 * mt) * ROWB + qv_row + q_col[kc]);
-            }
-#pragma unroll
-            for (int nb = 0; nb < NB; nb += 2) {
-                uint32_t b[4];
-                ldmatrix_x4(b, k_base + 8 * nb * ROWB + k_col[kc]);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(s[mt][nb], qf[mt][Q_IN_REGS ? kc : 0], b[0], b[1]);
-                    mma_16816<T>(s[mt][nb + 1], qf[mt][Q_IN_REGS ? kc : 0], b[2], b[3]);
-                }
-            }
-        }
+        scores_qk<T, MT, NB, KC, Q_IN_REGS>(s, qf, q_tile, w0, qv_row, q_col, k_base, k_col);   // S = Q K^T
         if (MASK) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -249,63 +219,9 @@ __device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __rest
                         if (key >= N || (CAUSAL && key > pos)) s[mt][nb][e] = -CUDART_INF_F;
                     }
         }
-        // Online softmax with lazy rescaling (tutorial 07): m moves only when a score passes it by RESCALE_LOG2.
-        float ref[MT][2], alpha[MT][2];
-        bool moved = false;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mx = -CUDART_INF_F;
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[mt][nb][2 * h], s[mt][nb][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                mx *= scale_log2;
-                const bool up = mx > m[mt][h] + GQA_RESCALE_LOG2;
-                const float mn = up ? mx : m[mt][h];
-                alpha[mt][h] = up ? exp2_approx(m[mt][h] - mn) : 1.f;
-                moved |= up;
-                m[mt][h] = mn;
-                ref[mt][h] = (!MASK || mn != -CUDART_INF_F) ? mn : 0.f;
-                l[mt][h] *= alpha[mt][h];
-            }
-        if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e = 0; e < DB; ++e) {
-                    o[mt][e][0] *= alpha[mt][0]; o[mt][e][1] *= alpha[mt][0];
-                    o[mt][e][2] *= alpha[mt][1]; o[mt][e][3] *= alpha[mt][1];
-                }
-        }
-#pragma unroll
-        for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int nb = 2 * kc + h;
-                    const float p0 = exp2_approx(fmaf(s[mt][nb][0], scale_log2, -ref[mt][0]));
-                    const float p1 = exp2_approx(fmaf(s[mt][nb][1], scale_log2, -ref[mt][0]));
-                    const float p2 = exp2_approx(fmaf(s[mt][nb][2], scale_log2, -ref[mt][1]));
-                    const float p3 = exp2_approx(fmaf(s[mt][nb][3], scale_log2, -ref[mt][1]));
-                    l[mt][0] += p0 + p1;  l[mt][1] += p2 + p3;
-                    pa[mt][2 * h] = pack2<T>(p0, p1);
-                    pa[mt][2 * h + 1] = pack2<T>(p2, p3);
-                }
-#pragma unroll
-            for (int db = 0; db < DB; db += 2) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, v_base + 16 * kc * ROWB + v_col[db / 2]);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(o[mt][db], pa[mt], b[0], b[1]);
-                    mma_16816<T>(o[mt][db + 1], pa[mt], b[2], b[3]);
-                }
-            }
-        }
+        // Online softmax with lazy rescaling (tutorial 07): m moves only when a score passes it by RESCALE_LOG2;
+        // then O += P V through ldmatrix.trans (kl/attention_mma.cuh).
+        softmax_pv<T>(s, o, m, l, MASK, scale_log2, GQA_RESCALE_LOG2, v_base, v_col);
     };
     int j = 0;
     for (; j < min(n_full, n_tiles); ++j) step(j, false);
@@ -602,6 +518,7 @@ for L in (1024, 8192, 131072):
 
 # %%
 # %%cuda --name decode_kernels
+#include <kl/attention_mma.cuh>  // scores_qk (S = Q K^T), softmax_pv (online softmax, P V), swz<D>, exp2_approx
 #include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
 #include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, to_float, from_float (kl/convert.cuh)
 #include <math_constants.h>  // CUDART_INF_F
@@ -623,15 +540,7 @@ namespace dec {
 
 constexpr float LOG2E = 1.4426950408889634f;
 
-__device__ __forceinline__ float exp2_approx(float x) {   // MUFU.EX2; exp2(-inf) = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-template <int D> __device__ __forceinline__ uint32_t swz(int row, int chunk) {   // XOR-swizzled [rows, D] tile
-    return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
-}
-// Rows [row0, row0 + ROWS) of a [rows, D] matrix into a swizzled tile by one warp; rows past `rows` become zeros.
+// Rows [row0, row0 + ROWS) of a [rows, D] matrix into a swizzled tile (swz<D>) by one warp; rows past `rows` become zeros.
 template <int ROWS, int D, typename T>
 __device__ __forceinline__ void warp_load_rows(uint32_t tile, const T* __restrict__ g, int row0, int rows, int lane) {
     constexpr int CH = D / 8;                                      // 16-byte chunks per row
@@ -703,26 +612,8 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
         const uint32_t k_base = k_tile0 + buf * KV_BYTES + k_row, v_base = v_tile0 + buf * KV_BYTES + qv_row;
         const int kv0 = j * BLOCK_N;
         float s[MT][NB][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) s[mt][nb][0] = s[mt][nb][1] = s[mt][nb][2] = s[mt][nb][3] = 0.f;
-#pragma unroll
-        for (int kc = 0; kc < KC; ++kc) {
-            uint32_t qf[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt], q_tile + 16 * mt * ROWB + qv_row + q_col[kc]);
-#pragma unroll
-            for (int nb = 0; nb < NB; nb += 2) {
-                uint32_t bf[4];
-                ldmatrix_x4(bf, k_base + 8 * nb * ROWB + k_col[kc]);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(s[mt][nb], qf[mt], bf[0], bf[1]);
-                    mma_16816<T>(s[mt][nb + 1], qf[mt], bf[2], bf[3]);
-                }
-            }
-        }
+        uint32_t qf[MT][1][4];                  // Q re-read from this warp's Q tile each chunk
+        scores_qk<T, MT, NB, KC, false>(s, qf, q_tile, 0, qv_row, q_col, k_base, k_col);   // S = Q K^T
         if (MASK) {                             // keys past what the row's token sees
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -735,62 +626,7 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
                         if (key > last_key0 + token) s[mt][nb][e] = -CUDART_INF_F;
                     }
         }
-        float ref[MT][2], alpha[MT][2];
-        bool moved = false;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mx = -CUDART_INF_F;
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[mt][nb][2 * h], s[mt][nb][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                mx *= scale_log2;
-                const bool up = mx > m[mt][h] + DEC_RESCALE_LOG2;
-                const float mn = up ? mx : m[mt][h];
-                alpha[mt][h] = up ? exp2_approx(m[mt][h] - mn) : 1.f;
-                moved |= up;
-                m[mt][h] = mn;
-                ref[mt][h] = (!MASK || mn != -CUDART_INF_F) ? mn : 0.f;
-                l[mt][h] *= alpha[mt][h];
-            }
-        if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e = 0; e < DB; ++e) {
-                    o[mt][e][0] *= alpha[mt][0]; o[mt][e][1] *= alpha[mt][0];
-                    o[mt][e][2] *= alpha[mt][1]; o[mt][e][3] *= alpha[mt][1];
-                }
-        }
-#pragma unroll
-        for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int nb = 2 * kc + h;
-                    const float p0 = exp2_approx(fmaf(s[mt][nb][0], scale_log2, -ref[mt][0]));
-                    const float p1 = exp2_approx(fmaf(s[mt][nb][1], scale_log2, -ref[mt][0]));
-                    const float p2 = exp2_approx(fmaf(s[mt][nb][2], scale_log2, -ref[mt][1]));
-                    const float p3 = exp2_approx(fmaf(s[mt][nb][3], scale_log2, -ref[mt][1]));
-                    l[mt][0] += p0 + p1;  l[mt][1] += p2 + p3;
-                    pa[mt][2 * h] = pack2<T>(p0, p1);
-                    pa[mt][2 * h + 1] = pack2<T>(p2, p3);
-                }
-#pragma unroll
-            for (int db = 0; db < DB; db += 2) {
-                uint32_t bf[4];
-                ldmatrix_x4_trans(bf, v_base + 16 * kc * ROWB + v_col[db / 2]);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(o[mt][db], pa[mt], bf[0], bf[1]);
-                    mma_16816<T>(o[mt][db + 1], pa[mt], bf[2], bf[3]);
-                }
-            }
-        }
+        softmax_pv<T>(s, o, m, l, MASK, scale_log2, DEC_RESCALE_LOG2, v_base, v_col);   // kl/attention_mma.cuh
     };
     // Tiles before the first key some token cannot see need no mask (keys >= L are also > last_key0 + token).
     const int j_full = min(j1, max(j0, (last_key0 + 1) / BLOCK_N));

@@ -32,6 +32,16 @@ def modules():
             for name, (arch, src) in named_cuda_cells_with_arch(T09).items()}
 
 
+def test_the_mma_sync_cells_take_the_softmax_and_p_v_from_the_header():
+    """The GQA and decode kernels' S = Q K^T, online softmax and O += P V are tutorial 07's step-2 code, written once
+    in kernellab/include/kl/attention_mma.cuh (with exp2_approx and swz): neither cell holds a copy."""
+    for name in ("gqa_kernels", "decode_kernels"):
+        src = CELLS[name]
+        assert "#include <kl/attention_mma.cuh>" in src and src.count("softmax_pv<") == 1, (name, src[:400])
+        assert src.count("scores_qk<") == 1 and "mma_16816<T>(" not in src, name
+        assert not any(s in src for s in ("asm(", "__any_sync", "ldmatrix_x4_trans(", "uint32_t swz(")), name
+
+
 def test_the_gqa_kernels_are_mma_sync_for_both_dtypes_head_dims_and_masks(modules):
     kernels = {k.name: k for k in modules["gqa_kernels"].kernels}
     assert sorted(kernels) == sorted(f"gqa_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128)

@@ -62,6 +62,15 @@ def test_step2_is_mma_sync_with_ldmatrix_and_cp_async(steps, name):
     assert [p.name for p in k.params] == ["q", "k", "v", "o", "lse", "n", "scale"]
 
 
+def test_step2_takes_its_softmax_and_p_v_from_the_header(steps):
+    """Step 2's S = Q K^T, online softmax and O += P V (tutorial 09's mma.sync kernels run the same code) are written
+    once, in kernellab/include/kl/attention_mma.cuh: the cell calls scores_qk and softmax_pv and holds no copy."""
+    src = next(iter(steps[0]["fa2"].values())).module.source
+    assert "#include <kl/attention_mma.cuh>" in src and src.count("softmax_pv<") == 1, src[:400]
+    assert src.count("scores_qk<") == 1 and "mma_16816<T>(" not in src
+    assert not any(s in src for s in ("exp2_approx(", "__any_sync", "ldmatrix_x4_trans(", "uint32_t swz("))
+
+
 @pytest.mark.parametrize("name", ["fa3_bf16_d64", "fa3_f16_d128_causal"])
 def test_step3_is_wgmma_fed_by_tma(steps, name):
     k = steps[0]["fa3"][name]

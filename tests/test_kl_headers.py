@@ -26,8 +26,8 @@ def compile_kernels(source: str, arch: str = "sm_90") -> dict:
     return {k.symbol: opcodes(k) for k in module.kernels}
 
 
-HEADERS = ("attention.cuh", "cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh",
-           "tile.cuh", "tma.cuh", "wgmma.cuh")
+HEADERS = ("attention.cuh", "attention_mma.cuh", "cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh",
+           "reduce.cuh", "rows.cuh", "tile.cuh", "tma.cuh", "wgmma.cuh")
 
 
 def test_the_headers_are_where_nvrtc_looks():
@@ -296,6 +296,138 @@ extern "C" __global__ void desc(unsigned addr, unsigned long long* out) { *out =
     assert "STG.E.64" in ops["desc"] and not any(op.startswith(("SYNCS", "UTMA")) for op in ops["desc"])
 
 
+# A warp's 16 query rows (kMT = 1) against two tiles of 16 keys (kNB = 2), head dim 64 (kDB = 8): two softmax_pv calls,
+# then O / l. S: [16, 32] fp32 scores, V: [32, 64] fp16; O: [16, 64] fp32 (0 where a row saw no key).
+SOFTMAX_PV_KERNEL = r"""
+#include <kl/attention_mma.cuh>
+extern "C" __global__ void k(const float* S, const __half* V, float* O, float scale_log2) {
+    __shared__ __align__(128) unsigned char v_s[2][16 * 64 * 2];      // two swizzled [16 keys, 64] V tiles
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    for (int i = lane; i < 32 * 8; i += 32) {
+        const int key = i / 8, c = i % 8;
+        *reinterpret_cast<uint4*>(v_s[key / 16] + swz<64>(key % 16, c)) =
+            *reinterpret_cast<const uint4*>(V + key * 64 + 8 * c);
+    }
+    __syncwarp();
+    float o[1][8][4], m[1][2], l[1][2];
+    for (int e = 0; e < 8; ++e) o[0][e][0] = o[0][e][1] = o[0][e][2] = o[0][e][3] = 0.f;
+    m[0][0] = m[0][1] = -CUDART_INF_F, l[0][0] = l[0][1] = 0.f;
+    unsigned v_col[4];
+    for (int db = 0; db < 8; db += 2) v_col[db / 2] = ((db + (lane >> 4)) ^ (lane & 7)) << 4;
+    for (int j = 0; j < 2; ++j) {
+        float s[1][2][4];
+        for (int nb = 0; nb < 2; ++nb)
+            for (int e = 0; e < 4; ++e) s[0][nb][e] = S[(g + 8 * (e >> 1)) * 32 + 16 * j + 8 * nb + 2 * t + (e & 1)];
+        const unsigned v_base = (unsigned)__cvta_generic_to_shared(v_s[j]) + (lane & 15) * 128;
+        softmax_pv<__half>(s, o, m, l, true, scale_log2, 8.0f, v_base, v_col);
+    }
+    for (int h = 0; h < 2; ++h) {
+        float sum = l[0][h];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        for (int db = 0; db < 8; ++db)
+            for (int e = 0; e < 2; ++e) O[(g + 8 * h) * 64 + 8 * db + 2 * t + e] = sum > 0.f ? o[0][db][2 * h + e] / sum : 0.f;
+    }
+}
+"""
+
+
+# S = Q K^T for 32 query rows (kMT = 2) against 32 keys (kNB = 4), head dim 64 (kKC = 4), one warp; Q fragments held
+# in registers (QREGS) or re-read from the Q tile each chunk. Q: [32, 64], K: [32, 64] fp16; S: [32, 32] fp32.
+SCORES_QK_KERNEL = r"""
+#include <kl/attention_mma.cuh>
+template <bool QREGS>
+__device__ __forceinline__ void qk(const __half* Q, const __half* K, float* S) {
+    __shared__ __align__(128) unsigned char q_s[32 * 128], k_s[32 * 128];   // swizzled [32, 64] tiles
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4, x = lane & 7;
+    for (int i = lane; i < 32 * 8; i += 32) {
+        *reinterpret_cast<uint4*>(q_s + swz<64>(i / 8, i % 8)) = *reinterpret_cast<const uint4*>(Q + 8 * i);
+        *reinterpret_cast<uint4*>(k_s + swz<64>(i / 8, i % 8)) = *reinterpret_cast<const uint4*>(K + 8 * i);
+    }
+    __syncwarp();
+    const unsigned q_tile = (unsigned)__cvta_generic_to_shared(q_s), k_tile = (unsigned)__cvta_generic_to_shared(k_s);
+    unsigned q_col[4], k_col[4];
+    for (int kc = 0; kc < 4; ++kc) {
+        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;
+        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;
+    }
+    const unsigned qv_row = (lane & 15) * 128, k_base = k_tile + ((lane & 7) + ((lane >> 4) << 3)) * 128;
+    unsigned qf[2][QREGS ? 4 : 1][4];
+    if (QREGS)
+        for (int mt = 0; mt < 2; ++mt)
+            for (int kc = 0; kc < 4; ++kc) ldmatrix_x4(qf[mt][QREGS ? kc : 0], q_tile + 16 * mt * 128 + qv_row + q_col[kc]);
+    float s[2][4][4];
+    scores_qk<__half, 2, 4, 4, QREGS>(s, qf, q_tile, 0, qv_row, q_col, k_base, k_col);
+    for (int mt = 0; mt < 2; ++mt)
+        for (int nb = 0; nb < 4; ++nb)
+            for (int e = 0; e < 4; ++e) S[(16 * mt + g + 8 * (e >> 1)) * 32 + 8 * nb + 2 * t + (e & 1)] = s[mt][nb][e];
+}
+extern "C" __global__ void qk_regs(const __half* Q, const __half* K, float* S) { qk<true>(Q, K, S); }
+extern "C" __global__ void qk_smem(const __half* Q, const __half* K, float* S) { qk<false>(Q, K, S); }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q_in_regs", [True, False])
+def test_scores_qk_is_q_times_k_transposed_on_the_emulator(q_in_regs):
+    """Every score of two m16 row tiles against four n8 key blocks, Q held in registers or re-read per chunk."""
+    from kernellab.run.sim.cuda import emulate, ptx_emu
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    rng = np.random.default_rng(2)
+    Q = rng.standard_normal((32, 64)).astype(np.float16)
+    K = rng.standard_normal((32, 64)).astype(np.float16)
+    S = np.full((32, 32), np.nan, np.float32)
+    ptx_emu.emulate(SCORES_QK_KERNEL, "qk_regs" if q_in_regs else "qk_smem", (1,), (32,), [Q, K, S])
+    np.testing.assert_allclose(S, Q.astype(np.float64) @ K.astype(np.float64).T, rtol=1e-4, atol=1e-3)
+
+
+def test_softmax_pv_is_ex2_shuffles_and_hmma_in_registers():
+    """kl/attention_mma.cuh's tile: MUFU.EX2 for p and alpha, the quad's max through SHFL.BFLY, the warp's any-moved
+    vote, P packed to 16 bits and fed to HMMA with V through LDSM.T; all in registers (no local memory). S = Q K^T:
+    LDSM (no transpose) and HMMA, the accumulators in registers."""
+    module = kernellab.compile_cuda(SOFTMAX_PV_KERNEL, arch="sm_90", first_line=2, filename="cell.cu")
+    (k,) = module.kernels
+    ops = opcodes(k)
+    assert {"MUFU.EX2", "SHFL.BFLY", "LDSM.16.MT88.4", "HMMA.16816.F32", "F2FP.F16.F32.PACK_AB"} <= ops, sorted(ops)
+    assert any(op.startswith("VOTE.ANY") for op in ops), sorted(ops)
+    assert k.resources.local_bytes == 0 and not k.resources.spills, k.resources
+    for k in kernellab.compile_cuda(SCORES_QK_KERNEL, arch="sm_90", first_line=2, filename="cell.cu").kernels:
+        ops = opcodes(k)
+        assert {"LDSM.16.M88.4", "HMMA.16816.F32"} <= ops and "LDSM.16.MT88.4" not in ops, (k.symbol, sorted(ops))
+        assert k.resources.local_bytes == 0 and not k.resources.spills, (k.symbol, k.resources)
+
+
+@pytest.mark.slow
+def test_softmax_pv_over_two_tiles_is_softmax_times_v_on_the_emulator():
+    """Against float64 softmax(S scale) V: a row masked in the first tile (m = -inf, then keys), a row masked in both
+    (0), a row whose max jumps by far more than the rescale threshold in the second tile (O and l rescaled), a row
+    whose max rises by less (no rescale: p up to 2^8) and random rows."""
+    from kernellab.run.sim.cuda import emulate, ptx_emu
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    rng = np.random.default_rng(1)
+    S = rng.standard_normal((16, 32)).astype(np.float32) * 3
+    S[0, :16] = -np.inf                                    # first tile all masked, second not
+    S[1, :] = -np.inf                                      # no key at all
+    S[2, 16:] += 200.0                                     # x scale_log2 = 36 in log2 units: rescale
+    S[9, 16:] += 30.0                                      # 5.4 in log2 units: below the threshold of 8
+    S[12, 5::3] = -np.inf                                  # scattered masked keys
+    V = rng.standard_normal((32, 64)).astype(np.float16)
+    O = np.full((16, 64), np.nan, np.float32)
+    scale = 0.125
+    ptx_emu.emulate(SOFTMAX_PV_KERNEL, "k", (1,), (32,), [S, V, O, scale * np.log2(np.e)])
+    s = S.astype(np.float64) * scale
+    mx = np.max(s, axis=1, keepdims=True)
+    p = np.where(np.isfinite(s), np.exp(s - np.where(np.isfinite(mx), mx, 0.0)), 0.0)
+    den = p.sum(axis=1, keepdims=True)
+    ref = np.where(den > 0, p @ V.astype(np.float64) / np.where(den > 0, den, 1.0), 0.0)
+    assert np.all(O[1] == 0.0)
+    np.testing.assert_allclose(O, ref, rtol=2e-3, atol=2e-3)   # P rounded to fp16
+
+
 def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypatch):
     include = tmp_path / "include"
     shutil.copytree(toolkit.KL_INCLUDE, include)
@@ -319,7 +451,8 @@ def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypa
 # (threads: tutorials 05 to 07, wgmma and TMA) each emulate the PTX of the headers their tutorials include.
 FIBER_HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh",
                  "tile.cuh")
-THREAD_HEADERS = ("attention.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "tile.cuh", "tma.cuh", "wgmma.cuh")
+THREAD_HEADERS = ("attention.cuh", "attention_mma.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "tile.cuh", "tma.cuh",
+                  "wgmma.cuh")
 
 
 def test_every_header_is_emulated_by_one_emulator_or_the_other():

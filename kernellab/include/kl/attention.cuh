@@ -13,17 +13,9 @@
 #pragma once
 #include "tma.cuh"     // mbar_wait, mbar_arrive, sw128_desc
 #include "wgmma.cuh"   // wgmma_ss, wgmma_rs_tb, wgmma_fence/commit/wait; pack2<T>
+#include "attention_mma.cuh"   // exp2_approx
 #ifndef CUDART_INF_F
 #include <math_constants.h>   // CUDART_INF_F (the CPU emulator defines its own)
-#endif
-
-#ifdef __CUDA_ARCH__
-// 2^x as one MUFU.EX2 (ex2.approx.ftz); exp2(-inf) = 0. (On the CPU the emulator's exp2_approx is std::exp2.)
-__device__ __forceinline__ float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 #endif
 
 // One consumer warpgroup's whole part in a block of kBM query rows from q0 of head bh (O: [heads][seq_len][kD]): its
