@@ -1,5 +1,5 @@
 // exercise: 08-ds-from-lse
-// expect: missing_guard on cpu
+// expect: out_of_bounds on cpu
 extern "C" __global__ void ds_from_lse(const float* s, const float* dp, const float* lse, const float* delta, float* ds,
                                        int rows, int n) {
     const int r = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;   // no column guard
