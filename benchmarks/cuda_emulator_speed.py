@@ -17,7 +17,7 @@ import numpy as np
 
 from kernellab.run.sim.cuda import compiler
 from kernellab.run.sim.cuda.emulate import compile_host
-from kernellab.run.sim.cuda.ptx_emu import emulate
+from kernellab.run.sim.cuda.emulate import emulate
 
 SOURCE = r"""extern "C" __global__ void exchange(float* out, int rounds) {
     __shared__ float s[256];

@@ -15,7 +15,7 @@ from notebook_cells import load_tutorial, named_cuda_cells  # noqa: E402
 
 import kernellab  # noqa: E402
 from kernellab.run.sim.cuda.emulate import compiler  # noqa: E402
-from kernellab.run.sim.cuda.ptx_emu import emulate  # noqa: E402
+from kernellab.run.sim.cuda.emulate import emulate  # noqa: E402
 
 torch = pytest.importorskip("torch")
 T09 = "09-attention-inference.py"

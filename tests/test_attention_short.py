@@ -12,7 +12,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "gpu"))
 from kernellab.run.sim.cuda.emulate import compiler  # noqa: E402
-from kernellab.run.sim.cuda.ptx_emu import TensorMap, emulate  # noqa: E402
+from kernellab.run.sim.cuda.emulate import TensorMap, emulate  # noqa: E402
 
 from notebook_cells import cuda_cells  # noqa: E402
 from test_attention_persistent import as_float, case, reference  # noqa: E402

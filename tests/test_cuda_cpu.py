@@ -379,7 +379,7 @@ def mma_case():
 def test_mma_sync_ldmatrix_and_cp_async_run_on_fibers_as_on_threads():
     """One runtime for tutorial 05's PTX: the fiber scheduler (with its checks) computes what ptx_emu's threads do."""
     from kernellab.run.sim.cuda.emulate import compile_host
-    from kernellab.run.sim.cuda.ptx_emu import emulate
+    from kernellab.run.sim.cuda.emulate import emulate
 
     A, B, C, ref = mma_case()
     compile_host(MMA_CELL)["k"][1, 32](A, B, C)

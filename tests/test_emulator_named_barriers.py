@@ -5,7 +5,7 @@ it, a store never waited for."""
 import numpy as np
 import pytest
 
-from kernellab.run.sim.cuda.ptx_emu import EmulationError, TensorMap, emulate
+from kernellab.run.sim.cuda.emulate import EmulationError, TensorMap, emulate
 
 # --- the emulator's named barriers and TMA stores -------------------------------------------------------------------
 

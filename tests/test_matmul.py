@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kernellab
-from kernellab.run.sim.cuda.ptx_emu import TensorMap, bf16_bits, bf16_values, emulate
+from kernellab.run.sim.cuda.emulate import TensorMap, bf16_bits, bf16_values, emulate
 from exercises.solutions_lib import solution_path, variants
 
 ROOT = Path(__file__).resolve().parents[1]

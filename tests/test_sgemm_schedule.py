@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernellab.run.sim.cuda.ptx_emu import EmulationError, emulate
+from kernellab.run.sim.cuda.emulate import EmulationError, emulate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))

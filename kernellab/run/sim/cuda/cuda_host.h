@@ -9,6 +9,7 @@
 #pragma once
 #include <deque>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <sys/mman.h>
@@ -140,8 +141,9 @@ namespace kl {
 std::mutex& atomic_lock();
 
 // ---- fibers --------------------------------------------------------------------------------------------------
-enum class Wait { none, block, warp, cluster, poll, done };   // poll: spins on an mbarrier
+enum class Wait { none, block, warp, cluster, poll, named, done };   // poll: an mbarrier wait; named: bar.sync id
 
+struct AsyncState;
 struct CpCopy { uint32_t dst; const void* src; int bytes, src_bytes; };    // one cp.async, queued
 
 struct Fiber {
@@ -157,6 +159,8 @@ struct Fiber {
     bool syncwarp = false;   // it waits at a __syncwarp() (not a shuffle)
     std::deque<std::vector<CpCopy>> cp_groups;   // committed cp.async groups, oldest first
     std::vector<CpCopy> cp_open;                 // issued, not yet committed
+    int named_id = 0;                            // the named barrier it waits at (Wait::named)
+    std::shared_ptr<AsyncState> async;          // its wgmmas and TMA stores in flight (hopper.h), made at first use
 };
 
 struct PendingRead { int line, tid; long long index; const char* name; int size; bool cancelled; };
@@ -183,6 +187,11 @@ struct Block {
     std::vector<PendingRead> pending;        // uninitialised shared reads, final at the next barrier
     size_t dyn_bytes = 0;                    // dynamic shared memory of the launch
     bool out_of_bounds = false;              // an access out of bounds happened (reported; the launch fails)
+    // named barriers (bar.sync / bar.arrive id, count: hopper.h), per block
+    struct Named { int expected = 0, arrived = 0; };
+    Named named[16];
+    unsigned char* arena = nullptr;          // KL_SHARED_ARENA: this block's shared memory (emulate.py's programs)
+    unsigned long long polled_at = ~0ull;    // mbarrier changes seen when the pollers last found nothing to do
 };
 
 struct Cluster {
@@ -197,6 +206,19 @@ struct Cluster {
 
 inline thread_local Block* g_block = nullptr;
 inline thread_local char tls_anchor_byte = 0;
+inline std::atomic<unsigned long long> g_mbar_changes{0};   // every mbarrier arrival and completed copy, all blocks
+inline void check_async_done();                             // hopper.h: a thread exits with nothing in flight
+#ifdef KL_SHARED_ARENA
+// One shared-memory arena per OS thread (a block's, or a cluster block's): the dynamic part 16 bytes in, the static
+// __shared__ arrays from 256 KiB on (emulate.py's programs place them), as on a GPU where shared addresses are small
+// offsets: a wgmma descriptor's 18 address bits hold them. Filled with 0xFF bytes (NaN in float, bf16 and fp16)
+// before every block, so a read of an element nothing wrote shows up as NaN.
+constexpr size_t kArenaBytes = 1u << 20, kDynamicBytes = 256u * 1024, kDynamicOffset = 16;
+inline thread_local unsigned char arena_raw[kArenaBytes + 4096];
+inline unsigned char* thread_arena() {
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(arena_raw) + 4095) & ~uintptr_t(4095));
+}
+#endif
 
 inline Fiber& self() { return *g_block->cur; }
 inline void yield(Wait w) {
@@ -316,7 +338,11 @@ template <typename T> inline T* map_rank(T* p, unsigned rank) {
 // ---- the scheduler ---------------------------------------------------------------------------------------------
 namespace kl {
 
+#ifdef KL_SHARED_ARENA
+constexpr size_t kStack = 256 * 1024;   // (tensor-core kernels' accumulators; the pages are touched on use)
+#else
 constexpr size_t kStack = 64 * 1024;
+#endif
 
 inline void fiber_entry(unsigned lo, unsigned hi) {
     Block* b = reinterpret_cast<Block*>((uintptr_t(hi) << 32) | uintptr_t(lo));
@@ -324,6 +350,7 @@ inline void fiber_entry(unsigned lo, unsigned hi) {
         b->body();
         if (!b->cur->cp_open.empty() || !b->cur->cp_groups.empty())
             fail("a thread exited with cp.async copies it never waited for (cp.async.wait_group)");
+        check_async_done();
     } catch (const std::exception& e) {
         if (b->error.empty()) b->error = e.what();
     }
@@ -340,6 +367,16 @@ inline void fiber_entry(unsigned lo, unsigned hi) {
 inline void run_block(Block& b) {
     g_block = &b;
     b.tls_anchor = &tls_anchor_byte;
+#ifdef KL_SHARED_ARENA
+    b.arena = thread_arena();
+    if (!b.cluster) std::memset(b.arena, 0xff, kArenaBytes);   // (a cluster's blocks: before any of them starts)
+    if (b.dyn_bytes + kDynamicOffset > kDynamicBytes) {
+        b.error = "dynamic shared memory of " + std::to_string(b.dyn_bytes) + " bytes: more than the emulator's " +
+                  std::to_string(kDynamicBytes - kDynamicOffset);
+        g_block = nullptr;
+        return;
+    }
+#endif
     int n = int(b.bdim.x * b.bdim.y * b.bdim.z);
     b.fibers.assign(n, Fiber{});
     b.shfl.assign(n, 0);
@@ -361,11 +398,12 @@ inline void run_block(Block& b) {
     }
     auto describe = [&]() {
         std::string s;
-        int counts[5] = {0, 0, 0, 0, 0};
+        int counts[7] = {0, 0, 0, 0, 0, 0, 0};
         for (auto& f : b.fibers) counts[int(f.wait)]++;
         s += "running " + std::to_string(counts[0]) + ", at __syncthreads " + std::to_string(counts[1]) +
              ", at a warp barrier/shuffle " + std::to_string(counts[2]) + ", at a cluster barrier " +
-             std::to_string(counts[3]) + ", exited " + std::to_string(counts[4]);
+             std::to_string(counts[3]) + ", at an mbarrier wait " + std::to_string(counts[4]) +
+             ", at a named barrier " + std::to_string(counts[5]) + ", exited " + std::to_string(counts[6]);
         return s;
     };
     while (true) {
@@ -429,7 +467,15 @@ inline void run_block(Block& b) {
                 continue;
             }
             if (at_poll) {                       // mbarrier waits: let the cluster's other blocks run, then look again
-                std::this_thread::yield();
+                unsigned long long changes = g_mbar_changes.load();
+                if (!b.cluster && changes == b.polled_at) {
+                    // every waiter looked and nothing changed since: only this block could complete their phases
+                    b.error = "deadlock: mbarrier waits that nothing can complete (" + describe() +
+                              "): a wrong parity, arrival count or byte count?";
+                    goto done;
+                }
+                b.polled_at = changes;
+                if (b.cluster) std::this_thread::yield();
                 for (auto& f : b.fibers) if (f.wait == Wait::poll) f.wait = Wait::none;
                 continue;
             }
@@ -437,6 +483,13 @@ inline void run_block(Block& b) {
             goto done;
         }
     }
+    for (int id = 0; id < 16; ++id)
+        if (b.named[id].arrived) {
+            b.error = "named barrier " + std::to_string(id) + " of the block still holds " + std::to_string(b.named[id].arrived) +
+                      " of " + std::to_string(b.named[id].expected) +
+                      " arrivals when the block ends (a bar.arrive nobody waits for)";
+            break;
+        }
 done:
     flush_pending(b);
     if (!b.error.empty() && std::getenv("KERNELLAB_EMU_DEBUG"))
@@ -481,6 +534,10 @@ inline std::string launch(dim3 grid, dim3 block, int cluster_size, const std::fu
                 for (int r = 0; r < cluster_size; ++r) {
                     threads.emplace_back([&, r] {
                         blocks[r].tls_anchor = &tls_anchor_byte;
+#ifdef KL_SHARED_ARENA
+                        blocks[r].arena = thread_arena();
+                        std::memset(blocks[r].arena, 0xff, kArenaBytes);
+#endif
                         {
                             std::unique_lock<std::mutex> g(start_m);
                             published++;
@@ -603,11 +660,37 @@ inline int __ffs(int x) { return __builtin_ffs(x); }           // 1 + the lowest
 // wait, or without the barrier after it, sees what was there before. The fragment layouts are the PTX ISA's (the same
 // code as ptx_emu.h's, which the wgmma and TMA kernels still run on).
 namespace kl {
+#ifndef KL_SHARED_ARENA
 inline char* smem_base() {
     return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(g_block->tls_anchor) & ~uintptr_t((1u << 20) - 1));
 }
 inline uint32_t smem_addr(const void* p) { return uint32_t(reinterpret_cast<const char*>(p) - smem_base()); }
 inline unsigned char* smem_ptr(uint32_t a) { return reinterpret_cast<unsigned char*>(smem_base() + int32_t(a)); }
+#else
+// Shared addresses are offsets into the block's arena; a shared::cluster address (mapa) carries the block's cluster
+// rank + 1 in bits 24 and up.
+constexpr uint32_t kRankShift = 24;
+inline uint32_t smem_addr(const void* p) {
+    auto d = reinterpret_cast<const unsigned char*>(p) - g_block->arena;
+    if (d < 0 || size_t(d) >= kArenaBytes) fail("a shared-memory address outside this block's shared memory");
+    return uint32_t(d);
+}
+inline int rank_of(uint32_t a) { return (a >> kRankShift) ? int(a >> kRankShift) - 1 : g_block->rank; }
+inline uint32_t offset_of(uint32_t a) { return a & ((1u << kRankShift) - 1); }
+inline Block* block_of_rank(int rank) {
+    if (rank == g_block->rank) return g_block;
+    if (!g_block->cluster || rank >= g_block->cluster->size) fail("a cluster shared address of a block outside the cluster");
+    return g_block->cluster->blocks[rank];
+}
+inline unsigned char* smem_ptr(uint32_t a) {
+    Block* b = block_of_rank(rank_of(a));
+    uint32_t off = offset_of(a);
+    if (off >= kArenaBytes) fail("a shared address past the end of shared memory");
+    if (off < kDynamicBytes && off >= kDynamicOffset + b->dyn_bytes)
+        fail("a dynamic shared-memory access past the launch's shared_bytes");
+    return b->arena + off;
+}
+#endif
 inline uint64_t* warp_scratch() { return &g_block->scratch[size_t(self().linear & ~31) * 8]; }
 void note_shared(const void* p, size_t bytes, bool write, const char* what);     // checks.h
 // Meet the warp's other lanes (a collective, not a __syncwarp: it orders no shared memory for the checks); the first
@@ -734,3 +817,4 @@ inline void cp_async_wait_all() { cp_async_commit(); kl::run_cp_async(0); }
 }  // namespace kl_emu
 
 #include "checks.h"
+#include "hopper.h"
