@@ -1,12 +1,15 @@
-"""How fast kernellab's two CPU runtimes for CUDA C++ run the same kernel, and a tutorial's tensor-core kernel.
+"""How fast kernellab's CPU runtime for CUDA C++ runs a kernel through its two ways in, and the tutorials' tensor-core
+kernels.
 
-kernellab.run.sim.cuda has two schedulers: emulate.py/cuda_host.h (every CUDA thread a fiber, a block's fibers on one
-OS thread, switching at barriers and shuffles; the `%%cuda --sim` path with its checks) and ptx_emu.py/ptx_emu.h
-(every CUDA thread an OS thread, std::barrier for __syncthreads and the warp collectives; the tensor-core PTX).
-Method: one kernel both can run (warp shuffles, __syncthreads and a shared array, `rounds` times per thread) is built
-by each (the build is not timed: it is cached by content) and launched `runs` times; the best wall time counts.
-Then tutorial 05's `mma_pipe` (ldmatrix, mma.sync, cp.async; bf16, 130 x 270 x 40) on both, the same inputs: the
-tensor-core figure a single scheduler must keep. Run: `python benchmarks/cuda_emulator_speed.py` (CPU only, no GPU).
+kernellab.run.sim.cuda has one runtime (cuda_host.h: every CUDA thread a fiber, a block's fibers on one OS thread,
+switching at barriers, shuffles and warp collectives; hopper.h for wgmma, TMA and mbarriers) and two ways in:
+`compile_host` (the `%%cuda --sim` path, built in-process with its checks) and `emulate` (a kernel built as a program
+of its own, shared memory as one arena, no checks: the tensor-core tutorials' tests).
+Method: one kernel (warp shuffles, __syncthreads and a shared array, `rounds` times per thread) is built by each (the
+build is not timed: it is cached by content) and launched `runs` times; the best wall time counts. Then tutorial
+05's `mma_pipe` (ldmatrix, mma.sync, cp.async; bf16, 130 x 270 x 40) both ways, the same inputs; then tutorial 07's
+wgmma kernels fed by TMA (step 3's fa3 and step 3b's persistent fa3p) as tests/test_attention_persistent.py runs them.
+Run: `python benchmarks/cuda_emulator_speed.py` (CPU only, no GPU).
 """
 from __future__ import annotations
 
@@ -16,8 +19,7 @@ import time
 import numpy as np
 
 from kernellab.run.sim.cuda import compiler
-from kernellab.run.sim.cuda.emulate import compile_host
-from kernellab.run.sim.cuda.emulate import emulate
+from kernellab.run.sim.cuda.emulate import compile_host, emulate
 
 SOURCE = r"""extern "C" __global__ void exchange(float* out, int rounds) {
     __shared__ float s[256];
@@ -58,21 +60,22 @@ def main(runs: int = 3) -> int:
         rows.append((f"fibers (cuda_host.h, checks {checks})", best(lambda: host.launch(grid, block, out_f, rounds),
                                                                     runs)))
     emulate(SOURCE, "exchange", (grid,), (block,), [out_t, rounds])
-    rows.append(("OS threads (ptx_emu.h)", best(lambda: emulate(SOURCE, "exchange", (grid,), (block,),
-                                                                [out_t, rounds]), runs)))
+    rows.append(("emulate (a program, no checks)", best(lambda: emulate(SOURCE, "exchange", (grid,), (block,),
+                                                                        [out_t, rounds]), runs)))
     same = np.array_equal(out_f, out_t)
-    print(f"one kernel on both schedulers: {grid} blocks x {block} threads, {rounds} rounds of 5 shuffles and 2 "
+    print(f"one kernel both ways in: {grid} blocks x {block} threads, {rounds} rounds of 5 shuffles and 2 "
           f"__syncthreads ({events / 1e6:.2f} M thread-barrier crossings); results equal: {same}")
-    print(f"{'scheduler':<36} {'best s':>8} {'M crossings/s':>14}")
+    print(f"{'way in':<36} {'best s':>8} {'M crossings/s':>14}")
     for name, s in rows:
         print(f"{name:<36} {s:8.3f} {events / s / 1e6:14.2f}")
     tensor_core()
+    attention()
     return 0 if same else 1
 
 
 def tensor_core(runs: int = 2) -> None:
-    """Tutorial 05's mma_pipe (bf16; cp.async, ldmatrix, mma.sync) on both schedulers, the same inputs, as
-    tests/test_matmul.py runs it in ptx_emu."""
+    """Tutorial 05's mma_pipe (bf16; cp.async, ldmatrix, mma.sync) both ways in, the same inputs (tests/test_matmul.py
+    runs it through emulate)."""
     import torch
 
     sys.path.insert(0, "tests")
@@ -83,10 +86,10 @@ def tensor_core(runs: int = 2) -> None:
     A, B, C, ref = tm.tc_case(M, N, K, "bf16")
     grid = tm.grid_dims(v.grid(M, N))
     name = v.kernels["bf16"]
-    C_threads = C.copy()
-    args = [A, B, C_threads, M, N, K]
+    C_program = C.copy()
+    args = [A, B, C_program, M, N, K]
     emulate(cell.source, name, grid, (v.block,), args, v.smem)             # built
-    s_threads = best(lambda: emulate(cell.source, name, grid, (v.block,), args, v.smem), runs)
+    s_program = best(lambda: emulate(cell.source, name, grid, (v.block,), args, v.smem), runs)
 
     def bf16(x):
         return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
@@ -99,12 +102,35 @@ def tensor_core(runs: int = 2) -> None:
     tm.assert_close(C_fibers, ref, 8e-3)
     threads = int(np.prod(grid)) * v.block
     print(f"tensor cores: tutorial 05 mma_pipe bf16 {M} x {N} x {K} ({threads} threads, cp.async + ldmatrix + mma.sync)"
-          f"; results equal: {np.array_equal(C_fibers, C_threads)}")
-    print(f"{'scheduler':<44} {'best s':>8}")
+          f"; results equal: {np.array_equal(C_fibers, C_program)}")
+    print(f"{'way in':<44} {'best s':>8}")
     checks = "all checks" if host.host.level == 2 and host.host.global_checks else (
         "shared-memory checks" if host.host.level == 2 else f"checks {host.host.level}")
-    print(f"{'fibers (cuda_host.h, ' + checks + ')':<44} {s_fibers:8.3f}")
-    print(f"{'OS threads (ptx_emu.h)':<44} {s_threads:8.3f}")
+    print(f"{'compile_host (' + checks + ')':<44} {s_fibers:8.3f}")
+    print(f"{'emulate (a program, no checks)':<44} {s_program:8.3f}")
+
+
+def attention(runs: int = 3) -> None:
+    """Tutorial 07's wgmma kernels fed by TMA through emulate, as tests/test_attention_persistent.py runs them: step 3
+    (fa3, one block per work item) and step 3b (fa3p, persistent) on the same inputs, then two of step 3b's cases."""
+    sys.path.insert(0, "tests")
+    import test_attention_persistent as tp
+
+    def fa3p(BH, N, d, dtype, causal, ctas, heads_per_section):
+        def run():
+            arrays, _, O = tp.case(BH, N, d, dtype, seed=N)
+            tp.run_persistent(arrays, O, d, dtype, causal, ctas, heads_per_section, np.zeros(1, np.int32))
+        return run
+
+    cases = [("fa3 + fa3p bf16 d128 causal, 3 x 400 (the notebook's bits test)",
+              tp.test_persistent_attention_writes_the_notebooks_bits),
+             ("fa3p fp16 d64 causal, 3 x 300, 2 CTAs, dynamic", fa3p(3, 300, 64, "fp16", True, 2, 2)),
+             ("fa3p bf16 d128 causal, 3 x 1031, 3 CTAs, dynamic", fa3p(3, 1031, 128, "bf16", True, 3, 3))]
+    print("tutorial 07 on emulate (wgmma fed by TMA, mbarriers; 3 warpgroups a block for d = 128, 4 for d = 64)")
+    print(f"{'kernel':<68} {'best s':>8}")
+    for name, fn in cases:
+        fn()                                               # built
+        print(f"{name:<68} {best(fn, runs):8.3f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Tutorial 09 (grouped-query attention and flash-decoding) without a GPU: every kernel of its two `%%cuda` cells
 compiles for sm_90 to mma.sync fed by cp.async, within its registers; the split plan fills one wave; and the
-tutorial's own launchers, run on the CPU emulation of the kernels (kernellab.run.sim.cuda's ptx_emu: ldmatrix,
+tutorial's own launchers, run on the CPU emulation of the kernels (kernellab.run.sim.cuda's emulate: ldmatrix,
 mma.sync, cp.async), match attention in float64 on awkward shapes, GQA ratios, a batch of different cache lengths
 (0, 1, partial tiles) and several query tokens."""
 import pathlib
@@ -84,7 +84,7 @@ def _array(t):
 
 
 class EmulatedModule:
-    """A %%cuda cell's kernels run by ptx_emu: `mod[name][grid, block, shared_bytes](*args)` on CPU tensors."""
+    """A %%cuda cell's kernels run by emulate(): `mod[name][grid, block, shared_bytes](*args)` on CPU tensors."""
 
     def __init__(self, source):
         self.source, self.launches = source, []

@@ -377,7 +377,8 @@ def mma_case():
 
 
 def test_mma_sync_ldmatrix_and_cp_async_run_on_fibers_as_on_threads():
-    """One runtime for tutorial 05's PTX: the fiber scheduler (with its checks) computes what ptx_emu's threads do."""
+    """One runtime, two ways in: compile_host (with its checks) and emulate (a program, shared memory as an arena) give
+    the same bits for tutorial 05's PTX."""
     from kernellab.run.sim.cuda.emulate import compile_host
     from kernellab.run.sim.cuda.emulate import emulate
 

@@ -1,4 +1,4 @@
-"""Two features of the CPU emulator (kernellab/run/sim/cuda/ptx_emu.h) that Hopper epilogues need: named barriers (bar.sync /
+"""Two features of the CPU emulator (kernellab/run/sim/cuda/hopper.h) that Hopper epilogues need: named barriers (bar.sync /
 bar.arrive with a thread count) and TMA stores (cp.async.bulk.tensor from shared to global memory); and the mistakes
 they invite that the emulator reports: a bar.arrive nobody waits for, a staging box rewritten before its store read
 it, a store never waited for."""

@@ -371,7 +371,7 @@ extern "C" __global__ void qk_smem(const __half* Q, const __half* K, float* S) {
 @pytest.mark.parametrize("q_in_regs", [True, False])
 def test_scores_qk_is_q_times_k_transposed_on_the_emulator(q_in_regs):
     """Every score of two m16 row tiles against four n8 key blocks, Q held in registers or re-read per chunk."""
-    from kernellab.run.sim.cuda import emulate, ptx_emu
+    from kernellab.run.sim.cuda import emulate
 
     if emulate.compiler() is None:
         pytest.skip("no host C++ compiler (g++)")
@@ -379,7 +379,7 @@ def test_scores_qk_is_q_times_k_transposed_on_the_emulator(q_in_regs):
     Q = rng.standard_normal((32, 64)).astype(np.float16)
     K = rng.standard_normal((32, 64)).astype(np.float16)
     S = np.full((32, 32), np.nan, np.float32)
-    ptx_emu.emulate(SCORES_QK_KERNEL, "qk_regs" if q_in_regs else "qk_smem", (1,), (32,), [Q, K, S])
+    emulate.emulate(SCORES_QK_KERNEL, "qk_regs" if q_in_regs else "qk_smem", (1,), (32,), [Q, K, S])
     np.testing.assert_allclose(S, Q.astype(np.float64) @ K.astype(np.float64).T, rtol=1e-4, atol=1e-3)
 
 
@@ -404,7 +404,7 @@ def test_softmax_pv_over_two_tiles_is_softmax_times_v_on_the_emulator():
     """Against float64 softmax(S scale) V: a row masked in the first tile (m = -inf, then keys), a row masked in both
     (0), a row whose max jumps by far more than the rescale threshold in the second tile (O and l rescaled), a row
     whose max rises by less (no rescale: p up to 2^8) and random rows."""
-    from kernellab.run.sim.cuda import emulate, ptx_emu
+    from kernellab.run.sim.cuda import emulate
 
     if emulate.compiler() is None:
         pytest.skip("no host C++ compiler (g++)")
@@ -418,7 +418,7 @@ def test_softmax_pv_over_two_tiles_is_softmax_times_v_on_the_emulator():
     V = rng.standard_normal((32, 64)).astype(np.float16)
     O = np.full((16, 64), np.nan, np.float32)
     scale = 0.125
-    ptx_emu.emulate(SOFTMAX_PV_KERNEL, "k", (1,), (32,), [S, V, O, scale * np.log2(np.e)])
+    emulate.emulate(SOFTMAX_PV_KERNEL, "k", (1,), (32,), [S, V, O, scale * np.log2(np.e)])
     s = S.astype(np.float64) * scale
     mx = np.max(s, axis=1, keepdims=True)
     p = np.where(np.isfinite(s), np.exp(s - np.where(np.isfinite(mx), mx, 0.0)), 0.0)
@@ -445,28 +445,29 @@ def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypa
     assert edited.cubin != first.cubin                      # and it is the edited header that was compiled
 
 
-# --- the CPU emulators (kernellab/run/sim/cuda) compile the headers: their #else branches call kl_emu:: ---------------------------
+# --- the CPU runtime (kernellab/run/sim/cuda) compiles the headers: their #else branches call kl_emu:: ----------------
 
-# cuda_host.h (fibers: tutorials 03 and 04, and tutorial 05's cp.async, ldmatrix and mma.sync) and ptx_emu.h
-# (threads: tutorials 05 to 07, wgmma and TMA) each emulate the PTX of the headers their tutorials include.
-FIBER_HEADERS = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh",
+# One runtime (cuda_host.h's fibers, with hopper.h) and two ways in: compile_host (the `%%cuda --sim` path, with the
+# checks: tutorials 03 to 05's headers) and emulate (a program of its own with a shared-memory arena: tutorials 05
+# to 09, wgmma and TMA).
+HOST_HEADERS_RUN = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh",
                  "tile.cuh")
-THREAD_HEADERS = ("attention.cuh", "attention_mma.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "tile.cuh", "tma.cuh",
-                  "wgmma.cuh")
+PROGRAM_HEADERS = ("attention.cuh", "attention_mma.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "tile.cuh",
+                   "tma.cuh", "wgmma.cuh")
 
 
-def test_every_header_is_emulated_by_one_emulator_or_the_other():
-    assert sorted(set(FIBER_HEADERS) | set(THREAD_HEADERS)) == list(HEADERS)
+def test_every_header_is_emulated_by_one_way_in_or_the_other():
+    assert sorted(set(HOST_HEADERS_RUN) | set(PROGRAM_HEADERS)) == list(HEADERS)
 
 
 @pytest.mark.slow
-def test_the_fiber_emulator_compiles_its_headers():
+def test_compile_host_compiles_its_headers():
     pytest.importorskip("torch")
     from kernellab.run.sim.cuda import emulate
 
     if emulate.compiler() is None:
         pytest.skip("no host C++ compiler (g++)")
-    source = "".join(f"#include <kl/{h}>\n" for h in FIBER_HEADERS) + r'''
+    source = "".join(f"#include <kl/{h}>\n" for h in HOST_HEADERS_RUN) + r'''
 extern "C" __global__ void k(const __nv_bfloat16* x, float* y) {
     float v = exp_ftz(to_float(x[threadIdx.x]));
     y[threadIdx.x] = block_sum(v) + block_max(v) + __uint_as_float(pack2<__half>(v, v)) * 0.0f;
@@ -483,12 +484,12 @@ extern "C" __global__ void k(const __nv_bfloat16* x, float* y) {
 
 
 @pytest.mark.slow
-def test_the_thread_emulator_compiles_its_headers():
-    from kernellab.run.sim.cuda import emulate, ptx_emu
+def test_emulate_compiles_its_headers():
+    from kernellab.run.sim.cuda import emulate
 
     if emulate.compiler() is None:
         pytest.skip("no host C++ compiler (g++)")
-    source = "".join(f"#include <kl/{h}>\n" for h in THREAD_HEADERS) + r'''
+    source = "".join(f"#include <kl/{h}>\n" for h in PROGRAM_HEADERS) + r'''
 // C (16 x 8) = A (16 x 16) B^T (B: 8 x 16), fp16: A through cp.async and ldmatrix_x4, one mma.sync
 extern "C" __global__ void k(const __half* A, const __half* B, float* C) {
     __shared__ __align__(16) __half a_s[16 * 16];
@@ -510,5 +511,5 @@ extern "C" __global__ void k(const __half* A, const __half* B, float* C) {
     A = rng.standard_normal((16, 16)).astype(np.float16)
     B = rng.standard_normal((8, 16)).astype(np.float16)
     C = np.full((16, 8), np.nan, np.float32)
-    ptx_emu.emulate(source, "k", (1,), (32,), [A, B, C])
+    emulate.emulate(source, "k", (1,), (32,), [A, B, C])
     np.testing.assert_allclose(C, A.astype(np.float64) @ B.astype(np.float64).T, rtol=1e-4, atol=1e-3)

@@ -4,7 +4,7 @@
 The control-field decoder is checked on encodings built by hand and on a known loop (the notebook's step 7: its FFMAs
 issue one a cycle, its LDS.128 set the scoreboards those FFMAs wait on); the bank model on hand-written instructions.
 Step 8 compiles for sm_90 with no spills or local memory in each of its configurations, its main loop holds LDGSTS and
-no register-staged copies, and in the CPU emulator (kernellab/run/sim/cuda/ptx_emu.h) it computes A B on awkward shapes against
+no register-staged copies, and in the CPU emulator (kernellab/run/sim/cuda) it computes A B on awkward shapes against
 float64; three mutations (a missing cp.async wait, a wrong stage index, a refill before the barrier) are caught.
 """
 import re

@@ -5,7 +5,7 @@
 //     cp_async_wait<STAGES - 2>(); __syncthreads();                      // this thread's oldest group has landed;
 //                                                                        // the barrier: every thread's has
 // A copy whose src_bytes is less than its size fills the rest of its destination with zeros (rows past the matrix).
-// Each function is inline PTX on the GPU; on the CPU the emulator (kernellab/run/sim/cuda/ptx_emu.h) supplies kl_emu's.
+// Each function is inline PTX on the GPU; on the CPU the emulator (kernellab/run/sim/cuda/cuda_host.h) supplies kl_emu's.
 #pragma once
 
 // 4 bytes global -> shared, through L1 (cp.async.ca); src_bytes 0 or 4.

@@ -8,7 +8,7 @@
 //   d[4] (D 16 x 8, fp32): d[0], d[1] = D[g][2t, 2t+1]; d[2], d[3] = D[g+8][2t, 2t+1]
 // ldmatrix_x4 gives a warp four 8 x 8 matrices in exactly these layouts: one x4 is a whole A fragment, or the B
 // fragments of two n8 tiles.
-// Each function is inline PTX on the GPU; on the CPU the emulator (kernellab/run/sim/cuda/ptx_emu.h) supplies kl_emu's.
+// Each function is inline PTX on the GPU; on the CPU the emulator (kernellab/run/sim/cuda/cuda_host.h) supplies kl_emu's.
 #pragma once
 #include "convert.cuh"
 

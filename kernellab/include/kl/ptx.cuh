@@ -1,7 +1,7 @@
 // kl/ptx.cuh: one-instruction PTX wrappers the tutorials share: a flushing exp, an L1 prefetch, a shared-memory
 // address, and a block's place in its thread-block cluster (sm_90).
 // Each function is inline PTX on the GPU (__CUDA_ARCH__ defined: NVRTC, nvcc's device pass). On the CPU, kernellab's
-// emulators (kernellab/run/sim/cuda: cuda_host.h, ptx_emu.h) define KL_EMULATOR and kl_emu::<the same name>, which the #else
+// emulator (kernellab/run/sim/cuda: cuda_host.h, hopper.h) defines KL_EMULATOR and kl_emu::<the same name>, which the #else
 // branches call instead.
 #pragma once
 

@@ -9,7 +9,7 @@
 //     mbar_wait(bar, phase);                        // consumers: until phase `phase` (0, 1, 0, ...) completed
 //
 // Addresses are shared-state-space addresses (__cvta_generic_to_shared). On the CPU the emulator
-// (kernellab/run/sim/cuda/ptx_emu.h) defines these names itself (its mbarrier and TMA emulation), so only the GPU
+// (kernellab/run/sim/cuda/hopper.h) defines these names itself (its mbarrier and TMA emulation), so only the GPU
 // (__CUDA_ARCH__) compiles the inline PTX below.
 #pragma once
 

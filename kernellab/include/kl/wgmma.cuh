@@ -9,7 +9,7 @@
 //
 // A and B come from shared memory through 64-bit matrix descriptors (wgmma_ss), or A from registers (wgmma_rs_tb,
 // with B read MN-major: transposed). T is __nv_bfloat16 or __half; accumulators are fp32.
-// On the CPU the emulator (kernellab/run/sim/cuda/ptx_emu.h) supplies kl_emu's versions of these functions.
+// On the CPU the emulator (kernellab/run/sim/cuda/hopper.h) supplies kl_emu's versions of these functions.
 #pragma once
 #include "convert.cuh"
 

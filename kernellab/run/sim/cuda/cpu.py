@@ -32,7 +32,7 @@ _lock = threading.Lock()
 _built: dict = {}            # (source, options, first line, file name, arch) -> HostModule, the CPU builds made
 _BUILT_MAX = 64
 _ASM = re.compile(r"\basm\b(\s+volatile)?\s*\(")
-# kernellab's headers whose kl_emu:: branches only the tensor-core emulator (ptx_emu.h) has
+# kernellab's headers whose kl_emu:: branches the checked build does not run (emulate.emulate's programs do)
 _TENSOR_CORE_HEADERS = {"kl/cp_async.cuh": "cp.async (<kl/cp_async.cuh>)", "kl/mma.cuh": "mma.sync (<kl/mma.cuh>)",
                         "kl/wgmma.cuh": "wgmma (<kl/wgmma.cuh>)"}
 _NOT_EMULATED = (("wgmma", "wgmma (warpgroup matrix multiply)"), ("cp.async.bulk.tensor", "TMA (cp.async.bulk.tensor)"),

@@ -485,8 +485,8 @@ inline void run_block(Block& b) {
     }
     for (int id = 0; id < 16; ++id)
         if (b.named[id].arrived) {
-            b.error = "named barrier " + std::to_string(id) + " of the block still holds " + std::to_string(b.named[id].arrived) +
-                      " of " + std::to_string(b.named[id].expected) +
+            b.error = "named barrier " + std::to_string(id) + " of the block still holds " +
+                      std::to_string(b.named[id].arrived) + " of " + std::to_string(b.named[id].expected) +
                       " arrivals when the block ends (a bar.arrive nobody waits for)";
             break;
         }
@@ -591,6 +591,7 @@ inline double wait_limit_s() {                 // how long an mbarrier wait may 
     return v ? std::atof(v) : 60.0;
 }
 inline void mbar_settle(unsigned long long* bar, MbarState m) {   // complete the phase when nothing is expected
+    ++g_mbar_changes;
     if (m.pending == 0 && m.tx == 0) {
         m.count_phase ^= 0x8000;
         m.pending = m.count_phase & 0x7fff;
@@ -628,7 +629,10 @@ inline void exchange_wait(unsigned long long* bar, unsigned parity) {
     while (true) {
         {
             std::lock_guard<std::mutex> g(kl::atomic_lock());
-            if (((kl::mbar_load(bar).count_phase >> 15) & 1u) != (parity & 1u)) return;   // that phase completed
+            if (((kl::mbar_load(bar).count_phase >> 15) & 1u) != (parity & 1u)) {       // that phase completed
+                ++kl::g_mbar_changes;
+                return;
+            }
         }
         if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(kl::wait_limit_s()))
             kl::fail("mbarrier wait did not complete within " + std::to_string(int(kl::wait_limit_s())) +
@@ -658,7 +662,7 @@ inline int __ffs(int x) { return __builtin_ffs(x); }           // 1 + the lowest
 // scheduler's warp barrier, and every lane of a whole warp must be there (an exited lane is an error, not a garbage
 // fragment). cp.async is queued per thread and lands at the cp.async.wait_group that lets it go, so a read before the
 // wait, or without the barrier after it, sees what was there before. The fragment layouts are the PTX ISA's (the same
-// code as ptx_emu.h's, which the wgmma and TMA kernels still run on).
+// layouts hopper.h's wgmma reads).
 namespace kl {
 #ifndef KL_SHARED_ARENA
 inline char* smem_base() {

@@ -1,6 +1,6 @@
-// The C++ library headers and the CUDA C++ keywords (as nothing, or inline) that both CPU emulators start from:
-// cuda_host.h (emulate.py) and ptx_emu.h (ptx_emu.py) include it after their own library headers, so that no library
-// header sees the keywords defined away.
+// The C++ library headers and the CUDA C++ keywords (as nothing, or inline) that the CPU runtime starts from:
+// cuda_host.h (emulate.py) includes it after its own library headers, so that no library header sees the keywords
+// defined away.
 #pragma once
 #include <algorithm>
 #include <atomic>

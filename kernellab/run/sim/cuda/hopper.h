@@ -249,7 +249,8 @@ inline uint32_t desc_addr_mn(uint64_t desc, int n, int k) {
     uint32_t lbo = uint32_t((desc >> 16) & 0x3fff) << 4;
     uint32_t sbo = uint32_t((desc >> 32) & 0x3fff) << 4;
     if ((desc >> 49) & 7) fail("wgmma descriptor: base offset other than 0 is not emulated");
-    if (uint32_t(desc >> 62) != 1) fail("wgmma descriptor: an MN-major operand is emulated with the 128-byte swizzle only");
+    if (uint32_t(desc >> 62) != 1)
+        fail("wgmma descriptor: an MN-major operand is emulated with the 128-byte swizzle only");
     return swizzle128(start + (n / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (n % 64) * 2);
 }
 inline float bits_value(uint16_t v, bool bf16) {
@@ -346,10 +347,12 @@ template <int N> inline void wgmma_wait() {
     kl::run_pending_wgmma(N);
     kl::warp_meet("wgmma.wait_group", false);
 }
-inline void wgmma_256(float (&d)[128], uint64_t da, uint64_t db, __nv_bfloat16) { kl::wgmma_issue<__nv_bfloat16>(d, 256, da, db, 1); }
-inline void wgmma_256(float (&d)[128], uint64_t da, uint64_t db, __half) { kl::wgmma_issue<__half>(d, 256, da, db, 1); }
-inline void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, __nv_bfloat16) { kl::wgmma_issue<__nv_bfloat16>(d, 128, da, db, 1); }
-inline void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, __half) { kl::wgmma_issue<__half>(d, 128, da, db, 1); }
+template <class T> inline void wgmma_256(float (&d)[128], uint64_t da, uint64_t db, T) {
+    kl::wgmma_issue<T>(d, 256, da, db, 1);
+}
+template <class T> inline void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, T) {
+    kl::wgmma_issue<T>(d, 128, da, db, 1);
+}
 // Tutorial 07's spellings: wgmma_ss<N, T> (both K-major from shared memory, scale_d = 0 starts from zero) and
 // wgmma_rs_tb<N, T> (A from registers, B MN-major).
 template <int N, typename T>
