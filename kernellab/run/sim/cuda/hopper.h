@@ -499,7 +499,7 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
     if ((kl::self().linear & 31) == 0)
         for (int r = 0; r < 16; ++r)
             for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[16 * r + c];
-    kl::warp_meet("wmma::store_matrix_sync", true);
+    kl::warp_meet("wmma::store_matrix_sync", false);   // (the first meeting checked the warp; lanes may exit after)
 }
 }  // namespace wmma
 }  // namespace nvcuda
