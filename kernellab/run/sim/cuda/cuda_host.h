@@ -5,7 +5,8 @@
 // model between blocks (atomics are plain read-modify-writes under one lock), or of undefined behaviour. It catches
 // wrong indexing, missing guards, barrier mismatches (a deadlock is reported, not hung), shuffles that read a lane
 // that has exited, and arithmetic mistakes; tutorial 05's warp-level PTX (cp.async, ldmatrix, mma.sync) runs here
-// too, with the checks (see the section before checks.h). Used by emulate.py beside it.
+// too, with the checks (see the section before checks.h), and Hopper's (wgmma, TMA, mbarriers, named barriers:
+// hopper.h). The one CPU runtime of CUDA C++ in kernellab; emulate.py beside it builds kernels against it.
 #pragma once
 #include <deque>
 #include <limits>
@@ -210,9 +211,10 @@ inline std::atomic<unsigned long long> g_mbar_changes{0};   // every mbarrier ar
 inline void check_async_done();                             // hopper.h: a thread exits with nothing in flight
 #ifdef KL_SHARED_ARENA
 // One shared-memory arena per OS thread (a block's, or a cluster block's): the dynamic part 16 bytes in, the static
-// __shared__ arrays from 256 KiB on (emulate.py's programs place them), as on a GPU where shared addresses are small
-// offsets: a wgmma descriptor's 18 address bits hold them. Filled with 0xFF bytes (NaN in float, bf16 and fp16)
-// before every block, so a read of an element nothing wrote shows up as NaN.
+// __shared__ arrays from 256 KiB on (emulate.py's programs place them there). Shared addresses are offsets into it,
+// small as on a GPU: a wgmma descriptor's 18 address bits hold those of the dynamic part (where the tutorials' wgmma
+// operands live). Filled with 0xFF bytes (NaN in float, bf16 and fp16) before every block, so a read of an element
+// nothing wrote shows up as NaN.
 constexpr size_t kArenaBytes = 1u << 20, kDynamicBytes = 256u * 1024, kDynamicOffset = 16;
 inline thread_local unsigned char arena_raw[kArenaBytes + 4096];
 inline unsigned char* thread_arena() {
