@@ -231,7 +231,7 @@ def test_the_hopper_gqa_kernels_are_wgmma_fed_by_tma_without_spills(modules):
 def test_hopper_gqa_on_the_emulator(t09, dtype, d, Hq, Hkv, N, causal):
     """Query head h reads KV head h / G through the third TMA coordinate: the emulated kernel (TMA, mbarriers, wgmma)
     matches attention in float64, each KV head's K/V differing so that a wrong head shows."""
-    from kernellab.run.sim.cuda.ptx_emu import TensorMap
+    from kernellab.run.sim.cuda.emulate import TensorMap
 
     g = torch.Generator().manual_seed(N + d)
     B = 1

@@ -1,5 +1,5 @@
 """Tutorial 08 (attention backward) without a GPU: every kernel of step 2 compiles for sm_90 with the instructions
-its text promises, within 255 registers and without spills; in the CPU emulator (kernellab/run/sim/cuda/ptx_emu.h)
+its text promises, within 255 registers and without spills; in the CPU emulator (kernellab/run/sim/cuda)
 both variants' dQ, dK and dV, and the LSE of tutorial 07's forward, match the float64 reference on awkward shapes;
 the launchers' shared-memory plans are what the kernels address; and the autograd op traces on fake (meta) tensors,
 its backward included."""
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "gpu"))
 from kernellab.run.sim.cuda.emulate import compiler  # noqa: E402
-from kernellab.run.sim.cuda.ptx_emu import bf16_bits, bf16_values, emulate  # noqa: E402
+from kernellab.run.sim.cuda.emulate import bf16_bits, bf16_values, emulate  # noqa: E402
 
 from notebook_cells import cuda_cells, launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
 
