@@ -452,6 +452,7 @@ template <int N> inline void tma_store_wait() { kl::run_pending_stores(N); }
 template <int R> inline void setmaxnreg_inc() {}
 template <int R> inline void setmaxnreg_dec() {}
 inline float exp2_approx(float x) { return std::exp2(x); }
+inline void red_add_v2(float* p, float a, float b) { atomicAdd(p, a); atomicAdd(p + 1, b); }   // red.global.add.v2.f32
 
 // ---- WMMA: each lane holds the whole 16x16 tile -------------------------------------------------------------------
 namespace nvcuda {
