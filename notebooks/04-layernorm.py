@@ -1779,6 +1779,22 @@ def backward_passes(errors, dtype):
     floor = 2.0 ** -8 if dtype == torch.bfloat16 else 1e-6
     return all(ours <= 2 * theirs + floor * max(scale, 1.0) for ours, theirs, scale in errors.values())
 
+
+def bwd_inputs(rows, cols, dtype, dist="normal", device="cuda", seed=0):
+    """dy, x, w, b for the backward: x from `dist` ("normal", "mean1e3": N(1000, 1), "heavy": Student's t with 3
+    degrees of freedom), w ~ N(1, 0.5), b and dy ~ N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    if dist == "mean1e3":
+        x = x + 1e3
+    elif dist == "heavy":                             # t(3) = N(0, 1) / sqrt(chi2(3) / 3)
+        chi2 = sum(torch.randn(rows, cols, generator=g, dtype=torch.float64) ** 2 for _ in range(3))
+        x = x / (chi2 / 3).sqrt()
+    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
+    b = torch.randn(cols, generator=g, dtype=torch.float64)
+    dy = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    return tuple(t.to(dtype).to(device) for t in (dy, x, w, b))
+
 # %% [markdown]
 # The plans at the tutorial's shapes, and the kernels' registers (no spills: a CPU test checks it):
 
@@ -1804,22 +1820,6 @@ HTML(html_table(["shape", "dtype", "kernel", "row (tile) threads", "block", "gri
 # (Student's t with 3 degrees of freedom, whose largest values are many times the spread).
 
 # %%
-def bwd_inputs(rows, cols, dtype, dist="normal", device="cuda", seed=0):
-    """dy, x, w, b for the backward: x from `dist` ("normal", "mean1e3": N(1000, 1), "heavy": Student's t with 3
-    degrees of freedom), w ~ N(1, 0.5), b and dy ~ N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-    if dist == "mean1e3":
-        x = x + 1e3
-    elif dist == "heavy":                             # t(3) = N(0, 1) / sqrt(chi2(3) / 3)
-        chi2 = sum(torch.randn(rows, cols, generator=g, dtype=torch.float64) ** 2 for _ in range(3))
-        x = x / (chi2 / 3).sqrt()
-    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
-    b = torch.randn(cols, generator=g, dtype=torch.float64)
-    dy = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-    return tuple(t.to(dtype).to(device) for t in (dy, x, w, b))
-
-
 def check_backward(shapes, device, seeds=(0,)):
     """Every op, dtype and distribution at `shapes`: asserts ours within 2x PyTorch's error (backward_passes);
     a table of the largest errors, ours / PyTorch's."""

@@ -108,23 +108,6 @@ def t04():
     return load_tutorial(T04, compile=emulate.compile_host)
 
 
-def inputs(rows, cols, dtype, dist, seed=0):
-    """dy, x, w, b: x ~ N(0, 2), N(1000, 1) or Student's t(3) (heavy tails); w ~ N(1, 0.5); b, dy ~ N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-    if dist == "normal":
-        x = 2 * x
-    elif dist == "mean1e3":
-        x = x + 1e3
-    else:
-        chi2 = sum(torch.randn(rows, cols, generator=g, dtype=torch.float64) ** 2 for _ in range(3))
-        x = x / (chi2 / 3).sqrt()
-    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
-    b = torch.randn(cols, generator=g, dtype=torch.float64)
-    dy = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-    return tuple(t.to(dtype) for t in (dy, x, w, b))
-
-
 # a warp per row, several rows a block (shared-memory sums of the partials), one row of 256 threads with element
 # loads (1031), 128 with packs (1024), the rows over 8192 (float over 4096: 4100) as statistics then column tiles,
 # with packs (9000) and element loads (8999)
@@ -137,7 +120,7 @@ EMU_SHAPES = [(1, 1), (3, 7), (70, 64), (2, 1031), (3, 1024), (2, 4100), (2, 900
 def test_gradients_on_the_emulator_within_twice_pytorchs_error(t04, kind, dtype):
     for dist in ("normal", "mean1e3", "heavy"):
         for r, c in EMU_SHAPES:
-            dy, x, w, b = inputs(r, c, dtype, dist)
+            dy, x, w, b = t04["bwd_inputs"](r, c, dtype, dist, device="cpu")
             errors = t04["backward_errors"](kind, dy, x, w, b, 1e-5)
             assert t04["backward_passes"](errors, dtype), (dist, r, c, errors)
             assert set(errors) == ({"dx", "dw", "db"} if kind == "layernorm" else {"dx", "dw"})
@@ -146,7 +129,7 @@ def test_gradients_on_the_emulator_within_twice_pytorchs_error(t04, kind, dtype)
 @needs_cxx
 def test_a_wrong_gradient_fails_the_criterion(t04):
     """The criterion can fail: dx off by one part in a thousand (float32) is far outside 2x PyTorch's error."""
-    dy, x, w, b = inputs(3, 1031, torch.float32, "normal")
+    dy, x, w, b = t04["bwd_inputs"](3, 1031, torch.float32, "normal", device="cpu")
     errors = t04["backward_errors"]("layernorm", dy, x, w, b, 1e-5)
     ours, theirs, scale = errors["dx"]
     assert t04["backward_passes"](errors, torch.float32)
@@ -156,7 +139,7 @@ def test_a_wrong_gradient_fails_the_criterion(t04):
 @needs_cxx
 def test_partial_sums_are_deterministic_and_cover_each_block(t04):
     """Two runs give the same bits; a plan with more blocks (more partial rows) gives the same dw within rounding."""
-    dy, x, w, b = inputs(70, 64, torch.float32, "normal")
+    dy, x, w, b = t04["bwd_inputs"](70, 64, torch.float32, "normal", device="cpu")
     one = t04["layernorm_backward"](dy, x, w, 1e-5)
     two = t04["layernorm_backward"](dy, x, w, 1e-5)
     assert all(torch.equal(a, c) for a, c in zip(one, two))
@@ -173,7 +156,7 @@ def test_partial_sums_are_deterministic_and_cover_each_block(t04):
 def test_the_ops_loss_backward_matches_float64(t04, kind):
     """loss.backward() through kl::layernorm / kl::rmsnorm on a [batch, sequence, width] input, with the expanded
     gradient y.sum() hands back, against F.layer_norm / F.rms_norm in float64."""
-    dy, x, w, b = inputs(6, 37, torch.float32, "normal")
+    dy, x, w, b = t04["bwd_inputs"](6, 37, torch.float32, "normal", device="cpu")
     x = x.reshape(2, 3, 37).requires_grad_(True)
     w, b = w.requires_grad_(True), b.requires_grad_(True)
     leaves = (x, w, b) if kind == "layernorm" else (x, w)
@@ -205,7 +188,7 @@ def test_the_ops_backward_traces_on_fake_tensors(t04):
 
     torch._dynamo.reset()
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
-    dy, xr, wr, br = inputs(5, 40, torch.float32, "normal")
+    dy, xr, wr, br = t04["bwd_inputs"](5, 40, torch.float32, "normal", device="cpu")
     got = [t.clone().requires_grad_(True) for t in (xr, wr, br)]
     want = [t.clone().double().requires_grad_(True) for t in (xr, wr, br)]
     compiled(*got).backward()
@@ -217,7 +200,7 @@ def test_the_ops_backward_traces_on_fake_tensors(t04):
 @needs_cxx
 @pytest.mark.slow
 def test_the_ops_pass_opcheck_on_the_cpu(t04):
-    dy, x, w, b = inputs(3, 40, torch.float32, "normal")
+    dy, x, w, b = t04["bwd_inputs"](3, 40, torch.float32, "normal", device="cpu")
     t04["kl_layernorm"].opcheck(x.requires_grad_(True), w.requires_grad_(True), b.requires_grad_(True), 1e-5)
     t04["kl_rmsnorm"].opcheck(x, w, 1e-5)
     t04["kl_layernorm_backward"].opcheck(dy, x.detach(), w.detach(), 1e-5)

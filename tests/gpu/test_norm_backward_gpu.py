@@ -29,23 +29,6 @@ def t04():
     return load_tutorial("04-layernorm.py")
 
 
-def inputs(rows, cols, dtype, dist, seed=0):
-    """dy, x, w, b on the GPU: x ~ N(0, 2), N(1000, 1) or Student's t(3); w ~ N(1, 0.5); b, dy ~ N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-    if dist == "normal":
-        x = 2 * x
-    elif dist == "mean1e3":
-        x = x + 1e3
-    else:
-        chi2 = sum(torch.randn(rows, cols, generator=g, dtype=torch.float64) ** 2 for _ in range(3))
-        x = x / (chi2 / 3).sqrt()
-    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
-    b = torch.randn(cols, generator=g, dtype=torch.float64)
-    dy = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-    return tuple(t.to(dtype).cuda() for t in (dy, x, w, b))
-
-
 def describe(errors):
     return ", ".join(f"{k}: ours {o:.3g}, PyTorch {t:.3g} (largest value {s:.3g})" for k, (o, t, s) in errors.items())
 
@@ -56,7 +39,7 @@ def describe(errors):
 def test_gradients_within_twice_pytorchs_error(t04, kind, dtype, dist):
     failed = []
     for r, c in SHAPES:
-        dy, x, w, b = inputs(r, c, dtype, dist)
+        dy, x, w, b = t04["bwd_inputs"](r, c, dtype, dist, device="cuda")
         errors = t04["backward_errors"](kind, dy, x, w, b, EPS)
         if not t04["backward_passes"](errors, dtype):
             failed.append(f"{r}x{c} ({t04['plan_backward'](r, c, dtype.itemsize)}): {describe(errors)}")
@@ -66,7 +49,7 @@ def test_gradients_within_twice_pytorchs_error(t04, kind, dtype, dist):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_partial_sums_give_the_same_bits_every_run(t04, dtype):
     for r, c in ((4096, 1024), (3, 9000), (37, 768)):
-        dy, x, w, b = inputs(r, c, dtype, "normal")
+        dy, x, w, b = t04["bwd_inputs"](r, c, dtype, "normal", device="cuda")
         first = t04["layernorm_backward"](dy, x, w, EPS)
         for _ in range(3):
             again = t04["layernorm_backward"](dy, x, w, EPS)
@@ -80,7 +63,7 @@ def test_the_ops_loss_backward_against_pytorch(t04, kind, dtype):
     expanded (y.sum()) and weighted; x's, w's and b's gradients within 2x PyTorch's error against float64."""
     for shape in ((4, 256, 768), (2, 33, 1031)):
         c = shape[-1]
-        dy, x, w, b = inputs(shape[0] * shape[1], c, dtype, "normal")
+        dy, x, w, b = t04["bwd_inputs"](shape[0] * shape[1], c, dtype, "normal", device="cuda")
         x = x.reshape(shape)
         weight = dy.reshape(shape)
         leaves = [t.clone().requires_grad_(True) for t in ((x, w, b) if kind == "layernorm" else (x, w))]
@@ -98,7 +81,7 @@ def test_the_ops_loss_backward_against_pytorch(t04, kind, dtype):
 
 
 def test_the_ops_pass_opcheck_with_gradients(t04):
-    dy, x, w, b = inputs(37, 1031, torch.float32, "normal")
+    dy, x, w, b = t04["bwd_inputs"](37, 1031, torch.float32, "normal", device="cuda")
     t04["kl_layernorm"].opcheck(x.requires_grad_(True), w.requires_grad_(True), b.requires_grad_(True), EPS)
     t04["kl_rmsnorm"].opcheck(x, w, EPS)
     t04["kl_layernorm_backward"].opcheck(dy, x.detach(), w.detach(), EPS)
