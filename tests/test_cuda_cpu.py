@@ -1,5 +1,7 @@
 """CUDA C++ on the CPU (kernellab.run.sim.cuda): `%%cuda --sim` and kernels where no GPU is usable launch on CPU
 tensors and NumPy arrays, and the checks find held-out bugs at the right cell line, in compute-sanitizer's terms."""
+import pathlib
+
 import numpy as np
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -348,25 +350,9 @@ __global__ void scatter(float* y, long far) { put(y, threadIdx.x == 3 ? far : (l
 
 # --- tutorial 05's warp-level PTX (cp.async, ldmatrix, mma.sync) on the fiber scheduler -------------------------
 
-MMA_CELL = r'''#include <kl/cp_async.cuh>
-#include <kl/mma.cuh>
-// C (16 x 8) = A (16 x 16) B^T (B: 8 x 16), fp16: A through cp.async and ldmatrix_x4, one mma.sync
-extern "C" __global__ void k(const __half* A, const __half* B, float* C) {
-    __shared__ __align__(16) __half a_s[16 * 16];
-    cp_async_16((unsigned)__cvta_generic_to_shared(&a_s[8 * threadIdx.x]), A + 8 * threadIdx.x, 16);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
-    unsigned a[4];
-    ldmatrix_x4(a, (unsigned)__cvta_generic_to_shared(&a_s[(lane % 16) * 16 + (lane / 16) * 8]));
-    const unsigned b[2] = {*reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t]),
-                           *reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t + 8])};
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mma_16816<__half>(d, a, b);
-    for (int q = 0; q < 4; ++q) C[(g + 8 * (q / 2)) * 8 + 2 * t + q % 2] = d[q];   // C store
-}
-'''
+# One mma.sync product fed by cp.async and ldmatrix (tests/test_kl_headers.py builds it with every header too).
+MMA_CELL = ("#include <kl/cp_async.cuh>\n#include <kl/mma.cuh>\n"
+            + (pathlib.Path(__file__).parent / "fixtures" / "mma_16x8x16.cu").read_text())
 
 
 def mma_case():

@@ -489,24 +489,8 @@ def test_emulate_compiles_its_headers():
 
     if emulate.compiler() is None:
         pytest.skip("no host C++ compiler (g++)")
-    source = "".join(f"#include <kl/{h}>\n" for h in PROGRAM_HEADERS) + r'''
-// C (16 x 8) = A (16 x 16) B^T (B: 8 x 16), fp16: A through cp.async and ldmatrix_x4, one mma.sync
-extern "C" __global__ void k(const __half* A, const __half* B, float* C) {
-    __shared__ __align__(16) __half a_s[16 * 16];
-    cp_async_16((unsigned)__cvta_generic_to_shared(&a_s[8 * threadIdx.x]), A + 8 * threadIdx.x, 16);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
-    unsigned a[4];
-    ldmatrix_x4(a, (unsigned)__cvta_generic_to_shared(&a_s[(lane % 16) * 16 + (lane / 16) * 8]));
-    const unsigned b[2] = {*reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t]),
-                           *reinterpret_cast<const unsigned*>(&B[g * 16 + 2 * t + 8])};
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mma_16816<__half>(d, a, b);
-    for (int q = 0; q < 4; ++q) C[(g + 8 * (q / 2)) * 8 + 2 * t + q % 2] = d[q];
-}
-'''
+    source = ("".join(f"#include <kl/{h}>\n" for h in PROGRAM_HEADERS)
+              + (pathlib.Path(__file__).parent / "fixtures" / "mma_16x8x16.cu").read_text())
     rng = np.random.default_rng(0)
     A = rng.standard_normal((16, 16)).astype(np.float16)
     B = rng.standard_normal((8, 16)).astype(np.float16)
