@@ -1739,8 +1739,7 @@ display(Image(str(train_out / "train_gpt2.png")))
 #
 # *The step times* miss the prediction by far. `compiled` runs 1.255x `eager`, inside the usual 1.2-1.4x. The
 # prediction for `kernellab` was 0.98-1.05x `eager` and 0.75-0.85x `compiled`; it measures 0.706x and 0.562x.
-# `kernellab-compiled` did not run: TorchDynamo could not import the namespace the tutorials were loaded into as a
-# module. That loader bug is fixed now, and the next run measures the row.
+# `kernellab-compiled` (torch.compile of the model with our ops) is not measured yet.
 #
 # *Where the time goes.* The profiles' GPU time a step tells the two ops apart:
 # - The attention costs the GPU 3.1 ms a step more than FLASH's (41.7 against 38.6 ms). That matches its row,
