@@ -46,7 +46,6 @@ import kernellab
 from kernellab.analysis.banks import analyze_access
 from kernellab.notebook.bank_plots import plot_bank_access, plot_shared_trace
 from kernellab.report import html_table
-from kernellab.run.nvtools.ncu_source import profile_banks
 from kernellab.run.sim.trace import trace_shared
 
 GPU = kernellab.has_gpu()
@@ -444,7 +443,7 @@ for kernel in transposes:
 n_prof = 2048                                     # ncu replays the launch: a mid-sized matrix is plenty
 x = torch.randn(n_prof, n_prof, device="cuda")    # [n_prof, n_prof]
 y = torch.empty_like(x)                           # [n_prof, n_prof]
-measured = {k.name: profile_banks(k, grid_for(n_prof, n_prof), BLOCK, x, y, n_prof, n_prof) for k in transposes}
+measured = {k.name: k.profile_banks(grid_for(n_prof, n_prof), BLOCK, x, y, n_prof, n_prof) for k in transposes}
 print(measured["transpose_tile32"])
 bank_table(measured)
 

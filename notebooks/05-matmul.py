@@ -1024,11 +1024,10 @@ HTML(html_table(["kernel", "access", "wavefronts", "ideal"], bank_rows, caption=
 
 # %%
 # %%gpu
-from kernellab.run.nvtools.ncu_source import profile_banks
 
 n_prof = 1024                                     # ncu replays the launch: a mid-sized problem is plenty
 A, B, C = (torch.randn(n_prof, n_prof, device="cuda") for _ in range(3))
-measured = {k.name: profile_banks(k, (cdiv(n_prof, bn), cdiv(n_prof, bm)), block, A, B, C, n_prof, n_prof, n_prof)
+measured = {k.name: k.profile_banks((cdiv(n_prof, bn), cdiv(n_prof, bm)), block, A, B, C, n_prof, n_prof, n_prof)
             for k, bm, bn, block in ((sgemm_2d, 128, 128, 256), (sgemm_vec, 128, 128, 256),
                                      (sgemm_warptile, WT["BM"], WT["BN"], WT_THREADS))}
 for name, report in measured.items():
