@@ -817,6 +817,133 @@ def test_cupys_launchkernel_is_offered_with_the_signature_the_generated_launch_c
     assert D.Driver(lib, cupy_launch=False).launch_kernel is lib.cuLaunchKernel
 
 
+
+# --- cluster launches on the generated path (cuLaunchKernelEx) ---------------------------------------------------
+
+class RawExDriver(RawDriver):
+    """A RawDriver with the raw cuLaunchKernelEx too: launch_kernel_ex reads the CUlaunchConfig it is handed (grid,
+    block, shared bytes, stream, the cluster attribute) and the bytes behind each kernelParams pointer, and returns
+    the next CUresult of `rcs` (0 when none is left)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.raw_ex = []
+
+    def launch_kernel_ex(self, config_p, f, params, extra):
+        from kernellab.run.launch import cudriver as D
+
+        rc = self.rcs.pop(0) if self.rcs else 0
+        if rc == 0:
+            cfg = ctypes.cast(config_p, ctypes.POINTER(D.CUlaunchConfig)).contents
+            attrs = [cfg.attrs[i] for i in range(cfg.numAttrs)]
+            pointers = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+            self.raw_ex.append(dict(
+                function=f, grid=(cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ),
+                block=(cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ), shared_bytes=cfg.sharedMemBytes,
+                stream=cfg.hStream or 0, extra=extra,
+                attrs=[(a.id, (a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z)) for a in attrs],
+                params=[ctypes.string_at(pointers[i], n) for i, n in enumerate(self.sizes)]))
+        return rc
+
+
+def test_a_cluster_launch_has_a_generated_launch_through_cuLaunchKernelEx():
+    from kernellab.run.launch import cudriver as D
+
+    path, driver = make_path(driver=RawExDriver(sizes(PARAMS)))
+    cfg = path.config((8, 2), (64, 2), 512, cluster=(4, 2))
+    fast = path.fast(cfg, tuple(map(type, good_args())))
+    assert callable(fast) and fast is path.fast(cfg, tuple(map(type, good_args())))     # made once
+    assert "LAUNCH_EX(CONFIG_P, FN, PARAMS, None)" in fast.source and "LAUNCH(FN" not in fast.source
+    assert fast(good_args(), None, False) is True
+    assert fast(good_args(n=7), 0xABC, False) is True                 # another stream, another value
+    want = [v.tobytes() for v in L.marshal_args(PARAMS, good_args(), H200)]
+    assert driver.raw_ex[0] == dict(function=0xF00, grid=(8, 2, 1), block=(64, 2, 1), shared_bytes=512,
+                                    stream=0x5000, extra=None, params=want,
+                                    attrs=[(D.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (4, 2, 1))])
+    assert driver.raw_ex[1]["stream"] == 0xABC and driver.raw_ex[1]["params"][3] == np.int32(7).tobytes()
+    assert driver.raw == [] and driver.launches == []                  # neither cuLaunchKernel nor Driver.launch
+    # Each configuration has its own launch config: another cluster shape launches with its own dims.
+    other = path.fast(path.config(8, 64, 0, cluster=2), tuple(map(type, good_args())))
+    assert other(good_args(), None, False) and driver.raw_ex[-1]["attrs"] == [(4, (2, 1, 1))]
+    assert driver.raw_ex[-1]["grid"] == (8, 1, 1) and driver.raw_ex[-1]["shared_bytes"] == 0
+    # What the generated launch cannot settle goes back to run, having launched nothing: run's precise error.
+    assert fast(good_args(x=FakeCudaTensor(torch.float64)), None, False) is False and len(driver.raw_ex) == 3
+    with pytest.raises(ArgumentError, match="expects float32 elements"):
+        path.run(cfg, good_args(x=FakeCudaTensor(torch.float64)), None, False)
+
+
+def test_run_takes_the_generated_cluster_launch_and_keeps_waits_capture_and_fault_naming(blocking_default):
+    path, driver = make_path(driver=RawExDriver(sizes(PARAMS)))
+    cfg = path.config(8, 64, 0, cluster=(2, 1, 1))
+    path.run(cfg, good_args(), None, None)              # top level: waits, after asking about capture
+    assert len(driver.raw_ex) == 1 and driver.launches == [] and driver.queries == [0x5000]
+    assert driver.syncs == [0x5000]
+    driver.capturing = True                             # under torch.cuda.graph: recorded, not waited for
+    path.run(cfg, good_args(), None, True)
+    assert len(driver.raw_ex) == 2 and driver.syncs == [0x5000]
+    driver.capturing = False
+    with L.deferred_sync():                             # inside an op or kernellab.bench: no wait, a record
+        path.run(cfg, good_args(), None, None)
+    assert driver.syncs == [0x5000] and [r.config for r in L.recent_launches()] == [cfg]
+    assert L.recent_launches()[0].filename == __file__                 # the line of the code that launched
+    path.run(cfg, good_args(n=np.int32(3)), None, False)             # types without a plan: Driver.launch
+    assert driver.clusters == [(2, 1, 1)] and len(driver.raw_ex) == 3
+    driver.sync_rc = 700                                # a fault found at the wait names the kernel, sticky
+    with pytest.raises(LaunchError, match="sticky") as info:
+        path.run(cfg, good_args(), None, True)
+    assert info.value.sticky and "cluster=(2, 1, 1)" in str(info.value) and not path._lock.locked()
+
+
+def test_a_failed_cluster_launch_retries_with_its_cluster_for_a_new_thread_else_says_why():
+    path, driver = make_path(driver=RawExDriver(sizes(PARAMS), rcs=[201]))
+    cfg = path.config(8, 64, 0, cluster=(4, 1, 1))
+    path.run(cfg, good_args(), None, False)             # INVALID_CONTEXT: made current, through Driver.launch
+    assert driver.made_current == [0] and driver.clusters == [(4, 1, 1)] and driver.raw_ex == []
+    driver.rcs = [700]
+    with pytest.raises(LaunchError, match="sticky") as info:
+        path.run(cfg, good_args(), None, False)
+    assert "ILLEGAL_ADDRESS" in info.value.cuda_error and "cluster=(4, 1, 1)" in str(info.value)
+    assert driver.clusters == [(4, 1, 1)] and not path._lock.locked()
+
+
+def test_kernel_cluster_launches_take_the_generated_launch(fake_gpu, monkeypatch):
+    from kernellab.run.launch import cudriver
+
+    driver = RawExDriver([8, 8, 8, 4])
+    monkeypatch.setattr(cudriver, "driver", lambda: driver)
+    k = kernellab.compile_cuda(VADD, arch="sm_90").vadd
+    a, b, c = FakeCudaTensor(ptr=0x1000), FakeCudaTensor(ptr=0x2000), FakeCudaTensor(ptr=0x3000)
+    for n in (10, 11):
+        k[8, 256](a, b, c, n, cluster=(4, 1, 1), sync=False)
+    k[8, 256](a, b, c, 12, cluster=8, sync=False)
+    assert [(r["grid"], r["attrs"][0][1], r["params"][3]) for r in driver.raw_ex] == [
+        ((8, 1, 1), (4, 1, 1), np.int32(10).tobytes()), ((8, 1, 1), (4, 1, 1), np.int32(11).tobytes()),
+        ((8, 1, 1), (8, 1, 1), np.int32(12).tobytes())]
+    assert driver.launches == [] and driver.raw == []   # no launch of the three took LaunchPath.run's general way
+    with pytest.raises(ArgumentError, match="not a whole number of clusters"):
+        k[6, 256](a, b, c, 3, cluster=4)
+    assert len(driver.raw_ex) == 3
+
+
+def test_the_generated_cluster_launch_fits_the_ctypes_argtypes_of_the_real_driver(monkeypatch):
+    """cuLaunchKernelEx played by libc's strnlen(config, 0) behind libcuda's argtypes: 0 for function handle 0."""
+    from kernellab.run.launch import cudriver as D
+
+    lib = _abs_lib()
+    strnlen = ctypes.CDLL(None)["strnlen"]
+    strnlen.argtypes, strnlen.restype = [ctypes.POINTER(D.CUlaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_void_p], ctypes.c_int
+    lib.cuLaunchKernelEx = strnlen
+    monkeypatch.setattr(D, "_lib_or_none", lambda: None)
+    drv = D.Driver(lib)
+    assert drv.launch_kernel_ex is strnlen
+    monkeypatch.setattr(L, "torch_stream_function", lambda: (0).__mul__)
+    path = L.LaunchPath(0, PARAMS, H200, name="k", signature="k(...)", max_threads_per_block=1024,
+                        static_shared_bytes=0, driver=drv)
+    fast = path.fast(path.config(8, 64, 0, cluster=(2, 1, 1)), tuple(map(type, good_args())))
+    assert fast(good_args(), None, True) is True and fast(good_args(), 0x5000, False) is True
+
+
 # --- whether a launch waits, and the launches that did not ------------------------------------------------------
 
 @pytest.fixture

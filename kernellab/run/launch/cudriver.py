@@ -213,6 +213,9 @@ class Driver:
         # it returns None, or raises CUDADriverError with the CUresult as .status, where ctypes returns the CUresult.
         cupy_fn = _cupy_launch_kernel() if cupy_launch is not False and lib is _lib_or_none() else None
         self.launch_kernel = self._launch if cupy_fn is None else cupy_fn
+        # A cluster launch's generated code calls the raw cuLaunchKernelEx (a CUlaunchConfig pointer, the function,
+        # kernelParams, extra), returning the CUresult; None where the driver has no cuLaunchKernelEx (CUDA < 12).
+        self.launch_kernel_ex = self._launch_ex
         self.stream_is_capturing, self.stream_synchronize = self._capturing, self._sync
 
     def error(self, rc: int) -> Exception:

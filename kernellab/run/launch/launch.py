@@ -790,9 +790,9 @@ class LaunchPath:
 
     def fast(self, cfg: LaunchConfig, types: tuple[type, ...]):
         """The generated launch function for `cfg` and arguments of exactly these types (made once per pair), or None
-        where `run` handles these calls (a cluster shape, types without a plan), or False where this path has no
-        generated launches at all (a driver without the raw calls, `launch_kernel`). See _fast_source for what it
-        does and when it hands the call back."""
+        where `run` handles these calls (types without a plan; a cluster shape where the driver has no raw
+        cuLaunchKernelEx, `launch_kernel_ex`), or False where this path has no generated launches at all (a driver
+        without the raw calls, `launch_kernel`). See _fast_source for what it does and when it hands the call back."""
         if not self.fast_launches:
             return False
         key = (cfg, types)
@@ -805,13 +805,19 @@ class LaunchPath:
         return fn
 
     def _make_fast(self, cfg: LaunchConfig, types: tuple[type, ...]):
-        if cfg.cluster:
+        launch_ex = getattr(self.driver, "launch_kernel_ex", None) if cfg.cluster else None
+        if cfg.cluster and launch_ex is None:
             return None
         code = _plan_code(self.params, types, self.device.index)
         if code is None:
             return None
         body, values, ns, torch_index, _ = code
         ns.update({f"T{i}": t for i, t in enumerate(types)})
+        if cfg.cluster:
+            # cuLaunchKernelEx's CUlaunchConfig with the cluster attribute, made once: each launch sets the stream
+            # (with the lock held) and passes the same pointer. The attribute array lives as long as the function.
+            config, attrs = cudriver.cluster_launch_config(cfg.grid, cfg.block, cfg.shared_bytes, 0, cfg.cluster)
+            ns.update(LAUNCH_EX=launch_ex, CONFIG=config, CONFIG_P=ctypes.pointer(config), ATTRS=attrs)
         ns.update(FALLBACK_ERRORS=(_Fallback, TypeError, AttributeError, ValueError, OverflowError),
                   PACK_ERRORS=(struct.error, OverflowError), PACK=self._struct.pack_into, BUF=self._buffer,
                   BASE=self._base, LAUNCH=self.driver.launch_kernel, FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
@@ -836,8 +842,9 @@ class LaunchPath:
             if rc != CUDA_ERROR_INVALID_CONTEXT:
                 raise error if isinstance(error, BaseException) else self.driver.error(rc)
             self.driver.make_current(self.device.index)
+            extra = {"cluster": cfg.cluster} if cfg.cluster else {}
             self.driver.launch(self.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, stream,
-                               self.params_address, self.device.index)
+                               self.params_address, self.device.index, **extra)
         except Exception as exc:
             raise as_launch_error(exc, self.name, cfg, during="launch") from None
 
@@ -877,7 +884,12 @@ class LaunchPath:
 
         A synchronous launch on a stream that is being captured into a CUDA graph (torch.cuda.graph) does not wait:
         the kernel is recorded, not run, and waiting would end the capture. A configuration with a cluster shape
-        launches through cuLaunchKernelEx."""
+        launches through cuLaunchKernelEx: by its generated launch (fast) where there is one for these argument
+        types, as a launcher's `k[grid, block](...)` does for a launch without a cluster shape."""
+        if cfg.cluster:
+            fast = self.fast(cfg, tuple(map(type, args)))
+            if fast and fast(args, stream, sync):
+                return
         plan = self.plan(args)
         values = checked = None
         if plan is not None:
@@ -920,7 +932,8 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
 
     Inline, in this order: the argument types, the plan's checks, the stream (torch's or CuPy's current one, else
     `stream=` as given), then with the lock held the packing into the parameter buffer, the raw cuLaunchKernel with
-    the grid, block and shared bytes as constants, and for a synchronous launch the capture query; the lock released,
+    the grid, block and shared bytes as constants (with a cluster shape: the stream set in the CUlaunchConfig made
+    once, CONFIG, and the raw cuLaunchKernelEx), and for a synchronous launch the capture query; the lock released,
     the wait. A failed launch goes to FAILED (INVALID_CONTEXT's retry, the LaunchError), a failed query or wait to
     RAISE."""
     n = len(values)
@@ -930,9 +943,13 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
     (gx, gy, gz), (bx, by, bz) = cfg.grid, cfg.block
     # ctypes returns the CUresult; CuPy's launchKernel returns None or raises (CUDADriverError, its .status the
     # CUresult); either way, and for a value the call refuses, FAILED decides.
-    launch = ["        try:", f"            rc = LAUNCH(FN, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {cfg.shared_bytes}, s, "
-              f"PARAMS, 0)", "        except Exception as exc:", "            rc = exc", "        if rc:",
-              "            FAILED(rc, s)"]
+    if cfg.cluster:      # cuLaunchKernelEx(&config, f, kernelParams, extra): the grid, block and cluster in CONFIG
+        call = ["        CONFIG.hStream = s", "        try:", "            rc = LAUNCH_EX(CONFIG_P, FN, PARAMS, None)"]
+    else:
+        call = ["        try:", f"            rc = LAUNCH(FN, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {cfg.shared_bytes}, s, "
+                f"PARAMS, 0)"]
+    launch = call + ["        except Exception as exc:", "            rc = exc", "        if rc:",
+                     "            FAILED(rc, s)"]
     lines = (["def launch(args, stream, sync):", "    try:"] + ["    " + line for line in unpack]
              + ["    except (ValueError, TypeError):", "        return False",
                 f"    if {types}:", "        return False", "    try:"]
