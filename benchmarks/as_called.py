@@ -7,7 +7,11 @@ before each call, calls queued behind a spin so that host time is hidden, batche
 (below the power cap), medians over alternating rounds. triton.testing.do_bench: CUDA events per call, L2 cleared
 by zeroing a 256 MB buffer before each call, calls not queued: a call whose host time exceeds its kernel's GPU time
 is timed at its host time. sustained=True: kernellab.bench with calls back to back after a 500 ms warm-up, as a
-training loop runs them (the GPU at its power cap).
+training loop runs them (the GPU at its power cap): each call queued behind a 100 MB L2 flush and nothing else, so a
+call whose host path outlasts the flush and its kernel leaves the GPU waiting for it, and the events time host work.
+Host time: each function's host milliseconds per call (host_ms_per_call: perf_counter around a loop of calls, the
+GPU synchronised only before and after), kept as the result's `host_ms`, so that `why` can tell a host-bound
+sustained time from a clock-bound one.
 """
 from __future__ import annotations
 
@@ -16,15 +20,56 @@ import statistics
 import kernellab
 
 METHODS = ("kernellab.bench", "do_bench", "sustained")
+HOST_LOOP_GPU_MS = 5.0       # host_ms_per_call queues about this much GPU work a loop (10 to 200 calls)
+HOST_BOUND_SLACK = 0.9       # host-bound: host time a call >= this share of what sustained added to the kernel
+
+
+class Timings(dict):
+    """{method: {name: median ms}} as time_as_called returns it, with `host_ms`: {name: host ms per call} (empty
+    where not measured). A dict, so callers that read methods and names see nothing else."""
+
+    def __init__(self, *args, host_ms: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.host_ms = dict(host_ms or {})
+
+
+def host_ms_per_call(f, args: tuple, *, gpu_ms: float | None = None, loops: int = 3) -> float:
+    """Host milliseconds one call of f(*args) takes, as a loop of calls back to back pays them: time.perf_counter
+    around `n` calls with the GPU synchronised before the loop and after the second reading, never inside, and
+    kernellab launches not waiting (deferred_sync, as kernellab.bench times them); n queues about
+    HOST_LOOP_GPU_MS of GPU work (gpu_ms a call; 10 to 200 calls, fewer than the launch queue holds, so the loop
+    never waits for the GPU). The median of `loops` loops."""
+    import time
+
+    import torch
+
+    from kernellab.run.launch.launch import deferred_sync
+
+    n = max(10, min(200, round(HOST_LOOP_GPU_MS / max(gpu_ms or 0.1, 1e-3))))
+    cuda = torch.cuda.is_available()
+    out = []
+    with deferred_sync():
+        f(*args)
+        for _ in range(loops):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f(*args)
+            out.append((time.perf_counter() - t0) / n * 1e3)
+            if cuda:
+                torch.cuda.synchronize()
+    return statistics.median(out)
 
 
 def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False,
                    generator_device: str = "cpu", only: dict[str, tuple[str, ...]] | None = None,
-                   min_reps: int = 20, max_reps: int = 10_000) -> dict[str, dict[str, float]]:
+                   min_reps: int = 20, max_reps: int = 10_000, host: bool = True) -> Timings:
     """{method: {name: median ms}} for every function of `fns` (name -> f(*args)) on `inputs` (a tuple, or
     inputs(generator) -> tuple, the generator on `generator_device`), the three methods in METHODS; a method that
     cannot run here is left out. only: {method: names} times just those functions by that method (the first of
-    `fns` always); min_reps, max_reps: kernellab.bench's bounds on repetitions (and warm-up calls) per function."""
+    `fns` always); min_reps, max_reps: kernellab.bench's bounds on repetitions (and warm-up calls) per function.
+    host: also measure each function's host ms per call (host_ms_per_call), kept as the result's `host_ms`."""
     import torch
 
     def chosen(method):
@@ -40,44 +85,77 @@ def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False,
         r = kernellab.bench(these[first], inputs, baselines={n: these[n] for n in rest}, flops=flops, name=first,
                             generator_device=generator_device, **opts, **extra)
         out[method] = {first: r.median_ms, **{b.name: b.median_ms for b in r.baselines}}
+    args = inputs(torch.Generator(generator_device).manual_seed(0)) if callable(inputs) else tuple(inputs)
+    timings = Timings(out)
+    if host:
+        timings.host_ms = {n: host_ms_per_call(f, args, gpu_ms=out["kernellab.bench"].get(n))
+                           for n, f in fns.items()}
     try:
         from triton.testing import do_bench
     except ImportError:
-        return out
-    args = inputs(torch.Generator(generator_device).manual_seed(0)) if callable(inputs) else tuple(inputs)
-    out["do_bench"] = {n: float(do_bench(lambda f=f: f(*args), warmup=25, rep=(50 if only else 100) if quick else 200,
-                                         return_mode="median")) for n, f in chosen("do_bench").items()}
-    return out
+        return timings
+    timings["do_bench"] = {n: float(do_bench(lambda f=f: f(*args), warmup=25,
+                                             rep=(50 if only else 100) if quick else 200, return_mode="median"))
+                           for n, f in chosen("do_bench").items()}
+    return timings
 
 
-def why(ratios: dict[str, float], ms: dict[str, dict[str, float]], name: str, baseline: str) -> str:
-    """Why the methods' ratios for `name` against `baseline` differ by more than 5 % (empty where they agree)."""
+def host_bound(ms: dict[str, dict[str, float]], host_ms: dict[str, float] | None, name: str) -> bool:
+    """Whether `name`'s sustained time is its host time: it rose above the kernel (kernellab.bench, host hidden) by
+    more than 5 %, and the host time a call covers that rise (HOST_BOUND_SLACK of it). Back to back, a call's host
+    path runs while the GPU flushes L2 for it; a host path longer than the flush leaves the GPU idle until the
+    kernel arrives, and the events around the call time that wait: the rise is the host time less the flush's."""
+    h = (host_ms or {}).get(name)
+    s, b = ms.get("sustained", {}).get(name), ms.get("kernellab.bench", {}).get(name)
+    if h is None or s is None or b is None or s <= 1.05 * b:
+        return False
+    return h >= HOST_BOUND_SLACK * (s - b)
+
+
+def why(ratios: dict[str, float], ms: dict[str, dict[str, float]], name: str, baseline: str,
+        host_ms: dict[str, float] | None = None) -> str:
+    """Why the methods' ratios for `name` against `baseline` differ by more than 5 % (empty where they agree).
+    host_ms: {name: host ms per call} (default: ms.host_ms, where time_as_called measured it)."""
     values = [v for v in ratios.values() if v]
     if len(values) < 2 or max(values) / min(values) <= 1.05:
         return ""
+    host = host_ms if host_ms is not None else getattr(ms, "host_ms", None) or {}
     mid = statistics.median(values)
     odd = max(ratios, key=lambda m: abs(ratios[m] / mid - 1))
     if odd == "do_bench":
         ours, theirs = ms["do_bench"][name], ms["kernellab.bench"][name]
+        hosted = f" (host {host[name] * 1e3:.0f} µs a call)" if name in host else ""
         return (f"do_bench does not hide host time and clears L2 with a 256 MB memset: {name} takes "
-                f"{ours * 1e3:.0f} µs there against {theirs * 1e3:.0f} µs under kernellab.bench, so its host path "
-                f"(launch_overhead.py --ops) or its cold-L2 start weighs differently against {baseline}'s")
+                f"{ours * 1e3:.0f} µs there against {theirs * 1e3:.0f} µs under kernellab.bench{hosted}, so its host "
+                f"path (launch_overhead.py --ops) or its cold-L2 start weighs differently against {baseline}'s")
     if odd == "sustained":
+        bound = [w for w in (name, baseline) if host_bound(ms, host, w)]
+        if bound:
+            return "; ".join(
+                f"{w} host-bound back to back: host {host[w] * 1e3:.0f} µs a call against a kernel of "
+                f"{ms['kernellab.bench'][w] * 1e3:.0f} µs (sustained {ms['sustained'][w] * 1e3:.0f} µs): behind "
+                f"sustained's 100 MB L2 flush and nothing else, a host path longer than the flush leaves the GPU "
+                f"waiting for the call, and the events time host work, not the clock" for w in bound)
+        measured = [w for w in (name, baseline) if w in host]
+        note = ("; not host time: " + ", ".join(f"{w} {host[w] * 1e3:.0f} µs a call on the host" for w in measured)
+                + ", less than the sustained times rose") if measured else ""
         return (f"sustained: calls back to back, the GPU at its power-capped clock and never idle between the L2 "
                 f"flush and the call; {name} and {baseline} split their time differently between DRAM and the SMs "
-                f"(and draw different power), so the clock moves them differently")
+                f"(and draw different power), so the clock moves them differently{note}")
     return "kernellab.bench idles the GPU between batches (below the power cap); the other two do not"
 
 
-def rows_for(ms: dict[str, dict[str, float]], baseline: str) -> list[dict]:
-    """One row per function other than `baseline`: ms and speed-up (baseline ms / ms) per method, and why they
-    differ."""
+def rows_for(ms: dict[str, dict[str, float]], baseline: str, host_ms: dict[str, float] | None = None) -> list[dict]:
+    """One row per function other than `baseline`: ms and speed-up (baseline ms / ms) per method, the host ms per
+    call where measured (host_ms, default ms.host_ms), and why they differ."""
+    host = host_ms if host_ms is not None else getattr(ms, "host_ms", None) or {}
     names = [n for n in next(iter(ms.values())) if n != baseline]
     rows = []
     for n in names:
         ratios = {m: ms[m][baseline] / ms[m][n] for m in METHODS if m in ms and ms[m].get(n)}
         rows.append({"name": n, "ms": {m: ms[m][n] for m in ms}, "baseline_ms": {m: ms[m][baseline] for m in ms},
-                     "ratio": ratios, "why": why(ratios, ms, n, baseline)})
+                     "host_ms": {k: host[k] for k in (n, baseline) if k in host},
+                     "ratio": ratios, "why": why(ratios, ms, n, baseline, host)})
     return rows
 
 

@@ -414,9 +414,12 @@ def as_called_table(run, t03, t04, shapes, dtypes, ops, quick):
                 ms = attempt(run, f"as called {op} {r}x{c}", lambda: as_called.time_as_called(fns, args, quick=quick))
                 if ms is None:
                     continue
+                if getattr(ms, "host_ms", None):     # what a sustained time above the kernel is compared with
+                    run.log(f"as called {op} {str(dtype)[6:]} {r}x{c}, host µs per call (a loop, GPU synchronised "
+                            f"at its ends): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ms.host_ms.items()))
                 for base in [b for b in ("torch eager", "torch.compile") if b in fns]:
                     for row in as_called.rows_for({m: {k: v[k] for k in (f"kl::{op}", base)} for m, v in ms.items()},
-                                                  base):
+                                                  base, host_ms=getattr(ms, "host_ms", None)):
                         row["label"] = f"{op} {str(dtype)[6:]} {r}x{c} vs {base}"
                         row["baseline"] = base
                         rows.append(row)
