@@ -946,8 +946,8 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
     if cfg.cluster:      # cuLaunchKernelEx(&config, f, kernelParams, extra): the grid, block and cluster in CONFIG
         call = ["        CONFIG.hStream = s", "        try:", "            rc = LAUNCH_EX(CONFIG_P, FN, PARAMS, None)"]
     else:
-        call = ["        try:", f"            rc = LAUNCH(FN, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {cfg.shared_bytes}, s, "
-                f"PARAMS, 0)"]
+        call = ["        try:",
+                f"            rc = LAUNCH(FN, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {cfg.shared_bytes}, s, PARAMS, 0)"]
     launch = call + ["        except Exception as exc:", "            rc = exc", "        if rc:",
                      "            FAILED(rc, s)"]
     lines = (["def launch(args, stream, sync):", "    try:"] + ["    " + line for line in unpack]
