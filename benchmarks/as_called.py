@@ -25,12 +25,50 @@ HOST_BOUND_SLACK = 0.9       # host-bound: host time a call >= this share of wha
 
 
 class Timings(dict):
-    """{method: {name: median ms}} as time_as_called returns it, with `host_ms`: {name: host ms per call} (empty
-    where not measured). A dict, so callers that read methods and names see nothing else."""
+    """{method: {name: median ms}} as time_as_called returns it, with `host_ms`: {name: host ms per call} and
+    `loop_ms`: what sustained's loop adds to each call (sustained_loop_ms), each empty where not measured. A dict, so
+    callers that read methods and names see nothing else."""
 
-    def __init__(self, *args, host_ms: dict | None = None, **kwargs):
+    def __init__(self, *args, host_ms: dict | None = None, loop_ms: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.host_ms = dict(host_ms or {})
+        self.host_ms, self.loop_ms = dict(host_ms or {}), dict(loop_ms or {})
+
+
+def restrict(ms: dict, names) -> Timings:
+    """`ms` with only these functions' times (and host times), its loop costs kept."""
+    return Timings({m: {k: v[k] for k in names if k in v} for m, v in ms.items()},
+                   host_ms={k: v for k, v in getattr(ms, "host_ms", {}).items() if k in names},
+                   loop_ms=getattr(ms, "loop_ms", None))
+
+
+def sustained_loop_ms(calls: int = 200) -> dict[str, float]:
+    """What kernellab.bench(sustained=True) queues around each call, measured on this GPU with the clock it uses
+    (CudaClock(spin=False)): {"host": host ms a call of its L2 flush and two event records, "flush": the flush's
+    GPU ms}."""
+    import time
+
+    import torch
+
+    from kernellab.run.measure.bench import CudaClock
+
+    clock = CudaClock(spin=False)
+    event = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    with torch.cuda.device(clock.dev):
+        starts, ends = [event() for _ in range(calls)], [event() for _ in range(calls)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for s, e in zip(starts, ends):
+            clock.flush()
+            s.record()
+            e.record()
+        host = (time.perf_counter() - t0) / calls * 1e3
+        first, last = event(), event()
+        first.record()
+        for _ in range(20):
+            clock.flush()
+        last.record()
+        last.synchronize()
+    return {"host": host, "flush": first.elapsed_time(last) / 20}
 
 
 def host_ms_per_call(f, args: tuple, *, gpu_ms: float | None = None, loops: int = 3) -> float:
@@ -90,6 +128,8 @@ def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False,
     if host:
         timings.host_ms = {n: host_ms_per_call(f, args, gpu_ms=out["kernellab.bench"].get(n))
                            for n, f in fns.items()}
+        if "sustained" in out and torch.cuda.is_available():
+            timings.loop_ms = sustained_loop_ms()
     try:
         from triton.testing import do_bench
     except ImportError:
@@ -100,26 +140,33 @@ def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False,
     return timings
 
 
-def host_bound(ms: dict[str, dict[str, float]], host_ms: dict[str, float] | None, name: str) -> bool:
-    """Whether `name`'s sustained time is its host time: it rose above the kernel (kernellab.bench, host hidden) by
-    more than 5 %, and the host time a call covers that rise (HOST_BOUND_SLACK of it). Back to back, a call's host
-    path runs while the GPU flushes L2 for it; a host path longer than the flush leaves the GPU idle until the
-    kernel arrives, and the events around the call time that wait: the rise is the host time less the flush's."""
+def host_bound(ms: dict[str, dict[str, float]], host_ms: dict[str, float] | None, name: str,
+               loop_ms: dict[str, float] | None = None) -> bool:
+    """Whether `name`'s sustained time is host time: it rose above the kernel (kernellab.bench, host hidden) by more
+    than 5 %, and the host cannot keep the GPU fed. Back to back, a call's host path runs while the GPU flushes L2
+    for it; where the loop's host time a call (the call's, plus the flush's and the events' queuing, loop_ms["host"])
+    reaches the GPU's (the flush, loop_ms["flush"], plus the kernel; HOST_BOUND_SLACK of it: the margin jitter
+    needs), the GPU waits for the call and the events around it time that wait. Without loop_ms, the weaker test:
+    the host time a call covers the rise (HOST_BOUND_SLACK of it)."""
     h = (host_ms or {}).get(name)
     s, b = ms.get("sustained", {}).get(name), ms.get("kernellab.bench", {}).get(name)
     if h is None or s is None or b is None or s <= 1.05 * b:
         return False
+    if loop_ms:
+        return h + loop_ms["host"] >= HOST_BOUND_SLACK * (loop_ms["flush"] + b)
     return h >= HOST_BOUND_SLACK * (s - b)
 
 
 def why(ratios: dict[str, float], ms: dict[str, dict[str, float]], name: str, baseline: str,
-        host_ms: dict[str, float] | None = None) -> str:
+        host_ms: dict[str, float] | None = None, loop_ms: dict[str, float] | None = None) -> str:
     """Why the methods' ratios for `name` against `baseline` differ by more than 5 % (empty where they agree).
-    host_ms: {name: host ms per call} (default: ms.host_ms, where time_as_called measured it)."""
+    host_ms: {name: host ms per call}, loop_ms: sustained's own costs a call (default: ms.host_ms and ms.loop_ms,
+    where time_as_called measured them)."""
     values = [v for v in ratios.values() if v]
     if len(values) < 2 or max(values) / min(values) <= 1.05:
         return ""
     host = host_ms if host_ms is not None else getattr(ms, "host_ms", None) or {}
+    loop = loop_ms if loop_ms is not None else getattr(ms, "loop_ms", None) or {}
     mid = statistics.median(values)
     odd = max(ratios, key=lambda m: abs(ratios[m] / mid - 1))
     if odd == "do_bench":
@@ -129,33 +176,45 @@ def why(ratios: dict[str, float], ms: dict[str, dict[str, float]], name: str, ba
                 f"{ours * 1e3:.0f} µs there against {theirs * 1e3:.0f} µs under kernellab.bench{hosted}, so its host "
                 f"path (launch_overhead.py --ops) or its cold-L2 start weighs differently against {baseline}'s")
     if odd == "sustained":
-        bound = [w for w in (name, baseline) if host_bound(ms, host, w)]
+        bound = [w for w in (name, baseline) if host_bound(ms, host, w, loop)]
         if bound:
-            return "; ".join(
-                f"{w} host-bound back to back: host {host[w] * 1e3:.0f} µs a call against a kernel of "
-                f"{ms['kernellab.bench'][w] * 1e3:.0f} µs (sustained {ms['sustained'][w] * 1e3:.0f} µs): behind "
-                f"sustained's 100 MB L2 flush and nothing else, a host path longer than the flush leaves the GPU "
-                f"waiting for the call, and the events time host work, not the clock" for w in bound)
+            def said(w):
+                b = ms["kernellab.bench"][w]
+                per_call = (f" ({(host[w] + loop['host']) * 1e3:.0f} µs of host with the flush's and events' queuing, "
+                            f"against {(loop['flush'] + b) * 1e3:.0f} µs of GPU with the flush)" if loop else "")
+                return (f"{w} host-bound back to back: host {host[w] * 1e3:.0f} µs a call against a kernel of "
+                        f"{b * 1e3:.0f} µs (sustained {ms['sustained'][w] * 1e3:.0f} µs){per_call}: behind sustained's "
+                        f"L2 flush and nothing else, a call whose host path outlasts the flush leaves the GPU waiting "
+                        f"for it, and the events time host work, not the clock")
+            return "; ".join(said(w) for w in bound)
         measured = [w for w in (name, baseline) if w in host]
-        note = ("; not host time: " + ", ".join(f"{w} {host[w] * 1e3:.0f} µs a call on the host" for w in measured)
-                + ", less than the sustained times rose") if measured else ""
+        if loop:
+            note = "; not host time: " + ", ".join(
+                f"{w} {host[w] * 1e3:.0f} µs a call on the host (+{loop['host'] * 1e3:.0f} µs the flush's and events' "
+                f"queuing) under {(loop['flush'] + ms['kernellab.bench'][w]) * 1e3:.0f} µs of GPU a call with the "
+                f"flush" for w in measured) if measured else ""
+        else:
+            note = ("; not host time: " + ", ".join(f"{w} {host[w] * 1e3:.0f} µs a call on the host" for w in measured)
+                    + ", less than the sustained times rose") if measured else ""
         return (f"sustained: calls back to back, the GPU at its power-capped clock and never idle between the L2 "
                 f"flush and the call; {name} and {baseline} split their time differently between DRAM and the SMs "
                 f"(and draw different power), so the clock moves them differently{note}")
     return "kernellab.bench idles the GPU between batches (below the power cap); the other two do not"
 
 
-def rows_for(ms: dict[str, dict[str, float]], baseline: str, host_ms: dict[str, float] | None = None) -> list[dict]:
+def rows_for(ms: dict[str, dict[str, float]], baseline: str, host_ms: dict[str, float] | None = None,
+             loop_ms: dict[str, float] | None = None) -> list[dict]:
     """One row per function other than `baseline`: ms and speed-up (baseline ms / ms) per method, the host ms per
-    call where measured (host_ms, default ms.host_ms), and why they differ."""
+    call where measured (host_ms, default ms.host_ms; loop_ms, default ms.loop_ms: see why), and why they differ."""
     host = host_ms if host_ms is not None else getattr(ms, "host_ms", None) or {}
+    loop = loop_ms if loop_ms is not None else getattr(ms, "loop_ms", None) or {}
     names = [n for n in next(iter(ms.values())) if n != baseline]
     rows = []
     for n in names:
         ratios = {m: ms[m][baseline] / ms[m][n] for m in METHODS if m in ms and ms[m].get(n)}
         rows.append({"name": n, "ms": {m: ms[m][n] for m in ms}, "baseline_ms": {m: ms[m][baseline] for m in ms},
                      "host_ms": {k: host[k] for k in (n, baseline) if k in host},
-                     "ratio": ratios, "why": why(ratios, ms, n, baseline, host)})
+                     "ratio": ratios, "why": why(ratios, ms, n, baseline, host, loop)})
     return rows
 
 

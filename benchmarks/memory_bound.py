@@ -415,11 +415,13 @@ def as_called_table(run, t03, t04, shapes, dtypes, ops, quick):
                 if ms is None:
                     continue
                 if getattr(ms, "host_ms", None):     # what a sustained time above the kernel is compared with
+                    loop = ms.loop_ms
                     run.log(f"as called {op} {str(dtype)[6:]} {r}x{c}, host µs per call (a loop, GPU synchronised "
-                            f"at its ends): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ms.host_ms.items()))
+                            f"at its ends): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ms.host_ms.items())
+                            + (f"; sustained's flush: {loop['flush'] * 1e3:.1f} µs of GPU and, with the events, "
+                               f"{loop['host'] * 1e3:.1f} µs of host a call" if loop else ""))
                 for base in [b for b in ("torch eager", "torch.compile") if b in fns]:
-                    for row in as_called.rows_for({m: {k: v[k] for k in (f"kl::{op}", base)} for m, v in ms.items()},
-                                                  base, host_ms=getattr(ms, "host_ms", None)):
+                    for row in as_called.rows_for(as_called.restrict(ms, (f"kl::{op}", base)), base):
                         row["label"] = f"{op} {str(dtype)[6:]} {r}x{c} vs {base}"
                         row["baseline"] = base
                         rows.append(row)

@@ -9,18 +9,18 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 import as_called  # noqa: E402
-from as_called import Timings, host_bound, rows_for, why  # noqa: E402
+from as_called import Timings, host_bound, restrict, rows_for, why  # noqa: E402
 
 from kernellab.run.launch import launch as L  # noqa: E402
 
 OP, EAGER, COMPILE = "kl::layernorm", "torch eager", "torch.compile"
 
 
-def timings(ours, eager, host=None):
-    """ms per method for the op and eager from (bench, do_bench, sustained) µs triples."""
-    ms = Timings({m: {OP: ours[i] / 1e3, EAGER: eager[i] / 1e3} for i, m in enumerate(as_called.METHODS)},
-                 host_ms={k: v / 1e3 for k, v in (host or {}).items()})
-    return ms
+def timings(ours, eager, host=None, loop=None):
+    """ms per method for the op and eager from (bench, do_bench, sustained) µs triples; host and loop in µs."""
+    return Timings({m: {OP: ours[i] / 1e3, EAGER: eager[i] / 1e3} for i, m in enumerate(as_called.METHODS)},
+                   host_ms={k: v / 1e3 for k, v in (host or {}).items()},
+                   loop_ms={k: v / 1e3 for k, v in (loop or {}).items()})
 
 
 def ratios(ms, name=OP, base=EAGER):
@@ -34,6 +34,21 @@ def test_a_sustained_time_the_host_covers_is_called_host_bound_with_its_figures(
     assert text.startswith(f"{OP} host-bound back to back: host 60 µs a call against a kernel of 11 µs "
                            f"(sustained 65 µs)")
     assert "power" not in text and EAGER not in text.split(":")[0]
+
+
+def test_with_the_loops_costs_host_bound_means_the_host_cannot_keep_the_gpu_fed():
+    # The flush: 33 µs of GPU, 10 µs of host with the events. 40 + 10 µs of host against 33 + 11 of GPU: bound.
+    ms = timings((11, 11, 30), (260, 258, 262), host={OP: 40, EAGER: 9}, loop={"flush": 33, "host": 10})
+    text = why(ratios(ms), ms, OP, EAGER)
+    assert text.startswith(f"{OP} host-bound back to back: host 40 µs a call against a kernel of 11 µs (sustained "
+                           f"30 µs) (50 µs of host with the flush's and events' queuing, against 44 µs of GPU")
+    # LayerNorm 4096 x 4096's figures: a 29 µs kernel, 44 sustained, 31 µs of host: 41 of host against 62 of GPU.
+    ms = timings((29, 29, 44), (38, 38, 38), host={OP: 31, EAGER: 9}, loop={"flush": 33, "host": 10})
+    assert not host_bound(ms, ms.host_ms, OP, ms.loop_ms) and host_bound(ms, ms.host_ms, OP)   # the weaker test
+    text = why(ratios(ms), ms, OP, EAGER)
+    assert "host-bound" not in text and "power-capped clock" in text
+    assert (f"not host time: {OP} 31 µs a call on the host (+10 µs the flush's and events' queuing) under 62 µs of "
+            f"GPU a call with the flush") in text
 
 
 def test_a_host_time_below_the_rise_is_not_called_host_bound():
@@ -77,6 +92,7 @@ def test_rows_for_takes_the_host_times_from_the_result_or_as_given():
     ms = timings((11, 11, 65), (260, 258, 262), host={OP: 60, EAGER: 9})
     row, = rows_for(ms, EAGER)
     assert row["host_ms"] == {OP: 60e-3, EAGER: 9e-3} and "host-bound" in row["why"]
+    assert restrict(ms, (OP,)).host_ms == {OP: 60e-3} and set(restrict(ms, (OP,))["sustained"]) == {OP}
     plain = {m: dict(v) for m, v in ms.items()}                  # a caller's copy, without host_ms
     assert "host-bound" not in rows_for(plain, EAGER)[0]["why"]
     row, = rows_for(plain, EAGER, host_ms=ms.host_ms)

@@ -67,7 +67,7 @@ SUITES: dict[str, Suite] = {
         "compute-sanitizer wrappers, bank conflicts against ncu", 570,
         tests=tuple(GPU_TESTS + f for f in (
             "test_bench_gpu.py", "test_check_gpu.py", "test_hostile_gpu.py", "test_autotune_gpu.py",
-            "test_tools_gpu.py", "test_ncu_banks_gpu.py"))),
+            "test_tools_gpu.py", "test_ncu_banks_gpu.py", "test_as_called_gpu.py"))),
     "tests-sim": Suite(
         "the simulators against the hardware: racecheck's corpus, tutorial 00's puzzles graded on the GPU "
         "(compute-sanitizer and the simulator's checks side by side; ~7 s a test), CUDA C++ on the CPU path against "
