@@ -112,6 +112,11 @@ def gpu_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
             raw((1,), (32,), (cx, cy, a, b, n32))
             stream.synchronize()
 
+    def kl_cluster(m):
+        launch = k[1, 32]
+        for _ in range(m):
+            launch(x, y, 2.0, 1.0, N, sync=False, cluster=(1, 1, 1))
+
     def torch_add(m):
         for _ in range(m):
             y.add_(1.0)
@@ -123,6 +128,8 @@ def gpu_cases(launches: int, rounds: int) -> list[tuple[str, list[float], str]]:
         ("kernellab, sync=False (torch tensors)", per_launch_us(kl_async, launches, rounds, torch_sync),
          "CuPy RawKernel"),
         ("kernellab, sync=False (CuPy arrays)", per_launch_us(kl_cupy, launches, rounds, both_sync), "CuPy RawKernel"),
+        ("kernellab, cluster=(1, 1, 1), sync=False (cuLaunchKernelEx; torch tensors)",
+         per_launch_us(kl_cluster, launches, rounds, torch_sync), "CuPy RawKernel"),
         ("torch y.add_(1.0)", per_launch_us(torch_add, launches, rounds, torch_sync), "CuPy RawKernel"),
         ("CuPy RawKernel + synchronize", per_launch_us(raw_sync, launches, rounds, both_sync),
          "CuPy RawKernel + synchronize"),
@@ -249,8 +256,11 @@ def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], 
 
 def standin_lib():
     """libcuda's launch-path entry points played by libc's abs() with the same ctypes argtypes: each call pays what a
-    real one pays in ctypes (the conversions, the foreign call) and returns 0 for function handle 0 and stream 0."""
+    real one pays in ctypes (the conversions, the foreign call) and returns 0 for function handle 0 and stream 0;
+    cuLaunchKernelEx (a CUlaunchConfig pointer first) by libc's strnlen(config, function): 0 for function 0."""
     import ctypes
+
+    from kernellab.run.launch.cudriver import CUlaunchConfig
 
     libc = ctypes.CDLL(None)
     p, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
@@ -260,8 +270,9 @@ def standin_lib():
 
     lib = Lib()
     for name, argtypes in (("cuLaunchKernel", [p, u, u, u, u, u, u, u, p, p, p]), ("cuStreamSynchronize", [p]),
-                           ("cuStreamIsCapturing", [p, ctypes.POINTER(i)])):
-        fn = libc["abs"]                                 # a new function object each time: its own argtypes
+                           ("cuStreamIsCapturing", [p, ctypes.POINTER(i)]),
+                           ("cuLaunchKernelEx", [ctypes.POINTER(CUlaunchConfig), p, p, p])):
+        fn = libc["strnlen" if name == "cuLaunchKernelEx" else "abs"]   # a new function object: its own argtypes
         fn.argtypes, fn.restype = argtypes, i
         setattr(lib, name, fn)
     return lib
@@ -329,6 +340,15 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
         for _ in range(m):
             path.run(cfg, args, None, False)
 
+    def kl_cluster(m):
+        launch = k[2, 32]
+        for _ in range(m):
+            launch(x, y, 2.0, 1.0, N, sync=False, cluster=2)
+
+    def without_cluster_launches(driver):
+        driver.launch_kernel_ex = None                  # the general path for cluster launches: LaunchPath.run
+        return driver
+
     def checks_only(m):
         values = k._path.plan(args).check
         for _ in range(m):
@@ -361,6 +381,10 @@ def python_only_cases(launches: int, rounds: int) -> list[tuple[str, list[float]
         ("launcher -> LaunchPath.run -> Driver.launch, default sync (ctypes stand-in)", timed(drivers.run(), kl_sync),
          base),
         ("LaunchPath.run alone, sync=False (ctypes stand-in)", timed(drivers.run(), run_only), base),
+        ("cluster launch k[2, 32](..., cluster=2), sync=False: generated (cuLaunchKernelEx, ctypes stand-in)",
+         timed(drivers.ctypes(), kl_cluster), base),
+        ("the same cluster launch by LaunchPath.run's general path -> Driver.launch (ctypes stand-in)",
+         timed(without_cluster_launches(drivers.ctypes()), kl_cluster), base),
         ("stand-in cuLaunchKernel alone (ctypes, 11 args)", per_launch_us(ctypes_call, launches, rounds, none), base),
         ("the plan's checks alone", per_launch_us(checks_only, launches, rounds, none), base),
         ("marshal_args (the slow path's checks)", per_launch_us(marshal, launches, rounds, none), base),
