@@ -107,7 +107,8 @@ def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False,
     inputs(generator) -> tuple, the generator on `generator_device`), the three methods in METHODS; a method that
     cannot run here is left out. only: {method: names} times just those functions by that method (the first of
     `fns` always); min_reps, max_reps: kernellab.bench's bounds on repetitions (and warm-up calls) per function.
-    host: also measure each function's host ms per call (host_ms_per_call), kept as the result's `host_ms`."""
+    host: also measure the host ms per call of each function timed sustained (host_ms_per_call), kept as the
+    result's `host_ms`, and sustained's own costs a call (sustained_loop_ms, on a GPU) as its `loop_ms`."""
     import torch
 
     def chosen(method):
@@ -127,7 +128,7 @@ def time_as_called(fns: dict, inputs, *, flops=None, quick: bool = False,
     timings = Timings(out)
     if host:
         timings.host_ms = {n: host_ms_per_call(f, args, gpu_ms=out["kernellab.bench"].get(n))
-                           for n, f in fns.items()}
+                           for n, f in chosen("sustained").items()}     # what why() compares sustained times with
         if "sustained" in out and torch.cuda.is_available():
             timings.loop_ms = sustained_loop_ms()
     try:

@@ -140,3 +140,6 @@ def test_time_as_called_keeps_each_functions_host_time_beside_the_methods(monkey
     assert ms["sustained"] == {OP: 0.065, EAGER: 0.26} and seen[1] == (OP, True, (EAGER,))
     assert set(ms.host_ms) == {OP, EAGER} and ms.host_ms[OP] >= 0.1 > ms.host_ms[EAGER]
     assert as_called.time_as_called(fns, (1,), quick=True, host=False).host_ms == {}
+    fns["other"] = lambda x: None                           # not timed sustained: no host time needed
+    ms = as_called.time_as_called(fns, (1,), quick=True, only={"sustained": (EAGER,)})
+    assert set(ms.host_ms) == {OP, EAGER}
