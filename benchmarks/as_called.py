@@ -21,7 +21,7 @@ import kernellab
 
 METHODS = ("kernellab.bench", "do_bench", "sustained")
 HOST_LOOP_GPU_MS = 5.0       # host_ms_per_call queues about this much GPU work a loop (10 to 200 calls)
-HOST_BOUND_SLACK = 0.9       # host-bound: host time a call >= this share of what sustained added to the kernel
+HOST_BOUND_SLACK = 0.9       # host-bound: the loop's host time a call >= this share of its GPU time (see host_bound)
 
 
 class Timings(dict):
