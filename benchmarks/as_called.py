@@ -185,15 +185,15 @@ def why(ratios: dict[str, float], ms: dict[str, dict[str, float]], name: str, ba
                             f"against {(loop['flush'] + b) * 1e3:.0f} µs of GPU with the flush)" if loop else "")
                 return (f"{w} host-bound back to back: host {host[w] * 1e3:.0f} µs a call against a kernel of "
                         f"{b * 1e3:.0f} µs (sustained {ms['sustained'][w] * 1e3:.0f} µs){per_call}: behind "
-                        f"sustained's L2 flush and nothing else, a call whose host path outlasts the flush leaves the GPU waiting "
-                        f"for it, and the events time host work, not the clock")
+                        f"sustained's L2 flush and nothing else, a call whose host path outlasts the flush leaves "
+                        f"the GPU waiting for it, and the events time host work, not the clock")
             return "; ".join(said(w) for w in bound)
         measured = [w for w in (name, baseline) if w in host]
         if loop:
             note = "; not host time: " + ", ".join(
                 f"{w} {host[w] * 1e3:.0f} µs a call on the host (+{loop['host'] * 1e3:.0f} µs the flush's and "
-                f"events' queuing) under {(loop['flush'] + ms['kernellab.bench'][w]) * 1e3:.0f} µs of GPU a call with the "
-                f"flush" for w in measured) if measured else ""
+                f"events' queuing) under {(loop['flush'] + ms['kernellab.bench'][w]) * 1e3:.0f} µs of GPU a call "
+                f"with the flush" for w in measured) if measured else ""
         else:
             note = ("; not host time: " + ", ".join(f"{w} {host[w] * 1e3:.0f} µs a call on the host" for w in measured)
                     + ", less than the sustained times rose") if measured else ""
