@@ -417,7 +417,10 @@ def as_called_table(run, t03, t04, shapes, dtypes, ops, quick):
                 if getattr(ms, "host_ms", None):     # what a sustained time above the kernel is compared with
                     loop = ms.loop_ms
                     run.log(f"as called {op} {str(dtype)[6:]} {r}x{c}, host µs per call (a loop, GPU synchronised "
-                            f"at its ends): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in ms.host_ms.items())
+                            f"at its ends; same arguments / bench's rotating input sets): "
+                            + ", ".join(f"{k} {ms.host_same_ms.get(k, v) * 1e3:.1f} / "
+                                        f"{ms.host_rotating_ms.get(k, float('nan')) * 1e3:.1f}"
+                                        for k, v in ms.host_ms.items())
                             + (f"; sustained's flush: {loop['flush'] * 1e3:.1f} µs of GPU and, with the events, "
                                f"{loop['host'] * 1e3:.1f} µs of host a call" if loop else ""))
                 for base in [b for b in ("torch eager", "torch.compile") if b in fns]:

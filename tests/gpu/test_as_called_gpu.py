@@ -31,3 +31,15 @@ def test_host_time_per_call_is_the_hosts_not_the_gpus():
     gpu_ms = as_called.host_ms_per_call(lambda a: torch.cuda.synchronize() or a.mul(2.0), (x,), gpu_ms=0.3)
     host_ms = as_called.host_ms_per_call(lambda a: a.mul(2.0), (x,), gpu_ms=0.3)
     assert host_ms < 0.05 < gpu_ms, (host_ms, gpu_ms)      # queued calls: µs of host; waiting calls: the kernel's
+
+
+def test_the_rotating_sets_are_benchs_distinct_copies():
+    import torch
+
+    import as_called
+
+    x = torch.randn(1000, 1031, device="cuda", dtype=torch.bfloat16)
+    sets = as_called.rotating_sets((x,))
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert len(sets) * x.numel() * 2 >= 2 * l2 and sets[0][0] is x
+    assert len({s[0].data_ptr() for s in sets}) == len(sets) and all(torch.equal(s[0], x) for s in sets)
