@@ -531,8 +531,9 @@ typedef unsigned int uint32_t;
 // r % nq). Each WARP is one split: it walks tiles [s * per, (s + 1) * per) of its sequence's keys with its own
 // double-buffered K and V tiles (cp.async, __syncwarp: warps never wait for each other until the end), keeping its
 // rows' partial output o / l (fp32) and log2-sum-exp lse = m + log2(l) (-inf where it saw no key). At the end the
-// block merges its warps' partials in shared memory and writes one (o, lse) per row; the combine kernel below merges
-// the blocks'.
+// block merges its warps' partials in shared memory and writes one (o, lse) per row. Two ways to merge the blocks':
+// the combine kernel below (a second launch), or, in the fused kernels (decode_fused_*), the last block of each
+// (sequence, KV head, row group) to finish, found with an atomic ticket: one launch.
 #define DEC_NWARPS 4        // warps (splits) per block
 #define DEC_RESCALE_LOG2 8.0f
 
@@ -554,10 +555,55 @@ __device__ __forceinline__ void warp_load_rows(uint32_t tile, const T* __restric
 
 // grid (splits / NWARPS, B * Hkv, row groups of 16 * MT), NWARPS * 32 threads,
 // dynamic shared memory NWARPS * (16 MT + 4 BLOCK_N) * D * 2 bytes.
-template <typename T, int D, int BLOCK_N, int MT>
+// Merge the P block partials of n rows from row R0 into out (the combine kernel's formula) with the block's threads:
+// first each row's weights 2^(lse_s - M) / sum_s 2^(lse_s - M) into shared memory w [n, P] (a warp a row), then each
+// thread a float4 of one row's columns. The partials are read through L2 (ld.global.cg): other blocks wrote them.
+template <typename T, int D>
+__device__ __forceinline__ void merge_block_partials(const float* __restrict__ o_part,
+                                                     const float* __restrict__ lse_part, T* __restrict__ out,
+                                                     size_t R0, int n, int P, float* w) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; r < n; r += DEC_NWARPS) {
+        const float* lse = lse_part + (R0 + r) * P;
+        float mx = -CUDART_INF_F, sum = 0.f;
+        for (int s = lane; s < P; s += 32) mx = fmaxf(mx, __ldcg(lse + s));
+#pragma unroll
+        for (int k = 16; k; k >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, k));
+        for (int s = lane; s < P; s += 32) {
+            const float ws = mx == -CUDART_INF_F ? 0.f : exp2_approx(__ldcg(lse + s) - mx);   // 0: an empty split
+            w[r * P + s] = ws;
+            sum += ws;
+        }
+#pragma unroll
+        for (int k = 16; k; k >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, k);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;                 // a row no split saw: 0
+        for (int s = lane; s < P; s += 32) w[r * P + s] *= inv;       // the lane's own entries: no sync needed
+    }
+    __syncthreads();
+    constexpr int C4 = D / 4;                                          // float4 columns a row
+    for (int i = threadIdx.x; i < n * C4; i += DEC_NWARPS * 32) {
+        const int r = i / C4, c = 4 * (i % C4);
+        const float* src = o_part + (R0 + r) * P * D + c;
+        const float* wr = w + r * P;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int s = 0; s < P; ++s) {                                  // independent loads: 8 in flight a thread
+            const float ws = wr[s];
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(src + (size_t)s * D));
+            acc.x += ws * v.x;  acc.y += ws * v.y;  acc.z += ws * v.z;  acc.w += ws * v.w;
+        }
+        *reinterpret_cast<uint2*>(out + (R0 + r) * D + c) = make_uint2(pack2<T>(acc.x, acc.y), pack2<T>(acc.z, acc.w));
+    }
+}
+
+// FUSED: after writing its partial, each block takes a ticket from counters[(b Hkv + h) row_groups + z]; the block
+// that draws the last (gridDim.x - 1) merges the gridDim.x partials of its rows into out and resets the counter to 0
+// for the next call (so no memset launch; the counters start at 0 once, when the launcher allocates them).
+template <typename T, int D, int BLOCK_N, int MT, bool FUSED>
 __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                              const int* __restrict__ seqlens, float* __restrict__ o_part,
-                                             float* __restrict__ lse_part, int Hkv, int G, int nq, int Nmax,
+                                             float* __restrict__ lse_part, T* __restrict__ out,
+                                             int* __restrict__ counters, int Hkv, int G, int nq, int Nmax,
                                              float scale) {
     constexpr int ROWS = 16 * MT, KC = D / 16, NB = BLOCK_N / 8, DB = D / 8, ROWB = D * 2;
     constexpr uint32_t KV_BYTES = BLOCK_N * D * 2, WARP_BYTES = (ROWS + 4 * BLOCK_N) * D * 2;
@@ -678,6 +724,22 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
         o_part[(R * gridDim.x + blockIdx.x) * D + c] = wsum > 0.f ? acc / wsum : 0.f;
         if (c == 0) lse_part[R * gridDim.x + blockIdx.x] = wsum > 0.f ? mx + log2f(wsum) : -CUDART_INF_F;
     }
+    if (!FUSED) return;
+    // The combine, fused: every thread's partial writes are made visible device-wide (__threadfence) before the
+    // block takes its ticket, so the block that draws the last one reads every block's partial.
+    __shared__ int last_block[1];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* counter = counters + (size_t)bh * gridDim.z + blockIdx.z;
+        last_block[0] = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+        if (last_block[0]) *counter = 0;                                  // every other block has taken its ticket
+    }
+    __syncthreads();                                                   // (and the warps' partials are read)
+    if (!last_block[0]) return;
+    __threadfence();
+    merge_block_partials<T, D>(o_part, lse_part, out, (size_t)bh * rows + r0, min(ROWS, rows - r0), gridDim.x,
+                               reinterpret_cast<float*>(smem));
 }
 
 // Merge the splits of each row: o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s; a row no split
@@ -720,12 +782,12 @@ __device__ __forceinline__ void decode_combine(const float* __restrict__ o_part,
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_bf16_d64_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 32, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__nv_bfloat16, 64, 32, 1, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_bf16_d64_m32(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 32, 2>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__nv_bfloat16, 64, 32, 2, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(128)
 combine_bf16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int n_rows, int splits) {
@@ -734,7 +796,7 @@ combine_bf16_d64(const float* __restrict__ o_part, const float* __restrict__ lse
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_bf16_d128_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 128, 16, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__nv_bfloat16, 128, 16, 1, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(128)
 combine_bf16_d128(const float* __restrict__ o_part, const float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int n_rows, int splits) {
@@ -743,12 +805,12 @@ combine_bf16_d128(const float* __restrict__ o_part, const float* __restrict__ ls
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_f16_d64_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 32, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__half, 64, 32, 1, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_f16_d64_m32(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 32, 2>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__half, 64, 32, 2, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(128)
 combine_f16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_part, __half* __restrict__ out, int n_rows, int splits) {
@@ -757,11 +819,49 @@ combine_f16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_f16_d128_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
                       float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 128, 16, 1>(q, k, v, seqlens, o_part, lse_part, hkv, g, nq, nmax, scale);
+    dec::decode_split<__half, 128, 16, 1, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(128)
 combine_f16_d128(const float* __restrict__ o_part, const float* __restrict__ lse_part, __half* __restrict__ out, int n_rows, int splits) {
     dec::decode_combine<__half, 128>(o_part, lse_part, out, n_rows, splits);
+}
+
+// The fused kernels: the same split, the combine done by the last block of each (sequence, KV head, row group).
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_fused_bf16_d64_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int* __restrict__ counters,
+                      int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__nv_bfloat16, 64, 32, 1, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_fused_bf16_d64_m32(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int* __restrict__ counters,
+                      int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__nv_bfloat16, 64, 32, 2, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_fused_bf16_d128_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int* __restrict__ counters,
+                      int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__nv_bfloat16, 128, 16, 1, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_fused_f16_d64_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, __half* __restrict__ out, int* __restrict__ counters,
+                      int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__half, 64, 32, 1, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_fused_f16_d64_m32(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, __half* __restrict__ out, int* __restrict__ counters,
+                      int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__half, 64, 32, 2, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+}
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
+decode_fused_f16_d128_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, __half* __restrict__ out, int* __restrict__ counters,
+                      int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__half, 128, 16, 1, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
 }
 
 # %% [markdown]
@@ -783,6 +883,7 @@ for name in ("decode_bf16_d64_m16", "decode_bf16_d64_m32", "decode_bf16_d128_m16
 
 # %%
 # launchers: gqa_attention (gqa_attention_mma, gqa_attention_wgmma), decode_attention (tests/gpu/test_attention_inference_gpu.py and benchmarks/attention_inference.py run this cell too)
+import functools
 import math
 from dataclasses import dataclass
 
@@ -893,10 +994,12 @@ class DecodePlan:
         return lambda B, Hkv: (self.splits // DEC_WARPS, B * Hkv, self.row_groups)
 
 
-def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS):
+@functools.lru_cache(maxsize=1024)
+def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS, min_keys=DEC_MIN_KEYS):
     """Rows per warp (32 only at d = 64, where it does not spill), the row groups that cover G * nq rows, and the
-    splits: one wave of blocks (as many blocks of DEC_WARPS warps per SM as shared memory and registers allow), at
-    least DEC_MIN_KEYS keys a split, a multiple of DEC_WARPS."""
+    splits: as many blocks as one wave holds (blocks_per_sm a SM, from shared memory and registers, times the SMs),
+    shared evenly by the B * Hkv * row_groups (sequence, KV head, row group) triples, each warp at least min_keys
+    keys of an Nmax cache, a multiple of DEC_WARPS. Planned once per shape (cached): the call's host path is a lookup."""
     rows = G * nq
     rows_per_warp = 32 if d == 64 and rows > 16 else 16
     groups = -(-rows // rows_per_warp)
@@ -905,28 +1008,74 @@ def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS):
     per_sm = min(3, SM_SHARED_BYTES // (shared + 1024))             # blocks an SM holds (registers allow 3, or 2
     per_sm = min(per_sm, 2 if rows_per_warp == 32 else 3)           # with 32 rows a warp)
     wave = sms * per_sm * DEC_WARPS // max(1, B * Hkv * groups)     # warps of one wave per (sequence, head, group)
-    splits = max(1, min(wave, -(-Nmax // DEC_MIN_KEYS)))
+    splits = max(1, min(wave, -(-Nmax // min_keys)))
     splits = max(DEC_WARPS, splits // DEC_WARPS * DEC_WARPS)        # whole blocks, rounded down (one wave, not two)
+    # the fused kernel's last block keeps one weight per (row, block partial) in its shared memory
+    assert rows_per_warp * (splits // DEC_WARPS) * 4 <= shared, (rows_per_warp, splits, shared)
     return DecodePlan(rows_per_warp, groups, block_n, splits, shared, per_sm)
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens):
-    """Attention of nq new tokens per sequence against its KV cache, split along the keys (flash-decoding).
+_DEC_COUNTERS = {}                                          # (device, stream) -> int32 zeros: the fused kernel's tickets
+
+
+def decode_counters(device, n):
+    """n int32 zeros on `device`: the fused kernel's ticket counters, one per (sequence, KV head, row group). Made once
+    per (device, stream) and reused by every call, since the kernel's last block of each triple resets its counter
+    to 0 (calls on one stream run in order; another stream gets its own). Inside a CUDA graph's capture a missing or
+    too small buffer is made (and zeroed) in the graph, not kept."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    counters = _DEC_COUNTERS.get(key)
+    if counters is None or counters.numel() < n:
+        counters = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _DEC_COUNTERS[key] = counters
+    return counters
+
+
+def _decode_args(q, k_cache, v_cache, cache_seqlens, what):
+    _check(q, k_cache, v_cache, what)
+    B, nq = q.shape[0], q.shape[2]
+    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
+        raise ValueError(f"{what}: cache_seqlens is an int32 [B] = [{B}] tensor on {q.device}, got "
+                         f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+
+
+def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS):
+    """Attention of nq new tokens per sequence against its KV cache, split along the keys (flash-decoding), in one
+    launch: the last block of each (sequence, KV head, row group) merges the splits' partials.
     q: [B, Hq, nq, d]; k_cache, v_cache: [B, Hkv, Nmax, d]; cache_seqlens: [B] int32 (values above Nmax read as
-    Nmax). Token i of sequence b sees keys 0 .. cache_seqlens[b] - nq + i; a token that sees none gets zeros."""
-    _check(q, k_cache, v_cache, "decode_attention")
+    Nmax). Token i of sequence b sees keys 0 .. cache_seqlens[b] - nq + i; a token that sees none gets zeros.
+    min_keys: the fewest keys a split walks (decode_plan)."""
+    _decode_args(q, k_cache, v_cache, cache_seqlens, "decode_attention")
     B, Hq, nq, d = q.shape
     Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
-    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
-        raise ValueError(f"decode_attention: cache_seqlens is an int32 [B] = [{B}] tensor on {q.device}, got "
-                         f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
     out = torch.empty_like(q)
     if B == 0 or nq == 0:
         return out
     G = Hq // Hkv
-    plan = decode_plan(B, Hkv, G, nq, Nmax, d)
-    rows = B * Hq * nq
-    parts = plan.splits // DEC_WARPS                               # one partial per block: its warps merged
+    plan = decode_plan(B, Hkv, G, nq, Nmax, d, SMS, min_keys)
+    rows, parts = B * Hq * nq, plan.splits // DEC_WARPS           # one partial per block: its warps merged
+    work = torch.empty(rows * parts * (d + 1), dtype=torch.float32, device=q.device)     # o_part, then lse_part
+    o_part, lse_part = work[:rows * parts * d], work[rows * parts * d:]
+    counters = decode_counters(q.device, B * Hkv * plan.row_groups)
+    name = f"decode_fused_{DTYPE_NAMES[q.dtype]}_d{d}_m{plan.rows_per_warp}"
+    decode_kernels[name][plan.grid(B, Hkv), 32 * DEC_WARPS, plan.shared_bytes](
+        q, k_cache, v_cache, cache_seqlens, o_part, lse_part, out, counters, Hkv, G, nq, Nmax, d ** -0.5)
+    return out
+
+
+def decode_attention_two_kernels(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS):
+    """decode_attention as the split kernel and a separate combine kernel (two launches): the tutorial's first
+    decoding step, kept to measure the fused one against; same arguments and result."""
+    _decode_args(q, k_cache, v_cache, cache_seqlens, "decode_attention")
+    B, Hq, nq, d = q.shape
+    Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    if B == 0 or nq == 0:
+        return out
+    G = Hq // Hkv
+    plan = decode_plan(B, Hkv, G, nq, Nmax, d, SMS, min_keys)
+    rows, parts = B * Hq * nq, plan.splits // DEC_WARPS
     o_part = torch.empty(rows, parts, d, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(rows, parts, dtype=torch.float32, device=q.device)
     dt = DTYPE_NAMES[q.dtype]

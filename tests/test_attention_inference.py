@@ -59,9 +59,10 @@ def test_the_gqa_kernels_are_mma_sync_for_both_dtypes_head_dims_and_masks(module
 
 def test_the_decode_kernels_compile_without_spills(modules):
     kernels = {k.name: k for k in modules["decode_kernels"].kernels}
-    want = {f"decode_{dt}_d64_m16" for dt in ("bf16", "f16")} | {f"decode_{dt}_d64_m32" for dt in ("bf16", "f16")}
-    want |= {f"decode_{dt}_d128_m16" for dt in ("bf16", "f16")} | {f"combine_{dt}_d{d}" for dt in ("bf16", "f16")
-                                                                   for d in (64, 128)}
+    splits = {f"{dt}_d64_m16" for dt in ("bf16", "f16")} | {f"{dt}_d64_m32" for dt in ("bf16", "f16")}
+    splits |= {f"{dt}_d128_m16" for dt in ("bf16", "f16")}
+    want = {f"decode_{x}" for x in splits} | {f"decode_fused_{x}" for x in splits}
+    want |= {f"combine_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)}
     assert set(kernels) == want
     for name, k in kernels.items():
         assert not k.resources.spills and k.resources.local_bytes == 0, (name, k.resources)
@@ -69,9 +70,16 @@ def test_the_decode_kernels_compile_without_spills(modules):
         if name.startswith("decode_"):
             text = str(k.instruction_summary)
             assert "HMMA.16816.F32" in text and "LDSM" in text and "LDGSTS" in text, (name, text)
+        if name.startswith("decode_") and not name.startswith("decode_fused_"):
             assert k.sass.count("BAR.SYNC") == 1, name     # warps are independent splits until the block's merge
             assert [p.name for p in k.params] == ["q", "k", "v", "seqlens", "o_part", "lse_part", "hkv", "g", "nq",
                                                   "nmax", "scale"]
+        if name.startswith("decode_fused_"):
+            # the same split; then a fence, the ticket (one atomic add on the counter) and the last block's merge
+            assert [p.name for p in k.params] == ["q", "k", "v", "seqlens", "o_part", "lse_part", "out", "counters",
+                                                  "hkv", "g", "nq", "nmax", "scale"]
+            assert "MEMBAR.SC.GPU" in k.sass and k.sass.count("ATOMG.E.ADD") == 1, name
+            assert "LDG.E.128.STRONG.GPU" in k.sass, name         # the partials as float4 through L2 (ld.global.cg)
 
 
 # --- the launchers on the emulated kernels -------------------------------------------------------------------------
@@ -160,6 +168,35 @@ def test_decode_on_the_emulator(t09, dtype, d, Hq, Hkv, nq, lens):
     assert torch.allclose(sd[seen], ref[seen], atol=1e-10)
 
 
+@needs_cxx
+@pytest.mark.parametrize("dtype, d, Hq, Hkv, nq, lens, min_keys", [
+    (torch.bfloat16, 128, 4, 1, 1, (0, 17, 300, 129), 8),      # 9 block partials a head, lengths off the tile
+    pytest.param(torch.float16, 64, 8, 2, 2, (97, 250), 16, marks=pytest.mark.slow),   # 4 partials, 2 KV heads
+])
+def test_the_fused_decode_merges_many_block_partials_on_the_emulator(t09, dtype, d, Hq, Hkv, nq, lens, min_keys):
+    """decode_attention is one launch whose last block of each (sequence, KV head) merges the blocks' partials: with
+    a small min_keys the plan gives several blocks a head even on short caches. Against float64 and the two-kernel
+    step; a second call gives the same output (the last block reset the counters to 0, checked too)."""
+    g = torch.Generator().manual_seed(sum(lens) + d)
+    B, Nmax = len(lens), max(lens) + 7
+    q = torch.randn(B, Hq, nq, d, generator=g).to(dtype)
+    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype) for _ in range(2))
+    sl = torch.tensor(lens, dtype=torch.int32)
+    plan = t09["decode_plan"](B, Hkv, Hq // Hkv, nq, Nmax, d, 132, min_keys)
+    assert plan.splits // 4 >= 4, plan                                  # several blocks to merge per head
+    launches = t09["decode_kernels"].launches
+    before = len(launches)
+    out = t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys)
+    assert [x[0] for x in launches[before:]] == [f"decode_fused_{t09['DTYPE_NAMES'][dtype]}_d{d}_m16"]   # one launch
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    err = (out.double() - ref).abs().max().item()
+    assert err < tol(dtype), err
+    assert all((c == 0).all() for c in t09["_DEC_COUNTERS"].values())  # reset by the last blocks
+    assert torch.equal(t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys), out)
+    two = t09["decode_attention_two_kernels"](q, kc, vc, sl, min_keys=min_keys)
+    assert (two.double() - out.double()).abs().max().item() <= 2 * tol(dtype) / 3   # the same merge, other order
+
+
 def test_the_split_plan_fills_one_wave(t09):
     plan = t09["decode_plan"]
     for B, Hkv, G, nq, Nmax, d in ((1, 8, 4, 1, 131072, 128), (1, 8, 8, 1, 8192, 64), (4, 8, 4, 1, 65536, 128),
@@ -179,13 +216,14 @@ def test_the_split_plan_fills_one_wave(t09):
 
 def test_the_plans_blocks_per_sm_are_the_occupancy_of_the_compiled_kernels(t09, modules):
     """The wave the split plan fills is what the occupancy model gives for the compiled kernels' registers and the
-    plan's shared memory."""
+    plan's shared memory, for both the fused kernel (what decode_attention launches) and the two-kernel step's."""
     kernels = {k.name: k for k in modules["decode_kernels"].kernels}
     for d, G in ((64, 4), (64, 8), (128, 4)):
         p = t09["decode_plan"](1, 8, G, 4 if G == 8 else 1, 8192, d, sms=132)
-        k = kernels[f"decode_bf16_d{d}_m{p.rows_per_warp}"]
-        occ = k.occupancy(128, shared_bytes=p.shared_bytes)
-        assert occ.blocks_per_sm == p.blocks_per_sm, (d, G, p, occ.title)
+        for kind in ("decode_fused", "decode"):
+            k = kernels[f"{kind}_bf16_d{d}_m{p.rows_per_warp}"]
+            occ = k.occupancy(128, shared_bytes=p.shared_bytes)
+            assert occ.blocks_per_sm == p.blocks_per_sm, (kind, d, G, p, occ.title)
         assert p.shared_bytes <= 227 * 1024
 
 
