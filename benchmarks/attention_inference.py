@@ -19,7 +19,10 @@ kernellab.bench(sustained=True); every ratio is baseline time / our time from th
   (those that refuse it are skipped, one line says which and why), and torch.compile of the grouped-matmul version
   (decode_torch in tutorial 09's launchers). Reported as a fraction of the copy bandwidth kernellab measures
   (kernellab.run.measure.ceilings: a device-to-device copy, read + write bytes) and against the fastest PyTorch path
-  of the same method.
+  of the same method. "ours" is the op (one launch: the last block of each (sequence, KV head) merges the split
+  partials); the tutorial's previous step (split kernel + combine kernel, decode_attention_two_kernels) is timed
+  beside it, and at B = 1 with caches up to 8k (SWEEP_CASES) the fused launcher with other split floors
+  (min_keys, the plan's fewest keys a split) so that the plan's choice is checked against its neighbours.
 Each case is checked once before it is timed, against SDPA (GQA: enable_gqa in the same dtype; decoding: float32, or
 the float64 reference with several tokens); a failed check is printed and its row marked.
 The last thing printed is the two tables.
@@ -50,6 +53,9 @@ DECODE_CACHES = (1024, 4096, 8192, 32768, 131072)
 DECODE_B = (1, 4, 8, 32)
 DECODE_QUICK = ((1, 1024), (1, 8192), (1, 131072), (8, 32768), (32, 8192))
 TARGET_OF_COPY = 0.80          # decoding, caches of 8k and more
+TWO_KERNELS = "two-kernel step (split + combine)"
+SWEEP_MIN_KEYS = (16, 32, 128)  # the plan's default is tutorial 09's DEC_MIN_KEYS (64)
+SWEEP_CASES = ((1, 1024), (1, 8192))
 DEVICE = "cuda"                # (tests/test_attention_inference.py runs both loops on the CPU with fake timings)
 FLASH_EXPANDED = "SDPA flash (K/V expanded beforehand)"
 SDPA_DEFAULT = "SDPA enable_gqa (PyTorch's choice)"
@@ -204,7 +210,7 @@ def gqa_rows(t, torch, quick, dtypes, methods_quick, shapes=None, ratios=None, o
     return rows
 
 
-def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None):
+def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None, steps=None):
     from as_called import time_as_called
 
     F = torch.nn.functional
@@ -228,7 +234,15 @@ def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None):
         ref = F.scaled_dot_product_attention(args[0].float(), args[1].float(), args[2].float(), enable_gqa=True,
                                              is_causal=False) if nq == 1 else t["decode_reference"](*args)
         err = (op(*args).float() - ref.float()).abs().max().item()
+        # our other launches: the two-kernel step, and the split-floor sweep (launchers, not the op: the op takes
+        # no min_keys); name -> function, checked like the op
+        ours = steps(B, L) if steps else {TWO_KERNELS: t["decode_attention_two_kernels"]} | {
+            f"ours, min_keys={mk}": (lambda *a, mk=mk: t["decode_attention"](*a, min_keys=mk))
+            for mk in SWEEP_MIN_KEYS if (B, L) in SWEEP_CASES}
+        ours_err = {name: attempt(f"{name} on B={B} cache={L}", lambda f=f: (f(*args).float() - ref.float()).abs()
+                                  .max().item()) for name, f in ours.items()}
         fns = {"ours": lambda *a: op(*a), "torch.compile grouped matmul": compiled}
+        fns |= {name: f for name, f in ours.items() if ours_err[name] is not None}
         for name, backend in backends:
             def run(q, kc, vc, sl, backend=backend):
                 with sdpa_kernel([backend]):
@@ -248,14 +262,24 @@ def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None):
             continue
         moved = 2 * B * Hkv * L * d * 2 + 2 * B * Hq * nq * d * 2
         of_copy = {m: moved / (ms[m]["ours"] * 1e-3) / 1e9 / copy_gbps for m in ms}
-        best = {m: min((b for b in ms[m] if b != "ours"), key=lambda b: ms[m][b]) for m in ms}
+        best = {m: min((b for b in ms[m] if b != "ours" and b not in ours), key=lambda b: ms[m][b]) for m in ms}
+        failed = [f"{name} FAILED (max error {e:.2e})" for name, e in ours_err.items() if e is not None and e >= 3e-2]
         row = {"label": label, "B": B, "L": L, "check": "passed" if err < 3e-2 else f"FAILED (max error {err:.2e})",
                "ms": ms, "of_copy": of_copy, "fastest_torch": best,
-               "vs_fastest": {m: ms[m][best[m]] / ms[m]["ours"] for m in ms}}
+               "vs_fastest": {m: ms[m][best[m]] / ms[m]["ours"] for m in ms},
+               "steps_check": failed,
+               # the fused op over the two-kernel step (> 1: the fused is faster), and each sweep point's share of copy
+               "vs_two_kernels": {m: ms[m][TWO_KERNELS] / ms[m]["ours"] for m in ms if TWO_KERNELS in ms[m]},
+               "sweep_of_copy": {name: moved / (ms["kernellab.bench"][name] * 1e-3) / 1e9 / copy_gbps
+                                 for name in ours if name != TWO_KERNELS and name in ms.get("kernellab.bench", {})}}
         rows.append(row)
         k = "kernellab.bench"
         log(f"{label:26s} {ms[k]['ours'] * 1e3:9.1f} us  {of_copy[k]:5.0%} of copy  {row['vs_fastest'][k]:.2f}x "
-            f"{best[k]} ({ms[k][best[k]] * 1e3:.1f} us)" + ("" if row["check"] == "passed" else "  " + row["check"]))
+            f"{best[k]} ({ms[k][best[k]] * 1e3:.1f} us)"
+            + (f"  {row['vs_two_kernels'][k]:.2f}x the two-kernel step ({ms[k][TWO_KERNELS] * 1e3:.1f} us)"
+               if k in row["vs_two_kernels"] else "")
+            + "".join(f"  [{n}: {v:.0%} of copy]" for n, v in row["sweep_of_copy"].items())
+            + ("" if row["check"] == "passed" else "  " + row["check"]) + "".join("  " + f for f in failed))
     return rows
 
 
@@ -296,19 +320,32 @@ def tables(gqa, dec, copy_gbps):
     if dec:
         out.append(f"\n| decode case (copy {copy_gbps / 1e3:.2f} TB/s) | check | "
                    + " | ".join(f"of copy, {m}" for m in METHODS) + " | "
-                   + " | ".join(f"vs fastest PyTorch, {m}" for m in METHODS) + " | fastest PyTorch (kernellab.bench) |")
-        out.append("|" + "---|" * (3 + 2 * len(METHODS)))
+                   + " | ".join(f"vs fastest PyTorch, {m}" for m in METHODS) + " | fastest PyTorch (kernellab.bench) | "
+                   + " | ".join(f"vs {TWO_KERNELS}, {m}" for m in METHODS) + " |")
+        out.append("|" + "---|" * (4 + 3 * len(METHODS)))
         for r in dec:
+            two = r.get("vs_two_kernels", {})
             out.append(f"| {r['label']} | {r['check']} | "
                        + " | ".join(f"{r['of_copy'][m]:.0%}" if m in r["of_copy"] else "-" for m in METHODS) + " | "
                        + " | ".join(f"{r['vs_fastest'][m]:.2f}x" if m in r["vs_fastest"] else "-" for m in METHODS)
-                       + f" | {r['fastest_torch'].get('kernellab.bench', '-')} |")
+                       + f" | {r['fastest_torch'].get('kernellab.bench', '-')} | "
+                       + " | ".join(f"{two[m]:.2f}x" if m in two else "-" for m in METHODS) + " |")
+        sweeps = [r for r in dec if r.get("sweep_of_copy")]
+        if sweeps:
+            out.append("\nsplit floor (kernellab.bench, share of copy; the op uses the plan's default min_keys): "
+                       + "; ".join(f"{r['label']}: default {r['of_copy']['kernellab.bench']:.0%}, "
+                                   + ", ".join(f"{n.split(', ')[1]} {v:.0%}" for n, v in r["sweep_of_copy"].items())
+                                   for r in sweeps))
         long = [r for r in dec if r["L"] >= 8192]
         if long:
             low = min(long, key=lambda r: r["of_copy"]["kernellab.bench"])
             out.append(f"\ndecode, caches >= 8k: lowest {low['of_copy']['kernellab.bench']:.0%} of copy "
                        f"({low['label']}, kernellab.bench; target {TARGET_OF_COPY:.0%}); lowest ratio to the fastest "
                        f"PyTorch path {min(min(r['vs_fastest'].values()) for r in dec):.2f}x (target 1.0x)")
+        two = [v for r in dec for v in r.get("vs_two_kernels", {}).values()]
+        if two:
+            out.append(f"decode, the one-launch op over the two-kernel step (every case and method): "
+                       f"{min(two):.2f}x to {max(two):.2f}x")
     return "\n".join(out)
 
 
@@ -356,6 +393,7 @@ def main(argv=None) -> int:
     log(f"\n{time.time() - t0:.0f} s in all\n")
     log(text)
     failed = [r["label"] for r in gqa + dec if r["check"] != "passed"]
+    failed += [f"{r['label']} ({x})" for r in dec for x in r.get("steps_check", [])]
     failed += [f"{r['label']} ({step})" for r in gqa for step, x in r.get("steps", {}).items()
                if x["check"] != "passed"]
     if failed:

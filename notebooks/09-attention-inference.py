@@ -23,7 +23,7 @@
 # - **decoding**: one or a few query tokens against a KV cache of thousands of positions. There is almost no work per
 #   byte, so the kernel is a copy of the cache through the SMs, and the question is how to keep every SM busy when
 #   `B * Hkv` is small: split the keys (**flash-decoding**), let each split write a partial `(o, lse)`, and merge the
-#   partials in a second kernel;
+#   partials, first in a second kernel, then in one launch whose last block to finish does the merge;
 # - how each is checked (awkward lengths, a batch of different cache lengths, empty caches, both dtypes, head dims 64
 #   and 128) against a float64 reference and SDPA, and timed against SDPA and the fastest PyTorch code for the same op,
 #   decoding as a fraction of the copy bandwidth kernellab measures.
@@ -721,10 +721,14 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
             }
         }
         const size_t R = (size_t)bh * rows + r0 + r;
+        if (FUSED && gridDim.x == 1) {          // the only block of its (sequence, KV head, group): this is the output
+            out[R * D + c] = from_float<T>(wsum > 0.f ? acc / wsum : 0.f);
+            continue;
+        }
         o_part[(R * gridDim.x + blockIdx.x) * D + c] = wsum > 0.f ? acc / wsum : 0.f;
         if (c == 0) lse_part[R * gridDim.x + blockIdx.x] = wsum > 0.f ? mx + log2f(wsum) : -CUDART_INF_F;
     }
-    if (!FUSED) return;
+    if (!FUSED || gridDim.x == 1) return;
     // The combine, fused: every thread's partial writes are made visible device-wide (__threadfence) before the
     // block takes its ticket, so the block that draws the last one reads every block's partial.
     __shared__ int last_block[1];
@@ -866,10 +870,13 @@ decode_fused_f16_d128_m16(const __half* __restrict__ q, const __half* __restrict
 
 # %% [markdown]
 # The decode cards: `HMMA` for both products (a warp pads its `G nq` rows to 16, wasted tensor work that costs nothing
-# here), `LDGSTS` for the cache, no spills; the combine kernel is a few dozen registers of plain loads.
+# here), `LDGSTS` for the cache, no spills; the combine kernel is a few dozen registers of plain loads. The fused
+# kernels (`decode_fused_*`, the section "One launch" below) add a `MEMBAR.SC.GPU` (the `__threadfence`), one
+# `ATOMG.E.ADD` (the ticket) and the merge's `LDG.E.128.STRONG.GPU` (partials read through L2).
 
 # %%
-for name in ("decode_bf16_d64_m16", "decode_bf16_d64_m32", "decode_bf16_d128_m16", "combine_bf16_d128"):
+for name in ("decode_bf16_d64_m16", "decode_bf16_d64_m32", "decode_bf16_d128_m16", "combine_bf16_d128",
+             "decode_fused_bf16_d128_m16"):
     k = decode_kernels[name]
     print(f"{name:22s} {k.resources}")
     print(" " * 23, k.instruction_summary)
@@ -1015,6 +1022,12 @@ def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS, min_keys=DEC_MIN_KEYS):
     return DecodePlan(rows_per_warp, groups, block_n, splits, shared, per_sm)
 
 
+def _raw_stream(index):
+    """The current CUDA stream's handle on device `index` (torch's C call, as inductor's generated code uses)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 _DEC_COUNTERS = {}                                          # (device, stream) -> int32 zeros: the fused kernel's tickets
 
 
@@ -1023,7 +1036,7 @@ def decode_counters(device, n):
     per (device, stream) and reused by every call, since the kernel's last block of each triple resets its counter
     to 0 (calls on one stream run in order; another stream gets its own). Inside a CUDA graph's capture a missing or
     too small buffer is made (and zeroed) in the graph, not kept."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    key = (device, _raw_stream(device.index) if device.type == "cuda" else 0)
     counters = _DEC_COUNTERS.get(key)
     if counters is None or counters.numel() < n:
         counters = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
@@ -1158,6 +1171,59 @@ for B, Hkv, G, nq, Nmax, d in ((1, 8, 4, 1, 131072, 128), (1, 8, 4, 1, 1024, 128
     print(f"B={B:2d} Hkv={Hkv} G={G:2d} nq={nq} Nmax={Nmax:6d} d={d:3d}: {p.splits:3d} splits x {p.row_groups} row "
           f"group(s) of {p.rows_per_warp} rows, {blocks:4d} blocks ({blocks / (SMS * p.blocks_per_sm):.2f} waves of "
           f"{p.blocks_per_sm} a SM), {p.shared_bytes // 1024} KiB shared")
+
+# %% [markdown]
+# ### One launch: the combine in the last block
+#
+# Measured on an H100 (benchmarks/NOTES-attention-inference.md), the two-kernel step reaches 90-97 % of the copy
+# bandwidth on caches of 32 MB and more, but at `B = 1` with an 8k cache only 37 % (30 µs as called, where the split
+# kernel takes 9.8 µs and the combine 5.5 µs in the profiler): with so little to read, the second launch, its ramp and
+# the gap between the two kernels are half the time. cuDNN's split-KV path has the same two kernels, 8.8 + 2.8 µs.
+#
+# The combine does not need a kernel of its own. Each block, after writing its partial, makes its writes visible to
+# the whole GPU (`__threadfence`) and takes a **ticket**: `atomicAdd` on one counter per (sequence, KV head, row
+# group). The block that draws the last ticket (`gridDim.x - 1`) knows every other block of its triple has written its
+# partial, so it merges them: one weight per partial into shared memory (a warp a row: `M = max lse`, `2^(lse - M)`,
+# their sum), then each thread a `float4` of a row's columns, 8 partials in flight at a time, read with `ld.global.cg`
+# (through L2, where the other SMs' writes are). It also sets the counter back to 0, so the next call finds zeros
+# without a `memset` launch: the launcher makes the counters once per device and stream (`decode_counters`). Where a
+# triple has a single block (`B Hkv` fills the wave by itself) that block writes the output directly, no ticket.
+# This is tutorial 03's single-pass reduction (the last block finishes the sum) applied to the softmax merge.
+#
+# The plan (`decode_plan`) is unchanged: as many blocks as one wave holds (two per SM at `d = 128`: 80 KB of shared
+# memory each), shared by the `B Hkv` triples, at least `DEC_MIN_KEYS = 64` keys a warp; at `B = 1`, 8k that is 32
+# blocks a head, 256 in all for 264 places. It is cached per shape, and the two partial buffers are one allocation.
+#
+# **Predictions** (H100, `B = 1`, `Hq = 32`, `Hkv = 8`, `d = 128`, kernellab.bench): the split kernel's 9.8-11 µs,
+# plus a tail of about 1.5 µs (the last block's fence, ticket and a 64 KB merge from L2), no second launch: about
+# 13 µs at 8k, **80-85 % of copy** (from 37 %), about 2.3x the two-kernel step, >= 1.0x cuDNN (its two kernels and the
+# gap between them). At 128k the gain is the combine's 5.9 µs less the tail, 2-3 %. At 1k (4 MB, 16 warps a head, 32
+# blocks on 132 SMs) the launch still dominates: about 6 µs, 25 % of copy, 2x the two-kernel step. Back to back
+# (`sustained`) the call is host-bound: one launch and one allocation fewer and the plan a lookup should take about
+# 40 % off the 115 µs measured at 8k.
+
+# %%
+# %%gpu
+def decode_vs_two_kernels(B, L, Hq=32, Hkv=8, d=128):
+    """kernellab.bench of the one-launch decode against the two-kernel step, all caches full."""
+    def inputs(g):
+        q = torch.randn(B, Hq, 1, d, generator=g).to(torch.bfloat16).cuda()
+        kc, vc = (torch.randn(B, Hkv, L, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+        return q, kc, vc, torch.full((B,), L, dtype=torch.int32, device="cuda")
+    return kernellab.bench(decode_attention, inputs, baselines={"two-kernel step": decode_attention_two_kernels},
+                           bytes=lambda *a: decode_counts(B, Hq, Hkv, 1, L, d)[1], name="decode_attention (one launch)")
+
+
+from kernellab.run.measure.ceilings import device_ceilings
+
+copy_gbps = device_ceilings().dram_gbps
+for B, L in ((1, 1024), (1, 8192), (1, 131072), (32, 8192)):
+    r = decode_vs_two_kernels(B, L)
+    moved = decode_counts(B, 32, 8, 1, L, 128)[1]
+    two = r.baselines[0]
+    print(f"B={B:2d} cache {L:6d}: one launch {r.median_ms * 1e3:7.1f} us ({moved / r.median_ms / 1e6 / copy_gbps:4.0%} "
+          f"of copy), two kernels {two.median_ms * 1e3:7.1f} us ({moved / two.median_ms / 1e6 / copy_gbps:4.0%}): "
+          f"{r.speedups[0].ratio:.2f}x")
 
 # %% [markdown]
 # ## Check on awkward shapes
@@ -1372,6 +1438,9 @@ kernellab.grade("09-gqa-scores", gqa_scores)
 #   at the price of a little more shared memory; that merge cuts the partial bytes by four.
 # - **Variable lengths without a host sync.** The split count comes from `Nmax`, each sequence divides its own length
 #   inside the kernel; empty caches and tokens that see no key give zeros by definition, rows SDPA leaves NaN.
-# - **What is left.** A split count tuned on the measured wave (the current one assumes one block per SM), the combine
-#   folded into the last split to finish (one launch, as tutorial 03's single-pass sum does), a paged KV cache (a block
-#   table per sequence), and the cache in fp8 (half the bytes: twice the speed of a memory-bound step).
+# - **One launch.** The merge needs every split's partial, which is a reason for a second kernel only until the
+#   blocks can tell which of them finishes last: a fence, an atomic ticket and a counter that the last block resets
+#   make the combine the tail of the split kernel, and small caches stop paying for a launch and its ramp.
+# - **What is left.** The split floor (`DEC_MIN_KEYS`) tuned on the measured sweep in
+#   `benchmarks/attention_inference.py`, a paged KV cache (a block table per sequence), and the cache in fp8 (half the
+#   bytes: twice the speed of a memory-bound step).

@@ -355,6 +355,12 @@ def test_the_benchmarks_tables_name_the_targets():
     assert (f"{names[0]} 1.10x; {names[1]} 0.90x; {names[2]} 0.80x (target 1.0x against {names[0]})" in text)
     assert f"2/2 against {names[0]}; 0/2 against {names[1]}; 0/1 against {names[2]}" in text
     assert "lowest 75% of copy (B=1 cache=8192 nq=1, kernellab.bench; target 80%)" in text
+    assert "over the two-kernel step" not in text and "split floor" not in text
+    dec[0].update(vs_two_kernels={m: 2.5 for m in METHODS}, sweep_of_copy={"ours, min_keys=32": 0.81})
+    dtext = bench.tables([], dec, 3000.0)
+    assert dtext.splitlines()[3].endswith(" | SDPA flash | " + " | ".join(["2.50x"] * len(METHODS)) + " |")
+    assert "the one-launch op over the two-kernel step (every case and method): 2.50x to 2.50x" in dtext
+    assert "B=1 cache=8192 nq=1: default 75%, min_keys=32 81%" in dtext
     assert "the op picks" not in text and "wgmma / mma.sync" not in text          # no step timings, no step table
     gqa[0].update(op_picks="wgmma", steps={bench.MMA: {"check": "passed", "tflops": 300.0},
                                            bench.WGMMA: {"check": "passed", "tflops": 450.0}},
@@ -424,9 +430,15 @@ def test_the_benchmarks_decode_loop_calls_every_function_as_it_times_it(monkeypa
     monkeypatch.setattr(as_called, "time_as_called", fake_time)
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
-    rows = bench.decode_rows(t09, torch, True, 3000.0, 1, cases=[(2, 40)], op=t09["decode_torch"])
-    assert len(rows) == 1 and rows[0]["check"] == "passed", rows
+    steps = lambda B, L: {bench.TWO_KERNELS: t09["decode_torch"],                       # noqa: E731
+                          "ours, min_keys=16": lambda *a: t09["decode_torch"](*a)}
+    rows = bench.decode_rows(t09, torch, True, 3000.0, 1, cases=[(2, 40)], op=t09["decode_torch"], steps=steps)
+    assert len(rows) == 1 and rows[0]["check"] == "passed" and rows[0]["steps_check"] == [], rows
     assert timed[0][:2] == ["ours", "torch.compile grouped matmul"] and "SDPA math" in timed[0]
+    assert {bench.TWO_KERNELS, "ours, min_keys=16"} <= set(timed[0])
+    # our own launches are neither the fastest PyTorch path nor missing from the row
+    assert rows[0]["fastest_torch"]["kernellab.bench"] not in (bench.TWO_KERNELS, "ours, min_keys=16")
+    assert set(rows[0]["vs_two_kernels"]) == set(METHODS) and set(rows[0]["sweep_of_copy"]) == {"ours, min_keys=16"}
     captured = capsys.readouterr()
     out = captured.out
     assert "Traceback" not in captured.err, captured.err[-2000:]

@@ -2,8 +2,10 @@
 `%%cuda` and `# launchers` cells (notebooks/09-attention-inference.py, compiled as the magic compiles them), against
 attention in float64 and SDPA (enable_gqa=True) in the same dtype, on awkward shapes: N = 1, 63, 65, 1000, 1031,
 4097; GQA ratios 1, 4, 8 and MQA; bf16 and fp16; d = 64 and 128; causal and not; decode batches of different cache
-lengths (0, 1, partial tiles, long), 1 and several query tokens. The bar: our error at most twice SDPA's own plus
-one rounding of the output in the dtype; rows that see no key are zeros (SDPA leaves them NaN)."""
+lengths (0, 1, partial tiles, long), 1 and several query tokens; decoding in one launch (the last block merges the
+partials) against its two-kernel step, across split counts, repeated calls, two streams and a CUDA graph. The bar:
+our error at most twice SDPA's own plus one rounding of the output in the dtype; rows that see no key are zeros (SDPA
+leaves them NaN)."""
 import pytest
 
 from notebook_cells import load_tutorial
@@ -168,3 +170,106 @@ def test_the_ops_compile_and_capture(t09):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, t09["decode_attention"](qd, kc, vc, sl))
+
+
+# --- flash-decoding in one launch (decode_attention: the combine in the last block) against the two-kernel step ----
+
+def decode_inputs(B, Hq, Hkv, nq, Nmax, d, seed, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, nq, d, generator=g).to(dtype).cuda()
+    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype).cuda() for _ in range(2))
+    return q, kc, vc
+
+
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_two_kernel_step_matches_sdpa_and_the_fused_kernel(t09, dname, d):
+    """decode_attention_two_kernels (split kernel + combine kernel) on the awkward batch, and the one-launch op
+    against it: the same merge formula in another order, so within a rounding of the output."""
+    lens = (0, 1, 31, 33, 63, 65, 1000, 1031, 4097, 20000)
+    q, kc, vc = decode_inputs(len(lens), 32, 8, 4, max(lens) + 5, d, seed=7, dtype=DTYPES[dname])
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    two = t09["decode_attention_two_kernels"](q, kc, vc, sl).double()
+    fused = t09["decode_attention"](q, kc, vc, sl).double()
+    mask = t09["decode_mask"](sl, 4, kc.shape[2])
+    seen = mask.any(-1, keepdim=True).expand_as(ref)
+    sd = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True).double()
+    theirs = (sd - ref)[seen].abs().max().item()
+    assert within((two - ref).abs().max().item(), theirs, dname)
+    assert (fused - two).abs().max().item() <= ROUNDING[dname], (fused - two).abs().max().item()
+
+
+@pytest.mark.parametrize("min_keys", [16, 32, 64, 128])
+@pytest.mark.parametrize("L", [8192, 8191, 33000])
+def test_the_fused_decode_for_split_counts_the_benchmark_sweeps(t09, min_keys, L):
+    """B = 1 and one different-length batch with each min_keys the benchmark times: every plan merges right (from
+    1 to a wave's worth of block partials per head)."""
+    for lens in ((L,), (L, 1, 0, L // 3)):
+        q, kc, vc = decode_inputs(len(lens), 32, 8, 1, L, 128, seed=L + min_keys)
+        sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        ref = t09["decode_reference"](q, kc, vc, sl)
+        out = t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys).double()
+        sd = F.scaled_dot_product_attention(q, kc, vc, attn_mask=t09["decode_mask"](sl, 1, L), enable_gqa=True)
+        seen = t09["decode_mask"](sl, 1, L).any(-1, keepdim=True).expand_as(ref)
+        theirs = (sd.double() - ref)[seen].abs().max().item()
+        assert within((out - ref).abs().max().item(), theirs, "bf16"), (lens, min_keys)
+
+
+def test_the_fused_decode_is_deterministic_and_resets_its_counters(t09):
+    """Which block draws the last ticket changes from call to call, the merge order does not: 300 calls give the
+    same bits (a block merging before every partial is written would not). After them every counter is 0 again, and
+    a call with another plan in between (other counters in use) changes nothing."""
+    q, kc, vc = decode_inputs(2, 32, 8, 1, 40000, 128, seed=21)
+    sl = torch.tensor([40000, 17001], dtype=torch.int32, device="cuda")
+    first = t09["decode_attention"](q, kc, vc, sl)
+    plan = t09["decode_plan"](2, 8, 4, 1, 40000, 128, t09["SMS"], t09["DEC_MIN_KEYS"])
+    assert plan.splits // 4 > 1, plan                                        # the ticket path, not one block a head
+    q2, kc2, vc2 = decode_inputs(5, 16, 2, 2, 3000, 64, seed=22)
+    sl2 = torch.tensor([3000, 2999, 5, 0, 1500], dtype=torch.int32, device="cuda")
+    other = t09["decode_attention"](q2, kc2, vc2, sl2)
+    differ = 0
+    for i in range(300):
+        differ += not torch.equal(t09["decode_attention"](q, kc, vc, sl), first)
+        if i == 150:
+            assert torch.equal(t09["decode_attention"](q2, kc2, vc2, sl2), other)
+    torch.cuda.synchronize()
+    assert differ == 0, f"{differ} of 300 calls differ from the first"
+    assert all(int(c.abs().sum()) == 0 for c in t09["_DEC_COUNTERS"].values())
+
+
+def test_the_fused_decode_on_two_streams_at_once(t09):
+    """Calls queued on two streams run concurrently; each stream has its own counters, so both are right."""
+    q, kc, vc = decode_inputs(1, 32, 8, 1, 65536, 128, seed=23)
+    sl = torch.tensor([65536], dtype=torch.int32, device="cuda")
+    want = t09["decode_attention"](q, kc, vc, sl)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for _ in range(20):
+        for s in streams:
+            with torch.cuda.stream(s):
+                outs.append(t09["decode_attention"](q, kc, vc, sl))
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, want) for o in outs)
+
+
+def test_the_fused_decode_captured_without_a_warm_up(t09):
+    """Captured on a stream that never ran it (the kernel loaded by a call on the default stream): the counters are
+    made (zeroed) inside the graph, so every replay starts from zeros; replays follow new lengths."""
+    q, kc, vc = decode_inputs(3, 32, 8, 1, 9000, 128, seed=24)
+    sl = torch.tensor([9000, 4000, 1], dtype=torch.int32, device="cuda")
+    t09["decode_attention"](q, kc, vc, sl)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            captured = t09["decode_attention"](q, kc, vc, sl)
+    torch.cuda.current_stream().wait_stream(stream)
+    for lens in ((9000, 4000, 1), (100, 8999, 0), (9000, 4000, 1)):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, t09["decode_attention"](q, kc, vc, sl)), lens
