@@ -596,6 +596,11 @@ __device__ __forceinline__ void merge_block_partials(const float* __restrict__ o
     }
 }
 
+// lse_part in a work buffer that starts with o_part: [gridDim.y * rows, gridDim.x, D] floats.
+__device__ __forceinline__ float* lse_of(float* work, int D, int rows) {
+    return work + (size_t)gridDim.y * rows * gridDim.x * D;
+}
+
 // FUSED: after writing its partial, each block takes a ticket from counters[(b Hkv + h) row_groups + z]; the block
 // that draws the last (gridDim.x - 1) merges the gridDim.x partials of its rows into out and resets the counter to 0
 // for the next call (so no memset launch; the counters start at 0 once, when the launcher allocates them).
@@ -831,41 +836,36 @@ combine_f16_d128(const float* __restrict__ o_part, const float* __restrict__ lse
 }
 
 // The fused kernels: the same split, the combine done by the last block of each (sequence, KV head, row group).
+// work: one fp32 buffer, the block partials o_part [B Hq nq, gridDim.x, D] then lse_part [B Hq nq, gridDim.x].
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_fused_bf16_d64_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int* __restrict__ counters,
-                      int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 32, 1, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+                      float* __restrict__ work, __nv_bfloat16* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__nv_bfloat16, 64, 32, 1, true>(q, k, v, seqlens, work, dec::lse_of(work, 64, g * nq), out, counters, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_fused_bf16_d64_m32(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int* __restrict__ counters,
-                      int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 32, 2, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+                      float* __restrict__ work, __nv_bfloat16* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__nv_bfloat16, 64, 32, 2, true>(q, k, v, seqlens, work, dec::lse_of(work, 64, g * nq), out, counters, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_fused_bf16_d128_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int* __restrict__ counters,
-                      int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 128, 16, 1, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+                      float* __restrict__ work, __nv_bfloat16* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__nv_bfloat16, 128, 16, 1, true>(q, k, v, seqlens, work, dec::lse_of(work, 128, g * nq), out, counters, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_fused_f16_d64_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, __half* __restrict__ out, int* __restrict__ counters,
-                      int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 32, 1, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+                      float* __restrict__ work, __half* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__half, 64, 32, 1, true>(q, k, v, seqlens, work, dec::lse_of(work, 64, g * nq), out, counters, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_fused_f16_d64_m32(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, __half* __restrict__ out, int* __restrict__ counters,
-                      int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 32, 2, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+                      float* __restrict__ work, __half* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__half, 64, 32, 2, true>(q, k, v, seqlens, work, dec::lse_of(work, 64, g * nq), out, counters, hkv, g, nq, nmax, scale);
 }
 extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
 decode_fused_f16_d128_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, __half* __restrict__ out, int* __restrict__ counters,
-                      int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 128, 16, 1, true>(q, k, v, seqlens, o_part, lse_part, out, counters, hkv, g, nq, nmax, scale);
+                      float* __restrict__ work, __half* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
+    dec::decode_split<__half, 128, 16, 1, true>(q, k, v, seqlens, work, dec::lse_of(work, 128, g * nq), out, counters, hkv, g, nq, nmax, scale);
 }
 
 # %% [markdown]
@@ -1069,11 +1069,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS):
     plan = decode_plan(B, Hkv, G, nq, Nmax, d, SMS, min_keys)
     rows, parts = B * Hq * nq, plan.splits // DEC_WARPS           # one partial per block: its warps merged
     work = torch.empty(rows * parts * (d + 1), dtype=torch.float32, device=q.device)     # o_part, then lse_part
-    o_part, lse_part = work[:rows * parts * d], work[rows * parts * d:]
     counters = decode_counters(q.device, B * Hkv * plan.row_groups)
     name = f"decode_fused_{DTYPE_NAMES[q.dtype]}_d{d}_m{plan.rows_per_warp}"
     decode_kernels[name][plan.grid(B, Hkv), 32 * DEC_WARPS, plan.shared_bytes](
-        q, k_cache, v_cache, cache_seqlens, o_part, lse_part, out, counters, Hkv, G, nq, Nmax, d ** -0.5)
+        q, k_cache, v_cache, cache_seqlens, work, out, counters, Hkv, G, nq, Nmax, d ** -0.5)
     return out
 
 

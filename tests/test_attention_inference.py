@@ -76,8 +76,8 @@ def test_the_decode_kernels_compile_without_spills(modules):
                                                   "nmax", "scale"]
         if name.startswith("decode_fused_"):
             # the same split; then a fence, the ticket (one atomic add on the counter) and the last block's merge
-            assert [p.name for p in k.params] == ["q", "k", "v", "seqlens", "o_part", "lse_part", "out", "counters",
-                                                  "hkv", "g", "nq", "nmax", "scale"]
+            assert [p.name for p in k.params] == ["q", "k", "v", "seqlens", "work", "out", "counters", "hkv", "g",
+                                                  "nq", "nmax", "scale"]
             assert "MEMBAR.SC.GPU" in k.sass and k.sass.count("ATOMG.E.ADD") == 1, name
             assert "LDG.E.128.STRONG.GPU" in k.sass, name         # the partials as float4 through L2 (ld.global.cg)
 

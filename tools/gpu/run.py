@@ -92,7 +92,8 @@ SUITES: dict[str, Suite] = {
             "test_attention_steps_gpu.py", "test_recorded_gpu.py")), needs_kernel=True),
     "tests-attention-inference": Suite(
         "tutorial 09's grouped-query attention and flash-decoding kernels against float64 and SDPA (enable_gqa) on "
-        "awkward lengths, GQA ratios, batches of different cache lengths, both dtypes; the ops compiled and in a "
+        "awkward lengths, GQA ratios, batches of different cache lengths, both dtypes; the one-launch decode against "
+        "its two-kernel step, across split floors, 300 repeated calls, two streams; the ops compiled and in a "
         "CUDA graph", 300,
         tests=(GPU_TESTS + "test_attention_inference_gpu.py",)),
     "tests-attention-dispatch": Suite(
@@ -132,8 +133,9 @@ SUITES: dict[str, Suite] = {
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),
     "bench-attention-inference": Suite(
         "benchmarks/attention_inference.py --quick: tutorial 09's GQA op and its two kernels (mma.sync, wgmma) "
-        "against SDPA flash on K/V expanded beforehand, enable_gqa (cuDNN) and cudnn; decoding as a share of copy "
-        "and against the fastest PyTorch path; timed as called", 300,
+        "against SDPA flash on K/V expanded beforehand, enable_gqa (cuDNN) and cudnn; decoding (one launch) as a "
+        "share of copy, against the fastest PyTorch path and the two-kernel step, a split-floor sweep at B = 1; "
+        "timed as called", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--quick", "--out", "{out}"),), takes_args=True),
     "bench-attention-grid": Suite(
         "benchmarks/attention.py --grid --quick: the entry point against each of its steps and SDPA FLASH/CUDNN on "
