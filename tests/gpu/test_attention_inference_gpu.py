@@ -185,7 +185,8 @@ def decode_inputs(B, Hq, Hkv, nq, Nmax, d, seed, dtype=torch.bfloat16):
 @pytest.mark.parametrize("d", [64, 128])
 def test_the_two_kernel_step_matches_sdpa_and_the_fused_kernel(t09, dname, d):
     """decode_attention_two_kernels (split kernel + combine kernel) on the awkward batch, and the one-launch op
-    against it: the same merge formula in another order, so within a rounding of the output."""
+    against it: the same partials merged by the same formula in another order, so at most one unit in the last place
+    of the output apart."""
     lens = (0, 1, 31, 33, 63, 65, 1000, 1031, 4097, 20000)
     q, kc, vc = decode_inputs(len(lens), 32, 8, 4, max(lens) + 5, d, seed=7, dtype=DTYPES[dname])
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
@@ -197,7 +198,8 @@ def test_the_two_kernel_step_matches_sdpa_and_the_fused_kernel(t09, dname, d):
     sd = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True).double()
     theirs = (sd - ref)[seen].abs().max().item()
     assert within((two - ref).abs().max().item(), theirs, dname)
-    assert (fused - two).abs().max().item() <= ROUNDING[dname], (fused - two).abs().max().item()
+    ulp = torch.finfo(DTYPES[dname]).eps * two.abs().clamp(min=1.0)           # one unit in the last place, or more
+    assert ((fused - two).abs() <= 1.01 * ulp).all(), (fused - two).abs().max().item()
 
 
 @pytest.mark.parametrize("min_keys", [16, 32, 64, 128])
