@@ -273,7 +273,9 @@ def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None, steps=None)
                # the fused op over the two-kernel step (> 1: the fused is faster), and each sweep point's share of copy
                "vs_two_kernels": {m: ms[m][TWO_KERNELS] / ms[m]["ours"] for m in ms if TWO_KERNELS in ms[m]},
                "sweep_of_copy": {name: moved / (ms["kernellab.bench"][name] * 1e-3) / 1e9 / copy_gbps
-                                 for name in ours if name != TWO_KERNELS and name in ms.get("kernellab.bench", {})}}
+                                 for name in ours if name != TWO_KERNELS and name in ms.get("kernellab.bench", {})},
+               # host µs per call (as_called's host_ms, where measured): what sustained times once the host is slower
+               "host_us": {n: v * 1e3 for n, v in (getattr(ms, "host_ms", None) or {}).items()}}
         rows.append(row)
         k = "kernellab.bench"
         log(f"{label:26s} {ms[k]['ours'] * 1e3:9.1f} us  {of_copy[k]:5.0%} of copy  {row['vs_fastest'][k]:.2f}x "
@@ -281,6 +283,8 @@ def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None, steps=None)
             + (f"  {row['vs_two_kernels'][k]:.2f}x the two-kernel step ({ms[k][TWO_KERNELS] * 1e3:.1f} us)"
                if k in row["vs_two_kernels"] else "")
             + "".join(f"  [{n}: {v:.0%} of copy]" for n, v in row["sweep_of_copy"].items())
+            + ("  host per call: " + ", ".join(f"{n} {v:.1f} us" for n, v in row["host_us"].items()
+                                               if n in ("ours", TWO_KERNELS, best[k])) if row["host_us"] else "")
             + ("" if row["check"] == "passed" else "  " + row["check"]) + "".join("  " + f for f in failed))
     return rows
 

@@ -425,7 +425,8 @@ def test_the_benchmarks_decode_loop_calls_every_function_as_it_times_it(monkeypa
         for name, fn in fns.items():
             assert fn(*args).shape == args[0].shape, name
         timed.append(list(fns))
-        return {m: {n: 1.0 + 0.1 * i for i, n in enumerate(fns)} for m in METHODS}
+        return as_called.Timings({m: {n: 1.0 + 0.1 * i for i, n in enumerate(fns)} for m in METHODS},
+                                 host_ms={n: 0.01 * (i + 1) for i, n in enumerate(fns)})
 
     monkeypatch.setattr(as_called, "time_as_called", fake_time)
     monkeypatch.setattr(bench, "DEVICE", "cpu")
@@ -439,6 +440,7 @@ def test_the_benchmarks_decode_loop_calls_every_function_as_it_times_it(monkeypa
     # our own launches are neither the fastest PyTorch path nor missing from the row
     assert rows[0]["fastest_torch"]["kernellab.bench"] not in (bench.TWO_KERNELS, "ours, min_keys=16")
     assert set(rows[0]["vs_two_kernels"]) == set(METHODS) and set(rows[0]["sweep_of_copy"]) == {"ours, min_keys=16"}
+    assert rows[0]["host_us"]["ours"] == pytest.approx(10.0)            # as_called's host ms a call, in µs
     captured = capsys.readouterr()
     out = captured.out
     assert "Traceback" not in captured.err, captured.err[-2000:]
