@@ -37,6 +37,12 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], unsigned long long 
 template <int kN, typename T>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const unsigned (&a)[4], unsigned long long desc_b);
 
+// d (64 x N) = A B + scale_d * d: A (64 x 16, K-major) from shared memory, B from shared memory MN-major
+// (transposed: a [16 k][N] tile read as B, as wgmma_rs_tb reads it). The attention backward's dQ = dS K.
+template <int kN, typename T>
+__device__ __forceinline__ void wgmma_ss_tb(float (&d)[kN / 2], unsigned long long desc_a, unsigned long long desc_b,
+                                            int scale_d);
+
 // One specialisation per shape and type: the PTX spells both (m64nNk16, .bf16 / .f16) in the instruction's name.
 // NREG = N / 2 accumulators; A, B, S: the operand numbers of desc_a, desc_b and scale_d (after the accumulators).
 #ifdef __CUDA_ARCH__
@@ -44,6 +50,11 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const unsigned (
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                                                   \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " {" KL_WG_REGS_##NREG "}, "      \
                  "%" #A ", %" #B ", p, 1, 1, 0, 0;\n}\n"                                                              \
+                 : KL_WG_D_##NREG(d) : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define KL_WGMMA_SS_TB_BODY(N, NREG, PTX_T, A, B, S)                                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                                                   \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " {" KL_WG_REGS_##NREG "}, "      \
+                 "%" #A ", %" #B ", p, 1, 1, 0, 1;\n}\n"                                                              \
                  : KL_WG_D_##NREG(d) : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 #define KL_WGMMA_RS_BODY(N, NREG, PTX_T, A0, A1, A2, A3, B)                                                          \
     asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"                                                         \
@@ -53,12 +64,19 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const unsigned (
 #else
 #define KL_WGMMA_SS_BODY(N, NREG, PTX_T, A, B, S) kl_emu::wgmma_ss<N, T>(d, desc_a, desc_b, scale_d)
 #define KL_WGMMA_RS_BODY(N, NREG, PTX_T, A0, A1, A2, A3, B) kl_emu::wgmma_rs_tb<N, T>(d, a, desc_b)
+#define KL_WGMMA_SS_TB_BODY(N, NREG, PTX_T, A, B, S) kl_emu::wgmma_ss_tb<N, T>(d, desc_a, desc_b, scale_d)
 #endif
 #define KL_WGMMA_SS(N, NREG, CTYPE, PTX_T, A, B, S)                                                                  \
     template <> __device__ __forceinline__ void wgmma_ss<N, CTYPE>(                                                  \
         float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b, int scale_d) {                     \
         using T = CTYPE;                                                                                             \
         KL_WGMMA_SS_BODY(N, NREG, PTX_T, A, B, S);                                                                  \
+    }
+#define KL_WGMMA_SS_TB(N, NREG, CTYPE, PTX_T, A, B, S)                                                               \
+    template <> __device__ __forceinline__ void wgmma_ss_tb<N, CTYPE>(                                               \
+        float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b, int scale_d) {                     \
+        using T = CTYPE;                                                                                             \
+        KL_WGMMA_SS_TB_BODY(N, NREG, PTX_T, A, B, S);                                                               \
     }
 #define KL_WGMMA_RS(N, NREG, CTYPE, PTX_T, A0, A1, A2, A3, B)                                                        \
     template <> __device__ __forceinline__ void wgmma_rs_tb<N, CTYPE>(                                               \
@@ -72,6 +90,10 @@ KL_WGMMA_SS(128, 64, __nv_bfloat16, "bf16", 64, 65, 66)
 KL_WGMMA_SS(128, 64, __half, "f16", 64, 65, 66)
 KL_WGMMA_SS(256, 128, __nv_bfloat16, "bf16", 128, 129, 130)
 KL_WGMMA_SS(256, 128, __half, "f16", 128, 129, 130)
+KL_WGMMA_SS_TB(64, 32, __nv_bfloat16, "bf16", 32, 33, 34)
+KL_WGMMA_SS_TB(64, 32, __half, "f16", 32, 33, 34)
+KL_WGMMA_SS_TB(128, 64, __nv_bfloat16, "bf16", 64, 65, 66)
+KL_WGMMA_SS_TB(128, 64, __half, "f16", 64, 65, 66)
 KL_WGMMA_RS(64, 32, __nv_bfloat16, "bf16", 32, 33, 34, 35, 36)
 KL_WGMMA_RS(64, 32, __half, "f16", 32, 33, 34, 35, 36)
 KL_WGMMA_RS(128, 64, __nv_bfloat16, "bf16", 64, 65, 66, 67, 68)

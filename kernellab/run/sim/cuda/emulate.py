@@ -653,7 +653,8 @@ def _function_name(head: str) -> str | None:
 # of these names is replaced by a using-declaration of the emulation.
 _KL_EMU = {"cp_async_4", "cp_async_16", "cp_async_commit", "cp_async_wait", "cp_async_wait_all", "ldmatrix_x1",
            "ldmatrix_x2", "ldmatrix_x4", "ldmatrix_x2_trans", "ldmatrix_x4_trans", "mma_16816", "wgmma_fence",
-           "wgmma_commit", "wgmma_wait", "wgmma_256", "wgmma_128", "wgmma_ss", "wgmma_rs_tb", "fence_acc"}
+           "wgmma_commit", "wgmma_wait", "wgmma_256", "wgmma_128", "wgmma_ss", "wgmma_ss_tb", "wgmma_rs_tb",
+           "fence_acc"}
 
 
 def _using(keep: list, start: int, end: int, name: str) -> None:

@@ -299,11 +299,13 @@ inline void run_pending_wgmma(int keep) {
         a.wg_groups.pop_front();
     }
 }
-template <class T> inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d) {
+// b_mn_major: B read MN-major (the transpose bit; wgmma_ss_tb).
+template <class T> inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d, bool b_mn_major = false) {
     warp_meet("wgmma.mma_async", true);
     AsyncState& a = async_state();
     if (!a.wg_fenced) fail("wgmma issued without wgmma.fence first");
     a.wg_open.push_back({d, n, da, db, scale_d != 0, std::is_same<T, __nv_bfloat16>::value, take_accumulators(d, n)});
+    a.wg_open.back().b_mn_major = b_mn_major;
 }
 // A from registers (mma.sync's A fragment per warp: a[0] row g cols 2t.., a[1] row g + 8, a[2] row g cols 2t + 8..,
 // a[3] row g + 8 cols 2t + 8..), B MN-major from shared memory. The warp's fragments are gathered at issue.
@@ -353,11 +355,15 @@ template <class T> inline void wgmma_256(float (&d)[128], uint64_t da, uint64_t 
 template <class T> inline void wgmma_128(float (&d)[64], uint64_t da, uint64_t db, T) {
     kl::wgmma_issue<T>(d, 128, da, db, 1);
 }
-// Tutorial 07's spellings: wgmma_ss<N, T> (both K-major from shared memory, scale_d = 0 starts from zero) and
-// wgmma_rs_tb<N, T> (A from registers, B MN-major).
+// Tutorial 07's spellings: wgmma_ss<N, T> (both K-major from shared memory, scale_d = 0 starts from zero),
+// wgmma_ss_tb<N, T> (the same with B MN-major: tutorial 08) and wgmma_rs_tb<N, T> (A from registers, B MN-major).
 template <int N, typename T>
 inline void wgmma_ss(float (&d)[N / 2], unsigned long long a, unsigned long long b, int scale_d) {
     kl::wgmma_issue<T>(d, N, a, b, scale_d);
+}
+template <int N, typename T>
+inline void wgmma_ss_tb(float (&d)[N / 2], unsigned long long a, unsigned long long b, int scale_d) {
+    kl::wgmma_issue<T>(d, N, a, b, scale_d, true);
 }
 template <int N, typename T> inline void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], unsigned long long b) {
     kl::wgmma_issue_rs<T>(d, N, a, b);
