@@ -1,4 +1,5 @@
-"""Attention backward: tutorial 08's kernels (dQ by atomics, dQ in a separate pass, the ladder's rungs) against SDPA's
+"""Attention backward: tutorial 08's kernels (dQ by atomics, dQ in a separate pass, the ladder's rungs, step 3's Hopper
+backward on wgmma + TMA as variant "hopper", d = 64) against SDPA's
 FLASH and CUDNN backward, checked and timed in one run.
 
 Method. Kernels and launchers come from notebooks/08-attention-backward.py (its named `%%cuda` cell and `# launchers`
@@ -15,6 +16,7 @@ sustained=True (benchmarks/as_called.py).
     python benchmarks/attention_backward.py              # everything
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
     python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
+    python benchmarks/attention_backward.py --quick --dims 64 --variants hopper,atomic_w8   # step 3 against step 2
 The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
 line to put in the notebook's BWD_OP_VARIANT.
 Logs go to --out (default $OUT or .) as attention_backward.json; the table is printed last.
@@ -132,6 +134,10 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown variants {unknown}; the notebook has {t08['VARIANTS']}")
     for v in variants:
+        if v == "hopper":                           # step 3 (d = 64; elsewhere it runs HOPPER_BWD_FALLBACK)
+            for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
+                print(f"{v:10s} {name:24s} {t08['attn_bwd_h'][name].resources}")
+            continue
         dkdv, dq, _ = t08["BWD_LADDER"][v]
         for name in (f"{dkdv}_bf16_d64", f"{dkdv}_bf16_d128") + ((f"{dq}_bf16_d64",) if dq else ()):
             print(f"{v:10s} {name:24s} {t08['attn_bwd'][name].resources}")
@@ -176,6 +182,8 @@ def main(argv=None):
         ratio = (lambda x, y: f"{x / y:9.2f}x" if x and y else f"{'-':>10s}")
         top = max((tf[n] for n in ours if n in tf), default=None)
         for v, n in zip(variants, ours):
+            if v == "hopper" and r["d"] not in t08["HOPPER_BWD_DIMS"]:
+                continue                            # there it is the fallback rung, timed under its own name
             if n in tf and fl:
                 best.setdefault((r["d"], r["causal"]), {}).setdefault(v, []).append(tf[n] / fl)
         print(f"{r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | {cells} | "

@@ -96,3 +96,24 @@ def test_step3_gradients_match_float64_in_the_emulator(BH, N, dtype, causal):
         assert np.isfinite(a).all(), f"{name}: rows left unwritten (NaN)"
         err, top = np.abs(a - w).max(), np.abs(w).max()
         assert err <= rel * max(top, 1e-3), f"{name}: max |error| {err:.3e}, max |reference| {top:.3e}"
+
+
+def test_the_launcher_joins_step2s_variants_and_the_op():
+    """The launcher cell: "hopper" is a variant of attention_backward (step 3 where hopper_backward_applies, the
+    atomic_w8 rung elsewhere), the op's choice at d = 64, its shared-memory plan is the kernel's, and it refuses the
+    head dims it has no kernel for."""
+    torch = pytest.importorskip("torch")
+    from notebook_cells import load_tutorial
+
+    t = load_tutorial("08-attention-backward.py", compile=lambda source: None)   # launchers only, no kernel runs
+    assert t["VARIANTS"][-1] == "hopper" and t["HOPPER_BWD_FALLBACK"] in t["BWD_LADDER"]
+    assert t["BWD_OP_HOPPER"] and {k: v for k, v in t["BWD_OP_VARIANT"].items() if v == "hopper"} == {
+        (64, False): "hopper", (64, True): "hopper"}
+    assert t["hbwd_smem_bytes"](64) == SMEM and SMEM <= 227 * 1024
+    assert (t["HBWD_WG"], t["HBWD_STAGES"], t["HBWD_THREADS"]) == (WG, STAGES, THREADS)
+    assert not t["hopper_backward_applies"](torch.empty(1, 1, 8, 64))              # a CPU tensor: the fallback
+    q = torch.empty(1, 1, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="atomic_w8"):
+        t["attention_backward_hopper"](q, q, q, q, torch.empty(1, 1, 8), q)
+    with pytest.raises(ValueError, match="variant"):                           # step 2's refusals stand
+        t["attention_backward"](q, q, q, q, torch.empty(1, 1, 8), q, False, "fast")
