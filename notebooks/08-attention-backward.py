@@ -2060,6 +2060,10 @@ for name, grads in (("kl_flash_attention", ours), ("  under torch.compile", comp
 # - **register reallocation** (`setmaxnreg`): the producer gives its registers to the consumers, whose `dK` and `dV`
 #   accumulators (`64 x d` per warpgroup) would otherwise cap the tile sizes as they do here.
 #
+# Step 3 above takes the first two (and `wgmma` reads `P^T` and `dS^T` from registers for `dV` and `dK`, so only
+# `dQ = dS K` reads `dS` from shared memory); `dQ` still leaves by vector reductions from registers, and there is no
+# `setmaxnreg` (so `__maxnreg__(224)` and one block an SM) and no head dim 128 yet. Those are its next rungs.
+#
 # The measurements of step 2 on an H100 (the benchmark's table, `benchmarks/attention_backward.py`) say which of these
 # matters first: if variant (a) is within a few percent of variant (b), the atomics are not the bottleneck and the
 # tensor pipe's feed is; the profile's tensor-pipe utilisation against tutorial 07's 61 % says by how much.
