@@ -1578,10 +1578,16 @@ kernellab.roofline([r for r in step2.values()])
 #   exponentials of `P^T` run while `dP^T` is still on the tensor cores); `dV += P^T dO` and `dK += dS^T Q` with
 #   `P^T` and `dS^T` as A operands straight from registers (the accumulator layout is the A fragment layout, as `P`
 #   in 07's forward) and `dO`, `Q` read transposed by the descriptor (MN-major B, no `ldmatrix.trans`);
-#   `dQ_tile = dS K`: `dS` is stored once to shared memory as `[query][key]` with the 128-byte swizzle and read back
-#   by `wgmma` as a K-major A operand, `K` as a transposed B (`wgmma_ss_tb`, new in `kl/wgmma.cuh`).
-# - **`dQ`** by vector reductions (`red.global.add.v2.f32`) from the `dQ` accumulator into the zeroed fp32 buffer of
-#   variant (a), then step 2's conversion kernel; the preprocessing kernel (`Dv`, zeroing) is step 2's too.
+#   `dQ_tile = dS K` over the block's 128 keys: both warpgroups store `dS` once to shared memory as `[query][key]`
+#   with the 128-byte swizzle, and one of them (warpgroup `j mod 2` for query tile `j`: they take turns) reads both
+#   tiles back as K-major A operands, `K` as a transposed B (`wgmma_ss_tb`, new in `kl/wgmma.cuh`).
+# - **`dQ`** by vector reductions (`red.global.add.v2.f32`) from that `dQ` accumulator into the zeroed fp32 buffer of
+#   variant (a): one reduction per 128 keys, as `atomic_w8`; then step 2's conversion kernel. The preprocessing
+#   kernel (`Dv`, zeroing) is step 2's too.
+# - **A trap**: the turn-taking puts `wgmma`s under a branch on the warpgroup index. Computed as `warp / 4`, `ptxas`
+#   cannot prove it uniform in a warp and serialises every `wgmma` of the kernel (its info line `C7520: Potential
+#   Performance Loss: wgmma.mma_async instructions are serialized`); read through `__shfl_sync` from lane 0 it is
+#   warp-uniform, and the warning (tested on the CPU) goes.
 # - **Registers.** Per consumer thread: `dK`, `dV` (32 + 32 floats at `d = 64`), `S^T`, `dP^T` (32 + 32), the
 #   `dQ` tile (32), `P^T` and `dS^T` packed (16 + 16), the LSE and `Dv` of its 16 query columns: about 220.
 #   `__maxnreg__(224)` gives 288 threads x 224 registers = one block an SM; `ptxas` with `__launch_bounds__`
@@ -1589,12 +1595,13 @@ kernellab.roofline([r for r in step2.values()])
 #
 # What it does not do yet (FlashAttention-3 does): `setmaxnreg` to move the producer's registers to the consumers
 # (and a third warpgroup), two query tiles in flight per warpgroup (ping-pong of softmax and products), `dQ` written
-# through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 32 vector reductions per thread and
-# tile, and head dim 128 (its `dK`, `dV` alone take 128 registers: it needs 32-row query tiles or the split roles).
+# through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 16 vector reductions per thread (every
+# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: it needs 32-row query tiles or the split roles).
 # At `d = 128` the op keeps step 2's `atomic_w8`.
 #
-# **Prediction, before measuring.** A warpgroup issues 20 `HGMMA.64x64x16` per query tile (4 per product), 1,552
-# SASS instructions in the whole causal kernel (static count). The
+# **Prediction, before measuring.** A warpgroup issues 16 `HGMMA.64x64x16` per query tile (4 for each of `S^T`,
+# `dP^T`, `dV`, `dK`) and, every other tile, 8 for `dQ`; 1,392 SASS instructions in the whole causal kernel (static
+# count). The
 # `wgmma` products run at the tensor cores' rate, but nothing overlaps one tile's exponentials and reductions with the
 # next tile's products, and the 2-byte `dS` stores and 32 reductions a thread remain. We predict 300-380 TFLOP/s at
 # `N = 4096`, `d = 64` (1.1-1.4x SDPA's FLASH backward, 1.5-1.9x `atomic_w8`), the causal case 10-20 % lower (its
@@ -1616,7 +1623,8 @@ typedef unsigned int uint32_t;
 //   S^T = K Q^T, dP^T = V dO^T            wgmma, both operands from shared memory (keys as the 64 rows)
 //   P^T = exp2(S^T s log2 e - LSE log2 e), dS^T = P^T o (dP^T - Dv)      in registers (masked: causal, past N)
 //   dV += P^T dO, dK += dS^T Q             wgmma, A = P^T / dS^T from registers, B = dO / Q read transposed
-//   dQ_tile = dS K                         wgmma, dS written once to shared memory ([query][key], 128-byte swizzle),
+//   dQ_tile = dS K                         wgmma over the block's 128 keys, by one warpgroup (alternating by tile): dS
+//                                          written once to shared memory ([query][key], 128-byte swizzle) by both,
 //                                          K read transposed; added (times s) into an fp32 buffer with vector reductions
 // Q, K, V, dO: [BH, N, D] through 3-D tensor maps (dims D, N, BH; box 64 x 64 x 1; 128-byte swizzle: rows past N read
 // as zeros); LSE, Dv: [BH, N] fp32; dq_accum: [BH, N, D] fp32, zeroed; dK, dV: [BH, N, D] in T.
@@ -1631,7 +1639,7 @@ constexpr int BM = 64, BN = 64;   // queries per tile, keys per consumer warpgro
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// A consumer warpgroup's own barrier (bar.sync 1 + c, 128): the other warps never join it.
+// The consumer warpgroups' barrier (bar.sync 1, 128 x NCWG): the producer warp never joins it.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -1700,7 +1708,8 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     // consumers: warpgroup c owns keys kc0 = k0 + 64 c .. + 63, its warp w keys kc0 + 16 w .. + 15 (rows of S^T, dP^T, dK, dV); lane (g, t) rows g and g + 8 and,
     // in a 64-column accumulator, columns 8 e + 2 t, + 1 (e = 0 .. 7): accumulator i is row (i & 2 ? g + 8 : g),
     // column 8 (i / 4) + 2 t + (i & 1).
-    const int c = warp / 4, w = warp % 4, g = lane / 4, t = lane % 4;
+    // c through a shuffle: warp-uniform for ptxas, which otherwise serialises every wgmma (C7520) for the dq_here branch
+    const int c = __shfl_sync(0xffffffffu, warp / 4, 0), w = warp % 4, g = lane / 4, t = lane % 4;
     const int kc0 = k0 + 64 * c, key0 = kc0 + 16 * w + g, key1 = key0 + 8;
     const uint32_t kw_s = k_s + 64 * c * 128, vw_s = v_s + 64 * c * 128, dsw_s = ds_s + c * BM * BN * 2;
     const float scale_log2 = scale * LOG2E;
@@ -1770,9 +1779,12 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
             }
         }
         fence_proxy_async();                             // the dS stores, visible to the wgmma that reads them
-        named_bar_sync(1 + c, 128);                      // the warpgroup's whole dS tile is written
+        named_bar_sync(1, 128 * NCWG);                   // every warpgroup's dS tile is written
 
-        // dV += P^T dO, dK += dS^T Q (B: dO and Q read transposed), dQ_tile = dS K (A: dS, B: K transposed)
+        // dV += P^T dO, dK += dS^T Q (B: dO and Q read transposed); in one warpgroup (c = j % NCWG), the tile's dQ
+        // over all KEYS keys, dQ_tile = dS K (A: the warpgroups' dS tiles in turn, B: K transposed): one fp32
+        // reduction per 128 keys instead of one per 64, the warpgroups taking turns
+        const bool dq_here = j % NCWG == c;
         float dq_acc[D / 2];
         wgmma_fence();
 #pragma unroll
@@ -1781,25 +1793,29 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
 #pragma unroll
         for (int kc = 0; kc < BM / 16; ++kc)
             wgmma_rs_tb<D, T>(dk_acc, dsa[kc], sw128_desc(q_tile + kc * 16 * 128, BM * 128, 1024));
+        if (dq_here) {
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_ss_tb<D, T>(dq_acc, sw128_desc(dsw_s + kk * 32, 16, 1024),
-                              sw128_desc(kw_s + kk * 16 * 128, KEYS * 128, 1024), kk > 0);
+            for (int kk = 0; kk < KEYS / 16; ++kk)
+                wgmma_ss_tb<D, T>(dq_acc, sw128_desc(ds_s + (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16, 1024),
+                                  sw128_desc(k_s + kk * 16 * 128, KEYS * 128, 1024), kk > 0);
+        }
         wgmma_commit();
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(empty + 8 * s);       // this warp is done with the stage's Q and dO
 
-        // this tile's dQ share, times s, into the fp32 buffer: rows q0 + 16 w + g (+ 8)
-        const int qr0 = q0 + 16 * w + g, qr1 = qr0 + 8;
-        float* dq0 = dq_accum + ((size_t)bh * N + qr0) * D;
-        float* dq1 = dq0 + 8 * D;
+        // this block's dQ share of the tile, times s, into the fp32 buffer: rows q0 + 16 w + g (+ 8)
+        if (dq_here) {
+            const int qr0 = q0 + 16 * w + g, qr1 = qr0 + 8;
+            float* dq0 = dq_accum + ((size_t)bh * N + qr0) * D;
+            float* dq1 = dq0 + 8 * D;
 #pragma unroll
-        for (int i = 0; i < D / 2; i += 4) {
-            const int col = 8 * (i / 4) + 2 * t;
-            if (qr0 < N) red_add_v2(dq0 + col, dq_acc[i] * scale, dq_acc[i + 1] * scale);
-            if (qr1 < N) red_add_v2(dq1 + col, dq_acc[i + 2] * scale, dq_acc[i + 3] * scale);
+            for (int i = 0; i < D / 2; i += 4) {
+                const int col = 8 * (i / 4) + 2 * t;
+                if (qr0 < N) red_add_v2(dq0 + col, dq_acc[i] * scale, dq_acc[i + 1] * scale);
+                if (qr1 < N) red_add_v2(dq1 + col, dq_acc[i + 2] * scale, dq_acc[i + 3] * scale);
+            }
         }
-        named_bar_sync(1 + c, 128);                      // every warp's dQ wgmma has read dS before it is rewritten
+        named_bar_sync(1, 128 * NCWG);                   // the dQ wgmma has read every dS tile before it is rewritten
     }
 
     // dK (times s) and dV, rounded to T, for the keys below N
@@ -1850,7 +1866,7 @@ hbwd_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constan
 # %% [markdown]
 # ### What it costs
 #
-# The cards: `HGMMA.64x64x16` (20 a tile step), `UTMALDG` (the TMA loads), `REDG` (the `dQ` reductions), no `HMMA`
+# The cards: `HGMMA.64x64x16` (16 a tile step, 24 with `dQ`'s), `UTMALDG` (the TMA loads), `REDG` (the `dQ` reductions), no `HMMA`
 # or `LDSM`, no local memory. The CPU tests (tests/test_attention_backward_hopper.py) run these kernels in the
 # emulator against float64 and check these resources.
 
