@@ -119,3 +119,31 @@ def test_the_launcher_joins_step2s_variants_and_the_op():
         t["attention_backward_hopper"](q, q, q, q, torch.empty(1, 1, 8), q)
     with pytest.raises(ValueError, match="variant"):                           # step 2's refusals stand
         t["attention_backward"](q, q, q, q, torch.empty(1, 1, 8), q, False, "fast")
+
+
+def test_the_benchmark_times_hopper_only_where_it_runs_step3():
+    """benchmarks/attention_backward.py's timing loop: "hopper" beside the other variants at d = 64, left out at
+    d = 128 (where it would time the fallback rung under step 3's name)."""
+    import importlib.util
+    import io
+
+    pytest.importorskip("torch")
+    path = HERE.parent / "benchmarks" / "attention_backward.py"
+    spec = importlib.util.spec_from_file_location("bench_attention_backward", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    calls = []
+
+    class Result:
+        name, baselines, median_ms, tflops = "ours (hopper) d=64 N=1024", [], 1.0, 1.0
+
+    def fake_bench(N, d, causal, variants, **opts):
+        calls.append((d, causal, variants))
+        return Result()
+    t08 = {"HOPPER_BWD_DIMS": (64,), "bench_backward": fake_bench}
+    rows = bench.run_bench(t08, True, io.StringIO(), (1024,), (64, 128), ("hopper", "atomic_w8"))
+    assert calls == [(64, False, ("hopper", "atomic_w8")), (64, True, ("hopper", "atomic_w8")),
+                     (128, False, ("atomic_w8",)), (128, True, ("atomic_w8",))]
+    assert len(rows) == 4 and all("error" not in r for r in rows)
+    calls.clear()
+    assert bench.run_bench(t08, True, io.StringIO(), (1024,), (128,), ("hopper",)) == [] and calls == []
