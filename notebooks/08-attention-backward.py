@@ -1580,7 +1580,9 @@ kernellab.roofline([r for r in step2.values()])
 #   in 07's forward) and `dO`, `Q` read transposed by the descriptor (MN-major B, no `ldmatrix.trans`);
 #   `dQ_tile = dS K` over the block's 128 keys: both warpgroups store `dS` once to shared memory as `[query][key]`
 #   with the 128-byte swizzle, and one of them (warpgroup `j mod 2` for query tile `j`: they take turns) reads both
-#   tiles back as K-major A operands, `K` as a transposed B (`wgmma_ss_tb`, new in `kl/wgmma.cuh`).
+#   tiles back as K-major A operands, `K` as a transposed B (`wgmma_ss_tb`, new in `kl/wgmma.cuh`). Two `dS` buffers
+#   (tile `j` writes buffer `j mod 2`) leave one barrier a tile (after the `dS` stores): the warpgroup that is not
+#   computing `dQ` goes on to the next tile's `S^T` and `dP^T` while the other finishes.
 # - **`dQ`** by vector reductions (`red.global.add.v2.f32`) from that `dQ` accumulator into the zeroed fp32 buffer of
 #   variant (a): one reduction per 128 keys, as `atomic_w8`; then step 2's conversion kernel. The preprocessing
 #   kernel (`Dv`, zeroing) is step 2's too.
@@ -1600,7 +1602,7 @@ kernellab.roofline([r for r in step2.values()])
 # At `d = 128` the op keeps step 2's `atomic_w8`.
 #
 # **Prediction, before measuring.** A warpgroup issues 16 `HGMMA.64x64x16` per query tile (4 for each of `S^T`,
-# `dP^T`, `dV`, `dK`) and, every other tile, 8 for `dQ`; 1,392 SASS instructions in the whole causal kernel (static
+# `dP^T`, `dV`, `dK`) and, every other tile, 8 for `dQ`; 1,368 SASS instructions in the whole causal kernel (static
 # count). The
 # `wgmma` products run at the tensor cores' rate, but nothing overlaps one tile's exponentials and reductions with the
 # next tile's products, and the 2-byte `dS` stores and 32 reductions a thread remain. We predict 300-380 TFLOP/s at
@@ -1662,8 +1664,9 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
     const uint32_t k_s = base, v_s = k_s + NCWG * TILE_BYTES;   // this block's K and V: [DB][KEYS][64] each
-    const uint32_t ds_s = v_s + NCWG * TILE_BYTES;       // [NCWG] dS of the current tile: [64 queries][64 keys]
-    const uint32_t q_s = ds_s + NCWG * BM * BN * 2;      // [ST] Q tiles
+    constexpr uint32_t DS_BYTES = NCWG * BM * BN * 2;    // a tile's dS: [NCWG][64 queries][64 keys]
+    const uint32_t ds_s = v_s + NCWG * TILE_BYTES;       // [2] dS buffers: query tile j writes buffer j % 2
+    const uint32_t q_s = ds_s + 2 * DS_BYTES;            // [ST] Q tiles
     const uint32_t do_s = q_s + ST * TILE_BYTES;         // [ST] dO tiles
     const uint32_t bars = do_s + ST * TILE_BYTES;        // full_kv, full[ST] (Q and dO), empty[ST]
     const uint32_t full_kv = bars, full = bars + 8, empty = bars + 8 + 8 * ST;
@@ -1711,9 +1714,8 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     // c through a shuffle: warp-uniform for ptxas, which otherwise serialises every wgmma (C7520) for the dq_here branch
     const int c = __shfl_sync(0xffffffffu, warp / 4, 0), w = warp % 4, g = lane / 4, t = lane % 4;
     const int kc0 = k0 + 64 * c, key0 = kc0 + 16 * w + g, key1 = key0 + 8;
-    const uint32_t kw_s = k_s + 64 * c * 128, vw_s = v_s + 64 * c * 128, dsw_s = ds_s + c * BM * BN * 2;
+    const uint32_t kw_s = k_s + 64 * c * 128, vw_s = v_s + 64 * c * 128;
     const float scale_log2 = scale * LOG2E;
-    unsigned char* ds_ptr = smem_raw + (dsw_s - raw);    // dS's generic address (stores)
     float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
@@ -1724,6 +1726,8 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     for (int j = 0; j < n_iter; ++j) {
         const int s = j % ST, q0 = (qt0 + j) * BM;
         const uint32_t phase = (j / ST) & 1, q_tile = q_s + s * TILE_BYTES, do_tile = do_s + s * TILE_BYTES;
+        const uint32_t ds_tile = ds_s + (j & 1) * DS_BYTES;                   // this tile's dS buffer
+        unsigned char* ds_ptr = smem_raw + (ds_tile + c * BM * BN * 2 - raw);  // this warpgroup's part (stores)
         // LSE (log2 units; +inf past N, so P = 0 there) and Dv of this lane's 16 query columns
         float lse_c[BM / 4], dvr_c[BM / 4];
 #pragma unroll
@@ -1779,7 +1783,7 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
             }
         }
         fence_proxy_async();                             // the dS stores, visible to the wgmma that reads them
-        named_bar_sync(1, 128 * NCWG);                   // every warpgroup's dS tile is written
+        named_bar_sync(1, 128 * NCWG);                   // every warpgroup's dS of this tile is written
 
         // dV += P^T dO, dK += dS^T Q (B: dO and Q read transposed); in one warpgroup (c = j % NCWG), the tile's dQ
         // over all KEYS keys, dQ_tile = dS K (A: the warpgroups' dS tiles in turn, B: K transposed): one fp32
@@ -1796,7 +1800,7 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         if (dq_here) {
 #pragma unroll
             for (int kk = 0; kk < KEYS / 16; ++kk)
-                wgmma_ss_tb<D, T>(dq_acc, sw128_desc(ds_s + (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16, 1024),
+                wgmma_ss_tb<D, T>(dq_acc, sw128_desc(ds_tile + (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16, 1024),
                                   sw128_desc(k_s + kk * 16 * 128, KEYS * 128, 1024), kk > 0);
         }
         wgmma_commit();
@@ -1815,7 +1819,8 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
                 if (qr1 < N) red_add_v2(dq1 + col, dq_acc[i + 2] * scale, dq_acc[i + 3] * scale);
             }
         }
-        named_bar_sync(1, 128 * NCWG);                   // the dQ wgmma has read every dS tile before it is rewritten
+        // No barrier here: tile j + 1 writes the other dS buffer, and tile j + 2 writes this one only after tile
+        // j + 1's barrier above, which the warpgroup computing this dQ reaches after its wgmma_wait<0>.
     }
 
     // dK (times s) and dV, rounded to T, for the keys below N
@@ -1900,8 +1905,9 @@ def hopper_backward_applies(q):
 
 
 def hbwd_smem_bytes(d):
-    """1 KiB alignment slack, K and V of the block's keys, a dS tile per warpgroup, the Q/dO ring, the mbarriers."""
-    return 1024 + 2 * HBWD_KEYS * d * 2 + HBWD_WG * 64 * 64 * 2 + 2 * HBWD_STAGES * HBWD_QUERY_TILE * d * 2 + 64
+    """1 KiB alignment slack, K and V of the block's keys, two dS buffers of a tile per warpgroup each, the Q/dO ring,
+    the mbarriers."""
+    return 1024 + 2 * HBWD_KEYS * d * 2 + 2 * HBWD_WG * 64 * 64 * 2 + 2 * HBWD_STAGES * HBWD_QUERY_TILE * d * 2 + 64
 
 
 def attention_backward_hopper(q, k, v, o, lse, grad_o, causal=False, dq=None, dk=None, dv=None):

@@ -18,7 +18,7 @@ from notebook_cells import named_cuda_cells  # noqa: E402
 SOURCE = named_cuda_cells("08-attention-backward.py")["attn_bwd_h"]
 WG, STAGES, THREADS, D = 2, 2, 288, 64              # the cell's HBWD_WG, HBWD_STAGES; 128 x WG + 32; head dim
 KEYS = 64 * WG
-SMEM = 1024 + 2 * KEYS * D * 2 + WG * 64 * 64 * 2 + 2 * STAGES * 64 * D * 2 + 64     # the launcher's hbwd_smem_bytes
+SMEM = 1024 + 2 * KEYS * D * 2 + 2 * WG * 64 * 64 * 2 + 2 * STAGES * 64 * D * 2 + 64   # 2 dS buffers     # the launcher's hbwd_smem_bytes
 needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (g++) for the emulation")
 
 
