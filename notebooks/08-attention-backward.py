@@ -1598,14 +1598,15 @@ kernellab.roofline([r for r in step2.values()])
 # What it does not do yet (FlashAttention-3 does): `setmaxnreg` to move the producer's registers to the consumers
 # (and a third warpgroup), two query tiles in flight per warpgroup (ping-pong of softmax and products), `dQ` written
 # through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 16 vector reductions per thread (every
-# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: it needs 32-row query tiles or the split roles).
+# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: this kernel at `d = 128` spills 408 bytes;
+# it needs the producer's registers, or `dQ` in halves and the LSE and `Dv` in shared memory).
 # At `d = 128` the op keeps step 2's `atomic_w8`.
 #
 # **Prediction, before measuring.** A warpgroup issues 16 `HGMMA.64x64x16` per query tile (4 for each of `S^T`,
 # `dP^T`, `dV`, `dK`) and, every other tile, 8 for `dQ`; 1,368 SASS instructions in the whole causal kernel (static
-# count). The
-# `wgmma` products run at the tensor cores' rate, but nothing overlaps one tile's exponentials and reductions with the
-# next tile's products, and the 2-byte `dS` stores and 32 reductions a thread remain. We predict 300-380 TFLOP/s at
+# count). The `wgmma` products run at the tensor cores' rate, but within a warpgroup nothing overlaps one tile's
+# exponentials and reductions with the next tile's products (only the other warpgroup's products fill those gaps),
+# and the 2-byte `dS` stores and 16 reductions a thread every other tile remain. We predict 300-380 TFLOP/s at
 # `N = 4096`, `d = 64` (1.1-1.4x SDPA's FLASH backward, 1.5-1.9x `atomic_w8`), the causal case 10-20 % lower (its
 # diagonal tiles run the mask and the grid's blocks are uneven), and about CUDNN's speed at best.
 
