@@ -24,18 +24,25 @@ KERNELLAB_CALLS_BUDGET = 42
 
 
 @pytest.fixture(scope="module")
-def norm():
-    """launch_overhead.norm_op_setup(): x [16, 768] requiring grad, w and b Parameters, dy; the op warmed up."""
+def bench():
+    """benchmarks/launch_overhead.py as a module; kernellab's torch stream lookups, which its stand-in replaces,
+    restored after this file's tests."""
     mp = pytest.MonkeyPatch()
-    for name in ("torch_stream_handle", "torch_stream_function"):    # the stand-in replaces them: restore after
+    for name in ("torch_stream_handle", "torch_stream_function"):
         mp.setattr(L, name, getattr(L, name))
     spec = importlib.util.spec_from_file_location("launch_overhead_norm", ROOT / "benchmarks" / "launch_overhead.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     try:
-        yield bench.norm_op_setup()
+        yield module
     finally:
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def norm(bench):
+    """launch_overhead.norm_op_setup(): x [16, 768] requiring grad, w and b Parameters, dy; the op warmed up."""
+    return bench.norm_op_setup()
 
 
 def _origin(filename: str) -> str:
@@ -114,3 +121,12 @@ def test_module_lookups_by_name_give_what_the_scan_gives(norm):
                 assert module[name] is module._find(name) is k
         with pytest.raises(KeyError, match="no kernel"):
             module["no_such_kernel<float>"]
+
+
+def test_the_benchmarks_norm_table_has_every_row(bench):
+    """launch_overhead.py --cpu's LayerNorm table (a few calls a case: the rows, not the times)."""
+    cases = bench.norm_cpu_cases(20, 2)
+    assert len(cases) == 10 and all(len(cpu) == 2 and min(cpu) > 0 for _, _, cpu in cases)
+    text = bench.norm_table(cases, "t")
+    assert text.count("\n| ") == 11 and "| F.layer_norm forward + backward (y.backward(dy)) |" in text
+    assert "x of 12 x F.layer_norm |" in text
