@@ -19,7 +19,11 @@ posing as the device's, to see where host time goes. `--breakdown` (GPU) times t
 own work, the allocation, the generated launch, the record of a launch that did not wait) with the stand-in driver
 (the launch a C call, as CuPy's launchKernel is), over 100k calls a case (time.perf_counter_ns); `--profile` adds
 cProfile's view. Beside it: torch.library.custom_op with the same launcher, a kernellab.op with a backward, and plain
-torch.library.Library ops whose Python kernels do nothing or allocate (the dispatcher's own floor).
+torch.library.Library ops whose Python kernels do nothing or allocate (the dispatcher's own floor). Then tutorial 04's
+kl::layernorm as a training step calls it (x requiring grad, w and b Parameters): forward and `y.backward(dy)`
+against F.layer_norm's on the same CPU tensors (one intra-op thread), and the parts (the forward alone, the backward
+op, each launcher, the dispatcher's path); its kernels compile for sm_90 and launch through the stand-in
+(standin_tutorial). `--no-norm` leaves that table out.
 
 `--ops` (GPU, issue 30) times registered ops (kernellab.op) as a model calls them: host µs per call of a one-kernel
 op (target <= 15 µs) beside the bare launch, torch.library.custom_op around the same launcher and one aten op;
@@ -536,6 +540,135 @@ def cpu_cases(calls: int, rounds: int) -> list[tuple[str, list[float], str]]:
     return [(name, w, c) for (name, _), w, c in zip(named, wall, cpu)]
 
 
+NORM_SHAPE = (16, 768)      # rows x cols of the --cpu norm rows: GPT-2 small's width; F.layer_norm's CPU arithmetic at
+                            # this size is a few µs of its figure (ours computes nothing: the stand-in launches)
+
+
+def standin_tutorial(notebook: str, modules: tuple[str, ...], lib=None) -> dict:
+    """A tutorial's launcher namespace (notebook_cells.load_tutorial) whose kernels are compiled for sm_90 (NVRTC, no
+    GPU: the disk cache keeps them) and launch through the stand-in driver's C call (standin_kernel), on CPU tensors
+    posing as device -1's: the ops' and launchers' real Python, with launches that do nothing. Patches kernellab's
+    torch stream lookups for the rest of the process."""
+    import sys
+    from pathlib import Path
+
+    from kernellab.run.launch import launch as L
+    from kernellab.run.launch.device import DeviceInfo
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+    from notebook_cells import load_tutorial
+
+    ns = load_tutorial(notebook, compile=lambda src: kernellab.compile_cuda(src, arch="sm_90", first_line=2,
+                                                                            filename="cell.cu"))
+    driver = _StandinDrivers(lib or standin_lib()).call()
+    dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132)
+    L.torch_stream_handle = lambda index: 0
+    L.torch_stream_function = lambda: (0).__mul__
+    for name in modules:
+        for k in ns[name].kernels:
+            k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
+                                   max_threads_per_block=k.resources.max_threads_per_block,
+                                   static_shared_bytes=k.resources.shared_bytes, driver=driver)
+            k._launchers.clear()
+    return ns
+
+
+def norm_op_setup(shape=NORM_SHAPE):
+    """Tutorial 04's kl::layernorm as a model calls it, on the stand-in (standin_tutorial): x [rows, cols] float32
+    requiring grad, w and b nn.Parameters, dy the output's gradient; the op and F.layer_norm warmed up (the first
+    calls make the plans, the generated launches and the outputs' checks). Returns a namespace."""
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    ns = standin_tutorial("04-layernorm.py", ("norm_kernels", "norm_backward", "layernorm_simple"))
+    rows, cols = shape
+    x = torch.randn(rows, cols, requires_grad=True)
+    w, b = torch.nn.Parameter(torch.ones(cols)), torch.nn.Parameter(torch.zeros(cols))
+    dy = torch.randn(rows, cols)
+    op = ns["kl_layernorm"]
+
+    def ours():
+        op(x, w, b, 1e-5).backward(dy)
+
+    def theirs():
+        F.layer_norm(x, (cols,), w, b, 1e-5).backward(dy)
+
+    for _ in range(12):                     # past the op's first checked calls (kernellab.ops.CHECKED_CALLS)
+        ours()
+        theirs()
+    x.grad = w.grad = b.grad = None
+    return types.SimpleNamespace(ns=ns, op=op, x=x, w=w, b=b, dy=dy, cols=cols, ours=ours, theirs=theirs)
+
+
+def norm_cpu_cases(calls: int, rounds: int) -> list[tuple[str, list[float], list[float]]]:
+    """Tutorial 04's LayerNorm op forward and backward against F.layer_norm's (norm_op_setup), and its parts: the
+    forward alone (recording the graph), the backward op and each launcher alone, the same calls through the
+    dispatcher (torch.ops.kl.layernorm: torch's Autograd kernel). (case, wall µs per round, CPU µs per round)."""
+    import torch
+    import torch.nn.functional as F
+
+    s = norm_op_setup()
+    x, w, b, dy, cols, op, ns = s.x, s.w, s.b, s.dy, s.cols, s.op, s.ns
+    xd, wd, bd = x.detach(), w.detach(), b.detach()
+    backward_op, overload = ns["kl_layernorm_backward"], op.overload
+
+    def through_dispatcher():
+        overload(x, w, b, 1e-5).backward(dy)
+
+    def chain(norm, n=12):
+        """n norms in a row and one backward for all, as a model's layers are: the engine's start paid once."""
+        def run():
+            h = x
+            for _ in range(n):
+                h = norm(h)
+            h.backward(dy)
+        return run
+
+    def backward_op_alone():
+        with torch.no_grad():                  # as in the graph's backward: grad mode off
+            backward_op(dy, xd, w, 1e-5)
+
+    named = [
+        ("kl::layernorm forward + backward (y.backward(dy))", s.ours),
+        ("F.layer_norm forward + backward (y.backward(dy))", s.theirs),
+        ("  kl::layernorm forward alone, recording the graph", lambda: op(x, w, b, 1e-5)),
+        ("  F.layer_norm forward alone, recording the graph", lambda: F.layer_norm(x, (cols,), w, b, 1e-5)),
+        ("  kl::layernorm_backward op alone, grad mode off (what the graph's node calls)", backward_op_alone),
+        ("    layernorm launcher alone (1 launch)", lambda: ns["layernorm"](xd, wd, bd)),
+        ("    layernorm_backward launcher alone (2 launches)", lambda: ns["layernorm_backward"](dy, xd, wd)),
+        ("kl::layernorm forward + backward through the dispatcher (torch.ops.kl.layernorm)", through_dispatcher),
+        ("12 x kl::layernorm in a row, one backward (a model's layers)", chain(lambda h: op(h, w, b, 1e-5))),
+        ("12 x F.layer_norm in a row, one backward", chain(lambda h: F.layer_norm(h, (cols,), w, b, 1e-5))),
+    ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                # F.layer_norm's arithmetic on one thread: no pool waking per call
+    try:
+        wall, cpu = interleaved_us([f for _, f in named], calls, rounds)
+    finally:
+        torch.set_num_threads(threads)
+    x.grad = w.grad = b.grad = None
+    return [(name, wl, c) for (name, _), wl, c in zip(named, wall, cpu)]
+
+
+def norm_table(cases, title: str) -> str:
+    """The --cpu norm table: CPU µs per call (median round, best) and the ratio to F.layer_norm's forward + backward."""
+    lines = [title, "", "| case | CPU µs per call, median | best | wall µs, best round | vs F.layer_norm fwd + bwd |",
+             "|---|---|---|---|---|"]
+    base = statistics.median(cases[1][2])
+    for name, wall, cpu in cases:
+        med = statistics.median(cpu)
+        ratio = f"{med / base:.2f}x"
+        if name.startswith("12 x F.layer_norm"):
+            ratio = "1.00x (the row above's baseline)"
+        elif name.startswith("12 x kl::"):
+            chained = statistics.median(next(c for n, _, c in cases if n.startswith("12 x F.layer_norm")))
+            ratio = f"{med / chained:.2f}x of 12 x F.layer_norm"
+        lines.append(f"| {name} | {med:.2f} | {min(cpu):.2f} | {min(wall):.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def cpu_profile(calls: int, top: int = 14) -> str:
     """cProfile of `calls` calls of the one-kernel op (cpu_op_setup): where its Python time goes, by function."""
     import cProfile
@@ -702,6 +835,8 @@ def main(argv=None):
     ap.add_argument("--cpu", action="store_true", help="no GPU: a registered op's host path stage by stage, with a "
                     "stand-in driver (add --profile for cProfile's view of it)")
     ap.add_argument("--profile", action="store_true", help="with --cpu: also print cProfile of the op's calls")
+    ap.add_argument("--no-norm", action="store_true", help="with --cpu: leave out tutorial 04's LayerNorm op (its "
+                    "kernels compile for sm_90 on a first run: about 20 s)")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
     big = args.cpu
@@ -719,6 +854,13 @@ def main(argv=None):
         if args.profile:
             text += "\n\ncProfile of the op's calls (tottime: in the function itself):\n\n" + cpu_profile(
                 min(args.launches, 20_000))
+        if not args.no_norm:
+            calls = max(args.launches // 10, args.rounds)
+            text += "\n\n" + norm_table(
+                norm_cpu_cases(calls, args.rounds),
+                f"tutorial 04's kl::layernorm (forward, backward) on the CPU, {NORM_SHAPE[0]} x {NORM_SHAPE[1]} float32, "
+                f"stand-in launches, against F.layer_norm doing the same on CPU tensors ({calls} calls a case in "
+                f"{args.rounds} rounds taken in turn; target: forward + backward within 1.3x of F.layer_norm's)")
     elif args.python_only:
         text = table(python_only_cases(args.launches, args.rounds),
                      "kernellab's host path, stand-in driver (no GPU)")

@@ -545,6 +545,12 @@ def _profiled(parts: StepParts, batches, sync, cuda) -> list[str]:
     body = out.getvalue()
     lines.append(f"cProfile of the main thread (autograd's backward thread is not in it), {len(batches)} steps, by "
                  f"own time:\n" + body[body.find("   ncalls"):].rstrip())
+    ours = io.StringIO()              # kernellab's and the tutorials' functions alone: where an op's Python goes
+    pstats.Stats(prof, stream=ours).sort_stats("cumulative").print_stats(r"kernellab|launchers|<kernellab", 25)
+    body = ours.getvalue()
+    if "   ncalls" in body:
+        lines.append("cProfile, kernellab's and the tutorials' functions (ops, launchers, generated calls and "
+                     "launches) by cumulative time:\n" + body[body.find("   ncalls"):].rstrip())
     return lines
 
 

@@ -534,6 +534,26 @@ class Module(KernelCollection):
         return tuple(d for d in self.output.diagnostics if d.severity == "warning")
 
     def __getitem__(self, name: str) -> Kernel:
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = self._index = self._name_index()
+        try:
+            return index[name]                  # a launcher's lookup per call: one dict access
+        except (KeyError, TypeError):
+            pass
+        return self._find(name)
+
+    def _name_index(self) -> dict:
+        """Every name `_find` resolves (symbols, display names, short names), with the kernel it gives."""
+        index = {}
+        for name in {n for k in self.kernels for n in (k.symbol, k.signature.display, k.name)}:
+            try:
+                index[name] = self._find(name)
+            except KeyError:                    # a short name that several kernels share: _find's error each time
+                pass
+        return index
+
+    def _find(self, name: str) -> Kernel:
         exact = [k for k in self.kernels if name in (k.symbol, k.signature.display)]
         if len(exact) == 1:
             return exact[0]

@@ -10,7 +10,8 @@ torch.library, so that eager mode, torch.compile(fullgraph=True), torch.export, 
 The op is defined with the direct `torch.library.Library` define/impl form: its whole host path costs about half
 what `torch.library.custom_op`'s does around the same launcher (`benchmarks/launch_overhead.py --cpu` times it stage
 by stage; `--ops` on a GPU). A plain eager call skips the dispatcher where it would change nothing (EAGER_FAST_CALLS
-says when); with a backward, calls that need no graph skip torch's Python autograd kernel (Op._register_autograd).
+says when); with a backward, calls that need no graph skip torch's Python autograd kernel (Op._register_autograd), and
+eager calls that record one (a training step's) apply the op's autograd.Function without the dispatcher (Op._graph_apply).
 Its fake (meta) implementation, which torch.compile and torch.export
 trace, is made from `outputs=`: a function of the op's arguments (fake tensors while tracing) giving, per output, a
 tensor the output is shaped like or `kernellab.out(like, shape=, dtype=)`. The first calls check the launcher's real
@@ -254,20 +255,53 @@ class Op:
     def _make_call(self):
         """The op's call: through the dispatcher (the OpOverload), or, in the common eager case, straight to the
         implementation the dispatcher would pick (see _eager_source); None where the schema has no such case."""
-        source = _eager_source(self.overload._schema, self.device_types, self.returns)
+        apply = self._graph_apply() if self.backward is not None and self.returns else None
+        source = _eager_source(self.overload._schema, self.device_types, self.returns, graph=apply is not None)
         if source is None or not EAGER_FAST_CALLS:
             return self.overload
         C = torch._C
-        ns = {"OVERLOAD": self.overload, "IMPL": self._impl, "Tensor": torch.Tensor,
+        ns = {"OVERLOAD": self.overload, "IMPL": self._impl, "Tensor": torch.Tensor, "Parameter": _PARAMETER,
               "IS_COMPILING": torch.compiler.is_compiling, "TF_MODE": C._is_torch_function_mode_enabled,
               "DISPATCH_MODES": C._len_torch_dispatch_stack, "TRACING": C._get_tracing_state,
               "FUNCTORCH": C._functorch.peek_interpreter_stack, "PROFILING": C._autograd._profiler_enabled,
-              "GRAD": C.is_grad_enabled,
+              "GRAD": C.is_grad_enabled, "APPLY": apply, "WRAPPED": _functorch_wrapped,
               "FORWARD_AD": torch.autograd.forward_ad}
         exec(compile(source, f"<kernellab op call {self.qualname}>", "exec"), ns)
         call = ns["call"]
         call.source = source
         return call
+
+    def _graph_apply(self):
+        """The eager call's graph path (see _eager_source): apply(*args) of a torch.autograd.Function whose forward
+        is the op's implementation and setup_context, and whose backward is the op's backward: what torch's Autograd
+        kernel for the op (torch.library.register_autograd's) runs, without the dispatcher around it, its Python
+        (a Metadata object, the out= test, OpOverload.redispatch, fill_defaults) or autograd.Function.apply's (the
+        functorch checks, which the eager call has made). None where this torch lacks the C-level apply."""
+        op, many = self, self.returns > 1
+
+        def forward(ctx, *args):
+            result = op._impl(*args)
+            if many:
+                result = tuple(result)
+            (op.setup_context or op._setup_context)(ctx, args, result)      # Op._setup_context's choice, inline
+            return result
+
+        def backward(ctx, *grads):
+            user = op.backward
+            if user is None or op.setup_context is None:       # Op._backward's cases: its error, ctx.inputs
+                return op._backward(ctx, *grads)
+            return user(ctx, *grads)
+
+        name = f"KernellabOp_{self.namespace}_{self.name}"       # its graph nodes: KernellabOp_kl_layernormBackward
+        function = type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                           "backward": staticmethod(backward),
+                                                           "__module__": __name__})
+        self._function = function
+        base = getattr(torch._C, "_FunctionBase", None)
+        apply = getattr(base, "__dict__", {}).get("apply")
+        if apply is None or not hasattr(apply, "__get__"):
+            return None
+        return apply.__get__(None, function)                   # autograd.Function.apply's C part, bound to it
 
     def opcheck(self, *args, test_utils=None, **kwargs):
         """torch.library.opcheck on these arguments: the schema (mutation, aliasing), the fake implementation against
@@ -290,28 +324,44 @@ class Op:
 # dispatcher (it bumps the argument's version counter), as does every other case, opcheck and
 # torch.ops.<ns>.<name>. The saving: about 0.4 µs of CPU time a call, 1.5 µs for an op with a backward
 # (benchmarks/launch_overhead.py --cpu). EAGER_FAST_CALLS = False before registering turns it off.
+#
+# A call that records a graph (grad on, an input requiring grad) of an op with a backward goes the same way, into the
+# autograd.Function that torch's Autograd kernel for the op would apply (Op._graph_apply): the same forward,
+# setup_context and backward, with a graph node of its own name (KernellabOp_<ns>_<name>Backward). This is what a
+# training step calls: it saves about half the host time of a LayerNorm op's forward and backward
+# (benchmarks/launch_overhead.py --cpu, tests/test_norm_host_path.py).
+#
+# nn.Parameter passes as a plain Tensor: its __torch_function__ is torch's disabled one, so the dispatcher treats it
+# as one (a model's weights are Parameters).
 EAGER_FAST_CALLS = True
 _EAGER_SCALARS = {"float": "float", "int": "int", "bool": "bool"}
+_PARAMETER = (torch.nn.Parameter if getattr(torch.nn.Parameter, "__torch_function__", None)
+              is getattr(torch._C, "_disabled_torch_function_impl", object()) else torch.Tensor)
+_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 
 
-def _eager_source(schema, device_types: tuple[str, ...], returns: int) -> str | None:
+def _eager_source(schema, device_types: tuple[str, ...], returns: int, graph: bool = False) -> str | None:
     """The source of an op's eager call (see EAGER_FAST_CALLS): call(*args) -> the op's result, or None
     where this schema has no fast case (an argument written in place, a type other than Tensor, Tensor?, float, int,
-    bool, a keyword-only argument)."""
+    bool, a keyword-only argument). graph: a call that records a graph goes to APPLY (Op._graph_apply), unless an
+    argument is a functorch wrapper (which autograd.Function.apply would unwrap), else to the dispatcher."""
     args = list(schema.arguments)
     if any(a.alias_info is not None or a.kwarg_only for a in args):
         return None
     device = " or ".join(f"not a{{i}}.is_{d}" for d in device_types) if len(device_types) == 1 else \
         "(" + " and ".join(f"not a{{i}}.is_{d}" for d in device_types) + ")"
-    checks, grads = [], []
+    checks, grads, wrapped = [], [], []
     for i, a in enumerate(args):
         kind = str(a.type)
+        plain = f"type(a{i}) is not Tensor and type(a{i}) is not Parameter"
         if kind == "Tensor":
-            checks.append(f"type(a{i}) is not Tensor or {device.format(i=i)}")
+            checks.append(f"({plain}) or {device.format(i=i)}")
             grads.append(f"a{i}.requires_grad")
+            wrapped.append(f"WRAPPED(a{i})")
         elif kind == "Optional[Tensor]":
-            checks.append(f"(a{i} is not None and (type(a{i}) is not Tensor or {device.format(i=i)}))")
+            checks.append(f"(a{i} is not None and ({plain} or {device.format(i=i)}))")
             grads.append(f"(a{i} is not None and a{i}.requires_grad)")
+            wrapped.append(f"(a{i} is not None and WRAPPED(a{i}))")
         elif kind in _EAGER_SCALARS:
             checks.append(f"type(a{i}) is not {_EAGER_SCALARS[kind]}")
         else:
@@ -329,7 +379,11 @@ def _eager_source(schema, device_types: tuple[str, ...], returns: int) -> str | 
              "        return OVERLOAD(*args)"]
     if checks:
         lines += ["    if (" + "\n            or ".join(checks) + "):", "        return OVERLOAD(*args)"]
-    if grads:
+    if grads and graph:
+        lines += [f"    if GRAD() and ({' or '.join(grads)}):",
+                  f"        if {' or '.join(wrapped)}:", "            return OVERLOAD(*args)",
+                  "        return APPLY(*args)"]
+    elif grads:
         lines += [f"    if GRAD() and ({' or '.join(grads)}):", "        return OVERLOAD(*args)"]
     lines.append(result)
     return "\n".join(lines) + "\n"
@@ -412,6 +466,7 @@ def op(name: str, schema: str | None = None, *, outputs=None, backward: Callable
                                     f"(e.g. '{name}_v2') or restart the kernel")
             old._set(launcher, outputs, backward, setup_context, check_outputs)
             old._register_autograd()
+            old._call = old._make_call()          # with or without a backward now: the eager call's grad branch
             return old
         made = Op(name, text, returns, launcher, outputs, backward, setup_context, devices, check_outputs, written)
         _OPS[name] = made

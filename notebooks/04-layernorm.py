@@ -877,6 +877,7 @@ NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER
 
 # %%
 # launchers: layernorm, rmsnorm (tests/gpu/test_memory_bound_gpu.py and benchmarks/memory_bound.py run this cell too)
+import functools
 import math
 from dataclasses import dataclass
 
@@ -902,6 +903,7 @@ class RowPlan:
                 else f"cluster of {self.cluster} per row")
 
 
+@functools.cache          # a model calls the op with the same shapes every step: each shape's plan is made once
 def plan_rows(rows, cols, itemsize, sms=SMS):
     """The launch of a row kernel: 64 bytes of the row per thread in rows up to 8 KB, 128 bytes in longer rows;
     None when a row is longer than a cluster's registers hold (8 blocks x 1024 threads x 128 bytes, 1 MB)."""
@@ -935,8 +937,9 @@ def plan_rows(rows, cols, itemsize, sms=SMS):
 
 
 def _check_layout(*tensors):
-    assert all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors), \
-        "the row kernels need contiguous, 16-byte aligned tensors (torch's allocations are)"
+    for t in tensors:
+        assert t.is_contiguous() and t.data_ptr() % 16 == 0, \
+            "the row kernels need contiguous, 16-byte aligned tensors (torch's allocations are)"
 
 
 def norm_kernel_for(kind, rows, cols, dtype):
@@ -1702,6 +1705,7 @@ class BackwardPlan:
 TILE_THREADS = 256           # threads of a column tile in norm_backward_tiles (its __launch_bounds__)
 
 
+@functools.cache          # once per shape, as plan_rows
 def plan_backward(rows, cols, itemsize, sms=SMS, block=None):
     """The backward's launch: rows up to 8192 values (float: 4096) in registers, 8 a thread, resident blocks of
     512 (float: 256) threads or one row's threads, one wave of them; longer rows in column tiles of 256 x 8 values,
@@ -1923,8 +1927,13 @@ import torch
 
 
 def _rows2d(x):
-    """x as rows x cols (cols its last dimension): the kernels' 2-D view."""
-    return x.reshape(-1, x.shape[-1])
+    """x as rows x cols (cols its last dimension): the kernels' 2-D view (x itself when it is 2-D)."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def _shaped_like(y, x):
+    """The kernels' 2-D result y in x's shape (y itself when x is 2-D)."""
+    return y if x.dim() == 2 else y.reshape(x.shape)
 
 
 @kernellab.op("kl::layernorm_backward", "(Tensor dy, Tensor x, Tensor w, float eps) -> (Tensor, Tensor, Tensor)",
@@ -1932,7 +1941,7 @@ def _rows2d(x):
 def kl_layernorm_backward(dy, x, w, eps):
     """(dx, dw, db) of LayerNorm over the last dimension, by the backward kernels above."""
     dx, dw, db = layernorm_backward(_rows2d(dy), _rows2d(x), w, eps)
-    return dx.reshape(x.shape), dw, db
+    return _shaped_like(dx, x), dw, db
 
 
 @kernellab.op("kl::rmsnorm_backward", "(Tensor dy, Tensor x, Tensor w, float eps) -> (Tensor, Tensor)",
@@ -1940,7 +1949,7 @@ def kl_layernorm_backward(dy, x, w, eps):
 def kl_rmsnorm_backward(dy, x, w, eps):
     """(dx, dw) of RMSNorm over the last dimension, by the backward kernels above."""
     dx, dw = rmsnorm_backward(_rows2d(dy), _rows2d(x), w, eps)
-    return dx.reshape(x.shape), dw
+    return _shaped_like(dx, x), dw
 
 
 def _save_x_w(ctx, inputs, output):
@@ -1964,14 +1973,14 @@ def _rmsnorm_grad(ctx, dy):
               backward=_layernorm_grad, setup_context=_save_x_w, device_types=("cuda", "cpu"))
 def kl_layernorm(x, w, b, eps):
     """F.layer_norm over the last dimension, by the kernels above; differentiable."""
-    return layernorm(_rows2d(x), w, b, eps=eps).reshape(x.shape)
+    return _shaped_like(layernorm(_rows2d(x), w, b, eps=eps), x)
 
 
 @kernellab.op("kl::rmsnorm", "(Tensor x, Tensor w, float eps) -> Tensor", outputs=lambda x, w, eps: x,
               backward=_rmsnorm_grad, setup_context=_save_x_w, device_types=("cuda", "cpu"))
 def kl_rmsnorm(x, w, eps):
     """F.rms_norm over the last dimension, by the kernels above; differentiable."""
-    return rmsnorm(_rows2d(x), w, eps=eps).reshape(x.shape)
+    return _shaped_like(rmsnorm(_rows2d(x), w, eps=eps), x)
 
 
 # %%

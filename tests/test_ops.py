@@ -231,10 +231,57 @@ def test_an_op_with_backward_called_without_grad_skips_torchs_autograd_kernel():
     with torch.inference_mode():
         y, _ = op(x, w)
     assert y.is_inference() and not through_torch
-    y, s = op(x, w)
+    y, s = op.overload(x, w)                                # through the dispatcher: torch's kernel
     assert through_torch == [1] and y.grad_fn is not None and s.grad_fn is not None
     (y.sum() + s.sum()).backward()
     torch.testing.assert_close(x.grad, 2 * w.expand(3, 4))
+    x.grad = None
+    y, s = op(x, w)                                         # the eager call: the same Function, applied directly
+    assert through_torch == [1] and type(y.grad_fn).__name__ == f"KernellabOp_{op.namespace}_{op.name}Backward"
+    assert s.grad_fn is y.grad_fn
+    (y.sum() + s.sum()).backward()
+    torch.testing.assert_close(x.grad, 2 * w.expand(3, 4))
+
+
+def test_the_eager_graph_path_follows_the_ops_backward_and_leaves_functorch_to_the_dispatcher():
+    """A call that records a graph goes to the op's autograd.Function only while the op has a backward (the cell run
+    again without one: the dispatcher, whose Autograd kernel then says the backward is gone); under torch.func (functorch)
+    it takes the dispatcher, and meets torch's own answer there (torch's Autograd kernel for the op has no
+    setup_context staticmethod, which functorch asks of an autograd.Function), as torch.ops' call does."""
+    name = fresh("scale_graph")
+
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        return gy * w, (gy * x).sum(0)
+
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def register(**kw):
+        return kernellab.op(name, "(Tensor x, Tensor w) -> Tensor", outputs=lambda x, w: x, device_types="cpu",
+                            **kw)(lambda x, w: x * w)
+
+    op = register(backward=backward, setup_context=setup)
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+    y = op(x, w)
+    assert type(y.grad_fn).__name__.startswith("KernellabOp_")
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, w.detach().expand(3, 4))
+    torch.testing.assert_close(w.grad, x.detach().sum(0))
+    ns, through = op._call.__globals__, []
+    overload = ns["OVERLOAD"]
+    ns["OVERLOAD"] = lambda *args: through.append(1) or overload(*args)
+    for f in (op, op.overload):
+        with pytest.raises(RuntimeError, match="setup_context"):
+            torch.func.grad(lambda x: f(x, w.detach()).sum())(x.detach())
+    assert through == [1]                                                # functorch: the eager call took the dispatcher
+    assert register() is op                                              # the cell again, without a backward
+    assert "APPLY(*args)" not in op._call.source                         # the dispatcher: torch's kernel says
+    with pytest.raises(KernellabError, match="no backward now"):         # what is missing
+        op(x, w).sum().backward()
+    assert register(backward=backward, setup_context=setup) is op        # and with it again
+    assert "return APPLY(*args)" in op._call.source and op(x, w).grad_fn is not None
 
 
 def test_an_op_with_backward_on_a_torch_without_the_private_pieces_uses_torchs_autograd_kernel(monkeypatch):
@@ -294,7 +341,11 @@ def test_an_eager_call_skips_the_dispatcher_only_where_the_dispatcher_would_chan
     with torch.no_grad():
         assert not call(x, 2.0)
     x.requires_grad_(False)
-    assert call(torch.nn.Parameter(x, requires_grad=False), 2.0)   # a subclass
+
+    class Sub(torch.Tensor):                                       # torch's __torch_function__: it may see the op
+        pass
+    assert call(x.as_subclass(Sub), 2.0)                           # a subclass
+    assert not call(torch.nn.Parameter(x, requires_grad=False), 2.0)   # a Parameter: __torch_function__ disabled
 
     class Recording(torch.utils._python_dispatch.TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

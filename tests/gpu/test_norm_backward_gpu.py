@@ -111,3 +111,27 @@ def test_a_compiled_model_trains_through_the_ops(t04):
     for name, a, b in zip(("x", "w1", "b1", "w2", "linear weight"), grads[True], grads[False]):
         scale = b.abs().max().item()
         assert (a - b).abs().max().item() <= 0.03 * scale + 1e-6, (name, (a - b).abs().max().item(), scale)
+
+
+def test_a_models_call_takes_the_eager_graph_path_and_gives_the_dispatchers_gradients(t04):
+    """kl::layernorm as GPT-2's blocks call it: fp32 x [rows, 768], nn.Parameter w and b, under bf16 autocast. The
+    eager call records the op's own graph node (KernellabOp_kl_layernormBackward: the dispatcher and torch's Python
+    Autograd kernel skipped, the host path of a training step); through torch.ops (the dispatcher) the same kernels
+    run, so every gradient is the same bits."""
+    op = t04["kl_layernorm"]
+    dy, x, w, b = t04["bwd_inputs"](4 * 1024, 768, torch.float32, "normal", device="cuda")
+    w, b = torch.nn.Parameter(w), torch.nn.Parameter(b)
+    grads = {}
+    for name, call in (("eager", op), ("dispatcher", op.overload)):
+        xs = x.clone().requires_grad_(True)
+        w.grad = b.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = call(xs, w, b, EPS)
+        assert y.dtype == torch.float32
+        node = type(y.grad_fn).__name__
+        assert node.startswith("KernellabOp_kl_layernorm" if name == "eager" else "GeneratedBackwardFor_kl_layernorm"), \
+            (name, node)
+        y.backward(dy)
+        grads[name] = (y.detach(), xs.grad, w.grad.clone(), b.grad.clone())
+    for what, a, c in zip(("y", "dx", "dw", "db"), grads["eager"], grads["dispatcher"]):
+        assert torch.equal(a, c), (what, (a - c).abs().max().item())

@@ -1,0 +1,132 @@
+"""The host path of tutorial 04's kl::layernorm as a training step calls it (a forward that records the graph, then
+backward through autograd), on the CPU: the tutorial's real ops and launchers, its kernels compiled for sm_90 and
+launched through the stand-in driver of benchmarks/launch_overhead.py (--cpu). Structural checks, no timings: which
+path each call takes, how many Python calls a forward and backward make, that the per-shape plans and the kernel
+lookups are cached. benchmarks/launch_overhead.py --cpu prints the times; these tests fail where the path regresses.
+"""
+import collections
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+from kernellab.kernel import Module
+from kernellab.run.launch import launch as L
+
+torch = pytest.importorskip("torch")
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Python calls a forward + backward of kl::layernorm makes in kernellab, the tutorial's cells and kernellab's
+# generated code (torch's own Python left out): 38 when written, 119 before the eager graph path (the dispatcher's
+# Autograd kernel, OpOverload.redispatch), the cached plans and the indexed kernel lookups. More is a change to look at.
+KERNELLAB_CALLS_BUDGET = 42
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/launch_overhead.py as a module; kernellab's torch stream lookups, which its stand-in replaces,
+    restored after this file's tests."""
+    mp = pytest.MonkeyPatch()
+    for name in ("torch_stream_handle", "torch_stream_function"):
+        mp.setattr(L, name, getattr(L, name))
+    spec = importlib.util.spec_from_file_location("launch_overhead_norm", ROOT / "benchmarks" / "launch_overhead.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        yield module
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def norm(bench):
+    """launch_overhead.norm_op_setup(): x [16, 768] requiring grad, w and b Parameters, dy; the op warmed up."""
+    return bench.norm_op_setup()
+
+
+def _origin(filename: str) -> str:
+    if filename.startswith(str(ROOT / "kernellab")) or filename.startswith("<kernellab"):
+        return "kernellab"
+    if filename.startswith("04-layernorm.py"):
+        return "tutorial"
+    if "/torch/" in filename:
+        return "torch"
+    return "other"
+
+
+def python_calls(fn, repeat: int = 4) -> collections.Counter:
+    """(origin, file tail, function) -> Python calls per call of fn(), over `repeat` calls (sys.setprofile)."""
+    counts: collections.Counter = collections.Counter()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            counts[_origin(code.co_filename), code.co_filename.rsplit("/", 1)[-1][:40], code.co_name] += 1
+    fn()
+    sys.setprofile(profile)
+    try:
+        for _ in range(repeat):
+            fn()
+    finally:
+        sys.setprofile(None)
+    return collections.Counter({k: v // repeat for k, v in counts.items()})
+
+
+def test_a_training_steps_forward_and_backward_skip_the_dispatcher_and_torchs_autograd_kernel(norm):
+    calls = python_calls(norm.ours)
+    torch_files = {f for origin, f, _ in calls if origin == "torch"}
+    assert not any(f in ("_ops.py", "autograd.py") for f in torch_files), torch_files   # OpOverload, _library
+    assert not any(name in ("fill_defaults", "redispatch", "autograd_impl", "unwrap_dead_wrappers")
+                   for _, _, name in calls), sorted(calls)
+    ours = {k: v for k, v in calls.items() if k[0] in ("kernellab", "tutorial")}
+    assert sum(ours.values()) <= KERNELLAB_CALLS_BUDGET, "\n".join(f"{v} {k}" for k, v in sorted(ours.items()))
+    # three launches (forward; backward rows and finish), each by its generated launch, none by LaunchPath.run
+    launches = sum(v for (origin, f, name), v in calls.items() if f.startswith("<kernellab launch"))
+    assert launches == 3, sorted(calls)
+    assert not any(name in ("run", "marshal_args", "plan", "fast") for _, f, name in calls if f == "launch.py")
+    y = norm.op(norm.x, norm.w, norm.b, 1e-5)
+    assert type(y.grad_fn).__name__ == "KernellabOp_kl_layernormBackward"
+
+
+def test_plans_and_kernel_lookups_are_made_once_per_shape(norm, monkeypatch):
+    ns = norm.ns
+    found = []
+    real_find = Module._find
+    monkeypatch.setattr(Module, "_find", lambda self, name: found.append(name) or real_find(self, name))
+    rows_before, bwd_before = ns["plan_rows"].cache_info(), ns["plan_backward"].cache_info()
+    for _ in range(3):
+        norm.ours()
+    rows_after, bwd_after = ns["plan_rows"].cache_info(), ns["plan_backward"].cache_info()
+    assert rows_after.misses == rows_before.misses and rows_after.hits >= rows_before.hits + 3
+    assert bwd_after.misses == bwd_before.misses and bwd_after.hits >= bwd_before.hits + 3
+    assert found == []                                   # every kernel by name from the module's index
+    norm.x.grad = norm.w.grad = norm.b.grad = None
+
+
+def test_the_backward_op_called_by_the_graph_takes_the_eager_call(norm):
+    """kl::layernorm_backward from the graph's node (grad mode off, w a Parameter): straight to its implementation."""
+    x, w, dy = norm.x.detach(), norm.w, norm.dy
+    op = norm.ns["kl_layernorm_backward"]
+    with torch.no_grad():
+        calls = python_calls(lambda: op(dy, x, w, 1e-5))
+    assert not any(f == "_ops.py" for _, f, _ in calls), sorted(calls)
+    assert any(name == "_impl" for _, f, name in calls)
+
+
+def test_module_lookups_by_name_give_what_the_scan_gives(norm):
+    for module in (norm.ns["norm_kernels"], norm.ns["norm_backward"]):
+        for k in module.kernels:
+            for name in (k.symbol, k.signature.display):
+                assert module[name] is module._find(name) is k
+        with pytest.raises(KeyError, match="no kernel"):
+            module["no_such_kernel<float>"]
+
+
+def test_the_benchmarks_norm_table_has_every_row(bench):
+    """launch_overhead.py --cpu's LayerNorm table (a few calls a case: the rows, not the times)."""
+    cases = bench.norm_cpu_cases(20, 2)
+    assert len(cases) == 10 and all(len(cpu) == 2 and min(cpu) > 0 for _, _, cpu in cases)
+    text = bench.norm_table(cases, "t")
+    assert text.count("\n| ") == 11 and "| F.layer_norm forward + backward (y.backward(dy)) |" in text
+    assert "x of 12 x F.layer_norm |" in text
