@@ -62,8 +62,11 @@ ROOT = HERE.parent
 EXERCISES = ("02-transpose-batched", "00-flip", "01-reverse")     # the slowest to grade first: a shorter tail
 HANG = r"""extern "C" __global__ void reverse(const float* in, float* out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    volatile int spin = 1;
-    while (spin) { }                    // never ends: the submission hangs its GPU
+    // A spin on a volatile load from global memory, which the compiler must keep (NVVM deleted a spin on a volatile
+    // local variable, a loop without side effects, and the kernel passed); in[0] never changes: it never ends.
+    volatile const float* first = in;
+    float seen = first[0];
+    while (first[0] == seen || first[0] != seen) { }
     if (i < n) out[i] = in[n - 1 - i];
 }
 """
@@ -355,14 +358,37 @@ def fault_drill(client, ex, timeout_s: float, log=print) -> dict:
     t = g.tables[0]
     hang = t.row("drill-hang")
     others = [r for r in t.rows if r.submission != "drill-hang"]
-    ok = (len(t.rows) == len(subs) and hang.passed is None and "timeout_s" in (hang.error or "")
-          and all(r.passed is True for r in others) and bool(killed))
     res = {"s": time.perf_counter() - t0, "killed": killed, "rows": len(t.rows), "submissions": len(subs),
-           "hang": hang.error, "reruns": [f"{r.submission}: {r.rerun}" for r in t.rows if r.rerun],
-           "graded": sum(r.passed is True for r in others), "ok": ok, "table": str(t)}
-    log(f"  faults: killed {killed or 'nothing'}; {res['graded']} of {len(others)} graded, "
-        f"{len(res['reruns'])} graded again; the hung one: {hang.error}")
+           "hang": hang.error or f"{hang.status} in {(hang.wall_ms or 0) / 1e3:.1f} s",
+           "reruns": [f"{r.submission}: {r.rerun}" for r in t.rows if r.rerun],
+           "graded": sum(r.passed is True for r in others), "others": len(others),
+           "problems": drill_problems(t, subs, killed), "table": str(t)}
+    res["ok"] = not res["problems"]
+    log(f"  faults: killed {killed or 'nothing'}; {res['graded']} of {len(others)} others passed, "
+        f"{len(res['reruns'])} graded again; the hung one: {res['hang']}")
     return res
+
+
+def drill_problems(t, subs: dict, killed: list) -> list[str]:
+    """What the fault drill got wrong, one line each (empty: nothing lost): a row missing, the hanging submission not
+    given up by the timeout (it passed: its kernel did not hang), a correct submission not passed, no worker killed."""
+    problems = []
+    if len(t.rows) != len(subs) or [r.submission for r in t.rows] != list(subs):
+        problems.append(f"{len(t.rows)} rows for {len(subs)} submissions")
+    hang = next((r for r in t.rows if r.submission == "drill-hang"), None)
+    if hang is None:
+        problems.append("no row for drill-hang")
+    elif hang.passed is not None or "timeout_s" not in (hang.error or ""):
+        problems.append(f"drill-hang was not given up by the timeout: it {hang.status}"
+                        + (f" in {hang.wall_ms / 1e3:.1f} s (its kernel did not hang)" if hang.passed is not None
+                           and hang.wall_ms else "") + (f" ({hang.error})" if hang.error else ""))
+    bad = [f"{r.submission} {r.status}" + (f" ({r.error})" if r.error else "")
+           for r in t.rows if r.submission != "drill-hang" and r.passed is not True]
+    if bad:
+        problems.append("correct submissions not passed: " + "; ".join(bad))
+    if not killed:
+        problems.append("no worker was killed (none was busy 3 s in)")
+    return problems
 
 
 # --- the report -----------------------------------------------------------------------------------------------------
@@ -532,9 +558,10 @@ def main(argv=None) -> int:
             print(f"  note: {note}")
         if p.get("faults"):
             f = p["faults"]
-            print(f"  faults: {'nothing lost' if f['ok'] else 'SOMETHING LOST OR WRONG'}: killed {f['killed']}; "
-                  f"{f['rows']} rows for {f['submissions']} submissions, {f['graded']} graded; the hung one: "
-                  f"{f['hang']}; graded again: {f['reruns'] or 'none'}")
+            print(f"  faults: {'nothing lost' if f['ok'] else 'WRONG: ' + '; '.join(f['problems'])}: killed "
+                  f"{f['killed']}; {f['rows']} rows for {f['submissions']} submissions, {f['graded']} of "
+                  f"{f['others']} correct ones passed; the hung one: {f['hang']}; graded again: "
+                  f"{f['reruns'] or 'none'} ({f['s']:.0f} s)")
         report["phases"].append({k: v for k, v in p.items() if k not in ("autotune", "grades")}
                                 | {"autotune": r.to_json(), "grades": g.to_json(), "mismatches": bad})
     (out_dir / "autotune_multigpu.json").write_text(json.dumps(report, indent=1, default=str))

@@ -102,6 +102,46 @@ def test_the_benchmark_script_imports_and_builds_its_job():
         assert [f.kind for f in r.findings] == ["compile_error"], str(r)
 
 
+def test_the_fault_drills_hanging_submission_keeps_its_endless_loop_in_sass():
+    """The drill's hanging submission once passed on 4 x H200 in 11 s: NVVM deleted its spin on a volatile local (a
+    loop without side effects). Compiled for sm_90 as the grader compiles it, its SASS must keep a loop (a branch back
+    to an earlier instruction) around a volatile global load, ahead of the guarded store the grader's checks want."""
+    import re
+
+    mod = _load_script()
+    ex = kernellab.teach.exercise("01-reverse")
+    k = kernellab.teach.kernel_from_cell(ex, mod.HANG)
+    assert not isinstance(k, kernellab.teach.GradeResult), str(k)
+    sass = k["reverse"].sass
+    code = [(int(a, 16), ins.strip()) for a, ins in re.findall(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]
+    back = [(a, ins) for a, ins in code if (m := re.search(r"\bBRA\s+0x([0-9a-f]+)", ins)) and int(m.group(1), 16) < a]
+    assert back, sass
+    top = min(int(re.search(r"0x([0-9a-f]+)", ins).group(1), 16) for _, ins in back)
+    loop = [ins for a, ins in code if top <= a <= max(a for a, _ in back)]
+    assert any(ins.startswith("LDG") and ".STRONG" in ins for ins in loop), loop      # re-reads in[0] each time
+    assert any("STG" in ins for a, ins in code if a > max(a for a, _ in back))        # the store comes after
+
+
+def test_the_fault_drill_names_what_went_wrong():
+    """The drill's verdict on the rows seen on 4 x H200 (the hanging submission passed, a killed worker's submission
+    graded again): one problem, that drill-hang was not given up by the timeout; none for the rows it should give."""
+    from kernellab.teach.grading import GradeRow, GradeTable
+
+    mod = _load_script()
+    subs = {f"drill{i:02d}": "src" for i in range(3)} | {"drill-hang": "src"}
+    graded = [GradeRow("drill00", True, wall_ms=8e3), GradeRow("drill01", True, wall_ms=8e3, rerun="died once"),
+              GradeRow("drill02", True, wall_ms=8e3)]
+    seen = GradeTable("01-reverse", tuple(graded + [GradeRow("drill-hang", True, wall_ms=11129.0)]))
+    problems = mod.drill_problems(seen, subs, ["tcp://w:1 (pid 1)"])
+    assert problems == ["drill-hang was not given up by the timeout: it passed in 11.1 s (its kernel did not hang)"]
+    hung = GradeRow("drill-hang", None, error="no grade: no result 21 s after it started on tcp://w:2 (timeout_s=20)")
+    assert mod.drill_problems(GradeTable("01-reverse", tuple(graded + [hung])), subs, ["tcp://w:1 (pid 1)"]) == []
+    lost = GradeTable("01-reverse", (graded[0], GradeRow("drill01", None, error="KilledWorker"), hung))
+    problems = mod.drill_problems(lost, subs, [])
+    assert problems[0] == "3 rows for 4 submissions" and "drill01 error (KilledWorker)" in problems[1]
+    assert problems[2].startswith("no worker was killed")
+
+
 @pytest.mark.slow
 def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monkeypatch):
     """run_phase as on a GPU host, on two CPU worker processes: the warptile SGEMM's compile stage (compiled,
