@@ -136,10 +136,48 @@ def test_the_fault_drill_names_what_went_wrong():
     assert problems == ["drill-hang was not given up by the timeout: it passed in 11.1 s (its kernel did not hang)"]
     hung = GradeRow("drill-hang", None, error="no grade: no result 21 s after it started on tcp://w:2 (timeout_s=20)")
     assert mod.drill_problems(GradeTable("01-reverse", tuple(graded + [hung])), subs, ["tcp://w:1 (pid 1)"]) == []
+    timed_out = GradeRow("drill-hang", False, findings=("the kernel did not finish",), kinds=("timeout",))
+    assert mod.drill_problems(GradeTable("01-reverse", tuple(graded + [timed_out])), subs, ["w"]) == []
     lost = GradeTable("01-reverse", (graded[0], GradeRow("drill01", None, error="KilledWorker"), hung))
     problems = mod.drill_problems(lost, subs, [])
     assert problems[0] == "3 rows for 4 submissions" and "drill01 error (KilledWorker)" in problems[1]
     assert problems[2].startswith("no worker was killed")
+
+
+def _phase(gpus, rows_by_exercise, grade_s, host_busy):
+    """A phase as run_phase returns it, with only what the grading report reads."""
+    import types
+
+    from kernellab.teach.grading import ClassGrades, GradeRow, GradeTable
+
+    tables = []
+    for ex_id, rows in rows_by_exercise.items():
+        tables.append(GradeTable(ex_id, tuple(
+            GradeRow(f"s{i}", True, wall_ms=wall * 1e3, result=types.SimpleNamespace(stage_s=tuple(steps.items())))
+            for i, (wall, steps) in enumerate(rows)), grade_s))
+    return {"gpus": gpus, "workers": 4 * gpus, "grades": ClassGrades(tuple(tables), grade_s), "grade_s": grade_s,
+            "grade_host_cpu": host_busy}
+
+
+def test_the_grading_report_says_which_step_grew_and_whether_the_cores_or_a_wait_are_why():
+    """Per exercise, each step's mean seconds 1 GPU -> N from the GradeResults' stage_s, and a verdict: CPU seconds
+    flat while wall time grows is a wait on something shared (the driver, a lock); a busy host is CPU-bound."""
+    mod = _load_script()
+    one_steps = {"compile": 0.1, "compute-sanitizer racecheck": 3.0, "launches (GPU)": 1.0,
+                 "cpu: this process": 1.0, "cpu: tools' processes": 3.0}
+    slow_steps = dict(one_steps, **{"compute-sanitizer racecheck": 9.0})
+    one = _phase(1, {"02-transpose-batched": [(4.1, one_steps)] * 2}, 10.0, 0.2)
+    waited = _phase(4, {"02-transpose-batched": [(10.1, slow_steps)] * 2}, 8.0, 0.3)
+    lines = mod.where_grading_goes(waited, one)
+    assert lines[0].startswith("02-transpose-batched, mean per submission: wall 4.1 -> 10.1 s; "
+                               "compute-sanitizer racecheck 3.0 -> 9.0 s"), lines
+    assert "CPU 4.0 -> 4.0 s (this process 1.0 -> 1.0, tools 3.0 -> 3.0)" in lines[0]
+    assert "x2.46 and its CPU seconds x1.00" in lines[1] and "wait on something the host's GPUs share" in lines[1]
+    busy = _phase(4, {"02-transpose-batched": [(10.1, dict(slow_steps, **{"cpu: tools' processes": 9.0}))] * 2},
+                  8.0, 0.97)
+    assert "CPU-bound" in mod.where_grading_goes(busy, one)[-1]
+    idle, total = mod.host_cpu_times()
+    assert 0 <= idle <= total
 
 
 @pytest.mark.slow
@@ -164,6 +202,11 @@ def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monk
     assert len(g.rows) == 12 and {row.worker for row in g.rows} <= workers
     assert len({row.worker for row in g.rows}) == 2                        # both workers graded
     assert mod.check_class(g, expected) == [], str(g)
+    stages = mod.grade_stages(p)                 # each grade's steps travel back with its result
+    assert set(stages) == {"01-reverse", "00-flip"}, stages
+    assert stages["00-flip"]["launches (simulator)"] > 0 and stages["01-reverse"]["launches (CPU path)"] > 0
+    assert all(s["compile"] > 0 and "cpu: tools' processes" in s for s in stages.values())
+    assert p["grade_host_cpu"] is None or 0 <= p["grade_host_cpu"] <= 1
     assert any(row.passed is False for row in g.rows) and any(row.passed for row in g.rows)
     assert "1.00x" in mod.table([p], [])
 
