@@ -180,6 +180,20 @@ def test_the_grading_report_says_which_step_grew_and_whether_the_cores_or_a_wait
     assert 0 <= idle <= total
 
 
+def test_the_budget_skips_the_two_gpu_phase_that_would_not_fit_after_one_and_four():
+    """With 4 x H200's figures (one GPU: 7 s start + 199 s job; four: 125 s job), the largest pool's guess includes
+    its fault drill and fits 420 s; the 2-GPU phase, guessed from the 4-GPU speed-up, does not."""
+    mod = _load_script()
+    one = {"gpus": 1, "start_s": 7.0, "job_s": 198.8}
+    assert mod.expected_speedup(4, [one]) == 1.6 and mod.expected_speedup(1, [one]) == 1.0
+    four = {"gpus": 4, "start_s": 10.5, "job_s": 124.7}
+    assert mod.expected_speedup(2, [one, four]) == pytest.approx(1 + 0.594 / 3, abs=1e-3)
+    elapsed = 7.0 + 198.8
+    assert elapsed + one["start_s"] + one["job_s"] / mod.expected_speedup(4, [one]) + 45 < 420
+    elapsed += 10.5 + 124.7 + 27
+    assert elapsed + one["start_s"] + one["job_s"] / mod.expected_speedup(2, [one, four]) > 420
+
+
 @pytest.mark.slow
 def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monkeypatch):
     """run_phase as on a GPU host, on two CPU worker processes: the warptile SGEMM's compile stage (compiled,
@@ -326,4 +340,7 @@ def test_the_benchmark_main_prints_its_table_last_on_a_stand_in_two_gpu_host(tmp
     report = json.loads((tmp_path / "autotune_multigpu.json").read_text())
     assert [p["gpus"] for p in report["phases"]] == [1, 2]
     assert len(report["phases"][1]["grades"]["tables"]) == 3 and report["phases"][1]["faults"]["killed"]
+    assert report["phases"][1]["faults"]["problems"] == [] and "timeout_s=25" in report["phases"][1]["faults"]["hang"]
+    assert set(report["phases"][1]["grade_stages"]) == set(mod.EXERCISES)
+    assert "grading: 01-reverse, mean per submission: wall" in out and "grading: verdict: " in out
     assert (tmp_path / "grades_2gpu.txt").exists() and (tmp_path / "faults.txt").exists()
