@@ -539,6 +539,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rep-ms", type=float, default=20.0, help="kernellab.bench's rep_ms for each configuration")
     ap.add_argument("--grade-timeout-s", type=float, default=90.0,
                     help="a submission still being graded this long after it started is given up")
+    ap.add_argument("--drill-timeout-s", type=float, default=25.0,
+                    help="the fault drill's timeout_s: above its honest submissions' grading time, and under the "
+                         "grader's own launch timeout (30 s) on a GPU, so that the fan-out's watchdog ends the hang")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="skip a phase that would end after this (the suite's limit is 500 s)")
     ap.add_argument("--no-faults", dest="faults", action="store_false")
@@ -568,7 +571,7 @@ def main(argv=None) -> int:
     work, expected = build_class(ns.students)
     job = {"source": warptile_source(), "configs": sgemm_configs(ns.configs), "problem": make_problem(ns.size),
            "bench_options": {"rep_ms": ns.rep_ms, "rounds": 4, "warmup_ms": 10.0}, "work": work,
-           "grade_timeout_s": ns.grade_timeout_s,
+           "grade_timeout_s": ns.grade_timeout_s, "drill_timeout_s": ns.drill_timeout_s,
            # every worker of every phase gets the same share of the host's cores (that of the largest pool), so a
            # phase with more workers is not slowed by library thread pools fighting over the cores
            "threads_per_worker": max(1, (os.cpu_count() or 1) // (largest * ns.workers_per_gpu))}
