@@ -494,8 +494,8 @@ def where_grading_goes(p: dict, one: dict) -> list[str]:
         parts = [f"{k} {base.get(k, 0):.1f} -> {v:.1f} s" for k, v in sorted(steps.items(), key=lambda kv: -kv[1])
                  if k not in cpu and (v >= 0.05 or base.get(k, 0) >= 0.05)]
         c1, cn = sum(base.get(k, 0) for k in cpu), sum(steps.get(k, 0) for k in cpu)
-        parts.append(f"CPU {c1:.1f} -> {cn:.1f} s (this process {base.get(cpu[0], 0):.1f} -> {steps.get(cpu[0], 0):.1f},"
-                     f" tools {base.get(cpu[1], 0):.1f} -> {steps.get(cpu[1], 0):.1f})")
+        parts.append(f"CPU {c1:.1f} -> {cn:.1f} s (this process {base.get(cpu[0], 0):.1f} -> "
+                     f"{steps.get(cpu[0], 0):.1f}, tools {base.get(cpu[1], 0):.1f} -> {steps.get(cpu[1], 0):.1f})")
         lines.append(f"{ex_id}, mean per submission: " + "; ".join(parts))
         n = sum(1 for t in p["grades"].tables if t.exercise_id == ex_id for _ in t.rows)
         cpu_1, cpu_n, wall_1, wall_n = cpu_1 + c1 * n, cpu_n + cn * n, wall_1 + base.get("wall", 0) * n, \
