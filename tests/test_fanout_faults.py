@@ -108,6 +108,8 @@ def test_the_fault_drills_hanging_submission_keeps_its_endless_loop_in_sass():
     to an earlier instruction) around a volatile global load, ahead of the guarded store the grader's checks want."""
     import re
 
+    import kernellab.teach
+
     mod = _load_script()
     ex = kernellab.teach.exercise("01-reverse")
     k = kernellab.teach.kernel_from_cell(ex, mod.HANG)
@@ -120,6 +122,30 @@ def test_the_fault_drills_hanging_submission_keeps_its_endless_loop_in_sass():
     loop = [ins for a, ins in code if top <= a <= max(a for a, _ in back)]
     assert any(ins.startswith("LDG") and ".STRONG" in ins for ins in loop), loop      # re-reads in[0] each time
     assert any("STG" in ins for a, ins in code if a > max(a for a, _ in back))        # the store comes after
+
+
+def test_a_kernel_that_times_out_on_the_gpu_is_not_run_under_the_tools_after(monkeypatch):
+    """The drill's hanging kernel on a (stand-in) GPU whose isolated launch times out: a failed grade with the timeout
+    finding, and no compute-sanitizer runs after it (each would hang 120 s), so the grade ends at the launch timeout."""
+    import kernellab.teach
+    from kernellab.teach import grader
+
+    mod = _load_script()
+    k = kernellab.teach.kernel_from_cell(kernellab.teach.exercise("01-reverse"), mod.HANG)["reverse"]
+    launches, tools = [], []
+
+    def hung(self, k, args, grid, block):
+        launches.append((grid, block))
+        raise grader._RunFailed("timeout", "reverse did not finish within 30 s")
+
+    monkeypatch.setattr(grader._device, "gpu_status", lambda: (True, ""))
+    monkeypatch.setattr(grader._Grading, "_launch_gpu", hung)
+    monkeypatch.setattr(grader._Grading, "sanitizers", lambda self, k: tools.append(k))
+    r = kernellab.grade("01-reverse", k, speed=False)
+    assert not r.passed and [f.kind for f in r.findings] == ["timeout"], str(r)
+    assert len(launches) == 1 and tools == []                 # stopped at the first launch, no tool after it
+    assert any("compute-sanitizer and the simulator were not run" in n for n in r.notes), r.notes
+    assert [s for s, _ in r.stage_s][:3] == ["compiler checks", "launches (GPU)", "cpu: this process"], r.stage_s
 
 
 def test_the_fault_drill_names_what_went_wrong():
