@@ -102,6 +102,124 @@ def test_the_benchmark_script_imports_and_builds_its_job():
         assert [f.kind for f in r.findings] == ["compile_error"], str(r)
 
 
+def test_the_fault_drills_hanging_submission_keeps_its_endless_loop_in_sass():
+    """The drill's hanging submission once passed on 4 x H200 in 11 s: NVVM deleted its spin on a volatile local (a
+    loop without side effects). Compiled for sm_90 as the grader compiles it, its SASS must keep a loop (a branch back
+    to an earlier instruction) around a volatile global load, ahead of the guarded store the grader's checks want."""
+    import re
+
+    import kernellab.teach
+
+    mod = _load_script()
+    ex = kernellab.teach.exercise("01-reverse")
+    k = kernellab.teach.kernel_from_cell(ex, mod.HANG)
+    assert not isinstance(k, kernellab.teach.GradeResult), str(k)
+    sass = k["reverse"].sass
+    code = [(int(a, 16), ins.strip()) for a, ins in re.findall(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]
+    back = [(a, ins) for a, ins in code if (m := re.search(r"\bBRA\s+0x([0-9a-f]+)", ins)) and int(m.group(1), 16) < a]
+    assert back, sass
+    top = min(int(re.search(r"0x([0-9a-f]+)", ins).group(1), 16) for _, ins in back)
+    loop = [ins for a, ins in code if top <= a <= max(a for a, _ in back)]
+    assert any(ins.startswith("LDG") and ".STRONG" in ins for ins in loop), loop      # re-reads in[0] each time
+    assert any("STG" in ins for a, ins in code if a > max(a for a, _ in back))        # the store comes after
+
+
+def test_a_kernel_that_times_out_on_the_gpu_is_not_run_under_the_tools_after(monkeypatch):
+    """The drill's hanging kernel on a (stand-in) GPU whose isolated launch times out: a failed grade with the timeout
+    finding, and no compute-sanitizer runs after it (each would hang 120 s), so the grade ends at the launch timeout."""
+    import kernellab.teach
+    from kernellab.teach import grader
+
+    mod = _load_script()
+    k = kernellab.teach.kernel_from_cell(kernellab.teach.exercise("01-reverse"), mod.HANG)["reverse"]
+    launches, tools = [], []
+
+    def hung(self, k, args, grid, block):
+        launches.append((grid, block))
+        raise grader._RunFailed("timeout", "reverse did not finish within 30 s")
+
+    monkeypatch.setattr(grader._device, "gpu_status", lambda: (True, ""))
+    monkeypatch.setattr(grader._Grading, "_launch_gpu", hung)
+    monkeypatch.setattr(grader._Grading, "sanitizers", lambda self, k: tools.append(k))
+    r = kernellab.grade("01-reverse", k, speed=False)
+    assert not r.passed and [f.kind for f in r.findings] == ["timeout"], str(r)
+    assert len(launches) == 1 and tools == []                 # stopped at the first launch, no tool after it
+    assert any("compute-sanitizer and the simulator were not run" in n for n in r.notes), r.notes
+    assert [s for s, _ in r.stage_s][:3] == ["compiler checks", "launches (GPU)", "cpu: this process"], r.stage_s
+
+
+def test_the_fault_drill_names_what_went_wrong():
+    """The drill's verdict on the rows seen on 4 x H200 (the hanging submission passed, a killed worker's submission
+    graded again): one problem, that drill-hang was not given up by the timeout; none for the rows it should give."""
+    from kernellab.teach.grading import GradeRow, GradeTable
+
+    mod = _load_script()
+    subs = {f"drill{i:02d}": "src" for i in range(3)} | {"drill-hang": "src"}
+    graded = [GradeRow("drill00", True, wall_ms=8e3), GradeRow("drill01", True, wall_ms=8e3, rerun="died once"),
+              GradeRow("drill02", True, wall_ms=8e3)]
+    seen = GradeTable("01-reverse", tuple(graded + [GradeRow("drill-hang", True, wall_ms=11129.0)]))
+    problems = mod.drill_problems(seen, subs, ["tcp://w:1 (pid 1)"])
+    assert problems == ["drill-hang was not given up by the timeout: it passed in 11.1 s (its kernel did not hang)"]
+    hung = GradeRow("drill-hang", None, error="no grade: no result 21 s after it started on tcp://w:2 (timeout_s=20)")
+    assert mod.drill_problems(GradeTable("01-reverse", tuple(graded + [hung])), subs, ["tcp://w:1 (pid 1)"]) == []
+    timed_out = GradeRow("drill-hang", False, findings=("the kernel did not finish",), kinds=("timeout",))
+    assert mod.drill_problems(GradeTable("01-reverse", tuple(graded + [timed_out])), subs, ["w"]) == []
+    lost = GradeTable("01-reverse", (graded[0], GradeRow("drill01", None, error="KilledWorker"), hung))
+    problems = mod.drill_problems(lost, subs, [])
+    assert problems[0] == "3 rows for 4 submissions" and "drill01 error (KilledWorker)" in problems[1]
+    assert problems[2].startswith("no worker was killed")
+
+
+def _phase(gpus, rows_by_exercise, grade_s, host_busy):
+    """A phase as run_phase returns it, with only what the grading report reads."""
+    import types
+
+    from kernellab.teach.grading import ClassGrades, GradeRow, GradeTable
+
+    tables = []
+    for ex_id, rows in rows_by_exercise.items():
+        tables.append(GradeTable(ex_id, tuple(
+            GradeRow(f"s{i}", True, wall_ms=wall * 1e3, result=types.SimpleNamespace(stage_s=tuple(steps.items())))
+            for i, (wall, steps) in enumerate(rows)), grade_s))
+    return {"gpus": gpus, "workers": 4 * gpus, "grades": ClassGrades(tuple(tables), grade_s), "grade_s": grade_s,
+            "grade_host_cpu": host_busy}
+
+
+def test_the_grading_report_says_which_step_grew_and_whether_the_cores_or_a_wait_are_why():
+    """Per exercise, each step's mean seconds 1 GPU -> N from the GradeResults' stage_s, and a verdict: CPU seconds
+    flat while wall time grows is a wait on something shared (the driver, a lock); a busy host is CPU-bound."""
+    mod = _load_script()
+    one_steps = {"compile": 0.1, "compute-sanitizer racecheck": 3.0, "launches (GPU)": 1.0,
+                 "cpu: this process": 1.0, "cpu: tools' processes": 3.0}
+    slow_steps = dict(one_steps, **{"compute-sanitizer racecheck": 9.0})
+    one = _phase(1, {"02-transpose-batched": [(4.1, one_steps)] * 2}, 10.0, 0.2)
+    waited = _phase(4, {"02-transpose-batched": [(10.1, slow_steps)] * 2}, 8.0, 0.3)
+    lines = mod.where_grading_goes(waited, one)
+    assert lines[0].startswith("02-transpose-batched, mean per submission: wall 4.1 -> 10.1 s; "
+                               "compute-sanitizer racecheck 3.0 -> 9.0 s"), lines
+    assert "CPU 4.0 -> 4.0 s (this process 1.0 -> 1.0, tools 3.0 -> 3.0)" in lines[0]
+    assert "x2.46 and its CPU seconds x1.00" in lines[1] and "wait on something the host's GPUs share" in lines[1]
+    busy = _phase(4, {"02-transpose-batched": [(10.1, dict(slow_steps, **{"cpu: tools' processes": 9.0}))] * 2},
+                  8.0, 0.97)
+    assert "CPU-bound" in mod.where_grading_goes(busy, one)[-1]
+    idle, total = mod.host_cpu_times()
+    assert 0 <= idle <= total
+
+
+def test_the_budget_skips_the_two_gpu_phase_that_would_not_fit_after_one_and_four():
+    """With 4 x H200's figures (one GPU: 7 s start + 199 s job; four: 125 s job), the largest pool's guess includes
+    its fault drill and fits 420 s; the 2-GPU phase, guessed from the 4-GPU speed-up, does not."""
+    mod = _load_script()
+    one = {"gpus": 1, "start_s": 7.0, "job_s": 198.8}
+    assert mod.expected_speedup(4, [one]) == 1.6 and mod.expected_speedup(1, [one]) == 1.0
+    four = {"gpus": 4, "start_s": 10.5, "job_s": 124.7}
+    assert mod.expected_speedup(2, [one, four]) == pytest.approx(1 + 0.594 / 3, abs=1e-3)
+    elapsed = 7.0 + 198.8
+    assert elapsed + one["start_s"] + one["job_s"] / mod.expected_speedup(4, [one]) + 45 < 420
+    elapsed += 10.5 + 124.7 + 27
+    assert elapsed + one["start_s"] + one["job_s"] / mod.expected_speedup(2, [one, four]) > 420
+
+
 @pytest.mark.slow
 def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monkeypatch):
     """run_phase as on a GPU host, on two CPU worker processes: the warptile SGEMM's compile stage (compiled,
@@ -124,6 +242,11 @@ def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monk
     assert len(g.rows) == 12 and {row.worker for row in g.rows} <= workers
     assert len({row.worker for row in g.rows}) == 2                        # both workers graded
     assert mod.check_class(g, expected) == [], str(g)
+    stages = mod.grade_stages(p)                 # each grade's steps travel back with its result
+    assert set(stages) == {"01-reverse", "00-flip"}, stages
+    assert stages["00-flip"]["launches (simulator)"] > 0 and stages["01-reverse"]["launches (CPU path)"] > 0
+    assert all(s["compile"] > 0 and "cpu: tools' processes" in s for s in stages.values())
+    assert p["grade_host_cpu"] is None or 0 <= p["grade_host_cpu"] <= 1
     assert any(row.passed is False for row in g.rows) and any(row.passed for row in g.rows)
     assert "1.00x" in mod.table([p], [])
 
@@ -234,7 +357,7 @@ def test_the_benchmark_main_prints_its_table_last_on_a_stand_in_two_gpu_host(tmp
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setenv("KERNELLAB_CACHE", "0")       # main() turns the caches off: undone after this test
     rc = mod.main(["--configs", "2", "--students", "2", "--workers-per-gpu", "1", "--size", "64",
-                   "--budget-s", "3000"])
+                   "--budget-s", "3000", "--drill-timeout-s", "90"])    # the CPU path on a loaded 2-core machine
     out = capsys.readouterr().out
     assert rc == 0, out                                      # every submission got the finding its file names
     lines = out.rstrip().splitlines()
@@ -243,4 +366,7 @@ def test_the_benchmark_main_prints_its_table_last_on_a_stand_in_two_gpu_host(tmp
     report = json.loads((tmp_path / "autotune_multigpu.json").read_text())
     assert [p["gpus"] for p in report["phases"]] == [1, 2]
     assert len(report["phases"][1]["grades"]["tables"]) == 3 and report["phases"][1]["faults"]["killed"]
+    assert report["phases"][1]["faults"]["problems"] == [] and "timeout_s=90" in report["phases"][1]["faults"]["hang"]
+    assert set(report["phases"][1]["grade_stages"]) == set(mod.EXERCISES)
+    assert "grading: 01-reverse, mean per submission: wall" in out and "grading: verdict: " in out
     assert (tmp_path / "grades_2gpu.txt").exists() and (tmp_path / "faults.txt").exists()

@@ -6,10 +6,12 @@ How to add one: docs/AUTHORING-EXERCISES.md. What a grader runs: kernellab/teach
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import linecache
 import pkgutil
+import time
 import traceback
 
 from ..errors import KernellabError
@@ -83,11 +85,17 @@ def grade(exercise_id: str, kernel, *, seed: int | None = None, speed: bool = Tr
     result says what needs a GPU. `seed` fixes the random inputs (default: fresh each time); speed=False skips the
     speed bar."""
     ex = exercise(exercise_id)
+    compile_s = None
     if isinstance(kernel, str):
+        t0 = time.perf_counter()
         kernel = kernel_from_cell(ex, kernel)
+        compile_s = round(time.perf_counter() - t0, 4)
         if isinstance(kernel, GradeResult):
-            return kernel
-    return _grade(ex, kernel, seed=seed, speed=speed)
+            return dataclasses.replace(kernel, stage_s=(("compile", compile_s),))
+    result = _grade(ex, kernel, seed=seed, speed=speed)
+    if compile_s is None:
+        return result
+    return dataclasses.replace(result, stage_s=(("compile", compile_s),) + result.stage_s)
 
 
 def kernel_from_cell(ex: Exercise, source: str):

@@ -18,10 +18,13 @@ A wrong kernel never raises: every problem becomes a finding, and the verdict is
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import re
+import resource
 import secrets
+import time
 import traceback
 import warnings
 
@@ -117,12 +120,22 @@ class ExerciseError(KernellabError, KeyError):
 def grade(ex: Exercise, kernel, *, seed: int | None = None, speed: bool = True) -> GradeResult:
     """Grade `kernel` against exercise `ex` (see the module docstring); never raises for a wrong kernel."""
     g = _Grading(ex, seed)
+    cpu0 = _cpu_seconds()
     try:
         g.run(kernel, speed)
     except Exception as exc:   # a grader bug: a failed verdict that says so, never a stopped notebook
         g.add("internal", f"the grader failed: {type(exc).__name__}: {exc}")
         g.notes.append("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-2000:])
+    cpu1 = _cpu_seconds()
+    g.stage_s["cpu: this process"] = cpu1[0] - cpu0[0]
+    g.stage_s["cpu: tools' processes"] = cpu1[1] - cpu0[1]
     return g.result()
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds of this process, of its finished child processes: compute-sanitizer and what it ran)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time(), kids.ru_utime + kids.ru_stime
 
 
 class _Grading:
@@ -139,6 +152,16 @@ class _Grading:
         self.needs_gpu = ""
         self.not_run = False               # the kernel could not run here at all: the grade cannot say passed
         self.speed: Speed | None = None
+        self.stage_s: dict[str, float] = {}   # where the time went, by step (GradeResult.stage_s)
+
+    @contextlib.contextmanager
+    def timed(self, step: str):
+        """Add the block's wall time to `step`."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_s[step] = self.stage_s.get(step, 0.0) + time.perf_counter() - t0
 
     # -- recording ------------------------------------------------------------------------------------------
     def add(self, kind: str, message: str, *, cell_line: int | None = None, where: str = "") -> None:
@@ -175,7 +198,8 @@ class _Grading:
                            passed=not self.findings and not self.not_run, findings=self.ordered_findings(),
                            checks=tuple(self.checks),
                            complete=self.complete and not self.needs_gpu, needs_gpu=self.needs_gpu, speed=self.speed,
-                           seed=self.seed, notes=tuple(self.notes))
+                           seed=self.seed, notes=tuple(self.notes),
+                           stage_s=tuple((k, round(v, 4)) for k, v in self.stage_s.items()))
 
     # -- the steps --------------------------------------------------------------------------------------------
     def run(self, kernel, want_speed: bool) -> None:
@@ -188,20 +212,33 @@ class _Grading:
         gpu, reason = _device.gpu_status()
         simulated = ex.kind == "numba" and bool(getattr(k, "simulate", False))
         if ex.kind == "cuda":
-            self.static_checks(k)
+            with self.timed("compiler checks"):
+                self.static_checks(k)
             if any(f.kind == "no_store" for f in self.findings):
                 self.notes.append("not launched: a kernel that stores nothing has nothing to check yet")
                 return
         if simulated:
-            self.run_all(k, simulated=True)
-            self.numba_static_checks(k)
-            self.sim_racecheck(k)
-        elif gpu:
-            ran_ok = self.run_all(k, simulated=False)
-            if ran_ok:
-                self.determinism(k)
-            if ex.kind == "numba":
+            with self.timed("launches (simulator)"):
+                self.run_all(k, simulated=True)
+            with self.timed("compiler checks"):
                 self.numba_static_checks(k)
+            with self.timed("race and init checks (simulator)"):
+                self.sim_racecheck(k)
+        elif gpu:
+            with self.timed("launches (GPU)"):
+                ran_ok = self.run_all(k, simulated=False)
+            if ran_ok:
+                with self.timed("determinism runs (GPU)"):
+                    self.determinism(k)
+            if ex.kind == "numba":
+                with self.timed("compiler checks"):
+                    self.numba_static_checks(k)
+            if any(f.kind == "timeout" for f in self.findings):
+                # it would hang under each tool (120 s apiece) and in the simulator (for good): the timeout is the
+                # finding, and the fan-out's own timeout (grade_class) need not end the grading
+                self.notes.append("compute-sanitizer and the simulator were not run: the kernel did not finish on "
+                                  "the GPU, and would not under them either")
+                return
             self.sanitizers(k)
             if ex.kind == "numba":
                 # The puzzles' kernels are graded in the simulator as well: on hardware a one-warp block steps
@@ -209,12 +246,16 @@ class _Grading:
                 # H100), which the simulator's interleaving and race detector expose.
                 sim_k = _simulated_copy(k)
                 if sim_k is not None:
-                    self.run_all(sim_k, simulated=True)
-                    self.sim_racecheck(sim_k)
+                    with self.timed("launches (simulator)"):
+                        self.run_all(sim_k, simulated=True)
+                    with self.timed("race and init checks (simulator)"):
+                        self.sim_racecheck(sim_k)
             if want_speed and ex.speed is not None and ran_ok and not self.findings:
-                self.measure_speed(k)
+                with self.timed("speed bar"):
+                    self.measure_speed(k)
         else:
-            cpu_k, why = _cpu_copy(k) if ex.kind == "cuda" else (None, "")
+            with self.timed("CPU path build"):
+                cpu_k, why = _cpu_copy(k) if ex.kind == "cuda" else (None, "")
             if cpu_k is not None:
                 self.run_on_cpu(cpu_k, reason)
                 return
@@ -233,8 +274,10 @@ class _Grading:
         ex = self.ex
         shapes = cpu_shapes(ex)
         dropped = [s for s in ex.shapes if s not in shapes]
-        ran_ok = self.run_all(k, simulated=True, shapes=shapes, label="CPU")
-        self.sim_racecheck(k, shapes=shapes, label="CPU")
+        with self.timed("launches (CPU path)"):
+            ran_ok = self.run_all(k, simulated=True, shapes=shapes, label="CPU")
+        with self.timed("race and init checks (CPU path)"):
+            self.sim_racecheck(k, shapes=shapes, label="CPU")
         self.notes.append(f"ran on the CPU (kernellab's CUDA C++ emulator; no GPU: {reason}): every launch checked "
                           f"for out-of-bounds accesses of its arguments and shared arrays, with the cell line")
         left = []
@@ -540,8 +583,9 @@ class _Grading:
         where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
         for tool in self.sanitizer_tools(gpu=True):
             try:
-                rep = k.sanitize(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, tool=tool,
-                                 timeout_s=120)
+                with self.timed(f"compute-sanitizer {tool}"):
+                    rep = k.sanitize(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, tool=tool,
+                                     timeout_s=120)
             except ToolNotFoundError as exc:
                 self.notes.append(f"{tool} was not run: {exc}")
                 continue

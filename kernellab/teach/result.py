@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import report
 
@@ -94,6 +94,9 @@ class GradeResult:
     speed: Speed | None = None   # the optional speed bar, where it was measured
     seed: int | None = None      # the inputs' seed (fresh each grading)
     notes: tuple[str, ...] = ()
+    # where the grading's time went: (step, seconds) in order ("compile", "launches (GPU)", "compute-sanitizer
+    # racecheck", ...), and the CPU seconds it used ("cpu: this process", "cpu: tools' processes")
+    stage_s: tuple[tuple[str, float], ...] = field(default=(), compare=False)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -165,7 +168,7 @@ class GradeResult:
                 "needs_gpu": self.needs_gpu, "findings": [f.to_json() for f in self.findings],
                 "checks": [c.to_json() for c in self.checks],
                 "speed": None if self.speed is None else self.speed.to_json(), "seed": self.seed,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "stage_s": dict(self.stage_s)}
 
 
 @dataclass(frozen=True)

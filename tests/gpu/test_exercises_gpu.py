@@ -63,3 +63,26 @@ def test_grading_a_faulting_kernel_leaves_this_process_usable():
     r = kernellab.grade("01-reverse", kernellab.compile_cuda(src, first_line=2).reverse, speed=False)
     assert not r.passed and {"fault", "out_of_bounds"} & {f.kind for f in r.findings}, str(r)
     assert (torch.ones(4, device="cuda") + 1).sum().item() == 8.0
+
+
+def test_a_hanging_submission_fails_with_a_timeout_at_the_launch_timeout():
+    """benchmarks/autotune_multigpu.py's drill kernel (an endless spin on a volatile global load) graded from its
+    source: the isolated launch is killed at the grader's 30 s timeout, the grade fails with the `timeout` finding,
+    and no compute-sanitizer run follows (each would hang for 120 s)."""
+    import importlib
+    import pathlib
+    import sys
+    import time
+
+    import kernellab.teach
+
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    hang = importlib.import_module("benchmarks.autotune_multigpu").HANG
+    t0 = time.perf_counter()
+    r = kernellab.teach.grade("01-reverse", hang, speed=False)
+    wall_s = time.perf_counter() - t0
+    assert not r.passed and "timeout" in [f.kind for f in r.findings], str(r)
+    assert 29 < dict(r.stage_s)["launches (GPU)"] < 90 and wall_s < 100, (r.stage_s, wall_s)
+    assert not any(s.startswith("compute-sanitizer") for s, _ in r.stage_s), r.stage_s
