@@ -15,7 +15,7 @@ WORK     ?= lab-work
 # Jupyter refuses to run as root (containers, most cloud GPU machines) unless told it may.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test test-fast test-browser gpu-test install extension browser-deps clean
+.PHONY: lab test test-fast test-durations test-browser gpu-test install extension browser-deps clean
 
 # The JupyterLab extension: extension/ (TypeScript) builds into kernellab/labextension, which the venv sees through a
 # symlink (so a rebuild needs no reinstall) and wheels ship as share/jupyter/labextensions/kernellab-jupyter.
@@ -67,6 +67,12 @@ test: $(STAMP) $(EXT_BUILT) browser-deps
 # to bottom, the browser, wheel builds, the larger emulations and configuration sweeps), which `make test` adds.
 test-fast: $(STAMP) $(EXT_BUILT)
 	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+
+# Re-record tests/durations.json, each test file's CPU seconds (tests/conftest.py hands the longest out first, so no
+# long file starts last and runs alone while the other cores idle). Re-record after adding a long test file, from an
+# empty compile cache so that compiles are counted: make test-durations KERNELLAB_CACHE_DIR=$$(mktemp -d).
+test-durations: $(STAMP) $(EXT_BUILT) browser-deps
+	$(PY) -m pytest $(XDIST) --record-durations tests/durations.json $(PYTEST_ARGS)
 
 # The extension's tests: jest (TypeScript units) and Playwright driving Chromium against a real `jupyter lab`.
 test-browser: $(STAMP) $(EXT_BUILT) browser-deps
