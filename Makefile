@@ -68,9 +68,9 @@ test: $(STAMP) $(EXT_BUILT) browser-deps
 test-fast: $(STAMP) $(EXT_BUILT)
 	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
-# Re-record tests/durations.json, each test file's CPU seconds (tests/conftest.py hands the longest out first, so no
+# Re-record tests/durations.json, each test file's seconds (tests/conftest.py hands the longest out first, so no
 # long file starts last and runs alone while the other cores idle). Re-record after adding a long test file, from an
-# empty compile cache so that compiles are counted: make test-durations KERNELLAB_CACHE_DIR=$$(mktemp -d).
+# empty compile cache so that compiles are counted: make test-durations KERNELLAB_CACHE_DIR=$(mktemp -d).
 test-durations: $(STAMP) $(EXT_BUILT) browser-deps
 	$(PY) -m pytest $(XDIST) --record-durations tests/durations.json $(PYTEST_ARGS)
 

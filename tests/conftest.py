@@ -4,7 +4,6 @@ import collections
 import json
 import os
 import pathlib
-import resource
 
 import pytest
 
@@ -63,10 +62,10 @@ OWN_UNITS = ("tests/test_notebooks.py",)
 
 
 def _recorded_seconds() -> dict[str, float]:
-    """Each unit's recorded CPU seconds (durations.json holds [CPU seconds, wall seconds] per unit)."""
+    """Each unit's recorded seconds, from durations.json (none where it is missing or unreadable)."""
     try:
-        return {unit: seconds[0] for unit, seconds in json.loads(DURATIONS.read_text()).items()}
-    except (OSError, ValueError, TypeError, IndexError):
+        return {unit: float(seconds) for unit, seconds in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
         return {}
 
 
@@ -119,41 +118,16 @@ def pytest_xdist_make_scheduler(config, log):
     return None
 
 
-def _cpu_s() -> float:
-    """CPU seconds of this process and of the processes it has waited for (compilers, Jupyter kernels)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Each phase's report carries the CPU seconds it took (wall seconds are the report's duration)."""
-    outcome = yield
-    now = _cpu_s()
-    outcome.get_result().user_properties.append(("cpu_s", now - getattr(item, "_kl_cpu_mark", now)))
-    item._kl_cpu_mark = now
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    item._kl_cpu_mark = _cpu_s()
-
-
-_unit_seconds: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+_unit_seconds: collections.Counter = collections.Counter()
 
 
 def pytest_runtest_logreport(report):
-    cpu = dict(report.user_properties).get("cpu_s", 0.0)
-    unit = _unit_seconds[_unit(report.nodeid)]
-    unit[0] += cpu
-    unit[1] += report.duration
+    _unit_seconds[_unit(report.nodeid)] += report.duration
 
 
 def pytest_sessionfinish(session):
-    """--record-durations: each unit's CPU seconds (what scheduling uses: steadier than wall time on a shared
-    machine) and wall seconds, longest first."""
+    """--record-durations: each unit's seconds (setup, call and teardown of its tests), longest first."""
     path = session.config.getoption("record_durations")
     if path and not hasattr(session.config, "workerinput"):   # the controller (or the one process) writes it
-        units = sorted(_unit_seconds.items(), key=lambda kv: -kv[1][0])
-        pathlib.Path(path).write_text(
-            "{\n" + ",\n".join(f"{json.dumps(u)}: [{c:.1f}, {w:.1f}]" for u, (c, w) in units) + "\n}\n")
+        units = sorted(_unit_seconds.items(), key=lambda kv: -kv[1])
+        pathlib.Path(path).write_text("{\n" + ",\n".join(f"{json.dumps(u)}: {s:.1f}" for u, s in units) + "\n}\n")
