@@ -1062,29 +1062,15 @@ __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, co
 
     if (threadIdx.x == 0) {
         mbar_init(full_q, 1);
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full_k + 8 * s, 1);
-            mbar_init(full_v + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * NCWG);  // one arrival per consumer warp
-        }
+        init_kv_ring<STAGES>(full_k, full_v, empty, 4 * NCWG);   // empty: one arrival per consumer warp
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    if (wg == 0) {                              // producer: one thread issues every copy
+    if (wg == 0) {                              // producer: one thread issues every copy (<kl/attention.cuh>)
         if (tid == 0) {
-            mbar_expect_tx(full_q, Q_BYTES);
-            for (int b = 0; b < DB; ++b) tma_load_3d(q_s + b * BM * 128, tq, full_q, 64 * b, q0, bh);
-            for (int j = 0; j < n_tiles; ++j) {
-                const int s = j % STAGES;
-                if (j >= STAGES) mbar_wait(empty + 8 * s, ((j / STAGES) - 1) & 1);
-                mbar_expect_tx(full_k + 8 * s, KV_BYTES);
-                for (int b = 0; b < DB; ++b)
-                    tma_load_3d(k_s + s * KV_BYTES + b * BN * 128, tk, full_k + 8 * s, 64 * b, j * BN, bh);
-                mbar_expect_tx(full_v + 8 * s, KV_BYTES);
-                for (int b = 0; b < DB; ++b)
-                    tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bh);
-            }
+            produce_q<D, BM>(tq, q_s, full_q, q0, bh);
+            produce_kv<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, n_tiles, bh);
         }
         return;
     }
@@ -1165,11 +1151,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
             mbar_init(full_q + 8 * b, 1);
             mbar_init(empty_q + 8 * b, 4 * NCWG);   // one arrival per consumer warp
         }
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full_k + 8 * s, 1);
-            mbar_init(full_v + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * NCWG);
-        }
+        init_kv_ring<STAGES>(full_k, full_v, empty, 4 * NCWG);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -1191,19 +1173,8 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
                 item_coords<CAUSAL>(item, n_qblocks, BH, hps, work_counter == nullptr, qblock, bh);
                 const int q0 = qblock * BM;
                 const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
-                mbar_expect_tx(full_q + 8 * qb, Q_BYTES);
-                for (int b = 0; b < DB; ++b)
-                    tma_load_3d(q_s + qb * Q_BYTES + b * BM * 128, tq, full_q + 8 * qb, 64 * b, q0, bh);
-                for (int j = 0; j < n_tiles; ++j, ++kv) {
-                    const int s = kv % STAGES;
-                    if (kv >= STAGES) mbar_wait(empty + 8 * s, ((kv / STAGES) - 1) & 1);
-                    mbar_expect_tx(full_k + 8 * s, KV_BYTES);
-                    for (int b = 0; b < DB; ++b)
-                        tma_load_3d(k_s + s * KV_BYTES + b * BN * 128, tk, full_k + 8 * s, 64 * b, j * BN, bh);
-                    mbar_expect_tx(full_v + 8 * s, KV_BYTES);
-                    for (int b = 0; b < DB; ++b)
-                        tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bh);
-                }
+                produce_q<D, BM>(tq, q_s + qb * Q_BYTES, full_q + 8 * qb, q0, bh);
+                produce_kv<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, n_tiles, bh, kv);
                 item = next_item(it, n_items, work_counter);
             }
         }

@@ -374,29 +374,16 @@ __device__ __forceinline__ void forward(const void* tq, const void* tk, const vo
 
     if (threadIdx.x == 0) {
         mbar_init(full_q, 1);
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full_k + 8 * s, 1);
-            mbar_init(full_v + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * NCWG);  // one arrival per consumer warp
-        }
+        init_kv_ring<STAGES>(full_k, full_v, empty, 4 * NCWG);   // empty: one arrival per consumer warp
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    if (wg == 0) {                              // producer: one thread issues every copy
+    if (wg == 0) {                              // producer: tutorial 07's (<kl/attention.cuh>), one thread
         if (tid == 0) {
-            mbar_expect_tx(full_q, Q_BYTES);
-            for (int b = 0; b < DB; ++b) tma_load_3d(q_s + b * BM * 128, tq, full_q, 64 * b, q0, bh);
-            for (int j = 0; j < n_tiles; ++j) {
-                const int s = j % STAGES;
-                if (j >= STAGES) mbar_wait(empty + 8 * s, ((j / STAGES) - 1) & 1);
-                mbar_expect_tx(full_k + 8 * s, KV_BYTES);
-                for (int b = 0; b < DB; ++b)     // the KV head: third coordinate bkv, not bh
-                    tma_load_3d(k_s + s * KV_BYTES + b * BN * 128, tk, full_k + 8 * s, 64 * b, j * BN, bkv);
-                mbar_expect_tx(full_v + 8 * s, KV_BYTES);
-                for (int b = 0; b < DB; ++b)
-                    tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bkv);
-            }
+            produce_q<D, BM>(tq, q_s, full_q, q0, bh);
+            // the KV head: third coordinate bkv, not bh
+            produce_kv<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, n_tiles, bkv);
         }
         return;
     }

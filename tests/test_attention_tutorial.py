@@ -107,3 +107,6 @@ def test_steps_3_and_3b_share_one_consumer_from_the_headers(steps):
     assert not any(s in src for s in ("wgmma_ss<", "wgmma_rs_tb<", "exp2_approx(", "__shfl_xor_sync"))
     header = (pathlib.Path(toolkit.KL_INCLUDE) / "kl" / "attention.cuh").read_text()
     assert "wgmma_ss<" in header and "wgmma_rs_tb<" in header and "exp2_approx(" in header
+    # the producer's copies too: Q and the K/V ring (init_kv_ring, produce_q, produce_kv), written once in the header
+    assert src.count("produce_kv<") == 2 and src.count("produce_q<") == 2 and src.count("init_kv_ring<") == 2, src[:400]
+    assert "tma_load_3d(" not in src and "tma_load_3d(" in header
