@@ -249,7 +249,7 @@ def test_the_hopper_gqa_kernel_takes_tutorial_07s_producer_from_the_header():
     kernellab/include/kl/attention.cuh with the KV head as its argument: the cell holds no copy of it."""
     src = CELLS["gqa_wgmma_kernels"]
     assert "#include <kl/attention.cuh>" in src and src.count("wg_attention<") == 1, src[:400]
-    assert src.count("produce_q<") == 1 and src.count("produce_kv<") == 1 and src.count("init_kv_ring<") == 1
+    assert src.count("produce_q<") == 1 and src.count("produce_kv<") == 1 and src.count("QKvRing<") == 1
     assert "n_tiles, bkv)" in src, "the K/V copies read the KV head (bkv), not the query head"
     assert "tma_load_3d(" not in src and "mbar_expect_tx(" not in src
 

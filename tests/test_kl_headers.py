@@ -297,7 +297,7 @@ extern "C" __global__ void desc(unsigned addr, unsigned long long* out) { *out =
 
 
 
-# The producer's side of <kl/attention.cuh> (init_kv_ring, produce_q, produce_kv, both forms): one thread streams a
+# The producer's side of <kl/attention.cuh> (QKvRing's layout and init_barriers, produce_q, produce_kv, both forms): one thread streams a
 # block's Q and K/V tiles of 16 keys through a 2-stage ring (so it waits on `empty` from the third tile on) and one
 # consumer warp copies each tile out, undoing the 128-byte swizzle, and releases its stage. PERSISTENT: two work items
 # (heads 0 then 1, two tiles each) on one ring, kv running on; otherwise head 1's four tiles. Q, K, V: [2, 64, 64]
@@ -311,12 +311,15 @@ __device__ __forceinline__ void stream(const void* tq, const void* tk, const voi
     constexpr int D = 64, BN = 16, STAGES = 2, N_TILES = 4, KV_BYTES = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = ((unsigned)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u;
-    const unsigned q_s = base, k_s = q_s + 16 * D * 2, v_s = k_s + STAGES * KV_BYTES;
-    const unsigned full_q = v_s + STAGES * KV_BYTES, full_k = full_q + 8, full_v = full_k + 8 * STAGES,
-                   empty = full_v + 8 * STAGES;
+    using Ring = QKvRing<D, 16, BN, STAGES>;
+    static_assert(Ring::kBytes == 16 * 128 + 2 * STAGES * KV_BYTES + 8 * 7, "Q, the ring, 7 mbarriers");
+    const Ring sm(base);
+    const unsigned q_s = sm.q_s, k_s = sm.k_s, v_s = sm.v_s, full_q = sm.full_q, full_k = sm.full_k,
+                   full_v = sm.full_v, empty = sm.empty;
+    if (q_s != base || k_s != base + 16 * 128 || v_s != k_s + STAGES * KV_BYTES || full_q != v_s + STAGES * KV_BYTES
+        || full_k != full_q + 8 || full_v != full_k + 8 * STAGES || empty != full_v + 8 * STAGES) __trap();
     if (threadIdx.x == 0) {
-        mbar_init(full_q, 1);
-        init_kv_ring<STAGES>(full_k, full_v, empty, 1);
+        sm.init_barriers(1);                    // one consumer warp
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();

@@ -2,7 +2,7 @@
 // producer streams into shared memory, S = Q K^T on the tensor cores, the causal and key-range mask, the online softmax
 // with lazy rescaling, P rounded to 16 bits in registers, O += P V; then O / l written out. The kernels around it (one
 // block per query block, or persistent) differ only in how they feed it: which Q buffer, which K/V stages and phases.
-// The producer's side is here too (init_kv_ring, produce_q, produce_kv), shared by tutorial 07's steps 3 and 3b and
+// The producer's side is here too (QKvRing, init_kv_ring, produce_q, produce_kv), shared by tutorial 07's steps 3 and 3b and
 // tutorial 09's grouped-query kernel, which differ only in the head their copies read.
 //
 // A warpgroup (128 threads, 4 warps) owns 64 query rows; warp w of it rows 16 w .. 16 w + 15, and lane (g = lane / 4,
@@ -30,6 +30,26 @@ __device__ __forceinline__ void init_kv_ring(unsigned full_k, unsigned full_v, u
         mbar_init(empty + 8 * s, consumer_warps);
     }
 }
+
+// A block's shared memory for one Q tile and a K/V ring of kStages stages (tutorial 07's step 3, tutorial 09's GQA
+// kernel), from `base` (1024-byte aligned: the 128-byte swizzle repeats every 1024 bytes): q_s [kD / 64][kBM][64],
+// k_s and v_s [kStages][kD / 64][kBN][64] of 16-bit values, then the mbarriers full_q, full_k[kStages],
+// full_v[kStages], empty[kStages], 8 bytes each (kBytes in all, past base).
+template <int kD, int kBM, int kBN, int kStages>
+struct QKvRing {
+    static constexpr unsigned kQBytes = kBM * kD * 2, kKvBytes = kBN * kD * 2;
+    static constexpr unsigned kBytes = kQBytes + 2 * kStages * kKvBytes + 8 * (1 + 3 * kStages);
+    unsigned q_s, k_s, v_s, full_q, full_k, full_v, empty;
+    __device__ __forceinline__ explicit QKvRing(unsigned base)
+        : q_s(base), k_s(base + kQBytes), v_s(k_s + kStages * kKvBytes), full_q(v_s + kStages * kKvBytes),
+          full_k(full_q + 8), full_v(full_k + 8 * kStages), empty(full_v + 8 * kStages) {}
+    // The mbarriers' initialisation (one thread, then fence.mbarrier_init and the block's __syncthreads): full_q
+    // and the ring's (init_kv_ring), each empty[s] expecting consumer_warps arrivals.
+    __device__ __forceinline__ void init_barriers(int consumer_warps) const {
+        mbar_init(full_q, 1);
+        init_kv_ring<kStages>(full_k, full_v, empty, consumer_warps);
+    }
+};
 
 // The producer's copy of a block's Q (one thread): kD / 64 boxes of [kBM rows][64] from row q0 of head `head` (the
 // tensor map's third coordinate) into q_tile, counted on full_q.
