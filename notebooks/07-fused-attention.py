@@ -1043,16 +1043,10 @@ template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
 __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, const void* tv, T* __restrict__ O, int N,
                                               float scale) {
     constexpr int BM = 64 * NCWG;               // query rows per block: 64 per consumer warpgroup
-    constexpr int DB = D / 64;                  // 64-column blocks of the head dim (one TMA box each)
-    constexpr uint32_t Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // 1024-byte aligned tiles (the 128-byte swizzle pattern repeats every 1024 bytes).
-    const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
-    const uint32_t q_s = base;                                   // [DB][BM][64]
-    const uint32_t k_s = q_s + Q_BYTES;                          // [STAGES][DB][BN][64]
-    const uint32_t v_s = k_s + STAGES * KV_BYTES;                // [STAGES][DB][BN][64]
-    const uint32_t bars = v_s + STAGES * KV_BYTES;               // full_q, full_k[S], full_v[S], empty[S]
-    const uint32_t full_q = bars, full_k = bars + 8, full_v = bars + 8 + 8 * STAGES, empty = bars + 8 + 16 * STAGES;
+    // Q, the K/V ring and their mbarriers (<kl/attention.cuh>), 1024-byte aligned: the 128-byte swizzle repeats
+    // every 1024 bytes.
+    const QKvRing<D, BM, BN, STAGES> sm((smem_u32(smem_raw) + 1023) & ~1023u);
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -1061,30 +1055,15 @@ __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, co
     const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
 
     if (threadIdx.x == 0) {
-        mbar_init(full_q, 1);
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full_k + 8 * s, 1);
-            mbar_init(full_v + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * NCWG);  // one arrival per consumer warp
-        }
+        sm.init_barriers(4 * NCWG);              // empty: one arrival per consumer warp
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    if (wg == 0) {                              // producer: one thread issues every copy
+    if (wg == 0) {                              // producer: one thread issues every copy (<kl/attention.cuh>)
         if (tid == 0) {
-            mbar_expect_tx(full_q, Q_BYTES);
-            for (int b = 0; b < DB; ++b) tma_load_3d(q_s + b * BM * 128, tq, full_q, 64 * b, q0, bh);
-            for (int j = 0; j < n_tiles; ++j) {
-                const int s = j % STAGES;
-                if (j >= STAGES) mbar_wait(empty + 8 * s, ((j / STAGES) - 1) & 1);
-                mbar_expect_tx(full_k + 8 * s, KV_BYTES);
-                for (int b = 0; b < DB; ++b)
-                    tma_load_3d(k_s + s * KV_BYTES + b * BN * 128, tk, full_k + 8 * s, 64 * b, j * BN, bh);
-                mbar_expect_tx(full_v + 8 * s, KV_BYTES);
-                for (int b = 0; b < DB; ++b)
-                    tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bh);
-            }
+            produce_q<D, BM>(tq, sm.q_s, sm.full_q, q0, bh);
+            produce_kv<D, BN, STAGES>(tk, tv, sm.k_s, sm.v_s, sm.full_k, sm.full_v, sm.empty, n_tiles, bh);
         }
         return;
     }
@@ -1093,10 +1072,11 @@ __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, co
     // Each waits for Q, then for each K/V tile: S = Q K^T (wgmma), the mask, the online softmax, O += P V (wgmma, P
     // from registers), and releases the stage; at the end it writes O / l.
     const float scale_log2 = scale * LOG2E;
-    mbar_wait(full_q, 0);
+    mbar_wait(sm.full_q, 0);
     int kv = 0;                                  // K/V tiles consumed: stage kv % STAGES
-    wg_attention<T, D, BN, BM, STAGES, CAUSAL, false>(wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s, k_s, v_s, KV_BYTES,
-                                                      full_k, full_v, empty, 0, scale_log2, RESCALE_LOG2);
+    wg_attention<T, D, BN, BM, STAGES, CAUSAL, false>(wg - 1, tid, O, bh, q0, N, n_tiles, kv, sm.q_s, sm.k_s, sm.v_s,
+                                                      sm.kKvBytes, sm.full_k, sm.full_v, sm.empty, 0, scale_log2,
+                                                      RESCALE_LOG2);
 }
 
 
@@ -1165,11 +1145,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
             mbar_init(full_q + 8 * b, 1);
             mbar_init(empty_q + 8 * b, 4 * NCWG);   // one arrival per consumer warp
         }
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full_k + 8 * s, 1);
-            mbar_init(full_v + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * NCWG);
-        }
+        init_kv_ring<STAGES>(full_k, full_v, empty, 4 * NCWG);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -1191,19 +1167,8 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
                 item_coords<CAUSAL>(item, n_qblocks, BH, hps, work_counter == nullptr, qblock, bh);
                 const int q0 = qblock * BM;
                 const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
-                mbar_expect_tx(full_q + 8 * qb, Q_BYTES);
-                for (int b = 0; b < DB; ++b)
-                    tma_load_3d(q_s + qb * Q_BYTES + b * BM * 128, tq, full_q + 8 * qb, 64 * b, q0, bh);
-                for (int j = 0; j < n_tiles; ++j, ++kv) {
-                    const int s = kv % STAGES;
-                    if (kv >= STAGES) mbar_wait(empty + 8 * s, ((kv / STAGES) - 1) & 1);
-                    mbar_expect_tx(full_k + 8 * s, KV_BYTES);
-                    for (int b = 0; b < DB; ++b)
-                        tma_load_3d(k_s + s * KV_BYTES + b * BN * 128, tk, full_k + 8 * s, 64 * b, j * BN, bh);
-                    mbar_expect_tx(full_v + 8 * s, KV_BYTES);
-                    for (int b = 0; b < DB; ++b)
-                        tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bh);
-                }
+                produce_q<D, BM>(tq, q_s + qb * Q_BYTES, full_q + 8 * qb, q0, bh);
+                produce_kv<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, n_tiles, bh, kv);
                 item = next_item(it, n_items, work_counter);
             }
         }

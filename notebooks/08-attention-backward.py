@@ -364,10 +364,41 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[NB][4], uint32_t a, int a_
         }
     }
 }
-// acc[DB][4] (16 x D) += A B with A (16 x 16 KC) in registers as KC fragments and B rows [16 kc, 16 kc + 16) of
-// tile `b` ([rows, D] swizzled, row-major [k][n]) through ldmatrix.trans (like V in tutorial 07).
-template <typename T, int D, int KC>
-__device__ __forceinline__ void gemm_ab_regs(float (&acc)[D / 8][4], const uint32_t (&af)[KC][4], uint32_t b) {
+// acc[MT][NB][4] (MT x 16 rows x 8 NB columns) = A B^T, A: MT row tiles of tile `a` (rows a_row0 + 16 m ..), B: 8 NB
+// rows of tile `b`, both [rows, D] swizzled, the product over D. Lane parts of the addresses as in tutorial 07's step 2
+// (A like Q, B like K). MT > 1 (rung 7, FlashAttention-2's warp tiling): each ldmatrix of a B fragment feeds MT mma's
+// (0.375 ldmatrix.x4 an mma at MT = 2 instead of 0.56).
+template <typename T, int D, int NB, int MT>
+__device__ __forceinline__ void gemm_abt_mt(float (&acc)[MT][NB][4], uint32_t a, int a_row0, uint32_t b) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) acc[m][nb][0] = acc[m][nb][1] = acc[m][nb][2] = acc[m][nb][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+            ldmatrix_x4(af[m], a + swz<D>(a_row0 + 16 * m + (lane & 15), 2 * kc + (lane >> 4)));
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, b + swz<D>(8 * nb + (lane & 7) + ((lane >> 4) << 3), 2 * kc + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816<T>(acc[m][nb], af[m], bf[0], bf[1]);
+                mma_16816<T>(acc[m][nb + 1], af[m], bf[2], bf[3]);
+            }
+        }
+    }
+}
+// acc[MT][D / 8][4] (MT x 16 x D) += A B with A (MT x 16 x 16 KC) in registers as KC fragments a row tile and B rows
+// [16 kc, 16 kc + 16) of tile `b` ([rows, D] swizzled, row-major [k][n]) through ldmatrix.trans (like V in tutorial
+// 07): each B fragment read once for the MT row tiles.
+template <typename T, int D, int KC, int MT>
+__device__ __forceinline__ void gemm_ab_regs_mt(float (&acc)[MT][D / 8][4], const uint32_t (&af)[MT][KC][4],
+                                                uint32_t b) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc)
@@ -375,9 +406,18 @@ __device__ __forceinline__ void gemm_ab_regs(float (&acc)[D / 8][4], const uint3
         for (int db = 0; db < D / 8; db += 2) {
             uint32_t bf[4];
             ldmatrix_x4_trans(bf, b + swz<D>(16 * kc + (lane & 15), db + (lane >> 4)));
-            mma_16816<T>(acc[db], af[kc], bf[0], bf[1]);
-            mma_16816<T>(acc[db + 1], af[kc], bf[2], bf[3]);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816<T>(acc[m][db], af[m][kc], bf[0], bf[1]);
+                mma_16816<T>(acc[m][db + 1], af[m][kc], bf[2], bf[3]);
+            }
         }
+}
+// gemm_ab_regs_mt with one row tile of A (MT = 1), the tile steps of rungs 2-6.
+template <typename T, int D, int KC>
+__device__ __forceinline__ void gemm_ab_regs(float (&acc)[D / 8][4], const uint32_t (&af)[KC][4], uint32_t b) {
+    gemm_ab_regs_mt<T, D, KC, 1>(reinterpret_cast<float (&)[1][D / 8][4]>(acc),
+                                 reinterpret_cast<const uint32_t (&)[1][KC][4]>(af), b);
 }
 // The lean tile step's versions of the two products (rung 6): the same ldmatrix addresses, computed once per thread.
 // swz<D>(row, chunk) with row & 7 == lane & 7 and chunk = 2 kc ^ c (c: the lane's 0/1) is
@@ -454,6 +494,31 @@ __device__ __forceinline__ void probs_q(float (&p)[NB][4], const float (&lse)[2]
             }
             p[nb][e] = exp2_approx(x);
         }
+}
+
+// P^T of the dK/dV tile step from S^T in p (rungs 2-5 and 7): LSE read per query, masks on every element where `mask`
+// (the tile crosses N or the diagonal). key0: the thread's row g's key.
+template <bool CAUSAL, int NB>
+__device__ __forceinline__ void probs_t_each(float (&p)[NB][4], const float* lse, float scale_log2, int q0, int key0,
+                                             int t, int N, bool mask) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int qi = 8 * nb + 2 * t + (e & 1);                     // query within the tile
+            const int key = key0 + 8 * (e >> 1);
+            float x = fmaf(p[nb][e], scale_log2, -lse[qi] * 1.4426950408889634f);
+            if (mask && (q0 + qi >= N || (CAUSAL && key > q0 + qi))) x = -CUDART_INF_F;
+            p[nb][e] = exp2_approx(x);
+        }
+}
+// dS^T = P^T o (dP^T - Dv) times scale, in place of dP^T in dp (Dv per query of the tile: dvec).
+template <int NB>
+__device__ __forceinline__ void ds_t(float (&dp)[NB][4], const float (&p)[NB][4], const float* dvec, int t, float scale) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[nb][e] = p[nb][e] * (dp[nb][e] - dvec[8 * nb + 2 * t + (e & 1)]) * scale;
 }
 
 // Accumulator pairs (rows g, g + 8; columns 2t, 2t + 1 of n-blocks 2 kc, 2 kc + 1) as A fragments of T.
@@ -562,22 +627,10 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
             gemm_ab_regs_lean<T, D, NB / 2>(dk, af, q_tile);
         } else {
         gemm_abt<T, D, NB>(p, k_tile, kw, q_tile);
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int qi = 8 * nb + 2 * t + (e & 1);                     // query within the tile
-                const int key = kv0 + kw + g + 8 * (e >> 1);
-                float x = fmaf(p[nb][e], scale_log2, -lse[qi] * 1.4426950408889634f);
-                if (mask && (q0 + qi >= N || (CAUSAL && key > q0 + qi))) x = -CUDART_INF_F;
-                p[nb][e] = exp2_approx(x);
-            }
+        probs_t_each<CAUSAL, NB>(p, lse, scale_log2, q0, kv0 + kw + g, t, N, mask);
         // dP^T = V dO^T; dS^T = P^T o (dP^T - Dv), times scale (both dQ and dK carry it).
         gemm_abt<T, D, NB>(dp, v_tile, kw, do_tile);
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[nb][e] = p[nb][e] * (dp[nb][e] - dvec[8 * nb + 2 * t + (e & 1)]) * scale;
+        ds_t<NB>(dp, p, dvec, t, scale);
 
         pack_a<T, NB>(af, p);                 // dV += P^T dO
         gemm_ab_regs<T, D, NB / 2>(dv, af, do_tile);
@@ -646,52 +699,6 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
     }
 }
 
-// Rung 7: FlashAttention-2's warp tiling in the dK/dV kernel, variant (b): each warp owns MT x 16 keys, so every
-// ldmatrix of a Q or dO fragment feeds MT mma's (0.375 ldmatrix.x4 an mma at MT = 2 instead of 0.56).
-// acc[MT][NB][4] = A B^T for MT row tiles of A (rows a_row0 + 16 m ..), as gemm_abt.
-template <typename T, int D, int NB, int MT>
-__device__ __forceinline__ void gemm_abt_mt(float (&acc)[MT][NB][4], uint32_t a, int a_row0, uint32_t b) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) acc[m][nb][0] = acc[m][nb][1] = acc[m][nb][2] = acc[m][nb][3] = 0.f;
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc) {
-        uint32_t af[MT][4];
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-            ldmatrix_x4(af[m], a + swz<D>(a_row0 + 16 * m + (lane & 15), 2 * kc + (lane >> 4)));
-#pragma unroll
-        for (int nb = 0; nb < NB; nb += 2) {
-            uint32_t bf[4];
-            ldmatrix_x4(bf, b + swz<D>(8 * nb + (lane & 7) + ((lane >> 4) << 3), 2 * kc + ((lane >> 3) & 1)));
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                mma_16816<T>(acc[m][nb], af[m], bf[0], bf[1]);
-                mma_16816<T>(acc[m][nb + 1], af[m], bf[2], bf[3]);
-            }
-        }
-    }
-}
-// acc[MT][D / 8][4] += A B for MT row tiles of A in registers, as gemm_ab_regs: each B fragment read once.
-template <typename T, int D, int KC, int MT>
-__device__ __forceinline__ void gemm_ab_regs_mt(float (&acc)[MT][D / 8][4], const uint32_t (&af)[MT][KC][4],
-                                                uint32_t b) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc)
-#pragma unroll
-        for (int db = 0; db < D / 8; db += 2) {
-            uint32_t bf[4];
-            ldmatrix_x4_trans(bf, b + swz<D>(16 * kc + (lane & 15), db + (lane >> 4)));
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                mma_16816<T>(acc[m][db], af[m][kc], bf[0], bf[1]);
-                mma_16816<T>(acc[m][db + 1], af[m][kc], bf[2], bf[3]);
-            }
-        }
-}
 // dK and dV of KT = 16 MT NWARPS keys per block (warp w: keys kv0 + 16 MT w ..), walking query tiles of BM rows;
 // dQ by dq_pass. Shared memory as dkdv's without the dS tile (bwd_dkdv_smem_bytes with those keys and BM).
 template <typename T, int D, int BM, bool CAUSAL, int MT>
@@ -748,25 +755,10 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
         gemm_abt_mt<T, D, NB, MT>(p, k_tile, kw, q_tile);
         const bool mask = q0 + BM > N || (CAUSAL && q0 < kv0 + KT);
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int qi = 8 * nb + 2 * t + (e & 1);
-                    const int key = kv0 + kw + 16 * m + g + 8 * (e >> 1);
-                    float x = fmaf(p[m][nb][e], scale_log2, -lse[qi] * 1.4426950408889634f);
-                    if (mask && (q0 + qi >= N || (CAUSAL && key > q0 + qi))) x = -CUDART_INF_F;
-                    p[m][nb][e] = exp2_approx(x);
-                }
+        for (int m = 0; m < MT; ++m) probs_t_each<CAUSAL, NB>(p[m], lse, scale_log2, q0, kv0 + kw + 16 * m + g, t, N, mask);
         gemm_abt_mt<T, D, NB, MT>(dp, v_tile, kw, do_tile);
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dp[m][nb][e] = p[m][nb][e] * (dp[m][nb][e] - dvec[8 * nb + 2 * t + (e & 1)]) * scale;
+        for (int m = 0; m < MT; ++m) ds_t<NB>(dp[m], p[m], dvec, t, scale);
 
         uint32_t af[MT][NB / 2][4];
 #pragma unroll

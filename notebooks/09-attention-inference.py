@@ -353,15 +353,9 @@ template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
 __device__ __forceinline__ void forward(const void* tq, const void* tk, const void* tv, T* __restrict__ O, int N,
                                         float scale) {
     constexpr int BM = 64 * NCWG;               // query rows per block: 64 per consumer warpgroup
-    constexpr int DB = D / 64;                  // 64-column boxes of the head dim
-    constexpr unsigned Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const unsigned base = ((unsigned)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u;   // 1024-byte aligned
-    const unsigned q_s = base;                                   // [DB][BM][64]
-    const unsigned k_s = q_s + Q_BYTES;                          // [STAGES][DB][BN][64]
-    const unsigned v_s = k_s + STAGES * KV_BYTES;                // [STAGES][DB][BN][64]
-    const unsigned bars = v_s + STAGES * KV_BYTES;               // full_q, full_k[S], full_v[S], empty[S]
-    const unsigned full_q = bars, full_k = bars + 8, full_v = bars + 8 + 8 * STAGES, empty = bars + 8 + 16 * STAGES;
+    // Q, the K/V ring and their mbarriers as tutorial 07's step 3 lays them out (<kl/attention.cuh>), 1024-byte aligned
+    const QKvRing<D, BM, BN, STAGES> sm(((unsigned)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u);
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int G = gridDim.x;
@@ -373,39 +367,25 @@ __device__ __forceinline__ void forward(const void* tq, const void* tk, const vo
     const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
 
     if (threadIdx.x == 0) {
-        mbar_init(full_q, 1);
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full_k + 8 * s, 1);
-            mbar_init(full_v + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * NCWG);  // one arrival per consumer warp
-        }
+        sm.init_barriers(4 * NCWG);              // empty: one arrival per consumer warp
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    if (wg == 0) {                              // producer: one thread issues every copy
+    if (wg == 0) {                              // producer: tutorial 07's (<kl/attention.cuh>), one thread
         if (tid == 0) {
-            mbar_expect_tx(full_q, Q_BYTES);
-            for (int b = 0; b < DB; ++b) tma_load_3d(q_s + b * BM * 128, tq, full_q, 64 * b, q0, bh);
-            for (int j = 0; j < n_tiles; ++j) {
-                const int s = j % STAGES;
-                if (j >= STAGES) mbar_wait(empty + 8 * s, ((j / STAGES) - 1) & 1);
-                mbar_expect_tx(full_k + 8 * s, KV_BYTES);
-                for (int b = 0; b < DB; ++b)     // the KV head: third coordinate bkv, not bh
-                    tma_load_3d(k_s + s * KV_BYTES + b * BN * 128, tk, full_k + 8 * s, 64 * b, j * BN, bkv);
-                mbar_expect_tx(full_v + 8 * s, KV_BYTES);
-                for (int b = 0; b < DB; ++b)
-                    tma_load_3d(v_s + s * KV_BYTES + b * BN * 128, tv, full_v + 8 * s, 64 * b, j * BN, bkv);
-            }
+            produce_q<D, BM>(tq, sm.q_s, sm.full_q, q0, bh);
+            // the KV head: third coordinate bkv, not bh
+            produce_kv<D, BN, STAGES>(tk, tv, sm.k_s, sm.v_s, sm.full_k, sm.full_v, sm.empty, n_tiles, bkv);
         }
         return;
     }
     // consumers: warpgroup wg - 1 owns query rows q0 + 64 (wg - 1) .. + 63 of head bh; O written at head bh
-    mbar_wait(full_q, 0);
+    mbar_wait(sm.full_q, 0);
     int kv = 0;
-    wg_attention<T, D, BN, BM, STAGES, CAUSAL, false>(wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s, k_s, v_s, KV_BYTES,
-                                                      full_k, full_v, empty, 0, scale * 1.4426950408889634f,
-                                                      GQW_RESCALE_LOG2);
+    wg_attention<T, D, BN, BM, STAGES, CAUSAL, false>(wg - 1, tid, O, bh, q0, N, n_tiles, kv, sm.q_s, sm.k_s, sm.v_s,
+                                                      sm.kKvBytes, sm.full_k, sm.full_v, sm.empty, 0,
+                                                      scale * 1.4426950408889634f, GQW_RESCALE_LOG2);
 }
 }  // namespace gqa_wgmma
 

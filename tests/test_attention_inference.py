@@ -244,6 +244,16 @@ def test_the_launchers_refuse_what_the_kernels_do_not_take(t09):
 
 # --- the Hopper GQA kernels (wgmma + TMA, tutorial 07's consumer from kl/attention.cuh) -----------------------------
 
+def test_the_hopper_gqa_kernel_takes_tutorial_07s_producer_from_the_header():
+    """The wgmma GQA kernel's producer (the Q copy, the K/V ring) is tutorial 07's step 3's, written once in
+    kernellab/include/kl/attention.cuh with the KV head as its argument: the cell holds no copy of it."""
+    src = CELLS["gqa_wgmma_kernels"]
+    assert "#include <kl/attention.cuh>" in src and src.count("wg_attention<") == 1, src[:400]
+    assert src.count("produce_q<") == 1 and src.count("produce_kv<") == 1 and src.count("QKvRing<") == 1
+    assert "n_tiles, bkv)" in src, "the K/V copies read the KV head (bkv), not the query head"
+    assert "tma_load_3d(" not in src and "mbar_expect_tx(" not in src
+
+
 def test_the_hopper_gqa_kernels_are_wgmma_fed_by_tma_without_spills(modules):
     from notebook_cells import named_cuda_cells_with_arch
 

@@ -107,3 +107,8 @@ def test_steps_3_and_3b_share_one_consumer_from_the_headers(steps):
     assert not any(s in src for s in ("wgmma_ss<", "wgmma_rs_tb<", "exp2_approx(", "__shfl_xor_sync"))
     header = (pathlib.Path(toolkit.KL_INCLUDE) / "kl" / "attention.cuh").read_text()
     assert "wgmma_ss<" in header and "wgmma_rs_tb<" in header and "exp2_approx(" in header
+    # the producer's copies too: Q and the K/V ring (QKvRing, init_kv_ring, produce_q, produce_kv), written once in the
+    # header; step 3 takes its shared-memory layout from QKvRing, step 3b (two Q buffers) its ring's barriers
+    assert src.count("produce_kv<") == 2 and src.count("produce_q<") == 2, src[:400]
+    assert src.count("QKvRing<") == 1 and src.count("init_kv_ring<") == 1 and "mbar_expect_tx(" not in src
+    assert "tma_load_3d(" not in src and "tma_load_3d(" in header

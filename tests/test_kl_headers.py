@@ -296,6 +296,105 @@ extern "C" __global__ void desc(unsigned addr, unsigned long long* out) { *out =
     assert "STG.E.64" in ops["desc"] and not any(op.startswith(("SYNCS", "UTMA")) for op in ops["desc"])
 
 
+
+# The producer's side of <kl/attention.cuh> (QKvRing's layout and init_barriers, produce_q, produce_kv, both forms): one thread streams a
+# block's Q and K/V tiles of 16 keys through a 2-stage ring (so it waits on `empty` from the third tile on) and one
+# consumer warp copies each tile out, undoing the 128-byte swizzle, and releases its stage. PERSISTENT: two work items
+# (heads 0 then 1, two tiles each) on one ring, kv running on; otherwise head 1's four tiles. Q, K, V: [2, 64, 64]
+# fp16 (heads, rows, columns); q_out: [16, 64], k_out, v_out: [64, 64].
+PRODUCER_KERNEL = r"""
+#include <kl/attention.cuh>
+#include <cuda.h>
+template <bool PERSISTENT>
+__device__ __forceinline__ void stream(const void* tq, const void* tk, const void* tv, __half* q_out, __half* k_out,
+                                       __half* v_out) {
+    constexpr int D = 64, BN = 16, STAGES = 2, N_TILES = 4, KV_BYTES = BN * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = ((unsigned)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u;
+    using Ring = QKvRing<D, 16, BN, STAGES>;
+    static_assert(Ring::kBytes == 16 * 128 + 2 * STAGES * KV_BYTES + 8 * 7, "Q, the ring, 7 mbarriers");
+    const Ring sm(base);
+    const unsigned q_s = sm.q_s, k_s = sm.k_s, v_s = sm.v_s, full_q = sm.full_q, full_k = sm.full_k,
+                   full_v = sm.full_v, empty = sm.empty;
+    if (q_s != base || k_s != base + 16 * 128 || v_s != k_s + STAGES * KV_BYTES || full_q != v_s + STAGES * KV_BYTES
+        || full_k != full_q + 8 || full_v != full_k + 8 * STAGES || empty != full_v + 8 * STAGES) __trap();
+    if (threadIdx.x == 0) {
+        sm.init_barriers(1);                    // one consumer warp
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {                     // the producer warp: one thread issues every copy
+        if (threadIdx.x == 0) {
+            produce_q<D, 16>(tq, q_s, full_q, 16, 1);
+            if (PERSISTENT) {
+                int kv = 0;
+                produce_kv<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, 2, 0, kv);
+                produce_kv<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, 2, 1, kv);
+            } else {
+                produce_kv<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, N_TILES, 1);
+            }
+        }
+        return;
+    }
+    const int lane = threadIdx.x % 32;
+    const unsigned char* smem = smem_raw + (base - (unsigned)__cvta_generic_to_shared(smem_raw));
+    auto copy_out = [&](unsigned tile, __half* out, int rows) {      // [rows][64] swizzled -> row-major
+        for (int i = lane; i < rows * D; i += 32) {
+            const int r = i / D, c = i % D;
+            const int byte = r * 128 + ((((c / 8) ^ (r % 8))) << 4) + 2 * (c % 8);
+            out[i] = *reinterpret_cast<const __half*>(smem + (tile - base) + byte);
+        }
+    };
+    mbar_wait(full_q, 0);
+    copy_out(q_s, q_out, 16);
+    for (int j = 0; j < N_TILES; ++j) {
+        const int s = j % STAGES, phase = (j / STAGES) & 1;
+        mbar_wait(full_k + 8 * s, phase);
+        mbar_wait(full_v + 8 * s, phase);
+        copy_out(k_s + s * KV_BYTES, k_out + j * BN * D, BN);
+        copy_out(v_s + s * KV_BYTES, v_out + j * BN * D, BN);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * s);
+    }
+}
+extern "C" __global__ void one_block(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+        const __grid_constant__ CUtensorMap tv, __half* q_out, __half* k_out, __half* v_out) {
+    stream<false>(&tq, &tk, &tv, q_out, k_out, v_out);
+}
+extern "C" __global__ void persistent(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+        const __grid_constant__ CUtensorMap tv, __half* q_out, __half* k_out, __half* v_out) {
+    stream<true>(&tq, &tk, &tv, q_out, k_out, v_out);
+}
+"""
+
+
+def test_the_attention_producer_is_tma_counted_on_the_rings_mbarriers():
+    ops = compile_kernels(PRODUCER_KERNEL, arch="sm_90a")
+    for name in ("one_block", "persistent"):
+        assert {"UTMALDG.3D", "SYNCS.EXCH.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK.TRANS64.TRYWAIT"} <= ops[name], \
+            (name, sorted(ops[name]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["one_block", "persistent"])
+def test_the_attention_producer_streams_q_and_every_kv_tile_through_the_ring_on_the_emulator(kernel):
+    from kernellab.run.sim.cuda import emulate
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, 64, 64)).astype(np.float16) for _ in range(3))
+    q_out = np.full((16, 64), np.nan, np.float16)
+    k_out, v_out = (np.full((64, 64), np.nan, np.float16) for _ in range(2))
+    maps = [emulate.TensorMap(q, 64, 16), emulate.TensorMap(k, 64, 16), emulate.TensorMap(v, 64, 16)]
+    emulate.emulate(PRODUCER_KERNEL, kernel, (1,), (64,), maps + [q_out, k_out, v_out], 1024 + 16 * 128 * 5 + 64)
+    np.testing.assert_array_equal(q_out, q[1, 16:32])          # produce_q: rows q0 = 16 .. of head 1
+    if kernel == "one_block":                                  # head 1's first four tiles of 16 keys
+        np.testing.assert_array_equal(k_out, k[1]), np.testing.assert_array_equal(v_out, v[1])
+    else:                                                      # two items: head 0's tiles 0, 1, then head 1's
+        np.testing.assert_array_equal(k_out, np.concatenate([k[0, :32], k[1, :32]]))
+        np.testing.assert_array_equal(v_out, np.concatenate([v[0, :32], v[1, :32]]))
+
 # A warp's 16 query rows (kMT = 1) against two tiles of 16 keys (kNB = 2), head dim 64 (kDB = 8): two softmax_pv calls,
 # then O / l. S: [16, 32] fp32 scores, V: [32, 64] fp16; O: [16, 64] fp32 (0 where a row saw no key).
 SOFTMAX_PV_KERNEL = r"""

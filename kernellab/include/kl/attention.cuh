@@ -2,6 +2,8 @@
 // producer streams into shared memory, S = Q K^T on the tensor cores, the causal and key-range mask, the online softmax
 // with lazy rescaling, P rounded to 16 bits in registers, O += P V; then O / l written out. The kernels around it (one
 // block per query block, or persistent) differ only in how they feed it: which Q buffer, which K/V stages and phases.
+// The producer's side is here too (QKvRing, init_kv_ring, produce_q, produce_kv), shared by tutorial 07's steps 3 and 3b and
+// tutorial 09's grouped-query kernel, which differ only in the head their copies read.
 //
 // A warpgroup (128 threads, 4 warps) owns 64 query rows; warp w of it rows 16 w .. 16 w + 15, and lane (g = lane / 4,
 // t = lane % 4) rows g and g + 8 of those, as in mma.sync. Its registers:
@@ -17,6 +19,78 @@
 #ifndef CUDART_INF_F
 #include <math_constants.h>   // CUDART_INF_F (the CPU emulator defines its own)
 #endif
+
+// The K/V ring's mbarriers (one thread, before the block's __syncthreads): per stage s, full_k + 8 s and full_v + 8 s
+// (one arrival each: the producer's expect_tx) and empty + 8 s (one arrival per consumer warp: consumer_warps).
+template <int kStages>
+__device__ __forceinline__ void init_kv_ring(unsigned full_k, unsigned full_v, unsigned empty, int consumer_warps) {
+    for (int s = 0; s < kStages; ++s) {
+        mbar_init(full_k + 8 * s, 1);
+        mbar_init(full_v + 8 * s, 1);
+        mbar_init(empty + 8 * s, consumer_warps);
+    }
+}
+
+// A block's shared memory for one Q tile and a K/V ring of kStages stages (tutorial 07's step 3, tutorial 09's GQA
+// kernel), from `base` (1024-byte aligned: the 128-byte swizzle repeats every 1024 bytes): q_s [kD / 64][kBM][64],
+// k_s and v_s [kStages][kD / 64][kBN][64] of 16-bit values, then the mbarriers full_q, full_k[kStages],
+// full_v[kStages], empty[kStages], 8 bytes each (kBytes in all, past base).
+template <int kD, int kBM, int kBN, int kStages>
+struct QKvRing {
+    static constexpr unsigned kQBytes = kBM * kD * 2, kKvBytes = kBN * kD * 2;
+    static constexpr unsigned kBytes = kQBytes + 2 * kStages * kKvBytes + 8 * (1 + 3 * kStages);
+    unsigned q_s, k_s, v_s, full_q, full_k, full_v, empty;
+    __device__ __forceinline__ explicit QKvRing(unsigned base)
+        : q_s(base), k_s(base + kQBytes), v_s(k_s + kStages * kKvBytes), full_q(v_s + kStages * kKvBytes),
+          full_k(full_q + 8), full_v(full_k + 8 * kStages), empty(full_v + 8 * kStages) {}
+    // The mbarriers' initialisation (one thread, then fence.mbarrier_init and the block's __syncthreads): full_q
+    // and the ring's (init_kv_ring), each empty[s] expecting consumer_warps arrivals.
+    __device__ __forceinline__ void init_barriers(int consumer_warps) const {
+        mbar_init(full_q, 1);
+        init_kv_ring<kStages>(full_k, full_v, empty, consumer_warps);
+    }
+};
+
+// The producer's copy of a block's Q (one thread): kD / 64 boxes of [kBM rows][64] from row q0 of head `head` (the
+// tensor map's third coordinate) into q_tile, counted on full_q.
+template <int kD, int kBM>
+__device__ __forceinline__ void produce_q(const void* tq, unsigned q_tile, unsigned full_q, int q0, int head) {
+    mbar_expect_tx(full_q, kBM * kD * 2);
+    for (int b = 0; b < kD / 64; ++b) tma_load_3d(q_tile + b * kBM * 128, tq, full_q, 64 * b, q0, head);
+}
+
+// The producer's copy of K/V tile j (kBN keys from j kBN, of head `head`: the tensor maps' third coordinate, the KV head
+// that GQA shares between query heads) into stage kv % kStages of the ring (kv: tiles streamed before it), once every
+// consumer warp has released that stage's previous tile (empty, from the ring's second lap on); K then V as kD / 64
+// boxes of [kBN keys][64], counted on full_k / full_v.
+template <int kD, int kBN, int kStages>
+__device__ __forceinline__ void produce_kv_tile(const void* tk, const void* tv, unsigned k_s, unsigned v_s,
+                                                unsigned full_k, unsigned full_v, unsigned empty, int j, int kv,
+                                                int head) {
+    constexpr unsigned kv_bytes = kBN * kD * 2;
+    const int s = kv % kStages;
+    if (kv >= kStages) mbar_wait(empty + 8 * s, ((kv / kStages) - 1) & 1);
+    mbar_expect_tx(full_k + 8 * s, kv_bytes);
+    for (int b = 0; b < kD / 64; ++b)
+        tma_load_3d(k_s + s * kv_bytes + b * kBN * 128, tk, full_k + 8 * s, 64 * b, j * kBN, head);
+    mbar_expect_tx(full_v + 8 * s, kv_bytes);
+    for (int b = 0; b < kD / 64; ++b)
+        tma_load_3d(v_s + s * kv_bytes + b * kBN * 128, tv, full_v + 8 * s, 64 * b, j * kBN, head);
+}
+// The producer's K/V stream of one block (one thread): tiles 0 .. n_tiles - 1, tile j in stage j % kStages.
+template <int kD, int kBN, int kStages>
+__device__ __forceinline__ void produce_kv(const void* tk, const void* tv, unsigned k_s, unsigned v_s, unsigned full_k,
+                                           unsigned full_v, unsigned empty, int n_tiles, int head) {
+    for (int j = 0; j < n_tiles; ++j) produce_kv_tile<kD, kBN, kStages>(tk, tv, k_s, v_s, full_k, full_v, empty, j, j, head);
+}
+// The same for one work item of a persistent block, whose ring runs on over its items: kv, the tiles streamed so far,
+// advances by n_tiles.
+template <int kD, int kBN, int kStages>
+__device__ __forceinline__ void produce_kv(const void* tk, const void* tv, unsigned k_s, unsigned v_s, unsigned full_k,
+                                           unsigned full_v, unsigned empty, int n_tiles, int head, int& kv) {
+    for (int j = 0; j < n_tiles; ++j, ++kv)
+        produce_kv_tile<kD, kBN, kStages>(tk, tv, k_s, v_s, full_k, full_v, empty, j, kv, head);
+}
 
 // One consumer warpgroup's whole part in a block of kBM query rows from q0 of head bh (O: [heads][seq_len][kD]): its
 // 64 rows q0 + 64 c .. + 63 against the first n_tiles K/V tiles of kBN keys, as the producer lands them; then
