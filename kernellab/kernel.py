@@ -293,7 +293,7 @@ class Kernel:
                                 max_threads_per_block=self.resources.max_threads_per_block,
                                 static_shared_bytes=self.resources.shared_bytes,
                                 opt_in=lambda nbytes: allow_dynamic_shared(fn, nbytes),
-                                cluster_opt_in=lambda: allow_large_clusters(fn))
+                                cluster_opt_in=lambda: allow_large_clusters(fn), registers=self.resources.registers)
         return self._path
 
     # -- the same launch in another process: a worker, compute-sanitizer, Nsight Compute ---------------------
@@ -314,6 +314,9 @@ class Kernel:
         return KernelImage(symbol=self.symbol, name=self.name, signature=str(getattr(self, "signature", "")),
                            params=tuple(self.params), arch=self.arch, backend=getattr(self, "backend", "cuda"),
                            static_shared_bytes=getattr(resources, "shared_bytes", 0) if resources else 0,
+                           registers=getattr(resources, "registers", 0) or 0 if resources else 0,
+                           max_threads_per_block=getattr(resources, "max_threads_per_block", 1024) or 1024
+                           if resources else 1024,
                            **self.job_fields())
 
     def check_launch(self, grid, block, args, shared_bytes: int = 0, cluster=None):
@@ -323,7 +326,8 @@ class Kernel:
         dev = _device.device_info()
         self._check_arch(dev)
         cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.resources.max_threads_per_block,
-                          static_shared_bytes=self.resources.shared_bytes, device=dev, cluster=cluster)
+                          static_shared_bytes=self.resources.shared_bytes, device=dev, cluster=cluster,
+                          registers=self.resources.registers, name=self.name)
         self.check_launch_args(tuple(args), dev)
         return cfg, dev
 

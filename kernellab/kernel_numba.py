@@ -407,7 +407,8 @@ class NumbaKernel(Kernel):
         res = self.resources if self._compiled is not None else None
         return make_config(grid, block, shared_bytes,
                            max_threads_per_block=res.max_threads_per_block if res else 1024,
-                           static_shared_bytes=res.shared_bytes if res else 0, device=device)
+                           static_shared_bytes=res.shared_bytes if res else 0, device=device,
+                           registers=(res.registers or 0) if res else 0, name=self._name)
 
     def _simulate(self, grid, block, args, shared_bytes):
         self._types_for(args)

@@ -419,3 +419,101 @@ def test_a_tensor_core_kernel_gets_racecheck_and_initcheck_on_fibers():
     init = [f for f in compile_host(half)["k"].run(1, 32, A, B, C).findings if f.tool == "initcheck"]
     assert init and init[0].kind == "uninitialized_read" and "a_s[" in init[0].detail, init
     assert all(int(f.detail.split("a_s[")[1].split("]")[0]) >= 128 for f in init)     # rows 8..15: never copied
+
+
+# --- launches the GPU refuses for resources are refused on the CPU too, in the GPU path's words ---------------------
+
+HEAVY = r"""#define NREG 224
+extern "C" __global__ void __maxnreg__(NREG) heavy(const float* x, float* y, int n) {
+    float v[200];                       // 200 values a thread, all live across the barrier: ptxas needs the registers
+    #pragma unroll
+    for (int j = 0; j < 200; ++j) v[j] = x[(threadIdx.x + j * blockDim.x) % n];
+    __syncthreads();
+    float s = 0.f;
+    #pragma unroll
+    for (int j = 0; j < 200; ++j) s += v[j] * v[199 - j] + v[(j * 7) % 200];
+    y[threadIdx.x % n] = s;
+}
+"""
+
+
+def _heavy_expected(x, threads):
+    n = x.size
+    v = np.stack([x[(np.arange(threads) + j * threads) % n] for j in range(200)]).astype(np.float64)
+    return (v * v[::-1] + v[(np.arange(200) * 7) % 200]).sum(axis=0)
+
+
+def test_a_block_whose_registers_do_not_fit_an_sm_is_refused_as_the_gpu_refuses_it():
+    """288 threads (9 warps) at 224 registers: three warps on one sub-partition need 3 x 7168 registers, more than
+    its 16384, so an H100 refuses the launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES) although 288 x 224 < 65536. The CPU
+    path refuses it before running, with the GPU path's LaunchError; kernellab.occupancy says 0 blocks."""
+    from kernellab.errors import LaunchError
+    from kernellab.run.launch.launch import OUT_OF_RESOURCES, LaunchConfig, as_launch_error
+    from kernellab.run.sim.cuda import cpu
+
+    k = cell(HEAVY).heavy
+    assert k.resources.registers > 168 and k.resources.max_threads_per_block == 288   # the block passes that check
+    assert kernellab.occupancy(288, k.resources.registers, 0, "sm_90").blocks_per_sm == 0
+    x, y = np.arange(1000, dtype=np.float32) / 1000, np.full(288, -1, np.float32)
+    image = k.image()
+    assert image.registers == k.resources.registers and image.max_threads_per_block == 288
+    for go in (lambda: k[1, 288](x, y, 1000), lambda: cpu.launch(image, 1, (288, 1), (x, y, 1000)),
+               lambda: cpu.sanitize(image, 1, 288, (x, y, 1000), tool="memcheck")):
+        with pytest.raises(LaunchError) as info:
+            go()
+        gpu_words = str(as_launch_error(OUT_OF_RESOURCES, "heavy", LaunchConfig((1, 1, 1), (288, 1, 1)), "launch"))
+        assert str(info.value).startswith(gpu_words)     # the GPU path's message, word for word, then why
+        assert info.value.cuda_error == OUT_OF_RESOURCES and not info.value.sticky
+        assert "3 x 7168" in str(info.value) and "at most 168 registers" in str(info.value)
+        assert "at most 256 threads" in str(info.value)
+    np.testing.assert_array_equal(y, -1)                  # nothing ran
+    k[1, 256](x, y, 1000)                                 # 8 warps: two a sub-partition fit
+    np.testing.assert_allclose(y[:256], _heavy_expected(x, 256), rtol=1e-5)
+    with pytest.raises(KernellabError, match="max_threads_per_block = 288"):   # above it: the GPU path's check
+        k[1, 320](x, y, 1000)
+
+
+def test_the_same_block_at_168_registers_launches_on_the_cpu():
+    k = cell(HEAVY.replace("NREG 224", "NREG 168")).heavy
+    assert k.resources.registers <= 168
+    x, y = np.arange(1000, dtype=np.float32) / 1000, np.zeros(288, np.float32)
+    k[1, 288](x, y, 1000)
+    np.testing.assert_allclose(y, _heavy_expected(x, 288), rtol=1e-5)
+
+
+SMEM = r"""extern "C" __global__ void stage(const float* x, float* y, int n) {
+    extern __shared__ float dyn[];
+    __shared__ float fixed[1024];       // 4096 static bytes
+    int i = threadIdx.x;
+    fixed[i] = 1.0f;
+    dyn[i] = i < n ? x[i] : 0.f;
+    __syncthreads();
+    if (i < n) y[i] = dyn[i] + fixed[i];
+}
+"""
+
+
+def test_shared_memory_above_the_per_block_opt_in_limit_is_refused_as_the_gpu_path_refuses_it():
+    """Dynamic plus static shared memory above sm_90's 227 KiB per block (the limit with the opt-in the GPU path
+    makes for every kernel above 48 KiB) is the GPU path's ArgumentError; up to it, the launch runs."""
+    from kernellab.errors import ArgumentError
+    from kernellab.run.launch.device import device_for_arch
+    from kernellab.run.launch.launch import make_config
+    from kernellab.run.sim.cuda import cpu
+
+    k = cell(SMEM).stage
+    static = k.resources.shared_bytes
+    assert static >= 4096
+    x, y = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+    fits = 227 * 1024 - static
+    with pytest.raises(ArgumentError) as info:
+        k[1, 64, fits + 4](x, y, 64)
+    with pytest.raises(ArgumentError) as direct:
+        make_config(1, 64, fits + 4, max_threads_per_block=1024, static_shared_bytes=static,
+                    device=device_for_arch("sm_90"))
+    assert str(info.value) == str(direct.value)
+    assert f"at most {fits} dynamic bytes fit" in str(info.value) and "232448" in str(info.value)
+    with pytest.raises(ArgumentError, match="232448"):
+        cpu.sanitize(k.image(), 1, 64, (x, y, 64), shared_bytes=fits + 4, tool="memcheck")
+    k[1, 64, 64 * 1024](x, y, 64)                  # above 48 KiB: the GPU path opts in, so it runs
+    np.testing.assert_array_equal(y, x + 1)

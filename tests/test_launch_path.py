@@ -200,6 +200,28 @@ def test_clusters_over_8_blocks_opt_the_kernel_in_once():
         path.config(17, 128, 0, (17, 1, 1))
 
 
+def test_a_block_whose_registers_do_not_fit_is_refused_before_the_driver_with_its_error():
+    """288 threads at 224 registers (tutorial 08's Hopper backward): 9 warps put 3 on one sub-partition, 3 x 7168
+    registers > 16384, which the driver refuses with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES. The path refuses it before
+    calling the driver, with the LaunchError as_launch_error makes of that driver error; 168 registers launch."""
+    path, driver = make_path(registers=224)
+    with pytest.raises(LaunchError) as info:
+        path.launch(1, 288, 99392, good_args(), sync=False)
+    assert driver.launches == [] and path._configs == {}          # not launched, and not cached as good
+    words = str(L.as_launch_error(L.OUT_OF_RESOURCES, "k", L.LaunchConfig((1, 1, 1), (288, 1, 1), 99392), "launch"))
+    assert str(info.value).startswith(words) and info.value.cuda_error == L.OUT_OF_RESOURCES
+    assert "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested for launch" in words
+    assert "3 x 7168" in str(info.value) and "kernellab.occupancy(288, 224, 99392, 'sm_90'): 0 blocks" in str(info.value)
+    path.launch(1, 256, 99392, good_args(), sync=False)           # 8 warps: 2 a sub-partition
+    assert driver.launches[-1]["block"] == (256, 1, 1)
+    ok, ok_driver = make_path(registers=168)
+    ok.launch(1, 288, 99392, good_args(), sync=False)
+    assert ok_driver.launches[-1]["block"] == (288, 1, 1)
+    unknown, unknown_driver = make_path()                         # registers not given: the driver decides
+    unknown.launch(1, 288, 0, good_args(), sync=False)
+    assert len(unknown_driver.launches) == 1
+
+
 def test_max_active_clusters_asks_the_driver_with_the_cluster_shape(monkeypatch):
     import ctypes
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ...analysis.arch import DEFAULT_ARCH, normalize_arch
+from ...analysis.arch import DEFAULT_ARCH, base_arch, get_arch, normalize_arch
 from ...errors import NoGPUError
 from . import cudriver
 
@@ -28,6 +28,18 @@ class DeviceInfo:
 
     def __str__(self) -> str:
         return f"{self.name} ({self.arch}, {self.multiprocessors} SMs, {self.memory_bytes / 2**30:.0f} GiB)"
+
+
+@functools.lru_cache(maxsize=None)
+def device_for_arch(arch: str) -> DeviceInfo:
+    """The launch limits of a GPU of `arch` from kernellab.analysis's tables (no GPU needed): what the CPU path checks
+    a launch against, so that it refuses what that GPU would."""
+    spec = get_arch(base_arch(arch))
+    return DeviceInfo(index=-1, name=f"an {spec.name} GPU", arch=spec.name, multiprocessors=0,
+                      max_threads_per_block=spec.max_threads_per_block,
+                      shared_per_block_bytes=spec.shared_memory_per_block_bytes,
+                      shared_per_block_optin_bytes=spec.shared_memory_per_block_optin_bytes,
+                      shared_per_sm_bytes=spec.shared_memory_per_sm_bytes)
 
 
 @functools.lru_cache(maxsize=1)

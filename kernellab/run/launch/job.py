@@ -281,6 +281,8 @@ class KernelImage:
     arch: str
     backend: str = "cuda"              # "cuda" or "numba"
     static_shared_bytes: int = 0
+    registers: int = 0                 # per thread, ptxas's count for `arch` (0: unknown): the launch checks
+    max_threads_per_block: int = 1024  # its launch bounds, registers and arch allow
     source: str = ""                   # the rest: how a fresh process loads it (KernelJob's fields of the same names)
     options: tuple[str, ...] = ()
     first_line: int = 1

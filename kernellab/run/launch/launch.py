@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...analysis.occupancy import occupancy
 from ...compile.signature import TENSOR_MAP_ALIGN_BYTES, TENSOR_MAP_BYTES, Param
-from ...errors import ArgumentError, LaunchError
+from ...errors import ArgumentError, KernellabError, LaunchError
 from . import cudriver
 from .cudriver import CUDA_ERROR_INVALID_CONTEXT
 from .device import DeviceInfo
@@ -95,8 +96,10 @@ def launch_dims(value, what: str) -> tuple[int, int, int]:
 
 
 def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, static_shared_bytes: int,
-                device: DeviceInfo | None, cluster=None) -> LaunchConfig:
-    """Validate grid, block, dynamic shared memory (and a cluster shape) against the kernel and the device."""
+                device: DeviceInfo | None, cluster=None, registers: int = 0, name: str = "the kernel") -> LaunchConfig:
+    """Validate grid, block, dynamic shared memory (and a cluster shape) against the kernel and the device; with the
+    kernel's `registers` (ptxas's count), also whether the block's registers fit an SM, raising the LaunchError the
+    driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES gives (`name` names the kernel in it)."""
     g, b = launch_dims(grid, "grid"), launch_dims(block, "block")
     if not isinstance(shared_bytes, (int, np.integer)) or shared_bytes < 0:
         raise ArgumentError(f"shared_bytes must be a non-negative int (dynamic shared memory per block), "
@@ -123,7 +126,39 @@ def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, s
                 f"shared_bytes = {shared_bytes} of dynamic shared memory plus the kernel's {static_shared_bytes} "
                 f"static bytes exceeds {device.name}'s per-block limit of {device.shared_per_block_optin_bytes} "
                 f"bytes (with opt-in); at most {max(limit, 0)} dynamic bytes fit")
+        if registers:
+            why = registers_do_not_fit(threads, registers, static_shared_bytes + cfg.shared_bytes, device.arch)
+            if why:
+                raise as_launch_error(OUT_OF_RESOURCES, name, cfg, during="launch", why=why)
     return cfg
+
+
+OUT_OF_RESOURCES = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested for launch"   # the driver's words
+
+
+def registers_do_not_fit(threads: int, registers: int, shared_bytes: int, arch: str) -> str:
+    """Why a block of `threads` threads at `registers` a thread cannot launch on `arch` ('' where it can), as
+    kernellab.occupancy counts it: registers go to whole warps (units of 256), and a block's warps are spread over
+    the SM's 4 sub-partitions, each with a quarter of the register file, so the fullest one must hold its share."""
+    try:
+        occ = occupancy(threads, registers, shared_bytes, arch)
+    except KernellabError:                     # an arch without a table, or limits checked elsewhere
+        return ""
+    if occ.blocks_limit_registers > 0:
+        return ""
+    spec = occ.spec
+    parts = spec.register_sub_partitions
+    fullest = -(-occ.warps_per_block // parts)
+    per_part = spec.registers_per_sm // parts
+    fit_regs = max((r for r in range(registers, 0, -1) if -(-(r * spec.warp_size) // spec.register_allocation_unit)
+                    * spec.register_allocation_unit * fullest <= per_part), default=0)
+    fit_threads = max((w * spec.warp_size for w in range(occ.warps_per_block, 0, -1)
+                       if occ.registers_per_warp * -(-w // parts) <= per_part), default=0)
+    return (f"Its {occ.warps_per_block} warps put {fullest} on one of the SM's {parts} sub-partitions: {fullest} x "
+            f"{occ.registers_per_warp} registers (a warp of {registers} registers a thread, ptxas's count) = "
+            f"{fullest * occ.registers_per_warp}, more than the {per_part} each holds "
+            f"(kernellab.occupancy({threads}, {registers}, {shared_bytes}, {spec.name!r}): 0 blocks). It fits with at "
+            f"most {fit_regs} registers a thread (__maxnreg__, __launch_bounds__) or at most {fit_threads} threads.")
 
 
 def describe_value(x) -> str:
@@ -728,10 +763,11 @@ class LaunchPath:
 
     def __init__(self, function_handle: int, params: tuple[Param, ...], device: DeviceInfo, *, name: str,
                  signature: str, max_threads_per_block: int, static_shared_bytes: int, driver=None,
-                 opt_in=None, cluster_opt_in=None):
+                 opt_in=None, cluster_opt_in=None, registers: int = 0):
         self.function_handle, self.params, self.device = int(function_handle), tuple(params), device
         self.name, self.signature = name, signature
         self.max_threads_per_block, self.static_shared_bytes = max_threads_per_block, static_shared_bytes
+        self.registers = registers             # ptxas's count: a block whose registers do not fit is refused
         if driver is None:
             driver = cudriver.driver()
         self.driver = driver
@@ -764,7 +800,8 @@ class LaunchPath:
             key, cfg = None, None
         if cfg is None:
             cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.max_threads_per_block,
-                              static_shared_bytes=self.static_shared_bytes, device=self.device, cluster=cluster)
+                              static_shared_bytes=self.static_shared_bytes, device=self.device, cluster=cluster,
+                              registers=self.registers, name=self.name)
             if cfg.shared_bytes > self._opted_in_bytes and self._opt_in is not None:
                 self._opt_in(cfg.shared_bytes)   # opt in above 48 KiB
                 self._opted_in_bytes = cfg.shared_bytes
@@ -987,8 +1024,9 @@ def launch_values(function_handle: int, config: LaunchConfig, values: list, stre
                   ctypes.addressof(pointers) if held else None, device_index, **extra)
 
 
-def as_launch_error(exc, kernel_name, config, during, job=None) -> LaunchError:
-    """A driver error during a launch as a LaunchError: what failed, the launch's configuration, what to do next."""
+def as_launch_error(exc, kernel_name, config, during, job=None, why: str = "") -> LaunchError:
+    """A driver error during a launch as a LaunchError: what failed, the launch's configuration, what to do next
+    (`why`, where known, says what in the launch caused it)."""
     text = str(exc)
     if is_sticky(exc):
         msg = (f"{kernel_name} faulted while running ({text}) with {config}. This error is sticky: the CUDA context "
@@ -1003,6 +1041,8 @@ def as_launch_error(exc, kernel_name, config, during, job=None) -> LaunchError:
     hint = ""
     if "OUT_OF_RESOURCES" in text or "TooManyResources" in text:
         hint = " The block asks for more registers or shared memory than an SM has: use fewer threads per block."
+    if why:
+        hint += " " + why
     if during == "run":
         hint += unwaited_note()
     return LaunchError(f"{kernel_name} failed at {during} ({text}) with {config}.{hint}", sticky=False,

@@ -16,7 +16,8 @@ import numpy as np
 from ....errors import KernellabError
 from ...findings import Finding, Location, SanitizerReport, combine
 from ...launch.job import KernelImage
-from ...launch.launch import marshal_args
+from ...launch.device import device_for_arch
+from ...launch.launch import LaunchConfig, make_config, marshal_args
 from ..numba_sim import SimulatedKernelError
 from .emulate import EMULATED, compile_host, host_source
 from .toolchain import host_compiler, why_none
@@ -140,9 +141,25 @@ def _error(image: KernelImage, run, grid, block) -> CpuLaunchError:
                           filename=None, line=None, source="")
 
 
+def check_launch(image: KernelImage, grid, block, shared_bytes: int = 0, cluster=None) -> LaunchConfig:
+    """Refuse, before anything runs, what a GPU of the image's arch refuses, in the GPU path's words (make_config's
+    checks against kernellab.analysis's table for that arch): a block above the kernel's max_threads_per_block or the
+    arch's block dimensions (ArgumentError); dynamic plus static shared memory above the per-block limit with the
+    opt-in, which a launch on the GPU makes for any kernel above 48 KiB (ArgumentError); a cluster shape the arch
+    does not run (ArgumentError); a block whose registers (ptxas's count in the image) do not fit an SM (LaunchError,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)."""
+    if not isinstance(image, KernelImage):
+        raise TypeError(f"the CPU path takes a KernelImage (Kernel.image()), not {type(image).__name__}")
+    return make_config(grid, block, shared_bytes, max_threads_per_block=image.max_threads_per_block,
+                       static_shared_bytes=image.static_shared_bytes, device=device_for_arch(image.arch),
+                       cluster=cluster, registers=image.registers, name=image.name)
+
+
 def launch(image: KernelImage, grid, block, args, *, shared_bytes: int = 0, cluster=None):
-    """Run one launch of the kernel `image` (Kernel.image()) on the CPU, its arguments checked as a GPU launch's
-    are; raise CpuLaunchError where it failed (out of bounds, deadlock)."""
+    """Run one launch of the kernel `image` (Kernel.image()) on the CPU, its configuration and arguments checked as
+    a GPU launch's are (check_launch: what the GPU refuses for resources is refused here, before running); raise
+    CpuLaunchError where it failed (out of bounds, deadlock)."""
+    check_launch(image, grid, block, shared_bytes, cluster)
     hk = host_kernel(image)
     marshal_args(image.params, tuple(args), None, image.signature, any_device=True)
     run = hk.run(grid, block, *args, shared_bytes=shared_bytes, cluster=cluster)
@@ -161,6 +178,7 @@ def sanitize(image: KernelImage, grid, block, args, *, tool: str = "memcheck", s
         if t not in TOOLS:
             raise ValueError(f"unknown tool {t!r}; on the CPU: memcheck, racecheck, synccheck, initcheck, joined with "
                              f"'+', or all")
+    check_launch(image, grid, block, shared_bytes, cluster)
     hk = host_kernel(image)
     copies = tuple(_copy(a) for a in args)
     t0 = time.perf_counter()
