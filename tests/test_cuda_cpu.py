@@ -517,3 +517,26 @@ def test_shared_memory_above_the_per_block_opt_in_limit_is_refused_as_the_gpu_pa
         cpu.sanitize(k.image(), 1, 64, (x, y, 64), shared_bytes=fits + 4, tool="memcheck")
     k[1, 64, 64 * 1024](x, y, 64)                  # above 48 KiB: the GPU path opts in, so it runs
     np.testing.assert_array_equal(y, x + 1)
+
+
+def test_the_emulator_checks_a_launch_against_the_kernels_image_before_running():
+    """emulate() (the tutorials' emulator tests) refuses what the GPU refuses: given the kernel's image (its sm_90
+    compile), the registers as CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES; without one, threads and dynamic shared memory."""
+    from kernellab.errors import ArgumentError, LaunchError
+    from kernellab.run.launch.launch import OUT_OF_RESOURCES
+    from kernellab.run.sim.cuda.emulate import EmulationError, emulate
+
+    k = cell(HEAVY).heavy
+    x, y = np.arange(1000, dtype=np.float32) / 1000, np.full(288, -1, np.float32)
+    with pytest.raises(LaunchError) as info:
+        emulate(HEAVY, "heavy", 1, 288, [x, y, 1000], image=k.image())
+    assert info.value.cuda_error == OUT_OF_RESOURCES and "3 x 7168" in str(info.value)
+    np.testing.assert_array_equal(y, -1)
+    emulate(HEAVY, "heavy", 1, 256, [x, y, 1000], image=k.image())
+    np.testing.assert_allclose(y[:256], _heavy_expected(x, 256), rtol=1e-5)
+    with pytest.raises(EmulationError, match="not vadd's"):
+        emulate(HEAVY, "vadd", 1, 256, [x, y, 1000], image=k.image())
+    with pytest.raises(ArgumentError, match="max_threads_per_block = 1024"):
+        emulate(HEAVY, "heavy", 1, 1056, [x, y, 1000])
+    with pytest.raises(ArgumentError, match="232448"):
+        emulate(HEAVY, "heavy", 1, 32, [x, y, 1000], 232448 + 128)

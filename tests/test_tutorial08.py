@@ -170,9 +170,13 @@ LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4), "at
 TILES = {("pass_2d", 64): (128, 32)}          # the notebook's BWD_DKDV_TILES
 
 
-def emulated_backward(BH, N, d, causal, variant, seed):
+def emulated_backward(BH, N, d, causal, variant, seed, module):
     """The launchers' sequence of kernels (bwd_pre, then variant a or b) in the emulator, bf16; returns our and the
-    reference's (dq, dk, dv). Shared-memory sizes from the notebook's own plan functions."""
+    reference's (dq, dk, dv). Shared-memory sizes from the notebook's own plan functions. Each launch is checked
+    against its sm_90 compile (registers, shared memory, threads) as a GPU launch is, before it runs."""
+    def run(source, name, *launch):
+        return emulate(source, name, *launch, image=module[name].image())
+
     rng = np.random.default_rng(seed)
     bits = [bf16_bits(rng.standard_normal((BH, N, d)).astype(np.float32)) for _ in range(4)]
     q, k, v, do = (bf16_values(b) for b in bits)
@@ -188,17 +192,17 @@ def emulated_backward(BH, N, d, causal, variant, seed):
     threads = 32 * warps
     dkdv_smem = 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4
     atomic = dq_kernel is None
-    emulate(SOURCE, f"bwd_pre_bf16_d{d}", (-(-BH * N // 4),), (128,),
+    run(SOURCE, f"bwd_pre_bf16_d{d}", (-(-BH * N // 4),), (128,),
             [o_bits, bits[3], delta, acc if atomic else None, BH * N])
     grid = (-(-N // keys), BH)
     if atomic:
-        emulate(SOURCE, f"{dkdv_kernel}_bf16_d{d}{c}", grid, (threads,),
+        run(SOURCE, f"{dkdv_kernel}_bf16_d{d}{c}", grid, (threads,),
                 bits + [lse.astype(np.float32), delta, acc, dk, dv, N, d ** -0.5], dkdv_smem + keys * 64 * 2)
-        emulate(SOURCE, "bwd_dq_convert_bf16", (3,), (128,), [acc, dq, BH * N * d])
+        run(SOURCE, "bwd_dq_convert_bf16", (3,), (128,), [acc, dq, BH * N * d])
     else:
-        emulate(SOURCE, f"{dkdv_kernel}_bf16_d{d}{c}", grid, (threads,),
+        run(SOURCE, f"{dkdv_kernel}_bf16_d{d}{c}", grid, (threads,),
                 bits + [lse.astype(np.float32), delta, None, dk, dv, N, d ** -0.5], dkdv_smem)
-        emulate(SOURCE, f"{dq_kernel}_bf16_d{d}{c}", (-(-N // (16 * warps)), BH), (threads,),
+        run(SOURCE, f"{dq_kernel}_bf16_d{d}{c}", (-(-N // (16 * warps)), BH), (threads,),
                 bits + [lse.astype(np.float32), delta, dq, N, d ** -0.5], 2 * 16 * warps * d * 2 + 4 * 64 * d * 2)
     np.testing.assert_allclose(delta, (bf16_values(o_bits).astype(np.float64) * do).sum(-1), rtol=1e-5, atol=1e-5)
     return [bf16_values(x) for x in outs], want
@@ -234,8 +238,8 @@ SHAPES = [
 
 @needs_cxx
 @pytest.mark.parametrize("BH,N,d,causal,variant", SHAPES)
-def test_backward_in_the_emulator_matches_float64(BH, N, d, causal, variant):
-    ours, want = emulated_backward(BH, N, d, causal, variant, seed=N + d)
+def test_backward_in_the_emulator_matches_float64(BH, N, d, causal, variant, module):
+    ours, want = emulated_backward(BH, N, d, causal, variant, seed=N + d, module=module)
     for name, got, ref in zip(("dq", "dk", "dv"), ours, want):
         assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written (or NaN)"
         err = np.abs(got - ref).max()

@@ -62,6 +62,11 @@ SUITES: dict[str, Suite] = {
             "test_launch_gpu.py", "test_launch_path_gpu.py", "test_tma_gpu.py", "test_numba_gpu.py",
             "test_faults_gpu.py", "test_occupancy_gpu.py", "test_source_view_gpu.py", "test_ops_gpu.py")),
         needs_kernel=True),
+    "tests-launch-limits": Suite(
+        "the launches kernellab refuses before the driver (registers per SM sub-partition, shared memory with the "
+        "opt-in; the CPU path's checks on the arch table) against the driver's own verdicts and words, every block "
+        "size at 96-255 registers; a failure lists each disagreement as (threads, who refuses)", 180,
+        tests=(GPU_TESTS + "test_launch_limits_gpu.py",)),
     "tests-measure": Suite(
         "measuring: bench against triton's do_bench, check, autotune (one GPU and Dask), Nsight Compute and "
         "compute-sanitizer wrappers, bank conflicts against ncu", 570,

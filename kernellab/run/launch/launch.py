@@ -22,7 +22,7 @@ from ...compile.signature import TENSOR_MAP_ALIGN_BYTES, TENSOR_MAP_BYTES, Param
 from ...errors import ArgumentError, KernellabError, LaunchError
 from . import cudriver
 from .cudriver import CUDA_ERROR_INVALID_CONTEXT
-from .device import DeviceInfo
+from .device import DeviceInfo, device_for_arch
 from .tensor_map import TensorMap
 
 # CUDA errors after which the context is unusable until the process ends.
@@ -131,6 +131,18 @@ def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, s
             if why:
                 raise as_launch_error(OUT_OF_RESOURCES, name, cfg, during="launch", why=why)
     return cfg
+
+
+def check_on_arch(image, grid, block, shared_bytes: int = 0, cluster=None) -> LaunchConfig:
+    """Refuse, before anything runs, what a GPU of the arch of `image` (a KernelImage, Kernel.image()) refuses, in
+    the GPU path's words: make_config against kernellab.analysis's table for that arch (no GPU needed). A block above
+    the kernel's max_threads_per_block or the arch's block dimensions, dynamic plus static shared memory above the
+    per-block limit with the opt-in (which a launch on the GPU makes for any kernel asking for more than 48 KiB), a
+    cluster shape the arch does not run: ArgumentError; a block whose registers (ptxas's count in the image) do not
+    fit an SM: the LaunchError of CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES. What the CPU paths check launches with."""
+    return make_config(grid, block, shared_bytes, max_threads_per_block=image.max_threads_per_block,
+                       static_shared_bytes=image.static_shared_bytes, device=device_for_arch(image.arch),
+                       cluster=cluster, registers=image.registers, name=image.name)
 
 
 OUT_OF_RESOURCES = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested for launch"   # the driver's words

@@ -16,8 +16,7 @@ import numpy as np
 from ....errors import KernellabError
 from ...findings import Finding, Location, SanitizerReport, combine
 from ...launch.job import KernelImage
-from ...launch.device import device_for_arch
-from ...launch.launch import LaunchConfig, make_config, marshal_args
+from ...launch.launch import LaunchConfig, check_on_arch, marshal_args
 from ..numba_sim import SimulatedKernelError
 from .emulate import EMULATED, compile_host, host_source
 from .toolchain import host_compiler, why_none
@@ -142,17 +141,12 @@ def _error(image: KernelImage, run, grid, block) -> CpuLaunchError:
 
 
 def check_launch(image: KernelImage, grid, block, shared_bytes: int = 0, cluster=None) -> LaunchConfig:
-    """Refuse, before anything runs, what a GPU of the image's arch refuses, in the GPU path's words (make_config's
-    checks against kernellab.analysis's table for that arch): a block above the kernel's max_threads_per_block or the
-    arch's block dimensions (ArgumentError); dynamic plus static shared memory above the per-block limit with the
-    opt-in, which a launch on the GPU makes for any kernel above 48 KiB (ArgumentError); a cluster shape the arch
-    does not run (ArgumentError); a block whose registers (ptxas's count in the image) do not fit an SM (LaunchError,
-    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)."""
+    """Refuse, before anything runs, what a GPU of the image's arch refuses for resources, in the GPU path's words
+    and error types (run/launch/launch.py's check_on_arch: threads, shared memory with the opt-in, clusters, and
+    registers against kernellab.occupancy, as CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)."""
     if not isinstance(image, KernelImage):
         raise TypeError(f"the CPU path takes a KernelImage (Kernel.image()), not {type(image).__name__}")
-    return make_config(grid, block, shared_bytes, max_threads_per_block=image.max_threads_per_block,
-                       static_shared_bytes=image.static_shared_bytes, device=device_for_arch(image.arch),
-                       cluster=cluster, registers=image.registers, name=image.name)
+    return check_on_arch(image, grid, block, shared_bytes, cluster)
 
 
 def launch(image: KernelImage, grid, block, args, *, shared_bytes: int = 0, cluster=None):

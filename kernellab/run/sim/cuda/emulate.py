@@ -54,6 +54,8 @@ from ....compile.signature import (ATTRIBUTE_WORDS, find_kernels, match_bracket,
                                    strip_comments_and_strings)
 from ....compile.toolkit import KL_INCLUDE, find_tool, own_headers_digest
 from ...findings import Finding, Location
+from ...launch.job import KernelImage
+from ...launch.launch import check_on_arch
 
 from .toolchain import host_compiler, is_gcc, why_none
 
@@ -955,9 +957,19 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[pathli
 
 
 def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, *, defines: dict | None = None,
-            cluster=(1, 1, 1), timeout_s: float = 300.0) -> list:
+            cluster=(1, 1, 1), timeout_s: float = 300.0, image: KernelImage | None = None) -> list:
     """Launch `kernel`<<<grid, block, shared_bytes>>>(args) (in clusters of `cluster`) in the emulator; numpy arrays
-    in `args` are updated."""
+    in `args` are updated.
+
+    The launch is first checked as a GPU launch is (run/launch/launch.py's check_on_arch), so that what the GPU
+    refuses is refused here too: `image`, the kernel compiled for its GPU from the same source and defines
+    (Kernel.image(): ptxas's registers, static shared memory, max_threads_per_block, arch), gives every check, the
+    registers' included (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); without it, only what needs no compile for the GPU
+    (threads per block, dynamic shared memory against sm_90's limits, the cluster shape)."""
+    if image is not None and image.name != kernel and image.symbol != kernel:
+        raise EmulationError(f"image= is {image.name}'s, not {kernel}'s: pass the image of the kernel launched")
+    check_on_arch(image or KernelImage(symbol=kernel, name=kernel, signature="", params=(), arch=DEFAULT_ARCH),
+                  grid, block, shared_bytes, None if tuple(cluster) in ((1,), (1, 1), (1, 1, 1)) else cluster)
     binary, k = build(source, kernel, defines)
     if len(args) != len(k.params):
         raise EmulationError(f"{kernel} takes {len(k.params)} arguments, got {len(args)}")
