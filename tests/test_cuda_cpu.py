@@ -540,3 +540,26 @@ def test_the_emulator_checks_a_launch_against_the_kernels_image_before_running()
         emulate(HEAVY, "heavy", 1, 1056, [x, y, 1000])
     with pytest.raises(ArgumentError, match="232448"):
         emulate(HEAVY, "heavy", 1, 32, [x, y, 1000], 232448 + 128)
+
+
+def test_cluster_shapes_and_launch_bounds_the_gpu_refuses_are_refused_on_the_cpu():
+    from kernellab.errors import ArgumentError
+    from kernellab.run.sim.cuda import cpu
+
+    a, c = np.arange(256, dtype=np.float32), np.zeros(256, np.float32)
+    image = cell(VADD).vadd.image()
+    with pytest.raises(ArgumentError, match="at most 16 blocks per cluster"):
+        cpu.launch(image, 32, 8, (a, a, c, 256), cluster=(32, 1, 1))
+    with pytest.raises(ArgumentError, match="not a whole number of clusters"):
+        cpu.launch(image, 3, 8, (a, a, c, 256), cluster=(2, 1, 1))
+    old = kernellab.compile_cuda(VADD, arch="sm_80", first_line=2, filename="cell.cu", simulate=True).vadd
+    with pytest.raises(ArgumentError, match="compute capability 9.0"):
+        cpu.launch(old.image(), 2, 128, (a, a, c, 256), cluster=(2, 1, 1))
+    cpu.launch(image, 4, 64, (a, a, c, 256), cluster=(2, 1, 1))
+    np.testing.assert_array_equal(c, 2 * a)
+    bounded = cell(VADD.replace("__global__ void", "__global__ void __launch_bounds__(128)")).vadd
+    assert bounded.resources.max_threads_per_block == 128
+    with pytest.raises(ArgumentError, match="max_threads_per_block = 128"):
+        bounded[1, 256](a, a, c, 256)
+    with pytest.raises(ArgumentError, match=r"block dimension z = 65 exceeds the device limit 64"):
+        cpu.launch(image, 1, (1, 1, 65), (a, a, c, 256))
