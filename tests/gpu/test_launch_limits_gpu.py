@@ -39,7 +39,7 @@ def driver_verdict(k, threads: int, monkeypatch) -> str:
     k._path = None                               # a fresh LaunchPath: its configurations are not cached yet
     x, y = torch.rand(1000, device="cuda"), torch.zeros(1024, device="cuda")
     try:
-        k.launch(1, threads, x, y, 1000, sync=True)
+        k.launch(1, threads, x, y, 1000, sync=True, isolate=False)
     except LaunchError as exc:
         return exc.cuda_error or str(exc)
     finally:

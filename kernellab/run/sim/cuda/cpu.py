@@ -1,7 +1,8 @@
 """A compiled CUDA C++ kernel launched on the CPU: what `%%cuda --sim`, a kernel where no GPU is usable, and the
 graders use. Like the GPU's launch path, it receives the kernel as a value, a KernelImage (`Kernel.image()`: source,
 cubin, parameters), and never calls back into the Kernel object; the Kernel above builds the image and keeps the
-launch syntax, `k[grid, block](args)`, on CPU torch tensors and NumPy arrays;
+launch syntax, `k[grid, block](args)`, on CPU torch tensors and NumPy arrays; a launch the GPU would refuse for
+resources (registers, shared memory, threads, cluster shape; check_launch) is refused first, with the GPU path's error;
 an out-of-bounds access stops the launch and raises CpuLaunchError naming the cell line, the thread and the block
 (as the simulator of Numba kernels does); `sanitize(image, ..., tool=...)` returns the checks' findings as a
 kernellab.run.findings.SanitizerReport, in compute-sanitizer's terms (memcheck, racecheck, synccheck, initcheck)."""
