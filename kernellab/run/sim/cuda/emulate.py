@@ -244,10 +244,21 @@ def _build(text: str, opt: list[str]) -> tuple[pathlib.Path | None, str]:
     if failed.exists():
         return None, failed.read_text()
     src = build / f"{key}.{os.getpid()}.cpp"       # this process's own: others (pytest -n) may build the same
-    src.write_text(text)
     tmp = build / f"{key}.{os.getpid()}.so"
-    proc = subprocess.run([*command, "-std=c++17", *opt, "-shared", "-fPIC", "-w", "-pthread", *flags, "-o",
-                           str(tmp), str(src)], capture_output=True, text=True)
+    cmd = [*command, "-std=c++17", *opt, "-shared", "-fPIC", "-w", "-pthread", *flags, "-o", str(tmp), str(src)]
+    first, _, rest = text.partition("\n#line ")
+    pch = None if is_gcc(command) else _host_pch(build, first, [*command, "-std=c++17", *opt, "-fPIC", "-w",
+                                                               "-pthread", *flags])
+    if pch is not None:
+        # clang: the checks' level and cuda_host.h come from a .pch (-include-pch); those lines left blank
+        src.write_text("\n" * first.count("\n") + "\n#line " + rest)
+        proc = subprocess.run([*cmd[:-3], "-include-pch", str(pch), *cmd[-3:]], capture_output=True, text=True)
+        if proc.returncode and re.search(r"precompiled|\.pch\b|PCH", proc.stderr):
+            pch.unlink(missing_ok=True)         # stale (a header or the compiler changed under it): built again next time
+            pch = None
+    if pch is None:
+        src.write_text(text)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         if "error:" in proc.stderr:         # the source's own errors (not a compiler that did not start): kept
             part = build / f"{key}.{os.getpid()}.failed"
@@ -256,6 +267,30 @@ def _build(text: str, opt: list[str]) -> tuple[pathlib.Path | None, str]:
         return None, proc.stderr[-6000:] or proc.stdout[-6000:]
     tmp.replace(lib)
     return lib, ""
+
+
+def _host_pch(build: pathlib.Path, first: str, command: list[str]) -> pathlib.Path | None:
+    """The precompiled form of a CPU build's first lines (`first`: the checks' level and cuda_host.h), made once per
+    level, header version, compiler and flags; None where it cannot be made (the build then parses the headers)."""
+    if not first.startswith("#define KL_CHECKS") or "#line" in first:
+        return None
+    key = hashlib.sha256("\0".join([first, *(((HERE / h).read_text()) for h in HOST_HEADERS), own_headers_digest(),
+                                    *command]).encode()).hexdigest()[:16]
+    header = build / f"host-{key}.h"
+    pch = build / f"host-{key}.h.pch"
+    if pch.exists():
+        return pch
+    if not header.exists():
+        part = build / f"host-{key}.{os.getpid()}.h"
+        part.write_text(first + "\n")
+        part.replace(header)
+    tmp = build / f"host-{key}.{os.getpid()}.pch.tmp"
+    r = subprocess.run([*command, "-x", "c++-header", str(header), "-o", str(tmp)], capture_output=True, text=True)
+    if r.returncode:
+        tmp.unlink(missing_ok=True)
+        return None
+    tmp.replace(pch)
+    return pch
 
 
 class HostCompilerMissing(RuntimeError):
@@ -904,21 +939,29 @@ def _headers_text() -> str:
 
 def _precompiled_header() -> pathlib.Path:
     """The programs' first lines (cuda_host.h with the arena and without the checks) as a header in the cache, with
-    (for g++) its precompiled .gch beside it (once per header version): g++ then parses the C++ library headers once
-    instead of in every build."""
+    its precompiled form beside it (once per header version; g++: a .gch the textual #include finds, clang: a .pch
+    that build() passes with -include-pch): the compiler then parses the runtime and the C++ library headers once
+    instead of in every build (about a second of each clang build of the ziglang wheel)."""
     digest = hashlib.sha256((_headers_text() + " ".join(_FLAGS)).encode()).hexdigest()[:16]
     CACHE.mkdir(parents=True, exist_ok=True)
     header = CACHE / f"program-{digest}.h"
     if not header.exists():
         _write_atomically(header, _PROGRAM_HEADER)
-    gch = pathlib.Path(str(header) + ".gch")
-    if is_gcc(_compiler()) and not gch.exists():
-        tmp = pathlib.Path(str(gch) + f".{os.getpid()}.tmp")
-        r = subprocess.run([*_compiler(), *_FLAGS, f"-I{HERE}", "-x", "c++-header", str(header), "-o", str(tmp)],
-                           capture_output=True, text=True)
+    pre = _pch_path(header)
+    if not pre.exists():
+        tmp = pathlib.Path(f"{pre}.{os.getpid()}.tmp")
+        r = subprocess.run([*_compiler(), *_FLAGS, f"-I{HERE}", f"-I{KL_INCLUDE}", "-x", "c++-header", str(header),
+                            "-o", str(tmp)], capture_output=True, text=True)
         if r.returncode == 0:
-            os.replace(tmp, gch)        # without it, g++ parses the header itself: slower, same program
+            os.replace(tmp, pre)        # without it, the compiler parses the header itself: slower, same program
+        else:
+            tmp.unlink(missing_ok=True)
     return header
+
+
+def _pch_path(header: pathlib.Path) -> pathlib.Path:
+    """The precompiled form of `header`: g++ looks for <header>.gch itself; clang is given <header>.pch."""
+    return pathlib.Path(str(header) + (".gch" if is_gcc(_compiler()) else ".pch"))
 
 
 def _write_atomically(path: pathlib.Path, text: str) -> None:
@@ -944,10 +987,20 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[pathli
     binary = CACHE / f"{kernel}-{digest}"
     if not binary.exists():
         cpp = CACHE / f"{kernel}-{digest}.cpp"
-        _write_atomically(cpp, program)
         tmp = f"{binary}.{os.getpid()}.tmp"              # this process's own: others may build the same kernel
         cmd = [*_compiler(), *_FLAGS, f"-I{HERE}", f"-I{KL_INCLUDE}", str(cpp), "-o", tmp]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        pch = _pch_path(header)
+        if not is_gcc(_compiler()) and pch.exists():
+            # clang: the header comes from its .pch (-include-pch), its #include line left blank (same line numbers)
+            _write_atomically(cpp, "\n" + program.split("\n", 1)[1])
+            r = subprocess.run([*cmd[:-3], "-include-pch", str(pch), *cmd[-3:]], capture_output=True, text=True)
+            if r.returncode and re.search(r"precompiled|\.pch\b|PCH", r.stderr):
+                pch.unlink(missing_ok=True)     # stale (a header or the compiler changed under it): built again next time
+                _write_atomically(cpp, program)
+                r = subprocess.run(cmd, capture_output=True, text=True)
+        else:
+            _write_atomically(cpp, program)
+            r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise EmulationError(f"{' '.join(_compiler())} failed on {cpp}:\n{r.stderr[-4000:]}")
         os.replace(tmp, binary)
