@@ -892,6 +892,7 @@ int main(int argc, char** argv) {
         a[m.k].map = kl::make_tensor_map(a[m.alias < 0 ? m.k : m.alias].data.data(), m.d0, m.d1, m.s1, m.b0, m.b1,
                                           m.eb, m.sw, m.d2, m.s2, m.b2);
     if (cy * cz != 1) { std::fprintf(stderr, "emu: clusters along x only\n"); return 3; }
+    WHICH
     std::string err = kl::launch(dim3{gx, gy, gz}, dim3{bx, by, bz}, int(cx), [&] { CALL; }, shared);
     if (!err.empty()) { std::fprintf(stderr, "emu: %s\n", err.c_str()); return 3; }
     for (int k = 0; k < n; ++k)
@@ -973,20 +974,44 @@ def _write_atomically(path: pathlib.Path, text: str) -> None:
 
 
 def build(source: str, kernel: str, defines: dict | None = None) -> tuple[pathlib.Path, object]:
-    """Compile `kernel` of `source` for the emulator (cached by content); returns (binary, its SourceKernel)."""
+    """Compile `kernel` of `source` for the emulator (cached by content); returns (binary, its SourceKernel).
+
+    The binary holds every (non-template) kernel of `source`, the one to launch named by its second argument: the
+    host compiler compiles every kernel of the source in any case, so one build serves them all (a cell's ten
+    kernels cost one build, not ten). Where that program does not compile (a kernel the preprocessor removes, say),
+    the binary holds `kernel` alone."""
     found = [k for k in find_kernels(source) if k.name == kernel]
     if not found:
         raise EmulationError(f"no __global__ {kernel} in the source")
     k = found[0]
     head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
     header = _precompiled_header()
-    program = (f'#include "{header}"\n{head}\n{prepare(source)}\n' + _MAIN.replace("CALL", _call(k)))
+    body = f'#include "{header}"\n{head}\n{prepare(source)}\n'
+    every = [c for c in find_kernels(source) if not c.template]
+    names = [c.name for c in every]
+    if not k.template and len(set(names)) == len(names) and len(every) > 1:
+        calls = "switch (which) {" + " ".join(f"case {i}: {_call(c)}; break;" for i, c in enumerate(every)) + "}"
+        which = ("const std::string name = argc > 2 ? argv[2] : \"\"; int which = -1;\n    "
+                 + " ".join(f'if (name == "{c.name}") which = {i};' for i, c in enumerate(every))
+                 + '\n    if (which < 0) { std::fprintf(stderr, "emu: no kernel %s\\n", name.c_str()); return 3; }')
+        binary = _compile_program("cell", body + _MAIN.replace("WHICH", which).replace("CALL", calls), header,
+                                  missing_ok=True)
+        if binary is not None:
+            return binary, k
+    return _compile_program(kernel, body + _MAIN.replace("WHICH", "").replace("CALL", _call(k)), header), k
+
+
+def _compile_program(stem: str, program: str, header: pathlib.Path, missing_ok: bool = False) -> pathlib.Path | None:
+    """The emulator binary of `program` (cached by content; a failed build is remembered where `missing_ok`: None)."""
     digest = hashlib.sha256((program + _headers_text() + own_headers_digest()
                              + " ".join(_compiler())).encode()
                             ).hexdigest()[:20]
-    binary = CACHE / f"{kernel}-{digest}"
+    binary = CACHE / f"{stem}-{digest}"
+    failed = CACHE / f"{stem}-{digest}.failed"
+    if missing_ok and failed.exists():
+        return None
     if not binary.exists():
-        cpp = CACHE / f"{kernel}-{digest}.cpp"
+        cpp = CACHE / f"{stem}-{digest}.cpp"
         tmp = f"{binary}.{os.getpid()}.tmp"              # this process's own: others may build the same kernel
         cmd = [*_compiler(), *_FLAGS, f"-I{HERE}", f"-I{KL_INCLUDE}", str(cpp), "-o", tmp]
         pch = _pch_path(header)
@@ -1002,9 +1027,13 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[pathli
             _write_atomically(cpp, program)
             r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
+            if missing_ok:
+                if "error" in r.stderr:         # the program's own errors, not a compiler that did not start
+                    _write_atomically(failed, r.stderr[-4000:])
+                return None
             raise EmulationError(f"{' '.join(_compiler())} failed on {cpp}:\n{r.stderr[-4000:]}")
         os.replace(tmp, binary)
-    return binary, k
+    return binary
 
 
 def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, *, defines: dict | None = None,
@@ -1047,7 +1076,7 @@ def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, 
                 lines.append(f"float {float(a)!r}")
         pathlib.Path(f"{d}/args.txt").write_text("\n".join(lines) + "\n")
         try:
-            r = subprocess.run([str(binary), d], capture_output=True, text=True, timeout=timeout_s)
+            r = subprocess.run([str(binary), d, kernel], capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise EmulationError(f"{kernel} did not finish within {timeout_s} s in the emulator (a hang?)") from None
         if r.returncode:
