@@ -31,6 +31,10 @@ source is prepared first:
   `typedef unsigned ... uint32_t / uint64_t` lines go (the host's <cstdint> has them);
 - `__shared__` arrays become references into the block's arena, `extern __shared__` ones its dynamic part.
 A kernel whose own body holds `asm` cannot be emulated: move the PTX into a named helper.
+
+Builds are cached (KERNELLAB_EMU_DIR, else <tmp>/kernellab-emu) by content. One program holds every kernel of a
+source (the compiler compiles them all in any case), launched by name; the runtime's headers come precompiled (g++:
+a .gch, clang from the ziglang wheel: a .pch), parsed once per header version instead of in every build.
 """
 from __future__ import annotations
 
