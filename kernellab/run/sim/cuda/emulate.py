@@ -257,7 +257,7 @@ def _build(text: str, opt: list[str]) -> tuple[pathlib.Path | None, str]:
         # clang: the checks' level and cuda_host.h come from a .pch (-include-pch); those lines left blank
         src.write_text("\n" * first.count("\n") + "\n#line " + rest)
         proc = subprocess.run([*cmd[:-3], "-include-pch", str(pch), *cmd[-3:]], capture_output=True, text=True)
-        if proc.returncode and re.search(r"precompiled|\.pch\b|PCH", proc.stderr):
+        if proc.returncode and re.search(r"precompiled|\.pch\b|PCH|AST file", proc.stderr):
             pch.unlink(missing_ok=True)         # stale (a header or the compiler changed under it): built again next time
             pch = None
     if pch is None:
@@ -1023,7 +1023,7 @@ def _compile_program(stem: str, program: str, header: pathlib.Path, missing_ok: 
             # clang: the header comes from its .pch (-include-pch), its #include line left blank (same line numbers)
             _write_atomically(cpp, "\n" + program.split("\n", 1)[1])
             r = subprocess.run([*cmd[:-3], "-include-pch", str(pch), *cmd[-3:]], capture_output=True, text=True)
-            if r.returncode and re.search(r"precompiled|\.pch\b|PCH", r.stderr):
+            if r.returncode and re.search(r"precompiled|\.pch\b|PCH|AST file", r.stderr):
                 pch.unlink(missing_ok=True)     # stale (a header or the compiler changed under it): built again next time
                 _write_atomically(cpp, program)
                 r = subprocess.run(cmd, capture_output=True, text=True)
