@@ -161,3 +161,34 @@ def test_an_exchange_whose_bytes_never_come_is_reported_not_a_hang(exchange_mod,
     with pytest.raises(RuntimeError, match="never pushed"):
         exchange_mod["missing_push"][2, 32](torch.zeros(2))
 
+
+
+TWO_KERNELS = r"""
+__global__ void add_one(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }
+__global__ void twice(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }
+"""
+
+
+def test_the_kernels_of_one_cell_share_one_emulator_build(tmp_path, monkeypatch):
+    """emulate() builds a cell once for all its kernels, each launched by name; a cell that does not build whole (a
+    kernel the preprocessor removes) falls back to the kernel alone, remembered, and still runs."""
+    import numpy as np
+    from kernellab.run.sim.cuda import emulate as emu
+
+    monkeypatch.setattr(emu, "CACHE", tmp_path)
+    x = np.arange(5, dtype=np.float32)
+    emu.emulate(TWO_KERNELS, "add_one", (1,), (32,), [x, 5])
+    emu.emulate(TWO_KERNELS, "twice", (1,), (32,), [x, 5])
+    np.testing.assert_array_equal(x, (np.arange(5) + 1) * 2)
+    binaries = [p.name for p in tmp_path.iterdir() if p.suffix == "" and not p.name.startswith("program-")]
+    assert len(binaries) == 1 and binaries[0].startswith("cell-"), binaries
+    if not emu.is_gcc(emu._compiler()):         # clang parses the runtime's headers once, from a .pch
+        assert list(tmp_path.glob("program-*.h.pch")), sorted(p.name for p in tmp_path.iterdir())
+
+    gone = TWO_KERNELS + "#if 0\n__global__ void removed(float* x) {}\n#endif\n"
+    emu.emulate(gone, "twice", (1,), (32,), [x, 5])
+    emu.emulate(gone, "add_one", (1,), (32,), [x, 5])
+    np.testing.assert_array_equal(x, (np.arange(5) + 1) * 4 + 1)
+    names = sorted(p.name.split("-")[0] + (".failed" if p.name.endswith(".failed") else "")
+                   for p in tmp_path.iterdir() if p.suffix in ("", ".failed") and not p.name.startswith("program-"))
+    assert names == ["add_one", "cell", "cell.failed", "twice"], names

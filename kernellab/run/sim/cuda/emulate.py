@@ -31,6 +31,10 @@ source is prepared first:
   `typedef unsigned ... uint32_t / uint64_t` lines go (the host's <cstdint> has them);
 - `__shared__` arrays become references into the block's arena, `extern __shared__` ones its dynamic part.
 A kernel whose own body holds `asm` cannot be emulated: move the PTX into a named helper.
+
+Builds are cached (KERNELLAB_EMU_DIR, else <tmp>/kernellab-emu) by content. One program holds every kernel of a
+source (the compiler compiles them all in any case), launched by name; the runtime's headers come precompiled (g++:
+a .gch, clang from the ziglang wheel: a .pch), parsed once per header version instead of in every build.
 """
 from __future__ import annotations
 
@@ -246,10 +250,21 @@ def _build(text: str, opt: list[str]) -> tuple[pathlib.Path | None, str]:
     if failed.exists():
         return None, failed.read_text()
     src = build / f"{key}.{os.getpid()}.cpp"       # this process's own: others (pytest -n) may build the same
-    src.write_text(text)
     tmp = build / f"{key}.{os.getpid()}.so"
-    proc = subprocess.run([*command, "-std=c++17", *opt, "-shared", "-fPIC", "-w", "-pthread", *flags, "-o",
-                           str(tmp), str(src)], capture_output=True, text=True)
+    cmd = [*command, "-std=c++17", *opt, "-shared", "-fPIC", "-w", "-pthread", *flags, "-o", str(tmp), str(src)]
+    first, _, rest = text.partition("\n#line ")
+    pch = None if is_gcc(command) else _host_pch(build, first, [*command, "-std=c++17", *opt, "-fPIC", "-w",
+                                                               "-pthread", *flags])
+    if pch is not None:
+        # clang: the checks' level and cuda_host.h come from a .pch (-include-pch); those lines left blank
+        src.write_text("\n" * first.count("\n") + "\n#line " + rest)
+        proc = subprocess.run([*cmd[:-3], "-include-pch", str(pch), *cmd[-3:]], capture_output=True, text=True)
+        if proc.returncode and re.search(r"precompiled|\.pch\b|PCH|AST file", proc.stderr):
+            pch.unlink(missing_ok=True)         # stale (a header or the compiler changed under it): built again next time
+            pch = None
+    if pch is None:
+        src.write_text(text)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         if "error:" in proc.stderr:         # the source's own errors (not a compiler that did not start): kept
             part = build / f"{key}.{os.getpid()}.failed"
@@ -258,6 +273,30 @@ def _build(text: str, opt: list[str]) -> tuple[pathlib.Path | None, str]:
         return None, proc.stderr[-6000:] or proc.stdout[-6000:]
     tmp.replace(lib)
     return lib, ""
+
+
+def _host_pch(build: pathlib.Path, first: str, command: list[str]) -> pathlib.Path | None:
+    """The precompiled form of a CPU build's first lines (`first`: the checks' level and cuda_host.h), made once per
+    level, header version, compiler and flags; None where it cannot be made (the build then parses the headers)."""
+    if not first.startswith("#define KL_CHECKS") or "#line" in first:
+        return None
+    key = hashlib.sha256("\0".join([first, *(((HERE / h).read_text()) for h in HOST_HEADERS), own_headers_digest(),
+                                    *command]).encode()).hexdigest()[:16]
+    header = build / f"host-{key}.h"
+    pch = build / f"host-{key}.h.pch"
+    if pch.exists():
+        return pch
+    if not header.exists():
+        part = build / f"host-{key}.{os.getpid()}.h"
+        part.write_text(first + "\n")
+        part.replace(header)
+    tmp = build / f"host-{key}.{os.getpid()}.pch.tmp"
+    r = subprocess.run([*command, "-x", "c++-header", str(header), "-o", str(tmp)], capture_output=True, text=True)
+    if r.returncode:
+        tmp.unlink(missing_ok=True)
+        return None
+    tmp.replace(pch)
+    return pch
 
 
 class HostCompilerMissing(RuntimeError):
@@ -859,6 +898,7 @@ int main(int argc, char** argv) {
         a[m.k].map = kl::make_tensor_map(a[m.alias < 0 ? m.k : m.alias].data.data(), m.d0, m.d1, m.s1, m.b0, m.b1,
                                           m.eb, m.sw, m.d2, m.s2, m.b2);
     if (cy * cz != 1) { std::fprintf(stderr, "emu: clusters along x only\n"); return 3; }
+    WHICH
     std::string err = kl::launch(dim3{gx, gy, gz}, dim3{bx, by, bz}, int(cx), [&] { CALL; }, shared);
     if (!err.empty()) { std::fprintf(stderr, "emu: %s\n", err.c_str()); return 3; }
     for (int k = 0; k < n; ++k)
@@ -906,21 +946,29 @@ def _headers_text() -> str:
 
 def _precompiled_header() -> pathlib.Path:
     """The programs' first lines (cuda_host.h with the arena and without the checks) as a header in the cache, with
-    (for g++) its precompiled .gch beside it (once per header version): g++ then parses the C++ library headers once
-    instead of in every build."""
+    its precompiled form beside it (once per header version; g++: a .gch the textual #include finds, clang: a .pch
+    that build() passes with -include-pch): the compiler then parses the runtime and the C++ library headers once
+    instead of in every build (about a second of each clang build of the ziglang wheel)."""
     digest = hashlib.sha256((_headers_text() + " ".join(_FLAGS)).encode()).hexdigest()[:16]
     CACHE.mkdir(parents=True, exist_ok=True)
     header = CACHE / f"program-{digest}.h"
     if not header.exists():
         _write_atomically(header, _PROGRAM_HEADER)
-    gch = pathlib.Path(str(header) + ".gch")
-    if is_gcc(_compiler()) and not gch.exists():
-        tmp = pathlib.Path(str(gch) + f".{os.getpid()}.tmp")
-        r = subprocess.run([*_compiler(), *_FLAGS, f"-I{HERE}", "-x", "c++-header", str(header), "-o", str(tmp)],
-                           capture_output=True, text=True)
+    pre = _pch_path(header)
+    if not pre.exists():
+        tmp = pathlib.Path(f"{pre}.{os.getpid()}.tmp")
+        r = subprocess.run([*_compiler(), *_FLAGS, f"-I{HERE}", f"-I{KL_INCLUDE}", "-x", "c++-header", str(header),
+                            "-o", str(tmp)], capture_output=True, text=True)
         if r.returncode == 0:
-            os.replace(tmp, gch)        # without it, g++ parses the header itself: slower, same program
+            os.replace(tmp, pre)        # without it, the compiler parses the header itself: slower, same program
+        else:
+            tmp.unlink(missing_ok=True)
     return header
+
+
+def _pch_path(header: pathlib.Path) -> pathlib.Path:
+    """The precompiled form of `header`: g++ looks for <header>.gch itself; clang is given <header>.pch."""
+    return pathlib.Path(str(header) + (".gch" if is_gcc(_compiler()) else ".pch"))
 
 
 def _write_atomically(path: pathlib.Path, text: str) -> None:
@@ -932,28 +980,66 @@ def _write_atomically(path: pathlib.Path, text: str) -> None:
 
 
 def build(source: str, kernel: str, defines: dict | None = None) -> tuple[pathlib.Path, object]:
-    """Compile `kernel` of `source` for the emulator (cached by content); returns (binary, its SourceKernel)."""
+    """Compile `kernel` of `source` for the emulator (cached by content); returns (binary, its SourceKernel).
+
+    The binary holds every (non-template) kernel of `source`, the one to launch named by its second argument: the
+    host compiler compiles every kernel of the source in any case, so one build serves them all (a cell's ten
+    kernels cost one build, not ten). Where that program does not compile (a kernel the preprocessor removes, say),
+    the binary holds `kernel` alone."""
     found = [k for k in find_kernels(source) if k.name == kernel]
     if not found:
         raise EmulationError(f"no __global__ {kernel} in the source")
     k = found[0]
     head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
     header = _precompiled_header()
-    program = (f'#include "{header}"\n{head}\n{prepare(source)}\n' + _MAIN.replace("CALL", _call(k)))
+    body = f'#include "{header}"\n{head}\n{prepare(source)}\n'
+    every = [c for c in find_kernels(source) if not c.template]
+    names = [c.name for c in every]
+    if not k.template and len(set(names)) == len(names) and len(every) > 1:
+        calls = "switch (which) {" + " ".join(f"case {i}: {_call(c)}; break;" for i, c in enumerate(every)) + "}"
+        which = ("const std::string name = argc > 2 ? argv[2] : \"\"; int which = -1;\n    "
+                 + " ".join(f'if (name == "{c.name}") which = {i};' for i, c in enumerate(every))
+                 + '\n    if (which < 0) { std::fprintf(stderr, "emu: no kernel %s\\n", name.c_str()); return 3; }')
+        binary = _compile_program("cell", body + _MAIN.replace("WHICH", which).replace("CALL", calls), header,
+                                  missing_ok=True)
+        if binary is not None:
+            return binary, k
+    return _compile_program(kernel, body + _MAIN.replace("WHICH", "").replace("CALL", _call(k)), header), k
+
+
+def _compile_program(stem: str, program: str, header: pathlib.Path, missing_ok: bool = False) -> pathlib.Path | None:
+    """The emulator binary of `program` (cached by content; a failed build is remembered where `missing_ok`: None)."""
     digest = hashlib.sha256((program + _headers_text() + own_headers_digest()
                              + " ".join(_compiler())).encode()
                             ).hexdigest()[:20]
-    binary = CACHE / f"{kernel}-{digest}"
+    binary = CACHE / f"{stem}-{digest}"
+    failed = CACHE / f"{stem}-{digest}.failed"
+    if missing_ok and failed.exists():
+        return None
     if not binary.exists():
-        cpp = CACHE / f"{kernel}-{digest}.cpp"
-        _write_atomically(cpp, program)
+        cpp = CACHE / f"{stem}-{digest}.cpp"
         tmp = f"{binary}.{os.getpid()}.tmp"              # this process's own: others may build the same kernel
         cmd = [*_compiler(), *_FLAGS, f"-I{HERE}", f"-I{KL_INCLUDE}", str(cpp), "-o", tmp]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        pch = _pch_path(header)
+        if not is_gcc(_compiler()) and pch.exists():
+            # clang: the header comes from its .pch (-include-pch), its #include line left blank (same line numbers)
+            _write_atomically(cpp, "\n" + program.split("\n", 1)[1])
+            r = subprocess.run([*cmd[:-3], "-include-pch", str(pch), *cmd[-3:]], capture_output=True, text=True)
+            if r.returncode and re.search(r"precompiled|\.pch\b|PCH|AST file", r.stderr):
+                pch.unlink(missing_ok=True)     # stale (a header or the compiler changed under it): built again next time
+                _write_atomically(cpp, program)
+                r = subprocess.run(cmd, capture_output=True, text=True)
+        else:
+            _write_atomically(cpp, program)
+            r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
+            if missing_ok:
+                if "error" in r.stderr:         # the program's own errors, not a compiler that did not start
+                    _write_atomically(failed, r.stderr[-4000:])
+                return None
             raise EmulationError(f"{' '.join(_compiler())} failed on {cpp}:\n{r.stderr[-4000:]}")
         os.replace(tmp, binary)
-    return binary, k
+    return binary
 
 
 def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, *, defines: dict | None = None,
@@ -1006,7 +1092,7 @@ def emulate(source: str, kernel: str, grid, block, args, shared_bytes: int = 0, 
                 lines.append(f"float {float(a)!r}")
         pathlib.Path(f"{d}/args.txt").write_text("\n".join(lines) + "\n")
         try:
-            r = subprocess.run([str(binary), d], capture_output=True, text=True, timeout=timeout_s)
+            r = subprocess.run([str(binary), d, kernel], capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise EmulationError(f"{kernel} did not finish within {timeout_s} s in the emulator (a hang?)") from None
         if r.returncode:
