@@ -7,11 +7,12 @@ STAMP  := $(VENV)/.kernellab-installed
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): one per core; each test file runs whole in one process, so a module's compiled
 # kernels are built once; tests/conftest.py hands the longest files out first (tests/durations.json).
-# Measured with an empty compile cache on the 2-core machine: `KERNELLAB_CACHE_DIR=$(mktemp -d) make test
-# PYTEST_ARGS="--durations=0 --junitxml=t.xml"`, the per-file sum of the junit times. Quiet machine: 15 min 31 s
-# (7060 passed, 933 skipped). Shares of the 5811 s of test time (a busy machine, 49 min 50 s): test_teach 23 %,
-# test_matmul 18 %, test_tutorial08 13 %, test_fanout_faults 9 % (one test hung for 335 s and failed),
-# test_notebooks 9 %, test_attention_persistent 5 %; the rest under 4 % a file. PYTEST_N=0 runs everything in this process (for a debugger or -x on the first failure).
+# Measured on the 2-core machine, quiet, from a fresh clone (kernellab's compile cache in the home directory as earlier
+# runs left it): 11 min 24 s of pytest, 11 min 39 s in all (7105 passed, 965 skipped); `make test-durations` records
+# tests/durations.json. Where the time goes (`PYTEST_ARGS="--durations=0 --junitxml=t.xml"`, a busy machine, before
+# the emulator built one binary per cell): test_teach 23 %, test_matmul 18 %, test_tutorial08 13 %, test_fanout_faults
+# 9 %, test_notebooks 9 %, test_attention_persistent 5 %; the rest under 4 % a file; compilers, not pytest, use the CPU.
+# PYTEST_N=0 runs everything in this process (for a debugger or -x on the first failure).
 PYTEST_N ?= auto
 XDIST    := $(if $(filter 0,$(PYTEST_N)),,-n $(PYTEST_N) --dist loadfile)
 # `make lab LAB_ARGS="--port 8899 --no-browser"` passes options to `jupyter lab`; WORK is the folder Lab opens on.
