@@ -42,16 +42,23 @@ class Recorder:
         return lambda *args: self.log.append((self.name, grid, block, smem, args))
 
 
-@pytest.fixture(scope="module")
-def entry():
-    """The launcher cell run in a namespace whose step 2 and 3 cells are recorders; tensor maps are stand-ins."""
-    log = []
-    kernels = [Recorder(n, log) for n in every_entry()]
+def launcher_namespace(kernel_type, log):
+    """07's launcher cell run in a namespace whose step 2 and 3 cells hold `kernel_type(name, log)` stand-ins, on a
+    CPU device of 132 SMs."""
+    kernels = [kernel_type(n, log) for n in every_entry()]
     ns = {"__name__": "tutorial_07", "fa2_cell": types.SimpleNamespace(kernels=[k for k in kernels if "fa2" in k.name]),
           "fa3_cell": types.SimpleNamespace(kernels=[k for k in kernels if "fa2" not in k.name])}
     (cell,) = launcher_cells(NOTEBOOK)
     exec(compile(cell, f"{NOTEBOOK}:launchers", "exec"), ns)
     ns["_attention_sms"][torch.device("cpu")] = 132
+    return ns
+
+
+@pytest.fixture(scope="module")
+def entry():
+    """The launcher cell run in a namespace whose step 2 and 3 cells are recorders; tensor maps are stand-ins."""
+    log = []
+    ns = launcher_namespace(Recorder, log)
     ns["kernellab"] = types.SimpleNamespace(tensor_map=lambda x, box: ("map", x.shape, box))
     ns["log"] = log
     return ns
@@ -258,12 +265,7 @@ def test_the_profile_runs_each_step_as_the_entry_point_launches_it(bench, monkey
     import notebook_cells
 
     log = []
-    kernels = [Profiled(n, log) for n in every_entry()]
-    ns = {"__name__": "tutorial_07", "fa2_cell": types.SimpleNamespace(kernels=[k for k in kernels if "fa2" in k.name]),
-          "fa3_cell": types.SimpleNamespace(kernels=[k for k in kernels if "fa2" not in k.name])}
-    (cell,) = launcher_cells(NOTEBOOK)
-    exec(compile(cell, f"{NOTEBOOK}:launchers", "exec"), ns)
-    ns["_attention_sms"][torch.device("cpu")] = 132
+    ns = launcher_namespace(Profiled, log)
     monkeypatch.setattr(notebook_cells, "load_tutorial", lambda name: ns)
     monkeypatch.setattr(bench.kernellab, "tensor_map", lambda x, box: ("map", tuple(x.shape), box))
     assert bench.run_profile(["16x512x64c"], None, tmp_path, device="cpu") == 0
