@@ -1569,7 +1569,8 @@ kernellab.roofline([r for r in step2.values()])
 # `dQ` summed across blocks in fp32) and changes the machine under it, as tutorial 07's step 3 did for the forward:
 #
 # - **Roles.** A block owns 128 keys of one head: two **consumer warpgroups** (warps 0-7), 64 keys each, and one
-#   **producer warp** (warp 8) whose lane 0 loads the block's `K` and `V` once and then each query tile's `Q` and `dO`
+#   **producer warpgroup** (warps 8-11; lane 0 of warp 8 issues every copy, the other warps only give their registers
+#   away) that loads the block's `K` and `V` once and then each query tile's `Q` and `dO`
 #   (64 rows) with **TMA** into a ring of two stages, one `mbarrier` pair per stage (full: the copy engine counts the
 #   bytes down; empty: the 8 consumer warps arrive when done). Both warpgroups read the same `Q`/`dO` stage, so every
 #   byte that crosses L2 serves 128 keys, as in step 2's 8-warp rungs.
@@ -1590,20 +1591,28 @@ kernellab.roofline([r for r in step2.values()])
 #   cannot prove it uniform in a warp and serialises every `wgmma` of the kernel (its info line `C7520: Potential
 #   Performance Loss: wgmma.mma_async instructions are serialized`); read through `__shfl_sync` from lane 0 it is
 #   warp-uniform, and the warning (tested on the CPU) goes.
-# - **Registers.** Per consumer thread: `dK`, `dV` (32 + 32 floats at `d = 64`), `S^T`, `dP^T` (32 + 32), the
-#   `dQ` tile (32), `P^T` and `dS^T` packed (16 + 16), the LSE and `Dv` of its 16 query columns: about 220.
-#   `__maxnreg__(224)` gives 288 threads x 224 registers = one block an SM; `ptxas` with `__launch_bounds__`
-#   rounds the warps up and caps at 168, which spilled.
+# - **Registers, and a second trap.** Per consumer thread: `dK`, `dV` (32 + 32 floats at `d = 64`), `S^T`, `dP^T`
+#   (32 + 32), the `dQ` tile (32), `P^T` and `dS^T` packed (16 + 16), the LSE and `Dv` of its 16 query columns:
+#   about 220. A first version had one producer *warp* (288 threads) and `__maxnreg__(224)`: it compiled without
+#   spills, passed the CPU emulator, and on an H100 did not launch (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`). An SM has
+#   four sub-partitions of 16,384 registers, and nine warps put three on one of them: at most 5,461 registers a warp,
+#   168 a thread (`kernellab.occupancy(288, 224, ...)` says 0 blocks an SM). FlashAttention-3's answer is the one
+#   here: three whole warpgroups (384 threads), `__launch_bounds__(384, 1)` so that `ptxas` launches them at
+#   65,536 / 384 = 168 registers, then **`setmaxnreg`**: the producer warpgroup lowers itself to 24
+#   (`setmaxnreg.dec`), the consumers raise themselves to 240 (`setmaxnreg.inc`, which waits until the producer's
+#   registers are free): 128 x 24 + 256 x 240 = 64,512 of the 65,536. `ptxas` reports 168 registers (the launch
+#   count) and allocates the consumers' code up to 240 (its SASS uses up to `R236`, `USETMAXREG` at the branch), no
+#   spills. A CPU test now checks every launch the launcher makes against `kernellab.occupancy` with the compiled
+#   registers, the check that would have caught the first version.
 #
-# What it does not do yet (FlashAttention-3 does): `setmaxnreg` to move the producer's registers to the consumers
-# (and a third warpgroup), two query tiles in flight per warpgroup (ping-pong of softmax and products), `dQ` written
+# What it does not do yet (FlashAttention-3 does): two query tiles in flight per warpgroup (ping-pong of softmax and products), `dQ` written
 # through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 16 vector reductions per thread (every
-# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: this kernel at `d = 128` spills 408 bytes;
-# it needs the producer's registers, or `dQ` in halves and the LSE and `Dv` in shared memory).
+# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: the 288-thread version at `d = 128` spilled
+# 408 bytes at 224 registers; at 240 it is still to be tried, else `dQ` in halves and the LSE and `Dv` in shared memory).
 # At `d = 128` the op keeps step 2's `atomic_w8`.
 #
 # **Prediction, before measuring.** A warpgroup issues 16 `HGMMA.64x64x16` per query tile (4 for each of `S^T`,
-# `dP^T`, `dV`, `dK`) and, every other tile, 8 for `dQ`; 1,368 SASS instructions in the whole causal kernel (static
+# `dP^T`, `dV`, `dK`) and, every other tile, 8 for `dQ`; 1,376 SASS instructions in the whole causal kernel (static
 # count). The `wgmma` products run at the tensor cores' rate, but within a warpgroup nothing overlaps one tile's
 # exponentials and reductions with the next tile's products (only the other warpgroup's products fill those gaps),
 # and the 2-byte `dS` stores and 16 reductions a thread every other tile remain. We predict 300-380 TFLOP/s at
@@ -1621,8 +1630,11 @@ typedef unsigned int uint32_t;
 
 // Step 3: the attention backward on Hopper's wgmma, fed by TMA, warp-specialised. A block owns 64 x NCWG keys of one
 // head: each of its NCWG consumer warpgroups (warps 0-3, 4-7) holds dK and dV of its 64 keys in fp32 registers, and
-// all walk the same query tiles; the last warp (the producer) loads K and V once, then each query tile's Q and dO into
-// a ring of HBWD_STAGES stages with TMA, shared by the warpgroups. Per query tile of 64 rows, a warpgroup computes
+// all walk the same query tiles; the last warpgroup (the producer; one thread of it issues every copy) loads K and V
+// once, then each query tile's Q and dO into a ring of HBWD_STAGES stages with TMA, shared by the warpgroups. The
+// block launches at 168 registers a thread (__launch_bounds__: 384 threads, one block an SM), then the producer gives
+// its registers back (setmaxnreg.dec to HBWD_PRODUCER_REGS) and the consumers take them (setmaxnreg.inc to
+// HBWD_CONSUMER_REGS): 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536. Per query tile of 64 rows, a warpgroup computes
 //   S^T = K Q^T, dP^T = V dO^T            wgmma, both operands from shared memory (keys as the 64 rows)
 //   P^T = exp2(S^T s log2 e - LSE log2 e), dS^T = P^T o (dP^T - Dv)      in registers (masked: causal, past N)
 //   dV += P^T dO, dK += dS^T Q             wgmma, A = P^T / dS^T from registers, B = dO / Q read transposed
@@ -1632,7 +1644,9 @@ typedef unsigned int uint32_t;
 // Q, K, V, dO: [BH, N, D] through 3-D tensor maps (dims D, N, BH; box 64 x 64 x 1; 128-byte swizzle: rows past N read
 // as zeros); LSE, Dv: [BH, N] fp32; dq_accum: [BH, N, D] fp32, zeroed; dK, dV: [BH, N, D] in T.
 #define HBWD_STAGES 2       // Q/dO stages in flight
-#define HBWD_WG 2           // consumer warpgroups a block (128 keys): 288 threads, 224 registers each at most
+#define HBWD_WG 2           // consumer warpgroups a block (128 keys), and one producer warpgroup: 384 threads
+#define HBWD_PRODUCER_REGS 24    // registers a thread after setmaxnreg (multiples of 8 in [24, 256]; the sum over the
+#define HBWD_CONSUMER_REGS 240   // block's 128 + 128 HBWD_WG threads fits the 65,536 of an SM)
 
 namespace hbwd {
 
@@ -1650,6 +1664,11 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// This warpgroup's registers a thread, lowered or raised to R (every thread of the warpgroup executes it, .aligned).
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
 // p[0] += a, p[1] += b in global memory, one vector reduction (RED.E.ADD.F32x2; p 8-byte aligned).
 __device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
@@ -1688,8 +1707,11 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     __syncthreads();
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp == 4 * NCWG) {                              // producer: one thread issues every copy
-        if (lane == 0) {
+    // the warpgroup through a shuffle: uniform for ptxas (setmaxnreg and the wgmmas below sit under branches on it)
+    const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
+    if (wg == NCWG) {                                    // producer warpgroup: one thread issues every copy
+        setmaxnreg_dec<HBWD_PRODUCER_REGS>();
+        if (warp == 4 * NCWG && lane == 0) {
             mbar_expect_tx(full_kv, 2 * NCWG * TILE_BYTES);
             for (int b = 0; b < DB; ++b)
                 for (int c = 0; c < NCWG; ++c) {
@@ -1712,8 +1734,10 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     // consumers: warpgroup c owns keys kc0 = k0 + 64 c .. + 63, its warp w keys kc0 + 16 w .. + 15 (rows of S^T, dP^T, dK, dV); lane (g, t) rows g and g + 8 and,
     // in a 64-column accumulator, columns 8 e + 2 t, + 1 (e = 0 .. 7): accumulator i is row (i & 2 ? g + 8 : g),
     // column 8 (i / 4) + 2 t + (i & 1).
-    // c through a shuffle: warp-uniform for ptxas, which otherwise serialises every wgmma (C7520) for the dq_here branch
-    const int c = __shfl_sync(0xffffffffu, warp / 4, 0), w = warp % 4, g = lane / 4, t = lane % 4;
+    // c (= wg) through a shuffle: warp-uniform for ptxas, which otherwise serialises every wgmma (C7520) for the
+    // dq_here branch
+    setmaxnreg_inc<HBWD_CONSUMER_REGS>();
+    const int c = wg, w = warp % 4, g = lane / 4, t = lane % 4;
     const int kc0 = k0 + 64 * c, key0 = kc0 + 16 * w + g, key1 = key0 + 8;
     const uint32_t kw_s = k_s + 64 * c * 128, vw_s = v_s + 64 * c * 128;
     const float scale_log2 = scale * LOG2E;
@@ -1843,26 +1867,27 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
 
 }  // namespace hbwd
 
-// Entry points per (dtype[, causal]), head dim 64: grid (ceil(N / (64 HBWD_WG)), BH), 128 HBWD_WG + 32 threads.
-extern "C" __global__ void __maxnreg__(224)
+// Entry points per (dtype[, causal]), head dim 64: grid (ceil(N / (64 HBWD_WG)), BH), 128 (HBWD_WG + 1) threads;
+// __launch_bounds__ gives ptxas 65,536 / 384 = 168 registers a thread at launch, setmaxnreg the rest.
+extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
 hbwd_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
     const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv,
     int n, float scale) {
     hbwd::dkdv<__nv_bfloat16, 64, HBWD_WG, false>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
 }
-extern "C" __global__ void __maxnreg__(224)
+extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
 hbwd_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
     const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv,
     int n, float scale) {
     hbwd::dkdv<__nv_bfloat16, 64, HBWD_WG, true>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
 }
-extern "C" __global__ void __maxnreg__(224)
+extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
 hbwd_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
     const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv,
     int n, float scale) {
     hbwd::dkdv<__half, 64, HBWD_WG, false>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
 }
-extern "C" __global__ void __maxnreg__(224)
+extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
 hbwd_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
     const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv,
     int n, float scale) {
@@ -1889,15 +1914,18 @@ for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
 # 128 keys with `Q`, `K`, `V`, `dO` through `[B H, N, d]` tensor maps (boxes of 64 rows x 64 columns), and step 2's
 # conversion of `dQ`. `attention_backward(..., variant="hopper")` calls it where it applies (`d = 64` on an sm_90
 # GPU) and step 2's `atomic_w8` elsewhere, so the harness above checks and times it as one more variant.
-# `BWD_OP_HOPPER` makes the op's backward take it where it applies.
+# `BWD_OP_HOPPER` makes the op's backward take it where it applies; it is off: the op does not default to a kernel no
+# GPU has run, and it is switched on once the checks below pass on an H100 and the benchmark measures it faster than
+# `atomic_w8`.
 
 # %%
 # launchers: Hopper backward (tests/gpu/test_attention_backward_gpu.py, benchmarks/attention_backward.py and the op use this)
-HBWD_WG, HBWD_STAGES, HBWD_THREADS = 2, 2, 288     # the cell's HBWD_WG, HBWD_STAGES; 128 x HBWD_WG + 32 threads
+HBWD_WG, HBWD_STAGES, HBWD_THREADS = 2, 2, 384     # the cell's HBWD_WG, HBWD_STAGES; 128 x (HBWD_WG + 1) threads
 HBWD_KEYS, HBWD_QUERY_TILE = 64 * HBWD_WG, 64      # keys a block, queries a step
 HOPPER_BWD_DIMS = (64,)                            # head dims step 3 has kernels for
 HOPPER_BWD_FALLBACK = "atomic_w8"                  # the rung "hopper" runs where step 3 does not apply
-BWD_OP_HOPPER = True                               # the op's backward on step 3 where it applies (BWD_OP_VARIANT)
+BWD_OP_HOPPER = False                              # the op's backward on step 3 where it applies (BWD_OP_VARIANT):
+                                                   # off until step 3 has been checked and timed on an H100
 
 
 def hopper_backward_applies(q):
@@ -2083,9 +2111,9 @@ for name, grads in (("kl_flash_attention", ours), ("  under torch.compile", comp
 # - **register reallocation** (`setmaxnreg`): the producer gives its registers to the consumers, whose `dK` and `dV`
 #   accumulators (`64 x d` per warpgroup) would otherwise cap the tile sizes as they do here.
 #
-# Step 3 above takes the first two (and `wgmma` reads `P^T` and `dS^T` from registers for `dV` and `dK`, so only
-# `dQ = dS K` reads `dS` from shared memory); `dQ` still leaves by vector reductions from registers, and there is no
-# `setmaxnreg` (so `__maxnreg__(224)` and one block an SM) and no head dim 128 yet. Those are its next rungs.
+# Step 3 above takes the first two and the last (and `wgmma` reads `P^T` and `dS^T` from registers for `dV` and `dK`,
+# so only `dQ = dS K` reads `dS` from shared memory); `dQ` still leaves by vector reductions from registers, and there
+# is no head dim 128 yet. Those are its next rungs, after its first measurement on an H100.
 #
 # The measurements of step 2 on an H100 (the benchmark's table, `benchmarks/attention_backward.py`) say which of these
 # matters first: if variant (a) is within a few percent of variant (b), the atomics are not the bottleneck and the

@@ -1,6 +1,8 @@
-"""Tutorial 08's step 3, the Hopper attention backward (the `attn_bwd_h` cell: wgmma fed by TMA, a producer warp and
-two consumer warpgroups), without a GPU: it compiles for sm_90a to HGMMA and TMA with no spills and the resources
-the launcher assumes, and in the CPU emulator (kernellab/run/sim/cuda: wgmma, TMA, mbarriers, named barriers) its
+"""Tutorial 08's step 3, the Hopper attention backward (the `attn_bwd_h` cell: wgmma fed by TMA, a producer warpgroup
+and two consumer warpgroups, registers moved between them by setmaxnreg), without a GPU: it compiles for sm_90a to
+HGMMA and TMA with no spills and the resources the launcher assumes, every launch the launcher makes has a block an
+SM by kernellab.occupancy with the compiled registers (the check the 288-thread version, 224 registers, failed on an
+H100), and in the CPU emulator (kernellab/run/sim/cuda: wgmma, TMA, mbarriers, named barriers) its
 dQ, dK, dV match float64 on awkward shapes, both dtypes, with and without the causal mask (dQ computed by the two
 warpgroups in turns, over both of their dS tiles)."""
 import pathlib
@@ -16,27 +18,45 @@ from kernellab.run.sim.cuda.emulate import TensorMap, bf16_bits, bf16_values, co
 from notebook_cells import named_cuda_cells  # noqa: E402
 
 SOURCE = named_cuda_cells("08-attention-backward.py")["attn_bwd_h"]
-WG, STAGES, THREADS, D = 2, 2, 288, 64              # the cell's HBWD_WG, HBWD_STAGES; 128 x WG + 32; head dim
+WG, STAGES, THREADS, D = 2, 2, 384, 64              # the cell's HBWD_WG, HBWD_STAGES; 128 x (WG + 1); head dim
+PRODUCER_REGS, CONSUMER_REGS = 24, 240              # the cell's setmaxnreg counts
 KEYS = 64 * WG
 SMEM = 1024 + 2 * KEYS * D * 2 + 2 * WG * 64 * 64 * 2 + 2 * STAGES * 64 * D * 2 + 64   # 2 dS buffers     # the launcher's hbwd_smem_bytes
 needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (g++) for the emulation")
 
 
 def test_the_cell_defines_what_the_launcher_assumes():
-    for define, value in (("HBWD_WG", WG), ("HBWD_STAGES", STAGES)):
+    for define, value in (("HBWD_WG", WG), ("HBWD_STAGES", STAGES), ("HBWD_PRODUCER_REGS", PRODUCER_REGS),
+                          ("HBWD_CONSUMER_REGS", CONSUMER_REGS)):
         assert f"#define {define} {value} " in SOURCE, define
+    # the registers after setmaxnreg fit an SM: 128 producer threads, 128 WG consumer threads
+    assert 128 * PRODUCER_REGS + 128 * WG * CONSUMER_REGS <= 65536
+
+
+def compiled():
+    """The cell compiled for sm_90a (kernellab's cache makes the second call cheap)."""
+    import kernellab
+
+    return kernellab.compile_cuda(SOURCE, arch="sm_90a")
 
 
 def test_step3_is_wgmma_fed_by_tma_without_spills():
     import kernellab
 
-    mod = kernellab.compile_cuda(SOURCE, arch="sm_90a")
+    mod = compiled()
     names = sorted(k.name for k in mod.kernels)
     assert names == sorted(f"hbwd_{dt}_d64{c}" for dt in ("bf16", "f16") for c in ("", "_causal"))
     for k in mod.kernels:
         r = k.resources
         assert not r.spills and r.local_bytes == 0, (k.name, r)
-        assert r.registers <= 224 and r.max_threads_per_block >= THREADS, (k.name, r)   # __maxnreg__(224): 288 fit
+        # __launch_bounds__(384, 1): launched at 65,536 / 384 = 168 registers a thread at most, one block an SM
+        assert r.registers <= 168 and r.max_threads_per_block >= THREADS, (k.name, r)
+        occ = kernellab.occupancy(THREADS, r.registers, r.shared_bytes + SMEM, "sm_90")
+        assert occ.blocks_per_sm >= 1, (k.name, str(occ))
+        # the registers move: the producer warpgroup gives them back, the consumers take them (SASS beyond R167)
+        sass = str(k.sass)
+        assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(PRODUCER_REGS)}" in sass, k.name
+        assert f"USETMAXREG.TRY_ALLOC.CTAPOOL" in sass and hex(CONSUMER_REGS) in sass, k.name
         assert [p.name for p in k.params] == ["tq", "tk", "tv", "tdo", "lse", "dv_rows", "dq_accum", "dk", "dv", "n",
                                               "scale"]
     assert "C7520" not in mod.log, "ptxas serialises the wgmmas (a branch it cannot prove warp-uniform)"
@@ -103,17 +123,47 @@ def test_step3_gradients_match_float64_in_the_emulator(BH, N, dtype, causal):
         assert err <= rel * max(top, 1e-3), f"{name}: max |error| {err:.3e}, max |reference| {top:.3e}"
 
 
+def test_every_launch_of_step3_has_a_block_an_sm(monkeypatch):
+    """The launcher's launches for step 3 (the preprocessing, the Hopper kernel, dQ's conversion; both dtypes, both
+    masks, short and long N), recorded on the CPU, each fit an SM by kernellab.occupancy with the compiled kernels'
+    registers and shared memory: a block that does not fit fails on a GPU with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES."""
+    torch = pytest.importorskip("torch")
+    import kernellab
+    from launch_plans import assert_every_launch_fits, recording
+    from notebook_cells import load_tutorial, named_cuda_cells_with_arch
+
+    launches = []
+    t = load_tutorial("08-attention-backward.py", compile=recording(launches))
+    monkeypatch.setattr(kernellab, "tensor_map", lambda *args, **kwargs: None)     # no tensor maps on the CPU
+    for dtype in (torch.bfloat16, torch.float16):
+        for causal in (False, True):
+            for N in (1, 65, 4096):
+                q = torch.zeros(1, 2, N, D, dtype=dtype)
+                t["attention_backward_hopper"](q, q, q, q, torch.zeros(1, 2, N), q, causal)
+    names = {launch.kernel for launch in launches}
+    assert names == {f"{k}_{dt}" for k in ("bwd_dq_convert",) for dt in ("bf16", "f16")} | {
+        f"bwd_pre_{dt}_d64" for dt in ("bf16", "f16")} | {
+        f"hbwd_{dt}_d64{c}" for dt in ("bf16", "f16") for c in ("", "_causal")}, names
+    assert {launch.block for launch in launches if launch.kernel.startswith("hbwd_")} == {(THREADS,)}
+    arch, step2_source = named_cuda_cells_with_arch("08-attention-backward.py")["attn_bwd"]
+    step2 = kernellab.compile_cuda(step2_source, first_line=2, filename="cell.cu",      # as load_tutorial compiles
+                                   **({"arch": arch} if arch else {}))
+    kernels = {k.name: k for mod in (compiled(), step2) for k in mod.kernels if k.name in names}
+    for name, occ in assert_every_launch_fits(launches, kernels, "sm_90"):
+        print(f"{name:24s} {occ.blocks_per_sm} block(s) an SM, {occ.registers} registers, {occ.block_size} threads")
+
+
 def test_the_launcher_joins_step2s_variants_and_the_op():
     """The launcher cell: "hopper" is a variant of attention_backward (step 3 where hopper_backward_applies, the
-    atomic_w8 rung elsewhere), the op's choice at d = 64, its shared-memory plan is the kernel's, and it refuses the
-    head dims it has no kernel for."""
+    atomic_w8 rung elsewhere), not yet the op's choice (BWD_OP_HOPPER off until a GPU has run it), its shared-memory
+    plan is the kernel's, and it refuses the head dims it has no kernel for."""
     torch = pytest.importorskip("torch")
     from notebook_cells import load_tutorial
 
     t = load_tutorial("08-attention-backward.py", compile=lambda source: None)   # launchers only, no kernel runs
     assert t["VARIANTS"][-1] == "hopper" and t["HOPPER_BWD_FALLBACK"] in t["BWD_LADDER"]
-    assert t["BWD_OP_HOPPER"] and {k: v for k, v in t["BWD_OP_VARIANT"].items() if v == "hopper"} == {
-        (64, False): "hopper", (64, True): "hopper"}
+    # off until measured on a GPU: the op keeps step 2's rungs
+    assert t["BWD_OP_HOPPER"] is False and "hopper" not in t["BWD_OP_VARIANT"].values()
     assert t["hbwd_smem_bytes"](64) == SMEM and SMEM <= 227 * 1024
     assert (t["HBWD_WG"], t["HBWD_STAGES"], t["HBWD_THREADS"]) == (WG, STAGES, THREADS)
     assert not t["hopper_backward_applies"](torch.empty(1, 1, 8, 64))              # a CPU tensor: the fallback

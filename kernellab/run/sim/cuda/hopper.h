@@ -520,7 +520,8 @@ inline void check_setmaxnreg_done() {
         if (o.async && o.async->maxnreg.size() > mine)
             fail("setmaxnreg: thread " + std::to_string(f.linear) + " exited having executed " +
                  std::to_string(mine) + " of the " + std::to_string(o.async->maxnreg.size()) + " setmaxnreg that " +
-                 "thread " + std::to_string(i) + " of its warpgroup did; every thread of a warpgroup must (.sync.aligned)");
+                 "thread " + std::to_string(i) + " of its warpgroup did; every thread of a warpgroup must " +
+                 "(.sync.aligned)");
     }
 }
 }  // namespace kl
