@@ -1607,8 +1607,8 @@ kernellab.roofline([r for r in step2.values()])
 #
 # What it does not do yet (FlashAttention-3 does): two query tiles in flight per warpgroup (ping-pong of softmax and products), `dQ` written
 # through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 16 vector reductions per thread (every
-# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: the 288-thread version at `d = 128` spilled
-# 408 bytes at 224 registers; at 240 it is still to be tried, else `dQ` in halves and the LSE and `Dv` in shared memory).
+# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: this kernel at `d = 128` still spills 396
+# bytes at 240 registers, 408 at 224; it needs `dQ` in halves, or the LSE and `Dv` in shared memory).
 # At `d = 128` the op keeps step 2's `atomic_w8`.
 #
 # **Prediction, before measuring.** A warpgroup issues 16 `HGMMA.64x64x16` per query tile (4 for each of `S^T`,
@@ -1898,8 +1898,11 @@ hbwd_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constan
 # ### What it costs
 #
 # The cards: `HGMMA.64x64x16` (16 a tile step, 24 with `dQ`'s), `UTMALDG` (the TMA loads), `REDG` (the `dQ` reductions), no `HMMA`
-# or `LDSM`, no local memory. The CPU tests (tests/test_attention_backward_hopper.py) run these kernels in the
-# emulator against float64 and check these resources.
+# or `LDSM`, no local memory; 168 registers, the launch's count (the SASS holds the two `USETMAXREG`, and the
+# consumers' code uses registers past `R167`). The CPU tests (tests/test_attention_backward_hopper.py) run these
+# kernels in the emulator against float64 (where `setmaxnreg` changes nothing but is checked: legal counts, the same
+# in every thread of a warpgroup, the block within 65,536 registers), check these resources, and check every launch of
+# the launcher below against `kernellab.occupancy`.
 
 # %%
 for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
