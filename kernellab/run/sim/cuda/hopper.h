@@ -77,10 +77,14 @@ inline AsyncState& async_state() {
     if (!f.async) f.async = std::make_shared<AsyncState>();
     return *f.async;
 }
+#ifdef KL_SHARED_ARENA
 inline void check_setmaxnreg_done();          // below: a thread exits with its warpgroup's setmaxnreg done
+#endif
 inline void check_async_done() {
     Fiber& f = self();
+#ifdef KL_SHARED_ARENA
     check_setmaxnreg_done();
+#endif
     if (!f.async) return;
     if (!f.async->wg_open.empty() || !f.async->wg_groups.empty()) fail("thread exited with wgmma never waited for");
     if (!f.async->store_open.empty() || !f.async->store_groups.empty())
