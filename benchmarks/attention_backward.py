@@ -1,4 +1,5 @@
-"""Attention backward: tutorial 08's kernels (dQ by atomics, dQ in a separate pass, the ladder's rungs) against SDPA's
+"""Attention backward: tutorial 08's kernels (dQ by atomics, dQ in a separate pass, the ladder's rungs, step 3's Hopper
+backward on wgmma + TMA as variant "hopper", d = 64) against SDPA's
 FLASH and CUDNN backward, checked and timed in one run.
 
 Method. Kernels and launchers come from notebooks/08-attention-backward.py (its named `%%cuda` cell and `# launchers`
@@ -15,6 +16,7 @@ sustained=True (benchmarks/as_called.py).
     python benchmarks/attention_backward.py              # everything
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
     python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
+    python benchmarks/attention_backward.py --quick --dims 64 --variants hopper,atomic_w8   # step 3 against step 2
 The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
 line to put in the notebook's BWD_OP_VARIANT.
 Logs go to --out (default $OUT or .) as attention_backward.json; the table is printed last.
@@ -62,10 +64,14 @@ def run_checks(t08, quick, log, variants):
 def run_bench(t08, quick, log, ns, dims, variants):
     rows = []
     for d in dims:
+        # "hopper" is timed where it runs step 3's kernel (elsewhere it is HOPPER_BWD_FALLBACK, timed under its name)
+        at_d = tuple(v for v in variants if v != "hopper" or d in t08["HOPPER_BWD_DIMS"])
+        if not at_d:
+            continue
         for causal in (False, True):
             for N in ns:
                 try:
-                    r = t08["bench_backward"](N, d, causal, variants=variants, rounds=4 if quick else 8,
+                    r = t08["bench_backward"](N, d, causal, variants=at_d, rounds=4 if quick else 8,
                                              rep_ms=60, warmup_ms=20)
                 except Exception as exc:
                     log.write(traceback.format_exc())
@@ -93,7 +99,7 @@ def run_as_called(t08, quick, log, ns, dims, variants, masks=(False, True)):
                 make = t08["backward_inputs"](B, H, N, d, causal)
                 fns = {f"ours ({v})": (lambda v: lambda q, k, vv, o, lse, go, graphs:
                                        t08["attention_backward"](q, k, vv, o, lse, go, causal, v))(v)
-                       for v in variants}
+                       for v in variants if v != "hopper" or d in t08["HOPPER_BWD_DIMS"]}
                 fns["FLASH"] = t08["_sdpa_graph_backward"](0)
                 try:
                     ms = as_called.time_as_called(fns, make, flops=t08["backward_flops"](B, H, N, d, causal),
@@ -132,6 +138,10 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown variants {unknown}; the notebook has {t08['VARIANTS']}")
     for v in variants:
+        if v == "hopper":                           # step 3 (d = 64; elsewhere it runs HOPPER_BWD_FALLBACK)
+            for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
+                print(f"{v:10s} {name:24s} {t08['attn_bwd_h'][name].resources}")
+            continue
         dkdv, dq, _ = t08["BWD_LADDER"][v]
         for name in (f"{dkdv}_bf16_d64", f"{dkdv}_bf16_d128") + ((f"{dq}_bf16_d64",) if dq else ()):
             print(f"{v:10s} {name:24s} {t08['attn_bwd'][name].resources}")

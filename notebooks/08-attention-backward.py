@@ -1555,6 +1555,457 @@ step2[64, False]
 kernellab.roofline([r for r in step2.values()])
 
 # %% [markdown]
+# ## Step 3: the Hopper backward: `wgmma` fed by TMA, warp-specialised
+#
+# FlashAttention-3's backward keeps step 2's division of work (a block per tile of keys, `dK` and `dV` in registers,
+# `dQ` summed across blocks in fp32) and changes the machine under it, as tutorial 07's step 3 did for the forward:
+#
+# - **Roles.** A block owns 128 keys of one head: two **consumer warpgroups** (warps 0-7), 64 keys each, and one
+#   **producer warpgroup** (warps 8-11; lane 0 of warp 8 issues every copy, the other warps only give their registers
+#   away) that loads the block's `K` and `V` once and then each query tile's `Q` and `dO`
+#   (64 rows) with **TMA** into a ring of two stages, one `mbarrier` pair per stage (full: the copy engine counts the
+#   bytes down; empty: the 8 consumer warps arrive when done). Both warpgroups read the same `Q`/`dO` stage, so every
+#   byte that crosses L2 serves 128 keys, as in step 2's 8-warp rungs.
+# - **Products on `wgmma`**, per warpgroup and query tile, the keys as the 64 rows of every accumulator:
+#   `S^T = K Q^T` and `dP^T = V dO^T` with both operands from the swizzled shared tiles (two commit groups: the
+#   exponentials of `P^T` run while `dP^T` is still on the tensor cores); `dV += P^T dO` and `dK += dS^T Q` with
+#   `P^T` and `dS^T` as A operands straight from registers (the accumulator layout is the A fragment layout, as `P`
+#   in 07's forward) and `dO`, `Q` read transposed by the descriptor (MN-major B, no `ldmatrix.trans`);
+#   `dQ_tile = dS K` over the block's 128 keys: both warpgroups store `dS` once to shared memory as `[query][key]`
+#   with the 128-byte swizzle, and one of them (warpgroup `j mod 2` for query tile `j`: they take turns) reads both
+#   tiles back as K-major A operands, `K` as a transposed B (`wgmma_ss_tb`, new in `kl/wgmma.cuh`). Two `dS` buffers
+#   (tile `j` writes buffer `j mod 2`) leave one barrier a tile (after the `dS` stores): the warpgroup that is not
+#   computing `dQ` goes on to the next tile's `S^T` and `dP^T` while the other finishes.
+# - **`dQ`** by vector reductions (`red.global.add.v2.f32`) from that `dQ` accumulator into the zeroed fp32 buffer of
+#   variant (a): one reduction per 128 keys, as `atomic_w8`; then step 2's conversion kernel. The preprocessing
+#   kernel (`Dv`, zeroing) is step 2's too.
+# - **A trap**: the turn-taking puts `wgmma`s under a branch on the warpgroup index. Computed as `warp / 4`, `ptxas`
+#   cannot prove it uniform in a warp and serialises every `wgmma` of the kernel (its info line `C7520: Potential
+#   Performance Loss: wgmma.mma_async instructions are serialized`); read through `__shfl_sync` from lane 0 it is
+#   warp-uniform, and the warning (tested on the CPU) goes.
+# - **Registers, and a second trap.** Per consumer thread: `dK`, `dV` (32 + 32 floats at `d = 64`), `S^T`, `dP^T`
+#   (32 + 32), the `dQ` tile (32), `P^T` and `dS^T` packed (16 + 16), the LSE and `Dv` of its 16 query columns:
+#   about 220. A first version had one producer *warp* (288 threads) and `__maxnreg__(224)`: it compiled without
+#   spills, passed the CPU emulator, and on an H100 did not launch (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`). An SM has
+#   four sub-partitions of 16,384 registers, and nine warps put three on one of them: at most 5,461 registers a warp,
+#   168 a thread (`kernellab.occupancy(288, 224, ...)` says 0 blocks an SM). FlashAttention-3's answer is the one
+#   here: three whole warpgroups (384 threads), `__launch_bounds__(384, 1)` so that `ptxas` launches them at
+#   65,536 / 384 = 168 registers, then **`setmaxnreg`**: the producer warpgroup lowers itself to 24
+#   (`setmaxnreg.dec`), the consumers raise themselves to 240 (`setmaxnreg.inc`, which waits until the producer's
+#   registers are free): 128 x 24 + 256 x 240 = 64,512 of the 65,536. `ptxas` reports 168 registers (the launch
+#   count) and allocates the consumers' code up to 240 (its SASS uses up to `R236`, `USETMAXREG` at the branch), no
+#   spills. A CPU test now checks every launch the launcher makes against `kernellab.occupancy` with the compiled
+#   registers, the check that would have caught the first version.
+#
+# What it does not do yet (FlashAttention-3 does): two query tiles in flight per warpgroup (ping-pong of softmax and products), `dQ` written
+# through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 16 vector reductions per thread (every
+# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: this kernel at `d = 128` still spills 396
+# bytes at 240 registers, 408 at 224; it needs `dQ` in halves, or the LSE and `Dv` in shared memory).
+# At `d = 128` the op keeps step 2's `atomic_w8`.
+#
+# **Prediction, before measuring.** A warpgroup issues 16 `HGMMA.64x64x16` per query tile (4 for each of `S^T`,
+# `dP^T`, `dV`, `dK`) and, every other tile, 8 for `dQ`; 1,376 SASS instructions in the whole causal kernel (static
+# count). The `wgmma` products run at the tensor cores' rate, but within a warpgroup nothing overlaps one tile's
+# exponentials and reductions with the next tile's products (only the other warpgroup's products fill those gaps),
+# and the 2-byte `dS` stores and 16 reductions a thread every other tile remain. We predict 300-380 TFLOP/s at
+# `N = 4096`, `d = 64` (1.1-1.4x SDPA's FLASH backward, 1.5-1.9x `atomic_w8`), the causal case 10-20 % lower (its
+# diagonal tiles run the mask and the grid's blocks are uneven), and about CUDNN's speed at best.
+
+# %%
+# %%cuda --arch sm_90a --name attn_bwd_h
+#include <kl/tma.cuh>            // mbar_init, mbar_expect_tx, mbar_arrive, mbar_wait, tma_load_3d, sw128_desc
+#include <kl/wgmma.cuh>          // wgmma_ss, wgmma_ss_tb, wgmma_rs_tb, wgmma_fence/commit/wait; pack2<T>, from_float<T>
+#include <kl/attention_mma.cuh>  // exp2_approx
+#include <math_constants.h>      // CUDART_INF_F
+#include <cuda.h>                // CUtensorMap
+typedef unsigned int uint32_t;
+
+// Step 3: the attention backward on Hopper's wgmma, fed by TMA, warp-specialised. A block owns 64 x NCWG keys of one
+// head: each of its NCWG consumer warpgroups (warps 0-3, 4-7) holds dK and dV of its 64 keys in fp32 registers, and
+// all walk the same query tiles; the last warpgroup (the producer; one thread of it issues every copy) loads K and V
+// once, then each query tile's Q and dO into a ring of HBWD_STAGES stages with TMA, shared by the warpgroups. The
+// block launches at 168 registers a thread (__launch_bounds__: 384 threads, one block an SM), then the producer gives
+// its registers back (setmaxnreg.dec to HBWD_PRODUCER_REGS) and the consumers take them (setmaxnreg.inc to
+// HBWD_CONSUMER_REGS): 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536. Per query tile of 64 rows, a warpgroup computes
+//   S^T = K Q^T, dP^T = V dO^T            wgmma, both operands from shared memory (keys as the 64 rows)
+//   P^T = exp2(S^T s log2 e - LSE log2 e), dS^T = P^T o (dP^T - Dv)      in registers (masked: causal, past N)
+//   dV += P^T dO, dK += dS^T Q             wgmma, A = P^T / dS^T from registers, B = dO / Q read transposed
+//   dQ_tile = dS K                         wgmma over the block's 128 keys, by one warpgroup (alternating by tile): dS
+//                                          written once to shared memory ([query][key], 128-byte swizzle) by both,
+//                                          K read transposed; added (times s) into an fp32 buffer with vector reductions
+// Q, K, V, dO: [BH, N, D] through 3-D tensor maps (dims D, N, BH; box 64 x 64 x 1; 128-byte swizzle: rows past N read
+// as zeros); LSE, Dv: [BH, N] fp32; dq_accum: [BH, N, D] fp32, zeroed; dK, dV: [BH, N, D] in T.
+#define HBWD_STAGES 2       // Q/dO stages in flight
+#define HBWD_WG 2           // consumer warpgroups a block (128 keys), and one producer warpgroup: 384 threads
+#define HBWD_PRODUCER_REGS 24    // registers a thread after setmaxnreg (multiples of 8 in [24, 256]; the sum over the
+#define HBWD_CONSUMER_REGS 240   // block's 128 + 128 HBWD_WG threads fits the 65,536 of an SM)
+
+namespace hbwd {
+
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr int BM = 64, BN = 64;   // queries per tile, keys per consumer warpgroup
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// The consumer warpgroups' barrier (bar.sync 1, 128 x NCWG): the producer warp never joins it.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// This thread's shared-memory stores (dS), visible to the async proxy (the wgmma that reads them).
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// This warpgroup's registers a thread, lowered or raised to R (every thread of the warpgroup executes it, .aligned).
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+// p[0] += a, p[1] += b in global memory, one vector reduction (RED.E.ADD.F32x2; p 8-byte aligned).
+__device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
+template <typename T, int D, int NCWG, bool CAUSAL>
+__device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void* tv, const void* tdo,
+                                     const float* __restrict__ lse, const float* __restrict__ dv_rows,
+                                     float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv, int N,
+                                     float scale) {
+    constexpr int DB = D / 64, ST = HBWD_STAGES, KEYS = BN * NCWG;
+    constexpr uint32_t TILE_BYTES = 64 * D * 2;          // a [64 rows][D] tile: DB boxes of [64][64], 128-byte rows
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
+    const uint32_t k_s = base, v_s = k_s + NCWG * TILE_BYTES;   // this block's K and V: [DB][KEYS][64] each
+    constexpr uint32_t DS_BYTES = NCWG * BM * BN * 2;    // a tile's dS: [NCWG][64 queries][64 keys]
+    const uint32_t ds_s = v_s + NCWG * TILE_BYTES;       // [2] dS buffers: query tile j writes buffer j % 2
+    const uint32_t q_s = ds_s + 2 * DS_BYTES;            // [ST] Q tiles
+    const uint32_t do_s = q_s + ST * TILE_BYTES;         // [ST] dO tiles
+    const uint32_t bars = do_s + ST * TILE_BYTES;        // full_kv, full[ST] (Q and dO), empty[ST]
+    const uint32_t full_kv = bars, full = bars + 8, empty = bars + 8 + 8 * ST;
+
+    const int bh = blockIdx.y, k0 = blockIdx.x * KEYS;    // causal: block 0 (the most query tiles) starts first
+    const int n_qtiles = (N + BM - 1) / BM;
+    const int qt0 = CAUSAL ? k0 / BM : 0;                // earlier queries see none of these keys
+    const int n_iter = n_qtiles - qt0;
+
+    if (threadIdx.x == 0) {
+        mbar_init(full_kv, 1);
+        for (int s = 0; s < ST; ++s) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 4 * NCWG);          // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // the warpgroup through a shuffle: uniform for ptxas (setmaxnreg and the wgmmas below sit under branches on it)
+    const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
+    if (wg == NCWG) {                                    // producer warpgroup: one thread issues every copy
+        setmaxnreg_dec<HBWD_PRODUCER_REGS>();
+        if (warp == 4 * NCWG && lane == 0) {
+            mbar_expect_tx(full_kv, 2 * NCWG * TILE_BYTES);
+            for (int b = 0; b < DB; ++b)
+                for (int c = 0; c < NCWG; ++c) {
+                    tma_load_3d(k_s + (b * KEYS + 64 * c) * 128, tk, full_kv, 64 * b, k0 + 64 * c, bh);
+                    tma_load_3d(v_s + (b * KEYS + 64 * c) * 128, tv, full_kv, 64 * b, k0 + 64 * c, bh);
+                }
+            for (int j = 0; j < n_iter; ++j) {
+                const int s = j % ST, q0 = (qt0 + j) * BM;
+                if (j >= ST) mbar_wait(empty + 8 * s, ((j / ST) - 1) & 1);
+                mbar_expect_tx(full + 8 * s, 2 * TILE_BYTES);
+                for (int b = 0; b < DB; ++b) {
+                    tma_load_3d(q_s + s * TILE_BYTES + b * BM * 128, tq, full + 8 * s, 64 * b, q0, bh);
+                    tma_load_3d(do_s + s * TILE_BYTES + b * BM * 128, tdo, full + 8 * s, 64 * b, q0, bh);
+                }
+            }
+        }
+        return;
+    }
+
+    // consumers: warpgroup c owns keys kc0 = k0 + 64 c .. + 63, its warp w keys kc0 + 16 w .. + 15 (rows of S^T, dP^T, dK, dV); lane (g, t) rows g and g + 8 and,
+    // in a 64-column accumulator, columns 8 e + 2 t, + 1 (e = 0 .. 7): accumulator i is row (i & 2 ? g + 8 : g),
+    // column 8 (i / 4) + 2 t + (i & 1).
+    // c (= wg) through a shuffle: warp-uniform for ptxas, which otherwise serialises every wgmma (C7520) for the
+    // dq_here branch
+    setmaxnreg_inc<HBWD_CONSUMER_REGS>();
+    const int c = wg, w = warp % 4, g = lane / 4, t = lane % 4;
+    const int kc0 = k0 + 64 * c, key0 = kc0 + 16 * w + g, key1 = key0 + 8;
+    const uint32_t kw_s = k_s + 64 * c * 128, vw_s = v_s + 64 * c * 128;
+    const float scale_log2 = scale * LOG2E;
+    float dk_acc[D / 2], dv_acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
+    const float* lse_h = lse + (size_t)bh * N;
+    const float* dvr_h = dv_rows + (size_t)bh * N;
+    mbar_wait(full_kv, 0);
+
+    for (int j = 0; j < n_iter; ++j) {
+        const int s = j % ST, q0 = (qt0 + j) * BM;
+        const uint32_t phase = (j / ST) & 1, q_tile = q_s + s * TILE_BYTES, do_tile = do_s + s * TILE_BYTES;
+        const uint32_t ds_tile = ds_s + (j & 1) * DS_BYTES;                   // this tile's dS buffer
+        unsigned char* ds_ptr = smem_raw + (ds_tile + c * BM * BN * 2 - raw);  // this warpgroup's part (stores)
+        // LSE (log2 units; +inf past N, so P = 0 there) and Dv of this lane's 16 query columns
+        float lse_c[BM / 4], dvr_c[BM / 4];
+#pragma unroll
+        for (int x = 0; x < BM / 4; ++x) {
+            const int q = q0 + 8 * (x / 2) + 2 * t + (x & 1);
+            lse_c[x] = q < N ? lse_h[q] * LOG2E : CUDART_INF_F;
+            dvr_c[x] = q < N ? dvr_h[q] : 0.f;
+        }
+        // S^T = K Q^T and dP^T = V dO^T: D / 16 wgmmas of m64 n64 k16 each, two groups
+        float sacc[BM / 2], dpacc[BM / 2];
+        mbar_wait(full + 8 * s, phase);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_ss<BM, T>(sacc, sw128_desc(kw_s + (kk / 4) * KEYS * 128 + (kk % 4) * 32, 16, 1024),
+                            sw128_desc(q_tile + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+        wgmma_commit();
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_ss<BM, T>(dpacc, sw128_desc(vw_s + (kk / 4) * KEYS * 128 + (kk % 4) * 32, 16, 1024),
+                            sw128_desc(do_tile + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();                                 // S^T is in; dP^T may still run
+
+        // P^T, masked where the key follows the query (only tiles crossing the diagonal test it)
+        const bool diagonal = CAUSAL && q0 < kc0 + BN - 1;
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) {
+            float p = exp2_approx(fmaf(sacc[i], scale_log2, -lse_c[2 * (i / 4) + (i & 1)]));
+            if (diagonal && ((i & 2) ? key1 : key0) > q0 + 8 * (i / 4) + 2 * t + (i & 1)) p = 0.f;
+            sacc[i] = p;
+        }
+        wgmma_wait<0>();
+        unsigned pa[BM / 16][4], dsa[BM / 16][4];        // P^T and dS^T as wgmma A fragments, 16 queries each
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; ++kc) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {                // r: (row g, cols 0-7), (g + 8, 0-7), (g, 8-15), (g + 8, 8-15)
+                const int i = 8 * kc + 4 * (r / 2) + 2 * (r & 1);
+                const float ds0 = sacc[i] * (dpacc[i] - dvr_c[2 * (i / 4)]);
+                const float ds1 = sacc[i + 1] * (dpacc[i + 1] - dvr_c[2 * (i / 4) + 1]);
+                pa[kc][r] = pack2<T>(sacc[i], sacc[i + 1]);
+                dsa[kc][r] = pack2<T>(ds0, ds1);
+                // dS into shared memory as [query][key] (K-major for dQ = dS K): element (q, key) at
+                // (q / 8) 1024 + (q % 8) 128 + 2 key, its 16-byte chunk XOR (q % 8) (the 128-byte swizzle)
+                const int kl = 16 * w + g + 8 * (r & 1), q = 8 * (i / 4) + 2 * t;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t off = ((q + h) / 8) * 1024 + ((q + h) % 8) * 128 + 2 * kl;
+                    *reinterpret_cast<T*>(ds_ptr + (off ^ ((((q + h) % 8)) << 4))) = from_float<T>(h ? ds1 : ds0);
+                }
+            }
+        }
+        fence_proxy_async();                             // the dS stores, visible to the wgmma that reads them
+        named_bar_sync(1, 128 * NCWG);                   // every warpgroup's dS of this tile is written
+
+        // dV += P^T dO, dK += dS^T Q (B: dO and Q read transposed); in one warpgroup (c = j % NCWG), the tile's dQ
+        // over all KEYS keys, dQ_tile = dS K (A: the warpgroups' dS tiles in turn, B: K transposed): one fp32
+        // reduction per 128 keys instead of one per 64, the warpgroups taking turns
+        const bool dq_here = j % NCWG == c;
+        float dq_acc[D / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; ++kc)
+            wgmma_rs_tb<D, T>(dv_acc, pa[kc], sw128_desc(do_tile + kc * 16 * 128, BM * 128, 1024));
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; ++kc)
+            wgmma_rs_tb<D, T>(dk_acc, dsa[kc], sw128_desc(q_tile + kc * 16 * 128, BM * 128, 1024));
+        if (dq_here) {
+#pragma unroll
+            for (int kk = 0; kk < KEYS / 16; ++kk)
+                wgmma_ss_tb<D, T>(dq_acc, sw128_desc(ds_tile + (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16, 1024),
+                                  sw128_desc(k_s + kk * 16 * 128, KEYS * 128, 1024), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty + 8 * s);       // this warp is done with the stage's Q and dO
+
+        // this block's dQ share of the tile, times s, into the fp32 buffer: rows q0 + 16 w + g (+ 8)
+        if (dq_here) {
+            const int qr0 = q0 + 16 * w + g, qr1 = qr0 + 8;
+            float* dq0 = dq_accum + ((size_t)bh * N + qr0) * D;
+            float* dq1 = dq0 + 8 * D;
+#pragma unroll
+            for (int i = 0; i < D / 2; i += 4) {
+                const int col = 8 * (i / 4) + 2 * t;
+                if (qr0 < N) red_add_v2(dq0 + col, dq_acc[i] * scale, dq_acc[i + 1] * scale);
+                if (qr1 < N) red_add_v2(dq1 + col, dq_acc[i + 2] * scale, dq_acc[i + 3] * scale);
+            }
+        }
+        // No barrier here: tile j + 1 writes the other dS buffer, and tile j + 2 writes this one only after tile
+        // j + 1's barrier above, which the warpgroup computing this dQ reaches after its wgmma_wait<0>.
+    }
+
+    // dK (times s) and dV, rounded to T, for the keys below N
+    T* dk_h = dk + (size_t)bh * N * D;
+    T* dv_h = dv + (size_t)bh * N * D;
+#pragma unroll
+    for (int i = 0; i < D / 2; i += 4) {
+        const int col = 8 * (i / 4) + 2 * t;
+        if (key0 < N) {
+            *reinterpret_cast<unsigned*>(dk_h + (size_t)key0 * D + col) = pack2<T>(dk_acc[i] * scale, dk_acc[i + 1] * scale);
+            *reinterpret_cast<unsigned*>(dv_h + (size_t)key0 * D + col) = pack2<T>(dv_acc[i], dv_acc[i + 1]);
+        }
+        if (key1 < N) {
+            *reinterpret_cast<unsigned*>(dk_h + (size_t)key1 * D + col) = pack2<T>(dk_acc[i + 2] * scale, dk_acc[i + 3] * scale);
+            *reinterpret_cast<unsigned*>(dv_h + (size_t)key1 * D + col) = pack2<T>(dv_acc[i + 2], dv_acc[i + 3]);
+        }
+    }
+}
+
+}  // namespace hbwd
+
+// Entry points per (dtype[, causal]), head dim 64: grid (ceil(N / (64 HBWD_WG)), BH), 128 (HBWD_WG + 1) threads;
+// __launch_bounds__ gives ptxas 65,536 / 384 = 168 registers a thread at launch, setmaxnreg the rest.
+extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
+hbwd_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv,
+    int n, float scale) {
+    hbwd::dkdv<__nv_bfloat16, 64, HBWD_WG, false>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
+hbwd_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv,
+    int n, float scale) {
+    hbwd::dkdv<__nv_bfloat16, 64, HBWD_WG, true>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
+hbwd_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv,
+    int n, float scale) {
+    hbwd::dkdv<__half, 64, HBWD_WG, false>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
+hbwd_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv,
+    int n, float scale) {
+    hbwd::dkdv<__half, 64, HBWD_WG, true>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
+}
+
+# %% [markdown]
+# ### What it costs
+#
+# The cards: `HGMMA.64x64x16` (16 a tile step, 24 with `dQ`'s), `UTMALDG` (the TMA loads), `REDG` (the `dQ` reductions), no `HMMA`
+# or `LDSM`, no local memory; 168 registers, the launch's count (the SASS holds the two `USETMAXREG`, and the
+# consumers' code uses registers past `R167`). The CPU tests (tests/test_attention_backward_hopper.py) run these
+# kernels in the emulator against float64 (where `setmaxnreg` changes nothing but is checked: legal counts, the same
+# in every thread of a warpgroup, the block within 65,536 registers), check these resources, and check every launch of
+# the launcher below against `kernellab.occupancy`.
+
+# %%
+for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
+    kern = attn_bwd_h[name]
+    print(f"{name:22s} {kern.resources}")
+    print(" " * 23, kern.instruction_summary)
+
+# %% [markdown]
+# ### The launcher
+#
+# `attention_backward_hopper` runs step 2's preprocessing kernel (`Dv`, the zeroed fp32 `dQ` buffer), the block per
+# 128 keys with `Q`, `K`, `V`, `dO` through `[B H, N, d]` tensor maps (boxes of 64 rows x 64 columns), and step 2's
+# conversion of `dQ`. `attention_backward(..., variant="hopper")` calls it where it applies (`d = 64` on an sm_90
+# GPU) and step 2's `atomic_w8` elsewhere, so the harness above checks and times it as one more variant.
+# `BWD_OP_HOPPER` makes the op's backward take it where it applies; it is off: the op does not default to a kernel no
+# GPU has run, and it is switched on once the checks below pass on an H100 and the benchmark measures it faster than
+# `atomic_w8`.
+
+# %%
+# launchers: Hopper backward (tests/gpu/test_attention_backward_gpu.py, benchmarks/attention_backward.py and the op use this)
+HBWD_WG, HBWD_STAGES, HBWD_THREADS = 2, 2, 384     # the cell's HBWD_WG, HBWD_STAGES; 128 x (HBWD_WG + 1) threads
+HBWD_KEYS, HBWD_QUERY_TILE = 64 * HBWD_WG, 64      # keys a block, queries a step
+HOPPER_BWD_DIMS = (64,)                            # head dims step 3 has kernels for
+HOPPER_BWD_FALLBACK = "atomic_w8"                  # the rung "hopper" runs where step 3 does not apply
+BWD_OP_HOPPER = False                              # the op's backward on step 3 where it applies (BWD_OP_VARIANT):
+                                                   # off until step 3 has been checked and timed on an H100
+
+
+def hopper_backward_applies(q):
+    """Step 3 runs here: head dim in HOPPER_BWD_DIMS on an sm_90 (Hopper) GPU."""
+    return q.shape[-1] in HOPPER_BWD_DIMS and q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)
+
+
+def hbwd_smem_bytes(d):
+    """1 KiB alignment slack, K and V of the block's keys, two dS buffers of a tile per warpgroup each, the Q/dO ring,
+    the mbarriers."""
+    return 1024 + 2 * HBWD_KEYS * d * 2 + 2 * HBWD_WG * 64 * 64 * 2 + 2 * HBWD_STAGES * HBWD_QUERY_TILE * d * 2 + 64
+
+
+def attention_backward_hopper(q, k, v, o, lse, grad_o, causal=False, dq=None, dk=None, dv=None):
+    """Step 3's (dq, dk, dv): [B, H, N, 64] bf16/fp16 contiguous CUDA tensors on an sm_90 GPU (lse [B, H, N] fp32)."""
+    B, H, N, d = q.shape
+    if d not in HOPPER_BWD_DIMS or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"attention_backward_hopper takes bf16/fp16 [B, H, N, d] with d in {HOPPER_BWD_DIMS}, got "
+                         f"{q.dtype} {list(q.shape)}: use attention_backward(..., variant='{HOPPER_BWD_FALLBACK}')")
+    if not all(x.is_contiguous() for x in (q, k, v, o, lse, grad_o)):
+        raise ValueError("attention_backward_hopper takes contiguous tensors (call .contiguous() on grad_o)")
+    dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    rows = B * H * N
+    delta = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty(B, H, N, d, dtype=torch.float32, device=q.device)
+    attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128](o, grad_o, delta, dq_accum, rows)
+    maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, 64, 64)) for x in (q, k, v, grad_o)]
+    attn_bwd_h[f"hbwd_{dt}_d{d}{'_causal' if causal else ''}"][(math.ceil(N / HBWD_KEYS), B * H), HBWD_THREADS,
+                                                              hbwd_smem_bytes(d)](
+        *maps, lse, delta, dq_accum, dk, dv, N, d ** -0.5)
+    n = dq.numel()
+    attn_bwd[f"bwd_dq_convert_{dt}"][(min(math.ceil(n / 256), 4096),), 256](dq_accum, dq, n)
+    return dq, dk, dv
+
+
+# variant "hopper" joins step 2's variants: attention_backward (and so check_backward, bench_backward) dispatch it
+if not getattr(attention_backward, "dispatches_hopper", False):
+    _attention_backward_mma = attention_backward
+
+
+def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", dq=None, dk=None, dv=None):
+    """Step 2's attention_backward, with variant="hopper": step 3 where it applies, HOPPER_BWD_FALLBACK elsewhere."""
+    if variant == "hopper":
+        if hopper_backward_applies(q):
+            return attention_backward_hopper(q, k, v, o, lse, grad_o, causal, dq, dk, dv)
+        variant = HOPPER_BWD_FALLBACK
+    return _attention_backward_mma(q, k, v, o, lse, grad_o, causal, variant, dq, dk, dv)
+
+
+attention_backward.dispatches_hopper = True
+VARIANTS = tuple(BWD_LADDER) + ("hopper",)
+if BWD_OP_HOPPER:
+    BWD_OP_VARIANT.update({(d, causal): "hopper" for d in HOPPER_BWD_DIMS for causal in (False, True)})
+
+# %% [markdown]
+# ### Check, then time
+#
+# The same harness as step 2: every dtype, mask and awkward `N` against float64 beside SDPA's own error (at
+# `d = 128` this checks the fallback), then the FlashAttention-3 paper's shapes at `N = 4096` against SDPA's FLASH and
+# CUDNN backward and step 2's fastest rung, in one run.
+
+# %%
+# %%gpu
+step3_checks = check_all_backward(variants=("hopper",), dims=(64,))
+print(summarize_backward(step3_checks))
+for r in step3_checks:
+    if not r["passed"]:
+        print("FAILED:", r)
+
+# %%
+# %%gpu
+step3 = {causal: bench_backward(4096, 64, causal, variants=("hopper", "atomic_w8")) for causal in (False, True)}
+for causal, r in step3.items():
+    print(f"d= 64 causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+step3[False]
+
+# %% [markdown]
+# **Measured**: not yet on a GPU (the check and the timing above run when the notebook does; the numbers go here,
+# against the prediction).
+
+# %% [markdown]
 # ## From the notebook into a model: a differentiable op
 #
 # `kernellab.op` registers the forward as `kl::flash_attention_lse`, `(q, k, v, causal) -> (o, lse)`, with a
@@ -1654,6 +2105,10 @@ for name, grads in (("kl_flash_attention", ours), ("  under torch.compile", comp
 #   leave the consumers' instruction stream;
 # - **register reallocation** (`setmaxnreg`): the producer gives its registers to the consumers, whose `dK` and `dV`
 #   accumulators (`64 x d` per warpgroup) would otherwise cap the tile sizes as they do here.
+#
+# Step 3 above takes the first two and the last (and `wgmma` reads `P^T` and `dS^T` from registers for `dV` and `dK`,
+# so only `dQ = dS K` reads `dS` from shared memory); `dQ` still leaves by vector reductions from registers, and there
+# is no head dim 128 yet. Those are its next rungs, after its first measurement on an H100.
 #
 # The measurements of step 2 on an H100 (the benchmark's table, `benchmarks/attention_backward.py`) say which of these
 # matters first: if variant (a) is within a few percent of variant (b), the atomics are not the bottleneck and the

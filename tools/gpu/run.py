@@ -124,15 +124,24 @@ SUITES: dict[str, Suite] = {
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
         commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),
     "tests-attention-backward": Suite(
-        "tutorial 08: attention backward (variants a, b and the ladder's rungs) against SDPA's backward and float64 on "
+        "tutorial 08: attention backward (variants a, b, the ladder's rungs, step 3's Hopper backward 'hopper') "
+        "against SDPA's backward and float64 on "
         "awkward shapes, both "
         "dtypes, head dims 64/128, causal or not; the forward's LSE; the op's loss.backward() eager and compiled", 570,
         tests=(GPU_TESTS + "test_attention_backward_gpu.py",)),
     "bench-attention-backward": Suite(
         "benchmarks/attention_backward.py --quick: tutorial 08's backward (atomics, separate dQ pass, the ladder's "
-        "rungs; the fastest per (d, causal) printed as the op's BWD_OP_VARIANT line) against SDPA "
-        "FLASH and CUDNN backward at N = 1024, 4096 (B*N = 16k, H*d = 2048), also as called (do_bench, sustained)", 300,
+        "rungs, step 3's Hopper backward 'hopper' at d = 64; the fastest per (d, causal) printed as the op's "
+        "BWD_OP_VARIANT line) against SDPA FLASH and CUDNN backward at N = 1024, 4096 (B*N = 16k, H*d = 2048), also as called (do_bench, sustained)", 300,
         commands=((PY, "benchmarks/attention_backward.py", "--quick", "--out", "{out}"),), takes_args=True),
+    "hopper-backward": Suite(
+        "tutorial 08's step 3 (the Hopper backward: 384 threads, setmaxnreg 24 / 240, not yet run on a GPU): its GPU "
+        "tests (-k hopper: launches, gradients against float64 within 2x SDPA's error, agreement with atomic_w8), "
+        "then the benchmark at d = 64, N = 4096 against atomic_w8 and SDPA FLASH / CUDNN; a table last", 300,
+        commands=((PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", "-s",
+                   "-k", "hopper", GPU_TESTS + "test_attention_backward_gpu.py"),
+                  (PY, "benchmarks/attention_backward.py", "--quick", "--dims", "64", "--variants", "hopper,atomic_w8",
+                   "--ns", "4096", "--out", "{out}"))),
     "bench-attention": Suite(
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),

@@ -70,14 +70,21 @@ struct AsyncState {
     std::deque<std::vector<Wgmma>> wg_groups;
     std::vector<Wgmma> wg_open;
     bool wg_fenced = false;
+    std::vector<int> maxnreg;     // the setmaxnreg counts this thread executed, in order (dec negative)
 };
 inline AsyncState& async_state() {
     Fiber& f = self();
     if (!f.async) f.async = std::make_shared<AsyncState>();
     return *f.async;
 }
+#ifdef KL_SHARED_ARENA
+inline void check_setmaxnreg_done();          // below: a thread exits with its warpgroup's setmaxnreg done
+#endif
 inline void check_async_done() {
     Fiber& f = self();
+#ifdef KL_SHARED_ARENA
+    check_setmaxnreg_done();
+#endif
     if (!f.async) return;
     if (!f.async->wg_open.empty() || !f.async->wg_groups.empty()) fail("thread exited with wgmma never waited for");
     if (!f.async->store_open.empty() || !f.async->store_groups.empty())
@@ -455,8 +462,81 @@ inline void tma_store_commit() {
 }
 template <int N> inline void tma_store_wait_read() { kl::run_pending_stores(N); }
 template <int N> inline void tma_store_wait() { kl::run_pending_stores(N); }
-template <int R> inline void setmaxnreg_inc() {}
-template <int R> inline void setmaxnreg_dec() {}
+// setmaxnreg.{inc,dec}.sync.aligned.u32 R: registers are not modelled, so it changes nothing here; what a GPU
+// requires is checked. R a multiple of 8 in [24, 256] (at compile time, as ptxas does); every thread of a whole
+// warpgroup executes the same counts in the same order (.sync.aligned: a warp or thread that skips one, exits before
+// it, or asks another count hangs or is undefined on a GPU); an inc does not lower and a dec does not raise what the
+// warpgroup set last; and the block's warpgroups, at their last counts (24, the least, for one not yet set), hold at
+// most an SM's 65,536 registers (else setmaxnreg.inc waits forever for registers no warpgroup gives back).
+namespace kl {
+inline void setmaxnreg(int r, bool inc) {
+    const std::string what = std::string(inc ? "setmaxnreg.inc " : "setmaxnreg.dec ") + std::to_string(r);
+    Fiber& f = self();
+    const int n = int(g_block->fibers.size()), wg0 = f.linear & ~127, wg = f.linear / 128;
+    if (wg0 + 128 > n)
+        fail(what + ": warpgroup " + std::to_string(wg) + " has " + std::to_string(n - wg0) +
+             " threads; setmaxnreg needs whole warpgroups (make the block a multiple of 128 threads)");
+    warp_meet("setmaxnreg", true);             // the whole warp, none exited
+    std::vector<int>& mine = async_state().maxnreg;
+    const int prev = mine.empty() ? 0 : std::abs(mine.back());
+    if (prev && (inc ? r < prev : r > prev))
+        fail(what + ": the warpgroup set " + std::to_string(prev) + " before; " + (inc ? "inc" : "dec") +
+             " may not " + (inc ? "lower" : "raise") + " it");
+    mine.push_back(inc ? r : -r);
+    const size_t k = mine.size();
+    for (int i = wg0; i < wg0 + 128; ++i) {
+        Fiber& o = g_block->fibers[i];
+        const size_t m = o.async ? o.async->maxnreg.size() : 0;
+        if (m >= k && o.async->maxnreg[k - 1] != mine[k - 1])
+            fail(what + ": thread " + std::to_string(i) + " of warpgroup " + std::to_string(wg) + " executed " +
+                 (o.async->maxnreg[k - 1] > 0 ? "setmaxnreg.inc " : "setmaxnreg.dec ") +
+                 std::to_string(std::abs(o.async->maxnreg[k - 1])) +
+                 " there; every thread of a warpgroup must execute the same setmaxnreg (.sync.aligned)");
+        if (m < k && o.wait == Wait::done)
+            fail(what + ": thread " + std::to_string(i) + " of warpgroup " + std::to_string(wg) +
+                 " exited without executing it; every thread of the warpgroup must (.sync.aligned)");
+    }
+    long total = 0;
+    for (int w0 = 0; w0 + 128 <= n; w0 += 128) {
+        int last = 24;                          // a warpgroup not yet set holds at least this many
+        size_t longest = 0;
+        for (int i = w0; i < w0 + 128; ++i) {
+            const Fiber& o = g_block->fibers[i];
+            if (o.async && o.async->maxnreg.size() > longest) {
+                longest = o.async->maxnreg.size();
+                last = std::abs(o.async->maxnreg.back());
+            }
+        }
+        total += 128L * last;
+    }
+    if (total > 65536)
+        fail(what + ": the block's warpgroups would hold " + std::to_string(total) +
+             " registers, more than an SM's 65,536; setmaxnreg.inc would wait forever on a GPU");
+    warp_meet("setmaxnreg", false);            // every lane has checked before any goes on (and may exit)
+}
+// A thread exits: no other thread of its warpgroup executed a setmaxnreg it did not.
+inline void check_setmaxnreg_done() {
+    Fiber& f = self();
+    const int n = int(g_block->fibers.size()), wg0 = f.linear & ~127;
+    const size_t mine = f.async ? f.async->maxnreg.size() : 0;
+    for (int i = wg0; i < std::min(wg0 + 128, n); ++i) {
+        const Fiber& o = g_block->fibers[i];
+        if (o.async && o.async->maxnreg.size() > mine)
+            fail("setmaxnreg: thread " + std::to_string(f.linear) + " exited having executed " +
+                 std::to_string(mine) + " of the " + std::to_string(o.async->maxnreg.size()) + " setmaxnreg that " +
+                 "thread " + std::to_string(i) + " of its warpgroup did; every thread of a warpgroup must " +
+                 "(.sync.aligned)");
+    }
+}
+}  // namespace kl
+template <int R> inline void setmaxnreg_inc() {
+    static_assert(R % 8 == 0 && R >= 24 && R <= 256, "setmaxnreg: the count must be a multiple of 8 in [24, 256]");
+    kl::setmaxnreg(R, true);
+}
+template <int R> inline void setmaxnreg_dec() {
+    static_assert(R % 8 == 0 && R >= 24 && R <= 256, "setmaxnreg: the count must be a multiple of 8 in [24, 256]");
+    kl::setmaxnreg(R, false);
+}
 inline float exp2_approx(float x) { return std::exp2(x); }
 inline void red_add_v2(float* p, float a, float b) { atomicAdd(p, a); atomicAdd(p + 1, b); }   // red.global.add.v2.f32
 
