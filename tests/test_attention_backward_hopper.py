@@ -156,15 +156,17 @@ def test_every_launch_of_step3_has_a_block_an_sm(monkeypatch):
 
 def test_the_launcher_joins_step2s_variants_and_the_op():
     """The launcher cell: "hopper" is a variant of attention_backward (step 3 where hopper_backward_applies, the
-    atomic_w8 rung elsewhere), not yet the op's choice (BWD_OP_HOPPER off until a GPU has run it), its shared-memory
+    atomic_w8 rung elsewhere), the op's choice at d = 64 (BWD_OP_HOPPER, on since an H100 checked and timed it), its shared-memory
     plan is the kernel's, and it refuses the head dims it has no kernel for."""
     torch = pytest.importorskip("torch")
     from notebook_cells import load_tutorial
 
     t = load_tutorial("08-attention-backward.py", compile=lambda source: None)   # launchers only, no kernel runs
     assert t["VARIANTS"][-1] == "hopper" and t["HOPPER_BWD_FALLBACK"] in t["BWD_LADDER"]
-    # off until measured on a GPU: the op keeps step 2's rungs
-    assert t["BWD_OP_HOPPER"] is False and "hopper" not in t["BWD_OP_VARIANT"].values()
+    # on since measured on an H100: the op takes step 3 at d = 64 and keeps step 2's rungs at d = 128
+    assert t["BWD_OP_HOPPER"] is True
+    assert {key: v for key, v in t["BWD_OP_VARIANT"].items() if v == "hopper"} == {(64, False): "hopper", (64, True): "hopper"}
+    assert all(v in t["BWD_LADDER"] for (d, _), v in t["BWD_OP_VARIANT"].items() if d != 64)
     assert t["hbwd_smem_bytes"](64) == SMEM and SMEM <= 227 * 1024
     assert (t["HBWD_WG"], t["HBWD_STAGES"], t["HBWD_THREADS"]) == (WG, STAGES, THREADS)
     assert not t["hopper_backward_applies"](torch.empty(1, 1, 8, 64))              # a CPU tensor: the fallback

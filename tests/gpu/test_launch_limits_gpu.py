@@ -48,13 +48,19 @@ def driver_verdict(k, threads: int, monkeypatch) -> str:
     return ""
 
 
+def driver_max_threads(k) -> int:
+    """CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK of `k` as the driver loaded it."""
+    from cupy.cuda import driver
+    return driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, k._function(device_info().index).ptr)
+
+
 def test_the_driver_refuses_288_threads_at_224_registers_in_the_words_kernellab_uses(monkeypatch):
     k = heavy(224)
     regs = k.resources.registers
     assert regs > 168, k.resources
     said = driver_verdict(k, 288, monkeypatch)
     print(f"driver at 288 threads x {regs} registers: {said!r}; CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK "
-          f"{k._function(device_info().index).max_threads_per_block}, kernellab's {k.resources.max_threads_per_block}")
+          f"{driver_max_threads(k)}, kernellab's {k.resources.max_threads_per_block}")
     assert said == L.OUT_OF_RESOURCES, f"the driver said {said!r}"
     x, y = torch.rand(1000, device="cuda"), torch.zeros(1024, device="cuda")
     with pytest.raises(LaunchError) as gpu:                    # kernellab's check, before the driver
