@@ -10,8 +10,9 @@ import time
 from dataclasses import dataclass, field
 
 from . import report
-from .analysis.arch import base_arch, compute_capability, normalize_arch
-from .analysis.occupancy import best_block_sizes, occupancy
+from .analysis.arch import DEFAULT_ARCH, UnknownArchError, base_arch, compute_capability, get_arch, normalize_arch
+from .analysis.occupancy import (best_block_sizes, max_threads_at_registers, occupancy, registers_per_warp,
+                                 warps_per_sub_partition)
 from .compile import cache as _cache, disasm
 from .compile.cubin import read_cubin
 from .run.sim.cuda import cpu as _cpu
@@ -27,10 +28,6 @@ from .run.launch.launch import (allow_dynamic_shared, allow_large_clusters, clus
                                 make_config, marshal_args, PORTABLE_CLUSTER_BLOCKS)
 from .run.measure.autotune import autotune as _autotune
 from .run.nvtools import ncu, ncu_source, sanitize as _sanitize
-
-REGISTER_FILE = 65536          # 32-bit registers per SM (and per block) on every arch kernellab knows
-REGISTER_ALLOC_UNIT = 256      # registers are granted per warp in units of 256
-
 
 @dataclass(frozen=True)
 class Resources:
@@ -66,15 +63,21 @@ class Resources:
 SYSTEM_SHARED_BYTES = 1024   # shared memory the system reserves per block on sm_80+, counted in .nv.shared.<fn>
 
 
-def max_threads_for(registers: int, launch_bounds: tuple[int, int, int] | None, arch_max: int = 1024) -> int:
-    """The largest block the driver accepts: launch bounds, then what the register file holds, in whole warps."""
-    limit = arch_max
-    if launch_bounds:
-        limit = min(limit, launch_bounds[0] * launch_bounds[1] * launch_bounds[2])
-    if registers > 0:
-        per_warp = -(-registers * 32 // REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
-        limit = min(limit, (REGISTER_FILE // per_warp) * 32)
-    return limit
+def _register_arch(arch):
+    """The table whose register rule applies to `arch`: its own, or the default arch's for one without a table
+    (every arch kernellab knows shares the rule: 64K registers in 4 sub-partitions, 256 a warp)."""
+    try:
+        return get_arch(arch)
+    except (UnknownArchError, ValueError):
+        return get_arch(DEFAULT_ARCH)
+
+
+def max_threads_for(registers: int, launch_bounds: tuple[int, int, int] | None, arch=DEFAULT_ARCH) -> int:
+    """The largest block the driver accepts (CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK): launch bounds, the arch's
+    threads per block, and what one SM sub-partition's quarter of the register file holds, in whole warps
+    (kernellab.analysis.occupancy.max_threads_at_registers)."""
+    bounds = math.prod(launch_bounds) if launch_bounds else None
+    return max_threads_at_registers(registers, _register_arch(arch), launch_bounds_threads=bounds)
 
 
 class Kernel:
@@ -673,8 +676,11 @@ def _limit_reason(res: Resources) -> str:
     """What sets a kernel's max_threads_per_block, in words."""
     if res.launch_bounds_threads and res.max_threads_per_block == res.launch_bounds_threads:
         return f"__launch_bounds__({res.launch_bounds_threads})"
-    if res.max_threads_per_block < 1024:
-        return f"{res.registers} registers per thread fill the register file at {res.max_threads_per_block} threads"
+    if res.max_threads_per_block < 1024 and res.registers:
+        spec = _register_arch(res.arch)
+        return (f"{res.registers} registers a thread are {registers_per_warp(res.registers, spec)} a warp; one of the "
+                f"SM's {spec.register_sub_partitions} sub-partitions holds {warps_per_sub_partition(res.registers, spec)}"
+                f" such warps, so {res.max_threads_per_block} threads at most")
     return "the architecture's limit"
 
 
@@ -700,7 +706,7 @@ def _resources(output: CompileOutput, symbol: str, facts) -> Resources:
                      local_bytes=rep.stack_bytes if rep else 0,
                      spill_store_bytes=rep.spill_store_bytes if rep else 0,
                      spill_load_bytes=rep.spill_load_bytes if rep else 0,
-                     max_threads_per_block=max_threads_for(regs, bounds), arch=output.arch,
+                     max_threads_per_block=max_threads_for(regs, bounds, output.arch), arch=output.arch,
                      constant_bytes=rep.constant_bytes if rep else 0, barriers=rep.barriers if rep else 0,
                      launch_bounds_threads=math.prod(bounds) if bounds else None,
                      cluster_dims=tuple(facts.cluster_dims) if facts and facts.cluster_dims else None,

@@ -226,7 +226,7 @@ class NumbaKernel(Kernel):
         bounds = (int(c.launch_bounds[0]), 1, 1) if c.launch_bounds else None
         return Resources(registers=r.registers, shared_bytes=r.shared_bytes, local_bytes=r.stack_bytes,
                          spill_store_bytes=r.spill_store_bytes, spill_load_bytes=r.spill_load_bytes,
-                         max_threads_per_block=max_threads_for(r.registers, bounds), arch=c.arch,
+                         max_threads_per_block=max_threads_for(r.registers, bounds, c.arch), arch=c.arch,
                          constant_bytes=r.constant_bytes, barriers=r.barriers,
                          launch_bounds_threads=bounds[0] if bounds else None)
 

@@ -452,25 +452,28 @@ def test_a_block_whose_registers_do_not_fit_an_sm_is_refused_as_the_gpu_refuses_
     from kernellab.run.sim.cuda import cpu
 
     k = cell(HEAVY).heavy
-    assert k.resources.registers > 168 and k.resources.max_threads_per_block == 288   # the block passes that check
+    assert k.resources.registers > 168 and k.resources.max_threads_per_block == 256   # the driver's attribute
+    assert "max 256 threads/block" in str(k.resources)
     assert kernellab.occupancy(288, k.resources.registers, 0, "sm_90").blocks_per_sm == 0
-    x, y = np.arange(1000, dtype=np.float32) / 1000, np.full(288, -1, np.float32)
+    x, y = np.arange(1000, dtype=np.float32) / 1000, np.full(320, -1, np.float32)
     image = k.image()
-    assert image.registers == k.resources.registers and image.max_threads_per_block == 288
-    for go in (lambda: k[1, 288](x, y, 1000), lambda: cpu.launch(image, 1, (288, 1), (x, y, 1000)),
-               lambda: cpu.sanitize(image, 1, 288, (x, y, 1000), tool="memcheck")):
-        with pytest.raises(LaunchError) as info:
-            go()
-        gpu_words = str(as_launch_error(OUT_OF_RESOURCES, "heavy", LaunchConfig((1, 1, 1), (288, 1, 1)), "launch"))
-        assert str(info.value).startswith(gpu_words)     # the GPU path's message, word for word, then why
-        assert info.value.cuda_error == OUT_OF_RESOURCES and not info.value.sticky
-        assert "3 x 7168" in str(info.value) and "at most 168 registers" in str(info.value)
-        assert "at most 256 threads" in str(info.value)
+    assert image.registers == k.resources.registers and image.max_threads_per_block == 256
+    for threads in (288, 320):           # above the max_threads_per_block registers set: the driver's error and why
+        for go in (lambda: k[1, threads](x, y, 1000), lambda: cpu.launch(image, 1, (threads, 1), (x, y, 1000)),
+                   lambda: cpu.sanitize(image, 1, threads, (x, y, 1000), tool="memcheck")):
+            with pytest.raises(LaunchError) as info:
+                go()
+            cfg = LaunchConfig((1, 1, 1), (threads, 1, 1))
+            gpu_words = str(as_launch_error(OUT_OF_RESOURCES, "heavy", cfg, "launch"))
+            assert str(info.value).startswith(gpu_words)     # the GPU path's message, word for word, then why
+            assert info.value.cuda_error == OUT_OF_RESOURCES and not info.value.sticky
+            assert "3 x 7168" in str(info.value) and "at most 256 threads" in str(info.value)
+            assert "at most 168 registers" in str(info.value)        # 9 or 10 warps: 3 on the fullest
     np.testing.assert_array_equal(y, -1)                  # nothing ran
+    with pytest.raises(KernellabError, match="sub-partitions holds 2 such warps, so 256 threads at most"):
+        k.occupancy(288)
     k[1, 256](x, y, 1000)                                 # 8 warps: two a sub-partition fit
     np.testing.assert_allclose(y[:256], _heavy_expected(x, 256), rtol=1e-5)
-    with pytest.raises(KernellabError, match="max_threads_per_block = 288"):   # above it: the GPU path's check
-        k[1, 320](x, y, 1000)
 
 
 def test_the_same_block_at_168_registers_launches_on_the_cpu():

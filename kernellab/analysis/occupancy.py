@@ -66,6 +66,76 @@ def _check_scalars(spec: ArchSpec, block_size, registers, shared_bytes, carveout
             f"the SM's {spec.shared_memory_per_sm_bytes // KIB} KiB shared memory")
 
 
+def registers_per_warp(registers, arch=DEFAULT_ARCH):
+    """Registers one warp is given at `registers` a thread: x warp size, rounded up to the allocation unit (256).
+    Works element-wise on NumPy arrays too."""
+    spec = get_arch(arch)
+    unit = spec.register_allocation_unit
+    return -(-(registers * spec.warp_size) // unit) * unit
+
+
+def warps_per_sub_partition(registers, arch=DEFAULT_ARCH):
+    """The register rule, once: how many warps at `registers` a thread one SM sub-partition holds (UNLIMITED at 0).
+
+    The register file is split into `register_sub_partitions` (4) equal parts and a warp's registers
+    (registers_per_warp) live in one part, so one part holds registers_per_sm / 4 // regs/warp warps. A block of W
+    warps puts ceil(W / 4) on its fullest part, so it launches only where ceil(W / 4) <= this number. The per-block
+    limit (regs/warp x round_up(W, 4) <= max_registers_per_block) is the same inequality with a quarter of that
+    limit, so the smaller quarter counts. Works element-wise on NumPy arrays too.
+    """
+    spec = get_arch(arch)
+    parts = spec.register_sub_partitions
+    per_part = min(spec.registers_per_sm, spec.max_registers_per_block) // parts
+    per_warp = registers_per_warp(registers, spec)
+    return np.where(per_warp == 0, UNLIMITED, per_part // np.maximum(per_warp, 1)) if isinstance(per_warp, np.ndarray) \
+        else (UNLIMITED if per_warp == 0 else per_part // per_warp)
+
+
+def _check_registers(spec: ArchSpec, registers) -> int:
+    registers = _index("registers", registers)
+    if not 0 <= registers <= spec.max_registers_per_thread:
+        raise OccupancyInputError(
+            f"registers={registers} is outside 0..{spec.max_registers_per_thread}, the registers per thread "
+            f"{spec.name} allows; pass the kernel's register count as ptxas reports it")
+    return registers
+
+
+def max_threads_at_registers(registers: int, arch=DEFAULT_ARCH, *, launch_bounds_threads: int | None = None) -> int:
+    """The largest block a kernel of `registers` a thread can launch on `arch`, as the driver's
+    CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK gives it: whole warps up to 4 x warps_per_sub_partition (the fullest
+    sub-partition holds its share), capped by the architecture's threads per block (1024) and by
+    `launch_bounds_threads` (the product of __launch_bounds__/.maxntid) where given. 0 registers: no register cap.
+    E.g. sm_90: 224 registers -> 7168 a warp, 2 warps a sub-partition -> 256 threads (not 65536 // 7168 = 9 warps)."""
+    spec = get_arch(arch)
+    registers = _check_registers(spec, registers)
+    limit = spec.max_threads_per_block
+    if launch_bounds_threads:
+        limit = min(limit, _index("launch_bounds_threads", launch_bounds_threads))
+    hold = warps_per_sub_partition(registers, spec)
+    if hold != UNLIMITED:
+        limit = min(limit, hold * spec.register_sub_partitions * spec.warp_size)
+    return limit
+
+
+def max_registers_at_threads(threads: int, arch=DEFAULT_ARCH) -> int:
+    """The most registers a thread (ptxas's count, __maxnreg__) at which a block of `threads` threads launches on
+    `arch`: the fullest sub-partition's ceil(warps / 4) warps must fit a quarter of the register file, in whole
+    allocation units (256 a warp, so a multiple of 8 a thread), at most max_registers_per_thread (255).
+    E.g. sm_90: 288 threads -> 9 warps, 3 on one sub-partition -> 16384 // 3 = 5461 -> 5376 a warp -> 168."""
+    spec = get_arch(arch)
+    threads = _index("threads", threads)
+    if not 1 <= threads <= spec.max_threads_per_block:
+        raise OccupancyInputError(
+            f"threads={threads} is outside 1..{spec.max_threads_per_block}, the threads per block "
+            f"{spec.name} allows; use a block of 1 to {spec.max_threads_per_block} threads")
+    parts = spec.register_sub_partitions
+    fullest = -(-(-(-threads // spec.warp_size)) // parts)
+    per_part = min(spec.registers_per_sm, spec.max_registers_per_block) // parts
+    unit = spec.register_allocation_unit
+    per_warp = per_part // fullest // unit * unit
+    return min(spec.max_registers_per_thread, per_warp // spec.warp_size)
+
+
 def _preferred_smem_config(spec: ArchSpec, carveout) -> int:
     """The carveout (bytes) the SM is asked for: the largest by default, else `carveout`% rounded up to a configuration."""
     if carveout is None:
@@ -238,13 +308,12 @@ def occupancy(block_size: int, registers: int, shared_bytes: int = 0, arch=DEFAU
     warps_per_block = -(-block_size // warp)
     limit_warps = spec.max_warps_per_sm // warps_per_block
 
-    unit = spec.register_allocation_unit
-    regs_per_warp = -(-(registers * warp) // unit) * unit
+    regs_per_warp = registers_per_warp(registers, spec)
     parts = spec.register_sub_partitions
     if regs_per_warp == 0:
         limit_regs = UNLIMITED
-    elif regs_per_warp * (-(-warps_per_block // parts) * parts) > spec.max_registers_per_block:
-        limit_regs = 0  # the hardware's per-block check fails: the block cannot launch
+    elif -(-warps_per_block // parts) > warps_per_sub_partition(registers, spec):
+        limit_regs = 0  # the fullest sub-partition cannot hold its warps: the block cannot launch
     else:
         limit_regs = (spec.registers_per_sm // parts // regs_per_warp) * parts // warps_per_block
 
@@ -335,10 +404,9 @@ def occupancy_sweep(block_sizes=None, registers=32, shared_bytes=0, arch=DEFAULT
     warps_per_block = -(-b // warp)
     limit_warps = spec.max_warps_per_sm // warps_per_block
 
-    unit = spec.register_allocation_unit
     parts = spec.register_sub_partitions
-    regs_per_warp = -(-(r * warp) // unit) * unit
-    fits = regs_per_warp * (-(-warps_per_block // parts) * parts) <= spec.max_registers_per_block
+    regs_per_warp = registers_per_warp(r, spec)
+    fits = -(-warps_per_block // parts) <= warps_per_sub_partition(r, spec)
     warps_by_regs = (spec.registers_per_sm // parts) // np.maximum(regs_per_warp, 1) * parts
     limit_regs = np.where(regs_per_warp == 0, UNLIMITED, np.where(fits, warps_by_regs // warps_per_block, 0))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...analysis.occupancy import occupancy
+from ...analysis.occupancy import max_registers_at_threads, max_threads_at_registers, occupancy
 from ...compile.signature import TENSOR_MAP_ALIGN_BYTES, TENSOR_MAP_BYTES, Param
 from ...errors import ArgumentError, KernellabError, LaunchError
 from . import cudriver
@@ -106,7 +106,13 @@ def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, s
                             f"got {shared_bytes!r}")
     cfg = LaunchConfig(g, b, int(shared_bytes), cluster_dims(cluster, g, device))
     threads = cfg.threads_per_block
-    if threads > max_threads_per_block:
+    why = ""
+    if registers and device is not None:
+        why = registers_do_not_fit(threads, registers, static_shared_bytes + cfg.shared_bytes, device.arch)
+    # A block above the limit its registers set gets the driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES and why (the
+    # fullest sub-partition), below, as on the GPU; one above __launch_bounds__ or the arch gets this ArgumentError.
+    if threads > max_threads_per_block and not (why and max_threads_per_block >= max_threads_at_registers(
+            registers, device.arch)):
         raise ArgumentError(
             f"block {b} has {threads} threads, more than this kernel's max_threads_per_block = "
             f"{max_threads_per_block} (set by __launch_bounds__, its {'registers' if max_threads_per_block < 1024 else 'arch'}"
@@ -126,10 +132,8 @@ def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, s
                 f"shared_bytes = {shared_bytes} of dynamic shared memory plus the kernel's {static_shared_bytes} "
                 f"static bytes exceeds {device.name}'s per-block limit of {device.shared_per_block_optin_bytes} "
                 f"bytes (with opt-in); at most {max(limit, 0)} dynamic bytes fit")
-        if registers:
-            why = registers_do_not_fit(threads, registers, static_shared_bytes + cfg.shared_bytes, device.arch)
-            if why:
-                raise as_launch_error(OUT_OF_RESOURCES, name, cfg, during="launch", why=why)
+        if why:
+            raise as_launch_error(OUT_OF_RESOURCES, name, cfg, during="launch", why=why)
     return cfg
 
 
@@ -149,9 +153,10 @@ OUT_OF_RESOURCES = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources reque
 
 
 def registers_do_not_fit(threads: int, registers: int, shared_bytes: int, arch: str) -> str:
-    """Why a block of `threads` threads at `registers` a thread cannot launch on `arch` ('' where it can), as
-    kernellab.occupancy counts it: registers go to whole warps (units of 256), and a block's warps are spread over
-    the SM's 4 sub-partitions, each with a quarter of the register file, so the fullest one must hold its share."""
+    """Why a block of `threads` threads at `registers` a thread cannot launch on `arch` ('' where it can), by
+    kernellab.analysis's register rule (warps_per_sub_partition): registers go to whole warps (units of 256), and a
+    block's warps are spread over the SM's 4 sub-partitions, each with a quarter of the register file, so the
+    fullest one must hold its share."""
     try:
         occ = occupancy(threads, registers, shared_bytes, arch)
     except KernellabError:                     # an arch without a table, or limits checked elsewhere
@@ -161,11 +166,9 @@ def registers_do_not_fit(threads: int, registers: int, shared_bytes: int, arch: 
     spec = occ.spec
     parts = spec.register_sub_partitions
     fullest = -(-occ.warps_per_block // parts)
-    per_part = spec.registers_per_sm // parts
-    fit_regs = max((r for r in range(registers, 0, -1) if -(-(r * spec.warp_size) // spec.register_allocation_unit)
-                    * spec.register_allocation_unit * fullest <= per_part), default=0)
-    fit_threads = max((w * spec.warp_size for w in range(occ.warps_per_block, 0, -1)
-                       if occ.registers_per_warp * -(-w // parts) <= per_part), default=0)
+    per_part = min(spec.registers_per_sm, spec.max_registers_per_block) // parts
+    fit_regs = max_registers_at_threads(threads, spec)
+    fit_threads = max_threads_at_registers(registers, spec)
     return (f"Its {occ.warps_per_block} warps put {fullest} on one of the SM's {parts} sub-partitions: {fullest} x "
             f"{occ.registers_per_warp} registers (a warp of {registers} registers a thread, ptxas's count) = "
             f"{fullest * occ.registers_per_warp}, more than the {per_part} each holds "
