@@ -119,3 +119,40 @@ def test_a_block_above_the_register_limit_gets_the_drivers_error_one_above_launc
     with pytest.raises(ArgumentError, match="grid dimension y"):                # argument errors still come first
         L.make_config((1, 70000), 288, 0, max_threads_per_block=limit, static_shared_bytes=0, device=h100,
                       registers=224)
+
+
+# tests/gpu/test_launch_limits_gpu.py's kernel: 200 values a thread live across a barrier, so ptxas gives it as many
+# registers as NREG allows (NVRTC compile-only here; the GPU test launches the same source)
+HEAVY = r"""
+extern "C" __global__ void __maxnreg__(NREG) heavy(const float* x, float* y, int n) {
+    float v[200];
+    #pragma unroll
+    for (int j = 0; j < 200; ++j) v[j] = x[(threadIdx.x + j * blockDim.x) % n];
+    __syncthreads();
+    float s = 0.f;
+    #pragma unroll
+    for (int j = 0; j < 200; ++j) s += v[j] * v[199 - j] + v[(j * 7) % 200];
+    y[threadIdx.x % n] = s;
+}
+"""
+
+
+def test_a_compiled_kernels_max_threads_per_block_and_card_count_a_sub_partition(tmp_cache):
+    import kernellab
+    from kernellab.errors import ArgumentError
+
+    for nreg in (168, 200, 224, 255):
+        k = kernellab.compile_cuda(HEAVY.replace("NREG", str(nreg)), arch="sm_90").heavy
+        r = k.resources
+        assert r.max_threads_per_block == max_threads_at_registers(r.registers, "sm_90"), (nreg, r)
+        card = {c["name"]: c for c in k.module.to_json()["kernels"]}["heavy"]
+        assert card["max_threads_per_block"] == r.max_threads_per_block
+        assert card["occupancy"]["block_size"] <= r.max_threads_per_block
+    assert r.registers == 255 and r.max_threads_per_block == 256
+    k = kernellab.compile_cuda(HEAVY.replace("NREG", "224"), arch="sm_90").heavy
+    assert k.resources.registers == 224 and k.resources.max_threads_per_block == 256           # the driver's 256
+    assert "max 256 threads/block" in str(k.resources)
+    with pytest.raises(ArgumentError, match="7168 a warp; one of the SM's 4 sub-partitions holds 2 such warps, so "
+                                            "256 threads at most"):
+        k.occupancy(288)
+    assert k.occupancy(256).blocks_per_sm == 1

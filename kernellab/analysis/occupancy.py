@@ -87,8 +87,9 @@ def warps_per_sub_partition(registers, arch=DEFAULT_ARCH):
     parts = spec.register_sub_partitions
     per_part = min(spec.registers_per_sm, spec.max_registers_per_block) // parts
     per_warp = registers_per_warp(registers, spec)
-    return np.where(per_warp == 0, UNLIMITED, per_part // np.maximum(per_warp, 1)) if isinstance(per_warp, np.ndarray) \
-        else (UNLIMITED if per_warp == 0 else per_part // per_warp)
+    if isinstance(per_warp, np.ndarray):
+        return np.where(per_warp == 0, UNLIMITED, per_part // np.maximum(per_warp, 1))
+    return UNLIMITED if per_warp == 0 else per_part // per_warp
 
 
 def _check_registers(spec: ArchSpec, registers) -> int:

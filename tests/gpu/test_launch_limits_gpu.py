@@ -1,6 +1,8 @@
 """On a GPU: the launches kernellab refuses before the driver (make_config's register check, the CPU path's checks
 against the arch table) are exactly those the driver refuses, in the driver's own words. Run on a GPU machine:
 tools/gpu/run.py tests-launch-limits, or pytest -m gpu tests/gpu/test_launch_limits_gpu.py."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -33,9 +35,10 @@ def heavy(nreg: int):
 
 
 def driver_verdict(k, threads: int, monkeypatch) -> str:
-    """'' where the driver launches `threads` threads of `k`, else its error text; kernellab's own register check is
-    switched off, so that the driver decides."""
+    """'' where the driver launches `threads` threads of `k`, else its error text; kernellab's own checks of the
+    registers and of max_threads_per_block are switched off, so that the driver decides."""
     monkeypatch.setattr(L, "registers_do_not_fit", lambda *a: "")
+    monkeypatch.setattr(k, "resources", dataclasses.replace(k.resources, max_threads_per_block=1024))
     k._path = None                               # a fresh LaunchPath: its configurations are not cached yet
     x, y = torch.rand(1000, device="cuda"), torch.zeros(1024, device="cuda")
     try:
@@ -62,6 +65,7 @@ def test_the_driver_refuses_288_threads_at_224_registers_in_the_words_kernellab_
     print(f"driver at 288 threads x {regs} registers: {said!r}; CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK "
           f"{driver_max_threads(k)}, kernellab's {k.resources.max_threads_per_block}")
     assert said == L.OUT_OF_RESOURCES, f"the driver said {said!r}"
+    assert driver_max_threads(k) == k.resources.max_threads_per_block == 256, "CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"
     x, y = torch.rand(1000, device="cuda"), torch.zeros(1024, device="cuda")
     with pytest.raises(LaunchError) as gpu:                    # kernellab's check, before the driver
         k[1, 288](x, y, 1000)
@@ -75,20 +79,27 @@ def test_the_driver_refuses_288_threads_at_224_registers_in_the_words_kernellab_
 
 @pytest.mark.parametrize("nreg", [96, 128, 168, 200, 224, 255])
 def test_the_register_check_refuses_exactly_what_the_driver_refuses(nreg, monkeypatch):
-    """Every block size up to the kernel's max_threads_per_block, in whole warps and one odd size: kernellab's
-    verdict (registers_do_not_fit) against the driver's."""
+    """Every block size up to 1024, in whole warps, and odd sizes either side of the kernel's max_threads_per_block:
+    kernellab's verdicts (registers_do_not_fit, and max_threads_per_block: the largest that fits) against the
+    driver's launches and its CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK."""
     k = heavy(nreg)
     r = k.resources
     arch = device_info().arch
-    bad = []
-    for threads in list(range(32, r.max_threads_per_block + 1, 32)) + [r.max_threads_per_block - 31]:
+    attribute = driver_max_threads(k)
+    bad = [("max_threads_per_block", f"ours {r.max_threads_per_block}, the driver's {attribute}")] \
+        if attribute != r.max_threads_per_block else []
+    odd = [r.max_threads_per_block - 31] + ([r.max_threads_per_block + 1] if r.max_threads_per_block < 1024 else [])
+    for threads in list(range(32, 1025, 32)) + odd:
         ours = bool(L.registers_do_not_fit(threads, r.registers, r.shared_bytes, arch))
         said = driver_verdict(k, threads, monkeypatch)
         if said not in ("", L.OUT_OF_RESOURCES):
             bad.append((threads, f"driver: {said}"))
         elif ours != bool(said):
             bad.append((threads, "ours refuses" if ours else "the driver refuses"))
-    print(f"{r.registers} registers, max_threads_per_block {r.max_threads_per_block}: disagreements {bad}")
+        elif ours != (threads > r.max_threads_per_block):
+            bad.append((threads, f"max_threads_per_block {r.max_threads_per_block} disagrees with the register check"))
+    print(f"{r.registers} registers, max_threads_per_block {r.max_threads_per_block} (driver {attribute}): "
+          f"disagreements {bad}")
     assert not bad, f"{r.registers} registers: (threads, who refuses): {bad}"
 
 

@@ -65,7 +65,8 @@ SUITES: dict[str, Suite] = {
     "tests-launch-limits": Suite(
         "the launches kernellab refuses before the driver (registers per SM sub-partition, shared memory with the "
         "opt-in; the CPU path's checks on the arch table) against the driver's own verdicts and words, every block "
-        "size at 96-255 registers; a failure lists each disagreement as (threads, who refuses)", 180,
+        "size to 1024 at 96-255 registers, and max_threads_per_block against CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK; "
+        "a failure lists each disagreement as (threads, who refuses)", 180,
         tests=(GPU_TESTS + "test_launch_limits_gpu.py",)),
     "tests-measure": Suite(
         "measuring: bench against triton's do_bench, check, autotune (one GPU and Dask), Nsight Compute and "
