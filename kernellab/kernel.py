@@ -678,9 +678,10 @@ def _limit_reason(res: Resources) -> str:
         return f"__launch_bounds__({res.launch_bounds_threads})"
     if res.max_threads_per_block < 1024 and res.registers:
         spec = _register_arch(res.arch)
-        return (f"{res.registers} registers a thread are {registers_per_warp(res.registers, spec)} a warp; one of the "
-                f"SM's {spec.register_sub_partitions} sub-partitions holds {warps_per_sub_partition(res.registers, spec)}"
-                f" such warps, so {res.max_threads_per_block} threads at most")
+        per_warp, hold = registers_per_warp(res.registers, spec), warps_per_sub_partition(res.registers, spec)
+        return (f"{res.registers} registers a thread are {per_warp} a warp; one of the SM's "
+                f"{spec.register_sub_partitions} sub-partitions holds {hold} such warps, so "
+                f"{res.max_threads_per_block} threads at most")
     return "the architecture's limit"
 
 
