@@ -566,3 +566,30 @@ def test_cluster_shapes_and_launch_bounds_the_gpu_refuses_are_refused_on_the_cpu
         bounded[1, 256](a, a, c, 256)
     with pytest.raises(ArgumentError, match=r"block dimension z = 65 exceeds the device limit 64"):
         cpu.launch(image, 1, (1, 1, 65), (a, a, c, 256))
+
+
+def test_a_kernel_defined_by_a_macro_launches_with_its_checks():
+    """Kernels that a function-like macro defines (one per invocation) are found with their parameter types, launch
+    on the CPU, and keep the pointer checks, reported at the invocation's cell line."""
+    src = r'''#define SCALE_KERNEL(name, T, FACTOR) \
+extern "C" __global__ void name(const T* __restrict__ x, T* y, \
+        int n) { \
+    int i = blockIdx.x * blockDim.x + threadIdx.x; \
+    if (i < n) y[i] = x[i] * (T)FACTOR; \
+}
+SCALE_KERNEL(twice_f32, float, 2)
+SCALE_KERNEL(thrice_f64, double, 3)
+'''
+    m = cell(src)
+    assert [str(k.signature) for k in m.kernels] == ["twice_f32(const float* __restrict__ x, float* y, int n)",
+                                                     "thrice_f64(const double* __restrict__ x, double* y, int n)"]
+    x, y = np.arange(100, dtype=np.float32), np.zeros(100, np.float32)
+    m.twice_f32[1, 128](x, y, 100)
+    np.testing.assert_array_equal(y, 2 * x)
+    xd, yd = np.arange(70, dtype=np.float64), np.zeros(70)
+    m.thrice_f64[1, 96](xd, yd, 70)
+    np.testing.assert_array_equal(yd, 3 * xd)
+    with pytest.raises(KernellabError, match="float64"):        # the launch path packs by the macro's types
+        m.twice_f32[1, 128](xd, yd, 70)
+    with pytest.raises(CpuLaunchError, match=f"cell line {line_of(src, 'SCALE_KERNEL(twice_f32')}.*x\\[100\\]"):
+        m.twice_f32[1, 128](x, y, 101)

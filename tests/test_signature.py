@@ -69,3 +69,45 @@ def test_namespaced_and_overloaded_kernels():
 def test_unmangled_name_without_source_has_no_params():
     sig = signature_for("mystery", ())
     assert sig.name == "mystery" and sig.params == ()
+
+
+MACRO_SRC = r'''#define NW 4
+#define BOUNDS __launch_bounds__(NW * 32, 2)
+// a comment: __global__ void not_a_kernel(int x)
+#define RUNG(name, T, D, CAUSAL) \
+extern "C" __global__ void BOUNDS name(const T* __restrict__ q, T* o, int n, \
+        float scale) { body<T, D, CAUSAL>(q, o, n, scale); }
+#define CAT(a, b) a##_##b
+RUNG(rung_bf16_d64, __nv_bfloat16, 64, false)
+RUNG(CAT(rung, f16),
+     __half, 128, true)
+extern "C" __global__ void plain(float* x, int n) {}
+#define VA(name, ...) extern "C" __global__ void name(__VA_ARGS__) {}
+VA(va, const float* a, double b)
+#undef VA
+VA(gone, int a)
+'''
+
+
+def test_kernels_defined_by_macros_are_found_with_their_types_and_lines():
+    """The cell's own #defines are expanded (object-like, function-like, ##, __VA_ARGS__, #undef) before kernels are
+    looked for: each invocation is a kernel at the invocation's line, its parameters' types substituted."""
+    ks = {k.name: k for k in find_kernels(MACRO_SRC)}
+    assert set(ks) == {"rung_bf16_d64", "rung_f16", "plain", "va"}     # not RUNG's `name`, not after #undef
+    assert [str(p) for p in ks["rung_bf16_d64"].params] == [
+        "const __nv_bfloat16* __restrict__ q", "__nv_bfloat16* o", "int n", "float scale"]
+    assert [p.dtype for p in ks["rung_f16"].params] == ["float16", "float16", "int32", "float32"]
+    assert [p.dtype for p in ks["va"].params] == ["float32", "float64"]
+    assert (ks["rung_bf16_d64"].line, ks["rung_f16"].line, ks["plain"].line, ks["va"].line) == (8, 9, 11, 13)
+    assert signature_for("rung_f16", find_kernels(MACRO_SRC)).params[0].const
+
+
+def test_macro_expansion_keeps_lines_and_leaves_unknown_names():
+    from kernellab.compile.signature import expand_macros
+
+    text = expand_macros(MACRO_SRC)
+    assert text.count("\n") == MACRO_SRC.count("\n")
+    assert "__launch_bounds__(4 * 32, 2) rung_bf16_d64(" in text
+    assert "body<__half, 128, true>" in text and "VA(gone, int a)" in text
+    # a function-like macro's name without '(' stays; a macro does not re-enter its own expansion
+    assert expand_macros("#define f(x) f(x + 1)\n#define g(x) x\nf(2) g\n").splitlines()[-1] == "f(2 + 1) g"

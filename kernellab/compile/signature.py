@@ -183,9 +183,177 @@ class SourceKernel:
 ATTRIBUTE_WORDS = ("__launch_bounds__", "__attribute__", "alignas", "__cluster_dims__", "__maxnreg__", "__declspec")
 
 
-def find_kernels(source: str) -> tuple[SourceKernel, ...]:
-    """Every __global__ function declared or defined in `source` (names as written)."""
+# --- the cell's own macros ----------------------------------------------------------------------------------------
+# Kernel discovery reads the source text (the launch path packs arguments from the parameter types found here, and
+# the CPU emulator's kernel table and the card are built from them), so a kernel that a macro defines, e.g.
+#     #define RUNG(name, T, D) extern "C" __global__ void name(const T* x, T* y, int n) { body<T, D>(x, y, n); }
+#     RUNG(rung_bf16_d64, __nv_bfloat16, 64)
+# is found only once the macros are expanded. Two ways were weighed: (1) the compiled module's entry points with
+# their parameter lists from PTX `.entry` declarations; (2) expanding the cell's own #defines here. (1) needs an
+# NVRTC compile before a kernel can be named, and PTX spells every parameter `.param .u64` / `.b32`: a pointer's
+# element type, constness, `__half` against `short` and a CUtensorMap's `__grid_constant__` are gone, and the
+# launch path's dtype checks and the emulator's wrappers need exactly those. (2) is pure text, costs well under a
+# millisecond, works where no NVRTC or GPU is, and yields the C types as written. So the text is expanded: a small
+# C preprocessor for the cell's object-like and function-like `#define`s (with `#undef`, `#`, `##`, variadic
+# `__VA_ARGS__`, arguments expanded before substitution, no macro re-entering its own expansion), applied in the
+# order the directives stand. Not modelled: #if/#ifdef (both branches' definitions are read, the later one wins),
+# macros defined in #included headers or by -D options (their names stay as written; a kernel's parameter type
+# spelled by such a macro is unknown to the launch path, as before).
+
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(define|undef)\b[ \t]*(.*)$")
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\.?\d(?:[eEpP][+-]|[\w.])*|##|#|\s+|.", re.S)
+_MAX_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class _Macro:
+    params: tuple[str, ...] | None      # None: object-like
+    body: tuple[str, ...]               # the replacement list's tokens (whitespace runs kept)
+
+
+def _define(line: str, macros: dict) -> None:
+    m = re.match(r"([A-Za-z_]\w*)(\(([^)]*)\))?(.*)$", line, re.S)
+    if not m:
+        return
+    params = None
+    if m.group(2) is not None:          # function-like only when '(' follows the name directly
+        params = tuple(p.strip() for p in m.group(3).split(",")) if m.group(3).strip() else ()
+        params = tuple("__VA_ARGS__" if p == "..." else p for p in params)
+    macros[m.group(1)] = _Macro(params, tuple(_TOKEN.findall(m.group(4).strip())))
+
+
+def _macro_args(text: str, i: int) -> tuple[list[str], int] | None:
+    """The arguments of the invocation whose '(' is text[i] (split at commas outside parentheses only, as cpp does;
+    `a<b, c>` is two arguments) and the index after its ')'; None where it never closes."""
+    depth, start, args = 0, i + 1, []
+    for j in range(i, len(text)):
+        c = text[j]
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                args.append(text[start:j])
+                return args, j + 1
+        elif c == "," and depth == 1:
+            args.append(text[start:j])
+            start = j + 1
+    return None
+
+
+def _substitute(macro: _Macro, args: list[str], macros: dict, hidden: frozenset, depth: int) -> str:
+    """The replacement list with the arguments put in (`#p`, `a ## b`), before the rescan."""
+    params = macro.params or ()
+    if params and params[-1] == "__VA_ARGS__" and len(args) > len(params):
+        args = args[:len(params) - 1] + [",".join(args[len(params) - 1:])]
+    raw = {p: " ".join(a.split()) for p, a in zip(params, args)}
+    toks = list(macro.body)
+    out: list[str] = []
+    paste = False
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        nxt = next((k for k in range(i + 1, len(toks)) if not toks[k].isspace()), None)
+        if t == "##":
+            while out and out[-1].isspace():
+                out.pop()
+            paste = True
+        elif t.isspace():
+            if not paste:
+                out.append(" ")
+        elif t == "#" and macro.params is not None and nxt is not None and toks[nxt] in raw:
+            out.append('" "')           # a string (its text is blanked, as strip_comments_and_strings does)
+            i = nxt
+        else:
+            before_paste = nxt is not None and toks[nxt] == "##"
+            if t in raw:
+                piece = raw[t] if (paste or before_paste) else _expand(raw[t], macros, hidden, depth + 1)
+            else:
+                piece = t
+            if paste and out:
+                out[-1] = out[-1] + piece
+            else:
+                out.append(piece)
+            paste = False
+        i += 1
+    return "".join(out)
+
+
+def _expand(text: str, macros: dict, hidden: frozenset = frozenset(), depth: int = 0) -> str:
+    """`text` with every macro of `macros` expanded; an invocation spanning lines keeps its newlines after it."""
+    if depth > _MAX_DEPTH or not macros:
+        return text
+    out = []
+    i = 0
+    for m in re.finditer(r"[A-Za-z_]\w*|\d[\w.]*", text):
+        if m.start() < i:
+            continue
+        name = m.group(0)
+        macro = macros.get(name)
+        if macro is None or name in hidden:
+            continue
+        if macro.params is None:
+            rep, end = _substitute(macro, [], macros, hidden, depth), m.end()
+        else:
+            k = m.end()
+            while k < len(text) and text[k].isspace():
+                k += 1
+            if k >= len(text) or text[k] != "(":
+                continue                # a function-like macro's name without arguments stays
+            parsed = _macro_args(text, k)
+            if parsed is None:
+                continue
+            args, end = parsed
+            if args == [""] and not macro.params:
+                args = []
+            rep = _substitute(macro, args, macros, hidden, depth)
+        rep = _expand(rep, macros, hidden | {name}, depth + 1).replace("\n", " ")
+        out.append(text[i:m.start()] + rep + "\n" * text.count("\n", m.start(), end))
+        i = end
+    out.append(text[i:])
+    return "".join(out)
+
+
+def expand_macros(source: str) -> str:
+    """`source` with its own `#define`d macros expanded (see the note above) and the #define/#undef lines blanked;
+    comments and strings are blanked too (strip_comments_and_strings), and every line stays where it was."""
     text = strip_comments_and_strings(source)
+    if not re.search(r"^[ \t]*#[ \t]*define\b", text, re.M):
+        return text
+    lines = text.split("\n")
+    macros: dict[str, _Macro] = {}
+    out, chunk = [], []
+    i = 0
+    while i < len(lines):
+        m = _DIRECTIVE.match(lines[i])
+        if not m:
+            chunk.append(lines[i])
+            i += 1
+            continue
+        out.append(_expand("\n".join(chunk), dict(macros)) if chunk else None)
+        chunk = []
+        logical, n = lines[i], 1             # the directive and its continuation lines
+        while logical.endswith("\\") and i + n < len(lines):
+            logical = logical[:-1] + " " + lines[i + n]
+            n += 1
+        m = _DIRECTIVE.match(logical)
+        if m.group(1) == "define":
+            _define(m.group(2), macros)
+        else:
+            macros.pop(m.group(2).split()[0] if m.group(2).split() else "", None)
+        out.append("\n" * (n - 1))
+        i += n
+    if chunk:
+        out.append(_expand("\n".join(chunk), dict(macros)))
+    # chunks and directives alternate; join them with the newlines that separated them
+    pieces = [p for p in out if p is not None]
+    return "\n".join(pieces)
+
+
+def find_kernels(source: str) -> tuple[SourceKernel, ...]:
+    """Every __global__ function declared or defined in `source` (names as written), those that the source's own
+    macros define included (expand_macros: the macros are expanded first, lines kept)."""
+    text = expand_macros(source)
     found = []
     for m in re.finditer(r"\b__global__\b", text):
         start = m.end()

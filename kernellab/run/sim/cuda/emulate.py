@@ -187,10 +187,13 @@ def checked_source(text: str, level: int, global_checks: bool = True) -> str:
         if name_at is None:
             continue
         close = match_bracket(clean, name_at, "(", ")")
-        params = split_top_level(clean[name_at + 1:close])
+        params = split_top_level(re.sub(r"\\[ \t]*\n", " ", clean[name_at + 1:close]))   # a macro's lines joined
         if global_checks:
             new = ", ".join(_checked_param(p) for p in params if p.strip())
-            edits.append((name_at + 1, close, new + "\n" * clean.count("\n", name_at + 1, close)))
+            # the lines kept; inside a #define (a kernel a macro defines) each line still ends with its backslash
+            fill = "".join(" \\\n" if re.search(r"\\[ \t]*$", ln) else "\n"
+                           for ln in clean[name_at + 1:close].split("\n")[:-1])
+            edits.append((name_at + 1, close, new + fill))
         after = re.compile(r"\s*(?:->[^{;]*)?([{;])").match(clean, close + 1)
         if not after or after.group(1) != "{":
             continue
