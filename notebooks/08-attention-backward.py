@@ -883,115 +883,58 @@ __device__ __forceinline__ void convert(const float* __restrict__ src, T* __rest
 // Entry points per (dtype, head dim[, causal]): bwd_pre (Dv, zeroing dq_accum), bwd_dkdv (variant a: dK, dV, dQ
 // by atomics), bwd_dkv + bwd_dq (variant b: dK, dV, then dQ in its own pass), bwd_dq_convert (variant a's dQ in T).
 #define BWD_BOUNDS __launch_bounds__(BWD_NWARPS * 32, 2)
-extern "C" __global__ void __launch_bounds__(128) bwd_pre_bf16_d64(const __nv_bfloat16* o, const __nv_bfloat16* d_o, float* dv, float* dq_accum, int rows) {
-    bwd::preprocess<__nv_bfloat16, 64>(o, d_o, dv, dq_accum, rows);
+// One macro a kind of entry point; each invocation is one extern "C" kernel whose template arguments follow T
+// (kernellab expands the cell's own macros to find the kernels and their parameter types):
+// BWD_PRE(name, T, D): bwd::preprocess; BWD_DKDV(name, bounds, T, ...): bwd::dkdv (dK, dV[, dQ by atomics]);
+// BWD_DQ(name, bounds, T, ...): bwd::dq_pass; BWD_DKV_MT(name, bounds, T, ...): bwd::dkv_mt (takes no dq_accum).
+#define BWD_PRE(name, T, D) \
+extern "C" __global__ void __launch_bounds__(128) name(const T* o, const T* d_o, float* dv, float* dq_accum, int rows) { \
+    bwd::preprocess<T, D>(o, d_o, dv, dq_accum, rows); \
 }
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+#define BWD_DKDV(name, bounds, T, ...) \
+extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const T* d_o, \
+        const float* lse, const float* dv_rows, float* dq_accum, T* dk, T* dv, int n, float scale) { \
+    bwd::dkdv<T, __VA_ARGS__>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale); \
 }
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
+#define BWD_DQ(name, bounds, T, ...) \
+extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const T* d_o, \
+        const float* lse, const float* dv_rows, T* dq, int n, float scale) { \
+    bwd::dq_pass<T, __VA_ARGS__>(q, k, v, d_o, lse, dv_rows, dq, n, scale); \
 }
-extern "C" __global__ void BWD_BOUNDS bwd_dq_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 64, false>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
+#define BWD_DKV_MT(name, bounds, T, ...) \
+extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const T* d_o, \
+        const float* lse, const float* dv_rows, float* dq_accum, T* dk, T* dv, int n, float scale) { \
+    bwd::dkv_mt<T, __VA_ARGS__>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale); \
 }
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 64, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128) bwd_pre_bf16_d128(const __nv_bfloat16* o, const __nv_bfloat16* d_o, float* dv, float* dq_accum, int rows) {
-    bwd::preprocess<__nv_bfloat16, 128>(o, d_o, dv, dq_accum, rows);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 128, false>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 128, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
+BWD_PRE(bwd_pre_bf16_d64, __nv_bfloat16, 64)
+BWD_DKDV(bwd_dkdv_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, true)
+BWD_DKDV(bwd_dkv_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, false)
+BWD_DQ(bwd_dq_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, false)
+BWD_DKDV(bwd_dkdv_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, true, true)
+BWD_DKDV(bwd_dkv_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, true, false)
+BWD_DQ(bwd_dq_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, true)
+BWD_PRE(bwd_pre_bf16_d128, __nv_bfloat16, 128)
+BWD_DKDV(bwd_dkdv_bf16_d128, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, false, true)
+BWD_DKDV(bwd_dkv_bf16_d128, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, false, false)
+BWD_DQ(bwd_dq_bf16_d128, BWD_BOUNDS, __nv_bfloat16, 128, false)
+BWD_DKDV(bwd_dkdv_bf16_d128_causal, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, true, true)
+BWD_DKDV(bwd_dkv_bf16_d128_causal, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, true, false)
+BWD_DQ(bwd_dq_bf16_d128_causal, BWD_BOUNDS, __nv_bfloat16, 128, true)
 extern "C" __global__ void bwd_dq_convert_bf16(const float* src, __nv_bfloat16* dst, int n) { bwd::convert<__nv_bfloat16>(src, dst, n); }
-extern "C" __global__ void __launch_bounds__(128) bwd_pre_f16_d64(const __half* o, const __half* d_o, float* dv, float* dq_accum, int rows) {
-    bwd::preprocess<__half, 64>(o, d_o, dv, dq_accum, rows);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 64, false>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 64, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128) bwd_pre_f16_d128(const __half* o, const __half* d_o, float* dv, float* dq_accum, int rows) {
-    bwd::preprocess<__half, 128>(o, d_o, dv, dq_accum, rows);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 128, false>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 128, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
+BWD_PRE(bwd_pre_f16_d64, __half, 64)
+BWD_DKDV(bwd_dkdv_f16_d64, BWD_BOUNDS, __half, 64, BWD_BM64, false, true)
+BWD_DKDV(bwd_dkv_f16_d64, BWD_BOUNDS, __half, 64, BWD_BM64, false, false)
+BWD_DQ(bwd_dq_f16_d64, BWD_BOUNDS, __half, 64, false)
+BWD_DKDV(bwd_dkdv_f16_d64_causal, BWD_BOUNDS, __half, 64, BWD_BM64, true, true)
+BWD_DKDV(bwd_dkv_f16_d64_causal, BWD_BOUNDS, __half, 64, BWD_BM64, true, false)
+BWD_DQ(bwd_dq_f16_d64_causal, BWD_BOUNDS, __half, 64, true)
+BWD_PRE(bwd_pre_f16_d128, __half, 128)
+BWD_DKDV(bwd_dkdv_f16_d128, BWD_BOUNDS, __half, 128, BWD_BM128, false, true)
+BWD_DKDV(bwd_dkv_f16_d128, BWD_BOUNDS, __half, 128, BWD_BM128, false, false)
+BWD_DQ(bwd_dq_f16_d128, BWD_BOUNDS, __half, 128, false)
+BWD_DKDV(bwd_dkdv_f16_d128_causal, BWD_BOUNDS, __half, 128, BWD_BM128, true, true)
+BWD_DKDV(bwd_dkv_f16_d128_causal, BWD_BOUNDS, __half, 128, BWD_BM128, true, false)
+BWD_DQ(bwd_dq_f16_d128_causal, BWD_BOUNDS, __half, 128, true)
 extern "C" __global__ void bwd_dq_convert_f16(const float* src, __half* dst, int n) { bwd::convert<__half>(src, dst, n); }
 
 // The ladder (rungs 3-7, after variants a and b): the same tile step, changed as FlashAttention-2's backward is.
@@ -1001,264 +944,72 @@ extern "C" __global__ void bwd_dq_convert_f16(const float* src, __half* dst, int
 #define BWD_BOUNDS8 __launch_bounds__(256, 1)
 // bwd_dkv_2d: variant (b)'s dK/dV kernel with 32 keys a warp (rung 7), BM = 32 at d = 64; at d = 128 its dK and dV
 // (256 floats a thread) do not fit, so there it is (b)'s kernel (16 keys a warp). dQ: (b)'s bwd_dq.
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkv_mt<__nv_bfloat16, 64, 32, false, 2>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkv_mt<__nv_bfloat16, 64, 32, true, 2>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkv_mt<__half, 64, 32, false, 2>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkv_mt<__half, 64, 32, true, 2>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, false, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_2d_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, true, false>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
+BWD_DKV_MT(bwd_dkv_2d_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, 32, false, 2)
+BWD_DKV_MT(bwd_dkv_2d_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, 32, true, 2)
+BWD_DKDV(bwd_dkv_2d_bf16_d128, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, false, false)
+BWD_DKDV(bwd_dkv_2d_bf16_d128_causal, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, true, false)
+BWD_DKV_MT(bwd_dkv_2d_f16_d64, BWD_BOUNDS, __half, 64, 32, false, 2)
+BWD_DKV_MT(bwd_dkv_2d_f16_d64_causal, BWD_BOUNDS, __half, 64, 32, true, 2)
+BWD_DKDV(bwd_dkv_2d_f16_d128, BWD_BOUNDS, __half, 128, BWD_BM128, false, false)
+BWD_DKDV(bwd_dkv_2d_f16_d128_causal, BWD_BOUNDS, __half, 128, BWD_BM128, true, false)
 // bwd_dkv_lean + bwd_dq_lean: variant (b) with the lean tile step (rung 6); bwd_dkdv_lean: variant (a), lean, with
 // the vector reductions.
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 64, false, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 64, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 128, false, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 128, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, false, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 64, false, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, false, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, true, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 64, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, true, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, false, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 128, false, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, false, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkv_lean_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, true, false, 4, false, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dq_lean_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 128, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_lean_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, true, true, 4, true, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 64, false, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_bf16_d64(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, false, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 64, true, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_bf16_d64_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 64, BWD_BM64, true, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 128, false, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_bf16_d128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, false, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, __nv_bfloat16* dq, int n, float scale) {
-    bwd::dq_pass<__nv_bfloat16, 128, true, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_bf16_d128_causal(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv, int n, float scale) {
-    bwd::dkdv<__nv_bfloat16, 128, BWD_BM128, true, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, false, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, false, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 64, false, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_f16_d64(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, false, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, true, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, true, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 64, true, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_f16_d64_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 64, BWD_BM64, true, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, false, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, false, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 128, false, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_f16_d128(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, false, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS bwd_dkdv_v2_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, true, true, 4, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkv_w8_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, true, false, 8>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dq_w8_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, __half* dq, int n, float scale) {
-    bwd::dq_pass<__half, 128, true, 8>(q, k, v, d_o, lse, dv_rows, dq, n, scale);
-}
-extern "C" __global__ void BWD_BOUNDS8 bwd_dkdv_w8_f16_d128_causal(const __half* q, const __half* k, const __half* v, const __half* d_o,
-        const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv, int n, float scale) {
-    bwd::dkdv<__half, 128, BWD_BM128, true, true, 8, true>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
+BWD_DKDV(bwd_dkv_lean_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, false, 4, false, true)
+BWD_DQ(bwd_dq_lean_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, false, 4, true)
+BWD_DKDV(bwd_dkdv_lean_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, true, 4, true, true)
+BWD_DKDV(bwd_dkv_lean_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, true, false, 4, false, true)
+BWD_DQ(bwd_dq_lean_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, true, 4, true)
+BWD_DKDV(bwd_dkdv_lean_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, true, true, 4, true, true)
+BWD_DKDV(bwd_dkv_lean_bf16_d128, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, false, false, 4, false, true)
+BWD_DQ(bwd_dq_lean_bf16_d128, BWD_BOUNDS, __nv_bfloat16, 128, false, 4, true)
+BWD_DKDV(bwd_dkdv_lean_bf16_d128, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, false, true, 4, true, true)
+BWD_DKDV(bwd_dkv_lean_bf16_d128_causal, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, true, false, 4, false, true)
+BWD_DQ(bwd_dq_lean_bf16_d128_causal, BWD_BOUNDS, __nv_bfloat16, 128, true, 4, true)
+BWD_DKDV(bwd_dkdv_lean_bf16_d128_causal, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, true, true, 4, true, true)
+BWD_DKDV(bwd_dkv_lean_f16_d64, BWD_BOUNDS, __half, 64, BWD_BM64, false, false, 4, false, true)
+BWD_DQ(bwd_dq_lean_f16_d64, BWD_BOUNDS, __half, 64, false, 4, true)
+BWD_DKDV(bwd_dkdv_lean_f16_d64, BWD_BOUNDS, __half, 64, BWD_BM64, false, true, 4, true, true)
+BWD_DKDV(bwd_dkv_lean_f16_d64_causal, BWD_BOUNDS, __half, 64, BWD_BM64, true, false, 4, false, true)
+BWD_DQ(bwd_dq_lean_f16_d64_causal, BWD_BOUNDS, __half, 64, true, 4, true)
+BWD_DKDV(bwd_dkdv_lean_f16_d64_causal, BWD_BOUNDS, __half, 64, BWD_BM64, true, true, 4, true, true)
+BWD_DKDV(bwd_dkv_lean_f16_d128, BWD_BOUNDS, __half, 128, BWD_BM128, false, false, 4, false, true)
+BWD_DQ(bwd_dq_lean_f16_d128, BWD_BOUNDS, __half, 128, false, 4, true)
+BWD_DKDV(bwd_dkdv_lean_f16_d128, BWD_BOUNDS, __half, 128, BWD_BM128, false, true, 4, true, true)
+BWD_DKDV(bwd_dkv_lean_f16_d128_causal, BWD_BOUNDS, __half, 128, BWD_BM128, true, false, 4, false, true)
+BWD_DQ(bwd_dq_lean_f16_d128_causal, BWD_BOUNDS, __half, 128, true, 4, true)
+BWD_DKDV(bwd_dkdv_lean_f16_d128_causal, BWD_BOUNDS, __half, 128, BWD_BM128, true, true, 4, true, true)
+BWD_DKDV(bwd_dkdv_v2_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, true, 4, true)
+BWD_DKDV(bwd_dkv_w8_bf16_d64, BWD_BOUNDS8, __nv_bfloat16, 64, BWD_BM64, false, false, 8)
+BWD_DQ(bwd_dq_w8_bf16_d64, BWD_BOUNDS8, __nv_bfloat16, 64, false, 8)
+BWD_DKDV(bwd_dkdv_w8_bf16_d64, BWD_BOUNDS8, __nv_bfloat16, 64, BWD_BM64, false, true, 8, true)
+BWD_DKDV(bwd_dkdv_v2_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, true, true, 4, true)
+BWD_DKDV(bwd_dkv_w8_bf16_d64_causal, BWD_BOUNDS8, __nv_bfloat16, 64, BWD_BM64, true, false, 8)
+BWD_DQ(bwd_dq_w8_bf16_d64_causal, BWD_BOUNDS8, __nv_bfloat16, 64, true, 8)
+BWD_DKDV(bwd_dkdv_w8_bf16_d64_causal, BWD_BOUNDS8, __nv_bfloat16, 64, BWD_BM64, true, true, 8, true)
+BWD_DKDV(bwd_dkdv_v2_bf16_d128, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, false, true, 4, true)
+BWD_DKDV(bwd_dkv_w8_bf16_d128, BWD_BOUNDS8, __nv_bfloat16, 128, BWD_BM128, false, false, 8)
+BWD_DQ(bwd_dq_w8_bf16_d128, BWD_BOUNDS8, __nv_bfloat16, 128, false, 8)
+BWD_DKDV(bwd_dkdv_w8_bf16_d128, BWD_BOUNDS8, __nv_bfloat16, 128, BWD_BM128, false, true, 8, true)
+BWD_DKDV(bwd_dkdv_v2_bf16_d128_causal, BWD_BOUNDS, __nv_bfloat16, 128, BWD_BM128, true, true, 4, true)
+BWD_DKDV(bwd_dkv_w8_bf16_d128_causal, BWD_BOUNDS8, __nv_bfloat16, 128, BWD_BM128, true, false, 8)
+BWD_DQ(bwd_dq_w8_bf16_d128_causal, BWD_BOUNDS8, __nv_bfloat16, 128, true, 8)
+BWD_DKDV(bwd_dkdv_w8_bf16_d128_causal, BWD_BOUNDS8, __nv_bfloat16, 128, BWD_BM128, true, true, 8, true)
+BWD_DKDV(bwd_dkdv_v2_f16_d64, BWD_BOUNDS, __half, 64, BWD_BM64, false, true, 4, true)
+BWD_DKDV(bwd_dkv_w8_f16_d64, BWD_BOUNDS8, __half, 64, BWD_BM64, false, false, 8)
+BWD_DQ(bwd_dq_w8_f16_d64, BWD_BOUNDS8, __half, 64, false, 8)
+BWD_DKDV(bwd_dkdv_w8_f16_d64, BWD_BOUNDS8, __half, 64, BWD_BM64, false, true, 8, true)
+BWD_DKDV(bwd_dkdv_v2_f16_d64_causal, BWD_BOUNDS, __half, 64, BWD_BM64, true, true, 4, true)
+BWD_DKDV(bwd_dkv_w8_f16_d64_causal, BWD_BOUNDS8, __half, 64, BWD_BM64, true, false, 8)
+BWD_DQ(bwd_dq_w8_f16_d64_causal, BWD_BOUNDS8, __half, 64, true, 8)
+BWD_DKDV(bwd_dkdv_w8_f16_d64_causal, BWD_BOUNDS8, __half, 64, BWD_BM64, true, true, 8, true)
+BWD_DKDV(bwd_dkdv_v2_f16_d128, BWD_BOUNDS, __half, 128, BWD_BM128, false, true, 4, true)
+BWD_DKDV(bwd_dkv_w8_f16_d128, BWD_BOUNDS8, __half, 128, BWD_BM128, false, false, 8)
+BWD_DQ(bwd_dq_w8_f16_d128, BWD_BOUNDS8, __half, 128, false, 8)
+BWD_DKDV(bwd_dkdv_w8_f16_d128, BWD_BOUNDS8, __half, 128, BWD_BM128, false, true, 8, true)
+BWD_DKDV(bwd_dkdv_v2_f16_d128_causal, BWD_BOUNDS, __half, 128, BWD_BM128, true, true, 4, true)
+BWD_DKDV(bwd_dkv_w8_f16_d128_causal, BWD_BOUNDS8, __half, 128, BWD_BM128, true, false, 8)
+BWD_DQ(bwd_dq_w8_f16_d128_causal, BWD_BOUNDS8, __half, 128, true, 8)
+BWD_DKDV(bwd_dkdv_w8_f16_d128_causal, BWD_BOUNDS8, __half, 128, BWD_BM128, true, true, 8, true)
 
 # %% [markdown]
 # ### What it costs
@@ -1283,7 +1034,8 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
 # `Q`/`dO`/LSE/`Dv` tiles double-buffered with `cp.async`, `P^T` and `dS^T` kept in registers as `mma` A operands
 # (`dO` and `Q` read through `ldmatrix.trans`) and one `__syncthreads` per query tile in (b). What it lacks, one rung
 # each, every rung a kernel of its own in the cell above (the entry points after variant (b)'s, the same templates
-# with a switch each: warps `W`, `RED_V2`, `LEAN`), all launched by `attention_backward(..., variant=...)` from
+# with a switch each: warps `W`, `RED_V2`, `LEAN`; one line each, `BWD_DKDV(name, bounds, T, template arguments)`
+# and its kin writing the `extern "C"` kernel), all launched by `attention_backward(..., variant=...)` from
 # `BWD_LADDER`, all checked and timed by the same harness:
 #
 # 3. **`atomic_v2`**: variant (a) with each thread's pairs of `dQ` shares added by one `red.global.add.v2.f32`

@@ -255,38 +255,19 @@ __device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __rest
 
 // One entry point per (dtype, head dim, causal): grid (ceil(G * N / 128), B * Hkv), 128 threads,
 // dynamic shared memory (128 + 4 * 64) * D * 2 bytes (Q tile, two K and two V tiles).
-extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
-gqa_bf16_d64(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n, int g, float scale) {
-    gqa::gqa_fwd<__nv_bfloat16, 64, GQA_BN, GQA_NWARPS, GQA_MT, false, true>(q, k, v, o, n, g, scale);
+#define GQA_ENTRY(name, T, D, CAUSAL, Q_IN_REGS) \
+extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2) \
+name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o, int n, int g, float scale) { \
+    gqa::gqa_fwd<T, D, GQA_BN, GQA_NWARPS, GQA_MT, CAUSAL, Q_IN_REGS>(q, k, v, o, n, g, scale); \
 }
-extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
-gqa_bf16_d64_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n, int g, float scale) {
-    gqa::gqa_fwd<__nv_bfloat16, 64, GQA_BN, GQA_NWARPS, GQA_MT, true, true>(q, k, v, o, n, g, scale);
-}
-extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
-gqa_bf16_d128(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n, int g, float scale) {
-    gqa::gqa_fwd<__nv_bfloat16, 128, GQA_BN, GQA_NWARPS, GQA_MT, false, false>(q, k, v, o, n, g, scale);
-}
-extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
-gqa_bf16_d128_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n, int g, float scale) {
-    gqa::gqa_fwd<__nv_bfloat16, 128, GQA_BN, GQA_NWARPS, GQA_MT, true, false>(q, k, v, o, n, g, scale);
-}
-extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
-gqa_f16_d64(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o, int n, int g, float scale) {
-    gqa::gqa_fwd<__half, 64, GQA_BN, GQA_NWARPS, GQA_MT, false, true>(q, k, v, o, n, g, scale);
-}
-extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
-gqa_f16_d64_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o, int n, int g, float scale) {
-    gqa::gqa_fwd<__half, 64, GQA_BN, GQA_NWARPS, GQA_MT, true, true>(q, k, v, o, n, g, scale);
-}
-extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
-gqa_f16_d128(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o, int n, int g, float scale) {
-    gqa::gqa_fwd<__half, 128, GQA_BN, GQA_NWARPS, GQA_MT, false, false>(q, k, v, o, n, g, scale);
-}
-extern "C" __global__ void __launch_bounds__(GQA_NWARPS * 32, 2)
-gqa_f16_d128_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o, int n, int g, float scale) {
-    gqa::gqa_fwd<__half, 128, GQA_BN, GQA_NWARPS, GQA_MT, true, false>(q, k, v, o, n, g, scale);
-}
+GQA_ENTRY(gqa_bf16_d64, __nv_bfloat16, 64, false, true)
+GQA_ENTRY(gqa_bf16_d64_causal, __nv_bfloat16, 64, true, true)
+GQA_ENTRY(gqa_bf16_d128, __nv_bfloat16, 128, false, false)
+GQA_ENTRY(gqa_bf16_d128_causal, __nv_bfloat16, 128, true, false)
+GQA_ENTRY(gqa_f16_d64, __half, 64, false, true)
+GQA_ENTRY(gqa_f16_d64_causal, __half, 64, true, true)
+GQA_ENTRY(gqa_f16_d128, __half, 128, false, false)
+GQA_ENTRY(gqa_f16_d128_causal, __half, 128, true, false)
 
 # %% [markdown]
 # ### What it costs
@@ -389,46 +370,21 @@ __device__ __forceinline__ void forward(const void* tq, const void* tk, const vo
 }
 }  // namespace gqa_wgmma
 
-extern "C" __global__ void __launch_bounds__(128 * (GQW_WG64 + 1), 1)
-gqa_wgmma_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    gqa_wgmma::forward<__nv_bfloat16, 64, GQW_BN, GQW_WG64, GQW_STAGES, false>(&tq, &tk, &tv, o, n, scale);
+// GQW_ENTRY(name, T, D, consumer warpgroups, CAUSAL): one extern "C" kernel a (dtype, head dim, causal).
+#define GQW_ENTRY(name, T, D, WG, CAUSAL) \
+extern "C" __global__ void __launch_bounds__(128 * (WG + 1), 1) \
+name(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, \
+    const __grid_constant__ CUtensorMap tv, T* __restrict__ o, int n, float scale) { \
+    gqa_wgmma::forward<T, D, GQW_BN, WG, GQW_STAGES, CAUSAL>(&tq, &tk, &tv, o, n, scale); \
 }
-extern "C" __global__ void __launch_bounds__(128 * (GQW_WG64 + 1), 1)
-gqa_wgmma_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    gqa_wgmma::forward<__nv_bfloat16, 64, GQW_BN, GQW_WG64, GQW_STAGES, true>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (GQW_WG128 + 1), 1)
-gqa_wgmma_bf16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    gqa_wgmma::forward<__nv_bfloat16, 128, GQW_BN, GQW_WG128, GQW_STAGES, false>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (GQW_WG128 + 1), 1)
-gqa_wgmma_bf16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    gqa_wgmma::forward<__nv_bfloat16, 128, GQW_BN, GQW_WG128, GQW_STAGES, true>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (GQW_WG64 + 1), 1)
-gqa_wgmma_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    gqa_wgmma::forward<__half, 64, GQW_BN, GQW_WG64, GQW_STAGES, false>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (GQW_WG64 + 1), 1)
-gqa_wgmma_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    gqa_wgmma::forward<__half, 64, GQW_BN, GQW_WG64, GQW_STAGES, true>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (GQW_WG128 + 1), 1)
-gqa_wgmma_f16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    gqa_wgmma::forward<__half, 128, GQW_BN, GQW_WG128, GQW_STAGES, false>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (GQW_WG128 + 1), 1)
-gqa_wgmma_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    gqa_wgmma::forward<__half, 128, GQW_BN, GQW_WG128, GQW_STAGES, true>(&tq, &tk, &tv, o, n, scale);
-}
+GQW_ENTRY(gqa_wgmma_bf16_d64, __nv_bfloat16, 64, GQW_WG64, false)
+GQW_ENTRY(gqa_wgmma_bf16_d64_causal, __nv_bfloat16, 64, GQW_WG64, true)
+GQW_ENTRY(gqa_wgmma_bf16_d128, __nv_bfloat16, 128, GQW_WG128, false)
+GQW_ENTRY(gqa_wgmma_bf16_d128_causal, __nv_bfloat16, 128, GQW_WG128, true)
+GQW_ENTRY(gqa_wgmma_f16_d64, __half, 64, GQW_WG64, false)
+GQW_ENTRY(gqa_wgmma_f16_d64_causal, __half, 64, GQW_WG64, true)
+GQW_ENTRY(gqa_wgmma_f16_d128, __half, 128, GQW_WG128, false)
+GQW_ENTRY(gqa_wgmma_f16_d128_causal, __half, 128, GQW_WG128, true)
 
 # %% [markdown]
 # The card: `HGMMA` (wgmma), `UTMALDG` (the TMA loads) and `SYNCS` (the mbarriers), no `HMMA`, no spills; one CTA an
@@ -768,85 +724,45 @@ __device__ __forceinline__ void decode_combine(const float* __restrict__ o_part,
 
 // Entry points per (dtype, head dim, rows per warp): BLOCK_N = 32 keys at D = 64, 16 at D = 128 (8 KB of K and V
 // per stage per warp either way); 32 rows a warp only at D = 64 (at D = 128 its accumulators would spill).
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_bf16_d64_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 32, 1, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
+// One macro a kind of entry point: DEC_SPLIT(name, T, D, BLOCK_N, M) is the split kernel with M 16-row tiles a warp,
+// DEC_COMBINE(name, T, D) the combine; each invocation is one extern "C" kernel (kernellab expands the cell's own
+// macros to find it and its parameter types).
+#define DEC_SPLIT(name, T, D, BN, M) \
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32) \
+name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const int* __restrict__ seqlens, \
+     float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) { \
+    dec::decode_split<T, D, BN, M, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale); \
 }
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_bf16_d64_m32(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 32, 2, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
+#define DEC_COMBINE(name, T, D) \
+extern "C" __global__ void __launch_bounds__(128) \
+name(const float* __restrict__ o_part, const float* __restrict__ lse_part, T* __restrict__ out, int n_rows, int splits) { \
+    dec::decode_combine<T, D>(o_part, lse_part, out, n_rows, splits); \
 }
-extern "C" __global__ void __launch_bounds__(128)
-combine_bf16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int n_rows, int splits) {
-    dec::decode_combine<__nv_bfloat16, 64>(o_part, lse_part, out, n_rows, splits);
-}
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_bf16_d128_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 128, 16, 1, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
-}
-extern "C" __global__ void __launch_bounds__(128)
-combine_bf16_d128(const float* __restrict__ o_part, const float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out, int n_rows, int splits) {
-    dec::decode_combine<__nv_bfloat16, 128>(o_part, lse_part, out, n_rows, splits);
-}
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_f16_d64_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 32, 1, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
-}
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_f16_d64_m32(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 32, 2, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
-}
-extern "C" __global__ void __launch_bounds__(128)
-combine_f16_d64(const float* __restrict__ o_part, const float* __restrict__ lse_part, __half* __restrict__ out, int n_rows, int splits) {
-    dec::decode_combine<__half, 64>(o_part, lse_part, out, n_rows, splits);
-}
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_f16_d128_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 128, 16, 1, false>(q, k, v, seqlens, o_part, lse_part, nullptr, nullptr, hkv, g, nq, nmax, scale);
-}
-extern "C" __global__ void __launch_bounds__(128)
-combine_f16_d128(const float* __restrict__ o_part, const float* __restrict__ lse_part, __half* __restrict__ out, int n_rows, int splits) {
-    dec::decode_combine<__half, 128>(o_part, lse_part, out, n_rows, splits);
-}
+DEC_SPLIT(decode_bf16_d64_m16, __nv_bfloat16, 64, 32, 1)
+DEC_SPLIT(decode_bf16_d64_m32, __nv_bfloat16, 64, 32, 2)
+DEC_COMBINE(combine_bf16_d64, __nv_bfloat16, 64)
+DEC_SPLIT(decode_bf16_d128_m16, __nv_bfloat16, 128, 16, 1)
+DEC_COMBINE(combine_bf16_d128, __nv_bfloat16, 128)
+DEC_SPLIT(decode_f16_d64_m16, __half, 64, 32, 1)
+DEC_SPLIT(decode_f16_d64_m32, __half, 64, 32, 2)
+DEC_COMBINE(combine_f16_d64, __half, 64)
+DEC_SPLIT(decode_f16_d128_m16, __half, 128, 16, 1)
+DEC_COMBINE(combine_f16_d128, __half, 128)
 
 // The fused kernels: the same split, the combine done by the last block of each (sequence, KV head, row group).
 // work: one fp32 buffer, the block partials o_part [B Hq nq, gridDim.x, D] then lse_part [B Hq nq, gridDim.x].
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_fused_bf16_d64_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ work, __nv_bfloat16* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 32, 1, true>(q, k, v, seqlens, work, dec::lse_of(work, 64, g * nq), out, counters, hkv, g, nq, nmax, scale);
+#define DEC_FUSED(name, T, D, BN, M) \
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32) \
+name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const int* __restrict__ seqlens, \
+     float* __restrict__ work, T* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) { \
+    dec::decode_split<T, D, BN, M, true>(q, k, v, seqlens, work, dec::lse_of(work, D, g * nq), out, counters, hkv, g, nq, nmax, scale); \
 }
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_fused_bf16_d64_m32(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ work, __nv_bfloat16* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 64, 32, 2, true>(q, k, v, seqlens, work, dec::lse_of(work, 64, g * nq), out, counters, hkv, g, nq, nmax, scale);
-}
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_fused_bf16_d128_m16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ work, __nv_bfloat16* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__nv_bfloat16, 128, 16, 1, true>(q, k, v, seqlens, work, dec::lse_of(work, 128, g * nq), out, counters, hkv, g, nq, nmax, scale);
-}
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_fused_f16_d64_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ work, __half* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 32, 1, true>(q, k, v, seqlens, work, dec::lse_of(work, 64, g * nq), out, counters, hkv, g, nq, nmax, scale);
-}
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_fused_f16_d64_m32(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ work, __half* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 64, 32, 2, true>(q, k, v, seqlens, work, dec::lse_of(work, 64, g * nq), out, counters, hkv, g, nq, nmax, scale);
-}
-extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32)
-decode_fused_f16_d128_m16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, const int* __restrict__ seqlens,
-                      float* __restrict__ work, __half* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) {
-    dec::decode_split<__half, 128, 16, 1, true>(q, k, v, seqlens, work, dec::lse_of(work, 128, g * nq), out, counters, hkv, g, nq, nmax, scale);
-}
+DEC_FUSED(decode_fused_bf16_d64_m16, __nv_bfloat16, 64, 32, 1)
+DEC_FUSED(decode_fused_bf16_d64_m32, __nv_bfloat16, 64, 32, 2)
+DEC_FUSED(decode_fused_bf16_d128_m16, __nv_bfloat16, 128, 16, 1)
+DEC_FUSED(decode_fused_f16_d64_m16, __half, 64, 32, 1)
+DEC_FUSED(decode_fused_f16_d64_m32, __half, 64, 32, 2)
+DEC_FUSED(decode_fused_f16_d128_m16, __half, 128, 16, 1)
 
 # %% [markdown]
 # The decode cards: `HMMA` for both products (a warp pads its `G nq` rows to 16, wasted tensor work that costs nothing
