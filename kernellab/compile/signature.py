@@ -250,10 +250,13 @@ def _substitute(macro: _Macro, args: list[str], macros: dict, hidden: frozenset,
     toks = list(macro.body)
     out: list[str] = []
     paste = False
+    following: list[int | None] = [None] * len(toks)        # the next token that is not whitespace
+    for k in range(len(toks) - 2, -1, -1):
+        following[k] = k + 1 if not toks[k + 1].isspace() else following[k + 1]
     i = 0
     while i < len(toks):
         t = toks[i]
-        nxt = next((k for k in range(i + 1, len(toks)) if not toks[k].isspace()), None)
+        nxt = following[i]
         if t == "##":
             while out and out[-1].isspace():
                 out.pop()
