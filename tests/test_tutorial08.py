@@ -46,6 +46,10 @@ def test_every_step_compiles_for_sm90_without_spills(module):
                   + ["bwd_dq_convert_bf16", "bwd_dq_convert_f16"])
     assert names == want
     for k in module.kernels:
+        # each entry point is a macro invocation: found in the cell at its line, its parameters' types known
+        assert k.signature.line is not None and k.params and all(p.dtype for p in k.params), (k.name, k.signature)
+        if not k.name.startswith("bwd_dq_convert"):
+            assert k.params[0].dtype == ("bfloat16" if "_bf16_" in k.name else "float16"), (k.name, k.signature)
         r = k.resources
         assert not r.spills and r.local_bytes == 0 and r.spill_store_bytes == 0, (k.name, r)
         assert r.registers <= 255, (k.name, r)
