@@ -19,7 +19,7 @@ from .run.sim.cuda import cpu as _cpu
 from .compile.nvrtc import CompileOutput, compile_cached
 from .compile.sass_lines import ptx_lines, sass_instructions
 from .compile.sass_summary import split_functions, summarize
-from .compile.signature import KernelSignature, find_kernels, signature_for
+from .compile.signature import KernelSignature, defines_from_options, find_kernels, signature_for
 from .compile.source_view import build_source_view
 from .errors import ArgumentError, KernellabError, LaunchError
 from .run.launch import cudriver, device as _device, worker as _worker
@@ -511,7 +511,7 @@ class Module(KernelCollection):
         self._loaded_modules: dict[int, object] = {}
         self._sass_split: dict[str, str] | None = None
         facts = read_cubin(output.cubin)
-        src_kernels = find_kernels("\n" * (first_line - 1) + source)
+        src_kernels = find_kernels("\n" * (first_line - 1) + source, defines_from_options(output.options))
         kernels = [Kernel(self, signature_for(sym, src_kernels), _resources(output, sym, facts.get(sym)))
                    for sym in (output.reports or facts)]
         # Source order (ptxas reports entries in no promised order); kernels not found in the source go last.

@@ -111,3 +111,23 @@ def test_macro_expansion_keeps_lines_and_leaves_unknown_names():
     assert "body<__half, 128, true>" in text and "VA(gone, int a)" in text
     # a function-like macro's name without '(' stays; a macro does not re-enter its own expansion
     assert expand_macros("#define f(x) f(x + 1)\n#define g(x) x\nf(2) g\n").splitlines()[-1] == "f(2 + 1) g"
+
+
+def test_conditionals_and_compile_defines_decide_a_macros_type():
+    """#ifdef/#ifndef/#if defined()/#if 0 are decided against the cell's macros and the compile's -D options; where a
+    condition cannot be told (#if N > 2) and its branches define a type differently, the type stays unknown rather
+    than wrong."""
+    from kernellab.compile.signature import defines_from_options
+
+    src = ("#ifdef USE_HALF\n#define T __half\n#else\n#define T float\n#endif\n"
+           "#ifndef BLOCK\n#define BLOCK 128\n#endif\n"
+           "#if 0\n#define U double\n#elif defined(USE_HALF)\n#define U __half\n#else\n#define U int\n#endif\n"
+           "#if N > 2\n#define V double\n#else\n#define V float\n#endif\n"
+           "#define K(name) extern \"C\" __global__ void __launch_bounds__(BLOCK) name(T* x, U* y, V* z) {}\n"
+           "K(k)\n")
+    assert [p.dtype for p in find_kernels(src)[0].params] == ["float32", "int32", None]
+    with_half = find_kernels(src, defines_from_options(("-DUSE_HALF", "-D", "BLOCK=64", "--define-macro=N=3")))
+    assert [p.dtype for p in with_half[0].params] == ["float16", "float16", None]
+    assert defines_from_options(("-O3", "-DA", "-DB=2", "-D", "C=x y", "--define-macro", "D")) == \
+        {"A": "1", "B": "2", "C": "x y", "D": "1"}
+    assert find_kernels(src)[0].line == src.splitlines().index("K(k)") + 1 == 22

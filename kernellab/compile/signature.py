@@ -200,7 +200,7 @@ ATTRIBUTE_WORDS = ("__launch_bounds__", "__attribute__", "alignas", "__cluster_d
 # macros defined in #included headers or by -D options (their names stay as written; a kernel's parameter type
 # spelled by such a macro is unknown to the launch path, as before).
 
-_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(define|undef)\b[ \t]*(.*)$")
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(define|undef|ifdef|ifndef|if|elif|else|endif)\b[ \t]*(.*)$")
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\.?\d(?:[eEpP][+-]|[\w.])*|##|#|\s+|.", re.S)
 _MAX_DEPTH = 64
 
@@ -317,14 +317,61 @@ def _expand(text: str, macros: dict, hidden: frozenset = frozenset(), depth: int
     return "".join(out)
 
 
-def expand_macros(source: str) -> str:
-    """`source` with its own `#define`d macros expanded (see the note above) and the #define/#undef lines blanked;
-    comments and strings are blanked too (strip_comments_and_strings), and every line stays where it was."""
+def defines_from_options(options) -> dict[str, str]:
+    """The macros that compile options define: `-DNAME`, `-DNAME=VALUE`, `-D NAME=VALUE`, `--define-macro=...`."""
+    out: dict[str, str] = {}
+    items = list(options or ())
+    i = 0
+    while i < len(items):
+        opt = str(items[i])
+        value = None
+        if opt in ("-D", "--define-macro") and i + 1 < len(items):
+            value, i = str(items[i + 1]), i + 1
+        elif opt.startswith("--define-macro="):
+            value = opt[len("--define-macro="):]
+        elif opt.startswith("-D") and len(opt) > 2:
+            value = opt[2:]
+        if value:
+            name, _, body = value.partition("=")
+            out[name.strip()] = body if "=" in value else "1"
+        i += 1
+    return out
+
+
+def _condition(kind: str, arg: str, macros: dict, blocked: set) -> str:
+    """'on', 'off' or 'unknown': whether #ifdef/#ifndef/#if/#elif `arg` holds, where that can be told from the text."""
+    arg = arg.strip()
+    m = re.fullmatch(r"(!\s*)?(?:defined\s*\(\s*(\w+)\s*\)|defined\s+(\w+))", arg) if kind in ("if", "elif") else None
+    if kind in ("ifdef", "ifndef") or m:
+        name = (m.group(2) or m.group(3)) if m else (arg.split() or [""])[0]
+        if name in blocked:
+            return "unknown"
+        held = name in macros
+        negate = (kind == "ifndef") or bool(m and m.group(1))
+        return "on" if held != negate else "off"
+    if arg in ("0", "1"):
+        return "on" if arg == "1" else "off"
+    return "unknown"
+
+
+def expand_macros(source: str, defines: dict | None = None) -> str:
+    """`source` with its own `#define`d macros (and `defines`, a compile's -D options) expanded (see the note
+    above) and the preprocessor's directive lines blanked; comments and strings are blanked too
+    (strip_comments_and_strings), and every line stays where it was.
+
+    Conditionals: #ifdef/#ifndef/`#if defined(X)` and `#if 0/1` are decided (a #define in a branch not taken is not
+    read); where a condition cannot be told from the text (`#if N > 2`), a macro that its branches define
+    differently is left unexpanded (its type unknown, as before the expansion existed). The code of every branch is
+    kept: kernels are looked for in all of them."""
     text = strip_comments_and_strings(source)
-    if not re.search(r"^[ \t]*#[ \t]*define\b", text, re.M):
+    if not defines and not re.search(r"^[ \t]*#[ \t]*define\b", text, re.M):
         return text
     lines = text.split("\n")
     macros: dict[str, _Macro] = {}
+    for name, value in (defines or {}).items():
+        _define(f"{name} {value}", macros)
+    blocked: set[str] = set()            # defined differently in branches whose condition is not known
+    groups: list[list[str]] = []         # per open #if: [this branch's state, 'yes'/'no'/'maybe' a branch was taken]
     out, chunk = [], []
     i = 0
     while i < len(lines):
@@ -340,10 +387,40 @@ def expand_macros(source: str) -> str:
             logical = logical[:-1] + " " + lines[i + n]
             n += 1
         m = _DIRECTIVE.match(logical)
-        if m.group(1) == "define":
-            _define(m.group(2), macros)
-        else:
-            macros.pop(m.group(2).split()[0] if m.group(2).split() else "", None)
+        kind, arg = m.group(1), m.group(2)
+        active = all(g[0] != "off" for g in groups)
+        uncertain = any(g[0] == "unknown" for g in groups)
+        if kind in ("if", "ifdef", "ifndef"):
+            state = _condition(kind, arg, macros, blocked) if active else "off"
+            groups.append([state, {"on": "yes", "off": "no", "unknown": "maybe"}[state] if active else "yes"])
+        elif kind in ("elif", "else") and groups:
+            g = groups[-1]
+            if g[1] == "yes":
+                g[0] = "off"
+            else:
+                state = "on" if kind == "else" else _condition("if", arg, macros, blocked)
+                g[0] = "unknown" if g[1] == "maybe" and state != "off" else state
+                g[1] = "yes" if g[0] == "on" else "maybe" if g[0] == "unknown" else g[1]
+        elif kind == "endif" and groups:
+            groups.pop()
+        elif kind in ("define", "undef") and active:
+            name = (re.match(r"\w*", arg).group(0))
+            if uncertain and kind == "define":     # a branch that may or may not be compiled
+                before = macros.get(name)
+                if name not in blocked:
+                    _define(arg, macros)
+                    if before is not None and macros.get(name) != before:
+                        blocked.add(name)      # two definitions, which one holds is not known here
+                        macros.pop(name, None)
+            elif uncertain:
+                blocked.add(name)
+                macros.pop(name, None)
+            else:
+                blocked.discard(name)
+                if kind == "define":
+                    _define(arg, macros)
+                else:
+                    macros.pop(name, None)
         out.append("\n" * (n - 1))
         i += n
     if chunk:
@@ -353,10 +430,11 @@ def expand_macros(source: str) -> str:
     return "\n".join(pieces)
 
 
-def find_kernels(source: str) -> tuple[SourceKernel, ...]:
+def find_kernels(source: str, defines: dict | None = None) -> tuple[SourceKernel, ...]:
     """Every __global__ function declared or defined in `source` (names as written), those that the source's own
-    macros define included (expand_macros: the macros are expanded first, lines kept)."""
-    text = expand_macros(source)
+    macros define included (expand_macros: the macros, and `defines` from the compile's -D options, are expanded
+    first, lines kept)."""
+    text = expand_macros(source, defines)
     found = []
     for m in re.finditer(r"\b__global__\b", text):
         start = m.end()

@@ -54,8 +54,8 @@ import numpy as np
 from ....analysis.arch import DEFAULT_ARCH, normalize_arch
 from ....compile.cubin import read_cubin
 from ....compile.nvrtc import compile_cached
-from ....compile.signature import (ATTRIBUTE_WORDS, find_kernels, match_bracket, signature_for, split_top_level,
-                                   strip_comments_and_strings)
+from ....compile.signature import (ATTRIBUTE_WORDS, defines_from_options, find_kernels, match_bracket, signature_for,
+                                   split_top_level, strip_comments_and_strings)
 from ....compile.toolkit import KL_INCLUDE, find_tool, own_headers_digest
 from ...findings import Finding, Location
 from ...launch.job import KernelImage
@@ -318,7 +318,7 @@ def compile_host(source: str, arch: str = DEFAULT_ARCH, first_line: int = 2, fil
     with plain pointer arguments, then none) and the HostModule's `notes` say so."""
     if cubin is None and module is not None:
         cubin = module.cubin
-    found = find_kernels("\n" * (first_line - 1) + source)
+    found = find_kernels("\n" * (first_line - 1) + source, defines_from_options(options))
     if cubin is None:                     # the compile cache's entry (compile_cuda's too), its kernels' signatures
         output, _ = compile_cached(source, normalize_arch(arch), tuple(options), filename=filename,
                                    first_line=first_line)
@@ -989,14 +989,14 @@ def build(source: str, kernel: str, defines: dict | None = None) -> tuple[pathli
     host compiler compiles every kernel of the source in any case, so one build serves them all (a cell's ten
     kernels cost one build, not ten). Where that program does not compile (a kernel the preprocessor removes, say),
     the binary holds `kernel` alone."""
-    found = [k for k in find_kernels(source) if k.name == kernel]
+    found = [k for k in find_kernels(source, defines) if k.name == kernel]
     if not found:
         raise EmulationError(f"no __global__ {kernel} in the source")
     k = found[0]
     head = "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
     header = _precompiled_header()
     body = f'#include "{header}"\n{head}\n{prepare(source)}\n'
-    every = [c for c in find_kernels(source) if not c.template]
+    every = [c for c in find_kernels(source, defines) if not c.template]
     names = [c.name for c in every]
     if not k.template and len(set(names)) == len(names) and len(every) > 1:
         calls = "switch (which) {" + " ".join(f"case {i}: {_call(c)}; break;" for i, c in enumerate(every)) + "}"
