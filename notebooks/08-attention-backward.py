@@ -1674,9 +1674,17 @@ BWD_OP_HOPPER = True                               # the op's backward on step 3
                                                    # checked and timed on an H100 (benchmarks/NOTES-attention-backward.md)
 
 
+_capability = {}                                   # GPU index -> (major, minor): looked up once, not per backward
+
+
 def hopper_backward_applies(q):
     """Step 3 runs here: head dim in HOPPER_BWD_DIMS on an sm_90 (Hopper) GPU."""
-    return q.shape[-1] in HOPPER_BWD_DIMS and q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)
+    if q.shape[-1] not in HOPPER_BWD_DIMS or not q.is_cuda:
+        return False
+    index = q.get_device()
+    if index not in _capability:
+        _capability[index] = torch.cuda.get_device_capability(index)
+    return _capability[index] == (9, 0)
 
 
 def hbwd_smem_bytes(d):

@@ -399,7 +399,7 @@ def test_a_repeated_map_is_not_encoded_again_and_keeps_its_own_tensor(fake_encod
     again = tensor_map(same_memory, [64, 64])                       # a list box is the same box
     assert len(fake_encoder) == 1
     assert again.encoded == first.encoded and again.tensor is same_memory and first.tensor is a
-    assert all(v is None for k, v in T._MAP_CACHE.items() for v in [v.tensor])     # the cache holds no tensor
+    assert all(v["tensor"] is None for v in T._MAP_CACHE.values())                 # the cache holds no tensor
     # Anything the 128 bytes depend on makes a new map: address, shape, strides, box, swizzle, dtype.
     tensor_map(FakeTorchCuda((128, 64), ptr=0x7F0000020000), (64, 64))
     tensor_map(FakeTorchCuda((256, 64)), (64, 64))

@@ -224,8 +224,9 @@ def tensor_map(tensor, box, *, swizzle: str | None = "128B", interleave: str | N
         hit = _MAP_CACHE.get(key)
         if hit is not None:
             found = object.__new__(TensorMap)
-            found.__dict__.update(hit.__dict__)
-            found.__dict__["tensor"] = tensor              # keep this tensor alive, as a fresh map would
+            fields = hit.copy()
+            fields["tensor"] = tensor                      # keep this tensor alive, as a fresh map would
+            object.__setattr__(found, "__dict__", fields)   # frozen: past its __setattr__
             return found
     dtype, shape, strides, address, device = _device_tensor(tensor)
     rank = len(shape)
@@ -251,9 +252,8 @@ def tensor_map(tensor, box, *, swizzle: str | None = "128B", interleave: str | N
     if key is not None:
         if len(_MAP_CACHE) >= MAP_CACHE_SIZE:
             _MAP_CACHE.pop(next(iter(_MAP_CACHE)))         # the oldest entry
-        kept = object.__new__(TensorMap)
-        kept.__dict__.update(made.__dict__)
-        kept.__dict__["tensor"] = None                     # the cache keeps no memory alive
+        kept = dict(made.__dict__)                         # the map's fields: a hit copies them (one dict copy)
+        kept["tensor"] = None                              # the cache keeps no memory alive
         _MAP_CACHE[key] = kept
     return made
 
@@ -274,17 +274,27 @@ def tensor_map_cache_clear() -> None:
 
 def _cache_key(tensor, box, swizzle, interleave, l2_promotion, oob_fill, element_strides):
     """The cache key of a tensor_map call, from the tensor without building its description: a CUDA torch tensor's
-    (address, shape, strides, dtype, GPU) and every option as given; None (no caching) for anything else."""
-    if type(tensor).__module__.split(".")[0] != "torch" or not getattr(tensor, "is_cuda", False):
+    (address, shape, strides, dtype, GPU) and every option as given; None (no caching) for anything else. On the hit
+    path of every launch that takes a map: C attribute calls only (torch.Size and stride() are tuples already)."""
+    is_torch = _TORCH_TYPES.get(type(tensor))
+    if is_torch is None:
+        is_torch = _TORCH_TYPES[type(tensor)] = type(tensor).__module__.split(".")[0] == "torch"
+    if not is_torch or not getattr(tensor, "is_cuda", False):
         return None
+    if type(box) is list:
+        box = tuple(box)
+    if type(element_strides) is list:
+        element_strides = tuple(element_strides)
+    key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.get_device(), box, swizzle,
+           interleave, l2_promotion, oob_fill, element_strides)
     try:
-        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.get_device(),
-               tuple(box) if isinstance(box, (tuple, list)) else box, swizzle, interleave, l2_promotion, oob_fill,
-               tuple(element_strides) if isinstance(element_strides, (tuple, list)) else element_strides)
         hash(key)
     except TypeError:
         return None
     return key
+
+
+_TORCH_TYPES: dict = {}          # type -> whether its module is torch's (a tensor map's cache key needs one)
 
 
 def check_layout(dtype: str, shape, strides_bytes, address: int, box, interleave: str, swizzle: str,
@@ -381,15 +391,18 @@ def encode_tiled(**kw) -> bytes:
     It needs the CUDA driver library (libcuda) and a current context (encode makes one current): on a machine
     without libcuda, NoGPUError.
     """
-    try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise NoGPUError("building a tensor map needs cuda-python (pip install cuda-bindings)") from exc
-    try:
-        driver.cuInit(0)
-    except RuntimeError as exc:       # "Failed to dlopen libcuda.so.1"
-        raise NoGPUError(f"building a tensor map needs the CUDA driver (libcuda), and it is not usable here ({exc}); "
-                         f"tensor maps are made on a GPU machine") from None
+    driver = _INITIALISED.get("driver")
+    if driver is None:                # the import and cuInit once per process, not per map
+        try:
+            from cuda.bindings import driver
+        except ImportError as exc:
+            raise NoGPUError("building a tensor map needs cuda-python (pip install cuda-bindings)") from exc
+        try:
+            driver.cuInit(0)
+        except RuntimeError as exc:       # "Failed to dlopen libcuda.so.1"
+            raise NoGPUError(f"building a tensor map needs the CUDA driver (libcuda), and it is not usable here "
+                             f"({exc}); tensor maps are made on a GPU machine") from None
+        _INITIALISED["driver"] = driver
     err, tmap = driver.cuTensorMapEncodeTiled(
         getattr(driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_" + kw["tensorDataType"]), kw["tensorRank"],
         kw["globalAddress"], [driver.cuuint64_t(v) for v in kw["globalDim"]],
@@ -404,6 +417,9 @@ def encode_tiled(**kw) -> bytes:
         raise KernellabError(f"cuTensorMapEncodeTiled failed with {name} for {kw}; kernellab's own checks passed, so "
                              f"this is a rule it does not know: please report it")
     return ctypes.string_at(tmap.getPtr(), TENSOR_MAP_BYTES)
+
+
+_INITIALISED: dict = {}          # "driver": cuda-python's driver module, once cuInit has returned
 
 
 def encode_for_job(spec, address: int, device: int | None = None) -> np.ndarray:
