@@ -44,7 +44,12 @@ the GPU's time for it (CUDA events). Host time at or above GPU time is a host-bo
 launch path asked of the driver in those steps (LaunchCounter: launches by the generated and the checked path, waits
 for the GPU, INVALID_CONTEXT retries, per thread: autograd runs backward passes on its own thread), the synchronising
 calls torch made (torch.cuda.set_sync_debug_mode), the caching allocator's cudaMalloc/cudaFree calls and retries,
-then 3 steps under torch.profiler with CPU activity and Python stacks (the top host-side entries by self CPU time,
+Python's cyclic GC in those steps (gc.callbacks: collections per generation, time, longest pause) and the same steps
+again without the diagnosis's timers, as they are, after gc.freeze() and with the GC off; the launchers' host time
+split into the driver's launch calls, torch allocations, kernellab.tensor_map (and its cache misses' encodes) and
+their own Python, beside each op's whole eager call; each launcher replayed alone on a step's arguments, back to back
+and after a 64 MiB host write before each call (cold CPU caches); the other Python threads alive; then 3 steps
+under torch.profiler with CPU activity and Python stacks (the top host-side entries by self CPU time,
 the driver's and runtime's synchronising calls, kernellab's ops per call) and cProfile of the main thread. Printed,
 written to diagnose-CONFIG.txt, and one summary table per run.
 """
@@ -372,16 +377,22 @@ class LaunchCounter:
             return None
 
 
+_INSIDE = threading.local()       # .depth: inside a kernellab op's launcher on this thread (timed_launchers)
+
+
 @contextlib.contextmanager
 def timed_launchers(ops):
     """Each kernellab op's launcher (what Op._impl calls: the op's own Python and its launches) timed per call and
-    thread while inside: yields {(op name, thread): [calls, seconds]}."""
+    thread while inside: yields ({(op name, thread): [calls, seconds]}, {op name: (the launcher, the last arguments
+    it was called with)}: what replay_launchers runs alone)."""
     times: dict = collections.defaultdict(lambda: [0, 0.0])
+    last: dict = {}
     main, clock, saved = threading.main_thread().ident, time.perf_counter, []
     for name, op in ops.items():
         launcher = op.launcher
 
         def timed(*args, _launcher=launcher, _name=name):
+            _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
             t0 = clock()
             try:
                 return _launcher(*args)
@@ -389,16 +400,214 @@ def timed_launchers(ops):
                 entry = times[_name, "main" if threading.get_ident() == main else "other"]
                 entry[0] += 1
                 entry[1] += clock() - t0
+                _INSIDE.depth -= 1
+                last[_name] = (_launcher, args)
         saved.append((op, launcher))
         op.launcher = timed
     try:
-        yield times
+        yield times, last
     finally:
         for op, launcher in saved:
             op.launcher = launcher
 
 
+@contextlib.contextmanager
+def timed_op_calls(ops):
+    """Each kernellab op's whole eager call (Op._call: the autograd.Function or dispatcher around the launcher, the
+    outputs' graph node, the launcher) timed per call and thread while inside: {(op name, thread): [calls, s]}."""
+    times: dict = collections.defaultdict(lambda: [0, 0.0])
+    main, clock, saved = threading.main_thread().ident, time.perf_counter, []
+    for name, op in ops.items():
+        call = op.__dict__.get("_call")
+        if call is None:
+            continue
+
+        def timed(*args, _call=call, _name=name):
+            t0 = clock()
+            try:
+                return _call(*args)
+            finally:
+                entry = times[_name, "main" if threading.get_ident() == main else "other"]
+                entry[0] += 1
+                entry[1] += clock() - t0
+        saved.append((op, call))
+        op._call = timed
+    try:
+        yield times
+    finally:
+        for op, call in saved:
+            op._call = call
+
+
+# Python-level calls a launcher makes that may cost host time of their own: the output and scratch allocations and
+# kernellab.tensor_map (its cache's misses call tensor_map.encode, the driver's cuTensorMapEncodeTiled).
+ALLOCATIONS = ("empty", "empty_like", "zeros", "zeros_like")
+
+
+@contextlib.contextmanager
+def launcher_parts():
+    """The host time inside kernellab's launchers split by what it calls, while inside: torch allocations
+    (ALLOCATIONS, called from inside a launcher), kernellab.tensor_map calls and, of those, cache misses (encodes).
+    Yields {part: [calls, seconds]}; the driver's launch calls are LaunchCounter's."""
+    import kernellab
+    from kernellab.run.launch import tensor_map as tensor_map_module
+    parts: dict = collections.defaultdict(lambda: [0, 0.0])
+    clock, saved = time.perf_counter, []
+
+    def wrap(owner, attr, part, only_inside):
+        fn = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            if only_inside and not getattr(_INSIDE, "depth", 0):
+                return fn(*args, **kwargs)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                entry = parts[part]
+                entry[0] += 1
+                entry[1] += clock() - t0
+        saved.append((owner, attr, fn))
+        setattr(owner, attr, timed)
+    for attr in ALLOCATIONS:
+        wrap(torch, attr, "torch allocations", True)
+    wrap(kernellab, "tensor_map", "tensor maps", False)
+    wrap(tensor_map_module, "encode", "tensor-map encodes (cache misses)", False)
+    try:
+        yield parts
+    finally:
+        for owner, attr, fn in reversed(saved):
+            setattr(owner, attr, fn)
+
+
+@contextlib.contextmanager
+def gc_watch():
+    """Python's cyclic garbage collector while inside (gc.callbacks): yields {"collections": [gen 0, 1, 2],
+    "seconds": [gen 0, 1, 2], "longest_s": the longest pause, "threads": {"main"/"other": collections}}."""
+    import gc
+    stats = {"collections": [0, 0, 0], "seconds": [0.0, 0.0, 0.0], "longest_s": 0.0,
+             "threads": collections.Counter()}
+    started: dict = {}
+    main, clock = threading.main_thread().ident, time.perf_counter
+
+    def callback(phase, info):
+        me = threading.get_ident()
+        if phase == "start":
+            started[me] = clock()
+        elif me in started:
+            took = clock() - started.pop(me)
+            gen = min(int(info.get("generation", 0)), 2)
+            stats["collections"][gen] += 1
+            stats["seconds"][gen] += took
+            stats["longest_s"] = max(stats["longest_s"], took)
+            stats["threads"]["main" if me == main else "other"] += 1
+    gc.callbacks.append(callback)
+    try:
+        yield stats
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def _timed_steps(parts: StepParts, batches, sync, cuda) -> tuple[list, list]:
+    """(host ms by phase, GPU ms) of each step in `batches`, each begun on an idle GPU."""
+    host, gpu = [], []
+    for x, y in batches:
+        sync()                                      # each step starts on an idle GPU: host time is its own
+        if cuda:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+        t0 = time.perf_counter()
+        loss = parts.forward(x, y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        parts.update()
+        t3 = time.perf_counter()
+        if cuda:
+            e1.record()
+            sync()
+            gpu.append(e0.elapsed_time(e1))
+        host.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+    return host, gpu
+
+
+def _step_medians(host, gpu) -> tuple[float, float | None]:
+    """(host ms, GPU ms) a step: medians past the first step (which may still warm something up)."""
+    timed = host[1:] or host
+    return _median([sum(h) for h in timed]), (_median(gpu[1:] or gpu) if gpu else None)
+
+
+def gc_variants(parts: StepParts, batches, sync, cuda) -> dict:
+    """The same steps again, without the diagnosis's own timers: as they are ("GC on"), with gc.freeze() (every
+    object alive now moved out of the collector's reach: its collections walk only what the steps allocate) and with
+    the collector off (gc.disable()): {variant: (host ms, GPU ms, GC stats)}. Where a step costs the same in all
+    three, Python's GC is not where the host time goes."""
+    import gc
+    out = {}
+    enabled = gc.isenabled()
+    with gc_watch() as stats:
+        host, gpu = _timed_steps(parts, batches, sync, cuda)
+    out["GC on"] = (*_step_medians(host, gpu), stats)
+    gc.collect()
+    gc.freeze()
+    try:
+        with gc_watch() as stats:
+            host, gpu = _timed_steps(parts, batches, sync, cuda)
+        out["gc.freeze"] = (*_step_medians(host, gpu), stats)
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        with gc_watch() as stats:
+            host, gpu = _timed_steps(parts, batches, sync, cuda)
+        out["GC off"] = (*_step_medians(host, gpu), stats)
+    finally:
+        if enabled:
+            gc.enable()
+    return out
+
+
+def replay_launchers(last: dict, sync, calls: int = 20, flush_bytes: int = 64 << 20) -> dict:
+    """Each op's launcher alone on the main thread, on the last arguments a step gave it, `calls` times: the median
+    host time a call back to back (the CPU's caches warm with it), and after writing `flush_bytes` of host memory
+    before each call (caches cold, as inside a step where torch's own code runs between our launches):
+    {op name: (hot us, cold us)}. Beside the in-step time it says whether the launcher's Python is slow on this host
+    by itself, or only inside a training step."""
+    import numpy as np
+
+    import kernellab.ops
+    flush = np.zeros(flush_bytes // 8)
+    token = kernellab.ops.DEFER_SYNC.set(True)      # launches do not wait, as inside the op (Op._impl)
+    try:
+        return {name: (_replayed(launcher, args, sync, calls, None), _replayed(launcher, args, sync, calls, flush))
+                for name, (launcher, args) in sorted(last.items())}
+    finally:
+        kernellab.ops.DEFER_SYNC.reset(token)
+
+
+def _replayed(launcher, args, sync, calls: int, flush) -> float:
+    """The median host us a call of launcher(*args), `flush` (an array) written before each call unless None."""
+    took = []
+    sync()
+    for i in range(calls):
+        if flush is not None:
+            flush.fill(i)
+        t0 = time.perf_counter()
+        launcher(*args)
+        took.append(time.perf_counter() - t0)
+        if i % 8 == 7:
+            sync()                                  # keep the GPU's queue short: the launches stay asynchronous
+    sync()
+    return _median(took) * 1e6
+
+
 ALLOCATOR_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def _tracked_objects() -> int:
+    """How many objects Python's cyclic collector tracks now (what a full, generation-2, collection walks)."""
+    import gc
+    return len(gc.get_objects())
 
 
 def _median(values):
@@ -412,33 +621,18 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
     cuda = parts.device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(parts.device)) if cuda else (lambda: None)
     batches = [parts.batches[i % len(parts.batches)] for i in range(steps)]
-    host, gpu = [], []
     before = counter.snapshot() if counter else collections.Counter()
     seconds0 = counter.seconds_snapshot() if counter else collections.Counter()
     mem0 = torch.cuda.memory_stats(parts.device) if cuda else {}
     import kernellab.ops
-    with warnings.catch_warnings(record=True) as caught, timed_launchers(kernellab.ops.registered()) as op_times:
+    ops = kernellab.ops.registered()
+    with warnings.catch_warnings(record=True) as caught, timed_launchers(ops) as (op_times, last_args), \
+            timed_op_calls(ops) as call_times, launcher_parts() as split, gc_watch() as gc_stats:
         warnings.simplefilter("always")
         if cuda:
             torch.cuda.set_sync_debug_mode("warn")          # a warning at every synchronising call torch makes
         try:
-            for x, y in batches:
-                sync()                                      # each step starts on an idle GPU: host time is its own
-                if cuda:
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                t0 = time.perf_counter()
-                loss = parts.forward(x, y)
-                t1 = time.perf_counter()
-                loss.backward()
-                t2 = time.perf_counter()
-                parts.update()
-                t3 = time.perf_counter()
-                if cuda:
-                    e1.record()
-                    sync()
-                    gpu.append(e0.elapsed_time(e1))
-                host.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+            host, gpu = _timed_steps(parts, batches, sync, cuda)
         finally:
             if cuda:
                 torch.cuda.set_sync_debug_mode(0)
@@ -448,8 +642,10 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
     mem1 = torch.cuda.memory_stats(parts.device) if cuda else {}
     timed = host[1:] or host                                 # the first step may still warm something up
     phases = [_median([h[i] for h in timed]) for i in range(3)]
-    host_ms = _median([sum(h) for h in timed])
-    gpu_ms = _median(gpu[1:] or gpu) if gpu else None
+    host_ms, gpu_ms = _step_medians(host, gpu)
+    variants = gc_variants(parts, batches, sync, cuda)
+    alone = replay_launchers(last_args, sync)
+    del last_args
     per_step = {k: (after[k] - before[k]) / steps for k in set(after) | set(before) if after[k] != before[k]}
     waits = sum(v for (what, _), v in per_step.items() if what == "waits")
     alloc = {k: (mem1.get(k, 0) - mem0.get(k, 0)) / steps for k in ALLOCATOR_KEYS if k in mem1}
@@ -483,6 +679,47 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
                      "them), per step: " + "; ".join(
                          f"{name} {n / steps:g} calls on the {t} thread, {secs / max(n, 1) * 1e6:.0f} us a call"
                          for (name, t), (n, secs) in sorted(op_times.items())))
+    if call_times:
+        lines.append("kernellab ops' whole eager calls (the launcher and the autograd.Function or dispatcher around "
+                     "it), per step: " + "; ".join(
+                         f"{name} {n / steps:g} calls on the {t} thread, {secs / max(n, 1) * 1e6:.0f} us a call"
+                         for (name, t), (n, secs) in sorted(call_times.items())))
+    launcher_s = sum(secs for n, secs in op_times.values())
+    launches_s = sum(secs for (what, _), secs in in_driver.items() if what.endswith("launches"))
+    parts_s = {part: secs for part, (n, secs) in split.items()}
+    inside_s = launches_s + parts_s.get("torch allocations", 0.0) + parts_s.get("tensor maps", 0.0)
+    if op_times:
+        lines.append(
+            f"the launchers' host time split, ms a step: all {launcher_s * 1e3 / steps:.2f} = driver launch calls "
+            f"{launches_s * 1e3 / steps:.2f} + " + " + ".join(
+                f"{part} {secs * 1e3 / steps:.2f} ({split[part][0] / steps:g} calls, "
+                f"{secs / max(split[part][0], 1) * 1e6:.1f} us a call)"
+                for part, secs in sorted(parts_s.items()) if not part.startswith("tensor-map encodes"))
+            + f" + the launchers' own Python {max(launcher_s - inside_s, 0.0) * 1e3 / steps:.2f}"
+            + "".join(f"; of the tensor maps, {n / steps:g} a step missed the cache and encoded "
+                      f"({secs / max(n, 1) * 1e6:.0f} us an encode)"
+                      for part, (n, secs) in split.items() if part.startswith("tensor-map encodes")))
+    if alone:
+        in_step = {name: secs / max(n, 1) * 1e6 for (name, _), (n, secs) in op_times.items()}
+        lines.append("each launcher alone on the main thread, on a step's last arguments (20 calls, median): "
+                     + "; ".join(f"{name} {hot:.0f} us back to back, {cold:.0f} us after a 64 MiB host write "
+                                 f"(in the step {in_step.get(name, 0):.0f} us)"
+                                 for name, (hot, cold) in alone.items()))
+    gc_s = sum(gc_stats["seconds"])
+    lines.append(f"Python's GC in those steps: {gc_s * 1e3 / steps:.2f} ms a step in "
+                 f"{sum(gc_stats['collections']) / steps:g} collections a step (generation 0/1/2: "
+                 + "/".join(f"{c / steps:g}" for c in gc_stats["collections"]) + "; ms a step "
+                 + "/".join(f"{t * 1e3 / steps:.2f}" for t in gc_stats["seconds"])
+                 + f"), longest pause {gc_stats['longest_s'] * 1e3:.2f} ms; "
+                 + ", ".join(f"{n} on the {t} thread" for t, n in sorted(gc_stats["threads"].items()))
+                 + f"; objects the collector tracks: {_tracked_objects():,}")
+    lines.append("the same steps with Python's GC changed: " + "; ".join(
+        f"{name}: host {h:.2f} ms" + (f", GPU {g:.2f} ms" if g is not None else "")
+        + f", GC {sum(st['seconds']) * 1e3 / steps:.2f} ms a step in {sum(st['collections']) / steps:g} collections"
+        for name, (h, g, st) in variants.items())
+        + f" (the diagnosis's timers off; with them: host {host_ms:.2f} ms)")
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    lines.append(f"other Python threads alive (they compete for the GIL when busy): {', '.join(others) or 'none'}")
     lines.append(f"torch's synchronising calls (set_sync_debug_mode): {len(syncs) / steps:g} a step"
                  + "".join(f"\n  {w.filename}:{w.lineno}: {str(w.message).splitlines()[0][:160]}"
                            for w in syncs[:3]))
@@ -494,7 +731,19 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
                    kernellab_waits=waits, context_retries=sum(v for (w, _), v in per_step.items()
                                                               if w == "context retries"),
                    torch_syncs=len(syncs) / steps, allocator=alloc, verdict=verdict,
-                   launcher_ms=sum(secs for n, secs in op_times.values()) * 1e3 / steps)
+                   launcher_ms=launcher_s * 1e3 / steps,
+                   op_call_ms=sum(secs for n, secs in call_times.values()) * 1e3 / steps,
+                   launcher_split_ms={"driver launch calls": launches_s * 1e3 / steps,
+                                      **{part: secs * 1e3 / steps for part, secs in parts_s.items()},
+                                      "own Python": max(launcher_s - inside_s, 0.0) * 1e3 / steps},
+                   launcher_alone_ms={"back to back": sum(alone[name][0] * n for (name, _), (n, _s) in
+                                                          op_times.items() if name in alone) / 1e3 / steps,
+                                      "caches cold": sum(alone[name][1] * n for (name, _), (n, _s) in
+                                                         op_times.items() if name in alone) / 1e3 / steps},
+                   gc_ms=gc_s * 1e3 / steps, gc_collections=[c / steps for c in gc_stats["collections"]],
+                   gc_longest_ms=gc_stats["longest_s"] * 1e3,
+                   gc_variants={name: {"host_ms": h, "gpu_ms": g, "gc_ms": sum(st["seconds"]) * 1e3 / steps}
+                                for name, (h, g, st) in variants.items()})
     return "\n".join(lines), summary
 
 
@@ -586,7 +835,8 @@ def gpu_gaps(events, top: int = 6, min_gap_us: float = 20.0) -> str:
 
 def diagnosis_table(summaries: dict[str, dict]) -> str:
     """One row per diagnosed configuration: host and GPU time a step, kernellab's launches and waits, torch's
-    synchronising calls and the verdict."""
+    synchronising calls and the verdict; then, per configuration, Python's GC and the same steps with it frozen or
+    off, and the launchers' host time: their parts, and the same launchers alone (hot and cold caches)."""
     head = ["config", "host ms", "GPU ms", "fwd / bwd / update host ms", "kl launcher host ms", "kl launches",
             "kl waits", "ctx retries", "torch syncs", "verdict"]
     rows = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -595,6 +845,19 @@ def diagnosis_table(summaries: dict[str, dict]) -> str:
         rows.append(f"| {name} | {d['host_ms']:.2f} | {gpu} | {d['forward_ms']:.1f} / {d['backward_ms']:.1f} / "
                     f"{d['update_ms']:.1f} | {d['launcher_ms']:.2f} | {d['kernellab_launches']:g} | {d['kernellab_waits']:g} | "
                     f"{d['context_retries']:g} | {d['torch_syncs']:g} | {d['verdict'].split(':')[0]} |")
+    head = ["config", "GC ms a step (collections gen 0/1/2)", "host ms: GC on / gc.freeze / GC off",
+            "kl op calls ms", "kl launchers ms: driver / allocations / tensor maps / own Python",
+            "kl launchers ms alone: hot / cold caches"]
+    rows += ["", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for name, d in summaries.items():
+        if "gc_ms" not in d:
+            continue
+        v, split, alone = d["gc_variants"], d["launcher_split_ms"], d["launcher_alone_ms"]
+        rows.append(f"| {name} | {d['gc_ms']:.2f} ({'/'.join(f'{c:g}' for c in d['gc_collections'])}) | "
+                    + " / ".join(f"{v[k]['host_ms']:.2f}" for k in ("GC on", "gc.freeze", "GC off")) + " | "
+                    f"{d['op_call_ms']:.2f} | {split['driver launch calls']:.2f} / "
+                    f"{split.get('torch allocations', 0.0):.2f} / {split.get('tensor maps', 0.0):.2f} / "
+                    f"{split['own Python']:.2f} | {alone['back to back']:.2f} / {alone['caches cold']:.2f} |")
     return "\n".join(rows)
 
 

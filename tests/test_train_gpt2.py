@@ -440,6 +440,12 @@ def test_diagnose_reports_host_time_by_phase_syncs_and_top_functions(script, tmp
     assert d["host_ms"] > 0 and d["gpu_ms"] is None and d["kernellab_waits"] == 0
     assert min(d["forward_ms"], d["backward_ms"], d["update_ms"]) > 0 and d["launcher_ms"] == 0
     assert re.search(r"\| eager \| [\d.]+ \| - \| [\d.]+ / [\d.]+ / [\d.]+ \| 0.00 \| 0 \| 0 \| 0 \| 0 \| no GPU \|", out)
+    # Python's GC a step, and the same steps as they are, with gc.freeze() and with the GC off (then no collection)
+    assert "Python's GC in those steps:" in text and "each launcher alone" not in text       # no kernellab op here
+    assert set(d["gc_variants"]) == {"GC on", "gc.freeze", "GC off"} and d["gc_variants"]["GC off"]["gc_ms"] == 0
+    assert all(v["host_ms"] > 0 for v in d["gc_variants"].values()) and len(d["gc_collections"]) == 3
+    assert re.search(r"\| eager \| [\d.]+ \([\d.]+/[\d.]+/[\d.]+\) \| [\d.]+ / [\d.]+ / [\d.]+ \| 0.00 \| "
+                     r"0.00 / 0.00 / 0.00 / 0.00 \| 0.00 / 0.00 \|", out), out
 
 
 @pytest.fixture
@@ -508,6 +514,28 @@ def test_launch_counter_sees_the_norm_ops_launches_and_any_wait(script, fake_gpu
     assert re.search(r"kl::layernorm 5 calls on the main thread, \d+ us a call; kl::layernorm_backward 5 calls",
                      run.diagnosis), run.diagnosis
     assert "waits" not in run.diagnosis.split("kernellab's launch path, per step:")[1].splitlines()[0]
+    print(run.diagnosis)
+    # where the launchers' time goes: the torch allocations inside them (the forward's output, mean and rstd; the
+    # backward's dx and partial sums), their own Python; each launcher alone; Python's GC and the steps without it
+    split = re.search(r"the launchers' host time split, ms a step: all ([\d.]+) = driver launch calls ([\d.]+) \+ "
+                      r"torch allocations ([\d.]+) \((\d+) calls, [\d.]+ us a call\) \+ the launchers' own Python "
+                      r"([\d.]+)", run.diagnosis)
+    assert split, run.diagnosis
+    total, driver_ms, alloc_ms, allocs, own = (float(v) for v in split.groups())
+    assert allocs >= 5 and 0 < alloc_ms < total and abs(driver_ms + alloc_ms + own - total) < 0.02
+    assert "tensor maps" not in split.group(0)                            # the norm op makes none
+    assert re.search(r"kl::layernorm 5 calls on the main thread, \d+ us a call; kl::layernorm_backward 5 calls",
+                     run.diagnosis.split("whole eager calls")[1]), run.diagnosis
+    alone = re.search(r"each launcher alone .*: kl::layernorm (\d+) us back to back, (\d+) us after a 64 MiB host "
+                      r"write \(in the step (\d+) us\); kl::layernorm_backward", run.diagnosis)
+    assert alone and min(int(v) for v in alone.groups()) > 0, run.diagnosis
+    assert re.search(r"Python's GC in those steps: [\d.]+ ms a step in [\d.]+ collections a step \(generation "
+                     r"0/1/2: [\d.]+/[\d.]+/[\d.]+; .*objects the collector tracks: [\d,]+", run.diagnosis)
+    assert re.search(r"GC on: host [\d.]+ ms, GC [\d.]+ ms .*; gc.freeze: host [\d.]+ ms.*; GC off: host [\d.]+ "
+                     r"ms, GC 0.00 ms a step in 0 collections", run.diagnosis), run.diagnosis
+    import gc
+    assert gc.isenabled() and gc.get_freeze_count() == 0                  # the collector is as it was
+    assert kernellab.tensor_map.__name__ == "tensor_map" and torch.empty.__module__ != script.__name__
 
 
 def test_gpu_gaps_names_the_longest_idle_gaps_and_who_launched_the_next_kernel(script):

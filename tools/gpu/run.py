@@ -171,8 +171,11 @@ SUITES: dict[str, Suite] = {
     "train-gpt2-diagnose": Suite(
         "benchmarks/train_gpt2.py --diagnose, 40 steps of eager and kernellab's configurations: host against GPU time "
         "a step, kernellab's launches and waits per thread, torch's synchronising calls, the allocator's "
-        "cudaMalloc/cudaFree, torch.profiler's top host-side functions with Python stacks (diagnose-CONFIG.txt); the "
-        "summary tables printed last", 300,
+        "cudaMalloc/cudaFree, Python's GC a step and the same steps with gc.freeze() and with the GC off, the "
+        "launchers' host time split (driver launch calls, torch allocations, tensor maps and their cache misses, "
+        "their own Python) and each launcher replayed alone (caches hot, and cold after a 64 MiB host write), "
+        "torch.profiler's top host-side functions with Python stacks (diagnose-CONFIG.txt); the summary tables "
+        "printed last", 300,
         commands=((PY, "benchmarks/train_gpt2.py", "--steps", "40", "--diagnose", "--configs",
                    "eager,kernellab-norm,kernellab-attention,kernellab", "--out", "{out}"),), takes_args=True),
     "bench-matmul": Suite(
