@@ -669,6 +669,97 @@ def norm_table(cases, title: str) -> str:
     return "\n".join(lines)
 
 
+def context_cases(calls: int, rounds: int, heap_objects: int = 4_000_000,
+                  flush_bytes: int = 64 << 20) -> list[tuple[str, float, float, float]]:
+    """Tutorial 04's kl::layernorm forward + backward (norm_op_setup) and its forward launcher alone, as a training
+    step's context may change them: a heap of `heap_objects` more live Python containers (what a cyclic GC's full
+    collection walks), that heap after gc.freeze(), the GC off, and cold CPU caches (`flush_bytes` of host memory
+    written before each call, as torch's own host code runs between a step's launches). Per case: (name, fwd + bwd
+    µs a call, forward launcher µs a call, GC collections per 1000 calls of fwd + bwd); medians of the rounds."""
+    import gc
+
+    import numpy as np
+
+    import kernellab.ops
+    s = norm_op_setup()
+    launcher, seen = s.op.launcher, []
+    s.op.launcher = lambda *a: seen.append(a) or launcher(*a)
+    s.ours()
+    s.op.launcher = launcher
+    args, flush = seen[0], np.zeros(flush_bytes // 8)
+
+    def launcher_alone():
+        token = kernellab.ops.DEFER_SYNC.set(True)          # launches do not wait, as inside the op (Op._impl)
+        try:
+            launcher(*args)
+        finally:
+            kernellab.ops.DEFER_SYNC.reset(token)
+
+    def per_call(fn, cold=False) -> tuple[float, float]:
+        started = [0]
+
+        def count(phase, info):
+            started[0] += phase == "start"
+        gc.callbacks.append(count)
+        try:
+            medians, n = [], max(calls // 20, 5) if cold else calls
+            for _ in range(rounds):
+                if cold:
+                    took = []
+                    for i in range(n):
+                        flush.fill(i)
+                        t0 = time.perf_counter()
+                        fn()
+                        took.append(time.perf_counter() - t0)
+                    medians.append(statistics.median(took) * 1e6)
+                else:
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        fn()
+                    medians.append((time.perf_counter() - t0) / n * 1e6)
+        finally:
+            gc.callbacks.remove(count)
+        return statistics.median(medians), 1000 * started[0] / (rounds * n)
+
+    def case(name, cold=False):
+        both, collections = per_call(s.ours, cold)
+        return name, both, per_call(launcher_alone, cold)[0], collections
+    cases = [case(f"as set up ({len(gc.get_objects()):,} objects tracked)")]
+    heap = [[i] for i in range(heap_objects)]
+    gc.collect()
+    try:
+        cases.append(case(f"+ {heap_objects:,} live lists ({len(gc.get_objects()):,} tracked), GC on"))
+        gc.freeze()
+        try:
+            cases.append(case("  the same heap after gc.freeze()"))
+        finally:
+            gc.unfreeze()
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            cases.append(case("  the same heap, GC off"))
+        finally:
+            if enabled:
+                gc.enable()
+    finally:
+        del heap
+        gc.collect()
+    cases.append(case(f"cold CPU caches ({flush_bytes >> 20} MiB host write before each call)", cold=True))
+    return cases
+
+
+def context_table(cases, title: str) -> str:
+    """The --context table: µs a call of the op's forward + backward and of its launcher alone, each case's ratio to
+    the first row's, and the GC's collections."""
+    lines = [title, "", "| case | fwd + bwd µs a call | vs as set up | forward launcher µs | vs as set up | "
+             "GC collections per 1000 calls |", "|---|---|---|---|---|---|"]
+    base_both, base_launcher = cases[0][1], cases[0][2]
+    for name, both, alone, collections in cases:
+        lines.append(f"| {name} | {both:.1f} | {both / base_both:.2f}x | {alone:.1f} | {alone / base_launcher:.2f}x "
+                     f"| {collections:.2f} |")
+    return "\n".join(lines)
+
+
 def cpu_profile(calls: int, top: int = 14) -> str:
     """cProfile of `calls` calls of the one-kernel op (cpu_op_setup): where its Python time goes, by function."""
     import cProfile
@@ -837,12 +928,23 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="with --cpu: also print cProfile of the op's calls")
     ap.add_argument("--no-norm", action="store_true", help="with --cpu: leave out tutorial 04's LayerNorm op (its "
                     "kernels compile for sm_90 on a first run: about 20 s)")
+    ap.add_argument("--context", action="store_true", help="no GPU: tutorial 04's LayerNorm op (stand-in driver) "
+                    "with a large heap of live objects, gc.freeze(), the GC off, and cold CPU caches")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
     big = args.cpu
     args.launches = args.launches or (100_000 if big else 2000)
     args.rounds = args.rounds or (20 if big else 15)
-    if args.cpu:
+    if args.context:
+        import platform
+
+        calls = args.launches
+        text = context_table(context_cases(calls, args.rounds),
+                             f"a training step's context on the host path of tutorial 04's kl::layernorm, "
+                             f"{NORM_SHAPE[0]} x {NORM_SHAPE[1]} float32, stand-in launches, on the CPU "
+                             f"({platform.processor() or platform.machine()}; {calls} calls a round, {calls // 20} "
+                             f"with cold caches, median of {args.rounds} rounds)")
+    elif args.cpu:
         import platform
 
         import torch

@@ -187,10 +187,12 @@ SUITES: dict[str, Suite] = {
     "launch-overhead": Suite(
         "benchmarks/launch_overhead.py: host cost per launch by path, its breakdown by stage, a registered op's "
         "host path on this host's CPU with the stand-in driver (--cpu: the same Python as the CPU machine's table, "
-        "so the two hosts can be compared), registered ops", 210,
+        "so the two hosts can be compared; --context: tutorial 04's op there with a large heap, gc.freeze(), the GC "
+        "off and cold CPU caches), registered ops", 240,
         commands=((PY, "benchmarks/launch_overhead.py", "--launches", "1000", "--rounds", "11"),
                   (PY, "benchmarks/launch_overhead.py", "--breakdown", "--launches", "1000", "--rounds", "11"),
                   (PY, "benchmarks/launch_overhead.py", "--cpu", "--launches", "50000", "--rounds", "10"),
+                  (PY, "benchmarks/launch_overhead.py", "--context", "--launches", "2000", "--rounds", "7"),
                   (PY, "benchmarks/launch_overhead.py", "--ops", "--launches", "500", "--rounds", "5"))),
     "bench-validate": Suite(
         "benchmarks/validate_bench.py: kernellab.bench against triton's do_bench and Nsight Compute, burst and "
