@@ -698,7 +698,9 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
             + f" + the launchers' own Python {max(launcher_s - inside_s, 0.0) * 1e3 / steps:.2f}"
             + "".join(f"; of the tensor maps, {n / steps:g} a step missed the cache and encoded "
                       f"({secs / max(n, 1) * 1e6:.0f} us an encode)"
-                      for part, (n, secs) in split.items() if part.startswith("tensor-map encodes")))
+                      for part, (n, secs) in split.items() if part.startswith("tensor-map encodes"))
+            + ("; every tensor map hit the cache" if "tensor maps" in split
+               and "tensor-map encodes (cache misses)" not in split else ""))
     if alone:
         in_step = {name: secs / max(n, 1) * 1e6 for (name, _), (n, secs) in op_times.items()}
         lines.append("each launcher alone on the main thread, on a step's last arguments (20 calls, median): "

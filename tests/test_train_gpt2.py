@@ -569,3 +569,36 @@ def test_the_launch_counter_installs_from_the_class_and_is_none_without_a_cuda_d
         has_driver = False
     counter = script.LaunchCounter.install()
     assert (counter is None) == (not has_driver)
+
+
+def test_the_launchers_split_counts_allocations_and_tensor_maps_inside_them_only(script, monkeypatch):
+    """--diagnose's launcher split: torch allocations are counted inside a launcher only, kernellab.tensor_map's calls
+    and its cache misses (encodes) apart; every patched function is restored after; the last arguments are kept."""
+    import contextlib
+    import types
+
+    from test_tensor_map import FakeTorchCuda
+
+    import kernellab
+    from kernellab.run.launch import tensor_map as T
+    monkeypatch.setattr(T, "encode_tiled", lambda **kw: bytes(range(128)))
+    monkeypatch.setattr(T, "_context_for", lambda device: contextlib.nullcontext())
+    T.tensor_map_cache_clear()
+    empty, tensor_map, encode = torch.empty, kernellab.tensor_map, T.encode
+    x = FakeTorchCuda((128, 64))
+
+    def launcher(a):
+        torch.empty(4)
+        kernellab.tensor_map(a, (64, 64))
+        return torch.empty_like(torch.ones(2))
+    ops = {"kl::fake": types.SimpleNamespace(launcher=launcher)}
+    with script.timed_launchers(ops) as (times, last), script.launcher_parts() as split:
+        torch.empty(3)                                                    # outside a launcher: not counted
+        for _ in range(3):
+            ops["kl::fake"].launcher(x)
+    assert split["torch allocations"][0] == 6 and split["tensor maps"][0] == 3
+    assert split["tensor-map encodes (cache misses)"][0] == 1                # the first map; the others hit
+    assert times["kl::fake", "main"][0] == 3 and last["kl::fake"] == (launcher, (x,))
+    assert (torch.empty, kernellab.tensor_map, T.encode) == (empty, tensor_map, encode)
+    assert ops["kl::fake"].launcher is launcher and script._INSIDE.depth == 0
+    T.tensor_map_cache_clear()
