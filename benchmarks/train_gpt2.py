@@ -605,6 +605,25 @@ def _replayed(launcher, args, sync, calls: int, flush) -> float:
 ALLOCATOR_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
 
 
+def host_cpu() -> str:
+    """The host's CPU as a step's host time depends on it: model, clock now (the mean of /proc/cpuinfo's "cpu MHz"),
+    the cores this process may run on, torch's CPU threads."""
+    model, mhz = "", []
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            elif key.strip() == "cpu MHz":
+                mhz.append(float(value))
+    except (OSError, ValueError):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    clock = f", {sum(mhz) / len(mhz):.0f} MHz now (mean of {len(mhz)})" if mhz else ""
+    return (f"{model or 'unknown model'}{clock}; {cores} cores this process may run on; torch's CPU threads "
+            f"{torch.get_num_threads()}")
+
+
 def _tracked_objects() -> int:
     """How many objects Python's cyclic collector tracks now (what a full, generation-2, collection walks)."""
     import gc
@@ -722,6 +741,7 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
           f"{sum(st['collections']) / (2 * steps):g} collections"
         for name, (h, g, st) in variants.items())
         + f" (the diagnosis's timers off; with them: host {host_ms:.2f} ms)")
+    lines.append(f"host CPU: {host_cpu()}")
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     lines.append(f"other Python threads alive (they compete for the GIL when busy): {', '.join(others) or 'none'}")
     lines.append(f"torch's synchronising calls (set_sync_debug_mode): {len(syncs) / steps:g} a step"

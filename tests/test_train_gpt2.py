@@ -442,6 +442,7 @@ def test_diagnose_reports_host_time_by_phase_syncs_and_top_functions(script, tmp
     assert re.search(r"\| eager \| [\d.]+ \| - \| [\d.]+ / [\d.]+ / [\d.]+ \| 0.00 \| 0 \| 0 \| 0 \| 0 \| no GPU \|", out)
     # Python's GC a step, and the same steps as they are, with gc.freeze() and with the GC off (then no collection)
     assert "Python's GC in those steps:" in text and "each launcher alone" not in text       # no kernellab op here
+    assert re.search(r"host CPU: .*; \d+ cores this process may run on; torch's CPU threads \d+", text)
     assert set(d["gc_variants"]) == {"GC on", "gc.freeze", "GC off"} and d["gc_variants"]["GC off"]["gc_ms"] == 0
     assert all(v["host_ms"] > 0 for v in d["gc_variants"].values()) and len(d["gc_collections"]) == 3
     assert re.search(r"\| eager \| [\d.]+ \([\d.]+/[\d.]+/[\d.]+\) \| [\d.]+ / [\d.]+ / [\d.]+ \| 0.00 \| "
