@@ -318,6 +318,26 @@ def test_a_submission_that_kills_every_worker_is_an_error_row_and_the_others_are
     assert all(r.passed for r in t.rows[1:]), str(t)
 
 
+@pytest.mark.slow
+def test_submissions_queued_on_the_killers_only_worker_are_graded_alone_afterwards():
+    """One worker: every honest submission waits on the worker the killer takes down, so Dask fails them with it
+    (KilledWorker); each is graded again alone once nothing else runs and passes, the killer's row is the error."""
+    # worker-saturation inf: every job is assigned to the worker at once (none waits on the scheduler)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1,
+                          "distributed.scheduler.worker-saturation": float("inf")}), \
+            distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        _alive(client, 1)
+        subs = {"gus": "always-kill", **{f"s{i}": "fine" for i in range(6)}}
+        t = kernellab.grade_many("ex-c", subs, executor=client.get_executor(), grade=grade_or_misbehave,
+                                 progress=False)
+    gus = t.row("gus")
+    assert gus.passed is None and "KilledWorker" in gus.error, str(t)
+    honest = [r for r in t.rows if r.submission != "gus"]
+    assert all(r.passed for r in honest), str(t)
+    assert any(r.rerun and "died" in r.rerun for r in honest), str(t)    # some waited behind the killer
+
+
 def test_gpu_lock_lets_one_process_at_a_time_use_a_gpu():
     held = threading.Event()
     spans = []

@@ -257,9 +257,9 @@ def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float 
     - A worker process that dies (killed, out of memory, a crash in a driver) takes its jobs with it; the scheduler
       starts them again on another worker, and their JobDone says so (`reruns`, `rerun`). Dask fails a job with
       `distributed.KilledWorker` once more workers died under it than the scheduler allows (3 by default), counting
-      the jobs waiting their turn there too; such a job is sent again under a new key, up to KILLED_RETRIES times
-      (a job queued behind a killer can be failed with it more than once), so that only a job that kills every
-      worker it runs on ends as KilledWorker.
+      the jobs waiting their turn there too, so a job queued behind a killer is failed with it. Each job so failed
+      is held back and sent again under a new key once nothing else is running, one at a time: alone in the pool,
+      only a job that kills every worker it runs on fails again, and that failure is its result (KilledWorker).
     - With `timeout_s`, a job still running `timeout_s` after it started on its worker is given up (its value is a
       JobTimeout) and that worker is restarted: its other jobs are re-run elsewhere and say so.
     - Each result is fetched and released as it arrives, so a worker lost later costs no finished result.
@@ -274,7 +274,6 @@ def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float 
     yield from _dask_jobs(client, fn, list(items), timeout_s, poll_s)
 
 
-KILLED_RETRIES = 3      # sends of a job again after Dask failed it as KilledWorker (see `jobs`)
 
 
 def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, no_workers_s: float = 300.0
@@ -296,8 +295,13 @@ def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, 
     moved: dict[str, str] = {}                          # key -> why it left a worker restarted by the watchdog
     no_workers_since: float | None = None
     deaths: dict[int, int] = {}                         # index -> worker deaths in its earlier tries
-    tries: dict[int, int] = {}                          # index -> times sent again after a KilledWorker
-    while pending:
+    held: list[int] = []                                # failed as KilledWorker, waiting to run alone
+    alone: set[int] = set()                             # sent again alone: a KilledWorker now is its own
+    while pending or held:
+        if not pending:                                 # nothing else runs: the next held job goes alone
+            i = held.pop(0)
+            alone.add(i)
+            submit(i)
         try:
             done = distributed.wait([f for _, f in pending.values()], timeout=poll_s,
                                     return_when="FIRST_COMPLETED").done
@@ -318,14 +322,12 @@ def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, 
                 where = _who_has(client, f)
                 f.release()                             # the result is here now: a worker lost later costs nothing
                 died = lost.get(f.key, 0) + deaths.get(i, 0)
-                if type(value).__name__ == "KilledWorker" and tries.get(i, 0) < KILLED_RETRIES:
+                if type(value).__name__ == "KilledWorker" and i not in alone:
                     # Dask counts a death against every job assigned to the worker, those waiting their turn too:
-                    # a job queued behind one that kills its workers can be failed with it, again when it is queued
-                    # behind the killer's own retry. Again under a new key; the job that does the killing fails
-                    # every time.
+                    # a job queued behind one that kills its workers is failed with it. Held back and sent again
+                    # alone (under a new key) once the others are done: only the job that does the killing fails.
                     deaths[i] = died
-                    tries[i] = tries.get(i, 0) + 1
-                    submit(i)
+                    held.append(i)
                     continue
                 n = max(died, int(f.key in moved))      # a restart by the watchdog counts as a death there too
                 rerun = None
