@@ -828,46 +828,22 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
 }  // namespace fa2
 
 // One entry point per (dtype, head dim, causal). Tile shapes: BLOCK_N keys per tile, NWARPS x 16 query rows.
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_bf16_d64(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-             float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 64, FA2_BN64, FA2_NWARPS, FA2_MT, false, FA2_QREGS64>(q, k, v, o, lse, n, scale);
+// FA2_ENTRY(name, T, D, CAUSAL) is one extern "C" kernel with D's tiles (FA2_BN##D, FA2_QREGS##D above); kernellab
+// expands the cell's own macros to find each kernel and its parameter types.
+#define FA2_ENTRY(name, T, D, CAUSAL) \
+extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB) \
+name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o, \
+     float* __restrict__ lse, int n, float scale) { \
+    fa2::attention_fwd<T, D, FA2_BN##D, FA2_NWARPS, FA2_MT, CAUSAL, FA2_QREGS##D>(q, k, v, o, lse, n, scale); \
 }
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_bf16_d64_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-                    float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 64, FA2_BN64, FA2_NWARPS, FA2_MT, true, FA2_QREGS64>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_bf16_d128(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-              float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 128, FA2_BN128, FA2_NWARPS, FA2_MT, false, FA2_QREGS128>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_bf16_d128_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-                     float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 128, FA2_BN128, FA2_NWARPS, FA2_MT, true, FA2_QREGS128>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_f16_d64(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-            float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__half, 64, FA2_BN64, FA2_NWARPS, FA2_MT, false, FA2_QREGS64>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_f16_d64_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-                   float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__half, 64, FA2_BN64, FA2_NWARPS, FA2_MT, true, FA2_QREGS64>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_f16_d128(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-             float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__half, 128, FA2_BN128, FA2_NWARPS, FA2_MT, false, FA2_QREGS128>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_f16_d128_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-                    float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__half, 128, FA2_BN128, FA2_NWARPS, FA2_MT, true, FA2_QREGS128>(q, k, v, o, lse, n, scale);
-}
+FA2_ENTRY(fa2_bf16_d64, __nv_bfloat16, 64, false)
+FA2_ENTRY(fa2_bf16_d64_causal, __nv_bfloat16, 64, true)
+FA2_ENTRY(fa2_bf16_d128, __nv_bfloat16, 128, false)
+FA2_ENTRY(fa2_bf16_d128_causal, __nv_bfloat16, 128, true)
+FA2_ENTRY(fa2_f16_d64, __half, 64, false)
+FA2_ENTRY(fa2_f16_d64_causal, __half, 64, true)
+FA2_ENTRY(fa2_f16_d128, __half, 128, false)
+FA2_ENTRY(fa2_f16_d128_causal, __half, 128, true)
 
 # %% [markdown]
 # ### What it costs
@@ -1196,164 +1172,54 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
 }
 }  // namespace fa3
 
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG64 + 1), 1)
-fa3_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-             const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__nv_bfloat16, 64, FA3_BN64, FA3_WG64, FA3_ST64, false>(&tq, &tk, &tv, o, n, scale);
+// One entry point per (dtype, head dim, causal): FA3_ENTRY(name, T, D, CAUSAL) is one extern "C" kernel with D's
+// tiles (FA3_BN##D keys, FA3_WG##D consumer warpgroups, FA3_ST##D stages, above); FA3P_ENTRY(name, T, D, BN, WG,
+// ST, CAUSAL, MINB) one of step 3b's persistent kernels, its template arguments in attention_fwd_persistent's order
+// and MINB CTAs an SM. kernellab expands the cell's own macros to find each kernel and its parameter types.
+#define FA3_ENTRY(name, T, D, CAUSAL) \
+extern "C" __global__ void __launch_bounds__(128 * (FA3_WG##D + 1), 1) \
+name(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ o, int n, float scale) { \
+    fa3::attention_fwd<T, D, FA3_BN##D, FA3_WG##D, FA3_ST##D, CAUSAL>(&tq, &tk, &tv, o, n, scale); \
 }
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG64 + 1), 1)
-fa3_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__nv_bfloat16, 64, FA3_BN64, FA3_WG64, FA3_ST64, true>(&tq, &tk, &tv, o, n, scale);
+#define FA3P_ENTRY(name, T, D, BN, WG, ST, CAUSAL, MINB) \
+extern "C" __global__ void __launch_bounds__(128 * (WG + 1), MINB) \
+name(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ o, int n, int bh, int heads_per_section, \
+     int* __restrict__ work_counter, float scale) { \
+    fa3::attention_fwd_persistent<T, D, BN, WG, ST, CAUSAL>(&tq, &tk, &tv, o, n, bh, heads_per_section, \
+                                                            work_counter, scale); \
 }
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG128 + 1), 1)
-fa3_bf16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-              const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__nv_bfloat16, 128, FA3_BN128, FA3_WG128, FA3_ST128, false>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG128 + 1), 1)
-fa3_bf16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                     const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__nv_bfloat16, 128, FA3_BN128, FA3_WG128, FA3_ST128, true>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG64 + 1), 1)
-fa3_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-            const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__half, 64, FA3_BN64, FA3_WG64, FA3_ST64, false>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG64 + 1), 1)
-fa3_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                   const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__half, 64, FA3_BN64, FA3_WG64, FA3_ST64, true>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG128 + 1), 1)
-fa3_f16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-             const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__half, 128, FA3_BN128, FA3_WG128, FA3_ST128, false>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG128 + 1), 1)
-fa3_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__half, 128, FA3_BN128, FA3_WG128, FA3_ST128, true>(&tq, &tk, &tv, o, n, scale);
-}
+FA3_ENTRY(fa3_bf16_d64, __nv_bfloat16, 64, false)
+FA3_ENTRY(fa3_bf16_d64_causal, __nv_bfloat16, 64, true)
+FA3_ENTRY(fa3_bf16_d128, __nv_bfloat16, 128, false)
+FA3_ENTRY(fa3_bf16_d128_causal, __nv_bfloat16, 128, true)
+FA3_ENTRY(fa3_f16_d64, __half, 64, false)
+FA3_ENTRY(fa3_f16_d64_causal, __half, 64, true)
+FA3_ENTRY(fa3_f16_d128, __half, 128, false)
+FA3_ENTRY(fa3_f16_d128_causal, __half, 128, true)
 // step 3b: 3 consumer warpgroups (BLOCK_M = 192) or 2 (_bm128) at d = 64; 2 at d = 128
-extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
-fa3p_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_bf16_d64_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
-fa3p_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_bf16_d64_causal_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_bf16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_bf16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
-fa3p_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 3, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_f16_d64_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 2, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
-fa3p_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 3, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_f16_d64_causal_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 2, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_f16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 128, FA3P_BN128, 2, FA3P_ST128, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 128, FA3P_BN128, 2, FA3P_ST128, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
+FA3P_ENTRY(fa3p_bf16_d64, __nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, false, 1)
+FA3P_ENTRY(fa3p_bf16_d64_bm128, __nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, false, 1)
+FA3P_ENTRY(fa3p_bf16_d64_causal, __nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, true, 1)
+FA3P_ENTRY(fa3p_bf16_d64_causal_bm128, __nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, true, 1)
+FA3P_ENTRY(fa3p_bf16_d128, __nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, false, 1)
+FA3P_ENTRY(fa3p_bf16_d128_causal, __nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, true, 1)
+FA3P_ENTRY(fa3p_f16_d64, __half, 64, FA3P_BN64, 3, FA3P_ST64, false, 1)
+FA3P_ENTRY(fa3p_f16_d64_bm128, __half, 64, FA3P_BN64, 2, FA3P_ST64, false, 1)
+FA3P_ENTRY(fa3p_f16_d64_causal, __half, 64, FA3P_BN64, 3, FA3P_ST64, true, 1)
+FA3P_ENTRY(fa3p_f16_d64_causal_bm128, __half, 64, FA3P_BN64, 2, FA3P_ST64, true, 1)
+FA3P_ENTRY(fa3p_f16_d128, __half, 128, FA3P_BN128, 2, FA3P_ST128, false, 1)
+FA3P_ENTRY(fa3p_f16_d128_causal, __half, 128, FA3P_BN128, 2, FA3P_ST128, true, 1)
 // step 3b for short sequences (_bm64): one consumer warpgroup (64 query rows), 64-key tiles, two CTAs per SM, so one
 // CTA's pipeline fill and epilogue run under the other's products (see "One entry point" below)
 #define FA3P_BM64_BN 64     // keys per tile (the 64-wide accumulators fit two CTAs' registers)
 #define FA3P_BM64_ST64 3    // K/V stages (66 KB of shared memory a CTA)
 // (at d = 128 the 64-row CTA needs more than the 128 registers two CTAs an SM leave it: it spills, so d = 128 has none)
-extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
-fa3p_bf16_d64_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
-fa3p_bf16_d64_causal_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
-fa3p_f16_d64_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
-fa3p_f16_d64_causal_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
+FA3P_ENTRY(fa3p_bf16_d64_bm64, __nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false, 2)
+FA3P_ENTRY(fa3p_bf16_d64_causal_bm64, __nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true, 2)
+FA3P_ENTRY(fa3p_f16_d64_bm64, __half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false, 2)
+FA3P_ENTRY(fa3p_f16_d64_causal_bm64, __half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true, 2)
 
 # %% [markdown]
 # The card shows the Hopper path: `HGMMA.64x128x16.F32.BF16` for both products (with `.tnspB` on the second), `UTMALDG`
@@ -1365,7 +1231,7 @@ for k in (fa3_bf16_d64, fa3_bf16_d128):
     print(f"{k.name:16s} {k.resources}")
     print(" " * 17, k.instruction_summary)
 try:
-    kernellab.compile_cuda(re.sub(r"extern \"C\"[\s\S]*", "", fa3_bf16_d64.module.source) +
+    kernellab.compile_cuda(re.sub(r"#define FA3_ENTRY[\s\S]*", "", fa3_bf16_d64.module.source) +
                            'extern "C" __global__ void probe(float* out) { float d[64] = {}; '
                            "fa3::wgmma_fence(); fa3::wgmma_ss<128, __nv_bfloat16>(d, 0, 0, 0); out[0] = d[0]; }",
                            arch="sm_90")
