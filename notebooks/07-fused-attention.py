@@ -720,20 +720,14 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
 
-    // Per-thread parts of the ldmatrix addresses. Every row an ldmatrix lane points at has row & 7 == lane & 7, so
-    // the swizzled chunk depends only on the lane and the loop counters, and the rest is a compile-time offset.
+    // Per-thread parts of the ldmatrix addresses (kl/attention_mma.cuh, as in tutorial 09's kernels): every row an
+    // ldmatrix lane points at has row & 7 == lane & 7, so the swizzled chunk depends only on the lane and the loop
+    // counters, and the rest is a compile-time offset. K: chunk 2 kc + (lane / 8) % 2 of key 8 nb + (lane & 7) +
+    // 8 (lane / 16); Q: chunk 2 kc + lane / 16 of row w0 + 16 mt + (lane & 15); V: chunk db + lane / 16 of key
+    // 16 kc + (lane & 15).
     constexpr int ROWB = D * 2;                                    // bytes per tile row
-    const int x = lane & 7;
-    uint32_t k_col[KC], q_col[KC], v_col[DB / 2];
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;       // K: chunk 2 kc + (lane / 8) % 2
-        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;             // Q: chunk 2 kc + lane / 16
-    }
-#pragma unroll
-    for (int db = 0; db < DB; db += 2) v_col[db / 2] = ((db + (lane >> 4)) ^ x) << 4;   // V: chunk db + lane / 16
-    const uint32_t k_row = ((lane & 7) + ((lane >> 4) << 3)) * ROWB;  // K: key 8 nb + (lane & 7) + 8 (lane / 16)
-    const uint32_t qv_row = (lane & 15) * ROWB;                        // Q: row w0 + 16 mt + (lane & 15); V: key 16 kc + (lane & 15)
+    uint32_t k_col[KC], q_col[KC], v_col[DB / 2], k_row, qv_row;
+    ldmatrix_offsets(lane, k_col, q_col, v_col, k_row, qv_row);
 
     if (Q_IN_REGS) {                            // wait for the Q tile (and the first K, V tile) once, up front
         cp_async_wait_all();
