@@ -807,28 +807,13 @@ ROWS(__half)
 # %%
 # launchers: softmax (tests/gpu/test_memory_bound_gpu.py and benchmarks/memory_bound.py run this cell too)
 import math
-from dataclasses import dataclass
 
 import torch
 
+from kernellab.teach.rows import RowPlan   # the plan's shape, shared with tutorial 04
+
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 CTYPE = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
-
-
-@dataclass(frozen=True)
-class RowPlan:
-    """How a row-wise kernel covers a rows x cols matrix: who holds a row, and the launch that follows."""
-
-    row_threads: int     # threads that share a row: 32 is one warp per row
-    vpt: int             # 16-byte packs per thread
-    cluster: int         # blocks per row: 1 when a block holds the row
-    block: int           # threads per block
-    grid: int            # blocks
-
-    @property
-    def kind(self) -> str:
-        return ("warp per row" if self.row_threads == 32 else "block per row" if self.cluster == 1
-                else f"cluster of {self.cluster} per row")
 
 
 def plan_rows(rows, cols, itemsize, sms=SMS):
@@ -1069,6 +1054,9 @@ ladder_table(sm_result, sm_bytes, f"softmax 4096 x 4096 float32, {sm_result.devi
 
 # %%
 # %%gpu
+from kernellab.teach.rows import sweep_table   # the table tutorial 04's sweeps show too
+
+
 def sweep_rows(ours, torch_fn, compiled_fn, shapes, dtype, bytes_of, outputs=True):
     """bench(ours) against torch eager and torch.compile at each shape; returns {shape: BenchResult}."""
     results = {}
@@ -1081,22 +1069,11 @@ def sweep_rows(ours, torch_fn, compiled_fn, shapes, dtype, bytes_of, outputs=Tru
     return results
 
 
-def sweep_table(results, caption):
-    """One row per shape: µs of ours, eager and compiled, speed-ups, and our % of the copy bandwidth."""
-    rows = []
-    for (r, c), res in results.items():
-        base = {b.name: b for b in res.baselines}
-        rows.append([f"{r} x {c}", f"{res.median_ms * 1e3:.1f}", f"{base['torch eager'].median_ms * 1e3:.1f}",
-                     f"{base['torch.compile'].median_ms * 1e3:.1f}", f"{res.speedup('torch eager').ratio:.2f}x",
-                     f"{res.speedup('torch.compile').ratio:.2f}x", f"{res.gbps / COPY_GBPS:.0%}"])
-    return HTML(html_table(["shape", "ours µs", "eager µs", "compile µs", "vs eager", "vs compile",
-                            "ours, of copy bandwidth"], rows, caption=caption))
-
-
 DTYPES = (torch.bfloat16, torch.float32)
 sm_sweep = {dt: sweep_rows(softmax, torch_softmax, torch_softmax_compiled, SHAPES, dt,
                            lambda r, c, item=dt.itemsize: 2 * r * c * item) for dt in DTYPES}
-display(*[sweep_table(sm_sweep[dt], f"softmax, {str(dt)[6:]}, {sm_result.device}") for dt in DTYPES])
+display(*[HTML(sweep_table(sm_sweep[dt], f"softmax, {str(dt)[6:]}, {sm_result.device}", COPY_GBPS))
+          for dt in DTYPES])
 
 # %%
 # %%gpu

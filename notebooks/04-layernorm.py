@@ -879,28 +879,13 @@ NORM_CLUSTER(__nv_bfloat16, 2, 4) NORM_CLUSTER(__nv_bfloat16, 4, 4) NORM_CLUSTER
 # launchers: layernorm, rmsnorm (tests/gpu/test_memory_bound_gpu.py and benchmarks/memory_bound.py run this cell too)
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 
+from kernellab.teach.rows import RowPlan   # the plan's shape, shared with tutorial 03
+
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 CTYPE = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16"}
-
-
-@dataclass(frozen=True)
-class RowPlan:
-    """How a row-wise kernel covers a rows x cols matrix: who holds a row, and the launch that follows."""
-
-    row_threads: int     # threads that share a row: 32 is one warp per row
-    vpt: int             # 16-byte packs per thread
-    cluster: int         # blocks per row: 1 when a block holds the row
-    block: int           # threads per block
-    grid: int            # blocks
-
-    @property
-    def kind(self) -> str:
-        return ("warp per row" if self.row_threads == 32 else "block per row" if self.cluster == 1
-                else f"cluster of {self.cluster} per row")
 
 
 @functools.cache          # a model calls the op with the same shapes every step: each shape's plan is made once
@@ -1169,6 +1154,9 @@ HTML(html_table(["kernel", "median µs", "TB/s", "of copy bandwidth", "x the flo
 
 # %%
 # %%gpu
+from kernellab.teach.rows import sweep_table   # the table tutorial 03's sweep shows too
+
+
 def sweep_norm(ours, torch_fn, compiled_fn, with_bias, dtype=torch.bfloat16):
     """bench ours against torch eager and torch.compile at each of SHAPES; {shape: BenchResult}."""
     results = {}
@@ -1182,28 +1170,18 @@ def sweep_norm(ours, torch_fn, compiled_fn, with_bias, dtype=torch.bfloat16):
     return results
 
 
-def sweep_table(results, caption):
-    """One row per shape: µs of ours, eager and compiled, speed-ups, and our % of the copy bandwidth."""
-    out = []
-    for (r, c), res in results.items():
-        base = {b.name: b for b in res.baselines}
-        out.append([f"{r} x {c}", f"{res.median_ms * 1e3:.1f}", f"{base['torch eager'].median_ms * 1e3:.1f}",
-                    f"{base['torch.compile'].median_ms * 1e3:.1f}", f"{res.speedup('torch eager').ratio:.2f}x",
-                    f"{res.speedup('torch.compile').ratio:.2f}x", f"{res.gbps / COPY_GBPS:.0%}"])
-    return HTML(html_table(["shape", "ours µs", "eager µs", "compile µs", "vs eager", "vs compile",
-                            "ours, of copy bandwidth"], out, caption=caption))
-
-
 DTYPES = (torch.bfloat16, torch.float32)
 ln_sweep = {dt: sweep_norm(lambda x, w, b, y: layernorm(x, w, b, y, EPS), torch_layernorm, torch_layernorm_compiled,
                            True, dt) for dt in DTYPES}
-display(*[sweep_table(ln_sweep[dt], f"LayerNorm, {str(dt)[6:]}, {ln_result.device}") for dt in DTYPES])
+display(*[HTML(sweep_table(ln_sweep[dt], f"LayerNorm, {str(dt)[6:]}, {ln_result.device}", COPY_GBPS))
+          for dt in DTYPES])
 
 # %%
 # %%gpu
 rms_sweep = {dt: sweep_norm(lambda x, w, y: rmsnorm(x, w, y, EPS), torch_rmsnorm, torch_rmsnorm_compiled, False, dt)
              for dt in DTYPES}
-display(*[sweep_table(rms_sweep[dt], f"RMSNorm, {str(dt)[6:]}, {ln_result.device}") for dt in DTYPES])
+display(*[HTML(sweep_table(rms_sweep[dt], f"RMSNorm, {str(dt)[6:]}, {ln_result.device}", COPY_GBPS))
+          for dt in DTYPES])
 
 # %%
 # %%gpu
@@ -1684,6 +1662,8 @@ NORM_BACKWARD(__nv_bfloat16)
 
 # %%
 # launchers: layernorm backward, rmsnorm backward
+from dataclasses import dataclass
+
 import torch.nn.functional as F
 
 BACKWARD_VALUES = 8          # values of a row per thread in norm_backward_rows (kValues in the cell)
@@ -1885,7 +1865,7 @@ def bench_backward(kind, dtype, shapes=SHAPES, rep_ms=30):
 
 
 bwd_sweep = {(kind, dt): bench_backward(kind, dt) for kind in ("layernorm", "rmsnorm") for dt in DTYPES}
-display(*[sweep_table(res, f"{kind} backward, {str(dt)[6:]}, {ln_result.device}")
+display(*[HTML(sweep_table(res, f"{kind} backward, {str(dt)[6:]}, {ln_result.device}", COPY_GBPS))
           for (kind, dt), res in bwd_sweep.items()])
 
 # %% [markdown]

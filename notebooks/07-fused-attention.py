@@ -720,20 +720,14 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
 
-    // Per-thread parts of the ldmatrix addresses. Every row an ldmatrix lane points at has row & 7 == lane & 7, so
-    // the swizzled chunk depends only on the lane and the loop counters, and the rest is a compile-time offset.
+    // Per-thread parts of the ldmatrix addresses (kl/attention_mma.cuh, as in tutorial 09's kernels): every row an
+    // ldmatrix lane points at has row & 7 == lane & 7, so the swizzled chunk depends only on the lane and the loop
+    // counters, and the rest is a compile-time offset. K: chunk 2 kc + (lane / 8) % 2 of key 8 nb + (lane & 7) +
+    // 8 (lane / 16); Q: chunk 2 kc + lane / 16 of row w0 + 16 mt + (lane & 15); V: chunk db + lane / 16 of key
+    // 16 kc + (lane & 15).
     constexpr int ROWB = D * 2;                                    // bytes per tile row
-    const int x = lane & 7;
-    uint32_t k_col[KC], q_col[KC], v_col[DB / 2];
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;       // K: chunk 2 kc + (lane / 8) % 2
-        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;             // Q: chunk 2 kc + lane / 16
-    }
-#pragma unroll
-    for (int db = 0; db < DB; db += 2) v_col[db / 2] = ((db + (lane >> 4)) ^ x) << 4;   // V: chunk db + lane / 16
-    const uint32_t k_row = ((lane & 7) + ((lane >> 4) << 3)) * ROWB;  // K: key 8 nb + (lane & 7) + 8 (lane / 16)
-    const uint32_t qv_row = (lane & 15) * ROWB;                        // Q: row w0 + 16 mt + (lane & 15); V: key 16 kc + (lane & 15)
+    uint32_t k_col[KC], q_col[KC], v_col[DB / 2], k_row, qv_row;
+    ldmatrix_offsets(lane, k_col, q_col, v_col, k_row, qv_row);
 
     if (Q_IN_REGS) {                            // wait for the Q tile (and the first K, V tile) once, up front
         cp_async_wait_all();
@@ -828,46 +822,22 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
 }  // namespace fa2
 
 // One entry point per (dtype, head dim, causal). Tile shapes: BLOCK_N keys per tile, NWARPS x 16 query rows.
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_bf16_d64(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-             float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 64, FA2_BN64, FA2_NWARPS, FA2_MT, false, FA2_QREGS64>(q, k, v, o, lse, n, scale);
+// FA2_ENTRY(name, T, D, CAUSAL) is one extern "C" kernel with D's tiles (FA2_BN##D, FA2_QREGS##D above); kernellab
+// expands the cell's own macros to find each kernel and its parameter types.
+#define FA2_ENTRY(name, T, D, CAUSAL) \
+extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB) \
+name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o, \
+     float* __restrict__ lse, int n, float scale) { \
+    fa2::attention_fwd<T, D, FA2_BN##D, FA2_NWARPS, FA2_MT, CAUSAL, FA2_QREGS##D>(q, k, v, o, lse, n, scale); \
 }
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_bf16_d64_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-                    float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 64, FA2_BN64, FA2_NWARPS, FA2_MT, true, FA2_QREGS64>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_bf16_d128(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-              float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 128, FA2_BN128, FA2_NWARPS, FA2_MT, false, FA2_QREGS128>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_bf16_d128_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o,
-                     float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__nv_bfloat16, 128, FA2_BN128, FA2_NWARPS, FA2_MT, true, FA2_QREGS128>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_f16_d64(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-            float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__half, 64, FA2_BN64, FA2_NWARPS, FA2_MT, false, FA2_QREGS64>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_f16_d64_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-                   float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__half, 64, FA2_BN64, FA2_NWARPS, FA2_MT, true, FA2_QREGS64>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_f16_d128(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-             float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__half, 128, FA2_BN128, FA2_NWARPS, FA2_MT, false, FA2_QREGS128>(q, k, v, o, lse, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA2_NWARPS * 32, FA2_MINB)
-fa2_f16_d128_causal(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v, __half* __restrict__ o,
-                    float* __restrict__ lse, int n, float scale) {
-    fa2::attention_fwd<__half, 128, FA2_BN128, FA2_NWARPS, FA2_MT, true, FA2_QREGS128>(q, k, v, o, lse, n, scale);
-}
+FA2_ENTRY(fa2_bf16_d64, __nv_bfloat16, 64, false)
+FA2_ENTRY(fa2_bf16_d64_causal, __nv_bfloat16, 64, true)
+FA2_ENTRY(fa2_bf16_d128, __nv_bfloat16, 128, false)
+FA2_ENTRY(fa2_bf16_d128_causal, __nv_bfloat16, 128, true)
+FA2_ENTRY(fa2_f16_d64, __half, 64, false)
+FA2_ENTRY(fa2_f16_d64_causal, __half, 64, true)
+FA2_ENTRY(fa2_f16_d128, __half, 128, false)
+FA2_ENTRY(fa2_f16_d128_causal, __half, 128, true)
 
 # %% [markdown]
 # ### What it costs
@@ -1196,164 +1166,54 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
 }
 }  // namespace fa3
 
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG64 + 1), 1)
-fa3_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-             const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__nv_bfloat16, 64, FA3_BN64, FA3_WG64, FA3_ST64, false>(&tq, &tk, &tv, o, n, scale);
+// One entry point per (dtype, head dim, causal): FA3_ENTRY(name, T, D, CAUSAL) is one extern "C" kernel with D's
+// tiles (FA3_BN##D keys, FA3_WG##D consumer warpgroups, FA3_ST##D stages, above); FA3P_ENTRY(name, T, D, BN, WG,
+// ST, CAUSAL, MINB) one of step 3b's persistent kernels, its template arguments in attention_fwd_persistent's order
+// and MINB CTAs an SM. kernellab expands the cell's own macros to find each kernel and its parameter types.
+#define FA3_ENTRY(name, T, D, CAUSAL) \
+extern "C" __global__ void __launch_bounds__(128 * (FA3_WG##D + 1), 1) \
+name(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ o, int n, float scale) { \
+    fa3::attention_fwd<T, D, FA3_BN##D, FA3_WG##D, FA3_ST##D, CAUSAL>(&tq, &tk, &tv, o, n, scale); \
 }
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG64 + 1), 1)
-fa3_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__nv_bfloat16, 64, FA3_BN64, FA3_WG64, FA3_ST64, true>(&tq, &tk, &tv, o, n, scale);
+#define FA3P_ENTRY(name, T, D, BN, WG, ST, CAUSAL, MINB) \
+extern "C" __global__ void __launch_bounds__(128 * (WG + 1), MINB) \
+name(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ o, int n, int bh, int heads_per_section, \
+     int* __restrict__ work_counter, float scale) { \
+    fa3::attention_fwd_persistent<T, D, BN, WG, ST, CAUSAL>(&tq, &tk, &tv, o, n, bh, heads_per_section, \
+                                                            work_counter, scale); \
 }
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG128 + 1), 1)
-fa3_bf16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-              const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__nv_bfloat16, 128, FA3_BN128, FA3_WG128, FA3_ST128, false>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG128 + 1), 1)
-fa3_bf16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                     const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__nv_bfloat16, 128, FA3_BN128, FA3_WG128, FA3_ST128, true>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG64 + 1), 1)
-fa3_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-            const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__half, 64, FA3_BN64, FA3_WG64, FA3_ST64, false>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG64 + 1), 1)
-fa3_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                   const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__half, 64, FA3_BN64, FA3_WG64, FA3_ST64, true>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG128 + 1), 1)
-fa3_f16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-             const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__half, 128, FA3_BN128, FA3_WG128, FA3_ST128, false>(&tq, &tk, &tv, o, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (FA3_WG128 + 1), 1)
-fa3_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, float scale) {
-    fa3::attention_fwd<__half, 128, FA3_BN128, FA3_WG128, FA3_ST128, true>(&tq, &tk, &tv, o, n, scale);
-}
+FA3_ENTRY(fa3_bf16_d64, __nv_bfloat16, 64, false)
+FA3_ENTRY(fa3_bf16_d64_causal, __nv_bfloat16, 64, true)
+FA3_ENTRY(fa3_bf16_d128, __nv_bfloat16, 128, false)
+FA3_ENTRY(fa3_bf16_d128_causal, __nv_bfloat16, 128, true)
+FA3_ENTRY(fa3_f16_d64, __half, 64, false)
+FA3_ENTRY(fa3_f16_d64_causal, __half, 64, true)
+FA3_ENTRY(fa3_f16_d128, __half, 128, false)
+FA3_ENTRY(fa3_f16_d128_causal, __half, 128, true)
 // step 3b: 3 consumer warpgroups (BLOCK_M = 192) or 2 (_bm128) at d = 64; 2 at d = 128
-extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
-fa3p_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_bf16_d64_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
-fa3p_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_bf16_d64_causal_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_bf16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_bf16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
-fa3p_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 3, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_f16_d64_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 2, FA3P_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (3 + 1), 1)
-fa3p_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 3, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_f16_d64_causal_bm128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BN64, 2, FA3P_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_f16_d128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 128, FA3P_BN128, 2, FA3P_ST128, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (2 + 1), 1)
-fa3p_f16_d128_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 128, FA3P_BN128, 2, FA3P_ST128, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
+FA3P_ENTRY(fa3p_bf16_d64, __nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, false, 1)
+FA3P_ENTRY(fa3p_bf16_d64_bm128, __nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, false, 1)
+FA3P_ENTRY(fa3p_bf16_d64_causal, __nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, true, 1)
+FA3P_ENTRY(fa3p_bf16_d64_causal_bm128, __nv_bfloat16, 64, FA3P_BN64, 2, FA3P_ST64, true, 1)
+FA3P_ENTRY(fa3p_bf16_d128, __nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, false, 1)
+FA3P_ENTRY(fa3p_bf16_d128_causal, __nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, true, 1)
+FA3P_ENTRY(fa3p_f16_d64, __half, 64, FA3P_BN64, 3, FA3P_ST64, false, 1)
+FA3P_ENTRY(fa3p_f16_d64_bm128, __half, 64, FA3P_BN64, 2, FA3P_ST64, false, 1)
+FA3P_ENTRY(fa3p_f16_d64_causal, __half, 64, FA3P_BN64, 3, FA3P_ST64, true, 1)
+FA3P_ENTRY(fa3p_f16_d64_causal_bm128, __half, 64, FA3P_BN64, 2, FA3P_ST64, true, 1)
+FA3P_ENTRY(fa3p_f16_d128, __half, 128, FA3P_BN128, 2, FA3P_ST128, false, 1)
+FA3P_ENTRY(fa3p_f16_d128_causal, __half, 128, FA3P_BN128, 2, FA3P_ST128, true, 1)
 // step 3b for short sequences (_bm64): one consumer warpgroup (64 query rows), 64-key tiles, two CTAs per SM, so one
 // CTA's pipeline fill and epilogue run under the other's products (see "One entry point" below)
 #define FA3P_BM64_BN 64     // keys per tile (the 64-wide accumulators fit two CTAs' registers)
 #define FA3P_BM64_ST64 3    // K/V stages (66 KB of shared memory a CTA)
 // (at d = 128 the 64-row CTA needs more than the 128 registers two CTAs an SM leave it: it spills, so d = 128 has none)
-extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
-fa3p_bf16_d64_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
-fa3p_bf16_d64_causal_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
-fa3p_f16_d64_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (1 + 1), 2)
-fa3p_f16_d64_causal_bm64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-    const __grid_constant__ CUtensorMap tv, __half* __restrict__ o, int n, int bh, int heads_per_section,
-    int* __restrict__ work_counter, float scale) {
-    fa3::attention_fwd_persistent<__half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true>(&tq, &tk, &tv, o, n,
-        bh, heads_per_section, work_counter, scale);
-}
+FA3P_ENTRY(fa3p_bf16_d64_bm64, __nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false, 2)
+FA3P_ENTRY(fa3p_bf16_d64_causal_bm64, __nv_bfloat16, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true, 2)
+FA3P_ENTRY(fa3p_f16_d64_bm64, __half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, false, 2)
+FA3P_ENTRY(fa3p_f16_d64_causal_bm64, __half, 64, FA3P_BM64_BN, 1, FA3P_BM64_ST64, true, 2)
 
 # %% [markdown]
 # The card shows the Hopper path: `HGMMA.64x128x16.F32.BF16` for both products (with `.tnspB` on the second), `UTMALDG`
@@ -1365,7 +1225,7 @@ for k in (fa3_bf16_d64, fa3_bf16_d128):
     print(f"{k.name:16s} {k.resources}")
     print(" " * 17, k.instruction_summary)
 try:
-    kernellab.compile_cuda(re.sub(r"extern \"C\"[\s\S]*", "", fa3_bf16_d64.module.source) +
+    kernellab.compile_cuda(re.sub(r"#define FA3_ENTRY[\s\S]*", "", fa3_bf16_d64.module.source) +
                            'extern "C" __global__ void probe(float* out) { float d[64] = {}; '
                            "fa3::wgmma_fence(); fa3::wgmma_ss<128, __nv_bfloat16>(d, 0, 0, 0); out[0] = d[0]; }",
                            arch="sm_90")

@@ -171,7 +171,7 @@ def _tutorial07_step2():
             raise FileNotFoundError(f"attention_forward compiles tutorial 07's step-2 cell from {here}, which is "
                                     f"missing: run from a kernellab source checkout")
         cells = re.split(r"^# %%(?: .*)?\n", here.read_text(), flags=re.M)
-        cell = next(c for c in cells if c.startswith("# %%cuda") and "fa2_bf16_d64(" in c)
+        cell = next(c for c in cells if c.startswith("# %%cuda") and "--name fa2_cell" in c.partition("\n")[0])
         _fa2_forward["module"] = kernellab.compile_cuda(cell.partition("\n")[2], first_line=2,
                                                         filename="07-fused-attention.py:step2")
     return _fa2_forward["module"]

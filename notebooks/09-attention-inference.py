@@ -173,17 +173,10 @@ __device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __rest
         for (int e = 0; e < DB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
         m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
     }
-    // ldmatrix lane addresses, as in tutorial 07: the swizzled chunk depends only on the lane and the loop counters.
-    const int x = lane & 7;
-    uint32_t k_col[KC], q_col[KC], v_col[DB / 2];
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;
-        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;
-    }
-#pragma unroll
-    for (int db = 0; db < DB; db += 2) v_col[db / 2] = ((db + (lane >> 4)) ^ x) << 4;
-    const uint32_t k_row = ((lane & 7) + ((lane >> 4) << 3)) * ROWB, qv_row = (lane & 15) * ROWB;
+    // ldmatrix lane addresses, as in tutorial 07 (kl/attention_mma.cuh): the swizzled chunk depends only on the lane
+    // and the loop counters.
+    uint32_t k_col[KC], q_col[KC], v_col[DB / 2], k_row, qv_row;
+    ldmatrix_offsets(lane, k_col, q_col, v_col, k_row, qv_row);
 
     if (Q_IN_REGS) {
         cp_async_wait_all();
@@ -546,7 +539,7 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
                                              float* __restrict__ lse_part, T* __restrict__ out,
                                              int* __restrict__ counters, int Hkv, int G, int nq, int Nmax,
                                              float scale) {
-    constexpr int ROWS = 16 * MT, KC = D / 16, NB = BLOCK_N / 8, DB = D / 8, ROWB = D * 2;
+    constexpr int ROWS = 16 * MT, KC = D / 16, NB = BLOCK_N / 8, DB = D / 8;
     constexpr uint32_t KV_BYTES = BLOCK_N * D * 2, WARP_BYTES = (ROWS + 4 * BLOCK_N) * D * 2;
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -576,16 +569,8 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
         cp_async_commit();
     }
     const float scale_log2 = scale * LOG2E;
-    const int x = lane & 7;
-    uint32_t k_col[KC], q_col[KC], v_col[DB / 2];
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;
-        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;
-    }
-#pragma unroll
-    for (int db = 0; db < DB; db += 2) v_col[db / 2] = ((db + (lane >> 4)) ^ x) << 4;
-    const uint32_t k_row = ((lane & 7) + ((lane >> 4) << 3)) * ROWB, qv_row = (lane & 15) * ROWB;
+    uint32_t k_col[KC], q_col[KC], v_col[DB / 2], k_row, qv_row;   // ldmatrix lane addresses (kl/attention_mma.cuh)
+    ldmatrix_offsets(lane, k_col, q_col, v_col, k_row, qv_row);
 
     auto step = [&](int j, bool MASK) {
         cp_async_wait_all();

@@ -3,7 +3,6 @@ pick exists in the notebook's cells, and the cell launches exactly what the plan
 memory, arguments), run on CPU tensors against stand-in kernels that record their launches."""
 import json
 import pathlib
-import re
 import sys
 import types
 
@@ -14,6 +13,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "gpu"))
 from notebook_cells import cuda_cells, launcher_cells, named_cuda_cells_with_arch  # noqa: E402
 
+from kernellab.compile.signature import find_kernels  # noqa: E402
 from kernellab.teach.attention_plan import CANDIDATES, plan_attention  # noqa: E402
 
 NOTEBOOK = "07-fused-attention.py"
@@ -26,9 +26,20 @@ def every_entry():
 def test_every_kernel_the_model_can_pick_is_in_the_notebook():
     cells = named_cuda_cells_with_arch(NOTEBOOK)
     assert cells["fa3_cell"][0] == "sm_90a" and cells["fa2_cell"][0] is None
-    defined = set(re.findall(r"^(fa\w+)\(", "\n".join(c for _, c in cells.values()), re.M))   # entry names start lines
+    # the entry points are macro invocations (FA2_ENTRY, FA3_ENTRY, FA3P_ENTRY): find_kernels expands the cells' macros
+    defined = {k.name: k for _, c in cells.values() for k in find_kernels(c) if k.name.startswith("fa")}
     missing = [e for e in every_entry() if e not in defined]
     assert not missing, f"the model can pick kernels the cells do not define: {missing}"
+    for name in every_entry():      # each takes what its step's launcher passes, in its dtype
+        params = defined[name].params
+        dtype = "bfloat16" if "_bf16_" in name else "float16"
+        if name.startswith("fa2_"):
+            assert [p.name for p in params] == ["q", "k", "v", "o", "lse", "n", "scale"], (name, params)
+            assert [p.dtype for p in params[:4]] == [dtype] * 4 and params[4].dtype == "float32", (name, params)
+        else:
+            tail = ["n", "bh", "heads_per_section", "work_counter", "scale"] if name.startswith("fa3p_") else ["n", "scale"]
+            assert [p.name for p in params] == ["tq", "tk", "tv", "o"] + tail, (name, params)
+            assert all(p.tensor_map for p in params[:3]) and params[3].pointer and params[3].dtype == dtype, (name, params)
 
 
 class Recorder:

@@ -411,13 +411,13 @@ extern "C" __global__ void k(const float* S, const __half* V, float* O, float sc
     float o[1][8][4], m[1][2], l[1][2];
     for (int e = 0; e < 8; ++e) o[0][e][0] = o[0][e][1] = o[0][e][2] = o[0][e][3] = 0.f;
     m[0][0] = m[0][1] = -CUDART_INF_F, l[0][0] = l[0][1] = 0.f;
-    unsigned v_col[4];
-    for (int db = 0; db < 8; db += 2) v_col[db / 2] = ((db + (lane >> 4)) ^ (lane & 7)) << 4;
+    unsigned k_col[4], q_col[4], v_col[4], k_row, qv_row;
+    ldmatrix_offsets(lane, k_col, q_col, v_col, k_row, qv_row);
     for (int j = 0; j < 2; ++j) {
         float s[1][2][4];
         for (int nb = 0; nb < 2; ++nb)
             for (int e = 0; e < 4; ++e) s[0][nb][e] = S[(g + 8 * (e >> 1)) * 32 + 16 * j + 8 * nb + 2 * t + (e & 1)];
-        const unsigned v_base = (unsigned)__cvta_generic_to_shared(v_s[j]) + (lane & 15) * 128;
+        const unsigned v_base = (unsigned)__cvta_generic_to_shared(v_s[j]) + qv_row;
         softmax_pv<__half>(s, o, m, l, true, scale_log2, 8.0f, v_base, v_col);
     }
     for (int h = 0; h < 2; ++h) {
@@ -431,6 +431,51 @@ extern "C" __global__ void k(const float* S, const __half* V, float* O, float sc
 """
 
 
+# ldmatrix_offsets<kKC> for head dims 64 and 128: each lane's k_col, q_col, v_col (kKC each), k_row and qv_row.
+OFFSETS_KERNEL = r"""
+#include <kl/attention_mma.cuh>
+template <int KC>
+__device__ __forceinline__ void offsets(unsigned* out) {
+    const int lane = threadIdx.x;
+    unsigned k_col[KC], q_col[KC], v_col[KC], k_row, qv_row;
+    ldmatrix_offsets(lane, k_col, q_col, v_col, k_row, qv_row);
+    unsigned* o = out + lane * (3 * KC + 2);
+    for (int kc = 0; kc < KC; ++kc) o[kc] = k_col[kc], o[KC + kc] = q_col[kc], o[2 * KC + kc] = v_col[kc];
+    o[3 * KC] = k_row, o[3 * KC + 1] = qv_row;
+}
+extern "C" __global__ void offsets_d64(unsigned* out) { offsets<4>(out); }
+extern "C" __global__ void offsets_d128(unsigned* out) { offsets<8>(out); }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [64, 128])
+def test_ldmatrix_offsets_point_each_lane_at_its_row_and_chunk_of_the_swizzled_tile_on_the_emulator(d):
+    """Row offset + column offset = swz<d>(row, chunk) of the row and 16-byte chunk the lane gives an ldmatrix.x4:
+    K (B fragments, two n8 blocks): key (lane & 7) + 8 (lane / 16), chunk 2 kc + (lane / 8) % 2; Q (A fragments) and
+    V (.trans): row lane & 15, chunk 2 kc + lane / 16; and a tile 8 n rows further adds 8 n rows (row & 7 kept)."""
+    from kernellab.run.sim.cuda import emulate
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    kc_n = d // 16
+    out = np.full((32, 3 * kc_n + 2), 0xFFFFFFFF, np.uint32)
+    emulate.emulate(OFFSETS_KERNEL, f"offsets_d{d}", (1,), (32,), [out])
+
+    def swz(row, chunk):                                   # kl/attention_mma.cuh's layout, written out
+        return row * 2 * d + ((chunk ^ (row % 8)) << 4)
+
+    for lane in range(32):
+        k_col, q_col, v_col = out[lane, :kc_n], out[lane, kc_n:2 * kc_n], out[lane, 2 * kc_n:3 * kc_n]
+        k_row, qv_row = out[lane, 3 * kc_n], out[lane, 3 * kc_n + 1]
+        key, row = lane % 8 + 8 * (lane // 16), lane % 16
+        for kc in range(kc_n):
+            for n in (0, 1, 5):                            # n-block / m-tile / key-tile steps of 8 rows
+                assert 8 * n * 2 * d + k_row + k_col[kc] == swz(8 * n + key, 2 * kc + (lane // 8) % 2), (lane, kc)
+                assert 8 * n * 2 * d + qv_row + q_col[kc] == swz(8 * n + row, 2 * kc + lane // 16), (lane, kc)
+                assert 8 * n * 2 * d + qv_row + v_col[kc] == swz(8 * n + row, 2 * kc + lane // 16), (lane, kc)
+
+
 # S = Q K^T for 32 query rows (kMT = 2) against 32 keys (kNB = 4), head dim 64 (kKC = 4), one warp; Q fragments held
 # in registers (QREGS) or re-read from the Q tile each chunk. Q: [32, 64], K: [32, 64] fp16; S: [32, 32] fp32.
 SCORES_QK_KERNEL = r"""
@@ -438,19 +483,16 @@ SCORES_QK_KERNEL = r"""
 template <bool QREGS>
 __device__ __forceinline__ void qk(const __half* Q, const __half* K, float* S) {
     __shared__ __align__(128) unsigned char q_s[32 * 128], k_s[32 * 128];   // swizzled [32, 64] tiles
-    const int lane = threadIdx.x, g = lane / 4, t = lane % 4, x = lane & 7;
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
     for (int i = lane; i < 32 * 8; i += 32) {
         *reinterpret_cast<uint4*>(q_s + swz<64>(i / 8, i % 8)) = *reinterpret_cast<const uint4*>(Q + 8 * i);
         *reinterpret_cast<uint4*>(k_s + swz<64>(i / 8, i % 8)) = *reinterpret_cast<const uint4*>(K + 8 * i);
     }
     __syncwarp();
     const unsigned q_tile = (unsigned)__cvta_generic_to_shared(q_s), k_tile = (unsigned)__cvta_generic_to_shared(k_s);
-    unsigned q_col[4], k_col[4];
-    for (int kc = 0; kc < 4; ++kc) {
-        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;
-        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;
-    }
-    const unsigned qv_row = (lane & 15) * 128, k_base = k_tile + ((lane & 7) + ((lane >> 4) << 3)) * 128;
+    unsigned q_col[4], k_col[4], v_col[4], k_row, qv_row;
+    ldmatrix_offsets(lane, k_col, q_col, v_col, k_row, qv_row);
+    const unsigned k_base = k_tile + k_row;
     unsigned qf[2][QREGS ? 4 : 1][4];
     if (QREGS)
         for (int mt = 0; mt < 2; ++mt)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(HERE / "gpu"))
 from kernellab.run.sim.cuda.emulate import compiler  # noqa: E402
 from kernellab.run.sim.cuda.emulate import bf16_bits, bf16_values, emulate  # noqa: E402
 
-from notebook_cells import cuda_cells, launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
+from notebook_cells import launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
 
 NB = "08-attention-backward.py"
 SOURCE = named_cuda_cells(NB)["attn_bwd"]
@@ -255,7 +255,7 @@ def test_backward_in_the_emulator_matches_float64(BH, N, d, causal, variant, mod
 
 # --- step 1: tutorial 07's step-2 forward stores the LSE ------------------------------------------------------------
 
-FORWARD = next(c for c in cuda_cells("07-fused-attention.py") if "fa2_bf16_d64(" in c)   # 07's step-2 cell
+FORWARD = named_cuda_cells("07-fused-attention.py")["fa2_cell"]   # 07's step-2 cell (fa2_bf16_d64 ...)
 
 
 @needs_cxx

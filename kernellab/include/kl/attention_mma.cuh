@@ -32,6 +32,28 @@ template <int kD> __device__ __forceinline__ unsigned swz(int row, int chunk) {
     return row * (kD * 2) + ((chunk ^ (row & 7)) << 4);
 }
 
+// This lane's parts of the ldmatrix addresses that scores_qk and softmax_pv take, for swizzled (swz) Q, K and V tiles
+// with a head dim of kKC * 16. Every row an ldmatrix lane points at has row & 7 == lane & 7 (tiles start at multiples
+// of 8 rows), so the swizzled chunk depends only on the lane and the loop counters, and the rest is a compile-time
+// offset: swz<kKC * 16>(row0 + r, c) == row0 * kKC * 32 + the lane's row offset + the lane's column offset.
+//   k_col[kc]  K: chunk 2 kc + (lane / 8) % 2          k_row   K: key (lane & 7) + 8 (lane / 16) (n-block 0)
+//   q_col[kc]  Q: chunk 2 kc + lane / 16               qv_row  Q: row lane & 15 (m-tile 0); V: key lane & 15
+//   v_col[kc]  V: chunk db + lane / 16, db = 2 kc       (byte offsets; rows kKC * 32 bytes apart)
+template <int kKC>
+__device__ __forceinline__ void ldmatrix_offsets(int lane, unsigned (&k_col)[kKC], unsigned (&q_col)[kKC],
+                                                 unsigned (&v_col)[kKC], unsigned& k_row, unsigned& qv_row) {
+    constexpr int kRowBytes = kKC * 32;
+    const int x = lane & 7;
+#pragma unroll
+    for (int kc = 0; kc < kKC; ++kc) {
+        k_col[kc] = ((2 * kc + ((lane >> 3) & 1)) ^ x) << 4;
+        q_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;
+        v_col[kc] = ((2 * kc + (lane >> 4)) ^ x) << 4;
+    }
+    k_row = ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes;
+    qv_row = (lane & 15) * kRowBytes;
+}
+
 // S = Q K^T for one tile of keys: s (zeroed first) gets the warp's kMT m16 row tiles of Q times keys 8 nb .. 8 nb + 7
 // (nb < kNB), over kKC chunks of 16 along the head dim. Tiles are swizzled [rows, kKC * 16] (swz), 16-bit. K's B
 // fragments come through ldmatrix, two n8 blocks an x4; Q's A fragments are either held in registers for the whole
