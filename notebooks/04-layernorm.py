@@ -937,20 +937,35 @@ def norm_kernel_for(kind, rows, cols, dtype):
     return norm_kernels[name], plan
 
 
+_LAUNCHES = {}            # (kind, rows, cols, dtype) -> (norm_kernels, kernel[grid, block] or None, plan)
+
+
+def norm_launch_for(kind, rows, cols, dtype):
+    """norm_kernel_for's kernel, configured as kernel[plan.grid, plan.block], and plan: looked up once per shape
+    (again after the kernels' cell is run again), so that a model's call makes no kernel name and no lookup."""
+    kernel, plan = norm_kernel_for(kind, rows, cols, dtype)
+    hit = _LAUNCHES[kind, rows, cols, dtype] = (norm_kernels, None if kernel is None else kernel[plan.grid, plan.block],
+                                                plan)
+    return hit
+
+
 def layernorm(x, w, b, y=None, eps=1e-5):
     """F.layer_norm(x, (cols,), w, b, eps) for 2-D float32/bf16 CUDA x; fp32 statistics, one read of x."""
     y = torch.empty_like(x) if y is None else y
     rows, cols = x.shape
-    if x.numel() == 0:
+    if rows == 0 or cols == 0:
         return y
     _check_layout(x, w, b, y)
-    kernel, plan = norm_kernel_for("layernorm", rows, cols, x.dtype)
-    if kernel is None:                       # rows too long for registers: two reads
+    hit = _LAUNCHES.get(("layernorm", rows, cols, x.dtype))
+    if hit is None or hit[0] is not norm_kernels:
+        hit = norm_launch_for("layernorm", rows, cols, x.dtype)
+    _, launch, plan = hit
+    if launch is None:                       # rows too long for registers: two reads
         return layernorm_welford(x, w, b, y, eps)
     if plan.cluster == 1:
-        kernel[plan.grid, plan.block](x, w, b, y, rows, cols, plan.row_threads, eps)
+        launch(x, w, b, y, rows, cols, plan.row_threads, eps)
     else:
-        kernel[plan.grid, plan.block](x, w, b, y, rows, cols, eps)
+        launch(x, w, b, y, rows, cols, eps)
     return y
 
 
@@ -958,16 +973,19 @@ def rmsnorm(x, w, y=None, eps=1e-5):
     """F.rms_norm(x, (cols,), w, eps) for 2-D float32/bf16 CUDA x; fp32 statistics, one read of x."""
     y = torch.empty_like(x) if y is None else y
     rows, cols = x.shape
-    if x.numel() == 0:
+    if rows == 0 or cols == 0:
         return y
     _check_layout(x, w, y)
-    kernel, plan = norm_kernel_for("rmsnorm", rows, cols, x.dtype)
-    if kernel is None:
+    hit = _LAUNCHES.get(("rmsnorm", rows, cols, x.dtype))
+    if hit is None or hit[0] is not norm_kernels:
+        hit = norm_launch_for("rmsnorm", rows, cols, x.dtype)
+    _, launch, plan = hit
+    if launch is None:
         raise ValueError(f"rmsnorm: rows of {cols} elements are longer than the registers of a cluster hold")
     if plan.cluster == 1:
-        kernel[plan.grid, plan.block](x, w, y, rows, cols, plan.row_threads, eps)
+        launch(x, w, y, rows, cols, plan.row_threads, eps)
     else:
-        kernel[plan.grid, plan.block](x, w, y, rows, cols, eps)
+        launch(x, w, y, rows, cols, eps)
     return y
 
 
@@ -1710,19 +1728,40 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
         dw.zero_()
         return (dx, dw, db.zero_()) if with_bias else (dx, dw)
     _check_layout(dy, x, w, dx, dw)
-    plan = plan or plan_backward(rows, cols, x.element_size())
-    ct, rms = CTYPE[x.dtype], "true" if kind == "rmsnorm" else "false"
+    if plan is None:                         # a model's call: the plan and the configured kernels, once per shape
+        hit = _BACKWARD_LAUNCHES.get((kind, rows, cols, x.dtype))
+        if hit is None or hit[0] is not norm_backward:
+            hit = _backward_launches(kind, rows, cols, x.dtype, plan_backward(rows, cols, x.element_size()))
+            _BACKWARD_LAUNCHES[kind, rows, cols, x.dtype] = hit
+    else:
+        hit = _backward_launches(kind, rows, cols, x.dtype, plan)
+    _, plan, main, stats_launch, finish = hit
     partial = torch.empty(plan.grid, 2, cols, dtype=torch.float32, device=x.device)
     if plan.kernel == "rows":
-        norm_backward[f"norm_backward_rows<{ct}, {rms}>"][plan.grid, plan.block](
-            dy, x, w, dx, partial, rows, cols, plan.row_threads, eps)
+        main(dy, x, w, dx, partial, rows, cols, plan.row_threads, eps)
     else:
         stats = torch.empty(rows, 4, dtype=torch.float32, device=x.device)
-        norm_backward[f"norm_backward_stats<{ct}, {rms}>"][rows, 1024](dy, x, w, stats, cols, eps)
-        norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block](
-            dy, x, w, dx, stats, partial, rows, cols)
-    norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // 32), 512](partial, plan.grid, cols, dw, db)
+        stats_launch(dy, x, w, stats, cols, eps)
+        main(dy, x, w, dx, stats, partial, rows, cols)
+    finish(partial, plan.grid, cols, dw, db)
     return (dx, dw, db) if with_bias else (dx, dw)
+
+
+_BACKWARD_LAUNCHES = {}   # (kind, rows, cols, dtype) -> _backward_launches(...) for the plan of plan_backward
+
+
+def _backward_launches(kind, rows, cols, dtype, plan):
+    """(norm_backward, plan, the rows or tiles kernel, the stats kernel or None, the finish kernel), each configured
+    as kernel[grid, block] for this plan."""
+    ct, rms = CTYPE[dtype], "true" if kind == "rmsnorm" else "false"
+    if plan.kernel == "rows":
+        main = norm_backward[f"norm_backward_rows<{ct}, {rms}>"][plan.grid, plan.block]
+        stats = None
+    else:
+        stats = norm_backward[f"norm_backward_stats<{ct}, {rms}>"][rows, 1024]
+        main = norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
+    finish = norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // 32), 512]
+    return norm_backward, plan, main, stats, finish
 
 
 def layernorm_backward(dy, x, w, eps=1e-5, plan=None):
@@ -1920,6 +1959,8 @@ def _shaped_like(y, x):
               outputs=lambda dy, x, w, eps: (x, w, w), device_types=("cuda", "cpu"))
 def kl_layernorm_backward(dy, x, w, eps):
     """(dx, dw, db) of LayerNorm over the last dimension, by the backward kernels above."""
+    if x.dim() == 2:                         # a call per layer and step: no helper calls for the 2-D case
+        return _norm_backward("layernorm", dy, x, w, eps, True)
     dx, dw, db = layernorm_backward(_rows2d(dy), _rows2d(x), w, eps)
     return _shaped_like(dx, x), dw, db
 
@@ -1928,6 +1969,8 @@ def kl_layernorm_backward(dy, x, w, eps):
               outputs=lambda dy, x, w, eps: (x, w), device_types=("cuda", "cpu"))
 def kl_rmsnorm_backward(dy, x, w, eps):
     """(dx, dw) of RMSNorm over the last dimension, by the backward kernels above."""
+    if x.dim() == 2:
+        return _norm_backward("rmsnorm", dy, x, w, eps, False)
     dx, dw = rmsnorm_backward(_rows2d(dy), _rows2d(x), w, eps)
     return _shaped_like(dx, x), dw
 
@@ -1953,6 +1996,8 @@ def _rmsnorm_grad(ctx, dy):
               backward=_layernorm_grad, setup_context=_save_x_w, device_types=("cuda", "cpu"))
 def kl_layernorm(x, w, b, eps):
     """F.layer_norm over the last dimension, by the kernels above; differentiable."""
+    if x.dim() == 2:
+        return layernorm(x, w, b, eps=eps)
     return _shaped_like(layernorm(_rows2d(x), w, b, eps=eps), x)
 
 
@@ -1960,6 +2005,8 @@ def kl_layernorm(x, w, b, eps):
               backward=_rmsnorm_grad, setup_context=_save_x_w, device_types=("cuda", "cpu"))
 def kl_rmsnorm(x, w, eps):
     """F.rms_norm over the last dimension, by the kernels above; differentiable."""
+    if x.dim() == 2:
+        return rmsnorm(x, w, eps=eps)
     return _shaped_like(rmsnorm(_rows2d(x), w, eps=eps), x)
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from kernellab.kernel import Module
+from kernellab.kernel import Kernel, Module
 from kernellab.run.launch import launch as L
 
 torch = pytest.importorskip("torch")
@@ -90,17 +90,28 @@ def test_a_training_steps_forward_and_backward_skip_the_dispatcher_and_torchs_au
 
 
 def test_plans_and_kernel_lookups_are_made_once_per_shape(norm, monkeypatch):
+    """A warm call takes its plan and configured kernels (kernel[grid, block]) from the launchers' per-shape tables:
+    no plan function, no kernel name, no lookup by name; a new shape, or the kernels' cell run again, makes them."""
     ns = norm.ns
-    found = []
-    real_find = Module._find
+    found, configured = [], []
+    real_find, real_getitem = Module._find, Kernel.__getitem__
     monkeypatch.setattr(Module, "_find", lambda self, name: found.append(name) or real_find(self, name))
+    monkeypatch.setattr(Kernel, "__getitem__", lambda self, c: configured.append(c) or real_getitem(self, c))
     rows_before, bwd_before = ns["plan_rows"].cache_info(), ns["plan_backward"].cache_info()
     for _ in range(3):
         norm.ours()
-    rows_after, bwd_after = ns["plan_rows"].cache_info(), ns["plan_backward"].cache_info()
-    assert rows_after.misses == rows_before.misses and rows_after.hits >= rows_before.hits + 3
-    assert bwd_after.misses == bwd_before.misses and bwd_after.hits >= bwd_before.hits + 3
-    assert found == []                                   # every kernel by name from the module's index
+    assert ns["plan_rows"].cache_info() == rows_before and ns["plan_backward"].cache_info() == bwd_before
+    assert found == [] and configured == []
+    key = ("layernorm", *norm.x.shape, norm.x.dtype)
+    assert ns["_LAUNCHES"][key][0] is ns["norm_kernels"] and ns["_BACKWARD_LAUNCHES"][key][0] is ns["norm_backward"]
+    # the kernels' cell run again (a new module object): the next call configures its kernels, by their index
+    for table, module in (("_LAUNCHES", "norm_kernels"), ("_BACKWARD_LAUNCHES", "norm_backward")):
+        entry = ns[table][key]
+        monkeypatch.setitem(ns[table], key, (object(), *entry[1:]))
+    norm.ours()
+    assert found == [] and len(configured) == 3                         # forward; backward rows and finish
+    assert ns["_LAUNCHES"][key][0] is ns["norm_kernels"] and ns["_BACKWARD_LAUNCHES"][key][0] is ns["norm_backward"]
+    assert ns["plan_rows"].cache_info().misses == rows_before.misses                 # the plans stay cached
     norm.x.grad = norm.w.grad = norm.b.grad = None
 
 
