@@ -278,9 +278,17 @@ class Op:
         (a Metadata object, the out= test, OpOverload.redispatch, fill_defaults) or autograd.Function.apply's (the
         functorch checks, which the eager call has made). None where this torch lacks the C-level apply."""
         op, many = self, self.returns > 1
+        set_defer, reset_defer = DEFER_SYNC.set, DEFER_SYNC.reset
 
         def forward(ctx, *args):
-            result = op._impl(*args)
+            token = set_defer(True)              # Op._impl, inline (a training step's every forward call)
+            try:
+                result = op.launcher(*args)
+            finally:
+                reset_defer(token)
+            if op._checks_left:
+                op._checks_left -= 1
+                op._check(args, result)
             if many:
                 result = tuple(result)
             (op.setup_context or op._setup_context)(ctx, args, result)      # Op._setup_context's choice, inline

@@ -873,7 +873,8 @@ class LaunchPath:
         ns.update(FALLBACK_ERRORS=(_Fallback, TypeError, AttributeError, ValueError, OverflowError),
                   PACK_ERRORS=(struct.error, OverflowError), PACK=self._struct.pack_into, BUF=self._buffer,
                   BASE=self._base, LAUNCH=self.driver.launch_kernel, FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
-                  RELEASE=self._lock.release, DEFER=DEFER_SYNC.get, BLOCKING=_BLOCKING, RECORD=record_async,
+                  RELEASE=self._lock.release, DEFER=DEFER_SYNC.get, BLOCKING=_BLOCKING, GETFRAME=sys._getframe,
+                  APPEND=RECENT_LAUNCHES.append, INTERNAL=_INTERNAL_FILES,
                   NAME=self.name, CFG=cfg, CLEAR=RECENT_LAUNCHES.clear, CAPTURING=self.driver.stream_is_capturing,
                   STATUS=self._status, STATUS_P=self._status_pointer, SYNC=self.driver.stream_synchronize,
                   FAILED=functools.partial(self._failed, cfg), RAISE=functools.partial(self._raise, cfg),
@@ -1018,7 +1019,12 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
              + launch
              + ["        if wait:", "            rc = CAPTURING(s, STATUS_P)", "            if rc:",
                 "                RAISE(rc)", "            wait = not STATUS.value",
-                "        else:", "            RECORD(NAME, CFG)",
+                "        else:",                     # record_async, inline: the first frame outside kernellab
+                "            f = GETFRAME(1)",
+                "            while f is not None and f.f_code.co_filename.startswith(INTERNAL):",
+                "                f = f.f_back",
+                "            APPEND((NAME, CFG, None, 0, None) if f is None else",
+                "                   (NAME, CFG, f.f_code.co_filename, f.f_lineno, f.f_code.co_name))",
                 "    finally:", "        RELEASE()",
                 "    if wait:", "        rc = SYNC(s)", "        if rc:", "            RAISE(rc)",
                 "        CLEAR()",
