@@ -160,7 +160,7 @@ import pathlib
 import re
 
 FA2_BLOCK_M, FA2_BLOCK_N = 128, 64        # tutorial 07's step 2: 4 warps x 32 query rows, 64 keys per tile
-_fa2_forward = {}
+_fa2_forward = {}          # "module": tutorial 07's step-2 module; (dtype, B, H, N, d, causal): its kernel[grid, block]
 
 
 def _tutorial07_step2():
@@ -186,12 +186,15 @@ def attention_forward(q, k, v, causal=False, out=None, lse=None):
                          f"{list(q.shape)}")
     if not all(x.is_contiguous() and x.shape == q.shape and x.dtype == q.dtype for x in (q, k, v)):
         raise ValueError("attention_forward takes q, k, v of one shape and dtype, contiguous (call .contiguous())")
-    dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
-    kernel = _tutorial07_step2()[f"fa2_{dt}_d{d}{'_causal' if causal else ''}"]
+    launch = _fa2_forward.get((q.dtype, B, H, N, d, causal))      # a model's call: configured once per shape
+    if launch is None:
+        dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
+        kernel = _tutorial07_step2()[f"fa2_{dt}_d{d}{'_causal' if causal else ''}"]
+        smem = (FA2_BLOCK_M + 4 * FA2_BLOCK_N) * d * 2                   # Q tile + 2 K tiles + 2 V tiles
+        launch = _fa2_forward[q.dtype, B, H, N, d, causal] = kernel[(math.ceil(N / FA2_BLOCK_M), B * H), 128, smem]
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty(B, H, N, dtype=torch.float32, device=q.device) if lse is None else lse
-    smem = (FA2_BLOCK_M + 4 * FA2_BLOCK_N) * d * 2                   # Q tile + 2 K tiles + 2 V tiles
-    kernel[(math.ceil(N / FA2_BLOCK_M), B * H), 128, smem](q, k, v, out, lse, N, d ** -0.5)
+    launch(q, k, v, out, lse, N, d ** -0.5)
     return out, lse
 
 
@@ -1139,29 +1142,48 @@ def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", 
         raise ValueError(f"variant is one of {VARIANTS}, got {variant!r}")
     if not all(x.is_contiguous() for x in (q, k, v, o, lse, grad_o)):
         raise ValueError("attention_backward takes contiguous tensors (call .contiguous() on grad_o)")
-    dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
-    suffix = f"{dt}_d{d}{'_causal' if causal else ''}"
+    hit = _BWD_LAUNCHES.get((variant, q.dtype, B, H, N, d, causal))
+    if hit is None or hit[0] is not attn_bwd:                # a model's call: configured once per shape
+        hit = _BWD_LAUNCHES[variant, q.dtype, B, H, N, d, causal] = _backward_launches(variant, q.dtype, B, H, N, d,
+                                                                                         causal)
+    _, pre, dkdv, last, atomic = hit
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     rows, scale = B * H * N, d ** -0.5
     delta = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty(B, H, N, d, dtype=torch.float32, device=q.device) if atomic else None
+    pre(o, grad_o, delta, dq_accum, rows)
+    dkdv(q, k, v, grad_o, lse, delta, dq_accum, dk, dv, N, scale)
+    if atomic:
+        last(dq_accum, dq, rows * d)                           # dq.numel()
+    else:
+        last(q, k, v, grad_o, lse, delta, dq, N, scale)
+    return dq, dk, dv
+
+
+_BWD_LAUNCHES = {}         # (variant, dtype, B, H, N, d, causal) -> _backward_launches(...)
+
+
+def _backward_launches(variant, dtype, B, H, N, d, causal):
+    """(attn_bwd, the preprocessing, the dK/dV kernel, the dQ pass or the dQ conversion, atomic), each configured as
+    kernel[grid, block, smem] for this shape."""
+    dt = "bf16" if dtype == torch.bfloat16 else "f16"
+    suffix = f"{dt}_d{d}{'_causal' if causal else ''}"
+    rows = B * H * N
     dkdv, dq_pass, warps = BWD_LADDER[variant]
     keys, bm = BWD_DKDV_TILES.get((variant, d), (16 * warps, BWD_QUERY_TILE[d]))
     atomic = dq_pass is None
-    dq_accum = torch.empty(B, H, N, d, dtype=torch.float32, device=q.device) if atomic else None
-    attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128](o, grad_o, delta, dq_accum, rows)
+    pre = attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128]
     grid, threads = (math.ceil(N / (16 * warps)), B * H), 32 * warps       # the dQ pass: 16 queries a warp
     smem = bwd_dkdv_smem_bytes(d, atomic, warps, keys, bm)
-    attn_bwd[f"{dkdv}_{suffix}"][(math.ceil(N / keys), B * H), threads, smem](
-        q, k, v, grad_o, lse, delta, dq_accum, dk, dv, N, scale)
+    main = attn_bwd[f"{dkdv}_{suffix}"][(math.ceil(N / keys), B * H), threads, smem]
     if atomic:
-        n = dq.numel()
-        attn_bwd[f"bwd_dq_convert_{dt}"][(min(math.ceil(n / 256), 4096),), 256](dq_accum, dq, n)
+        n = rows * d
+        last = attn_bwd[f"bwd_dq_convert_{dt}"][(min(math.ceil(n / 256), 4096),), 256]
     else:
-        attn_bwd[f"{dq_pass}_{suffix}"][grid, threads, bwd_dq_smem_bytes(d, warps)](
-            q, k, v, grad_o, lse, delta, dq, N, scale)
-    return dq, dk, dv
+        last = attn_bwd[f"{dq_pass}_{suffix}"][grid, threads, bwd_dq_smem_bytes(d, warps)]
+    return attn_bwd, pre, main, last, atomic
 
 
 # %% [markdown]
