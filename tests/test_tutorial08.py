@@ -114,6 +114,41 @@ def test_the_launchers_refuse_what_the_kernels_do_not_take(tutorial):
         tutorial["attention_backward"](q, q, q, q, torch.empty(1, 1, 8), q, False, "fast")
 
 
+
+def test_the_launchers_configure_their_kernels_once_per_shape(tutorial, monkeypatch):
+    """attention_backward (step 2's variants) and attention_forward name and configure their kernels on a shape's
+    first call only; a new module (the %%cuda cell run again) is configured again; the launches are the same."""
+    configured, launched = [], []
+
+    class Recorded:                                     # a module whose kernels record configurations and launches
+        def __getitem__(self, name):
+            def configure(config):
+                configured.append((name, config))
+                return lambda *args: launched.append((name, config, len(args), args[-1]))
+            return type("K", (), {"__getitem__": lambda self, c: configure(c)})()
+
+    monkeypatch.setitem(tutorial, "attn_bwd", Recorded())
+    monkeypatch.setitem(tutorial, "_BWD_LAUNCHES", {})
+    monkeypatch.setitem(tutorial["_fa2_forward"], "module", Recorded())
+    for key in [k for k in tutorial["_fa2_forward"] if k != "module"]:
+        monkeypatch.delitem(tutorial["_fa2_forward"], key)
+    q = torch.zeros(1, 2, 65, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 65)
+    for variant in ("atomic", "pass"):
+        for _ in range(3):
+            tutorial["attention_backward"](q, q, q, q, lse, q, True, variant)
+    assert [c for c, _ in configured] == ["bwd_pre_bf16_d64", "bwd_dkdv_bf16_d64_causal", "bwd_dq_convert_bf16",
+                                          "bwd_pre_bf16_d64", "bwd_dkv_bf16_d64_causal", "bwd_dq_bf16_d64_causal"]
+    assert len(launched) == 18 and launched[:3] == launched[3:6] == launched[6:9]
+    assert launched[2][3] == q.numel()                                  # the dQ conversion's n
+    monkeypatch.setitem(tutorial, "attn_bwd", Recorded())               # the cell run again: configured again
+    tutorial["attention_backward"](q, q, q, q, lse, q, True, "atomic")
+    assert len(configured) == 9 and launched[-3:] == launched[:3]
+    for _ in range(3):
+        o, lse_out = tutorial["attention_forward"](q, q, q, False)
+    assert [c for c, _ in configured[9:]] == ["fa2_bf16_d64"] and o.shape == q.shape and lse_out.shape == (1, 2, 65)
+    assert len(launched) == 24
+
 def test_the_reference_matches_autograd_in_float64(tutorial):
     ref = tutorial["attention_backward_reference"]
     F = torch.nn.functional
