@@ -16,6 +16,23 @@ import math
 from dataclasses import dataclass
 
 
+# A kernel whose registers are set by NREG: 200 values a thread live across a barrier, so ptxas gives it as many
+# registers as __maxnreg__ allows (tests/test_register_rule.py compiles it on the CPU, tests/gpu/test_launch_limits_gpu.py
+# launches it).
+HEAVY = r"""
+extern "C" __global__ void __maxnreg__(NREG) heavy(const float* x, float* y, int n) {
+    float v[200];
+    #pragma unroll
+    for (int j = 0; j < 200; ++j) v[j] = x[(threadIdx.x + j * blockDim.x) % n];
+    __syncthreads();
+    float s = 0.f;
+    #pragma unroll
+    for (int j = 0; j < 200; ++j) s += v[j] * v[199 - j] + v[(j * 7) % 200];
+    y[threadIdx.x % n] = s;
+}
+"""
+
+
 @dataclass(frozen=True)
 class Launch:
     """One launch as the launcher asked for it."""

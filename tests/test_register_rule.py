@@ -121,20 +121,7 @@ def test_a_block_above_the_register_limit_gets_the_drivers_error_one_above_launc
                       registers=224)
 
 
-# tests/gpu/test_launch_limits_gpu.py's kernel: 200 values a thread live across a barrier, so ptxas gives it as many
-# registers as NREG allows (NVRTC compile-only here; the GPU test launches the same source)
-HEAVY = r"""
-extern "C" __global__ void __maxnreg__(NREG) heavy(const float* x, float* y, int n) {
-    float v[200];
-    #pragma unroll
-    for (int j = 0; j < 200; ++j) v[j] = x[(threadIdx.x + j * blockDim.x) % n];
-    __syncthreads();
-    float s = 0.f;
-    #pragma unroll
-    for (int j = 0; j < 200; ++j) s += v[j] * v[199 - j] + v[(j * 7) % 200];
-    y[threadIdx.x % n] = s;
-}
-"""
+from launch_plans import HEAVY  # noqa: E402  (NVRTC compile-only here; the GPU test launches the same source)
 
 
 def test_a_compiled_kernels_max_threads_per_block_and_card_count_a_sub_partition(tmp_cache):

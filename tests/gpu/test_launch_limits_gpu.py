@@ -15,19 +15,7 @@ from kernellab.run.sim.cuda import cpu
 
 pytestmark = pytest.mark.gpu
 
-# 200 values a thread live across a barrier: ptxas gives the kernel as many registers as NREG allows
-HEAVY = r"""
-extern "C" __global__ void __maxnreg__(NREG) heavy(const float* x, float* y, int n) {
-    float v[200];
-    #pragma unroll
-    for (int j = 0; j < 200; ++j) v[j] = x[(threadIdx.x + j * blockDim.x) % n];
-    __syncthreads();
-    float s = 0.f;
-    #pragma unroll
-    for (int j = 0; j < 200; ++j) s += v[j] * v[199 - j] + v[(j * 7) % 200];
-    y[threadIdx.x % n] = s;
-}
-"""
+from launch_plans import HEAVY  # noqa: E402  (ptxas gives the kernel as many registers as NREG allows)
 
 
 def heavy(nreg: int):
