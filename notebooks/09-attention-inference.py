@@ -801,6 +801,15 @@ def _check(q, k, v, what):
         raise ValueError(f"{what} takes contiguous tensors (call .contiguous() first)")
 
 
+def _check_gqa(q, k, v, what, hint=""):
+    """_check, and k, v as long as q (prefill: N positions each); returns q's (B, Hq, N, d)."""
+    _check(q, k, v, what)
+    B, Hq, N, d = q.shape
+    if k.shape[2] != N:
+        raise ValueError(f"{what}: q has {N} positions and k, v {k.shape[2]}{hint}")
+    return B, Hq, N, d
+
+
 # From which N the wgmma step replaces the mma.sync kernel on sm_90, per head dim: measured on an H100
 # (benchmarks/NOTES-attention-inference.md): at N = 512 the wgmma step is 0.86-0.97x the mma.sync kernel at d = 64 and
 # 1.04-1.16x at d = 128; at N = 4096 1.33-1.59x at both.
@@ -826,11 +835,8 @@ def gqa_attention(q, k, v, causal=False):
 def gqa_attention_mma(q, k, v, causal=False):
     """gqa_attention on the mma.sync kernel (any GPU from sm_80): the G query heads of a KV head as one [G N, d]
     matrix; same arguments."""
-    _check(q, k, v, "gqa_attention")
-    B, Hq, N, d = q.shape
+    B, Hq, N, d = _check_gqa(q, k, v, "gqa_attention", "; for a KV cache use decode_attention")
     Hkv = k.shape[1]
-    if k.shape[2] != N:
-        raise ValueError(f"gqa_attention: q has {N} positions and k, v {k.shape[2]}; for a KV cache use decode_attention")
     out = torch.empty_like(q)
     if N == 0 or B == 0:
         return out
@@ -847,11 +853,8 @@ GQA_WGMMA = {64: dict(block_n=128, consumers=3, stages=2), 128: dict(block_n=128
 def gqa_attention_wgmma(q, k, v, causal=False):
     """gqa_attention on Hopper (sm_90): tutorial 07's wgmma step with K/V read at KV head h / G through the TMA
     coordinates, the G query heads of a KV head launched next to each other; same arguments as gqa_attention."""
-    _check(q, k, v, "gqa_attention_wgmma")
-    B, Hq, N, d = q.shape
+    B, Hq, N, d = _check_gqa(q, k, v, "gqa_attention_wgmma")
     Hkv = k.shape[1]
-    if k.shape[2] != N:
-        raise ValueError(f"gqa_attention_wgmma: q has {N} positions and k, v {k.shape[2]}")
     out = torch.empty_like(q)
     if N == 0 or B == 0:
         return out

@@ -240,6 +240,15 @@ def test_the_launchers_refuse_what_the_kernels_do_not_take(t09):
     with pytest.raises(ValueError, match="contiguous"):
         sq = torch.zeros(1, 4, 64, 64, dtype=torch.bfloat16).transpose(2, 3)
         t09["gqa_attention"](sq, sq, sq)
+    kv16 = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)          # 16 positions against q's 8: both launchers say so
+    with pytest.raises(ValueError, match=r"^gqa_attention: q has 8 positions and k, v 16; for a KV cache use "
+                                         r"decode_attention$"):
+        t09["gqa_attention"](q, kv16, kv16)
+    with pytest.raises(ValueError, match=r"^gqa_attention_wgmma: q has 8 positions and k, v 16$"):
+        t09["gqa_attention_wgmma"](q, kv16, kv16)
+    with pytest.raises(ValueError, match=r"^gqa_attention_wgmma: the batch must match"):
+        t09["gqa_attention_wgmma"](q, torch.zeros(2, 2, 8, 64, dtype=torch.bfloat16),
+                                   torch.zeros(2, 2, 8, 64, dtype=torch.bfloat16))
 
 
 # --- the Hopper GQA kernels (wgmma + TMA, tutorial 07's consumer from kl/attention.cuh) -----------------------------
