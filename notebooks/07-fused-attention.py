@@ -1021,14 +1021,9 @@ __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, co
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int q0 = qblock * BM, bh = blockIdx.y;
-    const int n_tiles_all = (N + BN - 1) / BN;
-    const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
+    const int n_tiles = kv_tiles<BM, BN, CAUSAL>(N, q0);   // causal: up to the diagonal of the block's last row
 
-    if (threadIdx.x == 0) {
-        sm.init_barriers(4 * NCWG);              // empty: one arrival per consumer warp
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    sm.init_barriers_and_sync(4 * NCWG);         // thread 0, then the block; empty: one arrival per consumer warp
 
     if (wg == 0) {                              // producer: one thread issues every copy (<kl/attention.cuh>)
         if (tid == 0) {
@@ -1116,7 +1111,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
             mbar_init(empty_q + 8 * b, 4 * NCWG);   // one arrival per consumer warp
         }
         init_kv_ring<STAGES>(full_k, full_v, empty, 4 * NCWG);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_mbarrier_init();
     }
     __syncthreads();
 

@@ -337,14 +337,9 @@ __device__ __forceinline__ void forward(const void* tq, const void* tk, const vo
     const int bh = bkv * G + blockIdx.x;         // b Hq + query head: query head h reads KV head h / G
     const int qblock = CAUSAL ? gridDim.y - 1 - blockIdx.y : blockIdx.y;   // the heaviest blocks first
     const int q0 = qblock * BM;
-    const int n_tiles_all = (N + BN - 1) / BN;
-    const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
+    const int n_tiles = kv_tiles<BM, BN, CAUSAL>(N, q0);   // tutorial 07's (<kl/attention.cuh>)
 
-    if (threadIdx.x == 0) {
-        sm.init_barriers(4 * NCWG);              // empty: one arrival per consumer warp
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    sm.init_barriers_and_sync(4 * NCWG);         // thread 0, then the block; empty: one arrival per consumer warp
 
     if (wg == 0) {                              // producer: tutorial 07's (<kl/attention.cuh>), one thread
         if (tid == 0) {

@@ -261,6 +261,9 @@ def test_the_hopper_gqa_kernel_takes_tutorial_07s_producer_from_the_header():
     assert src.count("produce_q<") == 1 and src.count("produce_kv<") == 1 and src.count("QKvRing<") == 1
     assert "n_tiles, bkv)" in src, "the K/V copies read the KV head (bkv), not the query head"
     assert "tma_load_3d(" not in src and "mbar_expect_tx(" not in src
+    # and its block prologue: tutorial 07's causal tile count and fenced mbarrier inits
+    assert "kv_tiles<BM, BN, CAUSAL>(N, q0)" in src and src.count("sm.init_barriers_and_sync(") == 1
+    assert "fence.mbarrier_init" not in src and "n_tiles_all" not in src
 
 
 def test_the_hopper_gqa_kernels_are_wgmma_fed_by_tma_without_spills(modules):

@@ -112,3 +112,7 @@ def test_steps_3_and_3b_share_one_consumer_from_the_headers(steps):
     assert src.count("produce_kv<") == 2 and src.count("produce_q<") == 2, src[:400]
     assert src.count("QKvRing<") == 1 and src.count("init_kv_ring<") == 1 and "mbar_expect_tx(" not in src
     assert "tma_load_3d(" not in src and "tma_load_3d(" in header
+    # and step 3's block prologue (the causal tile count, the fenced mbarrier inits), which tutorial 09's GQA kernel
+    # shares: kv_tiles and QKvRing::init_barriers_and_sync; step 3b fences its own barriers with fence_mbarrier_init
+    assert src.count("kv_tiles<") == 1 and src.count("init_barriers_and_sync(") == 1, src[:400]
+    assert "fence.mbarrier_init" not in src and src.count("fence_mbarrier_init();") == 1

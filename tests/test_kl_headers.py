@@ -276,7 +276,7 @@ extern "C" __global__ void k(const __grid_constant__ CUtensorMap tmap, float* ou
     const unsigned tile = (unsigned)__cvta_generic_to_shared(smem), bar = tile + 8192;
     if (threadIdx.x == 0) {
         mbar_init(bar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        fence_mbarrier_init();
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -297,7 +297,7 @@ extern "C" __global__ void desc(unsigned addr, unsigned long long* out) { *out =
 
 
 
-# The producer's side of <kl/attention.cuh> (QKvRing's layout and init_barriers, produce_q, produce_kv, both forms): one thread streams a
+# The producer's side of <kl/attention.cuh> (QKvRing's layout and init_barriers_and_sync, produce_q, produce_kv, both forms): one thread streams a
 # block's Q and K/V tiles of 16 keys through a 2-stage ring (so it waits on `empty` from the third tile on) and one
 # consumer warp copies each tile out, undoing the 128-byte swizzle, and releases its stage. PERSISTENT: two work items
 # (heads 0 then 1, two tiles each) on one ring, kv running on; otherwise head 1's four tiles. Q, K, V: [2, 64, 64]
@@ -318,11 +318,7 @@ __device__ __forceinline__ void stream(const void* tq, const void* tk, const voi
                    full_v = sm.full_v, empty = sm.empty;
     if (q_s != base || k_s != base + 16 * 128 || v_s != k_s + STAGES * KV_BYTES || full_q != v_s + STAGES * KV_BYTES
         || full_k != full_q + 8 || full_v != full_k + 8 * STAGES || empty != full_v + 8 * STAGES) __trap();
-    if (threadIdx.x == 0) {
-        sm.init_barriers(1);                    // one consumer warp
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    sm.init_barriers_and_sync(1);               // one consumer warp
     if (threadIdx.x < 32) {                     // the producer warp: one thread issues every copy
         if (threadIdx.x == 0) {
             produce_q<D, 16>(tq, q_s, full_q, 16, 1);
@@ -394,6 +390,80 @@ def test_the_attention_producer_streams_q_and_every_kv_tile_through_the_ring_on_
     else:                                                      # two items: head 0's tiles 0, 1, then head 1's
         np.testing.assert_array_equal(k_out, np.concatenate([k[0, :32], k[1, :32]]))
         np.testing.assert_array_equal(v_out, np.concatenate([v[0, :32], v[1, :32]]))
+
+
+def test_fence_mbarrier_init_is_the_inline_fence_it_names():
+    """<kl/tma.cuh>'s fence_mbarrier_init compiles to the same SASS as the PTX statement written inline."""
+    body = r"""(unsigned* out) {
+    __shared__ __align__(8) unsigned long long bar;
+    const unsigned b = (unsigned)__cvta_generic_to_shared(&bar);
+    if (threadIdx.x == 0) {
+        mbar_init(b, 1);
+        %s
+    }
+    __syncthreads();
+    mbar_arrive(b);
+    out[threadIdx.x] = b;
+}"""
+    module = kernellab.compile_cuda('#include <kl/tma.cuh>\nextern "C" __global__ void header' + body % "fence_mbarrier_init();"
+                                    + '\nextern "C" __global__ void inline_ptx' + body
+                                    % 'asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
+                                    arch="sm_90a", first_line=2, filename="cell.cu")
+    sass = {k.name: re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*;)", k.sass) for k in module.kernels}   # instructions
+    assert len(sass["header"]) > 10 and sass["header"] == sass["inline_ptx"]
+    assert "SYNCS.EXCH.64" in opcodes(module.kernels[0])
+
+
+# kv_tiles and QKvRing::init_barriers_and_sync (<kl/attention.cuh>): block b of 64 query rows (q0 = 64 b) over N keys
+# in tiles of 48 writes kv_tiles without and with the causal mask (tiles: [2][blocks]); after the prologue every thread
+# finds the ring's mbarriers initialised: warp 0's lane 0 arrives on full_q and full_k[1] (one arrival each), lane 0
+# of each of the 2 warps on empty[1] (consumer_warps = 2), every thread waits for the three phases and writes 1 (ready:
+# [blocks][64]).
+KV_TILES_KERNEL = r"""
+#include <kl/attention.cuh>
+extern "C" __global__ void prologue(int* tiles, int* ready, int N) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const QKvRing<64, 64, 48, 2> sm(((unsigned)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u);
+    const int q0 = 64 * blockIdx.x;
+    sm.init_barriers_and_sync(2);
+    if (threadIdx.x == 0) {
+        tiles[blockIdx.x] = kv_tiles<64, 48, false>(N, q0);
+        tiles[gridDim.x + blockIdx.x] = kv_tiles<64, 48, true>(N, q0);
+        mbar_arrive(sm.full_q);
+        mbar_arrive(sm.full_k + 8);
+    }
+    if (threadIdx.x % 32 == 0) mbar_arrive(sm.empty + 8);
+    mbar_wait(sm.full_q, 0);
+    mbar_wait(sm.full_k + 8, 0);
+    mbar_wait(sm.empty + 8, 0);
+    ready[blockIdx.x * blockDim.x + threadIdx.x] = 1;
+}
+"""
+
+
+def test_the_attention_prologue_compiles_to_the_fenced_mbarrier_inits():
+    ops = compile_kernels(KV_TILES_KERNEL, arch="sm_90a")["prologue"]
+    assert {"SYNCS.EXCH.64", "BAR.SYNC.DEFER_BLOCKING", "SYNCS.PHASECHK.TRANS64.TRYWAIT"} <= ops, sorted(ops)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("N", [1, 48, 200, 256, 300])
+def test_kv_tiles_and_the_ring_prologue_on_the_emulator(N):
+    from kernellab.run.sim.cuda import emulate
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    blocks = -(-N // 64)
+    tiles = np.full(2 * blocks, -1, np.int32)
+    ready = np.zeros(blocks * 64, np.int32)
+    emulate.emulate(KV_TILES_KERNEL, "prologue", (blocks,), (64,), [tiles, ready, N],
+                    1024 + 64 * 64 * 2 + 2 * 2 * 48 * 64 * 2 + 8 * 7)   # alignment slack, QKvRing::kBytes
+    all_tiles = -(-N // 48)
+    # causal: the tiles holding keys 0 .. q0 + 63 (the block's last row), never past the last tile
+    causal = [min(all_tiles, -(-(64 * b + 64) // 48)) for b in range(blocks)]
+    np.testing.assert_array_equal(tiles, [all_tiles] * blocks + causal)
+    assert causal[0] == min(all_tiles, 2) and causal[-1] == all_tiles
+    np.testing.assert_array_equal(ready, 1)
 
 # A warp's 16 query rows (kMT = 1) against two tiles of 16 keys (kNB = 2), head dim 64 (kDB = 8): two softmax_pv calls,
 # then O / l. S: [16, 32] fp32 scores, V: [32, 64] fp16; O: [16, 64] fp32 (0 where a row saw no key).
