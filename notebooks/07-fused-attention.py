@@ -795,10 +795,8 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float sum = l[mt][h];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            float sum;
+            const float inv = quad_sum_inv(l[mt][h], sum);      // 1 / l over the row's quad (0: no key seen)
             const int r = w0 + 16 * mt + g + 8 * h;
             if (LSE != nullptr && t == 0 && q0 + r < N)      // log(sum) + max, back from log2 units
                 LSE[(size_t)blockIdx.y * N + q0 + r] = (log2f(sum) + m[mt][h]) * 0.6931471805599453f;

@@ -225,10 +225,7 @@ __device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __rest
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float sum = l[mt][h];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            const float inv = quad_sum_inv(l[mt][h]);           // 1 / l over the row's quad (kl/attention_mma.cuh)
             const int r = w0 + 16 * mt + g + 8 * h;
 #pragma unroll
             for (int db = 0; db < DB; ++db)
@@ -610,11 +607,9 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float sum = l[mt][h];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            float sum;
+            const float inv = quad_sum_inv(l[mt][h], sum);      // 1 / l over the row's quad, and l itself
             const int r = 16 * mt + g + 8 * h;
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
             for (int db = 0; db < DB; ++db)
                 *reinterpret_cast<float2*>(mine + r * D + 8 * db + 2 * t) =

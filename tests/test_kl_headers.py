@@ -502,6 +502,44 @@ extern "C" __global__ void k(const float* S, const __half* V, float* O, float sc
 
 
 # ldmatrix_offsets<kKC> for head dims 64 and 128: each lane's k_col, q_col, v_col (kKC each), k_row and qv_row.
+# quad_sum_inv (<kl/attention_mma.cuh>): lane i of one warp holds l = L[i]; out[i] = its quad's sum and 1 / it.
+QUAD_SUM_KERNEL = r"""
+#include <kl/attention_mma.cuh>
+extern "C" __global__ void quad_sums(const float* L, float* sums, float* invs, float* invs_only) {
+    const int lane = threadIdx.x;
+    float sum;
+    invs[lane] = quad_sum_inv(L[lane], sum);
+    sums[lane] = sum;
+    invs_only[lane] = quad_sum_inv(L[lane]);
+}
+"""
+
+
+@pytest.mark.slow
+def test_quad_sum_inv_adds_a_rows_four_lanes_and_inverts_on_the_emulator():
+    """Each lane gets the sum of l over its quad (lanes 4 g .. 4 g + 3) and 1 / it; a quad that saw no key (sum 0)
+    gets 0, not inf."""
+    from kernellab.run.sim.cuda import emulate
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    L = np.random.default_rng(3).uniform(0.5, 4.0, 32).astype(np.float32)
+    L[8:12] = 0.0                                              # quad 2: a row that saw no key
+    sums, invs, invs_only = (np.full(32, np.nan, np.float32) for _ in range(3))
+    emulate.emulate(QUAD_SUM_KERNEL, "quad_sums", (1,), (32,), [L, sums, invs, invs_only])
+    quad = L.reshape(8, 4)
+    expect = np.repeat((quad[:, 0] + quad[:, 1]) + (quad[:, 2] + quad[:, 3]), 4)   # xor 1, then xor 2
+    np.testing.assert_allclose(sums, expect, rtol=1e-6)
+    np.testing.assert_allclose(invs, np.where(expect > 0, 1 / np.where(expect > 0, expect, 1), 0), rtol=1e-6)
+    assert (invs[8:12] == 0).all() and (invs[:8] > 0).all()
+    np.testing.assert_array_equal(invs_only, invs)
+
+
+def test_quad_sum_inv_is_two_shuffles():
+    ops = compile_kernels(QUAD_SUM_KERNEL)["quad_sums"]
+    assert "SHFL.BFLY" in ops and "MUFU.RCP" in ops, sorted(ops)
+
+
 OFFSETS_KERNEL = r"""
 #include <kl/attention_mma.cuh>
 template <int KC>

@@ -26,6 +26,19 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 #endif
 
+// The output's 1 / l of a row: its lanes' sums of exp2 added up over the quad (the 4 lanes t of the row, in `sum`),
+// inverted; 0 for a row that saw no key (sum 0), so that its O is written as zeros.
+__device__ __forceinline__ float quad_sum_inv(float l, float& sum) {
+    sum = l;
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    return sum > 0.f ? 1.f / sum : 0.f;
+}
+__device__ __forceinline__ float quad_sum_inv(float l) {
+    float sum;
+    return quad_sum_inv(l, sum);
+}
+
 // Byte offset of 16-byte chunk `chunk` of row `row` in a [rows, kD] tile of 16-bit values, XOR-swizzled (kD >= 64):
 // the 8 rows an ldmatrix phase reads at one logical chunk sit in 8 different 16-byte bank groups (no conflict).
 template <int kD> __device__ __forceinline__ unsigned swz(int row, int chunk) {
