@@ -712,13 +712,8 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
     const float scale_log2 = scale * LOG2E;    // exp(scale * s) = exp2(scale_log2 * s)
     uint32_t qf[MT][Q_IN_REGS ? KC : 1][4];     // this warp's query rows as A fragments, [MT][KC] x 16x16
     float o[MT][DB][4];                         // output accumulators: [MT][DB] x (16 x 8)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int e = 0; e < DB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
     float m[MT][2], l[MT][2];                   // running max (scaled, log2 units) and this thread's running sums
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
+    init_oml(o, m, l);                          // O = 0, m = -inf, l = 0 (kl/attention_mma.cuh)
 
     // Per-thread parts of the ldmatrix addresses (kl/attention_mma.cuh, as in tutorial 09's kernels): every row an
     // ldmatrix lane points at has row & 7 == lane & 7, so the swizzled chunk depends only on the lane and the loop

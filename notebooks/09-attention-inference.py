@@ -167,12 +167,7 @@ __device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __rest
     const float scale_log2 = scale * LOG2E;
     uint32_t qf[MT][Q_IN_REGS ? KC : 1][4];
     float o[MT][DB][4], m[MT][2], l[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int e = 0; e < DB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
-        m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
-    }
+    init_oml(o, m, l);                           // O = 0, m = -inf, l = 0 (kl/attention_mma.cuh)
     // ldmatrix lane addresses, as in tutorial 07 (kl/attention_mma.cuh): the swizzled chunk depends only on the lane
     // and the loop counters.
     uint32_t k_col[KC], q_col[KC], v_col[DB / 2], k_row, qv_row;
@@ -548,12 +543,7 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     const int last_key0 = L - nq;                                  // token i sees keys <= last_key0 + i
 
     float o[MT][DB][4], m[MT][2], l[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int e = 0; e < DB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
-        m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
-    }
+    init_oml(o, m, l);                           // O = 0, m = -inf, l = 0 (kl/attention_mma.cuh)
     if (j0 < j1) {
         warp_load_rows<ROWS, D>(q_tile, Q, r0, rows, lane);
         warp_load_rows<BLOCK_N, D>(k_tile0, K, j0 * BLOCK_N, L, lane);

@@ -40,7 +40,9 @@ def test_the_mma_sync_cells_take_the_softmax_and_p_v_from_the_header():
         assert "#include <kl/attention_mma.cuh>" in src and src.count("softmax_pv<") == 1, (name, src[:400])
         assert src.count("scores_qk<") == 1 and "mma_16816<T>(" not in src, name
         assert not any(s in src for s in ("asm(", "__any_sync", "ldmatrix_x4_trans(", "uint32_t swz(")), name
-        assert src.count("quad_sum_inv(") == 1 and "__shfl_xor_sync(0xffffffffu, sum, 1)" not in src, name  # 1 / l
+        # the registers' start and the output's 1 / l, tutorial 07's too
+        assert src.count("init_oml(") == 1 and src.count("quad_sum_inv(") == 1, name
+        assert "__shfl_xor_sync(0xffffffffu, sum, 1)" not in src, name
 
 
 def test_the_gqa_kernels_are_mma_sync_for_both_dtypes_head_dims_and_masks(modules):

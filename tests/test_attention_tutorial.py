@@ -69,8 +69,9 @@ def test_step2_takes_its_softmax_and_p_v_from_the_header(steps):
     assert "#include <kl/attention_mma.cuh>" in src and src.count("softmax_pv<") == 1, src[:400]
     assert src.count("scores_qk<") == 1 and "mma_16816<T>(" not in src
     assert not any(s in src for s in ("exp2_approx(", "__any_sync", "ldmatrix_x4_trans(", "uint32_t swz("))
-    # and the output's 1 / l (the quad's sum of l), which tutorial 09's mma.sync kernels share: quad_sum_inv
-    assert src.count("quad_sum_inv(") == 1 and "__shfl_xor_sync" not in src
+    # and the registers' start (init_oml) and the output's 1 / l (the quad's sum of l, quad_sum_inv), which tutorial
+    # 09's mma.sync kernels share
+    assert src.count("init_oml(") == 1 and src.count("quad_sum_inv(") == 1 and "__shfl_xor_sync" not in src
 
 
 @pytest.mark.parametrize("name", ["fa3_bf16_d64", "fa3_f16_d128_causal"])

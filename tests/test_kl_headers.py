@@ -297,11 +297,11 @@ extern "C" __global__ void desc(unsigned addr, unsigned long long* out) { *out =
 
 
 
-# The producer's side of <kl/attention.cuh> (QKvRing's layout and init_barriers_and_sync, produce_q, produce_kv, both forms): one thread streams a
-# block's Q and K/V tiles of 16 keys through a 2-stage ring (so it waits on `empty` from the third tile on) and one
-# consumer warp copies each tile out, undoing the 128-byte swizzle, and releases its stage. PERSISTENT: two work items
-# (heads 0 then 1, two tiles each) on one ring, kv running on; otherwise head 1's four tiles. Q, K, V: [2, 64, 64]
-# fp16 (heads, rows, columns); q_out: [16, 64], k_out, v_out: [64, 64].
+# The producer's side of <kl/attention.cuh> (QKvRing's layout and init_barriers_and_sync, produce_q, produce_kv, both
+# forms): one thread streams a block's Q and K/V tiles of 16 keys through a 2-stage ring (so it waits on `empty` from
+# the third tile on) and one consumer warp copies each tile out, undoing the 128-byte swizzle, and releases its stage.
+# PERSISTENT: two work items (heads 0 then 1, two tiles each) on one ring, kv running on; otherwise head 1's four
+# tiles. Q, K, V: [2, 64, 64] fp16 (heads, rows, columns); q_out: [16, 64], k_out, v_out: [64, 64].
 PRODUCER_KERNEL = r"""
 #include <kl/attention.cuh>
 #include <cuda.h>
@@ -405,10 +405,10 @@ def test_fence_mbarrier_init_is_the_inline_fence_it_names():
     mbar_arrive(b);
     out[threadIdx.x] = b;
 }"""
-    module = kernellab.compile_cuda('#include <kl/tma.cuh>\nextern "C" __global__ void header' + body % "fence_mbarrier_init();"
-                                    + '\nextern "C" __global__ void inline_ptx' + body
-                                    % 'asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
-                                    arch="sm_90a", first_line=2, filename="cell.cu")
+    source = ('#include <kl/tma.cuh>\nextern "C" __global__ void header' + body % "fence_mbarrier_init();"
+              + '\nextern "C" __global__ void inline_ptx'
+              + body % 'asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");')
+    module = kernellab.compile_cuda(source, arch="sm_90a", first_line=2, filename="cell.cu")
     sass = {k.name: re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*;)", k.sass) for k in module.kernels}   # instructions
     assert len(sass["header"]) > 10 and sass["header"] == sass["inline_ptx"]
     assert "SYNCS.EXCH.64" in opcodes(module.kernels[0])
@@ -502,9 +502,18 @@ extern "C" __global__ void k(const float* S, const __half* V, float* O, float sc
 
 
 # ldmatrix_offsets<kKC> for head dims 64 and 128: each lane's k_col, q_col, v_col (kKC each), k_row and qv_row.
-# quad_sum_inv (<kl/attention_mma.cuh>): lane i of one warp holds l = L[i]; out[i] = its quad's sum and 1 / it.
+# The ends of a warp's rows in <kl/attention_mma.cuh>: quad_sums, lane i of one warp holds l = L[i] and writes its
+# quad's sum and 1 / it (quad_sum_inv); fresh, each lane writes its O, m and l after init_oml (o: [32][2 * 4 * 4], m, l:
+# [32][2 * 2], NaN before).
 QUAD_SUM_KERNEL = r"""
 #include <kl/attention_mma.cuh>
+extern "C" __global__ void fresh(float* O, float* M, float* L) {
+    float o[2][4][4], m[2][2], l[2][2];
+    init_oml(o, m, l);
+    const int lane = threadIdx.x;
+    for (int i = 0; i < 32; ++i) O[lane * 32 + i] = o[i / 16][(i / 4) % 4][i % 4];
+    for (int i = 0; i < 4; ++i) M[lane * 4 + i] = m[i / 2][i % 2], L[lane * 4 + i] = l[i / 2][i % 2];
+}
 extern "C" __global__ void quad_sums(const float* L, float* sums, float* invs, float* invs_only) {
     const int lane = threadIdx.x;
     float sum;
@@ -533,6 +542,18 @@ def test_quad_sum_inv_adds_a_rows_four_lanes_and_inverts_on_the_emulator():
     np.testing.assert_allclose(invs, np.where(expect > 0, 1 / np.where(expect > 0, expect, 1), 0), rtol=1e-6)
     assert (invs[8:12] == 0).all() and (invs[:8] > 0).all()
     np.testing.assert_array_equal(invs_only, invs)
+
+
+@pytest.mark.slow
+def test_init_oml_starts_o_and_l_at_zero_and_m_at_minus_infinity_on_the_emulator():
+    from kernellab.run.sim.cuda import emulate
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    o, m, l = np.full(32 * 32, np.nan, np.float32), np.full(32 * 4, np.nan, np.float32), np.full(32 * 4, np.nan,
+                                                                                              np.float32)
+    emulate.emulate(QUAD_SUM_KERNEL, "fresh", (1,), (32,), [o, m, l])
+    assert (o == 0).all() and (l == 0).all() and (m == -np.inf).all()
 
 
 def test_quad_sum_inv_is_two_shuffles():

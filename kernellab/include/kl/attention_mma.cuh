@@ -106,6 +106,17 @@ __device__ __forceinline__ void scores_qk(float (&s)[kMT][kNB][4], unsigned (&qf
     }
 }
 
+// A warp's registers before its first tile: O = 0, m = -inf (no key seen), l = 0.
+template <int kMT, int kDB>
+__device__ __forceinline__ void init_oml(float (&o)[kMT][kDB][4], float (&m)[kMT][2], float (&l)[kMT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int e = 0; e < kDB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
+        m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
+    }
+}
+
 // One tile of keys after S = Q K^T: the online softmax of the scores s, then O += P V (registers as above).
 // Lazy rescaling: a row's running max m moves only when a score exceeds it by more than rescale_log2 (so
 // p = exp2(s - m) <= 2^rescale_log2, harmless in fp32 and in P's 16 bits); O and l are then rescaled, and the warp
