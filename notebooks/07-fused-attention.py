@@ -712,13 +712,8 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
     const float scale_log2 = scale * LOG2E;    // exp(scale * s) = exp2(scale_log2 * s)
     uint32_t qf[MT][Q_IN_REGS ? KC : 1][4];     // this warp's query rows as A fragments, [MT][KC] x 16x16
     float o[MT][DB][4];                         // output accumulators: [MT][DB] x (16 x 8)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int e = 0; e < DB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
     float m[MT][2], l[MT][2];                   // running max (scaled, log2 units) and this thread's running sums
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
+    init_oml(o, m, l);                          // O = 0, m = -inf, l = 0 (kl/attention_mma.cuh)
 
     // Per-thread parts of the ldmatrix addresses (kl/attention_mma.cuh, as in tutorial 09's kernels): every row an
     // ldmatrix lane points at has row & 7 == lane & 7, so the swizzled chunk depends only on the lane and the loop
@@ -795,10 +790,8 @@ __device__ __forceinline__ void attention_fwd(const T* __restrict__ Q, const T* 
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float sum = l[mt][h];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            float sum;
+            const float inv = quad_sum_inv(l[mt][h], sum);      // 1 / l over the row's quad (0: no key seen)
             const int r = w0 + 16 * mt + g + 8 * h;
             if (LSE != nullptr && t == 0 && q0 + r < N)      // log(sum) + max, back from log2 units
                 LSE[(size_t)blockIdx.y * N + q0 + r] = (log2f(sum) + m[mt][h]) * 0.6931471805599453f;
@@ -1021,14 +1014,9 @@ __device__ __forceinline__ void attention_fwd(const void* tq, const void* tk, co
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int q0 = qblock * BM, bh = blockIdx.y;
-    const int n_tiles_all = (N + BN - 1) / BN;
-    const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
+    const int n_tiles = kv_tiles<BM, BN, CAUSAL>(N, q0);   // causal: up to the diagonal of the block's last row
 
-    if (threadIdx.x == 0) {
-        sm.init_barriers(4 * NCWG);              // empty: one arrival per consumer warp
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    sm.init_barriers_and_sync(4 * NCWG);         // thread 0, then the block; empty: one arrival per consumer warp
 
     if (wg == 0) {                              // producer: one thread issues every copy (<kl/attention.cuh>)
         if (tid == 0) {
@@ -1116,7 +1104,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
             mbar_init(empty_q + 8 * b, 4 * NCWG);   // one arrival per consumer warp
         }
         init_kv_ring<STAGES>(full_k, full_v, empty, 4 * NCWG);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_mbarrier_init();
     }
     __syncthreads();
 

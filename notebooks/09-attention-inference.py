@@ -167,12 +167,7 @@ __device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __rest
     const float scale_log2 = scale * LOG2E;
     uint32_t qf[MT][Q_IN_REGS ? KC : 1][4];
     float o[MT][DB][4], m[MT][2], l[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int e = 0; e < DB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
-        m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
-    }
+    init_oml(o, m, l);                           // O = 0, m = -inf, l = 0 (kl/attention_mma.cuh)
     // ldmatrix lane addresses, as in tutorial 07 (kl/attention_mma.cuh): the swizzled chunk depends only on the lane
     // and the loop counters.
     uint32_t k_col[KC], q_col[KC], v_col[DB / 2], k_row, qv_row;
@@ -225,10 +220,7 @@ __device__ __forceinline__ void gqa_fwd(const T* __restrict__ Q, const T* __rest
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float sum = l[mt][h];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            const float inv = quad_sum_inv(l[mt][h]);           // 1 / l over the row's quad (kl/attention_mma.cuh)
             const int r = w0 + 16 * mt + g + 8 * h;
 #pragma unroll
             for (int db = 0; db < DB; ++db)
@@ -337,14 +329,9 @@ __device__ __forceinline__ void forward(const void* tq, const void* tk, const vo
     const int bh = bkv * G + blockIdx.x;         // b Hq + query head: query head h reads KV head h / G
     const int qblock = CAUSAL ? gridDim.y - 1 - blockIdx.y : blockIdx.y;   // the heaviest blocks first
     const int q0 = qblock * BM;
-    const int n_tiles_all = (N + BN - 1) / BN;
-    const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
+    const int n_tiles = kv_tiles<BM, BN, CAUSAL>(N, q0);   // tutorial 07's (<kl/attention.cuh>)
 
-    if (threadIdx.x == 0) {
-        sm.init_barriers(4 * NCWG);              // empty: one arrival per consumer warp
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    sm.init_barriers_and_sync(4 * NCWG);         // thread 0, then the block; empty: one arrival per consumer warp
 
     if (wg == 0) {                              // producer: tutorial 07's (<kl/attention.cuh>), one thread
         if (tid == 0) {
@@ -556,12 +543,7 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     const int last_key0 = L - nq;                                  // token i sees keys <= last_key0 + i
 
     float o[MT][DB][4], m[MT][2], l[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int e = 0; e < DB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
-        m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
-    }
+    init_oml(o, m, l);                           // O = 0, m = -inf, l = 0 (kl/attention_mma.cuh)
     if (j0 < j1) {
         warp_load_rows<ROWS, D>(q_tile, Q, r0, rows, lane);
         warp_load_rows<BLOCK_N, D>(k_tile0, K, j0 * BLOCK_N, L, lane);
@@ -615,11 +597,9 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float sum = l[mt][h];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            float sum;
+            const float inv = quad_sum_inv(l[mt][h], sum);      // 1 / l over the row's quad, and l itself
             const int r = 16 * mt + g + 8 * h;
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
             for (int db = 0; db < DB; ++db)
                 *reinterpret_cast<float2*>(mine + r * D + 8 * db + 2 * t) =
@@ -801,6 +781,15 @@ def _check(q, k, v, what):
         raise ValueError(f"{what} takes contiguous tensors (call .contiguous() first)")
 
 
+def _check_gqa(q, k, v, what, hint=""):
+    """_check, and k, v as long as q (prefill: N positions each); returns q's (B, Hq, N, d)."""
+    _check(q, k, v, what)
+    B, Hq, N, d = q.shape
+    if k.shape[2] != N:
+        raise ValueError(f"{what}: q has {N} positions and k, v {k.shape[2]}{hint}")
+    return B, Hq, N, d
+
+
 # From which N the wgmma step replaces the mma.sync kernel on sm_90, per head dim: measured on an H100
 # (benchmarks/NOTES-attention-inference.md): at N = 512 the wgmma step is 0.86-0.97x the mma.sync kernel at d = 64 and
 # 1.04-1.16x at d = 128; at N = 4096 1.33-1.59x at both.
@@ -826,11 +815,8 @@ def gqa_attention(q, k, v, causal=False):
 def gqa_attention_mma(q, k, v, causal=False):
     """gqa_attention on the mma.sync kernel (any GPU from sm_80): the G query heads of a KV head as one [G N, d]
     matrix; same arguments."""
-    _check(q, k, v, "gqa_attention")
-    B, Hq, N, d = q.shape
+    B, Hq, N, d = _check_gqa(q, k, v, "gqa_attention", "; for a KV cache use decode_attention")
     Hkv = k.shape[1]
-    if k.shape[2] != N:
-        raise ValueError(f"gqa_attention: q has {N} positions and k, v {k.shape[2]}; for a KV cache use decode_attention")
     out = torch.empty_like(q)
     if N == 0 or B == 0:
         return out
@@ -847,11 +833,8 @@ GQA_WGMMA = {64: dict(block_n=128, consumers=3, stages=2), 128: dict(block_n=128
 def gqa_attention_wgmma(q, k, v, causal=False):
     """gqa_attention on Hopper (sm_90): tutorial 07's wgmma step with K/V read at KV head h / G through the TMA
     coordinates, the G query heads of a KV head launched next to each other; same arguments as gqa_attention."""
-    _check(q, k, v, "gqa_attention_wgmma")
-    B, Hq, N, d = q.shape
+    B, Hq, N, d = _check_gqa(q, k, v, "gqa_attention_wgmma")
     Hkv = k.shape[1]
-    if k.shape[2] != N:
-        raise ValueError(f"gqa_attention_wgmma: q has {N} positions and k, v {k.shape[2]}")
     out = torch.empty_like(q)
     if N == 0 or B == 0:
         return out

@@ -40,6 +40,9 @@ def test_the_mma_sync_cells_take_the_softmax_and_p_v_from_the_header():
         assert "#include <kl/attention_mma.cuh>" in src and src.count("softmax_pv<") == 1, (name, src[:400])
         assert src.count("scores_qk<") == 1 and "mma_16816<T>(" not in src, name
         assert not any(s in src for s in ("asm(", "__any_sync", "ldmatrix_x4_trans(", "uint32_t swz(")), name
+        # the registers' start and the output's 1 / l, tutorial 07's too
+        assert src.count("init_oml(") == 1 and src.count("quad_sum_inv(") == 1, name
+        assert "__shfl_xor_sync(0xffffffffu, sum, 1)" not in src, name
 
 
 def test_the_gqa_kernels_are_mma_sync_for_both_dtypes_head_dims_and_masks(modules):
@@ -240,6 +243,15 @@ def test_the_launchers_refuse_what_the_kernels_do_not_take(t09):
     with pytest.raises(ValueError, match="contiguous"):
         sq = torch.zeros(1, 4, 64, 64, dtype=torch.bfloat16).transpose(2, 3)
         t09["gqa_attention"](sq, sq, sq)
+    kv16 = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)          # 16 positions against q's 8: both launchers say so
+    with pytest.raises(ValueError, match=r"^gqa_attention: q has 8 positions and k, v 16; for a KV cache use "
+                                         r"decode_attention$"):
+        t09["gqa_attention"](q, kv16, kv16)
+    with pytest.raises(ValueError, match=r"^gqa_attention_wgmma: q has 8 positions and k, v 16$"):
+        t09["gqa_attention_wgmma"](q, kv16, kv16)
+    with pytest.raises(ValueError, match=r"^gqa_attention_wgmma: the batch must match"):
+        t09["gqa_attention_wgmma"](q, torch.zeros(2, 2, 8, 64, dtype=torch.bfloat16),
+                                   torch.zeros(2, 2, 8, 64, dtype=torch.bfloat16))
 
 
 # --- the Hopper GQA kernels (wgmma + TMA, tutorial 07's consumer from kl/attention.cuh) -----------------------------
@@ -252,6 +264,9 @@ def test_the_hopper_gqa_kernel_takes_tutorial_07s_producer_from_the_header():
     assert src.count("produce_q<") == 1 and src.count("produce_kv<") == 1 and src.count("QKvRing<") == 1
     assert "n_tiles, bkv)" in src, "the K/V copies read the KV head (bkv), not the query head"
     assert "tma_load_3d(" not in src and "mbar_expect_tx(" not in src
+    # and its block prologue: tutorial 07's causal tile count and fenced mbarrier inits
+    assert "kv_tiles<BM, BN, CAUSAL>(N, q0)" in src and src.count("sm.init_barriers_and_sync(") == 1
+    assert "fence.mbarrier_init" not in src and "n_tiles_all" not in src
 
 
 def test_the_hopper_gqa_kernels_are_wgmma_fed_by_tma_without_spills(modules):

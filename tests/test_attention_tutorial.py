@@ -69,6 +69,9 @@ def test_step2_takes_its_softmax_and_p_v_from_the_header(steps):
     assert "#include <kl/attention_mma.cuh>" in src and src.count("softmax_pv<") == 1, src[:400]
     assert src.count("scores_qk<") == 1 and "mma_16816<T>(" not in src
     assert not any(s in src for s in ("exp2_approx(", "__any_sync", "ldmatrix_x4_trans(", "uint32_t swz("))
+    # and the registers' start (init_oml) and the output's 1 / l (the quad's sum of l, quad_sum_inv), which tutorial
+    # 09's mma.sync kernels share
+    assert src.count("init_oml(") == 1 and src.count("quad_sum_inv(") == 1 and "__shfl_xor_sync" not in src
 
 
 @pytest.mark.parametrize("name", ["fa3_bf16_d64", "fa3_f16_d128_causal"])
@@ -112,3 +115,7 @@ def test_steps_3_and_3b_share_one_consumer_from_the_headers(steps):
     assert src.count("produce_kv<") == 2 and src.count("produce_q<") == 2, src[:400]
     assert src.count("QKvRing<") == 1 and src.count("init_kv_ring<") == 1 and "mbar_expect_tx(" not in src
     assert "tma_load_3d(" not in src and "tma_load_3d(" in header
+    # and step 3's block prologue (the causal tile count, the fenced mbarrier inits), which tutorial 09's GQA kernel
+    # shares: kv_tiles and QKvRing::init_barriers_and_sync; step 3b fences its own barriers with fence_mbarrier_init
+    assert src.count("kv_tiles<") == 1 and src.count("init_barriers_and_sync(") == 1, src[:400]
+    assert "fence.mbarrier_init" not in src and src.count("fence_mbarrier_init();") == 1

@@ -276,7 +276,7 @@ extern "C" __global__ void k(const __grid_constant__ CUtensorMap tmap, float* ou
     const unsigned tile = (unsigned)__cvta_generic_to_shared(smem), bar = tile + 8192;
     if (threadIdx.x == 0) {
         mbar_init(bar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        fence_mbarrier_init();
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -297,11 +297,11 @@ extern "C" __global__ void desc(unsigned addr, unsigned long long* out) { *out =
 
 
 
-# The producer's side of <kl/attention.cuh> (QKvRing's layout and init_barriers, produce_q, produce_kv, both forms): one thread streams a
-# block's Q and K/V tiles of 16 keys through a 2-stage ring (so it waits on `empty` from the third tile on) and one
-# consumer warp copies each tile out, undoing the 128-byte swizzle, and releases its stage. PERSISTENT: two work items
-# (heads 0 then 1, two tiles each) on one ring, kv running on; otherwise head 1's four tiles. Q, K, V: [2, 64, 64]
-# fp16 (heads, rows, columns); q_out: [16, 64], k_out, v_out: [64, 64].
+# The producer's side of <kl/attention.cuh> (QKvRing's layout and init_barriers_and_sync, produce_q, produce_kv, both
+# forms): one thread streams a block's Q and K/V tiles of 16 keys through a 2-stage ring (so it waits on `empty` from
+# the third tile on) and one consumer warp copies each tile out, undoing the 128-byte swizzle, and releases its stage.
+# PERSISTENT: two work items (heads 0 then 1, two tiles each) on one ring, kv running on; otherwise head 1's four
+# tiles. Q, K, V: [2, 64, 64] fp16 (heads, rows, columns); q_out: [16, 64], k_out, v_out: [64, 64].
 PRODUCER_KERNEL = r"""
 #include <kl/attention.cuh>
 #include <cuda.h>
@@ -318,11 +318,7 @@ __device__ __forceinline__ void stream(const void* tq, const void* tk, const voi
                    full_v = sm.full_v, empty = sm.empty;
     if (q_s != base || k_s != base + 16 * 128 || v_s != k_s + STAGES * KV_BYTES || full_q != v_s + STAGES * KV_BYTES
         || full_k != full_q + 8 || full_v != full_k + 8 * STAGES || empty != full_v + 8 * STAGES) __trap();
-    if (threadIdx.x == 0) {
-        sm.init_barriers(1);                    // one consumer warp
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    sm.init_barriers_and_sync(1);               // one consumer warp
     if (threadIdx.x < 32) {                     // the producer warp: one thread issues every copy
         if (threadIdx.x == 0) {
             produce_q<D, 16>(tq, q_s, full_q, 16, 1);
@@ -395,6 +391,80 @@ def test_the_attention_producer_streams_q_and_every_kv_tile_through_the_ring_on_
         np.testing.assert_array_equal(k_out, np.concatenate([k[0, :32], k[1, :32]]))
         np.testing.assert_array_equal(v_out, np.concatenate([v[0, :32], v[1, :32]]))
 
+
+def test_fence_mbarrier_init_is_the_inline_fence_it_names():
+    """<kl/tma.cuh>'s fence_mbarrier_init compiles to the same SASS as the PTX statement written inline."""
+    body = r"""(unsigned* out) {
+    __shared__ __align__(8) unsigned long long bar;
+    const unsigned b = (unsigned)__cvta_generic_to_shared(&bar);
+    if (threadIdx.x == 0) {
+        mbar_init(b, 1);
+        %s
+    }
+    __syncthreads();
+    mbar_arrive(b);
+    out[threadIdx.x] = b;
+}"""
+    source = ('#include <kl/tma.cuh>\nextern "C" __global__ void header' + body % "fence_mbarrier_init();"
+              + '\nextern "C" __global__ void inline_ptx'
+              + body % 'asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");')
+    module = kernellab.compile_cuda(source, arch="sm_90a", first_line=2, filename="cell.cu")
+    sass = {k.name: re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*;)", k.sass) for k in module.kernels}   # instructions
+    assert len(sass["header"]) > 10 and sass["header"] == sass["inline_ptx"]
+    assert "SYNCS.EXCH.64" in opcodes(module.kernels[0])
+
+
+# kv_tiles and QKvRing::init_barriers_and_sync (<kl/attention.cuh>): block b of 64 query rows (q0 = 64 b) over N keys
+# in tiles of 48 writes kv_tiles without and with the causal mask (tiles: [2][blocks]); after the prologue every thread
+# finds the ring's mbarriers initialised: warp 0's lane 0 arrives on full_q and full_k[1] (one arrival each), lane 0
+# of each of the 2 warps on empty[1] (consumer_warps = 2), every thread waits for the three phases and writes 1 (ready:
+# [blocks][64]).
+KV_TILES_KERNEL = r"""
+#include <kl/attention.cuh>
+extern "C" __global__ void prologue(int* tiles, int* ready, int N) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const QKvRing<64, 64, 48, 2> sm(((unsigned)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u);
+    const int q0 = 64 * blockIdx.x;
+    sm.init_barriers_and_sync(2);
+    if (threadIdx.x == 0) {
+        tiles[blockIdx.x] = kv_tiles<64, 48, false>(N, q0);
+        tiles[gridDim.x + blockIdx.x] = kv_tiles<64, 48, true>(N, q0);
+        mbar_arrive(sm.full_q);
+        mbar_arrive(sm.full_k + 8);
+    }
+    if (threadIdx.x % 32 == 0) mbar_arrive(sm.empty + 8);
+    mbar_wait(sm.full_q, 0);
+    mbar_wait(sm.full_k + 8, 0);
+    mbar_wait(sm.empty + 8, 0);
+    ready[blockIdx.x * blockDim.x + threadIdx.x] = 1;
+}
+"""
+
+
+def test_the_attention_prologue_compiles_to_the_fenced_mbarrier_inits():
+    ops = compile_kernels(KV_TILES_KERNEL, arch="sm_90a")["prologue"]
+    assert {"SYNCS.EXCH.64", "BAR.SYNC.DEFER_BLOCKING", "SYNCS.PHASECHK.TRANS64.TRYWAIT"} <= ops, sorted(ops)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("N", [1, 48, 200, 256, 300])
+def test_kv_tiles_and_the_ring_prologue_on_the_emulator(N):
+    from kernellab.run.sim.cuda import emulate
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    blocks = -(-N // 64)
+    tiles = np.full(2 * blocks, -1, np.int32)
+    ready = np.zeros(blocks * 64, np.int32)
+    emulate.emulate(KV_TILES_KERNEL, "prologue", (blocks,), (64,), [tiles, ready, N],
+                    1024 + 64 * 64 * 2 + 2 * 2 * 48 * 64 * 2 + 8 * 7)   # alignment slack, QKvRing::kBytes
+    all_tiles = -(-N // 48)
+    # causal: the tiles holding keys 0 .. q0 + 63 (the block's last row), never past the last tile
+    causal = [min(all_tiles, -(-(64 * b + 64) // 48)) for b in range(blocks)]
+    np.testing.assert_array_equal(tiles, [all_tiles] * blocks + causal)
+    assert causal[0] == min(all_tiles, 2) and causal[-1] == all_tiles
+    np.testing.assert_array_equal(ready, 1)
+
 # A warp's 16 query rows (kMT = 1) against two tiles of 16 keys (kNB = 2), head dim 64 (kDB = 8): two softmax_pv calls,
 # then O / l. S: [16, 32] fp32 scores, V: [32, 64] fp16; O: [16, 64] fp32 (0 where a row saw no key).
 SOFTMAX_PV_KERNEL = r"""
@@ -432,6 +502,65 @@ extern "C" __global__ void k(const float* S, const __half* V, float* O, float sc
 
 
 # ldmatrix_offsets<kKC> for head dims 64 and 128: each lane's k_col, q_col, v_col (kKC each), k_row and qv_row.
+# The ends of a warp's rows in <kl/attention_mma.cuh>: quad_sums, lane i of one warp holds l = L[i] and writes its
+# quad's sum and 1 / it (quad_sum_inv); fresh, each lane writes its O, m and l after init_oml (o: [32][2 * 4 * 4], m, l:
+# [32][2 * 2], NaN before).
+QUAD_SUM_KERNEL = r"""
+#include <kl/attention_mma.cuh>
+extern "C" __global__ void fresh(float* O, float* M, float* L) {
+    float o[2][4][4], m[2][2], l[2][2];
+    init_oml(o, m, l);
+    const int lane = threadIdx.x;
+    for (int i = 0; i < 32; ++i) O[lane * 32 + i] = o[i / 16][(i / 4) % 4][i % 4];
+    for (int i = 0; i < 4; ++i) M[lane * 4 + i] = m[i / 2][i % 2], L[lane * 4 + i] = l[i / 2][i % 2];
+}
+extern "C" __global__ void quad_sums(const float* L, float* sums, float* invs, float* invs_only) {
+    const int lane = threadIdx.x;
+    float sum;
+    invs[lane] = quad_sum_inv(L[lane], sum);
+    sums[lane] = sum;
+    invs_only[lane] = quad_sum_inv(L[lane]);
+}
+"""
+
+
+@pytest.mark.slow
+def test_quad_sum_inv_adds_a_rows_four_lanes_and_inverts_on_the_emulator():
+    """Each lane gets the sum of l over its quad (lanes 4 g .. 4 g + 3) and 1 / it; a quad that saw no key (sum 0)
+    gets 0, not inf."""
+    from kernellab.run.sim.cuda import emulate
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    L = np.random.default_rng(3).uniform(0.5, 4.0, 32).astype(np.float32)
+    L[8:12] = 0.0                                              # quad 2: a row that saw no key
+    sums, invs, invs_only = (np.full(32, np.nan, np.float32) for _ in range(3))
+    emulate.emulate(QUAD_SUM_KERNEL, "quad_sums", (1,), (32,), [L, sums, invs, invs_only])
+    quad = L.reshape(8, 4)
+    expect = np.repeat((quad[:, 0] + quad[:, 1]) + (quad[:, 2] + quad[:, 3]), 4)   # xor 1, then xor 2
+    np.testing.assert_allclose(sums, expect, rtol=1e-6)
+    np.testing.assert_allclose(invs, np.where(expect > 0, 1 / np.where(expect > 0, expect, 1), 0), rtol=1e-6)
+    assert (invs[8:12] == 0).all() and (invs[:8] > 0).all()
+    np.testing.assert_array_equal(invs_only, invs)
+
+
+@pytest.mark.slow
+def test_init_oml_starts_o_and_l_at_zero_and_m_at_minus_infinity_on_the_emulator():
+    from kernellab.run.sim.cuda import emulate
+
+    if emulate.compiler() is None:
+        pytest.skip("no host C++ compiler (g++)")
+    o, m, l = np.full(32 * 32, np.nan, np.float32), np.full(32 * 4, np.nan, np.float32), np.full(32 * 4, np.nan,
+                                                                                              np.float32)
+    emulate.emulate(QUAD_SUM_KERNEL, "fresh", (1,), (32,), [o, m, l])
+    assert (o == 0).all() and (l == 0).all() and (m == -np.inf).all()
+
+
+def test_quad_sum_inv_is_two_shuffles():
+    ops = compile_kernels(QUAD_SUM_KERNEL)["quad_sums"]
+    assert "SHFL.BFLY" in ops and "MUFU.RCP" in ops, sorted(ops)
+
+
 OFFSETS_KERNEL = r"""
 #include <kl/attention_mma.cuh>
 template <int KC>

@@ -2,8 +2,8 @@
 // producer streams into shared memory, S = Q K^T on the tensor cores, the causal and key-range mask, the online softmax
 // with lazy rescaling, P rounded to 16 bits in registers, O += P V; then O / l written out. The kernels around it (one
 // block per query block, or persistent) differ only in how they feed it: which Q buffer, which K/V stages and phases.
-// The producer's side is here too (QKvRing, init_kv_ring, produce_q, produce_kv), shared by tutorial 07's steps 3 and 3b and
-// tutorial 09's grouped-query kernel, which differ only in the head their copies read.
+// The producer's side is here too (kv_tiles, QKvRing, init_kv_ring, produce_q, produce_kv), shared by tutorial 07's
+// steps 3 and 3b and tutorial 09's grouped-query kernel, which differ only in the head their copies read.
 //
 // A warpgroup (128 threads, 4 warps) owns 64 query rows; warp w of it rows 16 w .. 16 w + 15, and lane (g = lane / 4,
 // t = lane % 4) rows g and g + 8 of those, as in mma.sync. Its registers:
@@ -13,12 +13,20 @@
 //                        up at the end)
 // Shared memory holds the tiles as TMA writes them with the 128-byte swizzle: 64-column boxes of 128-byte rows.
 #pragma once
-#include "tma.cuh"     // mbar_wait, mbar_arrive, sw128_desc
+#include "tma.cuh"     // mbar_init, fence_mbarrier_init, mbar_wait, mbar_arrive, sw128_desc
 #include "wgmma.cuh"   // wgmma_ss, wgmma_rs_tb, wgmma_fence/commit/wait; pack2<T>
 #include "attention_mma.cuh"   // exp2_approx
 #ifndef CUDART_INF_F
 #include <math_constants.h>   // CUDART_INF_F (the CPU emulator defines its own)
 #endif
+
+// The K/V tiles of kBN keys that a block of kBM query rows from q0 visits over seq_len keys: all ceil(seq_len / kBN),
+// or with the causal mask only those up to the diagonal of its last row q0 + kBM - 1.
+template <int kBM, int kBN, bool kCausal>
+__device__ __forceinline__ int kv_tiles(int seq_len, int q0) {
+    const int n_tiles_all = (seq_len + kBN - 1) / kBN;
+    return kCausal ? min(n_tiles_all, (q0 + kBM + kBN - 1) / kBN) : n_tiles_all;
+}
 
 // The K/V ring's mbarriers (one thread, before the block's __syncthreads): per stage s, full_k + 8 s and full_v + 8 s
 // (one arrival each: the producer's expect_tx) and empty + 8 s (one arrival per consumer warp: consumer_warps).
@@ -43,11 +51,16 @@ struct QKvRing {
     __device__ __forceinline__ explicit QKvRing(unsigned base)
         : q_s(base), k_s(base + kQBytes), v_s(k_s + kStages * kKvBytes), full_q(v_s + kStages * kKvBytes),
           full_k(full_q + 8), full_v(full_k + 8 * kStages), empty(full_v + 8 * kStages) {}
-    // The mbarriers' initialisation (one thread, then fence.mbarrier_init and the block's __syncthreads): full_q
-    // and the ring's (init_kv_ring), each empty[s] expecting consumer_warps arrivals.
-    __device__ __forceinline__ void init_barriers(int consumer_warps) const {
-        mbar_init(full_q, 1);
-        init_kv_ring<kStages>(full_k, full_v, empty, consumer_warps);
+    // The mbarriers' initialisation, called by every thread of the block: thread 0 initialises full_q and the ring's
+    // (init_kv_ring, each empty[s] expecting consumer_warps arrivals) and fences the inits (fence_mbarrier_init); then
+    // the block's __syncthreads, after which any thread may use them.
+    __device__ __forceinline__ void init_barriers_and_sync(int consumer_warps) const {
+        if (threadIdx.x == 0) {
+            mbar_init(full_q, 1);
+            init_kv_ring<kStages>(full_k, full_v, empty, consumer_warps);
+            fence_mbarrier_init();
+        }
+        __syncthreads();
     }
 };
 

@@ -26,6 +26,19 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 #endif
 
+// The output's 1 / l of a row: its lanes' sums of exp2 added up over the quad (the 4 lanes t of the row, in `sum`),
+// inverted; 0 for a row that saw no key (sum 0), so that its O is written as zeros.
+__device__ __forceinline__ float quad_sum_inv(float l, float& sum) {
+    sum = l;
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    return sum > 0.f ? 1.f / sum : 0.f;
+}
+__device__ __forceinline__ float quad_sum_inv(float l) {
+    float sum;
+    return quad_sum_inv(l, sum);
+}
+
 // Byte offset of 16-byte chunk `chunk` of row `row` in a [rows, kD] tile of 16-bit values, XOR-swizzled (kD >= 64):
 // the 8 rows an ldmatrix phase reads at one logical chunk sit in 8 different 16-byte bank groups (no conflict).
 template <int kD> __device__ __forceinline__ unsigned swz(int row, int chunk) {
@@ -90,6 +103,17 @@ __device__ __forceinline__ void scores_qk(float (&s)[kMT][kNB][4], unsigned (&qf
                 mma_16816<T>(s[mt][nb + 1], qf[mt][kQInRegs ? kc : 0], b[2], b[3]);
             }
         }
+    }
+}
+
+// A warp's registers before its first tile: O = 0, m = -inf (no key seen), l = 0.
+template <int kMT, int kDB>
+__device__ __forceinline__ void init_oml(float (&o)[kMT][kDB][4], float (&m)[kMT][2], float (&l)[kMT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int e = 0; e < kDB; ++e) o[mt][e][0] = o[mt][e][1] = o[mt][e][2] = o[mt][e][3] = 0.f;
+        m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.f;
     }
 }
 

@@ -3,7 +3,7 @@
 // a shared-memory barrier that consumers wait on by phase; and the 64-bit shared-memory matrix descriptor through
 // which wgmma reads a tile the TMA wrote with the 128-byte swizzle.
 //
-//     mbar_init(bar, 1);                            // one thread; then fence.mbarrier_init and __syncthreads()
+//     mbar_init(bar, 1);                            // one thread; then fence_mbarrier_init() and __syncthreads()
 //     mbar_expect_tx(bar, bytes);                   // the producer arrives, expecting `bytes` from the copies
 //     tma_load_3d(dst, &tmap, bar, c0, c1, c2);     // the copy engine counts them down as they land
 //     mbar_wait(bar, phase);                        // consumers: until phase `phase` (0, 1, 0, ...) completed
@@ -17,6 +17,12 @@
 // Initialise the mbarrier at `bar` to expect `count` arrivals per phase.
 __device__ __forceinline__ void mbar_init(unsigned bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// After a thread's mbar_inits, before the block's __syncthreads: make the inits visible to the other threads and to the
+// copy engine, whose transactions complete on the barriers (fence.mbarrier_init.release.cluster; named so as not to
+// clash with a tutorial's own fence_barrier_init, which adds fence.proxy.async).
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // Arrive on `bar`, and expect `bytes` more from the copies that complete on it (mbarrier.arrive.expect_tx).
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {

@@ -428,6 +428,7 @@ inline void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, ui
 inline void mbar_init(uint32_t bar, int count) { mbarrier_init(bar, count); }
 inline void mbar_expect_tx(uint32_t bar, uint32_t bytes) { mbarrier_arrive_expect_tx(bar, int(bytes)); }   // arrives
 inline void mbar_arrive(uint32_t bar) { mbarrier_arrive(bar); }
+inline void fence_mbarrier_init() { fence_barrier_init(); }
 inline void mbar_wait(uint32_t bar, uint32_t phase) { mbarrier_wait(bar, int(phase)); }
 inline void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1, int c2) {
     kl::tma_load(dst, kl::tensor_map(tmap), c0, c1, c2, bar);
