@@ -65,6 +65,12 @@ def grade_or_misbehave(exercise_id, submission):
 
     if submission == "hang":
         time.sleep(3600)
+    if submission.startswith("hang-with-child:"):     # as a grade whose isolated launch worker runs the hung kernel
+        import subprocess
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+        Path(submission.split(":", 1)[1]).write_text(str(child.pid))
+        time.sleep(3600)
     if submission.startswith("kill:"):
         kill_once((0, submission[5:]))
     if submission == "always-kill":
@@ -305,6 +311,31 @@ def test_grade_class_loses_nothing_when_a_worker_is_killed_or_a_submission_hangs
     assert all(r.passed for r in (a.row("ana"), a.row("cy"), b.row("eve"), b.row("fay"))), str(g)
     assert "graded again after a lost worker" in g.headline() and "re-run" in str(a)
     assert a.to_json()["rows"][1]["rerun"] == ben.rerun
+
+
+@pytest.mark.slow
+def test_a_hung_grade_ends_its_workers_children_too(pool, tmp_path):
+    """The worker of a hung grade is ended, and so is its child process (on a GPU: the isolated launch worker that
+    runs the hung kernel and holds its context), not left running without a parent."""
+    _alive(pool)
+    pid_file = tmp_path / "child.pid"
+    t = kernellab.grade_many("ex-d", {"hal": f"hang-with-child:{pid_file}", "ida": "fine"},
+                             executor=pool.get_executor(), grade=grade_or_misbehave, progress=False, timeout_s=3)
+    assert t.row("hal").passed is None and "timeout_s=3" in t.row("hal").error, str(t)
+    assert t.row("ida").passed is True, str(t)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            break                                       # killed, waiting to be reaped
+        time.sleep(0.2)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError(f"the hung grade's child process {pid} outlived its worker")
 
 
 @pytest.mark.slow

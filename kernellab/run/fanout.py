@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -406,4 +407,40 @@ def _give_up_hung(client, pending: dict, moved: dict, timeout_s: float) -> Itera
 def _exit_worker() -> None:
     """End this worker's process in a moment (its nanny starts a fresh one; its jobs go elsewhere); returns first,
     so that the caller's `client.run` gets its answer."""
-    threading.Timer(0.05, os._exit, (70,)).start()
+    threading.Timer(0.05, _end_process).start()
+
+
+def _end_process() -> None:
+    """Kill every process below this one, then exit at once: the hung job's own children (an isolated launch worker
+    running the hung kernel and holding its GPU context, a process pool's workers and their fork server) would
+    otherwise outlive it without a parent, still running."""
+    for pid in _descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(70)
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes below `root` (children, theirs, ...), from /proc; where there is no /proc, the multiprocessing
+    children only."""
+    try:
+        parent_of = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        parent_of[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])   # field 4: the ppid
+                except (OSError, ValueError, IndexError):
+                    continue
+    except OSError:
+        import multiprocessing
+
+        return [c.pid for c in multiprocessing.active_children() if c.pid]
+    found, frontier = [], [root]
+    while frontier:
+        below = [pid for pid, ppid in parent_of.items() if ppid in frontier]
+        found += below
+        frontier = below
+    return found
