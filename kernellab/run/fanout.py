@@ -435,8 +435,6 @@ def _descendants(root: int) -> list[int]:
                 except (OSError, ValueError, IndexError):
                     continue
     except OSError:
-        import multiprocessing
-
         return [c.pid for c in multiprocessing.active_children() if c.pid]
     found, frontier = [], [root]
     while frontier:
