@@ -8,7 +8,9 @@ PYTEST_ARGS ?=
 # Test processes (pytest-xdist): one per core; each test file runs whole in one process, so a module's compiled
 # kernels are built once; tests/conftest.py hands the longest files out first (tests/durations.json).
 # Measured on the 2-core machine, quiet, from a fresh clone (kernellab's compile cache in the home directory as earlier
-# runs left it): 11 min 24 s of pytest, 11 min 39 s in all (7105 passed, 965 skipped); `make test-durations` records
+# runs left it): 6 min 32 s of pytest, 6 min 49 s in all (7170 passed, 977 skipped); `make test-fast` 2 min 4 s.
+# Earlier figures (11-20 min) were taken while processes leaked by a fault test (fixed) kept spinning on both cores.
+# `make test-durations` records
 # tests/durations.json. Where the time goes (`PYTEST_ARGS="--durations=0 --junitxml=t.xml"`, a busy machine, before
 # the emulator built one binary per cell): test_teach 23 %, test_matmul 18 %, test_tutorial08 13 %, test_fanout_faults
 # 9 %, test_notebooks 9 %, test_attention_persistent 5 %; the rest under 4 % a file; compilers, not pytest, use the CPU.
