@@ -68,7 +68,7 @@ def grade_or_misbehave(exercise_id, submission):
     if submission.startswith("hang-with-child:"):     # as a grade whose isolated launch worker runs the hung kernel
         import subprocess
 
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
         Path(submission.split(":", 1)[1]).write_text(str(child.pid))
         time.sleep(3600)
     if submission.startswith("kill:"):

@@ -74,6 +74,13 @@ def registers_per_warp(registers, arch=DEFAULT_ARCH):
     return -(-(registers * spec.warp_size) // unit) * unit
 
 
+def registers_per_sub_partition(arch=DEFAULT_ARCH) -> int:
+    """The registers one SM sub-partition holds: a quarter (register_sub_partitions) of the register file, or of the
+    per-block limit where that is smaller."""
+    spec = get_arch(arch)
+    return min(spec.registers_per_sm, spec.max_registers_per_block) // spec.register_sub_partitions
+
+
 def warps_per_sub_partition(registers, arch=DEFAULT_ARCH):
     """The register rule, once: how many warps at `registers` a thread one SM sub-partition holds (UNLIMITED at 0).
 
@@ -84,8 +91,7 @@ def warps_per_sub_partition(registers, arch=DEFAULT_ARCH):
     limit, so the smaller quarter counts. Works element-wise on NumPy arrays too.
     """
     spec = get_arch(arch)
-    parts = spec.register_sub_partitions
-    per_part = min(spec.registers_per_sm, spec.max_registers_per_block) // parts
+    per_part = registers_per_sub_partition(spec)
     per_warp = registers_per_warp(registers, spec)
     if isinstance(per_warp, np.ndarray):
         return np.where(per_warp == 0, UNLIMITED, per_part // np.maximum(per_warp, 1))
@@ -129,11 +135,9 @@ def max_registers_at_threads(threads: int, arch=DEFAULT_ARCH) -> int:
         raise OccupancyInputError(
             f"threads={threads} is outside 1..{spec.max_threads_per_block}, the threads per block "
             f"{spec.name} allows; use a block of 1 to {spec.max_threads_per_block} threads")
-    parts = spec.register_sub_partitions
-    fullest = -(-(-(-threads // spec.warp_size)) // parts)
-    per_part = min(spec.registers_per_sm, spec.max_registers_per_block) // parts
+    fullest = -(-(-(-threads // spec.warp_size)) // spec.register_sub_partitions)
     unit = spec.register_allocation_unit
-    per_warp = per_part // fullest // unit * unit
+    per_warp = registers_per_sub_partition(spec) // fullest // unit * unit
     return min(spec.max_registers_per_thread, per_warp // spec.warp_size)
 
 

@@ -275,8 +275,6 @@ def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float 
     yield from _dask_jobs(client, fn, list(items), timeout_s, poll_s)
 
 
-
-
 def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, no_workers_s: float = 300.0
                ) -> Iterator[JobDone]:
     import distributed

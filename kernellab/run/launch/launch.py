@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...analysis.occupancy import max_registers_at_threads, max_threads_at_registers, occupancy
+from ...analysis.occupancy import (max_registers_at_threads, max_threads_at_registers, occupancy,
+                                  registers_per_sub_partition)
 from ...compile.signature import TENSOR_MAP_ALIGN_BYTES, TENSOR_MAP_BYTES, Param
 from ...errors import ArgumentError, KernellabError, LaunchError
 from . import cudriver
@@ -166,7 +167,7 @@ def registers_do_not_fit(threads: int, registers: int, shared_bytes: int, arch: 
     spec = occ.spec
     parts = spec.register_sub_partitions
     fullest = -(-occ.warps_per_block // parts)
-    per_part = min(spec.registers_per_sm, spec.max_registers_per_block) // parts
+    per_part = registers_per_sub_partition(spec)
     fit_regs = max_registers_at_threads(threads, spec)
     fit_threads = max_threads_at_registers(registers, spec)
     return (f"Its {occ.warps_per_block} warps put {fullest} on one of the SM's {parts} sub-partitions: {fullest} x "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -391,18 +392,7 @@ def encode_tiled(**kw) -> bytes:
     It needs the CUDA driver library (libcuda) and a current context (encode makes one current): on a machine
     without libcuda, NoGPUError.
     """
-    driver = _INITIALISED.get("driver")
-    if driver is None:                # the import and cuInit once per process, not per map
-        try:
-            from cuda.bindings import driver
-        except ImportError as exc:
-            raise NoGPUError("building a tensor map needs cuda-python (pip install cuda-bindings)") from exc
-        try:
-            driver.cuInit(0)
-        except RuntimeError as exc:       # "Failed to dlopen libcuda.so.1"
-            raise NoGPUError(f"building a tensor map needs the CUDA driver (libcuda), and it is not usable here "
-                             f"({exc}); tensor maps are made on a GPU machine") from None
-        _INITIALISED["driver"] = driver
+    driver = _cuda_driver()
     err, tmap = driver.cuTensorMapEncodeTiled(
         getattr(driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_" + kw["tensorDataType"]), kw["tensorRank"],
         kw["globalAddress"], [driver.cuuint64_t(v) for v in kw["globalDim"]],
@@ -419,7 +409,20 @@ def encode_tiled(**kw) -> bytes:
     return ctypes.string_at(tmap.getPtr(), TENSOR_MAP_BYTES)
 
 
-_INITIALISED: dict = {}          # "driver": cuda-python's driver module, once cuInit has returned
+@functools.cache
+def _cuda_driver():
+    """cuda-python's driver module with cuInit done: once a process, not once a map (a failure is not kept: the
+    next call tries again)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise NoGPUError("building a tensor map needs cuda-python (pip install cuda-bindings)") from exc
+    try:
+        driver.cuInit(0)
+    except RuntimeError as exc:       # "Failed to dlopen libcuda.so.1"
+        raise NoGPUError(f"building a tensor map needs the CUDA driver (libcuda), and it is not usable here "
+                         f"({exc}); tensor maps are made on a GPU machine") from None
+    return driver
 
 
 def encode_for_job(spec, address: int, device: int | None = None) -> np.ndarray:
