@@ -156,3 +156,54 @@ def test_gpus_spreads_one_gpu_suites_over_lanes_and_keeps_all_gpu_suites_out(run
     assert max(limits) - min(limits) <= max(s.limit_s for s in runner.SUITES.values())
     assert ("notebooks", ["04"]) in [s for lane in lanes for s in lane]       # a suite keeps its arguments
     assert runner.SUITES["autotune-multigpu"].all_gpus
+
+
+def _sleeper_suite(runner, monkeypatch, limit_s):
+    """A suite whose one command prints a line at once, then sleeps 60 s."""
+    code = "import time; print('first line', flush=True); time.sleep(60); print('never')"
+    suite = runner.Suite(about="test", limit_s=limit_s, commands=((sys.executable, "-c", code),))
+    monkeypatch.setitem(runner.SUITES, "sleeper", suite)
+    monkeypatch.setattr(runner, "INTERRUPTED", False)
+
+
+def test_a_suite_cut_at_its_limit_keeps_what_it_printed(runner, monkeypatch, tmp_path):
+    _sleeper_suite(runner, monkeypatch, limit_s=3)
+    t0 = __import__("time").monotonic()
+    seconds, result = runner.run_suite("sleeper", [], tmp_path, dict(__import__("os").environ))
+    assert result == "TIMEOUT" and __import__("time").monotonic() - t0 < 20
+    log = (tmp_path / "sleeper.log").read_text()
+    assert "\nfirst line\n" in log and "\nnever" not in log and "[stopped at the suite's limit of 3 s]" in log
+
+
+def test_an_interrupted_runner_ends_the_suite_keeps_its_log_and_prints_the_table(tmp_path):
+    """SIGINT to the runner (as `timeout -s INT` sends): the running command is ended, its printed lines are in
+    the log, the suites after it are not started, and the summary table is still printed."""
+    import os
+    import signal
+    import textwrap
+    import time
+    script = tmp_path / "drive.py"
+    script.write_text(textwrap.dedent(f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("gpu_runner", {str(ROOT / "tools" / "gpu" / "run.py")!r})
+        runner = importlib.util.module_from_spec(spec); sys.modules["gpu_runner"] = runner; spec.loader.exec_module(runner)
+        code = "import time; print('first line', flush=True); time.sleep(60)"
+        for name in ("sleeper", "after"):
+            runner.SUITES[name] = runner.Suite(about="t", limit_s=120, commands=((sys.executable, "-c", code),))
+        runner.environment = lambda out: dict(__import__("os").environ)
+        sys.exit(runner.main(["sleeper", "after"]))
+    """))
+    env = dict(os.environ, OUT=str(tmp_path / "out"))
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env)
+    log = tmp_path / "out" / "sleeper.log"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (log.exists() and "first line" in log.read_text()):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    printed, _ = p.communicate(timeout=30)
+    assert p.returncode == 1
+    assert "first line" in log.read_text() and "[interrupted" in log.read_text()
+    assert re.search(r"sleeper\s+\d+\s+INTERRUPTED", printed), printed
+    assert re.search(r"after\s+\d+\s+not run \(interrupted\)", printed), printed
+    assert (tmp_path / "out" / "after.log").read_text() == ""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -271,6 +272,10 @@ def outcome(name: str, log: str, rcs: list[int]) -> str:
     """"12 passed, 1 failed" from pytest's last line, else "ok" / "FAILED (rc ...)"; "TIMEOUT" past the limit."""
     if any(rc == 124 for rc in rcs):
         return "TIMEOUT"
+    if any(rc == 130 for rc in rcs):
+        return "INTERRUPTED"
+    if not rcs:
+        return "not run (interrupted)"
     if SUITES[name].tests:
         counts = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", log))
         if counts:
@@ -305,25 +310,81 @@ def run_suite(name: str, args: list[str], out: Path, env: dict) -> tuple[float, 
         subprocess.run([PY, "-m", "ipykernel", "install", "--user", "--name", "python3"], env=env,
                        capture_output=True, check=False)
     t0, rcs, text = time.monotonic(), [], ""
-    with open(out / f"{name}.log", "w") as log:
-        for argv in commands(name, args, out):
-            left = suite.limit_s - (time.monotonic() - t0)
-            log.write(f"$ {' '.join(argv)}\n")
-            log.flush()
-            try:
-                p = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, timeout=max(left, 1))
-                rcs.append(p.returncode)
-                text += p.stdout
-                log.write(p.stdout)
-            except subprocess.TimeoutExpired as exc:
-                rcs.append(124)
-                partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-                log.write(partial + f"\n[stopped at the suite's limit of {suite.limit_s} s]\n")
-                break
+    log_path = out / f"{name}.log"
+    log_path.write_text("")
+    for argv in commands(name, args, out):
+        if INTERRUPTED:
+            break
+        left = suite.limit_s - (time.monotonic() - t0)
+        rc, printed = run_logged(argv, env, log_path, max(left, 1))
+        rcs.append(rc)
+        text += printed
+        if rc == 124:
+            with open(log_path, "a") as log:
+                log.write(f"\n[stopped at the suite's limit of {suite.limit_s} s]\n")
+            break
+        if rc == 130:
+            break
     seconds = time.monotonic() - t0
     print(f"{name}: {seconds:.0f} s, {outcome(name, text, rcs)} (log: {out / name}.log)", flush=True)
     return seconds, outcome(name, text, rcs)
+
+
+INTERRUPTED = False   # set by SIGINT/SIGTERM (the caller's `timeout -s INT`): the running suite stops, no other starts
+
+
+def run_logged(argv: list[str], env: dict, log_path: Path, timeout_s: float) -> tuple[int, str]:
+    """Run one command with its output appended to the log as it is printed (a suite cut short keeps what it
+    printed); (exit status, the output). 124: past timeout_s; 130: interrupted. Either way the command's whole
+    process group is ended (pytest's workers, a notebook's kernel)."""
+    global INTERRUPTED
+    with open(log_path, "a") as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        log.flush()
+        start = log.tell()
+        p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while True:                                  # a lane's thread sees the interruption by polling
+            try:
+                rc = p.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                if INTERRUPTED:
+                    rc = 130
+                    break
+                if time.monotonic() > deadline:
+                    rc = 124
+                    break
+            except KeyboardInterrupt:
+                INTERRUPTED, rc = True, 130
+                break
+        if p.poll() is None:
+            _end_group(p)
+    with open(log_path, errors="replace") as log:
+        log.seek(start)
+        printed = log.read()
+    if rc == 130:
+        with open(log_path, "a") as log:
+            log.write("\n[interrupted: the runner was stopped]\n")
+    return rc, printed
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGINT/SIGTERM: the running suites stop (their logs keep what they printed) and the table is still printed."""
+    global INTERRUPTED
+    INTERRUPTED = True
+
+
+def _end_group(p: subprocess.Popen) -> None:
+    """SIGINT to the command's process group (pytest and notebooks end cleanly on it), then SIGKILL after 5 s."""
+    for sig, wait_s in ((signal.SIGINT, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(p.pid, sig)
+            p.wait(timeout=wait_s)
+            return
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            if p.poll() is not None:
+                return
 
 
 def lanes(plan: list[tuple[str, list[str]]], gpus: int) -> list[list[tuple[str, list[str]]]]:
@@ -384,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     env = environment(out)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     rows = run_plan(plan, out, env, gpus)
     width = max(len(r[0]) for r in rows)
     print(f"\n{'suite':{width}s}  seconds  result")
