@@ -153,6 +153,7 @@ def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], 
 
     from kernellab.run.launch import launch as L
     from kernellab.run.launch.cudriver import Driver, _cupy_launch_kernel, _lib
+    from kernellab.run.launch.tensor_map import tensor_map_cache_clear
 
     k = kernellab.compile_cuda(SRC).axpb
     x, y = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
@@ -236,6 +237,31 @@ def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], 
         for _ in range(m):
             f(fn, 1, 1, 1, 32, 1, 1, 0, handle, params, 0)
 
+    # kernellab.tensor_map three ways: a cache hit; a layout mapped before at a new address (a training step's fresh
+    # tensors: the driver's address replacement); and a full encode (the cache emptied first). Each call of the
+    # middle case takes a view at an address no call has used (16 bytes apart in one buffer).
+    fresh_views = iter(range(launches * rounds * 2 + 64))
+    pool = torch.empty(128 * 64 + 8 * (launches * rounds * 2 + 64), device="cuda", dtype=torch.bfloat16)
+    hot = pool[: 128 * 64].view(128, 64)
+    kernellab.tensor_map(hot, (64, 64))
+
+    def map_hit(m):
+        for _ in range(m):
+            kernellab.tensor_map(hot, (64, 64))
+
+    def map_moved(m):
+        views = [pool.as_strided((128, 64), (64, 1), 8 * next(fresh_views)) for _ in range(m)]
+        t0 = time.perf_counter()
+        for v in views:
+            kernellab.tensor_map(v, (64, 64))
+        return time.perf_counter() - t0
+
+    def map_encode(m):
+        clear = tensor_map_cache_clear
+        for _ in range(m):
+            clear()
+            kernellab.tensor_map(hot, (64, 64))
+
     base = "kernellab, sync=False (full)"
     sync = torch.cuda.synchronize
     none = lambda: None  # noqa: E731
@@ -255,7 +281,18 @@ def breakdown_cases(launches: int, rounds: int) -> list[tuple[str, list[float], 
              ("ctypes cuLaunchKernel, argtypes", per_launch_us(ctypes_launch, launches, rounds, sync), base)]
     if cupy_launch:
         cases.append(("cupy.cuda.driver.launchKernel direct", per_launch_us(cupy_raw, launches, rounds, sync), base))
+    cases += [("tensor_map, cache hit", per_launch_us(map_hit, launches, rounds, none), base),
+              ("tensor_map, known layout at a new address (address replaced)",
+               timed_per_call_us(map_moved, launches, rounds), base),
+              ("tensor_map, full encode (cache emptied first)", per_launch_us(map_encode, launches, rounds, none),
+               base)]
+    tensor_map_cache_clear()
     return cases
+
+
+def timed_per_call_us(loop, calls: int, rounds: int) -> list[float]:
+    """µs per call, one figure a round, where `loop(calls)` times itself (after its own set-up) and returns seconds."""
+    return [loop(calls) / calls * 1e6 for _ in range(rounds)]
 
 
 def standin_lib():

@@ -440,7 +440,8 @@ def timed_op_calls(ops):
 
 
 # Python-level calls a launcher makes that may cost host time of their own: the output and scratch allocations and
-# kernellab.tensor_map (its cache's misses call tensor_map.encode, the driver's cuTensorMapEncodeTiled).
+# kernellab.tensor_map (its cache's misses call tensor_map.encode, the driver's cuTensorMapEncodeTiled, or, for a
+# layout mapped before, tensor_map.replace_address, the driver's cuTensorMapReplaceAddress).
 ALLOCATIONS = ("empty", "empty_like", "zeros", "zeros_like")
 
 
@@ -473,6 +474,7 @@ def launcher_parts():
         wrap(torch, attr, "torch allocations", True)
     wrap(kernellab, "tensor_map", "tensor maps", False)
     wrap(tensor_map_module, "encode", "tensor-map encodes (cache misses)", False)
+    wrap(tensor_map_module, "replace_address", "tensor-map address replacements (cache misses)", False)
     try:
         yield parts
     finally:
@@ -714,13 +716,16 @@ def diagnose_step(parts: StepParts, counter: LaunchCounter | None, steps: int = 
             f"{launches_s * 1e3 / steps:.2f} + " + " + ".join(
                 f"{part} {secs * 1e3 / steps:.2f} ({split[part][0] / steps:g} calls, "
                 f"{secs / max(split[part][0], 1) * 1e6:.1f} us a call)"
-                for part, secs in sorted(parts_s.items()) if not part.startswith("tensor-map encodes"))
+                for part, secs in sorted(parts_s.items()) if not part.startswith("tensor-map "))
             + f" + the launchers' own Python {max(launcher_s - inside_s, 0.0) * 1e3 / steps:.2f}"
             + "".join(f"; of the tensor maps, {n / steps:g} a step missed the cache and encoded "
                       f"({secs / max(n, 1) * 1e6:.0f} us an encode)"
                       for part, (n, secs) in split.items() if part.startswith("tensor-map encodes"))
+            + "".join(f"; {n / steps:g} a step missed the cache and had their address replaced in a map of the "
+                      f"same layout ({secs / max(n, 1) * 1e6:.1f} us a replacement)"
+                      for part, (n, secs) in split.items() if part.startswith("tensor-map address"))
             + ("; every tensor map hit the cache" if "tensor maps" in split
-               and "tensor-map encodes (cache misses)" not in split else ""))
+               and not any(part.startswith("tensor-map ") and part != "tensor maps" for part in split) else ""))
     if alone:
         in_step = {name: secs / max(n, 1) * 1e6 for (name, _), (n, secs) in op_times.items()}
         lines.append("each launcher alone on the main thread, on a step's last arguments (20 calls, median): "

@@ -428,3 +428,124 @@ def test_a_loop_over_hundreds_of_input_sets_encodes_each_map_once(fake_encoder):
             tensor_map(t, (64, 64))
     assert len(fake_encoder) == len(tensors)
     T.tensor_map_cache_clear()
+
+
+@pytest.fixture
+def fake_replace(monkeypatch):
+    """Stand in for the driver's cuTensorMapReplaceAddress: the template's bytes with the new address in the first 8."""
+    from kernellab.run.launch import cudriver
+
+    calls = []
+
+    def replace(encoded, address):
+        calls.append((encoded, address))
+        return int(address).to_bytes(8, "little") + encoded[8:]
+
+    monkeypatch.setattr(cudriver, "replace_tensor_map_address", replace)
+    return calls
+
+
+def test_a_known_layout_at_a_new_address_replaces_the_address_instead_of_encoding(fake_encoder, fake_replace):
+    """A training step's fresh tensors (same shapes, new addresses) get their maps by the driver's address
+    replacement from the layout's newest map: no encode, the map's fields are the layout's with the new address,
+    and the result is cached under its own address."""
+    pytest.importorskip("torch")
+    T.tensor_map_cache_clear()
+    first = tensor_map(FakeTorchCuda((128, 64), ptr=0x7F0000010000), (64, 64))
+    moved = FakeTorchCuda((128, 64), ptr=0x7F0000090000)
+    second = tensor_map(moved, (64, 64))
+    assert len(fake_encoder) == 1 and len(fake_replace) == 1
+    assert fake_replace[0] == (first.encoded, 0x7F0000090000)
+    assert second.encoded == (0x7F0000090000).to_bytes(8, "little") + first.encoded[8:]
+    assert second.global_address == 0x7F0000090000 and second.tensor is moved
+    assert (second.shape, second.box, second.strides_bytes, second.swizzle) == (
+        first.shape, first.box, first.strides_bytes, first.swizzle)
+    assert first.global_address == 0x7F0000010000                   # the template map is not changed
+    assert tensor_map(moved, (64, 64)).encoded == second.encoded and len(fake_replace) == 1   # cached now
+    # Another layout (box, shape, dtype, swizzle) is encoded in full.
+    tensor_map(FakeTorchCuda((128, 64), ptr=0x7F00000A0000), (32, 64))
+    tensor_map(FakeTorchCuda((256, 64), ptr=0x7F00000B0000), (64, 64))
+    tensor_map(FakeTorchCuda((128, 64), ptr=0x7F00000C0000, dtype="float16"), (64, 64))
+    assert len(fake_encoder) == 4 and len(fake_replace) == 1
+    T.tensor_map_cache_clear()
+
+
+def test_an_address_the_layout_cannot_take_gets_the_full_checks(fake_encoder, fake_replace):
+    """A misaligned address of a known layout is not replaced: the full path's alignment error says why."""
+    pytest.importorskip("torch")
+    T.tensor_map_cache_clear()
+    tensor_map(FakeTorchCuda((128, 64), ptr=0x7F0000010000), (64, 64))
+    with pytest.raises(ArgumentError, match="not 16-byte aligned"):
+        tensor_map(FakeTorchCuda((128, 64), ptr=0x7F0000010008), (64, 64))
+    assert fake_replace == []
+    T.tensor_map_cache_clear()
+
+
+def test_where_the_driver_cannot_replace_the_map_is_encoded(fake_encoder, monkeypatch):
+    """No libcuda, an old driver or a driver error on replacement: the full encode, as before."""
+    pytest.importorskip("torch")
+    from kernellab.run.launch import cudriver
+
+    for error in (cudriver.DriverUnavailable("no cuTensorMapReplaceAddress"), cudriver.CudaDriverError(1)):
+        def fail(encoded, address, error=error):
+            raise error
+
+        monkeypatch.setattr(cudriver, "replace_tensor_map_address", fail)
+        T.tensor_map_cache_clear()
+        fake_encoder.clear()
+        tensor_map(FakeTorchCuda((128, 64), ptr=0x7F0000010000), (64, 64))
+        made = tensor_map(FakeTorchCuda((128, 64), ptr=0x7F0000020000), (64, 64))
+        assert len(fake_encoder) == 2 and made.global_address == 0x7F0000020000
+        assert fake_encoder[1]["globalAddress"] == 0x7F0000020000
+    T.tensor_map_cache_clear()
+
+
+def test_without_a_current_context_the_replacement_is_retried_in_the_tensors_gpus_context(monkeypatch):
+    """cuTensorMapReplaceAddress answering CUDA_ERROR_INVALID_CONTEXT (a thread without a context) is retried with
+    the GPU's primary context pushed."""
+    import contextlib
+
+    from kernellab.run.launch import cudriver
+
+    log = []
+
+    def replace(encoded, address):
+        log.append("replace")
+        if "push" not in log:
+            raise cudriver.CudaDriverError(cudriver.CUDA_ERROR_INVALID_CONTEXT)
+        return encoded
+
+    @contextlib.contextmanager
+    def pushed_ctx(index):
+        log.append("push")
+        yield
+
+    monkeypatch.setattr(cudriver, "replace_tensor_map_address", replace)
+    monkeypatch.setattr(cudriver, "context_on", pushed_ctx)
+    monkeypatch.setattr(cudriver, "current_context", lambda: None)
+    assert T.replace_address(bytes(128), 0x7F0000020000, 3) == bytes(128)
+    assert log == ["replace", "push", "replace"]
+
+
+def test_the_driver_call_gets_a_64_byte_aligned_copy_and_leaves_the_template_alone(monkeypatch):
+    """cudriver.replace_tensor_map_address hands the driver a 64-byte-aligned copy of the map (a CUtensorMap's
+    alignment) and returns the bytes the driver wrote there."""
+    import ctypes
+
+    from kernellab.run.launch import cudriver
+
+    seen = []
+
+    def fake_fn(map_address, address):
+        seen.append(map_address % 64)
+        ctypes.memmove(map_address, int(address).to_bytes(8, "little"), 8)
+        return 0
+
+    monkeypatch.setattr(cudriver, "_replace_address_fn", lambda: fake_fn)
+    template = bytes(range(128))
+    out = cudriver.replace_tensor_map_address(template, 0x1122334455667700)
+    assert seen == [0] and out == (0x1122334455667700).to_bytes(8, "little") + template[8:]
+    assert template == bytes(range(128))
+    monkeypatch.setattr(cudriver, "_replace_address_fn", lambda: lambda m, a: 1)
+    with pytest.raises(cudriver.CudaDriverError):
+        cudriver.replace_tensor_map_address(template, 0x1000)

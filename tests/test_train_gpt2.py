@@ -584,9 +584,12 @@ def test_the_launchers_split_counts_allocations_and_tensor_maps_inside_them_only
     from kernellab.run.launch import tensor_map as T
     monkeypatch.setattr(T, "encode_tiled", lambda **kw: bytes(range(128)))
     monkeypatch.setattr(T, "_context_for", lambda device: contextlib.nullcontext())
+    from kernellab.run.launch import cudriver
+    monkeypatch.setattr(cudriver, "replace_tensor_map_address", lambda encoded, address: encoded)
     T.tensor_map_cache_clear()
-    empty, tensor_map, encode = torch.empty, kernellab.tensor_map, T.encode
+    empty, tensor_map, encode, replace = torch.empty, kernellab.tensor_map, T.encode, T.replace_address
     x = FakeTorchCuda((128, 64))
+    moved = FakeTorchCuda((128, 64), ptr=0x7F0000090000)                  # the same layout at a new address
 
     def launcher(a):
         torch.empty(4)
@@ -597,9 +600,11 @@ def test_the_launchers_split_counts_allocations_and_tensor_maps_inside_them_only
         torch.empty(3)                                                    # outside a launcher: not counted
         for _ in range(3):
             ops["kl::fake"].launcher(x)
-    assert split["torch allocations"][0] == 6 and split["tensor maps"][0] == 3
-    assert split["tensor-map encodes (cache misses)"][0] == 1                # the first map; the others hit
-    assert times["kl::fake", "main"][0] == 3 and last["kl::fake"] == (launcher, (x,))
-    assert (torch.empty, kernellab.tensor_map, T.encode) == (empty, tensor_map, encode)
+        ops["kl::fake"].launcher(moved)
+    assert split["torch allocations"][0] == 8 and split["tensor maps"][0] == 4
+    assert split["tensor-map encodes (cache misses)"][0] == 1                # the first map; the next two hit
+    assert split["tensor-map address replacements (cache misses)"][0] == 1   # the moved tensor's
+    assert times["kl::fake", "main"][0] == 4 and last["kl::fake"] == (launcher, (moved,))
+    assert (torch.empty, kernellab.tensor_map, T.encode, T.replace_address) == (empty, tensor_map, encode, replace)
     assert ops["kl::fake"].launcher is launcher and script._INSIDE.depth == 0
     T.tensor_map_cache_clear()

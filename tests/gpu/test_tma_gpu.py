@@ -90,6 +90,63 @@ def test_a_tensor_where_a_map_is_expected(copy):
         copy[(3, 3), 128](x, x, 48, 96)
 
 
+@pytest.mark.parametrize("dtype, shape, box, swizzle", [
+    ("float32", (48, 96), (ROWS, COLS), "none"),
+    ("bfloat16", (24, 256, 64), (1, 64, 64), "128B"),        # tutorial 08's step 3: (B*H, N, d), box (1, 64, 64)
+])
+def test_a_moved_tensor_gets_the_drivers_own_map_by_address_replacement(copy, dtype, shape, box, swizzle):
+    """A tensor of a layout already mapped, at a new address, gets its map by cuTensorMapReplaceAddress: the 128
+    bytes equal a full encode's for that tensor, a copy through it reads the new tensor, and no encode ran."""
+    from kernellab.run.launch import tensor_map as T
+    T.tensor_map_cache_clear()
+    dt = getattr(torch, dtype)
+    first = torch.randn(*shape, device="cuda").to(dt)
+    kernellab.tensor_map(first, box, swizzle=swizzle)
+    moved = torch.randn(*shape, device="cuda").to(dt)
+    encodes = []
+    real_encode = T.encode
+    T.encode = lambda *a, **k: encodes.append(a) or real_encode(*a, **k)
+    try:
+        tm = kernellab.tensor_map(moved, box, swizzle=swizzle)
+    finally:
+        T.encode = real_encode
+    assert encodes == [] and tm.global_address == moved.data_ptr() != first.data_ptr()
+    strides = tuple(s * moved.element_size() for s in moved.stride())
+    full = T.encode(T.DATA_TYPES[dtype], moved.data_ptr(), tuple(moved.shape), strides, box, (1,) * len(shape),
+                    "none", swizzle, "256B", "zero", device=moved.get_device())
+    assert tm.encoded == full
+    if dtype == "float32":
+        out = torch.zeros_like(moved)
+        _run(copy, tm, out, *shape)
+        assert torch.equal(out, moved)
+    T.tensor_map_cache_clear()
+
+
+def test_address_replacement_in_a_thread_without_a_context():
+    """cuTensorMapReplaceAddress from a thread with no current context: the map still comes out equal to a full
+    encode's (kernellab retries with the GPU's primary context pushed where the driver asks for one)."""
+    code = textwrap.dedent("""
+        import threading
+        import torch
+        import kernellab
+        from kernellab.run.launch import cudriver, tensor_map as T
+        x, y = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")
+        kernellab.tensor_map(x, (16, 32), swizzle="none")
+        got = []
+        def in_thread():
+            got.append(cudriver.current_context() is None)
+            got.append(kernellab.tensor_map(y, (16, 32), swizzle="none").encoded)
+        t = threading.Thread(target=in_thread)
+        t.start()
+        t.join()
+        T.tensor_map_cache_clear()
+        print(got[0], got[1] == kernellab.tensor_map(y, (16, 32), swizzle="none").encoded)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"], proc.stdout
+
+
 def test_encode_from_a_fresh_process_and_a_thread_without_a_context():
     """cuTensorMapEncodeTiled needs a current context (else CUDA_ERROR_INVALID_CONTEXT): in a fresh process before
     anything made one, and in a new thread (CUDA contexts are current per thread), kernellab.tensor_map pushes the

@@ -131,8 +131,12 @@ def init_error() -> str | None:
 
 
 def error_text(rc: int) -> str:
-    """'CUDA_ERROR_NAME: description' for a CUresult, as CuPy writes driver errors."""
-    lib = _lib()
+    """'CUDA_ERROR_NAME: description' for a CUresult, as CuPy writes driver errors ('CUDA error N' where libcuda
+    cannot be loaded to name it)."""
+    try:
+        lib = _lib()
+    except DriverUnavailable:
+        return f"CUDA error {rc}"
     name, desc = ctypes.c_char_p(), ctypes.c_char_p()
     lib.cuGetErrorName(rc, ctypes.byref(name))
     lib.cuGetErrorString(rc, ctypes.byref(desc))
@@ -195,6 +199,31 @@ def _pushed(ctx: int):
         yield
     finally:
         lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+
+
+def replace_tensor_map_address(encoded: bytes, address: int) -> bytes:
+    """The 128 bytes of a CUtensorMap `encoded` with its global address replaced by `address` (the driver's
+    cuTensorMapReplaceAddress: the map is not encoded again, so its layout rules must already hold for the new
+    address: alignment). DriverUnavailable without libcuda or a driver older than CUDA 12; CudaDriverError from the
+    driver."""
+    fn = _replace_address_fn()
+    raw = ctypes.create_string_buffer(len(encoded) + 64)         # a CUtensorMap is 64-byte aligned
+    base = ctypes.addressof(raw)
+    base += -base % 64
+    ctypes.memmove(base, encoded, len(encoded))
+    rc = fn(base, address)
+    if rc:
+        raise CudaDriverError(rc)
+    return ctypes.string_at(base, len(encoded))
+
+
+@functools.lru_cache(maxsize=1)
+def _replace_address_fn():
+    fn = getattr(_lib(), "cuTensorMapReplaceAddress", None)
+    if fn is None:
+        raise DriverUnavailable("this driver has no cuTensorMapReplaceAddress (CUDA 12.0 on)")
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    return fn
 
 
 class Driver:
