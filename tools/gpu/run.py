@@ -10,9 +10,10 @@
 It uses the machine's own python3 (torch, CuPy, numba-cuda), first installing the wheels carried in .whl/
 (tools/gpu/wheels.sh fetches them: IPython, Jupyter's kernel, Dask, ...) into /tmp/site, ahead on PYTHONPATH. Each
 suite runs under its time limit (each fits one 10-minute call on its own) with its output in $OUT/<suite>.log (OUT
-defaults to ./gpu-out), artifacts in $OUT/<suite>/ (KERNELLAB_ARTIFACTS, executed notebooks, benchmark tables). The
-last thing printed is one line per suite: its seconds and passed/failed. The exit status is 0 only if every suite
-passed. `make gpu-test` runs every test suite (`tests`).
+defaults to ./gpu-out), artifacts in $OUT/<suite>/ (KERNELLAB_ARTIFACTS, executed notebooks, benchmark tables), and
+all of them in one $OUT/<suite>[+<suite>...].tgz (the device tool brings back a limited number of files: that one
+holds everything). The last thing printed is one line per suite: its seconds and passed/failed. The exit status is
+0 only if every suite passed. `make gpu-test` runs every test suite (`tests`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -369,6 +371,19 @@ def run_logged(argv: list[str], env: dict, log_path: Path, timeout_s: float) -> 
     return rc, printed
 
 
+def bundle(out: Path, names: list[str]) -> Path | None:
+    """$OUT/<first suite>[+...].tgz: every log and artifact of these suites in one file (the device tool brings back
+    a limited number of files, so a suite with many artifacts would lose some); None where there is nothing."""
+    members = [p for name in names for p in (out / f"{name}.log", out / name) if p.exists()]
+    if not members:
+        return None
+    path = out / ("+".join(dict.fromkeys(names)) + ".tgz")
+    with tarfile.open(path, "w:gz") as tar:
+        for p in members:
+            tar.add(p, arcname=p.name)
+    return path
+
+
 def _interrupt(signum, frame) -> None:
     """SIGINT/SIGTERM: the running suites stop (their logs keep what they printed) and the table is still printed."""
     global INTERRUPTED
@@ -448,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     rows = run_plan(plan, out, env, gpus)
+    bundle(out, [name for name, _ in plan])
     width = max(len(r[0]) for r in rows)
     print(f"\n{'suite':{width}s}  seconds  result")
     for name, seconds, result in rows:
