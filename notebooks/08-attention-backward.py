@@ -1446,6 +1446,12 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
                                      float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv, int N,
                                      float scale) {
     constexpr int DB = D / 64, ST = HBWD_STAGES, KEYS = BN * NCWG;
+    // dQ_tile = dS K: at d = 64 one warpgroup a tile computes all 64 columns (the warpgroups take turns); at d = 128
+    // every warpgroup computes its 64 of them every tile (FlashAttention-3's split at hdim 128), 32 fp32 registers a
+    // thread instead of 64 beside dK and dV's 128
+    constexpr bool DQ_SPLIT = D > 64;
+    constexpr int DQN = DQ_SPLIT ? D / NCWG : D;         // dQ columns a warpgroup computes
+    static_assert(!DQ_SPLIT || DQN == 64, "dQ split: one 64-column block of K a warpgroup");
     constexpr uint32_t TILE_BYTES = 64 * D * 2;          // a [64 rows][D] tile: DB boxes of [64][64], 128-byte rows
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
@@ -1525,7 +1531,7 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         for (int x = 0; x < BM / 4; ++x) {
             const int q = q0 + 8 * (x / 2) + 2 * t + (x & 1);
             lse_c[x] = q < N ? lse_h[q] * LOG2E : CUDART_INF_F;
-            dvr_c[x] = q < N ? dvr_h[q] : 0.f;
+            if (!DQ_SPLIT) dvr_c[x] = q < N ? dvr_h[q] : 0.f;   // at d = 128: below, once P^T is computed
         }
         // S^T = K Q^T and dP^T = V dO^T: D / 16 wgmmas of m64 n64 k16 each, two groups
         float sacc[BM / 2], dpacc[BM / 2];
@@ -1551,6 +1557,13 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
             float p = exp2_approx(fmaf(sacc[i], scale_log2, -lse_c[2 * (i / 4) + (i & 1)]));
             if (diagonal && ((i & 2) ? key1 : key0) > q0 + 8 * (i / 4) + 2 * t + (i & 1)) p = 0.f;
             sacc[i] = p;
+        }
+        if (DQ_SPLIT) {    // d = 128: Dv loaded while dP^T finishes, not held over both products (16 registers)
+#pragma unroll
+            for (int x = 0; x < BM / 4; ++x) {
+                const int q = q0 + 8 * (x / 2) + 2 * t + (x & 1);
+                dvr_c[x] = q < N ? dvr_h[q] : 0.f;
+            }
         }
         wgmma_wait<0>();
         unsigned pa[BM / 16][4], dsa[BM / 16][4];        // P^T and dS^T as wgmma A fragments, 16 queries each
@@ -1579,8 +1592,8 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         // dV += P^T dO, dK += dS^T Q (B: dO and Q read transposed); in one warpgroup (c = j % NCWG), the tile's dQ
         // over all KEYS keys, dQ_tile = dS K (A: the warpgroups' dS tiles in turn, B: K transposed): one fp32
         // reduction per 128 keys instead of one per 64, the warpgroups taking turns
-        const bool dq_here = j % NCWG == c;
-        float dq_acc[D / 2];
+        const bool dq_here = DQ_SPLIT || j % NCWG == c;
+        float dq_acc[DQN / 2];
         wgmma_fence();
 #pragma unroll
         for (int kc = 0; kc < BM / 16; ++kc)
@@ -1591,8 +1604,9 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         if (dq_here) {
 #pragma unroll
             for (int kk = 0; kk < KEYS / 16; ++kk)
-                wgmma_ss_tb<D, T>(dq_acc, sw128_desc(ds_tile + (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16, 1024),
-                                  sw128_desc(k_s + kk * 16 * 128, KEYS * 128, 1024), kk > 0);
+                wgmma_ss_tb<DQN, T>(dq_acc, sw128_desc(ds_tile + (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16, 1024),
+                                    sw128_desc(k_s + (DQ_SPLIT ? c * KEYS * 128 : 0) + kk * 16 * 128, KEYS * 128,
+                                               1024), kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -1601,10 +1615,10 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         // this block's dQ share of the tile, times s, into the fp32 buffer: rows q0 + 16 w + g (+ 8)
         if (dq_here) {
             const int qr0 = q0 + 16 * w + g, qr1 = qr0 + 8;
-            float* dq0 = dq_accum + ((size_t)bh * N + qr0) * D;
+            float* dq0 = dq_accum + ((size_t)bh * N + qr0) * D + (DQ_SPLIT ? 64 * c : 0);   // its DQN columns
             float* dq1 = dq0 + 8 * D;
 #pragma unroll
-            for (int i = 0; i < D / 2; i += 4) {
+            for (int i = 0; i < DQN / 2; i += 4) {
                 const int col = 8 * (i / 4) + 2 * t;
                 if (qr0 < N) red_add_v2(dq0 + col, dq_acc[i] * scale, dq_acc[i + 1] * scale);
                 if (qr1 < N) red_add_v2(dq1 + col, dq_acc[i + 2] * scale, dq_acc[i + 3] * scale);
@@ -1617,48 +1631,45 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     // dK (times s) and dV, rounded to T, for the keys below N
     T* dk_h = dk + (size_t)bh * N * D;
     T* dv_h = dv + (size_t)bh * N * D;
+    int row0 = key0, row1 = key1, tc = t;             // this lane's rows (keys) and column pair
+    if (DQ_SPLIT) {    // again from %tid.x: at d = 128 no register is free to keep them over the loop (8 B of spills)
+        unsigned tid;
+        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+        row0 = k0 + 16 * (tid / 32) + (tid % 32) / 4, row1 = row0 + 8, tc = tid % 4;      // kc0 + 16 w + g
+    }
 #pragma unroll
     for (int i = 0; i < D / 2; i += 4) {
-        const int col = 8 * (i / 4) + 2 * t;
-        if (key0 < N) {
-            *reinterpret_cast<unsigned*>(dk_h + (size_t)key0 * D + col) = pack2<T>(dk_acc[i] * scale, dk_acc[i + 1] * scale);
-            *reinterpret_cast<unsigned*>(dv_h + (size_t)key0 * D + col) = pack2<T>(dv_acc[i], dv_acc[i + 1]);
+        const int col = 8 * (i / 4) + 2 * tc;
+        if (row0 < N) {
+            *reinterpret_cast<unsigned*>(dk_h + (size_t)row0 * D + col) = pack2<T>(dk_acc[i] * scale, dk_acc[i + 1] * scale);
+            *reinterpret_cast<unsigned*>(dv_h + (size_t)row0 * D + col) = pack2<T>(dv_acc[i], dv_acc[i + 1]);
         }
-        if (key1 < N) {
-            *reinterpret_cast<unsigned*>(dk_h + (size_t)key1 * D + col) = pack2<T>(dk_acc[i + 2] * scale, dk_acc[i + 3] * scale);
-            *reinterpret_cast<unsigned*>(dv_h + (size_t)key1 * D + col) = pack2<T>(dv_acc[i + 2], dv_acc[i + 3]);
+        if (row1 < N) {
+            *reinterpret_cast<unsigned*>(dk_h + (size_t)row1 * D + col) = pack2<T>(dk_acc[i + 2] * scale, dk_acc[i + 3] * scale);
+            *reinterpret_cast<unsigned*>(dv_h + (size_t)row1 * D + col) = pack2<T>(dv_acc[i + 2], dv_acc[i + 3]);
         }
     }
 }
 
 }  // namespace hbwd
 
-// Entry points per (dtype[, causal]), head dim 64: grid (ceil(N / (64 HBWD_WG)), BH), 128 (HBWD_WG + 1) threads;
+// Entry points per (dtype, head dim[, causal]): grid (ceil(N / (64 HBWD_WG)), BH), 128 (HBWD_WG + 1) threads;
 // __launch_bounds__ gives ptxas 65,536 / 384 = 168 registers a thread at launch, setmaxnreg the rest.
-extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
-hbwd_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv,
-    int n, float scale) {
-    hbwd::dkdv<__nv_bfloat16, 64, HBWD_WG, false>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
-hbwd_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv,
-    int n, float scale) {
-    hbwd::dkdv<__nv_bfloat16, 64, HBWD_WG, true>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
-hbwd_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv,
-    int n, float scale) {
-    hbwd::dkdv<__half, 64, HBWD_WG, false>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
-hbwd_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv,
-    int n, float scale) {
-    hbwd::dkdv<__half, 64, HBWD_WG, true>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
+#define HBWD_ENTRY(NAME, T, D, CAUSAL)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1) NAME(                                        \
+        const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                               \
+        const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* lse,            \
+        const float* dv_rows, float* dq_accum, T* dk, T* dv, int n, float scale) {                                    \
+        hbwd::dkdv<T, D, HBWD_WG, CAUSAL>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);             \
+    }
+HBWD_ENTRY(hbwd_bf16_d64, __nv_bfloat16, 64, false)
+HBWD_ENTRY(hbwd_bf16_d64_causal, __nv_bfloat16, 64, true)
+HBWD_ENTRY(hbwd_f16_d64, __half, 64, false)
+HBWD_ENTRY(hbwd_f16_d64_causal, __half, 64, true)
+HBWD_ENTRY(hbwd_bf16_d128, __nv_bfloat16, 128, false)
+HBWD_ENTRY(hbwd_bf16_d128_causal, __nv_bfloat16, 128, true)
+HBWD_ENTRY(hbwd_f16_d128, __half, 128, false)
+HBWD_ENTRY(hbwd_f16_d128_causal, __half, 128, true)
 
 # %% [markdown]
 # ### What it costs
