@@ -1439,6 +1439,12 @@ __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.
 __device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
+// threadIdx.x read again (S2R): volatile, so the compiler cannot keep an earlier read alive in a register instead.
+__device__ __forceinline__ unsigned tid_x_again() {
+    unsigned tid;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+    return tid;
+}
 
 template <typename T, int D, int NCWG, bool CAUSAL>
 __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void* tv, const void* tdo,
@@ -1633,8 +1639,7 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     T* dv_h = dv + (size_t)bh * N * D;
     int row0 = key0, row1 = key1, tc = t;             // this lane's rows (keys) and column pair
     if (DQ_SPLIT) {    // again from %tid.x: at d = 128 no register is free to keep them over the loop (8 B of spills)
-        unsigned tid;
-        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+        const unsigned tid = tid_x_again();
         row0 = k0 + 16 * (tid / 32) + (tid % 32) / 4, row1 = row0 + 8, tc = tid % 4;      // kc0 + 16 w + g
     }
 #pragma unroll
@@ -1701,10 +1706,11 @@ for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
 # launchers: Hopper backward (tests/gpu/test_attention_backward_gpu.py, benchmarks/attention_backward.py and the op use this)
 HBWD_WG, HBWD_STAGES, HBWD_THREADS = 2, 2, 384     # the cell's HBWD_WG, HBWD_STAGES; 128 x (HBWD_WG + 1) threads
 HBWD_KEYS, HBWD_QUERY_TILE = 64 * HBWD_WG, 64      # keys a block, queries a step
-HOPPER_BWD_DIMS = (64,)                            # head dims step 3 has kernels for
+HOPPER_BWD_DIMS = (64, 128)                        # head dims step 3 has kernels for
 HOPPER_BWD_FALLBACK = "atomic_w8"                  # the rung "hopper" runs where step 3 does not apply
 BWD_OP_HOPPER = True                               # the op's backward on step 3 where it applies (BWD_OP_VARIANT):
-                                                   # checked and timed on an H100 (benchmarks/NOTES-attention-backward.md)
+BWD_OP_HOPPER_DIMS = (64,)                         # at the head dims checked and timed on an H100
+                                                   # (benchmarks/NOTES-attention-backward.md); d = 128 not measured yet
 
 
 _capability = {}                                   # GPU index -> (major, minor): looked up once, not per backward
@@ -1727,7 +1733,8 @@ def hbwd_smem_bytes(d):
 
 
 def attention_backward_hopper(q, k, v, o, lse, grad_o, causal=False, dq=None, dk=None, dv=None):
-    """Step 3's (dq, dk, dv): [B, H, N, 64] bf16/fp16 contiguous CUDA tensors on an sm_90 GPU (lse [B, H, N] fp32)."""
+    """Step 3's (dq, dk, dv): [B, H, N, d] bf16/fp16 contiguous CUDA tensors, d in HOPPER_BWD_DIMS, on an sm_90 GPU
+    (lse [B, H, N] fp32)."""
     B, H, N, d = q.shape
     if d not in HOPPER_BWD_DIMS or q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"attention_backward_hopper takes bf16/fp16 [B, H, N, d] with d in {HOPPER_BWD_DIMS}, got "
@@ -1768,7 +1775,7 @@ def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", 
 attention_backward.dispatches_hopper = True
 VARIANTS = tuple(BWD_LADDER) + ("hopper",)
 if BWD_OP_HOPPER:
-    BWD_OP_VARIANT.update({(d, causal): "hopper" for d in HOPPER_BWD_DIMS for causal in (False, True)})
+    BWD_OP_VARIANT.update({(d, causal): "hopper" for d in BWD_OP_HOPPER_DIMS for causal in (False, True)})
 
 # %% [markdown]
 # ### Check, then time
@@ -1779,7 +1786,7 @@ if BWD_OP_HOPPER:
 
 # %%
 # %%gpu
-step3_checks = check_all_backward(variants=("hopper",), dims=(64,))
+step3_checks = check_all_backward(variants=("hopper",), dims=HOPPER_BWD_DIMS)
 print(summarize_backward(step3_checks))
 for r in step3_checks:
     if not r["passed"]:
@@ -1787,11 +1794,12 @@ for r in step3_checks:
 
 # %%
 # %%gpu
-step3 = {causal: bench_backward(4096, 64, causal, variants=("hopper", "atomic_w8")) for causal in (False, True)}
-for causal, r in step3.items():
-    print(f"d= 64 causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
+step3 = {(d, causal): bench_backward(4096, d, causal, variants=("hopper", "atomic_w8"))
+         for d in HOPPER_BWD_DIMS for causal in (False, True)}
+for (d, causal), r in step3.items():
+    print(f"d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
           + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
-step3[False]
+step3[64, False]
 
 # %% [markdown]
 # **Measured**: not yet on a GPU (the check and the timing above run when the notebook does; the numbers go here,
