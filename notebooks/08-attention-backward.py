@@ -1371,11 +1371,21 @@ kernellab.roofline([r for r in step2.values()])
 #   spills. A CPU test now checks every launch the launcher makes against `kernellab.occupancy` with the compiled
 #   registers, the check that would have caught the first version.
 #
+# - **Head dim 128** (the same template, `D = 128`; FlashAttention-3's hdim-128 backward has the same tile: 64 queries
+#   x 128 keys, two consumer warpgroups). `dK` and `dV` alone now take 64 + 64 registers a thread, and the `d = 64`
+#   plan (one warpgroup a tile computing all of `dQ`, 64 more) spilled 396 bytes at 240. Three changes, each only
+#   where `D = 128` (the `d = 64` kernels' SASS is byte-for-byte what it was):
+#   `dQ` split by columns, each warpgroup computing its 64 of the 128 every tile (`dS` of both warpgroups times its
+#   64-column block of `K`: 8 `HGMMA.64x64x16`, 32 registers), so both warpgroups reduce 16 `red.v2` a thread every
+#   tile instead of taking turns; `Dv` loaded after `P^T` is computed, while `dP^T` finishes, instead of beside the
+#   LSE over both products (16 registers fewer where the most are live); and the epilogue's rows read again from
+#   `%tid.x` (`tid_x_again`, volatile) rather than kept across the loop. `ptxas`: no spills, the consumers' code up
+#   to `R237` of 240; shared memory 165 KB (K, V 64 KB, the Q/dO ring 64 KB, two `dS` buffers 32 KB).
+#
 # What it does not do yet (FlashAttention-3 does): two query tiles in flight per warpgroup (ping-pong of softmax and products), `dQ` written
-# through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 16 vector reductions per thread (every
-# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: this kernel at `d = 128` still spills 396
-# bytes at 240 registers, 408 at 224; it needs `dQ` in halves, or the LSE and `Dv` in shared memory).
-# At `d = 128` the op keeps step 2's `atomic_w8`.
+# through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 16 vector reductions per thread, and
+# the LSE and `Dv` brought into shared memory by the producer (at `d = 128` the consumers still load them, one more
+# global latency a tile). The op takes step 3 at `d = 64` only (`BWD_OP_HOPPER_DIMS`) until `d = 128` is measured.
 #
 # **Prediction, before measuring.** A warpgroup issues 16 `HGMMA.64x64x16` per query tile (4 for each of `S^T`,
 # `dP^T`, `dV`, `dK`) and, every other tile, 8 for `dQ`; 1,376 SASS instructions in the whole causal kernel (static
@@ -1384,6 +1394,14 @@ kernellab.roofline([r for r in step2.values()])
 # and the 2-byte `dS` stores and 16 reductions a thread every other tile remain. We predict 300-380 TFLOP/s at
 # `N = 4096`, `d = 64` (1.1-1.4x SDPA's FLASH backward, 1.5-1.9x `atomic_w8`), the causal case 10-20 % lower (its
 # diagonal tiles run the mask and the grid's blocks are uneven), and about CUDNN's speed at best.
+#
+# **Prediction at `d = 128`, before measuring (not measured yet).** Per query tile a warpgroup issues 8 + 8
+# `HGMMA.64x64x16` for `S^T`, `dP^T`, 4 + 4 `HGMMA.64x128x16` for `dV`, `dK` and 8 `HGMMA.64x64x16` for its half of
+# `dQ`: twice the tensor work of `d = 64` for the same exponentials, the same `dS` stores and the same number of
+# reductions per FLOP (1,720 SASS instructions in the full kernel, static count), so the softmax's share of a tile
+# halves. Against that, `Dv` now waits on a global load inside the tile, and one block an SM still has one tile in
+# flight per warpgroup. We predict 320-400 TFLOP/s at `N = 4096`, `d = 128` (1.1-1.4x SDPA's FLASH backward,
+# 1.6-2.0x `atomic_w8`), causal 10-20 % lower, below CUDNN.
 
 # %%
 # %%cuda --arch sm_90a --name attn_bwd_h
@@ -1404,9 +1422,10 @@ typedef unsigned int uint32_t;
 //   S^T = K Q^T, dP^T = V dO^T            wgmma, both operands from shared memory (keys as the 64 rows)
 //   P^T = exp2(S^T s log2 e - LSE log2 e), dS^T = P^T o (dP^T - Dv)      in registers (masked: causal, past N)
 //   dV += P^T dO, dK += dS^T Q             wgmma, A = P^T / dS^T from registers, B = dO / Q read transposed
-//   dQ_tile = dS K                         wgmma over the block's 128 keys, by one warpgroup (alternating by tile): dS
-//                                          written once to shared memory ([query][key], 128-byte swizzle) by both,
-//                                          K read transposed; added (times s) into an fp32 buffer with vector reductions
+//   dQ_tile = dS K                         wgmma over the block's 128 keys, by one warpgroup (alternating by tile; at
+//                                          D = 128 each warpgroup its 64 columns, every tile): dS written once to
+//                                          shared memory ([query][key], 128-byte swizzle) by both, K read transposed;
+//                                          added (times s) into an fp32 buffer with vector reductions
 // Q, K, V, dO: [BH, N, D] through 3-D tensor maps (dims D, N, BH; box 64 x 64 x 1; 128-byte swizzle: rows past N read
 // as zeros); LSE, Dv: [BH, N] fp32; dq_accum: [BH, N, D] fp32, zeroed; dK, dV: [BH, N, D] in T.
 #define HBWD_STAGES 2       // Q/dO stages in flight
@@ -1597,7 +1616,7 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
 
         // dV += P^T dO, dK += dS^T Q (B: dO and Q read transposed); in one warpgroup (c = j % NCWG), the tile's dQ
         // over all KEYS keys, dQ_tile = dS K (A: the warpgroups' dS tiles in turn, B: K transposed): one fp32
-        // reduction per 128 keys instead of one per 64, the warpgroups taking turns
+        // reduction per 128 keys instead of one per 64, the warpgroups taking turns (D = 128: each its DQN columns)
         const bool dq_here = DQ_SPLIT || j % NCWG == c;
         float dq_acc[DQN / 2];
         wgmma_fence();
@@ -1687,7 +1706,7 @@ HBWD_ENTRY(hbwd_f16_d128_causal, __half, 128, true)
 # the launcher below against `kernellab.occupancy`.
 
 # %%
-for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
+for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal", "hbwd_bf16_d128", "hbwd_bf16_d128_causal"):
     kern = attn_bwd_h[name]
     print(f"{name:22s} {kern.resources}")
     print(" " * 23, kern.instruction_summary)
@@ -1697,10 +1716,11 @@ for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
 #
 # `attention_backward_hopper` runs step 2's preprocessing kernel (`Dv`, the zeroed fp32 `dQ` buffer), the block per
 # 128 keys with `Q`, `K`, `V`, `dO` through `[B H, N, d]` tensor maps (boxes of 64 rows x 64 columns), and step 2's
-# conversion of `dQ`. `attention_backward(..., variant="hopper")` calls it where it applies (`d = 64` on an sm_90
-# GPU) and step 2's `atomic_w8` elsewhere, so the harness above checks and times it as one more variant.
-# `BWD_OP_HOPPER` makes the op's backward take it where it applies. It is on: on an H100 the checks below pass and the
-# benchmark measures it 1.1x SDPA's FLASH backward at `d = 64`, `N = 4096`, where `atomic_w8` is 0.75-0.8x.
+# conversion of `dQ`. `attention_backward(..., variant="hopper")` calls it where it applies (`d = 64` and `128` on an
+# sm_90 GPU) and step 2's `atomic_w8` elsewhere, so the harness above checks and times it as one more variant.
+# `BWD_OP_HOPPER` makes the op's backward take it at `BWD_OP_HOPPER_DIMS`. It is on at `d = 64`: on an H100 the checks
+# below pass and the benchmark measures it 1.1x SDPA's FLASH backward at `d = 64`, `N = 4096`, where `atomic_w8` is
+# 0.75-0.8x; `d = 128` joins once measured faster than `atomic_w8`.
 
 # %%
 # launchers: Hopper backward (tests/gpu/test_attention_backward_gpu.py, benchmarks/attention_backward.py and the op use this)
@@ -1781,12 +1801,12 @@ if BWD_OP_HOPPER:
 # ### Check, then time
 #
 # The same harness as step 2: every dtype, mask and awkward `N` against float64 beside SDPA's own error (at
-# `d = 128` this checks the fallback), then the FlashAttention-3 paper's shapes at `N = 4096` against SDPA's FLASH and
+# `d = 64` here, `d = 128` below), then the FlashAttention-3 paper's shapes at `N = 4096` against SDPA's FLASH and
 # CUDNN backward and step 2's fastest rung, in one run.
 
 # %%
 # %%gpu
-step3_checks = check_all_backward(variants=("hopper",), dims=HOPPER_BWD_DIMS)
+step3_checks = check_all_backward(variants=("hopper",), dims=(64,))
 print(summarize_backward(step3_checks))
 for r in step3_checks:
     if not r["passed"]:
@@ -1794,16 +1814,33 @@ for r in step3_checks:
 
 # %%
 # %%gpu
-step3 = {(d, causal): bench_backward(4096, d, causal, variants=("hopper", "atomic_w8"))
-         for d in HOPPER_BWD_DIMS for causal in (False, True)}
-for (d, causal), r in step3.items():
-    print(f"d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
+step3 = {causal: bench_backward(4096, 64, causal, variants=("hopper", "atomic_w8")) for causal in (False, True)}
+for causal, r in step3.items():
+    print(f"d= 64 causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
           + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
-step3[64, False]
+step3[False]
 
 # %% [markdown]
 # **Measured**: not yet on a GPU (the check and the timing above run when the notebook does; the numbers go here,
 # against the prediction).
+
+# %% [markdown]
+# At `d = 128`, step 3's second set of kernels (the `dQ` split; not yet run on a GPU): the same checks, then the
+# timing at `N = 4096` against `atomic_w8` (the op's choice at `d = 128` until this is measured) and SDPA's FLASH and
+# CUDNN backward, against the prediction above (320-400 TFLOP/s, 1.1-1.4x FLASH).
+
+# %%
+# %%gpu
+step3_d128_checks = check_all_backward(variants=("hopper",), dims=(128,))
+print(summarize_backward(step3_d128_checks))
+for r in step3_d128_checks:
+    if not r["passed"]:
+        print("FAILED:", r)
+step3_d128 = {causal: bench_backward(4096, 128, causal, variants=("hopper", "atomic_w8")) for causal in (False, True)}
+for causal, r in step3_d128.items():
+    print(f"d=128 causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+step3_d128[False]
 
 # %% [markdown]
 # ## From the notebook into a model: a differentiable op
@@ -1907,8 +1944,8 @@ for name, grads in (("kl_flash_attention", ours), ("  under torch.compile", comp
 #   accumulators (`64 x d` per warpgroup) would otherwise cap the tile sizes as they do here.
 #
 # Step 3 above takes the first two and the last (and `wgmma` reads `P^T` and `dS^T` from registers for `dV` and `dK`,
-# so only `dQ = dS K` reads `dS` from shared memory); `dQ` still leaves by vector reductions from registers, and there
-# is no head dim 128 yet. Those are its next rungs, after its first measurement on an H100.
+# so only `dQ = dS K` reads `dS` from shared memory), at head dims 64 and 128; `dQ` still leaves by vector reductions
+# from registers, and the consumers load the LSE and `Dv` themselves. Those are its next rungs.
 #
 # The measurements of step 2 on an H100 (the benchmark's table, `benchmarks/attention_backward.py`) say which of these
 # matters first: if variant (a) is within a few percent of variant (b), the atomics are not the bottleneck and the
