@@ -1,5 +1,5 @@
 """Attention backward: tutorial 08's kernels (dQ by atomics, dQ in a separate pass, the ladder's rungs, step 3's Hopper
-backward on wgmma + TMA as variant "hopper", d = 64) against SDPA's
+backward on wgmma + TMA as variant "hopper", d = 64 and 128) against SDPA's
 FLASH and CUDNN backward, checked and timed in one run.
 
 Method. Kernels and launchers come from notebooks/08-attention-backward.py (its named `%%cuda` cell and `# launchers`
@@ -16,7 +16,7 @@ sustained=True (benchmarks/as_called.py).
     python benchmarks/attention_backward.py              # everything
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
     python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
-    python benchmarks/attention_backward.py --quick --dims 64 --variants hopper,atomic_w8   # step 3 against step 2
+    python benchmarks/attention_backward.py --quick --dims 64,128 --variants hopper,atomic_w8   # step 3 against step 2
 The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
 line to put in the notebook's BWD_OP_VARIANT.
 Logs go to --out (default $OUT or .) as attention_backward.json; the table is printed last.
@@ -138,8 +138,8 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown variants {unknown}; the notebook has {t08['VARIANTS']}")
     for v in variants:
-        if v == "hopper":                           # step 3 (d = 64; elsewhere it runs HOPPER_BWD_FALLBACK)
-            for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
+        if v == "hopper":                           # step 3 (HOPPER_BWD_DIMS; elsewhere it runs HOPPER_BWD_FALLBACK)
+            for name in (f"hbwd_bf16_d{d}{c}" for d in t08["HOPPER_BWD_DIMS"] for c in ("", "_causal")):
                 print(f"{v:10s} {name:24s} {t08['attn_bwd_h'][name].resources}")
             continue
         dkdv, dq, _ = t08["BWD_LADDER"][v]

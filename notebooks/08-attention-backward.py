@@ -1371,11 +1371,21 @@ kernellab.roofline([r for r in step2.values()])
 #   spills. A CPU test now checks every launch the launcher makes against `kernellab.occupancy` with the compiled
 #   registers, the check that would have caught the first version.
 #
+# - **Head dim 128** (the same template, `D = 128`; FlashAttention-3's hdim-128 backward has the same tile: 64 queries
+#   x 128 keys, two consumer warpgroups). `dK` and `dV` alone now take 64 + 64 registers a thread, and the `d = 64`
+#   plan (one warpgroup a tile computing all of `dQ`, 64 more) spilled 396 bytes at 240. Three changes, each only
+#   where `D = 128` (the `d = 64` kernels' SASS is byte-for-byte what it was):
+#   `dQ` split by columns, each warpgroup computing its 64 of the 128 every tile (`dS` of both warpgroups times its
+#   64-column block of `K`: 8 `HGMMA.64x64x16`, 32 registers), so both warpgroups reduce 16 `red.v2` a thread every
+#   tile instead of taking turns; `Dv` loaded after `P^T` is computed, while `dP^T` finishes, instead of beside the
+#   LSE over both products (16 registers fewer where the most are live); and the epilogue's rows read again from
+#   `%tid.x` (`tid_x_again`, volatile) rather than kept across the loop. `ptxas`: no spills, the consumers' code up
+#   to `R237` of 240; shared memory 165 KB (K, V 64 KB, the Q/dO ring 64 KB, two `dS` buffers 32 KB).
+#
 # What it does not do yet (FlashAttention-3 does): two query tiles in flight per warpgroup (ping-pong of softmax and products), `dQ` written
-# through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 16 vector reductions per thread (every
-# other tile), and head dim 128 (its `dK`, `dV` alone take 128 registers: this kernel at `d = 128` still spills 396
-# bytes at 240 registers, 408 at 224; it needs `dQ` in halves, or the LSE and `Dv` in shared memory).
-# At `d = 128` the op keeps step 2's `atomic_w8`.
+# through shared memory and a TMA reduction (`cp.reduce.async.bulk`) instead of 16 vector reductions per thread, and
+# the LSE and `Dv` brought into shared memory by the producer (at `d = 128` the consumers still load them, one more
+# global latency a tile). The op takes step 3 at `d = 64` only (`BWD_OP_HOPPER_DIMS`) until `d = 128` is measured.
 #
 # **Prediction, before measuring.** A warpgroup issues 16 `HGMMA.64x64x16` per query tile (4 for each of `S^T`,
 # `dP^T`, `dV`, `dK`) and, every other tile, 8 for `dQ`; 1,376 SASS instructions in the whole causal kernel (static
@@ -1384,6 +1394,14 @@ kernellab.roofline([r for r in step2.values()])
 # and the 2-byte `dS` stores and 16 reductions a thread every other tile remain. We predict 300-380 TFLOP/s at
 # `N = 4096`, `d = 64` (1.1-1.4x SDPA's FLASH backward, 1.5-1.9x `atomic_w8`), the causal case 10-20 % lower (its
 # diagonal tiles run the mask and the grid's blocks are uneven), and about CUDNN's speed at best.
+#
+# **Prediction at `d = 128`, before measuring (not measured yet).** Per query tile a warpgroup issues 8 + 8
+# `HGMMA.64x64x16` for `S^T`, `dP^T`, 4 + 4 `HGMMA.64x128x16` for `dV`, `dK` and 8 `HGMMA.64x64x16` for its half of
+# `dQ`: twice the tensor work of `d = 64` for the same exponentials, the same `dS` stores and the same number of
+# reductions per FLOP (1,720 SASS instructions in the full kernel, static count), so the softmax's share of a tile
+# halves. Against that, `Dv` now waits on a global load inside the tile, and one block an SM still has one tile in
+# flight per warpgroup. We predict 320-400 TFLOP/s at `N = 4096`, `d = 128` (1.1-1.4x SDPA's FLASH backward,
+# 1.6-2.0x `atomic_w8`), causal 10-20 % lower, below CUDNN.
 
 # %%
 # %%cuda --arch sm_90a --name attn_bwd_h
@@ -1404,9 +1422,10 @@ typedef unsigned int uint32_t;
 //   S^T = K Q^T, dP^T = V dO^T            wgmma, both operands from shared memory (keys as the 64 rows)
 //   P^T = exp2(S^T s log2 e - LSE log2 e), dS^T = P^T o (dP^T - Dv)      in registers (masked: causal, past N)
 //   dV += P^T dO, dK += dS^T Q             wgmma, A = P^T / dS^T from registers, B = dO / Q read transposed
-//   dQ_tile = dS K                         wgmma over the block's 128 keys, by one warpgroup (alternating by tile): dS
-//                                          written once to shared memory ([query][key], 128-byte swizzle) by both,
-//                                          K read transposed; added (times s) into an fp32 buffer with vector reductions
+//   dQ_tile = dS K                         wgmma over the block's 128 keys, by one warpgroup (alternating by tile; at
+//                                          D = 128 each warpgroup its 64 columns, every tile): dS written once to
+//                                          shared memory ([query][key], 128-byte swizzle) by both, K read transposed;
+//                                          added (times s) into an fp32 buffer with vector reductions
 // Q, K, V, dO: [BH, N, D] through 3-D tensor maps (dims D, N, BH; box 64 x 64 x 1; 128-byte swizzle: rows past N read
 // as zeros); LSE, Dv: [BH, N] fp32; dq_accum: [BH, N, D] fp32, zeroed; dK, dV: [BH, N, D] in T.
 #define HBWD_STAGES 2       // Q/dO stages in flight
@@ -1439,6 +1458,12 @@ __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.
 __device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
+// threadIdx.x read again (S2R): volatile, so the compiler cannot keep an earlier read alive in a register instead.
+__device__ __forceinline__ unsigned tid_x_again() {
+    unsigned tid;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+    return tid;
+}
 
 template <typename T, int D, int NCWG, bool CAUSAL>
 __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void* tv, const void* tdo,
@@ -1446,6 +1471,12 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
                                      float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv, int N,
                                      float scale) {
     constexpr int DB = D / 64, ST = HBWD_STAGES, KEYS = BN * NCWG;
+    // dQ_tile = dS K: at d = 64 one warpgroup a tile computes all 64 columns (the warpgroups take turns); at d = 128
+    // every warpgroup computes its 64 of them every tile (FlashAttention-3's split at hdim 128), 32 fp32 registers a
+    // thread instead of 64 beside dK and dV's 128
+    constexpr bool DQ_SPLIT = D > 64;
+    constexpr int DQN = DQ_SPLIT ? D / NCWG : D;         // dQ columns a warpgroup computes
+    static_assert(!DQ_SPLIT || DQN == 64, "dQ split: one 64-column block of K a warpgroup");
     constexpr uint32_t TILE_BYTES = 64 * D * 2;          // a [64 rows][D] tile: DB boxes of [64][64], 128-byte rows
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
@@ -1525,7 +1556,7 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         for (int x = 0; x < BM / 4; ++x) {
             const int q = q0 + 8 * (x / 2) + 2 * t + (x & 1);
             lse_c[x] = q < N ? lse_h[q] * LOG2E : CUDART_INF_F;
-            dvr_c[x] = q < N ? dvr_h[q] : 0.f;
+            if (!DQ_SPLIT) dvr_c[x] = q < N ? dvr_h[q] : 0.f;   // at d = 128: below, once P^T is computed
         }
         // S^T = K Q^T and dP^T = V dO^T: D / 16 wgmmas of m64 n64 k16 each, two groups
         float sacc[BM / 2], dpacc[BM / 2];
@@ -1551,6 +1582,13 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
             float p = exp2_approx(fmaf(sacc[i], scale_log2, -lse_c[2 * (i / 4) + (i & 1)]));
             if (diagonal && ((i & 2) ? key1 : key0) > q0 + 8 * (i / 4) + 2 * t + (i & 1)) p = 0.f;
             sacc[i] = p;
+        }
+        if (DQ_SPLIT) {    // d = 128: Dv loaded while dP^T finishes, not held over both products (16 registers)
+#pragma unroll
+            for (int x = 0; x < BM / 4; ++x) {
+                const int q = q0 + 8 * (x / 2) + 2 * t + (x & 1);
+                dvr_c[x] = q < N ? dvr_h[q] : 0.f;
+            }
         }
         wgmma_wait<0>();
         unsigned pa[BM / 16][4], dsa[BM / 16][4];        // P^T and dS^T as wgmma A fragments, 16 queries each
@@ -1578,9 +1616,9 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
 
         // dV += P^T dO, dK += dS^T Q (B: dO and Q read transposed); in one warpgroup (c = j % NCWG), the tile's dQ
         // over all KEYS keys, dQ_tile = dS K (A: the warpgroups' dS tiles in turn, B: K transposed): one fp32
-        // reduction per 128 keys instead of one per 64, the warpgroups taking turns
-        const bool dq_here = j % NCWG == c;
-        float dq_acc[D / 2];
+        // reduction per 128 keys instead of one per 64, the warpgroups taking turns (D = 128: each its DQN columns)
+        const bool dq_here = DQ_SPLIT || j % NCWG == c;
+        float dq_acc[DQN / 2];
         wgmma_fence();
 #pragma unroll
         for (int kc = 0; kc < BM / 16; ++kc)
@@ -1591,8 +1629,9 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         if (dq_here) {
 #pragma unroll
             for (int kk = 0; kk < KEYS / 16; ++kk)
-                wgmma_ss_tb<D, T>(dq_acc, sw128_desc(ds_tile + (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16, 1024),
-                                  sw128_desc(k_s + kk * 16 * 128, KEYS * 128, 1024), kk > 0);
+                wgmma_ss_tb<DQN, T>(dq_acc, sw128_desc(ds_tile + (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16, 1024),
+                                    sw128_desc(k_s + (DQ_SPLIT ? c * KEYS * 128 : 0) + kk * 16 * 128, KEYS * 128,
+                                               1024), kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -1601,10 +1640,10 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         // this block's dQ share of the tile, times s, into the fp32 buffer: rows q0 + 16 w + g (+ 8)
         if (dq_here) {
             const int qr0 = q0 + 16 * w + g, qr1 = qr0 + 8;
-            float* dq0 = dq_accum + ((size_t)bh * N + qr0) * D;
+            float* dq0 = dq_accum + ((size_t)bh * N + qr0) * D + (DQ_SPLIT ? 64 * c : 0);   // its DQN columns
             float* dq1 = dq0 + 8 * D;
 #pragma unroll
-            for (int i = 0; i < D / 2; i += 4) {
+            for (int i = 0; i < DQN / 2; i += 4) {
                 const int col = 8 * (i / 4) + 2 * t;
                 if (qr0 < N) red_add_v2(dq0 + col, dq_acc[i] * scale, dq_acc[i + 1] * scale);
                 if (qr1 < N) red_add_v2(dq1 + col, dq_acc[i + 2] * scale, dq_acc[i + 3] * scale);
@@ -1617,48 +1656,44 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     // dK (times s) and dV, rounded to T, for the keys below N
     T* dk_h = dk + (size_t)bh * N * D;
     T* dv_h = dv + (size_t)bh * N * D;
+    int row0 = key0, row1 = key1, tc = t;             // this lane's rows (keys) and column pair
+    if (DQ_SPLIT) {    // again from %tid.x: at d = 128 no register is free to keep them over the loop (8 B of spills)
+        const unsigned tid = tid_x_again();
+        row0 = k0 + 16 * (tid / 32) + (tid % 32) / 4, row1 = row0 + 8, tc = tid % 4;      // kc0 + 16 w + g
+    }
 #pragma unroll
     for (int i = 0; i < D / 2; i += 4) {
-        const int col = 8 * (i / 4) + 2 * t;
-        if (key0 < N) {
-            *reinterpret_cast<unsigned*>(dk_h + (size_t)key0 * D + col) = pack2<T>(dk_acc[i] * scale, dk_acc[i + 1] * scale);
-            *reinterpret_cast<unsigned*>(dv_h + (size_t)key0 * D + col) = pack2<T>(dv_acc[i], dv_acc[i + 1]);
+        const int col = 8 * (i / 4) + 2 * tc;
+        if (row0 < N) {
+            *reinterpret_cast<unsigned*>(dk_h + (size_t)row0 * D + col) = pack2<T>(dk_acc[i] * scale, dk_acc[i + 1] * scale);
+            *reinterpret_cast<unsigned*>(dv_h + (size_t)row0 * D + col) = pack2<T>(dv_acc[i], dv_acc[i + 1]);
         }
-        if (key1 < N) {
-            *reinterpret_cast<unsigned*>(dk_h + (size_t)key1 * D + col) = pack2<T>(dk_acc[i + 2] * scale, dk_acc[i + 3] * scale);
-            *reinterpret_cast<unsigned*>(dv_h + (size_t)key1 * D + col) = pack2<T>(dv_acc[i + 2], dv_acc[i + 3]);
+        if (row1 < N) {
+            *reinterpret_cast<unsigned*>(dk_h + (size_t)row1 * D + col) = pack2<T>(dk_acc[i + 2] * scale, dk_acc[i + 3] * scale);
+            *reinterpret_cast<unsigned*>(dv_h + (size_t)row1 * D + col) = pack2<T>(dv_acc[i + 2], dv_acc[i + 3]);
         }
     }
 }
 
 }  // namespace hbwd
 
-// Entry points per (dtype[, causal]), head dim 64: grid (ceil(N / (64 HBWD_WG)), BH), 128 (HBWD_WG + 1) threads;
+// Entry points per (dtype, head dim[, causal]): grid (ceil(N / (64 HBWD_WG)), BH), 128 (HBWD_WG + 1) threads;
 // __launch_bounds__ gives ptxas 65,536 / 384 = 168 registers a thread at launch, setmaxnreg the rest.
-extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
-hbwd_bf16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv,
-    int n, float scale) {
-    hbwd::dkdv<__nv_bfloat16, 64, HBWD_WG, false>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
-hbwd_bf16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __nv_bfloat16* dk, __nv_bfloat16* dv,
-    int n, float scale) {
-    hbwd::dkdv<__nv_bfloat16, 64, HBWD_WG, true>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
-hbwd_f16_d64(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv,
-    int n, float scale) {
-    hbwd::dkdv<__half, 64, HBWD_WG, false>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
-extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1)
-hbwd_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-    const __grid_constant__ CUtensorMap tdo, const float* lse, const float* dv_rows, float* dq_accum, __half* dk, __half* dv,
-    int n, float scale) {
-    hbwd::dkdv<__half, 64, HBWD_WG, true>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);
-}
+#define HBWD_ENTRY(NAME, T, D, CAUSAL)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1) NAME(                                        \
+        const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                               \
+        const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* lse,            \
+        const float* dv_rows, float* dq_accum, T* dk, T* dv, int n, float scale) {                                    \
+        hbwd::dkdv<T, D, HBWD_WG, CAUSAL>(&tq, &tk, &tv, &tdo, lse, dv_rows, dq_accum, dk, dv, n, scale);             \
+    }
+HBWD_ENTRY(hbwd_bf16_d64, __nv_bfloat16, 64, false)
+HBWD_ENTRY(hbwd_bf16_d64_causal, __nv_bfloat16, 64, true)
+HBWD_ENTRY(hbwd_f16_d64, __half, 64, false)
+HBWD_ENTRY(hbwd_f16_d64_causal, __half, 64, true)
+HBWD_ENTRY(hbwd_bf16_d128, __nv_bfloat16, 128, false)
+HBWD_ENTRY(hbwd_bf16_d128_causal, __nv_bfloat16, 128, true)
+HBWD_ENTRY(hbwd_f16_d128, __half, 128, false)
+HBWD_ENTRY(hbwd_f16_d128_causal, __half, 128, true)
 
 # %% [markdown]
 # ### What it costs
@@ -1671,7 +1706,7 @@ hbwd_f16_d64_causal(const __grid_constant__ CUtensorMap tq, const __grid_constan
 # the launcher below against `kernellab.occupancy`.
 
 # %%
-for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
+for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal", "hbwd_bf16_d128", "hbwd_bf16_d128_causal"):
     kern = attn_bwd_h[name]
     print(f"{name:22s} {kern.resources}")
     print(" " * 23, kern.instruction_summary)
@@ -1681,19 +1716,21 @@ for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
 #
 # `attention_backward_hopper` runs step 2's preprocessing kernel (`Dv`, the zeroed fp32 `dQ` buffer), the block per
 # 128 keys with `Q`, `K`, `V`, `dO` through `[B H, N, d]` tensor maps (boxes of 64 rows x 64 columns), and step 2's
-# conversion of `dQ`. `attention_backward(..., variant="hopper")` calls it where it applies (`d = 64` on an sm_90
-# GPU) and step 2's `atomic_w8` elsewhere, so the harness above checks and times it as one more variant.
-# `BWD_OP_HOPPER` makes the op's backward take it where it applies. It is on: on an H100 the checks below pass and the
-# benchmark measures it 1.1x SDPA's FLASH backward at `d = 64`, `N = 4096`, where `atomic_w8` is 0.75-0.8x.
+# conversion of `dQ`. `attention_backward(..., variant="hopper")` calls it where it applies (`d = 64` and `128` on an
+# sm_90 GPU) and step 2's `atomic_w8` elsewhere, so the harness above checks and times it as one more variant.
+# `BWD_OP_HOPPER` makes the op's backward take it at `BWD_OP_HOPPER_DIMS`. It is on at `d = 64`: on an H100 the checks
+# below pass and the benchmark measures it 1.1x SDPA's FLASH backward at `d = 64`, `N = 4096`, where `atomic_w8` is
+# 0.75-0.8x; `d = 128` joins once measured faster than `atomic_w8`.
 
 # %%
 # launchers: Hopper backward (tests/gpu/test_attention_backward_gpu.py, benchmarks/attention_backward.py and the op use this)
 HBWD_WG, HBWD_STAGES, HBWD_THREADS = 2, 2, 384     # the cell's HBWD_WG, HBWD_STAGES; 128 x (HBWD_WG + 1) threads
 HBWD_KEYS, HBWD_QUERY_TILE = 64 * HBWD_WG, 64      # keys a block, queries a step
-HOPPER_BWD_DIMS = (64,)                            # head dims step 3 has kernels for
+HOPPER_BWD_DIMS = (64, 128)                        # head dims step 3 has kernels for
 HOPPER_BWD_FALLBACK = "atomic_w8"                  # the rung "hopper" runs where step 3 does not apply
 BWD_OP_HOPPER = True                               # the op's backward on step 3 where it applies (BWD_OP_VARIANT):
-                                                   # checked and timed on an H100 (benchmarks/NOTES-attention-backward.md)
+BWD_OP_HOPPER_DIMS = (64,)                         # at the head dims checked and timed on an H100
+                                                   # (benchmarks/NOTES-attention-backward.md); d = 128 not measured yet
 
 
 _capability = {}                                   # GPU index -> (major, minor): looked up once, not per backward
@@ -1716,7 +1753,8 @@ def hbwd_smem_bytes(d):
 
 
 def attention_backward_hopper(q, k, v, o, lse, grad_o, causal=False, dq=None, dk=None, dv=None):
-    """Step 3's (dq, dk, dv): [B, H, N, 64] bf16/fp16 contiguous CUDA tensors on an sm_90 GPU (lse [B, H, N] fp32)."""
+    """Step 3's (dq, dk, dv): [B, H, N, d] bf16/fp16 contiguous CUDA tensors, d in HOPPER_BWD_DIMS, on an sm_90 GPU
+    (lse [B, H, N] fp32)."""
     B, H, N, d = q.shape
     if d not in HOPPER_BWD_DIMS or q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"attention_backward_hopper takes bf16/fp16 [B, H, N, d] with d in {HOPPER_BWD_DIMS}, got "
@@ -1757,13 +1795,13 @@ def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", 
 attention_backward.dispatches_hopper = True
 VARIANTS = tuple(BWD_LADDER) + ("hopper",)
 if BWD_OP_HOPPER:
-    BWD_OP_VARIANT.update({(d, causal): "hopper" for d in HOPPER_BWD_DIMS for causal in (False, True)})
+    BWD_OP_VARIANT.update({(d, causal): "hopper" for d in BWD_OP_HOPPER_DIMS for causal in (False, True)})
 
 # %% [markdown]
 # ### Check, then time
 #
 # The same harness as step 2: every dtype, mask and awkward `N` against float64 beside SDPA's own error (at
-# `d = 128` this checks the fallback), then the FlashAttention-3 paper's shapes at `N = 4096` against SDPA's FLASH and
+# `d = 64` here, `d = 128` below), then the FlashAttention-3 paper's shapes at `N = 4096` against SDPA's FLASH and
 # CUDNN backward and step 2's fastest rung, in one run.
 
 # %%
@@ -1790,6 +1828,24 @@ step3[False]
 # the bottom of the predicted 300-380 TFLOP/s and 1.1-1.4x FLASH, and just under the predicted 1.5-1.9x `atomic_w8`;
 # the causal case 14 % below it, inside the predicted 10-20 %; CUDNN's speed not reached (0.66-0.67x, where the
 # prediction said about CUDNN's at best). The op's backward at `d = 64` is this step.
+
+# %% [markdown]
+# At `d = 128`, step 3's second set of kernels (the `dQ` split; not yet run on a GPU): the same checks, then the
+# timing at `N = 4096` against `atomic_w8` (the op's choice at `d = 128` until this is measured) and SDPA's FLASH and
+# CUDNN backward, against the prediction above (320-400 TFLOP/s, 1.1-1.4x FLASH).
+
+# %%
+# %%gpu
+step3_d128_checks = check_all_backward(variants=("hopper",), dims=(128,))
+print(summarize_backward(step3_d128_checks))
+for r in step3_d128_checks:
+    if not r["passed"]:
+        print("FAILED:", r)
+step3_d128 = {causal: bench_backward(4096, 128, causal, variants=("hopper", "atomic_w8")) for causal in (False, True)}
+for causal, r in step3_d128.items():
+    print(f"d=128 causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+step3_d128[False]
 
 # %% [markdown]
 # ## From the notebook into a model: a differentiable op
@@ -1893,8 +1949,9 @@ for name, grads in (("kl_flash_attention", ours), ("  under torch.compile", comp
 #   accumulators (`64 x d` per warpgroup) would otherwise cap the tile sizes as they do here.
 #
 # Step 3 above takes the first two and the last (and `wgmma` reads `P^T` and `dS^T` from registers for `dV` and `dK`,
-# so only `dQ = dS K` reads `dS` from shared memory); `dQ` still leaves by vector reductions from registers, and there
-# is no head dim 128 yet. Those are its next rungs; its measurement is above (1.12x FLASH, 0.66-0.67x CUDNN).
+# so only `dQ = dS K` reads `dS` from shared memory), at head dims 64 and 128 (128 not yet measured); `dQ` still
+# leaves by vector reductions from registers, and the consumers load the LSE and `Dv` themselves. Those are its next
+# rungs; its measurement at `d = 64` is above (1.12x FLASH, 0.66-0.67x CUDNN).
 #
 # The measurements of step 2 on an H100 (the benchmark's table, `benchmarks/attention_backward.py`) say which of these
 # matters first: if variant (a) is within a few percent of variant (b), the atomics are not the bottleneck and the

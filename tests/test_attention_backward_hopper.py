@@ -3,8 +3,8 @@ and two consumer warpgroups, registers moved between them by setmaxnreg), withou
 HGMMA and TMA with no spills and the resources the launcher assumes, every launch the launcher makes has a block an
 SM by kernellab.occupancy with the compiled registers (the check the 288-thread version, 224 registers, failed on an
 H100), and in the CPU emulator (kernellab/run/sim/cuda: wgmma, TMA, mbarriers, named barriers) its
-dQ, dK, dV match float64 on awkward shapes, both dtypes, with and without the causal mask (dQ computed by the two
-warpgroups in turns, over both of their dS tiles)."""
+dQ, dK, dV match float64 on awkward shapes, both dtypes, with and without the causal mask, at head dims 64 (dQ computed
+by the two warpgroups in turns, over both of their dS tiles) and 128 (each warpgroup dQ's 64 columns every tile)."""
 import pathlib
 import re
 import sys
@@ -19,10 +19,17 @@ from kernellab.run.sim.cuda.emulate import TensorMap, bf16_bits, bf16_values, co
 from notebook_cells import named_cuda_cells  # noqa: E402
 
 SOURCE = named_cuda_cells("08-attention-backward.py")["attn_bwd_h"]
-WG, STAGES, THREADS, D = 2, 2, 384, 64              # the cell's HBWD_WG, HBWD_STAGES; 128 x (WG + 1); head dim
+WG, STAGES, THREADS = 2, 2, 384                     # the cell's HBWD_WG, HBWD_STAGES; 128 x (WG + 1)
+DIMS = (64, 128)                                    # head dims with kernels
 PRODUCER_REGS, CONSUMER_REGS = 24, 240              # the cell's setmaxnreg counts
 KEYS = 64 * WG
-SMEM = 1024 + 2 * KEYS * D * 2 + 2 * WG * 64 * 64 * 2 + 2 * STAGES * 64 * D * 2 + 64   # 2 dS buffers     # the launcher's hbwd_smem_bytes
+
+
+def smem_bytes(d):
+    """The launcher's hbwd_smem_bytes: alignment slack, K and V, 2 dS buffers, the Q/dO ring, the mbarriers."""
+    return 1024 + 2 * KEYS * d * 2 + 2 * WG * 64 * 64 * 2 + 2 * STAGES * 64 * d * 2 + 64
+
+
 needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler (g++) for the emulation")
 
 
@@ -46,13 +53,14 @@ def test_step3_is_wgmma_fed_by_tma_without_spills():
 
     mod = compiled()
     names = sorted(k.name for k in mod.kernels)
-    assert names == sorted(f"hbwd_{dt}_d64{c}" for dt in ("bf16", "f16") for c in ("", "_causal"))
+    assert names == sorted(f"hbwd_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in DIMS for c in ("", "_causal"))
     for k in mod.kernels:
         r = k.resources
         assert not r.spills and r.local_bytes == 0, (k.name, r)
         # __launch_bounds__(384, 1): launched at 65,536 / 384 = 168 registers a thread at most, one block an SM
         assert r.registers <= 168 and r.max_threads_per_block >= THREADS, (k.name, r)
-        occ = kernellab.occupancy(THREADS, r.registers, r.shared_bytes + SMEM, "sm_90")
+        d = 128 if "_d128" in k.name else 64
+        occ = kernellab.occupancy(THREADS, r.registers, r.shared_bytes + smem_bytes(d), "sm_90")
         assert occ.blocks_per_sm >= 1, (k.name, str(occ))
         # the registers move: the producer warpgroup gives them back, the consumers take them (SASS beyond R167)
         sass = str(k.sass)
@@ -64,12 +72,17 @@ def test_step3_is_wgmma_fed_by_tma_without_spills():
     text = str(mod["hbwd_bf16_d64_causal"].instruction_summary)
     assert "HGMMA.64x64x16.F32.BF16" in text and "UTMALDG" in text and "REDG" in text, text
     assert "HMMA" not in text and "LDSM" not in text and "local memory       none" in text, text
+    # d = 128: dV, dK over 128 columns (64x128x16 from registers), S^T, dP^T and each warpgroup's dQ half 64x64x16
+    for name in ("hbwd_bf16_d128", "hbwd_bf16_d128_causal", "hbwd_f16_d128"):
+        text = str(mod[name].instruction_summary)
+        assert "HGMMA.64x128x16.F32" in text and "HGMMA.64x64x16.F32" in text and "REDG" in text, (name, text)
+        assert "HMMA" not in text and "local memory       none" in text, (name, text)
 
 
 def reference(vals, causal):
     """(lse, Dv, dQ, dK, dV) in float64 for q, k, v, dO [BH, N, D]."""
     q, k, v, do = vals
-    N, scale = q.shape[1], D ** -0.5
+    N, scale = q.shape[1], q.shape[2] ** -0.5
     s = q @ k.transpose(0, 2, 1) * scale
     if causal:
         s = np.where(np.triu(np.ones((N, N), bool), 1), -np.inf, s)
@@ -82,7 +95,7 @@ def reference(vals, causal):
     return (m + np.log(l))[..., 0], dvr, ds @ k * scale, ds.transpose(0, 2, 1) @ q * scale, p.transpose(0, 2, 1) @ do
 
 
-def run_step3(BH, N, dtype, causal, seed):
+def run_step3(BH, N, dtype, causal, seed, D=64):
     """The kernel in the emulator on N(0, 1) inputs; returns its (dQ, dK, dV) as float64 and the reference's."""
     rng = np.random.default_rng(seed)
     x = [rng.standard_normal((BH, N, D)).astype(np.float32) for _ in range(4)]
@@ -96,10 +109,10 @@ def run_step3(BH, N, dtype, causal, seed):
         dk, dv = (np.full((BH, N, D), np.nan, np.float16) for _ in range(2))
     lse, dvr, *want = reference(vals, causal)
     dq = np.zeros((BH, N, D), np.float32)                                      # the preprocessing kernel zeroes it
-    name = f"hbwd_{'bf16' if dtype == 'bf16' else 'f16'}_d64{'_causal' if causal else ''}"
+    name = f"hbwd_{'bf16' if dtype == 'bf16' else 'f16'}_d{D}{'_causal' if causal else ''}"
     maps = [TensorMap(a, 64, 64) for a in arrays]                              # q, k, v, dO: boxes of 64 x 64
     emulate(SOURCE, name, (-(-N // KEYS), BH), (THREADS,),
-            maps + [lse.astype(np.float32), dvr.astype(np.float32), dq, dk, dv, N, D ** -0.5], SMEM)
+            maps + [lse.astype(np.float32), dvr.astype(np.float32), dq, dk, dv, N, D ** -0.5], smem_bytes(D))
     as64 = (lambda a: bf16_values(a).astype(np.float64)) if dtype == "bf16" else (lambda a: a.astype(np.float64))
     return (dq.astype(np.float64), as64(dk), as64(dv)), want
 
@@ -107,16 +120,22 @@ def run_step3(BH, N, dtype, causal, seed):
 # (BH, N, dtype, causal): one row; one short tile; a tile and a row (the second warpgroup's keys past N); two key
 # blocks and three query tiles (the Q/dO ring wraps); five query tiles, two blocks (slow)
 # (slow: the other two entry points, each a build of its own for the emulator)
-SHAPES = [(2, 1, "bf16", True), (2, 63, "fp16", False), (2, 65, "bf16", True), (1, 130, "bf16", True),
-          pytest.param(1, 130, "fp16", True, marks=pytest.mark.slow),
-          pytest.param(1, 130, "bf16", False, marks=pytest.mark.slow),
-          pytest.param(1, 300, "bf16", True, marks=pytest.mark.slow)]
+# d = 128 (each warpgroup's dQ columns, Dv loaded late, the epilogue's rows re-read): one row; one short tile, not
+# causal; two key blocks, three query tiles, causal (the ring wraps, both warpgroups' dQ halves add into each row)
+SHAPES = [(2, 1, "bf16", True, 64), (2, 63, "fp16", False, 64), (2, 65, "bf16", True, 64), (1, 130, "bf16", True, 64),
+          pytest.param(1, 130, "fp16", True, 64, marks=pytest.mark.slow),
+          pytest.param(1, 130, "bf16", False, 64, marks=pytest.mark.slow),
+          pytest.param(1, 300, "bf16", True, 64, marks=pytest.mark.slow),
+          (2, 1, "bf16", True, 128), (1, 63, "fp16", False, 128), (1, 130, "bf16", True, 128),
+          pytest.param(1, 130, "fp16", True, 128, marks=pytest.mark.slow),
+          pytest.param(1, 193, "bf16", False, 128, marks=pytest.mark.slow),
+          pytest.param(2, 65, "fp16", False, 128, marks=pytest.mark.slow)]
 
 
 @needs_cxx
-@pytest.mark.parametrize("BH,N,dtype,causal", SHAPES)
-def test_step3_gradients_match_float64_in_the_emulator(BH, N, dtype, causal):
-    got, want = run_step3(BH, N, dtype, causal, seed=N)
+@pytest.mark.parametrize("BH,N,dtype,causal,D", SHAPES)
+def test_step3_gradients_match_float64_in_the_emulator(BH, N, dtype, causal, D):
+    got, want = run_step3(BH, N, dtype, causal, seed=N, D=D)
     rel = 1.2e-2 if dtype == "bf16" else 2e-3          # about 3 units in the last place of the 16-bit outputs
     for name, a, w in zip(("dQ", "dK", "dV"), got, want):
         assert np.isfinite(a).all(), f"{name}: rows left unwritten (NaN)"
@@ -139,12 +158,13 @@ def test_every_launch_of_step3_has_a_block_an_sm(monkeypatch):
     for dtype in (torch.bfloat16, torch.float16):
         for causal in (False, True):
             for N in (1, 65, 4096):
-                q = torch.zeros(1, 2, N, D, dtype=dtype)
-                t["attention_backward_hopper"](q, q, q, q, torch.zeros(1, 2, N), q, causal)
+                for D in DIMS:
+                    q = torch.zeros(1, 2, N, D, dtype=dtype)
+                    t["attention_backward_hopper"](q, q, q, q, torch.zeros(1, 2, N), q, causal)
     names = {launch.kernel for launch in launches}
     assert names == {f"{k}_{dt}" for k in ("bwd_dq_convert",) for dt in ("bf16", "f16")} | {
-        f"bwd_pre_{dt}_d64" for dt in ("bf16", "f16")} | {
-        f"hbwd_{dt}_d64{c}" for dt in ("bf16", "f16") for c in ("", "_causal")}, names
+        f"bwd_pre_{dt}_d{D}" for dt in ("bf16", "f16") for D in DIMS} | {
+        f"hbwd_{dt}_d{D}{c}" for dt in ("bf16", "f16") for D in DIMS for c in ("", "_causal")}, names
     assert {launch.block for launch in launches if launch.kernel.startswith("hbwd_")} == {(THREADS,)}
     arch, step2_source = named_cuda_cells_with_arch("08-attention-backward.py")["attn_bwd"]
     step2 = kernellab.compile_cuda(step2_source, first_line=2, filename="cell.cu",      # as load_tutorial compiles
@@ -156,8 +176,9 @@ def test_every_launch_of_step3_has_a_block_an_sm(monkeypatch):
 
 def test_the_launcher_joins_step2s_variants_and_the_op():
     """The launcher cell: "hopper" is a variant of attention_backward (step 3 where hopper_backward_applies, the
-    atomic_w8 rung elsewhere), the op's choice at d = 64 (BWD_OP_HOPPER, on since an H100 checked and timed it), its shared-memory
-    plan is the kernel's, and it refuses the head dims it has no kernel for."""
+    atomic_w8 rung elsewhere), the op's choice at d = 64 (BWD_OP_HOPPER, on since an H100 checked and timed it; d = 128
+    has kernels but stays on step 2's rung until measured), its shared-memory plan is the kernel's, and it refuses the
+    head dims it has no kernel for."""
     torch = pytest.importorskip("torch")
     from notebook_cells import load_tutorial
 
@@ -167,13 +188,16 @@ def test_the_launcher_joins_step2s_variants_and_the_op():
     assert t["BWD_OP_HOPPER"] is True
     assert {key: v for key, v in t["BWD_OP_VARIANT"].items() if v == "hopper"} == {(64, False): "hopper", (64, True): "hopper"}
     assert all(v in t["BWD_LADDER"] for (d, _), v in t["BWD_OP_VARIANT"].items() if d != 64)
-    assert t["hbwd_smem_bytes"](64) == SMEM and SMEM <= 227 * 1024
+    assert t["HOPPER_BWD_DIMS"] == DIMS and t["BWD_OP_HOPPER_DIMS"] == (64,)
+    for d in DIMS:
+        assert t["hbwd_smem_bytes"](d) == smem_bytes(d) <= 227 * 1024, d
     assert (t["HBWD_WG"], t["HBWD_STAGES"], t["HBWD_THREADS"]) == (WG, STAGES, THREADS)
     assert not t["hopper_backward_applies"](torch.empty(1, 1, 8, 64))              # a CPU tensor: the fallback
-    q = torch.empty(1, 1, 8, 128, dtype=torch.bfloat16)
+    q = torch.empty(1, 1, 8, 96, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="atomic_w8"):
         t["attention_backward_hopper"](q, q, q, q, torch.empty(1, 1, 8), q)
     with pytest.raises(ValueError, match="variant"):                           # step 2's refusals stand
+        q = torch.empty(1, 1, 8, 128, dtype=torch.bfloat16)
         t["attention_backward"](q, q, q, q, torch.empty(1, 1, 8), q, False, "fast")
 
 

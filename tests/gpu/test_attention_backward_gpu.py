@@ -1,7 +1,7 @@
 """Tutorial 08's attention backward on the GPU, as the notebook launches it (its `# launchers` cells, load_tutorial).
 
 Every variant ((a) dQ by atomics, (b) dQ in its own pass, the ladder's rungs 3-7, and step 3's Hopper backward
-"hopper": wgmma + TMA at d = 64 on sm_90, the atomic_w8 rung elsewhere), dtype, head dim and mask on
+"hopper": wgmma + TMA at d = 64 and 128 on sm_90, the atomic_w8 rung elsewhere), dtype, head dim and mask on
 N = 1, 63, 65, 1000, 1031, 4097: dQ, dK, dV into NaN-filled outputs against the float64 reference, our max error at most 2x SDPA's own (SDPA's
 backward in the same dtype, same inputs, same reference). The forward's LSE against float64; the op's loss.backward()
 against float64 beside SDPA's, eager and under torch.compile(fullgraph=True).
@@ -35,20 +35,22 @@ def test_gradients_within_twice_sdpas_own_error(t08, variant, dtype, d, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_step3_runs_the_hopper_kernel_and_agrees_with_step2(t08, dtype, causal):
-    """On an sm_90 GPU variant "hopper" is step 3's kernel itself (not the fallback): its 384-thread block launches
-    (three warpgroups, 168 registers at launch, setmaxnreg 24 / 240), and its gradients agree with step 2's atomic_w8
-    on the same inputs (both are checked against float64 above). The op takes it at d = 64 where BWD_OP_HOPPER is on
-    (off until this test and the benchmark have run on an H100)."""
+def test_step3_runs_the_hopper_kernel_and_agrees_with_step2(t08, dtype, d, causal):
+    """On an sm_90 GPU variant "hopper" is step 3's kernel itself (not the fallback) at d = 64 and 128: its 384-thread
+    block launches (three warpgroups, 168 registers at launch, setmaxnreg 24 / 240; at d = 128 165 KB of shared memory
+    and dQ split by columns over the warpgroups), and its gradients agree with step 2's atomic_w8 on the same inputs
+    (both are checked against float64 above). The op takes it where BWD_OP_HOPPER is on, at BWD_OP_HOPPER_DIMS (d = 64,
+    measured on an H100; d = 128 joins once this suite times it faster than atomic_w8)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("step 3's kernels are sm_90a (Hopper) only")
     dt = t08["DTYPES"][dtype]
     g = torch.Generator().manual_seed(7)
-    q, k, v, grad_o = (torch.randn(3, 2, 1031, 64, generator=g).to(dt).cuda() for _ in range(4))
+    q, k, v, grad_o = (torch.randn(3, 2, 1031, d, generator=g).to(dt).cuda() for _ in range(4))
     assert t08["hopper_backward_applies"](q) and t08["HBWD_THREADS"] == 384
-    assert (t08["BWD_OP_VARIANT"][64, causal] == "hopper") == t08["BWD_OP_HOPPER"]
-    for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal"):
+    assert (t08["BWD_OP_VARIANT"][d, causal] == "hopper") == (t08["BWD_OP_HOPPER"] and d in t08["BWD_OP_HOPPER_DIMS"])
+    for name in (f"hbwd_bf16_d{d}", f"hbwd_bf16_d{d}_causal"):
         print(name, t08["attn_bwd_h"][name].resources)       # the log says what launched (or failed to)
     o, lse = t08["attention_forward"](q, k, v, causal)
     nan = [torch.full_like(q, float("nan")) for _ in range(3)]
@@ -57,7 +59,7 @@ def test_step3_runs_the_hopper_kernel_and_agrees_with_step2(t08, dtype, causal):
     want = t08["attention_backward_reference"](q, k, v, grad_o, causal)[2:]
     for name, a, b, w in zip(("dq", "dk", "dv"), ours, step2, want):
         err, err2 = (a.double() - w).abs().max().item(), (b.double() - w).abs().max().item()
-        print(f"hopper {dtype} causal={causal} {name}: error {err:.3e}, atomic_w8's {err2:.3e}")
+        print(f"hopper {dtype} d={d} causal={causal} {name}: error {err:.3e}, atomic_w8's {err2:.3e}")
         assert torch.isfinite(a).all(), f"{name}: rows left unwritten"
         assert err <= 2 * err2 + 1e-6, f"{name}: step 3 {err:.3e} against float64, step 2's atomic_w8 {err2:.3e}"
 

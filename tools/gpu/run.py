@@ -139,12 +139,13 @@ SUITES: dict[str, Suite] = {
         "BWD_OP_VARIANT line) against SDPA FLASH and CUDNN backward at N = 1024, 4096 (B*N = 16k, H*d = 2048), also as called (do_bench, sustained)", 300,
         commands=((PY, "benchmarks/attention_backward.py", "--quick", "--out", "{out}"),), takes_args=True),
     "hopper-backward": Suite(
-        "tutorial 08's step 3 (the Hopper backward: 384 threads, setmaxnreg 24 / 240, not yet run on a GPU): its GPU "
-        "tests (-k hopper: launches, gradients against float64 within 2x SDPA's error, agreement with atomic_w8), "
-        "then the benchmark at d = 64, N = 4096 against atomic_w8 and SDPA FLASH / CUDNN; a table last", 300,
+        "tutorial 08's step 3 (the Hopper backward: 384 threads, setmaxnreg 24 / 240; d = 128's kernels not yet run on "
+        "a GPU): its GPU tests (-k hopper: launches at d = 64 and 128, gradients against float64 within 2x SDPA's "
+        "error, agreement with atomic_w8), then the benchmark at d = 64 and 128, N = 4096 against atomic_w8 and SDPA "
+        "FLASH / CUDNN; a table last", 300,
         commands=((PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", "-s",
                    "-k", "hopper", GPU_TESTS + "test_attention_backward_gpu.py"),
-                  (PY, "benchmarks/attention_backward.py", "--quick", "--dims", "64", "--variants", "hopper,atomic_w8",
+                  (PY, "benchmarks/attention_backward.py", "--quick", "--dims", "64,128", "--variants", "hopper,atomic_w8",
                    "--ns", "4096", "--out", "{out}"))),
     "bench-attention": Suite(
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,

@@ -540,6 +540,7 @@ template <int R> inline void setmaxnreg_dec() {
 }
 inline float exp2_approx(float x) { return std::exp2(x); }
 inline void red_add_v2(float* p, float a, float b) { atomicAdd(p, a); atomicAdd(p + 1, b); }   // red.global.add.v2.f32
+inline unsigned tid_x_again() { return threadIdx.x; }   // mov.u32 %tid.x in volatile asm: read again
 
 // ---- WMMA: each lane holds the whole 16x16 tile -------------------------------------------------------------------
 namespace nvcuda {
