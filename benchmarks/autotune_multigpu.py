@@ -605,9 +605,12 @@ def where_tools_go(p: dict, one: dict) -> list[str]:
                                        "the kernel under the tool": "the GPU or the tool's instrumented kernel",
                                        "after the kernel": "the tool's report and teardown"}[where]
                + "): neither CPU seconds nor disk reads grew with it")
-    lines.append(f"verdict: summed over the tools, a submission's runs grew {grew['wall_s']:+.2f} s of wall time: "
-                 + ", ".join(f"{k} {v:+.2f} s" for k, v in parts.items()) + f"; CPU {grew['cpu_s']:+.2f} s; read "
-                 f"from disk {disk[0] / 1e6:.1f} -> {disk[1] / 1e6:.1f} MB; points at {why}")
+    rest = grew["wall_s"] - sum(parts.values())
+    lines.append(f"verdict: one submission of each exercise, its tools' runs summed, grew {grew['wall_s']:+.2f} s of "
+                 f"wall time: " + ", ".join(f"{k} {v:+.2f} s" for k, v in parts.items())
+                 + (f", outside the job's marks {rest:+.2f} s" if abs(rest) >= 0.05 else "")
+                 + f"; CPU {grew['cpu_s']:+.2f} s; read from disk {disk[0] / 1e6:.1f} -> {disk[1] / 1e6:.1f} MB; "
+                 f"points at {why}")
     return lines
 
 
@@ -649,7 +652,7 @@ class Costs:
                    p["grade_s"] / max(1, p["submissions"]), p.get("close_s") or PRIOR["close_s"])
 
     def with_speedup(self, n: int, s: float) -> "Costs":
-        return dataclasses.replace(self, speedup=tuple(sorted(dict(self.speedup, **{n: s}).items())))
+        return dataclasses.replace(self, speedup=tuple(sorted({**dict(self.speedup), n: s}.items())))
 
 
 def expected_speedup(n: int, measured: dict[int, float] | None = None) -> tuple[float, str]:
