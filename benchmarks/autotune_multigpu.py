@@ -28,20 +28,33 @@ per GPU, kernellab.run.fanout.gpu_lock), so no two timings overlap on one GPU. T
 size on GPU 0, so every phase pays the same fan-out costs (process start, pickling, result traffic). Cluster start
 (workers importing torch and making their CUDA context) is reported apart and is not in the job's time. Every
 worker of every phase may use the same number of CPU threads in the libraries it calls (OMP_NUM_THREADS and kin: the
-host's cores over the largest pool's workers), so that more workers do not mean smaller shares (uncapped, the sum
-of the submissions' grading times rose from 604 s with 4 workers to 805 s with 8 on 4 x H200: a slowdown no number
-of GPUs can win back). Phases run one GPU first, then the largest pool (with the fault drill), then the others.
+host's cores over the workers of a pool on all its GPUs, the same in every call on one host), so that more workers
+do not mean smaller shares (uncapped, the sum of the submissions' grading times rose from 604 s with 4 workers to
+805 s with 8 on 4 x H200: a slowdown no number of GPUs can win back). Phases run one GPU first, then the largest
+pool (with the fault drill), then the others.
 Utilisation: NVML (nvidia-ml-py, which dask-cuda brings), else `nvidia-smi`, sampled every 100 ms here and averaged
 per GPU over each stage; kernellab.bench keeps a GPU busy about half the time while it times (burst mode).
 Speed-ups against torch are ratios taken on one GPU in one bench run; the best of a multi-GPU sweep is ranked by them.
 
 Run on a GPU host:  python benchmarks/autotune_multigpu.py [--gpus 1,2,4] [--size 2048] [--configs 108]
                     [--students 22] [--workers-per-gpu 4] [--budget-s 420] [--no-faults]
+                    [--baseline-from PATH] [--plan-only] [--threads-per-worker N]
 Its functions reach the workers by value (cloudpickle sends what lives in __main__), or by name where it is imported
 as benchmarks.autotune_multigpu (tests/test_fanout_faults.py). The table comes last on stdout; autotune_multigpu.json and each phase's tables go to $OUT (or ./autotune-multigpu).
-A phase that would not fit --budget-s (estimated from the phases before it: expected_speedup) is skipped, and the
-table says so: with 1, 2 and 4 GPUs under the default budget, the 2-GPU phase is skipped while grading scales as it
-does (1.46x on 4 x H200).
+Sizing a call: before its first phase it prints the plan, each phase's estimated seconds by part (a pool's start,
+the job, the fault drill, the shut-down) from per-item costs in one place (Costs: seconds per configuration and per
+submission on one GPU's pool, measured; PRIOR before anything is measured, this run's 1-GPU phase or a stored one
+after; the speed-ups in PRIOR_SPEEDUP or measured here), where each would end, which --budget-s skips and why, and
+the budget every phase needs; --plan-only prints that and stops (no GPU needed). Before each phase the same estimate
+is made again from what this run has measured, and a phase that would end past --budget-s is skipped (the table
+says so): with 1, 2 and 4 GPUs in one call (the runner's limit is SUITE_LIMIT_S), the 2-GPU phase is. Run the sizes
+over two calls instead: `--gpus 1,4`, then `--gpus 2 --baseline-from <the first call's autotune_multigpu.json>`,
+whose 1-GPU phase stands for this run's (refused from another GPU model or with other options); the table marks
+every ratio against it [b] and names its file, device and date.
+The stage report compares, per exercise and compute-sanitizer tool, each run's ToolCost (GradeResult.tool_costs:
+wall and CPU seconds of the tool's processes, bytes read from the disk and by any read, the tool's start to the
+kernel's launch and its own start-up within it, the kernel, the tail) between 1 GPU and each pool, and says where
+the growth is: before the first kernel, on the cores, or on the disk.
 """
 from __future__ import annotations
 
@@ -567,7 +580,8 @@ def where_tools_go(p: dict, one: dict) -> list[str]:
     context made under the tool) or after it."""
     a, b = one.get("tool_costs") or {}, p.get("tool_costs") or {}
     lines = []
-    grew = {"wall_s": 0.0, "cpu_s": 0.0, "to_kernel_s": 0.0, "kernel_s": 0.0, "after_kernel_s": 0.0}
+    grew = {"wall_s": 0.0, "cpu_s": 0.0, "to_kernel_s": 0.0, "kernel_s": 0.0, "after_kernel_s": 0.0,
+            "tool_start_s": 0.0, "imports_s": 0.0, "context_s": 0.0}
     disk = [0.0, 0.0]
     for ex_id, tools in b.items():
         for step, c in sorted(tools.items()):
@@ -580,7 +594,8 @@ def where_tools_go(p: dict, one: dict) -> list[str]:
                 return "-" if x is None or y is None else f"{x / scale:{fmt}} -> {y / scale:{fmt}}{unit}"
 
             lines.append(f"{ex_id} {step}: wall {pair('wall_s')}, CPU {pair('cpu_s')}; to the first kernel "
-                         f"{pair('to_kernel_s')} (the tool's start-up {pair('tool_start_s')}), kernel "
+                         f"{pair('to_kernel_s')} (the tool's start-up {pair('tool_start_s')}, Python and imports "
+                         f"{pair('imports_s')}, CUDA context and module {pair('context_s')}), kernel "
                          f"{pair('kernel_s')}, after it {pair('after_kernel_s')}; read from disk "
                          f"{pair('read_bytes', 1e6, ' MB', '.1f')} (any read {pair('read_chars', 1e6, ' MB', '.0f')})")
             for key in grew:
@@ -600,8 +615,11 @@ def where_tools_go(p: dict, one: dict) -> list[str]:
     elif grew["cpu_s"] >= 0.7 * grew["wall_s"]:
         why = "the cores: CPU seconds grew with the wall time (contention for what the cores share)"
     else:
-        why = (f"a wait, {where} (" + {"before the first kernel": "the tool's and the target's start-up, its CUDA "
-                                       "context and module load under the tool: the driver's process-wide work",
+        before = {"the tool's start-up": grew["tool_start_s"], "Python and imports": grew["imports_s"],
+                  "the CUDA context and module load under the tool (the driver's process-wide work)":
+                  grew["context_s"]}
+        first = max(before.items(), key=lambda kv: kv[1])
+        why = (f"a wait, {where} (" + {"before the first kernel": f"most in {first[0]}, {first[1]:+.2f} s",
                                        "the kernel under the tool": "the GPU or the tool's instrumented kernel",
                                        "after the kernel": "the tool's report and teardown"}[where]
                + "): neither CPU seconds nor disk reads grew with it")
@@ -876,8 +894,8 @@ def main(argv=None) -> int:
     print(f"# {len(configs)} configurations of tutorial 05's sgemm_warptile (M = N = K = {ns.size}) and "
           f"{subs} submissions over {len(work)} exercises, on {', '.join(map(str, sizes))} of {count} x "
           f"{device or '(no GPU here: a plan only)'}, {ns.workers_per_gpu} workers per GPU, "
-          f"{threads} CPU threads per worker{'' if gpu else ' (on this machine)'}" + (f"; the 1-GPU phase from {baseline_text(baseline['stored'], host)}"
-                                                  if baseline else ""), flush=True)
+          f"{threads} CPU threads per worker{'' if gpu else ' (on this machine)'}"
+          + (f"; the 1-GPU phase from {baseline_text(baseline['stored'], host)}" if baseline else ""), flush=True)
     measured_setup = not ns.plan_only
     elapsed = _clock() - t_start if measured_setup else PRIOR["setup_s"]
     plan = plan_phases(sizes, costs, elapsed_s=elapsed, budget_s=ns.budget_s, configs=len(configs),

@@ -281,18 +281,22 @@ args = sys.argv[1:]
 out = args[args.index("--out") + 1]
 time.sleep(0.3)                                     # the tool's own start-up
 started = time.time()                               # "the target process starts"
+time.sleep(0.1)
+ready = time.time()                                 # its imports done
 with open({big!r}, "rb") as fh:                     # reads (the page cache's, here)
     while fh.read(1 << 20):
         pass
 t = time.process_time()
-while time.process_time() - t < 0.4:                # CPU work
+while time.process_time() - t < 0.4:                # CPU work ("the context")
     pass
+loaded = time.time()
 k0 = time.time()
 time.sleep(0.2)                                     # "the kernel"
 k1 = time.time()
 time.sleep(0.3)                                     # the tail
 with open(out, "wb") as fh:
-    fh.write(JobResult("ok", marks=(("process start", started), ("kernel start", k0), ("kernel end", k1))).to_bytes())
+    fh.write(JobResult("ok", marks=(("process start", started), ("job ready", ready), ("module loaded", loaded),
+                                    ("kernel start", k0), ("kernel end", k1))).to_bytes())
 print("========= ERROR SUMMARY: 0 errors")
 '''
 
@@ -316,7 +320,8 @@ def test_sanitize_records_the_cost_of_the_tools_run_by_part(tmp_path):
     assert c.wall_s >= 1.2 and c.cpu_s >= 0.35, c
     assert c.read_chars is None or c.read_chars >= 8 << 20, c         # /proc/self/io holds the reaped child's reads
     assert c.read_bytes is None or c.read_bytes >= 0
-    assert c.tool_start_s is not None and 0.3 <= c.tool_start_s <= c.to_kernel_s - 0.35, c   # then 0.4 s of CPU
+    assert c.tool_start_s is not None and 0.3 <= c.tool_start_s <= c.to_kernel_s - 0.45, c   # then 0.5 s more
+    assert 0.09 <= c.imports_s <= 1.0 and 0.35 <= c.context_s <= c.to_kernel_s - c.tool_start_s - c.imports_s, c
     assert c.to_kernel_s <= c.wall_s - 0.45, c                          # the kernel and the tail come after
     assert 0.19 <= c.kernel_s <= 2.0 and 0.28 <= c.after_kernel_s <= c.wall_s - c.to_kernel_s - c.kernel_s + 1e-6, c
     assert c.to_json()["to_kernel_s"] == c.to_kernel_s
@@ -326,9 +331,11 @@ def test_tool_cost_drops_marks_outside_the_run_and_figures_it_cannot_read(tmp_pa
     from kernellab.run.nvtools.sanitize import children_usage, tool_cost
 
     c = tool_cost(2.0, {"cpu_s": 1.0}, {"cpu_s": 1.5}, 100.0,
-                  {"process start": 40.0, "kernel start": 101.0, "kernel end": 101.5})
+                  {"process start": 40.0, "job ready": 100.5, "module loaded": 100.75, "kernel start": 101.0,
+                   "kernel end": 101.5})
     assert c.cpu_s == 0.5 and c.read_bytes is None and c.read_chars is None
-    assert c.tool_start_s is None                     # 60 s before the spawn: a clock that cannot be trusted
+    assert c.tool_start_s is None and c.imports_s is None    # 60 s before the spawn: a clock that cannot be trusted
+    assert c.context_s == 0.25
     assert c.to_kernel_s == 1.0 and c.kernel_s == 0.5 and c.after_kernel_s == pytest.approx(0.5)
     assert tool_cost(1.0, {}, {}, 0.0, {}).to_kernel_s is None
     now = children_usage()
@@ -348,7 +355,8 @@ def test_the_job_command_line_marks_when_its_process_started(tmp_path):
     t1 = time.time()
     res = JobResult.from_bytes(out.read_bytes())
     marks = dict(res.marks)
-    assert t0 - 0.05 <= marks["process start"] <= t1, (t0, marks, t1)
+    assert t0 - 0.05 <= marks["process start"] <= marks["job ready"] <= t1, (t0, marks, t1)
+    assert "module loaded" not in marks                   # no GPU: the kernel's module was never loaded
     r = JobResult("ok", marks=(("kernel start", 1.5), ("kernel end", 2.25)))
     assert JobResult.from_bytes(r.to_bytes()).marks == r.marks
 
@@ -383,8 +391,8 @@ def test_the_tools_report_says_which_part_grew_and_what_it_points_at(mod):
     from kernellab.run.findings import ToolCost
 
     def phase(n, **kw):
-        base = dict(wall_s=2.0, cpu_s=1.0, read_bytes=0, read_chars=4e8, tool_start_s=0.2, to_kernel_s=1.0,
-                    kernel_s=0.1, after_kernel_s=0.9)
+        base = dict(wall_s=2.0, cpu_s=1.0, read_bytes=0, read_chars=4e8, tool_start_s=0.2, imports_s=0.3,
+                    context_s=0.4, to_kernel_s=1.0, kernel_s=0.1, after_kernel_s=0.9)
         p = _fake_phase(mod, n, 8.0, 50.0, 140.0, students=2, tool_cost=ToolCost(**{**base, **kw}))
         return mod.summarize(p, 108, 6)
 
@@ -392,14 +400,16 @@ def test_the_tools_report_says_which_part_grew_and_what_it_points_at(mod):
     assert set(one["tool_costs"]) == set(mod.EXERCISES)
     assert one["tool_costs"]["00-flip"]["compute-sanitizer memcheck"]["to_kernel_s"] == 1.0
 
-    waited = mod.where_tools_go(phase(2, wall_s=3.0, to_kernel_s=2.0), one)
+    waited = mod.where_tools_go(phase(2, wall_s=3.0, to_kernel_s=2.0, context_s=1.3), one)
     assert waited[0].startswith(f"{mod.EXERCISES[0]} compute-sanitizer memcheck: wall 2.00 -> 3.00 s, CPU 1.00 -> "
-                                f"1.00 s; to the first kernel 1.00 -> 2.00 s (the tool's start-up 0.20 -> 0.20 s)")
+                                f"1.00 s; to the first kernel 1.00 -> 2.00 s (the tool's start-up 0.20 -> 0.20 s, "
+                                f"Python and imports 0.30 -> 0.30 s, CUDA context and module 0.40 -> 1.30 s)")
     assert "read from disk 0.0 -> 0.0 MB (any read 400 -> 400 MB)" in waited[0]
     assert waited[-1].startswith("verdict: one submission of each exercise, its tools' runs summed, grew +3.00 s of "
                                  "wall time: before the first kernel +3.00 s, the kernel under the tool +0.00 s, "
                                  "after the kernel +0.00 s; CPU +0.00 s"), waited[-1]
-    assert "points at a wait, before the first kernel" in waited[-1]
+    assert "points at a wait, before the first kernel (most in the CUDA context and module load under the tool " \
+           "(the driver's process-wide work), +2.70 s)" in waited[-1], waited[-1]
 
     busy = mod.where_tools_go(phase(2, wall_s=3.0, cpu_s=2.0, kernel_s=1.1), one)[-1]
     assert "points at the cores" in busy and "the kernel under the tool +3.00 s" in busy

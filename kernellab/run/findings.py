@@ -122,14 +122,16 @@ class ToolCost:
     read_bytes: int | None = None          # bytes they read from storage (/proc/<pid>/io read_bytes): the disk
     read_chars: int | None = None          # bytes they read by any read() (rchar: the page cache included)
     tool_start_s: float | None = None      # spawn -> the target process started: the tool's own start-up
-    to_kernel_s: float | None = None       # spawn -> the kernel's launch: the tool's and the target's start-up
-                                           # (imports, CUDA context and module load under the tool)
+    imports_s: float | None = None         # the target's start -> its job ready (Python, kernellab, the job file)
+    context_s: float | None = None         # job ready -> module loaded: the CUDA context and the module, under the tool
+    to_kernel_s: float | None = None       # spawn -> the kernel's launch: all of the above and the arguments' uploads
     kernel_s: float | None = None          # the launch under the tool, to its synchronize
     after_kernel_s: float | None = None    # the kernel's end -> the tool's exit (outputs, its report, teardown)
 
     def to_json(self) -> dict:
         return {"wall_s": self.wall_s, "cpu_s": self.cpu_s, "read_bytes": self.read_bytes,
-                "read_chars": self.read_chars, "tool_start_s": self.tool_start_s, "to_kernel_s": self.to_kernel_s,
+                "read_chars": self.read_chars, "tool_start_s": self.tool_start_s, "imports_s": self.imports_s,
+                "context_s": self.context_s, "to_kernel_s": self.to_kernel_s,
                 "kernel_s": self.kernel_s, "after_kernel_s": self.after_kernel_s}
 
 

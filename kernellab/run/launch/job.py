@@ -513,8 +513,9 @@ class JobResult:
     stdout: str = ""                   # the process's output during the job (device printf included)
     pid: int | None = None
     device: str = ""
-    # wall-clock times (time.time()) of the job's moments: "kernel start", "kernel end" and, from the command line
-    # (under compute-sanitizer), "process start"; what the tool's start-up and tail took (nvtools.sanitize's ToolCost)
+    # wall-clock times (time.time()) of the job's moments: "module loaded" (the CUDA context made, the kernel's module
+    # loaded), "kernel start", "kernel end" and, from the command line (under compute-sanitizer), "process start" and
+    # "job ready" (Python, kernellab and the job file loaded): where a tool's run spends its time (ToolCost)
     marks: tuple[tuple[str, float], ...] = ()
 
     @property
@@ -627,6 +628,7 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
         fn = _function(job, state)
     except Exception as exc:
         return _failure(job, exc, "loading the kernel")
+    marks = [("module loaded", time.time())]
     stream = state.get("stream")
     if stream is None:
         stream = state["stream"] = cupy.cuda.Stream(non_blocking=True)
@@ -636,7 +638,7 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
         except Exception as exc:
             return _failure(job, exc, "preparing the arguments")
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        marks = [("kernel start", time.time())]
+        marks.append(("kernel start", time.time()))
         try:
             start.record(stream)
             if job.cluster:                  # cuLaunchKernelEx with the cluster shape, through run/launch/cudriver.py
@@ -947,6 +949,7 @@ def main(argv=None) -> int:
     except (OSError, KernellabError) as exc:
         print(f"kernellab.run.launch.job: cannot read {ns.jobfile}: {exc}", file=sys.stderr)
         return 2
+    ready = time.time()
     try:
         import cupy
 
@@ -956,8 +959,8 @@ def main(argv=None) -> int:
     except Exception as exc:  # no CuPy, no GPU: say so in the result
         result = JobResult("error", message=f"{type(exc).__name__}: {exc}", pid=os.getpid())
     started = process_start_time()
-    if started is not None:
-        result = replace(result, marks=(("process start", started),) + result.marks)
+    result = replace(result, marks=((("process start", started),) if started is not None else ())
+                     + (("job ready", ready),) + result.marks)
     if ns.out:
         with open(ns.out, "wb") as fh:
             fh.write(result.to_bytes())

@@ -362,8 +362,8 @@ def children_usage() -> dict:
 
 def tool_cost(wall_s: float, before: dict, after: dict, spawned: float, marks: dict) -> ToolCost:
     """A ToolCost from children_usage() before and after the tool's run, the wall-clock time it was started and the
-    job's marks (JobResult.marks: "process start", "kernel start", "kernel end"); a part whose marks are missing or
-    out of the run's span (a clock that cannot be trusted) is None."""
+    job's marks (JobResult.marks: "process start", "job ready", "module loaded", "kernel start", "kernel end"); a part
+    whose marks are missing or out of the run's span (a clock that cannot be trusted) is None."""
     def diff(key):
         return after[key] - before[key] if key in after and key in before else None
 
@@ -371,9 +371,15 @@ def tool_cost(wall_s: float, before: dict, after: dict, spawned: float, marks: d
         t = marks.get(mark)
         return t - spawned if t is not None and -0.5 <= t - spawned <= wall_s + 0.5 else None
 
+    def between(a, b):
+        return b - a if a is not None and b is not None and b >= a else None
+
     start, kernel, end = since_spawn("process start"), since_spawn("kernel start"), since_spawn("kernel end")
+    ready, loaded = since_spawn("job ready"), since_spawn("module loaded")
     return ToolCost(wall_s=wall_s, cpu_s=diff("cpu_s"), read_bytes=diff("read_bytes"), read_chars=diff("read_chars"),
-                    tool_start_s=None if start is None else max(0.0, start), to_kernel_s=kernel,
+                    tool_start_s=None if start is None else max(0.0, start),
+                    imports_s=between(None if start is None else max(0.0, start), ready),
+                    context_s=between(ready, loaded), to_kernel_s=kernel,
                     kernel_s=end - kernel if kernel is not None and end is not None else None,
                     after_kernel_s=max(0.0, wall_s - end) if end is not None else None)
 
