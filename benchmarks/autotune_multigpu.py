@@ -28,27 +28,42 @@ per GPU, kernellab.run.fanout.gpu_lock), so no two timings overlap on one GPU. T
 size on GPU 0, so every phase pays the same fan-out costs (process start, pickling, result traffic). Cluster start
 (workers importing torch and making their CUDA context) is reported apart and is not in the job's time. Every
 worker of every phase may use the same number of CPU threads in the libraries it calls (OMP_NUM_THREADS and kin: the
-host's cores over the largest pool's workers), so that more workers do not mean smaller shares (uncapped, the sum
-of the submissions' grading times rose from 604 s with 4 workers to 805 s with 8 on 4 x H200: a slowdown no number
-of GPUs can win back). Phases run one GPU first, then the largest pool (with the fault drill), then the others.
+host's cores over the workers of a pool on all its GPUs, the same in every call on one host), so that more workers
+do not mean smaller shares (uncapped, the sum of the submissions' grading times rose from 604 s with 4 workers to
+805 s with 8 on 4 x H200: a slowdown no number of GPUs can win back). Phases run one GPU first, then the largest
+pool (with the fault drill), then the others.
 Utilisation: NVML (nvidia-ml-py, which dask-cuda brings), else `nvidia-smi`, sampled every 100 ms here and averaged
 per GPU over each stage; kernellab.bench keeps a GPU busy about half the time while it times (burst mode).
 Speed-ups against torch are ratios taken on one GPU in one bench run; the best of a multi-GPU sweep is ranked by them.
 
 Run on a GPU host:  python benchmarks/autotune_multigpu.py [--gpus 1,2,4] [--size 2048] [--configs 108]
                     [--students 22] [--workers-per-gpu 4] [--budget-s 420] [--no-faults]
+                    [--baseline-from PATH] [--plan-only] [--threads-per-worker N]
 Its functions reach the workers by value (cloudpickle sends what lives in __main__), or by name where it is imported
 as benchmarks.autotune_multigpu (tests/test_fanout_faults.py). The table comes last on stdout; autotune_multigpu.json and each phase's tables go to $OUT (or ./autotune-multigpu).
-A phase that would not fit --budget-s (estimated from the phases before it: expected_speedup) is skipped, and the
-table says so: with 1, 2 and 4 GPUs under the default budget, the 2-GPU phase is skipped while grading scales as it
-does (1.46x on 4 x H200).
+Sizing a call: before its first phase it prints the plan, each phase's estimated seconds by part (a pool's start,
+the job, the fault drill, the shut-down) from per-item costs in one place (Costs: seconds per configuration and per
+submission on one GPU's pool, measured; PRIOR before anything is measured, this run's 1-GPU phase or a stored one
+after; the speed-ups in PRIOR_SPEEDUP or measured here), where each would end, which --budget-s skips and why, and
+the budget every phase needs; --plan-only prints that and stops (no GPU needed). Before each phase the same estimate
+is made again from what this run has measured, and a phase that would end past --budget-s is skipped (the table
+says so): with 1, 2 and 4 GPUs in one call (the runner's limit is SUITE_LIMIT_S), the 2-GPU phase is. Run the sizes
+over two calls instead: `--gpus 1,4`, then `--gpus 2 --baseline-from <the first call's autotune_multigpu.json>`,
+whose 1-GPU phase stands for this run's (refused from another GPU model or with other options); the table marks
+every ratio against it [b] and names its file, device and date.
+The stage report compares, per exercise and compute-sanitizer tool, each run's ToolCost (GradeResult.tool_costs:
+wall and CPU seconds of the tool's processes, bytes read from the disk and by any read, the tool's start to the
+kernel's launch and its own start-up within it, the kernel, the tail) between 1 GPU and each pool, and says where
+the growth is: before the first kernel, on the cores, or on the disk.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -57,10 +72,12 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+SUITE_LIMIT_S = 500          # tools/gpu/run.py stops the autotune-multigpu suite here
 EXERCISES = ("02-transpose-batched", "00-flip", "01-reverse")     # the slowest to grade first: a shorter tail
 HANG = r"""extern "C" __global__ void reverse(const float* in, float* out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -344,6 +361,8 @@ def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> di
         log(f"  grade_class: {out['grade_s']:.1f} s ({g.headline()})")
         if job.get("faults"):
             out["faults"] = fault_drill(client, ex, job.get("drill_timeout_s", 25.0), log)
+        t3 = time.perf_counter()
+    out["close_s"] = time.perf_counter() - t3               # the pool's shut-down
     return out
 
 
@@ -420,20 +439,25 @@ def _util_text(util: dict) -> str:
 
 
 def table(phases: list[dict], skipped: list[str]) -> str:
-    """The summary table: one row per phase, the speed-ups against the one-GPU phase."""
+    """The summary table: one row per phase, the speed-ups against the one-GPU phase (marked [b] where that phase is
+    stored from an earlier call: see baseline_text); none where no 1-GPU phase is there to compare with."""
     from kernellab import report
 
-    one = phases[0]
+    one = phases[0] if phases[0]["gpus"] == 1 else None
+    mark = " [b]" if one is not None and one.get("stored") else ""
     head = ["GPUs", "workers", "start s", "compile s", "check+time s", "autotune s", "grade s", "job s",
             "job vs 1 GPU", "autotune vs 1", "grade vs 1", "util autotune", "util grade", "host CPU grade"]
+
+    def ratio(key, p):
+        return f"{one[key] / p[key]:.2f}x" + (mark if p is not one else "") if one is not None else "-"
+
     rows = []
     for p in phases:
-        st = dict(p["autotune"].stage_s)
-        rows.append([p["gpus"], p["workers"], f"{p['start_s']:.1f}", f"{st.get('compile', 0):.1f}",
-                     f"{st.get('check_and_time', 0):.1f}", f"{p['autotune_s']:.1f}", f"{p['grade_s']:.1f}",
-                     f"{p['job_s']:.1f}", f"{one['job_s'] / p['job_s']:.2f}x",
-                     f"{one['autotune_s'] / p['autotune_s']:.2f}x", f"{one['grade_s'] / p['grade_s']:.2f}x",
-                     _util_text(p["autotune_util"]), _util_text(p["grade_util"]),
+        st = p["autotune_stage_s"]
+        rows.append([f"{p['gpus']}" + (mark if p.get("stored") else ""), p["workers"], f"{p['start_s']:.1f}",
+                     f"{st.get('compile', 0):.1f}", f"{st.get('check_and_time', 0):.1f}", f"{p['autotune_s']:.1f}",
+                     f"{p['grade_s']:.1f}", f"{p['job_s']:.1f}", ratio("job_s", p), ratio("autotune_s", p),
+                     ratio("grade_s", p), _util_text(p["autotune_util"]), _util_text(p["grade_util"]),
                      f"{p['grade_host_cpu']:.0%}" if p.get("grade_host_cpu") is not None else "-"])
     for s in skipped:
         rows.append([s] + [""] * (len(head) - 1))
@@ -446,9 +470,22 @@ def busy_share(p: dict) -> float:
     return graded_s / (p["workers"] * p["grade_s"]) if p["grade_s"] else 0.0
 
 
+def summarize(p: dict, configs: int, submissions: int) -> dict:
+    """Add to a phase what the report reads, as plain data (kept in the JSON, so a stored phase has it too): the
+    job's size, the autotune's stages, the grading's busy share, its longest submission and each exercise's steps."""
+    p["configs"], p["submissions"] = configs, submissions
+    p["autotune_stage_s"] = dict(p["autotune"].stage_s)
+    p["grade_busy"] = busy_share(p)
+    busiest = max(p["grades"].rows, key=lambda r: r.wall_ms or 0, default=None)
+    p["longest"] = [busiest.submission, busiest.wall_ms / 1e3] if busiest is not None and busiest.wall_ms else None
+    p["grade_stages"] = grade_stages(p)
+    p["tool_costs"] = tool_costs(p)
+    return p
+
+
 def where_time_goes(p: dict, one: dict) -> str:
     """Which stage kept a phase from scaling: each stage's speed-up against one GPU."""
-    st, st1 = dict(p["autotune"].stage_s), dict(one["autotune"].stage_s)
+    st, st1 = p["autotune_stage_s"], one["autotune_stage_s"]
     parts = []
     for name, a, b in (("compile", st1.get("compile", 0), st.get("compile", 0)),
                        ("check-and-time", st1.get("check_and_time", 0), st.get("check_and_time", 0)),
@@ -457,11 +494,10 @@ def where_time_goes(p: dict, one: dict) -> str:
                        ("grading", one["grade_s"], p["grade_s"])):
         if b > 0:
             parts.append(f"{name} {a:.1f} -> {b:.1f} s ({a / b:.2f}x)")
-    parts.append(f"workers busy grading {busy_share(p):.0%} of its wall time (1 GPU: {busy_share(one):.0%}; the rest "
-                 f"is scheduling, result traffic and the last submissions' tail)")
-    busiest = max(p["grades"].rows, key=lambda r: r.wall_ms or 0)
-    parts.append(f"longest submission {busiest.wall_ms / 1e3:.1f} s ({busiest.submission})"
-                 if busiest.wall_ms else "")
+    parts.append(f"workers busy grading {p['grade_busy']:.0%} of its wall time (1 GPU: {one['grade_busy']:.0%}; the "
+                 f"rest is scheduling, result traffic and the last submissions' tail)")
+    if p.get("longest"):
+        parts.append(f"longest submission {p['longest'][1]:.1f} s ({p['longest'][0]})")
     return "; ".join(x for x in parts if x)
 
 
@@ -482,10 +518,29 @@ def grade_stages(p: dict) -> dict[str, dict[str, float]]:
     return out
 
 
+def tool_costs(p: dict) -> dict[str, dict[str, dict[str, float]]]:
+    """{exercise: {tool step: {figure: mean per submission}}} from the GradeResults' tool_costs (each
+    compute-sanitizer run's wall and CPU seconds, bytes read, its start-up to the first kernel, ...: ToolCost), over
+    the submissions that compiled; a figure's mean is over the runs that measured it. {} where none travelled back."""
+    out = {}
+    for t in p["grades"].tables:
+        sums: dict[str, dict[str, list[float]]] = {}
+        for r in t.rows:
+            if r.result is None or "compile_error" in r.kinds:
+                continue
+            for step, cost in getattr(r.result, "tool_costs", ()) or ():
+                for k, v in cost.to_json().items():
+                    if v is not None:
+                        sums.setdefault(step, {}).setdefault(k, []).append(float(v))
+        if sums:
+            out[t.exercise_id] = {step: {k: sum(v) / len(v) for k, v in d.items()} for step, d in sums.items()}
+    return out
+
+
 def where_grading_goes(p: dict, one: dict) -> list[str]:
     """Per exercise, a submission's mean seconds by step, 1 GPU -> this pool (largest first), its CPU seconds, and
     what the numbers say: the host's cores saturated, or submissions waiting on something the host's GPUs share."""
-    a, b = grade_stages(one), grade_stages(p)
+    a, b = one["grade_stages"], p["grade_stages"]
     lines = []
     cpu_1 = cpu_n = wall_1 = wall_n = 0.0
     for ex_id, steps in b.items():
@@ -517,16 +572,246 @@ def where_grading_goes(p: dict, one: dict) -> list[str]:
     return lines
 
 
-def expected_speedup(n: int, phases: list[dict]) -> float:
-    """The job's speed-up on n GPUs against the first phase (one GPU), to skip a phase that would not fit the budget:
-    interpolated from the largest pool measured so far, else at most 1.6x (4 x H200 gave 1.59x: grading is bound by
-    what the host's GPUs share, not by their number)."""
-    one = phases[0]
-    big = max(phases, key=lambda p: p["gpus"])
-    if big["gpus"] > one["gpus"] and big["job_s"] > 0:
-        s = one["job_s"] / big["job_s"]
-        return max(1.0, 1.0 + (s - 1.0) * (n - one["gpus"]) / (big["gpus"] - one["gpus"]))
-    return min(float(n), 1.6)
+def where_tools_go(p: dict, one: dict) -> list[str]:
+    """Per exercise and compute-sanitizer tool, a run's mean figures 1 GPU -> this pool (tool_costs): wall and CPU
+    seconds of the tool's processes, its start-up to the first kernel (the tool's own start-up inside it), the kernel,
+    the tail after it, bytes read from the disk and by any read; then which part the growth is in, and what that
+    points at: the cores, the disk, or a wait before the first kernel (the tool's and the target's start-up, the CUDA
+    context made under the tool) or after it."""
+    a, b = one.get("tool_costs") or {}, p.get("tool_costs") or {}
+    lines = []
+    grew = {"wall_s": 0.0, "cpu_s": 0.0, "to_kernel_s": 0.0, "kernel_s": 0.0, "after_kernel_s": 0.0,
+            "tool_start_s": 0.0, "imports_s": 0.0, "context_s": 0.0}
+    disk = [0.0, 0.0]
+    for ex_id, tools in b.items():
+        for step, c in sorted(tools.items()):
+            c1 = a.get(ex_id, {}).get(step)
+            if c1 is None:
+                continue
+
+            def pair(key, scale=1.0, unit=" s", fmt=".2f"):
+                x, y = c1.get(key), c.get(key)
+                return "-" if x is None or y is None else f"{x / scale:{fmt}} -> {y / scale:{fmt}}{unit}"
+
+            lines.append(f"{ex_id} {step}: wall {pair('wall_s')}, CPU {pair('cpu_s')}; to the first kernel "
+                         f"{pair('to_kernel_s')} (the tool's start-up {pair('tool_start_s')}, Python and imports "
+                         f"{pair('imports_s')}, CUDA context and module {pair('context_s')}), kernel "
+                         f"{pair('kernel_s')}, after it {pair('after_kernel_s')}; read from disk "
+                         f"{pair('read_bytes', 1e6, ' MB', '.1f')} (any read {pair('read_chars', 1e6, ' MB', '.0f')})")
+            for key in grew:
+                if c1.get(key) is not None and c.get(key) is not None:
+                    grew[key] += c[key] - c1[key]
+            if c1.get("read_bytes") is not None and c.get("read_bytes") is not None:
+                disk[0], disk[1] = disk[0] + c1["read_bytes"], disk[1] + c["read_bytes"]
+    if not lines:
+        return lines
+    parts = {"before the first kernel": grew["to_kernel_s"], "the kernel under the tool": grew["kernel_s"],
+             "after the kernel": grew["after_kernel_s"]}
+    where, most = max(parts.items(), key=lambda kv: kv[1])
+    if grew["wall_s"] <= 0.05:
+        why = "the tools' runs did not grow"
+    elif disk[1] > max(2 * disk[0], disk[0] + 50e6):
+        why = "the disk: the runs read more from storage with more of them at once (cold files, evicted cache)"
+    elif grew["cpu_s"] >= 0.7 * grew["wall_s"]:
+        why = "the cores: CPU seconds grew with the wall time (contention for what the cores share)"
+    else:
+        before = {"the tool's start-up": grew["tool_start_s"], "Python and imports": grew["imports_s"],
+                  "the CUDA context and module load under the tool (the driver's process-wide work)":
+                  grew["context_s"]}
+        first = max(before.items(), key=lambda kv: kv[1])
+        why = (f"a wait, {where} (" + {"before the first kernel": f"most in {first[0]}, {first[1]:+.2f} s",
+                                       "the kernel under the tool": "the GPU or the tool's instrumented kernel",
+                                       "after the kernel": "the tool's report and teardown"}[where]
+               + "): neither CPU seconds nor disk reads grew with it")
+    rest = grew["wall_s"] - sum(parts.values())
+    lines.append(f"verdict: one submission of each exercise, its tools' runs summed, grew {grew['wall_s']:+.2f} s of "
+                 f"wall time: " + ", ".join(f"{k} {v:+.2f} s" for k, v in parts.items())
+                 + (f", outside the job's marks {rest:+.2f} s" if abs(rest) >= 0.05 else "")
+                 + f"; CPU {grew['cpu_s']:+.2f} s; read from disk {disk[0] / 1e6:.1f} -> {disk[1] / 1e6:.1f} MB; "
+                 f"points at {why}")
+    return lines
+
+
+# --- the estimate: what each phase will take, from per-item costs, in one place ---------------------------------------
+
+# Before anything is measured here: the figures of the 1-GPU phase on 4 x NVIDIA H200 (64 cores), 2026-11-27
+# (docs/RESULTS.md; 108 configurations at 2048, 66 submissions, 4 workers per GPU), as costs per item.
+PRIOR = {"source": "the 1-GPU phase on 4 x NVIDIA H200, 2026-11-27 (docs/RESULTS.md)", "setup_s": 15.0,
+         "start_s": 7.0, "s_per_config": 47.2 / 108, "s_per_submission": 151.6 / 66, "close_s": 3.0,
+         "workers_per_gpu": 4}
+# The job's speed-up on n GPUs against one, measured: 1.64x on 2 x H200, 1.59x on 4 x H200 (grading is bound by what
+# the host shares, not by the number of GPUs). Sizes between or past these: interpolated, or the largest's, flat.
+PRIOR_SPEEDUP = {2: 1.64, 4: 1.59}
+START_GROWTH = (10.5 / 7.0 - 1) / 3   # a pool's start grows with its workers: 7.0 -> 10.5 s for 1 -> 4 GPUs
+DRILL_EXTRA_S = 10.0                  # the fault drill: its timeout_s plus this (31 s at timeout_s=25 on 2 x H200)
+REPORT_S = 5.0                        # after the last phase: the report and its files
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the job costs on one GPU's pool, per item, and the speed-ups known: what every estimate is made from."""
+
+    source: str                 # where the figures come from
+    start_s: float              # a pool's start on one GPU (workers import torch and make their CUDA context)
+    s_per_config: float         # autotune's wall seconds per configuration on one GPU's pool
+    s_per_submission: float     # grade_class's wall seconds per submission on one GPU's pool
+    close_s: float              # a pool's shut-down
+    speedup: tuple[tuple[int, float], ...] = ()   # (n, the job's speed-up on n GPUs against one) measured here
+
+    @classmethod
+    def prior(cls) -> "Costs":
+        return cls(PRIOR["source"], PRIOR["start_s"], PRIOR["s_per_config"], PRIOR["s_per_submission"],
+                   PRIOR["close_s"])
+
+    @classmethod
+    def from_phase(cls, p: dict, source: str) -> "Costs":
+        """The costs a 1-GPU phase measured (a phase of this run, or one stored by an earlier run)."""
+        return cls(source, p["start_s"], p["autotune_s"] / max(1, p["configs"]),
+                   p["grade_s"] / max(1, p["submissions"]), p.get("close_s") or PRIOR["close_s"])
+
+    def with_speedup(self, n: int, s: float) -> "Costs":
+        return dataclasses.replace(self, speedup=tuple(sorted({**dict(self.speedup), n: s}.items())))
+
+
+def expected_speedup(n: int, measured: dict[int, float] | None = None) -> tuple[float, str]:
+    """(the job's speed-up on n GPUs against one, where it comes from): measured in this run for n, else
+    interpolated over 1 GPU (1.0), PRIOR_SPEEDUP and what this run measured (which wins), flat past the largest."""
+    measured = measured or {}
+    if n in measured:
+        return measured[n], "measured"
+    known = {1: 1.0, **PRIOR_SPEEDUP, **measured}
+    if n in known:
+        return known[n], "measured here" if n in measured else "earlier runs"
+    lo = max((k for k in known if k < n), default=1)
+    hi = min((k for k in known if k > n), default=None)
+    if hi is None:
+        return min(float(n), known[lo]), f"as on {lo} GPUs"
+    s = known[lo] + (known[hi] - known[lo]) * (n - lo) / (hi - lo)
+    return min(float(n), s), f"between {lo} and {hi} GPUs"
+
+
+@dataclass(frozen=True)
+class PhaseEstimate:
+    """One phase's estimated seconds, by part."""
+
+    gpus: int
+    start_s: float
+    job_s: float               # autotune + grade_class
+    speedup: float             # the job's against one GPU, the estimate's
+    speedup_from: str
+    drill_s: float             # the fault drill (0: none on this phase)
+    close_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.start_s + self.job_s + self.drill_s + self.close_s
+
+    def text(self) -> str:
+        parts = [f"start {self.start_s:.0f}", f"job {self.job_s:.0f}"
+                 + (f" ({self.speedup:.2f}x, {self.speedup_from})" if self.gpus > 1 else "")]
+        if self.drill_s:
+            parts.append(f"fault drill {self.drill_s:.0f}")
+        parts.append(f"close {self.close_s:.0f}")
+        return " + ".join(parts) + f" = {self.total_s:.0f} s"
+
+
+def estimate_phase(n: int, costs: Costs, configs: int, submissions: int, drill_timeout_s: float | None) -> \
+        PhaseEstimate:
+    """Phase n's seconds from the per-item costs: the one-GPU job (configurations x s_per_config + submissions x
+    s_per_submission) over its expected speed-up, the pool's start, the fault drill where it runs, the shut-down."""
+    one_job = configs * costs.s_per_config + submissions * costs.s_per_submission
+    s, why = expected_speedup(n, dict(costs.speedup))
+    return PhaseEstimate(n, costs.start_s * (1 + START_GROWTH * (n - 1)), one_job / s, s, why,
+                         (drill_timeout_s + DRILL_EXTRA_S) if drill_timeout_s is not None else 0.0, costs.close_s)
+
+
+def plan_phases(sizes: list[int], costs: Costs, *, elapsed_s: float, budget_s: float, configs: int,
+                submissions: int, drill_timeout_s: dict[int, float]) -> list[dict]:
+    """Each phase in `sizes`' order: {"estimate", "ends_s" (seconds since start where it would end), "runs", "why"};
+    a phase runs where it would end within budget_s, counting only the phases before it that run."""
+    out, t = [], elapsed_s
+    for n in sizes:
+        e = estimate_phase(n, costs, configs, submissions, drill_timeout_s.get(n))
+        ends = t + e.total_s
+        runs = ends <= budget_s
+        why = "fits" if runs else f"would end near {ends:.0f} s, {ends - budget_s:.0f} s past --budget-s {budget_s:.0f}"
+        out.append({"estimate": e, "ends_s": ends, "runs": runs, "why": why})
+        if runs:
+            t = ends
+    return out
+
+
+def plan_text(plan: list[dict], costs: Costs, *, elapsed_s: float, setup_measured: bool, budget_s: float,
+              suite_limit_s: float = SUITE_LIMIT_S) -> list[str]:
+    """The plan as printed before the first phase: each phase's estimate and whether it runs, the total, and the
+    budget that would run every phase (or, past the runner's limit, how to split the job over two calls)."""
+    lines = [f"# plan under --budget-s {budget_s:.0f} (seconds; per-item costs from {costs.source}):",
+             f"#   set-up{'' if setup_measured else ' (estimate)'}: {elapsed_s:.0f} s"]
+    for q in plan:
+        e = q["estimate"]
+        verdict = f"ends near {q['ends_s']:.0f} s: runs" if q["runs"] else f"SKIPPED: {q['why']}"
+        lines.append(f"#   {e.gpus} GPU{'s' if e.gpus > 1 else ''}: {e.text()}, {verdict}")
+    runs = [q for q in plan if q["runs"]]
+    total = (max(q["ends_s"] for q in runs) if runs else elapsed_s) + REPORT_S
+    every = elapsed_s + sum(q["estimate"].total_s for q in plan) + REPORT_S
+    lines.append(f"#   total: about {total:.0f} s with the report, {len(runs)} of {len(plan)} phases; every phase "
+                 f"needs about {every:.0f} s" + ("" if every <= budget_s else f" (--budget-s {every:.0f})"))
+    if every > suite_limit_s - 30:
+        lines.append(f"#   the phases together do not fit one call (the runner stops this suite at "
+                     f"{suite_limit_s:.0f} s): run `--gpus 1,N` in one call and the other sizes with `--baseline-from "
+                     f"<that call's autotune_multigpu.json>` in the next, on a host with the same GPU model")
+    return lines
+
+
+# --- a stored baseline: the 1-GPU phase of an earlier call ------------------------------------------------------------
+
+
+class BaselineError(Exception):
+    """A --baseline-from file that cannot stand for this run's 1-GPU phase: what differs, and what to do."""
+
+
+def job_facts(ns, configs: int, submissions: int, threads_per_worker: int) -> dict:
+    """What a stored 1-GPU phase must share with this run for a ratio against it to mean anything."""
+    return {"configs": configs, "submissions": submissions, "size": ns.size, "workers_per_gpu": ns.workers_per_gpu,
+            "threads_per_worker": threads_per_worker, "rep_ms": ns.rep_ms}
+
+
+def load_baseline(path: str | Path, device: str | None, facts: dict) -> dict:
+    """The 1-GPU phase stored in `path` (an earlier call's autotune_multigpu.json), as a phase of this run with
+    "stored" = {path, device, date, host}; BaselineError where its GPU model or its job differs from this run's."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BaselineError(f"--baseline-from {path}: cannot read it ({exc})") from None
+    one = next((p for p in report.get("phases", ()) if p.get("gpus") == 1 and not p.get("stored")), None)
+    if one is None:
+        raise BaselineError(f"--baseline-from {path}: it holds no 1-GPU phase (phases: "
+                            f"{[p.get('gpus') for p in report.get('phases', ())]}); run `--gpus 1` first")
+    stored_device = report.get("device")
+    if device is not None and stored_device != device:
+        raise BaselineError(f"--baseline-from {path}: its 1-GPU phase ran on {stored_device}, this host has {device}: "
+                            f"a ratio across GPU models is no speed-up; run the 1-GPU phase on this kind of host")
+    job = report.get("job")
+    if job is None:
+        raise BaselineError(f"--baseline-from {path}: written without its job's facts (an older script); run the "
+                            f"1-GPU phase again")
+    differ = [f"{k} {job.get(k)} there, {v} here" for k, v in facts.items() if job.get(k) != v]
+    if differ:
+        raise BaselineError(f"--baseline-from {path}: a different job (" + "; ".join(differ) + "); run with the "
+                            "same options (--configs, --students, --size, --workers-per-gpu, --threads-per-worker, "
+                            "--rep-ms)")
+    return dict(one, stored={"path": str(path), "device": stored_device, "date": report.get("date", "?"),
+                             "host": report.get("host", "?")})
+
+
+def baseline_text(stored: dict, host: str) -> str:
+    """Where a stored baseline came from, for the table's footnote."""
+    where = "this host" if stored["host"] == host else f"host {stored['host']}"
+    return f"the 1-GPU phase stored in {stored['path']} ({stored['device']}, {stored['date']}, {where})"
+
+
+_clock = time.perf_counter          # the script's clock (tests drive main() on a clock of their own)
 
 
 def main(argv=None) -> int:
@@ -536,6 +821,9 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", type=int, default=108)
     ap.add_argument("--students", type=int, default=22, help="students; each hands in all 3 exercises")
     ap.add_argument("--workers-per-gpu", type=int, default=4)
+    ap.add_argument("--threads-per-worker", type=int, default=None,
+                    help="CPU threads each worker's libraries may use (default: the host's cores over the workers of "
+                         "a pool on all its GPUs: the same in every phase and every call on one host)")
     ap.add_argument("--rep-ms", type=float, default=20.0, help="kernellab.bench's rep_ms for each configuration")
     ap.add_argument("--grade-timeout-s", type=float, default=90.0,
                     help="a submission still being graded this long after it started is given up")
@@ -543,59 +831,103 @@ def main(argv=None) -> int:
                     help="the fault drill's timeout_s: above its honest submissions' grading time, and under the "
                          "grader's own launch timeout (30 s) on a GPU, so that the fan-out's watchdog ends the hang")
     ap.add_argument("--budget-s", type=float, default=420.0,
-                    help="skip a phase that would end after this (the suite's limit is 500 s)")
+                    help=f"skip a phase that would end after this (the runner stops the suite at {SUITE_LIMIT_S} s); "
+                         f"the plan printed first says what runs")
+    ap.add_argument("--baseline-from", default=None, metavar="PATH",
+                    help="an earlier call's autotune_multigpu.json whose 1-GPU phase stands for this run's (same GPU "
+                         "model and options, else refused): --gpus then leaves 1 out, and every ratio is marked as "
+                         "against the stored phase")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="print the plan (each phase's estimate, what --budget-s skips) and stop; no GPU needed")
     ap.add_argument("--no-faults", dest="faults", action="store_false")
     ns = ap.parse_args(argv)
-    t_start = time.perf_counter()
-    # Workers inherit these: CUDA numbers GPUs as NVML does, and nothing is served from a cache.
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    os.environ["KERNELLAB_CACHE"] = "0"
+    t_start = _clock()
     import torch
 
-    if not torch.cuda.is_available():
-        print("no GPU here: run this on a GPU host", file=sys.stderr)
+    gpu = torch.cuda.is_available()
+    if not gpu and not ns.plan_only:
+        print("no GPU here: run this on a GPU host (or pass --plan-only for the plan alone)", file=sys.stderr)
         return 2
-    try:
-        import distributed  # noqa: F401
-    except ImportError:
-        print("needs Dask: pip install 'kernellab[dask]' (and dask-cuda on GPU hosts)", file=sys.stderr)
+    if not ns.plan_only:
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            print("needs Dask: pip install 'kernellab[dask]' (and dask-cuda on GPU hosts)", file=sys.stderr)
+            return 2
+        # Workers inherit these: CUDA numbers GPUs as NVML does, and nothing is served from a cache.
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        os.environ["KERNELLAB_CACHE"] = "0"
+        torch.backends.cuda.matmul.allow_tf32 = False
+    asked = [int(s) for s in ns.gpus.split(",")] if ns.gpus else None
+    count = torch.cuda.device_count() if gpu else max(asked or [4])
+    device = torch.cuda.get_device_name() if gpu else None
+    if ns.baseline_from and asked and 1 in asked:
+        print("--baseline-from stands for the 1-GPU phase: leave 1 out of --gpus", file=sys.stderr)
         return 2
-    torch.backends.cuda.matmul.allow_tf32 = False
-    count = torch.cuda.device_count()
-    sizes = [int(s) for s in ns.gpus.split(",")] if ns.gpus else [n for n in (1, 2, 4) if n <= count]
-    sizes = sorted({n for n in sizes if n <= count}) or [1]
+    asked = asked or [n for n in (1, 2, 4) if n <= count and not (ns.baseline_from and n == 1)]
+    skipped = [f"{n} GPUs: not run (this host has {count})" for n in asked if n > count]
+    sizes = sorted({n for n in asked if n <= count})
+    if not sizes:
+        print(f"no pool size to run: --gpus {ns.gpus} on a host with {count} GPU(s)", file=sys.stderr)
+        return 2
     # One GPU first (every ratio's base), then the largest pool (it carries the fault drill), then the rest, largest
     # first: a budget that runs out skips a middle size, not the one the drill needs.
-    sizes = sizes[:1] + sizes[1:][::-1]
+    sizes = ([1] if 1 in sizes else []) + [n for n in sizes[::-1] if n != 1]
     largest = max(sizes)
     work, expected = build_class(ns.students)
-    job = {"source": warptile_source(), "configs": sgemm_configs(ns.configs), "problem": make_problem(ns.size),
-           "bench_options": {"rep_ms": ns.rep_ms, "rounds": 4, "warmup_ms": 10.0}, "work": work,
-           "grade_timeout_s": ns.grade_timeout_s, "drill_timeout_s": ns.drill_timeout_s,
-           # every worker of every phase gets the same share of the host's cores (that of the largest pool), so a
-           # phase with more workers is not slowed by library thread pools fighting over the cores
-           "threads_per_worker": max(1, (os.cpu_count() or 1) // (largest * ns.workers_per_gpu))}
+    configs = sgemm_configs(ns.configs)
     subs = sum(len(v) for v in work.values())
-    print(f"# {len(job['configs'])} configurations of tutorial 05's sgemm_warptile (M = N = K = {ns.size}) and "
+    # every worker of every phase (and of every call on this host) gets the same share of the host's cores, so a
+    # phase with more workers is not slowed by library thread pools fighting over the cores
+    threads = ns.threads_per_worker or max(1, (os.cpu_count() or 1) // (count * ns.workers_per_gpu))
+    facts = job_facts(ns, len(configs), subs, threads)
+    host = platform.node()
+    baseline = None
+    if ns.baseline_from:
+        try:
+            baseline = load_baseline(ns.baseline_from, device, facts)
+        except BaselineError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+    costs = Costs.from_phase(baseline, f"the 1-GPU phase stored in {ns.baseline_from}") if baseline else Costs.prior()
+    drill = {largest: ns.drill_timeout_s} if ns.faults and largest > 1 else {}
+    print(f"# {len(configs)} configurations of tutorial 05's sgemm_warptile (M = N = K = {ns.size}) and "
           f"{subs} submissions over {len(work)} exercises, on {', '.join(map(str, sizes))} of {count} x "
-          f"{torch.cuda.get_device_name()}, {ns.workers_per_gpu} workers per GPU, "
-          f"{job['threads_per_worker']} CPU threads per worker\n", flush=True)
+          f"{device or '(no GPU here: a plan only)'}, {ns.workers_per_gpu} workers per GPU, "
+          f"{threads} CPU threads per worker{'' if gpu else ' (on this machine)'}"
+          + (f"; the 1-GPU phase from {baseline_text(baseline['stored'], host)}" if baseline else ""), flush=True)
+    measured_setup = not ns.plan_only
+    elapsed = _clock() - t_start if measured_setup else PRIOR["setup_s"]
+    plan = plan_phases(sizes, costs, elapsed_s=elapsed, budget_s=ns.budget_s, configs=len(configs),
+                       submissions=subs, drill_timeout_s=drill)
+    for line in plan_text(plan, costs, elapsed_s=elapsed, setup_measured=measured_setup, budget_s=ns.budget_s):
+        print(line)
+    if not baseline and ns.workers_per_gpu != PRIOR["workers_per_gpu"]:
+        print(f"#   (the figures are for {PRIOR['workers_per_gpu']} workers per GPU; with {ns.workers_per_gpu} the "
+              f"1-GPU phase's own figures correct the later phases' estimates)")
+    print(flush=True)
+    if ns.plan_only:
+        return 0
+    job = {"source": warptile_source(), "configs": configs, "problem": make_problem(ns.size),
+           "bench_options": {"rep_ms": ns.rep_ms, "rounds": 4, "warmup_ms": 10.0}, "work": work,
+           "grade_timeout_s": ns.grade_timeout_s, "drill_timeout_s": ns.drill_timeout_s, "threads_per_worker": threads}
     out_dir = Path(os.environ.get("OUT", "autotune-multigpu"))
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    phases, skipped, mismatches = [], [], {}
+    phases, mismatches = ([baseline] if baseline else []), {}
     for n in sizes:
-        elapsed = time.perf_counter() - t_start
-        if phases:
-            one = phases[0]
-            guess = one["start_s"] + one["job_s"] / expected_speedup(n, phases) + \
-                (45 if ns.faults and n == largest else 0)
-            if elapsed + guess > ns.budget_s:
-                skipped.append(f"{n} GPUs: skipped (would end near {elapsed + guess:.0f} s, past --budget-s)")
-                print(f"# {skipped[-1]}", flush=True)
-                continue
-        print(f"# phase: {n} GPU(s)", flush=True)
-        job["faults"] = ns.faults and n == largest and n > 1
+        # the same estimate as the plan's, from what this run has measured so far (its 1-GPU phase's costs, the
+        # speed-ups of its pools)
+        q = plan_phases([n], costs, elapsed_s=_clock() - t_start, budget_s=ns.budget_s, configs=len(configs),
+                        submissions=subs, drill_timeout_s=drill)[0]
+        if not q["runs"]:
+            skipped.append(f"{n} GPUs: skipped (estimate {q['estimate'].total_s:.0f} s: {q['why']})")
+            print(f"# {skipped[-1]}", flush=True)
+            continue
+        print(f"# phase: {n} GPU(s), estimate {q['estimate'].text()} ({costs.source}), ends near {q['ends_s']:.0f} s",
+              flush=True)
+        job["faults"] = n in drill
+        t_phase = _clock()
         try:
             p = run_phase(list(range(n)), ns.workers_per_gpu, job, log=lambda s: print(s, flush=True))
         except (Exception, KeyboardInterrupt) as exc:     # timeout -s INT: still print what the others measured
@@ -604,21 +936,36 @@ def main(argv=None) -> int:
             if isinstance(exc, KeyboardInterrupt) or not phases:
                 break
             continue
+        p["took_s"], p["estimate_s"] = _clock() - t_phase, q["estimate"].total_s
+        print(f"#   {n} GPU(s) took {p['took_s']:.0f} s (estimate {p['estimate_s']:.0f} s)", flush=True)
+        summarize(p, len(configs), subs)
         phases.append(p)
+        if n == 1:
+            costs = dataclasses.replace(Costs.from_phase(p, "this run's 1-GPU phase"), speedup=costs.speedup)
+        elif phases[0]["gpus"] == 1:
+            costs = costs.with_speedup(n, phases[0]["job_s"] / p["job_s"])
         mismatches[n] = check_class(p["grades"], expected)
         (out_dir / f"autotune_{n}gpu.txt").write_text(str(p["autotune"]))
         (out_dir / f"grades_{n}gpu.txt").write_text(str(p["grades"]))
         if p.get("faults"):
             (out_dir / "faults.txt").write_text(p["faults"]["table"])
 
-    if not phases:
+    live = [p for p in phases if not p.get("stored")]
+    if not live:
         print("no phase finished: see the traceback above", file=sys.stderr)
         return 1
     phases.sort(key=lambda p: p["gpus"])
-    report = {"size": ns.size, "device": torch.cuda.get_device_name(), "workers_per_gpu": ns.workers_per_gpu,
-              "skipped": skipped, "phases": []}
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    report = {"size": ns.size, "device": device, "date": date, "host": host, "cores": os.cpu_count(),
+              "gpu_count": count, "workers_per_gpu": ns.workers_per_gpu, "job": facts,
+              "baseline_from": baseline["stored"] if baseline else None, "skipped": skipped, "phases": []}
     print()
+    one = phases[0] if phases[0]["gpus"] == 1 else None
     for p in phases:
+        if p.get("stored"):
+            print(f"1 GPU [b]: {baseline_text(p['stored'], host)}: start {p['start_s']:.1f} s, autotune "
+                  f"{p['autotune_s']:.1f} s, grade {p['grade_s']:.1f} s, job {p['job_s']:.1f} s")
+            continue
         r, g = p["autotune"], p["grades"]
         best = r.best
         print(f"{p['gpus']} GPU(s), {p['cluster']}:")
@@ -643,10 +990,13 @@ def main(argv=None) -> int:
             [f"{row.label}: {row.rerun}" for row in r.rows if row.rerun]
         if reruns:
             print("  re-run after a lost worker: " + "; ".join(reruns))
-        if p is not phases[0]:
-            print(f"  where the time goes (1 GPU -> {p['gpus']}): {where_time_goes(p, phases[0])}")
-            for line in where_grading_goes(p, phases[0]):
+        if one is not None and p is not one:
+            base = "1 GPU [b]" if one.get("stored") else "1 GPU"
+            print(f"  where the time goes ({base} -> {p['gpus']}): {where_time_goes(p, one)}")
+            for line in where_grading_goes(p, one):
                 print(f"  grading: {line}")
+            for line in where_tools_go(p, one):
+                print(f"  tools: {line}")
         for note in r.notes:
             print(f"  note: {note}")
         if p.get("faults"):
@@ -656,16 +1006,16 @@ def main(argv=None) -> int:
                   f"{f['others']} correct ones passed; the hung one: {f['hang']}; graded again: "
                   f"{f['reruns'] or 'none'} ({f['s']:.0f} s)")
         report["phases"].append({k: v for k, v in p.items() if k not in ("autotune", "grades")}
-                                | {"autotune": r.to_json(), "grades": g.to_json(), "mismatches": bad,
-                                   "grade_stages": grade_stages(p)})
+                                | {"autotune": r.to_json(), "grades": g.to_json(), "mismatches": bad})
     (out_dir / "autotune_multigpu.json").write_text(json.dumps(report, indent=1, default=str))
-    print(f"\nwrote {out_dir}/autotune_multigpu.json and the tables; {time.perf_counter() - t_start:.0f} s in all")
-    print(f"\n# {torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}: the job = autotune "
-          f"({len(job['configs'])} configurations) + grade_class ({subs} submissions); targets 1.85x on 2 GPUs, "
-          f"3.5x on 4 (job vs 1 GPU); util = mean GPU utilisation per GPU ({phases[0]['util_source']}); host CPU = "
-          f"share of the host's CPU time busy while grading")
+    print(f"\nwrote {out_dir}/autotune_multigpu.json and the tables; {_clock() - t_start:.0f} s in all")
+    print(f"\n# {device}, {date}: the job = autotune ({len(configs)} configurations) + grade_class ({subs} "
+          f"submissions); targets 1.85x on 2 GPUs, 3.5x on 4 (job vs 1 GPU); util = mean GPU utilisation per GPU "
+          f"({live[0]['util_source']}); host CPU = share of the host's CPU time busy while grading"
+          + (f"\n# [b]: against {baseline_text(baseline['stored'], host)}, not measured in this run" if baseline
+             else "") + ("" if one is not None else "\n# no 1-GPU phase (and no --baseline-from): no speed-ups"))
     print(table(phases, skipped))
-    ok = all(not m for m in mismatches.values()) and all(p.get("faults", {}).get("ok", True) for p in phases)
+    ok = all(not m for m in mismatches.values()) and all(p.get("faults", {}).get("ok", True) for p in live)
     return 0 if ok else 1
 
 

@@ -200,6 +200,8 @@ def test_the_grading_report_says_which_step_grew_and_whether_the_cores_or_a_wait
     slow_steps = dict(one_steps, **{"compute-sanitizer racecheck": 9.0})
     one = _phase(1, {"02-transpose-batched": [(4.1, one_steps)] * 2}, 10.0, 0.2)
     waited = _phase(4, {"02-transpose-batched": [(10.1, slow_steps)] * 2}, 8.0, 0.3)
+    for p in (one, waited):
+        p["grade_stages"] = mod.grade_stages(p)
     lines = mod.where_grading_goes(waited, one)
     assert lines[0].startswith("02-transpose-batched, mean per submission: wall 4.1 -> 10.1 s; "
                                "compute-sanitizer racecheck 3.0 -> 9.0 s"), lines
@@ -207,23 +209,30 @@ def test_the_grading_report_says_which_step_grew_and_whether_the_cores_or_a_wait
     assert "x2.46 and its CPU seconds x1.00" in lines[1] and "wait on something the host's GPUs share" in lines[1]
     busy = _phase(4, {"02-transpose-batched": [(10.1, dict(slow_steps, **{"cpu: tools' processes": 9.0}))] * 2},
                   8.0, 0.97)
+    busy["grade_stages"] = mod.grade_stages(busy)
     assert "CPU-bound" in mod.where_grading_goes(busy, one)[-1]
     idle, total = mod.host_cpu_times()
     assert 0 <= idle <= total
 
 
 def test_the_budget_skips_the_two_gpu_phase_that_would_not_fit_after_one_and_four():
-    """With 4 x H200's figures (one GPU: 7 s start + 199 s job; four: 125 s job), the largest pool's guess includes
-    its fault drill and fits 420 s; the 2-GPU phase, guessed from the 4-GPU speed-up, does not."""
+    """With 4 x H200's figures (one GPU: 7 s start + 199 s job; four: 125 s job), the largest pool's estimate includes
+    its fault drill and fits 420 s; the 2-GPU phase, estimated after both (tests/test_autotune_multigpu_plan.py has
+    the plan and main's choices), does not."""
     mod = _load_script()
-    one = {"gpus": 1, "start_s": 7.0, "job_s": 198.8}
-    assert mod.expected_speedup(4, [one]) == 1.6 and mod.expected_speedup(1, [one]) == 1.0
-    four = {"gpus": 4, "start_s": 10.5, "job_s": 124.7}
-    assert mod.expected_speedup(2, [one, four]) == pytest.approx(1 + 0.594 / 3, abs=1e-3)
-    elapsed = 7.0 + 198.8
-    assert elapsed + one["start_s"] + one["job_s"] / mod.expected_speedup(4, [one]) + 45 < 420
-    elapsed += 10.5 + 124.7 + 27
-    assert elapsed + one["start_s"] + one["job_s"] / mod.expected_speedup(2, [one, four]) > 420
+    one = {"gpus": 1, "start_s": 7.0, "autotune_s": 47.2, "grade_s": 151.6, "job_s": 198.8, "configs": 108,
+           "submissions": 66, "close_s": 3.0}
+    costs = mod.Costs.from_phase(one, "1 GPU")
+    four = mod.estimate_phase(4, costs, 108, 66, 25.0)
+    assert four.job_s == pytest.approx(198.8 / mod.PRIOR_SPEEDUP[4]) and four.drill_s == 35.0
+    elapsed = 7.0 + 198.8 + 3.0
+    assert mod.plan_phases([4], costs, elapsed_s=elapsed, budget_s=420, configs=108, submissions=66,
+                           drill_timeout_s={4: 25.0})[0]["runs"]
+    elapsed += 10.5 + 124.7 + 27 + 3.0
+    costs = costs.with_speedup(4, 198.8 / 124.7)
+    two = mod.plan_phases([2], costs, elapsed_s=elapsed, budget_s=420, configs=108, submissions=66,
+                          drill_timeout_s={4: 25.0})[0]
+    assert not two["runs"] and two["estimate"].drill_s == 0 and "past --budget-s 420" in two["why"]
 
 
 @pytest.mark.slow
@@ -237,7 +246,7 @@ def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monk
     job = {"source": mod.warptile_source(), "configs": mod.sgemm_configs(3),
            "problem": mod.make_problem(64, device="cpu"), "bench_options": {"rep_ms": 5}, "work": work,
            "grade_timeout_s": 300}
-    p = mod.run_phase([0], 2, job, log=lambda s: None)
+    p = mod.summarize(mod.run_phase([0], 2, job, log=lambda s: None), 3, 12)
     workers = set(p["worker_gpus"])
     assert len(workers) == 2 and p["gpus"] == 1 and p["workers"] == 2
     r = p["autotune"]

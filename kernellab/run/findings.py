@@ -112,6 +112,30 @@ def _dim(t) -> str:
 
 
 @dataclass(frozen=True)
+class ToolCost:
+    """What one compute-sanitizer run cost the host, by part, to tell apart where its time goes: the cores (CPU
+    seconds against wall), the disk (bytes read from storage), its start-up before the kernel, the kernel under the
+    tool, its tail after. None: not measured here (no /proc, no result file from the job)."""
+
+    wall_s: float                          # the tool's process, spawn to exit
+    cpu_s: float | None = None             # user + system CPU seconds of the tool's processes (the target included)
+    read_bytes: int | None = None          # bytes they read from storage (/proc/<pid>/io read_bytes): the disk
+    read_chars: int | None = None          # bytes they read by any read() (rchar: the page cache included)
+    tool_start_s: float | None = None      # spawn -> the target process started: the tool's own start-up
+    imports_s: float | None = None         # the target's start -> its job ready (Python, kernellab, the job file)
+    context_s: float | None = None         # job ready -> module loaded: the CUDA context and the module, under the tool
+    to_kernel_s: float | None = None       # spawn -> the kernel's launch: all of the above and the arguments' uploads
+    kernel_s: float | None = None          # the launch under the tool, to its synchronize
+    after_kernel_s: float | None = None    # the kernel's end -> the tool's exit (outputs, its report, teardown)
+
+    def to_json(self) -> dict:
+        return {"wall_s": self.wall_s, "cpu_s": self.cpu_s, "read_bytes": self.read_bytes,
+                "read_chars": self.read_chars, "tool_start_s": self.tool_start_s, "imports_s": self.imports_s,
+                "context_s": self.context_s, "to_kernel_s": self.to_kernel_s,
+                "kernel_s": self.kernel_s, "after_kernel_s": self.after_kernel_s}
+
+
+@dataclass(frozen=True)
 class SanitizerReport:
     """What compute-sanitizer found in one launch: deduplicated findings, its error count and notes."""
 
@@ -127,6 +151,7 @@ class SanitizerReport:
     wall_ms: float = 0.0
     raw: str = field(default="", repr=False)
     simulated: bool = False            # found in the Numba simulator (kernellab.run.sim.race), not by compute-sanitizer
+    cost: ToolCost | None = field(default=None, compare=False)   # what the tool's run cost the host (one tool)
 
     @property
     def ok(self) -> bool:

@@ -153,6 +153,7 @@ class _Grading:
         self.not_run = False               # the kernel could not run here at all: the grade cannot say passed
         self.speed: Speed | None = None
         self.stage_s: dict[str, float] = {}   # where the time went, by step (GradeResult.stage_s)
+        self.tool_costs: list = []             # (step, ToolCost) per compute-sanitizer run (GradeResult.tool_costs)
 
     @contextlib.contextmanager
     def timed(self, step: str):
@@ -199,7 +200,8 @@ class _Grading:
                            checks=tuple(self.checks),
                            complete=self.complete and not self.needs_gpu, needs_gpu=self.needs_gpu, speed=self.speed,
                            seed=self.seed, notes=tuple(self.notes),
-                           stage_s=tuple((k, round(v, 4)) for k, v in self.stage_s.items()))
+                           stage_s=tuple((k, round(v, 4)) for k, v in self.stage_s.items()),
+                           tool_costs=tuple(self.tool_costs))
 
     # -- the steps --------------------------------------------------------------------------------------------
     def run(self, kernel, want_speed: bool) -> None:
@@ -589,6 +591,8 @@ class _Grading:
             except ToolNotFoundError as exc:
                 self.notes.append(f"{tool} was not run: {exc}")
                 continue
+            if getattr(rep, "cost", None) is not None:
+                self.tool_costs.append((f"compute-sanitizer {tool}", rep.cost))
             self.sanitizer_findings(rep, tool, where)
 
     def sim_racecheck(self, k, shapes=None, label: str = "simulator") -> None:

@@ -97,6 +97,9 @@ class GradeResult:
     # where the grading's time went: (step, seconds) in order ("compile", "launches (GPU)", "compute-sanitizer
     # racecheck", ...), and the CPU seconds it used ("cpu: this process", "cpu: tools' processes")
     stage_s: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+    # what each compute-sanitizer run cost the host: (step, kernellab.run.findings.ToolCost) in order: wall and CPU
+    # seconds of the tool's processes, bytes read, its start-up to the first kernel, the kernel, its tail
+    tool_costs: tuple = field(default=(), compare=False)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -168,7 +171,8 @@ class GradeResult:
                 "needs_gpu": self.needs_gpu, "findings": [f.to_json() for f in self.findings],
                 "checks": [c.to_json() for c in self.checks],
                 "speed": None if self.speed is None else self.speed.to_json(), "seed": self.seed,
-                "notes": list(self.notes), "stage_s": dict(self.stage_s)}
+                "notes": list(self.notes), "stage_s": dict(self.stage_s),
+                "tool_costs": [[step, cost.to_json()] for step, cost in self.tool_costs]}
 
 
 @dataclass(frozen=True)

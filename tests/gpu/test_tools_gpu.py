@@ -329,6 +329,22 @@ def test_memcheck_finds_the_out_of_bounds_write(mod, torch):
     assert clean.ok and clean.error_count == 0, clean.raw[-3000:]
 
 
+def test_a_sanitizer_run_says_what_it_cost_by_part(mod, torch):
+    """A clean memcheck run's ToolCost (what autotune_multigpu.py compares between pools): every part measured, the
+    job's marks having come back from under the tool, each in its place within the wall time; saved as
+    sanitize_cost.txt. tool_start_s and imports_s need /proc/uptime and the process's start to share a clock."""
+    x = torch.zeros(1000, device="cuda")
+    rep = mod.vadd.sanitize(1, 32, x, x, torch.zeros_like(x), 32)
+    c = rep.cost
+    save("sanitize_cost.txt", repr(c))
+    assert rep.ok and c is not None, rep.raw[-2000:]
+    assert None not in (c.cpu_s, c.read_bytes, c.read_chars, c.context_s, c.to_kernel_s, c.kernel_s,
+                        c.after_kernel_s), c
+    assert c.tool_start_s is not None and c.imports_s is not None, f"no process start from /proc here: {c}"
+    assert c.tool_start_s + c.imports_s + c.context_s <= c.to_kernel_s + 0.02 < c.wall_s, c
+    assert 0 < c.context_s and 0 <= c.kernel_s < 5 and c.cpu_s > 0 and c.read_chars > 0, c
+
+
 def test_memcheck_misaligned(mod, torch):
     rep = mod.misaligned.sanitize(1, 32, torch.zeros(256, device="cuda"))
     save("sanitize_memcheck_misaligned.txt", rep.raw)

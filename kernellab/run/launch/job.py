@@ -513,6 +513,10 @@ class JobResult:
     stdout: str = ""                   # the process's output during the job (device printf included)
     pid: int | None = None
     device: str = ""
+    # wall-clock times (time.time()) of the job's moments: "module loaded" (the CUDA context made, the kernel's module
+    # loaded), "kernel start", "kernel end" and, from the command line (under compute-sanitizer), "process start" and
+    # "job ready" (Python, kernellab and the job file loaded): where a tool's run spends its time (ToolCost)
+    marks: tuple[tuple[str, float], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -526,7 +530,7 @@ class JobResult:
         head = {"version": FORMAT_VERSION, "status": self.status, "message": self.message,
                 "cuda_error": self.cuda_error, "poisoned": self.poisoned,
                 "outputs": [i for i, _ in self.outputs], "kernel_ms": self.kernel_ms, "notes": list(self.notes),
-                "stdout": self.stdout, "pid": self.pid, "device": self.device}
+                "stdout": self.stdout, "pid": self.pid, "device": self.device, "marks": [list(m) for m in self.marks]}
         return _pack(RESULT_MAGIC, head, blobs)
 
     @classmethod
@@ -535,7 +539,7 @@ class JobResult:
         return cls(status=head["status"], message=head["message"], cuda_error=head["cuda_error"],
                    poisoned=head["poisoned"], outputs=tuple((i, blob(k)) for k, i in enumerate(head["outputs"])),
                    kernel_ms=head["kernel_ms"], notes=tuple(head["notes"]), stdout=head["stdout"], pid=head["pid"],
-                   device=head["device"])
+                   device=head["device"], marks=tuple((str(k), float(t)) for k, t in head.get("marks", ())))
 
 
 def _pack(magic: bytes, head: dict, blobs: list[bytes]) -> bytes:
@@ -624,6 +628,7 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
         fn = _function(job, state)
     except Exception as exc:
         return _failure(job, exc, "loading the kernel")
+    marks = [("module loaded", time.time())]
     stream = state.get("stream")
     if stream is None:
         stream = state["stream"] = cupy.cuda.Stream(non_blocking=True)
@@ -633,6 +638,7 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
         except Exception as exc:
             return _failure(job, exc, "preparing the arguments")
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        marks.append(("kernel start", time.time()))
         try:
             start.record(stream)
             if job.cluster:                  # cuLaunchKernelEx with the cluster shape, through run/launch/cudriver.py
@@ -642,6 +648,7 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
                 fn(job.grid, job.block, tuple(values), shared_mem=job.shared_bytes, stream=stream)
             stop.record(stream)
             stream.synchronize()
+            marks.append(("kernel end", time.time()))
         except Exception as exc:
             return _failure(job, exc, "running")
         kernel_ms = cupy.cuda.get_elapsed_time(start, stop)
@@ -662,7 +669,7 @@ def _run_job(job: KernelJob, state: dict, scan: bool) -> JobResult:
             return _failure(job, exc, "reading the outputs")
     _trim_pool(cupy)
     return JobResult("ok", outputs=tuple(outputs), kernel_ms=kernel_ms, notes=tuple(notes), pid=os.getpid(),
-                     device=state.get("device_name", ""))
+                     device=state.get("device_name", ""), marks=tuple(marks))
 
 
 def run_in_process(job: KernelJob) -> JobResult:
@@ -916,6 +923,19 @@ def _trim_pool(cupy) -> None:
 # --- the command line: what runs under compute-sanitizer and ncu ------------------------------------------------
 
 
+def process_start_time() -> float | None:
+    """When this process started, as time.time() reads: its start in clock ticks after boot (/proc/self/stat) against
+    the uptime now (/proc/uptime), to about 10 ms; None without /proc."""
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = float(fh.read().rsplit(")", 1)[1].split()[19])     # field 22, starttime (field 3 is index 0)
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main(argv=None) -> int:
     """`python -m kernellab.run.launch.job JOBFILE [--out RESULTFILE]`: run one job in this process."""
     ap = argparse.ArgumentParser(prog="python -m kernellab.run.launch.job", description=main.__doc__)
@@ -929,6 +949,7 @@ def main(argv=None) -> int:
     except (OSError, KernellabError) as exc:
         print(f"kernellab.run.launch.job: cannot read {ns.jobfile}: {exc}", file=sys.stderr)
         return 2
+    ready = time.time()
     try:
         import cupy
 
@@ -937,6 +958,9 @@ def main(argv=None) -> int:
         result = run_job(job.with_data(), {}, scan=ns.scan)
     except Exception as exc:  # no CuPy, no GPU: say so in the result
         result = JobResult("error", message=f"{type(exc).__name__}: {exc}", pid=os.getpid())
+    started = process_start_time()
+    result = replace(result, marks=((("process start", started),) if started is not None else ())
+                     + (("job ready", ready),) + result.marks)
     if ns.out:
         with open(ns.out, "wb") as fh:
             fh.write(result.to_bytes())

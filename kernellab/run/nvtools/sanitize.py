@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import time
 
 from ...compile import toolkit
 from ...errors import KernellabError
-from ..findings import Finding, Location, SanitizerReport, combine
+from ..findings import Finding, Location, SanitizerReport, ToolCost, combine
 from ..launch import worker
 from ..launch.job import JobResult, KernelJob
 
@@ -315,6 +316,7 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
         cmd += list(extra_args) + [sys.executable, "-m", "kernellab.run.launch.job", jobfile, "--out", resfile]
+        used0, spawned = children_usage(), time.time()
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=tool_env(),
@@ -324,11 +326,12 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
             out = decoded_text(exc.stdout) + decoded_text(exc.stderr)
             code, timed_out = None, True
         wall = (time.perf_counter() - t0) * 1e3
-        notes, status = [], None
+        used1 = children_usage()
+        notes, status, marks = [], None, {}
         if os.path.exists(resfile):
             with open(resfile, "rb") as fh:
                 res = JobResult.from_bytes(fh.read())
-            status = res.status
+            status, marks = res.status, dict(res.marks)
             if not res.ok and res.status != "fault":
                 notes.append(f"the launch itself: {res.message}")
         elif not timed_out:
@@ -336,7 +339,49 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
         if timed_out:
             notes.append(f"stopped after {timeout_s:g} s: the kernel may not terminate (an endless loop?)")
     return report_from_text(out, tool=tool, job=job, timed_out=timed_out, exit_code=code, job_status=status,
-                            command=tuple(cmd), wall_ms=wall, notes=notes)
+                            command=tuple(cmd), wall_ms=wall, notes=notes,
+                            cost=tool_cost(wall / 1e3, used0, used1, spawned, marks))
+
+
+def children_usage() -> dict:
+    """What this process's finished child processes (and theirs, once reaped) have used so far: "cpu_s" (user +
+    system, getrusage), "read_bytes" and "read_chars" (/proc/self/io, which adds a reaped child's I/O to its parent's;
+    it holds this process's own I/O too, small while it waits on the tool). A figure it cannot read is absent. Exact
+    for a tool's run where one thread of this process starts child processes at a time (a Dask worker of one
+    thread)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = {"cpu_s": kids.ru_utime + kids.ru_stime}
+    try:
+        with open("/proc/self/io") as fh:
+            io = dict(line.split(":", 1) for line in fh if ":" in line)
+        out["read_bytes"], out["read_chars"] = int(io["read_bytes"]), int(io["rchar"])
+    except (OSError, KeyError, ValueError):
+        pass
+    return out
+
+
+def tool_cost(wall_s: float, before: dict, after: dict, spawned: float, marks: dict) -> ToolCost:
+    """A ToolCost from children_usage() before and after the tool's run, the wall-clock time it was started and the
+    job's marks (JobResult.marks: "process start", "job ready", "module loaded", "kernel start", "kernel end"); a part
+    whose marks are missing or out of the run's span (a clock that cannot be trusted) is None."""
+    def diff(key):
+        return after[key] - before[key] if key in after and key in before else None
+
+    def since_spawn(mark):
+        t = marks.get(mark)
+        return t - spawned if t is not None and -0.5 <= t - spawned <= wall_s + 0.5 else None
+
+    def between(a, b):
+        return b - a if a is not None and b is not None and b >= a else None
+
+    start, kernel, end = since_spawn("process start"), since_spawn("kernel start"), since_spawn("kernel end")
+    ready, loaded = since_spawn("job ready"), since_spawn("module loaded")
+    return ToolCost(wall_s=wall_s, cpu_s=diff("cpu_s"), read_bytes=diff("read_bytes"), read_chars=diff("read_chars"),
+                    tool_start_s=None if start is None else max(0.0, start),
+                    imports_s=between(None if start is None else max(0.0, start), ready),
+                    context_s=between(ready, loaded), to_kernel_s=kernel,
+                    kernel_s=end - kernel if kernel is not None and end is not None else None,
+                    after_kernel_s=max(0.0, wall_s - end) if end is not None else None)
 
 
 def decoded_text(b) -> str:
