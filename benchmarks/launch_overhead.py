@@ -781,6 +781,9 @@ def context_cases(calls: int, rounds: int, heap_objects: int = 4_000_000,
     finally:
         del heap
         gc.collect()
+    # The first case again, last: the cases run one after another, so a host whose speed drifts (clocks, neighbours)
+    # shows here as a difference between the two, not as an effect of the heap or the GC.
+    cases.append(case(f"as set up, again after the cases above ({len(gc.get_objects()):,} objects tracked)"))
     cases.append(case(f"cold CPU caches ({flush_bytes >> 20} MiB host write before each call)", cold=True))
     return cases
 

@@ -166,10 +166,11 @@ def test_the_benchmarks_context_table_has_every_case_and_leaves_the_gc_as_it_was
 
     cases = bench.context_cases(40, 2, heap_objects=50_000, flush_bytes=1 << 20)
     names = [name for name, *_ in cases]
-    assert len(cases) == 5 and names[1].startswith("+ 50,000 live lists") and "gc.freeze()" in names[2]
-    assert "GC off" in names[3] and names[4].startswith("cold CPU caches (1 MiB")
+    assert len(cases) == 6 and names[1].startswith("+ 50,000 live lists") and "gc.freeze()" in names[2]
+    assert "GC off" in names[3] and names[4].startswith("as set up, again")         # the first case, last: drift
+    assert names[5].startswith("cold CPU caches (1 MiB")
     assert all(both > alone > 0 for _, both, alone, _ in cases)          # the launcher is part of the forward
     assert cases[3][3] == 0                                               # GC off: no collection
     assert gc.isenabled() and gc.get_freeze_count() == 0
     text = bench.context_table(cases, "t")
-    assert text.count("\n| ") == 6 and "| GC collections per 1000 calls |" in text
+    assert text.count("\n| ") == 7 and "| GC collections per 1000 calls |" in text
