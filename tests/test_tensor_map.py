@@ -549,3 +549,19 @@ def test_the_driver_call_gets_a_64_byte_aligned_copy_and_leaves_the_template_alo
     monkeypatch.setattr(cudriver, "_replace_address_fn", lambda: lambda m, a: 1)
     with pytest.raises(cudriver.CudaDriverError):
         cudriver.replace_tensor_map_address(template, 0x1000)
+
+
+def test_a_full_cache_drops_its_oldest_map(fake_encoder, fake_replace, monkeypatch):
+    """At MAP_CACHE_SIZE entries the oldest map goes (its address is then replaced again); the newest stay."""
+    pytest.importorskip("torch")
+    monkeypatch.setattr(T, "MAP_CACHE_SIZE", 3)
+    T.tensor_map_cache_clear()
+    tensors = [FakeTorchCuda((128, 64), ptr=0x7F0000000000 + 0x10000 * i) for i in range(4)]
+    for t in tensors:
+        tensor_map(t, (64, 64))
+    assert len(T._MAP_CACHE) == 3 and (len(fake_encoder), len(fake_replace)) == (1, 3)
+    tensor_map(tensors[3], (64, 64))                                # the newest: a hit
+    assert len(fake_replace) == 3
+    tensor_map(tensors[0], (64, 64))                                # the oldest was dropped: made again
+    assert len(fake_replace) == 4 and len(T._MAP_CACHE) == 3
+    T.tensor_map_cache_clear()

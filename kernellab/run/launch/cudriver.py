@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import functools
 import sys
+import threading
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_INITIALIZED = 3
@@ -206,15 +207,21 @@ def replace_tensor_map_address(encoded: bytes, address: int) -> bytes:
     cuTensorMapReplaceAddress: the map is not encoded again, so its layout rules must already hold for the new
     address: alignment). DriverUnavailable without libcuda or a driver older than CUDA 12; CudaDriverError from the
     driver."""
+    if len(encoded) != 128:
+        raise ValueError(f"a CUtensorMap is 128 bytes, got {len(encoded)}")
     fn = _replace_address_fn()
-    raw = ctypes.create_string_buffer(len(encoded) + 64)         # a CUtensorMap is 64-byte aligned
-    base = ctypes.addressof(raw)
-    base += -base % 64
-    ctypes.memmove(base, encoded, len(encoded))
+    base = getattr(_SCRATCH, "base", None)
+    if base is None:                                             # one 64-byte-aligned CUtensorMap a thread
+        _SCRATCH.raw = ctypes.create_string_buffer(128 + 64)
+        base = _SCRATCH.base = ctypes.addressof(_SCRATCH.raw) + (-ctypes.addressof(_SCRATCH.raw) % 64)
+    ctypes.memmove(base, encoded, 128)
     rc = fn(base, address)
     if rc:
         raise CudaDriverError(rc)
-    return ctypes.string_at(base, len(encoded))
+    return ctypes.string_at(base, 128)
+
+
+_SCRATCH = threading.local()
 
 
 @functools.lru_cache(maxsize=1)
