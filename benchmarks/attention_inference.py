@@ -1,6 +1,7 @@
 """Tutorial 09's kernels against PyTorch: grouped-query attention (forward) and flash-decoding, timed as called.
 
     python3 benchmarks/attention_inference.py [--quick] [--part gqa|decode|both] [--out DIR]
+    python3 benchmarks/attention_inference.py --part decode --profile [--out DIR]   # why small caches are slow
 
 Method. The kernels and launchers are the tutorial's own (the `%%cuda` and `# launchers` cells of
 notebooks/09-attention-inference.py, compiled by NVRTC as the magic compiles them); each is called through its
@@ -26,6 +27,8 @@ kernellab.bench(sustained=True); every ratio is baseline time / our time from th
 Each case is checked once before it is timed, against SDPA (GQA: enable_gqa in the same dtype; decoding: float32, or
 the float64 reference with several tokens); a failed check is printed and its row marked.
 The last thing printed is the two tables.
+--profile (with --part decode): the decode's latency model, Nsight Compute on its kernel and the op's time by L2 state
+at B = 1 (1k, 8k, 128k) and B = 32 (8k), then what each outcome means (benchmarks/decode_profile.py).
 """
 from __future__ import annotations
 
@@ -364,7 +367,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="GQA (N, B*Hq) pairs instead of the grid, e.g. 1024:256,2048:128")
     ap.add_argument("--ratios", default="", help="GQA ratios instead of the grid's, e.g. 4,8")
     ap.add_argument("--out", default="", help="folder for attention_inference.json")
+    ap.add_argument("--profile", action="store_true", help="with --part decode: Nsight Compute and the timing split "
+                    "of the one-launch decode beside its latency model (benchmarks/decode_profile.py)")
     args = ap.parse_args(argv)
+    if args.profile and args.part != "decode":
+        ap.error("--profile profiles the decode: pass --part decode with it")
     import torch
 
     if not torch.cuda.is_available():
@@ -384,6 +391,10 @@ def main(argv=None) -> int:
     ceil = device_ceilings()
     copy_gbps = ceil.dram_gbps
     log(f"copy bandwidth (kernellab ceilings, {ceil.source}): {copy_gbps / 1e3:.2f} TB/s")
+    if args.profile:
+        import decode_profile
+
+        return decode_profile.run(t, torch, pathlib.Path(args.out or "."), copy_gbps, log=log)
     dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(","))
     shapes = [tuple(int(x) for x in pair.split(":")) for pair in args.shapes.split(",") if pair]
     ratios = [int(x) for x in args.ratios.split(",") if x]

@@ -165,6 +165,14 @@ SUITES: dict[str, Suite] = {
         "N = 512, d 64/128, causal or not; N = 4096 for contrast): tensor pipe, SMs active, occupancy, stall reasons, "
         "time per item beside the model's; last lines: what each outcome means", 300,
         commands=((PY, "benchmarks/attention.py", "--profile"),), takes_args=True),
+    "profile-decode": Suite(
+        "benchmarks/attention_inference.py --part decode --profile: tutorial 09's one-launch decode at B = 1 (caches "
+        "1k, 8k, 128k) and B = 32 (8k) under Nsight Compute (the fused kernel, the same with empty caches, the split "
+        "kernel alone, a lower split floor): duration, DRAM %, bytes read, occupancy, SMs active, L2 hit rate, top "
+        "stalls; the op by kernellab.bench with the L2 written, read, not flushed and in a CUDA graph; each beside "
+        "the latency model; last lines: what each outcome means", 300,
+        commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--profile", "--out", "{out}"),),
+        takes_args=True),
     "train-gpt2": Suite(
         "benchmarks/train_gpt2.py: GPT-2 small on the standard library's bytes, 200 steps of batch 16 x 1024 for each "
         "of PyTorch eager (seeds 0 and 1; SDPA FLASH and EFFICIENT), kernellab's attention and LayerNorm (together and "

@@ -1,0 +1,448 @@
+"""Why tutorial 09's one-launch decode is slow on small caches: a latency model of one call, Nsight Compute on the
+kernel, and the op's time split by how the L2 is left before it (issue 32).
+
+    python3 benchmarks/attention_inference.py --part decode --profile     (runner suite: profile-decode)
+
+What it measures, Hq = 32 over Hkv = 8, d = 128, bf16, one query token, full caches, at B = 1 with caches of 1k, 8k
+and 128k and at B = 32 with 8k (PROFILE_CASES):
+- Nsight Compute (kernellab's ncu wrapper, Kernel.profile: one launch in a new process, normal clocks, ncu's own L2
+  flush and invalidate before the launch, so a clean L2) on four launches a case: the fused kernel as the op plans it
+  ("fused"); the same launch with every cache_seqlens = 0 ("fused, no keys": the grid, the in-block merge, the ticket
+  and the last block's merge, no cache read: the fixed part); the two-kernel step's split kernel alone ("split only":
+  the fused time minus this is the merge's serial tail); the fused kernel with the split floor VARIANT_MIN_KEYS
+  ("fused, min_keys=16": more, shorter splits). Counters: duration, DRAM throughput (% of peak), DRAM bytes read and
+  written (read against the cache's bytes), achieved occupancy, SMs active, waves, L2 hit rate, warp stall reasons.
+- kernellab.bench of the op (torch.ops.kl.decode_attention, as called) with the L2 left three ways before each call:
+  written ("write", the default of kernellab.bench and do_bench: dirty lines that the call evicts), read ("clean") and
+  not flushed (inputs rotated: still from DRAM), plus CUDA-graph replay (per call, the launch gaps gone), the op with
+  empty caches (the fixed part as kernellab.bench sees it), and the min_keys variant.
+Beside every figure, decode_model's prediction. The last lines: one table, then one line per hypothesis with what the
+numbers say about it (profile_reading).
+"""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import time
+from dataclasses import asdict, dataclass
+
+PROFILE_CASES = ((1, 1024), (1, 8192), (1, 131072), (32, 8192))     # (B, cache length)
+VARIANT_MIN_KEYS = 16           # the plan's default is tutorial 09's DEC_MIN_KEYS (64)
+HQ, HKV, D, NQ = 32, 8, 128, 1
+DEC_WARPS = 4                   # tutorial 09's DEC_NWARPS: a block's warps, one split each
+TARGET_OF_COPY = 0.80           # issue 32: caches of 8k and more
+BUDGET_S = 240.0                # start no new ncu launch after this many seconds (the suite's limit is 300)
+STALLS = ("long_scoreboard", "barrier", "membar", "short_scoreboard", "wait", "lg_throttle", "mio_throttle",
+          "math_pipe_throttle", "no_instruction", "dispatch_stall", "drain", "branch_resolving", "sleeping",
+          "not_selected", "selected")
+NCU_METRICS = (
+    ("gpu__time_duration.sum", "duration"),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput"),
+    ("dram__bytes_read.sum", "DRAM bytes read"),
+    ("dram__bytes_write.sum", "DRAM bytes written"),
+    ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy"),
+    ("sm__cycles_active.avg.pct_of_peak_sustained_elapsed", "SMs active"),
+    ("launch__grid_size", "CTAs"),
+    ("launch__waves_per_multiprocessor", "waves"),
+    ("lts__t_sector_hit_rate.pct", "L2 hit rate"),
+    ("lts__t_sector_op_read_hit_rate.pct", "L2 read hit rate"),
+) + tuple((f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio", f"stall: {r}") for r in STALLS)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The constants of decode_model: an H100 SXM as measured (docs/RESULTS.md) or as commonly quoted."""
+    sms: int = 132
+    read_tbps: float = 3.1          # a pure read stream: 1 GB (B = 32, 8k) in 365.5 µs less the flush's write-back
+    dram_latency_us: float = 1.0    # a load's round trip to HBM under load
+    l2_latency_us: float = 0.5      # a round trip to L2 from an SM (fence, atomic, a dependent load)
+    launch_us: float = 2.5          # GPU-side launch, block dispatch and the event pair of an empty kernel
+    block_merge_us: float = 0.5     # a block's warps merged in shared memory, its partial written
+    sm_l2_gbps: float = 150.0       # what one SM reads from L2 (the last block's merge runs on one SM)
+    l2_bytes: int = 50 * 2**20
+
+
+H100 = Machine()
+
+
+@dataclass(frozen=True)
+class DecodeModel:
+    """One call of the fused decode at one shape: the launch's geometry and the predicted µs of each part."""
+    label: str
+    cache_bytes: int
+    blocks: int
+    slots: int                      # blocks one wave holds (blocks_per_sm x SMs)
+    waves: float
+    splits: int                     # warps (splits) per (sequence, KV head, row group)
+    parts: int                      # block partials the last block merges (splits / DEC_WARPS)
+    keys_per_warp: int
+    tiles_per_warp: int             # tiles a warp loads one after the other (one in flight at a time)
+    in_flight_bytes: int            # one stage a resident warp, across the GPU
+    little_bytes: int               # what Little's law asks: read bandwidth x DRAM latency
+    launch_us: float
+    chain_us: float                 # tiles in series x DRAM latency (the loads' floor when few bytes are in flight)
+    stream_us: float                # cache bytes / read bandwidth + one latency (the floor when enough are)
+    loads_us: float                 # max(chain, stream)
+    block_merge_us: float
+    merge_tail_us: float            # fence, ticket, the last block's L2 reads: serial after the last split ends
+    dirty_us: float                 # the write-back of dirty L2 lines a kernellab.bench "write" flush leaves
+    clean_us: float                 # launch + loads + block merge + merge tail (Nsight Compute's clean L2)
+    bench_us: float                 # clean + dirty: kernellab.bench's default flush
+    blame: str                      # the largest part of bench_us beyond the cache's own stream (the overhead)
+    B: int = 0
+    L: int = 0                      # cache positions (every sequence full)
+
+    def parts_us(self) -> dict:
+        return {"launch": self.launch_us, "loads: stream": self.stream_us,
+                "loads: chain beyond stream": max(0.0, self.chain_us - self.stream_us),
+                "block merge": self.block_merge_us, "merge tail": self.merge_tail_us,
+                "dirty L2 write-back (bench flush)": self.dirty_us}
+
+
+def decode_model(B, L, plan, machine: Machine = H100, Hq=HQ, Hkv=HKV, d=D, nq=NQ, elem_bytes=2) -> DecodeModel:
+    """The latency model of one fused decode call (see benchmarks/NOTES-attention-inference.md). `plan`: tutorial 09's
+    DecodePlan for the shape (splits, blocks_per_sm, block_n, row_groups, rows_per_warp)."""
+    m = machine
+    G = Hq // Hkv
+    cache_bytes = 2 * B * Hkv * L * d * elem_bytes
+    parts = plan.splits // DEC_WARPS
+    blocks = parts * B * Hkv * plan.row_groups
+    slots = m.sms * plan.blocks_per_sm
+    tiles = -(-L // plan.block_n)
+    tiles_per_warp = -(-tiles // plan.splits)
+    stage_bytes = 2 * plan.block_n * d * elem_bytes                      # K and V of one tile
+    in_flight = min(blocks, slots) * DEC_WARPS * stage_bytes
+    bw = m.read_tbps * 1e12
+    little = int(bw * m.dram_latency_us * 1e-6)
+    chain = math.ceil(blocks / slots) * tiles_per_warp * m.dram_latency_us
+    stream = cache_bytes / bw * 1e6 + m.dram_latency_us
+    loads = max(chain, stream)
+    if parts > 1:                   # fence, atomic, lse loads, o_part loads (+ their bytes through one SM), store
+        rows = min(plan.rows_per_warp, G * nq)
+        tail = 4 * m.l2_latency_us + rows * parts * d * 4 / (m.sm_l2_gbps * 1e9) * 1e6
+    else:                           # a triple with one block writes the output itself
+        tail = 0.0
+    dirty = min(cache_bytes, m.l2_bytes) / bw * 1e6
+    clean = m.launch_us + loads + m.block_merge_us + tail
+    model = DecodeModel(f"B={B} cache={L}", cache_bytes, blocks, slots, blocks / slots, plan.splits, parts,
+                        tiles_per_warp * plan.block_n, tiles_per_warp, in_flight, little, m.launch_us, chain, stream,
+                        loads, m.block_merge_us, tail, dirty, clean, clean + dirty, "", B, L)
+    got = {k: v for k, v in model.parts_us().items() if k != "loads: stream"}
+    return DecodeModel(**{**asdict(model), "blame": max(got, key=got.get)})
+
+
+# -- the table from Nsight Compute's reports and the timings ---------------------------------------------------------
+def _metric(rep, name):
+    """A report's value of one metric (ncu name), a float or None (no report, an error, or ncu left it out)."""
+    if rep is None or getattr(rep, "error", None):
+        return None
+    v = rep.get(name)
+    return v if isinstance(v, (int, float)) else None
+
+
+def top_stalls(rep, n=3):
+    """The n largest stall reasons (warps per issue), [(reason, value)], largest first."""
+    got = [(r, _metric(rep, f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio")) for r in STALLS
+           if r not in ("selected", "not_selected")]
+    got = [(r, v) for r, v in got if v is not None]
+    return sorted(got, key=lambda x: -x[1])[:n]
+
+
+def profile_row(model: DecodeModel, reports: dict, timings_us: dict, copy_gbps: float | None = None) -> dict:
+    """One case's figures: per ncu launch (reports: name -> ProfileReport or None) its duration, DRAM share, bytes
+    read over the cache's bytes, occupancy, SMs active, waves, L2 hit rate and top stalls; the timings (name -> µs);
+    the model beside them; the derived parts (merge tail = fused - split only, fixed = fused with no keys, dirty =
+    bench write - bench clean, launch and events = bench clean - ncu fused); with copy_gbps, shares of copy."""
+    launches = {}
+    for name, rep in reports.items():
+        dur = _metric(rep, "gpu__time_duration.sum")
+        read = _metric(rep, "dram__bytes_read.sum")
+        launches[name] = {
+            "error": (getattr(rep, "error", None) or "") if rep is not None else "not run (time budget)",
+            "duration_us": dur * 1e6 if dur is not None else None,
+            "dram_pct": _metric(rep, "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+            "read_over_cache": read / model.cache_bytes if read is not None else None,
+            "written_bytes": _metric(rep, "dram__bytes_write.sum"),
+            "occupancy_pct": _metric(rep, "sm__warps_active.avg.pct_of_peak_sustained_active"),
+            "sms_active_pct": _metric(rep, "sm__cycles_active.avg.pct_of_peak_sustained_elapsed"),
+            "waves": _metric(rep, "launch__waves_per_multiprocessor"),
+            "ctas": _metric(rep, "launch__grid_size"),
+            "l2_hit_pct": _metric(rep, "lts__t_sector_op_read_hit_rate.pct")
+            if _metric(rep, "lts__t_sector_op_read_hit_rate.pct") is not None
+            else _metric(rep, "lts__t_sector_hit_rate.pct"),
+            "stalls": top_stalls(rep),
+        }
+
+    def dur(name):
+        return launches.get(name, {}).get("duration_us")
+
+    derived = {}
+    if dur("fused") is not None and dur("split only") is not None:
+        derived["merge tail (ncu: fused - split only)"] = dur("fused") - dur("split only")
+    if dur("fused, no keys") is not None:
+        derived["fixed part (ncu: fused, no keys)"] = dur("fused, no keys")
+    if "bench clean, no keys" in timings_us:
+        derived["fixed part (bench clean, no keys)"] = timings_us["bench clean, no keys"]
+    if dur("fused") is not None and dur("fused, no keys") is not None:
+        derived["loads (ncu: fused - fused, no keys)"] = dur("fused") - dur("fused, no keys")
+    if "bench write" in timings_us and "bench clean" in timings_us:
+        derived["dirty L2 (bench write - clean)"] = timings_us["bench write"] - timings_us["bench clean"]
+    if dur("fused") is not None and "bench clean" in timings_us:
+        derived["launch and events (bench clean - ncu fused)"] = timings_us["bench clean"] - dur("fused")
+    of_copy = {}
+    if copy_gbps:
+        for key, us in (("ncu fused", dur("fused")), *((k, timings_us.get(k)) for k in ("bench write", "bench clean",
+                                                                                         "graph"))):
+            if us:
+                of_copy[key] = model.cache_bytes / (us * 1e-6) / (copy_gbps * 1e9)
+    return {"label": model.label, "model": asdict(model), "launches": launches, "timings_us": dict(timings_us),
+            "derived_us": derived, "of_copy": of_copy, "copy_gbps": copy_gbps}
+
+
+def _f(v, fmt="{:.1f}", none="-"):
+    return none if v is None else fmt.format(v)
+
+
+def profile_table(rows: list) -> str:
+    """The summary: per case, measured beside the model's prediction (µs unless marked)."""
+    head = ("| case | blocks / waves (model) | in flight MB (model; Little asks) | ncu fused µs (model, no launch) | "
+            "DRAM % | read / cache | occupancy % | SMs active % | L2 read hit % | top stalls | ncu no keys µs "
+            "(model, no launch) | ncu split only µs | merge tail µs (model) | bench write µs (model) | bench clean µs "
+            "(model) | bench no flush µs | graph µs | dirty µs (model) | "
+            f"variant min_keys={VARIANT_MIN_KEYS}: ncu µs / bench write µs |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        m, L, t, dv = r["model"], r["launches"], r["timings_us"], r["derived_us"]
+        fused = L.get("fused", {})
+        stalls = ", ".join(f"{s} {v:.1f}" for s, v in fused.get("stalls", [])) or "-"
+        fixed_model = m["block_merge_us"] + m["merge_tail_us"]          # ncu's duration has no launch or events
+        var = L.get(f"fused, min_keys={VARIANT_MIN_KEYS}", {})
+        out.append(
+            f"| {r['label']} | {m['blocks']} / {m['waves']:.2f} | {m['in_flight_bytes'] / 1e6:.1f}; "
+            f"{m['little_bytes'] / 1e6:.1f} | {_f(fused.get('duration_us'))} ({m['clean_us'] - m['launch_us']:.1f}) | "
+            f"{_f(fused.get('dram_pct'), '{:.0f}')} | {_f(fused.get('read_over_cache'), '{:.2f}')} | "
+            f"{_f(fused.get('occupancy_pct'), '{:.0f}')} | {_f(fused.get('sms_active_pct'), '{:.0f}')} | "
+            f"{_f(fused.get('l2_hit_pct'), '{:.0f}')} | {stalls} | "
+            f"{_f(L.get('fused, no keys', {}).get('duration_us'))} ({fixed_model:.1f}) | "
+            f"{_f(L.get('split only', {}).get('duration_us'))} | "
+            f"{_f(dv.get('merge tail (ncu: fused - split only)'))} ({m['merge_tail_us']:.1f}) | "
+            f"{_f(t.get('bench write'))} ({m['bench_us']:.1f}) | {_f(t.get('bench clean'))} ({m['clean_us']:.1f}) | "
+            f"{_f(t.get('bench no flush'))} | {_f(t.get('graph'))} | "
+            f"{_f(dv.get('dirty L2 (bench write - clean)'))} ({m['dirty_us']:.1f}) | "
+            f"{_f(var.get('duration_us'))} / {_f(t.get('variant bench write'))} |")
+    return "\n".join(out)
+
+
+def profile_reading(rows: list) -> list:
+    """One line per hypothesis: what the measured numbers say about it (or that they are missing)."""
+    by = {r["label"]: r for r in rows}
+    lines = []
+
+    def get(label, *path):
+        x = by.get(label)
+        for p in path:
+            x = x.get(p) if isinstance(x, dict) else None
+        return x
+
+    for label in by:
+        m = by[label]["model"]
+        fused = get(label, "launches", "fused") or {}
+        dv = get(label, "derived_us") or {}
+        t = get(label, "timings_us") or {}
+        dur, bench_w = fused.get("duration_us"), t.get("bench write")
+        stalls = [s for s, _ in fused.get("stalls", [])]
+        say = []
+        oc = by[label].get("of_copy") or {}
+        if oc:
+            need = m["cache_bytes"] / (TARGET_OF_COPY * by[label]["copy_gbps"] * 1e9) * 1e6
+            say.append("H0 share of copy: " + ", ".join(f"{k} {v:.0%}" for k, v in oc.items())
+                       + f"; {TARGET_OF_COPY:.0%} of copy is {need:.1f} µs"
+                       + ("" if m["L"] >= 8192 else " (the target is for caches of 8k and more)")
+                       + " -> " + (
+                           "met with a clean L2: the gap by the default timing is its flush's dirty lines"
+                           if oc.get("bench clean", 0) >= TARGET_OF_COPY > oc.get("bench write", 1) else
+                           "met" if oc.get("bench write", 0) >= TARGET_OF_COPY else
+                           "missed even by the kernel alone (ncu): the kernel's fixed part must shrink"
+                           if oc.get("ncu fused", 1) < TARGET_OF_COPY else
+                           "the kernel alone (ncu) meets it: what is missing is launch, events and the L2's state"))
+        # H1: the timing's dirty L2 lines
+        dirty = dv.get("dirty L2 (bench write - clean)")
+        if dirty is not None and bench_w:
+            share = dirty / bench_w
+            say.append(f"H1 dirty L2 (model {m['dirty_us']:.1f} µs): bench write - clean = {dirty:.1f} µs, "
+                       f"{share:.0%} of the call -> " + (
+                           "the flush's write-back is a large share: the low share of copy is partly the timing's "
+                           "L2 state (cuDNN pays it too); report of-copy with flush_l2='clean' beside it"
+                           if share > 0.2 else
+                           "not the timing's L2 state"))
+        # H2: loads in flight / the chain of tiles
+        if dur is not None:
+            fixed = dv.get("fixed part (ncu: fused, no keys)")
+            loads = dv.get("loads (ncu: fused - fused, no keys)")
+            need = m["little_bytes"]
+            ok_flight = m["in_flight_bytes"] >= need
+            ls = "long_scoreboard" in stalls[:1]
+            say.append(
+                f"H2 loads (model loads {m['loads_us']:.1f} µs: chain {m['chain_us']:.1f}, stream {m['stream_us']:.1f};"
+                f" {m['in_flight_bytes'] / 1e6:.1f} MB in flight vs {need / 1e6:.1f} MB): ncu loads part "
+                f"{_f(loads)} µs, DRAM {_f(fused.get('dram_pct'), '{:.0f}')} % -> " + (
+                    "too few loads in flight (long_scoreboard leads, fewer bytes in flight than Little asks): "
+                    "more splits (a lower min_keys) or a deeper prefetch (3-4 stages a warp)" if ls and not ok_flight
+                    else "loads wait on DRAM with enough bytes in flight: bandwidth-bound, as the model says"
+                    if ls else "long_scoreboard does not lead: the loads are not what waits"))
+            if fixed is not None:
+                no_launch = m["block_merge_us"] + m["merge_tail_us"]
+                say.append(f"H3 fixed part (model {no_launch:.1f} µs without the launch: block merge "
+                           f"{m['block_merge_us']:.1f}, tail {m['merge_tail_us']:.1f}; {m['launch_us']:.1f} more as "
+                           f"timed): ncu with no keys {fixed:.1f} µs = {fixed / dur:.0%} of the kernel (bench clean, "
+                           f"no keys: {_f(dv.get('fixed part (bench clean, no keys)'))} µs) -> "
+                           + ("the fixed part dominates: ramp, in-block merge, ticket and last-block merge, not "
+                              "bandwidth; H4 gives the merge's share" if fixed / dur > 0.4 else
+                              "the fixed part is not the main cost here"))
+        tail = dv.get("merge tail (ncu: fused - split only)")
+        if tail is not None and dur:
+            say.append(f"H4 merge tail (model {m['merge_tail_us']:.1f} µs): fused - split only = {tail:.1f} µs, "
+                       f"{tail / dur:.0%} of the kernel -> " + (
+                           "the last block's merge serialises a large share: merge with more threads (several "
+                           "last blocks, one per row chunk) or overlap it (programmatic dependent launch of a "
+                           "combine)" if tail / dur > 0.2 else "the merge's tail is small"))
+        le = dv.get("launch and events (bench clean - ncu fused)")
+        if le is not None:
+            say.append(f"H7 launch and events (model {m['launch_us']:.1f} µs): bench clean - ncu fused = {le:.1f} µs; "
+                       f"graph replay {_f(t.get('graph'))} µs a call -> " + (
+                           "the launch and event floor is larger than the model's: a shorter kernel cannot hide it; "
+                           "the graph figure is what a model's decode loop (CUDA graphs) sees"
+                           if le > 1.5 * m["launch_us"] else "the launch floor is as modelled"))
+        var = get(label, "launches", f"fused, min_keys={VARIANT_MIN_KEYS}") or {}
+        if var.get("duration_us") is not None and dur is not None:
+            say.append(f"H5 more splits (min_keys={VARIANT_MIN_KEYS}): ncu {var['duration_us']:.1f} µs against "
+                       f"{dur:.1f} -> " + ("more, shorter splits help: make the plan's floor lower for small caches"
+                                           if var["duration_us"] < 0.9 * dur else "more splits do not help"))
+        if fused.get("read_over_cache") is not None:
+            rc = fused["read_over_cache"]
+            say.append(f"H6 bytes: DRAM read {rc:.2f}x the cache -> "
+                       + ("extra reads (partials, re-reads) cost bandwidth" if rc > 1.1 else
+                          "only the cache is read"))
+        for err in {v.get("error") for v in (get(label, "launches") or {}).values() if v.get("error")}:
+            say.append(f"ncu: {err}")
+        lines.append(f"{label}:")
+        lines += [f"  {s}" for s in say] or ["  no measurements"]
+    return lines
+
+
+# -- on the GPU ------------------------------------------------------------------------------------------------------
+def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget_s: float = BUDGET_S,
+        log=print) -> int:
+    """The suite: ncu launches and timings for each case (t: tutorial 09's loaded cells). Writes
+    decode_profile.json and decode_profile.md under `out`; returns 1 where a check or a launch failed."""
+    import kernellab
+
+    t0 = time.time()
+    rows, failed = [], []
+    dt = "bf16"
+    for B, L in cases:
+        g = torch.Generator("cuda").manual_seed(0)
+        q = torch.randn(B, HQ, NQ, D, generator=g, device="cuda").to(torch.bfloat16)
+        kc, vc = (torch.randn(B, HKV, L, D, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
+        full = torch.full((B,), L, dtype=torch.int32, device="cuda")
+        empty = torch.zeros(B, dtype=torch.int32, device="cuda")
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), kc.float(), vc.float(), enable_gqa=True)
+        plan = t["decode_plan"](B, HKV, HQ // HKV, NQ, L, D, t["SMS"])
+        vplan = t["decode_plan"](B, HKV, HQ // HKV, NQ, L, D, t["SMS"], VARIANT_MIN_KEYS)
+        model = decode_model(B, L, plan)
+        label = model.label
+        for name, fn in (("op", lambda: torch.ops.kl.decode_attention(q, kc, vc, full)),
+                         (f"min_keys={VARIANT_MIN_KEYS}",
+                          lambda: t["decode_attention"](q, kc, vc, full, min_keys=VARIANT_MIN_KEYS))):
+            err = (fn().float() - ref).abs().max().item()
+            if not err < 3e-2:
+                failed.append(f"{label} {name}: max error {err:.2e} against SDPA in fp32")
+                log(f"  ! {label} {name} FAILED its check: max error {err:.2e}")
+
+        def fused_args(p, seqlens):
+            rows_ = B * HQ * NQ
+            work = torch.empty(rows_ * (p.splits // DEC_WARPS) * (D + 1), dtype=torch.float32, device="cuda")
+            counters = torch.zeros(max(256, B * HKV * p.row_groups), dtype=torch.int32, device="cuda")
+            return (q, kc, vc, seqlens, work, torch.empty_like(q), counters, HKV, HQ // HKV, NQ, L, D ** -0.5)
+
+        def split_args(p):
+            rows_ = B * HQ * NQ
+            o_part = torch.empty(rows_, p.splits // DEC_WARPS, D, dtype=torch.float32, device="cuda")
+            lse_part = torch.empty(rows_, p.splits // DEC_WARPS, dtype=torch.float32, device="cuda")
+            return (q, kc, vc, full, o_part, lse_part, HKV, HQ // HKV, NQ, L, D ** -0.5)
+
+        launches = {"fused": (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, full)),
+                    "fused, no keys": (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, empty)),
+                    "split only": (f"decode_{dt}_d{D}_m16", plan, lambda: split_args(plan))}
+        if vplan.splits != plan.splits:
+            launches[f"fused, min_keys={VARIANT_MIN_KEYS}"] = (f"decode_fused_{dt}_d{D}_m16", vplan,
+                                                               lambda: fused_args(vplan, full))
+        # timings first (in this process, cheap), then ncu (a process a launch)
+        timings = {}
+
+        def inputs(gen, B=B, L=L):
+            qq = torch.randn(B, HQ, NQ, D, generator=gen, device="cuda").to(torch.bfloat16)
+            k2, v2 = (torch.randn(B, HKV, L, D, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+            return qq, k2, v2, torch.full((B,), L, dtype=torch.int32, device="cuda")
+
+        def inputs_empty(gen):
+            qq, k2, v2, _ = inputs(gen)
+            return qq, k2, v2, torch.zeros(B, dtype=torch.int32, device="cuda")
+
+        op = torch.ops.kl.decode_attention
+        variant = lambda *a: t["decode_attention"](*a, min_keys=VARIANT_MIN_KEYS)  # noqa: E731
+        for key, fn, inp, kw in (("bench write", op, inputs, {"flush_l2": "write"}),
+                                 ("bench clean", op, inputs, {"flush_l2": "clean"}),
+                                 ("bench no flush", op, inputs, {"flush_l2": False}),
+                                 ("graph", op, inputs, {"flush_l2": False, "cuda_graph": True}),
+                                 ("bench clean, no keys", op, inputs_empty, {"flush_l2": "clean"}),
+                                 ("variant bench write", variant, inputs, {"flush_l2": "write"}),
+                                 ("variant bench clean", variant, inputs, {"flush_l2": "clean"})):
+            try:
+                r = kernellab.bench(fn, inp, rep_ms=40.0, rounds=5, generator_device="cuda", verify=False, **kw)
+                timings[key] = r.median_ms * 1e3
+            except Exception as exc:  # noqa: BLE001 - say what failed, go on
+                log(f"  ! {label} {key}: {type(exc).__name__}: {str(exc)[:200]}")
+                failed.append(f"{label} {key}: {type(exc).__name__}")
+        reports = {}
+        for name, (kernel, p, make) in launches.items():
+            if time.time() - t0 > budget_s:
+                reports[name] = None
+                log(f"  (skipped ncu on {label} {name}: past the {budget_s:.0f} s budget)")
+                continue
+            args = make()
+            try:
+                rep = t["decode_kernels"][kernel].profile(p.grid(B, HKV), 32 * DEC_WARPS, *args,
+                                                          shared_bytes=p.shared_bytes,
+                                                          metrics=[n for n, _ in NCU_METRICS])
+            except Exception as exc:  # noqa: BLE001 - no ncu, no counters: say so, go on
+                rep = None
+                log(f"  ! ncu on {label} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+                failed.append(f"{label} ncu {name}: {type(exc).__name__}")
+            else:
+                if rep.error:
+                    log(f"  ! ncu on {label} {name}: {rep.error}")
+                    failed.append(f"{label} ncu {name}: {rep.error[:80]}")
+                for note in rep.notes:
+                    log(f"    ncu note ({label} {name}): {note}")
+            reports[name] = rep
+            del args
+        row = profile_row(model, reports, timings, copy_gbps)
+        rows.append(row)
+        log(f"{label}: model {model.bench_us:.1f} µs (clean {model.clean_us:.1f}; blames {model.blame}); "
+            + ", ".join(f"{k} {v:.1f} µs" for k, v in timings.items()) + "; ncu "
+            + ", ".join(f"{k} {_f(v['duration_us'])} µs" for k, v in row["launches"].items())
+            + f"  [{time.time() - t0:.0f} s]")
+        del q, kc, vc
+        torch.cuda.empty_cache()
+    text = profile_table(rows) + "\n\n" + "\n".join(profile_reading(rows))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode_profile.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
+                                                        indent=1, default=str))
+    (out / "decode_profile.md").write_text(text + "\n")
+    log(f"\n{time.time() - t0:.0f} s in all; the model's constants: {asdict(H100)}\n")
+    log(text)
+    if failed:
+        log(f"\nFAILED: {'; '.join(failed)}")
+    return 1 if failed else 0

@@ -1,0 +1,141 @@
+"""benchmarks/decode_profile.py on the CPU: the decode latency model against the H100 figures it was built from, and
+the profile table and its reading built from a fake Nsight Compute result (tests/fixtures/ncu_decode_fused_fake.csv,
+hand-written: it says so) through kernellab's own ncu parser."""
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import decode_profile as dp  # noqa: E402
+
+from kernellab.run.nvtools.ncu import report_from_output  # noqa: E402
+
+FAKE = ROOT / "tests" / "fixtures" / "ncu_decode_fused_fake.csv"
+
+
+def plan(B, L, min_keys=64, sms=132):
+    """Tutorial 09's decode_plan at Hq 32 / Hkv 8, d 128, one token (its arithmetic, for the model's inputs; the
+    notebook prints the same splits for these shapes)."""
+    shared = 4 * (16 + 4 * 16) * 128 * 2
+    per_sm = min(3, 228 * 1024 // (shared + 1024))
+    wave = sms * per_sm * 4 // (B * 8)
+    splits = max(4, max(1, min(wave, -(-L // min_keys))) // 4 * 4)
+    return SimpleNamespace(rows_per_warp=16, row_groups=1, block_n=16, splits=splits, shared_bytes=shared,
+                           blocks_per_sm=per_sm)
+
+
+def fake_report(duration_ns=None, long_scoreboard=None):
+    """The fake ncu CSV, parsed by kernellab's parser, with the duration or a stall changed."""
+    text = FAKE.read_text()
+    assert text.startswith("# FAKE"), "the fixture must say it is a fake"
+    if duration_ns is not None:
+        text = re.sub(r'("gpu__time_duration.sum","ns",")[^"]*"', rf'\g<1>{duration_ns:,}"', text)
+    if long_scoreboard is not None:
+        text = re.sub(r'(long_scoreboard_per_issue_active.ratio","",")[^"]*"', rf'\g<1>{long_scoreboard}"', text)
+    return report_from_output(text, kernel="decode_fused_bf16_d128_m16", metrics=[n for n, _ in dp.NCU_METRICS])
+
+
+def test_the_model_geometry_at_one_sequence():
+    small, mid = dp.decode_model(1, 1024, plan(1, 1024)), dp.decode_model(1, 8192, plan(1, 8192))
+    assert (small.blocks, small.splits, small.parts, small.tiles_per_warp) == (32, 16, 4, 4)
+    assert (mid.blocks, mid.splits, mid.parts, mid.tiles_per_warp) == (256, 128, 32, 4)
+    assert small.in_flight_bytes == 32 * 4 * 8192 < small.little_bytes < mid.in_flight_bytes
+    assert small.loads_us == small.chain_us and mid.loads_us == mid.stream_us     # chain-bound vs stream-bound
+    one_block = dp.decode_model(32, 8192, plan(32, 8192))
+    assert one_block.parts == 1 and one_block.merge_tail_us == 0.0               # the only block writes the output
+
+
+@pytest.mark.parametrize("B, L, measured_us", [(1, 8192, 27.0), (1, 131072, 195.6), (32, 8192, 365.5)])
+def test_the_model_meets_the_h100_figures_it_explains(B, L, measured_us):
+    """Golden: kernellab.bench on an NVIDIA H100 80GB HBM3, 2026-11-27 (docs/RESULTS.md, "Tutorial 09", the decode
+    table; flush_l2 "write"). The model with the dirty-line write-back lands within 5 % at 8k and up."""
+    m = dp.decode_model(B, L, plan(B, L))
+    assert abs(m.bench_us - measured_us) / measured_us < 0.05, (m.bench_us, measured_us)
+    assert m.clean_us < m.bench_us
+
+
+def test_the_model_blames_the_timings_dirty_lines_at_8k_and_the_fixed_part_at_1k():
+    assert dp.decode_model(1, 8192, plan(1, 8192)).blame == "dirty L2 write-back (bench flush)"
+    small = dp.decode_model(1, 1024, plan(1, 1024))
+    assert small.blame in ("launch", "merge tail", "loads: chain beyond stream")
+    # more splits at 1k shorten the chain: one tile a warp
+    assert dp.decode_model(1, 1024, plan(1, 1024, min_keys=16)).chain_us < small.chain_us
+
+
+def test_the_profile_row_from_a_fake_ncu_result():
+    model = dp.decode_model(1, 8192, plan(1, 8192))
+    reports = {"fused": fake_report(), "fused, no keys": fake_report(duration_ns=6100),
+               "split only": fake_report(duration_ns=15000), "fused, min_keys=16": None}
+    timings = {"bench write": 27.0, "bench clean": 17.5, "bench no flush": 17.0, "graph": 14.9,
+               "bench clean, no keys": 7.2}
+    row = dp.profile_row(model, reports, timings, copy_gbps=3000.0)
+    fused = row["launches"]["fused"]
+    assert fused["duration_us"] == pytest.approx(17.3)
+    assert fused["read_over_cache"] == pytest.approx(34.1e6 / model.cache_bytes)
+    assert fused["l2_hit_pct"] == pytest.approx(2.1)                          # the read hit rate, where present
+    assert [s for s, _ in fused["stalls"]] == ["long_scoreboard", "membar", "wait"]
+    assert row["derived_us"]["merge tail (ncu: fused - split only)"] == pytest.approx(2.3)
+    assert row["derived_us"]["fixed part (ncu: fused, no keys)"] == pytest.approx(6.1)
+    assert row["derived_us"]["dirty L2 (bench write - clean)"] == pytest.approx(9.5)
+    assert row["derived_us"]["launch and events (bench clean - ncu fused)"] == pytest.approx(0.2)
+    assert row["of_copy"]["bench write"] == pytest.approx(model.cache_bytes / 27.0e-6 / 3.0e12)
+    assert row["launches"]["fused, min_keys=16"]["error"] == "not run (time budget)"
+
+    table = dp.profile_table([row])
+    line = next(x for x in table.splitlines() if x.startswith("| B=1 cache=8192"))
+    assert line.count("|") == table.splitlines()[0].count("|")
+    assert f"17.3 ({model.clean_us - model.launch_us:.1f})" in line     # ncu's duration has no launch in it
+    assert f"27.0 ({model.bench_us:.1f})" in line and f"17.5 ({model.clean_us:.1f})" in line
+    assert "long_scoreboard 6.8" in line and "9.5 (10.8)" in line
+
+    reading = "\n".join(dp.profile_reading([row]))
+    assert "H1 dirty L2" in reading and "the flush's write-back is a large share" in reading     # 9.5 / 27 > 20 %
+    assert "bandwidth-bound" in reading                     # long_scoreboard leads, 8.4 MB in flight > 3.1 MB
+    assert "H4 merge tail" in reading and "13% of the kernel" in reading
+    assert "not run (time budget)" in reading
+    # 33.5 MB in 17.5 µs is 64 % of 3 TB/s, the kernel alone (17.3 µs) no better: the fixed part is what misses 80 %
+    assert "bench write 41%" in reading and "80% of copy is 14.0 µs" in reading
+    assert "missed even by the kernel alone" in reading
+    assert "H7 launch and events" in reading and "the launch floor is as modelled" in reading
+
+
+def test_the_reading_says_too_few_loads_in_flight_at_1k():
+    model = dp.decode_model(1, 1024, plan(1, 1024))
+    row = dp.profile_row(model, {"fused": fake_report(duration_ns=9000), "fused, no keys": fake_report(6000),
+                                 "fused, min_keys=16": fake_report(duration_ns=7000)},
+                         {"bench write": 15.5, "bench clean": 15.0, "graph": 8.0})
+    reading = "\n".join(dp.profile_reading([row]))
+    assert "too few loads in flight" in reading
+    assert "not the timing's L2 state" in reading           # 0.5 µs of 15.5
+    assert "the fixed part dominates" in reading            # 6.0 of 9.0
+    assert "more, shorter splits help" in reading           # 7.0 < 0.9 x 9.0
+    assert "larger than the model's" in reading             # 15.0 - 9.0 = 6 µs against 2.5
+    # and where long_scoreboard does not lead, the loads are not blamed
+    row = dp.profile_row(model, {"fused": fake_report(duration_ns=9000, long_scoreboard="0.1")}, {})
+    assert "long_scoreboard does not lead" in "\n".join(dp.profile_reading([row]))
+
+
+def test_an_ncu_error_is_reported_not_tabulated():
+    text = (ROOT / "tests" / "fixtures" / "ncu_permission.txt").read_text()
+    rep = report_from_output(text, kernel="decode_fused_bf16_d128_m16")
+    model = dp.decode_model(1, 8192, plan(1, 8192))
+    row = dp.profile_row(model, {"fused": rep}, {"bench write": 27.0})
+    assert row["launches"]["fused"]["duration_us"] is None
+    assert "ERR_NVGPUCTRPERM" in "\n".join(dp.profile_reading([row]))
+    assert "| - (" in dp.profile_table([row])
+
+
+def test_the_suite_runs_the_profile_within_its_limit():
+    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+    import run as runner
+
+    suite = runner.SUITES["profile-decode"]
+    assert suite.limit_s <= 300 and dp.BUDGET_S < suite.limit_s
+    assert any("--profile" in c and "decode" in c for c in suite.commands)
