@@ -394,7 +394,7 @@ def main(argv=None) -> int:
     if args.profile:
         import decode_profile
 
-        return decode_profile.run(t, torch, pathlib.Path(args.out or "."), copy_gbps, log=log)
+        return decode_profile.run(t, torch, pathlib.Path(args.out or "."), copy_gbps, started=t0, log=log)
     dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(","))
     shapes = [tuple(int(x) for x in pair.split(":")) for pair in args.shapes.split(",") if pair]
     ratios = [int(x) for x in args.ratios.split(",") if x]

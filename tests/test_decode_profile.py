@@ -139,3 +139,79 @@ def test_the_suite_runs_the_profile_within_its_limit():
     suite = runner.SUITES["profile-decode"]
     assert suite.limit_s <= 300 and dp.BUDGET_S < suite.limit_s
     assert any("--profile" in c and "decode" in c for c in suite.commands)
+
+
+class FakeKernel:
+    """A stand-in for one of tutorial 09's compiled kernels: profile() records the launch and returns the fake ncu
+    result with a duration that tells the launches apart."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def profile(self, grid, block, *args, shared_bytes=0, metrics=None):
+        self.calls.append((self.name, grid, block, args, shared_bytes, tuple(metrics)))
+        no_keys = self.name.startswith("decode_fused") and int(args[3].sum()) == 0
+        return fake_report(duration_ns=3000 if no_keys else 9000 if self.name.startswith("decode_fused") else 8000)
+
+
+def fake_tutorial(torch, calls):
+    """The names benchmarks/decode_profile.run takes from tutorial 09's cells, on the CPU: the plan's arithmetic,
+    the decode as SDPA in fp32 (so the suite's own check passes), kernels that record their profile launches."""
+    F = torch.nn.functional
+
+    def decode(q, kc, vc, seqlens, min_keys=64):
+        return F.scaled_dot_product_attention(q.float(), kc.float(), vc.float(), enable_gqa=True).to(q.dtype)
+
+    names = ("decode_fused_bf16_d128_m16", "decode_bf16_d128_m16")
+    return {"SMS": 132, "decode_attention": decode,
+            "decode_plan": lambda B, Hkv, G, nq, L, d, sms, min_keys=64: SimpleNamespace(
+                **vars(plan(B, L, min_keys, sms)), grid=lambda B_, Hkv_, p=plan(B, L, min_keys, sms):
+                (p.splits // 4, B_ * Hkv_, 1)),
+            "decode_kernels": {n: FakeKernel(n, calls) for n in names}}
+
+
+def test_the_suite_end_to_end_on_the_cpu_with_fakes(tmp_path):
+    """run(): every launch profiled with the plan's grid and the launcher's arguments, the timings taken with the
+    flushes named, the files written, the table and the reading printed last."""
+    torch = pytest.importorskip("torch")
+    calls, timed, said = [], [], []
+
+    def bench(fn, inputs, **kw):
+        timed.append(kw)
+        fn(*inputs(torch.Generator("cpu").manual_seed(0)))
+        return SimpleNamespace(median_ms={"write": 0.027, "clean": 0.0175}.get(kw.get("flush_l2"), 0.015))
+
+    t = fake_tutorial(torch, calls)
+    rc = dp.run(t, torch, tmp_path, copy_gbps=3000.0, cases=((1, 1024),), log=said.append, device="cpu",
+                op=t["decode_attention"], bench=bench)
+    assert rc == 0, said
+    launched = {(name, int(args[3].sum()), grid) for name, grid, _, args, _, _ in calls}
+    assert launched == {("decode_fused_bf16_d128_m16", 1024, (4, 8, 1)),     # the op's plan: 16 splits
+                        ("decode_fused_bf16_d128_m16", 0, (4, 8, 1)),        # the same launch, no keys
+                        ("decode_bf16_d128_m16", 1024, (4, 8, 1)),           # the split kernel alone
+                        ("decode_fused_bf16_d128_m16", 1024, (16, 8, 1))}    # min_keys=16: 64 splits
+    for name, grid, block, args, shared, metrics in calls:
+        assert block == 128 and shared == 4 * (16 + 64) * 128 * 2 and "gpu__time_duration.sum" in metrics
+        assert len(args) == (12 if "fused" in name else 11)
+        assert args[-5:] == (8, 4, 1, 1024, 128 ** -0.5)                  # Hkv, G, nq, Nmax, scale
+        if "fused" in name:                      # work: o_part then lse_part, rows x parts x (d + 1) floats
+            assert args[4].numel() == 32 * grid[0] * 129 and int(args[6].abs().sum()) == 0   # counters at zero
+        else:                                    # o_part [rows, parts, d], lse_part [rows, parts]
+            assert tuple(args[4].shape) == (32, grid[0], 128) and tuple(args[5].shape) == (32, grid[0])
+    assert {k.get("flush_l2") for k in timed} == {"write", "clean", False}
+    assert any(k.get("cuda_graph") for k in timed)
+    assert (tmp_path / "decode_profile.json").exists() and (tmp_path / "decode_profile.md").exists()
+    text = said[-1]                              # printed last: the table, then the reading
+    assert text.splitlines()[0].startswith("| case |") and "| B=1 cache=1024 | 32 / 0.12 |" in text
+    assert "H5 more splits (min_keys=16): ncu 9.0 µs against 9.0" in text
+    assert "H3 fixed part" in text and "ncu with no keys 3.0 µs" in text
+
+
+def test_the_suite_stops_at_its_budget(tmp_path):
+    torch = pytest.importorskip("torch")
+    calls, said = [], []
+    t = fake_tutorial(torch, calls)
+    rc = dp.run(t, torch, tmp_path, cases=((1, 1024),), budget_s=0.0, log=said.append, device="cpu",
+                op=t["decode_attention"], bench=lambda *a, **k: None)
+    assert rc == 1 and not calls
+    assert "not run (time budget)" in said[-1]
