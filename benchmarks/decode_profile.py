@@ -61,6 +61,7 @@ class Machine:
     launch_us: float = 2.5          # GPU-side launch, block dispatch and the event pair of an empty kernel
     block_merge_us: float = 0.5     # a block's warps merged in shared memory, its partial written
     sm_l2_gbps: float = 150.0       # what one SM reads from L2 (the last block's merge runs on one SM)
+    merge_unroll: int = 8           # o_part loads a thread keeps in flight in the last block's merge
     l2_bytes: int = 50 * 2**20
     # The share of a "write" flush's dirty lines that the call's reads write back at full bandwidth: 1.0 is the upper
     # bound (what fits the 8k, 128k and B = 32 figures with read_tbps 3.1). kernellab.bench's own note saw a 16 MB copy
@@ -91,7 +92,7 @@ class DecodeModel:
     stream_us: float                # cache bytes / read bandwidth + one latency (the floor when enough are)
     loads_us: float                 # max(chain, stream)
     block_merge_us: float
-    merge_tail_us: float            # fence, ticket, the last block's L2 reads: serial after the last split ends
+    merge_tail_us: float            # fence, ticket, the last block's L2 round trips: serial after the last split
     dirty_us: float                 # the write-back of dirty L2 lines a kernellab.bench "write" flush leaves
     clean_us: float                 # launch + loads + block merge + merge tail (Nsight Compute's clean L2)
     bench_us: float                 # clean + dirty: kernellab.bench's default flush
@@ -124,9 +125,13 @@ def decode_model(B, L, plan, machine: Machine = H100, Hq=HQ, Hkv=HKV, d=D, nq=NQ
     chain = math.ceil(blocks / slots) * tiles_per_warp * m.dram_latency_us
     stream = cache_bytes / bw * 1e6 + m.dram_latency_us
     loads = max(chain, stream)
-    if parts > 1:                   # fence, atomic, lse loads, o_part loads (+ their bytes through one SM), store
+    if parts > 1:
+        # serial L2 round trips of the last block (merge_block_partials): the fence, the ticket, the lse loads twice
+        # (the max, then the weights: ceil(P / 32) each, a lane a partial), then each thread's P o_part loads in
+        # batches of merge_unroll (its `#pragma unroll 8`), plus the partials' bytes through one SM
         rows = min(plan.rows_per_warp, G * nq)
-        tail = 4 * m.l2_latency_us + rows * parts * d * 4 / (m.sm_l2_gbps * 1e9) * 1e6
+        trips = 2 + 2 * -(-parts // 32) + -(-parts // m.merge_unroll)
+        tail = trips * m.l2_latency_us + rows * parts * d * 4 / (m.sm_l2_gbps * 1e9) * 1e6
     else:                           # a triple with one block writes the output itself
         tail = 0.0
     dirty = m.dirty_share * min(cache_bytes, m.l2_bytes) / bw * 1e6
@@ -291,8 +296,8 @@ def profile_reading(rows: list) -> list:
             ls = "long_scoreboard" in stalls[:1]
             say.append(
                 f"H2 loads (model loads {m['loads_us']:.1f} µs: chain {m['chain_us']:.1f}, stream "
-                f"{m['stream_us']:.1f}; {m['in_flight_bytes'] / 1e6:.1f} MB in flight vs {need / 1e6:.1f} MB): ncu loads part "
-                f"{_f(loads)} µs, DRAM {_f(fused.get('dram_pct'), '{:.0f}')} % -> " + (
+                f"{m['stream_us']:.1f}; {m['in_flight_bytes'] / 1e6:.1f} MB in flight vs {need / 1e6:.1f} MB): "
+                f"ncu loads part {_f(loads)} µs, DRAM {_f(fused.get('dram_pct'), '{:.0f}')} % -> " + (
                     "too few loads in flight (long_scoreboard leads, fewer bytes in flight than Little asks): "
                     "more splits (a lower min_keys) or a deeper prefetch (3-4 stages a warp)" if ls and not ok_flight
                     else "loads wait on DRAM with enough bytes in flight: bandwidth-bound, as the model says"

@@ -52,14 +52,20 @@ def test_the_model_geometry_at_one_sequence():
     assert one_block.parts == 1 and one_block.merge_tail_us == 0.0               # the only block writes the output
 
 
-@pytest.mark.parametrize("B, L, measured_us", [(1, 8192, 27.0), (1, 131072, 195.6), (32, 8192, 365.5)])
-def test_the_models_constants_reproduce_the_figures_they_were_fitted_to(B, L, measured_us):
+@pytest.mark.parametrize("B, L, measured_us", [(1, 1024, 15.5), (1, 8192, 27.0), (1, 131072, 195.6),
+                                                (32, 8192, 365.5)])
+def test_the_model_against_the_h100_figures(B, L, measured_us):
     """Golden: kernellab.bench on an NVIDIA H100 80GB HBM3, 2026-11-27 (docs/RESULTS.md, "Tutorial 09", the decode
-    table; flush_l2 "write"). read_tbps and the dirty-line term (its upper bound) were fitted to these: a refit of
-    Machine must keep them within 5 %, or say which it gives up."""
+    table; flush_l2 "write"). read_tbps was fitted to the large cases: there the model (its dirty-line term at the
+    upper bound) lands within 5 %. At 8k the measurement lies between the model's clean-L2 time and its upper bound;
+    at 1k the model is short by about 5 µs (what the profile is for)."""
     m = dp.decode_model(B, L, plan(B, L))
-    assert abs(m.bench_us - measured_us) / measured_us < 0.05, (m.bench_us, measured_us)
-    assert m.clean_us < m.bench_us
+    if L * B >= 131072:
+        assert abs(m.bench_us - measured_us) / measured_us < 0.05, (m.bench_us, measured_us)
+    elif L == 8192:
+        assert m.clean_us < measured_us < m.bench_us, (m.clean_us, measured_us, m.bench_us)
+    else:
+        assert 3.0 < measured_us - m.bench_us < 7.0, (m.bench_us, measured_us)
 
 
 def test_the_model_blames_the_timings_dirty_lines_at_8k_and_the_fixed_part_at_1k():
