@@ -10,17 +10,20 @@ and 128k and at B = 32 with 8k (PROFILE_CASES):
   ("fused"); the same launch with every cache_seqlens = 0 ("fused, no keys": the grid, the in-block merge, the ticket
   and the last block's merge, no cache read: the fixed part); the two-kernel step's split kernel alone ("split only":
   the fused time minus this is the merge's serial tail); the fused kernel with the split floor VARIANT_MIN_KEYS
-  ("fused, min_keys=16": more, shorter splits). Counters: duration, DRAM throughput (% of peak), DRAM bytes read and
-  written (read against the cache's bytes), achieved occupancy, SMs active, waves, L2 hit rate, warp stall reasons.
+  ("fused, min_keys=16": more, shorter splits), and the fused kernel whose last block keeps 16 partial loads in flight
+  (MERGE: decode_fused_bf16_d128_m16_l16, the tutorial's variant; the default keeps 8). Counters: duration, DRAM
+  throughput (% of peak), DRAM bytes read and written (read against the cache's bytes), achieved occupancy, SMs
+  active, waves, L2 hit rate, warp stall reasons.
 - kernellab.bench of the op (torch.ops.kl.decode_attention, as called) with the L2 left three ways before each call:
   written ("write", the default of kernellab.bench and do_bench: dirty lines that the call evicts), read ("clean") and
   not flushed (inputs rotated: still from DRAM), plus CUDA-graph replay (per call, the launch gaps gone), the op with
-  empty caches (the fixed part as kernellab.bench sees it), and the min_keys variant.
+  empty caches (the fixed part as kernellab.bench sees it), and both variants.
 Beside every figure, decode_model's prediction. The last lines: one table, then one line per hypothesis with what the
 numbers say about it (profile_reading).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -29,6 +32,8 @@ from dataclasses import asdict, dataclass
 
 PROFILE_CASES = ((1, 1024), (1, 8192), (1, 131072), (32, 8192))     # (B, cache length)
 VARIANT_MIN_KEYS = 16           # the plan's default is tutorial 09's DEC_MIN_KEYS (64)
+MERGE_LOADS = 16                # the variant decode_attention(merge_loads=16): 16 partial loads in flight, not 8
+MERGE = f"fused, merge loads {MERGE_LOADS}"
 HQ, HKV, D, NQ = 32, 8, 128, 1
 DEC_WARPS = 4                   # tutorial 09's DEC_NWARPS: a block's warps, one split each
 TARGET_OF_COPY = 0.80           # issue 32: caches of 8k and more
@@ -160,7 +165,8 @@ def top_stalls(rep, n=3):
     return sorted(got, key=lambda x: -x[1])[:n]
 
 
-def profile_row(model: DecodeModel, reports: dict, timings_us: dict, copy_gbps: float | None = None) -> dict:
+def profile_row(model: DecodeModel, reports: dict, timings_us: dict, copy_gbps: float | None = None,
+                merge_variant: DecodeModel | None = None) -> dict:
     """One case's figures: per ncu launch (reports: name -> ProfileReport or None) its duration, DRAM share, bytes
     read over the cache's bytes, occupancy, SMs active, waves, L2 hit rate and top stalls; the timings (name -> µs);
     the model beside them; the derived parts (merge tail = fused - split only, fixed = fused with no keys, dirty =
@@ -208,7 +214,8 @@ def profile_row(model: DecodeModel, reports: dict, timings_us: dict, copy_gbps: 
             if us:
                 of_copy[key] = model.cache_bytes / (us * 1e-6) / (copy_gbps * 1e9)
     return {"label": model.label, "model": asdict(model), "launches": launches, "timings_us": dict(timings_us),
-            "derived_us": derived, "of_copy": of_copy, "copy_gbps": copy_gbps}
+            "derived_us": derived, "of_copy": of_copy, "copy_gbps": copy_gbps,
+            "merge_variant_tail_us": merge_variant.merge_tail_us if merge_variant else model.merge_tail_us}
 
 
 def _f(v, fmt="{:.1f}", none="-"):
@@ -221,7 +228,8 @@ def profile_table(rows: list) -> str:
             "DRAM % | read / cache | occupancy % | SMs active % | L2 read hit % | top stalls | ncu no keys µs "
             "(model, no launch) | ncu split only µs | merge tail µs (model) | bench write µs (model) | "
             "bench clean µs (model) | bench no flush µs | graph µs | dirty µs (model) | "
-            f"variant min_keys={VARIANT_MIN_KEYS}: ncu µs / bench write µs |")
+            f"variant min_keys={VARIANT_MIN_KEYS}: ncu µs / bench write µs | "
+            f"{MERGE}: ncu µs (model, no launch) / bench clean µs |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         m, L, t, dv = r["model"], r["launches"], r["timings_us"], r["derived_us"]
@@ -229,6 +237,8 @@ def profile_table(rows: list) -> str:
         stalls = ", ".join(f"{s} {v:.1f}" for s, v in fused.get("stalls", [])) or "-"
         fixed_model = m["block_merge_us"] + m["merge_tail_us"]          # ncu's duration has no launch or events
         var = L.get(f"fused, min_keys={VARIANT_MIN_KEYS}", {})
+        merge_model = (m["clean_us"] - m["launch_us"] - m["merge_tail_us"]
+                       + r.get("merge_variant_tail_us", m["merge_tail_us"]))
         out.append(
             f"| {r['label']} | {m['blocks']} / {m['waves']:.2f} | {m['in_flight_bytes'] / 1e6:.1f}; "
             f"{m['little_bytes'] / 1e6:.1f} | {_f(fused.get('duration_us'))} ({m['clean_us'] - m['launch_us']:.1f}) | "
@@ -241,7 +251,8 @@ def profile_table(rows: list) -> str:
             f"{_f(t.get('bench write'))} ({m['bench_us']:.1f}) | {_f(t.get('bench clean'))} ({m['clean_us']:.1f}) | "
             f"{_f(t.get('bench no flush'))} | {_f(t.get('graph'))} | "
             f"{_f(dv.get('dirty L2 (bench write - clean)'))} ({m['dirty_us']:.1f}) | "
-            f"{_f(var.get('duration_us'))} / {_f(t.get('variant bench write'))} |")
+            f"{_f(var.get('duration_us'))} / {_f(t.get('variant bench write'))} | "
+            f"{_f(L.get(MERGE, {}).get('duration_us'))} ({merge_model:.1f}) / {_f(t.get('merge bench clean'))} |")
     return "\n".join(out)
 
 
@@ -338,6 +349,17 @@ def profile_reading(rows: list) -> list:
             say.append(f"H5 more splits (min_keys={VARIANT_MIN_KEYS}): ncu {var['duration_us']:.1f} µs against "
                        f"{dur:.1f} -> " + ("more, shorter splits help: make the plan's floor lower for small caches"
                                            if var["duration_us"] < 0.9 * dur else "more splits do not help"))
+        mv = get(label, "launches", MERGE) or {}
+        if mv.get("duration_us") is not None and dur is not None:
+            saved = dur - mv["duration_us"]
+            want = m["merge_tail_us"] - by[label].get("merge_variant_tail_us", m["merge_tail_us"])
+            say.append(f"H9 merge with {MERGE_LOADS} loads in flight (model saves {want:.1f} µs): ncu "
+                       f"{mv['duration_us']:.1f} µs against {dur:.1f} (bench clean {_f(t.get('merge bench clean'))} "
+                       f"against {_f(t.get('bench clean'))}) -> " + (
+                           f"the merge's round trips were the tail: make merge_loads {MERGE_LOADS} the default at "
+                           "d = 128 (after "
+                           "tests-attention-inference passes with it)" if saved > 0.5 * max(want, 0.2) and saved > 0.3
+                           else "no gain: the tail is not the o_part loads' round trips (see H4)"))
         if fused.get("read_over_cache") is not None:
             rc = fused["read_over_cache"]
             say.append(f"H6 bytes: DRAM read {rc:.2f}x the cache -> "
@@ -383,7 +405,9 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
         label = model.label
         for name, fn in (("op", lambda: op(q, kc, vc, full)),
                          (f"min_keys={VARIANT_MIN_KEYS}",
-                          lambda: t["decode_attention"](q, kc, vc, full, min_keys=VARIANT_MIN_KEYS))):
+                          lambda: t["decode_attention"](q, kc, vc, full, min_keys=VARIANT_MIN_KEYS)),
+                         (f"merge_loads={MERGE_LOADS}",
+                          lambda: t["decode_attention"](q, kc, vc, full, merge_loads=MERGE_LOADS))):
             err = (fn().float() - ref).abs().max().item()
             if not err < 3e-2:
                 failed.append(f"{label} {name}: max error {err:.2e} against SDPA in fp32")
@@ -404,6 +428,8 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
         launches = {"fused": (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, full)),
                     "fused, no keys": (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, empty)),
                     "split only": (f"decode_{dt}_d{D}_m16", plan, lambda: split_args(plan))}
+        if plan.splits // DEC_WARPS > 1:     # a last block merges: the merge variant differs
+            launches[MERGE] = (f"decode_fused_{dt}_d{D}_m16_l{MERGE_LOADS}", plan, lambda: fused_args(plan, full))
         if vplan.splits != plan.splits:
             launches[f"fused, min_keys={VARIANT_MIN_KEYS}"] = (f"decode_fused_{dt}_d{D}_m16", vplan,
                                                                lambda: fused_args(vplan, full))
@@ -420,13 +446,15 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
             return qq, k2, v2, torch.zeros(B, dtype=torch.int32, device=device)
 
         variant = lambda *a: t["decode_attention"](*a, min_keys=VARIANT_MIN_KEYS)  # noqa: E731
+        merge = lambda *a: t["decode_attention"](*a, merge_loads=MERGE_LOADS)  # noqa: E731
         for key, fn, inp, kw in (("bench write", op, inputs, {"flush_l2": "write"}),
                                  ("bench clean", op, inputs, {"flush_l2": "clean"}),
                                  ("bench no flush", op, inputs, {"flush_l2": False}),
                                  ("graph", op, inputs, {"flush_l2": False, "cuda_graph": True}),
                                  ("bench clean, no keys", op, inputs_empty, {"flush_l2": "clean"}),
                                  ("variant bench write", variant, inputs, {"flush_l2": "write"}),
-                                 ("variant bench clean", variant, inputs, {"flush_l2": "clean"})):
+                                 ("variant bench clean", variant, inputs, {"flush_l2": "clean"}),
+                                 ("merge bench clean", merge, inputs, {"flush_l2": "clean"})):
             try:
                 r = bench(fn, inp, rep_ms=40.0, rounds=5, generator_device=device, verify=False, **kw)
                 timings[key] = r.median_ms * 1e3
@@ -456,7 +484,8 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
                     log(f"    ncu note ({label} {name}): {note}")
             reports[name] = rep
             del args
-        row = profile_row(model, reports, timings, copy_gbps)
+        row = profile_row(model, reports, timings, copy_gbps,
+                          decode_model(B, L, plan, dataclasses.replace(H100, merge_unroll=MERGE_LOADS)))
         rows.append(row)
         log(f"{label}: model {model.bench_us:.1f} µs (clean {model.clean_us:.1f}; blames {model.blame}); "
             + ", ".join(f"{k} {v:.1f} µs" for k, v in timings.items()) + "; ncu "

@@ -473,8 +473,9 @@ __device__ __forceinline__ void warp_load_rows(uint32_t tile, const T* __restric
 // dynamic shared memory NWARPS * (16 MT + 4 BLOCK_N) * D * 2 bytes.
 // Merge the P block partials of n rows from row R0 into out (the combine kernel's formula) with the block's threads:
 // first each row's weights 2^(lse_s - M) / sum_s 2^(lse_s - M) into shared memory w [n, P] (a warp a row), then each
-// thread a float4 of one row's columns. The partials are read through L2 (ld.global.cg): other blocks wrote them.
-template <typename T, int D>
+// thread a float4 of one row's columns, LOADS partials in flight at a time (8: the op's; other values issue all
+// LOADS loads before summing them). The partials are read through L2 (ld.global.cg): other blocks wrote them.
+template <typename T, int D, int LOADS = 8>
 __device__ __forceinline__ void merge_block_partials(const float* __restrict__ o_part,
                                                      const float* __restrict__ lse_part, T* __restrict__ out,
                                                      size_t R0, int n, int P, float* w) {
@@ -502,11 +503,25 @@ __device__ __forceinline__ void merge_block_partials(const float* __restrict__ o
         const float* src = o_part + (R0 + r) * P * D + c;
         const float* wr = w + r * P;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        if constexpr (LOADS == 8) {
 #pragma unroll 8
-        for (int s = 0; s < P; ++s) {                                  // independent loads: 8 in flight a thread
-            const float ws = wr[s];
-            const float4 v = __ldcg(reinterpret_cast<const float4*>(src + (size_t)s * D));
-            acc.x += ws * v.x;  acc.y += ws * v.y;  acc.z += ws * v.z;  acc.w += ws * v.w;
+            for (int s = 0; s < P; ++s) {                              // independent loads: 8 in flight a thread
+                const float ws = wr[s];
+                const float4 v = __ldcg(reinterpret_cast<const float4*>(src + (size_t)s * D));
+                acc.x += ws * v.x;  acc.y += ws * v.y;  acc.z += ws * v.z;  acc.w += ws * v.w;
+            }
+        } else {                                                       // all LOADS issued, then summed in order
+            for (int s0 = 0; s0 < P; s0 += LOADS) {
+                float4 v[LOADS];                                       // unconditional loads (past P: partial P - 1,
+#pragma unroll                                                         // weight 0), so none waits behind a sum
+                for (int j = 0; j < LOADS; ++j)
+                    v[j] = __ldcg(reinterpret_cast<const float4*>(src + (size_t)min(s0 + j, P - 1) * D));
+#pragma unroll
+                for (int j = 0; j < LOADS; ++j) {
+                    const float ws = s0 + j < P ? wr[min(s0 + j, P - 1)] : 0.f;
+                    acc.x += ws * v[j].x;  acc.y += ws * v[j].y;  acc.z += ws * v[j].z;  acc.w += ws * v[j].w;
+                }
+            }
         }
         *reinterpret_cast<uint2*>(out + (R0 + r) * D + c) = make_uint2(pack2<T>(acc.x, acc.y), pack2<T>(acc.z, acc.w));
     }
@@ -520,7 +535,7 @@ __device__ __forceinline__ float* lse_of(float* work, int D, int rows) {
 // FUSED: after writing its partial, each block takes a ticket from counters[(b Hkv + h) row_groups + z]; the block
 // that draws the last (gridDim.x - 1) merges the gridDim.x partials of its rows into out and resets the counter to 0
 // for the next call (so no memset launch; the counters start at 0 once, when the launcher allocates them).
-template <typename T, int D, int BLOCK_N, int MT, bool FUSED>
+template <typename T, int D, int BLOCK_N, int MT, bool FUSED, int MERGE_LOADS = 8>
 __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                              const int* __restrict__ seqlens, float* __restrict__ o_part,
                                              float* __restrict__ lse_part, T* __restrict__ out,
@@ -648,7 +663,7 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     __syncthreads();                                                   // (and the warps' partials are read)
     if (!last_block[0]) return;
     __threadfence();
-    merge_block_partials<T, D>(o_part, lse_part, out, (size_t)bh * rows + r0, min(ROWS, rows - r0), gridDim.x,
+    merge_block_partials<T, D, MERGE_LOADS>(o_part, lse_part, out, (size_t)bh * rows + r0, min(ROWS, rows - r0), gridDim.x,
                                reinterpret_cast<float*>(smem));
 }
 
@@ -728,6 +743,16 @@ DEC_FUSED(decode_fused_bf16_d128_m16, __nv_bfloat16, 128, 16, 1)
 DEC_FUSED(decode_fused_f16_d64_m16, __half, 64, 32, 1)
 DEC_FUSED(decode_fused_f16_d64_m32, __half, 64, 32, 2)
 DEC_FUSED(decode_fused_f16_d128_m16, __half, 128, 16, 1)
+// A variant for the profile (benchmarks/decode_profile.py), not the op's default: the last block's merge with 16 of a
+// thread's partial loads in flight, not 8: two L2 round trips instead of four at 32 block partials (32 spill).
+#define DEC_FUSED_LOADS(name, T, D, BN, M, LOADS) \
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32) \
+name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const int* __restrict__ seqlens, \
+     float* __restrict__ work, T* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) { \
+    dec::decode_split<T, D, BN, M, true, LOADS>(q, k, v, seqlens, work, dec::lse_of(work, D, g * nq), out, counters, hkv, g, nq, nmax, scale); \
+}
+DEC_FUSED_LOADS(decode_fused_bf16_d128_m16_l16, __nv_bfloat16, 128, 16, 1, 16)
+DEC_FUSED_LOADS(decode_fused_f16_d128_m16_l16, __half, 128, 16, 1, 16)
 
 # %% [markdown]
 # The decode cards: `HMMA` for both products (a warp pads its `G nq` rows to 16, wasted tensor work that costs nothing
@@ -917,14 +942,17 @@ def _decode_args(q, k_cache, v_cache, cache_seqlens, what):
                          f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS):
+def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, merge_loads=8):
     """Attention of nq new tokens per sequence against its KV cache, split along the keys (flash-decoding), in one
     launch: the last block of each (sequence, KV head, row group) merges the splits' partials.
     q: [B, Hq, nq, d]; k_cache, v_cache: [B, Hkv, Nmax, d]; cache_seqlens: [B] int32 (values above Nmax read as
     Nmax). Token i of sequence b sees keys 0 .. cache_seqlens[b] - nq + i; a token that sees none gets zeros.
-    min_keys: the fewest keys a split walks (decode_plan)."""
+    min_keys: the fewest keys a split walks (decode_plan). merge_loads: partials a thread of the last block keeps
+    in flight (8; 16, a variant the decode profile times, at d = 128)."""
     _decode_args(q, k_cache, v_cache, cache_seqlens, "decode_attention")
     B, Hq, nq, d = q.shape
+    if merge_loads not in (8, 16) or (merge_loads == 16 and d != 128):
+        raise ValueError(f"decode_attention: merge_loads is 8, or 16 at d = 128; got {merge_loads} at d = {d}")
     Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(q)
     if B == 0 or nq == 0:
@@ -934,7 +962,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS):
     rows, parts = B * Hq * nq, plan.splits // DEC_WARPS           # one partial per block: its warps merged
     work = torch.empty(rows * parts * (d + 1), dtype=torch.float32, device=q.device)     # o_part, then lse_part
     counters = decode_counters(q.device, B * Hkv * plan.row_groups)
-    name = f"decode_fused_{DTYPE_NAMES[q.dtype]}_d{d}_m{plan.rows_per_warp}"
+    name = f"decode_fused_{DTYPE_NAMES[q.dtype]}_d{d}_m{plan.rows_per_warp}" + ("_l16" if merge_loads == 16 else "")
     decode_kernels[name][plan.grid(B, Hkv), 32 * DEC_WARPS, plan.shared_bytes](
         q, k_cache, v_cache, cache_seqlens, work, out, counters, Hkv, G, nq, Nmax, d ** -0.5)
     return out

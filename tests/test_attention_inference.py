@@ -4,6 +4,7 @@ tutorial's own launchers, run on the CPU emulation of the kernels (kernellab.run
 mma.sync, cp.async), match attention in float64 on awkward shapes, GQA ratios, a batch of different cache lengths
 (0, 1, partial tiles) and several query tokens."""
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -65,6 +66,7 @@ def test_the_decode_kernels_compile_without_spills(modules):
     splits = {f"{dt}_d64_m16" for dt in ("bf16", "f16")} | {f"{dt}_d64_m32" for dt in ("bf16", "f16")}
     splits |= {f"{dt}_d128_m16" for dt in ("bf16", "f16")}
     want = {f"decode_{x}" for x in splits} | {f"decode_fused_{x}" for x in splits}
+    want |= {f"decode_fused_{dt}_d128_m16_l16" for dt in ("bf16", "f16")}        # the merge variant (16 loads)
     want |= {f"combine_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)}
     assert set(kernels) == want
     for name, k in kernels.items():
@@ -83,6 +85,28 @@ def test_the_decode_kernels_compile_without_spills(modules):
                                                   "nq", "nmax", "scale"]
             assert "MEMBAR.SC.GPU" in k.sass and k.sass.count("ATOMG.E.ADD") == 1, name
             assert "LDG.E.128.STRONG.GPU" in k.sass, name         # the partials as float4 through L2 (ld.global.cg)
+    for dt in ("bf16", "f16"):                   # the last block's partial loads a thread has issued at the first use
+        base, wide = (max(_loads_in_flight(kernels[f"decode_fused_{dt}_d128_m16{x}"].sass)) for x in ("", "_l16"))
+        assert (base, wide) == (8, 16), dt
+
+
+def _loads_in_flight(sass):
+    """For each `LDG.E.128.STRONG.GPU` (a partial read through L2), how many such loads are issued before an
+    instruction reads its destination registers: the loads a thread has in flight when it first waits."""
+    lines = [x.split(";")[0] for x in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
+    counts = []
+    for i, line in enumerate(lines):
+        m = re.search(r"LDG\.E\.128\.STRONG\.GPU\s+R(\d+)", line)
+        if not m:
+            continue
+        regs, n = {f"R{int(m[1]) + k}" for k in range(4)}, 1
+        for later in lines[i + 1:]:
+            if "LDG.E.128.STRONG.GPU" in later:
+                n += 1
+            elif regs & set(re.findall(r"\bR\d+\b", later.split(",", 1)[1] if "," in later else "")):
+                break
+        counts.append(n)
+    return counts
 
 
 # --- the launchers on the emulated kernels -------------------------------------------------------------------------
@@ -198,6 +222,32 @@ def test_the_fused_decode_merges_many_block_partials_on_the_emulator(t09, dtype,
     assert torch.equal(t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys), out)
     two = t09["decode_attention_two_kernels"](q, kc, vc, sl, min_keys=min_keys)
     assert (two.double() - out.double()).abs().max().item() <= 2 * tol(dtype) / 3   # the same merge, other order
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype, lens", [(torch.bfloat16, (1031, 333)), (torch.float16, (1000, 0))])
+def test_the_merge_with_16_loads_in_flight_on_the_emulator(t09, dtype, lens):
+    """decode_attention(merge_loads=16), the decode profile's variant: the last block keeps 16 partials in flight. At
+    63-65 block partials a head (four batches of 16 and a short one, lengths off the tile, splits with no key, an
+    empty cache) it gives the float64 reference, and the default's output up to rounding (the same sums in order)."""
+    g = torch.Generator().manual_seed(sum(lens))
+    B, Hq, Hkv, d, Nmax, min_keys = len(lens), 4, 1, 128, max(lens) + 7, 4
+    q = torch.randn(B, Hq, 1, d, generator=g).to(dtype)
+    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype) for _ in range(2))
+    sl = torch.tensor(lens, dtype=torch.int32)
+    assert t09["decode_plan"](B, Hkv, Hq // Hkv, 1, Nmax, d, 132, min_keys).splits // 4 in (63, 65)
+    launches = t09["decode_kernels"].launches
+    before = len(launches)
+    out = t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys, merge_loads=16)
+    assert [x[0] for x in launches[before:]] == [f"decode_fused_{t09['DTYPE_NAMES'][dtype]}_d128_m16_l16"]
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    assert (out.double() - ref).abs().max().item() < tol(dtype)
+    assert all((c == 0).all() for c in t09["_DEC_COUNTERS"].values())  # reset by the last blocks
+    default = t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys)
+    assert (default.double() - out.double()).abs().max().item() <= tol(dtype) / 4
+    with pytest.raises(ValueError, match="merge_loads"):
+        t09["decode_attention"](q[..., :64].contiguous(), kc[..., :64].contiguous(), vc[..., :64].contiguous(), sl,
+                                merge_loads=16)
 
 
 def test_the_split_plan_fills_one_wave(t09):

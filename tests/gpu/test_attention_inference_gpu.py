@@ -218,6 +218,26 @@ def test_the_fused_decode_for_split_counts_the_benchmark_sweeps(t09, min_keys, L
         assert within((out - ref).abs().max().item(), theirs, "bf16"), (lens, min_keys)
 
 
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("L", [1024, 8191, 33000])               # 4, 32 and 33 block partials at B = 1
+def test_the_merge_variant_with_16_loads_matches_the_default(t09, dname, L):
+    """decode_attention(merge_loads=16), the decode profile's variant (the last block keeps 16 partial loads in
+    flight): against float64 and SDPA's error on one full cache and a batch of different lengths, and within one
+    unit in the last place of the default (the same sums in the same order)."""
+    for lens in ((L,), (L, 1, 0, L // 3)):
+        q, kc, vc = decode_inputs(len(lens), 32, 8, 1, L, 128, seed=L + 16, dtype=DTYPES[dname])
+        sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        ref = t09["decode_reference"](q, kc, vc, sl)
+        out = t09["decode_attention"](q, kc, vc, sl, merge_loads=16)
+        sd = F.scaled_dot_product_attention(q, kc, vc, attn_mask=t09["decode_mask"](sl, 1, L), enable_gqa=True)
+        seen = t09["decode_mask"](sl, 1, L).any(-1, keepdim=True).expand_as(ref)
+        theirs = (sd.double() - ref)[seen].abs().max().item()
+        assert within((out.double() - ref).abs().max().item(), theirs, dname), (lens, L)
+        default = t09["decode_attention"](q, kc, vc, sl).double()
+        ulp = torch.finfo(DTYPES[dname]).eps * default.abs().clamp(min=1.0)
+        assert ((out.double() - default).abs() <= 1.01 * ulp).all(), (lens, L)
+
+
 def test_the_fused_decode_is_deterministic_and_resets_its_counters(t09):
     """Which block draws the last ticket changes from call to call, the merge order does not: 300 calls give the
     same bits (a block merging before every partial is written would not). After them every counter is 0 again, and
