@@ -6,8 +6,10 @@ kernel, and the op's time split by how the L2 is left before it (issue 32).
 What it measures, Hq = 32 over Hkv = 8, d = 128, bf16, one query token, full caches, at B = 1 with caches of 1k, 8k
 and 128k and at B = 32 with 8k (PROFILE_CASES):
 - Nsight Compute (kernellab's ncu wrapper, Kernel.profile: one launch in a new process, normal clocks, ncu's own L2
-  flush and invalidate before the launch, so a clean L2) on four launches a case: the fused kernel as the op plans it
-  ("fused"); the same launch with every cache_seqlens = 0 ("fused, no keys": the grid, the in-block merge, the ticket
+  flush and invalidate before the launch, so a clean L2) on up to five launches a case (all five at B = 1 with 1k and
+  8k, where each question is open; the fused kernel and the split kernel at 128k; the fused kernel at B = 32, where
+  one block a head merges nothing; the split-floor variant only where it shortens a warp's chain of tiles): the fused
+  kernel as the op plans it ("fused"); the same launch with every cache_seqlens = 0 ("fused, no keys": the grid, the in-block merge, the ticket
   and the last block's merge, no cache read: the fixed part); the two-kernel step's split kernel alone ("split only":
   the fused time minus this is the merge's serial tail); the fused kernel with the split floor VARIANT_MIN_KEYS
   ("fused, min_keys=16": more, shorter splits), and the fused kernel whose last block keeps 16 partial loads in flight
@@ -16,8 +18,10 @@ and 128k and at B = 32 with 8k (PROFILE_CASES):
   active, waves, L2 hit rate, warp stall reasons.
 - kernellab.bench of the op (torch.ops.kl.decode_attention, as called) with the L2 left three ways before each call:
   written ("write", the default of kernellab.bench and do_bench: dirty lines that the call evicts), read ("clean") and
-  not flushed (inputs rotated: still from DRAM), plus CUDA-graph replay (per call, the launch gaps gone), the op with
-  empty caches (the fixed part as kernellab.bench sees it), and both variants.
+  not flushed (inputs rotated: still from DRAM), plus CUDA-graph replay (per call, the launch gaps gone; a call
+  captured on the graph's own stream makes and zeroes its ticket counters in the graph, so each holds a small memset
+  node too: an upper bound of the graph's per-call time), the op with empty caches (the fixed part as kernellab.bench
+  sees it), and both variants.
 Beside every figure, decode_model's prediction. The last lines: one table, then one line per hypothesis with what the
 numbers say about it (profile_reading).
 """
@@ -333,7 +337,7 @@ def profile_reading(rows: list) -> list:
         if le is not None:
             say.append(f"H7 launch and events (model {m['launch_us']:.1f} µs): bench clean - ncu fused = {le:.1f} "
                        f"µs; "
-                       f"graph replay {_f(t.get('graph'))} µs a call -> " + (
+                       f"graph replay {_f(t.get('graph'))} µs a call (with a counters memset) -> " + (
                            "the launch and event floor is larger than the model's: a shorter kernel cannot hide it; "
                            "the graph figure is what a model's decode loop (CUDA graphs) sees"
                            "; suspects: the queued spin kernel before each timed call (a shared-memory carveout "
@@ -425,12 +429,16 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
             lse_part = torch.empty(rows_, p.splits // DEC_WARPS, dtype=torch.float32, device=device)
             return (q, kc, vc, full, o_part, lse_part, HKV, HQ // HKV, NQ, L, D ** -0.5)
 
-        launches = {"fused": (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, full)),
-                    "fused, no keys": (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, empty)),
-                    "split only": (f"decode_{dt}_d{D}_m16", plan, lambda: split_args(plan))}
-        if plan.splits // DEC_WARPS > 1:     # a last block merges: the merge variant differs
-            launches[MERGE] = (f"decode_fused_{dt}_d{D}_m16_l{MERGE_LOADS}", plan, lambda: fused_args(plan, full))
-        if vplan.splits != plan.splits:
+        launches = {"fused": (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, full))}
+        small = B == 1 and L <= 8192           # where the fixed part matters (the large cases' grids are 8k's)
+        if small:
+            launches["fused, no keys"] = (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, empty))
+        if plan.splits // DEC_WARPS > 1:       # a last block merges: its tail, and the merge variant
+            launches["split only"] = (f"decode_{dt}_d{D}_m16", plan, lambda: split_args(plan))
+            if small:
+                launches[MERGE] = (f"decode_fused_{dt}_d{D}_m16_l{MERGE_LOADS}", plan,
+                                   lambda: fused_args(plan, full))
+        if decode_model(B, L, vplan).tiles_per_warp != model.tiles_per_warp:    # a shorter chain of tiles
             launches[f"fused, min_keys={VARIANT_MIN_KEYS}"] = (f"decode_fused_{dt}_d{D}_m16", vplan,
                                                                lambda: fused_args(vplan, full))
         # timings first (in this process, cheap), then ncu (a process a launch)
@@ -447,14 +455,18 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
 
         variant = lambda *a: t["decode_attention"](*a, min_keys=VARIANT_MIN_KEYS)  # noqa: E731
         merge = lambda *a: t["decode_attention"](*a, merge_loads=MERGE_LOADS)  # noqa: E731
-        for key, fn, inp, kw in (("bench write", op, inputs, {"flush_l2": "write"}),
-                                 ("bench clean", op, inputs, {"flush_l2": "clean"}),
-                                 ("bench no flush", op, inputs, {"flush_l2": False}),
-                                 ("graph", op, inputs, {"flush_l2": False, "cuda_graph": True}),
-                                 ("bench clean, no keys", op, inputs_empty, {"flush_l2": "clean"}),
-                                 ("variant bench write", variant, inputs, {"flush_l2": "write"}),
-                                 ("variant bench clean", variant, inputs, {"flush_l2": "clean"}),
-                                 ("merge bench clean", merge, inputs, {"flush_l2": "clean"})):
+        timed = [("bench write", op, inputs, {"flush_l2": "write"}),
+                 ("bench clean", op, inputs, {"flush_l2": "clean"}),
+                 ("bench no flush", op, inputs, {"flush_l2": False}),
+                 ("graph", op, inputs, {"flush_l2": False, "cuda_graph": True})]
+        if "fused, no keys" in launches:
+            timed.append(("bench clean, no keys", op, inputs_empty, {"flush_l2": "clean"}))
+        if f"fused, min_keys={VARIANT_MIN_KEYS}" in launches:
+            timed += [("variant bench write", variant, inputs, {"flush_l2": "write"}),
+                      ("variant bench clean", variant, inputs, {"flush_l2": "clean"})]
+        if MERGE in launches:
+            timed.append(("merge bench clean", merge, inputs, {"flush_l2": "clean"}))
+        for key, fn, inp, kw in timed:
             try:
                 r = bench(fn, inp, rep_ms=40.0, rounds=5, generator_device=device, verify=False, **kw)
                 timings[key] = r.median_ms * 1e3

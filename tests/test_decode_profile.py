@@ -252,3 +252,21 @@ def test_the_models_plan_is_tutorial_09s():
         for min_keys in (64, dp.VARIANT_MIN_KEYS):
             real, ours = decode_plan(B, 8, 4, 1, L, 128, 132, min_keys), plan(B, L, min_keys)
             assert {k: getattr(real, k) for k in vars(ours)} == vars(ours), (B, L, min_keys)
+
+
+def test_the_suite_profiles_only_the_open_questions_of_a_large_batch(tmp_path):
+    """Past B = 1 (here B = 2, one block a head: nothing to merge) only the fused kernel is profiled and only the op
+    timed: the budget goes to the small caches."""
+    torch = pytest.importorskip("torch")
+    calls, timed, said = [], [], []
+
+    def bench(fn, inputs, **kw):
+        timed.append(kw)
+        return SimpleNamespace(median_ms=0.02)
+
+    t = fake_tutorial(torch, calls)
+    assert dp.run(t, torch, tmp_path, cases=((2, 64),), log=said.append, device="cpu", op=t["decode_attention"],
+                  bench=bench) == 0, said
+    assert [(name, grid) for name, grid, *_ in calls] == [("decode_fused_bf16_d128_m16", (1, 16, 1))]
+    assert len(timed) == 4                        # write, clean, no flush, graph
+    assert "H9" not in said[-1] and "H5" not in said[-1] and "H4" not in said[-1]
