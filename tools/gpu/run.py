@@ -168,7 +168,7 @@ SUITES: dict[str, Suite] = {
     "profile-decode": Suite(
         "benchmarks/attention_inference.py --part decode --profile: tutorial 09's one-launch decode at B = 1 (caches "
         "1k, 8k, 128k) and B = 32 (8k) under Nsight Compute (the fused kernel, the same with empty caches, the split "
-        "kernel alone, a lower split floor): duration, DRAM %, bytes read, occupancy, SMs active, L2 hit rate, top "
+        "kernel alone, a lower split floor, the merge variant merge_loads=16): duration, DRAM %, bytes read, occupancy, SMs active, L2 hit rate, top "
         "stalls; the op by kernellab.bench with the L2 written, read, not flushed and in a CUDA graph; each beside "
         "the latency model; last lines: what each outcome means", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--profile", "--out", "{out}"),),
