@@ -663,8 +663,8 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     __syncthreads();                                                   // (and the warps' partials are read)
     if (!last_block[0]) return;
     __threadfence();
-    merge_block_partials<T, D, MERGE_LOADS>(o_part, lse_part, out, (size_t)bh * rows + r0, min(ROWS, rows - r0), gridDim.x,
-                               reinterpret_cast<float*>(smem));
+    merge_block_partials<T, D, MERGE_LOADS>(o_part, lse_part, out, (size_t)bh * rows + r0, min(ROWS, rows - r0),
+                                            gridDim.x, reinterpret_cast<float*>(smem));
 }
 
 // Merge the splits of each row: o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s; a row no split
