@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
+import re
 import sys
 import time
 import traceback
@@ -208,3 +210,153 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+# -- where atomic_w8's time goes, against FLASH's: a model, then Nsight Compute (issue 31) ------------------------------
+# H100 SXM rates a model of the dK/dV kernel takes, per SM and clock unless said. Sources and reasoning:
+# - tensor pipe, mma.sync: the H100 SXM's dense bf16 peak, 989 TFLOP/s, is 4,096 FLOP/clk/SM (132 SMs, 1.83 GHz) and
+#   is reached only by wgmma; mma.sync (HMMA.16816, 4,096 FLOP each) issues at about two thirds of it on Hopper (Luo
+#   et al., "Dissecting the NVIDIA Hopper Architecture through Microbenchmarking", arXiv 2402.13499 / 2501.12084:
+#   mma.sync well below wgmma on H800), i.e. one HMMA.16816 per 6 clk per SM sub-partition, 660 TFLOP/s at 1.83 GHz.
+#   Assumed, not measured here: the profile's tensor-pipe % and HMMA count per second test it.
+# - shared memory: 128 B/clk/SM (32 banks x 4 B): one wavefront a clock; ldmatrix.x4 (512 B) takes 4.
+# - issue: one warp instruction a clock per sub-partition, 4 an SM.
+# - L2: about 5.5 TB/s of hits (H100 SXM, measured by microbenchmarks; not the 12 TB/s sometimes quoted), and for
+#   fp32 reductions (red.global.add, read-modify-write in the L2 slice) assumed half of it, 2.75 TB/s: the profile's
+#   lts__t_sectors_op_red per second measures what they reached.
+# - DRAM: 3.35 TB/s (HBM3, H100 SXM).
+# - clock: 1.755 GHz, the SM clock H100s under ncu --clock-control none have shown at load; the model is evaluated
+#   again at the clock the profile measures.
+H100_RATES = dict(sms=132, clock_hz=1.755e9, hmma_flop_per_clk_sm=4096 * 2 / 3, smem_bytes_per_clk_sm=128,
+                  issue_per_clk_sm=4, l2_bytes_per_s=5.5e12, l2_red_bytes_per_s=2.75e12, dram_bytes_per_s=3.35e12)
+# SDPA FLASH's backward and atomic_w8 on an H100 (docs/RESULTS.md, `notebooks 08`, 2026-11-28, N = 4096, not
+# causal): TFLOP/s at 10 B H N^2 d. The model's prediction is compared with these and with the profile's durations.
+H100_MEASURED_TFLOPS = {64: {"FLASH": 270.0, "atomic_w8": 203.6}, 128: {"FLASH": 289.0, "atomic_w8": 206.0}}
+W8_WARPS, W8_KEYS = 8, 128                      # atomic_w8: warps a block, keys a block (16 a warp)
+W8_QUERY_TILE = {64: 64, 128: 32}               # BWD_BM64, BWD_BM128: queries a tile step
+
+
+def loop_body(sass: str) -> dict[str, int]:
+    """Opcode counts (SASS, static) inside the kernel's outermost loop: the instructions between the target of the
+    backward branch that spans the most code and that branch. For the dK/dV kernel that is the tile step (both sides
+    of its mask branch and the dQ k-loop once: an upper bound on one step's instructions, except the k-loop's
+    repeats)."""
+    addr = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*)")
+    insts, best = [], None
+    for line in sass.splitlines():
+        m = addr.search(line)
+        if not m:
+            continue
+        at, text = int(m.group(1), 16), m.group(2)
+        insts.append((at, text))
+        b = re.search(r"\bBRA\s+(?:`?\(?)0x([0-9a-f]+)", text)
+        if b and int(b.group(1), 16) < at and (best is None or at - int(b.group(1), 16) > best[1] - best[0]):
+            best = (int(b.group(1), 16), at)
+    counts: dict[str, int] = {}
+    if best is None:
+        return counts
+    for at, text in insts:
+        if best[0] <= at <= best[1]:
+            op = re.sub(r"^@!?U?P\w+\s+", "", text).split(" ")[0].rstrip(";")
+            if op:
+                counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def _count(counts: dict[str, int], prefix: str) -> int:
+    return sum(v for k, v in counts.items() if k == prefix or k.startswith(prefix + "."))
+
+
+def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dict[str, int] | None = None,
+                    rates: dict | None = None, instructions_per_warp_step: float | None = None) -> dict:
+    """What one tile step of atomic_w8's dK/dV kernel (8 warps, 128 keys, BM queries a step) asks of each unit of an
+    SM, at FlashAttention-3's shape (B N = 16k, H d = 2048), and how long the kernel would take if each alone bound it.
+
+    Counts per warp and step follow the kernel's loops (tutorial 08, bwd::dkdv with W = 8): S^T = K Q^T and
+    dP^T = V dO^T (16 keys x BM queries, d deep: BM/8 n-blocks x d/16 k-steps HMMA.16816 each; ldmatrix.x4: d/16 A +
+    BM/16 x d/16 B), dV += P^T dO and dK += dS^T Q (A from registers; d/8 n-blocks x BM/16 k-steps; BM/16 x d/16
+    ldmatrix.x4.trans), dQ = dS K (the block's [BM, d] shared by 8 warps: BM/16 row groups, d/8 / (8 / (BM/16))
+    n-blocks a warp, 128/16 k-steps; 1 + n-blocks/2 ldmatrix.x4.trans a k-step) and its red.global.add.v2.f32 (2 a
+    n-block a thread). Other shared traffic (LSE, Dv, dS stores) from `loop` (loop_body of the SASS: an upper bound);
+    cp.async writes Q, dO, LSE, Dv tiles into shared memory (one wavefront per 128 B).
+    Returns {"rows": [{resource, per_block_step, per_64_queries, unit, alone_ms}], "bound", "predicted_ms",
+    "blocks_per_sm", "waves", ...}."""
+    from kernellab import occupancy
+
+    r = dict(H100_RATES, **(rates or {}))
+    loop = loop or {}
+    W, KT, BM = W8_WARPS, W8_KEYS, W8_QUERY_TILE[d]
+    B, H = max(1, 16384 // N), 2048 // d
+    NB, DB, RG = BM // 8, d // 8, BM // 16
+    DBW = DB // (W // RG)
+    hmma_warp = 2 * NB * (d // 16) + 2 * DB * (BM // 16) + DBW * (KT // 16)
+    ldsm_warp = 2 * (d // 16) * (1 + NB // 2) + 2 * (BM // 16) * (DB // 2) + (KT // 16) * (1 + DBW // 2)
+    other_smem_warp = _count(loop, "LDS") + _count(loop, "STS")
+    cp_async_bytes = 2 * BM * d * 2 + 2 * BM * 4           # Q, dO tiles; LSE, Dv rows
+    wavefronts = W * (4 * ldsm_warp + other_smem_warp) + cp_async_bytes / 128
+    red_warp = 2 * DBW                                      # red.v2 a thread (rows g and g + 8, DBW n-blocks)
+    red_bytes = BM * d * 4                                  # the block's dQ share a step, fp32
+    if instructions_per_warp_step is None:     # the static loop body: both sides of the mask branch, inner loops
+        instructions_per_warp_step = float(sum(loop.values())) or None   # once (ncu's count replaces it)
+    occ = occupancy(32 * W, registers, shared_bytes, "sm_90")
+    bps = max(1, occ.blocks_per_sm)
+    blocks = math.ceil(N / KT) * B * H
+    steps = math.ceil(N / BM)
+    waves = math.ceil(blocks / (r["sms"] * bps))
+    # SM-side resources: cycles a block step, times the steps and blocks an SM runs in turn (waves x blocks an SM)
+    per_sm_steps = waves * bps * steps
+    sm_ms = lambda cycles: per_sm_steps * cycles / r["clock_hz"] * 1e3    # noqa: E731
+    gpu_ms = lambda total_bytes, rate: total_bytes / rate * 1e3           # noqa: E731
+    scale64 = 64 / BM
+    rows = [
+        dict(resource="tensor pipe (HMMA.16816)", per_block_step=W * hmma_warp, unit="HMMA",
+             alone_ms=sm_ms(W * hmma_warp * 4096 / r["hmma_flop_per_clk_sm"])),
+        dict(resource="shared memory (wavefronts)", per_block_step=wavefronts, unit="wavefronts",
+             alone_ms=sm_ms(wavefronts * 128 / r["smem_bytes_per_clk_sm"]),
+             detail=f"{W * ldsm_warp} ldmatrix.x4, {W * other_smem_warp} LDS/STS (bound), "
+                    f"{cp_async_bytes / 128:.0f} from cp.async"),
+        dict(resource="issue (warp instructions)", per_block_step=(W * instructions_per_warp_step
+                                                                   if instructions_per_warp_step else None),
+             unit="instr", alone_ms=(sm_ms(W * instructions_per_warp_step / r["issue_per_clk_sm"])
+                                     if instructions_per_warp_step else None)),
+        dict(resource="L2 -> SM loads (Q, dO, LSE, Dv)", per_block_step=cp_async_bytes, unit="B",
+             alone_ms=gpu_ms(blocks * steps * cp_async_bytes, r["l2_bytes_per_s"])),
+        dict(resource="dQ reductions (red.v2 to L2)", per_block_step=red_bytes, unit="B",
+             alone_ms=gpu_ms(blocks * steps * red_bytes, r["l2_red_bytes_per_s"]),
+             detail=f"{W * red_warp} warp REDs a step ({W * red_warp * 8} sectors), "
+                    f"{blocks * steps * red_bytes / 1e9:.2f} GB a backward"),
+        dict(resource="DRAM (Q K V O dO in, dK dV out, dq_accum once)", unit="B",
+             per_block_step=None,
+             alone_ms=gpu_ms(B * H * N * d * (7 * 2 + 4) + 2 * B * H * N * 4, r["dram_bytes_per_s"])),
+    ]
+    for row in rows:
+        v = row["per_block_step"]
+        row["per_64_queries"] = None if v is None else v * scale64
+    timed = [x for x in rows if x["alone_ms"] is not None]
+    bound = max(timed, key=lambda x: x["alone_ms"])
+    flops = 10 * B * H * N * N * d
+    return dict(d=d, N=N, B=B, H=H, BM=BM, registers=registers, shared_bytes=shared_bytes, blocks_per_sm=bps,
+                occupancy=str(occ), blocks=blocks, steps=steps, waves=waves, rows=rows, bound=bound["resource"],
+                predicted_ms=bound["alone_ms"], predicted_tflops=flops / (bound["alone_ms"] * 1e-3) / 1e12,
+                hmma_per_warp_step=hmma_warp, ldsm_x4_per_warp_step=ldsm_warp,
+                ldsm_per_hmma=ldsm_warp / hmma_warp, red_v2_per_thread_step=red_warp,
+                instructions_per_warp_step=instructions_per_warp_step, flops=flops, clock_hz=r["clock_hz"])
+
+
+def model_table(m: dict, flash_ms: float | None = None) -> str:
+    """The model as a text table: each resource's demand a block step and per 64 queries, its time alone."""
+    head = (f"atomic_w8 dK/dV kernel, d = {m['d']}, N = {m['N']} (B = {m['B']}, H = {m['H']}, {m['BM']} queries a "
+            f"step): {m['registers']} registers, {m['shared_bytes']:,} B shared -> {m['blocks_per_sm']} block(s) an SM, "
+            f"{m['blocks']} blocks in {m['waves']} waves, {m['steps']} steps a block; "
+            f"{m['hmma_per_warp_step']} HMMA and {m['ldsm_x4_per_warp_step']} ldmatrix.x4 a warp a step "
+            f"({m['ldsm_per_hmma']:.2f} per HMMA)")
+    lines = [head, f"{'resource':48s} {'a block step':>14s} {'per 64 queries':>15s} {'alone (ms)':>11s}  detail"]
+    for row in m["rows"]:
+        f = (lambda v: f"{v:,.0f}" if v is not None else "-")
+        ms = f"{row['alone_ms']:.2f}" if row["alone_ms"] is not None else "-"
+        lines.append(f"{row['resource']:48s} {f(row['per_block_step']):>14s} {f(row['per_64_queries']):>15s} "
+                     f"{ms:>11s}  {row.get('detail', '')}")
+    lines.append(f"bound: {m['bound']}: {m['predicted_ms']:.2f} ms ({m['predicted_tflops']:.0f} TFLOP/s for the kernel "
+                 f"alone at {m['clock_hz'] / 1e9:.3f} GHz)"
+                 + (f"; SDPA FLASH's whole backward measured {flash_ms:.2f} ms" if flash_ms else ""))
+    return "\n".join(lines)

@@ -59,6 +59,26 @@ DEFAULT_METRICS: tuple[tuple[str, str], ...] = (
     ("sm__inst_executed_pipe_tensor_op_gmma.sum", "GMMA instructions executed"),
 )
 LABELS = dict(DEFAULT_METRICS)
+# Warp stall reasons (smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio: warps stalled for that
+# reason per issued instruction, Nsight Compute's "Warp State" section); the profiles of benchmarks/ take these.
+STALL_REASONS = ("long_scoreboard", "barrier", "wait", "math_pipe_throttle", "short_scoreboard", "mio_throttle",
+                 "lg_throttle", "no_instruction", "dispatch_stall", "membar", "drain", "branch_resolving",
+                 "tex_throttle", "sleeping", "not_selected", "selected")
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+
+
+def stall_metrics(reasons=STALL_REASONS) -> tuple[tuple[str, str], ...]:
+    """(metric, label) for each stall reason: "stall: <reason> (warps per issue)"."""
+    return tuple((f"{STALL_PREFIX}{r}{STALL_SUFFIX}", f"stall: {r} (warps per issue)") for r in reasons)
+
+
+def top_stalls(report: "ProfileReport", n: int = 3) -> list[tuple[str, float]]:
+    """The n largest stall reasons of a report, [(reason, warps per issue)], leaving out "selected" (issuing, not a
+    stall) and "not_selected" (eligible, another warp issued)."""
+    found = [(m.name[len(STALL_PREFIX):-len(STALL_SUFFIX)], m.value) for m in report.metrics
+             if m.name.startswith(STALL_PREFIX) and m.name.endswith(STALL_SUFFIX) and isinstance(m.value, float)]
+    found = [(r, v) for r, v in found if r not in ("selected", "not_selected")]
+    return sorted(found, key=lambda x: -x[1])[:n]
 SECTION_SETS = ("basic", "detailed", "full", "roofline", "source", "nvlink", "pmsampling")
 
 _PERMISSION = ("ERR_NVGPUCTRPERM", "does not have permission to access NVIDIA GPU Performance Counters")
