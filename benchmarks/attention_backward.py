@@ -17,6 +17,7 @@ sustained=True (benchmarks/as_called.py).
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
     python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
     python benchmarks/attention_backward.py --quick --dims 64,128 --variants hopper,atomic_w8   # step 3 against step 2
+    python benchmarks/attention_backward.py --profile    # Nsight Compute: atomic_w8, step 3, FLASH at N = 4096
 The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
 line to put in the notebook's BWD_OP_VARIANT.
 Logs go to --out (default $OUT or .) as attention_backward.json; the table is printed last.
@@ -128,9 +129,19 @@ def main(argv=None):
     ap.add_argument("--variants", default=None, help="the notebook's VARIANTS to check and time, comma-separated "
                     "(default: all of them)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--profile", action="store_true", help="Nsight Compute on atomic_w8, step 3 (d = 64) and SDPA "
+                    "FLASH's backward kernels at N = 4096 (--ns, --dims), one launch each, beside the model of "
+                    "atomic_w8's tile step; the short table and what it means last")
+    ap.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)   # the program ncu watches
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.profile_child:
+        return profile_child(tuple(int(n) for n in (args.ns or str(PROFILE_N)).split(",")),
+                             tuple(int(d) for d in args.dims.split(",")))
+    if args.profile:
+        return run_profile(out, tuple(int(n) for n in (args.ns or str(PROFILE_N)).split(",")),
+                           tuple(int(d) for d in args.dims.split(",")))
     log = open(out / "attention_backward.log", "w")
     dev = torch.cuda.get_device_name()
     t0 = time.time()
@@ -208,11 +219,9 @@ def main(argv=None):
                 print("  as-called error:", c["label"], c["error"])
 
 
-if __name__ == "__main__":
-    main()
 
 
-# -- where atomic_w8's time goes, against FLASH's: a model, then Nsight Compute (issue 31) ------------------------------
+# -- where atomic_w8's time goes, against FLASH's: a model, then Nsight Compute (issue 31) ---------------------------
 # H100 SXM rates a model of the dK/dV kernel takes, per SM and clock unless said. Sources and reasoning:
 # - tensor pipe, mma.sync: the H100 SXM's dense bf16 peak, 989 TFLOP/s, is 4,096 FLOP/clk/SM (132 SMs, 1.83 GHz) and
 #   is reached only by wgmma; mma.sync (HMMA.16816, 4,096 FLOP each) issues at about two thirds of it on Hopper (Luo
@@ -346,7 +355,8 @@ def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dic
 def model_table(m: dict, flash_ms: float | None = None) -> str:
     """The model as a text table: each resource's demand a block step and per 64 queries, its time alone."""
     head = (f"atomic_w8 dK/dV kernel, d = {m['d']}, N = {m['N']} (B = {m['B']}, H = {m['H']}, {m['BM']} queries a "
-            f"step): {m['registers']} registers, {m['shared_bytes']:,} B shared -> {m['blocks_per_sm']} block(s) an SM, "
+            f"step): {m['registers']} registers, {m['shared_bytes']:,} B shared -> {m['blocks_per_sm']} block(s) "
+            "an SM, "
             f"{m['blocks']} blocks in {m['waves']} waves, {m['steps']} steps a block; "
             f"{m['hmma_per_warp_step']} HMMA and {m['ldsm_x4_per_warp_step']} ldmatrix.x4 a warp a step "
             f"({m['ldsm_per_hmma']:.2f} per HMMA)")
@@ -360,3 +370,328 @@ def model_table(m: dict, flash_ms: float | None = None) -> str:
                  f"alone at {m['clock_hz'] / 1e9:.3f} GHz)"
                  + (f"; SDPA FLASH's whole backward measured {flash_ms:.2f} ms" if flash_ms else ""))
     return "\n".join(lines)
+
+
+# Nsight Compute: what each kernel of one backward spent its time on (benchmarks/attention.py --profile's metrics
+# where they overlap, stall reasons from kernellab's ncu module).
+BWD_PROFILE_METRICS = (
+    ("gpu__time_duration.sum", "duration"),
+    ("sm__cycles_elapsed.avg.per_second", "SM clock"),
+    ("sm__cycles_active.avg.pct_of_peak_sustained_elapsed", "SMs active"),
+    ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor pipe active"),
+    ("sm__inst_executed_pipe_tensor_op_hmma.sum", "tensor instructions (HMMA, per warp)"),
+    ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue slots busy"),
+    ("smsp__inst_executed.sum", "warp instructions"),
+    ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy"),
+    ("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "shared wavefronts"),
+    ("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed", "shared pipe busy"),
+    ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum", "shared bank conflicts"),
+    ("smsp__inst_executed_op_ldsm.sum", "ldmatrix instructions"),
+    ("smsp__inst_executed_op_global_red.sum", "global reductions (RED, per warp)"),
+    ("lts__t_sectors_op_red.sum", "L2 reduction sectors"),
+    ("lts__t_sectors_op_atom.sum", "L2 atomic sectors"),
+    ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 throughput"),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput"),
+    ("dram__bytes.sum", "DRAM bytes"),
+    ("launch__registers_per_thread", "registers per thread"),
+    ("launch__grid_size", "CTAs"),
+    ("launch__block_size", "threads a CTA"),
+)
+PROFILE_N = 4096
+PROFILE_KERNELS = "bwd"          # ncu -k regex: ours (bwd_pre_*, bwd_dkdv_w8_*, hbwd_*, bwd_dq_convert_*), flash_bwd_*
+
+
+def profile_metrics() -> tuple[tuple[str, str], ...]:
+    from kernellab.run.nvtools.ncu import stall_metrics
+
+    return BWD_PROFILE_METRICS + stall_metrics()
+
+
+def profile_child(ns, dims) -> None:
+    """The program ncu watches: at each (d, N), one backward each of atomic_w8, step 3 (where it runs) and SDPA
+    FLASH, in that order, on the same inputs (the forwards' kernels do not match PROFILE_KERNELS)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    t08 = load_tutorial(NOTEBOOK)
+    for d in dims:
+        for N in ns:
+            B, H = max(1, 16384 // N), 2048 // d
+            g = torch.Generator().manual_seed(0)
+            q, k, v, do = (torch.randn(B, H, N, d, generator=g).to(torch.bfloat16).cuda() for _ in range(4))
+            o, lse = t08["attention_forward"](q, k, v, False)
+            t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_w8")
+            if d in t08["BWD_OP_HOPPER_DIMS"] and t08["hopper_backward_applies"](q):
+                t08["attention_backward"](q, k, v, o, lse, do, False, "hopper")
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                out = F.scaled_dot_product_attention(*leaves)
+            torch.autograd.grad(out, leaves, do)
+            torch.cuda.synchronize()
+            print(f"profile child: d={d} N={N} done", flush=True)
+
+
+def label_launches(names: list[str], flash_keys: list[tuple[int, int]]) -> list[tuple[str, int | None, int | None,
+                                                                                       str]]:
+    """(who, d, N, role) for each profiled launch, in order: ours by name (bwd_pre_* belongs to the main kernel after
+    it, bwd_dq_convert_* to the one before; the head dim from the name, N from the order of flash_keys), SDPA's
+    flash_bwd_* by their place: the k-th run of consecutive flash_bwd launches is flash_keys[k] = (d, N)."""
+    out: list[list] = []
+    pending: list[int] = []
+    last = None
+    run = -1
+    prev_flash = False
+    for n in names:
+        if "flash_bwd" in n:
+            if not prev_flash:
+                run += 1
+            prev_flash = True
+            d, N = flash_keys[run] if run < len(flash_keys) else (None, None)
+            role = ("preprocess" if "dot_do_o" in n else "dQ convert" if "convert" in n else "dK/dV/dQ")
+            out.append(["FLASH", d, N, role])
+            continue
+        prev_flash = False
+        if n.startswith("bwd_pre"):
+            pending.append(len(out))
+            out.append([None, None, None, "preprocess"])
+            continue
+        if n.startswith("bwd_dq_convert"):
+            out.append([last[0], last[1], last[2], "dQ convert"] if last else ["?", None, None, "dQ convert"])
+            continue
+        m = re.search(r"_d(\d+)", n)
+        d = int(m.group(1)) if m else None
+        who = "hopper" if n.startswith("hbwd") else "atomic_w8" if "_w8_" in n else n
+        N = next((key[1] for key in flash_keys[max(run + 1, 0):] if key[0] == d), None)
+        last = (who, d, N)
+        out.append([who, d, N, "dK/dV/dQ" if who == "hopper" else "dK/dV (+dQ red)"])
+        for i in pending:
+            out[i][:3] = [who, d, N]
+        pending = []
+    return [tuple(x) for x in out]
+
+
+def _value(rep, name):
+    v = rep.get(name) if rep is not None else None
+    return v if isinstance(v, float) else None
+
+
+def summarize_kernel(rep) -> dict:
+    """The numbers the verdict reads from one kernel's ProfileReport (None where the metric is missing)."""
+    from kernellab.run.nvtools.ncu import top_stalls
+
+    dur = _value(rep, "gpu__time_duration.sum")
+    hmma = _value(rep, "sm__inst_executed_pipe_tensor_op_hmma.sum")
+    wf = _value(rep, "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum")
+    red = _value(rep, "lts__t_sectors_op_red.sum")
+    return dict(
+        us=dur * 1e6 if dur else None,
+        clock_hz=_value(rep, "sm__cycles_elapsed.avg.per_second"),
+        tensor_pct=_value(rep, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
+        issue_pct=_value(rep, "smsp__issue_active.avg.pct_of_peak_sustained_active"),
+        shared_pct=_value(rep, "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed"),
+        occupancy_pct=_value(rep, "sm__warps_active.avg.pct_of_peak_sustained_active"),
+        bank_conflicts=_value(rep, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"),
+        wavefronts_per_hmma=wf / hmma if wf and hmma else None,
+        hmma_tflops=hmma * 4096 / dur / 1e12 if hmma and dur else None,
+        red_gb_per_s=red * 32 / dur / 1e9 if red and dur else None,
+        l2_pct=_value(rep, "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+        dram_pct=_value(rep, "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+        instructions=_value(rep, "smsp__inst_executed.sum"),
+        stalls=top_stalls(rep, 3) if rep is not None else [],
+    )
+
+
+def model_beside(m: dict) -> dict:
+    """The model's figures in summarize_kernel's keys: duration, and each unit's share of the predicted time."""
+    by = {row["resource"].split(" (")[0]: row for row in m["rows"]}
+    share = (lambda key: 100 * by[key]["alone_ms"] / m["predicted_ms"] if by[key]["alone_ms"] else None)
+    return dict(us=m["predicted_ms"] * 1e3, tensor_pct=share("tensor pipe"), issue_pct=share("issue"),
+                shared_pct=share("shared memory"), occupancy_pct=100 * m["blocks_per_sm"] * W8_WARPS / 64,
+                wavefronts_per_hmma=by["shared memory"]["per_block_step"] / by["tensor pipe"]["per_block_step"],
+                red_gb_per_s=(m["blocks"] * m["steps"] * by["dQ reductions"]["per_block_step"]
+                              / (m["predicted_ms"] * 1e-3) / 1e9),
+                bank_conflicts=0.0, stalls=[(m["bound"].split(" (")[0], None)])
+
+
+def verdict(ours: dict, flash: dict | None, model: dict | None) -> list[str]:
+    """One line per hypothesis: what the dK/dV kernel's numbers (summarize_kernel) say about it, SUPPORTED or not
+    shown, and what to change if it holds."""
+    stalls = [r for r, _ in ours.get("stalls") or []]
+    said = ", ".join(stalls) or "-"
+    pct = (lambda k: ours.get(k) if ours.get(k) is not None else -1.0)      # noqa: E731
+    mark = (lambda flag: "SUPPORTED " if flag else "not shown ")            # noqa: E731
+    smem = pct("shared_pct") >= 70 or (pct("tensor_pct") < 50
+                                       and any(r in stalls for r in ("short_scoreboard", "mio_throttle")))
+    red_rate = ours.get("red_gb_per_s") or 0
+    red = "lg_throttle" in stalls or red_rate >= 0.7 * H100_RATES["l2_red_bytes_per_s"] / 1e9
+    lat = (any(r in stalls for r in ("barrier", "long_scoreboard", "wait")) and pct("occupancy_pct") <= 15
+           and pct("tensor_pct") < 50)
+    lines = [
+        mark(smem) + f"shared-memory bound: shared pipe {_pc(ours.get('shared_pct'))}, tensor "
+        f"{_pc(ours.get('tensor_pct'))}, stalls {said} -> fewer ldmatrix per HMMA: 2-D warp tiling (a warp 32-64 "
+        "keys, each Q/dO fragment feeding 2-4 HMMA; K/V fragments kept in registers across the query tiles)",
+        mark(red) + f"dQ reductions bound: lg_throttle {'in' if 'lg_throttle' in stalls else 'not in'} the top 3, "
+        f"{_num(ours.get('red_gb_per_s'))} GB/s of fp32 reductions reaching L2 -> dQ in its own pass, or fewer, "
+        "larger reductions (TMA cp.reduce.async.bulk of a block's dQ share)",
+        mark(lat) + f"too little overlap: occupancy {_pc(ours.get('occupancy_pct'))} (1 block of 8 warps = 12.5 %), "
+        f"stalls {said} -> two blocks an SM (under 128 registers) or a deeper Q/dO pipeline, barriers per warp group",
+        mark(pct("issue_pct") >= 80) + f"issue bound: issue slots {_pc(ours.get('issue_pct'))} -> fewer "
+        "instructions per HMMA (the lean rung's address math, masks only on edge tiles)",
+        mark(pct("tensor_pct") >= 80) + f"tensor bound: tensor pipe {_pc(ours.get('tensor_pct'))} -> mma.sync is "
+        "at its ceiling here; only wgmma (step 3) goes faster",
+    ]
+    if flash:
+        lines.append(f"beside FLASH's dK/dV/dQ kernel: shared wavefronts per HMMA "
+                     f"{_num(ours.get('wavefronts_per_hmma'), 2)} (FLASH {_num(flash.get('wavefronts_per_hmma'), 2)}), "
+                     f"tensor {_pc(ours.get('tensor_pct'))} (FLASH {_pc(flash.get('tensor_pct'))}), issue "
+                     f"{_pc(ours.get('issue_pct'))} (FLASH {_pc(flash.get('issue_pct'))}), occupancy "
+                     f"{_pc(ours.get('occupancy_pct'))} (FLASH {_pc(flash.get('occupancy_pct'))})")
+    if model and ours.get("us"):
+        ratio = ours["us"] / (model["predicted_ms"] * 1e3)
+        lines.append(f"model: {model['bound']} predicted {model['predicted_ms'] * 1e3:,.0f} us, measured "
+                     f"{ours['us']:,.0f} us ({ratio:.2f}x the bound: "
+                     + ("near it: the model's unit is the limit)" if ratio <= 1.2
+                        else "well above it: latency and overlap, not one unit's throughput)"))
+    return lines
+
+
+def _pc(v):
+    return f"{v:.0f} %" if v is not None else "n/a"
+
+
+def _num(v, digits=0):
+    return f"{v:,.{digits}f}" if v is not None else "n/a"
+
+
+PROFILE_COLUMNS = ("us", "tensor_pct", "issue_pct", "shared_pct", "wavefronts_per_hmma", "bank_conflicts",
+                   "occupancy_pct", "red_gb_per_s", "l2_pct", "dram_pct")
+
+
+def summary_table(rows: list[tuple[str, dict]]) -> str:
+    """The short table: one row per kernel (or the model), the figures the verdict reads, top 3 stalls last."""
+    head = ["kernel", "µs", "tensor", "issue", "shared", "wf/HMMA", "bank confl.", "occupancy", "RED GB/s", "L2",
+            "DRAM", "top stalls"]
+    fmt = {"us": lambda v: f"{v:,.0f}", "wavefronts_per_hmma": lambda v: f"{v:.2f}",
+           "bank_conflicts": lambda v: f"{v:,.0f}", "red_gb_per_s": lambda v: f"{v:,.0f}"}
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for name, s in rows:
+        cells = [name] + [("-" if s.get(k) is None else fmt.get(k, lambda v: f"{v:.0f} %")(s[k]))
+                          for k in PROFILE_COLUMNS]
+        cells.append(", ".join(r if v is None else f"{r} {v:.2f}" for r, v in s.get("stalls") or []) or "-")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def static_model(t08_bwd, d: int, N: int, clock_hz: float | None = None, instructions: float | None = None) -> dict:
+    """atomic_w8_model from the compiled kernel (registers, its SASS loop body) at the launcher's shared memory;
+    instructions: ncu's warp instructions for the kernel (replaces the static loop body's count)."""
+    k = t08_bwd[f"bwd_dkdv_w8_bf16_d{d}"]
+    BM = W8_QUERY_TILE[d]
+    smem = 2 * W8_KEYS * d * 2 + 4 * BM * d * 2 + 4 * BM * 4 + W8_KEYS * 64 * 2     # bwd_dkdv_smem_bytes(d, True, 8)
+    B, H = max(1, 16384 // N), 2048 // d
+    per_warp_step = (instructions / (math.ceil(N / W8_KEYS) * B * H * math.ceil(N / BM) * W8_WARPS)
+                     if instructions else None)
+    return atomic_w8_model(d, N, k.resources.registers, smem, loop_body(str(k.sass)),
+                           rates={"clock_hz": clock_hz} if clock_hz else None,
+                           instructions_per_warp_step=per_warp_step)
+
+
+def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: float = 260.0,
+                profile=None) -> int:
+    """atomic_w8, step 3 (d = 64) and SDPA FLASH's backward under Nsight Compute (one launch of each kernel, one
+    ncu process: kernellab.run.nvtools.ncu.profile_command), each dK/dV kernel beside the model, the short table
+    and the verdict last. Reports in $OUT/attention_backward_profile.json. `profile`: profile_command (tests pass a
+    fake)."""
+    from kernellab.run.nvtools import ncu
+
+    t0 = time.time()
+    flash_keys = [(d, N) for d in dims for N in ns]
+    argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child",
+            "--ns", ",".join(map(str, ns)), "--dims", ",".join(map(str, dims))]
+    metrics = [m for m, _ in profile_metrics()]
+    per_key = 3 * (2 + 1)                          # atomic_w8, hopper, FLASH: three kernels each
+    reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
+                                               launch_count=per_key * len(flash_keys), metrics=metrics,
+                                               timeout_s=timeout_s)
+    t08 = load_tutorial(NOTEBOOK)         # after the child: its compiles are in kernellab's disk cache now
+    labels = dict(profile_metrics())
+    names = [r.kernel for r in reports]
+    tags = label_launches(names, flash_keys)
+    print(f"Nsight Compute: {len(reports)} launches profiled in {time.time() - t0:.0f} s "
+          f"({', '.join(names) if len(names) < 20 else len(names)})")
+    for r in reports:
+        if r.error:
+            print(f"  {r.kernel}: {r.error}")
+        for note in r.notes:
+            print(f"  {r.kernel}: note: {note}")
+    results, verdicts, short = [], [], []
+    for d, N in flash_keys:
+        cols = [(f"{who} {role}", rep) for rep, (who, dd, nn, role) in zip(reports, tags) if dd == d and nn == N]
+        ours = next((rep for rep, (who, dd, nn, role) in zip(reports, tags)
+                     if (who, dd, nn) == ("atomic_w8", d, N) and role.startswith("dK/dV")), None)
+        flash = next((rep for rep, (who, dd, nn, role) in zip(reports, tags)
+                      if (who, dd, nn, role) == ("FLASH", d, N, "dK/dV/dQ")), None)
+        s_ours = summarize_kernel(ours) if ours is not None else {}
+        model = static_model(t08["attn_bwd"], d, N, s_ours.get("clock_hz"), s_ours.get("instructions"))
+        total = lambda who: sum((summarize_kernel(rep)["us"] or 0) for rep, t in zip(reports, tags)   # noqa: E731
+                                if t[:3] == (who, d, N))
+        print(f"\n== d = {d}, N = {N}, bf16, not causal (B = {max(1, 16384 // N)}, H = {2048 // d}), "
+              "one launch each ==")
+        print(model_table(model))
+        keys = list(dict.fromkeys(m.name for _, rep in cols for m in rep.metrics))
+        pred = model_beside(model)
+        width = 16
+        print(f"\n{'metric':52s} " + " ".join(f"{c[:width]:>{width}s}" for c, _ in cols)
+              + f" {'model (dK/dV)':>{width}s}")
+        pred_by_metric = {"gpu__time_duration.sum": f"{pred['us']:.0f} us",
+                          "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active":
+                              _pc(pred["tensor_pct"]),
+                          "smsp__issue_active.avg.pct_of_peak_sustained_active": _pc(pred["issue_pct"]),
+                          "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed":
+                              _pc(pred["shared_pct"]),
+                          "sm__warps_active.avg.pct_of_peak_sustained_active": _pc(pred["occupancy_pct"]),
+                          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "0",
+                          "sm__inst_executed_pipe_tensor_op_hmma.sum":
+                              f"{model['blocks'] * model['steps'] * model['rows'][0]['per_block_step']:,.0f}",
+                          "lts__t_sectors_op_red.sum": f"{model['blocks'] * model['steps'] * 512:,.0f}"}
+        for key in keys:
+            cells = []
+            for _, rep in cols:
+                m = next((x for x in rep.metrics if x.name == key), None)
+                cells.append(m.formatted() if m else "-")
+            print(f"{labels.get(key, key)[:52]:52s} " + " ".join(f"{c[:width]:>{width}s}" for c in cells)
+                  + f" {pred_by_metric.get(key, ''):>{width}s}")
+        s_flash = summarize_kernel(flash) if flash is not None else None
+        lines = (verdict(s_ours, s_flash, model) if ours is not None
+                 else [f"no profile of atomic_w8's dK/dV kernel at d = {d}"])
+        hop = next((rep for rep, t in zip(reports, tags) if t == ("hopper", d, N, "dK/dV/dQ")), None)
+        rows = [(f"atomic_w8 dK/dV d{d}", s_ours), (f"model d{d} ({model['bound'].split(' (')[0]})", pred)]
+        if hop is not None:
+            rows.append((f"hopper d{d}", summarize_kernel(hop)))
+        if s_flash:
+            rows.append((f"FLASH dK/dV/dQ d{d}", s_flash))
+        ours_us, flash_us, hop_us = total("atomic_w8"), total("FLASH"), total("hopper")
+        whole = (f"whole backward d{d} (ncu durations summed): atomic_w8 {ours_us:,.0f} us, FLASH {flash_us:,.0f} us"
+                 + (f" ({flash_us / ours_us:.2f}x FLASH's speed)" if ours_us and flash_us else "")
+                 + (f", hopper {hop_us:,.0f} us" if hop_us else ""))
+        short.append((d, N, rows, whole, lines))
+        results.append(dict(d=d, N=N, model=model, summary=dict(rows), whole_us=dict(atomic_w8=ours_us, FLASH=flash_us,
+                                                                                       hopper=hop_us),
+                            verdict=lines, kernels=[dict(label=c, **rep.to_json()) for c, rep in cols]))
+    (out / "attention_backward_profile.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "results": results},
+        indent=1, default=str))
+    print("\n== Where the time goes: atomic_w8's dK/dV kernel against the model, step 3 and FLASH (N = "
+          f"{', '.join(map(str, ns))}, not causal) ==")
+    for d, N, rows, whole, lines in short:
+        print(f"\nd = {d}, N = {N}: {whole}")
+        print(summary_table(rows))
+        for line in lines:
+            print("  " + line)
+    ok = bool(reports) and all(r.ok for r in reports) and len(reports) >= 6 * len(flash_keys)
+    print(f"\n{'profile complete' if ok else 'profile INCOMPLETE (see the errors above)'}: {len(reports)} launches")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
