@@ -524,8 +524,8 @@ def verdict(ours: dict, flash: dict | None, model: dict | None) -> list[str]:
                                        and any(r in stalls for r in ("short_scoreboard", "mio_throttle")))
     red_rate = ours.get("red_gb_per_s") or 0
     red = "lg_throttle" in stalls or red_rate >= 0.7 * H100_RATES["l2_red_bytes_per_s"] / 1e9
-    lat = (any(r in stalls for r in ("barrier", "long_scoreboard", "wait")) and pct("occupancy_pct") <= 15
-           and pct("tensor_pct") < 50)
+    lat = (bool(stalls) and stalls[0] in ("barrier", "long_scoreboard", "wait") and pct("occupancy_pct") <= 15
+           and pct("tensor_pct") < 50)                  # the first stall is waiting, with one block of 8 warps
     lines = [
         mark(smem) + f"shared-memory bound: shared pipe {_pc(ours.get('shared_pct'))}, tensor "
         f"{_pc(ours.get('tensor_pct'))}, stalls {said} -> fewer ldmatrix per HMMA: 2-D warp tiling (a warp 32-64 "

@@ -229,6 +229,7 @@ def test_run_profile_prints_the_tables_and_the_verdict(step2, tmp_path, monkeypa
     assert "atomic_w8 dK/dV d64 | 6,400 | 38 % | 45 % | 88 % | 3.81 |" in last     # 3.2e8 / 8.4e7 wavefronts/HMMA
     assert last.count("SUPPORTED shared-memory bound") == 2
     assert last.count("not shown dQ reductions bound") == 2 and last.count("not shown tensor bound") == 2
+    assert last.count("not shown too little overlap") == 2          # the first stall is shared memory's, not a wait
     assert "(FLASH 1.90)" in last and "model: shared memory" in last
     saved = json.loads((tmp_path / "attention_backward_profile.json").read_text())
     assert [r["d"] for r in saved["results"]] == [64, 128]
@@ -243,3 +244,17 @@ def test_the_suite_runs_the_profile():
     suite = run.SUITES["profile-attention-backward"]
     assert suite.limit_s <= 300 and ("python3", "benchmarks/attention_backward.py", "--profile", "--out",
                                      "{out}") in suite.commands
+
+
+def test_each_hypothesis_can_hold():
+    b = _bench()
+    stalls = (lambda *names: [(n, 1.0) for n in names])     # noqa: E731
+    base = dict(tensor_pct=30, issue_pct=40, shared_pct=40, occupancy_pct=12.4, red_gb_per_s=300)
+    cases = {"dQ reductions bound": dict(base, stalls=stalls("lg_throttle", "barrier")),
+             "too little overlap": dict(base, stalls=stalls("barrier", "long_scoreboard")),
+             "issue bound": dict(base, issue_pct=85, stalls=stalls("not_selected")),
+             "tensor bound": dict(base, tensor_pct=90, stalls=stalls("math_pipe_throttle")),
+             "shared-memory bound": dict(base, stalls=stalls("mio_throttle"))}
+    for name, summary in cases.items():
+        held = [line for line in b.verdict(summary, None, None) if line.startswith("SUPPORTED")]
+        assert [line.split(":")[0] for line in held] == [f"SUPPORTED {name}"], (name, held)
