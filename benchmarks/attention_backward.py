@@ -624,6 +624,10 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
             print(f"  {r.kernel}: {r.error}")
         for note in r.notes:
             print(f"  {r.kernel}: note: {note}")
+    if not reports or not all(r.ok for r in reports):     # what ncu and the program said, for the log
+        raw = reports[0].raw if reports else ""
+        print("ncu's output (last 40 lines):\n" + "\n".join(raw.splitlines()[-40:]))
+        print("command: " + " ".join(reports[0].command if reports else argv))
     results, verdicts, short = [], [], []
     for d, N in flash_keys:
         cols = [(f"{who} {role}", rep) for rep, (who, dd, nn, role) in zip(reports, tags) if dd == d and nn == N]

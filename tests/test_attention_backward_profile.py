@@ -258,3 +258,19 @@ def test_each_hypothesis_can_hold():
     for name, summary in cases.items():
         held = [line for line in b.verdict(summary, None, None) if line.startswith("SUPPORTED")]
         assert [line.split(":")[0] for line in held] == [f"SUPPORTED {name}"], (name, held)
+
+
+def test_a_failed_profile_says_why_and_fails(step2, tmp_path, monkeypatch):
+    b = _bench()
+    monkeypatch.setattr(b, "load_tutorial", lambda notebook, compile=None: {"attn_bwd": step2})
+    said = "Traceback (most recent call last):\nRuntimeError: CUDA error: out of memory\n==WARNING== No kernels were profiled."
+
+    def fake_profile(argv, **kw):
+        return P.reports_from_output(said, command=("ncu", "python3", "child"))
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = b.run_profile(tmp_path, (4096,), (64,), profile=fake_profile)
+    text = buf.getvalue()
+    assert rc == 1 and "RuntimeError: CUDA error: out of memory" in text and "profile INCOMPLETE" in text
+    assert "no profile of atomic_w8's dK/dV kernel at d = 64" in text

@@ -387,18 +387,20 @@ def ncu_path() -> str:
 
 
 def _run_ncu(head: list[str], tail: list[str], names: list[str], section_set: str | None, timeout_s: float,
-             key) -> tuple[str, bool, list[str], list[str], tuple[str, ...]]:
+             key, total: bool = False) -> tuple[str, bool, list[str], list[str], tuple[str, ...]]:
     """`head + (--set | --metrics) + tail` under ncu; a metric ncu does not know (it stops with "Failed to find
     metric") is left out and ncu runs again without it, remembered per `key` (ncu, GPU) for later profiles.
-    (output, timed_out, names kept, names left out, the last command)."""
+    timeout_s: for each run, or (total) for all of them together. (output, timed_out, names kept, names left out,
+    the last command)."""
     known_bad = _unknown_metrics.setdefault(key, set())
     skipped = [n for n in names if n in known_bad]
     names = [n for n in names if n not in known_bad] or names
+    deadline = time.monotonic() + timeout_s
     while True:
         cmd = head + (["--set", section_set] if section_set else ["--metrics", ",".join(names)]) + tail
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=tool_env(),
-                                  start_new_session=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=tool_env(), start_new_session=True,
+                                  timeout=max(1.0, deadline - time.monotonic()) if total else timeout_s)
             out, timed_out = proc.stdout + proc.stderr, False
         except subprocess.TimeoutExpired as exc:
             out, timed_out = decoded_text(exc.stdout) + decoded_text(exc.stderr), True
@@ -478,7 +480,7 @@ def profile_command(argv, *, kernel_regex: str, launch_count: int, metrics=None,
     """Run the program `argv` under Nsight Compute, profiling its first `launch_count` launches whose function name
     (ncu --kernel-name-base function: no template or parameter list) matches `kernel_regex`, e.g. the kernels a
     library launches for one call (SDPA's "flash_bwd"). One ProfileReport per launch, in launch order, metrics and
-    the retry without unknown metrics as `profile`."""
+    the retry without unknown metrics as `profile`; timeout_s bounds all of ncu's runs together."""
     if section_set is not None and section_set not in SECTION_SETS:
         raise ValueError(f"unknown ncu section set {section_set!r}; use one of {', '.join(SECTION_SETS)}")
     names = list(metrics) if metrics else [m for m, _ in DEFAULT_METRICS]
@@ -487,7 +489,7 @@ def profile_command(argv, *, kernel_regex: str, launch_count: int, metrics=None,
             "-k", f"regex:{kernel_regex}", "-c", str(int(launch_count))]
     t0 = time.perf_counter()
     out, timed_out, names, skipped, cmd = _run_ncu(head, list(extra_args) + [str(a) for a in argv], names,
-                                                   section_set, timeout_s, (exe, device))
+                                                   section_set, timeout_s, (exe, device), total=True)
     notes = [f"ncu on this GPU does not know {', '.join(skipped)}: left out"] if skipped else []
     if timed_out:
         notes.append(f"stopped after {timeout_s:g} s (ncu replays each kernel once per counter pass)")
