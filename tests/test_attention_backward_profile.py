@@ -263,7 +263,8 @@ def test_each_hypothesis_can_hold():
 def test_a_failed_profile_says_why_and_fails(step2, tmp_path, monkeypatch):
     b = _bench()
     monkeypatch.setattr(b, "load_tutorial", lambda notebook, compile=None: {"attn_bwd": step2})
-    said = "Traceback (most recent call last):\nRuntimeError: CUDA error: out of memory\n==WARNING== No kernels were profiled."
+    said = ("Traceback (most recent call last):\nRuntimeError: CUDA error: out of memory\n"
+            "==WARNING== No kernels were profiled.")
 
     def fake_profile(argv, **kw):
         return P.reports_from_output(said, command=("ncu", "python3", "child"))
