@@ -475,6 +475,22 @@ def _value(rep, name):
     return v if isinstance(v, float) else None
 
 
+_PER_SECOND = {"hz": 1.0, "khz": 1e3, "mhz": 1e6, "ghz": 1e9, "cycle/second": 1.0, "cycle/usecond": 1e6,
+               "cycle/nsecond": 1e9}
+
+
+def _clock_hz(rep) -> float | None:
+    """The SM clock in Hz from sm__cycles_elapsed.avg.per_second, whatever unit ncu printed it in."""
+    m = next((x for x in (rep.metrics if rep is not None else ()) if x.name == "sm__cycles_elapsed.avg.per_second"),
+             None)
+    if m is None or not isinstance(m.value, float):
+        return None
+    scale = _PER_SECOND.get((m.unit or "").lower())
+    if scale is None:                                   # no unit: guess the scale from the magnitude
+        scale = 1e9 if m.value < 100 else 1e6 if m.value < 1e5 else 1.0
+    return m.value * scale
+
+
 def summarize_kernel(rep) -> dict:
     """The numbers the verdict reads from one kernel's ProfileReport (None where the metric is missing)."""
     from kernellab.run.nvtools.ncu import top_stalls
@@ -485,7 +501,7 @@ def summarize_kernel(rep) -> dict:
     red = _value(rep, "lts__t_sectors_op_red.sum")
     return dict(
         us=dur * 1e6 if dur else None,
-        clock_hz=_value(rep, "sm__cycles_elapsed.avg.per_second"),
+        clock_hz=_clock_hz(rep),
         tensor_pct=_value(rep, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
         issue_pct=_value(rep, "smsp__issue_active.avg.pct_of_peak_sustained_active"),
         shared_pct=_value(rep, "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed"),
@@ -612,7 +628,7 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     per_key = 3 * (2 + 1)                          # atomic_w8, hopper, FLASH: three kernels each
     reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
                                                launch_count=per_key * len(flash_keys), metrics=metrics,
-                                               timeout_s=timeout_s)
+                                               timeout_s=timeout_s, extra_args=("--print-units", "base"))
     t08 = load_tutorial(NOTEBOOK)         # after the child: its compiles are in kernellab's disk cache now
     labels = dict(profile_metrics())
     names = [r.kernel for r in reports]

@@ -220,6 +220,7 @@ def test_run_profile_prints_the_tables_and_the_verdict(step2, tmp_path, monkeypa
     text = buf.getvalue()
     assert rc == 0, text
     assert asked["kernel_regex"] == "bwd" and "--profile-child" in asked["argv"]
+    assert tuple(asked["extra_args"]) == ("--print-units", "base")      # counts unscaled, whatever their size
     assert "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" in asked["metrics"]
     assert any("lg_throttle" in m for m in asked["metrics"])
     last = text[text.index("== Where the time goes"):]
@@ -275,3 +276,12 @@ def test_a_failed_profile_says_why_and_fails(step2, tmp_path, monkeypatch):
     text = buf.getvalue()
     assert rc == 1 and "RuntimeError: CUDA error: out of memory" in text and "profile INCOMPLETE" in text
     assert "no profile of atomic_w8's dK/dV kernel at d = 64" in text
+
+
+def test_the_clock_is_read_in_any_unit():
+    b = _bench()
+    for value, unit in ((1.755e9, "cycle/second"), (1.755, "cycle/nsecond"), (1.755, "Ghz"), (1755.0, "Mhz"),
+                        (1.755e9, "hz"), (1.755, "")):
+        rep = ProfileReport(kernel="k", metrics=(Metric("sm__cycles_elapsed.avg.per_second", "SM clock", value, unit),))
+        assert b._clock_hz(rep) == pytest.approx(1.755e9), unit
+    assert b._clock_hz(ProfileReport(kernel="k")) is None
