@@ -612,6 +612,13 @@ def static_model(t08_bwd, d: int, N: int, clock_hz: float | None = None, instruc
                            instructions_per_warp_step=per_warp_step)
 
 
+def _main_kernel(reports, tags, who: str, d: int, N: int):
+    """The longest of `who`'s launches at (d, N) other than its preprocess and dQ convert (FLASH's backward may add a
+    small kernel, e.g. one clearing its accumulators), or None."""
+    found = [rep for rep, t in zip(reports, tags) if t[:3] == (who, d, N) and t[3] not in ("preprocess", "dQ convert")]
+    return max(found, key=lambda rep: rep.duration_ms or 0.0, default=None)
+
+
 def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: float = 260.0,
                 profile=None) -> int:
     """atomic_w8, step 3 (d = 64) and SDPA FLASH's backward under Nsight Compute (one launch of each kernel, one
@@ -625,7 +632,7 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child",
             "--ns", ",".join(map(str, ns)), "--dims", ",".join(map(str, dims))]
     metrics = [m for m, _ in profile_metrics()]
-    per_key = 3 * (2 + 1)                          # atomic_w8, hopper, FLASH: three kernels each
+    per_key = 4 * 3                                # atomic_w8, hopper, FLASH: three kernels each (one spare)
     reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
                                                launch_count=per_key * len(flash_keys), metrics=metrics,
                                                timeout_s=timeout_s, extra_args=("--print-units", "base"))
@@ -647,10 +654,7 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     results, verdicts, short = [], [], []
     for d, N in flash_keys:
         cols = [(f"{who} {role}", rep) for rep, (who, dd, nn, role) in zip(reports, tags) if dd == d and nn == N]
-        ours = next((rep for rep, (who, dd, nn, role) in zip(reports, tags)
-                     if (who, dd, nn) == ("atomic_w8", d, N) and role.startswith("dK/dV")), None)
-        flash = next((rep for rep, (who, dd, nn, role) in zip(reports, tags)
-                      if (who, dd, nn, role) == ("FLASH", d, N, "dK/dV/dQ")), None)
+        ours, flash, hop = (_main_kernel(reports, tags, who, d, N) for who in ("atomic_w8", "FLASH", "hopper"))
         s_ours = summarize_kernel(ours) if ours is not None else {}
         model = static_model(t08["attn_bwd"], d, N, s_ours.get("clock_hz"), s_ours.get("instructions"))
         total = lambda who: sum((summarize_kernel(rep)["us"] or 0) for rep, t in zip(reports, tags)   # noqa: E731
@@ -684,7 +688,6 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
         s_flash = summarize_kernel(flash) if flash is not None else None
         lines = (verdict(s_ours, s_flash, model) if ours is not None
                  else [f"no profile of atomic_w8's dK/dV kernel at d = {d}"])
-        hop = next((rep for rep, t in zip(reports, tags) if t == ("hopper", d, N, "dK/dV/dQ")), None)
         rows = [(f"atomic_w8 dK/dV d{d}", s_ours), (f"model d{d} ({model['bound'].split(' (')[0]})", pred)]
         if hop is not None:
             rows.append((f"hopper d{d}", summarize_kernel(hop)))
