@@ -344,7 +344,10 @@ def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dic
     timed = [x for x in rows if x["alone_ms"] is not None]
     bound = max(timed, key=lambda x: x["alone_ms"])
     flops = 10 * B * H * N * N * d
-    return dict(d=d, N=N, B=B, H=H, BM=BM, registers=registers, shared_bytes=shared_bytes, blocks_per_sm=bps,
+    elems = B * H * N * d
+    pre_us = (elems * (2 + 2 + 4) + B * H * N * 4) / r["dram_bytes_per_s"] * 1e6   # O, dO in; dq_accum zeroed; Dv
+    convert_us = elems * (4 + 2) / r["dram_bytes_per_s"] * 1e6                    # dq_accum in, dQ out
+    return dict(pre_us=pre_us, convert_us=convert_us, d=d, N=N, B=B, H=H, BM=BM, registers=registers, shared_bytes=shared_bytes, blocks_per_sm=bps,
                 occupancy=str(occ), blocks=blocks, steps=steps, waves=waves, rows=rows, bound=bound["resource"],
                 predicted_ms=bound["alone_ms"], predicted_tflops=flops / (bound["alone_ms"] * 1e-3) / 1e12,
                 hmma_per_warp_step=hmma_warp, ldsm_x4_per_warp_step=ldsm_warp,
@@ -369,6 +372,7 @@ def model_table(m: dict, flash_ms: float | None = None) -> str:
     lines.append(f"bound: {m['bound']}: {m['predicted_ms']:.2f} ms ({m['predicted_tflops']:.0f} TFLOP/s for the kernel "
                  f"alone at {m['clock_hz'] / 1e9:.3f} GHz)"
                  + (f"; SDPA FLASH's whole backward measured {flash_ms:.2f} ms" if flash_ms else ""))
+    lines.append(f"preprocess and dQ convert (DRAM-bound): {m['pre_us']:.0f} + {m['convert_us']:.0f} us")
     return "\n".join(lines)
 
 

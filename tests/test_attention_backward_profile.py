@@ -151,6 +151,9 @@ def test_the_model_counts_what_the_kernel_does(step2, d):
     flash_ms = m["flops"] / (b.H100_MEASURED_TFLOPS[d]["FLASH"] * 1e12) * 1e3
     atomic_ms = m["flops"] / (b.H100_MEASURED_TFLOPS[d]["atomic_w8"] * 1e12) * 1e3
     assert m["predicted_ms"] < flash_ms < atomic_ms      # at its bound it would just beat FLASH; measured, it does not
+    # the two small kernels stream [B H N d] arrays: 8 B an element in, 6 B for the conversion (~60-80 us each)
+    assert m["pre_us"] == pytest.approx((m["B"] * m["H"] * 4096 * (8 * d + 4)) / 3.35e12 * 1e6)
+    assert 50 < m["convert_us"] < m["pre_us"] < 100
     text = b.model_table(m, flash_ms)
     assert "bound: shared memory" in text and f"{m['ldsm_per_hmma']:.2f} per HMMA" in text
 
