@@ -40,6 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import kernellab  # noqa: E402
 from notebook_cells import cuda_cells  # noqa: E402
+from kernellab.run.nvtools.ncu import stall_metrics  # noqa: E402
 
 NOTEBOOK = "07-fused-attention.py"
 CHECK_N = (1, 63, 65, 1000, 1031, 4097)
@@ -665,8 +666,6 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03) 
 
 # -- Nsight Compute on the steps at one shape: why step 3b loses at short N (issue 32) --------------------------------
 PROFILE_SHAPES = ("16x512x64", "16x512x64c", "256x512x64c", "16x512x128", "16x4096x64")   # the last: a long contrast
-PROFILE_STALLS = ("long_scoreboard", "barrier", "wait", "math_pipe_throttle", "short_scoreboard", "mio_throttle",
-                  "no_instruction", "dispatch_stall", "membar", "sleeping", "not_selected", "selected")
 PROFILE_METRICS = (
     ("gpu__time_duration.sum", "duration"),
     ("sm__cycles_elapsed.avg.per_second", "SM clock"),
@@ -678,8 +677,7 @@ PROFILE_METRICS = (
     ("dram__bytes.sum", "DRAM bytes"),
     ("launch__grid_size", "CTAs"),
     ("launch__registers_per_thread", "registers per thread"),
-) + tuple((f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio", f"stall: {r} (warps per issue)")
-          for r in PROFILE_STALLS)
+) + stall_metrics()
 PROFILE_READING = """What each outcome would mean (step 3b = fa3p, against fa2 / fa3p_bm64 at the same shape):
 - SMs active well under 100 % while the tensor pipe is busy when active: the call is launch- and tail-bound; the time
   is the fixed cost per call the model fits as launch_us (5-6 us for the Hopper kernels against 0-4 for step 2).

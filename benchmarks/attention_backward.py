@@ -17,6 +17,7 @@ sustained=True (benchmarks/as_called.py).
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
     python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
     python benchmarks/attention_backward.py --quick --dims 64,128 --variants hopper,atomic_w8   # step 3 against step 2
+    python benchmarks/attention_backward.py --profile    # Nsight Compute: atomic_w8, step 3, FLASH at N = 4096
 The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
 line to put in the notebook's BWD_OP_VARIANT.
 Logs go to --out (default $OUT or .) as attention_backward.json; the table is printed last.
@@ -25,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
+import re
 import sys
 import time
 import traceback
@@ -126,9 +129,19 @@ def main(argv=None):
     ap.add_argument("--variants", default=None, help="the notebook's VARIANTS to check and time, comma-separated "
                     "(default: all of them)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--profile", action="store_true", help="Nsight Compute on atomic_w8, step 3 (d = 64) and SDPA "
+                    "FLASH's backward kernels at N = 4096 (--ns, --dims), one launch each, beside the model of "
+                    "atomic_w8's tile step; the short table and what it means last")
+    ap.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)   # the program ncu watches
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.profile_child:
+        return profile_child(tuple(int(n) for n in (args.ns or str(PROFILE_N)).split(",")),
+                             tuple(int(d) for d in args.dims.split(",")))
+    if args.profile:
+        return run_profile(out, tuple(int(n) for n in (args.ns or str(PROFILE_N)).split(",")),
+                           tuple(int(d) for d in args.dims.split(",")))
     log = open(out / "attention_backward.log", "w")
     dev = torch.cuda.get_device_name()
     t0 = time.time()
@@ -206,5 +219,506 @@ def main(argv=None):
                 print("  as-called error:", c["label"], c["error"])
 
 
+
+
+# -- where atomic_w8's time goes, against FLASH's: a model, then Nsight Compute (issue 31) ---------------------------
+# H100 SXM rates a model of the dK/dV kernel takes, per SM and clock unless said. Sources and reasoning:
+# - tensor pipe, mma.sync: the H100 SXM's dense bf16 peak, 989 TFLOP/s, is 4,096 FLOP/clk/SM (132 SMs, 1.83 GHz) and
+#   is reached only by wgmma; mma.sync (HMMA.16816, 4,096 FLOP each) issues at about two thirds of it on Hopper (Luo
+#   et al., "Dissecting the NVIDIA Hopper Architecture through Microbenchmarking", arXiv 2402.13499 / 2501.12084:
+#   mma.sync well below wgmma on H800), i.e. one HMMA.16816 per 6 clk per SM sub-partition, 660 TFLOP/s at 1.83 GHz.
+#   Assumed, not measured here: the profile's tensor-pipe % and HMMA count per second test it.
+# - shared memory: 128 B/clk/SM (32 banks x 4 B): one wavefront a clock; ldmatrix.x4 (512 B) takes 4.
+# - issue: one warp instruction a clock per sub-partition, 4 an SM.
+# - L2: about 5.5 TB/s of hits (H100 SXM, measured by microbenchmarks; not the 12 TB/s sometimes quoted), and for
+#   fp32 reductions (red.global.add, read-modify-write in the L2 slice) assumed half of it, 2.75 TB/s: the profile's
+#   lts__t_sectors_op_red per second measures what they reached.
+# - DRAM: 3.35 TB/s (HBM3, H100 SXM).
+# - clock: 1.755 GHz, the SM clock H100s under ncu --clock-control none have shown at load; the model is evaluated
+#   again at the clock the profile measures.
+H100_RATES = dict(sms=132, clock_hz=1.755e9, hmma_flop_per_clk_sm=4096 * 2 / 3, smem_bytes_per_clk_sm=128,
+                  issue_per_clk_sm=4, l2_bytes_per_s=5.5e12, l2_red_bytes_per_s=2.75e12, dram_bytes_per_s=3.35e12)
+# SDPA FLASH's backward and atomic_w8 on an H100 (docs/RESULTS.md, `notebooks 08`, 2026-11-28, N = 4096, not
+# causal): TFLOP/s at 10 B H N^2 d. The model's prediction is compared with these and with the profile's durations.
+H100_MEASURED_TFLOPS = {64: {"FLASH": 270.0, "atomic_w8": 203.6}, 128: {"FLASH": 289.0, "atomic_w8": 206.0}}
+W8_WARPS, W8_KEYS = 8, 128                      # atomic_w8: warps a block, keys a block (16 a warp)
+W8_QUERY_TILE = {64: 64, 128: 32}               # BWD_BM64, BWD_BM128: queries a tile step
+
+
+def loop_body(sass: str) -> dict[str, int]:
+    """Opcode counts (SASS, static) inside the kernel's outermost loop: the instructions between the target of the
+    backward branch that spans the most code and that branch. For the dK/dV kernel that is the tile step (both sides
+    of its mask branch and the dQ k-loop once: an upper bound on one step's instructions, except the k-loop's
+    repeats)."""
+    addr = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*)")
+    insts, best = [], None
+    for line in sass.splitlines():
+        m = addr.search(line)
+        if not m:
+            continue
+        at, text = int(m.group(1), 16), m.group(2)
+        insts.append((at, text))
+        b = re.search(r"\bBRA\s+(?:`?\(?)0x([0-9a-f]+)", text)
+        if b and int(b.group(1), 16) < at and (best is None or at - int(b.group(1), 16) > best[1] - best[0]):
+            best = (int(b.group(1), 16), at)
+    counts: dict[str, int] = {}
+    if best is None:
+        return counts
+    for at, text in insts:
+        if best[0] <= at <= best[1]:
+            op = re.sub(r"^@!?U?P\w+\s+", "", text).split(" ")[0].rstrip(";")
+            if op:
+                counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def _count(counts: dict[str, int], prefix: str) -> int:
+    return sum(v for k, v in counts.items() if k == prefix or k.startswith(prefix + "."))
+
+
+def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dict[str, int] | None = None,
+                    rates: dict | None = None, instructions_per_warp_step: float | None = None) -> dict:
+    """What one tile step of atomic_w8's dK/dV kernel (8 warps, 128 keys, BM queries a step) asks of each unit of an
+    SM, at FlashAttention-3's shape (B N = 16k, H d = 2048), and how long the kernel would take if each alone bound it.
+
+    Counts per warp and step follow the kernel's loops (tutorial 08, bwd::dkdv with W = 8): S^T = K Q^T and
+    dP^T = V dO^T (16 keys x BM queries, d deep: BM/8 n-blocks x d/16 k-steps HMMA.16816 each; ldmatrix.x4: d/16 A +
+    BM/16 x d/16 B), dV += P^T dO and dK += dS^T Q (A from registers; d/8 n-blocks x BM/16 k-steps; BM/16 x d/16
+    ldmatrix.x4.trans), dQ = dS K (the block's [BM, d] shared by 8 warps: BM/16 row groups, d/8 / (8 / (BM/16))
+    n-blocks a warp, 128/16 k-steps; 1 + n-blocks/2 ldmatrix.x4.trans a k-step) and its red.global.add.v2.f32 (2 a
+    n-block a thread). Other shared traffic (LSE, Dv, dS stores) from `loop` (loop_body of the SASS: an upper bound);
+    cp.async writes Q, dO, LSE, Dv tiles into shared memory (one wavefront per 128 B).
+    Returns {"rows": [{resource, per_block_step, per_64_queries, unit, alone_ms}], "bound", "predicted_ms",
+    "blocks_per_sm", "waves", ...}."""
+    from kernellab import occupancy
+
+    r = dict(H100_RATES, **(rates or {}))
+    loop = loop or {}
+    W, KT, BM = W8_WARPS, W8_KEYS, W8_QUERY_TILE[d]
+    B, H = max(1, 16384 // N), 2048 // d
+    NB, DB, RG = BM // 8, d // 8, BM // 16
+    DBW = DB // (W // RG)
+    hmma_warp = 2 * NB * (d // 16) + 2 * DB * (BM // 16) + DBW * (KT // 16)
+    ldsm_warp = 2 * (d // 16) * (1 + NB // 2) + 2 * (BM // 16) * (DB // 2) + (KT // 16) * (1 + DBW // 2)
+    other_smem_warp = _count(loop, "LDS") + _count(loop, "STS")
+    cp_async_bytes = 2 * BM * d * 2 + 2 * BM * 4           # Q, dO tiles; LSE, Dv rows
+    wavefronts = W * (4 * ldsm_warp + other_smem_warp) + cp_async_bytes / 128
+    red_warp = 2 * DBW                                      # red.v2 a thread (rows g and g + 8, DBW n-blocks)
+    red_bytes = BM * d * 4                                  # the block's dQ share a step, fp32
+    if instructions_per_warp_step is None:     # the static loop body: both sides of the mask branch, inner loops
+        instructions_per_warp_step = float(sum(loop.values())) or None   # once (ncu's count replaces it)
+    occ = occupancy(32 * W, registers, shared_bytes, "sm_90")
+    bps = max(1, occ.blocks_per_sm)
+    blocks = math.ceil(N / KT) * B * H
+    steps = math.ceil(N / BM)
+    waves = math.ceil(blocks / (r["sms"] * bps))
+    # SM-side resources: cycles a block step, times the steps and blocks an SM runs in turn (waves x blocks an SM)
+    per_sm_steps = waves * bps * steps
+    sm_ms = lambda cycles: per_sm_steps * cycles / r["clock_hz"] * 1e3    # noqa: E731
+    gpu_ms = lambda total_bytes, rate: total_bytes / rate * 1e3           # noqa: E731
+    scale64 = 64 / BM
+    rows = [
+        dict(resource="tensor pipe (HMMA.16816)", per_block_step=W * hmma_warp, unit="HMMA",
+             alone_ms=sm_ms(W * hmma_warp * 4096 / r["hmma_flop_per_clk_sm"])),
+        dict(resource="shared memory (wavefronts)", per_block_step=wavefronts, unit="wavefronts",
+             alone_ms=sm_ms(wavefronts * 128 / r["smem_bytes_per_clk_sm"]),
+             detail=f"{W * ldsm_warp} ldmatrix.x4, {W * other_smem_warp} LDS/STS (bound), "
+                    f"{cp_async_bytes / 128:.0f} from cp.async"),
+        dict(resource="issue (warp instructions)", per_block_step=(W * instructions_per_warp_step
+                                                                   if instructions_per_warp_step else None),
+             unit="instr", alone_ms=(sm_ms(W * instructions_per_warp_step / r["issue_per_clk_sm"])
+                                     if instructions_per_warp_step else None)),
+        dict(resource="L2 -> SM loads (Q, dO, LSE, Dv)", per_block_step=cp_async_bytes, unit="B",
+             alone_ms=gpu_ms(blocks * steps * cp_async_bytes, r["l2_bytes_per_s"])),
+        dict(resource="dQ reductions (red.v2 to L2)", per_block_step=red_bytes, unit="B",
+             alone_ms=gpu_ms(blocks * steps * red_bytes, r["l2_red_bytes_per_s"]),
+             detail=f"{W * red_warp} warp REDs a step ({W * red_warp * 8} sectors), "
+                    f"{blocks * steps * red_bytes / 1e9:.2f} GB a backward"),
+        dict(resource="DRAM (Q K V O dO in, dK dV out, dq_accum once)", unit="B",
+             per_block_step=None,
+             alone_ms=gpu_ms(B * H * N * d * (7 * 2 + 4) + 2 * B * H * N * 4, r["dram_bytes_per_s"])),
+    ]
+    for row in rows:
+        v = row["per_block_step"]
+        row["per_64_queries"] = None if v is None else v * scale64
+    timed = [x for x in rows if x["alone_ms"] is not None]
+    bound = max(timed, key=lambda x: x["alone_ms"])
+    flops = 10 * B * H * N * N * d
+    elems = B * H * N * d
+    pre_us = (elems * (2 + 2 + 4) + B * H * N * 4) / r["dram_bytes_per_s"] * 1e6   # O, dO in; dq_accum zeroed; Dv
+    convert_us = elems * (4 + 2) / r["dram_bytes_per_s"] * 1e6                    # dq_accum in, dQ out
+    return dict(pre_us=pre_us, convert_us=convert_us, d=d, N=N, B=B, H=H, BM=BM, registers=registers, shared_bytes=shared_bytes, blocks_per_sm=bps,
+                occupancy=str(occ), blocks=blocks, steps=steps, waves=waves, rows=rows, bound=bound["resource"],
+                predicted_ms=bound["alone_ms"], predicted_tflops=flops / (bound["alone_ms"] * 1e-3) / 1e12,
+                hmma_per_warp_step=hmma_warp, ldsm_x4_per_warp_step=ldsm_warp,
+                ldsm_per_hmma=ldsm_warp / hmma_warp, red_v2_per_thread_step=red_warp,
+                instructions_per_warp_step=instructions_per_warp_step, flops=flops, clock_hz=r["clock_hz"])
+
+
+def model_table(m: dict, flash_ms: float | None = None) -> str:
+    """The model as a text table: each resource's demand a block step and per 64 queries, its time alone."""
+    head = (f"atomic_w8 dK/dV kernel, d = {m['d']}, N = {m['N']} (B = {m['B']}, H = {m['H']}, {m['BM']} queries a "
+            f"step): {m['registers']} registers, {m['shared_bytes']:,} B shared -> {m['blocks_per_sm']} block(s) "
+            "an SM, "
+            f"{m['blocks']} blocks in {m['waves']} waves, {m['steps']} steps a block; "
+            f"{m['hmma_per_warp_step']} HMMA and {m['ldsm_x4_per_warp_step']} ldmatrix.x4 a warp a step "
+            f"({m['ldsm_per_hmma']:.2f} per HMMA)")
+    lines = [head, f"{'resource':48s} {'a block step':>14s} {'per 64 queries':>15s} {'alone (ms)':>11s}  detail"]
+    for row in m["rows"]:
+        f = (lambda v: f"{v:,.0f}" if v is not None else "-")
+        ms = f"{row['alone_ms']:.2f}" if row["alone_ms"] is not None else "-"
+        lines.append(f"{row['resource']:48s} {f(row['per_block_step']):>14s} {f(row['per_64_queries']):>15s} "
+                     f"{ms:>11s}  {row.get('detail', '')}")
+    lines.append(f"bound: {m['bound']}: {m['predicted_ms']:.2f} ms ({m['predicted_tflops']:.0f} TFLOP/s for the kernel "
+                 f"alone at {m['clock_hz'] / 1e9:.3f} GHz)"
+                 + (f"; SDPA FLASH's whole backward measured {flash_ms:.2f} ms" if flash_ms else ""))
+    lines.append(f"preprocess and dQ convert (DRAM-bound): {m['pre_us']:.0f} + {m['convert_us']:.0f} us")
+    return "\n".join(lines)
+
+
+# Nsight Compute: what each kernel of one backward spent its time on (benchmarks/attention.py --profile's metrics
+# where they overlap, stall reasons from kernellab's ncu module).
+BWD_PROFILE_METRICS = (
+    ("gpu__time_duration.sum", "duration"),
+    ("sm__cycles_elapsed.avg.per_second", "SM clock"),
+    ("sm__cycles_active.avg.pct_of_peak_sustained_elapsed", "SMs active"),
+    ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor pipe active"),
+    ("sm__inst_executed_pipe_tensor_op_hmma.sum", "tensor instructions (HMMA, per warp)"),
+    ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue slots busy"),
+    ("smsp__inst_executed.sum", "warp instructions"),
+    ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy"),
+    ("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "shared wavefronts"),
+    ("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed", "shared pipe busy"),
+    ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum", "shared bank conflicts"),
+    ("smsp__inst_executed_op_ldsm.sum", "ldmatrix instructions"),
+    ("smsp__inst_executed_op_global_red.sum", "global reductions (RED, per warp)"),
+    ("lts__t_sectors_op_red.sum", "L2 reduction sectors"),
+    ("lts__t_sectors_op_atom.sum", "L2 atomic sectors"),
+    ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 throughput"),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput"),
+    ("dram__bytes.sum", "DRAM bytes"),
+    ("launch__registers_per_thread", "registers per thread"),
+    ("launch__grid_size", "CTAs"),
+    ("launch__block_size", "threads a CTA"),
+)
+PROFILE_N = 4096
+PROFILE_KERNELS = "bwd"          # ncu -k regex: ours (bwd_pre_*, bwd_dkdv_w8_*, hbwd_*, bwd_dq_convert_*), flash_bwd_*
+
+
+def profile_metrics() -> tuple[tuple[str, str], ...]:
+    from kernellab.run.nvtools.ncu import stall_metrics
+
+    return BWD_PROFILE_METRICS + stall_metrics()
+
+
+def profile_child(ns, dims) -> None:
+    """The program ncu watches: at each (d, N), one backward each of atomic_w8, step 3 (where it runs) and SDPA
+    FLASH, in that order, on the same inputs (the forwards' kernels do not match PROFILE_KERNELS)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    t08 = load_tutorial(NOTEBOOK)
+    for d in dims:
+        for N in ns:
+            B, H = max(1, 16384 // N), 2048 // d
+            g = torch.Generator().manual_seed(0)
+            q, k, v, do = (torch.randn(B, H, N, d, generator=g).to(torch.bfloat16).cuda() for _ in range(4))
+            o, lse = t08["attention_forward"](q, k, v, False)
+            t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_w8")
+            if d in t08["BWD_OP_HOPPER_DIMS"] and t08["hopper_backward_applies"](q):
+                t08["attention_backward"](q, k, v, o, lse, do, False, "hopper")
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                out = F.scaled_dot_product_attention(*leaves)
+            torch.autograd.grad(out, leaves, do)
+            torch.cuda.synchronize()
+            print(f"profile child: d={d} N={N} done", flush=True)
+
+
+def label_launches(names: list[str], flash_keys: list[tuple[int, int]]) -> list[tuple[str, int | None, int | None,
+                                                                                       str]]:
+    """(who, d, N, role) for each profiled launch, in order: ours by name (bwd_pre_* belongs to the main kernel after
+    it, bwd_dq_convert_* to the one before; the head dim from the name, N from the order of flash_keys), SDPA's
+    flash_bwd_* by their place: the k-th run of consecutive flash_bwd launches is flash_keys[k] = (d, N)."""
+    out: list[list] = []
+    pending: list[int] = []
+    last = None
+    run = -1
+    prev_flash = False
+    for n in names:
+        if "flash_bwd" in n:
+            if not prev_flash:
+                run += 1
+            prev_flash = True
+            d, N = flash_keys[run] if run < len(flash_keys) else (None, None)
+            role = ("preprocess" if "dot_do_o" in n else "dQ convert" if "convert" in n else "dK/dV/dQ")
+            out.append(["FLASH", d, N, role])
+            continue
+        prev_flash = False
+        if n.startswith("bwd_pre"):
+            pending.append(len(out))
+            out.append([None, None, None, "preprocess"])
+            continue
+        if n.startswith("bwd_dq_convert"):
+            out.append([last[0], last[1], last[2], "dQ convert"] if last else ["?", None, None, "dQ convert"])
+            continue
+        m = re.search(r"_d(\d+)", n)
+        d = int(m.group(1)) if m else None
+        who = "hopper" if n.startswith("hbwd") else "atomic_w8" if "_w8_" in n else n
+        N = next((key[1] for key in flash_keys[max(run + 1, 0):] if key[0] == d), None)
+        last = (who, d, N)
+        out.append([who, d, N, "dK/dV/dQ" if who == "hopper" else "dK/dV (+dQ red)"])
+        for i in pending:
+            out[i][:3] = [who, d, N]
+        pending = []
+    return [tuple(x) for x in out]
+
+
+def _value(rep, name):
+    v = rep.get(name) if rep is not None else None
+    return v if isinstance(v, float) else None
+
+
+_PER_SECOND = {"hz": 1.0, "khz": 1e3, "mhz": 1e6, "ghz": 1e9, "cycle/second": 1.0, "cycle/usecond": 1e6,
+               "cycle/nsecond": 1e9}
+
+
+def _clock_hz(rep) -> float | None:
+    """The SM clock in Hz from sm__cycles_elapsed.avg.per_second, whatever unit ncu printed it in."""
+    m = next((x for x in (rep.metrics if rep is not None else ()) if x.name == "sm__cycles_elapsed.avg.per_second"),
+             None)
+    if m is None or not isinstance(m.value, float):
+        return None
+    scale = _PER_SECOND.get((m.unit or "").lower())
+    if scale is None:                                   # no unit: guess the scale from the magnitude
+        scale = 1e9 if m.value < 100 else 1e6 if m.value < 1e5 else 1.0
+    return m.value * scale
+
+
+def summarize_kernel(rep) -> dict:
+    """The numbers the verdict reads from one kernel's ProfileReport (None where the metric is missing)."""
+    from kernellab.run.nvtools.ncu import top_stalls
+
+    dur = _value(rep, "gpu__time_duration.sum")
+    hmma = _value(rep, "sm__inst_executed_pipe_tensor_op_hmma.sum")
+    wf = _value(rep, "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum")
+    red = _value(rep, "lts__t_sectors_op_red.sum")
+    return dict(
+        us=dur * 1e6 if dur else None,
+        clock_hz=_clock_hz(rep),
+        tensor_pct=_value(rep, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
+        issue_pct=_value(rep, "smsp__issue_active.avg.pct_of_peak_sustained_active"),
+        shared_pct=_value(rep, "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed"),
+        occupancy_pct=_value(rep, "sm__warps_active.avg.pct_of_peak_sustained_active"),
+        bank_conflicts=_value(rep, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"),
+        wavefronts_per_hmma=wf / hmma if wf and hmma else None,
+        hmma_tflops=hmma * 4096 / dur / 1e12 if hmma and dur else None,
+        red_gb_per_s=red * 32 / dur / 1e9 if red and dur else None,
+        l2_pct=_value(rep, "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+        dram_pct=_value(rep, "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+        instructions=_value(rep, "smsp__inst_executed.sum"),
+        stalls=top_stalls(rep, 3) if rep is not None else [],
+    )
+
+
+def model_beside(m: dict) -> dict:
+    """The model's figures in summarize_kernel's keys: duration, and each unit's share of the predicted time."""
+    by = {row["resource"].split(" (")[0]: row for row in m["rows"]}
+    share = (lambda key: 100 * by[key]["alone_ms"] / m["predicted_ms"] if by[key]["alone_ms"] else None)
+    return dict(us=m["predicted_ms"] * 1e3, tensor_pct=share("tensor pipe"), issue_pct=share("issue"),
+                shared_pct=share("shared memory"), occupancy_pct=100 * m["blocks_per_sm"] * W8_WARPS / 64,
+                wavefronts_per_hmma=by["shared memory"]["per_block_step"] / by["tensor pipe"]["per_block_step"],
+                red_gb_per_s=(m["blocks"] * m["steps"] * by["dQ reductions"]["per_block_step"]
+                              / (m["predicted_ms"] * 1e-3) / 1e9),
+                bank_conflicts=0.0, stalls=[(m["bound"].split(" (")[0], None)])
+
+
+def verdict(ours: dict, flash: dict | None, model: dict | None) -> list[str]:
+    """One line per hypothesis: what the dK/dV kernel's numbers (summarize_kernel) say about it, SUPPORTED or not
+    shown, and what to change if it holds."""
+    stalls = [r for r, _ in ours.get("stalls") or []]
+    said = ", ".join(stalls) or "-"
+    pct = (lambda k: ours.get(k) if ours.get(k) is not None else -1.0)      # noqa: E731
+    mark = (lambda flag: "SUPPORTED " if flag else "not shown ")            # noqa: E731
+    smem = pct("shared_pct") >= 70 or (pct("tensor_pct") < 50
+                                       and any(r in stalls for r in ("short_scoreboard", "mio_throttle")))
+    red_rate = ours.get("red_gb_per_s") or 0
+    red = "lg_throttle" in stalls or red_rate >= 0.7 * H100_RATES["l2_red_bytes_per_s"] / 1e9
+    lat = (bool(stalls) and stalls[0] in ("barrier", "long_scoreboard", "wait") and pct("occupancy_pct") <= 15
+           and pct("tensor_pct") < 50)                  # the first stall is waiting, with one block of 8 warps
+    lines = [
+        mark(smem) + f"shared-memory bound: shared pipe {_pc(ours.get('shared_pct'))}, tensor "
+        f"{_pc(ours.get('tensor_pct'))}, stalls {said} -> fewer ldmatrix per HMMA: 2-D warp tiling (a warp 32-64 "
+        "keys, each Q/dO fragment feeding 2-4 HMMA; K/V fragments kept in registers across the query tiles)",
+        mark(red) + f"dQ reductions bound: lg_throttle {'in' if 'lg_throttle' in stalls else 'not in'} the top 3, "
+        f"{_num(ours.get('red_gb_per_s'))} GB/s of fp32 reductions reaching L2 -> dQ in its own pass, or fewer, "
+        "larger reductions (TMA cp.reduce.async.bulk of a block's dQ share)",
+        mark(lat) + f"too little overlap: occupancy {_pc(ours.get('occupancy_pct'))} (1 block of 8 warps = 12.5 %), "
+        f"stalls {said} -> two blocks an SM (under 128 registers) or a deeper Q/dO pipeline, barriers per warp group",
+        mark(pct("issue_pct") >= 80) + f"issue bound: issue slots {_pc(ours.get('issue_pct'))} -> fewer "
+        "instructions per HMMA (the lean rung's address math, masks only on edge tiles)",
+        mark(pct("tensor_pct") >= 80) + f"tensor bound: tensor pipe {_pc(ours.get('tensor_pct'))} -> mma.sync is "
+        "at its ceiling here; only wgmma (step 3) goes faster",
+    ]
+    if flash:
+        lines.append(f"beside FLASH's dK/dV/dQ kernel: shared wavefronts per HMMA "
+                     f"{_num(ours.get('wavefronts_per_hmma'), 2)} (FLASH {_num(flash.get('wavefronts_per_hmma'), 2)}), "
+                     f"tensor {_pc(ours.get('tensor_pct'))} (FLASH {_pc(flash.get('tensor_pct'))}), issue "
+                     f"{_pc(ours.get('issue_pct'))} (FLASH {_pc(flash.get('issue_pct'))}), occupancy "
+                     f"{_pc(ours.get('occupancy_pct'))} (FLASH {_pc(flash.get('occupancy_pct'))})")
+    if model and ours.get("us"):
+        ratio = ours["us"] / (model["predicted_ms"] * 1e3)
+        lines.append(f"model: {model['bound']} predicted {model['predicted_ms'] * 1e3:,.0f} us, measured "
+                     f"{ours['us']:,.0f} us ({ratio:.2f}x the bound: "
+                     + ("near it: the model's unit is the limit)" if ratio <= 1.2
+                        else "well above it: latency and overlap, not one unit's throughput)"))
+    return lines
+
+
+def _pc(v):
+    return f"{v:.0f} %" if v is not None else "n/a"
+
+
+def _num(v, digits=0):
+    return f"{v:,.{digits}f}" if v is not None else "n/a"
+
+
+PROFILE_COLUMNS = ("us", "tensor_pct", "issue_pct", "shared_pct", "wavefronts_per_hmma", "bank_conflicts",
+                   "occupancy_pct", "red_gb_per_s", "l2_pct", "dram_pct")
+
+
+def summary_table(rows: list[tuple[str, dict]]) -> str:
+    """The short table: one row per kernel (or the model), the figures the verdict reads, top 3 stalls last."""
+    head = ["kernel", "µs", "tensor", "issue", "shared", "wf/HMMA", "bank confl.", "occupancy", "RED GB/s", "L2",
+            "DRAM", "top stalls"]
+    fmt = {"us": lambda v: f"{v:,.0f}", "wavefronts_per_hmma": lambda v: f"{v:.2f}",
+           "bank_conflicts": lambda v: f"{v:,.0f}", "red_gb_per_s": lambda v: f"{v:,.0f}"}
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for name, s in rows:
+        cells = [name] + [("-" if s.get(k) is None else fmt.get(k, lambda v: f"{v:.0f} %")(s[k]))
+                          for k in PROFILE_COLUMNS]
+        cells.append(", ".join(r if v is None else f"{r} {v:.2f}" for r, v in s.get("stalls") or []) or "-")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def static_model(t08_bwd, d: int, N: int, clock_hz: float | None = None, instructions: float | None = None) -> dict:
+    """atomic_w8_model from the compiled kernel (registers, its SASS loop body) at the launcher's shared memory;
+    instructions: ncu's warp instructions for the kernel (replaces the static loop body's count)."""
+    k = t08_bwd[f"bwd_dkdv_w8_bf16_d{d}"]
+    BM = W8_QUERY_TILE[d]
+    smem = 2 * W8_KEYS * d * 2 + 4 * BM * d * 2 + 4 * BM * 4 + W8_KEYS * 64 * 2     # bwd_dkdv_smem_bytes(d, True, 8)
+    B, H = max(1, 16384 // N), 2048 // d
+    per_warp_step = (instructions / (math.ceil(N / W8_KEYS) * B * H * math.ceil(N / BM) * W8_WARPS)
+                     if instructions else None)
+    return atomic_w8_model(d, N, k.resources.registers, smem, loop_body(str(k.sass)),
+                           rates={"clock_hz": clock_hz} if clock_hz else None,
+                           instructions_per_warp_step=per_warp_step)
+
+
+def _main_kernel(reports, tags, who: str, d: int, N: int):
+    """The longest of `who`'s launches at (d, N) other than its preprocess and dQ convert (FLASH's backward may add a
+    small kernel, e.g. one clearing its accumulators), or None."""
+    found = [rep for rep, t in zip(reports, tags) if t[:3] == (who, d, N) and t[3] not in ("preprocess", "dQ convert")]
+    return max(found, key=lambda rep: rep.duration_ms or 0.0, default=None)
+
+
+def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: float = 260.0,
+                profile=None) -> int:
+    """atomic_w8, step 3 (d = 64) and SDPA FLASH's backward under Nsight Compute (one launch of each kernel, one
+    ncu process: kernellab.run.nvtools.ncu.profile_command), each dK/dV kernel beside the model, the short table
+    and the verdict last. Reports in $OUT/attention_backward_profile.json. `profile`: profile_command (tests pass a
+    fake)."""
+    from kernellab.run.nvtools import ncu
+
+    t0 = time.time()
+    flash_keys = [(d, N) for d in dims for N in ns]
+    argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child",
+            "--ns", ",".join(map(str, ns)), "--dims", ",".join(map(str, dims))]
+    metrics = [m for m, _ in profile_metrics()]
+    per_key = 4 * 3                                # atomic_w8, hopper, FLASH: three kernels each (one spare)
+    reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
+                                               launch_count=per_key * len(flash_keys), metrics=metrics,
+                                               timeout_s=timeout_s, extra_args=("--print-units", "base"))
+    t08 = load_tutorial(NOTEBOOK)         # after the child: its compiles are in kernellab's disk cache now
+    labels = dict(profile_metrics())
+    names = [r.kernel for r in reports]
+    tags = label_launches(names, flash_keys)
+    print(f"Nsight Compute: {len(reports)} launches profiled in {time.time() - t0:.0f} s "
+          f"({', '.join(names) if len(names) < 20 else len(names)})")
+    for r in reports:
+        if r.error:
+            print(f"  {r.kernel}: {r.error}")
+        for note in r.notes:
+            print(f"  {r.kernel}: note: {note}")
+    if not reports or not all(r.ok for r in reports):     # what ncu and the program said, for the log
+        raw = reports[0].raw if reports else ""
+        print("ncu's output (last 40 lines):\n" + "\n".join(raw.splitlines()[-40:]))
+        print("command: " + " ".join(reports[0].command if reports else argv))
+    results, verdicts, short = [], [], []
+    for d, N in flash_keys:
+        cols = [(f"{who} {role}", rep) for rep, (who, dd, nn, role) in zip(reports, tags) if dd == d and nn == N]
+        ours, flash, hop = (_main_kernel(reports, tags, who, d, N) for who in ("atomic_w8", "FLASH", "hopper"))
+        s_ours = summarize_kernel(ours) if ours is not None else {}
+        model = static_model(t08["attn_bwd"], d, N, s_ours.get("clock_hz"), s_ours.get("instructions"))
+        total = lambda who: sum((summarize_kernel(rep)["us"] or 0) for rep, t in zip(reports, tags)   # noqa: E731
+                                if t[:3] == (who, d, N))
+        print(f"\n== d = {d}, N = {N}, bf16, not causal (B = {max(1, 16384 // N)}, H = {2048 // d}), "
+              "one launch each ==")
+        print(model_table(model))
+        keys = list(dict.fromkeys(m.name for _, rep in cols for m in rep.metrics))
+        pred = model_beside(model)
+        width = 16
+        print(f"\n{'metric':52s} " + " ".join(f"{c[:width]:>{width}s}" for c, _ in cols)
+              + f" {'model (dK/dV)':>{width}s}")
+        pred_by_metric = {"gpu__time_duration.sum": f"{pred['us']:.0f} us",
+                          "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active":
+                              _pc(pred["tensor_pct"]),
+                          "smsp__issue_active.avg.pct_of_peak_sustained_active": _pc(pred["issue_pct"]),
+                          "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed":
+                              _pc(pred["shared_pct"]),
+                          "sm__warps_active.avg.pct_of_peak_sustained_active": _pc(pred["occupancy_pct"]),
+                          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "0",
+                          "sm__inst_executed_pipe_tensor_op_hmma.sum":
+                              f"{model['blocks'] * model['steps'] * model['rows'][0]['per_block_step']:,.0f}",
+                          "lts__t_sectors_op_red.sum": f"{model['blocks'] * model['steps'] * 512:,.0f}"}
+        for key in keys:
+            cells = []
+            for _, rep in cols:
+                m = next((x for x in rep.metrics if x.name == key), None)
+                cells.append(m.formatted() if m else "-")
+            print(f"{labels.get(key, key)[:52]:52s} " + " ".join(f"{c[:width]:>{width}s}" for c in cells)
+                  + f" {pred_by_metric.get(key, ''):>{width}s}")
+        s_flash = summarize_kernel(flash) if flash is not None else None
+        lines = (verdict(s_ours, s_flash, model) if ours is not None
+                 else [f"no profile of atomic_w8's dK/dV kernel at d = {d}"])
+        rows = [(f"atomic_w8 dK/dV d{d}", s_ours), (f"model d{d} ({model['bound'].split(' (')[0]})", pred)]
+        if hop is not None:
+            rows.append((f"hopper d{d}", summarize_kernel(hop)))
+        if s_flash:
+            rows.append((f"FLASH dK/dV/dQ d{d}", s_flash))
+        ours_us, flash_us, hop_us = total("atomic_w8"), total("FLASH"), total("hopper")
+        whole = (f"whole backward d{d} (ncu durations summed): atomic_w8 {ours_us:,.0f} us, FLASH {flash_us:,.0f} us"
+                 + (f" ({flash_us / ours_us:.2f}x FLASH's speed)" if ours_us and flash_us else "")
+                 + (f", hopper {hop_us:,.0f} us" if hop_us else ""))
+        short.append((d, N, rows, whole, lines))
+        results.append(dict(d=d, N=N, model=model, summary=dict(rows), whole_us=dict(atomic_w8=ours_us, FLASH=flash_us,
+                                                                                       hopper=hop_us),
+                            verdict=lines, kernels=[dict(label=c, **rep.to_json()) for c, rep in cols]))
+    (out / "attention_backward_profile.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "results": results},
+        indent=1, default=str))
+    print("\n== Where the time goes: atomic_w8's dK/dV kernel against the model, step 3 and FLASH (N = "
+          f"{', '.join(map(str, ns))}, not causal) ==")
+    for d, N, rows, whole, lines in short:
+        print(f"\nd = {d}, N = {N}: {whole}")
+        print(summary_table(rows))
+        for line in lines:
+            print("  " + line)
+    ok = bool(reports) and all(r.ok for r in reports) and len(reports) >= 6 * len(flash_keys)
+    print(f"\n{'profile complete' if ok else 'profile INCOMPLETE (see the errors above)'}: {len(reports)} launches")
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

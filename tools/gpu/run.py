@@ -173,6 +173,13 @@ SUITES: dict[str, Suite] = {
         "the latency model; last lines: what each outcome means", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--profile", "--out", "{out}"),),
         takes_args=True),
+    "profile-attention-backward": Suite(
+        "benchmarks/attention_backward.py --profile: Nsight Compute on tutorial 08's atomic_w8 (preprocess, dK/dV "
+        "with dQ reductions, dQ convert), step 3 (d = 64) and SDPA FLASH's backward kernels (flash_bwd_*) at N = 4096, "
+        "d 64/128, bf16, one launch each: duration, tensor pipe, issue slots, occupancy, top stalls, shared "
+        "wavefronts and bank conflicts, L2 reductions, DRAM, beside the model of atomic_w8's tile step; last: the "
+        "short table and one line per hypothesis (SUPPORTED / not shown)", 300,
+        commands=((PY, "benchmarks/attention_backward.py", "--profile", "--out", "{out}"),), takes_args=True),
     "train-gpt2": Suite(
         "benchmarks/train_gpt2.py: GPT-2 small on the standard library's bytes, 200 steps of batch 16 x 1024 for each "
         "of PyTorch eager (seeds 0 and 1; SDPA FLASH and EFFICIENT), kernellab's attention and LayerNorm (together and "

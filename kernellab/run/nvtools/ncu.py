@@ -59,6 +59,26 @@ DEFAULT_METRICS: tuple[tuple[str, str], ...] = (
     ("sm__inst_executed_pipe_tensor_op_gmma.sum", "GMMA instructions executed"),
 )
 LABELS = dict(DEFAULT_METRICS)
+# Warp stall reasons (smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio: warps stalled for that
+# reason per issued instruction, Nsight Compute's "Warp State" section); the profiles of benchmarks/ take these.
+STALL_REASONS = ("long_scoreboard", "barrier", "wait", "math_pipe_throttle", "short_scoreboard", "mio_throttle",
+                 "lg_throttle", "no_instruction", "dispatch_stall", "membar", "drain", "branch_resolving",
+                 "tex_throttle", "sleeping", "not_selected", "selected")
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+
+
+def stall_metrics(reasons=STALL_REASONS) -> tuple[tuple[str, str], ...]:
+    """(metric, label) for each stall reason: "stall: <reason> (warps per issue)"."""
+    return tuple((f"{STALL_PREFIX}{r}{STALL_SUFFIX}", f"stall: {r} (warps per issue)") for r in reasons)
+
+
+def top_stalls(report: "ProfileReport", n: int = 3) -> list[tuple[str, float]]:
+    """The n largest stall reasons of a report, [(reason, warps per issue)], leaving out "selected" (issuing, not a
+    stall) and "not_selected" (eligible, another warp issued)."""
+    found = [(m.name[len(STALL_PREFIX):-len(STALL_SUFFIX)], m.value) for m in report.metrics
+             if m.name.startswith(STALL_PREFIX) and m.name.endswith(STALL_SUFFIX) and isinstance(m.value, float)]
+    found = [(r, v) for r, v in found if r not in ("selected", "not_selected")]
+    return sorted(found, key=lambda x: -x[1])[:n]
 SECTION_SETS = ("basic", "detailed", "full", "roofline", "source", "nvlink", "pmsampling")
 
 _PERMISSION = ("ERR_NVGPUCTRPERM", "does not have permission to access NVIDIA GPU Performance Counters")
@@ -366,9 +386,34 @@ def ncu_path() -> str:
     return path
 
 
+def _run_ncu(head: list[str], tail: list[str], names: list[str], section_set: str | None, timeout_s: float,
+             key, total: bool = False) -> tuple[str, bool, list[str], list[str], tuple[str, ...]]:
+    """`head + (--set | --metrics) + tail` under ncu; a metric ncu does not know (it stops with "Failed to find
+    metric") is left out and ncu runs again without it, remembered per `key` (ncu, GPU) for later profiles.
+    timeout_s: for each run, or (total) for all of them together. (output, timed_out, names kept, names left out,
+    the last command)."""
+    known_bad = _unknown_metrics.setdefault(key, set())
+    skipped = [n for n in names if n in known_bad]
+    names = [n for n in names if n not in known_bad] or names
+    deadline = time.monotonic() + timeout_s
+    while True:
+        cmd = head + (["--set", section_set] if section_set else ["--metrics", ",".join(names)]) + tail
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=tool_env(), start_new_session=True,
+                                  timeout=max(1.0, deadline - time.monotonic()) if total else timeout_s)
+            out, timed_out = proc.stdout + proc.stderr, False
+        except subprocess.TimeoutExpired as exc:
+            out, timed_out = decoded_text(exc.stdout) + decoded_text(exc.stderr), True
+        bad = [] if section_set or timed_out else unknown_metrics(out, names)
+        if not bad or len(bad) == len(names):
+            return out, timed_out, names, skipped, tuple(cmd)
+        known_bad.update(bad)
+        skipped += bad
+        names = [n for n in names if n not in bad]
+
+
 def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, timeout_s: float = 600.0,
             extra_args=(), executable: str | None = None) -> ProfileReport:
-    """Run `job` under Nsight Compute: `metrics` (ncu names; default DEFAULT_METRICS) or a `section_set`."""
     """Run `job` under Nsight Compute: `metrics` (ncu names; default DEFAULT_METRICS) or a `section_set`.
 
     A metric this ncu does not know on this GPU (ncu stops with "Failed to find metric") is left out and the
@@ -378,30 +423,14 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
         raise ValueError(f"unknown ncu section set {section_set!r}; use one of {', '.join(SECTION_SETS)}")
     names = list(metrics) if metrics else [m for m, _ in DEFAULT_METRICS]
     exe = executable or ncu_path()
-    known_bad = _unknown_metrics.setdefault((exe, job.device), set())
-    skipped = [n for n in names if n in known_bad]
-    names = [n for n in names if n not in known_bad] or names
     with tempfile.TemporaryDirectory(prefix="kernellab-profile-") as tmp:
         jobfile = job.with_data().save(os.path.join(tmp, "job.kljob"))
         resfile = os.path.join(tmp, "result.klres")
         t0 = time.perf_counter()
-        while True:
-            cmd = [exe, "--clock-control", "none", "--csv", "--kernel-name-base", "mangled",
-                   "-k", f"regex:^{re.escape(job.symbol)}$", "-c", "1"]
-            cmd += ["--set", section_set] if section_set else ["--metrics", ",".join(names)]
-            cmd += list(extra_args) + [sys.executable, "-m", "kernellab.run.launch.job", jobfile, "--out", resfile]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=tool_env(),
-                                      start_new_session=True)
-                out, timed_out = proc.stdout + proc.stderr, False
-            except subprocess.TimeoutExpired as exc:
-                out, timed_out = decoded_text(exc.stdout) + decoded_text(exc.stderr), True
-            bad = [] if section_set or timed_out else unknown_metrics(out, names)
-            if not bad or len(bad) == len(names):
-                break
-            known_bad.update(bad)
-            skipped += bad
-            names = [n for n in names if n not in bad]
+        head = [exe, "--clock-control", "none", "--csv", "--kernel-name-base", "mangled",
+                "-k", f"regex:^{re.escape(job.symbol)}$", "-c", "1"]
+        tail = list(extra_args) + [sys.executable, "-m", "kernellab.run.launch.job", jobfile, "--out", resfile]
+        out, timed_out, names, skipped, cmd = _run_ncu(head, tail, names, section_set, timeout_s, (exe, job.device))
         wall = (time.perf_counter() - t0) * 1e3
         notes = []
         if skipped:
@@ -413,6 +442,56 @@ def profile(job: KernelJob, *, metrics=None, section_set: str | None = None, tim
                 notes.append(f"the launch itself failed under ncu: {res.message}")
         if timed_out:
             notes.append(f"stopped after {timeout_s:g} s (ncu replays the kernel once per counter pass)")
-    rep = report_from_output(out, kernel=job.label, section_set=section_set, metrics=names, command=tuple(cmd),
+    rep = report_from_output(out, kernel=job.label, section_set=section_set, metrics=names, command=cmd,
                              wall_ms=wall, timed_out=timed_out, notes=notes)
     return rep
+
+
+def split_launches(text: str) -> list[str]:
+    """ncu --csv output of several launches as one text per launch (ncu's "ID" column), in launch order, each with
+    the header row; lines that are not CSV rows (the program's own output, ncu's ==PROF== lines) are dropped."""
+    lines = [l for l in text.splitlines() if l.startswith('"')]
+    if len(lines) < 2:
+        return []
+    header, rows = lines[0], lines[1:]
+    ids: dict[str, list[str]] = {}
+    for line in rows:
+        first = next(csv.reader([line]))
+        ids.setdefault(first[0] if first else "", []).append(line)
+    return ["\n".join([header] + group) for group in ids.values()]
+
+
+def reports_from_output(text: str, *, section_set: str | None = None, metrics=None, **extra) -> list[ProfileReport]:
+    """One ProfileReport per profiled launch in ncu's captured output (its kernel name from ncu's "Kernel Name"),
+    in launch order; where there is none, one report saying why (as report_from_output)."""
+    parts = split_launches(text)
+    if not parts:
+        return [report_from_output(text, kernel="(no launch)", section_set=section_set, metrics=metrics, **extra)]
+    out = []
+    for part in parts:
+        name = next(csv.DictReader(io.StringIO(part)), {}).get("Kernel Name", "") or "(unnamed)"
+        out.append(report_from_output(part, kernel=name, section_set=section_set, metrics=metrics, **extra))
+    return out
+
+
+def profile_command(argv, *, kernel_regex: str, launch_count: int, metrics=None, section_set: str | None = None,
+                    timeout_s: float = 600.0, executable: str | None = None, device=None,
+                    extra_args=()) -> list[ProfileReport]:
+    """Run the program `argv` under Nsight Compute, profiling its first `launch_count` launches whose function name
+    (ncu --kernel-name-base function: no template or parameter list) matches `kernel_regex`, e.g. the kernels a
+    library launches for one call (SDPA's "flash_bwd"). One ProfileReport per launch, in launch order, metrics and
+    the retry without unknown metrics as `profile`; timeout_s bounds all of ncu's runs together."""
+    if section_set is not None and section_set not in SECTION_SETS:
+        raise ValueError(f"unknown ncu section set {section_set!r}; use one of {', '.join(SECTION_SETS)}")
+    names = list(metrics) if metrics else [m for m, _ in DEFAULT_METRICS]
+    exe = executable or ncu_path()
+    head = [exe, "--clock-control", "none", "--csv", "--kernel-name-base", "function",
+            "-k", f"regex:{kernel_regex}", "-c", str(int(launch_count))]
+    t0 = time.perf_counter()
+    out, timed_out, names, skipped, cmd = _run_ncu(head, list(extra_args) + [str(a) for a in argv], names,
+                                                   section_set, timeout_s, (exe, device), total=True)
+    notes = [f"ncu on this GPU does not know {', '.join(skipped)}: left out"] if skipped else []
+    if timed_out:
+        notes.append(f"stopped after {timeout_s:g} s (ncu replays each kernel once per counter pass)")
+    return reports_from_output(out, section_set=section_set, metrics=names, command=cmd, timed_out=timed_out,
+                               wall_ms=(time.perf_counter() - t0) * 1e3, notes=notes)

@@ -1,0 +1,292 @@
+"""benchmarks/attention_backward.py --profile without a GPU: the model of atomic_w8's tile step from the compiled
+kernel (NVRTC + ptxas, sm_90), Nsight Compute on a program's launches by kernel-name regex
+(kernellab.run.nvtools.ncu.profile_command) against a stand-in ncu, the launches labelled, and the tables and
+verdict from fake reports.
+
+Fakes, said as such: the stand-in ncu prints the real H200 capture (tests/fixtures/captured/ncu_metrics_details.csv,
+one launch of transpose_naive) copied under three launch IDs and kernel names, with a made-up duration row per
+launch; the reports of the end-to-end test are made-up numbers chosen so that one hypothesis holds."""
+import importlib.util
+import io
+import json
+import pathlib
+import stat
+import sys
+import textwrap
+from contextlib import redirect_stdout
+
+import pytest
+
+from kernellab.run.nvtools import ncu as P
+from kernellab.run.nvtools.ncu import Metric, ProfileReport, profile_command, split_launches, top_stalls
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+CAPTURED = HERE / "fixtures" / "captured" / "ncu_metrics_details.csv"
+sys.path.insert(0, str(HERE / "gpu"))
+
+
+def _bench():
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("bench_attention_backward_profile",
+                                                  ROOT / "benchmarks" / "attention_backward.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# -- profile_command: several launches of one program, by kernel-name regex ------------------------------------------
+FAKE_NAMES = ("bwd_pre_bf16_d64", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "bwd_dq_convert_bf16")
+
+
+def _ncu(tmp_path, unknown=()):
+    """A stand-in ncu (fake): logs its command line; stops at a requested metric in `unknown` as ncu does; else the
+    real capture's rows once per name in FAKE_NAMES (ID 0, 1, 2), each with a duration of (ID + 1) microseconds."""
+    log = tmp_path / "calls.jsonl"
+    path = tmp_path / "ncu"
+    path.write_text("#!" + sys.executable + "\n" + textwrap.dedent(f"""
+        import json, sys
+        argv = sys.argv[1:]
+        open({str(log)!r}, "a").write(json.dumps(argv) + "\\n")
+        names = argv[argv.index("--metrics") + 1].split(",")
+        for n in names:
+            if n in {list(unknown)!r}:
+                print("==ERROR== Failed to find metric " + n)
+                sys.exit(1)
+        print("the program's own output")
+        lines = [l for l in open({str(CAPTURED)!r}).read().splitlines() if l.startswith('"')]
+        print(lines[0])
+        for i, name in enumerate({list(FAKE_NAMES)!r}):
+            for row in lines[1:]:
+                cells = row.split('","')
+                cells[0], cells[4] = '"%d' % i, name
+                if "gpu__time_duration" in row:
+                    cells[-1] = '%d,000"' % (i + 1)
+                print('","'.join(cells))
+    """))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path), log
+
+
+def test_profile_command_gives_one_report_per_launch_in_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "_unknown_metrics", {})
+    exe, log = _ncu(tmp_path)
+    reps = profile_command(["python3", "child.py", "--x"], kernel_regex="bwd", launch_count=18,
+                           metrics=["gpu__time_duration.sum", "dram__bytes.sum"], executable=exe)
+    (cmd,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert cmd[cmd.index("--kernel-name-base") + 1] == "function"      # template-free names for SDPA's kernels
+    assert cmd[cmd.index("-k") + 1] == "regex:bwd" and cmd[cmd.index("-c") + 1] == "18"
+    assert cmd[-3:] == ["python3", "child.py", "--x"]
+    assert [r.kernel for r in reps] == list(FAKE_NAMES) and all(r.ok for r in reps)
+    assert [r.duration_ms for r in reps] == pytest.approx([1e-3, 2e-3, 3e-3])       # nsecond: 1,000 ns = 1 us
+    assert all(r["dram__bytes.sum"] == 4_197_376 for r in reps)                     # the capture's own value
+
+
+def test_profile_command_leaves_out_unknown_metrics(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "_unknown_metrics", {})
+    exe, log = _ncu(tmp_path, unknown=("smsp__inst_executed_op_ldsm.sum",))
+    reps = profile_command(["prog"], kernel_regex="bwd", launch_count=3,
+                           metrics=["gpu__time_duration.sum", "smsp__inst_executed_op_ldsm.sum"], executable=exe)
+    assert len(log.read_text().splitlines()) == 2 and len(reps) == 3
+    assert all(any("does not know smsp__inst_executed_op_ldsm.sum" in n for n in r.notes) for r in reps)
+
+
+def test_no_launch_is_one_report_saying_why():
+    assert split_launches("==PROF== nothing\n") == []
+    (rep,) = P.reports_from_output("==WARNING== No kernels were profiled.\n")
+    assert not rep.ok and "no launch" in rep.error
+
+
+# -- the launches labelled --------------------------------------------------------------------------------------------
+def test_launches_are_labelled_by_name_and_order():
+    b = _bench()
+    names = ["bwd_pre_bf16_d64", "bwd_dkdv_w8_bf16_d64", "bwd_dq_convert_bf16",
+             "bwd_pre_bf16_d64", "hbwd_bf16_d64", "bwd_dq_convert_bf16",
+             "flash_bwd_dot_do_o_kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "flash_bwd_convert_dq_kernel",
+             "bwd_pre_bf16_d128", "bwd_dkdv_w8_bf16_d128", "bwd_dq_convert_bf16",
+             "flash_bwd_dot_do_o_kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "flash_bwd_convert_dq_kernel"]
+    tags = b.label_launches(names, [(64, 4096), (128, 4096)])
+    assert tags == [("atomic_w8", 64, 4096, "preprocess"), ("atomic_w8", 64, 4096, "dK/dV (+dQ red)"),
+                    ("atomic_w8", 64, 4096, "dQ convert"),
+                    ("hopper", 64, 4096, "preprocess"), ("hopper", 64, 4096, "dK/dV/dQ"),
+                    ("hopper", 64, 4096, "dQ convert"),
+                    ("FLASH", 64, 4096, "preprocess"), ("FLASH", 64, 4096, "dK/dV/dQ"),
+                    ("FLASH", 64, 4096, "dQ convert"),
+                    ("atomic_w8", 128, 4096, "preprocess"), ("atomic_w8", 128, 4096, "dK/dV (+dQ red)"),
+                    ("atomic_w8", 128, 4096, "dQ convert"),
+                    ("FLASH", 128, 4096, "preprocess"), ("FLASH", 128, 4096, "dK/dV/dQ"),
+                    ("FLASH", 128, 4096, "dQ convert")]
+
+
+# -- the model, from the compiled kernel ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def step2():
+    import kernellab
+    from notebook_cells import named_cuda_cells_with_arch
+
+    arch, source = named_cuda_cells_with_arch("08-attention-backward.py")["attn_bwd"]
+    return kernellab.compile_cuda(source, first_line=2, filename="cell.cu", **({"arch": arch} if arch else {}))
+
+
+@pytest.mark.parametrize("d", (64, 128))
+def test_the_model_counts_what_the_kernel_does(step2, d):
+    b = _bench()
+    k = step2[f"bwd_dkdv_w8_bf16_d{d}"]
+    loop = b.loop_body(str(k.sass))
+    # the tile step's loop holds every HMMA and reduction of the kernel (the dQ k-loop once: 8 of its 32 HMMA)
+    assert b._count(loop, "HMMA") == 128 + 8 and b._count(loop, "REDG") == 8
+    assert b._count(loop, "LDSM") == {64: 78, 128: 86}[d] and b._count(loop, "BAR") == 2
+    m = b.static_model(step2, d, 4096)
+    assert m["hmma_per_warp_step"] == 160 and m["ldsm_x4_per_warp_step"] == {64: 96, 128: 104}[d]
+    # every HMMA is a FLOP of 10 B H N^2 d (the five products): the counts and the FLOP formula agree exactly
+    assert m["blocks"] * m["steps"] * 8 * m["hmma_per_warp_step"] * 4096 == m["flops"]
+    # the dQ share a step reaches L2 once: N / 128 key blocks x the [N, d] fp32 dQ of every head
+    red = next(r for r in m["rows"] if r["resource"].startswith("dQ reductions"))
+    assert m["blocks"] * m["steps"] * red["per_block_step"] == (4096 // 128) * m["B"] * m["H"] * 4096 * d * 4
+    assert m["registers"] == k.resources.registers and m["blocks_per_sm"] == 1      # 210 / 255 registers x 256
+    # the verdict the model gives: shared memory (0.6 ldmatrix.x4 per HMMA, 4 wavefronts each) over the tensor pipe
+    assert m["bound"].startswith("shared memory")
+    tensor = next(r for r in m["rows"] if r["resource"].startswith("tensor"))["alone_ms"]
+    assert 1.8 < m["predicted_ms"] / tensor < 2.4
+    flash_ms = m["flops"] / (b.H100_MEASURED_TFLOPS[d]["FLASH"] * 1e12) * 1e3
+    atomic_ms = m["flops"] / (b.H100_MEASURED_TFLOPS[d]["atomic_w8"] * 1e12) * 1e3
+    assert m["predicted_ms"] < flash_ms < atomic_ms      # at its bound it would just beat FLASH; measured, it does not
+    # the two small kernels stream [B H N d] arrays: 8 B an element in, 6 B for the conversion (~60-80 us each)
+    assert m["pre_us"] == pytest.approx((m["B"] * m["H"] * 4096 * (8 * d + 4)) / 3.35e12 * 1e6)
+    assert 50 < m["convert_us"] < m["pre_us"] < 100
+    text = b.model_table(m, flash_ms)
+    assert "bound: shared memory" in text and f"{m['ldsm_per_hmma']:.2f} per HMMA" in text
+
+
+def test_a_measured_instruction_count_replaces_the_static_one(step2):
+    b = _bench()
+    static = b.static_model(step2, 64, 4096)
+    blocks_steps_warps = static["blocks"] * static["steps"] * 8
+    m = b.static_model(step2, 64, 4096, clock_hz=1.98e9, instructions=2_000 * blocks_steps_warps)
+    assert m["instructions_per_warp_step"] == pytest.approx(2_000)
+    assert m["bound"].startswith("issue")                # 8 x 2,000 / 4 a clock > the 3,908 shared wavefronts
+    assert m["clock_hz"] == 1.98e9
+
+
+# -- the tables and the verdict from fake reports ---------------------------------------------------------------------
+def _fake_report(name, us, **values):
+    """A made-up ProfileReport (fake): duration `us`, and metrics by the short keys below."""
+    names = {"tensor": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+             "issue": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+             "shared": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed",
+             "occupancy": "sm__warps_active.avg.pct_of_peak_sustained_active",
+             "wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+             "hmma": "sm__inst_executed_pipe_tensor_op_hmma.sum", "red": "lts__t_sectors_op_red.sum",
+             "clock": "sm__cycles_elapsed.avg.per_second",
+             "conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"}
+    metrics = [Metric("gpu__time_duration.sum", "duration", us * 1e-6, "second")]
+    for key, v in values.items():
+        if key.startswith("stall_"):
+            metrics.append(Metric(f"{P.STALL_PREFIX}{key[6:]}{P.STALL_SUFFIX}", key, float(v), ""))
+        else:
+            metrics.append(Metric(names[key], key, float(v), "%" if key in ("tensor", "issue", "shared", "occupancy")
+                                  else ""))
+    return ProfileReport(kernel=name, metrics=tuple(metrics))
+
+
+def test_top_stalls_leave_out_issuing_warps():
+    rep = _fake_report("k", 1, stall_selected=9, stall_not_selected=8, stall_barrier=1, stall_short_scoreboard=3,
+                       stall_mio_throttle=2, stall_wait=0.5)
+    assert top_stalls(rep) == [("short_scoreboard", 3.0), ("mio_throttle", 2.0), ("barrier", 1.0)]
+
+
+def test_run_profile_prints_the_tables_and_the_verdict(step2, tmp_path, monkeypatch):
+    b = _bench()
+    monkeypatch.setattr(b, "load_tutorial", lambda notebook, compile=None: {"attn_bwd": step2})
+    ours = dict(tensor=38, issue=45, shared=88, occupancy=12.4, wavefronts=3.2e8, hmma=8.4e7, red=1.3e8,
+                clock=1.755e9, conflicts=1.2e6, stall_short_scoreboard=2.1, stall_mio_throttle=1.4, stall_barrier=0.9,
+                stall_selected=1)
+    flash = dict(tensor=62, issue=50, shared=55, occupancy=24, wavefronts=1.6e8, hmma=8.4e7, stall_wait=1.1)
+    launches = {64: [("bwd_pre_bf16_d64", 90, {}), ("bwd_dkdv_w8_bf16_d64", 6400, ours),
+                     ("bwd_dq_convert_bf16", 60, {}), ("bwd_pre_bf16_d64", 90, {}), ("hbwd_bf16_d64", 4400, {}),
+                     ("bwd_dq_convert_bf16", 60, {}), ("flash_bwd_dot_do_o_kernel", 80, {}),
+                     ("flash_bwd_clear_dkvaccum", 20, dict(tensor=0, shared=0)),   # a small one: not the main
+                     ("flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", 4900, flash),
+                     ("flash_bwd_convert_dq_kernel", 50, {})],
+                128: [("bwd_pre_bf16_d128", 90, {}), ("bwd_dkdv_w8_bf16_d128", 6300, ours),
+                      ("bwd_dq_convert_bf16", 60, {}), ("flash_bwd_dot_do_o_kernel", 80, {}),
+                      ("flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", 4600, flash),
+                      ("flash_bwd_convert_dq_kernel", 50, {})]}
+    asked = {}
+
+    def fake_profile(argv, **kw):
+        asked.update(kw, argv=argv)
+        return [_fake_report(n, us, **v) for d in (64, 128) for n, us, v in launches[d]]
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = b.run_profile(tmp_path, (4096,), (64, 128), profile=fake_profile)
+    text = buf.getvalue()
+    assert rc == 0, text
+    assert asked["kernel_regex"] == "bwd" and "--profile-child" in asked["argv"]
+    assert tuple(asked["extra_args"]) == ("--print-units", "base")      # counts unscaled, whatever their size
+    assert "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" in asked["metrics"]
+    assert any("lg_throttle" in m for m in asked["metrics"])
+    last = text[text.index("== Where the time goes"):]
+    # the whole backward: ncu durations summed per implementation
+    assert "atomic_w8 6,550 us, FLASH 5,050 us (0.77x FLASH's speed), hopper 4,550 us" in last
+    assert "atomic_w8 6,450 us, FLASH 4,730 us" in last
+    assert "atomic_w8 dK/dV d64 | 6,400 | 38 % | 45 % | 88 % | 3.81 |" in last     # 3.2e8 / 8.4e7 wavefronts/HMMA
+    assert "FLASH dK/dV/dQ d64 | 4,900 | 62 %" in last
+    assert last.count("SUPPORTED shared-memory bound") == 2
+    assert last.count("not shown dQ reductions bound") == 2 and last.count("not shown tensor bound") == 2
+    assert last.count("not shown too little overlap") == 2          # the first stall is shared memory's, not a wait
+    assert "(FLASH 1.90)" in last and "model: shared memory" in last
+    saved = json.loads((tmp_path / "attention_backward_profile.json").read_text())
+    assert [r["d"] for r in saved["results"]] == [64, 128]
+    assert saved["results"][0]["whole_us"]["hopper"] == pytest.approx(4550)
+
+
+def test_the_suite_runs_the_profile():
+    spec = importlib.util.spec_from_file_location("gpu_run_for_profile", ROOT / "tools" / "gpu" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = run                # dataclasses look the module up while the file runs
+    spec.loader.exec_module(run)
+    suite = run.SUITES["profile-attention-backward"]
+    assert suite.limit_s <= 300 and ("python3", "benchmarks/attention_backward.py", "--profile", "--out",
+                                     "{out}") in suite.commands
+
+
+def test_each_hypothesis_can_hold():
+    b = _bench()
+    stalls = (lambda *names: [(n, 1.0) for n in names])     # noqa: E731
+    base = dict(tensor_pct=30, issue_pct=40, shared_pct=40, occupancy_pct=12.4, red_gb_per_s=300)
+    cases = {"dQ reductions bound": dict(base, stalls=stalls("lg_throttle", "barrier")),
+             "too little overlap": dict(base, stalls=stalls("barrier", "long_scoreboard")),
+             "issue bound": dict(base, issue_pct=85, stalls=stalls("not_selected")),
+             "tensor bound": dict(base, tensor_pct=90, stalls=stalls("math_pipe_throttle")),
+             "shared-memory bound": dict(base, stalls=stalls("mio_throttle"))}
+    for name, summary in cases.items():
+        held = [line for line in b.verdict(summary, None, None) if line.startswith("SUPPORTED")]
+        assert [line.split(":")[0] for line in held] == [f"SUPPORTED {name}"], (name, held)
+
+
+def test_a_failed_profile_says_why_and_fails(step2, tmp_path, monkeypatch):
+    b = _bench()
+    monkeypatch.setattr(b, "load_tutorial", lambda notebook, compile=None: {"attn_bwd": step2})
+    said = ("Traceback (most recent call last):\nRuntimeError: CUDA error: out of memory\n"
+            "==WARNING== No kernels were profiled.")
+
+    def fake_profile(argv, **kw):
+        return P.reports_from_output(said, command=("ncu", "python3", "child"))
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = b.run_profile(tmp_path, (4096,), (64,), profile=fake_profile)
+    text = buf.getvalue()
+    assert rc == 1 and "RuntimeError: CUDA error: out of memory" in text and "profile INCOMPLETE" in text
+    assert "no profile of atomic_w8's dK/dV kernel at d = 64" in text
+
+
+def test_the_clock_is_read_in_any_unit():
+    b = _bench()
+    for value, unit in ((1.755e9, "cycle/second"), (1.755, "cycle/nsecond"), (1.755, "Ghz"), (1755.0, "Mhz"),
+                        (1.755e9, "hz"), (1.755, "")):
+        rep = ProfileReport(kernel="k", metrics=(Metric("sm__cycles_elapsed.avg.per_second", "SM clock", value, unit),))
+        assert b._clock_hz(rep) == pytest.approx(1.755e9), unit
+    assert b._clock_hz(ProfileReport(kernel="k")) is None
