@@ -35,6 +35,7 @@ Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/launch_overhe
 (--ops: about a minute, compiling tutorial 07's kernels; --cpu: about a minute on a shared 2-core machine).
 """
 import argparse
+import math
 import statistics
 import time
 
@@ -788,6 +789,259 @@ def context_cases(calls: int, rounds: int, heap_objects: int = 4_000_000,
     return cases
 
 
+ATTENTION_SHAPE = (1, 12, 128, 64)   # B, H, N, d of the --attention rows: GPT-2 small's heads and head dim; B and N
+                                     # small (the training script's are 16 and 1024) because the stand-in's tensors
+                                     # are CPU tensors, whose allocator maps 25 MB outputs page by page where the
+                                     # GPU's caching allocator hands back a block: the host path's Python is the same
+
+
+def standin_tensor_map():
+    """A stand-in for kernellab.tensor_map on CPU tensors (the real one maps CUDA memory only): what its cache hit does
+    (a key of the tensor's address, shape, strides, dtype, GPU and the box; one dict lookup; one copy of the map's
+    fields with the tensor put in), the map's 128 bytes zeros. On an H100 host (NOTES-launch.md) a real hit costs
+    2.7 µs, a known layout at a new address (the driver's address replacement) 11.3, a full encode 39.5."""
+    from kernellab.run.launch.tensor_map import TENSOR_MAP_BYTES, TensorMap
+
+    cache: dict = {}
+
+    def tensor_map(tensor, box, **options):
+        key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.get_device(), box)
+        hit = cache.get(key)
+        if hit is None:
+            made = TensorMap(tensor=None, shape=tuple(tensor.shape), dtype=str(tensor.dtype).split(".")[-1],
+                             box=tuple(box), strides_bytes=tuple(s * tensor.element_size() for s in tensor.stride()),
+                             element_strides=(1,) * tensor.dim(), global_address=tensor.data_ptr(),
+                             encoded=bytes(TENSOR_MAP_BYTES))
+            hit = cache[key] = dict(made.__dict__)
+        found = object.__new__(TensorMap)
+        fields = hit.copy()
+        fields["tensor"] = tensor
+        object.__setattr__(found, "__dict__", fields)
+        return found
+    return tensor_map
+
+
+def attention_op_setup(shape=ATTENTION_SHAPE, causal=True):
+    """Tutorial 08's kl_flash_attention as benchmarks/train_gpt2.py calls it (forward, then backward through
+    autograd), on the stand-in: the notebook's launcher cells with its kernels compiled (step 2's for sm_90, step 3's
+    for sm_90a, tutorial 07's forward for sm_90) and launched through the stand-in driver's C call, on CPU tensors
+    posing as device -1's, which the backward treats as an H100 (capability (9, 0): step 3, the op's choice at
+    d = 64). Stood in, and said so in the table: kernellab.tensor_map (standin_tensor_map: CPU memory has no map),
+    and the ops' registration (kernellab.op also on "cpu" and in a namespace of its own, since kl:: is the
+    tutorial's CUDA registration). q, k, v require grad and are contiguous (a model's transposed heads would add
+    three .contiguous() copies: torch's work, on the GPU). Returns a namespace; .restore() puts kernellab.op and
+    kernellab.tensor_map back."""
+    import pathlib
+    import re
+    import sys
+    import types
+
+    import torch
+
+    from kernellab.run.launch import launch as L
+    from kernellab.run.launch.device import DeviceInfo
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+    from notebook_cells import load_tutorial, named_cuda_cells_with_arch
+
+    arch_of = {src: arch for arch, src in named_cuda_cells_with_arch("08-attention-backward.py").values()}
+    real_op, real_map = kernellab.op, kernellab.tensor_map
+    tag = f"klcpu{time.monotonic_ns() % 1_000_000}"
+
+    def op_on_cpu(name, schema=None, **kw):
+        return real_op(name.replace("kl::", f"{tag}::"), schema, **{**kw, "device_types": ("cuda", "cpu")})
+    kernellab.op = op_on_cpu
+    try:
+        ns = load_tutorial("08-attention-backward.py", compile=lambda src: kernellab.compile_cuda(
+            src, arch=arch_of.get(src) or "sm_90", first_line=2, filename="cell.cu"))
+    finally:
+        kernellab.op = real_op
+    here = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "07-fused-attention.py"
+    cells = re.split(r"^# %%(?: .*)?\n", here.read_text(), flags=re.M)
+    cell = next(c for c in cells if c.startswith("# %%cuda") and "--name fa2_cell" in c.partition("\n")[0])
+    ns["_fa2_forward"]["module"] = kernellab.compile_cuda(cell.partition("\n")[2], arch="sm_90", first_line=2,
+                                                          filename="07-fused-attention.py:step2")
+    driver = _StandinDrivers(standin_lib()).call()
+    dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132,
+                     shared_per_block_optin_bytes=227 * 1024, shared_per_sm_bytes=228 * 1024)
+    L.torch_stream_handle = lambda index: 0
+    L.torch_stream_function = lambda: (0).__mul__
+    for module in (ns["attn_bwd"], ns["attn_bwd_h"], ns["_fa2_forward"]["module"]):
+        for k in module.kernels:
+            k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
+                                   max_threads_per_block=k.resources.max_threads_per_block,
+                                   static_shared_bytes=k.resources.shared_bytes, driver=driver)
+            k._launchers.clear()
+    ns["_capability"][-1] = (9, 0)                  # the stand-in device is an H100 (the op's backward: step 3)
+    applies = ns["hopper_backward_applies"]
+    if not applies(torch.empty(1, 1, 1, 64)):       # a launcher that asks q.is_cuda first: the same rule, index -1
+        ns["hopper_backward_applies"] = lambda q: (q.shape[-1] in ns["HOPPER_BWD_DIMS"]
+                                                   and ns["_capability"].get(q.get_device()) == (9, 0))
+    kernellab.tensor_map = standin_tensor_map()
+
+    def restore():
+        kernellab.tensor_map = real_map
+        ns["_capability"].pop(-1, None)
+
+    B, H, N, d = shape
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, d, generator=g).to(torch.bfloat16).requires_grad_(True) for _ in range(3))
+    do = torch.randn(B, H, N, d, generator=g).to(torch.bfloat16)
+    attention = ns["kl_flash_attention"]
+
+    def ours():
+        attention(q, k, v, causal).backward(do)
+        q.grad = k.grad = v.grad = None     # as zero_grad(set_to_none=True): the next step's gradients are stolen, not
+                                            # added (an addition would be the CPU's arithmetic, not host path)
+
+    for _ in range(12):                     # past the ops' first checked calls (kernellab.ops.CHECKED_CALLS)
+        ours()
+    return types.SimpleNamespace(ns=ns, q=q, k=k, v=v, do=do, causal=causal, ours=ours, restore=restore,
+                                 tensor_map=kernellab.tensor_map)
+
+
+def attention_named_cases(s) -> list:
+    """(case, fn) for the --attention table: the op's forward + backward and its stages, each alone (attention_op_setup)."""
+    import torch
+
+    from kernellab.run.launch import launch as L
+
+    ns, causal = s.ns, s.causal
+    q, k, v, do = (x.detach() for x in (s.q, s.k, s.v, s.do))
+    o, lse = ns["attention_forward"](q, k, v, causal)
+    B, H, N, d = q.shape
+    fwd_op, bwd_op, forward, hopper = (ns["kl_flash_attention_lse"], ns["kl_attention_backward"],
+                                       ns["attention_forward"], ns["attention_backward_hopper"])
+    step2 = ns["attention_backward"]
+    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+    rows = B * H * N
+    delta, dq_accum = torch.empty(B, H, N), torch.empty(B, H, N, d)
+    tensor_map, attn_bwd, attn_bwd_h = s.tensor_map, ns["attn_bwd"], ns["attn_bwd_h"]
+    pre = attn_bwd["bwd_pre_bf16_d64"][(math.ceil(rows / 4),), 128]
+    main = attn_bwd_h[f"hbwd_bf16_d64{'_causal' if causal else ''}"][(math.ceil(N / ns["HBWD_KEYS"]), B * H),
+                                                                     ns["HBWD_THREADS"], ns["hbwd_smem_bytes"](d)]
+    convert = attn_bwd["bwd_dq_convert_bf16"][(min(math.ceil(q.numel() / 256), 4096),), 256]
+    maps = [tensor_map(x.view(B * H, N, d), (1, 64, 64)) for x in (q, k, v, do)]
+
+    def inside_op(f):
+        def run():                                       # Op._impl sets this for the launcher: launches do not wait
+            token = L.DEFER_SYNC.set(True)
+            try:
+                return f()
+            finally:
+                L.DEFER_SYNC.reset(token)
+        return run
+
+    def backward_op_alone():
+        with torch.no_grad():                            # as the graph's node calls it
+            bwd_op(q, k, v, o, lse, do, causal)
+
+    def allocations():
+        torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        torch.empty(B, H, N, dtype=torch.float32, device=q.device)
+        torch.empty(B, H, N, d, dtype=torch.float32, device=q.device)
+
+    def checks():
+        if d not in ns["HOPPER_BWD_DIMS"] or q.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError
+        if not all(x.is_contiguous() for x in (q, k, v, o, lse, do)):
+            raise ValueError
+
+    def name_and_configure():
+        attn_bwd[f"bwd_pre_bf16_d{d}"][(math.ceil(rows / 4),), 128]
+        attn_bwd_h[f"hbwd_bf16_d{d}{'_causal' if causal else ''}"][(math.ceil(N / ns["HBWD_KEYS"]), B * H),
+                                                                    ns["HBWD_THREADS"], ns["hbwd_smem_bytes"](d)]
+        attn_bwd[f"bwd_dq_convert_bf16"][(min(math.ceil(q.numel() / 256), 4096),), 256]
+
+    attention, qg, kg, vg = ns["kl_flash_attention"], s.q, s.k, s.v
+
+    def layers(n=12):
+        """n attention calls in a row (each one's q the last output) and one backward, as a model's layers are: the
+        engine's start and the gradient's checks paid once; the row reports the time per layer."""
+        kvs = [(kg.detach().clone().requires_grad_(True), vg.detach().clone().requires_grad_(True))
+               for _ in range(n)]                        # each layer its own k, v: no gradient added to another's
+
+        def run():
+            h = qg
+            for kl, vl in kvs:
+                h = attention(h, kl, vl, causal)
+            h.backward(do)
+            qg.grad = None
+            for kl, vl in kvs:
+                kl.grad = vl.grad = None
+        return run
+
+    return [
+        ("kl_flash_attention forward + backward (o.backward(do))", s.ours),
+        ("  per layer of 12 in a row and one backward (a model's layers; the row's time / 12)", layers()),
+        ("  kl::flash_attention_lse forward alone, recording the graph", lambda: fwd_op(s.q, s.k, s.v, causal)),
+        ("    attention_forward launcher alone (1 launch)", inside_op(lambda: forward(q, k, v, causal))),
+        ("  kl::attention_backward op alone, grad mode off (what the graph's node calls)", backward_op_alone),
+        ("    attention_backward_hopper launcher alone (3 launches, 4 maps)",
+         inside_op(lambda: hopper(q, k, v, o, lse, do, causal))),
+        ("      its allocations (dq, dk, dv, delta, dq_accum as written before)", allocations),
+        ("      its 4 tensor maps (stood in: a cache hit in Python)",
+         lambda: [tensor_map(x.view(B * H, N, d), (1, 64, 64)) for x in (q, k, v, do)]),
+        ("      its checks (head dim, dtype, 6 x is_contiguous, as written before)", checks),
+        ("      its kernels named and configured per call (as written before)", name_and_configure),
+        ("      its 3 launches alone (configured, no wait)", inside_op(lambda: (
+            pre(o, do, delta, dq_accum, rows), main(*maps, lse, delta, dq_accum, dk, dv, N, d ** -0.5),
+            convert(dq_accum, dq, q.numel())))),
+        ("      the capability decision (hopper_backward_applies)", lambda: ns["hopper_backward_applies"](q)),
+        ("    step 2's atomic_w8 launcher alone (3 launches), for comparison",
+         inside_op(lambda: step2(q, k, v, o, lse, do, causal, "atomic_w8"))),
+    ]
+
+
+def attention_cpu_cases(calls: int, rounds: int, cold_calls: int = 0,
+                        flush_bytes: int = 64 << 20) -> list[tuple[str, list[float], list[float], float | None]]:
+    """Tutorial 08's attention op forward + backward and its stages on the CPU (attention_named_cases), warm (each
+    case's calls in a row, rounds taken in turn) and, where cold_calls, with cold caches (`flush_bytes` of host memory
+    written before each call, as torch's own host code runs between a step's launches; the median call):
+    (case, wall µs per round, CPU µs per round, cold µs or None)."""
+    import numpy as np
+    import torch
+
+    s = attention_op_setup()
+    try:
+        named = attention_named_cases(s)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            wall, cpu = interleaved_us([f for _, f in named], calls, rounds)
+            for j, (name, _) in enumerate(named):
+                if name.startswith("  per layer of 12"):
+                    wall[j], cpu[j] = [w / 12 for w in wall[j]], [c / 12 for c in cpu[j]]
+            cold = [None] * len(named)
+            if cold_calls:
+                flush = np.zeros(flush_bytes // 8)
+                for j, (_, fn) in enumerate(named):
+                    took = []
+                    for i in range(cold_calls):
+                        flush.fill(i)
+                        t0 = time.perf_counter()
+                        fn()
+                        took.append(time.perf_counter() - t0)
+                    cold[j] = statistics.median(took) * 1e6 / (12 if named[j][0].startswith("  per layer of 12") else 1)
+        finally:
+            torch.set_num_threads(threads)
+    finally:
+        s.restore()
+    return [(name, w, c, cd) for (name, _), w, c, cd in zip(named, wall, cpu, cold)]
+
+
+def attention_table(cases, title: str) -> str:
+    """The --attention table: CPU µs a call (median round, best), cold µs a call, share of the op's fwd + bwd."""
+    lines = [title, "", "| stage | CPU µs per call, median | best | cold caches, µs (median call) | share of fwd + bwd |",
+             "|---|---|---|---|---|"]
+    whole = statistics.median(cases[0][2])
+    for name, wall, cpu, cold in cases:
+        med = statistics.median(cpu)
+        lines.append(f"| {name} | {med:.2f} | {min(cpu):.2f} | {'-' if cold is None else f'{cold:.1f}'} "
+                     f"| {med / whole:.2f} |")
+    return "\n".join(lines)
+
+
 def context_table(cases, title: str) -> str:
     """The --context table: µs a call of the op's forward + backward and of its launcher alone, each case's ratio to
     the first row's, and the GC's collections."""
@@ -970,12 +1224,29 @@ def main(argv=None):
                     "kernels compile for sm_90 on a first run: about 20 s)")
     ap.add_argument("--context", action="store_true", help="no GPU: tutorial 04's LayerNorm op (stand-in driver) "
                     "with a large heap of live objects, gc.freeze(), the GC off, and cold CPU caches")
+    ap.add_argument("--attention", action="store_true", help="no GPU: tutorial 08's attention op (forward + backward, "
+                    "as a training step calls it) stage by stage, warm and with cold caches, stand-in driver and "
+                    "tensor maps")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
     big = args.cpu
-    args.launches = args.launches or (100_000 if big else 2000)
+    args.launches = args.launches or (100_000 if big else 20_000 if args.attention else 2000)
     args.rounds = args.rounds or (20 if big else 15)
-    if args.context:
+    if args.attention:
+        import platform
+
+        import torch
+
+        calls = args.launches
+        cold = max(calls // 100, 20)
+        text = attention_table(
+            attention_cpu_cases(calls, args.rounds, cold),
+            f"tutorial 08's kl_flash_attention forward + backward on the CPU ({platform.processor() or platform.machine()}"
+            f", torch {torch.__version__}), [B, H, N, d] = {list(ATTENTION_SHAPE)} bf16, causal, as a training step "
+            f"calls it: stand-in launches (a C call), tensor maps stood in (a cache hit in Python), the backward taking "
+            f"step 3 as on an H100; {calls} calls a case in {args.rounds} rounds taken in turn, {cold} calls with cold "
+            f"caches (64 MiB written before each); indented rows are parts of the row above, timed alone")
+    elif args.context:
         import platform
 
         calls = args.launches
