@@ -873,10 +873,6 @@ def attention_op_setup(shape=ATTENTION_SHAPE, causal=True):
                                    static_shared_bytes=k.resources.shared_bytes, driver=driver)
             k._launchers.clear()
     ns["_capability"][-1] = (9, 0)                  # the stand-in device is an H100 (the op's backward: step 3)
-    applies = ns["hopper_backward_applies"]
-    if not applies(torch.empty(1, 1, 1, 64)):       # a launcher that asks q.is_cuda first: the same rule, index -1
-        ns["hopper_backward_applies"] = lambda q: (q.shape[-1] in ns["HOPPER_BWD_DIMS"]
-                                                   and ns["_capability"].get(q.get_device()) == (9, 0))
     kernellab.tensor_map = standin_tensor_map()
 
     def restore():
@@ -936,22 +932,23 @@ def attention_named_cases(s) -> list:
         with torch.no_grad():                            # as the graph's node calls it
             bwd_op(q, k, v, o, lse, do, causal)
 
-    def allocations():
+    def allocations():                                   # as attention_backward_hopper allocates
         torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        torch.empty(B, H, N, dtype=torch.float32, device=q.device)
-        torch.empty(B, H, N, d, dtype=torch.float32, device=q.device)
+        pad = -(-rows // 64) * 64
+        scratch = torch.empty(pad + rows * d, dtype=torch.float32, device=q.device)
+        scratch[:rows], scratch[pad:]
 
-    def checks():
-        if d not in ns["HOPPER_BWD_DIMS"] or q.dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError
-        if not all(x.is_contiguous() for x in (q, k, v, o, lse, do)):
+    def checks():                                        # as attention_backward_hopper checks, every call
+        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and do.is_contiguous()):
             raise ValueError
 
-    def name_and_configure():
-        attn_bwd[f"bwd_pre_bf16_d{d}"][(math.ceil(rows / 4),), 128]
-        attn_bwd_h[f"hbwd_bf16_d{d}{'_causal' if causal else ''}"][(math.ceil(N / ns["HBWD_KEYS"]), B * H),
-                                                                    ns["HBWD_THREADS"], ns["hbwd_smem_bytes"](d)]
-        attn_bwd[f"bwd_dq_convert_bf16"][(min(math.ceil(q.numel() / 256), 4096),), 256]
+    hbwd_table, op_table = ns["_HBWD_LAUNCHES"], ns["_OP_BACKWARD"]
+
+    def kernels_found():                                 # step 3's per-shape table
+        hbwd_table.get((q.dtype, B, H, N, d, causal))
+
+    def backward_chosen():                               # the op's per-shape table of launchers
+        op_table.get((q.get_device(), q.dtype, q.shape, causal))
 
     attention, qg, kg, vg = ns["kl_flash_attention"], s.q, s.k, s.v
 
@@ -979,15 +976,16 @@ def attention_named_cases(s) -> list:
         ("  kl::attention_backward op alone, grad mode off (what the graph's node calls)", backward_op_alone),
         ("    attention_backward_hopper launcher alone (3 launches, 4 maps)",
          inside_op(lambda: hopper(q, k, v, o, lse, do, causal))),
-        ("      its allocations (dq, dk, dv, delta, dq_accum as written before)", allocations),
+        ("      its allocations (dq, dk, dv; one for delta and dq_accum, and its two slices)", allocations),
         ("      its 4 tensor maps (stood in: a cache hit in Python)",
          lambda: [tensor_map(x.view(B * H, N, d), (1, 64, 64)) for x in (q, k, v, do)]),
-        ("      its checks (head dim, dtype, 6 x is_contiguous, as written before)", checks),
-        ("      its kernels named and configured per call (as written before)", name_and_configure),
+        ("      its checks (4 x is_contiguous; head dim and dtype at a shape's first call)", checks),
+        ("      its configured kernels found (_HBWD_LAUNCHES, one lookup a call)", kernels_found),
         ("      its 3 launches alone (configured, no wait)", inside_op(lambda: (
             pre(o, do, delta, dq_accum, rows), main(*maps, lse, delta, dq_accum, dk, dv, N, d ** -0.5),
             convert(dq_accum, dq, q.numel())))),
-        ("      the capability decision (hopper_backward_applies)", lambda: ns["hopper_backward_applies"](q)),
+        ("      the op's choice of backward (_OP_BACKWARD, one lookup a call)", backward_chosen),
+        ("      hopper_backward_applies (a shape's first call only)", lambda: ns["hopper_backward_applies"](q)),
         ("    step 2's atomic_w8 launcher alone (3 launches), for comparison",
          inside_op(lambda: step2(q, k, v, o, lse, do, causal, "atomic_w8"))),
     ]

@@ -181,17 +181,18 @@ def attention_forward(q, k, v, causal=False, out=None, lse=None):
     """(o, lse) for q, k, v: [B, H, N, d] bf16/fp16 contiguous CUDA tensors, d = 64 or 128: tutorial 07's step 2,
     with the log-sum-exp of each row's scaled scores ([B, H, N] fp32, natural log) that the backward needs."""
     B, H, N, d = q.shape
-    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"attention_forward takes bf16/fp16 [B, H, N, d] with d = 64 or 128, got {q.dtype} "
-                         f"{list(q.shape)}")
-    if not all(x.is_contiguous() and x.shape == q.shape and x.dtype == q.dtype for x in (q, k, v)):
-        raise ValueError("attention_forward takes q, k, v of one shape and dtype, contiguous (call .contiguous())")
-    launch = _fa2_forward.get((q.dtype, B, H, N, d, causal))      # a model's call: configured once per shape
+    launch = _fa2_forward.get((q.dtype, B, H, N, d, causal))      # a model's call: checked and configured once per shape
     if launch is None:
+        if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"attention_forward takes bf16/fp16 [B, H, N, d] with d = 64 or 128, got {q.dtype} "
+                             f"{list(q.shape)}")
         dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
         kernel = _tutorial07_step2()[f"fa2_{dt}_d{d}{'_causal' if causal else ''}"]
         smem = (FA2_BLOCK_M + 4 * FA2_BLOCK_N) * d * 2                   # Q tile + 2 K tiles + 2 V tiles
         launch = _fa2_forward[q.dtype, B, H, N, d, causal] = kernel[(math.ceil(N / FA2_BLOCK_M), B * H), 128, smem]
+    if not (k.shape == q.shape == v.shape and k.dtype == q.dtype == v.dtype  # every call: k and v (no generator:
+            and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):  # each of its steps is a call)
+        raise ValueError("attention_forward takes q, k, v of one shape and dtype, contiguous (call .contiguous())")
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty(B, H, N, dtype=torch.float32, device=q.device) if lse is None else lse
     launch(q, k, v, out, lse, N, d ** -0.5)
@@ -1135,24 +1136,29 @@ def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", 
     [B, H, N, d] bf16/fp16 contiguous CUDA tensors (lse [B, H, N] fp32), d = 64 or 128. variant: "atomic" (a),
     "pass" (b), or a rung of the ladder (BWD_LADDER)."""
     B, H, N, d = q.shape
-    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"attention_backward takes bf16/fp16 [B, H, N, d] with d = 64 or 128, got {q.dtype} "
-                         f"{list(q.shape)}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant is one of {VARIANTS}, got {variant!r}")
-    if not all(x.is_contiguous() for x in (q, k, v, o, lse, grad_o)):
-        raise ValueError("attention_backward takes contiguous tensors (call .contiguous() on grad_o)")
     hit = _BWD_LAUNCHES.get((variant, q.dtype, B, H, N, d, causal))
-    if hit is None or hit[0] is not attn_bwd:                # a model's call: configured once per shape
+    if hit is None or hit[0] is not attn_bwd:                # a model's call: checked and configured once per shape
+        if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"attention_backward takes bf16/fp16 [B, H, N, d] with d = 64 or 128, got {q.dtype} "
+                             f"{list(q.shape)}")
+        if variant not in VARIANTS:
+            raise ValueError(f"variant is one of {VARIANTS}, got {variant!r}")
         hit = _BWD_LAUNCHES[variant, q.dtype, B, H, N, d, causal] = _backward_launches(variant, q.dtype, B, H, N, d,
                                                                                          causal)
     _, pre, dkdv, last, atomic = hit
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and o.is_contiguous()  # every call (no
+            and lse.is_contiguous() and grad_o.is_contiguous()):                             # generator: a call a step)
+        raise ValueError("attention_backward takes contiguous tensors (call .contiguous() on grad_o)")
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     rows, scale = B * H * N, d ** -0.5
-    delta = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
-    dq_accum = torch.empty(B, H, N, d, dtype=torch.float32, device=q.device) if atomic else None
+    if atomic:                             # one allocation: Dv [B, H, N], then dQ's fp32 sums [B, H, N, d] (at 256 bytes)
+        pad = -(-rows // 64) * 64
+        scratch = torch.empty(pad + rows * d, dtype=torch.float32, device=q.device)
+        delta, dq_accum = scratch[:rows], scratch[pad:]
+    else:
+        dq_accum, delta = None, torch.empty(B, H, N, dtype=torch.float32, device=q.device)
     pre(o, grad_o, delta, dq_accum, rows)
     dkdv(q, k, v, grad_o, lse, delta, dq_accum, dk, dv, N, scale)
     if atomic:
@@ -1733,17 +1739,15 @@ BWD_OP_HOPPER_DIMS = (64,)                         # at the head dims checked an
                                                    # (benchmarks/NOTES-attention-backward.md); d = 128 not measured yet
 
 
-_capability = {}                                   # GPU index -> (major, minor): looked up once, not per backward
+_capability = {}                                   # device index (-1: not a GPU) -> (major, minor): looked up once
 
 
 def hopper_backward_applies(q):
     """Step 3 runs here: head dim in HOPPER_BWD_DIMS on an sm_90 (Hopper) GPU."""
-    if q.shape[-1] not in HOPPER_BWD_DIMS or not q.is_cuda:
-        return False
-    index = q.get_device()
+    index = q.get_device()                         # -1 for a CPU (or meta) tensor
     if index not in _capability:
-        _capability[index] = torch.cuda.get_device_capability(index)
-    return _capability[index] == (9, 0)
+        _capability[index] = torch.cuda.get_device_capability(index) if index >= 0 else None
+    return _capability[index] == (9, 0) and q.shape[-1] in HOPPER_BWD_DIMS
 
 
 def hbwd_smem_bytes(d):
@@ -1756,26 +1760,45 @@ def attention_backward_hopper(q, k, v, o, lse, grad_o, causal=False, dq=None, dk
     """Step 3's (dq, dk, dv): [B, H, N, d] bf16/fp16 contiguous CUDA tensors, d in HOPPER_BWD_DIMS, on an sm_90 GPU
     (lse [B, H, N] fp32)."""
     B, H, N, d = q.shape
-    if d not in HOPPER_BWD_DIMS or q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"attention_backward_hopper takes bf16/fp16 [B, H, N, d] with d in {HOPPER_BWD_DIMS}, got "
-                         f"{q.dtype} {list(q.shape)}: use attention_backward(..., variant='{HOPPER_BWD_FALLBACK}')")
-    if not all(x.is_contiguous() for x in (q, k, v, o, lse, grad_o)):
+    hit = _HBWD_LAUNCHES.get((q.dtype, B, H, N, d, causal))
+    if hit is None or hit[0] is not attn_bwd_h or hit[1] is not attn_bwd:   # a model's call: checked and configured
+        hit = _HBWD_LAUNCHES[q.dtype, B, H, N, d, causal] = _hopper_launches(q.dtype, B, H, N, d, causal)  # per shape
+    _, _, pre, main, convert, rows, pad = hit
+    # q, k, v and dO reach the kernel through tensor maps of [B H, N, d]: contiguous (o, lse and the outputs are
+    # pointers, which the launches check themselves)
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and grad_o.is_contiguous()):
         raise ValueError("attention_backward_hopper takes contiguous tensors (call .contiguous() on grad_o)")
-    dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
-    rows = B * H * N
-    delta = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
-    dq_accum = torch.empty(B, H, N, d, dtype=torch.float32, device=q.device)
-    attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128](o, grad_o, delta, dq_accum, rows)
-    maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, 64, 64)) for x in (q, k, v, grad_o)]
-    attn_bwd_h[f"hbwd_{dt}_d{d}{'_causal' if causal else ''}"][(math.ceil(N / HBWD_KEYS), B * H), HBWD_THREADS,
-                                                              hbwd_smem_bytes(d)](
-        *maps, lse, delta, dq_accum, dk, dv, N, d ** -0.5)
-    n = dq.numel()
-    attn_bwd[f"bwd_dq_convert_{dt}"][(min(math.ceil(n / 256), 4096),), 256](dq_accum, dq, n)
+    scratch = torch.empty(pad + rows * d, dtype=torch.float32, device=q.device)   # one allocation: Dv [B, H, N],
+    delta, dq_accum = scratch[:rows], scratch[pad:]            # then dQ's fp32 sums [B, H, N, d] (at 256 bytes, last)
+    pre(o, grad_o, delta, dq_accum, rows)
+    main(kernellab.tensor_map(q.view(B * H, N, d), HBWD_BOX), kernellab.tensor_map(k.view(B * H, N, d), HBWD_BOX),
+         kernellab.tensor_map(v.view(B * H, N, d), HBWD_BOX), kernellab.tensor_map(grad_o.view(B * H, N, d), HBWD_BOX),
+         lse, delta, dq_accum, dk, dv, N, d ** -0.5)
+    convert(dq_accum, dq, rows * d)                          # dq.numel()
     return dq, dk, dv
+
+
+HBWD_BOX = (1, 64, 64)     # a tensor map's box: one (batch, head), 64 rows x 64 columns
+_HBWD_LAUNCHES = {}        # (dtype, B, H, N, d, causal) -> _hopper_launches(...)
+
+
+def _hopper_launches(dtype, B, H, N, d, causal):
+    """(attn_bwd_h, attn_bwd, the preprocessing, step 3's kernel, the dQ conversion, B H N, Dv's floats in the scratch
+    buffer: B H N rounded up to 64), each kernel configured as kernel[grid, block, smem] for this shape; raises for
+    what step 3 has no kernel for."""
+    if d not in HOPPER_BWD_DIMS or dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"attention_backward_hopper takes bf16/fp16 [B, H, N, d] with d in {HOPPER_BWD_DIMS}, got "
+                         f"{dtype} {[B, H, N, d]}: use attention_backward(..., variant='{HOPPER_BWD_FALLBACK}')")
+    dt = "bf16" if dtype == torch.bfloat16 else "f16"
+    rows = B * H * N
+    pre = attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128]
+    main = attn_bwd_h[f"hbwd_{dt}_d{d}{'_causal' if causal else ''}"][(math.ceil(N / HBWD_KEYS), B * H), HBWD_THREADS,
+                                                                     hbwd_smem_bytes(d)]
+    convert = attn_bwd[f"bwd_dq_convert_{dt}"][(min(math.ceil(rows * d / 256), 4096),), 256]
+    return attn_bwd_h, attn_bwd, pre, main, convert, rows, -(-rows // 64) * 64
 
 
 # variant "hopper" joins step 2's variants: attention_backward (and so check_backward, bench_backward) dispatch it
@@ -1859,12 +1882,33 @@ step3_d128[False]
 
 # %%
 # launchers: ops (kl_flash_attention is what a model calls; benchmarks/train_gpt2.py loads it with load_tutorial)
+import functools
+
+
 @kernellab.op("kl::attention_backward",
               "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor grad_o, bool causal) -> (Tensor, Tensor, Tensor)",
               outputs=lambda q, k, v, o, lse, grad_o, causal: (q, k, v))
 def kl_attention_backward(q, k, v, o, lse, grad_o, causal):
-    """(dq, dk, dv) of attention: step 2's variant (or rung) that BWD_OP_VARIANT names for (d, causal)."""
-    return attention_backward(q, k, v, o, lse, grad_o, causal, BWD_OP_VARIANT.get((q.shape[-1], causal), "atomic_w8"))
+    """(dq, dk, dv) of attention: the variant (or rung) that BWD_OP_VARIANT names for (d, causal), its launcher chosen
+    on a shape's first call (clear _OP_BACKWARD after changing BWD_OP_VARIANT)."""
+    run = _OP_BACKWARD.get((q.get_device(), q.dtype, q.shape, causal))
+    if run is None:
+        run = _OP_BACKWARD[q.get_device(), q.dtype, q.shape, causal] = _op_backward_launcher(q, causal)
+    return run(q, k, v, o, lse, grad_o, causal)
+
+
+_OP_BACKWARD = {}          # (device index, dtype, shape, causal) -> the launcher the op's backward calls
+
+
+def _op_backward_launcher(q, causal):
+    """Step 3's launcher where BWD_OP_VARIANT says "hopper" and it applies (hopper_backward_applies: asked once, not
+    per call), else step 2's attention_backward with the variant bound."""
+    variant = BWD_OP_VARIANT.get((q.shape[-1], causal), "atomic_w8")
+    if variant == "hopper":
+        if hopper_backward_applies(q):
+            return attention_backward_hopper
+        variant = HOPPER_BWD_FALLBACK
+    return functools.partial(_attention_backward_mma, variant=variant)
 
 
 def _save_for_backward(ctx, inputs, output):
