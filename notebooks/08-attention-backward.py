@@ -181,7 +181,7 @@ def attention_forward(q, k, v, causal=False, out=None, lse=None):
     """(o, lse) for q, k, v: [B, H, N, d] bf16/fp16 contiguous CUDA tensors, d = 64 or 128: tutorial 07's step 2,
     with the log-sum-exp of each row's scaled scores ([B, H, N] fp32, natural log) that the backward needs."""
     B, H, N, d = q.shape
-    launch = _fa2_forward.get((q.dtype, B, H, N, d, causal))      # a model's call: checked and configured once per shape
+    launch = _fa2_forward.get((q.dtype, B, H, N, d, causal))   # a model's call: checked and configured once per shape
     if launch is None:
         if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"attention_forward takes bf16/fp16 [B, H, N, d] with d = 64 or 128, got {q.dtype} "
@@ -1722,7 +1722,9 @@ for name in ("hbwd_bf16_d64", "hbwd_bf16_d64_causal", "hbwd_bf16_d128", "hbwd_bf
 #
 # `attention_backward_hopper` runs step 2's preprocessing kernel (`Dv`, the zeroed fp32 `dQ` buffer), the block per
 # 128 keys with `Q`, `K`, `V`, `dO` through `[B H, N, d]` tensor maps (boxes of 64 rows x 64 columns), and step 2's
-# conversion of `dQ`. `attention_backward(..., variant="hopper")` calls it where it applies (`d = 64` and `128` on an
+# conversion of `dQ`. Like step 2's launcher it checks and configures its kernels on a shape's first call
+# (`_HBWD_LAUNCHES`), so a training step's call finds them with one lookup, and `Dv` and the fp32 `dQ` buffer share
+# one allocation. `attention_backward(..., variant="hopper")` calls it where it applies (`d = 64` and `128` on an
 # sm_90 GPU) and step 2's `atomic_w8` elsewhere, so the harness above checks and times it as one more variant.
 # `BWD_OP_HOPPER` makes the op's backward take it at `BWD_OP_HOPPER_DIMS`. It is on at `d = 64`: on an H100 the checks
 # below pass and the benchmark measures it 1.1x SDPA's FLASH backward at `d = 64`, `N = 4096`, where `atomic_w8` is
@@ -1876,7 +1878,8 @@ step3_d128[False]
 # `kernellab.op` registers the forward as `kl::flash_attention_lse`, `(q, k, v, causal) -> (o, lse)`, with a
 # `backward=` that calls a second op, `kl::attention_backward` (the variant `BWD_OP_VARIANT` names), and a `setup_context=` that saves
 # `q, k, v, o, lse` for it. The backward is traced like the forward (torch.compile, opcheck), so it calls the op, never
-# the launcher; both ops' fake implementations come from their `outputs=` (shapes and dtypes only). The LSE is an
+# the launcher; both ops' fake implementations come from their `outputs=` (shapes and dtypes only). The backward op
+# picks its launcher (step 3 or a step-2 rung) on a shape's first call and keeps it (`_OP_BACKWARD`). The LSE is an
 # output of the forward op because the backward needs it: an op returning `o` alone would have to recompute it.
 # `kl_flash_attention(q, k, v, causal)` returns `o` alone, for models: its `loss.backward()` runs our kernels.
 

@@ -213,6 +213,12 @@ SUITES: dict[str, Suite] = {
                   (PY, "benchmarks/launch_overhead.py", "--cpu", "--launches", "50000", "--rounds", "10"),
                   (PY, "benchmarks/launch_overhead.py", "--context", "--launches", "2000", "--rounds", "7"),
                   (PY, "benchmarks/launch_overhead.py", "--ops", "--launches", "500", "--rounds", "5"))),
+    "attention-host-path": Suite(
+        "benchmarks/launch_overhead.py --attention on this host's CPU: tutorial 08's attention op forward + backward "
+        "with the stand-in driver and tensor maps, stage by stage, warm and with cold caches (the same Python as the "
+        "CPU machine's table, so the two hosts compare; compiles tutorial 08's kernels for sm_90/sm_90a on a bare "
+        "machine first)", 300,
+        commands=((PY, "benchmarks/launch_overhead.py", "--attention", "--launches", "10000", "--rounds", "10"),)),
     "bench-validate": Suite(
         "benchmarks/validate_bench.py: kernellab.bench against triton's do_bench and Nsight Compute, burst and "
         "sustained", 580,
