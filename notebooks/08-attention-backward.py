@@ -1155,8 +1155,8 @@ def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", 
     rows, scale = B * H * N, d ** -0.5
     if atomic:                             # one allocation: Dv [B, H, N], then dQ's fp32 sums [B, H, N, d] (at 256 bytes)
         pad = -(-rows // 64) * 64
-        scratch = torch.empty(pad + rows * d, dtype=torch.float32, device=q.device)
-        delta, dq_accum = scratch[:rows], scratch[pad:]
+        delta = torch.empty(pad + rows * d, dtype=torch.float32, device=q.device)
+        dq_accum = delta[pad:]
     else:
         dq_accum, delta = None, torch.empty(B, H, N, dtype=torch.float32, device=q.device)
     pre(o, grad_o, delta, dq_accum, rows)
@@ -1773,8 +1773,8 @@ def attention_backward_hopper(q, k, v, o, lse, grad_o, causal=False, dq=None, dk
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
-    scratch = torch.empty(pad + rows * d, dtype=torch.float32, device=q.device)   # one allocation: Dv [B, H, N],
-    delta, dq_accum = scratch[:rows], scratch[pad:]            # then dQ's fp32 sums [B, H, N, d] (at 256 bytes, last)
+    delta = torch.empty(pad + rows * d, dtype=torch.float32, device=q.device)   # one allocation: Dv [B, H, N], then
+    dq_accum = delta[pad:]                                 # dQ's fp32 sums [B, H, N, d] (at 256 bytes, to the end)
     pre(o, grad_o, delta, dq_accum, rows)
     main(kernellab.tensor_map(q.view(B * H, N, d), HBWD_BOX), kernellab.tensor_map(k.view(B * H, N, d), HBWD_BOX),
          kernellab.tensor_map(v.view(B * H, N, d), HBWD_BOX), kernellab.tensor_map(grad_o.view(B * H, N, d), HBWD_BOX),

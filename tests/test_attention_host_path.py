@@ -146,9 +146,9 @@ def test_the_backward_is_chosen_and_configured_once_per_shape(attn, monkeypatch)
 
 
 def test_the_scratch_buffer_holds_delta_then_the_dq_sums_at_aligned_offsets(attn, monkeypatch):
-    """One fp32 allocation for Dv and dQ's sums: delta its first B H N values, dq_accum from B H N rounded up to 64
-    (256 bytes) to the end, so the kernels see two pointers as before: dq_accum aligned and last in its allocation (as
-    when it had its own), delta before it, no overlap."""
+    """One fp32 allocation for Dv and dQ's sums: delta the whole buffer (Dv its first B H N values), dq_accum from
+    B H N rounded up to 64 (256 bytes) to the end, so the kernels see two pointers as before: dq_accum aligned and last
+    in its allocation (as when it had its own), Dv before it, no overlap."""
     ns = attn.ns
     seen = []
     key = (attn.q.dtype, *attn.q.shape, attn.causal)
@@ -161,7 +161,7 @@ def test_the_scratch_buffer_holds_delta_then_the_dq_sums_at_aligned_offsets(attn
     _, _, delta, dq_accum, n = seen[0]
     d = q.shape[-1]
     assert n == rows and dq_accum.dtype == delta.dtype == torch.float32
-    assert delta.numel() == rows and dq_accum.numel() == rows * d and pad >= rows and pad % 64 == 0
+    assert delta.numel() == pad + rows * d and dq_accum.numel() == rows * d and pad >= rows and pad % 64 == 0
     storage = delta.untyped_storage()
     assert delta.data_ptr() == storage.data_ptr() and dq_accum.data_ptr() == delta.data_ptr() + 4 * pad
     assert storage.nbytes() == 4 * (pad + rows * d) and dq_accum.is_contiguous() and delta.is_contiguous()
@@ -173,7 +173,7 @@ def test_the_scratch_buffer_holds_delta_then_the_dq_sums_at_aligned_offsets(attn
     monkeypatch.setitem(ns["_BWD_LAUNCHES"], key2, (entry[0], lambda *a: seen.append(a), *entry[2:]))
     ns["attention_backward"](q65, q65, q65, q65, lse65, q65, True, "atomic_w8")
     _, _, delta, dq_accum, n = seen[1]
-    assert n == 65 and delta.numel() == 65 and dq_accum.numel() == 65 * 64
+    assert n == 65 and delta.numel() == 128 + 65 * 64 and dq_accum.numel() == 65 * 64
     assert dq_accum.data_ptr() - delta.data_ptr() == 4 * 128 and delta.untyped_storage().nbytes() == 4 * (128 + 65 * 64)
 
 
