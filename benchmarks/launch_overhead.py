@@ -23,7 +23,9 @@ torch.library.Library ops whose Python kernels do nothing or allocate (the dispa
 kl::layernorm as a training step calls it (x requiring grad, w and b Parameters): forward and `y.backward(dy)`
 against F.layer_norm's on the same CPU tensors (one intra-op thread), and the parts (the forward alone, the backward
 op, each launcher, the dispatcher's path); its kernels compile for sm_90 and launch through the stand-in
-(standin_tutorial). `--no-norm` leaves that table out.
+(standin_tutorial). `--no-norm` leaves that table out. `--attention` does the same for tutorial 08's
+kl_flash_attention (forward, then backward through autograd, the backward on step 3 as on an H100), stage by stage,
+warm and with cold caches, with kernellab.tensor_map stood in by a Python cache hit (CPU memory has no map).
 
 `--ops` (GPU, issue 30) times registered ops (kernellab.op) as a model calls them: host µs per call of a one-kernel
 op (target <= 15 µs) beside the bare launch, torch.library.custom_op around the same launcher and one aten op;
