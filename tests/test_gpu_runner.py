@@ -3,6 +3,7 @@ to exactly one test suite (a new one that is in none fails here, not silently on
 as documented, and the summary reads pytest's counts."""
 import importlib.util
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -125,7 +126,9 @@ def test_a_suite_runs_logs_and_summarises(runner, tmp_path, monkeypatch, capsys)
         (sys.executable, "-c", "import sys; sys.exit(3)"),)))
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setattr(runner, "ROOT", tmp_path)                  # no .whl/ there: nothing installed
+    before = signal.getsignal(signal.SIGINT)
     assert runner.main(["fake"]) == 0
+    assert signal.getsignal(signal.SIGINT) is before                   # the caller's Ctrl-C handling is left alone
     assert "3 passed" in (tmp_path / "fake.log").read_text()
     assert runner.main(["fake", "fake-fail"]) == 1
     table = capsys.readouterr().out.split("suite")[-1]

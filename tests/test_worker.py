@@ -154,19 +154,10 @@ def test_nan_note_travels_back(pool):
 def test_interrupt_kills_the_worker_and_propagates(pool):
     pool.run(fake_job("double"), timeout_s=30)
     old = pool.worker
-    done = threading.Event()
-
-    def interrupt():                  # Ctrl-C, again every 0.5 s: one that lands where Python reports and drops it
-        while not done.wait(0.5):     # (a finaliser or GC callback run at that moment) must not pass the test by
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)   # (a hang of 60 s) or fail it
-    sender = threading.Thread(target=interrupt, daemon=True)
-    sender.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            pool.run(fake_job("hang"), timeout_s=60)
-    finally:
-        done.set()
-        sender.join()
+    timer = threading.Timer(0.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(fake_job("hang"), timeout_s=60)
     assert not old.alive and pool.worker is not old
 
 

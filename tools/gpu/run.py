@@ -482,9 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     env = environment(out)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
-    rows = run_plan(plan, out, env, gpus)
+    saved = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rows = run_plan(plan, out, env, gpus)
+    finally:                                        # main() called in a process that goes on (a test) leaves it as
+        for sig, handler in saved.items():          # it was
+            signal.signal(sig, handler)
     bundle(out, [name for name, _ in plan])
     width = max(len(r[0]) for r in rows)
     print(f"\n{'suite':{width}s}  seconds  result")
