@@ -54,7 +54,8 @@ register(Exercise(
     sass=(SassRule(r"\bSHFL\.", "no_shuffle",
                    "no warp shuffle (SHFL) in its SASS: the 32 lanes' partial sums are never added in registers"),),
     rtol=1e-5,
-    atol=1e-5,
+    atol=1e-4,       # fp32 sums in the warp's order at 4,099 columns of N(0, 1) products: up to 2.1e-5 from float64
+    #                  (300 rows simulated; 0.7 % above 1e-5, so the reference failed 1e-5 now and then)
     speed=SpeedBar(fraction=0.5, baseline="(o * d_o).sum(-1)", run_baseline=_torch_rowsum, shape=(65536, 128),
                    bytes=lambda shape: 2 * 4 * shape[0] * shape[1] + 4 * shape[0]),
     hints={
