@@ -521,6 +521,19 @@ def cpu_op_setup():
                                  nothing=ops.nothing.default, alloc=ops.alloc.default, plain_lib=plain)
 
 
+def inside_op(f):
+    """f wrapped to run as inside an op: Op._impl sets DEFER_SYNC around its launcher, so launches do not wait."""
+    from kernellab.run.launch import launch as L
+
+    def run():
+        token = L.DEFER_SYNC.set(True)
+        try:
+            return f()
+        finally:
+            L.DEFER_SYNC.reset(token)
+    return run
+
+
 def cpu_cases(calls: int, rounds: int) -> list[tuple[str, list[float], str]]:
     """The host path of a one-kernel registered op (kernellab.op) on the CPU, stage by stage (cpu_op_setup): each
     stage timed alone over `calls` calls, so the op's cost can be read as the sum of its parts. Returns (case, wall
@@ -543,27 +556,18 @@ def cpu_cases(calls: int, rounds: int) -> list[tuple[str, list[float], str]]:
         with L.deferred_sync():
             pass
 
-    def inside_deferred(f):
-        def run():                                       # _impl sets this context for the launcher
-            token = L.DEFER_SYNC.set(True)
-            try:
-                return f()
-            finally:
-                L.DEFER_SYNC.reset(token)
-        return run
-
     one = "kernellab.op, one kernel: axpb(x)"    # the first row: the others' shares are of it
     named = [
         (one, lambda: axpb(x)),
         ("the same op through torch.ops (OpOverload)", lambda: overload(x)),
         ("  Op._impl alone (no dispatcher): launcher, no-wait rule, output check", lambda: impl(x)),
         ("  the launcher inside deferred_sync() (entered per call)", launcher_deferred),
-        ("  the launcher, the no-wait context set per call", inside_deferred(lambda: launcher(x))),
+        ("  the launcher, the no-wait context set per call", inside_op(lambda: launcher(x))),
         ("    torch.empty_like(x) (the output)", lambda: torch.empty_like(x)),
         ("    launch as in an op: sync=None, deferred (generated launch + record)",
-         inside_deferred(lambda: launch(x, y, 2.0, 1.0, N))),
+         inside_op(lambda: launch(x, y, 2.0, 1.0, N))),
         ("      the generated launch alone (without _Launcher.__call__)",
-         inside_deferred(lambda: fast(args, None, None))),
+         inside_op(lambda: fast(args, None, None))),
         ("    bare launch, sync=False", lambda: launch(x, y, 2.0, 1.0, N, sync=False)),
         ("    record_async alone (the no-wait launch's record)", lambda: L.record_async("axpb", cfg)),
         ("    deferred_sync() enter + exit alone", enter_exit),
@@ -920,15 +924,6 @@ def attention_named_cases(s) -> list:
                                                                      ns["HBWD_THREADS"], ns["hbwd_smem_bytes"](d)]
     convert = attn_bwd["bwd_dq_convert_bf16"][(min(math.ceil(q.numel() / 256), 4096),), 256]
     maps = [tensor_map(x.view(B * H, N, d), (1, 64, 64)) for x in (q, k, v, do)]
-
-    def inside_op(f):
-        def run():                                       # Op._impl sets this for the launcher: launches do not wait
-            token = L.DEFER_SYNC.set(True)
-            try:
-                return f()
-            finally:
-                L.DEFER_SYNC.reset(token)
-        return run
 
     def backward_op_alone():
         with torch.no_grad():                            # as the graph's node calls it

@@ -6,18 +6,15 @@ has none). Structural checks, no timings: which Python calls a forward and backw
 hold the configured kernels and the chosen backward. launch_overhead.py --attention prints the times.
 """
 import collections
-import importlib.util
-import pathlib
-import sys
 
+import host_path
 import pytest
+from host_path import launch_overhead_module
 
 from kernellab.kernel import Kernel, Module
-from kernellab.run.launch import launch as L
 
 torch = pytest.importorskip("torch")
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 NB = "08-attention-backward.py:launchers"
 # Python calls a forward + backward of kl_flash_attention makes in kernellab, the tutorial's cells and kernellab's
 # generated code (torch's own Python and the stand-in tensor map left out): 22, each named in KERNELLAB_CALLS; 42
@@ -36,18 +33,8 @@ KERNELLAB_CALLS = {           # (file, function) -> calls a forward + backward; 
 
 @pytest.fixture(scope="module")
 def bench():
-    """benchmarks/launch_overhead.py as a module; kernellab's torch stream lookups, which its stand-in replaces,
-    restored after this file's tests."""
-    mp = pytest.MonkeyPatch()
-    for name in ("torch_stream_handle", "torch_stream_function"):
-        mp.setattr(L, name, getattr(L, name))
-    spec = importlib.util.spec_from_file_location("launch_overhead_attention", ROOT / "benchmarks" / "launch_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    try:
-        yield module
-    finally:
-        mp.undo()
+    """benchmarks/launch_overhead.py as a module (its stand-in driver), kernellab's stream lookups restored after."""
+    yield from launch_overhead_module("launch_overhead_attention")
 
 
 @pytest.fixture(scope="module")
@@ -60,32 +47,9 @@ def attn(bench):
         s.restore()
 
 
-def _origin(filename: str) -> str:
-    if filename.startswith(str(ROOT / "kernellab")) or filename.startswith("<kernellab"):
-        return "kernellab"
-    if filename.startswith("08-attention-backward.py"):
-        return "tutorial"
-    if "/torch/" in filename:
-        return "torch"
-    return "other"
-
-
 def python_calls(fn, repeat: int = 4) -> collections.Counter:
-    """(origin, file, function) -> Python calls per call of fn(), over `repeat` calls (sys.setprofile)."""
-    counts: collections.Counter = collections.Counter()
-
-    def profile(frame, event, arg):
-        if event == "call":
-            code = frame.f_code
-            counts[_origin(code.co_filename), code.co_filename.rsplit("/", 1)[-1], code.co_name] += 1
-    fn()
-    sys.setprofile(profile)
-    try:
-        for _ in range(repeat):
-            fn()
-    finally:
-        sys.setprofile(None)
-    return collections.Counter({k: v // repeat for k, v in counts.items()})
+    """(origin, file tail, function) -> Python calls per call of fn() (tests/host_path.py)."""
+    return host_path.python_calls(fn, "08-attention-backward.py", repeat)
 
 
 def _by_function(calls) -> collections.Counter:

@@ -5,18 +5,15 @@ path each call takes, how many Python calls a forward and backward make, that th
 lookups are cached. benchmarks/launch_overhead.py --cpu prints the times; these tests fail where the path regresses.
 """
 import collections
-import importlib.util
-import pathlib
-import sys
 
+import host_path
 import pytest
+from host_path import launch_overhead_module
 
 from kernellab.kernel import Kernel, Module
-from kernellab.run.launch import launch as L
 
 torch = pytest.importorskip("torch")
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Python calls a forward + backward of kl::layernorm makes in kernellab, the tutorial's cells and kernellab's
 # generated code (torch's own Python left out): 21, each named in KERNELLAB_CALLS below; 38 before the launchers'
 # per-shape tables, the inline no-wait record and the graph forward's inline Op._impl, 119 before the eager graph
@@ -36,18 +33,8 @@ KERNELLAB_CALLS = {           # (file, function) -> calls a forward + backward; 
 
 @pytest.fixture(scope="module")
 def bench():
-    """benchmarks/launch_overhead.py as a module; kernellab's torch stream lookups, which its stand-in replaces,
-    restored after this file's tests."""
-    mp = pytest.MonkeyPatch()
-    for name in ("torch_stream_handle", "torch_stream_function"):
-        mp.setattr(L, name, getattr(L, name))
-    spec = importlib.util.spec_from_file_location("launch_overhead_norm", ROOT / "benchmarks" / "launch_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    try:
-        yield module
-    finally:
-        mp.undo()
+    """benchmarks/launch_overhead.py as a module (its stand-in driver), kernellab's stream lookups restored after."""
+    yield from launch_overhead_module("launch_overhead_norm")
 
 
 @pytest.fixture(scope="module")
@@ -56,32 +43,9 @@ def norm(bench):
     return bench.norm_op_setup()
 
 
-def _origin(filename: str) -> str:
-    if filename.startswith(str(ROOT / "kernellab")) or filename.startswith("<kernellab"):
-        return "kernellab"
-    if filename.startswith("04-layernorm.py"):
-        return "tutorial"
-    if "/torch/" in filename:
-        return "torch"
-    return "other"
-
-
 def python_calls(fn, repeat: int = 4) -> collections.Counter:
-    """(origin, file tail, function) -> Python calls per call of fn(), over `repeat` calls (sys.setprofile)."""
-    counts: collections.Counter = collections.Counter()
-
-    def profile(frame, event, arg):
-        if event == "call":
-            code = frame.f_code
-            counts[_origin(code.co_filename), code.co_filename.rsplit("/", 1)[-1][:40], code.co_name] += 1
-    fn()
-    sys.setprofile(profile)
-    try:
-        for _ in range(repeat):
-            fn()
-    finally:
-        sys.setprofile(None)
-    return collections.Counter({k: v // repeat for k, v in counts.items()})
+    """(origin, file tail, function) -> Python calls per call of fn() (tests/host_path.py)."""
+    return host_path.python_calls(fn, "04-layernorm.py", repeat)
 
 
 def test_a_training_steps_forward_and_backward_skip_the_dispatcher_and_torchs_autograd_kernel(norm):
