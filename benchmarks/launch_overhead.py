@@ -521,6 +521,18 @@ def cpu_op_setup():
                                  nothing=ops.nothing.default, alloc=ops.alloc.default, plain_lib=plain)
 
 
+def cold_call_us(fn, calls: int, flush) -> float:
+    """The median µs of `calls` calls of fn(), each after writing the host array `flush` (CPU caches cold, as torch's
+    own host code leaves them between a step's launches)."""
+    took = []
+    for i in range(calls):
+        flush.fill(i)
+        t0 = time.perf_counter()
+        fn()
+        took.append(time.perf_counter() - t0)
+    return statistics.median(took) * 1e6
+
+
 def inside_op(f):
     """f wrapped to run as inside an op: Op._impl sets DEFER_SYNC around its launcher, so launches do not wait."""
     from kernellab.run.launch import launch as L
@@ -749,13 +761,7 @@ def context_cases(calls: int, rounds: int, heap_objects: int = 4_000_000,
             medians, n = [], max(calls // 20, 5) if cold else calls
             for _ in range(rounds):
                 if cold:
-                    took = []
-                    for i in range(n):
-                        flush.fill(i)
-                        t0 = time.perf_counter()
-                        fn()
-                        took.append(time.perf_counter() - t0)
-                    medians.append(statistics.median(took) * 1e6)
+                    medians.append(cold_call_us(fn, n, flush))
                 else:
                     t0 = time.perf_counter()
                     for _ in range(n):
@@ -1010,13 +1016,8 @@ def attention_cpu_cases(calls: int, rounds: int, cold_calls: int = 0,
             if cold_calls:
                 flush = np.zeros(flush_bytes // 8)
                 for j, (_, fn) in enumerate(named):
-                    took = []
-                    for i in range(cold_calls):
-                        flush.fill(i)
-                        t0 = time.perf_counter()
-                        fn()
-                        took.append(time.perf_counter() - t0)
-                    cold[j] = statistics.median(took) * 1e6 / (12 if named[j][0].startswith("  per layer of 12") else 1)
+                    cold[j] = cold_call_us(fn, cold_calls, flush) / (12 if named[j][0].startswith("  per layer of 12")
+                                                                      else 1)
         finally:
             torch.set_num_threads(threads)
     finally:
