@@ -11,7 +11,7 @@ It uses the machine's own python3 (torch, CuPy, numba-cuda), first installing th
 (tools/gpu/wheels.sh fetches them: IPython, Jupyter's kernel, Dask, ...) into /tmp/site, ahead on PYTHONPATH. Each
 suite runs under its time limit (each fits one 10-minute call on its own) with its output in $OUT/<suite>.log (OUT
 defaults to ./gpu-out), artifacts in $OUT/<suite>/ (KERNELLAB_ARTIFACTS, executed notebooks, benchmark tables), and
-all of them in one $OUT/<suite>[+<suite>...].tgz (the device tool brings back a limited number of files: that one
+all of them in one $OUT/<suite>[.<suite>...].tgz (the device tool brings back a limited number of files: that one
 holds everything). The last thing printed is one line per suite: its seconds and passed/failed. The exit status is
 0 only if every suite passed. `make gpu-test` runs every test suite (`tests`).
 """
@@ -394,12 +394,12 @@ def run_logged(argv: list[str], env: dict, log_path: Path, timeout_s: float) -> 
 
 
 def bundle(out: Path, names: list[str]) -> Path | None:
-    """$OUT/<first suite>[+...].tgz: every log and artifact of these suites in one file (the device tool brings back
-    a limited number of files, so a suite with many artifacts would lose some); None where there is nothing."""
+    """$OUT/<suite>[.<suite>...].tgz: every log and artifact of these suites in one file (the device tool brings back a
+    limited number of files, and none whose name has a '+'); None where there is nothing."""
     members = [p for name in names for p in (out / f"{name}.log", out / name) if p.exists()]
     if not members:
         return None
-    path = out / ("+".join(dict.fromkeys(names)) + ".tgz")
+    path = out / (".".join(dict.fromkeys(names)) + ".tgz")
     with tarfile.open(path, "w:gz") as tar:
         for p in members:
             tar.add(p, arcname=p.name)
