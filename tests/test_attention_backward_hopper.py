@@ -176,19 +176,19 @@ def test_every_launch_of_step3_has_a_block_an_sm(monkeypatch):
 
 def test_the_launcher_joins_step2s_variants_and_the_op():
     """The launcher cell: "hopper" is a variant of attention_backward (step 3 where hopper_backward_applies, the
-    atomic_w8 rung elsewhere), the op's choice at d = 64 (BWD_OP_HOPPER, on since an H100 checked and timed it; d = 128
-    has kernels but stays on step 2's rung until measured), its shared-memory plan is the kernel's, and it refuses the
+    atomic_w8 rung elsewhere), the op's choice at d = 64 and 128 (BWD_OP_HOPPER, on since an H100 checked and timed
+    both), its shared-memory plan is the kernel's, and it refuses the
     head dims it has no kernel for."""
     torch = pytest.importorskip("torch")
     from notebook_cells import load_tutorial
 
     t = load_tutorial("08-attention-backward.py", compile=lambda source: None)   # launchers only, no kernel runs
     assert t["VARIANTS"][-1] == "hopper" and t["HOPPER_BWD_FALLBACK"] in t["BWD_LADDER"]
-    # on since measured on an H100: the op takes step 3 at d = 64 and keeps step 2's rungs at d = 128
+    # on since measured on an H100 (faster than atomic_w8 at both head dims): the op takes step 3 at d = 64 and 128
     assert t["BWD_OP_HOPPER"] is True
-    assert {key: v for key, v in t["BWD_OP_VARIANT"].items() if v == "hopper"} == {(64, False): "hopper", (64, True): "hopper"}
-    assert all(v in t["BWD_LADDER"] for (d, _), v in t["BWD_OP_VARIANT"].items() if d != 64)
-    assert t["HOPPER_BWD_DIMS"] == DIMS and t["BWD_OP_HOPPER_DIMS"] == (64,)
+    assert {key for key, v in t["BWD_OP_VARIANT"].items() if v == "hopper"} == {(d, c) for d in DIMS for c in (False, True)}
+    assert all(v in t["BWD_LADDER"] for (d, _), v in t["BWD_OP_VARIANT"].items() if d not in DIMS)
+    assert t["HOPPER_BWD_DIMS"] == DIMS and t["BWD_OP_HOPPER_DIMS"] == DIMS
     for d in DIMS:
         assert t["hbwd_smem_bytes"](d) == smem_bytes(d) <= 227 * 1024, d
     assert (t["HBWD_WG"], t["HBWD_STAGES"], t["HBWD_THREADS"]) == (WG, STAGES, THREADS)
