@@ -34,10 +34,15 @@ import pathlib
 import time
 from dataclasses import asdict, dataclass
 
-PROFILE_CASES = ((1, 1024), (1, 8192), (1, 131072), (32, 8192))     # (B, cache length)
+PROFILE_CASES = ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (32, 8192))     # (B, cache length)
 VARIANT_MIN_KEYS = 16           # the plan's default is tutorial 09's DEC_MIN_KEYS (64)
 MERGE_LOADS = 16                # the variant decode_attention(merge_loads=16): 16 partial loads in flight, not 8
 MERGE = f"fused, merge loads {MERGE_LOADS}"
+ONLINE = "fused, online merge"  # the variant decode_attention(merge="online"): the last block's merge in one pass
+# The online merge's prediction, written before any GPU ran it: ncu µs of the kernel at B = 1 (from the measured
+# default, less the model's saved round trips: 8 -> 3 at 1k, 8 -> 4 at 8k, 11 -> 5 at 32k and 128k; B = 32 has no
+# merge). The l16 variant's figures (3 trips saved: 0.7 µs at 1k, none at 8k) say the saving may be half this.
+ONLINE_PREDICTED_US = {(1, 1024): 10.7, (1, 8192): 20.4, (1, 32768): 52.1, (1, 131072): 183.8, (32, 8192): 357.0}
 HQ, HKV, D, NQ = 32, 8, 128, 1
 DEC_WARPS = 4                   # tutorial 09's DEC_NWARPS: a block's warps, one split each
 TARGET_OF_COPY = 0.80           # issue 32: caches of 8k and more
@@ -66,11 +71,21 @@ class Machine:
     sms: int = 132
     read_tbps: float = 3.1          # a pure read stream: 1 GB (B = 32, 8k) in 365.5 µs less the flush's write-back
     dram_latency_us: float = 1.0    # a load's round trip to HBM under load
-    l2_latency_us: float = 0.5      # a round trip to L2 from an SM (fence, atomic, a dependent load)
-    launch_us: float = 2.5          # GPU-side launch, block dispatch and the event pair of an empty kernel
+    # a round trip to L2 from an SM (fence, atomic, a dependent load): fitted to the merge tails measured on an H100
+    # (fused - split only: 3.4 µs at 1k, 3.1 at 8k), each 8 round trips in the merge as compiled (merge_trips)
+    l2_latency_us: float = 0.4
+    launch_us: float = 2.5          # what a call adds to the kernel's own duration: launch API and the event pair
+    # The fixed part of the kernel as Nsight Compute times it (its launch with every cache_seqlens 0: 7.5 µs at 1k,
+    # 9.0 at 8k on an H100), beside block_merge_us and the merge tail: the grid's start and end with cold
+    # instruction and constant caches (kernel_floor_us), the dispatch of its 80 KB blocks (ramp_us_per_wave, per wave
+    # of blocks), and cache_seqlens read from DRAM before any tile's address is known (one dram_latency_us).
+    # kernel_floor_us and ramp_us_per_wave are fitted to those two figures, the rest is the model's own.
+    kernel_floor_us: float = 2.6
+    ramp_us_per_wave: float = 1.3
     block_merge_us: float = 0.5     # a block's warps merged in shared memory, its partial written
     sm_l2_gbps: float = 150.0       # what one SM reads from L2 (the last block's merge runs on one SM)
     merge_unroll: int = 8           # o_part loads a thread keeps in flight in the last block's merge
+    merge: str = "shared"           # the last block's merge: "shared" (weights in shared memory) or "online" (one pass)
     l2_bytes: int = 50 * 2**20
     # The share of a "write" flush's dirty lines that the call's reads write back at full bandwidth: 1.0 is the upper
     # bound (what fits the 8k, 128k and B = 32 figures with read_tbps 3.1). kernellab.bench's own note saw a 16 MB copy
@@ -97,23 +112,42 @@ class DecodeModel:
     in_flight_bytes: int            # one stage a resident warp, across the GPU
     little_bytes: int               # what Little's law asks: read bandwidth x DRAM latency
     launch_us: float
+    floor_us: float                 # the grid's start and end, cold caches (Machine.kernel_floor_us)
+    ramp_us: float                  # block dispatch, per wave of blocks
+    first_load_us: float            # cache_seqlens from DRAM before any tile is asked for
     chain_us: float                 # tiles in series x DRAM latency (the loads' floor when few bytes are in flight)
     stream_us: float                # cache bytes / read bandwidth + one latency (the floor when enough are)
     loads_us: float                 # max(chain, stream)
     block_merge_us: float
     merge_tail_us: float            # fence, ticket, the last block's L2 round trips: serial after the last split
     dirty_us: float                 # the write-back of dirty L2 lines a kernellab.bench "write" flush leaves
-    clean_us: float                 # launch + loads + block merge + merge tail (Nsight Compute's clean L2)
+    fixed_us: float                 # floor + ramp + first load + block merge + merge tail: the launch with no keys (ncu)
+    ncu_us: float                   # fixed + loads: the kernel's duration under Nsight Compute (clean L2, no launch)
+    clean_us: float                 # launch + ncu (kernellab.bench with a clean L2)
     bench_us: float                 # clean + dirty: kernellab.bench's default flush
     blame: str                      # the largest part of bench_us beyond the cache's own stream (the overhead)
     B: int = 0
     L: int = 0                      # cache positions (every sequence full)
 
     def parts_us(self) -> dict:
-        return {"launch": self.launch_us, "loads: stream": self.stream_us,
+        return {"launch": self.launch_us, "kernel floor": self.floor_us, "block dispatch ramp": self.ramp_us,
+                "first load (cache_seqlens)": self.first_load_us, "loads: stream": self.stream_us,
                 "loads: chain beyond stream": max(0.0, self.chain_us - self.stream_us),
                 "block merge": self.block_merge_us, "merge tail": self.merge_tail_us,
                 "dirty L2 write-back (bench flush)": self.dirty_us}
+
+
+def merge_trips(parts, unroll=8, merge="shared"):
+    """The last block's serial round trips to L2: the fence and the ticket, then for the "shared" merge
+    (merge_block_partials) lse read twice (the max, then the weights: a lane a partial, ceil(P / 32) each) and the
+    o_part loads: `#pragma unroll 8` over a run-time P compiles to batches of 8 and a rolled remainder loop that waits
+    on each load in turn (P // 8 + P % 8 trips; 4 at P = 4 and at P = 32, so both measured tails are 8 trips); with 16
+    (the l16 variant, every load issued unconditionally) ceil(P / 16). The "online" merge reads lse beside o, 16 at a
+    time, in one pass: ceil(P / 16)."""
+    if merge == "online":
+        return 2 + -(-parts // 16)
+    o_trips = parts // 8 + parts % 8 if unroll == 8 else -(-parts // unroll)
+    return 2 + 2 * -(-parts // 32) + o_trips
 
 
 def decode_model(B, L, plan, machine: Machine = H100, Hq=HQ, Hkv=HKV, d=D, nq=NQ, elem_bytes=2) -> DecodeModel:
@@ -135,19 +169,21 @@ def decode_model(B, L, plan, machine: Machine = H100, Hq=HQ, Hkv=HKV, d=D, nq=NQ
     stream = cache_bytes / bw * 1e6 + m.dram_latency_us
     loads = max(chain, stream)
     if parts > 1:
-        # serial L2 round trips of the last block (merge_block_partials): the fence, the ticket, the lse loads twice
-        # (the max, then the weights: ceil(P / 32) each, a lane a partial), then each thread's P o_part loads in
-        # batches of merge_unroll (its `#pragma unroll 8`), plus the partials' bytes through one SM
+        # serial L2 round trips of the last block (merge_trips), plus the partials' bytes through one SM
         rows = min(plan.rows_per_warp, G * nq)
-        trips = 2 + 2 * -(-parts // 32) + -(-parts // m.merge_unroll)
+        trips = merge_trips(parts, m.merge_unroll, m.merge)
         tail = trips * m.l2_latency_us + rows * parts * d * 4 / (m.sm_l2_gbps * 1e9) * 1e6
     else:                           # a triple with one block writes the output itself
         tail = 0.0
     dirty = m.dirty_share * min(cache_bytes, m.l2_bytes) / bw * 1e6
-    clean = m.launch_us + loads + m.block_merge_us + tail
+    ramp = m.ramp_us_per_wave * min(1.0, blocks / slots)          # later waves dispatch while the first runs
+    fixed = m.kernel_floor_us + ramp + m.dram_latency_us + m.block_merge_us + tail
+    ncu = fixed + loads
+    clean = m.launch_us + ncu
     model = DecodeModel(f"B={B} cache={L}", cache_bytes, blocks, slots, blocks / slots, plan.splits, parts,
-                        tiles_per_warp * plan.block_n, tiles_per_warp, in_flight, little, m.launch_us, chain, stream,
-                        loads, m.block_merge_us, tail, dirty, clean, clean + dirty, "", B, L)
+                        tiles_per_warp * plan.block_n, tiles_per_warp, in_flight, little, m.launch_us,
+                        m.kernel_floor_us, ramp, m.dram_latency_us, chain, stream, loads, m.block_merge_us, tail,
+                        dirty, fixed, ncu, clean, clean + dirty, "", B, L)
     got = {k: v for k, v in model.parts_us().items() if k != "loads: stream"}
     return DecodeModel(**{**asdict(model), "blame": max(got, key=got.get)})
 
@@ -170,7 +206,7 @@ def top_stalls(rep, n=3):
 
 
 def profile_row(model: DecodeModel, reports: dict, timings_us: dict, copy_gbps: float | None = None,
-                merge_variant: DecodeModel | None = None) -> dict:
+                merge_variant: DecodeModel | None = None, online: DecodeModel | None = None) -> dict:
     """One case's figures: per ncu launch (reports: name -> ProfileReport or None) its duration, DRAM share, bytes
     read over the cache's bytes, occupancy, SMs active, waves, L2 hit rate and top stalls; the timings (name -> µs);
     the model beside them; the derived parts (merge tail = fused - split only, fixed = fused with no keys, dirty =
@@ -219,7 +255,10 @@ def profile_row(model: DecodeModel, reports: dict, timings_us: dict, copy_gbps: 
                 of_copy[key] = model.cache_bytes / (us * 1e-6) / (copy_gbps * 1e9)
     return {"label": model.label, "model": asdict(model), "launches": launches, "timings_us": dict(timings_us),
             "derived_us": derived, "of_copy": of_copy, "copy_gbps": copy_gbps,
-            "merge_variant_tail_us": merge_variant.merge_tail_us if merge_variant else model.merge_tail_us}
+            "merge_variant_tail_us": merge_variant.merge_tail_us if merge_variant else model.merge_tail_us,
+            "online_model": {"ncu_us": online.ncu_us, "fixed_us": online.fixed_us,
+                             "merge_tail_us": online.merge_tail_us} if online else None,
+            "online_predicted_us": ONLINE_PREDICTED_US.get((model.B, model.L))}
 
 
 def _f(v, fmt="{:.1f}", none="-"):
@@ -233,19 +272,20 @@ def profile_table(rows: list) -> str:
             "(model, no launch) | ncu split only µs | merge tail µs (model) | bench write µs (model) | "
             "bench clean µs (model) | bench no flush µs | graph µs | dirty µs (model) | "
             f"variant min_keys={VARIANT_MIN_KEYS}: ncu µs / bench write µs | "
-            f"{MERGE}: ncu µs (model, no launch) / bench clean µs |")
+            f"{MERGE}: ncu µs (model, no launch) / bench clean µs | "
+            "online merge: ncu µs (predicted) / no keys (model) / bench clean µs |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         m, L, t, dv = r["model"], r["launches"], r["timings_us"], r["derived_us"]
         fused = L.get("fused", {})
         stalls = ", ".join(f"{s} {v:.1f}" for s, v in fused.get("stalls", [])) or "-"
-        fixed_model = m["block_merge_us"] + m["merge_tail_us"]          # ncu's duration has no launch or events
+        fixed_model = m["fixed_us"]                                     # ncu's duration has no launch or events
         var = L.get(f"fused, min_keys={VARIANT_MIN_KEYS}", {})
-        merge_model = (m["clean_us"] - m["launch_us"] - m["merge_tail_us"]
+        merge_model = (m["ncu_us"] - m["merge_tail_us"]
                        + r.get("merge_variant_tail_us", m["merge_tail_us"]))
         out.append(
             f"| {r['label']} | {m['blocks']} / {m['waves']:.2f} | {m['in_flight_bytes'] / 1e6:.1f}; "
-            f"{m['little_bytes'] / 1e6:.1f} | {_f(fused.get('duration_us'))} ({m['clean_us'] - m['launch_us']:.1f}) | "
+            f"{m['little_bytes'] / 1e6:.1f} | {_f(fused.get('duration_us'))} ({m['ncu_us']:.1f}) | "
             f"{_f(fused.get('dram_pct'), '{:.0f}')} | {_f(fused.get('read_over_cache'), '{:.2f}')} | "
             f"{_f(fused.get('occupancy_pct'), '{:.0f}')} | {_f(fused.get('sms_active_pct'), '{:.0f}')} | "
             f"{_f(fused.get('l2_hit_pct'), '{:.0f}')} | {stalls} | "
@@ -256,8 +296,40 @@ def profile_table(rows: list) -> str:
             f"{_f(t.get('bench no flush'))} | {_f(t.get('graph'))} | "
             f"{_f(dv.get('dirty L2 (bench write - clean)'))} ({m['dirty_us']:.1f}) | "
             f"{_f(var.get('duration_us'))} / {_f(t.get('variant bench write'))} | "
-            f"{_f(L.get(MERGE, {}).get('duration_us'))} ({merge_model:.1f}) / {_f(t.get('merge bench clean'))} |")
+            f"{_f(L.get(MERGE, {}).get('duration_us'))} ({merge_model:.1f}) / {_f(t.get('merge bench clean'))} | "
+            f"{_f(L.get(ONLINE, {}).get('duration_us'))} ({_f(r.get('online_predicted_us'))}) / "
+            f"{_f(L.get(ONLINE + ', no keys', {}).get('duration_us'))} "
+            f"({_f((r.get('online_model') or {}).get('fixed_us'))}) / {_f(t.get('online bench clean'))} |")
     return "\n".join(out)
+
+
+def online_verdict(row: dict, dur, t: dict) -> list:
+    """H10, the online merge (decode_attention(merge="online")) against its written prediction: ncu beside the
+    default's, and as called (bench clean); what to do with the default."""
+    on = (row.get("launches") or {}).get(ONLINE) or {}
+    pred, got = row.get("online_predicted_us"), on.get("duration_us")
+    base_b, on_b = t.get("bench clean"), t.get("online bench clean")
+    if got is None or dur is None:
+        if base_b and on_b:          # B = 32: no block merges, only the call is timed
+            return [f"H10 online merge (predicted as the default: no block merges): bench clean {on_b:.1f} µs "
+                    f"against {base_b:.1f} -> " + ("as predicted, no change" if abs(on_b - base_b) < 0.02 * base_b
+                                                   else "differs where no merge runs: look at the code path")]
+        return []
+    want, saved = dur - (pred if pred is not None else dur), dur - got
+    nk, nk_on = (row.get("launches") or {}).get("fused, no keys", {}), (row.get("launches") or {}).get(
+        ONLINE + ", no keys", {})
+    fixed = (f"; no keys {nk_on['duration_us']:.1f} µs against {nk['duration_us']:.1f} (model "
+             f"{row['online_model']['fixed_us']:.1f})" if nk.get("duration_us") and nk_on.get("duration_us")
+             and row.get("online_model") else "")
+    as_called = (f"; bench clean {on_b:.1f} µs against {base_b:.1f}" if on_b and base_b else "")
+    verdict = ("faster as predicted: make merge='online' the default (at d = 128), then add it at d = 64"
+               if saved >= 0.5 * want and saved > 0.3 else
+               "faster, by less than half the prediction: the merge's round trips are cheaper than l2_latency_us; "
+               "make it the default only if bench clean agrees" if saved > 0.3 else
+               "no gain: the tail is not the merge's L2 round trips (fence and ticket, or the last block's wait "
+               "for the slowest split); keep the default")
+    return [f"H10 online merge (predicted {_f(pred)} µs, saving {want:.1f}): ncu {got:.1f} µs against {dur:.1f}"
+            f"{fixed}{as_called} -> {verdict}"]
 
 
 def profile_reading(rows: list) -> list:
@@ -318,9 +390,10 @@ def profile_reading(rows: list) -> list:
                     else "loads wait on DRAM with enough bytes in flight: bandwidth-bound, as the model says"
                     if ls else "long_scoreboard does not lead: the loads are not what waits"))
             if fixed is not None:
-                no_launch = m["block_merge_us"] + m["merge_tail_us"]
-                say.append(f"H3 fixed part (model {no_launch:.1f} µs without the launch: block merge "
-                           f"{m['block_merge_us']:.1f}, tail {m['merge_tail_us']:.1f}; {m['launch_us']:.1f} more as "
+                say.append(f"H3 fixed part (model {m['fixed_us']:.1f} µs without the launch: floor "
+                           f"{m['floor_us']:.1f}, ramp {m['ramp_us']:.1f}, cache_seqlens {m['first_load_us']:.1f}, "
+                           f"block merge {m['block_merge_us']:.1f}, tail {m['merge_tail_us']:.1f}; "
+                           f"{m['launch_us']:.1f} more as "
                            f"timed): ncu with no keys {fixed:.1f} µs = {fixed / dur:.0%} of the kernel (bench clean, "
                            f"no keys: {_f(dv.get('fixed part (bench clean, no keys)'))} µs) -> "
                            + ("the fixed part dominates: ramp, in-block merge, ticket and last-block merge, not "
@@ -364,6 +437,7 @@ def profile_reading(rows: list) -> list:
                            "d = 128 (after "
                            "tests-attention-inference passes with it)" if saved > 0.5 * max(want, 0.2) and saved > 0.3
                            else "no gain: the tail is not the o_part loads' round trips (see H4)"))
+        say += online_verdict(by[label], dur, t)
         if fused.get("read_over_cache") is not None:
             rc = fused["read_over_cache"]
             say.append(f"H6 bytes: DRAM read {rc:.2f}x the cache -> "
@@ -411,7 +485,8 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
                          (f"min_keys={VARIANT_MIN_KEYS}",
                           lambda: t["decode_attention"](q, kc, vc, full, min_keys=VARIANT_MIN_KEYS)),
                          (f"merge_loads={MERGE_LOADS}",
-                          lambda: t["decode_attention"](q, kc, vc, full, merge_loads=MERGE_LOADS))):
+                          lambda: t["decode_attention"](q, kc, vc, full, merge_loads=MERGE_LOADS)),
+                         ("merge=online", lambda: t["decode_attention"](q, kc, vc, full, merge="online"))):
             err = (fn().float() - ref).abs().max().item()
             if not err < 3e-2:
                 failed.append(f"{label} {name}: max error {err:.2e} against SDPA in fp32")
@@ -431,8 +506,12 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
 
         launches = {"fused": (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, full))}
         small = B == 1 and L <= 8192           # where the fixed part matters (the large cases' grids are 8k's)
+        if B == 1:                             # the online merge beside the default (at B = 32 no block merges)
+            launches[ONLINE] = (f"decode_fused_{dt}_d{D}_m16_online", plan, lambda: fused_args(plan, full))
         if small:
             launches["fused, no keys"] = (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, empty))
+            launches[ONLINE + ", no keys"] = (f"decode_fused_{dt}_d{D}_m16_online", plan,
+                                              lambda: fused_args(plan, empty))
         if plan.splits // DEC_WARPS > 1:       # a last block merges: its tail, and the merge variant
             launches["split only"] = (f"decode_{dt}_d{D}_m16", plan, lambda: split_args(plan))
             if small:
@@ -455,6 +534,7 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
 
         variant = lambda *a: t["decode_attention"](*a, min_keys=VARIANT_MIN_KEYS)  # noqa: E731
         merge = lambda *a: t["decode_attention"](*a, merge_loads=MERGE_LOADS)  # noqa: E731
+        online = lambda *a: t["decode_attention"](*a, merge="online")  # noqa: E731
         timed = [("bench write", op, inputs, {"flush_l2": "write"}),
                  ("bench clean", op, inputs, {"flush_l2": "clean"}),
                  ("bench no flush", op, inputs, {"flush_l2": False}),
@@ -466,6 +546,7 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
                       ("variant bench clean", variant, inputs, {"flush_l2": "clean"})]
         if MERGE in launches:
             timed.append(("merge bench clean", merge, inputs, {"flush_l2": "clean"}))
+        timed.append(("online bench clean", online, inputs, {"flush_l2": "clean"}))     # every case, B = 32 too
         for key, fn, inp, kw in timed:
             try:
                 r = bench(fn, inp, rep_ms=40.0, rounds=5, generator_device=device, verify=False, **kw)
@@ -497,7 +578,8 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
             reports[name] = rep
             del args
         row = profile_row(model, reports, timings, copy_gbps,
-                          decode_model(B, L, plan, dataclasses.replace(H100, merge_unroll=MERGE_LOADS)))
+                          decode_model(B, L, plan, dataclasses.replace(H100, merge_unroll=MERGE_LOADS)),
+                          decode_model(B, L, plan, dataclasses.replace(H100, merge="online")))
         rows.append(row)
         log(f"{label}: model {model.bench_us:.1f} µs (clean {model.clean_us:.1f}; blames {model.blame}); "
             + ", ".join(f"{k} {v:.1f} µs" for k, v in timings.items()) + "; ncu "

@@ -527,6 +527,51 @@ __device__ __forceinline__ void merge_block_partials(const float* __restrict__ o
     }
 }
 
+// The same merge in one pass (the "online" variant, decode_attention(merge="online")): each thread a float4 of one
+// row's columns reads each partial's lse beside its o, LOADS partials at a time, and keeps a running max M with its
+// sum and accumulator rescaled by 2^(M_old - M_new) when M grows (the online softmax over the partials). No weights in
+// shared memory, no barrier, no separate pass over lse: ceil(P / LOADS) round trips to L2 instead of the two-pass
+// merge's 2 ceil(P / 32) + the o loads' batches (whose rolled remainder loop waits on each load in turn).
+template <typename T, int D, int LOADS>
+__device__ __forceinline__ void merge_block_partials_online(const float* __restrict__ o_part,
+                                                            const float* __restrict__ lse_part, T* __restrict__ out,
+                                                            size_t R0, int n, int P) {
+    constexpr int C4 = D / 4;                                          // float4 columns a row
+    for (int i = threadIdx.x; i < n * C4; i += DEC_NWARPS * 32) {
+        const int r = i / C4, c = 4 * (i % C4);
+        const float* src = o_part + (R0 + r) * P * D + c;
+        const float* lse = lse_part + (R0 + r) * P;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        float mx = -CUDART_INF_F, sum = 0.f;
+        for (int s0 = 0; s0 < P; s0 += LOADS) {
+            float4 v[LOADS];
+            float ls[LOADS];
+#pragma unroll
+            for (int j = 0; j < LOADS; ++j) {                          // all LOADS issued before any is used; past P:
+                const int s = min(s0 + j, P - 1);                      // partial P - 1 again, with lse -inf (weight 0)
+                v[j] = __ldcg(reinterpret_cast<const float4*>(src + (size_t)s * D));
+                ls[j] = __ldcg(lse + s);
+            }
+            float mb = mx;
+#pragma unroll
+            for (int j = 0; j < LOADS; ++j) mb = s0 + j < P ? fmaxf(mb, ls[j]) : mb;
+            if (mb == -CUDART_INF_F) continue;                         // no key in any partial so far
+            const float a = exp2_approx(mx - mb);                      // 0 on the first non-empty batch (mx = -inf)
+            acc.x *= a;  acc.y *= a;  acc.z *= a;  acc.w *= a;  sum *= a;
+#pragma unroll
+            for (int j = 0; j < LOADS; ++j) {
+                const float ws = s0 + j < P ? exp2_approx(ls[j] - mb) : 0.f;   // 0: an empty split
+                sum += ws;
+                acc.x += ws * v[j].x;  acc.y += ws * v[j].y;  acc.z += ws * v[j].z;  acc.w += ws * v[j].w;
+            }
+            mx = mb;
+        }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;                 // a row no split saw: 0
+        *reinterpret_cast<uint2*>(out + (R0 + r) * D + c) =
+            make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
+    }
+}
+
 // lse_part in a work buffer that starts with o_part: [gridDim.y * rows, gridDim.x, D] floats.
 __device__ __forceinline__ float* lse_of(float* work, int D, int rows) {
     return work + (size_t)gridDim.y * rows * gridDim.x * D;
@@ -535,7 +580,7 @@ __device__ __forceinline__ float* lse_of(float* work, int D, int rows) {
 // FUSED: after writing its partial, each block takes a ticket from counters[(b Hkv + h) row_groups + z]; the block
 // that draws the last (gridDim.x - 1) merges the gridDim.x partials of its rows into out and resets the counter to 0
 // for the next call (so no memset launch; the counters start at 0 once, when the launcher allocates them).
-template <typename T, int D, int BLOCK_N, int MT, bool FUSED, int MERGE_LOADS = 8>
+template <typename T, int D, int BLOCK_N, int MT, bool FUSED, int MERGE_LOADS = 8, bool ONLINE = false>
 __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                              const int* __restrict__ seqlens, float* __restrict__ o_part,
                                              float* __restrict__ lse_part, T* __restrict__ out,
@@ -663,8 +708,12 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     __syncthreads();                                                   // (and the warps' partials are read)
     if (!last_block[0]) return;
     __threadfence();
-    merge_block_partials<T, D, MERGE_LOADS>(o_part, lse_part, out, (size_t)bh * rows + r0, min(ROWS, rows - r0),
-                                            gridDim.x, reinterpret_cast<float*>(smem));
+    if constexpr (ONLINE)
+        merge_block_partials_online<T, D, MERGE_LOADS>(o_part, lse_part, out, (size_t)bh * rows + r0,
+                                                       min(ROWS, rows - r0), gridDim.x);
+    else
+        merge_block_partials<T, D, MERGE_LOADS>(o_part, lse_part, out, (size_t)bh * rows + r0, min(ROWS, rows - r0),
+                                                gridDim.x, reinterpret_cast<float*>(smem));
 }
 
 // Merge the splits of each row: o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s; a row no split
@@ -753,6 +802,16 @@ name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, 
 }
 DEC_FUSED_LOADS(decode_fused_bf16_d128_m16_l16, __nv_bfloat16, 128, 16, 1, 16)
 DEC_FUSED_LOADS(decode_fused_f16_d128_m16_l16, __half, 128, 16, 1, 16)
+// A variant for the profile, not the op's default until the GPU measures it faster: the last block's merge in one
+// pass (merge_block_partials_online, 16 partials in flight), decode_attention(merge="online").
+#define DEC_FUSED_ONLINE(name, T, D, BN, M) \
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32) \
+name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const int* __restrict__ seqlens, \
+     float* __restrict__ work, T* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) { \
+    dec::decode_split<T, D, BN, M, true, 16, true>(q, k, v, seqlens, work, dec::lse_of(work, D, g * nq), out, counters, hkv, g, nq, nmax, scale); \
+}
+DEC_FUSED_ONLINE(decode_fused_bf16_d128_m16_online, __nv_bfloat16, 128, 16, 1)
+DEC_FUSED_ONLINE(decode_fused_f16_d128_m16_online, __half, 128, 16, 1)
 
 # %% [markdown]
 # The decode cards: `HMMA` for both products (a warp pads its `G nq` rows to 16, wasted tensor work that costs nothing
@@ -942,17 +1001,22 @@ def _decode_args(q, k_cache, v_cache, cache_seqlens, what):
                          f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, merge_loads=8):
+def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, merge_loads=8, merge="shared"):
     """Attention of nq new tokens per sequence against its KV cache, split along the keys (flash-decoding), in one
     launch: the last block of each (sequence, KV head, row group) merges the splits' partials.
     q: [B, Hq, nq, d]; k_cache, v_cache: [B, Hkv, Nmax, d]; cache_seqlens: [B] int32 (values above Nmax read as
     Nmax). Token i of sequence b sees keys 0 .. cache_seqlens[b] - nq + i; a token that sees none gets zeros.
     min_keys: the fewest keys a split walks (decode_plan). merge_loads: partials a thread of the last block keeps
-    in flight (8; 16, a variant the decode profile times, at d = 128)."""
+    in flight (8; 16, a variant the decode profile times, at d = 128). merge: how the last block merges, "shared"
+    (weights through shared memory, then the o loads) or "online" (one pass, 16 partials' lse and o in flight; a
+    variant the decode profile times, at d = 128 with 16 rows a warp)."""
     _decode_args(q, k_cache, v_cache, cache_seqlens, "decode_attention")
     B, Hq, nq, d = q.shape
     if merge_loads not in (8, 16) or (merge_loads == 16 and d != 128):
         raise ValueError(f"decode_attention: merge_loads is 8, or 16 at d = 128; got {merge_loads} at d = {d}")
+    if merge not in ("shared", "online") or (merge == "online" and (d != 128 or merge_loads != 8)):
+        raise ValueError(f"decode_attention: merge is 'shared', or 'online' at d = 128 (its own 16 loads in flight, "
+                         f"merge_loads left at 8); got merge={merge!r}, merge_loads={merge_loads} at d = {d}")
     Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(q)
     if B == 0 or nq == 0:
@@ -962,7 +1026,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, 
     rows, parts = B * Hq * nq, plan.splits // DEC_WARPS           # one partial per block: its warps merged
     work = torch.empty(rows * parts * (d + 1), dtype=torch.float32, device=q.device)     # o_part, then lse_part
     counters = decode_counters(q.device, B * Hkv * plan.row_groups)
-    name = f"decode_fused_{DTYPE_NAMES[q.dtype]}_d{d}_m{plan.rows_per_warp}" + ("_l16" if merge_loads == 16 else "")
+    name = (f"decode_fused_{DTYPE_NAMES[q.dtype]}_d{d}_m{plan.rows_per_warp}" + ("_l16" if merge_loads == 16 else "")
+            + ("_online" if merge == "online" else ""))
     decode_kernels[name][plan.grid(B, Hkv), 32 * DEC_WARPS, plan.shared_bytes](
         q, k_cache, v_cache, cache_seqlens, work, out, counters, Hkv, G, nq, Nmax, d ** -0.5)
     return out

@@ -67,6 +67,7 @@ def test_the_decode_kernels_compile_without_spills(modules):
     splits |= {f"{dt}_d128_m16" for dt in ("bf16", "f16")}
     want = {f"decode_{x}" for x in splits} | {f"decode_fused_{x}" for x in splits}
     want |= {f"decode_fused_{dt}_d128_m16_l16" for dt in ("bf16", "f16")}        # the merge variant (16 loads)
+    want |= {f"decode_fused_{dt}_d128_m16_online" for dt in ("bf16", "f16")}     # the one-pass merge variant
     want |= {f"combine_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)}
     assert set(kernels) == want
     for name, k in kernels.items():
@@ -88,6 +89,10 @@ def test_the_decode_kernels_compile_without_spills(modules):
     for dt in ("bf16", "f16"):                   # the last block's partial loads a thread has issued at the first use
         base, wide = (max(_loads_in_flight(kernels[f"decode_fused_{dt}_d128_m16{x}"].sass)) for x in ("", "_l16"))
         assert (base, wide) == (8, 16), dt
+        # the one-pass merge: 16 partials (o and lse) in flight, and one barrier fewer (no weights in shared memory)
+        online = kernels[f"decode_fused_{dt}_d128_m16_online"].sass
+        assert max(_loads_in_flight(online)) == 16, dt
+        assert online.count("BAR.SYNC") == kernels[f"decode_fused_{dt}_d128_m16"].sass.count("BAR.SYNC") - 1, dt
 
 
 def _loads_in_flight(sass):
@@ -248,6 +253,43 @@ def test_the_merge_with_16_loads_in_flight_on_the_emulator(t09, dtype, lens):
     with pytest.raises(ValueError, match="merge_loads"):
         t09["decode_attention"](q[..., :64].contiguous(), kc[..., :64].contiguous(), vc[..., :64].contiguous(), sl,
                                 merge_loads=16)
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype, Hq, Hkv, nq, lens, min_keys", [
+    (torch.bfloat16, 4, 1, 1, (1, 63, 65, 1000), 4),       # G = 4: 63 partials a head (batches of 16 and 15), empty
+    (torch.float16, 2, 2, 2, (1031, 0, 1), 16),              # G = 1, two tokens: an empty cache, a token with no key
+    pytest.param(torch.bfloat16, 8, 1, 1, (4097,), 64, marks=pytest.mark.slow),       # G = 8, 4097 keys
+])
+def test_the_online_merge_on_the_emulator(t09, dtype, Hq, Hkv, nq, lens, min_keys):
+    """decode_attention(merge="online"), the decode profile's variant: the last block merges the block partials in
+    one pass (running max, rescaled sums, 16 partials' lse and o in flight). Against float64 on awkward cache lengths
+    and a batch of different lengths, GQA ratios 1, 4 and 8; zeros where a token sees no key; the counters reset; the
+    default merge's output up to rounding."""
+    g = torch.Generator().manual_seed(sum(lens) + Hq)
+    B, d, Nmax = len(lens), 128, max(lens) + 7
+    q = torch.randn(B, Hq, nq, d, generator=g).to(dtype)
+    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype) for _ in range(2))
+    sl = torch.tensor(lens, dtype=torch.int32)
+    parts = t09["decode_plan"](B, Hkv, Hq // Hkv, nq, Nmax, d, 132, min_keys).splits // 4
+    assert parts > 1, parts                                             # a last block merges
+    launches = t09["decode_kernels"].launches
+    before = len(launches)
+    out = t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys, merge="online")
+    assert [x[0] for x in launches[before:]] == [f"decode_fused_{t09['DTYPE_NAMES'][dtype]}_d128_m16_online"]
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    err = (out.double() - ref).abs().max().item()
+    assert err < tol(dtype), err
+    empty = ~t09["decode_mask"](sl, nq, Nmax).any(-1)
+    assert (out.double()[empty.expand(B, Hq, nq)] == 0).all() and empty.any() == (min(lens) < nq)
+    assert all((c == 0).all() for c in t09["_DEC_COUNTERS"].values())  # reset by the last blocks
+    default = t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys)
+    assert (default.double() - out.double()).abs().max().item() <= tol(dtype) / 4
+    with pytest.raises(ValueError, match="merge"):
+        t09["decode_attention"](q[..., :64].contiguous(), kc[..., :64].contiguous(), vc[..., :64].contiguous(), sl,
+                                merge="online")
+    with pytest.raises(ValueError, match="merge"):
+        t09["decode_attention"](q, kc, vc, sl, merge="last block")
 
 
 def test_the_split_plan_fills_one_wave(t09):

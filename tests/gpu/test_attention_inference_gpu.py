@@ -238,6 +238,33 @@ def test_the_merge_variant_with_16_loads_matches_the_default(t09, dname, L):
         assert ((out.double() - default).abs() <= 1.01 * ulp).all(), (lens, L)
 
 
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("Hq, Hkv", [(8, 8), (32, 8), (64, 8)], ids=["ratio1", "ratio4", "ratio8"])
+@pytest.mark.parametrize("lens", [(1,), (63,), (65,), (1000,), (1031,), (4097,), (33000,),
+                                  (4097, 1, 0, 65, 1031)], ids=lambda x: "-".join(map(str, x)))
+def test_the_online_merge_matches_sdpa_and_the_default(t09, dname, Hq, Hkv, lens):
+    """decode_attention(merge="online"), the decode profile's variant (the last block merges the partials in one
+    pass, a running max): against float64 and SDPA's error on awkward cache lengths (one block a head up to 65 keys,
+    then 4, 16 and 33 block partials at 1k, 4k and 33k) and a batch of different lengths (6 partials a head, most of
+    the short sequences' empty), GQA ratios 1, 4 and 8; zeros where a token sees no key; the default merge's output up
+    to rounding (the same partials, summed in another order)."""
+    L = max(lens) + 5
+    q, kc, vc = decode_inputs(len(lens), Hq, Hkv, 1, L, 128, seed=sum(lens) + Hq, dtype=DTYPES[dname])
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    out = t09["decode_attention"](q, kc, vc, sl, merge="online")
+    mask = t09["decode_mask"](sl, 1, L)
+    sd = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+    seen = mask.any(-1, keepdim=True).expand_as(ref)
+    theirs = (sd.double() - ref)[seen].abs().max().item()
+    assert within((out.double() - ref).abs().max().item(), theirs, dname), lens
+    assert (out[~seen] == 0).all(), lens
+    default = t09["decode_attention"](q, kc, vc, sl).double()
+    ulp = torch.finfo(DTYPES[dname]).eps * default.abs().clamp(min=1.0)
+    assert ((out.double() - default).abs() <= 2.01 * ulp).all(), lens
+    assert torch.equal(t09["decode_attention"](q, kc, vc, sl, merge="online"), out)      # counters reset, same sums
+
+
 def test_the_fused_decode_is_deterministic_and_resets_its_counters(t09):
     """Which block draws the last ticket changes from call to call, the merge order does not: 300 calls give the
     same bits (a block merging before every partial is written would not). After them every counter is 0 again, and
