@@ -58,6 +58,7 @@ DECODE_QUICK = ((1, 1024), (1, 8192), (1, 131072), (8, 32768), (32, 8192))
 TARGET_OF_COPY = 0.80          # decoding, caches of 8k and more
 TWO_KERNELS = "two-kernel step (split + combine)"
 ONLINE_STEP = "ours, merge=online"      # decode_attention(merge="online"): the last block's merge in one pass
+BOTH_STEP = "ours, merge=online, early"  # and each warp's first tile asked for before cache_seqlens arrives
 SWEEP_MIN_KEYS = (16, 32, 128)  # the plan's default is tutorial 09's DEC_MIN_KEYS (64)
 SWEEP_CASES = ((1, 1024), (1, 8192))
 DEVICE = "cuda"                # (tests/test_attention_inference.py runs both loops on the CPU with fake timings)
@@ -241,7 +242,9 @@ def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None, steps=None)
         # our other launches: the two-kernel step, and the split-floor sweep (launchers, not the op: the op takes
         # no min_keys); name -> function, checked like the op
         ours = steps(B, L) if steps else {TWO_KERNELS: t["decode_attention_two_kernels"],
-                                          ONLINE_STEP: lambda *a: t["decode_attention"](*a, merge="online")} | {
+                                          ONLINE_STEP: lambda *a: t["decode_attention"](*a, merge="online"),
+                                          BOTH_STEP: lambda *a: t["decode_attention"](*a, merge="online",
+                                                                                      early=True)} | {
             f"ours, min_keys={mk}": (lambda *a, mk=mk: t["decode_attention"](*a, min_keys=mk))
             for mk in SWEEP_MIN_KEYS if (B, L) in SWEEP_CASES}
         ours_err = {name: attempt(f"{name} on B={B} cache={L}", lambda f=f: (f(*args).float() - ref.float()).abs()
@@ -279,8 +282,9 @@ def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None, steps=None)
                "vs_two_kernels": {m: ms[m][TWO_KERNELS] / ms[m]["ours"] for m in ms if TWO_KERNELS in ms[m]},
                # the default's time over the online merge's (> 1: the online merge is faster), every method
                "online_speedup": {m: ms[m]["ours"] / ms[m][ONLINE_STEP] for m in ms if ONLINE_STEP in ms[m]},
+               "both_speedup": {m: ms[m]["ours"] / ms[m][BOTH_STEP] for m in ms if BOTH_STEP in ms[m]},
                "sweep_of_copy": {name: moved / (ms["kernellab.bench"][name] * 1e-3) / 1e9 / copy_gbps
-                                 for name in ours if name not in (TWO_KERNELS, ONLINE_STEP)
+                                 for name in ours if name not in (TWO_KERNELS, ONLINE_STEP, BOTH_STEP)
                                  and name in ms.get("kernellab.bench", {})},
                # host µs per call (as_called's host_ms, where measured): what sustained times once the host is slower
                "host_us": {n: v * 1e3 for n, v in (getattr(ms, "host_ms", None) or {}).items()}}
@@ -293,6 +297,8 @@ def decode_rows(t, torch, quick, copy_gbps, nq, cases=None, op=None, steps=None)
             + "".join(f"  [{n}: {v:.0%} of copy]" for n, v in row["sweep_of_copy"].items())
             + (f"  online merge {ms[k][ONLINE_STEP] * 1e3:.1f} us ({row['online_speedup'][k]:.2f}x the default)"
                if k in row["online_speedup"] else "")
+            + (f"  online + early {ms[k][BOTH_STEP] * 1e3:.1f} us ({row['both_speedup'][k]:.2f}x)"
+               if k in row["both_speedup"] else "")
             + ("  host per call: " + ", ".join(f"{n} {v:.1f} us" for n, v in row["host_us"].items()
                                                if n in ("ours", TWO_KERNELS, best[k])) if row["host_us"] else "")
             + ("" if row["check"] == "passed" else "  " + row["check"]) + "".join("  " + f for f in failed))
@@ -363,6 +369,12 @@ def tables(gqa, dec, copy_gbps):
             out.append("decode, the online merge (merge='online') over the default, as called (> 1: faster): "
                        + "; ".join(f"{r['label']}: " + ", ".join(f"{m} {v:.2f}x" for m, v in r["online_speedup"].items())
                                    for r in online))
+        both = [r for r in dec if r.get("both_speedup")]
+        if both:
+            out.append("decode, the online merge and the early first tile (merge='online', early=True) over the "
+                       "default, as called (> 1: faster): "
+                       + "; ".join(f"{r['label']}: " + ", ".join(f"{m} {v:.2f}x" for m, v in r["both_speedup"].items())
+                                   for r in both))
         two = [v for r in dec for v in r.get("vs_two_kernels", {}).values()]
         if two:
             out.append(f"decode, the one-launch op over the two-kernel step (every case and method): "

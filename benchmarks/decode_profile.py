@@ -43,6 +43,19 @@ ONLINE = "fused, online merge"  # the variant decode_attention(merge="online"): 
 # default, less the model's saved round trips: 8 -> 3 at 1k, 8 -> 4 at 8k, 11 -> 5 at 32k and 128k; B = 32 has no
 # merge). The l16 variant's figures (3 trips saved: 0.7 µs at 1k, none at 8k) say the saving may be half this.
 ONLINE_PREDICTED_US = {(1, 1024): 10.7, (1, 8192): 20.4, (1, 32768): 52.1, (1, 131072): 183.8, (32, 8192): 357.0}
+# The variant decode_attention(early=True): each warp asks for its first tile before cache_seqlens arrives (a guess
+# that the cache is full, right in every case here). Prediction, written before any GPU ran it: one DRAM round trip
+# (the model's first_load_us, 1.0 µs) off the kernel at every case, from the measured default (32k: the model's);
+# and with the online merge both savings. The guess's copies are unused where a cache is empty, so no "no keys" run.
+EARLY = "fused, early first tile"
+BOTH = "fused, online merge + early"
+EARLY_PREDICTED_US = {(1, 1024): 11.7, (1, 8192): 21.0, (1, 32768): 53.5, (1, 131072): 185.2, (32, 8192): 356.0}
+BOTH_PREDICTED_US = {(1, 1024): 9.7, (1, 8192): 19.4, (1, 32768): 51.1, (1, 131072): 182.8, (32, 8192): 356.0}
+VARIANTS = {   # name -> (kernel suffix, decode_attention's keywords, predicted ncu µs, bench key)
+    ONLINE: ("_online", {"merge": "online"}, ONLINE_PREDICTED_US, "online bench clean"),
+    EARLY: ("_early", {"early": True}, EARLY_PREDICTED_US, "early bench clean"),
+    BOTH: ("_online_early", {"merge": "online", "early": True}, BOTH_PREDICTED_US, "online+early bench clean"),
+}
 HQ, HKV, D, NQ = 32, 8, 128, 1
 DEC_WARPS = 4                   # tutorial 09's DEC_NWARPS: a block's warps, one split each
 TARGET_OF_COPY = 0.80           # issue 32: caches of 8k and more
@@ -86,6 +99,7 @@ class Machine:
     sm_l2_gbps: float = 150.0       # what one SM reads from L2 (the last block's merge runs on one SM)
     merge_unroll: int = 8           # o_part loads a thread keeps in flight in the last block's merge
     merge: str = "shared"           # the last block's merge: "shared" (weights in shared memory) or "online" (one pass)
+    early: bool = False             # the first tile asked for before cache_seqlens arrives (a full cache guessed)
     l2_bytes: int = 50 * 2**20
     # The share of a "write" flush's dirty lines that the call's reads write back at full bandwidth: 1.0 is the upper
     # bound (what fits the 8k, 128k and B = 32 figures with read_tbps 3.1). kernellab.bench's own note saw a 16 MB copy
@@ -177,12 +191,13 @@ def decode_model(B, L, plan, machine: Machine = H100, Hq=HQ, Hkv=HKV, d=D, nq=NQ
         tail = 0.0
     dirty = m.dirty_share * min(cache_bytes, m.l2_bytes) / bw * 1e6
     ramp = m.ramp_us_per_wave * min(1.0, blocks / slots)          # later waves dispatch while the first runs
-    fixed = m.kernel_floor_us + ramp + m.dram_latency_us + m.block_merge_us + tail
+    first = 0.0 if m.early else m.dram_latency_us                  # early: overlapped with the first tile's trip
+    fixed = m.kernel_floor_us + ramp + first + m.block_merge_us + tail
     ncu = fixed + loads
     clean = m.launch_us + ncu
     model = DecodeModel(f"B={B} cache={L}", cache_bytes, blocks, slots, blocks / slots, plan.splits, parts,
                         tiles_per_warp * plan.block_n, tiles_per_warp, in_flight, little, m.launch_us,
-                        m.kernel_floor_us, ramp, m.dram_latency_us, chain, stream, loads, m.block_merge_us, tail,
+                        m.kernel_floor_us, ramp, first, chain, stream, loads, m.block_merge_us, tail,
                         dirty, fixed, ncu, clean, clean + dirty, "", B, L)
     got = {k: v for k, v in model.parts_us().items() if k != "loads: stream"}
     return DecodeModel(**{**asdict(model), "blame": max(got, key=got.get)})
@@ -258,7 +273,8 @@ def profile_row(model: DecodeModel, reports: dict, timings_us: dict, copy_gbps: 
             "merge_variant_tail_us": merge_variant.merge_tail_us if merge_variant else model.merge_tail_us,
             "online_model": {"ncu_us": online.ncu_us, "fixed_us": online.fixed_us,
                              "merge_tail_us": online.merge_tail_us} if online else None,
-            "online_predicted_us": ONLINE_PREDICTED_US.get((model.B, model.L))}
+            "online_predicted_us": ONLINE_PREDICTED_US.get((model.B, model.L)),
+            "predicted_us": {name: v[2].get((model.B, model.L)) for name, v in VARIANTS.items()}}
 
 
 def _f(v, fmt="{:.1f}", none="-"):
@@ -273,7 +289,8 @@ def profile_table(rows: list) -> str:
             "bench clean µs (model) | bench no flush µs | graph µs | dirty µs (model) | "
             f"variant min_keys={VARIANT_MIN_KEYS}: ncu µs / bench write µs | "
             f"{MERGE}: ncu µs (model, no launch) / bench clean µs | "
-            "online merge: ncu µs (predicted) / no keys (model) / bench clean µs |")
+            "online merge: ncu µs (predicted) / no keys (model) / bench clean µs | "
+            "early first tile: ncu µs (predicted) / bench clean µs | online + early: ncu µs (predicted) / bench clean µs |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         m, L, t, dv = r["model"], r["launches"], r["timings_us"], r["derived_us"]
@@ -299,7 +316,9 @@ def profile_table(rows: list) -> str:
             f"{_f(L.get(MERGE, {}).get('duration_us'))} ({merge_model:.1f}) / {_f(t.get('merge bench clean'))} | "
             f"{_f(L.get(ONLINE, {}).get('duration_us'))} ({_f(r.get('online_predicted_us'))}) / "
             f"{_f(L.get(ONLINE + ', no keys', {}).get('duration_us'))} "
-            f"({_f((r.get('online_model') or {}).get('fixed_us'))}) / {_f(t.get('online bench clean'))} |")
+            f"({_f((r.get('online_model') or {}).get('fixed_us'))}) / {_f(t.get('online bench clean'))} | "
+            + " | ".join(f"{_f(L.get(v, {}).get('duration_us'))} ({_f((r.get('predicted_us') or {}).get(v))}) / "
+                         f"{_f(t.get(VARIANTS[v][3]))}" for v in (EARLY, BOTH)) + " |")
     return "\n".join(out)
 
 
@@ -330,6 +349,23 @@ def online_verdict(row: dict, dur, t: dict) -> list:
                "for the slowest split); keep the default")
     return [f"H10 online merge (predicted {_f(pred)} µs, saving {want:.1f}): ncu {got:.1f} µs against {dur:.1f}"
             f"{fixed}{as_called} -> {verdict}"]
+
+
+def variant_verdict(row: dict, name: str, dur, t: dict, tag: str) -> list:
+    """One line: a variant's ncu duration and call (bench clean) against the default's and its written prediction."""
+    got = ((row.get("launches") or {}).get(name) or {}).get("duration_us")
+    pred = (row.get("predicted_us") or {}).get(name)
+    base_b, var_b = t.get("bench clean"), t.get(VARIANTS[name][3])
+    if got is None or dur is None:
+        return []
+    want, saved = dur - (pred if pred is not None else dur), dur - got
+    as_called = f"; bench clean {var_b:.1f} µs against {base_b:.1f}" if var_b and base_b else ""
+    verdict = ("faster as predicted: make it the default (tests-attention-inference covers it)"
+               if saved >= 0.5 * want and saved > 0.3 else
+               "faster, by less than half the prediction: make it the default only if bench clean agrees"
+               if saved > 0.3 else "no gain: keep the default; the model's term for it is wrong (see H3)")
+    return [f"{tag} {name.split(', ', 1)[1]} (predicted {_f(pred)} µs, saving {want:.1f}): ncu {got:.1f} µs against "
+            f"{dur:.1f}{as_called} -> {verdict}"]
 
 
 def profile_reading(rows: list) -> list:
@@ -438,6 +474,8 @@ def profile_reading(rows: list) -> list:
                            "tests-attention-inference passes with it)" if saved > 0.5 * max(want, 0.2) and saved > 0.3
                            else "no gain: the tail is not the o_part loads' round trips (see H4)"))
         say += online_verdict(by[label], dur, t)
+        say += variant_verdict(by[label], EARLY, dur, t, "H11")
+        say += variant_verdict(by[label], BOTH, dur, t, "H12")
         if fused.get("read_over_cache") is not None:
             rc = fused["read_over_cache"]
             say.append(f"H6 bytes: DRAM read {rc:.2f}x the cache -> "
@@ -486,7 +524,10 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
                           lambda: t["decode_attention"](q, kc, vc, full, min_keys=VARIANT_MIN_KEYS)),
                          (f"merge_loads={MERGE_LOADS}",
                           lambda: t["decode_attention"](q, kc, vc, full, merge_loads=MERGE_LOADS)),
-                         ("merge=online", lambda: t["decode_attention"](q, kc, vc, full, merge="online"))):
+                         ("merge=online", lambda: t["decode_attention"](q, kc, vc, full, merge="online")),
+                         ("early", lambda: t["decode_attention"](q, kc, vc, full, early=True)),
+                         ("merge=online, early",
+                          lambda: t["decode_attention"](q, kc, vc, full, merge="online", early=True))):
             err = (fn().float() - ref).abs().max().item()
             if not err < 3e-2:
                 failed.append(f"{label} {name}: max error {err:.2e} against SDPA in fp32")
@@ -508,6 +549,9 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
         small = B == 1 and L <= 8192           # where the fixed part matters (the large cases' grids are 8k's)
         if B == 1:                             # the online merge beside the default (at B = 32 no block merges)
             launches[ONLINE] = (f"decode_fused_{dt}_d{D}_m16_online", plan, lambda: fused_args(plan, full))
+        launches[EARLY] = (f"decode_fused_{dt}_d{D}_m16_early", plan, lambda: fused_args(plan, full))
+        if B == 1:
+            launches[BOTH] = (f"decode_fused_{dt}_d{D}_m16_online_early", plan, lambda: fused_args(plan, full))
         if small:
             launches["fused, no keys"] = (f"decode_fused_{dt}_d{D}_m16", plan, lambda: fused_args(plan, empty))
             launches[ONLINE + ", no keys"] = (f"decode_fused_{dt}_d{D}_m16_online", plan,
@@ -547,6 +591,10 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
         if MERGE in launches:
             timed.append(("merge bench clean", merge, inputs, {"flush_l2": "clean"}))
         timed.append(("online bench clean", online, inputs, {"flush_l2": "clean"}))     # every case, B = 32 too
+        for vname in (EARLY, BOTH):
+            if vname in launches:
+                timed.append((VARIANTS[vname][3], lambda *a, kw=VARIANTS[vname][1]: t["decode_attention"](*a, **kw),
+                              inputs, {"flush_l2": "clean"}))
         for key, fn, inp, kw in timed:
             try:
                 r = bench(fn, inp, rep_ms=40.0, rounds=5, generator_device=device, verify=False, **kw)

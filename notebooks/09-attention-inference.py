@@ -580,7 +580,12 @@ __device__ __forceinline__ float* lse_of(float* work, int D, int rows) {
 // FUSED: after writing its partial, each block takes a ticket from counters[(b Hkv + h) row_groups + z]; the block
 // that draws the last (gridDim.x - 1) merges the gridDim.x partials of its rows into out and resets the counter to 0
 // for the next call (so no memset launch; the counters start at 0 once, when the launcher allocates them).
-template <typename T, int D, int BLOCK_N, int MT, bool FUSED, int MERGE_LOADS = 8, bool ONLINE = false>
+// EARLY (decode_attention(early=True), a variant): each warp asks for Q and its first K/V tile before cache_seqlens
+// arrives, on the guess that the sequence fills the cache (its split of Nmax keys); rows in [L, Nmax) of that tile
+// are zeroed in V once L is known (K's are masked). Where the guess is wrong (the sequence's own split starts
+// elsewhere) the warp waits for the guessed copies and asks for the right tile: one tile wasted, no error.
+template <typename T, int D, int BLOCK_N, int MT, bool FUSED, int MERGE_LOADS = 8, bool ONLINE = false,
+          bool EARLY = false>
 __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                              const int* __restrict__ seqlens, float* __restrict__ o_part,
                                              float* __restrict__ lse_part, T* __restrict__ out,
@@ -595,20 +600,44 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
 
     const int splits = gridDim.x * DEC_NWARPS, split = blockIdx.x * DEC_NWARPS + warp;
     const int bh = blockIdx.y, b = bh / Hkv, rows = G * nq, r0 = blockIdx.z * ROWS;
+    Q += (size_t)bh * rows * D;
+    K += (size_t)bh * Nmax * D;  V += (size_t)bh * Nmax * D;
+    // EARLY: the first tile of this warp's split of a full cache, asked for before L is read
+    const int tiles_full = (Nmax + BLOCK_N - 1) / BLOCK_N, j0_guess = split * ((tiles_full + splits - 1) / splits);
+    const bool guessed = EARLY && j0_guess < tiles_full;
+    if (guessed) {
+        warp_load_rows<ROWS, D>(q_tile, Q, r0, rows, lane);
+        warp_load_rows<BLOCK_N, D>(k_tile0, K, j0_guess * BLOCK_N, Nmax, lane);
+        warp_load_rows<BLOCK_N, D>(v_tile0, V, j0_guess * BLOCK_N, Nmax, lane);
+        cp_async_commit();
+    }
     const int L = max(0, min(seqlens[b], Nmax));                  // lengths past the cache read as Nmax
     const int tiles = (L + BLOCK_N - 1) / BLOCK_N, per = (tiles + splits - 1) / splits;
     const int j0 = split * per, j1 = min(j0 + per, tiles);
-    Q += (size_t)bh * rows * D;
-    K += (size_t)bh * Nmax * D;  V += (size_t)bh * Nmax * D;
     const int last_key0 = L - nq;                                  // token i sees keys <= last_key0 + i
+    const bool hit = guessed && j0 == j0_guess && j0 < j1;          // the guessed tile is this warp's first
 
     float o[MT][DB][4], m[MT][2], l[MT][2];
     init_oml(o, m, l);                           // O = 0, m = -inf, l = 0 (kl/attention_mma.cuh)
-    if (j0 < j1) {
-        warp_load_rows<ROWS, D>(q_tile, Q, r0, rows, lane);
+    if (j0 < j1 && !hit) {
+        if (guessed) {                           // a wrong guess: its copies land before the buffers are reused
+            cp_async_wait_all();
+            __syncwarp();
+        } else {
+            warp_load_rows<ROWS, D>(q_tile, Q, r0, rows, lane);
+        }
         warp_load_rows<BLOCK_N, D>(k_tile0, K, j0 * BLOCK_N, L, lane);
         warp_load_rows<BLOCK_N, D>(v_tile0, V, j0 * BLOCK_N, L, lane);
         cp_async_commit();
+    }
+    if (EARLY && hit && (j0 + 1) * BLOCK_N > L) {   // the guessed tile holds rows past L: once it is in, V's to 0
+        cp_async_wait_all();
+        __syncwarp();
+        constexpr int CH = D / 8;
+        unsigned char* v_buf0 = smem + warp * WARP_BYTES + ROWS * D * 2;        // v_tile0 (buffer 0), generic
+        for (int i = (L - j0 * BLOCK_N) * CH + lane; i < BLOCK_N * CH; i += 32)   // rows L - j0 BLOCK_N ..
+            *reinterpret_cast<uint4*>(v_buf0 + 2 * KV_BYTES + swz<D>(i / CH, i % CH)) = make_uint4(0u, 0u, 0u, 0u);
+        __syncwarp();
     }
     const float scale_log2 = scale * LOG2E;
     uint32_t k_col[KC], q_col[KC], v_col[DB / 2], k_row, qv_row;   // ldmatrix lane addresses (kl/attention_mma.cuh)
@@ -651,6 +680,7 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     // This warp's partial, o / l and lse = m + log2(l) (-inf where it saw no key), as fp32 into its own shared
     // region (its tiles are no longer read): [ROWS, D] then [ROWS].
     static_assert(ROWS * (D + 1) * 4 <= WARP_BYTES, "a warp's fp32 partial fits where its tiles were");
+    if (EARLY) cp_async_wait_all();              // a guess no tile used has landed before the writes (else: none)
     __syncwarp();
     float* mine = reinterpret_cast<float*>(smem + warp * WARP_BYTES);
 #pragma unroll
@@ -812,6 +842,18 @@ name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, 
 }
 DEC_FUSED_ONLINE(decode_fused_bf16_d128_m16_online, __nv_bfloat16, 128, 16, 1)
 DEC_FUSED_ONLINE(decode_fused_f16_d128_m16_online, __half, 128, 16, 1)
+// Variants for the profile: the first tile asked for before cache_seqlens arrives (EARLY, decode_attention(early=
+// True)), with the op's merge or the online one (MERGE_LOADS 8 / 16, ONLINE false / true).
+#define DEC_FUSED_EARLY(name, T, D, BN, M, LOADS, ON) \
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32) \
+name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const int* __restrict__ seqlens, \
+     float* __restrict__ work, T* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) { \
+    dec::decode_split<T, D, BN, M, true, LOADS, ON, true>(q, k, v, seqlens, work, dec::lse_of(work, D, g * nq), out, counters, hkv, g, nq, nmax, scale); \
+}
+DEC_FUSED_EARLY(decode_fused_bf16_d128_m16_early, __nv_bfloat16, 128, 16, 1, 8, false)
+DEC_FUSED_EARLY(decode_fused_f16_d128_m16_early, __half, 128, 16, 1, 8, false)
+DEC_FUSED_EARLY(decode_fused_bf16_d128_m16_online_early, __nv_bfloat16, 128, 16, 1, 16, true)
+DEC_FUSED_EARLY(decode_fused_f16_d128_m16_online_early, __half, 128, 16, 1, 16, true)
 
 # %% [markdown]
 # The decode cards: `HMMA` for both products (a warp pads its `G nq` rows to 16, wasted tensor work that costs nothing
@@ -1001,7 +1043,8 @@ def _decode_args(q, k_cache, v_cache, cache_seqlens, what):
                          f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, merge_loads=8, merge="shared"):
+def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, merge_loads=8, merge="shared",
+                     early=False):
     """Attention of nq new tokens per sequence against its KV cache, split along the keys (flash-decoding), in one
     launch: the last block of each (sequence, KV head, row group) merges the splits' partials.
     q: [B, Hq, nq, d]; k_cache, v_cache: [B, Hkv, Nmax, d]; cache_seqlens: [B] int32 (values above Nmax read as
@@ -1009,7 +1052,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, 
     min_keys: the fewest keys a split walks (decode_plan). merge_loads: partials a thread of the last block keeps
     in flight (8; 16, a variant the decode profile times, at d = 128). merge: how the last block merges, "shared"
     (weights through shared memory, then the o loads) or "online" (one pass, 16 partials' lse and o in flight; a
-    variant the decode profile times, at d = 128 with 16 rows a warp)."""
+    variant the decode profile times, at d = 128 with 16 rows a warp). early: each warp asks for its first tile before
+    cache_seqlens arrives, guessing a full cache (a variant the decode profile times, at d = 128)."""
     _decode_args(q, k_cache, v_cache, cache_seqlens, "decode_attention")
     B, Hq, nq, d = q.shape
     if merge_loads not in (8, 16) or (merge_loads == 16 and d != 128):
@@ -1017,6 +1061,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, 
     if merge not in ("shared", "online") or (merge == "online" and (d != 128 or merge_loads != 8)):
         raise ValueError(f"decode_attention: merge is 'shared', or 'online' at d = 128 (its own 16 loads in flight, "
                          f"merge_loads left at 8); got merge={merge!r}, merge_loads={merge_loads} at d = {d}")
+    if early and (d != 128 or merge_loads != 8):
+        raise ValueError(f"decode_attention: early=True is a variant at d = 128 with merge_loads 8; got d = {d}, "
+                         f"merge_loads={merge_loads}")
     Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(q)
     if B == 0 or nq == 0:
@@ -1027,7 +1074,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, 
     work = torch.empty(rows * parts * (d + 1), dtype=torch.float32, device=q.device)     # o_part, then lse_part
     counters = decode_counters(q.device, B * Hkv * plan.row_groups)
     name = (f"decode_fused_{DTYPE_NAMES[q.dtype]}_d{d}_m{plan.rows_per_warp}" + ("_l16" if merge_loads == 16 else "")
-            + ("_online" if merge == "online" else ""))
+            + ("_online" if merge == "online" else "") + ("_early" if early else ""))
     decode_kernels[name][plan.grid(B, Hkv), 32 * DEC_WARPS, plan.shared_bytes](
         q, k_cache, v_cache, cache_seqlens, work, out, counters, Hkv, G, nq, Nmax, d ** -0.5)
     return out
@@ -1399,4 +1446,10 @@ kernellab.grade("09-gqa-scores", gqa_scores)
 #   make the combine the tail of the split kernel, and small caches stop paying for a launch and its ramp.
 # - **What is left.** The split floor (`DEC_MIN_KEYS`) tuned on the measured sweep in
 #   `benchmarks/attention_inference.py`, a paged KV cache (a block table per sequence), and the cache in fp8 (half the
-#   bytes: twice the speed of a memory-bound step).
+#   bytes: twice the speed of a memory-bound step). At `B = 1` a call still carries a fixed part of about 9 µs under
+#   Nsight Compute (the launch with empty caches): the grid's start, its dispatch, `cache_seqlens` read before any
+#   tile is asked for, and the last block's eight serial round trips to L2 (fence, ticket, `lse` twice, the `o` loads).
+#   Two variants of the fused kernel aim at it, `decode_attention(merge="online")` (the merge in one pass: a running
+#   max over the partials, 16 of them in flight) and `early=True` (each warp's first tile asked for before
+#   `cache_seqlens` arrives, on the guess that the cache is full); `benchmarks/decode_profile.py` holds their
+#   predictions and times them beside the default.

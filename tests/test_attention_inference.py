@@ -68,6 +68,7 @@ def test_the_decode_kernels_compile_without_spills(modules):
     want = {f"decode_{x}" for x in splits} | {f"decode_fused_{x}" for x in splits}
     want |= {f"decode_fused_{dt}_d128_m16_l16" for dt in ("bf16", "f16")}        # the merge variant (16 loads)
     want |= {f"decode_fused_{dt}_d128_m16_online" for dt in ("bf16", "f16")}     # the one-pass merge variant
+    want |= {f"decode_fused_{dt}_d128_m16{m}_early" for dt in ("bf16", "f16") for m in ("", "_online")}  # early tile
     want |= {f"combine_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)}
     assert set(kernels) == want
     for name, k in kernels.items():
@@ -290,6 +291,41 @@ def test_the_online_merge_on_the_emulator(t09, dtype, Hq, Hkv, nq, lens, min_key
                                 merge="online")
     with pytest.raises(ValueError, match="merge"):
         t09["decode_attention"](q, kc, vc, sl, merge="last block")
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype, Hq, Hkv, nq, lens, nmax_extra, merge", [
+    (torch.bfloat16, 4, 1, 1, (1000, 63, 1, 0), 0, "shared"),     # full cache (every guess right), short ones wrong
+    (torch.float16, 8, 8, 2, (1031, 65), 3, "online"),            # L = Nmax - 3: right guesses with rows past L
+    pytest.param(torch.bfloat16, 8, 1, 1, (4097, 1000), 0, "online", marks=pytest.mark.slow),    # G = 8
+])
+def test_the_early_first_tile_on_the_emulator(t09, dtype, Hq, Hkv, nq, lens, nmax_extra, merge):
+    """decode_attention(early=True), the decode profile's variant: each warp asks for its first tile before
+    cache_seqlens arrives, guessing a full cache. The cache holds NaN past each sequence's length, so a guessed tile's
+    rows past L must be zeroed (V) or masked (K): against float64 on the cleaned cache, with the guess right (full
+    caches, L just under Nmax) and wrong (short sequences in the batch), GQA ratios 1, 4, 8, both merges."""
+    g = torch.Generator().manual_seed(sum(lens) + nq)
+    B, d, Nmax, min_keys = len(lens), 128, max(lens) + nmax_extra, 16
+    q = torch.randn(B, Hq, nq, d, generator=g).to(dtype)
+    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype) for _ in range(2))
+    sl = torch.tensor(lens, dtype=torch.int32)
+    ref = t09["decode_reference"](q, kc, vc, sl)                 # before the NaN: the reference reads no key past L
+    for b, n in enumerate(lens):
+        kc[b, :, n:], vc[b, :, n:] = float("nan"), float("nan")
+    assert t09["decode_plan"](B, Hkv, Hq // Hkv, nq, Nmax, d, 132, min_keys).splits // 4 > 1
+    launches = t09["decode_kernels"].launches
+    before = len(launches)
+    out = t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys, merge=merge, early=True)
+    suffix = "_online" if merge == "online" else ""
+    assert [x[0] for x in launches[before:]] == [f"decode_fused_{t09['DTYPE_NAMES'][dtype]}_d128_m16{suffix}_early"]
+    assert not out.isnan().any()
+    err = (out.double() - ref).abs().max().item()
+    assert err < tol(dtype), err
+    assert all((c == 0).all() for c in t09["_DEC_COUNTERS"].values())  # reset by the last blocks
+    default = t09["decode_attention"](q, kc, vc, sl, min_keys=min_keys, merge=merge)     # zero-filled past L
+    assert torch.equal(default, out)                                      # the same tiles, the same sums
+    with pytest.raises(ValueError, match="early"):
+        t09["decode_attention"](q, kc, vc, sl, merge_loads=16, early=True)
 
 
 def test_the_split_plan_fills_one_wave(t09):

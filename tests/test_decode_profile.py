@@ -86,6 +86,21 @@ def test_the_model_explains_the_fixed_part_nsight_compute_measured(L, no_keys_us
     assert online.ncu_us == pytest.approx(m.ncu_us - m.merge_tail_us + online.merge_tail_us)
     # the prediction the suite prints beside the measurement: the measured default less the model's saving
     assert dp.ONLINE_PREDICTED_US[(1, L)] == pytest.approx(fused_us - (m.ncu_us - online.ncu_us), abs=0.05)
+    early = dp.decode_model(1, L, plan(1, L), dataclasses.replace(dp.H100, early=True))
+    both = dp.decode_model(1, L, plan(1, L), dataclasses.replace(dp.H100, early=True, merge="online"))
+    assert m.ncu_us - early.ncu_us == pytest.approx(dp.H100.dram_latency_us)    # cache_seqlens off the chain
+    assert dp.EARLY_PREDICTED_US[(1, L)] == pytest.approx(fused_us - (m.ncu_us - early.ncu_us), abs=0.05)
+    assert dp.BOTH_PREDICTED_US[(1, L)] == pytest.approx(fused_us - (m.ncu_us - both.ncu_us), abs=0.05)
+
+
+def test_the_predictions_without_a_measured_default_are_the_models():
+    """32k had no measurement when the predictions were written: there they are the model's own ncu figures."""
+    plain = dp.decode_model(1, 32768, plan(1, 32768))
+    assert dp.ONLINE_PREDICTED_US[(1, 32768)] == pytest.approx(
+        dp.decode_model(1, 32768, plan(1, 32768), dataclasses.replace(dp.H100, merge="online")).ncu_us, abs=0.05)
+    assert dp.EARLY_PREDICTED_US[(1, 32768)] == pytest.approx(plain.ncu_us - dp.H100.dram_latency_us, abs=0.05)
+    assert dp.BOTH_PREDICTED_US[(1, 32768)] == pytest.approx(dp.decode_model(
+        1, 32768, plan(1, 32768), dataclasses.replace(dp.H100, merge="online", early=True)).ncu_us, abs=0.05)
 
 
 def test_the_model_blames_the_timings_dirty_lines_at_8k_and_the_fixed_part_at_1k():
@@ -186,6 +201,7 @@ class FakeKernel:
         no_keys = self.name.startswith("decode_fused") and int(args[3].sum()) == 0
         ns = (2000 if no_keys and self.name.endswith("_online") else 3000 if no_keys
               else 7500 if self.name.endswith("_l16") else 6500 if self.name.endswith("_online")
+              else 8900 if self.name.endswith("_m16_early") else 6000 if self.name.endswith("_online_early")
               else 9000 if self.name.startswith("decode_fused") else 8000)
         return fake_report(duration_ns=ns)
 
@@ -195,11 +211,12 @@ def fake_tutorial(torch, calls):
     the decode as SDPA in fp32 (so the suite's own check passes), kernels that record their profile launches."""
     F = torch.nn.functional
 
-    def decode(q, kc, vc, seqlens, min_keys=64, merge_loads=8, merge="shared"):
+    def decode(q, kc, vc, seqlens, min_keys=64, merge_loads=8, merge="shared", early=False):
         return F.scaled_dot_product_attention(q.float(), kc.float(), vc.float(), enable_gqa=True).to(q.dtype)
 
     names = ("decode_fused_bf16_d128_m16", "decode_bf16_d128_m16", "decode_fused_bf16_d128_m16_l16",
-             "decode_fused_bf16_d128_m16_online")
+             "decode_fused_bf16_d128_m16_online", "decode_fused_bf16_d128_m16_early",
+             "decode_fused_bf16_d128_m16_online_early")
     return {"SMS": 132, "decode_attention": decode,
             "decode_plan": lambda B, Hkv, G, nq, L, d, sms, min_keys=64: SimpleNamespace(
                 **vars(plan(B, L, min_keys, sms)), grid=lambda B_, Hkv_, p=plan(B, L, min_keys, sms):
@@ -229,7 +246,9 @@ def test_the_suite_end_to_end_on_the_cpu_with_fakes(tmp_path):
                         ("decode_fused_bf16_d128_m16", 1024, (16, 8, 1)),    # min_keys=16: 64 splits
                         ("decode_fused_bf16_d128_m16_l16", 1024, (4, 8, 1)),  # the merge variant, the op's plan
                         ("decode_fused_bf16_d128_m16_online", 1024, (4, 8, 1)),   # the online merge, and with
-                        ("decode_fused_bf16_d128_m16_online", 0, (4, 8, 1))}      # no keys
+                        ("decode_fused_bf16_d128_m16_online", 0, (4, 8, 1)),      # no keys
+                        ("decode_fused_bf16_d128_m16_early", 1024, (4, 8, 1)),    # the early first tile, and with
+                        ("decode_fused_bf16_d128_m16_online_early", 1024, (4, 8, 1))}   # the online merge
     for name, grid, block, args, shared, metrics in calls:
         assert block == 128 and shared == 4 * (16 + 64) * 128 * 2 and "gpu__time_duration.sum" in metrics
         assert len(args) == (12 if "fused" in name else 11)
@@ -255,7 +274,12 @@ def test_the_suite_end_to_end_on_the_cpu_with_fakes(tmp_path):
     assert "H10 online merge (predicted 10.7 µs" in text and "ncu 6.5 µs against 9.0" in text
     assert "no keys 2.0 µs against 3.0" in text and "bench clean 17.5 µs against 17.5" in text
     line = next(x for x in text.splitlines() if x.startswith("| B=1 cache=1024"))
-    assert line.rstrip().endswith("| 6.5 (10.7) / 2.0 (5.5) / 17.5 |"), line
+    assert line.rstrip().endswith("| 6.5 (10.7) / 2.0 (5.5) / 17.5 | 8.9 (11.7) / 17.5 | 6.0 (9.7) / 17.5 |"), line
+    # early: 0.1 µs saved of a predicted 1.0 -> no gain; online + early: 3.0 saved -> faster as predicted
+    assert "H11 early first tile (predicted 11.7 µs, saving -2.7): ncu 8.9 µs against 9.0" in text
+    assert "H11 early first tile" in text and "no gain: keep the default" in text.split("H11")[1].split("\n")[0]
+    assert "H12 online merge + early (predicted 9.7 µs" in text
+    assert "faster as predicted" in text.split("H12")[1].split("\n")[0]
 
 
 def test_the_suite_stops_at_its_budget(tmp_path):
@@ -297,7 +321,8 @@ def test_the_suite_profiles_only_the_open_questions_of_a_large_batch(tmp_path):
     t = fake_tutorial(torch, calls)
     assert dp.run(t, torch, tmp_path, cases=((2, 64),), log=said.append, device="cpu", op=t["decode_attention"],
                   bench=bench) == 0, said
-    assert [(name, grid) for name, grid, *_ in calls] == [("decode_fused_bf16_d128_m16", (1, 16, 1))]
-    assert len(timed) == 5                        # write, clean, no flush, graph; the online merge's call
+    assert [(name, grid) for name, grid, *_ in calls] == [("decode_fused_bf16_d128_m16", (1, 16, 1)),
+                                                          ("decode_fused_bf16_d128_m16_early", (1, 16, 1))]
+    assert len(timed) == 6                        # write, clean, no flush, graph; the online merge's and early's calls
     assert "H9" not in said[-1] and "H5" not in said[-1] and "H4" not in said[-1]
     assert "H10 online merge (predicted as the default: no block merges)" in said[-1] and "as predicted" in said[-1]

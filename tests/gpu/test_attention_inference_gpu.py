@@ -265,6 +265,33 @@ def test_the_online_merge_matches_sdpa_and_the_default(t09, dname, Hq, Hkv, lens
     assert torch.equal(t09["decode_attention"](q, kc, vc, sl, merge="online"), out)      # counters reset, same sums
 
 
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("merge", ["shared", "online"])
+@pytest.mark.parametrize("Hq, Hkv", [(8, 8), (32, 8), (64, 8)], ids=["ratio1", "ratio4", "ratio8"])
+@pytest.mark.parametrize("lens, extra", [((1,), 0), ((63,), 0), ((1000,), 0), ((1031,), 3), ((4097,), 0),
+                                         ((33000,), 5), ((4097, 1, 0, 65, 1031), 0)],
+                         ids=lambda x: "-".join(map(str, x)) if isinstance(x, tuple) else f"nmax+{x}")
+def test_the_early_first_tile_matches_sdpa_and_the_default(t09, dname, merge, Hq, Hkv, lens, extra):
+    """decode_attention(early=True), the decode profile's variant (each warp asks for its first tile before
+    cache_seqlens arrives, guessing a full cache): with NaN in the cache past every sequence's length, against float64
+    and SDPA's error (both on the cleaned cache), guesses right (full caches), right with rows past L (L = Nmax - 3,
+    Nmax - 5) and wrong (the batch's short sequences); bitwise the launch without the guess (the same tiles)."""
+    L = max(lens) + extra
+    q, kc, vc = decode_inputs(len(lens), Hq, Hkv, 1, L, 128, seed=sum(lens) + Hq + 7, dtype=DTYPES[dname])
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    mask = t09["decode_mask"](sl, 1, L)
+    sd = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+    seen = mask.any(-1, keepdim=True).expand_as(ref)
+    theirs = (sd.double() - ref)[seen].abs().max().item()
+    for b, n in enumerate(lens):
+        kc[b, :, n:], vc[b, :, n:] = float("nan"), float("nan")
+    out = t09["decode_attention"](q, kc, vc, sl, merge=merge, early=True)
+    assert not out.isnan().any(), lens
+    assert within((out.double() - ref).abs().max().item(), theirs, dname), lens
+    assert torch.equal(out, t09["decode_attention"](q, kc, vc, sl, merge=merge)), lens
+
+
 def test_the_fused_decode_is_deterministic_and_resets_its_counters(t09):
     """Which block draws the last ticket changes from call to call, the merge order does not: 300 calls give the
     same bits (a block merging before every partial is written would not). After them every counter is 0 again, and

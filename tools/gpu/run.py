@@ -103,8 +103,14 @@ SUITES: dict[str, Suite] = {
         "tutorial 09's grouped-query attention and flash-decoding kernels against float64 and SDPA (enable_gqa) on "
         "awkward lengths, GQA ratios, batches of different cache lengths, both dtypes; the one-launch decode against "
         "its two-kernel step, across split floors, 300 repeated calls, two streams; the ops compiled and in a "
-        "CUDA graph", 300,
-        tests=(GPU_TESTS + "test_attention_inference_gpu.py",)),
+        "CUDA graph (the decode variants' tests: tests-decode-variants)", 300,
+        tests=(GPU_TESTS + "test_attention_inference_gpu.py",), select="not online_merge and not early_first_tile"),
+    "tests-decode-variants": Suite(
+        "tutorial 09's decode variants that profile-decode times: merge='online' (the last block's merge in one "
+        "pass) and early=True (the first tile asked for before cache_seqlens, NaN past every length) against float64 "
+        "and SDPA on cache lengths 1, 63, 65, 1000, 1031, 4097, 33000 and a batch of different lengths, GQA ratios 1, "
+        "4, 8, both dtypes, and bitwise or within rounding of the default", 300,
+        tests=(GPU_TESTS + "test_attention_inference_gpu.py",), select="online_merge or early_first_tile"),
     "tests-attention-dispatch": Suite(
         "tutorial 07's entry point (kl::attention, from the notebook's launcher cell): its output equals the kernel "
         "its plan names, opcheck; the short-sequence variant (fa3p_*_bm64) on awkward shapes against SDPA", 300,
@@ -167,8 +173,9 @@ SUITES: dict[str, Suite] = {
         commands=((PY, "benchmarks/attention.py", "--profile"),), takes_args=True),
     "profile-decode": Suite(
         "benchmarks/attention_inference.py --part decode --profile: tutorial 09's one-launch decode at B = 1 (caches "
-        "1k, 8k, 128k) and B = 32 (8k) under Nsight Compute (the fused kernel, the same with empty caches, the split "
-        "kernel alone, a lower split floor, the merge variant merge_loads=16): duration, DRAM %, bytes read, occupancy, SMs active, L2 hit rate, top "
+        "1k, 8k, 32k, 128k) and B = 32 (8k) under Nsight Compute (the fused kernel, the same with empty caches, the "
+        "split kernel alone, a lower split floor, the merge variant merge_loads=16, the variants merge='online', "
+        "early=True and both, each against its written prediction): duration, DRAM %, bytes read, occupancy, SMs active, L2 hit rate, top "
         "stalls; the op by kernellab.bench with the L2 written, read, not flushed and in a CUDA graph; each beside "
         "the latency model; last lines: what each outcome means", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--profile", "--out", "{out}"),),
