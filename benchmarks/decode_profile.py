@@ -3,8 +3,8 @@ kernel, and the op's time split by how the L2 is left before it (issue 32).
 
     python3 benchmarks/attention_inference.py --part decode --profile     (runner suite: profile-decode)
 
-What it measures, Hq = 32 over Hkv = 8, d = 128, bf16, one query token, full caches, at B = 1 with caches of 1k, 8k
-and 128k and at B = 32 with 8k (PROFILE_CASES):
+What it measures, Hq = 32 over Hkv = 8, d = 128, bf16, one query token, full caches, at B = 1 with caches of 1k, 8k,
+32k and 128k and at B = 32 with 8k (PROFILE_CASES):
 - Nsight Compute (kernellab's ncu wrapper, Kernel.profile: one launch in a new process, normal clocks, ncu's own L2
   flush and invalidate before the launch, so a clean L2) on up to five launches a case (all five at B = 1 with 1k and
   8k, where each question is open; the fused kernel and the split kernel at 128k; the fused kernel at B = 32, where
@@ -13,7 +13,9 @@ and 128k and at B = 32 with 8k (PROFILE_CASES):
   and the last block's merge, no cache read: the fixed part); the two-kernel step's split kernel alone ("split only":
   the fused time minus this is the merge's serial tail); the fused kernel with the split floor VARIANT_MIN_KEYS
   ("fused, min_keys=16": more, shorter splits), and the fused kernel whose last block keeps 16 partial loads in flight
-  (MERGE: decode_fused_bf16_d128_m16_l16, the tutorial's variant; the default keeps 8). Counters: duration, DRAM
+  (MERGE: decode_fused_bf16_d128_m16_l16, the tutorial's variant; the default keeps 8); and the variants VARIANTS,
+  each against its prediction written here before a GPU ran it: the online merge (merge="online", also with no keys),
+  the early first tile (early=True) and both. Counters: duration, DRAM
   throughput (% of peak), DRAM bytes read and written (read against the cache's bytes), achieved occupancy, SMs
   active, waves, L2 hit rate, warp stall reasons.
 - kernellab.bench of the op (torch.ops.kl.decode_attention, as called) with the L2 left three ways before each call:
