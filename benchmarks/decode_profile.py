@@ -53,10 +53,17 @@ EARLY = "fused, early first tile"
 BOTH = "fused, online merge + early"
 EARLY_PREDICTED_US = {(1, 1024): 11.7, (1, 8192): 21.0, (1, 32768): 53.5, (1, 131072): 185.2, (32, 8192): 356.0}
 BOTH_PREDICTED_US = {(1, 1024): 9.7, (1, 8192): 19.4, (1, 32768): 51.1, (1, 131072): 182.8, (32, 8192): 356.0}
+# The split floor with both: at 1k (the only case where min_keys 16 changes the chain) one tile a warp and 16 block
+# partials a head: predicted from the measured min_keys=16 launch (10.5 µs) less the model's savings (6 -> 3 merge
+# trips, one DRAM trip): 8.3 µs.
+FLOOR_BOTH = f"fused, min_keys={VARIANT_MIN_KEYS}, online merge + early"
+FLOOR_BOTH_PREDICTED_US = {(1, 1024): 8.3}
 VARIANTS = {   # name -> (kernel suffix, decode_attention's keywords, predicted ncu µs, bench key)
     ONLINE: ("_online", {"merge": "online"}, ONLINE_PREDICTED_US, "online bench clean"),
     EARLY: ("_early", {"early": True}, EARLY_PREDICTED_US, "early bench clean"),
     BOTH: ("_online_early", {"merge": "online", "early": True}, BOTH_PREDICTED_US, "online+early bench clean"),
+    FLOOR_BOTH: ("_online_early", {"merge": "online", "early": True, "min_keys": VARIANT_MIN_KEYS},
+                 FLOOR_BOTH_PREDICTED_US, "min_keys=16+online+early bench clean"),
 }
 HQ, HKV, D, NQ = 32, 8, 128, 1
 DEC_WARPS = 4                   # tutorial 09's DEC_NWARPS: a block's warps, one split each
@@ -292,7 +299,8 @@ def profile_table(rows: list) -> str:
             f"variant min_keys={VARIANT_MIN_KEYS}: ncu µs / bench write µs | "
             f"{MERGE}: ncu µs (model, no launch) / bench clean µs | "
             "online merge: ncu µs (predicted) / no keys (model) / bench clean µs | "
-            "early first tile: ncu µs (predicted) / bench clean µs | online + early: ncu µs (predicted) / bench clean µs |")
+            "early first tile: ncu µs (predicted) / bench clean µs | online + early: ncu µs (predicted) / bench clean µs | "
+            f"min_keys={VARIANT_MIN_KEYS} + online + early: ncu µs (predicted) / bench clean µs |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         m, L, t, dv = r["model"], r["launches"], r["timings_us"], r["derived_us"]
@@ -320,7 +328,7 @@ def profile_table(rows: list) -> str:
             f"{_f(L.get(ONLINE + ', no keys', {}).get('duration_us'))} "
             f"({_f((r.get('online_model') or {}).get('fixed_us'))}) / {_f(t.get('online bench clean'))} | "
             + " | ".join(f"{_f(L.get(v, {}).get('duration_us'))} ({_f((r.get('predicted_us') or {}).get(v))}) / "
-                         f"{_f(t.get(VARIANTS[v][3]))}" for v in (EARLY, BOTH)) + " |")
+                         f"{_f(t.get(VARIANTS[v][3]))}" for v in (EARLY, BOTH, FLOOR_BOTH)) + " |")
     return "\n".join(out)
 
 
@@ -478,6 +486,7 @@ def profile_reading(rows: list) -> list:
         say += online_verdict(by[label], dur, t)
         say += variant_verdict(by[label], EARLY, dur, t, "H11")
         say += variant_verdict(by[label], BOTH, dur, t, "H12")
+        say += variant_verdict(by[label], FLOOR_BOTH, dur, t, "H13")
         if fused.get("read_over_cache") is not None:
             rc = fused["read_over_cache"]
             say.append(f"H6 bytes: DRAM read {rc:.2f}x the cache -> "
@@ -529,7 +538,10 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
                          ("merge=online", lambda: t["decode_attention"](q, kc, vc, full, merge="online")),
                          ("early", lambda: t["decode_attention"](q, kc, vc, full, early=True)),
                          ("merge=online, early",
-                          lambda: t["decode_attention"](q, kc, vc, full, merge="online", early=True))):
+                          lambda: t["decode_attention"](q, kc, vc, full, merge="online", early=True)),
+                         (f"min_keys={VARIANT_MIN_KEYS}, merge=online, early",
+                          lambda: t["decode_attention"](q, kc, vc, full, min_keys=VARIANT_MIN_KEYS, merge="online",
+                                                        early=True))):
             err = (fn().float() - ref).abs().max().item()
             if not err < 3e-2:
                 failed.append(f"{label} {name}: max error {err:.2e} against SDPA in fp32")
@@ -566,6 +578,9 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
         if decode_model(B, L, vplan).tiles_per_warp != model.tiles_per_warp:    # a shorter chain of tiles
             launches[f"fused, min_keys={VARIANT_MIN_KEYS}"] = (f"decode_fused_{dt}_d{D}_m16", vplan,
                                                                lambda: fused_args(vplan, full))
+            if B == 1:
+                launches[FLOOR_BOTH] = (f"decode_fused_{dt}_d{D}_m16_online_early", vplan,
+                                        lambda: fused_args(vplan, full))
         # timings first (in this process, cheap), then ncu (a process a launch)
         timings = {}
 
@@ -593,7 +608,7 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
         if MERGE in launches:
             timed.append(("merge bench clean", merge, inputs, {"flush_l2": "clean"}))
         timed.append(("online bench clean", online, inputs, {"flush_l2": "clean"}))     # every case, B = 32 too
-        for vname in (EARLY, BOTH):
+        for vname in (EARLY, BOTH, FLOOR_BOTH):
             if vname in launches:
                 timed.append((VARIANTS[vname][3], lambda *a, kw=VARIANTS[vname][1]: t["decode_attention"](*a, **kw),
                               inputs, {"flush_l2": "clean"}))

@@ -91,6 +91,10 @@ def test_the_model_explains_the_fixed_part_nsight_compute_measured(L, no_keys_us
     assert m.ncu_us - early.ncu_us == pytest.approx(dp.H100.dram_latency_us)    # cache_seqlens off the chain
     assert dp.EARLY_PREDICTED_US[(1, L)] == pytest.approx(fused_us - (m.ncu_us - early.ncu_us), abs=0.05)
     assert dp.BOTH_PREDICTED_US[(1, L)] == pytest.approx(fused_us - (m.ncu_us - both.ncu_us), abs=0.05)
+    if L == 1024:            # the split floor with both, from the measured min_keys=16 launch (10.5 µs)
+        floor = dp.decode_model(1, L, plan(1, L, 16))
+        floor_both = dp.decode_model(1, L, plan(1, L, 16), dataclasses.replace(dp.H100, merge="online", early=True))
+        assert dp.FLOOR_BOTH_PREDICTED_US[(1, L)] == pytest.approx(10.5 - (floor.ncu_us - floor_both.ncu_us), abs=0.05)
 
 
 def test_the_predictions_without_a_measured_default_are_the_models():
@@ -248,7 +252,8 @@ def test_the_suite_end_to_end_on_the_cpu_with_fakes(tmp_path):
                         ("decode_fused_bf16_d128_m16_online", 1024, (4, 8, 1)),   # the online merge, and with
                         ("decode_fused_bf16_d128_m16_online", 0, (4, 8, 1)),      # no keys
                         ("decode_fused_bf16_d128_m16_early", 1024, (4, 8, 1)),    # the early first tile, and with
-                        ("decode_fused_bf16_d128_m16_online_early", 1024, (4, 8, 1))}   # the online merge
+                        ("decode_fused_bf16_d128_m16_online_early", 1024, (4, 8, 1)),   # the online merge
+                        ("decode_fused_bf16_d128_m16_online_early", 1024, (16, 8, 1))}  # both, min_keys=16
     for name, grid, block, args, shared, metrics in calls:
         assert block == 128 and shared == 4 * (16 + 64) * 128 * 2 and "gpu__time_duration.sum" in metrics
         assert len(args) == (12 if "fused" in name else 11)
@@ -274,7 +279,9 @@ def test_the_suite_end_to_end_on_the_cpu_with_fakes(tmp_path):
     assert "H10 online merge (predicted 10.7 µs" in text and "ncu 6.5 µs against 9.0" in text
     assert "no keys 2.0 µs against 3.0" in text and "bench clean 17.5 µs against 17.5" in text
     line = next(x for x in text.splitlines() if x.startswith("| B=1 cache=1024"))
-    assert line.rstrip().endswith("| 6.5 (10.7) / 2.0 (5.5) / 17.5 | 8.9 (11.7) / 17.5 | 6.0 (9.7) / 17.5 |"), line
+    assert line.rstrip().endswith("| 6.5 (10.7) / 2.0 (5.5) / 17.5 | 8.9 (11.7) / 17.5 | 6.0 (9.7) / 17.5 | "
+                                  "6.0 (8.3) / 17.5 |"), line
+    assert "H13 min_keys=16, online merge + early (predicted 8.3 µs" in text
     # early: 0.1 µs saved of a predicted 1.0 -> no gain; online + early: 3.0 saved -> faster as predicted
     assert "H11 early first tile (predicted 11.7 µs, saving -2.7): ncu 8.9 µs against 9.0" in text
     assert "H11 early first tile" in text and "no gain: keep the default" in text.split("H11")[1].split("\n")[0]
