@@ -277,7 +277,8 @@ def _count(counts: dict[str, int], prefix: str) -> int:
 
 
 def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dict[str, int] | None = None,
-                    rates: dict | None = None, instructions_per_warp_step: float | None = None) -> dict:
+                    rates: dict | None = None, instructions_per_warp_step: float | None = None,
+                    warps: int = W8_WARPS, keys: int = W8_KEYS, bm: int | None = None, mt: int = 1) -> dict:
     """What one tile step of atomic_w8's dK/dV kernel (8 warps, 128 keys, BM queries a step) asks of each unit of an
     SM, at FlashAttention-3's shape (B N = 16k, H d = 2048), and how long the kernel would take if each alone bound it.
 
@@ -288,18 +289,21 @@ def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dic
     n-blocks a warp, 128/16 k-steps; 1 + n-blocks/2 ldmatrix.x4.trans a k-step) and its red.global.add.v2.f32 (2 a
     n-block a thread). Other shared traffic (LSE, Dv, dS stores) from `loop` (loop_body of the SASS: an upper bound);
     cp.async writes Q, dO, LSE, Dv tiles into shared memory (one wavefront per 128 B).
+    warps, keys, bm, mt: another rung of the same family (atomic_2d: 4 warps, 128 keys, 32 queries a step, mt = 2
+    row tiles of 16 keys a warp: S^T and dP^T take MT A fragments a k-step, the B fragments and the dV/dK products'
+    ldmatrix.trans feed MT mma's each).
     Returns {"rows": [{resource, per_block_step, per_64_queries, unit, alone_ms}], "bound", "predicted_ms",
     "blocks_per_sm", "waves", ...}."""
     from kernellab import occupancy
 
     r = dict(H100_RATES, **(rates or {}))
     loop = loop or {}
-    W, KT, BM = W8_WARPS, W8_KEYS, W8_QUERY_TILE[d]
+    W, KT, BM, MT = warps, keys, bm or W8_QUERY_TILE[d], mt
     B, H = max(1, 16384 // N), 2048 // d
     NB, DB, RG = BM // 8, d // 8, BM // 16
     DBW = DB // (W // RG)
-    hmma_warp = 2 * NB * (d // 16) + 2 * DB * (BM // 16) + DBW * (KT // 16)
-    ldsm_warp = 2 * (d // 16) * (1 + NB // 2) + 2 * (BM // 16) * (DB // 2) + (KT // 16) * (1 + DBW // 2)
+    hmma_warp = MT * (2 * NB * (d // 16) + 2 * DB * (BM // 16)) + DBW * (KT // 16)
+    ldsm_warp = 2 * (d // 16) * (MT + NB // 2) + 2 * (BM // 16) * (DB // 2) + (KT // 16) * (1 + DBW // 2)
     other_smem_warp = _count(loop, "LDS") + _count(loop, "STS")
     cp_async_bytes = 2 * BM * d * 2 + 2 * BM * 4           # Q, dO tiles; LSE, Dv rows
     wavefronts = W * (4 * ldsm_warp + other_smem_warp) + cp_async_bytes / 128

@@ -705,16 +705,21 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
 
 // dK and dV of KT = 16 MT NWARPS keys per block (warp w: keys kv0 + 16 MT w ..), walking query tiles of BM rows;
 // dQ by dq_pass. Shared memory as dkdv's without the dS tile (bwd_dkdv_smem_bytes with those keys and BM).
-template <typename T, int D, int BM, bool CAUSAL, int MT>
+// DQ_ATOMIC (rung 8, atomic_2d): dS^T also goes through shared memory and the block adds its share of dQ = scale dS K
+// ([BM, D] over its KT keys) into dq_accum with red.global.add.v2.f32, as dkdv's variant (a) does; the dS tile
+// ([KT keys, 64], BM columns used) follows the LSE and Dv rows.
+template <typename T, int D, int BM, bool CAUSAL, int MT, bool DQ_ATOMIC = false>
 __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                        const T* __restrict__ dO, const float* __restrict__ LSE,
-                                       const float* __restrict__ Dv, T* __restrict__ dK, T* __restrict__ dV, int N,
-                                       float scale) {
+                                       const float* __restrict__ Dv, float* __restrict__ dq_accum,
+                                       T* __restrict__ dK, T* __restrict__ dV, int N, float scale) {
     constexpr int KT = 16 * MT * NWARPS, NB = BM / 8, DB = D / 8, TB = KT * D * 2, QB = BM * D * 2;
+    static_assert(!DQ_ATOMIC || (BM <= 64 && NWARPS % (BM / 16) == 0), "dS^T rows of 64; 16-row groups over warps");
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t k_tile = smem_u32(smem), v_tile = k_tile + TB;             // [KT, D] each
     const uint32_t q_tile0 = v_tile + TB, do_tile0 = q_tile0 + 2 * QB;        // [2][BM, D] each
     const uint32_t lse0 = do_tile0 + 2 * QB, dv0 = lse0 + 2 * BM * 4;         // [2][BM] fp32 each
+    const uint32_t ds_tile = dv0 + 2 * BM * 4;                                // [KT keys, 64] (DQ_ATOMIC)
     const float* lse_s = reinterpret_cast<const float*>(smem + 2 * TB + 4 * QB);
     const float* dv_s = lse_s + 2 * BM;
 
@@ -723,6 +728,7 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
     const size_t head = (size_t)blockIdx.y * N;
     Q += head * D; K += head * D; V += head * D; dO += head * D; LSE += head; Dv += head;
     dK += head * D; dV += head * D;
+    if (DQ_ATOMIC) dq_accum += head * D;
     const float scale_log2 = scale * 1.4426950408889634f;
 
     const int i_first = CAUSAL ? kv0 / BM : 0, i_end = (N + BM - 1) / BM;
@@ -771,6 +777,49 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
 #pragma unroll
         for (int m = 0; m < MT; ++m) pack_a<T, NB>(af[m], dp[m]);
         gemm_ab_regs_mt<T, D, NB / 2, MT>(dk, af, q_tile);              // dK += dS^T Q
+
+        if constexpr (DQ_ATOMIC) {
+            // dS^T to shared memory as T, [KT keys][BM queries] in rows of 64; then dQ += dS K ([BM, D] over the
+            // block's KT keys): RG groups of 16 query rows, each group's D columns split over NWARPS / RG warps.
+            constexpr int RG = BM / 16, DBW = DB / (NWARPS / RG);
+            const int rw = 16 * (warp % RG), db0 = (warp / RG) * DBW;
+            unsigned char* ds = smem + (ds_tile - k_tile);
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int kc = 0; kc < NB / 2; ++kc)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r)   // af[m][kc][2h + r]: key kw + 16 m + g + 8 r, queries 16 kc + 8 h + 2t
+                            *reinterpret_cast<uint32_t*>(ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t) =
+                                af[m][kc][2 * h + r];
+            __syncthreads();
+            float dq[DBW][4];
+#pragma unroll
+            for (int e = 0; e < DBW; ++e) dq[e][0] = dq[e][1] = dq[e][2] = dq[e][3] = 0.f;
+#pragma unroll 4
+            for (int kc = 0; kc < KT / 16; ++kc) {
+                uint32_t a[4];                        // dS rows rw .. (queries), keys 16 kc ..: stored transposed
+                ldmatrix_x4_trans(a, ds_tile + swz<64>(16 * kc + (lane & 7) + ((lane >> 4) << 3),
+                                                       rw / 8 + ((lane >> 3) & 1)));
+#pragma unroll
+                for (int db = 0; db < DBW; db += 2) {
+                    uint32_t bf[4];
+                    ldmatrix_x4_trans(bf, k_tile + swz<D>(16 * kc + (lane & 15), db0 + db + (lane >> 4)));
+                    mma_16816<T>(dq[db], a, bf[0], bf[1]);
+                    mma_16816<T>(dq[db + 1], a, bf[2], bf[3]);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = q0 + rw + g + 8 * h;
+                if (row < N)
+#pragma unroll
+                    for (int db = 0; db < DBW; ++db)
+                        red_add_v2(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t, dq[db][2 * h], dq[db][2 * h + 1]);
+            }
+        }
     }
     cp_async_wait_all();
 
@@ -890,7 +939,7 @@ __device__ __forceinline__ void convert(const float* __restrict__ src, T* __rest
 // One macro a kind of entry point; each invocation is one extern "C" kernel whose template arguments follow T
 // (kernellab expands the cell's own macros to find the kernels and their parameter types):
 // BWD_PRE(name, T, D): bwd::preprocess; BWD_DKDV(name, bounds, T, ...): bwd::dkdv (dK, dV[, dQ by atomics]);
-// BWD_DQ(name, bounds, T, ...): bwd::dq_pass; BWD_DKV_MT(name, bounds, T, ...): bwd::dkv_mt (takes no dq_accum).
+// BWD_DQ(name, bounds, T, ...): bwd::dq_pass; BWD_DKV_MT(name, bounds, T, ...): bwd::dkv_mt (dq_accum used only with DQ_ATOMIC).
 #define BWD_PRE(name, T, D) \
 extern "C" __global__ void __launch_bounds__(128) name(const T* o, const T* d_o, float* dv, float* dq_accum, int rows) { \
     bwd::preprocess<T, D>(o, d_o, dv, dq_accum, rows); \
@@ -908,7 +957,7 @@ extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const
 #define BWD_DKV_MT(name, bounds, T, ...) \
 extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const T* d_o, \
         const float* lse, const float* dv_rows, float* dq_accum, T* dk, T* dv, int n, float scale) { \
-    bwd::dkv_mt<T, __VA_ARGS__>(q, k, v, d_o, lse, dv_rows, dk, dv, n, scale); \
+    bwd::dkv_mt<T, __VA_ARGS__>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale); \
 }
 BWD_PRE(bwd_pre_bf16_d64, __nv_bfloat16, 64)
 BWD_DKDV(bwd_dkdv_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, true)
@@ -956,6 +1005,12 @@ BWD_DKV_MT(bwd_dkv_2d_f16_d64, BWD_BOUNDS, __half, 64, 32, false, 2)
 BWD_DKV_MT(bwd_dkv_2d_f16_d64_causal, BWD_BOUNDS, __half, 64, 32, true, 2)
 BWD_DKDV(bwd_dkv_2d_f16_d128, BWD_BOUNDS, __half, 128, BWD_BM128, false, false)
 BWD_DKDV(bwd_dkv_2d_f16_d128_causal, BWD_BOUNDS, __half, 128, BWD_BM128, true, false)
+// bwd_dkdv_2d (rung 8, atomic_2d): rung 7's 2-D warp tile (32 keys x 32 queries a warp, 128 keys a block) with dQ by
+// vector reductions, as atomic_w8, at d = 64; two blocks an SM. At d = 128 the rung is atomic_w8 (BWD_RUNG_AT).
+BWD_DKV_MT(bwd_dkdv_2d_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, 32, false, 2, true)
+BWD_DKV_MT(bwd_dkdv_2d_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, 32, true, 2, true)
+BWD_DKV_MT(bwd_dkdv_2d_f16_d64, BWD_BOUNDS, __half, 64, 32, false, 2, true)
+BWD_DKV_MT(bwd_dkdv_2d_f16_d64_causal, BWD_BOUNDS, __half, 64, 32, true, 2, true)
 // bwd_dkv_lean + bwd_dq_lean: variant (b) with the lean tile step (rung 6); bwd_dkdv_lean: variant (a), lean, with
 // the vector reductions.
 BWD_DKDV(bwd_dkv_lean_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, false, 4, false, true)
@@ -1110,10 +1165,13 @@ BWD_KEY_TILE = 64                              # BWD_BN: keys per step of the dQ
 BWD_LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4),
               "atomic_v2": ("bwd_dkdv_v2", None, 4), "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8),
               "atomic_w8": ("bwd_dkdv_w8", None, 8), "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4),
-              "atomic_lean": ("bwd_dkdv_lean", None, 4), "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4)}
+              "atomic_lean": ("bwd_dkdv_lean", None, 4), "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4),
+              "atomic_2d": ("bwd_dkdv_2d", None, 4)}
 VARIANTS = tuple(BWD_LADDER)
 # (variant, d) -> (keys a dK/dV block, query tile) where a rung's differ from 16 x warps and BWD_QUERY_TILE[d]
-BWD_DKDV_TILES = {("pass_2d", 64): (128, 32)}
+BWD_DKDV_TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32)}
+# (variant, d) -> the rung that runs instead where the variant's own kernel does not exist at that head dim
+BWD_RUNG_AT = {("atomic_2d", 128): "atomic_w8"}     # 32 keys a warp: dK and dV alone would be 256 floats a thread
 # The op's variant per (head dim, causal): (b) until the GPU's ladder (benchmarks/attention_backward.py) says otherwise
 BWD_OP_VARIANT = {(64, False): "atomic_w8", (64, True): "atomic_w8", (128, False): "atomic_w8",
                   (128, True): "atomic_w8"}   # measured fastest (H200, bench-attention-backward)
@@ -1177,6 +1235,7 @@ def _backward_launches(variant, dtype, B, H, N, d, causal):
     dt = "bf16" if dtype == torch.bfloat16 else "f16"
     suffix = f"{dt}_d{d}{'_causal' if causal else ''}"
     rows = B * H * N
+    variant = BWD_RUNG_AT.get((variant, d), variant)
     dkdv, dq_pass, warps = BWD_LADDER[variant]
     keys, bm = BWD_DKDV_TILES.get((variant, d), (16 * warps, BWD_QUERY_TILE[d]))
     atomic = dq_pass is None

@@ -42,6 +42,7 @@ def test_every_step_compiles_for_sm90_without_spills(module):
     want = sorted([f"bwd_{kind}_{s}" for s in SUFFIXES
                    for kind in ("dkdv", "dkv", "dq", "dkdv_v2", "dkv_w8", "dq_w8", "dkdv_w8", "dkv_lean", "dq_lean",
                                 "dkdv_lean", "dkv_2d")]
+                  + [f"bwd_dkdv_2d_{dt}_d64{c}" for dt in ("bf16", "f16") for c in ("", "_causal")]
                   + [f"bwd_pre_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)]
                   + ["bwd_dq_convert_bf16", "bwd_dq_convert_f16"])
     assert names == want
@@ -64,8 +65,16 @@ def test_the_ladder_keeps_step_2s_kernels_and_its_own_promises(module):
     per_mma = (lambda sass: len(re.findall(r"\bLDSM\b", sass)) / len(re.findall(r"\bHMMA\b", sass)))
     for s in ("bf16_d64", "f16_d64_causal"):
         assert per_mma(module[f"bwd_dkv_2d_{s}"].sass) <= 0.4 < 0.5 <= per_mma(module[f"bwd_dkv_{s}"].sass), s
+    for s in SUFFIXES[:2] + SUFFIXES[4:6]:
+        # rung 8: the 2-D warp tile with dQ by reductions: 72 ldmatrix.x4 a 160 mma a step against atomic_w8's 96
+        # (static: 60 / 144 and 78 / 136, the dQ k-loops unrolled by 4 and 2), and two blocks of 4 warps an SM
+        k2d, w8 = module[f"bwd_dkdv_2d_{s}"], module[f"bwd_dkdv_w8_{s}"]
+        assert per_mma(k2d.sass) <= 0.45 < 0.55 <= per_mma(w8.sass), (s, per_mma(k2d.sass), per_mma(w8.sass))
+        assert k2d.resources.max_threads_per_block == 128 and k2d.resources.registers <= 255, k2d.resources
+        assert len(re.findall(r"\bBAR\.SYNC", k2d.sass)) == 2, s     # a barrier a step, one before dQ's k-loop
     for s in SUFFIXES:
-        for kind in ("dkdv_v2", "dkdv_w8", "dkdv_lean"):
+        kinds = ("dkdv_v2", "dkdv_w8", "dkdv_lean") + (("dkdv_2d",) if "_d64" in s else ())
+        for kind in kinds:
             sass = module[f"bwd_{kind}_{s}"].sass
             assert re.search(r"\bREDG?\.E\.ADD\.F32x2\b", sass), (kind, s)
             assert not re.search(r"\bREDG?\.E\.ADD\.F32\.", sass), (kind, s)
@@ -99,6 +108,9 @@ def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
     assert tutorial["VARIANTS"][:2] == ("atomic", "pass")
     assert set(tutorial["VARIANTS"]) == set(tutorial["BWD_LADDER"]) | {"hopper"}        # step 3 joins as "hopper"
     assert tutorial["BWD_LADDER"] == {k: tuple(v) for k, v in LADDER.items()} and tutorial["BWD_DKDV_TILES"] == TILES
+    assert tutorial["BWD_RUNG_AT"] == RUNG_AT and set(RUNG_AT.values()) <= set(LADDER)
+    # atomic_2d at d = 64: 128 keys, 32-query tiles, the dS^T tile: two blocks an SM by shared memory
+    assert 2 * tutorial["bwd_dkdv_smem_bytes"](64, True, 4, 128, 32) <= 228 * 1024
     assert tutorial["bwd_dkdv_smem_bytes"](64, False, 4, 128, 32) == 2 * 128 * 64 * 2 + 4 * 32 * 64 * 2 + 4 * 32 * 4
     assert set(tutorial["BWD_OP_VARIANT"].values()) <= set(tutorial["VARIANTS"])
     assert set(tutorial["BWD_OP_VARIANT"]) == {(d, c) for d in (64, 128) for c in (False, True)}
@@ -206,46 +218,55 @@ def reference(q, k, v, do, causal):
 LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4), "atomic_v2": ("bwd_dkdv_v2", None, 4),
           "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8), "atomic_w8": ("bwd_dkdv_w8", None, 8),
           "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4), "atomic_lean": ("bwd_dkdv_lean", None, 4),
-          "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4)}
-TILES = {("pass_2d", 64): (128, 32)}          # the notebook's BWD_DKDV_TILES
+          "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4), "atomic_2d": ("bwd_dkdv_2d", None, 4)}
+TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32)}     # the notebook's BWD_DKDV_TILES
+RUNG_AT = {("atomic_2d", 128): "atomic_w8"}                             # the notebook's BWD_RUNG_AT
 
 
-def emulated_backward(BH, N, d, causal, variant, seed, module):
-    """The launchers' sequence of kernels (bwd_pre, then variant a or b) in the emulator, bf16; returns our and the
-    reference's (dq, dk, dv). Shared-memory sizes from the notebook's own plan functions. Each launch is checked
-    against its sm_90 compile (registers, shared memory, threads) as a GPU launch is, before it runs."""
+def emulated_backward(BH, N, d, causal, variant, seed, module, dtype="bf16"):
+    """The launchers' sequence of kernels (bwd_pre, then variant a or b) in the emulator, bf16 (or "f16"); returns
+    our and the reference's (dq, dk, dv). Shared-memory sizes from the notebook's own plan functions. Each launch is
+    checked against its sm_90 compile (registers, shared memory, threads) as a GPU launch is, before it runs."""
     def run(source, name, *launch):
         return emulate(source, name, *launch, image=module[name].image())
 
     rng = np.random.default_rng(seed)
-    bits = [bf16_bits(rng.standard_normal((BH, N, d)).astype(np.float32)) for _ in range(4)]
-    q, k, v, do = (bf16_values(b) for b in bits)
+    x = [rng.standard_normal((BH, N, d)).astype(np.float32) for _ in range(4)]
+    if dtype == "bf16":
+        to_bits, values = (lambda a: bf16_bits(a.astype(np.float32))), bf16_values
+        nan_outs = lambda: np.full((BH, N, d), 0x7FC0, np.uint16)          # noqa: E731  (bf16 NaN bits)
+    else:
+        to_bits, values = (lambda a: a.astype(np.float16)), (lambda a: a.astype(np.float32))
+        nan_outs = lambda: np.full((BH, N, d), np.nan, np.float16)          # noqa: E731
+    bits = [to_bits(a) for a in x]
+    q, k, v, do = (values(b) for b in bits)
     o, lse, *want = reference(q, k, v, do, causal)
-    o_bits = bf16_bits(o.astype(np.float32))
+    o_bits = to_bits(o)
     delta = np.full((BH, N), np.nan, np.float32)
     acc = np.full((BH, N, d), np.nan, np.float32)             # zeroed by bwd_pre in variant (a)
-    outs = [np.full((BH, N, d), 0x7FC0, np.uint16) for _ in range(3)]     # NaN: an unwritten element shows
+    outs = [nan_outs() for _ in range(3)]                     # NaN: an unwritten element shows
     dq, dk, dv = outs
     c = "_causal" if causal else ""
+    variant = RUNG_AT.get((variant, d), variant)
     dkdv_kernel, dq_kernel, warps = LADDER[variant]
     keys, bm = TILES.get((variant, d), (16 * warps, {64: 64, 128: 32}[d]))
     threads = 32 * warps
     dkdv_smem = 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4
     atomic = dq_kernel is None
-    run(SOURCE, f"bwd_pre_bf16_d{d}", (-(-BH * N // 4),), (128,),
+    run(SOURCE, f"bwd_pre_{dtype}_d{d}", (-(-BH * N // 4),), (128,),
             [o_bits, bits[3], delta, acc if atomic else None, BH * N])
     grid = (-(-N // keys), BH)
     if atomic:
-        run(SOURCE, f"{dkdv_kernel}_bf16_d{d}{c}", grid, (threads,),
+        run(SOURCE, f"{dkdv_kernel}_{dtype}_d{d}{c}", grid, (threads,),
                 bits + [lse.astype(np.float32), delta, acc, dk, dv, N, d ** -0.5], dkdv_smem + keys * 64 * 2)
-        run(SOURCE, "bwd_dq_convert_bf16", (3,), (128,), [acc, dq, BH * N * d])
+        run(SOURCE, f"bwd_dq_convert_{dtype}", (3,), (128,), [acc, dq, BH * N * d])
     else:
-        run(SOURCE, f"{dkdv_kernel}_bf16_d{d}{c}", grid, (threads,),
+        run(SOURCE, f"{dkdv_kernel}_{dtype}_d{d}{c}", grid, (threads,),
                 bits + [lse.astype(np.float32), delta, None, dk, dv, N, d ** -0.5], dkdv_smem)
-        run(SOURCE, f"{dq_kernel}_bf16_d{d}{c}", (-(-N // (16 * warps)), BH), (threads,),
+        run(SOURCE, f"{dq_kernel}_{dtype}_d{d}{c}", (-(-N // (16 * warps)), BH), (threads,),
                 bits + [lse.astype(np.float32), delta, dq, N, d ** -0.5], 2 * 16 * warps * d * 2 + 4 * 64 * d * 2)
-    np.testing.assert_allclose(delta, (bf16_values(o_bits).astype(np.float64) * do).sum(-1), rtol=1e-5, atol=1e-5)
-    return [bf16_values(x) for x in outs], want
+    np.testing.assert_allclose(delta, (values(o_bits).astype(np.float64) * do).sum(-1), rtol=1e-5, atol=1e-5)
+    return [values(x) for x in outs], want
 
 
 # (BH, N, d, causal, variant): N = 1 (one key), 63 and 65 (one short of a tile and one over), two heads
@@ -274,6 +295,35 @@ SHAPES = [
     (1, 130, 64, True, "pass_2d"),
     pytest.param(2, 65, 64, False, "pass_2d", marks=pytest.mark.slow),
 ]
+
+
+# rung 8 (atomic_2d): the 2-D warp tile with dQ by reductions, both dtypes; N = 1 (one key, one query), 63 and 65
+# (one block, most of its 128 keys past N, a short last query tile), 130 (two key blocks, the second 2 keys long;
+# causal: unmasked tiles below the diagonal); d = 128 runs atomic_w8's kernels (BWD_RUNG_AT)
+SHAPES_2D = [
+    (1, 130, 64, True, "bf16"),
+    (2, 65, 64, False, "f16"),
+    pytest.param(1, 1, 64, True, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 1, 64, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 63, 64, True, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 63, 64, False, "bf16", marks=pytest.mark.slow),
+    pytest.param(2, 65, 64, True, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 130, 64, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 130, 64, True, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 65, 128, True, "f16", marks=pytest.mark.slow),
+]
+
+
+@needs_cxx
+@pytest.mark.parametrize("BH,N,d,causal,dtype", SHAPES_2D)
+def test_atomic_2d_in_the_emulator_matches_float64(BH, N, d, causal, dtype, module):
+    ours, want = emulated_backward(BH, N, d, causal, "atomic_2d", seed=N + d + 1, module=module, dtype=dtype)
+    for name, got, ref in zip(("dq", "dk", "dv"), ours, want):
+        assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written (or NaN)"
+        err = np.abs(got - ref).max()
+        # as below: bf16 P, dS and results, a few bf16 ulps; fp16 carries 3 more mantissa bits
+        assert err <= (2 ** -6 if dtype == "bf16" else 2 ** -8) * max(1.0, np.abs(ref).max()), \
+            f"{name}: max |err| {err:.3g}"
 
 
 @needs_cxx
