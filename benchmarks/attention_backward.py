@@ -17,7 +17,7 @@ sustained=True (benchmarks/as_called.py).
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
     python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
     python benchmarks/attention_backward.py --quick --dims 64,128 --variants hopper,atomic_w8   # step 3 against step 2
-    python benchmarks/attention_backward.py --profile    # Nsight Compute: atomic_w8, step 3, FLASH at N = 4096
+    python benchmarks/attention_backward.py --profile    # Nsight Compute: atomic_w8, atomic_2d, step 3, FLASH at N = 4096
 The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
 line to put in the notebook's BWD_OP_VARIANT.
 Logs go to --out (default $OUT or .) as attention_backward.json; the table is printed last.
@@ -129,7 +129,7 @@ def main(argv=None):
     ap.add_argument("--variants", default=None, help="the notebook's VARIANTS to check and time, comma-separated "
                     "(default: all of them)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--profile", action="store_true", help="Nsight Compute on atomic_w8, step 3 (d = 64) and SDPA "
+    ap.add_argument("--profile", action="store_true", help="Nsight Compute on atomic_w8, atomic_2d (d = 64), step 3 and SDPA "
                     "FLASH's backward kernels at N = 4096 (--ns, --dims), one launch each, beside the model of "
                     "atomic_w8's tile step; the short table and what it means last")
     ap.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)   # the program ncu watches
@@ -155,9 +155,10 @@ def main(argv=None):
             for name in (f"hbwd_bf16_d{d}{c}" for d in t08["HOPPER_BWD_DIMS"] for c in ("", "_causal")):
                 print(f"{v:10s} {name:24s} {t08['attn_bwd_h'][name].resources}")
             continue
-        dkdv, dq, _ = t08["BWD_LADDER"][v]
-        for name in (f"{dkdv}_bf16_d64", f"{dkdv}_bf16_d128") + ((f"{dq}_bf16_d64",) if dq else ()):
-            print(f"{v:10s} {name:24s} {t08['attn_bwd'][name].resources}")
+        for d in (64, 128):                         # BWD_RUNG_AT: the rung that runs where v has no kernel at d
+            dkdv, dq, _ = t08["BWD_LADDER"][t08["BWD_RUNG_AT"].get((v, d), v)]
+            for name in (f"{dkdv}_bf16_d{d}",) + ((f"{dq}_bf16_d{d}",) if dq and d == 64 else ()):
+                print(f"{v:10s} {name:24s} {t08['attn_bwd'][name].resources}")
     ns = tuple(int(n) for n in args.ns.split(",")) if args.ns else ((1024, 4096) if args.quick
                                                                     else (1024, 2048, 4096, 8192, 16384))
     dims = tuple(int(d) for d in args.dims.split(","))
@@ -243,6 +244,10 @@ H100_RATES = dict(sms=132, clock_hz=1.755e9, hmma_flop_per_clk_sm=4096 * 2 / 3, 
 H100_MEASURED_TFLOPS = {64: {"FLASH": 270.0, "atomic_w8": 203.6}, 128: {"FLASH": 289.0, "atomic_w8": 206.0}}
 W8_WARPS, W8_KEYS = 8, 128                      # atomic_w8: warps a block, keys a block (16 a warp)
 W8_QUERY_TILE = {64: 64, 128: 32}               # BWD_BM64, BWD_BM128: queries a tile step
+# The profiled rungs' dK/dV kernels and tiles (the notebook's BWD_LADDER / BWD_DKDV_TILES): kernel prefix, warps,
+# keys a block, queries a step per d, row tiles of 16 keys a warp. atomic_2d (rung 8) has its own kernel at d = 64 only.
+RUNG_TILES = {"atomic_w8": ("bwd_dkdv_w8", W8_WARPS, W8_KEYS, W8_QUERY_TILE, 1),
+              "atomic_2d": ("bwd_dkdv_2d", 4, 128, {64: 32}, 2)}
 
 
 def loop_body(sass: str) -> dict[str, int]:
@@ -351,7 +356,8 @@ def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dic
     elems = B * H * N * d
     pre_us = (elems * (2 + 2 + 4) + B * H * N * 4) / r["dram_bytes_per_s"] * 1e6   # O, dO in; dq_accum zeroed; Dv
     convert_us = elems * (4 + 2) / r["dram_bytes_per_s"] * 1e6                    # dq_accum in, dQ out
-    return dict(pre_us=pre_us, convert_us=convert_us, d=d, N=N, B=B, H=H, BM=BM, registers=registers, shared_bytes=shared_bytes, blocks_per_sm=bps,
+    return dict(pre_us=pre_us, convert_us=convert_us, d=d, N=N, B=B, H=H, BM=BM, warps=W, keys=KT, mt=MT,
+                registers=registers, shared_bytes=shared_bytes, blocks_per_sm=bps,
                 occupancy=str(occ), blocks=blocks, steps=steps, waves=waves, rows=rows, bound=bound["resource"],
                 predicted_ms=bound["alone_ms"], predicted_tflops=flops / (bound["alone_ms"] * 1e-3) / 1e12,
                 hmma_per_warp_step=hmma_warp, ldsm_x4_per_warp_step=ldsm_warp,
@@ -416,8 +422,8 @@ def profile_metrics() -> tuple[tuple[str, str], ...]:
 
 
 def profile_child(ns, dims) -> None:
-    """The program ncu watches: at each (d, N), one backward each of atomic_w8, step 3 (where it runs) and SDPA
-    FLASH, in that order, on the same inputs (the forwards' kernels do not match PROFILE_KERNELS)."""
+    """The program ncu watches: at each (d, N), one backward each of atomic_w8, atomic_2d and step 3 (where they run)
+    and SDPA FLASH, in that order, on the same inputs (the forwards' kernels do not match PROFILE_KERNELS)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -429,6 +435,8 @@ def profile_child(ns, dims) -> None:
             q, k, v, do = (torch.randn(B, H, N, d, generator=g).to(torch.bfloat16).cuda() for _ in range(4))
             o, lse = t08["attention_forward"](q, k, v, False)
             t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_w8")
+            if ("atomic_2d", d) not in t08["BWD_RUNG_AT"]:       # rung 8 where it has its own kernel (d = 64)
+                t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_2d")
             if d in t08["BWD_OP_HOPPER_DIMS"] and t08["hopper_backward_applies"](q):
                 t08["attention_backward"](q, k, v, o, lse, do, False, "hopper")
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -468,7 +476,8 @@ def label_launches(names: list[str], flash_keys: list[tuple[int, int]]) -> list[
             continue
         m = re.search(r"_d(\d+)", n)
         d = int(m.group(1)) if m else None
-        who = "hopper" if n.startswith("hbwd") else "atomic_w8" if "_w8_" in n else n
+        who = ("hopper" if n.startswith("hbwd") else "atomic_w8" if "_w8_" in n
+               else "atomic_2d" if n.startswith("bwd_dkdv_2d_") else n)
         N = next((key[1] for key in flash_keys[max(run + 1, 0):] if key[0] == d), None)
         last = (who, d, N)
         out.append([who, d, N, "dK/dV/dQ" if who == "hopper" else "dK/dV (+dQ red)"])
@@ -530,7 +539,7 @@ def model_beside(m: dict) -> dict:
     by = {row["resource"].split(" (")[0]: row for row in m["rows"]}
     share = (lambda key: 100 * by[key]["alone_ms"] / m["predicted_ms"] if by[key]["alone_ms"] else None)
     return dict(us=m["predicted_ms"] * 1e3, tensor_pct=share("tensor pipe"), issue_pct=share("issue"),
-                shared_pct=share("shared memory"), occupancy_pct=100 * m["blocks_per_sm"] * W8_WARPS / 64,
+                shared_pct=share("shared memory"), occupancy_pct=100 * m["blocks_per_sm"] * m["warps"] / 64,
                 wavefronts_per_hmma=by["shared memory"]["per_block_step"] / by["tensor pipe"]["per_block_step"],
                 red_gb_per_s=(m["blocks"] * m["steps"] * by["dQ reductions"]["per_block_step"]
                               / (m["predicted_ms"] * 1e-3) / 1e9),
@@ -579,6 +588,28 @@ def verdict(ours: dict, flash: dict | None, model: dict | None) -> list[str]:
     return lines
 
 
+# Rung 8's prediction (tutorial 08, NOTES-attention-backward.md), written before a GPU ran it: wavefronts a HMMA
+# (the model's 2.38 at d = 64 times atomic_w8's measured / modelled 2.81 / 3.05) and its dK/dV kernel's time.
+RUNG_2D_PREDICTED = dict(wavefronts_per_hmma=(2.0, 2.3), kernel_us=(4_300, 5_300))
+
+
+def rung_2d_lines(two: dict, w8: dict, flash: dict | None, model: dict) -> list[str]:
+    """What rung 8's profile says against its prediction, atomic_w8 and FLASH: its wavefronts a HMMA and its time."""
+    wf, us = two.get("wavefronts_per_hmma"), two.get("us")
+    lo, hi = RUNG_2D_PREDICTED["wavefronts_per_hmma"]
+    ulo, uhi = RUNG_2D_PREDICTED["kernel_us"]
+    inside = (lambda v, a, b: "n/a" if v is None else "as predicted" if a <= v <= b      # noqa: E731
+              else "below the prediction" if v < a else "ABOVE the prediction")
+    out = [f"atomic_2d: shared wavefronts per HMMA {_num(wf, 2)} (predicted {lo}-{hi}: {inside(wf, lo, hi)}; "
+           f"atomic_w8 {_num(w8.get('wavefronts_per_hmma'), 2)}, FLASH "
+           f"{_num((flash or {}).get('wavefronts_per_hmma'), 2)}), dK/dV kernel {_num(us)} us (predicted {ulo:,}-"
+           f"{uhi:,}: {inside(us, ulo, uhi)}; atomic_w8 {_num(w8.get('us'))} us, FLASH {_num((flash or {}).get('us'))}"
+           f" us), tensor {_pc(two.get('tensor_pct'))}, occupancy {_pc(two.get('occupancy_pct'))} (2 blocks of 4 "
+           "warps = 12.5 %)"]
+    out += ["atomic_2d: " + line for line in verdict(two, flash, model)]
+    return out
+
+
 def _pc(v):
     return f"{v:.0f} %" if v is not None else "n/a"
 
@@ -606,18 +637,21 @@ def summary_table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def static_model(t08_bwd, d: int, N: int, clock_hz: float | None = None, instructions: float | None = None) -> dict:
-    """atomic_w8_model from the compiled kernel (registers, its SASS loop body) at the launcher's shared memory;
-    instructions: ncu's warp instructions for the kernel (replaces the static loop body's count)."""
-    k = t08_bwd[f"bwd_dkdv_w8_bf16_d{d}"]
-    BM = W8_QUERY_TILE[d]
-    smem = 2 * W8_KEYS * d * 2 + 4 * BM * d * 2 + 4 * BM * 4 + W8_KEYS * 64 * 2     # bwd_dkdv_smem_bytes(d, True, 8)
+def static_model(t08_bwd, d: int, N: int, clock_hz: float | None = None, instructions: float | None = None,
+                 variant: str = "atomic_w8") -> dict:
+    """atomic_w8_model from the compiled kernel (registers, its SASS loop body) at the launcher's shared memory, for
+    atomic_w8 or another rung of RUNG_TILES; instructions: ncu's warp instructions for the kernel (replaces the static
+    loop body's count)."""
+    prefix, W, KT, bms, MT = RUNG_TILES[variant]
+    k = t08_bwd[f"{prefix}_bf16_d{d}"]
+    BM = bms[d]
+    smem = 2 * KT * d * 2 + 4 * BM * d * 2 + 4 * BM * 4 + KT * 64 * 2     # bwd_dkdv_smem_bytes(d, True, W, KT, BM)
     B, H = max(1, 16384 // N), 2048 // d
-    per_warp_step = (instructions / (math.ceil(N / W8_KEYS) * B * H * math.ceil(N / BM) * W8_WARPS)
+    per_warp_step = (instructions / (math.ceil(N / KT) * B * H * math.ceil(N / BM) * W)
                      if instructions else None)
     return atomic_w8_model(d, N, k.resources.registers, smem, loop_body(str(k.sass)),
                            rates={"clock_hz": clock_hz} if clock_hz else None,
-                           instructions_per_warp_step=per_warp_step)
+                           instructions_per_warp_step=per_warp_step, warps=W, keys=KT, bm=BM, mt=MT)
 
 
 def _main_kernel(reports, tags, who: str, d: int, N: int):
@@ -640,7 +674,7 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child",
             "--ns", ",".join(map(str, ns)), "--dims", ",".join(map(str, dims))]
     metrics = [m for m, _ in profile_metrics()]
-    per_key = 4 * 3                                # atomic_w8, hopper, FLASH: three kernels each (one spare)
+    per_key = 4 * 4                                # atomic_w8, atomic_2d, hopper, FLASH: three kernels each (one spare)
     reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
                                                launch_count=per_key * len(flash_keys), metrics=metrics,
                                                timeout_s=timeout_s, extra_args=("--print-units", "base"))
@@ -701,13 +735,24 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
             rows.append((f"hopper d{d}", summarize_kernel(hop)))
         if s_flash:
             rows.append((f"FLASH dK/dV/dQ d{d}", s_flash))
+        two = _main_kernel(reports, tags, "atomic_2d", d, N)
+        if two is not None:                           # rung 8: its kernel, its model, what the two say
+            s_two = summarize_kernel(two)
+            model2 = static_model(t08["attn_bwd"], d, N, s_two.get("clock_hz"), s_two.get("instructions"),
+                                  variant="atomic_2d")
+            rows[2:2] = [(f"atomic_2d dK/dV d{d}", s_two),
+                         (f"model 2d d{d} ({model2['bound'].split(' (')[0]})", model_beside(model2))]
+            lines = lines + rung_2d_lines(s_two, s_ours, s_flash, model2)
         ours_us, flash_us, hop_us = total("atomic_w8"), total("FLASH"), total("hopper")
+        two_us = total("atomic_2d")
         whole = (f"whole backward d{d} (ncu durations summed): atomic_w8 {ours_us:,.0f} us, FLASH {flash_us:,.0f} us"
                  + (f" ({flash_us / ours_us:.2f}x FLASH's speed)" if ours_us and flash_us else "")
-                 + (f", hopper {hop_us:,.0f} us" if hop_us else ""))
+                 + (f", hopper {hop_us:,.0f} us" if hop_us else "")
+                 + (f", atomic_2d {two_us:,.0f} us" + (f" ({flash_us / two_us:.2f}x FLASH's speed)" if flash_us else "")
+                    if two_us else ""))
         short.append((d, N, rows, whole, lines))
         results.append(dict(d=d, N=N, model=model, summary=dict(rows), whole_us=dict(atomic_w8=ours_us, FLASH=flash_us,
-                                                                                       hopper=hop_us),
+                                                                                       hopper=hop_us, atomic_2d=two_us),
                             verdict=lines, kernels=[dict(label=c, **rep.to_json()) for c, rep in cols]))
     (out / "attention_backward_profile.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "results": results},

@@ -118,6 +118,17 @@ def test_launches_are_labelled_by_name_and_order():
                     ("FLASH", 128, 4096, "dQ convert")]
 
 
+def test_rung_8s_launches_are_labelled_atomic_2d():
+    b = _bench()
+    names = ["bwd_pre_bf16_d64", "bwd_dkdv_w8_bf16_d64", "bwd_dq_convert_bf16",
+             "bwd_pre_bf16_d64", "bwd_dkdv_2d_bf16_d64", "bwd_dq_convert_bf16",
+             "flash_bwd_dot_do_o_kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "flash_bwd_convert_dq_kernel"]
+    tags = b.label_launches(names, [(64, 4096)])
+    assert tags[3:6] == [("atomic_2d", 64, 4096, "preprocess"), ("atomic_2d", 64, 4096, "dK/dV (+dQ red)"),
+                         ("atomic_2d", 64, 4096, "dQ convert")]
+    assert tags[1] == ("atomic_w8", 64, 4096, "dK/dV (+dQ red)")
+
+
 # -- the model, from the compiled kernel ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def step2():
@@ -156,6 +167,28 @@ def test_the_model_counts_what_the_kernel_does(step2, d):
     assert 50 < m["convert_us"] < m["pre_us"] < 100
     text = b.model_table(m, flash_ms)
     assert "bound: shared memory" in text and f"{m['ldsm_per_hmma']:.2f} per HMMA" in text
+
+
+def test_the_model_of_rung_8_counts_its_2d_tile(step2):
+    """atomic_2d (4 warps of 32 keys, 32 queries a step, 2 blocks an SM): the same 160 HMMA a warp step with 72
+    ldmatrix.x4 instead of 96, the SASS loop agreeing (its dQ k-loop unrolled by 4: 16 of 32 HMMA, 12 of 24 LDSM);
+    fewer shared wavefronts per 64 queries than atomic_w8, the same HMMA and reductions."""
+    b = _bench()
+    k = step2["bwd_dkdv_2d_bf16_d64"]
+    loop = b.loop_body(str(k.sass))
+    assert b._count(loop, "HMMA") == 128 + 16 and b._count(loop, "LDSM") == 48 + 12 and b._count(loop, "REDG") == 8
+    m = b.static_model(step2, 64, 4096, variant="atomic_2d")
+    w8 = b.static_model(step2, 64, 4096)
+    assert (m["warps"], m["keys"], m["BM"], m["mt"]) == (4, 128, 32, 2) and m["blocks_per_sm"] == 2
+    assert m["hmma_per_warp_step"] == 160 and m["ldsm_x4_per_warp_step"] == 72
+    assert m["blocks"] * m["steps"] * 4 * m["hmma_per_warp_step"] * 4096 == m["flops"] == w8["flops"]
+    rows = {r["resource"].split(" (")[0]: r for r in m["rows"]}
+    rows8 = {r["resource"].split(" (")[0]: r for r in w8["rows"]}
+    assert rows["tensor pipe"]["per_64_queries"] == rows8["tensor pipe"]["per_64_queries"]
+    assert rows["dQ reductions"]["alone_ms"] == pytest.approx(rows8["dQ reductions"]["alone_ms"])
+    wf, wf8 = (x["shared memory"]["per_64_queries"] / x["tensor pipe"]["per_64_queries"] for x in (rows, rows8))
+    assert wf < 2.45 < 3.0 < wf8, (wf, wf8)            # the model's 2.38 against 3.05 wavefronts a HMMA
+    assert b.model_beside(m)["occupancy_pct"] == pytest.approx(12.5)      # 2 blocks x 4 warps of 64
 
 
 def test_a_measured_instruction_count_replaces_the_static_one(step2):
@@ -240,6 +273,37 @@ def test_run_profile_prints_the_tables_and_the_verdict(step2, tmp_path, monkeypa
     saved = json.loads((tmp_path / "attention_backward_profile.json").read_text())
     assert [r["d"] for r in saved["results"]] == [64, 128]
     assert saved["results"][0]["whole_us"]["hopper"] == pytest.approx(4550)
+
+
+def test_run_profile_puts_rung_8_beside_atomic_w8_and_flash(step2, tmp_path, monkeypatch):
+    """With atomic_2d's launches among the reports (d = 64): its row and its model's in the short table, its
+    wavefronts a HMMA and time against the prediction, its whole backward against FLASH's."""
+    b = _bench()
+    monkeypatch.setattr(b, "load_tutorial", lambda notebook, compile=None: {"attn_bwd": step2})
+    ours = dict(tensor=33, issue=34, shared=60, occupancy=12.4, wavefronts=2.4e8, hmma=8.4e7, clock=1.755e9,
+                stall_wait=2.0, stall_short_scoreboard=1.5, stall_barrier=1.0)
+    two = dict(tensor=47, issue=40, shared=62, occupancy=12.4, wavefronts=1.8e8, hmma=8.4e7, clock=1.755e9,
+               stall_wait=2.0, stall_short_scoreboard=1.4, stall_long_scoreboard=1.0)
+    flash = dict(tensor=46, issue=33, shared=61, occupancy=12.4, wavefronts=1.75e8, hmma=8.4e7, stall_wait=1.1)
+    launches = [("bwd_pre_bf16_d64", 90, {}), ("bwd_dkdv_w8_bf16_d64", 6600, ours), ("bwd_dq_convert_bf16", 60, {}),
+                ("bwd_pre_bf16_d64", 90, {}), ("bwd_dkdv_2d_bf16_d64", 4700, two), ("bwd_dq_convert_bf16", 60, {}),
+                ("flash_bwd_dot_do_o_kernel", 80, {}), ("flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", 4750, flash),
+                ("flash_bwd_convert_dq_kernel", 50, {})]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = b.run_profile(tmp_path, (4096,), (64,),
+                           profile=lambda argv, **kw: [_fake_report(n, us, **v) for n, us, v in launches])
+    text = buf.getvalue()
+    assert rc == 0, text
+    last = text[text.index("== Where the time goes"):]
+    assert "atomic_w8 6,750 us, FLASH 4,880 us (0.72x FLASH's speed), atomic_2d 4,850 us (1.01x FLASH's speed)" in last
+    assert "atomic_2d dK/dV d64 | 4,700 | 47 % | 40 % | 62 % | 2.14 |" in last        # 1.8e8 / 8.4e7
+    assert "\natomic_2d dK/dV d64 | 4,700 |" in last and "\nmodel 2d d64 (" in last      # after atomic_w8 and its model
+    assert ("atomic_2d: shared wavefronts per HMMA 2.14 (predicted 2.0-2.3: as predicted; atomic_w8 2.86, FLASH "
+            "2.08), dK/dV kernel 4,700 us (predicted 4,300-5,300: as predicted") in last
+    assert "atomic_2d: beside FLASH's dK/dV/dQ kernel: shared wavefronts per HMMA 2.14 (FLASH 2.08)" in last
+    saved = json.loads((tmp_path / "attention_backward_profile.json").read_text())
+    assert saved["results"][0]["whole_us"]["atomic_2d"] == pytest.approx(4850)
 
 
 def test_the_suite_runs_the_profile():

@@ -117,6 +117,33 @@ def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
     assert tutorial["bwd_dkdv_smem_bytes"](64, True) == 2 * 64 * 64 * 2 + 4 * 64 * 64 * 2 + 4 * 64 * 4 + 64 * 64 * 2
 
 
+def test_every_launch_of_atomic_2d_fits_two_blocks_an_sm(module):
+    """Rung 8's launches (preprocess, the 2-D dK/dV kernel, dQ's conversion; both dtypes and masks, N = 1, 65, 4096),
+    recorded on the CPU, fit an SM by kernellab.occupancy with the compiled kernels' registers and the launch's
+    shared memory; its dK/dV kernel at d = 64 two blocks of 4 warps an SM (255 registers, 66,048 B); at d = 128 the
+    launcher runs atomic_w8's kernels (BWD_RUNG_AT)."""
+    from launch_plans import assert_every_launch_fits, recording
+
+    launches = []
+    t = load_tutorial(NB, compile=recording(launches))
+    for dtype in (torch.bfloat16, torch.float16):
+        for causal in (False, True):
+            for N in (1, 65, 4096):
+                for d in (64, 128):
+                    q = torch.zeros(1, 2, N, d, dtype=dtype)
+                    t["attention_backward"](q, q, q, q, torch.zeros(1, 2, N), q, causal, "atomic_2d")
+    main = {(launch.kernel, launch.block, launch.shared_bytes) for launch in launches
+            if launch.kernel.startswith("bwd_dkdv")}
+    assert main == {(f"bwd_dkdv_2d_{dt}_d64{c}", (128,), 66_048) for dt in ("bf16", "f16") for c in ("", "_causal")} | {
+        (f"bwd_dkdv_w8_{dt}_d128{c}", (256,), 115_200) for dt in ("bf16", "f16") for c in ("", "_causal")}, main
+    grids = {launch.grid for launch in launches if launch.kernel == "bwd_dkdv_2d_bf16_d64"}
+    assert grids == {(1, 2), (32, 2)}                                     # 128 keys a block
+    kernels = {k.name: k for k in module.kernels}
+    for name, occ in assert_every_launch_fits(launches, kernels, "sm_90"):
+        if name.startswith("bwd_dkdv_2d"):
+            assert occ.blocks_per_sm == 2, (name, occ)
+
+
 def test_the_launchers_refuse_what_the_kernels_do_not_take(tutorial):
     q = torch.empty(1, 1, 8, 96, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="d = 64 or 128"):

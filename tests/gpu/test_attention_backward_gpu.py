@@ -1,6 +1,6 @@
 """Tutorial 08's attention backward on the GPU, as the notebook launches it (its `# launchers` cells, load_tutorial).
 
-Every variant ((a) dQ by atomics, (b) dQ in its own pass, the ladder's rungs 3-7, and step 3's Hopper backward
+Every variant ((a) dQ by atomics, (b) dQ in its own pass, the ladder's rungs 3-8, and step 3's Hopper backward
 "hopper": wgmma + TMA at d = 64 and 128 on sm_90, the atomic_w8 rung elsewhere), dtype, head dim and mask on
 N = 1, 63, 65, 1000, 1031, 4097: dQ, dK, dV into NaN-filled outputs against the float64 reference, our max error at most 2x SDPA's own (SDPA's
 backward in the same dtype, same inputs, same reference). The forward's LSE against float64; the op's loss.backward()
@@ -24,7 +24,7 @@ def t08():
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("variant", ["atomic", "pass", "atomic_v2", "pass_w8", "atomic_w8", "pass_lean",
-                                     "atomic_lean", "pass_2d", "hopper"])   # (a), (b), the ladder, step 3
+                                     "atomic_lean", "pass_2d", "atomic_2d", "hopper"])   # (a), (b), the ladder, step 3
 def test_gradients_within_twice_sdpas_own_error(t08, variant, dtype, d, causal):
     rows = [t08["check_backward"](variant, t08["DTYPES"][dtype], d, causal, N) for N in t08["CHECK_N"]]
     for r in rows:
