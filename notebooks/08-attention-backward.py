@@ -35,6 +35,7 @@
 # %load_ext kernellab
 # %matplotlib inline
 import math
+import re
 
 import numpy as np
 import torch
@@ -1127,9 +1128,43 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
 #    *Prediction*: the `dK`/`dV` kernel 15-30 % faster at `d = 64`, the whole backward 10-20 % (the `dQ` pass,
 #    about 40 % of (b)'s time, is unchanged): 0.75-0.85x FLASH at `N = 4096`.
 #
-# What FlashAttention-2 does beyond these, and the next rung if these do not reach 1.0x: warps tiled in two
-# dimensions (a warp computing 32 or 64 rows of a product, so each `ldmatrix` B fragment feeds 2-4 `mma`s: about
-# 0.3 `ldmatrix.x4` per `mma`), with `P` and `dS` through shared memory where a product wants the other layout.
+# 8. **`atomic_2d`**: rung 7's two-dimensional warp tile in `atomic_w8`'s kernel, at `d = 64`. Nsight Compute put
+#    `atomic_w8`'s `dK`/`dV` kernel at 2.81 shared wavefronts per `mma` against 1.95-2.09 in FlashAttention-2's, with
+#    the shared pipe as busy (60 %) and the tensor pipe at 33 % against 46-49 %, and one block of 8 warps an SM whose
+#    two barriers a step stall all of them (benchmarks/NOTES-attention-backward.md). Rung 8 takes both: a warp owns
+#    32 keys x 32 queries of `S^T` and `dP^T` (two row tiles, `dK` and `dV` of 32 keys: 128 floats a thread), 4 warps
+#    and 128 keys a block, 32-query tiles (double-buffered with `cp.async` as before), `dS^T` through shared memory
+#    as `T` and `dQ = dS K` of the block's 32 x 64 share (a warp 16 queries x 32 columns, over the 128 keys) added by
+#    `red.global.add.v2.f32`: one share per 128 keys, as `atomic_w8`. 255 registers without spills under
+#    `__launch_bounds__(128, 2)` and 66,048 B of shared memory, so **two blocks an SM**: a barrier stops 4 warps, and
+#    the other block's 4 run on. *Counted before a GPU ran it*, a warp's tile step:
+#
+#    | product | `mma` | `ldmatrix.x4` | each fragment feeds |
+#    |---|---|---|---|
+#    | `S^T = K Q^T` | 2 x 4 x 4 = 32 | 4 k-steps x (2 `K` + 2 `Q`) = 16 | `K` 4 `mma`, `Q` 4 |
+#    | `dP^T = V dO^T` | 32 | 16 | 4, 4 |
+#    | `dV += P^T dO` | 2 x 8 x 2 = 32 | 2 x 4 = 8 (`.trans`) | 4 |
+#    | `dK += dS^T Q` | 32 | 8 | 4 |
+#    | `dQ = dS K` (16 x 32 a warp, 128 keys) | 8 x 4 = 32 | 8 x (1 + 2) = 24 | `dS` 4, `K` 2 |
+#    | **a warp's step** | **160** | **72 (0.45 an `mma`; `atomic_w8` 96, 0.60)** | |
+#
+#    plus 16 `STS.32` of `dS^T`, the LSE and `Dv` reads, 8.25 KiB of `cp.async` a block step and 2 barriers; the SASS
+#    loop agrees (144 `HMMA` and 60 `LDSM` with `dQ`'s k-loop unrolled by 4 of its 8). The model
+#    (`atomic_w8_model(..., warps=4, keys=128, bm=32, mt=2)` in benchmarks/attention_backward.py) gives 2.38
+#    wavefronts an `mma` (3.05 for `atomic_w8`, measured 2.81), so about 2.2 measured, FlashAttention-2's 2.0-2.1; the
+#    kernel alone 3.55 ms at the shared-memory bound (3.60 at a static issue bound; the tensor pipe 2.24). At
+#    `d = 128` `dK` and `dV` of 32 keys would be 256 floats a thread: there the rung runs `atomic_w8`'s kernels
+#    (`BWD_RUNG_AT`). *Prediction* (H100, bf16, `N = 4096`): the shared wavefronts an `mma` 2.0-2.3; the `dK`/`dV`
+#    kernel 4.5-5.6 ms (1.25-1.6x its bound, as `atomic_w8` ran 1.50x and FlashAttention-2 1.52x theirs), the whole
+#    backward **0.9-1.1x SDPA's FLASH** at `d = 64` (240-300 TFLOP/s where FLASH does 270; 1.2-1.4x `atomic_w8`),
+#    the causal case the same ratio within 5 %; at `d = 128` `atomic_w8`'s 0.71-0.72x. The risk is rung 7's: its
+#    `dK`/`dV` kernel had this tile and 33 % fewer `ldmatrix` per `mma` and the backward gained only 0-8 %; a
+#    measured 2.0-2.3 wavefronts with a kernel above 5.6 ms would say latency (the 32-query step's fixed costs), not
+#    shared memory, limits the 4-warp tile.
+#
+# What FlashAttention-2 does beyond these: `P` and `dS` through shared memory for every product (its warps tile
+# `dV`, `dK` and `dQ` over `d` as well as rows, so no warp holds a whole row of `dK`), which is also how a `d = 128`
+# two-dimensional tile fits in 255 registers.
 # `BWD_OP_VARIANT` (launcher cell) is the op's choice per `(d, causal)`: the fastest rung measured.
 #
 # **Measured** (NVIDIA H200, one GPU of a 4 x H200 host, 2026-11-27, `python3 tools/gpu/run.py
@@ -1147,6 +1182,20 @@ for name in ("bwd_dkdv_v2_bf16_d64", "bwd_dkv_w8_bf16_d64", "bwd_dq_w8_bf16_d64"
     kern = attn_bwd[name]
     print(f"{name:30s} {kern.resources}")
     print(" " * 31, kern.instruction_summary)
+
+# %% [markdown]
+# Rung 8's card beside `atomic_w8`'s: `LDSM` per `HMMA` in the SASS (the loop holds `dQ`'s k-loop once: 4 of its 8
+# steps in `atomic_2d`, 4 of 8 in `atomic_w8`), and the blocks an SM each launch gets.
+
+# %%
+for name, threads, smem in (("bwd_dkdv_2d_bf16_d64", 128, 66_048), ("bwd_dkdv_w8_bf16_d64", 256, 82_944)):
+    kern = attn_bwd[name]
+    sass = str(kern.sass)
+    ldsm, hmma = len(re.findall(r"\bLDSM\b", sass)), len(re.findall(r"\bHMMA\b", sass))
+    occ = kernellab.occupancy(threads, kern.resources.registers, smem, "sm_90")
+    print(f"{name:22s} {kern.resources}")
+    print(" " * 23, f"{ldsm} LDSM / {hmma} HMMA = {ldsm / hmma:.2f}; {occ.blocks_per_sm} block(s) of {threads} threads "
+          f"an SM ({smem:,} B shared)")
 
 # %% [markdown]
 # ### The launchers
@@ -1392,6 +1441,20 @@ step2[64, False]
 # %%
 # %%gpu
 kernellab.roofline([r for r in step2.values()])
+
+# %% [markdown]
+# ### Rung 8 against its prediction
+#
+# `atomic_2d` beside `atomic_w8` and SDPA's FLASH and CUDNN backward at `N = 4096` (predicted above: 0.9-1.1x FLASH
+# at `d = 64`; at `d = 128` it runs `atomic_w8`'s kernels, so the two rows agree within the noise).
+
+# %%
+# %%gpu
+rung8 = {(d, causal): bench_backward(4096, d, causal, variants=("atomic_2d", "atomic_w8"))
+         for d in (64, 128) for causal in (False, True)}
+for (d, causal), r in rung8.items():
+    print(f"d={d:3d} causal={causal!s:5s}: atomic_2d {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
 
 # %% [markdown]
 # ## Step 3: the Hopper backward: `wgmma` fed by TMA, warp-specialised
