@@ -1150,16 +1150,17 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
 #
 #    plus 16 `STS.32` of `dS^T`, the LSE and `Dv` reads, 8.25 KiB of `cp.async` a block step and 2 barriers; the SASS
 #    loop agrees (144 `HMMA` and 60 `LDSM` with `dQ`'s k-loop unrolled by 4 of its 8). The model
-#    (`atomic_w8_model(..., warps=4, keys=128, bm=32, mt=2)` in benchmarks/attention_backward.py) gives 2.38
-#    wavefronts an `mma` (3.05 for `atomic_w8`, measured 2.81), so about 2.2 measured, FlashAttention-2's 2.0-2.1; the
-#    kernel alone 3.55 ms at the shared-memory bound (3.60 at a static issue bound; the tensor pipe 2.24). At
+#    (`atomic_w8_model(..., warps=4, keys=128, bm=32, mt=2)` in benchmarks/attention_backward.py) gives 2.08
+#    wavefronts an `mma` (2.75 for `atomic_w8`, measured 2.81), FlashAttention-2's measured 1.95-2.09; the kernel
+#    alone 3.10 ms at the shared-memory bound (3.60 at the static issue bound, both mask branches counted; the tensor
+#    pipe 2.24). At
 #    `d = 128` `dK` and `dV` of 32 keys would be 256 floats a thread: there the rung runs `atomic_w8`'s kernels
-#    (`BWD_RUNG_AT`). *Prediction* (H100, bf16, `N = 4096`): the shared wavefronts an `mma` 2.0-2.3; the `dK`/`dV`
-#    kernel 4.5-5.6 ms (1.25-1.6x its bound, as `atomic_w8` ran 1.50x and FlashAttention-2 1.52x theirs), the whole
+#    (`BWD_RUNG_AT`). *Prediction* (H100, bf16, `N = 4096`): the shared wavefronts an `mma` 2.0-2.2; the `dK`/`dV`
+#    kernel 4.5-5.6 ms (1.45-1.8x its bound, as `atomic_w8` ran 1.62x and FlashAttention-2 1.52x theirs), the whole
 #    backward **0.9-1.1x SDPA's FLASH** at `d = 64` (240-300 TFLOP/s where FLASH does 270; 1.2-1.4x `atomic_w8`),
 #    the causal case the same ratio within 5 %; at `d = 128` `atomic_w8`'s 0.71-0.72x. The risk is rung 7's: its
 #    `dK`/`dV` kernel had this tile and 33 % fewer `ldmatrix` per `mma` and the backward gained only 0-8 %; a
-#    measured 2.0-2.3 wavefronts with a kernel above 5.6 ms would say latency (the 32-query step's fixed costs), not
+#    measured 2.0-2.2 wavefronts with a kernel above 5.6 ms would say latency (the 32-query step's fixed costs), not
 #    shared memory, limits the 4-warp tile.
 #
 # What FlashAttention-2 does beyond these: `P` and `dS` through shared memory for every product (its warps tile

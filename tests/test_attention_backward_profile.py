@@ -149,6 +149,12 @@ def test_the_model_counts_what_the_kernel_does(step2, d):
     assert b._count(loop, "LDSM") == {64: 78, 128: 86}[d] and b._count(loop, "BAR") == 2
     m = b.static_model(step2, d, 4096)
     assert m["hmma_per_warp_step"] == 160 and m["ldsm_x4_per_warp_step"] == {64: 96, 128: 104}[d]
+    # shared traffic besides ldmatrix: the LSE / Dv reads and dS stores, not ptxas's never-executed `@!PT LDS`
+    assert b._count(loop, "LDS") == {64: 24, 128: 12}[d] and loop.get("LDS@!PT") == 48
+    rows = {r["resource"].split(" (")[0]: r for r in m["rows"]}
+    wf = rows["shared memory"]["per_block_step"] / rows["tensor pipe"]["per_block_step"]
+    # Nsight Compute on an H100 (NOTES-attention-backward.md, 2026-11-28): 2.81 / 2.86 wavefronts a HMMA
+    assert wf == pytest.approx({64: 2.81, 128: 2.86}[d], abs=0.08), wf
     # every HMMA is a FLOP of 10 B H N^2 d (the five products): the counts and the FLOP formula agree exactly
     assert m["blocks"] * m["steps"] * 8 * m["hmma_per_warp_step"] * 4096 == m["flops"]
     # the dQ share a step reaches L2 once: N / 128 key blocks x the [N, d] fp32 dQ of every head
@@ -187,7 +193,7 @@ def test_the_model_of_rung_8_counts_its_2d_tile(step2):
     assert rows["tensor pipe"]["per_64_queries"] == rows8["tensor pipe"]["per_64_queries"]
     assert rows["dQ reductions"]["alone_ms"] == pytest.approx(rows8["dQ reductions"]["alone_ms"])
     wf, wf8 = (x["shared memory"]["per_64_queries"] / x["tensor pipe"]["per_64_queries"] for x in (rows, rows8))
-    assert wf < 2.45 < 3.0 < wf8, (wf, wf8)            # the model's 2.38 against 3.05 wavefronts a HMMA
+    assert wf < 2.15 < 2.6 < wf8, (wf, wf8)             # the model's 2.08 against 2.75 wavefronts a HMMA
     assert b.model_beside(m)["occupancy_pct"] == pytest.approx(12.5)      # 2 blocks x 4 warps of 64
 
 
@@ -197,7 +203,7 @@ def test_a_measured_instruction_count_replaces_the_static_one(step2):
     blocks_steps_warps = static["blocks"] * static["steps"] * 8
     m = b.static_model(step2, 64, 4096, clock_hz=1.98e9, instructions=2_000 * blocks_steps_warps)
     assert m["instructions_per_warp_step"] == pytest.approx(2_000)
-    assert m["bound"].startswith("issue")                # 8 x 2,000 / 4 a clock > the 3,908 shared wavefronts
+    assert m["bound"].startswith("issue")                # 8 x 2,000 / 4 a clock > the 3,524 shared wavefronts
     assert m["clock_hz"] == 1.98e9
 
 
@@ -299,7 +305,7 @@ def test_run_profile_puts_rung_8_beside_atomic_w8_and_flash(step2, tmp_path, mon
     assert "atomic_w8 6,750 us, FLASH 4,880 us (0.72x FLASH's speed), atomic_2d 4,850 us (1.01x FLASH's speed)" in last
     assert "atomic_2d dK/dV d64 | 4,700 | 47 % | 40 % | 62 % | 2.14 |" in last        # 1.8e8 / 8.4e7
     assert "\natomic_2d dK/dV d64 | 4,700 |" in last and "\nmodel 2d d64 (" in last      # after atomic_w8 and its model
-    assert ("atomic_2d: shared wavefronts per HMMA 2.14 (predicted 2.0-2.3: as predicted; atomic_w8 2.86, FLASH "
+    assert ("atomic_2d: shared wavefronts per HMMA 2.14 (predicted 2.0-2.2: as predicted; atomic_w8 2.86, FLASH "
             "2.08), dK/dV kernel 4,700 us (predicted 4,500-5,600: as predicted") in last
     assert "atomic_2d: beside FLASH's dK/dV/dQ kernel: shared wavefronts per HMMA 2.14 (FLASH 2.08)" in last
     saved = json.loads((tmp_path / "attention_backward_profile.json").read_text())
