@@ -155,10 +155,9 @@ def main(argv=None):
             for name in (f"hbwd_bf16_d{d}{c}" for d in t08["HOPPER_BWD_DIMS"] for c in ("", "_causal")):
                 print(f"{v:10s} {name:24s} {t08['attn_bwd_h'][name].resources}")
             continue
-        for d in (64, 128):                         # BWD_RUNG_AT: the rung that runs where v has no kernel at d
-            dkdv, dq, _ = t08["BWD_LADDER"][t08["BWD_RUNG_AT"].get((v, d), v)]
-            for name in (f"{dkdv}_bf16_d{d}",) + ((f"{dq}_bf16_d{d}",) if dq and d == 64 else ()):
-                print(f"{v:10s} {name:24s} {t08['attn_bwd'][name].resources}")
+        dkdv, dq, _ = t08["BWD_LADDER"][v]
+        for name in (f"{dkdv}_bf16_d64", f"{dkdv}_bf16_d128") + ((f"{dq}_bf16_d64",) if dq else ()):
+            print(f"{v:10s} {name:24s} {t08['attn_bwd'][name].resources}")
     ns = tuple(int(n) for n in args.ns.split(",")) if args.ns else ((1024, 4096) if args.quick
                                                                     else (1024, 2048, 4096, 8192, 16384))
     dims = tuple(int(d) for d in args.dims.split(","))
@@ -247,7 +246,7 @@ W8_QUERY_TILE = {64: 64, 128: 32}               # BWD_BM64, BWD_BM128: queries a
 # The profiled rungs' dK/dV kernels and tiles (the notebook's BWD_LADDER / BWD_DKDV_TILES): kernel prefix, warps,
 # keys a block, queries a step per d, row tiles of 16 keys a warp. atomic_2d (rung 8) has its own kernel at d = 64 only.
 RUNG_TILES = {"atomic_w8": ("bwd_dkdv_w8", W8_WARPS, W8_KEYS, W8_QUERY_TILE, 1),
-              "atomic_2d": ("bwd_dkdv_2d", 4, 128, {64: 32}, 2)}
+              "atomic_2d": ("bwd_dkdv_2d", {64: 4, 128: 8}, 128, {64: 32, 128: 32}, 2)}
 
 
 def loop_body(sass: str) -> dict[str, int]:
@@ -285,7 +284,8 @@ def _count(counts: dict[str, int], prefix: str) -> int:
 
 def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dict[str, int] | None = None,
                     rates: dict | None = None, instructions_per_warp_step: float | None = None,
-                    warps: int = W8_WARPS, keys: int = W8_KEYS, bm: int | None = None, mt: int = 1) -> dict:
+                    warps: int = W8_WARPS, keys: int = W8_KEYS, bm: int | None = None, mt: int = 1,
+                    pair: bool = False) -> dict:
     """What one tile step of atomic_w8's dK/dV kernel (8 warps, 128 keys, BM queries a step) asks of each unit of an
     SM, at FlashAttention-3's shape (B N = 16k, H d = 2048), and how long the kernel would take if each alone bound it.
 
@@ -298,7 +298,8 @@ def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dic
     cp.async writes Q, dO, LSE, Dv tiles into shared memory (one wavefront per 128 B).
     warps, keys, bm, mt: another rung of the same family (atomic_2d: 4 warps, 128 keys, 32 queries a step, mt = 2
     row tiles of 16 keys a warp: S^T and dP^T take MT A fragments a k-step, the B fragments and the dV/dK products'
-    ldmatrix.trans feed MT mma's each).
+    ldmatrix.trans feed MT mma's each); pair: atomic_2d at d = 128 (8 warps in pairs, below). Other shared traffic
+    from the loop body counts both of a pair's branches (P^T's float2 stores and loads, dS^T's): a bound.
     Returns {"rows": [{resource, per_block_step, per_64_queries, unit, alone_ms}], "bound", "predicted_ms",
     "blocks_per_sm", "waves", ...}."""
     from kernellab import occupancy
@@ -311,6 +312,11 @@ def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dic
     DBW = DB // (W // RG)
     hmma_warp = MT * (2 * NB * (d // 16) + 2 * DB * (BM // 16)) + DBW * (KT // 16)
     ldsm_warp = 2 * (d // 16) * (MT + NB // 2) + 2 * (BM // 16) * (DB // 2) + (KT // 16) * (1 + DBW // 2)
+    if pair:         # atomic_2d at d = 128: a warp pair shares MT row tiles; one warp S^T, the other dP^T (each over
+        # d), each half of dV and dK's columns for the MT row tiles: the same HMMA as MT = 1 over 16 MT keys a warp
+        # pair, A fragments of S^T / dP^T MT a k-step, the dV / dK B fragments (.trans, d/2 wide) feeding MT HMMA
+        hmma_warp = MT * NB * (d // 16) + 2 * MT * (DB // 2) * (BM // 16) + DBW * (KT // 16)
+        ldsm_warp = (d // 16) * (MT + NB // 2) + 2 * (BM // 16) * (DB // 4) + (KT // 16) * (1 + DBW // 2)
     other_smem_warp = _count(loop, "LDS") + _count(loop, "STS")
     cp_async_bytes = 2 * BM * d * 2 + 2 * BM * 4           # Q, dO tiles; LSE, Dv rows
     wavefronts = W * (4 * ldsm_warp + other_smem_warp) + cp_async_bytes / 128
@@ -437,8 +443,7 @@ def profile_child(ns, dims) -> None:
             q, k, v, do = (torch.randn(B, H, N, d, generator=g).to(torch.bfloat16).cuda() for _ in range(4))
             o, lse = t08["attention_forward"](q, k, v, False)
             t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_w8")
-            if ("atomic_2d", d) not in t08["BWD_RUNG_AT"]:       # rung 8 where it has its own kernel (d = 64)
-                t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_2d")
+            t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_2d")
             if d in t08["BWD_OP_HOPPER_DIMS"] and t08["hopper_backward_applies"](q):
                 t08["attention_backward"](q, k, v, o, lse, do, False, "hopper")
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -591,24 +596,26 @@ def verdict(ours: dict, flash: dict | None, model: dict | None) -> list[str]:
 
 
 # Rung 8's prediction (tutorial 08, NOTES-attention-backward.md), written before a GPU ran it: wavefronts a HMMA
-# (the model's 2.08 at d = 64; it gives atomic_w8 2.75, measured 2.81) and its dK/dV kernel's time (1.45-1.8x the
-# model's 3.10 ms bound, as atomic_w8 ran 1.62x and FLASH 1.52x theirs).
-RUNG_2D_PREDICTED = dict(wavefronts_per_hmma=(2.0, 2.2), kernel_us=(4_500, 5_600))
+# per head dim (the model's 2.08 at d = 64, where it gives atomic_w8 2.75, measured 2.81; at d = 128 2.46 with both
+# of a warp pair's branches counted, ~2.25 with each warp's own) and its dK/dV kernel's time (1.4-1.8x the model's
+# bound: 3.10 ms at d = 64, ~3.4 at d = 128; atomic_w8 ran 1.62x / 1.55x and FLASH 1.52x theirs).
+RUNG_2D_PREDICTED = {64: dict(wavefronts_per_hmma=(2.0, 2.2), kernel_us=(4_500, 5_600)),
+                     128: dict(wavefronts_per_hmma=(2.1, 2.4), kernel_us=(4_700, 5_700))}
 
 
 def rung_2d_lines(two: dict, w8: dict, flash: dict | None, model: dict) -> list[str]:
     """What rung 8's profile says against its prediction, atomic_w8 and FLASH: its wavefronts a HMMA and its time."""
     wf, us = two.get("wavefronts_per_hmma"), two.get("us")
-    lo, hi = RUNG_2D_PREDICTED["wavefronts_per_hmma"]
-    ulo, uhi = RUNG_2D_PREDICTED["kernel_us"]
+    lo, hi = RUNG_2D_PREDICTED[model["d"]]["wavefronts_per_hmma"]
+    ulo, uhi = RUNG_2D_PREDICTED[model["d"]]["kernel_us"]
     inside = (lambda v, a, b: "n/a" if v is None else "as predicted" if a <= v <= b      # noqa: E731
               else "below the prediction" if v < a else "ABOVE the prediction")
     out = [f"atomic_2d: shared wavefronts per HMMA {_num(wf, 2)} (predicted {lo}-{hi}: {inside(wf, lo, hi)}; "
            f"atomic_w8 {_num(w8.get('wavefronts_per_hmma'), 2)}, FLASH "
            f"{_num((flash or {}).get('wavefronts_per_hmma'), 2)}), dK/dV kernel {_num(us)} us (predicted {ulo:,}-"
            f"{uhi:,}: {inside(us, ulo, uhi)}; atomic_w8 {_num(w8.get('us'))} us, FLASH {_num((flash or {}).get('us'))}"
-           f" us), tensor {_pc(two.get('tensor_pct'))}, occupancy {_pc(two.get('occupancy_pct'))} (2 blocks of 4 "
-           "warps = 12.5 %)"]
+           f" us), tensor {_pc(two.get('tensor_pct'))}, occupancy {_pc(two.get('occupancy_pct'))} ("
+           + ("2 blocks of 4" if model["d"] == 64 else "1 block of 8") + " warps = 12.5 %)"]
     out += ["atomic_2d: " + line for line in verdict(two, flash, model)]
     return out
 
@@ -646,15 +653,18 @@ def static_model(t08_bwd, d: int, N: int, clock_hz: float | None = None, instruc
     atomic_w8 or another rung of RUNG_TILES; instructions: ncu's warp instructions for the kernel (replaces the static
     loop body's count)."""
     prefix, W, KT, bms, MT = RUNG_TILES[variant]
+    W = W[d] if isinstance(W, dict) else W
     k = t08_bwd[f"{prefix}_bf16_d{d}"]
     BM = bms[d]
-    smem = 2 * KT * d * 2 + 4 * BM * d * 2 + 4 * BM * 4 + KT * 64 * 2     # bwd_dkdv_smem_bytes(d, True, W, KT, BM)
+    pair = variant == "atomic_2d" and d == 128                              # the notebook's BWD_PAIRS
+    smem = (2 * KT * d * 2 + 4 * BM * d * 2 + 4 * BM * 4 + KT * 64 * 2     # bwd_dkdv_smem_bytes(d, True, W, KT, BM)
+            + (KT * BM * 4 if pair else 0))                                 # + the pairs' P^T tile
     B, H = max(1, 16384 // N), 2048 // d
     per_warp_step = (instructions / (math.ceil(N / KT) * B * H * math.ceil(N / BM) * W)
                      if instructions else None)
     return atomic_w8_model(d, N, k.resources.registers, smem, loop_body(str(k.sass)),
                            rates={"clock_hz": clock_hz} if clock_hz else None,
-                           instructions_per_warp_step=per_warp_step, warps=W, keys=KT, bm=BM, mt=MT)
+                           instructions_per_warp_step=per_warp_step, warps=W, keys=KT, bm=BM, mt=MT, pair=pair)
 
 
 def _main_kernel(reports, tags, who: str, d: int, N: int):

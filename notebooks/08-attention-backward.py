@@ -838,6 +838,196 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
         }
 }
 
+// acc[MT][DW / 8][4] (MT x 16 rows x DW columns) += A B, A (MT x 16 x 16 KC) in registers as in gemm_ab_regs_mt, B
+// rows [16 kc, 16 kc + 16) and columns [8 c0, 8 c0 + DW) of tile `b` ([rows, D] swizzled) through ldmatrix.trans.
+template <typename T, int D, int DW, int KC, int MT>
+__device__ __forceinline__ void gemm_ab_regs_cols(float (&acc)[MT][DW / 8][4], const uint32_t (&af)[MT][KC][4],
+                                                  uint32_t b, int c0) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+        for (int db = 0; db < DW / 8; db += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + swz<D>(16 * kc + (lane & 15), c0 + db + (lane >> 4)));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816<T>(acc[m][db], af[m][kc], bf[0], bf[1]);
+                mma_16816<T>(acc[m][db + 1], af[m][kc], bf[2], bf[3]);
+            }
+        }
+}
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {   // barrier `id` (1-15) of `threads` threads
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Rung 8 at d = 128 (atomic_2d): W8P = 8 warps in 4 pairs, a pair 32 keys (2 row tiles), 128 keys a block, BM-query
+// steps. Of a pair, warp 0 computes S^T = K Q^T and P^T, warp 1 dP^T = V dO^T, each for the pair's 32 keys over all
+// of D; P^T goes to warp 1 through shared memory (fp32, in the accumulators' layout: each thread reads what its
+// counterpart wrote), dS^T to warp 0 and to dQ (T, swizzled rows of 64 as in dkdv). Each warp then owns half of dK
+// and dV's columns (warp 0: [0, D/2), warp 1: [D/2, D)): 128 floats a thread, as 16 keys x D would be. dQ = dS K of
+// the block's [BM, D] share (a warp 16 queries x D/4 columns, over the 128 keys) by red.global.add.v2.f32.
+// Shared memory: K, V [128, D]; 2 x (Q, dO) [BM, D]; 2 x (LSE, Dv) [BM]; dS^T [128, 64] T; P^T [128 x BM] fp32.
+template <typename T, int D, int BM, bool CAUSAL>
+__device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                                          const T* __restrict__ dO, const float* __restrict__ LSE,
+                                          const float* __restrict__ Dv, float* __restrict__ dq_accum,
+                                          T* __restrict__ dK, T* __restrict__ dV, int N, float scale) {
+    constexpr int W = 8, NT = 32 * W, MT = 2, KT = 16 * MT * (W / 2);          // 128 keys a block
+    constexpr int NB = BM / 8, DB = D / 8, DH = D / 2, TB = KT * D * 2, QB = BM * D * 2;
+    static_assert(BM <= 64 && W % (BM / 16) == 0, "dS^T rows of 64; 16-row groups of dQ over the warps");
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t k_tile = smem_u32(smem), v_tile = k_tile + TB;             // [KT, D] each
+    const uint32_t q_tile0 = v_tile + TB, do_tile0 = q_tile0 + 2 * QB;        // [2][BM, D] each
+    const uint32_t lse0 = do_tile0 + 2 * QB, dv0 = lse0 + 2 * BM * 4;         // [2][BM] fp32 each
+    const uint32_t ds_tile = dv0 + 2 * BM * 4;                                // [KT keys, 64] T
+    const float* lse_s = reinterpret_cast<const float*>(smem + 2 * TB + 4 * QB);
+    const float* dv_s = lse_s + 2 * BM;
+    float2* pt_s = reinterpret_cast<float2*>(smem + 2 * TB + 4 * QB + 4 * BM * 4 + KT * 64 * 2);   // [KT x BM] fp32
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int pair = warp / 2, role = warp % 2;               // role 0: S^T and P^T; role 1: dP^T and dS^T
+    const int kv0 = blockIdx.x * KT, kw = 16 * MT * pair, c0 = role * (DH / 8);   // c0: the warp's first 8-column block
+    const size_t head = (size_t)blockIdx.y * N;
+    Q += head * D; K += head * D; V += head * D; dO += head * D; LSE += head; Dv += head;
+    dK += head * D; dV += head * D; dq_accum += head * D;
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    const int i_first = CAUSAL ? kv0 / BM : 0, i_end = (N + BM - 1) / BM;
+    load_tile<KT, D, T, NT>(k_tile, K, kv0, N);
+    load_tile<KT, D, T, NT>(v_tile, V, kv0, N);
+    auto load_q = [&](int i, int buf) {
+        load_tile<BM, D, T, NT>(q_tile0 + buf * QB, Q, i * BM, N);
+        load_tile<BM, D, T, NT>(do_tile0 + buf * QB, dO, i * BM, N);
+        load_row_values<BM, NT>(lse0 + buf * BM * 4, LSE, i * BM, N);
+        load_row_values<BM, NT>(dv0 + buf * BM * 4, Dv, i * BM, N);
+    };
+    load_q(i_first, 0);
+    cp_async_commit();
+
+    float dk[MT][DH / 8][4], dv[MT][DH / 8][4];              // the warp's half of the pair's dK and dV columns
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int e = 0; e < DH / 8; ++e)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dk[m][e][c] = dv[m][e][c] = 0.f;
+    unsigned char* ds = smem + (ds_tile - k_tile);
+    // pt_s index of the thread's pair (e = 2h, 2h + 1) of row tile m, n-block nb: lane-contiguous float2
+    auto pt_at = [&](int m, int nb, int h) { return (((pair * MT + m) * NB + nb) * 2 + h) * 32 + lane; };
+
+    for (int i = i_first; i < i_end; ++i) {
+        const int buf = (i - i_first) & 1, q0 = i * BM;
+        cp_async_wait_all();
+        __syncthreads();                      // tile i in place; every warp done with tile i - 1, dS^T and P^T
+        if (i + 1 < i_end) load_q(i + 1, buf ^ 1);
+        cp_async_commit();
+        const uint32_t q_tile = q_tile0 + buf * QB, do_tile = do_tile0 + buf * QB;
+        const float* lse = lse_s + buf * BM;
+        const float* dvec = dv_s + buf * BM;
+
+        // role 0: S^T = K Q^T; role 1: dP^T = V dO^T (the pair's 32 keys x BM queries, over D)
+        float acc[MT][NB][4], p[MT][NB][4];
+        gemm_abt_mt<T, D, NB, MT>(acc, role ? v_tile : k_tile, kw, role ? do_tile : q_tile);
+        const bool mask = q0 + BM > N || (CAUSAL && q0 < kv0 + KT);
+        uint32_t ap[MT][NB / 2][4], as[MT][NB / 2][4];       // P^T and dS^T as A fragments (T)
+        if (role == 0) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                probs_t_each<CAUSAL, NB>(acc[m], lse, scale_log2, q0, kv0 + kw + 16 * m + g, t, N, mask);
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) pt_s[pt_at(m, nb, h)] = make_float2(acc[m][nb][2 * h], acc[m][nb][2 * h + 1]);
+                pack_a<T, NB>(ap[m], acc[m]);
+            }
+        }
+        named_bar_sync(1 + pair, 64);         // P^T of the pair in shared memory (the pair's 64 threads)
+        if (role == 1) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float2 x = pt_s[pt_at(m, nb, h)];
+                        p[m][nb][2 * h] = x.x;
+                        p[m][nb][2 * h + 1] = x.y;
+                    }
+                ds_t<NB>(acc[m], p[m], dvec, t, scale);          // dS^T = P^T o (dP^T - Dv) scale, in acc
+                pack_a<T, NB>(ap[m], p[m]);
+                pack_a<T, NB>(as[m], acc[m]);
+#pragma unroll
+                for (int kc = 0; kc < NB / 2; ++kc)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r)   // as[m][kc][2h + r]: key kw + 16 m + g + 8 r, queries 16 kc + 8 h + 2t
+                            *reinterpret_cast<uint32_t*>(ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t) =
+                                as[m][kc][2 * h + r];
+            }
+        }
+        gemm_ab_regs_cols<T, D, DH, NB / 2, MT>(dv, ap, do_tile, c0);     // dV[:, half] += P^T dO[:, half]
+        __syncthreads();                      // dS^T of every pair in shared memory
+        if (role == 0) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int kc = 0; kc < NB / 2; ++kc)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r)
+                            as[m][kc][2 * h + r] =
+                                *reinterpret_cast<const uint32_t*>(ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t);
+        }
+        gemm_ab_regs_cols<T, D, DH, NB / 2, MT>(dk, as, q_tile, c0);      // dK[:, half] += dS^T Q[:, half]
+
+        // dQ += dS K ([BM, D] over the block's KT keys): RG groups of 16 query rows, D split over W / RG warps
+        constexpr int RG = BM / 16, DBW = DB / (W / RG);
+        const int rw = 16 * (warp % RG), db0 = (warp / RG) * DBW;
+        float dq[DBW][4];
+#pragma unroll
+        for (int e = 0; e < DBW; ++e) dq[e][0] = dq[e][1] = dq[e][2] = dq[e][3] = 0.f;
+#pragma unroll 4
+        for (int kc = 0; kc < KT / 16; ++kc) {
+            uint32_t a[4];                            // dS rows rw .. (queries), keys 16 kc ..: stored transposed
+            ldmatrix_x4_trans(a, ds_tile + swz<64>(16 * kc + (lane & 7) + ((lane >> 4) << 3),
+                                                   rw / 8 + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int db = 0; db < DBW; db += 2) {
+                uint32_t bf[4];
+                ldmatrix_x4_trans(bf, k_tile + swz<D>(16 * kc + (lane & 15), db0 + db + (lane >> 4)));
+                mma_16816<T>(dq[db], a, bf[0], bf[1]);
+                mma_16816<T>(dq[db + 1], a, bf[2], bf[3]);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = q0 + rw + g + 8 * h;
+            if (row < N)
+#pragma unroll
+                for (int db = 0; db < DBW; ++db)
+                    red_add_v2(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t, dq[db][2 * h], dq[db][2 * h + 1]);
+        }
+    }
+    cp_async_wait_all();
+
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int key = kv0 + kw + 16 * m + g + 8 * h;
+            if (key < N)
+#pragma unroll
+                for (int db = 0; db < DH / 8; ++db) {
+                    const size_t at = (size_t)key * D + 8 * (c0 + db) + 2 * t;
+                    *reinterpret_cast<uint32_t*>(dK + at) = pack2<T>(dk[m][db][2 * h], dk[m][db][2 * h + 1]);
+                    *reinterpret_cast<uint32_t*>(dV + at) = pack2<T>(dv[m][db][2 * h], dv[m][db][2 * h + 1]);
+                }
+        }
+}
+
 // dQ of QT = 16 W queries per block (variant b; W warps, warp w: rows q0 + 16 w ..) in registers, walking the key tiles of BWD_BN
 // keys (double-buffered K, V): S and dP recomputed, dS straight from the accumulators as the A operand of dS K.
 // grid (ceil(N / QT), BH), 32 W threads, dynamic smem: Q and dO tiles, 2 K and 2 V tiles.
@@ -955,6 +1145,11 @@ extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const
         const float* lse, const float* dv_rows, T* dq, int n, float scale) { \
     bwd::dq_pass<T, __VA_ARGS__>(q, k, v, d_o, lse, dv_rows, dq, n, scale); \
 }
+#define BWD_DKDV_PAIR(name, bounds, T, ...) \
+extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const T* d_o, \
+        const float* lse, const float* dv_rows, float* dq_accum, T* dk, T* dv, int n, float scale) { \
+    bwd::dkdv_pair<T, __VA_ARGS__>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale); \
+}
 #define BWD_DKV_MT(name, bounds, T, ...) \
 extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const T* d_o, \
         const float* lse, const float* dv_rows, float* dq_accum, T* dk, T* dv, int n, float scale) { \
@@ -1007,11 +1202,16 @@ BWD_DKV_MT(bwd_dkv_2d_f16_d64_causal, BWD_BOUNDS, __half, 64, 32, true, 2)
 BWD_DKDV(bwd_dkv_2d_f16_d128, BWD_BOUNDS, __half, 128, BWD_BM128, false, false)
 BWD_DKDV(bwd_dkv_2d_f16_d128_causal, BWD_BOUNDS, __half, 128, BWD_BM128, true, false)
 // bwd_dkdv_2d (rung 8, atomic_2d): rung 7's 2-D warp tile (32 keys x 32 queries a warp, 128 keys a block) with dQ by
-// vector reductions, as atomic_w8, at d = 64; two blocks an SM. At d = 128 the rung is atomic_w8 (BWD_RUNG_AT).
+// vector reductions, as atomic_w8, at d = 64; two blocks an SM. At d = 128: bwd::dkdv_pair (8 warps in pairs).
 BWD_DKV_MT(bwd_dkdv_2d_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, 32, false, 2, true)
 BWD_DKV_MT(bwd_dkdv_2d_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, 32, true, 2, true)
 BWD_DKV_MT(bwd_dkdv_2d_f16_d64, BWD_BOUNDS, __half, 64, 32, false, 2, true)
 BWD_DKV_MT(bwd_dkdv_2d_f16_d64_causal, BWD_BOUNDS, __half, 64, 32, true, 2, true)
+// at d = 128: warp pairs sharing 32 keys, each warp half of dK and dV's columns (bwd::dkdv_pair), 8 warps, 128 keys
+BWD_DKDV_PAIR(bwd_dkdv_2d_bf16_d128, BWD_BOUNDS8, __nv_bfloat16, 128, 32, false)
+BWD_DKDV_PAIR(bwd_dkdv_2d_bf16_d128_causal, BWD_BOUNDS8, __nv_bfloat16, 128, 32, true)
+BWD_DKDV_PAIR(bwd_dkdv_2d_f16_d128, BWD_BOUNDS8, __half, 128, 32, false)
+BWD_DKDV_PAIR(bwd_dkdv_2d_f16_d128_causal, BWD_BOUNDS8, __half, 128, 32, true)
 // bwd_dkv_lean + bwd_dq_lean: variant (b) with the lean tile step (rung 6); bwd_dkdv_lean: variant (a), lean, with
 // the vector reductions.
 BWD_DKDV(bwd_dkv_lean_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, false, 4, false, true)
@@ -1128,14 +1328,14 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
 #    *Prediction*: the `dK`/`dV` kernel 15-30 % faster at `d = 64`, the whole backward 10-20 % (the `dQ` pass,
 #    about 40 % of (b)'s time, is unchanged): 0.75-0.85x FLASH at `N = 4096`.
 #
-# 8. **`atomic_2d`**: rung 7's two-dimensional warp tile in `atomic_w8`'s kernel, at `d = 64`. Nsight Compute put
-#    `atomic_w8`'s `dK`/`dV` kernel at 2.81 shared wavefronts per `mma` against 1.95-2.09 in FlashAttention-2's, with
-#    the shared pipe as busy (60 %) and the tensor pipe at 33 % against 46-49 %, and one block of 8 warps an SM whose
-#    two barriers a step stall all of them (benchmarks/NOTES-attention-backward.md). Rung 8 takes both: a warp owns
-#    32 keys x 32 queries of `S^T` and `dP^T` (two row tiles, `dK` and `dV` of 32 keys: 128 floats a thread), 4 warps
-#    and 128 keys a block, 32-query tiles (double-buffered with `cp.async` as before), `dS^T` through shared memory
-#    as `T` and `dQ = dS K` of the block's 32 x 64 share (a warp 16 queries x 32 columns, over the 128 keys) added by
-#    `red.global.add.v2.f32`: one share per 128 keys, as `atomic_w8`. 255 registers without spills under
+# 8. **`atomic_2d`**: rung 7's two-dimensional warp tile in `atomic_w8`'s kernel. Nsight Compute put `atomic_w8`'s
+#    `dK`/`dV` kernel at 2.81 shared wavefronts per `mma` against 1.95-2.09 in FlashAttention-2's, with the shared
+#    pipe as busy (60 %) and the tensor pipe at 33 % against 46-49 %, and one block of 8 warps an SM whose two
+#    barriers a step stall all of them (benchmarks/NOTES-attention-backward.md). At `d = 64` rung 8 takes both: a warp
+#    owns 32 keys x 32 queries of `S^T` and `dP^T` (two row tiles, `dK` and `dV` of 32 keys: 128 floats a thread),
+#    4 warps and 128 keys a block, 32-query tiles (double-buffered with `cp.async` as before), `dS^T` through shared
+#    memory as `T` and `dQ = dS K` of the block's 32 x 64 share (a warp 16 queries x 32 columns, over the 128 keys)
+#    added by `red.global.add.v2.f32`: one share per 128 keys, as `atomic_w8`. 255 registers without spills under
 #    `__launch_bounds__(128, 2)` and 66,048 B of shared memory, so **two blocks an SM**: a barrier stops 4 warps, and
 #    the other block's 4 run on. *Counted before a GPU ran it*, a warp's tile step:
 #
@@ -1153,19 +1353,30 @@ for name in ("bwd_dkdv_bf16_d64", "bwd_dkdv_bf16_d128_causal", "bwd_dkv_bf16_d12
 #    (`atomic_w8_model(..., warps=4, keys=128, bm=32, mt=2)` in benchmarks/attention_backward.py) gives 2.08
 #    wavefronts an `mma` (2.75 for `atomic_w8`, measured 2.81), FlashAttention-2's measured 1.95-2.09; the kernel
 #    alone 3.10 ms at the shared-memory bound (3.60 at the static issue bound, both mask branches counted; the tensor
-#    pipe 2.24). At
-#    `d = 128` `dK` and `dV` of 32 keys would be 256 floats a thread: there the rung runs `atomic_w8`'s kernels
-#    (`BWD_RUNG_AT`). *Prediction* (H100, bf16, `N = 4096`): the shared wavefronts an `mma` 2.0-2.2; the `dK`/`dV`
-#    kernel 4.5-5.6 ms (1.45-1.8x its bound, as `atomic_w8` ran 1.62x and FlashAttention-2 1.52x theirs), the whole
-#    backward **0.9-1.1x SDPA's FLASH** at `d = 64` (240-300 TFLOP/s where FLASH does 270; 1.2-1.4x `atomic_w8`),
-#    the causal case the same ratio within 5 %; at `d = 128` `atomic_w8`'s 0.71-0.72x. The risk is rung 7's: its
-#    `dK`/`dV` kernel had this tile and 33 % fewer `ldmatrix` per `mma` and the backward gained only 0-8 %; a
-#    measured 2.0-2.2 wavefronts with a kernel above 5.6 ms would say latency (the 32-query step's fixed costs), not
-#    shared memory, limits the 4-warp tile.
+#    pipe 2.24).
 #
-# What FlashAttention-2 does beyond these: `P` and `dS` through shared memory for every product (its warps tile
-# `dV`, `dK` and `dQ` over `d` as well as rows, so no warp holds a whole row of `dK`), which is also how a `d = 128`
-# two-dimensional tile fits in 255 registers.
+#    At `d = 128`, `dK` and `dV` of 32 keys would be 256 floats a thread, so there the 32 keys belong to a **pair of
+#    warps** (`bwd::dkdv_pair`, 8 warps, 128 keys a block, one block an SM): warp 0 computes `S^T` and `P^T`, warp 1
+#    `dP^T` (each 32 keys x 32 queries over all of `d`: 64 `mma`, 32 `ldmatrix.x4`); `P^T` passes to warp 1 through
+#    shared memory in fp32 in the accumulators' own layout (each thread reads, as `float2`, what its counterpart
+#    wrote: 16 `STS.64` / `LDS.64`, a named barrier of the pair's 64 threads between), warp 1 forms `dS^T` and stores
+#    it as `T` for `dQ` and for warp 0 (16 `STS.32` / `LDS.32` after the block's barrier), and each warp owns half of
+#    `dK`'s and `dV`'s columns (128 floats), so its `dV`, `dK` products are 32 `mma` each with 8 `ldmatrix.x4.trans`
+#    that feed 4 `mma`. With `dQ`'s 32 / 24 the warp's step is again **160 `mma`, 72 `ldmatrix.x4`** (`atomic_w8` at
+#    `d = 128`: 104); 254 registers, no spills, 131,584 B. The model (`pair=True`) gives 2.46 wavefronts an `mma`
+#    counting both of a pair's branches, about 2.25 for one warp's own (`atomic_w8` 2.83, measured 2.86; FLASH 1.95).
+#
+#    *Prediction* (H100, bf16, `N = 4096`): at `d = 64` the shared wavefronts an `mma` 2.0-2.2, the `dK`/`dV` kernel
+#    4.5-5.6 ms (1.45-1.8x its bound, as `atomic_w8` ran 1.62x and FlashAttention-2 1.52x theirs), the whole backward
+#    **0.9-1.1x SDPA's FLASH** (240-300 TFLOP/s where FLASH does 270; 1.2-1.4x `atomic_w8`); at `d = 128` 2.1-2.4
+#    wavefronts, the kernel 4.7-5.7 ms, **0.8-1.0x FLASH** (1.15-1.4x `atomic_w8`: one block of 8 warps an SM and a
+#    third barrier, so less overlap than at `d = 64`); the causal cases the same ratios within 5 %. The risk is rung
+#    7's: its `dK`/`dV` kernel had this tile and 33 % fewer `ldmatrix` per `mma` and the backward gained only 0-8 %;
+#    wavefronts as predicted with a kernel above the range would say latency (the 32-query step's fixed costs), not
+#    shared memory, limits the tile.
+#
+# What FlashAttention-2 does beyond these: larger query steps (64-128 rows, its `P` and `dS` in shared memory for every
+# product, so no warp holds whole rows of both `dK` and `dV`), and `d = 128` with 1.95 wavefronts an `mma`.
 # `BWD_OP_VARIANT` (launcher cell) is the op's choice per `(d, causal)`: the fastest rung measured.
 #
 # **Measured** (NVIDIA H200, one GPU of a 4 x H200 host, 2026-11-27, `python3 tools/gpu/run.py
@@ -1185,11 +1396,12 @@ for name in ("bwd_dkdv_v2_bf16_d64", "bwd_dkv_w8_bf16_d64", "bwd_dq_w8_bf16_d64"
     print(" " * 31, kern.instruction_summary)
 
 # %% [markdown]
-# Rung 8's card beside `atomic_w8`'s: `LDSM` per `HMMA` in the SASS (the loop holds `dQ`'s k-loop once: 4 of its 8
-# steps in `atomic_2d`, 4 of 8 in `atomic_w8`), and the blocks an SM each launch gets.
+# Rung 8's cards beside `atomic_w8`'s, at `d = 64` and `d = 128`: `LDSM` per `HMMA` in the SASS (the loop holds
+# `dQ`'s k-loop once: 4 of its 8 steps in `atomic_2d`, 4 of 8 in `atomic_w8`), and the blocks an SM each launch gets.
 
 # %%
-for name, threads, smem in (("bwd_dkdv_2d_bf16_d64", 128, 66_048), ("bwd_dkdv_w8_bf16_d64", 256, 82_944)):
+for name, threads, smem in (("bwd_dkdv_2d_bf16_d64", 128, 66_048), ("bwd_dkdv_w8_bf16_d64", 256, 82_944),
+                            ("bwd_dkdv_2d_bf16_d128", 256, 131_584), ("bwd_dkdv_w8_bf16_d128", 256, 115_200)):
     kern = attn_bwd[name]
     sass = str(kern.sass)
     ldsm, hmma = len(re.findall(r"\bLDSM\b", sass)), len(re.findall(r"\bHMMA\b", sass))
@@ -1218,10 +1430,11 @@ BWD_LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4),
               "atomic_lean": ("bwd_dkdv_lean", None, 4), "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4),
               "atomic_2d": ("bwd_dkdv_2d", None, 4)}
 VARIANTS = tuple(BWD_LADDER)
-# (variant, d) -> (keys a dK/dV block, query tile) where a rung's differ from 16 x warps and BWD_QUERY_TILE[d]
-BWD_DKDV_TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32)}
-# (variant, d) -> the rung that runs instead where the variant's own kernel does not exist at that head dim
-BWD_RUNG_AT = {("atomic_2d", 128): "atomic_w8"}     # 32 keys a warp: dK and dV alone would be 256 floats a thread
+# (variant, d) -> (keys a dK/dV block, query tile[, warps]) where a rung's differ from 16 x warps, BWD_QUERY_TILE[d]
+# and BWD_LADDER's warps
+BWD_DKDV_TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32), ("atomic_2d", 128): (128, 32, 8)}
+# rungs whose warps work in pairs (bwd::dkdv_pair): P^T passes between them in shared memory, [keys x query tile] fp32
+BWD_PAIRS = {("atomic_2d", 128)}
 # The op's variant per (head dim, causal): (b) until the GPU's ladder (benchmarks/attention_backward.py) says otherwise
 BWD_OP_VARIANT = {(64, False): "atomic_w8", (64, True): "atomic_w8", (128, False): "atomic_w8",
                   (128, True): "atomic_w8"}   # measured fastest (H200, bench-attention-backward)
@@ -1285,13 +1498,13 @@ def _backward_launches(variant, dtype, B, H, N, d, causal):
     dt = "bf16" if dtype == torch.bfloat16 else "f16"
     suffix = f"{dt}_d{d}{'_causal' if causal else ''}"
     rows = B * H * N
-    variant = BWD_RUNG_AT.get((variant, d), variant)
     dkdv, dq_pass, warps = BWD_LADDER[variant]
-    keys, bm = BWD_DKDV_TILES.get((variant, d), (16 * warps, BWD_QUERY_TILE[d]))
+    keys, bm, *w = BWD_DKDV_TILES.get((variant, d), (16 * warps, BWD_QUERY_TILE[d]))
+    warps = w[0] if w else warps
     atomic = dq_pass is None
     pre = attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128]
     grid, threads = (math.ceil(N / (16 * warps)), B * H), 32 * warps       # the dQ pass: 16 queries a warp
-    smem = bwd_dkdv_smem_bytes(d, atomic, warps, keys, bm)
+    smem = bwd_dkdv_smem_bytes(d, atomic, warps, keys, bm) + (keys * bm * 4 if (variant, d) in BWD_PAIRS else 0)
     main = attn_bwd[f"{dkdv}_{suffix}"][(math.ceil(N / keys), B * H), threads, smem]
     if atomic:
         n = rows * d
@@ -1447,7 +1660,7 @@ kernellab.roofline([r for r in step2.values()])
 # ### Rung 8 against its prediction
 #
 # `atomic_2d` beside `atomic_w8` and SDPA's FLASH and CUDNN backward at `N = 4096` (predicted above: 0.9-1.1x FLASH
-# at `d = 64`; at `d = 128` it runs `atomic_w8`'s kernels, so the two rows agree within the noise).
+# at `d = 64`, 0.8-1.0x at `d = 128`).
 
 # %%
 # %%gpu

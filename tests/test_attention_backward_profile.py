@@ -195,6 +195,20 @@ def test_the_model_of_rung_8_counts_its_2d_tile(step2):
     wf, wf8 = (x["shared memory"]["per_64_queries"] / x["tensor pipe"]["per_64_queries"] for x in (rows, rows8))
     assert wf < 2.15 < 2.6 < wf8, (wf, wf8)             # the model's 2.08 against 2.75 wavefronts a HMMA
     assert b.model_beside(m)["occupancy_pct"] == pytest.approx(12.5)      # 2 blocks x 4 warps of 64
+    # d = 128: warp pairs (bwd::dkdv_pair), 8 warps, 1 block; again 160 HMMA and 72 ldmatrix.x4 a warp step against
+    # atomic_w8's 104; the P^T tile (fp32) in the shared memory that sets the occupancy
+    k = step2["bwd_dkdv_2d_bf16_d128"]
+    loop = b.loop_body(str(k.sass))
+    assert b._count(loop, "HMMA") == 128 + 16 and b._count(loop, "LDSM") == 48 + 12 and b._count(loop, "BAR") == 3
+    assert b._count(loop, "STS") == 32 and b._count(loop, "REDG") == 8          # 16 STS.64 (P^T), 16 STS (dS^T)
+    m = b.static_model(step2, 128, 4096, variant="atomic_2d")
+    w8 = b.static_model(step2, 128, 4096)
+    assert (m["warps"], m["keys"], m["BM"], m["mt"]) == (8, 128, 32, 2) and m["blocks_per_sm"] == 1
+    assert m["hmma_per_warp_step"] == 160 and m["ldsm_x4_per_warp_step"] == 72 and w8["ldsm_x4_per_warp_step"] == 104
+    assert m["shared_bytes"] == 131_584 and m["flops"] == w8["flops"]
+    rows = {r["resource"].split(" (")[0]: r for r in m["rows"]}
+    wf = rows["shared memory"]["per_block_step"] / rows["tensor pipe"]["per_block_step"]
+    assert 2.2 < wf < 2.6, wf              # both of a pair's hand-over branches counted: 2.46 (each warp's own ~2.25)
 
 
 def test_a_measured_instruction_count_replaces_the_static_one(step2):

@@ -42,7 +42,7 @@ def test_every_step_compiles_for_sm90_without_spills(module):
     want = sorted([f"bwd_{kind}_{s}" for s in SUFFIXES
                    for kind in ("dkdv", "dkv", "dq", "dkdv_v2", "dkv_w8", "dq_w8", "dkdv_w8", "dkv_lean", "dq_lean",
                                 "dkdv_lean", "dkv_2d")]
-                  + [f"bwd_dkdv_2d_{dt}_d64{c}" for dt in ("bf16", "f16") for c in ("", "_causal")]
+                  + [f"bwd_dkdv_2d_{s}" for s in SUFFIXES]
                   + [f"bwd_pre_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)]
                   + ["bwd_dq_convert_bf16", "bwd_dq_convert_f16"])
     assert names == want
@@ -55,7 +55,8 @@ def test_every_step_compiles_for_sm90_without_spills(module):
         assert not r.spills and r.local_bytes == 0 and r.spill_store_bytes == 0, (k.name, r)
         assert r.registers <= 255, (k.name, r)
         if k.name.startswith(("bwd_dkdv", "bwd_dkv", "bwd_dq_")) and "convert" not in k.name:
-            assert r.max_threads_per_block == (256 if "_w8_" in k.name else 128), (k.name, r)
+            eight = "_w8_" in k.name or (k.name.startswith("bwd_dkdv_2d_") and "_d128" in k.name)   # 8-warp kernels
+            assert r.max_threads_per_block == (256 if eight else 128), (k.name, r)
 
 
 def test_the_ladder_keeps_step_2s_kernels_and_its_own_promises(module):
@@ -65,16 +66,16 @@ def test_the_ladder_keeps_step_2s_kernels_and_its_own_promises(module):
     per_mma = (lambda sass: len(re.findall(r"\bLDSM\b", sass)) / len(re.findall(r"\bHMMA\b", sass)))
     for s in ("bf16_d64", "f16_d64_causal"):
         assert per_mma(module[f"bwd_dkv_2d_{s}"].sass) <= 0.4 < 0.5 <= per_mma(module[f"bwd_dkv_{s}"].sass), s
-    for s in SUFFIXES[:2] + SUFFIXES[4:6]:
-        # rung 8: the 2-D warp tile with dQ by reductions: 72 ldmatrix.x4 a 160 mma a step against atomic_w8's 96
-        # (static: 60 / 144 and 78 / 136, the dQ k-loops unrolled by 4 and 2), and two blocks of 4 warps an SM
+    for s in SUFFIXES:
+        # rung 8: the 2-D warp tile with dQ by reductions: 72 ldmatrix.x4 a 160 mma a warp step against atomic_w8's
+        # 96 / 104 (static: 60 / 144 against 78 / 136 and 86 / 136, the dQ k-loops unrolled by 4 and 2); at d = 64
+        # two blocks of 4 warps an SM, at d = 128 8 warps in pairs with a pair barrier (bar.sync 1-4, 64) between
         k2d, w8 = module[f"bwd_dkdv_2d_{s}"], module[f"bwd_dkdv_w8_{s}"]
         assert per_mma(k2d.sass) <= 0.45 < 0.55 <= per_mma(w8.sass), (s, per_mma(k2d.sass), per_mma(w8.sass))
-        assert k2d.resources.max_threads_per_block == 128 and k2d.resources.registers <= 255, k2d.resources
-        assert len(re.findall(r"\bBAR\.SYNC", k2d.sass)) == 2, s     # a barrier a step, one before dQ's k-loop
+        assert k2d.resources.max_threads_per_block == (128 if "_d64" in s else 256), k2d.resources
+        assert len(re.findall(r"\bBAR\.SYNC", k2d.sass)) == (2 if "_d64" in s else 3), s
     for s in SUFFIXES:
-        kinds = ("dkdv_v2", "dkdv_w8", "dkdv_lean") + (("dkdv_2d",) if "_d64" in s else ())
-        for kind in kinds:
+        for kind in ("dkdv_v2", "dkdv_w8", "dkdv_lean", "dkdv_2d"):
             sass = module[f"bwd_{kind}_{s}"].sass
             assert re.search(r"\bREDG?\.E\.ADD\.F32x2\b", sass), (kind, s)
             assert not re.search(r"\bREDG?\.E\.ADD\.F32\.", sass), (kind, s)
@@ -108,7 +109,7 @@ def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
     assert tutorial["VARIANTS"][:2] == ("atomic", "pass")
     assert set(tutorial["VARIANTS"]) == set(tutorial["BWD_LADDER"]) | {"hopper"}        # step 3 joins as "hopper"
     assert tutorial["BWD_LADDER"] == {k: tuple(v) for k, v in LADDER.items()} and tutorial["BWD_DKDV_TILES"] == TILES
-    assert tutorial["BWD_RUNG_AT"] == RUNG_AT and set(RUNG_AT.values()) <= set(LADDER)
+    assert tutorial["BWD_PAIRS"] == PAIRS
     # atomic_2d at d = 64: 128 keys, 32-query tiles, the dS^T tile: two blocks an SM by shared memory
     assert 2 * tutorial["bwd_dkdv_smem_bytes"](64, True, 4, 128, 32) <= 228 * 1024
     assert tutorial["bwd_dkdv_smem_bytes"](64, False, 4, 128, 32) == 2 * 128 * 64 * 2 + 4 * 32 * 64 * 2 + 4 * 32 * 4
@@ -120,8 +121,8 @@ def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
 def test_every_launch_of_atomic_2d_fits_two_blocks_an_sm(module):
     """Rung 8's launches (preprocess, the 2-D dK/dV kernel, dQ's conversion; both dtypes and masks, N = 1, 65, 4096),
     recorded on the CPU, fit an SM by kernellab.occupancy with the compiled kernels' registers and the launch's
-    shared memory; its dK/dV kernel at d = 64 two blocks of 4 warps an SM (255 registers, 66,048 B); at d = 128 the
-    launcher runs atomic_w8's kernels (BWD_RUNG_AT)."""
+    shared memory; its dK/dV kernel at d = 64 two blocks of 4 warps an SM (255 registers, 66,048 B), at d = 128 one
+    of 8 warps (131,584 B: the P^T tile of the warp pairs added)."""
     from launch_plans import assert_every_launch_fits, recording
 
     launches = []
@@ -135,13 +136,13 @@ def test_every_launch_of_atomic_2d_fits_two_blocks_an_sm(module):
     main = {(launch.kernel, launch.block, launch.shared_bytes) for launch in launches
             if launch.kernel.startswith("bwd_dkdv")}
     assert main == {(f"bwd_dkdv_2d_{dt}_d64{c}", (128,), 66_048) for dt in ("bf16", "f16") for c in ("", "_causal")} | {
-        (f"bwd_dkdv_w8_{dt}_d128{c}", (256,), 115_200) for dt in ("bf16", "f16") for c in ("", "_causal")}, main
+        (f"bwd_dkdv_2d_{dt}_d128{c}", (256,), 131_584) for dt in ("bf16", "f16") for c in ("", "_causal")}, main
     grids = {launch.grid for launch in launches if launch.kernel == "bwd_dkdv_2d_bf16_d64"}
     assert grids == {(1, 2), (32, 2)}                                     # 128 keys a block
     kernels = {k.name: k for k in module.kernels}
     for name, occ in assert_every_launch_fits(launches, kernels, "sm_90"):
         if name.startswith("bwd_dkdv_2d"):
-            assert occ.blocks_per_sm == 2, (name, occ)
+            assert occ.blocks_per_sm == (2 if "_d64" in name else 1), (name, occ)
 
 
 def test_the_launchers_refuse_what_the_kernels_do_not_take(tutorial):
@@ -246,8 +247,9 @@ LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4), "at
           "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8), "atomic_w8": ("bwd_dkdv_w8", None, 8),
           "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4), "atomic_lean": ("bwd_dkdv_lean", None, 4),
           "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4), "atomic_2d": ("bwd_dkdv_2d", None, 4)}
-TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32)}     # the notebook's BWD_DKDV_TILES
-RUNG_AT = {("atomic_2d", 128): "atomic_w8"}                             # the notebook's BWD_RUNG_AT
+TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32),    # the notebook's BWD_DKDV_TILES
+         ("atomic_2d", 128): (128, 32, 8)}
+PAIRS = {("atomic_2d", 128)}                                            # the notebook's BWD_PAIRS
 
 
 def emulated_backward(BH, N, d, causal, variant, seed, module, dtype="bf16"):
@@ -274,11 +276,11 @@ def emulated_backward(BH, N, d, causal, variant, seed, module, dtype="bf16"):
     outs = [nan_outs() for _ in range(3)]                     # NaN: an unwritten element shows
     dq, dk, dv = outs
     c = "_causal" if causal else ""
-    variant = RUNG_AT.get((variant, d), variant)
     dkdv_kernel, dq_kernel, warps = LADDER[variant]
-    keys, bm = TILES.get((variant, d), (16 * warps, {64: 64, 128: 32}[d]))
+    keys, bm, *w = TILES.get((variant, d), (16 * warps, {64: 64, 128: 32}[d]))
+    warps = w[0] if w else warps
     threads = 32 * warps
-    dkdv_smem = 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4
+    dkdv_smem = 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4 + (keys * bm * 4 if (variant, d) in PAIRS else 0)
     atomic = dq_kernel is None
     run(SOURCE, f"bwd_pre_{dtype}_d{d}", (-(-BH * N // 4),), (128,),
             [o_bits, bits[3], delta, acc if atomic else None, BH * N])
@@ -326,7 +328,7 @@ SHAPES = [
 
 # rung 8 (atomic_2d): the 2-D warp tile with dQ by reductions, both dtypes; N = 1 (one key, one query), 63 and 65
 # (one block, most of its 128 keys past N, a short last query tile), 130 (two key blocks, the second 2 keys long;
-# causal: unmasked tiles below the diagonal); d = 128 runs atomic_w8's kernels (BWD_RUNG_AT)
+# causal: unmasked tiles below the diagonal); d = 128: warp pairs sharing 32 keys (bwd::dkdv_pair)
 SHAPES_2D = [
     (1, 130, 64, True, "bf16"),
     (2, 65, 64, False, "f16"),
@@ -337,7 +339,16 @@ SHAPES_2D = [
     pytest.param(2, 65, 64, True, "bf16", marks=pytest.mark.slow),
     pytest.param(1, 130, 64, False, "f16", marks=pytest.mark.slow),
     pytest.param(1, 130, 64, True, "f16", marks=pytest.mark.slow),
+    (1, 130, 128, True, "bf16"),
+    (2, 65, 128, False, "f16"),
+    pytest.param(1, 1, 128, False, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 1, 128, True, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 63, 128, True, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 63, 128, False, "f16", marks=pytest.mark.slow),
     pytest.param(1, 65, 128, True, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 130, 128, False, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 130, 128, True, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 193, 128, True, "bf16", marks=pytest.mark.slow),
 ]
 
 

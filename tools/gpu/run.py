@@ -154,10 +154,10 @@ SUITES: dict[str, Suite] = {
                   (PY, "benchmarks/attention_backward.py", "--quick", "--dims", "64,128", "--variants", "hopper,atomic_w8",
                    "--ns", "4096", "--out", "{out}"))),
     "bench-attention-backward-2d": Suite(
-        "tutorial 08's rung 8 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp, dQ by reductions; d = 128 runs "
-        "atomic_w8's kernels): its GPU tests (-k atomic_2d: gradients against float64 within 2x SDPA's error, both "
+        "tutorial 08's rung 8 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp or warp pair, dQ by reductions; "
+        "not yet run on a GPU): its GPU tests (-k atomic_2d: gradients against float64 within 2x SDPA's error, both "
         "dtypes, d 64/128, causal or not, N = 1 .. 4097), then the benchmark at N = 4096, d = 64 and 128, beside "
-        "atomic_w8 and SDPA FLASH / CUDNN (atomic_2d / FLASH is the column to read; at d = 128 it equals atomic_w8's); "
+        "atomic_w8 and SDPA FLASH / CUDNN (predicted atomic_2d / FLASH 0.9-1.1x at d = 64, 0.8-1.0x at d = 128); "
         "a table last", 300,
         commands=((PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", "-s",
                    "-k", "atomic_2d", GPU_TESTS + "test_attention_backward_gpu.py"),
@@ -192,8 +192,8 @@ SUITES: dict[str, Suite] = {
         takes_args=True),
     "profile-attention-backward": Suite(
         "benchmarks/attention_backward.py --profile: Nsight Compute on tutorial 08's atomic_w8 (preprocess, dK/dV "
-        "with dQ reductions, dQ convert), atomic_2d (rung 8, d = 64: its wavefronts per HMMA and time against its "
-        "prediction), step 3 and SDPA FLASH's backward kernels (flash_bwd_*) at N = 4096, "
+        "with dQ reductions, dQ convert), atomic_2d (rung 8: its wavefronts per HMMA and time against its "
+        "prediction, d 64/128), step 3 and SDPA FLASH's backward kernels (flash_bwd_*) at N = 4096, "
         "d 64/128, bf16, one launch each: duration, tensor pipe, issue slots, occupancy, top stalls, shared "
         "wavefronts and bank conflicts, L2 reductions, DRAM, beside the model of atomic_w8's tile step; last: the "
         "short table and one line per hypothesis (SUPPORTED / not shown)", 300,
