@@ -157,12 +157,12 @@ SUITES: dict[str, Suite] = {
         "tutorial 08's rung 8 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp or warp pair, dQ by reductions; "
         "not yet run on a GPU): its GPU tests (-k atomic_2d: gradients against float64 within 2x SDPA's error, both "
         "dtypes, d 64/128, causal or not, N = 1 .. 4097), then the benchmark at N = 4096, d = 64 and 128, beside "
-        "atomic_w8 and SDPA FLASH / CUDNN (predicted atomic_2d / FLASH 0.9-1.1x at d = 64, 0.8-1.0x at d = 128); "
-        "a table last", 300,
+        "atomic_w8 and SDPA FLASH / CUDNN by kernellab.bench (predicted atomic_2d / FLASH 0.9-1.1x at d = 64, "
+        "0.8-1.0x at d = 128); a table last", 300,
         commands=((PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", "-s",
                    "-k", "atomic_2d", GPU_TESTS + "test_attention_backward_gpu.py"),
-                  (PY, "benchmarks/attention_backward.py", "--quick", "--dims", "64,128", "--variants",
-                   "atomic_2d,atomic_w8", "--ns", "4096", "--out", "{out}"))),
+                  (PY, "benchmarks/attention_backward.py", "--quick", "--no-as-called", "--dims", "64,128",
+                   "--variants", "atomic_2d,atomic_w8", "--ns", "4096", "--out", "{out}"))),
     "bench-attention": Suite(
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),
