@@ -17,7 +17,7 @@ sustained=True (benchmarks/as_called.py).
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
     python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
     python benchmarks/attention_backward.py --quick --dims 64,128 --variants hopper,atomic_w8   # step 3 against step 2
-    python benchmarks/attention_backward.py --profile    # Nsight Compute: atomic_w8, atomic_2d, step 3, FLASH at N = 4096
+    python benchmarks/attention_backward.py --profile    # Nsight Compute: atomic_w8, atomic_2d, step 3, FLASH
 The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
 line to put in the notebook's BWD_OP_VARIANT.
 Logs go to --out (default $OUT or .) as attention_backward.json; the table is printed last.
@@ -129,7 +129,7 @@ def main(argv=None):
     ap.add_argument("--variants", default=None, help="the notebook's VARIANTS to check and time, comma-separated "
                     "(default: all of them)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--profile", action="store_true", help="Nsight Compute on atomic_w8, atomic_2d (d = 64), step 3 and SDPA "
+    ap.add_argument("--profile", action="store_true", help="Nsight Compute on atomic_w8, atomic_2d, step 3 and SDPA "
                     "FLASH's backward kernels at N = 4096 (--ns, --dims), one launch each, beside the model of "
                     "atomic_w8's tile step; the short table and what it means last")
     ap.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)   # the program ncu watches

@@ -792,9 +792,9 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
 #pragma unroll
-                        for (int r = 0; r < 2; ++r)   // af[m][kc][2h + r]: key kw + 16 m + g + 8 r, queries 16 kc + 8 h + 2t
-                            *reinterpret_cast<uint32_t*>(ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t) =
-                                af[m][kc][2 * h + r];
+                        for (int r = 0; r < 2; ++r)   // af[m][kc][2h + r]: key kw + 16 m + g + 8 r,
+                            *reinterpret_cast<uint32_t*>(  // queries 16 kc + 8 h + 2t
+                                ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t) = af[m][kc][2 * h + r];
             __syncthreads();
             float dq[DBW][4];
 #pragma unroll
@@ -818,7 +818,8 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
                 if (row < N)
 #pragma unroll
                     for (int db = 0; db < DBW; ++db)
-                        red_add_v2(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t, dq[db][2 * h], dq[db][2 * h + 1]);
+                        red_add_v2(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t, dq[db][2 * h],
+                                   dq[db][2 * h + 1]);
             }
         }
     }
@@ -938,7 +939,8 @@ __device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __re
 #pragma unroll
                 for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) pt_s[pt_at(m, nb, h)] = make_float2(acc[m][nb][2 * h], acc[m][nb][2 * h + 1]);
+                    for (int h = 0; h < 2; ++h)
+                        pt_s[pt_at(m, nb, h)] = make_float2(acc[m][nb][2 * h], acc[m][nb][2 * h + 1]);
                 pack_a<T, NB>(ap[m], acc[m]);
             }
         }
@@ -962,9 +964,9 @@ __device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __re
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
 #pragma unroll
-                        for (int r = 0; r < 2; ++r)   // as[m][kc][2h + r]: key kw + 16 m + g + 8 r, queries 16 kc + 8 h + 2t
-                            *reinterpret_cast<uint32_t*>(ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t) =
-                                as[m][kc][2 * h + r];
+                        for (int r = 0; r < 2; ++r)   // as[m][kc][2h + r]: key kw + 16 m + g + 8 r,
+                            *reinterpret_cast<uint32_t*>(  // queries 16 kc + 8 h + 2t
+                                ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t) = as[m][kc][2 * h + r];
             }
         }
         gemm_ab_regs_cols<T, D, DH, NB / 2, MT>(dv, ap, do_tile, c0);     // dV[:, half] += P^T dO[:, half]
@@ -978,8 +980,8 @@ __device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __re
                     for (int h = 0; h < 2; ++h)
 #pragma unroll
                         for (int r = 0; r < 2; ++r)
-                            as[m][kc][2 * h + r] =
-                                *reinterpret_cast<const uint32_t*>(ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t);
+                            as[m][kc][2 * h + r] = *reinterpret_cast<const uint32_t*>(
+                                ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t);
         }
         gemm_ab_regs_cols<T, D, DH, NB / 2, MT>(dk, as, q_tile, c0);      // dK[:, half] += dS^T Q[:, half]
 
@@ -1130,7 +1132,8 @@ __device__ __forceinline__ void convert(const float* __restrict__ src, T* __rest
 // One macro a kind of entry point; each invocation is one extern "C" kernel whose template arguments follow T
 // (kernellab expands the cell's own macros to find the kernels and their parameter types):
 // BWD_PRE(name, T, D): bwd::preprocess; BWD_DKDV(name, bounds, T, ...): bwd::dkdv (dK, dV[, dQ by atomics]);
-// BWD_DQ(name, bounds, T, ...): bwd::dq_pass; BWD_DKV_MT(name, bounds, T, ...): bwd::dkv_mt (dq_accum used only with DQ_ATOMIC).
+// BWD_DQ(name, bounds, T, ...): bwd::dq_pass; BWD_DKV_MT(name, bounds, T, ...): bwd::dkv_mt (dq_accum only with
+// DQ_ATOMIC); BWD_DKDV_PAIR(name, bounds, T, ...): bwd::dkdv_pair.
 #define BWD_PRE(name, T, D) \
 extern "C" __global__ void __launch_bounds__(128) name(const T* o, const T* d_o, float* dv, float* dq_accum, int rows) { \
     bwd::preprocess<T, D>(o, d_o, dv, dq_accum, rows); \
