@@ -117,7 +117,7 @@ class ToolCost:
     seconds against wall), the disk (bytes read from storage), its start-up before the kernel, the kernel under the
     tool, its tail after. None: not measured here (no /proc, no result file from the job)."""
 
-    wall_s: float                          # the tool's process, spawn to exit
+    wall_s: float                          # the tool's process, spawn to exit (a warm one: the job sent -> its report)
     cpu_s: float | None = None             # user + system CPU seconds of the tool's processes (the target included)
     read_bytes: int | None = None          # bytes they read from storage (/proc/<pid>/io read_bytes): the disk
     read_chars: int | None = None          # bytes they read by any read() (rchar: the page cache included)
@@ -127,12 +127,15 @@ class ToolCost:
     to_kernel_s: float | None = None       # spawn -> the kernel's launch: all of the above and the arguments' uploads
     kernel_s: float | None = None          # the launch under the tool, to its synchronize
     after_kernel_s: float | None = None    # the kernel's end -> the tool's exit (outputs, its report, teardown)
+    process_started: bool | None = None    # this run started a compute-sanitizer process (always, one-shot; the
+                                           # first job of a warm process, kernellab.run.nvtools.sanitize_pool)
 
     def to_json(self) -> dict:
         return {"wall_s": self.wall_s, "cpu_s": self.cpu_s, "read_bytes": self.read_bytes,
                 "read_chars": self.read_chars, "tool_start_s": self.tool_start_s, "imports_s": self.imports_s,
                 "context_s": self.context_s, "to_kernel_s": self.to_kernel_s,
-                "kernel_s": self.kernel_s, "after_kernel_s": self.after_kernel_s}
+                "kernel_s": self.kernel_s, "after_kernel_s": self.after_kernel_s,
+                "process_started": self.process_started}
 
 
 @dataclass(frozen=True)

@@ -937,12 +937,19 @@ def process_start_time() -> float | None:
 
 
 def main(argv=None) -> int:
-    """`python -m kernellab.run.launch.job JOBFILE [--out RESULTFILE]`: run one job in this process."""
+    """`python -m kernellab.run.launch.job JOBFILE [--out RESULTFILE]`: run one job in this process;
+    `python -m kernellab.run.launch.job --serve REQUESTS`: run jobs in turn (a pooled compute-sanitizer, serve())."""
     ap = argparse.ArgumentParser(prog="python -m kernellab.run.launch.job", description=main.__doc__)
-    ap.add_argument("jobfile")
+    ap.add_argument("jobfile", nargs="?")
     ap.add_argument("--out", default=None, help="write the JobResult here")
     ap.add_argument("--scan", action="store_true", help="count NaN/Inf in the outputs (launches CuPy kernels)")
+    ap.add_argument("--serve", default=None, metavar="REQUESTS",
+                    help="read 'SEQ<TAB>JOBFILE<TAB>RESULTFILE' lines from this named pipe and run each job in turn")
     ns = ap.parse_args(argv)
+    if ns.serve:
+        return serve(ns.serve, scan=ns.scan)
+    if not ns.jobfile:
+        ap.error("a JOBFILE (or --serve REQUESTS) is needed")
     t0 = time.perf_counter()
     try:
         job = KernelJob.load(ns.jobfile)
@@ -967,6 +974,83 @@ def main(argv=None) -> int:
     print(f"kernellab.run.launch.job: {job.label}: {result.status} in {(time.perf_counter() - t0) * 1e3:.0f} ms"
           + (f": {result.message}" if result.message else ""), file=sys.stderr)
     return 0 if result.ok else 1
+
+
+# The lines a served job prints around itself on the tool's stdout (kernellab.run.nvtools.sanitize_pool reads them):
+# "@@kernellab-job begin SEQ" before the job, "@@kernellab-job end SEQ STATUS [poisoned]" after its result file is
+# written and its end-of-job call (end_of_job_call) made.
+JOB_MARK = "@@kernellab-job"
+# The attribute the end-of-job call of an odd job asks for: no device attribute has this number, so the runtime
+# answers cudaErrorInvalidValue and compute-sanitizer reports the failed call in its own output, after everything
+# it reported for the job. An even job's call asks for the properties of a device that does not exist instead, so
+# two jobs in a row end with differently named calls and a late report of one job's call cannot end the next.
+END_OF_JOB_ATTRIBUTE = 0x7FFF0000
+END_OF_JOB_DEVICE = 0x7FFF
+
+
+def end_of_job_call(seq: int) -> str | None:
+    """A CUDA call that fails on purpose, the mark in the tool's report stream that all it reported for job `seq`
+    came before it: cudaDeviceGetAttribute(END_OF_JOB_ATTRIBUTE) for an odd `seq`, cudaGetDeviceProperties(
+    END_OF_JOB_DEVICE) for an even one. Returns the error's text (None if the call did not fail)."""
+    try:
+        import cupy
+
+        rt = cupy.cuda.runtime
+        if seq % 2:
+            rt.deviceGetAttribute(END_OF_JOB_ATTRIBUTE, rt.getDevice())
+        else:
+            rt.getDeviceProperties(END_OF_JOB_DEVICE)
+    except Exception as exc:       # the point of the call
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def serve(requests: str, *, scan: bool = False, stream=None) -> int:
+    """Run jobs in turn in this process (under compute-sanitizer: one CUDA context and one tool set-up for many jobs).
+
+    Reads 'SEQ<TAB>JOBFILE<TAB>RESULTFILE' lines from the named pipe `requests` until it closes; for each, prints the
+    begin mark, runs the job on a fresh state (its modules and allocations are freed after it: memcheck sees each job's
+    own allocations only), writes the result file, makes the end-of-job call and prints the end mark. A job that
+    leaves the context unusable (poisoned) is the last: the process exits after it."""
+    out = stream or sys.stdout
+    started = process_start_time()
+    try:
+        import cupy
+
+        cupy.cuda.set_allocator(None)      # one cudaMalloc per argument, as the one-shot command does
+    except Exception:
+        cupy = None
+    first = True
+    with open(requests, "r") as fh:
+        for line in fh:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 3:
+                continue
+            seq, jobfile, resfile = parts
+            received = time.time()
+            out.write(f"{JOB_MARK} begin {seq}\n")
+            out.flush()
+            try:
+                job = KernelJob.load(jobfile)
+                ready = time.time()
+                if cupy is None:
+                    raise KernellabError("CuPy could not be imported in the tool's process")
+                result = run_job(job.with_data(), {}, scan=scan)
+            except Exception as exc:
+                ready = time.time()
+                result = JobResult("error", message=f"{type(exc).__name__}: {exc}", pid=os.getpid())
+            start = started if first and started is not None else received
+            result = replace(result, marks=(("process start", start), ("job ready", ready)) + result.marks)
+            first = False
+            with open(resfile, "wb") as rf:
+                rf.write(result.to_bytes())
+            if not result.poisoned:
+                end_of_job_call(int(seq))
+            out.write(f"{JOB_MARK} end {seq} {result.status}{' poisoned' if result.poisoned else ''}\n")
+            out.flush()
+            if result.poisoned:
+                return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ older "at 0x70 in cell.cu:4:kernel"), and keeps the raw text in the report for a
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import resource
@@ -256,9 +257,12 @@ def _merge_races(races: list[Finding]) -> list[Finding]:
 
 
 def report_from_text(text: str, *, tool: str, job: KernelJob | None = None, kernel: str | None = None,
-                     **extra) -> SanitizerReport:
-    """A SanitizerReport from a captured compute-sanitizer output (what `sanitize` does after running it)."""
+                     counted: int | None = None, **extra) -> SanitizerReport:
+    """A SanitizerReport from a captured compute-sanitizer output (what `sanitize` does after running it); `counted`:
+    the error count where the text has no summary (one job's part of a warm tool's output, sanitize_pool)."""
     findings, error_count, notes = parse_report(text, tool, job)
+    if error_count is None and counted is not None:
+        error_count = counted
     # Failed driver entry-point lookups of the host process (cuda-python asks cuGetProcAddress for symbols this driver
     # may not have, and handles the answer) are counted in the ERROR SUMMARY like kernel errors; they are not the
     # kernel's. Any other failed API call still counts.
@@ -297,18 +301,29 @@ def tool_env() -> dict:
 
 
 def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0,
-             print_limit: int = DEFAULT_PRINT_LIMIT, extra_args=(), executable: str | None = None) -> SanitizerReport:
-    """Run `job` under compute-sanitizer `tool` ('memcheck', 'racecheck', 'synccheck', 'initcheck' or 'all')."""
+             print_limit: int = DEFAULT_PRINT_LIMIT, extra_args=(), executable: str | None = None,
+             pool: bool | None = None) -> SanitizerReport:
+    """Run `job` under compute-sanitizer `tool` ('memcheck', 'racecheck', 'synccheck', 'initcheck' or 'all').
+
+    pool=True runs it in this process's warm compute-sanitizer of that tool (kernellab.run.nvtools.sanitize_pool: one
+    CUDA context and tool set-up for many jobs); None: as $KERNELLAB_SANITIZER_POOL says (1: pooled; unset: a new
+    process per job); False, or KERNELLAB_SANITIZER_POOL=0: a new process for this job."""
     tools = TOOLS if tool == "all" else tuple(t.strip() for t in str(tool).split("+"))
     bad = [t for t in tools if t not in TOOLS]
     if bad:
         raise ValueError(f"unknown compute-sanitizer tool {bad[0]!r}; use one of {', '.join(TOOLS)} or 'all'")
     if len(tools) > 1:
         reports = [sanitize(job, t, timeout_s=timeout_s, print_limit=print_limit, extra_args=extra_args,
-                            executable=executable) for t in tools]
+                            executable=executable, pool=pool) for t in tools]
         return combine(reports)
     tool = tools[0]
     exe = executable or sanitizer_path()
+    from . import sanitize_pool
+
+    if sanitize_pool.wanted(pool):
+        warm = sanitize_pool.get_pool(tool, executable=exe, print_limit=print_limit, extra_args=extra_args,
+                                      device=job.device)
+        return warm.run(job, timeout_s=timeout_s)
     with tempfile.TemporaryDirectory(prefix="kernellab-sanitize-") as tmp:
         jobfile = job.with_data().save(os.path.join(tmp, "job.kljob"))
         resfile = os.path.join(tmp, "result.klres")
@@ -340,7 +355,8 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
             notes.append(f"stopped after {timeout_s:g} s: the kernel may not terminate (an endless loop?)")
     return report_from_text(out, tool=tool, job=job, timed_out=timed_out, exit_code=code, job_status=status,
                             command=tuple(cmd), wall_ms=wall, notes=notes,
-                            cost=tool_cost(wall / 1e3, used0, used1, spawned, marks))
+                            cost=dataclasses.replace(tool_cost(wall / 1e3, used0, used1, spawned, marks),
+                                                     process_started=True))
 
 
 def children_usage() -> dict:
