@@ -406,10 +406,11 @@ def fake_gpu(monkeypatch):
             emulate(grid, block, *args)
 
         def sanitize(grid, block, *args, shared_bytes=0, tool="memcheck", **kw):
+            k.sanitize_calls.append((tool, kw.get("pool")))
             return report_from_text((reports or {}).get(tool, "========= ERROR SUMMARY: 0 errors\n"), tool=tool,
                                     kernel="reverse")
 
-        k.launch, k.sanitize, k.launches = launch, sanitize, launches
+        k.launch, k.sanitize, k.launches, k.sanitize_calls = launch, sanitize, launches, []
         return k
     return make
 
@@ -438,6 +439,24 @@ def test_gpu_grading_runs_every_config_isolated_and_passes_a_right_kernel(fake_g
     # 3 shapes x 4 blocks, then the determinism run's two launches (outputs zeroed, then filled)
     assert len(k.launches) == 3 * 4 + 2 and all(iso is True for _, _, iso in k.launches)
     assert [c.what for c in r.checks][-2:] == ["memcheck", "initcheck"]
+
+
+def test_gpu_grading_runs_its_tools_in_the_warm_sanitizer_unless_switched_off(fake_gpu, monkeypatch):
+    """The graders' sanitizer stage asks for the warm compute-sanitizer of each tool (kernellab.run.nvtools.
+    sanitize_pool: a context per worker and tool, not per submission); KERNELLAB_SANITIZER_POOL=0 gives one-shot."""
+    ex = exercise("01-reverse")
+    register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-small", "shapes": (1, 31)}))
+    try:
+        monkeypatch.delenv("KERNELLAB_SANITIZER_POOL", raising=False)
+        k = fake_gpu(_reverse_threads(lambda b, dim: b * dim))
+        kernellab.grade("t-rev-small", k)
+        monkeypatch.setenv("KERNELLAB_SANITIZER_POOL", "0")
+        off = fake_gpu(_reverse_threads(lambda b, dim: b * dim))
+        kernellab.grade("t-rev-small", off)
+    finally:
+        unregister("t-rev-small")
+    assert k.sanitize_calls == [("memcheck", True), ("initcheck", True)]
+    assert off.sanitize_calls == [("memcheck", False), ("initcheck", False)]
 
 
 def test_gpu_grading_turns_sanitizer_reports_into_findings_at_cell_lines(fake_gpu):

@@ -39,6 +39,7 @@ from ..kernel_numba import numba_kernel
 from ..run.launch import device as _device
 from ..run.launch.worker import IsolatedLaunchError
 from ..run.measure.bench import bench
+from ..run.nvtools import sanitize_pool as _sanitize_pool
 from ..run.nvtools.sanitize import ToolNotFoundError
 from ..run.sim.cuda import cpu as _cpu_path
 from ..run.sim.numba_sim import SimulatedKernelError, SimulatorNotice
@@ -583,11 +584,14 @@ class _Grading:
         shape, grid, block, args = self._sanitize_launch()
         dev = _to_device(args)
         where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
+        # each tool runs in this process's warm compute-sanitizer of that tool (one CUDA context per worker and tool,
+        # not per submission: kernellab.run.nvtools.sanitize_pool), unless KERNELLAB_SANITIZER_POOL=0
+        pool = _sanitize_pool.default_on()
         for tool in self.sanitizer_tools(gpu=True):
             try:
                 with self.timed(f"compute-sanitizer {tool}"):
                     rep = k.sanitize(grid, block, *dev, shared_bytes=self.ex.launch.shared_bytes, tool=tool,
-                                     timeout_s=120)
+                                     timeout_s=120, pool=pool)
             except ToolNotFoundError as exc:
                 self.notes.append(f"{tool} was not run: {exc}")
                 continue
