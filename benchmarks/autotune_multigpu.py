@@ -480,6 +480,7 @@ def summarize(p: dict, configs: int, submissions: int) -> dict:
     p["longest"] = [busiest.submission, busiest.wall_ms / 1e3] if busiest is not None and busiest.wall_ms else None
     p["grade_stages"] = grade_stages(p)
     p["tool_costs"] = tool_costs(p)
+    p["tool_processes"] = tool_processes(p)
     return p
 
 
@@ -534,6 +535,23 @@ def tool_costs(p: dict) -> dict[str, dict[str, dict[str, float]]]:
                         sums.setdefault(step, {}).setdefault(k, []).append(float(v))
         if sums:
             out[t.exercise_id] = {step: {k: sum(v) / len(v) for k, v in d.items()} for step, d in sums.items()}
+    return out
+
+
+def tool_processes(p: dict) -> dict[str, int]:
+    """{"started": compute-sanitizer processes the graders started, "runs": tool runs, "unknown": runs whose cost did
+    not say} over the phase's submissions (ToolCost.process_started: True for every one-shot run, for the first job
+    of each warm process of kernellab.run.nvtools.sanitize_pool)."""
+    out = {"started": 0, "runs": 0, "unknown": 0}
+    for t in p["grades"].tables:
+        for r in t.rows:
+            for _, cost in (getattr(r.result, "tool_costs", ()) or ()) if r.result is not None else ():
+                out["runs"] += 1
+                started = getattr(cost, "process_started", None)
+                if started is None:
+                    out["unknown"] += 1
+                elif started:
+                    out["started"] += 1
     return out
 
 
@@ -983,6 +1001,13 @@ def main(argv=None) -> int:
         for row in g.rows:
             graded[row.gpu] = graded.get(row.gpu, 0) + 1
         print("  submissions graded per GPU: " + "; ".join(f"{k}: {v}" for k, v in graded.items()))
+        tp = p.get("tool_processes") or {}
+        if tp.get("runs"):
+            pooled = "on" if os.environ.get("KERNELLAB_SANITIZER_POOL", "").strip().lower() not in (
+                "0", "off", "no", "false") else "off (KERNELLAB_SANITIZER_POOL=0)"
+            print(f"  compute-sanitizer: {tp['started']} tool processes started for {tp['runs']} tool runs "
+                  f"(warm processes {pooled}" + (f"; {tp['unknown']} runs did not say" if tp["unknown"] else "")
+                  + ")")
         bad = mismatches[p["gpus"]]
         print(f"  grade_class: {g.headline()}; {len(g.rows) - len(bad)} of {len(g.rows)} got the finding their "
               f"file names" + ("" if not bad else ":\n    " + "\n    ".join(bad)))

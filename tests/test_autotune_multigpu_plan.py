@@ -416,3 +416,18 @@ def test_the_tools_report_says_which_part_grew_and_what_it_points_at(mod):
     disk = mod.where_tools_go(phase(2, wall_s=3.0, read_bytes=80e6, after_kernel_s=1.9), one)[-1]
     assert "points at the disk" in disk and "read from disk 0.0 -> 240.0 MB" in disk
     assert mod.where_tools_go(phase(2), one)[-1].endswith("the tools' runs did not grow")
+
+
+def test_each_phase_counts_the_compute_sanitizer_processes_it_started(mod):
+    """tool_processes from the graders' ToolCosts: one-shot runs each start a process; warm ones only their first."""
+    from kernellab.run.findings import ToolCost
+
+    def phase(started):
+        p = _fake_phase(mod, 1, 8.0, 50.0, 140.0, students=2,
+                        tool_cost=ToolCost(wall_s=1.0, process_started=started))
+        return mod.summarize(p, 108, 6)
+
+    runs = sum(len(t.rows) for t in phase(True)["grades"].tables)
+    assert phase(True)["tool_processes"] == {"started": runs, "runs": runs, "unknown": 0}
+    assert phase(False)["tool_processes"] == {"started": 0, "runs": runs, "unknown": 0}
+    assert phase(None)["tool_processes"] == {"started": 0, "runs": runs, "unknown": runs}
