@@ -121,10 +121,24 @@ def test_a_tool_that_does_not_report_the_end_call_falls_back_to_one_process_per_
     exact, one process per job."""
     monkeypatch.setenv("FAKE_SANITIZER_NO_API_ERRORS", "1")
     race = pool_for(tool, "racecheck", end_call_grace_s=1.0)
-    reports = [race.run(job(b), timeout_s=60) for b in ("racy", "clean", "racy")]
-    assert [r.ok for r in reports] == [False, True, False]
-    assert [len(r.findings) for r in reports] == [1, 0, 1]
-    assert race.stats()["end_call_works"] is False and starts(tool) == 3
+    reports = [race.run(job(b), timeout_s=60) for b in ("racy", "clean", "racy", "clean")]
+    assert [r.ok for r in reports] == [False, True, False, True]
+    assert [len(r.findings) for r in reports] == [1, 0, 1, 0]
+    # the first on a pipe, the second on a terminal, then a process per job
+    assert race.stats()["end_call_works"] is False and race.stats()["tty"] and starts(tool) == 4
+    assert race.stats()["restarts"] == {"no end-of-job report (pipe)": 1, "no end-of-job report (terminal)": 1,
+                                        "one job per process": 2}
+
+
+def test_a_tool_that_buffers_its_reports_on_a_pipe_gets_a_terminal(tool, monkeypatch):
+    """The stand-in holds its reports until exit where its stdout is not a terminal (as C stdio does on a pipe):
+    the first job is read to the process's end, the next process writes to a pty and stays warm."""
+    monkeypatch.setenv("FAKE_SANITIZER_BUFFER_ON_PIPE", "1")
+    race = pool_for(tool, "racecheck", end_call_grace_s=1.0)
+    reports = [race.run(job(b), timeout_s=60) for b in ("racy", "clean", "racy", "clean", "clean")]
+    assert [len(r.findings) for r in reports] == [1, 0, 1, 0, 0]
+    assert race.stats()["tty"] and race.stats()["end_call_works"] is True and starts(tool) == 2
+    assert reports[2].findings[0].where.cell_line == 19 and not reports[3].cost.process_started
 
 
 def test_the_print_limit_of_a_process_replaces_it_before_a_job_could_run_out(tool):
@@ -225,3 +239,14 @@ def test_the_served_target_marks_each_job_and_writes_its_result(tmp_path, monkey
         sys.modules.pop("cupy", None)
         if saved is not None:
             sys.modules["cupy"] = saved
+
+
+def test_a_target_that_cannot_start_says_so_in_the_report(tool):
+    """The served target exits before it opens its requests: the report keeps what the process printed, says that
+    the job wrote no result, and has the process's exit code."""
+    pool = pool_for(tool, "memcheck")
+    pool.command = lambda requests: [str(tool), "--tool", "memcheck", sys.executable, "-c",
+                                     "print('the target cannot start'); raise SystemExit(3)"]
+    rep = pool.run(job("clean"), timeout_s=60)
+    assert rep.job_status is None and any("did not write a result" in n for n in rep.notes), rep
+    assert "the target cannot start" in rep.raw and rep.exit_code == 3 and pool.stats()["restarts"] == {"crash": 1}

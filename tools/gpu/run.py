@@ -77,6 +77,12 @@ SUITES: dict[str, Suite] = {
         tests=tuple(GPU_TESTS + f for f in (
             "test_bench_gpu.py", "test_check_gpu.py", "test_hostile_gpu.py", "test_autotune_gpu.py",
             "test_tools_gpu.py", "test_ncu_banks_gpu.py", "test_as_called_gpu.py"))),
+    "tests-sanitizer-pool": Suite(
+        "warm compute-sanitizer processes (kernellab.run.nvtools.sanitize_pool): racecheck over clean, racy, clean, "
+        "racy and memcheck over clean, racy, out-of-bounds, clean in one process per tool, each job's findings its "
+        "own, the second job's CUDA context part small, a fault and a hang replacing the process, the one-shot path "
+        "(KERNELLAB_SANITIZER_POOL=0) agreeing; a table last (tool, job, process started, context_s, wall, findings)",
+        120, tests=(GPU_TESTS + "test_sanitizer_pool_gpu.py",), env={"PYTEST_ADDOPTS": "-s"}),
     "tests-sim": Suite(
         "the simulators against the hardware: racecheck's corpus, tutorial 00's puzzles graded on the GPU "
         "(compute-sanitizer and the simulator's checks side by side; ~7 s a test), CUDA C++ on the CPU path against "

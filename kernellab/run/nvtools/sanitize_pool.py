@@ -20,9 +20,10 @@ Which findings belong to which job, by construction:
   exits, and the pool reads to the end of the tool's output (the tool has then printed everything) and starts a new
   process for the next job. A hang is killed at its timeout, as the one-shot path does, and so is a process that
   dies; the next job gets a new process;
-- where the tool does not report the failed call within END_CALL_GRACE_S of the end line, the pool stops relying on
-  it: it ends the process after every job and reads to the end of its output (one process per job, as one-shot, and
-  still exact), and says so in its `stats()`.
+- where the tool does not report the failed call within END_CALL_GRACE_S of the end line, that job is read to the
+  end of its process's output (exact). The tool may hold its reports until exit where its stdout is a pipe, so the
+  next process writes to a terminal (a pty); where that shows no report either, the pool ends the process after
+  every job (one process per job, as one-shot, still exact), and says so in its `stats()`.
 
 A job's error count is counted from its own part of the output (the tool's ERROR SUMMARY is only printed at exit,
 for the whole process). The tool's --print-limit counts over the process's life, so a process is given
@@ -51,7 +52,7 @@ from ..findings import SanitizerReport
 from ..launch.job import JOB_MARK, JobResult, KernelJob
 
 ENV = "KERNELLAB_SANITIZER_POOL"
-END_CALL_GRACE_S = 10.0              # how long after the end line the tool's report of the end-of-job call may take
+END_CALL_GRACE_S = 5.0              # how long after the end line the tool's report of the end-of-job call may take
 PROCESS_PRINT_JOBS = 50              # a process's --print-limit, in jobs' print limits
 STOP_TIMEOUT_S = 30.0                # a process told to finish (its request pipe closed) is killed after this
 
@@ -135,12 +136,23 @@ def tree_usage(pid: int) -> dict:
 class _Process:
     """A running `compute-sanitizer ... --serve REQUESTS`, its output read line by line into a queue."""
 
-    def __init__(self, cmd: list[str], folder: str, requests: str, env: dict):
+    def __init__(self, cmd: list[str], folder: str, requests: str, env: dict, tty: bool = False):
         self.cmd, self.requests = cmd, requests
         self.spawned = time.time()
-        self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True,
-                                      errors="replace", bufsize=1)
+        self.master = None
+        if tty:        # a terminal for its output: a program that buffers its stdout on a pipe writes each line
+            import pty
+
+            self.master, slave = pty.openpty()
+            try:
+                self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env,
+                                              start_new_session=True)
+            finally:
+                os.close(slave)
+        else:
+            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True,
+                                          errors="replace", bufsize=1)
         self.lines: queue.Queue = queue.Queue()
         self.fd: int | None = None
         self.jobs = 0
@@ -150,8 +162,28 @@ class _Process:
         threading.Thread(target=self._read, daemon=True, name="kernellab-sanitizer-output").start()
 
     def _read(self) -> None:
-        for line in self.popen.stdout:
-            self.lines.put(line.rstrip("\n"))
+        if self.master is None:
+            for line in self.popen.stdout:
+                self.lines.put(line.rstrip("\n"))
+        else:
+            pending = b""
+            while True:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:                   # EIO: every holder of the terminal's other end has exited
+                    chunk = b""
+                if not chunk:
+                    break
+                pending += chunk
+                *whole, pending = pending.split(b"\n")
+                for raw in whole:
+                    self.lines.put(raw.decode(errors="replace").rstrip("\r"))
+            if pending:
+                self.lines.put(pending.decode(errors="replace").rstrip("\r"))
+            try:
+                os.close(self.master)
+            except OSError:
+                pass
         self.lines.put(None)
 
     def alive(self) -> bool:
@@ -263,6 +295,7 @@ class SanitizerPool:
         self.end_call_grace_s = end_call_grace_s
         self.process_limit = max(1, int(print_limit)) * max(1, int(process_print_jobs))
         self.end_call_works: bool | None = None       # None: not seen yet; False: one job per process from now on
+        self.tty = False                              # its output on a terminal (tried where a pipe showed no report)
         self.folder = tempfile.mkdtemp(prefix=f"kernellab-sanitizer-{tool}-")
         self.proc: _Process | None = None
         self.lock = threading.Lock()
@@ -280,13 +313,13 @@ class SanitizerPool:
     def stats(self) -> dict:
         """Processes started, jobs run, why processes were replaced, and whether the end-of-job report was seen."""
         return {"tool": self.tool, "processes_started": self.processes_started, "jobs": self.jobs_run,
-                "restarts": dict(self.restarts), "end_call_works": self.end_call_works}
+                "restarts": dict(self.restarts), "end_call_works": self.end_call_works, "tty": self.tty}
 
     def _start(self) -> _Process:
         self.processes_started += 1
         requests = os.path.join(self.folder, f"requests-{self.processes_started}")
         os.mkfifo(requests)
-        return _Process(self.command(requests), self.folder, requests, self.env)
+        return _Process(self.command(requests), self.folder, requests, self.env, tty=self.tty)
 
     def _retire(self, why: str, *, finish: bool = True) -> list[str]:
         proc, self.proc = self.proc, None
@@ -334,7 +367,7 @@ class SanitizerPool:
             spawned, before = time.time(), tree_usage(proc.popen.pid)
         deadline = time.time() + timeout_s
         lines, end, called, poisoned, timed_out, gone = [], None, False, False, False, False
-        began, grace, mine = False, None, seq % 2
+        began, grace, mine, pre = False, None, seq % 2, []
         if not proc.send(f"{seq}\t{jobfile}\t{resfile}\n", deadline):
             gone = proc.popen.poll() is not None
             timed_out = not gone
@@ -349,11 +382,13 @@ class SanitizerPool:
                 break                                       # the end line came, the end-of-job report did not
             if not began:      # before the begin line: the tool's banner, the end of the last job's report
                 began = line.startswith(f"{JOB_MARK} begin {seq}")
+                if not began:
+                    pre.append(line)
                 continue
             if line.startswith(f"{JOB_MARK} end {seq}"):
                 end = line
                 poisoned = line.rstrip().endswith(" poisoned")
-                if poisoned or called:
+                if poisoned or called or self.end_call_works is False:
                     break                                   # poisoned: the target exits; read to the end below
                 grace = time.time() + self.end_call_grace_s
                 continue
@@ -373,10 +408,18 @@ class SanitizerPool:
         elif gone or poisoned:
             rest = proc.finish()
             self._retire("fault" if poisoned else "crash", finish=False)
-        elif not called:
-            self.end_call_works = False                     # the tool did not report the call: read to the end
+        elif not called and self.end_call_works is not False:
+            # the tool did not report the call in time: read to the end (exact). Where its output was a pipe, it may
+            # hold its reports until exit (a buffered stdout): the next process gets a terminal; where that did not
+            # help either, every job gets a process of its own from now on
             rest = proc.finish()
-            self._retire("no end-of-job report", finish=False)
+            self._retire("no end-of-job report" + (" (terminal)" if self.tty else " (pipe)"), finish=False)
+            if self.end_call_works:
+                pass                                        # it was seen before: a late one, this process replaced
+            elif self.tty:
+                self.end_call_works = False
+            else:
+                self.tty = True
         else:
             if self.end_call_works is None:
                 self.end_call_works = True
@@ -384,6 +427,8 @@ class SanitizerPool:
                 rest = proc.finish()
                 self._retire("one job per process", finish=False)
         # the tool's summaries at exit count the whole process's jobs: the job's own count is counted from its part
+        if not began:        # the target never reached the job (it failed to start, or hung before): all it said
+            lines = pre + lines
         lines += [ln for ln in rest if not ln.startswith(JOB_MARK) and end_call(ln) is None and not _SUMMARY.match(ln)]
         wall = (time.perf_counter() - t0) * 1e3
         after = tree_usage(proc.popen.pid) if proc.popen.poll() is None else {}

@@ -1,0 +1,176 @@
+"""Warm compute-sanitizer processes (kernellab.run.nvtools.sanitize_pool) with the real tool on a real GPU.
+
+Run: tools/gpu/run.py tests-sanitizer-pool (or `pytest -m gpu -s tests/gpu/test_sanitizer_pool_gpu.py`). Sequences
+of jobs go through one warm process per tool; each job's findings must be its own (a racy kernel between clean ones,
+an out-of-bounds write after a racy one), the tool must report the end-of-job call (else the pool falls back to a
+process per job and these tests say so), the second job's CUDA context part (ToolCost.context_s) must be small, a
+fault and a hang must replace the process, and the one-shot path must agree. With $KERNELLAB_ARTIFACTS set, each
+job's raw output is saved (pool_*.txt); the last lines printed are a table: tool, job, process started, context,
+wall, findings.
+"""
+import os
+import pathlib
+
+import pytest
+
+import kernellab
+from kernellab.run.nvtools import sanitize_pool as P
+from kernellab.run.nvtools.sanitize import sanitize, sanitizer_path
+
+pytestmark = pytest.mark.gpu
+
+SRC = r"""extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+extern "C" __global__ void oob_write(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    x[i + n] = 1.0f;
+}
+extern "C" __global__ void racy_reverse(const float* x, float* y) {
+    __shared__ float tile[64];
+    tile[threadIdx.x] = x[blockIdx.x * 64 + threadIdx.x];
+    y[blockIdx.x * 64 + threadIdx.x] = tile[63 - threadIdx.x];
+}
+extern "C" __global__ void spin(int* flag) {
+    while (atomicAdd(flag, 0) == 0) { }
+}
+"""
+LINE = {text.strip(): i + 2 for i, text in enumerate(SRC.splitlines())}
+ROWS: list = []
+
+
+def line_of(fragment: str) -> int:
+    return next(n for text, n in LINE.items() if fragment in text)
+
+
+def save(name: str, text: str) -> None:
+    out = os.environ.get("KERNELLAB_ARTIFACTS")
+    if out:
+        pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(out) / name).write_text(text)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def table():
+    yield
+    P.shutdown()
+    print("\n# warm compute-sanitizer: each job of the sequences above")
+    print(f"{'tool':10} {'job':16} {'started':>7} {'context_s':>9} {'wall_s':>7}  findings")
+    for tool, label, rep in ROWS:
+        c = rep.cost
+        ctx = "-" if c is None or c.context_s is None else f"{c.context_s:.3f}"
+        wall = "-" if c is None else f"{c.wall_s:.2f}"
+        started = "-" if c is None or c.process_started is None else ("yes" if c.process_started else "no")
+        what = ", ".join(f"{f.kind}@{f.where.cell_line}" for f in rep.findings) or ("TIMEOUT" if rep.timed_out
+                                                                                      else "clean")
+        print(f"{tool:10} {label:16} {started:>7} {ctx:>9} {wall:>7}  {what} [{rep.job_status}]")
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return kernellab.compile_cuda(SRC, first_line=2, filename="cell.cu")
+
+
+@pytest.fixture(scope="module")
+def torch():
+    import torch
+
+    return torch
+
+
+def jobs(mod, torch):
+    """(label, KernelJob): clean, racy, out of bounds (one element past the end), clean."""
+    x, y = torch.randn(128, device="cuda"), torch.zeros(128, device="cuda")
+    z = torch.zeros(1000, device="cuda")
+    return {"clean": mod.vadd.job(1, 32, z, z, torch.zeros_like(z), 32),
+            "racy": mod.racy_reverse.job(2, 64, x, y),
+            "oob": mod.oob_write.job(1, 32, z, 1000)}
+
+
+def run(pool, label, job, **kw):
+    rep = pool.run(job, timeout_s=kw.pop("timeout_s", 120))
+    ROWS.append((pool.tool, label, rep))
+    save(f"pool_{pool.tool}_{len(ROWS)}_{label}.txt", rep.raw)
+    return rep
+
+
+def explain(pool, reps) -> str:
+    return f"{pool.stats()}\n" + "\n---\n".join(f"{r}\n{r.raw[-1500:]}" for r in reps)
+
+
+def test_racecheck_sequence_in_one_warm_process(mod, torch):
+    """clean, racy, clean, racy under one racecheck process: the race on the racy jobs only; the second job's CUDA
+    context part a fraction of the first's."""
+    j = jobs(mod, torch)
+    pool = P.SanitizerPool("racecheck", executable=sanitizer_path(), print_limit=100)
+    try:
+        reps = [run(pool, b, j[b]) for b in ("clean", "racy", "clean", "racy")]
+    finally:
+        pool.close()
+    why = explain(pool, reps)
+    assert pool.stats()["end_call_works"] is True, f"the tool did not report the end-of-job call:\n{why}"
+    assert pool.stats()["processes_started"] == 1, why
+    assert [r.ok for r in reps] == [True, False, True, False], why
+    want = {line_of("tile[threadIdx.x] = x["), line_of("= tile[63 - threadIdx.x];")}
+    for r in (reps[1], reps[3]):
+        assert r.findings and all(f.kind == "race" for f in r.findings), why
+        assert {r.findings[0].where.cell_line, r.findings[0].other.cell_line} == want, why
+        assert r.error_count and r.error_count > 0, why
+    first, second = reps[0].cost, reps[1].cost
+    assert first.process_started and not second.process_started, why
+    assert second.context_s is not None and first.context_s is not None, why
+    assert second.context_s < 0.25 and second.context_s < first.context_s / 2, \
+        f"context under the tool: first {first.context_s:.3f} s, second {second.context_s:.3f} s\n{why}"
+
+
+def test_memcheck_sequence_with_a_fault(mod, torch):
+    """clean, racy, out of bounds, clean under memcheck: the invalid write on its job only; a fault replaces the
+    process (its job's report is complete: read to the process's end)."""
+    j = jobs(mod, torch)
+    pool = P.SanitizerPool("memcheck", executable=sanitizer_path(), print_limit=100)
+    try:
+        reps = [run(pool, b, j[b]) for b in ("clean", "racy", "oob", "clean")]
+    finally:
+        pool.close()
+    why = explain(pool, reps)
+    assert [r.ok for r in reps] == [True, True, False, True], why
+    assert all(not r.findings for i, r in enumerate(reps) if i != 2), why
+    f = reps[2].findings[0]
+    assert f.kind == "invalid_write" and f.where.cell_line == line_of("x[i + n] = 1.0f;"), why
+    faulted = reps[2].job_status == "fault"
+    assert pool.stats()["processes_started"] == (2 if faulted else 1), why
+    assert reps[3].cost.process_started == faulted, why
+    assert not reps[1].cost.process_started and reps[1].cost.context_s < 0.25, why
+
+
+def test_a_hang_is_given_up_at_its_timeout(mod, torch):
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    j = jobs(mod, torch)
+    pool = P.SanitizerPool("memcheck", executable=sanitizer_path(), print_limit=100)
+    try:
+        assert run(pool, "clean", j["clean"]).ok
+        hung = run(pool, "spin", mod.spin.job(1, 1, flag), timeout_s=15)
+        after = run(pool, "clean", j["clean"])
+    finally:
+        pool.close()
+    why = explain(pool, [hung, after])
+    assert hung.timed_out and hung.wall_ms < 40_000, why
+    assert after.ok and after.cost.process_started and pool.stats()["restarts"].get("timeout") == 1, why
+
+
+def test_the_one_shot_path_agrees(mod, torch, monkeypatch):
+    """The same racy and out-of-bounds jobs one-shot (KERNELLAB_SANITIZER_POOL=0) and pooled: the same findings."""
+    j = jobs(mod, torch)
+
+    def shape(r):
+        return sorted((f.tool, f.kind, f.where.cell_line) for f in r.findings), r.ok
+
+    pooled = [sanitize(j[b], t, pool=True) for b, t in (("racy", "racecheck"), ("oob", "memcheck"))]
+    monkeypatch.setenv(P.ENV, "0")
+    once = [sanitize(j[b], t, pool=True) for b, t in (("racy", "racecheck"), ("oob", "memcheck"))]
+    for label, r in zip(("racy pooled", "oob pooled", "racy one-shot", "oob one-shot"), pooled + once):
+        ROWS.append((r.tool, label, r))
+    assert all("--serve" not in r.command for r in once) and all("--serve" in r.command for r in pooled)
+    assert [shape(r) for r in pooled] == [shape(r) for r in once], \
+        "\n---\n".join(f"{r}\n{r.raw[-1500:]}" for r in pooled + once)
