@@ -2,7 +2,7 @@
 
 tests/fixtures/fake_sanitizer.py is a hand-written stand-in for compute-sanitizer: it runs the real target
 (`python -m kernellab.run.launch.job`, served or one-shot) on the stand-in cupy (fixtures/fake_cupy), and prints its
-reports from its own process 0.3 s after the event, in the captured formats, so a job's report reaches the pipe
+reports from its own process 0.1 s after the event, in the captured formats, so a job's report reaches the pipe
 after the target's own end line: the attribution must not rely on the order of the two. The sequences check that
 each job gets its own findings (clean, racy, out-of-bounds, clean), that a fault and a hang replace the process and
 that the switch gives today's one-shot path with the same findings.
@@ -43,6 +43,7 @@ def tool(tmp_path, monkeypatch):
     exe.chmod(0o755)
     log = tmp_path / "starts.log"
     monkeypatch.setenv("FAKE_SANITIZER_LOG", str(log))
+    monkeypatch.setenv("FAKE_SANITIZER_DELAY_S", "0.1")       # reports come after the target's end line
     monkeypatch.delenv(P.ENV, raising=False)
     yield Tool(exe, log)
     P.shutdown()
@@ -67,7 +68,7 @@ def pool_for(tool, name="memcheck", **kw) -> P.SanitizerPool:
 
 def test_a_sequence_gets_each_jobs_own_findings_from_one_process(tool):
     """memcheck over clean, racy, clean: one process; racecheck over clean, racy, clean, racy: the hazards land on
-    the racy jobs, though the tool prints each 0.3 s after the target printed its end line."""
+    the racy jobs, though the tool prints each 0.1 s after the target printed its end line."""
     mem = pool_for(tool, "memcheck")
     reports = [mem.run(job(b), timeout_s=60) for b in ("clean", "racy", "clean")]
     assert [r.ok for r in reports] == [True, True, True] and starts(tool) == 1
@@ -97,7 +98,7 @@ def test_a_fault_is_reported_and_replaces_the_process(tool):
     (f,) = bad.findings
     assert f.kind == "invalid_write" and f.where.cell_line == 12 and f.thread == (0, 0, 0)
     assert bad.job_status == "fault" and bad.error_count == 1 and bad.exit_code is not None and bad.exit_code != 0
-    # the report came 0.3 s after the target's end line and exit: read to the end of the process's output, less the
+    # the report came 0.1 s after the target's end line and exit: read to the end of the process's output, less the
     # tool's summary, which counts the whole process's errors (the end-of-job calls' among them)
     assert "Invalid __global__ write" in bad.raw and "ERROR SUMMARY" not in bad.raw
     assert not reports[3].findings and reports[3].job_status == "ok" and reports[3].cost.process_started
@@ -147,6 +148,20 @@ def test_the_print_limit_of_a_process_replaces_it_before_a_job_could_run_out(too
     reports = [race.run(job("racy"), timeout_s=60) for _ in range(4)]
     assert all(len(r.findings) == 1 for r in reports)
     assert race.stats()["processes_started"] >= 2 and race.stats()["restarts"].get("print limit", 0) >= 1
+
+
+def test_a_job_that_runs_into_the_process_print_limit_is_read_to_the_end(tool):
+    """A job whose reports reach the process's --print-limit (the tool then prints no more, its end-of-job report
+    neither): read to the process's end, a note says the count stops at the limit, and the next process is warm as
+    before (not taken for a tool that holds its output)."""
+    race = pool_for(tool, "racecheck", end_call_grace_s=1.0)
+    race.print_limit, race.process_limit = 1, 3
+    first = race.run(job("racy3"), timeout_s=60)                # 3 hazards: the limit; the end-of-job call unprinted
+    assert [f.kind for f in first.findings] == ["race"] and first.findings[0].count == 3
+    assert any("print limit" in n for n in first.notes), first.notes
+    after = [race.run(job(b), timeout_s=60) for b in ("clean", "racy")]
+    assert [len(r.findings) for r in after] == [0, 1] and not race.stats()["tty"]
+    assert race.stats()["restarts"]["print limit"] >= 1 and race.stats()["end_call_works"] is True
 
 
 def test_sanitize_pools_when_asked_and_the_switch_gives_the_one_shot_path(tool, monkeypatch):

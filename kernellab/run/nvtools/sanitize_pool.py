@@ -401,6 +401,8 @@ class SanitizerPool:
                 continue                                    # never a finding of the job
             lines.append(line)
         rest: list[str] = []
+        # the tool stops printing at its --print-limit, the end-of-job report included
+        limit_hit = proc.printed + count_errors("\n".join(lines)) + 1 > self.process_limit
         if timed_out:
             proc.kill()
             rest = proc.drain()
@@ -408,6 +410,9 @@ class SanitizerPool:
         elif gone or poisoned:
             rest = proc.finish()
             self._retire("fault" if poisoned else "crash", finish=False)
+        elif not called and limit_hit:
+            rest = proc.finish()                            # exact to the limit; the note below says so
+            self._retire("print limit", finish=False)
         elif not called and self.end_call_works is not False:
             # the tool did not report the call in time: read to the end (exact). Where its output was a pipe, it may
             # hold its reports until exit (a buffered stdout): the next process gets a terminal; where that did not
@@ -451,7 +456,7 @@ class SanitizerPool:
             notes.append("the job did not write a result; see report.raw for the process's output")
         if timed_out:
             notes.append(f"stopped after {timeout_s:g} s: the kernel may not terminate (an endless loop?)")
-        if proc.printed >= self.process_limit:
+        if proc.printed >= self.process_limit or limit_hit:
             notes.append(f"{self.tool} reached the process's print limit during this job {S.PRINT_LIMIT_NOTE}: "
                          f"reports past it are missing from the findings and the count")
             if self.proc is proc:
