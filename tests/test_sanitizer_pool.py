@@ -265,3 +265,23 @@ def test_a_target_that_cannot_start_says_so_in_the_report(tool):
     rep = pool.run(job("clean"), timeout_s=60)
     assert rep.job_status is None and any("did not write a result" in n for n in rep.notes), rep
     assert "the target cannot start" in rep.raw and rep.exit_code == 3 and pool.stats()["restarts"] == {"crash": 1}
+
+
+def test_each_thread_gets_its_own_warm_process(tool):
+    """Two threads sanitizing at once do not queue behind one process: get_pool gives each thread its own."""
+    import threading
+
+    got = {}
+
+    def work(name):
+        got[name] = P.get_pool("racecheck", executable=str(tool), print_limit=100)
+        got[name + " report"] = sanitize(job("racy"), "racecheck", executable=str(tool), timeout_s=60, pool=True)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got["a"] is not got["b"] and starts(tool) == 2
+    assert all(len(got[n + " report"].findings) == 1 for n in ("a", "b"))
+    assert sorted(s["jobs"] for s in P.stats()) == [1, 1]

@@ -1,4 +1,4 @@
-"""Warm compute-sanitizer processes: one per (process, tool, device), each running many jobs in turn.
+"""Warm compute-sanitizer processes: one per (thread, tool, device), each running many jobs in turn.
 
 Every one-shot `sanitize()` starts `compute-sanitizer --tool T python -m kernellab.run.launch.job JOBFILE`: a new
 process, the tool's set-up and a new CUDA context under the tool for each job, and the context is host-wide driver
@@ -501,8 +501,10 @@ _pools_lock = threading.Lock()
 
 def get_pool(tool: str, *, executable: str, print_limit: int, extra_args=(), device: int | None = None
              ) -> SanitizerPool:
-    """This process's warm pool for (tool, device, executable, options), made on first use."""
-    key = (tool, device, executable, int(print_limit), tuple(extra_args))
+    """This thread's warm pool for (tool, device, executable, options), made on first use. One per thread: a pool
+    runs one job at a time, and threads that sanitize at once (a multi-threaded worker) must not wait on each other;
+    a Dask worker of one thread keeps one per tool and GPU across its submissions."""
+    key = (tool, device, executable, int(print_limit), tuple(extra_args), threading.get_ident())
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
