@@ -215,6 +215,8 @@ def test_count_errors_counts_reports_not_warnings_or_summaries():
     assert P.end_call('========= Program hit cudaErrorInvalidDevice (error 101) due to "invalid device ordinal" on '
                       'CUDA API call to cudaGetDeviceProperties_v2.') == 0
     assert P.end_call("========= Program hit ... on CUDA API call to cudaMalloc.") is None
+    assert P._END_CALL_ECHO.match('========= Program hit CUDA_ERROR_INVALID_DEVICE (error 101) due to "invalid device '
+                                  'ordinal" on CUDA API call to cuDeviceGet.')
 
 
 def test_the_served_target_marks_each_job_and_writes_its_result(tmp_path, monkeypatch):

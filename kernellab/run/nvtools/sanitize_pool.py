@@ -62,6 +62,11 @@ _END_CALLS = (re.compile(r"^=========\s*Program hit .* on CUDA API call to cu(?:
               re.compile(r"^=========\s*Program hit .* on CUDA API call to cu(?:da)?DeviceGetAttribute\b"))
 
 
+# What the runtime may call in the driver on the end-of-job call's behalf (cuDeviceGet for the missing device): where
+# the tool reports such a call too, it is the end-of-job call's, never the job's
+_END_CALL_ECHO = re.compile(r"^=========\s*Program hit .* on CUDA API call to cuDevice\w*")
+
+
 def end_call(line: str) -> int | None:
     """0 or 1 when `line` is the tool's report of an even or odd job's end-of-job call, else None."""
     for parity, rx in enumerate(_END_CALLS):
@@ -399,6 +404,8 @@ class SanitizerPool:
                     if end is not None:
                         break
                 continue                                    # never a finding of the job
+            if _END_CALL_ECHO.match(line):
+                continue
             lines.append(line)
         rest: list[str] = []
         # the tool stops printing at its --print-limit, the end-of-job report included
@@ -434,7 +441,8 @@ class SanitizerPool:
         # the tool's summaries at exit count the whole process's jobs: the job's own count is counted from its part
         if not began:        # the target never reached the job (it failed to start, or hung before): all it said
             lines = pre + lines
-        lines += [ln for ln in rest if not ln.startswith(JOB_MARK) and end_call(ln) is None and not _SUMMARY.match(ln)]
+        lines += [ln for ln in rest if not ln.startswith(JOB_MARK) and end_call(ln) is None
+                  and not _END_CALL_ECHO.match(ln) and not _SUMMARY.match(ln)]
         wall = (time.perf_counter() - t0) * 1e3
         after = tree_usage(proc.popen.pid) if proc.popen.poll() is None else {}
         exit_code = proc.popen.returncode if proc.popen.poll() is not None and (gone or timed_out) else None
