@@ -7,7 +7,6 @@ after the target's own end line: the attribution must not rely on the order of t
 each job gets its own findings (clean, racy, out-of-bounds, clean), that a fault and a hang replace the process and
 that the switch gives today's one-shot path with the same findings.
 """
-import dataclasses
 import os
 import pathlib
 import sys
@@ -102,6 +101,8 @@ def test_a_fault_is_reported_and_replaces_the_process(tool):
     # tool's summary, which counts the whole process's errors (the end-of-job calls' among them)
     assert "Invalid __global__ write" in bad.raw and "ERROR SUMMARY" not in bad.raw
     assert not reports[3].findings and reports[3].job_status == "ok" and reports[3].cost.process_started
+    assert all(r.cost.cpu_s is not None and r.cost.cpu_s >= 0 for r in reports), [r.cost for r in reports]
+    assert bad.cost.cpu_s > 0                                     # the ended process's share, from its reaped usage
     assert starts(tool) == 2 and mem.stats()["restarts"] == {"fault": 1}
 
 

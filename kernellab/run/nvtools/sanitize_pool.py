@@ -141,8 +141,11 @@ def tree_usage(pid: int) -> dict:
 class _Process:
     """A running `compute-sanitizer ... --serve REQUESTS`, its output read line by line into a queue."""
 
-    def __init__(self, cmd: list[str], folder: str, requests: str, env: dict, tty: bool = False):
+    def __init__(self, cmd: list[str], requests: str, env: dict, tty: bool = False):
+        from .sanitize import children_usage
+
         self.cmd, self.requests = cmd, requests
+        self.kids0 = children_usage()             # what this process's reaped children had used before it
         self.spawned = time.time()
         self.master = None
         if tty:        # a terminal for its output: a program that buffers its stdout on a pipe writes each line
@@ -324,7 +327,7 @@ class SanitizerPool:
         self.processes_started += 1
         requests = os.path.join(self.folder, f"requests-{self.processes_started}")
         os.mkfifo(requests)
-        return _Process(self.command(requests), self.folder, requests, self.env, tty=self.tty)
+        return _Process(self.command(requests), requests, self.env, tty=self.tty)
 
     def _retire(self, why: str, *, finish: bool = True) -> list[str]:
         proc, self.proc = self.proc, None
@@ -444,7 +447,11 @@ class SanitizerPool:
         lines += [ln for ln in rest if not ln.startswith(JOB_MARK) and end_call(ln) is None
                   and not _END_CALL_ECHO.match(ln) and not _SUMMARY.match(ln)]
         wall = (time.perf_counter() - t0) * 1e3
-        after = tree_usage(proc.popen.pid) if proc.popen.poll() is None else {}
+        if proc.popen.poll() is None:
+            after = tree_usage(proc.popen.pid)
+        else:                # ended and reaped: its whole life is in this process's children's usage since it started
+            kids = S.children_usage()
+            after = {k: kids[k] - proc.kids0[k] for k in kids if k in proc.kids0}
         exit_code = proc.popen.returncode if proc.popen.poll() is not None and (gone or timed_out) else None
         self.jobs_run += 1
         proc.jobs += 1
