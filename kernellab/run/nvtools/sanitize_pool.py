@@ -377,6 +377,11 @@ class SanitizerPool:
         lines, end, called, poisoned, timed_out, gone = [], None, False, False, False, False
         began, grace, mine, pre = False, None, seq % 2, []
         if not proc.send(f"{seq}\t{jobfile}\t{resfile}\n", deadline):
+            if time.time() < deadline:                      # its pipe closed: the target is gone or going
+                try:
+                    proc.popen.wait(timeout=min(STOP_TIMEOUT_S, max(0.0, deadline - time.time())))
+                except subprocess.TimeoutExpired:
+                    pass
             gone = proc.popen.poll() is not None
             timed_out = not gone
         while not (gone or timed_out):
