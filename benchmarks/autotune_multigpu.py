@@ -54,7 +54,11 @@ every ratio against it [b] and names its file, device and date.
 The stage report compares, per exercise and compute-sanitizer tool, each run's ToolCost (GradeResult.tool_costs:
 wall and CPU seconds of the tool's processes, bytes read from the disk and by any read, the tool's start to the
 kernel's launch and its own start-up within it, the kernel, the tail) between 1 GPU and each pool, and says where
-the growth is: before the first kernel, on the cores, or on the disk.
+the growth is: before the first kernel, on the cores, or on the disk. The graders run each tool in their worker's
+warm compute-sanitizer (kernellab.run.nvtools.sanitize_pool: a CUDA context per worker and tool, not per
+submission); each phase prints how many compute-sanitizer processes it started for how many tool runs.
+KERNELLAB_SANITIZER_POOL=0 in this script's environment (its Dask workers inherit it) runs one process per tool run,
+as before, for the comparison.
 """
 from __future__ import annotations
 
