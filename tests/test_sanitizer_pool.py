@@ -288,3 +288,14 @@ def test_each_thread_gets_its_own_warm_process(tool):
     assert got["a"] is not got["b"] and starts(tool) == 2
     assert all(len(got[n + " report"].findings) == 1 for n in ("a", "b"))
     assert sorted(s["jobs"] for s in P.stats()) == [1, 1]
+
+
+def test_a_failing_pool_falls_back_to_the_one_shot_path(tool, monkeypatch):
+    """Where the pool's own plumbing fails (here: no named pipe can be made), the job runs one-shot and says so."""
+    def no_fifo(path, *a, **k):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(P.os, "mkfifo", no_fifo)
+    rep = sanitize(job("racy"), "racecheck", executable=str(tool), timeout_s=60, pool=True)
+    assert len(rep.findings) == 1 and "--serve" not in rep.command and rep.cost.process_started
+    assert any("the warm compute-sanitizer failed (OSError" in n for n in rep.notes), rep.notes

@@ -320,10 +320,16 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
     exe = executable or sanitizer_path()
     from . import sanitize_pool
 
+    fallback = None
     if sanitize_pool.wanted(pool):
         warm = sanitize_pool.get_pool(tool, executable=exe, print_limit=print_limit, extra_args=extra_args,
                                       device=job.device)
-        return warm.run(job, timeout_s=timeout_s)
+        try:
+            return warm.run(job, timeout_s=timeout_s)
+        except (OSError, ValueError, RuntimeError) as exc:     # the pool's own plumbing: this job runs one-shot
+            warm.close()
+            fallback = (f"the warm compute-sanitizer failed ({type(exc).__name__}: {exc}); this run used a process "
+                        f"of its own")
     with tempfile.TemporaryDirectory(prefix="kernellab-sanitize-") as tmp:
         jobfile = job.with_data().save(os.path.join(tmp, "job.kljob"))
         resfile = os.path.join(tmp, "result.klres")
@@ -353,6 +359,8 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
             notes.append("the job did not write a result; see report.raw for the process's output")
         if timed_out:
             notes.append(f"stopped after {timeout_s:g} s: the kernel may not terminate (an endless loop?)")
+        if fallback:
+            notes.append(fallback)
     return report_from_text(out, tool=tool, job=job, timed_out=timed_out, exit_code=code, job_status=status,
                             command=tuple(cmd), wall_ms=wall, notes=notes,
                             cost=dataclasses.replace(tool_cost(wall / 1e3, used0, used1, spawned, marks),
