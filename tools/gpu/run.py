@@ -81,7 +81,9 @@ SUITES: dict[str, Suite] = {
         "warm compute-sanitizer processes (kernellab.run.nvtools.sanitize_pool): racecheck over clean, racy, clean, "
         "racy and memcheck over clean, racy, out-of-bounds, clean in one process per tool, each job's findings its "
         "own, the second job's CUDA context part small, a fault and a hang replacing the process, the one-shot path "
-        "(KERNELLAB_SANITIZER_POOL=0) agreeing; a table last (tool, job, process started, context_s, wall, findings)",
+        "(KERNELLAB_SANITIZER_POOL=0) agreeing, tutorial 02's grader over reference, racy variant, reference (no "
+        "process started after the first grade, the race on the variant only); a table last (tool, job, process "
+        "started, context_s, wall, findings)",
         120, tests=(GPU_TESTS + "test_sanitizer_pool_gpu.py",), env={"PYTEST_ADDOPTS": "-s"}),
     "tests-sim": Suite(
         "the simulators against the hardware: racecheck's corpus, tutorial 00's puzzles graded on the GPU "
