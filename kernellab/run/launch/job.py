@@ -1045,6 +1045,10 @@ def serve(requests: str, *, scan: bool = False, stream=None) -> int:
             with open(resfile, "wb") as rf:
                 rf.write(result.to_bytes())
             if not result.poisoned:
+                try:           # a device-wide synchronize first: the tool has seen every kernel of the job finish
+                    cupy.cuda.runtime.deviceSynchronize()
+                except Exception:
+                    pass
                 end_of_job_call(int(seq))
             out.write(f"{JOB_MARK} end {seq} {result.status}{' poisoned' if result.poisoned else ''}\n")
             out.flush()
