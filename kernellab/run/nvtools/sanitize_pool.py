@@ -10,12 +10,15 @@ Which findings belong to which job, by construction:
 
 - the target prints "@@kernellab-job begin SEQ" on stdout before it touches the job, so nothing of the job can be
   reported before that line (the tool's output and the target's share the pipe the pool reads);
-- after the job (its synchronize, its result file), the target makes a CUDA call that fails on purpose
-  (kernellab.run.launch.job.end_of_job_call: cudaDeviceGetAttribute with an attribute no device has), then prints
+- after the job (its synchronize, its result file, a device-wide synchronize), the target makes a CUDA call that
+  fails on purpose (kernellab.run.launch.job.end_of_job_call: cudaDeviceGetAttribute with an attribute no device
+  has for an odd job, cudaGetDeviceProperties of a device that does not exist for an even one), then prints
   "@@kernellab-job end SEQ STATUS". compute-sanitizer reports the failed call ("Program hit ... on CUDA API call to
-  cudaDeviceGetAttribute") in its own output stream, after what it reported for the job's kernels, wherever and
-  however late it prints them (the front-end or the injected library). The pool reads until it has both the end
-  line and that report, so the job's part is complete whether the tool prints before or after the target's line;
+  cudaDeviceGetAttribute") in its own output stream, after what it reported for the job's kernels (they finished
+  before the call was made), wherever and however late it prints them (the front-end or the injected library). The
+  pool reads until it has both the end line and that report, so the job's part is complete whether the tool prints
+  before or after the target's line. Consecutive jobs end with differently named calls, so a late second report of
+  one job's call (the runtime's own driver call, where the tool reports it) cannot end the next job early;
 - a job that leaves the context unusable (a fault: the end line says "poisoned") is the process's last: the target
   exits, and the pool reads to the end of the tool's output (the tool has then printed everything) and starts a new
   process for the next job. A hang is killed at its timeout, as the one-shot path does, and so is a process that
@@ -166,7 +169,6 @@ class _Process:
         self.jobs = 0
         self.printed = 0                      # reports the tool has printed so far (against its --print-limit)
         self.eof = False
-        self.tail: list[str] = []             # what it printed after its last job (at exit: the summary)
         threading.Thread(target=self._read, daemon=True, name="kernellab-sanitizer-output").start()
 
     def _read(self) -> None:
