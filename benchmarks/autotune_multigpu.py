@@ -450,7 +450,8 @@ def table(phases: list[dict], skipped: list[str]) -> str:
     one = phases[0] if phases[0]["gpus"] == 1 else None
     mark = " [b]" if one is not None and one.get("stored") else ""
     head = ["GPUs", "workers", "start s", "compile s", "check+time s", "autotune s", "grade s", "job s",
-            "job vs 1 GPU", "autotune vs 1", "grade vs 1", "util autotune", "util grade", "host CPU grade"]
+            "job vs 1 GPU", "autotune vs 1", "grade vs 1", "util autotune", "util grade", "host CPU grade",
+            "sanitizer procs / runs"]
 
     def ratio(key, p):
         return f"{one[key] / p[key]:.2f}x" + (mark if p is not one else "") if one is not None else "-"
@@ -462,10 +463,18 @@ def table(phases: list[dict], skipped: list[str]) -> str:
                      f"{st.get('compile', 0):.1f}", f"{st.get('check_and_time', 0):.1f}", f"{p['autotune_s']:.1f}",
                      f"{p['grade_s']:.1f}", f"{p['job_s']:.1f}", ratio("job_s", p), ratio("autotune_s", p),
                      ratio("grade_s", p), _util_text(p["autotune_util"]), _util_text(p["grade_util"]),
-                     f"{p['grade_host_cpu']:.0%}" if p.get("grade_host_cpu") is not None else "-"])
+                     f"{p['grade_host_cpu']:.0%}" if p.get("grade_host_cpu") is not None else "-",
+                     _procs_text(p.get("tool_processes"))])
     for s in skipped:
         rows.append([s] + [""] * (len(head) - 1))
     return report.text_table(head, rows)
+
+
+def _procs_text(tp: dict | None) -> str:
+    """'12 / 264': compute-sanitizer processes the phase's graders started / their tool runs ('-' where unknown)."""
+    if not tp or not tp.get("runs") or tp.get("unknown") == tp.get("runs"):
+        return "-"
+    return f"{tp['started']} / {tp['runs']}"
 
 
 def busy_share(p: dict) -> float:

@@ -431,3 +431,5 @@ def test_each_phase_counts_the_compute_sanitizer_processes_it_started(mod):
     assert phase(True)["tool_processes"] == {"started": runs, "runs": runs, "unknown": 0}
     assert phase(False)["tool_processes"] == {"started": 0, "runs": runs, "unknown": 0}
     assert phase(None)["tool_processes"] == {"started": 0, "runs": runs, "unknown": runs}
+    text = mod.table([phase(True), phase(False)], [])
+    assert "sanitizer procs / runs" in text and f"{runs} / {runs}" in text and f"0 / {runs}" in text
