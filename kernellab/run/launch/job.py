@@ -1042,13 +1042,15 @@ def serve(requests: str, *, scan: bool = False, stream=None) -> int:
             start = started if first and started is not None else received
             result = replace(result, marks=(("process start", start), ("job ready", ready)) + result.marks)
             first = False
+            if not result.poisoned and cupy is not None:
+                try:           # a device-wide synchronize: the tool has seen every kernel of the job finish
+                    cupy.cuda.runtime.deviceSynchronize()
+                except Exception as exc:      # the context did not survive the job: this process's last
+                    result = replace(result, poisoned=True, notes=result.notes + (
+                        f"the CUDA context failed after the job ({type(exc).__name__}: {exc})",))
             with open(resfile, "wb") as rf:
                 rf.write(result.to_bytes())
             if not result.poisoned:
-                try:           # a device-wide synchronize first: the tool has seen every kernel of the job finish
-                    cupy.cuda.runtime.deviceSynchronize()
-                except Exception:
-                    pass
                 end_of_job_call(int(seq))
             out.write(f"{JOB_MARK} end {seq} {result.status}{' poisoned' if result.poisoned else ''}\n")
             out.flush()
