@@ -106,6 +106,16 @@ def test_a_fault_is_reported_and_replaces_the_process(tool):
     assert starts(tool) == 2 and mem.stats()["restarts"] == {"fault": 1}
 
 
+def test_a_context_broken_after_the_job_ends_its_process(tool):
+    """A job that finished as its stream saw it, but whose context fails the served target's device-wide
+    synchronize after it: the process ends after it, and the next job gets a new one."""
+    mem = pool_for(tool, "memcheck")
+    late = mem.run(job("late"), timeout_s=60)
+    after = mem.run(job("clean"), timeout_s=60)
+    assert late.job_status == "ok" and after.ok and after.cost.process_started
+    assert mem.stats()["restarts"] == {"fault": 1} and starts(tool) == 2
+
+
 def test_a_hang_is_given_up_at_its_timeout_and_the_next_job_runs(tool):
     mem = pool_for(tool, "memcheck")
     assert mem.run(job("clean"), timeout_s=60).ok
