@@ -298,6 +298,9 @@ def test_each_thread_gets_its_own_warm_process(tool):
     assert got["a"] is not got["b"] and starts(tool) == 2
     assert all(len(got[n + " report"].findings) == 1 for n in ("a", "b"))
     assert sorted(s["jobs"] for s in P.stats()) == [1, 1]
+    # the threads have ended: the next pool made here ends their processes
+    mine = P.get_pool("racecheck", executable=str(tool), print_limit=100)
+    assert P.stats() == [mine.stats()] and got["a"].proc is None and got["b"].proc is None
 
 
 def test_a_failing_pool_falls_back_to_the_one_shot_path(tool, monkeypatch):

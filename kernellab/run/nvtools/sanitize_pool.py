@@ -527,12 +527,18 @@ def get_pool(tool: str, *, executable: str, print_limit: int, extra_args=(), dev
     runs one job at a time, and threads that sanitize at once (a multi-threaded worker) must not wait on each other;
     a Dask worker of one thread keeps one per tool and GPU across its submissions."""
     key = (tool, device, executable, int(print_limit), tuple(extra_args), threading.get_ident())
+    orphans = []
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
+            alive = {t.ident for t in threading.enumerate()}
+            for k in [k for k in _pools if k[-1] not in alive]:     # threads that have ended: their processes go
+                orphans.append(_pools.pop(k))
             pool = _pools[key] = SanitizerPool(tool, executable=executable, print_limit=print_limit,
                                                extra_args=extra_args)
-        return pool
+    for old in orphans:
+        old.close()
+    return pool
 
 
 def stats() -> list[dict]:
