@@ -731,7 +731,8 @@ def context_cases(calls: int, rounds: int, heap_objects: int = 4_000_000,
     step's context may change them: a heap of `heap_objects` more live Python containers (what a cyclic GC's full
     collection walks), that heap after gc.freeze(), the GC off, and cold CPU caches (`flush_bytes` of host memory
     written before each call, as torch's own host code runs between a step's launches). Per case: (name, fwd + bwd
-    µs a call, forward launcher µs a call, GC collections per 1000 calls of fwd + bwd); medians of the rounds."""
+    µs a call, forward launcher µs a call, GC collections per 1000 calls of fwd + bwd, F.layer_norm's fwd + bwd µs a
+    call: the baseline, in the same case); medians of the rounds."""
     import gc
 
     import numpy as np
@@ -773,7 +774,7 @@ def context_cases(calls: int, rounds: int, heap_objects: int = 4_000_000,
 
     def case(name, cold=False):
         both, collections = per_call(s.ours, cold)
-        return name, both, per_call(launcher_alone, cold)[0], collections
+        return name, both, per_call(launcher_alone, cold)[0], collections, per_call(s.theirs, cold)[0]
     cases = [case(f"as set up ({len(gc.get_objects()):,} objects tracked)")]
     heap = [[i] for i in range(heap_objects)]
     gc.collect()
@@ -799,6 +800,209 @@ def context_cases(calls: int, rounds: int, heap_objects: int = 4_000_000,
     cases.append(case(f"as set up, again after the cases above ({len(gc.get_objects()):,} objects tracked)"))
     cases.append(case(f"cold CPU caches ({flush_bytes >> 20} MiB host write before each call)", cold=True))
     return cases
+
+
+def cold_interleaved_us(fns: list, calls: int, flush, prepare=None) -> list[float]:
+    """The median µs of `calls` cold calls of each f() in `fns`, taken in turn (a flush of the host array `flush`
+    before every call, so the cases see the same machine): where prepare[i] is given, prepare[i]() runs before the
+    flush and its result is f's argument (a backward's graph, made warm, run cold)."""
+    took = [[] for _ in fns]
+    prepare = prepare or [None] * len(fns)
+    for i in range(calls):
+        for j, f in enumerate(fns):
+            state = None if prepare[j] is None else prepare[j]()
+            flush.fill(i)
+            if state is None:
+                t0 = time.perf_counter()
+                f()
+            else:
+                t0 = time.perf_counter()
+                f(state)
+            took[j].append(time.perf_counter() - t0)
+    return [statistics.median(t) * 1e6 for t in took]
+
+
+def calls_made(fn) -> tuple[int, int]:
+    """(Python calls, C calls) one call of fn() makes (sys.setprofile's "call" and "c_call" events), fn's own frame
+    not counted."""
+    import sys
+
+    counts = [0, 0]
+
+    def profile(frame, event, arg):
+        if event == "call":
+            counts[0] += 1
+        elif event == "c_call":
+            counts[1] += 1
+    fn()
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return counts[0] - 1, counts[1] - 1            # fn's frame; setprofile(None)'s c_call
+
+
+def norm_cold_cases(calls: int, rounds: int, cold_calls: int, flush_bytes: int = 64 << 20) -> list[tuple]:
+    """Tutorial 04's kl::layernorm forward + backward as a training step calls it (norm_op_setup) against
+    F.layer_norm's, stage by stage down to the launch's pieces, warm (interleaved_us, this thread's CPU time) and with
+    cold caches (cold_interleaved_us after a `flush_bytes` host write, wall time), with the Python and C calls each
+    stage makes (calls_made). Rows whose name ends with "[backward]" time y.backward(dy) alone, the forward run warm
+    before the flush. Returns (name, warm CPU µs per round, cold µs, Python calls, C calls) per row."""
+    import threading
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    import kernellab.ops
+    from kernellab.run.launch import launch as L
+
+    s = norm_op_setup()
+    x, w, b, dy, cols, op, ns = s.x, s.w, s.b, s.dy, s.cols, s.op, s.ns
+    xd, wd, bd = x.detach(), w.detach(), b.detach()
+    launcher, backward_launcher, backward_op = ns["layernorm"], ns["layernorm_backward"], ns["kl_layernorm_backward"]
+    y = torch.empty_like(xd)
+    rows = xd.shape[0]
+    forward = ns["_LAUNCHES"][("layernorm", rows, cols, xd.dtype)][1]
+    # As the op's forward calls them: x a Tensor, w and b Parameters (the generated launch is per argument types).
+    launch_args = (xd, w, b, y, rows, cols, ns["_LAUNCHES"][("layernorm", rows, cols, xd.dtype)][2].row_threads,
+                   1e-5)
+    fast = forward._fast
+    assert fast, "the forward launcher's generated launch is not made"
+    path = forward._path
+    pack, buf, base = path._struct.pack_into, path._buffer, path._base
+    values = (1, 2, 3, 4, rows, cols, launch_args[6], 1e-5)
+    lock = threading.Lock()
+    check_layout = ns["_check_layout"]
+    defer = kernellab.ops.DEFER_SYNC
+
+    def deferred(f, *args):
+        """f(*args) with launches not waiting, as inside the op (the row's Python calls: f's and below)."""
+        def run():
+            token = defer.set(True)
+            try:
+                return f(*args)
+            finally:
+                defer.reset(token)
+        return run
+
+    def getters():
+        for t in (xd, w, b, y):
+            t.dtype, t.get_device(), t.is_contiguous(), t.data_ptr()
+
+    def locked():
+        lock.acquire()
+        lock.release()
+
+    def graph_ours():
+        return op(x, w, b, 1e-5)
+
+    def graph_theirs():
+        return F.layer_norm(x, (cols,), w, b, 1e-5)
+
+    def run_backward(out):
+        out.backward(dy)
+
+    def backward_op_alone():
+        with torch.no_grad():
+            backward_op(dy, xd, w, 1e-5)
+
+    # The eager call's first test (the modes, tracers and transforms it reads), as its generated source has it.
+    source = op._call.source.splitlines()
+    first = source.index("        return OVERLOAD(*args)")
+    space = dict(op._call.__globals__)
+    exec(compile("\n".join(["def door_guards():"] + source[1:first] + ["        return True", "    return False"]),
+                 "<the eager call's guards>", "exec"), space)
+    door_guards = space["door_guards"]
+    assert door_guards() is False
+    try:                                    # the launcher's check: y, its own empty_like, left out where it can be
+        check_layout(xd, w, b, None)
+        layout_args = (xd, w, b, None)
+    except AttributeError:
+        layout_args = (xd, w, b, y)
+    split = getattr(path, "_slots", None) is not None       # the generated launch's way (LaunchPath._slots)
+    if split:
+        slots = path._slots
+        pointers, rest_struct = L._split_pack(path.params, path._layout_offsets)
+        rest_base = base + min(o for i, o in enumerate(path._layout_offsets) if i not in pointers)
+        scalars = tuple(v for i, v in enumerate(values) if i not in pointers)
+        (i0, s0), (i1, s1), (i2, s2), (i3, s3) = pointers.items()
+
+    def split_write():                     # straight-line, as the generated launch writes them
+        rest_struct.pack_into(buf, rest_base, *scalars)
+        slots[s0] = values[i0]
+        slots[s1] = values[i1]
+        slots[s2] = values[i2]
+        slots[s3] = values[i3]
+
+    named = [   # (name, fn, prepare)
+        ("F.layer_norm forward + backward (y.backward(dy)): the baseline", s.theirs, None),
+        ("kl::layernorm forward + backward (y.backward(dy))", s.ours, None),
+        ("  F.layer_norm forward alone, recording the graph", graph_theirs, None),
+        ("  kl::layernorm forward alone, recording the graph", graph_ours, None),
+        ("  F.layer_norm's y.backward(dy) alone [backward]", run_backward, graph_theirs),
+        ("  kl::layernorm's y.backward(dy) alone [backward]", run_backward, graph_ours),
+        ("    kl::layernorm_backward op alone, grad mode off", backward_op_alone, None),
+        ("      layernorm_backward launcher alone (2 launches)", deferred(backward_launcher, dy, xd, w), None),
+        ("    the eager call's guards (the modes, tracers and transforms it reads)", door_guards, None),
+        ("    layernorm launcher alone (1 launch)", deferred(launcher, xd, w, b), None),
+        ("      torch.empty_like(x) (its output)", lambda: torch.empty_like(xd), None),
+        ("      _check_layout(x, w, b[, y]) (the tutorial's check)", lambda: check_layout(*layout_args), None),
+        ("      kernel[grid, block](...) as configured (_Launcher.__call__ + generated launch)",
+         deferred(forward, *launch_args), None),
+        ("        the generated launch alone", deferred(fast, launch_args, None, None), None),
+        ("          4 tensors' dtype, get_device(), is_contiguous(), data_ptr()", getters, None),
+        ("          the 8 values by one struct pack_into (the whole buffer)", lambda: pack(buf, base, *values), None),
+    ] + ([("          the 4 scalars by one struct pack_into, the 4 pointers as 8-byte items", split_write, None)]
+         if split else []) + [
+        ("          lock acquire + release", locked, None),
+        ("          DEFER_SYNC.get()", L.DEFER_SYNC.get, None),
+        ("  an empty call (the timer's floor)", lambda: None, None),
+    ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        warm = []
+        for name, f, prep in named:
+            if prep is None:
+                warm.append(f)
+            else:
+                def both(f=f, prep=prep):
+                    f(prep())
+                warm.append(both)
+        _, cpu = interleaved_us(warm, calls, rounds)
+        for j, (name, f, prep) in enumerate(named):          # the [backward] rows: minus their forward's warm time
+            if prep is not None:
+                forward_row = 2 if prep is graph_theirs else 3
+                cpu[j] = [c - statistics.median(cpu[forward_row]) for c in cpu[j]]
+        cold = cold_interleaved_us([f for _, f, _ in named], cold_calls, np.zeros(flush_bytes // 8),
+                                   [p for _, _, p in named])
+        made = []
+        for name, f, prep in named:
+            if prep is None:
+                made.append(calls_made(f))
+            else:
+                both = calls_made(lambda f=f, prep=prep: f(prep()))
+                fwd = calls_made(prep)
+                made.append((both[0] - fwd[0] - 1, both[1] - fwd[1]))
+    finally:
+        torch.set_num_threads(threads)
+        x.grad = w.grad = b.grad = None
+    return [(name, c, cd, py, cc) for (name, _, _), c, cd, (py, cc) in zip(named, cpu, cold, made)]
+
+
+def cold_table(cases, title: str) -> str:
+    """The --cold table: per stage warm CPU µs (median round), cold µs (median call), cold / warm, the Python and C
+    calls it makes, and the cold time against F.layer_norm's forward + backward (the first row)."""
+    lines = [title, "", "| stage | warm µs | cold µs | cold / warm | Python calls | C calls | cold vs F.layer_norm "
+             "fwd + bwd cold |", "|---|---|---|---|---|---|---|"]
+    base = cases[0][2]
+    for name, warm, cold, py, cc in cases:
+        med = statistics.median(warm)
+        lines.append(f"| {name} | {med:.2f} | {cold:.1f} | {cold / med if med > 0 else float('nan'):.1f}x | {py} | "
+                     f"{cc} | {cold / base:.2f}x |")
+    return "\n".join(lines)
 
 
 ATTENTION_SHAPE = (1, 12, 128, 64)   # B, H, N, d of the --attention rows: GPT-2 small's heads and head dim; B and N
@@ -1039,13 +1243,15 @@ def attention_table(cases, title: str) -> str:
 
 def context_table(cases, title: str) -> str:
     """The --context table: µs a call of the op's forward + backward and of its launcher alone, each case's ratio to
-    the first row's, and the GC's collections."""
+    the first row's, the GC's collections, and F.layer_norm's forward + backward in the same case (the baseline: the
+    op's ratio to it is the target's, <= 1.3x with cold caches)."""
     lines = [title, "", "| case | fwd + bwd µs a call | vs as set up | forward launcher µs | vs as set up | "
-             "GC collections per 1000 calls |", "|---|---|---|---|---|---|"]
+             "GC collections per 1000 calls | F.layer_norm fwd + bwd µs | kl::layernorm / F.layer_norm |",
+             "|---|---|---|---|---|---|---|---|"]
     base_both, base_launcher = cases[0][1], cases[0][2]
-    for name, both, alone, collections in cases:
+    for name, both, alone, collections, theirs in cases:
         lines.append(f"| {name} | {both:.1f} | {both / base_both:.2f}x | {alone:.1f} | {alone / base_launcher:.2f}x "
-                     f"| {collections:.2f} |")
+                     f"| {collections:.2f} | {theirs:.1f} | {both / theirs:.2f}x |")
     return "\n".join(lines)
 
 
@@ -1219,6 +1425,9 @@ def main(argv=None):
                     "kernels compile for sm_90 on a first run: about 20 s)")
     ap.add_argument("--context", action="store_true", help="no GPU: tutorial 04's LayerNorm op (stand-in driver) "
                     "with a large heap of live objects, gc.freeze(), the GC off, and cold CPU caches")
+    ap.add_argument("--cold", action="store_true", help="no GPU: tutorial 04's LayerNorm op forward + backward "
+                    "against F.layer_norm's, stage by stage, warm and with cold CPU caches, with the Python and C "
+                    "calls of each stage")
     ap.add_argument("--attention", action="store_true", help="no GPU: tutorial 08's attention op (forward + backward, "
                     "as a training step calls it) stage by stage, warm and with cold caches, stand-in driver and "
                     "tensor maps")
@@ -1241,6 +1450,19 @@ def main(argv=None):
             f"calls it: stand-in launches (a C call), tensor maps stood in (a cache hit in Python), the backward taking "
             f"step 3 as on an H100; {calls} calls a case in {args.rounds} rounds taken in turn, {cold} calls with cold "
             f"caches (64 MiB written before each); indented rows are parts of the row above, timed alone")
+    elif args.cold:
+        import platform
+
+        import torch
+
+        calls, cold = args.launches, max(args.launches // 20, 50)
+        text = cold_table(norm_cold_cases(calls, args.rounds, cold),
+                          f"tutorial 04's kl::layernorm forward + backward with cold CPU caches, stage by stage, against "
+                          f"F.layer_norm's: {NORM_SHAPE[0]} x {NORM_SHAPE[1]} float32, stand-in launches, on the CPU "
+                          f"({platform.processor() or platform.machine()}, torch {torch.__version__}); warm: this "
+                          f"thread's CPU µs, {calls} calls a case in {args.rounds} rounds taken in turn; cold: the "
+                          f"median of {cold} calls, each after a 64 MiB host write, the cases in turn; calls: "
+                          f"sys.setprofile's events (indented rows are parts of the row above, timed alone)")
     elif args.context:
         import platform
 

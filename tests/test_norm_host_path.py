@@ -133,8 +133,50 @@ def test_the_benchmarks_context_table_has_every_case_and_leaves_the_gc_as_it_was
     assert len(cases) == 6 and names[1].startswith("+ 50,000 live lists") and "gc.freeze()" in names[2]
     assert "GC off" in names[3] and names[4].startswith("as set up, again")         # the first case, last: drift
     assert names[5].startswith("cold CPU caches (1 MiB")
-    assert all(both > alone > 0 for _, both, alone, _ in cases)          # the launcher is part of the forward
+    assert all(both > alone > 0 for _, both, alone, _, _ in cases)       # the launcher is part of the forward
+    assert all(theirs > 0 for *_, theirs in cases)                        # F.layer_norm's, the baseline
     assert cases[3][3] == 0                                               # GC off: no collection
     assert gc.isenabled() and gc.get_freeze_count() == 0
     text = bench.context_table(cases, "t")
     assert text.count("\n| ") == 7 and "| GC collections per 1000 calls |" in text
+    assert "| kl::layernorm / F.layer_norm |" in text
+
+
+def test_the_launchers_still_refuse_what_the_row_kernels_do_not_take(norm):
+    """The layout checks left after the launchers stopped reading their own new outputs: a non-contiguous or
+    misaligned input, or a given output that is not contiguous, is refused before anything launches."""
+    ns, x, w, b, dy = norm.ns, norm.x.detach(), norm.w.detach(), norm.b.detach(), norm.dy
+    rows, cols = x.shape
+    misaligned = torch.randn(rows * cols + 1)[1:].view(rows, cols)               # 4 bytes past an allocation
+    with pytest.raises(AssertionError, match="contiguous, 16-byte aligned"):
+        ns["layernorm"](torch.randn(cols, rows).t(), w, b)
+    with pytest.raises(AssertionError, match="contiguous, 16-byte aligned"):
+        ns["layernorm"](misaligned, w, b)
+    with pytest.raises(AssertionError, match="contiguous, 16-byte aligned"):
+        ns["layernorm"](x, w, b, torch.empty(cols, rows).t())                    # a given output is still checked
+    with pytest.raises(AssertionError, match="contiguous, 16-byte aligned"):
+        ns["rmsnorm"](x, torch.randn(2 * cols)[::2])
+    with pytest.raises(AssertionError, match="contiguous, 16-byte aligned"):
+        ns["layernorm_backward"](misaligned, x, w)                                # .contiguous() keeps the offset
+    y = ns["layernorm"](x, w, b)
+    assert y.is_contiguous() and y.shape == x.shape
+
+
+def test_the_benchmarks_cold_table_has_every_stage(bench):
+    """launch_overhead.py --cold (a few calls a case: the rows, not the times): F.layer_norm's forward + backward first
+    (the baseline), ours second, then each stage down to the generated launch's pieces, each with its warm and cold
+    time and the Python and C calls it makes."""
+    cases = bench.norm_cold_cases(40, 2, 3, flush_bytes=1 << 20)
+    names = [name for name, *_ in cases]
+    assert names[0].startswith("F.layer_norm forward + backward") and names[1].startswith("kl::layernorm forward +")
+    assert any("the 4 pointers as 8-byte items" in n for n in names) and names[-1].startswith("  an empty call")
+    assert all(len(warm) == 2 and cold > 0 for _, warm, cold, _, _ in cases)
+    calls = {name.strip(): (py, c) for name, _, _, py, c in cases}
+    ours, theirs = calls["kl::layernorm forward + backward (y.backward(dy))"], calls[names[0]]
+    assert ours[0] > theirs[0] and ours[1] > theirs[1]            # our Python and its C calls on top of torch's
+    assert calls["the generated launch alone"][0] == 1           # straight-line: no Python call below its own
+    assert calls["layernorm launcher alone (1 launch)"][0] == 4  # layernorm, _check_layout, _Launcher, the launch
+    guards = calls["the eager call's guards (the modes, tracers and transforms it reads)"]
+    assert guards[0] <= 1, guards                                 # is_dynamo_compiling at most: no is_scripting frame
+    text = bench.cold_table(cases, "t")
+    assert text.count("\n| ") == len(cases) + 1 and "| cold vs F.layer_norm fwd + bwd cold |" in text

@@ -233,11 +233,13 @@ SUITES: dict[str, Suite] = {
         "benchmarks/launch_overhead.py: host cost per launch by path, its breakdown by stage, a registered op's "
         "host path on this host's CPU with the stand-in driver (--cpu: the same Python as the CPU machine's table, "
         "so the two hosts can be compared; --context: tutorial 04's op there with a large heap, gc.freeze(), the GC "
-        "off and cold CPU caches), registered ops", 240,
+        "off and cold CPU caches, beside F.layer_norm's; --cold: its forward + backward stage by stage, warm and "
+        "cold, against F.layer_norm's), registered ops", 290,
         commands=((PY, "benchmarks/launch_overhead.py", "--launches", "1000", "--rounds", "11"),
                   (PY, "benchmarks/launch_overhead.py", "--breakdown", "--launches", "1000", "--rounds", "11"),
                   (PY, "benchmarks/launch_overhead.py", "--cpu", "--launches", "50000", "--rounds", "10"),
                   (PY, "benchmarks/launch_overhead.py", "--context", "--launches", "2000", "--rounds", "7"),
+                  (PY, "benchmarks/launch_overhead.py", "--cold", "--launches", "4000", "--rounds", "10"),
                   (PY, "benchmarks/launch_overhead.py", "--ops", "--launches", "500", "--rounds", "5"))),
     "attention-host-path": Suite(
         "benchmarks/launch_overhead.py --attention on this host's CPU: tutorial 08's attention op forward + backward "
