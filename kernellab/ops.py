@@ -261,7 +261,8 @@ class Op:
             return self.overload
         C = torch._C
         ns = {"OVERLOAD": self.overload, "IMPL": self._impl, "Tensor": torch.Tensor, "Parameter": _PARAMETER,
-              "IS_COMPILING": torch.compiler.is_compiling, "TF_MODE": C._is_torch_function_mode_enabled,
+              "IS_COMPILING": torch.compiler.is_compiling, "COMPILER": torch.compiler,
+              "DYNAMO": getattr(torch.compiler, "is_dynamo_compiling", None), "TF_MODE": C._is_torch_function_mode_enabled,
               "DISPATCH_MODES": C._len_torch_dispatch_stack, "TRACING": C._get_tracing_state,
               "FUNCTORCH": C._functorch.peek_interpreter_stack, "PROFILING": C._autograd._profiler_enabled,
               "GRAD": C.is_grad_enabled, "APPLY": apply, "WRAPPED": _functorch_wrapped,
@@ -325,10 +326,10 @@ class Op:
 # An op's call in eager mode skips the dispatcher where the dispatcher would only hand the arguments to the op's
 # implementation (Op._impl) unchanged: plain torch.Tensor arguments on the op's devices, scalars of the schema's
 # Python types, all arguments given by position, no graph to record (grad off or no input requires it), and nothing
-# that watches or transforms ops: torch.compile/export (torch.compiler.is_compiling, which TorchDynamo reads as True,
-# so a traced call takes the dispatcher), __torch_function__ modes (torch.device(...) is one) and subclasses,
-# __torch_dispatch__ modes (FakeTensorMode, FlopCounterMode, make_fx), torch.jit.trace, functorch transforms (vmap,
-# grad), forward-mode AD (dual_level), the autograd profiler. Ops that write an argument in place always take the
+# that watches or transforms ops: torch.compile/export (torch.compiler.is_compiling, read as _COMPILING does;
+# TorchDynamo reads it as True, so a traced call takes the dispatcher), __torch_function__ modes (torch.device(...)
+# is one) and subclasses, __torch_dispatch__ modes (FakeTensorMode, FlopCounterMode, make_fx), torch.jit.trace,
+# functorch transforms (vmap, grad), forward-mode AD (dual_level), the autograd profiler. Ops that write an argument in place always take the
 # dispatcher (it bumps the argument's version counter), as does every other case, opcheck and
 # torch.ops.<ns>.<name>. The saving: about 0.4 µs of CPU time a call, 1.5 µs for an op with a backward
 # (benchmarks/launch_overhead.py --cpu). EAGER_FAST_CALLS = False before registering turns it off.
@@ -346,6 +347,13 @@ _EAGER_SCALARS = {"float": "float", "int": "int", "bool": "bool"}
 _PARAMETER = (torch.nn.Parameter if getattr(torch.nn.Parameter, "__torch_function__", None)
               is getattr(torch._C, "_disabled_torch_function_impl", object()) else torch.Tensor)
 _functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+# torch.compiler.is_compiling() outside TorchScript, without its two Python frames (it calls torch.jit.is_scripting,
+# about 8 µs of a cold call's 15 for all the eager call's guards on the CPU, launch_overhead.py --cold):
+# is_dynamo_compiling(), which TorchDynamo reads as True, or the flag torch.export and a compile session set (what
+# is_compiling() returns). Where this torch lacks either, is_compiling() itself.
+_COMPILING = ("DYNAMO() or COMPILER._is_compiling_flag"
+              if hasattr(torch.compiler, "is_dynamo_compiling") and isinstance(
+                  getattr(torch.compiler, "_is_compiling_flag", None), bool) else "IS_COMPILING()")
 
 
 def _eager_source(schema, device_types: tuple[str, ...], returns: int, graph: bool = False) -> str | None:
@@ -378,7 +386,7 @@ def _eager_source(schema, device_types: tuple[str, ...], returns: int, graph: bo
     result = {0: "    IMPL(*args)\n    return None", 1: "    return IMPL(*args)"}.get(
         returns, "    return tuple(IMPL(*args))")
     lines = ["def call(*args):",
-             "    if (IS_COMPILING() or TF_MODE() or DISPATCH_MODES() or TRACING() is not None",
+             f"    if ({_COMPILING} or TF_MODE() or DISPATCH_MODES() or TRACING() is not None",
              "            or FUNCTORCH() is not None or PROFILING() or FORWARD_AD._current_level >= 0):",
              "        return OVERLOAD(*args)",
              "    try:",

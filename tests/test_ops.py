@@ -363,6 +363,14 @@ def test_an_eager_call_skips_the_dispatcher_only_where_the_dispatcher_would_chan
     import torch.autograd.forward_ad as fwAD
     with fwAD.dual_level():
         assert call(x, 2.0)
+    flag = getattr(torch.compiler, "_is_compiling_flag", None)    # what is_compiling() reads: export's, a compile's
+    if isinstance(flag, bool):
+        torch.compiler._is_compiling_flag = True
+        try:
+            assert torch.compiler.is_compiling() and call(x, 2.0)
+        finally:
+            torch.compiler._is_compiling_flag = flag
+        assert not call(x, 2.0)
     through.clear()
     assert scaled(torch.randn(2, device="meta"), 2.0).is_meta and through      # meta: the fake, as before
 
