@@ -454,7 +454,7 @@ class _Launcher:
                                            or not worker.settings.isolate)):
             fast = self._fast
             try:
-                if fast and fast(args, stream, sync):
+                if fast and fast(args, stream, sync, 2):      # 2: the record's frame is this call's caller's
                     return None
                 path.run(self._config, args, stream, sync)
             except LaunchError as exc:
