@@ -922,8 +922,10 @@ def plan_rows(rows, cols, itemsize, sms=SMS):
 
 
 def _check_layout(*tensors):
+    """Contiguous and 16-byte aligned; None stands for an output the launcher made with empty_like of a checked
+    tensor (laid out as that one: not read again, as each check costs host time on every call)."""
     for t in tensors:
-        assert t.is_contiguous() and t.data_ptr() % 16 == 0, \
+        assert t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0), \
             "the row kernels need contiguous, 16-byte aligned tensors (torch's allocations are)"
 
 
@@ -951,11 +953,12 @@ def norm_launch_for(kind, rows, cols, dtype):
 
 def layernorm(x, w, b, y=None, eps=1e-5):
     """F.layer_norm(x, (cols,), w, b, eps) for 2-D float32/bf16 CUDA x; fp32 statistics, one read of x."""
+    given = y
     y = torch.empty_like(x) if y is None else y
     rows, cols = x.shape
     if rows == 0 or cols == 0:
         return y
-    _check_layout(x, w, b, y)
+    _check_layout(x, w, b, given)
     hit = _LAUNCHES.get(("layernorm", rows, cols, x.dtype))
     if hit is None or hit[0] is not norm_kernels:
         hit = norm_launch_for("layernorm", rows, cols, x.dtype)
@@ -971,11 +974,12 @@ def layernorm(x, w, b, y=None, eps=1e-5):
 
 def rmsnorm(x, w, y=None, eps=1e-5):
     """F.rms_norm(x, (cols,), w, eps) for 2-D float32/bf16 CUDA x; fp32 statistics, one read of x."""
+    given = y
     y = torch.empty_like(x) if y is None else y
     rows, cols = x.shape
     if rows == 0 or cols == 0:
         return y
-    _check_layout(x, w, y)
+    _check_layout(x, w, given)
     hit = _LAUNCHES.get(("rmsnorm", rows, cols, x.dtype))
     if hit is None or hit[0] is not norm_kernels:
         hit = norm_launch_for("rmsnorm", rows, cols, x.dtype)
@@ -1724,10 +1728,10 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
     dy = dy.contiguous()                     # autograd may hand an expanded gradient (loss = y.sum())
     dx, dw = torch.empty_like(x), torch.empty_like(w)
     db = torch.empty_like(w) if with_bias else None
-    if x.numel() == 0:
+    if rows == 0 or cols == 0:
         dw.zero_()
         return (dx, dw, db.zero_()) if with_bias else (dx, dw)
-    _check_layout(dy, x, w, dx, dw)
+    _check_layout(dy, x, w)                  # dx, dw: empty_like of x and w
     if plan is None:                         # a model's call: the plan and the configured kernels, once per shape
         hit = _BACKWARD_LAUNCHES.get((kind, rows, cols, x.dtype))
         if hit is None or hit[0] is not norm_backward:
