@@ -775,6 +775,20 @@ def context_cases(calls: int, rounds: int, heap_objects: int = 4_000_000,
     def case(name, cold=False):
         both, collections = per_call(s.ours, cold)
         return name, both, per_call(launcher_alone, cold)[0], collections, per_call(s.theirs, cold)[0]
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                # F.layer_norm's arithmetic on one thread, as in the --cpu table
+    try:
+        return _context_cases(case, heap_objects, flush_bytes)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _context_cases(case, heap_objects: int, flush_bytes: int) -> list[tuple[str, float, float, float, float]]:
+    """context_cases' cases in turn: case(name, cold) times one."""
+    import gc
+
     cases = [case(f"as set up ({len(gc.get_objects()):,} objects tracked)")]
     heap = [[i] for i in range(heap_objects)]
     gc.collect()

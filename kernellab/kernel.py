@@ -440,8 +440,7 @@ class _Launcher:
         self._fast = None                       # LaunchPath.fast for the last launch's argument types
 
     def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
-                 isolate: bool | None = None, timeout_s: float | None = None, cluster=None,
-                 _module=sys.modules.get):
+                 isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
         k = self.kernel
         path = k._path
         if sync is None:
@@ -450,8 +449,7 @@ class _Launcher:
         # (it returns False, having launched nothing, where run must decide), else straight to the launch path.
         # (The notebook-wide isolation setting is _isolation_default's test, inline: this is every launch's path.)
         if (path is self._path and shared_bytes is None and isolate is None and cluster is None and path is not None
-                and k.isolate is None and ((worker := _module(_WORKER_MODULE)) is None
-                                           or not worker.settings.isolate)):
+                and k.isolate is None and not (_WORKER_SETTINGS[0] or _worker_settings()).isolate):
             fast = self._fast
             try:
                 if fast and fast(args, stream, sync, 2):      # 2: the record's frame is this call's caller's
@@ -664,12 +662,26 @@ class Module(KernelCollection):
 
 
 _WORKER_MODULE = "kernellab.run.launch.worker"
+# The worker's settings object (worker.settings, which set_isolation changes in place) once the worker is imported:
+# a launch reads its `isolate` from here, not through sys.modules and the module (on a cold CPU cache those lookups
+# cost about 4 µs of a launch's 30 on the CPU: benchmarks/launch_overhead.py --cold).
+_WORKER_SETTINGS: list = [None]
+_NOT_ISOLATING = dataclasses.make_dataclass("_NotIsolating", [("isolate", bool, False)], frozen=True)()
+
+
+def _worker_settings():
+    """worker.settings where the worker is imported (kept in _WORKER_SETTINGS), else a stand-in saying isolate=False
+    (the worker is not imported for this)."""
+    worker = sys.modules.get(_WORKER_MODULE)
+    if worker is None:
+        return _NOT_ISOLATING
+    _WORKER_SETTINGS[0] = settings = worker.settings
+    return settings
 
 
 def _isolation_default() -> bool:
     """The notebook-wide isolation setting (kernellab.set_isolation), read without importing the worker until set."""
-    worker = sys.modules.get(_WORKER_MODULE)
-    return bool(worker is not None and worker.settings.isolate)
+    return bool((_WORKER_SETTINGS[0] or _worker_settings()).isolate)
 
 
 def _limit_reason(res: Resources) -> str:

@@ -180,3 +180,19 @@ def test_the_benchmarks_cold_table_has_every_stage(bench):
     assert guards[0] <= 1, guards                                 # is_dynamo_compiling at most: no is_scripting frame
     text = bench.cold_table(cases, "t")
     assert text.count("\n| ") == len(cases) + 1 and "| cold vs F.layer_norm fwd + bwd cold |" in text
+
+
+def test_a_configured_launch_follows_the_notebook_isolation_setting_made_after_it(norm, monkeypatch):
+    """_Launcher.__call__ reads the worker's settings object it keeps (kernel._WORKER_SETTINGS): set_isolation after
+    a launcher's generated launches still sends its next launch to the worker, and back when it is turned off."""
+    from kernellab.run.launch import worker
+
+    routed = []
+    monkeypatch.setattr(Kernel, "run_isolated", lambda self, grid, block, *args, **kw: routed.append(self.name))
+    ns, x, w, b = norm.ns, norm.x.detach(), norm.w, norm.b
+    ns["layernorm"](x, w, b)
+    with worker.isolation(True):
+        ns["layernorm"](x, w, b)
+    assert len(routed) == 1 and routed[0].startswith("layernorm_rows")
+    ns["layernorm"](x, w, b)
+    assert len(routed) == 1
