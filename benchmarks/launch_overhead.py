@@ -935,20 +935,6 @@ def norm_cold_cases(calls: int, rounds: int, cold_calls: int, flush_bytes: int =
         layout_args = (xd, w, b, None)
     except AttributeError:
         layout_args = (xd, w, b, y)
-    split = getattr(path, "_slots", None) is not None       # the generated launch's way (LaunchPath._slots)
-    if split:
-        slots = path._slots
-        pointers, rest_struct = L._split_pack(path.params, path._layout_offsets)
-        rest_base = base + min(o for i, o in enumerate(path._layout_offsets) if i not in pointers)
-        scalars = tuple(v for i, v in enumerate(values) if i not in pointers)
-        (i0, s0), (i1, s1), (i2, s2), (i3, s3) = pointers.items()
-
-    def split_write():                     # straight-line, as the generated launch writes them
-        rest_struct.pack_into(buf, rest_base, *scalars)
-        slots[s0] = values[i0]
-        slots[s1] = values[i1]
-        slots[s2] = values[i2]
-        slots[s3] = values[i3]
 
     named = [   # (name, fn, prepare)
         ("F.layer_norm forward + backward (y.backward(dy)): the baseline", s.theirs, None),
@@ -967,9 +953,7 @@ def norm_cold_cases(calls: int, rounds: int, cold_calls: int, flush_bytes: int =
          deferred(forward, *launch_args), None),
         ("        the generated launch alone", deferred(fast, launch_args, None, None), None),
         ("          4 tensors' dtype, get_device(), is_contiguous(), data_ptr()", getters, None),
-        ("          the 8 values by one struct pack_into (the whole buffer)", lambda: pack(buf, base, *values), None),
-    ] + ([("          the 4 scalars by one struct pack_into, the 4 pointers as 8-byte items", split_write, None)]
-         if split else []) + [
+        ("          struct pack_into of the 8 values", lambda: pack(buf, base, *values), None),
         ("          lock acquire + release", locked, None),
         ("          DEFER_SYNC.get()", L.DEFER_SYNC.get, None),
         ("  an empty call (the timer's floor)", lambda: None, None),

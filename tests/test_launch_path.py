@@ -689,18 +689,6 @@ def test_the_generated_launch_packs_what_marshal_args_packs(args):
     assert "LAUNCH(FN, 4, 2, 1, 64, 2, 1, 512, s, PARAMS, 0)" in fast.source
 
 
-def test_the_generated_launch_writes_pointers_as_items_after_packing_a_map_and_scalars():
-    """_split_pack: the map and the int packed by one struct (its pad bytes cover the pointer's slot), the pointer
-    written after as one 8-byte item; a second launch with new values writes every byte the first did."""
-    path, driver = make_path(TMA_PARAMS, driver=RawDriver([8, 128, 4]))
-    first, second = (FakeCudaTensor(ptr=0x1000), a_map(), 48), (FakeCudaTensor(ptr=0x7F00DEADBEE0), a_map(), -3)
-    cfg, fast = fast_for(path, first)
-    assert "SLOTS[0] = v0" in fast.source and "PACK_REST(BUF, REST_BASE, v1, v2)" in fast.source
-    for args in (first, second):
-        assert fast(args, None, False) is True
-        assert driver.raw[-1]["params"] == [v.tobytes() for v in L.marshal_args(TMA_PARAMS, args, H200)]
-
-
 def test_the_generated_launch_hands_back_what_it_cannot_settle_having_launched_nothing():
     path, driver = make_path(driver=RawDriver(sizes(PARAMS)))
     cfg, fast = fast_for(path, good_args())

@@ -169,7 +169,7 @@ def test_the_benchmarks_cold_table_has_every_stage(bench):
     cases = bench.norm_cold_cases(40, 2, 3, flush_bytes=1 << 20)
     names = [name for name, *_ in cases]
     assert names[0].startswith("F.layer_norm forward + backward") and names[1].startswith("kl::layernorm forward +")
-    assert any("the 4 pointers as 8-byte items" in n for n in names) and names[-1].startswith("  an empty call")
+    assert any("struct pack_into of the 8 values" in n for n in names) and names[-1].startswith("  an empty call")
     assert all(len(warm) == 2 and cold > 0 for _, warm, cold, _, _ in cases)
     calls = {name.strip(): (py, c) for name, _, _, py, c in cases}
     ours, theirs = calls["kl::layernorm forward + backward (y.backward(dy))"], calls[names[0]]

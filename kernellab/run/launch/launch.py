@@ -792,7 +792,6 @@ class LaunchPath:
         self._cluster_opt_in = cluster_opt_in  # () -> None: allow clusters of more than 8 blocks
         fmt, offsets, size = _layout(self.params)
         self._struct = struct.Struct(fmt)
-        self._layout_offsets = offsets
         # The buffer starts at a multiple of 64 bytes, so each value sits at its alignment (a CUtensorMap at 64).
         self._buffer = (ctypes.c_char * (max(size, 1) + TENSOR_MAP_ALIGN_BYTES))()
         self._base = -ctypes.addressof(self._buffer) % TENSOR_MAP_ALIGN_BYTES
@@ -800,11 +799,6 @@ class LaunchPath:
         base = ctypes.addressof(self._buffer)
         self._pointers = (ctypes.c_void_p * max(len(self.params), 1))(*[base + o for o in self.offsets])
         self.params_address = ctypes.addressof(self._pointers) if self.params else None
-        # The generated launch writes each pointer argument as one 8-byte item of this view (at the layout's offset
-        # / 8 from _base) and packs only the other values with struct (_split_pack): on a cold CPU cache struct's
-        # pack_into of every value costs about twice the item writes and a pack of the scalars alone.
-        whole = len(self._buffer) - self._base
-        self._slots = memoryview(self._buffer).cast("B")[self._base:self._base + whole // 8 * 8].cast("Q")
         self._configs: dict = {}
         self._plans: dict = {}
         self._fast: dict = {}
@@ -878,7 +872,7 @@ class LaunchPath:
             config, attrs = cudriver.cluster_launch_config(cfg.grid, cfg.block, cfg.shared_bytes, 0, cfg.cluster)
             ns.update(LAUNCH_EX=launch_ex, CONFIG=config, CONFIG_P=ctypes.pointer(config), ATTRS=attrs)
         ns.update(FALLBACK_ERRORS=(_Fallback, TypeError, AttributeError, ValueError, OverflowError),
-                  PACK_ERRORS=(struct.error, OverflowError, ValueError), BUF=self._buffer,
+                  PACK_ERRORS=(struct.error, OverflowError), PACK=self._struct.pack_into, BUF=self._buffer,
                   BASE=self._base, LAUNCH=self.driver.launch_kernel, FN=self.function_handle, PARAMS=self.params_address or 0, ACQUIRE=self._lock.acquire,
                   RELEASE=self._lock.release, DEFER=DEFER_SYNC.get, BLOCKING=_BLOCKING, GETFRAME=sys._getframe,
                   APPEND=RECENT_LAUNCHES.append, INTERNAL=_INTERNAL_FILES,
@@ -887,11 +881,7 @@ class LaunchPath:
                   FAILED=functools.partial(self._failed, cfg), RAISE=functools.partial(self._raise, cfg),
                   STREAM_OF=stream_handle, DEFAULT_STREAM=(torch_stream_function() if torch_index is not None
                                                           else cupy_stream_function()))
-        pointers, rest_struct = _split_pack(self.params, self._layout_offsets)
-        ns.update(SLOTS=self._slots, PACK_REST=None if rest_struct is None else rest_struct.pack_into,
-                  REST_BASE=self._base + (min(o for i, o in enumerate(self._layout_offsets) if i not in pointers)
-                                          if rest_struct is not None else 0))
-        source = _fast_source(body, values, cfg, torch_index is not None, pointers)
+        source = _fast_source(body, values, cfg, torch_index is not None)
         exec(compile(source, f"<kernellab launch {cfg} {types}>", "exec"), ns)
         fn = ns["launch"]
         fn.source = source
@@ -989,36 +979,15 @@ class LaunchPath:
             record_async(self.name, cfg)
 
 
-def _split_pack(params: tuple[Param, ...], offsets: tuple[int, ...]) -> tuple[dict[int, int], struct.Struct | None]:
-    """How a generated launch fills the parameter buffer: {argument index: 8-byte item of LaunchPath._slots} for the
-    pointer arguments, and a struct.Struct packing the other values (scalars, tensor maps) from the first of them
-    on (None where there are none). That struct's pad bytes ("x") cover the pointers between its values and are
-    written as zeros, so the launch packs it first and writes the pointers after."""
-    pointers, fmt, at = {}, "<", None
-    for i, (p, off) in enumerate(zip(params, offsets)):
-        if not p.tensor_map and not (not p.pointer and p.dtype in _SCALAR_STRUCT):   # _layout's 8-byte "Q" slot
-            pointers[i] = off // 8
-            continue
-        if p.tensor_map:
-            size, code = TENSOR_MAP_BYTES, f"{TENSOR_MAP_BYTES}s"
-        else:
-            size = np.dtype("uint16" if p.dtype == "bfloat16" else p.dtype).itemsize
-            code = _SCALAR_STRUCT[p.dtype]
-        at = off if at is None else at
-        fmt += "x" * (off - at) + code
-        at = off + size
-    return pointers, (struct.Struct(fmt) if len(fmt) > 1 else None)
-
-
-def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_stream: bool,
-                 pointers: dict[int, int]) -> str:
-    """The source of one generated launch: launch(args, stream, sync) -> True once launched (and waited for), False,
-    having launched nothing, where the call is not for it (other types or count) or an argument fails a check
-    (`run` then decides, through marshal_args's precise error where it is wrong).
+def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_stream: bool) -> str:
+    """The source of one generated launch: launch(args, stream, sync, depth=1) -> True once launched (and waited for),
+    False, having launched nothing, where the call is not for it (other types or count) or an argument fails a check
+    (`run` then decides, through marshal_args's precise error where it is wrong). depth: how many frames up the
+    no-wait record starts looking for the first frame outside kernellab (2 from _Launcher.__call__: no frame object
+    is made for the launcher's own frame, which is kernellab's).
 
     Inline, in this order: the argument types, the plan's checks, the stream (torch's or CuPy's current one, else
-    `stream=` as given), then with the lock held the parameter buffer's values (the scalars and maps packed by one
-    struct, then each pointer written as one 8-byte item: _split_pack), the raw cuLaunchKernel with
+    `stream=` as given), then with the lock held the packing into the parameter buffer, the raw cuLaunchKernel with
     the grid, block and shared bytes as constants (with a cluster shape: the stream set in the CUlaunchConfig made
     once, CONFIG, and the raw cuLaunchKernelEx), and for a synchronous launch the capture query; the lock released,
     the wait. A failed launch goes to FAILED (INVALID_CONTEXT's retry, the LaunchError), a failed query or wait to
@@ -1047,12 +1016,9 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
                 f"else STREAM_OF(stream)",
                 "    if sync is None:", "        sync = BLOCKING[0]",
                 "        wait = (not DEFER()) if sync is None else sync", "    else:", "        wait = sync",
-                "    ACQUIRE()", "    try:", "        try:"]
-             + ([f"            PACK_REST(BUF, REST_BASE, {', '.join(f'v{i}' for i in range(n) if i not in pointers)})"]
-                if len(pointers) < n else [])
-             + [f"            SLOTS[{slot}] = v{i}" for i, slot in pointers.items()]
-             + (["            pass"] if not n else [])
-             + ["        except PACK_ERRORS:", "            return False"]
+                "    ACQUIRE()", "    try:", "        try:",
+                f"            PACK(BUF, BASE, {', '.join(f'v{i}' for i in range(n))})",
+                "        except PACK_ERRORS:", "            return False"]
              + launch
              + ["        if wait:", "            rc = CAPTURING(s, STATUS_P)", "            if rc:",
                 "                RAISE(rc)", "            wait = not STATUS.value",
