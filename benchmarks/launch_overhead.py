@@ -838,7 +838,7 @@ def cold_interleaved_us(fns: list, calls: int, flush, prepare=None) -> list[floa
 
 def calls_made(fn) -> tuple[int, int]:
     """(Python calls, C calls) one call of fn() makes (sys.setprofile's "call" and "c_call" events), fn's own frame
-    not counted."""
+    not counted (a C function fn counts as its one C call)."""
     import sys
 
     counts = [0, 0]
@@ -854,7 +854,8 @@ def calls_made(fn) -> tuple[int, int]:
         fn()
     finally:
         sys.setprofile(None)
-    return counts[0] - 1, counts[1] - 1            # fn's frame; setprofile(None)'s c_call
+    own = 1 if hasattr(fn, "__code__") else 0     # fn's own frame (a C function has none: its c_call is counted)
+    return counts[0] - own, counts[1] - 1           # setprofile(None)'s c_call
 
 
 def norm_cold_cases(calls: int, rounds: int, cold_calls: int, flush_bytes: int = 64 << 20) -> list[tuple]:
