@@ -239,7 +239,7 @@ SUITES: dict[str, Suite] = {
                   (PY, "benchmarks/launch_overhead.py", "--breakdown", "--launches", "1000", "--rounds", "11"),
                   (PY, "benchmarks/launch_overhead.py", "--cpu", "--launches", "50000", "--rounds", "10"),
                   (PY, "benchmarks/launch_overhead.py", "--context", "--launches", "2000", "--rounds", "7"),
-                  (PY, "benchmarks/launch_overhead.py", "--cold", "--launches", "4000", "--rounds", "10"),
+                  (PY, "benchmarks/launch_overhead.py", "--cold", "--launches", "2000", "--rounds", "7"),
                   (PY, "benchmarks/launch_overhead.py", "--ops", "--launches", "500", "--rounds", "5"))),
     "attention-host-path": Suite(
         "benchmarks/launch_overhead.py --attention on this host's CPU: tutorial 08's attention op forward + backward "
