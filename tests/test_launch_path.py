@@ -1032,6 +1032,27 @@ def test_a_fault_found_at_a_wait_names_the_launches_that_did_not_wait_and_their_
     assert L.recent_launches() == ()
 
 
+def test_a_configured_launchers_record_names_the_line_that_called_it(fake_gpu, blocking_default, monkeypatch):
+    """k[grid, block](...) without waiting, first through Kernel.launch, then through its generated launch (which
+    starts the record's frame walk above _Launcher.__call__ and finds the line from the code and offset when read):
+    each record names this file, this function and its line."""
+    from kernellab.run.launch import cudriver
+
+    raw = RawDriver([8, 8, 8, 4])
+    monkeypatch.setattr(cudriver, "driver", lambda: raw)
+    monkeypatch.setattr(L, "torch_stream_function", lambda: (0).__mul__)
+    k = kernellab.compile_cuda(VADD, arch="sm_90").vadd
+    a, b, c = FakeCudaTensor(ptr=0x1000), FakeCudaTensor(ptr=0x2000), FakeCudaTensor(ptr=0x3000)
+    launch = k[1, 32]
+    lines = []
+    for _ in range(3):
+        launch(a, b, c, 4, sync=False); lines.append(__import__("inspect").currentframe().f_lineno)   # noqa: E702
+    assert launch._fast and len(raw.raw) == 2           # the later calls took the generated launch
+    recent = L.recent_launches()
+    assert [(r.filename, r.line, r.function) for r in recent] == [
+        (__file__, line, "test_a_configured_launchers_record_names_the_line_that_called_it") for line in lines]
+
+
 def test_a_kernel_of_its_own_may_wait_or_not(fake_gpu, blocking_default):
     k = kernellab.compile_cuda(VADD, arch="sm_90").vadd
     a, b, c = FakeCudaTensor(ptr=0x1000), FakeCudaTensor(ptr=0x2000), FakeCudaTensor(ptr=0x3000)
