@@ -1438,9 +1438,10 @@ VARIANTS = tuple(BWD_LADDER)
 BWD_DKDV_TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32), ("atomic_2d", 128): (128, 32, 8)}
 # rungs whose warps work in pairs (bwd::dkdv_pair): P^T passes between them in shared memory, [keys x query tile] fp32
 BWD_PAIRS = {("atomic_2d", 128)}
-# The op's variant per (head dim, causal): (b) until the GPU's ladder (benchmarks/attention_backward.py) says otherwise
-BWD_OP_VARIANT = {(64, False): "atomic_w8", (64, True): "atomic_w8", (128, False): "atomic_w8",
-                  (128, True): "atomic_w8"}   # measured fastest (H200, bench-attention-backward)
+# The op's variant per (head dim, causal) on mma.sync: the fastest rung the GPU's ladder (benchmarks/attention_backward.py)
+# measured (H200: atomic_2d at d = 64, bench-attention-backward-2d; atomic_w8 at d = 128, bench-attention-backward)
+BWD_OP_VARIANT = {(64, False): "atomic_2d", (64, True): "atomic_2d", (128, False): "atomic_w8",
+                  (128, True): "atomic_w8"}
 
 
 def bwd_dkdv_smem_bytes(d, atomic, warps=4, keys=None, bm=None):
@@ -1672,6 +1673,16 @@ rung8 = {(d, causal): bench_backward(4096, d, causal, variants=("atomic_2d", "at
 for (d, causal), r in rung8.items():
     print(f"d={d:3d} causal={causal!s:5s}: atomic_2d {r.tflops:6.1f} TFLOP/s; "
           + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+
+# %% [markdown]
+# On an H200 (`python3 tools/gpu/run.py bench-attention-backward-2d`: these timings, and the GPU tests on `N` = 1 to
+# 4097 in both dtypes, within 2x SDPA's own error): at `d = 64` 243.1 TFLOP/s, **0.91x** SDPA's FLASH backward (causal
+# 212.6, 0.92x), 1.21x / 1.14x `atomic_w8`; at `d = 128` 196.2 TFLOP/s, **0.68x** FLASH (causal 178.3, 0.69x), 0.95x
+# `atomic_w8`. Against the prediction: `d = 64` at the low end of 0.9-1.1x, the first rung on `mma.sync` within 10 % of
+# FLASH, still short of 1.0x; `d = 128` below its 0.8-1.0x and slower than `atomic_w8`: the warp pairs' hand-overs of
+# `P^T` and `dS^T` through shared memory and their third barrier cost more than the ldmatrix they save, with one block
+# an SM to hide them. The op's backward off sm_90 takes `atomic_2d` at `d = 64` and keeps `atomic_w8` at `d = 128`
+# (`BWD_OP_VARIANT`).
 
 # %% [markdown]
 # ## Step 3: the Hopper backward: `wgmma` fed by TMA, warp-specialised
