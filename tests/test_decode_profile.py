@@ -274,19 +274,21 @@ def test_the_suite_end_to_end_on_the_cpu_with_fakes(tmp_path):
     assert model.merge_tail_us == pytest.approx(8 * 0.4 + 4 * 4 * 128 * 4 / 150e9 * 1e6)
     assert "H9 merge with 16 loads in flight (model saves 1.2 µs): ncu 7.5 µs against 9.0" in text
     assert "make merge_loads 16 the default" in text     # 1.5 µs saved, more than half the model's 1.2
-    # the online merge against its written prediction (10.7 µs: 9.0 - 6.5 = 2.5 saved, predicted -1.7 here, since
-    # the fake's default takes 9.0 µs, not the H100's 12.7): faster as predicted; no keys 2.0 against 3.0
-    assert "H10 online merge (predicted 10.7 µs" in text and "ncu 6.5 µs against 9.0" in text
+    # the online merge against its written prediction (10.7 µs, an H100's figure): the fake's default takes 9.0 µs,
+    # already below it (as on another GPU), so the variant is judged against this run's default alone: 2.5 µs saved
+    assert "H10 online merge (predicted 10.7 µs on an H100; this GPU's default is faster)" in text
+    assert "ncu 6.5 µs against 9.0" in text and "faster by 2.5 µs (28%)" in text.split("H10 online merge (")[1].split("\n")[0]
     assert "no keys 2.0 µs against 3.0" in text and "bench clean 17.5 µs against 17.5" in text
     line = next(x for x in text.splitlines() if x.startswith("| B=1 cache=1024"))
     assert line.rstrip().endswith("| 6.5 (10.7) / 2.0 (5.5) / 17.5 | 8.9 (11.7) / 17.5 | 6.0 (9.7) / 17.5 | "
                                   "6.0 (8.3) / 17.5 |"), line
     assert "H13 min_keys=16, online merge + early (predicted 8.3 µs" in text
-    # early: 0.1 µs saved of a predicted 1.0 -> no gain; online + early: 3.0 saved -> faster as predicted
-    assert "H11 early first tile (predicted 11.7 µs, saving -2.7): ncu 8.9 µs against 9.0" in text
-    assert "H11 early first tile" in text and "no gain: keep the default" in text.split("H11")[1].split("\n")[0]
+    # early: 0.1 µs saved (within 2 % of the default) -> no gain; online + early: 3.0 saved -> faster; neither judged
+    # against an H100 figure the default already beats (the old reading called a 0.8 µs gain "as predicted" there)
+    assert "H11 early first tile (predicted 11.7 µs on an H100; this GPU's default is faster): ncu 8.9 µs against 9.0" in text
+    assert "no gain within 2 % of this run's default" in text.split("H11 early first tile (")[1].split("\n")[0]
     assert "H12 online merge + early (predicted 9.7 µs" in text
-    assert "faster as predicted" in text.split("H12")[1].split("\n")[0]
+    assert "faster by 3.0 µs" in text.split("H12 online merge + early (")[1].split("\n")[0]
 
 
 def test_the_suite_stops_at_its_budget(tmp_path):
