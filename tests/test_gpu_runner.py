@@ -211,6 +211,6 @@ def test_an_interrupted_runner_ends_the_suite_keeps_its_log_and_prints_the_table
     assert re.search(r"after\s+\d+\s+not run \(interrupted\)", printed), printed
     assert (tmp_path / "out" / "after.log").read_text() == ""
     import tarfile
-    with tarfile.open(tmp_path / "out" / "sleeper.after.tgz") as tar:    # everything in one file to bring back
+    with tarfile.open(tmp_path / "out" / "0-sleeper.after.tgz") as tar:    # everything in one file to bring back
         assert {"sleeper.log", "after.log", "sleeper", "after"} <= set(tar.getnames())
         assert b"first line" in tar.extractfile("sleeper.log").read()

@@ -11,9 +11,9 @@ It uses the machine's own python3 (torch, CuPy, numba-cuda), first installing th
 (tools/gpu/wheels.sh fetches them: IPython, Jupyter's kernel, Dask, ...) into /tmp/site, ahead on PYTHONPATH. Each
 suite runs under its time limit (each fits one 10-minute call on its own) with its output in $OUT/<suite>.log (OUT
 defaults to ./gpu-out), artifacts in $OUT/<suite>/ (KERNELLAB_ARTIFACTS, executed notebooks, benchmark tables), and
-all of them in one $OUT/<suite>[.<suite>...].tgz (the device tool brings back a limited number of files: that one
-holds everything). The last thing printed is one line per suite: its seconds and passed/failed. The exit status is
-0 only if every suite passed. `make gpu-test` runs every test suite (`tests`).
+all of them in one $OUT/0-<suite>[.<suite>...].tgz (the device tool brings back a limited number of files, by path
+order: that one comes first and holds everything). The last thing printed is one line per suite: its seconds and
+passed/failed. The exit status is 0 only if every suite passed. `make gpu-test` runs every test suite (`tests`).
 """
 from __future__ import annotations
 
@@ -422,12 +422,13 @@ def run_logged(argv: list[str], env: dict, log_path: Path, timeout_s: float) -> 
 
 
 def bundle(out: Path, names: list[str]) -> Path | None:
-    """$OUT/<suite>[.<suite>...].tgz: every log and artifact of these suites in one file (the device tool brings back a
-    limited number of files, and none whose name has a '+'); None where there is nothing."""
+    """$OUT/0-<suite>[.<suite>...].tgz: every log and artifact of these suites in one file. The device tool brings back
+    a limited number of files (8 seen), in the order of their paths, and none whose name has a '+': the "0-" puts the
+    bundle first; the loose files stay for a bundle over its size limit. None where there is nothing."""
     members = [p for name in names for p in (out / f"{name}.log", out / name) if p.exists()]
     if not members:
         return None
-    path = out / (".".join(dict.fromkeys(names)) + ".tgz")
+    path = out / ("0-" + ".".join(dict.fromkeys(names)) + ".tgz")
     with tarfile.open(path, "w:gz") as tar:
         for p in members:
             tar.add(p, arcname=p.name)
