@@ -54,11 +54,11 @@ every ratio against it [b] and names its file, device and date.
 The stage report compares, per exercise and compute-sanitizer tool, each run's ToolCost (GradeResult.tool_costs:
 wall and CPU seconds of the tool's processes, bytes read from the disk and by any read, the tool's start to the
 kernel's launch and its own start-up within it, the kernel, the tail) between 1 GPU and each pool, and says where
-the growth is: before the first kernel, on the cores, or on the disk. The graders run each tool in their worker's
-warm compute-sanitizer (kernellab.run.nvtools.sanitize_pool: a CUDA context per worker and tool, not per
-submission); each phase prints how many compute-sanitizer processes it started for how many tool runs.
-KERNELLAB_SANITIZER_POOL=0 in this script's environment (its Dask workers inherit it) runs one process per tool run,
-as before, for the comparison.
+the growth is: before the first kernel, on the cores, or on the disk. With KERNELLAB_SANITIZER_POOL=1 in this
+script's environment (its Dask workers inherit it) the graders run each tool in their worker's warm compute-sanitizer
+(kernellab.run.nvtools.sanitize_pool: a CUDA context per worker and tool, not per submission); unset, one process per
+tool run, for the comparison. Each phase prints how many compute-sanitizer processes it started for how many tool
+runs.
 """
 from __future__ import annotations
 
@@ -551,6 +551,13 @@ def tool_costs(p: dict) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+def _sanitize_pool_on() -> bool:
+    """Whether the graders of this run pool their compute-sanitizer runs (KERNELLAB_SANITIZER_POOL=1)."""
+    from kernellab.run.nvtools.sanitize_pool import default_on
+
+    return default_on()
+
+
 def tool_processes(p: dict) -> dict[str, int]:
     """{"started": compute-sanitizer processes the graders started, "runs": tool runs, "unknown": runs whose cost did
     not say} over the phase's submissions (ToolCost.process_started: True for every one-shot run, for the first job
@@ -1016,8 +1023,7 @@ def main(argv=None) -> int:
         print("  submissions graded per GPU: " + "; ".join(f"{k}: {v}" for k, v in graded.items()))
         tp = p.get("tool_processes") or {}
         if tp.get("runs"):
-            pooled = "on" if os.environ.get("KERNELLAB_SANITIZER_POOL", "").strip().lower() not in (
-                "0", "off", "no", "false") else "off (KERNELLAB_SANITIZER_POOL=0)"
+            pooled = "on (KERNELLAB_SANITIZER_POOL=1)" if _sanitize_pool_on() else "off"
             print(f"  compute-sanitizer: {tp['started']} tool processes started for {tp['runs']} tool runs "
                   f"(warm processes {pooled}" + (f"; {tp['unknown']} runs did not say" if tp["unknown"] else "")
                   + ")")

@@ -197,9 +197,10 @@ def test_sanitize_pools_when_asked_and_the_switch_gives_the_one_shot_path(tool, 
     # racecheck: 2 processes (clean, racy, oob [fault] | clean); memcheck: 2 (clean, racy, oob [fault] | clean)
     assert n_pooled == 4
     monkeypatch.setenv(P.ENV, "1")
-    assert P.wanted(None) and not P.wanted(False)
+    assert P.wanted(None) and not P.wanted(False) and P.default_on()
     monkeypatch.delenv(P.ENV)
-    assert not P.wanted(None) and P.wanted(True) and P.default_on()
+    # unset: a plain sanitize() pools only when asked, and the graders run one-shot
+    assert not P.wanted(None) and P.wanted(True) and not P.default_on()
 
 
 def test_count_errors_counts_reports_not_warnings_or_summaries():

@@ -441,22 +441,27 @@ def test_gpu_grading_runs_every_config_isolated_and_passes_a_right_kernel(fake_g
     assert [c.what for c in r.checks][-2:] == ["memcheck", "initcheck"]
 
 
-def test_gpu_grading_runs_its_tools_in_the_warm_sanitizer_unless_switched_off(fake_gpu, monkeypatch):
-    """The graders' sanitizer stage asks for the warm compute-sanitizer of each tool (kernellab.run.nvtools.
-    sanitize_pool: a context per worker and tool, not per submission); KERNELLAB_SANITIZER_POOL=0 gives one-shot."""
+def test_gpu_grading_runs_its_tools_one_shot_unless_the_pool_is_asked_for(fake_gpu, monkeypatch):
+    """The graders' sanitizer stage runs each tool one-shot (a process per run) by default; KERNELLAB_SANITIZER_POOL=1
+    asks for the warm compute-sanitizer of each tool (kernellab.run.nvtools.sanitize_pool: a context per worker and
+    tool, not per submission); 0 is one-shot too."""
     ex = exercise("01-reverse")
     register(Exercise(**{**ex.__dict__, "hints": dict(ex.hints), "id": "t-rev-small", "shapes": (1, 31)}))
+    calls = {}
     try:
-        monkeypatch.delenv("KERNELLAB_SANITIZER_POOL", raising=False)
-        k = fake_gpu(_reverse_threads(lambda b, dim: b * dim))
-        kernellab.grade("t-rev-small", k)
-        monkeypatch.setenv("KERNELLAB_SANITIZER_POOL", "0")
-        off = fake_gpu(_reverse_threads(lambda b, dim: b * dim))
-        kernellab.grade("t-rev-small", off)
+        for setting in (None, "1", "0"):
+            if setting is None:
+                monkeypatch.delenv("KERNELLAB_SANITIZER_POOL", raising=False)
+            else:
+                monkeypatch.setenv("KERNELLAB_SANITIZER_POOL", setting)
+            k = fake_gpu(_reverse_threads(lambda b, dim: b * dim))
+            assert kernellab.grade("t-rev-small", k).passed
+            calls[setting] = k.sanitize_calls
     finally:
         unregister("t-rev-small")
-    assert k.sanitize_calls == [("memcheck", True), ("initcheck", True)]
-    assert off.sanitize_calls == [("memcheck", False), ("initcheck", False)]
+    assert calls[None] == [("memcheck", False), ("initcheck", False)]
+    assert calls["1"] == [("memcheck", True), ("initcheck", True)]
+    assert calls["0"] == [("memcheck", False), ("initcheck", False)]
 
 
 def test_gpu_grading_turns_sanitizer_reports_into_findings_at_cell_lines(fake_gpu):

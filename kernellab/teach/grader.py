@@ -584,8 +584,8 @@ class _Grading:
         shape, grid, block, args = self._sanitize_launch()
         dev = _to_device(args)
         where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
-        # each tool runs in this process's warm compute-sanitizer of that tool (one CUDA context per worker and tool,
-        # not per submission: kernellab.run.nvtools.sanitize_pool), unless KERNELLAB_SANITIZER_POOL=0
+        # with KERNELLAB_SANITIZER_POOL=1, each tool runs in this process's warm compute-sanitizer of that tool (one
+        # CUDA context per worker and tool, not per submission: kernellab.run.nvtools.sanitize_pool); unset, one-shot
         pool = _sanitize_pool.default_on()
         for tool in self.sanitizer_tools(gpu=True):
             try:

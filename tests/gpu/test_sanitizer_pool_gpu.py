@@ -188,12 +188,13 @@ def test_the_one_shot_path_agrees(mod, torch, monkeypatch):
 
 def test_the_graders_keep_one_process_per_tool_across_submissions(monkeypatch):
     """kernellab.grade of tutorial 02's batched transpose: the reference, the variant without its barrier, the
-    reference again, with the pool on (the graders' default). The race is the variant's only; the reference graded
-    after it is clean; the second and third grades start no compute-sanitizer process."""
+    reference again, with the pool on (KERNELLAB_SANITIZER_POOL=1; the graders run one-shot without it). The race is
+    the variant's only; the reference graded after it is clean; the second and third grades start no
+    compute-sanitizer process."""
     from exercises.solutions_lib import load_kernel, solution_path, variants
     from kernellab.teach import exercise
 
-    monkeypatch.delenv(P.ENV, raising=False)
+    monkeypatch.setenv(P.ENV, "1")
     P.shutdown()
     ex = exercise("02-transpose-batched")
     [racy] = [v for v in variants(ex.id) if v.name == "no_barrier"]

@@ -32,9 +32,10 @@ A job's error count is counted from its own part of the output (the tool's ERROR
 for the whole process). The tool's --print-limit counts over the process's life, so a process is given
 `print_limit * PROCESS_PRINT_JOBS` and replaced before a job could find less than `print_limit` of it left.
 
-The switch: `KERNELLAB_SANITIZER_POOL=0` turns pooling off everywhere (the one-shot path runs); `sanitize(...,
-pool=False)` for one call. The graders' sanitizer stage pools unless switched off (`default_on()`); a plain
-`sanitize()` pools when asked (`pool=True`) or when KERNELLAB_SANITIZER_POOL=1.
+The switch: `KERNELLAB_SANITIZER_POOL=1` pools the graders' sanitizer stage and every plain `sanitize()`;
+unset, the graders run each tool one-shot (a process per run) until a GPU run has verified the pool
+(`default_on()`), and a plain `sanitize()` pools only when asked (`pool=True`). `KERNELLAB_SANITIZER_POOL=0` turns
+pooling off everywhere, `pool=True` included; `sanitize(..., pool=False)` for one call.
 """
 from __future__ import annotations
 
@@ -82,8 +83,9 @@ _ON = ("1", "on", "yes", "true")
 
 
 def default_on() -> bool:
-    """Whether the graders pool their tool runs: yes unless KERNELLAB_SANITIZER_POOL switches it off."""
-    return os.environ.get(ENV, "").strip().lower() not in _OFF
+    """Whether the graders pool their tool runs: only where KERNELLAB_SANITIZER_POOL=1 asks (unset: one-shot, a
+    process per tool run, until the pool has been verified on a GPU)."""
+    return os.environ.get(ENV, "").strip().lower() in _ON
 
 
 def wanted(pool: bool | None) -> bool:
