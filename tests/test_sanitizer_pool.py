@@ -2,10 +2,12 @@
 
 tests/fixtures/fake_sanitizer.py is a hand-written stand-in for compute-sanitizer: it runs the real target
 (`python -m kernellab.run.launch.job`, served or one-shot) on the stand-in cupy (fixtures/fake_cupy), and prints its
-reports from its own process 0.1 s after the event, in the captured formats, so a job's report reaches the pipe
-after the target's own end line: the attribution must not rely on the order of the two. The sequences check that
-each job gets its own findings (clean, racy, out-of-bounds, clean), that a fault and a hang replace the process and
-that the switch gives today's one-shot path with the same findings.
+reports in the captured formats in program order, as the real tool did on an H200: a report before the CUDA call that
+met it returns, racecheck reporting no failed API call, --print-limit counting over the process. The sequences check
+that each job gets its own findings (clean, racy, out-of-bounds, clean) from one process without waiting for a report
+that cannot come, that a fault and a hang replace the process, that the per-job print limit reads as one-shot's,
+that a stand-in breaking program order (FAKE_SANITIZER_LATE=1) is caught, and that the switch gives today's
+one-shot path with the same findings.
 """
 import os
 import pathlib
@@ -42,7 +44,6 @@ def tool(tmp_path, monkeypatch):
     exe.chmod(0o755)
     log = tmp_path / "starts.log"
     monkeypatch.setenv("FAKE_SANITIZER_LOG", str(log))
-    monkeypatch.setenv("FAKE_SANITIZER_DELAY_S", "0.1")       # reports come after the target's end line
     monkeypatch.delenv(P.ENV, raising=False)
     yield Tool(exe, log)
     P.shutdown()
@@ -66,12 +67,13 @@ def pool_for(tool, name="memcheck", **kw) -> P.SanitizerPool:
 
 
 def test_a_sequence_gets_each_jobs_own_findings_from_one_process(tool):
-    """memcheck over clean, racy, clean: one process; racecheck over clean, racy, clean, racy: the hazards land on
-    the racy jobs, though the tool prints each 0.1 s after the target printed its end line."""
+    """memcheck over clean, racy, clean and racecheck over clean, racy, clean, racy: one process each; the hazards on
+    the racy jobs only. racecheck reports no failed API call (no end-of-job report): no job waits for one."""
     mem = pool_for(tool, "memcheck")
     reports = [mem.run(job(b), timeout_s=60) for b in ("clean", "racy", "clean")]
     assert [r.ok for r in reports] == [True, True, True] and starts(tool) == 1
     assert all(r.job_status == "ok" and r.error_count == 0 and r.exit_code == 0 for r in reports)
+    assert mem.stats()["api_errors"] is True and mem.stats()["ordered"] is True
     race = pool_for(tool, "racecheck")
     reports = [race.run(job(b), timeout_s=60) for b in ("clean", "racy", "clean", "racy")]
     assert [r.ok for r in reports] == [True, False, True, False] and starts(tool) == 2
@@ -80,11 +82,17 @@ def test_a_sequence_gets_each_jobs_own_findings_from_one_process(tool):
         assert f.kind == "race" and f.where.cell_line == 19 and f.other.cell_line == 20 and r.error_count == 1
         assert r.kernel == "racy" and r.job_status == "ok"
     assert "--racecheck-report" in race.command("x") and race.stats()["processes_started"] == 1
-    assert race.stats()["end_call_works"] is True and race.stats()["jobs"] == 4
+    st = race.stats()
+    assert st["api_errors"] is None and st["ordered"] is True and st["restarts"] == {} and st["jobs"] == 4
+    assert all(r.wall_ms < 4000 for r in reports[1:]), [r.wall_ms for r in reports]   # no wait for a missing report
+    # every process runs without a print limit (the tool's counts over the process); each job's is applied per job
+    assert all(" --print-limit 0 " in line for line in tool.log.read_text().splitlines())
     # the cost of each job: the first started the process, the others did not
     costs = [r.cost for r in reports]
     assert costs[0].process_started is True and not any(c.process_started for c in costs[1:])
     assert all(c.context_s is not None and c.kernel_s is not None for c in costs)
+    race.close()
+    assert race.stats()["reports_after_last_job"] == 0
 
 
 def test_a_fault_is_reported_and_replaces_the_process(tool):
@@ -97,9 +105,10 @@ def test_a_fault_is_reported_and_replaces_the_process(tool):
     (f,) = bad.findings
     assert f.kind == "invalid_write" and f.where.cell_line == 12 and f.thread == (0, 0, 0)
     assert bad.job_status == "fault" and bad.error_count == 1 and bad.exit_code is not None and bad.exit_code != 0
-    # the report came 0.1 s after the target's end line and exit: read to the end of the process's output, less the
-    # tool's summary, which counts the whole process's errors (the end-of-job calls' among them)
-    assert "Invalid __global__ write" in bad.raw and "ERROR SUMMARY" not in bad.raw
+    # read to the end of the process's output, less the tool's summary, which counts the whole process's errors (the
+    # end-of-job calls' among them): the summary is the job's own
+    assert "Invalid __global__ write" in bad.raw and "ERROR SUMMARY: 1 error" in bad.raw
+    assert "ERROR SUMMARY: 3 errors" not in bad.raw
     assert not reports[3].findings and reports[3].job_status == "ok" and reports[3].cost.process_started
     assert all(r.cost.cpu_s is not None and r.cost.cpu_s >= 0 for r in reports), [r.cost for r in reports]
     assert bad.cost.cpu_s > 0                                     # the ended process's share, from its reaped usage
@@ -128,51 +137,83 @@ def test_a_hang_is_given_up_at_its_timeout_and_the_next_job_runs(tool):
     assert mem.stats()["restarts"] == {"timeout": 1}
 
 
-def test_a_tool_that_does_not_report_the_end_call_falls_back_to_one_process_per_job(tool, monkeypatch):
-    """Where the end-of-job call is not reported, the job is read to the end of its own process's output: still
-    exact, one process per job."""
-    monkeypatch.setenv("FAKE_SANITIZER_NO_API_ERRORS", "1")
-    race = pool_for(tool, "racecheck", end_call_grace_s=1.0)
+def test_racecheck_out_of_program_order_is_caught_and_then_a_process_per_job(tool, monkeypatch):
+    """A stand-in that prints each report after the target's next line (its end line): racy job 1's hazards arrive
+    between job 1's end line and job 2's begin line. Job 2 says so and is read to its process's end; every job after
+    runs in a process of its own and gets its own findings. (Job 1 returned before its late hazards came: it is the
+    job the note names, and stats() lists where the order broke.)"""
+    monkeypatch.setenv("FAKE_SANITIZER_LATE", "1")
+    race = pool_for(tool, "racecheck")
     reports = [race.run(job(b), timeout_s=60) for b in ("racy", "clean", "racy", "clean")]
-    assert [r.ok for r in reports] == [False, True, False, True]
-    assert [len(r.findings) for r in reports] == [1, 0, 1, 0]
-    # the first on a pipe, the second on a terminal, then a process per job
-    assert race.stats()["end_call_works"] is False and race.stats()["tty"] and starts(tool) == 4
-    assert race.stats()["restarts"] == {"no end-of-job report (pipe)": 1, "no end-of-job report (terminal)": 1,
-                                        "one job per process": 2}
+    st = race.stats()
+    assert st["ordered"] is False and st["out_of_order"] == [2], st
+    assert any("out of program order" in n and "after the previous job's end line" in n for n in reports[1].notes)
+    assert not reports[1].findings and reports[1].ok
+    assert [len(r.findings) for r in reports[2:]] == [1, 0] and reports[2].findings[0].where.cell_line == 19
+    assert st["restarts"] == {"out of order": 1, "one job per process": 2} and starts(tool) == 3
 
 
-def test_a_tool_that_buffers_its_reports_on_a_pipe_gets_a_terminal(tool, monkeypatch):
-    """The stand-in holds its reports until exit where its stdout is not a terminal (as C stdio does on a pipe):
-    the first job is read to the process's end, the next process writes to a pty and stays warm."""
-    monkeypatch.setenv("FAKE_SANITIZER_BUFFER_ON_PIPE", "1")
-    race = pool_for(tool, "racecheck", end_call_grace_s=1.0)
-    reports = [race.run(job(b), timeout_s=60) for b in ("racy", "clean", "racy", "clean", "clean")]
-    assert [len(r.findings) for r in reports] == [1, 0, 1, 0, 0]
-    assert race.stats()["tty"] and race.stats()["end_call_works"] is True and starts(tool) == 2
-    assert reports[2].findings[0].where.cell_line == 19 and not reports[3].cost.process_started
+def test_memcheck_out_of_program_order_is_caught_before_the_job_returns(tool, monkeypatch):
+    """memcheck reports failed API calls: a job whose end-of-job call was not reported before its end line is read to
+    its process's end (exact) and says so; later jobs run a process each; the fault's finding on its own job."""
+    monkeypatch.setenv("FAKE_SANITIZER_LATE", "1")
+    mem = pool_for(tool, "memcheck")
+    reports = [mem.run(job(b), timeout_s=60) for b in ("clean", "clean", "oob", "clean")]
+    st = mem.stats()
+    assert st["ordered"] is False and st["out_of_order"] == [1], st
+    assert any("did not report this job's end-of-job call" in n for n in reports[0].notes), reports[0].notes
+    assert [len(r.findings) for r in reports] == [0, 0, 1, 0] and reports[2].findings[0].kind == "invalid_write"
+    assert [r.ok for r in reports] == [True, True, False, True]
+    assert st["restarts"] == {"out of order": 1, "one job per process": 2, "fault": 1} and starts(tool) == 4
 
 
-def test_the_print_limit_of_a_process_replaces_it_before_a_job_could_run_out(tool):
-    race = pool_for(tool, "racecheck", process_print_jobs=1)   # a process may print 100 reports
-    race.print_limit, race.process_limit = 2, 4                 # 2 per job, 4 per process
-    reports = [race.run(job("racy"), timeout_s=60) for _ in range(4)]
-    assert all(len(r.findings) == 1 for r in reports)
-    assert race.stats()["processes_started"] >= 2 and race.stats()["restarts"].get("print limit", 0) >= 1
+def test_a_report_outside_any_job_is_found():
+    """The checks on a stream written out by hand: a report where none may be (between one job's end line and the
+    next's begin line) is found; the tool's banner and summaries are not reports; an end-of-job call's report is."""
+    hazard = ["========= Error: Potential RAW hazard detected at __shared__ 0x47c in block (0,0,0) :",
+              "=========     Write Thread (31,0,0) at racy+0x100 in cell.cu:19",
+              "=========     Read Thread (32,0,0) at racy+0x110 in cell.cu:20", "========= "]
+    assert P._stray(["========= COMPUTE-SANITIZER", "========= ERROR SUMMARY: 0 errors"]) == []
+    assert P._stray(["some target line"] + hazard) == hazard
+    assert P._stray(['========= Program hit cudaErrorInvalidValue (error 1) due to "invalid argument" on CUDA API '
+                     'call to cudaDeviceGetAttribute.', "========= "])
 
 
-def test_a_job_that_runs_into_the_process_print_limit_is_read_to_the_end(tool):
-    """A job whose reports reach the process's --print-limit (the tool then prints no more, its end-of-job report
-    neither): read to the process's end, a note says the count stops at the limit, and the next process is warm as
-    before (not taken for a tool that holds its output)."""
-    race = pool_for(tool, "racecheck", end_call_grace_s=1.0)
-    race.print_limit, race.process_limit = 1, 3
-    first = race.run(job("racy3"), timeout_s=60)                # 3 hazards: the limit; the end-of-job call unprinted
-    assert [f.kind for f in first.findings] == ["race"] and first.findings[0].count == 3
-    assert any("print limit" in n for n in first.notes), first.notes
-    after = [race.run(job(b), timeout_s=60) for b in ("clean", "racy")]
-    assert [len(r.findings) for r in after] == [0, 1] and not race.stats()["tty"]
-    assert race.stats()["restarts"]["print limit"] >= 1 and race.stats()["end_call_works"] is True
+def test_the_print_limit_is_applied_per_job_as_one_shot_applies_it(tool):
+    """A process has no print limit; each job's is applied to its part: a job of 3 hazards with print_limit 1 reads
+    as the one-shot run's (1 printed of 3, the count 3), and the next job in the same process gets its own limit."""
+    race = P.SanitizerPool("racecheck", executable=str(tool), print_limit=1)
+    pooled = [race.run(job(b), timeout_s=60) for b in ("racy3", "racy", "racy3")]
+    one = sanitize(job("racy3"), "racecheck", executable=str(tool), timeout_s=60, print_limit=1, pool=False)
+    assert race.stats()["processes_started"] == 1 and race.stats()["ordered"]
+
+    def shape(r):
+        return ([(f.kind, f.where.cell_line, f.count) for f in r.findings], r.error_count,
+                [n for n in r.notes if "print limit" in n])
+
+    assert shape(pooled[0]) == shape(one) == shape(pooled[2]), (pooled[0], one)
+    assert one.error_count == 3 and any("printed 1 of 3" in n for n in one.notes), one.notes
+    assert pooled[0].raw.count("Potential RAW hazard") == 1
+    assert shape(pooled[1]) == ([("race", 19, 1)], 1, [])
+
+
+def test_job_text_keeps_the_target_lines_and_counts_what_it_drops():
+    hazard = ["========= Error: Potential RAW hazard detected at __shared__ 0x47c in block (0,0,0) :",
+              "=========     Write Thread (31,0,0) at racy+0x100 in cell.cu:19",
+              "=========     Read Thread (32,0,0) at racy+0x110 in cell.cu:20", "========= "]
+    warn = ["========= Warning: Potential WAR hazard detected at __shared__ 0x40 in block (0,0,0) :",
+            "=========     Read Thread (1,0,0) at racy+0x10 in cell.cu:3",
+            "=========     Write Thread (2,0,0) at racy+0x20 in cell.cu:4", "========= "]
+    lines = hazard + ["target says hello"] + warn + hazard
+    out = P.job_text(lines, "racecheck", 2)
+    assert out[:-2] == hazard + ["target says hello"] + warn
+    assert out[-1] == "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 1 warning)"
+    assert P.job_text(lines, "racecheck", 0)[-1] == \
+        "========= RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warning)"
+    oob = ["========= Invalid __global__ write of size 4 bytes", "=========     at oob+0xb0 in cell.cu:12",
+           "=========     by thread (0,0,0) in block (0,0,0)", "========= "]
+    assert P.job_text(oob + oob, "memcheck", 1)[-2:] == ["========= ERROR SUMMARY: 1 errors were not printed",
+                                                         "========= ERROR SUMMARY: 2 errors"]
 
 
 def test_sanitize_pools_when_asked_and_the_switch_gives_the_one_shot_path(tool, monkeypatch):
@@ -220,8 +261,11 @@ def test_count_errors_counts_reports_not_warnings_or_summaries():
         "=========     at oob+0xb0 in cell.cu:12",
         "=========     by thread (0,0,0) in block (0,0,0)",
         "========= ",
+        "========= Error: Race reported between Write access at racy+0x100 in cell.cu:19",
+        "=========     and Read access at racy+0x110 in cell.cu:20 [64 hazards]",
+        "========= ",
         "========= ERROR SUMMARY: 9 errors"])
-    assert P.count_errors(text) == 3
+    assert P.count_errors(text) == 4
     assert P.end_call('========= Program hit cudaErrorInvalidValue (error 1) due to "invalid argument" on CUDA API '
                       'call to cudaDeviceGetAttribute.') == 1
     assert P.end_call('========= Program hit cudaErrorInvalidDevice (error 101) due to "invalid device ordinal" on '

@@ -6,31 +6,33 @@ work that waits on the other GPUs' (a class graded over a host's GPUs spent most
 `SanitizerPool` starts `compute-sanitizer --tool T ... python -m kernellab.run.launch.job --serve REQUESTS` once and
 hands it job after job through the named pipe REQUESTS; the context and the tool's set-up are made once.
 
-Which findings belong to which job, by construction:
+Which findings belong to which job: the program order of one output stream. The target's stdout and stderr and the
+tool's reports share one pipe, and compute-sanitizer prints a report from the target's side before the CUDA call that
+met the event returns (seen on an H200, compute-sanitizer 2025.3.1: racecheck printed a racy launch's hazards, and
+with --racecheck-report analysis its "Race reported" line, before the target's line after that launch's
+synchronize, launch after launch; memcheck printed a failed API call's report before the target's next line). So:
 
-- the target prints "@@kernellab-job begin SEQ" on stdout before it touches the job, so nothing of the job can be
-  reported before that line (the tool's output and the target's share the pipe the pool reads);
-- after the job (its synchronize, its result file, a device-wide synchronize), the target makes a CUDA call that
-  fails on purpose (kernellab.run.launch.job.end_of_job_call: cudaDeviceGetAttribute with an attribute no device
-  has for an odd job, cudaGetDeviceProperties of a device that does not exist for an even one), then prints
-  "@@kernellab-job end SEQ STATUS". compute-sanitizer reports the failed call ("Program hit ... on CUDA API call to
-  cudaDeviceGetAttribute") in its own output stream, after what it reported for the job's kernels (they finished
-  before the call was made), wherever and however late it prints them (the front-end or the injected library). The
-  pool reads until it has both the end line and that report, so the job's part is complete whether the tool prints
-  before or after the target's line. Consecutive jobs end with differently named calls, so a late second report of
-  one job's call (the runtime's own driver call, where the tool reports it) cannot end the next job early;
+- the target prints "@@kernellab-job begin SEQ" on stdout before it touches the job: nothing of the job comes before;
+- after the job (its synchronize, its result file, a device-wide synchronize, and a CUDA call that fails on purpose,
+  kernellab.run.launch.job.end_of_job_call), the target prints and flushes "@@kernellab-job end SEQ STATUS": every
+  report of the job came before it. What lies between the two lines is the job's, for every tool; the pool reads to
+  the end line and waits for nothing more;
+- the failing call is an extra check, never required: memcheck reports failed API calls (racecheck does not report
+  them at all), so under a tool that does, the call's report must come before the end line. Where it does not, the
+  stream is out of order; so is a report that comes between one job's end line and the next job's begin line, or
+  the other job's end-of-job call (odd and even jobs make differently named calls) inside a job. A job where any of
+  these is seen is read to the end of its process's output, its report says so, and from then on every job gets a
+  process of its own (exact, as one-shot; `stats()["ordered"]` is False). A late report that lands inside the next
+  job's span under a tool that reports no API errors cannot be told from that job's own: this is the assumption the
+  real tool was seen to keep, and tests/gpu/test_sanitizer_pool_gpu.py checks it on the GPU;
 - a job that leaves the context unusable (a fault: the end line says "poisoned") is the process's last: the target
-  exits, and the pool reads to the end of the tool's output (the tool has then printed everything) and starts a new
-  process for the next job. A hang is killed at its timeout, as the one-shot path does, and so is a process that
-  dies; the next job gets a new process;
-- where the tool does not report the failed call within END_CALL_GRACE_S of the end line, that job is read to the
-  end of its process's output (exact). The tool may hold its reports until exit where its stdout is a pipe, so the
-  next process writes to a terminal (a pty); where that shows no report either, the pool ends the process after
-  every job (one process per job, as one-shot, still exact), and says so in its `stats()`.
+  exits, and the pool reads to the end of the tool's output and starts a new process for the next job. A hang is
+  killed at its timeout, as the one-shot path does, and so is a process that dies; the next job gets a new process.
 
-A job's error count is counted from its own part of the output (the tool's ERROR SUMMARY is only printed at exit,
-for the whole process). The tool's --print-limit counts over the process's life, so a process is given
-`print_limit * PROCESS_PRINT_JOBS` and replaced before a job could find less than `print_limit` of it left.
+A process runs with --print-limit 0 (no limit: the tool's limit counts over the process's life); each job's own
+print limit is applied to its part of the output, and its count is counted there, so its SanitizerReport reads as the
+one-shot one does (the error count, "printed N of M" notes). The tool's summaries at exit count the whole process and
+are dropped.
 
 The switch: `KERNELLAB_SANITIZER_POOL=1` pools the graders' sanitizer stage and every plain `sanitize()`;
 unset, the graders run each tool one-shot (a process per run) until a GPU run has verified the pool
@@ -56,8 +58,7 @@ from ..findings import SanitizerReport
 from ..launch.job import JOB_MARK, JobResult, KernelJob
 
 ENV = "KERNELLAB_SANITIZER_POOL"
-END_CALL_GRACE_S = 5.0              # how long after the end line the tool's report of the end-of-job call may take
-PROCESS_PRINT_JOBS = 50              # a process's --print-limit, in jobs' print limits
+API_ERROR_TOOLS = ("memcheck",)      # tools seen to report failed CUDA API calls (the end-of-job call's check)
 STOP_TIMEOUT_S = 30.0                # a process told to finish (its request pipe closed) is killed after this
 
 # The tool's report of each end-of-job call (kernellab.run.launch.job.end_of_job_call): [even job's, odd job's]
@@ -146,56 +147,23 @@ def tree_usage(pid: int) -> dict:
 class _Process:
     """A running `compute-sanitizer ... --serve REQUESTS`, its output read line by line into a queue."""
 
-    def __init__(self, cmd: list[str], requests: str, env: dict, tty: bool = False):
+    def __init__(self, cmd: list[str], requests: str, env: dict):
         from .sanitize import children_usage
 
         self.cmd, self.requests = cmd, requests
         self.kids0 = children_usage()             # what this process's reaped children had used before it
         self.spawned = time.time()
-        self.master = None
-        if tty:        # a terminal for its output: a program that buffers its stdout on a pipe writes each line
-            import pty
-
-            self.master, slave = pty.openpty()
-            try:
-                self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env,
-                                              start_new_session=True)
-            finally:
-                os.close(slave)
-        else:
-            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True,
-                                          errors="replace", bufsize=1)
+        self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      env=env, start_new_session=True, text=True, errors="replace", bufsize=1)
         self.lines: queue.Queue = queue.Queue()
         self.fd: int | None = None
         self.jobs = 0
-        self.printed = 0                      # reports the tool has printed so far (against its --print-limit)
         self.eof = False
         threading.Thread(target=self._read, daemon=True, name="kernellab-sanitizer-output").start()
 
     def _read(self) -> None:
-        if self.master is None:
-            for line in self.popen.stdout:
-                self.lines.put(line.rstrip("\n"))
-        else:
-            pending = b""
-            while True:
-                try:
-                    chunk = os.read(self.master, 65536)
-                except OSError:                   # EIO: every holder of the terminal's other end has exited
-                    chunk = b""
-                if not chunk:
-                    break
-                pending += chunk
-                *whole, pending = pending.split(b"\n")
-                for raw in whole:
-                    self.lines.put(raw.decode(errors="replace").rstrip("\r"))
-            if pending:
-                self.lines.put(pending.decode(errors="replace").rstrip("\r"))
-            try:
-                os.close(self.master)
-            except OSError:
-                pass
+        for line in self.popen.stdout:
+            self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
     def alive(self) -> bool:
@@ -298,16 +266,15 @@ class _Process:
 class SanitizerPool:
     """A warm compute-sanitizer process for one tool (and device, executable, options), serving jobs one at a time."""
 
-    def __init__(self, tool: str, *, executable: str, print_limit: int, extra_args=(), env: dict | None = None,
-                 end_call_grace_s: float = END_CALL_GRACE_S, process_print_jobs: int = PROCESS_PRINT_JOBS):
+    def __init__(self, tool: str, *, executable: str, print_limit: int, extra_args=(), env: dict | None = None):
         from . import sanitize as S
 
         self.tool, self.exe, self.print_limit, self.extra_args = tool, executable, int(print_limit), tuple(extra_args)
         self.env = env if env is not None else S.tool_env()
-        self.end_call_grace_s = end_call_grace_s
-        self.process_limit = max(1, int(print_limit)) * max(1, int(process_print_jobs))
-        self.end_call_works: bool | None = None       # None: not seen yet; False: one job per process from now on
-        self.tty = False                              # its output on a terminal (tried where a pipe showed no report)
+        self.api_errors: bool | None = True if tool in API_ERROR_TOOLS else None   # None: not seen yet
+        self.ordered = True                           # False: the output was seen out of order; a process per job
+        self.out_of_order: list[int] = []             # the jobs where it was seen
+        self.after_last = 0                           # report lines after a process's last end line (closed)
         self.folder = tempfile.mkdtemp(prefix=f"kernellab-sanitizer-{tool}-")
         self.proc: _Process | None = None
         self.lock = threading.Lock()
@@ -317,21 +284,23 @@ class SanitizerPool:
         self.restarts: dict[str, int] = {}            # why a process was replaced: "fault", "timeout", "crash", ...
 
     def command(self, requests: str) -> list[str]:
-        cmd = [self.exe, "--tool", self.tool, "--print-limit", str(self.process_limit), "--show-backtrace", "no"]
+        cmd = [self.exe, "--tool", self.tool, "--print-limit", "0", "--show-backtrace", "no"]
         if self.tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
         return cmd + list(self.extra_args) + [sys.executable, "-m", "kernellab.run.launch.job", "--serve", requests]
 
     def stats(self) -> dict:
-        """Processes started, jobs run, why processes were replaced, and whether the end-of-job report was seen."""
+        """Processes started, jobs run, why processes were replaced, whether the output kept program order (and the
+        jobs where it did not), whether the tool reports the end-of-job call, report lines after a last job."""
         return {"tool": self.tool, "processes_started": self.processes_started, "jobs": self.jobs_run,
-                "restarts": dict(self.restarts), "end_call_works": self.end_call_works, "tty": self.tty}
+                "restarts": dict(self.restarts), "ordered": self.ordered, "out_of_order": list(self.out_of_order),
+                "api_errors": self.api_errors, "reports_after_last_job": self.after_last}
 
     def _start(self) -> _Process:
         self.processes_started += 1
         requests = os.path.join(self.folder, f"requests-{self.processes_started}")
         os.mkfifo(requests)
-        return _Process(self.command(requests), requests, self.env, tty=self.tty)
+        return _Process(self.command(requests), requests, self.env)
 
     def _retire(self, why: str, *, finish: bool = True) -> list[str]:
         proc, self.proc = self.proc, None
@@ -339,6 +308,8 @@ class SanitizerPool:
             return []
         self.restarts[why] = self.restarts.get(why, 0) + 1
         rest = proc.finish() if finish else []
+        if finish and proc.jobs:      # after its last end line only the tool's summaries may come
+            self.after_last += len(_stray(rest))
         try:
             os.unlink(proc.requests)
         except OSError:
@@ -368,8 +339,8 @@ class SanitizerPool:
         resfile = os.path.join(self.folder, f"result-{seq}.klres")
         t0 = time.perf_counter()
         proc = self.proc
-        if proc is not None and (not proc.alive() or proc.printed + self.print_limit + 1 > self.process_limit):
-            self._retire("print limit" if proc.alive() else "gone")
+        if proc is not None and not proc.alive():
+            self._retire("gone")
             proc = None
         started = proc is None
         if started:
@@ -378,8 +349,8 @@ class SanitizerPool:
         else:
             spawned, before = time.time(), tree_usage(proc.popen.pid)
         deadline = time.time() + timeout_s
-        lines, end, called, poisoned, timed_out, gone = [], None, False, False, False, False
-        began, grace, mine, pre = False, None, seq % 2, []
+        lines, pre, end, called, other_call, poisoned, timed_out, gone = [], [], None, False, 0, False, False, False
+        began, mine = False, seq % 2
         if not proc.send(f"{seq}\t{jobfile}\t{resfile}\n", deadline):
             if time.time() < deadline:                      # its pipe closed: the target is gone or going
                 try:
@@ -389,39 +360,45 @@ class SanitizerPool:
             gone = proc.popen.poll() is not None
             timed_out = not gone
         while not (gone or timed_out):
-            line = proc.next_line(deadline if grace is None else min(deadline, grace))
+            line = proc.next_line(deadline)
             if line is None:
                 gone = True
                 break
             if line is False:
-                if grace is None or time.time() >= deadline:
-                    timed_out = True
-                break                                       # the end line came, the end-of-job report did not
-            if not began:      # before the begin line: the tool's banner, the end of the last job's report
+                timed_out = True
+                break
+            if not began:      # before the begin line: the tool's banner and start-up, or what came after the last job
                 began = line.startswith(f"{JOB_MARK} begin {seq}")
                 if not began:
                     pre.append(line)
                 continue
             if line.startswith(f"{JOB_MARK} end {seq}"):
-                end = line
+                end = line                                  # program order: all of the job's reports came before
                 poisoned = line.rstrip().endswith(" poisoned")
-                if poisoned or called or self.end_call_works is False:
-                    break                                   # poisoned: the target exits; read to the end below
-                grace = time.time() + self.end_call_grace_s
-                continue
+                break
             parity = end_call(line)
-            if parity is not None:
-                if parity == mine and not called:
+            if parity is not None:                          # never a finding of the job
+                if parity == mine:
                     called = True
-                    if end is not None:
-                        break
-                continue                                    # never a finding of the job
+                else:
+                    other_call += 1
+                continue
             if _END_CALL_ECHO.match(line):
                 continue
             lines.append(line)
+        if called and self.api_errors is None:
+            self.api_errors = True
+        # what says the stream is out of order (the module docstring): none of it is needed to end the job. Once seen,
+        # every job is read to its own process's end (exact), and nothing more is looked for
+        late = []
+        stray = _stray(pre) if proc.jobs and self.ordered else []   # a process's first job: its start-up comes first
+        if stray:
+            late.append(f"{len(stray)} report line(s) came after the previous job's end line")
+        if other_call and self.ordered:
+            late.append("the previous job's end-of-job call was reported inside this job")
+        if end is not None and not poisoned and self.api_errors and not called and self.ordered:
+            late.append(f"{self.tool} did not report this job's end-of-job call before its end line")
         rest: list[str] = []
-        # the tool stops printing at its --print-limit, the end-of-job report included
-        limit_hit = proc.printed + count_errors("\n".join(lines)) + 1 > self.process_limit
         if timed_out:
             proc.kill()
             rest = proc.drain()
@@ -429,28 +406,12 @@ class SanitizerPool:
         elif gone or poisoned:
             rest = proc.finish()
             self._retire("fault" if poisoned else "crash", finish=False)
-        elif not called and limit_hit:
-            rest = proc.finish()                            # exact to the limit; the note below says so
-            self._retire("print limit", finish=False)
-        elif not called and self.end_call_works is not False:
-            # the tool did not report the call in time: read to the end (exact). Where its output was a pipe, it may
-            # hold its reports until exit (a buffered stdout): the next process gets a terminal; where that did not
-            # help either, every job gets a process of its own from now on
+        elif late or not self.ordered:                      # read to the end of its process's output: exact
             rest = proc.finish()
-            self._retire("no end-of-job report" + (" (terminal)" if self.tty else " (pipe)"), finish=False)
-            if self.end_call_works:
-                pass                                        # it was seen before: a late one, this process replaced
-            elif self.tty:
-                self.end_call_works = False
-            else:
-                self.tty = True
-        else:
-            if self.end_call_works is None:
-                self.end_call_works = True
-            if self.end_call_works is False:                # one job per process: its whole output is the job's
-                rest = proc.finish()
-                self._retire("one job per process", finish=False)
-        # the tool's summaries at exit count the whole process's jobs: the job's own count is counted from its part
+            self._retire("out of order" if late else "one job per process", finish=False)
+        if late:
+            self.ordered = False
+            self.out_of_order.append(seq)
         if not began:        # the target never reached the job (it failed to start, or hung before): all it said
             lines = pre + lines
         lines += [ln for ln in rest if not ln.startswith(JOB_MARK) and end_call(ln) is None
@@ -464,9 +425,7 @@ class SanitizerPool:
         exit_code = proc.popen.returncode if proc.popen.poll() is not None and (gone or timed_out) else None
         self.jobs_run += 1
         proc.jobs += 1
-        text = "\n".join(lines)
-        count = count_errors(text)
-        proc.printed += count + 1
+        text = "\n".join(job_text(lines, self.tool, self.print_limit))
         notes, status, marks = [], None, {}
         if os.path.exists(resfile):
             with open(resfile, "rb") as fh:
@@ -480,11 +439,10 @@ class SanitizerPool:
             notes.append("the job did not write a result; see report.raw for the process's output")
         if timed_out:
             notes.append(f"stopped after {timeout_s:g} s: the kernel may not terminate (an endless loop?)")
-        if proc.printed >= self.process_limit or limit_hit:
-            notes.append(f"{self.tool} reached the process's print limit during this job {S.PRINT_LIMIT_NOTE}: "
-                         f"reports past it are missing from the findings and the count")
-            if self.proc is proc:
-                self._retire("print limit")
+        if late:
+            notes.append(f"{self.tool}'s output was out of program order ({'; '.join(late)}): this job was read to the "
+                         f"end of its process's output, and every job from now on runs in a process of its own; the "
+                         f"job before it may have missed reports that came late")
         for path in (jobfile, resfile):
             try:
                 os.unlink(path)
@@ -493,28 +451,92 @@ class SanitizerPool:
         cost = S.tool_cost(wall / 1e3, before, after, spawned, marks)
         cost = type(cost)(**{**cost.__dict__, "process_started": started})
         return S.report_from_text(text, tool=self.tool, job=job, timed_out=timed_out, exit_code=exit_code,
-                                  job_status=status, command=tuple(proc.cmd), wall_ms=wall, notes=notes, cost=cost,
-                                  counted=count)
+                                  job_status=status, command=tuple(proc.cmd), wall_ms=wall, notes=notes, cost=cost)
+
+
+def _blocks(lines: list[str]) -> list[tuple[str, list[str], list[int]]]:
+    """The tool's entries in `lines` as (headline, detail lines, indices of their lines, the closing blank included),
+    as sanitize._entries groups them; lines that are not the tool's (the target's own) belong to none."""
+    from .sanitize import _PREFIX
+
+    out, current = [], None
+    for i, raw in enumerate(lines):
+        m = _PREFIX.match(raw)
+        if not m:
+            continue
+        rest = m.group("rest")
+        if not rest.strip():
+            if current is not None:
+                current[2].append(i)
+            current = None
+            continue
+        if len(rest) - len(rest.lstrip(" ")) <= 1:
+            current = (rest.strip(), [], [i])
+            out.append(current)
+        elif current is not None:
+            current[1].append(rest.strip())
+            current[2].append(i)
+    return out
+
+
+def _report_kind(head: str, details: list[str]) -> str | None:
+    """"error" or "warning" for a report the tool counts (and its print limit counts), None for anything else."""
+    from .sanitize import _SKIP_HEAD, _access, _hazard, _race
+
+    if head.startswith(_SKIP_HEAD) or "SUMMARY" in head:
+        return None
+    if head.startswith("Program hit"):
+        return "error"
+    warn = re.match(r"(WARN|Warning)\b", head) is not None
+    body = re.sub(r"^(Error|WARN|Warning|INFO)\s*:\s*(\([^)]*\)\s*)?", "", head)
+    if _race(body, details, "", None) or _hazard(body, details, "", None):
+        return "warning" if warn else "error"
+    if not warn and _access(body, details, "", None):
+        return "error"
+    return None
+
+
+def job_text(lines: list[str], tool: str, print_limit: int) -> list[str]:
+    """A job's part of a warm tool's output as the one-shot command would have printed it with `--print-limit
+    print_limit`: reports past the limit dropped, and the tool's summary for the job's own reports last."""
+    errors = warnings = shown = shown_errors = 0
+    drop: set[int] = set()
+    for head, details, where in _blocks(lines):
+        kind = _report_kind(head, details)
+        if kind is None:
+            continue
+        errors, warnings = errors + (kind == "error"), warnings + (kind == "warning")
+        if print_limit > 0 and shown >= print_limit:
+            drop.update(where)
+            continue
+        shown, shown_errors = shown + 1, shown_errors + (kind == "error")
+    out = [ln for i, ln in enumerate(lines) if i not in drop]
+    out.append("kernellab: this job's part of a warm compute-sanitizer's output; the summary below counts it")
+    if tool == "racecheck":
+        out.append(f"========= RACECHECK SUMMARY: {shown} hazard{'s' if shown != 1 else ''} displayed ({errors} "
+                   f"error{'s' if errors != 1 else ''}, {warnings} warning{'s' if warnings != 1 else ''})")
+    else:
+        if errors > shown_errors:
+            out.append(f"========= ERROR SUMMARY: {errors - shown_errors} errors were not printed")
+        out.append(f"========= ERROR SUMMARY: {errors} error{'s' if errors != 1 else ''}")
+    return out
+
+
+def _stray(lines: list[str]) -> list[str]:
+    """The lines of `lines` that are the tool's reports (not its banner, notes or summaries): where none may be."""
+    out = []
+    for head, details, where in _blocks(lines):
+        if _report_kind(head, details) is not None or end_call("========= " + head) is not None \
+                or _END_CALL_ECHO.match("========= " + head):
+            out.extend(lines[i] for i in where)
+    return out
 
 
 def count_errors(text: str) -> int:
     """The errors compute-sanitizer reported in `text` (a job's part of its output), counted as its ERROR SUMMARY
-    counts them: each access, hazard, barrier or exception report and each failed API call; warnings not."""
-    from .sanitize import _SKIP_HEAD, _access, _entries, _hazard
-
-    n = 0
-    for head, details in _entries(text):
-        if head.startswith(_SKIP_HEAD) or "SUMMARY" in head:
-            continue
-        if re.match(r"(WARN|Warning)\b", head):
-            continue
-        if head.startswith("Program hit"):
-            n += 1
-            continue
-        body = re.sub(r"^(Error|INFO)\s*:\s*(\([^)]*\)\s*)?", "", head)
-        if _hazard(body, details, "", None) or _access(body, details, "", None):
-            n += 1
-    return n
+    counts them: each access, hazard, race, barrier or exception report and each failed API call; warnings not."""
+    lines = text.splitlines()
+    return sum(_report_kind(head, details) == "error" for head, details, _ in _blocks(lines))
 
 
 # --- the pools of this process ------------------------------------------------------------------------------------
