@@ -67,9 +67,28 @@ _END_CALLS = (re.compile(r"^=========\s*Program hit .* on CUDA API call to cu(?:
               re.compile(r"^=========\s*Program hit .* on CUDA API call to cu(?:da)?DeviceGetAttribute\b"))
 
 
-# What the runtime may call in the driver on the end-of-job call's behalf (cuDeviceGet for the missing device): where
-# the tool reports such a call too, it is the end-of-job call's, never the job's
+# What the runtime may call in the driver on the end-of-job call's behalf (cuDeviceGet for the missing device), before
+# the call's own report: where the tool reports such a call too, it is the end-of-job call's, never the job's
 _END_CALL_ECHO = re.compile(r"^=========\s*Program hit .* on CUDA API call to cuDevice\w*")
+
+
+# CuPy clears a failed call's error with cudaGetLastError, which memcheck reports too, right after the call's report
+_END_CALL_CLEAR = re.compile(r"^=========\s*Program hit .* on CUDA API call to cudaGetLastError\b")
+
+
+def _without_end_calls(lines: list[str]) -> list[str]:
+    """`lines` less the tool's reports of end-of-job calls (and of what the runtime and CuPy call for them)."""
+    out, after_call = [], False
+    for ln in lines:
+        if end_call(ln) is not None or _END_CALL_ECHO.match(ln):
+            after_call = True
+            continue
+        if after_call and _END_CALL_CLEAR.match(ln):
+            continue
+        if ln.startswith("=========") and ln[9:].strip() and not ln[9:].startswith("  "):
+            after_call = False                  # another report's headline
+        out.append(ln)
+    return out
 
 
 def end_call(line: str) -> int | None:
@@ -383,7 +402,9 @@ class SanitizerPool:
                 else:
                     other_call += 1
                 continue
-            if _END_CALL_ECHO.match(line):
+            if called or _END_CALL_ECHO.match(line):
+                # the end-of-job call is the job's last CUDA call: what the tool reports after its report is the call's
+                # own (memcheck also reports the cudaGetLastError that CuPy makes to clear the call's error)
                 continue
             lines.append(line)
         if called and self.api_errors is None:
@@ -414,8 +435,7 @@ class SanitizerPool:
             self.out_of_order.append(seq)
         if not began:        # the target never reached the job (it failed to start, or hung before): all it said
             lines = pre + lines
-        lines += [ln for ln in rest if not ln.startswith(JOB_MARK) and end_call(ln) is None
-                  and not _END_CALL_ECHO.match(ln) and not _SUMMARY.match(ln)]
+        lines += [ln for ln in _without_end_calls(rest) if not ln.startswith(JOB_MARK) and not _SUMMARY.match(ln)]
         wall = (time.perf_counter() - t0) * 1e3
         if proc.popen.poll() is None:
             after = tree_usage(proc.popen.pid)
