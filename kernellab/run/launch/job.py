@@ -977,20 +977,22 @@ def main(argv=None) -> int:
 
 
 # The lines a served job prints around itself on the tool's stdout (kernellab.run.nvtools.sanitize_pool reads them):
-# "@@kernellab-job begin SEQ" before the job, "@@kernellab-job end SEQ STATUS [poisoned]" after its result file is
-# written and its end-of-job call (end_of_job_call) made.
+# "@@kernellab-job begin SEQ" before the job, "@@kernellab-job end SEQ STATUS [poisoned]" after its device-wide
+# synchronize, its result file and its end-of-job call (end_of_job_call), flushed: the tool prints its reports in
+# program order with these lines, so what lies between them is the job's.
 JOB_MARK = "@@kernellab-job"
 # The attribute the end-of-job call of an odd job asks for: no device attribute has this number, so the runtime
-# answers cudaErrorInvalidValue and compute-sanitizer reports the failed call in its own output, after everything
-# it reported for the job. An even job's call asks for the properties of a device that does not exist instead, so
-# two jobs in a row end with differently named calls and a late report of one job's call cannot end the next.
+# answers cudaErrorInvalidValue; a tool that reports failed API calls (memcheck; racecheck reports none) reports it
+# before the end line, which checks the order. An even job's call asks for the properties of a device that does not
+# exist instead, so two jobs in a row end with differently named calls and one job's report found in the next job's
+# part is known for what it is.
 END_OF_JOB_ATTRIBUTE = 0x7FFF0000
 END_OF_JOB_DEVICE = 0x7FFF
 
 
 def end_of_job_call(seq: int) -> str | None:
-    """A CUDA call that fails on purpose, the mark in the tool's report stream that all it reported for job `seq`
-    came before it: cudaDeviceGetAttribute(END_OF_JOB_ATTRIBUTE) for an odd `seq`, cudaGetDeviceProperties(
+    """A CUDA call that fails on purpose, whose report (where the tool reports failed calls) must come before job
+    `seq`'s end line: cudaDeviceGetAttribute(END_OF_JOB_ATTRIBUTE) for an odd `seq`, cudaGetDeviceProperties(
     END_OF_JOB_DEVICE) for an even one. Returns the error's text (None if the call did not fail)."""
     try:
         import cupy
@@ -1052,6 +1054,7 @@ def serve(requests: str, *, scan: bool = False, stream=None) -> int:
                 rf.write(result.to_bytes())
             if not result.poisoned:
                 end_of_job_call(int(seq))
+            sys.stderr.flush()            # the job's own lines come before its end line, as the tool's reports do
             out.write(f"{JOB_MARK} end {seq} {result.status}{' poisoned' if result.poisoned else ''}\n")
             out.flush()
             if result.poisoned:
