@@ -78,12 +78,13 @@ SUITES: dict[str, Suite] = {
             "test_bench_gpu.py", "test_check_gpu.py", "test_hostile_gpu.py", "test_autotune_gpu.py",
             "test_tools_gpu.py", "test_ncu_banks_gpu.py", "test_as_called_gpu.py"))),
     "tests-sanitizer-pool": Suite(
-        "warm compute-sanitizer processes (kernellab.run.nvtools.sanitize_pool): racecheck over clean, racy, clean, "
-        "racy and memcheck over clean, racy, out-of-bounds, clean in one process per tool, each job's findings its "
-        "own, the second job's CUDA context part small, a fault and a hang replacing the process, the one-shot path "
-        "(KERNELLAB_SANITIZER_POOL=0) agreeing, tutorial 02's grader over reference, racy variant, reference (no "
-        "process started after the first grade, the race on the variant only); a table last (tool, job, process "
-        "started, context_s, wall, findings)",
+        "warm compute-sanitizer processes (kernellab.run.nvtools.sanitize_pool), jobs split by the program order of "
+        "the tool's output: racecheck and memcheck each over clean, racy, clean, racy in one process (the race on the "
+        "racy jobs only, stats ordered, memcheck's end-of-job report before each end line, the second job's CUDA "
+        "context part small), memcheck's out-of-bounds fault replacing the process, a hang replacing it, the "
+        "one-shot path (KERNELLAB_SANITIZER_POOL=0) agreeing, tutorial 02's grader with KERNELLAB_SANITIZER_POOL=1 "
+        "over reference, racy variant, reference (no process started after the first grade, the race on the variant "
+        "only); a table last (tool, job, process started, context_s, wall, errors, findings)",
         120, tests=(GPU_TESTS + "test_sanitizer_pool_gpu.py",), env={"PYTEST_ADDOPTS": "-s"}),
     "tests-sim": Suite(
         "the simulators against the hardware: racecheck's corpus, tutorial 00's puzzles graded on the GPU "
