@@ -65,13 +65,9 @@ STOP_TIMEOUT_S = 30.0                # a process told to finish (its request pip
 _END_CALLS = (re.compile(r"^=========\s*Program hit .* on CUDA API call to cu(?:da)?(?:GetDeviceProperties|DeviceGet"
                          r"Properties)\w*"),
               re.compile(r"^=========\s*Program hit .* on CUDA API call to cu(?:da)?DeviceGetAttribute\b"))
-
-
 # What the runtime may call in the driver on the end-of-job call's behalf (cuDeviceGet for the missing device), before
 # the call's own report: where the tool reports such a call too, it is the end-of-job call's, never the job's
 _END_CALL_ECHO = re.compile(r"^=========\s*Program hit .* on CUDA API call to cuDevice\w*")
-
-
 # CuPy clears a failed call's error with cudaGetLastError, which memcheck reports too, right after the call's report
 _END_CALL_CLEAR = re.compile(r"^=========\s*Program hit .* on CUDA API call to cudaGetLastError\b")
 
@@ -97,6 +93,8 @@ def end_call(line: str) -> int | None:
         if rx.match(line):
             return parity
     return None
+
+
 _SUMMARY = re.compile(r"^=========\s*(ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY)")
 _OFF = ("0", "off", "no", "false")
 _ON = ("1", "on", "yes", "true")
