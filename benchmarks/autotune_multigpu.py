@@ -319,6 +319,28 @@ def _warm():
     return where().gpu or "no GPU"
 
 
+def _sanitizer_pools():
+    """On a worker: its warm compute-sanitizers' stats (kernellab.run.nvtools.sanitize_pool.stats())."""
+    from kernellab.run.nvtools import sanitize_pool
+
+    return sanitize_pool.stats()
+
+
+def pools_text(per_worker: dict) -> str:
+    """One line over the workers' warm compute-sanitizers: processes, jobs, why processes were replaced, and the
+    workers where a tool's output was seen out of program order."""
+    pools = [s for stats in per_worker.values() for s in stats]
+    if not pools:
+        return "no warm compute-sanitizer ran"
+    restarts: dict = {}
+    for s in pools:
+        for why, n in s.get("restarts", {}).items():
+            restarts[why] = restarts.get(why, 0) + n
+    bad = sorted({f"{w} ({s['tool']})" for w, stats in per_worker.items() for s in stats if not s.get("ordered", True)})
+    return (f"{sum(s['processes_started'] for s in pools)} processes for {sum(s['jobs'] for s in pools)} jobs in "
+            f"{len(pools)} pools; replaced: {restarts or 'none'}; out of program order: {', '.join(bad) or 'never'}")
+
+
 def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> dict:
     """Start a pool on `gpus`, run the job (autotune, then the class), and return what it took."""
     import distributed
@@ -363,6 +385,11 @@ def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> di
         out["grades"] = g
         out["job_s"] = out["autotune_s"] + out["grade_s"]
         log(f"  grade_class: {out['grade_s']:.1f} s ({g.headline()})")
+        try:
+            out["sanitizer_pools"] = client.run(_sanitizer_pools)
+            log(f"  warm compute-sanitizers: {pools_text(out['sanitizer_pools'])}")
+        except Exception as exc:              # a lost worker must not cost the phase its report
+            log(f"  warm compute-sanitizers: not read ({type(exc).__name__}: {exc})")
         if job.get("faults"):
             out["faults"] = fault_drill(client, ex, job.get("drill_timeout_s", 25.0), log)
         t3 = time.perf_counter()

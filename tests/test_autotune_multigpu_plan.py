@@ -433,3 +433,16 @@ def test_each_phase_counts_the_compute_sanitizer_processes_it_started(mod):
     assert phase(None)["tool_processes"] == {"started": 0, "runs": runs, "unknown": runs}
     text = mod.table([phase(True), phase(False)], [])
     assert "sanitizer procs / runs" in text and f"{runs} / {runs}" in text and f"0 / {runs}" in text
+
+
+def test_the_workers_warm_sanitizers_are_summed_in_one_line(mod):
+    """pools_text over the workers' sanitize_pool.stats(): processes, jobs, replacements summed; the workers whose
+    tool's output was out of program order named."""
+    ok = {"tool": "racecheck", "processes_started": 1, "jobs": 9, "restarts": {}, "ordered": True}
+    bad = {"tool": "memcheck", "processes_started": 4, "jobs": 9, "restarts": {"fault": 1, "out of order": 1},
+           "ordered": False}
+    text = mod.pools_text({"tcp://a": [ok, bad], "tcp://b": [ok]})
+    assert text.startswith("6 processes for 27 jobs in 3 pools")
+    assert "'fault': 1" in text and "'out of order': 1" in text and text.endswith("tcp://a (memcheck)")
+    assert mod.pools_text({"tcp://b": [ok]}).endswith("out of program order: never")
+    assert mod.pools_text({"tcp://a": []}) == "no warm compute-sanitizer ran"

@@ -264,6 +264,9 @@ def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monk
     assert p["grade_host_cpu"] is None or 0 <= p["grade_host_cpu"] <= 1
     assert any(row.passed is False for row in g.rows) and any(row.passed for row in g.rows)
     assert "1.00x" in mod.table([p], [])
+    # each worker's warm compute-sanitizers were read back (none ran here: no GPU)
+    assert set(p["sanitizer_pools"]) == workers
+    assert mod.pools_text(p["sanitizer_pools"]) == "no warm compute-sanitizer ran"
 
 
 # --- faults -------------------------------------------------------------------------------------------------------
