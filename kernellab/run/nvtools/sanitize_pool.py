@@ -18,7 +18,8 @@ synchronize, launch after launch; memcheck printed a failed API call's report be
   report of the job came before it. What lies between the two lines is the job's, for every tool; the pool reads to
   the end line and waits for nothing more;
 - the failing call is an extra check, never required: memcheck reports failed API calls (racecheck does not report
-  them at all), so under a tool that does, the call's report must come before the end line. Where it does not, the
+  them at all), so where the tool has been seen to report a call (END_CALLS_SEEN, or earlier in this pool), its
+  report must come before the end line. Where it does not, the
   stream is out of order; so is a report that comes between one job's end line and the next job's begin line, or
   the other job's end-of-job call (odd and even jobs make differently named calls) inside a job. A job where any of
   these is seen is read to the end of its process's output, its report says so, and from then on every job gets a
@@ -58,7 +59,9 @@ from ..findings import SanitizerReport
 from ..launch.job import JOB_MARK, JobResult, KernelJob
 
 ENV = "KERNELLAB_SANITIZER_POOL"
-API_ERROR_TOOLS = ("memcheck",)      # tools seen to report failed CUDA API calls (the end-of-job call's check)
+# The end-of-job calls (by job parity: 0 even, 1 odd) each tool was seen to report on a GPU: their report must come
+# before the job's end line from the start; a call first seen reported later is checked from then on
+END_CALLS_SEEN = {"memcheck": {1}}
 STOP_TIMEOUT_S = 30.0                # a process told to finish (its request pipe closed) is killed after this
 
 # The tool's report of each end-of-job call (kernellab.run.launch.job.end_of_job_call): [even job's, odd job's]
@@ -288,7 +291,7 @@ class SanitizerPool:
 
         self.tool, self.exe, self.print_limit, self.extra_args = tool, executable, int(print_limit), tuple(extra_args)
         self.env = env if env is not None else S.tool_env()
-        self.api_errors: bool | None = True if tool in API_ERROR_TOOLS else None   # None: not seen yet
+        self.end_calls = set(END_CALLS_SEEN.get(tool, ()))   # the parities whose end-of-job call the tool reports
         self.ordered = True                           # False: the output was seen out of order; a process per job
         self.out_of_order: list[int] = []             # the jobs where it was seen
         self.after_last = 0                           # report lines after a process's last end line (closed)
@@ -308,10 +311,11 @@ class SanitizerPool:
 
     def stats(self) -> dict:
         """Processes started, jobs run, why processes were replaced, whether the output kept program order (and the
-        jobs where it did not), whether the tool reports the end-of-job call, report lines after a last job."""
+        jobs where it did not), which end-of-job calls the tool reports (0: even jobs', 1: odd jobs'), report lines
+        after a last job."""
         return {"tool": self.tool, "processes_started": self.processes_started, "jobs": self.jobs_run,
                 "restarts": dict(self.restarts), "ordered": self.ordered, "out_of_order": list(self.out_of_order),
-                "api_errors": self.api_errors, "reports_after_last_job": self.after_last}
+                "end_calls_reported": sorted(self.end_calls), "reports_after_last_job": self.after_last}
 
     def _start(self) -> _Process:
         self.processes_started += 1
@@ -405,8 +409,8 @@ class SanitizerPool:
                 # own (memcheck also reports the cudaGetLastError that CuPy makes to clear the call's error)
                 continue
             lines.append(line)
-        if called and self.api_errors is None:
-            self.api_errors = True
+        if called:
+            self.end_calls.add(mine)
         # what says the stream is out of order (the module docstring): none of it is needed to end the job. Once seen,
         # every job is read to its own process's end (exact), and nothing more is looked for
         late = []
@@ -415,7 +419,7 @@ class SanitizerPool:
             late.append(f"{len(stray)} report line(s) came after the previous job's end line")
         if other_call and self.ordered:
             late.append("the previous job's end-of-job call was reported inside this job")
-        if end is not None and not poisoned and self.api_errors and not called and self.ordered:
+        if end is not None and not poisoned and mine in self.end_calls and not called and self.ordered:
             late.append(f"{self.tool} did not report this job's end-of-job call before its end line")
         rest: list[str] = []
         if timed_out:
