@@ -153,10 +153,10 @@ def test_memcheck_sequence_then_a_fault(mod, torch):
     finally:
         pool.close()
     why = explain(pool, reps)
-    assert warm["ordered"] is True and warm["processes_started"] == 1, why
-    # memcheck reported the odd jobs' end-of-job call (cudaDeviceGetAttribute) before each end line; the even jobs'
-    # (cudaGetDeviceProperties of a missing device) is checked where it is reported too
-    assert 1 in warm["end_calls_reported"], why
+    print(f"\n[pool] memcheck after clean, racy, clean, racy: {warm}", flush=True)
+    # ordered: memcheck reported the odd jobs' end-of-job call (cudaDeviceGetAttribute) before each of their end lines
+    # (a missing one marks the output out of order); end_calls_reported says whether it reported the even jobs' too
+    assert warm["ordered"] is True and warm["out_of_order"] == [] and warm["processes_started"] == 1, why
     assert all(r.ok and not r.findings and r.error_count == 0 for r in reps[:4]), why
     assert not reps[1].cost.process_started and reps[1].cost.context_s < reps[0].cost.context_s / 2, why
     assert [r.ok for r in reps[4:]] == [False, True], why
