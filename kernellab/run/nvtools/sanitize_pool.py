@@ -57,6 +57,8 @@ import time
 
 from ..findings import SanitizerReport
 from ..launch.job import JOB_MARK, JobResult, KernelJob
+from .sanitizer_text import (PREFIX, SKIP_HEAD, access_finding, children_usage, hazard_finding, race_finding,
+                             report_from_text, tool_cost, tool_env)
 
 ENV = "KERNELLAB_SANITIZER_POOL"
 # The end-of-job calls (by job parity: 0 even, 1 odd) each tool was seen to report on a GPU: their report must come
@@ -168,8 +170,6 @@ class _Process:
     """A running `compute-sanitizer ... --serve REQUESTS`, its output read line by line into a queue."""
 
     def __init__(self, cmd: list[str], requests: str, env: dict):
-        from .sanitize import children_usage
-
         self.cmd, self.requests = cmd, requests
         self.kids0 = children_usage()             # what this process's reaped children had used before it
         self.spawned = time.time()
@@ -287,10 +287,8 @@ class SanitizerPool:
     """A warm compute-sanitizer process for one tool (and device, executable, options), serving jobs one at a time."""
 
     def __init__(self, tool: str, *, executable: str, print_limit: int, extra_args=(), env: dict | None = None):
-        from . import sanitize as S
-
         self.tool, self.exe, self.print_limit, self.extra_args = tool, executable, int(print_limit), tuple(extra_args)
-        self.env = env if env is not None else S.tool_env()
+        self.env = env if env is not None else tool_env()
         self.end_calls = set(END_CALLS_SEEN.get(tool, ()))   # the parities whose end-of-job call the tool reports
         self.ordered = True                           # False: the output was seen out of order; a process per job
         self.out_of_order: list[int] = []             # the jobs where it was seen
@@ -352,8 +350,6 @@ class SanitizerPool:
             return self._run(job, timeout_s)
 
     def _run(self, job: KernelJob, timeout_s: float) -> SanitizerReport:
-        from . import sanitize as S
-
         self.seq += 1
         seq = self.seq
         jobfile = job.with_data().save(os.path.join(self.folder, f"job-{seq}.kljob"))
@@ -442,7 +438,7 @@ class SanitizerPool:
         if proc.popen.poll() is None:
             after = tree_usage(proc.popen.pid)
         else:                # ended and reaped: its whole life is in this process's children's usage since it started
-            kids = S.children_usage()
+            kids = children_usage()
             after = {k: kids[k] - proc.kids0[k] for k in kids if k in proc.kids0}
         exit_code = proc.popen.returncode if proc.popen.poll() is not None and (gone or timed_out) else None
         self.jobs_run += 1
@@ -470,20 +466,18 @@ class SanitizerPool:
                 os.unlink(path)
             except OSError:
                 pass
-        cost = S.tool_cost(wall / 1e3, before, after, spawned, marks)
+        cost = tool_cost(wall / 1e3, before, after, spawned, marks)
         cost = type(cost)(**{**cost.__dict__, "process_started": started})
-        return S.report_from_text(text, tool=self.tool, job=job, timed_out=timed_out, exit_code=exit_code,
+        return report_from_text(text, tool=self.tool, job=job, timed_out=timed_out, exit_code=exit_code,
                                   job_status=status, command=tuple(proc.cmd), wall_ms=wall, notes=notes, cost=cost)
 
 
 def _blocks(lines: list[str]) -> list[tuple[str, list[str], list[int]]]:
     """The tool's entries in `lines` as (headline, detail lines, indices of their lines, the closing blank included),
     as sanitize._entries groups them; lines that are not the tool's (the target's own) belong to none."""
-    from .sanitize import _PREFIX
-
     out, current = [], None
     for i, raw in enumerate(lines):
-        m = _PREFIX.match(raw)
+        m = PREFIX.match(raw)
         if not m:
             continue
         rest = m.group("rest")
@@ -503,17 +497,15 @@ def _blocks(lines: list[str]) -> list[tuple[str, list[str], list[int]]]:
 
 def _report_kind(head: str, details: list[str]) -> str | None:
     """"error" or "warning" for a report the tool counts (and its print limit counts), None for anything else."""
-    from .sanitize import _SKIP_HEAD, _access, _hazard, _race
-
-    if head.startswith(_SKIP_HEAD) or "SUMMARY" in head:
+    if head.startswith(SKIP_HEAD) or "SUMMARY" in head:
         return None
     if head.startswith("Program hit"):
         return "error"
     warn = re.match(r"(WARN|Warning)\b", head) is not None
     body = re.sub(r"^(Error|WARN|Warning|INFO)\s*:\s*(\([^)]*\)\s*)?", "", head)
-    if _race(body, details, "", None) or _hazard(body, details, "", None):
+    if race_finding(body, details, "", None) or hazard_finding(body, details, "", None):
         return "warning" if warn else "error"
-    if not warn and _access(body, details, "", None):
+    if not warn and access_finding(body, details, "", None):
         return "error"
     return None
 
