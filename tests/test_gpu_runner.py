@@ -214,3 +214,11 @@ def test_an_interrupted_runner_ends_the_suite_keeps_its_log_and_prints_the_table
     with tarfile.open(tmp_path / "out" / "0-sleeper.after.tgz") as tar:    # everything in one file to bring back
         assert {"sleeper.log", "after.log", "sleeper", "after"} <= set(tar.getnames())
         assert b"first line" in tar.extractfile("sleeper.log").read()
+
+
+def test_pytest_args_are_split_as_a_shell_splits_them(runner, monkeypatch, tmp_path):
+    """PYTEST_ARGS='-k "hopper or op"' reaches pytest as two arguments, the expression whole (split on spaces it
+    became "-k", '"hopper', 'or', 'op"' and pytest read 'or' as a file)."""
+    monkeypatch.setenv("PYTEST_ARGS", '-k "hopper or op" -x')
+    argv = runner.commands("tests-attention-backward", [], tmp_path)[0]
+    assert argv[-3:] == ["-k", "hopper or op", "-x"]

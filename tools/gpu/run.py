@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -309,7 +310,7 @@ def commands(name: str, args: list[str], out: Path) -> list[list[str]]:
     """The argv of each command a suite runs."""
     suite = SUITES[name]
     if suite.tests:
-        extra = os.environ.get("PYTEST_ARGS", "").split()
+        extra = shlex.split(os.environ.get("PYTEST_ARGS", ""))       # as a shell splits it: -k "a or b" is one
         select = ["-k", suite.select] if suite.select else []
         return [[PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", *select,
                  *suite.tests, *extra]]
