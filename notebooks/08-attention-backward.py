@@ -704,6 +704,38 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
     }
 }
 
+// dQ += dS K over a block's KT keys, for one warp: its 16 query rows from rw and DBW column blocks of 8 from db0;
+// dS^T is read from shared memory (ds_tile: [KT keys][64 queries] T, swizzled), K from k_tile ([KT, D]); the rows
+// below N are added to dq_accum (this head's fp32 [N, D]) with red.global.add.v2.f32
+template <typename T, int D, int KT, int DBW>
+__device__ __forceinline__ void dq_add_ds_k(float* __restrict__ dq_accum, uint32_t ds_tile, uint32_t k_tile, int q0,
+                                            int rw, int db0, int N, int lane) {
+    const int g = lane / 4, t = lane % 4;
+    float dq[DBW][4];
+#pragma unroll
+    for (int e = 0; e < DBW; ++e) dq[e][0] = dq[e][1] = dq[e][2] = dq[e][3] = 0.f;
+#pragma unroll 4
+    for (int kc = 0; kc < KT / 16; ++kc) {
+        uint32_t a[4];                                // dS rows rw .. (queries), keys 16 kc ..: stored transposed
+        ldmatrix_x4_trans(a, ds_tile + swz<64>(16 * kc + (lane & 7) + ((lane >> 4) << 3), rw / 8 + ((lane >> 3) & 1)));
+#pragma unroll
+        for (int db = 0; db < DBW; db += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, k_tile + swz<D>(16 * kc + (lane & 15), db0 + db + (lane >> 4)));
+            mma_16816<T>(dq[db], a, bf[0], bf[1]);
+            mma_16816<T>(dq[db + 1], a, bf[2], bf[3]);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = q0 + rw + g + 8 * h;
+        if (row < N)
+#pragma unroll
+            for (int db = 0; db < DBW; ++db)
+                red_add_v2(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t, dq[db][2 * h], dq[db][2 * h + 1]);
+    }
+}
+
 // dK and dV of KT = 16 MT NWARPS keys per block (warp w: keys kv0 + 16 MT w ..), walking query tiles of BM rows;
 // dQ by dq_pass. Shared memory as dkdv's without the dS tile (bwd_dkdv_smem_bytes with those keys and BM).
 // DQ_ATOMIC (rung 8, atomic_2d): dS^T also goes through shared memory and the block adds its share of dQ = scale dS K
@@ -796,31 +828,7 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
                             *reinterpret_cast<uint32_t*>(  // queries 16 kc + 8 h + 2t
                                 ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t) = af[m][kc][2 * h + r];
             __syncthreads();
-            float dq[DBW][4];
-#pragma unroll
-            for (int e = 0; e < DBW; ++e) dq[e][0] = dq[e][1] = dq[e][2] = dq[e][3] = 0.f;
-#pragma unroll 4
-            for (int kc = 0; kc < KT / 16; ++kc) {
-                uint32_t a[4];                        // dS rows rw .. (queries), keys 16 kc ..: stored transposed
-                ldmatrix_x4_trans(a, ds_tile + swz<64>(16 * kc + (lane & 7) + ((lane >> 4) << 3),
-                                                       rw / 8 + ((lane >> 3) & 1)));
-#pragma unroll
-                for (int db = 0; db < DBW; db += 2) {
-                    uint32_t bf[4];
-                    ldmatrix_x4_trans(bf, k_tile + swz<D>(16 * kc + (lane & 15), db0 + db + (lane >> 4)));
-                    mma_16816<T>(dq[db], a, bf[0], bf[1]);
-                    mma_16816<T>(dq[db + 1], a, bf[2], bf[3]);
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = q0 + rw + g + 8 * h;
-                if (row < N)
-#pragma unroll
-                    for (int db = 0; db < DBW; ++db)
-                        red_add_v2(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t, dq[db][2 * h],
-                                   dq[db][2 * h + 1]);
-            }
+            dq_add_ds_k<T, D, KT, DBW>(dq_accum, ds_tile, k_tile, q0, rw, db0, N, lane);
         }
     }
     cp_async_wait_all();
@@ -988,30 +996,7 @@ __device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __re
         // dQ += dS K ([BM, D] over the block's KT keys): RG groups of 16 query rows, D split over W / RG warps
         constexpr int RG = BM / 16, DBW = DB / (W / RG);
         const int rw = 16 * (warp % RG), db0 = (warp / RG) * DBW;
-        float dq[DBW][4];
-#pragma unroll
-        for (int e = 0; e < DBW; ++e) dq[e][0] = dq[e][1] = dq[e][2] = dq[e][3] = 0.f;
-#pragma unroll 4
-        for (int kc = 0; kc < KT / 16; ++kc) {
-            uint32_t a[4];                            // dS rows rw .. (queries), keys 16 kc ..: stored transposed
-            ldmatrix_x4_trans(a, ds_tile + swz<64>(16 * kc + (lane & 7) + ((lane >> 4) << 3),
-                                                   rw / 8 + ((lane >> 3) & 1)));
-#pragma unroll
-            for (int db = 0; db < DBW; db += 2) {
-                uint32_t bf[4];
-                ldmatrix_x4_trans(bf, k_tile + swz<D>(16 * kc + (lane & 15), db0 + db + (lane >> 4)));
-                mma_16816<T>(dq[db], a, bf[0], bf[1]);
-                mma_16816<T>(dq[db + 1], a, bf[2], bf[3]);
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = q0 + rw + g + 8 * h;
-            if (row < N)
-#pragma unroll
-                for (int db = 0; db < DBW; ++db)
-                    red_add_v2(dq_accum + (size_t)row * D + 8 * (db0 + db) + 2 * t, dq[db][2 * h], dq[db][2 * h + 1]);
-        }
+        dq_add_ds_k<T, D, KT, DBW>(dq_accum, ds_tile, k_tile, q0, rw, db0, N, lane);
     }
     cp_async_wait_all();
 
