@@ -24,10 +24,11 @@ from ...compile import toolkit
 from ...errors import KernellabError
 from ..findings import SanitizerReport, combine
 from ..launch import worker
-from ..launch.job import JobResult, KernelJob
+from ..launch.job import KernelJob
 from . import sanitize_pool
 from .sanitizer_text import (DEFAULT_PRINT_LIMIT, PRINT_LIMIT_NOTE, TOOLS, children_usage, decoded_text,  # noqa: F401
-                             parse_location, parse_report, report_from_text, tool_cost, tool_env)
+                             job_outcome, parse_location, parse_report, report_from_text, tool_cost,
+                             tool_env)
 # (parse_location, parse_report, PRINT_LIMIT_NOTE: this module's public names since before the split, kept)
 
 
@@ -94,17 +95,7 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
             code, timed_out = None, True
         wall = (time.perf_counter() - t0) * 1e3
         used1 = children_usage()
-        notes, status, marks = [], None, {}
-        if os.path.exists(resfile):
-            with open(resfile, "rb") as fh:
-                res = JobResult.from_bytes(fh.read())
-            status, marks = res.status, dict(res.marks)
-            if not res.ok and res.status != "fault":
-                notes.append(f"the launch itself: {res.message}")
-        elif not timed_out:
-            notes.append("the job did not write a result; see report.raw for the process's output")
-        if timed_out:
-            notes.append(f"stopped after {timeout_s:g} s: the kernel may not terminate (an endless loop?)")
+        _, status, marks, notes = job_outcome(resfile, timed_out, timeout_s)
         if fallback:
             notes.append(fallback)
     return report_from_text(out, tool=tool, job=job, timed_out=timed_out, exit_code=code, job_status=status,

@@ -56,9 +56,9 @@ import threading
 import time
 
 from ..findings import SanitizerReport
-from ..launch.job import JOB_MARK, JobResult, KernelJob
-from .sanitizer_text import (PREFIX, SKIP_HEAD, access_finding, children_usage, hazard_finding, race_finding,
-                             report_from_text, tool_cost, tool_env)
+from ..launch.job import JOB_MARK, KernelJob
+from .sanitizer_text import (PREFIX, SKIP_HEAD, access_finding, children_usage, hazard_finding, job_outcome,
+                             race_finding, report_from_text, tool_cost, tool_env)
 
 ENV = "KERNELLAB_SANITIZER_POOL"
 # The end-of-job calls (by job parity: 0 even, 1 odd) each tool was seen to report on a GPU: their report must come
@@ -444,19 +444,9 @@ class SanitizerPool:
         self.jobs_run += 1
         proc.jobs += 1
         text = "\n".join(job_text(lines, self.tool, self.print_limit))
-        notes, status, marks = [], None, {}
-        if os.path.exists(resfile):
-            with open(resfile, "rb") as fh:
-                res = JobResult.from_bytes(fh.read())
-            status, marks = res.status, dict(res.marks)
-            if not res.ok and res.status != "fault":
-                notes.append(f"the launch itself: {res.message}")
-            if exit_code is None:
-                exit_code = 0 if res.ok else 1              # what the one-shot command returns for this job
-        elif not timed_out:
-            notes.append("the job did not write a result; see report.raw for the process's output")
-        if timed_out:
-            notes.append(f"stopped after {timeout_s:g} s: the kernel may not terminate (an endless loop?)")
+        res, status, marks, notes = job_outcome(resfile, timed_out, timeout_s)
+        if res is not None and exit_code is None:
+            exit_code = 0 if res.ok else 1                  # what the one-shot command returns for this job
         if late:
             notes.append(f"{self.tool}'s output was out of program order ({'; '.join(late)}): this job was read to the "
                          f"end of its process's output, and every job from now on runs in a process of its own; the "

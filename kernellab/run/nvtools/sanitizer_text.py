@@ -9,7 +9,7 @@ import re
 import resource
 
 from ..findings import Finding, Location, SanitizerReport, ToolCost
-from ..launch.job import KernelJob
+from ..launch.job import JobResult, KernelJob
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 DEFAULT_PRINT_LIMIT = 100
@@ -311,3 +311,19 @@ def decoded_text(b) -> str:
     if b is None:
         return ""
     return b.decode(errors="replace") if isinstance(b, bytes) else b
+
+
+def job_outcome(resfile: str, timed_out: bool, timeout_s: float) -> tuple[JobResult | None, str | None, dict, list]:
+    """What the job's result file, written by the target under the tool, says: (the result or None, its status, its
+    marks, the notes a report takes from it: the launch's own failure, no result, the timeout)."""
+    res, notes = None, []
+    if os.path.exists(resfile):
+        with open(resfile, "rb") as fh:
+            res = JobResult.from_bytes(fh.read())
+        if not res.ok and res.status != "fault":
+            notes.append(f"the launch itself: {res.message}")
+    elif not timed_out:
+        notes.append("the job did not write a result; see report.raw for the process's output")
+    if timed_out:
+        notes.append(f"stopped after {timeout_s:g} s: the kernel may not terminate (an endless loop?)")
+    return res, (res.status if res else None), (dict(res.marks) if res else {}), notes
