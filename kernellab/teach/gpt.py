@@ -394,9 +394,9 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
                 times.append((start, end))
             else:
                 times.append((time.perf_counter() - t0) * 1e3)
-        losses.append(loss.detach())
-        if progress is not None:
-            progress(step, losses[-1])
+            losses.append(loss.detach())                 # a warm-up loss read on the stream that wrote it
+            if progress is not None:
+                progress(step, losses[-1])
     if on_gpu:
         torch.cuda.synchronize(device)
         times = [s.elapsed_time(e) for s, e in times]
