@@ -723,3 +723,36 @@ def test_the_table_shows_the_capturing_steps_time_for_graphed_runs_only(script):
     lines = script.format_table(rows).splitlines()
     assert "| capture ms |" in lines[0]
     assert lines[2].split(" | ")[6] == "-" and lines[3].split(" | ")[6] == "1234"
+
+
+def test_warm_up_steps_run_on_one_side_stream_joined_once_after_the_last(monkeypatch):
+    """PyTorch's recipe: the eager warm-up on a side stream that first waits for the current one, the current stream
+    waiting for it after the last warm-up step; the capture and the replays on the current stream."""
+    from kernellab.teach.gpt import GraphedStep, graph_plan
+    log = []
+
+    class Stream:
+        def __init__(self, name="side"):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append(f"{self.name} waits for {other.name}")
+
+    current = Stream("current")
+
+    @contextlib.contextmanager
+    def stream(s):
+        log.append(f"enter {s.name}")
+        yield
+        log.append(f"leave {s.name}")
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    step, plan = GraphedStep(lambda x, y: None), graph_plan(8, 2)
+    for i in range(5):
+        with step.stream_for(i, plan):
+            log.append(f"step {i}")
+    assert log == ["side waits for current",
+                   "enter side", "step 0", "leave side", "enter side", "step 1", "leave side",
+                   "enter side", "step 2", "leave side", "current waits for side",
+                   "step 3", "step 4"]
