@@ -312,7 +312,8 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         cells = [r["config"], f"{r['final_loss']:.4f}", f"{r['last20_loss']:.4f}", f"{r['val_loss']:.4f}",
                  f"{r['step_ms']:.2f}", f"{r['first_step_ms']:.0f}",
-                 f"{r['capture_ms']:.0f}" if r.get("capture_ms") is not None else "-", f"{r['tokens_per_s'] / 1e3:.1f}k",
+                 f"{r['capture_ms']:.0f}" if r.get("capture_ms") is not None else "-",
+                 f"{r['tokens_per_s'] / 1e3:.1f}k",
                  f"{r['vs_eager']:.3f}x" if r["vs_eager"] else "-",
                  f"{r['vs_compiled']:.3f}x" if r["vs_compiled"] else "-"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -2368,7 +2368,7 @@ for name, grads in (("kl_flash_attention", ours), ("  under torch.compile", comp
 # | `kernellab` | `kl_flash_attention` (this notebook) | `kl_layernorm` (tutorial 04) | eager |
 # | `kernellab-compiled` | `kl_flash_attention` | `kl_layernorm` | `torch.compile` |
 # | `kernellab-attention`, `kernellab-norm` | one of our ops, PyTorch's other | | eager |
-# | `graphs`, `compiled-graphs`, `kernellab-graphs`, `kernellab-compiled-graphs` | as `eager`, `compiled`, `kernellab`, `kernellab-compiled` | | the whole step (forward, backward, clipping, AdamW) captured once as one CUDA graph and replayed |
+# | `graphs`, `compiled-graphs`, `kernellab-graphs`, `kernellab-compiled-graphs` | as `eager`, `compiled`, `kernellab`, `kernellab-compiled` | | one CUDA graph a step |
 #
 # The test of the curves: smooth each by a trailing 10-step mean; ours lies within the noise when its largest
 # distance from `eager` is at most the largest distance between `eager` and `eager-seed1` (the two-seed band).
