@@ -16,6 +16,27 @@ warm-up over 10 % of the steps then a cosine decay to 10 %, gradients clipped to
     kernellab-compiled  torch.compile of the model with kernellab's ops, seed 0
     kernellab-attention kl_flash_attention alone (F.layer_norm), eager, seed 0: where the step time goes
     kernellab-norm      kl_layernorm alone (SDPA FLASH), eager, seed 0
+  and, asked for by --configs (the train-gpt2-graphs suite), the whole step as one CUDA graph:
+    graphs                    eager's step (SDPA FLASH, F.layer_norm) captured, seed 0
+    compiled-graphs           compiled's step captured
+    kernellab-graphs          kernellab's step captured
+    kernellab-compiled-graphs kernellab-compiled's step captured
+
+CUDA graphs. The whole training step (forward, backward, clipping, the optimiser, zeroing the gradients) is captured
+by hand as one torch.cuda.CUDAGraph (kernellab.teach.gpt.GraphedStep), the same way for PyTorch's model and for ours,
+with torch.compile or without: the comparison stays fair, and nothing of the step stays on the host. Not
+torch.compile(mode="reduce-overhead"): its CUDA graphs (cudagraph trees) cover the compiled forward and backward but
+not clipping and AdamW, which stay eager launches; and they exist only for compiled models, so eager PyTorch and
+kernellab's eager step would have no graphed counterpart. Not make_graphed_callables: it graphs callables, not the
+optimiser, and needs autocast's cache off the same way. The recipe is PyTorch's "whole network capture": the first 3
+steps train eagerly on a side stream (they compile, load kernellab's modules and plans, and create AdamW's state), the
+gradients are None at capture so backward allocates them from the graph's pool, AdamW is fused and capturable with
+its learning rate a device tensor filled before each step (the schedule goes on), autocast runs with its weight cache
+off (a cast cached in the capture would outlive it), the batch is copied into static inputs and the loss copied out.
+The warm-up steps are real training steps, so the curve is the same schedule's, tested against the same bands. The
+step that captures is timed too (capture, then its first replay: "capture ms" in the table; the first step's time is
+the compile's, as for the others). kernellab's ops launch inside the capture as they do outside (their launches do
+not wait there); a graphed step's time is the GPU's time for it, launch costs gone.
 
 Before they train, kernellab's ops are taken from the tutorials by their names and run forward and backward once on
 a small case against float64 (errors printed beside PyTorch's). Where a name is missing, its tutorial does not load,
@@ -77,11 +98,15 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from kernellab.teach.gpt import ByteCorpus, GPTConfig, StepParts, TrainRun, smooth, train, within_noise  # noqa: E402
+from kernellab.teach.gpt import (GRAPH_WARMUP, ByteCorpus, GPTConfig, StepParts, TrainRun, smooth, train,  # noqa: E402
+                                 within_noise)
 
 # PyTorch's configurations first: a kernel fault that spoils the CUDA context cannot take the baselines with it
-CONFIGS = ("eager", "eager-seed1", "eager-efficient", "compiled", "kernellab", "kernellab-compiled",
-           "kernellab-attention", "kernellab-norm")
+DEFAULT_CONFIGS = ("eager", "eager-seed1", "eager-efficient", "compiled", "kernellab", "kernellab-compiled",
+                   "kernellab-attention", "kernellab-norm")
+GRAPHED = {"graphs": "eager", "compiled-graphs": "compiled", "kernellab-graphs": "kernellab",
+           "kernellab-compiled-graphs": "kernellab-compiled"}          # each the configuration it captures
+CONFIGS = DEFAULT_CONFIGS + tuple(GRAPHED)
 OURS = {"attention": ("08-attention-backward.py", "kl_flash_attention"), "norm": ("04-layernorm.py", "kl_layernorm")}
 SMOOTH = 10
 DIAGNOSE_STEPS = 5           # steps timed by phase (each from an idle GPU); 3 more under each profiler
@@ -215,12 +240,17 @@ def plan(names, ours, device) -> tuple[list[dict], list[str]]:
                                         backend=flash, attention_op=ours["attention"])
     table["kernellab-norm"] = dict(label="kernellab: kl_layernorm alone (SDPA FLASH)", seed=0, backend=flash,
                                    norm_op=ours["norm"])
+    for graphed, base in GRAPHED.items():
+        table[graphed] = dict(table[base], graphs=True, label=table[base]["label"] + ", the step as one CUDA graph")
     needs = {"kernellab-attention": ["attention"], "kernellab-norm": ["norm"]}
     runs, skipped = [], []
     for name in names:
         required = needs.get(name, which)                 # "kernellab" and "kernellab-compiled" take what there is
         if name.startswith("kernellab") and (not required or any(ours[r] is None for r in required)):
             skipped.append(f"{name}: not run (its kernellab op is not available; see above)")
+            continue
+        if name in GRAPHED and not cuda:
+            skipped.append(f"{name}: not run on the CPU (CUDA graphs need a CUDA device)")
             continue
         if name in ("compiled", "kernellab-compiled") and not cuda:
             skipped.append(f"{name}: not run on the CPU (torch.compile's C++ build takes minutes there)")
@@ -242,7 +272,7 @@ def run_one(spec, corpus, args, config, log, diagnose=None) -> TrainRun:
         return train(corpus, name=spec["name"], config=config, steps=args.steps, batch=args.batch, seq=args.seq,
                      seed=spec["seed"], device=args.device, attention_op=spec.get("attention_op"),
                      norm_op=spec.get("norm_op"), compile=spec.get("compile", False), lr=args.lr, progress=progress,
-                     profile_steps=args.profile, diagnose=diagnose)
+                     profile_steps=args.profile, diagnose=diagnose, graphs=spec.get("graphs", False))
 
 
 def summary_rows(runs: dict[str, TrainRun], labels: dict[str, str]) -> list[dict]:
@@ -252,6 +282,7 @@ def summary_rows(runs: dict[str, TrainRun], labels: dict[str, str]) -> list[dict
     for name, r in runs.items():
         rows.append(dict(config=name, label=labels[name], final_loss=r.final_loss, last20_loss=r.mean_loss(20),
                          val_loss=r.val_loss, step_ms=r.median_step_ms, first_step_ms=r.step_ms[0],
+                         capture_ms=r.capture_ms, replays=r.replays,
                          tokens_per_s=r.tokens_per_s,
                          vs_eager=base["eager"] / r.median_step_ms if "eager" in base else None,
                          vs_compiled=base["compiled"] / r.median_step_ms if "compiled" in base else None))
@@ -275,12 +306,14 @@ def verdicts(runs: dict[str, TrainRun]) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     """The table as fixed-width text (markdown-compatible)."""
-    head = ["config", "final loss", "last-20 mean", "held-out", "step ms (median)", "1st step ms", "tokens/s",
-            "vs eager", "vs compiled"]
+    head = ["config", "final loss", "last-20 mean", "held-out", "step ms (median)", "1st step ms", "capture ms",
+            "tokens/s", "vs eager", "vs compiled"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         cells = [r["config"], f"{r['final_loss']:.4f}", f"{r['last20_loss']:.4f}", f"{r['val_loss']:.4f}",
-                 f"{r['step_ms']:.2f}", f"{r['first_step_ms']:.0f}", f"{r['tokens_per_s'] / 1e3:.1f}k",
+                 f"{r['step_ms']:.2f}", f"{r['first_step_ms']:.0f}",
+                 f"{r['capture_ms']:.0f}" if r.get("capture_ms") is not None else "-",
+                 f"{r['tokens_per_s'] / 1e3:.1f}k",
                  f"{r['vs_eager']:.3f}x" if r["vs_eager"] else "-",
                  f"{r['vs_compiled']:.3f}x" if r["vs_compiled"] else "-"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -897,7 +930,8 @@ def parse(argv):
     ap.add_argument("--seq", type=int, help="tokens per sequence (default 1024, the context; --quick 128)")
     ap.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default 6e-4)")
     ap.add_argument("--quick", action="store_true", help="a tiny model (2 layers of 128) for 30 steps: a smoke run")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                    help=f"comma-separated, of {', '.join(CONFIGS)} (default: all but the graphed ones)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for the JSON, PNG and table")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -919,6 +953,9 @@ def parse(argv):
     unknown = [c for c in names if c not in CONFIGS]
     if unknown or not names:
         ap.error(f"unknown configurations {unknown}; choose from {', '.join(CONFIGS)}")
+    if any(c in GRAPHED for c in names) and args.steps < GRAPH_WARMUP + 2:
+        ap.error(f"--steps {args.steps}: a graphed configuration needs at least {GRAPH_WARMUP + 2} steps "
+                 f"({GRAPH_WARMUP} eager warm-up steps, the capture, a timed replay)")
     args.configs = names
     return args, config
 
@@ -958,6 +995,7 @@ def main(argv=None) -> int:
                       ops=ours["notes"], skipped=skipped, failed=failed, table=rows, noise=checks,
                       runs={n: dict(label=labels[n], seed=r.seed, losses=r.losses, step_ms=r.step_ms,
                                     timed_from=r.timed_from, val_loss=r.val_loss, wall_s=r.wall_s,
+                                    captured_at=r.captured_at, replays=r.replays,
                                     profile=r.profile, diagnosis=r.diagnosis)
                             for n, r in runs.items()})
         table = format_table(rows)
@@ -1006,7 +1044,8 @@ def main(argv=None) -> int:
     for v in checks:
         log(f"{v['config']} against eager, band {v['band']}: {v['text']}")
     log(f"\n{title}: {args.steps} steps of {args.batch} x {args.seq} tokens; speed-ups are step-time ratios "
-        f"(above 1: faster), the step time a median after the first {min(10, args.steps // 4)} steps")
+        f"(above 1: faster), the step time a median after the first {min(10, args.steps // 4)} steps (graphed: "
+        f"after the capturing step, step {GRAPH_WARMUP}; its time is 'capture ms')")
     for r in rows:
         log(f"  {r['config']}: {r['label']}")
     if diagnosed:

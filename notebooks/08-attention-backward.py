@@ -2368,6 +2368,7 @@ for name, grads in (("kl_flash_attention", ours), ("  under torch.compile", comp
 # | `kernellab` | `kl_flash_attention` (this notebook) | `kl_layernorm` (tutorial 04) | eager |
 # | `kernellab-compiled` | `kl_flash_attention` | `kl_layernorm` | `torch.compile` |
 # | `kernellab-attention`, `kernellab-norm` | one of our ops, PyTorch's other | | eager |
+# | `graphs`, `compiled-graphs`, `kernellab-graphs`, `kernellab-compiled-graphs` | as `eager`, `compiled`, `kernellab`, `kernellab-compiled` | | one CUDA graph a step |
 #
 # The test of the curves: smooth each by a trailing 10-step mean; ours lies within the noise when its largest
 # distance from `eager` is at most the largest distance between `eager` and `eager-seed1` (the two-seed band).
@@ -2413,6 +2414,7 @@ display(Image(str(train_out / "train_gpt2.png")))
 # | `kernellab-compiled` | 43.31 | 31.7 | 0.916x | 0.742x |
 # | `kernellab-attention` | 49.13 | 38.6 | 0.807x | 0.654x |
 # | `kernellab-norm` | 54.95 | 36.8 | 0.722x | 0.584x |
+# | `graphs`, `compiled-graphs`, `kernellab-graphs`, `kernellab-compiled-graphs` | not yet measured | | | |
 #
 # *The losses* came out as predicted. Every kernellab curve stays inside the seed band. Its largest gap from
 # `eager` (10-step means) is 0.0007 for both ops (at step 116), 0.0003 for both under `torch.compile`, 0.0008 for the
@@ -2439,3 +2441,9 @@ display(Image(str(train_out / "train_gpt2.png")))
 # call inside a training step, many times what the same Python costs alone. Why is not settled yet, nor why both ops
 # together step faster than the LayerNorm alone (53.4 against 55.0 ms). The lesson holds: faster kernels do not make
 # a faster step while the host cannot keep the GPU fed, and a profile of the GPU alone cannot show that.
+#
+# *The step as one CUDA graph.* A graph takes the host path out of the step: the forward, the backward, the clipping
+# and AdamW (fused and capturable, its learning rate a device tensor) are captured once after three eager warm-up
+# steps and replayed, for PyTorch's model and ours alike (`graphs`, `compiled-graphs`, `kernellab-graphs`,
+# `kernellab-compiled-graphs`: `python3 tools/gpu/run.py train-gpt2-graphs`). A replayed step should cost its GPU
+# time: the prediction in benchmarks/NOTES-launch.md puts `kernellab-graphs` at 1.04-1.06x `eager`. Not yet measured.

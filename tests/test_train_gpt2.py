@@ -1,8 +1,11 @@
 """kernellab.teach.gpt and benchmarks/train_gpt2.py on the CPU: the GPT's forward and backward, its pluggable
 attention and norm ops (pure-torch stand-ins with their own backward, which must give PyTorch's loss and gradients),
 the byte corpus's determinism, the noise-band test on synthetic curves (both verdicts), the learning-rate schedule,
-the ops' probes, and the script's table, JSON and plot from a small CPU run. The GPU paths are in
+the ops' probes, the script's table, JSON and plot from a small CPU run, and the graphed configurations' pieces
+(the plan of warm-up and capture, the capturable optimiser's learning rate, GraphedStep's static buffers under a
+stand-in graph, the table and arguments). The GPU paths, the capture itself included, are in
 tests/gpu/test_train_gpt2_gpu.py."""
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -608,3 +611,148 @@ def test_the_launchers_split_counts_allocations_and_tensor_maps_inside_them_only
     assert (torch.empty, kernellab.tensor_map, T.encode, T.replace_address) == (empty, tensor_map, encode, replace)
     assert ops["kl::fake"].launcher is launcher and script._INSIDE.depth == 0
     T.tensor_map_cache_clear()
+
+
+# ---- the whole step as a CUDA graph: the pieces that run without a GPU ----
+
+def test_graph_plan_warms_up_captures_then_times_replays_only():
+    from kernellab.teach.gpt import GRAPH_WARMUP, graph_plan
+    assert graph_plan(200, 10) == graph_plan(200, 10, GRAPH_WARMUP)
+    p = graph_plan(200, 10)
+    assert p.warmup == GRAPH_WARMUP == 3 and p.timed_from == 10           # the capturing step 3 is not timed
+    assert graph_plan(12, 3).timed_from == 4                               # past the capture, whatever asked
+    assert graph_plan(5, 1).timed_from == 4                                # one replay timed, the last step
+    with pytest.raises(ValueError, match="at least 5 steps"):
+        graph_plan(4, 1)
+
+
+def test_capturable_optimiser_takes_its_learning_rate_as_a_tensor_filled_in_place():
+    from kernellab.teach.gpt import optimizer_options, set_lr
+    assert optimizer_options(6e-4, torch.device("cpu"), graphs=False) == {"lr": 6e-4}
+    assert optimizer_options(6e-4, torch.device("cpu"), graphs=True) == {"lr": 6e-4}   # train() refuses it first
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([{"params": [w]}], lr=torch.tensor(1e-3))
+    lr = opt.param_groups[0]["lr"]
+    set_lr(opt, 0.25)
+    assert opt.param_groups[0]["lr"] is lr and float(lr) == 0.25          # the same tensor: a graph reads it
+    plain = torch.optim.AdamW([w], lr=1e-3)
+    set_lr(plain, 0.5)
+    assert plain.param_groups[0]["lr"] == 0.5
+
+
+def test_graphs_need_a_cuda_device():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        train(ByteCorpus(bytes(range(256)) * 40), config=TINY, steps=8, batch=2, seq=16, device="cpu", graphs=True)
+
+
+def _stand_in_graph(step):
+    """torch.cuda.CUDAGraph's part GraphedStep uses, on the CPU, for `step`: capture records nothing; replay re-runs
+    the step on its static inputs and writes the loss into the captured loss tensor in place, as a real replay does."""
+    class StandInGraph:
+        def __init__(self):
+            self.replays = 0
+
+        def replay(self):
+            self.replays += 1
+            with torch.no_grad():
+                step.static_loss.copy_(step.one_step(step.static_x, step.static_y))
+    return StandInGraph
+
+
+def test_graphed_step_copies_the_batch_in_and_the_loss_out(monkeypatch):
+    """The first call captures on copies of the batch; later calls copy each batch into those static buffers; every
+    call returns a loss of its own batch that the next replay does not overwrite."""
+    from kernellab.teach.gpt import GraphedStep
+    seen = []
+
+    def one_step(x, y):
+        seen.append((x.data_ptr(), y.data_ptr()))
+        return (x.float() * y.float()).sum()
+
+    step = GraphedStep(one_step)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _stand_in_graph(step))
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    x1, y1 = torch.arange(4), torch.ones(4, dtype=torch.long)
+    x2, y2 = torch.arange(4) * 10, torch.full((4,), 2)
+    first = step(x1, y1)
+    graph = step.graph
+    assert float(first) == 6 and step.static_x is not x1 and torch.equal(step.static_x, x1)
+    second = step(x2, y2)
+    assert float(second) == 120 and float(first) == 6                    # a copy out, not the graph's tensor
+    assert second is not step.static_loss and step.graph is graph         # captured once
+    assert step.replays == graph.replays == 2 and torch.equal(step.static_x, x2) and torch.equal(step.static_y, y2)
+    assert len(set(seen)) == 1                                            # always the static buffers
+
+
+def test_plan_graphed_configs_capture_their_base_config_and_skip_on_the_cpu(script):
+    ours = {"attention": object(), "norm": object(), "notes": []}
+    runs, skipped = script.plan(list(script.GRAPHED), ours, "cuda")
+    assert [r["name"] for r in runs] == ["graphs", "compiled-graphs", "kernellab-graphs", "kernellab-compiled-graphs"]
+    assert all(r["graphs"] for r in runs) and not skipped
+    base, _ = script.plan(list(script.GRAPHED.values()), ours, "cuda")
+    for g, b in zip(runs, base):
+        assert {k: v for k, v in g.items() if k not in ("name", "label", "graphs")} == \
+            {k: v for k, v in b.items() if k not in ("name", "label")}
+        assert g["label"] == b["label"] + ", the step as one CUDA graph"
+    runs, skipped = script.plan(["eager", "graphs", "kernellab-graphs"], {"attention": None, "norm": None}, "cpu")
+    assert [r["name"] for r in runs] == ["eager"]
+    assert skipped == ["graphs: not run on the CPU (CUDA graphs need a CUDA device)",
+                       "kernellab-graphs: not run (its kernellab op is not available; see above)"]
+
+
+def test_graphed_configs_are_asked_for_and_need_room_for_a_capture(script):
+    args, _ = script.parse([])
+    assert tuple(args.configs) == script.DEFAULT_CONFIGS and not set(args.configs) & set(script.GRAPHED)
+    args, _ = script.parse(["--quick", "--configs", "eager,graphs,kernellab-compiled-graphs"])
+    assert args.configs == ["eager", "graphs", "kernellab-compiled-graphs"]
+    with pytest.raises(SystemExit):
+        script.parse(["--configs", "graphs", "--steps", "4"])
+    script.parse(["--configs", "eager", "--steps", "4"])                  # eager alone: any length
+
+
+def test_the_table_shows_the_capturing_steps_time_for_graphed_runs_only(script):
+    from kernellab.teach.gpt import TrainRun
+    kw = dict(seed=0, losses=(5.0, 4.0, 3.5, 3.0, 2.9, 2.8), tokens_per_step=64, timed_from=4, val_loss=3.0,
+              wall_s=1.0)
+    runs = {"eager": TrainRun(name="eager", step_ms=(900.0, 40, 40, 40, 40, 40), **kw),
+            "graphs": TrainRun(name="graphs", step_ms=(800.0, 41, 42, 1234.0, 30, 31), captured_at=3, replays=3,
+                               **kw)}
+    assert runs["graphs"].capture_ms == 1234.0 and runs["eager"].capture_ms is None
+    rows = script.summary_rows(runs, {"eager": "e", "graphs": "g"})
+    assert rows[1]["capture_ms"] == 1234.0 and rows[1]["step_ms"] == 30.5 and rows[1]["replays"] == 3
+    lines = script.format_table(rows).splitlines()
+    assert "| capture ms |" in lines[0]
+    assert lines[2].split(" | ")[6] == "-" and lines[3].split(" | ")[6] == "1234"
+
+
+def test_warm_up_steps_run_on_one_side_stream_joined_once_after_the_last(monkeypatch):
+    """PyTorch's recipe: the eager warm-up on a side stream that first waits for the current one, the current stream
+    waiting for it after the last warm-up step; the capture and the replays on the current stream."""
+    from kernellab.teach.gpt import GraphedStep, graph_plan
+    log = []
+
+    class Stream:
+        def __init__(self, name="side"):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append(f"{self.name} waits for {other.name}")
+
+    current = Stream("current")
+
+    @contextlib.contextmanager
+    def stream(s):
+        log.append(f"enter {s.name}")
+        yield
+        log.append(f"leave {s.name}")
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    step, plan = GraphedStep(lambda x, y: None), graph_plan(8, 2)
+    for i in range(5):
+        with step.stream_for(i, plan):
+            log.append(f"step {i}")
+    assert log == ["side waits for current",
+                   "enter side", "step 0", "leave side", "enter side", "step 1", "leave side",
+                   "enter side", "step 2", "leave side", "current waits for side",
+                   "step 3", "step 4"]

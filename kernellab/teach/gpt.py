@@ -10,6 +10,7 @@ run is fixed by its seed (initial weights and batches) up to the kernels' own ro
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import sysconfig
@@ -183,6 +184,13 @@ class TrainRun:
     wall_s: float
     profile: str = ""               # torch.profiler's table of profile_steps more steps, if asked for
     diagnosis: str = ""             # what train(diagnose=) returned: where a step's host time goes
+    captured_at: int = -1           # graphs: the step that captured the CUDA graph (its time: capture + replay)
+    replays: int = 0                # graphs: the graph's replays (training steps from captured_at, and profiled)
+
+    @property
+    def capture_ms(self) -> float | None:
+        """The capturing step's time (capture, then its first replay), or None without graphs."""
+        return self.step_ms[self.captured_at] if 0 <= self.captured_at < len(self.step_ms) else None
 
     @property
     def final_loss(self) -> float:
@@ -227,34 +235,132 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
+GRAPH_WARMUP = 3       # eager steps before the capture, on a side stream (PyTorch's whole-network recipe: 3)
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """Which steps of a graphed run do what: steps [0, warmup) train eagerly on a side stream (compiling, loading
+    modules, autotuning, AdamW's state), step `warmup` captures and replays, the rest replay; timed_from is past the
+    capture."""
+    warmup: int
+    timed_from: int
+
+
+def graph_plan(steps: int, timed_from: int, warmup: int = GRAPH_WARMUP) -> GraphPlan:
+    """The GraphPlan of a `steps`-step run whose timing would start at `timed_from`: at least one replayed step is
+    timed after the capturing one."""
+    if steps < warmup + 2:
+        raise ValueError(f"a graphed run needs at least {warmup + 2} steps ({warmup} eager warm-up steps, the "
+                         f"capture, a timed replay); got {steps}")
+    return GraphPlan(warmup=warmup, timed_from=min(max(timed_from, warmup + 1), steps - 1))
+
+
+def optimizer_options(lr: float, device: torch.device, graphs: bool) -> dict:
+    """AdamW's keyword arguments: fused on a GPU; for graphs also capturable, with the learning rate a 0-d device
+    tensor (set_lr fills it, so that the captured update reads each step's rate)."""
+    if device.type != "cuda":
+        return {"lr": lr}
+    if graphs:
+        return {"lr": torch.tensor(lr, dtype=torch.float32, device=device), "fused": True, "capturable": True}
+    return {"lr": lr, "fused": True}
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Every group's learning rate: a float assigned, or a tensor (a capturable optimiser's) filled in place."""
+    for g in opt.param_groups:
+        if isinstance(g["lr"], torch.Tensor):
+            g["lr"].fill_(lr)
+        else:
+            g["lr"] = lr
+
+
+class GraphedStep:
+    """A training step `one_step(x, y) -> loss` captured as one CUDA graph on its first call, replayed after:
+    the batch is copied into static input buffers, the graph replays, and the loss is copied out (the graph's own
+    loss tensor is overwritten by the next replay). Gradients are None at capture (one_step ends by zeroing them
+    with set_to_none), so backward allocates them from the graph's pool and every replay writes, not accumulates."""
+
+    def __init__(self, one_step: Callable):
+        self.one_step = one_step
+        self.graph = None
+        self.static_x = self.static_y = self.static_loss = None
+        self.replays = 0
+        self._side = None
+
+    def stream_for(self, step: int, plan: GraphPlan):
+        """The stream context of `step`: the side stream for the eager warm-up steps (joined back to the current
+        stream after the last), the current stream for the capture and the replays."""
+        if step >= plan.warmup:
+            return contextlib.nullcontext()
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+            self._side.wait_stream(torch.cuda.current_stream())
+        return _side_stream(self._side, join=step == plan.warmup - 1)
+
+    def capture(self, x, y) -> None:
+        """Capture one_step on static copies of (x, y); nothing runs on the GPU until the replay."""
+        self.static_x, self.static_y = x.clone(), y.clone()
+        self.graph = torch.cuda.CUDAGraph()                        # torch.cuda.graph synchronises before capturing
+        with torch.cuda.graph(self.graph):
+            self.static_loss = self.one_step(self.static_x, self.static_y)
+
+    def __call__(self, x, y):
+        if self.graph is None:
+            self.capture(x, y)
+        else:
+            self.static_x.copy_(x)
+            self.static_y.copy_(y)
+        self.graph.replay()
+        self.replays += 1
+        return self.static_loss.detach().clone()
+
+
+@contextlib.contextmanager
+def _side_stream(side, join: bool):
+    with torch.cuda.stream(side):
+        yield
+    if join:
+        torch.cuda.current_stream().wait_stream(side)
+
+
 def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfig(), steps: int = 200,
           batch: int = 16, seq: int = 1024, seed: int = 0, device="cuda", attention_op=None, norm_op=None,
           compile: bool = False, lr: float = 6e-4, warmup: int | None = None, weight_decay: float = 0.1,
           clip: float = 1.0, timed_from: int | None = None, val_batches: int = 4, progress=None,
-          profile_steps: int = 0, diagnose=None) -> TrainRun:
+          profile_steps: int = 0, diagnose=None, graphs: bool = False) -> TrainRun:
     """Train a GPT from `seed` (its initial weights, drawn on the CPU, and its batches) for `steps` steps: bf16
     autocast, AdamW (fused on a GPU), lr_at's schedule, gradients clipped to norm `clip`. PyTorch's SDPA backend is
     whatever the caller's context selects (torch.nn.attention.sdpa_kernel). progress(step, loss_tensor) is called
     after each step (it should not read the loss every step: that waits for the GPU). With profile_steps, that many
     more steps run under torch.profiler after the held-out loss, and TrainRun.profile holds the kernels' table.
     diagnose(step) -> str, if given, is called last with the training step's phases (StepParts: forward, backward,
-    update, the batches, the device) and its text kept as TrainRun.diagnosis (benchmarks/train_gpt2.py --diagnose)."""
+    update, the batches, the device) and its text kept as TrainRun.diagnosis (benchmarks/train_gpt2.py --diagnose).
+    graphs: the whole step (forward, backward, clipping, optimiser) as one CUDA graph (GraphedStep): the first
+    graph_plan(steps).warmup steps train eagerly on a side stream, the next one captures and replays, the rest replay;
+    AdamW is capturable with its learning rate a device tensor set before each replay (needs a GPU)."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     warmup = max(1, steps // 10) if warmup is None else warmup
     timed_from = min(10, steps // 4) if timed_from is None else timed_from
+    gplan = graph_plan(steps, timed_from) if graphs else None
+    if graphs:
+        if not on_gpu:
+            raise ValueError(f"graphs=True captures the step as a CUDA graph: it needs a CUDA device, not {device}")
+        timed_from = gplan.timed_from
     torch.manual_seed(seed)
     model = GPT(config, attention_op=attention_op, norm_op=norm_op).to(device)
     step_fn = torch.compile(model) if compile else model
-    opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95), eps=1e-8,
-                            **({"fused": True} if on_gpu else {}))
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), betas=(0.9, 0.95), eps=1e-8,
+                            **optimizer_options(lr, device, graphs))
     batches = [corpus.batch(seed, s, batch, seq, device=device) for s in range(steps)]   # drawn before the clock
     losses, times = [], []
     if on_gpu:
         torch.cuda.synchronize(device)
 
     def forward(x, y):
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        # no autocast weight cache under capture: cached casts would outlive the capture that allocated them
+        with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=not graphs):
             return step_fn(x, y)[1]
 
     def update():
@@ -268,24 +374,29 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
         update()
         return loss
 
+    graphed = GraphedStep(one_step) if graphs else None
     t_start = time.perf_counter()
     for step, (x, y) in enumerate(batches):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
-        if on_gpu:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            t0 = time.perf_counter()
-        loss = one_step(x, y)
-        if on_gpu:
-            end.record()
-            times.append((start, end))
-        else:
-            times.append((time.perf_counter() - t0) * 1e3)
-        losses.append(loss.detach())
-        if progress is not None:
-            progress(step, losses[-1])
+        stream = graphed.stream_for(step, gplan) if graphs else contextlib.nullcontext()
+        with stream:                                     # warm-up steps: on the side stream, events included
+            set_lr(opt, lr_at(step, steps, lr, warmup))  # graphs: a fill on the stream that reads it
+            if on_gpu:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            else:
+                t0 = time.perf_counter()
+            if graphs and step >= gplan.warmup:
+                loss = graphed(x, y)                     # captures on its first call, then replays
+            else:
+                loss = one_step(x, y)
+            if on_gpu:
+                end.record()
+                times.append((start, end))
+            else:
+                times.append((time.perf_counter() - t0) * 1e3)
+            losses.append(loss.detach())                 # a warm-up loss read on the stream that wrote it
+            if progress is not None:
+                progress(step, losses[-1])
     if on_gpu:
         torch.cuda.synchronize(device)
         times = [s.elapsed_time(e) for s, e in times]
@@ -301,15 +412,20 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
         activities = [ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
         with profiler(activities=activities) as prof:
             for x, y in batches[:profile_steps]:
-                one_step(x, y)
+                (graphed if graphed is not None and graphed.graph is not None else one_step)(x, y)
             if on_gpu:
                 torch.cuda.synchronize(device)
         profile = prof.key_averages().table(sort_by="self_cuda_time_total" if on_gpu else "self_cpu_time_total",
                                             row_limit=15, max_name_column_width=70)
-    diagnosis = diagnose(StepParts(forward, update, one_step, tuple(batches), device)) if diagnose else ""
+    if graphs and diagnose:
+        diagnosis = "not diagnosed: the step is one CUDA graph replay, with no host path to split into phases"
+    else:
+        diagnosis = diagnose(StepParts(forward, update, one_step, tuple(batches), device)) if diagnose else ""
     return TrainRun(name=name, seed=seed, losses=tuple(torch.stack(losses).float().tolist()),
                     step_ms=tuple(float(t) for t in times), tokens_per_step=batch * seq, timed_from=timed_from,
-                    val_loss=val_loss, wall_s=wall_s, profile=profile, diagnosis=diagnosis)
+                    val_loss=val_loss, wall_s=wall_s, profile=profile, diagnosis=diagnosis,
+                    captured_at=gplan.warmup if graphs else -1,
+                    replays=graphed.replays if graphed is not None else 0)
 
 
 def smooth(curve, window: int = 10) -> list[float]:

@@ -1,8 +1,10 @@
 """benchmarks/train_gpt2.py on the GPU, small: a --quick run (a 2-layer GPT for 30 steps) of the PyTorch
 configurations and torch.compile, and of kernellab's attention and LayerNorm ops (tutorials 08 and 04, by their
 contract names kl_flash_attention and kl_layernorm) where those tutorials provide them; and one step of the model
-with kernellab's ops, its gradients against float64 beside PyTorch's own error. Where an op is missing, its tests
-skip and say which name and why."""
+with kernellab's ops, its gradients against float64 beside PyTorch's own error. The training step as one CUDA graph
+(tests named *graph*, the tests-train-graphs suite): a captured forward and backward replayed on new batches against
+the eager step, and a --quick run of the graphed configurations. Where an op is missing, its tests skip and say which
+name and why."""
 import copy
 import importlib.util
 import json
@@ -123,3 +125,82 @@ def test_diagnose_kernellab_ops_queue_without_waiting_for_the_gpu(tmp_path):
     assert norm["kernellab_launches"] == 3 * (2 * GPTConfig.tiny().n_layers + 1), text
     assert norm["kernellab_waits"] == 0 and norm["torch_syncs"] == 0, text
     assert norm["context_retries"] == 0, text
+
+
+@pytest.mark.parametrize("ops", ["pytorch", "kernellab"])
+def test_a_graphed_step_replays_the_eager_step_on_new_batches(script, ops):
+    """Forward and backward of the 2-layer GPT captured once as a CUDA graph (GraphedStep, after two warm-up steps
+    on a side stream, gradients None at capture) and replayed on three new batches: each replay's loss and gradients
+    match the eager step's on the same batch and weights (kernellab's ops: tutorials 08's and 04's, launched inside
+    the capture, the backward from autograd's thread)."""
+    from kernellab.teach.gpt import GraphedStep
+    kw = {}
+    if ops == "kernellab":
+        ours = script.load_ours("cuda", print)
+        if ours["attention"] is None and ours["norm"] is None:
+            pytest.skip("kernellab's ops are not available: " + "; ".join(ours["notes"]))
+        kw = dict(attention_op=ours["attention"], norm_op=ours["norm"])
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny(), **kw).cuda()
+    corpus = ByteCorpus.stdlib()
+    batches = [corpus.batch(0, s, 4, 128, device="cuda") for s in range(5)]
+
+    def forward_backward(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            _, loss = model(x, y)
+        loss.backward()
+        return loss
+
+    def eager(x, y):
+        model.zero_grad(set_to_none=True)
+        loss = forward_backward(x, y).detach()
+        return loss, [p.grad.clone() for p in model.parameters()]
+
+    want = [eager(x, y) for x, y in batches[2:]]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for x, y in batches[:2]:
+            model.zero_grad(set_to_none=True)
+            forward_backward(x, y)
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    step = GraphedStep(forward_backward)
+    step(*batches[0])                                       # captures (and replays once on a warm-up batch)
+    for i, ((x, y), (want_loss, want_grads)) in enumerate(zip(batches[2:], want)):
+        loss = step(x, y)
+        grads = [p.grad.clone() for p in model.parameters()]
+        torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5, msg=lambda m: f"replay {i}: loss: {m}")
+        for (name, _), g, w in zip(model.named_parameters(), grads, want_grads):
+            err = float((g.double() - w.double()).norm() / w.double().norm().clamp_min(1e-30))
+            assert err <= 5e-3, f"replay {i} ({ops}): {name}'s gradient is {err:.3g} off the eager step's"
+    assert step.replays == 4
+
+
+def test_graphed_configurations_train_in_the_noise_band_and_replay(tmp_path):
+    """A --quick run (30 steps) of eager, its seeds and kernellab's eager step beside the same steps captured as one
+    CUDA graph: the graphed curves lie inside the seed band (eager's graph also inside the rounding band of SDPA's
+    other backend: the same kernels, only AdamW's learning rate is a tensor), every
+    step after the 3 warm-up steps is a replay of the one captured graph, and the capturing step's time is
+    reported."""
+    configs = "eager,eager-seed1,eager-efficient,graphs,kernellab,kernellab-graphs"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_gpt2.py"), "--quick", "--configs", configs,
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=380, cwd=ROOT)
+    print(p.stdout[-6000:])
+    assert (tmp_path / "train_gpt2.json").exists(), f"rc {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    result = json.loads((tmp_path / "train_gpt2.json").read_text())
+    assert not result["failed"], "\n".join(result["failed"])
+    graphed = ["graphs"] + (["kernellab-graphs"] if "kernellab" in result["runs"] else [])
+    rows = {r["config"]: r for r in result["table"]}
+    for name in graphed:
+        run = result["runs"][name]
+        _learnt(run)
+        assert run["captured_at"] == 3 and run["replays"] == 30 - 3, (run["captured_at"], run["replays"])
+        assert run["timed_from"] > run["captured_at"] and rows[name]["capture_ms"] > 0
+        assert len(set(run["losses"][3:])) == 27, "a replay's loss repeated: is the batch copied in?"
+        for band in ("eager-seed1", "eager-efficient") if name == "graphs" else ("eager-seed1",):
+            v = next(v for v in result["noise"] if v["config"] == name and v["band"] == band)
+            assert v["within"], f"{name} against eager, band {band}: {v['text']}"
+    assert rows["graphs"]["capture_ms"] is not None and rows["eager"]["capture_ms"] is None
+    if "kernellab-graphs" not in graphed:
+        pytest.skip("kernellab's ops are not available (graphs alone checked): " + "; ".join(result["ops"]))

@@ -129,7 +129,13 @@ SUITES: dict[str, Suite] = {
         "training on kernellab's ops: a 2-layer GPT's --quick run of benchmarks/train_gpt2.py (PyTorch eager, two "
         "seeds, torch.compile, tutorials 08/04's kl_flash_attention and kl_layernorm) inside the seed noise band; one "
         "step's gradients with kernellab's ops against float64", 420,
-        tests=(GPU_TESTS + "test_train_gpt2_gpu.py",)),
+        tests=(GPU_TESTS + "test_train_gpt2_gpu.py",), select="not graph"),
+    "tests-train-graphs": Suite(
+        "the training step as one CUDA graph: a 2-layer GPT's forward and backward captured (PyTorch's ops, then "
+        "kernellab's) and replayed on new batches against the eager step's loss and gradients; a --quick run of "
+        "eager, kernellab and their graphed steps (graphs, kernellab-graphs) inside the seed band, every step after "
+        "the warm-up a replay", 420,
+        tests=(GPU_TESTS + "test_train_gpt2_gpu.py",), select="graph"),
     "tests-norm-backward": Suite(
         "tutorial 04's LayerNorm/RMSNorm backward: gradients against float64 beside PyTorch's on awkward shapes and "
         "three distributions, determinism, kl::layernorm/kl::rmsnorm under loss.backward(), opcheck, torch.compile",
@@ -215,6 +221,15 @@ SUITES: dict[str, Suite] = {
         "kernels by torch.profiler (PNG, JSON, profiles in $OUT/train-gpt2/); `train-gpt2 --diagnose` adds where "
         "each configuration's step time goes (diagnose-CONFIG.txt)", 420,
         commands=((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--out", "{out}"),), takes_args=True),
+    "train-gpt2-graphs": Suite(
+        "benchmarks/train_gpt2.py with the whole training step as one CUDA graph: GPT-2 small, 200 steps of batch 16 "
+        "x 1024 each of eager (seeds 0 and 1: the noise band), torch.compile, their graphed steps (graphs, "
+        "compiled-graphs), kernellab's eager and compiled steps and their graphed steps (kernellab-graphs, "
+        "kernellab-compiled-graphs): loss curves in the band, step times against eager and compiled, the capturing "
+        "step's time, 3 profiled steps each (GPU ms a step); the table printed last", 420,
+        commands=((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--configs",
+                   "eager,eager-seed1,compiled,graphs,compiled-graphs,kernellab,kernellab-compiled,kernellab-graphs,"
+                   "kernellab-compiled-graphs", "--out", "{out}"),), takes_args=True),
     "train-gpt2-diagnose": Suite(
         "benchmarks/train_gpt2.py --diagnose, 40 steps of eager and kernellab's configurations: host against GPU time "
         "a step, kernellab's launches and waits per thread, torch's synchronising calls, the allocator's "
