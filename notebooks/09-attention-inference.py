@@ -888,7 +888,9 @@ import kernellab
 GQA_BLOCK_M, GQA_BLOCK_N, GQA_THREADS = 128, 64, 128       # GQA_MT * 16 * GQA_NWARPS rows, GQA_BN keys (the cell)
 DEC_WARPS = 4                                              # DEC_NWARPS: one split per warp
 DEC_BLOCK_N = {64: 32, 128: 16}                            # keys per tile: 8 KB of K and V a stage at either d
-DEC_MIN_KEYS = 64                                          # a split walks at least this many keys
+DEC_MIN_KEYS = 64                                          # the split floor where one wave is full anyway
+DEC_MIN_KEYS_SHORT = 16                                    # the lowest floor: one 16-key tile a warp at d = 128
+DEC_FLOOR_WARPS = 256                                      # short caches: all keys over about this many warps
 SM_SHARED_BYTES = 228 * 1024                               # shared memory per SM (sm_90), 1 KB of it per block reserved
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -991,15 +993,27 @@ class DecodePlan:
         return lambda B, Hkv: (self.splits // DEC_WARPS, B * Hkv, self.row_groups)
 
 
+def decode_floor(B, Hkv, groups, Nmax):
+    """The plan's default split floor (keys a warp walks at least): every key of the B * Hkv * groups triples' Nmax
+    caches spread over about DEC_FLOOR_WARPS warps (64 blocks), between DEC_MIN_KEYS_SHORT and DEC_MIN_KEYS. Chosen
+    with benchmarks/decode_profile.py's latency model (benchmarks/NOTES-attention-inference.md, "the split floor"): at
+    Hq 32 / Hkv 8, d = 128 it gives 16 at B = 1 with 512 positions, 32 at 1k and 64 from 2k, and 64 from B = 4;
+    short caches get shorter chains of tiles, long ones no more block partials to merge than the wave needs."""
+    return min(DEC_MIN_KEYS, max(DEC_MIN_KEYS_SHORT, B * Hkv * groups * Nmax // DEC_FLOOR_WARPS))
+
+
 @functools.lru_cache(maxsize=1024)
-def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS, min_keys=DEC_MIN_KEYS):
+def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS, min_keys=None):
     """Rows per warp (32 only at d = 64, where it does not spill), the row groups that cover G * nq rows, and the
     splits: as many blocks as one wave holds (blocks_per_sm a SM, from shared memory and registers, times the SMs),
     shared evenly by the B * Hkv * row_groups (sequence, KV head, row group) triples, each warp at least min_keys
-    keys of an Nmax cache, a multiple of DEC_WARPS. Planned once per shape (cached): the call's host path is a lookup."""
+    keys of an Nmax cache (None: decode_floor's), a multiple of DEC_WARPS. Planned once per shape (cached): the
+    call's host path is a lookup."""
     rows = G * nq
     rows_per_warp = 32 if d == 64 and rows > 16 else 16
     groups = -(-rows // rows_per_warp)
+    if min_keys is None:
+        min_keys = decode_floor(B, Hkv, groups, Nmax)
     block_n = DEC_BLOCK_N[d]
     shared = DEC_WARPS * (rows_per_warp + 4 * block_n) * d * 2
     per_sm = min(3, SM_SHARED_BYTES // (shared + 1024))             # blocks an SM holds (registers allow 3, or 2
@@ -1043,13 +1057,13 @@ def _decode_args(q, k_cache, v_cache, cache_seqlens, what):
                          f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, merge_loads=8, merge="shared",
+def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=None, merge_loads=8, merge="shared",
                      early=False):
     """Attention of nq new tokens per sequence against its KV cache, split along the keys (flash-decoding), in one
     launch: the last block of each (sequence, KV head, row group) merges the splits' partials.
     q: [B, Hq, nq, d]; k_cache, v_cache: [B, Hkv, Nmax, d]; cache_seqlens: [B] int32 (values above Nmax read as
     Nmax). Token i of sequence b sees keys 0 .. cache_seqlens[b] - nq + i; a token that sees none gets zeros.
-    min_keys: the fewest keys a split walks (decode_plan). merge_loads: partials a thread of the last block keeps
+    min_keys: the fewest keys a split walks (None: the plan's default, decode_floor). merge_loads: partials a thread of the last block keeps
     in flight (8; 16, a variant the decode profile times, at d = 128). merge: how the last block merges, "shared"
     (weights through shared memory, then the o loads) or "online" (one pass, 16 partials' lse and o in flight; a
     variant the decode profile times, at d = 128 with 16 rows a warp). early: each warp asks for its first tile before
@@ -1080,7 +1094,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, 
     return out
 
 
-def decode_attention_two_kernels(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS):
+def decode_attention_two_kernels(q, k_cache, v_cache, cache_seqlens, min_keys=None):
     """decode_attention as the split kernel and a separate combine kernel (two launches): the tutorial's first
     decoding step, kept to measure the fused one against; same arguments and result."""
     _decode_args(q, k_cache, v_cache, cache_seqlens, "decode_attention")
