@@ -1207,15 +1207,22 @@ for B, Hkv, G, nq, Nmax, d in ((1, 8, 4, 1, 131072, 128), (1, 8, 4, 1, 1024, 128
 # triple has a single block (`B Hkv` fills the wave by itself) that block writes the output directly, no ticket.
 # This is tutorial 03's single-pass reduction (the last block finishes the sum) applied to the softmax merge.
 #
-# The plan (`decode_plan`) is unchanged: as many blocks as one wave holds (two per SM at `d = 128`: 80 KB of shared
-# memory each), shared by the `B Hkv` triples, at least `DEC_MIN_KEYS = 64` keys a warp; at `B = 1`, 8k that is 32
-# blocks a head, 256 in all for 264 places. It is cached per shape, and the two partial buffers are one allocation.
+# The plan (`decode_plan`) is the two-kernel step's: as many blocks as one wave holds (two per SM at `d = 128`: 80 KB
+# of shared memory each), shared by the `B Hkv` triples, each warp walking at least a floor of keys; at `B = 1`, 8k
+# that is 32 blocks a head, 256 in all for 264 places. It is cached per shape, and the two partial buffers are one
+# allocation. The floor (`decode_floor`, a function of `Nmax`) is `DEC_MIN_KEYS = 64` where the wave is full anyway;
+# a short cache's keys are spread over about `DEC_FLOOR_WARPS = 256` warps, down to 16 (one tile a warp), so each
+# warp's chain of dependent tile loads is shorter without more block partials than the merge can take cheaply. The
+# rule is the latency model's choice (`benchmarks/decode_profile.py`, `floor_table`): at `B = 1` it gives 16 keys at
+# 512 positions, 32 at 1k (two tiles a warp instead of four: predicted 8.9 µs against 11.5 under Nsight Compute on an
+# H100) and 64 from 2k, where the cache's stream, not the chain, sets the time; from `B = 4`, 64 at every cache.
+# `decode_attention(..., min_keys=64)` keeps the old floor.
 #
 # **Predictions** (H100, `B = 1`, `Hq = 32`, `Hkv = 8`, `d = 128`, kernellab.bench): the split kernel's 9.8-11 µs,
 # plus a tail of about 1.5 µs (the last block's fence, ticket and a 64 KB merge from L2), no second launch: about
 # 13 µs at 8k, **80-85 % of copy** (from 37 %), about 2.3x the two-kernel step, >= 1.0x cuDNN (its two kernels and the
 # gap between them). At 128k the gain is the combine's 5.9 µs less the tail, 2-3 %. At 1k (4 MB, 16 warps a head, 32
-# blocks on 132 SMs) the launch still dominates: about 6 µs, 25 % of copy, 2x the two-kernel step. Back to back
+# blocks on 132 SMs at the floor of 64 then) the launch still dominates: about 6 µs, 25 % of copy, 2x the two-kernel step. Back to back
 # (`sustained`) the call is host-bound: one launch and one allocation fewer and the plan a lookup should take about
 # 40 % off the 115 µs measured at 8k.
 
@@ -1458,9 +1465,9 @@ kernellab.grade("09-gqa-scores", gqa_scores)
 # - **One launch.** The merge needs every split's partial, which is a reason for a second kernel only until the
 #   blocks can tell which of them finishes last: a fence, an atomic ticket and a counter that the last block resets
 #   make the combine the tail of the split kernel, and small caches stop paying for a launch and its ramp.
-# - **What is left.** The split floor (`DEC_MIN_KEYS`) tuned on the measured sweep in
-#   `benchmarks/attention_inference.py`, a paged KV cache (a block table per sequence), and the cache in fp8 (half the
-#   bytes: twice the speed of a memory-bound step). At `B = 1` a call still carries a fixed part of about 9 µs under
+# - **What is left.** The split floor's rule (`decode_floor`, from the latency model) confirmed by the GPU's sweep
+#   (`benchmarks/attention_inference.py --part decode --floor`: 16, 32, 64 at 512 to 8k), a paged KV cache (a block
+#   table per sequence), and the cache in fp8 (half the bytes: twice the speed of a memory-bound step). At `B = 1` a call still carries a fixed part of about 9 µs under
 #   Nsight Compute (the launch with empty caches): the grid's start, its dispatch, `cache_seqlens` read before any
 #   tile is asked for, and the last block's eight serial round trips to L2 (fence, ticket, `lse` twice, the `o` loads).
 #   Two variants of the fused kernel aim at it, `decode_attention(merge="online")` (the merge in one pass: a running
