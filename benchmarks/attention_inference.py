@@ -27,6 +27,8 @@ kernellab.bench(sustained=True); every ratio is baseline time / our time from th
   (min_keys, the plan's fewest keys a split) so that the plan's choice is checked against its neighbours; at B = 1
   the decode variants merge="online" and merge="online", early=True (benchmarks/decode_profile.py's predictions),
   timed as called beside the op, one line each over the default.
+--floor (with --part decode): the plan's default split floor (tutorial 09's decode_floor) against min_keys 64, 16
+and 32 at B = 1, caches 512 to 8k, a line per cache with the ratio (benchmarks/decode_profile.py floor_sweep).
 Each case is checked once before it is timed, against SDPA (GQA: enable_gqa in the same dtype; decoding: float32, or
 the float64 reference with several tokens); a failed check is printed and its row marked.
 The last thing printed is the two tables.

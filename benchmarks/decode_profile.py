@@ -9,8 +9,9 @@ What it measures, Hq = 32 over Hkv = 8, d = 128, bf16, one query token, full cac
   flush and invalidate before the launch, so a clean L2) on up to five launches a case (all five at B = 1 with 1k and
   8k, where each question is open; the fused kernel and the split kernel at 128k; the fused kernel at B = 32, where
   one block a head merges nothing; the split-floor variant only where it shortens a warp's chain of tiles): the fused
-  kernel as the op plans it ("fused"); the same launch with every cache_seqlens = 0 ("fused, no keys": the grid, the in-block merge, the ticket
-  and the last block's merge, no cache read: the fixed part); the two-kernel step's split kernel alone ("split only":
+  kernel as planned at min_keys 64 ("fused": FIT_MIN_KEYS, the floor the model was fitted on; where the op's own
+  floor, decode_floor, plans otherwise, its launch beside as DEFAULT_FLOOR, H14); the same launch with every
+  cache_seqlens = 0 ("fused, no keys": the grid, the in-block merge, the ticket and the last block's merge, no cache read: the fixed part); the two-kernel step's split kernel alone ("split only":
   the fused time minus this is the merge's serial tail); the fused kernel with the split floor VARIANT_MIN_KEYS
   ("fused, min_keys=16": more, shorter splits), and the fused kernel whose last block keeps 16 partial loads in flight
   (MERGE: decode_fused_bf16_d128_m16_l16, the tutorial's variant; the default keeps 8); and the variants VARIANTS,
@@ -18,7 +19,8 @@ What it measures, Hq = 32 over Hkv = 8, d = 128, bf16, one query token, full cac
   the early first tile (early=True) and both. Counters: duration, DRAM
   throughput (% of peak), DRAM bytes read and written (read against the cache's bytes), achieved occupancy, SMs
   active, waves, L2 hit rate, warp stall reasons.
-- kernellab.bench of the op (torch.ops.kl.decode_attention, as called) with the L2 left three ways before each call:
+- kernellab.bench of the op (torch.ops.kl.decode_attention, as called; where its floor is not min_keys 64, the
+  launcher at min_keys 64, and the op beside as "floor bench clean") with the L2 left three ways before each call:
   written ("write", the default of kernellab.bench and do_bench: dirty lines that the call evicts), read ("clean") and
   not flushed (inputs rotated: still from DRAM), plus CUDA-graph replay (per call, the launch gaps gone; a call
   captured on the graph's own stream makes and zeroes its ticket counters in the graph, so each holds a small memset
@@ -820,7 +822,8 @@ def floor_sweep(t, torch, out: pathlib.Path | None = None, cases=FLOOR_SWEEP_CAS
             failed.append(f"B={B} cache={L}: the default floor is slower than min_keys={FIT_MIN_KEYS}")
         log(line)
         lines.append(line)
-        rows.append({"B": B, "L": L, "floor": floor, "splits": splits, "us": {f"{f} {k}": v for (f, k), v in us.items()}})
+        rows.append({"B": B, "L": L, "floor": floor, "splits": splits,
+                     "us": {f"{f} {k}": v for (f, k), v in us.items()}})
         del args
     text = ("the model's kernel µs by split floor (H100 constants; decode_floor's pick):\n"
             + floor_table_text(floor_table()) + "\n\nmeasured (kernellab.bench, µs):\n" + "\n".join(lines))
