@@ -993,13 +993,14 @@ class DecodePlan:
         return lambda B, Hkv: (self.splits // DEC_WARPS, B * Hkv, self.row_groups)
 
 
-def decode_floor(B, Hkv, groups, Nmax):
+def decode_floor(B, Hkv, groups, Nmax, block_n=DEC_BLOCK_N[128]):
     """The plan's default split floor (keys a warp walks at least): every key of the B * Hkv * groups triples' Nmax
-    caches spread over about DEC_FLOOR_WARPS warps (64 blocks), between DEC_MIN_KEYS_SHORT and DEC_MIN_KEYS. Chosen
+    caches spread over about DEC_FLOOR_WARPS warps (64 blocks), between DEC_MIN_KEYS_SHORT (and one tile of block_n
+    keys: a shorter split would leave warps without a tile) and DEC_MIN_KEYS. Chosen
     with benchmarks/decode_profile.py's latency model (benchmarks/NOTES-attention-inference.md, "the split floor"): at
     Hq 32 / Hkv 8, d = 128 it gives 16 at B = 1 with 512 positions, 32 at 1k and 64 from 2k, and 64 from B = 4;
     short caches get shorter chains of tiles, long ones no more block partials to merge than the wave needs."""
-    return min(DEC_MIN_KEYS, max(DEC_MIN_KEYS_SHORT, B * Hkv * groups * Nmax // DEC_FLOOR_WARPS))
+    return min(DEC_MIN_KEYS, max(DEC_MIN_KEYS_SHORT, block_n, B * Hkv * groups * Nmax // DEC_FLOOR_WARPS))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1012,9 +1013,9 @@ def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS, min_keys=None):
     rows = G * nq
     rows_per_warp = 32 if d == 64 and rows > 16 else 16
     groups = -(-rows // rows_per_warp)
-    if min_keys is None:
-        min_keys = decode_floor(B, Hkv, groups, Nmax)
     block_n = DEC_BLOCK_N[d]
+    if min_keys is None:
+        min_keys = decode_floor(B, Hkv, groups, Nmax, block_n)
     shared = DEC_WARPS * (rows_per_warp + 4 * block_n) * d * 2
     per_sm = min(3, SM_SHARED_BYTES // (shared + 1024))             # blocks an SM holds (registers allow 3, or 2
     per_sm = min(per_sm, 2 if rows_per_warp == 32 else 3)           # with 32 rows a warp)

@@ -368,6 +368,7 @@ def test_the_split_plan_fills_one_wave(t09):
     assert plan(1, 8, 4, 1, 1024, 128, sms=132, min_keys=64).splits == 16   # the override: 64 keys a split at least
     assert plan(1, 8, 4, 1, 512, 128, sms=132).splits == 32            # 16 keys a split: one tile a warp
     assert plan(1, 8, 4, 1, 2048, 128, sms=132).splits == 32           # from 2k the floor is 64 again
+    assert plan(1, 8, 4, 1, 512, 64, sms=132).splits == 16             # d = 64: at least a 32-key tile a warp
     assert plan(64, 8, 4, 1, 8192, 128, sms=132).splits == 4           # more heads than a wave: the least, 4
     p = plan(1, 8, 8, 4, 8192, 64, sms=132)                            # 32 rows at d = 64: one warp takes them
     assert (p.rows_per_warp, p.row_groups) == (32, 1)
