@@ -2,6 +2,7 @@
 
     python3 benchmarks/attention_inference.py [--quick] [--part gqa|decode|both] [--out DIR]
     python3 benchmarks/attention_inference.py --part decode --profile [--out DIR]   # why small caches are slow
+    python3 benchmarks/attention_inference.py --part decode --floor [--out DIR]     # the split floor's default
 
 Method. The kernels and launchers are the tutorial's own (the `%%cuda` and `# launchers` cells of
 notebooks/09-attention-inference.py, compiled by NVRTC as the magic compiles them); each is called through its
@@ -26,6 +27,8 @@ kernellab.bench(sustained=True); every ratio is baseline time / our time from th
   (min_keys, the plan's fewest keys a split) so that the plan's choice is checked against its neighbours; at B = 1
   the decode variants merge="online" and merge="online", early=True (benchmarks/decode_profile.py's predictions),
   timed as called beside the op, one line each over the default.
+--floor (with --part decode): the plan's default split floor (tutorial 09's decode_floor) against min_keys 64, 16
+and 32 at B = 1, caches 512 to 8k, a line per cache with the ratio (benchmarks/decode_profile.py floor_sweep).
 Each case is checked once before it is timed, against SDPA (GQA: enable_gqa in the same dtype; decoding: float32, or
 the float64 reference with several tokens); a failed check is printed and its row marked.
 The last thing printed is the two tables.
@@ -61,7 +64,7 @@ TARGET_OF_COPY = 0.80          # decoding, caches of 8k and more
 TWO_KERNELS = "two-kernel step (split + combine)"
 ONLINE_STEP = "ours, merge=online"      # decode_attention(merge="online"): the last block's merge in one pass
 BOTH_STEP = "ours, merge=online, early"  # and each warp's first tile asked for before cache_seqlens arrives
-SWEEP_MIN_KEYS = (16, 32, 128)  # the plan's default is tutorial 09's DEC_MIN_KEYS (64)
+SWEEP_MIN_KEYS = (16, 32, 64)   # beside the plan's default (tutorial 09's decode_floor: 32 at B = 1 1k, 64 at 8k)
 SWEEP_CASES = ((1, 1024), (1, 8192))
 DEVICE = "cuda"                # (tests/test_attention_inference.py runs both loops on the CPU with fake timings)
 FLASH_EXPANDED = "SDPA flash (K/V expanded beforehand)"
@@ -395,9 +398,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="", help="folder for attention_inference.json")
     ap.add_argument("--profile", action="store_true", help="with --part decode: Nsight Compute and the timing split "
                     "of the one-launch decode beside its latency model (benchmarks/decode_profile.py)")
+    ap.add_argument("--floor", action="store_true", help="with --part decode: the plan's default split floor against "
+                    "min_keys 16, 32 and 64 at B = 1, caches 512 to 8k (benchmarks/decode_profile.py floor_sweep)")
     args = ap.parse_args(argv)
-    if args.profile and args.part != "decode":
-        ap.error("--profile profiles the decode: pass --part decode with it")
+    if (args.profile or args.floor) and args.part != "decode":
+        ap.error("--profile and --floor measure the decode: pass --part decode with them")
     import torch
 
     if not torch.cuda.is_available():
@@ -421,6 +426,10 @@ def main(argv=None) -> int:
         import decode_profile
 
         return decode_profile.run(t, torch, pathlib.Path(args.out or "."), copy_gbps, started=t0, log=log)
+    if args.floor:
+        import decode_profile
+
+        return decode_profile.floor_sweep(t, torch, pathlib.Path(args.out or "."), log=log)
     dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(","))
     shapes = [tuple(int(x) for x in pair.split(":")) for pair in args.shapes.split(",") if pair]
     ratios = [int(x) for x in args.ratios.split(",") if x]

@@ -9,8 +9,10 @@ What it measures, Hq = 32 over Hkv = 8, d = 128, bf16, one query token, full cac
   flush and invalidate before the launch, so a clean L2) on up to five launches a case (all five at B = 1 with 1k and
   8k, where each question is open; the fused kernel and the split kernel at 128k; the fused kernel at B = 32, where
   one block a head merges nothing; the split-floor variant only where it shortens a warp's chain of tiles): the fused
-  kernel as the op plans it ("fused"); the same launch with every cache_seqlens = 0 ("fused, no keys": the grid, the in-block merge, the ticket
-  and the last block's merge, no cache read: the fixed part); the two-kernel step's split kernel alone ("split only":
+  kernel as planned at min_keys 64 ("fused": FIT_MIN_KEYS, the floor the model was fitted on; where the op's own
+  floor, decode_floor, plans otherwise, its launch beside as DEFAULT_FLOOR, H14); the same launch with every
+  cache_seqlens = 0 ("fused, no keys": the grid, the in-block merge, the ticket and the last block's merge, no cache
+  read: the fixed part); the two-kernel step's split kernel alone ("split only":
   the fused time minus this is the merge's serial tail); the fused kernel with the split floor VARIANT_MIN_KEYS
   ("fused, min_keys=16": more, shorter splits), and the fused kernel whose last block keeps 16 partial loads in flight
   (MERGE: decode_fused_bf16_d128_m16_l16, the tutorial's variant; the default keeps 8); and the variants VARIANTS,
@@ -18,7 +20,8 @@ What it measures, Hq = 32 over Hkv = 8, d = 128, bf16, one query token, full cac
   the early first tile (early=True) and both. Counters: duration, DRAM
   throughput (% of peak), DRAM bytes read and written (read against the cache's bytes), achieved occupancy, SMs
   active, waves, L2 hit rate, warp stall reasons.
-- kernellab.bench of the op (torch.ops.kl.decode_attention, as called) with the L2 left three ways before each call:
+- kernellab.bench of the op (torch.ops.kl.decode_attention, as called; where its floor is not min_keys 64, the
+  launcher at min_keys 64, and the op beside as "floor bench clean") with the L2 left three ways before each call:
   written ("write", the default of kernellab.bench and do_bench: dirty lines that the call evicts), read ("clean") and
   not flushed (inputs rotated: still from DRAM), plus CUDA-graph replay (per call, the launch gaps gone; a call
   captured on the graph's own stream makes and zeroes its ticket counters in the graph, so each holds a small memset
@@ -35,9 +38,20 @@ import math
 import pathlib
 import time
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 
 PROFILE_CASES = ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (32, 8192))     # (B, cache length)
-VARIANT_MIN_KEYS = 16           # the plan's default is tutorial 09's DEC_MIN_KEYS (64)
+VARIANT_MIN_KEYS = 16           # the lowest split floor, against FIT_MIN_KEYS
+# The split floor of every launch profiled here and of the golden figures the model was fitted to (the plan's
+# default before tutorial 09's decode_floor, which now gives 64 from 2k at B = 1 and at every case here but 1k):
+# launches and timings stay on it so that the variants' predictions compare like with like. Where the op's own
+# floor differs, its plan is profiled and timed beside (DEFAULT_FLOOR).
+FIT_MIN_KEYS = 64
+DEFAULT_FLOOR = "fused, the plan's floor"
+# The split floor's choice (tutorial 09's decode_floor), from the model: its time at each floor for these cases
+FLOOR_CHOICES = (16, 32, 64)
+FLOOR_CASES = tuple((B, L) for B in (1, 4, 8) for L in (512, 1024, 2048, 4096, 8192))
+FLOOR_WARPS = 256               # tutorial 09's DEC_FLOOR_WARPS: a short cache's keys over about this many warps
 MERGE_LOADS = 16                # the variant decode_attention(merge_loads=16): 16 partial loads in flight, not 8
 MERGE = f"fused, merge loads {MERGE_LOADS}"
 ONLINE = "fused, online merge"  # the variant decode_attention(merge="online"): the last block's merge in one pass
@@ -210,6 +224,50 @@ def decode_model(B, L, plan, machine: Machine = H100, Hq=HQ, Hkv=HKV, d=D, nq=NQ
                         dirty, fixed, ncu, clean, clean + dirty, "", B, L)
     got = {k: v for k, v in model.parts_us().items() if k != "loads: stream"}
     return DecodeModel(**{**asdict(model), "blame": max(got, key=got.get)})
+
+
+def profile_plan(B, L, min_keys=None, sms=132):
+    """Tutorial 09's decode_plan at the profile's shape (Hq 32 / Hkv 8, d = 128, one token: 16 rows a warp, one row
+    group), its arithmetic; min_keys None: the plan's default floor (floor_rule). The CPU tests check it against the
+    notebook's plan."""
+    if min_keys is None:
+        min_keys = floor_rule(B, L)
+    shared = DEC_WARPS * (16 + 4 * 16) * D * 2
+    per_sm = min(3, 228 * 1024 // (shared + 1024))
+    wave = sms * per_sm * DEC_WARPS // (B * HKV)
+    splits = max(DEC_WARPS, max(1, min(wave, -(-L // min_keys))) // DEC_WARPS * DEC_WARPS)
+    return SimpleNamespace(rows_per_warp=16, row_groups=1, block_n=16, splits=splits, shared_bytes=shared,
+                           blocks_per_sm=per_sm)
+
+
+def floor_rule(B, L, Hkv=HKV, groups=1, lo=16, hi=64):
+    """Tutorial 09's decode_floor: every key of the B Hkv groups caches over about FLOOR_WARPS warps, the floor kept
+    within [lo, hi] (16: one tile a warp; 64: the floor where the wave is full anyway)."""
+    return min(hi, max(lo, B * Hkv * groups * L // FLOOR_WARPS))
+
+
+def floor_table(cases=FLOOR_CASES, choices=FLOOR_CHOICES, machine: Machine = H100) -> list:
+    """The model's kernel µs (ncu, no launch) at each split floor, per case: [{B, L, us: {floor: µs}, best, rule,
+    rule_us}] (best: the fastest floor; rule: floor_rule's)."""
+    rows = []
+    for B, L in cases:
+        us = {mk: decode_model(B, L, profile_plan(B, L, mk), machine).ncu_us for mk in choices}
+        rule = floor_rule(B, L)
+        rows.append({"B": B, "L": L, "us": us, "best": min(us, key=lambda mk: (round(us[mk], 2), -mk)), "rule": rule,
+                     "rule_us": decode_model(B, L, profile_plan(B, L, rule), machine).ncu_us})
+    return rows
+
+
+def floor_table_text(rows) -> str:
+    """floor_table as markdown: a row per case, the model's µs at each floor, the best and the rule's pick."""
+    choices = list(rows[0]["us"]) if rows else []
+    out = ["| B | cache | " + " | ".join(f"min_keys {mk} µs" for mk in choices) + " | fastest | rule (µs) | "
+           "rule vs 64 |", "|---" * (len(choices) + 5) + "|"]
+    for r in rows:
+        out.append(f"| {r['B']} | {r['L']} | " + " | ".join(f"{r['us'][mk]:.1f}" for mk in choices)
+                   + f" | {r['best']} | {r['rule']} ({r['rule_us']:.1f}) | "
+                   + (f"{r['us'][64] / r['rule_us']:.2f}x |" if 64 in r["us"] else "- |"))
+    return "\n".join(out)
 
 
 # -- the table from Nsight Compute's reports and the timings ---------------------------------------------------------
@@ -502,6 +560,16 @@ def profile_reading(rows: list) -> list:
         say += variant_verdict(by[label], EARLY, dur, t, "H11")
         say += variant_verdict(by[label], BOTH, dur, t, "H12")
         say += variant_verdict(by[label], FLOOR_BOTH, dur, t, "H13")
+        fl = get(label, "launches", DEFAULT_FLOOR) or {}
+        if fl.get("duration_us") is not None and dur is not None:
+            fb, cl = t.get("floor bench clean"), t.get("bench clean")
+            say.append(f"H14 the plan's floor (decode_floor) against min_keys={FIT_MIN_KEYS}: ncu "
+                       f"{fl['duration_us']:.1f} µs against {dur:.1f} ({dur / fl['duration_us']:.2f}x; bench clean "
+                       f"{_f(fb)} against {_f(cl)}) -> " + (
+                           "the new default is faster, as the model said" if fl["duration_us"] < 0.97 * dur else
+                           "no gain: revisit decode_floor with bench-decode-floor's sweep"
+                           if fl["duration_us"] <= 1.03 * dur else
+                           "SLOWER than min_keys=64: decode_floor's rule is wrong here (see bench-decode-floor)"))
         if fused.get("read_over_cache") is not None:
             rc = fused["read_over_cache"]
             say.append(f"H6 bytes: DRAM read {rc:.2f}x the cache -> "
@@ -541,7 +609,11 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
         full = torch.full((B,), L, dtype=torch.int32, device=device)
         empty = torch.zeros(B, dtype=torch.int32, device=device)
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), kc.float(), vc.float(), enable_gqa=True)
-        plan = t["decode_plan"](B, HKV, HQ // HKV, NQ, L, D, t["SMS"])
+        plan = t["decode_plan"](B, HKV, HQ // HKV, NQ, L, D, t["SMS"], FIT_MIN_KEYS)
+        dplan = t["decode_plan"](B, HKV, HQ // HKV, NQ, L, D, t["SMS"])      # the op's own (decode_floor)
+        # the fitted figures' floor: the op itself where its plan is that one, else the launcher at FIT_MIN_KEYS
+        fit_op = op if dplan.splits == plan.splits else (
+            lambda *a: t["decode_attention"](*a, min_keys=FIT_MIN_KEYS))
         vplan = t["decode_plan"](B, HKV, HQ // HKV, NQ, L, D, t["SMS"], VARIANT_MIN_KEYS)
         model = decode_model(B, L, plan)
         label = model.label
@@ -590,6 +662,8 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
             if small:
                 launches[MERGE] = (f"decode_fused_{dt}_d{D}_m16_l{MERGE_LOADS}", plan,
                                    lambda: fused_args(plan, full))
+        if dplan.splits != plan.splits:        # the op's floor is not the fitted one: its launch beside
+            launches[DEFAULT_FLOOR] = (f"decode_fused_{dt}_d{D}_m16", dplan, lambda: fused_args(dplan, full))
         if decode_model(B, L, vplan).tiles_per_warp != model.tiles_per_warp:    # a shorter chain of tiles
             launches[f"fused, min_keys={VARIANT_MIN_KEYS}"] = (f"decode_fused_{dt}_d{D}_m16", vplan,
                                                                lambda: fused_args(vplan, full))
@@ -611,12 +685,14 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
         variant = lambda *a: t["decode_attention"](*a, min_keys=VARIANT_MIN_KEYS)  # noqa: E731
         merge = lambda *a: t["decode_attention"](*a, merge_loads=MERGE_LOADS)  # noqa: E731
         online = lambda *a: t["decode_attention"](*a, merge="online")  # noqa: E731
-        timed = [("bench write", op, inputs, {"flush_l2": "write"}),
-                 ("bench clean", op, inputs, {"flush_l2": "clean"}),
-                 ("bench no flush", op, inputs, {"flush_l2": False}),
-                 ("graph", op, inputs, {"flush_l2": False, "cuda_graph": True})]
+        timed = [("bench write", fit_op, inputs, {"flush_l2": "write"}),
+                 ("bench clean", fit_op, inputs, {"flush_l2": "clean"}),
+                 ("bench no flush", fit_op, inputs, {"flush_l2": False}),
+                 ("graph", fit_op, inputs, {"flush_l2": False, "cuda_graph": True})]
         if "fused, no keys" in launches:
-            timed.append(("bench clean, no keys", op, inputs_empty, {"flush_l2": "clean"}))
+            timed.append(("bench clean, no keys", fit_op, inputs_empty, {"flush_l2": "clean"}))
+        if DEFAULT_FLOOR in launches:
+            timed.append(("floor bench clean", op, inputs, {"flush_l2": "clean"}))
         if f"fused, min_keys={VARIANT_MIN_KEYS}" in launches:
             timed += [("variant bench write", variant, inputs, {"flush_l2": "write"}),
                       ("variant bench clean", variant, inputs, {"flush_l2": "clean"})]
@@ -661,6 +737,9 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
                           decode_model(B, L, plan, dataclasses.replace(H100, merge_unroll=MERGE_LOADS)),
                           decode_model(B, L, plan, dataclasses.replace(H100, merge="online")))
         rows.append(row)
+        if fit_op is not op:
+            log(f"  {label}: the op's floor gives {dplan.splits} splits; bench and graph timings are the "
+                f"launcher at min_keys={FIT_MIN_KEYS} ({plan.splits} splits), as the model was fitted")
         log(f"{label}: model {model.bench_us:.1f} µs (clean {model.clean_us:.1f}; blames {model.blame}); "
             + ", ".join(f"{k} {v:.1f} µs" for k, v in timings.items()) + "; ncu "
             + ", ".join(f"{k} {_f(v['duration_us'])} µs" for k, v in row["launches"].items())
@@ -675,6 +754,95 @@ def run(t, torch, out: pathlib.Path, copy_gbps=None, cases=PROFILE_CASES, budget
     (out / "decode_profile.md").write_text(text + "\n")
     log(f"\n{time.time() - t0:.0f} s in all; the model's constants: {asdict(H100)}\n")
     log(text)
+    if failed:
+        log(f"\nFAILED: {'; '.join(failed)}")
+    return 1 if failed else 0
+
+
+# -- the split floor on the GPU: the plan's default (decode_floor) against min_keys 64 ------------------------------
+FLOOR_SWEEP_CASES = ((1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192))      # (B, cache length)
+
+
+def floor_line(B, L, splits, splits_64, floor, us: dict) -> str:
+    """One case's line: the launcher at its plan's default floor and at min_keys 64 under each flush, the ratio (> 1:
+    the default is faster), the op as called, the sweep at 16/32/64, the model's ratio."""
+    ratio = {f: us[(f, FIT_MIN_KEYS)] / us[(f, "default")] for f in ("clean", "write")
+             if us.get((f, "default")) and us.get((f, FIT_MIN_KEYS))}
+    pred = decode_model(B, L, profile_plan(B, L, FIT_MIN_KEYS)).ncu_us / decode_model(
+        B, L, profile_plan(B, L, floor)).ncu_us
+    sweep = ", ".join(f"{mk} {_f(us.get(('clean', mk)))}" for mk in FLOOR_CHOICES)
+    if splits == splits_64:
+        verdict = " -> the same plan as min_keys 64 (the ratio is noise)"
+    elif "clean" not in ratio:
+        verdict = ""
+    else:
+        verdict = (" -> default faster" if ratio["clean"] > 1.03 else " -> SLOWER than min_keys=64: decode_floor's "
+                   "rule is wrong here" if ratio["clean"] < 0.97 else " -> the same within 3 %")
+    return (f"B={B} cache={L}: default min_keys {floor} ({splits} splits) clean {_f(us.get(('clean', 'default')))} µs "
+            f"/ write {_f(us.get(('write', 'default')))}; min_keys={FIT_MIN_KEYS} ({splits_64} splits) clean "
+            f"{_f(us.get(('clean', FIT_MIN_KEYS)))} / write {_f(us.get(('write', FIT_MIN_KEYS)))}; 64 / default: "
+            f"clean {_f(ratio.get('clean'), '{:.2f}x')}, write {_f(ratio.get('write'), '{:.2f}x')} (model "
+            f"{pred:.2f}x); the op as called clean {_f(us.get(('clean', 'op')))}; clean at min_keys {sweep}{verdict}")
+
+
+def floor_sweep(t, torch, out: pathlib.Path | None = None, cases=FLOOR_SWEEP_CASES, log=print, device="cuda",
+                op=None, bench=None) -> int:
+    """The suite bench-decode-floor: at each case tutorial 09's launcher with its plan's default floor (decode_floor)
+    and at min_keys 16, 32 and 64 (the old default), and the op as called (torch.ops.kl.decode_attention: the default
+    floor behind the dispatcher), each checked against SDPA in fp32, timed by kernellab.bench with a clean L2 (the
+    default and 64 with a written one too); a line per case (both, the ratio, the model's ratio) and the model's
+    table. Default and 64 are both the launcher, so the ratio is the floor's alone. Returns 1 where a check failed or,
+    where the plans differ, the default is more than 3 % slower than min_keys 64 (clean L2)."""
+    if bench is None:
+        import kernellab
+
+        bench = kernellab.bench
+    op = op or torch.ops.kl.decode_attention
+    failed, lines, rows = [], [], []
+    for B, L in cases:
+        def inputs(gen, B=B, L=L):
+            qq = torch.randn(B, HQ, NQ, D, generator=gen, device=device).to(torch.bfloat16)
+            k2, v2 = (torch.randn(B, HKV, L, D, generator=gen, device=device).to(torch.bfloat16) for _ in range(2))
+            return qq, k2, v2, torch.full((B,), L, dtype=torch.int32, device=device)
+
+        args = inputs(torch.Generator(device).manual_seed(0))
+        ref = torch.nn.functional.scaled_dot_product_attention(*(x.float() for x in args[:3]), enable_gqa=True)
+        floor = floor_rule(B, L)
+        splits = t["decode_plan"](B, HKV, HQ // HKV, NQ, L, D, t["SMS"]).splits
+        splits_64 = t["decode_plan"](B, HKV, HQ // HKV, NQ, L, D, t["SMS"], FIT_MIN_KEYS).splits
+        fns = {"default": lambda *a: t["decode_attention"](*a), "op": op,
+               **{mk: (lambda *a, mk=mk: t["decode_attention"](*a, min_keys=mk)) for mk in FLOOR_CHOICES}}
+        us = {}
+        for key, fn in fns.items():
+            err = (fn(*args).float() - ref).abs().max().item()
+            if not err < 3e-2:
+                failed.append(f"B={B} cache={L} {key}: max error {err:.2e} against SDPA in fp32")
+                log(f"  ! B={B} cache={L} {key} FAILED its check: max error {err:.2e}")
+            for flush in ("clean", "write") if key in ("default", FIT_MIN_KEYS) else ("clean",):
+                try:
+                    r = bench(fn, inputs, rep_ms=40.0, rounds=5, generator_device=device, verify=False,
+                              flush_l2=flush)
+                    us[(flush, key)] = r.median_ms * 1e3
+                except Exception as exc:  # noqa: BLE001 - say what failed, go on
+                    failed.append(f"B={B} cache={L} {key} {flush}: {type(exc).__name__}: {str(exc)[:120]}")
+                    log(f"  ! B={B} cache={L} {key} {flush}: {type(exc).__name__}: {str(exc)[:200]}")
+        line = floor_line(B, L, splits, splits_64, floor, us)
+        if splits != splits_64 and us.get(("clean", "default")) and us.get(("clean", FIT_MIN_KEYS)) and \
+                us[("clean", "default")] > 1.03 * us[("clean", FIT_MIN_KEYS)]:
+            failed.append(f"B={B} cache={L}: the default floor is slower than min_keys={FIT_MIN_KEYS}")
+        log(line)
+        lines.append(line)
+        rows.append({"B": B, "L": L, "floor": floor, "splits": splits, "splits_64": splits_64,
+                     "us": {f"{f} {k}": v for (f, k), v in us.items()}})
+        del args
+    text = ("the model's kernel µs by split floor (H100 constants; decode_floor's pick):\n"
+            + floor_table_text(floor_table()) + "\n\nmeasured (kernellab.bench, µs):\n" + "\n".join(lines))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        name = torch.cuda.get_device_name() if device == "cuda" else device
+        (out / "decode_floor.json").write_text(json.dumps({"device": name, "rows": rows}, indent=1))
+        (out / "decode_floor.md").write_text(text + "\n")
+    log("\n" + text)
     if failed:
         log(f"\nFAILED: {'; '.join(failed)}")
     return 1 if failed else 0

@@ -888,7 +888,9 @@ import kernellab
 GQA_BLOCK_M, GQA_BLOCK_N, GQA_THREADS = 128, 64, 128       # GQA_MT * 16 * GQA_NWARPS rows, GQA_BN keys (the cell)
 DEC_WARPS = 4                                              # DEC_NWARPS: one split per warp
 DEC_BLOCK_N = {64: 32, 128: 16}                            # keys per tile: 8 KB of K and V a stage at either d
-DEC_MIN_KEYS = 64                                          # a split walks at least this many keys
+DEC_MIN_KEYS = 64                                          # the split floor where one wave is full anyway
+DEC_MIN_KEYS_SHORT = 16                                    # the lowest floor: one 16-key tile a warp at d = 128
+DEC_FLOOR_WARPS = 256                                      # short caches: all keys over about this many warps
 SM_SHARED_BYTES = 228 * 1024                               # shared memory per SM (sm_90), 1 KB of it per block reserved
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -991,16 +993,29 @@ class DecodePlan:
         return lambda B, Hkv: (self.splits // DEC_WARPS, B * Hkv, self.row_groups)
 
 
+def decode_floor(B, Hkv, groups, Nmax, block_n=DEC_BLOCK_N[128]):
+    """The plan's default split floor (keys a warp walks at least): every key of the B * Hkv * groups triples' Nmax
+    caches spread over about DEC_FLOOR_WARPS warps (64 blocks), between DEC_MIN_KEYS_SHORT (and one tile of block_n
+    keys: a shorter split would leave warps without a tile) and DEC_MIN_KEYS. Chosen
+    with benchmarks/decode_profile.py's latency model (benchmarks/NOTES-attention-inference.md, "the split floor"): at
+    Hq 32 / Hkv 8, d = 128 it gives 16 at B = 1 with 512 positions, 32 at 1k and 64 from 2k, and 64 from B = 4;
+    short caches get shorter chains of tiles, long ones no more block partials to merge than the wave needs."""
+    return min(DEC_MIN_KEYS, max(DEC_MIN_KEYS_SHORT, block_n, B * Hkv * groups * Nmax // DEC_FLOOR_WARPS))
+
+
 @functools.lru_cache(maxsize=1024)
-def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS, min_keys=DEC_MIN_KEYS):
+def decode_plan(B, Hkv, G, nq, Nmax, d, sms=SMS, min_keys=None):
     """Rows per warp (32 only at d = 64, where it does not spill), the row groups that cover G * nq rows, and the
     splits: as many blocks as one wave holds (blocks_per_sm a SM, from shared memory and registers, times the SMs),
     shared evenly by the B * Hkv * row_groups (sequence, KV head, row group) triples, each warp at least min_keys
-    keys of an Nmax cache, a multiple of DEC_WARPS. Planned once per shape (cached): the call's host path is a lookup."""
+    keys of an Nmax cache (None: decode_floor's), a multiple of DEC_WARPS. Planned once per shape (cached): the
+    call's host path is a lookup."""
     rows = G * nq
     rows_per_warp = 32 if d == 64 and rows > 16 else 16
     groups = -(-rows // rows_per_warp)
     block_n = DEC_BLOCK_N[d]
+    if min_keys is None:
+        min_keys = decode_floor(B, Hkv, groups, Nmax, block_n)
     shared = DEC_WARPS * (rows_per_warp + 4 * block_n) * d * 2
     per_sm = min(3, SM_SHARED_BYTES // (shared + 1024))             # blocks an SM holds (registers allow 3, or 2
     per_sm = min(per_sm, 2 if rows_per_warp == 32 else 3)           # with 32 rows a warp)
@@ -1043,13 +1058,13 @@ def _decode_args(q, k_cache, v_cache, cache_seqlens, what):
                          f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, merge_loads=8, merge="shared",
+def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=None, merge_loads=8, merge="shared",
                      early=False):
     """Attention of nq new tokens per sequence against its KV cache, split along the keys (flash-decoding), in one
     launch: the last block of each (sequence, KV head, row group) merges the splits' partials.
     q: [B, Hq, nq, d]; k_cache, v_cache: [B, Hkv, Nmax, d]; cache_seqlens: [B] int32 (values above Nmax read as
     Nmax). Token i of sequence b sees keys 0 .. cache_seqlens[b] - nq + i; a token that sees none gets zeros.
-    min_keys: the fewest keys a split walks (decode_plan). merge_loads: partials a thread of the last block keeps
+    min_keys: the fewest keys a split walks (None: the plan's default, decode_floor). merge_loads: partials a thread of the last block keeps
     in flight (8; 16, a variant the decode profile times, at d = 128). merge: how the last block merges, "shared"
     (weights through shared memory, then the o loads) or "online" (one pass, 16 partials' lse and o in flight; a
     variant the decode profile times, at d = 128 with 16 rows a warp). early: each warp asks for its first tile before
@@ -1080,7 +1095,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS, 
     return out
 
 
-def decode_attention_two_kernels(q, k_cache, v_cache, cache_seqlens, min_keys=DEC_MIN_KEYS):
+def decode_attention_two_kernels(q, k_cache, v_cache, cache_seqlens, min_keys=None):
     """decode_attention as the split kernel and a separate combine kernel (two launches): the tutorial's first
     decoding step, kept to measure the fused one against; same arguments and result."""
     _decode_args(q, k_cache, v_cache, cache_seqlens, "decode_attention")
@@ -1193,15 +1208,22 @@ for B, Hkv, G, nq, Nmax, d in ((1, 8, 4, 1, 131072, 128), (1, 8, 4, 1, 1024, 128
 # triple has a single block (`B Hkv` fills the wave by itself) that block writes the output directly, no ticket.
 # This is tutorial 03's single-pass reduction (the last block finishes the sum) applied to the softmax merge.
 #
-# The plan (`decode_plan`) is unchanged: as many blocks as one wave holds (two per SM at `d = 128`: 80 KB of shared
-# memory each), shared by the `B Hkv` triples, at least `DEC_MIN_KEYS = 64` keys a warp; at `B = 1`, 8k that is 32
-# blocks a head, 256 in all for 264 places. It is cached per shape, and the two partial buffers are one allocation.
+# The plan (`decode_plan`) is the two-kernel step's: as many blocks as one wave holds (two per SM at `d = 128`: 80 KB
+# of shared memory each), shared by the `B Hkv` triples, each warp walking at least a floor of keys; at `B = 1`, 8k
+# that is 32 blocks a head, 256 in all for 264 places. It is cached per shape, and the two partial buffers are one
+# allocation. The floor (`decode_floor`, a function of `Nmax`) is `DEC_MIN_KEYS = 64` where the wave is full anyway;
+# a short cache's keys are spread over about `DEC_FLOOR_WARPS = 256` warps, down to 16 (one tile a warp), so each
+# warp's chain of dependent tile loads is shorter without more block partials than the merge can take cheaply. The
+# rule is the latency model's choice (`benchmarks/decode_profile.py`, `floor_table`): at `B = 1` it gives 16 keys at
+# 512 positions, 32 at 1k (two tiles a warp instead of four: predicted 8.9 µs against 11.5 under Nsight Compute on an
+# H100) and 64 from 2k, where the cache's stream, not the chain, sets the time; from `B = 4`, 64 at every cache.
+# `decode_attention(..., min_keys=64)` keeps the old floor.
 #
 # **Predictions** (H100, `B = 1`, `Hq = 32`, `Hkv = 8`, `d = 128`, kernellab.bench): the split kernel's 9.8-11 µs,
 # plus a tail of about 1.5 µs (the last block's fence, ticket and a 64 KB merge from L2), no second launch: about
 # 13 µs at 8k, **80-85 % of copy** (from 37 %), about 2.3x the two-kernel step, >= 1.0x cuDNN (its two kernels and the
 # gap between them). At 128k the gain is the combine's 5.9 µs less the tail, 2-3 %. At 1k (4 MB, 16 warps a head, 32
-# blocks on 132 SMs) the launch still dominates: about 6 µs, 25 % of copy, 2x the two-kernel step. Back to back
+# blocks on 132 SMs at the floor of 64 then) the launch still dominates: about 6 µs, 25 % of copy, 2x the two-kernel step. Back to back
 # (`sustained`) the call is host-bound: one launch and one allocation fewer and the plan a lookup should take about
 # 40 % off the 115 µs measured at 8k.
 
@@ -1444,9 +1466,9 @@ kernellab.grade("09-gqa-scores", gqa_scores)
 # - **One launch.** The merge needs every split's partial, which is a reason for a second kernel only until the
 #   blocks can tell which of them finishes last: a fence, an atomic ticket and a counter that the last block resets
 #   make the combine the tail of the split kernel, and small caches stop paying for a launch and its ramp.
-# - **What is left.** The split floor (`DEC_MIN_KEYS`) tuned on the measured sweep in
-#   `benchmarks/attention_inference.py`, a paged KV cache (a block table per sequence), and the cache in fp8 (half the
-#   bytes: twice the speed of a memory-bound step). At `B = 1` a call still carries a fixed part of about 9 µs under
+# - **What is left.** The split floor's rule (`decode_floor`, from the latency model) confirmed by the GPU's sweep
+#   (`benchmarks/attention_inference.py --part decode --floor`: 16, 32, 64 at 512 to 8k), a paged KV cache (a block
+#   table per sequence), and the cache in fp8 (half the bytes: twice the speed of a memory-bound step). At `B = 1` a call still carries a fixed part of about 9 µs under
 #   Nsight Compute (the launch with empty caches): the grid's start, its dispatch, `cache_seqlens` read before any
 #   tile is asked for, and the last block's eight serial round trips to L2 (fence, ticket, `lse` twice, the `o` loads).
 #   Two variants of the fused kernel aim at it, `decode_attention(merge="online")` (the merge in one pass: a running

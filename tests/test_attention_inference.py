@@ -231,6 +231,33 @@ def test_the_fused_decode_merges_many_block_partials_on_the_emulator(t09, dtype,
 
 
 @needs_cxx
+@pytest.mark.parametrize("dtype, Hq, Hkv, lens", [
+    (torch.bfloat16, 4, 1, (1, 63, 65, 1000, 1031)),            # GQA 4, a batch of awkward lengths: floor 20
+    (torch.float16, 2, 2, (63, 1031)),                          # MHA (GQA 1), two KV heads: floor 16
+    (torch.bfloat16, 8, 1, (4097,)),                            # GQA 8, 4097 keys: floor 16, 64 blocks a head
+])
+def test_the_decode_at_the_plans_default_floor_on_the_emulator(t09, dtype, Hq, Hkv, lens):
+    """decode_attention as called (no min_keys): on short caches decode_floor gives fewer keys a warp than the old
+    64, so more splits and block partials; the kernels are the same, the grid and splits not. Against float64, and
+    against the same call at min_keys=64."""
+    g = torch.Generator().manual_seed(sum(lens) + Hq)
+    B, d, Nmax = len(lens), 128, max(lens) + 5
+    q = torch.randn(B, Hq, 1, d, generator=g).to(dtype)
+    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype) for _ in range(2))
+    sl = torch.tensor(lens, dtype=torch.int32)
+    floor = t09["decode_floor"](B, Hkv, 1, Nmax)
+    plan, old = (t09["decode_plan"](B, Hkv, Hq // Hkv, 1, Nmax, d, 132, mk) for mk in (None, 64))
+    assert floor < 64 and plan == t09["decode_plan"](B, Hkv, Hq // Hkv, 1, Nmax, d, 132, floor)
+    assert plan.splits > old.splits and plan.splits // 4 > 1, (plan, old)
+    out = t09["decode_attention"](q, kc, vc, sl)
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    err = (out.double() - ref).abs().max().item()
+    assert err < tol(dtype), err
+    at64 = t09["decode_attention"](q, kc, vc, sl, min_keys=64)
+    assert (at64.double() - out.double()).abs().max().item() <= 2 * tol(dtype) / 3   # the same merge, other splits
+
+
+@needs_cxx
 @pytest.mark.parametrize("dtype, lens", [(torch.bfloat16, (1031, 333)), (torch.float16, (1000, 0))])
 def test_the_merge_with_16_loads_in_flight_on_the_emulator(t09, dtype, lens):
     """decode_attention(merge_loads=16), the decode profile's variant: the last block keeps 16 partials in flight. At
@@ -337,7 +364,11 @@ def test_the_split_plan_fills_one_wave(t09):
         wave = 132 * p.blocks_per_sm
         assert p.splits % 4 == 0 and wave // 2 < blocks <= wave, (B, Hkv, G, Nmax, p)     # between half and one wave
         assert p.row_groups * p.rows_per_warp >= G * nq
-    assert plan(1, 8, 4, 1, 1024, 128, sms=132).splits == 16           # 64 keys a split at least
+    assert plan(1, 8, 4, 1, 1024, 128, sms=132).splits == 32           # decode_floor at 1k: 32 keys a split
+    assert plan(1, 8, 4, 1, 1024, 128, sms=132, min_keys=64).splits == 16   # the override: 64 keys a split at least
+    assert plan(1, 8, 4, 1, 512, 128, sms=132).splits == 32            # 16 keys a split: one tile a warp
+    assert plan(1, 8, 4, 1, 2048, 128, sms=132).splits == 32           # from 2k the floor is 64 again
+    assert plan(1, 8, 4, 1, 512, 64, sms=132).splits == 16             # d = 64: at least a 32-key tile a warp
     assert plan(64, 8, 4, 1, 8192, 128, sms=132).splits == 4           # more heads than a wave: the least, 4
     p = plan(1, 8, 8, 4, 8192, 64, sms=132)                            # 32 rows at d = 64: one warp takes them
     assert (p.rows_per_warp, p.row_groups) == (32, 1)

@@ -23,7 +23,10 @@ FAKE = ROOT / "tests" / "fixtures" / "ncu_decode_fused_fake.csv"
 
 def plan(B, L, min_keys=64, sms=132):
     """Tutorial 09's decode_plan at Hq 32 / Hkv 8, d 128, one token (its arithmetic, for the model's inputs; the
-    notebook prints the same splits for these shapes)."""
+    notebook prints the same splits for these shapes). min_keys 64 unless given: the floor every golden figure here
+    was measured with (dp.FIT_MIN_KEYS); None: the plan's default (dp.floor_rule, tutorial 09's decode_floor)."""
+    if min_keys is None:
+        min_keys = dp.floor_rule(B, L)
     shared = 4 * (16 + 4 * 16) * 128 * 2
     per_sm = min(3, 228 * 1024 // (shared + 1024))
     wave = sms * per_sm * 4 // (B * 8)
@@ -222,7 +225,7 @@ def fake_tutorial(torch, calls):
              "decode_fused_bf16_d128_m16_online", "decode_fused_bf16_d128_m16_early",
              "decode_fused_bf16_d128_m16_online_early")
     return {"SMS": 132, "decode_attention": decode,
-            "decode_plan": lambda B, Hkv, G, nq, L, d, sms, min_keys=64: SimpleNamespace(
+            "decode_plan": lambda B, Hkv, G, nq, L, d, sms, min_keys=None: SimpleNamespace(
                 **vars(plan(B, L, min_keys, sms)), grid=lambda B_, Hkv_, p=plan(B, L, min_keys, sms):
                 (p.splits // 4, B_ * Hkv_, 1)),
             "decode_kernels": {n: FakeKernel(n, calls) for n in names}}
@@ -253,7 +256,8 @@ def test_the_suite_end_to_end_on_the_cpu_with_fakes(tmp_path):
                         ("decode_fused_bf16_d128_m16_online", 0, (4, 8, 1)),      # no keys
                         ("decode_fused_bf16_d128_m16_early", 1024, (4, 8, 1)),    # the early first tile, and with
                         ("decode_fused_bf16_d128_m16_online_early", 1024, (4, 8, 1)),   # the online merge
-                        ("decode_fused_bf16_d128_m16_online_early", 1024, (16, 8, 1))}  # both, min_keys=16
+                        ("decode_fused_bf16_d128_m16_online_early", 1024, (16, 8, 1)),  # both, min_keys=16
+                        ("decode_fused_bf16_d128_m16", 1024, (8, 8, 1))}     # the op's floor (32): 32 splits
     for name, grid, block, args, shared, metrics in calls:
         assert block == 128 and shared == 4 * (16 + 64) * 128 * 2 and "gpu__time_duration.sum" in metrics
         assert len(args) == (12 if "fused" in name else 11)
@@ -264,6 +268,9 @@ def test_the_suite_end_to_end_on_the_cpu_with_fakes(tmp_path):
             assert tuple(args[4].shape) == (32, grid[0], 128) and tuple(args[5].shape) == (32, grid[0])
     assert {k.get("flush_l2") for k in timed} == {"write", "clean", False}
     assert any(k.get("cuda_graph") for k in timed)
+    # the op's floor differs from the fitted one at 1k: its own launch, and a line against min_keys 64
+    assert "H14 the plan's floor (decode_floor) against min_keys=64: ncu 9.0 µs against 9.0 (1.00x" in said[-1]
+    assert any("the op's floor gives 32 splits" in x for x in said)
     assert (tmp_path / "decode_profile.json").exists() and (tmp_path / "decode_profile.md").exists()
     text = said[-1]                              # printed last: the table, then the reading
     assert text.splitlines()[0].startswith("| case |") and "| B=1 cache=1024 | 32 / 0.12 |" in text
@@ -310,11 +317,86 @@ def test_the_models_plan_is_tutorial_09s():
 
     from notebook_cells import load_tutorial
 
-    decode_plan = load_tutorial(T09, compile=EmulatedModule)["decode_plan"]
-    for B, L in dp.PROFILE_CASES:
-        for min_keys in (64, dp.VARIANT_MIN_KEYS):
+    t = load_tutorial(T09, compile=EmulatedModule)
+    decode_plan = t["decode_plan"]
+    for B, L in dp.PROFILE_CASES + dp.FLOOR_CASES:
+        for min_keys in (64, dp.VARIANT_MIN_KEYS, 32, None):
             real, ours = decode_plan(B, 8, 4, 1, L, 128, 132, min_keys), plan(B, L, min_keys)
             assert {k: getattr(real, k) for k in vars(ours)} == vars(ours), (B, L, min_keys)
+            assert vars(dp.profile_plan(B, L, min_keys)) == vars(ours), (B, L, min_keys)
+        assert t["decode_floor"](B, 8, 1, L) == dp.floor_rule(B, L), (B, L)
+    assert dp.FLOOR_WARPS == t["DEC_FLOOR_WARPS"] and max(dp.FLOOR_CHOICES) == dp.FIT_MIN_KEYS == t["DEC_MIN_KEYS"]
+    assert min(dp.FLOOR_CHOICES) == t["DEC_MIN_KEYS_SHORT"]
+
+
+def test_the_split_floor_rule_is_the_models_choice():
+    """decode_floor's rule against the model at B = 1, 4, 8 and caches 512 to 8k (Hq 32 / Hkv 8, d = 128): within 5 %
+    of the model's fastest floor of 16, 32, 64 at every case, never slower than the old 64, faster by more than 20 %
+    where a short cache leaves the wave mostly empty (B = 1, 512 and 1k), and the old 64 from 2k at B = 1 and from
+    B = 4 (where the wave is full or the cache's stream, not the chain, sets the time)."""
+    rows = dp.floor_table()
+    assert [(r["B"], r["L"]) for r in rows] == list(dp.FLOOR_CASES)
+    for r in rows:
+        best = r["us"][r["best"]]
+        assert r["rule_us"] <= 1.05 * best, r
+        assert r["rule_us"] <= r["us"][64] + 1e-9, r
+    by = {(r["B"], r["L"]): r for r in rows}
+    assert by[(1, 512)]["rule"] == 16 and by[(1, 1024)]["rule"] == 32
+    assert all(by[(1, L)]["us"][64] > 1.2 * by[(1, L)]["rule_us"] for L in (512, 1024))
+    assert all(r["rule"] == 64 for r in rows if r["B"] > 1 or r["L"] >= 2048)
+    # the model says why: at B = 1, 1k the old floor's 4 tiles a warp in series (chain 4 µs) against 2 at 32
+    old, new = dp.decode_model(1, 1024, plan(1, 1024)), dp.decode_model(1, 1024, plan(1, 1024, None))
+    assert (old.tiles_per_warp, new.tiles_per_warp) == (4, 2) and new.chain_us < old.chain_us
+    text = dp.floor_table_text(rows)
+    assert text.splitlines()[0].startswith("| B | cache | min_keys 16 µs") and "| 1 | 1024 |" in text
+    assert "| 32 | 32 (8.9) | 1.30x |" in text
+
+
+def test_the_floor_sweep_on_the_cpu_with_fakes(tmp_path):
+    """floor_sweep(): each case checked and timed (the launcher at its default floor and at 16, 32, 64; the op as
+    called), a line per case with the ratio of the two launchers, the model's table; a default slower than min_keys 64
+    fails the suite where the plans differ, not where they are the same plan (the ratio is then noise)."""
+    torch = pytest.importorskip("torch")
+    calls, used = [], []
+    t = fake_tutorial(torch, calls)
+    sdpa = t["decode_attention"]
+
+    def decode(*a, min_keys=None, **kw):
+        used.append(min_keys)
+        return sdpa(*a, min_keys=min_keys, **kw)
+
+    t["decode_attention"] = decode
+    times_us = {}
+
+    def bench(fn, inputs, **kw):
+        used.clear()
+        fn(*inputs(torch.Generator("cpu").manual_seed(0)))
+        key = "op" if not used else used[-1]
+        return SimpleNamespace(median_ms=times_us[key] * (1.5 if kw["flush_l2"] == "write" else 1.0) * 1e-3)
+
+    def op(*a):
+        return sdpa(*a)
+
+    said = []
+    times_us.update({None: 12.0, "op": 12.5, 16: 13.0, 32: 12.0, 64: 15.0})
+    rc = dp.floor_sweep(t, torch, tmp_path, cases=((1, 1024), (1, 4096)), log=said.append, device="cpu", op=op,
+                        bench=bench)
+    assert rc == 0, said
+    line = next(x for x in said if x.startswith("B=1 cache=1024"))
+    assert "default min_keys 32 (32 splits) clean 12.0 µs / write 18.0" in line
+    assert "min_keys=64 (16 splits) clean 15.0 / write 22.5; 64 / default: clean 1.25x, write 1.25x" in line
+    assert "(model 1.30x)" in line and "op as called clean 12.5" in line and "16 13.0, 32 12.0, 64 15.0" in line
+    assert line.endswith("-> default faster")
+    same = next(x for x in said if x.startswith("B=1 cache=4096"))
+    assert "(model 1.00x)" in same and same.endswith("the same plan as min_keys 64 (the ratio is noise)")
+    assert (tmp_path / "decode_floor.md").exists() and "| 1 | 1024 |" in said[-1] and "B=1 cache=4096" in said[-1]
+    said.clear()
+    times_us.update({None: 16.0})                    # the default slower than min_keys 64: the suite fails at 1k only
+    rc = dp.floor_sweep(t, torch, None, cases=((1, 1024), (1, 4096)), log=said.append, device="cpu", op=op,
+                        bench=bench)
+    assert rc == 1 and "B=1 cache=1024: the default floor is slower than min_keys=64" in said[-1]
+    assert "cache=4096: the default" not in said[-1]
+    assert "SLOWER than min_keys=64" in next(x for x in said if x.startswith("B=1 cache=1024"))
 
 
 def test_the_suite_profiles_only_the_open_questions_of_a_large_batch(tmp_path):

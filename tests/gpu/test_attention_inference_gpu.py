@@ -202,6 +202,23 @@ def test_the_two_kernel_step_matches_sdpa_and_the_fused_kernel(t09, dname, d):
     assert ((fused - two).abs() <= 1.01 * ulp).all(), (fused - two).abs().max().item()
 
 
+@pytest.mark.parametrize("L", [512, 1000, 1031, 2048, 4097])
+def test_the_fused_decode_at_the_plans_default_floor(t09, L):
+    """The op's default split floor (decode_floor: 16 to 64 keys a warp on short caches) on awkward cache lengths,
+    B = 1 and a batch of different lengths, GQA 4: against float64 as closely as SDPA, and against min_keys 64."""
+    for lens in ((L,), (L, 1, 63, 65)):
+        q, kc, vc = decode_inputs(len(lens), 32, 8, 1, L, 128, seed=L + len(lens))
+        sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        ref = t09["decode_reference"](q, kc, vc, sl)
+        out = t09["decode_attention"](q, kc, vc, sl).double()
+        sd = F.scaled_dot_product_attention(q, kc, vc, attn_mask=t09["decode_mask"](sl, 1, L), enable_gqa=True)
+        seen = t09["decode_mask"](sl, 1, L).any(-1, keepdim=True).expand_as(ref)
+        theirs = (sd.double() - ref)[seen].abs().max().item()
+        assert within((out - ref).abs().max().item(), theirs, "bf16"), (lens, t09["decode_floor"](len(lens), 8, 1, L))
+        at64 = t09["decode_attention"](q, kc, vc, sl, min_keys=64).double()
+        assert within((at64 - ref).abs().max().item(), theirs, "bf16"), lens
+
+
 @pytest.mark.parametrize("min_keys", [16, 32, 64, 128])
 @pytest.mark.parametrize("L", [8192, 8191, 33000])
 def test_the_fused_decode_for_split_counts_the_benchmark_sweeps(t09, min_keys, L):

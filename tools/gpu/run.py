@@ -206,6 +206,14 @@ SUITES: dict[str, Suite] = {
         "the latency model; last lines: what each outcome means", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--profile", "--out", "{out}"),),
         takes_args=True),
+    "bench-decode-floor": Suite(
+        "benchmarks/attention_inference.py --part decode --floor: tutorial 09's decode at B = 1 (caches 512, 1k, 2k, "
+        "4k, 8k), the launcher with the plan's default split floor (decode_floor) against min_keys 64 (the old "
+        "default), 16 and 32, and the op as called, each checked against SDPA, kernellab.bench clean and written L2; "
+        "last lines: the model's table, then a line per cache with both and the ratio; fails where the plans differ "
+        "and the default is > 3 % slower than min_keys 64", 300,
+        commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--floor", "--out", "{out}"),),
+        takes_args=True),
     "profile-attention-backward": Suite(
         "benchmarks/attention_backward.py --profile: Nsight Compute on tutorial 08's atomic_w8 (preprocess, dK/dV "
         "with dQ reductions, dQ convert), atomic_2d (rung 8: its wavefronts per HMMA and time against its "
