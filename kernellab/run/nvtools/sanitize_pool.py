@@ -228,11 +228,7 @@ class _Process:
     def finish(self, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
         """Close its requests (the target then exits and the tool prints its summary); the rest of its output."""
         if self.fd is not None:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-            self.fd = None
+            self.close_requests()
         elif self.popen.poll() is None:               # never opened: open and close it so the target's open returns
             try:
                 os.close(os.open(self.requests, os.O_WRONLY | os.O_NONBLOCK))
@@ -263,6 +259,10 @@ class _Process:
             self.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        self.close_requests()
+
+    def close_requests(self) -> None:
+        """Close this side of the requests pipe, if open."""
         if self.fd is not None:
             try:
                 os.close(self.fd)
