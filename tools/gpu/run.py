@@ -58,6 +58,16 @@ class Suite:
 PY = "python3"
 GPU_TESTS = "tests/gpu/"
 
+def backward_variant_suite(about: str, select: str, variants: str, *bench_args: str) -> Suite:
+    """A suite for tutorial 08's backward variants: their GPU tests (-k select), then benchmarks/attention_backward.py
+    timing them at N = 4096, d = 64 and 128 beside SDPA (and the variants named)."""
+    return Suite(about, 300, commands=(
+        (PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", "-s", "-k", select,
+         GPU_TESTS + "test_attention_backward_gpu.py"),
+        (PY, "benchmarks/attention_backward.py", "--quick", *bench_args, "--dims", "64,128", "--variants", variants,
+         "--ns", "4096", "--out", "{out}")))
+
+
 SUITES: dict[str, Suite] = {
     "tests-launch": Suite(
         "launching: kernels from CuPy/torch arguments, the launch fast path, TMA descriptors, Numba kernels, faults "
@@ -160,25 +170,16 @@ SUITES: dict[str, Suite] = {
         "rungs, step 3's Hopper backward 'hopper' at d = 64; the fastest per (d, causal) printed as the op's "
         "BWD_OP_VARIANT line) against SDPA FLASH and CUDNN backward at N = 1024, 4096 (B*N = 16k, H*d = 2048), also as called (do_bench, sustained)", 300,
         commands=((PY, "benchmarks/attention_backward.py", "--quick", "--out", "{out}"),), takes_args=True),
-    "hopper-backward": Suite(
-        "tutorial 08's step 3 (the Hopper backward: 384 threads, setmaxnreg 24 / 240; d = 128's kernels not yet run on "
-        "a GPU): its GPU tests (-k hopper: launches at d = 64 and 128, gradients against float64 within 2x SDPA's "
-        "error, agreement with atomic_w8), then the benchmark at d = 64 and 128, N = 4096 against atomic_w8 and SDPA "
-        "FLASH / CUDNN; a table last", 300,
-        commands=((PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", "-s",
-                   "-k", "hopper", GPU_TESTS + "test_attention_backward_gpu.py"),
-                  (PY, "benchmarks/attention_backward.py", "--quick", "--dims", "64,128", "--variants", "hopper,atomic_w8",
-                   "--ns", "4096", "--out", "{out}"))),
-    "bench-attention-backward-2d": Suite(
-        "tutorial 08's rung 8 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp or warp pair, dQ by reductions; "
-        "not yet run on a GPU): its GPU tests (-k atomic_2d: gradients against float64 within 2x SDPA's error, both "
-        "dtypes, d 64/128, causal or not, N = 1 .. 4097), then the benchmark at N = 4096, d = 64 and 128, beside "
-        "atomic_w8 and SDPA FLASH / CUDNN by kernellab.bench (predicted atomic_2d / FLASH 0.9-1.1x at d = 64, "
-        "0.8-1.0x at d = 128); a table last", 300,
-        commands=((PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", "-s",
-                   "-k", "atomic_2d", GPU_TESTS + "test_attention_backward_gpu.py"),
-                  (PY, "benchmarks/attention_backward.py", "--quick", "--no-as-called", "--dims", "64,128",
-                   "--variants", "atomic_2d,atomic_w8", "--ns", "4096", "--out", "{out}"))),
+    "hopper-backward": backward_variant_suite(
+        "tutorial 08's step 3 (the Hopper backward: 384 threads, setmaxnreg 24 / 240): its GPU tests (-k hopper: "
+        "launches at d = 64 and 128, gradients against float64 within 2x SDPA's error, agreement with atomic_w8), then "
+        "the benchmark at d = 64 and 128, N = 4096 against atomic_w8 and SDPA FLASH / CUDNN; a table last",
+        "hopper", "hopper,atomic_w8"),
+    "bench-attention-backward-2d": backward_variant_suite(
+        "tutorial 08's rung 8 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp or warp pair, dQ by reductions): "
+        "its GPU tests (-k atomic_2d: gradients against float64 within 2x SDPA's error, both dtypes, d 64/128, causal "
+        "or not, N = 1 .. 4097), then the benchmark at N = 4096, d = 64 and 128, beside atomic_w8 and SDPA FLASH / "
+        "CUDNN by kernellab.bench; a table last", "atomic_2d", "atomic_2d,atomic_w8", "--no-as-called"),
     "bench-attention": Suite(
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),
