@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # kernels are built once; tests/conftest.py hands the longest files out first (tests/durations.json).
 # Measured on the 2-core machine, quiet, from a fresh clone (kernellab's compile cache in the home directory as earlier
 # runs left it): 8 min 15 s of pytest, 8 min 32 s in all (7298 passed, 1144 skipped); `make test-fast` 2 min 10 s
-# (measured before the last 68 tests were added).
+# when the suite had 7230 tests.
 # Earlier figures (11-20 min) were taken while processes leaked by a fault test (fixed) kept spinning on both cores.
 # `make test-durations` records
 # tests/durations.json. Where the time goes (`PYTEST_ARGS="--durations=0 --junitxml=t.xml"`, a busy machine, before
