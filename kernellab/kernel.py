@@ -662,7 +662,8 @@ class Module(KernelCollection):
 
 
 _WORKER_MODULE = "kernellab.run.launch.worker"
-# The worker's settings object (worker.settings, which set_isolation changes in place) once the worker is imported:
+# The worker's settings object (worker.settings, which set_isolation changes in place; never replace it, reset it in
+# place: a replaced object leaves launches reading the old one) once the worker is imported:
 # a launch reads its `isolate` from here, not through sys.modules and the module (on a cold CPU cache those lookups
 # cost about 4 µs of a launch's 30 on the CPU: benchmarks/launch_overhead.py --cold).
 _WORKER_SETTINGS: list = [None]

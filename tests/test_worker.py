@@ -462,8 +462,8 @@ def test_settings_and_isolation_context():
     W.set_isolation(True, timeout_s=5, diagnose=False)
     try:
         assert (W.settings.isolate, W.settings.timeout_s, W.settings.diagnose) == (True, 5.0, False)
-    finally:
-        W.settings = W.IsolationSettings()
+    finally:                       # reset in place: kernellab.kernel keeps this object (launches read it, not a new one)
+        vars(W.settings).update(vars(W.IsolationSettings()))
 
 
 def test_isolated_run_reads_well():
@@ -779,7 +779,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(Kernel, "sanitize", record("sanitize", "sanitizer-report"))
     monkeypatch.setattr(Kernel, "profile", record("profile", "profile-report"))
     yield seen
-    W.settings = W.IsolationSettings()
+    vars(W.settings).update(vars(W.IsolationSettings()))     # in place: kernellab.kernel keeps this object
 
 
 def test_launch_magic_dispatches(ip, calls, tmp_cache):

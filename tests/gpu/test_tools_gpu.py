@@ -89,7 +89,7 @@ def torch():
 @pytest.fixture(autouse=True)
 def _settings():
     yield
-    W.settings = W.IsolationSettings()
+    vars(W.settings).update(vars(W.IsolationSettings()))     # in place: kernellab.kernel keeps this object
 
 
 def ipc_probe(t) -> tuple[bool, str]:
