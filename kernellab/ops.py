@@ -349,7 +349,7 @@ _PARAMETER = (torch.nn.Parameter if getattr(torch.nn.Parameter, "__torch_functio
 _functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 # torch.compiler.is_compiling() outside TorchScript, without its two Python frames (it calls torch.jit.is_scripting,
 # about 8 µs of a cold call's 15 for all the eager call's guards on the CPU, launch_overhead.py --cold):
-# is_dynamo_compiling(), which TorchDynamo reads as True, or the flag torch.export and a compile session set (what
+# is_dynamo_compiling(), which TorchDynamo reads as True, or the compiling flag torch.export and torch.compile set (what
 # is_compiling() returns). Where this torch lacks either, is_compiling() itself.
 _COMPILING = ("DYNAMO() or COMPILER._is_compiling_flag"
               if hasattr(torch.compiler, "is_dynamo_compiling") and isinstance(
