@@ -167,8 +167,9 @@ SUITES: dict[str, Suite] = {
         tests=(GPU_TESTS + "test_attention_backward_gpu.py",)),
     "bench-attention-backward": Suite(
         "benchmarks/attention_backward.py --quick: tutorial 08's backward (atomics, separate dQ pass, the ladder's "
-        "rungs, step 3's Hopper backward 'hopper' at d = 64; the fastest per (d, causal) printed as the op's "
-        "BWD_OP_VARIANT line) against SDPA FLASH and CUDNN backward at N = 1024, 4096 (B*N = 16k, H*d = 2048), also as called (do_bench, sustained)", 300,
+        "rungs, step 3's Hopper backward 'hopper'; the fastest per (d, causal) printed as the op's BWD_OP_VARIANT "
+        "line) against SDPA FLASH and CUDNN backward at N = 1024, 4096 (B*N = 16k, H*d = 2048), also as called "
+        "(do_bench, sustained)", 300,
         commands=((PY, "benchmarks/attention_backward.py", "--quick", "--out", "{out}"),), takes_args=True),
     "hopper-backward": backward_variant_suite(
         "tutorial 08's step 3 (the Hopper backward: 384 threads, setmaxnreg 24 / 240): its GPU tests (-k hopper: "
@@ -202,8 +203,8 @@ SUITES: dict[str, Suite] = {
         "benchmarks/attention_inference.py --part decode --profile: tutorial 09's one-launch decode at B = 1 (caches "
         "1k, 8k, 32k, 128k) and B = 32 (8k) under Nsight Compute (the fused kernel, the same with empty caches, the "
         "split kernel alone, a lower split floor, the merge variant merge_loads=16, the variants merge='online', "
-        "early=True and both, each against its written prediction): duration, DRAM %, bytes read, occupancy, SMs active, L2 hit rate, top "
-        "stalls; the op by kernellab.bench with the L2 written, read, not flushed and in a CUDA graph; each beside "
+        "early=True and both, each against its written prediction): duration, DRAM %, bytes read, occupancy, SMs "
+        "active, L2 hit rate, top stalls; the op by kernellab.bench with the L2 written, read, not flushed and in a CUDA graph; each beside "
         "the latency model; last lines: what each outcome means", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--profile", "--out", "{out}"),),
         takes_args=True),

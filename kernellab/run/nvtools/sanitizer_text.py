@@ -132,7 +132,8 @@ def parse_report(text: str, tool: str = "memcheck", job: KernelJob | None = None
         if head.startswith(SKIP_HEAD):
             continue
         body = re.sub(r"^(Error|WARN|Warning|INFO)\s*:\s*(\([^)]*\)\s*)?", "", head)
-        f = race_finding(body, details, tool, job) or hazard_finding(body, details, tool, job) or access_finding(body, details, tool, job)
+        f = (race_finding(body, details, tool, job) or hazard_finding(body, details, tool, job)
+             or access_finding(body, details, tool, job))
         if f is None:
             continue
         if f.kind == "race":
