@@ -2341,9 +2341,10 @@ for name, grads in (("kl_flash_attention", ours), ("  under torch.compile", comp
 #   accumulators (`64 x d` per warpgroup) would otherwise cap the tile sizes as they do here.
 #
 # Step 3 above takes the first two and the last (and `wgmma` reads `P^T` and `dS^T` from registers for `dV` and `dK`,
-# so only `dQ = dS K` reads `dS` from shared memory), at head dims 64 and 128 (128 not yet measured); `dQ` still
-# leaves by vector reductions from registers, and the consumers load the LSE and `Dv` themselves. Those are its next
-# rungs; its measurement at `d = 64` is above (1.12x FLASH, 0.66-0.67x CUDNN).
+# so only `dQ = dS K` reads `dS` from shared memory), at head dims 64 and 128; `dQ` still leaves by vector
+# reductions from registers, and the consumers load the LSE and `Dv` themselves. Those are its next rungs; its
+# measurements are above (`d = 64`: 1.11-1.12x FLASH, 0.65-0.67x CUDNN; `d = 128`: 1.04-1.07x FLASH, 0.53-0.57x
+# CUDNN).
 #
 # The measurements of step 2 on an H100 (the benchmark's table, `benchmarks/attention_backward.py`) say which of these
 # matters first: if variant (a) is within a few percent of variant (b), the atomics are not the bottleneck and the
@@ -2404,46 +2405,51 @@ display(Image(str(train_out / "train_gpt2.png")))
 
 # %% [markdown]
 # **Reading the result** (NVIDIA H100 80GB HBM3, torch 2.11, 2026-11-28: the run above, `python3 tools/gpu/run.py
-# notebooks 08`; the table is in docs/RESULTS.md). GPU ms a step: the profiler's CUDA total over its three steps, / 3.
+# notebooks 08`; the tables are in docs/RESULTS.md). GPU ms a step: the profiler's CUDA total over its three steps, / 3.
+# The graphed rows come from `python3 tools/gpu/run.py train-gpt2-graphs` on the same host the same day (its own
+# eager: 39.60 ms, compiled 31.05 ms; its ratios are against those).
 #
 # | configuration | step ms | GPU ms a step (profiler) | vs `eager` | vs `compiled` |
 # |---|---|---|---|---|
-# | `eager` | 39.66 | 38.6 | 1.000x | 0.810x |
-# | `compiled` | 32.11 | 30.2 | 1.235x | 1.000x |
-# | `kernellab` | 53.36 | 36.8 | 0.743x | 0.602x |
-# | `kernellab-compiled` | 43.31 | 31.7 | 0.916x | 0.742x |
-# | `kernellab-attention` | 49.13 | 38.6 | 0.807x | 0.654x |
-# | `kernellab-norm` | 54.95 | 36.8 | 0.722x | 0.584x |
-# | `graphs`, `compiled-graphs`, `kernellab-graphs`, `kernellab-compiled-graphs` | not yet measured | | | |
+# | `eager` | 39.41 | 38.4 | 1.000x | 0.788x |
+# | `compiled` | 31.04 | 29.9 | 1.270x | 1.000x |
+# | `kernellab` | 52.56 | 36.8 | 0.750x | 0.591x |
+# | `kernellab-compiled` | 32.92 | 31.9 | 1.197x | 0.943x |
+# | `kernellab-attention` | 43.58 | 38.5 | 0.904x | 0.712x |
+# | `kernellab-norm` | 37.67 | 36.6 | 1.046x | 0.824x |
+# | `kernellab-graphs` (the step as one CUDA graph) | 36.91 | 36.6 | 1.073x | 0.841x |
+# | `kernellab-compiled-graphs` | 32.28 | 31.9 | 1.227x | 0.962x |
 #
-# *The losses* came out as predicted. Every kernellab curve stays inside the seed band. Its largest gap from
-# `eager` (10-step means) is 0.0007 for both ops (at step 116), 0.0003 for both under `torch.compile`, 0.0008 for the
-# attention alone and 0.0004 for the LayerNorm alone, against 0.128 between seeds 0 and 1. The final losses agree to
-# 4 digits: 2.3689 against 2.3690. Against the stricter band, FLASH against EFFICIENT on the same data (0.0014), every
-# configuration stays inside (both ops at 0.51x of it, `compiled` itself at 0.92x).
+# *The losses* came out as predicted. Every curve stays inside the seed band: the largest gap from `eager` (10-step
+# means) is 0.0026 for both ops (at step 76), 0.0025 for both under `torch.compile`, 0.0017 for the attention alone
+# and 0.0019 for the LayerNorm alone, against 0.129 between seeds 0 and 1. Against the stricter band, FLASH against
+# EFFICIENT on the same data (0.0020 in this run), the ops alone stay inside (0.89x and 0.98x of it) and both ops
+# together do not (1.31x): a band made of one rounding difference is narrow, and the final losses still agree to
+# three digits (2.3672 against 2.3687).
 #
-# *The step times* miss the prediction by far. `compiled` runs 1.235x `eager`, inside the usual 1.2-1.4x. The
-# prediction for `kernellab` was 0.98-1.05x `eager` and 0.75-0.85x `compiled`; it measures 0.743x and 0.602x.
-# `kernellab-compiled` was to be within 5 % of `compiled`; it measures 0.742x of it (0.916x `eager`).
+# *The step times* miss the prediction by far when the ops are called from Python. `compiled` runs 1.27x `eager`,
+# inside the usual 1.2-1.4x. The prediction for `kernellab` was 0.98-1.05x `eager`; it measures 0.750x here (0.891x in
+# the graphed run's process: host-bound steps swing from process to process). `kernellab-compiled` was to be within
+# 5 % of `compiled`; it measures 0.943x of it.
 #
 # *Where the time goes.* The profiles' GPU time a step says the kernels are not the cause:
-# - The attention costs the GPU no more than FLASH's: 38.6 ms a step with ours, as with `eager`. Our backward
-#   (`hbwd_bf16_d64_causal`, step 3) takes 326 µs a call where FLASH's takes 316 µs, our forward
-#   (`fa2_bf16_d64_causal`) 116 µs where FLASH's takes 133 µs. Yet the step takes 49.1 ms.
-# - The LayerNorm costs the GPU less than PyTorch's (36.8 ms a step). `norm_backward_rows` takes 67 µs a call,
-#   where PyTorch takes 55 µs for dx and 82 µs for dw and db. Even so, its step takes 55.0 ms: for about 18 ms of
-#   every step the GPU waits for the host.
+# - The attention costs the GPU no more than FLASH's: 38.5 ms a step with ours against 38.4 with `eager`. Our
+#   backward (`hbwd_bf16_d64_causal`, step 3) takes 326 µs a call where FLASH's takes 316-323 µs, our forward
+#   (`fa2_bf16_d64_causal`) 115 µs where FLASH's takes 133-135 µs. Yet the step takes 43.6 ms.
+# - The LayerNorm costs the GPU less than PyTorch's (36.6 ms a step). `norm_backward_rows` takes 67 µs a call,
+#   where PyTorch takes 55 µs for dx and 82 µs for dw and db.
 #
-# The CPU machine's tests rule out the launches themselves: each is about 7 µs through the generated path and none
-# waits. `python3 tools/gpu/run.py train-gpt2-diagnose` measured each configuration's host time against its GPU time
-# by phase (docs/RESULTS.md, "Training GPT-2 small"): no kernellab launch waits and no call synchronises; every
-# kernellab configuration is host-bound, its step as long as its host work, with the ops' launchers at 55-331 µs a
-# call inside a training step, many times what the same Python costs alone. Why is not settled yet, nor why both ops
-# together step faster than the LayerNorm alone (53.4 against 55.0 ms). The lesson holds: faster kernels do not make
-# a faster step while the host cannot keep the GPU fed, and a profile of the GPU alone cannot show that.
+# `python3 tools/gpu/run.py train-gpt2-diagnose` measured each configuration's host time against its GPU time by
+# phase (docs/RESULTS.md, "Training GPT-2 small"): no kernellab launch waits and no call synchronises; every kernellab
+# configuration is host-bound. The ops' launchers replayed alone take 3.9 ms a step with hot CPU caches and 25.5 ms
+# with cold ones: in a model, torch's work between our calls evicts the caches, and each call's layers of Python pay
+# for it. The lesson: faster kernels do not make a faster step while the host cannot keep the GPU fed, and a profile
+# of the GPU alone cannot show that.
 #
 # *The step as one CUDA graph.* A graph takes the host path out of the step: the forward, the backward, the clipping
 # and AdamW (fused and capturable, its learning rate a device tensor) are captured once after three eager warm-up
-# steps and replayed, for PyTorch's model and ours alike (`graphs`, `compiled-graphs`, `kernellab-graphs`,
-# `kernellab-compiled-graphs`: `python3 tools/gpu/run.py train-gpt2-graphs`). A replayed step should cost its GPU
-# time: the prediction in benchmarks/NOTES-launch.md puts `kernellab-graphs` at 1.04-1.06x `eager`. Not yet measured.
+# steps and replayed, for PyTorch's model and ours alike (`kernellab.teach.gpt.GraphedStep`; `python3
+# tools/gpu/run.py train-gpt2-graphs`). Predicted: `kernellab-graphs` at 1.04-1.06x `eager`; measured **1.073x**, the
+# replayed step at its GPU time (36.91 ms against 36.6). Under `torch.compile` the graphed step reaches 0.962x
+# `compiled`: the GPU time differs by 1.7 ms a step, and it is in the norms, which torch.compile fuses with the
+# residual adds and casts around them, forward and backward, where an opaque op leaves them as kernels of their own.
