@@ -25,7 +25,7 @@ from .errors import ArgumentError, KernellabError, LaunchError
 from .run.launch import cudriver, device as _device, worker as _worker
 from .run.launch.job import KernelImage, KernelJob
 from .run.launch.launch import (allow_dynamic_shared, allow_large_clusters, cluster_blocks, launch_dims, LaunchPath,
-                                make_config, marshal_args, PORTABLE_CLUSTER_BLOCKS)
+                                make_config, marshal_args, pdl_flag, PORTABLE_CLUSTER_BLOCKS)
 from .run.measure.autotune import autotune as _autotune
 from .run.nvtools import ncu, ncu_source, sanitize as _sanitize
 
@@ -233,11 +233,18 @@ class Kernel:
         return launcher
 
     def launch(self, grid, block, *args, shared_bytes: int = 0, stream=None, sync: bool | None = None,
-               isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
+               isolate: bool | None = None, timeout_s: float | None = None, cluster=None, pdl: bool = False):
         """Check the arguments against the signature and launch on the current GPU.
 
         cluster=(x, y, z) launches thread-block clusters of that shape (sm_90 on; the grid a whole number of them),
         through cuLaunchKernelEx.
+
+        pdl=True is a programmatic dependent launch (sm_90 on; cuLaunchKernelEx with
+        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): the kernel may start while the previous kernel on the
+        stream still runs, so it must call griddepcontrol_wait() (kl/pdl.cuh) before it reads anything that kernel
+        writes, or writes anything that kernel reads; the previous kernel may call griddepcontrol_launch_dependents()
+        to let it start sooner. Below sm_90, on the CPU path (launches there run one after the other) and in a worker
+        (isolate=True: the kernel runs alone) it is a plain launch, with the same result.
 
         sync=True waits for the kernel, so that a fault is reported here, at this launch, not at some later CUDA
         call; sync=False does not (a fault then surfaces at the next synchronising call, kernellab.synchronize() or
@@ -247,6 +254,7 @@ class Kernel:
         notebook-wide setting.
         """
         if self.simulate:
+            pdl_flag(pdl)                       # checked; a serial CPU launch has no previous kernel still running
             _cpu.launch(self.image(), grid, block, args, shared_bytes=shared_bytes, cluster=cluster)
             return None
         if sync is None:
@@ -259,7 +267,7 @@ class Kernel:
         path = self._path
         if path is None:
             path = self._launch_path(grid, block, shared_bytes, args, cluster)
-        cfg = path.config(grid, block, shared_bytes, cluster)
+        cfg = path.config(grid, block, shared_bytes, cluster, pdl)
         try:
             path.run(cfg, args, stream, sync)
         except LaunchError as exc:
@@ -440,7 +448,7 @@ class _Launcher:
         self._fast = None                       # LaunchPath.fast for the last launch's argument types
 
     def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
-                 isolate: bool | None = None, timeout_s: float | None = None, cluster=None):
+                 isolate: bool | None = None, timeout_s: float | None = None, cluster=None, pdl: bool = False):
         k = self.kernel
         path = k._path
         if sync is None:
@@ -448,7 +456,8 @@ class _Launcher:
         # The common case, a launch in this process as configured: the generated launch for these argument types
         # (it returns False, having launched nothing, where run must decide), else straight to the launch path.
         # (The notebook-wide isolation setting is _isolation_default's test, inline: this is every launch's path.)
-        if (path is self._path and shared_bytes is None and isolate is None and cluster is None and path is not None
+        if (path is self._path and shared_bytes is None and isolate is None and cluster is None and not pdl
+                and path is not None
                 and k.isolate is None and not (_WORKER_SETTINGS[0] or _worker_settings()).isolate):
             fast = self._fast
             try:
@@ -461,11 +470,14 @@ class _Launcher:
             if fast is not False:               # False: this path has no generated launches (its driver's choice)
                 self._fast = path.fast(self._config, tuple(map(type, args)))
             return None
-        extra = {"cluster": cluster} if cluster is not None else {}     # CUDA C++ kernels take clusters
+        extra = {"cluster": cluster} if cluster is not None else {}     # CUDA C++ kernels take clusters and PDL
+        if pdl:
+            extra["pdl"] = pdl
         result = k.launch(self.grid, self.block, *args,
                           shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
                           stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s, **extra)
-        if k._path is not None and shared_bytes is None and cluster is None and self._path is not k._path:
+        if (k._path is not None and shared_bytes is None and cluster is None and not pdl
+                and self._path is not k._path):
             path = self._path = k._path
             self._config = path.config(self.grid, self.block, self.shared_bytes)
             self._fast = path.fast(self._config, tuple(map(type, args)))

@@ -437,6 +437,7 @@ for L in (1024, 8192, 131072):
 #include <kl/attention_mma.cuh>  // scores_qk (S = Q K^T), softmax_pv (online softmax, P V), swz<D>, exp2_approx
 #include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
 #include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, to_float, from_float (kl/convert.cuh)
+#include <kl/pdl.cuh>       // griddepcontrol_wait, griddepcontrol_launch_dependents, prefetch_l2 (PDL, sm_90)
 #include <math_constants.h>  // CUDART_INF_F
 typedef unsigned int uint32_t;
 
@@ -584,8 +585,18 @@ __device__ __forceinline__ float* lse_of(float* work, int D, int rows) {
 // arrives, on the guess that the sequence fills the cache (its split of Nmax keys); rows in [L, Nmax) of that tile
 // are zeroed in V once L is known (K's are masked). Where the guess is wrong (the sequence's own split starts
 // elsewhere) the warp waits for the guessed copies and asks for the right tile: one tile wasted, no error.
+// PDL (decode_attention(pdl=True)): launched as a programmatic dependent launch behind the decode step's previous
+// kernel (the producer: the new token's q, K/V row and cache_seqlens), the block starts while that kernel runs and
+// does before griddepcontrol_wait only what cannot read the producer's output stale: its addresses, and an L2
+// prefetch of the first PDL_PREFETCH_TILES tiles of its warp's split of a full cache (the EARLY guess). Everything the
+// producer may write waits: q (the new token's projection), cache_seqlens (written with the new row in a step, so
+// even L is not known before the wait) and every K/V load into shared memory, since without L no cache row is known
+// to be older than the producer's new one. The prefetch is safe for any row: L2 is the GPU's point of coherence, a
+// line there is updated by the producer's store, never stale (a cp.async into shared memory before the wait would
+// be). Nothing is written before the wait.
+#define PDL_PREFETCH_TILES 1
 template <typename T, int D, int BLOCK_N, int MT, bool FUSED, int MERGE_LOADS = 8, bool ONLINE = false,
-          bool EARLY = false>
+          bool EARLY = false, bool PDL = false>
 __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                              const int* __restrict__ seqlens, float* __restrict__ o_part,
                                              float* __restrict__ lse_part, T* __restrict__ out,
@@ -605,6 +616,18 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
     // EARLY: the first tile of this warp's split of a full cache, asked for before L is read
     const int tiles_full = (Nmax + BLOCK_N - 1) / BLOCK_N, j0_guess = split * ((tiles_full + splits - 1) / splits);
     const bool guessed = EARLY && j0_guess < tiles_full;
+    static_assert(!(EARLY && PDL), "EARLY loads K/V into shared memory before cache_seqlens: not before a PDL wait");
+    if constexpr (PDL) {                         // before the wait: L2 prefetches only (see above)
+        constexpr int LINES = PDL_PREFETCH_TILES * BLOCK_N * D * 2 / 128;   // 128-byte lines of the guessed K tiles
+        const int k0 = j0_guess * BLOCK_N;       // the guessed split's first key; its tiles are rows k0, k0 + 1, ...
+        for (int i = lane; i < LINES; i += 32) {
+            if (k0 + i * 64 / D < Nmax) {        // line i: elements [64 i, 64 i + 64) from row k0 (16-bit elements)
+                prefetch_l2(K + (size_t)k0 * D + (size_t)i * 64);
+                prefetch_l2(V + (size_t)k0 * D + (size_t)i * 64);
+            }
+        }
+        griddepcontrol_wait();                   // the producer has finished and its writes are visible
+    }
     if (guessed) {
         warp_load_rows<ROWS, D>(q_tile, Q, r0, rows, lane);
         warp_load_rows<BLOCK_N, D>(k_tile0, K, j0_guess * BLOCK_N, Nmax, lane);
@@ -854,6 +877,63 @@ DEC_FUSED_EARLY(decode_fused_bf16_d128_m16_early, __nv_bfloat16, 128, 16, 1, 8, 
 DEC_FUSED_EARLY(decode_fused_f16_d128_m16_early, __half, 128, 16, 1, 8, false)
 DEC_FUSED_EARLY(decode_fused_bf16_d128_m16_online_early, __nv_bfloat16, 128, 16, 1, 16, true)
 DEC_FUSED_EARLY(decode_fused_f16_d128_m16_online_early, __half, 128, 16, 1, 16, true)
+// The op's fused kernels as programmatic dependent launches (decode_attention(pdl=True)): PDL above says what each
+// block does before its griddepcontrol_wait (L2 prefetches) and what waits (everything else).
+#define DEC_FUSED_PDL(name, T, D, BN, M) \
+extern "C" __global__ void __launch_bounds__(DEC_NWARPS * 32) \
+name(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const int* __restrict__ seqlens, \
+     float* __restrict__ work, T* __restrict__ out, int* __restrict__ counters, int hkv, int g, int nq, int nmax, float scale) { \
+    dec::decode_split<T, D, BN, M, true, 8, false, false, true>(q, k, v, seqlens, work, dec::lse_of(work, D, g * nq), out, counters, hkv, g, nq, nmax, scale); \
+}
+DEC_FUSED_PDL(decode_fused_bf16_d64_m16_pdl, __nv_bfloat16, 64, 32, 1)
+DEC_FUSED_PDL(decode_fused_bf16_d64_m32_pdl, __nv_bfloat16, 64, 32, 2)
+DEC_FUSED_PDL(decode_fused_bf16_d128_m16_pdl, __nv_bfloat16, 128, 16, 1)
+DEC_FUSED_PDL(decode_fused_f16_d64_m16_pdl, __half, 64, 32, 1)
+DEC_FUSED_PDL(decode_fused_f16_d64_m32_pdl, __half, 64, 32, 2)
+DEC_FUSED_PDL(decode_fused_f16_d128_m16_pdl, __half, 128, 16, 1)
+
+// A decode step's kernel before attention (decode_append: the producer of the PDL step): the new tokens' q, k, v
+// from the QKV projection's output qkv [B, Hq + 2 Hkv, nq, D] go to q [B, Hq, nq, D] and to cache positions
+// L_b .. L_b + nq - 1 of k_cache, v_cache [B, Hkv, Nmax, D] (L_b = seqlens_in[b]; rows past Nmax dropped), and
+// cache_seqlens[b] = min(L_b + nq, Nmax): everything the decode behind it reads, but the older cache rows. First
+// thing it lets that decode start (griddepcontrol_launch_dependents: the decode's griddepcontrol_wait still waits for
+// all of this kernel and its writes). spin: cycles each block waits before it writes (0 in a step; the GPU test's
+// large value makes a decode that read anything of the producer's before its wait see stale data).
+// grid (Hq + 2 Hkv, B), 128 threads; D a multiple of 8.
+template <typename T>
+__device__ __forceinline__ void append_kv(const T* __restrict__ qkv, T* __restrict__ q, T* __restrict__ k_cache,
+                                          T* __restrict__ v_cache, const int* __restrict__ seqlens_in,
+                                          int* __restrict__ seqlens, int Hq, int Hkv, int nq, int Nmax, int D,
+                                          long long spin) {
+    griddepcontrol_launch_dependents();
+    const int h = blockIdx.x, b = blockIdx.y, H = Hq + 2 * Hkv, L = max(0, seqlens_in[b]);
+    if (spin) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < spin) {}
+    }
+    const int C = D / 8;                                           // 16-byte chunks a row
+    const uint4* src = reinterpret_cast<const uint4*>(qkv + ((size_t)b * H + h) * nq * D);
+    for (int i = threadIdx.x; i < nq * C; i += blockDim.x) {
+        const int tok = i / C, c = i % C;
+        const uint4 x = src[i];
+        if (h < Hq) {
+            reinterpret_cast<uint4*>(q + (((size_t)b * Hq + h) * nq + tok) * D)[c] = x;
+        } else if (L + tok < Nmax) {                               // K heads, then V heads
+            T* cache = h < Hq + Hkv ? k_cache : v_cache;
+            const size_t row = ((size_t)b * Hkv + (h - Hq) % Hkv) * Nmax + L + tok;
+            reinterpret_cast<uint4*>(cache + row * D)[c] = x;
+        }
+    }
+    if (h == 0 && threadIdx.x == 0) seqlens[b] = min(L + nq, Nmax);
+}
+#define DEC_APPEND(name, T) \
+extern "C" __global__ void __launch_bounds__(128) \
+name(const T* __restrict__ qkv, T* __restrict__ q, T* __restrict__ k_cache, T* __restrict__ v_cache, \
+     const int* __restrict__ seqlens_in, int* __restrict__ seqlens, int hq, int hkv, int nq, int nmax, int d, long long spin) { \
+    append_kv<T>(qkv, q, k_cache, v_cache, seqlens_in, seqlens, hq, hkv, nq, nmax, d, spin); \
+}
+DEC_APPEND(decode_append_bf16, __nv_bfloat16)
+DEC_APPEND(decode_append_f16, __half)
 
 # %% [markdown]
 # The decode cards: `HMMA` for both products (a warp pads its `G nq` rows to 16, wasted tensor work that costs nothing
@@ -1059,7 +1139,7 @@ def _decode_args(q, k_cache, v_cache, cache_seqlens, what):
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=None, merge_loads=8, merge="shared",
-                     early=False):
+                     early=False, pdl=False):
     """Attention of nq new tokens per sequence against its KV cache, split along the keys (flash-decoding), in one
     launch: the last block of each (sequence, KV head, row group) merges the splits' partials.
     q: [B, Hq, nq, d]; k_cache, v_cache: [B, Hkv, Nmax, d]; cache_seqlens: [B] int32 (values above Nmax read as
@@ -1068,7 +1148,11 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=None, merge_lo
     in flight (8; 16, a variant the decode profile times, at d = 128). merge: how the last block merges, "shared"
     (weights through shared memory, then the o loads) or "online" (one pass, 16 partials' lse and o in flight; a
     variant the decode profile times, at d = 128 with 16 rows a warp). early: each warp asks for its first tile before
-    cache_seqlens arrives, guessing a full cache (a variant the decode profile times, at d = 128)."""
+    cache_seqlens arrives, guessing a full cache (a variant the decode profile times, at d = 128). pdl: a programmatic
+    dependent launch behind the previous kernel on the stream (the step's producer, e.g. decode_append): the blocks
+    start while it runs, prefetch their first tile into L2 and wait (griddepcontrol.wait) before they read q,
+    cache_seqlens or any K/V row (the kernel's PDL says why); sm_90 on, elsewhere a plain launch with the same result.
+    The op's kernel otherwise (merge "shared", 8 loads, not early)."""
     _decode_args(q, k_cache, v_cache, cache_seqlens, "decode_attention")
     B, Hq, nq, d = q.shape
     if merge_loads not in (8, 16) or (merge_loads == 16 and d != 128):
@@ -1079,6 +1163,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=None, merge_lo
     if early and (d != 128 or merge_loads != 8):
         raise ValueError(f"decode_attention: early=True is a variant at d = 128 with merge_loads 8; got d = {d}, "
                          f"merge_loads={merge_loads}")
+    if pdl and (early or merge != "shared" or merge_loads != 8):
+        raise ValueError(f"decode_attention: pdl=True launches the op's kernel (merge 'shared', merge_loads 8, not "
+                         f"early: early's loads would come before the wait); got merge={merge!r}, "
+                         f"merge_loads={merge_loads}, early={early}")
     Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(q)
     if B == 0 or nq == 0:
@@ -1089,10 +1177,36 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, min_keys=None, merge_lo
     work = torch.empty(rows * parts * (d + 1), dtype=torch.float32, device=q.device)     # o_part, then lse_part
     counters = decode_counters(q.device, B * Hkv * plan.row_groups)
     name = (f"decode_fused_{DTYPE_NAMES[q.dtype]}_d{d}_m{plan.rows_per_warp}" + ("_l16" if merge_loads == 16 else "")
-            + ("_online" if merge == "online" else "") + ("_early" if early else ""))
+            + ("_online" if merge == "online" else "") + ("_early" if early else "") + ("_pdl" if pdl else ""))
     decode_kernels[name][plan.grid(B, Hkv), 32 * DEC_WARPS, plan.shared_bytes](
-        q, k_cache, v_cache, cache_seqlens, work, out, counters, Hkv, G, nq, Nmax, d ** -0.5)
+        q, k_cache, v_cache, cache_seqlens, work, out, counters, Hkv, G, nq, Nmax, d ** -0.5, **DEC_PDL[pdl])
     return out
+
+
+DEC_PDL = {False: {}, True: {"pdl": True}}                 # the launch's keyword: none for the plain launch
+
+
+def decode_append(qkv, k_cache, v_cache, seqlens_in, seqlens=None, spin=0, q=None):
+    """The kernel before attention in a decode step (a model's: after the QKV projection, before decode_attention):
+    qkv [B, Hq + 2 Hkv, nq, d] (bf16 or fp16; heads q, then k, then v) goes to a new q [B, Hq, nq, d] and to cache
+    positions seqlens_in[b] .. + nq - 1 of k_cache, v_cache [B, Hkv, Nmax, d] (in place; rows past Nmax dropped);
+    seqlens[b] = min(seqlens_in[b] + nq, Nmax) (a new int32 [B], and q a new tensor, unless given). Returns (q, seqlens). It lets a decode
+    launched behind it with pdl=True start at once (griddepcontrol.launch_dependents). spin: clock cycles each block
+    waits before writing (tests: a decode that read the producer's output before its wait would see it stale)."""
+    B, H, nq, d = qkv.shape
+    Hkv, Nmax = k_cache.shape[1], k_cache.shape[2]
+    if (qkv.dtype not in DTYPE_NAMES or k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype or H <= 2 * Hkv
+            or k_cache.shape != v_cache.shape or k_cache.shape[0] != B or k_cache.shape[3] != d or d % 8
+            or not (qkv.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous())):
+        raise ValueError(f"decode_append takes contiguous bf16/fp16 qkv [B, Hq + 2 Hkv, nq, d] and k_cache, v_cache "
+                         f"[B, Hkv, Nmax, d] of its dtype, got {qkv.dtype} {tuple(qkv.shape)}, {k_cache.dtype} "
+                         f"{tuple(k_cache.shape)}, {v_cache.dtype} {tuple(v_cache.shape)}")
+    q = torch.empty(B, H - 2 * Hkv, nq, d, dtype=qkv.dtype, device=qkv.device) if q is None else q
+    seqlens = torch.empty_like(seqlens_in) if seqlens is None else seqlens
+    if B and nq:
+        decode_kernels[f"decode_append_{DTYPE_NAMES[qkv.dtype]}"][(H, B), 128](
+            qkv, q, k_cache, v_cache, seqlens_in, seqlens, H - 2 * Hkv, Hkv, nq, Nmax, d, spin)
+    return q, seqlens
 
 
 def decode_attention_two_kernels(q, k_cache, v_cache, cache_seqlens, min_keys=None):
@@ -1179,6 +1293,14 @@ def kl_gqa_attention(q, k, v, causal):
               outputs=lambda q, k_cache, v_cache, cache_seqlens: q)
 def kl_decode_attention(q, k_cache, v_cache, cache_seqlens):
     return decode_attention(q, k_cache, v_cache, cache_seqlens)
+
+
+@kernellab.op("kl::decode_attention_pdl",
+              "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens) -> Tensor",
+              outputs=lambda q, k_cache, v_cache, cache_seqlens: q)
+def kl_decode_attention_pdl(q, k_cache, v_cache, cache_seqlens):
+    """decode_attention(pdl=True): behind the decode step's previous kernel (programmatic dependent launch)."""
+    return decode_attention(q, k_cache, v_cache, cache_seqlens, pdl=True)
 
 
 # %%

@@ -69,11 +69,20 @@ def test_the_decode_kernels_compile_without_spills(modules):
     want |= {f"decode_fused_{dt}_d128_m16_l16" for dt in ("bf16", "f16")}        # the merge variant (16 loads)
     want |= {f"decode_fused_{dt}_d128_m16_online" for dt in ("bf16", "f16")}     # the one-pass merge variant
     want |= {f"decode_fused_{dt}_d128_m16{m}_early" for dt in ("bf16", "f16") for m in ("", "_online")}  # early tile
+    want |= {f"decode_fused_{x}_pdl" for x in splits}                             # the op's kernels behind PDL
+    want |= {f"decode_append_{dt}" for dt in ("bf16", "f16")}                     # the PDL step's producer
     want |= {f"combine_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)}
     assert set(kernels) == want
     for name, k in kernels.items():
         assert not k.resources.spills and k.resources.local_bytes == 0, (name, k.resources)
         assert k.resources.max_threads_per_block == 128
+        # griddepcontrol.wait (ACQBULK) in the PDL kernels only; the producer's launch_dependents (PREEXIT) first
+        assert ("ACQBULK" in k.sass) == name.endswith("_pdl"), name
+        assert ("PREEXIT" in k.sass) == name.startswith("decode_append_"), name
+        if name.startswith("decode_append_"):
+            assert [p.name for p in k.params] == ["qkv", "q", "k_cache", "v_cache", "seqlens_in", "seqlens", "hq",
+                                                  "hkv", "nq", "nmax", "d", "spin"]
+            continue
         if name.startswith("decode_"):
             text = str(k.instruction_summary)
             assert "HMMA.16816.F32" in text and "LDSM" in text and "LDGSTS" in text, (name, text)
@@ -135,9 +144,10 @@ class EmulatedModule:
             grid, block = cfg[0], cfg[1]
             shared = cfg[2] if len(cfg) > 2 else 0
 
-            def launch(*args):
+            def launch(*args, **kw):
                 assert all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
-                self.launches.append((name, grid, block, shared))
+                assert set(kw) <= {"pdl"}, kw               # pdl=True: a plain launch here (launches run in turn)
+                self.launches.append((name, grid, block, shared) + ((("pdl", kw["pdl"]),) if kw else ()))
                 emulate(self.source, name, grid if isinstance(grid, tuple) else (grid,), (block,),
                         [_array(a) if isinstance(a, torch.Tensor) else a for a in args], shared)
             return launch
@@ -353,6 +363,43 @@ def test_the_early_first_tile_on_the_emulator(t09, dtype, Hq, Hkv, nq, lens, nma
     assert torch.equal(default, out)                                      # the same tiles, the same sums
     with pytest.raises(ValueError, match="early"):
         t09["decode_attention"](q, kc, vc, sl, merge_loads=16, early=True)
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype, d, Hq, Hkv, nq, old_lens, nmax_extra", [
+    (torch.bfloat16, 128, 4, 1, 1, (999, 62, 0), 1),       # G = 4; the new row makes 1000, 63, 1; one cache now full
+    pytest.param(torch.float16, 64, 4, 2, 2, (1029, 3), 0, marks=pytest.mark.slow),   # d = 64, two new tokens
+])
+def test_a_decode_step_behind_its_producer_with_pdl_on_the_emulator(t09, dtype, d, Hq, Hkv, nq, old_lens, nmax_extra):
+    """The PDL step: decode_append (the producer: q, the new K/V rows and cache_seqlens from qkv) then
+    decode_attention(pdl=True), whose kernel prefetches into L2 and waits before its first load. On the emulator
+    (griddepcontrol a no-op, launches in turn) it must give the default kernel's output bit for bit and match float64
+    on the cache the producer wrote; the producer's rows and lengths are checked too."""
+    g = torch.Generator().manual_seed(sum(old_lens) + d)
+    B, Nmax = len(old_lens), max(old_lens) + nq + nmax_extra - 1
+    kc, vc = (torch.randn(B, Hkv, Nmax, d, generator=g).to(dtype) for _ in range(2))
+    qkv = torch.randn(B, Hq + 2 * Hkv, nq, d, generator=g).to(dtype)
+    old = torch.tensor(old_lens, dtype=torch.int32)
+    launches = t09["decode_kernels"].launches
+    before = len(launches)
+    q, sl = t09["decode_append"](qkv, kc, vc, old)
+    out = t09["decode_attention"](q, kc, vc, sl, min_keys=16, pdl=True)
+    dt = t09["DTYPE_NAMES"][dtype]
+    assert [x[0] for x in launches[before:]] == [f"decode_append_{dt}", f"decode_fused_{dt}_d{d}_m16_pdl"]
+    assert launches[-1][-1] == ("pdl", True) and len(launches[-2]) == 4          # only the decode asks for PDL
+    assert sl.tolist() == [min(n + nq, Nmax) for n in old_lens] and torch.equal(q, qkv[:, :Hq])
+    for b, n in enumerate(old_lens):                                              # the new rows, where they fit
+        fit = min(nq, Nmax - n)
+        assert torch.equal(kc[b, :, n:n + fit], qkv[b, Hq:Hq + Hkv, :fit])
+        assert torch.equal(vc[b, :, n:n + fit], qkv[b, Hq + Hkv:, :fit])
+    ref = t09["decode_reference"](q, kc, vc, sl)
+    err = (out.double() - ref).abs().max().item()
+    assert err < tol(dtype), err
+    assert all((c == 0).all() for c in t09["_DEC_COUNTERS"].values())  # reset by the last blocks
+    assert torch.equal(t09["decode_attention"](q, kc, vc, sl, min_keys=16), out)   # the default kernel's sums
+    if d == 128:                                     # (at d = 64 the online merge is refused for its own reason)
+        with pytest.raises(ValueError, match="pdl=True launches the op's kernel"):
+            t09["decode_attention"](q, kc, vc, sl, merge="online", pdl=True)
 
 
 def test_the_split_plan_fills_one_wave(t09):

@@ -4,7 +4,10 @@ A kernel launch through CuPy's `Function.__call__` costs about as much as CuPy's
 checks the arguments in Python, packs them into one buffer and calls `cuLaunchKernel` directly, so that the checks
 are not paid on top of CuPy's own marshalling. Modules and functions are still loaded through CuPy (the primary
 context torch and CuPy share); only the launch (cuLaunchKernelEx with a CUlaunchConfig for thread-block clusters),
-the stream synchronisation, the capture query and making a primary context current come here. The generated launch
+the stream synchronisation, the capture query and making a primary context current come here. cuLaunchKernelEx also
+carries programmatic dependent launch (PDL, sm_90): CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION lets the
+kernel start while the previous kernel on its stream is still running; the kernel's `griddepcontrol.wait`
+(kl/pdl.cuh, griddepcontrol_wait) then waits for that kernel's completion and memory. The generated launch
 (run/launch/launch.py, LaunchPath.fast) calls `Driver.launch_kernel`: CuPy's Cython launchKernel where CuPy imports (one
 C call, where ctypes converts 11 arguments one by one), else this module's ctypes cuLaunchKernel.
 """
@@ -26,6 +29,7 @@ _LIBRARY = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
 
 
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6   # cuda.h's CUlaunchAttributeID (CUDA 12.0 on)
 
 
 class _ClusterDim(ctypes.Structure):
@@ -34,9 +38,10 @@ class _ClusterDim(ctypes.Structure):
 
 class CUlaunchAttributeValue(ctypes.Union):
     """cuda.h's CUlaunchAttributeValue: a 64-byte union (8-byte aligned: some members hold pointers); kernellab sets
-    only clusterDim."""
+    clusterDim and programmaticStreamSerializationAllowed (an int)."""
 
-    _fields_ = [("pad", ctypes.c_char * 64), ("clusterDim", _ClusterDim), ("_align", ctypes.c_uint64)]
+    _fields_ = [("pad", ctypes.c_char * 64), ("clusterDim", _ClusterDim),
+                ("programmaticStreamSerializationAllowed", ctypes.c_int), ("_align", ctypes.c_uint64)]
 
 
 class CUlaunchAttribute(ctypes.Structure):
@@ -54,15 +59,29 @@ class CUlaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(CUlaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
-def cluster_launch_config(grid, block, shared_bytes: int, stream: int, cluster) -> tuple[CUlaunchConfig, object]:
-    """(the CUlaunchConfig, the attribute array it points at: keep both alive until the launch returns) for a launch
-    with a thread-block cluster shape."""
-    attrs = (CUlaunchAttribute * 1)()
-    attrs[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attrs[0].value.clusterDim.x, attrs[0].value.clusterDim.y, attrs[0].value.clusterDim.z = (int(c) for c in cluster)
+def launch_config(grid, block, shared_bytes: int, stream: int, cluster=None,
+                  pdl: bool = False) -> tuple[CUlaunchConfig, object]:
+    """(the CUlaunchConfig, the attribute array it points at: keep both alive until the launch returns) for
+    cuLaunchKernelEx: with a thread-block cluster shape (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) and/or programmatic
+    dependent launch (pdl: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1), in that order."""
+    n = bool(cluster) + bool(pdl)
+    attrs = (CUlaunchAttribute * max(n, 1))()
+    i = 0
+    if cluster:
+        attrs[i].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attrs[i].value.clusterDim.x, attrs[i].value.clusterDim.y, attrs[i].value.clusterDim.z = (int(c) for c in cluster)
+        i += 1
+    if pdl:
+        attrs[i].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attrs[i].value.programmaticStreamSerializationAllowed = 1
     cfg = CUlaunchConfig(int(grid[0]), int(grid[1]), int(grid[2]), int(block[0]), int(block[1]), int(block[2]),
-                         int(shared_bytes), int(stream) or None, attrs, 1)
+                         int(shared_bytes), int(stream) or None, attrs, n)
     return cfg, attrs
+
+
+def cluster_launch_config(grid, block, shared_bytes: int, stream: int, cluster) -> tuple[CUlaunchConfig, object]:
+    """launch_config with a thread-block cluster shape only."""
+    return launch_config(grid, block, shared_bytes, stream, cluster)
 
 
 def max_active_clusters(function: int, grid, block, shared_bytes: int, cluster, lib=None) -> int:
@@ -234,7 +253,7 @@ def _replace_address_fn():
 
 
 class Driver:
-    """The launch-path calls: cuLaunchKernel, cuLaunchKernelEx (clusters), cuStreamSynchronize, cuStreamIsCapturing
+    """The launch-path calls: cuLaunchKernel, cuLaunchKernelEx (clusters, PDL), cuStreamSynchronize, cuStreamIsCapturing
     (tests substitute fakes)."""
 
     def __init__(self, lib=None, cupy_launch: bool | None = None):
@@ -249,7 +268,7 @@ class Driver:
         # it returns None, or raises CUDADriverError with the CUresult as .status, where ctypes returns the CUresult.
         cupy_fn = _cupy_launch_kernel() if cupy_launch is not False and lib is _lib_or_none() else None
         self.launch_kernel = self._launch if cupy_fn is None else cupy_fn
-        # A cluster launch's generated code calls the raw cuLaunchKernelEx (a CUlaunchConfig pointer, the function,
+        # A cluster (or PDL) launch's generated code calls the raw cuLaunchKernelEx (a CUlaunchConfig pointer, the function,
         # kernelParams, extra), returning the CUresult; None where the driver has no cuLaunchKernelEx (CUDA < 12).
         self.launch_kernel_ex = self._launch_ex
         self.stream_is_capturing, self.stream_synchronize = self._capturing, self._sync
@@ -259,27 +278,29 @@ class Driver:
         return CudaDriverError(rc)
 
     def launch(self, function: int, grid, block, shared_bytes: int, stream: int, params: int,
-               device_index: int = 0, cluster=None) -> None:
+               device_index: int = 0, cluster=None, pdl: bool = False) -> None:
         """cuLaunchKernel(function, grid, block, shared_bytes, stream, params (a void** address), extra=NULL), or
-        with a cluster shape cuLaunchKernelEx with the CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION attribute.
+        with a cluster shape and/or pdl=True cuLaunchKernelEx with the CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION and/or
+        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION attributes (launch_config).
 
         A thread that has not touched CUDA yet has no current context: then the device's primary context (the one
         torch and CuPy use, where the kernel was loaded) is made current and the launch tried again."""
-        rc = self._call(function, grid, block, shared_bytes, stream, params, cluster)
+        rc = self._call(function, grid, block, shared_bytes, stream, params, cluster, pdl)
         if rc == CUDA_ERROR_INVALID_CONTEXT:
             self.make_current(device_index)
-            rc = self._call(function, grid, block, shared_bytes, stream, params, cluster)
+            rc = self._call(function, grid, block, shared_bytes, stream, params, cluster, pdl)
         if rc:
             raise CudaDriverError(rc)
 
-    def _call(self, function: int, grid, block, shared_bytes: int, stream: int, params, cluster) -> int:
-        if not cluster:
+    def _call(self, function: int, grid, block, shared_bytes: int, stream: int, params, cluster, pdl=False) -> int:
+        if not cluster and not pdl:
             return self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
                                 stream, params, None)
         if self._launch_ex is None:
-            raise RuntimeError(f"cluster launches need cuLaunchKernelEx (CUDA 12.0 or newer); this driver supports "
+            what = "cluster launches" if cluster else "programmatic dependent launches (pdl=True)"
+            raise RuntimeError(f"{what} need cuLaunchKernelEx (CUDA 12.0 or newer); this driver supports "
                                f"CUDA {version_text(driver_version())}")
-        cfg, _attrs = cluster_launch_config(grid, block, shared_bytes, stream, cluster)
+        cfg, _attrs = launch_config(grid, block, shared_bytes, stream, cluster, pdl)
         return self._launch_ex(ctypes.byref(cfg), function, params, None)
 
     def make_current(self, device_index: int) -> None:

@@ -41,12 +41,26 @@ _INT_RANGES = {name: (np.iinfo(name).min, np.iinfo(name).max)
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Grid and block as 3-tuples, plus dynamic shared memory."""
+    """Grid and block as 3-tuples, plus dynamic shared memory (and a cluster shape, programmatic dependent launch)."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int = 0
     cluster: tuple[int, int, int] | None = None   # blocks per thread-block cluster (sm_90 on); None: no cluster
+    pdl: bool = False    # programmatic dependent launch (sm_90 on): may start before the stream's previous kernel ends
+
+    @property
+    def launch_ex(self) -> bool:
+        """Whether this launch goes through cuLaunchKernelEx (a cluster shape or PDL) rather than cuLaunchKernel."""
+        return bool(self.cluster) or self.pdl
+
+    def driver_kwargs(self) -> dict:
+        """The keyword arguments of Driver.launch beyond the grid, block and shared bytes: cluster=, pdl= where set
+        (none for a plain launch, so that drivers without them, tests' fakes, take it)."""
+        kw = {"cluster": self.cluster} if self.cluster else {}
+        if self.pdl:
+            kw["pdl"] = True
+        return kw
 
     @property
     def threads_per_block(self) -> int:
@@ -54,7 +68,7 @@ class LaunchConfig:
 
     def __str__(self) -> str:
         return (f"grid={self.grid}, block={self.block}, shared_bytes={self.shared_bytes}"
-                + (f", cluster={self.cluster}" if self.cluster else ""))
+                + (f", cluster={self.cluster}" if self.cluster else "") + (", pdl=True" if self.pdl else ""))
 
 
 PORTABLE_CLUSTER_BLOCKS = 8   # clusters up to 8 blocks run on every sm_90 part
@@ -81,6 +95,20 @@ def cluster_dims(cluster, grid: tuple[int, int, int], device: DeviceInfo | None 
     return c
 
 
+PDL_MIN_ARCH = 90       # griddepcontrol and CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: sm_90 on
+
+
+def pdl_flag(pdl, device: DeviceInfo | None = None) -> bool:
+    """Validate pdl= (a bool): programmatic dependent launch where asked for and the device has it (sm_90 on). On an
+    older device (or None there) the launch is a plain one, exactly as without the option: a kernel written for PDL
+    waits in griddepcontrol_wait (kl/pdl.cuh), which compiles to nothing below sm_90, so its result is the same."""
+    if not isinstance(pdl, (bool, np.bool_)):
+        raise ArgumentError(f"pdl must be True or False (programmatic dependent launch, sm_90 on), got {pdl!r}")
+    if not pdl:
+        return False
+    return device is None or int(re.sub(r"\D", "", device.arch) or 0) >= PDL_MIN_ARCH
+
+
 def launch_dims(value, what: str) -> tuple[int, int, int]:
     """A grid, block or cluster shape as (x, y, z): an int or a 1- to 3-tuple of positive ints, checked."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -97,15 +125,17 @@ def launch_dims(value, what: str) -> tuple[int, int, int]:
 
 
 def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, static_shared_bytes: int,
-                device: DeviceInfo | None, cluster=None, registers: int = 0, name: str = "the kernel") -> LaunchConfig:
+                device: DeviceInfo | None, cluster=None, registers: int = 0, name: str = "the kernel",
+                pdl: bool = False) -> LaunchConfig:
     """Validate grid, block, dynamic shared memory (and a cluster shape) against the kernel and the device; with the
     kernel's `registers` (ptxas's count), also whether the block's registers fit an SM, raising the LaunchError the
-    driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES gives (`name` names the kernel in it)."""
+    driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES gives (`name` names the kernel in it). pdl=True: programmatic
+    dependent launch on sm_90 on, a plain launch below (pdl_flag)."""
     g, b = launch_dims(grid, "grid"), launch_dims(block, "block")
     if not isinstance(shared_bytes, (int, np.integer)) or shared_bytes < 0:
         raise ArgumentError(f"shared_bytes must be a non-negative int (dynamic shared memory per block), "
                             f"got {shared_bytes!r}")
-    cfg = LaunchConfig(g, b, int(shared_bytes), cluster_dims(cluster, g, device))
+    cfg = LaunchConfig(g, b, int(shared_bytes), cluster_dims(cluster, g, device), pdl_flag(pdl, device))
     threads = cfg.threads_per_block
     why = ""
     if registers and device is not None:
@@ -138,7 +168,7 @@ def make_config(grid, block, shared_bytes: int, *, max_threads_per_block: int, s
     return cfg
 
 
-def check_on_arch(image, grid, block, shared_bytes: int = 0, cluster=None) -> LaunchConfig:
+def check_on_arch(image, grid, block, shared_bytes: int = 0, cluster=None, pdl: bool = False) -> LaunchConfig:
     """Refuse, before anything runs, what a GPU of the arch of `image` (a KernelImage, Kernel.image()) refuses, in
     the GPU path's words: make_config against kernellab.analysis's table for that arch (no GPU needed). A block above
     the kernel's max_threads_per_block or the arch's block dimensions, dynamic plus static shared memory above the
@@ -147,7 +177,7 @@ def check_on_arch(image, grid, block, shared_bytes: int = 0, cluster=None) -> La
     fit an SM: the LaunchError of CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES. What the CPU paths check launches with."""
     return make_config(grid, block, shared_bytes, max_threads_per_block=image.max_threads_per_block,
                        static_shared_bytes=image.static_shared_bytes, device=device_for_arch(image.arch),
-                       cluster=cluster, registers=image.registers, name=image.name)
+                       cluster=cluster, registers=image.registers, name=image.name, pdl=pdl)
 
 
 OUT_OF_RESOURCES = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested for launch"   # the driver's words
@@ -825,17 +855,19 @@ class LaunchPath:
         self._status = ctypes.c_int(0)         # cuStreamIsCapturing's answer, written with the lock held
         self._status_pointer = ctypes.pointer(self._status)
 
-    def config(self, grid, block, shared_bytes, cluster=None) -> LaunchConfig:
-        """The checked LaunchConfig (cached per grid, block, shared_bytes and cluster shape)."""
+    def config(self, grid, block, shared_bytes, cluster=None, pdl: bool = False) -> LaunchConfig:
+        """The checked LaunchConfig (cached per grid, block, shared_bytes, cluster shape and pdl)."""
+        if pdl is not False:
+            pdl_flag(pdl)                       # a bool (1 == True would find True's cached configuration)
         try:
-            key = (grid, block, shared_bytes, cluster)
+            key = (grid, block, shared_bytes, cluster, True) if pdl else (grid, block, shared_bytes, cluster)
             cfg = self._configs.get(key)
         except TypeError:                       # a list for grid or block: not hashable, not cached
             key, cfg = None, None
         if cfg is None:
             cfg = make_config(grid, block, shared_bytes, max_threads_per_block=self.max_threads_per_block,
                               static_shared_bytes=self.static_shared_bytes, device=self.device, cluster=cluster,
-                              registers=self.registers, name=self.name)
+                              registers=self.registers, name=self.name, pdl=pdl)
             if cfg.shared_bytes > self._opted_in_bytes and self._opt_in is not None:
                 self._opt_in(cfg.shared_bytes)   # opt in above 48 KiB
                 self._opted_in_bytes = cfg.shared_bytes
@@ -861,7 +893,7 @@ class LaunchPath:
 
     def fast(self, cfg: LaunchConfig, types: tuple[type, ...]):
         """The generated launch function for `cfg` and arguments of exactly these types (made once per pair), or None
-        where `run` handles these calls (types without a plan; a cluster shape where the driver has no raw
+        where `run` handles these calls (types without a plan; a cluster shape or PDL where the driver has no raw
         cuLaunchKernelEx, `launch_kernel_ex`), or False where this path has no generated launches at all (a driver
         without the raw calls, `launch_kernel`). See _fast_source for what it does and when it hands the call back."""
         if not self.fast_launches:
@@ -876,18 +908,18 @@ class LaunchPath:
         return fn
 
     def _make_fast(self, cfg: LaunchConfig, types: tuple[type, ...]):
-        launch_ex = getattr(self.driver, "launch_kernel_ex", None) if cfg.cluster else None
-        if cfg.cluster and launch_ex is None:
+        launch_ex = getattr(self.driver, "launch_kernel_ex", None) if cfg.launch_ex else None
+        if cfg.launch_ex and launch_ex is None:
             return None
         code = _plan_code(self.params, types, self.device.index)
         if code is None:
             return None
         body, values, ns, torch_index, _ = code
         ns.update({f"T{i}": t for i, t in enumerate(types)})
-        if cfg.cluster:
-            # cuLaunchKernelEx's CUlaunchConfig with the cluster attribute, made once: each launch sets the stream
-            # (with the lock held) and passes the same pointer. The attribute array lives as long as the function.
-            config, attrs = cudriver.cluster_launch_config(cfg.grid, cfg.block, cfg.shared_bytes, 0, cfg.cluster)
+        if cfg.launch_ex:
+            # cuLaunchKernelEx's CUlaunchConfig with the cluster and/or PDL attribute, made once: each launch sets the
+            # stream (with the lock held) and passes the same pointer. The attribute array lives as long as the function.
+            config, attrs = cudriver.launch_config(cfg.grid, cfg.block, cfg.shared_bytes, 0, cfg.cluster, cfg.pdl)
             ns.update(LAUNCH_EX=launch_ex, CONFIG=config, CONFIG_P=ctypes.pointer(config), ATTRS=attrs)
         ns.update(FALLBACK_ERRORS=(_Fallback, TypeError, AttributeError, ValueError, OverflowError),
                   PACK_ERRORS=(struct.error, OverflowError), PACK=self._struct.pack_into, BUF=self._buffer,
@@ -914,9 +946,8 @@ class LaunchPath:
             if rc != CUDA_ERROR_INVALID_CONTEXT:
                 raise error if isinstance(error, BaseException) else self.driver.error(rc)
             self.driver.make_current(self.device.index)
-            extra = {"cluster": cfg.cluster} if cfg.cluster else {}
             self.driver.launch(self.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, stream,
-                               self.params_address, self.device.index, **extra)
+                               self.params_address, self.device.index, **cfg.driver_kwargs())
         except Exception as exc:
             raise as_launch_error(exc, self.name, cfg, during="launch") from None
 
@@ -946,19 +977,19 @@ class LaunchPath:
         return cupy_stream_handle()
 
     def launch(self, grid, block, shared_bytes, args: tuple, *, stream=None, sync: bool | None = None,
-               cluster=None) -> None:
+               cluster=None, pdl: bool = False) -> None:
         """Check the configuration and the arguments, pack and launch (see run)."""
-        self.run(self.config(grid, block, shared_bytes, cluster), args, stream, sync)
+        self.run(self.config(grid, block, shared_bytes, cluster, pdl), args, stream, sync)
 
     def run(self, cfg: LaunchConfig, args: tuple, stream=None, sync: bool | None = None) -> None:
         """Check the arguments (the plan's pass, or marshal_args), pack them and launch with `cfg`; raise LaunchError
         for launch failures and, with sync, for faults in the kernel.
 
         A synchronous launch on a stream that is being captured into a CUDA graph (torch.cuda.graph) does not wait:
-        the kernel is recorded, not run, and waiting would end the capture. A configuration with a cluster shape
-        launches through cuLaunchKernelEx: by its generated launch (fast) where there is one for these argument
-        types, as a launcher's `k[grid, block](...)` does for a launch without a cluster shape."""
-        if cfg.cluster:
+        the kernel is recorded, not run, and waiting would end the capture. A configuration with a cluster shape or
+        PDL launches through cuLaunchKernelEx: by its generated launch (fast) where there is one for these argument
+        types, as a launcher's `k[grid, block](...)` does for a plain launch."""
+        if cfg.launch_ex:
             fast = self.fast(cfg, tuple(map(type, args)))
             if fast and fast(args, stream, sync):
                 return
@@ -980,10 +1011,9 @@ class LaunchPath:
                     checked = marshal_args(self.params, args, self.device, self.signature)
             if checked is not None:
                 self._pack_numpy(checked)
-            extra = {"cluster": cfg.cluster} if cfg.cluster else {}
             try:
                 self.driver.launch(self.function_handle, cfg.grid, cfg.block, cfg.shared_bytes, handle,
-                                   self.params_address, self.device.index, **extra)
+                                   self.params_address, self.device.index, **cfg.driver_kwargs())
             except Exception as exc:
                 raise as_launch_error(exc, self.name, cfg, during="launch") from None
         if resolve_sync(sync):
@@ -1006,8 +1036,8 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
 
     Inline, in this order: the argument types, the plan's checks, the stream (torch's or CuPy's current one, else
     `stream=` as given), then with the lock held the packing into the parameter buffer, the raw cuLaunchKernel with
-    the grid, block and shared bytes as constants (with a cluster shape: the stream set in the CUlaunchConfig made
-    once, CONFIG, and the raw cuLaunchKernelEx), and for a synchronous launch the capture query; the lock released,
+    the grid, block and shared bytes as constants (with a cluster shape or PDL: the stream set in the CUlaunchConfig
+    made once, CONFIG, and the raw cuLaunchKernelEx), and for a synchronous launch the capture query; the lock released,
     the wait. A failed launch goes to FAILED (INVALID_CONTEXT's retry, the LaunchError), a failed query or wait to
     RAISE."""
     n = len(values)
@@ -1017,7 +1047,7 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
     (gx, gy, gz), (bx, by, bz) = cfg.grid, cfg.block
     # ctypes returns the CUresult; CuPy's launchKernel returns None or raises (CUDADriverError, its .status the
     # CUresult); either way, and for a value the call refuses, FAILED decides.
-    if cfg.cluster:      # cuLaunchKernelEx(&config, f, kernelParams, extra): the grid, block and cluster in CONFIG
+    if cfg.launch_ex:    # cuLaunchKernelEx(&config, f, kernelParams, extra): grid, block and attributes in CONFIG
         call = ["        CONFIG.hStream = s", "        try:", "            rc = LAUNCH_EX(CONFIG_P, FN, PARAMS, None)"]
     else:
         call = ["        try:",
@@ -1055,14 +1085,13 @@ def _fast_source(body: list[str], values: list[str], cfg: LaunchConfig, torch_st
 def launch_values(function_handle: int, config: LaunchConfig, values: list, stream: int, device_index: int = 0,
                   driver=None) -> None:
     """Launch with marshal_args-style values (NumPy scalars, a tensor map's bytes) through run/launch/cudriver.py:
-    cuLaunchKernel, or cuLaunchKernelEx where `config` has a cluster shape (a worker's launches)."""
+    cuLaunchKernel, or cuLaunchKernelEx where `config` has a cluster shape or PDL (a worker's launches)."""
     if driver is None:
         driver = cudriver.driver()
     held = [np.ascontiguousarray(v) for v in values]        # each value's bytes, alive until the launch returns
     pointers = (ctypes.c_void_p * max(1, len(held)))(*[h.ctypes.data for h in held])
-    extra = {"cluster": config.cluster} if config.cluster else {}
     driver.launch(int(function_handle), config.grid, config.block, config.shared_bytes, int(stream),
-                  ctypes.addressof(pointers) if held else None, device_index, **extra)
+                  ctypes.addressof(pointers) if held else None, device_index, **config.driver_kwargs())
 
 
 def as_launch_error(exc, kernel_name, config, during, job=None, why: str = "") -> LaunchError:

@@ -650,12 +650,23 @@ inline float exp_ftz(float x) {
 // prefetch.global.L1 of a thread's w and b packs (tutorial 04): a hint, nothing to emulate
 template <typename T, int VPT> inline void prefetch_l1(const T*, const T*, int, int) {}
 inline void prefetch_l1(const void*) {}          // <kl/ptx.cuh>'s prefetch.global.L1 of one line: a hint
+inline void prefetch_l2(const void*) {}          // <kl/pdl.cuh>'s prefetch.global.L2 of one line: a hint
+// Programmatic dependent launch (sm_90; <kl/pdl.cuh>'s griddepcontrol_wait and griddepcontrol_launch_dependents, or
+// a source's own one-statement `asm volatile("griddepcontrol.wait;" ::: "memory");`): no-ops here. Launches on the
+// CPU run one after the other, so when a kernel starts every kernel before it on the stream has finished and its
+// writes are in memory: griddepcontrol.wait has nothing to wait for, and there is no dependent launch for
+// griddepcontrol.launch_dependents to let start early. (The emulator therefore cannot find a read placed before the
+// wait that the previous kernel writes: that is the GPU test's job, and the kernel's comments'.)
+inline void griddepcontrol_wait() {}
+inline void griddepcontrol_launch_dependents() {}
 }  // namespace kl_emu
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
 inline int __ffs(int x) { return __builtin_ffs(x); }           // 1 + the lowest set bit; 0 for 0
+// The SM's cycle counter: here the host's steady clock in nanoseconds (a spin on it runs, without yielding its fiber)
+inline long long clock64() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
 
 // ---- shared-memory addresses, and the warp-level PTX of tutorial 05 (ldmatrix, mma.sync, cp.async) -------------
 // A shared address (__cvta_generic_to_shared) is the offset of the element from a 1 MiB-aligned point of the block's

@@ -68,7 +68,22 @@ HEADER = HERE / "cuda_host.h"
 HOST_HEADERS = ("cuda_host.h", "cuda_spellings.h", "checks.h", "hopper.h")     # what a build includes from HERE
 EMULATED = ("cluster_ctarank", "cluster_nctarank", "cluster_arrive", "cluster_wait", "cluster_sync", "cluster_map",
             "exp_ftz", "cluster_arrive_relaxed", "exchange_init", "exchange_push", "exchange_wait",
-            "exchange_arm", "prefetch_l1")
+            "exchange_arm", "prefetch_l1", "prefetch_l2", "griddepcontrol_wait", "griddepcontrol_launch_dependents")
+# One-statement PTX a function (a kernel too) may hold inline, and the emulator's call for it: programmatic dependent
+# launch's two instructions (no-ops on the CPU: cuda_host.h says why).
+_STATEMENT_PTX = {name: r'asm\s+(?:volatile\s*)?\(\s*"' + ptx.replace(".", r"\.") + r';(?:\\n)?"\s*(?::\s*)*(?:"memory"\s*)?\)\s*;'
+                  for name, ptx in (("griddepcontrol_wait", "griddepcontrol.wait"),
+                                    ("griddepcontrol_launch_dependents", "griddepcontrol.launch_dependents"))}
+
+
+def statement_ptx(source: str) -> str:
+    """`source` with each one-statement PTX of _STATEMENT_PTX (griddepcontrol.wait, ...), in a kernel or a helper,
+    replaced by its emulation's call `kl_emu::name();` (same length: line numbers and columns stay)."""
+    for name, pattern in _STATEMENT_PTX.items():
+        source = re.sub(pattern, lambda m, name=name: f"kl_emu::{name}();".ljust(len(m.group(0))), source)
+    return source
+
+
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int8": ctypes.c_int8, "uint8": ctypes.c_uint8,
            "int16": ctypes.c_int16, "uint16": ctypes.c_uint16, "int32": ctypes.c_int32, "uint32": ctypes.c_uint32,
            "int64": ctypes.c_int64, "uint64": ctypes.c_uint64, "bool": ctypes.c_bool}
@@ -85,6 +100,7 @@ def host_source(source: str) -> str:
     them)."""
     text = re.sub(r"^\s*#include\s*<(cuda_[a-z0-9_]+\.h|cuda/.*|math_constants\.h|mma\.h)>\s*(?://.*)?$", "", source,
                   flags=re.M)
+    text = statement_ptx(text)
     # dynamic shared memory: a per-block array of the most a block can have (sm_90: 227 KiB)
     text = re.sub(r"extern\s+__shared__\s+((?:__align__\(\d+\)\s+)?)([A-Za-z_][\w:<>, ]*?)\s+(\w+)\s*\[\s*\]\s*;",
                   lambda m: f"__shared__ {m.group(1)}{m.group(2)} {m.group(3)}[KL_DYNAMIC_SHARED_BYTES / "
@@ -698,7 +714,7 @@ def _function_name(head: str) -> str | None:
 _KL_EMU = {"cp_async_4", "cp_async_16", "cp_async_commit", "cp_async_wait", "cp_async_wait_all", "ldmatrix_x1",
            "ldmatrix_x2", "ldmatrix_x4", "ldmatrix_x2_trans", "ldmatrix_x4_trans", "mma_16816", "wgmma_fence",
            "wgmma_commit", "wgmma_wait", "wgmma_256", "wgmma_128", "wgmma_ss", "wgmma_ss_tb", "wgmma_rs_tb",
-           "fence_acc"}
+           "fence_acc", "griddepcontrol_wait", "griddepcontrol_launch_dependents", "prefetch_l2"}
 
 
 def _using(keep: list, start: int, end: int, name: str) -> None:
@@ -745,7 +761,7 @@ def _strip_ptx(keep: list, clean: list, header: int, open_: int, close: int, whe
 
 def prepare(source: str) -> str:
     """The kernel source as `emulate` compiles it (see its docstring)."""
-    source = _INT_TYPEDEF.sub("", source)
+    source = statement_ptx(_INT_TYPEDEF.sub("", source))
     text_clean = strip_comments_and_strings(source)
     clean = list(text_clean)
     keep = list(source)
