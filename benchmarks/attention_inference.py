@@ -3,6 +3,7 @@
     python3 benchmarks/attention_inference.py [--quick] [--part gqa|decode|both] [--out DIR]
     python3 benchmarks/attention_inference.py --part decode --profile [--out DIR]   # why small caches are slow
     python3 benchmarks/attention_inference.py --part decode --floor [--out DIR]     # the split floor's default
+    python3 benchmarks/attention_inference.py --part decode --pdl [--quick] [--out DIR]   # a decode step, with PDL
 
 Method. The kernels and launchers are the tutorial's own (the `%%cuda` and `# launchers` cells of
 notebooks/09-attention-inference.py, compiled by NVRTC as the magic compiles them); each is called through its
@@ -32,6 +33,9 @@ and 32 at B = 1, caches 512 to 8k, a line per cache with the ratio (benchmarks/d
 Each case is checked once before it is timed, against SDPA (GQA: enable_gqa in the same dtype; decoding: float32, or
 the float64 reference with several tokens); a failed check is printed and its row marked.
 The last thing printed is the two tables.
+--pdl (with --part decode): a decode step as a model meets it, the producer kernel (tutorial 09's decode_append; at
+8k also a QKV projection before it) then the decode, plain and as a programmatic dependent launch (PDL) behind the
+producer, at B = 1 and caches 1k-128k: decode's share of copy alone and in the step (benchmarks/decode_pdl.py).
 --profile (with --part decode): the decode's latency model, Nsight Compute on its kernel and the op's time by L2 state
 at B = 1 (1k, 8k, 128k) and B = 32 (8k), then what each outcome means (benchmarks/decode_profile.py).
 """
@@ -400,9 +404,12 @@ def main(argv=None) -> int:
                     "of the one-launch decode beside its latency model (benchmarks/decode_profile.py)")
     ap.add_argument("--floor", action="store_true", help="with --part decode: the plan's default split floor against "
                     "min_keys 16, 32 and 64 at B = 1, caches 512 to 8k (benchmarks/decode_profile.py floor_sweep)")
+    ap.add_argument("--pdl", action="store_true", help="with --part decode: a decode step (producer kernel, then the "
+                    "decode) with and without programmatic dependent launch at B = 1, caches 1k-128k "
+                    "(benchmarks/decode_pdl.py)")
     args = ap.parse_args(argv)
-    if (args.profile or args.floor) and args.part != "decode":
-        ap.error("--profile and --floor measure the decode: pass --part decode with them")
+    if (args.profile or args.floor or args.pdl) and args.part != "decode":
+        ap.error("--profile, --floor and --pdl measure the decode: pass --part decode with them")
     import torch
 
     if not torch.cuda.is_available():
@@ -430,6 +437,25 @@ def main(argv=None) -> int:
         import decode_profile
 
         return decode_profile.floor_sweep(t, torch, pathlib.Path(args.out or "."), log=log)
+    if args.pdl:
+        import decode_pdl
+
+        log(f"PDL: {'on' if torch.cuda.get_device_capability() >= (9, 0) else 'not on this GPU (below sm_90): the PDL '
+                   'launches are plain ones'}")
+        rows = decode_pdl.run(t, torch, copy_gbps, quick=args.quick, log=log)
+        text = decode_pdl.table(rows, copy_gbps)
+        if args.out:
+            out = pathlib.Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "decode_pdl.json").write_text(json.dumps(
+                {"device": torch.cuda.get_device_name(), "copy_gbps": copy_gbps, "rows": rows}, indent=1))
+            (out / "decode_pdl.md").write_text(text + "\n")
+        log(f"\n{time.time() - t0:.0f} s in all\n")
+        log(text)
+        failed = [r["label"] for r in rows if r["check"] != "passed"]
+        if failed:
+            log(f"\nFAILED checks: {', '.join(failed)}")
+        return 1 if failed or not rows else 0
     dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(","))
     shapes = [tuple(int(x) for x in pair.split(":")) for pair in args.shapes.split(",") if pair]
     ratios = [int(x) for x in args.ratios.split(",") if x]

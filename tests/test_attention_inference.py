@@ -705,3 +705,55 @@ def test_the_benchmark_skips_backends_that_refuse_a_case_quietly_and_names_pytor
     k = torch.randn(1, 2, 16, 64)
     from torch.nn.attention import SDPBackend
     assert bench.sdpa_choice(torch, q, k, k, False) in {n.lower() for n in SDPBackend.__members__}
+
+
+@needs_cxx
+def test_the_pdl_step_benchmark_checks_and_times_each_step_on_the_emulator(t09, capsys):
+    """benchmarks/decode_pdl.py (attention_inference.py --part decode --pdl) on the CPU: the tutorial's producer and
+    decode on the emulator (a small head, a 40-position cache), both producers; every function called as it would be
+    timed, fake timings; the check against SDPA and of the PDL step against the plain one passes; decode's share of
+    copy in the step is the bytes over (step - producer alone)."""
+    import decode_pdl as dp
+
+    timed = []
+
+    def fake_time(fns, inputs):
+        args = inputs(torch.Generator().manual_seed(1))
+        for name, fn in fns.items():
+            fn(*args)
+        timed.append(list(fns))
+        return {"kernellab.bench": {dp.STEP_PDL: 0.025, dp.STEP: 0.030, dp.PRODUCER: 0.005, dp.DECODE: 0.028}}
+
+    graph = {dp.STEP_PDL: 20.0, dp.STEP: 24.0, dp.PRODUCER: 4.0, dp.DECODE: 22.0}
+    names = {}
+
+    def fake_graph(fn, args):
+        return graph[names[id(fn)]]
+
+    def timing(fns, inputs):
+        names.update({id(f): n for n, f in fns.items()})
+        return fake_time(fns, inputs)
+
+    launches = t09["decode_kernels"].launches
+    before = len(launches)
+    ops = (lambda q, k, v, s: t09["decode_attention"](q, k, v, s),
+           lambda q, k, v, s: t09["decode_attention"](q, k, v, s, pdl=True))
+    rows = dp.run(t09, torch, 3000.0, caches=(40,), qkv_caches=(40,), time_fn=timing, graph_fn=fake_graph,
+                  device="cpu", ops=ops, shape=(1, 4, 1, 128), log=print)
+    assert [r["check"] for r in rows] == ["passed", "passed"], rows
+    assert [r["producer"] for r in rows] == ["append", "qkv projection + append"]
+    assert timed == [[dp.STEP_PDL, dp.STEP, dp.PRODUCER, dp.DECODE]] * 2
+    pdl_launches = [x for x in launches[before:] if x[-1] == ("pdl", True)]
+    assert pdl_launches and all(x[0] == "decode_fused_bf16_d128_m16_pdl" for x in pdl_launches)
+    assert {x[0] for x in launches[before:]} == {"decode_append_bf16", "decode_fused_bf16_d128_m16",
+                                                 "decode_fused_bf16_d128_m16_pdl"}
+    r = rows[0]
+    copy_us = dp._moved(40, 1, 4, 1, 128) / 3000e3
+    assert r["of_copy"]["kernellab.bench"] == pytest.approx(
+        {"alone": copy_us / 28.0, "step": copy_us / 25.0, "step, PDL": copy_us / 20.0})
+    assert r["of_copy"]["CUDA graph"]["step, PDL"] == pytest.approx(copy_us / 16.0)
+    assert r["pdl_speedup"] == pytest.approx({"kernellab.bench": 1.2, "CUDA graph": 1.2})
+    text = dp.table(rows, 3000.0)
+    assert "| B=1 cache=40 producer: append | kernellab.bench | passed | 5.0 | 28.0 | 30.0 | 25.0 | 1.20x |" in text
+    assert text.splitlines()[-1] == "PDL step over the plain step, every case and method: 1.20x to 1.20x"
+    assert "Traceback" not in capsys.readouterr().err

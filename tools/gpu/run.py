@@ -208,6 +208,18 @@ SUITES: dict[str, Suite] = {
         "the latency model; last lines: what each outcome means", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--profile", "--out", "{out}"),),
         takes_args=True),
+    "bench-decode-pdl": Suite(
+        "a decode step behind its producer with programmatic dependent launch (PDL): tests/gpu/test_decode_pdl_gpu.py "
+        "(pdl=True launches wait for a producer that writes late, a control without the wait shows the overlap; "
+        "tutorial 09's decode_attention(pdl=True) behind decode_append equal to the plain step bit for bit, through "
+        "the op and a captured CUDA graph), then benchmarks/attention_inference.py --part decode --pdl --quick: B = 1, "
+        "caches 1k, 8k, 32k, 128k (and a QKV projection producer at 8k), producer, decode alone, the step plain and "
+        "with PDL, by kernellab.bench, do_bench, sustained and a CUDA graph; decode's share of copy alone and in the "
+        "step; a table last", 300,
+        commands=(
+            (PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short",
+             GPU_TESTS + "test_decode_pdl_gpu.py"),
+            (PY, "benchmarks/attention_inference.py", "--part", "decode", "--pdl", "--quick", "--out", "{out}"))),
     "bench-decode-floor": Suite(
         "benchmarks/attention_inference.py --part decode --floor: tutorial 09's decode at B = 1 (caches 512, 1k, 2k, "
         "4k, 8k), the launcher with the plan's default split floor (decode_floor) against min_keys 64 (the old "
