@@ -1373,6 +1373,65 @@ for B, L in ((1, 1024), (1, 8192), (1, 131072), (32, 8192)):
           f"{r.speedups[0].ratio:.2f}x")
 
 # %% [markdown]
+# ### Behind the producer: programmatic dependent launch
+#
+# A model never calls the decode alone: before it, in the same step, a kernel writes the new token's `q`, its `K`/`V`
+# row into the cache and the new `cache_seqlens` (here `decode_append`, the kernel after the QKV projection). On one
+# stream the decode's blocks are placed only once that kernel has finished, so the fixed part measured above (the
+# grid's start, the dispatch of a wave of 80 KB blocks, `cache_seqlens`' trip to DRAM: about 5 µs of the 9 at 8k) is
+# paid after it, on the step's critical path. **Programmatic dependent launch** (PDL, sm_90) lets the decode start
+# while the producer runs: launched with `pdl=True` (kernellab's `k[grid, block](..., pdl=True)`: `cuLaunchKernelEx`
+# with `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`), its blocks become resident as soon as every producer
+# block has executed `griddepcontrol.launch_dependents` (the producer's first instruction), and each waits in
+# `griddepcontrol.wait` (`kl/pdl.cuh`'s `griddepcontrol_wait`) until the producer has finished and its writes are
+# visible.
+#
+# **What may come before the wait** is the whole design, and the answer is conservative. Not `q` (the producer writes
+# it). Not `cache_seqlens`: in a step it is written with the new row, so the decode does not know `L` before the wait,
+# and without `L` it cannot tell which cache rows are older than the new one: the cache positions before the newest
+# are read-only in a decode step, but *which* positions those are is the producer's output. So no load into shared
+# memory (`cp.async`) or registers happens before the wait: a `K`/`V` row the producer may be writing would be read
+# stale. What is left is safe for any address: each warp's addresses, and an **L2 prefetch** (`prefetch.global.L2`) of
+# its first tile on the guess that the cache is full (the `early` variant's guess). L2 is where every SM's loads and
+# stores meet, so a line prefetched there is updated by the producer's store, never stale; a wrong guess costs a wasted
+# prefetch, no error. Nothing is written before the wait. Below sm_90, and in the CPU emulator (launches there run one
+# after the other, so the wait is a no-op), `pdl=True` is a plain launch with the same result.
+#
+# **Predictions** (H100, `B = 1`, 8k, kernellab.bench, from the latency model in
+# `benchmarks/NOTES-attention-inference.md`): alone the decode is ~23 µs as called, 49 % of copy. In a step, measured
+# as the step's time minus the producer's alone, ~21.5 µs plain (52 %: its launch overlaps the producer) and ~18.5 µs
+# with PDL (~60 %): up to 5 µs of start, ramp, `cache_seqlens` (now an L2 hit) and first tile leave the critical path,
+# but no more than the producer lasts (2-3 µs for `decode_append`). **Not 80 %**: the last block's merge tail (3.6 µs)
+# and the stream's own DRAM latency stay. `benchmarks/attention_inference.py --part decode --pdl` measures the step at
+# 1k-128k (and with a QKV projection before the producer), by kernellab.bench, do_bench, sustained and in a CUDA graph.
+
+# %%
+# %%gpu
+def decode_step_pdl(L, B=1, Hq=32, Hkv=8, d=128):
+    """kernellab.bench of a decode step (decode_append, then decode_attention) with the decode launched as a PDL
+    launch, against the plain step and the producer alone; the new token's row is the cache's last."""
+    def inputs(g):
+        kc, vc = (torch.randn(B, Hkv, L, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+        qkv = torch.randn(B, Hq + 2 * Hkv, 1, d, generator=g).to(torch.bfloat16).cuda()
+        return qkv, kc, vc, torch.full((B,), L - 1, dtype=torch.int32, device="cuda")
+
+    def step(qkv, kc, vc, old, pdl=True):
+        q, sl = decode_append(qkv, kc, vc, old)
+        return decode_attention(q, kc, vc, sl, pdl=pdl)
+
+    return kernellab.bench(step, inputs, name="step with PDL", baselines={
+        "plain step": lambda *a: step(*a, pdl=False), "producer alone": lambda *a: decode_append(*a)})
+
+
+for L in (1024, 8192, 131072):
+    r = decode_step_pdl(L)
+    plain, producer = (b.median_ms for b in r.baselines)
+    moved = decode_counts(1, 32, 8, 1, L, 128)[1]
+    share = lambda ms: moved / ((ms - producer) * 1e-3) / 1e9 / copy_gbps        # noqa: E731
+    print(f"cache {L:6d}: step {plain * 1e3:6.1f} us, with PDL {r.median_ms * 1e3:6.1f} us ({plain / r.median_ms:.2f}x);"
+          f" decode in the step {share(plain):4.0%} of copy, with PDL {share(r.median_ms):4.0%}")
+
+# %% [markdown]
 # ## Check on awkward shapes
 #
 # `N = 1, 63, 65, 1000, 1031, 4097` for GQA at ratios 1, 4 and 8 (and MQA), both dtypes, `d = 64` and 128, causal
@@ -1597,3 +1656,9 @@ kernellab.grade("09-gqa-scores", gqa_scores)
 #   max over the partials, 16 of them in flight) and `early=True` (each warp's first tile asked for before
 #   `cache_seqlens` arrives, on the guess that the cache is full); `benchmarks/decode_profile.py` holds their
 #   predictions and times them beside the default.
+# - **Hiding the fixed part instead of cutting it.** One launch cannot reach 80 % of copy at 8k: its floor and ramp
+#   alone are most of the gap. Behind the step's producer with programmatic dependent launch (`pdl=True`) the decode's
+#   start overlaps the producer; what may run before `griddepcontrol.wait` is only what cannot read the producer's
+#   output stale (addresses and L2 prefetches: `q`, `cache_seqlens` and every `K`/`V` load wait). The gain is bounded
+#   by how long the producer lasts and leaves the merge tail in place; the last block's merge overlapping the next
+#   kernel of the step (the output projection launched with PDL behind the decode) is the next piece.
