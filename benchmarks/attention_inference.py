@@ -440,8 +440,8 @@ def main(argv=None) -> int:
     if args.pdl:
         import decode_pdl
 
-        log(f"PDL: {'on' if torch.cuda.get_device_capability() >= (9, 0) else 'not on this GPU (below sm_90): the PDL '
-                   'launches are plain ones'}")
+        hopper = torch.cuda.get_device_capability() >= (9, 0)
+        log("PDL: on" if hopper else "PDL: not on this GPU (below sm_90): the PDL launches are plain ones")
         rows = decode_pdl.run(t, torch, copy_gbps, quick=args.quick, log=log)
         text = decode_pdl.table(rows, copy_gbps)
         if args.out:

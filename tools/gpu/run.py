@@ -208,6 +208,12 @@ SUITES: dict[str, Suite] = {
         "the latency model; last lines: what each outcome means", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--profile", "--out", "{out}"),),
         takes_args=True),
+    "tests-decode-pdl": Suite(
+        "programmatic dependent launch on the GPU: pdl=True launches wait for a producer that writes late and a "
+        "control without griddepcontrol.wait shows the overlap; tutorial 09's decode_attention(pdl=True) behind "
+        "decode_append equal to the plain step bit for bit, eagerly, through the op and from a captured CUDA graph "
+        "(bench-decode-pdl runs these first too)", 240,
+        tests=(GPU_TESTS + "test_decode_pdl_gpu.py",)),
     "bench-decode-pdl": Suite(
         "a decode step behind its producer with programmatic dependent launch (PDL): tests/gpu/test_decode_pdl_gpu.py "
         "(pdl=True launches wait for a producer that writes late, a control without the wait shows the overlap; "

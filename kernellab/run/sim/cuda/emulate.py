@@ -8,8 +8,10 @@ real, slowly (about a million barrier crossings per second). kernellab's headers
 kernellab/include) are on the include path: their PTX wrappers run cuda_host.h's kl_emu:: emulation (their #else
 branches). A source's own cluster helpers written in inline PTX (cluster_ctarank, cluster_nctarank, cluster_arrive,
 cluster_arrive_relaxed, cluster_wait, cluster_sync, cluster_map), statistic exchange (exchange_init, exchange_push,
-exchange_wait, exchange_arm: st.async and an mbarrier), exp_ftz and prefetch_l1 (a no-op) are cut from the source
-and replaced by the emulated ones; other inline PTX cannot run here.
+exchange_wait, exchange_arm: st.async and an mbarrier), exp_ftz, prefetch_l1 and prefetch_l2 (no-ops) and
+programmatic dependent launch's griddepcontrol_wait and griddepcontrol_launch_dependents are cut from the source and
+replaced by the emulated ones (the two griddepcontrol statements also where they stand inline, in a kernel too:
+no-ops, since launches on the CPU run one after the other); other inline PTX cannot run here.
 
 `emulate` (below) runs a tutorial's kernel as a program of its own on the same runtime, tensor-core PTX included,
 for the tests of tutorials 05 to 09 (NumPy arrays and TMA tensor maps, no NVRTC):
