@@ -84,6 +84,8 @@ def run(t, torch, copy_gbps, *, quick=False, caches=CACHES, qkv_caches=QKV_CACHE
     timings, `device`, `ops` (the plain and the PDL decode, for the registered ops) and a small `shape` (B, Hq, Hkv,
     d)."""
     B, HQ, HKV, D = shape
+    from kernellab.run.launch.launch import deferred_sync
+
     F = torch.nn.functional
     if time_fn is None:
         from as_called import time_as_called
@@ -104,10 +106,11 @@ def run(t, torch, copy_gbps, *, quick=False, caches=CACHES, qkv_caches=QKV_CACHE
     for L, producer in cases:
         H = HQ + 2 * HKV
 
-        def inputs(g, L=L):
+        def inputs(g, L=L, producer=producer):
             kc, vc = (torch.randn(B, HKV, L, D, generator=g, device=device).to(dtype) for _ in range(2))
             x = torch.randn(B, HQ * D, generator=g, device=device).to(dtype)
-            w = (torch.randn(HQ * D, H * D, generator=g, device=device) * (HQ * D) ** -0.5).to(dtype)
+            w = ((torch.randn(HQ * D, H * D, generator=g, device=device) * (HQ * D) ** -0.5).to(dtype)
+                 if producer != "append" else x[:0])                  # the projection's weights where it runs
             qkv = torch.randn(B, H, 1, D, generator=g, device=device).to(dtype)
             old = torch.full((B,), L - 1, dtype=torch.int32, device=device)   # the new row is the cache's last
             q = qkv[:, :HQ].clone()                                  # what the producer writes: decode alone reads
@@ -129,8 +132,9 @@ def run(t, torch, copy_gbps, *, quick=False, caches=CACHES, qkv_caches=QKV_CACHE
                PRODUCER: produce, DECODE: lambda *a: plain_op(a[6], a[3], a[4], a[7])}
         args = inputs(torch.Generator(device).manual_seed(0))
         label = f"B={B} cache={L} producer: {producer}"
-        plain_out = step(*args, op=plain_op).clone()
-        pdl_out = step(*args, op=pdl_op)
+        with deferred_sync():                    # queued as timed: at the top level a launch would wait for its kernel
+            plain_out = step(*args, op=plain_op).clone()
+            pdl_out = step(*args, op=pdl_op)
         q, kc, vc, sl = args[6], args[3], args[4], args[7]
         ref = F.scaled_dot_product_attention(q.float(), kc.float(), vc.float(), enable_gqa=True)
         err = (pdl_out.float() - ref).abs().max().item()

@@ -14,6 +14,7 @@ from notebook_cells import load_tutorial
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 import kernellab  # noqa: E402
+from kernellab.run.launch.launch import deferred_sync  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SPIN = 2_000_000           # about 1 ms at 1.7-2 GHz: far longer than a decode launch takes to start
@@ -86,11 +87,14 @@ def step_inputs(B, Hq, Hkv, nq, L, d, dtype, seed):
 
 
 def run_step(t09, qkv, kc, vc, old, pdl, spin=SPIN, op=False, q=None, seqlens=None):
-    """The producer (decode_append, spinning `spin` cycles before it writes), then the decode behind it."""
-    q, sl = t09["decode_append"](qkv, kc, vc, old, spin=spin, q=q, seqlens=seqlens)
-    if op:
-        return (torch.ops.kl.decode_attention_pdl if pdl else torch.ops.kl.decode_attention)(q, kc, vc, sl), q, sl
-    return t09["decode_attention"](q, kc, vc, sl, pdl=pdl), q, sl
+    """The producer (decode_append, spinning `spin` cycles before it writes), then the decode behind it, both queued
+    without waiting (deferred_sync: at the top level a launch would wait for its kernel, and the decode would never
+    meet a running producer)."""
+    with deferred_sync():
+        q, sl = t09["decode_append"](qkv, kc, vc, old, spin=spin, q=q, seqlens=seqlens)
+        if op:
+            return (torch.ops.kl.decode_attention_pdl if pdl else torch.ops.kl.decode_attention)(q, kc, vc, sl), q, sl
+        return t09["decode_attention"](q, kc, vc, sl, pdl=pdl), q, sl
 
 
 def poison(q, sl, kc, vc, old, nq):
