@@ -440,12 +440,13 @@ class Kernel:
 class _Launcher:
     """`kernel[grid, block]`: call it with the kernel's arguments."""
 
-    __slots__ = ("kernel", "grid", "block", "shared_bytes", "_path", "_config", "_fast")
+    __slots__ = ("kernel", "grid", "block", "shared_bytes", "_path", "_config", "_fast", "_config_pdl", "_fast_pdl")
 
     def __init__(self, kernel: Kernel, grid, block, shared_bytes: int = 0):
         self.kernel, self.grid, self.block, self.shared_bytes = kernel, grid, block, shared_bytes
         self._path = self._config = None        # the checked LaunchConfig, once launched in this process
         self._fast = None                       # LaunchPath.fast for the last launch's argument types
+        self._config_pdl = self._fast_pdl = None    # the same for pdl=True launches
 
     def __call__(self, *args, shared_bytes: int | None = None, stream=None, sync: bool | None = None,
                  isolate: bool | None = None, timeout_s: float | None = None, cluster=None, pdl: bool = False):
@@ -456,31 +457,42 @@ class _Launcher:
         # The common case, a launch in this process as configured: the generated launch for these argument types
         # (it returns False, having launched nothing, where run must decide), else straight to the launch path.
         # (The notebook-wide isolation setting is _isolation_default's test, inline: this is every launch's path.)
-        if (path is self._path and shared_bytes is None and isolate is None and cluster is None and not pdl
-                and path is not None
+        # pdl=True keeps its own configuration and generated launch (cuLaunchKernelEx); another pdl value goes to
+        # Kernel.launch, which checks it.
+        if (path is self._path and shared_bytes is None and isolate is None and cluster is None and path is not None
+                and (pdl is False or pdl is True)
                 and k.isolate is None and not (_WORKER_SETTINGS[0] or _worker_settings()).isolate):
-            fast = self._fast
+            if pdl:
+                cfg, fast = self._config_pdl, self._fast_pdl
+                if cfg is None:
+                    cfg = self._config_pdl = path.config(self.grid, self.block, self.shared_bytes, None, True)
+            else:
+                cfg, fast = self._config, self._fast
             try:
                 if fast and fast(args, stream, sync, 2):      # 2: the record's frame is this call's caller's
                     return None
-                path.run(self._config, args, stream, sync)
+                path.run(cfg, args, stream, sync)
             except LaunchError as exc:
-                k._keep_job(exc, self._config, args)
+                k._keep_job(exc, cfg, args)
                 raise
             if fast is not False:               # False: this path has no generated launches (its driver's choice)
-                self._fast = path.fast(self._config, tuple(map(type, args)))
+                fast = path.fast(cfg, tuple(map(type, args)))
+                if pdl:
+                    self._fast_pdl = fast
+                else:
+                    self._fast = fast
             return None
         extra = {"cluster": cluster} if cluster is not None else {}     # CUDA C++ kernels take clusters and PDL
-        if pdl:
+        if pdl is not False:
             extra["pdl"] = pdl
         result = k.launch(self.grid, self.block, *args,
                           shared_bytes=self.shared_bytes if shared_bytes is None else shared_bytes,
                           stream=stream, sync=sync, isolate=isolate, timeout_s=timeout_s, **extra)
-        if (k._path is not None and shared_bytes is None and cluster is None and not pdl
-                and self._path is not k._path):
+        if k._path is not None and shared_bytes is None and cluster is None and self._path is not k._path:
             path = self._path = k._path
             self._config = path.config(self.grid, self.block, self.shared_bytes)
-            self._fast = path.fast(self._config, tuple(map(type, args)))
+            self._fast = None if pdl else path.fast(self._config, tuple(map(type, args)))
+            self._config_pdl = self._fast_pdl = None
         return result
 
 

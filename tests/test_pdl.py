@@ -249,6 +249,12 @@ def test_kernel_launches_with_pdl_on_sm_90_and_as_before_without(fake_gpu):
     assert [(r[2], r[3][3]) for r in driver.raw_ex] == [([(6, 1)], np.int32(n).tobytes()) for n in (10, 11, 13)]
     plain = [r[1][3] for r in driver.raw] + [p[3] for _, kw, p in driver.launches if kw == {}]
     assert plain == [np.int32(12).tobytes()] and len(driver.launches) + len(driver.raw) == 1    # cuLaunchKernel
+    launcher = k[8, 256]
+    assert callable(launcher._fast_pdl) and launcher._config_pdl.pdl and not launcher._config.pdl
+    for n in (14, 15):                                   # the launcher's own generated PDL launch, as plain ones
+        launcher(*args(n), pdl=True, sync=False)
+    assert [r[3][3] for r in driver.raw_ex[-2:]] == [np.int32(n).tobytes() for n in (14, 15)]
+    assert all(kw == {} for _, kw, _ in driver.launches)     # no PDL launch took Driver.launch's general way
     with pytest.raises(ArgumentError, match="pdl must be True or False"):
         k[8, 256](*args(3), pdl=1)
 
