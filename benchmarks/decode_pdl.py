@@ -17,19 +17,19 @@ Decode's share of the copy bandwidth kernellab measures is given both ways: deco
 the step (bytes / (step - producer alone)). The decode output is checked against SDPA (float32, enable_gqa; the cache
 is full, so no mask) and the PDL step's output against the plain step's, bit for bit.
 
-Prediction (written before the GPU ran it; benchmarks/NOTES-attention-inference.md's latency model, H100 constants):
-at 8k the decode kernel is 20.8 µs under Nsight Compute (9.0 of it the fixed part: floor 2.6, dispatch ramp 1.3,
-cache_seqlens' DRAM trip 1.0, in-block merge 0.5, merge tail 3.6) plus about 2.5 µs of launch as called: ~23 µs, 49 %
-of copy alone. In a step with the host ahead (kernellab.bench queues calls), the decode's launch overlaps the
-producer and the gap between the two is ~1 µs: step - producer ~21.5 µs (52 %). With PDL the decode's blocks are
-placed while the producer runs: its grid start (about half the 2.6 floor), the ramp (1.3) and the gap (~1) leave the
-critical path, cache_seqlens comes from L2 (the producer just wrote it: 1.0 -> 0.4) and the first tile of each warp
-was prefetched into L2 (~0.5 of a DRAM trip): up to ~5 µs, but no more than the producer lasts (the append kernel:
-~2-3 µs on the GPU), so ~3 µs: step - producer ~18.5 µs at 8k, **~60 % of copy, not 80 %** (the merge tail and the
-stream's own DRAM latency stay); 1k ~10 % -> ~14 % (4 MB: the fixed part is all of it), 32k ~78 % -> ~83 %, 128k
-~96 % -> ~97 %. The step as a whole: ~3 µs faster at every cache (1.15x at 1k-8k, ~1.05x at 32k). The qkv projection
-producer does not change the decode's gain (its GEMV ends before the append starts: the PDL edge is append ->
-decode). Under CUDA graphs the same gains, the launch gaps smaller in both.
+Prediction (written before the GPU ran it; `prediction` below: benchmarks/decode_profile.py's latency model with its
+H100 constants, printed beside each measured row): at 8k the decode kernel is 20.8 µs under Nsight Compute (9.0 of it
+the fixed part: floor 2.6, dispatch ramp 1.3, cache_seqlens' DRAM trip 1.0, in-block merge 0.5, merge tail 3.6) plus
+2.5 µs of launch as called: 23.3 µs, 48 % of copy alone. In a step with the host ahead (kernellab.bench queues
+calls), the decode's launch overlaps the producer and only the gap between the two kernels (~1 µs) is added: step -
+producer 21.8 µs (51 %). With PDL the decode's blocks are placed while the producer runs: its grid start (half the
+floor), the ramp, the gap, cache_seqlens from L2 (the producer just wrote it: 0.6 µs saved) and each warp's first tile
+prefetched into L2 (0.6) could leave the critical path, 4.8 µs, but no more than the producer lasts (decode_append:
+assumed 2.5 µs on the GPU): 19.3 µs, **58 % of copy at 8k, not 80 %** (the merge tail and the stream's own DRAM
+latency come after the wait). 1k 12 / 14 / 19 %, 32k 78 / 81 / 84 %, 128k 96 / 97 / 98 % (alone / step / step with
+PDL). The step as a whole 2.5 µs faster at every cache (~1.2x at 1k, ~1.1x at 8k). The QKV projection producer does
+not change the decode's gain (its GEMV ends before the append starts: the PDL edge is append -> decode). Under CUDA
+graphs the same gain, the launch gaps smaller in both.
 """
 from __future__ import annotations
 
@@ -44,6 +44,29 @@ PRODUCER, DECODE, STEP, STEP_PDL = "producer alone", "decode alone", "step", "st
 
 def _moved(L, B=B, Hq=HQ, Hkv=HKV, d=D):
     return 2 * B * Hkv * L * d * 2 + 2 * B * Hq * d * 2
+
+
+GAP_US = 1.0               # between two kernels queued on one stream: the second's launch and start after the first
+PRODUCER_KERNEL_US = 2.5   # decode_append on the GPU: a grid of 48 small blocks, its floor (an assumption, not fitted)
+
+
+def prediction(L, machine=None, producer_us=PRODUCER_KERNEL_US, copy_gbps=3000.0) -> dict:
+    """The latency model's prediction (benchmarks/decode_profile.py's decode_model, H100 constants) at B = 1, Hq 32 /
+    Hkv 8, d = 128: decode's µs and share of copy alone (kernellab.bench with a clean L2: launch + kernel), in the
+    step (the kernel + the gap to the producer: its launch overlaps the producer), and in the step with PDL (less
+    what the producer's run hides: half the kernel floor (the grid's start), the dispatch ramp, the gap,
+    cache_seqlens read from L2 instead of DRAM and the first tile prefetched into L2; no more than the producer
+    lasts)."""
+    import decode_profile as dp
+
+    m = machine or dp.H100
+    model = dp.decode_model(B, L, dp.profile_plan(B, L), m)
+    saved_trip = m.dram_latency_us - m.l2_latency_us
+    hideable = m.kernel_floor_us / 2 + model.ramp_us + GAP_US + 2 * saved_trip
+    us = {"alone": model.clean_us, "step": model.ncu_us + GAP_US,
+          "step, PDL": model.ncu_us + GAP_US - min(producer_us, hideable)}
+    copy_us = _moved(L) / (copy_gbps * 1e3)
+    return {"us": us, "of_copy": {k: copy_us / v for k, v in us.items()}, "hideable_us": hideable}
 
 
 def graph_us(torch, fn, args, flush, steps=GRAPH_STEPS, replays=7) -> float:
@@ -152,12 +175,16 @@ def run(t, torch, copy_gbps, *, quick=False, caches=CACHES, qkv_caches=QKV_CACHE
                      "step, PDL": copy_us / max(u[STEP_PDL] - u[PRODUCER], 1e-9)} for m, u in us.items()}
         row = {"label": label, "L": L, "producer": producer, "check": check, "us": us, "of_copy": share,
                "pdl_speedup": {m: u[STEP] / u[STEP_PDL] for m, u in us.items()}, "moved": moved}
+        if (B, HQ, HKV, D) == (1, 32, 8, 128):
+            row["predicted_of_copy"] = prediction(L, copy_gbps=copy_gbps)["of_copy"]
         rows.append(row)
         k = "kernellab.bench" if "kernellab.bench" in us else next(iter(us))
         u, s = us[k], share[k]
         log(f"{label:46s} [{k}] producer {u[PRODUCER]:7.1f} us, decode alone {u[DECODE]:7.1f} us ({s['alone']:4.0%} "
             f"of copy), step {u[STEP]:7.1f} us (decode {s['step']:4.0%}), step with PDL {u[STEP_PDL]:7.1f} us "
             f"(decode {s['step, PDL']:4.0%}): {row['pdl_speedup'][k]:.2f}x"
+            + (f"  [predicted {row['predicted_of_copy']['alone']:.0%} / {row['predicted_of_copy']['step']:.0%} / "
+               f"{row['predicted_of_copy']['step, PDL']:.0%}]" if "predicted_of_copy" in row else "")
             + ("" if check == "passed" else "  " + check))
     return rows
 
@@ -165,21 +192,25 @@ def run(t, torch, copy_gbps, *, quick=False, caches=CACHES, qkv_caches=QKV_CACHE
 def table(rows, copy_gbps) -> str:
     """The markdown table: per case and timing method, the step with and without PDL and decode's share of copy."""
     out = [f"| decode step (copy {copy_gbps / 1e3:.2f} TB/s) | method | check | producer us | decode alone us | "
-           "step us | step with PDL us | PDL speedup | decode of copy: alone | in the step | in the step with PDL |",
-           "|" + "---|" * 11]
+           "step us | step with PDL us | PDL speedup | decode of copy: alone | in the step | in the step with PDL | "
+           "predicted (model): alone / step / step with PDL |",
+           "|" + "---|" * 12]
     for r in rows:
         for m, u in r["us"].items():
             s = r["of_copy"][m]
             out.append(f"| {r['label']} | {m} | {r['check']} | {u[PRODUCER]:.1f} | {u[DECODE]:.1f} | {u[STEP]:.1f} | "
                        f"{u[STEP_PDL]:.1f} | {r['pdl_speedup'][m]:.2f}x | {s['alone']:.0%} | {s['step']:.0%} | "
-                       f"{s['step, PDL']:.0%} |")
+                       f"{s['step, PDL']:.0%} | " + (" / ".join(f"{r['predicted_of_copy'][k]:.0%}" for k in
+                                                                 ("alone", "step", "step, PDL"))
+                                                        if "predicted_of_copy" in r else "-") + " |")
     eights = [r for r in rows if r["L"] == 8192 and r["producer"] == "append"]
     if eights:
         r = eights[0]
         k = "kernellab.bench" if "kernellab.bench" in r["of_copy"] else next(iter(r["of_copy"]))
         out.append(f"\ndecode at B = 1 8k behind its producer ({k}): {r['of_copy'][k]['alone']:.0%} of copy alone, "
                    f"{r['of_copy'][k]['step']:.0%} in the step, {r['of_copy'][k]['step, PDL']:.0%} in the step with "
-                   f"PDL (target 80 %; predicted ~49 %, ~52 %, ~60 %)")
+                   f"PDL (target 80 %; the latency model predicted "
+                   + " / ".join(f"{v:.0%}" for v in prediction(8192, copy_gbps=copy_gbps)["of_copy"].values()) + ")")
     speedups = [v for r in rows for v in r["pdl_speedup"].values()]
     if speedups:
         out.append(f"PDL step over the plain step, every case and method: {min(speedups):.2f}x to "

@@ -1398,11 +1398,12 @@ for B, L in ((1, 1024), (1, 8192), (1, 131072), (32, 8192)):
 # after the other, so the wait is a no-op), `pdl=True` is a plain launch with the same result.
 #
 # **Predictions** (H100, `B = 1`, 8k, kernellab.bench, from the latency model in
-# `benchmarks/NOTES-attention-inference.md`): alone the decode is ~23 µs as called, 49 % of copy. In a step, measured
-# as the step's time minus the producer's alone, ~21.5 µs plain (52 %: its launch overlaps the producer) and ~18.5 µs
-# with PDL (~60 %): up to 5 µs of start, ramp, `cache_seqlens` (now an L2 hit) and first tile leave the critical path,
-# but no more than the producer lasts (2-3 µs for `decode_append`). **Not 80 %**: the last block's merge tail (3.6 µs)
-# and the stream's own DRAM latency stay. `benchmarks/attention_inference.py --part decode --pdl` measures the step at
+# `benchmarks/NOTES-attention-inference.md`, `benchmarks/decode_pdl.py`'s `prediction`): alone the decode is 23.3 µs as
+# called, 48 % of copy. In a step, measured as the step's time minus the producer's alone, 21.8 µs plain (51 %: its
+# launch overlaps the producer) and 19.3 µs with PDL (58 %): up to 4.8 µs of start, ramp, the gap between the kernels,
+# `cache_seqlens` (now an L2 hit) and the first tile could leave the critical path, but no more than the producer lasts
+# (about 2.5 µs for `decode_append`). **Not 80 %**: the last block's merge tail (3.6 µs) and the stream's own DRAM
+# latency stay. At 1k 14 % -> 19 %, at 32k 81 % -> 84 %. `benchmarks/attention_inference.py --part decode --pdl` measures the step at
 # 1k-128k (and with a QKV projection before the producer), by kernellab.bench, do_bench, sustained and in a CUDA graph.
 
 # %%

@@ -757,3 +757,24 @@ def test_the_pdl_step_benchmark_checks_and_times_each_step_on_the_emulator(t09, 
     assert "| B=1 cache=40 producer: append | kernellab.bench | passed | 5.0 | 28.0 | 30.0 | 25.0 | 1.20x |" in text
     assert text.splitlines()[-1] == "PDL step over the plain step, every case and method: 1.20x to 1.20x"
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_pdl_prediction_is_the_latency_models_decode_less_what_the_producer_hides():
+    """benchmarks/decode_pdl.py's prediction: decode_model's call (alone), its kernel plus the gap between queued
+    kernels (in the step), less what PDL hides, capped by the producer's length (in the step with PDL)."""
+    import decode_pdl as dp
+    import decode_profile
+
+    m = decode_profile.decode_model(1, 8192, decode_profile.profile_plan(1, 8192))
+    p = dp.prediction(8192, copy_gbps=3000.0)
+    hideable = decode_profile.H100.kernel_floor_us / 2 + m.ramp_us + dp.GAP_US + 2 * (
+        decode_profile.H100.dram_latency_us - decode_profile.H100.l2_latency_us)
+    assert p["hideable_us"] == pytest.approx(hideable) and hideable > dp.PRODUCER_KERNEL_US
+    assert p["us"] == pytest.approx({"alone": m.clean_us, "step": m.ncu_us + dp.GAP_US,
+                                     "step, PDL": m.ncu_us + dp.GAP_US - dp.PRODUCER_KERNEL_US})
+    long_producer = dp.prediction(8192, producer_us=50.0, copy_gbps=3000.0)          # hides all it can, no more
+    assert long_producer["us"]["step, PDL"] == pytest.approx(m.ncu_us + dp.GAP_US - hideable)
+    assert [round(100 * v) for v in p["of_copy"].values()] == [48, 51, 58]          # what the notes and notebook say
+    import attention_inference as bench
+
+    assert p["of_copy"]["step, PDL"] < bench.TARGET_OF_COPY           # the target stays out of reach at 8k
