@@ -593,7 +593,8 @@ __device__ __forceinline__ float* lse_of(float* work, int D, int rows) {
 // even L is not known before the wait) and every K/V load into shared memory, since without L no cache row is known
 // to be older than the producer's new one. The prefetch is safe for any row: L2 is the GPU's point of coherence, a
 // line there is updated by the producer's store, never stale (a cp.async into shared memory before the wait would
-// be). Nothing is written before the wait.
+// be). Nothing is written before the wait: not even the partials' work buffer or the output, since PyTorch's caching
+// allocator may hand this kernel memory that the producer, still running, reads (a temporary it freed at launch).
 #define PDL_PREFETCH_TILES 1
 template <typename T, int D, int BLOCK_N, int MT, bool FUSED, int MERGE_LOADS = 8, bool ONLINE = false,
           bool EARLY = false, bool PDL = false>
@@ -1394,8 +1395,10 @@ for B, L in ((1, 1024), (1, 8192), (1, 131072), (32, 8192)):
 # stale. What is left is safe for any address: each warp's addresses, and an **L2 prefetch** (`prefetch.global.L2`) of
 # its first tile on the guess that the cache is full (the `early` variant's guess). L2 is where every SM's loads and
 # stores meet, so a line prefetched there is updated by the producer's store, never stale; a wrong guess costs a wasted
-# prefetch, no error. Nothing is written before the wait. Below sm_90, and in the CPU emulator (launches there run one
-# after the other, so the wait is a no-op), `pdl=True` is a plain launch with the same result.
+# prefetch, no error. Nothing is written before the wait, not even the decode's own buffers: PyTorch's caching
+# allocator may give them memory the producer, still running, reads (a temporary freed when it was launched, such as
+# the projection's output). Below sm_90, and in the CPU emulator (launches there run one after the other, so the wait
+# is a no-op), `pdl=True` is a plain launch with the same result.
 #
 # **Predictions** (H100, `B = 1`, 8k, kernellab.bench, from the latency model in
 # `benchmarks/NOTES-attention-inference.md`, `benchmarks/decode_pdl.py`'s `prediction`): alone the decode is 23.3 µs as
