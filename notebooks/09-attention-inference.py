@@ -593,7 +593,8 @@ __device__ __forceinline__ float* lse_of(float* work, int D, int rows) {
 // even L is not known before the wait) and every K/V load into shared memory, since without L no cache row is known
 // to be older than the producer's new one. The prefetch is safe for any row: L2 is the GPU's point of coherence, a
 // line there is updated by the producer's store, never stale (a cp.async into shared memory before the wait would
-// be). Nothing is written before the wait: not even the partials' work buffer or the output, since PyTorch's caching
+// be). Once its partial is written each block lets a PDL-launched next kernel be placed (launch_dependents).
+// Nothing is written before the wait: not even the partials' work buffer or the output, since PyTorch's caching
 // allocator may hand this kernel memory that the producer, still running, reads (a temporary it freed at launch).
 #define PDL_PREFETCH_TILES 1
 template <typename T, int D, int BLOCK_N, int MT, bool FUSED, int MERGE_LOADS = 8, bool ONLINE = false,
@@ -748,6 +749,9 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
         o_part[(R * gridDim.x + blockIdx.x) * D + c] = wsum > 0.f ? acc / wsum : 0.f;
         if (c == 0) lse_part[R * gridDim.x + blockIdx.x] = wsum > 0.f ? mx + log2f(wsum) : -CUDART_INF_F;
     }
+    // PDL: the step's next kernel, if launched with PDL behind this one, may be placed once every block is here: it
+    // waits for this whole grid in its own griddepcontrol_wait, so only the last blocks' merge tail overlaps its start.
+    if constexpr (PDL) griddepcontrol_launch_dependents();
     if (!FUSED || gridDim.x == 1) return;
     // The combine, fused: every thread's partial writes are made visible device-wide (__threadfence) before the
     // block takes its ticket, so the block that draws the last one reads every block's partial.
@@ -1664,5 +1668,6 @@ kernellab.grade("09-gqa-scores", gqa_scores)
 #   alone are most of the gap. Behind the step's producer with programmatic dependent launch (`pdl=True`) the decode's
 #   start overlaps the producer; what may run before `griddepcontrol.wait` is only what cannot read the producer's
 #   output stale (addresses and L2 prefetches: `q`, `cache_seqlens` and every `K`/`V` load wait). The gain is bounded
-#   by how long the producer lasts and leaves the merge tail in place; the last block's merge overlapping the next
-#   kernel of the step (the output projection launched with PDL behind the decode) is the next piece.
+#   by how long the producer lasts and leaves the merge tail in place. The PDL decode already lets the step's next
+#   kernel be placed once every block has written its partial (`griddepcontrol_launch_dependents`), so that kernel
+#   (the output projection), launched with PDL in turn, could start during the last blocks' merge: the next piece.
