@@ -1,5 +1,5 @@
 """Attention backward: tutorial 08's kernels (dQ by atomics, dQ in a separate pass, the ladder's rungs, step 3's Hopper
-backward on wgmma + TMA as variant "hopper", d = 64 and 128) against SDPA's
+backward on wgmma + TMA as variant "hopper" and step 3b's as "hopper_rows", d = 64 and 128) against SDPA's
 FLASH and CUDNN backward, checked and timed in one run.
 
 Method. Kernels and launchers come from notebooks/08-attention-backward.py (its named `%%cuda` cell and `# launchers`
@@ -17,6 +17,7 @@ sustained=True (benchmarks/as_called.py).
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
     python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
     python benchmarks/attention_backward.py --quick --dims 64,128 --variants hopper,atomic_w8   # step 3 against step 2
+    python benchmarks/attention_backward.py --quick --dims 64,128 --variants hopper,hopper_rows --ns 4096   # 3 vs 3b
     python benchmarks/attention_backward.py --profile    # Nsight Compute: atomic_w8, atomic_2d, step 3, FLASH
 The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
 line to put in the notebook's BWD_OP_VARIANT.
@@ -45,6 +46,20 @@ from notebook_cells import load_tutorial  # noqa: E402
 
 NOTEBOOK = "08-attention-backward.py"
 
+# Step 3b ("hopper_rows": the LSE and Dv through shared memory by the producer's TMA, the dQ reductions of full tiles
+# without a row test), predicted before a GPU ran it (tutorial 08, benchmarks/NOTES-attention-backward.md): the whole
+# backward's milliseconds under kernellab.bench at N = 4096 (B*N = 16k, H*d = 2048, bf16), per (d, causal). Step 3
+# measured 4.56 / 2.66 ms (d = 64 full / causal) and 4.60 / 2.55 ms (d = 128) on an H100. The model (per 64-query
+# tile step of a block: 3,900 clocks at d = 64, ~7,900 at d = 128, tensor work 1,280 / 2,560 of them): the warpgroup
+# that adds the tile's dQ is the critical path; 3b takes ~120 instructions a warp off its loop head (32 LDG and their
+# address and bounds math, for 16 LDS.64), ~150 off its reductions (16 red.v2 with a branch and 64-bit address math
+# each, for 16 with constant offsets), and the L2 latency of the LSE loads (issued at the loop head, needed after
+# S^T's wgmma: ~200-500 clocks exposed a tile; at d = 128 Dv's load, issued after P^T, is exposed nearly whole).
+# That is 500-900 clocks of 3,900 at d = 64 (13-23 %), 900-1,300 of 7,900 at d = 128 (11-16 %), less the 16 LDS'
+# latency and, at d = 64, ~40 instructions more of descriptor math (ptxas moves it off the uniform datapath there).
+STEP3B_PREDICTED_MS = {(64, False): (3.6, 4.2), (64, True): (2.1, 2.45), (128, False): (3.85, 4.2),
+                       (128, True): (2.15, 2.35)}
+
 
 def run_checks(t08, quick, log, variants):
     rows = []
@@ -64,11 +79,38 @@ def run_checks(t08, quick, log, variants):
     return rows
 
 
+def _hopper_variants(t08) -> tuple:
+    """The notebook's variants that run a Hopper kernel where HOPPER_BWD_DIMS holds d (steps 3 and 3b)."""
+    return tuple(t08.get("HOPPER_VARIANTS", ("hopper",)))
+
+
+def step3b_lines(bench_rows) -> list[str]:
+    """Step 3b against step 3 and against STEP3B_PREDICTED_MS, one line per (d, causal, N) timed with both."""
+    out = []
+    for r in bench_rows:
+        ms = r.get("ms") or {}
+        old, new = ms.get("ours (hopper)"), ms.get("ours (hopper_rows)")
+        if old is None or new is None:
+            continue
+        lo, hi = STEP3B_PREDICTED_MS.get((r["d"], r["causal"]), (None, None))
+        where = ("-" if lo is None or r["N"] != 4096 else "inside the prediction" if lo <= new <= hi
+                 else "FASTER than predicted" if new < lo else "SLOWER than predicted")
+        pred = f"{lo:.2f}-{hi:.2f} ms ({old / hi:.2f}-{old / lo:.2f}x)" if lo is not None and r["N"] == 4096 else "-"
+        flash = ms.get("SDPA FLASH")
+        out.append(f"{r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | {old:8.3f} {new:8.3f} | {old / new:6.2f}x | "
+                   f"{pred:>26s} | " + (f"{flash / new:5.2f}x" if flash else "    -") + f" | {where}")
+    if out:
+        out.insert(0, f"{'d':>4s} {'causal':6s} {'N':>6s} | {'step 3':>8s} {'3b':>8s} | {'3 / 3b':>7s} | "
+                      f"{'predicted 3b (3 / 3b)':>26s} | FLASH / 3b | against the prediction")
+    return out
+
+
 def run_bench(t08, quick, log, ns, dims, variants):
     rows = []
     for d in dims:
-        # "hopper" is timed where it runs step 3's kernel (elsewhere it is HOPPER_BWD_FALLBACK, timed under its name)
-        at_d = tuple(v for v in variants if v != "hopper" or d in t08["HOPPER_BWD_DIMS"])
+        # "hopper" ("hopper_rows") is timed where it runs step 3's (3b's) kernel (elsewhere it is
+        # HOPPER_BWD_FALLBACK, timed under its name)
+        at_d = tuple(v for v in variants if v not in _hopper_variants(t08) or d in t08["HOPPER_BWD_DIMS"])
         if not at_d:
             continue
         for causal in (False, True):
@@ -102,7 +144,7 @@ def run_as_called(t08, quick, log, ns, dims, variants, masks=(False, True)):
                 make = t08["backward_inputs"](B, H, N, d, causal)
                 fns = {f"ours ({v})": (lambda v: lambda q, k, vv, o, lse, go, graphs:
                                        t08["attention_backward"](q, k, vv, o, lse, go, causal, v))(v)
-                       for v in variants if v != "hopper" or d in t08["HOPPER_BWD_DIMS"]}
+                       for v in variants if v not in _hopper_variants(t08) or d in t08["HOPPER_BWD_DIMS"]}
                 fns["FLASH"] = t08["_sdpa_graph_backward"](0)
                 try:
                     ms = as_called.time_as_called(fns, make, flops=t08["backward_flops"](B, H, N, d, causal),
@@ -151,9 +193,10 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown variants {unknown}; the notebook has {t08['VARIANTS']}")
     for v in variants:
-        if v == "hopper":                           # step 3 (HOPPER_BWD_DIMS; elsewhere it runs HOPPER_BWD_FALLBACK)
-            for name in (f"hbwd_bf16_d{d}{c}" for d in t08["HOPPER_BWD_DIMS"] for c in ("", "_causal")):
-                print(f"{v:10s} {name:24s} {t08['attn_bwd_h'][name].resources}")
+        if v in _hopper_variants(t08):              # steps 3, 3b (HOPPER_BWD_DIMS; elsewhere HOPPER_BWD_FALLBACK)
+            kind = "hbwd_rows" if v == "hopper_rows" else "hbwd"
+            for name in (f"{kind}_bf16_d{d}{c}" for d in t08["HOPPER_BWD_DIMS"] for c in ("", "_causal")):
+                print(f"{v:11s} {name:26s} {t08['attn_bwd_h'][name].resources}")
             continue
         dkdv, dq, _ = t08["BWD_LADDER"][v]
         for name in (f"{dkdv}_bf16_d64", f"{dkdv}_bf16_d128") + ((f"{dq}_bf16_d64",) if dq else ()):
@@ -167,9 +210,10 @@ def main(argv=None):
     print(f"timings done at {time.time() - t0:.0f} s", flush=True)
     called = [] if args.no_as_called else run_as_called(t08, args.quick, log, (4096,) if args.quick else ns,
                                                         (64,) if args.quick else dims,
-                                                        # --quick: (a), (b) and the op's choices, as called
+                                                        # --quick: (a), (b), step 3b and the op's choices, as called
                                                         [v for v in variants if not args.quick or v in
-                                                         {"atomic", "pass", *t08["BWD_OP_VARIANT"].values()}],
+                                                         {"atomic", "pass", "hopper_rows",
+                                                          *t08["BWD_OP_VARIANT"].values()}],
                                                         (False,) if args.quick else (False, True))
     (out / "attention_backward.json").write_text(json.dumps({"device": dev, "checks": checks, "bench": bench_rows,
                                                              "as_called": called}, indent=1, default=str))
@@ -217,6 +261,12 @@ def main(argv=None):
         for c in called:
             if "error" in c:
                 print("  as-called error:", c["label"], c["error"])
+    lines = step3b_lines(bench_rows)              # last: what the hopper-backward suite is run for
+    if lines:
+        print("\nStep 3b (hopper_rows) against step 3 (hopper), the whole backward's ms under kernellab.bench, beside "
+              "the prediction written before this run (STEP3B_PREDICTED_MS). 3b faster at every (d, causal) -> set "
+              "the notebook's BWD_OP_HOPPER_ROWS = True")
+        print("\n".join(lines))
 
 
 

@@ -342,3 +342,47 @@ def test_step3b_reads_the_rows_from_shared_memory_without_spills():
         for d in DIMS:
             r = mod[f"hbwd_pre_{dt}_d{d}"].resources
             assert not r.spills and r.max_threads_per_block >= 128, r
+
+
+def _benchmark_module():
+    import importlib.util
+
+    path = HERE.parent / "benchmarks" / "attention_backward.py"
+    spec = importlib.util.spec_from_file_location("bench_attention_backward", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_benchmark_sets_step3b_beside_step3_and_its_prediction():
+    """benchmarks/attention_backward.py (the hopper-backward suite): "hopper_rows" is timed beside "hopper" only at the
+    head dims with Hopper kernels, and the table printed last puts each (d, causal)'s measured step 3 and 3b beside
+    the prediction written before the GPU ran it (STEP3B_PREDICTED_MS, every (d, causal) at N = 4096 predicted),
+    saying where the measurement fell."""
+    import io
+
+    pytest.importorskip("torch")
+    bench = _benchmark_module()
+    assert set(bench.STEP3B_PREDICTED_MS) == {(d, c) for d in DIMS for c in (False, True)}
+    assert all(0 < lo < hi for lo, hi in bench.STEP3B_PREDICTED_MS.values())
+    calls = []
+
+    class Result:
+        name, baselines, median_ms, tflops = "ours (hopper) d=64 N=4096", [], 4.5, 300.0
+
+    def fake_bench(N, d, causal, variants, **opts):
+        calls.append((d, variants))
+        return Result()
+    t08 = {"HOPPER_BWD_DIMS": (64,), "HOPPER_VARIANTS": ("hopper", "hopper_rows"), "bench_backward": fake_bench}
+    bench.run_bench(t08, True, io.StringIO(), (4096,), (64, 128), ("hopper", "hopper_rows", "atomic_w8"))
+    assert calls == [(64, ("hopper", "hopper_rows", "atomic_w8"))] * 2 + [(128, ("atomic_w8",))] * 2
+    lo, hi = bench.STEP3B_PREDICTED_MS[64, False]
+    rows = [dict(d=64, causal=False, N=4096, ms={"ours (hopper)": 4.56, "ours (hopper_rows)": (lo + hi) / 2,
+                                                  "SDPA FLASH": 5.1}),
+            dict(d=128, causal=True, N=4096, ms={"ours (hopper)": 2.55, "ours (hopper_rows)": 3.0}),
+            dict(d=64, causal=True, N=4096, ms={"ours (hopper)": 2.66})]             # 3b not timed: no line
+    lines = bench.step3b_lines(rows)
+    assert len(lines) == 3 and "predicted" in lines[0]
+    assert "inside the prediction" in lines[1] and f"{lo:.2f}-{hi:.2f} ms" in lines[1] and "4.560" in lines[1]
+    assert "SLOWER than predicted" in lines[2] and "0.85x" in lines[2]
+    assert bench.step3b_lines(rows[2:]) == []
