@@ -47,18 +47,20 @@ from notebook_cells import load_tutorial  # noqa: E402
 NOTEBOOK = "08-attention-backward.py"
 
 # Step 3b ("hopper_rows": the LSE and Dv through shared memory by the producer's TMA, the dQ reductions of full tiles
-# without a row test), predicted before a GPU ran it (tutorial 08, benchmarks/NOTES-attention-backward.md): the whole
-# backward's milliseconds under kernellab.bench at N = 4096 (B*N = 16k, H*d = 2048, bf16), per (d, causal). Step 3
-# measured 4.56 / 2.66 ms (d = 64 full / causal) and 4.60 / 2.55 ms (d = 128) on an H100. The model (per 64-query
-# tile step of a block: 3,900 clocks at d = 64, ~7,900 at d = 128, tensor work 1,280 / 2,560 of them): the warpgroup
-# that adds the tile's dQ is the critical path; 3b takes ~120 instructions a warp off its loop head (32 LDG and their
-# address and bounds math, for 16 LDS.64), ~150 off its reductions (16 red.v2 with a branch and 64-bit address math
-# each, for 16 with constant offsets), and the L2 latency of the LSE loads (issued at the loop head, needed after
-# S^T's wgmma: ~200-500 clocks exposed a tile; at d = 128 Dv's load, issued after P^T, is exposed nearly whole).
-# That is 500-900 clocks of 3,900 at d = 64 (13-23 %), 900-1,300 of 7,900 at d = 128 (11-16 %), less the 16 LDS'
-# latency and, at d = 64, ~40 instructions more of descriptor math (ptxas moves it off the uniform datapath there).
-STEP3B_PREDICTED_MS = {(64, False): (3.6, 4.2), (64, True): (2.1, 2.45), (128, False): (3.85, 4.2),
-                       (128, True): (2.15, 2.35)}
+# without a row test, wgmma descriptors as one add from their tile's), predicted before a GPU ran it (tutorial 08,
+# benchmarks/NOTES-attention-backward.md): the whole backward's milliseconds under kernellab.bench at N = 4096
+# (B*N = 16k, H*d = 2048, bf16), per (d, causal). Step 3 measured 4.56 / 2.66 ms (d = 64 full / causal) and
+# 4.60 / 2.55 ms (d = 128) on an H100. The model, per 64-query tile step of a block (3,900 clocks at d = 64 by ncu,
+# ~7,800 at d = 128; the tensor work 1,280 / 2,560 of them): a consumer warp's instructions a tile, counted on the
+# SASS path (d = 64: 948 for the warpgroup adding the tile's dQ, 645 for the other, ncu's mean 805; d = 128: 971),
+# become 660 / 532 at d = 64 and 589 at d = 128 (the 32 LDG of the LSE and Dv with their address and bounds math
+# leave for 16 LDS.64; the 16 red.v2 lose a branch and 64-bit address math each; each wgmma descriptor is one add).
+# On the critical path (the dQ warpgroup, ~1.6 clocks an instruction) that is 450-580 clocks a tile at d = 64, ~600
+# at d = 128; the L2 latency of the LSE loads (needed after S^T's wgmma: 200-500 clocks exposed) goes too, and at
+# d = 128 that of Dv (loaded after P^T, ~600-1,000 exposed). Hence 15-27 % off the main kernel at d = 64, 13-22 % at
+# d = 128; the preprocessing and dQ conversion (~0.18 ms) unchanged; causal the same fractions of its tiles.
+STEP3B_PREDICTED_MS = {(64, False): (3.4, 4.0), (64, True): (1.95, 2.35), (128, False): (3.65, 4.1),
+                       (128, True): (2.05, 2.35)}
 
 
 def run_checks(t08, quick, log, variants):
