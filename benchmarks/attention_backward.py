@@ -498,6 +498,8 @@ def profile_child(ns, dims) -> None:
             t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_2d")
             if d in t08["BWD_OP_HOPPER_DIMS"] and t08["hopper_backward_applies"](q):
                 t08["attention_backward"](q, k, v, o, lse, do, False, "hopper")
+                if "hopper_rows" in t08["VARIANTS"]:        # step 3b beside step 3
+                    t08["attention_backward"](q, k, v, o, lse, do, False, "hopper_rows")
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
                 out = F.scaled_dot_product_attention(*leaves)
@@ -526,7 +528,7 @@ def label_launches(names: list[str], flash_keys: list[tuple[int, int]]) -> list[
             out.append(["FLASH", d, N, role])
             continue
         prev_flash = False
-        if n.startswith("bwd_pre"):
+        if n.startswith("bwd_pre") or n.startswith("hbwd_pre"):
             pending.append(len(out))
             out.append([None, None, None, "preprocess"])
             continue
@@ -535,11 +537,11 @@ def label_launches(names: list[str], flash_keys: list[tuple[int, int]]) -> list[
             continue
         m = re.search(r"_d(\d+)", n)
         d = int(m.group(1)) if m else None
-        who = ("hopper" if n.startswith("hbwd") else "atomic_w8" if "_w8_" in n
-               else "atomic_2d" if n.startswith("bwd_dkdv_2d_") else n)
+        who = ("hopper_rows" if n.startswith("hbwd_rows") else "hopper" if n.startswith("hbwd")
+               else "atomic_w8" if "_w8_" in n else "atomic_2d" if n.startswith("bwd_dkdv_2d_") else n)
         N = next((key[1] for key in flash_keys[max(run + 1, 0):] if key[0] == d), None)
         last = (who, d, N)
-        out.append([who, d, N, "dK/dV/dQ" if who == "hopper" else "dK/dV (+dQ red)"])
+        out.append([who, d, N, "dK/dV/dQ" if who.startswith("hopper") else "dK/dV (+dQ red)"])
         for i in pending:
             out[i][:3] = [who, d, N]
         pending = []
@@ -567,14 +569,19 @@ def _clock_hz(rep) -> float | None:
     return m.value * scale
 
 
-def summarize_kernel(rep) -> dict:
-    """The numbers the verdict reads from one kernel's ProfileReport (None where the metric is missing)."""
+def summarize_kernel(rep, flops: float | None = None) -> dict:
+    """The numbers the verdict reads from one kernel's ProfileReport (None where the metric is missing). flops: the
+    kernel's matmul FLOPs, for a wgmma kernel: ncu's HMMA-pipe count there is of HGMMA warp instructions (a warp's
+    share of an HGMMA.64x64x16 is 8 HMMA.16816's work), so wavefronts and TFLOP/s are per 4,096-FLOP HMMA.16816
+    equivalent from the FLOPs instead (step 3: 7.73 wavefronts an HGMMA warp instruction, 1.01 an equivalent)."""
     from kernellab.run.nvtools.ncu import top_stalls
 
     dur = _value(rep, "gpu__time_duration.sum")
     hmma = _value(rep, "sm__inst_executed_pipe_tensor_op_hmma.sum")
     wf = _value(rep, "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum")
     red = _value(rep, "lts__t_sectors_op_red.sum")
+    if flops:
+        hmma = flops / 4096
     return dict(
         us=dur * 1e6 if dur else None,
         clock_hz=_clock_hz(rep),
@@ -739,7 +746,7 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child",
             "--ns", ",".join(map(str, ns)), "--dims", ",".join(map(str, dims))]
     metrics = [m for m, _ in profile_metrics()]
-    per_key = 4 * 4                                # atomic_w8, atomic_2d, hopper, FLASH: three kernels each (one spare)
+    per_key = 5 * 4             # atomic_w8, atomic_2d, hopper, hopper_rows, FLASH: three kernels each (one spare)
     reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
                                                launch_count=per_key * len(flash_keys), metrics=metrics,
                                                timeout_s=timeout_s, extra_args=("--print-units", "base"))
@@ -761,7 +768,9 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     results, verdicts, short = [], [], []
     for d, N in flash_keys:
         cols = [(f"{who} {role}", rep) for rep, (who, dd, nn, role) in zip(reports, tags) if dd == d and nn == N]
-        ours, flash, hop = (_main_kernel(reports, tags, who, d, N) for who in ("atomic_w8", "FLASH", "hopper"))
+        ours, flash, hop, hop_b = (_main_kernel(reports, tags, who, d, N)
+                                   for who in ("atomic_w8", "FLASH", "hopper", "hopper_rows"))
+        flops = 10 * max(1, 16384 // N) * (2048 // d) * N * N * d     # the backward's matmuls, not causal
         s_ours = summarize_kernel(ours) if ours is not None else {}
         model = static_model(t08["attn_bwd"], d, N, s_ours.get("clock_hz"), s_ours.get("instructions"))
         total = lambda who: sum((summarize_kernel(rep)["us"] or 0) for rep, t in zip(reports, tags)   # noqa: E731
@@ -796,8 +805,10 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
         lines = (verdict(s_ours, s_flash, model) if ours is not None
                  else [f"no profile of atomic_w8's dK/dV kernel at d = {d}"])
         rows = [(f"atomic_w8 dK/dV d{d}", s_ours), (f"model d{d} ({model['bound'].split(' (')[0]})", pred)]
-        if hop is not None:
-            rows.append((f"hopper d{d}", summarize_kernel(hop)))
+        if hop is not None:                           # wgmma: per HMMA.16816 equivalent (summarize_kernel)
+            rows.append((f"hopper d{d}", summarize_kernel(hop, flops)))
+        if hop_b is not None:
+            rows.append((f"hopper_rows d{d}", summarize_kernel(hop_b, flops)))
         if s_flash:
             rows.append((f"FLASH dK/dV/dQ d{d}", s_flash))
         two = _main_kernel(reports, tags, "atomic_2d", d, N)
@@ -808,16 +819,18 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
             rows[2:2] = [(f"atomic_2d dK/dV d{d}", s_two),
                          (f"model 2d d{d} ({model2['bound'].split(' (')[0]})", model_beside(model2))]
             lines = lines + rung_2d_lines(s_two, s_ours, s_flash, model2)
-        ours_us, flash_us, hop_us = total("atomic_w8"), total("FLASH"), total("hopper")
+        ours_us, flash_us, hop_us, hop_b_us = total("atomic_w8"), total("FLASH"), total("hopper"), total("hopper_rows")
         two_us = total("atomic_2d")
         whole = (f"whole backward d{d} (ncu durations summed): atomic_w8 {ours_us:,.0f} us, FLASH {flash_us:,.0f} us"
                  + (f" ({flash_us / ours_us:.2f}x FLASH's speed)" if ours_us and flash_us else "")
                  + (f", hopper {hop_us:,.0f} us" if hop_us else "")
+                 + (f", hopper_rows {hop_b_us:,.0f} us" if hop_b_us else "")
                  + (f", atomic_2d {two_us:,.0f} us" + (f" ({flash_us / two_us:.2f}x FLASH's speed)" if flash_us else "")
                     if two_us else ""))
         short.append((d, N, rows, whole, lines))
         results.append(dict(d=d, N=N, model=model, summary=dict(rows), whole_us=dict(atomic_w8=ours_us, FLASH=flash_us,
-                                                                                       hopper=hop_us, atomic_2d=two_us),
+                                                                                       hopper=hop_us, atomic_2d=two_us,
+                                                                                       hopper_rows=hop_b_us),
                             verdict=lines, kernels=[dict(label=c, **rep.to_json()) for c, rep in cols]))
     (out / "attention_backward_profile.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "results": results},
