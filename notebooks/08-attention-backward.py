@@ -2337,6 +2337,71 @@ step3_d128[False]
 # takes it at `d = 128` as well (`BWD_OP_HOPPER_DIMS`).
 
 # %% [markdown]
+# ### Step 3b: what the profile says, and the LSE and `Dv` through shared memory
+#
+# Nsight Compute on step 3 at `N = 4096`, `d = 64`, not causal (`python3 tools/gpu/run.py
+# profile-attention-backward`, an H100): 4,467 µs, tensor pipe 32 %, issue slots 41 %, shared pipe 32 %, 12 warps
+# (occupancy 14 %), top stalls `long_scoreboard` 1.90, `wait` 0.81, `barrier` 0.41 (warps per issue); FLASH's
+# dK/dV/dQ kernel beside it: 4,757 µs, tensor 46 %. Read against the source and the SASS:
+#
+# - **Shared memory is not the limit.** The profile's 7.73 shared wavefronts "per HMMA" are per `HGMMA` warp
+#   instruction: a warp's share of an `HGMMA.64x64x16` is eight `HMMA.16816`s' work (and `ptxas` adds one empty
+#   `HGMMA.64x8x16` a tile to close the commit group), so per 4,096-FLOP equivalent it is 1.01, against FLASH's 2.09.
+#   Counted per block and 64-query tile step: `S^T` and `dP^T` read both operands from shared memory (4 `HGMMA`s each
+#   per warpgroup, 2 KB + 2 KB each: 256 wavefronts of 128 B a warpgroup), `dV` and `dK` only `dO` and `Q` (128 a
+#   warpgroup), `dQ`'s 8 `HGMMA`s both (256, one warpgroup a tile), the `dS` stores 32 `STS.U16` a warp, conflict-free
+#   in the 128-byte swizzle (256): 1,280 predicted, 1,298 measured (340 M over 262,144 tile steps); 25,156 bank
+#   conflicts in all is nothing. At the tensor pipe's full rate (also 1,280 clocks a tile step) this would be a
+#   shared pipe near 100 %: a ceiling for later, not today's limit.
+# - **`long_scoreboard` is a wait on L1TEX**: the consumers' global loads and the `mbarrier` try-waits. The consumer
+#   loop's SASS has 32 `LDG` a thread a tile (the LSE and `Dv` of its 16 query columns, each behind its own bounds
+#   predicate), issued at the loop head and first needed by the exponentials after `S^T`'s `wgmma`: an L2 round trip
+#   (the dQ reductions keep L2 51 % busy) against the few hundred clocks `S^T` takes; at `d = 128` `Dv`'s loads, issued
+#   after `P^T`, wait almost whole. No local memory (no spills), and the reductions wait on nothing (`REDG` returns no
+#   value). The producer warp, waiting on the empty barriers nearly all the time, is about a third of the measured
+#   `long_scoreboard` (one warp of four sub-partitions' ~2.2).
+# - **The instruction path.** A consumer warp issues 948 instructions a tile in the warpgroup that adds the tile's
+#   `dQ` (130 at the loop head for those loads and their bounds, 219 for its 16 reductions: each behind a branch,
+#   with 64-bit address math) and 645 in the other (ncu's mean: 805); the `dQ` warpgroup's is the critical path, as
+#   the named barrier every tile keeps the two in step.
+#
+# **Step 3b** (`hbwd_pre_*`, `hbwd_rows_*` in the cell above; variant `"hopper_rows"`) changes three things. The
+# preprocessing writes the LSE times log2 e and `Dv` as rows `[B H][2][N rounded up to 64]` (+inf and 0 past `N`, so
+# `P = 0` and `dS = 0` there); the producer copies a tile's 2 x 64 floats with its `Q` and `dO` (one more TMA copy on
+# the same full barrier, 512 B a stage), and the consumers read them as 16 `LDS.64` after that barrier. A tile whose
+# 64 rows are all below `N` adds its `dQ` share with no row test and constant offsets. Each `wgmma` descriptor is its
+# tile's plus an offset. The path becomes 660 / 532 instructions a warp a tile at `d = 64` and 589 (from 971) at
+# `d = 128`; no global load is left in the consumers.
+#
+# **Prediction, before measuring** (the whole backward under `kernellab.bench`, `N = 4096`, B·N = 16k, H·d = 2048;
+# `STEP3B_PREDICTED_MS` in benchmarks/attention_backward.py). At ~1.6 clocks an instruction on the critical path the
+# shorter path saves 450-580 clocks of the 3,900 a tile step takes at `d = 64` (~600 of ~7,800 at `d = 128`), and the
+# loads' exposed latency goes (200-500 clocks a tile at `d = 64`, 600-1,000 at `d = 128`): 15-27 % off the main
+# kernel at `d = 64`, 13-22 % at `d = 128`. Step 3's 4.56 / 2.66 ms (full / causal) at `d = 64` become 3.4-4.0 /
+# 1.95-2.35 ms (1.27-1.50x SDPA's FLASH backward, full), its 4.60 / 2.55 ms at `d = 128` 3.65-4.1 / 2.05-2.35 ms
+# (1.17-1.32x FLASH); still below CUDNN (0.75-0.88x at `d = 64`). The gradients equal step 3's to rounding (the same
+# products in the same order; only where the LSE and `Dv` come from changed). The op keeps step 3 until an H100
+# confirms it (`BWD_OP_HOPPER_ROWS`).
+
+# %%
+# %%gpu
+step3b_checks = check_all_backward(variants=("hopper_rows",))
+print(summarize_backward(step3b_checks))
+for r in step3b_checks:
+    if not r["passed"]:
+        print("FAILED:", r)
+step3b = {(d, causal): bench_backward(4096, d, causal, variants=("hopper_rows", "hopper"))
+          for d in (64, 128) for causal in (False, True)}
+for (d, causal), r in step3b.items():
+    print(f"d={d:3d} causal={causal!s:5s}: {r.median_ms:.3f} ms, {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+
+# %% [markdown]
+# Not yet measured: `python3 tools/gpu/run.py hopper-backward` runs these checks (and 3b against step 3 on the
+# awkward `N`) and prints 3b beside step 3 and this prediction, at both head dims, full and causal. Where 3b is faster
+# at every one, `BWD_OP_HOPPER_ROWS = True` in the launcher cell makes it the op's backward.
+
+# %% [markdown]
 # ## From the notebook into a model: a differentiable op
 #
 # `kernellab.op` registers the forward as `kl::flash_attention_lse`, `(q, k, v, causal) -> (o, lse)`, with a
