@@ -135,13 +135,13 @@ def test_the_op_takes_a_models_transposed_heads(t08):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("N", [1, 63, 65, 1031, 4097])
+@pytest.mark.parametrize("N", [65, 4097])
 def test_step3b_hopper_rows_runs_its_kernels_and_agrees_with_step3(t08, dtype, d, causal, N):
     """On an sm_90 GPU variant "hopper_rows" is step 3b's kernels themselves (hbwd_pre_*, hbwd_rows_*: the LSE and Dv
     copied by the producer's TMA from rows padded to 64, into shared memory; full tiles' dQ reductions without a row
-    test): its dQ, dK, dV on the awkward lengths (a short tile, one row past a tile, several blocks and a partial
-    last tile) are finite where step 3's are, within 2x step 3's error against float64 (+ 1e-6), and the op takes it
-    only where BWD_OP_HOPPER_ROWS is on."""
+    test): its dQ, dK, dV at one row past a tile and at 64 full tiles and one row past them (both reduction paths,
+    the padding read) are finite, within 2x step 3's error against float64 (+ 1e-6), and the op takes it only where
+    BWD_OP_HOPPER_ROWS is on. (test_gradients_within_twice_sdpas_own_error checks it on every CHECK_N.)"""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("step 3b's kernels are sm_90a (Hopper) only")
     dt = t08["DTYPES"][dtype]
