@@ -1,5 +1,5 @@
 """Attention backward: tutorial 08's kernels (dQ by atomics, dQ in a separate pass, the ladder's rungs, step 3's Hopper
-backward on wgmma + TMA as variant "hopper", d = 64 and 128) against SDPA's
+backward on wgmma + TMA as variant "hopper" and step 3b's as "hopper_rows", d = 64 and 128) against SDPA's
 FLASH and CUDNN backward, checked and timed in one run.
 
 Method. Kernels and launchers come from notebooks/08-attention-backward.py (its named `%%cuda` cell and `# launchers`
@@ -17,6 +17,7 @@ sustained=True (benchmarks/as_called.py).
     python benchmarks/attention_backward.py --quick      # N = 1024, 4096; fewer checks (the GPU suite's mode)
     python benchmarks/attention_backward.py --variants pass,pass_w8     # some of the notebook's VARIANTS only
     python benchmarks/attention_backward.py --quick --dims 64,128 --variants hopper,atomic_w8   # step 3 against step 2
+    python benchmarks/attention_backward.py --quick --dims 64,128 --variants hopper,hopper_rows --ns 4096   # 3 vs 3b
     python benchmarks/attention_backward.py --profile    # Nsight Compute: atomic_w8, atomic_2d, step 3, FLASH
 The table's last columns are each variant against SDPA FLASH; the best variant per (d, causal) is printed as the
 line to put in the notebook's BWD_OP_VARIANT.
@@ -45,6 +46,22 @@ from notebook_cells import load_tutorial  # noqa: E402
 
 NOTEBOOK = "08-attention-backward.py"
 
+# Step 3b ("hopper_rows": the LSE and Dv through shared memory by the producer's TMA, the dQ reductions of full tiles
+# without a row test, wgmma descriptors as one add from their tile's), predicted before a GPU ran it (tutorial 08,
+# benchmarks/NOTES-attention-backward.md): the whole backward's milliseconds under kernellab.bench at N = 4096
+# (B*N = 16k, H*d = 2048, bf16), per (d, causal). Step 3 measured 4.56 / 2.66 ms (d = 64 full / causal) and
+# 4.60 / 2.55 ms (d = 128) on an H100. The model, per 64-query tile step of a block (3,900 clocks at d = 64 by ncu,
+# ~7,800 at d = 128; the tensor work 1,280 / 2,560 of them): a consumer warp's instructions a tile, counted on the
+# SASS path (d = 64: 948 for the warpgroup adding the tile's dQ, 645 for the other, ncu's mean 805; d = 128: 971),
+# become 660 / 532 at d = 64 and 589 at d = 128 (the 32 LDG of the LSE and Dv with their address and bounds math
+# leave for 16 LDS.64; the 16 red.v2 lose a branch and 64-bit address math each; each wgmma descriptor is one add).
+# On the critical path (the dQ warpgroup, ~1.6 clocks an instruction) that is 450-580 clocks a tile at d = 64, ~600
+# at d = 128; the L2 latency of the LSE loads (needed after S^T's wgmma: 200-500 clocks exposed) goes too, and at
+# d = 128 that of Dv (loaded after P^T, ~600-1,000 exposed). Hence 15-27 % off the main kernel at d = 64, 13-22 % at
+# d = 128; the preprocessing and dQ conversion (~0.18 ms) unchanged; causal the same fractions of its tiles.
+STEP3B_PREDICTED_MS = {(64, False): (3.4, 4.0), (64, True): (1.95, 2.35), (128, False): (3.65, 4.1),
+                       (128, True): (2.05, 2.35)}
+
 
 def run_checks(t08, quick, log, variants):
     rows = []
@@ -64,11 +81,38 @@ def run_checks(t08, quick, log, variants):
     return rows
 
 
+def _hopper_variants(t08) -> tuple:
+    """The notebook's variants that run a Hopper kernel where HOPPER_BWD_DIMS holds d (steps 3 and 3b)."""
+    return tuple(t08.get("HOPPER_VARIANTS", ("hopper",)))
+
+
+def step3b_lines(bench_rows) -> list[str]:
+    """Step 3b against step 3 and against STEP3B_PREDICTED_MS, one line per (d, causal, N) timed with both."""
+    out = []
+    for r in bench_rows:
+        ms = r.get("ms") or {}
+        old, new = ms.get("ours (hopper)"), ms.get("ours (hopper_rows)")
+        if old is None or new is None:
+            continue
+        lo, hi = STEP3B_PREDICTED_MS.get((r["d"], r["causal"]), (None, None))
+        where = ("-" if lo is None or r["N"] != 4096 else "inside the prediction" if lo <= new <= hi
+                 else "FASTER than predicted" if new < lo else "SLOWER than predicted")
+        pred = f"{lo:.2f}-{hi:.2f} ms ({old / hi:.2f}-{old / lo:.2f}x)" if lo is not None and r["N"] == 4096 else "-"
+        flash = ms.get("SDPA FLASH")
+        out.append(f"{r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | {old:8.3f} {new:8.3f} | {old / new:6.2f}x | "
+                   f"{pred:>26s} | " + (f"{flash / new:5.2f}x" if flash else "    -") + f" | {where}")
+    if out:
+        out.insert(0, f"{'d':>4s} {'causal':6s} {'N':>6s} | {'step 3':>8s} {'3b':>8s} | {'3 / 3b':>7s} | "
+                      f"{'predicted 3b (3 / 3b)':>26s} | FLASH / 3b | against the prediction")
+    return out
+
+
 def run_bench(t08, quick, log, ns, dims, variants):
     rows = []
     for d in dims:
-        # "hopper" is timed where it runs step 3's kernel (elsewhere it is HOPPER_BWD_FALLBACK, timed under its name)
-        at_d = tuple(v for v in variants if v != "hopper" or d in t08["HOPPER_BWD_DIMS"])
+        # "hopper" ("hopper_rows") is timed where it runs step 3's (3b's) kernel (elsewhere it is
+        # HOPPER_BWD_FALLBACK, timed under its name)
+        at_d = tuple(v for v in variants if v not in _hopper_variants(t08) or d in t08["HOPPER_BWD_DIMS"])
         if not at_d:
             continue
         for causal in (False, True):
@@ -102,7 +146,7 @@ def run_as_called(t08, quick, log, ns, dims, variants, masks=(False, True)):
                 make = t08["backward_inputs"](B, H, N, d, causal)
                 fns = {f"ours ({v})": (lambda v: lambda q, k, vv, o, lse, go, graphs:
                                        t08["attention_backward"](q, k, vv, o, lse, go, causal, v))(v)
-                       for v in variants if v != "hopper" or d in t08["HOPPER_BWD_DIMS"]}
+                       for v in variants if v not in _hopper_variants(t08) or d in t08["HOPPER_BWD_DIMS"]}
                 fns["FLASH"] = t08["_sdpa_graph_backward"](0)
                 try:
                     ms = as_called.time_as_called(fns, make, flops=t08["backward_flops"](B, H, N, d, causal),
@@ -151,9 +195,10 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown variants {unknown}; the notebook has {t08['VARIANTS']}")
     for v in variants:
-        if v == "hopper":                           # step 3 (HOPPER_BWD_DIMS; elsewhere it runs HOPPER_BWD_FALLBACK)
-            for name in (f"hbwd_bf16_d{d}{c}" for d in t08["HOPPER_BWD_DIMS"] for c in ("", "_causal")):
-                print(f"{v:10s} {name:24s} {t08['attn_bwd_h'][name].resources}")
+        if v in _hopper_variants(t08):              # steps 3, 3b (HOPPER_BWD_DIMS; elsewhere HOPPER_BWD_FALLBACK)
+            kind = "hbwd_rows" if v == "hopper_rows" else "hbwd"
+            for name in (f"{kind}_bf16_d{d}{c}" for d in t08["HOPPER_BWD_DIMS"] for c in ("", "_causal")):
+                print(f"{v:11s} {name:26s} {t08['attn_bwd_h'][name].resources}")
             continue
         dkdv, dq, _ = t08["BWD_LADDER"][v]
         for name in (f"{dkdv}_bf16_d64", f"{dkdv}_bf16_d128") + ((f"{dq}_bf16_d64",) if dq else ()):
@@ -167,9 +212,10 @@ def main(argv=None):
     print(f"timings done at {time.time() - t0:.0f} s", flush=True)
     called = [] if args.no_as_called else run_as_called(t08, args.quick, log, (4096,) if args.quick else ns,
                                                         (64,) if args.quick else dims,
-                                                        # --quick: (a), (b) and the op's choices, as called
+                                                        # --quick: (a), (b), step 3b and the op's choices, as called
                                                         [v for v in variants if not args.quick or v in
-                                                         {"atomic", "pass", *t08["BWD_OP_VARIANT"].values()}],
+                                                         {"atomic", "pass", "hopper_rows",
+                                                          *t08["BWD_OP_VARIANT"].values()}],
                                                         (False,) if args.quick else (False, True))
     (out / "attention_backward.json").write_text(json.dumps({"device": dev, "checks": checks, "bench": bench_rows,
                                                              "as_called": called}, indent=1, default=str))
@@ -217,6 +263,12 @@ def main(argv=None):
         for c in called:
             if "error" in c:
                 print("  as-called error:", c["label"], c["error"])
+    lines = step3b_lines(bench_rows)              # last: what the hopper-backward suite is run for
+    if lines:
+        print("\nStep 3b (hopper_rows) against step 3 (hopper), the whole backward's ms under kernellab.bench, beside "
+              "the prediction written before this run (STEP3B_PREDICTED_MS). 3b faster at every (d, causal) -> set "
+              "the notebook's BWD_OP_HOPPER_ROWS = True")
+        print("\n".join(lines))
 
 
 
@@ -446,6 +498,8 @@ def profile_child(ns, dims) -> None:
             t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_2d")
             if d in t08["BWD_OP_HOPPER_DIMS"] and t08["hopper_backward_applies"](q):
                 t08["attention_backward"](q, k, v, o, lse, do, False, "hopper")
+                if "hopper_rows" in t08["VARIANTS"]:        # step 3b beside step 3
+                    t08["attention_backward"](q, k, v, o, lse, do, False, "hopper_rows")
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
                 out = F.scaled_dot_product_attention(*leaves)
@@ -474,7 +528,7 @@ def label_launches(names: list[str], flash_keys: list[tuple[int, int]]) -> list[
             out.append(["FLASH", d, N, role])
             continue
         prev_flash = False
-        if n.startswith("bwd_pre"):
+        if n.startswith("bwd_pre") or n.startswith("hbwd_pre"):
             pending.append(len(out))
             out.append([None, None, None, "preprocess"])
             continue
@@ -483,11 +537,11 @@ def label_launches(names: list[str], flash_keys: list[tuple[int, int]]) -> list[
             continue
         m = re.search(r"_d(\d+)", n)
         d = int(m.group(1)) if m else None
-        who = ("hopper" if n.startswith("hbwd") else "atomic_w8" if "_w8_" in n
-               else "atomic_2d" if n.startswith("bwd_dkdv_2d_") else n)
+        who = ("hopper_rows" if n.startswith("hbwd_rows") else "hopper" if n.startswith("hbwd")
+               else "atomic_w8" if "_w8_" in n else "atomic_2d" if n.startswith("bwd_dkdv_2d_") else n)
         N = next((key[1] for key in flash_keys[max(run + 1, 0):] if key[0] == d), None)
         last = (who, d, N)
-        out.append([who, d, N, "dK/dV/dQ" if who == "hopper" else "dK/dV (+dQ red)"])
+        out.append([who, d, N, "dK/dV/dQ" if who.startswith("hopper") else "dK/dV (+dQ red)"])
         for i in pending:
             out[i][:3] = [who, d, N]
         pending = []
@@ -515,14 +569,19 @@ def _clock_hz(rep) -> float | None:
     return m.value * scale
 
 
-def summarize_kernel(rep) -> dict:
-    """The numbers the verdict reads from one kernel's ProfileReport (None where the metric is missing)."""
+def summarize_kernel(rep, flops: float | None = None) -> dict:
+    """The numbers the verdict reads from one kernel's ProfileReport (None where the metric is missing). flops: the
+    kernel's matmul FLOPs, for a wgmma kernel: ncu's HMMA-pipe count there is of HGMMA warp instructions (a warp's
+    share of an HGMMA.64x64x16 is 8 HMMA.16816's work), so wavefronts and TFLOP/s are per 4,096-FLOP HMMA.16816
+    equivalent from the FLOPs instead (step 3: 7.73 wavefronts an HGMMA warp instruction, 1.01 an equivalent)."""
     from kernellab.run.nvtools.ncu import top_stalls
 
     dur = _value(rep, "gpu__time_duration.sum")
     hmma = _value(rep, "sm__inst_executed_pipe_tensor_op_hmma.sum")
     wf = _value(rep, "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum")
     red = _value(rep, "lts__t_sectors_op_red.sum")
+    if flops:
+        hmma = flops / 4096
     return dict(
         us=dur * 1e6 if dur else None,
         clock_hz=_clock_hz(rep),
@@ -687,7 +746,7 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child",
             "--ns", ",".join(map(str, ns)), "--dims", ",".join(map(str, dims))]
     metrics = [m for m, _ in profile_metrics()]
-    per_key = 4 * 4                                # atomic_w8, atomic_2d, hopper, FLASH: three kernels each (one spare)
+    per_key = 5 * 4             # atomic_w8, atomic_2d, hopper, hopper_rows, FLASH: three kernels each (one spare)
     reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
                                                launch_count=per_key * len(flash_keys), metrics=metrics,
                                                timeout_s=timeout_s, extra_args=("--print-units", "base"))
@@ -709,7 +768,9 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     results, verdicts, short = [], [], []
     for d, N in flash_keys:
         cols = [(f"{who} {role}", rep) for rep, (who, dd, nn, role) in zip(reports, tags) if dd == d and nn == N]
-        ours, flash, hop = (_main_kernel(reports, tags, who, d, N) for who in ("atomic_w8", "FLASH", "hopper"))
+        ours, flash, hop, hop_b = (_main_kernel(reports, tags, who, d, N)
+                                   for who in ("atomic_w8", "FLASH", "hopper", "hopper_rows"))
+        flops = 10 * max(1, 16384 // N) * (2048 // d) * N * N * d     # the backward's matmuls, not causal
         s_ours = summarize_kernel(ours) if ours is not None else {}
         model = static_model(t08["attn_bwd"], d, N, s_ours.get("clock_hz"), s_ours.get("instructions"))
         total = lambda who: sum((summarize_kernel(rep)["us"] or 0) for rep, t in zip(reports, tags)   # noqa: E731
@@ -744,8 +805,10 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
         lines = (verdict(s_ours, s_flash, model) if ours is not None
                  else [f"no profile of atomic_w8's dK/dV kernel at d = {d}"])
         rows = [(f"atomic_w8 dK/dV d{d}", s_ours), (f"model d{d} ({model['bound'].split(' (')[0]})", pred)]
-        if hop is not None:
-            rows.append((f"hopper d{d}", summarize_kernel(hop)))
+        if hop is not None:                           # wgmma: per HMMA.16816 equivalent (summarize_kernel)
+            rows.append((f"hopper d{d}", summarize_kernel(hop, flops)))
+        if hop_b is not None:
+            rows.append((f"hopper_rows d{d}", summarize_kernel(hop_b, flops)))
         if s_flash:
             rows.append((f"FLASH dK/dV/dQ d{d}", s_flash))
         two = _main_kernel(reports, tags, "atomic_2d", d, N)
@@ -756,16 +819,18 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
             rows[2:2] = [(f"atomic_2d dK/dV d{d}", s_two),
                          (f"model 2d d{d} ({model2['bound'].split(' (')[0]})", model_beside(model2))]
             lines = lines + rung_2d_lines(s_two, s_ours, s_flash, model2)
-        ours_us, flash_us, hop_us = total("atomic_w8"), total("FLASH"), total("hopper")
+        ours_us, flash_us, hop_us, hop_b_us = total("atomic_w8"), total("FLASH"), total("hopper"), total("hopper_rows")
         two_us = total("atomic_2d")
         whole = (f"whole backward d{d} (ncu durations summed): atomic_w8 {ours_us:,.0f} us, FLASH {flash_us:,.0f} us"
                  + (f" ({flash_us / ours_us:.2f}x FLASH's speed)" if ours_us and flash_us else "")
                  + (f", hopper {hop_us:,.0f} us" if hop_us else "")
+                 + (f", hopper_rows {hop_b_us:,.0f} us" if hop_b_us else "")
                  + (f", atomic_2d {two_us:,.0f} us" + (f" ({flash_us / two_us:.2f}x FLASH's speed)" if flash_us else "")
                     if two_us else ""))
         short.append((d, N, rows, whole, lines))
         results.append(dict(d=d, N=N, model=model, summary=dict(rows), whole_us=dict(atomic_w8=ours_us, FLASH=flash_us,
-                                                                                       hopper=hop_us, atomic_2d=two_us),
+                                                                                       hopper=hop_us, atomic_2d=two_us,
+                                                                                       hopper_rows=hop_b_us),
                             verdict=lines, kernels=[dict(label=c, **rep.to_json()) for c, rep in cols]))
     (out / "attention_backward_profile.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "results": results},

@@ -1807,11 +1807,18 @@ __device__ __forceinline__ unsigned tid_x_again() {
     return tid;
 }
 
-template <typename T, int D, int NCWG, bool CAUSAL>
+// ROWS (step 3b, the hbwd_rows_* entry points): the producer brings each query tile's LSE (times log2 e) and Dv
+// into shared memory with the tile's Q and dO (one more TMA copy, through trows: [BH][2][N padded to 64] fp32, from
+// hbwd_pre), where the consumers read them after the stage's barrier instead of 32 global loads a thread a tile
+// whose latency lands on the exponentials; a tile whose 64 query rows are all below N adds its dQ share with no
+// per-row test (one branch a tile instead of one per reduction); and each wgmma descriptor is its tile's plus an
+// offset (desc below). Per consumer warp and tile (SASS, bf16): 948 / 645 instructions at d = 64 (the warpgroup
+// adding dQ / the other) become 660 / 532, and 971 at d = 128 become 589.
+template <typename T, int D, int NCWG, bool CAUSAL, bool ROWS = false>
 __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void* tv, const void* tdo,
                                      const float* __restrict__ lse, const float* __restrict__ dv_rows,
                                      float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv, int N,
-                                     float scale) {
+                                     float scale, const void* trows = nullptr) {
     constexpr int DB = D / 64, ST = HBWD_STAGES, KEYS = BN * NCWG;
     // dQ_tile = dS K: at d = 64 one warpgroup a tile computes all 64 columns (the warpgroups take turns); at d = 128
     // every warpgroup computes its 64 of them every tile (FlashAttention-3's split at hdim 128), 32 fp32 registers a
@@ -1827,7 +1834,9 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     const uint32_t ds_s = v_s + NCWG * TILE_BYTES;       // [2] dS buffers: query tile j writes buffer j % 2
     const uint32_t q_s = ds_s + 2 * DS_BYTES;            // [ST] Q tiles
     const uint32_t do_s = q_s + ST * TILE_BYTES;         // [ST] dO tiles
-    const uint32_t bars = do_s + ST * TILE_BYTES;        // full_kv, full[ST] (Q and dO), empty[ST]
+    constexpr uint32_t ROW_BYTES = ROWS ? 2 * BM * 4 : 0;   // ROWS: a tile's LSE log2 e and Dv, [2][64] fp32
+    const uint32_t rows_s = do_s + ST * TILE_BYTES;      // [ST] of them (ROWS)
+    const uint32_t bars = rows_s + ST * ROW_BYTES;       // full_kv, full[ST] (Q and dO), empty[ST]
     const uint32_t full_kv = bars, full = bars + 8, empty = bars + 8 + 8 * ST;
 
     const int bh = blockIdx.y, k0 = blockIdx.x * KEYS;    // causal: block 0 (the most query tiles) starts first
@@ -1860,11 +1869,12 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
             for (int j = 0; j < n_iter; ++j) {
                 const int s = j % ST, q0 = (qt0 + j) * BM;
                 if (j >= ST) mbar_wait(empty + 8 * s, ((j / ST) - 1) & 1);
-                mbar_expect_tx(full + 8 * s, 2 * TILE_BYTES);
+                mbar_expect_tx(full + 8 * s, 2 * TILE_BYTES + ROW_BYTES);
                 for (int b = 0; b < DB; ++b) {
                     tma_load_3d(q_s + s * TILE_BYTES + b * BM * 128, tq, full + 8 * s, 64 * b, q0, bh);
                     tma_load_3d(do_s + s * TILE_BYTES + b * BM * 128, tdo, full + 8 * s, 64 * b, q0, bh);
                 }
+                if (ROWS) tma_load_3d(rows_s + s * ROW_BYTES, trows, full + 8 * s, q0, 0, bh);   // box 64 x 2
             }
         }
         return;
@@ -1883,8 +1893,16 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
-    const float* lse_h = lse + (size_t)bh * N;
-    const float* dvr_h = dv_rows + (size_t)bh * N;
+    const float* lse_h = ROWS ? nullptr : lse + (size_t)bh * N;          // ROWS: the stages' rows instead
+    const float* dvr_h = ROWS ? nullptr : dv_rows + (size_t)bh * N;
+    // A wgmma descriptor of the tile at `tile` + off bytes (128-byte swizzle, leading byte offset lbo): with ROWS, the
+    // tile's own descriptor plus off >> 4 (the 14-bit address field does not carry below 256 KiB), one add a wgmma
+    // where sw128_desc of each address masks and shifts it again
+    auto desc = [](uint32_t tile, uint32_t off, uint32_t lbo) -> unsigned long long {
+        return ROWS ? sw128_desc(tile, lbo, 1024) + (off >> 4) : sw128_desc(tile + off, lbo, 1024);
+    };
+    // ROWS: stage 0's rows at this lane's first column pair (2 t); stage s at + s ROW_BYTES
+    const float2* rows_t = reinterpret_cast<const float2*>(smem_raw + (rows_s - raw)) + t;
     mbar_wait(full_kv, 0);
 
     for (int j = 0; j < n_iter; ++j) {
@@ -1892,28 +1910,34 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         const uint32_t phase = (j / ST) & 1, q_tile = q_s + s * TILE_BYTES, do_tile = do_s + s * TILE_BYTES;
         const uint32_t ds_tile = ds_s + (j & 1) * DS_BYTES;                   // this tile's dS buffer
         unsigned char* ds_ptr = smem_raw + (ds_tile + c * BM * BN * 2 - raw);  // this warpgroup's part (stores)
-        // LSE (log2 units; +inf past N, so P = 0 there) and Dv of this lane's 16 query columns
+        // LSE (log2 units; +inf past N, so P = 0 there) and Dv of this lane's 16 query columns (ROWS: read from the
+        // stage's rows in shared memory where they are used, below)
         float lse_c[BM / 4], dvr_c[BM / 4];
+        if (!ROWS) {
 #pragma unroll
-        for (int x = 0; x < BM / 4; ++x) {
-            const int q = q0 + 8 * (x / 2) + 2 * t + (x & 1);
-            lse_c[x] = q < N ? lse_h[q] * LOG2E : CUDART_INF_F;
-            if (!DQ_SPLIT) dvr_c[x] = q < N ? dvr_h[q] : 0.f;   // at d = 128: below, once P^T is computed
+            for (int x = 0; x < BM / 4; ++x) {
+                const int q = q0 + 8 * (x / 2) + 2 * t + (x & 1);
+                lse_c[x] = q < N ? lse_h[q] * LOG2E : CUDART_INF_F;
+                if (!DQ_SPLIT) dvr_c[x] = q < N ? dvr_h[q] : 0.f;   // at d = 128: below, once P^T is computed
+            }
         }
+        // ROWS: this stage's [2][64] fp32 rows (LSE log2 e, Dv); lane t's columns 8 e + 2 t, + 1 as one float2
+        const float2* lse_s = rows_t + s * (ROW_BYTES / 8);
+        const float2* dvr_s = lse_s + BM / 2;
         // S^T = K Q^T and dP^T = V dO^T: D / 16 wgmmas of m64 n64 k16 each, two groups
         float sacc[BM / 2], dpacc[BM / 2];
         mbar_wait(full + 8 * s, phase);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_ss<BM, T>(sacc, sw128_desc(kw_s + (kk / 4) * KEYS * 128 + (kk % 4) * 32, 16, 1024),
-                            sw128_desc(q_tile + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+            wgmma_ss<BM, T>(sacc, desc(kw_s, (kk / 4) * KEYS * 128 + (kk % 4) * 32, 16),
+                            desc(q_tile, (kk / 4) * BM * 128 + (kk % 4) * 32, 16), kk > 0);
         wgmma_commit();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_ss<BM, T>(dpacc, sw128_desc(vw_s + (kk / 4) * KEYS * 128 + (kk % 4) * 32, 16, 1024),
-                            sw128_desc(do_tile + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+            wgmma_ss<BM, T>(dpacc, desc(vw_s, (kk / 4) * KEYS * 128 + (kk % 4) * 32, 16),
+                            desc(do_tile, (kk / 4) * BM * 128 + (kk % 4) * 32, 16), kk > 0);
         wgmma_commit();
         wgmma_wait<1>();                                 // S^T is in; dP^T may still run
 
@@ -1921,11 +1945,18 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         const bool diagonal = CAUSAL && q0 < kc0 + BN - 1;
 #pragma unroll
         for (int i = 0; i < BM / 2; ++i) {
-            float p = exp2_approx(fmaf(sacc[i], scale_log2, -lse_c[2 * (i / 4) + (i & 1)]));
+            float l;
+            if (ROWS) {
+                const float2 l2 = lse_s[4 * (i / 4)];     // columns 8 (i / 4) + 2 t, + 1
+                l = (i & 1) ? l2.y : l2.x;
+            } else {
+                l = lse_c[2 * (i / 4) + (i & 1)];
+            }
+            float p = exp2_approx(fmaf(sacc[i], scale_log2, -l));
             if (diagonal && ((i & 2) ? key1 : key0) > q0 + 8 * (i / 4) + 2 * t + (i & 1)) p = 0.f;
             sacc[i] = p;
         }
-        if (DQ_SPLIT) {    // d = 128: Dv loaded while dP^T finishes, not held over both products (16 registers)
+        if (DQ_SPLIT && !ROWS) {   // d = 128: Dv loaded while dP^T finishes, not held over both products (16 registers)
 #pragma unroll
             for (int x = 0; x < BM / 4; ++x) {
                 const int q = q0 + 8 * (x / 2) + 2 * t + (x & 1);
@@ -1936,11 +1967,19 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         unsigned pa[BM / 16][4], dsa[BM / 16][4];        // P^T and dS^T as wgmma A fragments, 16 queries each
 #pragma unroll
         for (int kc = 0; kc < BM / 16; ++kc) {
+            float2 dvr2[2];                              // ROWS: Dv of columns 16 kc + 2 t (+ 1), 16 kc + 8 + 2 t (+ 1)
+            if (ROWS) dvr2[0] = dvr_s[8 * kc], dvr2[1] = dvr_s[8 * kc + 4];   // before this kc's dS stores
 #pragma unroll
             for (int r = 0; r < 4; ++r) {                // r: (row g, cols 0-7), (g + 8, 0-7), (g, 8-15), (g + 8, 8-15)
                 const int i = 8 * kc + 4 * (r / 2) + 2 * (r & 1);
-                const float ds0 = sacc[i] * (dpacc[i] - dvr_c[2 * (i / 4)]);
-                const float ds1 = sacc[i + 1] * (dpacc[i + 1] - dvr_c[2 * (i / 4) + 1]);
+                float dv0, dv1;
+                if (ROWS) {
+                    dv0 = dvr2[r / 2].x, dv1 = dvr2[r / 2].y;
+                } else {
+                    dv0 = dvr_c[2 * (i / 4)], dv1 = dvr_c[2 * (i / 4) + 1];
+                }
+                const float ds0 = sacc[i] * (dpacc[i] - dv0);
+                const float ds1 = sacc[i + 1] * (dpacc[i + 1] - dv1);
                 pa[kc][r] = pack2<T>(sacc[i], sacc[i + 1]);
                 dsa[kc][r] = pack2<T>(ds0, ds1);
                 // dS into shared memory as [query][key] (K-major for dQ = dS K): element (q, key) at
@@ -1964,16 +2003,15 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
         wgmma_fence();
 #pragma unroll
         for (int kc = 0; kc < BM / 16; ++kc)
-            wgmma_rs_tb<D, T>(dv_acc, pa[kc], sw128_desc(do_tile + kc * 16 * 128, BM * 128, 1024));
+            wgmma_rs_tb<D, T>(dv_acc, pa[kc], desc(do_tile, kc * 16 * 128, BM * 128));
 #pragma unroll
         for (int kc = 0; kc < BM / 16; ++kc)
-            wgmma_rs_tb<D, T>(dk_acc, dsa[kc], sw128_desc(q_tile + kc * 16 * 128, BM * 128, 1024));
+            wgmma_rs_tb<D, T>(dk_acc, dsa[kc], desc(q_tile, kc * 16 * 128, BM * 128));
         if (dq_here) {
 #pragma unroll
             for (int kk = 0; kk < KEYS / 16; ++kk)
-                wgmma_ss_tb<DQN, T>(dq_acc, sw128_desc(ds_tile + (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16, 1024),
-                                    sw128_desc(k_s + (DQ_SPLIT ? c * KEYS * 128 : 0) + kk * 16 * 128, KEYS * 128,
-                                               1024), kk > 0);
+                wgmma_ss_tb<DQN, T>(dq_acc, desc(ds_tile, (kk / 4) * BM * BN * 2 + (kk % 4) * 32, 16),
+                                    desc(k_s, (DQ_SPLIT ? c * KEYS * 128 : 0) + kk * 16 * 128, KEYS * 128), kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -1984,11 +2022,20 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
             const int qr0 = q0 + 16 * w + g, qr1 = qr0 + 8;
             float* dq0 = dq_accum + ((size_t)bh * N + qr0) * D + (DQ_SPLIT ? 64 * c : 0);   // its DQN columns
             float* dq1 = dq0 + 8 * D;
+            if (ROWS && q0 + BM <= N) {                  // every row of the tile below N: no test a reduction
+                float* dq_t = dq0 + 2 * t;                   // then constant offsets: one address a thread
 #pragma unroll
-            for (int i = 0; i < DQN / 2; i += 4) {
-                const int col = 8 * (i / 4) + 2 * t;
-                if (qr0 < N) red_add_v2(dq0 + col, dq_acc[i] * scale, dq_acc[i + 1] * scale);
-                if (qr1 < N) red_add_v2(dq1 + col, dq_acc[i + 2] * scale, dq_acc[i + 3] * scale);
+                for (int i = 0; i < DQN / 2; i += 4) {
+                    red_add_v2(dq_t + 8 * (i / 4), dq_acc[i] * scale, dq_acc[i + 1] * scale);
+                    red_add_v2(dq_t + 8 * D + 8 * (i / 4), dq_acc[i + 2] * scale, dq_acc[i + 3] * scale);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < DQN / 2; i += 4) {
+                    const int col = 8 * (i / 4) + 2 * t;
+                    if (qr0 < N) red_add_v2(dq0 + col, dq_acc[i] * scale, dq_acc[i + 1] * scale);
+                    if (qr1 < N) red_add_v2(dq1 + col, dq_acc[i + 2] * scale, dq_acc[i + 3] * scale);
+                }
             }
         }
         // No barrier here: tile j + 1 writes the other dS buffer, and tile j + 2 writes this one only after tile
@@ -2017,6 +2064,31 @@ __device__ __forceinline__ void dkdv(const void* tq, const void* tk, const void*
     }
 }
 
+// Step 3b's preprocessing: per (head, query) of the rows padded to n_pad (a multiple of 64), one warp: Dv =
+// rowsum(dO o O) and LSE log2 e into rows [BH][2][n_pad] (past N: +inf and 0, so P = 0 and dS = 0 there), and the
+// query's row of dq_accum zeroed. Grid ceil(BH n_pad / 4), 128 threads.
+template <typename T, int D>
+__device__ __forceinline__ void pre_rows(const T* __restrict__ O, const T* __restrict__ dO,
+                                         const float* __restrict__ lse, float* __restrict__ rows,
+                                         float* __restrict__ dq_accum, int N, int n_pad, int bh_count) {
+    const int r = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int bh = r / n_pad, q = r % n_pad;
+    if (bh >= bh_count) return;
+    float* out = rows + (size_t)bh * 2 * n_pad + q;      // [bh][0][q]: LSE log2 e, [bh][1][q]: Dv
+    if (q >= N) {
+        if (lane == 0) out[0] = CUDART_INF_F, out[n_pad] = 0.f;
+        return;
+    }
+    const size_t row = (size_t)bh * N + q;
+    float acc = 0.f;
+#pragma unroll
+    for (int c = lane; c < D; c += 32) acc += to_float(O[row * D + c]) * to_float(dO[row * D + c]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) out[0] = lse[row] * LOG2E, out[n_pad] = acc;
+    for (int c = lane; c < D; c += 32) dq_accum[row * D + c] = 0.f;
+}
+
 }  // namespace hbwd
 
 // Entry points per (dtype, head dim[, causal]): grid (ceil(N / (64 HBWD_WG)), BH), 128 (HBWD_WG + 1) threads;
@@ -2036,6 +2108,32 @@ HBWD_ENTRY(hbwd_bf16_d128, __nv_bfloat16, 128, false)
 HBWD_ENTRY(hbwd_bf16_d128_causal, __nv_bfloat16, 128, true)
 HBWD_ENTRY(hbwd_f16_d128, __half, 128, false)
 HBWD_ENTRY(hbwd_f16_d128_causal, __half, 128, true)
+// Step 3b (hbwd_rows_*): the same kernel with ROWS, its LSE and Dv through trows (hbwd_pre_*'s padded rows)
+#define HBWD_ROWS_ENTRY(NAME, T, D, CAUSAL)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128 * (HBWD_WG + 1), 1) NAME(                                        \
+        const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                               \
+        const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,                              \
+        const __grid_constant__ CUtensorMap trows, float* dq_accum, T* dk, T* dv, int n, float scale) {               \
+        hbwd::dkdv<T, D, HBWD_WG, CAUSAL, true>(&tq, &tk, &tv, &tdo, nullptr, nullptr, dq_accum, dk, dv, n, scale,    \
+                                                &trows);                                                              \
+    }
+#define HBWD_PRE(NAME, T, D)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const T* o, const T* d_o, const float* lse, float* rows,   \
+                                                           float* dq_accum, int n, int n_pad, int bh_count) {         \
+        hbwd::pre_rows<T, D>(o, d_o, lse, rows, dq_accum, n, n_pad, bh_count);                                        \
+    }
+HBWD_ROWS_ENTRY(hbwd_rows_bf16_d64, __nv_bfloat16, 64, false)
+HBWD_ROWS_ENTRY(hbwd_rows_bf16_d64_causal, __nv_bfloat16, 64, true)
+HBWD_ROWS_ENTRY(hbwd_rows_f16_d64, __half, 64, false)
+HBWD_ROWS_ENTRY(hbwd_rows_f16_d64_causal, __half, 64, true)
+HBWD_ROWS_ENTRY(hbwd_rows_bf16_d128, __nv_bfloat16, 128, false)
+HBWD_ROWS_ENTRY(hbwd_rows_bf16_d128_causal, __nv_bfloat16, 128, true)
+HBWD_ROWS_ENTRY(hbwd_rows_f16_d128, __half, 128, false)
+HBWD_ROWS_ENTRY(hbwd_rows_f16_d128_causal, __half, 128, true)
+HBWD_PRE(hbwd_pre_bf16_d64, __nv_bfloat16, 64)
+HBWD_PRE(hbwd_pre_f16_d64, __half, 64)
+HBWD_PRE(hbwd_pre_bf16_d128, __nv_bfloat16, 128)
+HBWD_PRE(hbwd_pre_f16_d128, __half, 128)
 
 # %% [markdown]
 # ### What it costs
@@ -2075,6 +2173,8 @@ HOPPER_BWD_FALLBACK = "atomic_w8"                  # the rung "hopper" runs wher
 BWD_OP_HOPPER = True                               # the op's backward on step 3 where it applies (BWD_OP_VARIANT):
 BWD_OP_HOPPER_DIMS = (64, 128)                     # at the head dims checked and timed on an H100
                                                    # (benchmarks/NOTES-attention-backward.md)
+BWD_OP_HOPPER_ROWS = False                         # step 3b ("hopper_rows": LSE, Dv by TMA) for the op's "hopper",
+                                                   # once an H100 has checked it and timed it faster
 
 
 _capability = {}                                   # device index (-1: not a GPU) -> (major, minor): looked up once
@@ -2088,20 +2188,23 @@ def hopper_backward_applies(q):
     return _capability[index] == (9, 0) and q.shape[-1] in HOPPER_BWD_DIMS
 
 
-def hbwd_smem_bytes(d):
-    """1 KiB alignment slack, K and V of the block's keys, two dS buffers of a tile per warpgroup each, the Q/dO ring,
-    the mbarriers."""
-    return 1024 + 2 * HBWD_KEYS * d * 2 + 2 * HBWD_WG * 64 * 64 * 2 + 2 * HBWD_STAGES * HBWD_QUERY_TILE * d * 2 + 64
+def hbwd_smem_bytes(d, rows=False):
+    """1 KiB alignment slack, K and V of the block's keys, two dS buffers of a tile per warpgroup each, the Q/dO ring
+    (rows: and each stage's LSE and Dv, [2][64] fp32), the mbarriers."""
+    return (1024 + 2 * HBWD_KEYS * d * 2 + 2 * HBWD_WG * 64 * 64 * 2 + 2 * HBWD_STAGES * HBWD_QUERY_TILE * d * 2
+            + (HBWD_STAGES * 2 * HBWD_QUERY_TILE * 4 if rows else 0) + 64)
 
 
-def attention_backward_hopper(q, k, v, o, lse, grad_o, causal=False, dq=None, dk=None, dv=None):
+def attention_backward_hopper(q, k, v, o, lse, grad_o, causal=False, dq=None, dk=None, dv=None, rows=False):
     """Step 3's (dq, dk, dv): [B, H, N, d] bf16/fp16 contiguous CUDA tensors, d in HOPPER_BWD_DIMS, on an sm_90 GPU
-    (lse [B, H, N] fp32)."""
+    (lse [B, H, N] fp32). rows=True: step 3b (hbwd_pre_*, hbwd_rows_*: the LSE and Dv reach the consumers through
+    shared memory, copied by the producer with each query tile)."""
     B, H, N, d = q.shape
-    hit = _HBWD_LAUNCHES.get((q.dtype, B, H, N, d, causal))
+    table = _HBWD_ROWS_LAUNCHES if rows else _HBWD_LAUNCHES
+    hit = table.get((q.dtype, B, H, N, d, causal))
     if hit is None or hit[0] is not attn_bwd_h or hit[1] is not attn_bwd:   # a model's call: checked and configured
-        hit = _HBWD_LAUNCHES[q.dtype, B, H, N, d, causal] = _hopper_launches(q.dtype, B, H, N, d, causal)  # per shape
-    _, _, pre, main, convert, rows, pad = hit
+        hit = table[q.dtype, B, H, N, d, causal] = _hopper_launches(q.dtype, B, H, N, d, causal, rows)   # per shape
+    _, _, pre, main, convert, n_rows, pad = hit
     # q, k, v and dO reach the kernel through tensor maps of [B H, N, d]: contiguous (o, lse and the outputs are
     # pointers, which the launches check themselves)
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and grad_o.is_contiguous()):
@@ -2109,34 +2212,47 @@ def attention_backward_hopper(q, k, v, o, lse, grad_o, causal=False, dq=None, dk
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
-    delta = torch.empty(pad + rows * d, dtype=torch.float32, device=q.device)   # one allocation: Dv [B, H, N], then
-    dq_accum = delta[pad:]                                 # dQ's fp32 sums [B, H, N, d] (at 256 bytes, to the end)
-    pre(o, grad_o, delta, dq_accum, rows)
-    main(kernellab.tensor_map(q.view(B * H, N, d), HBWD_BOX), kernellab.tensor_map(k.view(B * H, N, d), HBWD_BOX),
-         kernellab.tensor_map(v.view(B * H, N, d), HBWD_BOX), kernellab.tensor_map(grad_o.view(B * H, N, d), HBWD_BOX),
-         lse, delta, dq_accum, dk, dv, N, d ** -0.5)
-    convert(dq_accum, dq, rows * d)                          # dq.numel()
+    maps = (kernellab.tensor_map(q.view(B * H, N, d), HBWD_BOX), kernellab.tensor_map(k.view(B * H, N, d), HBWD_BOX),
+            kernellab.tensor_map(v.view(B * H, N, d), HBWD_BOX), kernellab.tensor_map(grad_o.view(B * H, N, d), HBWD_BOX))
+    delta = torch.empty(pad + n_rows * d, dtype=torch.float32, device=q.device)  # one allocation: Dv (rows: LSE
+    dq_accum = delta[pad:]                                 # and Dv padded), then dQ's fp32 sums [B, H, N, d]
+    if rows:                                               # [B H][2][N padded to 64]: LSE log2 e, Dv; by TMA
+        n_pad = pad // (2 * B * H)
+        pre(o, grad_o, lse, delta, dq_accum, N, n_pad, B * H)
+        main(*maps, kernellab.tensor_map(delta[:pad].view(B * H, 2, n_pad), HBWD_ROWS_BOX, swizzle="none"),
+             dq_accum, dk, dv, N, d ** -0.5)
+    else:
+        pre(o, grad_o, delta, dq_accum, n_rows)
+        main(*maps, lse, delta, dq_accum, dk, dv, N, d ** -0.5)
+    convert(dq_accum, dq, n_rows * d)                        # dq.numel()
     return dq, dk, dv
 
 
 HBWD_BOX = (1, 64, 64)     # a tensor map's box: one (batch, head), 64 rows x 64 columns
+HBWD_ROWS_BOX = (1, 2, 64)  # step 3b's rows: one (batch, head), LSE and Dv, 64 queries
 _HBWD_LAUNCHES = {}        # (dtype, B, H, N, d, causal) -> _hopper_launches(...)
+_HBWD_ROWS_LAUNCHES = {}   # the same for step 3b: _hopper_launches(..., rows=True)
 
 
-def _hopper_launches(dtype, B, H, N, d, causal):
-    """(attn_bwd_h, attn_bwd, the preprocessing, step 3's kernel, the dQ conversion, B H N, Dv's floats in the scratch
-    buffer: B H N rounded up to 64), each kernel configured as kernel[grid, block, smem] for this shape; raises for
-    what step 3 has no kernel for."""
+def _hopper_launches(dtype, B, H, N, d, causal, rows=False):
+    """(attn_bwd_h, attn_bwd, the preprocessing, step 3's kernel, the dQ conversion, B H N, the floats before dQ's in
+    the scratch buffer: Dv's B H N rounded up to 64, or with rows (step 3b) B H x 2 x N rounded up to 64), each
+    kernel configured as kernel[grid, block, smem] for this shape; raises for what step 3 has no kernel for."""
     if d not in HOPPER_BWD_DIMS or dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"attention_backward_hopper takes bf16/fp16 [B, H, N, d] with d in {HOPPER_BWD_DIMS}, got "
                          f"{dtype} {[B, H, N, d]}: use attention_backward(..., variant='{HOPPER_BWD_FALLBACK}')")
     dt = "bf16" if dtype == torch.bfloat16 else "f16"
-    rows = B * H * N
-    pre = attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128]
-    main = attn_bwd_h[f"hbwd_{dt}_d{d}{'_causal' if causal else ''}"][(math.ceil(N / HBWD_KEYS), B * H), HBWD_THREADS,
-                                                                     hbwd_smem_bytes(d)]
-    convert = attn_bwd[f"bwd_dq_convert_{dt}"][(min(math.ceil(rows * d / 256), 4096),), 256]
-    return attn_bwd_h, attn_bwd, pre, main, convert, rows, -(-rows // 64) * 64
+    n_rows, grid = B * H * N, (math.ceil(N / HBWD_KEYS), B * H)
+    convert = attn_bwd[f"bwd_dq_convert_{dt}"][(min(math.ceil(n_rows * d / 256), 4096),), 256]
+    if rows:                                               # step 3b: hbwd_pre_* writes the padded rows
+        n_pad = -(-N // HBWD_QUERY_TILE) * HBWD_QUERY_TILE
+        pre = attn_bwd_h[f"hbwd_pre_{dt}_d{d}"][(math.ceil(B * H * n_pad / 4),), 128]
+        main = attn_bwd_h[f"hbwd_rows_{dt}_d{d}{'_causal' if causal else ''}"][grid, HBWD_THREADS,
+                                                                              hbwd_smem_bytes(d, rows=True)]
+        return attn_bwd_h, attn_bwd, pre, main, convert, n_rows, 2 * B * H * n_pad
+    pre = attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(n_rows / 4),), 128]
+    main = attn_bwd_h[f"hbwd_{dt}_d{d}{'_causal' if causal else ''}"][grid, HBWD_THREADS, hbwd_smem_bytes(d)]
+    return attn_bwd_h, attn_bwd, pre, main, convert, n_rows, -(-n_rows // 64) * 64
 
 
 # variant "hopper" joins step 2's variants: attention_backward (and so check_backward, bench_backward) dispatch it
@@ -2145,16 +2261,19 @@ if not getattr(attention_backward, "dispatches_hopper", False):
 
 
 def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", dq=None, dk=None, dv=None):
-    """Step 2's attention_backward, with variant="hopper": step 3 where it applies, HOPPER_BWD_FALLBACK elsewhere."""
-    if variant == "hopper":
+    """Step 2's attention_backward, with variant="hopper" (step 3) and "hopper_rows" (step 3b) where they apply,
+    HOPPER_BWD_FALLBACK elsewhere."""
+    if variant in HOPPER_VARIANTS:
         if hopper_backward_applies(q):
-            return attention_backward_hopper(q, k, v, o, lse, grad_o, causal, dq, dk, dv)
+            return attention_backward_hopper(q, k, v, o, lse, grad_o, causal, dq, dk, dv,
+                                             rows=variant == "hopper_rows")
         variant = HOPPER_BWD_FALLBACK
     return _attention_backward_mma(q, k, v, o, lse, grad_o, causal, variant, dq, dk, dv)
 
 
 attention_backward.dispatches_hopper = True
-VARIANTS = tuple(BWD_LADDER) + ("hopper",)
+HOPPER_VARIANTS = ("hopper", "hopper_rows")        # step 3, step 3b
+VARIANTS = tuple(BWD_LADDER) + HOPPER_VARIANTS
 if BWD_OP_HOPPER:
     BWD_OP_VARIANT.update({(d, causal): "hopper" for d in BWD_OP_HOPPER_DIMS for causal in (False, True)})
 
@@ -2218,6 +2337,71 @@ step3_d128[False]
 # takes it at `d = 128` as well (`BWD_OP_HOPPER_DIMS`).
 
 # %% [markdown]
+# ### Step 3b: what the profile says, and the LSE and `Dv` through shared memory
+#
+# Nsight Compute on step 3 at `N = 4096`, `d = 64`, not causal (`python3 tools/gpu/run.py
+# profile-attention-backward`, an H100): 4,467 µs, tensor pipe 32 %, issue slots 41 %, shared pipe 32 %, 12 warps
+# (occupancy 14 %), top stalls `long_scoreboard` 1.90, `wait` 0.81, `barrier` 0.41 (warps per issue); FLASH's
+# dK/dV/dQ kernel beside it: 4,757 µs, tensor 46 %. Read against the source and the SASS:
+#
+# - **Shared memory is not the limit.** The profile's 7.73 shared wavefronts "per HMMA" are per `HGMMA` warp
+#   instruction: a warp's share of an `HGMMA.64x64x16` is eight `HMMA.16816`s' work (and `ptxas` adds one empty
+#   `HGMMA.64x8x16` a tile to close the commit group), so per 4,096-FLOP equivalent it is 1.01, against FLASH's 2.09.
+#   Counted per block and 64-query tile step: `S^T` and `dP^T` read both operands from shared memory (4 `HGMMA`s each
+#   per warpgroup, 2 KB + 2 KB each: 256 wavefronts of 128 B a warpgroup), `dV` and `dK` only `dO` and `Q` (128 a
+#   warpgroup), `dQ`'s 8 `HGMMA`s both (256, one warpgroup a tile), the `dS` stores 32 `STS.U16` a warp, conflict-free
+#   in the 128-byte swizzle (256): 1,280 predicted, 1,298 measured (340 M over 262,144 tile steps); 25,156 bank
+#   conflicts in all is nothing. At the tensor pipe's full rate (also 1,280 clocks a tile step) this would be a
+#   shared pipe near 100 %: a ceiling for later, not today's limit.
+# - **`long_scoreboard` is a wait on L1TEX**: the consumers' global loads and the `mbarrier` try-waits. The consumer
+#   loop's SASS has 32 `LDG` a thread a tile (the LSE and `Dv` of its 16 query columns, each behind its own bounds
+#   predicate), issued at the loop head and first needed by the exponentials after `S^T`'s `wgmma`: an L2 round trip
+#   (the dQ reductions keep L2 51 % busy) against the few hundred clocks `S^T` takes; at `d = 128` `Dv`'s loads, issued
+#   after `P^T`, wait almost whole. No local memory (no spills), and the reductions wait on nothing (`REDG` returns no
+#   value). The producer warp, waiting on the empty barriers nearly all the time, is about a third of the measured
+#   `long_scoreboard` (one warp of four sub-partitions' ~2.2).
+# - **The instruction path.** A consumer warp issues 948 instructions a tile in the warpgroup that adds the tile's
+#   `dQ` (130 at the loop head for those loads and their bounds, 219 for its 16 reductions: each behind a branch,
+#   with 64-bit address math) and 645 in the other (ncu's mean: 805); the `dQ` warpgroup's is the critical path, as
+#   the named barrier every tile keeps the two in step.
+#
+# **Step 3b** (`hbwd_pre_*`, `hbwd_rows_*` in the cell above; variant `"hopper_rows"`) changes three things. The
+# preprocessing writes the LSE times log2 e and `Dv` as rows `[B H][2][N rounded up to 64]` (+inf and 0 past `N`, so
+# `P = 0` and `dS = 0` there); the producer copies a tile's 2 x 64 floats with its `Q` and `dO` (one more TMA copy on
+# the same full barrier, 512 B a stage), and the consumers read them as 16 `LDS.64` after that barrier. A tile whose
+# 64 rows are all below `N` adds its `dQ` share with no row test and constant offsets. Each `wgmma` descriptor is its
+# tile's plus an offset. The path becomes 660 / 532 instructions a warp a tile at `d = 64` and 589 (from 971) at
+# `d = 128`; no global load is left in the consumers.
+#
+# **Prediction, before measuring** (the whole backward under `kernellab.bench`, `N = 4096`, B·N = 16k, H·d = 2048;
+# `STEP3B_PREDICTED_MS` in benchmarks/attention_backward.py). At ~1.6 clocks an instruction on the critical path the
+# shorter path saves 450-580 clocks of the 3,900 a tile step takes at `d = 64` (~600 of ~7,800 at `d = 128`), and the
+# loads' exposed latency goes (200-500 clocks a tile at `d = 64`, 600-1,000 at `d = 128`): 15-27 % off the main
+# kernel at `d = 64`, 13-22 % at `d = 128`. Step 3's 4.56 / 2.66 ms (full / causal) at `d = 64` become 3.4-4.0 /
+# 1.95-2.35 ms (1.27-1.50x SDPA's FLASH backward, full), its 4.60 / 2.55 ms at `d = 128` 3.65-4.1 / 2.05-2.35 ms
+# (1.17-1.32x FLASH); still below CUDNN (0.75-0.88x at `d = 64`). The gradients equal step 3's to rounding (the same
+# products in the same order; only where the LSE and `Dv` come from changed). The op keeps step 3 until an H100
+# confirms it (`BWD_OP_HOPPER_ROWS`).
+
+# %%
+# %%gpu
+step3b_checks = check_all_backward(variants=("hopper_rows",))
+print(summarize_backward(step3b_checks))
+for r in step3b_checks:
+    if not r["passed"]:
+        print("FAILED:", r)
+step3b = {(d, causal): bench_backward(4096, d, causal, variants=("hopper_rows", "hopper"))
+          for d in (64, 128) for causal in (False, True)}
+for (d, causal), r in step3b.items():
+    print(f"d={d:3d} causal={causal!s:5s}: {r.median_ms:.3f} ms, {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+
+# %% [markdown]
+# Not yet measured: `python3 tools/gpu/run.py hopper-backward` runs these checks (and 3b against step 3 on the
+# awkward `N`) and prints 3b beside step 3 and this prediction, at both head dims, full and causal. Where 3b is faster
+# at every one, `BWD_OP_HOPPER_ROWS = True` in the launcher cell makes it the op's backward.
+
+# %% [markdown]
 # ## From the notebook into a model: a differentiable op
 #
 # `kernellab.op` registers the forward as `kl::flash_attention_lse`, `(q, k, v, causal) -> (o, lse)`, with a
@@ -2252,9 +2436,12 @@ def _op_backward_launcher(q, causal):
     """Step 3's launcher where BWD_OP_VARIANT says "hopper" and it applies (hopper_backward_applies: asked once, not
     per call), else step 2's attention_backward with the variant bound."""
     variant = BWD_OP_VARIANT.get((q.shape[-1], causal), "atomic_w8")
-    if variant == "hopper":
+    if variant == "hopper" and BWD_OP_HOPPER_ROWS:     # step 3b in step 3's place, once the GPU has confirmed it
+        variant = "hopper_rows"
+    if variant in HOPPER_VARIANTS:
         if hopper_backward_applies(q):
-            return attention_backward_hopper
+            return (functools.partial(attention_backward_hopper, rows=True) if variant == "hopper_rows"
+                    else attention_backward_hopper)
         variant = HOPPER_BWD_FALLBACK
     return functools.partial(_attention_backward_mma, variant=variant)
 

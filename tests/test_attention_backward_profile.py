@@ -374,3 +374,25 @@ def test_the_clock_is_read_in_any_unit():
         rep = ProfileReport(kernel="k", metrics=(Metric("sm__cycles_elapsed.avg.per_second", "SM clock", value, unit),))
         assert b._clock_hz(rep) == pytest.approx(1.755e9), unit
     assert b._clock_hz(ProfileReport(kernel="k")) is None
+
+
+def test_step3bs_launches_are_labelled_and_a_wgmma_kernel_counts_hmma_equivalents():
+    """Step 3b's launches (hbwd_pre_*, hbwd_rows_*, the dQ conversion) are hopper_rows', step 3's hopper's; and a wgmma
+    kernel's wavefronts a HMMA are per HMMA.16816 equivalent (4,096 FLOP) when its FLOPs are given: ncu's HMMA-pipe
+    count is of HGMMA warp instructions there (step 3 on an H100: 3.40e8 wavefronts, 4.40e7 HGMMA warp instructions,
+    7.73 of them each, 1.01 per equivalent at d = 64, N = 4096)."""
+    b = _bench()
+    names = ["bwd_pre_bf16_d64", "hbwd_bf16_d64", "bwd_dq_convert_bf16",
+             "hbwd_pre_bf16_d64", "hbwd_rows_bf16_d64", "bwd_dq_convert_bf16",
+             "flash_bwd_dot_do_o_kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "flash_bwd_convert_dq_kernel"]
+    assert b.label_launches(names, [(64, 4096)]) == [
+        ("hopper", 64, 4096, "preprocess"), ("hopper", 64, 4096, "dK/dV/dQ"), ("hopper", 64, 4096, "dQ convert"),
+        ("hopper_rows", 64, 4096, "preprocess"), ("hopper_rows", 64, 4096, "dK/dV/dQ"),
+        ("hopper_rows", 64, 4096, "dQ convert"),
+        ("FLASH", 64, 4096, "preprocess"), ("FLASH", 64, 4096, "dK/dV/dQ"), ("FLASH", 64, 4096, "dQ convert")]
+    rep = _fake_report("hbwd_bf16_d64", 4467, wavefronts=340_272_337, hmma=44_040_192)
+    assert b.summarize_kernel(rep)["wavefronts_per_hmma"] == pytest.approx(7.73, abs=0.01)
+    flops = 10 * 4 * 32 * 4096 * 4096 * 64
+    s = b.summarize_kernel(rep, flops)
+    assert s["wavefronts_per_hmma"] == pytest.approx(1.014, abs=0.01)   # 1,298 a block's tile step / 1,280 HMMA eq.
+    assert s["hmma_tflops"] == pytest.approx(flops / 4467e-6 / 1e12)

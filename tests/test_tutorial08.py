@@ -107,7 +107,7 @@ def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
         assert 2 * tutorial["bwd_dq_smem_bytes"](d) <= 228 * 1024
         assert tutorial["bwd_dq_smem_bytes"](d, 8) <= 227 * 1024
     assert tutorial["VARIANTS"][:2] == ("atomic", "pass")
-    assert set(tutorial["VARIANTS"]) == set(tutorial["BWD_LADDER"]) | {"hopper"}        # step 3 joins as "hopper"
+    assert set(tutorial["VARIANTS"]) == set(tutorial["BWD_LADDER"]) | {"hopper", "hopper_rows"}   # steps 3, 3b
     assert tutorial["BWD_LADDER"] == {k: tuple(v) for k, v in LADDER.items()} and tutorial["BWD_DKDV_TILES"] == TILES
     assert tutorial["BWD_PAIRS"] == PAIRS
     # atomic_2d at d = 64: 128 keys, 32-query tiles, the dS^T tile: two blocks an SM by shared memory

@@ -1,7 +1,8 @@
 """Tutorial 08's attention backward on the GPU, as the notebook launches it (its `# launchers` cells, load_tutorial).
 
-Every variant ((a) dQ by atomics, (b) dQ in its own pass, the ladder's rungs 3-8, and step 3's Hopper backward
-"hopper": wgmma + TMA at d = 64 and 128 on sm_90, the atomic_w8 rung elsewhere), dtype, head dim and mask on
+Every variant ((a) dQ by atomics, (b) dQ in its own pass, the ladder's rungs 3-8, step 3's Hopper backward
+"hopper": wgmma + TMA at d = 64 and 128 on sm_90, the atomic_w8 rung elsewhere, and step 3b's "hopper_rows"), dtype,
+head dim and mask on
 N = 1, 63, 65, 1000, 1031, 4097: dQ, dK, dV into NaN-filled outputs against the float64 reference, our max error at most 2x SDPA's own (SDPA's
 backward in the same dtype, same inputs, same reference). The forward's LSE against float64; the op's loss.backward()
 against float64 beside SDPA's, eager and under torch.compile(fullgraph=True).
@@ -24,7 +25,8 @@ def t08():
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("variant", ["atomic", "pass", "atomic_v2", "pass_w8", "atomic_w8", "pass_lean",
-                                     "atomic_lean", "pass_2d", "atomic_2d", "hopper"])   # (a), (b), the ladder, step 3
+                                     "atomic_lean", "pass_2d", "atomic_2d", "hopper",
+                                     "hopper_rows"])   # (a), (b), the ladder, steps 3 and 3b
 def test_gradients_within_twice_sdpas_own_error(t08, variant, dtype, d, causal):
     rows = [t08["check_backward"](variant, t08["DTYPES"][dtype], d, causal, N) for N in t08["CHECK_N"]]
     for r in rows:
@@ -128,3 +130,35 @@ def test_the_op_takes_a_models_transposed_heads(t08):
     views = grads(lambda t: [t[i].transpose(1, 2) for i in range(3)])
     copies = grads(lambda t: [t[i].transpose(1, 2).contiguous() for i in range(3)])
     torch.testing.assert_close(views, copies, rtol=2e-2, atol=2e-2)   # dQ by atomics: the order of its sums varies
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("N", [65, 4097])
+def test_step3b_hopper_rows_runs_its_kernels_and_agrees_with_step3(t08, dtype, d, causal, N):
+    """On an sm_90 GPU variant "hopper_rows" is step 3b's kernels themselves (hbwd_pre_*, hbwd_rows_*: the LSE and Dv
+    copied by the producer's TMA from rows padded to 64, into shared memory; full tiles' dQ reductions without a row
+    test): its dQ, dK, dV at one row past a tile and at 64 full tiles and one row past them (both reduction paths,
+    the padding read) are finite, within 2x step 3's error against float64 (+ 1e-6), and the op takes it only where
+    BWD_OP_HOPPER_ROWS is on. (test_gradients_within_twice_sdpas_own_error checks it on every CHECK_N.)"""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("step 3b's kernels are sm_90a (Hopper) only")
+    dt = t08["DTYPES"][dtype]
+    g = torch.Generator().manual_seed(11 + N)
+    q, k, v, grad_o = (torch.randn(2, 3, N, d, generator=g).to(dt).cuda() for _ in range(4))
+    assert t08["hopper_backward_applies"](q)
+    for name in (f"hbwd_pre_bf16_d{d}", f"hbwd_rows_bf16_d{d}", f"hbwd_rows_bf16_d{d}_causal"):
+        print(name, t08["attn_bwd_h"][name].resources)
+    o, lse = t08["attention_forward"](q, k, v, causal)
+    nan = [torch.full_like(q, float("nan")) for _ in range(3)]
+    rows = t08["attention_backward_hopper"](q, k, v, o, lse, grad_o, causal, *nan, rows=True)
+    step3 = t08["attention_backward_hopper"](q, k, v, o, lse, grad_o, causal)
+    want = t08["attention_backward_reference"](q, k, v, grad_o, causal)[2:]
+    for name, a, b, w in zip(("dq", "dk", "dv"), rows, step3, want):
+        err, err3 = (a.double() - w).abs().max().item(), (b.double() - w).abs().max().item()
+        print(f"hopper_rows {dtype} d={d} causal={causal} N={N} {name}: error {err:.3e}, step 3's {err3:.3e}")
+        assert torch.isfinite(a).all(), f"{name}: rows left unwritten"
+        assert err <= 2 * err3 + 1e-6, f"{name}: step 3b {err:.3e} against float64, step 3's {err3:.3e}"
+    run = t08["_op_backward_launcher"](q, causal)
+    assert getattr(run, "keywords", {}).get("rows", False) == t08["BWD_OP_HOPPER_ROWS"], run

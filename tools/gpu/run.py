@@ -172,10 +172,12 @@ SUITES: dict[str, Suite] = {
         "(do_bench, sustained)", 300,
         commands=((PY, "benchmarks/attention_backward.py", "--quick", "--out", "{out}"),), takes_args=True),
     "hopper-backward": backward_variant_suite(
-        "tutorial 08's step 3 (the Hopper backward: 384 threads, setmaxnreg 24 / 240): its GPU tests (-k hopper: "
-        "launches at d = 64 and 128, gradients against float64 within 2x SDPA's error, agreement with atomic_w8), then "
-        "the benchmark at d = 64 and 128, N = 4096 against atomic_w8 and SDPA FLASH / CUDNN; a table last",
-        "hopper", "hopper,atomic_w8"),
+        "tutorial 08's step 3 (the Hopper backward: 384 threads, setmaxnreg 24 / 240) and step 3b (hopper_rows: "
+        "the LSE and Dv by the producer's TMA into shared memory): their GPU tests (-k hopper: launches at d = 64 and "
+        "128, gradients against float64 within 2x SDPA's error, agreement with atomic_w8 and of 3b with 3 on the "
+        "awkward N), then the benchmark at d = 64 and 128, N = 4096, full and causal: 3 and 3b side by side against "
+        "atomic_w8 and SDPA FLASH / CUDNN, 3b beside its written prediction in the table last",
+        "hopper", "hopper,hopper_rows,atomic_w8"),
     "bench-attention-backward-2d": backward_variant_suite(
         "tutorial 08's rung 8 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp or warp pair, dQ by reductions): "
         "its GPU tests (-k atomic_2d: gradients against float64 within 2x SDPA's error, both dtypes, d 64/128, causal "
