@@ -272,25 +272,95 @@ def jobs(executor: Executor, fn: Callable, items: Iterable, *, timeout_s: float 
         for i, value in stream(executor, fn, items):
             yield JobDone(i, value)
         return
-    yield from _dask_jobs(client, fn, list(items), timeout_s, poll_s)
+    yield from _dask_jobs(client, [Job(fn, item) for item in items], timeout_s, poll_s)
 
 
-def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, no_workers_s: float = 300.0
-               ) -> Iterator[JobDone]:
+@dataclass(frozen=True)
+class Job:
+    """One job for `pipeline`: fn(item), and where a Dask executor should run it."""
+
+    fn: Callable
+    item: Any
+    workers: tuple[str, ...] = ()     # Dask worker addresses to run on; elsewhere only when none of them is left
+    priority: int = 0                 # higher first, where jobs wait for the same worker (Dask)
+
+
+def pipeline(executor: Executor, first: Sequence[Job], follow: Callable[[JobDone], Job | None], *,
+             poll_s: float = 0.5) -> Iterator[JobDone]:
+    """Run the `first` jobs; as each finishes, `follow(done)` may give a job that goes out at once (a compile's
+    check-and-time, say), while the other first jobs still run: no stage waits for the whole previous stage. Yields a
+    JobDone for every job as it finishes, first and followers alike: indexes 0..len(first)-1 are the first jobs, the
+    followers are numbered on in the order they were made (`follow` sees the done job's index; keep your own map).
+    On a Dask executor, nothing is lost when a worker is (as `jobs`), and each job's `workers` and `priority` place
+    it: a follower restricted to one worker per GPU, with a higher priority than the first jobs still queued, runs
+    on those workers as soon as the job in hand ends. Other executors: every job anywhere, in the order it came."""
+    client = dask_client(executor)
+    if client is not None:
+        yield from _dask_jobs(client, list(first), None, poll_s, follow=follow)
+        return
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    futures: dict[Future, int] = {}
+    count = 0
+
+    def submit(job: Job) -> JobDone | None:
+        nonlocal count
+        i, count = count, count + 1
+        try:
+            futures[executor.submit(job.fn, job.item)] = i
+        except Exception as exc:            # e.g. a process pool refusing a lambda
+            return JobDone(i, exc)
+        return None
+
+    ready = [d for d in map(submit, first) if d is not None]
+    while ready or futures:
+        while ready:
+            d = ready.pop(0)
+            nxt = follow(d)
+            if nxt is not None:
+                failed = submit(nxt)
+                if failed is not None:
+                    ready.append(failed)
+            yield d
+        if futures:
+            for f in wait(futures, return_when=FIRST_COMPLETED).done:
+                i = futures.pop(f)
+                try:
+                    value = f.result()
+                except Exception as exc:
+                    value = exc
+                ready.append(JobDone(i, value))
+
+
+def _dask_jobs(client, work: list[Job], timeout_s: float | None, poll_s: float, no_workers_s: float = 300.0,
+               follow: Callable[[JobDone], Job | None] | None = None) -> Iterator[JobDone]:
     import distributed
 
-    name = getattr(fn, "__name__", "job")
     pending: dict[str, tuple[int, Any]] = {}            # key -> (index, future)
 
     def submit(i: int) -> None:
-        key = f"{name}-{uuid.uuid4().hex}"              # Dask groups tasks by the name before the dash
-        pending[key] = (i, client.submit(_tracked, fn, items[i], key, key=key, pure=False))
+        job = work[i]
+        key = f"{getattr(job.fn, '__name__', 'job')}-{uuid.uuid4().hex}"   # Dask groups tasks by the name before the dash
+        placed = {"workers": list(job.workers), "allow_other_workers": True} if job.workers else {}
+        if job.priority:
+            placed["priority"] = job.priority
+        pending[key] = (i, client.submit(_tracked, job.fn, job.item, key, key=key, pure=False, **placed))
 
-    for i in range(len(items)):
+    def add(i: int):
         try:
             submit(i)
         except Exception as exc:                        # e.g. an object Dask cannot serialize
-            yield JobDone(i, exc)
+            yield from finished(JobDone(i, exc))
+
+    def finished(done: JobDone):
+        nxt = follow(done) if follow is not None else None
+        if nxt is not None:
+            work.append(nxt)
+            yield from add(len(work) - 1)
+        yield done
+
+    for i in range(len(work)):
+        yield from add(i)
     moved: dict[str, str] = {}                          # key -> why it left a worker restarted by the watchdog
     no_workers_since: float | None = None
     deaths: dict[int, int] = {}                         # index -> worker deaths in its earlier tries
@@ -335,9 +405,10 @@ def _dask_jobs(client, fn, items: list, timeout_s: float | None, poll_s: float, 
                     if f.key in moved and died > 1:
                         why += f", and a worker died {_times(died - 1)} more"
                     rerun = why + (f"; re-run on {where}" if where else "; re-run on another worker")
-                yield JobDone(i, value, n, rerun, where)
+                yield from finished(JobDone(i, value, n, rerun, where))
         if timeout_s is not None and pending:
-            yield from _give_up_hung(client, pending, moved, timeout_s)
+            for d in _give_up_hung(client, pending, moved, timeout_s):
+                yield from finished(d)
         if pending and not done:
             if _workers(client):
                 no_workers_since = None

@@ -54,7 +54,7 @@ from ..sim.numba_sim import simulator_lock
 from .bench import bench
 from .check import check
 
-ROW_FORMAT = 2                # bump when AutotuneRow changes: cached rows of another format are not reused
+ROW_FORMAT = 3                # bump when AutotuneRow changes: cached rows of another format are not reused
 DEFAULT_CHECK = {"trials": 1}  # "check each survivor once": one fresh input set (kernellab.check's default is 5)
 
 
@@ -109,6 +109,10 @@ class AutotuneRow:
     note: str | None = None                 # why a row that passed was not timed (no GPU, the simulator, ...)
     cached: bool = False                    # read from the cache, not run in this call
     rerun: str | None = None                # run again elsewhere: its worker died or was restarted (why)
+    # when and where each job ran (wall clock, time.time(), of the process that ran it; one host's processes agree):
+    compiled_at: tuple[float, float] | None = field(default=None, repr=False, compare=False)   # compile start, end
+    compile_worker: str | None = field(default=None, repr=False, compare=False)
+    measured_at: tuple | None = field(default=None, repr=False, compare=False)  # check-and-time: start, GPU held, end
 
     @property
     def timed(self) -> bool:
@@ -146,7 +150,11 @@ class AutotuneRow:
                 "spread": self.spread, "speedups": {s.baseline: s.ratio for s in self.speedups},
                 "device": self.device, "gpu": self.gpu, "worker": self.worker, "symbol": self.symbol,
                 "status": self.status, "note": self.note, "error": self.error, "cached": self.cached,
-                "rerun": self.rerun}
+                "rerun": self.rerun, "compile_ms": self.compile_ms,
+                "compiled_at": list(self.compiled_at) if self.compiled_at else None,
+                "compile_worker": self.compile_worker,
+                "measured_at": list(self.measured_at) if self.measured_at else None,
+                "timed_at": list(self.timed_at) if self.timed_at else None}
 
 
 @dataclass(frozen=True)
@@ -504,20 +512,23 @@ class Compiled:
     wall_ms: float = 0.0
     cache_state: str = "miss"
     worker: str = ""
+    started: float = 0.0               # wall clock (time.time()) where it ran
+    ended: float = 0.0
 
 
 def compile_task(task: CompileTask) -> Compiled:
     """Compile one configuration through the compile cache; never raises for compile errors."""
-    t0 = time.perf_counter()
+    started, t0 = time.time(), time.perf_counter()
     try:
         output, state = compile_cached(task.source, task.arch, task.options, filename=task.filename,
                                        first_line=task.first_line, name_expressions=task.name_expressions)
     except CompileError as exc:
-        return Compiled(None, str(exc), (time.perf_counter() - t0) * 1e3, "miss", fanout.worker_name())
+        return Compiled(None, str(exc), (time.perf_counter() - t0) * 1e3, "miss", fanout.worker_name(), started,
+                        time.time())
     except Exception as exc:              # e.g. a name expression NVRTC cannot resolve
         return Compiled(None, f"{type(exc).__name__}: {exc}", (time.perf_counter() - t0) * 1e3, "miss",
-                        fanout.worker_name())
-    return Compiled(output, None, (time.perf_counter() - t0) * 1e3, state, fanout.worker_name())
+                        fanout.worker_name(), started, time.time())
+    return Compiled(output, None, (time.perf_counter() - t0) * 1e3, state, fanout.worker_name(), started, time.time())
 
 
 # --- recording a configuration's launch without running it ---------------------------------------------------------
@@ -768,7 +779,15 @@ def _verdict(rep) -> str:
 
 def measure(task: MeasureTask) -> Outcome:
     """Prune (if the caller could not), check once against the reference, then time one configuration; a fault or an
-    exception becomes part of the outcome, never an exception."""
+    exception becomes part of the outcome, never an exception. The outcome's `measured_at` says when: (start, when
+    it got its GPU (None: it never needed it), end)."""
+    started = time.time()
+    out = _measure(task)
+    out.fields["measured_at"] = (started, out.fields.pop("gpu_held_at", None), time.time())
+    return out
+
+
+def _measure(task: MeasureTask) -> Outcome:
     here = where()
     f: dict = {"device": here.device, "gpu": here.gpu, "worker": here.worker}
     out = Outcome(task.index, f)
@@ -819,6 +838,7 @@ def measure(task: MeasureTask) -> Outcome:
     # Several workers may share a GPU (a pool with more workers than GPUs, for the compiles): one configuration is
     # checked and timed on a GPU at a time, so that no two timings overlap there.
     with fanout.gpu_lock(here.gpu if here.gpu_ok and not simulated else None):
+        f["gpu_held_at"] = time.time()
         return _check_and_time(task, k, here, f, out, res, simulated)
 
 
@@ -1059,101 +1079,53 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
     tasks: dict[int, CompileTask] = {}
 
     # 3. compile (CUDA C++): every configuration at once, in parallel
-    t0 = time.perf_counter()
-    if is_cuda and todo:
-        for i in todo:
-            try:
-                opts, expr = compile_plan(kernel, configs[i], tparams)
-            except AutotuneError as exc:
-                fields[i].update(pruned=f"cannot compile: {exc}", error=str(exc))
-                continue
-            tasks[i] = CompileTask(source, options + opts, arch, expr, filename, first_line)
-        for i, got, rerun in _compile_all(tasks, executor, compile_workers, notes):
-            if rerun:
-                fields[i]["rerun"] = "compile: " + rerun
-            if isinstance(got, BaseException):
-                fields[i].update(pruned=f"compile task failed: {type(got).__name__}: {_first_line(got)}",
-                                 error=f"{type(got).__name__}: {got}")
-            elif got.error is not None:
-                errs = [l for l in got.error.splitlines() if ": error" in l or "error:" in l]
-                fields[i].update(pruned="compile error: " + _first_line(errs[0] if errs else got.error),
-                                 error=got.error, compile_ms=got.wall_ms)
-            else:
-                outputs[i] = got.output
-                fields[i]["compile_ms"] = got.output.compile_ms if got.cache_state == "miss" else 0.0
-            advance(i, 1)
-        stages["compile"] = time.perf_counter() - t0
+    def compiled(i: int, got, rerun: str | None) -> None:
+        """One compile's outcome into its row's fields (and its output kept)."""
+        if rerun:
+            fields[i]["rerun"] = "compile: " + rerun
+        if isinstance(got, BaseException):
+            fields[i].update(pruned=f"compile task failed: {type(got).__name__}: {_first_line(got)}",
+                             error=f"{type(got).__name__}: {got}")
+            return
+        if got.started:
+            fields[i].update(compiled_at=(got.started, got.ended), compile_worker=got.worker or None)
+        if got.error is not None:
+            errs = [l for l in got.error.splitlines() if ": error" in l or "error:" in l]
+            fields[i].update(pruned="compile error: " + _first_line(errs[0] if errs else got.error),
+                             error=got.error, compile_ms=got.wall_ms)
+        else:
+            outputs[i] = got.output
+            fields[i]["compile_ms"] = got.output.compile_ms if got.cache_state == "miss" else 0.0
 
-    # 4. resources and pruning here, before anything runs
-    t0 = time.perf_counter()
-    bar.describe(f"autotune {kernel}: prune")
-    local_args, args_error = None, None
-    for i in todo:
-        if is_cuda and i not in outputs:
-            continue                   # it did not compile
-        expr = tasks[i].name_expression if is_cuda else None
-        specs[i] = KernelSpec(configs[i], build=build, output=outputs.get(i), source=source if is_cuda else None,
-                              symbol=outputs[i].lowered(expr) if expr else None, name=kernel, filename=filename,
-                              first_line=first_line, factory=None if is_cuda else source)
-    shapes: dict[int, list] = {}
-    unreported: list[str] = []                 # compiled without a ptxas report: spills and stack unknown
-    if is_cuda:
-        for i, spec in specs.items():
-            try:
-                k = spec.get()
-            except Exception as exc:
-                fields[i].update(pruned=f"no kernel {kernel!r}: {_first_line(exc)}", error=str(exc))
-                continue
-            res = k.resources
-            fields[i].update(_resource_fields(res), symbol=k.symbol)
-            if not getattr(res, "ptxas_report", True):
-                unreported.append(config_label(configs[i]))
-            why = prune_by_resources(res, rules)
-            if why:
-                fields[i]["pruned"] = why
-                continue
-            if executor is not None:
-                continue               # the launch is recorded where the inputs are made: on the worker
-            if local_args is None and args_error is None:
-                try:
-                    local_args = _call_inputs(inputs, 0)
-                except Exception as exc:
-                    args_error = f"{type(exc).__name__}: {_first_line(exc)}"
-            if local_args is None:
-                continue
-            try:
-                shapes[i] = record_launches(launch, k, configs[i], local_args)
-            except Exception as exc:
-                fields[i].update(pruned=f"launch(k, config, *args) raised while its launch was recorded: "
-                                        f"{_first_line(exc)}", error=f"{type(exc).__name__}: {exc}")
-                continue
-            occ, limiter, why = prune_by_launch(res, shapes[i], arch, rules)
-            fields[i].update(block=shapes[i][0].block, dynamic_shared_bytes=shapes[i][0].shared_bytes,
-                             occupancy=occ, limiter=limiter)
-            if why:
-                fields[i]["pruned"] = why
-        local_args = None              # the check and the timing make their own inputs
-        if args_error:
-            notes.append(f"inputs(generator) cannot run here ({args_error}), so the launches were not recorded: "
-                         f"block sizes, occupancy and the pruning that needs them wait for a GPU")
-    if unreported:
-        notes.append(f"no ptxas report for {len(unreported)} configuration(s) ({', '.join(unreported[:3])}"
-                     f"{', ...' if len(unreported) > 3 else ''}): registers and shared memory come from the cubin, "
-                     f"spills and the stack frame are unknown, so they were not pruned by them")
-    for i in todo:
-        if "pruned" in fields[i] or i not in specs:
-            advance(i, steps)
-    stages["prune"] = time.perf_counter() - t0
+    def prune_compiled(i: int) -> None:
+        """Build configuration i's kernel here from its output, read its resources and prune by them (CUDA C++)."""
+        expr = tasks[i].name_expression
+        spec = specs[i] = KernelSpec(configs[i], build=build, output=outputs[i], source=source,
+                                     symbol=outputs[i].lowered(expr) if expr else None, name=kernel,
+                                     filename=filename, first_line=first_line)
+        try:
+            k = spec.get()
+        except Exception as exc:
+            fields[i].update(pruned=f"no kernel {kernel!r}: {_first_line(exc)}", error=str(exc))
+            return
+        res = k.resources
+        fields[i].update(_resource_fields(res), symbol=k.symbol)
+        if not getattr(res, "ptxas_report", True):
+            unreported.append(config_label(configs[i]))
+        why = prune_by_resources(res, rules)
+        if why:
+            fields[i]["pruned"] = why
 
-    # 5. check and time the survivors
-    t0 = time.perf_counter()
-    bar.describe(f"autotune {kernel}: check and time")
-    survivors = [i for i in todo if i in specs and "pruned" not in fields[i]]
-    measure_tasks = [MeasureTask(i, specs[i], launch, inputs, reference, baselines, check_options, bench_options,
-                                 rules, arch, isolate, shapes.get(i), resources_pruned=is_cuda) for i in survivors]
+    def measure_task(i: int) -> MeasureTask:
+        return MeasureTask(i, specs[i], launch, inputs, reference, baselines, check_options, bench_options, rules,
+                           arch, isolate, shapes.get(i), resources_pruned=is_cuda)
+
     best_ms = math.inf
     lost = None
-    for i, got, rerun in _measure_all(measure_tasks, executor):
+
+    def measured(i: int, got, rerun: str | None) -> None:
+        """One check-and-time outcome into its row's fields."""
+        nonlocal best_ms, lost
         if rerun:
             fields[i]["rerun"] = (fields[i].get("rerun", "") + "; " if fields[i].get("rerun") else "") + rerun
         if isinstance(got, BaseException):
@@ -1179,7 +1151,121 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
         if ms is not None and ms < best_ms:
             best_ms = ms
         advance(i, steps, f"best {best_ms:.4g} ms" if best_ms < math.inf else None)
-    stages["check_and_time"] = time.perf_counter() - t0
+
+    shapes: dict[int, list] = {}
+    unreported: list[str] = []                 # compiled without a ptxas report: spills and stack unknown
+    t0 = time.perf_counter()
+    if is_cuda and todo:
+        for i in todo:
+            try:
+                opts, expr = compile_plan(kernel, configs[i], tparams)
+            except AutotuneError as exc:
+                fields[i].update(pruned=f"cannot compile: {exc}", error=str(exc))
+                continue
+            tasks[i] = CompileTask(source, options + opts, arch, expr, filename, first_line)
+    lanes = _lanes(executor) if is_cuda and tasks and fanout.dask_client(executor) is not None else None
+    if lanes is not None:
+        # A Dask pool: no stage waits for the whole previous one. Each configuration goes from its compile (any
+        # worker) to its check-and-time (one worker per GPU, its lane, ahead of the compiles still queued there) as
+        # soon as it compiled and survived the pruning here; the GPU lock still keeps timings apart on a GPU.
+        stages["prune"] = 0.0
+        t_last = {"compile": t0, "check_and_time": t0}
+        order = [i for i in todo if i in tasks]
+
+        def follow(done: fanout.JobDone):
+            if done.index >= len(order):
+                return None                    # a check-and-time: nothing follows it
+            i = order[done.index]
+            compiled(i, done.value, done.rerun)
+            if i not in outputs:
+                return None
+            tp = time.perf_counter()
+            prune_compiled(i)
+            stages["prune"] += time.perf_counter() - tp
+            if "pruned" in fields[i]:
+                return None
+            follower.append(i)
+            return fanout.Job(measure, measure_task(i), workers=lanes, priority=1)
+
+        follower: list[int] = []
+        first = [fanout.Job(compile_task, tasks[i]) for i in order]
+        for done in fanout.pipeline(executor, first, follow):
+            if done.index < len(order):
+                i = order[done.index]
+                t_last["compile"] = time.perf_counter()
+                advance(i, steps if i not in outputs or "pruned" in fields[i] else 1)
+            else:
+                i = follower[done.index - len(order)]
+                t_last["check_and_time"] = time.perf_counter()
+                measured(i, done.value, done.rerun)
+        for i in todo:
+            if i not in tasks:
+                advance(i, steps)
+        # compile: to the last compile's result; check-and-time: from then to the last result (the part of the
+        # timing that did not overlap the compiles); each row's compiled_at and measured_at say when it ran
+        stages["compile"] = t_last["compile"] - t0
+        stages["check_and_time"] = max(0.0, t_last["check_and_time"] - t_last["compile"])
+    else:
+        if is_cuda and todo:
+            for i, got, rerun in _compile_all(tasks, executor, compile_workers, notes):
+                compiled(i, got, rerun)
+                advance(i, 1)
+            stages["compile"] = time.perf_counter() - t0
+
+        # 4. resources and pruning here, before anything runs
+        t0 = time.perf_counter()
+        bar.describe(f"autotune {kernel}: prune")
+        local_args, args_error = None, None
+        for i in todo:
+            if is_cuda and i not in outputs:
+                continue                   # it did not compile
+            if is_cuda:
+                prune_compiled(i)
+            else:
+                specs[i] = KernelSpec(configs[i], build=build, name=kernel, filename=filename,
+                                      first_line=first_line, factory=source)
+                continue
+            if "pruned" in fields[i] or i not in specs or executor is not None:
+                continue               # with an executor, the launch is recorded where the inputs are made
+            if local_args is None and args_error is None:
+                try:
+                    local_args = _call_inputs(inputs, 0)
+                except Exception as exc:
+                    args_error = f"{type(exc).__name__}: {_first_line(exc)}"
+            if local_args is None:
+                continue
+            k = specs[i].get()
+            try:
+                shapes[i] = record_launches(launch, k, configs[i], local_args)
+            except Exception as exc:
+                fields[i].update(pruned=f"launch(k, config, *args) raised while its launch was recorded: "
+                                        f"{_first_line(exc)}", error=f"{type(exc).__name__}: {exc}")
+                continue
+            occ, limiter, why = prune_by_launch(k.resources, shapes[i], arch, rules)
+            fields[i].update(block=shapes[i][0].block, dynamic_shared_bytes=shapes[i][0].shared_bytes,
+                             occupancy=occ, limiter=limiter)
+            if why:
+                fields[i]["pruned"] = why
+        local_args = None              # the check and the timing make their own inputs
+        if args_error:
+            notes.append(f"inputs(generator) cannot run here ({args_error}), so the launches were not recorded: "
+                         f"block sizes, occupancy and the pruning that needs them wait for a GPU")
+        for i in todo:
+            if "pruned" in fields[i] or i not in specs:
+                advance(i, steps)
+        stages["prune"] = time.perf_counter() - t0
+
+        # 5. check and time the survivors
+        t0 = time.perf_counter()
+        bar.describe(f"autotune {kernel}: check and time")
+        survivors = [i for i in todo if i in specs and "pruned" not in fields[i]]
+        for i, got, rerun in _measure_all([measure_task(i) for i in survivors], executor):
+            measured(i, got, rerun)
+        stages["check_and_time"] = time.perf_counter() - t0
+    if unreported:
+        notes.append(f"no ptxas report for {len(unreported)} configuration(s) ({', '.join(unreported[:3])}"
+                     f"{', ...' if len(unreported) > 3 else ''}): registers and shared memory come from the cubin, "
+                     f"spills and the stack frame are unknown, so they were not pruned by them")
     bar.close()
 
     # 6. rows, the cache, what was not run
@@ -1208,6 +1294,23 @@ def _probe(executor) -> Where:
     except Exception as exc:
         raise AutotuneError(f"the executor could not run its probe task ({type(exc).__name__}: {exc}); is kernellab "
                             f"importable on its workers?") from None
+
+
+def _lanes(executor) -> tuple[str, ...]:
+    """The timing lanes of a Dask pool: one worker per GPU (the lowest address among those on it), where some GPU has
+    more than one worker; () where every worker has a GPU of its own, or none has one (no lane needed)."""
+    client = fanout.dask_client(executor)
+    try:
+        found = client.run(where)
+    except Exception:                          # a worker that cannot answer: no lanes, the GPU lock still holds
+        return ()
+    by_gpu: dict[str, list[str]] = {}
+    for addr, w in found.items():
+        if isinstance(w, Where) and w.gpu_ok and w.gpu:
+            by_gpu.setdefault(w.gpu, []).append(addr)
+    if all(len(v) <= 1 for v in by_gpu.values()):
+        return ()
+    return tuple(sorted(min(v) for v in by_gpu.values()))
 
 
 def _compile_all(tasks: dict, executor, workers: int | None, notes: list):
