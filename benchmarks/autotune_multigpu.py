@@ -308,14 +308,19 @@ def make_cluster(gpus: list[int], workers_per_gpu: int = 4, threads_per_worker: 
 
 
 def _warm():
-    """On a worker: import torch and kernellab, make the CUDA context (where there is a GPU); which GPU this is."""
+    """On a worker: import torch and kernellab, make the CUDA context, cuBLAS's handle and the isolated launch
+    worker's process and context (where there is a GPU); which GPU this is. Every pool, the 1-GPU one too, is warmed
+    so before the clock starts: a worker's first check-and-time would otherwise pay these under its GPU's lock."""
     import torch
 
+    from kernellab.run.launch import worker as launch_worker
     from kernellab.run.measure.autotune import where
 
     if torch.cuda.is_available():
         torch.cuda.init()
-        torch.empty(1, device="cuda")
+        a = torch.ones(64, 64, device="cuda")
+        (a @ a).sum().item()                           # cuBLAS's handle and workspace
+        launch_worker.default_pool(torch.cuda.current_device()).ensure()
     return where().gpu or "no GPU"
 
 
@@ -373,6 +378,9 @@ def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> di
         out["util_source"] = util.source
         out["autotune"] = r
         log(f"  autotune: {out['autotune_s']:.1f} s ({r.headline()})")
+        out["autotune_jobs"] = autotune_jobs(r.rows, out["workers"], len(gpus), out["autotune_s"])
+        for line in autotune_jobs_text(out["autotune_jobs"]):
+            log(f"  autotune jobs: {line}")
 
         util = Utilisation(gpus)
         util.start()
@@ -521,7 +529,79 @@ def summarize(p: dict, configs: int, submissions: int) -> dict:
     p["grade_stages"] = grade_stages(p)
     p["tool_costs"] = tool_costs(p)
     p["tool_processes"] = tool_processes(p)
+    if "autotune_jobs" not in p:
+        p["autotune_jobs"] = autotune_jobs(p["autotune"].rows, p["workers"], p["gpus"], p["autotune_s"])
     return p
+
+
+def autotune_jobs(rows, workers: int, gpus: int, wall_s: float) -> dict:
+    """The autotune's jobs as the rows recorded them (when and where each compile and each check-and-time ran), per
+    stage: wall (first start to last end), the sum of the job times, the ideal (that sum over the slots: the pool's
+    workers for the compiles, its GPUs for the GPU-held part of the checks and timings), the straggler tail (from
+    the moment the first slot ran out of work to the stage's end), each slot's first job against the rest (a cold
+    worker), and for the whole sweep the bound a perfect schedule meets: the larger of the two ideals."""
+    out: dict = {"workers": workers, "gpus": gpus, "wall_s": wall_s}
+    comp = [(r.compiled_at, r.compile_worker) for r in rows if getattr(r, "compiled_at", None)]
+    meas = [(r.measured_at, r.gpu or r.worker) for r in rows if getattr(r, "measured_at", None)
+            and r.measured_at[1] is not None]
+    t0 = min([c[0][0] for c in comp] + [m[0][0] for m in meas], default=None)
+
+    def stage(spans: list[tuple[float, float, str]], slots: int) -> dict | None:
+        if not spans:
+            return None
+        start, end = min(s[0] for s in spans), max(s[1] for s in spans)
+        busy = sum(b - a for a, b, _ in spans)
+        last: dict[str, float] = {}
+        firsts: dict[str, tuple[float, float]] = {}
+        for a, b, slot in spans:
+            last[slot] = max(last.get(slot, 0.0), b)
+            if slot not in firsts or a < firsts[slot][0]:
+                firsts[slot] = (a, b - a)
+        first_s = [d for _, d in firsts.values()]
+        rest = sorted(b - a for a, b, slot in spans if (a, b - a) != firsts[slot])
+        # a slot never used (fewer jobs than slots) ran out of work at the start
+        idle_from = min(last.values()) if len(last) >= slots else start
+        return {"jobs": len(spans), "slots": slots, "used": len(last), "start_s": start - t0, "end_s": end - t0,
+                "wall_s": end - start, "sum_s": busy, "ideal_s": busy / slots, "tail_s": end - idle_from,
+                "longest_s": max(b - a for a, b, _ in spans),
+                "first_s": sum(first_s) / len(first_s), "rest_s": rest[len(rest) // 2] if rest else None}
+
+    out["compile"] = stage([(a, b, w or "?") for (a, b), w in comp], workers)
+    out["gpu_held"] = stage([(held, end, g) for (_, held, end), g in meas], gpus)
+    if meas:
+        out["lock_wait_s"] = sum(held - start for (start, held, _), _ in meas)
+        task = stage([(start, end, g) for (start, _, end), g in meas], gpus)
+        out["measure_task_wall_s"] = task["wall_s"]
+        if comp:
+            last_compile = max(b for (_, b), _ in comp)
+            out["held_before_last_compile_s"] = sum(max(0.0, min(end, last_compile) - held)
+                                                    for (_, held, end), _ in meas)
+    ideals = [x["ideal_s"] for x in (out["compile"], out["gpu_held"]) if x]
+    out["ideal_s"] = max(ideals) if ideals else None
+    return out
+
+
+def autotune_jobs_text(j: dict) -> list[str]:
+    """The lines the log prints from autotune_jobs: one per stage and one for the sweep."""
+    lines = []
+    for key, what, slot in (("compile", "compile", "workers"), ("gpu_held", "check-and-time, GPU held", "GPUs")):
+        x = j.get(key)
+        if not x:
+            lines.append(f"{what}: no jobs recorded")
+            continue
+        lines.append(f"{what}: wall {x['wall_s']:.1f} s ({x['start_s']:.1f} -> {x['end_s']:.1f} s), sum of job times "
+                     f"{x['sum_s']:.1f} s over {x['jobs']} jobs, ideal {x['ideal_s']:.1f} s (sum / {x['slots']} "
+                     f"{slot}; {x['used']} used), straggler tail {x['tail_s']:.1f} s, longest job {x['longest_s']:.2f} "
+                     f"s, first job per {slot[:-1]} {x['first_s']:.2f} s vs the rest's median "
+                     + (f"{x['rest_s']:.2f} s" if x["rest_s"] is not None else "-"))
+    if j.get("gpu_held"):
+        lines.append(f"check-and-time tasks: waited for their GPU {j['lock_wait_s']:.1f} s in all; GPU held "
+                     f"{j.get('held_before_last_compile_s', 0):.1f} s of {j['gpu_held']['sum_s']:.1f} s before the "
+                     f"last compile ended (streamed: the timing overlaps the compiles)")
+    if j.get("ideal_s"):
+        lines.append(f"sweep: wall {j['wall_s']:.1f} s, ideal {j['ideal_s']:.1f} s (the larger stage ideal), "
+                     f"{j['wall_s'] - j['ideal_s']:.1f} s over it")
+    return lines
 
 
 def where_time_goes(p: dict, one: dict) -> str:
@@ -1035,6 +1115,8 @@ def main(argv=None) -> int:
         best = r.best
         print(f"{p['gpus']} GPU(s), {p['cluster']}:")
         print(f"  autotune: {r.headline()}; stages " + ", ".join(f"{k} {v:.1f} s" for k, v in r.stage_s))
+        for line in autotune_jobs_text(p.get("autotune_jobs") or {}):
+            print(f"  autotune jobs: {line}")
         if best:
             sp = best.row.speedup("torch")
             print(f"  best {best.row.label}: {best.row.median_ms:.4g} ms, {sp.ratio:.3f}x torch.matmul on "

@@ -446,3 +446,28 @@ def test_the_workers_warm_sanitizers_are_summed_in_one_line(mod):
     assert "'fault': 1" in text and "'out of order': 1" in text and text.endswith("tcp://a (memcheck)")
     assert mod.pools_text({"tcp://b": [ok]}).endswith("out of program order: never")
     assert mod.pools_text({"tcp://a": []}) == "no warm compute-sanitizer ran"
+
+
+def test_the_autotune_log_gives_each_stage_its_wall_sum_ideal_and_straggler_tail(mod):
+    """autotune_jobs from the rows' records: 2 workers compile 4 configurations (the first job on each slow: a cold
+    worker), 2 survive and are timed on 1 GPU; every figure is the arithmetic of those spans."""
+    R = types.SimpleNamespace
+    rows = [R(compiled_at=(100.0, 103.0), compile_worker="w0", measured_at=(103.0, 103.5, 104.5), gpu="G0"),
+            R(compiled_at=(100.0, 102.0), compile_worker="w1", measured_at=None, gpu=None),
+            R(compiled_at=(102.0, 103.0), compile_worker="w1", measured_at=(103.0, 104.5, 105.0), gpu="G0"),
+            R(compiled_at=(103.0, 104.0), compile_worker="w0", measured_at=None, gpu=None)]
+    j = mod.autotune_jobs(rows, workers=2, gpus=1, wall_s=6.0)
+    c, g = j["compile"], j["gpu_held"]
+    assert (c["wall_s"], c["sum_s"], c["ideal_s"], c["jobs"], c["used"]) == (4.0, 7.0, 3.5, 4, 2)
+    assert c["tail_s"] == 1.0                       # w1 ran out of work at 103, the stage ended at 104
+    assert c["first_s"] == 2.5 and c["rest_s"] == 1.0 and c["longest_s"] == 3.0
+    assert (g["wall_s"], g["sum_s"], g["ideal_s"], g["tail_s"]) == (1.5, 1.5, 1.5, 0.0)
+    assert j["lock_wait_s"] == 2.0 and j["held_before_last_compile_s"] == 0.5 and j["ideal_s"] == 3.5
+    text = "\n".join(mod.autotune_jobs_text(j))
+    assert "compile: wall 4.0 s (0.0 -> 4.0 s), sum of job times 7.0 s over 4 jobs, ideal 3.5 s (sum / 2 " \
+           "workers; 2 used), straggler tail 1.0 s" in text
+    assert "sweep: wall 6.0 s, ideal 3.5 s" in text
+    # more slots than jobs: the unused slot ran out of work at the start, the whole stage is tail
+    one = mod.autotune_jobs(rows[:1], workers=4, gpus=2, wall_s=5.0)
+    assert one["compile"]["tail_s"] == 3.0 and one["gpu_held"]["tail_s"] == 1.0
+    assert "no jobs recorded" in mod.autotune_jobs_text(mod.autotune_jobs([], 2, 1, 1.0))[0]

@@ -157,6 +157,36 @@ def test_autotune_sgemm_tiles_through_dask_on_one_gpu(torch, problem, dask_clien
         (_artifacts() / "autotune_sgemm_dask.txt").write_text(f"{dask_client.what}\n{r}")
 
 
+def test_autotune_on_two_workers_of_one_gpu_times_on_one_lane_while_the_other_compiles(torch, problem, tmp_cache):
+    """Two Dask workers on GPU 0 (as the multi-GPU benchmark has 4 per GPU): each configuration goes from its compile
+    to its check-and-time at once, the checks and timings run on one worker (the GPU's lane) one at a time, and each
+    row says when and where its jobs ran."""
+    distributed = pytest.importorskip("distributed", reason="Dask is not installed (tools/gpu/wheels.sh with DASK=1)")
+    import cloudpickle
+
+    from kernellab.run.measure import autotune as A
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cloudpickle.register_pickle_by_value(demo)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  env={"CUDA_VISIBLE_DEVICES": "0"}) as cluster, distributed.Client(cluster) as client:
+        client.wait_for_workers(2, timeout=300)
+        ex = client.get_executor()
+        lanes = A._lanes(ex)
+        r = kernellab.autotune(demo.SGEMM, CONFIGS, **_kw(problem), executor=ex, cache=False)
+    print(r)
+    print("lanes:", lanes, "stages:", dict(r.stage_s))
+    timed = [row for row in r.rows if row.timed]
+    assert len(lanes) == 1 and len(timed) >= 4
+    assert {row.worker for row in timed} == set(lanes)                     # checked and timed on the lane only
+    spans = sorted(row.measured_at[1:] for row in timed)
+    assert all(b[0] >= a[1] - 1e-3 for a, b in zip(spans, spans[1:]))      # one at a time on the GPU
+    compiled = [row for row in r.rows if row.compiled_at]
+    assert len(compiled) == len(CONFIGS) and all(row.compile_worker for row in compiled)
+    assert all(row.measured_at[0] >= row.compiled_at[1] - 1e-3 for row in timed)
+    assert not any("at the same time on one GPU" in n for n in r.notes), r.notes
+
+
 VADD_GOOD = r"""
 extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
