@@ -23,10 +23,16 @@ The job, the same on 1, 2 and (where the host has them) 4 GPUs:
 Clusters: --workers-per-gpu Dask worker processes per GPU (default 4, one thread each), each pinned to its GPU with
 CUDA_VISIBLE_DEVICES (a distributed.SpecCluster of Nanny workers; dask-cuda's LocalCUDACluster where
 --workers-per-gpu is 1 and it is installed). Several workers per GPU let the CPU-bound stages (NVRTC, the graders'
-compute-sanitizer and simulator runs) overlap; autotune checks and times one configuration at a time per GPU (a lock
-per GPU, kernellab.run.fanout.gpu_lock), so no two timings overlap on one GPU. The one-GPU phase is a pool of the same
-size on GPU 0, so every phase pays the same fan-out costs (process start, pickling, result traffic). Cluster start
-(workers importing torch and making their CUDA context) is reported apart and is not in the job's time. Every
+compute-sanitizer and simulator runs) overlap. The autotune streams: each configuration's check-and-time goes out as
+soon as it compiled and survived the pruning, while the other compiles run, on one worker per GPU (its lane, which
+takes it ahead of the compiles queued there), and one configuration at a time per GPU (a lock per GPU,
+kernellab.run.fanout.gpu_lock), so no two timings overlap on one GPU. The one-GPU phase is a pool of the same size on
+GPU 0, so every phase pays the same fan-out costs (process start, pickling, result traffic). Cluster start (workers
+importing torch and making their CUDA context, cuBLAS's handle and the isolated launch worker, in every phase alike)
+is reported apart and is not in the job's time. Each phase's log prints, per autotune stage, from the rows' records
+(when and where each compile and each check-and-time ran): wall, the sum of the job times, the ideal (that sum over
+the workers, or over the GPUs for the time a check-and-time held its GPU), the straggler tail, and each worker's first
+job against the rest. Every
 worker of every phase may use the same number of CPU threads in the libraries it calls (OMP_NUM_THREADS and kin: the
 host's cores over the workers of a pool on all its GPUs, the same in every call on one host), so that more workers
 do not mean smaller shares (uncapped, the sum of the submissions' grading times rose from 604 s with 4 workers to
@@ -1163,7 +1169,8 @@ def main(argv=None) -> int:
     (out_dir / "autotune_multigpu.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"\nwrote {out_dir}/autotune_multigpu.json and the tables; {_clock() - t_start:.0f} s in all")
     print(f"\n# {device}, {date}: the job = autotune ({len(configs)} configurations) + grade_class ({subs} "
-          f"submissions); targets 1.85x on 2 GPUs, 3.5x on 4 (job vs 1 GPU); util = mean GPU utilisation per GPU "
+          f"submissions); targets 1.85x on 2 GPUs, 3.5x on 4 (job vs 1 GPU); compile s = to the last compile, "
+          f"check+time s = after it (streamed: the rest overlaps the compiles); util = mean GPU utilisation per GPU "
           f"({live[0]['util_source']}); host CPU = share of the host's CPU time busy while grading"
           + (f"\n# [b]: against {baseline_text(baseline['stored'], host)}, not measured in this run" if baseline
              else "") + ("" if one is not None else "\n# no 1-GPU phase (and no --baseline-from): no speed-ups"))

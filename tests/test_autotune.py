@@ -414,6 +414,27 @@ def test_dask_cluster_runs_the_compile_stage_and_simulated_numba_jobs(dask_clien
     assert any("checked in the simulator; timing needs a GPU" in note for note in r.notes)
 
 
+def test_dask_streams_each_configuration_from_its_compile_and_records_where_and_when(dask_client, tmp_cache, no_gpu):
+    """On a Dask pool (the streamed sweep: tests/test_fanout_pipeline.py checks the streaming itself) every row says
+    when and on which worker it compiled and when it was looked at after that, and a second sweep takes its compiles
+    from the cache and still sends every configuration on to the workers."""
+    ex = dask_client.get_executor()
+    workers = set(dask_client.scheduler_info()["workers"])
+    kw = dict(kernel="sgemm", launch=sgemm_launch, inputs=sgemm_inputs, executor=ex, progress=False, cache=False)
+    r = kernellab.autotune(SGEMM, CONFIGS[:4], **kw)
+    assert len(r.rows) == 4 and all(row.block for row in r.rows), str(r)
+    assert [row.check for row in r.rows] == ["not run: no GPU"] * 3 + [None] and r.rows[3].pruned.startswith("threads")
+    assert all(row.compile_worker in workers and row.compiled_at[0] <= row.compiled_at[1] for row in r.rows)
+    assert all(row.measured_at[0] >= row.compiled_at[1] - 1e-3 and row.measured_at[1] is None for row in r.rows)
+    stages = dict(r.stage_s)
+    assert {"compile", "prune", "check_and_time", "total"} <= set(stages)
+    assert r.to_json()["rows"][0]["compiled_at"] == list(r.rows[0].compiled_at)
+    again = kernellab.autotune(SGEMM, CONFIGS[:4], **kw)              # compiles from the cache this time
+    assert [row.registers for row in again.rows] == [row.registers for row in r.rows]
+    assert all(row.compiled_at is None and row.compile_ms == 0.0 and row.measured_at for row in again.rows)
+    assert [row.check for row in again.rows] == [row.check for row in r.rows] and all(row.block for row in again.rows)
+
+
 def test_a_process_pool_cannot_take_lambdas_and_says_so(tmp_cache, no_gpu):
     from concurrent.futures import ProcessPoolExecutor
 

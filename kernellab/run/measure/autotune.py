@@ -1170,13 +1170,11 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
         # soon as it compiled and survived the pruning here; the GPU lock still keeps timings apart on a GPU.
         stages["prune"] = 0.0
         t_last = {"compile": t0, "check_and_time": t0}
-        order = [i for i in todo if i in tasks]
+        jobs_of: list[tuple[str, int]] = []    # the pipeline's job index -> (what it is, the configuration)
+        measuring: set[int] = set()
 
-        def follow(done: fanout.JobDone):
-            if done.index >= len(order):
-                return None                    # a check-and-time: nothing follows it
-            i = order[done.index]
-            compiled(i, done.value, done.rerun)
+        def then_measure(i: int):
+            """After configuration i compiled: prune it here; its check-and-time job, or None where it is done."""
             if i not in outputs:
                 return None
             tp = time.perf_counter()
@@ -1184,23 +1182,41 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
             stages["prune"] += time.perf_counter() - tp
             if "pruned" in fields[i]:
                 return None
-            follower.append(i)
+            measuring.add(i)
+            jobs_of.append(("measure", i))
             return fanout.Job(measure, measure_task(i), workers=lanes, priority=1)
 
-        follower: list[int] = []
-        first = [fanout.Job(compile_task, tasks[i]) for i in order]
-        for done in fanout.pipeline(executor, first, follow):
-            if done.index < len(order):
-                i = order[done.index]
-                t_last["compile"] = time.perf_counter()
-                advance(i, steps if i not in outputs or "pruned" in fields[i] else 1)
-            else:
-                i = follower[done.index - len(order)]
-                t_last["check_and_time"] = time.perf_counter()
-                measured(i, done.value, done.rerun)
+        def follow(done: fanout.JobDone):
+            what, i = jobs_of[done.index]
+            if what != "compile":
+                return None
+            compiled(i, done.value, done.rerun)
+            if i in outputs:
+                _cache.put(tasks[i].cache_key(), outputs[i])    # the worker wrote its own process's cache
+            return then_measure(i)
+
+        first = []
         for i in todo:
             if i not in tasks:
-                advance(i, steps)
+                advance(i, steps)              # it cannot compile: its row is done
+                continue
+            hit, state = _cache.get(tasks[i].cache_key())
+            if hit is None:
+                jobs_of.append(("compile", i))
+                first.append(fanout.Job(compile_task, tasks[i]))
+                continue
+            compiled(i, Compiled(hit, None, 0.0, state), None)
+            job = then_measure(i)
+            advance(i, 1 if job else steps)
+            if job:
+                first.append(job)
+        for done in fanout.pipeline(executor, first, follow):
+            what, i = jobs_of[done.index]
+            t_last["compile" if what == "compile" else "check_and_time"] = time.perf_counter()
+            if what == "compile":
+                advance(i, 1 if i in measuring else steps)
+            else:
+                measured(i, done.value, done.rerun)
         # compile: to the last compile's result; check-and-time: from then to the last result (the part of the
         # timing that did not overlap the compiles); each row's compiled_at and measured_at say when it ran
         stages["compile"] = t_last["compile"] - t0
