@@ -326,7 +326,10 @@ def _warm():
         torch.cuda.init()
         a = torch.ones(64, 64, device="cuda")
         (a @ a).sum().item()                           # cuBLAS's handle and workspace
-        launch_worker.default_pool(torch.cuda.current_device()).ensure()
+        try:
+            launch_worker.default_pool(torch.cuda.current_device()).ensure()
+        except Exception as exc:               # the first isolated launch starts it (and says why it cannot)
+            return f"{where().gpu} (its isolated launch worker did not start: {type(exc).__name__}: {exc})"
     return where().gpu or "no GPU"
 
 
@@ -369,7 +372,11 @@ def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> di
         fanout.prepare(ex)
         out["worker_gpus"] = client.run(_warm)
         out["start_s"] = time.perf_counter() - t0
-        log(f"  {len(gpus)} GPU(s): {out['workers']} workers up in {out['start_s']:.1f} s")
+        log(f"  {len(gpus)} GPU(s): {out['workers']} workers up in {out['start_s']:.1f} s (warmed: CUDA context, "
+            f"cuBLAS, the isolated launch worker)")
+        for addr, what in out["worker_gpus"].items():
+            if "did not start" in str(what):
+                log(f"  WARNING {addr}: {what}")
 
         util = Utilisation(gpus)
         util.start()

@@ -340,7 +340,8 @@ def _dask_jobs(client, work: list[Job], timeout_s: float | None, poll_s: float, 
 
     def submit(i: int) -> None:
         job = work[i]
-        key = f"{getattr(job.fn, '__name__', 'job')}-{uuid.uuid4().hex}"   # Dask groups tasks by the name before the dash
+        # Dask groups tasks by the name before the dash
+        key = f"{getattr(job.fn, '__name__', 'job')}-{uuid.uuid4().hex}"
         placed = {"workers": list(job.workers), "allow_other_workers": True} if job.workers else {}
         if job.priority:
             placed["priority"] = job.priority
