@@ -383,13 +383,14 @@ def _dask_jobs(client, work: list[Job], timeout_s: float | None, poll_s: float, 
                 lost = client.run_on_scheduler(_suspicious, keys)
             except Exception:                           # an old scheduler: the counts are a courtesy
                 lost = {}
+            holders = _who_has(client, done)            # one question to the scheduler for the whole batch
             for f in done:
                 i, _ = pending.pop(f.key)
                 try:
                     value = f.result()
                 except Exception as exc:
                     value = exc
-                where = _who_has(client, f)
+                where = holders.get(f.key)
                 f.release()                             # the result is here now: a worker lost later costs nothing
                 died = lost.get(f.key, 0) + deaths.get(i, 0)
                 if type(value).__name__ == "KilledWorker" and i not in alone:
@@ -430,12 +431,13 @@ def _workers(client) -> int:
         return 1                                        # cannot tell: keep waiting
 
 
-def _who_has(client, future) -> str | None:
+def _who_has(client, futures) -> dict[str, str]:
+    """{key: the worker holding its result} for the finished futures (those the scheduler can tell)."""
     try:
-        holders = client.who_has([future]).get(future.key) or ()
+        found = client.who_has(list(futures))
     except Exception:
-        return None
-    return holders[0] if holders else None
+        return {}
+    return {k: v[0] for k, v in found.items() if v}
 
 
 def _times(n: int) -> str:
