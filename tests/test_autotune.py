@@ -691,3 +691,30 @@ def test_without_a_ptxas_report_the_cubin_gives_shared_memory_and_the_absence_is
     assert full.ptxas_report and full.shared_bytes == 4096
     assert not res.ptxas_report and res.shared_bytes == full.shared_bytes and res.registers == full.registers
     assert "unknown" in str(res) and "unknown" not in str(full)
+
+
+def test_lanes_are_one_worker_per_gpu_only_where_workers_share_a_gpu():
+    """autotune's timing lanes on a Dask pool: the lowest address on each GPU where some GPU has several workers;
+    none where each worker has its own GPU or none has one, or where the workers cannot answer."""
+    from kernellab.run.measure.autotune import Where, _lanes
+
+    def pool(answers):
+        class Client:
+            def run_on_scheduler(self, *a, **k):
+                return {}
+
+            def run(self, fn):
+                if isinstance(answers, Exception):
+                    raise answers
+                return answers
+        return types.SimpleNamespace(_client=Client())
+
+    def gpu(bus):
+        return Where(True, "1 GPU(s)", "H200", "sm_90", f"H200 [host {bus}]")
+
+    shared = {"tcp://h:5": gpu("0000:06"), "tcp://h:2": gpu("0000:06"), "tcp://h:9": gpu("0000:07"),
+              "tcp://h:3": gpu("0000:07"), "tcp://h:4": Where(False, "no GPU")}
+    assert _lanes(pool(shared)) == ("tcp://h:2", "tcp://h:3")
+    assert _lanes(pool({"tcp://h:5": gpu("0000:06"), "tcp://h:2": gpu("0000:07")})) == ()
+    assert _lanes(pool({"tcp://h:5": Where(False, "no GPU"), "tcp://h:2": Where(False, "no GPU")})) == ()
+    assert _lanes(pool(OSError("a worker died"))) == ()
