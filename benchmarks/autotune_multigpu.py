@@ -617,6 +617,21 @@ def autotune_jobs_text(j: dict) -> list[str]:
     return lines
 
 
+def autotune_jobs_growth(a: dict | None, b: dict | None) -> str:
+    """The autotune's jobs 1 GPU -> this pool: the same work, so a summed job time that grows is each job slowed by
+    the others (contention), and what the wall loses past the ideal is the schedule's (tails, cold workers)."""
+    if not a or not b:
+        return ""
+    parts = []
+    for key, what in (("compile", "compile jobs"), ("gpu_held", "GPU held by check-and-time")):
+        x, y = a.get(key), b.get(key)
+        if x and y and x["sum_s"] > 0:
+            parts.append(f"{what} summed {x['sum_s']:.1f} -> {y['sum_s']:.1f} s (x{y['sum_s'] / x['sum_s']:.2f})")
+    if a.get("ideal_s") and b.get("ideal_s"):
+        parts.append(f"autotune past its ideal {a['wall_s'] - a['ideal_s']:.1f} -> {b['wall_s'] - b['ideal_s']:.1f} s")
+    return "autotune: " + ", ".join(parts) if parts else ""
+
+
 def where_time_goes(p: dict, one: dict) -> str:
     """Which stage kept a phase from scaling: each stage's speed-up against one GPU."""
     st, st1 = p["autotune_stage_s"], one["autotune_stage_s"]
@@ -628,6 +643,7 @@ def where_time_goes(p: dict, one: dict) -> str:
                        ("grading", one["grade_s"], p["grade_s"])):
         if b > 0:
             parts.append(f"{name} {a:.1f} -> {b:.1f} s ({a / b:.2f}x)")
+    parts.append(autotune_jobs_growth(one.get("autotune_jobs"), p.get("autotune_jobs")))
     parts.append(f"workers busy grading {p['grade_busy']:.0%} of its wall time (1 GPU: {one['grade_busy']:.0%}; the "
                  f"rest is scheduling, result traffic and the last submissions' tail)")
     if p.get("longest"):

@@ -471,3 +471,13 @@ def test_the_autotune_log_gives_each_stage_its_wall_sum_ideal_and_straggler_tail
     one = mod.autotune_jobs(rows[:1], workers=4, gpus=2, wall_s=5.0)
     assert one["compile"]["tail_s"] == 3.0 and one["gpu_held"]["tail_s"] == 1.0
     assert "no jobs recorded" in mod.autotune_jobs_text(mod.autotune_jobs([], 2, 1, 1.0))[0]
+
+
+def test_where_the_time_goes_compares_the_autotunes_summed_job_times(mod):
+    """The same jobs on 1 GPU and on 4: summed job time x1.5 is contention, the wall past the ideal is the schedule."""
+    a = {"compile": {"sum_s": 100.0}, "gpu_held": {"sum_s": 20.0}, "wall_s": 40.0, "ideal_s": 30.0}
+    b = {"compile": {"sum_s": 150.0}, "gpu_held": {"sum_s": 20.0}, "wall_s": 12.0, "ideal_s": 9.4}
+    text = mod.autotune_jobs_growth(a, b)
+    assert text == ("autotune: compile jobs summed 100.0 -> 150.0 s (x1.50), GPU held by check-and-time summed "
+                    "20.0 -> 20.0 s (x1.00), autotune past its ideal 10.0 -> 2.6 s")
+    assert mod.autotune_jobs_growth(None, b) == ""          # a stored 1-GPU phase from before the records
