@@ -23,9 +23,13 @@ checked) and the result says what did not run and why.
 
 With `executor=` (any concurrent.futures.Executor; Dask's `Client(...).get_executor()` for a cluster, one worker per
 GPU with dask-cuda's LocalCUDACluster), the compiles and the per-configuration check-and-time tasks run on the workers,
-each timed on its worker's GPU; results stream back to the progress bar. Every row names its GPU, and the table says so
-when rows were timed on more than one (the best is then the best speed-up against the first baseline, a ratio taken on
-one GPU in one run, rather than the shortest time).
+each timed on its worker's GPU; results stream back to the progress bar. On a Dask pool no stage waits for the whole
+previous one: a configuration's check-and-time goes out as soon as it compiled and survived the pruning, and where
+several workers share a GPU, one of them (the GPU's lane) takes the checks and timings, ahead of the compiles queued
+there, while the others compile; a lock per GPU keeps any two timings on one GPU apart whatever runs them. Each row
+records when and on which worker it compiled and was checked and timed (`compiled_at`, `measured_at`). Every row names
+its GPU, and the table says so when rows were timed on more than one (the best is then the best speed-up against the
+first baseline, a ratio taken on one GPU in one run, rather than the shortest time).
 """
 from __future__ import annotations
 
