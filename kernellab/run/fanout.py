@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import uuid
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -298,7 +298,6 @@ def pipeline(executor: Executor, first: Sequence[Job], follow: Callable[[JobDone
     if client is not None:
         yield from _dask_jobs(client, list(first), None, poll_s, follow=follow)
         return
-    from concurrent.futures import FIRST_COMPLETED, wait
 
     futures: dict[Future, int] = {}
     count = 0
