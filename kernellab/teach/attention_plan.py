@@ -24,8 +24,11 @@ of `block_n` keys (all of them, or with the causal mask those up to the diagonal
   items (no mask) take `ceil(items / slots)` whole waves;
 - **launch and fill** (per call): `launch_us`, fitted (the launch, CTA start-up, the last CTA's drain), and the first
   wave's fill: every resident item loads its Q block and first K/V tile from DRAM at once (`fill_us`);
-- **memory floor**: Q, K, V read once and O written once at MEMORY_BYTES_PER_S, half the copy ceiling (the L2 a
-  call meets is full of dirty lines), after the launch;
+- **memory floor** (`memory_us`): Q, K, V read once and O written once at the copy ceiling, after the launch; the L2 a
+  call meets is full of dirty lines, so its first L2_BYTES each evict one (written back: twice the traffic, what the
+  17-34 MB shapes measured), the rest do not. A floor at half the copy ceiling whatever the size put B*H = 256,
+  N = 512, d = 128 causal (134 MB) at 89.5 µs, above both Hopper kernels' GPU time, and the lighter launch chose step
+  3 (83.8 µs measured) over 3b (74.7): the GPU terms (waves, tiles, the persistent kernel's even tail) had it right;
 - **host time**, reported, not chosen on: the op's Python path with its launch (`host_us`; 11.3 µs with pointers,
   18.6 µs with the Hopper kernels' three tensor maps). A call's host time overlaps the GPU work queued before it: on
   the H100 grid triton's do_bench (calls one at a time after a 256 MB memset) timed every step at its
@@ -42,13 +45,14 @@ prediction, so a benchmark can print the model beside the measurement and refit 
 
 The constants (`tflops`, `item_fixed_tiles`, `mask_tiles`, `alone_speedup`, `launch_us` per kernel) are
 `fit_golden()`: `refit` to the golden table attention_plan_h100.json, measured on an NVIDIA H100 80GB HBM3 (bf16,
-kernellab.bench): the grid's shapes (`benchmarks/attention.py --grid --quick`, 2026-11-27: B*H 16 and 256, N 128 to
-2048) and the FlashAttention-3 shapes (`benchmarks/attention.py`, 2026-11-23: N 1k to 16k, TFLOP/s turned into µs).
-On the grid's 16 shapes the plan's kernel is within 3 % of the fastest step measured (tests/test_attention_plan.py
-replays them). What the fit says: the Hopper kernels pay 4-6 µs a call whatever the size, which the earlier per-item
-model had spread over the items as up to 8 tiles of fixed cost; step 2 alone on an SM runs 1.3x its shared rate and
-masks its diagonal tiles at a tile's cost; at B*H = 256 and N = 128 every kernel is at the memory floor and step 2,
-launched soonest, wins. Beyond the measured shapes the model extrapolates: steps 3 and 3b at N = 16k are predicted
+kernellab.bench): the quick grid (`benchmarks/attention.py --grid --quick`, 2026-11-27, run twice: its 16 cheapest
+shapes, then all 32: B*H 16 and 256, N 128 to 8192, d 64 and 128, causal and not) and the FlashAttention-3 shapes
+(`benchmarks/attention.py`, 2026-11-23: N 1k to 16k, TFLOP/s turned into µs). On the 32 shapes the plan's kernel is
+within 3 % of the fastest step measured, and on the FlashAttention-3 shapes it is the fastest measured
+(tests/test_attention_plan.py replays them). What the fit says: the Hopper kernels pay 4-6 µs a call whatever the
+size, which the earlier per-item model had spread over the items as up to 8 tiles of fixed cost; step 2 alone on an
+SM runs 1.3x its shared rate and masks its diagonal tiles at 0.75-1 tile's cost; at B*H = 256 and N = 128 every
+kernel is near the memory floor and step 2, launched soonest, wins. Beyond the measured shapes the model extrapolates: steps 3 and 3b at N = 16k are predicted
 within 2 % of each other, closer than they are measured at N = 4096 (3b 1.02-1.17x step 3).
 """
 from __future__ import annotations
@@ -62,10 +66,12 @@ from functools import lru_cache
 
 H100_SMS = 132
 DRAM_BYTES_PER_S = 3.0e12        # the H100's copy ceiling as kernellab measures it (docs/RESULTS.md, 3.00 TB/s)
-# The memory floor's rate: half the copy ceiling. kernellab.bench (as do_bench and a model's previous kernels) leaves
-# the L2 full of dirty lines, so every byte a call reads first evicts a byte written back: on the H100 grid the shapes
-# whose Q, K, V and O fill 17-34 MB (B*H = 256, N = 128) took 13-27 µs, what 1.5 TB/s predicts, not 6-11.
-MEMORY_BYTES_PER_S = DRAM_BYTES_PER_S / 2
+# The memory floor. kernellab.bench (as do_bench and a model's previous kernels) leaves the L2 full of dirty lines, so
+# each byte a call moves first evicts a dirty byte, written back, until the L2's dirty lines are spent: the first
+# L2_BYTES a call moves cost twice the traffic (on the H100 grid the shapes whose Q, K, V and O fill 17-34 MB, B*H =
+# 256 and N = 128, took 13-22 µs: 1.5 TB/s, not 3.0), the rest moves at the copy ceiling (B*H = 256, N = 512,
+# d = 128: 134 MB, causal, took 74.7 µs with step 3b; at 1.5 TB/s the floor alone would be 89.5).
+L2_BYTES = 50 * 2 ** 20          # the H100's L2
 EXACT_ITEMS_PER_SLOT = 8         # up to this many items a slot the greedy schedule is simulated item by item
 UNMEASURED_MARGIN = 1.10         # a candidate no GPU has measured is chosen only if predicted 10 % faster
 TIE = 0.01                       # predictions within 1 % are a tie, which goes to the earlier candidate
@@ -121,29 +127,30 @@ class KernelModel:
 _HOST_POINTERS_US, _HOST_MAPS_US = 11.3, 18.6
 
 CANDIDATES: tuple[KernelModel, ...] = (
-    # Constants: fit_golden(), the refit to attention_plan_h100.json (H100, bf16, kernellab.bench: the grid's shapes of
-    # 2026-11-27 and the FlashAttention-3 shapes of 2026-11-23); each comment gives the fit's RMS relative error over
-    # the compute-bound shapes it used (tests/test_attention_plan.py refits and compares). Order breaks ties (TIE).
+    # Constants: fit_golden(), the refit to attention_plan_h100.json (H100, bf16, kernellab.bench: the quick grid's two
+    # runs of 2026-11-27 and the FlashAttention-3 shapes of 2026-11-23); each comment gives the fit's RMS relative
+    # error over the compute-bound samples it used (tests/test_attention_plan.py refits and compares). Order breaks
+    # ties (TIE).
     # Step 3b, persistent wgmma + TMA; the 128-row height first (ties at d = 64 causal go to it)
-    KernelModel("fa3p", "_bm128", 64, 128, 128, 1, True, 435.6, 1.15, _HOST_MAPS_US, stages=3,
-                launch_us=6.35, mask_tiles=0.00, alone_speedup=1.0),  # 4.7% over 9
-    KernelModel("fa3p", "", 64, 192, 128, 1, True, 519.5, 0.95, _HOST_MAPS_US, stages=3,
-                launch_us=6.32, mask_tiles=0.25, alone_speedup=1.0),  # 3.1% over 17
-    KernelModel("fa3p", "", 128, 128, 128, 1, True, 668.3, 1.75, _HOST_MAPS_US,
-                launch_us=5.71, mask_tiles=0.25, alone_speedup=1.0),  # 1.1% over 14
+    KernelModel("fa3p", "_bm128", 64, 128, 128, 1, True, 451.5, 1.35, _HOST_MAPS_US, stages=3,
+                launch_us=6.26, mask_tiles=0.00, alone_speedup=1.0),  # 4.9% over 25
+    KernelModel("fa3p", "", 64, 192, 128, 1, True, 524.7, 1.15, _HOST_MAPS_US, stages=3,
+                launch_us=6.17, mask_tiles=0.25, alone_speedup=1.0),  # 3.2% over 34
+    KernelModel("fa3p", "", 128, 128, 128, 1, True, 665.1, 1.95, _HOST_MAPS_US,
+                launch_us=5.55, mask_tiles=0.00, alone_speedup=1.0),  # 2.0% over 28
     # the short-sequence variant: one consumer warpgroup, 64-key tiles, two CTAs an SM
-    KernelModel("fa3p", "_bm64", 64, 64, 64, 2, True, 396.4, 6.30, _HOST_MAPS_US, stages=3,
-                launch_us=2.13, mask_tiles=0.25, alone_speedup=1.1),  # 0.9% over 8
+    KernelModel("fa3p", "_bm64", 64, 64, 64, 2, True, 383.2, 4.10, _HOST_MAPS_US, stages=3,
+                launch_us=4.44, mask_tiles=0.00, alone_speedup=1.3),  # 4.0% over 18
     # step 3, one CTA per item
-    KernelModel("fa3", "", 64, 192, 128, 1, False, 531.9, 1.85, _HOST_MAPS_US,
-                launch_us=4.50, mask_tiles=0.50, alone_speedup=1.0),  # 5.4% over 12
-    KernelModel("fa3", "", 128, 128, 128, 1, False, 670.9, 2.70, _HOST_MAPS_US,
-                launch_us=3.75, mask_tiles=0.25, alone_speedup=1.0),  # 1.5% over 8
+    KernelModel("fa3", "", 64, 192, 128, 1, False, 529.8, 1.85, _HOST_MAPS_US,
+                launch_us=4.60, mask_tiles=0.50, alone_speedup=1.0),  # 5.6% over 27
+    KernelModel("fa3", "", 128, 128, 128, 1, False, 663.3, 2.75, _HOST_MAPS_US,
+                launch_us=3.94, mask_tiles=0.00, alone_speedup=1.0),  # 2.2% over 21
     # step 2, mma.sync, two CTAs an SM
-    KernelModel("fa2", "", 64, 128, 64, 2, False, 366.9, 1.10, _HOST_POINTERS_US,
-                launch_us=3.93, mask_tiles=1.00, alone_speedup=1.3),  # 4.6% over 10
-    KernelModel("fa2", "", 128, 128, 64, 2, False, 436.6, 2.90, _HOST_POINTERS_US,
-                launch_us=0.00, mask_tiles=1.00, alone_speedup=1.3),  # 4.5% over 7
+    KernelModel("fa2", "", 64, 128, 64, 2, False, 367.0, 1.35, _HOST_POINTERS_US,
+                launch_us=3.75, mask_tiles=1.00, alone_speedup=1.3),  # 4.9% over 18
+    KernelModel("fa2", "", 128, 128, 64, 2, False, 423.6, 1.50, _HOST_POINTERS_US,
+                launch_us=2.88, mask_tiles=0.75, alone_speedup=1.3),  # 4.8% over 11
 )
 
 
@@ -240,6 +247,13 @@ def fill_us(model: KernelModel, B: int, H: int, N: int, elem_bytes: int = 2, sms
     return first_wave * (model.block_m + 2 * min(model.block_n, N)) * model.d * elem_bytes / DRAM_BYTES_PER_S * 1e6
 
 
+def memory_us(B: int, H: int, N: int, d: int, elem_bytes: int = 2) -> float:
+    """The memory floor: Q, K, V read once and O written once, each of the first L2_BYTES evicting a dirty line the
+    call meets in the L2 (written back: twice the traffic), the rest at DRAM_BYTES_PER_S."""
+    moved = 4 * B * H * N * d * elem_bytes
+    return (moved + min(moved, L2_BYTES)) / DRAM_BYTES_PER_S * 1e6
+
+
 def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_bytes: int = 2,
              sms: int = H100_SMS) -> Estimate:
     """One candidate's prediction for a call on [B, H, N, d] inputs."""
@@ -253,7 +267,7 @@ def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_byte
     heads = B * H
     makespan, ctas = makespan_us(per_item, heads, slots, model.persistent)
     gpu = model.launch_us + fill_us(model, B, H, N, elem_bytes, sms) + makespan
-    memory = 4 * heads * N * model.d * elem_bytes / MEMORY_BYTES_PER_S * 1e6
+    memory = memory_us(B, H, N, model.d, elem_bytes)
     items = len(tiles) * heads
     return Estimate(model.name, items, ctas, items / slots, sum(tiles) / len(tiles), gpu, memory, model.host_us,
                     model.launch_us + max(gpu - model.launch_us, memory))
@@ -333,7 +347,7 @@ def refit(model: KernelModel, samples: list[tuple[int, int, int, bool, float]], 
 
 def compute_bound(model: KernelModel, samples: list[tuple[int, int, int, bool, float]], share: float = 0.8) -> list:
     """The samples whose memory floor is below `share` of the measured time: those say what the GPU's work costs."""
-    return [s for s in samples if 4 * s[0] * s[1] * s[2] * model.d * 2 / MEMORY_BYTES_PER_S * 1e6 < share * s[4]]
+    return [s for s in samples if memory_us(s[0], s[1], s[2], model.d) < share * s[4]]
 
 
 def _line(xs: list[float], ys: list[float], scale: list[float], a_fixed: float | None) -> tuple[float, float]:
@@ -362,14 +376,17 @@ H100_TABLE = pathlib.Path(__file__).with_name("attention_plan_h100.json")   # th
 def measured_samples(path: pathlib.Path = H100_TABLE, table: str | None = None
                      ) -> dict[tuple[str, int], list[tuple[int, int, int, bool, float]]]:
     """{(kernel name, head dim): [(B, H, N, causal, kernellab.bench µs)]} from a golden table of measurements
-    (attention_plan_h100.json: "grid", the grid's shapes, and "fa3_shapes", the FlashAttention-3 shapes' TFLOP/s
-    turned into µs; table: one of the two, default both)."""
+    (attention_plan_h100.json: "grid" and "quick_grid", the grid's shapes timed step by step, the first 16 and then
+    all 32 of them; "fa3_shapes", the FlashAttention-3 shapes' TFLOP/s turned into µs; table: one of the three or
+    "grids" for the first two, default all). A grid's entry point's own time is not a sample: its step is timed too."""
     data = json.loads(pathlib.Path(path).read_text())
     out: dict[tuple[str, int], list] = {}
-    if table in (None, "grid"):
-        for r in data["grid"]["rows"]:
+    for grid in ("grid", "quick_grid"):
+        if table not in (None, "grids", grid):
+            continue
+        for r in data[grid]["rows"]:
             for name, us in r["us"]["kernellab.bench"].items():
-                if name not in ("FLASH", "CUDNN"):
+                if name not in ("entry", "FLASH", "CUDNN"):
                     out.setdefault((name, r["d"]), []).append((r["B"], r["H"], r["N"], r["causal"], us))
     if table in (None, "fa3_shapes"):
         for r in data["fa3_shapes"]["rows"]:
@@ -385,7 +402,7 @@ def fit_golden(path: pathlib.Path = H100_TABLE, candidates: tuple[KernelModel, .
     CANDIDATES' constants are made. Per kernel the compute-bound samples of both tables, the FlashAttention-3 shapes
     weighted to count as much in total as the grid's (a few long shapes set the steady rate, many short ones the
     fixed costs)."""
-    grid, long = measured_samples(path, "grid"), measured_samples(path, "fa3_shapes")
+    grid, long = measured_samples(path, "grids"), measured_samples(path, "fa3_shapes")
     out = {}
     for m in candidates:
         short_s = compute_bound(m, grid.get((m.name, m.d), []))
