@@ -469,7 +469,7 @@ def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16, all_steps:
     def step_op(q, k, v, causal, kernel):
         return attention(q, k, v, causal=causal, kernel=kernel)
 
-    rows, skipped = [], []
+    rows, skipped, golden = [], [], golden_grid()
     for B, H, N, d, causal in grid_shapes(quick):
         label = f"B*H={B * H} N={N} d={d} {'causal' if causal else 'full'}"
         if time.time() - t0 > budget_s:
@@ -480,8 +480,10 @@ def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16, all_steps:
         probe = make(torch.Generator("cuda").manual_seed(0))
         plan = plan_for(probe[0], causal)
         fns = {"entry": lambda q, k, v: entry_op(q, k, v, causal)}
-        fns.update({s: (lambda s: lambda q, k, v: step_op(q, k, v, causal, s))(s)
-                    for s in steps_in_the_running(plan, all_steps)})
+        steps = steps_in_the_running(plan, all_steps)
+        old = golden_choice((B, H, N, d, causal), golden, plan.kernel)   # where the choice moved, time both
+        steps += [old] if old and old not in steps else []
+        fns.update({s: (lambda s: lambda q, k, v: step_op(q, k, v, causal, s))(s) for s in steps})
         fns["FLASH"] = lambda q, k, v: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, None, causal)
         fns["CUDNN"] = lambda q, k, v: sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, None, causal)
         dropped = []
@@ -516,6 +518,56 @@ def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16, all_steps:
         print_grid_row(row, flush=True)
         torch.cuda.empty_cache()
     return rows, skipped
+
+
+def golden_grid(table: str = "quick_grid") -> dict[tuple, dict]:
+    """{(B, H, N, d, causal): row} of the golden run that kernellab.teach.attention_plan's constants are fitted to
+    (attention_plan_h100.json: the quick grid on an H100): its `entry_chose` is the plan's choice of that day, its
+    `us` the times then."""
+    from kernellab.teach.attention_plan import H100_TABLE
+
+    data = json.loads(H100_TABLE.read_text())[table]
+    return {(r["B"], r["H"], r["N"], r["d"], r["causal"]): dict(r, device=data["device"], date=data["date"])
+            for r in data["rows"]}
+
+
+def golden_choice(shape: tuple, golden: dict[tuple, dict], chosen: str) -> str | None:
+    """The golden run's choice at a shape where the plan now picks another step, `chosen` (the grid times the old
+    choice too, so that the run confirms the change or not); None where they agree or the golden run has no such
+    shape."""
+    old = golden.get(shape, {}).get("entry_chose")
+    return old if old and old != chosen else None
+
+
+def plan_change_lines(rows: list[dict], golden: dict[tuple, dict]) -> list[str]:
+    """Per shape where this run's plan differs from the golden run's choice: the old and the new choice, each step's
+    time in this run and in the golden run (kernellab.bench, µs; the entry point's own time beside the step's where
+    it ran that step: the new choice here, the old one in the golden run), and whether the change paid here."""
+    if not golden:
+        return ["plan against the golden run: no golden run to compare with"]
+    changed = [(r, golden[k]) for r in rows if (k := (r["B"], r["H"], r["N"], r["d"], r["causal"])) in golden
+               and golden_choice(k, golden, r["choice"])]
+    g0 = next(iter(golden.values()))
+    lines = [f"plan changed from the golden run's choice ({g0['device']}, {g0['date']}, "
+             f"kernellab.teach.attention_plan_h100.json): {len(changed)} shape(s)"]
+    for r, g in changed:
+        old, new = g["entry_chose"], r["choice"]
+        now = {s: v * 1e3 for s, v in r.get("ms", {}).get("kernellab.bench", {}).items()}
+        then = g["us"]["kernellab.bench"]
+
+        def us(times, s, ran):
+            entry = f" (entry {times['entry']:.1f})" if s == ran and "entry" in times else ""
+            return (f"{times[s]:.1f}" if s in times else "not timed") + entry
+
+        if old in now and new in now:
+            verdict = (f"the new choice {now[old] / now[new]:.2f}x the old's speed here: "
+                       + ("confirmed" if now[new] <= now[old] * 1.03 else "NOT confirmed (slower by over 3 %)"))
+        else:
+            verdict = "not confirmed: " + ("the shape failed" if "error" in r else "a step was not timed")
+        lines.append(f"  {r['label']}: {old} -> {new}: this run {old} {us(now, old, new)} µs, {new} "
+                     f"{us(now, new, new)} µs; golden run {old} {us(then, old, old)} µs, {new} {us(then, new, old)} "
+                     f"µs; {verdict}")
+    return lines
 
 
 GRID_HEAD = (f"{'B*H':>4s} {'N':>6s} {'d':>4s} {'mask':6s} | {'choice':10s} {'entry µs':>9s} | {'best step':>16s} | "
@@ -869,7 +921,7 @@ def main_grid(args, out: pathlib.Path) -> int:
     print(GRID_LEGEND)
     verdict, lost = grid_verdict(rows, skipped)
     print()
-    print("\n".join(verdict))
+    print("\n".join(verdict + plan_change_lines(rows, golden_grid())))
     return 1 if lost or any("error" in r for r in rows) else 0
 
 

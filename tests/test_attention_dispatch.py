@@ -220,6 +220,44 @@ def test_the_grid_times_the_steps_in_the_running(bench):
     assert set(bench.steps_in_the_running(small)) >= {"fa3p_bm64", "fa2"}
 
 
+def test_the_grid_says_last_where_the_plan_left_the_golden_runs_choice(bench):
+    """Replayed on the golden quick grid (H100, 2026-11-27, attention_plan_h100.json) as if this run had measured the
+    same times: the shapes whose choice the model's refit moved are named with the old and the new choice and both
+    steps' times, and whether the change paid; a change this run did not confirm, or could not time, says so."""
+    from kernellab.teach.attention_plan import plan_attention
+
+    golden = bench.golden_grid()
+    assert len(golden) == 32
+    rows = []
+    for (B, H, N, d, causal), g in golden.items():
+        plan = plan_attention(B, H, N, d, causal)
+        ms = {s: us / 1e3 for s, us in g["us"]["kernellab.bench"].items()}
+        ms["entry"] = ms.get(plan.kernel, ms["entry"])             # this run's entry point runs the plan's step
+        rows.append(dict(B=B, H=H, N=N, d=d, causal=causal, label=f"B*H={B * H} N={N} d={d} "
+                         f"{'causal' if causal else 'full'}", choice=plan.kernel, ms={"kernellab.bench": ms}))
+    lines = bench.plan_change_lines(rows, golden)
+    moved = [r for r in rows if r["choice"] != golden[r["B"], r["H"], r["N"], r["d"], r["causal"]]["entry_chose"]]
+    assert lines[0].startswith("plan changed from the golden run's choice (NVIDIA H100 80GB HBM3, 2026-11-27")
+    assert lines[0].endswith(f": {len(moved)} shape(s)") and len(lines) == 1 + len(moved) >= 2
+    line = next(x for x in lines if "B*H=256 N=512 d=128 causal" in x)
+    # the golden run's entry point ran fa3 (83.9 µs); this run's runs fa3p
+    assert ("fa3 -> fa3p: this run fa3 83.8 µs, fa3p 74.7 (entry 74.7) µs; golden run fa3 83.8 (entry 83.9) µs, "
+            "fa3p 74.7 µs") in line, line
+    assert line.endswith("the new choice 1.12x the old's speed here: confirmed")
+    assert all("confirmed" in x and "NOT" not in x for x in lines[1:]), lines     # the golden times agree with it
+    # a run where the new choice came out slower, and one where the old choice could not be timed
+    k = (16, 16, 512, 128, True)
+    slower = dict(rows[list(golden).index(k)], ms={"kernellab.bench": {"fa3": 80e-3, "fa3p": 90e-3}})
+    assert bench.plan_change_lines([slower], golden)[1].endswith("0.89x the old's speed here: NOT confirmed "
+                                                                  "(slower by over 3 %)")
+    untimed = dict(slower, ms={"kernellab.bench": {"fa3p": 70e-3}})
+    assert "fa3 not timed µs" in bench.plan_change_lines([untimed], golden)[1]
+    assert bench.plan_change_lines([untimed], golden)[1].endswith("not confirmed: a step was not timed")
+    # the grid times the old choice where the plan moved, and nothing more where it did not
+    assert bench.golden_choice(k, golden, "fa3p") == "fa3" and bench.golden_choice(k, golden, "fa3") is None
+    assert bench.golden_choice((3, 16, 512, 128, True), golden, "fa3p") is None   # not on the golden grid
+
+
 def test_fewer_ctas_for_a_persistent_kernel(entry):
     q = torch.zeros(1, 2, 1031, 64, dtype=torch.float16)
     entry["log"].clear()
