@@ -48,12 +48,13 @@ The constants (`tflops`, `item_fixed_tiles`, `mask_tiles`, `alone_speedup`, `lau
 kernellab.bench): the quick grid (`benchmarks/attention.py --grid --quick`, 2026-11-27, run twice: its 16 cheapest
 shapes, then all 32: B*H 16 and 256, N 128 to 8192, d 64 and 128, causal and not) and the FlashAttention-3 shapes
 (`benchmarks/attention.py`, 2026-11-23: N 1k to 16k, TFLOP/s turned into µs). On the 32 shapes the plan's kernel is
-within 3 % of the fastest step measured, and on the FlashAttention-3 shapes it is the fastest measured
-(tests/test_attention_plan.py replays them). What the fit says: the Hopper kernels pay 4-6 µs a call whatever the
-size, which the earlier per-item model had spread over the items as up to 8 tiles of fixed cost; step 2 alone on an
-SM runs 1.3x its shared rate and masks its diagonal tiles at 0.75-1 tile's cost; at B*H = 256 and N = 128 every
-kernel is near the memory floor and step 2, launched soonest, wins. Beyond the measured shapes the model extrapolates: steps 3 and 3b at N = 16k are predicted
-within 2 % of each other, closer than they are measured at N = 4096 (3b 1.02-1.17x step 3).
+within 3 % of the fastest step measured (each step's mean over the golden runs), and on the FlashAttention-3 shapes
+it is the fastest measured (tests/test_attention_plan.py replays them). What the fit says: the Hopper kernels pay 4-6
+µs a call whatever the size, which the earlier per-item model had spread over the items as up to 8 tiles of fixed
+cost; step 2 alone on an SM runs 1.3x its shared rate and masks its diagonal tiles at 0.75-1 tile's cost; at B*H =
+256 and N = 128 every kernel is near the memory floor and step 2, launched soonest, wins. Beyond the measured shapes
+the model extrapolates: steps 3 and 3b at N = 16k are predicted within 2 % of each other, closer than they are
+measured at N = 4096 (3b 1.02-1.17x step 3).
 """
 from __future__ import annotations
 
