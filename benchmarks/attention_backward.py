@@ -163,6 +163,30 @@ def run_as_called(t08, quick, log, ns, dims, variants, masks=(False, True)):
     return rows
 
 
+def rung_9_bench_lines(bench_rows: list[dict]) -> list[str]:
+    """Rung 9 (atomic_2d_ilp) against its written prediction (RUNG_9_BENCH_PREDICTED), one line per timed row: its
+    TFLOP/s, its ratio to SDPA FLASH and to rung 8 (atomic_2d) measured in the same run."""
+    out = ["Rung 9 (atomic_2d_ilp) against its prediction (kernellab.bench, same run):"]
+    for r in bench_rows:
+        if "error" in r:
+            continue
+        tf = r["tflops"]
+        ilp, two, fl = tf.get("ours (atomic_2d_ilp)"), tf.get("ours (atomic_2d)"), tf.get("SDPA FLASH")
+        if ilp is None:
+            continue
+        pred = RUNG_9_BENCH_PREDICTED.get(r["d"])
+        vs_fl = ilp / fl if fl else None
+        vs_2d = ilp / two if two else None
+        flo, fhi = pred["vs_flash"]
+        tlo, thi = pred["vs_2d"]
+        out.append(f"  d={r['d']:3d} causal={str(r['causal']):5s} N={r['N']}: {ilp:6.1f} TFLOP/s, "
+                   f"{_num(vs_fl, 2)}x FLASH (predicted {flo:.2f}-{fhi:.2f}: {_inside(vs_fl, flo, fhi)}), "
+                   f"{_num(vs_2d, 3)}x atomic_2d (predicted {tlo:.2f}-{thi:.2f}: {_inside(vs_2d, tlo, thi)})"
+                   + ("; target 1.0x FLASH " + ("reached" if vs_fl and vs_fl >= 1.0 else
+                                                f"missed by {100 * (1 - vs_fl):.0f} %" if vs_fl else "n/a")))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -249,6 +273,8 @@ def main(argv=None):
                 best.setdefault((r["d"], r["causal"]), {}).setdefault(v, []).append(tf[n] / fl)
         print(f"{r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | {cells} | "
               + " ".join(ratio(tf.get(n), fl) for n in ours) + f" | {ratio(top, cu)}")
+    if "atomic_2d_ilp" in variants:
+        print("\n" + "\n".join(rung_9_bench_lines(bench_rows)))
     if best:
         choice = {k: max(v, key=lambda name: sum(v[name]) / len(v[name])) for k, v in sorted(best.items())}
         print("\nFastest variant per (d, causal), by its mean ratio to FLASH over the Ns timed (the notebook's "
@@ -425,6 +451,119 @@ def atomic_w8_model(d: int, N: int, registers: int, shared_bytes: int, loop: dic
                 instructions_per_warp_step=instructions_per_warp_step, flops=flops, clock_hz=r["clock_hz"])
 
 
+def _swz(row: int, chunk: int, cols: int) -> int:
+    """The kernels' bwd::swz<COLS>: byte offset of 16-byte chunk `chunk` of row `row`, XOR-swizzled by row % 8."""
+    return row * cols * 2 + ((chunk ^ (row & 7)) << 4)
+
+
+def rung8_shared_accesses(d: int = 64, bm: int = 32, mt: int = 2, warps: int = 4, keys: int = 128) -> list[dict]:
+    """Every shared-memory access of one query step of rung 8's dK/dV kernel (bwd::dkv_mt with DQ_ATOMIC, the 2-D warp
+    tile; rung 9 addresses the same), each warp's 32 lane addresses as the kernel computes them, through the bank model
+    (kernellab.analysis.banks). One row per access site: its name, per warp step its instructions and wavefronts,
+    and the conflict-free count. ldmatrix.x4 is four 8-lane phases of 16-byte rows (the model's 16-byte access);
+    ncu counts 4 wavefronts for a conflict-free one. The shared layout is the launcher's: K, V [keys, d]; 2 x (Q, dO)
+    [bm, d]; 2 x (LSE, Dv) [bm] fp32; dS^T [keys, 64] T (step buffer 0 here: buffer 1 is bm * d * 2 bytes on, a
+    multiple of 128 bytes, so its banks are the same)."""
+    from kernellab.analysis.banks import analyze_access
+
+    KT, BM, MT, W, D = keys, bm, mt, warps, d
+    NB, DB, RG = BM // 8, D // 8, BM // 16
+    DBW = DB // (W // RG)
+    TB, QB = KT * D * 2, BM * D * 2
+    k_tile, v_tile = 0, TB
+    q_tile, do_tile = 2 * TB, 2 * TB + 2 * QB
+    lse0 = 2 * TB + 4 * QB
+    dv0 = lse0 + 2 * BM * 4
+    ds_tile = dv0 + 2 * BM * 4
+    lanes = range(32)
+    sites: dict[str, dict] = {}
+
+    def add(name, what, addresses, nbytes):
+        a = analyze_access(list(addresses), nbytes)
+        row = sites.setdefault(name, dict(site=name, what=what, access_bytes=nbytes, instructions=0, wavefronts=0,
+                                          ideal_wavefronts=0, ways=1))
+        row["instructions"] += 1
+        row["wavefronts"] += a.wavefronts
+        row["ideal_wavefronts"] += a.ideal_wavefronts
+        row["ways"] = max(row["ways"], a.ways)
+
+    for warp in range(W):
+        kw = 16 * MT * warp
+        rw, db0 = 16 * (warp % RG), (warp // RG) * DBW
+        for tile, b, name in ((k_tile, q_tile, "S^T = K Q^T"), (v_tile, do_tile, "dP^T = V dO^T")):
+            for kc in range(D // 16):
+                for m in range(MT):          # A: the warp's key rows (ldmatrix.x4)
+                    add(f"{name}: A ({'K' if tile == k_tile else 'V'})", "ldmatrix.x4", (
+                        tile + _swz(kw + 16 * m + (ln & 15), 2 * kc + (ln >> 4), D) for ln in lanes), 16)
+                for nb in range(0, NB, 2):   # B: the step's query rows (ldmatrix.x4)
+                    add(f"{name}: B ({'Q' if b == q_tile else 'dO'})", "ldmatrix.x4", (
+                        b + _swz(8 * nb + (ln & 7) + ((ln >> 4) << 3), 2 * kc + ((ln >> 3) & 1), D) for ln in lanes), 16)
+        for nb in range(NB):                 # P^T's LSE and dS^T's Dv: queries 8 nb + 2t, + 1 (LDS.64 in the SASS)
+            add("LSE (probs_t_each)", "LDS.64", (lse0 + 4 * (8 * nb + 2 * (ln % 4)) for ln in lanes), 8)
+            add("Dv (ds_t)", "LDS.64", (dv0 + 4 * (8 * nb + 2 * (ln % 4)) for ln in lanes), 8)
+        for b, name in ((do_tile, "dV += P^T dO: B (dO)"), (q_tile, "dK += dS^T Q: B (Q)")):
+            for kc in range(NB // 2):
+                for db in range(0, DB, 2):
+                    add(name, "ldmatrix.x4.trans", (
+                        b + _swz(16 * kc + (ln & 15), db + (ln >> 4), D) for ln in lanes), 16)
+        for m in range(MT):                  # dS^T to shared memory: key rows kw + 16 m + g (+ 8), queries 16 kc + 8 h
+            for kc in range(NB // 2):
+                for h in range(2):
+                    for r in range(2):
+                        add("dS^T store", "STS.32", (ds_tile + _swz(kw + 16 * m + ln // 4 + 8 * r, 2 * kc + h, 64)
+                                                     + 4 * (ln % 4) for ln in lanes), 4)
+        for kc in range(KT // 16):           # dQ = dS K: dS (transposed) and K fragments
+            add("dQ: A (dS)", "ldmatrix.x4.trans", (
+                ds_tile + _swz(16 * kc + (ln & 7) + ((ln >> 4) << 3), rw // 8 + ((ln >> 3) & 1), 64) for ln in lanes), 16)
+            for db in range(0, DBW, 2):
+                add("dQ: B (K)", "ldmatrix.x4.trans", (
+                    k_tile + _swz(16 * kc + (ln & 15), db0 + db + (ln >> 4), D) for ln in lanes), 16)
+    # cp.async of the next step's Q and dO (16 bytes a thread, BM * D / 8 chunks a tile over the block's threads) and
+    # its LSE and Dv rows (4 bytes a thread, the first BM threads)
+    nt = 32 * W
+    for tile, name in ((q_tile, "cp.async Q"), (do_tile, "cp.async dO")):
+        for i0 in range(0, BM * D // 8, 32):
+            add(name, "LDGSTS.128", (tile + _swz((i0 + ln) // (D // 8), (i0 + ln) % (D // 8), D)
+                                     for ln in lanes), 16)
+    for base, name in ((lse0, "cp.async LSE"), (dv0, "cp.async Dv")):
+        for i0 in range(0, BM, 32):
+            add(name, "LDGSTS.32", (base + 4 * (i0 + ln) if i0 + ln < BM else None for ln in lanes), 4)
+    rows = list(sites.values())
+    for row in rows:                          # per warp and step
+        per = 1 / W
+        row.update(instructions=row["instructions"] * per, wavefronts=row["wavefronts"] * per,
+                   ideal_wavefronts=row["ideal_wavefronts"] * per)
+        row["excess_wavefronts"] = row["wavefronts"] - row["ideal_wavefronts"]
+    del nt
+    return rows
+
+
+def rung8_bank_summary(d: int = 64) -> dict:
+    """rung8_shared_accesses summed: wavefronts and conflicts a warp step, HMMA a warp step (the model's count),
+    wavefronts per HMMA."""
+    rows = rung8_shared_accesses(d)
+    NB, DB, MT, KT, BM, W = 4, d // 8, 2, 128, 32, 4
+    DBW = DB // (W // (BM // 16))
+    hmma = MT * (2 * NB * (d // 16) + 2 * DB * (BM // 16)) + DBW * (KT // 16)
+    wf = sum(r["wavefronts"] for r in rows)
+    return dict(rows=rows, wavefronts=wf, excess_wavefronts=sum(r["excess_wavefronts"] for r in rows),
+                hmma=hmma, wavefronts_per_hmma=wf / hmma)
+
+
+def rung8_bank_table(d: int = 64) -> str:
+    """rung8_shared_accesses as a text table, its totals last."""
+    s = rung8_bank_summary(d)
+    lines = [f"rung 8's shared accesses at d = {d}, one warp and query step, by kernellab.analysis.banks:",
+             "site | instruction | instr. | wavefronts | ideal | excess | worst",
+             "--- | --- | --- | --- | --- | --- | ---"]
+    for r in s["rows"]:
+        lines.append(f"{r['site']} | {r['what']} | {r['instructions']:g} | {r['wavefronts']:g} | "
+                     f"{r['ideal_wavefronts']:g} | {r['excess_wavefronts']:g} | {r['ways']}-way")
+    lines.append(f"total: {s['wavefronts']:g} wavefronts a warp step ({s['excess_wavefronts']:g} from bank "
+                 f"conflicts) for {s['hmma']} HMMA: {s['wavefronts_per_hmma']:.2f} a HMMA")
+    return "\n".join(lines)
+
+
 def model_table(m: dict, flash_ms: float | None = None) -> str:
     """The model as a text table: each resource's demand a block step and per 64 queries, its time alone."""
     head = (f"atomic_w8 dK/dV kernel, d = {m['d']}, N = {m['N']} (B = {m['B']}, H = {m['H']}, {m['BM']} queries a "
@@ -482,8 +621,9 @@ def profile_metrics() -> tuple[tuple[str, str], ...]:
 
 
 def profile_child(ns, dims) -> None:
-    """The program ncu watches: at each (d, N), one backward each of atomic_w8, atomic_2d and step 3 (where they run)
-    and SDPA FLASH, in that order, on the same inputs (the forwards' kernels do not match PROFILE_KERNELS)."""
+    """The program ncu watches: at each (d, N), one backward each of atomic_w8, atomic_2d, atomic_2d_ilp and step 3
+    (where they run) and SDPA FLASH, in that order, on the same inputs (the forwards' kernels do not match
+    PROFILE_KERNELS)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -496,6 +636,8 @@ def profile_child(ns, dims) -> None:
             o, lse = t08["attention_forward"](q, k, v, False)
             t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_w8")
             t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_2d")
+            if "atomic_2d_ilp" in t08["VARIANTS"]:
+                t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_2d_ilp")
             if d in t08["BWD_OP_HOPPER_DIMS"] and t08["hopper_backward_applies"](q):
                 t08["attention_backward"](q, k, v, o, lse, do, False, "hopper")
                 if "hopper_rows" in t08["VARIANTS"]:        # step 3b beside step 3
@@ -538,7 +680,8 @@ def label_launches(names: list[str], flash_keys: list[tuple[int, int]]) -> list[
         m = re.search(r"_d(\d+)", n)
         d = int(m.group(1)) if m else None
         who = ("hopper_rows" if n.startswith("hbwd_rows") else "hopper" if n.startswith("hbwd")
-               else "atomic_w8" if "_w8_" in n else "atomic_2d" if n.startswith("bwd_dkdv_2d_") else n)
+               else "atomic_w8" if "_w8_" in n else "atomic_2d" if n.startswith("bwd_dkdv_2d_")
+               else "atomic_2d_ilp" if n.startswith("bwd_dkdv_ilp_") else n)
         N = next((key[1] for key in flash_keys[max(run + 1, 0):] if key[0] == d), None)
         last = (who, d, N)
         out.append([who, d, N, "dK/dV/dQ" if who.startswith("hopper") else "dK/dV (+dQ red)"])
@@ -679,6 +822,91 @@ def rung_2d_lines(two: dict, w8: dict, flash: dict | None, model: dict) -> list[
     return out
 
 
+# Rung 9's prediction (tutorial 08, written before a GPU ran it; notebook's rung 9 and NOTES-attention-backward.md).
+# The bank model (rung8_bank_table) finds every shared access of rungs 8 and 9 conflict-free, 2.10 wavefronts a HMMA;
+# the hypothesis: rung 8's 30.8 million counted conflicts are L1 hits of the LSE / Dv rows' 4-byte cp.async.ca (two
+# blocks of a head an SM), which rung 9 copies with 16-byte cp.async.cg. If it holds: conflicts below 3 million and
+# 2.10-2.14 wavefronts a HMMA at d = 64; if not, about rung 8's. Time: dQ's k-loop in two accumulator sets, the dK/dV
+# kernel 1.01-1.04x rung 8's speed at d = 64, 0.97-1.03x at d = 128 (warp pairs: the same two changes).
+RUNG_9_PREDICTED = {64: dict(wavefronts_per_hmma=(2.10, 2.14), bank_conflicts_below=3e6, speed_vs_2d=(1.01, 1.04)),
+                    128: dict(wavefronts_per_hmma=None, bank_conflicts_below=None, speed_vs_2d=(0.97, 1.03))}
+# ... and its backward against SDPA FLASH's in the benchmark (rung 8 measured 0.91 / 0.92 at d = 64, 0.68 / 0.69 at
+# d = 128 on an H200), full and causal alike
+RUNG_9_BENCH_PREDICTED = {64: dict(vs_flash=(0.92, 0.95), vs_2d=(1.01, 1.04)),
+                          128: dict(vs_flash=(0.68, 0.71), vs_2d=(0.97, 1.03))}
+
+
+def _inside(v, lo, hi) -> str:
+    return ("n/a" if v is None else "as predicted" if lo <= v <= hi
+            else "below the prediction" if v < lo else "ABOVE the prediction")
+
+
+def rung_9_lines(ilp: dict, two: dict, d: int) -> list[str]:
+    """What rung 9's profile says against its prediction and rung 8 (same run): wavefronts a HMMA, bank conflicts (the
+    L1-hit hypothesis), the dK/dV kernel's speed against rung 8's, and the stalls it meant to shorten."""
+    pred = RUNG_9_PREDICTED[d]
+    wf, conf, us = ilp.get("wavefronts_per_hmma"), ilp.get("bank_conflicts"), ilp.get("us")
+    speed = two["us"] / us if us and two.get("us") else None
+    out = []
+    if pred["wavefronts_per_hmma"]:
+        lo, hi = pred["wavefronts_per_hmma"]
+        out.append(f"atomic_2d_ilp: shared wavefronts per HMMA {_num(wf, 2)} (predicted {lo:.2f}-{hi:.2f}: "
+                   f"{_inside(wf, lo, hi)}; atomic_2d {_num(two.get('wavefronts_per_hmma'), 2)}; bank model 2.10 "
+                   "for both)")
+    if pred["bank_conflicts_below"] and conf is not None:
+        held = conf < pred["bank_conflicts_below"]
+        out.append(f"atomic_2d_ilp: bank conflicts {conf:,.0f} (atomic_2d {_num(two.get('bank_conflicts'))}; "
+                   f"predicted below {pred['bank_conflicts_below']:,.0f} if they were L1 hits of the LSE / Dv "
+                   f"4-byte cp.async.ca): hypothesis {'SUPPORTED' if held else 'REJECTED: look at the per-line table'}")
+    lo, hi = pred["speed_vs_2d"]
+    stalls = lambda s: ", ".join(f"{r} {v:.2f}" for r, v in (s.get("stalls") or []) if v is not None) or "n/a"  # noqa
+    out.append(f"atomic_2d_ilp: dK/dV kernel {_num(us)} us, {_num(speed, 3)}x atomic_2d's speed ({_num(two.get('us'))}"
+               f" us; predicted {lo:.2f}-{hi:.2f}x: {_inside(speed, lo, hi)}), tensor {_pc(ilp.get('tensor_pct'))} "
+               f"(atomic_2d {_pc(two.get('tensor_pct'))}); stalls {stalls(ilp)} (atomic_2d {stalls(two)})")
+    return out
+
+
+def bank_lines(label: str, rep, counted: float | None = None, top: int = 8) -> list[str]:
+    """ncu's per-source-line shared counters (kernellab.run.nvtools.ncu_source) of one kernel: its total excess
+    wavefronts against the conflicts the launch's counter gave (`counted`), by instruction kind, and the lines with
+    the most excess."""
+    if rep is None:
+        return [f"{label}: no per-line counters"]
+    if not rep.measured:
+        return [f"{label}: per-line counters not measured: {rep.reason}"]
+    excess = rep.excess_wavefronts
+    out = [f"{label}: ncu source counters: {rep.wavefronts:,} shared wavefronts, {rep.ideal_wavefronts:,} ideal, "
+           f"{excess:,} excess on its instructions" + (f" (the launch's bank-conflict counter: {counted:,.0f}; the "
+                                                       f"difference {counted - excess:,.0f} is on no instruction's "
+                                                       "addresses)" if counted is not None else "")]
+    by_op: dict[str, int] = {}
+    for c in rep.lines:
+        ops = sorted({x.split(" ")[0] for x in c.sass}) or [c.kind]
+        key = "/".join(ops)
+        by_op[key] = by_op.get(key, 0) + c.excess_wavefronts
+    out.append(f"{label}: excess by instruction: " + (", ".join(f"{k} {v:,}" for k, v in
+                                                               sorted(by_op.items(), key=lambda kv: -kv[1])) or "none"))
+    for c in sorted(rep.lines, key=lambda c: -c.excess_wavefronts)[:top]:
+        if c.excess_wavefronts <= 0:
+            break
+        out.append(f"  line {c.line} ({c.kind}, {'/'.join(sorted({x.split(' ')[0] for x in c.sass})) or '-'}): "
+                   f"{c.excess_wavefronts:,} excess of {c.wavefronts:,} wavefronts; {c.source[:70]}")
+    return out
+
+
+def ncu_banks_of(argv: list[str], symbol: str):
+    """ncu's per-line shared counters of `symbol`'s first launch in the program `argv` (SourceCounters section)."""
+    from kernellab.run.nvtools import ncu_source
+    from notebook_cells import named_cuda_cells
+
+    try:
+        return ncu_source.run_ncu_banks(argv, symbol, source=named_cuda_cells(NOTEBOOK)["attn_bwd"], first_line=2,
+                                        timeout_s=90)
+    except ncu_source.NcuError as exc:
+        print(f"  per-line counters of {symbol}: {exc}")
+        return None
+
+
 def _pc(v):
     return f"{v:.0f} %" if v is not None else "n/a"
 
@@ -733,12 +961,14 @@ def _main_kernel(reports, tags, who: str, d: int, N: int):
     return max(found, key=lambda rep: rep.duration_ms or 0.0, default=None)
 
 
-def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: float = 260.0,
-                profile=None) -> int:
+def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: float = 200.0,
+                profile=None, banks=None) -> int:
     """atomic_w8, step 3 (d = 64) and SDPA FLASH's backward under Nsight Compute (one launch of each kernel, one
     ncu process: kernellab.run.nvtools.ncu.profile_command), each dK/dV kernel beside the model, the short table
     and the verdict last. Reports in $OUT/attention_backward_profile.json. `profile`: profile_command (tests pass a
-    fake)."""
+    fake). Then, at d = 64, ncu's per-line shared counters of rungs 8 and 9's dK/dV kernels (`banks(argv, symbol)`:
+    ncu_banks_of where `profile` is the real one; tests pass a fake or nothing): which instructions the bank
+    conflicts are counted on."""
     from kernellab.run.nvtools import ncu
 
     t0 = time.time()
@@ -746,7 +976,7 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child",
             "--ns", ",".join(map(str, ns)), "--dims", ",".join(map(str, dims))]
     metrics = [m for m, _ in profile_metrics()]
-    per_key = 5 * 4             # atomic_w8, atomic_2d, hopper, hopper_rows, FLASH: three kernels each (one spare)
+    per_key = 6 * 4     # atomic_w8, atomic_2d, atomic_2d_ilp, hopper, hopper_rows, FLASH: three kernels each (one spare)
     reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
                                                launch_count=per_key * len(flash_keys), metrics=metrics,
                                                timeout_s=timeout_s, extra_args=("--print-units", "base"))
@@ -819,19 +1049,40 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
             rows[2:2] = [(f"atomic_2d dK/dV d{d}", s_two),
                          (f"model 2d d{d} ({model2['bound'].split(' (')[0]})", model_beside(model2))]
             lines = lines + rung_2d_lines(s_two, s_ours, s_flash, model2)
+            ilp = _main_kernel(reports, tags, "atomic_2d_ilp", d, N)
+            if ilp is not None:                       # rung 9: beside rung 8, against its prediction
+                s_ilp = summarize_kernel(ilp)
+                rows[4:4] = [(f"atomic_2d_ilp dK/dV d{d}", s_ilp)]
+                lines = lines + rung_9_lines(s_ilp, s_two, d)
         ours_us, flash_us, hop_us, hop_b_us = total("atomic_w8"), total("FLASH"), total("hopper"), total("hopper_rows")
-        two_us = total("atomic_2d")
+        two_us, ilp_us = total("atomic_2d"), total("atomic_2d_ilp")
         whole = (f"whole backward d{d} (ncu durations summed): atomic_w8 {ours_us:,.0f} us, FLASH {flash_us:,.0f} us"
                  + (f" ({flash_us / ours_us:.2f}x FLASH's speed)" if ours_us and flash_us else "")
                  + (f", hopper {hop_us:,.0f} us" if hop_us else "")
                  + (f", hopper_rows {hop_b_us:,.0f} us" if hop_b_us else "")
                  + (f", atomic_2d {two_us:,.0f} us" + (f" ({flash_us / two_us:.2f}x FLASH's speed)" if flash_us else "")
-                    if two_us else ""))
+                    if two_us else "")
+                 + (f", atomic_2d_ilp {ilp_us:,.0f} us" + (f" ({flash_us / ilp_us:.2f}x FLASH's speed)" if flash_us
+                                                            else "") if ilp_us else ""))
         short.append((d, N, rows, whole, lines))
         results.append(dict(d=d, N=N, model=model, summary=dict(rows), whole_us=dict(atomic_w8=ours_us, FLASH=flash_us,
                                                                                        hopper=hop_us, atomic_2d=two_us,
-                                                                                       hopper_rows=hop_b_us),
+                                                                                       hopper_rows=hop_b_us,
+                                                                                       atomic_2d_ilp=ilp_us),
                             verdict=lines, kernels=[dict(label=c, **rep.to_json()) for c, rep in cols]))
+    bank_fn = banks if banks is not None else (ncu_banks_of if profile is None else None)
+    if bank_fn is not None and 64 in dims:     # which instructions rung 8's (and 9's) bank conflicts are counted on
+        child = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child", "--ns", str(ns[0]),
+                 "--dims", "64"]
+        counted = {t[0]: summarize_kernel(rep).get("bank_conflicts") for rep, t in zip(reports, tags)
+                   if t[1:] == (64, ns[0], "dK/dV (+dQ red)")}
+        print(f"\n== Shared wavefronts per source line (ncu SourceCounters), d = 64, N = {ns[0]}: where the bank "
+              "conflicts are counted ==")
+        for who, symbol in (("atomic_2d", "bwd_dkdv_2d_bf16_d64"), ("atomic_2d_ilp", "bwd_dkdv_ilp_bf16_d64")):
+            t1 = time.time()
+            for line in bank_lines(who, bank_fn(child, symbol), counted.get(who)):
+                print(line)
+            print(f"  ({time.time() - t1:.0f} s)")
     (out / "attention_backward_profile.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "results": results},
         indent=1, default=str))

@@ -348,6 +348,24 @@ __device__ __forceinline__ void load_row_values(uint32_t dst, const float* __res
     }
 }
 
+// A step's LSE and Dv rows (ROWS each; Dv's 2 ROWS * 4 bytes after LSE's in shared memory, as the kernels lay them
+// out) through 16-byte cp.async.cg (L2 only, as the Q and dO tiles): the first 2 ROWS / 4 threads one chunk each,
+// zeros past N. Needs both vectors 16-byte aligned at every step's row0: N % 4 == 0 and aligned bases, which the
+// launcher checks (elsewhere it runs rung 8). Rung 9: load_row_values' 4-byte cp.async.ca copies allocate in L1,
+// where the blocks of one head (two an SM) read the same LSE and Dv rows.
+template <int ROWS, int NT = NTHREADS>
+__device__ __forceinline__ void load_lse_dv_cg(uint32_t lse_dst, const float* __restrict__ lse,
+                                               const float* __restrict__ dv, int row0, int N) {
+    constexpr int C = ROWS / 4;                        // 16-byte chunks a vector
+    static_assert(ROWS % 4 == 0 && 2 * C <= NT, "whole chunks, one a thread");
+    if (threadIdx.x < 2 * C) {
+        const bool second = threadIdx.x >= C;          // threads C .. 2C - 1: Dv
+        const int c = threadIdx.x - (second ? C : 0), r = row0 + 4 * c;
+        const int valid = r < N ? 4 * min(4, N - r) : 0;   // bytes inside N (N % 4 == 0: 0 or 16)
+        cp_async_16(lse_dst + (second ? 2 * ROWS * 4 : 0) + 16 * c, (second ? dv : lse) + (valid ? r : 0), valid);
+    }
+}
+
 // acc[NB][4] (16 rows x 8 NB columns) = A B^T, A: 16 rows of tile `a` (from row a_row0), B: 8 NB rows of tile `b`,
 // both [rows, D] swizzled, the product over D. Lane parts of the addresses as in tutorial 07's step 2 (A like Q,
 // B like K).
@@ -706,25 +724,43 @@ __device__ __forceinline__ void dkdv(const T* __restrict__ Q, const T* __restric
 
 // dQ += dS K over a block's KT keys, for one warp: its 16 query rows from rw and DBW column blocks of 8 from db0;
 // dS^T is read from shared memory (ds_tile: [KT keys][64 queries] T, swizzled), K from k_tile ([KT, D]); the rows
-// below N are added to dq_accum (this head's fp32 [N, D]) with red.global.add.v2.f32
-template <typename T, int D, int KT, int DBW>
+// below N are added to dq_accum (this head's fp32 [N, D]) with red.global.add.v2.f32.
+// ILP (rung 9, atomic_2d_ilp): the even and odd k-steps accumulate into two sets of DBW accumulators, added before the
+// reductions: 2 DBW independent mma chains instead of DBW (at DBW = 4 each HMMA.16816 otherwise waits on the one
+// 4 instructions before it, less than the tensor pipe's latency), for 4 DBW more registers.
+template <typename T, int D, int KT, int DBW, bool ILP = false>
 __device__ __forceinline__ void dq_add_ds_k(float* __restrict__ dq_accum, uint32_t ds_tile, uint32_t k_tile, int q0,
                                             int rw, int db0, int N, int lane) {
+    constexpr int SETS = ILP ? 2 : 1;
     const int g = lane / 4, t = lane % 4;
-    float dq[DBW][4];
+    float acc[SETS][DBW][4];
 #pragma unroll
-    for (int e = 0; e < DBW; ++e) dq[e][0] = dq[e][1] = dq[e][2] = dq[e][3] = 0.f;
-#pragma unroll 4
-    for (int kc = 0; kc < KT / 16; ++kc) {
-        uint32_t a[4];                                // dS rows rw .. (queries), keys 16 kc ..: stored transposed
-        ldmatrix_x4_trans(a, ds_tile + swz<64>(16 * kc + (lane & 7) + ((lane >> 4) << 3), rw / 8 + ((lane >> 3) & 1)));
+    for (int s = 0; s < SETS; ++s)
 #pragma unroll
-        for (int db = 0; db < DBW; db += 2) {
-            uint32_t bf[4];
-            ldmatrix_x4_trans(bf, k_tile + swz<D>(16 * kc + (lane & 15), db0 + db + (lane >> 4)));
-            mma_16816<T>(dq[db], a, bf[0], bf[1]);
-            mma_16816<T>(dq[db + 1], a, bf[2], bf[3]);
+        for (int e = 0; e < DBW; ++e) acc[s][e][0] = acc[s][e][1] = acc[s][e][2] = acc[s][e][3] = 0.f;
+#pragma unroll (4 / SETS)
+    for (int kc0 = 0; kc0 < KT / 16; kc0 += SETS) {
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) {
+            const int kc = kc0 + s;
+            uint32_t a[4];                            // dS rows rw .. (queries), keys 16 kc ..: stored transposed
+            ldmatrix_x4_trans(a, ds_tile + swz<64>(16 * kc + (lane & 7) + ((lane >> 4) << 3),
+                                                   rw / 8 + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int db = 0; db < DBW; db += 2) {
+                uint32_t bf[4];
+                ldmatrix_x4_trans(bf, k_tile + swz<D>(16 * kc + (lane & 15), db0 + db + (lane >> 4)));
+                mma_16816<T>(acc[s][db], a, bf[0], bf[1]);
+                mma_16816<T>(acc[s][db + 1], a, bf[2], bf[3]);
+            }
         }
+    }
+    float (&dq)[DBW][4] = acc[0];
+    if constexpr (ILP) {
+#pragma unroll
+        for (int e = 0; e < DBW; ++e)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dq[e][c] += acc[1][e][c];
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -741,7 +777,7 @@ __device__ __forceinline__ void dq_add_ds_k(float* __restrict__ dq_accum, uint32
 // DQ_ATOMIC (rung 8, atomic_2d): dS^T also goes through shared memory and the block adds its share of dQ = scale dS K
 // ([BM, D] over its KT keys) into dq_accum with red.global.add.v2.f32, as dkdv's variant (a) does; the dS tile
 // ([KT keys, 64], BM columns used) follows the LSE and Dv rows.
-template <typename T, int D, int BM, bool CAUSAL, int MT, bool DQ_ATOMIC = false>
+template <typename T, int D, int BM, bool CAUSAL, int MT, bool DQ_ATOMIC = false, bool DQ_ILP = false>
 __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                        const T* __restrict__ dO, const float* __restrict__ LSE,
                                        const float* __restrict__ Dv, float* __restrict__ dq_accum,
@@ -770,8 +806,12 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
     auto load_q = [&](int i, int buf) {
         load_tile<BM, D>(q_tile0 + buf * QB, Q, i * BM, N);
         load_tile<BM, D>(do_tile0 + buf * QB, dO, i * BM, N);
-        load_row_values<BM>(lse0 + buf * BM * 4, LSE, i * BM, N);
-        load_row_values<BM>(dv0 + buf * BM * 4, Dv, i * BM, N);
+        if constexpr (DQ_ILP) {               // rung 9: LSE and Dv rows by 16-byte copies past L1
+            load_lse_dv_cg<BM>(lse0 + buf * BM * 4, LSE, Dv, i * BM, N);   // Dv's at dv0 = lse0 + 2 BM * 4
+        } else {
+            load_row_values<BM>(lse0 + buf * BM * 4, LSE, i * BM, N);
+            load_row_values<BM>(dv0 + buf * BM * 4, Dv, i * BM, N);
+        }
     };
     load_q(i_first, 0);
     cp_async_commit();
@@ -828,7 +868,7 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
                             *reinterpret_cast<uint32_t*>(  // queries 16 kc + 8 h + 2t
                                 ds + swz<64>(kw + 16 * m + g + 8 * r, 2 * kc + h) + 4 * t) = af[m][kc][2 * h + r];
             __syncthreads();
-            dq_add_ds_k<T, D, KT, DBW>(dq_accum, ds_tile, k_tile, q0, rw, db0, N, lane);
+            dq_add_ds_k<T, D, KT, DBW, DQ_ILP>(dq_accum, ds_tile, k_tile, q0, rw, db0, N, lane);
         }
     }
     cp_async_wait_all();
@@ -877,7 +917,7 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {   // barri
 // and dV's columns (warp 0: [0, D/2), warp 1: [D/2, D)): 128 floats a thread, as 16 keys x D would be. dQ = dS K of
 // the block's [BM, D] share (a warp 16 queries x D/4 columns, over the 128 keys) by red.global.add.v2.f32.
 // Shared memory: K, V [128, D]; 2 x (Q, dO) [BM, D]; 2 x (LSE, Dv) [BM]; dS^T [128, 64] T; P^T [128 x BM] fp32.
-template <typename T, int D, int BM, bool CAUSAL>
+template <typename T, int D, int BM, bool CAUSAL, bool DQ_ILP = false>
 __device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                                           const T* __restrict__ dO, const float* __restrict__ LSE,
                                           const float* __restrict__ Dv, float* __restrict__ dq_accum,
@@ -908,8 +948,12 @@ __device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __re
     auto load_q = [&](int i, int buf) {
         load_tile<BM, D, T, NT>(q_tile0 + buf * QB, Q, i * BM, N);
         load_tile<BM, D, T, NT>(do_tile0 + buf * QB, dO, i * BM, N);
-        load_row_values<BM, NT>(lse0 + buf * BM * 4, LSE, i * BM, N);
-        load_row_values<BM, NT>(dv0 + buf * BM * 4, Dv, i * BM, N);
+        if constexpr (DQ_ILP) {               // rung 9: LSE and Dv rows by 16-byte copies past L1
+            load_lse_dv_cg<BM, NT>(lse0 + buf * BM * 4, LSE, Dv, i * BM, N);   // Dv's at dv0 = lse0 + 2 BM * 4
+        } else {
+            load_row_values<BM, NT>(lse0 + buf * BM * 4, LSE, i * BM, N);
+            load_row_values<BM, NT>(dv0 + buf * BM * 4, Dv, i * BM, N);
+        }
     };
     load_q(i_first, 0);
     cp_async_commit();
@@ -996,7 +1040,7 @@ __device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __re
         // dQ += dS K ([BM, D] over the block's KT keys): RG groups of 16 query rows, D split over W / RG warps
         constexpr int RG = BM / 16, DBW = DB / (W / RG);
         const int rw = 16 * (warp % RG), db0 = (warp / RG) * DBW;
-        dq_add_ds_k<T, D, KT, DBW>(dq_accum, ds_tile, k_tile, q0, rw, db0, N, lane);
+        dq_add_ds_k<T, D, KT, DBW, DQ_ILP>(dq_accum, ds_tile, k_tile, q0, rw, db0, N, lane);
     }
     cp_async_wait_all();
 
@@ -1200,6 +1244,18 @@ BWD_DKDV_PAIR(bwd_dkdv_2d_bf16_d128, BWD_BOUNDS8, __nv_bfloat16, 128, 32, false)
 BWD_DKDV_PAIR(bwd_dkdv_2d_bf16_d128_causal, BWD_BOUNDS8, __nv_bfloat16, 128, 32, true)
 BWD_DKDV_PAIR(bwd_dkdv_2d_f16_d128, BWD_BOUNDS8, __half, 128, 32, false)
 BWD_DKDV_PAIR(bwd_dkdv_2d_f16_d128_causal, BWD_BOUNDS8, __half, 128, 32, true)
+// bwd_dkdv_ilp (rung 9, atomic_2d_ilp): rung 8's kernels with dQ's k-loop in two accumulator sets (dq_add_ds_k's
+// ILP: 8 independent mma chains a warp instead of 4) and the LSE and Dv rows by 16-byte copies past L1
+// (load_lse_dv_cg; the launcher runs bwd_dkdv_2d where N % 4 != 0 or the LSE is not 16-byte aligned), everything
+// else as bwd_dkdv_2d (the same shared addresses), both head dims.
+BWD_DKV_MT(bwd_dkdv_ilp_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, 32, false, 2, true, true)
+BWD_DKV_MT(bwd_dkdv_ilp_bf16_d64_causal, BWD_BOUNDS, __nv_bfloat16, 64, 32, true, 2, true, true)
+BWD_DKV_MT(bwd_dkdv_ilp_f16_d64, BWD_BOUNDS, __half, 64, 32, false, 2, true, true)
+BWD_DKV_MT(bwd_dkdv_ilp_f16_d64_causal, BWD_BOUNDS, __half, 64, 32, true, 2, true, true)
+BWD_DKDV_PAIR(bwd_dkdv_ilp_bf16_d128, BWD_BOUNDS8, __nv_bfloat16, 128, 32, false, true)
+BWD_DKDV_PAIR(bwd_dkdv_ilp_bf16_d128_causal, BWD_BOUNDS8, __nv_bfloat16, 128, 32, true, true)
+BWD_DKDV_PAIR(bwd_dkdv_ilp_f16_d128, BWD_BOUNDS8, __half, 128, 32, false, true)
+BWD_DKDV_PAIR(bwd_dkdv_ilp_f16_d128_causal, BWD_BOUNDS8, __half, 128, 32, true, true)
 // bwd_dkv_lean + bwd_dq_lean: variant (b) with the lean tile step (rung 6); bwd_dkdv_lean: variant (a), lean, with
 // the vector reductions.
 BWD_DKDV(bwd_dkv_lean_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, false, 4, false, true)
@@ -1416,13 +1472,16 @@ BWD_LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4),
               "atomic_v2": ("bwd_dkdv_v2", None, 4), "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8),
               "atomic_w8": ("bwd_dkdv_w8", None, 8), "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4),
               "atomic_lean": ("bwd_dkdv_lean", None, 4), "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4),
-              "atomic_2d": ("bwd_dkdv_2d", None, 4)}
+              "atomic_2d": ("bwd_dkdv_2d", None, 4), "atomic_2d_ilp": ("bwd_dkdv_ilp", None, 4)}
 VARIANTS = tuple(BWD_LADDER)
 # (variant, d) -> (keys a dK/dV block, query tile[, warps]) where a rung's differ from 16 x warps, BWD_QUERY_TILE[d]
 # and BWD_LADDER's warps
-BWD_DKDV_TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32), ("atomic_2d", 128): (128, 32, 8)}
+BWD_DKDV_TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32), ("atomic_2d", 128): (128, 32, 8),
+                  ("atomic_2d_ilp", 64): (128, 32), ("atomic_2d_ilp", 128): (128, 32, 8)}
 # rungs whose warps work in pairs (bwd::dkdv_pair): P^T passes between them in shared memory, [keys x query tile] fp32
-BWD_PAIRS = {("atomic_2d", 128)}
+BWD_PAIRS = {("atomic_2d", 128), ("atomic_2d_ilp", 128)}
+# rungs that copy the LSE and Dv rows 16 bytes at a time (N % 4 == 0, a 16-byte aligned LSE) -> the rung run elsewhere
+BWD_ROWS16 = {"atomic_2d_ilp": "atomic_2d"}
 # The op's variant per (head dim, causal) on mma.sync: the fastest rung the GPU's ladder (benchmarks/attention_backward.py)
 # measured (H200: atomic_2d at d = 64, bench-attention-backward-2d; atomic_w8 at d = 128, bench-attention-backward)
 BWD_OP_VARIANT = {(64, False): "atomic_2d", (64, True): "atomic_2d", (128, False): "atomic_w8",
@@ -1446,6 +1505,8 @@ def attention_backward(q, k, v, o, lse, grad_o, causal=False, variant="atomic", 
     [B, H, N, d] bf16/fp16 contiguous CUDA tensors (lse [B, H, N] fp32), d = 64 or 128. variant: "atomic" (a),
     "pass" (b), or a rung of the ladder (BWD_LADDER)."""
     B, H, N, d = q.shape
+    if variant in BWD_ROWS16 and (N % 4 or lse.data_ptr() % 16):     # rung 9's 16-byte LSE / Dv row copies: N % 4
+        variant = BWD_ROWS16[variant]                                # and an aligned LSE, else rung 8 (our Dv is)
     hit = _BWD_LAUNCHES.get((variant, q.dtype, B, H, N, d, causal))
     if hit is None or hit[0] is not attn_bwd:                # a model's call: checked and configured once per shape
         if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
@@ -1668,6 +1729,58 @@ for (d, causal), r in rung8.items():
 # `P^T` and `dS^T` through shared memory and their third barrier cost more than the ldmatrix they save, with one block
 # an SM to hide them. The op's backward off sm_90 takes `atomic_2d` at `d = 64` and keeps `atomic_w8` at `d = 128`
 # (`BWD_OP_VARIANT`).
+
+# %% [markdown]
+# ### Rung 9: where rung 8's bank conflicts come from, and its `mma` chains
+#
+# Nsight Compute on an H100 (`python3 tools/gpu/run.py profile-attention-backward`, `d = 64`, `N = 4096`) put rung 8's
+# `dK`/`dV` kernel at 5,519 us (FLASH's 4,794), 2.20 shared wavefronts per `mma` (predicted 2.0-2.2), tensor pipe
+# 39 %, and **30.8 million shared bank conflicts** (`atomic_w8` 1.0 million, FLASH 20.2 million), the top stalls
+# `wait` 1.72, `short_scoreboard` 0.79, `barrier` 0.34. Every shared access of the step, each warp's 32 lane addresses
+# as the kernel computes them, through the bank model (`kernellab.analysis.banks`;
+# `rung8_bank_table()` in benchmarks/attention_backward.py):
+#
+# | site | instruction | a warp step | wavefronts | conflicts |
+# |---|---|---|---|---|
+# | `S^T`, `dP^T`: `K`/`V` (A), `Q`/`dO` (B) | `ldmatrix.x4` | 32 | 128 | 0 |
+# | `dV`, `dK`: `dO`/`Q` (B) | `ldmatrix.x4.trans` | 16 | 64 | 0 |
+# | `dQ`: `dS` (A), `K` (B) | `ldmatrix.x4.trans` | 24 | 96 | 0 |
+# | `dS^T` store (rows `g`, chunks XOR `g`) | `STS.32` | 16 | 16 | 0 |
+# | LSE, `Dv` (queries `8 nb + 2t`) | `LDS.64` | 8 | 16 | 0 |
+# | `cp.async` of `Q`, `dO`; of LSE, `Dv` | `LDGSTS.128`; `LDGSTS.32` | 4; 0.5 | 16; 0.5 | 0 |
+# | **a warp step** | | | **336.5 (2.10 an `mma`)** | **0** |
+#
+# Not one of them conflicts: the XOR swizzle puts the 8 rows of every `ldmatrix` phase and every `dS^T` store in 8
+# bank groups. Measured, 2.20 x 160 = 352.8 wavefronts a warp step, of which 14.7 counted as conflicts: take them off
+# and 338 remain, the model's 336.5. So the 30.8 million are not address conflicts of these instructions, and no
+# other swizzle removes them; at most they are 4 % of the shared traffic of a pipe 56 % busy. What differs from
+# `atomic_w8` (1.0 million) is two blocks an SM: two blocks of the same head, side by side, read the same LSE and `Dv`
+# rows, which the kernel copies with 4-byte `cp.async.ca` (`LDGSTS.E`), the one copy that allocates in L1; an L1 hit
+# there moves data between L1 and shared memory inside the same data banks as the `ldmatrix` reads. That is a
+# hypothesis; rung 9 tests it, and the profile suite reads ncu's per-instruction excess wavefronts (its source
+# counters) of rungs 8 and 9 to say which instructions the conflicts are counted on.
+#
+# 9. **`atomic_2d_ilp`**: rung 8 with two changes, the shared addresses untouched. (i) The LSE and `Dv` rows by 16-byte
+#    `cp.async.cg` (past L1, as `Q` and `dO` are; `load_lse_dv_cg`), which needs `N % 4 == 0` and a 16-byte aligned
+#    LSE: elsewhere the launcher runs rung 8 (`BWD_ROWS16`). (ii) `dQ = dS K`'s
+#    k-loop in two accumulator sets, even and odd k-steps, added before the reductions: in rung 8's SASS each of the
+#    loop's 32 `HMMA` a step waits on the one 4 before it (4 columns of 8 a warp), less than the tensor pipe's
+#    latency with 2 warps a sub-partition; rung 9's waits on the one 8 before (16 more registers, still 255 and no
+#    spills, two blocks an SM; the same 144 `HMMA` and 60 `LDSM` in the SASS). At `d = 128` (the warp pairs) the same
+#    two changes. *Prediction* (`d = 64`, `N = 4096`, H100): conflicts below 3 million if the hypothesis holds (about
+#    31 million if not), 2.10-2.14 wavefronts an `mma` (2.20 if not); the `dK`/`dV` kernel 1-4 % faster (5,300-5,470
+#    us under ncu against 5,519), the `dQ` loop being a fifth of a step's `mma` and the wait stalls mostly elsewhere
+#    (the `mma` chains of `S^T`, `dP^T`, the exponentials and conversions between them); the backward 0.92-0.95x FLASH
+#    (rung 8: 0.91x), causal alike; at `d = 128` within 3 % of rung 8 (0.68-0.71x). Target 1.0x: still missed by this
+#    rung; the rest of the gap is latency with 8 warps an SM (12 % occupancy), not a unit's throughput.
+
+# %%
+# %%gpu
+rung9 = {(d, causal): bench_backward(4096, d, causal, variants=("atomic_2d_ilp", "atomic_2d"))
+         for d in (64, 128) for causal in (False, True)}
+for (d, causal), r in rung9.items():
+    print(f"d={d:3d} causal={causal!s:5s}: atomic_2d_ilp {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
 
 # %% [markdown]
 # ## Step 3: the Hopper backward: `wgmma` fed by TMA, warp-specialised

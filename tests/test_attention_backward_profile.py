@@ -396,3 +396,156 @@ def test_step3bs_launches_are_labelled_and_a_wgmma_kernel_counts_hmma_equivalent
     s = b.summarize_kernel(rep, flops)
     assert s["wavefronts_per_hmma"] == pytest.approx(1.014, abs=0.01)   # 1,298 a block's tile step / 1,280 HMMA eq.
     assert s["hmma_tflops"] == pytest.approx(flops / 4467e-6 / 1e12)
+
+
+# -- rung 8's shared accesses by the bank model, and rung 9 against its prediction -------------------------------------
+def test_every_shared_access_of_rung_8_is_conflict_free_by_the_bank_model():
+    """Each warp's lane addresses of every shared access of rung 8's step at d = 64 (as the kernel computes them)
+    through kernellab.analysis.banks: 72 ldmatrix.x4 and 16 dS^T stores a warp step as the SASS has them, no bank
+    conflict anywhere, 2.10 wavefronts a HMMA (the profile measured 2.20 with 14.7 conflict wavefronts a warp step)."""
+    b = _bench()
+    s = b.rung8_bank_summary(64)
+    by = {r["site"]: r for r in s["rows"]}
+    ldsm = sum(r["instructions"] for r in s["rows"] if r["what"].startswith("ldmatrix"))
+    assert ldsm == 72 and by["dS^T store"]["instructions"] == 16 and s["hmma"] == 160
+    assert all(r["excess_wavefronts"] == 0 and r["ways"] == 1 for r in s["rows"]), s["rows"]
+    assert all(r["wavefronts"] == 4 * r["instructions"] for r in s["rows"] if r["what"].startswith("ldmatrix"))
+    assert s["wavefronts"] == pytest.approx(336.5) and s["wavefronts_per_hmma"] == pytest.approx(2.103, abs=1e-3)
+    assert "0 from bank conflicts" in b.rung8_bank_table(64) and "2.10 a HMMA" in b.rung8_bank_table(64)
+
+
+def test_the_bank_table_sees_conflicts_where_the_swizzle_is_taken_away(monkeypatch):
+    """The same accesses with the swizzle removed (row-major rows of 128 bytes): ldmatrix's 8 rows a phase fall in one
+    bank group (8-way), the dS^T stores 8-way too; the table is not blind to conflicts."""
+    b = _bench()
+    monkeypatch.setattr(b, "_swz", lambda row, chunk, cols: row * cols * 2 + (chunk << 4))
+    s = b.rung8_bank_summary(64)
+    by = {r["site"]: r for r in s["rows"]}
+    assert by["S^T = K Q^T: A (K)"]["ways"] == 8 and by["dS^T store"]["ways"] == 8
+    assert by["S^T = K Q^T: A (K)"]["wavefronts"] == 8 * by["S^T = K Q^T: A (K)"]["ideal_wavefronts"]
+    assert s["excess_wavefronts"] > 1000
+
+
+def _summary(**kw):
+    base = dict(us=5519.0, tensor_pct=39.0, wavefronts_per_hmma=2.20, bank_conflicts=30_828_655.0,
+                stalls=[("wait", 1.72), ("short_scoreboard", 0.79), ("barrier", 0.34)])
+    return dict(base, **kw)
+
+
+def test_rung_9_lines_weigh_the_l1_hypothesis_and_the_speed():
+    b = _bench()
+    two = _summary()
+    held = b.rung_9_lines(_summary(us=5400.0, wavefronts_per_hmma=2.12, bank_conflicts=1.1e6), two, 64)
+    text = "\n".join(held)
+    assert "shared wavefronts per HMMA 2.12 (predicted 2.10-2.14: as predicted; atomic_2d 2.20" in text
+    assert "bank conflicts 1,100,000 (atomic_2d 30,828,655" in text and "hypothesis SUPPORTED" in text
+    assert "dK/dV kernel 5,400 us, 1.022x atomic_2d's speed (5,519 us; predicted 1.01-1.04x: as predicted)" in text
+    rejected = "\n".join(b.rung_9_lines(_summary(us=5600.0, bank_conflicts=3.05e7), two, 64))
+    assert "hypothesis REJECTED" in rejected and "0.986x atomic_2d's speed" in rejected
+    assert "below the prediction" in rejected and "ABOVE the prediction" in rejected      # 2.20 wf: above 2.14
+    d128 = b.rung_9_lines(_summary(us=6844 / 1.02), _summary(us=6844.0), 128)
+    assert len(d128) == 1 and "1.020x atomic_2d's speed" in d128[0] and "predicted 0.97-1.03x: as predicted" in d128[0]
+
+
+def test_bank_lines_say_which_instructions_carry_the_conflicts():
+    """A made-up per-line report (fake NcuBankReport): the excess by instruction kind, the worst lines, and what the
+    launch's counter counted beyond the instructions' own excess."""
+    from kernellab.run.nvtools.ncu_source import LineCounters, NcuBankReport
+
+    b = _bench()
+    rep = NcuBankReport("bwd_dkdv_2d_bf16_d64", (
+        LineCounters(120, "load", 10, 400, 400, 1.0, 16, "ldmatrix_x4(af[m], ...)", ("LDSM.16.M88.4 R1, [R2]",)),
+        LineCounters(140, "store", 8, 900, 100, 9.0, 16, "cp_async_4(dst + 4 * i, ...)", ("LDGSTS.E [R3], [R4]",)),
+        LineCounters(150, "store", 16, 16, 16, 1.0, 4, "*reinterpret_cast<uint32_t*>(ds + ...)", ("STS [R5], R6",))))
+    lines = b.bank_lines("atomic_2d", rep, counted=30_000.0)
+    assert lines[0].startswith("atomic_2d: ncu source counters: 1,316 shared wavefronts, 516 ideal, 800 excess")
+    assert "the difference 29,200 is on no instruction's addresses" in lines[0]
+    assert lines[1] == "atomic_2d: excess by instruction: LDGSTS.E 800, LDSM.16.M88.4 0, STS 0"
+    assert lines[2].startswith("  line 140 (store, LDGSTS.E): 800 excess of 900 wavefronts; cp_async_4") and len(lines) == 3
+    assert "not measured" in b.bank_lines("x", NcuBankReport("k", (), reason="no ncu"))[0]
+
+
+def test_run_profile_puts_rung_9_beside_rung_8_with_the_per_line_counters(step2, tmp_path, monkeypatch):
+    """rung 9's launches among the reports (d = 64): its row after rung 8's model, its lines against its prediction,
+    its whole backward; the per-line section asks `banks` for both kernels' symbols on a d = 64 child."""
+    from kernellab.run.nvtools.ncu_source import LineCounters, NcuBankReport
+
+    b = _bench()
+    monkeypatch.setattr(b, "load_tutorial", lambda notebook, compile=None: {"attn_bwd": step2})
+    w8 = dict(tensor=33, issue=34, shared=60, occupancy=12.4, wavefronts=2.36e8, hmma=8.4e7, clock=1.8e9,
+              conflicts=1.0e6, stall_wait=1.56)
+    two = dict(tensor=39, issue=39, shared=56, occupancy=12.2, wavefronts=1.85e8, hmma=8.4e7, clock=1.8e9,
+               conflicts=3.08e7, stall_wait=1.72, stall_short_scoreboard=0.79)
+    ilp = dict(tensor=40, issue=39, shared=55, occupancy=12.2, wavefronts=1.78e8, hmma=8.4e7, clock=1.8e9,
+               conflicts=1.5e6, stall_wait=1.60)
+    flash = dict(tensor=46, issue=33, shared=62, occupancy=12.5, wavefronts=1.75e8, hmma=8.4e7, stall_wait=1.75)
+    launches = [("bwd_pre_bf16_d64", 97, {}), ("bwd_dkdv_w8_bf16_d64", 6662, w8), ("bwd_dq_convert_bf16", 85, {}),
+                ("bwd_pre_bf16_d64", 97, {}), ("bwd_dkdv_2d_bf16_d64", 5519, two), ("bwd_dq_convert_bf16", 85, {}),
+                ("bwd_pre_bf16_d64", 97, {}), ("bwd_dkdv_ilp_bf16_d64", 5400, ilp), ("bwd_dq_convert_bf16", 85, {}),
+                ("flash_bwd_dot_do_o_kernel", 98, {}), ("flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", 4794, flash),
+                ("flash_bwd_convert_dq_kernel", 75, {})]
+    asked = []
+
+    def fake_banks(argv, symbol):
+        asked.append((tuple(argv), symbol))
+        return NcuBankReport(symbol, (LineCounters(140, "store", 8, 90, 10, 9.0, 4, "cp_async_4(...)",
+                                                   ("LDGSTS.E [R3], [R4]",)),))
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = b.run_profile(tmp_path, (4096,), (64,), banks=fake_banks,
+                           profile=lambda argv, **kw: [_fake_report(n, us, **v) for n, us, v in launches])
+    text = buf.getvalue()
+    assert rc == 0, text
+    assert [s for _, s in asked] == ["bwd_dkdv_2d_bf16_d64", "bwd_dkdv_ilp_bf16_d64"]
+    assert all("--profile-child" in a and a[a.index("--dims") + 1] == "64" for a, _ in asked)
+    per_line = text[text.index("== Shared wavefronts per source line"):text.index("== Where the time goes")]
+    assert "atomic_2d: ncu source counters: 90 shared wavefronts, 10 ideal, 80 excess on its instructions (the " \
+           "launch's bank-conflict counter: 30,800,000" in per_line
+    last = text[text.index("== Where the time goes"):]
+    assert "atomic_2d_ilp 5,582 us (0.89x FLASH's speed)" in last
+    assert "\natomic_2d_ilp dK/dV d64 | 5,400 | 40 % |" in last
+    assert last.index("\nmodel 2d d64 (") < last.index("\natomic_2d_ilp dK/dV d64") < last.index("\nFLASH dK/dV/dQ")
+    assert "atomic_2d_ilp: bank conflicts 1,500,000 (atomic_2d 30,800,000" in last and "SUPPORTED" in last
+    assert "1.022x atomic_2d's speed" in last
+    saved = json.loads((tmp_path / "attention_backward_profile.json").read_text())
+    assert saved["results"][0]["whole_us"]["atomic_2d_ilp"] == pytest.approx(5582)
+
+
+def test_rung_9s_launches_are_labelled_atomic_2d_ilp():
+    b = _bench()
+    names = ["bwd_pre_bf16_d64", "bwd_dkdv_2d_bf16_d64", "bwd_dq_convert_bf16",
+             "bwd_pre_bf16_d64", "bwd_dkdv_ilp_bf16_d64", "bwd_dq_convert_bf16",
+             "flash_bwd_dot_do_o_kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "flash_bwd_convert_dq_kernel"]
+    tags = b.label_launches(names, [(64, 4096)])
+    assert tags[1][0] == "atomic_2d" and tags[3:6] == [
+        ("atomic_2d_ilp", 64, 4096, "preprocess"), ("atomic_2d_ilp", 64, 4096, "dK/dV (+dQ red)"),
+        ("atomic_2d_ilp", 64, 4096, "dQ convert")]
+
+
+def test_the_bench_prints_rung_9_beside_its_prediction():
+    b = _bench()
+    rows = [dict(d=64, causal=False, N=4096, tflops={"ours (atomic_2d_ilp)": 250.0, "ours (atomic_2d)": 243.1,
+                                                     "SDPA FLASH": 268.3}),
+            dict(d=128, causal=True, N=4096, tflops={"ours (atomic_2d_ilp)": 170.0, "ours (atomic_2d)": 178.3,
+                                                     "SDPA FLASH": 257.1}),
+            dict(d=64, causal=True, N=4096, error="RuntimeError: boom")]
+    lines = b.rung_9_bench_lines(rows)
+    assert len(lines) == 3
+    assert "d= 64 causal=False N=4096:  250.0 TFLOP/s, 0.93x FLASH (predicted 0.92-0.95: as predicted), 1.028x " \
+           "atomic_2d (predicted 1.01-1.04: as predicted); target 1.0x FLASH missed by 7 %" in lines[1]
+    assert "0.66x FLASH (predicted 0.68-0.71: below the prediction), 0.953x atomic_2d (predicted 0.97-1.03: below" \
+           in lines[2]
+
+
+def test_the_2d_suite_benchmarks_rung_9_beside_rung_8():
+    spec = importlib.util.spec_from_file_location("gpu_run_for_rung9", ROOT / "tools" / "gpu" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = run
+    spec.loader.exec_module(run)
+    suite = run.SUITES["bench-attention-backward-2d"]
+    assert suite.limit_s <= 300
+    tests, bench = suite.commands
+    assert tests[tests.index("-k") + 1] == "atomic_2d"                 # selects atomic_2d_ilp's tests too
+    assert bench[bench.index("--variants") + 1].split(",")[:2] == ["atomic_2d_ilp", "atomic_2d"]
+    assert bench[bench.index("--dims") + 1] == "64,128" and bench[bench.index("--ns") + 1] == "4096"

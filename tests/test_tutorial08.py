@@ -42,7 +42,7 @@ def test_every_step_compiles_for_sm90_without_spills(module):
     want = sorted([f"bwd_{kind}_{s}" for s in SUFFIXES
                    for kind in ("dkdv", "dkv", "dq", "dkdv_v2", "dkv_w8", "dq_w8", "dkdv_w8", "dkv_lean", "dq_lean",
                                 "dkdv_lean", "dkv_2d")]
-                  + [f"bwd_dkdv_2d_{s}" for s in SUFFIXES]
+                  + [f"bwd_dkdv_2d_{s}" for s in SUFFIXES] + [f"bwd_dkdv_ilp_{s}" for s in SUFFIXES]
                   + [f"bwd_pre_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)]
                   + ["bwd_dq_convert_bf16", "bwd_dq_convert_f16"])
     assert names == want
@@ -55,7 +55,7 @@ def test_every_step_compiles_for_sm90_without_spills(module):
         assert not r.spills and r.local_bytes == 0 and r.spill_store_bytes == 0, (k.name, r)
         assert r.registers <= 255, (k.name, r)
         if k.name.startswith(("bwd_dkdv", "bwd_dkv", "bwd_dq_")) and "convert" not in k.name:
-            eight = "_w8_" in k.name or (k.name.startswith("bwd_dkdv_2d_") and "_d128" in k.name)   # 8-warp kernels
+            eight = "_w8_" in k.name or (k.name.startswith(("bwd_dkdv_2d_", "bwd_dkdv_ilp_")) and "_d128" in k.name)
             assert r.max_threads_per_block == (256 if eight else 128), (k.name, r)
 
 
@@ -246,10 +246,11 @@ def reference(q, k, v, do, causal):
 LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4), "atomic_v2": ("bwd_dkdv_v2", None, 4),
           "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8), "atomic_w8": ("bwd_dkdv_w8", None, 8),
           "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4), "atomic_lean": ("bwd_dkdv_lean", None, 4),
-          "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4), "atomic_2d": ("bwd_dkdv_2d", None, 4)}
+          "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4), "atomic_2d": ("bwd_dkdv_2d", None, 4),
+          "atomic_2d_ilp": ("bwd_dkdv_ilp", None, 4)}
 TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32),    # the notebook's BWD_DKDV_TILES
-         ("atomic_2d", 128): (128, 32, 8)}
-PAIRS = {("atomic_2d", 128)}                                            # the notebook's BWD_PAIRS
+         ("atomic_2d", 128): (128, 32, 8), ("atomic_2d_ilp", 64): (128, 32), ("atomic_2d_ilp", 128): (128, 32, 8)}
+PAIRS = {("atomic_2d", 128), ("atomic_2d_ilp", 128)}                    # the notebook's BWD_PAIRS
 
 
 def emulated_backward(BH, N, d, causal, variant, seed, module, dtype="bf16"):
@@ -362,6 +363,90 @@ def test_atomic_2d_in_the_emulator_matches_float64(BH, N, d, causal, dtype, modu
         # as below: bf16 P, dS and results, a few bf16 ulps; fp16 carries 3 more mantissa bits
         assert err <= (2 ** -6 if dtype == "bf16" else 2 ** -8) * max(1.0, np.abs(ref).max()), \
             f"{name}: max |err| {err:.3g}"
+
+
+# rung 9 (atomic_2d_ilp): rung 8 with two dQ accumulator sets and the LSE / Dv rows by 16-byte copies, which need
+# N % 4 == 0 (the launcher runs rung 8 elsewhere): N = 4 (one short query tile, zeros past N), 128 (whole tiles, two
+# heads: the second head's rows 512 bytes on), 132 (a second key block 4 keys long, a last query tile of 4: chunk by
+# chunk zero-filled), 256
+SHAPES_ILP = [
+    (1, 132, 64, True, "bf16"),
+    (2, 128, 64, False, "f16"),
+    (1, 132, 128, True, "bf16"),
+    pytest.param(1, 4, 64, False, "bf16", marks=pytest.mark.slow),
+    pytest.param(2, 132, 64, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 256, 64, True, "f16", marks=pytest.mark.slow),
+    pytest.param(2, 128, 128, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 4, 128, True, "f16", marks=pytest.mark.slow),
+]
+
+
+@needs_cxx
+@pytest.mark.parametrize("BH,N,d,causal,dtype", SHAPES_ILP)
+def test_atomic_2d_ilp_in_the_emulator_matches_float64(BH, N, d, causal, dtype, module):
+    ours, want = emulated_backward(BH, N, d, causal, "atomic_2d_ilp", seed=N + d + 2, module=module, dtype=dtype)
+    for name, got, ref in zip(("dq", "dk", "dv"), ours, want):
+        assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written (or NaN)"
+        err = np.abs(got - ref).max()
+        assert err <= (2 ** -6 if dtype == "bf16" else 2 ** -8) * max(1.0, np.abs(ref).max()), \
+            f"{name}: max |err| {err:.3g}"
+
+
+def _dq_loop_chain(sass: str) -> tuple[int, int]:
+    """(HMMA, the fewest HMMA from one to the next writing the same accumulator) in the dK/dV kernel's dQ k-loop: the
+    instructions after the loop's last BAR.SYNC up to the first REDG (dS K's mma's and ldmatrix)."""
+    lines = [ln for ln in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", ln)]
+    last_bar = max(i for i, ln in enumerate(lines) if "BAR.SYNC" in ln)
+    end = next(i for i in range(last_bar, len(lines)) if "REDG" in lines[i])
+    dests = [re.search(r"HMMA\.\S+\s+(R\d+)", ln).group(1) for ln in lines[last_bar:end] if "HMMA" in ln]
+    gaps = [j - i for i in range(len(dests)) for j in range(i + 1, len(dests)) if dests[j] == dests[i]
+            and dests[i] not in dests[i + 1:j]]
+    return len(dests), min(gaps)
+
+
+def test_atomic_2d_ilp_keeps_rung_8s_step_and_widens_dqs_mma_chains(module):
+    """Rung 9 compiles to rung 8's tile step (the same HMMA and LDSM, 2 blocks of 4 warps an SM at d = 64, no spills)
+    with the dQ k-loop's accumulators in two sets: in its SASS an HMMA of the dQ loop writes the accumulator that the
+    one 8 HMMA before it wrote (rung 8: 4), and its LSE and Dv rows come by 16-byte cp.async (LDGSTS.E.BYPASS.128)
+    only: no 4-byte LDGSTS.E (cache-all, through L1) is left, where rung 8 has them."""
+    from kernellab import occupancy
+
+    for s in SUFFIXES:
+        two, ilp = module[f"bwd_dkdv_2d_{s}"], module[f"bwd_dkdv_ilp_{s}"]
+        count = lambda k, op: len(re.findall(rf"\b{op}\b", str(k.sass)))            # noqa: E731
+        assert count(ilp, "HMMA") == count(two, "HMMA") and count(ilp, "LDSM") == count(two, "LDSM"), s
+        r = ilp.resources
+        assert not r.spills and r.local_bytes == 0 and r.registers <= 255, (s, r)
+        if "_d64" in s:
+            assert occupancy(128, r.registers, 66_048, "sm_90").blocks_per_sm == 2, (s, r)
+            n2, gap2 = _dq_loop_chain(str(two.sass))
+            n9, gap9 = _dq_loop_chain(str(ilp.sass))
+            assert gap2 == 4 and gap9 == 8 and n9 >= 16, (s, n2, gap2, n9, gap9)
+        bypass = lambda k: len(re.findall(r"LDGSTS\.E\.BYPASS\.128\b", str(k.sass)))   # noqa: E731
+        assert bypass(ilp) > bypass(two), s
+        assert not re.search(r"LDGSTS\.E\s", str(ilp.sass)) and re.search(r"LDGSTS\.E\s", str(two.sass)), s
+
+
+def test_atomic_2d_ilp_runs_where_its_row_copies_apply_and_rung_8_elsewhere(module):
+    """The launcher takes rung 9's kernel where N % 4 == 0 and the LSE is 16-byte aligned (N = 4, 1000, 4096), rung
+    8's where not (N = 1, 65, 4097; an LSE 4 bytes into its storage), with rung 8's launch plan (grid, block, shared
+    memory) either way; recorded on the CPU."""
+    from launch_plans import recording
+
+    launches = []
+    t = load_tutorial(NB, compile=recording(launches))
+    for N, shifted, want in ((4, False, "ilp"), (1000, False, "ilp"), (4096, False, "ilp"), (1, False, "2d"),
+                             (65, False, "2d"), (4097, False, "2d"), (4096, True, "2d")):
+        for d in (64, 128):
+            launches.clear()
+            q = torch.zeros(1, 2, N, d, dtype=torch.bfloat16)
+            lse = torch.zeros(2 * N + 1)[1:].view(1, 2, N) if shifted else torch.zeros(1, 2, N)
+            assert (lse.data_ptr() % 16 != 0) == shifted
+            t["attention_backward"](q, q, q, q, lse, q, False, "atomic_2d_ilp")
+            main = [x for x in launches if x.kernel.startswith("bwd_dkdv")]
+            assert [x.kernel for x in main] == [f"bwd_dkdv_{want}_bf16_d{d}"], (N, shifted, d, main)
+            assert (main[0].grid, main[0].block, main[0].shared_bytes) == (
+                (-(-N // 128), 2), (128,) if d == 64 else (256,), 66_048 if d == 64 else 131_584), (N, d, main[0])
 
 
 @needs_cxx

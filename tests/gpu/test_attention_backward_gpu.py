@@ -1,6 +1,6 @@
 """Tutorial 08's attention backward on the GPU, as the notebook launches it (its `# launchers` cells, load_tutorial).
 
-Every variant ((a) dQ by atomics, (b) dQ in its own pass, the ladder's rungs 3-8, step 3's Hopper backward
+Every variant ((a) dQ by atomics, (b) dQ in its own pass, the ladder's rungs 3-9, step 3's Hopper backward
 "hopper": wgmma + TMA at d = 64 and 128 on sm_90, the atomic_w8 rung elsewhere, and step 3b's "hopper_rows"), dtype,
 head dim and mask on
 N = 1, 63, 65, 1000, 1031, 4097: dQ, dK, dV into NaN-filled outputs against the float64 reference, our max error at most 2x SDPA's own (SDPA's
@@ -25,7 +25,7 @@ def t08():
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("variant", ["atomic", "pass", "atomic_v2", "pass_w8", "atomic_w8", "pass_lean",
-                                     "atomic_lean", "pass_2d", "atomic_2d", "hopper",
+                                     "atomic_lean", "pass_2d", "atomic_2d", "atomic_2d_ilp", "hopper",
                                      "hopper_rows"])   # (a), (b), the ladder, steps 3 and 3b
 def test_gradients_within_twice_sdpas_own_error(t08, variant, dtype, d, causal):
     rows = [t08["check_backward"](variant, t08["DTYPES"][dtype], d, causal, N) for N in t08["CHECK_N"]]
@@ -64,6 +64,38 @@ def test_step3_runs_the_hopper_kernel_and_agrees_with_step2(t08, dtype, d, causa
         print(f"hopper {dtype} d={d} causal={causal} {name}: error {err:.3e}, atomic_w8's {err2:.3e}")
         assert torch.isfinite(a).all(), f"{name}: rows left unwritten"
         assert err <= 2 * err2 + 1e-6, f"{name}: step 3 {err:.3e} against float64, step 2's atomic_w8 {err2:.3e}"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("N", [63, 1000, 1031, 4096, 4097])
+def test_atomic_2d_ilp_with_aligned_and_shifted_lse_alike(t08, N, d):
+    """Rung 9 copies a step's LSE and Dv rows by 16-byte cp.async (N % 4 == 0 and a 16-byte aligned LSE: N = 1000 with
+    a short last query tile, 4096), else the launcher runs rung 8 (N = 63, 1031, 4097; an LSE 4 bytes into its storage,
+    a contiguous view at offset 1). The same inputs both ways give the same dK and dV bit for bit (no reductions in
+    them) and dQ within fp32 reordering; both match float64 within 2x SDPA's own error."""
+    g = torch.Generator().manual_seed(N + d)
+    q, k, v, grad_o = (torch.randn(2, 2, N, d, generator=g).to(torch.bfloat16).cuda() for _ in range(4))
+    o, lse = t08["attention_forward"](q, k, v, False)
+    shifted = torch.empty(lse.numel() + 1, device="cuda")[1:].view_as(lse)
+    shifted.copy_(lse)
+    assert lse.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 == 4 and shifted.is_contiguous()
+    a = t08["attention_backward"](q, k, v, o, lse, grad_o, False, "atomic_2d_ilp")
+    b = t08["attention_backward"](q, k, v, o, shifted, grad_o, False, "atomic_2d_ilp")
+    two = t08["attention_backward"](q, k, v, o, lse, grad_o, False, "atomic_2d")
+    want = t08["attention_backward_reference"](q, k, v, grad_o, False)[2:]
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*leaves)
+    sdpa = torch.autograd.grad(out, leaves, grad_o)
+    for name, x, y, z, w, s in zip(("dq", "dk", "dv"), a, b, two, want, sdpa):
+        errs = [(t.double() - w).abs().max().item() for t in (x, y, z, s)]
+        print(f"atomic_2d_ilp d={d} N={N} {name}: aligned {errs[0]:.3e}, shifted LSE {errs[1]:.3e}, "
+              f"atomic_2d {errs[2]:.3e}, SDPA {errs[3]:.3e}")
+        assert torch.isfinite(x).all() and torch.isfinite(y).all(), f"{name}: rows left unwritten"
+        if name != "dq":
+            assert torch.equal(x, y), f"{name}: the two LSE copies differ"
+        else:
+            assert (x.float() - y.float()).abs().max().item() <= 2 ** -7 * max(1.0, w.abs().max().item()), name
+        assert errs[0] <= 2 * errs[3] + 1e-6 and errs[1] <= 2 * errs[3] + 1e-6, (name, errs)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

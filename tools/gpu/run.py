@@ -179,10 +179,13 @@ SUITES: dict[str, Suite] = {
         "atomic_w8 and SDPA FLASH / CUDNN, 3b beside its written prediction in the table last",
         "hopper", "hopper,hopper_rows,atomic_w8"),
     "bench-attention-backward-2d": backward_variant_suite(
-        "tutorial 08's rung 8 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp or warp pair, dQ by reductions): "
-        "its GPU tests (-k atomic_2d: gradients against float64 within 2x SDPA's error, both dtypes, d 64/128, causal "
-        "or not, N = 1 .. 4097), then the benchmark at N = 4096, d = 64 and 128, beside atomic_w8 and SDPA FLASH / "
-        "CUDNN by kernellab.bench; a table last", "atomic_2d", "atomic_2d,atomic_w8", "--no-as-called"),
+        "tutorial 08's rungs 8 and 9 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp or warp pair, dQ by "
+        "reductions; atomic_2d_ilp: the same with dQ's mma chains in two accumulator sets and the LSE / Dv rows by "
+        "16-byte cp.async): their GPU tests (-k atomic_2d: gradients against float64 within 2x SDPA's error, both "
+        "dtypes, d 64/128, causal or not, N = 1 .. 4097; rung 9's LSE rows aligned and 4 bytes off), then the "
+        "benchmark at N = 4096, d = 64 and 128, full and causal, beside atomic_w8 and SDPA FLASH / CUDNN by "
+        "kernellab.bench, rung 9's written prediction beside its measurement; a table last", "atomic_2d",
+        "atomic_2d_ilp,atomic_2d,atomic_w8", "--no-as-called"),
     "bench-attention": Suite(
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),
@@ -240,10 +243,12 @@ SUITES: dict[str, Suite] = {
     "profile-attention-backward": Suite(
         "benchmarks/attention_backward.py --profile: Nsight Compute on tutorial 08's atomic_w8 (preprocess, dK/dV "
         "with dQ reductions, dQ convert), atomic_2d (rung 8: its wavefronts per HMMA and time against its "
-        "prediction, d 64/128), step 3 and SDPA FLASH's backward kernels (flash_bwd_*) at N = 4096, "
+        "prediction, d 64/128), atomic_2d_ilp (rung 9: bank conflicts, wavefronts per HMMA and speed against rung 8 "
+        "and its prediction), step 3 and SDPA FLASH's backward kernels (flash_bwd_*) at N = 4096, "
         "d 64/128, bf16, one launch each: duration, tensor pipe, issue slots, occupancy, top stalls, shared "
         "wavefronts and bank conflicts, L2 reductions, DRAM, beside the model of atomic_w8's tile step; last: the "
-        "short table and one line per hypothesis (SUPPORTED / not shown)", 300,
+        "short table and one line per hypothesis (SUPPORTED / not shown); before it, ncu's per-source-line shared "
+        "wavefronts (SourceCounters) of rungs 8 and 9 at d = 64: which instructions the bank conflicts are on", 300,
         commands=((PY, "benchmarks/attention_backward.py", "--profile", "--out", "{out}"),), takes_args=True),
     "train-gpt2": Suite(
         "benchmarks/train_gpt2.py: GPT-2 small on the standard library's bytes, 200 steps of batch 16 x 1024 for each "
