@@ -897,13 +897,14 @@ def bank_lines(label: str, rep, counted: float | None = None, top: int = 8) -> l
 def ncu_banks_of(argv: list[str], symbol: str):
     """ncu's per-line shared counters of `symbol`'s first launch in the program `argv` (SourceCounters section)."""
     from kernellab.run.nvtools import ncu_source
+    from kernellab.run.nvtools.sanitize import tool_env
     from notebook_cells import named_cuda_cells
 
     try:
         return ncu_source.run_ncu_banks(argv, symbol, source=named_cuda_cells(NOTEBOOK)["attn_bwd"], first_line=2,
-                                        timeout_s=90)
-    except ncu_source.NcuError as exc:
-        print(f"  per-line counters of {symbol}: {exc}")
+                                        timeout_s=90, env=tool_env())
+    except Exception as exc:              # ncu's failure here must not cost the profile above it
+        print(f"  per-line counters of {symbol}: {type(exc).__name__}: {exc}")
         return None
 
 
