@@ -458,7 +458,8 @@ def _swz(row: int, chunk: int, cols: int) -> int:
 
 def rung8_shared_accesses(d: int = 64, bm: int = 32, mt: int = 2, warps: int = 4, keys: int = 128) -> list[dict]:
     """Every shared-memory access of one query step of rung 8's dK/dV kernel (bwd::dkv_mt with DQ_ATOMIC, the 2-D warp
-    tile; rung 9 addresses the same), each warp's 32 lane addresses as the kernel computes them, through the bank model
+    tile; rung 9's are the same but for its LSE and Dv copies, 16 bytes by 16 threads), each warp's 32 lane
+    addresses as the kernel computes them, through the bank model
     (kernellab.analysis.banks). One row per access site: its name, per warp step its instructions and wavefronts,
     and the conflict-free count. ldmatrix.x4 is four 8-lane phases of 16-byte rows (the model's 16-byte access);
     ncu counts 4 wavefronts for a conflict-free one. The shared layout is the launcher's: K, V [keys, d]; 2 x (Q, dO)
@@ -497,7 +498,8 @@ def rung8_shared_accesses(d: int = 64, bm: int = 32, mt: int = 2, warps: int = 4
                         tile + _swz(kw + 16 * m + (ln & 15), 2 * kc + (ln >> 4), D) for ln in lanes), 16)
                 for nb in range(0, NB, 2):   # B: the step's query rows (ldmatrix.x4)
                     add(f"{name}: B ({'Q' if b == q_tile else 'dO'})", "ldmatrix.x4", (
-                        b + _swz(8 * nb + (ln & 7) + ((ln >> 4) << 3), 2 * kc + ((ln >> 3) & 1), D) for ln in lanes), 16)
+                        b + _swz(8 * nb + (ln & 7) + ((ln >> 4) << 3), 2 * kc + ((ln >> 3) & 1), D)
+                        for ln in lanes), 16)
         for nb in range(NB):                 # P^T's LSE and dS^T's Dv: queries 8 nb + 2t, + 1 (LDS.64 in the SASS)
             add("LSE (probs_t_each)", "LDS.64", (lse0 + 4 * (8 * nb + 2 * (ln % 4)) for ln in lanes), 8)
             add("Dv (ds_t)", "LDS.64", (dv0 + 4 * (8 * nb + 2 * (ln % 4)) for ln in lanes), 8)
@@ -514,13 +516,13 @@ def rung8_shared_accesses(d: int = 64, bm: int = 32, mt: int = 2, warps: int = 4
                                                      + 4 * (ln % 4) for ln in lanes), 4)
         for kc in range(KT // 16):           # dQ = dS K: dS (transposed) and K fragments
             add("dQ: A (dS)", "ldmatrix.x4.trans", (
-                ds_tile + _swz(16 * kc + (ln & 7) + ((ln >> 4) << 3), rw // 8 + ((ln >> 3) & 1), 64) for ln in lanes), 16)
+                ds_tile + _swz(16 * kc + (ln & 7) + ((ln >> 4) << 3), rw // 8 + ((ln >> 3) & 1), 64)
+                for ln in lanes), 16)
             for db in range(0, DBW, 2):
                 add("dQ: B (K)", "ldmatrix.x4.trans", (
                     k_tile + _swz(16 * kc + (ln & 15), db0 + db + (ln >> 4), D) for ln in lanes), 16)
     # cp.async of the next step's Q and dO (16 bytes a thread, BM * D / 8 chunks a tile over the block's threads) and
     # its LSE and Dv rows (4 bytes a thread, the first BM threads)
-    nt = 32 * W
     for tile, name in ((q_tile, "cp.async Q"), (do_tile, "cp.async dO")):
         for i0 in range(0, BM * D // 8, 32):
             add(name, "LDGSTS.128", (tile + _swz((i0 + ln) // (D // 8), (i0 + ln) % (D // 8), D)
@@ -534,7 +536,6 @@ def rung8_shared_accesses(d: int = 64, bm: int = 32, mt: int = 2, warps: int = 4
         row.update(instructions=row["instructions"] * per, wavefronts=row["wavefronts"] * per,
                    ideal_wavefronts=row["ideal_wavefronts"] * per)
         row["excess_wavefronts"] = row["wavefronts"] - row["ideal_wavefronts"]
-    del nt
     return rows
 
 
@@ -826,13 +827,15 @@ def rung_2d_lines(two: dict, w8: dict, flash: dict | None, model: dict) -> list[
 # The bank model (rung8_bank_table) finds every shared access of rungs 8 and 9 conflict-free, 2.10 wavefronts a HMMA;
 # the hypothesis: rung 8's 30.8 million counted conflicts are L1 hits of the LSE / Dv rows' 4-byte cp.async.ca (two
 # blocks of a head an SM), which rung 9 copies with 16-byte cp.async.cg. If it holds: conflicts below 3 million and
-# 2.10-2.14 wavefronts a HMMA at d = 64; if not, about rung 8's. Time: dQ's k-loop in two accumulator sets, the dK/dV
-# kernel 1.01-1.04x rung 8's speed at d = 64, 0.97-1.03x at d = 128 (warp pairs: the same two changes).
-RUNG_9_PREDICTED = {64: dict(wavefronts_per_hmma=(2.10, 2.14), bank_conflicts_below=3e6, speed_vs_2d=(1.01, 1.04)),
+# 2.10-2.14 wavefronts a HMMA at d = 64; if not, about rung 8's. Time: P^T's 32 exponentials a thread interleaved
+# with dP^T's mma's (rung 8 runs them apart, in its mask branch: about 256 cycles of MUFU a warp step with the tensor
+# pipe idle for the warp) and dQ's k-loop in two accumulator sets: the dK/dV kernel 1.03-1.08x rung 8's speed at
+# d = 64; at d = 128 (warp pairs: the dQ and row-copy changes only) 0.97-1.03x.
+RUNG_9_PREDICTED = {64: dict(wavefronts_per_hmma=(2.10, 2.14), bank_conflicts_below=3e6, speed_vs_2d=(1.03, 1.08)),
                     128: dict(wavefronts_per_hmma=None, bank_conflicts_below=None, speed_vs_2d=(0.97, 1.03))}
 # ... and its backward against SDPA FLASH's in the benchmark (rung 8 measured 0.91 / 0.92 at d = 64, 0.68 / 0.69 at
 # d = 128 on an H200), full and causal alike
-RUNG_9_BENCH_PREDICTED = {64: dict(vs_flash=(0.92, 0.95), vs_2d=(1.01, 1.04)),
+RUNG_9_BENCH_PREDICTED = {64: dict(vs_flash=(0.93, 0.98), vs_2d=(1.03, 1.08)),
                           128: dict(vs_flash=(0.68, 0.71), vs_2d=(0.97, 1.03))}
 
 
@@ -977,7 +980,7 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child",
             "--ns", ",".join(map(str, ns)), "--dims", ",".join(map(str, dims))]
     metrics = [m for m, _ in profile_metrics()]
-    per_key = 6 * 4     # atomic_w8, atomic_2d, atomic_2d_ilp, hopper, hopper_rows, FLASH: three kernels each (one spare)
+    per_key = 6 * 4     # atomic_w8, atomic_2d, atomic_2d_ilp, hopper, hopper_rows, FLASH: 3 kernels each (1 spare)
     reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
                                                launch_count=per_key * len(flash_keys), metrics=metrics,
                                                timeout_s=timeout_s, extra_args=("--print-units", "base"))

@@ -535,6 +535,27 @@ __device__ __forceinline__ void probs_t_each(float (&p)[NB][4], const float* lse
             p[nb][e] = exp2_approx(x);
         }
 }
+// S^T's masked entries (queries past N; causal: keys past the query) set to -inf, whose exp2 is 0 (rung 9: the
+// masks apart from the exponentials). key0: the thread's row g's key.
+template <bool CAUSAL, int NB>
+__device__ __forceinline__ void mask_s_t(float (&p)[NB][4], int q0, int key0, int t, int N) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int q = q0 + 8 * nb + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+            if (q >= N || (CAUSAL && key > q)) p[nb][e] = -CUDART_INF_F;
+        }
+}
+// P^T = exp2(scale_log2 S^T - LSE log2(e)) with no mask (mask_s_t before it), LSE read per query as probs_t_each.
+template <int NB>
+__device__ __forceinline__ void probs_t_exp(float (&p)[NB][4], const float* lse, float scale_log2, int t) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            p[nb][e] = exp2_approx(fmaf(p[nb][e], scale_log2, -lse[8 * nb + 2 * t + (e & 1)] * 1.4426950408889634f));
+}
 // dS^T = P^T o (dP^T - Dv) times scale, in place of dP^T in dp (Dv per query of the tile: dvec).
 template <int NB>
 __device__ __forceinline__ void ds_t(float (&dp)[NB][4], const float (&p)[NB][4], const float* dvec, int t, float scale) {
@@ -837,9 +858,23 @@ __device__ __forceinline__ void dkv_mt(const T* __restrict__ Q, const T* __restr
         float p[MT][NB][4], dp[MT][NB][4];
         gemm_abt_mt<T, D, NB, MT>(p, k_tile, kw, q_tile);
         const bool mask = q0 + BM > N || (CAUSAL && q0 < kv0 + KT);
+        if constexpr (DQ_ILP) {
+            // rung 9: the masks first (their own branch, S^T only), then dP^T's mma's and P^T's exponentials in one
+            // basic block, so that ptxas can interleave MUFU.EX2 with the HMMA (rung 8's mask branch put all 32
+            // exponentials of a thread between the two products, the tensor pipe idle for the warp)
+            if (mask) {
 #pragma unroll
-        for (int m = 0; m < MT; ++m) probs_t_each<CAUSAL, NB>(p[m], lse, scale_log2, q0, kv0 + kw + 16 * m + g, t, N, mask);
-        gemm_abt_mt<T, D, NB, MT>(dp, v_tile, kw, do_tile);
+                for (int m = 0; m < MT; ++m) mask_s_t<CAUSAL, NB>(p[m], q0, kv0 + kw + 16 * m + g, t, N);
+            }
+            gemm_abt_mt<T, D, NB, MT>(dp, v_tile, kw, do_tile);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) probs_t_exp<NB>(p[m], lse, scale_log2, t);
+        } else {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+                probs_t_each<CAUSAL, NB>(p[m], lse, scale_log2, q0, kv0 + kw + 16 * m + g, t, N, mask);
+            gemm_abt_mt<T, D, NB, MT>(dp, v_tile, kw, do_tile);
+        }
 #pragma unroll
         for (int m = 0; m < MT; ++m) ds_t<NB>(dp[m], p[m], dvec, t, scale);
 
@@ -1245,7 +1280,8 @@ BWD_DKDV_PAIR(bwd_dkdv_2d_bf16_d128_causal, BWD_BOUNDS8, __nv_bfloat16, 128, 32,
 BWD_DKDV_PAIR(bwd_dkdv_2d_f16_d128, BWD_BOUNDS8, __half, 128, 32, false)
 BWD_DKDV_PAIR(bwd_dkdv_2d_f16_d128_causal, BWD_BOUNDS8, __half, 128, 32, true)
 // bwd_dkdv_ilp (rung 9, atomic_2d_ilp): rung 8's kernels with dQ's k-loop in two accumulator sets (dq_add_ds_k's
-// ILP: 8 independent mma chains a warp instead of 4) and the LSE and Dv rows by 16-byte copies past L1
+// ILP: 8 independent mma chains a warp instead of 4), at d = 64 P^T's exponentials in one basic block with dP^T's mma's
+// (mask_s_t, probs_t_exp), and the LSE and Dv rows by 16-byte copies past L1
 // (load_lse_dv_cg; the launcher runs bwd_dkdv_2d where N % 4 != 0 or the LSE is not 16-byte aligned), everything
 // else as bwd_dkdv_2d (the same shared addresses), both head dims.
 BWD_DKV_MT(bwd_dkdv_ilp_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, 32, false, 2, true, true)
@@ -1731,7 +1767,7 @@ for (d, causal), r in rung8.items():
 # (`BWD_OP_VARIANT`).
 
 # %% [markdown]
-# ### Rung 9: where rung 8's bank conflicts come from, and its `mma` chains
+# ### Rung 9: where rung 8's bank conflicts come from, and its exponentials and `mma` chains
 #
 # Nsight Compute on an H100 (`python3 tools/gpu/run.py profile-attention-backward`, `d = 64`, `N = 4096`) put rung 8's
 # `dK`/`dV` kernel at 5,519 us (FLASH's 4,794), 2.20 shared wavefronts per `mma` (predicted 2.0-2.2), tensor pipe
@@ -1760,19 +1796,23 @@ for (d, causal), r in rung8.items():
 # hypothesis; rung 9 tests it, and the profile suite reads ncu's per-instruction excess wavefronts (its source
 # counters) of rungs 8 and 9 to say which instructions the conflicts are counted on.
 #
-# 9. **`atomic_2d_ilp`**: rung 8 with two changes, the shared addresses untouched. (i) The LSE and `Dv` rows by 16-byte
-#    `cp.async.cg` (past L1, as `Q` and `dO` are; `load_lse_dv_cg`), which needs `N % 4 == 0` and a 16-byte aligned
-#    LSE: elsewhere the launcher runs rung 8 (`BWD_ROWS16`). (ii) `dQ = dS K`'s
-#    k-loop in two accumulator sets, even and odd k-steps, added before the reductions: in rung 8's SASS each of the
-#    loop's 32 `HMMA` a step waits on the one 4 before it (4 columns of 8 a warp), less than the tensor pipe's
-#    latency with 2 warps a sub-partition; rung 9's waits on the one 8 before (16 more registers, still 255 and no
-#    spills, two blocks an SM; the same 144 `HMMA` and 60 `LDSM` in the SASS). At `d = 128` (the warp pairs) the same
-#    two changes. *Prediction* (`d = 64`, `N = 4096`, H100): conflicts below 3 million if the hypothesis holds (about
-#    31 million if not), 2.10-2.14 wavefronts an `mma` (2.20 if not); the `dK`/`dV` kernel 1-4 % faster (5,300-5,470
-#    us under ncu against 5,519), the `dQ` loop being a fifth of a step's `mma` and the wait stalls mostly elsewhere
-#    (the `mma` chains of `S^T`, `dP^T`, the exponentials and conversions between them); the backward 0.92-0.95x FLASH
-#    (rung 8: 0.91x), causal alike; at `d = 128` within 3 % of rung 8 (0.68-0.71x). Target 1.0x: still missed by this
-#    rung; the rest of the gap is latency with 8 warps an SM (12 % occupancy), not a unit's throughput.
+# 9. **`atomic_2d_ilp`**: rung 8 with three changes, the shared addresses untouched. (i) The LSE and `Dv` rows by
+#    16-byte `cp.async.cg` (past L1, as `Q` and `dO` are; `load_lse_dv_cg`), which needs `N % 4 == 0` and a 16-byte
+#    aligned LSE: elsewhere the launcher runs rung 8 (`BWD_ROWS16`). (ii) `P^T`'s exponentials beside `dP^T`'s
+#    `mma`: rung 8's SASS runs a thread's 32 `MUFU.EX2` between the two products, in the branches of its mask (a basic
+#    block each), the tensor pipe idle for the warp meanwhile (about 256 cycles of the MUFU pipe a warp step, with
+#    only 2 warps a sub-partition to cover them); rung 9 sets the masked `S^T` entries to `-inf` in a branch of their
+#    own (`mask_s_t`), then issues `dP^T = V dO^T` and the exponentials (`probs_t_exp`) in one basic block, and ptxas
+#    interleaves them (HMMA among the MUFU in the SASS, none in rung 8's). (iii) `dQ = dS K`'s k-loop in two
+#    accumulator sets, even and odd k-steps, added before the reductions: in rung 8's SASS each of the loop's `HMMA`
+#    waits on the one 4 before it (4 columns of 8 a warp), less than the tensor pipe's latency; rung 9's on the one 8
+#    before. 253-255 registers, no spills, two blocks an SM, the same 144 `HMMA` and 60 `LDSM` in the SASS. At
+#    `d = 128` (the warp pairs) (i) and (iii) only. *Prediction* (`d = 64`, `N = 4096`, H100): conflicts below 3
+#    million if the hypothesis holds (about 31 million if not), 2.10-2.14 wavefronts an `mma` (2.20 if not); the
+#    `dK`/`dV` kernel 1.03-1.08x rung 8's speed (5,110-5,360 us under ncu against 5,519), mostly from (ii); the
+#    backward 0.93-0.98x FLASH (rung 8: 0.91x), causal alike; at `d = 128` 0.97-1.03x rung 8 (0.68-0.71x FLASH).
+#    Target 1.0x: still missed by this rung unless (ii) hides all of the exponentials; the rest of the gap is
+#    latency with 8 warps an SM (12 % occupancy), not a unit's throughput.
 
 # %%
 # %%gpu

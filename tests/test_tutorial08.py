@@ -404,11 +404,22 @@ def _dq_loop_chain(sass: str) -> tuple[int, int]:
     return len(dests), min(gaps)
 
 
+def _hmma_among_exponentials(sass: str) -> int:
+    """HMMA between the first and the last MUFU.EX2 of the dK/dV kernel's tile step (its first BAR.SYNC to the
+    next): 0 where the exponentials run apart from the mma's, as in rung 8's mask branches."""
+    lines = [ln for ln in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", ln)]
+    bars = [i for i, ln in enumerate(lines) if "BAR.SYNC" in ln]
+    step = lines[bars[0]:bars[1]]
+    ex2 = [i for i, ln in enumerate(step) if "MUFU.EX2" in ln]
+    return sum("HMMA" in ln for ln in step[ex2[0]:ex2[-1]])
+
+
 def test_atomic_2d_ilp_keeps_rung_8s_step_and_widens_dqs_mma_chains(module):
     """Rung 9 compiles to rung 8's tile step (the same HMMA and LDSM, 2 blocks of 4 warps an SM at d = 64, no spills)
     with the dQ k-loop's accumulators in two sets: in its SASS an HMMA of the dQ loop writes the accumulator that the
-    one 8 HMMA before it wrote (rung 8: 4), and its LSE and Dv rows come by 16-byte cp.async (LDGSTS.E.BYPASS.128)
-    only: no 4-byte LDGSTS.E (cache-all, through L1) is left, where rung 8 has them."""
+    one 8 HMMA before it wrote (rung 8: 4); at d = 64 the exponentials of P^T share a basic block with dP^T's mma's
+    (at least 16 HMMA among the MUFU.EX2, rung 8 none); and its LSE and Dv rows come by 16-byte cp.async
+    (LDGSTS.E.BYPASS.128) only: no 4-byte LDGSTS.E (cache-all, through L1) is left, where rung 8 has them."""
     from kernellab import occupancy
 
     for s in SUFFIXES:
@@ -422,6 +433,8 @@ def test_atomic_2d_ilp_keeps_rung_8s_step_and_widens_dqs_mma_chains(module):
             n2, gap2 = _dq_loop_chain(str(two.sass))
             n9, gap9 = _dq_loop_chain(str(ilp.sass))
             assert gap2 == 4 and gap9 == 8 and n9 >= 16, (s, n2, gap2, n9, gap9)
+            assert _hmma_among_exponentials(str(two.sass)) == 0, s
+            assert _hmma_among_exponentials(str(ilp.sass)) >= 16, (s, _hmma_among_exponentials(str(ilp.sass)))
         bypass = lambda k: len(re.findall(r"LDGSTS\.E\.BYPASS\.128\b", str(k.sass)))   # noqa: E731
         assert bypass(ilp) > bypass(two), s
         assert not re.search(r"LDGSTS\.E\s", str(ilp.sass)) and re.search(r"LDGSTS\.E\s", str(two.sass)), s
