@@ -1588,14 +1588,110 @@ __global__ void __launch_bounds__(1024) norm_backward_stats(const T* __restrict_
     if (threadIdx.x == 0) stats[row] = make_float4(mean, rstd, mean_g, mean_gx);
 }
 
+// Few long rows (3 x 100003: three blocks of the kernel above, each walking 100003 columns) take their statistics in
+// column slices instead: block (blockIdx.x, blockIdx.y) holds the slice of columns blockIdx.x * blockDim.x *
+// kValues ... of row blockIdx.y in registers (8 values a thread, as the tiles kernel below) and writes the slice's
+// sums, parts[row * gridDim.x + slice]: LayerNorm {the slice's mean, sum (x - that mean)^2, sum g, sum g (x - that
+// mean)} (deviations from the slice's own mean, so that Chan's merge in norm_backward_tiles combines them without
+// the cancellation of sum x^2 at a mean of 1e3); RMSNorm {sum x^2, sum g x, 0, 0}.
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(256) norm_backward_split_stats(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                 const T* __restrict__ w, float4* __restrict__ parts,
+                                                                 int cols) {
+    constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
+    int span = blockDim.x * kValues, col0 = blockIdx.x * span;         // this slice's columns: col0 ...
+    int width = min(span, cols - col0), t = threadIdx.x, threads = blockDim.x;
+    bool aligned = cols % VEC == 0;                       // col0 is a multiple of the pack: rows stay aligned
+    size_t start = (size_t)blockIdx.y * cols + col0;
+    Pack<T> xk[PACKS], gk[PACKS], wk[PACKS];
+    load_row(xk, x + start, width, t, threads, true, aligned);     // 0 past the slice's end
+    load_row(gk, dy + start, width, t, threads, true, aligned);
+    load_row(wk, w + col0, width, t, threads, true, aligned);
+    float4 out;
+    if constexpr (RMS) {
+        float s[2] = {0.0f, 0.0f};                        // sum x^2, sum g x
+#pragma unroll
+        for (int i = 0; i < kValues; ++i) {
+            float xv = at(xk, i);
+            s[0] = fmaf(xv, xv, s[0]);
+            s[1] = fmaf(at(gk, i) * at(wk, i), xv, s[1]);
+        }
+        row_sum<0>(s, threads / 32, 0);
+        out = make_float4(s[0], s[1], 0.0f, 0.0f);
+    } else {
+        float n = (float)width, s[1] = {0.0f};
+#pragma unroll
+        for (int i = 0; i < kValues; ++i) s[0] += at(xk, i);
+        row_sum<0>(s, threads / 32, 0);
+        float mean = s[0] / n;
+        float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};            // sum d^2, sum g, sum g d, sum d; d = x - mean
+#pragma unroll
+        for (int i = 0; i < kValues; ++i) {
+            int c = (t + (i / VEC) * threads) * VEC + i % VEC;
+            float d = c < width ? at(xk, i) - mean : 0.0f, g = at(gk, i) * at(wk, i);
+            m[0] = fmaf(d, d, m[0]);
+            m[1] += g;
+            m[2] = fmaf(g, d, m[2]);
+            m[3] += d;
+        }
+        row_sum<1>(m, threads / 32, 0);
+        float shift = m[3] / n;                           // the first mean's rounding, undone (as in the rows kernel)
+        out = make_float4(mean + shift, fmaxf(m[0] - shift * m[3], 0.0f), m[1], m[2] - shift * m[1]);
+    }
+    if (threadIdx.x == 0) parts[(size_t)blockIdx.y * gridDim.x + blockIdx.x] = out;
+}
+
+// Chan's merge of two slices' LayerNorm sums (count n, mean, sum of squared deviations m2, sum g, sum g (x - mean)):
+// the deviations of each side moved to the merged mean, no large numbers subtracted.
+struct SliceSums { float n, mean, m2, sg, sgd; };
+__device__ __forceinline__ SliceSums merge(SliceSums a, SliceSums b) {
+    float n = a.n + b.n;
+    if (n == 0.0f) return a;
+    float delta = b.mean - a.mean, fb = b.n / n, mean = a.mean + delta * fb;
+    return {n, mean, a.m2 + b.m2 + delta * delta * a.n * fb, a.sg + b.sg,
+            a.sgd + b.sgd + a.sg * (a.mean - mean) + b.sg * (b.mean - mean)};
+}
+
+// A row's statistics {mean, rstd, mean(g), mean(g * xhat)} from its `slices` slices' sums (norm_backward_split_stats,
+// slices of `span` columns), in lane 0 of the calling warp: each lane merges slices lane, lane + 32, ... in order,
+// then the lanes in a fixed tree (the same bits every run).
+template <bool RMS>
+__device__ __forceinline__ float4 combine_slices(const float4* __restrict__ parts, int slices, int cols, int span,
+                                                 float eps) {
+    int lane = threadIdx.x % 32;
+    SliceSums acc = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};      // RMSNorm: m2 = sum x^2, sgd = sum g x
+    for (int k = lane; k < slices; k += 32) {
+        float4 q = parts[k];
+        SliceSums b = {(float)min(span, cols - k * span), q.x, q.y, q.z, q.w};
+        if constexpr (RMS) acc = {acc.n + b.n, 0.0f, acc.m2 + q.x, 0.0f, acc.sgd + q.y};
+        else acc = merge(acc, b);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+        SliceSums b = {__shfl_down_sync(0xffffffffu, acc.n, o), __shfl_down_sync(0xffffffffu, acc.mean, o),
+                       __shfl_down_sync(0xffffffffu, acc.m2, o), __shfl_down_sync(0xffffffffu, acc.sg, o),
+                       __shfl_down_sync(0xffffffffu, acc.sgd, o)};
+        if (lane + o < 32) {
+            if constexpr (RMS) acc = {acc.n + b.n, 0.0f, acc.m2 + b.m2, 0.0f, acc.sgd + b.sgd};
+            else acc = merge(acc, b);
+        }
+    }
+    float n = (float)cols, rstd = rsqrtf(acc.m2 / n + eps);
+    return make_float4(acc.mean, rstd, acc.sg / n, acc.sgd * rstd / n);
+}
+
 // Then dx, and dw/db's partial sums, by column tiles: block (blockIdx.x, blockIdx.y) holds columns
 // blockIdx.x * blockDim.x * kValues ... of rows blockIdx.y, + gridDim.y, ..., 8 values a thread as in
-// norm_backward_rows, so its sums stay in registers; partial[blockIdx.y] gets them at the end.
+// norm_backward_rows, so its sums stay in registers; partial[blockIdx.y] gets them at the end. slices 0: stats[row]
+// are the row's statistics (norm_backward_stats); slices > 0: stats[row * slices ...] are its slices' sums
+// (norm_backward_split_stats, slices of this tile's width), which the block's first warp combines for each row.
 template <typename T, bool RMS>
 __global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__ dy, const T* __restrict__ x,
                                                            const T* __restrict__ w, T* __restrict__ dx,
                                                            const float4* __restrict__ stats,
-                                                           float* __restrict__ partial, int rows, int cols) {
+                                                           float* __restrict__ partial, int rows, int cols,
+                                                           int slices, float eps) {
+    __shared__ float4 row_stats;
     constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
     int col0 = blockIdx.x * blockDim.x * kValues, width = cols - col0;   // this tile's columns: col0 ...
     int t = threadIdx.x, threads = blockDim.x;
@@ -1607,10 +1703,18 @@ __global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__
     for (int i = 0; i < kValues; ++i) dw[i] = db[i] = 0.0f;
     for (int row = blockIdx.y; row < rows; row += gridDim.y) {
         size_t start = (size_t)row * cols + col0;
+        if (slices > 0) {                                 // the row's statistics from its slices' sums
+            __syncthreads();                              // row_stats: the last row's readers are done
+            if (threadIdx.x < 32) {
+                float4 r = combine_slices<RMS>(stats + (size_t)row * slices, slices, cols, threads * kValues, eps);
+                if (threadIdx.x == 0) row_stats = r;
+            }
+            __syncthreads();
+        }
         Pack<T> xk[PACKS], gk[PACKS];
         load_row(xk, x + start, width, t, threads, true, aligned);
         load_row(gk, dy + start, width, t, threads, true, aligned);
-        float4 st = stats[row];                           // mean, rstd, mean(g), mean(g * xhat)
+        float4 st = slices > 0 ? row_stats : stats[row];  // mean, rstd, mean(g), mean(g * xhat)
 #pragma unroll
         for (int j = 0; j < PACKS; ++j) {
             int c = (t + j * threads) * VEC;
@@ -1674,10 +1778,12 @@ __global__ void __launch_bounds__(512) norm_backward_finish(const float* __restr
                                                          float);                                                  \
     template __global__ void norm_backward_stats<T, false>(const T*, const T*, const T*, float4*, int, float);      \
     template __global__ void norm_backward_stats<T, true>(const T*, const T*, const T*, float4*, int, float);       \
+    template __global__ void norm_backward_split_stats<T, false>(const T*, const T*, const T*, float4*, int);       \
+    template __global__ void norm_backward_split_stats<T, true>(const T*, const T*, const T*, float4*, int);        \
     template __global__ void norm_backward_tiles<T, false>(const T*, const T*, const T*, T*, const float4*, float*, \
-                                                           int, int);                                             \
+                                                           int, int, int, float);                                 \
     template __global__ void norm_backward_tiles<T, true>(const T*, const T*, const T*, T*, const float4*, float*,  \
-                                                          int, int);                                              \
+                                                          int, int, int, float);                                  \
     template __global__ void norm_backward_finish<T>(const float*, int, int, T*, T*);
 NORM_BACKWARD(float)
 NORM_BACKWARD(__nv_bfloat16)
@@ -1695,28 +1801,35 @@ BACKWARD_VALUES = 8          # values of a row per thread in norm_backward_rows 
 class BackwardPlan:
     """How the backward covers a rows x cols matrix: the kernel ("rows": a row in registers; "tiles": the row's
     statistics first, then column tiles), a row's (a tile's) threads, the block, the grid's rows of blocks (= the
-    rows of partial sums of dw and db) and the column tiles."""
+    rows of partial sums of dw and db), the column tiles, and (tiles only) whether the rows' statistics come from
+    column slices (split: a block per slice and row, combined by the tiles kernel) or a block per row."""
 
     kernel: str
     row_threads: int
     block: int
     grid: int
     tiles: int = 1
+    split: bool = False
 
 
 TILE_THREADS = 256           # threads of a column tile in norm_backward_tiles (its __launch_bounds__)
+SPLIT_ROWS_PER_SM = 2        # long rows fewer than this many per SM: their statistics by column slices (split)
 
 
 @functools.cache          # once per shape, as plan_rows
 def plan_backward(rows, cols, itemsize, sms=SMS, block=None):
     """The backward's launch: rows up to 8192 values (float: 4096) in registers, 8 a thread, resident blocks of
     512 (float: 256) threads or one row's threads, one wave of them; longer rows in column tiles of 256 x 8 values,
-    about four tiles an SM in all."""
+    about four tiles an SM in all. The long rows' statistics: a block of 1024 threads per row while there are at
+    least SPLIT_ROWS_PER_SM rows an SM (two such blocks fill an SM); fewer rows (3 x 100003: three blocks for the
+    whole GPU, each walking 100003 columns) split each row into the tiles' column slices, a block per slice and row
+    (3 x 49 blocks), whose sums the tiles kernel combines."""
     max_row_threads = 512 if itemsize == 4 else 1024
     row_threads = max(32, 1 << math.ceil(math.log2(max(1, -(-cols // BACKWARD_VALUES)))))
     if row_threads > max_row_threads:
         tiles = -(-cols // (TILE_THREADS * BACKWARD_VALUES))
-        return BackwardPlan("tiles", TILE_THREADS, TILE_THREADS, max(1, min(rows, 4 * sms // tiles)), tiles)
+        return BackwardPlan("tiles", TILE_THREADS, TILE_THREADS, max(1, min(rows, 4 * sms // tiles)), tiles,
+                            split=rows < SPLIT_ROWS_PER_SM * sms)
     block = max(row_threads, block or (256 if itemsize == 4 else 512))
     resident = (768 if itemsize == 4 else 1024) // block or 1     # blocks an SM holds (registers: 80 / 64 a thread)
     return BackwardPlan("rows", row_threads, block, max(1, min(-(-rows // (block // row_threads)), sms * resident)))
@@ -1743,10 +1856,13 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
     partial = torch.empty(plan.grid, 2, cols, dtype=torch.float32, device=x.device)
     if plan.kernel == "rows":
         main(dy, x, w, dx, partial, rows, cols, plan.row_threads, eps)
-    else:
-        stats = torch.empty(rows, 4, dtype=torch.float32, device=x.device)
-        stats_launch(dy, x, w, stats, cols, eps)
-        main(dy, x, w, dx, stats, partial, rows, cols)
+    else:                                    # split: each slice's sums, rows x tiles of them
+        stats = torch.empty(rows, plan.tiles if plan.split else 1, 4, dtype=torch.float32, device=x.device)
+        if plan.split:
+            stats_launch(dy, x, w, stats, cols)
+        else:
+            stats_launch(dy, x, w, stats, cols, eps)
+        main(dy, x, w, dx, stats, partial, rows, cols, plan.tiles if plan.split else 0, eps)
     finish(partial, plan.grid, cols, dw, db)
     return (dx, dw, db) if with_bias else (dx, dw)
 
@@ -1761,6 +1877,9 @@ def _backward_launches(kind, rows, cols, dtype, plan):
     if plan.kernel == "rows":
         main = norm_backward[f"norm_backward_rows<{ct}, {rms}>"][plan.grid, plan.block]
         stats = None
+    elif plan.split:
+        stats = norm_backward[f"norm_backward_split_stats<{ct}, {rms}>"][(plan.tiles, rows), plan.block]
+        main = norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
     else:
         stats = norm_backward[f"norm_backward_stats<{ct}, {rms}>"][rows, 1024]
         main = norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
