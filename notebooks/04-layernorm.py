@@ -1748,27 +1748,30 @@ __global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__
 }
 
 // dw[c] = sum over the partial rows of partial[p][0][c], db likewise (db null: RMSNorm, its half never read): 512
-// threads, 32 columns x 16 slices of the partial rows, the slices added in order (the same sums every run).
+// threads, `lanes` columns (8 or 32: a power of two) x 512 / lanes slices of the partial rows; each slice's sum, then
+// the slices in a fixed tree (the same sums every run). Narrow rows take 8 columns a block: 1031 columns are 129
+// blocks of 64 slices (264 partial rows: 4 loads a thread), not 33 blocks of 16 slices (17 loads a thread).
 template <typename T>
 __global__ void __launch_bounds__(512) norm_backward_finish(const float* __restrict__ partial, int parts, int cols,
-                                                            T* __restrict__ dw, T* __restrict__ db) {
-    __shared__ float sums[2][16][33];
-    int lane = threadIdx.x % 32, slice = threadIdx.x / 32;
-    int c = blockIdx.x * 32 + lane;
+                                                            int lanes, T* __restrict__ dw, T* __restrict__ db) {
+    __shared__ float sums[2][512];
+    int lane = threadIdx.x % lanes, slice = threadIdx.x / lanes, slices = blockDim.x / lanes;
+    int c = blockIdx.x * lanes + lane;
     int vectors = db == nullptr ? 1 : 2;
     for (int v = 0; v < vectors; ++v) {
         float s = 0.0f;
         if (c < cols)
 #pragma unroll 8                                          // 8 loads in flight, not one round trip per partial row
-            for (int p = slice; p < parts; p += 16) s += partial[((size_t)p * 2 + v) * cols + c];
-        sums[v][slice][lane] = s;
+            for (int p = slice; p < parts; p += slices) s += partial[((size_t)p * 2 + v) * cols + c];
+        sums[v][threadIdx.x] = s;
+    }
+    for (int half = slices / 2; half > 0; half /= 2) {   // slice i += slice i + half, for the slices below half
+        __syncthreads();
+        if (slice < half)
+            for (int v = 0; v < vectors; ++v) sums[v][threadIdx.x] += sums[v][threadIdx.x + half * lanes];
     }
     __syncthreads();
-    if (slice < vectors && c < cols) {
-        float s = 0.0f;
-        for (int i = 0; i < 16; ++i) s += sums[slice][i][lane];
-        (slice == 0 ? dw : db)[c] = from_float<T>(s);
-    }
+    if (slice < vectors && c < cols) (slice == 0 ? dw : db)[c] = from_float<T>(sums[slice][lane]);
 }
 
 #define NORM_BACKWARD(T)                                                                                          \
@@ -1784,7 +1787,7 @@ __global__ void __launch_bounds__(512) norm_backward_finish(const float* __restr
                                                            int, int, int, float);                                 \
     template __global__ void norm_backward_tiles<T, true>(const T*, const T*, const T*, T*, const float4*, float*,  \
                                                           int, int, int, float);                                  \
-    template __global__ void norm_backward_finish<T>(const float*, int, int, T*, T*);
+    template __global__ void norm_backward_finish<T>(const float*, int, int, int, T*, T*);
 NORM_BACKWARD(float)
 NORM_BACKWARD(__nv_bfloat16)
 
@@ -1814,6 +1817,12 @@ class BackwardPlan:
 
 TILE_THREADS = 256           # threads of a column tile in norm_backward_tiles (its __launch_bounds__)
 SPLIT_ROWS_PER_SM = 2        # long rows fewer than this many per SM: their statistics by column slices (split)
+
+
+def finish_columns(cols, sms=SMS):
+    """Columns a block of norm_backward_finish adds up: 32 (16 slices of the partial rows) where that still gives an
+    SM a block, else 8 (64 slices): 1031 columns in 129 blocks, not 33."""
+    return 32 if -(-cols // 32) >= sms else 8
 
 
 @functools.cache          # once per shape, as plan_rows
@@ -1863,7 +1872,7 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
         else:
             stats_launch(dy, x, w, stats, cols, eps)
         main(dy, x, w, dx, stats, partial, rows, cols, plan.tiles if plan.split else 0, eps)
-    finish(partial, plan.grid, cols, dw, db)
+    finish(partial, plan.grid, cols, finish_columns(cols), dw, db)
     return (dx, dw, db) if with_bias else (dx, dw)
 
 
@@ -1883,7 +1892,7 @@ def _backward_launches(kind, rows, cols, dtype, plan):
     else:
         stats = norm_backward[f"norm_backward_stats<{ct}, {rms}>"][rows, 1024]
         main = norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
-    finish = norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // 32), 512]
+    finish = norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // finish_columns(cols)), 512]
     return norm_backward, plan, main, stats, finish
 
 
