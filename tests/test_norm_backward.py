@@ -120,8 +120,8 @@ def test_the_finish_takes_narrow_rows_in_blocks_of_8_columns():
     """norm_backward_finish's columns a block: 32 while that gives every SM a block, else 8 (1031 columns: 129
     blocks, not 33); both powers of two that divide its 512 threads (the slices' tree)."""
     ns = plans_ns()
-    got = {c: ns["finish_columns"](c, sms=132) for c in (1, 768, 1031, 4096, 4223, 4224, 8192, 100003)}
-    assert got == {1: 8, 768: 8, 1031: 8, 4096: 8, 4223: 8, 4224: 32, 8192: 32, 100003: 32}, got
+    got = {c: ns["finish_columns"](c, sms=132) for c in (1, 768, 1031, 4096, 4192, 4193, 8192, 100003)}
+    assert got == {1: 8, 768: 8, 1031: 8, 4096: 8, 4192: 8, 4193: 32, 8192: 32, 100003: 32}, got
     assert ns["finish_columns"](1031, sms=16) == 32
 
 
