@@ -1339,8 +1339,17 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #   PyTorch's eager backward, which also reads them once for `dx` and once for `dw`, `db`. (A first version added
 #   each row's `dw` and `db` into its block's partial row in L2 instead: 16 more bytes of L2 traffic an element,
 #   replaced before any GPU timed it.)
-# - `norm_backward_finish<T>`: `dw` and `db` from the partial rows, 32 columns a block, the partial rows added up
-#   in 16 slices and then the slices in order: deterministic, the same bits every run.
+# - few long rows (fewer than two a streaming multiprocessor: 3 x 100003) would give `norm_backward_stats` three
+#   blocks for the whole GPU, each walking 100003 columns (the first version measured 0.19x `torch.compile` there).
+#   Their statistics come from column slices instead: `norm_backward_split_stats<T, RMS>` runs a block per slice of
+#   2048 columns and row (3 x 49 blocks), each writing its slice's sums (LayerNorm: the slice's mean, its sum of
+#   squared deviations, `sum g`, `sum g * (x - slice mean)`; RMSNorm: `sum x^2`, `sum g * x`), and the tiles
+#   kernel's first warp combines a row's slices by Chan's merge in a fixed order before its tile (deviations moved
+#   to the merged mean, so no `sum x^2` at a mean of 1,000 is subtracted from anything). `plan_backward` names the
+#   choice (`split`), and a CPU test pins the rule shape by shape.
+# - `norm_backward_finish<T>`: `dw` and `db` from the partial rows, 32 columns a block (8 where 32 would leave SMs
+#   without a block: 1031 columns in 129 blocks, not 33), the partial rows added up in 16 (64) slices and then the
+#   slices in a fixed tree: deterministic, the same bits every run.
 #
 # **Prediction** (before any GPU ran it, H100): `norm_backward_rows` at 75-85 % of the copy bandwidth at 4096 x 1024
 # and 4096 x 4096 in bf16 (the forward's 51-91 %, less the partial sums' 4-9 % and the finish kernel's launch), so
@@ -1349,6 +1358,14 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # `x` and `dy`); float32 the same ratios at 4096 x 1024. The long rows (statistics, then tiles: 4096 x 32768,
 # 1024 x 262144, 3 x 100003) move 10 bytes an element against the floor's 6: 50-60 % of copy counted on the
 # floor's bytes, 0.9-1.1x eager and `torch.compile` (the same bytes as theirs), the weak spot of this version.
+#
+# **Prediction for the split statistics and the narrow finish** (written before a GPU ran them; bytes moved at 3 TB/s
+# plus 2.5 µs a kernel, `model_us` in benchmarks/norm_backward.py, which prints it beside each measurement):
+# 3 x 100003 bf16 10.4 µs LayerNorm, 9.5 µs RMSNorm (three kernels' floors and 6-9 MB, most of it the partial rows
+# of `dw` and `db`), about 2x `torch.compile`'s 19-20 µs where the per-row statistics ran 64-105 µs; 1000 x 1031
+# 8.5 / 7.8 µs by the model, but the rows kernel ran 2.5x its model there (21.3 µs: two rounds of rows bound by
+# latency, not bytes), so 17-19 µs expected, 0.9-1.0x eager's 16.5 µs: still short of the target unless blocks of
+# 1024 (132 partial rows, not 264; timed beside the default by `benchmarks/norm_backward.py --plans`) close it.
 
 # %%
 # %%cuda --name norm_backward
@@ -1444,7 +1461,7 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, 1) norm_backward_rows(const
                                                            float* __restrict__ partial, int rows, int cols,
                                                            int row_threads, float eps) {
     constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
-    __shared__ float stage[4096];                        // the groups' partial sums, at the end (blocks of <= 512)
+    __shared__ float stage[8192];                        // the groups' partial sums, at the end (8 a thread)
     int shift = __ffs(row_threads) - 1;                  // row_threads: a power of two, 32 or more
     int t = threadIdx.x & (row_threads - 1), group = threadIdx.x >> shift, groups = blockDim.x >> shift;
     int row_warps = row_threads / 32;
@@ -1839,7 +1856,7 @@ def plan_backward(rows, cols, itemsize, sms=SMS, block=None):
         tiles = -(-cols // (TILE_THREADS * BACKWARD_VALUES))
         return BackwardPlan("tiles", TILE_THREADS, TILE_THREADS, max(1, min(rows, 4 * sms // tiles)), tiles,
                             split=rows < SPLIT_ROWS_PER_SM * sms)
-    block = max(row_threads, block or (256 if itemsize == 4 else 512))
+    block = min(max(row_threads, block or (256 if itemsize == 4 else 512)), max_row_threads)   # its launch bounds
     resident = (768 if itemsize == 4 else 1024) // block or 1     # blocks an SM holds (registers: 80 / 64 a thread)
     return BackwardPlan("rows", row_threads, block, max(1, min(-(-rows // (block // row_threads)), sms * resident)))
 
@@ -1861,7 +1878,7 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
             _BACKWARD_LAUNCHES[kind, rows, cols, x.dtype] = hit
     else:
         hit = _backward_launches(kind, rows, cols, x.dtype, plan)
-    _, plan, main, stats_launch, finish = hit
+    _, plan, main, stats_launch, finish, lanes = hit
     partial = torch.empty(plan.grid, 2, cols, dtype=torch.float32, device=x.device)
     if plan.kernel == "rows":
         main(dy, x, w, dx, partial, rows, cols, plan.row_threads, eps)
@@ -1872,7 +1889,7 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
         else:
             stats_launch(dy, x, w, stats, cols, eps)
         main(dy, x, w, dx, stats, partial, rows, cols, plan.tiles if plan.split else 0, eps)
-    finish(partial, plan.grid, cols, finish_columns(cols), dw, db)
+    finish(partial, plan.grid, cols, lanes, dw, db)
     return (dx, dw, db) if with_bias else (dx, dw)
 
 
@@ -1880,8 +1897,8 @@ _BACKWARD_LAUNCHES = {}   # (kind, rows, cols, dtype) -> _backward_launches(...)
 
 
 def _backward_launches(kind, rows, cols, dtype, plan):
-    """(norm_backward, plan, the rows or tiles kernel, the stats kernel or None, the finish kernel), each configured
-    as kernel[grid, block] for this plan."""
+    """(norm_backward, plan, the rows or tiles kernel, the stats kernel or None, the finish kernel, its columns a
+    block), each kernel configured as kernel[grid, block] for this plan."""
     ct, rms = CTYPE[dtype], "true" if kind == "rmsnorm" else "false"
     if plan.kernel == "rows":
         main = norm_backward[f"norm_backward_rows<{ct}, {rms}>"][plan.grid, plan.block]
@@ -1892,8 +1909,9 @@ def _backward_launches(kind, rows, cols, dtype, plan):
     else:
         stats = norm_backward[f"norm_backward_stats<{ct}, {rms}>"][rows, 1024]
         main = norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
-    finish = norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // finish_columns(cols)), 512]
-    return norm_backward, plan, main, stats, finish
+    lanes = finish_columns(cols)
+    finish = norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // lanes), 512]
+    return norm_backward, plan, main, stats, finish, lanes
 
 
 def layernorm_backward(dy, x, w, eps=1e-5, plan=None):
@@ -1959,7 +1977,8 @@ for dtype in (torch.float32, torch.bfloat16):
     for r, c in SHAPES:
         plan = plan_backward(r, c, dtype.itemsize)
         k = norm_backward[f"norm_backward_{plan.kernel}<{CTYPE[dtype]}, false>"]
-        rows.append([f"{r} x {c}", str(dtype).replace("torch.", ""), plan.kernel, plan.row_threads, plan.block,
+        rows.append([f"{r} x {c}", str(dtype).replace("torch.", ""),
+                     plan.kernel + (", statistics by slices" if plan.split else ""), plan.row_threads, plan.block,
                      f"{plan.tiles} x {plan.grid}" if plan.tiles > 1 else plan.grid, k.resources.registers,
                      k.resources.local_bytes, f"{k.occupancy(plan.block).ratio:.0%}"])
 HTML(html_table(["shape", "dtype", "kernel", "row (tile) threads", "block", "grid (tiles x partial rows)",

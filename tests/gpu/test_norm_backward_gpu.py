@@ -62,7 +62,8 @@ def test_the_partial_sums_give_the_same_bits_every_run(t04, dtype):
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 def test_long_rows_statistics_by_slices_and_by_rows_agree(t04, kind, dtype):
     """The long rows' two ways to their statistics, forced by the plan (column slices combined by Chan's merge; a
-    block per row): each within 2x PyTorch's error against float64, and the two within a few roundings of each other.
+    block per row): each within 2x PyTorch's error against float64, and (centred inputs) the two within a rounding of
+    each other.
     The launcher's own choice at 3 x 100003 and 7 x 65537 is the slices (fewer than two rows an SM)."""
     import dataclasses
 
@@ -82,6 +83,8 @@ def test_long_rows_statistics_by_slices_and_by_rows_agree(t04, kind, dtype):
                 assert t04["backward_passes"](errors, dtype), \
                     f"{kind} {dtype} {dist} {r}x{c} statistics by {'slices' if split else 'rows'}: {describe(errors)}"
                 got[split] = ours
+            if dist != "normal":                       # at a mean of 1e3 each is held to float64 above
+                continue
             for name, a, c2, f in zip(("dx", "dw", "db"), got[True], got[False], want):
                 gap, scale = (a.double() - c2.double()).abs().max().item(), f.abs().max().item()
                 assert gap <= (2.0 ** -7 if dtype == torch.bfloat16 else 1e-5) * max(scale, 1.0), \
