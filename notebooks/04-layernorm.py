@@ -1343,8 +1343,9 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #   blocks for the whole GPU, each walking 100003 columns (the first version measured 0.19x `torch.compile` there).
 #   Their statistics come from column slices instead: `norm_backward_split_stats<T, RMS>` runs a block per slice of
 #   2048 columns and row (3 x 49 blocks), each writing its slice's sums (LayerNorm: the slice's mean, its sum of
-#   squared deviations, `sum g`, `sum g * (x - slice mean)`; RMSNorm: `sum x^2`, `sum g * x`), and the tiles
-#   kernel's first warp combines a row's slices by Chan's merge in a fixed order before its tile (deviations moved
+#   squared deviations, `sum g`, `sum g * (x - slice mean)`; RMSNorm: `sum x^2`, `sum g * x`), and
+#   `norm_backward_split_tiles<T, RMS>` (the tiles kernel with one step more: its first warp combines a row's slices
+#   by Chan's merge in a fixed order before the tile) makes dx, dw and db from them (deviations moved
 #   to the merged mean, so no `sum x^2` at a mean of 1,000 is subtracted from anything). `plan_backward` names the
 #   choice (`split`), and a CPU test pins the rule shape by shape.
 # - `norm_backward_finish<T>`: `dw` and `db` from the partial rows, 32 columns a block (8 where 32 would leave SMs
@@ -1699,15 +1700,14 @@ __device__ __forceinline__ float4 combine_slices(const float4* __restrict__ part
 
 // Then dx, and dw/db's partial sums, by column tiles: block (blockIdx.x, blockIdx.y) holds columns
 // blockIdx.x * blockDim.x * kValues ... of rows blockIdx.y, + gridDim.y, ..., 8 values a thread as in
-// norm_backward_rows, so its sums stay in registers; partial[blockIdx.y] gets them at the end. slices 0: stats[row]
-// are the row's statistics (norm_backward_stats); slices > 0: stats[row * slices ...] are its slices' sums
-// (norm_backward_split_stats, slices of this tile's width), which the block's first warp combines for each row.
-template <typename T, bool RMS>
-__global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__ dy, const T* __restrict__ x,
-                                                           const T* __restrict__ w, T* __restrict__ dx,
-                                                           const float4* __restrict__ stats,
-                                                           float* __restrict__ partial, int rows, int cols,
-                                                           int slices, float eps) {
+// norm_backward_rows, so its sums stay in registers; partial[blockIdx.y] gets them at the end. SPLIT false:
+// stats[row] are the row's statistics (norm_backward_stats); true: stats[row * slices ...] are its slices' sums
+// (norm_backward_split_stats, slices of this tile's width), which the block's first warp combines for each row (a
+// template flag, so that the kernel of the per-row statistics keeps its registers: 48, not 64, in bf16).
+template <typename T, bool RMS, bool SPLIT>
+__device__ __forceinline__ void tiles_body(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                           T* __restrict__ dx, const float4* __restrict__ stats,
+                                           float* __restrict__ partial, int rows, int cols, int slices, float eps) {
     __shared__ float4 row_stats;
     constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
     int col0 = blockIdx.x * blockDim.x * kValues, width = cols - col0;   // this tile's columns: col0 ...
@@ -1720,7 +1720,7 @@ __global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__
     for (int i = 0; i < kValues; ++i) dw[i] = db[i] = 0.0f;
     for (int row = blockIdx.y; row < rows; row += gridDim.y) {
         size_t start = (size_t)row * cols + col0;
-        if (slices > 0) {                                 // the row's statistics from its slices' sums
+        if (SPLIT) {                                      // the row's statistics from its slices' sums
             __syncthreads();                              // row_stats: the last row's readers are done
             if (threadIdx.x < 32) {
                 float4 r = combine_slices<RMS>(stats + (size_t)row * slices, slices, cols, threads * kValues, eps);
@@ -1731,7 +1731,7 @@ __global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__
         Pack<T> xk[PACKS], gk[PACKS];
         load_row(xk, x + start, width, t, threads, true, aligned);
         load_row(gk, dy + start, width, t, threads, true, aligned);
-        float4 st = slices > 0 ? row_stats : stats[row];  // mean, rstd, mean(g), mean(g * xhat)
+        float4 st = SPLIT ? row_stats : stats[row];       // mean, rstd, mean(g), mean(g * xhat)
 #pragma unroll
         for (int j = 0; j < PACKS; ++j) {
             int c = (t + j * threads) * VEC;
@@ -1762,6 +1762,23 @@ __global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__
             if (!RMS) mine[cols + c] = db[i];
         }
     }
+}
+
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__ dy, const T* __restrict__ x,
+                                                           const T* __restrict__ w, T* __restrict__ dx,
+                                                           const float4* __restrict__ stats,
+                                                           float* __restrict__ partial, int rows, int cols) {
+    tiles_body<T, RMS, false>(dy, x, w, dx, stats, partial, rows, cols, 0, 0.0f);
+}
+
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(256) norm_backward_split_tiles(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                 const T* __restrict__ w, T* __restrict__ dx,
+                                                                 const float4* __restrict__ parts,
+                                                                 float* __restrict__ partial, int rows, int cols,
+                                                                 int slices, float eps) {
+    tiles_body<T, RMS, true>(dy, x, w, dx, parts, partial, rows, cols, slices, eps);
 }
 
 // dw[c] = sum over the partial rows of partial[p][0][c], db likewise (db null: RMSNorm, its half never read): 512
@@ -1801,9 +1818,13 @@ __global__ void __launch_bounds__(512) norm_backward_finish(const float* __restr
     template __global__ void norm_backward_split_stats<T, false>(const T*, const T*, const T*, float4*, int);       \
     template __global__ void norm_backward_split_stats<T, true>(const T*, const T*, const T*, float4*, int);        \
     template __global__ void norm_backward_tiles<T, false>(const T*, const T*, const T*, T*, const float4*, float*, \
-                                                           int, int, int, float);                                 \
+                                                           int, int);                                             \
     template __global__ void norm_backward_tiles<T, true>(const T*, const T*, const T*, T*, const float4*, float*,  \
-                                                          int, int, int, float);                                  \
+                                                          int, int);                                              \
+    template __global__ void norm_backward_split_tiles<T, false>(const T*, const T*, const T*, T*, const float4*,   \
+                                                                 float*, int, int, int, float);                   \
+    template __global__ void norm_backward_split_tiles<T, true>(const T*, const T*, const T*, T*, const float4*,    \
+                                                                float*, int, int, int, float);                    \
     template __global__ void norm_backward_finish<T>(const float*, int, int, int, T*, T*);
 NORM_BACKWARD(float)
 NORM_BACKWARD(__nv_bfloat16)
@@ -1886,9 +1907,10 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
         stats = torch.empty(rows, plan.tiles if plan.split else 1, 4, dtype=torch.float32, device=x.device)
         if plan.split:
             stats_launch(dy, x, w, stats, cols)
+            main(dy, x, w, dx, stats, partial, rows, cols, plan.tiles, eps)
         else:
             stats_launch(dy, x, w, stats, cols, eps)
-        main(dy, x, w, dx, stats, partial, rows, cols, plan.tiles if plan.split else 0, eps)
+            main(dy, x, w, dx, stats, partial, rows, cols)
     finish(partial, plan.grid, cols, lanes, dw, db)
     return (dx, dw, db) if with_bias else (dx, dw)
 
@@ -1905,7 +1927,7 @@ def _backward_launches(kind, rows, cols, dtype, plan):
         stats = None
     elif plan.split:
         stats = norm_backward[f"norm_backward_split_stats<{ct}, {rms}>"][(plan.tiles, rows), plan.block]
-        main = norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
+        main = norm_backward[f"norm_backward_split_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
     else:
         stats = norm_backward[f"norm_backward_stats<{ct}, {rms}>"][rows, 1024]
         main = norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
@@ -1976,7 +1998,7 @@ rows = []
 for dtype in (torch.float32, torch.bfloat16):
     for r, c in SHAPES:
         plan = plan_backward(r, c, dtype.itemsize)
-        k = norm_backward[f"norm_backward_{plan.kernel}<{CTYPE[dtype]}, false>"]
+        k = norm_backward[f"norm_backward_{'split_' if plan.split else ''}{plan.kernel}<{CTYPE[dtype]}, false>"]
         rows.append([f"{r} x {c}", str(dtype).replace("torch.", ""),
                      plan.kernel + (", statistics by slices" if plan.split else ""), plan.row_threads, plan.block,
                      f"{plan.tiles} x {plan.grid}" if plan.tiles > 1 else plan.grid, k.resources.registers,

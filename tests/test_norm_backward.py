@@ -56,7 +56,8 @@ def plans_ns():
 
 def test_the_backward_kernels_compile_without_spills(module):
     names = {k.signature.display for k in module.kernels}
-    assert names == {f"norm_backward_{kind}<{t}, {rms}>" for kind in ("rows", "stats", "split_stats", "tiles")
+    assert names == {f"norm_backward_{kind}<{t}, {rms}>" for kind in ("rows", "stats", "split_stats", "tiles",
+                                                                                  "split_tiles")
                      for t in CT.values()
                      for rms in ("false", "true")} | {f"norm_backward_finish<{t}>" for t in CT.values()}
     for k in module.kernels:
