@@ -17,6 +17,15 @@ Method
   do_bench, and kernellab.bench(sustained=True). Every ratio comes from one method's numbers in this run.
 - Bytes: 3 * rows * cols * itemsize (x and dy read, dx written: what any backward must move); "of copy" divides
   by kernellab's measured copy bandwidth.
+- Prediction ("model µs", written before any GPU ran the split statistics or the 8-column finish): the bytes each
+  kernel moves (x and dy read by every kernel that reads them, dx written, the partial sums of dw and db written
+  and read back, dw and db) at 3 TB/s, plus a floor of 2.5 µs a kernel (3 kernels for the long rows, 2 for rows
+  in registers). At the two shapes that missed the target: 3 x 100003 (statistics now by 3 x 49 column slices,
+  not 3 blocks) 10.4 µs LayerNorm, 9.5 µs RMSNorm, so about 2x torch.compile's 19-20 µs; 1000 x 1031 8.5 / 7.8 µs,
+  but that shape ran at 2.5x its model before (21.3 µs: rounds of rows bound by latency, not bytes), so expect
+  17-19 µs there, 0.9-1.0x eager's 16.5: the 8-column finish saves its 33-block tail, not the rows kernel's two
+  latency-bound rounds. --plans also times the launcher alone at 1000 x 1031 with blocks of 1024 (132 partial
+  rows, not 264) beside the default plan, to pick between them.
 The short table comes last; $OUT (or --out) gets norm_backward.json with every number.
 """
 from __future__ import annotations
@@ -34,6 +43,24 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 SHAPES = [(4096, 1024), (4096, 4096), (4096, 32768), (1024, 262144), (1000, 1031), (3, 100003), (8192, 768)]
 EPS = 1e-5
+COPY_TBPS_MODEL = 3.0        # the prediction's bandwidth (an H100's copy: 3.0 TB/s measured)
+KERNEL_FLOOR_US = 2.5        # the prediction's floor per kernel launched
+
+
+def model_us(kind, rows, cols, itemsize, plan) -> float:
+    """The prediction: bytes moved at COPY_TBPS_MODEL plus KERNEL_FLOOR_US a kernel, for this plan."""
+    vectors = 2 if kind == "layernorm" else 1               # dw and db, or dw alone
+    rows_bytes = rows * cols * itemsize
+    if plan.kernel == "rows":                                 # x, dy once; dx; partial sums; finish
+        moved, kernels = 3 * rows_bytes, 2
+    else:                                                     # statistics (x, dy), tiles (x, dy again, dx), finish
+        moved, kernels = 5 * rows_bytes + cols * itemsize, 3
+    moved += cols * itemsize + 2 * plan.grid * vectors * cols * 4 + vectors * cols * itemsize
+    return moved / (COPY_TBPS_MODEL * 1e12) * 1e6 + kernels * KERNEL_FLOOR_US
+
+
+def plan_label(plan) -> str:
+    return "split" if getattr(plan, "split", False) else plan.kernel
 
 
 def inputs(torch, rows, cols, dtype):
@@ -52,6 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="", help="e.g. bfloat16 (default: bfloat16,float32)")
     ap.add_argument("--ops", default="layernorm,rmsnorm")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for norm_backward.json")
+    ap.add_argument("--plans", action="store_true",
+                    help="also time the launcher alone at 1000x1031 bf16: the default plan against blocks of 1024")
     args = ap.parse_args(argv)
 
     import torch
@@ -103,28 +132,61 @@ def main(argv=None) -> int:
                 ms = time_as_called(fns, (), quick=args.quick)
                 plan = ns["plan_backward"](r, c, dtype.itemsize)
                 moved = 3 * r * c * dtype.itemsize
-                rec = {"op": kind, "dtype": str(dtype)[6:], "shape": [r, c], "plan": plan.kernel, "ms": ms,
+                rec = {"op": kind, "dtype": str(dtype)[6:], "shape": [r, c], "plan": plan_label(plan), "ms": ms,
+                       "model_us": model_us(kind, r, c, dtype.itemsize, plan),
                        "errors": {k: list(v) for k, v in errors.items()},
                        "of_copy": moved / (ms["kernellab.bench"]["kl op"] * 1e-3) / 1e9 / copy_gbps}
                 records.append(rec)
-                print(f"{label} ({plan.kernel}, grid {plan.grid}): " + "; ".join(
+                print(f"{label} ({plan_label(plan)}, grid {plan.tiles} x {plan.grid}, model "
+                      f"{rec['model_us']:.1f} µs): " + "; ".join(
                     f"{m}: ours {v['kl op'] * 1e3:.1f} µs, eager {v['torch eager'] * 1e3:.1f}, "
                     f"compile {v['torch.compile'] * 1e3:.1f}" for m, v in ms.items()), flush=True)
+    variants = []
+    if args.plans:                              # the launcher alone, two plans for 1000 x 1031 (kernellab.bench)
+        import dataclasses
+
+        for kind in args.ops.split(","):
+            dy, x, w, b = inputs(torch, 1000, 1031, torch.bfloat16)
+            default = ns["plan_backward"](1000, 1031, 2)
+            wide = ns["plan_backward"](1000, 1031, 2, block=1024)
+            launch = ns[f"{kind}_backward"]
+            for plan in (default, wide):            # both must pass the check before they are timed
+                got = launch(dy, x, w, EPS, plan=plan)
+                want = ns["reference_backward"](kind, dy, x, w, b, EPS, torch.float64)
+                theirs = ns["reference_backward"](kind, dy, x, w, b, EPS)
+                errors = {n: ((o.double() - f).abs().max().item(), (t.double() - f).abs().max().item(),
+                              f.abs().max().item()) for n, o, t, f in zip(("dx", "dw", "db"), got, theirs, want)}
+                if not ns["backward_passes"](errors, torch.bfloat16):
+                    failed.append(f"{kind} 1000x1031 plan {plan}: FAILED the check {errors}")
+            fns = {f"block {p.block}, grid {p.grid}": (lambda p=p: launch(dy, x, w, EPS, plan=p))
+                   for p in (default, wide)}
+            res = kernellab.bench(next(iter(fns.values())), (), name=next(iter(fns)), rounds=4, rep_ms=40,
+                                  baselines=dict(list(fns.items())[1:]))
+            times = {next(iter(fns)): res.median_ms, **{bl.name: bl.median_ms for bl in res.baselines}}
+            variants.append({"op": kind, "shape": [1000, 1031], "us": {k: v * 1e3 for k, v in times.items()},
+                             "model_us": {f"block {p.block}, grid {p.grid}": model_us(kind, 1000, 1031, 2, p)
+                                          for p in (default, wide)}})
     if args.out:
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "norm_backward.json").write_text(json.dumps(
-            {"device": device, "copy_gbps": copy_gbps, "records": records, "failed": failed}, indent=1))
+            {"device": device, "copy_gbps": copy_gbps, "records": records, "failed": failed,
+             "plan_variants": variants}, indent=1))
     print(f"\nnorm backward on {device} (copy {copy_gbps / 1e3:.2f} TB/s); ratios = baseline time / ours, per method "
           f"({', '.join(m for m in METHODS if records and m in records[0]['ms'])}); target >= 1.0x eager and compile")
-    print(f"{'case':38s} {'kernel':5s} {'ours µs':>8s} {'of copy':>7s}  {'vs eager':>20s}  {'vs compile':>20s}")
+    print(f"{'case':38s} {'kernel':5s} {'ours µs':>8s} {'model µs':>8s} {'of copy':>7s}  {'vs eager':>20s}  "
+          f"{'vs compile':>20s}")
     for rec in records:
         ms = rec["ms"]
         ratio = {b: "/".join(f"{ms[m][b] / ms[m]['kl op']:.2f}" for m in METHODS if m in ms)
                  for b in ("torch eager", "torch.compile")}
         case = f"{rec['op']} {rec['dtype']} {rec['shape'][0]}x{rec['shape'][1]}"
-        print(f"{case:38s} {rec['plan']:5s} {ms['kernellab.bench']['kl op'] * 1e3:8.1f} {rec['of_copy']:7.0%}  "
+        print(f"{case:38s} {rec['plan']:5s} {ms['kernellab.bench']['kl op'] * 1e3:8.1f} {rec['model_us']:8.1f} "
+              f"{rec['of_copy']:7.0%}  "
               f"{ratio['torch eager']:>20s}  {ratio['torch.compile']:>20s}")
+    for v in variants:
+        print(f"{v['op']} bf16 1000x1031, the launcher alone (kernellab.bench): " + "; ".join(
+            f"{k}: {us:.1f} µs (model {v['model_us'][k]:.1f})" for k, us in v["us"].items()))
     for f in failed:
         print(f"FAILED {f}")
     return 1 if failed else 0

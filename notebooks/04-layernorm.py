@@ -1339,8 +1339,18 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 #   PyTorch's eager backward, which also reads them once for `dx` and once for `dw`, `db`. (A first version added
 #   each row's `dw` and `db` into its block's partial row in L2 instead: 16 more bytes of L2 traffic an element,
 #   replaced before any GPU timed it.)
-# - `norm_backward_finish<T>`: `dw` and `db` from the partial rows, 32 columns a block, the partial rows added up
-#   in 16 slices and then the slices in order: deterministic, the same bits every run.
+# - few long rows (fewer than two a streaming multiprocessor: 3 x 100003) would give `norm_backward_stats` three
+#   blocks for the whole GPU, each walking 100003 columns (the first version measured 0.19x `torch.compile` there).
+#   Their statistics come from column slices instead: `norm_backward_split_stats<T, RMS>` runs a block per slice of
+#   2048 columns and row (3 x 49 blocks), each writing its slice's sums (LayerNorm: the slice's mean, its sum of
+#   squared deviations, `sum g`, `sum g * (x - slice mean)`; RMSNorm: `sum x^2`, `sum g * x`), and
+#   `norm_backward_split_tiles<T, RMS>` (the tiles kernel with one step more: its first warp combines a row's slices
+#   by Chan's merge in a fixed order before the tile) makes dx, dw and db from them (deviations moved
+#   to the merged mean, so no `sum x^2` at a mean of 1,000 is subtracted from anything). `plan_backward` names the
+#   choice (`split`), and a CPU test pins the rule shape by shape.
+# - `norm_backward_finish<T>`: `dw` and `db` from the partial rows, 32 columns a block (8 where 32 would leave SMs
+#   without a block: 1031 columns in 129 blocks, not 33), the partial rows added up in 16 (64) slices and then the
+#   slices in a fixed tree: deterministic, the same bits every run.
 #
 # **Prediction** (before any GPU ran it, H100): `norm_backward_rows` at 75-85 % of the copy bandwidth at 4096 x 1024
 # and 4096 x 4096 in bf16 (the forward's 51-91 %, less the partial sums' 4-9 % and the finish kernel's launch), so
@@ -1349,6 +1359,14 @@ for label, sweeps in (("LayerNorm", ln_sweep), ("RMSNorm", rms_sweep)):
 # `x` and `dy`); float32 the same ratios at 4096 x 1024. The long rows (statistics, then tiles: 4096 x 32768,
 # 1024 x 262144, 3 x 100003) move 10 bytes an element against the floor's 6: 50-60 % of copy counted on the
 # floor's bytes, 0.9-1.1x eager and `torch.compile` (the same bytes as theirs), the weak spot of this version.
+#
+# **Prediction for the split statistics and the narrow finish** (written before a GPU ran them; bytes moved at 3 TB/s
+# plus 2.5 µs a kernel, `model_us` in benchmarks/norm_backward.py, which prints it beside each measurement):
+# 3 x 100003 bf16 10.4 µs LayerNorm, 9.5 µs RMSNorm (three kernels' floors and 6-9 MB, most of it the partial rows
+# of `dw` and `db`), about 2x `torch.compile`'s 19-20 µs where the per-row statistics ran 64-105 µs; 1000 x 1031
+# 8.5 / 7.8 µs by the model, but the rows kernel ran 2.5x its model there (21.3 µs: two rounds of rows bound by
+# latency, not bytes), so 17-19 µs expected, 0.9-1.0x eager's 16.5 µs: still short of the target unless blocks of
+# 1024 (132 partial rows, not 264; timed beside the default by `benchmarks/norm_backward.py --plans`) close it.
 
 # %%
 # %%cuda --name norm_backward
@@ -1444,7 +1462,7 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, 1) norm_backward_rows(const
                                                            float* __restrict__ partial, int rows, int cols,
                                                            int row_threads, float eps) {
     constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
-    __shared__ float stage[4096];                        // the groups' partial sums, at the end (blocks of <= 512)
+    __shared__ float stage[8192];                        // the groups' partial sums, at the end (8 a thread)
     int shift = __ffs(row_threads) - 1;                  // row_threads: a power of two, 32 or more
     int t = threadIdx.x & (row_threads - 1), group = threadIdx.x >> shift, groups = blockDim.x >> shift;
     int row_warps = row_threads / 32;
@@ -1588,14 +1606,109 @@ __global__ void __launch_bounds__(1024) norm_backward_stats(const T* __restrict_
     if (threadIdx.x == 0) stats[row] = make_float4(mean, rstd, mean_g, mean_gx);
 }
 
+// Few long rows (3 x 100003: three blocks of the kernel above, each walking 100003 columns) take their statistics in
+// column slices instead: block (blockIdx.x, blockIdx.y) holds the slice of columns blockIdx.x * blockDim.x *
+// kValues ... of row blockIdx.y in registers (8 values a thread, as the tiles kernel below) and writes the slice's
+// sums, parts[row * gridDim.x + slice]: LayerNorm {the slice's mean, sum (x - that mean)^2, sum g, sum g (x - that
+// mean)} (deviations from the slice's own mean, so that Chan's merge in norm_backward_tiles combines them without
+// the cancellation of sum x^2 at a mean of 1e3); RMSNorm {sum x^2, sum g x, 0, 0}.
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(256) norm_backward_split_stats(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                 const T* __restrict__ w, float4* __restrict__ parts,
+                                                                 int cols) {
+    constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
+    int span = blockDim.x * kValues, col0 = blockIdx.x * span;         // this slice's columns: col0 ...
+    int width = min(span, cols - col0), t = threadIdx.x, threads = blockDim.x;
+    bool aligned = cols % VEC == 0;                       // col0 is a multiple of the pack: rows stay aligned
+    size_t start = (size_t)blockIdx.y * cols + col0;
+    Pack<T> xk[PACKS], gk[PACKS], wk[PACKS];
+    load_row(xk, x + start, width, t, threads, true, aligned);     // 0 past the slice's end
+    load_row(gk, dy + start, width, t, threads, true, aligned);
+    load_row(wk, w + col0, width, t, threads, true, aligned);
+    float4 out;
+    if constexpr (RMS) {
+        float s[2] = {0.0f, 0.0f};                        // sum x^2, sum g x
+#pragma unroll
+        for (int i = 0; i < kValues; ++i) {
+            float xv = at(xk, i);
+            s[0] = fmaf(xv, xv, s[0]);
+            s[1] = fmaf(at(gk, i) * at(wk, i), xv, s[1]);
+        }
+        row_sum<0>(s, threads / 32, 0);
+        out = make_float4(s[0], s[1], 0.0f, 0.0f);
+    } else {
+        float n = (float)width, s[1] = {0.0f};
+#pragma unroll
+        for (int i = 0; i < kValues; ++i) s[0] += at(xk, i);
+        row_sum<0>(s, threads / 32, 0);
+        float mean = s[0] / n;
+        float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};            // sum d^2, sum g, sum g d, sum d; d = x - mean
+#pragma unroll
+        for (int i = 0; i < kValues; ++i) {
+            int c = (t + (i / VEC) * threads) * VEC + i % VEC;
+            float d = c < width ? at(xk, i) - mean : 0.0f, g = at(gk, i) * at(wk, i);
+            m[0] = fmaf(d, d, m[0]);
+            m[1] += g;
+            m[2] = fmaf(g, d, m[2]);
+            m[3] += d;
+        }
+        row_sum<1>(m, threads / 32, 0);
+        float shift = m[3] / n;                           // the first mean's rounding, undone (as in the rows kernel)
+        out = make_float4(mean + shift, fmaxf(m[0] - shift * m[3], 0.0f), m[1], m[2] - shift * m[1]);
+    }
+    if (threadIdx.x == 0) parts[(size_t)blockIdx.y * gridDim.x + blockIdx.x] = out;
+}
+
+// Chan's merge of two slices' LayerNorm sums (count n, mean, sum of squared deviations m2, sum g, sum g (x - mean)):
+// the deviations of each side moved to the merged mean, no large numbers subtracted.
+struct SliceSums { float n, mean, m2, sg, sgd; };
+__device__ __forceinline__ SliceSums merge(SliceSums a, SliceSums b) {
+    float n = a.n + b.n;
+    if (n == 0.0f) return a;
+    float delta = b.mean - a.mean, fb = b.n / n, mean = a.mean + delta * fb;
+    return {n, mean, a.m2 + b.m2 + delta * delta * a.n * fb, a.sg + b.sg,
+            a.sgd + b.sgd + a.sg * (a.mean - mean) + b.sg * (b.mean - mean)};
+}
+
+// A row's statistics {mean, rstd, mean(g), mean(g * xhat)} from its `slices` slices' sums (norm_backward_split_stats,
+// slices of `span` columns), in lane 0 of the calling warp: each lane merges slices lane, lane + 32, ... in order,
+// then the lanes in a fixed tree (the same bits every run).
+template <bool RMS>
+__device__ __forceinline__ float4 combine_slices(const float4* __restrict__ parts, int slices, int cols, int span,
+                                                 float eps) {
+    int lane = threadIdx.x % 32;
+    SliceSums acc = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};      // RMSNorm: m2 = sum x^2, sgd = sum g x
+    for (int k = lane; k < slices; k += 32) {
+        float4 q = parts[k];
+        SliceSums b = {(float)min(span, cols - k * span), q.x, q.y, q.z, q.w};
+        if constexpr (RMS) acc = {acc.n + b.n, 0.0f, acc.m2 + q.x, 0.0f, acc.sgd + q.y};
+        else acc = merge(acc, b);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+        SliceSums b = {__shfl_down_sync(0xffffffffu, acc.n, o), __shfl_down_sync(0xffffffffu, acc.mean, o),
+                       __shfl_down_sync(0xffffffffu, acc.m2, o), __shfl_down_sync(0xffffffffu, acc.sg, o),
+                       __shfl_down_sync(0xffffffffu, acc.sgd, o)};
+        if (lane + o < 32) {
+            if constexpr (RMS) acc = {acc.n + b.n, 0.0f, acc.m2 + b.m2, 0.0f, acc.sgd + b.sgd};
+            else acc = merge(acc, b);
+        }
+    }
+    float n = (float)cols, rstd = rsqrtf(acc.m2 / n + eps);
+    return make_float4(acc.mean, rstd, acc.sg / n, acc.sgd * rstd / n);
+}
+
 // Then dx, and dw/db's partial sums, by column tiles: block (blockIdx.x, blockIdx.y) holds columns
 // blockIdx.x * blockDim.x * kValues ... of rows blockIdx.y, + gridDim.y, ..., 8 values a thread as in
-// norm_backward_rows, so its sums stay in registers; partial[blockIdx.y] gets them at the end.
-template <typename T, bool RMS>
-__global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__ dy, const T* __restrict__ x,
-                                                           const T* __restrict__ w, T* __restrict__ dx,
-                                                           const float4* __restrict__ stats,
-                                                           float* __restrict__ partial, int rows, int cols) {
+// norm_backward_rows, so its sums stay in registers; partial[blockIdx.y] gets them at the end. SPLIT false:
+// stats[row] are the row's statistics (norm_backward_stats); true: stats[row * slices ...] are its slices' sums
+// (norm_backward_split_stats, slices of this tile's width), which the block's first warp combines for each row (a
+// template flag, so that the kernel of the per-row statistics keeps its registers: 48, not 64, in bf16).
+template <typename T, bool RMS, bool SPLIT>
+__device__ __forceinline__ void tiles_body(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                           T* __restrict__ dx, const float4* __restrict__ stats,
+                                           float* __restrict__ partial, int rows, int cols, int slices, float eps) {
+    __shared__ float4 row_stats;
     constexpr int VEC = 16 / sizeof(T), PACKS = kValues / VEC;
     int col0 = blockIdx.x * blockDim.x * kValues, width = cols - col0;   // this tile's columns: col0 ...
     int t = threadIdx.x, threads = blockDim.x;
@@ -1607,10 +1720,18 @@ __global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__
     for (int i = 0; i < kValues; ++i) dw[i] = db[i] = 0.0f;
     for (int row = blockIdx.y; row < rows; row += gridDim.y) {
         size_t start = (size_t)row * cols + col0;
+        if (SPLIT) {                                      // the row's statistics from its slices' sums
+            __syncthreads();                              // row_stats: the last row's readers are done
+            if (threadIdx.x < 32) {
+                float4 r = combine_slices<RMS>(stats + (size_t)row * slices, slices, cols, threads * kValues, eps);
+                if (threadIdx.x == 0) row_stats = r;
+            }
+            __syncthreads();
+        }
         Pack<T> xk[PACKS], gk[PACKS];
         load_row(xk, x + start, width, t, threads, true, aligned);
         load_row(gk, dy + start, width, t, threads, true, aligned);
-        float4 st = stats[row];                           // mean, rstd, mean(g), mean(g * xhat)
+        float4 st = SPLIT ? row_stats : stats[row];       // mean, rstd, mean(g), mean(g * xhat)
 #pragma unroll
         for (int j = 0; j < PACKS; ++j) {
             int c = (t + j * threads) * VEC;
@@ -1643,28 +1764,48 @@ __global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__
     }
 }
 
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(256) norm_backward_tiles(const T* __restrict__ dy, const T* __restrict__ x,
+                                                           const T* __restrict__ w, T* __restrict__ dx,
+                                                           const float4* __restrict__ stats,
+                                                           float* __restrict__ partial, int rows, int cols) {
+    tiles_body<T, RMS, false>(dy, x, w, dx, stats, partial, rows, cols, 0, 0.0f);
+}
+
+template <typename T, bool RMS>
+__global__ void __launch_bounds__(256) norm_backward_split_tiles(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                 const T* __restrict__ w, T* __restrict__ dx,
+                                                                 const float4* __restrict__ parts,
+                                                                 float* __restrict__ partial, int rows, int cols,
+                                                                 int slices, float eps) {
+    tiles_body<T, RMS, true>(dy, x, w, dx, parts, partial, rows, cols, slices, eps);
+}
+
 // dw[c] = sum over the partial rows of partial[p][0][c], db likewise (db null: RMSNorm, its half never read): 512
-// threads, 32 columns x 16 slices of the partial rows, the slices added in order (the same sums every run).
+// threads, `lanes` columns (8 or 32: a power of two) x 512 / lanes slices of the partial rows; each slice's sum, then
+// the slices in a fixed tree (the same sums every run). Narrow rows take 8 columns a block: 1031 columns are 129
+// blocks of 64 slices (264 partial rows: 4 loads a thread), not 33 blocks of 16 slices (17 loads a thread).
 template <typename T>
 __global__ void __launch_bounds__(512) norm_backward_finish(const float* __restrict__ partial, int parts, int cols,
-                                                            T* __restrict__ dw, T* __restrict__ db) {
-    __shared__ float sums[2][16][33];
-    int lane = threadIdx.x % 32, slice = threadIdx.x / 32;
-    int c = blockIdx.x * 32 + lane;
+                                                            int lanes, T* __restrict__ dw, T* __restrict__ db) {
+    __shared__ float sums[2][512];
+    int lane = threadIdx.x % lanes, slice = threadIdx.x / lanes, slices = blockDim.x / lanes;
+    int c = blockIdx.x * lanes + lane;
     int vectors = db == nullptr ? 1 : 2;
     for (int v = 0; v < vectors; ++v) {
         float s = 0.0f;
         if (c < cols)
 #pragma unroll 8                                          // 8 loads in flight, not one round trip per partial row
-            for (int p = slice; p < parts; p += 16) s += partial[((size_t)p * 2 + v) * cols + c];
-        sums[v][slice][lane] = s;
+            for (int p = slice; p < parts; p += slices) s += partial[((size_t)p * 2 + v) * cols + c];
+        sums[v][threadIdx.x] = s;
+    }
+    for (int half = slices / 2; half > 0; half /= 2) {   // slice i += slice i + half, for the slices below half
+        __syncthreads();
+        if (slice < half)
+            for (int v = 0; v < vectors; ++v) sums[v][threadIdx.x] += sums[v][threadIdx.x + half * lanes];
     }
     __syncthreads();
-    if (slice < vectors && c < cols) {
-        float s = 0.0f;
-        for (int i = 0; i < 16; ++i) s += sums[slice][i][lane];
-        (slice == 0 ? dw : db)[c] = from_float<T>(s);
-    }
+    if (slice < vectors && c < cols) (slice == 0 ? dw : db)[c] = from_float<T>(sums[slice][lane]);
 }
 
 #define NORM_BACKWARD(T)                                                                                          \
@@ -1674,11 +1815,17 @@ __global__ void __launch_bounds__(512) norm_backward_finish(const float* __restr
                                                          float);                                                  \
     template __global__ void norm_backward_stats<T, false>(const T*, const T*, const T*, float4*, int, float);      \
     template __global__ void norm_backward_stats<T, true>(const T*, const T*, const T*, float4*, int, float);       \
+    template __global__ void norm_backward_split_stats<T, false>(const T*, const T*, const T*, float4*, int);       \
+    template __global__ void norm_backward_split_stats<T, true>(const T*, const T*, const T*, float4*, int);        \
     template __global__ void norm_backward_tiles<T, false>(const T*, const T*, const T*, T*, const float4*, float*, \
                                                            int, int);                                             \
     template __global__ void norm_backward_tiles<T, true>(const T*, const T*, const T*, T*, const float4*, float*,  \
                                                           int, int);                                              \
-    template __global__ void norm_backward_finish<T>(const float*, int, int, T*, T*);
+    template __global__ void norm_backward_split_tiles<T, false>(const T*, const T*, const T*, T*, const float4*,   \
+                                                                 float*, int, int, int, float);                   \
+    template __global__ void norm_backward_split_tiles<T, true>(const T*, const T*, const T*, T*, const float4*,    \
+                                                                float*, int, int, int, float);                    \
+    template __global__ void norm_backward_finish<T>(const float*, int, int, int, T*, T*);
 NORM_BACKWARD(float)
 NORM_BACKWARD(__nv_bfloat16)
 
@@ -1695,29 +1842,42 @@ BACKWARD_VALUES = 8          # values of a row per thread in norm_backward_rows 
 class BackwardPlan:
     """How the backward covers a rows x cols matrix: the kernel ("rows": a row in registers; "tiles": the row's
     statistics first, then column tiles), a row's (a tile's) threads, the block, the grid's rows of blocks (= the
-    rows of partial sums of dw and db) and the column tiles."""
+    rows of partial sums of dw and db), the column tiles, and (tiles only) whether the rows' statistics come from
+    column slices (split: a block per slice and row, combined by the tiles kernel) or a block per row."""
 
     kernel: str
     row_threads: int
     block: int
     grid: int
     tiles: int = 1
+    split: bool = False
 
 
 TILE_THREADS = 256           # threads of a column tile in norm_backward_tiles (its __launch_bounds__)
+SPLIT_ROWS_PER_SM = 2        # long rows fewer than this many per SM: their statistics by column slices (split)
+
+
+def finish_columns(cols, sms=SMS):
+    """Columns a block of norm_backward_finish adds up: 32 (16 slices of the partial rows) where that still gives an
+    SM a block, else 8 (64 slices): 1031 columns in 129 blocks, not 33."""
+    return 32 if -(-cols // 32) >= sms else 8
 
 
 @functools.cache          # once per shape, as plan_rows
 def plan_backward(rows, cols, itemsize, sms=SMS, block=None):
     """The backward's launch: rows up to 8192 values (float: 4096) in registers, 8 a thread, resident blocks of
     512 (float: 256) threads or one row's threads, one wave of them; longer rows in column tiles of 256 x 8 values,
-    about four tiles an SM in all."""
+    about four tiles an SM in all. The long rows' statistics: a block of 1024 threads per row while there are at
+    least SPLIT_ROWS_PER_SM rows an SM (two such blocks fill an SM); fewer rows (3 x 100003: three blocks for the
+    whole GPU, each walking 100003 columns) split each row into the tiles' column slices, a block per slice and row
+    (3 x 49 blocks), whose sums the tiles kernel combines."""
     max_row_threads = 512 if itemsize == 4 else 1024
     row_threads = max(32, 1 << math.ceil(math.log2(max(1, -(-cols // BACKWARD_VALUES)))))
     if row_threads > max_row_threads:
         tiles = -(-cols // (TILE_THREADS * BACKWARD_VALUES))
-        return BackwardPlan("tiles", TILE_THREADS, TILE_THREADS, max(1, min(rows, 4 * sms // tiles)), tiles)
-    block = max(row_threads, block or (256 if itemsize == 4 else 512))
+        return BackwardPlan("tiles", TILE_THREADS, TILE_THREADS, max(1, min(rows, 4 * sms // tiles)), tiles,
+                            split=rows < SPLIT_ROWS_PER_SM * sms)
+    block = min(max(row_threads, block or (256 if itemsize == 4 else 512)), max_row_threads)   # its launch bounds
     resident = (768 if itemsize == 4 else 1024) // block or 1     # blocks an SM holds (registers: 80 / 64 a thread)
     return BackwardPlan("rows", row_threads, block, max(1, min(-(-rows // (block // row_threads)), sms * resident)))
 
@@ -1739,15 +1899,19 @@ def _norm_backward(kind, dy, x, w, eps, with_bias, plan=None):
             _BACKWARD_LAUNCHES[kind, rows, cols, x.dtype] = hit
     else:
         hit = _backward_launches(kind, rows, cols, x.dtype, plan)
-    _, plan, main, stats_launch, finish = hit
+    _, plan, main, stats_launch, finish, lanes = hit
     partial = torch.empty(plan.grid, 2, cols, dtype=torch.float32, device=x.device)
     if plan.kernel == "rows":
         main(dy, x, w, dx, partial, rows, cols, plan.row_threads, eps)
-    else:
-        stats = torch.empty(rows, 4, dtype=torch.float32, device=x.device)
-        stats_launch(dy, x, w, stats, cols, eps)
-        main(dy, x, w, dx, stats, partial, rows, cols)
-    finish(partial, plan.grid, cols, dw, db)
+    else:                                    # split: each slice's sums, rows x tiles of them
+        stats = torch.empty(rows, plan.tiles if plan.split else 1, 4, dtype=torch.float32, device=x.device)
+        if plan.split:
+            stats_launch(dy, x, w, stats, cols)
+            main(dy, x, w, dx, stats, partial, rows, cols, plan.tiles, eps)
+        else:
+            stats_launch(dy, x, w, stats, cols, eps)
+            main(dy, x, w, dx, stats, partial, rows, cols)
+    finish(partial, plan.grid, cols, lanes, dw, db)
     return (dx, dw, db) if with_bias else (dx, dw)
 
 
@@ -1755,17 +1919,21 @@ _BACKWARD_LAUNCHES = {}   # (kind, rows, cols, dtype) -> _backward_launches(...)
 
 
 def _backward_launches(kind, rows, cols, dtype, plan):
-    """(norm_backward, plan, the rows or tiles kernel, the stats kernel or None, the finish kernel), each configured
-    as kernel[grid, block] for this plan."""
+    """(norm_backward, plan, the rows or tiles kernel, the stats kernel or None, the finish kernel, its columns a
+    block), each kernel configured as kernel[grid, block] for this plan."""
     ct, rms = CTYPE[dtype], "true" if kind == "rmsnorm" else "false"
     if plan.kernel == "rows":
         main = norm_backward[f"norm_backward_rows<{ct}, {rms}>"][plan.grid, plan.block]
         stats = None
+    elif plan.split:
+        stats = norm_backward[f"norm_backward_split_stats<{ct}, {rms}>"][(plan.tiles, rows), plan.block]
+        main = norm_backward[f"norm_backward_split_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
     else:
         stats = norm_backward[f"norm_backward_stats<{ct}, {rms}>"][rows, 1024]
         main = norm_backward[f"norm_backward_tiles<{ct}, {rms}>"][(plan.tiles, plan.grid), plan.block]
-    finish = norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // 32), 512]
-    return norm_backward, plan, main, stats, finish
+    lanes = finish_columns(cols)
+    finish = norm_backward[f"norm_backward_finish<{ct}>"][-(-cols // lanes), 512]
+    return norm_backward, plan, main, stats, finish, lanes
 
 
 def layernorm_backward(dy, x, w, eps=1e-5, plan=None):
@@ -1830,8 +1998,9 @@ rows = []
 for dtype in (torch.float32, torch.bfloat16):
     for r, c in SHAPES:
         plan = plan_backward(r, c, dtype.itemsize)
-        k = norm_backward[f"norm_backward_{plan.kernel}<{CTYPE[dtype]}, false>"]
-        rows.append([f"{r} x {c}", str(dtype).replace("torch.", ""), plan.kernel, plan.row_threads, plan.block,
+        k = norm_backward[f"norm_backward_{'split_' if plan.split else ''}{plan.kernel}<{CTYPE[dtype]}, false>"]
+        rows.append([f"{r} x {c}", str(dtype).replace("torch.", ""),
+                     plan.kernel + (", statistics by slices" if plan.split else ""), plan.row_threads, plan.block,
                      f"{plan.tiles} x {plan.grid}" if plan.tiles > 1 else plan.grid, k.resources.registers,
                      k.resources.local_bytes, f"{k.occupancy(plan.block).ratio:.0%}"])
 HTML(html_table(["shape", "dtype", "kernel", "row (tile) threads", "block", "grid (tiles x partial rows)",

@@ -18,9 +18,11 @@ EPS = 1e-5
 DTYPES = [torch.float32, torch.bfloat16]
 # one element; odd widths; widths not a multiple of the pack (4099, 1031); a warp per row with several rows a block
 # (37 x 768, 4096 x 64); a block per row (1024, 4096); 1024 threads a row (bf16 8192; float's column tiles); the
-# long rows as statistics then column tiles (9000, 40000, 100003, 300007); one row; GPT-2's width at its batch
+# long rows as statistics then column tiles (9000, 40000, 65537, 100003, 300007; few of them: the statistics by column
+# slices; 300 x 9000: a block per row); one row; GPT-2's width at its batch
 SHAPES = [(1, 1), (3, 7), (1, 1031), (6, 1031), (1000, 1031), (37, 768), (4096, 64), (64, 1024), (5, 4099),
-          (9, 8192), (4096, 4096), (3, 9000), (2, 40000), (3, 100003), (1, 300007), (8192, 768)]
+          (9, 8192), (4096, 4096), (3, 9000), (300, 9000), (2, 40000), (7, 65537), (3, 100003), (1, 300007),
+          (8192, 768)]
 DISTS = ["normal", "mean1e3", "heavy"]
 
 
@@ -48,12 +50,45 @@ def test_gradients_within_twice_pytorchs_error(t04, kind, dtype, dist):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_partial_sums_give_the_same_bits_every_run(t04, dtype):
-    for r, c in ((4096, 1024), (3, 9000), (37, 768)):
+    for r, c in ((4096, 1024), (3, 9000), (37, 768), (3, 100003), (300, 9000)):
         dy, x, w, b = t04["bwd_inputs"](r, c, dtype, "normal", device="cuda")
         first = t04["layernorm_backward"](dy, x, w, EPS)
         for _ in range(3):
             again = t04["layernorm_backward"](dy, x, w, EPS)
             assert all(torch.equal(a, c2) for a, c2 in zip(first, again)), (r, c, "LayerNorm backward not deterministic")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_long_rows_statistics_by_slices_and_by_rows_agree(t04, kind, dtype):
+    """The long rows' two ways to their statistics, forced by the plan (column slices combined by Chan's merge; a
+    block per row): each within 2x PyTorch's error against float64, and (centred inputs) the two within a rounding of
+    each other.
+    The launcher's own choice at 3 x 100003 and 7 x 65537 is the slices (fewer than two rows an SM)."""
+    import dataclasses
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for r, c in ((3, 100003), (7, 65537), (300, 9000), (2, 16392)):
+        plan = t04["plan_backward"](r, c, dtype.itemsize)
+        assert plan.kernel == "tiles" and plan.split == (r < 2 * sms), (r, c, plan)
+        for dist in ("normal", "mean1e3"):
+            dy, x, w, b = t04["bwd_inputs"](r, c, dtype, dist, device="cuda")
+            want = t04["reference_backward"](kind, dy, x, w, b, EPS, torch.float64)
+            theirs = t04["reference_backward"](kind, dy, x, w, b, EPS)
+            got = {}
+            for split in (True, False):
+                ours = t04[f"{kind}_backward"](dy, x, w, EPS, plan=dataclasses.replace(plan, split=split))
+                errors = {n: ((o.double() - f).abs().max().item(), (t.double() - f).abs().max().item(),
+                              f.abs().max().item()) for n, o, t, f in zip(("dx", "dw", "db"), ours, theirs, want)}
+                assert t04["backward_passes"](errors, dtype), \
+                    f"{kind} {dtype} {dist} {r}x{c} statistics by {'slices' if split else 'rows'}: {describe(errors)}"
+                got[split] = ours
+            if dist != "normal":                       # at a mean of 1e3 each is held to float64 above
+                continue
+            for name, a, c2, f in zip(("dx", "dw", "db"), got[True], got[False], want):
+                gap, scale = (a.double() - c2.double()).abs().max().item(), f.abs().max().item()
+                assert gap <= (2.0 ** -7 if dtype == torch.bfloat16 else 1e-5) * max(scale, 1.0), \
+                    f"{kind} {dtype} {dist} {r}x{c} {name}: slices and rows differ by {gap:.3g} (largest {scale:.3g})"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

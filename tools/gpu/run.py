@@ -148,12 +148,16 @@ SUITES: dict[str, Suite] = {
         tests=(GPU_TESTS + "test_train_gpt2_gpu.py",), select="graph"),
     "tests-norm-backward": Suite(
         "tutorial 04's LayerNorm/RMSNorm backward: gradients against float64 beside PyTorch's on awkward shapes and "
-        "three distributions, determinism, kl::layernorm/kl::rmsnorm under loss.backward(), opcheck, torch.compile",
+        "three distributions, the long rows' statistics by column slices and by rows (3x100003, 7x65537), "
+        "determinism, kl::layernorm/kl::rmsnorm under loss.backward(), opcheck, torch.compile",
         300, tests=(GPU_TESTS + "test_norm_backward_gpu.py",)),
     "bench-norm-backward": Suite(
         "benchmarks/norm_backward.py: the norm backward as called (the op's autograd) against torch eager and "
-        "torch.compile backward, kernellab.bench / do_bench / sustained; bf16 at every shape, float32 at two", 300,
-        commands=((PY, "benchmarks/norm_backward.py", "--quick", "--dtypes", "bfloat16", "--out", "{out}/bf16"),
+        "torch.compile backward, kernellab.bench / do_bench / sustained; bf16 at every shape, float32 at two; the "
+        "model's prediction beside each (3x100003: statistics by column slices); --plans: the launcher alone at "
+        "1000x1031 with blocks of 512 (default) and 1024", 300,
+        commands=((PY, "benchmarks/norm_backward.py", "--quick", "--dtypes", "bfloat16", "--plans", "--out",
+                   "{out}/bf16"),
                   (PY, "benchmarks/norm_backward.py", "--quick", "--dtypes", "float32", "--shapes",
                    "4096x1024,4096x32768", "--out", "{out}/fp32"))),
     "notebooks": Suite(
