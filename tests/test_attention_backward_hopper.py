@@ -200,15 +200,15 @@ def test_the_launcher_joins_step2s_variants_and_the_op():
     for d in DIMS:
         assert t["hbwd_smem_bytes"](d) == smem_bytes(d) <= 227 * 1024, d
         assert t["hbwd_smem_bytes"](d, rows=True) == rows_smem_bytes(d) <= 227 * 1024, d
-    # step 3b takes the op's "hopper" only behind BWD_OP_HOPPER_ROWS (off until an H100 confirms it)
-    assert t["BWD_OP_HOPPER_ROWS"] is False
+    # step 3b takes the op's "hopper" behind BWD_OP_HOPPER_ROWS (on since an H200 timed it 1.16-1.26x step 3)
+    assert t["BWD_OP_HOPPER_ROWS"] is True
     applies, t["hopper_backward_applies"] = t["hopper_backward_applies"], lambda q: True      # as on an H100
     q = torch.empty(1, 1, 8, 64, dtype=torch.bfloat16)
-    assert t["_op_backward_launcher"](q, False) is t["attention_backward_hopper"]
-    t["BWD_OP_HOPPER_ROWS"] = True
     run = t["_op_backward_launcher"](q, True)
     assert run.func is t["attention_backward_hopper"] and run.keywords == {"rows": True}
-    t["BWD_OP_HOPPER_ROWS"], t["hopper_backward_applies"] = False, applies
+    t["BWD_OP_HOPPER_ROWS"] = False
+    assert t["_op_backward_launcher"](q, False) is t["attention_backward_hopper"]
+    t["BWD_OP_HOPPER_ROWS"], t["hopper_backward_applies"] = True, applies
     assert (t["HBWD_WG"], t["HBWD_STAGES"], t["HBWD_THREADS"]) == (WG, STAGES, THREADS)
     assert not t["hopper_backward_applies"](torch.empty(1, 1, 8, 64))              # a CPU tensor: the fallback
     q = torch.empty(1, 1, 8, 96, dtype=torch.bfloat16)

@@ -113,6 +113,9 @@ def test_commands_of_a_plan(runner, tmp_path):
 def test_outcome_reads_pytest_counts_and_exit_statuses(runner):
     assert runner.outcome("tests-sim", "...\n12 passed, 1 failed, 2 skipped in 30.1s\n", [1]) == \
         "12 passed, 1 failed, 2 skipped"
+    # a test's own output naming errors (compute-sanitizer's counts after a float) is not pytest's summary
+    log = "[pool] racecheck racy: context_s=1.052659511566162 errors=513\n1 error in the log\n5 passed in 58.77s\n"
+    assert runner.outcome("tests-sanitizer-pool", log, [0]) == "5 passed"
     assert runner.outcome("tests-sim", "partial output", [124]) == "TIMEOUT"
     assert runner.outcome("bench-matmul", "table", [0]) == "ok"
     assert runner.outcome("launch-overhead", "", [0, 2]) == "FAILED (rc 0, 2)"

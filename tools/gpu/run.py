@@ -386,7 +386,10 @@ def outcome(name: str, log: str, rcs: list[int]) -> str:
     if not rcs:
         return "not run (interrupted)"
     if SUITES[name].tests:
-        counts = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", log))
+        summaries = [line for line in log.splitlines()                    # pytest's own summary lines only: a
+                     if re.search(r"\d+ (passed|failed|errors?)\b.* in [\d.]+s", line)]   # test's output may say
+        counts = dict((k, int(n)) for line in summaries                   # "1.05 errors=513"
+                      for n, k in re.findall(r"(?<![\d.])(\d+) (passed|failed|error|errors|skipped)\b", line))
         if counts:
             return ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "error", "errors", "skipped")
                              if k in counts)
