@@ -437,7 +437,7 @@ for L in (1024, 8192, 131072):
 #include <kl/attention_mma.cuh>  // scores_qk (S = Q K^T), softmax_pv (online softmax, P V), swz<D>, exp2_approx
 #include <kl/cp_async.cuh>  // cp_async_16, cp_async_commit, cp_async_wait_all
 #include <kl/mma.cuh>       // ldmatrix_x4(_trans), mma_16816<T>; pack2<T>, to_float, from_float (kl/convert.cuh)
-#include <kl/pdl.cuh>       // griddepcontrol_wait, griddepcontrol_launch_dependents, prefetch_l2 (PDL, sm_90)
+#include <kl/pdl.cuh>       // griddepcontrol_wait, griddepcontrol_launch_dependents, prefetch_l2, load_after_wait (PDL)
 #include <math_constants.h>  // CUDART_INF_F
 typedef unsigned int uint32_t;
 
@@ -636,7 +636,10 @@ __device__ __forceinline__ void decode_split(const T* __restrict__ Q, const T* _
         warp_load_rows<BLOCK_N, D>(v_tile0, V, j0_guess * BLOCK_N, Nmax, lane);
         cp_async_commit();
     }
-    const int L = max(0, min(seqlens[b], Nmax));                  // lengths past the cache read as Nmax
+    int L_in;                                    // PDL: load_after_wait, since seqlens[b] (a const __restrict__
+    if constexpr (PDL) L_in = load_after_wait(seqlens + b);   // read) compiles to a load hoisted above the wait
+    else L_in = seqlens[b];
+    const int L = max(0, min(L_in, Nmax));                         // lengths past the cache read as Nmax
     const int tiles = (L + BLOCK_N - 1) / BLOCK_N, per = (tiles + splits - 1) / splits;
     const int j0 = split * per, j1 = min(j0 + per, tiles);
     const int last_key0 = L - nq;                                  // token i sees keys <= last_key0 + i

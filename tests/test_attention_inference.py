@@ -106,6 +106,18 @@ def test_the_decode_kernels_compile_without_spills(modules):
         assert online.count("BAR.SYNC") == kernels[f"decode_fused_{dt}_d128_m16"].sass.count("BAR.SYNC") - 1, dt
 
 
+def test_the_pdl_decode_kernels_load_nothing_before_griddepcontrol_wait(modules):
+    """Before its ACQBULK (griddepcontrol.wait) a PDL decode kernel issues L2 prefetches (CCTL) and parameter reads
+    only: no global load, not even cache_seqlens (through a const __restrict__ pointer the compiler hoisted its load
+    above the wait; load_after_wait keeps it after)."""
+    for k in modules["decode_kernels"].kernels:
+        if k.name.endswith("_pdl"):
+            ops = [x.split(";")[0].strip() for x in k.sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
+            wait = next(i for i, op in enumerate(ops) if "ACQBULK" in op)
+            assert not [op for op in ops[:wait] if re.search(r"\b(LDG|LDGSTS|LD|ATOMG|STG|ST)\b", op)], k.name
+            assert any("CCTL.E.PF2" in op for op in ops[:wait]), k.name      # the L2 prefetches do come first
+
+
 def _loads_in_flight(sass):
     """For each `LDG.E.128.STRONG.GPU` (a partial read through L2), how many such loads are issued before an
     instruction reads its destination registers: the loads a thread has in flight when it first waits."""

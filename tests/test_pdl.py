@@ -294,6 +294,40 @@ def test_griddepcontrol_helpers_compile_to_acqbulk_and_preexit_on_sm_90_and_to_n
     assert not {"ACQBULK", "PREEXIT"} & (old["k_wait"] | old["k_release"])
 
 
+AFTER_WAIT = r"""
+#include <kl/pdl.cuh>
+#define BODY(READ)                                                                              \
+    for (int i = threadIdx.x; i < 64; i += blockDim.x) prefetch_l2(x + 32 * i);                 \
+    griddepcontrol_wait();                                                                      \
+    const int len = READ;                                                                       \
+    float acc = 0.f;                                                                            \
+    for (int i = threadIdx.x; i < len; i += blockDim.x) acc += x[i];                            \
+    y[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+extern "C" __global__ void k_restrict(const int* __restrict__ n, const float* __restrict__ x, float* y) {
+    BODY(n[blockIdx.y])
+}
+extern "C" __global__ void k_after(const int* __restrict__ n, const float* __restrict__ x, float* y) {
+    BODY(load_after_wait(n + blockIdx.y))
+}
+"""
+
+
+def global_loads_before_the_wait(kernel) -> list[str]:
+    """The global loads (LDG, LDGSTS, LD) a kernel's SASS issues before its ACQBULK (griddepcontrol.wait)."""
+    ops = [x.split(";")[0].strip() for x in kernel.sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
+    wait = next(i for i, op in enumerate(ops) if "ACQBULK" in op)
+    return [op for op in ops[:wait] if re.search(r"\b(LDG|LDGSTS|LD)\b", op)]
+
+
+def test_a_restrict_load_is_hoisted_above_the_wait_and_load_after_wait_is_not(tmp_cache):
+    """The compiler treats a load through a const __restrict__ parameter as invariant (LDG.E.CONSTANT) and may issue it
+    before griddepcontrol.wait, reading the primary's output before it is written; load_after_wait stays after it."""
+    mod = kernellab.compile_cuda(AFTER_WAIT, arch="sm_90", first_line=2, filename="cell.cu")
+    hoisted = global_loads_before_the_wait(mod.k_restrict)
+    assert hoisted and all("CONSTANT" in op for op in hoisted), hoisted      # the hazard, with this NVRTC
+    assert global_loads_before_the_wait(mod.k_after) == []
+
+
 # --- the CPU emulator ----------------------------------------------------------------------------------------------
 
 PRODUCER_CONSUMER = r'''

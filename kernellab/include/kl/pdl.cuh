@@ -3,7 +3,8 @@
 // A kernel launched with pdl=True (Kernel.launch; cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
 // SERIALIZATION) may start while the previous kernel on its stream (the primary) still runs. Before its
 // griddepcontrol_wait() it may only read what no earlier kernel of the stream writes, and write nothing another kernel
-// reads or writes.
+// reads or writes. After it, read the primary's output through cp.async, a plain (not __restrict__) pointer or
+// load_after_wait: a load through a `const __restrict__` pointer may be moved above the wait by the compiler.
 // On the GPU each function is inline PTX; on the CPU (kernellab/run/sim/cuda, both ways in: compile_host and emulate)
 // cuda_host.h's kl_emu:: functions of the same names, which do nothing: launches there run one after the other.
 #pragma once
@@ -27,6 +28,21 @@ __device__ __forceinline__ void griddepcontrol_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #elif !defined(__CUDA_ARCH__)
     kl_emu::griddepcontrol_launch_dependents();
+#endif
+}
+
+// Read an int the primary (the previous kernel) wrote, after griddepcontrol_wait(). A plain `p[i]` through a
+// `const int* __restrict__` parameter compiles to a non-coherent load (LDG.E.CONSTANT) that the compiler treats as
+// invariant for the whole kernel and may hoist above the wait (inline PTX's "memory" clobber does not hold it back):
+// the kernel then reads the value before the primary has written it. This load is inline PTX marked volatile, so it
+// stays after the wait (ld.global: coherent at L2, where the primary's writes are).
+__device__ __forceinline__ int load_after_wait(const int* p) {
+#ifdef __CUDA_ARCH__
+    int v;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+#else
+    return *p;
 #endif
 }
 
