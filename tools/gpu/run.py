@@ -233,7 +233,7 @@ SUITES: dict[str, Suite] = {
         "with PDL, by kernellab.bench, do_bench, sustained and a CUDA graph; decode's share of copy alone and in the "
         "step; a table last", 300,
         commands=(
-            (PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short",
+            (PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEsP", "--tb=short",
              GPU_TESTS + "test_decode_pdl_gpu.py"),
             (PY, "benchmarks/attention_inference.py", "--part", "decode", "--pdl", "--quick", "--out", "{out}"))),
     "bench-decode-floor": Suite(

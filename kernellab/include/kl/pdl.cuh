@@ -35,11 +35,11 @@ __device__ __forceinline__ void griddepcontrol_launch_dependents() {
 // `const int* __restrict__` parameter compiles to a non-coherent load (LDG.E.CONSTANT) that the compiler treats as
 // invariant for the whole kernel and may hoist above the wait (inline PTX's "memory" clobber does not hold it back):
 // the kernel then reads the value before the primary has written it. This load is inline PTX marked volatile, so it
-// stays after the wait (ld.global: coherent at L2, where the primary's writes are).
+// stays after the wait; .cg reads it from L2 (the point of coherence, where the primary's writes are), not L1.
 __device__ __forceinline__ int load_after_wait(const int* p) {
 #ifdef __CUDA_ARCH__
     int v;
-    asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 #else
     return *p;
