@@ -20,6 +20,7 @@ from kernellab.run.launch.launch import RECENT_LAUNCHES, deferred_sync  # noqa: 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SPIN = 2_000_000           # about 1 ms at 1.7-2 GHz: far longer than a decode launch takes to start
+SPIN_CONTROL = 40_000_000  # about 20 ms: the overlap control's producer (CUDA's own PDL test spins 50 ms)
 ROUNDING = {"bf16": 1.2e-2, "fp16": 2e-3}
 
 
@@ -113,7 +114,7 @@ def test_a_pdl_launch_waits_for_its_producer_and_the_control_shows_it_overlaps(p
     first launch loads it (cuModuleGetFunction; CUDA's lazy loading may synchronise the context) and builds its launch
     on the host, which alone may outlast the producer. A fresh copy's cold first launch is reported, not asserted."""
     side = torch.cuda.Stream()
-    for stream in (None, side):                                    # warm: every kernel, both configurations, both streams
+    for stream in (None, side):                 # warm: every kernel, both configurations, both streams
         for consumer in ("consumer", "consumer_no_wait"):
             for launch_pdl in (False, True):
                 pair_run(pair, consumer, launch_pdl, stream, spin=0)
@@ -123,21 +124,29 @@ def test_a_pdl_launch_waits_for_its_producer_and_the_control_shows_it_overlaps(p
             assert torch.equal(r["z"], 2 * r["x"] + 1), (
                 f"pdl={launch_pdl} on {r['stream']}: the consumer read y before the producer wrote it "
                 f"({r['stale']:.0%} stale): griddepcontrol.wait did not wait")
-            assert r["start_vs_end_us"] >= 0, f"pdl={launch_pdl}: a consumer block passed its wait before the producer ended"
+            assert r["start_vs_end_us"] >= 0, (f"pdl={launch_pdl} on {r['stream']}: a consumer block passed its "
+                                               f"wait before the producer ended")
     if not hopper():
         pytest.skip("below sm_90 pdl=True is a plain launch: no overlap to show")
-    rows = {"control, pdl=True": pair_run(pair, "consumer_no_wait", True),
-            "control, pdl=True, side stream": pair_run(pair, "consumer_no_wait", True, side),
-            "control, plain": pair_run(pair, "consumer_no_wait", False)}
+    overlapped = lambda r: r["stale"] > 0.5 and r["start_vs_end_us"] < 0
+    rows = {}
+    for name, stream in (("control, pdl=True", None), ("control, pdl=True, side stream", side)):
+        for attempt in range(3):            # the overlap is opportunistic (the driver promises none): up to 3 tries
+            rows[name] = pair_run(pair, "consumer_no_wait", True, stream, spin=SPIN_CONTROL)
+            rows[name]["stream"] += f", try {attempt + 1}"
+            if overlapped(rows[name]):
+                break
+    rows["control, plain"] = pair_run(pair, "consumer_no_wait", False, spin=SPIN_CONTROL)
     cold = kernellab.compile_cuda(PAIR + "\n// a fresh module: its kernels not yet loaded\n", name="pdl_pair_cold")
     cold.producer[N // BLOCK, BLOCK](torch.ones(N, device="cuda"), torch.zeros(N, device="cuda"), N, 0,
                                      torch.zeros(2 * (N // BLOCK), dtype=torch.int64, device="cuda"))
-    rows["control, pdl=True, its first launch"] = pair_run(cold, "consumer_no_wait", True)
+    rows["control, pdl=True, its first launch"] = pair_run(cold, "consumer_no_wait", True, spin=SPIN)
     print("PDL overlap: " + describe(rows))
     plain = rows["control, plain"]
-    assert plain["stale"] == 0 and plain["start_vs_end_us"] >= 0, "a plain launch overlapped its producer: " + describe(rows)
+    assert plain["stale"] == 0 and plain["start_vs_end_us"] >= 0, (
+        "a plain launch overlapped its producer: " + describe(rows))
     missed = [name for name in ("control, pdl=True", "control, pdl=True, side stream")
-              if not (rows[name]["stale"] > 0.5 and rows[name]["start_vs_end_us"] < 0)]
+              if not overlapped(rows[name])]
     assert not missed, (f"{' and '.join(missed)} did not overlap the producer (PDL not in effect there): "
                         + describe(rows))
 
@@ -229,9 +238,9 @@ def diagnosis(t09, base, q, kc, vc, sl, rows, shape) -> str:
     for (way, pdl, buffers, rep), (out, launches) in rows.items():
         diff = (out.double() - base.double()).abs().nan_to_num(float("inf"))
         heads = sorted({int(h) for h in (diff.amax(dim=(0, 2, 3)) > 0).nonzero().flatten()})
+        err = (out.double() - ref).abs().nan_to_num(float("inf")).max().item()
         lines.append(f"{way} pdl={pdl} {buffers} #{rep}: {'equal' if torch.equal(out, base) else 'DIFFERS'} "
-                     f"(max {diff.max().item():.2e}, heads {heads}; {(out.double() - ref).abs().nan_to_num(float('inf')).max().item():.2e} "
-                     f"from float64), launched {launches}")
+                     f"(max {diff.max().item():.2e}, heads {heads}; {err:.2e} from float64), launched {launches}")
     return "\n".join(lines)
 
 
