@@ -7,6 +7,7 @@ import ctypes
 import dataclasses
 import json
 import re
+import struct
 
 import numpy as np
 import pytest
@@ -224,6 +225,30 @@ def test_the_generated_pdl_launch_goes_through_cuLaunchKernelEx_with_the_attribu
     assert driver.launches == [((4, 1, 1), {}, driver.launches[0][2])] and len(driver.raw_ex) == 2
     path.run(cfg, (FakeCudaTensor(0x1000), FakeCudaTensor(0x2000), FakeCudaTensor(0x3000), np.int32(5)), None, False)
     assert driver.launches[-1][1] == {"pdl": True}                                   # no plan: Driver.launch, pdl=
+
+
+class BytesDriver(RawDriver):
+    """RawDriver whose cuLaunchKernelEx reads the config's raw bytes at cuda.h's offsets, not through kernellab's
+    ctypes classes: gridDim x/y/z, blockDim x/y/z, sharedMemBytes (7 unsigned ints), 4 bytes of padding, hStream,
+    attrs, numAttrs (56 bytes); each CUlaunchAttribute 72 bytes: id, 4 bytes of padding, the 64-byte value."""
+
+    def launch_kernel_ex(self, config_p, f, params, extra):
+        raw = ctypes.string_at(ctypes.cast(config_p, ctypes.c_void_p).value, 56)
+        *dims, stream, attrs, n = struct.unpack_from("<7I4xQQI", raw)
+        self.raw_ex.append((tuple(dims), stream, n, ctypes.string_at(attrs, 72 * n) if n else b""))
+        return 0
+
+
+def test_the_generated_pdl_launch_passes_cuda_hs_bytes():
+    driver = BytesDriver()
+    path = L.LaunchPath(0xF00, PARAMS, H100, name="vadd", signature="vadd(...)", max_threads_per_block=1024,
+                        static_shared_bytes=0, driver=driver)
+    fast = path.fast(path.config((4, 2), 256, 1024, pdl=True), tuple(map(type, args(1))))
+    assert fast(args(7), None, False) and fast(args(8), 0xABC, False)
+    dims = (4, 2, 1, 256, 1, 1, 1024)
+    assert [r[:3] for r in driver.raw_ex] == [(dims, 0x5000, 1), (dims, 0xABC, 1)]     # one attribute
+    for *_, attr in driver.raw_ex:          # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, the int at 8: 1
+        assert struct.unpack_from("<I4xi", attr) == (6, 1) and attr[12:] == bytes(60)
 
 
 @pytest.fixture
