@@ -1402,9 +1402,12 @@ for B, L in ((1, 1024), (1, 8192), (1, 131072), (32, 8192)):
 # stale. What is left is safe for any address: each warp's addresses, and an **L2 prefetch** (`prefetch.global.L2`) of
 # its first tile on the guess that the cache is full (the `early` variant's guess). L2 is where every SM's loads and
 # stores meet, so a line prefetched there is updated by the producer's store, never stale; a wrong guess costs a wasted
-# prefetch, no error. Nothing is written before the wait, not even the decode's own buffers: PyTorch's caching
-# allocator may give them memory the producer, still running, reads (a temporary freed when it was launched, such as
-# the projection's output). Below sm_90, and in the CPU emulator (launches there run one after the other, so the wait
+# prefetch, no error. *Where* the source puts a load is not where the compiler puts it: `seqlens[b]` through a
+# `const int* __restrict__` compiles to a read-only load the compiler may issue before the wait (the SASS had it
+# first thing, before `ACQBULK`), so the PDL kernel reads it with `kl/pdl.cuh`'s `load_after_wait`, which stays after
+# it; `tests/test_attention_inference.py` checks the SASS. Nothing is written before the wait, not even the decode's
+# own buffers: PyTorch's caching allocator may give them memory the producer, still running, reads (a temporary freed
+# when it was launched, such as the projection's output). Below sm_90, and in the CPU emulator (launches there run one after the other, so the wait
 # is a no-op), `pdl=True` is a plain launch with the same result.
 #
 # **Predictions** (H100, `B = 1`, 8k, kernellab.bench, from the latency model in
