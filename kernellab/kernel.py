@@ -243,8 +243,12 @@ class Kernel:
         CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): the kernel may start while the previous kernel on the
         stream still runs, so it must call griddepcontrol_wait() (kl/pdl.cuh) before it reads anything that kernel
         writes, or writes anything that kernel reads; the previous kernel may call griddepcontrol_launch_dependents()
-        to let it start sooner. Below sm_90, on the CPU path (launches there run one after the other) and in a worker
-        (isolate=True: the kernel runs alone) it is a plain launch, with the same result.
+        to let it start sooner. Read that kernel's output after the wait through a plain pointer, cp.async or
+        load_after_wait(): a load through a `const __restrict__` pointer may be compiled to a read-only load issued
+        before the wait. A kernel's first launch loads it (with CUDA's lazy loading that may synchronise the device)
+        and builds its launch on the host, so that launch may not overlap. Below sm_90, on the CPU path (launches
+        there run one after the other) and in a worker (isolate=True: the kernel runs alone) it is a plain launch,
+        with the same result.
 
         sync=True waits for the kernel, so that a fault is reported here, at this launch, not at some later CUDA
         call; sync=False does not (a fault then surfaces at the next synchronising call, kernellab.synchronize() or
