@@ -1450,7 +1450,8 @@ for L in (1024, 8192, 131072):
 # step is 1.16x faster with PDL at 1k, 1.11x at 8k, 1.05x at 32k and 1.02x at 128k, 2.3-2.9 µs a step as predicted,
 # and the decode's share of copy at 8k goes 39 % -> 45 %. But the benchmark's own control test says the consumer did
 # not start during its producer (a kernel without `griddepcontrol.wait` read nothing stale), so what those microseconds
-# are is not settled; and the PDL op differs from the plain op by one bf16 ulp. Until both are explained `pdl=True`
+# are is not settled; and the PDL op differed from the plain op, because the compiler had moved the PDL kernels'
+# `cache_seqlens` load above the wait (fixed since: `load_after_wait`). Until both are re-measured `pdl=True`
 # stays an option, off by default (benchmarks/NOTES-attention-inference.md says what is checked next).
 
 # %% [markdown]

@@ -353,16 +353,20 @@ SHAPES_2D = [
 ]
 
 
-@needs_cxx
-@pytest.mark.parametrize("BH,N,d,causal,dtype", SHAPES_2D)
-def test_atomic_2d_in_the_emulator_matches_float64(BH, N, d, causal, dtype, module):
-    ours, want = emulated_backward(BH, N, d, causal, "atomic_2d", seed=N + d + 1, module=module, dtype=dtype)
+def _assert_emulated_rung_matches_float64(variant, BH, N, d, causal, dtype, seed, module):
+    ours, want = emulated_backward(BH, N, d, causal, variant, seed=seed, module=module, dtype=dtype)
     for name, got, ref in zip(("dq", "dk", "dv"), ours, want):
         assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written (or NaN)"
         err = np.abs(got - ref).max()
         # as below: bf16 P, dS and results, a few bf16 ulps; fp16 carries 3 more mantissa bits
         assert err <= (2 ** -6 if dtype == "bf16" else 2 ** -8) * max(1.0, np.abs(ref).max()), \
             f"{name}: max |err| {err:.3g}"
+
+
+@needs_cxx
+@pytest.mark.parametrize("BH,N,d,causal,dtype", SHAPES_2D)
+def test_atomic_2d_in_the_emulator_matches_float64(BH, N, d, causal, dtype, module):
+    _assert_emulated_rung_matches_float64("atomic_2d", BH, N, d, causal, dtype, N + d + 1, module)
 
 
 # rung 9 (atomic_2d_ilp): rung 8 with two dQ accumulator sets and the LSE / Dv rows by 16-byte copies, which need
@@ -384,12 +388,7 @@ SHAPES_ILP = [
 @needs_cxx
 @pytest.mark.parametrize("BH,N,d,causal,dtype", SHAPES_ILP)
 def test_atomic_2d_ilp_in_the_emulator_matches_float64(BH, N, d, causal, dtype, module):
-    ours, want = emulated_backward(BH, N, d, causal, "atomic_2d_ilp", seed=N + d + 2, module=module, dtype=dtype)
-    for name, got, ref in zip(("dq", "dk", "dv"), ours, want):
-        assert not np.isnan(got).any(), f"{name}: {np.isnan(got).sum()} elements never written (or NaN)"
-        err = np.abs(got - ref).max()
-        assert err <= (2 ** -6 if dtype == "bf16" else 2 ** -8) * max(1.0, np.abs(ref).max()), \
-            f"{name}: max |err| {err:.3g}"
+    _assert_emulated_rung_matches_float64("atomic_2d_ilp", BH, N, d, causal, dtype, N + d + 2, module)
 
 
 def _dq_loop_chain(sass: str) -> tuple[int, int]:
