@@ -10,8 +10,6 @@ graders with KERNELLAB_SANITIZER_POOL=1 keep one process per tool. With $KERNELL
 output is saved (pool_*.txt); the last lines printed are a table: tool, job, process started, context, wall, errors,
 findings.
 """
-import os
-import pathlib
 
 import pytest
 
@@ -19,38 +17,11 @@ import kernellab
 from kernellab.run.nvtools import sanitize_pool as P
 from kernellab.run.nvtools.sanitize import sanitize, sanitizer_path
 
+from faulty_kernels import compile_faulty, line_of, save
+
 pytestmark = pytest.mark.gpu
 
-SRC = r"""extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) c[i] = a[i] + b[i];
-}
-extern "C" __global__ void oob_write(float* x, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    x[i + n] = 1.0f;
-}
-extern "C" __global__ void racy_reverse(const float* x, float* y) {
-    __shared__ float tile[64];
-    tile[threadIdx.x] = x[blockIdx.x * 64 + threadIdx.x];
-    y[blockIdx.x * 64 + threadIdx.x] = tile[63 - threadIdx.x];
-}
-extern "C" __global__ void spin(int* flag) {
-    while (atomicAdd(flag, 0) == 0) { }
-}
-"""
-LINE = {text.strip(): i + 2 for i, text in enumerate(SRC.splitlines())}
 ROWS: list = []
-
-
-def line_of(fragment: str) -> int:
-    return next(n for text, n in LINE.items() if fragment in text)
-
-
-def save(name: str, text: str) -> None:
-    out = os.environ.get("KERNELLAB_ARTIFACTS")
-    if out:
-        pathlib.Path(out).mkdir(parents=True, exist_ok=True)
-        (pathlib.Path(out) / name).write_text(text)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,7 +43,7 @@ def table():
 
 @pytest.fixture(scope="module")
 def mod():
-    return kernellab.compile_cuda(SRC, first_line=2, filename="cell.cu")
+    return compile_faulty()
 
 
 @pytest.fixture(scope="module")
