@@ -57,13 +57,13 @@ class Suite:
 
 PY = "python3"
 GPU_TESTS = "tests/gpu/"
+PYTEST_GPU = (PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "--tb=short")   # + report flags, files
 
 def backward_variant_suite(about: str, select: str, variants: str, *bench_args: str) -> Suite:
     """A suite for tutorial 08's backward variants: their GPU tests (-k select), then benchmarks/attention_backward.py
     timing them at N = 4096, d = 64 and 128 beside SDPA (and the variants named)."""
     return Suite(about, 300, commands=(
-        (PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", "-s", "-k", select,
-         GPU_TESTS + "test_attention_backward_gpu.py"),
+        (*PYTEST_GPU, "-rfEs", "-s", "-k", select, GPU_TESTS + "test_attention_backward_gpu.py"),
         (PY, "benchmarks/attention_backward.py", "--quick", *bench_args, "--dims", "64,128", "--variants", variants,
          "--ns", "4096", "--out", "{out}")))
 
@@ -214,8 +214,8 @@ SUITES: dict[str, Suite] = {
         "1k, 8k, 32k, 128k) and B = 32 (8k) under Nsight Compute (the fused kernel, the same with empty caches, the "
         "split kernel alone, a lower split floor, the merge variant merge_loads=16, the variants merge='online', "
         "early=True and both, each against its written prediction): duration, DRAM %, bytes read, occupancy, SMs "
-        "active, L2 hit rate, top stalls; the op by kernellab.bench with the L2 written, read, not flushed and in a CUDA graph; each beside "
-        "the latency model; last lines: what each outcome means", 300,
+        "active, L2 hit rate, top stalls; the op by kernellab.bench with the L2 written, read, not flushed and in a "
+        "CUDA graph; each beside the latency model; last lines: what each outcome means", 300,
         commands=((PY, "benchmarks/attention_inference.py", "--part", "decode", "--profile", "--out", "{out}"),),
         takes_args=True),
     "tests-decode-pdl": Suite(
@@ -225,16 +225,13 @@ SUITES: dict[str, Suite] = {
         "(bench-decode-pdl runs these first too)", 240,
         tests=(GPU_TESTS + "test_decode_pdl_gpu.py",)),
     "bench-decode-pdl": Suite(
-        "a decode step behind its producer with programmatic dependent launch (PDL): tests/gpu/test_decode_pdl_gpu.py "
-        "(pdl=True launches wait for a producer that writes late, a control without the wait shows the overlap; "
-        "tutorial 09's decode_attention(pdl=True) behind decode_append equal to the plain step bit for bit, through "
-        "the op and a captured CUDA graph), then benchmarks/attention_inference.py --part decode --pdl --quick: B = 1, "
+        "a decode step behind its producer with programmatic dependent launch (PDL): tests-decode-pdl's GPU tests, "
+        "then benchmarks/attention_inference.py --part decode --pdl --quick: B = 1, "
         "caches 1k, 8k, 32k, 128k (and a QKV projection producer at 8k), producer, decode alone, the step plain and "
         "with PDL, by kernellab.bench, do_bench, sustained and a CUDA graph; decode's share of copy alone and in the "
         "step; a table last", 300,
         commands=(
-            (PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEsP", "--tb=short",
-             GPU_TESTS + "test_decode_pdl_gpu.py"),
+            (*PYTEST_GPU, "-rfEsP", GPU_TESTS + "test_decode_pdl_gpu.py"),
             (PY, "benchmarks/attention_inference.py", "--part", "decode", "--pdl", "--quick", "--out", "{out}"))),
     "bench-decode-floor": Suite(
         "benchmarks/attention_inference.py --part decode --floor: tutorial 09's decode at B = 1 (caches 512, 1k, 2k, "
@@ -367,8 +364,7 @@ def commands(name: str, args: list[str], out: Path) -> list[list[str]]:
     if suite.tests:
         extra = shlex.split(os.environ.get("PYTEST_ARGS", ""))       # as a shell splits it: -k "a or b" is one
         select = ["-k", suite.select] if suite.select else []
-        return [[PY, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfEs", "--tb=short", *select,
-                 *suite.tests, *extra]]
+        return [[*PYTEST_GPU, "-rfEs", *select, *suite.tests, *extra]]
     cmds = [[a.replace("{out}", str(out / name)) for a in argv] for argv in suite.commands]
     if name == "notebooks":
         cmds[0] += notebook_paths(args)
