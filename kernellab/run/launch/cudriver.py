@@ -79,16 +79,11 @@ def launch_config(grid, block, shared_bytes: int, stream: int, cluster=None,
     return cfg, attrs
 
 
-def cluster_launch_config(grid, block, shared_bytes: int, stream: int, cluster) -> tuple[CUlaunchConfig, object]:
-    """launch_config with a thread-block cluster shape only."""
-    return launch_config(grid, block, shared_bytes, stream, cluster)
-
-
 def max_active_clusters(function: int, grid, block, shared_bytes: int, cluster, lib=None) -> int:
     """cuOccupancyMaxActiveClusters: how many clusters of this shape can be resident on the device at once (in the
     current context); a persistent kernel sizes its grid with it, since clusters must fit inside one GPC."""
     lib = _lib() if lib is None else lib
-    cfg, _attrs = cluster_launch_config(grid, block, shared_bytes, 0, cluster)
+    cfg, _attrs = launch_config(grid, block, shared_bytes, 0, cluster)
     n = ctypes.c_int(0)
     rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(int(function)), ctypes.byref(cfg))
     if rc:
