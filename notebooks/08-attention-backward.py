@@ -2512,7 +2512,7 @@ step3_d128[False]
 #   warpgroup), `dQ`'s 8 `HGMMA`s both (256, one warpgroup a tile), the `dS` stores 32 `STS.U16` a warp, conflict-free
 #   in the 128-byte swizzle (256): 1,280 predicted, 1,298 measured (340 M over 262,144 tile steps); 25,156 bank
 #   conflicts in all is nothing. At the tensor pipe's full rate (also 1,280 clocks a tile step) this would be a
-#   shared pipe near 100 %: a ceiling for later, not today's limit.
+#   shared pipe near 100 %: a ceiling for later, not the limit now.
 # - **`long_scoreboard` is a wait on L1TEX**: the consumers' global loads and the `mbarrier` try-waits. The consumer
 #   loop's SASS has 32 `LDG` a thread a tile (the LSE and `Dv` of its 16 query columns, each behind its own bounds
 #   predicate), issued at the loop head and first needed by the exponentials after `S^T`'s `wgmma`: an L2 round trip
