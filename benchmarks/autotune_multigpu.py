@@ -72,6 +72,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import multiprocessing
 import os
 import platform
 import re
@@ -363,10 +364,12 @@ def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> di
     from kernellab.run import fanout
 
     t0 = time.perf_counter()
+    before = set(multiprocessing.active_children())
     cluster, what = make_cluster(gpus, workers_per_gpu, job.get("threads_per_worker"))
     out = {"gpus": len(gpus), "gpu_ids": gpus, "workers": len(gpus) * workers_per_gpu, "cluster": what,
            "threads_per_worker": job.get("threads_per_worker")}
-    with cluster, distributed.Client(cluster) as client:
+    client = distributed.Client(cluster)
+    try:
         client.wait_for_workers(len(gpus) * workers_per_gpu, timeout=300)
         ex = client.get_executor()
         fanout.prepare(ex)
@@ -413,9 +416,48 @@ def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> di
             log(f"  warm compute-sanitizers: not read ({type(exc).__name__}: {exc})")
         if job.get("faults"):
             out["faults"] = fault_drill(client, ex, job.get("drill_timeout_s", 25.0), log)
+    finally:
         t3 = time.perf_counter()
-    out["close_s"] = time.perf_counter() - t3               # the pool's shut-down
+        out["close"] = close_pool(client, cluster, keep=before)
+        out["close_s"] = time.perf_counter() - t3           # the pool's shut-down
+        if out["close"] != "closed":
+            log(f"  pool shut-down: {out['close']} ({out['close_s']:.1f} s); the phase's results are kept")
     return out
+
+
+def _shutdown_helpers() -> str:
+    """On a worker: end its warm compute-sanitizers and isolated launch workers, so that the worker process can exit
+    at once when its nanny asks (left to atexit they can outlast the nanny's few seconds)."""
+    from kernellab.run.launch import worker as launch_worker
+    from kernellab.run.nvtools import sanitize_pool
+
+    sanitize_pool.shutdown()
+    launch_worker.shutdown()
+    return "ok"
+
+
+def close_pool(client, cluster, keep=frozenset(), timeout_s: float = 60.0) -> str:
+    """Shut a phase's pool down without letting a slow or failed shut-down cost the phase its results: the workers'
+    helper processes first, then the client and the cluster; the pool's processes (this process's children not in
+    `keep`) still alive after that are killed. "closed", or what went wrong and what was killed."""
+    problems = []
+    ended = threading.Thread(target=lambda: client.run(_shutdown_helpers), daemon=True)
+    ended.start()
+    ended.join(timeout_s)                    # a hung worker cannot hold the shut-down: the cluster's close ends it
+    if ended.is_alive():
+        problems.append(f"workers' helpers not ended in {timeout_s:g} s")
+    for what, close in (("client", lambda: client.close(timeout=timeout_s)),
+                        ("cluster", lambda: cluster.close(timeout=timeout_s))):
+        try:
+            close()
+        except Exception as exc:
+            problems.append(f"{what} close failed ({type(exc).__name__}: {str(exc) or 'no message'})")
+    left = [p for p in multiprocessing.active_children() if p not in keep and p.is_alive()]
+    for p in left:
+        p.kill()
+    if left:
+        problems.append(f"{len(left)} worker process(es) still alive, killed")
+    return "; ".join(problems) or "closed"
 
 
 def fault_drill(client, ex, timeout_s: float, log=print) -> dict:
@@ -720,11 +762,13 @@ def where_grading_goes(p: dict, one: dict) -> list[str]:
     for ex_id, steps in b.items():
         base = a.get(ex_id, {})
         cpu = ("cpu: this process", "cpu: tools' processes")
+        system = "cpu: this process, in the kernel (system)"
         parts = [f"{k} {base.get(k, 0):.1f} -> {v:.1f} s" for k, v in sorted(steps.items(), key=lambda kv: -kv[1])
-                 if k not in cpu and (v >= 0.05 or base.get(k, 0) >= 0.05)]
+                 if k not in (*cpu, system) and (v >= 0.05 or base.get(k, 0) >= 0.05)]
         c1, cn = sum(base.get(k, 0) for k in cpu), sum(steps.get(k, 0) for k in cpu)
         parts.append(f"CPU {c1:.1f} -> {cn:.1f} s (this process {base.get(cpu[0], 0):.1f} -> "
-                     f"{steps.get(cpu[0], 0):.1f}, tools {base.get(cpu[1], 0):.1f} -> {steps.get(cpu[1], 0):.1f})")
+                     f"{steps.get(cpu[0], 0):.1f}, of it in the OS kernel {base.get(system, 0):.1f} -> "
+                     f"{steps.get(system, 0):.1f}; tools {base.get(cpu[1], 0):.1f} -> {steps.get(cpu[1], 0):.1f})")
         lines.append(f"{ex_id}, mean per submission: " + "; ".join(parts))
         n = sum(1 for t in p["grades"].tables if t.exercise_id == ex_id for _ in t.rows)
         cpu_1, cpu_n, wall_1, wall_n = cpu_1 + c1 * n, cpu_n + cn * n, wall_1 + base.get("wall", 0) * n, \

@@ -151,7 +151,10 @@ def test_a_kernel_that_times_out_on_the_gpu_is_not_run_under_the_tools_after(mon
     assert not r.passed and [f.kind for f in r.findings] == ["timeout"], str(r)
     assert len(launches) == 1 and tools == []                 # stopped at the first launch, no tool after it
     assert any("compute-sanitizer and the simulator were not run" in n for n in r.notes), r.notes
-    assert [s for s, _ in r.stage_s][:3] == ["compiler checks", "launches (GPU)", "cpu: this process"], r.stage_s
+    steps = [s for s, _ in r.stage_s if not s.startswith("of the launches: ")]   # the parts of "launches (GPU)"
+    assert steps[:3] == ["compiler checks", "launches (GPU)", "cpu: this process"], r.stage_s
+    assert [s for s, _ in r.stage_s][2:4] == ["of the launches: inputs and reference (host)",
+                                              "of the launches: the kernel's runs and copies"], r.stage_s
 
 
 def test_the_fault_drill_names_what_went_wrong():
@@ -196,7 +199,8 @@ def test_the_grading_report_says_which_step_grew_and_whether_the_cores_or_a_wait
     flat while wall time grows is a wait on something shared (the driver, a lock); a busy host is CPU-bound."""
     mod = _load_script()
     one_steps = {"compile": 0.1, "compute-sanitizer racecheck": 3.0, "launches (GPU)": 1.0,
-                 "cpu: this process": 1.0, "cpu: tools' processes": 3.0}
+                 "cpu: this process": 1.0, "cpu: this process, in the kernel (system)": 0.4,
+                 "cpu: tools' processes": 3.0}
     slow_steps = dict(one_steps, **{"compute-sanitizer racecheck": 9.0})
     one = _phase(1, {"02-transpose-batched": [(4.1, one_steps)] * 2}, 10.0, 0.2)
     waited = _phase(4, {"02-transpose-batched": [(10.1, slow_steps)] * 2}, 8.0, 0.3)
@@ -205,7 +209,8 @@ def test_the_grading_report_says_which_step_grew_and_whether_the_cores_or_a_wait
     lines = mod.where_grading_goes(waited, one)
     assert lines[0].startswith("02-transpose-batched, mean per submission: wall 4.1 -> 10.1 s; "
                                "compute-sanitizer racecheck 3.0 -> 9.0 s"), lines
-    assert "CPU 4.0 -> 4.0 s (this process 1.0 -> 1.0, tools 3.0 -> 3.0)" in lines[0]
+    assert "CPU 4.0 -> 4.0 s (this process 1.0 -> 1.0, of it in the OS kernel 0.4 -> 0.4; tools 3.0 -> 3.0)" \
+        in lines[0], lines[0]
     assert "x2.46 and its CPU seconds x1.00" in lines[1] and "wait on something the host's GPUs share" in lines[1]
     busy = _phase(4, {"02-transpose-batched": [(10.1, dict(slow_steps, **{"cpu: tools' processes": 9.0}))] * 2},
                   8.0, 0.97)
@@ -267,6 +272,44 @@ def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monk
     # each worker's warm compute-sanitizers were read back (none ran here: no GPU)
     assert set(p["sanitizer_pools"]) == workers
     assert mod.pools_text(p["sanitizer_pools"]) == "no warm compute-sanitizer ran"
+    assert p["close"] == "closed", p["close"]              # the workers' helpers ended first: a clean shut-down
+
+
+def test_a_pool_that_will_not_close_costs_the_phase_nothing_and_its_processes_are_killed():
+    """On 4 x H200 the cluster's close after the fault drill raised TimeoutError, and the phase's rows went with it:
+    close_pool reports what failed, kills the pool's processes still alive (not this process's other children), and
+    never raises."""
+    import multiprocessing
+
+    mod = _load_script()
+    other = multiprocessing.Process(target=time.sleep, args=(30,))
+    other.start()
+    keep = set(multiprocessing.active_children())
+    stuck = multiprocessing.Process(target=time.sleep, args=(30,))
+    stuck.start()
+
+    class Client:
+        def run(self, fn):
+            time.sleep(5)                       # a hung worker: the helpers' shut-down does not return
+
+        def close(self, timeout):
+            pass
+
+    class Cluster:
+        def close(self, timeout):
+            raise TimeoutError
+
+    try:
+        t0 = time.perf_counter()
+        said = mod.close_pool(Client(), Cluster(), keep=keep, timeout_s=0.5)
+        assert time.perf_counter() - t0 < 3
+        assert said == ("workers' helpers not ended in 0.5 s; cluster close failed (TimeoutError: no message); "
+                        "1 worker process(es) still alive, killed"), said
+        stuck.join(5)
+        assert not stuck.is_alive() and other.is_alive()
+    finally:
+        other.kill()
+        stuck.kill()
 
 
 # --- faults -------------------------------------------------------------------------------------------------------

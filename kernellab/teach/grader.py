@@ -129,14 +129,16 @@ def grade(ex: Exercise, kernel, *, seed: int | None = None, speed: bool = True) 
         g.notes.append("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-2000:])
     cpu1 = _cpu_seconds()
     g.stage_s["cpu: this process"] = cpu1[0] - cpu0[0]
+    g.stage_s["cpu: this process, in the kernel (system)"] = cpu1[2] - cpu0[2]
     g.stage_s["cpu: tools' processes"] = cpu1[1] - cpu0[1]
     return g.result()
 
 
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds of this process, of its finished child processes: compute-sanitizer and what it ran)."""
+def _cpu_seconds() -> tuple[float, float, float]:
+    """(CPU seconds of this process, of its finished child processes (compute-sanitizer and what it ran), and of
+    this process in the operating system's kernel: page faults, copies through pipes)."""
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time(), kids.ru_utime + kids.ru_stime
+    return time.process_time(), kids.ru_utime + kids.ru_stime, resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
 class _Grading:
@@ -160,10 +162,11 @@ class _Grading:
     def timed(self, step: str):
         """Add the block's wall time to `step`."""
         t0 = time.perf_counter()
+        self.stage_s.setdefault(step, 0.0)       # in the order the steps start: a step timed inside another follows it
         try:
             yield
         finally:
-            self.stage_s[step] = self.stage_s.get(step, 0.0) + time.perf_counter() - t0
+            self.stage_s[step] += time.perf_counter() - t0
 
     # -- recording ------------------------------------------------------------------------------------------
     def add(self, kind: str, message: str, *, cell_line: int | None = None, where: str = "") -> None:
@@ -430,8 +433,9 @@ class _Grading:
         for si, shape in enumerate(shapes):
             for ci, (grid, block) in enumerate(ex.launch.configs(shape)):
                 rng = np.random.default_rng([self.seed, si, ci])
-                args = tuple(ex.make_args(shape, rng))
-                expected = _as_tuple(ex.reference(*_copy(args)))
+                with self.timed("of the launches: inputs and reference (host)"):
+                    args = tuple(ex.make_args(shape, rng))
+                    expected = _as_tuple(ex.reference(*_copy(args)))
                 where = f"{_shape_text(ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
                 try:
                     ok = self.run_one(k, args, expected, grid, block, where, simulated)
@@ -466,8 +470,9 @@ class _Grading:
                   if isinstance(a, np.ndarray) and i not in ex.outputs}
         before = {name: a.copy() for name, a in inputs.items()}
         try:
-            outs = self._launch_sim(k, args, grid, block, where) if simulated else \
-                self._launch_gpu(k, args, grid, block)
+            with self.timed("of the launches: the kernel's runs and copies"):
+                outs = self._launch_sim(k, args, grid, block, where) if simulated else \
+                    self._launch_gpu(k, args, grid, block)
         except _RunFailed as exc:
             self.add(exc.kind, exc.message, cell_line=exc.cell_line, where=where)
             if exc.kind in ("fault", "timeout"):
