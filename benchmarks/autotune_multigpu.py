@@ -28,7 +28,8 @@ soon as it compiled and survived the pruning, while the other compiles run, on o
 takes it ahead of the compiles queued there), and one configuration at a time per GPU (a lock per GPU,
 kernellab.run.fanout.gpu_lock), so no two timings overlap on one GPU. The one-GPU phase is a pool of the same size on
 GPU 0, so every phase pays the same fan-out costs (process start, pickling, result traffic). Cluster start (workers
-importing torch and making their CUDA context, cuBLAS's handle and the isolated launch worker, in every phase alike)
+importing torch and making their CUDA context, cuBLAS's handle and the isolated launch worker, and with
+KERNELLAB_SANITIZER_POOL=1 each worker's warm compute-sanitizer of every tool, in every phase alike)
 is reported apart and is not in the job's time. Each phase's log prints, per autotune stage, from the rows' records
 (when and where each compile and each check-and-time ran): wall, the sum of the job times, the ideal (that sum over
 the workers, or over the GPUs for the time a check-and-time held its GPU), the straggler tail, and each worker's first
@@ -292,6 +293,9 @@ def thread_env(threads: int) -> dict[str, str]:
                                       "NUMBA_NUM_THREADS")}
 
 
+SANITIZER_TOOLS = ("memcheck", "initcheck", "racecheck", "synccheck")   # every tool the class's graders run on a GPU
+
+
 def make_cluster(gpus: list[int], workers_per_gpu: int = 4, threads_per_worker: int | None = None):
     """(cluster, what): `workers_per_gpu` Dask worker processes (one task thread each) per GPU in `gpus`, each
     allowed `threads_per_worker` CPU threads for the libraries it calls (None: no cap)."""
@@ -334,6 +338,33 @@ def _warm():
     return where().gpu or "no GPU"
 
 
+def _warm_sanitizers() -> dict:
+    """On a worker's task thread (the graders' pools are per thread): start its warm compute-sanitizer of each tool
+    the graders run, on its GPU, and wait until each is ready ({tool: ready}); {} where the pool is off or no GPU."""
+    import torch
+
+    from kernellab.run.nvtools import sanitize, sanitize_pool
+
+    if not (sanitize_pool.default_on() and torch.cuda.is_available()):
+        return {}
+    return sanitize.warm(SANITIZER_TOOLS, device=torch.cuda.current_device())
+
+
+def warm_sanitizers(client) -> str:
+    """With the graders' warm compute-sanitizers on (KERNELLAB_SANITIZER_POOL=1), start each worker's before the
+    clock, as its CUDA context and launch worker are: a fresh pool's first job per tool would otherwise make a process
+    and a CUDA context under the tool on the job's clock (on 4 x H200 this grew from 0.3 to 3-4 s a run with 16
+    workers making them at once). What was warmed, in words; "" when nothing was (the pool off, no GPU)."""
+    futures = {addr: client.submit(_warm_sanitizers, workers=[addr], allow_other_workers=False, pure=False)
+               for addr in client.scheduler_info()["workers"]}
+    got = {addr: f.result() for addr, f in futures.items()}
+    if not any(got.values()):
+        return ""
+    ready = sum(v for tools in got.values() for v in tools.values())
+    total = sum(len(tools) for tools in got.values())
+    return f"{ready} of {total} warm compute-sanitizers ({', '.join(SANITIZER_TOOLS)})"
+
+
 def _sanitizer_pools():
     """On a worker: its warm compute-sanitizers' stats (kernellab.run.nvtools.sanitize_pool.stats())."""
     from kernellab.run.nvtools import sanitize_pool
@@ -374,9 +405,10 @@ def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> di
         ex = client.get_executor()
         fanout.prepare(ex)
         out["worker_gpus"] = client.run(_warm)
+        out["sanitizers_warmed"] = warm_sanitizers(client)
         out["start_s"] = time.perf_counter() - t0
         log(f"  {len(gpus)} GPU(s): {out['workers']} workers up in {out['start_s']:.1f} s (warmed: CUDA context, "
-            f"cuBLAS, the isolated launch worker)")
+            f"cuBLAS, the isolated launch worker{', ' + out['sanitizers_warmed'] if out['sanitizers_warmed'] else ''})")
         for addr, what in out["worker_gpus"].items():
             if "did not start" in str(what):
                 log(f"  WARNING {addr}: {what}")

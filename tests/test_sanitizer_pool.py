@@ -357,3 +357,47 @@ def test_a_failing_pool_falls_back_to_the_one_shot_path(tool, monkeypatch):
     rep = sanitize(job("racy"), "racecheck", executable=str(tool), timeout_s=60, pool=True)
     assert len(rep.findings) == 1 and "--serve" not in rep.command and rep.cost.process_started
     assert any("the warm compute-sanitizer failed (OSError" in n for n in rep.notes), rep.notes
+
+
+def test_a_spare_process_starts_when_one_ends_and_the_next_job_finds_it_ready(tool):
+    """A fault ends the process: its replacement starts at once (before the next job asks), and the next job runs on
+    it; a spare never sent a job is killed at close, not waited on for the stop timeout."""
+    import time
+
+    mem = pool_for(tool, "memcheck")
+    assert mem.run(job("clean"), timeout_s=60).ok
+    assert not mem.run(job("oob"), timeout_s=60).ok
+    assert mem.proc is not None and mem.proc.jobs == 0                              # the spare, before any job
+    assert mem.proc.open(time.time() + 30) and starts(tool) == 2                    # it started and is ready
+    after = mem.run(job("clean"), timeout_s=60)
+    assert after.ok and after.cost.process_started and starts(tool) == 2           # no third process
+    assert not mem.run(job("oob"), timeout_s=60).ok
+    assert mem.proc.open(time.time() + 30) and starts(tool) == 3                    # the next spare, ready
+    t0 = time.perf_counter()
+    mem.close()
+    assert time.perf_counter() - t0 < 5 and mem.proc is None
+    assert mem.stats()["restarts"] == {"fault": 2, "closed": 1}
+    without = pool_for(tool, "memcheck", spare=False)
+    assert not without.run(job("oob"), timeout_s=60).ok and without.proc is None and starts(tool) == 4
+
+
+def test_warm_starts_each_tool_ahead_and_the_first_job_pays_no_start(tool):
+    """sanitize.warm starts this thread's pool of each tool at once, on the device the jobs name (the target makes
+    its context there first: --device), and waits for each to be ready; sanitize(..., pool=True) from this thread
+    then uses them: no further process, and the first job's cost starts at its request, not at the process's spawn."""
+    import time
+
+    from kernellab.run.nvtools.sanitize import warm
+
+    ready = warm(("memcheck", "racecheck"), device=0, executable=str(tool), timeout_s=60)
+    assert ready == {"memcheck": True, "racecheck": True} and starts(tool) == 2
+    assert all(s["processes_started"] == 1 and s["jobs"] == 0 for s in P.stats())
+    cmd = P.get_pool("memcheck", executable=str(tool), print_limit=100, device=0)
+    assert cmd.command("REQ")[-4:] == ["--serve", "REQ", "--device", "0"]
+    j = job("racy")
+    t0 = time.time()
+    rep = sanitize(KernelJob(**{**j.__dict__, "device": 0}), "racecheck", executable=str(tool), timeout_s=60,
+                   pool=True)
+    assert len(rep.findings) == 1 and starts(tool) == 2
+    assert rep.cost.process_started                       # the process's first job (started ahead of it)
+    assert rep.cost.tool_start_s is None or rep.cost.tool_start_s <= time.time() - t0

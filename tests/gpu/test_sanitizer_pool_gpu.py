@@ -200,3 +200,38 @@ def test_the_graders_keep_one_process_per_tool_across_submissions(monkeypatch):
     later = [c for g in grades[1:] for _, c in g.tool_costs]
     assert later and not any(c.process_started for c in later), why
     assert all(s["processes_started"] == 1 and s["ordered"] for s in P.stats()), why
+
+
+def test_a_warmed_pool_has_its_context_before_the_first_job_and_a_fault_leaves_a_ready_spare(mod, torch):
+    """sanitize.warm on the jobs' device: the target makes its CUDA context before it opens its requests (--device),
+    so the first job's context part is a module load, as a warm process's second job's is, and under a fraction of a
+    cold process's first; the race is still found. Then a fault: the spare process starts at once and the job after it
+    runs on it without a start of its own."""
+    from kernellab.run.nvtools.sanitize import warm
+
+    j = jobs(mod, torch)
+    cold = P.SanitizerPool("racecheck", executable=sanitizer_path(), print_limit=100)
+    try:
+        first_cold = run(cold, "racy cold", j["racy"])
+    finally:
+        cold.close()
+    P.shutdown()
+    device = j["racy"].device
+    assert warm(("racecheck", "memcheck"), device=device, timeout_s=120) == {"racecheck": True, "memcheck": True}
+    racy = sanitize(j["racy"], "racecheck", pool=True)
+    row("racecheck", "racy warmed", racy)
+    oob = sanitize(j["oob"], "memcheck", pool=True)
+    row("memcheck", "oob warmed", oob)
+    after = sanitize(j["clean"], "memcheck", pool=True)
+    row("memcheck", "clean on spare", after)
+    why = "\n---\n".join(f"{r}\n{r.raw[-1500:]}" for r in (first_cold, racy, oob, after)) + f"\n{P.stats()}"
+    assert racy.findings and all(f.kind == "race" for f in racy.findings), why
+    c, w = first_cold.cost, racy.cost
+    assert w.process_started and c.process_started, why
+    assert w.context_s is not None and c.context_s is not None and w.context_s < c.context_s / 2, \
+        f"context and module: cold first job {c.context_s:.3f} s, warmed first job {w.context_s:.3f} s\n{why}"
+    assert w.wall_s < c.wall_s, why
+    assert not oob.ok and oob.findings[0].kind == "invalid_write", why
+    assert after.ok and not after.findings, why
+    if oob.job_status == "fault":                       # the fault ended its process: the spare took the next job
+        assert after.cost.process_started and after.cost.context_s < c.context_s / 2, why

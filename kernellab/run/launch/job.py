@@ -945,9 +945,11 @@ def main(argv=None) -> int:
     ap.add_argument("--scan", action="store_true", help="count NaN/Inf in the outputs (launches CuPy kernels)")
     ap.add_argument("--serve", default=None, metavar="REQUESTS",
                     help="read 'SEQ<TAB>JOBFILE<TAB>RESULTFILE' lines from this named pipe and run each job in turn")
+    ap.add_argument("--device", type=int, default=None,
+                    help="with --serve: make the CUDA context on this device before the first request")
     ns = ap.parse_args(argv)
     if ns.serve:
-        return serve(ns.serve, scan=ns.scan)
+        return serve(ns.serve, scan=ns.scan, device=ns.device)
     if not ns.jobfile:
         ap.error("a JOBFILE (or --serve REQUESTS) is needed")
     t0 = time.perf_counter()
@@ -1007,9 +1009,11 @@ def end_of_job_call(seq: int) -> str | None:
     return None
 
 
-def serve(requests: str, *, scan: bool = False, stream=None) -> int:
+def serve(requests: str, *, scan: bool = False, stream=None, device: int | None = None) -> int:
     """Run jobs in turn in this process (under compute-sanitizer: one CUDA context and one tool set-up for many jobs).
 
+    With `device`, the CUDA context is made on it first, before the requests pipe is opened: a pool that starts this
+    process ahead of its jobs (sanitize_pool.SanitizerPool.warm) finds it ready, context and all, once the pipe opens.
     Reads 'SEQ<TAB>JOBFILE<TAB>RESULTFILE' lines from the named pipe `requests` until it closes; for each, prints the
     begin mark, runs the job on a fresh state (its modules and allocations are freed after it: memcheck sees each job's
     own allocations only), writes the result file, makes the end-of-job call and prints the end mark. A job that
@@ -1022,6 +1026,12 @@ def serve(requests: str, *, scan: bool = False, stream=None) -> int:
         cupy.cuda.set_allocator(None)      # one cudaMalloc per argument, as the one-shot command does
     except Exception:
         cupy = None
+    if cupy is not None and device is not None:
+        try:
+            cupy.cuda.Device(device).use()
+            cupy.empty(1, dtype=cupy.uint8)    # the context now (the byte is freed at once: no allocator pool)
+        except Exception:                      # the first job meets the same failure and reports it
+            pass
     first = True
     with open(requests, "r") as fh:
         for line in fh:

@@ -49,6 +49,21 @@ def sanitizer_path() -> str:
     return path
 
 
+def warm(tools=TOOLS, *, device: int | None, timeout_s: float = 120.0, print_limit: int = DEFAULT_PRINT_LIMIT,
+         extra_args=(), executable: str | None = None) -> dict[str, bool]:
+    """Start this thread's warm compute-sanitizer of each tool now, all at once, and wait until each is ready for a job
+    (its CUDA context made on `device`: the device the jobs will name, KernelJob.device): sanitize(..., pool=True)
+    from this thread then finds them ready instead of paying the tool's set-up and the context on its first job.
+    {tool: ready}; a tool whose process died or was not ready in `timeout_s` is False (its first job starts one)."""
+    exe = executable or sanitizer_path()
+    pools = [sanitize_pool.get_pool(t, executable=exe, print_limit=print_limit, extra_args=extra_args, device=device)
+             for t in tools]
+    deadline = time.time() + timeout_s
+    for p in pools:
+        p.warm(wait=False)
+    return {p.tool: p.warm(timeout_s=max(0.0, deadline - time.time())) for p in pools}
+
+
 def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0,
              print_limit: int = DEFAULT_PRINT_LIMIT, extra_args=(), executable: str | None = None,
              pool: bool | None = None) -> SanitizerReport:

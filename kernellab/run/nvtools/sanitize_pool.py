@@ -30,6 +30,12 @@ synchronize, launch after launch; memcheck printed a failed API call's report be
   exits, and the pool reads to the end of the tool's output and starts a new process for the next job. A hang is
   killed at its timeout, as the one-shot path does, and so is a process that dies; the next job gets a new process.
 
+Ahead of the jobs: `SanitizerPool.warm()` (and `sanitize.warm()` for several tools at once) starts the process before
+its first job and waits until the target has made its CUDA context (the pool's device, `--device`) and opened its
+requests; when a process ends (a fault, a hang, a crash), its replacement (the spare) starts at once, not at the next
+job. A process that never got a job is killed at close. Either way the tool's set-up and the context are made off
+the next job's clock.
+
 A process runs with --print-limit 0 (no limit: the tool's limit counts over the process's life); each job's own
 print limit is applied to its part of the output, and its count is counted there, so its SanitizerReport reads as the
 one-shot one does (the error count, "printed N of M" notes). The tool's summaries at exit count the whole process and
@@ -178,6 +184,7 @@ class _Process:
         self.lines: queue.Queue = queue.Queue()
         self.fd: int | None = None
         self.jobs = 0
+        self.sent = False                         # a request was written to it (a job began here)
         self.eof = False
         threading.Thread(target=self._read, daemon=True, name="kernellab-sanitizer-output").start()
 
@@ -189,8 +196,9 @@ class _Process:
     def alive(self) -> bool:
         return self.popen.poll() is None and not self.eof
 
-    def send(self, line: str, deadline: float) -> bool:
-        """Hand the target one request; False if it is gone (or never opened its pipe) before `deadline`."""
+    def open(self, deadline: float) -> bool:
+        """Open this side of the requests pipe: True once the target has opened its side (it is ready for a job);
+        False if it is gone, or not ready by `deadline`."""
         while self.fd is None:
             try:
                 self.fd = os.open(self.requests, os.O_WRONLY | os.O_NONBLOCK)
@@ -200,6 +208,13 @@ class _Process:
                 if self.popen.poll() is not None or time.time() > deadline:
                     return False
                 time.sleep(0.005)
+        return True
+
+    def send(self, line: str, deadline: float) -> bool:
+        """Hand the target one request; False if it is gone (or never opened its pipe) before `deadline`."""
+        if not self.open(deadline):
+            return False
+        self.sent = True
         data = line.encode()
         try:
             while data:
@@ -226,7 +241,11 @@ class _Process:
         return line
 
     def finish(self, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
-        """Close its requests (the target then exits and the tool prints its summary); the rest of its output."""
+        """Close its requests (the target then exits and the tool prints its summary); the rest of its output. A
+        process that was never sent a job (a spare, a warmed one) has nothing to say: it is killed at once."""
+        if not self.sent:
+            self.kill()
+            return self.drain()
         if self.fd is not None:
             self.close_requests()
         elif self.popen.poll() is None:               # never opened: open and close it so the target's open returns
@@ -286,8 +305,11 @@ class _Process:
 class SanitizerPool:
     """A warm compute-sanitizer process for one tool (and device, executable, options), serving jobs one at a time."""
 
-    def __init__(self, tool: str, *, executable: str, print_limit: int, extra_args=(), env: dict | None = None):
+    def __init__(self, tool: str, *, executable: str, print_limit: int, extra_args=(), env: dict | None = None,
+                 device: int | None = None, spare: bool = True):
         self.tool, self.exe, self.print_limit, self.extra_args = tool, executable, int(print_limit), tuple(extra_args)
+        self.device = device                          # the target makes its context here before its first job
+        self.spare = spare                            # start the next process as soon as one ends, not at the next job
         self.env = env if env is not None else tool_env()
         self.end_calls = set(END_CALLS_SEEN.get(tool, ()))   # the parities whose end-of-job call the tool reports
         self.ordered = True                           # False: the output was seen out of order; a process per job
@@ -305,7 +327,8 @@ class SanitizerPool:
         cmd = [self.exe, "--tool", self.tool, "--print-limit", "0", "--show-backtrace", "no"]
         if self.tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
-        return cmd + list(self.extra_args) + [sys.executable, "-m", "kernellab.run.launch.job", "--serve", requests]
+        cmd += list(self.extra_args) + [sys.executable, "-m", "kernellab.run.launch.job", "--serve", requests]
+        return cmd + ([] if self.device is None else ["--device", str(self.device)])
 
     def stats(self) -> dict:
         """Processes started, jobs run, why processes were replaced, whether the output kept program order (and the
@@ -335,6 +358,20 @@ class SanitizerPool:
             pass
         return rest
 
+    def warm(self, timeout_s: float = 120.0, *, wait: bool = True) -> bool:
+        """Start the process now, if none is running, and wait until it is ready for a job (the tool set up, the
+        target's imports made and, with a device, its CUDA context): True when it is, False if it died or was not
+        ready in `timeout_s` (the next job then starts a process of its own, as without warming). wait=False: start
+        it and return at once (True)."""
+        with self.lock:
+            if not os.path.isdir(self.folder):
+                self.folder = tempfile.mkdtemp(prefix=f"kernellab-sanitizer-{self.tool}-")
+            if self.proc is not None and not self.proc.alive():
+                self._retire("gone")
+            if self.proc is None:
+                self.proc = self._start()
+            return True if not wait else self.proc.open(time.time() + timeout_s)
+
     def close(self) -> None:
         """End the warm process (it starts again on the next job)."""
         with self.lock:
@@ -359,12 +396,12 @@ class SanitizerPool:
         if proc is not None and not proc.alive():
             self._retire("gone")
             proc = None
-        started = proc is None
-        if started:
+        if proc is None:             # started for this job: its start is part of the job's cost
             proc = self.proc = self._start()
             spawned, before = proc.spawned, {"cpu_s": 0.0, "read_bytes": 0, "read_chars": 0}
-        else:
+        else:                        # warm, or started ahead (warm(), a spare): the job's cost starts now
             spawned, before = time.time(), tree_usage(proc.popen.pid)
+        started = proc.jobs == 0
         deadline = time.time() + timeout_s
         lines, pre, end, called, other_call, poisoned, timed_out, gone = [], [], None, False, 0, False, False, False
         began, mine = False, seq % 2
@@ -431,6 +468,10 @@ class SanitizerPool:
         if late:
             self.ordered = False
             self.out_of_order.append(seq)
+        if self.proc is None and self.spare:
+            # the next job's process starts now, while this job's findings are read and the grader goes on: the
+            # tool's set-up and the CUDA context are not paid again on the next job's clock
+            self.proc = self._start()
         if not began:        # the target never reached the job (it failed to start, or hung before): all it said
             lines = pre + lines
         lines += [ln for ln in _without_end_calls(rest) if not ln.startswith(JOB_MARK) and not _SUMMARY.match(ln)]
@@ -563,7 +604,7 @@ def get_pool(tool: str, *, executable: str, print_limit: int, extra_args=(), dev
             for k in [k for k in _pools if k[-1] not in alive]:     # threads that have ended: their processes go
                 orphans.append(_pools.pop(k))
             pool = _pools[key] = SanitizerPool(tool, executable=executable, print_limit=print_limit,
-                                               extra_args=extra_args)
+                                               extra_args=extra_args, device=device)
     for old in orphans:
         old.close()
     return pool
