@@ -783,3 +783,30 @@ def test_a_kernel_that_computes_only_on_its_first_launch_is_named_after_timing(f
     assert not r.passed and [f.kind for f in r.findings] == ["cached_result"], str(r)
     assert r.speed is None
     assert honest.passed and honest.speed is not None, str(honest)
+
+
+def test_the_output_comparison_in_pieces_flags_what_the_whole_array_test_flags():
+    """compare.mismatches on an array over a piece (2**20 elements): bit-equal outputs have no mismatch, and
+    otherwise the piecewise test flags exactly the elements the one-pass test does (NaN where the reference is
+    finite, Inf where it is Inf, a value out of tolerance, one just inside it); same_bytes tells a changed input by
+    its bytes (a flipped sign of zero, a NaN's payload) and a shape or dtype apart."""
+    from kernellab.teach import compare as C
+
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal((185_003, 17)).astype(np.float32)             # 3,145,051 elements: 4 pieces
+    ref[0, 0], ref[0, 1], ref[0, 2] = np.inf, -np.inf, np.nan
+    assert not C.mismatches(ref.copy(), ref, 1e-5, 1e-5).any()
+    out = ref.copy()
+    flat = out.reshape(-1)
+    flat[[5, 2_000_000, flat.size - 1]] = [np.nan, 7.0, flat[-1] * np.float32(1 + 2e-6)]   # the last: inside
+    out[0, 1] = np.inf
+    bad = C.mismatches(out, ref, 1e-5, 1e-5)
+    assert np.array_equal(bad, C._mismatches(out, ref, 1e-5, 1e-5))
+    assert sorted(np.flatnonzero(bad)) == [1, 5, 2_000_000]
+    zero = np.zeros(8, np.float32)
+    assert C.same_bytes(zero, zero.copy()) and not C.same_bytes(zero, -zero)
+    nan = np.full(4, np.nan, np.float32)
+    other = nan.copy()
+    other.view(np.uint32)[0] ^= 1
+    assert not C.same_bytes(nan, other) and not C.same_bytes(zero, zero.reshape(2, 4))
+    assert not C.same_bytes(zero, zero.astype(np.float64))

@@ -480,8 +480,7 @@ class _Grading:
             return False
         after = inputs if simulated else {ex.arg_name(i): _to_host(a) for i, a in enumerate(self._last_dev)
                                           if ex.arg_name(i) in before}
-        changed = [name for name, old in before.items()
-                   if not np.array_equal(old, after[name], equal_nan=old.dtype.kind in "fc")]
+        changed = [name for name, old in before.items() if not _cmp.same_bytes(old, after[name])]
         if changed:
             self.add("input_mutated", f"the kernel wrote into {', '.join(f'`{n}`' for n in changed)}, "
                                       f"{'an input' if len(changed) == 1 else 'inputs'} it must only read",
