@@ -469,7 +469,7 @@ def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16, all_steps:
     def step_op(q, k, v, causal, kernel):
         return attention(q, k, v, causal=causal, kernel=kernel)
 
-    rows, skipped, golden = [], [], golden_grid()
+    rows, skipped, golden = [], [], golden_grid(device=torch.cuda.get_device_name())
     for B, H, N, d, causal in grid_shapes(quick):
         label = f"B*H={B * H} N={N} d={d} {'causal' if causal else 'full'}"
         if time.time() - t0 > budget_s:
@@ -498,7 +498,7 @@ def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16, all_steps:
         row = dict(B=B, H=H, N=N, d=d, causal=causal, label=label, choice=plan.kernel, entry=plan.entry,
                    predicted_us={e.kernel: e.predicted_us for e in plan.alternatives},
                    predicted_gpu_us={e.kernel: e.gpu_us for e in plan.alternatives},
-                   host_bound=plan.estimate.host_bound,
+                   host_bound=plan.estimate.host_bound, constants=plan.constants,
                    sms=torch.cuda.get_device_properties(0).multi_processor_count, dropped=dropped)
         if "entry" not in fns:
             row["error"] = "; ".join(dropped)
@@ -520,15 +520,48 @@ def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16, all_steps:
     return rows, skipped
 
 
-def golden_grid(table: str = "quick_grid") -> dict[tuple, dict]:
-    """{(B, H, N, d, causal): row} of the golden run that kernellab.teach.attention_plan's constants are fitted to
-    (attention_plan_h100.json: the quick grid on an H100): its `entry_chose` is the plan's choice of that day, its
-    `us` the times then."""
-    from kernellab.teach.attention_plan import H100_TABLE
+def golden_grid(table: str = "quick_grid", device: str | None = None) -> dict[tuple, dict]:
+    """{(B, H, N, d, causal): row} of the golden run that kernellab.teach.attention_plan's constants for `device` (a
+    driver name; None: the H100's) are fitted to (attention_plan_h100.json or _h200.json: the quick grid on that GPU):
+    its `entry_chose` is the plan's choice of that day, its `us` the times then."""
+    from kernellab.teach.attention_plan import constants_for
 
-    data = json.loads(H100_TABLE.read_text())[table]
-    return {(r["B"], r["H"], r["N"], r["d"], r["causal"]): dict(r, device=data["device"], date=data["date"])
-            for r in data["rows"]}
+    path = constants_for(device).golden
+    data = json.loads(path.read_text())[table]
+    return {(r["B"], r["H"], r["N"], r["d"], r["causal"]): dict(r, device=data["device"], date=data["date"],
+                                                                file=path.name) for r in data["rows"]}
+
+
+def golden_table(device: str, date: str, rows: list[dict], skipped: list[str]) -> dict:
+    """A grid run as a golden table's "quick_grid" (kernellab/teach/attention_plan_<gpu>.json, which
+    attention_plan.fit_golden refits that GPU's constants to): each row's times in µs to 2 decimals, the step its
+    entry point ran as `entry_chose`; failed rows left out."""
+    timed = [r for r in rows if "ms" in r]
+    return {"source": f"benchmarks/attention.py --grid --quick (`python3 tools/gpu/run.py bench-attention-grid`), "
+                      f"{len(timed)} shapes ({len(skipped)} left out past the budget): its attention_grid.json, ms "
+                      f"turned into µs",
+            "device": device, "date": date, "dtype": "bf16",
+            "timing": "median µs a call as called (benchmarks/as_called.py), kernellab.bench: the entry point "
+                      "('entry', the kernel in entry_chose) and each step the model of that day predicted within "
+                      "1.3x of its choice (benchmarks/attention.py steps_in_the_running), forced through the entry "
+                      "point's launch path; do_bench and sustained: the entry, FLASH and CUDNN only",
+            "rows": [dict(B=r["B"], H=r["H"], N=r["N"], d=r["d"], causal=r["causal"],
+                          us={m: {k: round(v * 1e3, 2) for k, v in t.items()} for m, t in r["ms"].items()},
+                          entry_chose=r["choice"]) for r in timed]}
+
+
+def golden_json(tables: dict) -> str:
+    """A golden table file's text, laid out as kernellab/teach/attention_plan_*.json are kept: one row a line."""
+    parts = []
+    for name, t in tables.items():
+        if not isinstance(t, dict):
+            parts.append(f" {json.dumps(name)}: {json.dumps(t, ensure_ascii=False)}")
+            continue
+        head = "".join(f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)},\n"
+                       for k, v in t.items() if k != "rows")
+        rows = ",\n".join("    " + json.dumps(r, ensure_ascii=False) for r in t["rows"])
+        parts.append(f' {json.dumps(name)}: {{\n{head}  "rows": [\n{rows}\n   ]\n }}')
+    return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
 def golden_choice(shape: tuple, golden: dict[tuple, dict], chosen: str) -> str | None:
@@ -549,7 +582,7 @@ def plan_change_lines(rows: list[dict], golden: dict[tuple, dict]) -> list[str]:
                and golden_choice(k, golden, r["choice"])]
     g0 = next(iter(golden.values()))
     lines = [f"plan changed from the golden run's choice ({g0['device']}, {g0['date']}, "
-             f"kernellab.teach.attention_plan_h100.json): {len(changed)} shape(s)"]
+             f"kernellab/teach/{g0.get('file', 'attention_plan_h100.json')}): {len(changed)} shape(s)"]
     for r, g in changed:
         old, new = g["entry_chose"], r["choice"]
         now = {s: v * 1e3 for s, v in r.get("ms", {}).get("kernellab.bench", {}).items()}
@@ -595,10 +628,13 @@ def print_grid_row(r: dict, flush: bool = False) -> None:
           f"{cudnn:>8s} | {vs_best:>12s} | " + ", ".join(f"{s} {v * 1e3:.1f}" for s, v in steps.items()), flush=flush)
 
 
-def refit_lines(rows: list[dict], least: int = 3) -> list[str]:
-    """kernellab.teach.attention_plan.refit of every kernel timed on at least `least` shapes (kernellab.bench times):
-    the constants to put in its CANDIDATES (and to add to its golden table, attention_plan_h100.json)."""
-    from kernellab.teach.attention_plan import CANDIDATES, refit
+def refit_lines(rows: list[dict], least: int = 3, device: str | None = None) -> list[str]:
+    """kernellab.teach.attention_plan.refit of every kernel timed on at least `least` shapes (kernellab.bench times),
+    beside the constants of `device`'s table (None: the H100's): what fit_golden makes of the run once its
+    attention_plan_golden.json is that GPU's golden table."""
+    from kernellab.teach.attention_plan import constants_for, refit
+
+    candidates = constants_for(device).candidates
 
     samples: dict = {}
     for r in rows:
@@ -609,7 +645,7 @@ def refit_lines(rows: list[dict], least: int = 3) -> list[str]:
                         (r["B"], r["H"], r["N"], r["causal"], v * 1e3))
     lines = []
     for (name, d, sms), got in sorted(samples.items()):
-        model = next((m for m in CANDIDATES if m.name == name and m.d == d), None)
+        model = next((m for m in candidates if m.name == name and m.d == d), None)
         if model is None or len(got) < least:
             continue
         fitted, rms = refit(model, got, sms)
@@ -667,14 +703,15 @@ GRID_LEGEND = ("times: kernellab.bench (host hidden: the GPU's time), µs; every
                "the entry point's (< 1: the plan lost); " + SUSTAINED_LEGEND)
 
 
-def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03) -> tuple[list[str], int]:
+def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03, device: str | None = None
+                 ) -> tuple[list[str], int]:
     """(the final lines, the number of shapes where the entry point lost to a step by more than `tolerance`).
 
     The entry point against the best of its own steps, judged by the timing its model predicts: kernellab.bench (host
     time hidden: the GPU's time); a loss by any margin and by more than `tolerance` (the timing noise between two
     calls of one kernel). Then the shapes below 1.0x FLASH by each timing method, why the methods disagree
     (sustained_why), and per kernel the median of measured over predicted GPU time (kernellab.bench): what a refit of
-    kernellab.teach.attention_plan's constants starts from."""
+    kernellab.teach.attention_plan's constants starts from (refit_lines, beside `device`'s table)."""
     slower, slower_tol, below, fit = [], [], {}, {}
     for r in rows:
         if "ms" not in r:
@@ -707,7 +744,7 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03) 
     if fit:
         lines.append("measured / predicted GPU time, median over the shapes (1.00: the model's constants hold): "
                      + ", ".join(f"{s} {statistics.median(v):.2f} ({len(v)})" for s, v in sorted(fit.items())))
-        lines += refit_lines(rows)
+        lines += refit_lines(rows, device=device)
     errors = [r["label"] + ": " + r["error"] for r in rows if "error" in r]
     if errors:
         lines.append(f"shapes that failed: {len(errors)}: " + "; ".join(errors))
@@ -764,9 +801,10 @@ def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path, d
     PROFILE_READING. Reports in $OUT/attention_profile.json."""
     from notebook_cells import load_tutorial
 
-    from kernellab.teach.attention_plan import estimate, model_for
+    from kernellab.teach.attention_plan import constants_for, estimate, model_for
 
     ns = load_tutorial(NOTEBOOK)
+    candidates = constants_for(torch.cuda.get_device_name() if torch.cuda.is_available() else None).candidates
     metrics = [m for m, _ in PROFILE_METRICS]
     labels = dict(PROFILE_METRICS)
     results = []
@@ -792,7 +830,7 @@ def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path, d
                 continue
             row = {labels.get(m.name, m.name): m.formatted() for m in rep.metrics}
             row["error"] = rep.error or ""
-            est = estimate(model_for(plan, d), B, H, N, causal)
+            est = estimate(model_for(plan, d, candidates), B, H, N, causal)
             dur_us = (rep.duration_ms or 0.0) * 1e3
             sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
             resident = min(est.items, plan.ctas_per_sm * sms)
@@ -901,6 +939,8 @@ def main(argv=None):
 def main_grid(args, out: pathlib.Path) -> int:
     """--grid: the table, then the verdict lines; exit status 1 where the entry point lost to one of its own steps by
     more than the noise."""
+    from kernellab.teach.attention_plan import constants_for
+
     log = open(out / "attention_grid.log", "w")
     dev = torch.cuda.get_device_name()
     t0 = time.time()
@@ -913,15 +953,18 @@ def main_grid(args, out: pathlib.Path) -> int:
     rows, skipped = run_grid(args.quick, log, budget, all_steps=args.all_steps)
     (out / "attention_grid.json").write_text(json.dumps({"device": dev, "rows": rows, "skipped": skipped}, indent=1,
                                                         default=str))
+    (out / "attention_plan_golden.json").write_text(golden_json({"quick_grid": golden_table(
+        dev, time.strftime("%Y-%m-%d"), rows, skipped)}))
     print(f"\n{dev} · {time.strftime('%Y-%m-%d')} · {time.time() - t0:.0f} s · bf16 · "
           f"`python3 benchmarks/attention.py --grid{' --quick' if args.quick else ''}`")
     print(GRID_HEAD)
     for r in rows:
         print_grid_row(r)
     print(GRID_LEGEND)
-    verdict, lost = grid_verdict(rows, skipped)
+    verdict, lost = grid_verdict(rows, skipped, device=dev)
     print()
-    print("\n".join(verdict + plan_change_lines(rows, golden_grid())))
+    print("\n".join(verdict + [f"plan constants: {constants_for(dev).note}"]
+                    + plan_change_lines(rows, golden_grid(device=dev))))
     return 1 if lost or any("error" in r for r in rows) else 0
 
 

@@ -1494,7 +1494,8 @@ prof3
 # the largest of the GPU time, the memory floor (Q, K, V read and O written once) and the host time, and the entry
 # point launches the candidate with the least. Its constants are fitted to the H100 tables above; the variant's are a
 # prediction, so it must win by 10 % to be chosen; `benchmarks/attention.py --grid` prints every shape's measured times
-# beside the model's choice, which is what refits them.
+# beside the model's choice, which is what refits them. They are a GPU model's: on an H200 the entry point (which
+# passes the device's name) plans with constants fitted the same way to the H200's grid, and every plan names its table.
 #
 # **Measured, and what changed** (H100, the grid's 16 shortest shapes, B H 16 and 256, N 128 to 2048; docs/RESULTS.md).
 # The entry point beat SDPA FLASH at all 16 (1.02-2.44x), but lost to one of its own steps by more than 3 % at 8:
@@ -1550,6 +1551,7 @@ from kernellab.teach.attention_plan import plan_attention
 ATTENTION_KERNELS = {k.name: k for cell in (fa2_cell, fa3_cell) for k in cell.kernels}   # steps 2, 3, 3b, variant
 _attention_launches = {}            # (shape, dtype, device, causal, kernel, ctas) -> (plan, launch, scalars)
 _attention_sms = {}                 # device -> SM count
+_attention_gpus = {}                # device -> its name, which picks the plan's constants (the H200's on an H200)
 _attention_counters = {}            # device -> the persistent kernels' zeroed int32 work counter
 
 
@@ -1557,9 +1559,11 @@ def attention_plan(q, causal=False, kernel=None):
     """The plan (kernel, tiles, grid) the entry point uses for q's shape; kernel: a candidate's name to force it."""
     B, H, N, d = q.shape
     if q.device not in _attention_sms:
-        _attention_sms[q.device] = torch.cuda.get_device_properties(q.device).multi_processor_count
+        props = torch.cuda.get_device_properties(q.device)
+        _attention_sms[q.device], _attention_gpus[q.device] = props.multi_processor_count, props.name
     dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
-    return plan_attention(B, H, N, d, bool(causal), dtype, _attention_sms[q.device], kernel=kernel)
+    return plan_attention(B, H, N, d, bool(causal), dtype, _attention_sms[q.device], kernel=kernel,
+                          device=_attention_gpus.get(q.device))
 
 
 def _attention_launch(q, causal, kernel, ctas):

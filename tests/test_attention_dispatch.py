@@ -105,6 +105,24 @@ def test_the_entry_point_launches_what_its_plan_names(entry, B, H, N, d, causal,
     assert entry["log"][-1][:4] == (name, grid, block, smem)
 
 
+def test_the_entry_point_plans_with_its_devices_constants(entry):
+    """The launcher cell passes the device's name to the plan (on a GPU, from its properties): an H200 launches what
+    the H200's constants choose, here the 64-row variant where the H100's choose step 2."""
+    q = torch.zeros(1, 16, 128, 64, dtype=torch.bfloat16)
+    cpu = torch.device("cpu")
+    assert entry["attention_plan"](q).kernel == "fa2"                     # no name: the H100's constants
+    entry["_attention_gpus"][cpu] = "NVIDIA H200"
+    try:
+        plan = entry["attention_plan"](q)
+        assert plan == plan_attention(1, 16, 128, 64, False, "bf16", 132, device="NVIDIA H200")
+        assert plan.kernel == "fa3p_bm64" and plan.constants == "H200 constants (attention_plan_h200.json)"
+        entry["log"].clear()
+        entry["attention"](q, q, q, kernel=None, ctas=3)                 # a fresh launch key: planned anew
+        assert entry["log"][0][0] == plan.entry == "fa3p_bf16_d64_bm64"
+    finally:
+        del entry["_attention_gpus"][cpu]
+
+
 def test_the_entry_point_refuses_what_no_kernel_takes(entry):
     q = torch.zeros(1, 2, 64, 96, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="d = 64 or 128"):
@@ -256,6 +274,63 @@ def test_the_grid_says_last_where_the_plan_left_the_golden_runs_choice(bench):
     # the grid times the old choice where the plan moved, and nothing more where it did not
     assert bench.golden_choice(k, golden, "fa3p") == "fa3" and bench.golden_choice(k, golden, "fa3") is None
     assert bench.golden_choice((3, 16, 512, 128, True), golden, "fa3p") is None   # not on the golden grid
+
+
+def test_on_an_h200_the_grid_compares_with_the_h200s_golden_run(bench):
+    """The device's name picks the golden run as it picks the constants: replayed on the H200's table (whose entry
+    point ran the H100's constants) with the H200's, the report names that table and the two choices the H200's
+    constants move (B*H = 16, N = 128 unmasked: step 2 to the 64-row variant at d = 64, to step 3 at d = 128), both
+    confirmed by that run's times; with the H100's constants nothing moves."""
+    from kernellab.teach.attention_plan import plan_attention
+
+    golden = bench.golden_grid(device="NVIDIA H200")
+    assert len(golden) == 32 and {g["device"] for g in golden.values()} == {"NVIDIA H200"}
+
+    def replay(device):
+        rows = []
+        for (B, H, N, d, causal), g in golden.items():
+            plan = plan_attention(B, H, N, d, causal, device=device)
+            ms = {s: us / 1e3 for s, us in g["us"]["kernellab.bench"].items()}
+            rows.append(dict(B=B, H=H, N=N, d=d, causal=causal, label=f"B*H={B * H} N={N} d={d} "
+                             f"{'causal' if causal else 'full'}", choice=plan.kernel, ms={"kernellab.bench": ms}))
+        return bench.plan_change_lines(rows, golden)
+
+    lines = replay("NVIDIA H200")
+    assert lines[0] == ("plan changed from the golden run's choice (NVIDIA H200, 2026-11-28, "
+                        "kernellab/teach/attention_plan_h200.json): 2 shape(s)") and len(lines) == 3
+    assert lines[1].startswith("  B*H=16 N=128 d=64 full: fa2 -> fa3p_bm64: ") and "1.08x" in lines[1], lines
+    assert lines[2].startswith("  B*H=16 N=128 d=128 full: fa2 -> fa3: ") and "1.05x" in lines[2], lines
+    assert all(x.endswith("the old's speed here: confirmed") for x in lines[1:]), lines
+    assert replay("NVIDIA H100 80GB HBM3")[0].endswith(": 0 shape(s)")
+    assert bench.golden_grid()[1, 16, 128, 64, False]["file"] == "attention_plan_h100.json"   # no name: the H100's
+    # the refit lines set a grid's refit beside the constants of the table the plan used
+    rows = [dict(B=B, H=H, N=N, d=d, causal=c, ms={"kernellab.bench": {s: us / 1e3 for s, us in
+                                                                         g["us"]["kernellab.bench"].items()}})
+            for (B, H, N, d, c), g in golden.items()]
+    fa3p = next(x for x in bench.refit_lines(rows, device="NVIDIA H200") if x.startswith("refit fa3p d=128"))
+    assert "(model 681)" in fa3p and "(model 665)" in next(x for x in bench.refit_lines(rows)
+                                                          if x.startswith("refit fa3p d=128"))
+
+
+def test_a_grid_run_becomes_a_golden_table_as_the_golden_tables_were_made(bench):
+    """golden_table turns a run's rows (ms) into a golden table's (µs to 2 decimals, entry_chose): fed the H200
+    golden run's rows back as the grid wrote them, it gives that table's rows; golden_json writes it one row a line,
+    and reads back as written."""
+    from kernellab.teach.attention_plan import H200_TABLE
+
+    data = json.loads(H200_TABLE.read_text())
+    grid = data["quick_grid"]
+    rows = [dict(B=r["B"], H=r["H"], N=r["N"], d=r["d"], causal=r["causal"], choice=r["entry_chose"],
+                 ms={m: {k: us / 1e3 for k, us in t.items()} for m, t in r["us"].items()}) for r in grid["rows"]]
+    failed = dict(rows[0], error="RuntimeError: boom")
+    del failed["ms"]
+    table = bench.golden_table("NVIDIA H200", "2026-11-28", rows + [failed], [])
+    assert table["rows"] == grid["rows"] and "32 shapes (0 left out" in table["source"]
+    assert {k: table[k] for k in ("device", "date", "dtype", "timing")} == {k: grid[k] for k in
+                                                                             ("device", "date", "dtype", "timing")}
+    text = bench.golden_json({"about": data["about"], "quick_grid": table})
+    assert json.loads(text) == {"about": data["about"], "quick_grid": table}
+    assert text.count("\n") == 2 + 1 + 5 + 1 + 32 + 3 and text == H200_TABLE.read_text()
 
 
 def test_fewer_ctas_for_a_persistent_kernel(entry):

@@ -1,8 +1,8 @@
 """Which of tutorial 07's attention kernels, with which tiles, runs one call: the selection model of `kl::attention`.
 
 The entry point (07's launcher cell, `attention(q, k, v, out=None, causal=False)`) asks
-`plan_attention(B, H, N, d, causal, dtype, sms)` for a `Plan` and launches what it names. Pure Python: no GPU, no
-torch; the same function is unit-tested on the CPU (tests/test_attention_plan.py) with the H100's 132 SMs.
+`plan_attention(B, H, N, d, causal, dtype, sms, device=name)` for a `Plan` and launches what it names. Pure Python:
+no GPU, no torch; the same function is unit-tested on the CPU (tests/test_attention_plan.py) with 132 SMs.
 
 The model. A kernel splits each (batch, head) into *work items* of `block_m` query rows; an item walks its key tiles
 of `block_n` keys (all of them, or with the causal mask those up to the diagonal: item j of a head has
@@ -43,7 +43,7 @@ constants no GPU has measured yet (`measured=False`) competes with its predictio
 replaces a measured kernel only where the model predicts a clear win. `Plan.alternatives` keeps every candidate's
 prediction, so a benchmark can print the model beside the measurement and refit the constants.
 
-The constants (`tflops`, `item_fixed_tiles`, `mask_tiles`, `alone_speedup`, `launch_us` per kernel) are
+The H100's constants (`tflops`, `item_fixed_tiles`, `mask_tiles`, `alone_speedup`, `launch_us` per kernel) are
 `fit_golden()`: `refit` to the golden table attention_plan_h100.json, measured on an NVIDIA H100 80GB HBM3 (bf16,
 kernellab.bench): the quick grid (`benchmarks/attention.py --grid --quick`, 2026-11-27, run twice: its 16 cheapest
 shapes, then all 32: B*H 16 and 256, N 128 to 8192, d 64 and 128, causal and not) and the FlashAttention-3 shapes
@@ -55,6 +55,14 @@ cost; step 2 alone on an SM runs 1.3x its shared rate and masks its diagonal til
 256 and N = 128 every kernel is near the memory floor and step 2, launched soonest, wins. Beyond the measured shapes
 the model extrapolates: steps 3 and 3b at N = 16k are predicted within 2 % of each other, closer than they are
 measured at N = 4096 (3b 1.02-1.17x step 3).
+
+Per GPU model. The constants are a GPU model's: `constants_for(device)` picks them by the driver's name of the device
+(torch.cuda.get_device_name, which the entry point passes as `device`): the H200's (`H200_CANDIDATES`,
+`fit_golden(H200_TABLE, H200_CANDIDATES)`: the same kernels, model and fit on attention_plan_h200.json, the quick
+grid measured on an NVIDIA H200 on 2026-11-28, with the H200's copy ceiling in the fill and the memory floor) on an
+H200, the H100's (`CANDIDATES`) on an H100 and on any other device, and the plan says which (`Plan.constants`, in
+its `str`). On the H200's 32 shapes its plan is within 3 % of the fastest step measured; the H100's constants there
+chose step 2 at B*H = 16, N = 128 unmasked, 1.08x the 64-row variant's time at d = 64 and 1.06x step 3's at 128.
 """
 from __future__ import annotations
 
@@ -62,11 +70,13 @@ import heapq
 import json
 import math
 import pathlib
+import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 H100_SMS = 132
 DRAM_BYTES_PER_S = 3.0e12        # the H100's copy ceiling as kernellab measures it (docs/RESULTS.md, 3.00 TB/s)
+H200_DRAM_BYTES_PER_S = 4.25e12  # the H200's (docs/RESULTS.md, device ceilings: 4,247 GB/s)
 # The memory floor. kernellab.bench (as do_bench and a model's previous kernels) leaves the L2 full of dirty lines, so
 # each byte a call moves first evicts a dirty byte, written back, until the L2's dirty lines are spent: the first
 # L2_BYTES a call moves cost twice the traffic (on the H100 grid the shapes whose Q, K, V and O fill 17-34 MB, B*H =
@@ -96,6 +106,7 @@ class KernelModel:
     launch_us: float = 0.0       # GPU time a call pays whatever its size: launch, CTA start-up, the last CTA's drain
     mask_tiles: float = 0.0      # with the causal mask, extra cost per item (tile times): masking its diagonal tiles
     alone_speedup: float = 1.0   # ctas_per_sm > 1: how much faster a CTA runs with its SM to itself (items <= SMs)
+    dram_bytes_per_s: float = DRAM_BYTES_PER_S   # the copy ceiling of the GPU the constants were fitted on
 
     @property
     def name(self) -> str:
@@ -154,6 +165,25 @@ CANDIDATES: tuple[KernelModel, ...] = (
                 launch_us=2.88, mask_tiles=0.75, alone_speedup=1.3),  # 4.8% over 11
 )
 
+# The same kernels, model and order on an H200: fit_golden(H200_TABLE, H200_CANDIDATES), the refit to
+# attention_plan_h200.json (NVIDIA H200, bf16, kernellab.bench: the quick grid's 32 shapes, 2026-11-28; no
+# FlashAttention-3 shapes), the fill and the memory floor at the H200's copy ceiling. (name, d): (tflops,
+# item_fixed_tiles, mask_tiles, alone_speedup, launch_us), with the fit's RMS relative error over its samples.
+_H200_FIT = {
+    ("fa3p_bm128", 64): (450.9, 1.40, 0.25, 1.0, 6.62),  # 4.0% over 16
+    ("fa3p", 64): (511.4, 1.05, 0.25, 1.0, 6.85),        # 3.1% over 16
+    ("fa3p", 128): (681.1, 2.25, 0.00, 1.0, 6.21),       # 3.2% over 16
+    ("fa3p_bm64", 64): (373.0, 3.00, 0.00, 1.3, 5.64),   # 3.3% over 11
+    ("fa3", 64): (526.0, 2.70, 0.00, 1.0, 4.04),         # 2.6% over 14
+    ("fa3", 128): (689.4, 3.50, 0.00, 1.0, 3.84),        # 5.2% over 15
+    ("fa2", 64): (370.7, 1.75, 0.50, 1.3, 4.77),         # 4.6% over 9
+    ("fa2", 128): (533.4, 5.00, 1.00, 1.3, 0.00),        # 0.4% over 4: its launch cost folded into the fixed cost
+}
+H200_CANDIDATES: tuple[KernelModel, ...] = tuple(
+    replace(m, dram_bytes_per_s=H200_DRAM_BYTES_PER_S, **dict(zip(
+        ("tflops", "item_fixed_tiles", "mask_tiles", "alone_speedup", "launch_us"), _H200_FIT[m.name, m.d])))
+    for m in CANDIDATES)
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -194,6 +224,7 @@ class Plan:
     stages: int                  # K/V tiles in flight
     estimate: Estimate           # the chosen candidate's prediction
     alternatives: tuple[Estimate, ...] = field(default=(), compare=False)   # every candidate, best first
+    constants: str = field(default="", compare=False)   # whose constants chose, and why those (GpuConstants.note)
 
     @property
     def kernel(self) -> str:
@@ -204,7 +235,7 @@ class Plan:
         why = self.estimate
         return (f"{self.entry}: {self.block_m} x {self.block_n} tiles, {self.ctas} CTAs"
                 f"{' (persistent)' if self.persistent else ''}, {why.waves:.2f} waves; predicted "
-                f"{why.predicted_us:.1f} µs")
+                f"{why.predicted_us:.1f} µs" + (f" with the {self.constants}" if self.constants else ""))
 
 
 def item_tiles(N: int, block_m: int, block_n: int, causal: bool) -> list[int]:
@@ -243,16 +274,18 @@ item (see the module's docstring)."""
 
 def fill_us(model: KernelModel, B: int, H: int, N: int, elem_bytes: int = 2, sms: int = H100_SMS) -> float:
     """The first wave's pipeline fill: every resident item loads its Q block and first K/V tile from DRAM at once
-    before its first product, at DRAM_BYTES_PER_S (later items' loads hide under products)."""
+    before its first product, at the model's copy ceiling (later items' loads hide under products)."""
     first_wave = min(math.ceil(N / model.block_m) * B * H, sms * model.ctas_per_sm)
-    return first_wave * (model.block_m + 2 * min(model.block_n, N)) * model.d * elem_bytes / DRAM_BYTES_PER_S * 1e6
+    loaded = first_wave * (model.block_m + 2 * min(model.block_n, N)) * model.d * elem_bytes
+    return loaded / model.dram_bytes_per_s * 1e6
 
 
-def memory_us(B: int, H: int, N: int, d: int, elem_bytes: int = 2) -> float:
+def memory_us(B: int, H: int, N: int, d: int, elem_bytes: int = 2,
+              dram_bytes_per_s: float = DRAM_BYTES_PER_S) -> float:
     """The memory floor: Q, K, V read once and O written once, each of the first L2_BYTES evicting a dirty line the
-    call meets in the L2 (written back: twice the traffic), the rest at DRAM_BYTES_PER_S."""
+    call meets in the L2 (written back: twice the traffic), the rest at the copy ceiling (default the H100's)."""
     moved = 4 * B * H * N * d * elem_bytes
-    return (moved + min(moved, L2_BYTES)) / DRAM_BYTES_PER_S * 1e6
+    return (moved + min(moved, L2_BYTES)) / dram_bytes_per_s * 1e6
 
 
 def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_bytes: int = 2,
@@ -268,7 +301,7 @@ def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_byte
     heads = B * H
     makespan, ctas = makespan_us(per_item, heads, slots, model.persistent)
     gpu = model.launch_us + fill_us(model, B, H, N, elem_bytes, sms) + makespan
-    memory = memory_us(B, H, N, model.d, elem_bytes)
+    memory = memory_us(B, H, N, model.d, elem_bytes, model.dram_bytes_per_s)
     items = len(tiles) * heads
     return Estimate(model.name, items, ctas, items / slots, sum(tiles) / len(tiles), gpu, memory, model.host_us,
                     model.launch_us + max(gpu - model.launch_us, memory))
@@ -276,11 +309,19 @@ def estimate(model: KernelModel, B: int, H: int, N: int, causal: bool, elem_byte
 
 @lru_cache(maxsize=4096)
 def plan_attention(B: int, H: int, N: int, d: int, causal: bool, dtype: str = "bf16", sms: int = H100_SMS,
-                   candidates: tuple[KernelModel, ...] = CANDIDATES, kernel: str | None = None) -> Plan:
+                   candidates: tuple[KernelModel, ...] | None = None, kernel: str | None = None,
+                   device: str | None = None) -> Plan:
     """The kernel and tiles for softmax(q k^T / sqrt(d)) v on [B, H, N, d] inputs: the candidate with the least
     predicted time (module docstring). dtype: 'bf16' or 'fp16' (both run the same kernels); sms: the GPU's SM count;
     kernel: a candidate's name ('fa2', 'fa3', 'fa3p', 'fa3p_bm128', 'fa3p_bm64') to plan that one alone (how tests
-    and benchmarks time each step through the entry point's own launch path)."""
+    and benchmarks time each step through the entry point's own launch path); device: the GPU's name as the driver
+    gives it (torch.cuda.get_device_name), which picks the constants (constants_for: its GPU model's table, the
+    H100's for any other device and for None); candidates: these instead. The plan names them (`Plan.constants`)."""
+    if candidates is None:
+        table = constants_for(device)
+        candidates, constants = table.candidates, table.note
+    else:
+        constants = "candidates given by the caller"
     if dtype not in ("bf16", "fp16"):
         raise ValueError(f"dtype is 'bf16' or 'fp16', got {dtype!r}")
     if min(B, H, N) < 1 or sms < 1:
@@ -298,7 +339,8 @@ def plan_attention(B: int, H: int, N: int, d: int, causal: bool, dtype: str = "b
     best, _, model = min((s for s in scored if s[0].predicted_us * (1.0 if s[2].measured else UNMEASURED_MARGIN)
                           <= least * (1 + TIE)), key=lambda s: s[1])
     return Plan(model.family, model.entry(dtype, causal), model.block_m, model.block_n, model.persistent, best.ctas,
-                model.ctas_per_sm, model.threads, model.shared_bytes, model.stages, best, tuple(s[0] for s in scored))
+                model.ctas_per_sm, model.threads, model.shared_bytes, model.stages, best, tuple(s[0] for s in scored),
+                constants)
 
 
 def model_for(plan: Plan, d: int, candidates: tuple[KernelModel, ...] = CANDIDATES) -> KernelModel:
@@ -348,7 +390,7 @@ def refit(model: KernelModel, samples: list[tuple[int, int, int, bool, float]], 
 
 def compute_bound(model: KernelModel, samples: list[tuple[int, int, int, bool, float]], share: float = 0.8) -> list:
     """The samples whose memory floor is below `share` of the measured time: those say what the GPU's work costs."""
-    return [s for s in samples if memory_us(s[0], s[1], s[2], model.d) < share * s[4]]
+    return [s for s in samples if memory_us(s[0], s[1], s[2], model.d, 2, model.dram_bytes_per_s) < share * s[4]]
 
 
 def _line(xs: list[float], ys: list[float], scale: list[float], a_fixed: float | None) -> tuple[float, float]:
@@ -372,6 +414,34 @@ def _line(xs: list[float], ys: list[float], scale: list[float], a_fixed: float |
 
 
 H100_TABLE = pathlib.Path(__file__).with_name("attention_plan_h100.json")   # the measurements the constants fit
+H200_TABLE = pathlib.Path(__file__).with_name("attention_plan_h200.json")   # those H200_CANDIDATES fit
+
+
+@dataclass(frozen=True)
+class GpuConstants:
+    """The constants a call is planned with: one GPU model's candidates, fitted to its golden table, and why these."""
+    gpu: str                                 # the GPU model the golden table was measured on: "H100", "H200"
+    golden: pathlib.Path                     # the golden table (fit_golden(golden, candidates) makes the candidates)
+    candidates: tuple[KernelModel, ...]
+    note: str                                # what the plan says of them (Plan.constants)
+
+
+# GPU model -> (golden table, candidates). A device takes the table of the model its driver name names as a word
+# ("NVIDIA H200" the H200's; "NVIDIA GH200 480GB" none); any other device the H100's.
+GPU_CONSTANTS: dict[str, tuple[pathlib.Path, tuple[KernelModel, ...]]] = {
+    "H100": (H100_TABLE, CANDIDATES), "H200": (H200_TABLE, H200_CANDIDATES)}
+
+
+@lru_cache(maxsize=64)
+def constants_for(device: str | None) -> GpuConstants:
+    """The constants for a device, by its name as the driver gives it (torch.cuda.get_device_name): its GPU model's
+    table where GPU_CONSTANTS has one, else the H100's (the kernels are sm_90's; another sm_90 device is taken for an
+    H100), the note saying which and why."""
+    for gpu, (golden, candidates) in GPU_CONSTANTS.items():
+        if device and re.search(rf"\b{gpu}\b", device):
+            return GpuConstants(gpu, golden, candidates, f"{gpu} constants ({golden.name})")
+    why = f"no table for {device!r}: the H100's, as for every other sm_90 device" if device else "no device named"
+    return GpuConstants("H100", H100_TABLE, CANDIDATES, f"H100 constants ({H100_TABLE.name}; {why})")
 
 
 def measured_samples(path: pathlib.Path = H100_TABLE, table: str | None = None
@@ -379,18 +449,19 @@ def measured_samples(path: pathlib.Path = H100_TABLE, table: str | None = None
     """{(kernel name, head dim): [(B, H, N, causal, kernellab.bench µs)]} from a golden table of measurements
     (attention_plan_h100.json: "grid" and "quick_grid", the grid's shapes timed step by step, the first 16 and then
     all 32 of them; "fa3_shapes", the FlashAttention-3 shapes' TFLOP/s turned into µs; table: one of the three or
-    "grids" for the first two, default all). A grid's entry point's own time is not a sample: its step is timed too."""
+    "grids" for the first two, default all; a table the file lacks gives none: attention_plan_h200.json has the quick
+    grid only). A grid's entry point's own time is not a sample: its step is timed too."""
     data = json.loads(pathlib.Path(path).read_text())
     out: dict[tuple[str, int], list] = {}
     for grid in ("grid", "quick_grid"):
-        if table not in (None, "grids", grid):
+        if table not in (None, "grids", grid) or grid not in data:
             continue
         for r in data[grid]["rows"]:
             for name, us in r["us"]["kernellab.bench"].items():
                 if name not in ("entry", "FLASH", "CUDNN"):
                     out.setdefault((name, r["d"]), []).append((r["B"], r["H"], r["N"], r["causal"], us))
     if table in (None, "fa3_shapes"):
-        for r in data["fa3_shapes"]["rows"]:
+        for r in data.get("fa3_shapes", {"rows": []})["rows"]:
             flops = 4 * r["B"] * r["H"] * r["N"] ** 2 * r["d"] / (2 if r["causal"] else 1)
             out.setdefault((r["kernel"], r["d"]), []).append((r["B"], r["H"], r["N"], r["causal"],
                                                               flops / (r["tflops"] * 1e12) * 1e6))
@@ -400,9 +471,9 @@ def measured_samples(path: pathlib.Path = H100_TABLE, table: str | None = None
 def fit_golden(path: pathlib.Path = H100_TABLE, candidates: tuple[KernelModel, ...] = CANDIDATES
                ) -> dict[tuple[str, int], tuple[KernelModel, float, int]]:
     """{(kernel name, head dim): (the candidate refit to the golden table, RMS relative error, samples used)}: how
-    CANDIDATES' constants are made. Per kernel the compute-bound samples of both tables, the FlashAttention-3 shapes
-    weighted to count as much in total as the grid's (a few long shapes set the steady rate, many short ones the
-    fixed costs)."""
+    CANDIDATES' constants are made (and H200_CANDIDATES', from H200_TABLE). Per kernel the compute-bound samples of
+    both tables, the FlashAttention-3 shapes weighted to count as much in total as the grid's (a few long shapes set
+    the steady rate, many short ones the fixed costs)."""
     grid, long = measured_samples(path, "grids"), measured_samples(path, "fa3_shapes")
     out = {}
     for m in candidates:

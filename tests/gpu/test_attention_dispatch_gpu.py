@@ -59,20 +59,24 @@ def test_the_variant_launched_again_and_on_few_ctas(tutorial, ctas):
         assert int(tutorial["_attention_counters"][q.device]) == 0
 
 
-# Shapes chosen so that each candidate is the model's choice for one of them on an H100 (132 SMs); on another GPU the
-# choices may differ, and the test still compares the entry point with whatever its plan names.
+# Shapes chosen so that each candidate is the model's choice for one of them with the H100's constants and with the
+# H200's (132 SMs; B*H = 256, N = 128 is step 2's with both); on another GPU the choices may differ, and the test still
+# compares the entry point with whatever its plan names.
 SHAPES = [(4, 16, 4096, 64, False), (16, 32, 1024, 64, True), (32, 16, 512, 64, True), (1, 16, 128, 64, False),
           (2, 8, 1031, 128, True), (1, 16, 16384, 128, True), (2, 3, 1000, 64, False), (1, 2, 1, 128, True),
-          (1, 16, 512, 128, False)]
+          (1, 16, 512, 128, False), (16, 16, 128, 64, False)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_the_entry_point_runs_the_kernel_its_plan_names(tutorial, dtype):
+    from kernellab.teach.attention_plan import constants_for
+
     attention, plan_for = tutorial["attention"], tutorial["attention_plan"]
     picked = {}
     for B, H, N, d, causal in SHAPES:
         q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=dtype) for _ in range(3))
         plan = plan_for(q, causal)
+        assert plan.constants == constants_for(torch.cuda.get_device_name()).note   # the device's own table
         picked.setdefault(plan.kernel, (B, H, N, d, causal))
         got = attention(q, k, v, causal=causal)
         want = attention(q, k, v, causal=causal, kernel=plan.kernel)
@@ -80,7 +84,7 @@ def test_the_entry_point_runs_the_kernel_its_plan_names(tutorial, dtype):
         op = tutorial["kl_attention"](q, k, v, causal)
         assert torch.equal(op, want), plan
         del q, k, v, got, want, op
-    print("the entry point's choices:", picked)
+    print("the entry point's choices:", picked, "with the", plan.constants)
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:
         assert set(picked) == {"fa3p", "fa3p_bm128", "fa3p_bm64", "fa3", "fa2"}, picked
 

@@ -201,8 +201,10 @@ SUITES: dict[str, Suite] = {
         commands=((PY, "benchmarks/attention_inference.py", "--quick", "--out", "{out}"),), takes_args=True),
     "bench-attention-grid": Suite(
         "benchmarks/attention.py --grid --quick: the entry point against each of its steps and SDPA FLASH/CUDNN on "
-        "short to long sequences, timed as called; last lines: where it loses to a step or to FLASH, then each shape "
-        "whose choice moved from the golden run's (attention_plan_h100.json) with both steps' times", 300,
+        "short to long sequences, timed as called; last lines: where it loses to a step or to FLASH, the plan's "
+        "constants (the device's: the H200's on an H200, else the H100's), then each shape whose choice moved from "
+        "the golden run's on that GPU (attention_plan_h200.json or _h100.json) with both steps' times; "
+        "$OUT/attention_plan_golden.json: the run as a golden table", 300,
         commands=((PY, "benchmarks/attention.py", "--grid", "--quick"),), takes_args=True),
     "profile-attention-short": Suite(
         "benchmarks/attention.py --profile: Nsight Compute on each of tutorial 07's steps at short N (B*H 16 and 256, "
