@@ -1446,13 +1446,17 @@ for L in (1024, 8192, 131072):
           f" decode in the step {share(plain):4.0%} of copy, with PDL {share(r.median_ms):4.0%}")
 
 # %% [markdown]
-# **Measured** (NVIDIA H200, 2026-11-28, `python3 tools/gpu/run.py bench-decode-pdl`; this cell has not run since): the
-# step is 1.16x faster with PDL at 1k, 1.11x at 8k, 1.05x at 32k and 1.02x at 128k, 2.3-2.9 µs a step as predicted,
-# and the decode's share of copy at 8k goes 39 % -> 45 %. But the benchmark's own control test says the consumer did
-# not start during its producer (a kernel without `griddepcontrol.wait` read nothing stale), so what those microseconds
-# are is not settled; and the PDL op differed from the plain op, because the compiler had moved the PDL kernels'
-# `cache_seqlens` load above the wait (fixed since: `load_after_wait`). Until both are re-measured `pdl=True`
-# stays an option, off by default (benchmarks/NOTES-attention-inference.md says what is checked next).
+# **Measured** (NVIDIA H200, 2026-11-28, `python3 tools/gpu/run.py bench-decode-pdl` and the cell above): by
+# kernellab.bench the step is 1.13x faster with PDL at 1k, 1.07x at 8k, 1.05x at 32k and 1.01x at 128k (1.8-2.6 µs
+# a step; predicted up to 2.5 µs, the producer's length), and at 8k the decode's share of copy in the step goes
+# 39 % -> 43 % (predicted 36 % -> 41 %). The control shows the mechanism: a consumer launched with PDL but without
+# `griddepcontrol.wait` read the producer's flag stale every time, its first block starting 20 ms before a 20 ms
+# producer ended, on the default stream and on a side stream; launched plainly it started 1.6 µs after. The PDL op
+# gives the plain op's result bit for bit, fresh and on poisoned buffers, in a CUDA graph too (10 GPU tests). In a CUDA
+# graph PDL gains the same 1.03-1.08x. **As called from Python it loses** at short caches: sustained, the 1k step takes
+# 64.6 µs with PDL against 32.2 without (0.50x), 0.76x at 8k; the PDL launch's extended-attribute path costs more host
+# time than the plain launch, and a host-bound loop pays it. So `pdl=True` stays an option, off by default: use it
+# where the step is captured in a CUDA graph or the host runs ahead.
 
 # %% [markdown]
 # ## Check on awkward shapes
