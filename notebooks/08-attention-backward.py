@@ -1519,8 +1519,8 @@ BWD_PAIRS = {("atomic_2d", 128), ("atomic_2d_ilp", 128)}
 # rungs that copy the LSE and Dv rows 16 bytes at a time (N % 4 == 0, a 16-byte aligned LSE) -> the rung run elsewhere
 BWD_ROWS16 = {"atomic_2d_ilp": "atomic_2d"}
 # The op's variant per (head dim, causal) on mma.sync: the fastest rung the GPU's ladder (benchmarks/attention_backward.py)
-# measured (H200: atomic_2d at d = 64, bench-attention-backward-2d; atomic_w8 at d = 128, bench-attention-backward)
-BWD_OP_VARIANT = {(64, False): "atomic_2d", (64, True): "atomic_2d", (128, False): "atomic_w8",
+# measured (H200: atomic_2d_ilp at d = 64, bench-attention-backward-2d; atomic_w8 at d = 128, bench-attention-backward)
+BWD_OP_VARIANT = {(64, False): "atomic_2d_ilp", (64, True): "atomic_2d_ilp", (128, False): "atomic_w8",
                   (128, True): "atomic_w8"}
 
 
@@ -1826,8 +1826,11 @@ for (d, causal), r in rung9.items():
 # **Measured** (NVIDIA H200, 2026-11-28, the cell above): rung 9 is 1.02-1.06x rung 8 at `d = 64` (250 / 227
 # TFLOP/s, full / causal: **0.92-0.97x FLASH**, inside the prediction's 0.93-0.98x at its low end) and 1.01x at
 # `d = 128` (0.68-0.70x FLASH). The mma.sync target, 1.0x FLASH, is still missed, by 3-8 % at `d = 64`. Its GPU
-# tests on the awkward `N` (`python3 tools/gpu/run.py bench-attention-backward-2d`) and its profile (the conflicts
-# hypothesis) have not run yet, so the op off sm_90 keeps rung 8 (`BWD_OP_VARIANT`).
+# tests on the awkward `N` pass (`python3 tools/gpu/run.py bench-attention-backward-2d`: gradients within twice
+# SDPA's own error), so the op off sm_90 takes rung 9 at `d = 64` (`BWD_OP_VARIANT`). The profile rejects the
+# hypothesis: ncu still counts 25.3 M "bank conflicts" (rung 8: 30.9 M; predicted under 3 M if they were the 4-byte
+# copies' L1 traffic), again on no instruction's addresses, and the dK/dV kernel's stalls stay `wait` and
+# `short_scoreboard` at 12 % occupancy: fixed-latency dependencies with too few warps to hide them.
 
 # %% [markdown]
 # ## Step 3: the Hopper backward: `wgmma` fed by TMA, warp-specialised
