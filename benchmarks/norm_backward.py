@@ -216,7 +216,8 @@ HOST_SHAPES = [(4096, 1024), (8192, 768)]     # --host-only's default: the regis
 def host_setup(ns, kind, rows, cols, dtype):
     """The call benchmarks this file times as called (autograd.grad(y, leaves, dy) on a graph built once) for the
     notebook's op `kind` on CPU tensors with stand-in launches, and its layers, each a function of no arguments.
-    Returns [(layer, fn)], outermost first, then the references (autograd's Python-node floor, torch's C++ node)."""
+    Returns [(layer, fn)], outermost first, then the references (autograd's Python-node floor, torch's C++ node,
+    torch's forward + backward)."""
     import torch
     import torch.nn.functional as F
 
@@ -252,7 +253,9 @@ def host_setup(ns, kind, rows, cols, dtype):
     x8 = torch.randn(1, 8, generator=g).requires_grad_(True)
     w8, b8 = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.zeros(8))
     dy8 = torch.randn(1, 8, generator=g)
-    torch_y = (F.layer_norm(x8, (8,), w8, b8, EPS) if layernorm else F.rms_norm(x8, (8,), w8, EPS))
+    torch_fn = ((lambda x, w, b: F.layer_norm(x, (8,), w, b, EPS)) if layernorm else
+                (lambda x, w: F.rms_norm(x, (8,), w, EPS)))
+    torch_y = torch_fn(x8, w8, b8) if layernorm else torch_fn(x8, w8)
     torch_leaves = [x8, w8, b8] if layernorm else [x8, w8]
     hit = ns["_BACKWARD_LAUNCHES"]
     launcher(dy, xd, wd, EPS)                    # makes the per-shape table's entry
@@ -301,6 +304,8 @@ def host_setup(ns, kind, rows, cols, dtype):
          lambda: torch.autograd.grad(floor_y, leaves, dy, retain_graph=True)),
         (f"ref: autograd.grad through torch's C++ node, F.{'layer_norm' if layernorm else 'rms_norm'} 1 x 8",
          lambda: torch.autograd.grad(torch_y, torch_leaves, dy8, retain_graph=True)),
+        (f"ref: forward + backward, F.{'layer_norm' if layernorm else 'rms_norm'} 1 x 8",
+         lambda: torch.autograd.grad(torch_fn(*torch_leaves), torch_leaves, dy8)),
     ]
 
 

@@ -214,7 +214,7 @@ def test_the_benchmarks_timed_backward_makes_no_plan_kernel_or_launch_on_a_warm_
     ns = norm.ns
     for kind in ("layernorm", "rmsnorm"):
         cases = dict(bench_module.host_setup(ns, kind, 64, 1024, torch.bfloat16))
-        assert len(cases) == 9
+        assert len(cases) == 10
         for f in cases.values():                            # every layer runs (the first calls make what they need)
             f()
         made = collections.Counter()
