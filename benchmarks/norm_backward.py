@@ -4,6 +4,7 @@ in one run.
     python benchmarks/norm_backward.py                 # the tutorial's shapes and GPT-2's, bf16 and float32
     python benchmarks/norm_backward.py --quick         # the same with shorter timing (4 rounds of 40 ms, not 8 of 80)
     python benchmarks/norm_backward.py --shapes 8192x768 --dtypes bfloat16 --ops layernorm
+    python benchmarks/norm_backward.py --host-only     # no GPU: the host time of the timed call, layer by layer
 
 Method
 - The kernels and launchers are the notebook's own (notebooks/04-layernorm.py, loaded by notebook_cells.load_tutorial).
@@ -27,6 +28,16 @@ Method
   latency-bound rounds. --plans also times the launcher alone at 1000 x 1031 with blocks of 1024 (132 partial
   rows, not 264) beside the default plan, to pick between them.
 The short table comes last; $OUT (or --out) gets norm_backward.json with every number.
+
+--host-only (no GPU): the host side of the call timed above, layer by layer, on the CPU. The notebook's real ops,
+launchers and kernels (compiled for sm_90) on CPU tensors posing as the device's, every launch handed to the
+stand-in driver of benchmarks/launch_overhead.py (standin_tutorial: libcuda's launch call replaced by a C builtin),
+so every Python layer above the driver is counted: autograd.grad and the engine, the op's graph node
+(autograd.Function), its backward op's eager call, the launcher's allocations and plan lookup, each generated launch
+(argument checks, struct pack, the no-wait record). Beside them: the same autograd.grad through a Python
+autograd.Function whose backward returns ready gradients (autograd's floor for any Python node) and through
+F.layer_norm / F.rms_norm's C++ node at 1 x 8 (torch's own path, its arithmetic near zero: at the benchmark's shapes
+the CPU's arithmetic would be most of eager's figure). This thread's CPU µs a call, median of interleaved rounds.
 """
 from __future__ import annotations
 
@@ -79,9 +90,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="", help="e.g. bfloat16 (default: bfloat16,float32)")
     ap.add_argument("--ops", default="layernorm,rmsnorm")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for norm_backward.json")
+    ap.add_argument("--host-only", action="store_true",
+                    help="no GPU: host µs of the timed call layer by layer, launches to a stand-in driver "
+                         "(default shapes 4096x1024,8192x768 bf16)")
+    ap.add_argument("--calls", type=int, default=20000, help="--host-only: calls a case (over --rounds rounds)")
+    ap.add_argument("--rounds", type=int, default=7, help="--host-only: interleaved rounds a case")
     ap.add_argument("--plans", action="store_true",
                     help="also time the launcher alone at 1000x1031 bf16: the default plan against blocks of 1024")
     args = ap.parse_args(argv)
+    if args.host_only:
+        return host_only(args)
 
     import torch
     import torch.nn.functional as F
@@ -190,6 +208,136 @@ def main(argv=None) -> int:
     for f in failed:
         print(f"FAILED {f}")
     return 1 if failed else 0
+
+
+HOST_SHAPES = [(4096, 1024), (8192, 768)]     # --host-only's default: the register-held shapes that lose as called
+
+
+def host_setup(ns, kind, rows, cols, dtype):
+    """The call benchmarks this file times as called (autograd.grad(y, leaves, dy) on a graph built once) for the
+    notebook's op `kind` on CPU tensors with stand-in launches, and its layers, each a function of no arguments.
+    Returns [(layer, fn)], outermost first, then the references (autograd's Python-node floor, torch's C++ node,
+    torch's forward + backward)."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernellab.run.launch.launch import DEFER_SYNC
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, cols, generator=g).to(dtype).requires_grad_(True)
+    w = torch.nn.Parameter((1 + 0.5 * torch.randn(cols, generator=g)).to(dtype))
+    b = torch.nn.Parameter(torch.randn(cols, generator=g).to(dtype))
+    dy = torch.randn(rows, cols, generator=g).to(dtype)
+    layernorm = kind == "layernorm"
+    leaves = [x, w, b] if layernorm else [x, w]
+    op, backward_op = ns[f"kl_{kind}"], ns[f"kl_{kind}_backward"]
+    launcher = ns[f"{kind}_backward"]
+    xd, wd = x.detach(), w.detach()
+    y = op(*leaves, EPS)
+    ready = tuple(torch.empty_like(t) for t in leaves)      # the floor's gradients, made once
+
+    class ReadyGradients(torch.autograd.Function):
+        """A Python graph node that computes nothing: autograd.grad's and the engine's cost for any such node."""
+
+        @staticmethod
+        def forward(ctx, *args):
+            ctx.save_for_backward(args[0], args[1])
+            return torch.empty_like(args[0])
+
+        @staticmethod
+        def backward(ctx, dy):
+            ctx.saved_tensors
+            return (*ready, None)
+
+    floor_y = ReadyGradients.apply(*leaves, EPS)
+    x8 = torch.randn(1, 8, generator=g).requires_grad_(True)
+    w8, b8 = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.zeros(8))
+    dy8 = torch.randn(1, 8, generator=g)
+    torch_fn = ((lambda x, w, b: F.layer_norm(x, (8,), w, b, EPS)) if layernorm else
+                (lambda x, w: F.rms_norm(x, (8,), w, EPS)))
+    torch_y = torch_fn(x8, w8, b8) if layernorm else torch_fn(x8, w8)
+    torch_leaves = [x8, w8, b8] if layernorm else [x8, w8]
+    hit = ns["_BACKWARD_LAUNCHES"]
+    launcher(dy, xd, wd, EPS)                    # makes the per-shape table's entry
+    _, plan, main, _, finish, lanes = hit[kind, rows, cols, dtype]
+    dx, dw, db, partial = (torch.empty_like(xd), torch.empty_like(wd), torch.empty_like(wd),
+                           torch.empty(plan.grid, 2, cols, dtype=torch.float32))
+
+    def deferred(f):                             # as inside the op: launches that do not wait
+        def run():
+            token = DEFER_SYNC.set(True)
+            try:
+                f()
+            finally:
+                DEFER_SYNC.reset(token)
+        return run
+
+    def backward_op_alone():
+        with torch.no_grad():                    # as the engine calls it: grad mode off
+            backward_op(dy, xd, w, EPS)
+
+    def allocations():
+        dy.contiguous(), torch.empty_like(xd), torch.empty_like(wd)
+        if layernorm:
+            torch.empty_like(wd)
+        torch.empty(plan.grid, 2, cols, dtype=torch.float32, device=xd.device)
+
+    def fwd_bwd():                               # autograd.grad: no .grad accumulated (a CPU add at these shapes)
+        torch.autograd.grad(op(*leaves, EPS), leaves, dy)
+
+    rows_args = (dy, xd, wd, dx, partial, rows, cols, plan.row_threads, EPS)
+    finish_args = (partial, plan.grid, cols, lanes, dw, db if layernorm else None)
+    if plan.kernel != "rows":
+        raise ValueError(f"--host-only times the rows kernel's launches; {rows}x{cols} takes {plan.kernel}")
+    return [
+        ("as called: autograd.grad(y, leaves, dy), the benchmark's timed call",
+         lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)),
+        (f"  kl::{kind}_backward op, grad mode off (what the graph's node calls)", backward_op_alone),
+        (f"    {kind}_backward launcher (allocations, plan lookup, 2 launches)", deferred(
+            lambda: launcher(dy, xd, wd, EPS))),
+        ("      allocations alone (dy.contiguous(), dx, dw" + (", db" if layernorm else "") + ", partial sums)",
+         allocations),
+        ("      rows kernel's launch alone (kernel[grid, block](...))", deferred(lambda: main(*rows_args))),
+        ("      finish kernel's launch alone", deferred(lambda: finish(*finish_args))),
+        ("forward + backward: autograd.grad(op(*leaves), leaves, dy)", fwd_bwd),
+        ("ref: autograd.grad through a Python node that computes nothing (autograd's floor)",
+         lambda: torch.autograd.grad(floor_y, leaves, dy, retain_graph=True)),
+        (f"ref: autograd.grad through torch's C++ node, F.{'layer_norm' if layernorm else 'rms_norm'} 1 x 8",
+         lambda: torch.autograd.grad(torch_y, torch_leaves, dy8, retain_graph=True)),
+        (f"ref: forward + backward, F.{'layer_norm' if layernorm else 'rms_norm'} 1 x 8",
+         lambda: torch.autograd.grad(torch_fn(*torch_leaves), torch_leaves, dy8)),
+    ]
+
+
+def host_only(args) -> int:
+    """--host-only: the table of host_setup's layers for each op and shape, CPU µs a call."""
+    import statistics
+
+    import torch
+
+    import launch_overhead
+
+    ns = launch_overhead.standin_tutorial("04-layernorm.py", ("norm_kernels", "norm_backward", "layernorm_simple"))
+    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else HOST_SHAPES)
+    dtypes = [getattr(torch, d) for d in (args.dtypes.split(",") if args.dtypes else ["bfloat16"])]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                    # torch's C++ node's arithmetic on one thread, no pool woken
+    try:
+        for kind in args.ops.split(","):
+            for dtype in dtypes:
+                for rows, cols in shapes:
+                    cases = host_setup(ns, kind, rows, cols, dtype)
+                    for _, f in cases:
+                        f()
+                    _, cpu = launch_overhead.interleaved_us([f for _, f in cases], args.calls, args.rounds)
+                    print(f"\n{kind} {str(dtype)[6:]} {rows}x{cols}: host µs a call on this CPU (thread CPU time, "
+                          f"median of {args.rounds} rounds; launches to the stand-in driver)\n")
+                    print("| layer | µs a call | best round |\n|---|---|---|")
+                    for (name, _), us in zip(cases, cpu):
+                        print(f"| {name} | {statistics.median(us):.2f} | {min(us):.2f} |")
+    finally:
+        torch.set_num_threads(threads)
+    return 0
 
 
 if __name__ == "__main__":

@@ -196,3 +196,43 @@ def test_a_configured_launch_follows_the_notebook_isolation_setting_made_after_i
     assert len(routed) == 1 and routed[0].startswith("layernorm_rows")
     ns["layernorm"](x, w, b)
     assert len(routed) == 1
+
+
+def test_the_benchmarks_timed_backward_makes_no_plan_kernel_or_launch_on_a_warm_call(norm, monkeypatch):
+    """benchmarks/norm_backward.py --host-only's layers (host_setup) for both ops at a register-held shape: a warm
+    autograd.grad(y, leaves, dy) (the call the benchmark times as called) runs each op's two launches through the
+    generated launches the first call made: no plan, no kernel lookup or configuration, no LaunchConfig or generated
+    launch built, nothing through LaunchPath.run; and every layer the table prints runs."""
+    import importlib.util
+
+    from kernellab.run.launch import launch as L
+
+    spec = importlib.util.spec_from_file_location("norm_backward_bench", host_path.ROOT / "benchmarks" /
+                                                  "norm_backward.py")
+    bench_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_module)
+    ns = norm.ns
+    for kind in ("layernorm", "rmsnorm"):
+        cases = dict(bench_module.host_setup(ns, kind, 64, 1024, torch.bfloat16))
+        assert len(cases) == 10
+        for f in cases.values():                            # every layer runs (the first calls make what they need)
+            f()
+        made = collections.Counter()
+        for cls, name in ((L.LaunchPath, "config"), (L.LaunchPath, "fast"), (L.LaunchPath, "run"),
+                          (Module, "_find"), (Kernel, "__getitem__")):
+            real = getattr(cls, name)
+            monkeypatch.setattr(cls, name, lambda *a, _real=real, _name=name, **k: made.update([_name]) or
+                                _real(*a, **k))
+        before = ns["plan_backward"].cache_info().misses, ns["plan_rows"].cache_info().misses
+        launches = collections.Counter()
+        as_called = cases["as called: autograd.grad(y, leaves, dy), the benchmark's timed call"]
+        calls = python_calls(as_called, repeat=2)
+        for (_, f, name), v in calls.items():
+            if f.startswith("<kernellab launch"):
+                launches[name] += v
+        as_called()
+        assert made == collections.Counter(), made
+        assert (ns["plan_backward"].cache_info().misses, ns["plan_rows"].cache_info().misses) == before
+        assert launches == {"launch": 2}, sorted(calls)                 # rows and finish, each a generated launch
+        assert not any(name in ("_backward_launches", "norm_launch_for", "plan_backward") for _, _, name in calls)
+        monkeypatch.undo()

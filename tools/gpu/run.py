@@ -160,6 +160,12 @@ SUITES: dict[str, Suite] = {
                    "{out}/bf16"),
                   (PY, "benchmarks/norm_backward.py", "--quick", "--dtypes", "float32", "--shapes",
                    "4096x1024,4096x32768", "--out", "{out}/fp32"))),
+    "norm-host-path": Suite(
+        "benchmarks/norm_backward.py --host-only on the GPU host's CPU (no GPU used: launches to a stand-in driver): "
+        "the host µs of the backward bench-norm-backward times as called, layer by layer, beside autograd's "
+        "Python-node floor and torch's C++ node, for LayerNorm and RMSNorm bf16 4096x1024 and 8192x768; set beside "
+        "bench-norm-backward's do_bench figures it gives that host's µs per CPU µs here", 240,
+        commands=((PY, "benchmarks/norm_backward.py", "--host-only", "--calls", "5000", "--rounds", "5"),)),
     "notebooks": Suite(
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
         commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),
