@@ -712,7 +712,7 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03, 
     calls of one kernel). Then the shapes below 1.0x FLASH by each timing method, why the methods disagree
     (sustained_why), and per kernel the median of measured over predicted GPU time (kernellab.bench): what a refit of
     kernellab.teach.attention_plan's constants starts from (refit_lines, beside `device`'s table)."""
-    slower, slower_tol, below, fit = [], [], {}, {}
+    slower, slower_tol, below, fit, same = [], [], {}, {}, []
     for r in rows:
         if "ms" not in r:
             continue
@@ -725,6 +725,8 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03, 
                                   f"{steps[best] * 1e3:.1f} µs)")
                     if ms["entry"] > steps[best] * (1 + tolerance):
                         slower_tol.append(slower[-1])
+                        if best == r["choice"]:
+                            same.append(r["label"])
                 for s, v in steps.items():
                     if r.get("predicted_gpu_us", {}).get(s):
                         fit.setdefault(s, []).append(v * 1e3 / r["predicted_gpu_us"][s])
@@ -733,6 +735,10 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03, 
     lines = [f"entry point slower than the best of its own steps, by more than {tolerance:.0%}: "
              f"{len(slower_tol)} shape(s){': ' + '; '.join(slower_tol) if slower_tol else ''}",
              f"  (slower by any margin: {len(slower)}{': ' + '; '.join(slower) if slower else ''})"]
+    if slower_tol:
+        lines.append(f"  of those, the plan chose a slower step at {len(slower_tol) - len(same)}; at {len(same)} it chose "
+                     f"the fastest step and the entry point's call of it timed slower than the step's own"
+                     f"{': ' + '; '.join(same) if same else ''}")
     for method in ("kernellab.bench", "do_bench", "sustained"):
         got = below.get(method, [])
         lines.append(f"entry point below 1.0x SDPA FLASH ({method}): {len(got)} shape(s)"
