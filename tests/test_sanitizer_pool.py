@@ -401,3 +401,14 @@ def test_warm_starts_each_tool_ahead_and_the_first_job_pays_no_start(tool):
     assert len(rep.findings) == 1 and starts(tool) == 2
     assert rep.cost.process_started                       # the process's first job (started ahead of it)
     assert rep.cost.tool_start_s is None or rep.cost.tool_start_s <= time.time() - t0
+
+
+def test_a_spare_that_cannot_start_leaves_the_jobs_report_standing(tool, tmp_path):
+    """The tool disappears after a fault: the faulting job's report stands (no exception, no second run) and no spare
+    is left, so the next job starts a process of its own as a pool without spares would."""
+    mem = pool_for(tool, "memcheck")
+    mem.run(job("clean"), timeout_s=60)
+    mem.exe = str(tmp_path / "gone" / "compute-sanitizer")
+    bad = mem.run(job("oob"), timeout_s=60)
+    assert not bad.ok and bad.findings[0].kind == "invalid_write" and mem.proc is None
+    assert starts(tool) == 1

@@ -471,7 +471,10 @@ class SanitizerPool:
         if self.proc is None and self.spare:
             # the next job's process starts now, while this job's findings are read and the grader goes on: the
             # tool's set-up and the CUDA context are not paid again on the next job's clock
-            self.proc = self._start()
+            try:
+                self.proc = self._start()
+            except OSError:                                  # this job's report stands; the next job starts one
+                self.proc = None
         if not began:        # the target never reached the job (it failed to start, or hung before): all it said
             lines = pre + lines
         lines += [ln for ln in _without_end_calls(rest) if not ln.startswith(JOB_MARK) and not _SUMMARY.match(ln)]
