@@ -810,3 +810,17 @@ def test_the_output_comparison_in_pieces_flags_what_the_whole_array_test_flags()
     other.view(np.uint32)[0] ^= 1
     assert not C.same_bytes(nan, other) and not C.same_bytes(zero, zero.reshape(2, 4))
     assert not C.same_bytes(zero, zero.astype(np.float64))
+
+
+def test_the_reference_reads_its_inputs_in_place_and_fills_copies_of_the_outputs():
+    """grader._reference_args: the inputs as read-only views of the launch's own arrays (no copy of a large input
+    per launch; a reference writing into one raises), the outputs as copies (a reference may fill and return one,
+    and the launch's output is then poisoned)."""
+    from kernellab.teach import grader
+
+    x, out = np.arange(6, dtype=np.float32), np.zeros(6, np.float32)
+    rx, rout, n = grader._reference_args((x, out, 6), outputs=(1,))
+    assert np.shares_memory(rx, x) and not rx.flags.writeable and n == 6
+    assert not np.shares_memory(rout, out) and rout.flags.writeable and np.array_equal(rout, out)
+    with pytest.raises(ValueError):
+        rx[0] = 1.0

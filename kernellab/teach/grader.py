@@ -435,7 +435,7 @@ class _Grading:
                 rng = np.random.default_rng([self.seed, si, ci])
                 with self.timed("of the launches: inputs and reference (host)"):
                     args = tuple(ex.make_args(shape, rng))
-                    expected = _as_tuple(ex.reference(*_copy(args)))
+                    expected = _as_tuple(ex.reference(*_reference_args(args, ex.outputs)))
                 where = f"{_shape_text(ex, shape)}, grid {_dim(grid)}, block {_dim(block)}"
                 try:
                     ok = self.run_one(k, args, expected, grid, block, where, simulated)
@@ -536,7 +536,7 @@ class _Grading:
         """The sanitizer's shape again, twice, with the outputs first holding zeros and then the largest finite value
         (not the NaN of the other runs): a kernel that reads memory it never wrote, or races, disagrees."""
         shape, grid, block, args = self._sanitize_launch()
-        expected = _as_tuple(self.ex.reference(*_copy(args)))
+        expected = _as_tuple(self.ex.reference(*_reference_args(args, self.ex.outputs)))
         where = f"{_shape_text(self.ex, shape)}, grid {_dim(grid)}, block {_dim(block)} (determinism run)"
         results = []
         for fill in ("zero", "max"):
@@ -744,7 +744,7 @@ def _spec_problems(ex: Exercise) -> tuple[str, ...]:
         if int(np.prod(shape)) > 1 << 20:
             continue            # the big shapes say nothing the small ones do not, and cost memory
         args = tuple(ex.make_args(shape, np.random.default_rng([0, si])))
-        expected = _as_tuple(ex.reference(*_copy(args)))
+        expected = _as_tuple(ex.reference(*_reference_args(args, ex.outputs)))
         if len(expected) != len(ex.outputs):
             return (f"the reference returns {len(expected)} outputs but the exercise names {len(ex.outputs)}",)
         inputs = [a for i, a in enumerate(args) if isinstance(a, np.ndarray) and i not in ex.outputs]
@@ -794,8 +794,16 @@ def _fill_value(dtype, fill: str):
     return np.iinfo(dtype).max
 
 
-def _copy(args) -> tuple:
-    return tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+def _reference_args(args, outputs) -> tuple:
+    """What the exercise's reference is called with: copies of the output arrays (it may fill and return them) and
+    read-only views of the rest (an input it wrote into would raise; no copy of a large input per launch)."""
+    def view(a):
+        v = a.view()
+        v.flags.writeable = False
+        return v
+
+    return tuple((a.copy() if i in outputs else view(a)) if isinstance(a, np.ndarray) else a
+                 for i, a in enumerate(args))
 
 
 def _to_device(args) -> tuple:
