@@ -21,8 +21,12 @@ from kernellab.run import fanout  # noqa: E402
 
 @pytest.fixture(scope="module")
 def four():
-    """Four worker processes of one thread each: two per stand-in GPU."""
-    with dask.config.set({"distributed.scheduler.allowed-failures": 3}), \
+    """Four worker processes of one thread each: two per stand-in GPU. Work stealing off: a second job's placement on
+    its lane is a loose restriction (so that a lost lane strands nothing), which Dask's stealing may override under
+    load (one run in three here moved one off its lane); what is checked is the pipeline's placement, and the GPU lock
+    keeps timings one at a time per GPU wherever a job lands."""
+    with dask.config.set({"distributed.scheduler.allowed-failures": 3,
+                          "distributed.scheduler.work-stealing": False}), \
             distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=None) as c, \
             distributed.Client(c) as client:
         client.wait_for_workers(4, timeout=300)
