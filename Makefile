@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Test processes (pytest-xdist): one per core; each test file runs whole in one process, so a module's compiled
 # kernels are built once; tests/conftest.py hands the longest files out first (tests/durations.json).
 # Measured on the 2-core machine, quiet, from a fresh clone (kernellab's compile cache in the home directory as earlier
-# runs left it): 8 min 50 s of pytest, 9 min 4 s in all (7410 passed, 1201 skipped); `make test-fast` 2 min 10 s
+# runs left it): 9 min 53 s of pytest, 10 min 12 s in all (7462 passed, 1202 skipped); `make test-fast` 2 min 10 s
 # when the suite had 7230 tests.
 # Earlier figures (11-20 min) were taken while processes leaked by a fault test (fixed) kept spinning on both cores.
 # `make test-durations` records
