@@ -1453,10 +1453,11 @@ for L in (1024, 8192, 131072):
 # `griddepcontrol.wait` read the producer's flag stale every time, its first block starting 20 ms before a 20 ms
 # producer ended, on the default stream and on a side stream; launched plainly it started 1.6 µs after. The PDL op
 # gives the plain op's result bit for bit, fresh and on poisoned buffers, in a CUDA graph too (10 GPU tests). In a CUDA
-# graph PDL gains the same 1.03-1.08x. **As called from Python it loses** at short caches: sustained, the 1k step takes
-# 64.6 µs with PDL against 32.2 without (0.50x), 0.76x at 8k; the PDL launch's extended-attribute path costs more host
-# time than the plain launch, and a host-bound loop pays it. So `pdl=True` stays an option, off by default: use it
-# where the step is captured in a CUDA graph or the host runs ahead.
+# graph PDL gains the same 1.03-1.08x. **As called from Python the timings disagree**: by do_bench the PDL step is
+# 1.30x faster at 1k and 0.93x at 8k, in the sustained loop 0.50x at 1k (64.6 µs against 32.2), 0.76x at 8k, 0.94x at
+# 32k and 1.02x at 128k. The launch itself is not the difference (one cuLaunchKernelEx with one attribute in place of
+# cuLaunchKernel); what makes back-to-back PDL steps slower is not known yet. So `pdl=True` stays an option, off by
+# default: use it where the step is captured in a CUDA graph.
 
 # %% [markdown]
 # ## Check on awkward shapes
