@@ -2,6 +2,7 @@
 longest test files out first (tests/durations.json)."""
 import collections
 import json
+import multiprocessing
 import os
 import pathlib
 
@@ -126,7 +127,11 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
-    """--record-durations: each unit's seconds (setup, call and teardown of its tests), longest first."""
+    """--record-durations: each unit's seconds (setup, call and teardown of its tests), longest first. And no process
+    a test started outlives the run: child processes still alive (a Dask worker whose test failed before its cluster
+    closed) are killed, not left to spin as orphans."""
+    for child in multiprocessing.active_children():
+        child.kill()
     path = session.config.getoption("record_durations")
     if path and not hasattr(session.config, "workerinput"):   # the controller (or the one process) writes it
         units = sorted(_unit_seconds.items(), key=lambda kv: -kv[1])
