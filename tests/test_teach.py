@@ -824,3 +824,17 @@ def test_the_reference_reads_its_inputs_in_place_and_fills_copies_of_the_outputs
     assert not np.shares_memory(rout, out) and rout.flags.writeable and np.array_equal(rout, out)
     with pytest.raises(ValueError):
         rx[0] = 1.0
+
+
+def test_a_signalling_nan_in_an_output_is_a_mismatch_without_a_warning():
+    """An output element holding a signalling NaN (bits a kernel copied as they were) is out of tolerance like any NaN,
+    and the float64 cast of the tolerance test does not turn it into a RuntimeWarning."""
+    import warnings
+
+    from kernellab.teach import compare as C
+
+    out = np.array([0x7FA00000, 0], dtype=np.uint32).view(np.float32)       # a signalling NaN, then 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bad = C.mismatches(out, np.array([1.0, 0.0], np.float32), 1e-5, 1e-5)
+    assert bad.tolist() == [True, False]
