@@ -118,15 +118,19 @@ def test_launches_are_labelled_by_name_and_order():
                     ("FLASH", 128, 4096, "dQ convert")]
 
 
-def test_rung_8s_launches_are_labelled_atomic_2d():
+@pytest.mark.parametrize("first,second,first_label,label", [
+    ("bwd_dkdv_w8_bf16_d64", "bwd_dkdv_2d_bf16_d64", "atomic_w8", "atomic_2d"),          # rung 8 after atomic_w8
+    ("bwd_dkdv_2d_bf16_d64", "bwd_dkdv_ilp_bf16_d64", "atomic_2d", "atomic_2d_ilp"),     # rung 9 after rung 8
+])
+def test_each_rungs_launches_are_labelled_by_its_dkdv_kernel(first, second, first_label, label):
     b = _bench()
-    names = ["bwd_pre_bf16_d64", "bwd_dkdv_w8_bf16_d64", "bwd_dq_convert_bf16",
-             "bwd_pre_bf16_d64", "bwd_dkdv_2d_bf16_d64", "bwd_dq_convert_bf16",
+    names = ["bwd_pre_bf16_d64", first, "bwd_dq_convert_bf16",
+             "bwd_pre_bf16_d64", second, "bwd_dq_convert_bf16",
              "flash_bwd_dot_do_o_kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "flash_bwd_convert_dq_kernel"]
     tags = b.label_launches(names, [(64, 4096)])
-    assert tags[3:6] == [("atomic_2d", 64, 4096, "preprocess"), ("atomic_2d", 64, 4096, "dK/dV (+dQ red)"),
-                         ("atomic_2d", 64, 4096, "dQ convert")]
-    assert tags[1] == ("atomic_w8", 64, 4096, "dK/dV (+dQ red)")
+    assert tags[3:6] == [(label, 64, 4096, "preprocess"), (label, 64, 4096, "dK/dV (+dQ red)"),
+                         (label, 64, 4096, "dQ convert")]
+    assert tags[1] == (first_label, 64, 4096, "dK/dV (+dQ red)")
 
 
 # -- the model, from the compiled kernel ------------------------------------------------------------------------------
@@ -511,17 +515,6 @@ def test_run_profile_puts_rung_9_beside_rung_8_with_the_per_line_counters(step2,
     assert "1.051x atomic_2d's speed" in last
     saved = json.loads((tmp_path / "attention_backward_profile.json").read_text())
     assert saved["results"][0]["whole_us"]["atomic_2d_ilp"] == pytest.approx(5432)
-
-
-def test_rung_9s_launches_are_labelled_atomic_2d_ilp():
-    b = _bench()
-    names = ["bwd_pre_bf16_d64", "bwd_dkdv_2d_bf16_d64", "bwd_dq_convert_bf16",
-             "bwd_pre_bf16_d64", "bwd_dkdv_ilp_bf16_d64", "bwd_dq_convert_bf16",
-             "flash_bwd_dot_do_o_kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "flash_bwd_convert_dq_kernel"]
-    tags = b.label_launches(names, [(64, 4096)])
-    assert tags[1][0] == "atomic_2d" and tags[3:6] == [
-        ("atomic_2d_ilp", 64, 4096, "preprocess"), ("atomic_2d_ilp", 64, 4096, "dK/dV (+dQ red)"),
-        ("atomic_2d_ilp", 64, 4096, "dQ convert")]
 
 
 def test_the_bench_prints_rung_9_beside_its_prediction():
