@@ -2565,8 +2565,8 @@ for (d, causal), r in step3b.items():
 # `d = 64` (full / causal) and 3.57 / 2.06 ms at `d = 128`: **1.16-1.26x step 3 and 1.30-1.32x SDPA's FLASH backward**
 # at all four, inside the prediction at three and faster than it at `d = 128` full (step 3's `Dv` load there came after
 # `P^T`, so its exposed latency was the larger share). Still 0.67-0.78x CUDNN. Step 3 on this GPU measured 1.04-1.12x
-# FLASH, as on the H100, so the ratio is the GPU's, not the card's. The op's backward is 3b since
-# (`BWD_OP_HOPPER_ROWS = True`); the training run at the end of this notebook ran before the switch, on step 3.
+# FLASH, as on the H100, so the ratio is the GPU's, not the card's. The op's backward is 3b
+# (`BWD_OP_HOPPER_ROWS = True`); the training section's recorded outputs at the end of this notebook are step 3's.
 
 # %% [markdown]
 # ## From the notebook into a model: a differentiable op

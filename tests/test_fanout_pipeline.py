@@ -23,7 +23,7 @@ from kernellab.run import fanout  # noqa: E402
 def four():
     """Four worker processes of one thread each: two per stand-in GPU. Work stealing off: a second job's placement on
     its lane is a loose restriction (so that a lost lane strands nothing), which Dask's stealing may override under
-    load (one run in three here moved one off its lane); what is checked is the pipeline's placement, and the GPU lock
+    load, moving it to another worker; what is checked is the pipeline's placement, and the GPU lock
     keeps timings one at a time per GPU wherever a job lands."""
     with dask.config.set({"distributed.scheduler.allowed-failures": 3,
                           "distributed.scheduler.work-stealing": False}), \
