@@ -718,3 +718,47 @@ def test_lanes_are_one_worker_per_gpu_only_where_workers_share_a_gpu():
     assert _lanes(pool({"tcp://h:5": gpu("0000:06"), "tcp://h:2": gpu("0000:07")})) == ()
     assert _lanes(pool({"tcp://h:5": Where(False, "no GPU"), "tcp://h:2": Where(False, "no GPU")})) == ()
     assert _lanes(pool(OSError("a worker died"))) == ()
+
+
+def test_compile_cost_sends_the_dearest_compiles_first_on_a_pool_and_on_dask(tmp_cache, no_gpu, dask_client,
+                                                                              monkeypatch):
+    """compile_cost(config) orders the compiles, dearest guess first (a pool's tail is then short compiles), on an
+    executor's pool and on Dask's streamed sweep; the rows keep the order of the configurations; a guess that fails
+    is named."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernellab.run import fanout
+
+    configs = [{"BM": 32, "BN": 32, "TM": 2}, {"BM": 32, "BN": 32, "TM": 8}, {"BM": 32, "BN": 32, "TM": 4}]
+    cost = lambda c: c["TM"]                                                  # noqa: E731
+    sent: list[str] = []
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kw):
+            if getattr(fn, "__name__", "") == "compile_task":
+                sent.append(args[0].name_expression)
+            return super().submit(fn, *args, **kw)
+
+    kw = dict(kernel="sgemm", launch=sgemm_launch, inputs=sgemm_inputs, progress=False, cache=False)
+    with Recording(max_workers=1) as pool:
+        r = kernellab.autotune(SGEMM, configs, executor=pool, compile_cost=cost, **kw)
+    assert sent == ["sgemm<32, 32, 8>", "sgemm<32, 32, 4>", "sgemm<32, 32, 2>"], sent
+    assert [row.config["TM"] for row in r.rows] == [2, 8, 4]
+    sent.clear()
+    with Recording(max_workers=1) as pool:     # no guess: in the order given (PAD: not in the compile cache)
+        kernellab.autotune(SGEMM, [dict(c, PAD=1) for c in configs], executor=pool, **kw)
+    assert sent == ["sgemm<32, 32, 2>", "sgemm<32, 32, 8>", "sgemm<32, 32, 4>"], sent
+
+    real, firsts = fanout.pipeline, []
+
+    def recording_pipeline(executor, first, follow, **k):
+        firsts.append([j.item.name_expression for j in first])
+        return real(executor, first, follow, **k)
+
+    monkeypatch.setattr(fanout, "pipeline", recording_pipeline)
+    r = kernellab.autotune(SGEMM, [dict(c, PAD=2) for c in configs], executor=dask_client.get_executor(),
+                           compile_cost=cost, **kw)
+    assert firsts == [["sgemm<32, 32, 8>", "sgemm<32, 32, 4>", "sgemm<32, 32, 2>"]], firsts
+    assert [row.config["TM"] for row in r.rows] == [2, 8, 4] and all(row.compile_worker for row in r.rows)
+    with pytest.raises(A.AutotuneError, match=r"compile_cost\(.*\) failed: KeyError"):
+        kernellab.autotune(SGEMM, configs, compile_cost=lambda c: c["WM"], **kw)

@@ -82,6 +82,9 @@ def test_a_sequence_gets_each_jobs_own_findings_from_one_process(tool):
         assert f.kind == "race" and f.where.cell_line == 19 and f.other.cell_line == 20 and r.error_count == 1
         assert r.kernel == "racy" and r.job_status == "ok"
     assert "--racecheck-report" in race.command("x") and race.stats()["processes_started"] == 1
+    # memcheck ends a kernel whose access it caught, not the context (the same option one-shot: test_worker's)
+    kept = " --destroy-on-device-error kernel "
+    assert kept in " ".join(mem.command("x")) + " " and kept not in " ".join(race.command("x"))
     st = race.stats()
     assert st["end_calls_reported"] == [] and st["ordered"] is True and st["restarts"] == {} and st["jobs"] == 4
     assert all(r.wall_ms < 4000 for r in reports[1:]), [r.wall_ms for r in reports]   # no wait for a missing report

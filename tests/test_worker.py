@@ -642,7 +642,8 @@ def test_sanitize_runs_the_tool_on_a_job_file(tmp_path):
     """)
     rep = sanitize(fake_job("oob"), "memcheck", executable=fake)
     argv = log.read_text().splitlines()
-    assert argv[:6] == ["--tool", "memcheck", "--print-limit", "100", "--show-backtrace", "no"]
+    assert argv[:8] == ["--tool", "memcheck", "--print-limit", "100", "--show-backtrace", "no",
+                        "--destroy-on-device-error", "kernel"]    # a caught access ends the kernel, not the context
     assert argv[-5:-3] == ["-m", "kernellab.run.launch.job"] and argv[-2] == "--out"
     assert rep.findings and rep.exit_code == 1 and rep.error_count == 259
     assert any("did not write a result" in n for n in rep.notes)      # the stand-in never ran the job

@@ -139,6 +139,29 @@ def test_memcheck_sequence_then_a_fault(mod, torch):
     assert reps[5].cost.process_started == faulted, why
 
 
+def test_memcheck_keeps_its_process_after_an_access_it_caught(mod, torch):
+    """memcheck runs with --destroy-on-device-error kernel (sanitizer_text.KEEP_CONTEXT): an out-of-bounds write ends
+    its kernel, not the CUDA context, so out of bounds, clean, out of bounds, clean run in one process; each
+    out-of-bounds job has its invalid write (and only it), each clean job is clean."""
+    j = jobs(mod, torch)
+    pool = P.SanitizerPool("memcheck", executable=sanitizer_path(), print_limit=100)
+    try:
+        reps = [run(pool, b, j[b]) for b in ("oob", "clean", "oob", "clean")]
+        st = dict(pool.stats())
+    finally:
+        pool.close()
+    why = explain(pool, reps)
+    print(f"\n[pool] memcheck over oob, clean, oob, clean: {st}; statuses {[r.job_status for r in reps]}", flush=True)
+    assert "--destroy-on-device-error" in reps[0].command, why
+    assert st["processes_started"] == 1 and st["restarts"] == {} and st["ordered"] is True, why
+    assert [r.ok for r in reps] == [False, True, False, True], why
+    for r in (reps[0], reps[2]):
+        assert [f.kind for f in r.findings] == ["invalid_write"], why
+        assert r.findings[0].where.cell_line == line_of("x[i + n] = 1.0f;"), why
+    assert not any(r.cost.process_started for r in reps[1:]), why
+    assert all(r.error_count == 0 for r in (reps[1], reps[3])), why
+
+
 def test_a_hang_is_given_up_at_its_timeout(mod, torch):
     flag = torch.zeros(1, dtype=torch.int32, device="cuda")
     j = jobs(mod, torch)
@@ -176,10 +199,11 @@ def test_the_one_shot_path_agrees(mod, torch, monkeypatch):
 
 
 def test_the_graders_keep_one_process_per_tool_across_submissions(monkeypatch):
-    """kernellab.grade of tutorial 02's batched transpose: the reference, the variant without its barrier, the
-    reference again, with the pool on (KERNELLAB_SANITIZER_POOL=1; the graders run one-shot without it). The race is
-    the variant's only; the reference graded after it is clean; the second and third grades start no
-    compute-sanitizer process."""
+    """kernellab.grade of tutorial 02's batched transpose: the reference, the variant without its barrier, the one
+    without its bounds guard, the reference again, with the pool on (KERNELLAB_SANITIZER_POOL=1; the graders run
+    one-shot without it). The race and the out-of-bounds read are their variants' only; the reference graded after
+    them is clean; no grade after the first starts a compute-sanitizer process (memcheck's caught access ends the
+    kernel, not the process)."""
     from exercises.solutions_lib import load_kernel, solution_path, variants
     from kernellab.teach import exercise
 
@@ -187,15 +211,17 @@ def test_the_graders_keep_one_process_per_tool_across_submissions(monkeypatch):
     P.shutdown()
     ex = exercise("02-transpose-batched")
     [racy] = [v for v in variants(ex.id) if v.name == "no_barrier"]
-    good, bad = load_kernel(ex, solution_path(ex.id)), load_kernel(ex, racy.path)
-    grades = [kernellab.grade(ex.id, k, speed=False) for k in (good, bad, good)]
-    for label, g in zip(("reference", "no_barrier", "reference again"), grades):
+    [oob] = [v for v in variants(ex.id) if v.name == "no_guard"]
+    good, bad, wild = (load_kernel(ex, p) for p in (solution_path(ex.id), racy.path, oob.path))
+    grades = [kernellab.grade(ex.id, k, speed=False) for k in (good, bad, wild, good)]
+    for label, g in zip(("reference", "no_barrier", "no_guard", "reference again"), grades):
         for step, cost in g.tool_costs:
             print(f"\n[pool] grade {label} {step}: started={cost.process_started} context_s={cost.context_s} "
                   f"wall_s={cost.wall_s:.2f}", flush=True)
     why = "\n".join(str(g) for g in grades) + f"\n{P.stats()}"
-    assert grades[0].passed and grades[2].passed, why
+    assert grades[0].passed and grades[3].passed, why
     assert not grades[1].passed and "race" in [f.kind for f in grades[1].findings], why
+    assert not grades[2].passed and "out_of_bounds" in [f.kind for f in grades[2].findings], why
     assert grades[0].tool_costs and all(c.process_started for _, c in grades[0].tool_costs), why
     later = [c for g in grades[1:] for _, c in g.tool_costs]
     assert later and not any(c.process_started for c in later), why

@@ -1,7 +1,7 @@
 """compute-sanitizer on one kernel job, in a separate process: findings with kernel, thread, block and cell line.
 
 `sanitize(job, tool)` writes the job to a file, runs
-`compute-sanitizer --tool <tool> --print-limit N --show-backtrace no python -m kernellab.run.launch.job JOBFILE`
+`compute-sanitizer --tool <tool> --print-limit N --show-backtrace no ... python -m kernellab.run.launch.job JOBFILE`
 and parses the text report. Each finding keeps the tool's headline ("Invalid __global__ write of size 4 bytes"),
 the function, the source file and line (cell lines for %%cuda cells: kernellab always compiles with -lineinfo and
 numbers lines as the editor does), the first thread and block that hit it, the address, and how many times the
@@ -27,7 +27,7 @@ from ..launch import worker
 from ..launch.job import KernelJob
 from . import sanitize_pool
 from .sanitizer_text import (DEFAULT_PRINT_LIMIT, PRINT_LIMIT_NOTE, TOOLS, children_usage, decoded_text,  # noqa: F401
-                             job_outcome, parse_location, parse_report, report_from_text, tool_cost,
+                             job_outcome, parse_location, parse_report, report_from_text, tool_args, tool_cost,
                              tool_env)
 # (parse_location, parse_report, PRINT_LIMIT_NOTE: this module's public names since before the split, kept)
 
@@ -95,10 +95,8 @@ def sanitize(job: KernelJob, tool: str = "memcheck", *, timeout_s: float = 300.0
     with tempfile.TemporaryDirectory(prefix="kernellab-sanitize-") as tmp:
         jobfile = job.with_data().save(os.path.join(tmp, "job.kljob"))
         resfile = os.path.join(tmp, "result.klres")
-        cmd = [exe, "--tool", tool, "--print-limit", str(print_limit), "--show-backtrace", "no"]
-        if tool == "racecheck":
-            cmd += ["--racecheck-report", "all"]
-        cmd += list(extra_args) + [sys.executable, "-m", "kernellab.run.launch.job", jobfile, "--out", resfile]
+        cmd = [exe, *tool_args(tool, print_limit), *extra_args]
+        cmd += [sys.executable, "-m", "kernellab.run.launch.job", jobfile, "--out", resfile]
         used0, spawned = children_usage(), time.time()
         t0 = time.perf_counter()
         try:

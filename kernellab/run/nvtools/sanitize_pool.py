@@ -64,7 +64,7 @@ import time
 from ..findings import SanitizerReport
 from ..launch.job import JOB_MARK, KernelJob
 from .sanitizer_text import (PREFIX, SKIP_HEAD, access_finding, children_usage, hazard_finding, job_outcome,
-                             race_finding, report_from_text, tool_cost, tool_env)
+                             race_finding, report_from_text, tool_args, tool_cost, tool_env)
 
 ENV = "KERNELLAB_SANITIZER_POOL"
 # The end-of-job calls (by job parity: 0 even, 1 odd) each tool was seen to report on a GPU: their report must come
@@ -324,10 +324,8 @@ class SanitizerPool:
         self.restarts: dict[str, int] = {}            # why a process was replaced: "fault", "timeout", "crash", ...
 
     def command(self, requests: str) -> list[str]:
-        cmd = [self.exe, "--tool", self.tool, "--print-limit", "0", "--show-backtrace", "no"]
-        if self.tool == "racecheck":
-            cmd += ["--racecheck-report", "all"]
-        cmd += list(self.extra_args) + [sys.executable, "-m", "kernellab.run.launch.job", "--serve", requests]
+        cmd = [self.exe, *tool_args(self.tool, 0), *self.extra_args]
+        cmd += [sys.executable, "-m", "kernellab.run.launch.job", "--serve", requests]
         return cmd + ([] if self.device is None else ["--device", str(self.device)])
 
     def stats(self) -> dict:

@@ -14,6 +14,20 @@ from ..launch.job import JobResult, KernelJob
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 DEFAULT_PRINT_LIMIT = 100
 PRINT_LIMIT_NOTE = "(print limit)"      # in a report's notes when the tool stopped printing: findings may be missing
+# memcheck's answer to an access it caught (a precise error): end that kernel only, not the CUDA context. The default
+# ("context") destroys the context, so the target's later calls fail, it tears down through failing calls and exits,
+# and a warm process must be replaced after every out-of-bounds submission; with "kernel" the target goes on
+KEEP_CONTEXT = ("--destroy-on-device-error", "kernel")
+
+
+def tool_args(tool: str, print_limit: int) -> list[str]:
+    """compute-sanitizer's options for `tool` before the target, the same for a one-shot run and a warm process."""
+    args = ["--tool", tool, "--print-limit", str(print_limit), "--show-backtrace", "no"]
+    if tool == "racecheck":
+        args += ["--racecheck-report", "all"]
+    if tool == "memcheck":
+        args += list(KEEP_CONTEXT)
+    return args
 
 
 PREFIX = re.compile(r"^=========(?P<rest>.*)$")
