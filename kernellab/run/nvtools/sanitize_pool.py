@@ -29,6 +29,9 @@ synchronize, launch after launch; memcheck printed a failed API call's report be
 - a job that leaves the context unusable (a fault: the end line says "poisoned") is the process's last: the target
   exits, and the pool reads to the end of the tool's output and starts a new process for the next job. A hang is
   killed at its timeout, as the one-shot path does, and so is a process that dies; the next job gets a new process.
+  An access memcheck catches is not such a fault: memcheck runs with --destroy-on-device-error kernel
+  (sanitizer_text.KEEP_CONTEXT), so it ends that kernel only and the process serves the next job (seen on an H200:
+  out of bounds, clean, out of bounds, clean in one process, the same findings as one-shot).
 
 Ahead of the jobs: `SanitizerPool.warm()` (and `sanitize.warm()` for several tools at once) starts the process before
 its first job and waits until the target has made its CUDA context (the pool's device, `--device`) and opened its
