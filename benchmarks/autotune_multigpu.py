@@ -303,9 +303,22 @@ def thread_env(threads: int) -> dict[str, str]:
 SANITIZER_TOOLS = ("memcheck", "initcheck", "racecheck", "synccheck")   # every tool the class's graders run on a GPU
 
 
+# The scheduler hands a worker its next queued task only when it is free: Dask's default (1.1) sends a one-thread
+# worker two, so near the end one waits behind a long submission on its worker while another worker idles
+SATURATION = {"distributed.scheduler.worker-saturation": 1.0}
+
+
 def make_cluster(gpus: list[int], workers_per_gpu: int = 4, threads_per_worker: int | None = None):
     """(cluster, what): `workers_per_gpu` Dask worker processes (one task thread each) per GPU in `gpus`, each
-    allowed `threads_per_worker` CPU threads for the libraries it calls (None: no cap)."""
+    allowed `threads_per_worker` CPU threads for the libraries it calls (None: no cap); the scheduler keeps the
+    queued tasks until a worker is free (SATURATION)."""
+    import dask
+
+    with dask.config.set(SATURATION):            # read once, when the scheduler is made
+        return _make_cluster(gpus, workers_per_gpu, threads_per_worker)
+
+
+def _make_cluster(gpus: list[int], workers_per_gpu: int, threads_per_worker: int | None):
     env = thread_env(threads_per_worker) if threads_per_worker else {}
     if workers_per_gpu == 1:
         try:
@@ -405,7 +418,8 @@ def run_phase(gpus: list[int], workers_per_gpu: int, job: dict, log=print) -> di
     before = set(multiprocessing.active_children())
     cluster, what = make_cluster(gpus, workers_per_gpu, job.get("threads_per_worker"))
     out = {"gpus": len(gpus), "gpu_ids": gpus, "workers": len(gpus) * workers_per_gpu, "cluster": what,
-           "threads_per_worker": job.get("threads_per_worker")}
+           "threads_per_worker": job.get("threads_per_worker"),
+           "worker_saturation": getattr(getattr(cluster, "scheduler", None), "WORKER_SATURATION", None)}
     client = distributed.Client(cluster)
     try:
         client.wait_for_workers(len(gpus) * workers_per_gpu, timeout=300)

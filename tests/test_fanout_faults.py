@@ -254,6 +254,7 @@ def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monk
     p = mod.summarize(mod.run_phase([0], 2, job, log=lambda s: None), 3, 12)
     workers = set(p["worker_gpus"])
     assert len(workers) == 2 and p["gpus"] == 1 and p["workers"] == 2
+    assert p["worker_saturation"] == 1.0          # a queued task goes to a free worker, none waits behind another
     r = p["autotune"]
     assert len(r.rows) == 3 and all(row.registers for row in r.rows)
     assert {row.worker for row in r.rows} <= workers
