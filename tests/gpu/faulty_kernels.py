@@ -24,6 +24,10 @@ extern "C" __global__ void misaligned(float* x) {
     float* p = (float*)((char*)x + 2);
     p[threadIdx.x] = 1.0f;
 }
+extern "C" __global__ void trap_now(float* x) {
+    if (threadIdx.x == 0) __trap();
+    x[threadIdx.x] = 1.0f;
+}
 extern "C" __global__ void spin(int* flag) {
     while (atomicAdd(flag, 0) == 0) { }
 }

@@ -5,8 +5,9 @@ findings are what the tool printed between the target's begin and end lines: the
 seen to keep (a report before the CUDA call that met it returns). These tests check it: racecheck over clean, racy,
 clean, racy and memcheck over clean, racy, clean, racy in one process each, the hazards on the racy jobs only, no
 out-of-order report seen (stats()["ordered"]), memcheck's end-of-job report before each end line, the second job's
-CUDA context part (ToolCost.context_s) small; a fault and a hang replace the process; the one-shot path agrees; the
-graders with KERNELLAB_SANITIZER_POOL=1 keep one process per tool. With $KERNELLAB_ARTIFACTS set, each job's raw
+CUDA context part (ToolCost.context_s) small; an out-of-bounds access memcheck catches keeps the process (it ends the
+kernel, not the context), a hang replaces it; the one-shot path agrees; the graders with KERNELLAB_SANITIZER_POOL=1
+keep one process per tool. With $KERNELLAB_ARTIFACTS set, each job's raw
 output is saved (pool_*.txt); the last lines printed are a table: tool, job, process started, context, wall, errors,
 findings.
 """
@@ -54,12 +55,14 @@ def torch():
 
 
 def jobs(mod, torch):
-    """(label, KernelJob): clean, racy, out of bounds (one element past the end), clean."""
+    """(label, KernelJob): clean, racy, out of bounds (one element past the end), a trap (a fault that ends the
+    CUDA context under every tool)."""
     x, y = torch.randn(128, device="cuda"), torch.zeros(128, device="cuda")
     z = torch.zeros(1000, device="cuda")
     return {"clean": mod.vadd.job(1, 32, z, z, torch.zeros_like(z), 32),
             "racy": mod.racy_reverse.job(2, 64, x, y),
-            "oob": mod.oob_write.job(1, 32, z, 1000)}
+            "oob": mod.oob_write.job(1, 32, z, 1000),
+            "trap": mod.trap_now.job(1, 32, z)}
 
 
 def row(tool, label, rep) -> None:
@@ -113,8 +116,8 @@ def test_racecheck_sequence_in_one_warm_process(mod, torch):
 
 def test_memcheck_sequence_then_a_fault(mod, torch):
     """clean, racy, clean, racy under one memcheck process (memcheck reports each end-of-job call before the job's end
-    line: the order checked on every job), then out of bounds (the invalid write on its job only; a fault replaces
-    the process) and clean in a new one."""
+    line: the order checked on every job), then out of bounds (the invalid write on its job only) and clean: in the
+    same process where the tool ended only the kernel, in a new one where the access was a fault."""
     j = jobs(mod, torch)
     pool = P.SanitizerPool("memcheck", executable=sanitizer_path(), print_limit=100)
     try:
@@ -231,8 +234,8 @@ def test_the_graders_keep_one_process_per_tool_across_submissions(monkeypatch):
 def test_a_warmed_pool_has_its_context_before_the_first_job_and_a_fault_leaves_a_ready_spare(mod, torch):
     """sanitize.warm on the jobs' device: the target makes its CUDA context before it opens its requests (--device),
     so the first job's context part is a module load, as a warm process's second job's is, and under a fraction of a
-    cold process's first; the race is still found. Then a fault: the spare process starts at once and the job after it
-    runs on it without a start of its own."""
+    cold process's first; the race is still found. An out-of-bounds job keeps the process; then a trap, a fault that
+    ends the context: the spare process starts at once and the job after it runs on it with its context made."""
     from kernellab.run.nvtools.sanitize import warm
 
     j = jobs(mod, torch)
@@ -248,16 +251,19 @@ def test_a_warmed_pool_has_its_context_before_the_first_job_and_a_fault_leaves_a
     row("racecheck", "racy warmed", racy)
     oob = sanitize(j["oob"], "memcheck", pool=True)
     row("memcheck", "oob warmed", oob)
+    trap = sanitize(j["trap"], "memcheck", pool=True)
+    row("memcheck", "trap", trap)
     after = sanitize(j["clean"], "memcheck", pool=True)
     row("memcheck", "clean on spare", after)
-    why = "\n---\n".join(f"{r}\n{r.raw[-1500:]}" for r in (first_cold, racy, oob, after)) + f"\n{P.stats()}"
+    why = "\n---\n".join(f"{r}\n{r.raw[-1500:]}" for r in (first_cold, racy, oob, trap, after)) + f"\n{P.stats()}"
     assert racy.findings and all(f.kind == "race" for f in racy.findings), why
     c, w = first_cold.cost, racy.cost
     assert w.process_started and c.process_started, why
     assert w.context_s is not None and c.context_s is not None and w.context_s < c.context_s / 2, \
         f"context and module: cold first job {c.context_s:.3f} s, warmed first job {w.context_s:.3f} s\n{why}"
     assert w.wall_s < c.wall_s, why
-    assert not oob.ok and oob.findings[0].kind == "invalid_write", why
+    assert not oob.ok and oob.findings[0].kind == "invalid_write" and not trap.cost.process_started, why
+    assert not trap.ok and trap.job_status == "fault", why
     assert after.ok and not after.findings, why
-    if oob.job_status == "fault":                       # the fault ended its process: the spare took the next job
-        assert after.cost.process_started and after.cost.context_s < c.context_s / 2, why
+    # the trap ended its process: the spare, started at once, took the next job with its context already made
+    assert after.cost.process_started and after.cost.context_s < c.context_s / 2, why

@@ -92,10 +92,11 @@ SUITES: dict[str, Suite] = {
         "warm compute-sanitizer processes (kernellab.run.nvtools.sanitize_pool), jobs split by the program order of "
         "the tool's output: racecheck and memcheck each over clean, racy, clean, racy in one process (the race on the "
         "racy jobs only, stats ordered, memcheck's end-of-job report before each end line, the second job's CUDA "
-        "context part small), memcheck's out-of-bounds fault replacing the process, a hang replacing it, the "
-        "one-shot path (KERNELLAB_SANITIZER_POOL=0) agreeing, tutorial 02's grader with KERNELLAB_SANITIZER_POOL=1 "
-        "over reference, racy variant, reference (no process started after the first grade, the race on the variant "
-        "only); a table last (tool, job, process started, context_s, wall, errors, findings)",
+        "context part small), memcheck keeping its process over out of bounds, clean, out of bounds, clean "
+        "(--destroy-on-device-error kernel), a hang replacing it, the one-shot path (KERNELLAB_SANITIZER_POOL=0) "
+        "agreeing, tutorial 02's grader with KERNELLAB_SANITIZER_POOL=1 over reference, racy variant, out-of-bounds "
+        "variant, reference (no process started after the first grade, each finding on its variant only); a table "
+        "last (tool, job, process started, context_s, wall, errors, findings)",
         120, tests=(GPU_TESTS + "test_sanitizer_pool_gpu.py",), env={"PYTEST_ADDOPTS": "-s"}),
     "tests-sim": Suite(
         "the simulators against the hardware: racecheck's corpus, tutorial 00's puzzles graded on the GPU "
