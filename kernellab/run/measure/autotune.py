@@ -990,8 +990,7 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
              options=(), build: Callable | None = None, min_occupancy: float | None = None,
              prune_spills: bool = True, prune_local_memory: bool = True, check_options: dict | None = None,
              bench_options: dict | None = None, isolate: bool = True, cache: bool = True, progress: bool = True,
-             compile_workers: int | None = None, filename: str = "kernel.cu", first_line: int = 1,
-             compile_cost: Callable[[dict], float] | None = None) -> AutotuneResult:
+             compile_workers: int | None = None, filename: str = "kernel.cu", first_line: int = 1) -> AutotuneResult:
     """Compile, prune, check and time every configuration of a kernel; return the table and the best.
 
     source: CUDA C++ text, or a callable `source(config)` returning a kernellab Kernel (e.g. a Numba kernel made for
@@ -1010,9 +1009,6 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
     check_options, bench_options: passed to kernellab.check (default: trials=1) and kernellab.bench.
     isolate: run each configuration's first launches in a worker process, so a fault is a row.
     cache: keep and reuse rows on disk (kernellab's compile cache; KERNELLAB_CACHE=0 turns it off).
-    compile_cost: compile_cost(config) guesses a configuration's compile time (any unit, e.g. the unrolled work per
-        thread): the compiles go out dearest first, so a pool's last compiles are short ones and no worker is left
-        with a long one while the others wait (the rows keep the order of `configs`). None: in the order given.
     """
     t_start = time.perf_counter()
     configs = _normalize_configs(configs)
@@ -1020,8 +1016,6 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
         if not callable(fn):
             raise AutotuneError(f"{what} must be callable: launch(k, config, *args) launches one configuration, "
                                 f"inputs(generator) gives the argument tuple")
-    if compile_cost is not None and not callable(compile_cost):
-        raise AutotuneError("compile_cost must be callable: compile_cost(config) -> a guess of its compile time")
     if reference is not None and not callable(reference):
         raise AutotuneError("reference must be callable (reference(*args) returns the expected output) or None")
     if baselines is not None and (not isinstance(baselines, dict) or not all(callable(v) for v in baselines.values())):
@@ -1206,7 +1200,7 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
             return then_measure(i)
 
         first = []
-        for i in _dearest_first(todo, configs, compile_cost):
+        for i in todo:
             if i not in tasks:
                 advance(i, steps)              # it cannot compile: its row is done
                 continue
@@ -1233,8 +1227,7 @@ def autotune(source, configs: Sequence[dict], *, kernel: str, launch: Callable, 
         stages["check_and_time"] = max(0.0, t_last["check_and_time"] - t_last["compile"])
     else:
         if is_cuda and todo:
-            order = {i: tasks[i] for i in _dearest_first(list(tasks), configs, compile_cost)}
-            for i, got, rerun in _compile_all(order, executor, compile_workers, notes):
+            for i, got, rerun in _compile_all(tasks, executor, compile_workers, notes):
                 compiled(i, got, rerun)
                 advance(i, 1)
             stages["compile"] = time.perf_counter() - t0
@@ -1338,20 +1331,6 @@ def _lanes(executor) -> tuple[str, ...]:
     if all(len(v) <= 1 for v in by_gpu.values()):
         return ()
     return tuple(sorted(min(v) for v in by_gpu.values()))
-
-
-def _dearest_first(indices: list[int], configs: list[dict], compile_cost) -> list[int]:
-    """`indices` with the configurations whose compile_cost guess is highest first (ties, and no guess: as given)."""
-    if compile_cost is None:
-        return list(indices)
-    guess = {}
-    for i in indices:
-        try:
-            guess[i] = float(compile_cost(configs[i]))
-        except Exception as exc:
-            raise AutotuneError(f"compile_cost({config_label(configs[i])}) failed: {type(exc).__name__}: {exc}; "
-                                f"it must return a number for every configuration") from exc
-    return sorted(indices, key=lambda i: -guess[i])
 
 
 def _compile_all(tasks: dict, executor, workers: int | None, notes: list):
