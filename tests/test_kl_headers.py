@@ -26,8 +26,8 @@ def compile_kernels(source: str, arch: str = "sm_90") -> dict:
     return {k.symbol: opcodes(k) for k in module.kernels}
 
 
-HEADERS = ("attention.cuh", "attention_mma.cuh", "cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "pdl.cuh",
-           "ptx.cuh", "reduce.cuh", "rows.cuh", "tile.cuh", "tma.cuh", "wgmma.cuh")
+HEADERS = ("add_norm.cuh", "attention.cuh", "attention_mma.cuh", "cluster.cuh", "convert.cuh", "cp_async.cuh",
+           "mma.cuh", "pdl.cuh", "ptx.cuh", "reduce.cuh", "rows.cuh", "tile.cuh", "tma.cuh", "wgmma.cuh")
 
 
 def test_the_headers_are_where_nvrtc_looks():
@@ -720,8 +720,8 @@ def test_editing_a_header_misses_the_compile_cache(tmp_cache, tmp_path, monkeypa
 # One runtime (cuda_host.h's fibers, with hopper.h) and two ways in: compile_host (the `%%cuda --sim` path, with the
 # checks: tutorials 03 to 05's headers) and emulate (a program of its own with a shared-memory arena: tutorials 05
 # to 09, wgmma and TMA).
-HOST_HEADERS_RUN = ("cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "pdl.cuh", "ptx.cuh", "reduce.cuh",
-                    "rows.cuh", "tile.cuh")
+HOST_HEADERS_RUN = ("add_norm.cuh", "cluster.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "pdl.cuh", "ptx.cuh",
+                    "reduce.cuh", "rows.cuh", "tile.cuh")
 PROGRAM_HEADERS = ("attention.cuh", "attention_mma.cuh", "convert.cuh", "cp_async.cuh", "mma.cuh", "pdl.cuh", "tile.cuh",
                    "tma.cuh", "wgmma.cuh")
 
