@@ -16,24 +16,31 @@ class TransformerBlock(nn.Module):
     norm: "layernorm" or "rmsnorm". The parts PyTorch does by default can each be an op:
     norm_op(x2d, weight, bias, eps) for LayerNorm or norm_op(x2d, weight, eps) for RMSNorm, on [rows, d_model];
     softmax_op(scores2d) on [rows, tokens] (attention written out: scores, mask, softmax, @ v);
-    attention_op(q, k, v, causal) on contiguous [batch, heads, tokens, head_dim].
+    attention_op(q, k, v, causal) on contiguous [batch, heads, tokens, head_dim];
+    add_norm_op(x2d, r2d, weight, bias, eps) -> (x2d + r2d, LayerNorm(x2d + r2d) in r2d's dtype) on [rows, d_model]
+    (LayerNorm only; kernellab.teach.add_norm's kl_add_layernorm, or its reference_add_layernorm): the residual add
+    before the second norm goes through it with that norm, and residual_step leaves the MLP's add to the caller (a
+    GPT fuses it with the next block's first norm). The first norm stays norm_op's (or PyTorch's).
     Without attention_op and softmax_op the attention is F.scaled_dot_product_attention; with softmax_op, or with
     attention="explicit", it is written out (the reference of a block whose softmax is an op)."""
 
     def __init__(self, d_model: int = 512, n_heads: int = 8, *, norm: str = "layernorm", causal: bool = True,
                  mlp_ratio: int = 4, attention: str = "sdpa", norm_op=None, softmax_op=None, attention_op=None,
-                 eps: float = 1e-5, device=None, dtype=None):
+                 add_norm_op=None, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
         if norm not in ("layernorm", "rmsnorm"):
             raise ValueError(f"norm is 'layernorm' or 'rmsnorm', got {norm!r}")
         if attention not in ("sdpa", "explicit"):
             raise ValueError(f"attention is 'sdpa' or 'explicit', got {attention!r}")
+        if add_norm_op is not None and norm != "layernorm":
+            raise ValueError("add_norm_op fuses the residual add with LayerNorm: it needs norm='layernorm'")
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not a multiple of n_heads = {n_heads}")
         kw = dict(device=device, dtype=dtype)
         self.d_model, self.n_heads, self.norm, self.causal, self.eps = d_model, n_heads, norm, causal, eps
         self.attention = "explicit" if softmax_op is not None else attention
         self.norm_op, self.softmax_op, self.attention_op = norm_op, softmax_op, attention_op
+        self.add_norm_op = add_norm_op
         self.norm1_w, self.norm2_w = nn.Parameter(torch.ones(d_model, **kw)), nn.Parameter(torch.ones(d_model, **kw))
         self.norm1_b = nn.Parameter(torch.zeros(d_model, **kw)) if norm == "layernorm" else None
         self.norm2_b = nn.Parameter(torch.zeros(d_model, **kw)) if norm == "layernorm" else None
@@ -68,14 +75,32 @@ class TransformerBlock(nn.Module):
             p = torch.softmax(s, dim=-1)
         return p @ v
 
-    def forward(self, x):
-        B, N, D = x.shape
+    def add_norm(self, x, r, w, b):
+        """(x + r, LayerNorm(x + r) in r's dtype) by add_norm_op on [rows, d_model], in x's shape."""
+        h, y = self.add_norm_op(x.reshape(-1, self.d_model), r.reshape(-1, self.d_model), w, b, self.eps)
+        return h.view(x.shape), y.view(x.shape)
+
+    def _attention_branch(self, h):
+        """proj(attention(qkv(h))): the branch added to the stream, [B, N, D]."""
+        B, N, D = h.shape
         H = self.n_heads
-        h = self._norm(x, self.norm1_w, self.norm1_b)
         qkv = self.qkv(h).view(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)          # [3, B, H, N, d]
         q, k, v = (t.contiguous() for t in qkv)
         o = self._attend(q, k, v).transpose(1, 2).reshape(B, N, D)                # [B, N, D]
-        x = x + self.proj(o)
+        return self.proj(o)
+
+    def residual_step(self, x, h):
+        """With add_norm_op, the block but its last add: x the stream, h its first norm (norm1(x)); returns
+        (the stream after the attention's add, the MLP's branch not yet added to it)."""
+        x, h = self.add_norm(x, self._attention_branch(h), self.norm2_w, self.norm2_b)
+        return x, self.down(F.gelu(self.up(h)))
+
+    def forward(self, x):
+        h = self._norm(x, self.norm1_w, self.norm1_b)
+        if self.add_norm_op is not None:
+            x, m = self.residual_step(x, h)
+            return x + m
+        x = x + self._attention_branch(h)
         h = self._norm(x, self.norm2_w, self.norm2_b)
         return x + self.down(F.gelu(self.up(h)))
 

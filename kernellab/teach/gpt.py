@@ -4,7 +4,11 @@ the Python standard library's sources: what benchmarks/train_gpt2.py trains, wit
 The blocks are kernellab.teach.block.TransformerBlock (pre-LayerNorm, causal attention, a 4x GELU MLP, biases as
 GPT-2 has them), so the pluggable ops keep that module's contract:
     attention_op(q, k, v, causal) on contiguous [batch, heads, tokens, head_dim];
-    norm_op(x2d, weight, bias, eps) on [rows, d_model].
+    norm_op(x2d, weight, bias, eps) on [rows, d_model];
+    add_norm_op(x2d, r2d, weight, bias, eps) -> (x2d + r2d, LayerNorm(x2d + r2d) in r2d's dtype) on [rows, d_model]:
+    with it, each residual add that a LayerNorm follows (the attention's, before the block's second norm; the MLP's,
+    before the next block's first norm or the final norm) goes through it, add and norm in one op
+    (kernellab.teach.add_norm); the first block's first norm stays norm_op's.
 Without them the model is plain PyTorch (F.scaled_dot_product_attention, F.layer_norm). There is no dropout, so a
 run is fixed by its seed (initial weights and batches) up to the kernels' own rounding.
 """
@@ -54,25 +58,27 @@ class GPT(nn.Module):
     """Token and position embeddings, n_layers pre-norm blocks, a final LayerNorm, and the output layer tied to the
     token embedding. forward(idx [B, N] int64, targets [B, N] or None) -> (logits [B, N, vocab], loss or None)."""
 
-    def __init__(self, config: GPTConfig = GPTConfig(), *, attention_op=None, norm_op=None, device=None):
+    def __init__(self, config: GPTConfig = GPTConfig(), *, attention_op=None, norm_op=None, add_norm_op=None,
+                 device=None):
         super().__init__()
         c = config
-        self.config, self.norm_op, self.attention_op = c, norm_op, attention_op
+        self.config, self.norm_op, self.attention_op, self.add_norm_op = c, norm_op, attention_op, add_norm_op
         self.wte = nn.Embedding(c.vocab_size, c.d_model, device=device)
         self.wpe = nn.Embedding(c.context, c.d_model, device=device)
         self.blocks = nn.ModuleList(
             TransformerBlock(c.d_model, c.n_heads, norm="layernorm", causal=True, mlp_ratio=c.mlp_ratio,
-                             norm_op=norm_op, attention_op=attention_op, eps=c.eps, device=device)
+                             norm_op=norm_op, attention_op=attention_op, add_norm_op=add_norm_op, eps=c.eps,
+                             device=device)
             for _ in range(c.n_layers))
         self.norm_f_w = nn.Parameter(torch.ones(c.d_model, device=device))
         self.norm_f_b = nn.Parameter(torch.zeros(c.d_model, device=device))
         self.reset_parameters()
 
-    def set_ops(self, *, attention_op=None, norm_op=None) -> "GPT":
+    def set_ops(self, *, attention_op=None, norm_op=None, add_norm_op=None) -> "GPT":
         """Swap the pluggable ops (None: PyTorch's) in every block, keeping the weights; returns the model."""
-        self.norm_op, self.attention_op = norm_op, attention_op
+        self.norm_op, self.attention_op, self.add_norm_op = norm_op, attention_op, add_norm_op
         for block in self.blocks:
-            block.norm_op, block.attention_op = norm_op, attention_op
+            block.norm_op, block.attention_op, block.add_norm_op = norm_op, attention_op, add_norm_op
         return self
 
     @torch.no_grad()
@@ -105,9 +111,19 @@ class GPT(nn.Module):
             raise ValueError(f"{N} tokens is more than the model's context of {self.config.context}")
         pos = torch.arange(N, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)                                        # [B, N, D]
-        for block in self.blocks:
-            x = block(x)
-        logits = F.linear(self._norm_f(x), self.wte.weight)                      # [B, N, vocab], tied
+        if self.add_norm_op is not None:            # each block's last add fused with the next norm
+            first = self.blocks[0]
+            h = first._norm(x, first.norm1_w, first.norm1_b)
+            for i, block in enumerate(self.blocks):
+                x, m = block.residual_step(x, h)
+                nxt = self.blocks[i + 1] if i + 1 < len(self.blocks) else None
+                w, b = (nxt.norm1_w, nxt.norm1_b) if nxt is not None else (self.norm_f_w, self.norm_f_b)
+                x, h = block.add_norm(x, m, w, b)
+        else:
+            for block in self.blocks:
+                x = block(x)
+            h = self._norm_f(x)
+        logits = F.linear(h, self.wte.weight)                                    # [B, N, vocab], tied
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(B * N, -1), targets.reshape(B * N))
@@ -326,7 +342,7 @@ def _side_stream(side, join: bool):
 
 def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfig(), steps: int = 200,
           batch: int = 16, seq: int = 1024, seed: int = 0, device="cuda", attention_op=None, norm_op=None,
-          compile: bool = False, lr: float = 6e-4, warmup: int | None = None, weight_decay: float = 0.1,
+          add_norm_op=None, compile: bool = False, lr: float = 6e-4, warmup: int | None = None, weight_decay: float = 0.1,
           clip: float = 1.0, timed_from: int | None = None, val_batches: int = 4, progress=None,
           profile_steps: int = 0, diagnose=None, graphs: bool = False) -> TrainRun:
     """Train a GPT from `seed` (its initial weights, drawn on the CPU, and its batches) for `steps` steps: bf16
@@ -349,7 +365,7 @@ def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfi
             raise ValueError(f"graphs=True captures the step as a CUDA graph: it needs a CUDA device, not {device}")
         timed_from = gplan.timed_from
     torch.manual_seed(seed)
-    model = GPT(config, attention_op=attention_op, norm_op=norm_op).to(device)
+    model = GPT(config, attention_op=attention_op, norm_op=norm_op, add_norm_op=add_norm_op).to(device)
     step_fn = torch.compile(model) if compile else model
     opt = torch.optim.AdamW(param_groups(model, weight_decay), betas=(0.9, 0.95), eps=1e-8,
                             **optimizer_options(lr, device, graphs))
