@@ -175,30 +175,27 @@ def _save(ctx, inputs, output):
 def _grad(ctx, dh_out, dy):
     h, w = ctx.saved_tensors
     if dy is None:                                       # y not used: LayerNorm's part of the gradient is 0
-        dw = torch.zeros_like(w)
         dh = dh_out if dh_out is not None else torch.zeros_like(h)
-        return dh, dh.to(ctx.r_dtype), dw, torch.zeros_like(w), None
-    dh, dr, dw, db = ops()["backward"](dy, dh_out, h, w, ctx.eps)
+        return dh, dh.to(ctx.r_dtype), torch.zeros_like(w), torch.zeros_like(w), None
+    dh, dr, dw, db = kl_add_layernorm_backward(dy, dh_out, h, w, ctx.eps)
     return dh, (dh if ctx.r_dtype == h.dtype else dr), dw, db, None
 
 
-@functools.cache
+kl_add_layernorm_backward = kernellab.op(
+    "kl::add_layernorm_backward", "(Tensor dy, Tensor? dh_out, Tensor h, Tensor w, float eps) -> (Tensor, Tensor, "
+    "Tensor, Tensor)", outputs=_backward_outputs, device_types=("cuda", "cpu"))(add_layernorm_backward)
+kl_add_layernorm_backward.__doc__ = "(dh, dr, dw, db) of kl::add_layernorm (add_layernorm_backward) as an op."
+
+kl_add_layernorm = kernellab.op(
+    "kl::add_layernorm", "(Tensor x, Tensor r, Tensor w, Tensor b, float eps) -> (Tensor, Tensor)",
+    outputs=_forward_outputs, backward=_grad, setup_context=_save, device_types=("cuda", "cpu"))(add_layernorm)
+kl_add_layernorm.__doc__ = ("(h, y) = (x + r, LayerNorm(x + r) in r's dtype) as the op kl::add_layernorm; "
+                            "differentiable: a GPT's add_norm_op.")
+
+
 def ops() -> dict:
-    """{"forward": kl::add_layernorm, "backward": kl::add_layernorm_backward}, registered on first use (CUDA and CPU
-    tensors)."""
-    backward = kernellab.op("kl::add_layernorm_backward",
-                            "(Tensor dy, Tensor? dh_out, Tensor h, Tensor w, float eps) -> (Tensor, Tensor, Tensor, "
-                            "Tensor)", outputs=_backward_outputs, device_types=("cuda", "cpu"))(add_layernorm_backward)
-    forward = kernellab.op("kl::add_layernorm", "(Tensor x, Tensor r, Tensor w, Tensor b, float eps) -> "
-                           "(Tensor, Tensor)", outputs=_forward_outputs, backward=_grad, setup_context=_save,
-                           device_types=("cuda", "cpu"))(add_layernorm)
-    return {"forward": forward, "backward": backward}
-
-
-def kl_add_layernorm(x, r, w, b, eps=1e-5):
-    """(h, y) = (x + r, LayerNorm(x + r) in r's dtype) by kl::add_layernorm; differentiable. The model's
-    add_norm_op."""
-    return ops()["forward"](x, r, w, b, float(eps))
+    """{"forward": kl::add_layernorm, "backward": kl::add_layernorm_backward}."""
+    return {"forward": kl_add_layernorm, "backward": kl_add_layernorm_backward}
 
 
 def model_us(rows: int, cols: int, x_bytes: int = 4, r_bytes: int = 2, tbps: float = 3.0,

@@ -218,7 +218,7 @@ add_layernorm_backward_rows(const R* __restrict__ dy, const T* __restrict__ dh_o
 #pragma unroll
             for (int k = 0; k < kChunk; ++k) {
                 int i = j * kChunk + k;
-                float d = c0 + k < cols ? hv[i] - mean : 0.0f, g = gv[i] * wf[k];
+                float d = c0 + k < cols ? hv[i] - mean : 0.0f, g = __fmul_rn(gv[i], wf[k]);   // g as below
                 m[0] = fmaf(d, d, m[0]);
                 m[1] += g;
                 m[2] = fmaf(g, d, m[2]);
@@ -240,7 +240,9 @@ add_layernorm_backward_rows(const R* __restrict__ dy, const T* __restrict__ dh_o
             for (int k = 0; k < kChunk; ++k) {
                 int i = j * kChunk + k;
                 float xhat = (hv[i] - mean) * rstd, dyv = gv[i];
-                f[k] = rstd * (dyv * wf[k] - mean_g - xhat * mean_gx) + (dh_out != nullptr ? up[k] : 0.0f);
+                // g rounded before mean(g) is taken from it (__fmul_rn: not contracted into an FMA), so that g - mean(g)
+                // is exactly 0 where the row is one value (whose rstd, 1 / sqrt(eps), would scale the FMA's residue)
+                f[k] = rstd * (__fmul_rn(dyv, wf[k]) - mean_g - xhat * mean_gx) + (dh_out != nullptr ? up[k] : 0.0f);
                 dw[i] = fmaf(dyv, xhat, dw[i]);          // dy is 0 past the row and in rows past the last
                 db[i] += dyv;
             }

@@ -124,6 +124,8 @@ using std::isinf;
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fmul_rn(float a, float b) { return a * b; }      // a product the device never fuses into an FMA
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __saturatef(float x) { return std::min(1.0f, std::max(0.0f, x)); }
 template <typename T> inline T __ldg(const T* p) { return *p; }
