@@ -159,7 +159,7 @@ def ours_all(x, r, w, b, dy, up):
 
 # a warp per row with 32 lanes idle (100), GPT-2's 768 (3 warps, several rows a block), one value, odd widths (element
 # loads), 1031 (a row of 160 threads), 8192 (two chunks a thread in the backward)
-EMU_SHAPES = [(3, 100), (5, 768), (1, 1), (2, 7), (70, 64), (2, 1031), (2, 8192)]
+EMU_SHAPES = [(3, 100), (5, 768), (1, 1), (3, 7), (70, 64), (2, 1031), (2, 8192)]
 
 
 @needs_cxx

@@ -98,7 +98,8 @@ struct RowSeat {
 };
 
 // h = x + r, y = (h - mean) * rstd * w + b: one row a group, grid = ceil(rows / groups). The statistics are those of
-// h as stored (rounded to T), in two passes over registers: the mean, then the squared deviations from it.
+// h as stored (rounded to T), in two passes over registers: the mean, then the deviations from it (their sum
+// corrects the mean's rounding, as the backward does).
 template <typename T, typename R, int Chunks>
 __global__ void __launch_bounds__(1024) add_layernorm_rows(const T* __restrict__ x, const R* __restrict__ r,
                                                            const T* __restrict__ w, const T* __restrict__ b,
@@ -124,15 +125,18 @@ __global__ void __launch_bounds__(1024) add_layernorm_rows(const T* __restrict__
 #pragma unroll
     for (int i = 0; i < V; ++i) sum[0] += v[i];          // columns past the row hold 0
     row_sums<0>(sum, s.group, s.row_warps, 0);
-    float mean = sum[0] / n, m2[1] = {0.0f};
+    float mean = sum[0] / n, m[2] = {0.0f, 0.0f};        // sum (h - mean)^2, sum (h - mean)
 #pragma unroll
     for (int i = 0; i < V; ++i) {
         int c = (s.t + (i / kChunk) * row_threads) * kChunk + i % kChunk;
         float d = c < cols ? v[i] - mean : 0.0f;
-        m2[0] = fmaf(d, d, m2[0]);
+        m[0] = fmaf(d, d, m[0]);
+        m[1] += d;
     }
-    row_sums<1>(m2, s.group, s.row_warps, 0);
-    float rstd = rsqrtf(m2[0] / n + eps);
+    row_sums<1>(m, s.group, s.row_warps, 0);
+    float shift = m[1] / n;                              // the first mean's rounding (sum h of a mean of 1e3 in
+    mean += shift;                                       // float32: 1e-4), measured on the deviations and undone
+    float rstd = rsqrtf(fmaxf(m[0] / n - shift * shift, 0.0f) + eps);
     if (!live) return;
 #pragma unroll
     for (int j = 0; j < Chunks; ++j) {
