@@ -16,11 +16,17 @@ warm-up over 10 % of the steps then a cosine decay to 10 %, gradients clipped to
     kernellab-compiled  torch.compile of the model with kernellab's ops, seed 0
     kernellab-attention kl_flash_attention alone (F.layer_norm), eager, seed 0: where the step time goes
     kernellab-norm      kl_layernorm alone (SDPA FLASH), eager, seed 0
-  and, asked for by --configs (the train-gpt2-graphs suite), the whole step as one CUDA graph:
+  and, asked for by --configs (the train-gpt2-fused suite), each residual add fused with the LayerNorm after it:
+    kernellab-fused           kernellab's ops, and kl_add_layernorm (kernellab.teach.add_norm) as the GPT's
+                              add_norm_op: the attention's add with the block's second norm, the MLP's with the next
+                              block's first norm (or the final norm); the first norm stays kl_layernorm. Eager, seed 0
+    kernellab-fused-compiled  torch.compile of it
+  and, asked for by --configs (the train-gpt2-graphs and train-gpt2-fused suites), the whole step as one CUDA graph:
     graphs                    eager's step (SDPA FLASH, F.layer_norm) captured, seed 0
     compiled-graphs           compiled's step captured
     kernellab-graphs          kernellab's step captured
     kernellab-compiled-graphs kernellab-compiled's step captured
+    kernellab-fused-graphs, kernellab-fused-compiled-graphs  kernellab-fused's and kernellab-fused-compiled's steps
 
 CUDA graphs. The whole training step (forward, backward, clipping, the optimiser, zeroing the gradients) is captured
 by hand as one torch.cuda.CUDAGraph (kernellab.teach.gpt.GraphedStep), the same way for PyTorch's model and for ours,
@@ -104,9 +110,11 @@ from kernellab.teach.gpt import (GRAPH_WARMUP, ByteCorpus, GPTConfig, StepParts,
 # PyTorch's configurations first: a kernel fault that spoils the CUDA context cannot take the baselines with it
 DEFAULT_CONFIGS = ("eager", "eager-seed1", "eager-efficient", "compiled", "kernellab", "kernellab-compiled",
                    "kernellab-attention", "kernellab-norm")
+FUSED = {"kernellab-fused": "kernellab", "kernellab-fused-compiled": "kernellab-compiled"}   # each with add_norm_op
 GRAPHED = {"graphs": "eager", "compiled-graphs": "compiled", "kernellab-graphs": "kernellab",
-           "kernellab-compiled-graphs": "kernellab-compiled"}          # each the configuration it captures
-CONFIGS = DEFAULT_CONFIGS + tuple(GRAPHED)
+           "kernellab-compiled-graphs": "kernellab-compiled", "kernellab-fused-graphs": "kernellab-fused",
+           "kernellab-fused-compiled-graphs": "kernellab-fused-compiled"}   # each the configuration it captures
+CONFIGS = DEFAULT_CONFIGS + tuple(FUSED) + tuple(GRAPHED)
 OURS = {"attention": ("08-attention-backward.py", "kl_flash_attention"), "norm": ("04-layernorm.py", "kl_layernorm")}
 SMOOTH = 10
 DIAGNOSE_STEPS = 5           # steps timed by phase (each from an idle GPU); 3 more under each profiler
@@ -147,6 +155,53 @@ def probe_norm(op, device) -> str:
     ours = grads(lambda a, c, d: op(a, c, d, 1e-5), torch.float32)
     theirs = grads(lambda a, c, d: F.layer_norm(a, (768,), c, d, 1e-5), torch.float32)
     return _errors(("y", "dx", "dw", "db"), ours, theirs, want)
+
+
+def probe_add_norm(op, device) -> str:
+    """Forward and backward of `op(x, r, w, b, eps) -> (h, y)` as the model meets it under autocast (x float32 [300,
+    768], r bf16; h's gradient float32, y's bf16) against x + r and F.layer_norm in float64; the errors beside
+    PyTorch's own (the same dtypes, y cast to r's)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x, r, dy, up = (torch.randn(300, 768, generator=g).to(device) for _ in range(4))
+    r, dy = r.to(torch.bfloat16), dy.to(torch.bfloat16)
+    w, b = (1 + 0.1 * torch.randn(768, generator=g)).to(device), (0.1 * torch.randn(768, generator=g)).to(device)
+
+    def grads(fn, dtype=None):
+        ins = [t.to(dtype or t.dtype).clone().requires_grad_(True) for t in (x, r, w, b)]
+        h, y = fn(*ins)
+        torch.autograd.backward([h, y], [up.to(h.dtype), dy.to(y.dtype)])
+        return [h.detach(), y.detach()] + [t.grad for t in ins]
+
+    def pytorch(a, c, d, e, cast=True):
+        h = a + c
+        y = F.layer_norm(h, (768,), d, e, 1e-5)
+        return h, (y.to(c.dtype) if cast else y)
+
+    want = grads(lambda *a: pytorch(*a, cast=False), torch.float64)
+    ours = grads(lambda a, c, d, e: op(a, c, d, e, 1e-5))
+    theirs = grads(pytorch)
+    return _errors(("h", "y", "dx", "dr", "dw", "db"), ours, theirs, want)
+
+
+def load_add_norm(device, log):
+    """kl_add_layernorm (kernellab.teach.add_norm) run forward and backward once (probe_add_norm), or None with a
+    note saying why: {"add_norm": op or None, "notes": [...]}."""
+    if torch.device(device).type != "cuda":
+        note = "kl_add_layernorm needs a CUDA GPU: the kernellab-fused configurations are not run"
+        log(note)
+        return {"add_norm": None, "notes": [note]}
+    t0 = time.perf_counter()
+    try:
+        from kernellab.teach.add_norm import kl_add_layernorm
+        checked = probe_add_norm(kl_add_layernorm, device)
+    except Exception as exc:                                   # a compile error, a launch error, wrong numbers
+        note = (f"kl_add_layernorm: its forward/backward probe failed: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        log(note)
+        return {"add_norm": None, "notes": [note]}
+    note = f"kl_add_layernorm from kernellab.teach.add_norm ({time.perf_counter() - t0:.0f} s to load): {checked}"
+    log(note)
+    return {"add_norm": kl_add_layernorm, "notes": [note]}
 
 
 def _errors(names, ours, theirs, want) -> str:
@@ -240,19 +295,24 @@ def plan(names, ours, device) -> tuple[list[dict], list[str]]:
                                         backend=flash, attention_op=ours["attention"])
     table["kernellab-norm"] = dict(label="kernellab: kl_layernorm alone (SDPA FLASH)", seed=0, backend=flash,
                                    norm_op=ours["norm"])
+    for fused, base in FUSED.items():
+        table[fused] = dict(table[base], add_norm_op=ours.get("add_norm"),
+                            label=table[base]["label"] + " + kl_add_layernorm (each residual add with its norm)")
     for graphed, base in GRAPHED.items():
         table[graphed] = dict(table[base], graphs=True, label=table[base]["label"] + ", the step as one CUDA graph")
     needs = {"kernellab-attention": ["attention"], "kernellab-norm": ["norm"]}
     runs, skipped = [], []
     for name in names:
         required = needs.get(name, which)                 # "kernellab" and "kernellab-compiled" take what there is
-        if name.startswith("kernellab") and (not required or any(ours[r] is None for r in required)):
+        if "fused" in name:                               # and kl_add_layernorm besides
+            required = required and required + ["add_norm"]
+        if name.startswith("kernellab") and (not required or any(ours.get(r) is None for r in required)):
             skipped.append(f"{name}: not run (its kernellab op is not available; see above)")
             continue
         if name in GRAPHED and not cuda:
             skipped.append(f"{name}: not run on the CPU (CUDA graphs need a CUDA device)")
             continue
-        if name in ("compiled", "kernellab-compiled") and not cuda:
+        if table[name].get("compile") and not cuda:
             skipped.append(f"{name}: not run on the CPU (torch.compile's C++ build takes minutes there)")
             continue
         runs.append(dict(name=name, **table[name]))
@@ -271,7 +331,8 @@ def run_one(spec, corpus, args, config, log, diagnose=None) -> TrainRun:
     with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
         return train(corpus, name=spec["name"], config=config, steps=args.steps, batch=args.batch, seq=args.seq,
                      seed=spec["seed"], device=args.device, attention_op=spec.get("attention_op"),
-                     norm_op=spec.get("norm_op"), compile=spec.get("compile", False), lr=args.lr, progress=progress,
+                     norm_op=spec.get("norm_op"), add_norm_op=spec.get("add_norm_op"),
+                     compile=spec.get("compile", False), lr=args.lr, progress=progress,
                      profile_steps=args.profile, diagnose=diagnose, graphs=spec.get("graphs", False))
 
 
@@ -978,6 +1039,9 @@ def main(argv=None) -> int:
         f"{corpus.sha256[:12]}; model: {config}; {args.steps} steps of {args.batch} x {args.seq} tokens")
     ours = load_ours(args.device, log) if any(c.startswith("kernellab") for c in args.configs) else \
         {"attention": None, "norm": None, "notes": []}
+    if any("fused" in c for c in args.configs):
+        fused = load_add_norm(args.device, log)
+        ours = dict(ours, add_norm=fused["add_norm"], notes=ours["notes"] + fused["notes"])
     specs, skipped = plan(args.configs, ours, args.device)
     runs, labels, failed = {}, {}, []
     title = f"{'tiny GPT' if args.quick else 'GPT-2 small'} on stdlib bytes, {device_name}"

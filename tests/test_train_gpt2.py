@@ -330,6 +330,49 @@ def test_plan_labels_missing_ops_and_skips(script):
         "kernellab's ops need a CUDA GPU: the kernellab configurations are not run"]
 
 
+def test_plan_runs_the_fused_configurations_only_with_kl_add_layernorm(script):
+    ours = {"attention": object(), "norm": object(), "notes": []}
+    names = ["kernellab-fused", "kernellab-fused-compiled", "kernellab-fused-graphs", "kernellab-fused-compiled-graphs"]
+    runs, skipped = script.plan(names, ours, "cuda")
+    assert runs == [] and [s.split(":")[0] for s in skipped] == names
+    fused = object()
+    runs, skipped = script.plan(["kernellab"] + names, dict(ours, add_norm=fused), "cuda")
+    assert [r["name"] for r in runs] == ["kernellab"] + names and not skipped
+    assert runs[0].get("add_norm_op") is None                     # kernellab's own configuration is unchanged
+    for r in runs[1:]:
+        assert r["add_norm_op"] is fused and r["norm_op"] is ours["norm"] and r["attention_op"] is ours["attention"]
+        assert "kl_add_layernorm" in r["label"]
+    assert [bool(r.get("compile")) for r in runs[1:]] == [False, True, False, True]
+    assert [bool(r.get("graphs")) for r in runs[1:]] == [False, False, True, True]
+    runs, skipped = script.plan(names, dict(ours, add_norm=fused), "cpu")
+    assert [r["name"] for r in runs] == ["kernellab-fused"] and len(skipped) == 3
+    assert script.load_add_norm("cpu", lambda m: None)["add_norm"] is None
+
+
+@pytest.mark.slow
+def test_a_quick_cpu_run_of_the_fused_configuration_gives_the_separate_ops_curve(script, tmp_path, monkeypatch):
+    """main() with kernellab-fused on the CPU: the stand-in ops and x + r with F.layer_norm as add_norm_op (the
+    wiring, not the kernels) give kernellab's losses within rounding."""
+    from kernellab.teach.add_norm import reference_add_layernorm
+    attention, norm = stand_ins()
+    monkeypatch.setattr(script, "load_ours", lambda device, log: {
+        "attention": attention, "norm": norm, "notes": ["stand-ins"]})
+    calls = []
+
+    def add_norm(*args):
+        calls.append(1)
+        return reference_add_layernorm(*args)
+    monkeypatch.setattr(script, "load_add_norm", lambda device, log: {"add_norm": add_norm, "notes": ["reference"]})
+    argv = ["--quick", "--device", "cpu", "--steps", "6", "--batch", "2", "--seq", "32",
+            "--configs", "kernellab,kernellab-fused", "--out", str(tmp_path)]
+    assert script.main(argv) == 0
+    result = json.loads((tmp_path / "train_gpt2.json").read_text())
+    a, b = result["runs"]["kernellab"]["losses"], result["runs"]["kernellab-fused"]["losses"]
+    assert len(a) == len(b) == 6 and abs(a[0] - b[0]) < 1e-5, (a, b)     # the same first step's loss
+    assert max(abs(x - y) for x, y in zip(a, b)) < 2e-3, (a, b)           # then the norms' rounding, trained on
+    assert len(calls) == (6 + 4) * 2 * TINY.n_layers          # training steps and held-out batches
+
+
 def test_load_ours_says_which_name_is_missing(script, monkeypatch, tmp_path):
     import notebook_cells
     (tmp_path / "04-layernorm.py").write_text("")

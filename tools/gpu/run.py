@@ -161,6 +161,20 @@ SUITES: dict[str, Suite] = {
                    "{out}/bf16"),
                   (PY, "benchmarks/norm_backward.py", "--quick", "--dtypes", "float32", "--shapes",
                    "4096x1024,4096x32768", "--out", "{out}/fp32"))),
+    "tests-add-norm": Suite(
+        "the residual add fused with LayerNorm (kl::add_layernorm, kernellab.teach.add_norm): h, y and the gradients "
+        "of x, r, w, b against float64 beside PyTorch's own error on awkward shapes (1x1 to 16384x768, 9x8192), two "
+        "distributions, (x, r) float32/float32, float32/bf16, bf16/bf16; determinism; the op under loss.backward() "
+        "against F.layer_norm(x + r), opcheck, torch.compile, a CUDA graph, a GPT under bf16 autocast", 300,
+        tests=(GPU_TESTS + "test_add_norm_gpu.py",)),
+    "bench-add-norm": Suite(
+        "tests-add-norm's GPU tests, then benchmarks/add_norm.py at 16384x768 (float32 stream + bf16 branch, and "
+        "bf16 + bf16): the fused add + LayerNorm forward + backward as called against our add + kl_layernorm and "
+        "torch.compile of F.layer_norm(x + r) (kernellab.bench / do_bench / sustained), the fused forward and "
+        "backward alone, each beside its prediction; the table printed last", 300,
+        commands=((*PYTEST_GPU, "-rfEs", GPU_TESTS + "test_add_norm_gpu.py"),
+                  (PY, "benchmarks/add_norm.py", "--quick", "--dtypes", "float32:bfloat16,bfloat16:bfloat16",
+                   "--out", "{out}"))),
     "norm-host-path": Suite(
         "benchmarks/norm_backward.py --host-only on the GPU host's CPU (no GPU used: launches to a stand-in driver): "
         "the host µs of the backward bench-norm-backward times as called, layer by layer, beside autograd's "
@@ -276,6 +290,16 @@ SUITES: dict[str, Suite] = {
         commands=((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--configs",
                    "eager,eager-seed1,compiled,graphs,compiled-graphs,kernellab,kernellab-compiled,kernellab-graphs,"
                    "kernellab-compiled-graphs", "--out", "{out}"),), takes_args=True),
+    "train-gpt2-fused": Suite(
+        "benchmarks/train_gpt2.py with each residual add fused with the LayerNorm after it (kl_add_layernorm as the "
+        "GPT's add_norm_op): GPT-2 small, 200 steps of batch 16 x 1024 each of eager (seeds 0 and 1: the noise "
+        "band), torch.compile and its graphed step, kernellab's compiled graphed step without and with the fused op "
+        "(kernellab-compiled-graphs, kernellab-fused-compiled-graphs) and the fused op's eager step: loss curves in "
+        "the band, step times against eager and compiled, 3 profiled steps each (the norms' kernels); the table "
+        "printed last", 540,
+        commands=((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--configs",
+                   "eager,eager-seed1,compiled,compiled-graphs,kernellab-compiled-graphs,kernellab-fused,"
+                   "kernellab-fused-compiled-graphs", "--out", "{out}"),), takes_args=True),
     "train-gpt2-diagnose": Suite(
         "benchmarks/train_gpt2.py --diagnose, 40 steps of eager and kernellab's configurations: host against GPU time "
         "a step, kernellab's launches and waits per thread, torch's synchronising calls, the allocator's "
