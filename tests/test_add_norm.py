@@ -64,6 +64,8 @@ def test_the_row_kernels_use_16_byte_accesses_and_fit_their_launch_bounds(module
         got = ops.get("LDG.E.128.CONSTANT", 0) + ops.get("LDG.E.128", 0)
         assert got >= loads and ops.get("STG.E.128", 0) >= stores, (name, ops)
         assert k.resources.registers <= 65536 // k.resources.max_threads_per_block * (2 if "backward" in name else 1)
+        if "backward" in name:                           # dh_out asked into L1 before the reductions
+            assert ops.get("CCTL.E.PF1", 0) >= 1, (name, ops)
     assert module["add_layernorm_rows<float, __nv_bfloat16, 1>"].resources.max_threads_per_block == 1024
     for c, blocks in ((1, 2), (2, 1)):                  # the backward's launch bounds: 512 threads, 2 or 1 an SM
         k = module[f"add_layernorm_backward_rows<float, __nv_bfloat16, {c}>"]

@@ -10,6 +10,7 @@
 // thread t holds columns (t + j * row_threads) * 8 ... + 7. blockDim.x / row_threads rows a block at a time.
 #pragma once
 #include "convert.cuh"
+#include "ptx.cuh"
 #include "reduce.cuh"
 
 constexpr int kChunk = 8;   // columns of a chunk: one 16-byte load of bf16, two of float
@@ -207,6 +208,8 @@ add_layernorm_backward_rows(const R* __restrict__ dy, const T* __restrict__ dh_o
             int c = (s.t + j * row_threads) * kChunk;
             load_chunk(*reinterpret_cast<float(*)[kChunk]>(&hv[j * kChunk]), h + start, c, cols, live, aligned);
             load_chunk(*reinterpret_cast<float(*)[kChunk]>(&gv[j * kChunk]), dy + start, c, cols, live, aligned);
+            // dh_out is read after the reductions: asked into L1 now (no registers), in flight during them
+            if (dh_out != nullptr && live && c < cols) prefetch_l1(dh_out + start + c);
         }
         float sum[1] = {0.0f};                           // sum h: the mean first, then deviations from it
 #pragma unroll
