@@ -111,13 +111,16 @@ __global__ void __launch_bounds__(1024) add_layernorm_rows(const T* __restrict__
     int row = blockIdx.x * s.groups + s.group;
     bool live = row < rows;                              // a last block's spare rows still meet at the barriers
     size_t start = (size_t)(live ? row : 0) * cols;
-    float v[V];
+    float v[V], wv[V], bv[V];
 #pragma unroll
     for (int j = 0; j < Chunks; ++j) {
         int c = (s.t + j * row_threads) * kChunk;
         float xf[kChunk], rf[kChunk];
         load_chunk(xf, x + start, c, cols, live, aligned);
         load_chunk(rf, r + start, c, cols, live, aligned);
+        // w, b (the same columns every row, from L1/L2) in flight with x and r, not after the reductions
+        load_chunk(*reinterpret_cast<float(*)[kChunk]>(&wv[j * kChunk]), w, c, cols, live, aligned);
+        load_chunk(*reinterpret_cast<float(*)[kChunk]>(&bv[j * kChunk]), b, c, cols, live, aligned);
 #pragma unroll
         for (int k = 0; k < kChunk; ++k) v[j * kChunk + k] = to_float(from_float<T>(xf[k] + rf[k]));   // h as stored
         if (live) store_chunk<T>(*reinterpret_cast<float(*)[kChunk]>(&v[j * kChunk]), h + start, c, cols, aligned);
@@ -143,11 +146,12 @@ __global__ void __launch_bounds__(1024) add_layernorm_rows(const T* __restrict__
     for (int j = 0; j < Chunks; ++j) {
         int c = (s.t + j * row_threads) * kChunk;
         if (c >= cols) continue;
-        float wf[kChunk], bf[kChunk], out[kChunk];
-        load_chunk(wf, w, c, cols, true, aligned);       // w, b: the same columns every row, from L1/L2
-        load_chunk(bf, b, c, cols, true, aligned);
+        float out[kChunk];
 #pragma unroll
-        for (int k = 0; k < kChunk; ++k) out[k] = fmaf((v[j * kChunk + k] - mean) * rstd, wf[k], bf[k]);
+        for (int k = 0; k < kChunk; ++k) {
+            int i = j * kChunk + k;
+            out[k] = fmaf((v[i] - mean) * rstd, wv[i], bv[i]);
+        }
         store_chunk<R>(out, y + start, c, cols, aligned);
     }
 }
