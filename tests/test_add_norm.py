@@ -207,6 +207,27 @@ def test_the_row_loop_and_the_partial_sums_are_deterministic(monkeypatch):
     assert torch.allclose(one[2], few[2], atol=1e-5) and torch.allclose(one[3], few[3], atol=1e-5)
 
 
+@needs_cxx
+def test_no_shared_memory_race_or_barrier_fault_with_several_rows_a_block_and_a_row_loop():
+    """The CPU path's racecheck and synccheck on both kernels with 8 (forward) and 16 (backward) rows a block, the
+    backward's 2 blocks each walking 3 rounds of rows (the shared slots' parity, the stage of the partial sums)."""
+    mod = an.kernels("cpu")
+    x, r, w, b, dy, up = inputs(70, 64, torch.float32, torch.bfloat16)
+    rt, block, grid = an.plan_forward(70, 64)
+    assert block // rt == 8
+    h, y = torch.empty_like(x), torch.empty_like(r)
+    fwd = mod["add_layernorm_rows<float, __nv_bfloat16, 1>"]
+    chunks, brt, bblock, _ = an.plan_backward(70, 64, 132)
+    assert bblock // brt == 16
+    dh, dr, partial = torch.empty_like(h), torch.empty_like(r), torch.empty(2, 2, 64)
+    bwd = mod["add_layernorm_backward_rows<float, __nv_bfloat16, 1>"]
+    for tool in ("racecheck", "synccheck"):
+        report = fwd.sanitize(grid, block, x, r, w, b, h, y, 70, 64, rt, 1, 1e-5, tool=tool)
+        assert report.ok and report.simulated, str(report)
+        report = bwd.sanitize(2, bblock, dy, up, h, w, dh, dr, partial, 70, 64, brt, 1, 1e-5, tool=tool)
+        assert report.ok and report.simulated, str(report)
+
+
 # --- the op --------------------------------------------------------------------------------------------------------
 
 @needs_cxx
