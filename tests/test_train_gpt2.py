@@ -728,9 +728,10 @@ def test_graphed_step_copies_the_batch_in_and_the_loss_out(monkeypatch):
 
 
 def test_plan_graphed_configs_capture_their_base_config_and_skip_on_the_cpu(script):
-    ours = {"attention": object(), "norm": object(), "notes": []}
+    ours = {"attention": object(), "norm": object(), "add_norm": object(), "notes": []}
     runs, skipped = script.plan(list(script.GRAPHED), ours, "cuda")
-    assert [r["name"] for r in runs] == ["graphs", "compiled-graphs", "kernellab-graphs", "kernellab-compiled-graphs"]
+    assert [r["name"] for r in runs] == ["graphs", "compiled-graphs", "kernellab-graphs", "kernellab-compiled-graphs",
+                                         "kernellab-fused-graphs", "kernellab-fused-compiled-graphs"]
     assert all(r["graphs"] for r in runs) and not skipped
     base, _ = script.plan(list(script.GRAPHED.values()), ours, "cuda")
     for g, b in zip(runs, base):
