@@ -8,6 +8,10 @@
 // A row of `cols` values is held in registers by `row_threads` threads (a multiple of 32, not only a power of two:
 // 768 columns are 96 threads, 3 warps, none idle), Chunks chunks of 8 consecutive columns a thread: chunk j of
 // thread t holds columns (t + j * row_threads) * 8 ... + 7. blockDim.x / row_threads rows a block at a time.
+// The backward's scheme is tutorial 04's norm_backward cell's (norm_backward_rows: statistics recomputed, the mean's
+// rounding undone, dw/db in registers over a row loop, one partial row a block; row_sum, write_partial,
+// norm_backward_finish), generalised here to row threads that are any multiple of 32 and to two element types; the
+// tutorial's cell keeps its own, which it teaches step by step.
 #pragma once
 #include "convert.cuh"
 #include "ptx.cuh"
