@@ -24,8 +24,8 @@ Method
 - Prediction (kernellab.teach.add_norm.model_us, written before a GPU ran it): bytes at 3 TB/s plus 2.5 µs a kernel.
   At 16384 x 768, float32 stream and bf16 branch: fused forward 52.8 µs (x, r read; h, y written: 12 bytes an
   element), backward 72.1 µs (dy, dh_out, h read; dh, dr written: 16 bytes; the finish), 124.9 µs in all; add +
-  kl_layernorm 271.7 µs (the add, the norm, the casts of y, dy and dr, the backward's add: 6 kernels' bytes);
-  torch.compile the same bytes as ours, 124.9 µs.
+  kl_layernorm 271.7 µs (the add, the norm, the casts of y, dy and dr, the norm's backward and finish, the
+  backward's add: 8 kernels); torch.compile the same bytes as ours, 124.9 µs.
 The short table comes last; $OUT (or --out) gets add_norm.json with every number.
 """
 from __future__ import annotations
