@@ -2,7 +2,7 @@
 training step calls it, against our separate add + kl_layernorm (tutorial 04) and torch.compile of
 F.layer_norm(x + r), in one run.
 
-    python benchmarks/add_norm.py                      # GPT-2 small's shape: 16 x 1024 tokens x 768, as autocast runs it
+    python benchmarks/add_norm.py                  # GPT-2 small's 16 x 1024 tokens x 768, as autocast runs it
     python benchmarks/add_norm.py --quick --shapes 16384x768,4096x1024 --dtypes float32:bfloat16,bfloat16:bfloat16
 
 Method
@@ -70,7 +70,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter timing: 4 rounds of 40 ms a method, not 8 of 80")
     ap.add_argument("--shapes", default="", help="e.g. 16384x768,4096x1024 (default: 16384x768)")
-    ap.add_argument("--dtypes", default="float32:bfloat16", help="x:r dtype pairs, e.g. float32:bfloat16,float32:float32")
+    ap.add_argument("--dtypes", default="float32:bfloat16",
+                    help="x:r dtype pairs, e.g. float32:bfloat16,float32:float32")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for add_norm.json")
     args = ap.parse_args(argv)
 

@@ -70,8 +70,8 @@ __device__ __forceinline__ void store_chunk(const float (&f)[kChunk], E* __restr
         if (c + k < cols) p[c + k] = from_float<E>(f[k]);
 }
 
-// Sums of Count values over a row's threads (row_warps whole warps, from warp group * row_warps), in every thread of the
-// row: the warp by shuffles, then the row's warps through shared memory. SLOT and `parity` (a row loop's iteration,
+// Sums of Count values over a row's threads (row_warps whole warps, from warp group * row_warps), in every thread of
+// the row: the warp by shuffles, then the row's warps through shared memory. SLOT and `parity` (a row loop's iteration,
 // mod 2) keep the slots of consecutive reductions apart, so that each needs one barrier. Every thread of the block
 // calls it (dead rows too).
 template <int SLOT, int Count>
@@ -255,8 +255,8 @@ add_layernorm_backward_rows(const R* __restrict__ dy, const T* __restrict__ dh_o
             for (int k = 0; k < kChunk; ++k) {
                 int i = j * kChunk + k;
                 float xhat = (hv[i] - mean) * rstd, dyv = gv[i];
-                // g rounded before mean(g) is taken from it (__fmul_rn: not contracted into an FMA), so that g - mean(g)
-                // is exactly 0 where the row is one value (whose rstd, 1 / sqrt(eps), would scale the FMA's residue)
+                // g rounded before mean(g) is taken from it (__fmul_rn: not contracted into an FMA), so that
+                // g - mean(g) is exactly 0 where the row is one value (rstd, 1 / sqrt(eps), would scale the residue)
                 f[k] = rstd * (__fmul_rn(dyv, wf[k]) - mean_g - xhat * mean_gx) + (dh_out != nullptr ? up[k] : 0.0f);
                 dw[i] = fmaf(dyv, xhat, dw[i]);          // dy is 0 past the row and in rows past the last
                 db[i] += dyv;
