@@ -96,6 +96,13 @@ def test_the_plans_cover_every_row_and_column(rows, cols):
 
 
 def test_rows_too_long_or_dtypes_not_instantiated_are_refused_clearly():
+    h = torch.zeros(2, 8)
+    with pytest.raises(ArgumentError, match="shaped like h"):
+        an.add_layernorm_backward(torch.zeros(2, 9), None, h, torch.ones(8))
+    with pytest.raises(ArgumentError, match="shaped like h"):
+        an.add_layernorm_backward(h, h.bfloat16(), h, torch.ones(8))
+    with pytest.raises(ArgumentError, match="dtypes"):
+        an.add_layernorm_backward(h, None, h.bfloat16(), torch.ones(8))
     x = torch.zeros(2, 8193)
     with pytest.raises(ArgumentError, match="up to 8192 columns"):
         an.add_layernorm(x, x, torch.ones(8193), torch.zeros(8193))
@@ -201,6 +208,7 @@ def test_the_row_loop_and_the_partial_sums_are_deterministic(monkeypatch):
     assert all(torch.equal(a, c) for a, c in zip(one, two))
     assert an.plan_backward(70, 64, 132)[3] == 5                      # 16 rows a block: 5 blocks, one round each
     monkeypatch.setattr(an, "_sms", lambda device: 1)
+    monkeypatch.setattr(an, "_BACKWARD", {})                         # the launches configured for 132 SMs
     assert an.plan_backward(70, 64, 1)[3] == 2                        # 2 blocks: 3 rounds each
     few = an.add_layernorm_backward(dy, up, h, w)
     assert torch.equal(one[0], few[0])

@@ -106,6 +106,10 @@ def _aligned(cols: int, *tensors) -> int:
     return int(cols % CHUNK == 0 and all(t is None or t.data_ptr() % 16 == 0 for t in tensors))
 
 
+_FORWARD: dict = {}     # (device, rows, cols, x dtype, r dtype) -> (the configured kernel, row threads)
+_BACKWARD: dict = {}    # (device, rows, cols, h dtype, dy dtype) -> (main kernel, row threads, grid, finish kernel)
+
+
 def add_layernorm(x, r, w, b, eps=1e-5):
     """(h, y): h = x + r in x's dtype, y = LayerNorm(h) * w + b in r's dtype, over the last dimension."""
     _check(x, r, w, b)
@@ -114,18 +118,34 @@ def add_layernorm(x, r, w, b, eps=1e-5):
     rows = x2.shape[0]
     h, y = torch.empty_like(x2), torch.empty_like(r2)
     if rows and cols:
-        row_threads, block, grid = plan_forward(rows, cols)
-        mod = kernels(x.device.type)
-        kernel = mod[f"add_layernorm_rows<{CTYPE[x.dtype]}, {CTYPE[r.dtype]}, 1>"]
-        kernel[grid, block](x2, r2, w.contiguous(), b.contiguous(), h, y, rows, cols, row_threads,
-                            _aligned(cols, x2, r2, w, b, h, y), float(eps))
+        key = (x.device, rows, cols, x.dtype, r.dtype)
+        hit = _FORWARD.get(key)
+        if hit is None:                      # once per shape: the plan and the configured kernel
+            row_threads, block, grid = plan_forward(rows, cols)
+            kernel = kernels(x.device.type)[f"add_layernorm_rows<{CTYPE[x.dtype]}, {CTYPE[r.dtype]}, 1>"]
+            hit = _FORWARD[key] = (kernel[grid, block], row_threads)
+        launch, row_threads = hit
+        w, b = w.contiguous(), b.contiguous()
+        launch(x2, r2, w, b, h, y, rows, cols, row_threads, _aligned(cols, x2, r2, w, b, h, y), float(eps))
     return h.reshape(x.shape), y.reshape(x.shape)
+
+
+def _check_backward(dy, dh_out, h, w):
+    if dy.shape != h.shape or (dh_out is not None and (dh_out.shape != h.shape or dh_out.dtype != h.dtype)):
+        raise ArgumentError(f"add_layernorm_backward: dy {tuple(dy.shape)} and dh_out "
+                            f"{None if dh_out is None else (tuple(dh_out.shape), dh_out.dtype)} must be shaped like h "
+                            f"{tuple(h.shape)} (dh_out of h's dtype {h.dtype})")
+    if (h.dtype, dy.dtype) not in PAIRS or w.dtype != h.dtype or w.shape != h.shape[-1:]:
+        raise ArgumentError(f"add_layernorm_backward takes (h, dy) dtypes {', '.join(f'({a}, {c})' for a, c in PAIRS)}"
+                            f" and w [{h.shape[-1]}] of h's dtype; got ({h.dtype}, {dy.dtype}), w {tuple(w.shape)} "
+                            f"{w.dtype}")
 
 
 def add_layernorm_backward(dy, dh_out, h, w, eps=1e-5):
     """(dh, dr, dw, db) of add_layernorm: dh = dh_out + LayerNorm's input gradient (h's dtype), dr the same rounded
     to dy's dtype (an empty tensor where that is h's dtype: dh serves both), dw, db in w's dtype. dh_out None: no
     gradient from later in the stream."""
+    _check_backward(dy, dh_out, h, w)
     cols = h.shape[-1]
     h2, dy2 = h.contiguous().reshape(-1, cols), dy.contiguous().reshape(-1, cols)
     up = None if dh_out is None else dh_out.contiguous().reshape(-1, cols)
@@ -139,14 +159,21 @@ def add_layernorm_backward(dy, dh_out, h, w, eps=1e-5):
         if up is not None:
             dh.copy_(up)
         return dh.reshape(h.shape), dr if same else dr.reshape(h.shape), dw, db
-    chunks, row_threads, block, grid = plan_backward(rows, cols, _sms(h.device))
-    mod = kernels(h.device.type)
+    key = (h.device, rows, cols, h.dtype, dy.dtype)
+    hit = _BACKWARD.get(key)
+    if hit is None:                          # once per shape: the plan and the configured kernels
+        chunks, row_threads, block, grid = plan_backward(rows, cols, _sms(h.device))
+        mod = kernels(h.device.type)
+        main = mod[f"add_layernorm_backward_rows<{CTYPE[h.dtype]}, {CTYPE[dy.dtype]}, {chunks}>"][grid, block]
+        finish = mod[f"add_norm_finish<{CTYPE[w.dtype]}>"][-(-cols // FINISH_COLS), 256]
+        hit = _BACKWARD[key] = (main, row_threads, grid, finish)
+    main, row_threads, grid, finish = hit
     partial = torch.empty(grid, 2, cols, dtype=torch.float32, device=h.device)
-    kernel = mod[f"add_layernorm_backward_rows<{CTYPE[h.dtype]}, {CTYPE[dy.dtype]}, {chunks}>"]
-    kernel[grid, block](dy2, up, h2, w.contiguous(), dh, None if same else dr, partial, rows, cols, row_threads,
-                        _aligned(cols, dy2, up, h2, w, dh, None if same else dr), float(eps))
-    finish = mod[f"add_norm_finish<{CTYPE[w.dtype]}>"]
-    finish[-(-cols // FINISH_COLS), 256](partial, grid, cols, dw, db)
+    w = w.contiguous()
+    dr_arg = None if same else dr
+    main(dy2, up, h2, w, dh, dr_arg, partial, rows, cols, row_threads, _aligned(cols, dy2, up, h2, w, dh, dr_arg),
+         float(eps))
+    finish(partial, grid, cols, dw, db)
     return dh.reshape(h.shape), dr if same else dr.reshape(h.shape), dw, db
 
 
