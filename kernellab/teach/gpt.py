@@ -111,7 +111,7 @@ class GPT(nn.Module):
             raise ValueError(f"{N} tokens is more than the model's context of {self.config.context}")
         pos = torch.arange(N, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)                                        # [B, N, D]
-        if self.add_norm_op is not None:            # each block's last add fused with the next norm
+        if self.add_norm_op is not None and len(self.blocks):    # each block's last add with the next norm
             first = self.blocks[0]
             h = first._norm(x, first.norm1_w, first.norm1_b)
             for i, block in enumerate(self.blocks):
