@@ -1,7 +1,8 @@
 """kl::add_layernorm (kernellab.teach.add_norm) on a GPU: h, y and the gradients of x, r, w, b against float64 beside
 PyTorch's own error (x + r then F.layer_norm, the same dtypes) on awkward shapes, two input distributions and the
 three (x, r) dtype pairs; determinism; the op under loss.backward() against F.layer_norm(x + r), with h unused,
-opcheck, torch.compile(fullgraph=True), a CUDA graph; a GPT under bf16 autocast with it as add_norm_op.
+opcheck, torch.compile(fullgraph=True), a CUDA graph; a GPT under bf16 autocast with it as add_norm_op, one step and
+30 steps of training (eager and graphed) inside eager PyTorch's seed band.
 
 Each failure names the dtypes, distribution, shape and the errors (ours, PyTorch's, the largest reference value) of
 each output and gradient.
@@ -159,3 +160,20 @@ def test_a_gpt_under_autocast_with_the_fused_op_matches_the_separate_adds():
     for n in want:
         scale = float(want[n].abs().max()) or 1.0
         assert float((got[n] - want[n]).abs().max()) <= 0.05 * scale, n
+
+
+def test_a_tiny_gpt_trains_with_the_fused_op_eager_and_graphed_inside_the_seed_band():
+    """30 steps of the 2-layer GPT (bf16 autocast, AdamW) with kl_add_layernorm as add_norm_op, eager and as one CUDA
+    graph a step: both curves inside the band of eager PyTorch's two seeds; every step after the warm-up a replay."""
+    from kernellab.teach.gpt import ByteCorpus, GPTConfig, train, within_noise
+    corpus = ByteCorpus.stdlib()
+    kw = dict(config=GPTConfig.tiny(), steps=30, batch=8, seq=128, device="cuda")
+    eager = train(corpus, name="eager", seed=0, **kw)
+    seed1 = train(corpus, name="eager-seed1", seed=1, **kw)
+    fused = train(corpus, name="fused", seed=0, add_norm_op=an.kl_add_layernorm, **kw)
+    graphed = train(corpus, name="fused-graphs", seed=0, add_norm_op=an.kl_add_layernorm, graphs=True, **kw)
+    for run in (fused, graphed):
+        assert sum(run.losses[-5:]) / 5 < run.losses[0] - 1.0, f"{run.name}: it did not learn: {run.losses}"
+        v = within_noise(eager.losses, seed1.losses, run.losses, window=10)
+        assert v.within, f"{run.name} against eager, seed band: {v}"
+    assert graphed.replays == 30 - graphed.captured_at, (graphed.captured_at, graphed.replays)

@@ -165,7 +165,8 @@ SUITES: dict[str, Suite] = {
         "the residual add fused with LayerNorm (kl::add_layernorm, kernellab.teach.add_norm): h, y and the gradients "
         "of x, r, w, b against float64 beside PyTorch's own error on awkward shapes (1x1 to 16384x768, 9x8192), two "
         "distributions, (x, r) float32/float32, float32/bf16, bf16/bf16; determinism; the op under loss.backward() "
-        "against F.layer_norm(x + r), opcheck, torch.compile, a CUDA graph, a GPT under bf16 autocast", 300,
+        "against F.layer_norm(x + r), opcheck, torch.compile, a CUDA graph, a GPT under bf16 autocast; a 2-layer GPT "
+        "trained 30 steps with it, eager and as one CUDA graph a step, inside eager PyTorch's seed band", 300,
         tests=(GPU_TESTS + "test_add_norm_gpu.py",)),
     "bench-add-norm": Suite(
         "tests-add-norm's GPU tests, then benchmarks/add_norm.py at 16384x768 (float32 stream + bf16 branch, and "
