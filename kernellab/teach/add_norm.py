@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import kernellab
+from kernellab.analysis.arch import DEFAULT_ARCH
 from kernellab.errors import ArgumentError
 
 # the (stream, branch) dtypes instantiated: x, h, w, b, dh in the first; r, y, dy, dr in the second
@@ -48,7 +49,7 @@ def kernels(device_type: str = "cuda", compile=None):
     if compile is not None:
         return compile(SOURCE)
     if device_type == "cpu":
-        return kernellab.compile_cuda(SOURCE, arch="sm_90", filename="add_norm.cu", simulate=True)
+        return kernellab.compile_cuda(SOURCE, arch=DEFAULT_ARCH, filename="add_norm.cu", simulate=True)
     return kernellab.compile_cuda(SOURCE, filename="add_norm.cu")
 
 
