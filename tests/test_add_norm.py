@@ -4,7 +4,6 @@ kernellab's CPU path against float64 beside PyTorch's own error on awkward shape
 tensors, fake tensors, aot_eager, opcheck) and a GPT with it as add_norm_op gives the loss and gradients of separate
 adds and norms."""
 import copy
-import re
 
 import pytest
 
@@ -16,6 +15,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from kernellab.run.sim.cuda import emulate  # noqa: E402
+from sass_counts import sass_ops  # noqa: E402
 needs_cxx = pytest.mark.skipif(emulate.compiler() is None, reason="no host C++ compiler for the CPU path")
 
 PAIRS = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)]
@@ -25,19 +25,6 @@ PAIR_IDS = ["fp32-fp32", "fp32-bf16", "bf16-bf16"]
 @pytest.fixture(scope="module")
 def module():
     return kernellab.compile_cuda(an.SOURCE, arch="sm_90", filename="add_norm.cu")
-
-
-def sass_ops(kernel):
-    from kernellab.compile.disasm import sass
-
-    parts = re.split(r"\n\s*Function : (\S+)\n", sass(kernel.module.cubin))
-    body = dict(zip(parts[1::2], parts[2::2]))[kernel.symbol]
-    ops = {}
-    for line in body.splitlines():
-        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if m:
-            ops[m.group(1)] = ops.get(m.group(1), 0) + 1
-    return ops
 
 
 def test_the_kernels_compile_for_sm_90_without_spills_or_atomics(module):

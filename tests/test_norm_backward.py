@@ -4,7 +4,6 @@ emulation (kernellab.run.sim.cuda) against float64 beside PyTorch's own error on
 distributions, and kl::layernorm / kl::rmsnorm differentiate (eager on CPU tensors, fake tensors, aot_eager)."""
 import math
 import pathlib
-import re
 import sys
 
 import pytest
@@ -14,6 +13,7 @@ sys.path.insert(0, str(HERE / "gpu"))
 from notebook_cells import launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
 
 import kernellab  # noqa: E402
+from sass_counts import sass_ops  # noqa: E402
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -30,19 +30,6 @@ SHAPES = [(4096, 1024), (4096, 4096), (4096, 32768), (1024, 262144), (1000, 1031
 def module():
     return kernellab.compile_cuda(named_cuda_cells(T04)["norm_backward"], arch="sm_90", first_line=2,
                                   filename="cell.cu")
-
-
-def sass_ops(kernel):
-    from kernellab.compile.disasm import sass
-
-    parts = re.split(r"\n\s*Function : (\S+)\n", sass(kernel.module.cubin))
-    body = dict(zip(parts[1::2], parts[2::2]))[kernel.symbol]
-    ops = {}
-    for line in body.splitlines():
-        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if m:
-            ops[m.group(1)] = ops.get(m.group(1), 0) + 1
-    return ops
 
 
 def plans_ns():
