@@ -12,3 +12,14 @@ def sass_ops(kernel) -> dict[str, int]:
         if m:
             ops[m.group(1)] = ops.get(m.group(1), 0) + 1
     return ops
+
+
+def assert_registers_only_and_deterministic(kernels) -> None:
+    """Each kernel: no spills, no stack frame (no LDL/STL in its SASS) and no atomics (ATOM/RED: the same bits every
+    run)."""
+    for k in kernels:
+        r = k.resources
+        assert not r.spills and r.local_bytes == 0, (k.signature.display, r)
+        ops = sass_ops(k)
+        assert not any(op.startswith(("LDL", "STL")) for op in ops), (k.signature.display, ops)
+        assert not any(op.startswith(("ATOM", "RED")) for op in ops), (k.signature.display, ops)

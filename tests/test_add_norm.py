@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from kernellab.run.sim.cuda import emulate  # noqa: E402
-from sass_counts import sass_ops  # noqa: E402
+from sass_counts import assert_registers_only_and_deterministic, sass_ops  # noqa: E402
 needs_cxx = pytest.mark.skipif(emulate.compiler() is None, reason="no host C++ compiler for the CPU path")
 
 PAIRS = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)]
@@ -33,12 +33,7 @@ def test_the_kernels_compile_for_sm_90_without_spills_or_atomics(module):
     want |= {f"add_layernorm_backward_rows<{ct[t]}, {ct[r]}, {c}>" for t, r in PAIRS for c in (1, 2)}
     want |= {f"add_norm_finish<{t}>" for t in ct.values()}
     assert {k.signature.display for k in module.kernels} == want
-    for k in module.kernels:
-        r = k.resources
-        assert not r.spills and r.local_bytes == 0, (k.signature.display, r)
-        ops = sass_ops(k)
-        assert not any(op.startswith(("LDL", "STL")) for op in ops), (k.signature.display, ops)
-        assert not any(op.startswith(("ATOM", "RED")) for op in ops), (k.signature.display, ops)   # deterministic
+    assert_registers_only_and_deterministic(module.kernels)
 
 
 def test_the_row_kernels_use_16_byte_accesses_and_fit_their_launch_bounds(module):

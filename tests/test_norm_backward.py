@@ -13,7 +13,7 @@ sys.path.insert(0, str(HERE / "gpu"))
 from notebook_cells import launcher_cells, load_tutorial, named_cuda_cells  # noqa: E402
 
 import kernellab  # noqa: E402
-from sass_counts import sass_ops  # noqa: E402
+from sass_counts import assert_registers_only_and_deterministic, sass_ops  # noqa: E402
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -47,12 +47,7 @@ def test_the_backward_kernels_compile_without_spills(module):
                                                                                   "split_tiles")
                      for t in CT.values()
                      for rms in ("false", "true")} | {f"norm_backward_finish<{t}>" for t in CT.values()}
-    for k in module.kernels:
-        r = k.resources
-        assert not r.spills and r.local_bytes == 0, (k.signature.display, r)
-        ops = sass_ops(k)
-        assert not any(op.startswith(("LDL", "STL")) for op in ops), (k.signature.display, ops)
-        assert not any(op.startswith(("ATOM", "RED")) for op in ops), (k.signature.display, ops)   # deterministic
+    assert_registers_only_and_deterministic(module.kernels)
 
 
 def test_the_row_kernels_hold_their_rows_in_registers_with_16_byte_accesses(module):
