@@ -628,6 +628,7 @@ def summarize(p: dict, configs: int, submissions: int) -> dict:
     busiest = max(p["grades"].rows, key=lambda r: r.wall_ms or 0, default=None)
     p["longest"] = [busiest.submission, busiest.wall_ms / 1e3] if busiest is not None and busiest.wall_ms else None
     p["grade_stages"] = grade_stages(p)
+    p["slowest"] = slowest_submissions(p)
     p["tool_costs"] = tool_costs(p)
     p["tool_processes"] = tool_processes(p)
     if "autotune_jobs" not in p:
@@ -754,6 +755,25 @@ def grade_stages(p: dict) -> dict[str, dict[str, float]]:
                 sums[step] = sums.get(step, 0.0) + sec
         out[t.exercise_id] = {k: v / len(rows) for k, v in sums.items()}
     return out
+
+
+def slowest_submissions(p: dict, n: int = 3, steps: int = 5) -> list[dict]:
+    """The `n` longest grades: exercise, submission, wall seconds and their `steps` largest steps (GradeResult.stage_s,
+    seconds; CPU-time entries left out): what bounds a pool's last wave, where a mean per exercise cannot say."""
+    rows = [(t.exercise_id, r) for t in p["grades"].tables for r in t.rows if r.wall_ms]
+    out = []
+    for ex, r in sorted(rows, key=lambda x: -x[1].wall_ms)[:n]:
+        stage = [(k, float(v)) for k, v in (getattr(r.result, "stage_s", ()) or ()) if not k.startswith("cpu:")]
+        out.append({"exercise": ex, "submission": r.submission, "wall_s": r.wall_ms / 1e3,
+                    "steps": sorted(stage, key=lambda kv: -kv[1])[:steps]})
+    return out
+
+
+def slowest_text(p: dict) -> list[str]:
+    """A line per slowest_submissions entry."""
+    return [f"{x['exercise']} {x['submission']} {x['wall_s']:.1f} s: "
+            + (", ".join(f"{k} {v:.1f} s" for k, v in x["steps"]) or "no steps travelled back")
+            for x in p.get("slowest") or ()]
 
 
 def tool_costs(p: dict) -> dict[str, dict[str, dict[str, float]]]:
@@ -1258,6 +1278,8 @@ def main(argv=None) -> int:
         bad = mismatches[p["gpus"]]
         print(f"  grade_class: {g.headline()}; {len(g.rows) - len(bad)} of {len(g.rows)} got the finding their "
               f"file names" + ("" if not bad else ":\n    " + "\n    ".join(bad)))
+        for line in slowest_text(p):
+            print(f"  slowest submission: {line}")
         reruns = [f"{row.submission}: {row.rerun}" for row in g.rows if row.rerun] + \
             [f"{row.label}: {row.rerun}" for row in r.rows if row.rerun]
         if reruns:

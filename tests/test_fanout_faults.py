@@ -263,6 +263,11 @@ def test_the_benchmark_phase_runs_on_a_local_cluster_of_processes(tmp_path, monk
     assert len(g.rows) == 12 and {row.worker for row in g.rows} <= workers
     assert len({row.worker for row in g.rows}) == 2                        # both workers graded
     assert mod.check_class(g, expected) == [], str(g)
+    slow = p["slowest"]                          # the longest grades, each with its largest steps
+    assert len(slow) == 3 and slow[0]["wall_s"] >= slow[1]["wall_s"] >= slow[2]["wall_s"] > 0, slow
+    assert all(x["steps"] and sum(v for k, v in x["steps"] if not k.startswith("of the")) <= x["wall_s"] * 1.05
+               for x in slow), slow                 # "of the launches: ..." are parts of "launches (...)"
+    assert len(mod.slowest_text(p)) == 3 and slow[0]["submission"] in mod.slowest_text(p)[0]
     stages = mod.grade_stages(p)                 # each grade's steps travel back with its result
     assert set(stages) == {"01-reverse", "00-flip"}, stages
     assert stages["00-flip"]["launches (simulator)"] > 0 and stages["01-reverse"]["launches (CPU path)"] > 0
