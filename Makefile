@@ -8,9 +8,8 @@ PYTEST_ARGS ?=
 # Test processes (pytest-xdist): one per core; each test file runs whole in one process, so a module's compiled
 # kernels are built once; tests/conftest.py hands the longest files out first (tests/durations.json).
 # Measured on the 2-core machine, quiet, from a fresh clone (kernellab's compile cache in the home directory as earlier
-# runs left it): 10 min 10 s of pytest, 10 min 25 s in all (7464 passed, 1203 skipped); with 33 tests more (7497
-# passed, 1216 skipped) 11 min 23 s of pytest while another pytest shared the cores for 5 of them; `make test-fast`
-# 2 min 10 s when the suite had 7230 tests.
+# runs left it): 9 min 26 s of pytest, 9 min 41 s in all (7497 passed, 1216 skipped); `make test-fast` 2 min 10 s
+# when the suite had 7230 tests.
 # Earlier figures (11-20 min) were taken while processes leaked by a fault test (fixed) kept spinning on both cores.
 # `make test-durations` records
 # tests/durations.json. Where the time goes (`PYTEST_ARGS="--durations=0 --junitxml=t.xml"`, a busy machine, before
