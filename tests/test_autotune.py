@@ -521,6 +521,23 @@ def test_grade_many_gives_one_row_per_submission_here_and_on_a_cluster(dask_clie
     assert [r.submission for r in far.rows] == ["0", "1", "2", "3"]
 
 
+def test_grade_class_grades_the_exercises_with_the_most_checked_elements_first_and_reports_them_as_given():
+    """The tutorials' exercises go out by the elements their checks touch (02-transpose-batched's 16 x 2048 x 2049
+    before 01-reverse's 4 M before 00-flip's 100 k), an exercise kernellab does not know keeps its place after them;
+    the tables come back in the order given, each with its own rows."""
+    seen = []
+
+    def record(exercise_id, submission):
+        seen.append(exercise_id)
+        return types.SimpleNamespace(passed=True, findings=())
+
+    work = {"00-flip": {"a": "x"}, "ex-1": ["y"], "01-reverse": {"b": "x"}, "02-transpose-batched": {"c": "x", "d": "x"}}
+    g = kernellab.grade_class(work, grade=record, progress=False)
+    assert seen == ["02-transpose-batched", "02-transpose-batched", "01-reverse", "00-flip", "ex-1"], seen
+    assert [t.exercise_id for t in g.tables] == list(work)
+    assert [[r.submission for r in t.rows] for t in g.tables] == [["a"], ["0"], ["b"], ["c", "d"]]
+
+
 def test_grade_many_finds_kernellab_teach_by_name():
     import importlib.util
 
