@@ -625,10 +625,9 @@ def summarize(p: dict, configs: int, submissions: int) -> dict:
     p["configs"], p["submissions"] = configs, submissions
     p["autotune_stage_s"] = dict(p["autotune"].stage_s)
     p["grade_busy"] = busy_share(p)
-    busiest = max(p["grades"].rows, key=lambda r: r.wall_ms or 0, default=None)
-    p["longest"] = [busiest.submission, busiest.wall_ms / 1e3] if busiest is not None and busiest.wall_ms else None
-    p["grade_stages"] = grade_stages(p)
     p["slowest"] = slowest_submissions(p)
+    p["longest"] = [p["slowest"][0]["submission"], p["slowest"][0]["wall_s"]] if p["slowest"] else None
+    p["grade_stages"] = grade_stages(p)
     p["tool_costs"] = tool_costs(p)
     p["tool_processes"] = tool_processes(p)
     if "autotune_jobs" not in p:

@@ -342,9 +342,9 @@ def _side_stream(side, join: bool):
 
 def train(corpus: ByteCorpus, *, name: str = "run", config: GPTConfig = GPTConfig(), steps: int = 200,
           batch: int = 16, seq: int = 1024, seed: int = 0, device="cuda", attention_op=None, norm_op=None,
-          add_norm_op=None, compile: bool = False, lr: float = 6e-4, warmup: int | None = None, weight_decay: float = 0.1,
-          clip: float = 1.0, timed_from: int | None = None, val_batches: int = 4, progress=None,
-          profile_steps: int = 0, diagnose=None, graphs: bool = False) -> TrainRun:
+          add_norm_op=None, compile: bool = False, lr: float = 6e-4, warmup: int | None = None,
+          weight_decay: float = 0.1, clip: float = 1.0, timed_from: int | None = None, val_batches: int = 4,
+          progress=None, profile_steps: int = 0, diagnose=None, graphs: bool = False) -> TrainRun:
     """Train a GPT from `seed` (its initial weights, drawn on the CPU, and its batches) for `steps` steps: bf16
     autocast, AdamW (fused on a GPU), lr_at's schedule, gradients clipped to norm `clip`. PyTorch's SDPA backend is
     whatever the caller's context selects (torch.nn.attention.sdpa_kernel). progress(step, loss_tensor) is called
