@@ -39,6 +39,9 @@ host's cores over the workers of a pool on all its GPUs, the same in every call 
 do not mean smaller shares (uncapped, the sum of the submissions' grading times rose from 604 s with 4 workers to
 805 s with 8 on 4 x H200: a slowdown no number of GPUs can win back). Phases run one GPU first, then the largest
 pool (with the fault drill), then the others.
+Warm-up: before the first phase the largest pool does a little of the job on every GPU, timed into no ratio (a
+machine's first work is slower than its later work: a fresh 4 x H200 host's 1-GPU phase took 78.9 s, the same host's
+62.6 s three calls later, which made its 4-GPU ratio 3.40x instead of about 2.7x); --no-warm-up leaves it out.
 Utilisation: NVML (nvidia-ml-py, which dask-cuda brings), else `nvidia-smi`, sampled every 100 ms here and averaged
 per GPU over each stage; kernellab.bench keeps a GPU busy about half the time while it times (burst mode).
 Speed-ups against torch are ratios taken on one GPU in one bench run; the best of a multi-GPU sweep is ranked by them.
@@ -54,8 +57,8 @@ submission on one GPU's pool, measured; PRIOR before anything is measured, this 
 after; the speed-ups in PRIOR_SPEEDUP or measured here), where each would end, which --budget-s skips and why, and
 the budget every phase needs; --plan-only prints that and stops (no GPU needed). Before each phase the same estimate
 is made again from what this run has measured, and a phase that would end past --budget-s is skipped (the table
-says so): with 1, 2 and 4 GPUs in one call (the runner's limit is SUITE_LIMIT_S), the 2-GPU phase is. Run the sizes
-over two calls instead: `--gpus 1,4`, then `--gpus 2 --baseline-from <the first call's autotune_multigpu.json>`,
+says so; 1, 2 and 4 GPUs with the warm-up fit one call of the runner, SUITE_LIMIT_S, on 4 x H200). Where they do not,
+run the sizes over two calls: `--gpus 1,4`, then `--gpus 2 --baseline-from <the first call's autotune_multigpu.json>`,
 whose 1-GPU phase stands for this run's (refused from another GPU model or with other options); the table marks
 every ratio against it [b] and names its file, device and date.
 The stage report compares, per exercise and compute-sanitizer tool, each run's ToolCost (GradeResult.tool_costs:
@@ -210,6 +213,20 @@ def check_class(grades, expected) -> list[str]:
                 bad.append(f"{table.exercise_id} {r.submission}: should get {sorted(want)}, got "
                            f"{'passed' if r.passed else sorted(kinds)}")
     return bad
+
+
+def warm_job(job: dict, workers: int) -> dict:
+    """The warm-up's job: a little of each kind of work on every worker of the largest pool, none of it timed into a
+    ratio: one configuration a worker and each exercise's first `workers` submissions (solutions and wrong ones, so
+    every tool and buffer size is met), no fault drill."""
+    work = {ex: dict(itertools.islice(subs.items(), workers)) for ex, subs in job["work"].items()}
+    return {**job, "configs": job["configs"][:workers], "work": work, "faults": False}
+
+
+def warm_up_estimate(n: int, workers_per_gpu: int, costs: "Costs", students: int) -> "PhaseEstimate":
+    """The warm-up's seconds: a pool on n GPUs running warm_job (its share of the job on the expected speed-up)."""
+    workers = n * workers_per_gpu
+    return estimate_phase(n, costs, configs=workers, submissions=3 * min(workers, students), drill_timeout_s=None)
 
 
 def grade_source(exercise_id, source):
@@ -919,13 +936,13 @@ def where_tools_go(p: dict, one: dict) -> list[str]:
 
 # Before anything is measured here: the figures of the 1-GPU phase on 4 x NVIDIA H200 (64 cores), 2026-11-27
 # (docs/RESULTS.md; 108 configurations at 2048, 66 submissions, 4 workers per GPU), as costs per item.
-PRIOR = {"source": "the 1-GPU phase on 4 x NVIDIA H200, 2026-11-27 (docs/RESULTS.md)", "setup_s": 15.0,
-         "start_s": 7.0, "s_per_config": 47.2 / 108, "s_per_submission": 151.6 / 66, "close_s": 3.0,
+PRIOR = {"source": "the 1-GPU phase on 4 x NVIDIA H200, 2026-11-28 (docs/RESULTS.md)", "setup_s": 5.0,
+         "start_s": 14.1, "s_per_config": 29.2 / 108, "s_per_submission": 33.4 / 66, "close_s": 3.0,
          "workers_per_gpu": 4}
-# The job's speed-up on n GPUs against one, measured: 1.64x on 2 x H200, 1.59x on 4 x H200 (grading is bound by what
-# the host shares, not by the number of GPUs). Sizes between or past these: interpolated, or the largest's, flat.
-PRIOR_SPEEDUP = {2: 1.64, 4: 1.59}
-START_GROWTH = (10.5 / 7.0 - 1) / 3   # a pool's start grows with its workers: 7.0 -> 10.5 s for 1 -> 4 GPUs
+# The job's speed-up on n GPUs against one, measured on 4 x H200: 1.59x on 2; on 4, 23.2 s against that host's warm
+# 1-GPU phase (62.6 s), 2.7x. Sizes between or past these: interpolated, or the largest's, flat.
+PRIOR_SPEEDUP = {2: 1.59, 4: 2.7}
+START_GROWTH = (35.3 / 14.1 - 1) / 3  # a pool's start grows with its workers: 14.1 -> 35.3 s for 1 -> 4 GPUs
 DRILL_EXTRA_S = 10.0                  # the fault drill: its timeout_s plus this (31 s at timeout_s=25 on 2 x H200)
 REPORT_S = 5.0                        # after the last phase: the report and its files
 
@@ -1025,11 +1042,15 @@ def plan_phases(sizes: list[int], costs: Costs, *, elapsed_s: float, budget_s: f
 
 
 def plan_text(plan: list[dict], costs: Costs, *, elapsed_s: float, setup_measured: bool, budget_s: float,
-              suite_limit_s: float = SUITE_LIMIT_S) -> list[str]:
-    """The plan as printed before the first phase: each phase's estimate and whether it runs, the total, and the
-    budget that would run every phase (or, past the runner's limit, how to split the job over two calls)."""
+              suite_limit_s: float = SUITE_LIMIT_S, warm: PhaseEstimate | None = None) -> list[str]:
+    """The plan as printed before the first phase: the warm-up where there is one, each phase's estimate and whether
+    it runs, the total, and the budget that would run every phase (or, past the runner's limit, how to split the job
+    over two calls)."""
     lines = [f"# plan under --budget-s {budget_s:.0f} (seconds; per-item costs from {costs.source}):",
              f"#   set-up{'' if setup_measured else ' (estimate)'}: {elapsed_s:.0f} s"]
+    if warm is not None:
+        lines.append(f"#   warm-up on {warm.gpus} GPU{'s' if warm.gpus > 1 else ''} (in no ratio): {warm.text()}")
+        elapsed_s += warm.total_s
     for q in plan:
         e = q["estimate"]
         verdict = f"ends near {q['ends_s']:.0f} s: runs" if q["runs"] else f"SKIPPED: {q['why']}"
@@ -1123,6 +1144,9 @@ def main(argv=None) -> int:
     ap.add_argument("--plan-only", action="store_true",
                     help="print the plan (each phase's estimate, what --budget-s skips) and stop; no GPU needed")
     ap.add_argument("--no-faults", dest="faults", action="store_false")
+    ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                    help="leave out the untimed pass over every GPU before the first phase (a machine's first work "
+                         "is slower: the 1-GPU phase would pay for it alone and flatter every ratio)")
     ns = ap.parse_args(argv)
     t_start = _clock()
     import torch
@@ -1181,9 +1205,11 @@ def main(argv=None) -> int:
           + (f"; the 1-GPU phase from {baseline_text(baseline['stored'], host)}" if baseline else ""), flush=True)
     measured_setup = not ns.plan_only
     elapsed = _clock() - t_start if measured_setup else PRIOR["setup_s"]
-    plan = plan_phases(sizes, costs, elapsed_s=elapsed, budget_s=ns.budget_s, configs=len(configs),
-                       submissions=subs, drill_timeout_s=drill)
-    for line in plan_text(plan, costs, elapsed_s=elapsed, setup_measured=measured_setup, budget_s=ns.budget_s):
+    warm = warm_up_estimate(largest, ns.workers_per_gpu, costs, ns.students) if ns.warm_up else None
+    plan = plan_phases(sizes, costs, elapsed_s=elapsed + (warm.total_s if warm else 0.0), budget_s=ns.budget_s,
+                       configs=len(configs), submissions=subs, drill_timeout_s=drill)
+    for line in plan_text(plan, costs, elapsed_s=elapsed, setup_measured=measured_setup, budget_s=ns.budget_s,
+                          warm=warm):
         print(line)
     if not baseline and ns.workers_per_gpu != PRIOR["workers_per_gpu"]:
         print(f"#   (the figures are for {PRIOR['workers_per_gpu']} workers per GPU; with {ns.workers_per_gpu} the "
@@ -1197,7 +1223,26 @@ def main(argv=None) -> int:
     out_dir = Path(os.environ.get("OUT", "autotune-multigpu"))
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    phases, mismatches = ([baseline] if baseline else []), {}
+    phases, mismatches, warmed = ([baseline] if baseline else []), {}, None
+    if ns.warm_up:
+        # A machine's first work is slower than its later work (a fresh 4 x H200 host's 1-GPU phase took 78.9 s, the
+        # same host's 62.6 s three calls later): every GPU of the largest pool does a little of the job first, so
+        # that no phase pays for it alone.
+        print(f"# warm-up: {largest} GPU(s), estimate {warm.text()}; in no ratio", flush=True)
+        t_warm = _clock()
+        try:
+            w = run_phase(list(range(largest)), ns.workers_per_gpu, warm_job(job, largest * ns.workers_per_gpu),
+                          log=lambda s: print(f"  [warm-up] {s.strip()}", flush=True))
+            warmed = {"gpus": largest, "took_s": _clock() - t_warm, "start_s": w["start_s"],
+                      "job_s": w["job_s"], "configs": len(w["autotune"].rows) if w.get("autotune") else 0,
+                      "submissions": len(w["grades"].rows) if w.get("grades") else 0}
+        except (Exception, KeyboardInterrupt) as exc:
+            traceback.print_exc()
+            if isinstance(exc, KeyboardInterrupt):
+                return 1
+            warmed = {"gpus": largest, "took_s": _clock() - t_warm, "error": f"{type(exc).__name__}: {exc}"}
+        print(f"#   warm-up took {warmed['took_s']:.0f} s" + (f" ({warmed['error']})" if "error" in warmed else ""),
+              flush=True)
     for n in sizes:
         # the same estimate as the plan's, from what this run has measured so far (its 1-GPU phase's costs, the
         # speed-ups of its pools)
@@ -1241,7 +1286,8 @@ def main(argv=None) -> int:
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     report = {"size": ns.size, "device": device, "date": date, "host": host, "cores": os.cpu_count(),
               "gpu_count": count, "workers_per_gpu": ns.workers_per_gpu, "job": facts,
-              "baseline_from": baseline["stored"] if baseline else None, "skipped": skipped, "phases": []}
+              "baseline_from": baseline["stored"] if baseline else None, "warm_up": warmed, "skipped": skipped,
+              "phases": []}
     print()
     one = phases[0] if phases[0]["gpus"] == 1 else None
     for p in phases:
@@ -1306,6 +1352,8 @@ def main(argv=None) -> int:
           f"submissions); targets 1.85x on 2 GPUs, 3.5x on 4 (job vs 1 GPU); compile s = to the last compile, "
           f"check+time s = after it (streamed: the rest overlaps the compiles); util = mean GPU utilisation per GPU "
           f"({live[0]['util_source']}); host CPU = share of the host's CPU time busy while grading"
+          + (f"\n# before the first phase, an untimed warm-up on {warmed['gpus']} GPU(s) ({warmed['took_s']:.0f} s)"
+             if warmed else "\n# no warm-up (--no-warm-up): the first phase also paid for the machine's first work")
           + (f"\n# [b]: against {baseline_text(baseline['stored'], host)}, not measured in this run" if baseline
              else "") + ("" if one is not None else "\n# no 1-GPU phase (and no --baseline-from): no speed-ups"))
     print(table(phases, skipped))

@@ -73,8 +73,8 @@ def host(mod, monkeypatch, tmp_path):
     """A stand-in host of `host.gpus` x `host.device` whose run_phase is a fake on a fake clock (see H200X2)."""
     import torch
 
-    state = types.SimpleNamespace(gpus=2, device="NVIDIA H200", clock=[1000.0], calls=[], figures=dict(H200X2),
-                                  out=tmp_path / "out")
+    state = types.SimpleNamespace(gpus=2, device="NVIDIA H200", clock=[1000.0], calls=[], jobs=[],
+                                  figures=dict(H200X2), out=tmp_path / "out")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: state.gpus)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: state.device)
@@ -86,6 +86,7 @@ def host(mod, monkeypatch, tmp_path):
     def run_phase(gpus, workers_per_gpu, job, log=print):
         n = len(gpus)
         state.calls.append((n, job["faults"]))
+        state.jobs.append(job)
         start, autotune, grade = state.figures[n]
         p = _fake_phase(mod, n, start, autotune, grade, students=2)
         state.clock[0] += start + autotune + grade + p["close_s"] + (31.0 if job["faults"] else 0.0)
@@ -104,45 +105,56 @@ def _plan_lines(out: str) -> dict[int, str]:
 
 
 def _args(*extra):
-    return ["--students", "2", *extra]
+    return ["--students", "2", "--no-warm-up", *extra]
 
 
 # --- the plan -----------------------------------------------------------------------------------------------------
 
 
 def test_the_plan_prints_each_phase_its_parts_and_the_total_before_anything_runs(mod, monkeypatch, capsys):
-    """--plan-only, with no GPU: each phase's estimate by part (start + job + drill + close, from the per-item costs
-    in PRIOR and PRIOR_SPEEDUP), where it would end, the 2-GPU phase SKIPPED under 340 s with how far past it would
-    end, and the budget every phase needs; the same numbers as estimate_phase's."""
+    """--plan-only, with no GPU: the warm-up on the largest pool, then each phase's estimate by part (start + job +
+    drill + close, from the per-item costs in PRIOR and PRIOR_SPEEDUP), where it would end (after the warm-up), the
+    2-GPU phase SKIPPED under 150 s with how far past it would end, and the budget every phase needs; the same
+    numbers as estimate_phase's."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert mod.main(["--gpus", "1,2", "--plan-only", "--budget-s", "340"]) == 0
+    assert mod.main(["--gpus", "1,2", "--plan-only", "--budget-s", "150"]) == 0
     out = capsys.readouterr().out
     lines = _plan_lines(out)
     one = mod.estimate_phase(1, mod.Costs.prior(), 108, 66, None)
     two = mod.estimate_phase(2, mod.Costs.prior(), 108, 66, 25.0)          # the largest pool carries the drill
+    warm = mod.warm_up_estimate(2, 4, mod.Costs.prior(), 22)
+    assert warm.gpus == 2 and warm.drill_s == 0 and 0 < warm.job_s < two.job_s / 2
     assert two.drill_s == 25.0 + mod.DRILL_EXTRA_S and one.drill_s == 0
     assert two.speedup == mod.PRIOR_SPEEDUP[2] and abs(two.job_s * two.speedup - one.job_s) < 1e-6
-    setup = mod.PRIOR["setup_s"]
-    assert lines[1].endswith(f"= {one.total_s:.0f} s, ends near {setup + one.total_s:.0f} s: runs"), lines
-    assert f"fault drill {two.drill_s:.0f}" in lines[2] and "1.64x, earlier runs" in lines[2]
-    past = setup + one.total_s + two.total_s - 340
-    assert lines[2].endswith(f"SKIPPED: would end near {setup + one.total_s + two.total_s:.0f} s, {past:.0f} s past "
-                             f"--budget-s 340"), lines[2]
-    every = setup + one.total_s + two.total_s + mod.REPORT_S
+    assert f"#   warm-up on 2 GPUs (in no ratio): {warm.text()}" in out
+    before = mod.PRIOR["setup_s"] + warm.total_s                            # the phases start after the warm-up
+    assert lines[1].endswith(f"= {one.total_s:.0f} s, ends near {before + one.total_s:.0f} s: runs"), lines
+    assert f"fault drill {two.drill_s:.0f}" in lines[2] and f"{mod.PRIOR_SPEEDUP[2]:.2f}x, earlier runs" in lines[2]
+    past = before + one.total_s + two.total_s - 150
+    assert lines[2].endswith(f"SKIPPED: would end near {before + one.total_s + two.total_s:.0f} s, {past:.0f} s "
+                             f"past --budget-s 150"), lines[2]
+    every = before + one.total_s + two.total_s + mod.REPORT_S
     assert f"1 of 2 phases; every phase needs about {every:.0f} s (--budget-s {every:.0f})" in out
     assert "(no GPU here: a plan only)" in out and "# phase:" not in out          # nothing ran
 
-    # 400 s (the call that had room): both run, and the plan says so before the first phase
-    assert mod.main(["--gpus", "1,2", "--plan-only", "--budget-s", "400"]) == 0
+    # the default budget: both run, and the plan says so before the first phase
+    assert mod.main(["--gpus", "1,2", "--plan-only"]) == 0
     lines = _plan_lines(capsys.readouterr().out)
     assert lines[1].endswith(": runs") and lines[2].endswith(": runs"), lines
 
+    # without the warm-up the phases start at once
+    assert mod.main(["--gpus", "1,2", "--plan-only", "--no-warm-up"]) == 0
+    out = capsys.readouterr().out
+    assert "warm-up" not in out
+    assert _plan_lines(out)[1].endswith(f"ends near {mod.PRIOR['setup_s'] + one.total_s:.0f} s: runs")
+
 
 def test_a_plan_past_the_runners_limit_says_how_to_split_it_over_two_calls(mod, monkeypatch, capsys):
-    """1, 2 and 4 GPUs need more than one call of the suite (SUITE_LIMIT_S, the runner's own limit): the plan says to
-    run `--gpus 1,N` then the rest with --baseline-from; the middle size is the one the budget skips."""
+    """On the measured per-item costs, 1, 2 and 4 GPUs and the warm-up fit one call of the suite (SUITE_LIMIT_S, the
+    runner's own limit); with grading four times as dear they do not, and the plan says to run `--gpus 1,N` then the
+    rest with --baseline-from; the middle size is the one the budget skips."""
     import torch
 
     spec = importlib.util.spec_from_file_location("gpu_runner", ROOT / "tools" / "gpu" / "run.py")
@@ -151,6 +163,13 @@ def test_a_plan_past_the_runners_limit_says_how_to_split_it_over_two_calls(mod, 
     spec.loader.exec_module(runner)
     assert runner.SUITES["autotune-multigpu"].limit_s == mod.SUITE_LIMIT_S       # one figure, in both places
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert mod.main(["--gpus", "1,2,4", "--plan-only"]) == 0
+    out = capsys.readouterr().out
+    lines = _plan_lines(out)
+    assert list(lines) == [1, 4, 2] and all(line.endswith(": runs") for line in lines.values()), lines
+    assert "do not fit one call" not in out
+
+    monkeypatch.setitem(mod.PRIOR, "s_per_submission", 4 * mod.PRIOR["s_per_submission"])
     assert mod.main(["--gpus", "1,2,4", "--plan-only"]) == 0
     out = capsys.readouterr().out
     lines = _plan_lines(out)
@@ -212,6 +231,48 @@ def test_a_one_gpu_phase_faster_than_the_plan_lets_a_skipped_phase_run(mod, host
     assert "SKIPPED" in _plan_lines(out)[2]
     assert host.calls == [(1, False), (2, True)], out
     assert re.search(r"^# phase: 2 GPU\(s\), estimate .*\(this run's 1-GPU phase\)", out, re.M), out
+
+
+def test_a_warm_up_on_every_gpu_comes_first_and_enters_no_ratio(mod, host, capsys):
+    """Before the 1-GPU phase, the largest pool does a little of the job (one configuration a worker, each exercise's
+    first submissions up to one a worker, no fault drill); the report records it, the table says it ran, and the
+    ratios are the phases' own: the same as without it."""
+    assert mod.main(["--students", "4", "--gpus", "1,2", "--budget-s", "1000"]) == 0   # the fake: a whole phase
+    out = capsys.readouterr().out
+    assert host.calls == [(2, False), (1, False), (2, True)], host.calls
+    warm, one = host.jobs[0], host.jobs[1]
+    assert warm["configs"] == one["configs"][:8] and len(one["configs"]) == 108
+    assert {ex: len(subs) for ex, subs in warm["work"].items()} == {ex: 4 for ex in mod.EXERCISES}
+    assert all(list(warm["work"][ex]) == list(one["work"][ex])[:4] for ex in mod.EXERCISES)
+    assert out.index("# warm-up: 2 GPU(s)") < out.index("# phase: 1 GPU(s)")
+    ratio = (53.6 + 144.4) / (30.4 + 90.0)
+    assert f"{ratio:.2f}x" in out.splitlines()[-1]
+    assert re.search(r"^# before the first phase, an untimed warm-up on 2 GPU\(s\) \(\d+ s\)$", out, re.M), out
+    report = json.loads((host.out / "autotune_multigpu.json").read_text())
+    assert report["warm_up"]["gpus"] == 2 and report["warm_up"]["took_s"] > 0
+    assert [p["gpus"] for p in report["phases"]] == [1, 2]
+
+
+def test_a_failed_warm_up_is_reported_and_the_phases_still_run(mod, host, monkeypatch, capsys):
+    """A warm-up that raises (a pool that would not start) costs no phase: its error is in the log and the report,
+    and the table says the first phase paid for the machine's first work only where no warm-up was asked for."""
+    fake = mod.run_phase
+
+    def failing_first(gpus, workers_per_gpu, job, log=print):
+        if not host.calls:
+            host.calls.append(("warm-up", False))
+            raise RuntimeError("workers did not start")
+        return fake(gpus, workers_per_gpu, job, log)
+
+    monkeypatch.setattr(mod, "run_phase", failing_first)
+    assert mod.main(["--students", "2", "--gpus", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert host.calls == [("warm-up", False), (1, False), (2, True)]
+    assert "warm-up took 0 s (RuntimeError: workers did not start)" in out
+    report = json.loads((host.out / "autotune_multigpu.json").read_text())
+    assert report["warm_up"]["error"] == "RuntimeError: workers did not start"
+    assert mod.main(["--students", "2", "--gpus", "1,2", "--no-warm-up"]) == 0
+    assert "# no warm-up (--no-warm-up)" in capsys.readouterr().out
 
 
 # --- a stored baseline --------------------------------------------------------------------------------------------
