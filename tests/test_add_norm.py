@@ -390,3 +390,82 @@ def test_the_predictions_written_down_are_the_models():
     for text in (doc, notes):
         for v in got.values():
             assert f"{v} µs" in text, v
+
+
+# --- tutorial 04's section on the fused op ------------------------------------------------------------------------
+
+def _tutorial_04_cell(marker: str) -> str:
+    """The Python cell of notebooks/04-layernorm.py that holds `marker`."""
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "04-layernorm.py").read_text()
+    found = [c for c in re.split(r"^# %%(?: .*)?\n", text, flags=re.M) if marker in c and not c.startswith("# %%")]
+    assert len(found) == 1, f"{len(found)} cells of tutorial 04 hold {marker!r}"
+    return found[0]
+
+
+def _bytes_cell_ns() -> dict:
+    """The tutorial's bytes cell run (with the names its notebook gives it: math, torch, HTML, html_table)."""
+    import math
+
+    from kernellab.report import html_table
+    ns = {"math": math, "torch": torch, "HTML": lambda html: html, "html_table": html_table}
+    exec(compile(_tutorial_04_cell("def add_norm_bytes("), "04-layernorm.py", "exec"), ns)
+    return ns
+
+
+@pytest.mark.parametrize("rows, cols", [(16384, 768), (4096, 1024), (1, 1), (1000, 1031)])
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_the_tutorials_bytes_and_prediction_are_the_models(rows, cols, pair):
+    """Tutorial 04 counts the bytes of the separate add and norm and of the fused op itself; at 3 TB/s + 2.5 µs a
+    kernel they give kernellab.teach.add_norm.model_us, the prediction the benchmark prints beside each result."""
+    ns = _bytes_cell_ns()
+    x_bytes, r_bytes = pair[0].itemsize, pair[1].itemsize
+    got = ns["add_norm_prediction_us"](rows, cols, x_bytes, r_bytes)
+    want = an.model_us(rows, cols, x_bytes, r_bytes)
+    assert set(got) == {"fused", "add + kl_layernorm"}
+    for name, us in got.items():
+        assert us == pytest.approx(want[name], rel=1e-12), (name, us, want[name])
+    counted = ns["add_norm_bytes"](rows, cols, x_bytes, r_bytes)
+    fused_fwd, fused_bwd, _ = counted["fused"]
+    assert fused_fwd / 3e6 + 2.5 == pytest.approx(want["fused forward"])
+    assert fused_bwd / 3e6 + 5.0 == pytest.approx(want["fused backward"])
+
+
+def test_the_tutorials_table_of_bytes_per_element_is_what_the_cell_counts():
+    """The markdown's bytes an element (60 against 28 with a float32 stream, 11 against 8 in bf16) match the cell."""
+    ns = _bytes_cell_ns()
+    per_element = {pair: {k: (f + b) // 1000 for k, (f, b, _) in ns["add_norm_bytes"](10, 100, *pair).items()}
+                   for pair in ((4, 2), (2, 2))}
+    assert per_element == {(4, 2): {"add + kl_layernorm": 60, "fused": 28}, (2, 2): {"add + kl_layernorm": 22,
+                                                                                   "fused": 16}}
+    text = _tutorial_04_cell("### Bytes, separately and fused")
+    assert "`5X + 2R` = 24" in text and "`8X + 2R` = 36" in text and "`2X + 2R` = 12" in text
+    assert "`3X + 2R` = 16" in text and "60 bytes an element against 28" in text and "11 against 8" in text
+
+
+def test_the_tutorials_written_prediction_states_the_models_numbers():
+    text = _tutorial_04_cell("### Prediction")
+    for x_bytes in (4, 2):
+        model = an.model_us(16384, 768, x_bytes, 2)
+        for name in ("fused", "fused forward", "fused backward", "add + kl_layernorm"):
+            assert f"{model[name]:.1f}" in text, (x_bytes, name, model[name])
+
+
+def test_the_tutorial_shows_each_kernel_the_op_launches_whole_from_the_header(capsys):
+    """The cell that prints the device code takes it from <kl/add_norm.cuh> (not a copy): each printed definition is
+    a whole function (its braces balance only at its last line), with the comment above it, of a kernel the op's
+    module compiles."""
+    ns: dict = {}
+    exec(compile(_tutorial_04_cell("def device_function("), "04-layernorm.py", "exec"), ns)
+    printed = capsys.readouterr().out
+    module = kernellab.compile_cuda(an.SOURCE, arch="sm_90", filename="add_norm.cu")
+    for name in ("add_layernorm_rows", "add_layernorm_backward_rows"):
+        assert name in {k.name for k in module.kernels}
+        text = ns["device_function"]("add_norm.cuh", name)
+        assert text in printed and text.startswith("//") and text.endswith("}") and f"{name}(" in text
+        body = text[text.index("{"):]
+        depth = [0]
+        for ch in body:
+            depth.append(depth[-1] + (ch == "{") - (ch == "}"))
+        assert depth[-1] == 0 and min(depth[1:-1]) > 0, name
