@@ -1099,10 +1099,10 @@ for name, predicted in (("softmax_three_pass", "2-2.5x"), ("softmax_online", "ab
                         ("softmax", "1.05-1.1x"), ("torch eager", "1.2-1.5x"), ("torch.compile", "1.1-1.2x")):
     print(f"{name:20s} {t[name]:7.1f} µs = {t[name] / floor_us:.2f}x the floor of {floor_us:.0f} µs "
           f"(predicted {predicted})")
-for dt, sweep in sm_sweep.items():
-    worst_eager = min(res.speedup("torch eager").ratio for res in sweep.values())
-    worst_compile = min(res.speedup("torch.compile").ratio for res in sweep.values())
-    large = [res.gbps / COPY_GBPS for (r, c), res in sweep.items() if r * c >= 4096 * 1024]
+for dt, by_shape in sm_sweep.items():
+    worst_eager = min(res.speedup("torch eager").ratio for res in by_shape.values())
+    worst_compile = min(res.speedup("torch.compile").ratio for res in by_shape.values())
+    large = [res.gbps / COPY_GBPS for (r, c), res in by_shape.items() if r * c >= 4096 * 1024]
     print(f"{str(dt)[6:]} sweep: at worst {worst_eager:.2f}x torch eager and {worst_compile:.2f}x torch.compile; "
           f"{min(large):.0%}-{max(large):.0%} of the copy bandwidth on the large shapes (target: 90 %)")
 

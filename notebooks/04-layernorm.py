@@ -2362,17 +2362,17 @@ print(device_function("add_norm.cuh", "add_layernorm_backward_rows"))
 # %%
 add_norm_module = kernellab.compile_cuda(an.SOURCE, filename="add_norm.cu", name="kl/add_norm.cuh")
 display(add_norm_module)
-plan_rows = []
-for r, c in ((16384, 768), (4096, 1024), (4096, 4096), (1000, 1031), (9, 8192)):
-    row_threads, block, grid = an.plan_forward(r, c)
-    chunks, b_row_threads, b_block, b_grid = an.plan_backward(r, c, SMS)
+add_norm_plans = []
+for n_rows, n_cols in ((16384, 768), (4096, 1024), (4096, 4096), (1000, 1031), (9, 8192)):
+    row_threads, block, grid = an.plan_forward(n_rows, n_cols)
+    chunks, b_row_threads, b_block, b_grid = an.plan_backward(n_rows, n_cols, SMS)
     fwd = add_norm_module["add_layernorm_rows<float, __nv_bfloat16, 1>"]
     bwd = add_norm_module[f"add_layernorm_backward_rows<float, __nv_bfloat16, {chunks}>"]
-    plan_rows.append([f"{r} x {c}", f"{row_threads} / {block} / {grid}", fwd.resources.registers,
-                      f"{fwd.occupancy(block).ratio:.0%}", f"{chunks} / {b_row_threads} / {b_block} / {b_grid}",
-                      bwd.resources.registers, f"{bwd.occupancy(b_block).ratio:.0%}"])
+    add_norm_plans.append([f"{n_rows} x {n_cols}", f"{row_threads} / {block} / {grid}", fwd.resources.registers,
+                           f"{fwd.occupancy(block).ratio:.0%}", f"{chunks} / {b_row_threads} / {b_block} / {b_grid}",
+                           bwd.resources.registers, f"{bwd.occupancy(b_block).ratio:.0%}"])
 HTML(html_table(["shape", "forward: row threads / block / grid", "registers", "occupancy",
-                 "backward: chunks / row threads / block / grid", "registers", "occupancy"], plan_rows,
+                 "backward: chunks / row threads / block / grid", "registers", "occupancy"], add_norm_plans,
                 caption="kl::add_layernorm, float32 stream + bf16 branch: launch plans"))
 
 # %% [markdown]

@@ -131,6 +131,42 @@ def test_ipynb_matches_its_jupytext_source(py):
         f"{ipynb.name} differs from {py.name}: run `jupytext --sync {py}`"
 
 
+def _python_cells(nb):
+    """(cell index, its Python parsed) of each Python code cell: %%gpu/%%cpu cells without their magic line, line
+    magics and shell lines as `pass`; %%cuda and %%numba cells (not Python run in the kernel's namespace) left out."""
+    import ast
+
+    for i, c in enumerate(nb.cells):
+        lines = c.source.splitlines() if c.cell_type == "code" else []
+        if lines and lines[0].startswith("%%"):
+            if lines[0].split()[0] not in ("%%gpu", "%%cpu"):
+                continue
+            lines = lines[1:]
+        if lines:
+            yield i, ast.parse("\n".join("pass" if s.lstrip().startswith(("%", "!")) else s for s in lines))
+
+
+@pytest.mark.parametrize("py", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_cell_rebinds_a_function_an_earlier_cell_defined(py):
+    """A top-level assignment or loop variable named like an earlier cell's function replaces it for every cell
+    after (a launch plan table named like the planner broke a later cell's launches, on the GPU only): each name a
+    cell binds is not a function or class an earlier cell defined (a cell may redefine one with `def`)."""
+    import ast
+
+    defined, clashes = {}, []
+    for i, tree in _python_cells(jupytext.read(py)):
+        for node in tree.body:
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For)) else [])
+            for target in targets:
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                clashes += [f"cell {i} line {n.lineno}: `{n.id}` was defined in cell {defined[n.id]}"
+                            for n in names if isinstance(n, ast.Name) and defined.get(n.id, i) != i]
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.setdefault(node.name, i)
+    assert not clashes, f"{py.name}: " + "; ".join(clashes)
+
+
 @pytest.mark.parametrize("py", _params(only_without_gpu=False))
 def test_every_tutorial_has_two_exercises_with_stub_and_grader_cells(py):
     """Each registered exercise of the tutorial has one stub cell, then one grader cell naming the stub's kernel."""
