@@ -39,9 +39,11 @@ host's cores over the workers of a pool on all its GPUs, the same in every call 
 do not mean smaller shares (uncapped, the sum of the submissions' grading times rose from 604 s with 4 workers to
 805 s with 8 on 4 x H200: a slowdown no number of GPUs can win back). Phases run one GPU first, then the largest
 pool (with the fault drill), then the others.
-Warm-up: before the first phase the largest pool does a little of the job on every GPU, timed into no ratio (a
-machine's first work is slower than its later work: a fresh 4 x H200 host's 1-GPU phase took 78.9 s, the same host's
-62.6 s three calls later, which made its 4-GPU ratio 3.40x instead of about 2.7x); --no-warm-up leaves it out.
+Warm-up: before the first phase the largest pool does a little of the job on every GPU, timed into no ratio. On a
+fresh machine the first grades are slower: on two fresh 4 x H200 hosts without it, the first three 01-reverse
+submissions of the 1-GPU phase took 8-17 s each (nearly all of it the kernel's runs and copies), against 1-4 s on a
+host that had already worked or after the warm-up; the 1-GPU phase alone paid for it, and its 4-GPU ratios read 3.40x
+and 3.05x, against 2.47x with the warm-up. It costs about 90 s on 4 GPUs; --no-warm-up leaves it out.
 Utilisation: NVML (nvidia-ml-py, which dask-cuda brings), else `nvidia-smi`, sampled every 100 ms here and averaged
 per GPU over each stage; kernellab.bench keeps a GPU busy about half the time while it times (burst mode).
 Speed-ups against torch are ratios taken on one GPU in one bench run; the best of a multi-GPU sweep is ranked by them.
@@ -224,9 +226,11 @@ def warm_job(job: dict, workers: int) -> dict:
 
 
 def warm_up_estimate(n: int, workers_per_gpu: int, costs: "Costs", students: int) -> "PhaseEstimate":
-    """The warm-up's seconds: a pool on n GPUs running warm_job (its share of the job on the expected speed-up)."""
+    """The warm-up's seconds: a pool on n GPUs running warm_job, its share of the job on the expected speed-up, the
+    start and the work each WARM_UP_GROWTH times a phase's (first work on a machine is dearer)."""
     workers = n * workers_per_gpu
-    return estimate_phase(n, costs, configs=workers, submissions=3 * min(workers, students), drill_timeout_s=None)
+    e = estimate_phase(n, costs, configs=workers, submissions=3 * min(workers, students), drill_timeout_s=None)
+    return dataclasses.replace(e, start_s=e.start_s * WARM_UP_GROWTH["start"], job_s=e.job_s * WARM_UP_GROWTH["job"])
 
 
 def grade_source(exercise_id, source):
@@ -936,13 +940,16 @@ def where_tools_go(p: dict, one: dict) -> list[str]:
 
 # Before anything is measured here: the figures of the 1-GPU phase on 4 x NVIDIA H200 (64 cores), 2026-11-27
 # (docs/RESULTS.md; 108 configurations at 2048, 66 submissions, 4 workers per GPU), as costs per item.
-PRIOR = {"source": "the 1-GPU phase on 4 x NVIDIA H200, 2026-11-28 (docs/RESULTS.md)", "setup_s": 5.0,
-         "start_s": 14.1, "s_per_config": 29.2 / 108, "s_per_submission": 33.4 / 66, "close_s": 3.0,
+PRIOR = {"source": "the 1-GPU phase on 4 x NVIDIA H200 after the warm-up, 2026-11-28 (docs/RESULTS.md)",
+         "setup_s": 5.0, "start_s": 15.3, "s_per_config": 40.4 / 108, "s_per_submission": 37.1 / 66, "close_s": 3.0,
          "workers_per_gpu": 4}
-# The job's speed-up on n GPUs against one, measured on 4 x H200: 1.59x on 2; on 4, 23.2 s against that host's warm
-# 1-GPU phase (62.6 s), 2.7x. Sizes between or past these: interpolated, or the largest's, flat.
-PRIOR_SPEEDUP = {2: 1.59, 4: 2.7}
-START_GROWTH = (35.3 / 14.1 - 1) / 3  # a pool's start grows with its workers: 14.1 -> 35.3 s for 1 -> 4 GPUs
+# The job's speed-up on n GPUs against one, the lower of those measured on 4 x H200 hosts (2 GPUs: 1.59x and 1.83x;
+# 4: 2.47x with the warm-up). Sizes between or past these: interpolated, or the largest's, flat.
+PRIOR_SPEEDUP = {2: 1.59, 4: 2.47}
+START_GROWTH = (33.2 / 15.3 - 1) / 3  # a pool's start grows with its workers: 15.3 -> 33.2 s for 1 -> 4 GPUs
+# The warm-up against a phase's estimate, measured on 4 x H200: its start 49.6 s (the 4-GPU phase's 33.2) and its
+# work 34.3 s (13.3 estimated from the phases' per-item costs: each worker's first configuration and grades)
+WARM_UP_GROWTH = {"start": 49.6 / 33.2, "job": 34.3 / 13.3}
 DRILL_EXTRA_S = 10.0                  # the fault drill: its timeout_s plus this (31 s at timeout_s=25 on 2 x H200)
 REPORT_S = 5.0                        # after the last phase: the report and its files
 
@@ -1145,8 +1152,8 @@ def main(argv=None) -> int:
                     help="print the plan (each phase's estimate, what --budget-s skips) and stop; no GPU needed")
     ap.add_argument("--no-faults", dest="faults", action="store_false")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
-                    help="leave out the untimed pass over every GPU before the first phase (a machine's first work "
-                         "is slower: the 1-GPU phase would pay for it alone and flatter every ratio)")
+                    help="leave out the untimed pass over every GPU before the first phase (a fresh machine's first "
+                         "grades are slower: the 1-GPU phase would pay for them alone and flatter every ratio)")
     ns = ap.parse_args(argv)
     t_start = _clock()
     import torch
@@ -1225,9 +1232,8 @@ def main(argv=None) -> int:
 
     phases, mismatches, warmed = ([baseline] if baseline else []), {}, None
     if ns.warm_up:
-        # A machine's first work is slower than its later work (a fresh 4 x H200 host's 1-GPU phase took 78.9 s, the
-        # same host's 62.6 s three calls later): every GPU of the largest pool does a little of the job first, so
-        # that no phase pays for it alone.
+        # A fresh machine's first grades are slower (see Warm-up above): every GPU of the largest pool does a little
+        # of the job first, so that no phase pays for it alone.
         print(f"# warm-up: {largest} GPU(s), estimate {warm.text()}; in no ratio", flush=True)
         t_warm = _clock()
         try:

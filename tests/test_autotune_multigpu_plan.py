@@ -114,27 +114,29 @@ def _args(*extra):
 def test_the_plan_prints_each_phase_its_parts_and_the_total_before_anything_runs(mod, monkeypatch, capsys):
     """--plan-only, with no GPU: the warm-up on the largest pool, then each phase's estimate by part (start + job +
     drill + close, from the per-item costs in PRIOR and PRIOR_SPEEDUP), where it would end (after the warm-up), the
-    2-GPU phase SKIPPED under 150 s with how far past it would end, and the budget every phase needs; the same
+    2-GPU phase SKIPPED under 200 s with how far past it would end, and the budget every phase needs; the same
     numbers as estimate_phase's."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert mod.main(["--gpus", "1,2", "--plan-only", "--budget-s", "150"]) == 0
+    assert mod.main(["--gpus", "1,2", "--plan-only", "--budget-s", "200"]) == 0
     out = capsys.readouterr().out
     lines = _plan_lines(out)
     one = mod.estimate_phase(1, mod.Costs.prior(), 108, 66, None)
     two = mod.estimate_phase(2, mod.Costs.prior(), 108, 66, 25.0)          # the largest pool carries the drill
     warm = mod.warm_up_estimate(2, 4, mod.Costs.prior(), 22)
-    assert warm.gpus == 2 and warm.drill_s == 0 and 0 < warm.job_s < two.job_s / 2
+    plain = mod.estimate_phase(2, mod.Costs.prior(), 8, 3 * 8, None)       # 8 workers: a configuration, 3 grades each
+    assert warm.gpus == 2 and warm.drill_s == 0 and warm.start_s == plain.start_s * mod.WARM_UP_GROWTH["start"]
+    assert warm.job_s == pytest.approx(plain.job_s * mod.WARM_UP_GROWTH["job"]) and warm.job_s < two.job_s
     assert two.drill_s == 25.0 + mod.DRILL_EXTRA_S and one.drill_s == 0
     assert two.speedup == mod.PRIOR_SPEEDUP[2] and abs(two.job_s * two.speedup - one.job_s) < 1e-6
     assert f"#   warm-up on 2 GPUs (in no ratio): {warm.text()}" in out
     before = mod.PRIOR["setup_s"] + warm.total_s                            # the phases start after the warm-up
     assert lines[1].endswith(f"= {one.total_s:.0f} s, ends near {before + one.total_s:.0f} s: runs"), lines
     assert f"fault drill {two.drill_s:.0f}" in lines[2] and f"{mod.PRIOR_SPEEDUP[2]:.2f}x, earlier runs" in lines[2]
-    past = before + one.total_s + two.total_s - 150
+    past = before + one.total_s + two.total_s - 200
     assert lines[2].endswith(f"SKIPPED: would end near {before + one.total_s + two.total_s:.0f} s, {past:.0f} s "
-                             f"past --budget-s 150"), lines[2]
+                             f"past --budget-s 200"), lines[2]
     every = before + one.total_s + two.total_s + mod.REPORT_S
     assert f"1 of 2 phases; every phase needs about {every:.0f} s (--budget-s {every:.0f})" in out
     assert "(no GPU here: a plan only)" in out and "# phase:" not in out          # nothing ran
@@ -147,13 +149,13 @@ def test_the_plan_prints_each_phase_its_parts_and_the_total_before_anything_runs
     # without the warm-up the phases start at once
     assert mod.main(["--gpus", "1,2", "--plan-only", "--no-warm-up"]) == 0
     out = capsys.readouterr().out
-    assert "warm-up" not in out
+    assert "#   warm-up" not in out
     assert _plan_lines(out)[1].endswith(f"ends near {mod.PRIOR['setup_s'] + one.total_s:.0f} s: runs")
 
 
 def test_a_plan_past_the_runners_limit_says_how_to_split_it_over_two_calls(mod, monkeypatch, capsys):
     """On the measured per-item costs, 1, 2 and 4 GPUs and the warm-up fit one call of the suite (SUITE_LIMIT_S, the
-    runner's own limit); with grading four times as dear they do not, and the plan says to run `--gpus 1,N` then the
+    runner's own limit); with grading 2.5 times as dear they do not, and the plan says to run `--gpus 1,N` then the
     rest with --baseline-from; the middle size is the one the budget skips."""
     import torch
 
@@ -169,7 +171,7 @@ def test_a_plan_past_the_runners_limit_says_how_to_split_it_over_two_calls(mod, 
     assert list(lines) == [1, 4, 2] and all(line.endswith(": runs") for line in lines.values()), lines
     assert "do not fit one call" not in out
 
-    monkeypatch.setitem(mod.PRIOR, "s_per_submission", 4 * mod.PRIOR["s_per_submission"])
+    monkeypatch.setitem(mod.PRIOR, "s_per_submission", 2.5 * mod.PRIOR["s_per_submission"])
     assert mod.main(["--gpus", "1,2,4", "--plan-only"]) == 0
     out = capsys.readouterr().out
     lines = _plan_lines(out)
