@@ -938,7 +938,7 @@ def where_tools_go(p: dict, one: dict) -> list[str]:
 
 # --- the estimate: what each phase will take, from per-item costs, in one place ---------------------------------------
 
-# Before anything is measured here: the figures of the 1-GPU phase on 4 x NVIDIA H200 (64 cores), 2026-11-27
+# Before anything is measured here: the figures of the 1-GPU phase on 4 x NVIDIA H200 (64 cores), 2026-11-28
 # (docs/RESULTS.md; 108 configurations at 2048, 66 submissions, 4 workers per GPU), as costs per item.
 PRIOR = {"source": "the 1-GPU phase on 4 x NVIDIA H200 after the warm-up, 2026-11-28 (docs/RESULTS.md)",
          "setup_s": 5.0, "start_s": 15.3, "s_per_config": 40.4 / 108, "s_per_submission": 37.1 / 66, "close_s": 3.0,
@@ -1359,6 +1359,8 @@ def main(argv=None) -> int:
           f"check+time s = after it (streamed: the rest overlaps the compiles); util = mean GPU utilisation per GPU "
           f"({live[0]['util_source']}); host CPU = share of the host's CPU time busy while grading"
           + (f"\n# before the first phase, an untimed warm-up on {warmed['gpus']} GPU(s) ({warmed['took_s']:.0f} s)"
+             if warmed and "error" not in warmed else
+             f"\n# the warm-up failed ({warmed['error']}): the first phase also paid for the machine's first work"
              if warmed else "\n# no warm-up (--no-warm-up): the first phase also paid for the machine's first work")
           + (f"\n# [b]: against {baseline_text(baseline['stored'], host)}, not measured in this run" if baseline
              else "") + ("" if one is not None else "\n# no 1-GPU phase (and no --baseline-from): no speed-ups"))

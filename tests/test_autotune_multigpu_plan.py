@@ -256,8 +256,8 @@ def test_a_warm_up_on_every_gpu_comes_first_and_enters_no_ratio(mod, host, capsy
 
 
 def test_a_failed_warm_up_is_reported_and_the_phases_still_run(mod, host, monkeypatch, capsys):
-    """A warm-up that raises (a pool that would not start) costs no phase: its error is in the log and the report,
-    and the table says the first phase paid for the machine's first work only where no warm-up was asked for."""
+    """A warm-up that raises (a pool that would not start) costs no phase: its error is in the log, the report and
+    the table's note, which says the first phase paid for the machine's first work (as it does without a warm-up)."""
     fake = mod.run_phase
 
     def failing_first(gpus, workers_per_gpu, job, log=print):
@@ -273,6 +273,7 @@ def test_a_failed_warm_up_is_reported_and_the_phases_still_run(mod, host, monkey
     assert "warm-up took 0 s (RuntimeError: workers did not start)" in out
     report = json.loads((host.out / "autotune_multigpu.json").read_text())
     assert report["warm_up"]["error"] == "RuntimeError: workers did not start"
+    assert "# the warm-up failed (RuntimeError: workers did not start): the first phase also paid" in out
     assert mod.main(["--students", "2", "--gpus", "1,2", "--no-warm-up"]) == 0
     assert "# no warm-up (--no-warm-up)" in capsys.readouterr().out
 
