@@ -73,7 +73,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="float32:bfloat16",
                     help="x:r dtype pairs, e.g. float32:bfloat16,float32:float32")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for add_norm.json")
+    ap.add_argument("--host-only", action="store_true",
+                    help="no GPU: host µs of the op's calls layer by layer, launches to a stand-in driver")
+    ap.add_argument("--calls", type=int, default=4000, help="--host-only: calls a case (over --rounds rounds)")
+    ap.add_argument("--rounds", type=int, default=5, help="--host-only: interleaved rounds a case")
+    ap.add_argument("--against", default="", metavar="GITREF",
+                    help="--host-only: also kernellab/teach/add_norm.py as it was at GITREF (its ops renamed "
+                         "klref::), each fused row timed interleaved with it")
     args = ap.parse_args(argv)
+    if args.host_only:
+        return host_only(args)
 
     import torch
     import torch.nn.functional as F
@@ -185,6 +194,202 @@ def main(argv=None) -> int:
     for f in failed:
         print(f"FAILED {f}")
     return 1 if failed else 0
+
+
+ARITH_ROWS = 1      # --host-only's rows for the variants whose torch ops compute on this CPU (x + r, the casts)
+
+
+def standin_add_norm(an):
+    """The add-norm module `an` (kernellab.teach.add_norm, or a copy of it) with its kernels compiled for sm_90 and
+    launched through launch_overhead's stand-in driver: its ops run their real Python on CPU tensors posing as a
+    device's, every launch a C call that does nothing."""
+    import kernellab
+    import launch_overhead
+
+    module = launch_overhead.standin_module(kernellab.compile_cuda(an.SOURCE, arch="sm_90", filename="add_norm.cu"))
+    an.kernels = lambda device_type="cuda", compile=None: module
+    return an
+
+
+def add_norm_at(ref: str):
+    """kernellab/teach/add_norm.py as it was at git `ref`, loaded as a module of its own with its ops registered as
+    klref::add_layernorm and klref::add_layernorm_backward (beside the current kl:: ones)."""
+    import subprocess
+    import types
+
+    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:kernellab/teach/add_norm.py"], check=True,
+                          capture_output=True, text=True).stdout
+    module = types.ModuleType(f"add_norm_at_{ref}")
+    exec(compile(text.replace('"kl::add_layernorm', '"klref::add_layernorm'), f"<add_norm.py at {ref}>", "exec"),
+         module.__dict__)
+    return module
+
+
+def host_inputs(torch, rows, cols, xt, rt):
+    """x and r requiring grad, w and b Parameters, dh_out and dy (the CPU's inputs() without the copy to a GPU)."""
+    g = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(rows, cols, generator=g).to(t).requires_grad_(True) for t in (xt, rt))
+    w, b = (torch.nn.Parameter((1 + 0.2 * torch.randn(cols, generator=g)).to(xt)) for _ in range(2))
+    up, dy = torch.randn(rows, cols, generator=g).to(xt), torch.randn(rows, cols, generator=g).to(rt)
+    return [x, r, w, b], up, dy
+
+
+def fused_host_cases(torch, an, rows, cols, xt, rt):
+    """[(layer, fn)] of kl::add_layernorm's host path as a training step calls it, outermost first: the forward +
+    backward the GPU benchmark times, the forward op (recording the graph), the backward through a graph built once,
+    the backward op as its graph node calls it, each launcher alone and the three generated launches alone."""
+    from kernellab.run.launch.launch import DEFER_SYNC
+
+    leaves, up, dy = host_inputs(torch, rows, cols, xt, rt)
+    x, r, w, b = (t.detach() for t in leaves)
+    op, backward_op = an.kl_add_layernorm, an.kl_add_layernorm_backward
+    h, y = op(*leaves, EPS)                              # the graph the backward rows walk (retain_graph)
+    hd = h.detach()
+
+    def deferred(f):                                     # as inside the op: launches that do not wait
+        def run():
+            token = DEFER_SYNC.set(True)
+            try:
+                f()
+            finally:
+                DEFER_SYNC.reset(token)
+        return run
+
+    def backward_op_alone():
+        with torch.no_grad():                            # as the engine calls it: grad mode off
+            backward_op(dy, up, hd, w, EPS)
+
+    plan_f, plan_b = an.plan_forward(rows, cols), an.plan_backward(rows, cols, 132)
+    mod, ct = an.kernels("cuda"), an.CTYPE
+    fwd = mod[f"add_layernorm_rows<{ct[xt]}, {ct[rt]}, 1>"][plan_f[2], plan_f[1]]
+    bwd = mod[f"add_layernorm_backward_rows<{ct[xt]}, {ct[rt]}, {plan_b[0]}>"][plan_b[3], plan_b[2]]
+    finish = mod[f"add_norm_finish<{ct[xt]}>"][-(-cols // an.FINISH_COLS), 256]
+    hh, yy, dh = torch.empty_like(x), torch.empty_like(r), torch.empty_like(x)
+    dr = torch.empty(0, dtype=rt) if xt == rt else torch.empty_like(r)
+    dw, db, partial = torch.empty_like(w), torch.empty_like(w), torch.empty(plan_b[3], 2, cols)
+
+    def launches():
+        fwd(x, r, w, b, hh, yy, rows, cols, plan_f[0], 1, EPS)
+        bwd(dy, up, hd, w, dh, None if xt == rt else dr, partial, rows, cols, plan_b[1], 1, EPS)
+        finish(partial, plan_b[3], cols, dw, db)
+
+    return [
+        ("forward + backward: autograd.grad([h, y], [x, r, w, b], [dh_out, dy]) after the op's forward",
+         lambda: torch.autograd.grad(op(*leaves, EPS), leaves, [up, dy])),
+        ("  forward op call, recording the graph (kl_add_layernorm(x, r, w, b, eps))", lambda: op(*leaves, EPS)),
+        ("    add_layernorm launcher alone (checks, allocations, 1 launch)",
+         deferred(lambda: an.add_layernorm(x, r, w, b, EPS))),
+        ("  backward: autograd.grad through a graph built once (retain_graph)",
+         lambda: torch.autograd.grad([h, y], leaves, [up, dy], retain_graph=True)),
+        ("    kl::add_layernorm_backward op, grad mode off (what the graph's node calls)", backward_op_alone),
+        ("      add_layernorm_backward launcher alone (checks, allocations, 2 launches)",
+         deferred(lambda: an.add_layernorm_backward(dy, up, hd, w, EPS))),
+        ("  the 3 generated launches alone (forward; backward rows and finish)", deferred(launches)),
+    ]
+
+
+def reference_host_cases(torch, kl_layernorm, rows, cols, xt, rt):
+    """[(layer, fn)]: autograd's floor for a Python node of this signature at rows x cols, then at ARITH_ROWS x cols
+    (the torch ops compute there) add + kl_layernorm and eager PyTorch, forward + backward."""
+    import torch.nn.functional as F
+
+    leaves, up, dy = host_inputs(torch, rows, cols, xt, rt)
+    ready = tuple(torch.empty_like(t) for t in leaves)   # the floor's gradients, made once
+
+    class ReadyGradients(torch.autograd.Function):
+        """A Python graph node that computes nothing: autograd's cost for any such node with 4 inputs, 2 outputs."""
+
+        @staticmethod
+        def forward(ctx, x, r, w, b, eps):
+            ctx.save_for_backward(x, w)
+            return torch.empty_like(x), torch.empty_like(r)
+
+        @staticmethod
+        def backward(ctx, dh, dy):
+            ctx.saved_tensors
+            return (*ready, None)
+
+    small, sup, sdy = host_inputs(torch, ARITH_ROWS, cols, xt, rt)
+
+    def separate():
+        h = small[0] + small[1]
+        y = kl_layernorm(h, small[2], small[3], EPS).to(rt)
+        torch.autograd.grad([h, y], small, [sup, sdy])
+
+    def pytorch():
+        h = small[0] + small[1]
+        y = F.layer_norm(h, (cols,), small[2], small[3], EPS).to(rt)
+        torch.autograd.grad([h, y], small, [sup, sdy])
+
+    return [
+        ("floor: forward + backward through a Python autograd.Function that computes nothing",
+         lambda: torch.autograd.grad(ReadyGradients.apply(*leaves, EPS), leaves, [up, dy])),
+        (f"add + kl_layernorm forward + backward at {ARITH_ROWS} x {cols} (x + r, kl::layernorm, cast)", separate),
+        (f"torch eager forward + backward at {ARITH_ROWS} x {cols} (x + r, F.layer_norm, cast)", pytorch),
+    ]
+
+
+def host_only(args) -> int:
+    """--host-only: fused_host_cases and reference_host_cases for each shape and dtype pair, CPU µs a call; with
+    --against, every fused row beside the same row of add_norm.py at that git ref, interleaved."""
+    import ctypes
+    import platform
+    import statistics
+
+    import torch
+
+    import launch_overhead
+    from kernellab.teach import add_norm as an
+
+    libc = ctypes.CDLL(None)          # large blocks reused, as torch's CUDA caching allocator reuses them: without
+    libc.mallopt(-3, 1 << 30)         # this every 48 MiB CPU allocation is an mmap and a munmap (about 10 µs)
+    libc.mallopt(-1, 1 << 30)         # (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)
+    t0 = time.time()
+    ns = launch_overhead.standin_tutorial("04-layernorm.py", ("norm_kernels", "norm_backward", "layernorm_simple"))
+    kl_layernorm = ns.get("kl_layernorm")
+    if kl_layernorm is None:
+        import train_gpt2
+        kl_layernorm = train_gpt2.op_from_cells("04-layernorm.py", "kl_layernorm", ns)
+    modules = [standin_add_norm(an)]
+    if args.against:
+        modules.insert(0, standin_add_norm(add_norm_at(args.against)))
+    print(f"tutorial 04's kernels and kl/add_norm.cuh for the stand-in in {time.time() - t0:.1f} s", flush=True)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    pairs = [tuple(getattr(torch, d) for d in p.split(":")) for p in args.dtypes.split(",")]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)          # torch's CPU arithmetic on one thread, no pool woken
+    tables = []
+    try:
+        for xt, rt in pairs:
+            for rows, cols in shapes:
+                fused = [fused_host_cases(torch, m, rows, cols, xt, rt) for m in modules]
+                refs = reference_host_cases(torch, kl_layernorm, rows, cols, xt, rt)
+                fns = [f for group in zip(*fused) for _, f in group] + [f for _, f in refs]
+                for f in fns:          # the first calls make the plans, the generated launches, the checks
+                    for _ in range(12):
+                        f()
+                _, cpu = launch_overhead.interleaved_us(fns, args.calls, args.rounds)
+                med = [statistics.median(c) for c in cpu]
+                n = len(modules)
+                rows_out = [(name, med[i * n:(i + 1) * n]) for i, (name, _) in enumerate(fused[-1])]
+                rows_out += [(name, [med[len(fused[-1]) * n + i]]) for i, (name, _) in enumerate(refs)]
+                tables.append((f"{str(xt)[6:]}+{str(rt)[6:]} {rows}x{cols}", rows_out))
+    finally:
+        torch.set_num_threads(threads)
+    head = f"| layer | {args.against} µs | this tree µs | ratio |" if args.against else "| layer | µs a call |"
+    for case, rows_out in tables:
+        print(f"\nkl::add_layernorm host path, {case} on this CPU ({platform.processor() or platform.machine()}, "
+              f"{os.cpu_count()} cores): thread CPU µs a call, median of {args.rounds} interleaved rounds of "
+              f"{args.calls // args.rounds} calls; launches to the stand-in driver\n")
+        print(head + "\n" + "|---" * head.count(" | ") + "|---|")
+        for name, us in rows_out:
+            if args.against:
+                cells = (f"{us[0]:.1f} | {us[1]:.1f} | {us[1] / us[0]:.2f}" if len(us) == 2
+                         else f" | {us[0]:.1f} | ")
+            else:
+                cells = f"{us[0]:.1f}"
+            print(f"| {name} | {cells} |")
+    return 0
 
 
 if __name__ == "__main__":

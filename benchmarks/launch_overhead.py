@@ -608,25 +608,34 @@ def standin_tutorial(notebook: str, modules: tuple[str, ...], lib=None) -> dict:
     import sys
     from pathlib import Path
 
-    from kernellab.run.launch import launch as L
-    from kernellab.run.launch.device import DeviceInfo
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
     from notebook_cells import load_tutorial
 
     ns = load_tutorial(notebook, compile=lambda src: kernellab.compile_cuda(src, arch="sm_90", first_line=2,
                                                                             filename="cell.cu"))
+    lib = lib or standin_lib()
+    for name in modules:
+        standin_module(ns[name], lib)
+    return ns
+
+
+def standin_module(module, lib=None):
+    """Every kernel of `module` (compiled for sm_90) launched through the stand-in driver's C call, on CPU tensors
+    posing as device -1's (standin_tutorial's way, for a module compiled outside a tutorial). Patches kernellab's
+    torch stream lookups for the rest of the process; returns the module."""
+    from kernellab.run.launch import launch as L
+    from kernellab.run.launch.device import DeviceInfo
+
     driver = _StandinDrivers(lib or standin_lib()).call()
     dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132)
     L.torch_stream_handle = lambda index: 0
     L.torch_stream_function = lambda: (0).__mul__
-    for name in modules:
-        for k in ns[name].kernels:
-            k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
-                                   max_threads_per_block=k.resources.max_threads_per_block,
-                                   static_shared_bytes=k.resources.shared_bytes, driver=driver)
-            k._launchers.clear()
-    return ns
+    for k in module.kernels:
+        k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
+                               max_threads_per_block=k.resources.max_threads_per_block,
+                               static_shared_bytes=k.resources.shared_bytes, driver=driver)
+        k._launchers.clear()
+    return module
 
 
 def norm_op_setup(shape=NORM_SHAPE):
