@@ -4,6 +4,7 @@ F.layer_norm(x + r), in one run.
 
     python benchmarks/add_norm.py                  # GPT-2 small's 16 x 1024 tokens x 768, as autocast runs it
     python benchmarks/add_norm.py --quick --shapes 16384x768,4096x1024 --dtypes float32:bfloat16,bfloat16:bfloat16
+    python benchmarks/add_norm.py --host-only [--against GITREF]   # no GPU: the op's host path, layer by layer
 
 Method
 - The case is a pre-norm block's stream under bf16 autocast: x (the residual stream) float32, r (a branch's output:
@@ -27,6 +28,18 @@ Method
   kl_layernorm 271.7 µs (the add, the norm, the casts of y, dy and dr, the norm's backward and finish, the
   backward's add: 8 kernels); torch.compile the same bytes as ours, 124.9 µs.
 The short table comes last; $OUT (or --out) gets add_norm.json with every number.
+
+--host-only (no GPU): the host side of the calls timed above, layer by layer, on the CPU. kernellab.teach.add_norm's
+real ops and launchers, its kernels compiled for sm_90, every launch handed to the stand-in driver of
+benchmarks/launch_overhead.py (libcuda's launch call replaced by a C builtin) on CPU tensors posing as the device's
+at the --shapes, so every Python layer above the driver is counted: the forward op recording the graph (as a training
+step calls it), autograd.grad and the engine, the op's graph node, the backward op's eager call, each launcher (its
+table lookup, allocations, launches) and the generated launches alone. Large CPU blocks are reused (mallopt), as
+torch's CUDA caching allocator reuses them. Beside them: autograd's floor for a Python node of this signature (an
+autograd.Function that computes nothing), and at 1 x cols (torch's add, casts and norm compute on this CPU) add +
+kl_layernorm (tutorial 04's op, stand-in launches) and eager PyTorch. This thread's CPU µs a call, median of
+interleaved rounds. --against GITREF loads add_norm.py as it was at that git ref beside the tree's (its ops
+registered as klref::) and times every fused row of both, interleaved: a change to the host path measured in one run.
 """
 from __future__ import annotations
 
@@ -289,8 +302,9 @@ def fused_host_cases(torch, an, rows, cols, xt, rt):
 
 
 def reference_host_cases(torch, kl_layernorm, rows, cols, xt, rt):
-    """[(layer, fn)]: autograd's floor for a Python node of this signature at rows x cols, then at ARITH_ROWS x cols
-    (the torch ops compute there) add + kl_layernorm and eager PyTorch, forward + backward."""
+    """[(layer, fn)]: autograd's floor for a Python node of this signature at rows x cols (forward + backward, and the
+    backward alone), then at ARITH_ROWS x cols (the torch ops compute there) add + kl_layernorm and eager PyTorch,
+    forward + backward."""
     import torch.nn.functional as F
 
     leaves, up, dy = host_inputs(torch, rows, cols, xt, rt)
@@ -309,6 +323,7 @@ def reference_host_cases(torch, kl_layernorm, rows, cols, xt, rt):
             ctx.saved_tensors
             return (*ready, None)
 
+    floor_h, floor_y = ReadyGradients.apply(*leaves, EPS)
     small, sup, sdy = host_inputs(torch, ARITH_ROWS, cols, xt, rt)
 
     def separate():
@@ -324,6 +339,8 @@ def reference_host_cases(torch, kl_layernorm, rows, cols, xt, rt):
     return [
         ("floor: forward + backward through a Python autograd.Function that computes nothing",
          lambda: torch.autograd.grad(ReadyGradients.apply(*leaves, EPS), leaves, [up, dy])),
+        ("floor: backward alone through that node, a graph built once (retain_graph)",
+         lambda: torch.autograd.grad([floor_h, floor_y], leaves, [up, dy], retain_graph=True)),
         (f"add + kl_layernorm forward + backward at {ARITH_ROWS} x {cols} (x + r, kl::layernorm, cast)", separate),
         (f"torch eager forward + backward at {ARITH_ROWS} x {cols} (x + r, F.layer_norm, cast)", pytorch),
     ]

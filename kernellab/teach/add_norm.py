@@ -102,33 +102,46 @@ def _check(x, r, w, b):
         raise ArgumentError("add_layernorm: x, r, w and b must be on one device")
 
 
-def _aligned(cols: int, *tensors) -> int:
-    """1 where every row's chunks of 8 start on a 16-byte boundary (16-byte loads), else 0 (element loads)."""
-    return int(cols % CHUNK == 0 and all(t is None or t.data_ptr() % 16 == 0 for t in tensors))
+# The launchers' per-call path: one lookup in a table keyed on everything the checks and the launch depend on (each
+# tensor's shape and dtype, the device; dh_out's too, or None), made on a miss together with the checks, the plan
+# and the configured kernels; a hit has passed those checks and makes no plan, no kernel name, no lookup. What the key
+# does not hold is checked each call: contiguity (.contiguous() copies a strided tensor), the 16-byte alignment of the
+# addresses (the kernels' flag: 16-byte loads where every row's chunks of 8 start on a 16-byte boundary, else element
+# loads) and, in the backward, each tensor's device (by the generated launch, which hands a tensor on
+# another device to the launch path's checks and their error). Inputs of any number of dimensions go in as they are:
+# the kernels see rows x cols, the outputs are empty_like of the inputs, already in their shape.
+_FORWARD: dict = {}     # (shapes, dtypes, devices of x, r, w, b) -> (launch or None, rows, cols, row threads, 16-byte)
+_BACKWARD: dict = {}    # (shapes, dtypes of dy, h, w; device; dh_out's or None) -> see _backward_launch
 
 
-_FORWARD: dict = {}     # (device, rows, cols, x dtype, r dtype) -> (the configured kernel, row threads)
-_BACKWARD: dict = {}    # (device, rows, cols, h dtype, dy dtype) -> (main kernel, row threads, grid, finish kernel)
+def _forward_launch(key, x, r, w, b):
+    """The _FORWARD entry of these arguments: checked (the user-facing errors), planned, the kernel configured."""
+    _check(x, r, w, b)
+    cols = x.shape[-1]
+    rows = x.numel() // cols if cols else 0
+    launch = row_threads = None
+    if rows and cols:
+        row_threads, block, grid = plan_forward(rows, cols)
+        launch = kernels(x.device.type)[f"add_layernorm_rows<{CTYPE[x.dtype]}, {CTYPE[r.dtype]}, 1>"][grid, block]
+    hit = _FORWARD[key] = (launch, rows, cols, row_threads, cols % CHUNK == 0)
+    return hit
 
 
 def add_layernorm(x, r, w, b, eps=1e-5):
     """(h, y): h = x + r in x's dtype, y = LayerNorm(h) * w + b in r's dtype, over the last dimension."""
-    _check(x, r, w, b)
-    cols = x.shape[-1]
-    x2, r2 = x.contiguous().reshape(-1, cols), r.contiguous().reshape(-1, cols)
-    rows = x2.shape[0]
-    h, y = torch.empty_like(x2), torch.empty_like(r2)
-    if rows and cols:
-        key = (x.device, rows, cols, x.dtype, r.dtype)
-        hit = _FORWARD.get(key)
-        if hit is None:                      # once per shape: the plan and the configured kernel
-            row_threads, block, grid = plan_forward(rows, cols)
-            kernel = kernels(x.device.type)[f"add_layernorm_rows<{CTYPE[x.dtype]}, {CTYPE[r.dtype]}, 1>"]
-            hit = _FORWARD[key] = (kernel[grid, block], row_threads)
-        launch, row_threads = hit
-        w, b = w.contiguous(), b.contiguous()
-        launch(x2, r2, w, b, h, y, rows, cols, row_threads, _aligned(cols, x2, r2, w, b, h, y), float(eps))
-    return h.reshape(x.shape), y.reshape(x.shape)
+    key = (x.shape, r.shape, w.shape, b.shape, x.dtype, r.dtype, w.dtype, b.dtype, x.device, r.device, w.device,
+           b.device)
+    hit = _FORWARD.get(key)
+    if hit is None:                          # once per shape and dtypes: the checks, the plan, the configured kernel
+        hit = _forward_launch(key, x, r, w, b)
+    launch, rows, cols, row_threads, chunked = hit
+    x, r, w, b = x.contiguous(), r.contiguous(), w.contiguous(), b.contiguous()
+    h, y = torch.empty_like(x), torch.empty_like(r)
+    if launch is not None:
+        aligned = chunked and not (x.data_ptr() | r.data_ptr() | w.data_ptr() | b.data_ptr() | h.data_ptr()
+                                   | y.data_ptr()) & 15
+        launch(x, r, w, b, h, y, rows, cols, row_threads, 1 if aligned else 0, float(eps))
+    return h, y
 
 
 def _check_backward(dy, dh_out, h, w):
@@ -142,40 +155,54 @@ def _check_backward(dy, dh_out, h, w):
                             f"{w.dtype}")
 
 
-def add_layernorm_backward(dy, dh_out, h, w, eps=1e-5):
-    """(dh, dr, dw, db) of add_layernorm: dh = dh_out + LayerNorm's input gradient (h's dtype), dr the same rounded
-    to dy's dtype (an empty tensor where that is h's dtype: dh serves both), dw, db in w's dtype. dh_out None: no
-    gradient from later in the stream."""
+def _backward_launch(key, dy, dh_out, h, w):
+    """The _BACKWARD entry of these arguments, checked and planned: (main kernel or None where there are no rows or
+    columns, its row threads, rows, cols, grid, the partial sums' shape as one float32 value on h's device expanded
+    to it (empty_like of it: a new contiguous [grid, 2, cols], the cheapest allocation of that shape), the finish
+    kernel, 16-byte rows, dy's dtype is h's)."""
     _check_backward(dy, dh_out, h, w)
-    cols = h.shape[-1]
-    h2, dy2 = h.contiguous().reshape(-1, cols), dy.contiguous().reshape(-1, cols)
-    up = None if dh_out is None else dh_out.contiguous().reshape(-1, cols)
-    rows = h2.shape[0]
-    dh = torch.empty_like(h2)
-    same = dy.dtype == h.dtype
-    dr = torch.empty(0, dtype=dy.dtype, device=h.device) if same else torch.empty_like(dy2)
-    dw, db = torch.empty_like(w), torch.empty_like(w)
-    if rows == 0 or cols == 0:
-        dw.zero_(), db.zero_()
-        if up is not None:
-            dh.copy_(up)
-        return dh.reshape(h.shape), dr if same else dr.reshape(h.shape), dw, db
-    key = (h.device, rows, cols, h.dtype, dy.dtype)
-    hit = _BACKWARD.get(key)
-    if hit is None:                          # once per shape: the plan and the configured kernels
+    cols = h.shape[-1] if h.dim() else 0
+    rows = h.numel() // cols if cols else 0
+    main = row_threads = grid = finish = None
+    if rows and cols:
         chunks, row_threads, block, grid = plan_backward(rows, cols, _sms(h.device))
         mod = kernels(h.device.type)
         main = mod[f"add_layernorm_backward_rows<{CTYPE[h.dtype]}, {CTYPE[dy.dtype]}, {chunks}>"][grid, block]
         finish = mod[f"add_norm_finish<{CTYPE[w.dtype]}>"][-(-cols // FINISH_COLS), 256]
-        hit = _BACKWARD[key] = (main, row_threads, grid, finish)
-    main, row_threads, grid, finish = hit
-    partial = torch.empty(grid, 2, cols, dtype=torch.float32, device=h.device)
-    w = w.contiguous()
+    partial_like = None if main is None else torch.empty((), dtype=torch.float32, device=h.device).expand(grid, 2,
+                                                                                                          cols)
+    hit = _BACKWARD[key] = (main, row_threads, rows, cols, grid, partial_like, finish, cols % CHUNK == 0,
+                            dy.dtype == h.dtype)
+    return hit
+
+
+def add_layernorm_backward(dy, dh_out, h, w, eps=1e-5):
+    """(dh, dr, dw, db) of add_layernorm: dh = dh_out + LayerNorm's input gradient (h's dtype), dr the same rounded
+    to dy's dtype (an empty tensor where that is h's dtype: dh serves both), dw, db in w's dtype. dh_out None: no
+    gradient from later in the stream."""
+    key = (dy.shape, h.shape, w.shape, dy.dtype, h.dtype, w.dtype, h.device,
+           None if dh_out is None else (dh_out.shape, dh_out.dtype))
+    hit = _BACKWARD.get(key)
+    if hit is None:                          # once per shape and dtypes: the checks, the plan, the configured kernels
+        hit = _backward_launch(key, dy, dh_out, h, w)
+    main, row_threads, rows, cols, grid, partial_like, finish, chunked, same = hit
+    dy, h, w = dy.contiguous(), h.contiguous(), w.contiguous()
+    up = None if dh_out is None else dh_out.contiguous()
+    dh = torch.empty_like(h)
+    dr = dy.new_empty(0) if same else torch.empty_like(dy)
+    dw, db = torch.empty_like(w), torch.empty_like(w)
+    if main is None:                         # no rows or no columns
+        dw.zero_(), db.zero_()
+        if up is not None:
+            dh.copy_(up)
+        return dh, dr, dw, db
+    partial = torch.empty_like(partial_like)
     dr_arg = None if same else dr
-    main(dy2, up, h2, w, dh, dr_arg, partial, rows, cols, row_threads, _aligned(cols, dy2, up, h2, w, dh, dr_arg),
-         float(eps))
+    aligned = chunked and not (dy.data_ptr() | h.data_ptr() | w.data_ptr() | dh.data_ptr()
+                               | (0 if up is None else up.data_ptr()) | (0 if same else dr.data_ptr())) & 15
+    main(dy, up, h, w, dh, dr_arg, partial, rows, cols, row_threads, 1 if aligned else 0, float(eps))
     finish(partial, grid, cols, dw, db)
-    return dh.reshape(h.shape), dr if same else dr.reshape(h.shape), dw, db
+    return dh, dr, dw, db
 
 
 def reference_add_layernorm(x, r, w, b, eps=1e-5):
