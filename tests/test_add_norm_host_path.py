@@ -243,3 +243,40 @@ def test_the_benchmarks_host_rows_run_and_a_warm_call_makes_three_launches(stand
     fused[0][1]()
     assert counts == {} and [name.split("<")[0] for name, *_ in standin] == [
         "add_layernorm_rows", "add_layernorm_backward_rows", "add_norm_finish"]
+
+
+BEFORE_THE_CUT = "cbb02e8"      # main before the launchers' per-call tables were keyed on every shape and dtype
+
+
+def _has_commit(ref: str) -> bool:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(host_path.ROOT), "cat-file", "-e", f"{ref}^{{commit}}"],
+                              capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_commit(BEFORE_THE_CUT), reason=f"no git history with {BEFORE_THE_CUT} (--against reads it)")
+def test_against_loads_the_launchers_of_a_git_ref_and_they_launch_what_the_trees_launch(standin):
+    """add_norm.py --against: the module as it was at a ref, its ops registered under klref:: (the tree's kl:: ops
+    stay), its launchers on the stand-in beside the tree's. The launchers before the cut and the tree's launch the
+    same kernels, grids, blocks and scalar arguments, for 2-D and 3-D inputs, with and without dh_out."""
+    spec = importlib.util.spec_from_file_location("add_norm_bench", host_path.ROOT / "benchmarks" / "add_norm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    old = bench.standin_add_norm(bench.add_norm_at(BEFORE_THE_CUT))
+    assert old is not an and old.kl_add_layernorm.qualname == "klref::add_layernorm"
+    assert an.kl_add_layernorm.qualname == "kl::add_layernorm" and old._FORWARD is not an._FORWARD
+    x, r, w, b, dy, up = tensors(64, 768)
+    cases = [(x, r, dy, up), (x.view(4, 16, 768), r.view(4, 16, 768), dy.view(4, 16, 768), None)]
+    launched = []
+    for module in (old, an):
+        standin.clear()
+        for xs, rs, dys, ups in cases:
+            h, _ = module.add_layernorm(xs, rs, w, b)
+            module.add_layernorm_backward(dys, ups, h, w)
+        launched.append([(name, g, blk, [a for a in args if not isinstance(a, torch.Tensor)])
+                         for name, g, blk, args in standin])
+    assert len(launched[0]) == 6 and launched[0] == launched[1]

@@ -182,6 +182,14 @@ SUITES: dict[str, Suite] = {
         "Python-node floor and torch's C++ node, for LayerNorm and RMSNorm bf16 4096x1024 and 8192x768; set beside "
         "bench-norm-backward's do_bench figures it gives that host's µs per CPU µs here", 240,
         commands=((PY, "benchmarks/norm_backward.py", "--host-only", "--calls", "5000", "--rounds", "5"),)),
+    "add-norm-host-path": Suite(
+        "benchmarks/add_norm.py --host-only on the GPU host's CPU (no GPU used: launches to a stand-in driver): the "
+        "host µs of kl::add_layernorm's forward op, backward op and forward + backward through autograd.grad (what "
+        "bench-add-norm times as called), layer by layer, at 16384x768 float32 + bf16, the launchers before the "
+        "per-call cut (main at cbb02e8, interleaved) beside the tree's, autograd's Python-node floor and add + "
+        "kl_layernorm; set beside bench-add-norm's do_bench figures it gives that host's µs per CPU µs here", 240,
+        commands=((PY, "benchmarks/add_norm.py", "--host-only", "--against", "cbb02e8", "--calls", "5000",
+                   "--rounds", "5"),)),
     "notebooks": Suite(
         "tutorials top to bottom (all, or those named: `notebooks 04 07`); executed copies in $OUT/notebooks/", 580,
         commands=((PY, "tools/gpu/run_notebooks.py", "{out}"),), takes_args=True, needs_kernel=True),
