@@ -81,6 +81,9 @@ def test_a_warm_call_makes_no_check_plan_or_kernel_lookup(standin, monkeypatch):
         an.add_layernorm_backward(dy, up, h, w)
     assert counts == {} and len(standin) == 12
     assert len(an._FORWARD) == len(an._BACKWARD) == 1
+    # the entries hold no tensor (no memory kept: one made during a CUDA graph's capture would stay in its pool)
+    entries = [*an._FORWARD.items(), *an._BACKWARD.items()]
+    assert not any(isinstance(v, torch.Tensor) for key, hit in entries for v in (*key, *hit))
 
 
 def test_the_launches_get_the_plans_rows_columns_and_16_byte_flag(standin):

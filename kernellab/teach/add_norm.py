@@ -157,9 +157,9 @@ def _check_backward(dy, dh_out, h, w):
 
 def _backward_launch(key, dy, dh_out, h, w):
     """The _BACKWARD entry of these arguments, checked and planned: (main kernel or None where there are no rows or
-    columns, its row threads, rows, cols, grid, the partial sums' shape as one float32 value on h's device expanded
-    to it (empty_like of it: a new contiguous [grid, 2, cols], the cheapest allocation of that shape), the finish
-    kernel, 16-byte rows, dy's dtype is h's)."""
+    columns, its row threads, rows, cols, grid, the partial sums' shape, the finish kernel, 16-byte rows, dy's dtype
+    is h's). Nothing on the device: an entry made while a CUDA graph is captured (torch.compile's cudagraph trees
+    check that their pool holds only their outputs) keeps none of its memory."""
     _check_backward(dy, dh_out, h, w)
     cols = h.shape[-1] if h.dim() else 0
     rows = h.numel() // cols if cols else 0
@@ -169,9 +169,7 @@ def _backward_launch(key, dy, dh_out, h, w):
         mod = kernels(h.device.type)
         main = mod[f"add_layernorm_backward_rows<{CTYPE[h.dtype]}, {CTYPE[dy.dtype]}, {chunks}>"][grid, block]
         finish = mod[f"add_norm_finish<{CTYPE[w.dtype]}>"][-(-cols // FINISH_COLS), 256]
-    partial_like = None if main is None else torch.empty((), dtype=torch.float32, device=h.device).expand(grid, 2,
-                                                                                                          cols)
-    hit = _BACKWARD[key] = (main, row_threads, rows, cols, grid, partial_like, finish, cols % CHUNK == 0,
+    hit = _BACKWARD[key] = (main, row_threads, rows, cols, grid, (grid, 2, cols), finish, cols % CHUNK == 0,
                             dy.dtype == h.dtype)
     return hit
 
@@ -185,7 +183,7 @@ def add_layernorm_backward(dy, dh_out, h, w, eps=1e-5):
     hit = _BACKWARD.get(key)
     if hit is None:                          # once per shape and dtypes: the checks, the plan, the configured kernels
         hit = _backward_launch(key, dy, dh_out, h, w)
-    main, row_threads, rows, cols, grid, partial_like, finish, chunked, same = hit
+    main, row_threads, rows, cols, grid, partial_shape, finish, chunked, same = hit
     dy, h, w = dy.contiguous(), h.contiguous(), w.contiguous()
     up = None if dh_out is None else dh_out.contiguous()
     dh = torch.empty_like(h)
@@ -196,7 +194,7 @@ def add_layernorm_backward(dy, dh_out, h, w, eps=1e-5):
         if up is not None:
             dh.copy_(up)
         return dh, dr, dw, db
-    partial = torch.empty_like(partial_like)
+    partial = h.new_empty(partial_shape, dtype=torch.float32)
     dr_arg = None if same else dr
     aligned = chunked and not (dy.data_ptr() | h.data_ptr() | w.data_ptr() | dh.data_ptr()
                                | (0 if up is None else up.data_ptr()) | (0 if same else dr.data_ptr())) & 15
