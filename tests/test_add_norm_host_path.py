@@ -261,7 +261,8 @@ def _has_commit(ref: str) -> bool:
         return False
 
 
-@pytest.mark.skipif(not _has_commit(BEFORE_THE_CUT), reason=f"no git history with {BEFORE_THE_CUT} (--against reads it)")
+@pytest.mark.skipif(not _has_commit(BEFORE_THE_CUT),
+                    reason=f"no git history with {BEFORE_THE_CUT} (--against reads it)")
 def test_against_loads_the_launchers_of_a_git_ref_and_they_launch_what_the_trees_launch(standin):
     """add_norm.py --against: the module as it was at a ref, its ops registered under klref:: (the tree's kl:: ops
     stay), its launchers on the stand-in beside the tree's. The launchers before the cut and the tree's launch the
