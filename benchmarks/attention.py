@@ -821,7 +821,8 @@ def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path, d
         o = torch.empty_like(q)
         table = {}
         for step in steps or STEPS[d]:
-            plan, _, scalars = ns["_attention_launch"](q, causal, step, None)
+            call = ns["_attention_call"](q, causal, step, None)           # the entry point's ready call
+            plan, scalars = call.plan, call.scalars
             kern = ns["ATTENTION_KERNELS"][plan.entry]
             grid = (plan.ctas,) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
             # the arguments as 07's attention() passes them: step 2 takes pointers and a null log-sum-exp

@@ -1205,6 +1205,202 @@ def attention_named_cases(s) -> list:
     ]
 
 
+# Small shapes of tutorial 07's grid (B, H, N, d, causal), where a call's kernel is short and the host's time shows:
+# the H200's plan takes the 64-row variant (three tensor maps) at N = 128, d = 64 and step 2 (pointers) at d = 128.
+ENTRY_SHAPES = ((1, 16, 128, 64, True), (1, 16, 128, 64, False), (1, 16, 128, 128, False), (1, 16, 512, 64, False),
+                (4, 16, 256, 64, True), (4, 16, 256, 128, True))
+ENTRY_DEVICE = "NVIDIA H200"            # the device name the entry point plans for (its constants pick the kernel)
+
+# Tutorial 07's entry point as it was before its per-shape launch was made a ready call (the key built from q.device,
+# the checks, the family's branch and the maps' list every call): kept here so both run interleaved in one process.
+ENTRY_BEFORE = r"""
+_attention_launches = {}
+
+
+def attention(q, k, v, out=None, causal=False, kernel=None, ctas=None):
+    key = (q.shape, q.dtype, q.device, causal, kernel, ctas)
+    found = _attention_launches.get(key)
+    if found is None:
+        if q.dtype not in (torch.bfloat16, torch.float16) or q.dim() != 4 or q.shape[-1] not in (64, 128):
+            raise ValueError(f"attention takes [B, H, N, d] bf16 or fp16 tensors with d = 64 or 128; got "
+                             f"{tuple(q.shape)} {q.dtype}")
+        found = _attention_launches[key] = _attention_launch_before(q, causal, kernel, ctas)
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or not (q.shape == k.shape == v.shape):
+        raise ValueError("attention takes contiguous q, k, v of one shape [B, H, N, d]")
+    plan, launch, scalars = found
+    out = torch.empty_like(q) if out is None else out
+    if plan.family == "fa2":
+        launch(q, k, v, out, None, *scalars)
+    else:
+        B, H, N, d = q.shape
+        maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64))
+                for x, rows in ((q, plan.block_m), (k, plan.block_n), (v, plan.block_n))]
+        launch(*maps, out, *scalars)
+    return out
+
+
+def _attention_launch_before(q, causal, kernel, ctas):
+    B, H, N, d = q.shape
+    plan = attention_plan(q, causal, kernel)
+    grid = (min(ctas or plan.ctas, plan.ctas),) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
+    launch = ATTENTION_KERNELS[plan.entry][grid, plan.threads, plan.shared_bytes]
+    if plan.persistent:
+        if q.device not in _attention_counters:
+            _attention_counters[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
+        heads_per_section = max(1, min(B * H, (16 << 20) // (2 * N * d * q.element_size())))
+        scalars = (N, B * H, heads_per_section, _attention_counters[q.device], d ** -0.5)
+    else:
+        scalars = (N, d ** -0.5)
+    return plan, launch, scalars
+"""
+
+
+def entry_setup(device_name: str = ENTRY_DEVICE):
+    """Tutorial 07's entry point (`attention`, the `kl::attention` op) on the stand-in: the notebook's launcher cell
+    with its kernels compiled (step 2 for sm_90, steps 3 and 3b for sm_90a) and launched through the stand-in driver's
+    C call, on CPU tensors posing as device -1's, planned as on `device_name` (132 SMs); kernellab.tensor_map stood in
+    (standin_tensor_map), kl::attention registered also on "cpu" in a namespace of its own. Beside it: ENTRY_BEFORE
+    (the entry point before its ready per-shape calls) and the grid's step op (benchmarks/attention.py --grid: a
+    registered op taking the step's name, which calls the entry point with `kernel=`). Returns a namespace;
+    .restore() puts kernellab.op and kernellab.tensor_map back."""
+    import pathlib
+    import sys
+    import types
+
+    import torch
+
+    from kernellab.run.launch import launch as L
+    from kernellab.run.launch.device import DeviceInfo
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+    from notebook_cells import load_tutorial, named_cuda_cells_with_arch
+
+    arch_of = {src: arch for arch, src in named_cuda_cells_with_arch("07-fused-attention.py").values()}
+    real_op, real_map = kernellab.op, kernellab.tensor_map
+    tag = f"klentry{time.monotonic_ns() % 1_000_000}"
+
+    def op_on_cpu(name, schema=None, **kw):
+        return real_op(name.replace("kl::", f"{tag}::"), schema, **{**kw, "device_types": ("cuda", "cpu")})
+    kernellab.op = op_on_cpu
+    try:
+        ns = load_tutorial("07-fused-attention.py", compile=lambda src: kernellab.compile_cuda(
+            src, arch=arch_of.get(src) or "sm_90", first_line=2, filename="cell.cu"))
+    finally:
+        kernellab.op = real_op
+    driver = _StandinDrivers(standin_lib()).call()
+    dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132,
+                     shared_per_block_optin_bytes=227 * 1024, shared_per_sm_bytes=228 * 1024)
+    L.torch_stream_handle = lambda index: 0
+    L.torch_stream_function = lambda: (0).__mul__
+    for k in ns["ATTENTION_KERNELS"].values():
+        k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
+                               max_threads_per_block=k.resources.max_threads_per_block,
+                               static_shared_bytes=k.resources.shared_bytes, driver=driver)
+        k._launchers.clear()
+    cpu = torch.device("cpu")
+    ns["_attention_sms"][cpu], ns["_attention_gpus"][cpu] = 132, device_name
+    before = dict(ns)
+    exec(compile(ENTRY_BEFORE, "launch_overhead.py:ENTRY_BEFORE", "exec"), before)
+    kernellab.tensor_map = standin_tensor_map()
+    attention = ns["attention"]
+
+    @real_op(f"{tag}::attention_step", "(Tensor q, Tensor k, Tensor v, bool causal, str kernel) -> Tensor",
+             outputs=lambda q, k, v, causal, kernel: q, device_types=("cuda", "cpu"))
+    def step_op(q, k, v, causal, kernel):
+        return attention(q, k, v, causal=causal, kernel=kernel)
+
+    def restore():
+        kernellab.tensor_map = real_map
+    return types.SimpleNamespace(ns=ns, attention=attention, op=ns["kl_attention"], step_op=step_op,
+                                 before=before["attention"], restore=restore)
+
+
+def entry_named_cases(s, shape) -> tuple[str, list]:
+    """(the plan's kernel, [(case, fn)]) for one shape of the --entry table: the entry point and its op against the
+    step it picks, called directly (its launch configured once: what any launcher of that step pays a call) and as
+    the grid times it (the step op), and the entry point before its ready per-shape calls."""
+    import torch
+
+    B, H, N, d, causal = shape
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, d, generator=g).to(torch.bfloat16) for _ in range(3))
+    ns, attention, before = s.ns, s.attention, s.before
+    plan = ns["attention_plan"](q, causal)
+    kern = ns["ATTENTION_KERNELS"][plan.entry]
+    grid = (plan.ctas,) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
+    launch = kern[grid, plan.threads, plan.shared_bytes]
+    counter = torch.zeros(1, dtype=torch.int32)
+    tensor_map = kernellab.tensor_map
+
+    if plan.family == "fa2":
+        def step():                                      # step 2: pointers
+            out = torch.empty_like(q)
+            launch(q, k, v, out, None, N, d ** -0.5)
+            return out
+    else:
+        sections = max(1, min(B * H, (16 << 20) // (2 * N * d * q.element_size())))
+        scalars = (N, B * H, sections, counter, d ** -0.5) if plan.persistent else (N, d ** -0.5)
+        rows_q, rows_kv = plan.block_m, plan.block_n
+
+        def step():                                      # steps 3 and 3b: three tensor maps
+            out = torch.empty_like(q)
+            launch(tensor_map(q.view(B * H, N, d), (1, rows_q, 64)), tensor_map(k.view(B * H, N, d), (1, rows_kv, 64)),
+                   tensor_map(v.view(B * H, N, d), (1, rows_kv, 64)), out, *scalars)
+            return out
+    name = plan.kernel
+    cases = [
+        ("the step's own call (its launch configured once)", inside_op(step)),
+        ("attention(q, k, v, causal=causal)", inside_op(lambda: attention(q, k, v, causal=causal))),
+        ("attention, before (ENTRY_BEFORE)", inside_op(lambda: before(q, k, v, causal=causal))),
+        ("attention(..., kernel=its step)", inside_op(lambda: attention(q, k, v, causal=causal, kernel=name))),
+        ("kl::attention op", lambda: s.op(q, k, v, causal)),
+        ("the grid's step op (kernel=its step)", lambda: s.step_op(q, k, v, causal, name)),
+    ]
+    for _, fn in cases:                                  # past the ops' first checked calls (kernellab.ops)
+        for _ in range(12):
+            fn()
+    return name, cases
+
+
+def entry_cpu_cases(calls: int, rounds: int, shapes=ENTRY_SHAPES) -> list[tuple[tuple, str, list]]:
+    """Per shape (shape, the plan's kernel, [(case, CPU µs per round)]): every case of every shape interleaved round
+    by round (interleaved_us), one intra-op thread; the median of the rounds is the table's figure."""
+    import torch
+
+    s = entry_setup()
+    try:
+        named = [(shape, *entry_named_cases(s, shape)) for shape in shapes]
+        flat = [fn for _, _, cases in named for _, fn in cases]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            _, cpu = interleaved_us(flat, calls, rounds)
+        finally:
+            torch.set_num_threads(threads)
+    finally:
+        s.restore()
+    out, i = [], 0
+    for shape, kernel, cases in named:
+        out.append((shape, kernel, [(name, cpu[i + j]) for j, (name, _) in enumerate(cases)]))
+        i += len(cases)
+    return out
+
+
+def entry_table(results, title: str) -> str:
+    """The --entry table: per shape the CPU µs a call (median round) of each case and the entry point's, its op's and
+    the old entry point's ratio to the step's own call."""
+    names = [name for name, _ in results[0][2]]
+    lines = [title, "", "| B*H, N, d, mask | plan | " + " | ".join(names) + " | entry / step | op / grid's step op | "
+             "before / step |", "|---" * (len(names) + 5) + "|"]
+    for (B, H, N, d, causal), kernel, cases in results:
+        med = {name: statistics.median(us) for name, us in cases}
+        step, entry, before = med[names[0]], med[names[1]], med[names[2]]
+        lines.append(f"| {B * H}, {N}, {d}, {'causal' if causal else 'full'} | {kernel} | "
+                     + " | ".join(f"{med[n]:.2f}" for n in names)
+                     + f" | {entry / step:.2f}x | {med[names[4]] / med[names[5]]:.2f}x | {before / step:.2f}x |")
+    return "\n".join(lines)
+
+
 def attention_cpu_cases(calls: int, rounds: int, cold_calls: int = 0,
                         flush_bytes: int = 64 << 20) -> list[tuple[str, list[float], list[float], float | None]]:
     """Tutorial 08's attention op forward + backward and its stages on the CPU (attention_named_cases), warm (each
@@ -1439,12 +1635,27 @@ def main(argv=None):
     ap.add_argument("--attention", action="store_true", help="no GPU: tutorial 08's attention op (forward + backward, "
                     "as a training step calls it) stage by stage, warm and with cold caches, stand-in driver and "
                     "tensor maps")
+    ap.add_argument("--entry", action="store_true", help="no GPU: tutorial 07's attention entry point and its "
+                    "kl::attention op against the step each picks, called directly, per call at small grid shapes "
+                    "(stand-in driver and tensor maps)")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
     big = args.cpu
-    args.launches = args.launches or (100_000 if big else 20_000 if args.attention else 2000)
+    args.launches = args.launches or (100_000 if big else 20_000 if args.attention else 4000 if args.entry else 2000)
     args.rounds = args.rounds or (20 if big else 15)
-    if args.attention:
+    if args.entry:
+        import platform
+
+        import torch
+
+        text = entry_table(
+            entry_cpu_cases(args.launches, args.rounds),
+            f"tutorial 07's attention entry point on the CPU ({platform.processor() or platform.machine()}, torch "
+            f"{torch.__version__}), bf16, planned as on an {ENTRY_DEVICE} (132 SMs): this thread's CPU µs a call, "
+            f"median of {args.rounds} rounds of {args.launches // args.rounds} calls a case, every case of every shape "
+            f"taken in turn; stand-in launches (a C call), tensor maps stood in (a cache hit in Python); launches as "
+            f"inside an op (no wait)")
+    elif args.attention:
         import platform
 
         import torch

@@ -1530,8 +1530,11 @@ for e in plan_attention(1, 16, 512, 64, True).alternatives:
 # ## From the notebook into a model: the entry point as a PyTorch op
 #
 # `attention(q, k, v, out=None, causal=False)` below, with the steps' launchers' arguments, is the tutorial's one entry
-# point: it asks the model for a plan (once per shape, dtype and mask; then a dictionary lookup) and launches the
-# chosen kernel from the step 2 and step 3 cells (`fa2_cell`, `fa3_cell`). `kernellab.op` registers it as a PyTorch operator through `torch.library`: a schema,
+# point: on a shape's first call (per dtype, device and mask) it asks the model for a plan and makes a *ready call*
+# for it, the chosen kernel from the step 2 and step 3 cells (`fa2_cell`, `fa3_cell`) with its grid, block, shared
+# memory and scalars configured; every later call is one dictionary lookup, the inputs' checks and that launch, so
+# the entry point costs the host what a call of its step does, plus the lookup (`benchmarks/launch_overhead.py
+# --entry` times both). `kernellab.op` registers it as a PyTorch operator through `torch.library`: a schema,
 # the launcher as the CUDA implementation, and a fake implementation made from `outputs=` (the output is shaped like
 # `q`), which `torch.compile(fullgraph=True)` and `torch.export` trace instead of running the kernel. Launches inside
 # an op do not wait for their kernel, and the tensor maps of a call come from kernellab's cache (keyed by address,
@@ -1549,7 +1552,7 @@ import kernellab
 from kernellab.teach.attention_plan import plan_attention
 
 ATTENTION_KERNELS = {k.name: k for cell in (fa2_cell, fa3_cell) for k in cell.kernels}   # steps 2, 3, 3b, variant
-_attention_launches = {}            # (shape, dtype, device, causal, kernel, ctas) -> (plan, launch, scalars)
+_attention_calls = {}               # (shape, dtype, device, causal, kernel, ctas) -> its ready call (_attention_call)
 _attention_sms = {}                 # device -> SM count
 _attention_gpus = {}                # device -> its name, which picks the plan's constants (the H200's on an H200)
 _attention_counters = {}            # device -> the persistent kernels' zeroed int32 work counter
@@ -1566,45 +1569,65 @@ def attention_plan(q, causal=False, kernel=None):
                           device=_attention_gpus.get(q.device))
 
 
-def _attention_launch(q, causal, kernel, ctas):
-    """(plan, the configured launch, the scalars after the tensors) for q's shape, made once."""
-    B, H, N, d = q.shape
+def _attention_call(q, causal, kernel, ctas):
+    """The ready call for q's shape, dtype, device and mask, made once: call(q, k, v, out) checks k and v against q
+    and launches the kernel the plan names (call.plan), its grid, block, shared memory and the scalars after its
+    tensors (call.scalars) configured here."""
+    B, H, N, d = shape = q.shape
     plan = attention_plan(q, causal, kernel)
     grid = (min(ctas or plan.ctas, plan.ctas),) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
     launch = ATTENTION_KERNELS[plan.entry][grid, plan.threads, plan.shared_bytes]
-    if plan.persistent:
-        if q.device not in _attention_counters:
-            _attention_counters[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
-        heads_per_section = max(1, min(B * H, (16 << 20) // (2 * N * d * q.element_size())))  # K/V within 16 MB of L2
-        scalars = (N, B * H, heads_per_section, _attention_counters[q.device], d ** -0.5)
+    empty_like, scale = torch.empty_like, d ** -0.5
+
+    def refuse():
+        raise ValueError("attention takes contiguous q, k, v of one shape [B, H, N, d]")
+
+    if plan.family == "fa2":
+        def call(q, k, v, out):
+            if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and k.shape == shape
+                    and v.shape == shape):
+                refuse()
+            if out is None:
+                out = empty_like(q)
+            launch(q, k, v, out, None, N, scale)      # None: step 2's log-sum-exp is not stored
+            return out
+        scalars = (N, scale)
     else:
-        scalars = (N, d ** -0.5)
-    return plan, launch, scalars
+        if plan.persistent:
+            if q.device not in _attention_counters:
+                _attention_counters[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
+            sections = max(1, min(B * H, (16 << 20) // (2 * N * d * q.element_size())))   # K/V within 16 MB of L2
+            scalars = (N, B * H, sections, _attention_counters[q.device], scale)
+        else:
+            scalars = (N, scale)
+        tensor_map, heads = kernellab.tensor_map, B * H
+        box_q, box_kv = (1, plan.block_m, 64), (1, plan.block_n, 64)    # [B * H, N, d] views, 64-column boxes
+
+        def call(q, k, v, out):
+            if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and k.shape == shape
+                    and v.shape == shape):
+                refuse()
+            if out is None:
+                out = empty_like(q)
+            launch(tensor_map(q.view(heads, N, d), box_q), tensor_map(k.view(heads, N, d), box_kv),
+                   tensor_map(v.view(heads, N, d), box_kv), out, *scalars)
+            return out
+    call.plan, call.scalars = plan, scalars
+    return call
 
 
 def attention(q, k, v, out=None, causal=False, kernel=None, ctas=None):
     """softmax(q k^T / sqrt(d), causal) v for contiguous [B, H, N, d] bf16/fp16 CUDA tensors, d = 64 or 128, by the
     kernel attention_plan picks for the shape. kernel: a candidate's name, e.g. 'fa3p_bm64', to force one; ctas: at
     most this many CTAs for a persistent kernel (each then walks more work items)."""
-    key = (q.shape, q.dtype, q.device, causal, kernel, ctas)
-    found = _attention_launches.get(key)
-    if found is None:
+    call = _attention_calls.get((q.shape, q.dtype, q.device, causal, kernel, ctas))
+    if call is None:
         if q.dtype not in (torch.bfloat16, torch.float16) or q.dim() != 4 or q.shape[-1] not in (64, 128):
             raise ValueError(f"attention takes [B, H, N, d] bf16 or fp16 tensors with d = 64 or 128; got "
                              f"{tuple(q.shape)} {q.dtype}")
-        found = _attention_launches[key] = _attention_launch(q, causal, kernel, ctas)
-    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or not (q.shape == k.shape == v.shape):
-        raise ValueError("attention takes contiguous q, k, v of one shape [B, H, N, d]")
-    plan, launch, scalars = found
-    out = torch.empty_like(q) if out is None else out
-    if plan.family == "fa2":
-        launch(q, k, v, out, None, *scalars)          # None: step 2's log-sum-exp is not stored
-    else:
-        B, H, N, d = q.shape
-        maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64))
-                for x, rows in ((q, plan.block_m), (k, plan.block_n), (v, plan.block_n))]
-        launch(*maps, out, *scalars)
-    return out
+        call = _attention_calls[q.shape, q.dtype, q.device, causal, kernel, ctas] = _attention_call(
+            q, causal, kernel, ctas)
+    return call(q, k, v, out)
 
 
 @kernellab.op("kl::attention", "(Tensor q, Tensor k, Tensor v, bool causal) -> Tensor",

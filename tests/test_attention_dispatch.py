@@ -413,3 +413,64 @@ def test_the_profile_runs_each_step_as_the_entry_point_launches_it(bench, monkey
     assert out.rstrip().endswith(bench.PROFILE_READING.splitlines()[-1])
     saved = json.loads((tmp_path / "attention_profile.json").read_text())
     assert saved["results"][0]["steps"]["fa3p_bm64"]["duration"] == "12.00 us"
+
+
+def test_the_ready_calls_launch_what_the_uncached_plan_picks_on_the_grid(bench, monkeypatch):
+    """Every shape of the full grid, planned as on an H100 and as on an H200: the entry point's ready call (made on a
+    shape's first call, then taken from _attention_calls) holds and launches exactly the plan the model makes
+    afresh (plan_attention without its cache), and a second call launches the same."""
+    log = []
+    ns = launcher_namespace(Recorder, log)
+    ns["kernellab"] = types.SimpleNamespace(tensor_map=lambda x, box: ("map", tuple(x.shape), box))
+    meta = torch.device("meta")
+    for gpu in (None, "NVIDIA H200"):
+        monkeypatch.setitem(ns["_attention_sms"], meta, 132)
+        monkeypatch.setitem(ns["_attention_gpus"], meta, gpu)
+        ns["_attention_calls"].clear()                  # the device's name changed: its calls are made again
+        for B, H, N, d, causal in bench.grid_shapes(False):
+            q = torch.empty(B, H, N, d, device="meta", dtype=torch.bfloat16)
+            want = plan_attention.__wrapped__(B, H, N, d, causal, "bf16", 132, device=gpu)
+            for _ in range(2):
+                log.clear()
+                ns["attention"](q, q, q, causal=causal)
+                ((name, grid, block, smem, args),) = log
+                assert (name, block, smem) == (want.entry, want.threads, want.shared_bytes), (gpu, B, H, N, d, causal)
+                assert grid == ((want.ctas,) if want.persistent else (-(-N // want.block_m), B * H))
+            assert ns["_attention_calls"][q.shape, q.dtype, meta, causal, None, None].plan == want
+
+
+def test_a_warm_call_plans_nothing_and_each_key_gets_its_own_ready_call(monkeypatch):
+    """The plan is made once per (shape, dtype, device, mask, forced kernel, CTA cap): warm calls take the ready call
+    and plan nothing; another dtype, device, shape or a forced kernel plans anew, once, and leaves the others' choice
+    as it was."""
+    log, planned = [], []
+    ns = launcher_namespace(Recorder, log)
+    ns["kernellab"] = types.SimpleNamespace(tensor_map=lambda x, box: ("map", tuple(x.shape), box))
+    real = ns["attention_plan"]
+    ns["attention_plan"] = lambda q, causal=False, kernel=None: planned.append((q.dtype, q.device, kernel)) or real(
+        q, causal, kernel)
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+    ns["_attention_sms"][meta], ns["_attention_gpus"][meta] = 132, "NVIDIA H200"   # cpu: no name, the H100's
+    attention = ns["attention"]
+
+    def launched(q, **kw):
+        log.clear()
+        attention(q, q, q, **kw)
+        return log[-1][0]
+
+    q = torch.empty(1, 16, 128, 64, device="meta", dtype=torch.bfloat16)
+    assert [launched(q) for _ in range(5)] == ["fa3p_bf16_d64_bm64"] * 5 and len(planned) == 1
+    assert launched(q.half()) == "fa3p_f16_d64_bm64" and len(planned) == 2              # a new dtype
+    assert launched(q, kernel="fa2") == "fa2_bf16_d64" and planned[-1][2] == "fa2"      # forcing a kernel
+    assert launched(q) == "fa3p_bf16_d64_bm64" and len(planned) == 3                    # the choice kept
+    here = torch.zeros(1, 16, 128, 64, dtype=torch.bfloat16)
+    assert launched(here) == "fa2_bf16_d64" and planned[-1][1] == cpu                   # a new device, its constants
+    assert launched(q, causal=True) == "fa3p_bf16_d64_causal_bm64" and len(planned) == 5
+    assert launched(torch.empty(1, 16, 256, 64, device="meta", dtype=torch.bfloat16)) and len(planned) == 6
+    assert [launched(x) for x in (q, here, q.half())] == ["fa3p_bf16_d64_bm64", "fa2_bf16_d64", "fa3p_f16_d64_bm64"]
+    assert len(planned) == 6 and len(ns["_attention_calls"]) == 6
+    # the checks run on every call, not only the first: a transposed k is refused on a warm key
+    with pytest.raises(ValueError, match="contiguous"):
+        attention(here, here.transpose(2, 3).contiguous().transpose(2, 3), here)
+    with pytest.raises(ValueError, match="one shape"):
+        attention(here, here[:, :8].contiguous(), here)
