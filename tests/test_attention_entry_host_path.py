@@ -73,4 +73,26 @@ def test_the_benchmark_compares_the_entry_point_with_the_step_it_picks(bench, en
     assert calls[q.shape, q.dtype, q.device, False, kernel, None].plan.entry == ready.plan.entry
     names = [n for n, _ in cases]
     assert names[:3] == ["the step's own call (its launch configured once)", "attention(q, k, v, causal=causal)",
-                         "attention, before (ENTRY_BEFORE)"] and len(names) == 6
+                         "attention, before (ENTRY_BEFORE)"] and len(names) == 7
+
+
+def test_the_op_takes_the_ready_call_and_plans_a_new_shape_once(entry, monkeypatch):
+    """kl::attention as a model calls it: a shape's first call goes through attention() (planned once, the plan's
+    kernel launched); a warm call looks the ready call up itself (no attention() frame) and launches the same."""
+    ns = entry.ns
+    planned = []
+    real = ns["attention_plan"]
+    monkeypatch.setitem(ns, "attention_plan", lambda q, causal=False, kernel=None: planned.append(q.shape) or real(
+        q, causal, kernel))
+    q, k, v = (torch.randn(2, 8, 192, 64).to(torch.bfloat16) for _ in range(3))     # a shape no other test takes
+    key = (q.shape, q.dtype, q.device, True, None, None)
+    assert key not in ns["_attention_calls"]
+    for _ in range(12):                                 # past the op's first checked calls (kernellab.ops)
+        out = entry.op(q, k, v, True)
+    assert planned == [q.shape] and out.shape == q.shape and out.dtype == q.dtype
+    assert ns["_attention_calls"][key].plan == real(q, True)
+    mine = frames(lambda: entry.op(q, k, v, True))
+    listing = "\n".join(f"{v} {k}" for k, v in sorted(mine.items()))
+    assert mine[NB, "kl_attention"] == 1 and mine[NB, "call"] == 1 and (NB, "attention") not in mine, listing
+    assert mine["launch_overhead.py", "tensor_map"] == (0 if ns["_attention_calls"][key].plan.family == "fa2" else 3)
+    assert planned == [q.shape]

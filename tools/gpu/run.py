@@ -341,8 +341,10 @@ SUITES: dict[str, Suite] = {
         "benchmarks/launch_overhead.py --attention on this host's CPU: tutorial 08's attention op forward + backward "
         "with the stand-in driver and tensor maps, stage by stage, warm and with cold caches (the same Python as the "
         "CPU machine's table, so the two hosts compare; compiles tutorial 08's kernels for sm_90/sm_90a on a bare "
-        "machine first)", 300,
-        commands=((PY, "benchmarks/launch_overhead.py", "--attention", "--launches", "10000", "--rounds", "10"),)),
+        "machine first); then --entry: tutorial 07's entry point and kl::attention against the step each picks at "
+        "small grid shapes, and the grid's step op (07's kernels compiled for sm_90/sm_90a first)", 300,
+        commands=((PY, "benchmarks/launch_overhead.py", "--attention", "--launches", "10000", "--rounds", "10"),
+                  (PY, "benchmarks/launch_overhead.py", "--entry", "--launches", "4000", "--rounds", "10"))),
     "bench-validate": Suite(
         "benchmarks/validate_bench.py: kernellab.bench against triton's do_bench and Nsight Compute, burst and "
         "sustained", 580,
