@@ -1404,7 +1404,8 @@ def entry_table(results, title: str) -> str:
         step, entry, before, _, op, op_before, step_op = (med[n] for n in names)
         lines.append(f"| {B * H}, {N}, {d}, {'causal' if causal else 'full'} | {kernel} | "
                      + " | ".join(f"{med[n]:.2f}" for n in names)
-                     + f" | {entry / step:.2f}x ({before / step:.2f}x) | {op / step_op:.2f}x ({op_before / step_op:.2f}x) |")
+                     + f" | {entry / step:.2f}x ({before / step:.2f}x) "
+                       f"| {op / step_op:.2f}x ({op_before / step_op:.2f}x) |")
     return "\n".join(lines)
 
 
