@@ -47,6 +47,7 @@ import os
 import pathlib
 import pickle
 import re
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -594,9 +595,11 @@ class HostKernel:
     def _run_forked(self, call, buffers) -> CpuRun:
         """The launch in a forked child; its pointer arguments' bytes come back through a pipe."""
         r, w = os.pipe()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:                                          # the child: launch, send the bytes, leave at once
             try:
+                die_with_parent(parent)
                 os.close(r)
                 faulthandler.disable()                        # a crash here is reported by the parent, quietly
                 err = self.fn(*call)
@@ -625,6 +628,19 @@ class HostKernel:
         for (ptr, n), data in zip(buffers, outs):
             ctypes.memmove(ptr, data, n)
         return CpuRun(err, self.host.take_findings(self.kernel.name, text))
+
+
+def die_with_parent(parent: int) -> None:
+    """In a forked child: be killed when the thread that forked it ends (Linux's PR_SET_PDEATHSIG), and leave at once
+    where `parent` is already gone, so that a launch that never ends cannot outlive the process that waits for it (a
+    grading worker restarted by its nanny, a test's process killed)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)            # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):                     # not Linux: the child lives on as before
+        return
+    if os.getppid() != parent:                            # the parent ended between fork() and prctl()
+        os._exit(1)
 
 
 def ptrs_value(v) -> int:
