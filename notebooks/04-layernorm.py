@@ -2401,14 +2401,8 @@ ADD_NORM_PAIRS = ((torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat
 
 def add_norm_inputs(rows, cols, xt, rt, dist="normal", device="cuda", seed=0):
     """x (xt), r (rt), w, b (xt), dy (rt), dh_out (xt): x ~ N(0, 1) or N(1000, 1) ("mean1e3"), r, dy, dh_out ~ N(0, 1),
-    w ~ N(1, 0.5), b ~ N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    x, r, dy, up = (torch.randn(rows, cols, generator=g, dtype=torch.float64) for _ in range(4))
-    if dist == "mean1e3":
-        x = x + 1e3
-    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
-    b = torch.randn(cols, generator=g, dtype=torch.float64)
-    return tuple(t.to(d).to(device) for t, d in ((x, xt), (r, rt), (w, xt), (b, xt), (dy, rt), (up, xt)))
+    w ~ N(1, 0.5), b ~ N(0, 1) (the tests' inputs, kernellab.teach.add_norm.make_inputs)."""
+    return an.make_inputs(rows, cols, xt, rt, dist, device, seed)
 
 
 def add_norm_torch(x, r, w, b):

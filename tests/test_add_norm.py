@@ -99,15 +99,7 @@ def test_rows_too_long_or_dtypes_not_instantiated_are_refused_clearly():
 
 # --- the kernels on the CPU path against float64 ------------------------------------------------------------------
 
-def inputs(rows, cols, t, r, dist="normal", seed=0):
-    """x (t), r (r), w, b (t), dy (r), dh_out (t): x ~ N(0, 1) or N(1000, 1) ("mean1e3"), r ~ N(0, 1), w ~ N(1, 0.5)."""
-    g = torch.Generator().manual_seed(seed)
-    x, rr, dy, up = (torch.randn(rows, cols, generator=g, dtype=torch.float64) for _ in range(4))
-    if dist == "mean1e3":
-        x = x + 1e3
-    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
-    b = torch.randn(cols, generator=g, dtype=torch.float64)
-    return x.to(t), rr.to(r), w.to(t), b.to(t), dy.to(r), up.to(t)
+inputs = an.make_inputs          # (rows, cols, x dtype, r dtype, dist, device, seed): also the GPU tests'
 
 
 def torch_grads(x, r, w, b, dy, up, dtype=None):

@@ -203,6 +203,20 @@ def add_layernorm_backward(dy, dh_out, h, w, eps=1e-5):
     return dh, dr, dw, db
 
 
+def make_inputs(rows, cols, x_dtype, r_dtype, dist="normal", device="cpu", seed=0):
+    """(x, r, w, b, dy, dh_out) for checking the op: x ~ N(0, 1), or N(1000, 1) with dist="mean1e3" (a large mean);
+    r, dy, dh_out ~ N(0, 1); w ~ N(1, 0.5); b ~ N(0, 1); drawn in float64 from `seed`, then x, w, b, dh_out in
+    x_dtype and r, dy in r_dtype, on `device`."""
+    g = torch.Generator().manual_seed(seed)
+    x, r, dy, up = (torch.randn(rows, cols, generator=g, dtype=torch.float64) for _ in range(4))
+    if dist == "mean1e3":
+        x = x + 1e3
+    w = 1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)
+    b = torch.randn(cols, generator=g, dtype=torch.float64)
+    return tuple(t.to(d).to(device) for t, d in ((x, x_dtype), (r, r_dtype), (w, x_dtype), (b, x_dtype),
+                                                 (dy, r_dtype), (up, x_dtype)))
+
+
 def reference_add_layernorm(x, r, w, b, eps=1e-5):
     """The same in PyTorch: (x + r, F.layer_norm(x + r) in r's dtype), what the op replaces (and, on the CPU,
     a model's add_norm_op for a test of the wiring)."""
