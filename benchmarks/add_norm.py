@@ -251,7 +251,7 @@ def fused_host_cases(torch, an, rows, cols, xt, rt):
     """[(layer, fn)] of kl::add_layernorm's host path as a training step calls it, outermost first: the forward +
     backward the GPU benchmark times, the forward op (recording the graph), the backward through a graph built once,
     the backward op as its graph node calls it, each launcher alone and the three generated launches alone."""
-    from kernellab.run.launch.launch import DEFER_SYNC
+    import launch_overhead
 
     leaves, up, dy = host_inputs(torch, rows, cols, xt, rt)
     x, r, w, b = (t.detach() for t in leaves)
@@ -259,14 +259,7 @@ def fused_host_cases(torch, an, rows, cols, xt, rt):
     h, y = op(*leaves, EPS)                              # the graph the backward rows walk (retain_graph)
     hd = h.detach()
 
-    def deferred(f):                                     # as inside the op: launches that do not wait
-        def run():
-            token = DEFER_SYNC.set(True)
-            try:
-                f()
-            finally:
-                DEFER_SYNC.reset(token)
-        return run
+    deferred = launch_overhead.inside_op                # as inside the op: launches that do not wait
 
     def backward_op_alone():
         with torch.no_grad():                            # as the engine calls it: grad mode off

@@ -1045,6 +1045,46 @@ def standin_tensor_map():
     return tensor_map
 
 
+def standin_tutorial_ops(notebook: str, tag: str):
+    """(ns, standin): the tutorial's launcher cells loaded with their kernels compiled (each `%%cuda` cell for its
+    arch, sm_90 by default) and its ops registered also on "cpu" under `tag::` (kl:: is the tutorial's CUDA
+    registration); standin(kernels) points each kernel's launches at the stand-in driver's C call on device -1, an
+    sm_90 of 132 SMs, on stream 0."""
+    import pathlib
+    import sys
+
+    from kernellab.run.launch import launch as L
+    from kernellab.run.launch.device import DeviceInfo
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+    from notebook_cells import load_tutorial, named_cuda_cells_with_arch
+
+    arch_of = {src: arch for arch, src in named_cuda_cells_with_arch(notebook).values()}
+    real_op = kernellab.op
+
+    def op_on_cpu(name, schema=None, **kw):
+        return real_op(name.replace("kl::", f"{tag}::"), schema, **{**kw, "device_types": ("cuda", "cpu")})
+    kernellab.op = op_on_cpu
+    try:
+        ns = load_tutorial(notebook, compile=lambda src: kernellab.compile_cuda(
+            src, arch=arch_of.get(src) or "sm_90", first_line=2, filename="cell.cu"))
+    finally:
+        kernellab.op = real_op
+    driver = _StandinDrivers(standin_lib()).call()
+    dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132,
+                     shared_per_block_optin_bytes=227 * 1024, shared_per_sm_bytes=228 * 1024)
+    L.torch_stream_handle = lambda index: 0
+    L.torch_stream_function = lambda: (0).__mul__
+
+    def standin(kernels):
+        for k in kernels:
+            k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
+                                   max_threads_per_block=k.resources.max_threads_per_block,
+                                   static_shared_bytes=k.resources.shared_bytes, driver=driver)
+            k._launchers.clear()
+    return ns, standin
+
+
 def attention_op_setup(shape=ATTENTION_SHAPE, causal=True):
     """Tutorial 08's kl_flash_attention as benchmarks/train_gpt2.py calls it (forward, then backward through
     autograd), on the stand-in: the notebook's launcher cells with its kernels compiled (step 2's for sm_90, step 3's
@@ -1057,45 +1097,18 @@ def attention_op_setup(shape=ATTENTION_SHAPE, causal=True):
     kernellab.tensor_map back."""
     import pathlib
     import re
-    import sys
     import types
 
     import torch
 
-    from kernellab.run.launch import launch as L
-    from kernellab.run.launch.device import DeviceInfo
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "gpu"))
-    from notebook_cells import load_tutorial, named_cuda_cells_with_arch
-
-    arch_of = {src: arch for arch, src in named_cuda_cells_with_arch("08-attention-backward.py").values()}
-    real_op, real_map = kernellab.op, kernellab.tensor_map
-    tag = f"klcpu{time.monotonic_ns() % 1_000_000}"
-
-    def op_on_cpu(name, schema=None, **kw):
-        return real_op(name.replace("kl::", f"{tag}::"), schema, **{**kw, "device_types": ("cuda", "cpu")})
-    kernellab.op = op_on_cpu
-    try:
-        ns = load_tutorial("08-attention-backward.py", compile=lambda src: kernellab.compile_cuda(
-            src, arch=arch_of.get(src) or "sm_90", first_line=2, filename="cell.cu"))
-    finally:
-        kernellab.op = real_op
+    real_map = kernellab.tensor_map
+    ns, standin = standin_tutorial_ops("08-attention-backward.py", f"klcpu{time.monotonic_ns() % 1_000_000}")
     here = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "07-fused-attention.py"
     cells = re.split(r"^# %%(?: .*)?\n", here.read_text(), flags=re.M)
     cell = next(c for c in cells if c.startswith("# %%cuda") and "--name fa2_cell" in c.partition("\n")[0])
     ns["_fa2_forward"]["module"] = kernellab.compile_cuda(cell.partition("\n")[2], arch="sm_90", first_line=2,
                                                           filename="07-fused-attention.py:step2")
-    driver = _StandinDrivers(standin_lib()).call()
-    dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132,
-                     shared_per_block_optin_bytes=227 * 1024, shared_per_sm_bytes=228 * 1024)
-    L.torch_stream_handle = lambda index: 0
-    L.torch_stream_function = lambda: (0).__mul__
-    for module in (ns["attn_bwd"], ns["attn_bwd_h"], ns["_fa2_forward"]["module"]):
-        for k in module.kernels:
-            k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
-                                   max_threads_per_block=k.resources.max_threads_per_block,
-                                   static_shared_bytes=k.resources.shared_bytes, driver=driver)
-            k._launchers.clear()
+    standin(k for module in (ns["attn_bwd"], ns["attn_bwd_h"], ns["_fa2_forward"]["module"]) for k in module.kernels)
     ns["_capability"][-1] = (9, 0)                  # the stand-in device is an H100 (the op's backward: step 3)
     kernellab.tensor_map = standin_tensor_map()
 
@@ -1264,40 +1277,14 @@ def entry_setup(device_name: str = ENTRY_DEVICE):
     (the entry point before its ready per-shape calls) and the grid's step op (benchmarks/attention.py --grid: a
     registered op taking the step's name, which calls the entry point with `kernel=`). Returns a namespace;
     .restore() puts kernellab.op and kernellab.tensor_map back."""
-    import pathlib
-    import sys
     import types
 
     import torch
 
-    from kernellab.run.launch import launch as L
-    from kernellab.run.launch.device import DeviceInfo
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "gpu"))
-    from notebook_cells import load_tutorial, named_cuda_cells_with_arch
-
-    arch_of = {src: arch for arch, src in named_cuda_cells_with_arch("07-fused-attention.py").values()}
     real_op, real_map = kernellab.op, kernellab.tensor_map
     tag = f"klentry{time.monotonic_ns() % 1_000_000}"
-
-    def op_on_cpu(name, schema=None, **kw):
-        return real_op(name.replace("kl::", f"{tag}::"), schema, **{**kw, "device_types": ("cuda", "cpu")})
-    kernellab.op = op_on_cpu
-    try:
-        ns = load_tutorial("07-fused-attention.py", compile=lambda src: kernellab.compile_cuda(
-            src, arch=arch_of.get(src) or "sm_90", first_line=2, filename="cell.cu"))
-    finally:
-        kernellab.op = real_op
-    driver = _StandinDrivers(standin_lib()).call()
-    dev = DeviceInfo(index=-1, name="stand-in", arch="sm_90", multiprocessors=132,
-                     shared_per_block_optin_bytes=227 * 1024, shared_per_sm_bytes=228 * 1024)
-    L.torch_stream_handle = lambda index: 0
-    L.torch_stream_function = lambda: (0).__mul__
-    for k in ns["ATTENTION_KERNELS"].values():
-        k._path = L.LaunchPath(0, k.params, dev, name=k.name, signature=str(k.signature),
-                               max_threads_per_block=k.resources.max_threads_per_block,
-                               static_shared_bytes=k.resources.shared_bytes, driver=driver)
-        k._launchers.clear()
+    ns, standin = standin_tutorial_ops("07-fused-attention.py", tag)
+    standin(ns["ATTENTION_KERNELS"].values())
     cpu = torch.device("cpu")
     ns["_attention_sms"][cpu], ns["_attention_gpus"][cpu] = 132, device_name
     before = dict(ns)

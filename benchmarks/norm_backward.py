@@ -221,7 +221,7 @@ def host_setup(ns, kind, rows, cols, dtype):
     import torch
     import torch.nn.functional as F
 
-    from kernellab.run.launch.launch import DEFER_SYNC
+    import launch_overhead
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(rows, cols, generator=g).to(dtype).requires_grad_(True)
@@ -263,14 +263,7 @@ def host_setup(ns, kind, rows, cols, dtype):
     dx, dw, db, partial = (torch.empty_like(xd), torch.empty_like(wd), torch.empty_like(wd),
                            torch.empty(plan.grid, 2, cols, dtype=torch.float32))
 
-    def deferred(f):                             # as inside the op: launches that do not wait
-        def run():
-            token = DEFER_SYNC.set(True)
-            try:
-                f()
-            finally:
-                DEFER_SYNC.reset(token)
-        return run
+    deferred = launch_overhead.inside_op                # as inside the op: launches that do not wait
 
     def backward_op_alone():
         with torch.no_grad():                    # as the engine calls it: grad mode off
