@@ -409,6 +409,17 @@ def steps_in_the_running(plan, all_steps: bool = False) -> list[str]:
 SHAPE_OVERHEAD_S = 1.0
 START_S = 25.0                     # CUDA context, tutorial 07 compiled and loaded, the ops registered
 
+# The paired timing (time_paired): the entry point and the step it chose, just timed and warm, again by one
+# kernellab.bench call on the sequence entry, step, step, entry (four functions to bench; rounds repeat the sequence):
+# 2 ms of warm-up and 10 ms of repetitions a position in 4 rounds, 4 to 100 a position (each kernel 8 to 200 in all:
+# 8 where a call takes milliseconds, whose calls spread far less than the 3 % in question), without the integrity
+# re-check that the shape's main timing already made of the same functions on the same inputs.
+# The call costs PAIR_BENCH_OVERHEAD_S more: each position's first call, the input sets (up to twice the L2 of
+# them), the other-stream probe.
+PAIR_POSITIONS = 4
+PAIR_OPTIONS = dict(rounds=4, warmup_ms=2.0, rep_ms=10.0, min_reps=4, max_reps=100)
+PAIR_BENCH_OVERHEAD_S = 0.25
+
 
 def _method_s(ms: float, warmup_ms: float, rep_ms: float, idle: bool, min_reps: int, max_reps: int) -> float:
     """Seconds kernellab.bench spends on one function of `ms` a call (see above)."""
@@ -419,10 +430,12 @@ def _method_s(ms: float, warmup_ms: float, rep_ms: float, idle: bool, min_reps: 
 
 
 def grid_seconds(shapes, all_steps: bool = False, sms: int = 132, every_method: bool = False,
-                 min_reps: int = GRID_MIN_REPS, max_reps: int = GRID_MAX_REPS) -> float:
+                 min_reps: int = GRID_MIN_REPS, max_reps: int = GRID_MAX_REPS, paired: bool = True) -> float:
     """Predicted wall time of run_grid on `shapes` (see above): the budget check for the quick and full grids.
-    every_method, min_reps=20, max_reps=10_000, all_steps: how the grid was timed before (every function by all three
-    methods), which the first H100 run measured: 16 shapes in 224 s."""
+    every_method, min_reps=20, max_reps=10_000, all_steps, paired=False: how the grid was timed before (every function
+    by all three methods), which the first H100 run measured: 16 shapes in 224 s. paired: each shape's entry point and
+    its chosen step timed again in both orders (time_paired: PAIR_POSITIONS functions to bench, PAIR_OPTIONS, and
+    PAIR_BENCH_OVERHEAD_S; a third kernel, the fastest other step where it led, is rare and not counted)."""
     from kernellab.teach.attention_plan import plan_attention
 
     total = START_S
@@ -437,6 +450,10 @@ def grid_seconds(shapes, all_steps: bool = False, sms: int = 132, every_method: 
         total += SHAPE_OVERHEAD_S + sum(_method_s(ms, 20, 40, True, min_reps, max_reps) for ms in bench)
         total += sum(_method_s(ms, 500, 40, False, min_reps, max_reps) for ms in others)
         total += sum(0.075 + 5 * (ms + 0.1) / 1e3 for ms in others)
+        if paired:
+            o = PAIR_OPTIONS
+            total += PAIR_BENCH_OVERHEAD_S + PAIR_POSITIONS * _method_s(
+                entry, o["warmup_ms"], o["rep_ms"], True, o["min_reps"], o["max_reps"])
     return total
 
 
@@ -448,14 +465,124 @@ def gpu_inputs_for(B, H, N, d, dtype):
     return make
 
 
+# -- the entry point against the step it chose, timed again in both orders --------------------------------------------
+# The shape's main timing runs the entry point first in every round (kernellab.bench alternates its function and its
+# baselines in one fixed order), and at a few small shapes the entry point's call of the step it chose, the same
+# kernel, timed a few per cent above the step's own. So each shape times that pair again, in both orders, and the
+# verdict compares the two on that: the gap is the geometric mean over the orders of entry / step (an order effect
+# that favours whichever runs first or second cancels), the spread is how far the repeated measurements of the same
+# kernel moved between the orders (the larger of the entry point's and the step's), and a gap inside the spread is
+# noise, not a loss. The steps are timed by kernellab.bench alone in the grid (do_bench and sustained time only the
+# entry point and SDPA), so the pair is too.
+
+
+def paired_names(bench_ms: dict, choice: str) -> list[str]:
+    """The functions one shape times again in both orders, from its main kernellab.bench times (name -> ms): the entry
+    point and the step it chose (the same kernel), and the fastest other step where that timed below the entry point
+    (then the plan chose a slower step, or seemed to); [] where the entry point or its choice was not timed."""
+    if "entry" not in bench_ms or choice not in bench_ms:
+        return []
+    others = {s: v for s, v in bench_ms.items() if s not in ("entry", "FLASH", "CUDNN", choice)}
+    best = min(others, key=others.get) if others else None
+    return ["entry", choice] + ([best] if best and others[best] < bench_ms["entry"] else [])
+
+
+def time_paired(timer, names: list[str]) -> dict:
+    """The paired timing of `names` (the entry point first): one timer call on the sequence A B ... B A (the names,
+    then the same reversed: each function timed once before the others and once after them, in one run whose rounds
+    repeat that sequence); timer(sequence) -> [ms at each position]. Returns {"method", "orders": [the names, the
+    names reversed], "ms": {name: [ms in the first order, ms in the second]}} (JSON, kept in the grid's row)."""
+    orders = [list(names), list(reversed(names))]
+    sequence = orders[0] + orders[1]
+    got = [float(x) for x in timer(sequence)]
+    if len(got) != len(sequence):
+        raise ValueError(f"the paired timer gave {len(got)} times for the {len(sequence)} positions of {sequence}")
+    half = len(names)
+    return {"method": "kernellab.bench", "orders": orders,
+            "ms": {n: [got[orders[0].index(n)], got[half + orders[1].index(n)]] for n in names}}
+
+
+def position_labels(sequence: list[str]) -> list[str]:
+    """A name per position of a paired sequence, unique as kernellab.bench needs them: a name's second position
+    'NAME again' ('entry', 'fa3p', 'fa3p again', 'entry again')."""
+    return [n if n not in sequence[:i] else f"{n} again" for i, n in enumerate(sequence)]
+
+
+def bench_timer(fns: dict, inputs, *, flops=None, generator_device: str = "cuda", clock=None, **options):
+    """timer(sequence) -> [median ms at each position] for time_paired: one kernellab.bench call whose functions are
+    the sequence's, in that order (the first as bench's function, the rest as its baselines, position_labels naming
+    them: warmed up in that order, and every round times them in that order, so A B B A runs A B B A A B B A ...),
+    PAIR_OPTIONS unless `options` say otherwise; `clock` replaces the CUDA clock (tests)."""
+    def timer(sequence):
+        labels = position_labels(sequence)
+        r = kernellab.bench(fns[sequence[0]], inputs, baselines={x: fns[n] for x, n in zip(labels[1:], sequence[1:])},
+                            name=labels[0], flops=flops, generator_device=generator_device, timer=clock,
+                            verify=False, **{**PAIR_OPTIONS, **options})
+        got = {r.name: r.median_ms, **{b.name: b.median_ms for b in r.baselines}}
+        return [got[x] for x in labels]
+    return timer
+
+
+def paired_gap(paired: dict, step: str, tolerance: float = 0.03) -> dict:
+    """The entry point against `step` on the paired timing: {"step", "gap" (the geometric mean over the orders of
+    entry / step, minus 1: > 0 the entry point slower), "spread" (the spread of the repeated measurements of the same
+    kernel: the largest max / min - 1 of the entry point's and of the step's times across the orders), "ratios"
+    (entry / step in each order), "entry_first" (which orders had the entry point before the step), "finding"}.
+    finding: "faster" (gap <= 0), "noise" (a gap inside the spread), "order" (noise whose sign follows the order: the
+    entry point slower only in the orders where it ran first, or only where it ran second), "within tolerance" (beyond
+    the spread, not beyond `tolerance`), "loss" (beyond both)."""
+    e, s = paired["ms"]["entry"], paired["ms"][step]
+    ratios = [a / b for a, b in zip(e, s)]
+    gap = math.exp(statistics.fmean(math.log(r) for r in ratios)) - 1
+    spread = max(max(t) / min(t) - 1 for t in (e, s))
+    entry_first = [o.index("entry") < o.index(step) for o in paired["orders"]]
+    slower_at = {f for f, x in zip(entry_first, ratios) if x > 1}       # the positions where the entry was slower
+    not_at = {f for f, x in zip(entry_first, ratios) if x <= 1}
+    if gap <= 0:
+        finding = "faster"
+    elif gap <= spread:
+        finding = "order" if len(slower_at) == 1 and not slower_at & not_at and not_at else "noise"
+    elif gap <= tolerance:
+        finding = "within tolerance"
+    else:
+        finding = "loss"
+    return {"step": step, "gap": gap, "spread": spread, "ratios": ratios, "entry_first": entry_first,
+            "finding": finding}
+
+
+def paired_judgement(r: dict, tolerance: float = 0.03) -> dict | None:
+    """A grid row's paired finding: paired_gap against each step of its pair, the one the entry point trails most
+    (the largest gap); None where the row has no paired timing."""
+    paired = r.get("paired")
+    if not paired:
+        return None
+    gaps = [paired_gap(paired, s, tolerance) for s in paired["ms"] if s != "entry"]
+    return max(gaps, key=lambda g: g["gap"]) if gaps else None
+
+
+def paired_words(g: dict) -> str:
+    """One paired finding in words: 'entry +2.5% over fa3p (spread 4.9%; entry / step by order 1.050 / 1.000): order
+    (inside the spread: slower only with the entry point timed first)'."""
+    said = {"faster": "as fast or faster", "noise": "noise (inside the spread)", "within tolerance":
+            "beyond the spread, within the tolerance", "loss": "LOSS (beyond the spread and the tolerance)"}
+    if g["finding"] == "order":
+        where = "first" if next(f for f, r in zip(g["entry_first"], g["ratios"]) if r > 1) else "second"
+        word = f"order (inside the spread: slower only with the entry point timed {where})"
+    else:
+        word = said[g["finding"]]
+    each = " / ".join(f"{r:.3f}" for r in g["ratios"])
+    return f"entry {g['gap']:+.1%} over {g['step']} (spread {g['spread']:.1%}; entry / step by order {each}): {word}"
+
+
 def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16, all_steps: bool = False
              ) -> tuple[list[dict], list[str]]:
     """Every grid shape timed as called (benchmarks/as_called.py): the entry point as the `kl::attention` op a model
     calls, each step of 07 in the running (steps_in_the_running; all with `all_steps`) forced through the entry
     point's launch path (a registered op taking the step's name), SDPA FLASH and CUDNN, under kernellab.bench; the
     entry point, FLASH and CUDNN also under do_bench and sustained=True (their ratios are the columns; the steps are
-    judged by kernellab.bench, the GPU's time, which is what the plan predicts). Returns (rows, shapes left out past
-    the time budget)."""
+    judged by kernellab.bench, the GPU's time, which is what the plan predicts); then the entry point and the step it
+    chose (with the fastest other step where that led) timed again by kernellab.bench in both orders, the row's
+    `paired` (time_paired), which the verdict judges them by. Returns (rows, shapes left out past the time budget)."""
     import as_called
     from notebook_cells import load_tutorial
 
@@ -512,6 +639,13 @@ def run_grid(quick: bool, log, budget_s: float, dtype=torch.bfloat16, all_steps:
             except Exception as exc:
                 log.write(traceback.format_exc())
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        names = paired_names(row["ms"]["kernellab.bench"], plan.kernel) if "ms" in row else []
+        if names:                               # the entry point and its step again, in both orders (time_paired)
+            try:
+                row["paired"] = time_paired(bench_timer({n: fns[n] for n in names}, make, flops=flops), names)
+            except Exception as exc:
+                log.write(traceback.format_exc())
+                row["paired_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         rows.append(row)
         log.write(json.dumps(row, default=str) + "\n")
         log.flush()
@@ -605,7 +739,16 @@ def plan_change_lines(rows: list[dict], golden: dict[tuple, dict]) -> list[str]:
 
 GRID_HEAD = (f"{'B*H':>4s} {'N':>6s} {'d':>4s} {'mask':6s} | {'choice':10s} {'entry µs':>9s} | {'best step':>16s} | "
              f"{'FLASH':>8s} {'CUDNN':>8s} | entry vs FLASH: bench / do_bench / sustained | vs CUDNN | vs best step"
-             " | every step, µs")
+             f" | {'paired: entry vs step, spread':>30s} | every step, µs")
+
+
+def paired_cell(r: dict) -> str:
+    """The table's paired column: the entry point's gap over the step it trails most on the paired timing, the
+    spread, the finding ('+2.5% ±5.0% order'); 'failed' where the paired timing raised, '-' where there was none."""
+    g = paired_judgement(r)
+    if g is None:
+        return "failed" if "paired_error" in r else "-"
+    return f"{g['gap']:+.1%} ±{g['spread']:.1%} {g['finding']} ({g['step']})"
 
 
 def print_grid_row(r: dict, flush: bool = False) -> None:
@@ -625,7 +768,8 @@ def print_grid_row(r: dict, flush: bool = False) -> None:
     best_us = steps[best] * 1e3 if best else 0.0
     print(head + f"{r['choice']:10s} {b['entry'] * 1e3:9.1f} | {best or '-':>10s} {best_us:5.0f} | "
           f"{b.get('FLASH', float('nan')) * 1e3:8.1f} {b.get('CUDNN', float('nan')) * 1e3:8.1f} | {cells:>40s} | "
-          f"{cudnn:>8s} | {vs_best:>12s} | " + ", ".join(f"{s} {v * 1e3:.1f}" for s, v in steps.items()), flush=flush)
+          f"{cudnn:>8s} | {vs_best:>12s} | {paired_cell(r):>30s} | "
+          + ", ".join(f"{s} {v * 1e3:.1f}" for s, v in steps.items()), flush=flush)
 
 
 def refit_lines(rows: list[dict], least: int = 3, device: str | None = None) -> list[str]:
@@ -700,22 +844,38 @@ def sustained_why(r: dict, tolerance: float = 0.05) -> str:
 
 GRID_LEGEND = ("times: kernellab.bench (host hidden: the GPU's time), µs; every step: those the model predicts within "
                f"{IN_THE_RUNNING}x of its choice (--all-steps: every step); vs best step: the best step's time over "
-               "the entry point's (< 1: the plan lost); " + SUSTAINED_LEGEND)
+               "the entry point's (< 1: the plan lost), one timing each with the entry point first in every round; "
+               "paired: the entry point and the step it chose (the same kernel; with the fastest other step where "
+               "that led) timed again by one kernellab.bench call on the sequence entry, step, step, entry (both "
+               "orders, every round): the entry "
+               "point's gap over the step (the geometric mean of entry / step over the orders), ± the spread of the "
+               "repeated measurements of the same kernel (the larger of the two kernels' max / min - 1 across the "
+               "orders), and the finding: faster, noise or order (a gap inside the spread; order: slower only in the "
+               "order where the entry point ran first, or only second), within tolerance (beyond the spread, within "
+               "3 %), loss (beyond both); the verdict counts a loss by the paired timing where a shape has one; "
+               + SUSTAINED_LEGEND)
 
 
 def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03, device: str | None = None
                  ) -> tuple[list[str], int]:
-    """(the final lines, the number of shapes where the entry point lost to a step by more than `tolerance`).
+    """(the final lines, the number of shapes where the entry point lost to a step).
 
     The entry point against the best of its own steps, judged by the timing its model predicts: kernellab.bench (host
-    time hidden: the GPU's time); a loss by any margin and by more than `tolerance` (the timing noise between two
-    calls of one kernel). Then the shapes below 1.0x FLASH by each timing method, why the methods disagree
-    (sustained_why), and per kernel the median of measured over predicted GPU time (kernellab.bench): what a refit of
-    kernellab.teach.attention_plan's constants starts from (refit_lines, beside `device`'s table)."""
-    slower, slower_tol, below, fit, same = [], [], {}, {}, []
+    time hidden: the GPU's time). First by the shape's main timing (one timing each, the entry point first in every
+    round): a loss by any margin and by more than `tolerance`. Then by the paired timing where the shape has one
+    (paired_judgement: the entry point and the step it chose timed again in both orders): a loss is a gap beyond
+    both the spread of the repeated measurements of the same kernel and `tolerance`; a gap inside the spread is noise
+    (or order, where it follows which ran first). The count returned is the paired losses plus the main timing's
+    losses at shapes without a paired timing. Then the shapes below 1.0x FLASH by each timing method, why the methods
+    disagree (sustained_why), and per kernel the median of measured over predicted GPU time (kernellab.bench): what a
+    refit of kernellab.teach.attention_plan's constants starts from (refit_lines, beside `device`'s table)."""
+    slower, slower_tol, lost_labels, below, fit, same, pairs = [], [], [], {}, {}, [], {}
     for r in rows:
         if "ms" not in r:
             continue
+        judged = paired_judgement(r, tolerance)
+        if judged:
+            pairs[r["label"]] = judged
         for method, ms in r["ms"].items():
             steps = {s: v for s, v in ms.items() if s not in ("entry", "FLASH", "CUDNN")}
             if method == "kernellab.bench" and steps:
@@ -725,6 +885,7 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03, 
                                   f"{steps[best] * 1e3:.1f} µs)")
                     if ms["entry"] > steps[best] * (1 + tolerance):
                         slower_tol.append(slower[-1])
+                        lost_labels.append(r["label"])
                         if best == r["choice"]:
                             same.append(r["label"])
                 for s, v in steps.items():
@@ -732,13 +893,24 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03, 
                         fit.setdefault(s, []).append(v * 1e3 / r["predicted_gpu_us"][s])
             if "FLASH" in ms and ms["FLASH"] < ms["entry"]:
                 below.setdefault(method, []).append(f"{r['label']} {ms['FLASH'] / ms['entry']:.2f}x")
-    lines = [f"entry point slower than the best of its own steps, by more than {tolerance:.0%}: "
+    lines = [f"entry point slower than the best of its own steps (main timing: one timing each, the entry point "
+             f"first in every round), by more than {tolerance:.0%}: "
              f"{len(slower_tol)} shape(s){': ' + '; '.join(slower_tol) if slower_tol else ''}",
              f"  (slower by any margin: {len(slower)}{': ' + '; '.join(slower) if slower else ''})"]
     if slower_tol:
         lines.append(f"  of those, the plan chose a slower step at {len(slower_tol) - len(same)}; at {len(same)} it chose "
                      f"the fastest step and the entry point's call of it timed slower than the step's own"
                      f"{': ' + '; '.join(same) if same else ''}")
+    unpaired = [x for x in lost_labels if x not in pairs]
+    if pairs:
+        lines += paired_lines(pairs, lost_labels, tolerance)
+        timed = [r for r in rows if "ms" in r and r["label"] not in pairs]
+        if timed:
+            lines.append(f"  not paired: {len(timed)} shape(s), judged by the main timing alone"
+                         f" ({len(unpaired)} loss(es) there): " + "; ".join(
+                             r["label"] + (f" (paired timing failed: {r['paired_error']})" if "paired_error" in r
+                                           else "") for r in timed))
+    lost = len(unpaired) + sum(g["finding"] == "loss" for g in pairs.values())
     for method in ("kernellab.bench", "do_bench", "sustained"):
         got = below.get(method, [])
         lines.append(f"entry point below 1.0x SDPA FLASH ({method}): {len(got)} shape(s)"
@@ -756,7 +928,37 @@ def grid_verdict(rows: list[dict], skipped: list[str], tolerance: float = 0.03, 
         lines.append(f"shapes that failed: {len(errors)}: " + "; ".join(errors))
     if skipped:
         lines.append(f"left out past the time budget: {len(skipped)} shape(s): " + "; ".join(skipped))
-    return lines, len(slower_tol)
+    return lines, lost
+
+
+def paired_lines(pairs: dict[str, dict], lost_labels: list[str], tolerance: float = 0.03) -> list[str]:
+    """grid_verdict's lines on the paired timing ({label: paired_judgement}; lost_labels: the shapes the main timing
+    counted as losses): the losses, then the shapes per other finding, then what became of the main timing's."""
+    by = {f: [x for x, g in pairs.items() if g["finding"] == f]
+          for f in ("loss", "within tolerance", "noise", "order", "faster")}
+
+    def named(labels):
+        return ": " + "; ".join(f"{x}: {paired_words(pairs[x])}" for x in labels) if labels else ""
+
+    lines = [f"entry point against its own steps, paired (at each shape the entry point and the step it chose, the "
+             f"same kernel, with the fastest other step where that led, timed again in both orders by one "
+             f"kernellab.bench call on entry, step, step, entry; gap: the geometric mean of entry / step over the "
+             f"orders; a loss only beyond the spread of the repeated measurements of the same kernel and beyond "
+             f"{tolerance:.0%}): "
+             f"{len(by['loss'])} loss(es) of {len(pairs)} shape(s) paired{named(by['loss'])}",
+             f"  order (a gap inside the spread, the entry point slower only in one order): {len(by['order'])} "
+             f"shape(s){named(by['order'])}",
+             f"  noise (a gap inside the spread): {len(by['noise'])} shape(s){named(by['noise'])}",
+             f"  beyond the spread, within {tolerance:.0%}: {len(by['within tolerance'])} shape(s)"
+             f"{named(by['within tolerance'])}",
+             f"  as fast as its step or faster: {len(by['faster'])} shape(s)"]
+    main = [x for x in lost_labels if x in pairs]
+    if main:
+        cleared = [x for x in main if pairs[x]["finding"] != "loss"]
+        lines.append(f"  of the main timing's {len(main)} loss(es) past {tolerance:.0%}, the paired timing found "
+                     f"{len(main) - len(cleared)} a loss and {len(cleared)} not"
+                     + (": " + "; ".join(f"{x} {pairs[x]['finding']}" for x in cleared) if cleared else ""))
+    return lines
 
 
 # -- Nsight Compute on the steps at one shape: why step 3b loses at short N (issue 32) --------------------------------

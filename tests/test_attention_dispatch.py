@@ -348,14 +348,17 @@ def test_fewer_ctas_for_a_persistent_kernel(entry):
 
 def test_the_quick_grid_fits_250_s_and_the_full_grid_550_s(bench):
     """The grid's wall time as predicted from the plan's GPU times (benchmarks/attention.py grid_seconds). The
-    prediction is held to the one measurement there is (H100, 2026-11-27: the grid timed every step by all three
-    methods and ran its 16 cheapest quick shapes in 224 s): timed that way it predicts at least that, so it does not
-    flatter the new way."""
+    prediction is held to the first measurement (H100, 2026-11-27: the grid timed every step by all three methods,
+    without the paired timing, and ran its 16 cheapest quick shapes in 224 s): timed that way it predicts at least
+    that, so it does not flatter the new way. The whole quick grid has since run in 104 s on an H100 and 123 s on an
+    H200 where this model, without the paired timing, predicts 117 s; the full grid (not a suite: a run by hand under
+    its 540 s budget) is held to 1.3x room."""
     quick, full = bench.grid_shapes(True), bench.grid_shapes(False)
-    before = bench.grid_seconds(quick[:16], all_steps=True, every_method=True, min_reps=20, max_reps=10_000)
+    before = bench.grid_seconds(quick[:16], all_steps=True, every_method=True, min_reps=20, max_reps=10_000,
+                                paired=False)
     assert before >= 224
     assert bench.grid_seconds(quick) <= 250 / 1.5          # room for the model to be 1.5x optimistic
-    assert bench.grid_seconds(full) <= 550 / 1.4
+    assert bench.grid_seconds(full) <= 540 / 1.3
     assert bench.grid_seconds(quick, all_steps=True) > bench.grid_seconds(quick)
 
 

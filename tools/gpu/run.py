@@ -231,7 +231,10 @@ SUITES: dict[str, Suite] = {
         commands=((PY, "benchmarks/attention_inference.py", "--quick", "--out", "{out}"),), takes_args=True),
     "bench-attention-grid": Suite(
         "benchmarks/attention.py --grid --quick: the entry point against each of its steps and SDPA FLASH/CUDNN on "
-        "short to long sequences, timed as called; last lines: where it loses to a step or to FLASH, the plan's "
+        "short to long sequences, timed as called, and at each shape the entry point and the step it chose (the "
+        "same kernel) timed again in both orders (entry, step, step, entry); last lines: where it loses to a step "
+        "(by that paired timing: a gap beyond the spread of the same kernel's repeated timings and 3 %; inside it: "
+        "noise or order) or to FLASH, the plan's "
         "constants (the device's: the H200's on an H200, else the H100's), then each shape whose choice moved from "
         "the golden run's on that GPU (attention_plan_h200.json or _h100.json) with both steps' times; "
         "$OUT/attention_plan_golden.json: the run as a golden table", 300,
