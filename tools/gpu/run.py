@@ -134,8 +134,9 @@ SUITES: dict[str, Suite] = {
         tests=(GPU_TESTS + "test_attention_inference_gpu.py",), select="online_merge or early_first_tile"),
     "tests-attention-dispatch": Suite(
         "tutorial 07's entry point (kl::attention, from the notebook's launcher cell): its output equals the kernel "
-        "its plan names, opcheck; the short-sequence variant (fa3p_*_bm64) on awkward shapes against SDPA", 300,
-        tests=(GPU_TESTS + "test_attention_dispatch_gpu.py",)),
+        "its plan names, opcheck; the short-sequence variant (fa3p_*_bm64) on awkward shapes against SDPA; the "
+        "attention grid's paired timing (bench-attention-grid runs those first too)", 300,
+        tests=(GPU_TESTS + "test_attention_dispatch_gpu.py", GPU_TESTS + "test_attention_grid_pairing_gpu.py")),
     "tests-train": Suite(
         "training on kernellab's ops: a 2-layer GPT's --quick run of benchmarks/train_gpt2.py (PyTorch eager, two "
         "seeds, torch.compile, tutorials 08/04's kl_flash_attention and kl_layernorm) inside the seed noise band; one "
@@ -237,8 +238,10 @@ SUITES: dict[str, Suite] = {
         "noise or order) or to FLASH, the plan's "
         "constants (the device's: the H200's on an H200, else the H100's), then each shape whose choice moved from "
         "the golden run's on that GPU (attention_plan_h200.json or _h100.json) with both steps' times; "
-        "$OUT/attention_plan_golden.json: the run as a golden table", 300,
-        commands=((PY, "benchmarks/attention.py", "--grid", "--quick"),), takes_args=True),
+        "$OUT/attention_plan_golden.json: the run as a golden table; first the paired timing's GPU tests (one "
+        "kernel under two names is not a loss, 10 % more bytes is)", 300,
+        commands=((*PYTEST_GPU, "-rfEs", GPU_TESTS + "test_attention_grid_pairing_gpu.py"),
+                  (PY, "benchmarks/attention.py", "--grid", "--quick")), takes_args=True),
     "profile-attention-short": Suite(
         "benchmarks/attention.py --profile: Nsight Compute on each of tutorial 07's steps at short N (B*H 16 and 256, "
         "N = 512, d 64/128, causal or not; N = 4096 for contrast): tensor pipe, SMs active, occupancy, stall reasons, "
