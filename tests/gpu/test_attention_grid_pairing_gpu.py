@@ -25,8 +25,9 @@ def inputs(g):
 
 
 def test_one_kernel_under_two_names_is_not_a_loss(grid):
-    """The same memory-bound kernel (192 MB moved: 40-60 µs on an H100 or H200) as 'entry' and as its 'step': the two-order gap stays inside 3 %,
-    and the finding is never a loss; each name's two timings (one before the other, one after) within 3 %."""
+    """The same memory-bound kernel (192 MB moved: 40-60 µs on an H100 or H200) as 'entry' and as its 'step': the
+    two-order gap stays inside 3 % and the finding is never a loss; each name's two timings (one before the other, one
+    after) within 3 %."""
     def copy(x):
         return x.mul(2.0)
 
