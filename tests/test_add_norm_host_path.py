@@ -104,18 +104,13 @@ def test_the_launches_get_the_plans_rows_columns_and_16_byte_flag(standin):
     assert sargs[0] is partial and sargs[1:3] == (bgrid, 768) and sargs[3] is dw and sargs[4] is db
     assert h.shape == dh.shape == (64, 768) and (y.dtype, dr.dtype, dw.dtype) == (BF16, BF16, F32)
     # any input an element past an allocation: element loads (flag 0); the contiguous copy of a strided input goes in
-    for i in range(4):
-        standin.clear()
-        args = [x, r, w, b]
-        args[i] = shifted(args[i])
-        an.add_layernorm(*args)
-        assert standin[0][3][9] == 0, i
-    for i in range(4):
-        standin.clear()
-        args = [dy, up, h, w]
-        args[i] = shifted(args[i])
-        an.add_layernorm_backward(*args)
-        assert standin[0][3][10] == 0, i
+    for launcher, given, flag in ((an.add_layernorm, [x, r, w, b], 9), (an.add_layernorm_backward, [dy, up, h, w], 10)):
+        for i in range(4):
+            standin.clear()
+            args = list(given)
+            args[i] = shifted(args[i])
+            launcher(*args)
+            assert standin[0][3][flag] == 0, (launcher.__name__, i)
     standin.clear()
     strided = torch.randn(768, 64).t()
     an.add_layernorm(x, r, w, b)
