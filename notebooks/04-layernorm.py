@@ -2266,7 +2266,7 @@ block_results["rmsnorm"]
 # | kernels | 3 forward, 5 backward | | 1 forward, 2 backward (the finish of `dw`, `db`) | |
 #
 # 60 bytes an element against 28: the fused op moves 2.1x fewer. Where the branch has the stream's dtype (bf16 and
-# bf16) the casts go, and `dh` serves as `dr`: 11 against 8 bytes an element (1.4x), 5 kernels against 3. The
+# bf16) the casts go, and `dh` serves as `dr`: 22 against 16 bytes an element (1.4x), 5 kernels against 3. The
 # prediction is these bytes at 3 TB/s plus 2.5 µs a kernel launch (`kernellab.teach.add_norm.model_us`, written
 # before any GPU ran the op); the cell below counts them and checks the count against that model.
 
