@@ -744,7 +744,8 @@ GRID_HEAD = (f"{'B*H':>4s} {'N':>6s} {'d':>4s} {'mask':6s} | {'choice':10s} {'en
 
 def paired_cell(r: dict) -> str:
     """The table's paired column: the entry point's gap over the step it trails most on the paired timing, the
-    spread, the finding ('+2.5% ±5.0% order'); 'failed' where the paired timing raised, '-' where there was none."""
+    spread, the finding and that step ('+2.5% ±5.0% order (fa3p)'); 'failed' where the paired timing raised, '-' where
+    there was none."""
     g = paired_judgement(r)
     if g is None:
         return "failed" if "paired_error" in r else "-"

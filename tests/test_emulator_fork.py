@@ -1,6 +1,6 @@
 """A launch on the CPU path with fewer checks built in runs in a forked child (kernellab.run.sim.cuda.emulate): a kernel
-that never ends must not outlive the process waiting for it (a grading worker restarted by its nanny left one
-spinning a core for an hour)."""
+that never ends must not outlive the process waiting for it (else a grading worker restarted by its nanny leaves
+one spinning a core)."""
 import os
 import signal
 import subprocess

@@ -149,7 +149,7 @@ def _python_cells(nb):
 @pytest.mark.parametrize("py", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_cell_rebinds_a_function_an_earlier_cell_defined(py):
     """A top-level assignment or loop variable named like an earlier cell's function replaces it for every cell
-    after (a launch plan table named like the planner broke a later cell's launches, on the GPU only): each name a
+    after (a launch plan table named like the planner breaks a later cell's launches, on the GPU only): each name a
     cell binds is not a function or class an earlier cell defined (a cell may redefine one with `def`)."""
     import ast
 
