@@ -26,6 +26,8 @@ op, each launcher, the dispatcher's path); its kernels compile for sm_90 and lau
 (standin_tutorial). `--no-norm` leaves that table out. `--attention` does the same for tutorial 08's
 kl_flash_attention (forward, then backward through autograd, the backward on step 3 as on an H100), stage by stage,
 warm and with cold caches, with kernellab.tensor_map stood in by a Python cache hit (CPU memory has no map).
+`--entry` (no GPU) times tutorial 07's attention entry point and its kl::attention op against the step each picks,
+called directly, and against the old entry point (ENTRY_BEFORE), at small grid shapes planned as on an H200.
 
 `--ops` (GPU, issue 30) times registered ops (kernellab.op) as a model calls them: host µs per call of a one-kernel
 op (target <= 15 µs) beside the bare launch, torch.library.custom_op around the same launcher and one aten op;
@@ -33,8 +35,9 @@ tutorial 07's attention as an op beside an SDPA call of the same small shape (ta
 call of a replayed CUDA graph of captured op calls against one of bare kernel launches (target: the same).
 
 Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 benchmarks/launch_overhead.py [--launches 2000]
-[--rounds 15] [--out table.md] [--breakdown | --ops | --cpu [--profile] | --python-only]. Takes about 10 s
-(--ops: about a minute, compiling tutorial 07's kernels; --cpu: about a minute on a shared 2-core machine).
+[--rounds 15] [--out table.md] [--breakdown | --ops | --cpu [--profile] | --python-only | --attention | --entry].
+Takes about 10 s (--ops: about a minute, compiling tutorial 07's kernels; --cpu: about a minute on a shared 2-core
+machine).
 """
 import argparse
 import math
@@ -1381,8 +1384,8 @@ def entry_cpu_cases(calls: int, rounds: int, shapes=ENTRY_SHAPES) -> list[tuple[
 
 
 def entry_table(results, title: str) -> str:
-    """The --entry table: per shape the CPU µs a call (median round) of each case and the entry point's, its op's and
-    the old entry point's ratio to the step's own call."""
+    """The --entry table: per shape the CPU µs a call (median round) of each case, the entry point's ratio to the
+    step's own call and its op's to the grid's step op, each beside the old entry point's (in brackets)."""
     names = [name for name, _ in results[0][2]]
     lines = [title, "", "| B*H, N, d, mask | plan | " + " | ".join(names) + " | entry / step (before) | "
              "op / the grid's step op (before) |", "|---" * (len(names) + 4) + "|"]
