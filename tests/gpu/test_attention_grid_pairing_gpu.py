@@ -20,7 +20,8 @@ def grid():
 def inputs(g):
     import torch
 
-    # 96 MB of bf16 (twice the H100's L2 would be 100 MB: one set, so each call reads it from DRAM after the flush)
+    # 96 MiB of bf16, about twice the H100's 50 MB L2: kernellab.bench makes one input set of it, and each call reads
+    # it from DRAM after the flush
     return (torch.randn(48 * 2**20, generator=g, device="cuda", dtype=torch.bfloat16),)
 
 
