@@ -637,7 +637,7 @@ def die_with_parent(parent: int) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)            # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):                     # not Linux: the child lives on as before
+    except (OSError, AttributeError):                     # not Linux: the child ends only with its launch
         return
     if os.getppid() != parent:                            # the parent ended between fork() and prctl()
         os._exit(1)
