@@ -33,8 +33,9 @@ def mod():
 
 # --- a stand-in host and phases ---------------------------------------------------------------------------------
 
-# The figures measured on 2 x NVIDIA H200 (docs/RESULTS.md): 1 GPU start 8.1 s, autotune 53.6, grade 144.4; 2 GPUs
-# start 8.5, autotune 30.4, grade 90.0; the fault drill 31 s.
+# The stand-in host's phases: figures measured on 2 x NVIDIA H200 (docs/RESULTS.md at 7f9f857, 2026-11-27; the file
+# now holds later runs): 1 GPU start 8.1 s, autotune 53.6, grade 144.4; 2 GPUs start 8.5, autotune 30.4, grade 90.0;
+# the fault drill 31 s.
 H200X2 = {1: (8.1, 53.6, 144.4), 2: (8.5, 30.4, 90.0), 4: (10.5, 20.5, 104.2)}
 
 
