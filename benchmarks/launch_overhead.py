@@ -887,7 +887,7 @@ def norm_cold_cases(calls: int, rounds: int, cold_calls: int, flush_bytes: int =
 
     s = norm_op_setup()
     x, w, b, dy, cols, op, ns = s.x, s.w, s.b, s.dy, s.cols, s.op, s.ns
-    xd, wd, bd = x.detach(), w.detach(), b.detach()
+    xd = x.detach()
     launcher, backward_launcher, backward_op = ns["layernorm"], ns["layernorm_backward"], ns["kl_layernorm_backward"]
     y = torch.empty_like(xd)
     rows = xd.shape[0]
@@ -1139,8 +1139,6 @@ def attention_op_setup(shape=ATTENTION_SHAPE, causal=True):
 def attention_named_cases(s) -> list:
     """(case, fn) for the --attention table: the op's forward + backward and its stages, each alone (attention_op_setup)."""
     import torch
-
-    from kernellab.run.launch import launch as L
 
     ns, causal = s.ns, s.causal
     q, k, v, do = (x.detach() for x in (s.q, s.k, s.v, s.do))

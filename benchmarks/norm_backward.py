@@ -161,8 +161,6 @@ def main(argv=None) -> int:
                     f"compile {v['torch.compile'] * 1e3:.1f}" for m, v in ms.items()), flush=True)
     variants = []
     if args.plans:                              # the launcher alone, two plans for 1000 x 1031 (kernellab.bench)
-        import dataclasses
-
         for kind in args.ops.split(","):
             dy, x, w, b = inputs(torch, 1000, 1031, torch.bfloat16)
             default = ns["plan_backward"](1000, 1031, 2)
