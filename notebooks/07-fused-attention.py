@@ -1530,16 +1530,15 @@ for e in plan_attention(1, 16, 512, 64, True).alternatives:
 # ## From the notebook into a model: the entry point as a PyTorch op
 #
 # `attention(q, k, v, out=None, causal=False)` below, with the steps' launchers' arguments, is the tutorial's one entry
-# point: on a shape's first call (per dtype, device and mask) it asks the model for a plan and makes a *ready call*
-# for it, the chosen kernel from the step 2 and step 3 cells (`fa2_cell`, `fa3_cell`) with its grid, block, shared
-# memory and scalars configured; every later call is one dictionary lookup, the inputs' checks and that launch, so
-# the entry point costs the host what a call of its step does, plus the lookup and the checks of q, k and v
-# (`benchmarks/launch_overhead.py --entry` times both). `kernellab.op` registers it as a PyTorch operator
-# through `torch.library`: a schema,
-# the launcher as the CUDA implementation, and a fake implementation made from `outputs=` (the output is shaped like
-# `q`), which `torch.compile(fullgraph=True)` and `torch.export` trace instead of running the kernel. Launches inside
-# an op do not wait for their kernel, and the tensor maps of a call come from kernellab's cache (keyed by address,
-# shape, strides, box and swizzle) once made, so a call costs the host little more than an SDPA call
+# point: on a shape's first call (per dtype, device and mask) it asks the model for a plan and makes a *ready call* for
+# it, the chosen kernel from the step 2 and step 3 cells (`fa2_cell`, `fa3_cell`) with its grid, block, shared memory
+# and scalars configured; every later call is one dictionary lookup, the inputs' checks and that launch, so the entry
+# point costs the host what a call of its step does, plus the lookup and the checks of q, k and v
+# (`benchmarks/launch_overhead.py --entry` times both). `kernellab.op` registers it as a PyTorch operator through
+# `torch.library`: a schema, the launcher as the CUDA implementation, and a fake implementation made from `outputs=`
+# (the output is shaped like `q`), which `torch.compile(fullgraph=True)` and `torch.export` trace instead of running the
+# kernel. Launches inside an op do not wait for their kernel, and the tensor maps of a call come from kernellab's cache
+# (keyed by address, shape, strides, box and swizzle) once made, so a call costs the host little more than an SDPA call
 # (`benchmarks/launch_overhead.py --ops` measures both). The cell is also what tests and benchmarks run
 # (`tests/gpu/notebook_cells.py`'s `load_tutorial`), so they time the very function a model calls.
 
