@@ -219,8 +219,8 @@ def check_class(grades, expected) -> list[str]:
 
 def warm_job(job: dict, workers: int) -> dict:
     """The warm-up's job: a little of each kind of work on every worker of the largest pool, none of it timed into a
-    ratio: one configuration a worker and each exercise's first `workers` submissions (solutions and wrong ones, so
-    every tool and buffer size is met), no fault drill."""
+    ratio: one configuration a worker and each exercise's first `workers` submissions (solutions and the first of
+    its wrong variants: the largest shapes, each compute-sanitizer tool and the graders' findings), no fault drill."""
     work = {ex: dict(itertools.islice(subs.items(), workers)) for ex, subs in job["work"].items()}
     return {**job, "configs": job["configs"][:workers], "work": work, "faults": False}
 
