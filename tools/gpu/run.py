@@ -68,6 +68,11 @@ def backward_variant_suite(about: str, select: str, variants: str, *bench_args: 
          "--ns", "4096", "--out", "{out}")))
 
 
+def train_gpt2(*configs: str) -> tuple:
+    """The command of a training suite: benchmarks/train_gpt2.py over `configs`, 3 profiled steps each."""
+    return ((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--configs", ",".join(configs), "--out", "{out}"),)
+
+
 SUITES: dict[str, Suite] = {
     "tests-launch": Suite(
         "launching: kernels from CuPy/torch arguments, the launch fast path, TMA descriptors, Numba kernels, faults "
@@ -302,9 +307,8 @@ SUITES: dict[str, Suite] = {
         "compiled-graphs), kernellab's eager and compiled steps and their graphed steps (kernellab-graphs, "
         "kernellab-compiled-graphs): loss curves in the band, step times against eager and compiled, the capturing "
         "step's time, 3 profiled steps each (GPU ms a step); the table printed last", 420,
-        commands=((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--configs",
-                   "eager,eager-seed1,compiled,graphs,compiled-graphs,kernellab,kernellab-compiled,kernellab-graphs,"
-                   "kernellab-compiled-graphs", "--out", "{out}"),), takes_args=True),
+        commands=train_gpt2("eager", "eager-seed1", "compiled", "graphs", "compiled-graphs", "kernellab",
+                            "kernellab-compiled", "kernellab-graphs", "kernellab-compiled-graphs"), takes_args=True),
     "train-gpt2-fused": Suite(
         "benchmarks/train_gpt2.py with each residual add fused with the LayerNorm after it (kl_add_layernorm as the "
         "GPT's add_norm_op): GPT-2 small, 200 steps of batch 16 x 1024 each of eager (seeds 0 and 1: the noise "
@@ -312,9 +316,8 @@ SUITES: dict[str, Suite] = {
         "(kernellab-compiled-graphs, kernellab-fused-compiled-graphs) and the fused op's eager step: loss curves in "
         "the band, step times against eager and compiled, 3 profiled steps each (the norms' kernels); the table "
         "printed last", 540,
-        commands=((PY, "benchmarks/train_gpt2.py", "--profile", "3", "--configs",
-                   "eager,eager-seed1,compiled,compiled-graphs,kernellab-compiled-graphs,kernellab-fused,"
-                   "kernellab-fused-compiled-graphs", "--out", "{out}"),), takes_args=True),
+        commands=train_gpt2("eager", "eager-seed1", "compiled", "compiled-graphs", "kernellab-compiled-graphs",
+                            "kernellab-fused", "kernellab-fused-compiled-graphs"), takes_args=True),
     "train-gpt2-diagnose": Suite(
         "benchmarks/train_gpt2.py --diagnose, 40 steps of eager and kernellab's configurations: host against GPU time "
         "a step, kernellab's launches and waits per thread, torch's synchronising calls, the allocator's "
