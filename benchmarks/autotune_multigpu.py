@@ -229,7 +229,8 @@ def warm_up_estimate(n: int, workers_per_gpu: int, costs: "Costs", students: int
     """The warm-up's seconds: a pool on n GPUs running warm_job, its share of the job on the expected speed-up, the
     start and the work each WARM_UP_GROWTH times a phase's (first work on a machine is dearer)."""
     workers = n * workers_per_gpu
-    e = estimate_phase(n, costs, configs=workers, submissions=3 * min(workers, students), drill_timeout_s=None)
+    submissions = len(EXERCISES) * min(workers, students)          # warm_job: each exercise's first `workers`
+    e = estimate_phase(n, costs, configs=workers, submissions=submissions, drill_timeout_s=None)
     return dataclasses.replace(e, start_s=e.start_s * WARM_UP_GROWTH["start"], job_s=e.job_s * WARM_UP_GROWTH["job"])
 
 
