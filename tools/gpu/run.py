@@ -175,8 +175,8 @@ SUITES: dict[str, Suite] = {
         "trained 30 steps with it, eager and as one CUDA graph a step, inside eager PyTorch's seed band", 300,
         tests=(GPU_TESTS + "test_add_norm_gpu.py",)),
     "bench-add-norm": Suite(
-        "tests-add-norm's GPU tests (but the training run), then benchmarks/add_norm.py at 16384x768 (float32 stream + bf16 branch, and "
-        "bf16 + bf16): the fused add + LayerNorm forward + backward as called against our add + kl_layernorm and "
+        "tests-add-norm's GPU tests (but the training run), then benchmarks/add_norm.py at 16384x768 (float32 "
+        "stream + bf16 branch, and bf16 + bf16): the fused add + LayerNorm forward + backward as called against our add + kl_layernorm and "
         "torch.compile of F.layer_norm(x + r) (kernellab.bench / do_bench / sustained), the fused forward and "
         "backward alone, each beside its prediction; the table printed last", 300,
         commands=((*PYTEST_GPU, "-rfEs", "-k", "not tiny_gpt", GPU_TESTS + "test_add_norm_gpu.py"),
