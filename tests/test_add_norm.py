@@ -464,3 +464,51 @@ def test_the_tutorial_shows_each_kernel_the_op_launches_whole_from_the_header(ca
         for ch in body:
             depth.append(depth[-1] + (ch == "{") - (ch == "}"))
         assert depth[-1] == 0 and min(depth[1:-1]) > 0, name
+
+
+# --- the backward's rows kernel with Ahead (benchmarks/add_norm.py times it beside the op's) ----------------------
+
+@pytest.fixture(scope="module")
+def ahead_module():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "add_norm.py"
+    spec = importlib.util.spec_from_file_location("add_norm_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench, kernellab.compile_cuda(bench.ahead_source(), arch="sm_90", filename="add_norm_ahead.cu")
+
+
+def test_the_ahead_rows_kernel_asks_the_next_rows_into_l1_within_the_same_registers(module, ahead_module):
+    """Ahead adds prefetches (h, dy, dh_out of the next row: 3 more CCTL.E.PF1 than the op's kernel) and nothing that
+    spills or lowers the blocks an SM."""
+    _, ahead = ahead_module
+    for c in (1, 2):
+        name = f"<float, __nv_bfloat16, {c}>"
+        base, k = module["add_layernorm_backward_rows" + name], ahead["add_layernorm_backward_rows_ahead" + name]
+        assert sass_ops(k).get("CCTL.E.PF1", 0) >= sass_ops(base).get("CCTL.E.PF1", 0) + 3 * c, (sass_ops(k),)
+        assert k.resources.registers <= 65536 // (512 * (2 if c == 1 else 1))
+        assert k.resources.spill_store_bytes == 0 and k.resources.local_bytes == 0
+    assert_registers_only_and_deterministic(ahead.kernels)
+
+
+@needs_cxx
+@pytest.mark.parametrize("rows, cols", [(70, 64), (37, 1031), (9, 8192)])
+def test_the_ahead_rows_kernel_gives_the_ops_bits_on_the_cpu_path(ahead_module, rows, cols):
+    """Two blocks walking several rounds of rows (the next row past the last, a tail of columns, two chunks): dh, dr
+    and the partial sums equal the op's kernel's bit for bit."""
+    bench, _ = ahead_module
+    ahead = kernellab.compile_cuda(bench.ahead_source(), arch="sm_90", filename="add_norm_ahead.cu", simulate=True)
+    base = an.kernels("cpu")
+    x, r, w, b, dy, up = inputs(rows, cols, torch.float32, torch.bfloat16)
+    chunks, rt, block, _ = an.plan_backward(rows, cols, 132)
+    h = (x + r.float()).contiguous()
+    got = []
+    for k in (base[f"add_layernorm_backward_rows<float, __nv_bfloat16, {chunks}>"],
+              ahead[f"add_layernorm_backward_rows_ahead<float, __nv_bfloat16, {chunks}>"]):
+        dh, dr, partial = torch.full_like(h, float("nan")), torch.empty_like(r), torch.full((2, 2, cols), float("nan"))
+        k[2, block](dy, up, h, w, dh, dr, partial, rows, cols, rt, int(cols % 8 == 0), 1e-5)   # 16-byte rows
+        got.append((dh, dr, partial))
+    for a, c in zip(*got):
+        assert torch.equal(a, c)
+    assert not got[0][0].isnan().any()

@@ -4,7 +4,9 @@ DRAM / L2 / L1 throughput and the SASS instructions warps stall at, one launch o
     PYTHONPATH=$PWD python3 tools/gpu/norm_stalls.py OUTDIR [CASE ...]    # GPU machine, repo root; ~30 s a case
 
 A CASE is "op dtype RxC" with op layernorm, rmsnorm or softmax (default: tutorial 04's misses at the time and two
-cases that meet the target, for contrast). Writes OUTDIR/<case>.csv (ncu --page details), <case>.ncu-rep and
+cases that meet the target, for contrast), or add_norm_bwd / add_norm_bwd_ahead with dtype "stream:branch" (the fused
+add + LayerNorm's backward rows kernel, kernellab.teach.add_norm's plan; _ahead: benchmarks/add_norm.py's variant that
+asks the next row into L1). Writes OUTDIR/<case>.csv (ncu --page details), <case>.ncu-rep and
 <case>.source.csv (per-SASS-instruction stall samples), and prints one table of the metrics side by side, then each
 case's ten SASS instructions with the most stall samples.
 """
@@ -47,6 +49,9 @@ def child(case: str) -> None:
     kernellab.set_isolation(False)
     op, dname, shape = case.split()
     rows, cols = (int(v) for v in shape.split("x"))
+    if op.startswith("add_norm_bwd"):
+        add_norm_child(op, dname, rows, cols)
+        return
     dtype = getattr(torch, dname)
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(rows, cols, device="cuda", dtype=dtype, generator=g)
@@ -63,6 +68,38 @@ def child(case: str) -> None:
     torch.cuda.synchronize()
     plan = ns["plan_rows"](rows, cols, dtype.itemsize)
     print(f"plan {plan}", file=sys.stderr)
+
+
+def add_norm_child(op: str, dname: str, rows: int, cols: int) -> None:
+    """The fused add + LayerNorm's backward rows kernel (the op's, or benchmarks/add_norm.py's Ahead variant), launched
+    twice on the op's plan."""
+    import importlib.util
+
+    import torch
+
+    import kernellab
+    from kernellab.teach import add_norm as an
+
+    xt, rt = (getattr(torch, n) for n in dname.split(":"))
+    x, r, w, b, dy, up = an.make_inputs(rows, cols, xt, rt, device="cuda")
+    h, _ = an.add_layernorm(x, r, w, b)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    chunks, row_threads, block, grid = an.plan_backward(rows, cols, sms)
+    name = f"<{an.CTYPE[xt]}, {an.CTYPE[rt]}, {chunks}>"
+    if op == "add_norm_bwd_ahead":
+        spec = importlib.util.spec_from_file_location("add_norm_bench", ROOT / "benchmarks" / "add_norm.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        kernel = kernellab.compile_cuda(bench.ahead_source(), filename="add_norm_ahead.cu")[
+            "add_layernorm_backward_rows_ahead" + name]
+    else:
+        kernel = an.kernels("cuda")["add_layernorm_backward_rows" + name]
+    dh, partial = torch.empty_like(h), torch.empty(grid, 2, cols, device="cuda")
+    dr = None if xt == rt else torch.empty_like(dy)
+    for _ in range(2):
+        kernel[grid, block](dy, up, h, w, dh, dr, partial, rows, cols, row_threads, int(cols % an.CHUNK == 0), 1e-5)
+    torch.cuda.synchronize()
+    print(f"plan {(chunks, row_threads, block, grid)}", file=sys.stderr)
 
 
 def slug(case: str) -> str:
@@ -109,7 +146,8 @@ def main() -> int:
         for s in SECTIONS:
             cmd += ["--section", s]
         cmd += ["--metrics", ",".join(stall_metrics() + METRICS)]
-        cmd += ["-k", "regex:(layernorm|rmsnorm|softmax)_rows", sys.executable, __file__, "--child", case]
+        kernels = "add_layernorm_backward_rows" if case.startswith("add_norm") else "(layernorm|rmsnorm|softmax)_rows"
+        cmd += ["-k", f"regex:{kernels}", sys.executable, __file__, "--child", case]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         (out / f"{slug(case)}.log").write_text(p.stdout + "\n--- stderr\n" + p.stderr)
         d = subprocess.run(["ncu", "-i", str(rep), "--csv", "--page", "details"], capture_output=True, text=True)
