@@ -43,6 +43,7 @@ def test_every_step_compiles_for_sm90_without_spills(module):
                    for kind in ("dkdv", "dkv", "dq", "dkdv_v2", "dkv_w8", "dq_w8", "dkdv_w8", "dkv_lean", "dq_lean",
                                 "dkdv_lean", "dkv_2d")]
                   + [f"bwd_dkdv_2d_{s}" for s in SUFFIXES] + [f"bwd_dkdv_ilp_{s}" for s in SUFFIXES]
+                  + [f"bwd_dkdv_fa2_{s}" for s in SUFFIXES]
                   + [f"bwd_pre_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)]
                   + ["bwd_dq_convert_bf16", "bwd_dq_convert_f16"])
     assert names == want
@@ -55,7 +56,8 @@ def test_every_step_compiles_for_sm90_without_spills(module):
         assert not r.spills and r.local_bytes == 0 and r.spill_store_bytes == 0, (k.name, r)
         assert r.registers <= 255, (k.name, r)
         if k.name.startswith(("bwd_dkdv", "bwd_dkv", "bwd_dq_")) and "convert" not in k.name:
-            eight = "_w8_" in k.name or (k.name.startswith(("bwd_dkdv_2d_", "bwd_dkdv_ilp_")) and "_d128" in k.name)
+            eight = ("_w8_" in k.name or k.name.startswith("bwd_dkdv_fa2_")
+                     or (k.name.startswith(("bwd_dkdv_2d_", "bwd_dkdv_ilp_")) and "_d128" in k.name))
             assert r.max_threads_per_block == (256 if eight else 128), (k.name, r)
 
 
@@ -109,7 +111,7 @@ def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
     assert tutorial["VARIANTS"][:2] == ("atomic", "pass")
     assert set(tutorial["VARIANTS"]) == set(tutorial["BWD_LADDER"]) | {"hopper", "hopper_rows"}   # steps 3, 3b
     assert tutorial["BWD_LADDER"] == {k: tuple(v) for k, v in LADDER.items()} and tutorial["BWD_DKDV_TILES"] == TILES
-    assert tutorial["BWD_PAIRS"] == PAIRS
+    assert tutorial["BWD_PAIRS"] == PAIRS and tutorial["BWD_P_TILE"] == P_TILE
     # atomic_2d at d = 64: 128 keys, 32-query tiles, the dS^T tile: two blocks an SM by shared memory
     assert 2 * tutorial["bwd_dkdv_smem_bytes"](64, True, 4, 128, 32) <= 228 * 1024
     assert tutorial["bwd_dkdv_smem_bytes"](64, False, 4, 128, 32) == 2 * 128 * 64 * 2 + 4 * 32 * 64 * 2 + 4 * 32 * 4
@@ -247,10 +249,12 @@ LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4), "at
           "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8), "atomic_w8": ("bwd_dkdv_w8", None, 8),
           "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4), "atomic_lean": ("bwd_dkdv_lean", None, 4),
           "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4), "atomic_2d": ("bwd_dkdv_2d", None, 4),
-          "atomic_2d_ilp": ("bwd_dkdv_ilp", None, 4)}
+          "atomic_2d_ilp": ("bwd_dkdv_ilp", None, 4), "atomic_fa2": ("bwd_dkdv_fa2", None, 8)}
 TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32),    # the notebook's BWD_DKDV_TILES
-         ("atomic_2d", 128): (128, 32, 8), ("atomic_2d_ilp", 64): (128, 32), ("atomic_2d_ilp", 128): (128, 32, 8)}
+         ("atomic_2d", 128): (128, 32, 8), ("atomic_2d_ilp", 64): (128, 32), ("atomic_2d_ilp", 128): (128, 32, 8),
+         ("atomic_fa2", 64): (128, 64, 8), ("atomic_fa2", 128): (128, 64, 8)}
 PAIRS = {("atomic_2d", 128), ("atomic_2d_ilp", 128)}                    # the notebook's BWD_PAIRS
+P_TILE = {("atomic_fa2", 64), ("atomic_fa2", 128)}                      # the notebook's BWD_P_TILE
 
 
 def emulated_backward(BH, N, d, causal, variant, seed, module, dtype="bf16"):
@@ -281,7 +285,8 @@ def emulated_backward(BH, N, d, causal, variant, seed, module, dtype="bf16"):
     keys, bm, *w = TILES.get((variant, d), (16 * warps, {64: 64, 128: 32}[d]))
     warps = w[0] if w else warps
     threads = 32 * warps
-    dkdv_smem = 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4 + (keys * bm * 4 if (variant, d) in PAIRS else 0)
+    dkdv_smem = (2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4 + (keys * bm * 4 if (variant, d) in PAIRS else 0)
+                 + (keys * bm * 2 if (variant, d) in P_TILE else 0))
     atomic = dq_kernel is None
     run(SOURCE, f"bwd_pre_{dtype}_d{d}", (-(-BH * N // 4),), (128,),
             [o_bits, bits[3], delta, acc if atomic else None, BH * N])
@@ -389,6 +394,33 @@ SHAPES_ILP = [
 @pytest.mark.parametrize("BH,N,d,causal,dtype", SHAPES_ILP)
 def test_atomic_2d_ilp_in_the_emulator_matches_float64(BH, N, d, causal, dtype, module):
     _assert_emulated_rung_matches_float64("atomic_2d_ilp", BH, N, d, causal, dtype, N + d + 2, module)
+
+
+# rung 10 (atomic_fa2): FlashAttention-2's tile, 8 warps, 128 keys, 64-query steps, P and dS through shared memory;
+# N = 1 (one key, one query), 63 and 65 (one block, most of its keys past N; 65: a second query step of 1), 130 (two
+# key blocks, the second 2 keys long; causal: a block's first step on the diagonal), 193 (a last step of 1 query)
+SHAPES_FA2 = [
+    (1, 130, 64, True, "bf16"),
+    (2, 65, 64, False, "f16"),
+    (1, 130, 128, False, "bf16"),
+    (1, 193, 128, True, "f16"),
+    pytest.param(1, 1, 64, True, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 63, 64, False, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 65, 64, True, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 193, 64, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 130, 64, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 1, 128, False, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 63, 128, True, "bf16", marks=pytest.mark.slow),
+    pytest.param(2, 65, 128, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 130, 128, True, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 193, 128, False, "bf16", marks=pytest.mark.slow),
+]
+
+
+@needs_cxx
+@pytest.mark.parametrize("BH,N,d,causal,dtype", SHAPES_FA2)
+def test_atomic_fa2_in_the_emulator_matches_float64(BH, N, d, causal, dtype, module):
+    _assert_emulated_rung_matches_float64("atomic_fa2", BH, N, d, causal, dtype, N + d + 3, module)
 
 
 def _dq_loop_chain(sass: str) -> tuple[int, int]:
