@@ -2091,6 +2091,79 @@ for (d, causal), r in rung9.items():
 # `short_scoreboard` at 12 % occupancy: fixed-latency dependencies with too few warps to hide them.
 
 # %% [markdown]
+# ### Rung 10: FlashAttention-2's own tile
+#
+# Rungs 8 and 9 keep `S^T` and `dP^T` with the keys as rows, so a warp needs whole key rows of `dK` and `dV` and,
+# at `d = 128`, those 256 floats force the warp pairs and their hand-overs (Nsight Compute: barrier stalls, tensor
+# pipe 32 %). FlashAttention-2's backward (its paper's and code's tile, `d = 128`: 64 x 128, 8 warps) takes the
+# other way: the products are spread over the warps differently for each, and `P` and `dS` meet them in shared
+# memory.
+#
+# 10. **`atomic_fa2`** (`bwd::dkdv_fa2`): a block of 8 warps owns 128 keys and walks the queries in steps of 64
+#     (`Q`, `dO`, the LSE and `Dv` double-buffered by `cp.async`; `K` and `V` loaded once), 2 barriers a step:
+#     - `S = Q K^T` and `dP = dO V^T` with the warps 2 (queries) x 4 (keys): a warp 32 x 32 of each over `d`;
+#       `P = exp2(S s log2 e - LSE log2 e)` (masked in a branch of tiles that cross `N` or the diagonal) and
+#       `dS = P (dP - Dv) s`, both stored as `T` into `[64 queries][128 keys]` tiles (`STS.32` of key pairs, the XOR
+#       swizzle); one `__syncthreads`;
+#     - `dV += P^T dO` and `dK += dS^T Q` with the warps 4 (keys) x 2 (columns): a warp 32 keys x `d/2` over the 64
+#       queries, `P^T` and `dS^T` read from the same tiles by `ldmatrix.trans`: `dK` and `dV` of the block's 128 keys
+#       spread over all 8 warps, 128 floats a thread at `d = 128` (64 at `d = 64`), with no hand-over between warps;
+#     - `dQ = dS K` with the warps 2 (queries) x 4 (columns): a warp 32 queries x `d/4` over the 128 keys, added to
+#       the fp32 `dq_accum` by `red.global.add.v2.f32` (one share per 128 keys, as rungs 5-9).
+#
+#     Every `ldmatrix` lane address is one offset a thread and a constant XOR a fragment (rung 6's lean addressing,
+#     `lane_off`): with the swizzle computed per fragment the `d = 128` kernel spilled 12-60 bytes at 255 registers;
+#     so computed, 255 registers and no spills at `d = 128`, 194-198 at `d = 64` (one block an SM: two would need 128
+#     registers a thread). Shared memory 99,328 B (`d = 64`) and 164,864 B (`d = 128`): `K`, `V`; 2 x (`Q`, `dO`); the
+#     rows; `dS` and `P` (`BWD_P_TILE`). *Counted before a GPU ran it*, a warp's step (64 queries):
+#
+#     | product | `mma` (`d = 64` / `128`) | `ldmatrix.x4` | each fragment feeds |
+#     |---|---|---|---|
+#     | `S = Q K^T` | 32 / 64 | 16 / 32 | `Q` 4 `mma`, `K` 4 |
+#     | `dP = dO V^T` | 32 / 64 | 16 / 32 | 4, 4 |
+#     | `dV += P^T dO` | 32 / 64 | 16 / 24 (`.trans`) | `P^T` 2 / 4, `dO` 4 |
+#     | `dK += dS^T Q` | 32 / 64 | 16 / 24 | 2 / 4, 4 |
+#     | `dQ = dS K` | 32 / 64 | 24 / 32 | `dS` 2 / 4, `K` 4 |
+#     | **a warp's step** | **160 / 320** | **88 / 144 (0.55 / 0.45 an `mma`)** | |
+#
+#     plus 32 `STS.32` (`P`, `dS`), 8 `LDS.32` (LSE, `Dv`) and the `cp.async` of the next step; the SASS agrees
+#     (every `mma` of the step unrolled in the loop). Every access is conflict-free by the bank model
+#     (`rung10_bank_table()` in benchmarks/attention_backward.py): **2.55 wavefronts an `mma` at `d = 64`, 2.03 at
+#     `d = 128`** (rung 8 2.10, `atomic_w8` 2.75 / 2.83 modelled; FlashAttention-2 measured 2.09 / 1.95). The model
+#     (`atomic_w8_model(..., fa2=True)`, H100 rates) puts the `dK`/`dV` kernel's shared-memory bound at 3.81 ms
+#     (`d = 64`) and 3.03 ms (`d = 128`; tensor pipe 2.24 ms at both; `atomic_w8` 4.11 / 4.22, rung 8 3.10 at `d = 64`).
+#
+#     *Prediction* (written before it ran; `N = 4096`, bf16): with the kernel 1.5-1.8x its bound (FlashAttention-2
+#     ran 1.52x, rungs 5-9 1.55-2.0x, one block of 8 warps an SM here too), at `d = 128` the kernel 4.5-5.5 ms on an
+#     H100, the backward **0.85-1.0x SDPA's FLASH** (1.2-1.45x `atomic_w8`, the fastest `mma.sync` rung there); at
+#     `d = 64` 0.55 `ldmatrix.x4` an `mma` (rung 9: 0.45) and one block an SM (rung 9: two), so **0.73-0.87x FLASH**,
+#     0.78-0.93x rung 9: slower than rung 9 there; causal the same ratios within 5 %. If `d = 128` comes in below
+#     0.85x with the wavefronts as counted, the loss is latency (one block, two barriers a step, the `dQ` reductions
+#     at the end of the step), not shared memory.
+
+# %%
+for name, smem in (("bwd_dkdv_fa2_bf16_d64", 99_328), ("bwd_dkdv_fa2_bf16_d128", 164_864)):
+    kern = attn_bwd[name]
+    sass = str(kern.sass)
+    ldsm, hmma = len(re.findall(r"\bLDSM\b", sass)), len(re.findall(r"\bHMMA\b", sass))
+    occ = kernellab.occupancy(256, kern.resources.registers, smem, "sm_90")
+    print(f"{name:22s} {kern.resources}")
+    print(" " * 23, f"{ldsm} LDSM / {hmma} HMMA = {ldsm / hmma:.2f}; {occ.blocks_per_sm} block(s) of 256 threads "
+          f"an SM ({smem:,} B shared)")
+
+# %%
+# %%gpu
+rung10 = {(d, causal): bench_backward(4096, d, causal, variants=("atomic_fa2", "atomic_2d_ilp", "atomic_w8"))
+          for d in (64, 128) for causal in (False, True)}
+for (d, causal), r in rung10.items():
+    print(f"d={d:3d} causal={causal!s:5s}: atomic_fa2 {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+
+# %% [markdown]
+# **Measured**: not yet (`python3 tools/gpu/run.py bench-attention-backward-2d` times it beside rungs 8, 9,
+# `atomic_w8` and SDPA, and runs its GPU tests).
+
+# %% [markdown]
 # ## Step 3: the Hopper backward: `wgmma` fed by TMA, warp-specialised
 #
 # FlashAttention-3's backward keeps step 2's division of work (a block per tile of keys, `dK` and `dV` in registers,

@@ -423,6 +423,52 @@ def test_atomic_fa2_in_the_emulator_matches_float64(BH, N, d, causal, dtype, mod
     _assert_emulated_rung_matches_float64("atomic_fa2", BH, N, d, causal, dtype, N + d + 3, module)
 
 
+def test_atomic_fa2_compiles_to_flashattention_2s_tile_step(module):
+    """Rung 10's dK/dV kernel: a warp's step of 5 d / 2 HMMA (S, dP, dV, dK, dQ: d / 2 each at 2 x 32 x 32, d / 2 x
+    2 x ..., all unrolled in the SASS: 160 at d = 64, 320 at d = 128) and 88 / 144 LDSM (0.55 / 0.45 an HMMA; rung 8
+    0.45 at both), P and dS stored by 32 STS a thread, 2 barriers a step, dQ by 8 / 16 RED.F32x2; within 255
+    registers without spills or local memory, 256 threads, one block an SM with the launcher's shared memory."""
+    from kernellab import occupancy
+
+    for s in SUFFIXES:
+        k = module[f"bwd_dkdv_fa2_{s}"]
+        sass, d = str(k.sass), (64 if "_d64" in s else 128)
+        count = lambda op: len(re.findall(rf"\b{op}\b", sass))            # noqa: E731
+        assert count("HMMA") == 5 * d // 2 and count("LDSM") == {64: 88, 128: 144}[d], (s, count("HMMA"))
+        assert count("STS") == 32 and len(re.findall(r"\bBAR\.SYNC", sass)) == 2, s
+        assert len(re.findall(r"\bREDG?\.E\.ADD\.F32x2\b", sass)) == d // 8, s
+        assert not re.search(r"\bREDG?\.E\.ADD\.F32\.", sass), s
+        r = k.resources
+        assert not r.spills and r.local_bytes == 0 and r.registers <= 255 and r.max_threads_per_block == 256, (s, r)
+        smem = {64: 99_328, 128: 164_864}[d]
+        assert occupancy(256, r.registers, smem, "sm_90").blocks_per_sm == 1, (s, r)
+
+
+def test_every_launch_of_atomic_fa2_fits_an_sm(module):
+    """Rung 10's launches (preprocess, its dK/dV kernel, dQ's conversion; both dtypes and masks, N = 1, 65, 4096),
+    recorded on the CPU, fit an SM by kernellab.occupancy: its dK/dV kernel one block of 8 warps, 128 keys a block,
+    99,328 B (d = 64) or 164,864 B (d = 128) of shared memory (K, V; 2 x Q, dO; the rows; dS and P [64 x 128])."""
+    from launch_plans import assert_every_launch_fits, recording
+
+    launches = []
+    t = load_tutorial(NB, compile=recording(launches))
+    for dtype in (torch.bfloat16, torch.float16):
+        for causal in (False, True):
+            for N in (1, 65, 4096):
+                for d in (64, 128):
+                    q = torch.zeros(1, 2, N, d, dtype=dtype)
+                    t["attention_backward"](q, q, q, q, torch.zeros(1, 2, N), q, causal, "atomic_fa2")
+    main = {(launch.kernel, launch.block, launch.shared_bytes) for launch in launches
+            if launch.kernel.startswith("bwd_dkdv")}
+    assert main == {(f"bwd_dkdv_fa2_{dt}_d{d}{c}", (256,), {64: 99_328, 128: 164_864}[d])
+                    for dt in ("bf16", "f16") for c in ("", "_causal") for d in (64, 128)}, main
+    assert {launch.grid for launch in launches if launch.kernel == "bwd_dkdv_fa2_bf16_d128"} == {(1, 2), (32, 2)}
+    kernels = {k.name: k for k in module.kernels}
+    for name, occ in assert_every_launch_fits(launches, kernels, "sm_90"):
+        if name.startswith("bwd_dkdv_fa2"):
+            assert occ.blocks_per_sm == 1, (name, occ)
+
+
 def _dq_loop_chain(sass: str) -> tuple[int, int]:
     """(HMMA, the fewest HMMA from one to the next writing the same accumulator) in the dK/dV kernel's dQ k-loop: the
     instructions after the loop's last BAR.SYNC up to the first REDG (dS K's mma's and ldmatrix)."""
