@@ -1109,7 +1109,8 @@ __device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __re
 // The tile step's three products with their ldmatrix lane addresses computed once (as rung 6's lean step): in a
 // [rows, COLS] swizzled tile, row R + lr (R % 8 == 0, lr the lane's part) and chunk C + lc (C even, lc the lane's
 // 0 / 1) sit at R 2 COLS + ((lr 2 COLS | (lc ^ (lr & 7)) << 4) ^ C << 4), so a thread keeps one offset a product
-// and each k-step, row tile or column block is a constant XOR and add.
+// and each k-step, row tile or column block is a constant XOR and add (C's per-warp part folded into the offset has
+// no bit in common with its constant part). Computed per fragment instead, the d = 128 kernel spilled 12-60 bytes.
 template <int COLS> __device__ __forceinline__ uint32_t lane_off(int lr, int lc, int cfold) {   // cfold: C's per-warp part
     return lr * (2 * COLS) | (((lc ^ (lr & 7)) ^ cfold) << 4);
 }
