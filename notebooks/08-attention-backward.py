@@ -1094,6 +1094,245 @@ __device__ __forceinline__ void dkdv_pair(const T* __restrict__ Q, const T* __re
         }
 }
 
+// Rung 10 (atomic_fa2): FlashAttention-2's backward tile. A block of 8 warps owns KT = 128 keys (dK, dV of them in
+// registers, spread over all 8 warps) and walks the queries in steps of BM = 64 (Q, dO, LSE, Dv double-buffered by
+// cp.async; K, V loaded once). Each step, with P and dS through shared memory as T, [BM queries][KT keys] swizzled:
+//   S = Q K^T and dP = dO V^T, warps 2 (queries) x 4 (keys): a warp 32 x 32 of each, over D; P = exp2(S scale log2 e
+//   - LSE log2 e), dS = P (dP - Dv) scale; both stored with STS.32 (pairs of keys), then one __syncthreads;
+//   dV += P^T dO and dK += dS^T Q, warps 4 (keys) x 2 (columns): a warp 32 keys x D/2, over the BM queries (P^T and
+//   dS^T read by ldmatrix.trans from the [BM][KT] tiles);
+//   dQ = dS K, warps 2 (queries) x 4 (columns): a warp 32 queries x D/4 over the KT keys, into dq_accum by
+//   red.global.add.v2.f32 (one share per 128 keys, as rungs 5-9).
+// Every shared access of the step is conflict-free (fa2_shared_accesses / rung10_bank_table in
+// benchmarks/attention_backward.py). Shared memory: K, V [KT, D]; 2 x (Q, dO) [BM, D]; 2 x (LSE, Dv) [BM] fp32;
+// dS, P [BM, KT] T.
+// The tile step's three products with their ldmatrix lane addresses computed once (as rung 6's lean step): in a
+// [rows, COLS] swizzled tile, row R + lr (R % 8 == 0, lr the lane's part) and chunk C + lc (C even, lc the lane's
+// 0 / 1) sit at R 2 COLS + ((lr 2 COLS | (lc ^ (lr & 7)) << 4) ^ C << 4), so a thread keeps one offset a product
+// and each k-step, row tile or column block is a constant XOR and add (C's per-warp part folded into the offset has
+// no bit in common with its constant part). Computed per fragment instead, the d = 128 kernel spilled 12-60 bytes.
+template <int COLS> __device__ __forceinline__ uint32_t lane_off(int lr, int lc, int cfold) {   // cfold: C's per-warp part
+    return lr * (2 * COLS) | (((lc ^ (lr & 7)) ^ cfold) << 4);
+}
+// acc (MT x 16 rows x 8 NB columns) = A B^T over D: A rows [0, 16 MT) of tile `a`, B rows [0, 8 NB) of tile `b`
+// (both [rows, D] swizzled, addresses at the warp's first row; ldmatrix), as gemm_abt_mt.
+template <typename T, int D, int NB, int MT>
+__device__ __forceinline__ void gemm_abt_fa2(float (&acc)[MT][NB][4], uint32_t a, uint32_t b) {
+    const int lane = threadIdx.x % 32;
+    const uint32_t a_off = lane_off<D>(lane & 15, lane >> 4, 0);
+    const uint32_t b_off = lane_off<D>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, 0);
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) acc[m][nb][0] = acc[m][nb][1] = acc[m][nb][2] = acc[m][nb][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) ldmatrix_x4(af[m], a + 16 * m * 2 * D + (a_off ^ (kc << 5)));
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, b + 8 * nb * 2 * D + (b_off ^ (kc << 5)));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816<T>(acc[m][nb], af[m], bf[0], bf[1]);
+                mma_16816<T>(acc[m][nb + 1], af[m], bf[2], bf[3]);
+            }
+        }
+    }
+}
+// acc (MT x 16 rows x DW columns) += A B over KC 16-row steps: A's rows are columns r0 .. r0 + 16 MT of tile `a`
+// ([16 KC, COLS] swizzled, read transposed by ldmatrix.trans; r0 % 32 == 0), B rows [0, 16 KC) and columns
+// [8 c0, 8 c0 + DW) of tile `b` ([rows, D] swizzled, ldmatrix.trans; c0 a multiple of DW / 8).
+template <typename T, int D, int COLS, int DW, int KC, int MT>
+__device__ __forceinline__ void gemm_at_b(float (&acc)[MT][DW / 8][4], uint32_t a, int r0, uint32_t b, int c0) {
+    const int lane = threadIdx.x % 32;
+    const uint32_t a_off = lane_off<COLS>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, r0 / 8);
+    const uint32_t b_off = lane_off<D>(lane & 15, lane >> 4, c0);
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) ldmatrix_x4_trans(af[m], a + 16 * kc * 2 * COLS + (a_off ^ (m << 5)));
+#pragma unroll
+        for (int db = 0; db < DW / 8; db += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + 16 * kc * 2 * D + (b_off ^ (db << 4)));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816<T>(acc[m][db], af[m], bf[0], bf[1]);
+                mma_16816<T>(acc[m][db + 1], af[m], bf[2], bf[3]);
+            }
+        }
+    }
+}
+// acc (MT x 16 rows x DW columns) = A B: A rows [0, 16 MT) of tile `a` ([rows, COLS] swizzled, address at the warp's
+// first row; ldmatrix), the product over its COLS columns; B rows [0, COLS) and columns [8 c0, 8 c0 + DW) of tile `b`
+// ([rows, D] swizzled, ldmatrix.trans; c0 a multiple of DW / 8).
+template <typename T, int D, int COLS, int DW, int MT>
+__device__ __forceinline__ void gemm_a_b(float (&acc)[MT][DW / 8][4], uint32_t a, uint32_t b, int c0) {
+    const int lane = threadIdx.x % 32;
+    const uint32_t a_off = lane_off<COLS>(lane & 15, lane >> 4, 0);
+    const uint32_t b_off = lane_off<D>(lane & 15, lane >> 4, c0);
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int e = 0; e < DW / 8; ++e) acc[m][e][0] = acc[m][e][1] = acc[m][e][2] = acc[m][e][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < COLS / 16; ++kc) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) ldmatrix_x4(af[m], a + 16 * m * 2 * COLS + (a_off ^ (kc << 5)));
+#pragma unroll
+        for (int db = 0; db < DW / 8; db += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + 16 * kc * 2 * D + (b_off ^ (db << 4)));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816<T>(acc[m][db], af[m], bf[0], bf[1]);
+                mma_16816<T>(acc[m][db + 1], af[m], bf[2], bf[3]);
+            }
+        }
+    }
+}
+template <typename T, int D, bool CAUSAL>
+__device__ __forceinline__ void dkdv_fa2(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                                         const T* __restrict__ dO, const float* __restrict__ LSE,
+                                         const float* __restrict__ Dv, float* __restrict__ dq_accum,
+                                         T* __restrict__ dK, T* __restrict__ dV, int N, float scale) {
+    constexpr int NT = 256, KT = 128, BM = 64, MT = 2, NB = 4;               // a warp's S, dP: 32 x 32
+    constexpr int DH = D / 2, DQ = D / 4, TB = KT * D * 2, QB = BM * D * 2, PB = BM * KT * 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t k_tile = smem_u32(smem), v_tile = k_tile + TB;             // [KT, D] each
+    const uint32_t q_tile0 = v_tile + TB, do_tile0 = q_tile0 + 2 * QB;        // [2][BM, D] each
+    const uint32_t lse0 = do_tile0 + 2 * QB, dv0 = lse0 + 2 * BM * 4;         // [2][BM] fp32 each
+    const uint32_t ds_tile = dv0 + 2 * BM * 4, p_tile = ds_tile + PB;         // [BM, KT] T each
+    const float* lse_s = reinterpret_cast<const float*>(smem + 2 * TB + 4 * QB);
+    const float* dv_s = lse_s + 2 * BM;
+    unsigned char* ds_p = smem + (ds_tile - k_tile);
+    unsigned char* p_p = smem + (p_tile - k_tile);
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int sq = 32 * (warp / 4), sk = 32 * (warp % 4);                     // S, dP: queries sq .., keys sk ..
+    const int kr = 32 * (warp / 2), kc0 = (warp % 2) * (DH / 8);             // dK, dV: keys kr .., 8-column block kc0 ..
+    const int qr = 32 * (warp / 4), qc0 = (warp % 4) * (DQ / 8);             // dQ: queries qr .., column block qc0 ..
+    // P, dS stores: row sq + 16 m + g + 8 h, keys sk + 8 nb + 2t: swz<KT>(row, sk / 8 + nb) + 4t as one offset
+    const uint32_t st_off = lane_off<KT>(g, 0, sk / 8) | 4 * t;
+    const int kv0 = blockIdx.x * KT;
+    const size_t head = (size_t)blockIdx.y * N;
+    Q += head * D; K += head * D; V += head * D; dO += head * D; LSE += head; Dv += head;
+    dK += head * D; dV += head * D; dq_accum += head * D;
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    const int i_first = CAUSAL ? kv0 / BM : 0, i_end = (N + BM - 1) / BM;
+    load_tile<KT, D, T, NT>(k_tile, K, kv0, N);
+    load_tile<KT, D, T, NT>(v_tile, V, kv0, N);
+    auto load_q = [&](int i, int buf) {
+        load_tile<BM, D, T, NT>(q_tile0 + buf * QB, Q, i * BM, N);
+        load_tile<BM, D, T, NT>(do_tile0 + buf * QB, dO, i * BM, N);
+        load_row_values<BM, NT>(lse0 + buf * BM * 4, LSE, i * BM, N);
+        load_row_values<BM, NT>(dv0 + buf * BM * 4, Dv, i * BM, N);
+    };
+    load_q(i_first, 0);
+    cp_async_commit();
+
+    float dk[MT][DH / 8][4], dv[MT][DH / 8][4];             // keys kr + 16 m + g (+8), columns 8 (kc0 + e) + 2t
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int e = 0; e < DH / 8; ++e)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dk[m][e][c] = dv[m][e][c] = 0.f;
+
+    for (int i = i_first; i < i_end; ++i) {
+        const int buf = (i - i_first) & 1, q0 = i * BM;
+        cp_async_wait_all();
+        __syncthreads();                      // tile i in place; every warp done with step i - 1's P, dS, Q, dO
+        if (i + 1 < i_end) load_q(i + 1, buf ^ 1);
+        cp_async_commit();
+        const uint32_t q_tile = q_tile0 + buf * QB, do_tile = do_tile0 + buf * QB;
+        const float* lse = lse_s + buf * BM;
+        const float* dvec = dv_s + buf * BM;
+
+        // S = Q K^T, dP = dO V^T: rows queries sq + 16 m + g (+8), columns keys sk + 8 nb + 2t (+1)
+        float s[MT][NB][4], dp[MT][NB][4];
+        gemm_abt_fa2<T, D, NB, MT>(s, q_tile + sq * 2 * D, k_tile + sk * 2 * D);
+        if (q0 + BM > N || kv0 + KT > N || (CAUSAL && q0 < kv0 + KT)) {   // tiles crossing N or the diagonal
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int q = q0 + sq + 16 * m + g + 8 * (e >> 1), key = kv0 + sk + 8 * nb + 2 * t + (e & 1);
+                        if (q >= N || key >= N || (CAUSAL && key > q)) s[m][nb][e] = -CUDART_INF_F;
+                    }
+        }
+        // P = exp2(S scale log2 e - LSE log2 e) in place of S (fp32) and to shared memory as T; dS = P (dP - Dv) scale
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = sq + 16 * m + g + 8 * h;
+                const float nl = -lse[r] * 1.4426950408889634f;
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    s[m][nb][2 * h] = exp2_approx(fmaf(s[m][nb][2 * h], scale_log2, nl));
+                    s[m][nb][2 * h + 1] = exp2_approx(fmaf(s[m][nb][2 * h + 1], scale_log2, nl));
+                    *reinterpret_cast<uint32_t*>(p_p + (sq + 16 * m + 8 * h) * 2 * KT + (st_off ^ (nb << 4))) =
+                        pack2<T>(s[m][nb][2 * h], s[m][nb][2 * h + 1]);
+                }
+            }
+        gemm_abt_fa2<T, D, NB, MT>(dp, do_tile + sq * 2 * D, v_tile + sk * 2 * D);
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = sq + 16 * m + g + 8 * h;
+                const float dvr = dvec[r];
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    *reinterpret_cast<uint32_t*>(ds_p + (sq + 16 * m + 8 * h) * 2 * KT + (st_off ^ (nb << 4))) =
+                        pack2<T>(s[m][nb][2 * h] * (dp[m][nb][2 * h] - dvr) * scale,
+                                 s[m][nb][2 * h + 1] * (dp[m][nb][2 * h + 1] - dvr) * scale);
+                }
+            }
+        __syncthreads();                      // P and dS of the step in shared memory
+
+        gemm_at_b<T, D, KT, DH, BM / 16, MT>(dv, p_tile, kr, do_tile, kc0);    // dV += P^T dO
+        gemm_at_b<T, D, KT, DH, BM / 16, MT>(dk, ds_tile, kr, q_tile, kc0);    // dK += dS^T Q
+        float dq[MT][DQ / 8][4];                                               // dQ = dS K, the step's share
+        gemm_a_b<T, D, KT, DQ, MT>(dq, ds_tile + qr * 2 * KT, k_tile, qc0);
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = q0 + qr + 16 * m + g + 8 * h;
+                if (row < N)
+#pragma unroll
+                    for (int db = 0; db < DQ / 8; ++db)
+                        red_add_v2(dq_accum + (size_t)row * D + 8 * (qc0 + db) + 2 * t, dq[m][db][2 * h],
+                                   dq[m][db][2 * h + 1]);
+            }
+    }
+    cp_async_wait_all();
+
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int key = kv0 + kr + 16 * m + g + 8 * h;
+            if (key < N)
+#pragma unroll
+                for (int db = 0; db < DH / 8; ++db) {
+                    const size_t at = (size_t)key * D + 8 * (kc0 + db) + 2 * t;
+                    *reinterpret_cast<uint32_t*>(dK + at) = pack2<T>(dk[m][db][2 * h], dk[m][db][2 * h + 1]);
+                    *reinterpret_cast<uint32_t*>(dV + at) = pack2<T>(dv[m][db][2 * h], dv[m][db][2 * h + 1]);
+                }
+        }
+}
+
 // dQ of QT = 16 W queries per block (variant b; W warps, warp w: rows q0 + 16 w ..) in registers, walking the key tiles of BWD_BN
 // keys (double-buffered K, V): S and dP recomputed, dS straight from the accumulators as the A operand of dS K.
 // grid (ceil(N / QT), BH), 32 W threads, dynamic smem: Q and dO tiles, 2 K and 2 V tiles.
@@ -1197,7 +1436,7 @@ __device__ __forceinline__ void convert(const float* __restrict__ src, T* __rest
 // (kernellab expands the cell's own macros to find the kernels and their parameter types):
 // BWD_PRE(name, T, D): bwd::preprocess; BWD_DKDV(name, bounds, T, ...): bwd::dkdv (dK, dV[, dQ by atomics]);
 // BWD_DQ(name, bounds, T, ...): bwd::dq_pass; BWD_DKV_MT(name, bounds, T, ...): bwd::dkv_mt (dq_accum only with
-// DQ_ATOMIC); BWD_DKDV_PAIR(name, bounds, T, ...): bwd::dkdv_pair.
+// DQ_ATOMIC); BWD_DKDV_PAIR(name, bounds, T, ...): bwd::dkdv_pair; BWD_DKDV_FA2(name, bounds, T, ...): bwd::dkdv_fa2.
 #define BWD_PRE(name, T, D) \
 extern "C" __global__ void __launch_bounds__(128) name(const T* o, const T* d_o, float* dv, float* dq_accum, int rows) { \
     bwd::preprocess<T, D>(o, d_o, dv, dq_accum, rows); \
@@ -1221,6 +1460,11 @@ extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const
 extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const T* d_o, \
         const float* lse, const float* dv_rows, float* dq_accum, T* dk, T* dv, int n, float scale) { \
     bwd::dkv_mt<T, __VA_ARGS__>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale); \
+}
+#define BWD_DKDV_FA2(name, bounds, T, ...) \
+extern "C" __global__ void bounds name(const T* q, const T* k, const T* v, const T* d_o, \
+        const float* lse, const float* dv_rows, float* dq_accum, T* dk, T* dv, int n, float scale) { \
+    bwd::dkdv_fa2<T, __VA_ARGS__>(q, k, v, d_o, lse, dv_rows, dq_accum, dk, dv, n, scale); \
 }
 BWD_PRE(bwd_pre_bf16_d64, __nv_bfloat16, 64)
 BWD_DKDV(bwd_dkdv_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, true)
@@ -1292,6 +1536,16 @@ BWD_DKDV_PAIR(bwd_dkdv_ilp_bf16_d128, BWD_BOUNDS8, __nv_bfloat16, 128, 32, false
 BWD_DKDV_PAIR(bwd_dkdv_ilp_bf16_d128_causal, BWD_BOUNDS8, __nv_bfloat16, 128, 32, true, true)
 BWD_DKDV_PAIR(bwd_dkdv_ilp_f16_d128, BWD_BOUNDS8, __half, 128, 32, false, true)
 BWD_DKDV_PAIR(bwd_dkdv_ilp_f16_d128_causal, BWD_BOUNDS8, __half, 128, 32, true, true)
+// bwd_dkdv_fa2 (rung 10, atomic_fa2): FlashAttention-2's tile (bwd::dkdv_fa2): 8 warps, 128 keys, 64-query steps,
+// P and dS through shared memory; one block an SM at both head dims.
+BWD_DKDV_FA2(bwd_dkdv_fa2_bf16_d64, BWD_BOUNDS8, __nv_bfloat16, 64, false)
+BWD_DKDV_FA2(bwd_dkdv_fa2_bf16_d64_causal, BWD_BOUNDS8, __nv_bfloat16, 64, true)
+BWD_DKDV_FA2(bwd_dkdv_fa2_f16_d64, BWD_BOUNDS8, __half, 64, false)
+BWD_DKDV_FA2(bwd_dkdv_fa2_f16_d64_causal, BWD_BOUNDS8, __half, 64, true)
+BWD_DKDV_FA2(bwd_dkdv_fa2_bf16_d128, BWD_BOUNDS8, __nv_bfloat16, 128, false)
+BWD_DKDV_FA2(bwd_dkdv_fa2_bf16_d128_causal, BWD_BOUNDS8, __nv_bfloat16, 128, true)
+BWD_DKDV_FA2(bwd_dkdv_fa2_f16_d128, BWD_BOUNDS8, __half, 128, false)
+BWD_DKDV_FA2(bwd_dkdv_fa2_f16_d128_causal, BWD_BOUNDS8, __half, 128, true)
 // bwd_dkv_lean + bwd_dq_lean: variant (b) with the lean tile step (rung 6); bwd_dkdv_lean: variant (a), lean, with
 // the vector reductions.
 BWD_DKDV(bwd_dkv_lean_bf16_d64, BWD_BOUNDS, __nv_bfloat16, 64, BWD_BM64, false, false, 4, false, true)
@@ -1508,14 +1762,18 @@ BWD_LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4),
               "atomic_v2": ("bwd_dkdv_v2", None, 4), "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8),
               "atomic_w8": ("bwd_dkdv_w8", None, 8), "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4),
               "atomic_lean": ("bwd_dkdv_lean", None, 4), "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4),
-              "atomic_2d": ("bwd_dkdv_2d", None, 4), "atomic_2d_ilp": ("bwd_dkdv_ilp", None, 4)}
+              "atomic_2d": ("bwd_dkdv_2d", None, 4), "atomic_2d_ilp": ("bwd_dkdv_ilp", None, 4),
+              "atomic_fa2": ("bwd_dkdv_fa2", None, 8)}
 VARIANTS = tuple(BWD_LADDER)
 # (variant, d) -> (keys a dK/dV block, query tile[, warps]) where a rung's differ from 16 x warps, BWD_QUERY_TILE[d]
 # and BWD_LADDER's warps
 BWD_DKDV_TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32), ("atomic_2d", 128): (128, 32, 8),
-                  ("atomic_2d_ilp", 64): (128, 32), ("atomic_2d_ilp", 128): (128, 32, 8)}
+                  ("atomic_2d_ilp", 64): (128, 32), ("atomic_2d_ilp", 128): (128, 32, 8),
+                  ("atomic_fa2", 64): (128, 64, 8), ("atomic_fa2", 128): (128, 64, 8)}
 # rungs whose warps work in pairs (bwd::dkdv_pair): P^T passes between them in shared memory, [keys x query tile] fp32
 BWD_PAIRS = {("atomic_2d", 128), ("atomic_2d_ilp", 128)}
+# rungs that keep P beside dS in shared memory (bwd::dkdv_fa2): [query tile x keys] T each
+BWD_P_TILE = {("atomic_fa2", 64), ("atomic_fa2", 128)}
 # rungs that copy the LSE and Dv rows 16 bytes at a time (N % 4 == 0, a 16-byte aligned LSE) -> the rung run elsewhere
 BWD_ROWS16 = {"atomic_2d_ilp": "atomic_2d"}
 # The op's variant per (head dim, causal) on mma.sync: the fastest rung the GPU's ladder (benchmarks/attention_backward.py)
@@ -1590,7 +1848,8 @@ def _backward_launches(variant, dtype, B, H, N, d, causal):
     atomic = dq_pass is None
     pre = attn_bwd[f"bwd_pre_{dt}_d{d}"][(math.ceil(rows / 4),), 128]
     grid, threads = (math.ceil(N / (16 * warps)), B * H), 32 * warps       # the dQ pass: 16 queries a warp
-    smem = bwd_dkdv_smem_bytes(d, atomic, warps, keys, bm) + (keys * bm * 4 if (variant, d) in BWD_PAIRS else 0)
+    smem = (bwd_dkdv_smem_bytes(d, atomic, warps, keys, bm) + (keys * bm * 4 if (variant, d) in BWD_PAIRS else 0)
+            + (keys * bm * 2 if (variant, d) in BWD_P_TILE else 0))
     main = attn_bwd[f"{dkdv}_{suffix}"][(math.ceil(N / keys), B * H), threads, smem]
     if atomic:
         n = rows * d
@@ -1831,6 +2090,79 @@ for (d, causal), r in rung9.items():
 # hypothesis: ncu still counts 25.3 M "bank conflicts" (rung 8: 30.9 M; predicted under 3 M if they were the 4-byte
 # copies' L1 traffic), again on no instruction's addresses, and the dK/dV kernel's stalls stay `wait` and
 # `short_scoreboard` at 12 % occupancy: fixed-latency dependencies with too few warps to hide them.
+
+# %% [markdown]
+# ### Rung 10: FlashAttention-2's own tile
+#
+# Rungs 8 and 9 keep `S^T` and `dP^T` with the keys as rows, so a warp needs whole key rows of `dK` and `dV` and,
+# at `d = 128`, those 256 floats force the warp pairs and their hand-overs (Nsight Compute: barrier stalls, tensor
+# pipe 32 %). FlashAttention-2's backward (its paper's and code's tile, `d = 128`: 64 x 128, 8 warps) takes the
+# other way: the products are spread over the warps differently for each, and `P` and `dS` meet them in shared
+# memory.
+#
+# 10. **`atomic_fa2`** (`bwd::dkdv_fa2`): a block of 8 warps owns 128 keys and walks the queries in steps of 64
+#     (`Q`, `dO`, the LSE and `Dv` double-buffered by `cp.async`; `K` and `V` loaded once), 2 barriers a step:
+#     - `S = Q K^T` and `dP = dO V^T` with the warps 2 (queries) x 4 (keys): a warp 32 x 32 of each over `d`;
+#       `P = exp2(S s log2 e - LSE log2 e)` (masked in a branch of tiles that cross `N` or the diagonal) and
+#       `dS = P (dP - Dv) s`, both stored as `T` into `[64 queries][128 keys]` tiles (`STS.32` of key pairs, the XOR
+#       swizzle); one `__syncthreads`;
+#     - `dV += P^T dO` and `dK += dS^T Q` with the warps 4 (keys) x 2 (columns): a warp 32 keys x `d/2` over the 64
+#       queries, `P^T` and `dS^T` read from the same tiles by `ldmatrix.trans`: `dK` and `dV` of the block's 128 keys
+#       spread over all 8 warps, 128 floats a thread at `d = 128` (64 at `d = 64`), with no hand-over between warps;
+#     - `dQ = dS K` with the warps 2 (queries) x 4 (columns): a warp 32 queries x `d/4` over the 128 keys, added to
+#       the fp32 `dq_accum` by `red.global.add.v2.f32` (one share per 128 keys, as rungs 5-9).
+#
+#     Every `ldmatrix` lane address is one offset a thread and a constant XOR a fragment (rung 6's lean addressing,
+#     `lane_off`): with the swizzle computed per fragment the `d = 128` kernel spilled 12-60 bytes at 255 registers;
+#     so computed, 255 registers and no spills at `d = 128`, 194-198 at `d = 64` (one block an SM: two would need 128
+#     registers a thread). Shared memory 99,328 B (`d = 64`) and 164,864 B (`d = 128`): `K`, `V`; 2 x (`Q`, `dO`); the
+#     rows; `dS` and `P` (`BWD_P_TILE`). *Counted before a GPU ran it*, a warp's step (64 queries):
+#
+#     | product | `mma` (`d = 64` / `128`) | `ldmatrix.x4` | each fragment feeds |
+#     |---|---|---|---|
+#     | `S = Q K^T` | 32 / 64 | 16 / 32 | `Q` 4 `mma`, `K` 4 |
+#     | `dP = dO V^T` | 32 / 64 | 16 / 32 | 4, 4 |
+#     | `dV += P^T dO` | 32 / 64 | 16 / 24 (`.trans`) | `P^T` 2 / 4, `dO` 4 |
+#     | `dK += dS^T Q` | 32 / 64 | 16 / 24 | 2 / 4, 4 |
+#     | `dQ = dS K` | 32 / 64 | 24 / 32 | `dS` 2 / 4, `K` 4 |
+#     | **a warp's step** | **160 / 320** | **88 / 144 (0.55 / 0.45 an `mma`)** | |
+#
+#     plus 32 `STS.32` (`P`, `dS`), 8 `LDS.32` (LSE, `Dv`) and the `cp.async` of the next step; the SASS agrees
+#     (every `mma` of the step unrolled in the loop). Every access is conflict-free by the bank model
+#     (`rung10_bank_table()` in benchmarks/attention_backward.py): **2.55 wavefronts an `mma` at `d = 64`, 2.03 at
+#     `d = 128`** (rung 8 2.10, `atomic_w8` 2.75 / 2.83 modelled; FlashAttention-2 measured 2.09 / 1.95). The model
+#     (`atomic_w8_model(..., fa2=True)`, H100 rates) puts the `dK`/`dV` kernel's shared-memory bound at 3.81 ms
+#     (`d = 64`) and 3.03 ms (`d = 128`; tensor pipe 2.24 ms at both; `atomic_w8` 4.11 / 4.22, rung 8 3.10 at `d = 64`).
+#
+#     *Prediction* (written before it ran; `N = 4096`, bf16): with the kernel 1.5-1.8x its bound (FlashAttention-2
+#     ran 1.52x, rungs 5-9 1.55-2.0x, one block of 8 warps an SM here too), at `d = 128` the kernel 4.5-5.5 ms on an
+#     H100, the backward **0.85-1.0x SDPA's FLASH** (1.2-1.45x `atomic_w8`, the fastest `mma.sync` rung there); at
+#     `d = 64` 0.55 `ldmatrix.x4` an `mma` (rung 9: 0.45) and one block an SM (rung 9: two), so **0.73-0.87x FLASH**,
+#     0.78-0.93x rung 9: slower than rung 9 there; causal the same ratios within 5 %. If `d = 128` comes in below
+#     0.85x with the wavefronts as counted, the loss is latency (one block, two barriers a step, the `dQ` reductions
+#     at the end of the step), not shared memory.
+
+# %%
+for name, smem in (("bwd_dkdv_fa2_bf16_d64", 99_328), ("bwd_dkdv_fa2_bf16_d128", 164_864)):
+    kern = attn_bwd[name]
+    sass = str(kern.sass)
+    ldsm, hmma = len(re.findall(r"\bLDSM\b", sass)), len(re.findall(r"\bHMMA\b", sass))
+    occ = kernellab.occupancy(256, kern.resources.registers, smem, "sm_90")
+    print(f"{name:22s} {kern.resources}")
+    print(" " * 23, f"{ldsm} LDSM / {hmma} HMMA = {ldsm / hmma:.2f}; {occ.blocks_per_sm} block(s) of 256 threads "
+          f"an SM ({smem:,} B shared)")
+
+# %%
+# %%gpu
+rung10 = {(d, causal): bench_backward(4096, d, causal, variants=("atomic_fa2", "atomic_2d_ilp", "atomic_w8"))
+          for d in (64, 128) for causal in (False, True)}
+for (d, causal), r in rung10.items():
+    print(f"d={d:3d} causal={causal!s:5s}: atomic_fa2 {r.tflops:6.1f} TFLOP/s; "
+          + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+
+# %% [markdown]
+# **Measured**: not yet (`python3 tools/gpu/run.py bench-attention-backward-2d` times it beside rungs 8, 9,
+# `atomic_w8` and SDPA, and runs its GPU tests).
 
 # %% [markdown]
 # ## Step 3: the Hopper backward: `wgmma` fed by TMA, warp-specialised

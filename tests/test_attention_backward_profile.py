@@ -540,6 +540,74 @@ def test_the_2d_suite_benchmarks_rung_9_beside_rung_8():
     suite = run.SUITES["bench-attention-backward-2d"]
     assert suite.limit_s <= 300
     tests, bench = suite.commands
-    assert tests[tests.index("-k") + 1] == "atomic_2d"                 # selects atomic_2d_ilp's tests too
-    assert bench[bench.index("--variants") + 1].split(",")[:2] == ["atomic_2d_ilp", "atomic_2d"]
+    assert tests[tests.index("-k") + 1] == "atomic_2d or atomic_fa2"   # selects atomic_2d_ilp's tests too
+    assert bench[bench.index("--variants") + 1].split(",") == ["atomic_fa2", "atomic_2d_ilp", "atomic_2d",
+                                                                  "atomic_w8"]
     assert bench[bench.index("--dims") + 1] == "64,128" and bench[bench.index("--ns") + 1] == "4096"
+
+
+# -- rung 10 (atomic_fa2): FlashAttention-2's tile, its model and bank table, its prediction beside the bench ----------
+@pytest.mark.parametrize("d", (64, 128))
+def test_every_shared_access_of_rung_10_is_conflict_free_by_the_bank_model(d):
+    """Each warp's lane addresses of every shared access of rung 10's step (lane_off and the constant XORs, as the
+    kernel computes them) through kernellab.analysis.banks: 88 / 144 ldmatrix.x4 a warp step (as the SASS), 16 P
+    and 16 dS stores, no conflict anywhere; 2.55 wavefronts a HMMA at d = 64, 2.03 at d = 128 (FLASH measured
+    2.09 / 1.95)."""
+    b = _bench()
+    rows = b.fa2_shared_accesses(d)
+    by = {r["site"]: r for r in rows}
+    ldsm = sum(r["instructions"] for r in rows if r["what"].startswith("ldmatrix"))
+    assert ldsm == {64: 88, 128: 144}[d]
+    assert by["P store"]["instructions"] == 16 and by["dS store"]["instructions"] == 16
+    assert all(r["excess_wavefronts"] == 0 and r["ways"] == 1 for r in rows), rows
+    wf = sum(r["wavefronts"] for r in rows)
+    assert wf / (5 * d // 2) == pytest.approx({64: 2.553, 128: 2.027}[d], abs=1e-3)
+    table = b.rung10_bank_table(d)
+    assert "0 from bank conflicts" in table and f"{wf / (5 * d // 2):.2f} a HMMA" in table
+
+
+def test_the_rung_10_bank_table_sees_conflicts_where_the_swizzle_is_taken_away(monkeypatch):
+    """Without the XOR of lane_off (row-major rows), the P / dS stores and the transposed reads conflict."""
+    b = _bench()
+    monkeypatch.setattr(b, "_lane_off", lambda lr, lc, cfold, cols: lr * 2 * cols | ((lc ^ cfold) << 4))
+    by = {r["site"]: r for r in b.fa2_shared_accesses(128)}
+    assert by["P store"]["ways"] > 1 and by["dV += P^T dO: A (P^T)"]["ways"] == 8
+
+
+def test_the_model_of_rung_10_counts_flashattention_2s_tile(step2):
+    """atomic_fa2 (8 warps, 128 keys, 64 queries a step, P and dS in shared memory): 5 d / 2 HMMA a warp step (the
+    SASS loop holds all of them), 88 / 144 ldmatrix.x4, the FLOPs of 10 B H N^2 d; one block an SM; the model's
+    wavefronts a HMMA 2.55 / 2.03 (rung 8 2.08, atomic_w8 2.75 / 2.83) and the shared bound 3.81 / 3.03 ms."""
+    b = _bench()
+    for d, ldsm, wf_want, bound in ((64, 88, 2.55, 3.81), (128, 144, 2.03, 3.03)):
+        k = step2[f"bwd_dkdv_fa2_bf16_d{d}"]
+        loop = b.loop_body(str(k.sass))
+        assert b._count(loop, "HMMA") == 5 * d // 2 and b._count(loop, "LDSM") == ldsm
+        assert b._count(loop, "STS") == 32 and b._count(loop, "BAR") == 2 and b._count(loop, "REDG") == d // 8
+        m = b.static_model(step2, d, 4096, variant="atomic_fa2")
+        w8 = b.static_model(step2, d, 4096)
+        assert (m["warps"], m["keys"], m["BM"], m["mt"]) == (8, 128, 64, 2) and m["blocks_per_sm"] == 1
+        assert m["hmma_per_warp_step"] == 5 * d // 2 and m["ldsm_x4_per_warp_step"] == ldsm
+        assert m["shared_bytes"] == {64: 99_328, 128: 164_864}[d] and m["flops"] == w8["flops"]
+        assert m["blocks"] * m["steps"] * 8 * m["hmma_per_warp_step"] * 4096 == m["flops"]
+        rows = {r["resource"].split(" (")[0]: r for r in m["rows"]}
+        wf = rows["shared memory"]["per_block_step"] / rows["tensor pipe"]["per_block_step"]
+        assert wf == pytest.approx(wf_want, abs=0.01), wf
+        red = rows["dQ reductions"]
+        assert m["blocks"] * m["steps"] * red["per_block_step"] == (4096 // 128) * m["B"] * m["H"] * 4096 * d * 4
+        assert m["bound"].startswith("shared memory") and m["predicted_ms"] == pytest.approx(bound, abs=0.01)
+
+
+def test_the_bench_prints_rung_10_beside_its_prediction():
+    b = _bench()
+    rows = [dict(d=128, causal=False, N=4096, tflops={"ours (atomic_fa2)": 270.0, "ours (atomic_w8)": 205.0,
+                                                      "SDPA FLASH": 289.0}),
+            dict(d=64, causal=True, N=4096, tflops={"ours (atomic_fa2)": 240.0, "ours (atomic_2d_ilp)": 226.9,
+                                                    "SDPA FLASH": 231.6}),
+            dict(d=64, causal=False, N=4096, error="RuntimeError: boom")]
+    lines = b.rung_10_bench_lines(rows)
+    assert len(lines) == 3
+    assert "d=128 causal=False N=4096:  270.0 TFLOP/s, 0.93x FLASH (predicted 0.85-1.00: as predicted), 1.32x " \
+           "atomic_w8 (predicted 1.20-1.45: as predicted); target 1.0x FLASH missed by 7 %" in lines[1]
+    assert "1.04x FLASH (predicted 0.73-0.87: ABOVE the prediction), 1.06x atomic_2d_ilp (predicted 0.78-0.93: " \
+           "ABOVE the prediction); target 1.0x FLASH reached" in lines[2]

@@ -43,6 +43,7 @@ def test_every_step_compiles_for_sm90_without_spills(module):
                    for kind in ("dkdv", "dkv", "dq", "dkdv_v2", "dkv_w8", "dq_w8", "dkdv_w8", "dkv_lean", "dq_lean",
                                 "dkdv_lean", "dkv_2d")]
                   + [f"bwd_dkdv_2d_{s}" for s in SUFFIXES] + [f"bwd_dkdv_ilp_{s}" for s in SUFFIXES]
+                  + [f"bwd_dkdv_fa2_{s}" for s in SUFFIXES]
                   + [f"bwd_pre_{dt}_d{d}" for dt in ("bf16", "f16") for d in (64, 128)]
                   + ["bwd_dq_convert_bf16", "bwd_dq_convert_f16"])
     assert names == want
@@ -55,7 +56,8 @@ def test_every_step_compiles_for_sm90_without_spills(module):
         assert not r.spills and r.local_bytes == 0 and r.spill_store_bytes == 0, (k.name, r)
         assert r.registers <= 255, (k.name, r)
         if k.name.startswith(("bwd_dkdv", "bwd_dkv", "bwd_dq_")) and "convert" not in k.name:
-            eight = "_w8_" in k.name or (k.name.startswith(("bwd_dkdv_2d_", "bwd_dkdv_ilp_")) and "_d128" in k.name)
+            eight = ("_w8_" in k.name or k.name.startswith("bwd_dkdv_fa2_")
+                     or (k.name.startswith(("bwd_dkdv_2d_", "bwd_dkdv_ilp_")) and "_d128" in k.name))
             assert r.max_threads_per_block == (256 if eight else 128), (k.name, r)
 
 
@@ -109,7 +111,7 @@ def test_the_launch_plans_fit_an_sm_and_two_blocks(tutorial):
     assert tutorial["VARIANTS"][:2] == ("atomic", "pass")
     assert set(tutorial["VARIANTS"]) == set(tutorial["BWD_LADDER"]) | {"hopper", "hopper_rows"}   # steps 3, 3b
     assert tutorial["BWD_LADDER"] == {k: tuple(v) for k, v in LADDER.items()} and tutorial["BWD_DKDV_TILES"] == TILES
-    assert tutorial["BWD_PAIRS"] == PAIRS
+    assert tutorial["BWD_PAIRS"] == PAIRS and tutorial["BWD_P_TILE"] == P_TILE
     # atomic_2d at d = 64: 128 keys, 32-query tiles, the dS^T tile: two blocks an SM by shared memory
     assert 2 * tutorial["bwd_dkdv_smem_bytes"](64, True, 4, 128, 32) <= 228 * 1024
     assert tutorial["bwd_dkdv_smem_bytes"](64, False, 4, 128, 32) == 2 * 128 * 64 * 2 + 4 * 32 * 64 * 2 + 4 * 32 * 4
@@ -247,10 +249,12 @@ LADDER = {"atomic": ("bwd_dkdv", None, 4), "pass": ("bwd_dkv", "bwd_dq", 4), "at
           "pass_w8": ("bwd_dkv_w8", "bwd_dq_w8", 8), "atomic_w8": ("bwd_dkdv_w8", None, 8),
           "pass_lean": ("bwd_dkv_lean", "bwd_dq_lean", 4), "atomic_lean": ("bwd_dkdv_lean", None, 4),
           "pass_2d": ("bwd_dkv_2d", "bwd_dq", 4), "atomic_2d": ("bwd_dkdv_2d", None, 4),
-          "atomic_2d_ilp": ("bwd_dkdv_ilp", None, 4)}
+          "atomic_2d_ilp": ("bwd_dkdv_ilp", None, 4), "atomic_fa2": ("bwd_dkdv_fa2", None, 8)}
 TILES = {("pass_2d", 64): (128, 32), ("atomic_2d", 64): (128, 32),    # the notebook's BWD_DKDV_TILES
-         ("atomic_2d", 128): (128, 32, 8), ("atomic_2d_ilp", 64): (128, 32), ("atomic_2d_ilp", 128): (128, 32, 8)}
+         ("atomic_2d", 128): (128, 32, 8), ("atomic_2d_ilp", 64): (128, 32), ("atomic_2d_ilp", 128): (128, 32, 8),
+         ("atomic_fa2", 64): (128, 64, 8), ("atomic_fa2", 128): (128, 64, 8)}
 PAIRS = {("atomic_2d", 128), ("atomic_2d_ilp", 128)}                    # the notebook's BWD_PAIRS
+P_TILE = {("atomic_fa2", 64), ("atomic_fa2", 128)}                      # the notebook's BWD_P_TILE
 
 
 def emulated_backward(BH, N, d, causal, variant, seed, module, dtype="bf16"):
@@ -281,7 +285,8 @@ def emulated_backward(BH, N, d, causal, variant, seed, module, dtype="bf16"):
     keys, bm, *w = TILES.get((variant, d), (16 * warps, {64: 64, 128: 32}[d]))
     warps = w[0] if w else warps
     threads = 32 * warps
-    dkdv_smem = 2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4 + (keys * bm * 4 if (variant, d) in PAIRS else 0)
+    dkdv_smem = (2 * keys * d * 2 + 4 * bm * d * 2 + 4 * bm * 4 + (keys * bm * 4 if (variant, d) in PAIRS else 0)
+                 + (keys * bm * 2 if (variant, d) in P_TILE else 0))
     atomic = dq_kernel is None
     run(SOURCE, f"bwd_pre_{dtype}_d{d}", (-(-BH * N // 4),), (128,),
             [o_bits, bits[3], delta, acc if atomic else None, BH * N])
@@ -389,6 +394,79 @@ SHAPES_ILP = [
 @pytest.mark.parametrize("BH,N,d,causal,dtype", SHAPES_ILP)
 def test_atomic_2d_ilp_in_the_emulator_matches_float64(BH, N, d, causal, dtype, module):
     _assert_emulated_rung_matches_float64("atomic_2d_ilp", BH, N, d, causal, dtype, N + d + 2, module)
+
+
+# rung 10 (atomic_fa2): FlashAttention-2's tile, 8 warps, 128 keys, 64-query steps, P and dS through shared memory;
+# N = 1 (one key, one query), 63 and 65 (one block, most of its keys past N; 65: a second query step of 1), 130 (two
+# key blocks, the second 2 keys long; causal: a block's first step on the diagonal), 193 (a last step of 1 query)
+SHAPES_FA2 = [
+    (1, 130, 64, True, "bf16"),
+    (2, 65, 64, False, "f16"),
+    (1, 130, 128, False, "bf16"),
+    (1, 193, 128, True, "f16"),
+    pytest.param(1, 1, 64, True, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 63, 64, False, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 65, 64, True, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 193, 64, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 130, 64, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 1, 128, False, "bf16", marks=pytest.mark.slow),
+    pytest.param(1, 63, 128, True, "bf16", marks=pytest.mark.slow),
+    pytest.param(2, 65, 128, False, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 130, 128, True, "f16", marks=pytest.mark.slow),
+    pytest.param(1, 193, 128, False, "bf16", marks=pytest.mark.slow),
+]
+
+
+@needs_cxx
+@pytest.mark.parametrize("BH,N,d,causal,dtype", SHAPES_FA2)
+def test_atomic_fa2_in_the_emulator_matches_float64(BH, N, d, causal, dtype, module):
+    _assert_emulated_rung_matches_float64("atomic_fa2", BH, N, d, causal, dtype, N + d + 3, module)
+
+
+def test_atomic_fa2_compiles_to_flashattention_2s_tile_step(module):
+    """Rung 10's dK/dV kernel: a warp's step of 5 d / 2 HMMA (S, dP, dV, dK, dQ: d / 2 each at 2 x 32 x 32, d / 2 x
+    2 x ..., all unrolled in the SASS: 160 at d = 64, 320 at d = 128) and 88 / 144 LDSM (0.55 / 0.45 an HMMA; rung 8
+    0.45 at both), P and dS stored by 32 STS a thread, 2 barriers a step, dQ by 8 / 16 RED.F32x2; within 255
+    registers without spills or local memory, 256 threads, one block an SM with the launcher's shared memory."""
+    from kernellab import occupancy
+
+    for s in SUFFIXES:
+        k = module[f"bwd_dkdv_fa2_{s}"]
+        sass, d = str(k.sass), (64 if "_d64" in s else 128)
+        count = lambda op: len(re.findall(rf"\b{op}\b", sass))            # noqa: E731
+        assert count("HMMA") == 5 * d // 2 and count("LDSM") == {64: 88, 128: 144}[d], (s, count("HMMA"))
+        assert count("STS") == 32 and len(re.findall(r"\bBAR\.SYNC", sass)) == 2, s
+        assert len(re.findall(r"\bREDG?\.E\.ADD\.F32x2\b", sass)) == d // 8, s
+        assert not re.search(r"\bREDG?\.E\.ADD\.F32\.", sass), s
+        r = k.resources
+        assert not r.spills and r.local_bytes == 0 and r.registers <= 255 and r.max_threads_per_block == 256, (s, r)
+        smem = {64: 99_328, 128: 164_864}[d]
+        assert occupancy(256, r.registers, smem, "sm_90").blocks_per_sm == 1, (s, r)
+
+
+def test_every_launch_of_atomic_fa2_fits_an_sm(module):
+    """Rung 10's launches (preprocess, its dK/dV kernel, dQ's conversion; both dtypes and masks, N = 1, 65, 4096),
+    recorded on the CPU, fit an SM by kernellab.occupancy: its dK/dV kernel one block of 8 warps, 128 keys a block,
+    99,328 B (d = 64) or 164,864 B (d = 128) of shared memory (K, V; 2 x Q, dO; the rows; dS and P [64 x 128])."""
+    from launch_plans import assert_every_launch_fits, recording
+
+    launches = []
+    t = load_tutorial(NB, compile=recording(launches))
+    for dtype in (torch.bfloat16, torch.float16):
+        for causal in (False, True):
+            for N in (1, 65, 4096):
+                for d in (64, 128):
+                    q = torch.zeros(1, 2, N, d, dtype=dtype)
+                    t["attention_backward"](q, q, q, q, torch.zeros(1, 2, N), q, causal, "atomic_fa2")
+    main = {(launch.kernel, launch.block, launch.shared_bytes) for launch in launches
+            if launch.kernel.startswith("bwd_dkdv")}
+    assert main == {(f"bwd_dkdv_fa2_{dt}_d{d}{c}", (256,), {64: 99_328, 128: 164_864}[d])
+                    for dt in ("bf16", "f16") for c in ("", "_causal") for d in (64, 128)}, main
+    assert {launch.grid for launch in launches if launch.kernel == "bwd_dkdv_fa2_bf16_d128"} == {(1, 2), (32, 2)}
+    kernels = {k.name: k for k in module.kernels}
+    for name, occ in assert_every_launch_fits(launches, kernels, "sm_90"):
+        if name.startswith("bwd_dkdv_fa2"):
+            assert occ.blocks_per_sm == 1, (name, occ)
 
 
 def _dq_loop_chain(sass: str) -> tuple[int, int]:

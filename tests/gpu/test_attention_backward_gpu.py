@@ -25,8 +25,8 @@ def t08():
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("variant", ["atomic", "pass", "atomic_v2", "pass_w8", "atomic_w8", "pass_lean",
-                                     "atomic_lean", "pass_2d", "atomic_2d", "atomic_2d_ilp", "hopper",
-                                     "hopper_rows"])   # (a), (b), the ladder, steps 3 and 3b
+                                     "atomic_lean", "pass_2d", "atomic_2d", "atomic_2d_ilp", "atomic_fa2",
+                                     "hopper", "hopper_rows"])   # (a), (b), the ladder, steps 3 and 3b
 def test_gradients_within_twice_sdpas_own_error(t08, variant, dtype, d, causal):
     rows = [t08["check_backward"](variant, t08["DTYPES"][dtype], d, causal, N) for N in t08["CHECK_N"]]
     for r in rows:

@@ -226,13 +226,14 @@ SUITES: dict[str, Suite] = {
         "atomic_w8 and SDPA FLASH / CUDNN, 3b beside its written prediction in the table last",
         "hopper", "hopper,hopper_rows,atomic_w8"),
     "bench-attention-backward-2d": backward_variant_suite(
-        "tutorial 08's rungs 8 and 9 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp or warp pair, dQ by "
+        "tutorial 08's rungs 8, 9 and 10 (atomic_2d: 2-D warp tiles, 32 keys x 32 queries a warp or warp pair, dQ by "
         "reductions; atomic_2d_ilp: the same with dQ's mma chains in two accumulator sets and the LSE / Dv rows by "
-        "16-byte cp.async): their GPU tests (-k atomic_2d: gradients against float64 within 2x SDPA's error, both "
-        "dtypes, d 64/128, causal or not, N = 1 .. 4097; rung 9's LSE rows aligned and 4 bytes off), then the "
-        "benchmark at N = 4096, d = 64 and 128, full and causal, beside atomic_w8 and SDPA FLASH / CUDNN by "
-        "kernellab.bench, rung 9's written prediction beside its measurement; a table last", "atomic_2d",
-        "atomic_2d_ilp,atomic_2d,atomic_w8", "--no-as-called"),
+        "16-byte cp.async; atomic_fa2: FlashAttention-2's tile, 8 warps, 128 keys, 64-query steps, P and dS in "
+        "shared memory): their GPU tests (-k 'atomic_2d or atomic_fa2': gradients against float64 within 2x SDPA's "
+        "error, both dtypes, d 64/128, causal or not, N = 1 .. 4097; rung 9's LSE rows aligned and 4 bytes off), then "
+        "the benchmark at N = 4096, d = 64 and 128, full and causal, beside atomic_w8 and SDPA FLASH / CUDNN by "
+        "kernellab.bench, rungs 9's and 10's written predictions beside their measurements; a table last",
+        "atomic_2d or atomic_fa2", "atomic_fa2,atomic_2d_ilp,atomic_2d,atomic_w8", "--no-as-called"),
     "bench-attention": Suite(
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),
