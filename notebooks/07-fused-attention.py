@@ -987,6 +987,7 @@ typedef unsigned long long uint64_t;
 #define FA3P_BN128 128
 #define FA3P_ST64 3        // 3 K/V stages at d = 64 (measured: +6 % at causal N = 1024, neutral at 4096)
 #define FA3P_ST128 2
+#define FA3P_SCHED_BAR 8   // fa3p_sched: the consumer warpgroups' named barriers 8, 9 (, 10)
 // Hopper attention forward: wgmma fed by TMA, one producer warp and two consumer warpgroups.
 // Q, K, V: [BH, N, D] reached through 3-D tensor maps (dims D, N, BH; box 64 x rows x 1; 128-byte swizzle), so rows
 // past N come in as zeros; O: [BH, N, D] written from registers.
@@ -1074,7 +1075,83 @@ __device__ __forceinline__ int next_item(int it, int n_items, int* counter) {
     return item < n_items ? item : -1;
 }
 
-template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
+// ---- Step 3b with ping-pong scheduling (the fa3p_sched_* entries) --------------------------------------------------
+// The consumer warpgroups take turns on the tensor cores. A turn of warpgroup c: O += P V of its tile j - 1, then
+// S = Q K^T of its tile j, issued back to back; then its softmax of tile j, which runs while the next warpgroup's turn
+// keeps the tensor cores busy. Turns pass round the ring 0, 1, .., NCWG - 1, 0, .. through named barriers: warpgroup c
+// waits on barrier FA3P_SCHED_BAR + c (bar.sync, 256 threads: its 128 and the 128 of the one before it, which
+// bar.arrive there once its products are issued). __syncthreads is barrier 0; nothing else uses named barriers.
+// P of tile j - 1, O and S of tile j are live together, more than 168 registers at d = 128 (128 at d = 64): the
+// producer gives its registers back (setmaxnreg.dec) and the consumers take them (setmaxnreg.inc).
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+// Registers a thread after setmaxnreg: the producer 24, the consumers what is left of 65,536 in multiples of 8 (at most
+// 240): 240 with 2 consumer warpgroups, 160 with 3 (24 x 128 + 3 x 160 x 128 = 64,512).
+template <int NCWG>
+struct SchedRegs {
+    static constexpr int kProducer = 24;
+    static constexpr int kLeft = (65536 - 128 * kProducer) / (128 * NCWG) / 8 * 8;
+    static constexpr int kConsumer = kLeft < 240 ? kLeft : 240;
+};
+
+// wg_attention (kl/attention.cuh) with the ring's turns: n_tiles + 1 turns an item (the first has only S, the last only
+// P V), the same number in every consumer warpgroup of the CTA, since they share the item.
+template <typename T, int D, int BN, int BM, int STAGES, bool CAUSAL, int NCWG>
+__device__ __forceinline__ void wg_attention_pingpong(int c, int tid, T* __restrict__ O, int bh, int q0, int N,
+                                                      int n_tiles, int& kv, unsigned q_tile, unsigned k_s,
+                                                      unsigned v_s, unsigned kv_bytes, unsigned full_k,
+                                                      unsigned full_v, unsigned empty, unsigned q_release,
+                                                      float scale_log2, float rescale_log2) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row0 = q0 + 64 * c + 16 * warp + g, row1 = row0 + 8;
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
+    unsigned p[BN / 16][4];                      // P of the tile before, for the next turn's P V
+    for (int j = 0; j <= n_tiles; ++j) {
+        const int s = kv % STAGES, sp = (kv + STAGES - 1) % STAGES;        // tile j's stage, tile j - 1's
+        const unsigned phase = (kv / STAGES) & 1, phase_p = ((kv - 1) / STAGES) & 1;   // (j > 0: kv >= 1)
+        float sacc[BN / 2];
+        if (j < n_tiles) mbar_wait(full_k + 8 * s, phase);
+        if (j > 0) mbar_wait(full_v + 8 * sp, phase_p);
+        named_bar_sync(FA3P_SCHED_BAR + c, 128 * 2);                        // this warpgroup's turn
+        wgmma_fence();
+        if (j > 0) {                                                        // O += P V of tile j - 1
+#pragma unroll
+            for (int kc = 0; kc < BN / 16; ++kc)
+                wgmma_rs_tb<D, T>(o, p[kc], sw128_desc(v_s + sp * kv_bytes + kc * 16 * 128, BN * 128, 1024));
+        }
+        if (j < n_tiles) {                                                  // S = Q K^T of tile j
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const unsigned long long da = sw128_desc(q_tile + (kk / 4) * BM * 128 + 64 * c * 128 + (kk % 4) * 32, 16, 1024);
+                const unsigned long long db = sw128_desc(k_s + s * kv_bytes + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+                wgmma_ss<BN, T>(sacc, da, db, kk > 0);
+            }
+        }
+        wgmma_commit();
+        named_bar_arrive(FA3P_SCHED_BAR + (c + 1) % NCWG, 128 * 2);        // the next warpgroup's turn
+        wgmma_wait<0>();
+        if (j > 0 && lane == 0) mbar_arrive(empty + 8 * sp);                // tile j - 1's stage is free
+        if (j == n_tiles) break;
+        if (j == n_tiles - 1 && lane == 0) mbar_arrive(q_release);          // this warp is done with Q
+        wg_softmax_tile<T, D, BN, CAUSAL>(sacc, p, o, m0, m1, l0, l1, j * BN, q0 + 64 * c, row0, row1, t, N,
+                                          scale_log2, rescale_log2);
+        ++kv;
+    }
+    wg_store_o<T, D>(o, l0, l1, O, bh, row0, row1, t, N);
+}
+
+template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL, bool SCHED = false>
 __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const void* tk, const void* tv,
                                                          T* __restrict__ O, int N, int BH, int heads_per_section,
                                                          int* __restrict__ work_counter, float scale) {
@@ -1107,6 +1184,10 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         fence_mbarrier_init();
     }
     __syncthreads();
+    if constexpr (SCHED) {                      // the producer's registers to the consumers (see SchedRegs)
+        if (wg == 0) setmaxnreg_dec<SchedRegs<NCWG>::kProducer>();
+        else setmaxnreg_inc<SchedRegs<NCWG>::kConsumer>();
+    }
 
     if (wg == 0) {                              // producer: one thread issues every copy, item after item
         if (tid == 0) {
@@ -1137,6 +1218,9 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
     // and one thing more: after an item's last S = Q K^T each warp releases the Q buffer (empty_q) for the producer
     const float scale_log2 = scale * LOG2E;
     int kv = 0;                                  // K/V tiles consumed, over all items: stage kv % STAGES
+    if constexpr (SCHED) {                       // the last consumer warpgroup gives the first its first turn
+        if (wg == NCWG) named_bar_arrive(FA3P_SCHED_BAR, 128 * 2);
+    }
     for (int it = 0;; ++it) {
         const int qb = it & 1;
         mbar_wait(full_q + 8 * qb, (it >> 1) & 1);
@@ -1147,9 +1231,17 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         const int q0 = qblock * BM;
         const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
         // (the producer is already loading the next item's Q and K/V while this one's last tiles and output run)
-        wg_attention<T, D, BN, BM, STAGES, CAUSAL, true>(wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s + qb * Q_BYTES,
-                                                         k_s, v_s, KV_BYTES, full_k, full_v, empty, empty_q + 8 * qb,
-                                                         scale_log2, RESCALE_LOG2);
+        if constexpr (SCHED)
+            wg_attention_pingpong<T, D, BN, BM, STAGES, CAUSAL, NCWG>(
+                wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s + qb * Q_BYTES, k_s, v_s, KV_BYTES, full_k, full_v, empty,
+                empty_q + 8 * qb, scale_log2, RESCALE_LOG2);
+        else
+            wg_attention<T, D, BN, BM, STAGES, CAUSAL, true>(wg - 1, tid, O, bh, q0, N, n_tiles, kv,
+                                                             q_s + qb * Q_BYTES, k_s, v_s, KV_BYTES, full_k, full_v,
+                                                             empty, empty_q + 8 * qb, scale_log2, RESCALE_LOG2);
+    }
+    if constexpr (SCHED) {                       // the last turn's arrive (the last warpgroup's, to the first)
+        if (wg == 1) named_bar_sync(FA3P_SCHED_BAR, 128 * 2);
     }
 }
 }  // namespace fa3
@@ -1193,6 +1285,23 @@ FA3P_ENTRY(fa3p_f16_d64_causal, __half, 64, FA3P_BN64, 3, FA3P_ST64, true, 1)
 FA3P_ENTRY(fa3p_f16_d64_causal_bm128, __half, 64, FA3P_BN64, 2, FA3P_ST64, true, 1)
 FA3P_ENTRY(fa3p_f16_d128, __half, 128, FA3P_BN128, 2, FA3P_ST128, false, 1)
 FA3P_ENTRY(fa3p_f16_d128_causal, __half, 128, FA3P_BN128, 2, FA3P_ST128, true, 1)
+// step 3b with ping-pong scheduling between the consumer warpgroups (3 at d = 64, 2 at d = 128), same tiles
+#define FA3P_SCHED_ENTRY(name, T, D, BN, WG, ST, CAUSAL) \
+extern "C" __global__ void __launch_bounds__(128 * (WG + 1), 1) \
+name(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ o, int n, int bh, int heads_per_section, \
+     int* __restrict__ work_counter, float scale) { \
+    fa3::attention_fwd_persistent<T, D, BN, WG, ST, CAUSAL, true>(&tq, &tk, &tv, o, n, bh, heads_per_section, \
+                                                                  work_counter, scale); \
+}
+FA3P_SCHED_ENTRY(fa3p_sched_bf16_d64, __nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, false)
+FA3P_SCHED_ENTRY(fa3p_sched_bf16_d64_causal, __nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, true)
+FA3P_SCHED_ENTRY(fa3p_sched_bf16_d128, __nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, false)
+FA3P_SCHED_ENTRY(fa3p_sched_bf16_d128_causal, __nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, true)
+FA3P_SCHED_ENTRY(fa3p_sched_f16_d64, __half, 64, FA3P_BN64, 3, FA3P_ST64, false)
+FA3P_SCHED_ENTRY(fa3p_sched_f16_d64_causal, __half, 64, FA3P_BN64, 3, FA3P_ST64, true)
+FA3P_SCHED_ENTRY(fa3p_sched_f16_d128, __half, 128, FA3P_BN128, 2, FA3P_ST128, false)
+FA3P_SCHED_ENTRY(fa3p_sched_f16_d128_causal, __half, 128, FA3P_BN128, 2, FA3P_ST128, true)
 // step 3b for short sequences (_bm64): one consumer warpgroup (64 query rows), 64-key tiles, two CTAs per SM, so one
 // CTA's pipeline fill and epilogue run under the other's products (see "One entry point" below)
 #define FA3P_BM64_BN 64     // keys per tile (the 64-wide accumulators fit two CTAs' registers)

@@ -222,3 +222,80 @@ __device__ __forceinline__ void wg_attention(int c, int tid, T* __restrict__ O, 
         if (row1 < seq_len) *reinterpret_cast<unsigned*>(out + (size_t)row1 * kD + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
     }
 }
+
+// wg_attention's steps as functions, for consumers that order their products differently (tutorial 07's
+// fa3p_sched_*: ping-pong between warpgroups). wg_attention keeps its own inline copy: moved into these calls it
+// compiles to other register assignments, and its SASS stays as measured.
+// One K/V tile's softmax in a consumer warpgroup, on S = Q K^T's accumulators sacc (keys kv0 .. kv0 + kBN - 1; the
+// warpgroup's rows from wg_row0, this lane's rows row0 and row1, t = lane % 4): the causal and key-range mask, the
+// row max, lazy rescaling of m, l and O (o *= alpha: O's products must have completed), and P = exp2(S scale - m)
+// rounded to T as wgmma A fragments (p), its sums added to l.
+template <typename T, int kD, int kBN, bool kCausal>
+__device__ __forceinline__ void wg_softmax_tile(float (&sacc)[kBN / 2], unsigned (&p)[kBN / 16][4], float (&o)[kD / 2],
+                                                float& m0, float& m1, float& l0, float& l1, int kv0, int wg_row0,
+                                                int row0, int row1, int t, int seq_len, float scale_log2,
+                                                float rescale_log2) {
+    if (kv0 + kBN > seq_len || (kCausal && kv0 + kBN - 1 > wg_row0)) {
+#pragma unroll
+        for (int i = 0; i < kBN / 2; ++i) {
+            const int key = kv0 + 8 * (i / 4) + 2 * t + (i & 1);
+            const int row = (i & 2) ? row1 : row0;
+            if (key >= seq_len || (kCausal && key > row)) sacc[i] = -CUDART_INF_F;
+        }
+    }
+    float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+    for (int i = 0; i < kBN / 2; i += 4) {
+        mx0 = fmaxf(mx0, fmaxf(sacc[i], sacc[i + 1]));
+        mx1 = fmaxf(mx1, fmaxf(sacc[i + 2], sacc[i + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // Lazy rescaling (see tutorial 07's mma.sync kernel): m moves only when the tile's max exceeds it by rescale_log2.
+    mx0 *= scale_log2; mx1 *= scale_log2;
+    const bool up0 = mx0 > m0 + rescale_log2, up1 = mx1 > m1 + rescale_log2;
+    const float mn0 = up0 ? mx0 : m0, mn1 = up1 ? mx1 : m1;
+    const float alpha0 = up0 ? exp2_approx(m0 - mn0) : 1.f, alpha1 = up1 ? exp2_approx(m1 - mn1) : 1.f;
+    const float ref0 = mn0 == -CUDART_INF_F ? 0.f : mn0, ref1 = mn1 == -CUDART_INF_F ? 0.f : mn1;
+    m0 = mn0; m1 = mn1;
+    l0 *= alpha0; l1 *= alpha1;
+    if (__any_sync(0xffffffffu, up0 || up1)) {
+#pragma unroll
+        for (int i = 0; i < kD / 2; i += 4) { o[i] *= alpha0; o[i + 1] *= alpha0; o[i + 2] *= alpha1; o[i + 3] *= alpha1; }
+    }
+#pragma unroll
+    for (int kc = 0; kc < kBN / 16; ++kc) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = 8 * kc + 4 * h;
+            const float p0 = exp2_approx(fmaf(sacc[i], scale_log2, -ref0));
+            const float p1 = exp2_approx(fmaf(sacc[i + 1], scale_log2, -ref0));
+            const float p2 = exp2_approx(fmaf(sacc[i + 2], scale_log2, -ref1));
+            const float p3 = exp2_approx(fmaf(sacc[i + 3], scale_log2, -ref1));
+            l0 += p0 + p1; l1 += p2 + p3;
+            p[kc][2 * h] = pack2<T>(p0, p1);
+            p[kc][2 * h + 1] = pack2<T>(p2, p3);
+        }
+    }
+}
+
+// O / l of this lane's rows row0 and row1 (below seq_len) into O[bh, row, :], rounded to T (the quad of lanes sharing a
+// row adds up its partial sums of l first).
+template <typename T, int kD>
+__device__ __forceinline__ void wg_store_o(const float (&o)[kD / 2], float l0, float l1, T* __restrict__ O, int bh,
+                                           int row0, int row1, int t, int seq_len) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    T* out = O + (size_t)bh * seq_len * kD;
+#pragma unroll
+    for (int i = 0; i < kD / 2; i += 4) {
+        const int col = 8 * (i / 4) + 2 * t;
+        if (row0 < seq_len) *reinterpret_cast<unsigned*>(out + (size_t)row0 * kD + col) = pack2<T>(o[i] * inv0, o[i + 1] * inv0);
+        if (row1 < seq_len) *reinterpret_cast<unsigned*>(out + (size_t)row1 * kD + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
+    }
+}
