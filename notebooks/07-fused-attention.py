@@ -1076,19 +1076,13 @@ __device__ __forceinline__ int next_item(int it, int n_items, int* counter) {
 }
 
 // ---- Step 3b with ping-pong scheduling (the fa3p_sched_* entries) --------------------------------------------------
-// The consumer warpgroups take turns on the tensor cores. A turn of warpgroup c: O += P V of its tile j - 1, then
-// S = Q K^T of its tile j, issued back to back; then its softmax of tile j, which runs while the next warpgroup's turn
-// keeps the tensor cores busy. Turns pass round the ring 0, 1, .., NCWG - 1, 0, .. through named barriers: warpgroup c
-// waits on barrier FA3P_SCHED_BAR + c (bar.sync, 256 threads: its 128 and the 128 of the one before it, which
-// bar.arrive there once its products are issued). __syncthreads is barrier 0; nothing else uses named barriers.
+// The consumer warpgroups take turns on the tensor cores (wg_attention_pingpong, <kl/attention.cuh>): a turn of
+// warpgroup c is O += P V of its tile j - 1 and S = Q K^T of its tile j, issued back to back; its softmax of tile j
+// runs during the next warpgroup's turn. Turns pass round the ring 0, 1, .., NCWG - 1, 0, .. through named barriers:
+// warpgroup c waits on barrier FA3P_SCHED_BAR + c (bar.sync, 256 threads: its 128 and the 128 of the one before it,
+// which bar.arrive there once its products are issued). __syncthreads is barrier 0; nothing else uses named barriers.
 // P of tile j - 1, O and S of tile j are live together, more than 168 registers at d = 128 (128 at d = 64): the
 // producer gives its registers back (setmaxnreg.dec) and the consumers take them (setmaxnreg.inc).
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 template <int R>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R>
@@ -1101,55 +1095,6 @@ struct SchedRegs {
     static constexpr int kLeft = (65536 - 128 * kProducer) / (128 * NCWG) / 8 * 8;
     static constexpr int kConsumer = kLeft < 240 ? kLeft : 240;
 };
-
-// wg_attention (kl/attention.cuh) with the ring's turns: n_tiles + 1 turns an item (the first has only S, the last only
-// P V), the same number in every consumer warpgroup of the CTA, since they share the item.
-template <typename T, int D, int BN, int BM, int STAGES, bool CAUSAL, int NCWG>
-__device__ __forceinline__ void wg_attention_pingpong(int c, int tid, T* __restrict__ O, int bh, int q0, int N,
-                                                      int n_tiles, int& kv, unsigned q_tile, unsigned k_s,
-                                                      unsigned v_s, unsigned kv_bytes, unsigned full_k,
-                                                      unsigned full_v, unsigned empty, unsigned q_release,
-                                                      float scale_log2, float rescale_log2) {
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int row0 = q0 + 64 * c + 16 * warp + g, row1 = row0 + 8;
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
-    unsigned p[BN / 16][4];                      // P of the tile before, for the next turn's P V
-    for (int j = 0; j <= n_tiles; ++j) {
-        const int s = kv % STAGES, sp = (kv + STAGES - 1) % STAGES;        // tile j's stage, tile j - 1's
-        const unsigned phase = (kv / STAGES) & 1, phase_p = ((kv - 1) / STAGES) & 1;   // (j > 0: kv >= 1)
-        float sacc[BN / 2];
-        if (j < n_tiles) mbar_wait(full_k + 8 * s, phase);
-        if (j > 0) mbar_wait(full_v + 8 * sp, phase_p);
-        named_bar_sync(FA3P_SCHED_BAR + c, 128 * 2);                        // this warpgroup's turn
-        wgmma_fence();
-        if (j > 0) {                                                        // O += P V of tile j - 1
-#pragma unroll
-            for (int kc = 0; kc < BN / 16; ++kc)
-                wgmma_rs_tb<D, T>(o, p[kc], sw128_desc(v_s + sp * kv_bytes + kc * 16 * 128, BN * 128, 1024));
-        }
-        if (j < n_tiles) {                                                  // S = Q K^T of tile j
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const unsigned long long da = sw128_desc(q_tile + (kk / 4) * BM * 128 + 64 * c * 128 + (kk % 4) * 32, 16, 1024);
-                const unsigned long long db = sw128_desc(k_s + s * kv_bytes + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
-                wgmma_ss<BN, T>(sacc, da, db, kk > 0);
-            }
-        }
-        wgmma_commit();
-        named_bar_arrive(FA3P_SCHED_BAR + (c + 1) % NCWG, 128 * 2);        // the next warpgroup's turn
-        wgmma_wait<0>();
-        if (j > 0 && lane == 0) mbar_arrive(empty + 8 * sp);                // tile j - 1's stage is free
-        if (j == n_tiles) break;
-        if (j == n_tiles - 1 && lane == 0) mbar_arrive(q_release);          // this warp is done with Q
-        wg_softmax_tile<T, D, BN, CAUSAL>(sacc, p, o, m0, m1, l0, l1, j * BN, q0 + 64 * c, row0, row1, t, N,
-                                          scale_log2, rescale_log2);
-        ++kv;
-    }
-    wg_store_o<T, D>(o, l0, l1, O, bh, row0, row1, t, N);
-}
 
 template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL, bool SCHED = false>
 __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const void* tk, const void* tv,
@@ -1219,7 +1164,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
     const float scale_log2 = scale * LOG2E;
     int kv = 0;                                  // K/V tiles consumed, over all items: stage kv % STAGES
     if constexpr (SCHED) {                       // the last consumer warpgroup gives the first its first turn
-        if (wg == NCWG) named_bar_arrive(FA3P_SCHED_BAR, 128 * 2);
+        if (wg == NCWG) named_barrier_arrive(FA3P_SCHED_BAR, 128 * 2);
     }
     for (int it = 0;; ++it) {
         const int qb = it & 1;
@@ -1232,7 +1177,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
         // (the producer is already loading the next item's Q and K/V while this one's last tiles and output run)
         if constexpr (SCHED)
-            wg_attention_pingpong<T, D, BN, BM, STAGES, CAUSAL, NCWG>(
+            wg_attention_pingpong<T, D, BN, BM, STAGES, CAUSAL, NCWG, FA3P_SCHED_BAR>(
                 wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s + qb * Q_BYTES, k_s, v_s, KV_BYTES, full_k, full_v, empty,
                 empty_q + 8 * qb, scale_log2, RESCALE_LOG2);
         else
@@ -1241,7 +1186,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
                                                              empty, empty_q + 8 * qb, scale_log2, RESCALE_LOG2);
     }
     if constexpr (SCHED) {                       // the last turn's arrive (the last warpgroup's, to the first)
-        if (wg == 1) named_bar_sync(FA3P_SCHED_BAR, 128 * 2);
+        if (wg == 1) named_barrier_sync(FA3P_SCHED_BAR, 128 * 2);
     }
 }
 }  // namespace fa3
@@ -1428,13 +1373,15 @@ def fa3p_block_m(N, d, causal):
     return min(THROUGHPUT, key=lambda bm: pairs_computed(N, bm, FA3P[d]["block_n"], causal) / THROUGHPUT[bm])
 
 
-def fa3p_attention(q, k, v, out=None, causal=False, ctas=None):
-    """Step 3b: the persistent wgmma + TMA kernel; q, k, v: [B, H, N, d] bf16 or fp16, d = 64 or 128 (sm_90)."""
+def fa3p_attention(q, k, v, out=None, causal=False, ctas=None, sched=False):
+    """Step 3b: the persistent wgmma + TMA kernel; q, k, v: [B, H, N, d] bf16 or fp16, d = 64 or 128 (sm_90).
+    sched: the fa3p_sched_* entries (ping-pong scheduling between the consumer warpgroups; 192 rows at d = 64)."""
     B, H, N, d = q.shape
     assert d in FA3P and q.dtype in (torch.bfloat16, torch.float16), "step 3b takes bf16/fp16 with d = 64 or 128"
-    block_m, block_n = fa3p_block_m(N, d, causal), FA3P[d]["block_n"]
+    block_m, block_n = (192 if d == 64 else 128) if sched else fa3p_block_m(N, d, causal), FA3P[d]["block_n"]
     dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
-    kernel = globals()[f"fa3p_{dt}_d{d}{'_causal' if causal else ''}{'_bm128' if d == 64 and block_m == 128 else ''}"]
+    kernel = globals()[f"fa3p{'_sched' if sched else ''}_{dt}_d{d}{'_causal' if causal else ''}"
+                       f"{'_bm128' if d == 64 and block_m == 128 else ''}"]
     if q.device not in work_counter:
         work_counter[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
     maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64)) for x, rows in ((q, block_m), (k, block_n),
@@ -1473,6 +1420,52 @@ for N in (1024, 4096):
             print(f"N={N:5d} d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s ({r.tflops / step3_n.tflops:.2f}x "
                   f"step 3); " + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
 step3b[1024, 64, True]
+
+# %% [markdown]
+# ### A variant: ping-pong scheduling between the consumer warpgroups (`fa3p_sched_*`)
+#
+# Step 3b's consumer warpgroups issue their `wgmma`s whenever they are ready, and overlap one warpgroup's softmax with
+# another's products only as far as they happen to drift apart. FlashAttention-3's paper orders them on purpose: with
+# named barriers, each warpgroup waits for its *turn*, issues two products back to back, O += P V of its previous
+# tile and S = Q K^T of its next, passes the turn on, and runs that tile's softmax while the next warpgroup's products
+# keep the tensor cores busy. The `fa3p_sched_*` entries at the end of step 3's cell are step 3b with those turns
+# (`attention_fwd_persistent<..., SCHED = true>`, the consumer `wg_attention_pingpong`):
+# - **the ring.** Consumer warpgroup `c` waits at named barrier `8 + c` (`bar.sync 8 + c, 256`: its 128 threads and
+#   the 128 of the warpgroup before it), and after issuing its products arrives at the next one's barrier
+#   (`bar.arrive 8 + (c + 1) % n, 256`). The last warpgroup arrives once at barrier 8 before anything else, so
+#   warpgroup 0 goes first; at `d = 64` three warpgroups take turns round robin. (`__syncthreads` is barrier 0, and the
+#   kernel has no other named barrier.)
+# - **items and the last tile.** An item of `n` key tiles is `n + 1` turns (the first has only S = Q K^T, the last only
+#   P V). The warpgroups of a CTA share each item, so they take the same number of turns, and the ring runs on across
+#   items, causal ones of different lengths included; at the end warpgroup 0 waits once more at barrier 8, which takes
+#   the last warpgroup's last arrive, so every `bar.arrive` has its `bar.sync` before the kernel exits.
+# - **registers.** P of the previous tile, O and the new S are live at once: more than the 168 registers a thread of
+#   384 gets at `d = 128` (128 of 512 at `d = 64`). The producer gives registers back (`setmaxnreg.dec` to 24) and the
+#   consumers take them (`setmaxnreg.inc` to 240 with two consumer warpgroups, 160 with three), no spills.
+#
+# The arithmetic of each warpgroup is step 3b's, in the same order: in the CPU emulator `fa3p_sched` writes the very bits
+# `fa3p` writes, and the emulator fails a kernel whose ring deadlocks or leaves an arrive without its sync
+# (tests/test_attention_persistent.py). Step 3b's own entries compile to the same SASS as without the variant.
+#
+# **Prediction.** +3-8 % over `fa3p` at `d = 128`, `N >= 2048` (FlashAttention-3's paper credits this overlap and its
+# intra-warpgroup pipelining together with ~570 -> ~620-660 TFLOP/s at `d = 128`), which would bring `d = 128` within
+# a few percent of cuDNN; neutral or worse at `d = 64` (three warpgroups already overlap well, and each waits up to two
+# turns) and at short `N` (two turns an item with one product each). Not measured yet:
+# `python3 tools/gpu/run.py bench-attention-sched` times it beside `fa3p`, FLASH and CUDNN.
+
+# %%
+# %%gpu
+sched_checks = check_all(lambda q, k, v, o, causal: fa3p_attention(q, k, v, o, causal, sched=True))
+print(summarize_checks(sched_checks))
+for N in (2048, 4096):
+    for d in (64, 128):
+        for causal in (False, True):
+            r = bench_against_sdpa(f"step 3b, ping-pong d={d}{' causal' if causal else ''} N={N}",
+                                   lambda q, k, v, o, causal: fa3p_attention(q, k, v, o, causal, sched=True),
+                                   N=N, d=d, causal=causal, naive=False)
+            base = bench_against_sdpa("step 3b", fa3p_attention, N=N, d=d, causal=causal, naive=False)
+            print(f"N={N:5d} d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s ({r.tflops / base.tflops:.3f}x "
+                  f"step 3b); " + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
 
 # %% [markdown]
 # ## Discussion: every step against every backend

@@ -223,3 +223,25 @@ def test_sched_attention_in_the_emulator(BH, N, d, dtype, causal, ctas, heads_pe
     run_persistent(arrays, O_ref, d, dtype, causal, ctas, heads_per_section,
                    None if counter is None else np.zeros(1, np.int32))
     assert np.array_equal(O, O_ref), f"{(O != O_ref).sum()} of {O.size} elements differ from fa3p's"
+
+
+@needs_cxx
+@pytest.mark.slow
+@pytest.mark.parametrize("cut, says", [
+    ("        if (wg == 1) named_barrier_sync(FA3P_SCHED_BAR, 128 * 2);", "a bar.arrive nobody waits for"),
+    ("        if (wg == NCWG) named_barrier_arrive(FA3P_SCHED_BAR, 128 * 2);", "deadlock"),
+], ids=["no-last-sync", "no-first-arrive"])
+def test_the_emulator_catches_a_broken_ring(cut, says):
+    """Without warpgroup 0's last wait the last arrive is left pending at the block's end; without the first arrive
+    warpgroup 0 waits for a turn nobody gives: the emulator fails both, so the passing runs above say the ring closes."""
+    from kernellab.run.sim.cuda.emulate import EmulationError
+
+    global SOURCE
+    assert cut in SOURCE
+    arrays, _, O = case(3, 300, 128, "bf16", seed=1)
+    saved, SOURCE = SOURCE, SOURCE.replace(cut, "")
+    try:
+        with pytest.raises(EmulationError, match=says):
+            run_persistent(arrays, O, 128, "bf16", True, 2, 2, family="fa3p_sched")
+    finally:
+        SOURCE = saved

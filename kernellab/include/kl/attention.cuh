@@ -299,3 +299,77 @@ __device__ __forceinline__ void wg_store_o(const float (&o)[kD / 2], float l0, f
         if (row1 < seq_len) *reinterpret_cast<unsigned*>(out + (size_t)row1 * kD + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
     }
 }
+
+// Named barrier `id` (1-15; 0 is __syncthreads) counting `threads` threads, a multiple of 32: wait there until that many
+// have arrived (bar.sync), or arrive without waiting (bar.arrive). On the CPU, the emulator's (hopper.h).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#else
+    named_bar_sync(id, threads);
+#endif
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#else
+    named_bar_arrive(id, threads);
+#endif
+}
+
+// wg_attention with ping-pong scheduling (tutorial 07's fa3p_sched_*, after FlashAttention-3): the kWarpgroups
+// consumer warpgroups of a block take turns on the tensor cores. A turn of warpgroup c issues O += P V of its tile
+// j - 1, then S = Q K^T of its tile j, back to back; it then passes the turn on and runs tile j's softmax while the
+// next warpgroup's products run. Warpgroup c waits for its turn at named barrier kBar0 + c (bar.sync, 256 threads)
+// and passes it with bar.arrive at kBar0 + (c + 1) % kWarpgroups, so each barrier has one waiting warpgroup and one
+// arriving. An item of n_tiles tiles is n_tiles + 1 turns (the first only S, the last only P V): the same number in
+// every warpgroup of the block, since they share the item. The caller starts the ring (the last warpgroup arrives
+// once at kBar0 before the first turn) and ends it (warpgroup 0 waits once at kBar0 after its last: the last arrive's
+// sync). The same arithmetic as wg_attention, in the same order per warpgroup: the same bits. Registers: P of tile
+// j - 1, O and S of tile j are live at once (the caller raises the consumers' registers with setmaxnreg).
+template <typename T, int kD, int kBN, int kBM, int kStages, bool kCausal, int kWarpgroups, int kBar0>
+__device__ __forceinline__ void wg_attention_pingpong(int c, int tid, T* __restrict__ O, int bh, int q0, int seq_len,
+                                                      int n_tiles, int& kv, unsigned q_tile, unsigned k_s,
+                                                      unsigned v_s, unsigned kv_bytes, unsigned full_k,
+                                                      unsigned full_v, unsigned empty, unsigned q_release,
+                                                      float scale_log2, float rescale_log2) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row0 = q0 + 64 * c + 16 * warp + g, row1 = row0 + 8;
+    float o[kD / 2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
+    unsigned p[kBN / 16][4];                      // P of the tile before, for the next turn's P V
+    for (int j = 0; j <= n_tiles; ++j) {
+        const int s = kv % kStages, sp = (kv + kStages - 1) % kStages;          // tile j's stage, tile j - 1's
+        const unsigned phase = (kv / kStages) & 1, phase_p = ((kv - 1) / kStages) & 1;   // (j > 0: kv >= 1)
+        float sacc[kBN / 2];
+        if (j < n_tiles) mbar_wait(full_k + 8 * s, phase);
+        if (j > 0) mbar_wait(full_v + 8 * sp, phase_p);
+        named_barrier_sync(kBar0 + c, 128 * 2);                                 // this warpgroup's turn
+        wgmma_fence();
+        if (j > 0) {                                                            // O += P V of tile j - 1
+#pragma unroll
+            for (int kc = 0; kc < kBN / 16; ++kc)
+                wgmma_rs_tb<kD, T>(o, p[kc], sw128_desc(v_s + sp * kv_bytes + kc * 16 * 128, kBN * 128, 1024));
+        }
+        if (j < n_tiles) {                                                      // S = Q K^T of tile j
+#pragma unroll
+            for (int kk = 0; kk < kD / 16; ++kk) {
+                const unsigned long long da = sw128_desc(q_tile + (kk / 4) * kBM * 128 + 64 * c * 128 + (kk % 4) * 32, 16, 1024);
+                const unsigned long long db = sw128_desc(k_s + s * kv_bytes + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
+                wgmma_ss<kBN, T>(sacc, da, db, kk > 0);
+            }
+        }
+        wgmma_commit();
+        named_barrier_arrive(kBar0 + (c + 1) % kWarpgroups, 128 * 2);           // the next warpgroup's turn
+        wgmma_wait<0>();
+        if (j > 0 && lane == 0) mbar_arrive(empty + 8 * sp);                    // tile j - 1's stage is free
+        if (j == n_tiles) break;
+        if (j == n_tiles - 1 && lane == 0) mbar_arrive(q_release);              // this warp is done with Q
+        wg_softmax_tile<T, kD, kBN, kCausal>(sacc, p, o, m0, m1, l0, l1, j * kBN, q0 + 64 * c, row0, row1, t,
+                                             seq_len, scale_log2, rescale_log2);
+        ++kv;
+    }
+    wg_store_o<T, kD>(o, l0, l1, O, bh, row0, row1, t, seq_len);
+}
