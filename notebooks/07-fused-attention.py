@@ -1450,22 +1450,23 @@ step3b[1024, 64, True]
 # **Prediction.** +3-8 % over `fa3p` at `d = 128`, `N >= 2048` (FlashAttention-3's paper credits this overlap and its
 # intra-warpgroup pipelining together with ~570 -> ~620-660 TFLOP/s at `d = 128`), which would bring `d = 128` within
 # a few percent of cuDNN; neutral or worse at `d = 64` (three warpgroups already overlap well, and each waits up to two
-# turns) and at short `N` (two turns an item with one product each). Not measured yet:
-# `python3 tools/gpu/run.py bench-attention-sched` times it beside `fa3p`, FLASH and CUDNN.
+# turns) and at short `N` (two turns an item with one product each). Not measured yet: the cell below checks it and
+# times it at `N = 4096` beside step 3b's timings above; `python3 tools/gpu/run.py bench-attention-sched` times it
+# beside `fa3p`, FLASH and CUDNN at `N = 2048` to 8192.
 
 # %%
 # %%gpu
-sched_checks = check_all(lambda q, k, v, o, causal: fa3p_attention(q, k, v, o, causal, sched=True))
+sched_checks = check_all(lambda q, k, v, o, causal: fa3p_attention(q, k, v, o, causal, sched=True), ns=(65, 1031, 4097),
+                         trials=1)
 print(summarize_checks(sched_checks))
-for N in (2048, 4096):
-    for d in (64, 128):
-        for causal in (False, True):
-            r = bench_against_sdpa(f"step 3b, ping-pong d={d}{' causal' if causal else ''} N={N}",
-                                   lambda q, k, v, o, causal: fa3p_attention(q, k, v, o, causal, sched=True),
-                                   N=N, d=d, causal=causal, naive=False)
-            base = bench_against_sdpa("step 3b", fa3p_attention, N=N, d=d, causal=causal, naive=False)
-            print(f"N={N:5d} d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s ({r.tflops / base.tflops:.3f}x "
-                  f"step 3b); " + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+for d in (64, 128):
+    for causal in (False, True):
+        r = bench_against_sdpa(f"step 3b, ping-pong d={d}{' causal' if causal else ''}",
+                               lambda q, k, v, o, causal: fa3p_attention(q, k, v, o, causal, sched=True), N=4096, d=d,
+                               causal=causal, naive=False)
+        print(f"N= 4096 d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s "
+              f"({r.tflops / step3b[4096, d, causal].tflops:.3f}x step 3b); "
+              + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
 
 # %% [markdown]
 # ## Discussion: every step against every backend
