@@ -1435,10 +1435,11 @@ step3b[1024, 64, True]
 #   (`bar.arrive 8 + (c + 1) % n, 256`). The last warpgroup arrives once at barrier 8 before anything else, so
 #   warpgroup 0 goes first; at `d = 64` three warpgroups take turns round robin. (`__syncthreads` is barrier 0, and the
 #   kernel has no other named barrier.)
-# - **items and the last tile.** An item of `n` key tiles is `n + 1` turns (the first has only S = Q K^T, the last only
-#   P V). The warpgroups of a CTA share each item, so they take the same number of turns, and the ring runs on across
-#   items, causal ones of different lengths included; at the end warpgroup 0 waits once more at barrier 8, which takes
-#   the last warpgroup's last arrive, so every `bar.arrive` has its `bar.sync` before the kernel exits.
+# - **items and the last tile.** An item of `n` key tiles is `n + 1` turns (the first has only S = Q K^T, the last
+#   only P V; both peeled off the loop: with the products under a branch, ptxas serialised the `wgmma`s at `d = 64`).
+#   The warpgroups of a CTA share each item, so they take the same number of turns, and the ring runs on across items,
+#   causal ones of different lengths included; at the end warpgroup 0 waits once more at barrier 8, which takes the
+#   last warpgroup's last arrive, so every `bar.arrive` has its `bar.sync` before the kernel exits.
 # - **registers.** P of the previous tile, O and the new S are live at once: more than the 168 registers a thread of
 #   384 gets at `d = 128` (128 of 512 at `d = 64`). The producer gives registers back (`setmaxnreg.dec` to 24) and the
 #   consumers take them (`setmaxnreg.inc` to 240 with two consumer warpgroups, 160 with three), no spills.

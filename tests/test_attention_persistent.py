@@ -166,6 +166,10 @@ def test_sched_entries_take_turns_through_named_barriers_without_spills():
         assert {"0x8"} <= {i for _, i, _ in counted}                          # the first warpgroup's barrier 8
         text = str(k.instruction_summary)
         assert "HGMMA.64x128x16.F32" in text and "UTMALDG" in text, text
+    # no wgmma under a branch ptxas cannot prove warp-uniform: it would serialise them (C7520, "Potential Performance
+    # Loss") or inject warpgroup.arrive (C7519)
+    said = [line for line in str(mod.log).splitlines() if "fa3p_sched_" in line and ("C7520" in line or "C7519" in line)]
+    assert not said, said
 
 
 # Whitespace-collapsed SASS of step 3's and step 3b's entries as they were before fa3p_sched was added (NVRTC and ptxas

@@ -327,33 +327,32 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // once at kBar0 before the first turn) and ends it (warpgroup 0 waits once at kBar0 after its last: the last arrive's
 // sync). The same arithmetic as wg_attention, in the same order per warpgroup: the same bits. Registers: P of tile
 // j - 1, O and S of tile j are live at once (the caller raises the consumers' registers with setmaxnreg).
+// One consumer warpgroup's state in wg_attention_pingpong (below) and its turns.
 template <typename T, int kD, int kBN, int kBM, int kStages, bool kCausal, int kWarpgroups, int kBar0>
-__device__ __forceinline__ void wg_attention_pingpong(int c, int tid, T* __restrict__ O, int bh, int q0, int seq_len,
-                                                      int n_tiles, int& kv, unsigned q_tile, unsigned k_s,
-                                                      unsigned v_s, unsigned kv_bytes, unsigned full_k,
-                                                      unsigned full_v, unsigned empty, unsigned q_release,
-                                                      float scale_log2, float rescale_log2) {
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int row0 = q0 + 64 * c + 16 * warp + g, row1 = row0 + 8;
-    float o[kD / 2];
-#pragma unroll
-    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
-    float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
-    unsigned p[kBN / 16][4];                      // P of the tile before, for the next turn's P V
-    for (int j = 0; j <= n_tiles; ++j) {
-        const int s = kv % kStages, sp = (kv + kStages - 1) % kStages;          // tile j's stage, tile j - 1's
-        const unsigned phase = (kv / kStages) & 1, phase_p = ((kv - 1) / kStages) & 1;   // (j > 0: kv >= 1)
-        float sacc[kBN / 2];
-        if (j < n_tiles) mbar_wait(full_k + 8 * s, phase);
-        if (j > 0) mbar_wait(full_v + 8 * sp, phase_p);
-        named_barrier_sync(kBar0 + c, 128 * 2);                                 // this warpgroup's turn
+struct PingPongWarpgroup {
+    int c, lane, t, row0, row1, q0, seq_len, n_tiles;
+    unsigned q_tile, k_s, v_s, kv_bytes, full_k, full_v, empty, q_release;
+    float scale_log2, rescale_log2;
+    float o[kD / 2];                             // O, as in wg_attention
+    float m0, m1, l0, l1;
+    unsigned p[kBN / 16][4];                     // P of the tile before, for the next turn's P V
+    float sacc[kBN / 2];
+
+    // Turn j: O += P V of tile j - 1 (kPV), then S = Q K^T of tile j (kQK), then tile j's softmax (kQK). Templated so
+    // that no wgmma sits under a branch (ptxas serialises wgmmas it cannot prove warp-uniform). kv: tiles consumed.
+    template <bool kPV, bool kQK>
+    __device__ __forceinline__ void turn(int j, int& kv) {
+        const int s = kv % kStages, sp = (kv + kStages - 1) % kStages;        // tile j's stage, tile j - 1's
+        if (kQK) mbar_wait(full_k + 8 * s, (kv / kStages) & 1);
+        if (kPV) mbar_wait(full_v + 8 * sp, ((kv - 1) / kStages) & 1);
+        named_barrier_sync(kBar0 + c, 128 * 2);                               // this warpgroup's turn
         wgmma_fence();
-        if (j > 0) {                                                            // O += P V of tile j - 1
+        if (kPV) {
 #pragma unroll
             for (int kc = 0; kc < kBN / 16; ++kc)
                 wgmma_rs_tb<kD, T>(o, p[kc], sw128_desc(v_s + sp * kv_bytes + kc * 16 * 128, kBN * 128, 1024));
         }
-        if (j < n_tiles) {                                                      // S = Q K^T of tile j
+        if (kQK) {
 #pragma unroll
             for (int kk = 0; kk < kD / 16; ++kk) {
                 const unsigned long long da = sw128_desc(q_tile + (kk / 4) * kBM * 128 + 64 * c * 128 + (kk % 4) * 32, 16, 1024);
@@ -362,14 +361,37 @@ __device__ __forceinline__ void wg_attention_pingpong(int c, int tid, T* __restr
             }
         }
         wgmma_commit();
-        named_barrier_arrive(kBar0 + (c + 1) % kWarpgroups, 128 * 2);           // the next warpgroup's turn
+        named_barrier_arrive(kBar0 + (c + 1) % kWarpgroups, 128 * 2);         // the next warpgroup's turn
         wgmma_wait<0>();
-        if (j > 0 && lane == 0) mbar_arrive(empty + 8 * sp);                    // tile j - 1's stage is free
-        if (j == n_tiles) break;
-        if (j == n_tiles - 1 && lane == 0) mbar_arrive(q_release);              // this warp is done with Q
-        wg_softmax_tile<T, kD, kBN, kCausal>(sacc, p, o, m0, m1, l0, l1, j * kBN, q0 + 64 * c, row0, row1, t,
-                                             seq_len, scale_log2, rescale_log2);
-        ++kv;
+        if (kPV && lane == 0) mbar_arrive(empty + 8 * sp);                    // tile j - 1's stage is free
+        if (kQK) {
+            if (j == n_tiles - 1 && lane == 0) mbar_arrive(q_release);        // this warp is done with Q
+            wg_softmax_tile<T, kD, kBN, kCausal>(sacc, p, o, m0, m1, l0, l1, j * kBN, q0 + 64 * c, row0, row1, t,
+                                                 seq_len, scale_log2, rescale_log2);
+            ++kv;
+        }
     }
-    wg_store_o<T, kD>(o, l0, l1, O, bh, row0, row1, t, seq_len);
+};
+
+template <typename T, int kD, int kBN, int kBM, int kStages, bool kCausal, int kWarpgroups, int kBar0>
+__device__ __forceinline__ void wg_attention_pingpong(int c, int tid, T* __restrict__ O, int bh, int q0, int seq_len,
+                                                      int n_tiles, int& kv, unsigned q_tile, unsigned k_s,
+                                                      unsigned v_s, unsigned kv_bytes, unsigned full_k,
+                                                      unsigned full_v, unsigned empty, unsigned q_release,
+                                                      float scale_log2, float rescale_log2) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    PingPongWarpgroup<T, kD, kBN, kBM, kStages, kCausal, kWarpgroups, kBar0> w;
+    w.c = c; w.lane = lane; w.t = t; w.row0 = q0 + 64 * c + 16 * warp + g; w.row1 = w.row0 + 8; w.q0 = q0;
+    w.seq_len = seq_len; w.n_tiles = n_tiles; w.q_tile = q_tile; w.k_s = k_s; w.v_s = v_s; w.kv_bytes = kv_bytes;
+    w.full_k = full_k; w.full_v = full_v; w.empty = empty; w.q_release = q_release; w.scale_log2 = scale_log2;
+    w.rescale_log2 = rescale_log2;
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) w.o[i] = 0.f;
+    w.m0 = -CUDART_INF_F; w.m1 = -CUDART_INF_F; w.l0 = 0.f; w.l1 = 0.f;
+    if (n_tiles > 0) {                           // the first and last turns peeled off: one product each
+        w.template turn<false, true>(0, kv);
+        for (int j = 1; j < n_tiles; ++j) w.template turn<true, true>(j, kv);
+        w.template turn<true, false>(n_tiles, kv);
+    }
+    wg_store_o<T, kD>(w.o, w.l0, w.l1, O, bh, w.row0, w.row1, t, seq_len);
 }
