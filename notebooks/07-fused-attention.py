@@ -1081,8 +1081,9 @@ __device__ __forceinline__ int next_item(int it, int n_items, int* counter) {
 // runs during the next warpgroup's turn. Turns pass round the ring 0, 1, .., NCWG - 1, 0, .. through named barriers:
 // warpgroup c waits on barrier FA3P_SCHED_BAR + c (bar.sync, 256 threads: its 128 and the 128 of the one before it,
 // which bar.arrive there once its products are issued). __syncthreads is barrier 0; nothing else uses named barriers.
-// P of tile j - 1, O and S of tile j are live together, more than 168 registers at d = 128 (128 at d = 64): the
-// producer gives its registers back (setmaxnreg.dec) and the consumers take them (setmaxnreg.inc).
+// P of tile j - 1, O and S of tile j are live together (160 registers of them at d = 128, 128 at d = 64); under the
+// launch's 168 (128 at d = 64) ptxas spills 12-32 bytes, so the producer gives its registers back (setmaxnreg.dec)
+// and the consumers take them (setmaxnreg.inc): no spills.
 template <int R>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R>
@@ -1440,9 +1441,10 @@ step3b[1024, 64, True]
 #   The warpgroups of a CTA share each item, so they take the same number of turns, and the ring runs on across items,
 #   causal ones of different lengths included; at the end warpgroup 0 waits once more at barrier 8, which takes the
 #   last warpgroup's last arrive, so every `bar.arrive` has its `bar.sync` before the kernel exits.
-# - **registers.** P of the previous tile, O and the new S are live at once: more than the 168 registers a thread of
-#   384 gets at `d = 128` (128 of 512 at `d = 64`). The producer gives registers back (`setmaxnreg.dec` to 24) and the
-#   consumers take them (`setmaxnreg.inc` to 240 with two consumer warpgroups, 160 with three), no spills.
+# - **registers.** P of the previous tile, O and the new S are live at once: 160 registers of them at `d = 128` (128
+#   at `d = 64`). Under the 168 registers a thread of 384 gets at launch (128 of 512 at `d = 64`) ptxas spills 12-32
+#   bytes; so the producer gives registers back (`setmaxnreg.dec` to 24) and the consumers take them (`setmaxnreg.inc`
+#   to 240 with two consumer warpgroups, 160 with three): no spills.
 #
 # The arithmetic of each warpgroup is step 3b's, in the same order: in the CPU emulator `fa3p_sched` writes the very bits
 # `fa3p` writes, and the emulator fails a kernel whose ring deadlocks or leaves an arrive without its sync

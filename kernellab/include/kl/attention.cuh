@@ -326,7 +326,7 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // every warpgroup of the block, since they share the item. The caller starts the ring (the last warpgroup arrives
 // once at kBar0 before the first turn) and ends it (warpgroup 0 waits once at kBar0 after its last: the last arrive's
 // sync). The same arithmetic as wg_attention, in the same order per warpgroup: the same bits. Registers: P of tile
-// j - 1, O and S of tile j are live at once (the caller raises the consumers' registers with setmaxnreg).
+// j - 1, O and S of tile j are live at once (tutorial 07's caller raises the consumers' registers with setmaxnreg).
 // One consumer warpgroup's state in wg_attention_pingpong (below) and its turns.
 template <typename T, int kD, int kBN, int kBM, int kStages, bool kCausal, int kWarpgroups, int kBar0>
 struct PingPongWarpgroup {
