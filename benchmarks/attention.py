@@ -1155,9 +1155,9 @@ def main(argv=None):
         for r in bench_rows:
             if "error" not in r:
                 tf = r["tflops"]
+                vs_cudnn = f" | fa3p_sched / CUDNN {tf['fa3p_sched'] / tf['CUDNN']:.2f}x" if "CUDNN" in tf else ""
                 print(f"{r['dtype']:5s} {r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | "
-                      f"{tf['fa3p_sched'] / tf['fa3p']:6.3f}x" + (f" | fa3p_sched / CUDNN {tf['fa3p_sched'] / tf['CUDNN']:.2f}x"
-                                                                  if "CUDNN" in tf else ""))
+                      f"{tf['fa3p_sched'] / tf['fa3p']:6.3f}x{vs_cudnn}")
     if called:
         import as_called
 

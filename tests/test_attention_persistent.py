@@ -168,7 +168,8 @@ def test_sched_entries_take_turns_through_named_barriers_without_spills():
         assert "HGMMA.64x128x16.F32" in text and "UTMALDG" in text, text
     # no wgmma under a branch ptxas cannot prove warp-uniform: it would serialise them (C7520, "Potential Performance
     # Loss") or inject warpgroup.arrive (C7519)
-    said = [line for line in str(mod.log).splitlines() if "fa3p_sched_" in line and ("C7520" in line or "C7519" in line)]
+    said = [line for line in str(mod.log).splitlines()
+            if "fa3p_sched_" in line and ("C7520" in line or "C7519" in line)]
     assert not said, said
 
 
@@ -237,7 +238,8 @@ def test_sched_attention_in_the_emulator(BH, N, d, dtype, causal, ctas, heads_pe
 ], ids=["no-last-sync", "no-first-arrive"])
 def test_the_emulator_catches_a_broken_ring(cut, says):
     """Without warpgroup 0's last wait the last arrive is left pending at the block's end; without the first arrive
-    warpgroup 0 waits for a turn nobody gives: the emulator fails both, so the passing runs above say the ring closes."""
+    warpgroup 0 waits for a turn nobody gives: the emulator fails both, so the passing runs above say the ring
+    closes."""
     from kernellab.run.sim.cuda.emulate import EmulationError
 
     global SOURCE
