@@ -50,7 +50,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOL = {"bf16": 3.2e-2, "fp16": 4e-3}
 
 
-ENTRY = re.compile(r"^(?P<family>[a-z0-9]+)_(?:bf16|f16)_d\d+(?:_causal)?(?:_bm\d+)?$")   # _bm128: a second height
+ENTRY = re.compile(r"^(?P<family>[a-z0-9]+(?:_sched)?)_(?:bf16|f16)_d\d+(?:_causal)?(?:_bm\d+)?$")   # _bm128: a
+# second height; fa3p_sched: step 3b with ping-pong scheduling (its tiles are fa3p's: FA3P_ defines)
 DEFINE = re.compile(r"^#define\s+(FA\d[A-Z]*_\w+)\s+(\d+)\b", re.M)     # FA3_BN64, FA3P_WG64 (a variant's family)
 
 
@@ -77,7 +78,7 @@ def load_families(source: str | None, arch: str | None, options=()) -> tuple[dic
             if m:
                 families.setdefault(m["family"], {})[k.name] = k
                 configs[m["family"]] = {key.split("_", 1)[1]: v for key, v in defines.items()
-                                        if key.startswith(m["family"].upper() + "_")}
+                                        if key.startswith(m["family"].split("_")[0].upper() + "_")}
     return families, configs
 
 
@@ -102,7 +103,7 @@ def launcher(family: dict, config: dict):
 
 def entry(family: dict, q, causal: bool, suffix: str = ""):
     """The family's kernel for q's dtype and head dim, causal or not (fa2_bf16_d64_causal, ...; suffix: _bm128)."""
-    prefix = next(iter(family)).split("_")[0]
+    prefix = ENTRY.match(next(iter(family)))["family"]
     dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
     return family[f"{prefix}_{dt}_d{q.shape[-1]}{'_causal' if causal else ''}{suffix}"]
 
@@ -175,6 +176,8 @@ def make_persistent_launcher(family: dict, block_n: dict, stages: dict, ctas: in
     def plan(q, causal):
         B, H, N, d = q.shape
         bm = persistent_block_m(N, d, causal, block_n[d])
+        if bm == 128 and d == 64 and not any(n.endswith("_bm128") for n in family):
+            bm = 192                          # a family with one height (fa3p_sched)
         kern = entry(family, q, causal, "_bm128" if d == 64 and bm == 128 else "")
         assert kern.resources.max_threads_per_block == 128 * (bm // 64 + 1), kern.name
         counter = torch.zeros(1, dtype=torch.int32, device=q.device)
@@ -285,11 +288,13 @@ def run_checks(name, attention, quick, log=None, dtypes=tuple(DTYPES), dims=(64,
     return rows
 
 
-def run_bench(ours: dict, quick, log, dtypes=("bf16",), ns=None, dims=(64, 128)):
+def run_bench(ours: dict, quick, log, dtypes=("bf16",), ns=None, dims=(64, 128), slow_baselines=True):
+    """Each family against SDPA's backends (slow_baselines: also EFFICIENT, and MATH and naive at N <= 4096)."""
     rows = []
     ns = ns or ((4096,) if quick else (1024, 2048, 4096, 8192, 16384))
-    baselines_all = {"FLASH": sdpa(SDPBackend.FLASH_ATTENTION), "CUDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
-                     "EFFICIENT": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+    baselines_all = {"FLASH": sdpa(SDPBackend.FLASH_ATTENTION), "CUDNN": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    if slow_baselines:
+        baselines_all["EFFICIENT"] = sdpa(SDPBackend.EFFICIENT_ATTENTION)
     for dname in dtypes:
         dtype = DTYPES[dname]
         for d in dims:
@@ -300,7 +305,7 @@ def run_bench(ours: dict, quick, log, dtypes=("bf16",), ns=None, dims=(64, 128))
                     fns = {f"{k}": (lambda f: (lambda q, kk, v, o: f(q, kk, v, o, causal)))(f) for k, f in ours.items()}
                     base = {k: (lambda f: (lambda q, kk, v, o: f(q, kk, v, o, causal)))(f)
                             for k, f in baselines_all.items()}
-                    if N <= 4096 and not quick:
+                    if N <= 4096 and not quick and slow_baselines:
                         base["MATH"] = lambda q, kk, v, o: sdpa(SDPBackend.MATH)(q, kk, v, o, causal)
                         base["naive"] = lambda q, kk, v, o: naive(q, kk, v, o, causal)
                     # baselines that cannot run on this device/shape are dropped, and the row says so
@@ -1075,6 +1080,8 @@ def main(argv=None):
     ap.add_argument("--as-called", action="store_true", help="also time the kernels as registered ops (kernellab.op) "
                     "under kernellab.bench, triton's do_bench and sustained=True, against SDPA FLASH")
     ap.add_argument("--families", default=None, help="only these kernel families, comma-separated")
+    ap.add_argument("--sched", action="store_true", help="step 3b with and without ping-pong scheduling: families "
+                    "fa3p,fa3p_sched against FLASH and CUDNN only, N = 2048, 4096, 8192 unless --ns says")
     ap.add_argument("--grid", action="store_true", help="the entry point (kl::attention) against each of its steps "
                     "and SDPA FLASH/CUDNN on N = 128..16k, d 64/128, causal or not, B*H 16..512, timed as called "
                     "(--quick: a subset that fits 300 s)")
@@ -1099,6 +1106,9 @@ def main(argv=None):
     for fam, ks in families.items():
         for k in ks.values():
             print(f"{k.name:24s} {k.resources}")
+    if args.sched:
+        args.families = args.families or "fa3p,fa3p_sched"
+        args.ns = args.ns or "2048,4096,8192"
     if args.families:
         families = {f: families[f] for f in args.families.split(",")}
     ours = {fam: launcher(ks, configs[fam]) for fam, ks in families.items()}
@@ -1109,7 +1119,8 @@ def main(argv=None):
     ns = tuple(int(n) for n in args.ns.split(",")) if args.ns else None
     bench_rows = [] if args.no_bench else run_bench(ours, args.quick, log,
                                                     ("bf16", "fp16") if args.fp16_bench else ("bf16",), ns=ns,
-                                                    dims=tuple(int(d) for d in args.dims.split(",")))
+                                                    dims=tuple(int(d) for d in args.dims.split(",")),
+                                                    slow_baselines=not args.sched)
     called = run_as_called(ours, args.quick, log, ns=ns, dims=tuple(int(d) for d in args.dims.split(","))) \
         if args.as_called else []
     (out / "attention.json").write_text(json.dumps({"device": dev, "checks": checks, "bench": bench_rows,
@@ -1139,6 +1150,14 @@ def main(argv=None):
         ratios = " ".join(f"{tf[o] / tf['FLASH']:8.2f}x {tf[o] / tf['CUDNN']:8.2f}x" if "FLASH" in tf and "CUDNN" in tf
                           else f"{tf[o] / tf['FLASH']:8.2f}x {'-':>9s}" if "FLASH" in tf else "-" for o in ours)
         print(f"{r['dtype']:5s} {r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | {cells} | {ratios}")
+    if args.sched and "fa3p" in ours and "fa3p_sched" in ours:
+        print("\nfa3p_sched / fa3p (predicted: +3-8 % at d = 128, N >= 2048; neutral or worse at d = 64 and short N):")
+        for r in bench_rows:
+            if "error" not in r:
+                tf = r["tflops"]
+                vs_cudnn = f" | fa3p_sched / CUDNN {tf['fa3p_sched'] / tf['CUDNN']:.2f}x" if "CUDNN" in tf else ""
+                print(f"{r['dtype']:5s} {r['d']:4d} {str(r['causal']):6s} {r['N']:6d} | "
+                      f"{tf['fa3p_sched'] / tf['fa3p']:6.3f}x{vs_cudnn}")
     if called:
         import as_called
 

@@ -987,6 +987,7 @@ typedef unsigned long long uint64_t;
 #define FA3P_BN128 128
 #define FA3P_ST64 3        // 3 K/V stages at d = 64 (measured: +6 % at causal N = 1024, neutral at 4096)
 #define FA3P_ST128 2
+#define FA3P_SCHED_BAR 8   // fa3p_sched: the consumer warpgroups' named barriers 8, 9 (, 10)
 // Hopper attention forward: wgmma fed by TMA, one producer warp and two consumer warpgroups.
 // Q, K, V: [BH, N, D] reached through 3-D tensor maps (dims D, N, BH; box 64 x rows x 1; 128-byte swizzle), so rows
 // past N come in as zeros; O: [BH, N, D] written from registers.
@@ -1074,7 +1075,29 @@ __device__ __forceinline__ int next_item(int it, int n_items, int* counter) {
     return item < n_items ? item : -1;
 }
 
-template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL>
+// ---- Step 3b with ping-pong scheduling (the fa3p_sched_* entries) --------------------------------------------------
+// The consumer warpgroups take turns on the tensor cores (wg_attention_pingpong, <kl/attention.cuh>): a turn of
+// warpgroup c is O += P V of its tile j - 1 and S = Q K^T of its tile j, issued back to back; its softmax of tile j
+// runs during the next warpgroup's turn. Turns pass round the ring 0, 1, .., NCWG - 1, 0, .. through named barriers:
+// warpgroup c waits on barrier FA3P_SCHED_BAR + c (bar.sync, 256 threads: its 128 and the 128 of the one before it,
+// which bar.arrive there once its products are issued). __syncthreads is barrier 0; nothing else uses named barriers.
+// P of tile j - 1, O and S of tile j are live together (160 registers of them at d = 128, 128 at d = 64); under the
+// launch's 168 (128 at d = 64) ptxas spills 12-32 bytes, so the producer gives its registers back (setmaxnreg.dec)
+// and the consumers take them (setmaxnreg.inc): no spills.
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+// Registers a thread after setmaxnreg: the producer 24, the consumers what is left of 65,536 in multiples of 8 (at most
+// 240): 240 with 2 consumer warpgroups, 160 with 3 (24 x 128 + 3 x 160 x 128 = 64,512).
+template <int NCWG>
+struct SchedRegs {
+    static constexpr int kProducer = 24;
+    static constexpr int kLeft = (65536 - 128 * kProducer) / (128 * NCWG) / 8 * 8;
+    static constexpr int kConsumer = kLeft < 240 ? kLeft : 240;
+};
+
+template <typename T, int D, int BN, int NCWG, int STAGES, bool CAUSAL, bool SCHED = false>
 __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const void* tk, const void* tv,
                                                          T* __restrict__ O, int N, int BH, int heads_per_section,
                                                          int* __restrict__ work_counter, float scale) {
@@ -1107,6 +1130,10 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         fence_mbarrier_init();
     }
     __syncthreads();
+    if constexpr (SCHED) {                      // the producer's registers to the consumers (see SchedRegs)
+        if (wg == 0) setmaxnreg_dec<SchedRegs<NCWG>::kProducer>();
+        else setmaxnreg_inc<SchedRegs<NCWG>::kConsumer>();
+    }
 
     if (wg == 0) {                              // producer: one thread issues every copy, item after item
         if (tid == 0) {
@@ -1137,6 +1164,9 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
     // and one thing more: after an item's last S = Q K^T each warp releases the Q buffer (empty_q) for the producer
     const float scale_log2 = scale * LOG2E;
     int kv = 0;                                  // K/V tiles consumed, over all items: stage kv % STAGES
+    if constexpr (SCHED) {                       // the last consumer warpgroup gives the first its first turn
+        if (wg == NCWG) named_barrier_arrive(FA3P_SCHED_BAR, 128 * 2);
+    }
     for (int it = 0;; ++it) {
         const int qb = it & 1;
         mbar_wait(full_q + 8 * qb, (it >> 1) & 1);
@@ -1147,9 +1177,17 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         const int q0 = qblock * BM;
         const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
         // (the producer is already loading the next item's Q and K/V while this one's last tiles and output run)
-        wg_attention<T, D, BN, BM, STAGES, CAUSAL, true>(wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s + qb * Q_BYTES,
-                                                         k_s, v_s, KV_BYTES, full_k, full_v, empty, empty_q + 8 * qb,
-                                                         scale_log2, RESCALE_LOG2);
+        if constexpr (SCHED)
+            wg_attention_pingpong<T, D, BN, BM, STAGES, CAUSAL, NCWG, FA3P_SCHED_BAR>(
+                wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s + qb * Q_BYTES, k_s, v_s, KV_BYTES, full_k, full_v, empty,
+                empty_q + 8 * qb, scale_log2, RESCALE_LOG2);
+        else
+            wg_attention<T, D, BN, BM, STAGES, CAUSAL, true>(wg - 1, tid, O, bh, q0, N, n_tiles, kv,
+                                                             q_s + qb * Q_BYTES, k_s, v_s, KV_BYTES, full_k, full_v,
+                                                             empty, empty_q + 8 * qb, scale_log2, RESCALE_LOG2);
+    }
+    if constexpr (SCHED) {                       // the last turn's arrive (the last warpgroup's, to the first)
+        if (wg == 1) named_barrier_sync(FA3P_SCHED_BAR, 128 * 2);
     }
 }
 }  // namespace fa3
@@ -1193,6 +1231,23 @@ FA3P_ENTRY(fa3p_f16_d64_causal, __half, 64, FA3P_BN64, 3, FA3P_ST64, true, 1)
 FA3P_ENTRY(fa3p_f16_d64_causal_bm128, __half, 64, FA3P_BN64, 2, FA3P_ST64, true, 1)
 FA3P_ENTRY(fa3p_f16_d128, __half, 128, FA3P_BN128, 2, FA3P_ST128, false, 1)
 FA3P_ENTRY(fa3p_f16_d128_causal, __half, 128, FA3P_BN128, 2, FA3P_ST128, true, 1)
+// step 3b with ping-pong scheduling between the consumer warpgroups (3 at d = 64, 2 at d = 128), same tiles
+#define FA3P_SCHED_ENTRY(name, T, D, BN, WG, ST, CAUSAL) \
+extern "C" __global__ void __launch_bounds__(128 * (WG + 1), 1) \
+name(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ o, int n, int bh, int heads_per_section, \
+     int* __restrict__ work_counter, float scale) { \
+    fa3::attention_fwd_persistent<T, D, BN, WG, ST, CAUSAL, true>(&tq, &tk, &tv, o, n, bh, heads_per_section, \
+                                                                  work_counter, scale); \
+}
+FA3P_SCHED_ENTRY(fa3p_sched_bf16_d64, __nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, false)
+FA3P_SCHED_ENTRY(fa3p_sched_bf16_d64_causal, __nv_bfloat16, 64, FA3P_BN64, 3, FA3P_ST64, true)
+FA3P_SCHED_ENTRY(fa3p_sched_bf16_d128, __nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, false)
+FA3P_SCHED_ENTRY(fa3p_sched_bf16_d128_causal, __nv_bfloat16, 128, FA3P_BN128, 2, FA3P_ST128, true)
+FA3P_SCHED_ENTRY(fa3p_sched_f16_d64, __half, 64, FA3P_BN64, 3, FA3P_ST64, false)
+FA3P_SCHED_ENTRY(fa3p_sched_f16_d64_causal, __half, 64, FA3P_BN64, 3, FA3P_ST64, true)
+FA3P_SCHED_ENTRY(fa3p_sched_f16_d128, __half, 128, FA3P_BN128, 2, FA3P_ST128, false)
+FA3P_SCHED_ENTRY(fa3p_sched_f16_d128_causal, __half, 128, FA3P_BN128, 2, FA3P_ST128, true)
 // step 3b for short sequences (_bm64): one consumer warpgroup (64 query rows), 64-key tiles, two CTAs per SM, so one
 // CTA's pipeline fill and epilogue run under the other's products (see "One entry point" below)
 #define FA3P_BM64_BN 64     // keys per tile (the 64-wide accumulators fit two CTAs' registers)
@@ -1319,13 +1374,15 @@ def fa3p_block_m(N, d, causal):
     return min(THROUGHPUT, key=lambda bm: pairs_computed(N, bm, FA3P[d]["block_n"], causal) / THROUGHPUT[bm])
 
 
-def fa3p_attention(q, k, v, out=None, causal=False, ctas=None):
-    """Step 3b: the persistent wgmma + TMA kernel; q, k, v: [B, H, N, d] bf16 or fp16, d = 64 or 128 (sm_90)."""
+def fa3p_attention(q, k, v, out=None, causal=False, ctas=None, sched=False):
+    """Step 3b: the persistent wgmma + TMA kernel; q, k, v: [B, H, N, d] bf16 or fp16, d = 64 or 128 (sm_90).
+    sched: the fa3p_sched_* entries (ping-pong scheduling between the consumer warpgroups; 192 rows at d = 64)."""
     B, H, N, d = q.shape
     assert d in FA3P and q.dtype in (torch.bfloat16, torch.float16), "step 3b takes bf16/fp16 with d = 64 or 128"
-    block_m, block_n = fa3p_block_m(N, d, causal), FA3P[d]["block_n"]
+    block_m, block_n = (192 if d == 64 else 128) if sched else fa3p_block_m(N, d, causal), FA3P[d]["block_n"]
     dt = "bf16" if q.dtype == torch.bfloat16 else "f16"
-    kernel = globals()[f"fa3p_{dt}_d{d}{'_causal' if causal else ''}{'_bm128' if d == 64 and block_m == 128 else ''}"]
+    kernel = globals()[f"fa3p{'_sched' if sched else ''}_{dt}_d{d}{'_causal' if causal else ''}"
+                       f"{'_bm128' if d == 64 and block_m == 128 else ''}"]
     if q.device not in work_counter:
         work_counter[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
     maps = [kernellab.tensor_map(x.view(B * H, N, d), (1, rows, 64)) for x, rows in ((q, block_m), (k, block_n),
@@ -1364,6 +1421,55 @@ for N in (1024, 4096):
             print(f"N={N:5d} d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s ({r.tflops / step3_n.tflops:.2f}x "
                   f"step 3); " + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
 step3b[1024, 64, True]
+
+# %% [markdown]
+# ### A variant: ping-pong scheduling between the consumer warpgroups (`fa3p_sched_*`)
+#
+# Step 3b's consumer warpgroups issue their `wgmma`s whenever they are ready, and overlap one warpgroup's softmax with
+# another's products only as far as they happen to drift apart. FlashAttention-3's paper orders them on purpose: with
+# named barriers, each warpgroup waits for its *turn*, issues two products back to back, O += P V of its previous
+# tile and S = Q K^T of its next, passes the turn on, and runs that tile's softmax while the next warpgroup's products
+# keep the tensor cores busy. The `fa3p_sched_*` entries at the end of step 3's cell are step 3b with those turns
+# (`attention_fwd_persistent<..., SCHED = true>`, the consumer `wg_attention_pingpong`):
+# - **the ring.** Consumer warpgroup `c` waits at named barrier `8 + c` (`bar.sync 8 + c, 256`: its 128 threads and
+#   the 128 of the warpgroup before it), and after issuing its products arrives at the next one's barrier
+#   (`bar.arrive 8 + (c + 1) % n, 256`). The last warpgroup arrives once at barrier 8 before anything else, so
+#   warpgroup 0 goes first; at `d = 64` three warpgroups take turns round robin. (`__syncthreads` is barrier 0, and the
+#   kernel has no other named barrier.)
+# - **items and the last tile.** An item of `n` key tiles is `n + 1` turns (the first has only S = Q K^T, the last
+#   only P V; both peeled off the loop: with the products under a branch, ptxas serialised the `wgmma`s at `d = 64`).
+#   The warpgroups of a CTA share each item, so they take the same number of turns, and the ring runs on across items,
+#   causal ones of different lengths included; at the end warpgroup 0 waits once more at barrier 8, which takes the
+#   last warpgroup's last arrive, so every `bar.arrive` has its `bar.sync` before the kernel exits.
+# - **registers.** P of the previous tile, O and the new S are live at once: 160 registers of them at `d = 128` (128
+#   at `d = 64`). Under the 168 registers a thread of 384 gets at launch (128 of 512 at `d = 64`) ptxas spills 12-32
+#   bytes; so the producer gives registers back (`setmaxnreg.dec` to 24) and the consumers take them (`setmaxnreg.inc`
+#   to 240 with two consumer warpgroups, 160 with three): no spills.
+#
+# The arithmetic of each warpgroup is step 3b's, in the same order: in the CPU emulator `fa3p_sched` writes the very bits
+# `fa3p` writes, and the emulator fails a kernel whose ring deadlocks or leaves an arrive without its sync
+# (tests/test_attention_persistent.py). Step 3b's own entries compile to the same SASS as without the variant.
+#
+# **Prediction.** +3-8 % over `fa3p` at `d = 128`, `N >= 2048` (FlashAttention-3's paper credits this overlap and its
+# intra-warpgroup pipelining together with ~570 -> ~620-660 TFLOP/s at `d = 128`), which would bring `d = 128` within
+# a few percent of cuDNN; neutral or worse at `d = 64` (three warpgroups already overlap well, and each waits up to two
+# turns) and at short `N` (two turns an item with one product each). Not measured yet: the cell below checks it and
+# times it at `N = 4096` beside step 3b's timings above; `python3 tools/gpu/run.py bench-attention-sched` times it
+# beside `fa3p`, FLASH and CUDNN at `N = 2048` to 8192.
+
+# %%
+# %%gpu
+sched_checks = check_all(lambda q, k, v, o, causal: fa3p_attention(q, k, v, o, causal, sched=True), ns=(65, 1031, 4097),
+                         trials=1)
+print(summarize_checks(sched_checks))
+for d in (64, 128):
+    for causal in (False, True):
+        r = bench_against_sdpa(f"step 3b, ping-pong d={d}{' causal' if causal else ''}",
+                               lambda q, k, v, o, causal: fa3p_attention(q, k, v, o, causal, sched=True), N=4096, d=d,
+                               causal=causal, naive=False)
+        print(f"N= 4096 d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s "
+              f"({r.tflops / step3b[4096, d, causal].tflops:.3f}x step 3b); "
+              + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
 
 # %% [markdown]
 # ## Discussion: every step against every backend

@@ -16,7 +16,7 @@ def steps():
 
 def test_the_notebook_has_steps_2_and_3_for_both_dtypes_head_dims_and_masks(steps):
     families, configs = steps
-    assert set(families) == {"fa2", "fa3", "fa3p"}
+    assert set(families) == {"fa2", "fa3", "fa3p", "fa3p_sched"}
     for fam in ("fa2", "fa3"):
         assert sorted(families[fam]) == sorted(f"{fam}_{dt}_d{d}{c}" for dt in ("bf16", "f16") for d in (64, 128)
                                                 for c in ("", "_causal"))
@@ -25,6 +25,10 @@ def test_the_notebook_has_steps_2_and_3_for_both_dtypes_head_dims_and_masks(step
                                               for c in ("", "_causal") for h in ("", "_bm128", "_bm64")
                                               if d == 64 or not h)
     assert configs["fa2"]["MT"] == 2 and configs["fa2"]["NWARPS"] == 4 and configs["fa3"]["WG64"] == 3
+    # step 3b with ping-pong scheduling: fa3p's heights at each head dim (192 rows at d = 64), fa3p's tiles
+    assert sorted(families["fa3p_sched"]) == sorted(f"fa3p_sched_{dt}_d{d}{c}" for dt in ("bf16", "f16")
+                                                    for d in (64, 128) for c in ("", "_causal"))
+    assert configs["fa3p_sched"] == configs["fa3p"] and configs["fa3p"]["BN128"] == 128
 
 
 @pytest.mark.parametrize("name, threads", [("fa3p_bf16_d64", 512), ("fa3p_f16_d64_causal_bm128", 384),

@@ -1,4 +1,5 @@
-"""Tutorial 07's steps 2 (mma.sync), 3 (wgmma + TMA) and 3b (persistent) against SDPA on awkward shapes, as the notebook launches them.
+"""Tutorial 07's steps 2 (mma.sync), 3 (wgmma + TMA) and 3b (persistent; fa3p_sched: with ping-pong scheduling) against
+SDPA on awkward shapes, as the notebook launches them.
 
 Every (step, dtype, head dim, mask) on N = 1, 63, 65, 1000, 1031, 4097: `kernellab.check` against SDPA in float64,
 with the tutorial's tolerance, and our error at most 2x SDPA's own error on the same inputs.
@@ -21,9 +22,9 @@ def launchers():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("step", ["fa2", "fa3", "fa3p"])
+@pytest.mark.parametrize("step", ["fa2", "fa3", "fa3p", "fa3p_sched"])
 def test_step_matches_sdpa_within_twice_its_own_error(launchers, step, dtype, d, causal):
-    if step in ("fa3", "fa3p") and torch.cuda.get_device_capability() != (9, 0):
+    if step != "fa2" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("step 3 uses wgmma and TMA: sm_90 only")
     attention = launchers[step]
     rows = A.run_checks(step, attention, quick=False, dtypes=(dtype,), dims=(d,), masks=(causal,))
@@ -32,7 +33,7 @@ def test_step_matches_sdpa_within_twice_its_own_error(launchers, step, dtype, d,
     assert not bad, bad
 
 
-@pytest.mark.parametrize("step", ["fa2", "fa3", "fa3p"])
+@pytest.mark.parametrize("step", ["fa2", "fa3", "fa3p", "fa3p_sched"])
 def test_peaky_scores_exercise_lazy_rescaling(launchers, step):
     """Scores of tens: the running max jumps by more than the lazy-rescaling threshold from tile to tile.
 
@@ -62,15 +63,17 @@ def test_peaky_scores_exercise_lazy_rescaling(launchers, step):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_persistent_step_on_7_ctas_wraps_every_barrier_phase(d, causal):
+@pytest.mark.parametrize("step", ["fa3p", "fa3p_sched"])
+def test_persistent_step_on_7_ctas_wraps_every_barrier_phase(step, d, causal):
     """Step 3b on 7 CTAs: each walks dozens of work items (both heights at d = 64: N = 1031 causal takes 128 rows,
-    4097 takes 192), and the work counter is back at 0 after every launch."""
+    4097 takes 192; fa3p_sched 192 at both, its warpgroups' turns running on across items of different lengths), and
+    the work counter is back at 0 after every launch."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("step 3b uses wgmma and TMA: sm_90 only")
     families, configs = A.load_families(None, None)
-    cfg = configs["fa3p"]
-    attention = A.make_persistent_launcher(families["fa3p"], {d_: cfg[f"BN{d_}"] for d_ in (64, 128)},
+    cfg = configs[step]
+    attention = A.make_persistent_launcher(families[step], {d_: cfg[f"BN{d_}"] for d_ in (64, 128)},
                                            {d_: cfg.get(f"ST{d_}", 2) for d_ in (64, 128)}, ctas=7)
-    rows = A.run_checks("fa3p@7", attention, quick=False, dtypes=("bf16",), dims=(d,), masks=(causal,))
+    rows = A.run_checks(f"{step}@7", attention, quick=False, dtypes=("bf16",), dims=(d,), masks=(causal,))
     bad = [r for r in rows if not (r["passed"] and r["within_2x"])]
     assert not bad, bad

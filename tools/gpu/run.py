@@ -237,6 +237,12 @@ SUITES: dict[str, Suite] = {
     "bench-attention": Suite(
         "benchmarks/attention.py: tutorial 07's kernels against SDPA/FlashAttention", 400,
         commands=((PY, "benchmarks/attention.py", "--no-check"),), takes_args=True),
+    "bench-attention-sched": Suite(
+        "tutorial 07's step 3b with ping-pong scheduling (fa3p_sched): its GPU tests against SDPA on the awkward N, "
+        "then benchmarks/attention.py --sched: fa3p_sched beside fa3p, SDPA FLASH and CUDNN at N = 2048, 4096, 8192, "
+        "d = 64 and 128, causal and not (B*N = 16k, H*d = 2048), the ratio to fa3p last", 300,
+        commands=((*PYTEST_GPU, "-rfEs", GPU_TESTS + "test_attention_steps_gpu.py", "-k", "fa3p_sched"),
+                  (PY, "benchmarks/attention.py", "--no-check", "--sched")), takes_args=True),
     "bench-attention-inference": Suite(
         "benchmarks/attention_inference.py --quick: tutorial 09's GQA op and its two kernels (mma.sync, wgmma) "
         "against SDPA flash on K/V expanded beforehand, enable_gqa (cuDNN) and cudnn; decoding (one launch) as a "

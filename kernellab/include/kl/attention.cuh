@@ -222,3 +222,176 @@ __device__ __forceinline__ void wg_attention(int c, int tid, T* __restrict__ O, 
         if (row1 < seq_len) *reinterpret_cast<unsigned*>(out + (size_t)row1 * kD + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
     }
 }
+
+// wg_attention's steps as functions, for consumers that order their products differently (tutorial 07's
+// fa3p_sched_*: ping-pong between warpgroups). wg_attention keeps its own inline copy: moved into these calls it
+// compiles to other register assignments, and its SASS stays as measured.
+// One K/V tile's softmax in a consumer warpgroup, on S = Q K^T's accumulators sacc (keys kv0 .. kv0 + kBN - 1; the
+// warpgroup's rows from wg_row0, this lane's rows row0 and row1, t = lane % 4): the causal and key-range mask, the
+// row max, lazy rescaling of m, l and O (o *= alpha: O's products must have completed), and P = exp2(S scale - m)
+// rounded to T as wgmma A fragments (p), its sums added to l.
+template <typename T, int kD, int kBN, bool kCausal>
+__device__ __forceinline__ void wg_softmax_tile(float (&sacc)[kBN / 2], unsigned (&p)[kBN / 16][4], float (&o)[kD / 2],
+                                                float& m0, float& m1, float& l0, float& l1, int kv0, int wg_row0,
+                                                int row0, int row1, int t, int seq_len, float scale_log2,
+                                                float rescale_log2) {
+    if (kv0 + kBN > seq_len || (kCausal && kv0 + kBN - 1 > wg_row0)) {
+#pragma unroll
+        for (int i = 0; i < kBN / 2; ++i) {
+            const int key = kv0 + 8 * (i / 4) + 2 * t + (i & 1);
+            const int row = (i & 2) ? row1 : row0;
+            if (key >= seq_len || (kCausal && key > row)) sacc[i] = -CUDART_INF_F;
+        }
+    }
+    float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+    for (int i = 0; i < kBN / 2; i += 4) {
+        mx0 = fmaxf(mx0, fmaxf(sacc[i], sacc[i + 1]));
+        mx1 = fmaxf(mx1, fmaxf(sacc[i + 2], sacc[i + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // Lazy rescaling (see tutorial 07's mma.sync kernel): m moves only when the tile's max exceeds it by rescale_log2.
+    mx0 *= scale_log2; mx1 *= scale_log2;
+    const bool up0 = mx0 > m0 + rescale_log2, up1 = mx1 > m1 + rescale_log2;
+    const float mn0 = up0 ? mx0 : m0, mn1 = up1 ? mx1 : m1;
+    const float alpha0 = up0 ? exp2_approx(m0 - mn0) : 1.f, alpha1 = up1 ? exp2_approx(m1 - mn1) : 1.f;
+    const float ref0 = mn0 == -CUDART_INF_F ? 0.f : mn0, ref1 = mn1 == -CUDART_INF_F ? 0.f : mn1;
+    m0 = mn0; m1 = mn1;
+    l0 *= alpha0; l1 *= alpha1;
+    if (__any_sync(0xffffffffu, up0 || up1)) {
+#pragma unroll
+        for (int i = 0; i < kD / 2; i += 4) { o[i] *= alpha0; o[i + 1] *= alpha0; o[i + 2] *= alpha1; o[i + 3] *= alpha1; }
+    }
+#pragma unroll
+    for (int kc = 0; kc < kBN / 16; ++kc) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = 8 * kc + 4 * h;
+            const float p0 = exp2_approx(fmaf(sacc[i], scale_log2, -ref0));
+            const float p1 = exp2_approx(fmaf(sacc[i + 1], scale_log2, -ref0));
+            const float p2 = exp2_approx(fmaf(sacc[i + 2], scale_log2, -ref1));
+            const float p3 = exp2_approx(fmaf(sacc[i + 3], scale_log2, -ref1));
+            l0 += p0 + p1; l1 += p2 + p3;
+            p[kc][2 * h] = pack2<T>(p0, p1);
+            p[kc][2 * h + 1] = pack2<T>(p2, p3);
+        }
+    }
+}
+
+// O / l of this lane's rows row0 and row1 (below seq_len) into O[bh, row, :], rounded to T (the quad of lanes sharing a
+// row adds up its partial sums of l first).
+template <typename T, int kD>
+__device__ __forceinline__ void wg_store_o(const float (&o)[kD / 2], float l0, float l1, T* __restrict__ O, int bh,
+                                           int row0, int row1, int t, int seq_len) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    T* out = O + (size_t)bh * seq_len * kD;
+#pragma unroll
+    for (int i = 0; i < kD / 2; i += 4) {
+        const int col = 8 * (i / 4) + 2 * t;
+        if (row0 < seq_len) *reinterpret_cast<unsigned*>(out + (size_t)row0 * kD + col) = pack2<T>(o[i] * inv0, o[i + 1] * inv0);
+        if (row1 < seq_len) *reinterpret_cast<unsigned*>(out + (size_t)row1 * kD + col) = pack2<T>(o[i + 2] * inv1, o[i + 3] * inv1);
+    }
+}
+
+// Named barrier `id` (1-15; 0 is __syncthreads) counting `threads` threads, a multiple of 32: wait there until that many
+// have arrived (bar.sync), or arrive without waiting (bar.arrive). On the CPU, the emulator's (hopper.h).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#else
+    named_bar_sync(id, threads);
+#endif
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#else
+    named_bar_arrive(id, threads);
+#endif
+}
+
+// wg_attention with ping-pong scheduling (tutorial 07's fa3p_sched_*, after FlashAttention-3): the kWarpgroups
+// consumer warpgroups of a block take turns on the tensor cores. A turn of warpgroup c issues O += P V of its tile
+// j - 1, then S = Q K^T of its tile j, back to back; it then passes the turn on and runs tile j's softmax while the
+// next warpgroup's products run. Warpgroup c waits for its turn at named barrier kBar0 + c (bar.sync, 256 threads)
+// and passes it with bar.arrive at kBar0 + (c + 1) % kWarpgroups, so each barrier has one waiting warpgroup and one
+// arriving. An item of n_tiles tiles is n_tiles + 1 turns (the first only S, the last only P V): the same number in
+// every warpgroup of the block, since they share the item. The caller starts the ring (the last warpgroup arrives
+// once at kBar0 before the first turn) and ends it (warpgroup 0 waits once at kBar0 after its last: the last arrive's
+// sync). The same arithmetic as wg_attention, in the same order per warpgroup: the same bits. Registers: P of tile
+// j - 1, O and S of tile j are live at once (tutorial 07's caller raises the consumers' registers with setmaxnreg).
+// One consumer warpgroup's state in wg_attention_pingpong (below) and its turns.
+template <typename T, int kD, int kBN, int kBM, int kStages, bool kCausal, int kWarpgroups, int kBar0>
+struct PingPongWarpgroup {
+    int c, lane, t, row0, row1, q0, seq_len, n_tiles;
+    unsigned q_tile, k_s, v_s, kv_bytes, full_k, full_v, empty, q_release;
+    float scale_log2, rescale_log2;
+    float o[kD / 2];                             // O, as in wg_attention
+    float m0, m1, l0, l1;
+    unsigned p[kBN / 16][4];                     // P of the tile before, for the next turn's P V
+    float sacc[kBN / 2];
+
+    // Turn j: O += P V of tile j - 1 (kPV), then S = Q K^T of tile j (kQK), then tile j's softmax (kQK). Templated so
+    // that no wgmma sits under a branch (ptxas serialises wgmmas it cannot prove warp-uniform). kv: tiles consumed.
+    template <bool kPV, bool kQK>
+    __device__ __forceinline__ void turn(int j, int& kv) {
+        const int s = kv % kStages, sp = (kv + kStages - 1) % kStages;        // tile j's stage, tile j - 1's
+        if (kQK) mbar_wait(full_k + 8 * s, (kv / kStages) & 1);
+        if (kPV) mbar_wait(full_v + 8 * sp, ((kv - 1) / kStages) & 1);
+        named_barrier_sync(kBar0 + c, 128 * 2);                               // this warpgroup's turn
+        wgmma_fence();
+        if (kPV) {
+#pragma unroll
+            for (int kc = 0; kc < kBN / 16; ++kc)
+                wgmma_rs_tb<kD, T>(o, p[kc], sw128_desc(v_s + sp * kv_bytes + kc * 16 * 128, kBN * 128, 1024));
+        }
+        if (kQK) {
+#pragma unroll
+            for (int kk = 0; kk < kD / 16; ++kk) {
+                const unsigned long long da = sw128_desc(q_tile + (kk / 4) * kBM * 128 + 64 * c * 128 + (kk % 4) * 32, 16, 1024);
+                const unsigned long long db = sw128_desc(k_s + s * kv_bytes + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
+                wgmma_ss<kBN, T>(sacc, da, db, kk > 0);
+            }
+        }
+        wgmma_commit();
+        named_barrier_arrive(kBar0 + (c + 1) % kWarpgroups, 128 * 2);         // the next warpgroup's turn
+        wgmma_wait<0>();
+        if (kPV && lane == 0) mbar_arrive(empty + 8 * sp);                    // tile j - 1's stage is free
+        if (kQK) {
+            if (j == n_tiles - 1 && lane == 0) mbar_arrive(q_release);        // this warp is done with Q
+            wg_softmax_tile<T, kD, kBN, kCausal>(sacc, p, o, m0, m1, l0, l1, j * kBN, q0 + 64 * c, row0, row1, t,
+                                                 seq_len, scale_log2, rescale_log2);
+            ++kv;
+        }
+    }
+};
+
+template <typename T, int kD, int kBN, int kBM, int kStages, bool kCausal, int kWarpgroups, int kBar0>
+__device__ __forceinline__ void wg_attention_pingpong(int c, int tid, T* __restrict__ O, int bh, int q0, int seq_len,
+                                                      int n_tiles, int& kv, unsigned q_tile, unsigned k_s,
+                                                      unsigned v_s, unsigned kv_bytes, unsigned full_k,
+                                                      unsigned full_v, unsigned empty, unsigned q_release,
+                                                      float scale_log2, float rescale_log2) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    PingPongWarpgroup<T, kD, kBN, kBM, kStages, kCausal, kWarpgroups, kBar0> w;
+    w.c = c; w.lane = lane; w.t = t; w.row0 = q0 + 64 * c + 16 * warp + g; w.row1 = w.row0 + 8; w.q0 = q0;
+    w.seq_len = seq_len; w.n_tiles = n_tiles; w.q_tile = q_tile; w.k_s = k_s; w.v_s = v_s; w.kv_bytes = kv_bytes;
+    w.full_k = full_k; w.full_v = full_v; w.empty = empty; w.q_release = q_release; w.scale_log2 = scale_log2;
+    w.rescale_log2 = rescale_log2;
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) w.o[i] = 0.f;
+    w.m0 = -CUDART_INF_F; w.m1 = -CUDART_INF_F; w.l0 = 0.f; w.l1 = 0.f;
+    if (n_tiles > 0) {                           // the first and last turns peeled off: one product each
+        w.template turn<false, true>(0, kv);
+        for (int j = 1; j < n_tiles; ++j) w.template turn<true, true>(j, kv);
+        w.template turn<true, false>(n_tiles, kv);
+    }
+    wg_store_o<T, kD>(w.o, w.l0, w.l1, O, bh, w.row0, w.row1, t, seq_len);
+}
