@@ -164,6 +164,25 @@ def test_gpus_spreads_one_gpu_suites_over_lanes_and_keeps_all_gpu_suites_out(run
     assert runner.SUITES["autotune-multigpu"].all_gpus
 
 
+def test_a_suite_named_twice_runs_in_two_lanes_with_a_log_each(runner, monkeypatch, tmp_path):
+    """`notebooks 07 notebooks 08` on two GPUs: each entry keeps its arguments, runs in its own lane at the same
+    time as the other, and writes its own log (named by its arguments); the table has a row for each."""
+    import os
+    import time
+    code = "import sys, time; print('args', sys.argv[1:], flush=True); time.sleep(1.5)"
+    suite = runner.Suite(about="t", limit_s=60, commands=((sys.executable, "-c", code, "{out}"),), takes_args=True)
+    monkeypatch.setitem(runner.SUITES, "twice", suite)
+    monkeypatch.setattr(runner, "commands", lambda name, args, out: [[sys.executable, "-c", code, *args]])
+    plan = runner.parse_args(["twice", "a", "twice", "b"])
+    assert plan == [("twice", ["a"]), ("twice", ["b"])]
+    t0 = time.monotonic()
+    rows = runner.run_plan(plan, tmp_path, dict(os.environ), 2)
+    assert time.monotonic() - t0 < 2.9, "the two entries ran one after the other"
+    assert [r[0].split(" (GPU")[0] for r in rows] == ["twice.a", "twice.b"] and all(r[2] == "ok" for r in rows)
+    assert "args ['a']" in (tmp_path / "twice.a.log").read_text()
+    assert "args ['b']" in (tmp_path / "twice.b.log").read_text()
+
+
 def _sleeper_suite(runner, monkeypatch, limit_s):
     """A suite whose one command prints a line at once, then sleeps 60 s."""
     code = "import time; print('first line', flush=True); time.sleep(60); print('never')"

@@ -476,8 +476,9 @@ def environment(out: Path) -> dict:
     return env
 
 
-def run_suite(name: str, args: list[str], out: Path, env: dict) -> tuple[float, str]:
-    """Run one suite's commands in turn under its time limit; (seconds, outcome)."""
+def run_suite(name: str, args: list[str], out: Path, env: dict, log_name: str = "") -> tuple[float, str]:
+    """Run one suite's commands in turn under its time limit; (seconds, outcome). log_name: the log's name where the
+    plan names the suite more than once (`notebooks 07 notebooks 08` in two lanes), else the suite's."""
     suite = SUITES[name]
     (out / name).mkdir(parents=True, exist_ok=True)
     env = dict(env, KERNELLAB_ARTIFACTS=str(out / name), OUT=str(out / name), **suite.env)
@@ -485,7 +486,7 @@ def run_suite(name: str, args: list[str], out: Path, env: dict) -> tuple[float, 
         subprocess.run([PY, "-m", "ipykernel", "install", "--user", "--name", "python3"], env=env,
                        capture_output=True, check=False)
     t0, rcs, text = time.monotonic(), [], ""
-    log_path = out / f"{name}.log"
+    log_path = out / f"{log_name or name}.log"
     log_path.write_text("")
     for argv in commands(name, args, out):
         if INTERRUPTED:
@@ -501,7 +502,7 @@ def run_suite(name: str, args: list[str], out: Path, env: dict) -> tuple[float, 
         if rc == 130:
             break
     seconds = time.monotonic() - t0
-    print(f"{name}: {seconds:.0f} s, {outcome(name, text, rcs)} (log: {out / name}.log)", flush=True)
+    print(f"{log_name or name}: {seconds:.0f} s, {outcome(name, text, rcs)} (log: {log_path})", flush=True)
     return seconds, outcome(name, text, rcs)
 
 
@@ -576,38 +577,46 @@ def _end_group(p: subprocess.Popen) -> None:
                 return
 
 
-def lanes(plan: list[tuple[str, list[str]]], gpus: int) -> list[list[tuple[str, list[str]]]]:
+def lanes(plan: list[tuple[str, list[str]]], gpus: int, suite_of: dict[str, str] | None = None
+          ) -> list[list[tuple[str, list[str]]]]:
     """The plan's suites (those that use one GPU) spread over `gpus` lanes, longest limit first onto the lane with
-    the least limit so far; each lane runs on its own GPU, its suites in turn."""
+    the least limit so far; each lane runs on its own GPU, its suites in turn. suite_of: the suite each of the plan's
+    names stands for, where they are tags (a suite named twice)."""
+    suite_of = suite_of or {}
     out: list[list[tuple[str, list[str]]]] = [[] for _ in range(gpus)]
     load = [0] * gpus
-    for name, args in sorted(plan, key=lambda s: -SUITES[s[0]].limit_s):
+    for name, args in sorted(plan, key=lambda s: -SUITES[suite_of.get(s[0], s[0])].limit_s):
         i = load.index(min(load))
         out[i].append((name, args))
-        load[i] += SUITES[name].limit_s
+        load[i] += SUITES[suite_of.get(name, name)].limit_s
     return out
 
 
 def run_plan(plan: list[tuple[str, list[str]]], out: Path, env: dict, gpus: int) -> list[tuple[str, float, str]]:
     """Run every suite: one after another, or with gpus > 1 in concurrent lanes (CUDA_VISIBLE_DEVICES=lane), then
     the suites that use every GPU alone. Rows (suite, seconds, result) in the plan's order; a lane's GPU is named."""
+    counts = {name: sum(n == name for n, _ in plan) for name, _ in plan}
+    tags = [f"{name}.{'-'.join(args) or k}" if counts[name] > 1 else name      # a suite named twice: a log each
+            for k, (name, args) in enumerate(plan)]
     if gpus <= 1:
-        return [(name, *run_suite(name, args, out, env)) for name, args in plan]
+        return [(tag, *run_suite(name, args, out, env, tag)) for tag, (name, args) in zip(tags, plan)]
     from concurrent.futures import ThreadPoolExecutor
-    single = [s for s in plan if not SUITES[s[0]].all_gpus]
+    tagged = {tag: (name, args) for tag, (name, args) in zip(tags, plan)}
+    single = [(tag, args) for tag, (name, args) in tagged.items() if not SUITES[name].all_gpus]
     done: dict[str, tuple[str, float, str]] = {}
 
     def lane(i: int, suites: list[tuple[str, list[str]]]) -> None:
-        for name, args in suites:
-            seconds, result = run_suite(name, args, out, dict(env, CUDA_VISIBLE_DEVICES=str(i)))
-            done[name] = (f"{name} (GPU {i})", seconds, result)
+        for tag, args in suites:
+            name = tagged[tag][0]
+            seconds, result = run_suite(name, args, out, dict(env, CUDA_VISIBLE_DEVICES=str(i)), tag)
+            done[tag] = (f"{tag} (GPU {i})", seconds, result)
 
     with ThreadPoolExecutor(gpus) as pool:
-        list(pool.map(lane, range(gpus), lanes(single, gpus)))
-    for name, args in plan:
+        list(pool.map(lane, range(gpus), lanes(single, gpus, {tag: name for tag, (name, _) in tagged.items()})))
+    for tag, (name, args) in tagged.items():
         if SUITES[name].all_gpus:
-            done[name] = (name, *run_suite(name, args, out, env))
-    return [done[name] for name, _ in plan]
+            done[tag] = (tag, *run_suite(name, args, out, env, tag))
+    return [done[tag] for tag in tags]
 
 
 def main(argv: list[str] | None = None) -> int:
