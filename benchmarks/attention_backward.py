@@ -768,7 +768,8 @@ def profile_metrics() -> tuple[tuple[str, str], ...]:
 
 
 def profile_child(ns, dims) -> None:
-    """The program ncu watches: at each (d, N), one backward each of atomic_w8, atomic_2d, atomic_2d_ilp and step 3
+    """The program ncu watches: at each (d, N), one backward each of atomic_w8, atomic_2d, atomic_2d_ilp, atomic_fa2
+    and step 3
     (where they run) and SDPA FLASH, in that order, on the same inputs (the forwards' kernels do not match
     PROFILE_KERNELS)."""
     import torch.nn.functional as F
@@ -785,6 +786,8 @@ def profile_child(ns, dims) -> None:
             t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_2d")
             if "atomic_2d_ilp" in t08["VARIANTS"]:
                 t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_2d_ilp")
+            if "atomic_fa2" in t08["VARIANTS"]:
+                t08["attention_backward"](q, k, v, o, lse, do, False, "atomic_fa2")
             if d in t08["BWD_OP_HOPPER_DIMS"] and t08["hopper_backward_applies"](q):
                 t08["attention_backward"](q, k, v, o, lse, do, False, "hopper")
                 if "hopper_rows" in t08["VARIANTS"]:        # step 3b beside step 3
@@ -828,7 +831,8 @@ def label_launches(names: list[str], flash_keys: list[tuple[int, int]]) -> list[
         d = int(m.group(1)) if m else None
         who = ("hopper_rows" if n.startswith("hbwd_rows") else "hopper" if n.startswith("hbwd")
                else "atomic_w8" if "_w8_" in n else "atomic_2d" if n.startswith("bwd_dkdv_2d_")
-               else "atomic_2d_ilp" if n.startswith("bwd_dkdv_ilp_") else n)
+               else "atomic_2d_ilp" if n.startswith("bwd_dkdv_ilp_")
+               else "atomic_fa2" if n.startswith("bwd_dkdv_fa2_") else n)
         N = next((key[1] for key in flash_keys[max(run + 1, 0):] if key[0] == d), None)
         last = (who, d, N)
         out.append([who, d, N, "dK/dV/dQ" if who.startswith("hopper") else "dK/dV (+dQ red)"])
@@ -1021,6 +1025,30 @@ def rung_9_lines(ilp: dict, two: dict, d: int) -> list[str]:
     return out
 
 
+# Rung 10's prediction as written before a GPU ran it (NOTES-attention-backward): the bank model's wavefronts a HMMA,
+# and the dK/dV kernel at 1.5-1.8x the model's shared-memory bound.
+RUNG_10_PREDICTED = {64: dict(wavefronts_per_hmma=2.55, over_bound=(1.5, 1.8)),
+                     128: dict(wavefronts_per_hmma=2.03, over_bound=(1.5, 1.8))}
+
+
+def rung_10_lines(fa2: dict, flash: dict | None, model: dict, d: int) -> list[str]:
+    """What rung 10's profile says against its prediction and FLASH's kernel (same run): wavefronts a HMMA against
+    the bank model's count, its time over the model's bound, tensor pipe, occupancy and the stalls."""
+    pred = RUNG_10_PREDICTED[d]
+    wf, us = fa2.get("wavefronts_per_hmma"), fa2.get("us")
+    bound_us = model_beside(model).get("us")
+    over = us / bound_us if us and bound_us else None
+    lo, hi = pred["over_bound"]
+    stalls = lambda s: ", ".join(f"{r} {v:.2f}" for r, v in (s.get("stalls") or []) if v is not None) or "n/a"  # noqa
+    flash = flash or {}
+    return [f"atomic_fa2: shared wavefronts per HMMA {_num(wf, 2)} (bank model {pred['wavefronts_per_hmma']:.2f}; "
+            f"FLASH {_num(flash.get('wavefronts_per_hmma'), 2)}); bank conflicts {_num(fa2.get('bank_conflicts'))}",
+            f"atomic_fa2: dK/dV kernel {_num(us)} us, {_num(over, 2)}x the model's bound ({_num(bound_us)} us; "
+            f"predicted {lo:.1f}-{hi:.1f}x: {_inside(over, lo, hi)}); FLASH's dK/dV/dQ {_num(flash.get('us'))} us; "
+            f"tensor {_pc(fa2.get('tensor_pct'))} (FLASH {_pc(flash.get('tensor_pct'))}), occupancy "
+            f"{_pc(fa2.get('occupancy_pct'))}; stalls {stalls(fa2)} (FLASH {stalls(flash)})"]
+
+
 def bank_lines(label: str, rep, counted: float | None = None, top: int = 8) -> list[str]:
     """ncu's per-source-line shared counters (kernellab.run.nvtools.ncu_source) of one kernel: its total excess
     wavefronts against the conflicts the launch's counter gave (`counted`), by instruction kind, and the lines with
@@ -1134,7 +1162,8 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
     argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--profile-child",
             "--ns", ",".join(map(str, ns)), "--dims", ",".join(map(str, dims))]
     metrics = [m for m, _ in profile_metrics()]
-    per_key = 6 * 4     # atomic_w8, atomic_2d, atomic_2d_ilp, hopper, hopper_rows, FLASH: 3 kernels each (1 spare)
+    per_key = 7 * 4     # atomic_w8, atomic_2d, atomic_2d_ilp, atomic_fa2, hopper, hopper_rows, FLASH: 3 kernels each
+    #                     (1 spare)
     reports = (profile or ncu.profile_command)(argv, kernel_regex=PROFILE_KERNELS,
                                                launch_count=per_key * len(flash_keys), metrics=metrics,
                                                timeout_s=timeout_s, extra_args=("--print-units", "base"))
@@ -1212,8 +1241,16 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
                 s_ilp = summarize_kernel(ilp)
                 rows[4:4] = [(f"atomic_2d_ilp dK/dV d{d}", s_ilp)]
                 lines = lines + rung_9_lines(s_ilp, s_two, d)
+        fa2 = _main_kernel(reports, tags, "atomic_fa2", d, N)
+        if fa2 is not None:                           # rung 10: its kernel, its model, against its prediction
+            s_fa2 = summarize_kernel(fa2)
+            model10 = static_model(t08["attn_bwd"], d, N, s_fa2.get("clock_hz"), s_fa2.get("instructions"),
+                                   variant="atomic_fa2")
+            rows += [(f"atomic_fa2 dK/dV d{d}", s_fa2),
+                     (f"model fa2 d{d} ({model10['bound'].split(' (')[0]})", model_beside(model10))]
+            lines = lines + rung_10_lines(s_fa2, s_flash, model10, d)
         ours_us, flash_us, hop_us, hop_b_us = total("atomic_w8"), total("FLASH"), total("hopper"), total("hopper_rows")
-        two_us, ilp_us = total("atomic_2d"), total("atomic_2d_ilp")
+        two_us, ilp_us, fa2_us = total("atomic_2d"), total("atomic_2d_ilp"), total("atomic_fa2")
         whole = (f"whole backward d{d} (ncu durations summed): atomic_w8 {ours_us:,.0f} us, FLASH {flash_us:,.0f} us"
                  + (f" ({flash_us / ours_us:.2f}x FLASH's speed)" if ours_us and flash_us else "")
                  + (f", hopper {hop_us:,.0f} us" if hop_us else "")
@@ -1221,12 +1258,15 @@ def run_profile(out: pathlib.Path, ns=(PROFILE_N,), dims=(64, 128), timeout_s: f
                  + (f", atomic_2d {two_us:,.0f} us" + (f" ({flash_us / two_us:.2f}x FLASH's speed)" if flash_us else "")
                     if two_us else "")
                  + (f", atomic_2d_ilp {ilp_us:,.0f} us" + (f" ({flash_us / ilp_us:.2f}x FLASH's speed)" if flash_us
-                                                            else "") if ilp_us else ""))
+                                                            else "") if ilp_us else "")
+                 + (f", atomic_fa2 {fa2_us:,.0f} us" + (f" ({flash_us / fa2_us:.2f}x FLASH's speed)" if flash_us
+                                                         else "") if fa2_us else ""))
         short.append((d, N, rows, whole, lines))
         results.append(dict(d=d, N=N, model=model, summary=dict(rows), whole_us=dict(atomic_w8=ours_us, FLASH=flash_us,
                                                                                        hopper=hop_us, atomic_2d=two_us,
                                                                                        hopper_rows=hop_b_us,
-                                                                                       atomic_2d_ilp=ilp_us),
+                                                                                       atomic_2d_ilp=ilp_us,
+                                                                                       atomic_fa2=fa2_us),
                             verdict=lines, kernels=[dict(label=c, **rep.to_json()) for c, rep in cols]))
     bank_fn = banks if banks is not None else (ncu_banks_of if profile is None else None)
     if bank_fn is not None and 64 in dims:     # which instructions rung 8's (and 9's) bank conflicts are counted on

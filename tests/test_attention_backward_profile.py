@@ -121,6 +121,7 @@ def test_launches_are_labelled_by_name_and_order():
 @pytest.mark.parametrize("first,second,first_label,label", [
     ("bwd_dkdv_w8_bf16_d64", "bwd_dkdv_2d_bf16_d64", "atomic_w8", "atomic_2d"),          # rung 8 after atomic_w8
     ("bwd_dkdv_2d_bf16_d64", "bwd_dkdv_ilp_bf16_d64", "atomic_2d", "atomic_2d_ilp"),     # rung 9 after rung 8
+    ("bwd_dkdv_ilp_bf16_d64", "bwd_dkdv_fa2_bf16_d64", "atomic_2d_ilp", "atomic_fa2"),    # rung 10 after rung 9
 ])
 def test_each_rungs_launches_are_labelled_by_its_dkdv_kernel(first, second, first_label, label):
     b = _bench()
@@ -449,6 +450,24 @@ def test_rung_9_lines_weigh_the_l1_hypothesis_and_the_speed():
     assert "below the prediction" in rejected and "ABOVE the prediction" in rejected      # 2.20 wf: above 2.14
     d128 = b.rung_9_lines(_summary(us=6844 / 1.02), _summary(us=6844.0), 128)
     assert len(d128) == 1 and "1.020x atomic_2d's speed" in d128[0] and "predicted 0.97-1.03x: as predicted" in d128[0]
+
+
+def test_rung_10_lines_weigh_the_kernel_against_its_bound_and_flash():
+    """The model's bound from rung 10's own model (a made-up one here): 1.65x it is inside the predicted 1.5-1.8x,
+    2.0x above; the wavefronts beside the bank model's count and FLASH's."""
+    b = _bench()
+    model = dict(predicted_ms=3.0, blocks_per_sm=1, warps=8, blocks=100, steps=64, bound="shared memory (x)",
+                 rows=[dict(resource="tensor pipe", alone_ms=2.2, per_block_step=2560),
+                       dict(resource="issue", alone_ms=1.0, per_block_step=1),
+                       dict(resource="shared memory (ldmatrix)", alone_ms=3.0, per_block_step=5200),
+                       dict(resource="dQ reductions", alone_ms=0.5, per_block_step=512)])
+    flash = _summary(us=4429.0, wavefronts_per_hmma=1.95, tensor_pct=49.0)
+    inside = "\n".join(b.rung_10_lines(_summary(us=4950.0, wavefronts_per_hmma=2.05), flash, model, 128))
+    assert "shared wavefronts per HMMA 2.05 (bank model 2.03; FLASH 1.95)" in inside
+    assert "dK/dV kernel 4,950 us, 1.65x the model's bound (3,000 us; predicted 1.5-1.8x: as predicted)" in inside
+    assert "FLASH's dK/dV/dQ 4,429 us" in inside and "tensor 39% (FLASH 49%)" in inside.replace(" %", "%")
+    above = "\n".join(b.rung_10_lines(_summary(us=6000.0), flash, model, 128))
+    assert "2.00x the model's bound" in above and "ABOVE the prediction" in above
 
 
 def test_bank_lines_say_which_instructions_carry_the_conflicts():
