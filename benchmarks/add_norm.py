@@ -180,11 +180,9 @@ def main(argv=None) -> int:
                                              "fused backward": lambda: an.kl_add_layernorm_backward(
                                                  dy, up, h, w, EPS)})
             half_ms = {halves.name: halves.median_ms, **{bl.name: bl.median_ms for bl in halves.baselines}}
-            rows_ms = time_rows_kernel(torch, an, up, dy, h, w, rows, cols, xt, rt)
             model = an.model_us(rows, cols, xt.itemsize, rt.itemsize)
             rec = {"case": label, "shape": [rows, cols], "x": str(xt), "r": str(rt), "ms": ms,
-                   "halves_ms": half_ms, "rows_kernel_ms": rows_ms, "model_us": model,
-                   "errors": {k: list(v) for k, v in errors.items()}}
+                   "halves_ms": half_ms, "model_us": model, "errors": {k: list(v) for k, v in errors.items()}}
             records.append(rec)
             print(f"{label}: " + "; ".join(f"{m}: " + ", ".join(f"{n} {v * 1e3:.1f} µs" for n, v in t.items())
                                           for m, t in ms.items()), flush=True)
@@ -207,84 +205,9 @@ def main(argv=None) -> int:
                   f"{ms['kernellab.bench'][name] / base:8.2f}x")
         for name, v in rec["halves_ms"].items():
             print(f"{rec['case']:26s} {name:20s} {v * 1e3:>32.1f} {model[name]:>9.1f} {'':>9s}")
-        kernel_ms = rec["rows_kernel_ms"]
-        for name, v in kernel_ms.items():
-            print(f"{rec['case']:26s} {name:20s} {v * 1e3:>32.1f} {'-':>9s} "
-                  f"{kernel_ms[ROWS_KERNEL[0]] / v:8.2f}x")
-    if records:
-        print(f"rows kernel: the backward's {ROWS_KERNEL[0]!r} alone (add_layernorm_backward_rows, the op's plan), and "
-              f"{ROWS_KERNEL[1]!r} (Ahead: each thread asks its next row's h, dy and dh_out into L1 before this "
-              f"row's reductions); the last column: the default's time / the row's")
     for f in failed:
         print(f"FAILED {f}")
     return 1 if failed else 0
-
-
-ROWS_KERNEL = ("rows kernel", "rows kernel, ahead")
-# The candidate: kl/add_norm.cuh's backward rows kernel with each thread asking its columns of the next row's h, dy and
-# dh_out into L1 (prefetch, no registers) after this row's loads, before its reductions; made from the header's text
-# (renamed add_layernorm_backward_rows_ahead, the lines below after the dh_out prefetch), so it is the op's kernel and
-# that change only. Promoted into the header if the GPU says so.
-AHEAD_AFTER = "            if (dh_out != nullptr && live && c < cols) prefetch_l1(dh_out + start + c);\n"
-AHEAD_LINES = """            int next = row + gridDim.x * s.groups;      // this thread's row in the next iteration
-            if (next < rows && c < cols) {
-                size_t ahead = (size_t)next * cols + c;
-                prefetch_l1(h + ahead);
-                prefetch_l1(dy + ahead);
-                if (dh_out != nullptr) prefetch_l1(dh_out + ahead);
-            }
-"""
-
-
-def ahead_source() -> str:
-    """A module source: the header's backward rows kernel as add_layernorm_backward_rows_ahead with AHEAD_LINES,
-    instantiated for every (stream, branch) pair and chunk count the op's is."""
-    from kernellab.compile.toolkit import KL_INCLUDE
-
-    header = (pathlib.Path(KL_INCLUDE) / "kl" / "add_norm.cuh").read_text()
-    start = header.index("template <typename T, typename R, int Chunks>\n__global__ void __launch_bounds__(512")
-    end = header.index("\n}\n", start) + 3
-    kernel = header[start:end]
-    if kernel.count(AHEAD_AFTER) != 1:
-        raise RuntimeError("kl/add_norm.cuh's backward rows kernel no longer has the dh_out prefetch line the Ahead "
-                           "variant goes after; update benchmarks/add_norm.py's AHEAD_AFTER")
-    kernel = kernel.replace("add_layernorm_backward_rows(", "add_layernorm_backward_rows_ahead(")
-    kernel = kernel.replace(AHEAD_AFTER, AHEAD_AFTER + AHEAD_LINES)
-    return "#include <kl/add_norm.cuh>\n" + kernel + "".join(
-        f"template __global__ void add_layernorm_backward_rows_ahead<{t}, {r}, {c}>(const {r}*, const {t}*, "
-        f"const {t}*, const {t}*, {t}*, {r}*, float*, int, int, int, int, float);\n"
-        for t, r in (("float", "float"), ("float", "__nv_bfloat16"), ("__nv_bfloat16", "__nv_bfloat16"))
-        for c in (1, 2))
-
-
-def time_rows_kernel(torch, an, up, dy, h, w, rows, cols, xt, rt):
-    """{ROWS_KERNEL[i]: ms} of the backward's rows kernel alone, the op's and the Ahead candidate (ahead_source), by one
-    kernellab.bench call on the op's plan; each checked first: the same dh, dr and partial sums bit for bit."""
-    import kernellab
-
-    sms = torch.cuda.get_device_properties(h.device).multi_processor_count
-    chunks, row_threads, block, grid = an.plan_backward(rows, cols, sms)
-    ct = an.CTYPE
-    name = f"<{ct[xt]}, {ct[rt]}, {chunks}>"
-    default = an.kernels("cuda")["add_layernorm_backward_rows" + name][grid, block]
-    ahead = kernellab.compile_cuda(ahead_source(), filename="add_norm_ahead.cu")["add_layernorm_backward_rows_ahead"
-                                                                              + name][grid, block]
-    same = xt == rt
-    outs = {}
-    for label, k in zip(ROWS_KERNEL, (default, ahead)):
-        dh, partial = torch.empty_like(h), torch.empty(grid, 2, cols, device=h.device)
-        dr = None if same else torch.empty_like(dy)
-        k(dy, up, h, w, dh, dr, partial, rows, cols, row_threads, int(cols % an.CHUNK == 0), EPS)
-        outs[label] = (dh, dr, partial)
-    a, b = outs.values()
-    if not all(x is None and y is None or torch.equal(x, y) for x, y in zip(a, b)):
-        raise AssertionError("the rows kernel with Ahead differs from the op's: dh, dr or the partial sums")
-    dh, partial = torch.empty_like(h), torch.empty(grid, 2, cols, device=h.device)
-    dr = None if same else torch.empty_like(dy)
-    args = (dy, up, h, w, dh, dr, partial, rows, cols, row_threads, int(cols % an.CHUNK == 0), EPS)
-    res = kernellab.bench(lambda: (default(*args), dh)[1], (), name=ROWS_KERNEL[0], rounds=4, rep_ms=40,
-                          baselines={ROWS_KERNEL[1]: lambda: (ahead(*args), dh)[1]})   # dh: what is on the GPU
-    return {res.name: res.median_ms, **{bl.name: bl.median_ms for bl in res.baselines}}
 
 
 ARITH_ROWS = 1      # --host-only's rows for the variants whose torch ops compute on this CPU (x + r, the casts)

@@ -656,7 +656,8 @@ def fa2_shared_accesses(d: int = 128) -> list[dict]:
             for h in range(2):
                 add("LSE", "LDS.32", (lse0 + 4 * (sq + 16 * m + ln // 4 + 8 * h) for ln in lanes), 4)
                 add("Dv", "LDS.32", (dv0 + 4 * (sq + 16 * m + ln // 4 + 8 * h) for ln in lanes), 4)
-        for tile, name in ((p_tile, "P store"), (ds_tile, "dS store")):   # rows sq + 16 m + 8 h + g, keys sk + 8 nb + 2t
+        # rows sq + 16 m + 8 h + g, keys sk + 8 nb + 2t
+        for tile, name in ((p_tile, "P store"), (ds_tile, "dS store")):
             for m in range(MT):
                 for h in range(2):
                     for nb in range(SNB):
@@ -675,7 +676,8 @@ def fa2_shared_accesses(d: int = 128) -> list[dict]:
         for kc in range(KT // 16):           # dQ = dS K (gemm_a_b)
             for m in range(MT):
                 add("dQ: A (dS)", "ldmatrix.x4", (ds_tile + qr * 2 * KT + 16 * m * 2 * KT
-                                                   + (_lane_off(ln & 15, ln >> 4, 0, KT) ^ (kc << 5)) for ln in lanes), 16)
+                                                   + (_lane_off(ln & 15, ln >> 4, 0, KT) ^ (kc << 5))
+                                                   for ln in lanes), 16)
             for db in range(0, DQ // 8, 2):
                 add("dQ: B (K)", "ldmatrix.x4.trans", (
                     k_tile + 16 * kc * 2 * D + (_lane_off(ln & 15, ln >> 4, qc0, D) ^ (db << 4)) for ln in lanes), 16)

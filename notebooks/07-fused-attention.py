@@ -1453,9 +1453,9 @@ step3b[1024, 64, True]
 # **Prediction.** +3-8 % over `fa3p` at `d = 128`, `N >= 2048` (FlashAttention-3's paper credits this overlap and its
 # intra-warpgroup pipelining together with ~570 -> ~620-660 TFLOP/s at `d = 128`), which would bring `d = 128` within
 # a few percent of cuDNN; neutral or worse at `d = 64` (three warpgroups already overlap well, and each waits up to two
-# turns) and at short `N` (two turns an item with one product each). Not measured yet: the cell below checks it and
-# times it at `N = 4096` beside step 3b's timings above; `python3 tools/gpu/run.py bench-attention-sched` times it
-# beside `fa3p`, FLASH and CUDNN at `N = 2048` to 8192.
+# turns) and at short `N` (two turns an item with one product each). The cell below checks it and times it at
+# `N = 4096` beside step 3b's timings above; `python3 tools/gpu/run.py bench-attention-sched` times it beside `fa3p`,
+# FLASH and CUDNN at `N = 2048` to 8192.
 
 # %%
 # %%gpu
@@ -1470,6 +1470,17 @@ for d in (64, 128):
         print(f"N= 4096 d={d:3d} causal={causal!s:5s}: {r.tflops:6.1f} TFLOP/s "
               f"({r.tflops / step3b[4096, d, causal].tflops:.3f}x step 3b); "
               + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
+
+# %% [markdown]
+# **Measured** (NVIDIA H200, the cell above and `bench-attention-sched` in the same call, bf16, `B N = 16k`,
+# `H d = 2048`, `kernellab.bench`): every check passes with step 3b's error; **the prediction was wrong in sign at
+# `d = 128`**: 0.919-0.958x step 3b at `N = 2048`-8192 (the cell: 0.954x and 0.922x causal at 4096), the causal
+# rows losing most (0.919-0.933x); at `d = 64` 0.993-1.020x, neutral as predicted. Against cuDNN at `d = 128` it falls
+# to 0.85-0.91x. Not profiled yet; the readings to test: step 3b's two consumer warpgroups already keep the tensor pipe
+# fed by drifting apart on their own, and a turn adds a wait on the other warpgroup at every tile (most where causal
+# items end early and a warpgroup waits for a partner that is still in its last turn); the stage of tile j-1 is
+# released one product later, with two stages at `d = 128`. So step 3b stays the tutorial's final kernel, and like
+# the intra-warpgroup pipelining below, FlashAttention-3's ping-pong does not pay in this kernel as it is.
 
 # %% [markdown]
 # ## Discussion: every step against every backend
@@ -1532,7 +1543,8 @@ fig
 #   `N = 1024` with the mask, and 1.38x at `d = 64`, `N = 1024`). Against SDPA's cuDNN backend it is 0.84-1.03x: ahead
 #   at `d = 64` from `N = 8192`, 0.89-0.99x at `d = 128`, furthest behind at `N = 1024` (0.84-0.91x).
 #   FlashAttention-3 also overlaps the softmax of one tile with the products of the next *inside* each warpgroup and
-#   schedules its warpgroups in ping-pong with named barriers. We tried the first (a variant of step 3b:
+#   schedules its warpgroups in ping-pong with named barriers. The second is the variant above (0.92-0.96x step 3b
+#   at `d = 128` on an H200). We tried the first too (a variant of step 3b:
 #   `S` of tile j+1 issued before the softmax of tile j, `wgmma.wait_group 1`): same results bit for bit, but 0.69-0.85x
 #   the speed of step 3b on the H100 (benchmarks/NOTES-attention.md), so it is not a step here. Ours waits for each
 #   `wgmma` group before its softmax, and the tensor pipe idles during every softmax that the other warpgroups do not

@@ -4,10 +4,10 @@ DRAM / L2 / L1 throughput and the SASS instructions warps stall at, one launch o
     PYTHONPATH=$PWD python3 tools/gpu/norm_stalls.py OUTDIR [CASE ...]    # GPU machine, repo root; ~30 s a case
 
 A CASE is "op dtype RxC" with op layernorm, rmsnorm or softmax (default: tutorial 04's misses at the time and two
-cases that meet the target, for contrast), or add_norm_bwd / add_norm_bwd_ahead with dtype "stream:branch" (the fused
-add + LayerNorm's backward rows kernel, kernellab.teach.add_norm's plan; _ahead: benchmarks/add_norm.py's variant that
-asks the next row into L1). Writes OUTDIR/<case>.csv (ncu --page details), <case>.ncu-rep and
-<case>.source.csv (per-SASS-instruction stall samples), and prints one table of the metrics side by side, then each
+cases that meet the target, for contrast), or add_norm_bwd with dtype "stream:branch" (the fused add + LayerNorm's
+backward rows kernel on kernellab.teach.add_norm's plan). Writes OUTDIR/<case>.csv (ncu --page details),
+<case>.ncu-rep and <case>.source.csv (per-SASS-instruction stall samples), and prints one table of the metrics side
+by side, then each
 case's ten SASS instructions with the most stall samples.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def child(case: str) -> None:
     kernellab.set_isolation(False)
     op, dname, shape = case.split()
     rows, cols = (int(v) for v in shape.split("x"))
-    if op.startswith("add_norm_bwd"):
+    if op == "add_norm_bwd":
         add_norm_child(op, dname, rows, cols)
         return
     dtype = getattr(torch, dname)
@@ -71,13 +71,9 @@ def child(case: str) -> None:
 
 
 def add_norm_child(op: str, dname: str, rows: int, cols: int) -> None:
-    """The fused add + LayerNorm's backward rows kernel (the op's, or benchmarks/add_norm.py's Ahead variant), launched
-    twice on the op's plan."""
-    import importlib.util
-
+    """The fused add + LayerNorm's backward rows kernel, launched twice on the op's plan."""
     import torch
 
-    import kernellab
     from kernellab.teach import add_norm as an
 
     xt, rt = (getattr(torch, n) for n in dname.split(":"))
@@ -85,15 +81,7 @@ def add_norm_child(op: str, dname: str, rows: int, cols: int) -> None:
     h, _ = an.add_layernorm(x, r, w, b)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     chunks, row_threads, block, grid = an.plan_backward(rows, cols, sms)
-    name = f"<{an.CTYPE[xt]}, {an.CTYPE[rt]}, {chunks}>"
-    if op == "add_norm_bwd_ahead":
-        spec = importlib.util.spec_from_file_location("add_norm_bench", ROOT / "benchmarks" / "add_norm.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-        kernel = kernellab.compile_cuda(bench.ahead_source(), filename="add_norm_ahead.cu")[
-            "add_layernorm_backward_rows_ahead" + name]
-    else:
-        kernel = an.kernels("cuda")["add_layernorm_backward_rows" + name]
+    kernel = an.kernels("cuda")[f"add_layernorm_backward_rows<{an.CTYPE[xt]}, {an.CTYPE[rt]}, {chunks}>"]
     dh, partial = torch.empty_like(h), torch.empty(grid, 2, cols, device="cuda")
     dr = None if xt == rt else torch.empty_like(dy)
     for _ in range(2):

@@ -176,19 +176,19 @@ SUITES: dict[str, Suite] = {
         tests=(GPU_TESTS + "test_add_norm_gpu.py",)),
     "bench-add-norm": Suite(
         "tests-add-norm's GPU tests (but the training run), then benchmarks/add_norm.py at 16384x768 (float32 "
-        "stream + bf16 branch, and bf16 + bf16): the fused add + LayerNorm forward + backward as called against our add + kl_layernorm and "
-        "torch.compile of F.layer_norm(x + r) (kernellab.bench / do_bench / sustained), the fused forward and "
-        "backward alone, each beside its prediction, and the backward's rows kernel alone beside its variant that "
-        "asks the next row into L1 (Ahead); the table printed last", 300,
+        "stream + bf16 branch, and bf16 + bf16): the fused add + LayerNorm forward + backward as called against our "
+        "add + kl_layernorm and torch.compile of F.layer_norm(x + r) (kernellab.bench / do_bench / sustained), the "
+        "fused forward and "
+        "backward alone, each beside its prediction; the table printed last", 300,
         commands=((*PYTEST_GPU, "-rfEs", "-k", "not tiny_gpt", GPU_TESTS + "test_add_norm_gpu.py"),
                   (PY, "benchmarks/add_norm.py", "--quick", "--dtypes", "float32:bfloat16,bfloat16:bfloat16",
                    "--out", "{out}"))),
     "profile-add-norm": Suite(
         "tools/gpu/norm_stalls.py on the fused add + LayerNorm's backward rows kernel at 16384x768 (float32 stream + "
-        "bf16 branch, bf16 + bf16, and bf16 + bf16 with the next row asked into L1): Nsight Compute's DRAM and L2 "
-        "throughput, bytes, warp states, occupancy and the SASS lines with the most stall samples, side by side", 240,
+        "bf16 branch, and bf16 + bf16): Nsight Compute's DRAM and L2 throughput, bytes, warp states, occupancy and "
+        "the SASS lines with the most stall samples, side by side", 240,
         commands=((PY, "tools/gpu/norm_stalls.py", "{out}", "add_norm_bwd float32:bfloat16 16384x768",
-                   "add_norm_bwd bfloat16:bfloat16 16384x768", "add_norm_bwd_ahead bfloat16:bfloat16 16384x768"),)),
+                   "add_norm_bwd bfloat16:bfloat16 16384x768"),)),
     "norm-host-path": Suite(
         "benchmarks/norm_backward.py --host-only on the GPU host's CPU (no GPU used: launches to a stand-in driver): "
         "the host µs of the backward bench-norm-backward times as called, layer by layer, beside autograd's "
