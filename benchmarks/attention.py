@@ -1009,6 +1009,18 @@ def parse_profile_shape(text: str) -> tuple[int, int, int, int, bool]:
     return max(1, bh // 16), min(bh, 16), N, d, bool(m[4])
 
 
+def sched_plan(plan, d: int, causal: bool):
+    """Step 3b's plan (fa3p) as its ping-pong variant launches (07's fa3p_attention(sched=True)): the fa3p_sched
+    entry, 192-row items at d = 64, its threads and shared memory; the same CTAs and tensor-map boxes."""
+    import dataclasses
+
+    block_m = 192 if d == 64 else 128
+    dt = plan.entry.split("_")[1]                                     # bf16 / f16
+    return dataclasses.replace(plan, entry=f"fa3p_sched_{dt}_d{d}{'_causal' if causal else ''}", block_m=block_m,
+                               threads=128 * (block_m // 64 + 1),
+                               shared_bytes=1024 + (2 * block_m + 2 * plan.stages * plan.block_n) * d * 2 + 256)
+
+
 def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path, device: str = "cuda") -> int:
     """Each step of 07 at each shape under Nsight Compute (kernellab's ncu wrapper, Kernel.profile: one launch in a
     new process, normal clocks), the launch the entry point would make for that step; a table per shape, then
@@ -1029,8 +1041,10 @@ def run_profile(shapes: list[str], steps: list[str] | None, out: pathlib.Path, d
         o = torch.empty_like(q)
         table = {}
         for step in steps or STEPS[d]:
-            call = ns["_attention_call"](q, causal, step, None)           # the entry point's ready call
+            call = ns["_attention_call"](q, causal, "fa3p" if step == "fa3p_sched" else step, None)   # its ready call
             plan, scalars = call.plan, call.scalars
+            if step == "fa3p_sched":                  # not a plan candidate: fa3p's launch, the ping-pong entry
+                plan = sched_plan(plan, d, causal)
             kern = ns["ATTENTION_KERNELS"][plan.entry]
             grid = (plan.ctas,) if plan.persistent else (math.ceil(N / plan.block_m), B * H)
             # the arguments as 07's attention() passes them: step 2 takes pointers and a null log-sum-exp
@@ -1092,7 +1106,8 @@ def main(argv=None):
     ap.add_argument("--profile", nargs="*", default=None, metavar="SHAPE", help="Nsight Compute on each step at "
                     "these shapes (B*HxNxd, c for causal, e.g. 16x512x64c; none given: " + ", ".join(PROFILE_SHAPES)
                     + "): tensor pipe, SMs active, occupancy, stall reasons, time per item; what each outcome means")
-    ap.add_argument("--steps", default=None, help="--profile: these steps only, comma-separated (default: all)")
+    ap.add_argument("--steps", default=None, help="--profile: these steps only, comma-separated (default: all); "
+                    "fa3p_sched: step 3b's ping-pong variant on fa3p's launch")
     args = ap.parse_args(argv)
     out = pathlib.Path(os.environ.get("OUT", "."))
     if args.profile is not None:

@@ -418,6 +418,29 @@ def test_the_profile_runs_each_step_as_the_entry_point_launches_it(bench, monkey
     assert saved["results"][0]["steps"]["fa3p_bm64"]["duration"] == "12.00 us"
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_profile_launches_the_ping_pong_variant_as_fa3p_attention_does(bench, monkeypatch, tmp_path, d):
+    """--profile --steps fa3p,fa3p_sched: the variant (not a plan candidate) runs on step 3b's CTAs and maps, with
+    the launch 07's fa3p_attention(sched=True) makes: its entry, 192-row items at d = 64, 128 threads a consumer
+    warpgroup and one producer, and the shared memory of 2 Q buffers and the K/V stages."""
+    import notebook_cells
+
+    log = []
+    ns = launcher_namespace(Profiled, log)
+    name = f"fa3p_sched_bf16_d{d}_causal"
+    ns["ATTENTION_KERNELS"][name] = Profiled(name, log)
+    monkeypatch.setattr(notebook_cells, "load_tutorial", lambda _: ns)
+    monkeypatch.setattr(bench.kernellab, "tensor_map", lambda x, box: ("map", tuple(x.shape), box))
+    assert bench.run_profile([f"16x4096x{d}c"], ["fa3p", "fa3p_sched"], tmp_path, device="cpu") == 0
+    (base, _, base_block, _, base_args, _), (got, grid, block, smem, args, _) = log
+    plan = plan_attention(1, 16, 4096, d, True, kernel="fa3p")
+    block_m, stages = (192, 3) if d == 64 else (128, 2)                       # 07's FA3P[d]
+    assert base == plan.entry and got == name and grid == (plan.ctas,)
+    assert block == 128 * (block_m // 64 + 1) and smem == 1024 + (2 * block_m + 2 * stages * 128) * d * 2 + 256
+    assert args[0] == ("map", (16, 4096, d), (1, block_m, 64)) and args[1] == base_args[1]   # K's map: fa3p's
+    assert args[4:] == base_args[4:]                                           # N, heads, sections, counter, scale
+
+
 def test_the_ready_calls_launch_what_the_uncached_plan_picks_on_the_grid(bench, monkeypatch):
     """Every shape of the full grid, planned as on an H100 and as on an H200: the entry point's ready call (made on a
     shape's first call, then taken from _attention_calls) holds and launches exactly the plan the model makes
