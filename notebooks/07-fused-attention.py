@@ -1476,11 +1476,14 @@ for d in (64, 128):
 # `H d = 2048`, `kernellab.bench`): every check passes with step 3b's error; **the prediction was wrong in sign at
 # `d = 128`**: 0.919-0.958x step 3b at `N = 2048`-8192 (the cell: 0.954x and 0.922x causal at 4096), the causal
 # rows losing most (0.919-0.933x); at `d = 64` 0.993-1.020x, neutral as predicted. Against cuDNN at `d = 128` it falls
-# to 0.85-0.91x. Not profiled yet; the readings to test: step 3b's two consumer warpgroups already keep the tensor pipe
-# fed by drifting apart on their own, and a turn adds a wait on the other warpgroup at every tile (most where causal
-# items end early and a warpgroup waits for a partner that is still in its last turn); the stage of tile j-1 is
-# released one product later, with two stages at `d = 128`. So step 3b stays the tutorial's final kernel, and like
-# the intra-warpgroup pipelining below, FlashAttention-3's ping-pong does not pay in this kernel as it is.
+# to 0.85-0.91x. Nsight Compute (`python3 tools/gpu/run.py profile-attention-short 64x4096x128 64x4096x128c --steps
+# fa3p,fa3p_sched`, one launch each) says why: the tensor pipe drops from 65.9 to 62.1 % of active cycles (causal
+# 62.3 to 56.4 %), and the two stalls that grow are `long_scoreboard`, the consumers waiting on a K/V stage's
+# `mbarrier` (0.75 to 1.38 warps an issue; causal 0.79 to 1.56), and `barrier`, the turns (1.32 to 1.78). A turn frees
+# tile j-1's stage only after issuing S of tile j, one product later than step 3b, and with two stages at `d = 128`
+# (three do not fit beside the two Q buffers) the producer waits for it, then the consumers wait for the producer.
+# So step 3b stays the tutorial's final kernel; the ping-pong would need the K half of a stage freed after S and the
+# V half after P V (a barrier each) before it can pay here.
 
 # %% [markdown]
 # ## Discussion: every step against every backend
