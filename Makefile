@@ -9,7 +9,9 @@ PYTEST_ARGS ?=
 # kernels are built once; tests/conftest.py hands the longest files out first (tests/durations.json).
 # Measured on the 2-core machine, quiet, from a fresh clone (kernellab's compile cache in the home directory as earlier
 # runs left it): 9 min 26 s and 13 min 12 s of pytest in two runs half an hour apart, nothing else running here (7497
-# and 7498 passed, 1216 skipped: the machine's speed varies); `make test-fast` 2 min 10 s when the suite had 7230 tests.
+# and 7498 passed, 1216 skipped: the machine's speed varies); on a new machine, the CPU path's compile cache empty
+# (/tmp/kernellab-emu: every emulated cell built by zig first), 27 min 11 s (7596 passed, 1239 skipped);
+# `make test-fast` 2 min 10 s when the suite had 7230 tests.
 # Earlier figures (11-20 min) were taken while processes leaked by a fault test (fixed) kept spinning on both cores.
 # `make test-durations` records
 # tests/durations.json. Where the time goes (`PYTEST_ARGS="--durations=0 --junitxml=t.xml"`, a busy machine, before
