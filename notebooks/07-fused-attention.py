@@ -1112,8 +1112,11 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
     const uint32_t bars = v_s + STAGES * KV_BYTES;               // full_q[2], empty_q[2], full_k[S], full_v[S], empty[S]
     const uint32_t full_q = bars, empty_q = bars + 16, full_k = bars + 32, full_v = full_k + 8 * STAGES,
                    empty = full_v + 8 * STAGES;
+    // SCHED: a stage's K and V are freed apart (K after S = Q K^T, V after P V, a turn later): empty[S] is K's and
+    // empty_v[S] after it V's
+    const uint32_t empty_v = empty + 8 * STAGES, slots = SCHED ? empty_v + 8 * STAGES : empty + 8 * STAGES;
     // the work item whose Q is in buffer b (-1: none left), written by the producer before it arrives on full_q[b]
-    volatile int* item_slot = reinterpret_cast<volatile int*>(smem_raw + (empty + 8 * STAGES - smem_u32(smem_raw)));
+    volatile int* item_slot = reinterpret_cast<volatile int*>(smem_raw + (slots - smem_u32(smem_raw)));
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int n_qblocks = (N + BM - 1) / BM;
@@ -1127,6 +1130,8 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
             mbar_init(empty_q + 8 * b, 4 * NCWG);   // one arrival per consumer warp
         }
         init_kv_ring<STAGES>(full_k, full_v, empty, 4 * NCWG);
+        if constexpr (SCHED)
+            for (int s = 0; s < STAGES; ++s) mbar_init(empty_v + 8 * s, 4 * NCWG);
         fence_mbarrier_init();
     }
     __syncthreads();
@@ -1153,7 +1158,10 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
                 const int q0 = qblock * BM;
                 const int n_tiles = CAUSAL ? min(n_tiles_all, (q0 + BM + BN - 1) / BN) : n_tiles_all;
                 produce_q<D, BM>(tq, q_s + qb * Q_BYTES, full_q + 8 * qb, q0, bh);
-                produce_kv<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, n_tiles, bh, kv);
+                if constexpr (SCHED)
+                    produce_kv_apart<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, empty_v, n_tiles, bh, kv);
+                else
+                    produce_kv<D, BN, STAGES>(tk, tv, k_s, v_s, full_k, full_v, empty, n_tiles, bh, kv);
                 item = next_item(it, n_items, work_counter);
             }
         }
@@ -1180,7 +1188,7 @@ __device__ __forceinline__ void attention_fwd_persistent(const void* tq, const v
         if constexpr (SCHED)
             wg_attention_pingpong<T, D, BN, BM, STAGES, CAUSAL, NCWG, FA3P_SCHED_BAR>(
                 wg - 1, tid, O, bh, q0, N, n_tiles, kv, q_s + qb * Q_BYTES, k_s, v_s, KV_BYTES, full_k, full_v, empty,
-                empty_q + 8 * qb, scale_log2, RESCALE_LOG2);
+                empty_v, empty_q + 8 * qb, scale_log2, RESCALE_LOG2);
         else
             wg_attention<T, D, BN, BM, STAGES, CAUSAL, true>(wg - 1, tid, O, bh, q0, N, n_tiles, kv,
                                                              q_s + qb * Q_BYTES, k_s, v_s, KV_BYTES, full_k, full_v,

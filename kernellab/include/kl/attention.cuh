@@ -96,6 +96,24 @@ __device__ __forceinline__ void produce_kv(const void* tk, const void* tv, unsig
                                            unsigned full_v, unsigned empty, int n_tiles, int head) {
     for (int j = 0; j < n_tiles; ++j) produce_kv_tile<kD, kBN, kStages>(tk, tv, k_s, v_s, full_k, full_v, empty, j, j, head);
 }
+// produce_kv_tile with a stage's K and V freed apart (empty_k, empty_v: tutorial 07's fa3p_sched, whose turns are
+// done with K a product before V): K's copy waits only for the K half of its stage.
+template <int kD, int kBN, int kStages>
+__device__ __forceinline__ void produce_kv_tile_apart(const void* tk, const void* tv, unsigned k_s, unsigned v_s,
+                                                      unsigned full_k, unsigned full_v, unsigned empty_k,
+                                                      unsigned empty_v, int j, int kv, int head) {
+    constexpr unsigned kv_bytes = kBN * kD * 2;
+    const int s = kv % kStages;
+    const unsigned phase = ((kv / kStages) - 1) & 1;
+    if (kv >= kStages) mbar_wait(empty_k + 8 * s, phase);
+    mbar_expect_tx(full_k + 8 * s, kv_bytes);
+    for (int b = 0; b < kD / 64; ++b)
+        tma_load_3d(k_s + s * kv_bytes + b * kBN * 128, tk, full_k + 8 * s, 64 * b, j * kBN, head);
+    if (kv >= kStages) mbar_wait(empty_v + 8 * s, phase);
+    mbar_expect_tx(full_v + 8 * s, kv_bytes);
+    for (int b = 0; b < kD / 64; ++b)
+        tma_load_3d(v_s + s * kv_bytes + b * kBN * 128, tv, full_v + 8 * s, 64 * b, j * kBN, head);
+}
 // The same for one work item of a persistent block, whose ring runs on over its items: kv, the tiles streamed so far,
 // advances by n_tiles.
 template <int kD, int kBN, int kStages>
@@ -103,6 +121,13 @@ __device__ __forceinline__ void produce_kv(const void* tk, const void* tv, unsig
                                            unsigned full_v, unsigned empty, int n_tiles, int head, int& kv) {
     for (int j = 0; j < n_tiles; ++j, ++kv)
         produce_kv_tile<kD, kBN, kStages>(tk, tv, k_s, v_s, full_k, full_v, empty, j, kv, head);
+}
+template <int kD, int kBN, int kStages>
+__device__ __forceinline__ void produce_kv_apart(const void* tk, const void* tv, unsigned k_s, unsigned v_s,
+                                                 unsigned full_k, unsigned full_v, unsigned empty_k, unsigned empty_v,
+                                                 int n_tiles, int head, int& kv) {
+    for (int j = 0; j < n_tiles; ++j, ++kv)
+        produce_kv_tile_apart<kD, kBN, kStages>(tk, tv, k_s, v_s, full_k, full_v, empty_k, empty_v, j, kv, head);
 }
 
 // One consumer warpgroup's whole part in a block of kBM query rows from q0 of head bh (O: [heads][seq_len][kD]): its
@@ -325,13 +350,15 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // arriving. An item of n_tiles tiles is n_tiles + 1 turns (the first only S, the last only P V): the same number in
 // every warpgroup of the block, since they share the item. The caller starts the ring (the last warpgroup arrives
 // once at kBar0 before the first turn) and ends it (warpgroup 0 waits once at kBar0 after its last: the last arrive's
-// sync). The same arithmetic as wg_attention, in the same order per warpgroup: the same bits. Registers: P of tile
+// sync). After its products a turn frees tile j's K (empty) and tile j - 1's V (empty_v) apart, so the producer
+// (produce_kv_apart) refills a K half a turn before its V half. The same arithmetic as wg_attention, in the same
+// order per warpgroup: the same bits. Registers: P of tile
 // j - 1, O and S of tile j are live at once (tutorial 07's caller raises the consumers' registers with setmaxnreg).
 // One consumer warpgroup's state in wg_attention_pingpong (below) and its turns.
 template <typename T, int kD, int kBN, int kBM, int kStages, bool kCausal, int kWarpgroups, int kBar0>
 struct PingPongWarpgroup {
     int c, lane, t, row0, row1, q0, seq_len, n_tiles;
-    unsigned q_tile, k_s, v_s, kv_bytes, full_k, full_v, empty, q_release;
+    unsigned q_tile, k_s, v_s, kv_bytes, full_k, full_v, empty, empty_v, q_release;   // empty: the stages' K halves
     float scale_log2, rescale_log2;
     float o[kD / 2];                             // O, as in wg_attention
     float m0, m1, l0, l1;
@@ -363,7 +390,8 @@ struct PingPongWarpgroup {
         wgmma_commit();
         named_barrier_arrive(kBar0 + (c + 1) % kWarpgroups, 128 * 2);         // the next warpgroup's turn
         wgmma_wait<0>();
-        if (kPV && lane == 0) mbar_arrive(empty + 8 * sp);                    // tile j - 1's stage is free
+        if (kPV && lane == 0) mbar_arrive(empty_v + 8 * sp);                  // tile j - 1's V is free
+        if (kQK && lane == 0) mbar_arrive(empty + 8 * s);                     // tile j's K is free
         if (kQK) {
             if (j == n_tiles - 1 && lane == 0) mbar_arrive(q_release);        // this warp is done with Q
             wg_softmax_tile<T, kD, kBN, kCausal>(sacc, p, o, m0, m1, l0, l1, j * kBN, q0 + 64 * c, row0, row1, t,
@@ -377,13 +405,14 @@ template <typename T, int kD, int kBN, int kBM, int kStages, bool kCausal, int k
 __device__ __forceinline__ void wg_attention_pingpong(int c, int tid, T* __restrict__ O, int bh, int q0, int seq_len,
                                                       int n_tiles, int& kv, unsigned q_tile, unsigned k_s,
                                                       unsigned v_s, unsigned kv_bytes, unsigned full_k,
-                                                      unsigned full_v, unsigned empty, unsigned q_release,
-                                                      float scale_log2, float rescale_log2) {
+                                                      unsigned full_v, unsigned empty, unsigned empty_v,
+                                                      unsigned q_release, float scale_log2, float rescale_log2) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     PingPongWarpgroup<T, kD, kBN, kBM, kStages, kCausal, kWarpgroups, kBar0> w;
     w.c = c; w.lane = lane; w.t = t; w.row0 = q0 + 64 * c + 16 * warp + g; w.row1 = w.row0 + 8; w.q0 = q0;
     w.seq_len = seq_len; w.n_tiles = n_tiles; w.q_tile = q_tile; w.k_s = k_s; w.v_s = v_s; w.kv_bytes = kv_bytes;
-    w.full_k = full_k; w.full_v = full_v; w.empty = empty; w.q_release = q_release; w.scale_log2 = scale_log2;
+    w.full_k = full_k; w.full_v = full_v; w.empty = empty; w.empty_v = empty_v; w.q_release = q_release;
+    w.scale_log2 = scale_log2;
     w.rescale_log2 = rescale_log2;
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) w.o[i] = 0.f;
