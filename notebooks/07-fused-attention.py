@@ -1480,18 +1480,22 @@ for d in (64, 128):
               + ", ".join(f"{s.ratio:.2f}x {s.baseline}" for s in r.speedups))
 
 # %% [markdown]
-# **Measured** (NVIDIA H200, the cell above and `bench-attention-sched` in the same call, bf16, `B N = 16k`,
-# `H d = 2048`, `kernellab.bench`): every check passes with step 3b's error; **the prediction was wrong in sign at
-# `d = 128`**: 0.919-0.958x step 3b at `N = 2048`-8192 (the cell: 0.954x and 0.922x causal at 4096), the causal
-# rows losing most (0.919-0.933x); at `d = 64` 0.993-1.020x, neutral as predicted. Against cuDNN at `d = 128` it falls
-# to 0.85-0.91x. Nsight Compute (`python3 tools/gpu/run.py profile-attention-short 64x4096x128 64x4096x128c --steps
-# fa3p,fa3p_sched`, one launch each) says why: the tensor pipe drops from 65.9 to 62.1 % of active cycles (causal
-# 62.3 to 56.4 %), and the two stalls that grow are `long_scoreboard`, the consumers waiting on a K/V stage's
-# `mbarrier` (0.75 to 1.38 warps an issue; causal 0.79 to 1.56), and `barrier`, the turns (1.32 to 1.78). A turn frees
-# tile j-1's stage only after issuing S of tile j, one product later than step 3b, and with two stages at `d = 128`
-# (three do not fit beside the two Q buffers) the producer waits for it, then the consumers wait for the producer.
-# So step 3b stays the tutorial's final kernel; the ping-pong would need the K half of a stage freed after S and the
-# V half after P V (a barrier each) before it can pay here.
+# **Measured** (NVIDIA H200, bf16, `B N = 16k`, `H d = 2048`, `kernellab.bench`; every check passes with step 3b's
+# error). The first version freed a stage whole, after the P V that reads its V: **wrong in sign at `d = 128`**,
+# 0.919-0.958x step 3b at `N = 2048`-8192, neutral at `d = 64`. Nsight Compute (`python3 tools/gpu/run.py
+# profile-attention-short 64x4096x128 64x4096x128c --steps fa3p,fa3p_sched`, one launch each) said why: the tensor
+# pipe at 62.1 % of active cycles against step 3b's 65.9 % (causal 56.4 against 62.3), and the stall that grew most
+# was `long_scoreboard`, the consumers waiting on a K/V stage's `mbarrier` (1.38 warps an issue against 0.75). A turn
+# issues S of tile j a product after the P V of tile j - 1, so a whole stage came free a product later than in step
+# 3b, and with two stages at `d = 128` (three do not fit beside the two Q buffers) the producer waited for it. So the
+# stages' K and V are now freed apart: each turn frees tile j's K as soon as S is done and tile j - 1's V after its
+# P V (`empty` and `empty_v`, a barrier each), and the producer refills a K half a turn before its V half
+# (`produce_kv_apart`). Measured again (the cell above, and `bench-attention-sched` beside it): **1.039-1.052x step
+# 3b at `d = 128`** (`N = 2048`-8192, causal or not), inside the +3-8 % predicted, and **1.00-1.03x cuDNN with the
+# causal mask** (0.92-0.95x without); at `d = 64` 0.989-1.007x, neutral. The profile at `d = 128`, `N = 4096`: tensor
+# pipe 70.1 % against 65.8 %, `long_scoreboard` 0.53 against 0.75 (causal: 65.5 against 62.4 %, 0.62 against 0.79).
+# Step 3b keeps its place in the entry point until the plan's model has the variant's rate (it is not a candidate
+# yet); at `d = 128` it is the fastest kernel of this tutorial.
 
 # %% [markdown]
 # ## Discussion: every step against every backend
@@ -1554,9 +1558,10 @@ fig
 #   `N = 1024` with the mask, and 1.38x at `d = 64`, `N = 1024`). Against SDPA's cuDNN backend it is 0.84-1.03x: ahead
 #   at `d = 64` from `N = 8192`, 0.89-0.99x at `d = 128`, furthest behind at `N = 1024` (0.84-0.91x).
 #   FlashAttention-3 also overlaps the softmax of one tile with the products of the next *inside* each warpgroup and
-#   schedules its warpgroups in ping-pong with named barriers. The second is the variant above (0.92-0.96x step 3b
-#   at `d = 128` on an H200). We tried the first too (a variant of step 3b:
-#   `S` of tile j+1 issued before the softmax of tile j, `wgmma.wait_group 1`): same results bit for bit, but 0.69-0.85x
+#   schedules its warpgroups in ping-pong with named barriers. The second is the variant above (1.04-1.05x step 3b
+#   at `d = 128` on an H200 once a stage's K and V are freed apart; 0.92-0.96x before). We tried the first too (a
+#   variant of step 3b: `S` of tile j+1 issued before the softmax of tile j, `wgmma.wait_group 1`): same results bit
+#   for bit, but 0.69-0.85x
 #   the speed of step 3b on the H100 (benchmarks/NOTES-attention.md), so it is not a step here. Ours waits for each
 #   `wgmma` group before its softmax, and the tensor pipe idles during every softmax that the other warpgroups do not
 #   happen to cover: the profile below is where to look (tensor-pipe activity, and the warp stall reasons).
